@@ -1,0 +1,81 @@
+// towerlab's one error family. Everything the library reports is a subclass of
+// towerlab::Error, so an embedding program can catch one type; the subclasses say
+// what went wrong so that a caller can react (retry after OutOfMemory, fix the
+// input after InvalidArgument). The library never exits and never aborts.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace towerlab {
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The caller passed something that cannot work: a bad argument or option.
+class InvalidArgument : public Error {
+ public:
+  using Error::Error;
+};
+
+// Shapes, dtypes or devices of tensors that do not fit the op.
+class ShapeError : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
+// A device that does not exist, or a device string that does not parse.
+class DeviceError : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
+// An allocation that did not fit. The allocator stays usable after it.
+class OutOfMemory : public Error {
+ public:
+  using Error::Error;
+};
+
+// A CUDA, cuBLAS or kernel-launch failure, with the call, file and line.
+class CudaError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A file could not be read or written, or its contents are malformed.
+class IoError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The request is valid but this build or backend cannot do it (float64 on CUDA,
+// a CUDA device in a build without the CUDA backend).
+class NotSupported : public Error {
+ public:
+  using Error::Error;
+};
+
+namespace detail {
+[[noreturn]] void throw_cuda_error(const char* expr, const char* what, const char* file, int line);
+void log_cuda_error(const char* expr, const char* what, const char* file, int line) noexcept;
+}  // namespace detail
+
+}  // namespace towerlab
+
+// TL_CHECK(condition, ErrorType, message-stream): throws ErrorType with the message
+// when the condition is false. The message is built only on failure:
+//   TL_CHECK(a.numel() == b.numel(), ShapeError, "add: " << a.shape_str() << " vs " << ...);
+#define TL_CHECK(cond, ErrorType, msg)                          \
+  do {                                                          \
+    if (!(cond)) {                                              \
+      std::ostringstream tl_check_os_;                          \
+      tl_check_os_ << msg;                                      \
+      throw ::towerlab::ErrorType(tl_check_os_.str());          \
+    }                                                           \
+  } while (0)
+
+// TL_THROW(ErrorType, message-stream): unconditional form of TL_CHECK.
+#define TL_THROW(ErrorType, msg) TL_CHECK(false, ErrorType, msg)

@@ -1,0 +1,115 @@
+// Tensor: a contiguous, row-major array of float32 (any device) or float64 (CPU
+// only, for gradient checks) with a shape and a device.
+//
+// A Tensor holds a reference to its storage: copying a Tensor makes another view
+// of the same memory (as in PyTorch), clone() makes new memory. Views (reshape,
+// slice along the first dimension, flat windows) share the storage, which is how
+// each variable's gradient lives inside one flat gradient buffer.
+//
+// Memory comes from the device's caching allocator, ordered on the stream the
+// tensor was created for. A tensor that is used on another stream must not be
+// dropped before that stream has finished with it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/device.h"
+#include "engine/stream.h"
+
+namespace towerlab {
+
+enum class DType : std::uint8_t { Float32, Float64 };
+
+std::size_t dtype_size(DType dtype);
+const char* dtype_name(DType dtype);  // "float32", "float64"
+template <typename T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() { return DType::Float32; }
+template <>
+constexpr DType dtype_of<double>() { return DType::Float64; }
+
+using Shape = std::vector<std::int64_t>;
+std::int64_t numel_of(const Shape& shape);
+std::string to_string(const Shape& shape);  // "[32,1,3,3]"
+
+class Allocator;
+
+class Tensor {
+ public:
+  Tensor() = default;  // an undefined tensor: defined() is false
+
+  // Uninitialized memory for `shape` on the stream's device, ordered on `stream`.
+  static Tensor empty(const Shape& shape, const Stream& stream, DType dtype = DType::Float32);
+  static Tensor empty(const Shape& shape, Device device, DType dtype = DType::Float32);
+  static Tensor zeros(const Shape& shape, const Stream& stream, DType dtype = DType::Float32);
+  static Tensor zeros(const Shape& shape, Device device, DType dtype = DType::Float32);
+  // A tensor on the stream's device holding `values` (values.size() must equal the shape's size).
+  template <typename T>
+  static Tensor from_host(std::span<const T> values, const Shape& shape, const Stream& stream);
+  template <typename T>
+  static Tensor from_host(const std::vector<T>& values, const Shape& shape, const Stream& stream) {
+    return from_host(std::span<const T>(values), shape, stream);
+  }
+
+  // The values, copied to the host. Waits for `stream` (any stream of this device,
+  // or the host stream for a CPU tensor).
+  template <typename T>
+  std::vector<T> to_host(const Stream& stream) const;
+  template <typename T>
+  std::vector<T> to_host() const {
+    return to_host<T>(default_stream(device_));
+  }
+  // A copy of this tensor on another device (or the same one), ordered on `stream`,
+  // which belongs to the source or the destination device.
+  Tensor to(Device device, const Stream& stream) const;
+  Tensor clone(const Stream& stream) const { return to(device_, stream); }
+
+  // Views sharing this tensor's storage.
+  Tensor reshape(const Shape& shape) const;  // one dimension may be -1
+  Tensor slice(std::int64_t begin, std::int64_t end) const;  // rows [begin, end) of dim 0
+  Tensor view(std::int64_t offset, const Shape& shape) const;  // a flat window at `offset` elements
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  std::int64_t dim() const { return static_cast<std::int64_t>(shape_.size()); }
+  std::int64_t size(std::int64_t axis) const;  // negative axes count from the end
+  std::int64_t numel() const { return numel_; }
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel_) * dtype_size(dtype_); }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+  std::string shape_str() const { return to_string(shape_); }
+  // "float32[32,1,3,3] on cuda:0"
+  std::string describe() const;
+
+  void* raw_data() const;
+  template <typename T>
+  T* data() const;  // throws ShapeError if T does not match dtype()
+
+  bool shares_storage_with(const Tensor& other) const { return storage_ == other.storage_; }
+
+ private:
+  struct Storage;
+  std::shared_ptr<Storage> storage_;
+  std::int64_t offset_ = 0;  // in elements
+  Shape shape_;
+  std::int64_t numel_ = 0;
+  DType dtype_ = DType::Float32;
+  Device device_;
+};
+
+// Copies src into dst (same size and dtype; any two devices), ordered on
+// `stream`, which belongs to one of the two devices. Host to device and device to
+// host go through page-locked staging memory; between two GPUs the copy is
+// peer-to-peer when the hardware allows it, and staged through the host when not.
+void copy_tensor(const Tensor& dst, const Tensor& src, const Stream& stream);
+
+// Turns on peer access from device `from` to device `to` once; false when the
+// hardware cannot (then copies between them are staged through the host).
+bool enable_peer_access(int from, int to);
+
+}  // namespace towerlab

@@ -1,0 +1,37 @@
+#include "kernels/checks.h"
+
+namespace towerlab::kernels {
+
+void check_on_stream(const char* op, const Stream& stream, std::initializer_list<NamedTensor> tensors) {
+  const NamedTensor* first = nullptr;
+  for (const NamedTensor& t : tensors) {
+    TL_CHECK(t.second->defined(), InvalidArgument, op << ": " << t.first << " is undefined");
+    TL_CHECK(t.second->device() == stream.device(), InvalidArgument,
+             op << ": " << t.first << " is " << t.second->describe() << " but the stream is on "
+                << stream.device().str());
+    if (first == nullptr) {
+      first = &t;
+    } else {
+      TL_CHECK(t.second->dtype() == first->second->dtype(), ShapeError,
+               op << ": " << t.first << " is " << t.second->describe() << " but " << first->first
+                  << " is " << first->second->describe());
+    }
+  }
+}
+
+void check_same_shape(const char* op, const Stream& stream, std::initializer_list<NamedTensor> tensors) {
+  check_on_stream(op, stream, tensors);
+  const NamedTensor& first = *tensors.begin();
+  for (const NamedTensor& t : tensors) {
+    TL_CHECK(t.second->shape() == first.second->shape(), ShapeError,
+             op << ": " << t.first << " is " << t.second->describe() << " but " << first.first
+                << " is " << first.second->describe());
+  }
+}
+
+void check_float32(const char* op, const char* name, const Tensor& t) {
+  TL_CHECK(t.dtype() == DType::Float32, NotSupported,
+           op << ": " << name << " is " << t.describe() << "; this op has float32 kernels only");
+}
+
+}  // namespace towerlab::kernels

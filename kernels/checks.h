@@ -1,0 +1,32 @@
+// Argument checks shared by the op families' launchers. Each throws ShapeError
+// (or InvalidArgument) with the op's name and the offending tensors described,
+// e.g. "add: b is float32[4,3] on cpu but out is float32[3,4] on cpu".
+#pragma once
+
+#include <initializer_list>
+#include <utility>
+
+#include "engine/error.h"
+#include "engine/stream.h"
+#include "engine/tensor.h"
+
+// TL_ON_CUDA(call): the call in a build with the CUDA backend, a NotSupported
+// error without it (where no CUDA tensor can exist to get this far anyway).
+#if TOWERLAB_WITH_CUDA
+#define TL_ON_CUDA(call) call
+#else
+#define TL_ON_CUDA(call) TL_THROW(NotSupported, "no CUDA backend in this build")
+#endif
+
+namespace towerlab::kernels {
+
+using NamedTensor = std::pair<const char*, const Tensor*>;
+
+// Every tensor is defined, on the stream's device, and of one dtype.
+void check_on_stream(const char* op, const Stream& stream, std::initializer_list<NamedTensor> tensors);
+// As check_on_stream, and every tensor has the shape of the first.
+void check_same_shape(const char* op, const Stream& stream, std::initializer_list<NamedTensor> tensors);
+// The tensor is float32 (for ops that have no float64 kernel).
+void check_float32(const char* op, const char* name, const Tensor& t);
+
+}  // namespace towerlab::kernels

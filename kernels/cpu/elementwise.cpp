@@ -1,0 +1,67 @@
+// CPU elementwise kernels: the specification the CUDA kernels are tested against.
+// Plain loops over n elements; the compiler vectorizes them.
+#include "kernels/elementwise.h"
+
+#include <cstdint>
+
+#include "kernels/cpu/dtype_dispatch.h"
+
+namespace towerlab::cpu {
+
+void fill(const Tensor& x, double value) {
+  with_dtype(x.dtype(), [&]<typename T>() {
+    T* p = x.data<T>();  // [n]
+    const auto v = static_cast<T>(value);
+    for (std::int64_t i = 0; i < x.numel(); ++i) p[i] = v;
+  });
+}
+
+void copy(const Tensor& dst, const Tensor& src) {
+  with_dtype(dst.dtype(), [&]<typename D>() {
+    with_dtype(src.dtype(), [&]<typename S>() {
+      D* out = dst.data<D>();        // [n]
+      const S* in = src.data<S>();   // [n]
+      for (std::int64_t i = 0; i < dst.numel(); ++i) out[i] = static_cast<D>(in[i]);
+    });
+  });
+}
+
+void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+  with_dtype(out.dtype(), [&]<typename T>() {
+    T* o = out.data<T>();         // [n]
+    const T* x = a.data<T>();     // [n]
+    const T* y = b.data<T>();     // [n]
+    const std::int64_t n = out.numel();
+    switch (op) {
+      case BinaryOp::Add:
+        for (std::int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
+        break;
+      case BinaryOp::Sub:
+        for (std::int64_t i = 0; i < n; ++i) o[i] = x[i] - y[i];
+        break;
+      case BinaryOp::Mul:
+        for (std::int64_t i = 0; i < n; ++i) o[i] = x[i] * y[i];
+        break;
+    }
+  });
+}
+
+void scale(const Tensor& out, const Tensor& x, double alpha) {
+  with_dtype(out.dtype(), [&]<typename T>() {
+    T* o = out.data<T>();        // [n]
+    const T* in = x.data<T>();   // [n]
+    const auto a = static_cast<T>(alpha);
+    for (std::int64_t i = 0; i < out.numel(); ++i) o[i] = a * in[i];
+  });
+}
+
+void axpy(const Tensor& y, double alpha, const Tensor& x) {
+  with_dtype(y.dtype(), [&]<typename T>() {
+    T* out = y.data<T>();        // [n]
+    const T* in = x.data<T>();   // [n]
+    const auto a = static_cast<T>(alpha);
+    for (std::int64_t i = 0; i < y.numel(); ++i) out[i] += a * in[i];
+  });
+}
+
+}  // namespace towerlab::cpu

@@ -1,0 +1,26 @@
+// CPU ReLU: the specification for kernels/cuda/relu.cu.
+#include <cstdint>
+
+#include "kernels/cpu/dtype_dispatch.h"
+#include "kernels/relu.h"
+
+namespace towerlab::cpu {
+
+void relu_forward(const Tensor& y, const Tensor& x) {
+  with_dtype(y.dtype(), [&]<typename T>() {
+    T* out = y.data<T>();       // [n]
+    const T* in = x.data<T>();  // [n]
+    for (std::int64_t i = 0; i < y.numel(); ++i) out[i] = in[i] > T(0) ? in[i] : T(0);
+  });
+}
+
+void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y) {
+  with_dtype(grad_x.dtype(), [&]<typename T>() {
+    T* gx = grad_x.data<T>();        // [n]
+    const T* gy = grad_y.data<T>();  // [n]
+    const T* out = y.data<T>();      // [n]
+    for (std::int64_t i = 0; i < grad_x.numel(); ++i) gx[i] += out[i] > T(0) ? gy[i] : T(0);
+  });
+}
+
+}  // namespace towerlab::cpu

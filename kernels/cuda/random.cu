@@ -1,0 +1,41 @@
+// CUDA random fills: the same philox functions as the CPU, one element per
+// thread step, so the results match the CPU's.
+#include "engine/philox.h"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/random.h"
+
+namespace towerlab::cuda {
+
+namespace {
+
+template <Distribution Dist>
+__global__ void random_kernel(float* x, std::int64_t n, std::uint64_t seed,
+                              std::uint64_t subsequence, float a, float b) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const auto index = static_cast<std::uint64_t>(i);
+    if constexpr (Dist == Distribution::Uniform) {
+      x[i] = philox::uniform(seed, subsequence, index, a, b);
+    } else {
+      x[i] = philox::normal(seed, subsequence, index, a, b);
+    }
+  }
+}
+
+}  // namespace
+
+void random(const Tensor& x, Distribution dist, std::uint64_t seed, std::uint64_t subsequence,
+            float a, float b, const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  const unsigned grid = grid_for(x.numel());
+  if (dist == Distribution::Uniform) {
+    random_kernel<Distribution::Uniform>
+        <<<grid, kBlockSize, 0, native(stream)>>>(x.data<float>(), x.numel(), seed, subsequence, a, b);
+  } else {
+    random_kernel<Distribution::Normal>
+        <<<grid, kBlockSize, 0, native(stream)>>>(x.data<float>(), x.numel(), seed, subsequence, a, b);
+  }
+  TL_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace towerlab::cuda

@@ -1,0 +1,41 @@
+// CUDA reductions with CUB's DeviceReduce. The temporary storage CUB asks for
+// comes from the device's caching allocator on the same stream, so a steady
+// loop of reductions allocates nothing from the driver.
+#include <cub/device/device_reduce.cuh>
+
+#include "engine/allocator.h"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/reduce.h"
+
+namespace towerlab::cuda {
+
+namespace {
+
+// Scales the single result (by 1/n for a mean) without a host round trip.
+__global__ void scale_scalar_kernel(float* value, float scale) { *value *= scale; }
+
+}  // namespace
+
+void sum(const Tensor& out, const Tensor& x, float scale, const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  cudaStream_t s = native(stream);
+  const float* in = x.data<float>();
+  float* result = out.data<float>();
+  if (x.numel() == 0) {
+    TL_CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(float), s));
+    return;
+  }
+  Allocator& allocator = device_allocator(stream.device());
+  std::size_t temp_bytes = 0;
+  TL_CUDA_CHECK(cub::DeviceReduce::Sum(nullptr, temp_bytes, in, result, x.numel(), s));
+  void* temp = allocator.allocate(temp_bytes, s);
+  cudaError_t status = cub::DeviceReduce::Sum(temp, temp_bytes, in, result, x.numel(), s);
+  allocator.deallocate(temp);  // stream-ordered: reused only by later work on s
+  TL_CUDA_CHECK(status);
+  if (scale != 1.0f) {
+    scale_scalar_kernel<<<1, 1, 0, s>>>(result, scale);
+    TL_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace towerlab::cuda

@@ -1,0 +1,81 @@
+// Checks and backend dispatch for the elementwise family (kernels/elementwise.h).
+#include "kernels/elementwise.h"
+
+#include "kernels/checks.h"
+
+namespace towerlab {
+
+namespace {
+
+void binary(const char* name, BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b,
+            const Stream& stream) {
+  kernels::check_same_shape(name, stream, {{"out", &out}, {"a", &a}, {"b", &b}});
+  if (out.numel() == 0) return;
+  if (stream.device().is_cpu()) {
+    cpu::binary(op, out, a, b);
+  } else {
+    TL_ON_CUDA(cuda::binary(op, out, a, b, stream));
+  }
+}
+
+}  // namespace
+
+void fill(const Tensor& x, double value, const Stream& stream) {
+  kernels::check_on_stream("fill", stream, {{"x", &x}});
+  if (x.numel() == 0) return;
+  if (stream.device().is_cpu()) {
+    cpu::fill(x, value);
+  } else {
+    TL_ON_CUDA(cuda::fill(x, static_cast<float>(value), stream));
+  }
+}
+
+void copy(const Tensor& dst, const Tensor& src, const Stream& stream) {
+  TL_CHECK(dst.defined() && src.defined(), InvalidArgument, "copy: undefined tensor");
+  TL_CHECK(dst.device() == stream.device() && src.device() == stream.device(), InvalidArgument,
+           "copy: " << src.describe() << " -> " << dst.describe() << " on a stream of "
+                    << stream.device().str() << " (copy_tensor() copies between devices)");
+  TL_CHECK(dst.numel() == src.numel(), ShapeError,
+           "copy: src " << src.describe() << " has " << src.numel() << " elements but dst "
+                        << dst.describe() << " has " << dst.numel());
+  if (dst.numel() == 0) return;
+  if (stream.device().is_cpu()) {
+    cpu::copy(dst, src);
+  } else {
+    TL_ON_CUDA(cuda::copy(dst, src, stream));
+  }
+}
+
+void add(const Tensor& out, const Tensor& a, const Tensor& b, const Stream& stream) {
+  binary("add", BinaryOp::Add, out, a, b, stream);
+}
+
+void sub(const Tensor& out, const Tensor& a, const Tensor& b, const Stream& stream) {
+  binary("sub", BinaryOp::Sub, out, a, b, stream);
+}
+
+void mul(const Tensor& out, const Tensor& a, const Tensor& b, const Stream& stream) {
+  binary("mul", BinaryOp::Mul, out, a, b, stream);
+}
+
+void scale(const Tensor& out, const Tensor& x, double alpha, const Stream& stream) {
+  kernels::check_same_shape("scale", stream, {{"out", &out}, {"x", &x}});
+  if (out.numel() == 0) return;
+  if (stream.device().is_cpu()) {
+    cpu::scale(out, x, alpha);
+  } else {
+    TL_ON_CUDA(cuda::scale(out, x, static_cast<float>(alpha), stream));
+  }
+}
+
+void axpy(const Tensor& y, double alpha, const Tensor& x, const Stream& stream) {
+  kernels::check_same_shape("axpy", stream, {{"y", &y}, {"x", &x}});
+  if (y.numel() == 0) return;
+  if (stream.device().is_cpu()) {
+    cpu::axpy(y, alpha, x);
+  } else {
+    TL_ON_CUDA(cuda::axpy(y, static_cast<float>(alpha), x, stream));
+  }
+}
+
+}  // namespace towerlab

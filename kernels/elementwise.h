@@ -1,0 +1,48 @@
+// Elementwise kernels: fill, copy, add, sub, mul, scale, axpy.
+//
+// Contracts (n = number of elements; every tensor on the stream's device):
+//   fill(x, value)          x[i] = value
+//   copy(dst, src)          dst[i] = src[i]; same element count, dtypes may differ
+//                           (float32 <-> float64 on the CPU); shapes need not match
+//   add(out, a, b)          out[i] = a[i] + b[i]
+//   sub(out, a, b)          out[i] = a[i] - b[i]
+//   mul(out, a, b)          out[i] = a[i] * b[i]
+//   scale(out, x, alpha)    out[i] = alpha * x[i]
+//   axpy(y, alpha, x)       y[i] += alpha * x[i]      (accumulates into y)
+// add/sub/mul/scale need equal shapes and dtypes; `out` may alias any input.
+// Empty tensors are a no-op. All run asynchronously on `stream`.
+#pragma once
+
+#include "engine/stream.h"
+#include "engine/tensor.h"
+
+namespace towerlab {
+
+void fill(const Tensor& x, double value, const Stream& stream);
+void copy(const Tensor& dst, const Tensor& src, const Stream& stream);
+void add(const Tensor& out, const Tensor& a, const Tensor& b, const Stream& stream);
+void sub(const Tensor& out, const Tensor& a, const Tensor& b, const Stream& stream);
+void mul(const Tensor& out, const Tensor& a, const Tensor& b, const Stream& stream);
+void scale(const Tensor& out, const Tensor& x, double alpha, const Stream& stream);
+void axpy(const Tensor& y, double alpha, const Tensor& x, const Stream& stream);
+
+enum class BinaryOp { Add, Sub, Mul };
+
+// Backend entry points: arguments already checked by the functions above.
+namespace cpu {
+void fill(const Tensor& x, double value);
+void copy(const Tensor& dst, const Tensor& src);
+void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b);
+void scale(const Tensor& out, const Tensor& x, double alpha);
+void axpy(const Tensor& y, double alpha, const Tensor& x);
+}  // namespace cpu
+
+namespace cuda {
+void fill(const Tensor& x, float value, const Stream& stream);
+void copy(const Tensor& dst, const Tensor& src, const Stream& stream);
+void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b, const Stream& stream);
+void scale(const Tensor& out, const Tensor& x, float alpha, const Stream& stream);
+void axpy(const Tensor& y, float alpha, const Tensor& x, const Stream& stream);
+}  // namespace cuda
+
+}  // namespace towerlab

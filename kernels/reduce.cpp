@@ -1,0 +1,32 @@
+// Checks and backend dispatch for the reductions (kernels/reduce.h).
+#include "kernels/reduce.h"
+
+#include "kernels/checks.h"
+
+namespace towerlab {
+
+namespace {
+
+void reduce(const char* op, const Tensor& out, const Tensor& x, bool average, const Stream& stream) {
+  kernels::check_on_stream(op, stream, {{"out", &out}, {"x", &x}});
+  TL_CHECK(out.numel() == 1, ShapeError,
+           op << ": out must have one element, got " << out.describe());
+  const double scale = average && x.numel() > 0 ? 1.0 / static_cast<double>(x.numel()) : 1.0;
+  if (stream.device().is_cpu()) {
+    cpu::sum(out, x, scale);
+  } else {
+    TL_ON_CUDA(cuda::sum(out, x, static_cast<float>(scale), stream));
+  }
+}
+
+}  // namespace
+
+void sum(const Tensor& out, const Tensor& x, const Stream& stream) {
+  reduce("sum", out, x, false, stream);
+}
+
+void mean(const Tensor& out, const Tensor& x, const Stream& stream) {
+  reduce("mean", out, x, true, stream);
+}
+
+}  // namespace towerlab

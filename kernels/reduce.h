@@ -1,0 +1,26 @@
+// Whole-tensor reductions.
+//   sum(out, x)    out[0] = sum_i x[i]
+//   mean(out, x)   out[0] = sum_i x[i] / n       (0 for an empty x, not NaN)
+// `out` has one element and x's dtype, on x's device; the result stays on the
+// device (no host round trip), so a reduction can feed the next kernel. The CPU
+// sums float32 in double; CUDA sums with CUB's DeviceReduce (a fixed tree, so the
+// result is the same bits run after run).
+#pragma once
+
+#include "engine/stream.h"
+#include "engine/tensor.h"
+
+namespace towerlab {
+
+void sum(const Tensor& out, const Tensor& x, const Stream& stream);
+void mean(const Tensor& out, const Tensor& x, const Stream& stream);
+
+namespace cpu {
+void sum(const Tensor& out, const Tensor& x, double scale);  // out[0] = scale * sum(x)
+}  // namespace cpu
+
+namespace cuda {
+void sum(const Tensor& out, const Tensor& x, float scale, const Stream& stream);
+}  // namespace cuda
+
+}  // namespace towerlab

@@ -1,0 +1,29 @@
+// Checks and backend dispatch for ReLU (kernels/relu.h).
+#include "kernels/relu.h"
+
+#include "kernels/checks.h"
+
+namespace towerlab {
+
+void relu_forward(const Tensor& y, const Tensor& x, const Stream& stream) {
+  kernels::check_same_shape("relu_forward", stream, {{"y", &y}, {"x", &x}});
+  if (y.numel() == 0) return;
+  if (stream.device().is_cpu()) {
+    cpu::relu_forward(y, x);
+  } else {
+    TL_ON_CUDA(cuda::relu_forward(y, x, stream));
+  }
+}
+
+void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y, const Stream& stream) {
+  kernels::check_same_shape("relu_backward", stream,
+                            {{"grad_x", &grad_x}, {"grad_y", &grad_y}, {"y", &y}});
+  if (grad_x.numel() == 0) return;
+  if (stream.device().is_cpu()) {
+    cpu::relu_backward(grad_x, grad_y, y);
+  } else {
+    TL_ON_CUDA(cuda::relu_backward(grad_x, grad_y, y, stream));
+  }
+}
+
+}  // namespace towerlab

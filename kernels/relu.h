@@ -1,0 +1,27 @@
+// ReLU, forward and backward.
+//   relu_forward(y, x)                 y[i] = max(x[i], 0)          (y may alias x)
+//   relu_backward(grad_x, grad_y, y)   grad_x[i] += grad_y[i] * (y[i] > 0)
+// The backward takes the forward's output y (y > 0 exactly where x > 0) and
+// accumulates into grad_x, as every backward in towerlab does. At x == 0 the
+// gradient is taken as 0. All tensors have one shape.
+#pragma once
+
+#include "engine/stream.h"
+#include "engine/tensor.h"
+
+namespace towerlab {
+
+void relu_forward(const Tensor& y, const Tensor& x, const Stream& stream);
+void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y, const Stream& stream);
+
+namespace cpu {
+void relu_forward(const Tensor& y, const Tensor& x);
+void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y);
+}  // namespace cpu
+
+namespace cuda {
+void relu_forward(const Tensor& y, const Tensor& x, const Stream& stream);
+void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y, const Stream& stream);
+}  // namespace cuda
+
+}  // namespace towerlab

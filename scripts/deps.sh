@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the Debian packages towerlab needs to build and test. Safe to run
+# again: apt-get skips what is already there. The CUDA toolkit is not a Debian
+# package here; it is found in /usr/local/cuda when present.
+set -euo pipefail
+
+packages=(
+  cmake ninja-build g++ ccache pkg-config
+  googletest libgtest-dev libbenchmark-dev
+  zlib1g-dev nlohmann-json3-dev libcli11-dev libyaml-cpp-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ "${#missing[@]}" -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

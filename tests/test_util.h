@@ -1,0 +1,64 @@
+// Shared test helpers: the backend fixture that runs one test body on every
+// device kind, tolerance comparisons, and an error-message assertion.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "towerlab.h"
+
+namespace towerlab::testing {
+
+// A test parameterized by device: the body runs on "cpu" and on "cuda:0"; the
+// CUDA instance skips with a message where no GPU is visible.
+class BackendTest : public ::testing::TestWithParam<Device> {
+ protected:
+  void SetUp() override;
+  Device device() const { return GetParam(); }
+  Stream& stream() { return *stream_; }
+
+  Tensor make(const std::vector<float>& values, const Shape& shape) {
+    return Tensor::from_host<float>(values, shape, stream());
+  }
+  std::vector<float> host(const Tensor& t) { return t.to_host<float>(stream()); }
+
+ private:
+  std::unique_ptr<Stream> stream_;
+};
+
+std::string backend_name(const ::testing::TestParamInfo<Device>& info);
+
+#define TL_INSTANTIATE_BACKENDS(Fixture)                                                    \
+  INSTANTIATE_TEST_SUITE_P(Backends, Fixture,                                               \
+                           ::testing::Values(::towerlab::Device::cpu(),                     \
+                                             ::towerlab::Device::cuda(0)),                  \
+                           ::towerlab::testing::backend_name)
+
+// Uniform values in [low, high) from a fixed seed (std::mt19937, independent of
+// the engine's own generator under test).
+std::vector<float> random_values(std::size_t n, unsigned seed, float low = -1.0f, float high = 1.0f);
+
+// |actual - expected| <= atol + rtol * |expected| for every element, reporting the
+// first few mismatches with their index.
+::testing::AssertionResult all_close(const std::vector<float>& actual,
+                                     const std::vector<float>& expected, double atol = 1e-6,
+                                     double rtol = 1e-5);
+
+}  // namespace towerlab::testing
+
+// Asserts that `statement` throws `ErrorType` whose what() contains `substring`.
+#define EXPECT_THROW_WITH(statement, ErrorType, substring)                                 \
+  do {                                                                                     \
+    try {                                                                                  \
+      statement;                                                                           \
+      ADD_FAILURE() << "expected " #ErrorType " from: " #statement;                        \
+    } catch (const ErrorType& tl_error_) {                                                 \
+      EXPECT_NE(std::string(tl_error_.what()).find(substring), std::string::npos)          \
+          << "message was: " << tl_error_.what();                                          \
+    } catch (const std::exception& tl_other_) {                                            \
+      ADD_FAILURE() << "expected " #ErrorType ", got another exception: " << tl_other_.what(); \
+    }                                                                                      \
+  } while (0)

@@ -1,0 +1,33 @@
+// towerlab: a small deep-learning engine that trains one model replica ("tower")
+// per device, splits each batch across the towers and averages their gradients
+// with a ring all-reduce. This is the one header a program includes.
+//
+// A first program: list the devices, then add two vectors on each of them.
+//
+//   #include <towerlab.h>
+//   using namespace towerlab;
+//
+//   int main() {
+//     for (Device device : available_devices()) {
+//       Stream stream(device);                      // CUDA stream, or the calling thread
+//       Tensor a = Tensor::from_host<float>({1, 2, 3}, {3}, stream);
+//       Tensor b = Tensor::from_host<float>({10, 20, 30}, {3}, stream);
+//       Tensor c = Tensor::empty({3}, stream);
+//       add(c, a, b, stream);                       // asynchronous on the stream
+//       std::vector<float> host = c.to_host<float>(stream);  // waits: {11, 22, 33}
+//     }
+//   }
+//
+// Errors are exceptions derived from towerlab::Error (engine/error.h); the
+// library never exits the process.
+#pragma once
+
+#include "engine/allocator.h"
+#include "engine/device.h"
+#include "engine/error.h"
+#include "engine/stream.h"
+#include "engine/tensor.h"
+#include "kernels/elementwise.h"
+#include "kernels/random.h"
+#include "kernels/reduce.h"
+#include "kernels/relu.h"
