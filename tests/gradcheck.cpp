@@ -1,0 +1,69 @@
+#include "gradcheck.h"
+
+#include <cmath>
+#include <random>
+#include <sstream>
+
+namespace towerlab::testing {
+
+::testing::AssertionResult check_gradient(
+    const std::function<double(const std::vector<Tensor>&)>& loss, const std::vector<Tensor>& inputs,
+    const std::vector<Tensor>& analytic, const GradcheckOptions& options) {
+  if (analytic.size() != inputs.size()) {
+    return ::testing::AssertionFailure() << "check_gradient: " << inputs.size() << " inputs but "
+                                         << analytic.size() << " analytic gradients";
+  }
+  std::ostringstream bad;
+  std::size_t mismatches = 0, checked = 0;
+  for (std::size_t k = 0; k < inputs.size(); ++k) {
+    if (!analytic[k].defined()) continue;
+    const Tensor& x = inputs[k];
+    if (x.dtype() != DType::Float64 || !x.device().is_cpu() || analytic[k].numel() != x.numel()) {
+      return ::testing::AssertionFailure()
+             << "check_gradient: input " << k << " is " << x.describe() << " with gradient "
+             << analytic[k].describe() << " (need float64 CPU tensors of one size)";
+    }
+    double* values = x.data<double>();
+    const std::vector<double> grad = analytic[k].to_host<double>();
+    for (std::int64_t i = 0; i < x.numel(); ++i) {
+      if (options.skip && options.skip(k, i)) continue;
+      const double saved = values[i];
+      values[i] = saved + options.eps;
+      const double up = loss(inputs);
+      values[i] = saved - options.eps;
+      const double down = loss(inputs);
+      values[i] = saved;
+      const double numeric = (up - down) / (2.0 * options.eps);
+      const double g = grad[static_cast<std::size_t>(i)];
+      ++checked;
+      if (!(std::abs(numeric - g) <= options.atol + options.rtol * std::abs(numeric))) {
+        if (++mismatches <= 5) {
+          bad << "\n  input " << k << " element " << i << ": analytic " << g << ", numeric "
+              << numeric;
+        }
+      }
+    }
+  }
+  if (checked == 0) return ::testing::AssertionFailure() << "check_gradient: nothing was checked";
+  if (mismatches == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << mismatches << " of " << checked
+                                       << " gradient elements differ:" << bad.str();
+}
+
+double weighted_sum(const Tensor& g, const Tensor& y) {
+  const double* a = g.data<double>();
+  const double* b = y.data<double>();
+  double total = 0.0;
+  for (std::int64_t i = 0; i < y.numel(); ++i) total += a[i] * b[i];
+  return total;
+}
+
+Tensor random_double_tensor(const Shape& shape, unsigned seed, double low, double high) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> dist(low, high);
+  std::vector<double> v(static_cast<std::size_t>(numel_of(shape)));
+  for (double& x : v) x = dist(gen);
+  return Tensor::from_host<double>(v, shape, default_stream(Device::cpu()));
+}
+
+}  // namespace towerlab::testing
