@@ -1,0 +1,79 @@
+// Elementwise kernels against the memory bandwidth they are bound by: on the CPU
+// the bytes/s of a plain memcpy of the same size, on CUDA the device-to-device
+// cudaMemcpy (target: >= 85% of it, checked on a GPU in the GPU issue).
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+
+#include "towerlab.h"
+
+#if TOWERLAB_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+using namespace towerlab;
+
+namespace {
+
+bool skip_without(Device device, benchmark::State& state) {
+  if (device.is_cuda() && cuda_device_count() == 0) {
+    state.SkipWithError("no CUDA device");
+    return true;
+  }
+  return false;
+}
+
+// add(out, a, b): 12 bytes moved per element.
+void BM_Add(benchmark::State& state, Device device) {
+  if (skip_without(device, state)) return;
+  Stream stream(device);
+  const std::int64_t n = state.range(0);
+  Tensor a = Tensor::zeros({n}, stream), b = Tensor::zeros({n}, stream), c = Tensor::zeros({n}, stream);
+  for (auto _ : state) {
+    add(c, a, b, stream);
+    stream.synchronize();
+  }
+  state.SetBytesProcessed(state.iterations() * n * 12);
+}
+
+// The reference: copying n floats reads and writes 8 bytes per element.
+void BM_CopyReference(benchmark::State& state, Device device) {
+  if (skip_without(device, state)) return;
+  Stream stream(device);
+  const std::int64_t n = state.range(0);
+  Tensor a = Tensor::zeros({n}, stream), b = Tensor::zeros({n}, stream);
+  for (auto _ : state) {
+#if TOWERLAB_WITH_CUDA
+    if (device.is_cuda()) {
+      cudaMemcpyAsync(b.raw_data(), a.raw_data(), a.nbytes(), cudaMemcpyDeviceToDevice,
+                      static_cast<cudaStream_t>(stream.native_handle()));
+      stream.synchronize();
+      continue;
+    }
+#endif
+    std::memcpy(b.raw_data(), a.raw_data(), a.nbytes());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * n * 8);
+}
+
+void BM_Sum(benchmark::State& state, Device device) {
+  if (skip_without(device, state)) return;
+  Stream stream(device);
+  const std::int64_t n = state.range(0);
+  Tensor a = Tensor::zeros({n}, stream), out = Tensor::zeros({1}, stream);
+  for (auto _ : state) {
+    sum(out, a, stream);
+    stream.synchronize();
+  }
+  state.SetBytesProcessed(state.iterations() * n * 4);
+}
+
+}  // namespace
+
+BENCHMARK_CAPTURE(BM_Add, cpu, Device::cpu())->RangeMultiplier(16)->Range(1 << 12, 1 << 24);
+BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())->RangeMultiplier(16)->Range(1 << 12, 1 << 24);
+BENCHMARK_CAPTURE(BM_Sum, cpu, Device::cpu())->RangeMultiplier(16)->Range(1 << 12, 1 << 24);
+BENCHMARK_CAPTURE(BM_Add, cuda, Device::cuda(0))->RangeMultiplier(16)->Range(1 << 16, 1 << 26);
+BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))->RangeMultiplier(16)->Range(1 << 16, 1 << 26);
+BENCHMARK_CAPTURE(BM_Sum, cuda, Device::cuda(0))->RangeMultiplier(16)->Range(1 << 16, 1 << 26);
