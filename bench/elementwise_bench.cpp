@@ -28,7 +28,8 @@ void BM_Add(benchmark::State& state, Device device) {
   if (skip_without(device, state)) return;
   Stream stream(device);
   const std::int64_t n = state.range(0);
-  Tensor a = Tensor::zeros({n}, stream), b = Tensor::zeros({n}, stream), c = Tensor::zeros({n}, stream);
+  Tensor a = Tensor::zeros({n}, stream), b = Tensor::zeros({n}, stream),
+         c = Tensor::zeros({n}, stream);
   for (auto _ : state) {
     add(c, a, b, stream);
     stream.synchronize();
@@ -72,8 +73,12 @@ void BM_Sum(benchmark::State& state, Device device) {
 }  // namespace
 
 BENCHMARK_CAPTURE(BM_Add, cpu, Device::cpu())->RangeMultiplier(16)->Range(1 << 12, 1 << 24);
-BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())->RangeMultiplier(16)->Range(1 << 12, 1 << 24);
+BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())
+    ->RangeMultiplier(16)
+    ->Range(1 << 12, 1 << 24);
 BENCHMARK_CAPTURE(BM_Sum, cpu, Device::cpu())->RangeMultiplier(16)->Range(1 << 12, 1 << 24);
 BENCHMARK_CAPTURE(BM_Add, cuda, Device::cuda(0))->RangeMultiplier(16)->Range(1 << 16, 1 << 26);
-BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))->RangeMultiplier(16)->Range(1 << 16, 1 << 26);
+BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))
+    ->RangeMultiplier(16)
+    ->Range(1 << 16, 1 << 26);
 BENCHMARK_CAPTURE(BM_Sum, cuda, Device::cuda(0))->RangeMultiplier(16)->Range(1 << 16, 1 << 26);

@@ -17,10 +17,12 @@ namespace towerlab {
 
 namespace {
 
-constexpr std::size_t kAlignment = 512;             // block granularity; also the alignment
+constexpr std::size_t kAlignment = 512;               // block granularity; also the alignment
 constexpr std::size_t kSegmentGranularity = 2 << 20;  // segments are multiples of 2 MiB
 
-std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+std::size_t round_up(std::size_t n, std::size_t to) {
+  return (n + to - 1) / to * to;
+}
 
 class HostBackend final : public MemoryBackend {
  public:
@@ -117,7 +119,8 @@ Allocator::~Allocator() {
 }
 
 std::size_t Allocator::limit_locked() const {
-  auto cap = static_cast<std::size_t>(options_.fraction * static_cast<double>(backend_->total_memory()));
+  auto cap =
+      static_cast<std::size_t>(options_.fraction * static_cast<double>(backend_->total_memory()));
   if (options_.limit_bytes != 0 && options_.limit_bytes < cap) cap = options_.limit_bytes;
   return cap;
 }
@@ -358,7 +361,9 @@ void set_memory_options(Device device, const MemoryOptions& options) {
   device_allocator(device).set_options(options);
 }
 
-MemoryStats memory_stats(Device device) { return device_allocator(device).stats(); }
+MemoryStats memory_stats(Device device) {
+  return device_allocator(device).stats();
+}
 
 std::string format_bytes(std::size_t bytes) {
   static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};

@@ -36,12 +36,12 @@ struct MemoryOptions {
 };
 
 struct MemoryStats {
-  std::size_t in_use_bytes = 0;       // held by live tensors (rounded block sizes)
-  std::size_t peak_in_use_bytes = 0;  // highest in_use_bytes since the last reset_peak()
-  std::size_t reserved_bytes = 0;     // obtained from the device (segments)
-  std::size_t cached_bytes = 0;       // reserved but free: reserved - in use
-  std::size_t limit_bytes = 0;        // the cap in force
-  std::uint64_t allocations = 0;      // calls to allocate() that returned memory
+  std::size_t in_use_bytes = 0;           // held by live tensors (rounded block sizes)
+  std::size_t peak_in_use_bytes = 0;      // highest in_use_bytes since the last reset_peak()
+  std::size_t reserved_bytes = 0;         // obtained from the device (segments)
+  std::size_t cached_bytes = 0;           // reserved but free: reserved - in use
+  std::size_t limit_bytes = 0;            // the cap in force
+  std::uint64_t allocations = 0;          // calls to allocate() that returned memory
   std::uint64_t segment_allocations = 0;  // times memory was obtained from the device
 };
 

@@ -8,36 +8,35 @@
 
 #include "engine/error.h"
 
-#define TL_CUDA_CHECK(expr)                                                             \
-  do {                                                                                  \
-    cudaError_t tl_err_ = (expr);                                                       \
-    if (tl_err_ != cudaSuccess) {                                                       \
-      (void)cudaGetLastError(); /* clear the sticky-free error so later calls work */  \
-      ::towerlab::detail::throw_cuda_error(#expr, cudaGetErrorName(tl_err_), __FILE__, \
-                                           __LINE__);                                   \
-    }                                                                                   \
+#define TL_CUDA_CHECK(expr)                                                                       \
+  do {                                                                                            \
+    cudaError_t tl_err_ = (expr);                                                                 \
+    if (tl_err_ != cudaSuccess) {                                                                 \
+      (void)cudaGetLastError(); /* clear the sticky-free error so later calls work */             \
+      ::towerlab::detail::throw_cuda_error(#expr, cudaGetErrorName(tl_err_), __FILE__, __LINE__); \
+    }                                                                                             \
   } while (0)
 
-#define TL_CUDA_CHECK_PRINT(expr)                                                            \
-  do {                                                                                       \
-    cudaError_t tl_err_ = (expr);                                                            \
-    if (tl_err_ != cudaSuccess) {                                                            \
-      (void)cudaGetLastError();                                                              \
+#define TL_CUDA_CHECK_PRINT(expr)                                                               \
+  do {                                                                                          \
+    cudaError_t tl_err_ = (expr);                                                               \
+    if (tl_err_ != cudaSuccess) {                                                               \
+      (void)cudaGetLastError();                                                                 \
       ::towerlab::detail::log_cuda_error(#expr, cudaGetErrorName(tl_err_), __FILE__, __LINE__); \
-    }                                                                                        \
+    }                                                                                           \
   } while (0)
 
 // After a <<<...>>> launch: catches bad configurations (too many threads, too much
 // shared memory) at the launch site instead of at the next synchronize.
 #define TL_CUDA_CHECK_LAUNCH() TL_CUDA_CHECK(cudaGetLastError())
 
-#define TL_CUBLAS_CHECK(expr)                                                          \
-  do {                                                                                 \
-    cublasStatus_t tl_status_ = (expr);                                                \
-    if (tl_status_ != CUBLAS_STATUS_SUCCESS) {                                         \
+#define TL_CUBLAS_CHECK(expr)                                                                \
+  do {                                                                                       \
+    cublasStatus_t tl_status_ = (expr);                                                      \
+    if (tl_status_ != CUBLAS_STATUS_SUCCESS) {                                               \
       ::towerlab::detail::throw_cuda_error(#expr, cublasGetStatusName(tl_status_), __FILE__, \
-                                           __LINE__);                                  \
-    }                                                                                  \
+                                           __LINE__);                                        \
+    }                                                                                        \
   } while (0)
 
 namespace towerlab {

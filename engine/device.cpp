@@ -86,8 +86,9 @@ std::vector<Device> parse_device_list(std::string_view text) {
     std::size_t comma = text.find(',', start);
     if (comma == std::string_view::npos) comma = text.size();
     std::string_view item = trim(text.substr(start, comma - start));
-    TL_CHECK(!item.empty(), DeviceError,
-             "device list '" << text << "' has an empty entry (expected e.g. cpu,cpu or cuda:0,cuda:1)");
+    TL_CHECK(
+        !item.empty(), DeviceError,
+        "device list '" << text << "' has an empty entry (expected e.g. cpu,cpu or cuda:0,cuda:1)");
     devices.push_back(Device::parse(item));
     start = comma + 1;
   }

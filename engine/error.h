@@ -68,13 +68,13 @@ void log_cuda_error(const char* expr, const char* what, const char* file, int li
 // TL_CHECK(condition, ErrorType, message-stream): throws ErrorType with the message
 // when the condition is false. The message is built only on failure:
 //   TL_CHECK(a.numel() == b.numel(), ShapeError, "add: " << a.shape_str() << " vs " << ...);
-#define TL_CHECK(cond, ErrorType, msg)                          \
-  do {                                                          \
-    if (!(cond)) {                                              \
-      std::ostringstream tl_check_os_;                          \
-      tl_check_os_ << msg;                                      \
-      throw ::towerlab::ErrorType(tl_check_os_.str());          \
-    }                                                           \
+#define TL_CHECK(cond, ErrorType, msg)                 \
+  do {                                                 \
+    if (!(cond)) {                                     \
+      std::ostringstream tl_check_os_;                 \
+      tl_check_os_ << msg;                             \
+      throw ::towerlab::ErrorType(tl_check_os_.str()); \
+    }                                                  \
   } while (0)
 
 // TL_THROW(ErrorType, message-stream): unconditional form of TL_CHECK.

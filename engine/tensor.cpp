@@ -15,9 +15,13 @@
 
 namespace towerlab {
 
-std::size_t dtype_size(DType dtype) { return dtype == DType::Float64 ? 8 : 4; }
+std::size_t dtype_size(DType dtype) {
+  return dtype == DType::Float64 ? 8 : 4;
+}
 
-const char* dtype_name(DType dtype) { return dtype == DType::Float64 ? "float64" : "float32"; }
+const char* dtype_name(DType dtype) {
+  return dtype == DType::Float64 ? "float64" : "float32";
+}
 
 std::int64_t numel_of(const Shape& shape) {
   std::int64_t n = 1;
@@ -103,7 +107,8 @@ Tensor Tensor::from_host(std::span<const T> values, const Shape& shape, const St
   std::memcpy(staging, values.data(), t.nbytes());
   CudaDeviceGuard guard(t.device_.index);
   auto s = static_cast<cudaStream_t>(stream.native_handle());
-  cudaError_t status = cudaMemcpyAsync(t.raw_data(), staging, t.nbytes(), cudaMemcpyHostToDevice, s);
+  cudaError_t status =
+      cudaMemcpyAsync(t.raw_data(), staging, t.nbytes(), cudaMemcpyHostToDevice, s);
   if (status == cudaSuccess) status = cudaStreamSynchronize(s);
   pinned.deallocate(staging);
   TL_CUDA_CHECK(status);
@@ -114,8 +119,9 @@ Tensor Tensor::from_host(std::span<const T> values, const Shape& shape, const St
 template <typename T>
 std::vector<T> Tensor::to_host(const Stream& stream) const {
   TL_CHECK(defined(), InvalidArgument, "Tensor::to_host: the tensor is undefined");
-  TL_CHECK(dtype_ == dtype_of<T>(), ShapeError,
-           "Tensor::to_host: asked for " << dtype_name(dtype_of<T>()) << " values of " << describe());
+  TL_CHECK(
+      dtype_ == dtype_of<T>(), ShapeError,
+      "Tensor::to_host: asked for " << dtype_name(dtype_of<T>()) << " values of " << describe());
   std::vector<T> values(static_cast<std::size_t>(numel_));
   if (values.empty()) return values;
   if (device_.is_cpu()) {
@@ -199,8 +205,8 @@ Tensor Tensor::slice(std::int64_t begin, std::int64_t end) const {
 Tensor Tensor::view(std::int64_t offset, const Shape& shape) const {
   const std::int64_t n = numel_of(shape);
   TL_CHECK(offset >= 0 && offset + n <= numel_, ShapeError,
-           "view of " << n << " elements at offset " << offset << " does not fit in "
-                      << shape_str() << " (" << numel_ << " elements)");
+           "view of " << n << " elements at offset " << offset << " does not fit in " << shape_str()
+                      << " (" << numel_ << " elements)");
   Tensor t = *this;
   t.offset_ += offset;
   t.shape_ = shape;
@@ -221,7 +227,8 @@ std::string Tensor::describe() const {
 
 void* Tensor::raw_data() const {
   if (storage_ == nullptr || storage_->data == nullptr) return nullptr;
-  return static_cast<char*>(storage_->data) + offset_ * static_cast<std::int64_t>(dtype_size(dtype_));
+  return static_cast<char*>(storage_->data) +
+         offset_ * static_cast<std::int64_t>(dtype_size(dtype_));
 }
 
 template <typename T>
@@ -284,8 +291,8 @@ void copy_tensor(const Tensor& dst, const Tensor& src, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
   if (dst.device().is_cuda() && src.device().is_cuda()) {
     if (dst.device() == src.device()) {
-      TL_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), bytes,
-                                    cudaMemcpyDeviceToDevice, s));
+      TL_CUDA_CHECK(
+          cudaMemcpyAsync(dst.raw_data(), src.raw_data(), bytes, cudaMemcpyDeviceToDevice, s));
     } else if (enable_peer_access(dst.device().index, src.device().index)) {
       TL_CUDA_CHECK(cudaMemcpyPeerAsync(dst.raw_data(), dst.device().index, src.raw_data(),
                                         src.device().index, bytes, s));

@@ -29,9 +29,13 @@ const char* dtype_name(DType dtype);  // "float32", "float64"
 template <typename T>
 constexpr DType dtype_of();
 template <>
-constexpr DType dtype_of<float>() { return DType::Float32; }
+constexpr DType dtype_of<float>() {
+  return DType::Float32;
+}
 template <>
-constexpr DType dtype_of<double>() { return DType::Float64; }
+constexpr DType dtype_of<double>() {
+  return DType::Float64;
+}
 
 using Shape = std::vector<std::int64_t>;
 std::int64_t numel_of(const Shape& shape);
@@ -70,8 +74,8 @@ class Tensor {
   Tensor clone(const Stream& stream) const { return to(device_, stream); }
 
   // Views sharing this tensor's storage.
-  Tensor reshape(const Shape& shape) const;  // one dimension may be -1
-  Tensor slice(std::int64_t begin, std::int64_t end) const;  // rows [begin, end) of dim 0
+  Tensor reshape(const Shape& shape) const;                    // one dimension may be -1
+  Tensor slice(std::int64_t begin, std::int64_t end) const;    // rows [begin, end) of dim 0
   Tensor view(std::int64_t offset, const Shape& shape) const;  // a flat window at `offset` elements
 
   bool defined() const { return storage_ != nullptr; }

@@ -2,7 +2,8 @@
 
 namespace towerlab::kernels {
 
-void check_on_stream(const char* op, const Stream& stream, std::initializer_list<NamedTensor> tensors) {
+void check_on_stream(const char* op, const Stream& stream,
+                     std::initializer_list<NamedTensor> tensors) {
   const NamedTensor* first = nullptr;
   for (const NamedTensor& t : tensors) {
     TL_CHECK(t.second->defined(), InvalidArgument, op << ": " << t.first << " is undefined");
@@ -19,7 +20,8 @@ void check_on_stream(const char* op, const Stream& stream, std::initializer_list
   }
 }
 
-void check_same_shape(const char* op, const Stream& stream, std::initializer_list<NamedTensor> tensors) {
+void check_same_shape(const char* op, const Stream& stream,
+                      std::initializer_list<NamedTensor> tensors) {
   check_on_stream(op, stream, tensors);
   const NamedTensor& first = *tensors.begin();
   for (const NamedTensor& t : tensors) {

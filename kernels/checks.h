@@ -23,9 +23,11 @@ namespace towerlab::kernels {
 using NamedTensor = std::pair<const char*, const Tensor*>;
 
 // Every tensor is defined, on the stream's device, and of one dtype.
-void check_on_stream(const char* op, const Stream& stream, std::initializer_list<NamedTensor> tensors);
+void check_on_stream(const char* op, const Stream& stream,
+                     std::initializer_list<NamedTensor> tensors);
 // As check_on_stream, and every tensor has the shape of the first.
-void check_same_shape(const char* op, const Stream& stream, std::initializer_list<NamedTensor> tensors);
+void check_same_shape(const char* op, const Stream& stream,
+                      std::initializer_list<NamedTensor> tensors);
 // The tensor is float32 (for ops that have no float64 kernel).
 void check_float32(const char* op, const char* name, const Tensor& t);
 

@@ -7,7 +7,8 @@ namespace towerlab {
 
 namespace {
 
-void reduce(const char* op, const Tensor& out, const Tensor& x, bool average, const Stream& stream) {
+void reduce(const char* op, const Tensor& out, const Tensor& x, bool average,
+            const Stream& stream) {
   kernels::check_on_stream(op, stream, {{"out", &out}, {"x", &x}});
   TL_CHECK(out.numel() == 1, ShapeError,
            op << ": out must have one element, got " << out.describe());

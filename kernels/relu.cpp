@@ -15,7 +15,8 @@ void relu_forward(const Tensor& y, const Tensor& x, const Stream& stream) {
   }
 }
 
-void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y, const Stream& stream) {
+void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y,
+                   const Stream& stream) {
   kernels::check_same_shape("relu_backward", stream,
                             {{"grad_x", &grad_x}, {"grad_y", &grad_y}, {"y", &y}});
   if (grad_x.numel() == 0) return;

@@ -12,7 +12,8 @@
 namespace towerlab {
 
 void relu_forward(const Tensor& y, const Tensor& x, const Stream& stream);
-void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y, const Stream& stream);
+void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y,
+                   const Stream& stream);
 
 namespace cpu {
 void relu_forward(const Tensor& y, const Tensor& x);
@@ -21,7 +22,8 @@ void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y);
 
 namespace cuda {
 void relu_forward(const Tensor& y, const Tensor& x, const Stream& stream);
-void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y, const Stream& stream);
+void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y,
+                   const Stream& stream);
 }  // namespace cuda
 
 }  // namespace towerlab

@@ -7,8 +7,9 @@
 namespace towerlab::testing {
 
 ::testing::AssertionResult check_gradient(
-    const std::function<double(const std::vector<Tensor>&)>& loss, const std::vector<Tensor>& inputs,
-    const std::vector<Tensor>& analytic, const GradcheckOptions& options) {
+    const std::function<double(const std::vector<Tensor>&)>& loss,
+    const std::vector<Tensor>& inputs, const std::vector<Tensor>& analytic,
+    const GradcheckOptions& options) {
   if (analytic.size() != inputs.size()) {
     return ::testing::AssertionFailure() << "check_gradient: " << inputs.size() << " inputs but "
                                          << analytic.size() << " analytic gradients";
@@ -46,8 +47,8 @@ namespace towerlab::testing {
   }
   if (checked == 0) return ::testing::AssertionFailure() << "check_gradient: nothing was checked";
   if (mismatches == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << mismatches << " of " << checked
-                                       << " gradient elements differ:" << bad.str();
+  return ::testing::AssertionFailure()
+         << mismatches << " of " << checked << " gradient elements differ:" << bad.str();
 }
 
 double weighted_sum(const Tensor& g, const Tensor& y) {

@@ -32,13 +32,15 @@ struct GradcheckOptions {
 // to a scalar. `analytic[k]` is dL/d inputs[k] (same shape), or an undefined Tensor
 // to leave input k unchecked.
 ::testing::AssertionResult check_gradient(
-    const std::function<double(const std::vector<Tensor>&)>& loss, const std::vector<Tensor>& inputs,
-    const std::vector<Tensor>& analytic, const GradcheckOptions& options = {});
+    const std::function<double(const std::vector<Tensor>&)>& loss,
+    const std::vector<Tensor>& inputs, const std::vector<Tensor>& analytic,
+    const GradcheckOptions& options = {});
 
 // sum_i g[i] * y[i] for two float64 CPU tensors of one size: the usual loss.
 double weighted_sum(const Tensor& g, const Tensor& y);
 
 // A float64 CPU tensor of uniform values in [low, high) from a fixed seed.
-Tensor random_double_tensor(const Shape& shape, unsigned seed, double low = -1.0, double high = 1.0);
+Tensor random_double_tensor(const Shape& shape, unsigned seed, double low = -1.0,
+                            double high = 1.0);
 
 }  // namespace towerlab::testing

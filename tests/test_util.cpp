@@ -35,12 +35,13 @@ std::vector<float> random_values(std::size_t n, unsigned seed, float low, float 
   std::size_t mismatches = 0;
   for (std::size_t i = 0; i < actual.size(); ++i) {
     const double a = actual[i], e = expected[i];
-    const bool ok = std::abs(a - e) <= atol + rtol * std::abs(e) || (std::isnan(a) && std::isnan(e));
+    const bool ok =
+        std::abs(a - e) <= atol + rtol * std::abs(e) || (std::isnan(a) && std::isnan(e));
     if (!ok && ++mismatches <= 5) bad << "\n  [" << i << "] " << a << " vs expected " << e;
   }
   if (mismatches == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << mismatches << " of " << actual.size()
-                                       << " elements differ:" << bad.str();
+  return ::testing::AssertionFailure()
+         << mismatches << " of " << actual.size() << " elements differ:" << bad.str();
 }
 
 }  // namespace towerlab::testing

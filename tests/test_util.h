@@ -31,15 +31,16 @@ class BackendTest : public ::testing::TestWithParam<Device> {
 
 std::string backend_name(const ::testing::TestParamInfo<Device>& info);
 
-#define TL_INSTANTIATE_BACKENDS(Fixture)                                                    \
-  INSTANTIATE_TEST_SUITE_P(Backends, Fixture,                                               \
-                           ::testing::Values(::towerlab::Device::cpu(),                     \
-                                             ::towerlab::Device::cuda(0)),                  \
-                           ::towerlab::testing::backend_name)
+#define TL_INSTANTIATE_BACKENDS(Fixture)                                         \
+  INSTANTIATE_TEST_SUITE_P(                                                      \
+      Backends, Fixture,                                                         \
+      ::testing::Values(::towerlab::Device::cpu(), ::towerlab::Device::cuda(0)), \
+      ::towerlab::testing::backend_name)
 
 // Uniform values in [low, high) from a fixed seed (std::mt19937, independent of
 // the engine's own generator under test).
-std::vector<float> random_values(std::size_t n, unsigned seed, float low = -1.0f, float high = 1.0f);
+std::vector<float> random_values(std::size_t n, unsigned seed, float low = -1.0f,
+                                 float high = 1.0f);
 
 // |actual - expected| <= atol + rtol * |expected| for every element, reporting the
 // first few mismatches with their index.
@@ -50,15 +51,15 @@ std::vector<float> random_values(std::size_t n, unsigned seed, float low = -1.0f
 }  // namespace towerlab::testing
 
 // Asserts that `statement` throws `ErrorType` whose what() contains `substring`.
-#define EXPECT_THROW_WITH(statement, ErrorType, substring)                                 \
-  do {                                                                                     \
-    try {                                                                                  \
-      statement;                                                                           \
-      ADD_FAILURE() << "expected " #ErrorType " from: " #statement;                        \
-    } catch (const ErrorType& tl_error_) {                                                 \
-      EXPECT_NE(std::string(tl_error_.what()).find(substring), std::string::npos)          \
-          << "message was: " << tl_error_.what();                                          \
-    } catch (const std::exception& tl_other_) {                                            \
+#define EXPECT_THROW_WITH(statement, ErrorType, substring)                                     \
+  do {                                                                                         \
+    try {                                                                                      \
+      statement;                                                                               \
+      ADD_FAILURE() << "expected " #ErrorType " from: " #statement;                            \
+    } catch (const ErrorType& tl_error_) {                                                     \
+      EXPECT_NE(std::string(tl_error_.what()).find(substring), std::string::npos)              \
+          << "message was: " << tl_error_.what();                                              \
+    } catch (const std::exception& tl_other_) {                                                \
       ADD_FAILURE() << "expected " #ErrorType ", got another exception: " << tl_other_.what(); \
-    }                                                                                      \
+    }                                                                                          \
   } while (0)

@@ -19,8 +19,8 @@ void fill(const Tensor& x, double value) {
 void copy(const Tensor& dst, const Tensor& src) {
   with_dtype(dst.dtype(), [&]<typename D>() {
     with_dtype(src.dtype(), [&]<typename S>() {
-      D* out = dst.data<D>();        // [n]
-      const S* in = src.data<S>();   // [n]
+      D* out = dst.data<D>();       // [n]
+      const S* in = src.data<S>();  // [n]
       for (std::int64_t i = 0; i < dst.numel(); ++i) out[i] = static_cast<D>(in[i]);
     });
   });
@@ -28,9 +28,9 @@ void copy(const Tensor& dst, const Tensor& src) {
 
 void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
   with_dtype(out.dtype(), [&]<typename T>() {
-    T* o = out.data<T>();         // [n]
-    const T* x = a.data<T>();     // [n]
-    const T* y = b.data<T>();     // [n]
+    T* o = out.data<T>();      // [n]
+    const T* x = a.data<T>();  // [n]
+    const T* y = b.data<T>();  // [n]
     const std::int64_t n = out.numel();
     switch (op) {
       case BinaryOp::Add:
@@ -48,8 +48,8 @@ void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
 
 void scale(const Tensor& out, const Tensor& x, double alpha) {
   with_dtype(out.dtype(), [&]<typename T>() {
-    T* o = out.data<T>();        // [n]
-    const T* in = x.data<T>();   // [n]
+    T* o = out.data<T>();       // [n]
+    const T* in = x.data<T>();  // [n]
     const auto a = static_cast<T>(alpha);
     for (std::int64_t i = 0; i < out.numel(); ++i) o[i] = a * in[i];
   });
@@ -57,8 +57,8 @@ void scale(const Tensor& out, const Tensor& x, double alpha) {
 
 void axpy(const Tensor& y, double alpha, const Tensor& x) {
   with_dtype(y.dtype(), [&]<typename T>() {
-    T* out = y.data<T>();        // [n]
-    const T* in = x.data<T>();   // [n]
+    T* out = y.data<T>();       // [n]
+    const T* in = x.data<T>();  // [n]
     const auto a = static_cast<T>(alpha);
     for (std::int64_t i = 0; i < y.numel(); ++i) out[i] += a * in[i];
   });

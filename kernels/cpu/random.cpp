@@ -1,7 +1,7 @@
 // CPU random fills: element i from philox::uniform/normal(seed, subsequence, i).
+#include "kernels/random.h"
 #include "engine/philox.h"
 #include "kernels/cpu/dtype_dispatch.h"
-#include "kernels/random.h"
 
 namespace towerlab::cpu {
 

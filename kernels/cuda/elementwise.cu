@@ -56,7 +56,7 @@ __global__ void axpy_kernel(float* y, float alpha, const float* x, std::int64_t 
 void fill(const Tensor& x, float value, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
   fill_kernel<<<grid_for(x.numel()), kBlockSize, 0, native(stream)>>>(x.data<float>(), value,
-                                                                       x.numel());
+                                                                      x.numel());
   TL_CUDA_CHECK_LAUNCH();
 }
 
@@ -69,7 +69,8 @@ void copy(const Tensor& dst, const Tensor& src, const Stream& stream) {
   TL_CUDA_CHECK_LAUNCH();
 }
 
-void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b, const Stream& stream) {
+void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b,
+            const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
   const unsigned grid = grid_for(out.numel());
   auto* o = out.data<float>();
@@ -99,7 +100,7 @@ void scale(const Tensor& out, const Tensor& x, float alpha, const Stream& stream
 void axpy(const Tensor& y, float alpha, const Tensor& x, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
   axpy_kernel<<<grid_for(y.numel()), kBlockSize, 0, native(stream)>>>(y.data<float>(), alpha,
-                                                                       x.data<float>(), y.numel());
+                                                                      x.data<float>(), y.numel());
   TL_CUDA_CHECK_LAUNCH();
 }
 

@@ -29,11 +29,11 @@ void random(const Tensor& x, Distribution dist, std::uint64_t seed, std::uint64_
   CudaDeviceGuard guard(stream.device().index);
   const unsigned grid = grid_for(x.numel());
   if (dist == Distribution::Uniform) {
-    random_kernel<Distribution::Uniform>
-        <<<grid, kBlockSize, 0, native(stream)>>>(x.data<float>(), x.numel(), seed, subsequence, a, b);
+    random_kernel<Distribution::Uniform><<<grid, kBlockSize, 0, native(stream)>>>(
+        x.data<float>(), x.numel(), seed, subsequence, a, b);
   } else {
-    random_kernel<Distribution::Normal>
-        <<<grid, kBlockSize, 0, native(stream)>>>(x.data<float>(), x.numel(), seed, subsequence, a, b);
+    random_kernel<Distribution::Normal><<<grid, kBlockSize, 0, native(stream)>>>(
+        x.data<float>(), x.numel(), seed, subsequence, a, b);
   }
   TL_CUDA_CHECK_LAUNCH();
 }

@@ -12,7 +12,9 @@ namespace towerlab::cuda {
 namespace {
 
 // Scales the single result (by 1/n for a mean) without a host round trip.
-__global__ void scale_scalar_kernel(float* value, float scale) { *value *= scale; }
+__global__ void scale_scalar_kernel(float* value, float scale) {
+  *value *= scale;
+}
 
 }  // namespace
 

@@ -30,7 +30,8 @@ void relu_forward(const Tensor& y, const Tensor& x, const Stream& stream) {
   TL_CUDA_CHECK_LAUNCH();
 }
 
-void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y, const Stream& stream) {
+void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y,
+                   const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
   relu_backward_kernel<<<grid_for(grad_x.numel()), kBlockSize, 0, native(stream)>>>(
       grad_x.data<float>(), grad_y.data<float>(), y.data<float>(), grad_x.numel());

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Builds and runs every test: the default build (CUDA when nvcc is found; CUDA
+# cases skip without a GPU), the CPU-only build, and a program that embeds
+# towerlab through find_package() and through add_subdirectory().
+# Usage: scripts/test.sh [--quick]   (--quick: the default build's tests only)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+
+jobs=$(nproc)
+run_preset() {
+  local preset=$1
+  echo "== ${preset}: configure, build, test"
+  cmake --preset "$preset" >/dev/null
+  cmake --build --preset "$preset" -j "$jobs"
+  ctest --preset "$preset" -j "$jobs"
+}
+
+run_preset release
+[ "${1:-}" = "--quick" ] && exit 0
+run_preset cpu
+
+echo "== embedding: find_package(towerlab) from an installed copy"
+rm -rf build/install build/consumer-installed build/consumer-subdir
+cmake --install build/cpu --prefix build/install >/dev/null
+cmake -S tests/consumer -B build/consumer-installed -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build/install" >/dev/null
+cmake --build build/consumer-installed >/dev/null
+build/consumer-installed/consumer
+
+echo "== embedding: add_subdirectory(towerlab)"
+cmake -S tests/consumer -B build/consumer-subdir -G Ninja -DTOWERLAB_SOURCE_DIR="$PWD" -DTOWERLAB_CUDA=OFF >/dev/null
+cmake --build build/consumer-subdir >/dev/null
+build/consumer-subdir/consumer
+echo "== all tests passed"

@@ -1,0 +1,60 @@
+// sum and mean on every backend.
+#include "test_util.h"
+
+namespace towerlab::testing {
+namespace {
+
+class ReduceTest : public BackendTest {};
+TL_INSTANTIATE_BACKENDS(ReduceTest);
+
+TEST_P(ReduceTest, HandComputed) {
+  Tensor x = make({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor out = Tensor::empty({1}, stream());
+  sum(out, x, stream());
+  EXPECT_EQ(host(out)[0], 21.0f);
+  mean(out, x, stream());
+  EXPECT_EQ(host(out)[0], 3.5f);
+}
+
+TEST_P(ReduceTest, OddSizesMatchADoubleSum) {
+  for (std::int64_t n : {1, 3, 127, 128, 129, 65537, 3000017}) {
+    const auto x = random_values(static_cast<std::size_t>(n), 21, 0.0f, 1.0f);
+    double expected = 0.0;
+    for (float v : x) expected += v;
+    Tensor out = Tensor::empty({1}, stream());
+    sum(out, make(x, {n}), stream());
+    EXPECT_NEAR(host(out)[0], expected, 1e-6 * expected + 1e-6) << "n = " << n;
+    mean(out, make(x, {n}), stream());
+    EXPECT_NEAR(host(out)[0], expected / n, 1e-6) << "n = " << n;
+  }
+}
+
+TEST_P(ReduceTest, RepeatedReductionsGiveTheSameBits) {
+  const auto x = random_values(1 << 20, 22);
+  Tensor t = make(x, {1 << 20});
+  Tensor out = Tensor::empty({1}, stream());
+  sum(out, t, stream());
+  const float first = host(out)[0];
+  for (int i = 0; i < 5; ++i) {
+    sum(out, t, stream());
+    EXPECT_EQ(host(out)[0], first);
+  }
+}
+
+TEST_P(ReduceTest, EmptyInputGivesZero) {
+  Tensor out = make({42}, {1});
+  sum(out, Tensor::empty({0}, stream()), stream());
+  EXPECT_EQ(host(out)[0], 0.0f);
+  fill(out, 42.0, stream());
+  mean(out, Tensor::empty({0, 3}, stream()), stream());
+  EXPECT_EQ(host(out)[0], 0.0f);
+}
+
+TEST_P(ReduceTest, OutputMustHaveOneElement) {
+  Tensor x = Tensor::zeros({4}, stream());
+  EXPECT_THROW_WITH(sum(Tensor::empty({2}, stream()), x, stream()), ShapeError,
+                    "sum: out must have one element, got float32[2]");
+}
+
+}  // namespace
+}  // namespace towerlab::testing
