@@ -8,7 +8,7 @@ packages=(
   cmake ninja-build g++ ccache pkg-config
   googletest libgtest-dev libbenchmark-dev
   zlib1g-dev nlohmann-json3-dev libcli11-dev libyaml-cpp-dev
-  libopenblas-dev python3-numpy
+  libopenblas-dev python3-numpy dataset-fashion-mnist
 )
 
 missing=()
