@@ -31,3 +31,7 @@
 #include "kernels/random.h"
 #include "kernels/reduce.h"
 #include "kernels/relu.h"
+#include "autograd/context.h"
+#include "autograd/ops.h"
+#include "autograd/tape.h"
+#include "autograd/variables.h"

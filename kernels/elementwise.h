@@ -9,6 +9,8 @@
 //   mul(out, a, b)          out[i] = a[i] * b[i]
 //   scale(out, x, alpha)    out[i] = alpha * x[i]
 //   axpy(y, alpha, x)       y[i] += alpha * x[i]      (accumulates into y)
+//   axpy_scalar(y, alpha, s) y[i] += alpha * s[0]     (s has one element, read on the
+//                           device: broadcasts a reduction's gradient without a host trip)
 // add/sub/mul/scale need equal shapes and dtypes; `out` may alias any input.
 // Empty tensors are a no-op. All run asynchronously on `stream`.
 #pragma once
@@ -25,6 +27,7 @@ void sub(const Tensor& out, const Tensor& a, const Tensor& b, const Stream& stre
 void mul(const Tensor& out, const Tensor& a, const Tensor& b, const Stream& stream);
 void scale(const Tensor& out, const Tensor& x, double alpha, const Stream& stream);
 void axpy(const Tensor& y, double alpha, const Tensor& x, const Stream& stream);
+void axpy_scalar(const Tensor& y, double alpha, const Tensor& s, const Stream& stream);
 
 enum class BinaryOp { Add, Sub, Mul };
 
@@ -35,6 +38,7 @@ void copy(const Tensor& dst, const Tensor& src);
 void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b);
 void scale(const Tensor& out, const Tensor& x, double alpha);
 void axpy(const Tensor& y, double alpha, const Tensor& x);
+void axpy_scalar(const Tensor& y, double alpha, const Tensor& s);
 }  // namespace cpu
 
 namespace cuda {
@@ -43,6 +47,7 @@ void copy(const Tensor& dst, const Tensor& src, const Stream& stream);
 void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b, const Stream& stream);
 void scale(const Tensor& out, const Tensor& x, float alpha, const Stream& stream);
 void axpy(const Tensor& y, float alpha, const Tensor& x, const Stream& stream);
+void axpy_scalar(const Tensor& y, float alpha, const Tensor& s, const Stream& stream);
 }  // namespace cuda
 
 }  // namespace towerlab

@@ -26,6 +26,15 @@ TEST_P(ElementwiseTest, HandComputed) {
   EXPECT_EQ(host(out), std::vector<float>(4, 7.0f));
 }
 
+TEST_P(ElementwiseTest, AxpyScalarBroadcastsADeviceScalar) {
+  Tensor y = make({1, 2, 3, 4, 5}, {5});
+  Tensor s = make({2}, {1});
+  axpy_scalar(y, 0.5, s, stream());
+  EXPECT_EQ(host(y), (std::vector<float>{2, 3, 4, 5, 6}));
+  EXPECT_THROW_WITH(axpy_scalar(y, 1.0, y, stream()), ShapeError,
+                    "axpy_scalar: s must have one element, got float32[5]");
+}
+
 TEST_P(ElementwiseTest, OddSizesMatchHostLoops) {
   for (std::int64_t n : {1, 2, 3, 31, 255, 257, 4099, 1000003}) {
     const auto x = random_values(static_cast<std::size_t>(n), 1);

@@ -64,4 +64,12 @@ void axpy(const Tensor& y, double alpha, const Tensor& x) {
   });
 }
 
+void axpy_scalar(const Tensor& y, double alpha, const Tensor& s) {
+  with_dtype(y.dtype(), [&]<typename T>() {
+    T* out = y.data<T>();  // [n]
+    const T v = static_cast<T>(alpha) * s.data<T>()[0];
+    for (std::int64_t i = 0; i < y.numel(); ++i) out[i] += v;
+  });
+}
+
 }  // namespace towerlab::cpu

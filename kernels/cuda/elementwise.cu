@@ -51,6 +51,15 @@ __global__ void axpy_kernel(float* y, float alpha, const float* x, std::int64_t 
   }
 }
 
+// s is read by every thread (one cached load), never copied to the host.
+__global__ void axpy_scalar_kernel(float* y, float alpha, const float* s, std::int64_t n) {
+  const float v = alpha * *s;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    y[i] += v;
+  }
+}
+
 }  // namespace
 
 void fill(const Tensor& x, float value, const Stream& stream) {
@@ -101,6 +110,13 @@ void axpy(const Tensor& y, float alpha, const Tensor& x, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
   axpy_kernel<<<grid_for(y.numel()), kBlockSize, 0, native(stream)>>>(y.data<float>(), alpha,
                                                                       x.data<float>(), y.numel());
+  TL_CUDA_CHECK_LAUNCH();
+}
+
+void axpy_scalar(const Tensor& y, float alpha, const Tensor& s, const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  axpy_scalar_kernel<<<grid_for(y.numel()), kBlockSize, 0, native(stream)>>>(
+      y.data<float>(), alpha, s.data<float>(), y.numel());
   TL_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,0 +1,26 @@
+// What a layer needs to run: the tower's tape, its copy of the variables, and
+// whether this is a training pass (batch norm uses batch statistics and updates
+// its moving averages) or an inference pass.
+#pragma once
+
+#include <string>
+
+#include "autograd/tape.h"
+#include "autograd/variables.h"
+
+namespace towerlab {
+
+struct Context {
+  Tape& tape;
+  VariableStore& variables;
+  bool training = true;
+
+  // The trainable variable `name` as a Var on this tape (gradient into the flat buffer).
+  Var variable(const std::string& name) const {
+    return tape.variable(variables.value(name), variables.grad(name), name);
+  }
+  // Non-trainable state (moving statistics): a view the forward pass may update.
+  Tensor state(const std::string& name) const { return variables.value(name); }
+};
+
+}  // namespace towerlab

@@ -1,0 +1,121 @@
+// Elementwise, ReLU, reduction and view ops of autograd/ops.h.
+#include "autograd/ops.h"
+
+#include "engine/error.h"
+#include "kernels/elementwise.h"
+#include "kernels/reduce.h"
+#include "kernels/relu.h"
+
+namespace towerlab::ag {
+
+namespace {
+
+Tensor like(const Var& x) { return Tensor::empty(x.shape(), x.tape().stream(), x.value().dtype()); }
+
+void check_same_shape(const char* op, const Var& a, const Var& b) {
+  a.tape().check_owns(op, {a, b});
+  TL_CHECK(a.shape() == b.shape(), ShapeError,
+           op << ": " << a.describe() << " and " << b.describe() << " differ in shape");
+}
+
+}  // namespace
+
+Var add(const Var& a, const Var& b) {
+  check_same_shape("add", a, b);
+  Tape& tape = a.tape();
+  Tensor y = like(a);
+  towerlab::add(y, a.value(), b.value(), tape.stream());
+  return tape.record(y, "add", {a, b}, [a, b](const Var& out) {
+    Tape& t = out.tape();
+    if (a.requires_grad()) axpy(t.grad_for(a), 1.0, out.grad(), t.stream());
+    if (b.requires_grad()) axpy(t.grad_for(b), 1.0, out.grad(), t.stream());
+  });
+}
+
+Var sub(const Var& a, const Var& b) {
+  check_same_shape("sub", a, b);
+  Tape& tape = a.tape();
+  Tensor y = like(a);
+  towerlab::sub(y, a.value(), b.value(), tape.stream());
+  return tape.record(y, "sub", {a, b}, [a, b](const Var& out) {
+    Tape& t = out.tape();
+    if (a.requires_grad()) axpy(t.grad_for(a), 1.0, out.grad(), t.stream());
+    if (b.requires_grad()) axpy(t.grad_for(b), -1.0, out.grad(), t.stream());
+  });
+}
+
+Var mul(const Var& a, const Var& b) {
+  check_same_shape("mul", a, b);
+  Tape& tape = a.tape();
+  Tensor y = like(a);
+  towerlab::mul(y, a.value(), b.value(), tape.stream());
+  return tape.record(y, "mul", {a, b}, [a, b](const Var& out) {
+    Tape& t = out.tape();
+    Tensor product = like(out);
+    if (a.requires_grad()) {  // dL/da = dL/dy * b
+      towerlab::mul(product, out.grad(), b.value(), t.stream());
+      axpy(t.grad_for(a), 1.0, product, t.stream());
+    }
+    if (b.requires_grad()) {
+      towerlab::mul(product, out.grad(), a.value(), t.stream());
+      axpy(t.grad_for(b), 1.0, product, t.stream());
+    }
+  });
+}
+
+Var scale(const Var& x, double alpha) {
+  x.tape().check_owns("scale", {x});
+  Tape& tape = x.tape();
+  Tensor y = like(x);
+  towerlab::scale(y, x.value(), alpha, tape.stream());
+  return tape.record(y, "scale", {x}, [x, alpha](const Var& out) {
+    Tape& t = out.tape();
+    axpy(t.grad_for(x), alpha, out.grad(), t.stream());
+  });
+}
+
+Var relu(const Var& x) {
+  x.tape().check_owns("relu", {x});
+  Tape& tape = x.tape();
+  Tensor y = like(x);
+  relu_forward(y, x.value(), tape.stream());
+  return tape.record(y, "relu", {x}, [x](const Var& out) {
+    Tape& t = out.tape();
+    relu_backward(t.grad_for(x), out.grad(), out.value(), t.stream());
+  });
+}
+
+namespace {
+
+Var reduce(const char* op, const Var& x, bool average) {
+  x.tape().check_owns(op, {x});
+  Tape& tape = x.tape();
+  Tensor y = Tensor::empty({1}, tape.stream(), x.value().dtype());
+  (average ? towerlab::mean : towerlab::sum)(y, x.value(), tape.stream());
+  const double alpha = average && x.value().numel() > 0 ? 1.0 / double(x.value().numel()) : 1.0;
+  return tape.record(y, op, {x}, [x, alpha](const Var& out) {
+    Tape& t = out.tape();
+    axpy_scalar(t.grad_for(x), alpha, out.grad(), t.stream());
+  });
+}
+
+}  // namespace
+
+Var sum(const Var& x) { return reduce("sum", x, false); }
+Var mean(const Var& x) { return reduce("mean", x, true); }
+
+Var reshape(const Var& x, const Shape& shape) {
+  x.tape().check_owns("reshape", {x});
+  Tensor y = x.value().reshape(shape);
+  return x.tape().record(y, x.name(), {x}, [x](const Var& out) {
+    Tape& t = out.tape();
+    axpy(t.grad_for(x), 1.0, out.grad().reshape(x.shape()), t.stream());
+  });
+}
+
+Var flatten(const Var& x) {
+  TL_CHECK(x.value().dim() >= 1, ShapeError, "flatten: " << x.describe() << " has no batch dimension");
+  return reshape(x, {x.shape()[0], x.shape()[0] == 0 ? 0 : -1});
+}
+
+}  // namespace towerlab::ag

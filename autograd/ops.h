@@ -1,0 +1,22 @@
+// Differentiable ops: each runs its kernel on the tape's stream and records a
+// backward that accumulates into the inputs' gradients. Inputs must belong to one
+// tape; shape errors name the op and the Vars ("add: conv1/out float32[8,32,28,28]
+// and skip float32[8,32,14,14] differ in shape").
+#pragma once
+
+#include "autograd/tape.h"
+
+namespace towerlab::ag {
+
+Var add(const Var& a, const Var& b);  // a + b, equal shapes
+Var sub(const Var& a, const Var& b);  // a - b
+Var mul(const Var& a, const Var& b);  // a * b, elementwise
+Var scale(const Var& x, double alpha);  // alpha * x
+Var relu(const Var& x);
+Var sum(const Var& x);   // [1]: the sum of every element
+Var mean(const Var& x);  // [1]: the mean of every element
+// A view with another shape (flatten is reshape({N, -1})); the gradient flows back unchanged.
+Var reshape(const Var& x, const Shape& shape);
+Var flatten(const Var& x);  // [N, ...] -> [N, rest]
+
+}  // namespace towerlab::ag

@@ -1,0 +1,136 @@
+#include "autograd/tape.h"
+
+#include <sstream>
+
+#include "engine/error.h"
+#include "kernels/elementwise.h"
+
+namespace towerlab {
+
+struct Var::Node {
+  Tensor value;
+  Tensor grad;
+  bool requires_grad = false;
+  Tape* tape = nullptr;
+  std::string name;
+};
+
+const Tensor& Var::value() const {
+  TL_CHECK(defined(), InvalidArgument, "use of an undefined Var");
+  return node_->value;
+}
+
+const Tensor& Var::grad() const {
+  TL_CHECK(defined(), InvalidArgument, "use of an undefined Var");
+  return node_->grad;
+}
+
+bool Var::requires_grad() const { return defined() && node_->requires_grad; }
+
+Tape& Var::tape() const {
+  TL_CHECK(defined(), InvalidArgument, "use of an undefined Var");
+  return *node_->tape;
+}
+
+const std::string& Var::name() const {
+  TL_CHECK(defined(), InvalidArgument, "use of an undefined Var");
+  return node_->name;
+}
+
+std::string Var::describe() const {
+  if (!defined()) return "undefined Var";
+  return node_->name + " " + dtype_name(node_->value.dtype()) + node_->value.shape_str();
+}
+
+Tape::Tape(const Stream& stream, std::string label) : stream_(&stream), label_(std::move(label)) {}
+
+Var Tape::constant(Tensor value, std::string name) {
+  TL_CHECK(value.defined(), InvalidArgument, label_ << ": constant '" << name << "' is undefined");
+  TL_CHECK(value.device() == device(), InvalidArgument,
+           label_ << ": constant '" << name << "' is " << value.describe() << " but the tape is on "
+                  << device().str());
+  auto node = std::make_shared<Var::Node>();
+  node->value = std::move(value);
+  node->tape = this;
+  node->name = std::move(name);
+  return Var(std::move(node));
+}
+
+Var Tape::variable(Tensor value, Tensor grad, std::string name) {
+  TL_CHECK(value.defined() && grad.defined(), InvalidArgument,
+           label_ << ": variable '" << name << "' needs a value and a gradient tensor");
+  TL_CHECK(value.device() == device() && grad.device() == device(), InvalidArgument,
+           label_ << ": variable '" << name << "' is " << value.describe() << " but the tape is on "
+                  << device().str());
+  TL_CHECK(value.shape() == grad.shape(), ShapeError,
+           label_ << ": variable '" << name << "' is " << value.describe() << " but its gradient is "
+                  << grad.describe());
+  auto node = std::make_shared<Var::Node>();
+  node->value = std::move(value);
+  node->grad = std::move(grad);
+  node->requires_grad = true;
+  node->tape = this;
+  node->name = std::move(name);
+  return Var(std::move(node));
+}
+
+void Tape::check_owns(const char* op, const std::vector<Var>& vars) const {
+  for (const Var& v : vars) {
+    TL_CHECK(v.defined(), InvalidArgument, op << ": an input is an undefined Var");
+    TL_CHECK(v.node_->tape == this, InvalidArgument,
+             op << ": " << v.describe() << " belongs to " << v.node_->tape->label()
+                << ", not to " << label_ << " (Vars of two tapes cannot be mixed)");
+  }
+}
+
+Var Tape::record(Tensor value, std::string name, const std::vector<Var>& inputs,
+                 std::function<void(const Var&)> backward) {
+  auto node = std::make_shared<Var::Node>();
+  node->value = std::move(value);
+  node->tape = this;
+  node->name = std::move(name);
+  bool needs = false;
+  for (const Var& v : inputs) needs = needs || v.requires_grad();
+  node->requires_grad = needs && grad_enabled_;
+  Var out(std::move(node));
+  if (out.requires_grad()) {
+    TL_CHECK(!backward_done_, InvalidArgument,
+             label_ << ": recording '" << out.name()
+                    << "' after backward(); call reset() before the next forward pass");
+    records_.push_back({out, std::move(backward)});
+  }
+  return out;
+}
+
+const Tensor& Tape::grad_for(const Var& v) {
+  TL_CHECK(v.requires_grad(), InvalidArgument,
+           label_ << ": " << v.describe() << " does not require a gradient");
+  if (!v.node_->grad.defined()) {
+    v.node_->grad = Tensor::zeros(v.node_->value.shape(), *stream_, v.node_->value.dtype());
+  }
+  return v.node_->grad;
+}
+
+void Tape::backward(const Var& loss, double seed) {
+  check_owns("backward", {loss});
+  TL_CHECK(!backward_done_, InvalidArgument,
+           label_ << ": backward() called twice; call reset() and run the forward pass again");
+  TL_CHECK(loss.value().numel() == 1, ShapeError,
+           label_ << ": backward() needs a loss with one element, got " << loss.describe());
+  TL_CHECK(loss.requires_grad(), InvalidArgument,
+           label_ << ": the loss " << loss.describe()
+                  << " does not depend on any trainable variable (or was computed without gradients)");
+  backward_done_ = true;
+  fill(grad_for(loss), seed, *stream_);
+  for (auto it = records_.rbegin(); it != records_.rend(); ++it) {
+    if (it->output.node_->grad.defined()) it->backward(it->output);
+  }
+  records_.clear();
+}
+
+void Tape::reset() {
+  records_.clear();
+  backward_done_ = false;
+}
+
+}  // namespace towerlab

@@ -1,0 +1,120 @@
+// The tape: reverse-mode automatic differentiation for one tower.
+//
+// A Tape is bound to one stream (and so one device). Every differentiable op
+// (autograd/ops.h) computes its output on the tape's stream and, when gradients
+// are enabled, records a backward closure. backward(loss) replays the records in
+// reverse; each closure ACCUMULATES into the gradients of its inputs, so a value
+// used twice gets the sum of both contributions. Nothing is global: two towers on
+// two threads each have their own tape and never share a record or a buffer.
+//
+// A Var is a handle to a value on a tape together with its gradient. Trainable
+// variables (autograd/variables.h) bring their own gradient tensor, a view into
+// the tower's flat gradient buffer; intermediate values get a gradient tensor
+// allocated (zeroed) when the backward pass first needs one.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/stream.h"
+#include "engine/tensor.h"
+
+namespace towerlab {
+
+class Tape;
+
+class Var {
+ public:
+  Var() = default;
+
+  bool defined() const { return node_ != nullptr; }
+  const Tensor& value() const;
+  // The gradient accumulated so far (undefined if nothing has flowed back yet).
+  const Tensor& grad() const;
+  bool requires_grad() const;
+  Tape& tape() const;
+  // "conv1/weight" for a variable, the producing op ("relu", "conv2d") otherwise.
+  const std::string& name() const;
+  const Shape& shape() const { return value().shape(); }
+  // "conv1/weight float32[32,1,3,3]": for messages.
+  std::string describe() const;
+
+ private:
+  friend class Tape;
+  struct Node;
+  explicit Var(std::shared_ptr<Node> node) : node_(std::move(node)) {}
+  std::shared_ptr<Node> node_;
+};
+
+class Tape {
+ public:
+  // `label` names the tape in messages ("tower 2 (cuda:0)").
+  explicit Tape(const Stream& stream, std::string label = "tape");
+  Tape(const Tape&) = delete;
+  Tape& operator=(const Tape&) = delete;
+
+  const Stream& stream() const { return *stream_; }
+  Device device() const { return stream_->device(); }
+  const std::string& label() const { return label_; }
+
+  // A value that needs no gradient (inputs, labels).
+  Var constant(Tensor value, std::string name = "constant");
+  // A trainable leaf whose gradient accumulates into `grad` (same shape, on this device).
+  Var variable(Tensor value, Tensor grad, std::string name);
+
+  // Output of a differentiable op: requires a gradient when any input does and
+  // gradients are enabled. `backward` is recorded only then; it receives the
+  // output Var and must accumulate into its inputs' grad_for() tensors.
+  Var record(Tensor value, std::string name, const std::vector<Var>& inputs,
+             std::function<void(const Var& output)> backward);
+
+  // The gradient tensor of `v` to accumulate into, allocated as zeros on first use.
+  // Only for Vars with requires_grad().
+  const Tensor& grad_for(const Var& v);
+
+  // Runs the recorded closures in reverse from `loss` (one element), seeding
+  // dL/dloss = seed (a tower passes its share of the batch). Throws if backward
+  // already ran since the last reset(), or if `loss` is not on this tape.
+  void backward(const Var& loss, double seed = 1.0);
+
+  // Drops every record (and the intermediate values they keep alive) so that the
+  // next forward pass can start. Variable gradients are left as they are.
+  void reset();
+
+  bool grad_enabled() const { return grad_enabled_; }
+  void set_grad_enabled(bool enabled) { grad_enabled_ = enabled; }
+  std::size_t num_records() const { return records_.size(); }
+
+  // Throws InvalidArgument unless every Var is defined and on this tape.
+  void check_owns(const char* op, const std::vector<Var>& vars) const;
+
+ private:
+  struct Record {
+    Var output;
+    std::function<void(const Var&)> backward;
+  };
+  const Stream* stream_;
+  std::string label_;
+  std::vector<Record> records_;
+  bool grad_enabled_ = true;
+  bool backward_done_ = false;
+};
+
+// Disables recording on one tape for a scope (inference, evaluation).
+class NoGradGuard {
+ public:
+  explicit NoGradGuard(Tape& tape) : tape_(tape), previous_(tape.grad_enabled()) {
+    tape.set_grad_enabled(false);
+  }
+  ~NoGradGuard() { tape_.set_grad_enabled(previous_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  Tape& tape_;
+  bool previous_;
+};
+
+}  // namespace towerlab
