@@ -47,20 +47,21 @@ void rmsprop_update(const Tensor& param, const Tensor& grad, const Tensor& mean_
     T* __restrict mom = moment.data<T>();      // [n]
     const auto lr = static_cast<T>(params.lr);
     const auto rho = static_cast<T>(params.decay);
+    const auto one_minus_rho = static_cast<T>(1.0 - params.decay);  // in double, as TF and PyTorch
     const auto mu = static_cast<T>(params.momentum);
     const auto eps = static_cast<T>(params.epsilon);
     const std::int64_t n = param.numel();
     if (mean_grad.defined()) {
       T* __restrict mg = mean_grad.data<T>();  // [n]
       for (std::int64_t i = 0; i < n; ++i) {
-        ms[i] = rho * ms[i] + (T(1) - rho) * g[i] * g[i];
-        mg[i] = rho * mg[i] + (T(1) - rho) * g[i];
+        ms[i] = rho * ms[i] + one_minus_rho * g[i] * g[i];
+        mg[i] = rho * mg[i] + one_minus_rho * g[i];
         mom[i] = mu * mom[i] + lr * g[i] / std::sqrt(ms[i] - mg[i] * mg[i] + eps);
         p[i] -= mom[i];
       }
     } else {
       for (std::int64_t i = 0; i < n; ++i) {
-        ms[i] = rho * ms[i] + (T(1) - rho) * g[i] * g[i];
+        ms[i] = rho * ms[i] + one_minus_rho * g[i] * g[i];
         mom[i] = mu * mom[i] + lr * g[i] / std::sqrt(ms[i] + eps);
         p[i] -= mom[i];
       }
@@ -77,6 +78,9 @@ void adam_update(const Tensor& param, const Tensor& grad, const Tensor& m, const
     T* __restrict m2 = v.data<T>();          // [n] second moment
     const auto beta1 = static_cast<T>(step.beta1);
     const auto beta2 = static_cast<T>(step.beta2);
+    // 1 - beta in double: in float, 1 - 0.999f is off by 1.3e-5 relative.
+    const auto one_minus_beta1 = static_cast<T>(1.0 - step.beta1);
+    const auto one_minus_beta2 = static_cast<T>(1.0 - step.beta2);
     const auto eps = static_cast<T>(step.epsilon);
     const auto wd = static_cast<T>(step.weight_decay);
     const auto decay_factor = static_cast<T>(step.decay_factor);
@@ -85,8 +89,8 @@ void adam_update(const Tensor& param, const Tensor& grad, const Tensor& m, const
     for (std::int64_t i = 0; i < param.numel(); ++i) {
       const T p0 = p[i] * decay_factor;
       const T gi = g[i] + wd * p[i];
-      m1[i] = beta1 * m1[i] + (T(1) - beta1) * gi;
-      m2[i] = beta2 * m2[i] + (T(1) - beta2) * gi * gi;
+      m1[i] = beta1 * m1[i] + one_minus_beta1 * gi;
+      m2[i] = beta2 * m2[i] + one_minus_beta2 * gi * gi;
       p[i] = p0 - step_size * m1[i] / (std::sqrt(m2[i]) / bc2_sqrt + eps);
     }
   });

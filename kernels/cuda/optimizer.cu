@@ -54,12 +54,12 @@ struct SgdMomentum {
 template <bool kCentered>
 struct Rmsprop {
   static constexpr int kSlots = kCentered ? 3 : 2;
-  float lr, decay, momentum, epsilon;
+  float lr, decay, one_minus_decay, momentum, epsilon;
   __device__ void operator()(float& p, float g, float* s) const {
-    s[0] = decay * s[0] + (1.0f - decay) * g * g;
+    s[0] = decay * s[0] + one_minus_decay * g * g;
     float denom_sq = s[0] + epsilon;
     if constexpr (kCentered) {
-      s[2] = decay * s[2] + (1.0f - decay) * g;
+      s[2] = decay * s[2] + one_minus_decay * g;
       denom_sq = s[0] - s[2] * s[2] + epsilon;
     }
     s[1] = momentum * s[1] + lr * g / sqrtf(denom_sq);
@@ -70,11 +70,12 @@ struct Rmsprop {
 // slots: m, v
 struct Adam {
   static constexpr int kSlots = 2;
-  float beta1, beta2, epsilon, weight_decay, decay_factor, step_size, bias_correction2_sqrt;
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, epsilon, weight_decay, decay_factor,
+      step_size, bias_correction2_sqrt;
   __device__ void operator()(float& p, float g, float* s) const {
     g += weight_decay * p;
-    s[0] = beta1 * s[0] + (1.0f - beta1) * g;
-    s[1] = beta2 * s[1] + (1.0f - beta2) * g * g;
+    s[0] = beta1 * s[0] + one_minus_beta1 * g;
+    s[1] = beta2 * s[1] + one_minus_beta2 * g * g;
     p = p * decay_factor - step_size * s[0] / (sqrtf(s[1]) / bias_correction2_sqrt + epsilon);
   }
 };
@@ -169,21 +170,25 @@ void rmsprop_update(const Tensor& param, const Tensor& grad, const Tensor& mean_
                     const Stream& stream) {
   const auto lr = static_cast<float>(params.lr);
   const auto decay = static_cast<float>(params.decay);
+  const auto one_minus_decay = static_cast<float>(1.0 - params.decay);
   const auto momentum = static_cast<float>(params.momentum);
   const auto epsilon = static_cast<float>(params.epsilon);
   if (mean_grad.defined()) {
     launch_update(param, grad, {&mean_square, &moment, &mean_grad},
-                  Rmsprop<true>{lr, decay, momentum, epsilon}, stream);
+                  Rmsprop<true>{lr, decay, one_minus_decay, momentum, epsilon}, stream);
   } else {
     launch_update(param, grad, {&mean_square, &moment},
-                  Rmsprop<false>{lr, decay, momentum, epsilon}, stream);
+                  Rmsprop<false>{lr, decay, one_minus_decay, momentum, epsilon}, stream);
   }
 }
 
 void adam_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                  const AdamStep& step, const Stream& stream) {
+  // 1 - beta in double: in float, 1 - 0.999f is off by 1.3e-5 relative.
   const Adam update{static_cast<float>(step.beta1),
+                    static_cast<float>(1.0 - step.beta1),
                     static_cast<float>(step.beta2),
+                    static_cast<float>(1.0 - step.beta2),
                     static_cast<float>(step.epsilon),
                     static_cast<float>(step.weight_decay),
                     static_cast<float>(step.decay_factor),
