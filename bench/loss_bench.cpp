@@ -1,0 +1,162 @@
+// Softmax cross-entropy (and MSE) against the memory bandwidth they are bound by:
+// the bytes/s of each kernel beside a copy of the logits in the same run (memcpy on
+// the CPU, device-to-device cudaMemcpy on CUDA). Sizes: FashionNet's logits
+// [128,10] (launch-bound on a GPU: a few microseconds whatever the kernel does) and
+// [4096,1000] (an ImageNet-sized head, 16 MB, where the bandwidth shows).
+// Bytes counted: forward reads the logits and labels (4NK + 4N); backward reads the
+// logits and labels and reads and writes grad_logits (12NK + 4N); MSE reads two
+// tensors (8n) and its backward reads three and writes one (16n); the copy 8NK.
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+
+#include "kernels/loss.h"
+#include "towerlab.h"
+
+#if TOWERLAB_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+using namespace towerlab;
+
+namespace {
+
+constexpr int kCudaRepeats = 20;  // launches per timed iteration: the GPU never waits for the host
+
+bool skip_without(Device device, benchmark::State& state) {
+  if (device.is_cuda() && cuda_device_count() == 0) {
+    state.SkipWithError("no CUDA device");
+    return true;
+  }
+  return false;
+}
+
+// Times fn and reports `bytes` per call; on CUDA with events over kCudaRepeats calls.
+template <typename Fn>
+void run(benchmark::State& state, const Stream& stream, std::int64_t bytes, Fn&& fn) {
+  fn();  // warm-up
+  stream.synchronize();
+  std::int64_t calls = 0;
+  if (stream.device().is_cpu()) {
+    for (auto _ : state) {
+      fn();
+      benchmark::ClobberMemory();
+    }
+    calls = state.iterations();
+  } else {
+    Event start(stream.device(), true), end(stream.device(), true);
+    for (auto _ : state) {
+      start.record(stream);
+      for (int r = 0; r < kCudaRepeats; ++r) fn();
+      end.record(stream);
+      end.synchronize();
+      state.SetIterationTime(Event::elapsed_ms(start, end) / 1e3);
+    }
+    calls = state.iterations() * kCudaRepeats;
+  }
+  state.SetBytesProcessed(calls * bytes);
+}
+
+// Logits in [-5, 5) and labels spread over the classes, as a trained head sees them.
+struct Batch {
+  Tensor logits, labels;
+  Batch(std::int64_t rows, std::int64_t classes, const Stream& stream) {
+    std::vector<float> x(static_cast<std::size_t>(rows * classes)),
+        y(static_cast<std::size_t>(rows));
+    for (std::size_t i = 0; i < x.size(); ++i)
+      x[i] = static_cast<float>((i * 7919) % 1000) / 100 - 5;
+    for (std::size_t n = 0; n < y.size(); ++n) y[n] = static_cast<float>((n * 31) % classes);
+    logits = Tensor::from_host<float>(x, {rows, classes}, stream);
+    labels = Tensor::from_host<float>(y, {rows}, stream);
+  }
+};
+
+void BM_CrossEntropyForward(benchmark::State& state, Device device) {
+  if (skip_without(device, state)) return;
+  Stream stream(device);
+  const std::int64_t rows = state.range(0), classes = state.range(1);
+  Batch batch(rows, classes, stream);
+  Tensor loss = Tensor::zeros({1}, stream);
+  run(state, stream, 4 * rows * classes + 4 * rows, [&] {
+    softmax_cross_entropy_forward(loss, Tensor(), Tensor(), batch.logits, batch.labels,
+                                  Reduction::Mean, stream);
+  });
+}
+
+void BM_CrossEntropyBackward(benchmark::State& state, Device device) {
+  if (skip_without(device, state)) return;
+  Stream stream(device);
+  const std::int64_t rows = state.range(0), classes = state.range(1);
+  Batch batch(rows, classes, stream);
+  Tensor grad = Tensor::zeros({rows, classes}, stream);
+  Tensor grad_loss = Tensor::from_host<float>(std::vector<float>{1.0f}, {1}, stream);
+  run(state, stream, 12 * rows * classes + 4 * rows, [&] {
+    softmax_cross_entropy_backward(grad, grad_loss, batch.logits, batch.labels, Reduction::Mean,
+                                   stream);
+  });
+}
+
+void BM_MseForward(benchmark::State& state, Device device) {
+  if (skip_without(device, state)) return;
+  Stream stream(device);
+  const std::int64_t n = state.range(0);
+  Tensor pred = Tensor::zeros({n}, stream), target = Tensor::zeros({n}, stream);
+  Tensor loss = Tensor::zeros({1}, stream);
+  run(state, stream, 8 * n, [&] { mse_forward(loss, pred, target, Reduction::Mean, stream); });
+}
+
+void BM_MseBackward(benchmark::State& state, Device device) {
+  if (skip_without(device, state)) return;
+  Stream stream(device);
+  const std::int64_t n = state.range(0);
+  Tensor pred = Tensor::zeros({n}, stream), target = Tensor::zeros({n}, stream);
+  Tensor grad = Tensor::zeros({n}, stream);
+  Tensor grad_loss = Tensor::from_host<float>(std::vector<float>{1.0f}, {1}, stream);
+  run(state, stream, 16 * n,
+      [&] { mse_backward(grad, Tensor(), grad_loss, pred, target, Reduction::Mean, stream); });
+}
+
+// The reference: a copy of rows * classes floats (8 bytes per element).
+void BM_CopyReference(benchmark::State& state, Device device) {
+  if (skip_without(device, state)) return;
+  Stream stream(device);
+  const std::int64_t n = state.range(0) * state.range(1);
+  Tensor a = Tensor::zeros({n}, stream), b = Tensor::zeros({n}, stream);
+  run(state, stream, 8 * n, [&] {
+#if TOWERLAB_WITH_CUDA
+    if (device.is_cuda()) {
+      cudaMemcpyAsync(b.raw_data(), a.raw_data(), a.nbytes(), cudaMemcpyDeviceToDevice,
+                      static_cast<cudaStream_t>(stream.native_handle()));
+      return;
+    }
+#endif
+    std::memcpy(b.raw_data(), a.raw_data(), a.nbytes());
+  });
+}
+
+}  // namespace
+
+BENCHMARK_CAPTURE(BM_CrossEntropyForward, cpu, Device::cpu())->Args({128, 10})->Args({4096, 1000});
+BENCHMARK_CAPTURE(BM_CrossEntropyBackward, cpu, Device::cpu())->Args({128, 10})->Args({4096, 1000});
+BENCHMARK_CAPTURE(BM_MseForward, cpu, Device::cpu())->Arg(1 << 22);
+BENCHMARK_CAPTURE(BM_MseBackward, cpu, Device::cpu())->Arg(1 << 22);
+BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())
+    ->Args({128, 10})
+    ->Args({4096, 1000})
+    ->Args({1 << 22, 1});
+
+BENCHMARK_CAPTURE(BM_CrossEntropyForward, cuda, Device::cuda(0))
+    ->Args({128, 10})
+    ->Args({4096, 1000})
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_CrossEntropyBackward, cuda, Device::cuda(0))
+    ->Args({128, 10})
+    ->Args({4096, 1000})
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_MseForward, cuda, Device::cuda(0))->Arg(1 << 24)->UseManualTime();
+BENCHMARK_CAPTURE(BM_MseBackward, cuda, Device::cuda(0))->Arg(1 << 24)->UseManualTime();
+BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))
+    ->Args({128, 10})
+    ->Args({4096, 1000})
+    ->Args({1 << 24, 1})
+    ->UseManualTime();

@@ -1,0 +1,142 @@
+// Fused optimizer updates against the memory bandwidth they are bound by. Each
+// update streams its buffers once, so its bytes/s is compared with a copy of the
+// same size in the same run: on the CPU a plain memcpy, on CUDA the device-to-device
+// cudaMemcpy (target: >= 85% of its bytes/s). Sizes: FashionNet's ~430k parameters
+// (which fit in an H100's 50 MB L2) and 16M (which does not).
+// Bytes per element: SGD with momentum 20 (p, g, v read; p, v written), RMSProp 28
+// (36 centered), Adam 28, the copy 8.
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+
+#include "kernels/optimizer.h"
+#include "towerlab.h"
+
+#if TOWERLAB_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+using namespace towerlab;
+
+namespace {
+
+// Launches per timed iteration on CUDA: enough back to back that the GPU never
+// waits for the host between them.
+constexpr int kCudaRepeats = 20;
+
+bool skip_without(Device device, benchmark::State& state) {
+  if (device.is_cuda() && cuda_device_count() == 0) {
+    state.SkipWithError("no CUDA device");
+    return true;
+  }
+  return false;
+}
+
+// Times fn (one update) and reports bytes_per_element * n bytes per update. On CUDA
+// each iteration is kCudaRepeats launches timed with events (manual time).
+template <typename Fn>
+void run(benchmark::State& state, const Stream& stream, std::int64_t bytes_per_element, Fn&& fn) {
+  const std::int64_t n = state.range(0);
+  fn();  // warm-up
+  stream.synchronize();
+  std::int64_t updates = 0;
+  if (stream.device().is_cpu()) {
+    for (auto _ : state) {
+      fn();
+      benchmark::ClobberMemory();
+    }
+    updates = state.iterations();
+  } else {
+    Event start(stream.device(), true), end(stream.device(), true);
+    for (auto _ : state) {
+      start.record(stream);
+      for (int r = 0; r < kCudaRepeats; ++r) fn();
+      end.record(stream);
+      end.synchronize();
+      state.SetIterationTime(Event::elapsed_ms(start, end) / 1e3);
+    }
+    updates = state.iterations() * kCudaRepeats;
+  }
+  state.SetBytesProcessed(updates * n * bytes_per_element);
+}
+
+void BM_SgdMomentum(benchmark::State& state, Device device) {
+  if (skip_without(device, state)) return;
+  Stream stream(device);
+  const Shape shape{state.range(0)};
+  Tensor p = Tensor::zeros(shape, stream), g = Tensor::zeros(shape, stream);
+  Tensor v = Tensor::zeros(shape, stream);
+  const SgdParams h{.lr = 0.01, .momentum = 0.9, .weight_decay = 5e-4, .nesterov = true};
+  run(state, stream, 20, [&] { sgd_update(p, g, v, h, stream); });
+}
+
+void BM_Rmsprop(benchmark::State& state, Device device, bool centered) {
+  if (skip_without(device, state)) return;
+  Stream stream(device);
+  const Shape shape{state.range(0)};
+  Tensor p = Tensor::zeros(shape, stream), g = Tensor::zeros(shape, stream);
+  Tensor ms = Tensor::zeros(shape, stream), mom = Tensor::zeros(shape, stream);
+  Tensor mg = centered ? Tensor::zeros(shape, stream) : Tensor();
+  fill(ms, 1.0, stream);
+  const RmspropParams h{.lr = 0.01, .momentum = 0.9, .epsilon = 1.0, .centered = centered};
+  run(state, stream, centered ? 36 : 28, [&] { rmsprop_update(p, g, ms, mom, mg, h, stream); });
+}
+
+void BM_Adam(benchmark::State& state, Device device) {
+  if (skip_without(device, state)) return;
+  Stream stream(device);
+  const Shape shape{state.range(0)};
+  Tensor p = Tensor::zeros(shape, stream), g = Tensor::zeros(shape, stream);
+  Tensor m = Tensor::zeros(shape, stream), v = Tensor::zeros(shape, stream);
+  std::int64_t step = 0;
+  run(state, stream, 28, [&] { adamw_update(p, g, m, v, ++step, {.weight_decay = 0.01}, stream); });
+}
+
+// The reference: copying n floats reads and writes 8 bytes per element.
+void BM_CopyReference(benchmark::State& state, Device device) {
+  if (skip_without(device, state)) return;
+  Stream stream(device);
+  const Shape shape{state.range(0)};
+  Tensor a = Tensor::zeros(shape, stream), b = Tensor::zeros(shape, stream);
+  run(state, stream, 8, [&] {
+#if TOWERLAB_WITH_CUDA
+    if (device.is_cuda()) {
+      cudaMemcpyAsync(b.raw_data(), a.raw_data(), a.nbytes(), cudaMemcpyDeviceToDevice,
+                      static_cast<cudaStream_t>(stream.native_handle()));
+      return;
+    }
+#endif
+    std::memcpy(b.raw_data(), a.raw_data(), a.nbytes());
+  });
+}
+
+constexpr std::int64_t kFashionNetParams = 430000;
+
+}  // namespace
+
+BENCHMARK_CAPTURE(BM_SgdMomentum, cpu, Device::cpu())->Arg(kFashionNetParams)->Arg(1 << 22);
+BENCHMARK_CAPTURE(BM_Rmsprop, cpu, Device::cpu(), false)->Arg(kFashionNetParams)->Arg(1 << 22);
+BENCHMARK_CAPTURE(BM_Rmsprop, cpu_centered, Device::cpu(), true)->Arg(kFashionNetParams);
+BENCHMARK_CAPTURE(BM_Adam, cpu, Device::cpu())->Arg(kFashionNetParams)->Arg(1 << 22);
+BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())->Arg(kFashionNetParams)->Arg(1 << 22);
+
+BENCHMARK_CAPTURE(BM_SgdMomentum, cuda, Device::cuda(0))
+    ->Arg(kFashionNetParams)
+    ->Arg(1 << 24)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_Rmsprop, cuda, Device::cuda(0), false)
+    ->Arg(kFashionNetParams)
+    ->Arg(1 << 24)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_Rmsprop, cuda_centered, Device::cuda(0), true)
+    ->Arg(kFashionNetParams)
+    ->Arg(1 << 24)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_Adam, cuda, Device::cuda(0))
+    ->Arg(kFashionNetParams)
+    ->Arg(1 << 24)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))
+    ->Arg(kFashionNetParams)
+    ->Arg(1 << 24)
+    ->UseManualTime();

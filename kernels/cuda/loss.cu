@@ -1,0 +1,331 @@
+// CUDA losses (contracts in kernels/loss.h), float32.
+//
+// Every loss is a sum of terms reduced in two fixed stages: a grid of at most
+// kMaxPartials blocks writes one partial sum per block into scratch memory, then
+// one block adds the partials in a fixed order, scales them and writes loss[0].
+// The grid depends only on the size of the input, so the same inputs give the
+// same bits every run (no atomics), and nothing goes back to the host.
+//
+// Cross-entropy gives each row to one warp: the row's maximum, then the sum of
+// exp(x - max) (the second read of a row hits L1, the warp has just read it), then
+// the outputs. For K = 10 two thirds of the lanes idle, but [128,10] is a few
+// microseconds of launch either way; [4096,1000] keeps every lane busy.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "engine/allocator.h"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/loss.h"
+
+namespace towerlab::cuda {
+
+namespace {
+
+constexpr int kWarp = 32;
+constexpr unsigned kMaxPartials = 1024;  // the finishing block has one thread per partial
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// Sum over the block of each thread's v; the result is valid in thread 0.
+// blockDim.x must be a multiple of 32 (at most 1024).
+__device__ float block_sum(float v) {
+  __shared__ float warp_sums[kWarp];
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_down_sync(kFullMask, v, offset);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < static_cast<int>(blockDim.x / kWarp) ? warp_sums[lane] : 0.0f;
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+      v += __shfl_down_sync(kFullMask, v, offset);
+    }
+  }
+  return v;
+}
+
+__device__ float warp_sum(float v) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+
+__device__ bool is_class_id(float label, std::int64_t num_classes) {
+  return label >= 0.0f && label < static_cast<float>(num_classes) && floorf(label) == label;
+}
+
+struct SquaredError {
+  const float* pred;
+  const float* target;
+  __device__ float operator()(std::int64_t i) const {
+    const float diff = pred[i] - target[i];
+    return diff * diff;
+  }
+};
+
+struct Square {
+  const float* w;
+  __device__ float operator()(std::int64_t i) const { return w[i] * w[i]; }
+};
+
+// partials[block] = sum of term(i) over the block's share of [0, n).
+template <typename Term>
+__global__ void partial_sums_kernel(float* partials, std::int64_t n, Term term) {
+  float sum = 0.0f;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    sum += term(i);
+  }
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+}
+
+// loss[0] = scale * sum(partials[0..count)); one block of kMaxPartials threads.
+__global__ void finish_sum_kernel(float* loss, const float* partials, unsigned count, float scale) {
+  float sum = threadIdx.x < count ? partials[threadIdx.x] : 0.0f;
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) *loss = sum * scale;
+}
+
+// The row statistics every lane of the warp ends with: max and argmax (the first
+// index on ties), then sum_k exp(x[k] - max).
+struct RowStats {
+  float max;
+  std::int64_t argmax;
+  float sum_exp;
+};
+
+__device__ RowStats row_stats(const float* row, std::int64_t num_classes, int lane) {
+  float max = -INFINITY;
+  std::int64_t argmax = INT64_MAX;
+  if (lane < num_classes) {
+    max = row[lane];
+    argmax = lane;
+  }
+  for (std::int64_t k = lane + kWarp; k < num_classes; k += kWarp) {
+    if (row[k] > max) {
+      max = row[k];
+      argmax = k;
+    }
+  }
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+    const float other_max = __shfl_xor_sync(kFullMask, max, offset);
+    const auto other_arg = static_cast<std::int64_t>(
+        __shfl_xor_sync(kFullMask, static_cast<long long>(argmax), offset));
+    if (other_max > max || (other_max == max && other_arg < argmax)) {
+      max = other_max;
+      argmax = other_arg;
+    }
+  }
+  float sum_exp = 0.0f;
+  for (std::int64_t k = lane; k < num_classes; k += kWarp) sum_exp += expf(row[k] - max);
+  return {max, argmax, warp_sum(sum_exp)};
+}
+
+// One warp per row. partials[block] = sum of the block's row losses (NaN for a row
+// whose label is not a class id; that label is never used as an index).
+__global__ void cross_entropy_forward_kernel(float* partials, float* probs, float* predictions,
+                                             const float* logits, const float* labels,
+                                             std::int64_t rows, std::int64_t num_classes) {
+  const int lane = threadIdx.x % kWarp;
+  const std::int64_t warps_per_block = blockDim.x / kWarp;
+  float loss_sum = 0.0f;  // lane 0's rows
+  for (std::int64_t n = blockIdx.x * warps_per_block + threadIdx.x / kWarp; n < rows;
+       n += gridDim.x * warps_per_block) {
+    const float* row = logits + n * num_classes;  // [K]
+    const RowStats s = row_stats(row, num_classes, lane);
+    if (lane == 0) {
+      const float label = labels[n];
+      loss_sum += is_class_id(label, num_classes)
+                      ? logf(s.sum_exp) - (row[static_cast<std::int64_t>(label)] - s.max)
+                      : NAN;
+      if (predictions != nullptr) predictions[n] = static_cast<float>(s.argmax);
+    }
+    if (probs != nullptr) {
+      for (std::int64_t k = lane; k < num_classes; k += kWarp) {
+        probs[n * num_classes + k] = expf(row[k] - s.max) / s.sum_exp;
+      }
+    }
+  }
+  loss_sum = block_sum(loss_sum);
+  if (threadIdx.x == 0) partials[blockIdx.x] = loss_sum;
+}
+
+// One warp per row: grad[n,k] += grad_loss[0] * scale * (softmax[k] - (k == label)).
+__global__ void cross_entropy_backward_kernel(float* grad_logits, const float* grad_loss,
+                                              const float* logits, const float* labels,
+                                              std::int64_t rows, std::int64_t num_classes,
+                                              float scale) {
+  const int lane = threadIdx.x % kWarp;
+  const std::int64_t warps_per_block = blockDim.x / kWarp;
+  const float factor = scale * *grad_loss;
+  for (std::int64_t n = blockIdx.x * warps_per_block + threadIdx.x / kWarp; n < rows;
+       n += gridDim.x * warps_per_block) {
+    const float* row = logits + n * num_classes;  // [K]
+    float* grad = grad_logits + n * num_classes;  // [K]
+    const RowStats s = row_stats(row, num_classes, lane);
+    const float label = labels[n];
+    const bool valid = is_class_id(label, num_classes);
+    const std::int64_t target = valid ? static_cast<std::int64_t>(label) : -1;
+    for (std::int64_t k = lane; k < num_classes; k += kWarp) {
+      const float p = expf(row[k] - s.max) / s.sum_exp;
+      grad[k] += valid ? factor * (p - (k == target ? 1.0f : 0.0f)) : NAN;
+    }
+  }
+}
+
+__global__ void mse_backward_kernel(float* grad_pred, float* grad_target, const float* grad_loss,
+                                    const float* pred, const float* target, std::int64_t n,
+                                    float scale) {
+  const float factor = 2.0f * scale * *grad_loss;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const float g = factor * (pred[i] - target[i]);
+    if (grad_pred != nullptr) grad_pred[i] += g;
+    if (grad_target != nullptr) grad_target[i] -= g;
+  }
+}
+
+__global__ void l2_loss_backward_kernel(float* grad_w, const float* grad_loss, const float* w,
+                                        std::int64_t n, float scale) {
+  const float factor = scale * *grad_loss;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    grad_w[i] += factor * w[i];
+  }
+}
+
+// *first = the smallest n whose label is not a class id (stays at its initial
+// all-ones value, ULLONG_MAX, when every label is valid).
+__global__ void first_invalid_label_kernel(unsigned long long* first, const float* labels,
+                                           std::int64_t n, std::int64_t num_classes) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    if (!is_class_id(labels[i], num_classes)) atomicMin(first, static_cast<unsigned long long>(i));
+  }
+}
+
+// Scratch memory from the device's caching allocator, given back (stream-ordered)
+// when the launcher returns or throws.
+class Scratch {
+ public:
+  Scratch(const Stream& stream, std::size_t bytes)
+      : allocator_(device_allocator(stream.device())),
+        ptr_(allocator_.allocate(bytes, native(stream))) {}
+  ~Scratch() { allocator_.deallocate(ptr_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  Allocator& allocator_;
+  void* ptr_;
+};
+
+// loss[0] = scale * sum over i < n of term(i), in the two stages described above.
+template <typename Term>
+void sum_terms(float* loss, std::int64_t n, Term term, float scale, const Stream& stream) {
+  cudaStream_t s = native(stream);
+  if (n == 0) {
+    TL_CUDA_CHECK(cudaMemsetAsync(loss, 0, sizeof(float), s));
+    return;
+  }
+  const unsigned blocks = std::min(grid_for(n), kMaxPartials);
+  Scratch partials(stream, blocks * sizeof(float));
+  partial_sums_kernel<<<blocks, kBlockSize, 0, s>>>(partials.as<float>(), n, term);
+  TL_CUDA_CHECK_LAUNCH();
+  finish_sum_kernel<<<1, kMaxPartials, 0, s>>>(loss, partials.as<float>(), blocks, scale);
+  TL_CUDA_CHECK_LAUNCH();
+}
+
+// Blocks for one warp per row, at most kMaxPartials (extra rows loop).
+unsigned grid_for_rows(std::int64_t rows) {
+  const std::int64_t warps_per_block = kBlockSize / kWarp;
+  return static_cast<unsigned>(
+      std::clamp<std::int64_t>((rows + warps_per_block - 1) / warps_per_block, 1, kMaxPartials));
+}
+
+}  // namespace
+
+void squared_error_sum(const Tensor& loss, const Tensor& pred, const Tensor& target, float scale,
+                       const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  sum_terms(loss.data<float>(), pred.numel(),
+            SquaredError{pred.data<float>(), target.data<float>()}, scale, stream);
+}
+
+void mse_backward(const Tensor& grad_pred, const Tensor& grad_target, const Tensor& grad_loss,
+                  const Tensor& pred, const Tensor& target, float scale, const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  mse_backward_kernel<<<grid_for(pred.numel()), kBlockSize, 0, native(stream)>>>(
+      grad_pred.defined() ? grad_pred.data<float>() : nullptr,
+      grad_target.defined() ? grad_target.data<float>() : nullptr, grad_loss.data<float>(),
+      pred.data<float>(), target.data<float>(), pred.numel(), scale);
+  TL_CUDA_CHECK_LAUNCH();
+}
+
+void softmax_cross_entropy_forward(const Tensor& loss, const Tensor& probs,
+                                   const Tensor& predictions, const Tensor& logits,
+                                   const Tensor& labels, float scale, const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  cudaStream_t s = native(stream);
+  const std::int64_t rows = logits.size(0), num_classes = logits.size(1);
+  if (rows == 0) {
+    TL_CUDA_CHECK(cudaMemsetAsync(loss.data<float>(), 0, sizeof(float), s));
+    return;
+  }
+  const unsigned blocks = grid_for_rows(rows);
+  Scratch partials(stream, blocks * sizeof(float));
+  cross_entropy_forward_kernel<<<blocks, kBlockSize, 0, s>>>(
+      partials.as<float>(), probs.defined() ? probs.data<float>() : nullptr,
+      predictions.defined() ? predictions.data<float>() : nullptr, logits.data<float>(),
+      labels.data<float>(), rows, num_classes);
+  TL_CUDA_CHECK_LAUNCH();
+  finish_sum_kernel<<<1, kMaxPartials, 0, s>>>(loss.data<float>(), partials.as<float>(), blocks,
+                                               scale);
+  TL_CUDA_CHECK_LAUNCH();
+}
+
+void softmax_cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
+                                    const Tensor& logits, const Tensor& labels, float scale,
+                                    const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  const std::int64_t rows = logits.size(0), num_classes = logits.size(1);
+  cross_entropy_backward_kernel<<<grid_for_rows(rows), kBlockSize, 0, native(stream)>>>(
+      grad_logits.data<float>(), grad_loss.data<float>(), logits.data<float>(),
+      labels.data<float>(), rows, num_classes, scale);
+  TL_CUDA_CHECK_LAUNCH();
+}
+
+std::int64_t first_invalid_label(const Tensor& labels, std::int64_t num_classes,
+                                 const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  cudaStream_t s = native(stream);
+  Scratch first(stream, sizeof(unsigned long long));
+  TL_CUDA_CHECK(cudaMemsetAsync(first.as<void>(), 0xff, sizeof(unsigned long long), s));
+  first_invalid_label_kernel<<<grid_for(labels.numel()), kBlockSize, 0, s>>>(
+      first.as<unsigned long long>(), labels.data<float>(), labels.numel(), num_classes);
+  TL_CUDA_CHECK_LAUNCH();
+  unsigned long long host_first = 0;
+  TL_CUDA_CHECK(cudaMemcpyAsync(&host_first, first.as<void>(), sizeof(host_first),
+                                cudaMemcpyDeviceToHost, s));
+  TL_CUDA_CHECK(cudaStreamSynchronize(s));
+  return host_first == ~0ull ? -1 : static_cast<std::int64_t>(host_first);
+}
+
+void square_sum(const Tensor& loss, const Tensor& w, float scale, const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  sum_terms(loss.data<float>(), w.numel(), Square{w.data<float>()}, scale, stream);
+}
+
+void l2_loss_backward(const Tensor& grad_w, const Tensor& grad_loss, const Tensor& w, float scale,
+                      const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  l2_loss_backward_kernel<<<grid_for(w.numel()), kBlockSize, 0, native(stream)>>>(
+      grad_w.data<float>(), grad_loss.data<float>(), w.data<float>(), w.numel(), scale);
+  TL_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace towerlab::cuda

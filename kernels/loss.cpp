@@ -1,0 +1,178 @@
+// Checks and backend dispatch for the losses (kernels/loss.h).
+#include "kernels/loss.h"
+
+#include <cmath>
+
+#include "kernels/checks.h"
+
+namespace towerlab {
+
+namespace {
+
+void check_scalar(const char* op, const char* name, const Tensor& t) {
+  TL_CHECK(t.numel() == 1, ShapeError,
+           op << ": " << name << " must have one element, got " << t.describe());
+}
+
+// r in loss.h: 1/count for a mean (1 when there is nothing to average), 1 for a sum.
+double reduction_scale(Reduction reduction, std::int64_t count) {
+  return reduction == Reduction::Mean && count > 0 ? 1.0 / static_cast<double>(count) : 1.0;
+}
+
+// The value of labels[index] for a message (a one-element copy on CUDA).
+double label_at(const Tensor& labels, std::int64_t index, const Stream& stream) {
+  Tensor one = labels.reshape({-1}).view(index, {1});
+  return labels.dtype() == DType::Float64 ? one.to_host<double>(stream)[0]
+                                          : one.to_host<float>(stream)[0];
+}
+
+[[noreturn]] void throw_bad_label(const char* op, const Tensor& labels, std::int64_t index,
+                                  std::int64_t num_classes, const Stream& stream) {
+  TL_THROW(InvalidArgument, op << ": labels[" << index << "] = " << label_at(labels, index, stream)
+                               << " is not a class id in [0, " << num_classes << ") (labels "
+                               << labels.describe() << ")");
+}
+
+void check_coeff(const char* op, double coeff) {
+  TL_CHECK(std::isfinite(coeff), InvalidArgument, op << ": coeff must be finite, got " << coeff);
+}
+
+// logits [N,K], labels [N], K >= 1 unless N == 0.
+void check_cross_entropy_inputs(const char* op, const Tensor& logits, const Tensor& labels,
+                                const Stream& stream) {
+  kernels::check_on_stream(op, stream, {{"logits", &logits}, {"labels", &labels}});
+  TL_CHECK(logits.dim() == 2, ShapeError,
+           op << ": logits must be [N,K] (rows, classes), got " << logits.describe());
+  TL_CHECK(labels.shape() == Shape{logits.size(0)}, ShapeError,
+           op << ": labels is " << labels.describe() << " but logits " << logits.describe()
+              << " needs labels [" << logits.size(0) << "], one class id per row");
+  TL_CHECK(logits.size(0) == 0 || logits.size(1) > 0, ShapeError,
+           op << ": logits " << logits.describe() << " has no classes (K = 0)");
+}
+
+}  // namespace
+
+void mse_forward(const Tensor& loss, const Tensor& pred, const Tensor& target, Reduction reduction,
+                 const Stream& stream) {
+  kernels::check_on_stream("mse_forward", stream, {{"loss", &loss}, {"pred", &pred}});
+  kernels::check_same_shape("mse_forward", stream, {{"pred", &pred}, {"target", &target}});
+  check_scalar("mse_forward", "loss", loss);
+  const double scale = reduction_scale(reduction, pred.numel());
+  if (stream.device().is_cpu()) {
+    cpu::squared_error_sum(loss, pred, target, scale);
+  } else {
+    TL_ON_CUDA(cuda::squared_error_sum(loss, pred, target, static_cast<float>(scale), stream));
+  }
+}
+
+void mse_backward(const Tensor& grad_pred, const Tensor& grad_target, const Tensor& grad_loss,
+                  const Tensor& pred, const Tensor& target, Reduction reduction,
+                  const Stream& stream) {
+  const char* op = "mse_backward";
+  kernels::check_same_shape(op, stream, {{"pred", &pred}, {"target", &target}});
+  kernels::check_on_stream(op, stream, {{"pred", &pred}, {"grad_loss", &grad_loss}});
+  check_scalar(op, "grad_loss", grad_loss);
+  if (grad_pred.defined()) {
+    kernels::check_same_shape(op, stream, {{"pred", &pred}, {"grad_pred", &grad_pred}});
+  }
+  if (grad_target.defined()) {
+    kernels::check_same_shape(op, stream, {{"target", &target}, {"grad_target", &grad_target}});
+  }
+  if (pred.numel() == 0 || (!grad_pred.defined() && !grad_target.defined())) return;
+  const double scale = reduction_scale(reduction, pred.numel());
+  if (stream.device().is_cpu()) {
+    cpu::mse_backward(grad_pred, grad_target, grad_loss, pred, target, scale);
+  } else {
+    TL_ON_CUDA(cuda::mse_backward(grad_pred, grad_target, grad_loss, pred, target,
+                                  static_cast<float>(scale), stream));
+  }
+}
+
+void softmax_cross_entropy_forward(const Tensor& loss, const Tensor& probs,
+                                   const Tensor& predictions, const Tensor& logits,
+                                   const Tensor& labels, Reduction reduction,
+                                   const Stream& stream) {
+  const char* op = "softmax_cross_entropy_forward";
+  check_cross_entropy_inputs(op, logits, labels, stream);
+  kernels::check_on_stream(op, stream, {{"logits", &logits}, {"loss", &loss}});
+  check_scalar(op, "loss", loss);
+  if (probs.defined()) {
+    kernels::check_same_shape(op, stream, {{"logits", &logits}, {"probs", &probs}});
+  }
+  if (predictions.defined()) {
+    kernels::check_same_shape(op, stream, {{"labels", &labels}, {"predictions", &predictions}});
+  }
+  const std::int64_t rows = logits.size(0);
+  const double scale = reduction_scale(reduction, rows);
+  if (stream.device().is_cpu()) {
+    const std::int64_t bad = cpu::first_invalid_label(labels, logits.size(1));
+    if (bad >= 0) throw_bad_label(op, labels, bad, logits.size(1), stream);
+    cpu::softmax_cross_entropy_forward(loss, probs, predictions, logits, labels, scale);
+  } else {
+    TL_ON_CUDA(cuda::softmax_cross_entropy_forward(loss, probs, predictions, logits, labels,
+                                                   static_cast<float>(scale), stream));
+  }
+}
+
+void softmax_cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
+                                    const Tensor& logits, const Tensor& labels, Reduction reduction,
+                                    const Stream& stream) {
+  const char* op = "softmax_cross_entropy_backward";
+  check_cross_entropy_inputs(op, logits, labels, stream);
+  kernels::check_on_stream(op, stream, {{"logits", &logits}, {"grad_loss", &grad_loss}});
+  check_scalar(op, "grad_loss", grad_loss);
+  if (!grad_logits.defined()) return;
+  kernels::check_same_shape(op, stream, {{"logits", &logits}, {"grad_logits", &grad_logits}});
+  if (logits.numel() == 0) return;
+  const double scale = reduction_scale(reduction, logits.size(0));
+  if (stream.device().is_cpu()) {
+    const std::int64_t bad = cpu::first_invalid_label(labels, logits.size(1));
+    if (bad >= 0) throw_bad_label(op, labels, bad, logits.size(1), stream);
+    cpu::softmax_cross_entropy_backward(grad_logits, grad_loss, logits, labels, scale);
+  } else {
+    TL_ON_CUDA(cuda::softmax_cross_entropy_backward(grad_logits, grad_loss, logits, labels,
+                                                    static_cast<float>(scale), stream));
+  }
+}
+
+void validate_labels(const Tensor& labels, std::int64_t num_classes, const Stream& stream) {
+  kernels::check_on_stream("validate_labels", stream, {{"labels", &labels}});
+  TL_CHECK(num_classes > 0, InvalidArgument,
+           "validate_labels: num_classes must be positive, got " << num_classes);
+  if (labels.numel() == 0) return;
+  std::int64_t bad = -1;
+  if (stream.device().is_cpu()) {
+    bad = cpu::first_invalid_label(labels, num_classes);
+  } else {
+    TL_ON_CUDA(bad = cuda::first_invalid_label(labels, num_classes, stream));
+  }
+  if (bad >= 0) throw_bad_label("validate_labels", labels, bad, num_classes, stream);
+}
+
+void l2_loss_forward(const Tensor& loss, const Tensor& w, double coeff, const Stream& stream) {
+  kernels::check_on_stream("l2_loss_forward", stream, {{"loss", &loss}, {"w", &w}});
+  check_scalar("l2_loss_forward", "loss", loss);
+  check_coeff("l2_loss_forward", coeff);
+  if (stream.device().is_cpu()) {
+    cpu::square_sum(loss, w, coeff / 2);
+  } else {
+    TL_ON_CUDA(cuda::square_sum(loss, w, static_cast<float>(coeff / 2), stream));
+  }
+}
+
+void l2_loss_backward(const Tensor& grad_w, const Tensor& grad_loss, const Tensor& w, double coeff,
+                      const Stream& stream) {
+  kernels::check_on_stream("l2_loss_backward", stream, {{"w", &w}, {"grad_loss", &grad_loss}});
+  check_scalar("l2_loss_backward", "grad_loss", grad_loss);
+  check_coeff("l2_loss_backward", coeff);
+  if (!grad_w.defined()) return;
+  kernels::check_same_shape("l2_loss_backward", stream, {{"w", &w}, {"grad_w", &grad_w}});
+  if (w.numel() == 0) return;
+  if (stream.device().is_cpu()) {
+    cpu::l2_loss_backward(grad_w, grad_loss, w, coeff);
+  } else {
+    TL_ON_CUDA(cuda::l2_loss_backward(grad_w, grad_loss, w, static_cast<float>(coeff), stream));
+  }
+}
+
+}  // namespace towerlab
