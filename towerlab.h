@@ -28,6 +28,8 @@
 #include "engine/stream.h"
 #include "engine/tensor.h"
 #include "kernels/elementwise.h"
+#include "kernels/loss.h"
+#include "kernels/optimizer.h"
 #include "kernels/random.h"
 #include "kernels/reduce.h"
 #include "kernels/relu.h"
