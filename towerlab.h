@@ -37,3 +37,4 @@
 #include "autograd/ops.h"
 #include "autograd/tape.h"
 #include "autograd/variables.h"
+#include "autograd/losses.h"

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <string>
 #include <vector>
@@ -62,13 +63,13 @@ class VariableSet {
   const VariableSpec* find(const std::string& name) const;
   // The declaration of `name`; throws InvalidArgument listing close names if absent.
   const VariableSpec& at(const std::string& name) const;
-  // In declaration order.
-  const std::vector<VariableSpec>& specs() const { return specs_; }
+  // In declaration order. A deque: references returned by get() stay valid.
+  const std::deque<VariableSpec>& specs() const { return specs_; }
   std::int64_t trainable_numel() const { return trainable_numel_; }
   std::int64_t state_numel() const { return state_numel_; }
 
  private:
-  std::vector<VariableSpec> specs_;
+  std::deque<VariableSpec> specs_;
   std::map<std::string, std::size_t> index_;
   std::int64_t trainable_numel_ = 0;
   std::int64_t state_numel_ = 0;

@@ -1,0 +1,77 @@
+#include "autograd/losses.h"
+
+#include "autograd/ops.h"
+#include "engine/error.h"
+
+namespace towerlab::ag {
+
+namespace {
+
+Tensor scalar(const Tape& tape, DType dtype) { return Tensor::empty({1}, tape.stream(), dtype); }
+
+// Only the inputs that need a gradient get one; an undefined Tensor is skipped.
+Tensor grad_or_none(Tape& tape, const Var& v) { return v.requires_grad() ? tape.grad_for(v) : Tensor(); }
+
+}  // namespace
+
+Var mse(const Var& pred, const Var& target, Reduction reduction) {
+  Tape& tape = pred.tape();
+  tape.check_owns("mse", {pred, target});
+  TL_CHECK(pred.shape() == target.shape(), ShapeError,
+           "mse: prediction " << pred.describe() << " and target " << target.describe()
+                              << " differ in shape");
+  Tensor loss = scalar(tape, pred.value().dtype());
+  mse_forward(loss, pred.value(), target.value(), reduction, tape.stream());
+  return tape.record(loss, "mse", {pred, target}, [pred, target, reduction](const Var& out) {
+    Tape& t = out.tape();
+    mse_backward(grad_or_none(t, pred), grad_or_none(t, target), out.grad(), pred.value(),
+                 target.value(), reduction, t.stream());
+  });
+}
+
+Var softmax_cross_entropy(const Var& logits, const Var& labels, Reduction reduction,
+                          Tensor* predictions) {
+  Tape& tape = logits.tape();
+  tape.check_owns("softmax_cross_entropy", {logits, labels});
+  TL_CHECK(logits.value().dim() == 2, ShapeError,
+           "softmax_cross_entropy: logits " << logits.describe() << " must be [N,K]");
+  TL_CHECK(labels.value().dim() == 1 && labels.shape()[0] == logits.shape()[0], ShapeError,
+           "softmax_cross_entropy: labels " << labels.describe() << " must be [N] for logits "
+                                            << logits.describe());
+  TL_CHECK(!labels.requires_grad(), InvalidArgument,
+           "softmax_cross_entropy: labels " << labels.describe() << " cannot be differentiated");
+  Tensor loss = scalar(tape, logits.value().dtype());
+  Tensor preds;
+  if (predictions != nullptr) {
+    preds = Tensor::empty({logits.shape()[0]}, tape.stream(), logits.value().dtype());
+  }
+  softmax_cross_entropy_forward(loss, Tensor(), preds, logits.value(), labels.value(), reduction,
+                                tape.stream());
+  if (predictions != nullptr) *predictions = preds;
+  return tape.record(loss, "softmax_cross_entropy", {logits, labels},
+                     [logits, labels, reduction](const Var& out) {
+                       Tape& t = out.tape();
+                       softmax_cross_entropy_backward(t.grad_for(logits), out.grad(), logits.value(),
+                                                      labels.value(), reduction, t.stream());
+                     });
+}
+
+Var l2_loss(const Var& w, double coeff) {
+  Tape& tape = w.tape();
+  tape.check_owns("l2_loss", {w});
+  Tensor loss = scalar(tape, w.value().dtype());
+  l2_loss_forward(loss, w.value(), coeff, tape.stream());
+  return tape.record(loss, "l2_loss", {w}, [w, coeff](const Var& out) {
+    Tape& t = out.tape();
+    l2_loss_backward(t.grad_for(w), out.grad(), w.value(), coeff, t.stream());
+  });
+}
+
+Var add_n(const std::vector<Var>& terms) {
+  TL_CHECK(!terms.empty(), InvalidArgument, "add_n: no terms to add");
+  Var total = terms.front();
+  for (std::size_t i = 1; i < terms.size(); ++i) total = add(total, terms[i]);
+  return total;
+}
+
+}  // namespace towerlab::ag
