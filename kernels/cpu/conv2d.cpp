@@ -13,8 +13,10 @@
 #include <cstdint>
 
 #include "engine/allocator.h"
+#include "engine/thread_pool.h"
 #include "kernels/conv2d.h"
 #include "kernels/cpu/dtype_dispatch.h"
+#include "kernels/matmul.h"
 
 namespace towerlab::cpu {
 
@@ -37,27 +39,6 @@ class Scratch {
   T* data_;
 };
 
-// C = alpha * op(A) · op(B) + beta * C, row-major, op = transpose when asked.
-// A stand-in with cpu::gemm's signature until kernels/matmul.h lands.
-template <typename T>
-void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k,
-          T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
-          std::int64_t ldc) {
-  for (std::int64_t i = 0; i < m; ++i) {
-    T* c_row = c + i * ldc;
-    for (std::int64_t j = 0; j < n; ++j) c_row[j] = beta == T(0) ? T(0) : beta * c_row[j];
-    for (std::int64_t l = 0; l < k; ++l) {
-      const T a_il = alpha * (transpose_a ? a[l * lda + i] : a[i * lda + l]);
-      if (transpose_b) {
-        for (std::int64_t j = 0; j < n; ++j) c_row[j] += a_il * b[j * ldb + l];
-      } else {
-        const T* b_row = b + l * ldb;
-        for (std::int64_t j = 0; j < n; ++j) c_row[j] += a_il * b_row[j];
-      }
-    }
-  }
-}
-
 bool needs_lowering(const Conv2dShape& s) {
   const Conv2dParams& p = s.params;
   return !(s.R == 1 && s.S == 1 && p.stride_h == 1 && p.stride_w == 1 && p.pad_h == 0 &&
@@ -68,11 +49,11 @@ bool needs_lowering(const Conv2dShape& s) {
 template <typename T>
 void im2col(T* col, const T* x, const Conv2dShape& s) {
   const Conv2dParams& p = s.params;
-  // x: [C,H,W], col: [C*R*S, P*Q]
+  // x: [C,H,W], col: [C*R*S, P*Q]; (r, kq) is the kernel tap, (op, oq) the output pixel.
   for (std::int64_t c = 0; c < s.C; ++c) {
     for (std::int64_t r = 0; r < s.R; ++r) {
-      for (std::int64_t t = 0; t < s.S; ++t) {
-        T* row = col + ((c * s.R + r) * s.S + t) * s.P * s.Q;
+      for (std::int64_t kq = 0; kq < s.S; ++kq) {
+        T* row = col + ((c * s.R + r) * s.S + kq) * s.P * s.Q;
         for (std::int64_t op = 0; op < s.P; ++op) {
           const std::int64_t h = op * p.stride_h - p.pad_h + r * p.dilation_h;
           T* out = row + op * s.Q;
@@ -82,7 +63,7 @@ void im2col(T* col, const T* x, const Conv2dShape& s) {
           }
           const T* in = x + (c * s.H + h) * s.W;
           for (std::int64_t oq = 0; oq < s.Q; ++oq) {
-            const std::int64_t w = oq * p.stride_w - p.pad_w + t * p.dilation_w;
+            const std::int64_t w = oq * p.stride_w - p.pad_w + kq * p.dilation_w;
             out[oq] = (w >= 0 && w < s.W) ? in[w] : T(0);
           }
         }
@@ -99,20 +80,43 @@ void col2im_add(T* x, const T* col, const Conv2dShape& s) {
   // x: [C,H,W], col: [C*R*S, P*Q]
   for (std::int64_t c = 0; c < s.C; ++c) {
     for (std::int64_t r = 0; r < s.R; ++r) {
-      for (std::int64_t t = 0; t < s.S; ++t) {
-        const T* row = col + ((c * s.R + r) * s.S + t) * s.P * s.Q;
+      for (std::int64_t kq = 0; kq < s.S; ++kq) {
+        const T* row = col + ((c * s.R + r) * s.S + kq) * s.P * s.Q;
         for (std::int64_t op = 0; op < s.P; ++op) {
           const std::int64_t h = op * p.stride_h - p.pad_h + r * p.dilation_h;
           if (h < 0 || h >= s.H) continue;
           T* out = x + (c * s.H + h) * s.W;
           const T* in = row + op * s.Q;
           for (std::int64_t oq = 0; oq < s.Q; ++oq) {
-            const std::int64_t w = oq * p.stride_w - p.pad_w + t * p.dilation_w;
+            const std::int64_t w = oq * p.stride_w - p.pad_w + kq * p.dilation_w;
             if (w >= 0 && w < s.W) out[w] += in[oq];
           }
         }
       }
     }
+  }
+}
+
+// How many contiguous chunks of images to spread over the threads. With at least as many images as
+// threads, each thread lowers and multiplies its own images (its GEMMs then run inline on that
+// thread: small per-image products parallelize badly); with fewer, one chunk
+// walks the images and each GEMM spreads over the threads itself.
+std::int64_t image_chunks(std::int64_t images) {
+  return images >= num_threads() ? num_threads() : 1;
+}
+
+// Runs body(chunk, first_image, end_image) for each chunk, in parallel.
+template <typename Body>
+void for_image_chunks(std::int64_t images, std::int64_t chunks, const Body& body) {
+  auto run = [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t chunk = first; chunk < last; ++chunk) {
+      body(chunk, chunk * images / chunks, (chunk + 1) * images / chunks);
+    }
+  };
+  if (chunks == 1) {
+    run(0, 1);
+  } else {
+    parallel_for(0, chunks, run);
   }
 }
 
@@ -127,18 +131,24 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
     const T* b = bias.defined() ? bias.data<T>() : nullptr;  // [K]
     const std::int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
     const bool lower = needs_lowering(s);
-    Scratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q]
-    for (std::int64_t n = 0; n < s.N; ++n) {
-      const T* patches = in + n * chw;
-      if (lower) {
-        im2col(col.get(), patches, s);
-        patches = col.get();
-      }
-      T* y_n = out + n * s.K * pq;  // [K, P*Q]
-      for (std::int64_t k = 0; k < s.K; ++k)
-        std::fill(y_n + k * pq, y_n + (k + 1) * pq, b ? b[k] : T(0));
-      gemm<T>(false, false, s.K, pq, crs, T(1), w, crs, patches, pq, T(1), y_n, pq);
-    }
+    for_image_chunks(s.N, image_chunks(s.N),
+                     [&](std::int64_t, std::int64_t first, std::int64_t last) {
+                       Scratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q]
+                       for (std::int64_t n = first; n < last; ++n) {
+                         const T* patches = in + n * chw;
+                         if (lower) {
+                           im2col(col.get(), patches, s);
+                           patches = col.get();
+                         }
+                         T* y_n = out + n * s.K * pq;  // [K, P*Q]
+                         if (b != nullptr) {
+                           for (std::int64_t k = 0; k < s.K; ++k)
+                             std::fill(y_n + k * pq, y_n + (k + 1) * pq, b[k]);
+                         }
+                         gemm<T>(false, false, s.K, pq, crs, T(1), w, crs, patches, pq,
+                                 b != nullptr ? T(1) : T(0), y_n, pq);
+                       }
+                     });
   });
 }
 
@@ -151,7 +161,6 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     const T* w = weight.data<T>();   // [K, C*R*S]
     const std::int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
     const bool lower = needs_lowering(s);
-    Scratch<T> col((lower && (grad_weight.defined() || grad_x.defined())) ? crs * pq : 0);
 
     if (grad_bias.defined()) {
       T* gb = grad_bias.data<T>();  // [K]
@@ -166,27 +175,45 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     }
     if (grad_weight.defined()) {
       T* gw = grad_weight.data<T>();  // [K, C*R*S]
-      for (std::int64_t n = 0; n < s.N; ++n) {
-        const T* patches = in + n * chw;
-        if (lower) {
-          im2col(col.get(), patches, s);
-          patches = col.get();
+      // One partial sum per chunk of images, added to grad_weight in chunk order
+      // afterwards (deterministic for a given thread count); one chunk adds directly.
+      const std::int64_t chunks = image_chunks(s.N);
+      Scratch<T> partials(chunks > 1 ? chunks * s.K * crs : 0);  // [chunks, K, C*R*S]
+      for_image_chunks(s.N, chunks, [&](std::int64_t chunk, std::int64_t first, std::int64_t last) {
+        Scratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q]
+        T* sum = chunks > 1 ? partials.get() + chunk * s.K * crs : gw;
+        for (std::int64_t n = first; n < last; ++n) {
+          const T* patches = in + n * chw;
+          if (lower) {
+            im2col(col.get(), patches, s);
+            patches = col.get();
+          }
+          const T beta = (chunks > 1 && n == first) ? T(0) : T(1);
+          gemm<T>(false, true, s.K, crs, pq, T(1), gy + n * s.K * pq, pq, patches, pq, beta, sum,
+                  crs);
         }
-        gemm<T>(false, true, s.K, crs, pq, T(1), gy + n * s.K * pq, pq, patches, pq, T(1), gw, crs);
+      });
+      for (std::int64_t chunk = 0; chunks > 1 && chunk < chunks; ++chunk) {
+        const T* sum = partials.get() + chunk * s.K * crs;
+        for (std::int64_t i = 0; i < s.K * crs; ++i) gw[i] += sum[i];
       }
     }
     if (grad_x.defined()) {
       T* gx = grad_x.data<T>();  // [N,C,H,W]
-      for (std::int64_t n = 0; n < s.N; ++n) {
-        if (!lower) {  // grad_x[n] is the patch matrix's gradient itself: accumulate in place
-          gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy + n * s.K * pq, pq, T(1),
-                  gx + n * chw, pq);
-          continue;
-        }
-        gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy + n * s.K * pq, pq, T(0), col.get(),
-                pq);
-        col2im_add(gx + n * chw, col.get(), s);
-      }
+      for_image_chunks(
+          s.N, image_chunks(s.N), [&](std::int64_t, std::int64_t first, std::int64_t last) {
+            Scratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q]: the patch matrix's gradient
+            for (std::int64_t n = first; n < last; ++n) {
+              if (!lower) {  // grad_x[n] is the patch matrix's gradient itself: accumulate in place
+                gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy + n * s.K * pq, pq, T(1),
+                        gx + n * chw, pq);
+                continue;
+              }
+              gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy + n * s.K * pq, pq, T(0),
+                      col.get(), pq);
+              col2im_add(gx + n * chw, col.get(), s);
+            }
+          });
     }
   });
 }
