@@ -9,7 +9,8 @@
 //         events around each call (manual time), for both.
 //   CPU:  OpenBLAS (when TOWERLAB_HAVE_CBLAS) doing the same im2col + SGEMM per image
 //         for the forward: the best the im2col lowering can do with a tuned GEMM.
-//         Run with OPENBLAS_CORETYPE=SkylakeX OPENBLAS_NUM_THREADS=2 (shared/PEERS.md).
+//         Run with OPENBLAS_NUM_THREADS=2 and OPENBLAS_CORETYPE set to the host (shared/PEERS.md
+//         says SkylakeX; on AVX2-only hosts that dies with SIGILL: use Haswell or Zen).
 //         The end-to-end CPU target is PyTorch's speed on FashionNet, measured elsewhere.
 #include <benchmark/benchmark.h>
 
@@ -301,12 +302,15 @@ const bool registered = [] {
     for (Pass pass : {Pass::Forward, Pass::BackwardData, Pass::BackwardWeight}) {
       const std::string base = std::string("conv2d_") + pass_name(pass) + "/" + l.name + "/";
       if (l.on_cpu) {
+        // Real time: the work runs on the pool's threads too, not only the caller's.
         benchmark::RegisterBenchmark((base + "cpu").c_str(), BM_Towerlab, Device::cpu(), pass, l)
+            ->UseRealTime()
             ->Unit(benchmark::kMillisecond);
 #if TOWERLAB_HAVE_CBLAS
         if (pass == Pass::Forward) {
           benchmark::RegisterBenchmark((base + "cpu_openblas_im2col").c_str(), BM_OpenBlasForward,
                                        l)
+              ->UseRealTime()
               ->Unit(benchmark::kMillisecond);
         }
 #endif
