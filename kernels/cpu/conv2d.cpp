@@ -45,6 +45,21 @@ bool needs_lowering(const Conv2dShape& s) {
            p.pad_w == 0);
 }
 
+// The output columns [first, last) whose input column w(q, kq) = q*stride_w -
+// pad_w + kq*dilation_w lies inside [0, W) for kernel column kq; the rest read
+// padding. Working out the range once keeps the copy loops free of branches.
+struct ColumnRange {
+  std::int64_t first, last;
+};
+ColumnRange valid_columns(const Conv2dShape& s, std::int64_t kq) {
+  const Conv2dParams& p = s.params;
+  const std::int64_t offset = kq * p.dilation_w - p.pad_w;  // w(q, kq) = q*stride_w + offset
+  auto ceil_div = [](std::int64_t a, std::int64_t b) { return a <= 0 ? 0 : (a + b - 1) / b; };
+  const std::int64_t first = std::min(s.Q, ceil_div(-offset, p.stride_w));
+  const std::int64_t last = std::max(first, std::min(s.Q, ceil_div(s.W - offset, p.stride_w)));
+  return {first, last};
+}
+
 // col[(c,r,s), (p,q)] = x[c, h(p,r), w(q,s)], zero where (h, w) falls in the padding.
 template <typename T>
 void im2col(T* col, const T* x, const Conv2dShape& s) {
@@ -54,6 +69,8 @@ void im2col(T* col, const T* x, const Conv2dShape& s) {
     for (std::int64_t r = 0; r < s.R; ++r) {
       for (std::int64_t kq = 0; kq < s.S; ++kq) {
         T* row = col + ((c * s.R + r) * s.S + kq) * s.P * s.Q;
+        const auto [first, last] = valid_columns(s, kq);
+        const std::int64_t w_first = first * p.stride_w - p.pad_w + kq * p.dilation_w;
         for (std::int64_t op = 0; op < s.P; ++op) {
           const std::int64_t h = op * p.stride_h - p.pad_h + r * p.dilation_h;
           T* out = row + op * s.Q;
@@ -61,11 +78,10 @@ void im2col(T* col, const T* x, const Conv2dShape& s) {
             std::fill(out, out + s.Q, T(0));
             continue;
           }
-          const T* in = x + (c * s.H + h) * s.W;
-          for (std::int64_t oq = 0; oq < s.Q; ++oq) {
-            const std::int64_t w = oq * p.stride_w - p.pad_w + kq * p.dilation_w;
-            out[oq] = (w >= 0 && w < s.W) ? in[w] : T(0);
-          }
+          const T* in = x + (c * s.H + h) * s.W + w_first;
+          std::fill(out, out + first, T(0));
+          for (std::int64_t oq = first; oq < last; ++oq) out[oq] = in[(oq - first) * p.stride_w];
+          std::fill(out + last, out + s.Q, T(0));
         }
       }
     }
@@ -82,15 +98,14 @@ void col2im_add(T* x, const T* col, const Conv2dShape& s) {
     for (std::int64_t r = 0; r < s.R; ++r) {
       for (std::int64_t kq = 0; kq < s.S; ++kq) {
         const T* row = col + ((c * s.R + r) * s.S + kq) * s.P * s.Q;
+        const auto [first, last] = valid_columns(s, kq);
+        const std::int64_t w_first = first * p.stride_w - p.pad_w + kq * p.dilation_w;
         for (std::int64_t op = 0; op < s.P; ++op) {
           const std::int64_t h = op * p.stride_h - p.pad_h + r * p.dilation_h;
           if (h < 0 || h >= s.H) continue;
-          T* out = x + (c * s.H + h) * s.W;
+          T* out = x + (c * s.H + h) * s.W + w_first;
           const T* in = row + op * s.Q;
-          for (std::int64_t oq = 0; oq < s.Q; ++oq) {
-            const std::int64_t w = oq * p.stride_w - p.pad_w + kq * p.dilation_w;
-            if (w >= 0 && w < s.W) out[w] += in[oq];
-          }
+          for (std::int64_t oq = first; oq < last; ++oq) out[(oq - first) * p.stride_w] += in[oq];
         }
       }
     }
