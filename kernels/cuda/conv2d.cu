@@ -84,7 +84,10 @@ Dims make_dims(const Conv2dShape& s) {
 // ---- the three passes as GEMM problems -------------------------------------
 // Each gives: M, Ncols, Kred (the GEMM's sizes); Row row(m) and a(row, kk) for A;
 // Col col(n) and b(kk, col) for B; Out out(m) and store(out, n, value, split).
-// row/col/out are computed once per thread, a/b once per loaded element.
+// row/col/out are computed once per thread, a/b once per loaded element. Where
+// vector_rows is set, rows m..m+3 (m a multiple of 4) are neighbours in memory
+// with m 16-byte aligned, and store4 writes them at once: a warp then stores
+// whole sectors instead of every fourth float of 16 of them.
 
 struct ForwardProblem {
   Dims d;
@@ -129,6 +132,13 @@ struct ForwardProblem {
   }
   __device__ void store(const Out& o, int k, float value, int) const {
     y[o.offset + k * d.PQ] = value + (bias != nullptr ? __ldg(bias + k) : 0.0f);
+  }
+  // Rows m..m+3 at once (when vector_rows: they are neighbours in one plane, 16-byte aligned).
+  bool vector_rows;
+  __device__ void store4(const Out& o, int k, float4 v, int) const {
+    const float b = bias != nullptr ? __ldg(bias + k) : 0.0f;
+    v.x += b, v.y += b, v.z += b, v.w += b;
+    *reinterpret_cast<float4*>(y + o.offset + k * d.PQ) = v;
   }
 };
 
@@ -182,6 +192,12 @@ struct BackwardDataProblem {
   __device__ void store(const Out& o, int c, float value, int) const {
     grad_x[o.offset + c * d.HW] += value;
   }
+  bool vector_rows;
+  __device__ void store4(const Out& o, int c, float4 v, int) const {
+    float4* p = reinterpret_cast<float4*>(grad_x + o.offset + c * d.HW);
+    const float4 old = *p;
+    *p = make_float4(old.x + v.x, old.y + v.y, old.z + v.z, old.w + v.w);
+  }
 };
 
 struct BackwardWeightProblem {
@@ -232,6 +248,9 @@ struct BackwardWeightProblem {
       grad_weight[o.offset + crs] += value;
     }
   }
+  // Rows are output channels, CRS apart: no vector stores.
+  static constexpr bool vector_rows = false;
+  __device__ void store4(const Out&, int, float4, int) const {}
 };
 
 // ---- the implicit-GEMM kernel -----------------------------------------------
@@ -370,14 +389,29 @@ __global__ void __launch_bounds__(T::kThreads)
   }
 
 #pragma unroll
-  for (int i = 0; i < TM; ++i) {
-    const int m = m0 + (i / 4) * (BM / (TM / 4)) + tm * 4 + i % 4;
-    if (m >= problem.M) continue;
-    const typename Problem::Out out = problem.out(m);
+  for (int g = 0; g < TM / 4; ++g) {
+    const int m4 = m0 + g * (BM / (TM / 4)) + tm * 4;  // rows m4..m4+3: acc[g*4 .. g*4+3]
+    if (problem.vector_rows && m4 + 3 < problem.M) {
+      const typename Problem::Out out = problem.out(m4);
 #pragma unroll
-    for (int j = 0; j < TN; ++j) {
-      const int n = n0 + (j / 4) * (BN / (TN / 4)) + tn * 4 + j % 4;
-      if (n < problem.Ncols) problem.store(out, n, acc[i][j], split);
+      for (int j = 0; j < TN; ++j) {
+        const int n = n0 + (j / 4) * (BN / (TN / 4)) + tn * 4 + j % 4;
+        const float4 v =
+            make_float4(acc[g * 4][j], acc[g * 4 + 1][j], acc[g * 4 + 2][j], acc[g * 4 + 3][j]);
+        if (n < problem.Ncols) problem.store4(out, n, v, split);
+      }
+      continue;
+    }
+#pragma unroll
+    for (int i = g * 4; i < g * 4 + 4; ++i) {
+      const int m = m4 + i % 4;
+      if (m >= problem.M) continue;
+      const typename Problem::Out out = problem.out(m);
+#pragma unroll
+      for (int j = 0; j < TN; ++j) {
+        const int n = n0 + (j / 4) * (BN / (TN / 4)) + tn * 4 + j % 4;
+        if (n < problem.Ncols) problem.store(out, n, acc[i][j], split);
+      }
     }
   }
 }
@@ -443,6 +477,11 @@ int sm_count(int device) {
   return count;
 }
 
+// Output planes of `plane` floats starting at `out` keep every fourth row 16-byte aligned.
+bool vector_rows_ok(const float* out, int plane) {
+  return plane % 4 == 0 && reinterpret_cast<std::uintptr_t>(out) % 16 == 0;
+}
+
 int ceil_div(std::int64_t a, std::int64_t b) {
   return static_cast<int>((a + b - 1) / b);
 }
@@ -450,6 +489,9 @@ int ceil_div(std::int64_t a, std::int64_t b) {
 template <class Problem, class T, bool A_ROWS_FAST>
 void launch_gemm(const Problem& problem, int splits, int k_per_split, cudaStream_t stream) {
   const dim3 grid(ceil_div(problem.M, T::BM), ceil_div(problem.Ncols, T::BN), splits);
+  TL_CHECK(grid.y <= 65535 && grid.z <= 65535, NotSupported,
+           "conv2d: " << problem.Ncols << " GEMM columns need " << grid.y
+                      << " column tiles; the CUDA kernels handle at most 65535");
   implicit_gemm_kernel<Problem, T, A_ROWS_FAST>
       <<<grid, T::kThreads, 0, stream>>>(problem, k_per_split);
   TL_CUDA_CHECK_LAUNCH();
@@ -501,7 +543,13 @@ class DeviceScratch {
 void backward_weight(const Dims& d, float* grad_weight, const float* grad_y, const float* x,
                      int sms, const Stream& stream) {
   cudaStream_t s = native(stream);
-  BackwardWeightProblem problem{d, grad_y, x, grad_weight, nullptr, d.K, d.CRS, d.N * d.PQ};
+  BackwardWeightProblem problem{};
+  problem.d = d;
+  problem.grad_y = grad_y;
+  problem.x = x;
+  problem.grad_weight = grad_weight;
+  problem.partial = nullptr;  // set below when the reduction is split
+  problem.M = d.K, problem.Ncols = d.CRS, problem.Kred = d.N * d.PQ;
   // Few output tiles and a long reduction: split the reduction so that about four
   // blocks per SM run, each split at least 16 steps long.
   auto run = [&]<class T>() {
@@ -556,14 +604,14 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
                     const Conv2dShape& shape, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
   const Dims d = make_dims(shape);
-  const ForwardProblem problem{d,
-                               x.data<float>(),
-                               weight.data<float>(),
-                               bias.defined() ? bias.data<float>() : nullptr,
-                               y.data<float>(),
-                               d.N * d.PQ,
-                               d.K,
-                               d.CRS};
+  ForwardProblem problem{};
+  problem.d = d;
+  problem.x = x.data<float>();
+  problem.weight = weight.data<float>();
+  problem.bias = bias.defined() ? bias.data<float>() : nullptr;
+  problem.y = y.data<float>();
+  problem.M = d.N * d.PQ, problem.Ncols = d.K, problem.Kred = d.CRS;
+  problem.vector_rows = vector_rows_ok(problem.y, d.PQ);
   launch_pixel_rows(problem, sm_count(stream.device().index), native(stream));
 }
 
@@ -574,21 +622,22 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
   const Dims d = make_dims(shape);
   const int sms = sm_count(stream.device().index);
   if (grad_x.defined()) {
-    const BackwardDataProblem problem{d,
-                                      grad_y.data<float>(),
-                                      weight.data<float>(),
-                                      grad_x.data<float>(),
-                                      d.N * d.HW,
-                                      d.C,
-                                      d.K * d.RS};
+    BackwardDataProblem problem{};
+    problem.d = d;
+    problem.grad_y = grad_y.data<float>();
+    problem.weight = weight.data<float>();
+    problem.grad_x = grad_x.data<float>();
+    problem.M = d.N * d.HW, problem.Ncols = d.C, problem.Kred = d.K * d.RS;
+    problem.vector_rows = vector_rows_ok(problem.grad_x, d.HW);
     launch_pixel_rows(problem, sms, native(stream));
   }
   if (grad_weight.defined()) {
     backward_weight(d, grad_weight.data<float>(), grad_y.data<float>(), x.data<float>(), sms,
                     stream);
   }
-  if (grad_bias.defined())
+  if (grad_bias.defined()) {
     backward_bias(d, grad_bias.data<float>(), grad_y.data<float>(), sms, stream);
+  }
 }
 
 }  // namespace towerlab::cuda
