@@ -497,29 +497,33 @@ void launch_gemm(const Problem& problem, int splits, int k_per_split, cudaStream
   TL_CUDA_CHECK_LAUNCH();
 }
 
-// Forward and backward-data: many rows (pixels), few columns (channels). The tile
-// is as narrow as the channel count allows, and half as tall when the tall tile
-// would leave most SMs without two blocks.
+// Forward and backward-data: many rows (pixels), few columns (channels). Tiles
+// are tried from the largest (most reuse of each loaded value) down, no wider than
+// the channels need; the first that gives every SM two blocks is taken, else the
+// smallest (small batches and images: more blocks in flight beat reuse).
 template <class Problem>
 void launch_pixel_rows(const Problem& problem, int sms, cudaStream_t stream) {
   const int k_all = problem.Kred;
-  const bool few_blocks = static_cast<std::int64_t>(ceil_div(problem.M, 128)) *
-                              ceil_div(problem.Ncols, problem.Ncols <= 32 ? 32 : 64) <
-                          2 * sms;
+  auto enough = [&]<class T>() {
+    return std::int64_t{ceil_div(problem.M, T::BM)} * ceil_div(problem.Ncols, T::BN) >= 2 * sms;
+  };
+  using T128x128 = Tile<128, 128, 8, 8, 8>;
+  using T128x64 = Tile<128, 64, 8, 8, 4>;
+  using T64x64 = Tile<64, 64, 8, 4, 4>;
+  using T128x32 = Tile<128, 32, 8, 4, 4>;
+  using T64x32 = Tile<64, 32, 8, 4, 4>;
   if (problem.Ncols <= 8) {
     launch_gemm<Problem, Tile<128, 8, 8, 4, 4>, true>(problem, 1, k_all, stream);
-  } else if (problem.Ncols <= 32) {
-    if (few_blocks) {
-      launch_gemm<Problem, Tile<64, 32, 8, 4, 4>, true>(problem, 1, k_all, stream);
-    } else {
-      launch_gemm<Problem, Tile<128, 32, 8, 4, 4>, true>(problem, 1, k_all, stream);
-    }
-  } else if (few_blocks) {
-    launch_gemm<Problem, Tile<64, 64, 8, 4, 4>, true>(problem, 1, k_all, stream);
-  } else if (problem.Ncols <= 64) {
-    launch_gemm<Problem, Tile<128, 64, 8, 8, 4>, true>(problem, 1, k_all, stream);
+  } else if (problem.Ncols > 64 && enough.template operator()<T128x128>()) {
+    launch_gemm<Problem, T128x128, true>(problem, 1, k_all, stream);
+  } else if (problem.Ncols > 32 && enough.template operator()<T128x64>()) {
+    launch_gemm<Problem, T128x64, true>(problem, 1, k_all, stream);
+  } else if (problem.Ncols > 32 && enough.template operator()<T64x64>()) {
+    launch_gemm<Problem, T64x64, true>(problem, 1, k_all, stream);
+  } else if (problem.Ncols <= 32 && enough.template operator()<T128x32>()) {
+    launch_gemm<Problem, T128x32, true>(problem, 1, k_all, stream);
   } else {
-    launch_gemm<Problem, Tile<128, 128, 8, 8, 8>, true>(problem, 1, k_all, stream);
+    launch_gemm<Problem, T64x32, true>(problem, 1, k_all, stream);
   }
 }
 
