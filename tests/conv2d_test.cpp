@@ -181,6 +181,69 @@ TEST_P(Conv2dTest, MatchesNaiveReferenceOnOddShapes) {
   }
 }
 
+TEST_P(Conv2dTest, WritesThroughUnalignedViews) {
+  // Outputs that start one float into their storage: the CUDA kernels must fall
+  // back from 16-byte vector stores.
+  const ConvCase k{"", 2, 3, 8, 8, 5, 3, 3, make_params(1, 1, 1, 1)};
+  const Shape ys = k.y_shape();
+  const auto xv = random_values(static_cast<std::size_t>(numel_of(k.x_shape())), 31);
+  const auto wv = random_values(static_cast<std::size_t>(numel_of(k.w_shape())), 32);
+  const auto bv = random_values(5, 33);
+  const auto gv = random_values(static_cast<std::size_t>(numel_of(ys)), 34);
+  const Reference ref = reference(k, widen(xv), widen(wv), widen(bv), widen(gv));
+  Tensor x = make(xv, k.x_shape()), w = make(wv, k.w_shape()), b = make(bv, {5});
+  Tensor y_storage = Tensor::zeros({numel_of(ys) + 1}, stream());
+  Tensor y = y_storage.view(1, ys);
+  conv2d_forward(y, x, w, b, k.params, stream());
+  EXPECT_TRUE(all_close(host(y), narrow(ref.y), 1e-4, 1e-4));
+  Tensor gx_storage = Tensor::zeros({numel_of(k.x_shape()) + 1}, stream());
+  Tensor grad_x = gx_storage.view(1, k.x_shape());
+  conv2d_backward(grad_x, Tensor(), Tensor(), make(gv, ys), x, w, k.params, stream());
+  EXPECT_TRUE(all_close(host(grad_x), narrow(ref.grad_x), 1e-4, 1e-4));
+}
+
+// Shapes big enough for the CUDA kernels' largest tiles and split reductions on a
+// full GPU (pixel rows in the tens of thousands), checked against the CPU backend.
+TEST_P(Conv2dTest, CudaMatchesCpuOnLargeLayers) {
+  if (device().is_cpu()) GTEST_SKIP() << "compares the CUDA kernels with the CPU backend";
+  const Stream& cpu = default_stream(Device::cpu());
+  const std::vector<ConvCase> cases = {
+      {"C40_K96_64x64", 9, 40, 64, 64, 96, 3, 3, make_params(1, 1, 1, 1)},
+      {"C5_K64_110x110", 3, 5, 110, 110, 64, 3, 3, make_params(1, 1, 1, 1)},
+      {"fashion2_b128", 128, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)},
+      {"fashion1_b128", 128, 1, 28, 28, 32, 3, 3, make_params(1, 1, 1, 1)},
+  };
+  unsigned seed = 500;
+  for (const ConvCase& k : cases) {
+    SCOPED_TRACE(k.name);
+    const Shape ys = k.y_shape();
+    const auto xv = random_values(static_cast<std::size_t>(numel_of(k.x_shape())), ++seed);
+    const auto wv = random_values(static_cast<std::size_t>(numel_of(k.w_shape())), ++seed);
+    const auto bv = random_values(static_cast<std::size_t>(k.K), ++seed);
+    const auto gv = random_values(static_cast<std::size_t>(numel_of(ys)), ++seed);
+    auto run = [&](const Stream& on) {
+      auto put = [&](const std::vector<float>& v, const Shape& shape) {
+        return Tensor::from_host<float>(v, shape, on);
+      };
+      Tensor x = put(xv, k.x_shape()), w = put(wv, k.w_shape()), b = put(bv, {k.K});
+      Tensor y = Tensor::empty(ys, on), grad_y = put(gv, ys);
+      Tensor grad_x = Tensor::zeros(k.x_shape(), on), grad_w = Tensor::zeros(k.w_shape(), on);
+      Tensor grad_b = Tensor::zeros({k.K}, on);
+      conv2d_forward(y, x, w, b, k.params, on);
+      conv2d_backward(grad_x, grad_w, grad_b, grad_y, x, w, k.params, on);
+      return std::vector<std::vector<float>>{y.to_host<float>(on), grad_x.to_host<float>(on),
+                                             grad_w.to_host<float>(on), grad_b.to_host<float>(on)};
+    };
+    const auto expected = run(cpu);
+    const auto actual = run(stream());
+    EXPECT_TRUE(all_close(actual[0], expected[0], 1e-4, 1e-4)) << "y";
+    EXPECT_TRUE(all_close(actual[1], expected[1], 1e-4, 1e-4)) << "grad_x";
+    // Sums over up to 10^5 terms: float rounding differs between the two orders.
+    EXPECT_TRUE(all_close(actual[2], expected[2], 2e-3, 1e-4)) << "grad_weight";
+    EXPECT_TRUE(all_close(actual[3], expected[3], 2e-3, 1e-4)) << "grad_bias";
+  }
+}
+
 TEST_P(Conv2dTest, ComputesOnlyRequestedGradients) {
   const ConvCase k{"", 2, 3, 6, 6, 4, 3, 3, make_params(1, 1, 1, 1)};
   const auto xv = random_values(static_cast<std::size_t>(numel_of(k.x_shape())), 1);
