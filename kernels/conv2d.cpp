@@ -26,6 +26,11 @@ Conv2dShape make_shape(const Shape& x, const Shape& w, const Conv2dParams& p,
            "conv2d: dilation must be positive, got " << p.dilation_h << "x" << p.dilation_w);
   TL_CHECK(p.pad_h >= 0 && p.pad_w >= 0, InvalidArgument,
            "conv2d: padding must not be negative, got " << p.pad_h << "x" << p.pad_w);
+  // The CUDA kernels index with 32-bit integers.
+  constexpr std::int64_t kLimit = std::int64_t{1} << 31;
+  TL_CHECK(p.stride_h < kLimit && p.stride_w < kLimit && p.pad_h < kLimit && p.pad_w < kLimit &&
+               p.dilation_h < kLimit && p.dilation_w < kLimit,
+           InvalidArgument, "conv2d: stride, padding and dilation must be below 2^31");
   Conv2dShape s{x[0], x[1], x[2], x[3], w[0], w[2], w[3], 0, 0, p};
   TL_CHECK(x[1] == w[1], ShapeError,
            "conv2d: input has " << x[1] << " channels but weight expects " << w[1] << " (input "
@@ -47,7 +52,8 @@ Conv2dShape make_shape(const Shape& x, const Shape& w, const Conv2dParams& p,
                              << ")");
   s.P = (padded_h - span_h) / p.stride_h + 1;
   s.Q = (padded_w - span_w) / p.stride_w + 1;
-  // The CUDA kernels index with 32-bit integers inside one tensor.
+  TL_CHECK(padded_h < kLimit && padded_w < kLimit, ShapeError,
+           "conv2d: padded input " << padded_h << "x" << padded_w << " reaches 2^31");
   TL_CHECK(s.N * s.C * s.H * s.W < (std::int64_t{1} << 31) &&
                s.N * s.K * s.P * s.Q < (std::int64_t{1} << 31) &&
                s.K * s.C * s.R * s.S < (std::int64_t{1} << 31),
