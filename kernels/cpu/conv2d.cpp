@@ -113,10 +113,11 @@ void col2im_add(T* x, const T* col, const Conv2dShape& s) {
   }
 }
 
-// How many contiguous chunks of images to spread over the threads. With at least as many images as
-// threads, each thread lowers and multiplies its own images (its GEMMs then run inline on that
-// thread: small per-image products parallelize badly); with fewer, one chunk
-// walks the images and each GEMM spreads over the threads itself.
+// How many contiguous chunks of images to spread over the threads. With at least
+// as many images as threads, each thread lowers and multiplies its own images (its
+// GEMMs then run inline on that thread: small per-image products parallelize
+// badly); with fewer, one chunk walks the images and each GEMM spreads over the
+// threads itself.
 std::int64_t image_chunks(std::int64_t images) {
   return images >= num_threads() ? num_threads() : 1;
 }
@@ -147,24 +148,23 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
     const T* b = bias.defined() ? bias.data<T>() : nullptr;  // [K]
     const std::int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
     const bool lower = needs_lowering(s);
-    for_image_chunks(s.N, image_chunks(s.N),
-                     [&](std::int64_t, std::int64_t first, std::int64_t last) {
-                       Scratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q]
-                       for (std::int64_t n = first; n < last; ++n) {
-                         const T* patches = in + n * chw;
-                         if (lower) {
-                           im2col(col.get(), patches, s);
-                           patches = col.get();
-                         }
-                         T* y_n = out + n * s.K * pq;  // [K, P*Q]
-                         if (b != nullptr) {
-                           for (std::int64_t k = 0; k < s.K; ++k)
-                             std::fill(y_n + k * pq, y_n + (k + 1) * pq, b[k]);
-                         }
-                         gemm<T>(false, false, s.K, pq, crs, T(1), w, crs, patches, pq,
-                                 b != nullptr ? T(1) : T(0), y_n, pq);
-                       }
-                     });
+    auto per_chunk = [&](std::int64_t, std::int64_t first, std::int64_t last) {
+      Scratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q]
+      for (std::int64_t n = first; n < last; ++n) {
+        const T* patches = in + n * chw;
+        if (lower) {
+          im2col(col.get(), patches, s);
+          patches = col.get();
+        }
+        T* y_n = out + n * s.K * pq;  // [K, P*Q]
+        if (b != nullptr) {
+          for (std::int64_t k = 0; k < s.K; ++k) std::fill(y_n + k * pq, y_n + (k + 1) * pq, b[k]);
+        }
+        gemm<T>(false, false, s.K, pq, crs, T(1), w, crs, patches, pq, b != nullptr ? T(1) : T(0),
+                y_n, pq);
+      }
+    };
+    for_image_chunks(s.N, image_chunks(s.N), per_chunk);
   });
 }
 
@@ -181,12 +181,12 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     if (grad_bias.defined()) {
       T* gb = grad_bias.data<T>();  // [K]
       for (std::int64_t k = 0; k < s.K; ++k) {
-        T total = 0;
+        double total = 0;  // float32 sums of 10^5 terms would lose digits
         for (std::int64_t n = 0; n < s.N; ++n) {
           const T* plane = gy + (n * s.K + k) * pq;  // [P*Q]
           for (std::int64_t i = 0; i < pq; ++i) total += plane[i];
         }
-        gb[k] += total;
+        gb[k] += static_cast<T>(total);
       }
     }
     if (grad_weight.defined()) {
@@ -220,20 +220,19 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     }
     if (grad_x.defined()) {
       T* gx = grad_x.data<T>();  // [N,C,H,W]
-      for_image_chunks(
-          s.N, image_chunks(s.N), [&](std::int64_t, std::int64_t first, std::int64_t last) {
-            Scratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q]: the patch matrix's gradient
-            for (std::int64_t n = first; n < last; ++n) {
-              if (!lower) {  // grad_x[n] is the patch matrix's gradient itself: accumulate in place
-                gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy + n * s.K * pq, pq, T(1),
-                        gx + n * chw, pq);
-                continue;
-              }
-              gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy + n * s.K * pq, pq, T(0),
-                      col.get(), pq);
-              col2im_add(gx + n * chw, col.get(), s);
-            }
-          });
+      auto per_chunk = [&](std::int64_t, std::int64_t first, std::int64_t last) {
+        Scratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q]: the patch matrix's gradient
+        for (std::int64_t n = first; n < last; ++n) {
+          const T* gy_n = gy + n * s.K * pq;  // [K, P*Q]
+          if (!lower) {  // grad_x[n] is the patch matrix's gradient itself: accumulate in place
+            gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy_n, pq, T(1), gx + n * chw, pq);
+            continue;
+          }
+          gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy_n, pq, T(0), col.get(), pq);
+          col2im_add(gx + n * chw, col.get(), s);
+        }
+      };
+      for_image_chunks(s.N, image_chunks(s.N), per_chunk);
     }
   });
 }
