@@ -554,13 +554,16 @@ void backward_weight(const Dims& d, float* grad_weight, const float* grad_y, con
   problem.grad_weight = grad_weight;
   problem.partial = nullptr;  // set below when the reduction is split
   problem.M = d.K, problem.Ncols = d.CRS, problem.Kred = d.N * d.PQ;
-  // Few output tiles and a long reduction: split the reduction so that about four
-  // blocks per SM run, each split at least 16 steps long.
+  // Few output tiles and a long reduction: split the reduction so that each SM
+  // gets about 1024 threads' worth of blocks (four 256-thread blocks, or sixteen
+  // of the 64-thread ones that a first layer with K = 32 uses, whose time goes
+  // into loads), each split at least 8 steps long.
   auto run = [&]<class T>() {
     const std::int64_t tiles = std::int64_t{ceil_div(d.K, T::BM)} * ceil_div(d.CRS, T::BN);
-    const int max_splits = std::max(1, ceil_div(problem.Kred, 16 * T::BK));
-    int splits =
-        static_cast<int>(std::clamp<std::int64_t>((4 * sms + tiles - 1) / tiles, 1, max_splits));
+    const std::int64_t wanted_blocks = std::int64_t{sms} * std::max(4, 1024 / T::kThreads);
+    const int max_splits = std::max(1, ceil_div(problem.Kred, 8 * T::BK));
+    int splits = static_cast<int>(
+        std::clamp<std::int64_t>((wanted_blocks + tiles - 1) / tiles, 1, max_splits));
     splits = std::min(splits, 65535);
     // Whole BK steps per split; recompute the count so that no split is empty.
     const int k_per_split = ceil_div(ceil_div(problem.Kred, splits), T::BK) * T::BK;
