@@ -21,6 +21,8 @@
 //   computed. x is needed only for grad_weight and weight only for grad_x; pass
 //   them anyway (their shapes define the problem).
 // No output may alias an input. float32 on every device, float64 on the CPU too.
+// Results are deterministic (no atomics): on CUDA always, on the CPU for a given
+// thread count (engine/thread_pool.h), which sets how the batch sums are split.
 // An empty batch (N = 0) or K = 0 is a no-op. Bad shapes, a kernel larger than the
 // padded input and non-positive strides throw ShapeError / InvalidArgument.
 #pragma once
