@@ -414,18 +414,33 @@ struct Blocked {
           compute(0, m_panels, 0, n_panels);
           continue;
         }
-        parallel_for(0, n_panels, pack_b_panels);
-        // Split the dimension whose panels divide more evenly among the threads
-        // (the largest share decides the time), preferring M, which packs A once.
-        const std::int64_t share_m = (m_panels + threads - 1) / threads;
-        const std::int64_t share_n = (n_panels + threads - 1) / threads;
-        if (share_m * n_panels <= share_n * m_panels) {
-          parallel_for(0, m_panels,
-                       [&](std::int64_t lo, std::int64_t hi) { compute(lo, hi, 0, n_panels); });
-        } else {
-          parallel_for(0, n_panels,
-                       [&](std::int64_t lo, std::int64_t hi) { compute(0, m_panels, lo, hi); });
-        }
+        // Tasks are handed out from a shared counter rather than split evenly up
+        // front: when the machine is shared (other towers, other processes) a
+        // thread that was descheduled does fewer tasks instead of holding
+        // everyone at the join. About four tasks per thread: row blocks of A,
+        // and column groups of B as well when A has too few rows for that.
+        const std::int64_t wanted = 4 * static_cast<std::int64_t>(threads);
+        const std::int64_t rows_per_task =
+            std::min(mc_panels, std::max<std::int64_t>(1, m_panels / wanted));
+        const std::int64_t m_tasks = (m_panels + rows_per_task - 1) / rows_per_task;
+        const std::int64_t n_groups = std::min(n_panels, (wanted + m_tasks - 1) / m_tasks);
+        const std::int64_t cols_per_task = (n_panels + n_groups - 1) / n_groups;
+        const std::int64_t tasks = m_tasks * n_groups;
+        const std::int64_t b_tasks = std::min(n_panels, wanted);
+        std::atomic<std::int64_t> next_b{0}, next_task{0};
+        parallel_for(0, threads, [&](std::int64_t, std::int64_t) {
+          for (std::int64_t t; (t = next_b.fetch_add(1)) < b_tasks;) {
+            pack_b_panels(n_panels * t / b_tasks, n_panels * (t + 1) / b_tasks);
+          }
+        });
+        parallel_for(0, threads, [&](std::int64_t, std::int64_t) {
+          for (std::int64_t t; (t = next_task.fetch_add(1)) < tasks;) {
+            const std::int64_t mp = (t / n_groups) * rows_per_task;
+            const std::int64_t np = (t % n_groups) * cols_per_task;
+            compute(mp, std::min(mp + rows_per_task, m_panels), np,
+                    std::min(np + cols_per_task, n_panels));
+          }
+        });
       }
     }
   }
