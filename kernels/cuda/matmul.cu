@@ -2,6 +2,9 @@
 // GEMM. towerlab's own kernel is the default; cuBLAS (TF32 off) is the reference
 // and a selectable alternative (set_gemm_backend).
 //
+// (2 blocks per SM: 128 registers per thread, no spills, 16.5 KiB of shared
+// memory per block, per ptxas for sm_90.)
+//
 // The kernel is the classic SIMT tiling: a block of 256 threads computes a
 // 128x128 tile of C, stepping through K 8 at a time. Each step, the block stages
 // an [8 x 128] slice of op(A) and of op(B) in shared memory, k-major, so that a
@@ -94,7 +97,7 @@ __device__ __forceinline__ void store_slice(float (*slice)[kTileM + kPad], const
 // tx*4 + {0..3, 64..67}: split in two halves so that a warp's float4 reads of a
 // shared slice cover contiguous addresses.
 template <bool kTransposeA, bool kTransposeB>
-__global__ void __launch_bounds__(kGemmThreads)
+__global__ void __launch_bounds__(kGemmThreads, 2)
     gemm_kernel(int m, int n, int k, float alpha, const float* __restrict__ a, std::int64_t lda,
                 const float* __restrict__ b, std::int64_t ldb, float beta, float* __restrict__ c,
                 std::int64_t ldc, bool vector_a, bool vector_b, bool vector_c) {
