@@ -13,8 +13,8 @@
 // transpose cases, and sizes the blocks to the caches: an A block stays in L2, a B
 // panel in L1, the packed B block in L3. The micro-kernel keeps its MR x NR tile
 // of C in vector registers and does one broadcast-FMA per element of A. Threads
-// (engine/thread_pool.h) split the MR panels of A, or the NR panels of B when A
-// is too short to split evenly; they share the packed B.
+// (engine/thread_pool.h) share the packed B and take tasks from a counter: row
+// blocks of A, cut into column groups of B as well when A is short.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -265,13 +265,9 @@ __attribute__((target("avx512f"))) void micro_kernel_avx512(std::int64_t kc, con
 // Block sizes in elements. kKc x NR floats of B (16 KiB at NR = 16) sit in L1
 // while a kMc x kKc block of A (144 KiB) streams from L2; kNc bounds the packed B
 // block (4 MiB at kKc = 256), which lives in L3.
-static std::int64_t env_or(const char* name, std::int64_t v) {
-  const char* e = std::getenv(name);
-  return e ? std::atoll(e) : v;
-}
-static const std::int64_t kKc = env_or("TLKC", 256);
-static const std::int64_t kMc = env_or("TLMC", 144);
-static const std::int64_t kNc = env_or("TLNC", 4096);
+constexpr std::int64_t kKc = 256;
+constexpr std::int64_t kMc = 144;
+constexpr std::int64_t kNc = 4096;
 // Below this many multiply-adds a second thread costs more than it saves.
 constexpr double kMinParallelWork = 48.0 * 48.0 * 48.0;
 
@@ -282,6 +278,8 @@ class Scratch {
   float* get(std::int64_t count) {
     if (count > size_) {
       std::free(data_);
+      data_ = nullptr;
+      size_ = 0;
       const std::size_t bytes = (static_cast<std::size_t>(count) * sizeof(float) + 63) / 64 * 64;
       data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
       TL_CHECK(data_ != nullptr, OutOfMemory, "gemm: cannot allocate " << bytes << " bytes");
@@ -423,8 +421,9 @@ struct Blocked {
         const std::int64_t rows_per_task =
             std::min(mc_panels, std::max<std::int64_t>(1, m_panels / wanted));
         const std::int64_t m_tasks = (m_panels + rows_per_task - 1) / rows_per_task;
-        const std::int64_t n_groups = std::min(n_panels, (wanted + m_tasks - 1) / m_tasks);
-        const std::int64_t cols_per_task = (n_panels + n_groups - 1) / n_groups;
+        const std::int64_t n_split = std::min(n_panels, (wanted + m_tasks - 1) / m_tasks);
+        const std::int64_t cols_per_task = (n_panels + n_split - 1) / n_split;
+        const std::int64_t n_groups = (n_panels + cols_per_task - 1) / cols_per_task;
         const std::int64_t tasks = m_tasks * n_groups;
         const std::int64_t b_tasks = std::min(n_panels, wanted);
         std::atomic<std::int64_t> next_b{0}, next_task{0};
