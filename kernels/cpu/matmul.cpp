@@ -17,9 +17,11 @@
 // blocks of A, cut into column groups of B as well when A is short.
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 #include "engine/error.h"
@@ -449,6 +451,9 @@ struct Blocked {
 // Choosing the micro-kernel.
 
 bool cpu_has(GemmIsa isa) {
+#if TL_GEMM_X86
+  __builtin_cpu_init();  // safe to repeat; needed if we run before libgcc's constructors
+#endif
   switch (isa) {
     case GemmIsa::Auto:
     case GemmIsa::Portable:
@@ -470,11 +475,6 @@ GemmIsa best_isa() {
   return GemmIsa::Portable;
 }
 
-std::atomic<GemmIsa>& selected_isa() {
-  static std::atomic<GemmIsa> isa{best_isa()};
-  return isa;
-}
-
 const char* isa_name(GemmIsa isa) {
   switch (isa) {
     case GemmIsa::Auto:
@@ -487,6 +487,24 @@ const char* isa_name(GemmIsa isa) {
       return "Avx512";
   }
   return "?";
+}
+
+// The environment may pin the kernel (TOWERLAB_GEMM_ISA=portable|avx2|avx512),
+// e.g. to rule one out on a new machine; an unsupported or unknown name is ignored.
+GemmIsa initial_isa() {
+  const char* name = std::getenv("TOWERLAB_GEMM_ISA");
+  const std::string wanted = name != nullptr ? name : "";
+  for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
+    std::string lower = isa_name(isa);
+    for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (wanted == lower && cpu_has(isa)) return isa;
+  }
+  return best_isa();
+}
+
+std::atomic<GemmIsa>& selected_isa() {
+  static std::atomic<GemmIsa> isa{initial_isa()};
+  return isa;
 }
 
 // C = beta * C, for K == 0 (no products to add).
