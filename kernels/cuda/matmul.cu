@@ -15,6 +15,7 @@
 // transpose cases differ only in how a slice is read from global memory.
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <map>
@@ -237,6 +238,10 @@ void gemm_cublas(bool transpose_a, bool transpose_b, int m, int n, int k, float 
            "gemm: leading dimensions above INT_MAX are not supported by cuBLAS");
   // cuBLAS is column-major: a row-major C [M,N] is a column-major C^T [N,M], and
   // C^T = op(B)^T op(A)^T, so swap the operands and the dimensions.
+  // With K = 0 an operand is [M,0] and its leading dimension 0, which cuBLAS
+  // rejects although it reads nothing: 1 is as good.
+  lda = std::max<std::int64_t>(lda, 1);
+  ldb = std::max<std::int64_t>(ldb, 1);
   const cublasOperation_t op_a = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   TL_CUBLAS_CHECK(cublasSgemm(cublas_handle(device, stream), op_b, op_a, n, m, k, &alpha, b,
