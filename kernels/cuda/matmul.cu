@@ -2,9 +2,6 @@
 // GEMM. towerlab's own kernel is the default; cuBLAS (TF32 off) is the reference
 // and a selectable alternative (set_gemm_backend).
 //
-// (2 blocks per SM: 128 registers per thread, no spills, 16.5 KiB of shared
-// memory per block, per ptxas for sm_90.)
-//
 // The kernel is the classic SIMT tiling: a block of 256 threads computes a
 // 128x128 tile of C, stepping through K 8 at a time. Each step, the block stages
 // an [8 x 128] slice of op(A) and of op(B) in shared memory, k-major, so that a
@@ -13,6 +10,12 @@
 // loaded from global memory into registers while the current one is computed on
 // (double buffering: two shared buffers, one __syncthreads per step). The four
 // transpose cases differ only in how a slice is read from global memory.
+// ptxas for sm_90: 128 registers per thread, no spills, 16.5 KiB of shared memory
+// per block, so two blocks share an SM.
+//
+// Status: written without a GPU at hand. scripts/sim_matmul_kernel.sh runs the
+// kernel's text on the host (every layout, ragged edges, misaligned operands);
+// the CUDA tests and the bench against cuBLAS still have to run on a GPU.
 #include <cublas_v2.h>
 
 #include <algorithm>
