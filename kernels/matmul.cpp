@@ -3,7 +3,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <sstream>
 #include <string>
 
 #include "kernels/checks.h"

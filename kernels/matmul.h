@@ -52,7 +52,8 @@ void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, st
 
 // The float32 GEMM picks its vector micro-kernel from the host CPU (AVX-512,
 // AVX2+FMA, or portable vector code). Tests and benches may force one: only
-// supported ISAs can be chosen, and Auto restores the automatic choice.
+// supported ISAs can be chosen, and Auto restores the automatic choice. The
+// environment variable TOWERLAB_GEMM_ISA=portable|avx2|avx512 sets the initial one.
 enum class GemmIsa { Auto, Portable, Avx2, Avx512 };
 bool gemm_isa_supported(GemmIsa isa);
 void set_gemm_isa(GemmIsa isa);  // throws NotSupported for an ISA this CPU lacks

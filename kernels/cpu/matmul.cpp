@@ -13,13 +13,15 @@
 // transpose cases, and sizes the blocks to the caches: an A block stays in L2, a B
 // panel in L1, the packed B block in L3. The micro-kernel keeps its MR x NR tile
 // of C in vector registers and does one broadcast-FMA per element of A. Threads
-// (engine/thread_pool.h) split the MR panels of A, or the NR panels of B when A
-// is too short to split evenly; they share the packed B.
+// (engine/thread_pool.h) share the packed B and take tasks from a counter: row
+// blocks of A, cut into column groups of B as well when A is short.
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 #include "engine/error.h"
@@ -67,6 +69,18 @@ void gemm_reference(bool transpose_a, bool transpose_b, std::int64_t m, std::int
 
 using MicroKernel = void (*)(std::int64_t kc, const float* a, const float* b, float* c,
                              std::int64_t ldc, float alpha, float beta);
+// Packs a full panel whose source runs along k: dst [kc][width] <- src rows
+// (width of them, `ld` apart), each contiguous along k. This is the transposing
+// case (A without transpose, B with), the one worth vector code.
+using TransposingPack = void (*)(const float* src, std::int64_t ld, std::int64_t kc, float* dst);
+
+// What one ISA brings: the micro-kernel and, optionally, transposing packers for
+// full MR-row panels of A and full NR-column panels of B.
+struct Kernels {
+  MicroKernel micro_kernel;
+  TransposingPack pack_a_rows;  // may be nullptr: the generic loop packs
+  TransposingPack pack_b_rows;  // may be nullptr
+};
 
 // Portable: GCC/Clang vector extensions (SSE on x86-64, NEON on ARM).
 typedef float Vec4 __attribute__((vector_size(16)));
@@ -143,6 +157,64 @@ __attribute__((target("avx2,fma"))) void micro_kernel_avx2(std::int64_t kc, cons
   }
 }
 
+// 8x8 transpose in registers: rows r[0..7] in, columns out.
+__attribute__((target("avx2,fma"))) inline void transpose8x8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+
+// A [M,K] without transpose: 6 rows, 8 k at a time, transposed in registers
+// (2 zero rows pad the 8x8), each column stored as 6 floats (4 + 2).
+__attribute__((target("avx2,fma"))) void pack_a_rows_avx2(const float* src, std::int64_t ld,
+                                                          std::int64_t kc, float* dst) {
+  std::int64_t p = 0;
+  for (; p + 8 <= kc; p += 8) {
+    __m256 r[8];
+    for (int i = 0; i < kAvx2Mr; ++i) r[i] = _mm256_loadu_ps(src + i * ld + p);
+    r[6] = r[7] = _mm256_setzero_ps();
+    transpose8x8(r);
+    for (int q = 0; q < 8; ++q) {
+      float* out = dst + (p + q) * kAvx2Mr;
+      _mm_storeu_ps(out, _mm256_castps256_ps128(r[q]));
+      _mm_storel_pi(reinterpret_cast<__m64*>(out + 4), _mm256_extractf128_ps(r[q], 1));
+    }
+  }
+  for (; p < kc; ++p) {
+    for (int i = 0; i < kAvx2Mr; ++i) dst[p * kAvx2Mr + i] = src[i * ld + p];
+  }
+}
+
+// B [N,K] with transpose: 16 rows of B (columns of op(B)), two 8x8 transposes
+// per 8 k.
+__attribute__((target("avx2,fma"))) void pack_b_rows_avx2(const float* src, std::int64_t ld,
+                                                          std::int64_t kc, float* dst) {
+  std::int64_t p = 0;
+  for (; p + 8 <= kc; p += 8) {
+    for (int half = 0; half < 2; ++half) {
+      __m256 r[8];
+      for (int j = 0; j < 8; ++j) r[j] = _mm256_loadu_ps(src + (half * 8 + j) * ld + p);
+      transpose8x8(r);
+      for (int q = 0; q < 8; ++q) _mm256_storeu_ps(dst + (p + q) * kAvx2Nr + half * 8, r[q]);
+    }
+  }
+  for (; p < kc; ++p) {
+    for (int j = 0; j < kAvx2Nr; ++j) dst[p * kAvx2Nr + j] = src[j * ld + p];
+  }
+}
+
 // AVX-512 (Skylake-X, Ice Lake, Sapphire Rapids, Zen 4): 12x32 tile = 24 zmm
 // accumulators of 32 registers.
 constexpr int kAvx512Mr = 12, kAvx512Nr = 32;
@@ -208,6 +280,8 @@ class Scratch {
   float* get(std::int64_t count) {
     if (count > size_) {
       std::free(data_);
+      data_ = nullptr;
+      size_ = 0;
       const std::size_t bytes = (static_cast<std::size_t>(count) * sizeof(float) + 63) / 64 * 64;
       data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
       TL_CHECK(data_ != nullptr, OutOfMemory, "gemm: cannot allocate " << bytes << " bytes");
@@ -227,9 +301,12 @@ thread_local Scratch t_packed_b;
 template <int MR, int NR>
 struct Blocked {
   // dst [kc][MR] <- op(A)[i0 : i0+rows, p0 : p0+kc], zero rows past `rows`.
-  static void pack_a(bool transpose_a, const float* a, std::int64_t lda, std::int64_t i0,
-                     std::int64_t rows, std::int64_t p0, std::int64_t kc, float* dst) {
-    if (transpose_a) {  // A stored [K,M]: MR contiguous floats per k
+  static void pack_a(const Kernels& isa, bool transpose_a, const float* a, std::int64_t lda,
+                     std::int64_t i0, std::int64_t rows, std::int64_t p0, std::int64_t kc,
+                     float* dst) {
+    if (!transpose_a && rows == MR && isa.pack_a_rows != nullptr) {
+      isa.pack_a_rows(a + i0 * lda + p0, lda, kc, dst);
+    } else if (transpose_a) {  // A stored [K,M]: MR contiguous floats per k
       for (std::int64_t p = 0; p < kc; ++p) {
         const float* src = a + (p0 + p) * lda + i0;
         for (int i = 0; i < MR; ++i) dst[p * MR + i] = i < rows ? src[i] : 0.0f;
@@ -247,9 +324,12 @@ struct Blocked {
   }
 
   // dst [kc][NR] <- op(B)[p0 : p0+kc, j0 : j0+cols], zero columns past `cols`.
-  static void pack_b(bool transpose_b, const float* b, std::int64_t ldb, std::int64_t j0,
-                     std::int64_t cols, std::int64_t p0, std::int64_t kc, float* dst) {
-    if (transpose_b) {  // B stored [N,K]: NR rows, each contiguous along k
+  static void pack_b(const Kernels& isa, bool transpose_b, const float* b, std::int64_t ldb,
+                     std::int64_t j0, std::int64_t cols, std::int64_t p0, std::int64_t kc,
+                     float* dst) {
+    if (transpose_b && cols == NR && isa.pack_b_rows != nullptr) {
+      isa.pack_b_rows(b + j0 * ldb + p0, ldb, kc, dst);
+    } else if (transpose_b) {  // B stored [N,K]: NR rows, each contiguous along k
       for (int j = 0; j < NR; ++j) {
         if (j < cols) {
           const float* src = b + (j0 + j) * ldb + p0;
@@ -270,7 +350,7 @@ struct Blocked {
     }
   }
 
-  static void run(MicroKernel kernel, bool transpose_a, bool transpose_b, std::int64_t m,
+  static void run(const Kernels& isa, bool transpose_a, bool transpose_b, std::int64_t m,
                   std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
                   const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
     const std::int64_t m_panels = (m + MR - 1) / MR;
@@ -287,8 +367,8 @@ struct Blocked {
 
         auto pack_b_panels = [&](std::int64_t q0, std::int64_t q1) {
           for (std::int64_t q = q0; q < q1; ++q) {
-            pack_b(transpose_b, b, ldb, jc + q * NR, std::min<std::int64_t>(NR, nc - q * NR), pc,
-                   kc, packed_b + q * NR * kc);
+            pack_b(isa, transpose_b, b, ldb, jc + q * NR, std::min<std::int64_t>(NR, nc - q * NR),
+                   pc, kc, packed_b + q * NR * kc);
           }
         };
 
@@ -299,8 +379,8 @@ struct Blocked {
           for (std::int64_t mb = mp0; mb < mp1; mb += mc_panels) {
             const std::int64_t mb1 = std::min(mb + mc_panels, mp1);
             for (std::int64_t q = mb; q < mb1; ++q) {
-              pack_a(transpose_a, a, lda, q * MR, std::min<std::int64_t>(MR, m - q * MR), pc, kc,
-                     packed_a + (q - mb) * MR * kc);
+              pack_a(isa, transpose_a, a, lda, q * MR, std::min<std::int64_t>(MR, m - q * MR), pc,
+                     kc, packed_a + (q - mb) * MR * kc);
             }
             for (std::int64_t jp = np0; jp < np1; ++jp) {
               const float* b_panel = packed_b + jp * NR * kc;
@@ -312,11 +392,11 @@ struct Blocked {
                 const std::int64_t rows = std::min<std::int64_t>(MR, m - i);
                 float* c_tile = c + i * ldc + j;
                 if (rows == MR && cols == NR) {
-                  kernel(kc, a_panel, b_panel, c_tile, ldc, alpha, beta_block);
+                  isa.micro_kernel(kc, a_panel, b_panel, c_tile, ldc, alpha, beta_block);
                   continue;
                 }
                 // A ragged edge: compute the whole tile aside, then write the valid part.
-                kernel(kc, a_panel, b_panel, tile, NR, alpha, 0.0f);
+                isa.micro_kernel(kc, a_panel, b_panel, tile, NR, alpha, 0.0f);
                 for (std::int64_t r = 0; r < rows; ++r) {
                   for (std::int64_t s = 0; s < cols; ++s) {
                     float& out = c_tile[r * ldc + s];
@@ -334,18 +414,34 @@ struct Blocked {
           compute(0, m_panels, 0, n_panels);
           continue;
         }
-        parallel_for(0, n_panels, pack_b_panels);
-        // Split the dimension whose panels divide more evenly among the threads
-        // (the largest share decides the time), preferring M, which packs A once.
-        const std::int64_t share_m = (m_panels + threads - 1) / threads;
-        const std::int64_t share_n = (n_panels + threads - 1) / threads;
-        if (share_m * n_panels <= share_n * m_panels) {
-          parallel_for(0, m_panels,
-                       [&](std::int64_t lo, std::int64_t hi) { compute(lo, hi, 0, n_panels); });
-        } else {
-          parallel_for(0, n_panels,
-                       [&](std::int64_t lo, std::int64_t hi) { compute(0, m_panels, lo, hi); });
-        }
+        // Tasks are handed out from a shared counter rather than split evenly up
+        // front: when the machine is shared (other towers, other processes) a
+        // thread that was descheduled does fewer tasks instead of holding
+        // everyone at the join. About four tasks per thread: row blocks of A,
+        // and column groups of B as well when A has too few rows for that.
+        const std::int64_t wanted = 4 * static_cast<std::int64_t>(threads);
+        const std::int64_t rows_per_task =
+            std::min(mc_panels, std::max<std::int64_t>(1, m_panels / wanted));
+        const std::int64_t m_tasks = (m_panels + rows_per_task - 1) / rows_per_task;
+        const std::int64_t n_split = std::min(n_panels, (wanted + m_tasks - 1) / m_tasks);
+        const std::int64_t cols_per_task = (n_panels + n_split - 1) / n_split;
+        const std::int64_t n_groups = (n_panels + cols_per_task - 1) / cols_per_task;
+        const std::int64_t tasks = m_tasks * n_groups;
+        const std::int64_t b_tasks = std::min(n_panels, wanted);
+        std::atomic<std::int64_t> next_b{0}, next_task{0};
+        parallel_for(0, threads, [&](std::int64_t, std::int64_t) {
+          for (std::int64_t t; (t = next_b.fetch_add(1)) < b_tasks;) {
+            pack_b_panels(n_panels * t / b_tasks, n_panels * (t + 1) / b_tasks);
+          }
+        });
+        parallel_for(0, threads, [&](std::int64_t, std::int64_t) {
+          for (std::int64_t t; (t = next_task.fetch_add(1)) < tasks;) {
+            const std::int64_t mp = (t / n_groups) * rows_per_task;
+            const std::int64_t np = (t % n_groups) * cols_per_task;
+            compute(mp, std::min(mp + rows_per_task, m_panels), np,
+                    std::min(np + cols_per_task, n_panels));
+          }
+        });
       }
     }
   }
@@ -355,6 +451,9 @@ struct Blocked {
 // Choosing the micro-kernel.
 
 bool cpu_has(GemmIsa isa) {
+#if TL_GEMM_X86
+  __builtin_cpu_init();  // safe to repeat; needed if we run before libgcc's constructors
+#endif
   switch (isa) {
     case GemmIsa::Auto:
     case GemmIsa::Portable:
@@ -376,11 +475,6 @@ GemmIsa best_isa() {
   return GemmIsa::Portable;
 }
 
-std::atomic<GemmIsa>& selected_isa() {
-  static std::atomic<GemmIsa> isa{best_isa()};
-  return isa;
-}
-
 const char* isa_name(GemmIsa isa) {
   switch (isa) {
     case GemmIsa::Auto:
@@ -393,6 +487,24 @@ const char* isa_name(GemmIsa isa) {
       return "Avx512";
   }
   return "?";
+}
+
+// The environment may pin the kernel (TOWERLAB_GEMM_ISA=portable|avx2|avx512),
+// e.g. to rule one out on a new machine; an unsupported or unknown name is ignored.
+GemmIsa initial_isa() {
+  const char* name = std::getenv("TOWERLAB_GEMM_ISA");
+  const std::string wanted = name != nullptr ? name : "";
+  for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
+    std::string lower = isa_name(isa);
+    for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (wanted == lower && cpu_has(isa)) return isa;
+  }
+  return best_isa();
+}
+
+std::atomic<GemmIsa>& selected_isa() {
+  static std::atomic<GemmIsa> isa{initial_isa()};
+  return isa;
 }
 
 // C = beta * C, for K == 0 (no products to add).
@@ -436,17 +548,20 @@ void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, st
     switch (selected_isa().load(std::memory_order_relaxed)) {
 #if TL_GEMM_X86
       case GemmIsa::Avx512:
-        Blocked<kAvx512Mr, kAvx512Nr>::run(micro_kernel_avx512, transpose_a, transpose_b, m, n, k,
-                                           alpha, a, lda, b, ldb, beta, c, ldc);
+        Blocked<kAvx512Mr, kAvx512Nr>::run({micro_kernel_avx512, nullptr, nullptr}, transpose_a,
+                                           transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                                           ldc);
         return;
       case GemmIsa::Avx2:
-        Blocked<kAvx2Mr, kAvx2Nr>::run(micro_kernel_avx2, transpose_a, transpose_b, m, n, k, alpha,
-                                       a, lda, b, ldb, beta, c, ldc);
+        Blocked<kAvx2Mr, kAvx2Nr>::run({micro_kernel_avx2, pack_a_rows_avx2, pack_b_rows_avx2},
+                                       transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb,
+                                       beta, c, ldc);
         return;
 #endif
       default:
-        Blocked<kPortableMr, kPortableNr>::run(micro_kernel_portable, transpose_a, transpose_b, m,
-                                               n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        Blocked<kPortableMr, kPortableNr>::run({micro_kernel_portable, nullptr, nullptr},
+                                               transpose_a, transpose_b, m, n, k, alpha, a, lda, b,
+                                               ldb, beta, c, ldc);
     }
   }
 }

@@ -10,8 +10,15 @@
 // loaded from global memory into registers while the current one is computed on
 // (double buffering: two shared buffers, one __syncthreads per step). The four
 // transpose cases differ only in how a slice is read from global memory.
+// ptxas for sm_90: 128 registers per thread, no spills, 16.5 KiB of shared memory
+// per block, so two blocks share an SM.
+//
+// Status: written without a GPU at hand. scripts/sim_matmul_kernel.sh runs the
+// kernel's text on the host (every layout, ragged edges, misaligned operands);
+// the CUDA tests and the bench against cuBLAS still have to run on a GPU.
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <map>
@@ -94,7 +101,7 @@ __device__ __forceinline__ void store_slice(float (*slice)[kTileM + kPad], const
 // tx*4 + {0..3, 64..67}: split in two halves so that a warp's float4 reads of a
 // shared slice cover contiguous addresses.
 template <bool kTransposeA, bool kTransposeB>
-__global__ void __launch_bounds__(kGemmThreads)
+__global__ void __launch_bounds__(kGemmThreads, 2)
     gemm_kernel(int m, int n, int k, float alpha, const float* __restrict__ a, std::int64_t lda,
                 const float* __restrict__ b, std::int64_t ldb, float beta, float* __restrict__ c,
                 std::int64_t ldc, bool vector_a, bool vector_b, bool vector_c) {
@@ -234,6 +241,10 @@ void gemm_cublas(bool transpose_a, bool transpose_b, int m, int n, int k, float 
            "gemm: leading dimensions above INT_MAX are not supported by cuBLAS");
   // cuBLAS is column-major: a row-major C [M,N] is a column-major C^T [N,M], and
   // C^T = op(B)^T op(A)^T, so swap the operands and the dimensions.
+  // With K = 0 an operand is [M,0] and its leading dimension 0, which cuBLAS
+  // rejects although it reads nothing: 1 is as good.
+  lda = std::max<std::int64_t>(lda, 1);
+  ldb = std::max<std::int64_t>(ldb, 1);
   const cublasOperation_t op_a = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   TL_CUBLAS_CHECK(cublasSgemm(cublas_handle(device, stream), op_b, op_a, n, m, k, &alpha, b,
