@@ -1,0 +1,331 @@
+// conv2d forward, backward-data and backward-weight on the FashionNet layers
+// (conv 1->32 and 32->64, 3x3, padding 1, on 28x28 and 14x14) and on 3x3 layers of
+// 64-256 channels at 56x56 / 28x28, counted in FLOP/s (2*N*K*P*Q*C*R*S per pass).
+//
+// References, measured in the same run:
+//   CUDA: cuDNN (when TOWERLAB_HAVE_CUDNN) with the fastest algorithm cudnnFind*
+//         returns under CUDNN_FMA_MATH, i.e. FP32 without TF32 tensor cores. Target:
+//         towerlab >= 80% of cuDNN on every layer here. GPU time is taken with CUDA
+//         events around each call (manual time), for both.
+//   CPU:  OpenBLAS (when TOWERLAB_HAVE_CBLAS) doing the same im2col + SGEMM per image
+//         for the forward: the best the im2col lowering can do with a tuned GEMM.
+//         Run with OPENBLAS_NUM_THREADS=2 and OPENBLAS_CORETYPE set to the host (shared/PEERS.md
+//         says SkylakeX; on AVX2-only hosts that dies with SIGILL: use Haswell or Zen).
+//         The end-to-end CPU target is PyTorch's speed on FashionNet, measured elsewhere.
+#include <benchmark/benchmark.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/conv2d.h"
+#include "towerlab.h"
+
+#if TOWERLAB_HAVE_CBLAS
+#include <cblas.h>
+#endif
+#if TOWERLAB_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+#if TOWERLAB_HAVE_CUDNN
+#include <cudnn.h>
+#endif
+
+using namespace towerlab;
+
+namespace {
+
+struct Layer {
+  const char* name;
+  std::int64_t N, C, H, W, K;  // 3x3 kernel, stride 1, padding 1
+  bool on_cpu;                 // small enough to time on the 2-core machines
+};
+
+const Layer kLayers[] = {
+    {"fashion1_b32", 32, 1, 28, 28, 32, true},
+    {"fashion1_b128", 128, 1, 28, 28, 32, true},
+    {"fashion2_b32", 32, 32, 14, 14, 64, true},
+    {"fashion2_b128", 128, 32, 14, 14, 64, true},
+    {"c64_56x56_b32", 32, 64, 56, 56, 64, true},
+    {"c128_28x28_b32", 32, 128, 28, 28, 128, false},
+    {"c256_28x28_b64", 64, 256, 28, 28, 256, false},
+    {"c64_56x56_b128", 128, 64, 56, 56, 64, false},
+};
+
+enum class Pass { Forward, BackwardData, BackwardWeight };
+const char* pass_name(Pass pass) {
+  switch (pass) {
+    case Pass::Forward:
+      return "forward";
+    case Pass::BackwardData:
+      return "backward_data";
+    case Pass::BackwardWeight:
+      return "backward_weight";
+  }
+  return "?";
+}
+
+const Conv2dParams kParams{1, 1, 1, 1, 1, 1};
+
+double flops(const Layer& l) {
+  return 2.0 * l.N * l.K * l.H * l.W * l.C * 9;
+}  // P = H, Q = W
+
+struct Operands {
+  Tensor x, weight, y, grad_y, grad_x, grad_weight;
+  Operands(const Layer& l, const Stream& stream)
+      : x(Tensor::empty({l.N, l.C, l.H, l.W}, stream)),
+        weight(Tensor::empty({l.K, l.C, 3, 3}, stream)),
+        y(Tensor::zeros({l.N, l.K, l.H, l.W}, stream)),
+        grad_y(Tensor::empty({l.N, l.K, l.H, l.W}, stream)),
+        grad_x(Tensor::zeros({l.N, l.C, l.H, l.W}, stream)),
+        grad_weight(Tensor::zeros({l.K, l.C, 3, 3}, stream)) {
+    random_uniform(x, 1, 0, -1.0f, 1.0f, stream);
+    random_uniform(weight, 2, 0, -0.1f, 0.1f, stream);
+    random_uniform(grad_y, 3, 0, -1.0f, 1.0f, stream);
+  }
+};
+
+void run_towerlab(Pass pass, const Operands& o, const Stream& stream) {
+  switch (pass) {
+    case Pass::Forward:
+      conv2d_forward(o.y, o.x, o.weight, Tensor(), kParams, stream);
+      break;
+    case Pass::BackwardData:
+      conv2d_backward(o.grad_x, Tensor(), Tensor(), o.grad_y, o.x, o.weight, kParams, stream);
+      break;
+    case Pass::BackwardWeight:
+      conv2d_backward(Tensor(), o.grad_weight, Tensor(), o.grad_y, o.x, o.weight, kParams, stream);
+      break;
+  }
+}
+
+void set_counters(benchmark::State& state, const Layer& l) {
+  state.counters["FLOP/s"] =
+      benchmark::Counter(flops(l), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Times `call` on a CUDA stream with events: the GPU time of one call per iteration.
+template <typename Fn>
+void time_on_gpu(benchmark::State& state, const Stream& stream, Fn&& call) {
+  Event start(stream.device(), true), stop(stream.device(), true);
+  for (int i = 0; i < 3; ++i) call();  // warm-up: allocator caches, module loading
+  stream.synchronize();
+  for (auto _ : state) {
+    start.record(stream);
+    call();
+    stop.record(stream);
+    stop.synchronize();
+    state.SetIterationTime(Event::elapsed_ms(start, stop) / 1e3);
+  }
+}
+
+void BM_Towerlab(benchmark::State& state, Device device, Pass pass, Layer l) {
+  if (device.is_cuda() && cuda_device_count() == 0) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  Stream stream(device);
+  Operands o(l, stream);
+  if (device.is_cuda()) {
+    time_on_gpu(state, stream, [&] { run_towerlab(pass, o, stream); });
+  } else {
+    run_towerlab(pass, o, stream);
+    for (auto _ : state) run_towerlab(pass, o, stream);
+  }
+  set_counters(state, l);
+}
+
+#if TOWERLAB_HAVE_CBLAS
+// im2col of one image for a 3x3 kernel, padding 1, stride 1: col [C*9, H*W].
+void im2col_3x3(float* col, const float* x, std::int64_t C, std::int64_t H, std::int64_t W) {
+  for (std::int64_t c = 0; c < C; ++c)
+    for (std::int64_t r = 0; r < 3; ++r)
+      for (std::int64_t s = 0; s < 3; ++s) {
+        float* row = col + ((c * 3 + r) * 3 + s) * H * W;
+        for (std::int64_t p = 0; p < H; ++p)
+          for (std::int64_t q = 0; q < W; ++q) {
+            const std::int64_t h = p - 1 + r, w = q - 1 + s;
+            row[p * W + q] = (h >= 0 && h < H && w >= 0 && w < W) ? x[(c * H + h) * W + w] : 0.0f;
+          }
+      }
+}
+
+void BM_OpenBlasForward(benchmark::State& state, Layer l) {
+  const Stream& stream = default_stream(Device::cpu());
+  Operands o(l, stream);
+  std::vector<float> col(static_cast<std::size_t>(l.C * 9 * l.H * l.W));
+  const int crs = static_cast<int>(l.C * 9), pq = static_cast<int>(l.H * l.W);
+  for (auto _ : state) {
+    for (std::int64_t n = 0; n < l.N; ++n) {
+      im2col_3x3(col.data(), o.x.data<float>() + n * l.C * l.H * l.W, l.C, l.H, l.W);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(l.K), pq, crs, 1.0f,
+                  o.weight.data<float>(), crs, col.data(), pq, 0.0f,
+                  o.y.data<float>() + n * l.K * pq, pq);
+    }
+  }
+  set_counters(state, l);
+}
+#endif
+
+#if TOWERLAB_HAVE_CUDNN
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
+#define CUDNN_CHECK(expr)                                                        \
+  do {                                                                           \
+    cudnnStatus_t status_ = (expr);                                              \
+    if (status_ != CUDNN_STATUS_SUCCESS)                                         \
+      TL_THROW(CudaError, #expr << " failed: " << cudnnGetErrorString(status_)); \
+  } while (0)
+
+// cuDNN descriptors for one layer, FP32 with FMA math only (no TF32).
+struct CudnnLayer {
+  cudnnHandle_t handle = nullptr;
+  cudnnTensorDescriptor_t x_desc = nullptr, y_desc = nullptr;
+  cudnnFilterDescriptor_t w_desc = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+
+  CudnnLayer(const Layer& l, const Stream& stream) {
+    CUDNN_CHECK(cudnnCreate(&handle));
+    CUDNN_CHECK(cudnnSetStream(handle, static_cast<cudaStream_t>(stream.native_handle())));
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&x_desc));
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&y_desc));
+    CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_desc));
+    CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
+    const auto i = [](std::int64_t v) { return static_cast<int>(v); };
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(l.N),
+                                           i(l.C), i(l.H), i(l.W)));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(l.N),
+                                           i(l.K), i(l.H), i(l.W)));
+    CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_desc, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, i(l.K),
+                                           i(l.C), 3, 3));
+    CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, 1, 1, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION,
+                                                CUDNN_DATA_FLOAT));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(conv, CUDNN_FMA_MATH));
+  }
+  ~CudnnLayer() {
+    cudnnDestroyConvolutionDescriptor(conv);
+    cudnnDestroyFilterDescriptor(w_desc);
+    cudnnDestroyTensorDescriptor(y_desc);
+    cudnnDestroyTensorDescriptor(x_desc);
+    cudnnDestroy(handle);
+  }
+  CudnnLayer(const CudnnLayer&) = delete;
+  CudnnLayer& operator=(const CudnnLayer&) = delete;
+};
+
+bool fma_only(cudnnMathType_t math) {
+  return math == CUDNN_FMA_MATH || math == CUDNN_DEFAULT_MATH;
+}
+
+// The fastest successful FMA-math algorithm among cudnnFind*'s results (sorted by time).
+template <typename Perf>
+Perf pick(const Perf* results, int count, const char* what) {
+  for (int i = 0; i < count; ++i) {
+    if (results[i].status == CUDNN_STATUS_SUCCESS && fma_only(results[i].mathType))
+      return results[i];
+  }
+  TL_THROW(CudaError, "cuDNN found no FP32 FMA algorithm for " << what);
+}
+
+void BM_Cudnn(benchmark::State& state, Pass pass, Layer l) {
+  if (cuda_device_count() == 0) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  Stream stream(Device::cuda(0));
+  Operands o(l, stream);
+  CudnnLayer c(l, stream);
+  constexpr int kMax = 16;
+  int found = 0;
+  std::size_t workspace_bytes = 0;
+  const float one = 1.0f, zero = 0.0f;
+  cudnnConvolutionFwdAlgo_t fwd_algo{};
+  cudnnConvolutionBwdDataAlgo_t data_algo{};
+  cudnnConvolutionBwdFilterAlgo_t filter_algo{};
+  switch (pass) {
+    case Pass::Forward: {
+      cudnnConvolutionFwdAlgoPerf_t perf[kMax];
+      CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(c.handle, c.x_desc, c.w_desc, c.conv,
+                                                       c.y_desc, kMax, &found, perf));
+      const auto best = pick(perf, found, "forward");
+      fwd_algo = best.algo, workspace_bytes = best.memory;
+      break;
+    }
+    case Pass::BackwardData: {
+      cudnnConvolutionBwdDataAlgoPerf_t perf[kMax];
+      CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(c.handle, c.w_desc, c.y_desc, c.conv,
+                                                            c.x_desc, kMax, &found, perf));
+      const auto best = pick(perf, found, "backward data");
+      data_algo = best.algo, workspace_bytes = best.memory;
+      break;
+    }
+    case Pass::BackwardWeight: {
+      cudnnConvolutionBwdFilterAlgoPerf_t perf[kMax];
+      CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(c.handle, c.x_desc, c.y_desc, c.conv,
+                                                              c.w_desc, kMax, &found, perf));
+      const auto best = pick(perf, found, "backward filter");
+      filter_algo = best.algo, workspace_bytes = best.memory;
+      break;
+    }
+  }
+  Tensor workspace = Tensor::empty({static_cast<std::int64_t>(workspace_bytes / 4 + 1)}, stream);
+  void* ws = workspace.raw_data();
+  // Backward passes accumulate (beta = 1), as towerlab's do.
+  time_on_gpu(state, stream, [&] {
+    switch (pass) {
+      case Pass::Forward:
+        CUDNN_CHECK(cudnnConvolutionForward(c.handle, &one, c.x_desc, o.x.raw_data(), c.w_desc,
+                                            o.weight.raw_data(), c.conv, fwd_algo, ws,
+                                            workspace_bytes, &zero, c.y_desc, o.y.raw_data()));
+        break;
+      case Pass::BackwardData:
+        CUDNN_CHECK(cudnnConvolutionBackwardData(
+            c.handle, &one, c.w_desc, o.weight.raw_data(), c.y_desc, o.grad_y.raw_data(), c.conv,
+            data_algo, ws, workspace_bytes, &one, c.x_desc, o.grad_x.raw_data()));
+        break;
+      case Pass::BackwardWeight:
+        CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+            c.handle, &one, c.x_desc, o.x.raw_data(), c.y_desc, o.grad_y.raw_data(), c.conv,
+            filter_algo, ws, workspace_bytes, &one, c.w_desc, o.grad_weight.raw_data()));
+        break;
+    }
+  });
+  set_counters(state, l);
+}
+#pragma GCC diagnostic pop
+#endif
+
+const bool registered = [] {
+  for (const Layer& l : kLayers) {
+    for (Pass pass : {Pass::Forward, Pass::BackwardData, Pass::BackwardWeight}) {
+      const std::string base = std::string("conv2d_") + pass_name(pass) + "/" + l.name + "/";
+      if (l.on_cpu) {
+        // Real time: the work runs on the pool's threads too, not only the caller's.
+        benchmark::RegisterBenchmark((base + "cpu").c_str(), BM_Towerlab, Device::cpu(), pass, l)
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond);
+#if TOWERLAB_HAVE_CBLAS
+        if (pass == Pass::Forward) {
+          benchmark::RegisterBenchmark((base + "cpu_openblas_im2col").c_str(), BM_OpenBlasForward,
+                                       l)
+              ->UseRealTime()
+              ->Unit(benchmark::kMillisecond);
+        }
+#endif
+      }
+      benchmark::RegisterBenchmark((base + "cuda").c_str(), BM_Towerlab, Device::cuda(0), pass, l)
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond);
+#if TOWERLAB_HAVE_CUDNN
+      benchmark::RegisterBenchmark((base + "cudnn").c_str(), BM_Cudnn, pass, l)
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond);
+#endif
+    }
+  }
+  return true;
+}();
+
+}  // namespace

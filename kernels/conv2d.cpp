@@ -1,0 +1,123 @@
+// Checks and backend dispatch for conv2d (kernels/conv2d.h).
+#include "kernels/conv2d.h"
+
+#include <string>
+
+#include "kernels/checks.h"
+
+namespace towerlab {
+
+namespace {
+
+// "float32[32,1,3,3]" for a tensor, "[32,1,3,3]" for a bare shape.
+std::string brief(const Tensor& t) {
+  return std::string(dtype_name(t.dtype())) + t.shape_str();
+}
+
+// Works out the problem's sizes from the input and weight shapes, or throws.
+// `x_desc` and `w_desc` describe the two operands in messages.
+Conv2dShape make_shape(const Shape& x, const Shape& w, const Conv2dParams& p,
+                       const std::string& x_desc, const std::string& w_desc) {
+  TL_CHECK(x.size() == 4, ShapeError, "conv2d: input must be 4-D [N,C,H,W] but is " << x_desc);
+  TL_CHECK(w.size() == 4, ShapeError, "conv2d: weight must be 4-D [K,C,R,S] but is " << w_desc);
+  TL_CHECK(p.stride_h >= 1 && p.stride_w >= 1, InvalidArgument,
+           "conv2d: stride must be positive, got " << p.stride_h << "x" << p.stride_w);
+  TL_CHECK(p.dilation_h >= 1 && p.dilation_w >= 1, InvalidArgument,
+           "conv2d: dilation must be positive, got " << p.dilation_h << "x" << p.dilation_w);
+  TL_CHECK(p.pad_h >= 0 && p.pad_w >= 0, InvalidArgument,
+           "conv2d: padding must not be negative, got " << p.pad_h << "x" << p.pad_w);
+  // The CUDA kernels index with 32-bit integers.
+  constexpr std::int64_t kLimit = std::int64_t{1} << 31;
+  TL_CHECK(p.stride_h < kLimit && p.stride_w < kLimit && p.pad_h < kLimit && p.pad_w < kLimit &&
+               p.dilation_h < kLimit && p.dilation_w < kLimit,
+           InvalidArgument, "conv2d: stride, padding and dilation must be below 2^31");
+  Conv2dShape s{x[0], x[1], x[2], x[3], w[0], w[2], w[3], 0, 0, p};
+  TL_CHECK(x[1] == w[1], ShapeError,
+           "conv2d: input has " << x[1] << " channels but weight expects " << w[1] << " (input "
+                                << x_desc << ", weight " << w_desc << ")");
+  TL_CHECK(s.C >= 1 && s.R >= 1 && s.S >= 1, ShapeError,
+           "conv2d: weight " << w_desc
+                             << " must have at least one channel and a kernel of at least 1x1");
+  const std::int64_t span_h = p.dilation_h * (s.R - 1) + 1;
+  const std::int64_t span_w = p.dilation_w * (s.S - 1) + 1;
+  const std::int64_t padded_h = s.H + 2 * p.pad_h, padded_w = s.W + 2 * p.pad_w;
+  TL_CHECK(span_h <= padded_h && span_w <= padded_w, ShapeError,
+           "conv2d: kernel " << s.R << "x" << s.S
+                             << (p.dilation_h * p.dilation_w > 1
+                                     ? " (dilated to " + std::to_string(span_h) + "x" +
+                                           std::to_string(span_w) + ")"
+                                     : std::string())
+                             << " is larger than the padded input " << padded_h << "x" << padded_w
+                             << " (input " << x_desc << ", padding " << p.pad_h << "x" << p.pad_w
+                             << ")");
+  s.P = (padded_h - span_h) / p.stride_h + 1;
+  s.Q = (padded_w - span_w) / p.stride_w + 1;
+  TL_CHECK(padded_h < kLimit && padded_w < kLimit, ShapeError,
+           "conv2d: padded input " << padded_h << "x" << padded_w << " reaches 2^31");
+  TL_CHECK(s.N * s.C * s.H * s.W < (std::int64_t{1} << 31) &&
+               s.N * s.K * s.P * s.Q < (std::int64_t{1} << 31) &&
+               s.K * s.C * s.R * s.S < (std::int64_t{1} << 31),
+           ShapeError,
+           "conv2d: input " << x_desc << " with weight " << w_desc
+                            << " has a tensor of 2^31 elements or more; split the batch");
+  return s;
+}
+
+Conv2dShape checked_shape(const char* op, const Tensor& x, const Tensor& weight,
+                          const Conv2dParams& params, const Stream& stream) {
+  kernels::check_on_stream(op, stream, {{"x", &x}, {"weight", &weight}});
+  if (stream.device().is_cuda()) kernels::check_float32(op, "x", x);
+  return make_shape(x.shape(), weight.shape(), params, brief(x), brief(weight));
+}
+
+// `t` (one of the op's tensors, named `name`) is on the stream, of x's dtype and of `shape`.
+void check_operand(const char* op, const char* name, const Tensor& t, const Shape& shape,
+                   const Tensor& x, const Stream& stream) {
+  kernels::check_on_stream(op, stream, {{"x", &x}, {name, &t}});
+  TL_CHECK(t.shape() == shape, ShapeError,
+           op << ": " << name << " is " << brief(t) << " but should be " << to_string(shape)
+              << " for input " << brief(x));
+}
+
+}  // namespace
+
+Shape conv2d_output_shape(const Shape& input, const Shape& weight, const Conv2dParams& params) {
+  const Conv2dShape s = make_shape(input, weight, params, to_string(input), to_string(weight));
+  return {s.N, s.K, s.P, s.Q};
+}
+
+void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                    const Conv2dParams& params, const Stream& stream) {
+  const char* op = "conv2d_forward";
+  const Conv2dShape s = checked_shape(op, x, weight, params, stream);
+  check_operand(op, "y", y, {s.N, s.K, s.P, s.Q}, x, stream);
+  if (bias.defined()) check_operand(op, "bias", bias, {s.K}, x, stream);
+  if (y.numel() == 0) return;
+  if (stream.device().is_cpu()) {
+    cpu::conv2d_forward(y, x, weight, bias, s);
+  } else {
+    TL_ON_CUDA(cuda::conv2d_forward(y, x, weight, bias, s, stream));
+  }
+}
+
+void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                     const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                     const Conv2dParams& params, const Stream& stream) {
+  const char* op = "conv2d_backward";
+  const Conv2dShape s = checked_shape(op, x, weight, params, stream);
+  check_operand(op, "grad_y", grad_y, {s.N, s.K, s.P, s.Q}, x, stream);
+  if (grad_x.defined()) check_operand(op, "grad_x", grad_x, x.shape(), x, stream);
+  if (grad_weight.defined())
+    check_operand(op, "grad_weight", grad_weight, weight.shape(), x, stream);
+  if (grad_bias.defined()) check_operand(op, "grad_bias", grad_bias, {s.K}, x, stream);
+  // Nothing flows back from an empty output: every gradient gets += 0.
+  if (grad_y.numel() == 0) return;
+  if (!grad_x.defined() && !grad_weight.defined() && !grad_bias.defined()) return;
+  if (stream.device().is_cpu()) {
+    cpu::conv2d_backward(grad_x, grad_weight, grad_bias, grad_y, x, weight, s);
+  } else {
+    TL_ON_CUDA(cuda::conv2d_backward(grad_x, grad_weight, grad_bias, grad_y, x, weight, s, stream));
+  }
+}
+
+}  // namespace towerlab

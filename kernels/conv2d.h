@@ -1,0 +1,78 @@
+// 2-D convolution over NCHW images: forward, and the backward for the input, the
+// weight and the bias. As in every deep-learning framework this is a
+// cross-correlation (the kernel is not flipped).
+//
+// Dimension letters, used in every shape comment of the conv2d files:
+//   N images, C input channels, H x W input size, K output channels (filters),
+//   R x S kernel size, P x Q output size.
+// Shapes: x [N,C,H,W], weight [K,C,R,S], bias [K], y [N,K,P,Q], where
+//   P = (H + 2*pad_h - dilation_h*(R-1) - 1) / stride_h + 1   (and Q likewise with W, S)
+// Write h(p,r) = p*stride_h - pad_h + r*dilation_h and w(q,s) = q*stride_w - pad_w + s*dilation_w;
+// x is zero outside [0,H) x [0,W) (zero padding).
+//
+//   conv2d_forward(y, x, weight, bias)          ASSIGNS y:
+//     y[n,k,p,q] = bias[k] + sum_{c,r,s} weight[k,c,r,s] * x[n,c,h(p,r),w(q,s)]
+//     (bias may be an undefined Tensor: no bias term)
+//   conv2d_backward(grad_x, grad_weight, grad_bias, grad_y, x, weight)   ACCUMULATES:
+//     grad_x[n,c,h,w]      += sum_{k,r,s,p,q : h(p,r)=h, w(q,s)=w} grad_y[n,k,p,q] *
+//     weight[k,c,r,s] grad_weight[k,c,r,s] += sum_{n,p,q} grad_y[n,k,p,q] * x[n,c,h(p,r),w(q,s)]
+//     grad_bias[k]         += sum_{n,p,q} grad_y[n,k,p,q]
+//   Each gradient is optional: an undefined Tensor means "not needed" and is not
+//   computed. x is needed only for grad_weight and weight only for grad_x; pass
+//   them anyway (their shapes define the problem).
+// No output may alias an input. float32 on every device, float64 on the CPU too.
+// Results are deterministic (no atomics): on CUDA always, on the CPU for a given
+// thread count (engine/thread_pool.h), which sets how the batch sums are split.
+// An empty batch (N = 0) or K = 0 is a no-op. Bad shapes, a kernel larger than the
+// padded input and non-positive strides throw ShapeError / InvalidArgument.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/stream.h"
+#include "engine/tensor.h"
+
+namespace towerlab {
+
+struct Conv2dParams {
+  std::int64_t stride_h = 1, stride_w = 1;
+  std::int64_t pad_h = 0, pad_w = 0;
+  std::int64_t dilation_h = 1, dilation_w = 1;
+};
+
+// [N,K,P,Q] for input [N,C,H,W] and weight [K,C,R,S]; throws as conv2d_forward
+// does when the shapes or parameters cannot work.
+Shape conv2d_output_shape(const Shape& input, const Shape& weight, const Conv2dParams& params);
+
+void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                    const Conv2dParams& params, const Stream& stream);
+void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                     const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                     const Conv2dParams& params, const Stream& stream);
+
+// The problem's sizes, worked out once by the checks and handed to the backends.
+struct Conv2dShape {
+  std::int64_t N, C, H, W;  // input
+  std::int64_t K, R, S;     // weight [K,C,R,S]
+  std::int64_t P, Q;        // output
+  Conv2dParams params;
+};
+
+// Backend entry points: arguments already checked, work not empty.
+namespace cpu {
+void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                    const Conv2dShape& shape);
+void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                     const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                     const Conv2dShape& shape);
+}  // namespace cpu
+
+namespace cuda {
+void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                    const Conv2dShape& shape, const Stream& stream);
+void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                     const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                     const Conv2dShape& shape, const Stream& stream);
+}  // namespace cuda
+
+}  // namespace towerlab

@@ -1,0 +1,240 @@
+// CPU conv2d: the specification for kernels/cuda/conv2d.cu (contracts and
+// dimension letters in kernels/conv2d.h).
+//
+// Each image is lowered to a matrix product ("im2col"): the patch matrix
+//   col[(c,r,s), (p,q)] = x[n, c, h(p,r), w(q,s)]            [C*R*S, P*Q]
+// turns the convolution into
+//   forward          y[n]        = weight · col                [K,P*Q] = [K,CRS]·[CRS,P*Q]
+//   backward-weight  grad_weight += grad_y[n] · colᵀ           [K,CRS] = [K,P*Q]·[P*Q,CRS]
+//                    (computed transposed, as col · grad_y[n]ᵀ)
+//   backward-data    grad_col     = weightᵀ · grad_y[n]         [CRS,P*Q], then col2im adds
+//                    each patch element back onto the input pixel it came from.
+// A 1x1 kernel with stride 1 and no padding needs no lowering: col is x[n] itself.
+#include <algorithm>
+#include <cstdint>
+
+#include "engine/allocator.h"
+#include "engine/thread_pool.h"
+#include "kernels/conv2d.h"
+#include "kernels/cpu/dtype_dispatch.h"
+#include "kernels/matmul.h"
+
+namespace towerlab::cpu {
+
+namespace {
+
+// Scratch memory for one patch matrix, from the host allocator's cache.
+template <typename T>
+class Scratch {
+ public:
+  explicit Scratch(std::int64_t count)
+      : allocator_(device_allocator(Device::cpu())),
+        data_(static_cast<T*>(allocator_.allocate(static_cast<std::size_t>(count) * sizeof(T)))) {}
+  ~Scratch() { allocator_.deallocate(data_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  T* get() const { return data_; }
+
+ private:
+  Allocator& allocator_;
+  T* data_;
+};
+
+bool needs_lowering(const Conv2dShape& s) {
+  const Conv2dParams& p = s.params;
+  return !(s.R == 1 && s.S == 1 && p.stride_h == 1 && p.stride_w == 1 && p.pad_h == 0 &&
+           p.pad_w == 0);
+}
+
+// The output columns [first, last) whose input column w(q, kq) = q*stride_w -
+// pad_w + kq*dilation_w lies inside [0, W) for kernel column kq; the rest read
+// padding. Working out the range once keeps the copy loops free of branches.
+struct ColumnRange {
+  std::int64_t first, last;
+};
+ColumnRange valid_columns(const Conv2dShape& s, std::int64_t kq) {
+  const Conv2dParams& p = s.params;
+  const std::int64_t offset = kq * p.dilation_w - p.pad_w;  // w(q, kq) = q*stride_w + offset
+  auto ceil_div = [](std::int64_t a, std::int64_t b) { return a <= 0 ? 0 : (a + b - 1) / b; };
+  const std::int64_t first = std::min(s.Q, ceil_div(-offset, p.stride_w));
+  const std::int64_t last = std::max(first, std::min(s.Q, ceil_div(s.W - offset, p.stride_w)));
+  return {first, last};
+}
+
+// col[(c,r,s), (p,q)] = x[c, h(p,r), w(q,s)], zero where (h, w) falls in the padding.
+template <typename T>
+void im2col(T* col, const T* x, const Conv2dShape& s) {
+  const Conv2dParams& p = s.params;
+  // x: [C,H,W], col: [C*R*S, P*Q]; (r, kq) is the kernel tap, (op, oq) the output pixel.
+  for (std::int64_t c = 0; c < s.C; ++c) {
+    for (std::int64_t r = 0; r < s.R; ++r) {
+      for (std::int64_t kq = 0; kq < s.S; ++kq) {
+        T* row = col + ((c * s.R + r) * s.S + kq) * s.P * s.Q;
+        const auto [first, last] = valid_columns(s, kq);
+        const std::int64_t w_first = first * p.stride_w - p.pad_w + kq * p.dilation_w;
+        for (std::int64_t op = 0; op < s.P; ++op) {
+          const std::int64_t h = op * p.stride_h - p.pad_h + r * p.dilation_h;
+          T* out = row + op * s.Q;
+          if (h < 0 || h >= s.H) {
+            std::fill(out, out + s.Q, T(0));
+            continue;
+          }
+          const T* in = x + (c * s.H + h) * s.W + w_first;
+          std::fill(out, out + first, T(0));
+          for (std::int64_t oq = first; oq < last; ++oq) out[oq] = in[(oq - first) * p.stride_w];
+          std::fill(out + last, out + s.Q, T(0));
+        }
+      }
+    }
+  }
+}
+
+// The adjoint of im2col: x[c, h(p,r), w(q,s)] += col[(c,r,s), (p,q)] for every
+// patch element that is not padding.
+template <typename T>
+void col2im_add(T* x, const T* col, const Conv2dShape& s) {
+  const Conv2dParams& p = s.params;
+  // x: [C,H,W], col: [C*R*S, P*Q]
+  for (std::int64_t c = 0; c < s.C; ++c) {
+    for (std::int64_t r = 0; r < s.R; ++r) {
+      for (std::int64_t kq = 0; kq < s.S; ++kq) {
+        const T* row = col + ((c * s.R + r) * s.S + kq) * s.P * s.Q;
+        const auto [first, last] = valid_columns(s, kq);
+        const std::int64_t w_first = first * p.stride_w - p.pad_w + kq * p.dilation_w;
+        for (std::int64_t op = 0; op < s.P; ++op) {
+          const std::int64_t h = op * p.stride_h - p.pad_h + r * p.dilation_h;
+          if (h < 0 || h >= s.H) continue;
+          T* out = x + (c * s.H + h) * s.W + w_first;
+          const T* in = row + op * s.Q;
+          for (std::int64_t oq = first; oq < last; ++oq) out[(oq - first) * p.stride_w] += in[oq];
+        }
+      }
+    }
+  }
+}
+
+// How many contiguous chunks of images to spread over the threads. With at least
+// as many images as threads, each thread lowers and multiplies its own images (its
+// GEMMs then run inline on that thread: small per-image products parallelize
+// badly); with fewer, one chunk walks the images and each GEMM spreads over the
+// threads itself.
+std::int64_t image_chunks(std::int64_t images) {
+  return images >= num_threads() ? num_threads() : 1;
+}
+
+// Runs body(chunk, first_image, end_image) for each chunk, in parallel.
+template <typename Body>
+void for_image_chunks(std::int64_t images, std::int64_t chunks, const Body& body) {
+  auto run = [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t chunk = first; chunk < last; ++chunk) {
+      body(chunk, chunk * images / chunks, (chunk + 1) * images / chunks);
+    }
+  };
+  if (chunks == 1) {
+    run(0, 1);
+  } else {
+    parallel_for(0, chunks, run);
+  }
+}
+
+}  // namespace
+
+void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                    const Conv2dShape& s) {
+  with_dtype(y.dtype(), [&]<typename T>() {
+    T* out = y.data<T>();                                    // [N,K,P,Q]
+    const T* in = x.data<T>();                               // [N,C,H,W]
+    const T* w = weight.data<T>();                           // [K, C*R*S]
+    const T* b = bias.defined() ? bias.data<T>() : nullptr;  // [K]
+    const std::int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
+    const bool lower = needs_lowering(s);
+    auto per_chunk = [&](std::int64_t, std::int64_t first, std::int64_t last) {
+      Scratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q]
+      for (std::int64_t n = first; n < last; ++n) {
+        const T* patches = in + n * chw;
+        if (lower) {
+          im2col(col.get(), patches, s);
+          patches = col.get();
+        }
+        T* y_n = out + n * s.K * pq;  // [K, P*Q]
+        if (b != nullptr) {
+          for (std::int64_t k = 0; k < s.K; ++k) std::fill(y_n + k * pq, y_n + (k + 1) * pq, b[k]);
+        }
+        gemm<T>(false, false, s.K, pq, crs, T(1), w, crs, patches, pq, b != nullptr ? T(1) : T(0),
+                y_n, pq);
+      }
+    };
+    for_image_chunks(s.N, image_chunks(s.N), per_chunk);
+  });
+}
+
+void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                     const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                     const Conv2dShape& s) {
+  with_dtype(grad_y.dtype(), [&]<typename T>() {
+    const T* gy = grad_y.data<T>();  // [N,K,P,Q]
+    const T* in = x.data<T>();       // [N,C,H,W]
+    const T* w = weight.data<T>();   // [K, C*R*S]
+    const std::int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
+    const bool lower = needs_lowering(s);
+
+    if (grad_bias.defined()) {
+      T* gb = grad_bias.data<T>();  // [K]
+      for (std::int64_t k = 0; k < s.K; ++k) {
+        double total = 0;  // float32 sums of 10^5 terms would lose digits
+        for (std::int64_t n = 0; n < s.N; ++n) {
+          const T* plane = gy + (n * s.K + k) * pq;  // [P*Q]
+          for (std::int64_t i = 0; i < pq; ++i) total += plane[i];
+        }
+        gb[k] += static_cast<T>(total);
+      }
+    }
+    if (grad_weight.defined()) {
+      T* gw = grad_weight.data<T>();  // [K, C*R*S]
+      // Each chunk of images sums its products into its own partial, added to
+      // grad_weight in chunk order afterwards (deterministic for a given thread
+      // count). The partial is the transpose, grad_weightᵀ = col · grad_y[n]ᵀ
+      // [C*R*S, K]: with few taps (C*R*S = 9 in a first layer) the GEMM runs far
+      // better with them as rows than as a 9-wide column panel.
+      const std::int64_t chunks = image_chunks(s.N);
+      Scratch<T> partials(chunks * crs * s.K);  // [chunks, C*R*S, K]
+      for_image_chunks(s.N, chunks, [&](std::int64_t chunk, std::int64_t first, std::int64_t last) {
+        Scratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q]
+        T* sum = partials.get() + chunk * crs * s.K;
+        for (std::int64_t n = first; n < last; ++n) {
+          const T* patches = in + n * chw;
+          if (lower) {
+            im2col(col.get(), patches, s);
+            patches = col.get();
+          }
+          gemm<T>(false, true, crs, s.K, pq, T(1), patches, pq, gy + n * s.K * pq, pq,
+                  n == first ? T(0) : T(1), sum, s.K);
+        }
+      });
+      for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
+        const T* sum = partials.get() + chunk * crs * s.K;  // [C*R*S, K]
+        for (std::int64_t k = 0; k < s.K; ++k) {
+          for (std::int64_t i = 0; i < crs; ++i) gw[k * crs + i] += sum[i * s.K + k];
+        }
+      }
+    }
+    if (grad_x.defined()) {
+      T* gx = grad_x.data<T>();  // [N,C,H,W]
+      auto per_chunk = [&](std::int64_t, std::int64_t first, std::int64_t last) {
+        Scratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q]: the patch matrix's gradient
+        for (std::int64_t n = first; n < last; ++n) {
+          const T* gy_n = gy + n * s.K * pq;  // [K, P*Q]
+          if (!lower) {  // grad_x[n] is the patch matrix's gradient itself: accumulate in place
+            gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy_n, pq, T(1), gx + n * chw, pq);
+            continue;
+          }
+          gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy_n, pq, T(0), col.get(), pq);
+          col2im_add(gx + n * chw, col.get(), s);
+        }
+      };
+      for_image_chunks(s.N, image_chunks(s.N), per_chunk);
+    }
+  });
+}
+
+}  // namespace towerlab::cpu

@@ -1,0 +1,575 @@
+// CPU GEMM (contracts in kernels/matmul.h): the specification for
+// kernels/cuda/matmul.cu, and the fast float32 path that linear layers and conv2d
+// (via im2col) spend most of their CPU time in.
+//
+// gemm_reference is the specification: plain loops, used for float64 (gradient
+// checks) and as the readable statement of what every other path computes.
+//
+// The float32 path is the usual cache-blocked GEMM (Goto/BLIS):
+//   for each [kKc x kNc] block of op(B): pack it into NR-wide column panels
+//     for each [kMc x kKc] block of op(A): pack it into MR-tall row panels
+//       for each NR panel of B, each MR panel of A: micro-kernel (MR x NR of C)
+// Packing makes the micro-kernel's reads contiguous and the same for all four
+// transpose cases, and sizes the blocks to the caches: an A block stays in L2, a B
+// panel in L1, the packed B block in L3. The micro-kernel keeps its MR x NR tile
+// of C in vector registers and does one broadcast-FMA per element of A. Threads
+// (engine/thread_pool.h) share the packed B and take tasks from a counter: row
+// blocks of A, cut into column groups of B as well when A is short.
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+#include "engine/error.h"
+#include "engine/thread_pool.h"
+#include "kernels/matmul.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define TL_GEMM_X86 1
+#else
+#define TL_GEMM_X86 0
+#endif
+
+namespace towerlab::cpu {
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// The specification.
+
+template <typename T>
+void gemm_reference(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n,
+                    std::int64_t k, T alpha, const T* a, std::int64_t lda, const T* b,
+                    std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+  // a: [m,k] (or [k,m] transposed), b: [k,n] (or [n,k] transposed), c: [m,n]
+  auto a_at = [&](std::int64_t i, std::int64_t p) {
+    return transpose_a ? a[p * lda + i] : a[i * lda + p];
+  };
+  auto b_at = [&](std::int64_t p, std::int64_t j) {
+    return transpose_b ? b[j * ldb + p] : b[p * ldb + j];
+  };
+  for (std::int64_t i = 0; i < m; ++i) {
+    T* c_row = c + i * ldc;  // [n]
+    for (std::int64_t j = 0; j < n; ++j) c_row[j] = beta == T(0) ? T(0) : beta * c_row[j];
+    for (std::int64_t p = 0; p < k; ++p) {
+      const T a_ip = alpha * a_at(i, p);
+      for (std::int64_t j = 0; j < n; ++j) c_row[j] += a_ip * b_at(p, j);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Micro-kernels: c[MR,NR] = alpha * a_panel * b_panel + beta * c (c not read
+// when beta == 0), where a_panel is [kc][MR] and b_panel [kc][NR], packed.
+
+using MicroKernel = void (*)(std::int64_t kc, const float* a, const float* b, float* c,
+                             std::int64_t ldc, float alpha, float beta);
+// Packs a full panel whose source runs along k: dst [kc][width] <- src rows
+// (width of them, `ld` apart), each contiguous along k. This is the transposing
+// case (A without transpose, B with), the one worth vector code.
+using TransposingPack = void (*)(const float* src, std::int64_t ld, std::int64_t kc, float* dst);
+
+// What one ISA brings: the micro-kernel and, optionally, transposing packers for
+// full MR-row panels of A and full NR-column panels of B.
+struct Kernels {
+  MicroKernel micro_kernel;
+  TransposingPack pack_a_rows;  // may be nullptr: the generic loop packs
+  TransposingPack pack_b_rows;  // may be nullptr
+};
+
+// Portable: GCC/Clang vector extensions (SSE on x86-64, NEON on ARM).
+typedef float Vec4 __attribute__((vector_size(16)));
+
+constexpr int kPortableMr = 6, kPortableNr = 8;
+
+void micro_kernel_portable(std::int64_t kc, const float* a, const float* b, float* c,
+                           std::int64_t ldc, float alpha, float beta) {
+  Vec4 acc[kPortableMr][2] = {};
+  for (std::int64_t p = 0; p < kc; ++p, a += kPortableMr, b += kPortableNr) {
+    Vec4 b0, b1;
+    std::memcpy(&b0, b, sizeof b0);
+    std::memcpy(&b1, b + 4, sizeof b1);
+#pragma GCC unroll 6
+    for (int i = 0; i < kPortableMr; ++i) {
+      acc[i][0] += a[i] * b0;
+      acc[i][1] += a[i] * b1;
+    }
+  }
+  for (int i = 0; i < kPortableMr; ++i) {
+    for (int j = 0; j < kPortableNr; ++j) {
+      const float v = alpha * acc[i][j / 4][j % 4];
+      c[i * ldc + j] = beta == 0.0f ? v : v + beta * c[i * ldc + j];
+    }
+  }
+}
+
+#if TL_GEMM_X86
+
+// AVX2 + FMA (Haswell, Zen): 6x16 tile = 12 ymm accumulators, 2 for the B row, 1
+// for the broadcast of A: 15 of 16 registers. 12 independent FMA chains cover the
+// 4-cycle FMA latency on two FMA ports.
+constexpr int kAvx2Mr = 6, kAvx2Nr = 16;
+
+__attribute__((target("avx2,fma"))) void micro_kernel_avx2(std::int64_t kc, const float* a,
+                                                           const float* b, float* c,
+                                                           std::int64_t ldc, float alpha,
+                                                           float beta) {
+  __m256 acc[kAvx2Mr][2];
+#pragma GCC unroll 6
+  for (int i = 0; i < kAvx2Mr; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  for (int i = 0; i < kAvx2Mr; ++i)
+    _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
+#pragma GCC unroll 4
+  for (std::int64_t p = 0; p < kc; ++p) {
+    const __m256 b0 = _mm256_loadu_ps(b);
+    const __m256 b1 = _mm256_loadu_ps(b + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < kAvx2Mr; ++i) {
+      const __m256 a_i = _mm256_broadcast_ss(a + i);
+      acc[i][0] = _mm256_fmadd_ps(a_i, b0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(a_i, b1, acc[i][1]);
+    }
+    a += kAvx2Mr;
+    b += kAvx2Nr;
+  }
+  const __m256 va = _mm256_set1_ps(alpha);
+  if (beta == 0.0f) {
+#pragma GCC unroll 6
+    for (int i = 0; i < kAvx2Mr; ++i) {
+      _mm256_storeu_ps(c + i * ldc, _mm256_mul_ps(va, acc[i][0]));
+      _mm256_storeu_ps(c + i * ldc + 8, _mm256_mul_ps(va, acc[i][1]));
+    }
+  } else {
+    const __m256 vb = _mm256_set1_ps(beta);
+#pragma GCC unroll 6
+    for (int i = 0; i < kAvx2Mr; ++i) {
+      float* row = c + i * ldc;
+      _mm256_storeu_ps(row,
+                       _mm256_fmadd_ps(va, acc[i][0], _mm256_mul_ps(vb, _mm256_loadu_ps(row))));
+      _mm256_storeu_ps(row + 8,
+                       _mm256_fmadd_ps(va, acc[i][1], _mm256_mul_ps(vb, _mm256_loadu_ps(row + 8))));
+    }
+  }
+}
+
+// 8x8 transpose in registers: rows r[0..7] in, columns out.
+__attribute__((target("avx2,fma"))) inline void transpose8x8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+
+// A [M,K] without transpose: 6 rows, 8 k at a time, transposed in registers
+// (2 zero rows pad the 8x8), each column stored as 6 floats (4 + 2).
+__attribute__((target("avx2,fma"))) void pack_a_rows_avx2(const float* src, std::int64_t ld,
+                                                          std::int64_t kc, float* dst) {
+  std::int64_t p = 0;
+  for (; p + 8 <= kc; p += 8) {
+    __m256 r[8];
+    for (int i = 0; i < kAvx2Mr; ++i) r[i] = _mm256_loadu_ps(src + i * ld + p);
+    r[6] = r[7] = _mm256_setzero_ps();
+    transpose8x8(r);
+    for (int q = 0; q < 8; ++q) {
+      float* out = dst + (p + q) * kAvx2Mr;
+      _mm_storeu_ps(out, _mm256_castps256_ps128(r[q]));
+      _mm_storel_pi(reinterpret_cast<__m64*>(out + 4), _mm256_extractf128_ps(r[q], 1));
+    }
+  }
+  for (; p < kc; ++p) {
+    for (int i = 0; i < kAvx2Mr; ++i) dst[p * kAvx2Mr + i] = src[i * ld + p];
+  }
+}
+
+// B [N,K] with transpose: 16 rows of B (columns of op(B)), two 8x8 transposes
+// per 8 k.
+__attribute__((target("avx2,fma"))) void pack_b_rows_avx2(const float* src, std::int64_t ld,
+                                                          std::int64_t kc, float* dst) {
+  std::int64_t p = 0;
+  for (; p + 8 <= kc; p += 8) {
+    for (int half = 0; half < 2; ++half) {
+      __m256 r[8];
+      for (int j = 0; j < 8; ++j) r[j] = _mm256_loadu_ps(src + (half * 8 + j) * ld + p);
+      transpose8x8(r);
+      for (int q = 0; q < 8; ++q) _mm256_storeu_ps(dst + (p + q) * kAvx2Nr + half * 8, r[q]);
+    }
+  }
+  for (; p < kc; ++p) {
+    for (int j = 0; j < kAvx2Nr; ++j) dst[p * kAvx2Nr + j] = src[j * ld + p];
+  }
+}
+
+// AVX-512 (Skylake-X, Ice Lake, Sapphire Rapids, Zen 4): 12x32 tile = 24 zmm
+// accumulators of 32 registers.
+constexpr int kAvx512Mr = 12, kAvx512Nr = 32;
+
+__attribute__((target("avx512f"))) void micro_kernel_avx512(std::int64_t kc, const float* a,
+                                                            const float* b, float* c,
+                                                            std::int64_t ldc, float alpha,
+                                                            float beta) {
+  __m512 acc[kAvx512Mr][2];
+#pragma GCC unroll 12
+  for (int i = 0; i < kAvx512Mr; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+  for (std::int64_t p = 0; p < kc; ++p) {
+    const __m512 b0 = _mm512_loadu_ps(b);
+    const __m512 b1 = _mm512_loadu_ps(b + 16);
+#pragma GCC unroll 12
+    for (int i = 0; i < kAvx512Mr; ++i) {
+      const __m512 a_i = _mm512_set1_ps(a[i]);
+      acc[i][0] = _mm512_fmadd_ps(a_i, b0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(a_i, b1, acc[i][1]);
+    }
+    a += kAvx512Mr;
+    b += kAvx512Nr;
+  }
+  const __m512 va = _mm512_set1_ps(alpha);
+  if (beta == 0.0f) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kAvx512Mr; ++i) {
+      _mm512_storeu_ps(c + i * ldc, _mm512_mul_ps(va, acc[i][0]));
+      _mm512_storeu_ps(c + i * ldc + 16, _mm512_mul_ps(va, acc[i][1]));
+    }
+  } else {
+    const __m512 vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 12
+    for (int i = 0; i < kAvx512Mr; ++i) {
+      float* row = c + i * ldc;
+      _mm512_storeu_ps(row,
+                       _mm512_fmadd_ps(va, acc[i][0], _mm512_mul_ps(vb, _mm512_loadu_ps(row))));
+      _mm512_storeu_ps(
+          row + 16, _mm512_fmadd_ps(va, acc[i][1], _mm512_mul_ps(vb, _mm512_loadu_ps(row + 16))));
+    }
+  }
+}
+
+#endif  // TL_GEMM_X86
+
+// ---------------------------------------------------------------------------
+// Packing and the blocked driver.
+
+// Block sizes in elements. kKc x NR floats of B (16 KiB at NR = 16) sit in L1
+// while a kMc x kKc block of A (144 KiB) streams from L2; kNc bounds the packed B
+// block (4 MiB at kKc = 256), which lives in L3.
+constexpr std::int64_t kKc = 256;
+constexpr std::int64_t kMc = 144;
+constexpr std::int64_t kNc = 4096;
+// Below this many multiply-adds a second thread costs more than it saves.
+constexpr double kMinParallelWork = 48.0 * 48.0 * 48.0;
+
+// A grow-only, 64-byte-aligned scratch buffer, one per thread and use.
+class Scratch {
+ public:
+  ~Scratch() { std::free(data_); }
+  float* get(std::int64_t count) {
+    if (count > size_) {
+      std::free(data_);
+      data_ = nullptr;
+      size_ = 0;
+      const std::size_t bytes = (static_cast<std::size_t>(count) * sizeof(float) + 63) / 64 * 64;
+      data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
+      TL_CHECK(data_ != nullptr, OutOfMemory, "gemm: cannot allocate " << bytes << " bytes");
+      size_ = count;
+    }
+    return data_;
+  }
+
+ private:
+  float* data_ = nullptr;
+  std::int64_t size_ = 0;
+};
+
+thread_local Scratch t_packed_a;
+thread_local Scratch t_packed_b;
+
+template <int MR, int NR>
+struct Blocked {
+  // dst [kc][MR] <- op(A)[i0 : i0+rows, p0 : p0+kc], zero rows past `rows`.
+  static void pack_a(const Kernels& isa, bool transpose_a, const float* a, std::int64_t lda,
+                     std::int64_t i0, std::int64_t rows, std::int64_t p0, std::int64_t kc,
+                     float* dst) {
+    if (!transpose_a && rows == MR && isa.pack_a_rows != nullptr) {
+      isa.pack_a_rows(a + i0 * lda + p0, lda, kc, dst);
+    } else if (transpose_a) {  // A stored [K,M]: MR contiguous floats per k
+      for (std::int64_t p = 0; p < kc; ++p) {
+        const float* src = a + (p0 + p) * lda + i0;
+        for (int i = 0; i < MR; ++i) dst[p * MR + i] = i < rows ? src[i] : 0.0f;
+      }
+    } else {  // A stored [M,K]: MR rows, each contiguous along k
+      for (int i = 0; i < MR; ++i) {
+        if (i < rows) {
+          const float* src = a + (i0 + i) * lda + p0;
+          for (std::int64_t p = 0; p < kc; ++p) dst[p * MR + i] = src[p];
+        } else {
+          for (std::int64_t p = 0; p < kc; ++p) dst[p * MR + i] = 0.0f;
+        }
+      }
+    }
+  }
+
+  // dst [kc][NR] <- op(B)[p0 : p0+kc, j0 : j0+cols], zero columns past `cols`.
+  static void pack_b(const Kernels& isa, bool transpose_b, const float* b, std::int64_t ldb,
+                     std::int64_t j0, std::int64_t cols, std::int64_t p0, std::int64_t kc,
+                     float* dst) {
+    if (transpose_b && cols == NR && isa.pack_b_rows != nullptr) {
+      isa.pack_b_rows(b + j0 * ldb + p0, ldb, kc, dst);
+    } else if (transpose_b) {  // B stored [N,K]: NR rows, each contiguous along k
+      for (int j = 0; j < NR; ++j) {
+        if (j < cols) {
+          const float* src = b + (j0 + j) * ldb + p0;
+          for (std::int64_t p = 0; p < kc; ++p) dst[p * NR + j] = src[p];
+        } else {
+          for (std::int64_t p = 0; p < kc; ++p) dst[p * NR + j] = 0.0f;
+        }
+      }
+    } else if (cols == NR) {  // B stored [K,N]: NR contiguous floats per k
+      for (std::int64_t p = 0; p < kc; ++p) {
+        std::memcpy(dst + p * NR, b + (p0 + p) * ldb + j0, NR * sizeof(float));
+      }
+    } else {
+      for (std::int64_t p = 0; p < kc; ++p) {
+        const float* src = b + (p0 + p) * ldb + j0;
+        for (int j = 0; j < NR; ++j) dst[p * NR + j] = j < cols ? src[j] : 0.0f;
+      }
+    }
+  }
+
+  static void run(const Kernels& isa, bool transpose_a, bool transpose_b, std::int64_t m,
+                  std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
+                  const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+    const std::int64_t m_panels = (m + MR - 1) / MR;
+    const std::int64_t mc_panels = std::max<std::int64_t>(1, kMc / MR);
+    const int threads = static_cast<double>(m) * n * k >= kMinParallelWork ? num_threads() : 1;
+    float* packed_b = t_packed_b.get(kKc * ((std::min(n, kNc) + NR - 1) / NR) * NR);
+
+    for (std::int64_t jc = 0; jc < n; jc += kNc) {
+      const std::int64_t nc = std::min(kNc, n - jc);
+      const std::int64_t n_panels = (nc + NR - 1) / NR;
+      for (std::int64_t pc = 0; pc < k; pc += kKc) {
+        const std::int64_t kc = std::min(kKc, k - pc);
+        const float beta_block = pc == 0 ? beta : 1.0f;  // later K blocks add to C
+
+        auto pack_b_panels = [&](std::int64_t q0, std::int64_t q1) {
+          for (std::int64_t q = q0; q < q1; ++q) {
+            pack_b(isa, transpose_b, b, ldb, jc + q * NR, std::min<std::int64_t>(NR, nc - q * NR),
+                   pc, kc, packed_b + q * NR * kc);
+          }
+        };
+
+        // C rows [mp0*MR, mp1*MR) x columns of B panels [np0, np1) of this block.
+        auto compute = [&](std::int64_t mp0, std::int64_t mp1, std::int64_t np0, std::int64_t np1) {
+          float* packed_a = t_packed_a.get(mc_panels * MR * kc);
+          alignas(64) float tile[MR * NR];
+          for (std::int64_t mb = mp0; mb < mp1; mb += mc_panels) {
+            const std::int64_t mb1 = std::min(mb + mc_panels, mp1);
+            for (std::int64_t q = mb; q < mb1; ++q) {
+              pack_a(isa, transpose_a, a, lda, q * MR, std::min<std::int64_t>(MR, m - q * MR), pc,
+                     kc, packed_a + (q - mb) * MR * kc);
+            }
+            for (std::int64_t jp = np0; jp < np1; ++jp) {
+              const float* b_panel = packed_b + jp * NR * kc;
+              const std::int64_t j = jc + jp * NR;
+              const std::int64_t cols = std::min<std::int64_t>(NR, jc + nc - j);
+              for (std::int64_t q = mb; q < mb1; ++q) {
+                const float* a_panel = packed_a + (q - mb) * MR * kc;
+                const std::int64_t i = q * MR;
+                const std::int64_t rows = std::min<std::int64_t>(MR, m - i);
+                float* c_tile = c + i * ldc + j;
+                if (rows == MR && cols == NR) {
+                  isa.micro_kernel(kc, a_panel, b_panel, c_tile, ldc, alpha, beta_block);
+                  continue;
+                }
+                // A ragged edge: compute the whole tile aside, then write the valid part.
+                isa.micro_kernel(kc, a_panel, b_panel, tile, NR, alpha, 0.0f);
+                for (std::int64_t r = 0; r < rows; ++r) {
+                  for (std::int64_t s = 0; s < cols; ++s) {
+                    float& out = c_tile[r * ldc + s];
+                    out =
+                        beta_block == 0.0f ? tile[r * NR + s] : tile[r * NR + s] + beta_block * out;
+                  }
+                }
+              }
+            }
+          }
+        };
+
+        if (threads == 1) {
+          pack_b_panels(0, n_panels);
+          compute(0, m_panels, 0, n_panels);
+          continue;
+        }
+        // Tasks are handed out from a shared counter rather than split evenly up
+        // front: when the machine is shared (other towers, other processes) a
+        // thread that was descheduled does fewer tasks instead of holding
+        // everyone at the join. About four tasks per thread: row blocks of A,
+        // and column groups of B as well when A has too few rows for that.
+        const std::int64_t wanted = 4 * static_cast<std::int64_t>(threads);
+        const std::int64_t rows_per_task =
+            std::min(mc_panels, std::max<std::int64_t>(1, m_panels / wanted));
+        const std::int64_t m_tasks = (m_panels + rows_per_task - 1) / rows_per_task;
+        const std::int64_t n_split = std::min(n_panels, (wanted + m_tasks - 1) / m_tasks);
+        const std::int64_t cols_per_task = (n_panels + n_split - 1) / n_split;
+        const std::int64_t n_groups = (n_panels + cols_per_task - 1) / cols_per_task;
+        const std::int64_t tasks = m_tasks * n_groups;
+        const std::int64_t b_tasks = std::min(n_panels, wanted);
+        std::atomic<std::int64_t> next_b{0}, next_task{0};
+        parallel_for(0, threads, [&](std::int64_t, std::int64_t) {
+          for (std::int64_t t; (t = next_b.fetch_add(1)) < b_tasks;) {
+            pack_b_panels(n_panels * t / b_tasks, n_panels * (t + 1) / b_tasks);
+          }
+        });
+        parallel_for(0, threads, [&](std::int64_t, std::int64_t) {
+          for (std::int64_t t; (t = next_task.fetch_add(1)) < tasks;) {
+            const std::int64_t mp = (t / n_groups) * rows_per_task;
+            const std::int64_t np = (t % n_groups) * cols_per_task;
+            compute(mp, std::min(mp + rows_per_task, m_panels), np,
+                    std::min(np + cols_per_task, n_panels));
+          }
+        });
+      }
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Choosing the micro-kernel.
+
+bool cpu_has(GemmIsa isa) {
+#if TL_GEMM_X86
+  __builtin_cpu_init();  // safe to repeat; needed if we run before libgcc's constructors
+#endif
+  switch (isa) {
+    case GemmIsa::Auto:
+    case GemmIsa::Portable:
+      return true;
+#if TL_GEMM_X86
+    case GemmIsa::Avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case GemmIsa::Avx512:
+      return __builtin_cpu_supports("avx512f");
+#endif
+    default:
+      return false;
+  }
+}
+
+GemmIsa best_isa() {
+  if (cpu_has(GemmIsa::Avx512)) return GemmIsa::Avx512;
+  if (cpu_has(GemmIsa::Avx2)) return GemmIsa::Avx2;
+  return GemmIsa::Portable;
+}
+
+const char* isa_name(GemmIsa isa) {
+  switch (isa) {
+    case GemmIsa::Auto:
+      return "Auto";
+    case GemmIsa::Portable:
+      return "Portable";
+    case GemmIsa::Avx2:
+      return "Avx2";
+    case GemmIsa::Avx512:
+      return "Avx512";
+  }
+  return "?";
+}
+
+// The environment may pin the kernel (TOWERLAB_GEMM_ISA=portable|avx2|avx512),
+// e.g. to rule one out on a new machine; an unsupported or unknown name is ignored.
+GemmIsa initial_isa() {
+  const char* name = std::getenv("TOWERLAB_GEMM_ISA");
+  const std::string wanted = name != nullptr ? name : "";
+  for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
+    std::string lower = isa_name(isa);
+    for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (wanted == lower && cpu_has(isa)) return isa;
+  }
+  return best_isa();
+}
+
+std::atomic<GemmIsa>& selected_isa() {
+  static std::atomic<GemmIsa> isa{initial_isa()};
+  return isa;
+}
+
+// C = beta * C, for K == 0 (no products to add).
+template <typename T>
+void scale_c(std::int64_t m, std::int64_t n, T beta, T* c, std::int64_t ldc) {
+  for (std::int64_t i = 0; i < m; ++i) {
+    for (std::int64_t j = 0; j < n; ++j)
+      c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
+  }
+}
+
+}  // namespace
+
+bool gemm_isa_supported(GemmIsa isa) {
+  return cpu_has(isa);
+}
+
+void set_gemm_isa(GemmIsa isa) {
+  TL_CHECK(cpu_has(isa), NotSupported,
+           "set_gemm_isa: this CPU does not support the " << isa_name(isa) << " GEMM kernel");
+  selected_isa().store(isa == GemmIsa::Auto ? best_isa() : isa);
+}
+
+GemmIsa gemm_isa() {
+  return selected_isa().load();
+}
+
+template <typename T>
+void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k,
+          T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
+          std::int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    scale_c(m, n, beta, c, ldc);
+    return;
+  }
+  if constexpr (std::is_same_v<T, double>) {
+    // float64 serves the gradient checks: small problems, where plain loops do.
+    gemm_reference(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  } else {
+    switch (selected_isa().load(std::memory_order_relaxed)) {
+#if TL_GEMM_X86
+      case GemmIsa::Avx512:
+        Blocked<kAvx512Mr, kAvx512Nr>::run({micro_kernel_avx512, nullptr, nullptr}, transpose_a,
+                                           transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                                           ldc);
+        return;
+      case GemmIsa::Avx2:
+        Blocked<kAvx2Mr, kAvx2Nr>::run({micro_kernel_avx2, pack_a_rows_avx2, pack_b_rows_avx2},
+                                       transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb,
+                                       beta, c, ldc);
+        return;
+#endif
+      default:
+        Blocked<kPortableMr, kPortableNr>::run({micro_kernel_portable, nullptr, nullptr},
+                                               transpose_a, transpose_b, m, n, k, alpha, a, lda, b,
+                                               ldb, beta, c, ldc);
+    }
+  }
+}
+
+template void gemm<float>(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const float*,
+                          std::int64_t, const float*, std::int64_t, float, float*, std::int64_t);
+template void gemm<double>(bool, bool, std::int64_t, std::int64_t, std::int64_t, double,
+                           const double*, std::int64_t, const double*, std::int64_t, double,
+                           double*, std::int64_t);
+
+}  // namespace towerlab::cpu

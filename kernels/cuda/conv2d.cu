@@ -1,0 +1,650 @@
+// CUDA conv2d (contracts and dimension letters in kernels/conv2d.h), float32.
+//
+// All three passes are implicit GEMMs: one tiled matrix-product kernel whose
+// operands are gathered straight from the NCHW tensors, so no im2col matrix is
+// ever written to memory.
+//   pass             rows (m)        columns (n)    reduction (kk)   A[m,kk]        B[kk,n]
+//   forward          N*P*Q (n,p,q)   K              C*R*S (c,r,s)    x patch        weight
+//   backward-data    N*H*W (n,h,w)   C              K*R*S (k,r,s)    grad_y patch   weight
+//   backward-weight  K               C*R*S          N*P*Q            grad_y         x patch
+// A "problem" struct describes each pass: how to gather A and B (zero in the
+// padding and, for backward-data with stride > 1, where no output pixel lands)
+// and how to write the result (assign y plus bias; add to grad_x; add to
+// grad_weight). The grad_bias is a separate two-step reduction, and
+// backward-weight, whose reduction is long and whose output is small, splits
+// the reduction across blocks into a workspace that a last kernel sums in a
+// fixed order (deterministic, unlike atomics).
+#include <algorithm>
+#include <array>
+#include <atomic>
+
+#include "engine/allocator.h"
+#include "kernels/conv2d.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace towerlab::cuda {
+
+namespace {
+
+// Integer division by a divisor fixed for the whole launch, as a multiply-high
+// and a shift (CUTLASS's FastDivmod): the gathers divide every index by C*R*S,
+// S, P*Q, Q..., and a hardware-less 32-bit division costs ~20 instructions.
+// Exact for 0 <= n < 2^31.
+struct FastDivmod {
+  int divisor = 1;
+  unsigned multiplier = 0, shift = 0;
+
+  FastDivmod() = default;
+  explicit FastDivmod(int d) : divisor(d) {
+    if (d != 1) {
+      int log2 = 31 - __builtin_clz(static_cast<unsigned>(d));
+      log2 += (d & (d - 1)) != 0;  // ceil(log2(d))
+      const unsigned p = 31 + static_cast<unsigned>(log2);
+      multiplier = static_cast<unsigned>(((1ull << p) + static_cast<unsigned>(d) - 1) /
+                                         static_cast<unsigned>(d));
+      shift = p - 32;
+    }
+  }
+  __device__ int div(int n) const {
+    return divisor == 1 ? n
+                        : static_cast<int>(__umulhi(static_cast<unsigned>(n), multiplier) >> shift);
+  }
+  __device__ void divmod(int n, int& quotient, int& remainder) const {
+    quotient = div(n);
+    remainder = n - quotient * divisor;
+  }
+};
+
+// The problem's sizes as 32-bit ints (the launcher checked that every tensor has
+// fewer than 2^31 elements) and the divisors the gathers need.
+struct Dims {
+  int N, C, H, W, K, R, S, P, Q;
+  int stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
+  int HW, PQ, RS, CRS;
+  FastDivmod by_RS, by_S, by_PQ, by_Q, by_HW, by_W, by_stride_h, by_stride_w;
+};
+
+Dims make_dims(const Conv2dShape& s) {
+  Dims d{};
+  d.N = static_cast<int>(s.N), d.C = static_cast<int>(s.C), d.H = static_cast<int>(s.H);
+  d.W = static_cast<int>(s.W), d.K = static_cast<int>(s.K), d.R = static_cast<int>(s.R);
+  d.S = static_cast<int>(s.S), d.P = static_cast<int>(s.P), d.Q = static_cast<int>(s.Q);
+  d.stride_h = static_cast<int>(s.params.stride_h),
+  d.stride_w = static_cast<int>(s.params.stride_w);
+  d.pad_h = static_cast<int>(s.params.pad_h), d.pad_w = static_cast<int>(s.params.pad_w);
+  d.dilation_h = static_cast<int>(s.params.dilation_h);
+  d.dilation_w = static_cast<int>(s.params.dilation_w);
+  d.HW = d.H * d.W, d.PQ = d.P * d.Q, d.RS = d.R * d.S, d.CRS = d.C * d.RS;
+  d.by_RS = FastDivmod(d.RS), d.by_S = FastDivmod(d.S), d.by_PQ = FastDivmod(d.PQ);
+  d.by_Q = FastDivmod(d.Q), d.by_HW = FastDivmod(d.HW), d.by_W = FastDivmod(d.W);
+  d.by_stride_h = FastDivmod(d.stride_h), d.by_stride_w = FastDivmod(d.stride_w);
+  return d;
+}
+
+// ---- the three passes as GEMM problems -------------------------------------
+// Each gives: M, Ncols, Kred (the GEMM's sizes); Row row(m) and a(row, kk) for A;
+// Col col(n) and b(kk, col) for B; Out out(m) and store(out, n, value, split).
+// row/col/out are computed once per thread, a/b once per loaded element. Where
+// vector_rows is set, rows m..m+3 (m a multiple of 4) are neighbours in memory
+// with m 16-byte aligned, and store4 writes them at once: a warp then stores
+// whole sectors instead of every fourth float of 16 of them.
+
+struct ForwardProblem {
+  Dims d;
+  const float* x;       // [N,C,H,W]
+  const float* weight;  // [K, C*R*S]
+  const float* bias;    // [K] or nullptr
+  float* y;             // [N,K,P,Q]
+  int M, Ncols, Kred;
+
+  struct Row {
+    int image_offset, h0, w0;
+  };
+  __device__ Row row(int m) const {
+    int n, pq, p, q;
+    d.by_PQ.divmod(m, n, pq);
+    d.by_Q.divmod(pq, p, q);
+    return {n * d.C * d.HW, p * d.stride_h - d.pad_h, q * d.stride_w - d.pad_w};
+  }
+  __device__ float a(const Row& row, int crs) const {
+    int c, rs, r, s;
+    d.by_RS.divmod(crs, c, rs);
+    d.by_S.divmod(rs, r, s);
+    const int h = row.h0 + r * d.dilation_h, w = row.w0 + s * d.dilation_w;
+    if (static_cast<unsigned>(h) >= static_cast<unsigned>(d.H) ||
+        static_cast<unsigned>(w) >= static_cast<unsigned>(d.W)) {
+      return 0.0f;
+    }
+    return __ldg(x + row.image_offset + c * d.HW + h * d.W + w);
+  }
+  struct Col {
+    int offset;
+  };
+  __device__ Col col(int k) const { return {k * d.CRS}; }
+  __device__ float b(int crs, const Col& col) const { return __ldg(weight + col.offset + crs); }
+  struct Out {
+    int offset;
+  };  // y index of (n, k = 0, p, q)
+  __device__ Out out(int m) const {
+    int n, pq;
+    d.by_PQ.divmod(m, n, pq);
+    return {n * d.K * d.PQ + pq};
+  }
+  __device__ void store(const Out& o, int k, float value, int) const {
+    y[o.offset + k * d.PQ] = value + (bias != nullptr ? __ldg(bias + k) : 0.0f);
+  }
+  // Rows m..m+3 at once (when vector_rows: they are neighbours in one plane, 16-byte aligned).
+  bool vector_rows;
+  __device__ void store4(const Out& o, int k, float4 v, int) const {
+    const float b = bias != nullptr ? __ldg(bias + k) : 0.0f;
+    v.x += b, v.y += b, v.z += b, v.w += b;
+    *reinterpret_cast<float4*>(y + o.offset + k * d.PQ) = v;
+  }
+};
+
+struct BackwardDataProblem {
+  Dims d;
+  const float* grad_y;  // [N,K,P,Q]
+  const float* weight;  // [K,C,R,S]
+  float* grad_x;        // [N,C,H,W]
+  int M, Ncols, Kred;
+
+  struct Row {
+    int image_offset, h, w;
+  };  // h, w: padded input coordinates
+  __device__ Row row(int m) const {
+    int n, hw, h, w;
+    d.by_HW.divmod(m, n, hw);
+    d.by_W.divmod(hw, h, w);
+    return {n * d.K * d.PQ, h + d.pad_h, w + d.pad_w};
+  }
+  // grad_y[n,k,p,q] for the output pixel whose tap (r,s) lands on this row's
+  // input pixel, or 0 when none does (off the output, or between strides).
+  __device__ float a(const Row& row, int krs) const {
+    int k, rs, r, s;
+    d.by_RS.divmod(krs, k, rs);
+    d.by_S.divmod(rs, r, s);
+    const int th = row.h - r * d.dilation_h, tw = row.w - s * d.dilation_w;
+    if (th < 0 || tw < 0) return 0.0f;
+    int p, q, rem_h, rem_w;
+    d.by_stride_h.divmod(th, p, rem_h);
+    d.by_stride_w.divmod(tw, q, rem_w);
+    if ((rem_h | rem_w) != 0 || p >= d.P || q >= d.Q) return 0.0f;
+    return __ldg(grad_y + row.image_offset + k * d.PQ + p * d.Q + q);
+  }
+  struct Col {
+    int offset;
+  };
+  __device__ Col col(int c) const { return {c * d.RS}; }
+  __device__ float b(int krs, const Col& col) const {
+    int k, rs;
+    d.by_RS.divmod(krs, k, rs);
+    return __ldg(weight + k * d.CRS + col.offset + rs);
+  }
+  struct Out {
+    int offset;
+  };  // grad_x index of (n, c = 0, h, w)
+  __device__ Out out(int m) const {
+    int n, hw;
+    d.by_HW.divmod(m, n, hw);
+    return {n * d.C * d.HW + hw};
+  }
+  __device__ void store(const Out& o, int c, float value, int) const {
+    grad_x[o.offset + c * d.HW] += value;
+  }
+  bool vector_rows;
+  __device__ void store4(const Out& o, int c, float4 v, int) const {
+    float4* p = reinterpret_cast<float4*>(grad_x + o.offset + c * d.HW);
+    const float4 old = *p;
+    *p = make_float4(old.x + v.x, old.y + v.y, old.z + v.z, old.w + v.w);
+  }
+};
+
+struct BackwardWeightProblem {
+  Dims d;
+  const float* grad_y;  // [N,K,P,Q]
+  const float* x;       // [N,C,H,W]
+  float* grad_weight;   // [K, C*R*S]
+  float* partial;       // [splits, K, C*R*S] when the reduction is split, else nullptr
+  int M, Ncols, Kred;
+
+  struct Row {
+    int offset;
+  };
+  __device__ Row row(int k) const { return {k * d.PQ}; }
+  __device__ float a(const Row& row, int npq) const {
+    int n, pq;
+    d.by_PQ.divmod(npq, n, pq);
+    return __ldg(grad_y + n * d.K * d.PQ + row.offset + pq);
+  }
+  struct Col {
+    int channel_offset, h0, w0;
+  };
+  __device__ Col col(int crs) const {
+    int c, rs, r, s;
+    d.by_RS.divmod(crs, c, rs);
+    d.by_S.divmod(rs, r, s);
+    return {c * d.HW, r * d.dilation_h - d.pad_h, s * d.dilation_w - d.pad_w};
+  }
+  __device__ float b(int npq, const Col& col) const {
+    int n, pq, p, q;
+    d.by_PQ.divmod(npq, n, pq);
+    d.by_Q.divmod(pq, p, q);
+    const int h = p * d.stride_h + col.h0, w = q * d.stride_w + col.w0;
+    if (static_cast<unsigned>(h) >= static_cast<unsigned>(d.H) ||
+        static_cast<unsigned>(w) >= static_cast<unsigned>(d.W)) {
+      return 0.0f;
+    }
+    return __ldg(x + n * d.C * d.HW + col.channel_offset + h * d.W + w);
+  }
+  struct Out {
+    int offset;
+  };
+  __device__ Out out(int k) const { return {k * d.CRS}; }
+  __device__ void store(const Out& o, int crs, float value, int split) const {
+    if (partial != nullptr) {
+      partial[split * d.K * d.CRS + o.offset + crs] = value;
+    } else {
+      grad_weight[o.offset + crs] += value;
+    }
+  }
+  // Rows are output channels, CRS apart: no vector stores.
+  static constexpr bool vector_rows = false;
+  __device__ void store4(const Out&, int, float4, int) const {}
+};
+
+// ---- the implicit-GEMM kernel -----------------------------------------------
+
+// Block tile BM x BN, reduction step BK, TM x TN outputs per thread (multiples of
+// 4, read from shared memory as float4).
+template <int BM_, int BN_, int BK_, int TM_, int TN_>
+struct Tile {
+  static constexpr int BM = BM_, BN = BN_, BK = BK_, TM = TM_, TN = TN_;
+  static constexpr int kThreads = (BM / TM) * (BN / TN);
+};
+
+// C[m,n] = sum over kk in this block's split of A[m,kk] * B[kk,n], stored through
+// the problem. A_ROWS_FAST: consecutive threads load consecutive m (A is
+// contiguous along m: x and grad_y patches along q); otherwise consecutive kk
+// (grad_y rows in backward-weight). B is always loaded kk-fastest.
+//
+// Shared memory holds A as [BK][BM] and B as [BK][BN] so that each step of the
+// reduction is an outer product of a column of A and a row of B; rows are padded
+// by 4 floats so that kk-fastest stores do not all hit one bank and float4 reads
+// stay aligned. Two buffers: the next tile's global loads are issued into
+// registers before the current tile is multiplied, hiding their latency, with
+// one barrier per step.
+template <class Problem, class T, bool A_ROWS_FAST>
+__global__ void __launch_bounds__(T::kThreads)
+    implicit_gemm_kernel(const Problem problem, int k_per_split) {
+  constexpr int BM = T::BM, BN = T::BN, BK = T::BK, TM = T::TM, TN = T::TN;
+  constexpr int kThreads = T::kThreads;
+  constexpr int kALoads = BM * BK / kThreads, kBLoads = BN * BK / kThreads;
+  static_assert(TM % 4 == 0 && TN % 4 == 0 && BM % TM == 0 && BN % TN == 0);
+  static_assert(BM * BK % kThreads == 0 && BN * BK % kThreads == 0);
+  static_assert(!A_ROWS_FAST || kThreads % BM == 0 || BM % kThreads == 0);
+  // Distinct A rows a thread loads: with m fastest the row repeats every BM/threads loads.
+  constexpr int kARows = A_ROWS_FAST ? (BM > kThreads ? BM / kThreads : 1) : kALoads;
+
+  __shared__ __align__(16) float As[2][BK][BM + 4];
+  __shared__ __align__(16) float Bs[2][BK][BN + 4];
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int m0 = static_cast<int>(blockIdx.x) * BM, n0 = static_cast<int>(blockIdx.y) * BN;
+  const int split = static_cast<int>(blockIdx.z);
+  const int k_begin = split * k_per_split;
+  const int k_end = min(problem.Kred, k_begin + k_per_split);
+
+  // Element e of this thread's share of a tile: flat index tid + e*threads, laid
+  // out m-fastest (A_ROWS_FAST) or kk-fastest.
+  auto a_m = [&](int e) {
+    const int i = tid + e * kThreads;
+    return A_ROWS_FAST ? i % BM : i / BK;
+  };
+  auto a_k = [&](int e) {
+    const int i = tid + e * kThreads;
+    return A_ROWS_FAST ? i / BM : i % BK;
+  };
+  auto b_n = [&](int e) { return (tid + e * kThreads) / BK; };
+  auto b_k = [&](int e) { return (tid + e * kThreads) % BK; };
+
+  typename Problem::Row a_rows[kARows];
+  bool a_valid[kARows];
+#pragma unroll
+  for (int j = 0; j < kARows; ++j) {
+    const int m = m0 + a_m(j);  // e = j gives the j-th distinct row in both layouts
+    a_valid[j] = m < problem.M;
+    a_rows[j] = problem.row(a_valid[j] ? m : 0);
+  }
+  typename Problem::Col b_cols[kBLoads];
+  bool b_valid[kBLoads];
+#pragma unroll
+  for (int e = 0; e < kBLoads; ++e) {
+    const int n = n0 + b_n(e);
+    b_valid[e] = n < problem.Ncols;
+    b_cols[e] = problem.col(b_valid[e] ? n : 0);
+  }
+
+  float a_next[kALoads], b_next[kBLoads];
+  auto load_global = [&](int k0) {
+#pragma unroll
+    for (int e = 0; e < kALoads; ++e) {
+      const int kk = k0 + a_k(e);
+      const int j = e % kARows;
+      a_next[e] = (a_valid[j] && kk < k_end) ? problem.a(a_rows[j], kk) : 0.0f;
+    }
+#pragma unroll
+    for (int e = 0; e < kBLoads; ++e) {
+      const int kk = k0 + b_k(e);
+      b_next[e] = (b_valid[e] && kk < k_end) ? problem.b(kk, b_cols[e]) : 0.0f;
+    }
+  };
+  auto store_shared = [&](int buffer) {
+#pragma unroll
+    for (int e = 0; e < kALoads; ++e) As[buffer][a_k(e)][a_m(e)] = a_next[e];
+#pragma unroll
+    for (int e = 0; e < kBLoads; ++e) Bs[buffer][b_k(e)][b_n(e)] = b_next[e];
+  };
+
+  // This thread's outputs: rows tm*4 + {0..3} in each of TM/4 groups spaced BM/(TM/4)
+  // apart (likewise columns), so that neighbouring threads store neighbouring m.
+  const int tm = tid % (BM / TM), tn = tid / (BM / TM);
+  float acc[TM][TN] = {};
+
+  load_global(k_begin);
+  store_shared(0);
+  __syncthreads();
+  int buffer = 0;
+  for (int k0 = k_begin; k0 < k_end; k0 += BK) {
+    const bool has_next = k0 + BK < k_end;
+    if (has_next) load_global(k0 + BK);
+#pragma unroll
+    for (int kk = 0; kk < BK; ++kk) {
+      float a_frag[TM], b_frag[TN];
+#pragma unroll
+      for (int g = 0; g < TM / 4; ++g) {
+        const float4 v =
+            *reinterpret_cast<const float4*>(&As[buffer][kk][g * (BM / (TM / 4)) + tm * 4]);
+        a_frag[g * 4 + 0] = v.x, a_frag[g * 4 + 1] = v.y, a_frag[g * 4 + 2] = v.z,
+                       a_frag[g * 4 + 3] = v.w;
+      }
+#pragma unroll
+      for (int g = 0; g < TN / 4; ++g) {
+        const float4 v =
+            *reinterpret_cast<const float4*>(&Bs[buffer][kk][g * (BN / (TN / 4)) + tn * 4]);
+        b_frag[g * 4 + 0] = v.x, b_frag[g * 4 + 1] = v.y, b_frag[g * 4 + 2] = v.z,
+                       b_frag[g * 4 + 3] = v.w;
+      }
+#pragma unroll
+      for (int i = 0; i < TM; ++i) {
+#pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a_frag[i], b_frag[j], acc[i][j]);
+      }
+    }
+    if (has_next) {
+      store_shared(buffer ^ 1);
+      __syncthreads();
+      buffer ^= 1;
+    }
+  }
+
+#pragma unroll
+  for (int g = 0; g < TM / 4; ++g) {
+    const int m4 = m0 + g * (BM / (TM / 4)) + tm * 4;  // rows m4..m4+3: acc[g*4 .. g*4+3]
+    if (problem.vector_rows && m4 + 3 < problem.M) {
+      const typename Problem::Out out = problem.out(m4);
+#pragma unroll
+      for (int j = 0; j < TN; ++j) {
+        const int n = n0 + (j / 4) * (BN / (TN / 4)) + tn * 4 + j % 4;
+        const float4 v =
+            make_float4(acc[g * 4][j], acc[g * 4 + 1][j], acc[g * 4 + 2][j], acc[g * 4 + 3][j]);
+        if (n < problem.Ncols) problem.store4(out, n, v, split);
+      }
+      continue;
+    }
+#pragma unroll
+    for (int i = g * 4; i < g * 4 + 4; ++i) {
+      const int m = m4 + i % 4;
+      if (m >= problem.M) continue;
+      const typename Problem::Out out = problem.out(m);
+#pragma unroll
+      for (int j = 0; j < TN; ++j) {
+        const int n = n0 + (j / 4) * (BN / (TN / 4)) + tn * 4 + j % 4;
+        if (n < problem.Ncols) problem.store(out, n, acc[i][j], split);
+      }
+    }
+  }
+}
+
+// ---- reductions: grad_bias and the split backward-weight --------------------
+
+// partial[k, g] = sum of grad_y[n,k,:,:] over the images n of group g.
+__global__ void bias_partial_kernel(float* partial, const float* grad_y, int N, int K, int PQ,
+                                    int images_per_group) {
+  const int k = static_cast<int>(blockIdx.x), group = static_cast<int>(blockIdx.y);
+  const int n_end = min(N, (group + 1) * images_per_group);
+  float total = 0.0f;
+  for (int n = group * images_per_group; n < n_end; ++n) {
+    const float* plane = grad_y + (static_cast<std::int64_t>(n) * K + k) * PQ;  // [P*Q]
+    for (int i = static_cast<int>(threadIdx.x); i < PQ; i += kBlockSize) total += __ldg(plane + i);
+  }
+  __shared__ float warp_sums[kBlockSize / 32];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2)
+    total += __shfl_down_sync(0xffffffffu, total, offset);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = total;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float block_total = 0.0f;
+    for (int w = 0; w < kBlockSize / 32; ++w) block_total += warp_sums[w];
+    partial[k * gridDim.y + group] = block_total;
+  }
+}
+
+// grad_bias[k] += sum_g partial[k, g], in a fixed order.
+__global__ void bias_finish_kernel(float* grad_bias, const float* partial, int K, int groups) {
+  const int k = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (k >= K) return;
+  float total = 0.0f;
+  for (int g = 0; g < groups; ++g) total += partial[k * groups + g];
+  grad_bias[k] += total;
+}
+
+// grad_weight[i] += sum_s partial[s, i], in a fixed order.
+__global__ void split_sum_kernel(float* grad_weight, const float* partial, int count, int splits) {
+  for (int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); i < count;
+       i += static_cast<int>(gridDim.x * blockDim.x)) {
+    float total = 0.0f;
+    for (int s = 0; s < splits; ++s) total += partial[static_cast<std::int64_t>(s) * count + i];
+    grad_weight[i] += total;
+  }
+}
+
+}  // namespace
+
+// ---- launchers ------------------------------------------------------------------
+
+namespace {
+
+int sm_count(int device) {
+  static std::array<std::atomic<int>, 64> cache{};
+  if (device < 0 || device >= 64) device = 0;
+  int count = cache[static_cast<std::size_t>(device)].load(std::memory_order_relaxed);
+  if (count == 0) {
+    TL_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    cache[static_cast<std::size_t>(device)].store(count, std::memory_order_relaxed);
+  }
+  return count;
+}
+
+// Output planes of `plane` floats starting at `out` keep every fourth row 16-byte aligned.
+bool vector_rows_ok(const float* out, int plane) {
+  return plane % 4 == 0 && reinterpret_cast<std::uintptr_t>(out) % 16 == 0;
+}
+
+int ceil_div(std::int64_t a, std::int64_t b) {
+  return static_cast<int>((a + b - 1) / b);
+}
+
+template <class Problem, class T, bool A_ROWS_FAST>
+void launch_gemm(const Problem& problem, int splits, int k_per_split, cudaStream_t stream) {
+  const dim3 grid(ceil_div(problem.M, T::BM), ceil_div(problem.Ncols, T::BN), splits);
+  TL_CHECK(grid.y <= 65535 && grid.z <= 65535, NotSupported,
+           "conv2d: " << problem.Ncols << " GEMM columns need " << grid.y
+                      << " column tiles; the CUDA kernels handle at most 65535");
+  implicit_gemm_kernel<Problem, T, A_ROWS_FAST>
+      <<<grid, T::kThreads, 0, stream>>>(problem, k_per_split);
+  TL_CUDA_CHECK_LAUNCH();
+}
+
+// Forward and backward-data: many rows (pixels), few columns (channels). Tiles
+// are tried from the largest (most reuse of each loaded value) down, no wider than
+// the channels need; the first that gives every SM two blocks is taken, else the
+// smallest (small batches and images: more blocks in flight beat reuse).
+template <class Problem>
+void launch_pixel_rows(const Problem& problem, int sms, cudaStream_t stream) {
+  const int k_all = problem.Kred;
+  auto enough = [&]<class T>() {
+    return std::int64_t{ceil_div(problem.M, T::BM)} * ceil_div(problem.Ncols, T::BN) >= 2 * sms;
+  };
+  using T128x128 = Tile<128, 128, 8, 8, 8>;
+  using T128x64 = Tile<128, 64, 8, 8, 4>;
+  using T64x64 = Tile<64, 64, 8, 4, 4>;
+  using T128x32 = Tile<128, 32, 8, 4, 4>;
+  using T64x32 = Tile<64, 32, 8, 4, 4>;
+  if (problem.Ncols <= 8) {
+    launch_gemm<Problem, Tile<128, 8, 8, 4, 4>, true>(problem, 1, k_all, stream);
+  } else if (problem.Ncols > 64 && enough.template operator()<T128x128>()) {
+    launch_gemm<Problem, T128x128, true>(problem, 1, k_all, stream);
+  } else if (problem.Ncols > 32 && enough.template operator()<T128x64>()) {
+    launch_gemm<Problem, T128x64, true>(problem, 1, k_all, stream);
+  } else if (problem.Ncols > 32 && enough.template operator()<T64x64>()) {
+    launch_gemm<Problem, T64x64, true>(problem, 1, k_all, stream);
+  } else if (problem.Ncols <= 32 && enough.template operator()<T128x32>()) {
+    launch_gemm<Problem, T128x32, true>(problem, 1, k_all, stream);
+  } else {
+    launch_gemm<Problem, T64x32, true>(problem, 1, k_all, stream);
+  }
+}
+
+// Scratch memory from the device's caching allocator, ordered on the stream:
+// freed at once, reused only by later work on the same stream.
+class DeviceScratch {
+ public:
+  DeviceScratch(const Stream& stream, std::size_t bytes)
+      : allocator_(device_allocator(stream.device())),
+        data_(static_cast<float*>(allocator_.allocate(bytes, stream.native_handle()))) {}
+  ~DeviceScratch() { allocator_.deallocate(data_); }
+  DeviceScratch(const DeviceScratch&) = delete;
+  DeviceScratch& operator=(const DeviceScratch&) = delete;
+  float* get() const { return data_; }
+
+ private:
+  Allocator& allocator_;
+  float* data_;
+};
+
+void backward_weight(const Dims& d, float* grad_weight, const float* grad_y, const float* x,
+                     int sms, const Stream& stream) {
+  cudaStream_t s = native(stream);
+  BackwardWeightProblem problem{};
+  problem.d = d;
+  problem.grad_y = grad_y;
+  problem.x = x;
+  problem.grad_weight = grad_weight;
+  problem.partial = nullptr;  // set below when the reduction is split
+  problem.M = d.K, problem.Ncols = d.CRS, problem.Kred = d.N * d.PQ;
+  // Few output tiles and a long reduction: split the reduction so that each SM
+  // gets about 1024 threads' worth of blocks (four 256-thread blocks, or sixteen
+  // of the 64-thread ones that a first layer with K = 32 uses, whose time goes
+  // into loads), each split at least 8 steps long.
+  auto run = [&]<class T>() {
+    const std::int64_t tiles = std::int64_t{ceil_div(d.K, T::BM)} * ceil_div(d.CRS, T::BN);
+    const std::int64_t wanted_blocks = std::int64_t{sms} * std::max(4, 1024 / T::kThreads);
+    const int max_splits = std::max(1, ceil_div(problem.Kred, 8 * T::BK));
+    int splits = static_cast<int>(
+        std::clamp<std::int64_t>((wanted_blocks + tiles - 1) / tiles, 1, max_splits));
+    splits = std::min(splits, 65535);
+    // Whole BK steps per split; recompute the count so that no split is empty.
+    const int k_per_split = ceil_div(ceil_div(problem.Kred, splits), T::BK) * T::BK;
+    splits = ceil_div(problem.Kred, k_per_split);
+    if (splits == 1) {
+      launch_gemm<BackwardWeightProblem, T, false>(problem, 1, k_per_split, s);
+      return;
+    }
+    const int count = d.K * d.CRS;
+    DeviceScratch partial(stream, static_cast<std::size_t>(splits) * count * sizeof(float));
+    problem.partial = partial.get();
+    launch_gemm<BackwardWeightProblem, T, false>(problem, splits, k_per_split, s);
+    split_sum_kernel<<<grid_for(count), kBlockSize, 0, s>>>(grad_weight, partial.get(), count,
+                                                            splits);
+    TL_CUDA_CHECK_LAUNCH();
+  };
+  if (d.K <= 32) {
+    run.template operator()<Tile<32, 32, 16, 4, 4>>();
+  } else if (d.K <= 64) {
+    run.template operator()<Tile<64, 64, 16, 4, 4>>();
+  } else {
+    run.template operator()<Tile<128, 128, 16, 8, 8>>();
+  }
+}
+
+void backward_bias(const Dims& d, float* grad_bias, const float* grad_y, int sms,
+                   const Stream& stream) {
+  cudaStream_t s = native(stream);
+  // Enough (k, image group) blocks to keep every SM reading; one group per image at most.
+  const int groups = std::clamp(ceil_div(4 * sms, d.K), 1, d.N);
+  const int images_per_group = ceil_div(d.N, groups);
+  const int used_groups = ceil_div(d.N, images_per_group);
+  DeviceScratch partial(stream, static_cast<std::size_t>(d.K) * used_groups * sizeof(float));
+  bias_partial_kernel<<<dim3(d.K, used_groups), kBlockSize, 0, s>>>(partial.get(), grad_y, d.N, d.K,
+                                                                    d.PQ, images_per_group);
+  TL_CUDA_CHECK_LAUNCH();
+  bias_finish_kernel<<<ceil_div(d.K, kBlockSize), kBlockSize, 0, s>>>(grad_bias, partial.get(), d.K,
+                                                                      used_groups);
+  TL_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                    const Conv2dShape& shape, const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  const Dims d = make_dims(shape);
+  ForwardProblem problem{};
+  problem.d = d;
+  problem.x = x.data<float>();
+  problem.weight = weight.data<float>();
+  problem.bias = bias.defined() ? bias.data<float>() : nullptr;
+  problem.y = y.data<float>();
+  problem.M = d.N * d.PQ, problem.Ncols = d.K, problem.Kred = d.CRS;
+  problem.vector_rows = vector_rows_ok(problem.y, d.PQ);
+  launch_pixel_rows(problem, sm_count(stream.device().index), native(stream));
+}
+
+void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                     const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                     const Conv2dShape& shape, const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  const Dims d = make_dims(shape);
+  const int sms = sm_count(stream.device().index);
+  if (grad_x.defined()) {
+    BackwardDataProblem problem{};
+    problem.d = d;
+    problem.grad_y = grad_y.data<float>();
+    problem.weight = weight.data<float>();
+    problem.grad_x = grad_x.data<float>();
+    problem.M = d.N * d.HW, problem.Ncols = d.C, problem.Kred = d.K * d.RS;
+    problem.vector_rows = vector_rows_ok(problem.grad_x, d.HW);
+    launch_pixel_rows(problem, sms, native(stream));
+  }
+  if (grad_weight.defined()) {
+    backward_weight(d, grad_weight.data<float>(), grad_y.data<float>(), x.data<float>(), sms,
+                    stream);
+  }
+  if (grad_bias.defined()) {
+    backward_bias(d, grad_bias.data<float>(), grad_y.data<float>(), sms, stream);
+  }
+}
+
+}  // namespace towerlab::cuda

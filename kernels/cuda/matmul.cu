@@ -1,0 +1,274 @@
+// CUDA GEMM (contracts in kernels/matmul.h), float32, checked against the CPU
+// GEMM. towerlab's own kernel is the default; cuBLAS (TF32 off) is the reference
+// and a selectable alternative (set_gemm_backend).
+//
+// The kernel is the classic SIMT tiling: a block of 256 threads computes a
+// 128x128 tile of C, stepping through K 8 at a time. Each step, the block stages
+// an [8 x 128] slice of op(A) and of op(B) in shared memory, k-major, so that a
+// thread reads its 8 values of A and 8 of B for one k with four float4 loads and
+// does 64 FMAs with them (an 8x8 micro-tile of C in registers). The next slice is
+// loaded from global memory into registers while the current one is computed on
+// (double buffering: two shared buffers, one __syncthreads per step). The four
+// transpose cases differ only in how a slice is read from global memory.
+// ptxas for sm_90: 128 registers per thread, no spills, 16.5 KiB of shared memory
+// per block, so two blocks share an SM.
+//
+// Status: written without a GPU at hand. scripts/sim_matmul_kernel.sh runs the
+// kernel's text on the host (every layout, ragged edges, misaligned operands);
+// the CUDA tests and the bench against cuBLAS still have to run on a GPU.
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <utility>
+
+#include "kernels/cuda/launch.cuh"
+#include "kernels/matmul.h"
+
+namespace towerlab::cuda {
+
+namespace {
+
+constexpr int kTileM = 128;  // rows of C per block
+constexpr int kTileN = 128;  // columns of C per block
+constexpr int kTileK = 8;    // K per shared-memory step
+constexpr int kGemmThreads = 256;
+// Rows of the shared slices are padded by 4 floats: the transposing stores (A
+// without transpose, B with) then hit distinct banks, and float4 reads stay
+// 16-byte aligned (132 * 4 bytes = 33 * 16).
+constexpr int kPad = 4;
+
+// One thread's share of a slice: 4 consecutive floats of global memory.
+struct Fragment {
+  float v[4];
+};
+
+// Reads 4 floats at src[0..3] that are valid while `count` > index, zero past it.
+// `vector` says that src is 16-byte aligned (checked by the launcher via the
+// leading dimension and the base pointer) so one float4 load does.
+__device__ __forceinline__ Fragment load4(const float* src, int count, bool vector) {
+  Fragment f;
+  if (vector && count >= 4) {
+    const float4 q = __ldg(reinterpret_cast<const float4*>(src));
+    f.v[0] = q.x;
+    f.v[1] = q.y;
+    f.v[2] = q.z;
+    f.v[3] = q.w;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f.v[e] = e < count ? __ldg(src + e) : 0.0f;
+  }
+  return f;
+}
+
+// Slice of op(X) for k in [k0, k0+8) and the block's 128 rows (A) or columns (B).
+// `contiguous_k` is true when X is stored with k along its rows (A without
+// transpose, B with): the thread reads 4 consecutive k of one row/column, and
+// the store to shared memory transposes. Otherwise it reads 4 consecutive
+// rows/columns of one k.
+template <bool kContiguousK>
+__device__ __forceinline__ Fragment load_slice(const float* x, std::int64_t ld, int extent, int k,
+                                               int base, int k0, bool vector) {
+  const int t = threadIdx.x;
+  if constexpr (kContiguousK) {
+    const int r = base + t / 2, p = k0 + (t % 2) * 4;
+    const int count = r < extent ? k - p : 0;
+    return load4(x + static_cast<std::int64_t>(r) * ld + p, count, vector);
+  } else {
+    const int p = k0 + t / 32, r = base + (t % 32) * 4;
+    const int count = p < k ? extent - r : 0;
+    return load4(x + static_cast<std::int64_t>(p) * ld + r, count, vector);
+  }
+}
+
+template <bool kContiguousK>
+__device__ __forceinline__ void store_slice(float (*slice)[kTileM + kPad], const Fragment& f) {
+  const int t = threadIdx.x;
+  if constexpr (kContiguousK) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) slice[(t % 2) * 4 + e][t / 2] = f.v[e];
+  } else {
+    *reinterpret_cast<float4*>(&slice[t / 32][(t % 32) * 4]) =
+        make_float4(f.v[0], f.v[1], f.v[2], f.v[3]);
+  }
+}
+
+// C[m0:m0+128, n0:n0+128] = alpha * op(A) op(B) + beta * C for one block.
+// Thread (ty, tx) of 16x16 owns rows ty*4 + {0..3, 64..67} and columns
+// tx*4 + {0..3, 64..67}: split in two halves so that a warp's float4 reads of a
+// shared slice cover contiguous addresses.
+template <bool kTransposeA, bool kTransposeB>
+__global__ void __launch_bounds__(kGemmThreads, 2)
+    gemm_kernel(int m, int n, int k, float alpha, const float* __restrict__ a, std::int64_t lda,
+                const float* __restrict__ b, std::int64_t ldb, float beta, float* __restrict__ c,
+                std::int64_t ldc, bool vector_a, bool vector_b, bool vector_c) {
+  __shared__ __align__(16) float slice_a[2][kTileK][kTileM + kPad];  // [k][m]
+  __shared__ __align__(16) float slice_b[2][kTileK][kTileN + kPad];  // [k][n]
+  constexpr bool kAContiguousK = !kTransposeA;                       // A [M,K]: k runs along rows
+  constexpr bool kBContiguousK = kTransposeB;                        // B [N,K]: k runs along rows
+  const int m0 = blockIdx.y * kTileM, n0 = blockIdx.x * kTileN;
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+
+  float acc[8][8] = {};
+  Fragment next_a = load_slice<kAContiguousK>(a, lda, m, k, m0, 0, vector_a);
+  Fragment next_b = load_slice<kBContiguousK>(b, ldb, n, k, n0, 0, vector_b);
+  store_slice<kAContiguousK>(slice_a[0], next_a);
+  store_slice<kBContiguousK>(slice_b[0], next_b);
+  __syncthreads();
+
+  const int steps = (k + kTileK - 1) / kTileK;
+  for (int step = 0; step < steps; ++step) {
+    const int buf = step & 1;
+    const bool more = step + 1 < steps;
+    if (more) {  // global loads in flight while this step computes
+      next_a = load_slice<kAContiguousK>(a, lda, m, k, m0, (step + 1) * kTileK, vector_a);
+      next_b = load_slice<kBContiguousK>(b, ldb, n, k, n0, (step + 1) * kTileK, vector_b);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kTileK; ++kk) {
+      float av[8], bv[8];
+      const float4 a_lo = *reinterpret_cast<const float4*>(&slice_a[buf][kk][ty * 4]);
+      const float4 a_hi = *reinterpret_cast<const float4*>(&slice_a[buf][kk][ty * 4 + 64]);
+      const float4 b_lo = *reinterpret_cast<const float4*>(&slice_b[buf][kk][tx * 4]);
+      const float4 b_hi = *reinterpret_cast<const float4*>(&slice_b[buf][kk][tx * 4 + 64]);
+      av[0] = a_lo.x, av[1] = a_lo.y, av[2] = a_lo.z, av[3] = a_lo.w;
+      av[4] = a_hi.x, av[5] = a_hi.y, av[6] = a_hi.z, av[7] = a_hi.w;
+      bv[0] = b_lo.x, bv[1] = b_lo.y, bv[2] = b_lo.z, bv[3] = b_lo.w;
+      bv[4] = b_hi.x, bv[5] = b_hi.y, bv[6] = b_hi.z, bv[7] = b_hi.w;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+      }
+    }
+    if (more) {
+      // The other buffer was last read in step - 1, which every thread has
+      // finished: it passed the __syncthreads at the end of that step.
+      store_slice<kAContiguousK>(slice_a[buf ^ 1], next_a);
+      store_slice<kBContiguousK>(slice_b[buf ^ 1], next_b);
+    }
+    __syncthreads();
+  }
+
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int row = m0 + ty * 4 + (i % 4) + (i / 4) * 64;
+    if (row >= m) continue;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int col = n0 + tx * 4 + half * 64;
+      float* out = c + static_cast<std::int64_t>(row) * ldc + col;
+      const float* v = &acc[i][half * 4];
+      if (vector_c && col + 4 <= n) {
+        float4 r = make_float4(alpha * v[0], alpha * v[1], alpha * v[2], alpha * v[3]);
+        if (beta != 0.0f) {  // beta == 0 must not read C (it may hold NaN)
+          const float4 old = *reinterpret_cast<const float4*>(out);
+          r.x += beta * old.x, r.y += beta * old.y, r.z += beta * old.z, r.w += beta * old.w;
+        }
+        *reinterpret_cast<float4*>(out) = r;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (col + e < n) out[e] = beta == 0.0f ? alpha * v[e] : alpha * v[e] + beta * out[e];
+        }
+      }
+    }
+  }
+}
+
+bool aligned16(const void* p, std::int64_t ld) {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0 && ld % 4 == 0;
+}
+
+void gemm_towerlab(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,
+                   const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
+                   float* c, std::int64_t ldc, cudaStream_t stream) {
+  const dim3 grid((n + kTileN - 1) / kTileN, (m + kTileM - 1) / kTileM);
+  TL_CHECK(grid.y <= 65535, InvalidArgument,
+           "gemm: M = " << m << " needs more than 65535 row tiles; split the product");
+  const bool va = aligned16(a, lda), vb = aligned16(b, ldb), vc = aligned16(c, ldc);
+#define TL_GEMM_LAUNCH(TA, TB)                                                                    \
+  gemm_kernel<TA, TB><<<grid, kGemmThreads, 0, stream>>>(m, n, k, alpha, a, lda, b, ldb, beta, c, \
+                                                         ldc, va, vb, vc)
+  if (!transpose_a && !transpose_b) TL_GEMM_LAUNCH(false, false);
+  if (!transpose_a && transpose_b) TL_GEMM_LAUNCH(false, true);
+  if (transpose_a && !transpose_b) TL_GEMM_LAUNCH(true, false);
+  if (transpose_a && transpose_b) TL_GEMM_LAUNCH(true, true);
+#undef TL_GEMM_LAUNCH
+  TL_CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------
+// cuBLAS: one handle per (thread, device, stream). A handle is then never used
+// by two threads at once (cuBLAS handles are not thread-safe), and each stream
+// has its own workspace. Handles live until their thread exits.
+
+class CublasHandle {
+ public:
+  explicit CublasHandle(cudaStream_t stream) {
+    TL_CUBLAS_CHECK(cublasCreate(&handle_));
+    // FP32 as FP32: no TF32 tensor-core shortcut, so cuBLAS computes what our kernel does.
+    TL_CUBLAS_CHECK(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH));
+    TL_CUBLAS_CHECK(cublasSetStream(handle_, stream));
+  }
+  ~CublasHandle() {
+    if (cublasDestroy(handle_) != CUBLAS_STATUS_SUCCESS) {
+      detail::log_cuda_error("cublasDestroy(handle_)", "cuBLAS error", __FILE__, __LINE__);
+    }
+  }
+  CublasHandle(const CublasHandle&) = delete;
+  CublasHandle& operator=(const CublasHandle&) = delete;
+  cublasHandle_t get() const { return handle_; }
+
+ private:
+  cublasHandle_t handle_ = nullptr;
+};
+
+cublasHandle_t cublas_handle(int device, cudaStream_t stream) {
+  thread_local std::map<std::pair<int, cudaStream_t>, std::unique_ptr<CublasHandle>> handles;
+  auto& slot = handles[{device, stream}];
+  if (!slot) slot = std::make_unique<CublasHandle>(stream);
+  return slot->get();
+}
+
+void gemm_cublas(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,
+                 const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
+                 float* c, std::int64_t ldc, int device, cudaStream_t stream) {
+  TL_CHECK(lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX, InvalidArgument,
+           "gemm: leading dimensions above INT_MAX are not supported by cuBLAS");
+  // cuBLAS is column-major: a row-major C [M,N] is a column-major C^T [N,M], and
+  // C^T = op(B)^T op(A)^T, so swap the operands and the dimensions.
+  // With K = 0 an operand is [M,0] and its leading dimension 0, which cuBLAS
+  // rejects although it reads nothing: 1 is as good.
+  lda = std::max<std::int64_t>(lda, 1);
+  ldb = std::max<std::int64_t>(ldb, 1);
+  const cublasOperation_t op_a = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  TL_CUBLAS_CHECK(cublasSgemm(cublas_handle(device, stream), op_b, op_a, n, m, k, &alpha, b,
+                              static_cast<int>(ldb), a, static_cast<int>(lda), &beta, c,
+                              static_cast<int>(ldc)));
+}
+
+}  // namespace
+
+void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k,
+          float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+          float beta, float* c, std::int64_t ldc, const Stream& stream) {
+  if (m <= 0 || n <= 0) return;
+  TL_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX, InvalidArgument,
+           "gemm: dimensions " << m << "x" << n << "x" << k << " exceed INT_MAX");
+  CudaDeviceGuard guard(stream.device().index);
+  if (gemm_backend() == GemmBackend::Cublas) {
+    gemm_cublas(transpose_a, transpose_b, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), alpha, a, lda, b, ldb, beta, c, ldc, stream.device().index,
+                native(stream));
+  } else {
+    gemm_towerlab(transpose_a, transpose_b, static_cast<int>(m), static_cast<int>(n),
+                  static_cast<int>(k), alpha, a, lda, b, ldb, beta, c, ldc, native(stream));
+  }
+}
+
+}  // namespace towerlab::cuda

@@ -1,0 +1,376 @@
+// conv2d forward and backward on every backend: hand-computed cases, a naive
+// seven-loop reference on odd shapes (1x1 and 5x5 kernels, ragged strided
+// borders, dilation, C = 1, prime K, shapes that are not multiples of the CUDA
+// tiles), accumulation into sentinel-filled gradients, empty batches, rejected
+// shapes, and float64 gradient checks on the CPU.
+#include <cmath>
+#include <string>
+
+#include "gradcheck.h"
+#include "kernels/conv2d.h"
+#include "test_util.h"
+
+namespace towerlab::testing {
+namespace {
+
+struct ConvCase {
+  std::string name;
+  std::int64_t N, C, H, W, K, R, S;
+  Conv2dParams params;
+  bool bias = true;
+
+  Shape x_shape() const { return {N, C, H, W}; }
+  Shape w_shape() const { return {K, C, R, S}; }
+  Shape y_shape() const { return conv2d_output_shape(x_shape(), w_shape(), params); }
+};
+
+Conv2dParams make_params(std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_h,
+                         std::int64_t pad_w, std::int64_t dilation_h = 1,
+                         std::int64_t dilation_w = 1) {
+  return {stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w};
+}
+
+std::vector<ConvCase> odd_cases() {
+  return {
+      {"1x1", 3, 4, 5, 7, 5, 1, 1, make_params(1, 1, 0, 0)},
+      {"1x1_stride2_pad1", 2, 3, 6, 5, 4, 1, 1, make_params(2, 2, 1, 1), false},
+      {"5x5_pad2", 1, 3, 11, 9, 7, 5, 5, make_params(1, 1, 2, 2)},
+      {"5x5_no_pad_no_bias", 3, 2, 9, 8, 3, 5, 5, make_params(1, 1, 0, 0), false},
+      {"3x3_stride2_ragged", 3, 3, 10, 9, 5, 3, 3, make_params(2, 2, 1, 1)},
+      {"3x5_stride2x1_pad0x2", 2, 2, 9, 7, 3, 3, 5, make_params(2, 1, 0, 2)},
+      {"3x3_dilation2", 2, 3, 9, 8, 5, 3, 3, make_params(1, 1, 2, 2, 2, 2)},
+      {"3x3_stride3_dilation2", 1, 2, 13, 11, 3, 3, 3, make_params(3, 3, 1, 0, 2, 2)},
+      {"C1_K32", 3, 1, 28, 28, 32, 3, 3, make_params(1, 1, 1, 1)},
+      {"K_prime_13", 3, 2, 7, 7, 13, 3, 3, make_params(1, 1, 1, 1)},
+      {"batch1_odd", 1, 5, 13, 15, 11, 3, 3, make_params(1, 1, 1, 1), false},
+      {"tiles_ragged", 5, 19, 17, 17, 67, 3, 3, make_params(1, 1, 1, 1)},
+      {"C32_K64_14x14", 2, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)},
+      {"C67_K130_stride2", 2, 67, 9, 9, 130, 3, 3, make_params(2, 2, 1, 1)},
+  };
+}
+
+// x at (n, c, h, w), zero in the padding.
+double at(const std::vector<double>& x, const ConvCase& k, std::int64_t n, std::int64_t c,
+          std::int64_t h, std::int64_t w) {
+  if (h < 0 || h >= k.H || w < 0 || w >= k.W) return 0.0;
+  return x[static_cast<std::size_t>(((n * k.C + c) * k.H + h) * k.W + w)];
+}
+
+// The naive seven-loop convolution, in double. Also gives the three gradients of
+// L = sum(grad_y * y) by walking the same loops (scattering instead of gathering).
+struct Reference {
+  std::vector<double> y, grad_x, grad_w, grad_b;
+};
+
+Reference reference(const ConvCase& k, const std::vector<double>& x, const std::vector<double>& w,
+                    const std::vector<double>& b, const std::vector<double>& grad_y) {
+  const Shape ys = k.y_shape();
+  const std::int64_t P = ys[2], Q = ys[3];
+  const Conv2dParams& p = k.params;
+  Reference ref;
+  ref.y.assign(static_cast<std::size_t>(numel_of(ys)), 0.0);
+  ref.grad_x.assign(x.size(), 0.0);
+  ref.grad_w.assign(w.size(), 0.0);
+  ref.grad_b.assign(static_cast<std::size_t>(k.K), 0.0);
+  for (std::int64_t n = 0; n < k.N; ++n) {
+    for (std::int64_t o = 0; o < k.K; ++o) {
+      for (std::int64_t op = 0; op < P; ++op) {
+        for (std::int64_t oq = 0; oq < Q; ++oq) {
+          const auto yi = static_cast<std::size_t>(((n * k.K + o) * P + op) * Q + oq);
+          double acc = k.bias ? b[static_cast<std::size_t>(o)] : 0.0;
+          const double g = grad_y.empty() ? 0.0 : grad_y[yi];
+          ref.grad_b[static_cast<std::size_t>(o)] += g;
+          for (std::int64_t c = 0; c < k.C; ++c) {
+            for (std::int64_t r = 0; r < k.R; ++r) {
+              for (std::int64_t s = 0; s < k.S; ++s) {
+                const std::int64_t h = op * p.stride_h - p.pad_h + r * p.dilation_h;
+                const std::int64_t ww = oq * p.stride_w - p.pad_w + s * p.dilation_w;
+                const auto wi = static_cast<std::size_t>(((o * k.C + c) * k.R + r) * k.S + s);
+                acc += w[wi] * at(x, k, n, c, h, ww);
+                ref.grad_w[wi] += g * at(x, k, n, c, h, ww);
+                if (h >= 0 && h < k.H && ww >= 0 && ww < k.W) {
+                  ref.grad_x[static_cast<std::size_t>(((n * k.C + c) * k.H + h) * k.W + ww)] +=
+                      g * w[wi];
+                }
+              }
+            }
+          }
+          ref.y[yi] = acc;
+        }
+      }
+    }
+  }
+  return ref;
+}
+
+std::vector<double> widen(const std::vector<float>& v) {
+  return {v.begin(), v.end()};
+}
+std::vector<float> narrow(const std::vector<double>& v) {
+  return {v.begin(), v.end()};
+}
+std::vector<float> plus(std::vector<float> a, const std::vector<double>& b) {
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] += static_cast<float>(b[i]);
+  return a;
+}
+
+class Conv2dTest : public BackendTest {};
+TL_INSTANTIATE_BACKENDS(Conv2dTest);
+
+TEST_P(Conv2dTest, HandComputedPaddedForward) {
+  // x = [1 2; 3 4], weight = [1 2; 3 4], padding 1: every overlap of the two grids.
+  Tensor x = make({1, 2, 3, 4}, {1, 1, 2, 2});
+  Tensor w = make({1, 2, 3, 4}, {1, 1, 2, 2});
+  Tensor b = make({1}, {1});
+  Tensor y = Tensor::empty({1, 1, 3, 3}, stream());
+  conv2d_forward(y, x, w, b, make_params(1, 1, 1, 1), stream());
+  EXPECT_EQ(host(y), (std::vector<float>{5, 12, 7, 15, 31, 15, 7, 12, 5}));
+}
+
+TEST_P(Conv2dTest, HandComputedStridedForward) {
+  std::vector<float> values(16);
+  for (int i = 0; i < 16; ++i) values[static_cast<std::size_t>(i)] = static_cast<float>(i);
+  Tensor x = make(values, {1, 1, 4, 4});
+  Tensor w = make({2}, {1, 1, 1, 1});
+  Tensor y = Tensor::empty({1, 1, 2, 2}, stream());
+  conv2d_forward(y, x, w, Tensor(), make_params(2, 2, 0, 0), stream());
+  EXPECT_EQ(host(y), (std::vector<float>{0, 4, 16, 20}));
+}
+
+TEST_P(Conv2dTest, HandComputedBackwardAccumulates) {
+  // With grad_y = 1 everywhere each input pixel meets every kernel tap once and
+  // each tap meets every pixel once: grad_x = sum(w), grad_w = sum(x), grad_b = 9.
+  Tensor x = make({1, 2, 3, 4}, {1, 1, 2, 2});
+  Tensor w = make({1, 2, 3, 4}, {1, 1, 2, 2});
+  Tensor grad_y = make(std::vector<float>(9, 1.0f), {1, 1, 3, 3});
+  Tensor grad_x = make({10, 10, 10, 10}, {1, 1, 2, 2});  // sentinels: must be added to
+  Tensor grad_w = make({-1, -1, -1, -1}, {1, 1, 2, 2});
+  Tensor grad_b = make({100}, {1});
+  conv2d_backward(grad_x, grad_w, grad_b, grad_y, x, w, make_params(1, 1, 1, 1), stream());
+  EXPECT_EQ(host(grad_x), (std::vector<float>{20, 20, 20, 20}));
+  EXPECT_EQ(host(grad_w), (std::vector<float>{9, 9, 9, 9}));
+  EXPECT_EQ(host(grad_b), (std::vector<float>{109}));
+}
+
+TEST_P(Conv2dTest, MatchesNaiveReferenceOnOddShapes) {
+  unsigned seed = 100;
+  for (const ConvCase& k : odd_cases()) {
+    SCOPED_TRACE(k.name);
+    const Shape ys = k.y_shape();
+    const auto xv = random_values(static_cast<std::size_t>(numel_of(k.x_shape())), ++seed);
+    const auto wv = random_values(static_cast<std::size_t>(numel_of(k.w_shape())), ++seed);
+    const auto bv = random_values(static_cast<std::size_t>(k.K), ++seed);
+    const auto gv = random_values(static_cast<std::size_t>(numel_of(ys)), ++seed);
+    const Reference ref = reference(k, widen(xv), widen(wv), widen(bv), widen(gv));
+
+    Tensor x = make(xv, k.x_shape()), w = make(wv, k.w_shape());
+    Tensor b = k.bias ? make(bv, {k.K}) : Tensor();
+    Tensor y = make(std::vector<float>(static_cast<std::size_t>(numel_of(ys)), 7.0f), ys);
+    conv2d_forward(y, x, w, b, k.params, stream());
+    EXPECT_TRUE(all_close(host(y), narrow(ref.y), 1e-4, 1e-4));
+
+    // Sentinel-filled gradients: the backward must add to them.
+    const auto sx = random_values(xv.size(), ++seed), sw = random_values(wv.size(), ++seed);
+    const auto sb = random_values(bv.size(), ++seed);
+    Tensor grad_x = make(sx, k.x_shape()), grad_w = make(sw, k.w_shape());
+    Tensor grad_b = make(sb, {k.K});
+    conv2d_backward(grad_x, grad_w, grad_b, make(gv, ys), x, w, k.params, stream());
+    EXPECT_TRUE(all_close(host(grad_x), plus(sx, ref.grad_x), 1e-4, 1e-4)) << "grad_x";
+    EXPECT_TRUE(all_close(host(grad_w), plus(sw, ref.grad_w), 2e-4, 1e-4)) << "grad_weight";
+    EXPECT_TRUE(all_close(host(grad_b), plus(sb, ref.grad_b), 2e-4, 1e-4)) << "grad_bias";
+  }
+}
+
+TEST_P(Conv2dTest, WritesThroughUnalignedViews) {
+  // Outputs that start one float into their storage: the CUDA kernels must fall
+  // back from 16-byte vector stores.
+  const ConvCase k{"", 2, 3, 8, 8, 5, 3, 3, make_params(1, 1, 1, 1)};
+  const Shape ys = k.y_shape();
+  const auto xv = random_values(static_cast<std::size_t>(numel_of(k.x_shape())), 31);
+  const auto wv = random_values(static_cast<std::size_t>(numel_of(k.w_shape())), 32);
+  const auto bv = random_values(5, 33);
+  const auto gv = random_values(static_cast<std::size_t>(numel_of(ys)), 34);
+  const Reference ref = reference(k, widen(xv), widen(wv), widen(bv), widen(gv));
+  Tensor x = make(xv, k.x_shape()), w = make(wv, k.w_shape()), b = make(bv, {5});
+  Tensor y_storage = Tensor::zeros({numel_of(ys) + 1}, stream());
+  Tensor y = y_storage.view(1, ys);
+  conv2d_forward(y, x, w, b, k.params, stream());
+  EXPECT_TRUE(all_close(host(y), narrow(ref.y), 1e-4, 1e-4));
+  Tensor gx_storage = Tensor::zeros({numel_of(k.x_shape()) + 1}, stream());
+  Tensor grad_x = gx_storage.view(1, k.x_shape());
+  conv2d_backward(grad_x, Tensor(), Tensor(), make(gv, ys), x, w, k.params, stream());
+  EXPECT_TRUE(all_close(host(grad_x), narrow(ref.grad_x), 1e-4, 1e-4));
+}
+
+// Shapes big enough for the CUDA kernels' largest tiles and split reductions on a
+// full GPU (pixel rows in the tens of thousands), checked against the CPU backend.
+TEST_P(Conv2dTest, CudaMatchesCpuOnLargeLayers) {
+  if (device().is_cpu()) GTEST_SKIP() << "compares the CUDA kernels with the CPU backend";
+  const Stream& cpu = default_stream(Device::cpu());
+  const std::vector<ConvCase> cases = {
+      {"C40_K96_64x64", 9, 40, 64, 64, 96, 3, 3, make_params(1, 1, 1, 1)},
+      {"C5_K64_110x110", 3, 5, 110, 110, 64, 3, 3, make_params(1, 1, 1, 1)},
+      {"fashion2_b128", 128, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)},
+      {"fashion1_b128", 128, 1, 28, 28, 32, 3, 3, make_params(1, 1, 1, 1)},
+  };
+  unsigned seed = 500;
+  for (const ConvCase& k : cases) {
+    SCOPED_TRACE(k.name);
+    const Shape ys = k.y_shape();
+    const auto xv = random_values(static_cast<std::size_t>(numel_of(k.x_shape())), ++seed);
+    const auto wv = random_values(static_cast<std::size_t>(numel_of(k.w_shape())), ++seed);
+    const auto bv = random_values(static_cast<std::size_t>(k.K), ++seed);
+    const auto gv = random_values(static_cast<std::size_t>(numel_of(ys)), ++seed);
+    auto run = [&](const Stream& on) {
+      auto put = [&](const std::vector<float>& v, const Shape& shape) {
+        return Tensor::from_host<float>(v, shape, on);
+      };
+      Tensor x = put(xv, k.x_shape()), w = put(wv, k.w_shape()), b = put(bv, {k.K});
+      Tensor y = Tensor::empty(ys, on), grad_y = put(gv, ys);
+      Tensor grad_x = Tensor::zeros(k.x_shape(), on), grad_w = Tensor::zeros(k.w_shape(), on);
+      Tensor grad_b = Tensor::zeros({k.K}, on);
+      conv2d_forward(y, x, w, b, k.params, on);
+      conv2d_backward(grad_x, grad_w, grad_b, grad_y, x, w, k.params, on);
+      return std::vector<std::vector<float>>{y.to_host<float>(on), grad_x.to_host<float>(on),
+                                             grad_w.to_host<float>(on), grad_b.to_host<float>(on)};
+    };
+    const auto expected = run(cpu);
+    const auto actual = run(stream());
+    EXPECT_TRUE(all_close(actual[0], expected[0], 1e-4, 1e-4)) << "y";
+    EXPECT_TRUE(all_close(actual[1], expected[1], 1e-4, 1e-4)) << "grad_x";
+    // Sums over up to 10^5 terms: float rounding differs between the two orders.
+    EXPECT_TRUE(all_close(actual[2], expected[2], 2e-3, 1e-4)) << "grad_weight";
+    EXPECT_TRUE(all_close(actual[3], expected[3], 2e-3, 1e-4)) << "grad_bias";
+  }
+}
+
+TEST_P(Conv2dTest, ComputesOnlyRequestedGradients) {
+  const ConvCase k{"", 2, 3, 6, 6, 4, 3, 3, make_params(1, 1, 1, 1)};
+  const auto xv = random_values(static_cast<std::size_t>(numel_of(k.x_shape())), 1);
+  const auto wv = random_values(static_cast<std::size_t>(numel_of(k.w_shape())), 2);
+  const auto gv = random_values(static_cast<std::size_t>(numel_of(k.y_shape())), 3);
+  const Reference ref = reference(k, widen(xv), widen(wv), std::vector<double>(4, 0.0), widen(gv));
+  Tensor x = make(xv, k.x_shape()), w = make(wv, k.w_shape()), grad_y = make(gv, k.y_shape());
+
+  Tensor grad_w = Tensor::zeros(k.w_shape(), stream());
+  conv2d_backward(Tensor(), grad_w, Tensor(), grad_y, x, w, k.params, stream());
+  EXPECT_TRUE(all_close(host(grad_w), narrow(ref.grad_w), 1e-4, 1e-4));
+
+  Tensor grad_x = Tensor::zeros(k.x_shape(), stream());
+  conv2d_backward(grad_x, Tensor(), Tensor(), grad_y, x, w, k.params, stream());
+  EXPECT_TRUE(all_close(host(grad_x), narrow(ref.grad_x), 1e-4, 1e-4));
+
+  Tensor grad_b = Tensor::zeros({4}, stream());
+  conv2d_backward(Tensor(), Tensor(), grad_b, grad_y, x, w, k.params, stream());
+  EXPECT_TRUE(all_close(host(grad_b), narrow(ref.grad_b), 1e-4, 1e-4));
+}
+
+TEST_P(Conv2dTest, EmptyBatchIsANoOp) {
+  Tensor x = Tensor::zeros({0, 3, 5, 5}, stream());
+  Tensor w = make(random_values(4 * 3 * 9, 5), {4, 3, 3, 3});
+  Tensor y = Tensor::zeros({0, 4, 5, 5}, stream());
+  conv2d_forward(y, x, w, Tensor(), make_params(1, 1, 1, 1), stream());
+  Tensor grad_w = make(std::vector<float>(4 * 3 * 9, 3.0f), {4, 3, 3, 3});
+  Tensor grad_b = make({1, 2, 3, 4}, {4});
+  Tensor grad_x = Tensor::zeros({0, 3, 5, 5}, stream());
+  conv2d_backward(grad_x, grad_w, grad_b, y, x, w, make_params(1, 1, 1, 1), stream());
+  EXPECT_EQ(host(grad_w), std::vector<float>(4 * 3 * 9, 3.0f));
+  EXPECT_EQ(host(grad_b), (std::vector<float>{1, 2, 3, 4}));
+}
+
+TEST_P(Conv2dTest, RejectsBadShapesWithClearMessages) {
+  Tensor x = Tensor::zeros({2, 3, 8, 8}, stream());
+  Tensor w = Tensor::zeros({32, 1, 3, 3}, stream());
+  Tensor y = Tensor::zeros({2, 32, 8, 8}, stream());
+  EXPECT_THROW_WITH(conv2d_forward(y, x, w, Tensor(), make_params(1, 1, 1, 1), stream()),
+                    ShapeError,
+                    "conv2d: input has 3 channels but weight expects 1 (input float32[2,3,8,8], "
+                    "weight float32[32,1,3,3])");
+
+  Tensor small = Tensor::zeros({1, 1, 4, 4}, stream());
+  Tensor w5 = Tensor::zeros({1, 1, 5, 5}, stream());
+  EXPECT_THROW_WITH(conv2d_forward(y, small, w5, Tensor(), {}, stream()), ShapeError,
+                    "conv2d: kernel 5x5 is larger than the padded input 4x4");
+  Tensor w3 = Tensor::zeros({1, 1, 3, 3}, stream());
+  EXPECT_THROW_WITH(conv2d_forward(y, small, w3, Tensor(), make_params(1, 1, 0, 0, 2, 2), stream()),
+                    ShapeError,
+                    "conv2d: kernel 3x3 (dilated to 5x5) is larger than the padded input 4x4");
+  EXPECT_THROW_WITH(conv2d_forward(y, small, w3, Tensor(), make_params(0, 1, 1, 1), stream()),
+                    InvalidArgument, "conv2d: stride must be positive, got 0x1");
+  EXPECT_THROW_WITH(conv2d_forward(y, small, w3, Tensor(), make_params(1, 1, -1, 0), stream()),
+                    InvalidArgument, "conv2d: padding must not be negative");
+
+  Tensor y_wrong = Tensor::zeros({1, 1, 3, 3}, stream());
+  EXPECT_THROW_WITH(conv2d_forward(y_wrong, small, w3, Tensor(), {}, stream()), ShapeError,
+                    "conv2d_forward: y is float32[1,1,3,3] but should be [1,1,2,2]");
+  Tensor y_ok = Tensor::zeros({1, 1, 2, 2}, stream());
+  Tensor bias_wrong = Tensor::zeros({2}, stream());
+  EXPECT_THROW_WITH(conv2d_forward(y_ok, small, w3, bias_wrong, {}, stream()), ShapeError,
+                    "conv2d_forward: bias is float32[2] but should be [1]");
+  Tensor flat = Tensor::zeros({16}, stream());
+  EXPECT_THROW_WITH(conv2d_forward(y_ok, flat, w3, Tensor(), {}, stream()), ShapeError,
+                    "conv2d: input must be 4-D [N,C,H,W] but is float32[16]");
+
+  Tensor grad_w_wrong = Tensor::zeros({1, 1, 2, 2}, stream());
+  EXPECT_THROW_WITH(
+      conv2d_backward(Tensor(), grad_w_wrong, Tensor(), y_ok, small, w3, {}, stream()), ShapeError,
+      "conv2d_backward: grad_weight is float32[1,1,2,2] but should be [1,1,3,3]");
+  EXPECT_THROW_WITH(conv2d_backward(Tensor(), Tensor(), Tensor(), y_wrong, small, w3, {}, stream()),
+                    ShapeError,
+                    "conv2d_backward: grad_y is float32[1,1,3,3] but should be [1,1,2,2]");
+}
+
+TEST(Conv2dShape, OutputShapeFollowsTheFormula) {
+  EXPECT_EQ(conv2d_output_shape({128, 1, 28, 28}, {32, 1, 3, 3}, make_params(1, 1, 1, 1)),
+            (Shape{128, 32, 28, 28}));
+  EXPECT_EQ(conv2d_output_shape({2, 3, 10, 9}, {5, 3, 3, 3}, make_params(2, 2, 1, 1)),
+            (Shape{2, 5, 5, 5}));
+  EXPECT_EQ(conv2d_output_shape({1, 1, 9, 8}, {1, 1, 3, 3}, make_params(1, 1, 2, 2, 2, 2)),
+            (Shape{1, 1, 9, 8}));
+  EXPECT_THROW_WITH(conv2d_output_shape({1, 3, 8, 8}, {4, 2, 3, 3}, {}), ShapeError,
+                    "conv2d: input has 3 channels but weight expects 2 (input [1,3,8,8], weight "
+                    "[4,2,3,3])");
+}
+
+TEST(Conv2dShape, CudaRejectsFloat64) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  Stream stream(Device::cuda(0));
+  Tensor x = Tensor::zeros({1, 1, 4, 4}, stream, DType::Float64);
+  Tensor w = Tensor::zeros({1, 1, 3, 3}, stream, DType::Float64);
+  Tensor y = Tensor::zeros({1, 1, 2, 2}, stream, DType::Float64);
+  EXPECT_THROW_WITH(conv2d_forward(y, x, w, Tensor(), {}, stream), NotSupported,
+                    "float32 kernels only");
+}
+
+// Central differences of L = sum(g * conv2d(x, w, b)) against the backward, in float64.
+void expect_gradients_match(const ConvCase& k) {
+  SCOPED_TRACE(k.name);
+  const Stream& cpu = default_stream(Device::cpu());
+  const Shape ys = k.y_shape();
+  Tensor x = random_double_tensor(k.x_shape(), 21);
+  Tensor w = random_double_tensor(k.w_shape(), 22);
+  Tensor b = random_double_tensor({k.K}, 23);
+  Tensor g = random_double_tensor(ys, 24);
+  auto loss = [&](const std::vector<Tensor>& in) {
+    Tensor y = Tensor::empty(ys, cpu, DType::Float64);
+    conv2d_forward(y, in[0], in[1], in[2], k.params, cpu);
+    return weighted_sum(g, y);
+  };
+  Tensor grad_x = Tensor::zeros(k.x_shape(), cpu, DType::Float64);
+  Tensor grad_w = Tensor::zeros(k.w_shape(), cpu, DType::Float64);
+  Tensor grad_b = Tensor::zeros({k.K}, cpu, DType::Float64);
+  conv2d_backward(grad_x, grad_w, grad_b, g, x, w, k.params, cpu);
+  EXPECT_TRUE(check_gradient(loss, {x, w, b}, {grad_x, grad_w, grad_b}));
+}
+
+TEST(Conv2dGradient, MatchesCentralDifferences) {
+  expect_gradients_match({"3x3_pad1", 2, 3, 5, 6, 4, 3, 3, make_params(1, 1, 1, 1)});
+  expect_gradients_match({"3x3_stride2_ragged", 2, 2, 8, 7, 3, 3, 3, make_params(2, 2, 1, 1)});
+  expect_gradients_match({"1x1", 2, 3, 4, 5, 2, 1, 1, make_params(1, 1, 0, 0)});
+  expect_gradients_match({"5x5_pad2", 1, 2, 6, 7, 3, 5, 5, make_params(1, 1, 2, 2)});
+  expect_gradients_match(
+      {"3x2_dilation2_stride2x1", 2, 2, 9, 8, 3, 3, 2, make_params(2, 1, 1, 0, 2, 2)});
+}
+
+}  // namespace
+}  // namespace towerlab::testing

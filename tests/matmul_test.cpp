@@ -1,0 +1,380 @@
+// matmul on every backend: a hand-computed case, all four transpose layouts
+// against a double-precision triple loop on odd and large shapes, alpha/beta
+// semantics, empty products, shape errors, the raw gemm entry points with padded
+// leading dimensions, every CPU micro-kernel, and the gradients in float64.
+#include <cmath>
+#include <limits>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "engine/thread_pool.h"
+#include "gradcheck.h"
+#include "kernels/matmul.h"
+#include "test_util.h"
+
+namespace towerlab::testing {
+namespace {
+
+struct Dims {
+  std::int64_t m, n, k;
+};
+
+// Stored shapes of A and B for op(A) [m,k], op(B) [k,n].
+Shape a_shape(const Dims& d, bool transpose_a) {
+  return transpose_a ? Shape{d.k, d.m} : Shape{d.m, d.k};
+}
+Shape b_shape(const Dims& d, bool transpose_b) {
+  return transpose_b ? Shape{d.n, d.k} : Shape{d.k, d.n};
+}
+
+// C = alpha op(A) op(B) + beta C with a triple loop in double (beta == 0 ignores C).
+std::vector<float> reference(const std::vector<float>& a, const std::vector<float>& b,
+                             const std::vector<float>& c, const Dims& d, bool transpose_a,
+                             bool transpose_b, double alpha, double beta) {
+  std::vector<float> out(static_cast<std::size_t>(d.m * d.n));
+  for (std::int64_t i = 0; i < d.m; ++i) {
+    for (std::int64_t j = 0; j < d.n; ++j) {
+      double sum = 0.0;
+      for (std::int64_t p = 0; p < d.k; ++p) {
+        const double x = transpose_a ? a[p * d.m + i] : a[i * d.k + p];
+        const double y = transpose_b ? b[j * d.k + p] : b[p * d.n + j];
+        sum += x * y;
+      }
+      const double old = beta == 0.0 ? 0.0 : beta * c[i * d.n + j];
+      out[i * d.n + j] = static_cast<float>(alpha * sum + old);
+    }
+  }
+  return out;
+}
+
+// Float32 rounding grows with K; values are in [-1, 1).
+::testing::AssertionResult close_for_k(const std::vector<float>& actual,
+                                       const std::vector<float>& expected, std::int64_t k) {
+  return all_close(actual, expected, 2e-6 * static_cast<double>(k + 1), 1e-5);
+}
+
+std::string layout(bool transpose_a, bool transpose_b) {
+  return std::string(transpose_a ? "T" : "N") + (transpose_b ? "T" : "N");
+}
+
+const std::vector<Dims>& odd_shapes() {
+  static const std::vector<Dims> shapes = {
+      {1, 1, 1},      {7, 7, 7},     {13, 13, 13}, {31, 31, 31},  {67, 67, 67},
+      {7, 13, 31},    {67, 31, 13},  {13, 67, 7},  {1, 1, 300},   {1, 97, 33},
+      {97, 1, 33},    {5, 6, 1},     {1000, 3, 5}, {3, 1000, 17}, {2, 700, 300},
+      {257, 129, 65}, {16, 16, 256}, {3, 4200, 5}, {6, 16, 512},  {512, 384, 256},
+  };
+  return shapes;
+}
+
+class MatmulTest : public BackendTest {
+ protected:
+  // Runs one product and compares with the reference.
+  void check(const Dims& d, bool transpose_a, bool transpose_b, float alpha, float beta,
+             unsigned seed) {
+    const auto av = random_values(static_cast<std::size_t>(d.m * d.k), seed);
+    const auto bv = random_values(static_cast<std::size_t>(d.k * d.n), seed + 1);
+    const auto cv = random_values(static_cast<std::size_t>(d.m * d.n), seed + 2);
+    Tensor a = make(av, a_shape(d, transpose_a));
+    Tensor b = make(bv, b_shape(d, transpose_b));
+    Tensor c = make(cv, {d.m, d.n});
+    matmul(c, a, b, transpose_a, transpose_b, alpha, beta, stream());
+    EXPECT_TRUE(
+        close_for_k(host(c), reference(av, bv, cv, d, transpose_a, transpose_b, alpha, beta), d.k))
+        << layout(transpose_a, transpose_b) << " " << d.m << "x" << d.n << "x" << d.k << " alpha "
+        << alpha << " beta " << beta;
+  }
+};
+TL_INSTANTIATE_BACKENDS(MatmulTest);
+
+TEST_P(MatmulTest, HandComputed2x3x4) {
+  Tensor a = make({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor b = make({1, 0, -1, 2, 0, 1, 2, -1, 3, -2, 1, 0}, {3, 4});
+  Tensor c = Tensor::empty({2, 4}, stream());
+  matmul(c, a, b, false, false, 1.0f, 0.0f, stream());
+  EXPECT_EQ(host(c), (std::vector<float>{10, -4, 6, 0, 22, -7, 12, 3}));
+
+  // The same product from transposed storage: A^T stored [3,2], B^T stored [4,3].
+  Tensor at = make({1, 4, 2, 5, 3, 6}, {3, 2});
+  Tensor bt = make({1, 0, 3, 0, 1, -2, -1, 2, 1, 2, -1, 0}, {4, 3});
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      Tensor out = Tensor::empty({2, 4}, stream());
+      matmul(out, ta ? at : a, tb ? bt : b, ta, tb, 1.0f, 0.0f, stream());
+      EXPECT_EQ(host(out), (std::vector<float>{10, -4, 6, 0, 22, -7, 12, 3})) << layout(ta, tb);
+    }
+  }
+}
+
+TEST_P(MatmulTest, AllLayoutsMatchReferenceOnOddShapes) {
+  unsigned seed = 100;
+  for (const Dims& d : odd_shapes()) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        check(d, ta, tb, 1.0f, 0.0f, seed += 3);
+      }
+    }
+  }
+}
+
+TEST_P(MatmulTest, AlphaAndBetaScale) {
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      check({67, 45, 130}, ta, tb, -1.5f, 0.5f, 7);
+      check({67, 45, 300}, ta, tb, 2.0f, 1.0f, 8);  // K spans two cache blocks
+    }
+  }
+}
+
+TEST_P(MatmulTest, BetaZeroIgnoresNanInC) {
+  const Dims d{9, 20, 5};
+  const auto av = random_values(45, 1), bv = random_values(100, 2);
+  Tensor a = make(av, {9, 5}), b = make(bv, {5, 20});
+  Tensor c = make(std::vector<float>(180, std::numeric_limits<float>::quiet_NaN()), {9, 20});
+  matmul(c, a, b, false, false, 1.0f, 0.0f, stream());
+  const auto out = host(c);
+  for (float v : out) ASSERT_FALSE(std::isnan(v));
+  EXPECT_TRUE(
+      close_for_k(out, reference(av, bv, std::vector<float>(180), d, false, false, 1, 0), 5));
+}
+
+TEST_P(MatmulTest, BetaOneAccumulates) {
+  Tensor a = make({1, 2, 3, 4}, {2, 2});
+  Tensor b = make({1, 0, 0, 1}, {2, 2});
+  Tensor c = make({10, 20, 30, 40}, {2, 2});
+  matmul(c, a, b, false, false, 1.0f, 1.0f, stream());
+  EXPECT_EQ(host(c), (std::vector<float>{11, 22, 33, 44}));
+  matmul(c, a, b, false, false, 1.0f, 1.0f, stream());
+  EXPECT_EQ(host(c), (std::vector<float>{12, 24, 36, 48}));
+}
+
+TEST_P(MatmulTest, EmptyProducts) {
+  // M or N zero: nothing to do, nothing touched.
+  Tensor c0 = Tensor::zeros({0, 4}, stream());
+  matmul(c0, Tensor::zeros({0, 3}, stream()), Tensor::zeros({3, 4}, stream()), false, false, 1, 0,
+         stream());
+  Tensor c1 = Tensor::zeros({4, 0}, stream());
+  matmul(c1, Tensor::zeros({4, 3}, stream()), Tensor::zeros({3, 0}, stream()), false, false, 1, 0,
+         stream());
+  // K zero: C = beta * C.
+  Tensor c = make({2, 4, 6, 8, 10, 12}, {2, 3});
+  matmul(c, Tensor::zeros({2, 0}, stream()), Tensor::zeros({0, 3}, stream()), false, false, 1.0f,
+         0.5f, stream());
+  EXPECT_EQ(host(c), (std::vector<float>{1, 2, 3, 4, 5, 6}));
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor cn = make({nan, nan, nan, nan}, {2, 2});
+  matmul(cn, Tensor::zeros({0, 2}, stream()), Tensor::zeros({2, 0}, stream()), true, true, 1.0f,
+         0.0f, stream());
+  EXPECT_EQ(host(cn), (std::vector<float>{0, 0, 0, 0}));
+}
+
+TEST_P(MatmulTest, RejectsBadShapes) {
+  Tensor a = Tensor::zeros({3, 4}, stream());
+  Tensor b = Tensor::zeros({5, 6}, stream());
+  Tensor c = Tensor::zeros({3, 6}, stream());
+  EXPECT_THROW_WITH(matmul(c, a, b, false, false, 1, 0, stream()), ShapeError,
+                    "matmul: a is float32[3,4] (op(a) 3x4) but b is float32[5,6] (op(b) 5x6): "
+                    "inner dimensions 4 and 5 differ");
+  EXPECT_THROW_WITH(matmul(c, a, b, true, true, 1, 0, stream()), ShapeError,
+                    "matmul: a is float32[3,4] (op(a) 4x3) but b is float32[5,6] (op(b) 6x5): "
+                    "inner dimensions 3 and 6 differ");
+  Tensor b4 = Tensor::zeros({4, 6}, stream());
+  Tensor c_bad = Tensor::zeros({6, 3}, stream());
+  EXPECT_THROW_WITH(matmul(c_bad, a, b4, false, false, 1, 0, stream()), ShapeError,
+                    "matmul: c is float32[6,3] but op(a)*op(b) is 3x6");
+  Tensor v = Tensor::zeros({4}, stream());
+  EXPECT_THROW_WITH(matmul(c, a, v, false, false, 1, 0, stream()), ShapeError,
+                    "matmul: b is float32[4] but must be 2-D");
+  Tensor c3 = Tensor::zeros({1, 3, 6}, stream());
+  EXPECT_THROW_WITH(matmul(c3, a, b4, false, false, 1, 0, stream()), ShapeError,
+                    "matmul: c is float32[1,3,6] but must be 2-D");
+  EXPECT_THROW_WITH(matmul(c, Tensor(), b4, false, false, 1, 0, stream()), InvalidArgument,
+                    "matmul: a is undefined");
+  // C may not overlap an operand: here C is a view of A's memory.
+  Tensor square = Tensor::zeros({4, 4}, stream());
+  Tensor eye = Tensor::zeros({4, 4}, stream());
+  EXPECT_THROW_WITH(matmul(square.view(0, {4, 4}), square, eye, false, false, 1, 0, stream()),
+                    InvalidArgument, "overlaps a");
+}
+
+TEST_P(MatmulTest, RawGemmHonoursLeadingDimensions) {
+  // A, B, C are windows of wider buffers: rows are lda/ldb/ldc apart, and the
+  // padding between rows must be neither read into the result nor written.
+  const Dims d{37, 21, 19};
+  const std::int64_t pad = 5;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const Shape as = a_shape(d, ta), bs = b_shape(d, tb);
+      const std::int64_t lda = as[1] + pad, ldb = bs[1] + pad, ldc = d.n + pad;
+      auto a_wide = random_values(static_cast<std::size_t>(as[0] * lda), 31);
+      auto b_wide = random_values(static_cast<std::size_t>(bs[0] * ldb), 32);
+      auto c_wide = random_values(static_cast<std::size_t>(d.m * ldc), 33);
+      std::vector<float> av, bv, cv;
+      for (std::int64_t r = 0; r < as[0]; ++r)
+        for (std::int64_t s = 0; s < as[1]; ++s) av.push_back(a_wide[r * lda + s]);
+      for (std::int64_t r = 0; r < bs[0]; ++r)
+        for (std::int64_t s = 0; s < bs[1]; ++s) bv.push_back(b_wide[r * ldb + s]);
+      for (std::int64_t r = 0; r < d.m; ++r)
+        for (std::int64_t s = 0; s < d.n; ++s) cv.push_back(c_wide[r * ldc + s]);
+      const auto expected = reference(av, bv, cv, d, ta, tb, 0.75, -1.0);
+
+      Tensor a = make(a_wide, {as[0], lda}), b = make(b_wide, {bs[0], ldb});
+      Tensor c = make(c_wide, {d.m, ldc});
+      if (device().is_cpu()) {
+        cpu::gemm<float>(ta, tb, d.m, d.n, d.k, 0.75f, a.data<float>(), lda, b.data<float>(), ldb,
+                         -1.0f, c.data<float>(), ldc);
+      } else {
+#if TOWERLAB_WITH_CUDA
+        cuda::gemm(ta, tb, d.m, d.n, d.k, 0.75f, a.data<float>(), lda, b.data<float>(), ldb, -1.0f,
+                   c.data<float>(), ldc, stream());
+#endif
+      }
+      const auto out = host(c);
+      std::vector<float> inside, padding, padding_before;
+      for (std::int64_t r = 0; r < d.m; ++r) {
+        for (std::int64_t s = 0; s < ldc; ++s) {
+          (s < d.n ? inside : padding).push_back(out[r * ldc + s]);
+          if (s >= d.n) padding_before.push_back(c_wide[r * ldc + s]);
+        }
+      }
+      EXPECT_TRUE(close_for_k(inside, expected, d.k)) << layout(ta, tb);
+      EXPECT_EQ(padding, padding_before) << layout(ta, tb);
+    }
+  }
+}
+
+#if TOWERLAB_WITH_CUDA
+TEST_P(MatmulTest, CudaMisalignedOperandsAndCublasAgree) {
+  if (device().is_cpu()) GTEST_SKIP() << "CUDA-only: float4 fallback and the cuBLAS path";
+  // Offsets of one element make every pointer 4 bytes off a float4 boundary.
+  const Dims d{130, 131, 67};
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const Shape as = a_shape(d, ta), bs = b_shape(d, tb);
+      const auto av = random_values(static_cast<std::size_t>(d.m * d.k + 1), 41);
+      const auto bv = random_values(static_cast<std::size_t>(d.k * d.n + 1), 42);
+      Tensor a = make(av, {d.m * d.k + 1}).view(1, as);
+      Tensor b = make(bv, {d.k * d.n + 1}).view(1, bs);
+      Tensor c_ours = Tensor::empty({d.m * d.n + 1}, stream()).view(1, {d.m, d.n});
+      Tensor c_cublas = Tensor::empty({d.m, d.n}, stream());
+      matmul(c_ours, a, b, ta, tb, 1.0f, 0.0f, stream());
+      set_gemm_backend(GemmBackend::Cublas);
+      matmul(c_cublas, a, b, ta, tb, 1.0f, 0.0f, stream());
+      set_gemm_backend(GemmBackend::Towerlab);
+      const std::vector<float> a_host(av.begin() + 1, av.end()), b_host(bv.begin() + 1, bv.end());
+      const auto expected = reference(a_host, b_host, {}, d, ta, tb, 1.0, 0.0);
+      EXPECT_TRUE(close_for_k(host(c_ours), expected, d.k)) << layout(ta, tb);
+      EXPECT_TRUE(close_for_k(host(c_cublas), expected, d.k)) << "cuBLAS " << layout(ta, tb);
+    }
+  }
+}
+#endif
+
+// The CPU GEMM's result may not depend on the thread count: each element of C is
+// summed by one micro-kernel in a fixed order, so the bits must match.
+TEST(MatmulCpu, ThreadCountDoesNotChangeTheBits) {
+  const Stream& cpu = default_stream(Device::cpu());
+  const int saved = num_threads();
+  for (const Dims& d : {Dims{257, 129, 65}, Dims{6, 2000, 300}, Dims{600, 300, 520}}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        Tensor a = Tensor::from_host<float>(random_values(d.m * d.k, 51), a_shape(d, ta), cpu);
+        Tensor b = Tensor::from_host<float>(random_values(d.k * d.n, 52), b_shape(d, tb), cpu);
+        std::vector<std::vector<float>> results;
+        for (int threads : {1, 2, 3}) {
+          set_num_threads(threads);
+          Tensor c = Tensor::empty({d.m, d.n}, cpu);
+          matmul(c, a, b, ta, tb, 1.0f, 0.0f, cpu);
+          results.push_back(c.to_host<float>());
+        }
+        EXPECT_EQ(results[0], results[1]) << layout(ta, tb) << " " << d.m << "x" << d.n;
+        EXPECT_EQ(results[0], results[2]) << layout(ta, tb) << " " << d.m << "x" << d.n;
+      }
+    }
+  }
+  set_num_threads(saved);
+}
+
+// Every micro-kernel this CPU can run (the portable one always) against the reference.
+TEST(MatmulCpu, EveryMicroKernelMatchesReference) {
+  const Stream& cpu = default_stream(Device::cpu());
+  const cpu::GemmIsa saved = cpu::gemm_isa();
+  int ran = 0;
+  for (cpu::GemmIsa isa : {cpu::GemmIsa::Portable, cpu::GemmIsa::Avx2, cpu::GemmIsa::Avx512}) {
+    if (!cpu::gemm_isa_supported(isa)) {
+      EXPECT_THROW_WITH(cpu::set_gemm_isa(isa), NotSupported, "this CPU does not support");
+      continue;
+    }
+    cpu::set_gemm_isa(isa);
+    EXPECT_EQ(cpu::gemm_isa(), isa);
+    ++ran;
+    unsigned seed = 500;
+    for (const Dims& d : {Dims{1, 1, 1}, Dims{13, 37, 29}, Dims{37, 67, 300}, Dims{128, 96, 64}}) {
+      for (bool ta : {false, true}) {
+        for (bool tb : {false, true}) {
+          const auto av = random_values(d.m * d.k, seed += 3),
+                     bv = random_values(d.k * d.n, seed + 1);
+          const auto cv = random_values(d.m * d.n, seed + 2);
+          Tensor a = Tensor::from_host<float>(av, a_shape(d, ta), cpu);
+          Tensor b = Tensor::from_host<float>(bv, b_shape(d, tb), cpu);
+          Tensor c = Tensor::from_host<float>(cv, {d.m, d.n}, cpu);
+          matmul(c, a, b, ta, tb, 1.25f, -0.5f, cpu);
+          EXPECT_TRUE(
+              close_for_k(c.to_host<float>(), reference(av, bv, cv, d, ta, tb, 1.25, -0.5), d.k))
+              << "isa " << static_cast<int>(isa) << " " << layout(ta, tb);
+        }
+      }
+    }
+  }
+  EXPECT_GE(ran, 1);
+  cpu::set_gemm_isa(cpu::GemmIsa::Auto);
+  EXPECT_NE(cpu::gemm_isa(), cpu::GemmIsa::Auto);
+  cpu::set_gemm_isa(saved);
+}
+
+// C = op(A) op(B), L = sum(G * C). With op(A) [M,K], op(B) [K,N]:
+//   dL/dop(A) = G op(B)^T, dL/dop(B) = op(A)^T G,
+// each expressed as one matmul into the stored layout, accumulated (beta = 1).
+TEST(MatmulGradient, MatchesCentralDifferencesInEveryLayout) {
+  const Stream& cpu = default_stream(Device::cpu());
+  const Dims d{3, 4, 5};
+  const double sentinel = 0.25;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      Tensor a = random_double_tensor(a_shape(d, ta), 61);
+      Tensor b = random_double_tensor(b_shape(d, tb), 62);
+      Tensor g = random_double_tensor({d.m, d.n}, 63);
+      auto loss = [&](const std::vector<Tensor>& in) {
+        Tensor c = Tensor::empty({d.m, d.n}, cpu, DType::Float64);
+        matmul(c, in[0], in[1], ta, tb, 1.0f, 0.0f, cpu);
+        return weighted_sum(g, c);
+      };
+      Tensor grad_a = Tensor::empty(a.shape(), cpu, DType::Float64);
+      Tensor grad_b = Tensor::empty(b.shape(), cpu, DType::Float64);
+      fill(grad_a, sentinel, cpu);
+      fill(grad_b, sentinel, cpu);
+      if (!ta) {
+        matmul(grad_a, g, b, false, !tb, 1.0f, 1.0f, cpu);  // [M,K] += G op(B)^T
+      } else {
+        matmul(grad_a, b, g, tb, true, 1.0f, 1.0f, cpu);  // [K,M] += op(B) G^T
+      }
+      if (!tb) {
+        matmul(grad_b, a, g, !ta, false, 1.0f, 1.0f, cpu);  // [K,N] += op(A)^T G
+      } else {
+        matmul(grad_b, g, a, true, ta, 1.0f, 1.0f, cpu);  // [N,K] += G^T op(A)
+      }
+      // Take the sentinel back out: a backward that assigned would fail here.
+      Tensor sentinel_a = Tensor::empty(a.shape(), cpu, DType::Float64);
+      Tensor sentinel_b = Tensor::empty(b.shape(), cpu, DType::Float64);
+      fill(sentinel_a, sentinel, cpu);
+      fill(sentinel_b, sentinel, cpu);
+      sub(grad_a, grad_a, sentinel_a, cpu);
+      sub(grad_b, grad_b, sentinel_b, cpu);
+      EXPECT_TRUE(check_gradient(loss, {a, b}, {grad_a, grad_b})) << layout(ta, tb);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace towerlab::testing
