@@ -206,8 +206,18 @@ void batchnorm_forward_training(const Tensor& y, const Tensor& save_mean,
                                 const Stream& stream) {
   const char* op = "batchnorm_forward_training";
   const Dims d = dims_of(op, x, stream);
-  kernels::check_on_stream(op, stream, {{"x", &x}, {"save_mean", &save_mean}});
-  check_channels(op, x, d.C, {{"save_mean", &save_mean}});
+  kernels::check_same_shape(op, stream, {{"x", &x}, {"y", &y}});
+  kernels::check_on_stream(op, stream,
+                           {{"x", &x},
+                            {"save_mean", &save_mean},
+                            {"save_inv_std", &save_inv_std},
+                            {"gamma", &gamma},
+                            {"beta", &beta}});
+  check_channels(op, x, d.C,
+                 {{"save_mean", &save_mean},
+                  {"save_inv_std", &save_inv_std},
+                  {"gamma", &gamma},
+                  {"beta", &beta}});
   TL_CHECK(d.C == 0 || d.N * d.S >= 2, InvalidArgument,
            op << ": training needs at least 2 values per channel, x is " << x.describe());
   if (d.C == 0) return;
