@@ -7,6 +7,7 @@
 
 #include "kernels/batchnorm.h"
 #include "kernels/cpu/dtype_dispatch.h"
+#include "kernels/cpu/per_channel.h"
 
 namespace towerlab::cpu {
 
@@ -23,21 +24,18 @@ void batchnorm_stats(const Tensor& mean, const Tensor& m2, const Tensor& x, std:
     for (std::int64_t n = 0; n < N; ++n) {
       for (std::int64_t c = 0; c < C; ++c) {
         const T* row = in + (n * C + c) * S;
-        double acc = 0.0;
-        for (std::int64_t s = 0; s < S; ++s) acc += static_cast<double>(row[s]);
-        sum[c] += acc;
+        sum[c] += sum_over(S, [&](std::int64_t s) { return static_cast<double>(row[s]); });
       }
     }
     for (std::int64_t c = 0; c < C; ++c) sum[c] /= count;  // now the mean
     for (std::int64_t n = 0; n < N; ++n) {
       for (std::int64_t c = 0; c < C; ++c) {
         const T* row = in + (n * C + c) * S;
-        double acc = 0.0;
-        for (std::int64_t s = 0; s < S; ++s) {
-          const double dev = static_cast<double>(row[s]) - sum[c];
-          acc += dev * dev;
-        }
-        sq[c] += acc;
+        const double mu = sum[c];
+        sq[c] += sum_over(S, [&](std::int64_t s) {
+          const double dev = static_cast<double>(row[s]) - mu;
+          return dev * dev;
+        });
       }
     }
     for (std::int64_t c = 0; c < C; ++c) {
@@ -144,15 +142,13 @@ void batchnorm_backward_reduce(const Tensor& sum_grad_y, const Tensor& sum_grad_
     std::vector<double> sum_gy(C, 0.0), sum_gy_xhat(C, 0.0);  // [C]
     for (std::int64_t n = 0; n < N; ++n) {
       for (std::int64_t c = 0; c < C; ++c) {
-        const std::int64_t base = (n * C + c) * S;
-        double a = 0.0, b = 0.0;
-        for (std::int64_t s = 0; s < S; ++s) {
-          a += static_cast<double>(gy[base + s]);
-          b += static_cast<double>(gy[base + s]) *
-               (static_cast<double>(in[base + s]) - static_cast<double>(mu[c]));
-        }
-        sum_gy[c] += a;
-        sum_gy_xhat[c] += b;
+        const T* gy_row = gy + (n * C + c) * S;
+        const T* x_row = in + (n * C + c) * S;
+        const double m = static_cast<double>(mu[c]);
+        sum_gy[c] += sum_over(S, [&](std::int64_t s) { return static_cast<double>(gy_row[s]); });
+        sum_gy_xhat[c] += sum_over(S, [&](std::int64_t s) {
+          return static_cast<double>(gy_row[s]) * (static_cast<double>(x_row[s]) - m);
+        });
       }
     }
     T* out_a = sum_grad_y.data<T>();       // [C]

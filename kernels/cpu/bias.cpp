@@ -4,6 +4,7 @@
 
 #include "kernels/bias.h"
 #include "kernels/cpu/dtype_dispatch.h"
+#include "kernels/cpu/per_channel.h"
 
 namespace towerlab::cpu {
 
@@ -31,10 +32,8 @@ void bias_add_backward(const Tensor& grad_bias, const Tensor& grad_y, std::int64
     std::vector<double> sum(C, 0.0);  // [C]
     for (std::int64_t n = 0; n < N; ++n) {
       for (std::int64_t c = 0; c < C; ++c) {
-        const std::int64_t base = (n * C + c) * S;
-        double acc = 0.0;
-        for (std::int64_t s = 0; s < S; ++s) acc += static_cast<double>(gy[base + s]);
-        sum[c] += acc;
+        const T* row = gy + (n * C + c) * S;
+        sum[c] += sum_over(S, [&](std::int64_t s) { return static_cast<double>(row[s]); });
       }
     }
     for (std::int64_t c = 0; c < C; ++c)
