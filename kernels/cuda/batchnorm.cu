@@ -29,12 +29,13 @@ __global__ void batchnorm_stats_partial_kernel(float* partial_sum, float* partia
   const std::int64_t begin = j * chunk, end = min(per_channel, begin + chunk);
   const float shift = x[c * S];
   float sum = 0.0f, sq = 0.0f;
-  ChannelRange r(begin + threadIdx.x, blockDim.x, c, C, S);
-  for (std::int64_t k = begin + threadIdx.x; k < end; k += blockDim.x, r.advance()) {
-    const float d = x[r.offset] - shift;
-    sum += d;
-    sq += d * d;
-  }
+  for_each_in_channel_range(
+      begin, end, c, C, S, [&](std::int64_t offset) { return x[offset]; },
+      [&](float v) {
+        const float d = v - shift;
+        sum += d;
+        sq += d * d;
+      });
   sum = block_sum(sum);
   sq = block_sum(sq);
   if (threadIdx.x == 0) {
@@ -112,13 +113,12 @@ __global__ void batchnorm_prepare_inference_kernel(float4* coeff, const float* g
 // large mean does not cancel against itself in float.
 __global__ void batchnorm_apply_kernel(float* y, const float* x, const float4* __restrict__ coeff,
                                        std::int64_t n, std::int64_t C, std::int64_t S) {
-  const std::int64_t start = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
-  const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
-  ChannelTracker ch(start, stride, C, S);
-  for (std::int64_t i = start; i < n; i += stride, ch.advance()) {
-    const float4 k = coeff[ch.c];
-    y[i] = (x[i] - k.x) * k.y + k.z;
-  }
+  for_each_with_channel(
+      n, C, S, [&](std::int64_t i) { return x[i]; },
+      [&](std::int64_t i, float v, std::int64_t c) {
+        const float4 k = coeff[c];
+        y[i] = (v - k.x) * k.y + k.z;
+      });
 }
 
 // --- backward ------------------------------------------------------------------
@@ -133,12 +133,13 @@ __global__ void batchnorm_backward_partial_kernel(float* partial_gy, float* part
   const std::int64_t begin = j * chunk, end = min(per_channel, begin + chunk);
   const float mu = mean[c];
   float sum = 0.0f, sum_dev = 0.0f;
-  ChannelRange r(begin + threadIdx.x, blockDim.x, c, C, S);
-  for (std::int64_t k = begin + threadIdx.x; k < end; k += blockDim.x, r.advance()) {
-    const float gy = grad_y[r.offset];
-    sum += gy;
-    sum_dev += gy * (x[r.offset] - mu);
-  }
+  for_each_in_channel_range(
+      begin, end, c, C, S,
+      [&](std::int64_t offset) { return make_float2(grad_y[offset], x[offset]); },
+      [&](float2 gy_x) {
+        sum += gy_x.x;
+        sum_dev += gy_x.x * (gy_x.y - mu);
+      });
   sum = block_sum(sum);
   sum_dev = block_sum(sum_dev);
   if (threadIdx.x == 0) {
@@ -184,13 +185,12 @@ __global__ void batchnorm_backward_apply_kernel(float* grad_x, const float* __re
                                                 const float* __restrict__ x,
                                                 const float4* __restrict__ coeff, std::int64_t n,
                                                 std::int64_t C, std::int64_t S) {
-  const std::int64_t start = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
-  const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
-  ChannelTracker ch(start, stride, C, S);
-  for (std::int64_t i = start; i < n; i += stride, ch.advance()) {
-    const float4 k = coeff[ch.c];
-    grad_x[i] += k.y * grad_y[i] - k.z - (x[i] - k.x) * k.w;
-  }
+  for_each_with_channel(
+      n, C, S, [&](std::int64_t i) { return make_float3(grad_y[i], x[i], grad_x[i]); },
+      [&](std::int64_t i, float3 v, std::int64_t c) {
+        const float4 k = coeff[c];
+        grad_x[i] = v.z + k.y * v.x - k.z - (v.y - k.x) * k.w;
+      });
 }
 
 unsigned channel_grid(std::int64_t C) {

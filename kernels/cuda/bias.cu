@@ -13,10 +13,9 @@ namespace {
 // y may alias x (in-place bias add).
 __global__ void bias_add_forward_kernel(float* y, const float* x, const float* __restrict__ bias,
                                         std::int64_t n, std::int64_t C, std::int64_t S) {
-  const std::int64_t start = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
-  const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
-  ChannelTracker ch(start, stride, C, S);
-  for (std::int64_t i = start; i < n; i += stride, ch.advance()) y[i] = x[i] + bias[ch.c];
+  for_each_with_channel(
+      n, C, S, [&](std::int64_t i) { return x[i]; },
+      [&](std::int64_t i, float v, std::int64_t c) { y[i] = v + bias[c]; });
 }
 
 // partial: [C, splits]; block (c, j) sums values [j*chunk, (j+1)*chunk) of channel c.
@@ -26,10 +25,9 @@ __global__ void bias_backward_partial_kernel(float* partial, const float* __rest
   const std::int64_t c = blockIdx.x, j = blockIdx.y;
   const std::int64_t begin = j * chunk, end = min(per_channel, begin + chunk);
   float sum = 0.0f;
-  ChannelRange r(begin + threadIdx.x, blockDim.x, c, C, S);
-  for (std::int64_t k = begin + threadIdx.x; k < end; k += blockDim.x, r.advance()) {
-    sum += grad_y[r.offset];
-  }
+  for_each_in_channel_range(
+      begin, end, c, C, S, [&](std::int64_t offset) { return grad_y[offset]; },
+      [&](float v) { sum += v; });
   sum = block_sum(sum);
   if (threadIdx.x == 0) partial[c * gridDim.y + j] = sum;
 }

@@ -26,10 +26,11 @@ struct ChannelTracker {
   std::int64_t ds, dc;  // stride % S and (stride / S) % C
   std::int64_t S, C;
 
-  __device__ ChannelTracker(std::int64_t i, std::int64_t stride, std::int64_t C_, std::int64_t S_)
+  __host__ __device__ ChannelTracker(std::int64_t i, std::int64_t stride, std::int64_t C_,
+                                     std::int64_t S_)
       : s(i % S_), c((i / S_) % C_), ds(stride % S_), dc((stride / S_) % C_), S(S_), C(C_) {}
 
-  __device__ void advance() {
+  __host__ __device__ void advance() {
     s += ds;
     c += dc;
     if (s >= S) {
@@ -48,8 +49,8 @@ struct ChannelRange {
   std::int64_t d_offset, ds;  // offset and s increments for one step
   std::int64_t S, CS;
 
-  __device__ ChannelRange(std::int64_t k, std::int64_t step, std::int64_t c, std::int64_t C,
-                          std::int64_t S_)
+  __host__ __device__ ChannelRange(std::int64_t k, std::int64_t step, std::int64_t c,
+                                   std::int64_t C, std::int64_t S_)
       : S(S_), CS(C * S_) {
     const std::int64_t n = k / S;
     s = k - n * S;
@@ -58,7 +59,7 @@ struct ChannelRange {
     d_offset = (step / S) * CS + ds;
   }
 
-  __device__ void advance() {
+  __host__ __device__ void advance() {
     offset += d_offset;
     s += ds;
     if (s >= S) {  // crossed into the next sample's row of this channel
@@ -67,6 +68,61 @@ struct ChannelRange {
     }
   }
 };
+
+// Loads in flight per thread. A grid-stride loop that loads one value, uses it
+// and moves on keeps a single load per warp outstanding, too few to cover DRAM
+// latency at full bandwidth (Little's law); so each thread issues kUnroll
+// independent loads before using any of them.
+constexpr int kUnroll = 4;
+
+// Elementwise over x [N,C,S] flattened (n = N*C*S values) with each element's
+// channel: value = load(i) for kUnroll elements of this thread, then
+// store(i, value, c) for each. All loads of a step come before its stores, which
+// also keeps in-place use (an output aliasing an input) correct.
+template <typename Load, typename Store>
+__device__ void for_each_with_channel(std::int64_t n, std::int64_t C, std::int64_t S, Load load,
+                                      Store store) {
+  const std::int64_t start = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+  const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
+  ChannelTracker ch(start, stride, C, S);
+  for (std::int64_t i = start; i < n; i += kUnroll * stride) {
+    decltype(load(i)) value[kUnroll];
+    std::int64_t channel[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const std::int64_t j = i + u * stride;
+      channel[u] = ch.c;
+      ch.advance();
+      if (j < n) value[u] = load(j);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const std::int64_t j = i + u * stride;
+      if (j < n) store(j, value[u], channel[u]);
+    }
+  }
+}
+
+// The block's share of channel c's values k in [begin, end): value = load(offset)
+// for kUnroll values of this thread, then add(value) for each.
+template <typename Load, typename Add>
+__device__ void for_each_in_channel_range(std::int64_t begin, std::int64_t end, std::int64_t c,
+                                          std::int64_t C, std::int64_t S, Load load, Add add) {
+  const std::int64_t step = blockDim.x;
+  ChannelRange r(begin + threadIdx.x, step, c, C, S);
+  for (std::int64_t k = begin + threadIdx.x; k < end; k += kUnroll * step) {
+    decltype(load(r.offset)) value[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (k + u * step < end) value[u] = load(r.offset);
+      r.advance();
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (k + u * step < end) add(value[u]);
+    }
+  }
+}
 
 constexpr int kReduceBlock = 256;
 
@@ -90,11 +146,12 @@ __device__ V block_sum(V value) {
 }
 
 // How many blocks to split each channel's `per_channel` values over: enough for
-// about four blocks per SM over all C channels, but at least ~8 values per thread.
+// about eight blocks (full occupancy) per SM over all C channels, but at least
+// two unrolled steps (8 values) per thread.
 inline std::int64_t splits_for(std::int64_t C, std::int64_t per_channel, int device) {
   int sms = 0;
   TL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const std::int64_t wanted = (4 * std::int64_t{sms} + C - 1) / C;
+  const std::int64_t wanted = (8 * std::int64_t{sms} + C - 1) / C;
   const std::int64_t most = (per_channel + 8 * kReduceBlock - 1) / (8 * kReduceBlock);
   return std::clamp<std::int64_t>(std::min(wanted, most), 1, 65535);
 }
