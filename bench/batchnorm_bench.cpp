@@ -9,6 +9,11 @@
 // target is >= 85% of the copy's bytes/s; and, when TOWERLAB_HAVE_CUDNN, cuDNN's
 // cudnnBatchNormalizationForwardTraining / Backward (spatial mode) on the same
 // tensors, counted with the same bytes.
+//
+// towerlab's training forward makes two passes over x (statistics, then
+// normalize), so it moves 3|x| from DRAM unless x is still in L2 for the second
+// pass (FashionNet's tensors, 6-13 MB, fit in an H100's 50 MB L2; the 26 MB
+// [32,64,56,56] one only just); likewise its backward reads x and grad_y twice.
 #include <benchmark/benchmark.h>
 
 #include <cstring>

@@ -30,10 +30,13 @@
 //
 // Numerical stability: the statistics never use E[x^2] - E[x]^2. The CPU makes
 // two passes (the mean, then the squared deviations from it) accumulating in
-// double; CUDA sums in float the deviations from a per-channel shift (the
-// channel's first value, which lies within a few standard deviations of the mean
-// for any batch with a large mean), then combines the blocks in double. Inputs
-// around 1e4 with a standard deviation of 1 keep their variance to float precision.
+// double; CUDA sums in float the deviations from a per-channel shift K (the
+// channel's first value x[0,c,0], a sample of the channel and so typically a few
+// standard deviations from its mean, however large the mean), then combines the
+// blocks in double. Inputs around 1e4 with a standard deviation of 1 keep their
+// variance to float precision. (An outlier as K loses precision in proportion to
+// its distance from the mean, as E[x^2] - E[x]^2 does with the mean's distance
+// from zero; in practice the first value is an ordinary sample.)
 //
 // Split API (for synchronized batch norm across towers). The single-device
 // training forward and backward are compositions of these steps:
@@ -45,7 +48,7 @@
 //                                      plain sums, to be all-reduced across towers
 //             batchnorm_backward_apply   grad_x from the all-reduced sums and total M
 // Partials are (mean, m2) rather than (sum, sum of squares) so that merging them
-// stays exact for large means; an empty tower contributes (0, 0) with count 0.
+// stays accurate for large means; an empty tower contributes (0, 0) with count 0.
 //
 // Outputs are assigned unless the contract says "accumulated". No output may
 // alias an input, except y and x in the forwards (elementwise in place).
