@@ -254,6 +254,24 @@ TEST_P(BatchNormTest, SplitApiOnHalvesMatchesSingleCall) {
   EXPECT_TRUE(all_close(host(sum_gy), host(grad_beta), 1e-5, 1e-4));
 }
 
+TEST_P(BatchNormTest, ForwardMayRunInPlace) {
+  const Shape shape = {3, 4, 5, 6};
+  const auto values = random_values(static_cast<std::size_t>(numel_of(shape)), 12);
+  Tensor gamma = make({1, 2, 3, 4}, {4}), beta = make({0, 1, 0, 1}, {4});
+  Tensor mean = Tensor::empty({4}, stream()), inv_std = Tensor::empty({4}, stream());
+  Tensor x = make(values, shape), y = Tensor::empty(shape, stream());
+  batchnorm_forward_training(y, mean, inv_std, Tensor(), Tensor(), x, gamma, beta, 1e-3, 0.9,
+                             stream());
+  Tensor z = make(values, shape);
+  batchnorm_forward_training(z, mean, inv_std, Tensor(), Tensor(), z, gamma, beta, 1e-3, 0.9,
+                             stream());
+  EXPECT_EQ(host(z), host(y));
+  Tensor w = make(values, shape);
+  batchnorm_forward_inference(w, w, gamma, beta, mean, inv_std, 1e-3, stream());
+  batchnorm_forward_inference(y, x, gamma, beta, mean, inv_std, 1e-3, stream());
+  EXPECT_EQ(host(w), host(y));
+}
+
 TEST_P(BatchNormTest, MergeStatsByHand) {
   // a = {1, 3} (mean 2, m2 2), b = {5, 7, 9} (mean 7, m2 8); all = mean 5, m2 = 16+4+0+4+16 = 40.
   Tensor mean_a = make({2}, {1}), m2_a = make({2}, {1});
