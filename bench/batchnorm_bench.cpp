@@ -1,0 +1,243 @@
+// Batch normalization against the memory bandwidth it is bound by, on FashionNet's
+// shapes (batch 128: [128,32,28,28] after conv1, [128,64,14,14] after conv2) and a
+// ResNet-like [32,64,56,56] layer.
+//
+// "bytes" counts the unavoidable traffic of each op: the training and inference
+// forwards read x and write y (2 x |x|); the backward reads x and grad_y and
+// reads and writes grad_x (4 x |x|). The reference is a copy of |x| (2 x |x|
+// bytes): memcpy on the CPU, cudaMemcpy device-to-device on CUDA, where the
+// target is >= 85% of the copy's bytes/s; and, when TOWERLAB_HAVE_CUDNN, cuDNN's
+// cudnnBatchNormalizationForwardTraining / Backward (spatial mode) on the same
+// tensors, counted with the same bytes.
+//
+// towerlab's training forward makes two passes over x (statistics, then
+// normalize), so it moves 3|x| from DRAM unless x is still in L2 for the second
+// pass (FashionNet's tensors, 6-13 MB, fit in an H100's 50 MB L2; the 26 MB
+// [32,64,56,56] one only just); likewise its backward reads x and grad_y twice.
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/batchnorm.h"
+#include "towerlab.h"
+
+#if TOWERLAB_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+#if TOWERLAB_WITH_CUDA && TOWERLAB_HAVE_CUDNN
+#include <cudnn.h>
+#endif
+
+using namespace towerlab;
+
+namespace {
+
+bool skip_without(Device device, benchmark::State& state) {
+  if (device.is_cuda() && cuda_device_count() == 0) {
+    state.SkipWithError("no CUDA device");
+    return true;
+  }
+  return false;
+}
+
+Shape shape_of(const benchmark::State& state) {
+  return {state.range(0), state.range(1), state.range(2), state.range(3)};
+}
+
+void set_bytes(benchmark::State& state, const Shape& shape, int passes) {
+  state.counters["bytes/s"] =
+      benchmark::Counter(static_cast<double>(numel_of(shape)) * sizeof(float) * passes,
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Inputs with a non-trivial mean and spread, as a real activation has.
+Tensor input(const Shape& shape, const Stream& stream, std::uint64_t subsequence = 0) {
+  Tensor x = Tensor::empty(shape, stream);
+  random_normal(x, 42, subsequence, 1.0f, 0.5f, stream);
+  return x;
+}
+
+void BM_BatchNormForwardTraining(benchmark::State& state, Device device) {
+  if (skip_without(device, state)) return;
+  Stream stream(device);
+  const Shape shape = shape_of(state);
+  const std::int64_t C = shape[1];
+  Tensor x = input(shape, stream), y = Tensor::empty(shape, stream);
+  Tensor gamma = Tensor::zeros({C}, stream), beta = Tensor::zeros({C}, stream);
+  Tensor mean = Tensor::empty({C}, stream), inv_std = Tensor::empty({C}, stream);
+  Tensor mm = Tensor::zeros({C}, stream), mv = Tensor::zeros({C}, stream);
+  fill(gamma, 1.0, stream);
+  for (auto _ : state) {
+    batchnorm_forward_training(y, mean, inv_std, mm, mv, x, gamma, beta, 1e-3, 0.99, stream);
+    stream.synchronize();
+  }
+  set_bytes(state, shape, 2);
+}
+
+void BM_BatchNormForwardInference(benchmark::State& state, Device device) {
+  if (skip_without(device, state)) return;
+  Stream stream(device);
+  const Shape shape = shape_of(state);
+  const std::int64_t C = shape[1];
+  Tensor x = input(shape, stream), y = Tensor::empty(shape, stream);
+  Tensor ones = Tensor::empty({C}, stream), zeros = Tensor::zeros({C}, stream);
+  fill(ones, 1.0, stream);
+  for (auto _ : state) {
+    batchnorm_forward_inference(y, x, ones, zeros, zeros, ones, 1e-3, stream);
+    stream.synchronize();
+  }
+  set_bytes(state, shape, 2);
+}
+
+void BM_BatchNormBackward(benchmark::State& state, Device device) {
+  if (skip_without(device, state)) return;
+  Stream stream(device);
+  const Shape shape = shape_of(state);
+  const std::int64_t C = shape[1];
+  Tensor x = input(shape, stream), grad_y = input(shape, stream, 1);
+  Tensor grad_x = Tensor::zeros(shape, stream);
+  Tensor gamma = Tensor::empty({C}, stream), mean = Tensor::zeros({C}, stream);
+  Tensor inv_std = Tensor::empty({C}, stream);
+  fill(gamma, 1.0, stream);
+  fill(inv_std, 1.0, stream);
+  Tensor grad_gamma = Tensor::zeros({C}, stream), grad_beta = Tensor::zeros({C}, stream);
+  for (auto _ : state) {
+    batchnorm_backward(grad_x, grad_gamma, grad_beta, grad_y, x, gamma, mean, inv_std, stream);
+    stream.synchronize();
+  }
+  set_bytes(state, shape, 4);
+}
+
+// The bandwidth reference: one copy of x (reads and writes |x|).
+void BM_CopyReference(benchmark::State& state, Device device) {
+  if (skip_without(device, state)) return;
+  Stream stream(device);
+  const Shape shape = shape_of(state);
+  Tensor a = Tensor::zeros(shape, stream), b = Tensor::zeros(shape, stream);
+  for (auto _ : state) {
+#if TOWERLAB_WITH_CUDA
+    if (device.is_cuda()) {
+      cudaMemcpyAsync(b.raw_data(), a.raw_data(), a.nbytes(), cudaMemcpyDeviceToDevice,
+                      static_cast<cudaStream_t>(stream.native_handle()));
+      stream.synchronize();
+      continue;
+    }
+#endif
+    std::memcpy(b.raw_data(), a.raw_data(), a.nbytes());
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state, shape, 2);
+}
+
+#if TOWERLAB_WITH_CUDA && TOWERLAB_HAVE_CUDNN
+// The legacy batch-norm calls are deprecated in cuDNN 9 but remain the plain,
+// fastest-to-set-up reference; silence the warning for them only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
+void cudnn_check(cudnnStatus_t status, const char* what) {
+  if (status != CUDNN_STATUS_SUCCESS) {
+    throw std::runtime_error(std::string(what) + ": " + cudnnGetErrorString(status));
+  }
+}
+
+// A cuDNN handle and the two descriptors spatial batch norm needs.
+struct CudnnBatchNorm {
+  cudnnHandle_t handle{};
+  cudnnTensorDescriptor_t x_desc{}, channel_desc{};
+  CudnnBatchNorm(const Shape& s, const Stream& stream) {
+    cudnn_check(cudnnCreate(&handle), "cudnnCreate");
+    cudnn_check(cudnnSetStream(handle, static_cast<cudaStream_t>(stream.native_handle())),
+                "cudnnSetStream");
+    cudnn_check(cudnnCreateTensorDescriptor(&x_desc), "descriptor");
+    cudnn_check(cudnnCreateTensorDescriptor(&channel_desc), "descriptor");
+    cudnn_check(cudnnSetTensor4dDescriptor(x_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+                                           static_cast<int>(s[0]), static_cast<int>(s[1]),
+                                           static_cast<int>(s[2]), static_cast<int>(s[3])),
+                "x descriptor");
+    cudnn_check(cudnnDeriveBNTensorDescriptor(channel_desc, x_desc, CUDNN_BATCHNORM_SPATIAL),
+                "channel descriptor");
+  }
+  ~CudnnBatchNorm() {
+    cudnnDestroyTensorDescriptor(channel_desc);
+    cudnnDestroyTensorDescriptor(x_desc);
+    cudnnDestroy(handle);
+  }
+};
+
+void BM_CudnnBatchNormForwardTraining(benchmark::State& state) {
+  if (skip_without(Device::cuda(0), state)) return;
+  Stream stream(Device::cuda(0));
+  const Shape shape = shape_of(state);
+  const std::int64_t C = shape[1];
+  CudnnBatchNorm bn(shape, stream);
+  Tensor x = input(shape, stream), y = Tensor::empty(shape, stream);
+  Tensor gamma = Tensor::empty({C}, stream), beta = Tensor::zeros({C}, stream);
+  Tensor mm = Tensor::zeros({C}, stream), mv = Tensor::zeros({C}, stream);
+  Tensor mean = Tensor::empty({C}, stream), inv_std = Tensor::empty({C}, stream);
+  fill(gamma, 1.0, stream);
+  const float one = 1.0f, zero = 0.0f;
+  for (auto _ : state) {
+    cudnn_check(cudnnBatchNormalizationForwardTraining(
+                    bn.handle, CUDNN_BATCHNORM_SPATIAL, &one, &zero, bn.x_desc, x.raw_data(),
+                    bn.x_desc, y.raw_data(), bn.channel_desc, gamma.raw_data(), beta.raw_data(),
+                    0.01, mm.raw_data(), mv.raw_data(), 1e-3, mean.raw_data(), inv_std.raw_data()),
+                "cudnnBatchNormalizationForwardTraining");
+    stream.synchronize();
+  }
+  set_bytes(state, shape, 2);
+}
+
+void BM_CudnnBatchNormBackward(benchmark::State& state) {
+  if (skip_without(Device::cuda(0), state)) return;
+  Stream stream(Device::cuda(0));
+  const Shape shape = shape_of(state);
+  const std::int64_t C = shape[1];
+  CudnnBatchNorm bn(shape, stream);
+  Tensor x = input(shape, stream), grad_y = input(shape, stream, 1);
+  Tensor grad_x = Tensor::zeros(shape, stream);
+  Tensor gamma = Tensor::empty({C}, stream), mean = Tensor::zeros({C}, stream);
+  Tensor inv_std = Tensor::empty({C}, stream);
+  Tensor grad_gamma = Tensor::zeros({C}, stream), grad_beta = Tensor::zeros({C}, stream);
+  fill(gamma, 1.0, stream);
+  fill(inv_std, 1.0, stream);
+  // Blend factors 1, 1: accumulate like towerlab's backward (same bytes).
+  const float one = 1.0f;
+  for (auto _ : state) {
+    cudnn_check(cudnnBatchNormalizationBackward(
+                    bn.handle, CUDNN_BATCHNORM_SPATIAL, &one, &one, &one, &one, bn.x_desc,
+                    x.raw_data(), bn.x_desc, grad_y.raw_data(), bn.x_desc, grad_x.raw_data(),
+                    bn.channel_desc, gamma.raw_data(), grad_gamma.raw_data(), grad_beta.raw_data(),
+                    1e-3, mean.raw_data(), inv_std.raw_data()),
+                "cudnnBatchNormalizationBackward");
+    stream.synchronize();
+  }
+  set_bytes(state, shape, 4);
+}
+
+#pragma GCC diagnostic pop
+#endif
+
+void shapes(benchmark::internal::Benchmark* b) {
+  b->Args({128, 32, 28, 28})->Args({128, 64, 14, 14})->Args({32, 64, 56, 56});
+  b->ArgNames({"N", "C", "H", "W"})->UseRealTime();
+}
+
+}  // namespace
+
+BENCHMARK_CAPTURE(BM_BatchNormForwardTraining, cpu, Device::cpu())->Apply(shapes);
+BENCHMARK_CAPTURE(BM_BatchNormForwardInference, cpu, Device::cpu())->Apply(shapes);
+BENCHMARK_CAPTURE(BM_BatchNormBackward, cpu, Device::cpu())->Apply(shapes);
+BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())->Apply(shapes);
+BENCHMARK_CAPTURE(BM_BatchNormForwardTraining, cuda, Device::cuda(0))->Apply(shapes);
+BENCHMARK_CAPTURE(BM_BatchNormForwardInference, cuda, Device::cuda(0))->Apply(shapes);
+BENCHMARK_CAPTURE(BM_BatchNormBackward, cuda, Device::cuda(0))->Apply(shapes);
+BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))->Apply(shapes);
+#if TOWERLAB_WITH_CUDA && TOWERLAB_HAVE_CUDNN
+BENCHMARK(BM_CudnnBatchNormForwardTraining)
+    ->Name("BM_CudnnBatchNormForwardTraining/cuda")
+    ->Apply(shapes);
+BENCHMARK(BM_CudnnBatchNormBackward)->Name("BM_CudnnBatchNormBackward/cuda")->Apply(shapes);
+#endif

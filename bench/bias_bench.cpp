@@ -1,0 +1,102 @@
+// Bias add against the memory bandwidth it is bound by, on FashionNet's conv
+// outputs (batch 128: [128,32,28,28], [128,64,14,14]), a [32,64,56,56] layer and
+// a fully connected [128,1024] one.
+//
+// "bytes": the in-place forward reads and writes x (2|x|); the backward reads
+// grad_y (|x|). The reference is a copy of |x| (2|x| bytes: memcpy on the CPU,
+// cudaMemcpy device-to-device on CUDA, target >= 85% of its bytes/s).
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+
+#include "kernels/bias.h"
+#include "towerlab.h"
+
+#if TOWERLAB_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+using namespace towerlab;
+
+namespace {
+
+bool skip_without(Device device, benchmark::State& state) {
+  if (device.is_cuda() && cuda_device_count() == 0) {
+    state.SkipWithError("no CUDA device");
+    return true;
+  }
+  return false;
+}
+
+Shape shape_of(const benchmark::State& state) {
+  Shape s = {state.range(0), state.range(1), state.range(2), state.range(3)};
+  if (s[2] == 0) s.resize(2);  // H = 0 marks an [N,C] shape
+  return s;
+}
+
+void set_bytes(benchmark::State& state, const Shape& shape, int passes) {
+  state.counters["bytes/s"] =
+      benchmark::Counter(static_cast<double>(numel_of(shape)) * sizeof(float) * passes,
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_BiasAddForward(benchmark::State& state, Device device) {
+  if (skip_without(device, state)) return;
+  Stream stream(device);
+  const Shape shape = shape_of(state);
+  Tensor x = Tensor::zeros(shape, stream), bias = Tensor::zeros({shape[1]}, stream);
+  for (auto _ : state) {
+    bias_add_forward(x, x, bias, stream);
+    stream.synchronize();
+  }
+  set_bytes(state, shape, 2);
+}
+
+void BM_BiasAddBackward(benchmark::State& state, Device device) {
+  if (skip_without(device, state)) return;
+  Stream stream(device);
+  const Shape shape = shape_of(state);
+  Tensor grad_y = Tensor::zeros(shape, stream), grad_bias = Tensor::zeros({shape[1]}, stream);
+  for (auto _ : state) {
+    bias_add_backward(grad_bias, grad_y, stream);
+    stream.synchronize();
+  }
+  set_bytes(state, shape, 1);
+}
+
+void BM_CopyReference(benchmark::State& state, Device device) {
+  if (skip_without(device, state)) return;
+  Stream stream(device);
+  const Shape shape = shape_of(state);
+  Tensor a = Tensor::zeros(shape, stream), b = Tensor::zeros(shape, stream);
+  for (auto _ : state) {
+#if TOWERLAB_WITH_CUDA
+    if (device.is_cuda()) {
+      cudaMemcpyAsync(b.raw_data(), a.raw_data(), a.nbytes(), cudaMemcpyDeviceToDevice,
+                      static_cast<cudaStream_t>(stream.native_handle()));
+      stream.synchronize();
+      continue;
+    }
+#endif
+    std::memcpy(b.raw_data(), a.raw_data(), a.nbytes());
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state, shape, 2);
+}
+
+void shapes(benchmark::internal::Benchmark* b) {
+  b->Args({128, 32, 28, 28})
+      ->Args({128, 64, 14, 14})
+      ->Args({32, 64, 56, 56})
+      ->Args({128, 1024, 0, 0});
+  b->ArgNames({"N", "C", "H", "W"})->UseRealTime();
+}
+
+}  // namespace
+
+BENCHMARK_CAPTURE(BM_BiasAddForward, cpu, Device::cpu())->Apply(shapes);
+BENCHMARK_CAPTURE(BM_BiasAddBackward, cpu, Device::cpu())->Apply(shapes);
+BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())->Apply(shapes);
+BENCHMARK_CAPTURE(BM_BiasAddForward, cuda, Device::cuda(0))->Apply(shapes);
+BENCHMARK_CAPTURE(BM_BiasAddBackward, cuda, Device::cuda(0))->Apply(shapes);
+BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))->Apply(shapes);

@@ -1,0 +1,238 @@
+// 2-D pooling against the memory bandwidth it is bound by, on FashionNet's pooling
+// layers (2x2 windows, stride 2, after conv1 [128,32,28,28] and conv2
+// [128,64,14,14]) and a [32,64,56,56] layer.
+//
+// "bytes" counts the unavoidable traffic: the forward reads x and writes y
+// (|x| + |x|/4); the backward reads grad_y (|x|/4), reads x for the argmax (max
+// only) and reads and writes grad_x (2|x|). The reference is the copy of the same
+// number of bytes (memcpy on the CPU, cudaMemcpy device-to-device on CUDA, target
+// >= 85% of its bytes/s) and, when TOWERLAB_HAVE_CUDNN, cudnnPoolingForward /
+// cudnnPoolingBackward (max, 2x2 stride 2) counted with the same bytes.
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/pool2d.h"
+#include "towerlab.h"
+
+#if TOWERLAB_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+#if TOWERLAB_WITH_CUDA && TOWERLAB_HAVE_CUDNN
+#include <cudnn.h>
+#endif
+
+using namespace towerlab;
+
+namespace {
+
+const Pool2dParams kPool = Pool2dParams::square(2, 2);
+
+bool skip_without(Device device, benchmark::State& state) {
+  if (device.is_cuda() && cuda_device_count() == 0) {
+    state.SkipWithError("no CUDA device");
+    return true;
+  }
+  return false;
+}
+
+Shape shape_of(const benchmark::State& state) {
+  return {state.range(0), state.range(1), state.range(2), state.range(3)};
+}
+
+// Bytes moved, as multiples of |x| in quarters (the output is a quarter of x).
+void set_bytes(benchmark::State& state, const Shape& shape, int quarters) {
+  state.counters["bytes/s"] =
+      benchmark::Counter(static_cast<double>(numel_of(shape)) * sizeof(float) * quarters / 4.0,
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+
+constexpr int kForwardQuarters = 5;       // x + y
+constexpr int kMaxBackwardQuarters = 13;  // grad_y + x + grad_x read and written
+constexpr int kAvgBackwardQuarters = 9;   // grad_y + grad_x read and written
+
+void BM_MaxPoolForward(benchmark::State& state, Device device) {
+  if (skip_without(device, state)) return;
+  Stream stream(device);
+  const Shape shape = shape_of(state);
+  Tensor x = Tensor::empty(shape, stream),
+         y = Tensor::empty(pool2d_output_shape(shape, kPool), stream);
+  random_uniform(x, 1, 0, -1.0f, 1.0f, stream);
+  for (auto _ : state) {
+    max_pool2d_forward(y, x, kPool, stream);
+    stream.synchronize();
+  }
+  set_bytes(state, shape, kForwardQuarters);
+}
+
+void BM_MaxPoolBackward(benchmark::State& state, Device device) {
+  if (skip_without(device, state)) return;
+  Stream stream(device);
+  const Shape shape = shape_of(state);
+  Tensor x = Tensor::empty(shape, stream), grad_x = Tensor::zeros(shape, stream);
+  Tensor grad_y = Tensor::zeros(pool2d_output_shape(shape, kPool), stream);
+  random_uniform(x, 1, 0, -1.0f, 1.0f, stream);
+  for (auto _ : state) {
+    max_pool2d_backward(grad_x, grad_y, x, kPool, stream);
+    stream.synchronize();
+  }
+  set_bytes(state, shape, kMaxBackwardQuarters);
+}
+
+void BM_AvgPoolForward(benchmark::State& state, Device device) {
+  if (skip_without(device, state)) return;
+  Stream stream(device);
+  const Shape shape = shape_of(state);
+  Tensor x = Tensor::zeros(shape, stream),
+         y = Tensor::empty(pool2d_output_shape(shape, kPool), stream);
+  for (auto _ : state) {
+    avg_pool2d_forward(y, x, kPool, stream);
+    stream.synchronize();
+  }
+  set_bytes(state, shape, kForwardQuarters);
+}
+
+void BM_AvgPoolBackward(benchmark::State& state, Device device) {
+  if (skip_without(device, state)) return;
+  Stream stream(device);
+  const Shape shape = shape_of(state);
+  Tensor grad_x = Tensor::zeros(shape, stream);
+  Tensor grad_y = Tensor::zeros(pool2d_output_shape(shape, kPool), stream);
+  for (auto _ : state) {
+    avg_pool2d_backward(grad_x, grad_y, kPool, stream);
+    stream.synchronize();
+  }
+  set_bytes(state, shape, kAvgBackwardQuarters);
+}
+
+// The bandwidth reference: a copy moving as many bytes as the max-pool forward.
+void BM_CopyReference(benchmark::State& state, Device device) {
+  if (skip_without(device, state)) return;
+  Stream stream(device);
+  const Shape shape = shape_of(state);
+  const std::int64_t n = numel_of(shape) * kForwardQuarters / 8;  // floats copied
+  Tensor a = Tensor::zeros({n}, stream), b = Tensor::zeros({n}, stream);
+  for (auto _ : state) {
+#if TOWERLAB_WITH_CUDA
+    if (device.is_cuda()) {
+      cudaMemcpyAsync(b.raw_data(), a.raw_data(), a.nbytes(), cudaMemcpyDeviceToDevice,
+                      static_cast<cudaStream_t>(stream.native_handle()));
+      stream.synchronize();
+      continue;
+    }
+#endif
+    std::memcpy(b.raw_data(), a.raw_data(), a.nbytes());
+    benchmark::ClobberMemory();
+  }
+  state.counters["bytes/s"] = benchmark::Counter(static_cast<double>(n) * sizeof(float) * 2,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+
+#if TOWERLAB_WITH_CUDA && TOWERLAB_HAVE_CUDNN
+// The legacy pooling calls are deprecated in cuDNN 9 but remain the plain reference.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
+void cudnn_check(cudnnStatus_t status, const char* what) {
+  if (status != CUDNN_STATUS_SUCCESS) {
+    throw std::runtime_error(std::string(what) + ": " + cudnnGetErrorString(status));
+  }
+}
+
+struct CudnnPool {
+  cudnnHandle_t handle{};
+  cudnnTensorDescriptor_t x_desc{}, y_desc{};
+  cudnnPoolingDescriptor_t pool{};
+  CudnnPool(const Shape& x, const Shape& y, const Stream& stream) {
+    cudnn_check(cudnnCreate(&handle), "cudnnCreate");
+    cudnn_check(cudnnSetStream(handle, static_cast<cudaStream_t>(stream.native_handle())),
+                "cudnnSetStream");
+    cudnn_check(cudnnCreateTensorDescriptor(&x_desc), "descriptor");
+    cudnn_check(cudnnCreateTensorDescriptor(&y_desc), "descriptor");
+    cudnn_check(cudnnCreatePoolingDescriptor(&pool), "pooling descriptor");
+    auto set = [](cudnnTensorDescriptor_t d, const Shape& s) {
+      cudnn_check(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+                                             static_cast<int>(s[0]), static_cast<int>(s[1]),
+                                             static_cast<int>(s[2]), static_cast<int>(s[3])),
+                  "tensor descriptor");
+    };
+    set(x_desc, x);
+    set(y_desc, y);
+    cudnn_check(cudnnSetPooling2dDescriptor(pool, CUDNN_POOLING_MAX, CUDNN_NOT_PROPAGATE_NAN, 2, 2,
+                                            0, 0, 2, 2),
+                "cudnnSetPooling2dDescriptor");
+  }
+  ~CudnnPool() {
+    cudnnDestroyPoolingDescriptor(pool);
+    cudnnDestroyTensorDescriptor(y_desc);
+    cudnnDestroyTensorDescriptor(x_desc);
+    cudnnDestroy(handle);
+  }
+};
+
+void BM_CudnnMaxPoolForward(benchmark::State& state) {
+  if (skip_without(Device::cuda(0), state)) return;
+  Stream stream(Device::cuda(0));
+  const Shape shape = shape_of(state), out = pool2d_output_shape(shape, kPool);
+  CudnnPool p(shape, out, stream);
+  Tensor x = Tensor::empty(shape, stream), y = Tensor::empty(out, stream);
+  random_uniform(x, 1, 0, -1.0f, 1.0f, stream);
+  const float one = 1.0f, zero = 0.0f;
+  for (auto _ : state) {
+    cudnn_check(cudnnPoolingForward(p.handle, p.pool, &one, p.x_desc, x.raw_data(), &zero, p.y_desc,
+                                    y.raw_data()),
+                "cudnnPoolingForward");
+    stream.synchronize();
+  }
+  set_bytes(state, shape, kForwardQuarters);
+}
+
+void BM_CudnnMaxPoolBackward(benchmark::State& state) {
+  if (skip_without(Device::cuda(0), state)) return;
+  Stream stream(Device::cuda(0));
+  const Shape shape = shape_of(state), out = pool2d_output_shape(shape, kPool);
+  CudnnPool p(shape, out, stream);
+  Tensor x = Tensor::empty(shape, stream), y = Tensor::empty(out, stream);
+  Tensor grad_x = Tensor::zeros(shape, stream), grad_y = Tensor::zeros(out, stream);
+  random_uniform(x, 1, 0, -1.0f, 1.0f, stream);
+  const float one = 1.0f;
+  cudnn_check(cudnnPoolingForward(p.handle, p.pool, &one, p.x_desc, x.raw_data(), &one, p.y_desc,
+                                  y.raw_data()),
+              "cudnnPoolingForward");
+  for (auto _ : state) {
+    // cuDNN also reads y to find the argmax; beta = 1 accumulates like towerlab.
+    cudnn_check(cudnnPoolingBackward(p.handle, p.pool, &one, p.y_desc, y.raw_data(), p.y_desc,
+                                     grad_y.raw_data(), p.x_desc, x.raw_data(), &one, p.x_desc,
+                                     grad_x.raw_data()),
+                "cudnnPoolingBackward");
+    stream.synchronize();
+  }
+  set_bytes(state, shape, kMaxBackwardQuarters);
+}
+
+#pragma GCC diagnostic pop
+#endif
+
+void shapes(benchmark::internal::Benchmark* b) {
+  b->Args({128, 32, 28, 28})->Args({128, 64, 14, 14})->Args({32, 64, 56, 56});
+  b->ArgNames({"N", "C", "H", "W"})->UseRealTime();
+}
+
+}  // namespace
+
+BENCHMARK_CAPTURE(BM_MaxPoolForward, cpu, Device::cpu())->Apply(shapes);
+BENCHMARK_CAPTURE(BM_MaxPoolBackward, cpu, Device::cpu())->Apply(shapes);
+BENCHMARK_CAPTURE(BM_AvgPoolForward, cpu, Device::cpu())->Apply(shapes);
+BENCHMARK_CAPTURE(BM_AvgPoolBackward, cpu, Device::cpu())->Apply(shapes);
+BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())->Apply(shapes);
+BENCHMARK_CAPTURE(BM_MaxPoolForward, cuda, Device::cuda(0))->Apply(shapes);
+BENCHMARK_CAPTURE(BM_MaxPoolBackward, cuda, Device::cuda(0))->Apply(shapes);
+BENCHMARK_CAPTURE(BM_AvgPoolForward, cuda, Device::cuda(0))->Apply(shapes);
+BENCHMARK_CAPTURE(BM_AvgPoolBackward, cuda, Device::cuda(0))->Apply(shapes);
+BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))->Apply(shapes);
+#if TOWERLAB_WITH_CUDA && TOWERLAB_HAVE_CUDNN
+BENCHMARK(BM_CudnnMaxPoolForward)->Name("BM_CudnnMaxPoolForward/cuda")->Apply(shapes);
+BENCHMARK(BM_CudnnMaxPoolBackward)->Name("BM_CudnnMaxPoolBackward/cuda")->Apply(shapes);
+#endif

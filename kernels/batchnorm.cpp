@@ -1,0 +1,284 @@
+// Checks and backend dispatch for batch normalization (kernels/batchnorm.h). The
+// single-device training forward and backward are written here as compositions
+// of the split API, so that synchronized batch norm reuses exactly these steps.
+#include "kernels/batchnorm.h"
+
+#include "kernels/checks.h"
+#include "kernels/elementwise.h"
+
+namespace towerlab {
+
+namespace {
+
+// x viewed as [N,C,S] with S = H*W (S = 1 for [N,C]).
+struct Dims {
+  std::int64_t N, C, S;
+};
+
+Dims dims_of(const char* op, const Tensor& x, const Stream& stream) {
+  TL_CHECK(x.defined(), InvalidArgument, op << ": x is undefined");
+  TL_CHECK(x.dim() == 2 || x.dim() == 4, ShapeError,
+           op << ": x must be [N,C] or [N,C,H,W], got " << x.describe());
+  if (stream.device().is_cuda()) kernels::check_float32(op, "x", x);
+  const std::int64_t S = x.dim() == 4 ? x.size(2) * x.size(3) : 1;
+  return {x.size(0), x.size(1), S};
+}
+
+void check_channels(const char* op, const Tensor& x, std::int64_t C,
+                    std::initializer_list<kernels::NamedTensor> tensors) {
+  for (const kernels::NamedTensor& t : tensors) {
+    TL_CHECK(t.second->dim() == 1 && t.second->size(0) == C, ShapeError,
+             op << ": " << t.first << " is " << t.second->describe() << " but x " << x.describe()
+                << " has " << C << " channels (expected [" << C << "])");
+  }
+}
+
+// Both moving statistics or neither.
+bool wants_moving(const char* op, const Tensor& moving_mean, const Tensor& moving_var) {
+  TL_CHECK(moving_mean.defined() == moving_var.defined(), InvalidArgument,
+           op << ": give both moving_mean and moving_var, or neither (moving_mean is "
+              << (moving_mean.defined() ? "defined" : "undefined") << ", moving_var is "
+              << (moving_var.defined() ? "defined" : "undefined") << ")");
+  return moving_mean.defined();
+}
+
+void check_eps_momentum(const char* op, double eps, double momentum) {
+  TL_CHECK(eps >= 0.0, InvalidArgument, op << ": eps must be >= 0, got " << eps);
+  TL_CHECK(momentum >= 0.0 && momentum <= 1.0, InvalidArgument,
+           op << ": momentum must be in [0, 1] (TensorFlow's decay: the weight of the old "
+                 "moving value), got "
+              << momentum);
+}
+
+}  // namespace
+
+// --- split API: forward ----------------------------------------------------------
+
+void batchnorm_stats(const Tensor& mean, const Tensor& m2, const Tensor& x, const Stream& stream) {
+  const char* op = "batchnorm_stats";
+  const Dims d = dims_of(op, x, stream);
+  kernels::check_on_stream(op, stream, {{"x", &x}, {"mean", &mean}, {"m2", &m2}});
+  check_channels(op, x, d.C, {{"mean", &mean}, {"m2", &m2}});
+  if (d.C == 0) return;
+  if (x.numel() == 0) {  // an empty partial: count 0, mean 0, m2 0
+    fill(mean, 0.0, stream);
+    fill(m2, 0.0, stream);
+    return;
+  }
+  if (stream.device().is_cpu()) {
+    cpu::batchnorm_stats(mean, m2, x, d.N, d.C, d.S);
+  } else {
+    TL_ON_CUDA(cuda::batchnorm_stats(mean, m2, x, d.N, d.C, d.S, stream));
+  }
+}
+
+void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_t count_a,
+                           const Tensor& mean_b, const Tensor& m2_b, std::int64_t count_b,
+                           const Stream& stream) {
+  const char* op = "batchnorm_merge_stats";
+  kernels::check_same_shape(
+      op, stream, {{"mean_a", &mean_a}, {"m2_a", &m2_a}, {"mean_b", &mean_b}, {"m2_b", &m2_b}});
+  TL_CHECK(mean_a.dim() == 1, ShapeError, op << ": mean_a must be [C], got " << mean_a.describe());
+  TL_CHECK(count_a >= 0 && count_b >= 0, InvalidArgument,
+           op << ": counts must be >= 0, got " << count_a << " and " << count_b);
+  if (stream.device().is_cuda()) kernels::check_float32(op, "mean_a", mean_a);
+  if (mean_a.numel() == 0 || count_b == 0) return;
+  if (stream.device().is_cpu()) {
+    cpu::batchnorm_merge_stats(mean_a, m2_a, count_a, mean_b, m2_b, count_b);
+  } else {
+    TL_ON_CUDA(cuda::batchnorm_merge_stats(mean_a, m2_a, count_a, mean_b, m2_b, count_b, stream));
+  }
+}
+
+void batchnorm_forward_from_stats(const Tensor& y, const Tensor& inv_std, const Tensor& moving_mean,
+                                  const Tensor& moving_var, const Tensor& x, const Tensor& gamma,
+                                  const Tensor& beta, const Tensor& mean, const Tensor& m2,
+                                  std::int64_t count, double eps, double momentum,
+                                  const Stream& stream) {
+  const char* op = "batchnorm_forward_from_stats";
+  const Dims d = dims_of(op, x, stream);
+  kernels::check_same_shape(op, stream, {{"x", &x}, {"y", &y}});
+  kernels::check_on_stream(op, stream,
+                           {{"x", &x},
+                            {"inv_std", &inv_std},
+                            {"gamma", &gamma},
+                            {"beta", &beta},
+                            {"mean", &mean},
+                            {"m2", &m2}});
+  check_channels(
+      op, x, d.C,
+      {{"inv_std", &inv_std}, {"gamma", &gamma}, {"beta", &beta}, {"mean", &mean}, {"m2", &m2}});
+  const bool moving = wants_moving(op, moving_mean, moving_var);
+  if (moving) {
+    kernels::check_on_stream(
+        op, stream, {{"x", &x}, {"moving_mean", &moving_mean}, {"moving_var", &moving_var}});
+    check_channels(op, x, d.C, {{"moving_mean", &moving_mean}, {"moving_var", &moving_var}});
+  }
+  check_eps_momentum(op, eps, momentum);
+  TL_CHECK(count >= 2, InvalidArgument,
+           op << ": training needs at least 2 values per channel, got count " << count << " (x "
+              << x.describe() << ")");
+  if (d.C == 0) return;
+  // Not "return on empty x": a tower with no samples still takes its share of the
+  // per-channel outputs (inv_std, moving statistics) in synchronized batch norm.
+  if (stream.device().is_cpu()) {
+    cpu::batchnorm_forward_from_stats(y, inv_std, moving_mean, moving_var, x, gamma, beta, mean, m2,
+                                      count, eps, momentum, d.N, d.C, d.S);
+  } else {
+    TL_ON_CUDA(cuda::batchnorm_forward_from_stats(y, inv_std, moving_mean, moving_var, x, gamma,
+                                                  beta, mean, m2, count, eps, momentum, d.N, d.C,
+                                                  d.S, stream));
+  }
+}
+
+// --- split API: backward ---------------------------------------------------------
+
+void batchnorm_backward_reduce(const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
+                               const Tensor& grad_y, const Tensor& x, const Tensor& mean,
+                               const Tensor& inv_std, const Stream& stream) {
+  const char* op = "batchnorm_backward_reduce";
+  const Dims d = dims_of(op, x, stream);
+  kernels::check_same_shape(op, stream, {{"x", &x}, {"grad_y", &grad_y}});
+  kernels::check_on_stream(op, stream,
+                           {{"x", &x},
+                            {"sum_grad_y", &sum_grad_y},
+                            {"sum_grad_y_xhat", &sum_grad_y_xhat},
+                            {"mean", &mean},
+                            {"inv_std", &inv_std}});
+  check_channels(op, x, d.C,
+                 {{"sum_grad_y", &sum_grad_y},
+                  {"sum_grad_y_xhat", &sum_grad_y_xhat},
+                  {"mean", &mean},
+                  {"inv_std", &inv_std}});
+  if (d.C == 0) return;
+  if (x.numel() == 0) {  // an empty tower's share of the sums
+    fill(sum_grad_y, 0.0, stream);
+    fill(sum_grad_y_xhat, 0.0, stream);
+    return;
+  }
+  if (stream.device().is_cpu()) {
+    cpu::batchnorm_backward_reduce(sum_grad_y, sum_grad_y_xhat, grad_y, x, mean, inv_std, d.N, d.C,
+                                   d.S);
+  } else {
+    TL_ON_CUDA(cuda::batchnorm_backward_reduce(sum_grad_y, sum_grad_y_xhat, grad_y, x, mean,
+                                               inv_std, d.N, d.C, d.S, stream));
+  }
+}
+
+void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
+                              const Tensor& gamma, const Tensor& mean, const Tensor& inv_std,
+                              const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
+                              std::int64_t count, const Stream& stream) {
+  const char* op = "batchnorm_backward_apply";
+  const Dims d = dims_of(op, x, stream);
+  kernels::check_same_shape(op, stream, {{"x", &x}, {"grad_x", &grad_x}, {"grad_y", &grad_y}});
+  kernels::check_on_stream(op, stream,
+                           {{"x", &x},
+                            {"gamma", &gamma},
+                            {"mean", &mean},
+                            {"inv_std", &inv_std},
+                            {"sum_grad_y", &sum_grad_y},
+                            {"sum_grad_y_xhat", &sum_grad_y_xhat}});
+  check_channels(op, x, d.C,
+                 {{"gamma", &gamma},
+                  {"mean", &mean},
+                  {"inv_std", &inv_std},
+                  {"sum_grad_y", &sum_grad_y},
+                  {"sum_grad_y_xhat", &sum_grad_y_xhat}});
+  TL_CHECK(count >= 1, InvalidArgument,
+           op << ": count must be >= 1 (values per channel over the whole batch), got " << count);
+  if (x.numel() == 0) return;
+  if (stream.device().is_cpu()) {
+    cpu::batchnorm_backward_apply(grad_x, grad_y, x, gamma, mean, inv_std, sum_grad_y,
+                                  sum_grad_y_xhat, count, d.N, d.C, d.S);
+  } else {
+    TL_ON_CUDA(cuda::batchnorm_backward_apply(grad_x, grad_y, x, gamma, mean, inv_std, sum_grad_y,
+                                              sum_grad_y_xhat, count, d.N, d.C, d.S, stream));
+  }
+}
+
+// --- single-device compositions --------------------------------------------------
+
+void batchnorm_forward_training(const Tensor& y, const Tensor& save_mean,
+                                const Tensor& save_inv_std, const Tensor& moving_mean,
+                                const Tensor& moving_var, const Tensor& x, const Tensor& gamma,
+                                const Tensor& beta, double eps, double momentum,
+                                const Stream& stream) {
+  const char* op = "batchnorm_forward_training";
+  const Dims d = dims_of(op, x, stream);
+  kernels::check_same_shape(op, stream, {{"x", &x}, {"y", &y}});
+  kernels::check_on_stream(op, stream,
+                           {{"x", &x},
+                            {"save_mean", &save_mean},
+                            {"save_inv_std", &save_inv_std},
+                            {"gamma", &gamma},
+                            {"beta", &beta}});
+  check_channels(op, x, d.C,
+                 {{"save_mean", &save_mean},
+                  {"save_inv_std", &save_inv_std},
+                  {"gamma", &gamma},
+                  {"beta", &beta}});
+  TL_CHECK(d.C == 0 || d.N * d.S >= 2, InvalidArgument,
+           op << ": training needs at least 2 values per channel, x is " << x.describe());
+  if (d.C == 0) return;
+  Tensor m2 = Tensor::empty({d.C}, stream, x.dtype());
+  batchnorm_stats(save_mean, m2, x, stream);
+  batchnorm_forward_from_stats(y, save_inv_std, moving_mean, moving_var, x, gamma, beta, save_mean,
+                               m2, d.N * d.S, eps, momentum, stream);
+}
+
+void batchnorm_forward_inference(const Tensor& y, const Tensor& x, const Tensor& gamma,
+                                 const Tensor& beta, const Tensor& moving_mean,
+                                 const Tensor& moving_var, double eps, const Stream& stream) {
+  const char* op = "batchnorm_forward_inference";
+  const Dims d = dims_of(op, x, stream);
+  kernels::check_same_shape(op, stream, {{"x", &x}, {"y", &y}});
+  kernels::check_on_stream(op, stream,
+                           {{"x", &x},
+                            {"gamma", &gamma},
+                            {"beta", &beta},
+                            {"moving_mean", &moving_mean},
+                            {"moving_var", &moving_var}});
+  check_channels(op, x, d.C,
+                 {{"gamma", &gamma},
+                  {"beta", &beta},
+                  {"moving_mean", &moving_mean},
+                  {"moving_var", &moving_var}});
+  check_eps_momentum(op, eps, 0.0);
+  if (x.numel() == 0) return;
+  if (stream.device().is_cpu()) {
+    cpu::batchnorm_forward_inference(y, x, gamma, beta, moving_mean, moving_var, eps, d.N, d.C,
+                                     d.S);
+  } else {
+    TL_ON_CUDA(cuda::batchnorm_forward_inference(y, x, gamma, beta, moving_mean, moving_var, eps,
+                                                 d.N, d.C, d.S, stream));
+  }
+}
+
+void batchnorm_backward(const Tensor& grad_x, const Tensor& grad_gamma, const Tensor& grad_beta,
+                        const Tensor& grad_y, const Tensor& x, const Tensor& gamma,
+                        const Tensor& save_mean, const Tensor& save_inv_std, const Stream& stream) {
+  const char* op = "batchnorm_backward";
+  const Dims d = dims_of(op, x, stream);
+  if (grad_gamma.defined()) {
+    kernels::check_on_stream(op, stream, {{"x", &x}, {"grad_gamma", &grad_gamma}});
+    check_channels(op, x, d.C, {{"grad_gamma", &grad_gamma}});
+  }
+  if (grad_beta.defined()) {
+    kernels::check_on_stream(op, stream, {{"x", &x}, {"grad_beta", &grad_beta}});
+    check_channels(op, x, d.C, {{"grad_beta", &grad_beta}});
+  }
+  if (!grad_x.defined() && !grad_gamma.defined() && !grad_beta.defined()) return;
+  Tensor sum_grad_y = Tensor::empty({d.C}, stream, x.dtype());
+  Tensor sum_grad_y_xhat = Tensor::empty({d.C}, stream, x.dtype());
+  batchnorm_backward_reduce(sum_grad_y, sum_grad_y_xhat, grad_y, x, save_mean, save_inv_std,
+                            stream);
+  if (grad_x.defined() && x.numel() > 0) {
+    batchnorm_backward_apply(grad_x, grad_y, x, gamma, save_mean, save_inv_std, sum_grad_y,
+                             sum_grad_y_xhat, d.N * d.S, stream);
+  }
+  if (grad_gamma.defined()) add(grad_gamma, grad_gamma, sum_grad_y_xhat, stream);
+  if (grad_beta.defined()) add(grad_beta, grad_beta, sum_grad_y, stream);
+}
+
+}  // namespace towerlab

@@ -1,0 +1,174 @@
+// Batch normalization over the batch and spatial positions of each channel.
+//
+// Dimensions: N batch, C channels, H and W spatial; x is [N,C,H,W] for a
+// convolutional layer or [N,C] for a fully connected one (taken as H = W = 1).
+// M = N*H*W is the number of values of one channel that are normalized together.
+// Per-channel tensors (gamma, beta, mean, m2, inv_std, moving_*) are [C]. Every
+// tensor has x's dtype (float32; float64 on the CPU) and is on the stream's device.
+//
+// Training forward, with the batch statistics of each channel c:
+//   mean[c]    = sum_{n,h,w} x[n,c,h,w] / M
+//   m2[c]      = sum_{n,h,w} (x[n,c,h,w] - mean[c])^2          (the "M2" of Welford)
+//   inv_std[c] = 1 / sqrt(m2[c] / M + eps)                     (biased variance)
+//   y[n,c,h,w] = gamma[c] * (x[n,c,h,w] - mean[c]) * inv_std[c] + beta[c]
+// and, when moving statistics are given, the update in TensorFlow's convention,
+// where `momentum` (TF's `decay`, default 0.99) is the weight of the OLD value
+// (PyTorch's momentum=0.1 is TF's 0.9):
+//   moving_mean[c] = momentum * moving_mean[c] + (1 - momentum) * mean[c]
+//   moving_var[c]  = momentum * moving_var[c]  + (1 - momentum) * m2[c] / (M - 1)
+// The moving variance uses the UNBIASED batch variance, as TF and PyTorch do;
+// the normalization itself uses the biased one. Training needs M >= 2.
+//
+// Inference forward, from the moving statistics:
+//   y = gamma * (x - moving_mean) / sqrt(moving_var + eps) + beta
+//
+// Backward of the training forward (x_hat = (x - mean) * inv_std, sums over n,h,w):
+//   grad_beta[c]  += sum grad_y
+//   grad_gamma[c] += sum grad_y * x_hat
+//   grad_x        += gamma * inv_std * (grad_y - sum(grad_y) / M - x_hat * sum(grad_y * x_hat) / M)
+// Each gradient is optional (an undefined Tensor is not computed) and accumulated.
+//
+// Numerical stability: the statistics never use E[x^2] - E[x]^2. The CPU makes
+// two passes (the mean, then the squared deviations from it) accumulating in
+// double; CUDA sums in float the deviations from a per-channel shift K (the
+// channel's first value x[0,c,0], a sample of the channel and so typically a few
+// standard deviations from its mean, however large the mean), then combines the
+// blocks in double. Inputs around 1e4 with a standard deviation of 1 keep their
+// variance to float precision. (An outlier as K loses precision in proportion to
+// its distance from the mean, as E[x^2] - E[x]^2 does with the mean's distance
+// from zero; in practice the first value is an ordinary sample.)
+//
+// Split API (for synchronized batch norm across towers). The single-device
+// training forward and backward are compositions of these steps:
+//   forward:  batchnorm_stats          per-tower (mean, m2) partials, count = local M
+//             batchnorm_merge_stats    combine partials (Chan et al.); a later issue
+//                                      gathers the towers' partials and merges them
+//             batchnorm_forward_from_stats  normalize with the merged statistics
+//   backward: batchnorm_backward_reduce  per-tower sum(grad_y), sum(grad_y * x_hat):
+//                                      plain sums, to be all-reduced across towers
+//             batchnorm_backward_apply   grad_x from the all-reduced sums and total M
+// Partials are (mean, m2) rather than (sum, sum of squares) so that merging them
+// stays accurate for large means; an empty tower contributes (0, 0) with count 0.
+//
+// Outputs are assigned unless the contract says "accumulated". No output may
+// alias an input, except y and x in the forwards (elementwise in place).
+#pragma once
+
+#include <cstdint>
+
+#include "engine/stream.h"
+#include "engine/tensor.h"
+
+namespace towerlab {
+
+// Training forward on one device: batch statistics, normalization and (when
+// moving_mean and moving_var are defined) the fused moving-statistics update.
+// Outputs: y [N,C,H,W] or [N,C]; save_mean, save_inv_std [C] (keep them for the
+// backward). moving_mean, moving_var [C] are read and updated in place, or both
+// undefined to skip the update.
+void batchnorm_forward_training(const Tensor& y, const Tensor& save_mean,
+                                const Tensor& save_inv_std, const Tensor& moving_mean,
+                                const Tensor& moving_var, const Tensor& x, const Tensor& gamma,
+                                const Tensor& beta, double eps, double momentum,
+                                const Stream& stream);
+
+// Inference forward from the moving statistics (no state changes).
+void batchnorm_forward_inference(const Tensor& y, const Tensor& x, const Tensor& gamma,
+                                 const Tensor& beta, const Tensor& moving_mean,
+                                 const Tensor& moving_var, double eps, const Stream& stream);
+
+// Backward of batchnorm_forward_training, from its save_mean and save_inv_std.
+// grad_x (x's shape), grad_gamma, grad_beta ([C]) are accumulated; any may be undefined.
+void batchnorm_backward(const Tensor& grad_x, const Tensor& grad_gamma, const Tensor& grad_beta,
+                        const Tensor& grad_y, const Tensor& x, const Tensor& gamma,
+                        const Tensor& save_mean, const Tensor& save_inv_std, const Stream& stream);
+
+// --- the split API ---------------------------------------------------------------
+
+// The per-channel partial statistics of this x: mean [C] and m2 [C] (assigned),
+// over count = N*H*W values each (0 and 0 for an empty batch).
+void batchnorm_stats(const Tensor& mean, const Tensor& m2, const Tensor& x, const Stream& stream);
+
+// Merges partial b into partial a in place (a's count becomes count_a + count_b):
+//   delta = mean_b - mean_a, n = count_a + count_b
+//   mean_a += delta * count_b / n
+//   m2_a   += m2_b + delta^2 * count_a * count_b / n
+void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_t count_a,
+                           const Tensor& mean_b, const Tensor& m2_b, std::int64_t count_b,
+                           const Stream& stream);
+
+// Normalizes x with statistics (mean, m2) over `count` values per channel (count
+// may exceed x's own N*H*W: the merged statistics of all towers). Writes y and
+// inv_std [C], and updates moving_mean and moving_var when both are defined.
+// count must be at least 2.
+void batchnorm_forward_from_stats(const Tensor& y, const Tensor& inv_std, const Tensor& moving_mean,
+                                  const Tensor& moving_var, const Tensor& x, const Tensor& gamma,
+                                  const Tensor& beta, const Tensor& mean, const Tensor& m2,
+                                  std::int64_t count, double eps, double momentum,
+                                  const Stream& stream);
+
+// sum_grad_y[c] = sum grad_y, sum_grad_y_xhat[c] = sum grad_y * (x - mean) * inv_std,
+// over this x's n,h,w (assigned).
+void batchnorm_backward_reduce(const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
+                               const Tensor& grad_y, const Tensor& x, const Tensor& mean,
+                               const Tensor& inv_std, const Stream& stream);
+
+// grad_x += gamma * inv_std * (grad_y - sum_grad_y / count - x_hat * sum_grad_y_xhat / count),
+// with the sums and count over the whole (possibly multi-tower) batch.
+void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
+                              const Tensor& gamma, const Tensor& mean, const Tensor& inv_std,
+                              const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
+                              std::int64_t count, const Stream& stream);
+
+// Backend entry points: arguments already checked, x viewed as [N,C,S] with S = H*W.
+namespace cpu {
+void batchnorm_stats(const Tensor& mean, const Tensor& m2, const Tensor& x, std::int64_t N,
+                     std::int64_t C, std::int64_t S);
+void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_t count_a,
+                           const Tensor& mean_b, const Tensor& m2_b, std::int64_t count_b);
+void batchnorm_forward_from_stats(const Tensor& y, const Tensor& inv_std, const Tensor& moving_mean,
+                                  const Tensor& moving_var, const Tensor& x, const Tensor& gamma,
+                                  const Tensor& beta, const Tensor& mean, const Tensor& m2,
+                                  std::int64_t count, double eps, double momentum, std::int64_t N,
+                                  std::int64_t C, std::int64_t S);
+void batchnorm_forward_inference(const Tensor& y, const Tensor& x, const Tensor& gamma,
+                                 const Tensor& beta, const Tensor& moving_mean,
+                                 const Tensor& moving_var, double eps, std::int64_t N,
+                                 std::int64_t C, std::int64_t S);
+void batchnorm_backward_reduce(const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
+                               const Tensor& grad_y, const Tensor& x, const Tensor& mean,
+                               const Tensor& inv_std, std::int64_t N, std::int64_t C,
+                               std::int64_t S);
+void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
+                              const Tensor& gamma, const Tensor& mean, const Tensor& inv_std,
+                              const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
+                              std::int64_t count, std::int64_t N, std::int64_t C, std::int64_t S);
+}  // namespace cpu
+
+namespace cuda {
+void batchnorm_stats(const Tensor& mean, const Tensor& m2, const Tensor& x, std::int64_t N,
+                     std::int64_t C, std::int64_t S, const Stream& stream);
+void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_t count_a,
+                           const Tensor& mean_b, const Tensor& m2_b, std::int64_t count_b,
+                           const Stream& stream);
+void batchnorm_forward_from_stats(const Tensor& y, const Tensor& inv_std, const Tensor& moving_mean,
+                                  const Tensor& moving_var, const Tensor& x, const Tensor& gamma,
+                                  const Tensor& beta, const Tensor& mean, const Tensor& m2,
+                                  std::int64_t count, double eps, double momentum, std::int64_t N,
+                                  std::int64_t C, std::int64_t S, const Stream& stream);
+void batchnorm_forward_inference(const Tensor& y, const Tensor& x, const Tensor& gamma,
+                                 const Tensor& beta, const Tensor& moving_mean,
+                                 const Tensor& moving_var, double eps, std::int64_t N,
+                                 std::int64_t C, std::int64_t S, const Stream& stream);
+void batchnorm_backward_reduce(const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
+                               const Tensor& grad_y, const Tensor& x, const Tensor& mean,
+                               const Tensor& inv_std, std::int64_t N, std::int64_t C,
+                               std::int64_t S, const Stream& stream);
+void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
+                              const Tensor& gamma, const Tensor& mean, const Tensor& inv_std,
+                              const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
+                              std::int64_t count, std::int64_t N, std::int64_t C, std::int64_t S,
+                              const Stream& stream);
+}  // namespace cuda
+
+}  // namespace towerlab

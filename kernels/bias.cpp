@@ -1,0 +1,54 @@
+// Checks and backend dispatch for bias add (kernels/bias.h).
+#include "kernels/bias.h"
+
+#include "kernels/checks.h"
+
+namespace towerlab {
+
+namespace {
+
+struct Dims {
+  std::int64_t N, C, S;
+};
+
+// `t` is [N,C,...] of rank >= 2 and bias-like `b` is [C].
+Dims dims_of(const char* op, const char* t_name, const Tensor& t, const char* b_name,
+             const Tensor& b, const Stream& stream) {
+  kernels::check_on_stream(op, stream, {{t_name, &t}, {b_name, &b}});
+  if (stream.device().is_cuda()) kernels::check_float32(op, t_name, t);
+  TL_CHECK(t.dim() >= 2, ShapeError,
+           op << ": " << t_name << " must be [N,C] or [N,C,H,W], got " << t.describe());
+  const std::int64_t C = t.size(1);
+  TL_CHECK(b.dim() == 1 && b.size(0) == C, ShapeError,
+           op << ": " << b_name << " is " << b.describe() << " but " << t_name << " "
+              << t.describe() << " has " << C << " channels (expected [" << C << "])");
+  const std::int64_t N = t.size(0);
+  const std::int64_t S = N * C == 0 ? 0 : t.numel() / (N * C);
+  return {N, C, S};
+}
+
+}  // namespace
+
+void bias_add_forward(const Tensor& y, const Tensor& x, const Tensor& bias, const Stream& stream) {
+  const char* op = "bias_add_forward";
+  kernels::check_same_shape(op, stream, {{"x", &x}, {"y", &y}});
+  const Dims d = dims_of(op, "x", x, "bias", bias, stream);
+  if (x.numel() == 0) return;
+  if (stream.device().is_cpu()) {
+    cpu::bias_add_forward(y, x, bias, d.N, d.C, d.S);
+  } else {
+    TL_ON_CUDA(cuda::bias_add_forward(y, x, bias, d.N, d.C, d.S, stream));
+  }
+}
+
+void bias_add_backward(const Tensor& grad_bias, const Tensor& grad_y, const Stream& stream) {
+  const Dims d = dims_of("bias_add_backward", "grad_y", grad_y, "grad_bias", grad_bias, stream);
+  if (grad_y.numel() == 0) return;  // adds nothing
+  if (stream.device().is_cpu()) {
+    cpu::bias_add_backward(grad_bias, grad_y, d.N, d.C, d.S);
+  } else {
+    TL_ON_CUDA(cuda::bias_add_backward(grad_bias, grad_y, d.N, d.C, d.S, stream));
+  }
+}
+
+}  // namespace towerlab

@@ -1,0 +1,192 @@
+// CPU batch normalization: the specification for kernels/cuda/batchnorm.cu.
+// x is viewed as [N,C,S] (S = H*W); every loop walks memory in order (n, then c,
+// then s), accumulating per-channel sums in double whatever the dtype.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/batchnorm.h"
+#include "kernels/cpu/dtype_dispatch.h"
+#include "kernels/cpu/per_channel.h"
+
+namespace towerlab::cpu {
+
+// Two passes: the mean, then the squared deviations from it (never E[x^2] - E[x]^2,
+// which loses everything in float when the mean is large against the spread).
+void batchnorm_stats(const Tensor& mean, const Tensor& m2, const Tensor& x, std::int64_t N,
+                     std::int64_t C, std::int64_t S) {
+  with_dtype(x.dtype(), [&]<typename T>() {
+    const T* in = x.data<T>();     // [N,C,S]
+    T* mean_out = mean.data<T>();  // [C]
+    T* m2_out = m2.data<T>();      // [C]
+    const double count = static_cast<double>(N * S);
+    std::vector<double> sum(C, 0.0), sq(C, 0.0);  // [C]
+    for (std::int64_t n = 0; n < N; ++n) {
+      for (std::int64_t c = 0; c < C; ++c) {
+        const T* row = in + (n * C + c) * S;
+        sum[c] += sum_over(S, [&](std::int64_t s) { return static_cast<double>(row[s]); });
+      }
+    }
+    for (std::int64_t c = 0; c < C; ++c) sum[c] /= count;  // now the mean
+    for (std::int64_t n = 0; n < N; ++n) {
+      for (std::int64_t c = 0; c < C; ++c) {
+        const T* row = in + (n * C + c) * S;
+        const double mu = sum[c];
+        sq[c] += sum_over(S, [&](std::int64_t s) {
+          const double dev = static_cast<double>(row[s]) - mu;
+          return dev * dev;
+        });
+      }
+    }
+    for (std::int64_t c = 0; c < C; ++c) {
+      mean_out[c] = static_cast<T>(sum[c]);
+      m2_out[c] = static_cast<T>(sq[c]);
+    }
+  });
+}
+
+void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_t count_a,
+                           const Tensor& mean_b, const Tensor& m2_b, std::int64_t count_b) {
+  with_dtype(mean_a.dtype(), [&]<typename T>() {
+    T* ma = mean_a.data<T>();        // [C]
+    T* qa = m2_a.data<T>();          // [C]
+    const T* mb = mean_b.data<T>();  // [C]
+    const T* qb = m2_b.data<T>();    // [C]
+    const double na = static_cast<double>(count_a), nb = static_cast<double>(count_b);
+    const double n = na + nb;
+    for (std::int64_t c = 0; c < mean_a.numel(); ++c) {
+      const double delta = static_cast<double>(mb[c]) - static_cast<double>(ma[c]);
+      ma[c] = static_cast<T>(static_cast<double>(ma[c]) + delta * nb / n);
+      qa[c] = static_cast<T>(static_cast<double>(qa[c]) + static_cast<double>(qb[c]) +
+                             delta * delta * na * nb / n);
+    }
+  });
+}
+
+namespace {
+
+// y[n,c,s] = (x[n,c,s] - center[c]) * scale[c] + shift[c]; y may alias x. Keeping
+// x - center explicit (rather than x * scale + (shift - center * scale)) avoids
+// cancellation when the mean is large.
+template <typename T>
+void normalize(T* y, const T* x, const std::vector<T>& center, const std::vector<T>& scale,
+               const T* shift, std::int64_t N, std::int64_t C, std::int64_t S) {
+  for (std::int64_t n = 0; n < N; ++n) {
+    for (std::int64_t c = 0; c < C; ++c) {
+      const std::int64_t base = (n * C + c) * S;
+      for (std::int64_t s = 0; s < S; ++s) {
+        y[base + s] = (x[base + s] - center[c]) * scale[c] + shift[c];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void batchnorm_forward_from_stats(const Tensor& y, const Tensor& inv_std, const Tensor& moving_mean,
+                                  const Tensor& moving_var, const Tensor& x, const Tensor& gamma,
+                                  const Tensor& beta, const Tensor& mean, const Tensor& m2,
+                                  std::int64_t count, double eps, double momentum, std::int64_t N,
+                                  std::int64_t C, std::int64_t S) {
+  with_dtype(x.dtype(), [&]<typename T>() {
+    const T* mu = mean.data<T>();        // [C]
+    const T* q = m2.data<T>();           // [C]
+    const T* g = gamma.data<T>();        // [C]
+    T* istd = inv_std.data<T>();         // [C]
+    std::vector<T> center(C), scale(C);  // [C]
+    for (std::int64_t c = 0; c < C; ++c) {
+      const double var = static_cast<double>(q[c]) / static_cast<double>(count);  // biased
+      istd[c] = static_cast<T>(1.0 / std::sqrt(var + eps));
+      center[c] = mu[c];
+      scale[c] = g[c] * istd[c];
+    }
+    if (moving_mean.defined()) {
+      T* mm = moving_mean.data<T>();  // [C]
+      T* mv = moving_var.data<T>();   // [C]
+      for (std::int64_t c = 0; c < C; ++c) {
+        const double unbiased = static_cast<double>(q[c]) / static_cast<double>(count - 1);
+        mm[c] = static_cast<T>(momentum * mm[c] + (1.0 - momentum) * mu[c]);
+        mv[c] = static_cast<T>(momentum * mv[c] + (1.0 - momentum) * unbiased);
+      }
+    }
+    normalize<T>(y.data<T>(), x.data<T>(), center, scale, beta.data<T>(), N, C, S);
+  });
+}
+
+void batchnorm_forward_inference(const Tensor& y, const Tensor& x, const Tensor& gamma,
+                                 const Tensor& beta, const Tensor& moving_mean,
+                                 const Tensor& moving_var, double eps, std::int64_t N,
+                                 std::int64_t C, std::int64_t S) {
+  with_dtype(x.dtype(), [&]<typename T>() {
+    const T* g = gamma.data<T>();         // [C]
+    const T* mm = moving_mean.data<T>();  // [C]
+    const T* mv = moving_var.data<T>();   // [C]
+    std::vector<T> center(C), scale(C);   // [C]
+    for (std::int64_t c = 0; c < C; ++c) {
+      center[c] = mm[c];
+      scale[c] = static_cast<T>(g[c] / std::sqrt(static_cast<double>(mv[c]) + eps));
+    }
+    normalize<T>(y.data<T>(), x.data<T>(), center, scale, beta.data<T>(), N, C, S);
+  });
+}
+
+void batchnorm_backward_reduce(const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
+                               const Tensor& grad_y, const Tensor& x, const Tensor& mean,
+                               const Tensor& inv_std, std::int64_t N, std::int64_t C,
+                               std::int64_t S) {
+  with_dtype(x.dtype(), [&]<typename T>() {
+    const T* gy = grad_y.data<T>();                           // [N,C,S]
+    const T* in = x.data<T>();                                // [N,C,S]
+    const T* mu = mean.data<T>();                             // [C]
+    const T* istd = inv_std.data<T>();                        // [C]
+    std::vector<double> sum_gy(C, 0.0), sum_gy_xhat(C, 0.0);  // [C]
+    for (std::int64_t n = 0; n < N; ++n) {
+      for (std::int64_t c = 0; c < C; ++c) {
+        const T* gy_row = gy + (n * C + c) * S;
+        const T* x_row = in + (n * C + c) * S;
+        const double m = static_cast<double>(mu[c]);
+        sum_gy[c] += sum_over(S, [&](std::int64_t s) { return static_cast<double>(gy_row[s]); });
+        sum_gy_xhat[c] += sum_over(S, [&](std::int64_t s) {
+          return static_cast<double>(gy_row[s]) * (static_cast<double>(x_row[s]) - m);
+        });
+      }
+    }
+    T* out_a = sum_grad_y.data<T>();       // [C]
+    T* out_b = sum_grad_y_xhat.data<T>();  // [C]
+    for (std::int64_t c = 0; c < C; ++c) {
+      out_a[c] = static_cast<T>(sum_gy[c]);
+      out_b[c] = static_cast<T>(sum_gy_xhat[c] * static_cast<double>(istd[c]));
+    }
+  });
+}
+
+void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
+                              const Tensor& gamma, const Tensor& mean, const Tensor& inv_std,
+                              const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
+                              std::int64_t count, std::int64_t N, std::int64_t C, std::int64_t S) {
+  with_dtype(x.dtype(), [&]<typename T>() {
+    T* gx = grad_x.data<T>();                 // [N,C,S]
+    const T* gy = grad_y.data<T>();           // [N,C,S]
+    const T* in = x.data<T>();                // [N,C,S]
+    const T* g = gamma.data<T>();             // [C]
+    const T* mu = mean.data<T>();             // [C]
+    const T* istd = inv_std.data<T>();        // [C]
+    const T* sa = sum_grad_y.data<T>();       // [C]
+    const T* sb = sum_grad_y_xhat.data<T>();  // [C]
+    const T inv_count = static_cast<T>(1.0 / static_cast<double>(count));
+    for (std::int64_t n = 0; n < N; ++n) {
+      for (std::int64_t c = 0; c < C; ++c) {
+        const std::int64_t base = (n * C + c) * S;
+        const T k = g[c] * istd[c];
+        const T mean_gy = sa[c] * inv_count;
+        const T mean_gy_xhat = sb[c] * inv_count;
+        for (std::int64_t s = 0; s < S; ++s) {
+          const T xhat = (in[base + s] - mu[c]) * istd[c];
+          gx[base + s] += k * (gy[base + s] - mean_gy - xhat * mean_gy_xhat);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace towerlab::cpu

@@ -1,0 +1,136 @@
+// CPU 2-D pooling: the specification for kernels/cuda/pool2d.cu. One loop nest per
+// op over (plane, ho, wo); each output visits its window clipped to the plane.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "kernels/cpu/dtype_dispatch.h"
+#include "kernels/pool2d.h"
+
+namespace towerlab::cpu {
+
+namespace {
+
+// The window of output (ho, wo), clipped to the H x W plane: rows [h0, h1), columns [w0, w1).
+struct Window {
+  std::int64_t h0, h1, w0, w1;
+  std::int64_t count() const { return (h1 - h0) * (w1 - w0); }
+};
+
+// Sizes of x [N,C,H,W] and y [N,C,Ho,Wo], read once (Tensor::size is not free
+// inside the innermost loops).
+struct Sizes {
+  std::int64_t planes, H, W, Ho, Wo;
+};
+
+Sizes sizes_of(const Tensor& x, const Tensor& y) {
+  return {x.size(0) * x.size(1), x.size(2), x.size(3), y.size(2), y.size(3)};
+}
+
+// The window's maximum; NaN if the window holds a NaN. Written without branches
+// (a max instruction and an or): on real data "v > b" is a coin toss, and a
+// mispredicted branch per value costs more than the whole comparison.
+template <typename T>
+T window_max(const T* plane, std::int64_t W, const Window& win) {
+  T b = plane[win.h0 * W + win.w0];
+  bool nan = false;
+  for (std::int64_t h = win.h0; h < win.h1; ++h) {
+    for (std::int64_t w = win.w0; w < win.w1; ++w) {
+      const T v = plane[h * W + w];
+      b = v > b ? v : b;
+      nan |= std::isnan(v);
+    }
+  }
+  return nan ? std::numeric_limits<T>::quiet_NaN() : b;
+}
+
+// Index (h*W + w) in the plane of the window's first maximum (the first NaN, if any).
+template <typename T>
+std::int64_t window_argmax(const T* plane, std::int64_t W, const Window& win) {
+  const T b = window_max(plane, W, win);
+  for (std::int64_t h = win.h0; h < win.h1; ++h) {
+    for (std::int64_t w = win.w0; w < win.w1; ++w) {
+      const T v = plane[h * W + w];
+      if (v == b || (std::isnan(v) && std::isnan(b))) return h * W + w;
+    }
+  }
+  return win.h0 * W + win.w0;  // not reached: b is one of the window's values
+}
+
+// Calls fn(plane, output index within the plane, window) for every output.
+template <typename Fn>
+void for_each_output(const Sizes& z, const Pool2dParams& p, Fn&& fn) {
+  for (std::int64_t plane = 0; plane < z.planes; ++plane) {
+    for (std::int64_t ho = 0; ho < z.Ho; ++ho) {
+      const std::int64_t h = ho * p.stride_h - p.pad_h;
+      const std::int64_t h0 = std::max<std::int64_t>(h, 0), h1 = std::min(h + p.kernel_h, z.H);
+      for (std::int64_t wo = 0; wo < z.Wo; ++wo) {
+        const std::int64_t w = wo * p.stride_w - p.pad_w;
+        fn(plane, ho * z.Wo + wo,
+           Window{h0, h1, std::max<std::int64_t>(w, 0), std::min(w + p.kernel_w, z.W)});
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void max_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params) {
+  with_dtype(x.dtype(), [&]<typename T>() {
+    const T* in = x.data<T>();  // [N,C,H,W]
+    T* out = y.data<T>();       // [N,C,Ho,Wo]
+    const Sizes z = sizes_of(x, y);
+    for_each_output(z, params, [&](std::int64_t plane, std::int64_t o, const Window& win) {
+      const T* p = in + plane * z.H * z.W;
+      out[plane * z.Ho * z.Wo + o] = window_max(p, z.W, win);
+    });
+  });
+}
+
+void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
+                         const Pool2dParams& params) {
+  with_dtype(x.dtype(), [&]<typename T>() {
+    const T* in = x.data<T>();       // [N,C,H,W]
+    const T* gy = grad_y.data<T>();  // [N,C,Ho,Wo]
+    T* gx = grad_x.data<T>();        // [N,C,H,W]
+    const Sizes z = sizes_of(x, grad_y);
+    for_each_output(z, params, [&](std::int64_t plane, std::int64_t o, const Window& win) {
+      const std::int64_t offset = plane * z.H * z.W;
+      gx[offset + window_argmax(in + offset, z.W, win)] += gy[plane * z.Ho * z.Wo + o];
+    });
+  });
+}
+
+void avg_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params) {
+  with_dtype(x.dtype(), [&]<typename T>() {
+    const T* in = x.data<T>();  // [N,C,H,W]
+    T* out = y.data<T>();       // [N,C,Ho,Wo]
+    const Sizes z = sizes_of(x, y);
+    for_each_output(z, params, [&](std::int64_t plane, std::int64_t o, const Window& win) {
+      const T* p = in + plane * z.H * z.W;
+      T sum = 0;
+      for (std::int64_t h = win.h0; h < win.h1; ++h) {
+        for (std::int64_t w = win.w0; w < win.w1; ++w) sum += p[h * z.W + w];
+      }
+      out[plane * z.Ho * z.Wo + o] = sum / static_cast<T>(win.count());
+    });
+  });
+}
+
+void avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Pool2dParams& params) {
+  with_dtype(grad_x.dtype(), [&]<typename T>() {
+    const T* gy = grad_y.data<T>();  // [N,C,Ho,Wo]
+    T* gx = grad_x.data<T>();        // [N,C,H,W]
+    const Sizes z = sizes_of(grad_x, grad_y);
+    for_each_output(z, params, [&](std::int64_t plane, std::int64_t o, const Window& win) {
+      const T share = gy[plane * z.Ho * z.Wo + o] / static_cast<T>(win.count());
+      T* p = gx + plane * z.H * z.W;
+      for (std::int64_t h = win.h0; h < win.h1; ++h) {
+        for (std::int64_t w = win.w0; w < win.w1; ++w) p[h * z.W + w] += share;
+      }
+    });
+  });
+}
+
+}  // namespace towerlab::cpu

@@ -1,0 +1,314 @@
+// CUDA batch normalization (contracts in kernels/batchnorm.h), float32.
+//
+// Per-channel reductions are two-level (kernels/cuda/per_channel.cuh): a grid of
+// (C, splits) blocks writes float partial sums, then one thread per channel adds
+// a channel's partials in double. Elementwise steps read one float4 of
+// per-channel coefficients, prepared by a C-thread kernel, and the element.
+//
+// The statistics sum deviations from a per-channel shift K = x[0,c,0] (the
+// "shifted data" algorithm): sum(x - K) and sum((x - K)^2) in float lose nothing
+// to cancellation when |mean| >> std, because K lies within a few standard
+// deviations of the mean; unlike Welford, it costs one subtract per element and
+// the block partials of one channel simply add.
+#include "kernels/batchnorm.h"
+#include "kernels/cuda/per_channel.cuh"
+
+namespace towerlab::cuda {
+
+namespace {
+
+// --- statistics ----------------------------------------------------------------
+
+// partial_sum, partial_sq: [C, splits]; block (c, j) covers values [j*chunk, (j+1)*chunk)
+// of channel c.
+__global__ void batchnorm_stats_partial_kernel(float* partial_sum, float* partial_sq,
+                                               const float* __restrict__ x, std::int64_t C,
+                                               std::int64_t S, std::int64_t per_channel,
+                                               std::int64_t chunk) {
+  const std::int64_t c = blockIdx.x, j = blockIdx.y;
+  const std::int64_t begin = j * chunk, end = min(per_channel, begin + chunk);
+  const float shift = x[c * S];
+  float sum = 0.0f, sq = 0.0f;
+  for_each_in_channel_range(
+      begin, end, c, C, S, [&](std::int64_t offset) { return x[offset]; },
+      [&](float v) {
+        const float d = v - shift;
+        sum += d;
+        sq += d * d;
+      });
+  sum = block_sum(sum);
+  sq = block_sum(sq);
+  if (threadIdx.x == 0) {
+    partial_sum[c * gridDim.y + j] = sum;
+    partial_sq[c * gridDim.y + j] = sq;
+  }
+}
+
+__global__ void batchnorm_stats_finish_kernel(float* mean, float* m2, const float* partial_sum,
+                                              const float* partial_sq, const float* x,
+                                              std::int64_t C, std::int64_t S, std::int64_t splits,
+                                              std::int64_t count) {
+  for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < C;
+       c += std::int64_t{gridDim.x} * blockDim.x) {
+    double sum = 0.0, sq = 0.0;
+    for (std::int64_t j = 0; j < splits; ++j) {
+      sum += partial_sum[c * splits + j];
+      sq += partial_sq[c * splits + j];
+    }
+    const double n = static_cast<double>(count);
+    mean[c] = static_cast<float>(x[c * S] + sum / n);
+    m2[c] = static_cast<float>(fmax(sq - sum * sum / n, 0.0));
+  }
+}
+
+__global__ void batchnorm_merge_stats_kernel(float* mean_a, float* m2_a, const float* mean_b,
+                                             const float* m2_b, double count_a, double count_b,
+                                             std::int64_t C) {
+  for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < C;
+       c += std::int64_t{gridDim.x} * blockDim.x) {
+    const double n = count_a + count_b;
+    const double delta = static_cast<double>(mean_b[c]) - mean_a[c];
+    mean_a[c] = static_cast<float>(mean_a[c] + delta * count_b / n);
+    m2_a[c] = static_cast<float>(static_cast<double>(m2_a[c]) + m2_b[c] +
+                                 delta * delta * count_a * count_b / n);
+  }
+}
+
+// --- forward -------------------------------------------------------------------
+
+// coeff[c] = (center, scale, shift, 0) for y = (x - center) * scale + shift. The
+// training form also writes inv_std and updates the moving statistics (when
+// moving_mean is not null): the "fused" update, one thread per channel.
+__global__ void batchnorm_prepare_training_kernel(float4* coeff, float* inv_std, float* moving_mean,
+                                                  float* moving_var, const float* gamma,
+                                                  const float* beta, const float* mean,
+                                                  const float* m2, std::int64_t count, double eps,
+                                                  double momentum, std::int64_t C) {
+  for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < C;
+       c += std::int64_t{gridDim.x} * blockDim.x) {
+    const double var = static_cast<double>(m2[c]) / static_cast<double>(count);
+    const float istd = static_cast<float>(1.0 / sqrt(var + eps));
+    inv_std[c] = istd;
+    coeff[c] = make_float4(mean[c], gamma[c] * istd, beta[c], 0.0f);
+    if (moving_mean != nullptr) {
+      const double unbiased = static_cast<double>(m2[c]) / static_cast<double>(count - 1);
+      moving_mean[c] = static_cast<float>(momentum * moving_mean[c] + (1.0 - momentum) * mean[c]);
+      moving_var[c] = static_cast<float>(momentum * moving_var[c] + (1.0 - momentum) * unbiased);
+    }
+  }
+}
+
+__global__ void batchnorm_prepare_inference_kernel(float4* coeff, const float* gamma,
+                                                   const float* beta, const float* moving_mean,
+                                                   const float* moving_var, double eps,
+                                                   std::int64_t C) {
+  for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < C;
+       c += std::int64_t{gridDim.x} * blockDim.x) {
+    const float istd = static_cast<float>(1.0 / sqrt(static_cast<double>(moving_var[c]) + eps));
+    coeff[c] = make_float4(moving_mean[c], gamma[c] * istd, beta[c], 0.0f);
+  }
+}
+
+// y = (x - center) * scale + shift; y may alias x. x - center stays explicit so a
+// large mean does not cancel against itself in float.
+__global__ void batchnorm_apply_kernel(float* y, const float* x, const float4* __restrict__ coeff,
+                                       std::int64_t n, std::int64_t C, std::int64_t S) {
+  for_each_with_channel(
+      n, C, S, [&](std::int64_t i) { return x[i]; },
+      [&](std::int64_t i, float v, std::int64_t c) {
+        const float4 k = coeff[c];
+        y[i] = (v - k.x) * k.y + k.z;
+      });
+}
+
+// --- backward ------------------------------------------------------------------
+
+__global__ void batchnorm_backward_partial_kernel(float* partial_gy, float* partial_gy_dev,
+                                                  const float* __restrict__ grad_y,
+                                                  const float* __restrict__ x,
+                                                  const float* __restrict__ mean, std::int64_t C,
+                                                  std::int64_t S, std::int64_t per_channel,
+                                                  std::int64_t chunk) {
+  const std::int64_t c = blockIdx.x, j = blockIdx.y;
+  const std::int64_t begin = j * chunk, end = min(per_channel, begin + chunk);
+  const float mu = mean[c];
+  float sum = 0.0f, sum_dev = 0.0f;
+  for_each_in_channel_range(
+      begin, end, c, C, S,
+      [&](std::int64_t offset) { return make_float2(grad_y[offset], x[offset]); },
+      [&](float2 gy_x) {
+        sum += gy_x.x;
+        sum_dev += gy_x.x * (gy_x.y - mu);
+      });
+  sum = block_sum(sum);
+  sum_dev = block_sum(sum_dev);
+  if (threadIdx.x == 0) {
+    partial_gy[c * gridDim.y + j] = sum;
+    partial_gy_dev[c * gridDim.y + j] = sum_dev;
+  }
+}
+
+__global__ void batchnorm_backward_finish_kernel(float* sum_grad_y, float* sum_grad_y_xhat,
+                                                 const float* partial_gy,
+                                                 const float* partial_gy_dev, const float* inv_std,
+                                                 std::int64_t C, std::int64_t splits) {
+  for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < C;
+       c += std::int64_t{gridDim.x} * blockDim.x) {
+    double sum = 0.0, sum_dev = 0.0;
+    for (std::int64_t j = 0; j < splits; ++j) {
+      sum += partial_gy[c * splits + j];
+      sum_dev += partial_gy_dev[c * splits + j];
+    }
+    sum_grad_y[c] = static_cast<float>(sum);
+    sum_grad_y_xhat[c] = static_cast<float>(sum_dev * inv_std[c]);
+  }
+}
+
+// coeff[c] = (mean, k, k * mean(grad_y), k * inv_std * mean(grad_y * x_hat)) with
+// k = gamma * inv_std, so that grad_x += k*grad_y - coeff.z - (x - mean) * coeff.w.
+__global__ void batchnorm_prepare_backward_kernel(float4* coeff, const float* gamma,
+                                                  const float* mean, const float* inv_std,
+                                                  const float* sum_grad_y,
+                                                  const float* sum_grad_y_xhat, std::int64_t count,
+                                                  std::int64_t C) {
+  for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < C;
+       c += std::int64_t{gridDim.x} * blockDim.x) {
+    const double k = static_cast<double>(gamma[c]) * inv_std[c];
+    const double n = static_cast<double>(count);
+    coeff[c] =
+        make_float4(mean[c], static_cast<float>(k), static_cast<float>(k * sum_grad_y[c] / n),
+                    static_cast<float>(k * inv_std[c] * sum_grad_y_xhat[c] / n));
+  }
+}
+
+__global__ void batchnorm_backward_apply_kernel(float* grad_x, const float* __restrict__ grad_y,
+                                                const float* __restrict__ x,
+                                                const float4* __restrict__ coeff, std::int64_t n,
+                                                std::int64_t C, std::int64_t S) {
+  for_each_with_channel(
+      n, C, S, [&](std::int64_t i) { return make_float3(grad_y[i], x[i], grad_x[i]); },
+      [&](std::int64_t i, float3 v, std::int64_t c) {
+        const float4 k = coeff[c];
+        grad_x[i] = v.z + k.y * v.x - k.z - (v.y - k.x) * k.w;
+      });
+}
+
+unsigned channel_grid(std::int64_t C) {
+  return grid_for(C, kBlockSize);
+}
+
+}  // namespace
+
+// --- launchers -------------------------------------------------------------------
+
+void batchnorm_stats(const Tensor& mean, const Tensor& m2, const Tensor& x, std::int64_t N,
+                     std::int64_t C, std::int64_t S, const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  cudaStream_t s = native(stream);
+  const std::int64_t per_channel = N * S;
+  const std::int64_t splits = splits_for(C, per_channel, stream.device().index);
+  const std::int64_t chunk = (per_channel + splits - 1) / splits;
+  Scratch partial(stream.device(), 2 * C * splits * sizeof(float), s);
+  float* partial_sum = partial.as<float>();
+  float* partial_sq = partial_sum + C * splits;
+  batchnorm_stats_partial_kernel<<<dim3(static_cast<unsigned>(C), static_cast<unsigned>(splits)),
+                                   kReduceBlock, 0, s>>>(partial_sum, partial_sq, x.data<float>(),
+                                                         C, S, per_channel, chunk);
+  TL_CUDA_CHECK_LAUNCH();
+  batchnorm_stats_finish_kernel<<<channel_grid(C), kBlockSize, 0, s>>>(
+      mean.data<float>(), m2.data<float>(), partial_sum, partial_sq, x.data<float>(), C, S, splits,
+      per_channel);
+  TL_CUDA_CHECK_LAUNCH();
+}
+
+void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_t count_a,
+                           const Tensor& mean_b, const Tensor& m2_b, std::int64_t count_b,
+                           const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  const std::int64_t C = mean_a.numel();
+  batchnorm_merge_stats_kernel<<<channel_grid(C), kBlockSize, 0, native(stream)>>>(
+      mean_a.data<float>(), m2_a.data<float>(), mean_b.data<float>(), m2_b.data<float>(),
+      static_cast<double>(count_a), static_cast<double>(count_b), C);
+  TL_CUDA_CHECK_LAUNCH();
+}
+
+void batchnorm_forward_from_stats(const Tensor& y, const Tensor& inv_std, const Tensor& moving_mean,
+                                  const Tensor& moving_var, const Tensor& x, const Tensor& gamma,
+                                  const Tensor& beta, const Tensor& mean, const Tensor& m2,
+                                  std::int64_t count, double eps, double momentum, std::int64_t N,
+                                  std::int64_t C, std::int64_t S, const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  cudaStream_t s = native(stream);
+  Scratch coeff(stream.device(), C * sizeof(float4), s);
+  const bool moving = moving_mean.defined();
+  batchnorm_prepare_training_kernel<<<channel_grid(C), kBlockSize, 0, s>>>(
+      coeff.as<float4>(), inv_std.data<float>(), moving ? moving_mean.data<float>() : nullptr,
+      moving ? moving_var.data<float>() : nullptr, gamma.data<float>(), beta.data<float>(),
+      mean.data<float>(), m2.data<float>(), count, eps, momentum, C);
+  TL_CUDA_CHECK_LAUNCH();
+  const std::int64_t n = N * C * S;
+  if (n == 0) return;
+  batchnorm_apply_kernel<<<grid_for(n), kBlockSize, 0, s>>>(y.data<float>(), x.data<float>(),
+                                                            coeff.as<float4>(), n, C, S);
+  TL_CUDA_CHECK_LAUNCH();
+}
+
+void batchnorm_forward_inference(const Tensor& y, const Tensor& x, const Tensor& gamma,
+                                 const Tensor& beta, const Tensor& moving_mean,
+                                 const Tensor& moving_var, double eps, std::int64_t N,
+                                 std::int64_t C, std::int64_t S, const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  cudaStream_t s = native(stream);
+  Scratch coeff(stream.device(), C * sizeof(float4), s);
+  batchnorm_prepare_inference_kernel<<<channel_grid(C), kBlockSize, 0, s>>>(
+      coeff.as<float4>(), gamma.data<float>(), beta.data<float>(), moving_mean.data<float>(),
+      moving_var.data<float>(), eps, C);
+  TL_CUDA_CHECK_LAUNCH();
+  const std::int64_t n = N * C * S;
+  batchnorm_apply_kernel<<<grid_for(n), kBlockSize, 0, s>>>(y.data<float>(), x.data<float>(),
+                                                            coeff.as<float4>(), n, C, S);
+  TL_CUDA_CHECK_LAUNCH();
+}
+
+void batchnorm_backward_reduce(const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
+                               const Tensor& grad_y, const Tensor& x, const Tensor& mean,
+                               const Tensor& inv_std, std::int64_t N, std::int64_t C,
+                               std::int64_t S, const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  cudaStream_t s = native(stream);
+  const std::int64_t per_channel = N * S;
+  const std::int64_t splits = splits_for(C, per_channel, stream.device().index);
+  const std::int64_t chunk = (per_channel + splits - 1) / splits;
+  Scratch partial(stream.device(), 2 * C * splits * sizeof(float), s);
+  float* partial_gy = partial.as<float>();
+  float* partial_gy_dev = partial_gy + C * splits;
+  batchnorm_backward_partial_kernel<<<dim3(static_cast<unsigned>(C), static_cast<unsigned>(splits)),
+                                      kReduceBlock, 0, s>>>(
+      partial_gy, partial_gy_dev, grad_y.data<float>(), x.data<float>(), mean.data<float>(), C, S,
+      per_channel, chunk);
+  TL_CUDA_CHECK_LAUNCH();
+  batchnorm_backward_finish_kernel<<<channel_grid(C), kBlockSize, 0, s>>>(
+      sum_grad_y.data<float>(), sum_grad_y_xhat.data<float>(), partial_gy, partial_gy_dev,
+      inv_std.data<float>(), C, splits);
+  TL_CUDA_CHECK_LAUNCH();
+}
+
+void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
+                              const Tensor& gamma, const Tensor& mean, const Tensor& inv_std,
+                              const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
+                              std::int64_t count, std::int64_t N, std::int64_t C, std::int64_t S,
+                              const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  cudaStream_t s = native(stream);
+  Scratch coeff(stream.device(), C * sizeof(float4), s);
+  batchnorm_prepare_backward_kernel<<<channel_grid(C), kBlockSize, 0, s>>>(
+      coeff.as<float4>(), gamma.data<float>(), mean.data<float>(), inv_std.data<float>(),
+      sum_grad_y.data<float>(), sum_grad_y_xhat.data<float>(), count, C);
+  TL_CUDA_CHECK_LAUNCH();
+  const std::int64_t n = N * C * S;
+  batchnorm_backward_apply_kernel<<<grid_for(n), kBlockSize, 0, s>>>(
+      grad_x.data<float>(), grad_y.data<float>(), x.data<float>(), coeff.as<float4>(), n, C, S);
+  TL_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace towerlab::cuda

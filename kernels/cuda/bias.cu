@@ -1,0 +1,73 @@
+// CUDA bias add (contracts in kernels/bias.h), float32. The forward is a
+// grid-stride loop that tracks each element's channel; the backward is the
+// two-level per-channel sum of kernels/cuda/per_channel.cuh (block partials, then
+// one thread per channel adding them in double and into grad_bias), so the
+// result does not depend on scheduling.
+#include "kernels/bias.h"
+#include "kernels/cuda/per_channel.cuh"
+
+namespace towerlab::cuda {
+
+namespace {
+
+// y may alias x (in-place bias add).
+__global__ void bias_add_forward_kernel(float* y, const float* x, const float* __restrict__ bias,
+                                        std::int64_t n, std::int64_t C, std::int64_t S) {
+  for_each_with_channel(
+      n, C, S, [&](std::int64_t i) { return x[i]; },
+      [&](std::int64_t i, float v, std::int64_t c) { y[i] = v + bias[c]; });
+}
+
+// partial: [C, splits]; block (c, j) sums values [j*chunk, (j+1)*chunk) of channel c.
+__global__ void bias_backward_partial_kernel(float* partial, const float* __restrict__ grad_y,
+                                             std::int64_t C, std::int64_t S,
+                                             std::int64_t per_channel, std::int64_t chunk) {
+  const std::int64_t c = blockIdx.x, j = blockIdx.y;
+  const std::int64_t begin = j * chunk, end = min(per_channel, begin + chunk);
+  float sum = 0.0f;
+  for_each_in_channel_range(
+      begin, end, c, C, S, [&](std::int64_t offset) { return grad_y[offset]; },
+      [&](float v) { sum += v; });
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) partial[c * gridDim.y + j] = sum;
+}
+
+__global__ void bias_backward_finish_kernel(float* grad_bias, const float* partial, std::int64_t C,
+                                            std::int64_t splits) {
+  for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < C;
+       c += std::int64_t{gridDim.x} * blockDim.x) {
+    double sum = 0.0;
+    for (std::int64_t j = 0; j < splits; ++j) sum += partial[c * splits + j];
+    grad_bias[c] = static_cast<float>(grad_bias[c] + sum);
+  }
+}
+
+}  // namespace
+
+void bias_add_forward(const Tensor& y, const Tensor& x, const Tensor& bias, std::int64_t N,
+                      std::int64_t C, std::int64_t S, const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  const std::int64_t n = N * C * S;
+  bias_add_forward_kernel<<<grid_for(n), kBlockSize, 0, native(stream)>>>(
+      y.data<float>(), x.data<float>(), bias.data<float>(), n, C, S);
+  TL_CUDA_CHECK_LAUNCH();
+}
+
+void bias_add_backward(const Tensor& grad_bias, const Tensor& grad_y, std::int64_t N,
+                       std::int64_t C, std::int64_t S, const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  cudaStream_t s = native(stream);
+  const std::int64_t per_channel = N * S;
+  const std::int64_t splits = splits_for(C, per_channel, stream.device().index);
+  const std::int64_t chunk = (per_channel + splits - 1) / splits;
+  Scratch partial(stream.device(), C * splits * sizeof(float), s);
+  bias_backward_partial_kernel<<<dim3(static_cast<unsigned>(C), static_cast<unsigned>(splits)),
+                                 kReduceBlock, 0, s>>>(partial.as<float>(), grad_y.data<float>(), C,
+                                                       S, per_channel, chunk);
+  TL_CUDA_CHECK_LAUNCH();
+  bias_backward_finish_kernel<<<grid_for(C), kBlockSize, 0, s>>>(grad_bias.data<float>(),
+                                                                 partial.as<float>(), C, splits);
+  TL_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace towerlab::cuda

@@ -1,0 +1,179 @@
+// Helpers for per-channel kernels on x viewed as [N,C,S] (S = H*W): batch norm
+// and bias add. Two access patterns:
+//   - elementwise with a per-channel operand: a grid-stride loop over all N*C*S
+//     elements that tracks each element's channel (ChannelTracker);
+//   - per-channel reduction: a grid of (splits, C) blocks, block (j, c) summing
+//     the j-th contiguous range of channel c's N*S values (ChannelRange), the
+//     block partials combined by a second, tiny kernel in a fixed order (so the
+//     result is the same bits run after run, no atomics).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "engine/allocator.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace towerlab::cuda {
+
+// The channel of flat index i = (n*C + c)*S + s as i advances by a fixed stride,
+// without a division per element: the stride is split once into whole channels
+// and a remainder, and the position within the channel carries over.
+struct ChannelTracker {
+  std::int64_t s, c;    // i % S and (i / S) % C
+  std::int64_t ds, dc;  // stride % S and (stride / S) % C
+  std::int64_t S, C;
+
+  __host__ __device__ ChannelTracker(std::int64_t i, std::int64_t stride, std::int64_t C_,
+                                     std::int64_t S_)
+      : s(i % S_), c((i / S_) % C_), ds(stride % S_), dc((stride / S_) % C_), S(S_), C(C_) {}
+
+  __host__ __device__ void advance() {
+    s += ds;
+    c += dc;
+    if (s >= S) {
+      s -= S;
+      ++c;
+    }
+    if (c >= C) c -= C;  // c < 2C here, so one subtraction is enough
+  }
+};
+
+// The k-th value of channel c (k = n*S + s, k in [0, N*S)) lives at offset
+// (n*C + c)*S + s. ChannelRange walks k = begin, begin + step, ... keeping that
+// offset, with the same carry trick as ChannelTracker.
+struct ChannelRange {
+  std::int64_t offset, s;
+  std::int64_t d_offset, ds;  // offset and s increments for one step
+  std::int64_t S, CS;
+
+  __host__ __device__ ChannelRange(std::int64_t k, std::int64_t step, std::int64_t c,
+                                   std::int64_t C, std::int64_t S_)
+      : S(S_), CS(C * S_) {
+    const std::int64_t n = k / S;
+    s = k - n * S;
+    offset = n * CS + c * S + s;
+    ds = step % S;
+    d_offset = (step / S) * CS + ds;
+  }
+
+  __host__ __device__ void advance() {
+    offset += d_offset;
+    s += ds;
+    if (s >= S) {  // crossed into the next sample's row of this channel
+      s -= S;
+      offset += CS - S;
+    }
+  }
+};
+
+// Loads in flight per thread. A grid-stride loop that loads one value, uses it
+// and moves on keeps a single load per warp outstanding, too few to cover DRAM
+// latency at full bandwidth (Little's law); so each thread issues kUnroll
+// independent loads before using any of them.
+constexpr int kUnroll = 4;
+
+// Elementwise over x [N,C,S] flattened (n = N*C*S values) with each element's
+// channel: value = load(i) for kUnroll elements of this thread, then
+// store(i, value, c) for each. All loads of a step come before its stores, which
+// also keeps in-place use (an output aliasing an input) correct.
+template <typename Load, typename Store>
+__device__ void for_each_with_channel(std::int64_t n, std::int64_t C, std::int64_t S, Load load,
+                                      Store store) {
+  const std::int64_t start = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+  const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
+  ChannelTracker ch(start, stride, C, S);
+  for (std::int64_t i = start; i < n; i += kUnroll * stride) {
+    decltype(load(i)) value[kUnroll];
+    std::int64_t channel[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const std::int64_t j = i + u * stride;
+      channel[u] = ch.c;
+      ch.advance();
+      if (j < n) value[u] = load(j);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const std::int64_t j = i + u * stride;
+      if (j < n) store(j, value[u], channel[u]);
+    }
+  }
+}
+
+// The block's share of channel c's values k in [begin, end): value = load(offset)
+// for kUnroll values of this thread, then add(value) for each.
+template <typename Load, typename Add>
+__device__ void for_each_in_channel_range(std::int64_t begin, std::int64_t end, std::int64_t c,
+                                          std::int64_t C, std::int64_t S, Load load, Add add) {
+  const std::int64_t step = blockDim.x;
+  ChannelRange r(begin + threadIdx.x, step, c, C, S);
+  for (std::int64_t k = begin + threadIdx.x; k < end; k += kUnroll * step) {
+    decltype(load(r.offset)) value[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (k + u * step < end) value[u] = load(r.offset);
+      r.advance();
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (k + u * step < end) add(value[u]);
+    }
+  }
+}
+
+constexpr int kReduceBlock = 256;
+
+// Sum of `value` over the block (kReduceBlock threads); the result is valid in
+// thread 0. Warp shuffles, then one shared-memory step across the warps.
+template <typename V>
+__device__ V block_sum(V value) {
+  __shared__ V warp_sums[kReduceBlock / 32];
+  for (int offset = 16; offset > 0; offset /= 2)
+    value += __shfl_down_sync(0xffffffffu, value, offset);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warp_sums[warp] = value;
+  __syncthreads();
+  if (warp == 0) {
+    value = lane < kReduceBlock / 32 ? warp_sums[lane] : V(0);
+    for (int offset = 16; offset > 0; offset /= 2)
+      value += __shfl_down_sync(0xffffffffu, value, offset);
+  }
+  __syncthreads();  // warp_sums may be reused by a following call
+  return value;
+}
+
+// How many blocks to split each channel's `per_channel` values over: enough for
+// about eight blocks (full occupancy) per SM over all C channels, but at least
+// two unrolled steps (8 values) per thread.
+inline std::int64_t splits_for(std::int64_t C, std::int64_t per_channel, int device) {
+  int sms = 0;
+  TL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const std::int64_t wanted = (8 * std::int64_t{sms} + C - 1) / C;
+  const std::int64_t most = (per_channel + 8 * kReduceBlock - 1) / (8 * kReduceBlock);
+  return std::clamp<std::int64_t>(std::min(wanted, most), 1, 65535);
+}
+
+// Scratch device memory from the device's caching allocator, ordered on one
+// stream and given back when the launcher returns: the allocator hands it out
+// again only to later work on that stream, so the kernels already queued keep it.
+class Scratch {
+ public:
+  Scratch(Device device, std::size_t bytes, cudaStream_t stream)
+      : allocator_(device_allocator(device)), ptr_(allocator_.allocate(bytes, stream)) {}
+  ~Scratch() { allocator_.deallocate(ptr_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  Allocator& allocator_;
+  void* ptr_;
+};
+
+}  // namespace towerlab::cuda

@@ -1,0 +1,163 @@
+// CUDA 2-D pooling (contracts in kernels/pool2d.h), float32.
+//
+// Forwards: one thread per output. Backwards GATHER instead of scatter: one
+// thread per input value visits the outputs whose windows cover it and adds their
+// shares. With overlapping windows (stride < window) a scatter would need atomic
+// adds in a run-dependent order; the gather needs no atomics and gives the same
+// bits every run. For max pooling the gather recomputes each covering window's
+// argmax (with 2x2 stride 2 there is exactly one covering window of 4 values,
+// already in L1 from the neighbouring threads).
+#include "kernels/cuda/launch.cuh"
+#include "kernels/pool2d.h"
+
+namespace towerlab::cuda {
+
+namespace {
+
+struct Geometry {
+  std::int64_t H, W, Ho, Wo;
+  std::int64_t KH, KW, SH, SW, PH, PW;
+};
+
+Geometry geometry(const Shape& x, const Shape& y, const Pool2dParams& p) {
+  return {x[2], x[3], y[2], y[3], p.kernel_h, p.kernel_w, p.stride_h, p.stride_w, p.pad_h, p.pad_w};
+}
+
+// The window of output (ho, wo) clipped to the plane: rows [h0, h1), columns [w0, w1).
+struct Window {
+  std::int64_t h0, h1, w0, w1;
+};
+
+__device__ Window window_of(std::int64_t ho, std::int64_t wo, const Geometry& g) {
+  const std::int64_t h = ho * g.SH - g.PH, w = wo * g.SW - g.PW;
+  return {max(h, std::int64_t{0}), min(h + g.KH, g.H), max(w, std::int64_t{0}), min(w + g.KW, g.W)};
+}
+
+// Plane index of the window's first maximum (a NaN wins, the first NaN): as the CPU.
+__device__ std::int64_t window_argmax(const float* plane, std::int64_t W, const Window& win) {
+  std::int64_t best = win.h0 * W + win.w0;
+  float b = plane[best];
+  for (std::int64_t h = win.h0; h < win.h1; ++h) {
+    for (std::int64_t w = win.w0; w < win.w1; ++w) {
+      const float v = plane[h * W + w];
+      if (v > b || (isnan(v) && !isnan(b))) {
+        best = h * W + w;
+        b = v;
+      }
+    }
+  }
+  return best;
+}
+
+// Outputs whose windows cover input row h: [lo, hi] (empty when lo > hi).
+__device__ void covering(std::int64_t h, std::int64_t K, std::int64_t S, std::int64_t P,
+                         std::int64_t out_size, std::int64_t& lo, std::int64_t& hi) {
+  lo = h + P < K ? 0 : (h + P - K) / S + 1;
+  hi = min((h + P) / S, out_size - 1);
+}
+
+__global__ void max_pool2d_forward_kernel(float* __restrict__ y, const float* __restrict__ x,
+                                          Geometry g, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t wo = i % g.Wo, ho = (i / g.Wo) % g.Ho, plane = i / (g.Wo * g.Ho);
+    const float* p = x + plane * g.H * g.W;
+    y[i] = p[window_argmax(p, g.W, window_of(ho, wo, g))];
+  }
+}
+
+__global__ void max_pool2d_backward_kernel(float* __restrict__ grad_x,
+                                           const float* __restrict__ grad_y,
+                                           const float* __restrict__ x, Geometry g,
+                                           std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t w = i % g.W, h = (i / g.W) % g.H, plane = i / (g.W * g.H);
+    const float* p = x + plane * g.H * g.W;
+    const float* gy = grad_y + plane * g.Ho * g.Wo;
+    std::int64_t ho0, ho1, wo0, wo1;
+    covering(h, g.KH, g.SH, g.PH, g.Ho, ho0, ho1);
+    covering(w, g.KW, g.SW, g.PW, g.Wo, wo0, wo1);
+    float sum = 0.0f;
+    for (std::int64_t ho = ho0; ho <= ho1; ++ho) {
+      for (std::int64_t wo = wo0; wo <= wo1; ++wo) {
+        if (window_argmax(p, g.W, window_of(ho, wo, g)) == h * g.W + w) sum += gy[ho * g.Wo + wo];
+      }
+    }
+    grad_x[i] += sum;
+  }
+}
+
+__global__ void avg_pool2d_forward_kernel(float* __restrict__ y, const float* __restrict__ x,
+                                          Geometry g, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t wo = i % g.Wo, ho = (i / g.Wo) % g.Ho, plane = i / (g.Wo * g.Ho);
+    const float* p = x + plane * g.H * g.W;
+    const Window win = window_of(ho, wo, g);
+    float sum = 0.0f;
+    for (std::int64_t h = win.h0; h < win.h1; ++h) {
+      for (std::int64_t w = win.w0; w < win.w1; ++w) sum += p[h * g.W + w];
+    }
+    y[i] = sum / static_cast<float>((win.h1 - win.h0) * (win.w1 - win.w0));
+  }
+}
+
+__global__ void avg_pool2d_backward_kernel(float* __restrict__ grad_x,
+                                           const float* __restrict__ grad_y, Geometry g,
+                                           std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t w = i % g.W, h = (i / g.W) % g.H, plane = i / (g.W * g.H);
+    const float* gy = grad_y + plane * g.Ho * g.Wo;
+    std::int64_t ho0, ho1, wo0, wo1;
+    covering(h, g.KH, g.SH, g.PH, g.Ho, ho0, ho1);
+    covering(w, g.KW, g.SW, g.PW, g.Wo, wo0, wo1);
+    float sum = 0.0f;
+    for (std::int64_t ho = ho0; ho <= ho1; ++ho) {
+      for (std::int64_t wo = wo0; wo <= wo1; ++wo) {
+        const Window win = window_of(ho, wo, g);
+        sum += gy[ho * g.Wo + wo] / static_cast<float>((win.h1 - win.h0) * (win.w1 - win.w0));
+      }
+    }
+    grad_x[i] += sum;
+  }
+}
+
+}  // namespace
+
+void max_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params,
+                        const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  max_pool2d_forward_kernel<<<grid_for(y.numel()), kBlockSize, 0, native(stream)>>>(
+      y.data<float>(), x.data<float>(), geometry(x.shape(), y.shape(), params), y.numel());
+  TL_CUDA_CHECK_LAUNCH();
+}
+
+void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
+                         const Pool2dParams& params, const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  max_pool2d_backward_kernel<<<grid_for(x.numel()), kBlockSize, 0, native(stream)>>>(
+      grad_x.data<float>(), grad_y.data<float>(), x.data<float>(),
+      geometry(x.shape(), grad_y.shape(), params), x.numel());
+  TL_CUDA_CHECK_LAUNCH();
+}
+
+void avg_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params,
+                        const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  avg_pool2d_forward_kernel<<<grid_for(y.numel()), kBlockSize, 0, native(stream)>>>(
+      y.data<float>(), x.data<float>(), geometry(x.shape(), y.shape(), params), y.numel());
+  TL_CUDA_CHECK_LAUNCH();
+}
+
+void avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Pool2dParams& params,
+                         const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  avg_pool2d_backward_kernel<<<grid_for(grad_x.numel()), kBlockSize, 0, native(stream)>>>(
+      grad_x.data<float>(), grad_y.data<float>(), geometry(grad_x.shape(), grad_y.shape(), params),
+      grad_x.numel());
+  TL_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace towerlab::cuda

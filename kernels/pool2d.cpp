@@ -1,0 +1,94 @@
+// Checks and backend dispatch for 2-D pooling (kernels/pool2d.h).
+#include "kernels/pool2d.h"
+
+#include <sstream>
+
+#include "kernels/checks.h"
+
+namespace towerlab {
+
+namespace {
+
+std::string describe(const Pool2dParams& p) {
+  std::ostringstream os;
+  os << "a " << p.kernel_h << "x" << p.kernel_w << " window with stride " << p.stride_h << "x"
+     << p.stride_w << " and padding " << p.pad_h << "x" << p.pad_w;
+  return os.str();
+}
+
+Shape output_shape(const char* op, const Shape& x, const Pool2dParams& p) {
+  TL_CHECK(p.kernel_h >= 1 && p.kernel_w >= 1 && p.stride_h >= 1 && p.stride_w >= 1,
+           InvalidArgument, op << ": window and stride must be at least 1, got " << describe(p));
+  TL_CHECK(p.pad_h >= 0 && p.pad_w >= 0 && 2 * p.pad_h <= p.kernel_h && 2 * p.pad_w <= p.kernel_w,
+           InvalidArgument,
+           op << ": padding must be between 0 and half the window, got " << describe(p));
+  TL_CHECK(x.size() == 4, ShapeError, op << ": x must be [N,C,H,W], got " << to_string(x));
+  const std::int64_t H = x[2] + 2 * p.pad_h, W = x[3] + 2 * p.pad_w;
+  TL_CHECK(H >= p.kernel_h && W >= p.kernel_w, ShapeError,
+           op << ": " << describe(p) << " does not fit in the " << x[2] << "x" << x[3]
+              << " plane of x " << to_string(x));
+  return {x[0], x[1], (H - p.kernel_h) / p.stride_h + 1, (W - p.kernel_w) / p.stride_w + 1};
+}
+
+// The input and output tensors fit the window; returns false when there is no work.
+bool check_pool(const char* op, const Stream& stream, const char* in_name, const Tensor& in,
+                const char* out_name, const Tensor& out, const Pool2dParams& p) {
+  kernels::check_on_stream(op, stream, {{in_name, &in}, {out_name, &out}});
+  if (stream.device().is_cuda()) kernels::check_float32(op, in_name, in);
+  const Shape expected = output_shape(op, in.shape(), p);
+  TL_CHECK(out.shape() == expected, ShapeError,
+           op << ": " << out_name << " is " << out.describe() << " but " << describe(p) << " on "
+              << in_name << " " << in.describe() << " gives " << to_string(expected));
+  return in.numel() > 0;
+}
+
+}  // namespace
+
+Shape pool2d_output_shape(const Shape& x, const Pool2dParams& params) {
+  return output_shape("pool2d", x, params);
+}
+
+void max_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params,
+                        const Stream& stream) {
+  if (!check_pool("max_pool2d_forward", stream, "x", x, "y", y, params)) return;
+  if (stream.device().is_cpu()) {
+    cpu::max_pool2d_forward(y, x, params);
+  } else {
+    TL_ON_CUDA(cuda::max_pool2d_forward(y, x, params, stream));
+  }
+}
+
+void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
+                         const Pool2dParams& params, const Stream& stream) {
+  const char* op = "max_pool2d_backward";
+  kernels::check_same_shape(op, stream, {{"x", &x}, {"grad_x", &grad_x}});
+  if (!check_pool(op, stream, "x", x, "grad_y", grad_y, params)) return;
+  if (stream.device().is_cpu()) {
+    cpu::max_pool2d_backward(grad_x, grad_y, x, params);
+  } else {
+    TL_ON_CUDA(cuda::max_pool2d_backward(grad_x, grad_y, x, params, stream));
+  }
+}
+
+void avg_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params,
+                        const Stream& stream) {
+  if (!check_pool("avg_pool2d_forward", stream, "x", x, "y", y, params)) return;
+  if (stream.device().is_cpu()) {
+    cpu::avg_pool2d_forward(y, x, params);
+  } else {
+    TL_ON_CUDA(cuda::avg_pool2d_forward(y, x, params, stream));
+  }
+}
+
+void avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Pool2dParams& params,
+                         const Stream& stream) {
+  if (!check_pool("avg_pool2d_backward", stream, "grad_x", grad_x, "grad_y", grad_y, params))
+    return;
+  if (stream.device().is_cpu()) {
+    cpu::avg_pool2d_backward(grad_x, grad_y, params);
+  } else {
+    TL_ON_CUDA(cuda::avg_pool2d_backward(grad_x, grad_y, params, stream));
+  }
+}
+
+}  // namespace towerlab

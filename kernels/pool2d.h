@@ -1,0 +1,85 @@
+// Max and average 2-D pooling over NCHW tensors, forward and backward.
+//
+// Dimensions: N batch, C channels, H x W the input plane, KH x KW the window,
+// SH, SW the strides, PH, PW the padding on each side (virtual: no values are
+// stored for it; see below for what it means to each pooling), and
+//   Ho = (H + 2*PH - KH) / SH + 1,   Wo = (W + 2*PW - KW) / SW + 1   (floor)
+// x and grad_x are [N,C,H,W]; y and grad_y are [N,C,Ho,Wo]. Output (ho, wo) covers
+// input rows ho*SH - PH .. ho*SH - PH + KH - 1 (and columns likewise), clipped to
+// the plane. Padding must be at most half the window (PH <= KH/2, PW <= KW/2, as in
+// PyTorch), so every window holds at least one real input value.
+//
+//   max_pool2d_forward(y, x)          y = max of the window's real values
+//   max_pool2d_backward(grad_x, grad_y, x)
+//                                     grad_x[argmax(window)] += grad_y
+//   avg_pool2d_forward(y, x)          y = sum of the window's real values / their count
+//   avg_pool2d_backward(grad_x, grad_y)
+//                                     grad_x[each real value] += grad_y / count
+//
+// Max pooling: padding never wins (it is -infinity, not zero). Ties go to the
+// FIRST maximum in row-major window order (lowest row, then lowest column), and
+// only it receives the gradient; a NaN in the window wins (the first NaN), so NaN
+// propagates. The backward recomputes the argmax from x instead of saving indices
+// (towerlab tensors are float only, and the recomputation reads x once more,
+// which costs about what reading saved indices would).
+//
+// Average pooling divides by the number of REAL values in the window: padding is
+// not counted, as in TensorFlow's 'SAME' pooling (PyTorch's count_include_pad=False).
+// Without padding (the FashionNet case, 2x2 stride 2) both conventions agree.
+//
+// y is assigned; gradients are accumulated (+=) into grad_x. No output may alias
+// an input. Every tensor has one dtype (float32; float64 on the CPU for gradient
+// checks) and lives on the stream's device.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/stream.h"
+#include "engine/tensor.h"
+
+namespace towerlab {
+
+struct Pool2dParams {
+  std::int64_t kernel_h = 2, kernel_w = 2;
+  std::int64_t stride_h = 2, stride_w = 2;
+  std::int64_t pad_h = 0, pad_w = 0;
+
+  // A square window with equal strides and padding in both directions.
+  static Pool2dParams square(std::int64_t kernel, std::int64_t stride, std::int64_t pad = 0) {
+    return {kernel, kernel, stride, stride, pad, pad};
+  }
+};
+
+// The shape of y for x of shape [N,C,H,W]; throws ShapeError for a bad x or window.
+Shape pool2d_output_shape(const Shape& x, const Pool2dParams& params);
+
+void max_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params,
+                        const Stream& stream);
+void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
+                         const Pool2dParams& params, const Stream& stream);
+void avg_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params,
+                        const Stream& stream);
+void avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Pool2dParams& params,
+                         const Stream& stream);
+
+// Backend entry points: arguments already checked and shapes consistent.
+namespace cpu {
+void max_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params);
+void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
+                         const Pool2dParams& params);
+void avg_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params);
+void avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Pool2dParams& params);
+}  // namespace cpu
+
+namespace cuda {
+void max_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params,
+                        const Stream& stream);
+void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
+                         const Pool2dParams& params, const Stream& stream);
+void avg_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params,
+                        const Stream& stream);
+void avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Pool2dParams& params,
+                         const Stream& stream);
+}  // namespace cuda
+
+}  // namespace towerlab

@@ -1,0 +1,482 @@
+// Batch normalization on every backend: hand-computed numbers, a plain reference
+// on odd shapes, the split (synchronized) API against the single call, large-mean
+// stability, accumulation, errors, and gradients in float64.
+#include <cmath>
+
+#include "gradcheck.h"
+#include "kernels/batchnorm.h"
+#include "test_util.h"
+
+namespace towerlab::testing {
+namespace {
+
+class BatchNormTest : public BackendTest {};
+TL_INSTANTIATE_BACKENDS(BatchNormTest);
+
+// x viewed as [N,C,S]; the reference computes everything in double, per channel,
+// straight from the definitions in kernels/batchnorm.h.
+struct Reference {
+  std::vector<double> mean, m2, inv_std, y, grad_x, grad_gamma, grad_beta;
+};
+
+Reference reference(const std::vector<float>& x, const std::vector<float>& gamma,
+                    const std::vector<float>& beta, const std::vector<float>& grad_y,
+                    std::int64_t N, std::int64_t C, std::int64_t S, double eps) {
+  Reference r;
+  const double M = static_cast<double>(N * S);
+  auto at = [&](std::int64_t n, std::int64_t c, std::int64_t s) { return (n * C + c) * S + s; };
+  r.y.resize(x.size());
+  r.grad_x.resize(x.size());
+  for (std::int64_t c = 0; c < C; ++c) {
+    double sum = 0.0;
+    for (std::int64_t n = 0; n < N; ++n)
+      for (std::int64_t s = 0; s < S; ++s) sum += x[at(n, c, s)];
+    const double mean = sum / M;
+    double m2 = 0.0;
+    for (std::int64_t n = 0; n < N; ++n)
+      for (std::int64_t s = 0; s < S; ++s) m2 += (x[at(n, c, s)] - mean) * (x[at(n, c, s)] - mean);
+    const double istd = 1.0 / std::sqrt(m2 / M + eps);
+    double sum_gy = 0.0, sum_gy_xhat = 0.0;
+    for (std::int64_t n = 0; n < N; ++n) {
+      for (std::int64_t s = 0; s < S; ++s) {
+        const double xhat = (x[at(n, c, s)] - mean) * istd;
+        r.y[at(n, c, s)] = gamma[c] * xhat + beta[c];
+        sum_gy += grad_y[at(n, c, s)];
+        sum_gy_xhat += grad_y[at(n, c, s)] * xhat;
+      }
+    }
+    for (std::int64_t n = 0; n < N; ++n) {
+      for (std::int64_t s = 0; s < S; ++s) {
+        const double xhat = (x[at(n, c, s)] - mean) * istd;
+        r.grad_x[at(n, c, s)] =
+            gamma[c] * istd * (grad_y[at(n, c, s)] - sum_gy / M - xhat * sum_gy_xhat / M);
+      }
+    }
+    r.mean.push_back(mean);
+    r.m2.push_back(m2);
+    r.inv_std.push_back(istd);
+    r.grad_gamma.push_back(sum_gy_xhat);
+    r.grad_beta.push_back(sum_gy);
+  }
+  return r;
+}
+
+std::vector<float> to_float(const std::vector<double>& v) {
+  return {v.begin(), v.end()};
+}
+
+std::vector<float> plus(const std::vector<double>& v, float offset) {
+  std::vector<float> out;
+  for (double d : v) out.push_back(static_cast<float>(d + offset));
+  return out;
+}
+
+// x [N=2, C=2, H=1, W=2]: channel 0 holds {1, 2, 3, 6}, channel 1 holds {0, 0, 4, 4}.
+TEST_P(BatchNormTest, TrainingForwardByHand) {
+  Tensor x = make({1, 2, 0, 0, 3, 6, 4, 4}, {2, 2, 1, 2});
+  Tensor gamma = make({2, 1}, {2}), beta = make({0, 10}, {2});
+  Tensor moving_mean = make({1, -1}, {2}), moving_var = make({1, 2}, {2});
+  Tensor y = Tensor::empty({2, 2, 1, 2}, stream());
+  Tensor mean = Tensor::empty({2}, stream()), inv_std = Tensor::empty({2}, stream());
+  batchnorm_forward_training(y, mean, inv_std, moving_mean, moving_var, x, gamma, beta,
+                             /*eps=*/0.0, /*momentum=*/0.9, stream());
+  // Channel 0: mean 3, m2 = 4+1+0+9 = 14, biased var 3.5, unbiased 14/3.
+  // Channel 1: mean 2, m2 = 16, biased var 4 (inv_std 0.5), unbiased 16/3.
+  const float k0 = 2.0f / std::sqrt(3.5f);
+  EXPECT_TRUE(all_close(host(mean), {3.0f, 2.0f}));
+  EXPECT_TRUE(all_close(host(inv_std), {1.0f / std::sqrt(3.5f), 0.5f}));
+  EXPECT_TRUE(all_close(host(y), {-2 * k0, -1 * k0, 9.0f, 9.0f, 0.0f, 3 * k0, 11.0f, 11.0f}));
+  // TF convention: new = 0.9 * old + 0.1 * batch, with the unbiased variance.
+  EXPECT_TRUE(all_close(host(moving_mean), {0.9f * 1 + 0.1f * 3, 0.9f * -1 + 0.1f * 2}));
+  EXPECT_TRUE(all_close(host(moving_var), {0.9f + 0.1f * 14 / 3.0f, 1.8f + 0.1f * 16 / 3.0f}));
+}
+
+TEST_P(BatchNormTest, MomentumOneKeepsAndZeroReplacesMovingStatistics) {
+  Tensor x = make({1, 2, 0, 0, 3, 6, 4, 4}, {2, 2, 1, 2});
+  Tensor gamma = make({1, 1}, {2}), beta = make({0, 0}, {2});
+  Tensor y = Tensor::empty({2, 2, 1, 2}, stream());
+  Tensor mean = Tensor::empty({2}, stream()), inv_std = Tensor::empty({2}, stream());
+  Tensor mm = make({7, 8}, {2}), mv = make({9, 10}, {2});
+  batchnorm_forward_training(y, mean, inv_std, mm, mv, x, gamma, beta, 1e-3, 1.0, stream());
+  EXPECT_EQ(host(mm), (std::vector<float>{7, 8}));
+  EXPECT_EQ(host(mv), (std::vector<float>{9, 10}));
+  batchnorm_forward_training(y, mean, inv_std, mm, mv, x, gamma, beta, 1e-3, 0.0, stream());
+  EXPECT_TRUE(all_close(host(mm), {3.0f, 2.0f}));
+  EXPECT_TRUE(all_close(host(mv), {14 / 3.0f, 16 / 3.0f}));
+}
+
+TEST_P(BatchNormTest, InferenceUsesMovingStatistics) {
+  Tensor x = make({1, 2, 3, 4, 5, 6}, {3, 2});  // [N=3, C=2]
+  Tensor gamma = make({2, -1}, {2}), beta = make({1, 0}, {2});
+  Tensor mm = make({3, 4}, {2}), mv = make({3, 15}, {2});
+  Tensor y = Tensor::empty({3, 2}, stream());
+  batchnorm_forward_inference(y, x, gamma, beta, mm, mv, /*eps=*/1.0, stream());
+  // Channel 0: 2 * (x - 3) / 2 + 1; channel 1: -(x - 4) / 4.
+  EXPECT_TRUE(all_close(host(y), {-1.0f, 0.5f, 1.0f, 0.0f, 3.0f, -0.5f}));
+  EXPECT_EQ(host(mm), (std::vector<float>{3, 4}));  // untouched
+}
+
+TEST_P(BatchNormTest, MatchesReferenceOnOddShapes) {
+  const std::vector<Shape> shapes = {{3, 5, 7, 11},  {5, 7},         {1, 3, 1, 2}, {2, 1, 1, 1},
+                                     {17, 3, 13, 1}, {4, 2, 64, 65}, {129, 33}};
+  for (const Shape& shape : shapes) {
+    const std::int64_t N = shape[0], C = shape[1], S = numel_of(shape) / (N * C);
+    const auto n = static_cast<std::size_t>(numel_of(shape));
+    auto xv = random_values(n, 1, -2.0f, 3.0f), gyv = random_values(n, 2);
+    auto gv = random_values(C, 3, 0.5f, 1.5f), bv = random_values(C, 4);
+    const Reference r = reference(xv, gv, bv, gyv, N, C, S, 1e-3);
+    Tensor x = make(xv, shape), grad_y = make(gyv, shape);
+    Tensor gamma = make(gv, {C}), beta = make(bv, {C});
+    Tensor y = Tensor::empty(shape, stream());
+    Tensor mean = Tensor::empty({C}, stream()), inv_std = Tensor::empty({C}, stream());
+    batchnorm_forward_training(y, mean, inv_std, Tensor(), Tensor(), x, gamma, beta, 1e-3, 0.99,
+                               stream());
+    EXPECT_TRUE(all_close(host(y), to_float(r.y), 1e-5, 1e-4)) << to_string(shape);
+    EXPECT_TRUE(all_close(host(mean), to_float(r.mean), 1e-6, 1e-5)) << to_string(shape);
+    EXPECT_TRUE(all_close(host(inv_std), to_float(r.inv_std), 1e-6, 1e-5)) << to_string(shape);
+    // Sentinel-filled gradients: the backward must add to them.
+    Tensor grad_x = make(std::vector<float>(n, 0.5f), shape);
+    Tensor grad_gamma = make(std::vector<float>(C, -1.0f), {C});
+    Tensor grad_beta = make(std::vector<float>(C, 2.0f), {C});
+    batchnorm_backward(grad_x, grad_gamma, grad_beta, grad_y, x, gamma, mean, inv_std, stream());
+    EXPECT_TRUE(all_close(host(grad_x), plus(r.grad_x, 0.5f), 1e-5, 1e-3)) << to_string(shape);
+    EXPECT_TRUE(all_close(host(grad_gamma), plus(r.grad_gamma, -1.0f), 1e-4, 1e-4))
+        << to_string(shape);
+    EXPECT_TRUE(all_close(host(grad_beta), plus(r.grad_beta, 2.0f), 1e-4, 1e-4))
+        << to_string(shape);
+  }
+}
+
+TEST_P(BatchNormTest, StableForLargeMean) {
+  // Values around 1e4 with a spread of about 1: E[x^2] - E[x]^2 in float would
+  // subtract two numbers near 1e8, whose float spacing (8) exceeds the variance.
+  const Shape shape = {16, 3, 9, 9};
+  const std::int64_t C = 3, S = 81, N = 16;
+  auto xv = random_values(static_cast<std::size_t>(numel_of(shape)), 5, -1.7f, 1.7f);
+  for (std::size_t i = 0; i < xv.size(); ++i)
+    xv[i] += 1e4f + 100.0f * static_cast<float>((i / S) % C);
+  std::vector<float> ones(C, 1.0f), zeros(C, 0.0f);
+  const Reference r = reference(xv, ones, zeros, xv, N, C, S, 0.0);
+
+  // The naive float formula really is wrong here (so this test can fail).
+  float sum = 0.0f, sq = 0.0f;
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t s = 0; s < S; ++s) {
+      const float v = xv[(n * C) * S + s];
+      sum += v;
+      sq += v * v;
+    }
+  const float naive_var = sq / (N * S) - (sum / (N * S)) * (sum / (N * S));
+  EXPECT_GT(std::abs(naive_var - r.m2[0] / (N * S)), 0.1 * r.m2[0] / (N * S));
+
+  Tensor x = make(xv, shape);
+  Tensor mean = Tensor::empty({C}, stream()), m2 = Tensor::empty({C}, stream());
+  batchnorm_stats(mean, m2, x, stream());
+  EXPECT_TRUE(all_close(host(mean), to_float(r.mean), 0.0, 1e-7));
+  EXPECT_TRUE(all_close(host(m2), to_float(r.m2), 0.0, 1e-4));
+  Tensor y = Tensor::empty(shape, stream()), inv_std = Tensor::empty({C}, stream());
+  batchnorm_forward_training(y, mean, inv_std, Tensor(), Tensor(), x, make(ones, {C}),
+                             make(zeros, {C}), 0.0, 0.99, stream());
+  EXPECT_TRUE(all_close(host(inv_std), to_float(r.inv_std), 0.0, 1e-4));
+  // Normalized values of order 1 keep about 3 decimals (x itself is only stored
+  // to 1e-3 near 1e4).
+  EXPECT_TRUE(all_close(host(y), to_float(r.y), 2e-3, 0.0));
+}
+
+// The synchronized-batch-norm recipe on two "towers" (uneven halves of a batch,
+// plus an empty one) gives exactly what the single call gives on the whole batch.
+TEST_P(BatchNormTest, SplitApiOnHalvesMatchesSingleCall) {
+  const Shape shape = {7, 3, 4, 5};
+  const std::int64_t N = 7, C = 3, S = 20;
+  const auto n = static_cast<std::size_t>(numel_of(shape));
+  Tensor x = make(random_values(n, 6, 1.0f, 4.0f), shape);
+  Tensor grad_y = make(random_values(n, 7), shape);
+  Tensor gamma = make(random_values(C, 8, 0.5f, 1.5f), {C}), beta = make(random_values(C, 9), {C});
+  const std::vector<float> mm0 = {0.5f, -0.5f, 1.0f}, mv0 = {1.0f, 2.0f, 0.5f};
+
+  // Single call.
+  Tensor y = Tensor::empty(shape, stream());
+  Tensor mean = Tensor::empty({C}, stream()), inv_std = Tensor::empty({C}, stream());
+  Tensor mm = make(mm0, {C}), mv = make(mv0, {C});
+  batchnorm_forward_training(y, mean, inv_std, mm, mv, x, gamma, beta, 1e-3, 0.9, stream());
+  Tensor grad_x = Tensor::zeros(shape, stream());
+  Tensor grad_gamma = Tensor::zeros({C}, stream()), grad_beta = Tensor::zeros({C}, stream());
+  batchnorm_backward(grad_x, grad_gamma, grad_beta, grad_y, x, gamma, mean, inv_std, stream());
+
+  // Towers: rows [0, 3), [3, 7) and an empty one.
+  const std::vector<std::pair<std::int64_t, std::int64_t>> towers = {{0, 3}, {3, 7}, {7, 7}};
+  Tensor t_mean = Tensor::empty({C}, stream()), t_m2 = Tensor::empty({C}, stream());
+  std::int64_t count = 0;
+  for (auto [begin, end] : towers) {
+    Tensor part_mean = Tensor::empty({C}, stream()), part_m2 = Tensor::empty({C}, stream());
+    batchnorm_stats(part_mean, part_m2, x.slice(begin, end), stream());
+    if (count == 0) {
+      copy(t_mean, part_mean, stream());
+      copy(t_m2, part_m2, stream());
+    } else {
+      batchnorm_merge_stats(t_mean, t_m2, count, part_mean, part_m2, (end - begin) * S, stream());
+    }
+    count += (end - begin) * S;
+  }
+  ASSERT_EQ(count, N * S);
+  Tensor t_y = Tensor::empty(shape, stream()), t_inv_std = Tensor::empty({C}, stream());
+  Tensor t_mm = make(mm0, {C}), t_mv = make(mv0, {C});
+  for (auto [begin, end] : towers) {
+    // Only the first tower updates the moving statistics (one policy of DESIGN.md).
+    const bool first = begin == 0;
+    batchnorm_forward_from_stats(t_y.slice(begin, end), t_inv_std, first ? t_mm : Tensor(),
+                                 first ? t_mv : Tensor(), x.slice(begin, end), gamma, beta, t_mean,
+                                 t_m2, count, 1e-3, 0.9, stream());
+  }
+  EXPECT_TRUE(all_close(host(t_mean), host(mean), 1e-6, 1e-5));
+  EXPECT_TRUE(all_close(host(t_inv_std), host(inv_std), 1e-6, 1e-5));
+  EXPECT_TRUE(all_close(host(t_y), host(y), 1e-5, 1e-5));
+  EXPECT_TRUE(all_close(host(t_mm), host(mm), 1e-6, 1e-5));
+  EXPECT_TRUE(all_close(host(t_mv), host(mv), 1e-6, 1e-5));
+
+  // Backward: per-tower sums, "all-reduced" by adding, then applied per tower.
+  Tensor sum_gy = Tensor::zeros({C}, stream()), sum_gy_xhat = Tensor::zeros({C}, stream());
+  for (auto [begin, end] : towers) {
+    Tensor a = Tensor::empty({C}, stream()), b = Tensor::empty({C}, stream());
+    batchnorm_backward_reduce(a, b, grad_y.slice(begin, end), x.slice(begin, end), t_mean,
+                              t_inv_std, stream());
+    add(sum_gy, sum_gy, a, stream());
+    add(sum_gy_xhat, sum_gy_xhat, b, stream());
+  }
+  Tensor t_grad_x = Tensor::zeros(shape, stream());
+  for (auto [begin, end] : towers) {
+    batchnorm_backward_apply(t_grad_x.slice(begin, end), grad_y.slice(begin, end),
+                             x.slice(begin, end), gamma, t_mean, t_inv_std, sum_gy, sum_gy_xhat,
+                             count, stream());
+  }
+  EXPECT_TRUE(all_close(host(t_grad_x), host(grad_x), 1e-5, 1e-4));
+  EXPECT_TRUE(all_close(host(sum_gy_xhat), host(grad_gamma), 1e-5, 1e-4));
+  EXPECT_TRUE(all_close(host(sum_gy), host(grad_beta), 1e-5, 1e-4));
+}
+
+TEST_P(BatchNormTest, ForwardMayRunInPlace) {
+  const Shape shape = {3, 4, 5, 6};
+  const auto values = random_values(static_cast<std::size_t>(numel_of(shape)), 12);
+  Tensor gamma = make({1, 2, 3, 4}, {4}), beta = make({0, 1, 0, 1}, {4});
+  Tensor mean = Tensor::empty({4}, stream()), inv_std = Tensor::empty({4}, stream());
+  Tensor x = make(values, shape), y = Tensor::empty(shape, stream());
+  batchnorm_forward_training(y, mean, inv_std, Tensor(), Tensor(), x, gamma, beta, 1e-3, 0.9,
+                             stream());
+  Tensor z = make(values, shape);
+  batchnorm_forward_training(z, mean, inv_std, Tensor(), Tensor(), z, gamma, beta, 1e-3, 0.9,
+                             stream());
+  EXPECT_EQ(host(z), host(y));
+  Tensor w = make(values, shape);
+  batchnorm_forward_inference(w, w, gamma, beta, mean, inv_std, 1e-3, stream());
+  batchnorm_forward_inference(y, x, gamma, beta, mean, inv_std, 1e-3, stream());
+  EXPECT_EQ(host(w), host(y));
+}
+
+TEST_P(BatchNormTest, MergeStatsByHand) {
+  // a = {1, 3} (mean 2, m2 2), b = {5, 7, 9} (mean 7, m2 8); all = mean 5, m2 = 16+4+0+4+16 = 40.
+  Tensor mean_a = make({2}, {1}), m2_a = make({2}, {1});
+  batchnorm_merge_stats(mean_a, m2_a, 2, make({7}, {1}), make({8}, {1}), 3, stream());
+  EXPECT_TRUE(all_close(host(mean_a), {5.0f}));
+  EXPECT_TRUE(all_close(host(m2_a), {40.0f}));
+}
+
+TEST_P(BatchNormTest, OnlyRequestedGradientsAreComputed) {
+  const Shape shape = {4, 2, 3, 3};
+  const auto n = static_cast<std::size_t>(numel_of(shape));
+  Tensor x = make(random_values(n, 10), shape), grad_y = make(random_values(n, 11), shape);
+  Tensor gamma = make({1.5f, 0.5f}, {2}), beta = make({0, 0}, {2});
+  Tensor y = Tensor::empty(shape, stream());
+  Tensor mean = Tensor::empty({2}, stream()), inv_std = Tensor::empty({2}, stream());
+  batchnorm_forward_training(y, mean, inv_std, Tensor(), Tensor(), x, gamma, beta, 1e-5, 0.9,
+                             stream());
+  Tensor all_x = Tensor::zeros(shape, stream()), all_gamma = Tensor::zeros({2}, stream()),
+         all_beta = Tensor::zeros({2}, stream());
+  batchnorm_backward(all_x, all_gamma, all_beta, grad_y, x, gamma, mean, inv_std, stream());
+  Tensor only_x = Tensor::zeros(shape, stream());
+  batchnorm_backward(only_x, Tensor(), Tensor(), grad_y, x, gamma, mean, inv_std, stream());
+  EXPECT_EQ(host(only_x), host(all_x));
+  Tensor only_gamma = Tensor::zeros({2}, stream());
+  batchnorm_backward(Tensor(), only_gamma, Tensor(), grad_y, x, gamma, mean, inv_std, stream());
+  EXPECT_EQ(host(only_gamma), host(all_gamma));
+  EXPECT_NE(host(all_gamma), (std::vector<float>{0, 0}));
+}
+
+TEST_P(BatchNormTest, EmptyTensors) {
+  // An empty tower's partial statistics: mean 0, m2 0 (count 0).
+  Tensor x = Tensor::zeros({0, 3, 4, 4}, stream());
+  Tensor mean = make({9, 9, 9}, {3}), m2 = make({9, 9, 9}, {3});
+  batchnorm_stats(mean, m2, x, stream());
+  EXPECT_EQ(host(mean), (std::vector<float>{0, 0, 0}));
+  EXPECT_EQ(host(m2), (std::vector<float>{0, 0, 0}));
+  Tensor gamma = make({1, 1, 1}, {3}), beta = make({0, 0, 0}, {3});
+  Tensor y = Tensor::empty({0, 3, 4, 4}, stream());
+  batchnorm_forward_inference(y, x, gamma, beta, mean, m2, 1e-3, stream());  // no-op
+  // Backward on an empty batch adds nothing.
+  Tensor grad_gamma = make({5, 5, 5}, {3});
+  batchnorm_backward(Tensor::zeros({0, 3, 4, 4}, stream()), grad_gamma, Tensor(),
+                     Tensor::zeros({0, 3, 4, 4}, stream()), x, gamma, mean, m2, stream());
+  EXPECT_EQ(host(grad_gamma), (std::vector<float>{5, 5, 5}));
+  // Zero channels: nothing at all to do.
+  Tensor x0 = Tensor::zeros({4, 0}, stream()), c0 = Tensor::zeros({0}, stream());
+  batchnorm_forward_training(Tensor::zeros({4, 0}, stream()), c0, c0, c0, c0, x0, c0, c0, 1e-3, 0.9,
+                             stream());
+  // Training on an empty batch has no statistics.
+  EXPECT_THROW_WITH(batchnorm_forward_training(y, mean, m2, Tensor(), Tensor(), x, gamma, beta,
+                                               1e-3, 0.9, stream()),
+                    InvalidArgument, "at least 2 values per channel");
+}
+
+TEST_P(BatchNormTest, RejectsBadArguments) {
+  Tensor x = Tensor::zeros({2, 3, 4, 4}, stream()), y = Tensor::zeros({2, 3, 4, 4}, stream());
+  Tensor c3 = Tensor::zeros({3}, stream()), c4 = Tensor::zeros({4}, stream());
+  EXPECT_THROW_WITH(
+      batchnorm_forward_training(y, c3, c3, Tensor(), Tensor(), x, c4, c3, 1e-3, 0.9, stream()),
+      ShapeError, "batchnorm_forward_training: gamma is float32[4]");
+  EXPECT_THROW_WITH(
+      batchnorm_forward_training(y, c3, c3, Tensor(), Tensor(), x, c4, c3, 1e-3, 0.9, stream()),
+      ShapeError, "has 3 channels (expected [3])");
+  Tensor x3 = Tensor::zeros({2, 3, 4}, stream());
+  EXPECT_THROW_WITH(batchnorm_stats(c3, c3, x3, stream()), ShapeError,
+                    "batchnorm_stats: x must be [N,C] or [N,C,H,W], got float32[2,3,4]");
+  EXPECT_THROW_WITH(
+      batchnorm_forward_training(y, c3, c3, c3, Tensor(), x, c3, c3, 1e-3, 0.9, stream()),
+      InvalidArgument, "give both moving_mean and moving_var, or neither");
+  EXPECT_THROW_WITH(batchnorm_forward_training(Tensor::zeros({2, 3, 4, 5}, stream()), c3, c3,
+                                               Tensor(), Tensor(), x, c3, c3, 1e-3, 0.9, stream()),
+                    ShapeError, "y is float32[2,3,4,5]");
+  EXPECT_THROW_WITH(batchnorm_forward_training(y, c3, c3, c3, c3, x, c3, c3, 1e-3, 1.5, stream()),
+                    InvalidArgument, "momentum must be in [0, 1]");
+  EXPECT_THROW_WITH(batchnorm_forward_from_stats(y, c3, Tensor(), Tensor(), x, c3, c3, c3, c3, 1,
+                                                 1e-3, 0.9, stream()),
+                    InvalidArgument, "got count 1");
+  EXPECT_THROW_WITH(batchnorm_merge_stats(c3, c3, 2, c4, c3, 2, stream()), ShapeError,
+                    "batchnorm_merge_stats: mean_b is float32[4]");
+  EXPECT_THROW_WITH(batchnorm_backward(Tensor(), Tensor::zeros({2}, stream()), Tensor(), y, x, c3,
+                                       c3, c3, stream()),
+                    ShapeError, "batchnorm_backward: grad_gamma is float32[2]");
+}
+
+// --- gradients in float64 ---------------------------------------------------------
+
+struct DoubleProblem {
+  Shape shape;
+  Tensor x, gamma, beta, g;
+};
+
+DoubleProblem double_problem(const Shape& shape, unsigned seed) {
+  const std::int64_t C = shape[1];
+  return {shape, random_double_tensor(shape, seed, -1.0, 2.0),
+          random_double_tensor({C}, seed + 1, 0.5, 1.5), random_double_tensor({C}, seed + 2),
+          random_double_tensor(shape, seed + 3)};
+}
+
+void check_training_gradient(const Shape& shape, unsigned seed) {
+  const Stream& cpu = default_stream(Device::cpu());
+  DoubleProblem p = double_problem(shape, seed);
+  const std::int64_t C = shape[1];
+  auto forward = [&](const std::vector<Tensor>& in, Tensor& mean, Tensor& inv_std) {
+    Tensor y = Tensor::empty(p.shape, cpu, DType::Float64);
+    mean = Tensor::empty({C}, cpu, DType::Float64);
+    inv_std = Tensor::empty({C}, cpu, DType::Float64);
+    batchnorm_forward_training(y, mean, inv_std, Tensor(), Tensor(), in[0], in[1], in[2], 1e-3, 0.9,
+                               cpu);
+    return y;
+  };
+  auto loss = [&](const std::vector<Tensor>& in) {
+    Tensor mean, inv_std;
+    return weighted_sum(p.g, forward(in, mean, inv_std));
+  };
+  Tensor mean, inv_std;
+  forward({p.x, p.gamma, p.beta}, mean, inv_std);
+  Tensor grad_x = Tensor::zeros(shape, cpu, DType::Float64);
+  Tensor grad_gamma = Tensor::zeros({C}, cpu, DType::Float64);
+  Tensor grad_beta = Tensor::zeros({C}, cpu, DType::Float64);
+  batchnorm_backward(grad_x, grad_gamma, grad_beta, p.g, p.x, p.gamma, mean, inv_std, cpu);
+  GradcheckOptions options;
+  options.atol = 1e-5;
+  options.rtol = 1e-4;
+  EXPECT_TRUE(
+      check_gradient(loss, {p.x, p.gamma, p.beta}, {grad_x, grad_gamma, grad_beta}, options))
+      << to_string(shape);
+}
+
+TEST(BatchNormGradient, TrainingMatchesCentralDifferences) {
+  check_training_gradient({3, 2, 3, 2}, 20);
+  check_training_gradient({5, 3}, 30);  // fully connected
+}
+
+TEST(BatchNormGradient, SplitBackwardMatchesCentralDifferences) {
+  // The split backward with all-reduced sums is the gradient of the whole batch
+  // with respect to one tower's rows.
+  const Stream& cpu = default_stream(Device::cpu());
+  const Shape shape = {4, 2, 2, 3};
+  DoubleProblem p = double_problem(shape, 40);
+  Tensor mean = Tensor::empty({2}, cpu, DType::Float64),
+         m2 = Tensor::empty({2}, cpu, DType::Float64);
+  Tensor inv_std = Tensor::empty({2}, cpu, DType::Float64);
+  auto loss = [&](const std::vector<Tensor>& in) {
+    Tensor y = Tensor::empty(shape, cpu, DType::Float64);
+    batchnorm_stats(mean, m2, in[0], cpu);
+    batchnorm_forward_from_stats(y, inv_std, Tensor(), Tensor(), in[0], p.gamma, p.beta, mean, m2,
+                                 24, 1e-3, 0.9, cpu);
+    return weighted_sum(p.g, y);
+  };
+  loss({p.x});
+  Tensor sum_gy = Tensor::zeros({2}, cpu, DType::Float64);
+  Tensor sum_gy_xhat = Tensor::zeros({2}, cpu, DType::Float64);
+  for (std::int64_t begin : {0, 1}) {  // towers: row 0, rows 1..3
+    const std::int64_t end = begin == 0 ? 1 : 4;
+    Tensor a = Tensor::empty({2}, cpu, DType::Float64), b = Tensor::empty({2}, cpu, DType::Float64);
+    batchnorm_backward_reduce(a, b, p.g.slice(begin, end), p.x.slice(begin, end), mean, inv_std,
+                              cpu);
+    add(sum_gy, sum_gy, a, cpu);
+    add(sum_gy_xhat, sum_gy_xhat, b, cpu);
+  }
+  Tensor grad_x = Tensor::zeros(shape, cpu, DType::Float64);
+  batchnorm_backward_apply(grad_x.slice(1, 4), p.g.slice(1, 4), p.x.slice(1, 4), p.gamma, mean,
+                           inv_std, sum_gy, sum_gy_xhat, 24, cpu);
+  batchnorm_backward_apply(grad_x.slice(0, 1), p.g.slice(0, 1), p.x.slice(0, 1), p.gamma, mean,
+                           inv_std, sum_gy, sum_gy_xhat, 24, cpu);
+  GradcheckOptions options;
+  options.atol = 1e-5;
+  options.rtol = 1e-4;
+  EXPECT_TRUE(check_gradient(loss, {p.x}, {grad_x}, options));
+}
+
+// CUDA against the CPU on larger odd shapes (skips without a GPU).
+TEST(BatchNormCudaVsCpu, TrainingForwardAndBackward) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  for (const Shape& shape : std::vector<Shape>{{128, 32, 28, 28}, {31, 7, 13, 17}, {1000, 37}}) {
+    const std::int64_t C = shape[1];
+    const auto n = static_cast<std::size_t>(numel_of(shape));
+    auto xv = random_values(n, 50, 100.0f, 104.0f), gyv = random_values(n, 51);
+    auto gv = random_values(C, 52, 0.5f, 1.5f), bv = random_values(C, 53);
+    std::vector<std::vector<float>> results[2];
+    for (int k = 0; k < 2; ++k) {
+      Stream stream(k == 0 ? Device::cpu() : Device::cuda(0));
+      auto up = [&](const std::vector<float>& v, const Shape& s) {
+        return Tensor::from_host<float>(v, s, stream);
+      };
+      Tensor x = up(xv, shape), grad_y = up(gyv, shape), gamma = up(gv, {C}), beta = up(bv, {C});
+      Tensor y = Tensor::empty(shape, stream);
+      Tensor mean = Tensor::empty({C}, stream), inv_std = Tensor::empty({C}, stream);
+      Tensor mm = Tensor::zeros({C}, stream), mv = Tensor::zeros({C}, stream);
+      batchnorm_forward_training(y, mean, inv_std, mm, mv, x, gamma, beta, 1e-5, 0.9, stream);
+      Tensor grad_x = Tensor::zeros(shape, stream), grad_gamma = Tensor::zeros({C}, stream),
+             grad_beta = Tensor::zeros({C}, stream);
+      batchnorm_backward(grad_x, grad_gamma, grad_beta, grad_y, x, gamma, mean, inv_std, stream);
+      for (const Tensor* t : {&y, &mean, &inv_std, &mm, &mv, &grad_x, &grad_gamma, &grad_beta}) {
+        results[k].push_back(t->to_host<float>(stream));
+      }
+    }
+    const char* names[] = {"y",          "mean",   "inv_std",    "moving_mean",
+                           "moving_var", "grad_x", "grad_gamma", "grad_beta"};
+    for (std::size_t i = 0; i < results[0].size(); ++i) {
+      EXPECT_TRUE(all_close(results[1][i], results[0][i], 1e-3, 1e-3))
+          << names[i] << " on " << to_string(shape);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace towerlab::testing

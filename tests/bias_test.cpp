@@ -1,0 +1,98 @@
+// Bias add on every backend: by hand, in place, a reference on odd shapes and
+// ranks, accumulation into grad_bias, empty tensors, errors, and the gradient.
+#include "kernels/bias.h"
+#include "gradcheck.h"
+#include "test_util.h"
+
+namespace towerlab::testing {
+namespace {
+
+class BiasTest : public BackendTest {};
+TL_INSTANTIATE_BACKENDS(BiasTest);
+
+TEST_P(BiasTest, ForwardByHand) {
+  Tensor x = make({1, 2, 3, 4, 5, 6}, {2, 3});  // [N=2, C=3]
+  Tensor y = Tensor::empty({2, 3}, stream());
+  bias_add_forward(y, x, make({10, 20, 30}, {3}), stream());
+  EXPECT_EQ(host(y), (std::vector<float>{11, 22, 33, 14, 25, 36}));
+
+  Tensor img = make({1, 2, 3, 4, 5, 6, 7, 8}, {1, 2, 2, 2});   // [N=1, C=2, H=2, W=2]
+  bias_add_forward(img, img, make({-1, 100}, {2}), stream());  // in place
+  EXPECT_EQ(host(img), (std::vector<float>{0, 1, 2, 3, 105, 106, 107, 108}));
+}
+
+TEST_P(BiasTest, BackwardAccumulatesSums) {
+  Tensor grad_y = make({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {2, 2, 3});  // [N=2, C=2, S=3]
+  Tensor grad_bias = make({0.5f, -0.5f}, {2});                               // sentinel
+  bias_add_backward(grad_bias, grad_y, stream());
+  // Channel 0: 1+2+3 + 7+8+9 = 30; channel 1: 4+5+6 + 10+11+12 = 48.
+  EXPECT_EQ(host(grad_bias), (std::vector<float>{30.5f, 47.5f}));
+}
+
+TEST_P(BiasTest, MatchesReferenceOnOddShapes) {
+  const std::vector<Shape> shapes = {{1, 1},          {7, 13},           {3, 5, 7, 11}, {2, 3, 5},
+                                     {2, 3, 2, 3, 5}, {128, 32, 28, 28}, {1000, 37}};
+  for (const Shape& shape : shapes) {
+    const std::int64_t N = shape[0], C = shape[1], S = numel_of(shape) / (N * C);
+    const auto n = static_cast<std::size_t>(numel_of(shape));
+    const auto xv = random_values(n, 1), bv = random_values(C, 2);
+    std::vector<float> expected(n);
+    std::vector<double> sums(C, 0.0);
+    for (std::int64_t i = 0; i < N; ++i)
+      for (std::int64_t c = 0; c < C; ++c)
+        for (std::int64_t s = 0; s < S; ++s) {
+          const std::int64_t k = (i * C + c) * S + s;
+          expected[k] = xv[k] + bv[c];
+          sums[c] += xv[k];
+        }
+    Tensor x = make(xv, shape), y = Tensor::empty(shape, stream());
+    bias_add_forward(y, x, make(bv, {C}), stream());
+    EXPECT_EQ(host(y), expected) << to_string(shape);
+    Tensor grad_bias = make(std::vector<float>(C, 1.0f), {C});
+    bias_add_backward(grad_bias, x, stream());
+    std::vector<float> expected_gb;
+    for (double s : sums) expected_gb.push_back(static_cast<float>(s + 1.0));
+    EXPECT_TRUE(all_close(host(grad_bias), expected_gb, 1e-4, 1e-5)) << to_string(shape);
+  }
+}
+
+TEST_P(BiasTest, EmptyTensors) {
+  Tensor x = Tensor::zeros({0, 3, 4, 4}, stream());
+  bias_add_forward(x, x, make({1, 2, 3}, {3}), stream());
+  Tensor grad_bias = make({1, 2, 3}, {3});
+  bias_add_backward(grad_bias, x, stream());
+  EXPECT_EQ(host(grad_bias), (std::vector<float>{1, 2, 3}));  // nothing added
+}
+
+TEST_P(BiasTest, RejectsBadShapes) {
+  Tensor x = Tensor::zeros({2, 3, 4, 4}, stream());
+  EXPECT_THROW_WITH(bias_add_forward(x, x, Tensor::zeros({4}, stream()), stream()), ShapeError,
+                    "bias_add_forward: bias is float32[4]");
+  EXPECT_THROW_WITH(bias_add_forward(x, x, Tensor::zeros({4}, stream()), stream()), ShapeError,
+                    "has 3 channels (expected [3])");
+  EXPECT_THROW_WITH(bias_add_forward(Tensor::zeros({2, 3, 4, 5}, stream()), x,
+                                     Tensor::zeros({3}, stream()), stream()),
+                    ShapeError, "y is float32[2,3,4,5]");
+  EXPECT_THROW_WITH(
+      bias_add_backward(Tensor::zeros({3}, stream()), Tensor::zeros({6}, stream()), stream()),
+      ShapeError, "bias_add_backward: grad_y must be [N,C] or [N,C,H,W]");
+}
+
+TEST(BiasGradient, MatchesCentralDifferences) {
+  const Stream& cpu = default_stream(Device::cpu());
+  const Shape shape = {3, 4, 2, 3};
+  Tensor x = random_double_tensor(shape, 5), bias = random_double_tensor({4}, 6);
+  Tensor g = random_double_tensor(shape, 7);
+  auto loss = [&](const std::vector<Tensor>& in) {
+    Tensor y = Tensor::empty(shape, cpu, DType::Float64);
+    bias_add_forward(y, in[0], in[1], cpu);
+    return weighted_sum(g, y);
+  };
+  // dL/dx = g (passes straight through); dL/dbias from the backward.
+  Tensor grad_bias = Tensor::zeros({4}, cpu, DType::Float64);
+  bias_add_backward(grad_bias, g, cpu);
+  EXPECT_TRUE(check_gradient(loss, {x, bias}, {g.clone(cpu), grad_bias}));
+}
+
+}  // namespace
+}  // namespace towerlab::testing

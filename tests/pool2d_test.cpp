@@ -1,0 +1,254 @@
+// Max and average pooling on every backend: hand-computed cases (ties, padding,
+// NaN), a plain reference on odd shapes and windows, accumulation, empty tensors,
+// errors, and gradients in float64.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+
+#include "gradcheck.h"
+#include "kernels/pool2d.h"
+#include "test_util.h"
+
+namespace towerlab::testing {
+namespace {
+
+class Pool2dTest : public BackendTest {};
+TL_INSTANTIATE_BACKENDS(Pool2dTest);
+
+// The reference: padding spelled out as -infinity (max) or skipped (average), one
+// output at a time. grad_x accumulates the backward of grad_y.
+struct PoolReference {
+  std::vector<float> y, grad_x;
+};
+
+PoolReference reference(bool is_max, const std::vector<float>& x, const std::vector<float>& grad_y,
+                        const Shape& xs, const Shape& ys, const Pool2dParams& p) {
+  const std::int64_t planes = xs[0] * xs[1], H = xs[2], W = xs[3], Ho = ys[2], Wo = ys[3];
+  PoolReference r{std::vector<float>(static_cast<std::size_t>(planes * Ho * Wo)),
+                  std::vector<float>(x.size(), 0.0f)};
+  for (std::int64_t pl = 0; pl < planes; ++pl) {
+    for (std::int64_t ho = 0; ho < Ho; ++ho) {
+      for (std::int64_t wo = 0; wo < Wo; ++wo) {
+        double best = -std::numeric_limits<double>::infinity(), sum = 0.0;
+        std::int64_t arg = -1, count = 0;
+        for (std::int64_t i = 0; i < p.kernel_h; ++i) {
+          for (std::int64_t j = 0; j < p.kernel_w; ++j) {
+            const std::int64_t h = ho * p.stride_h - p.pad_h + i, w = wo * p.stride_w - p.pad_w + j;
+            if (h < 0 || h >= H || w < 0 || w >= W) continue;
+            const std::int64_t idx = (pl * H + h) * W + w;
+            if (x[idx] > best) {
+              best = x[idx];
+              arg = idx;
+            }
+            sum += x[idx];
+            ++count;
+          }
+        }
+        const std::int64_t out = (pl * Ho + ho) * Wo + wo;
+        r.y[out] = static_cast<float>(is_max ? best : sum / count);
+        for (std::int64_t i = 0; i < p.kernel_h; ++i) {
+          for (std::int64_t j = 0; j < p.kernel_w; ++j) {
+            const std::int64_t h = ho * p.stride_h - p.pad_h + i, w = wo * p.stride_w - p.pad_w + j;
+            if (h < 0 || h >= H || w < 0 || w >= W) continue;
+            const std::int64_t idx = (pl * H + h) * W + w;
+            if (!is_max) r.grad_x[idx] += grad_y[out] / static_cast<float>(count);
+            if (is_max && idx == arg) r.grad_x[idx] += grad_y[out];
+          }
+        }
+      }
+    }
+  }
+  return r;
+}
+
+// Distinct values (a shuffled ramp), so that no max-pool window has a tie.
+std::vector<float> distinct_values(std::size_t n, unsigned seed) {
+  std::vector<float> v(n);
+  std::iota(v.begin(), v.end(), 0.0f);
+  std::shuffle(v.begin(), v.end(), std::mt19937(seed));
+  for (float& f : v) f = f * 0.01f - 3.0f;
+  return v;
+}
+
+TEST_P(Pool2dTest, MaxAndAverageTwoByTwoByHand) {
+  // One 4x4 plane, 2x2 windows with stride 2 (FashionNet's pooling).
+  Tensor x = make({1, 2, 5, 6,    //
+                   3, 4, 7, 8,    //
+                   -1, -2, 0, 0,  //
+                   -3, -4, 0, 9},
+                  {1, 1, 4, 4});
+  const Pool2dParams p = Pool2dParams::square(2, 2);
+  ASSERT_EQ(pool2d_output_shape(x.shape(), p), (Shape{1, 1, 2, 2}));
+  Tensor y = Tensor::empty({1, 1, 2, 2}, stream());
+  max_pool2d_forward(y, x, p, stream());
+  EXPECT_EQ(host(y), (std::vector<float>{4, 8, -1, 9}));
+  avg_pool2d_forward(y, x, p, stream());
+  EXPECT_EQ(host(y), (std::vector<float>{2.5f, 6.5f, -2.5f, 2.25f}));
+
+  Tensor grad_y = make({10, 20, 30, 40}, {1, 1, 2, 2});
+  Tensor grad_x = make(std::vector<float>(16, 1.0f), {1, 1, 4, 4});  // sentinel
+  max_pool2d_backward(grad_x, grad_y, x, p, stream());
+  EXPECT_EQ(host(grad_x), (std::vector<float>{1, 1, 1, 1,    //
+                                              1, 11, 1, 21,  //
+                                              31, 1, 1, 1,   //
+                                              1, 1, 1, 41}));
+  Tensor grad_avg = make(std::vector<float>(16, 1.0f), {1, 1, 4, 4});
+  avg_pool2d_backward(grad_avg, grad_y, p, stream());
+  EXPECT_EQ(host(grad_avg), (std::vector<float>{3.5f, 3.5f, 6, 6,    //
+                                                3.5f, 3.5f, 6, 6,    //
+                                                8.5f, 8.5f, 11, 11,  //
+                                                8.5f, 8.5f, 11, 11}));
+}
+
+TEST_P(Pool2dTest, TiesGoToTheFirstMaximum) {
+  // Window 0 is all equal; window 1 ties at its 2nd and 4th positions.
+  Tensor x = make({7, 7, 1, 5,  //
+                   7, 7, 2, 5},
+                  {1, 1, 2, 4});
+  Tensor grad_x = Tensor::zeros({1, 1, 2, 4}, stream());
+  max_pool2d_backward(grad_x, make({1, 2}, {1, 1, 1, 2}), x, Pool2dParams::square(2, 2), stream());
+  EXPECT_EQ(host(grad_x), (std::vector<float>{1, 0, 0, 2,  //
+                                              0, 0, 0, 0}));
+}
+
+TEST_P(Pool2dTest, NanPropagatesThroughMax) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor x = make({1, nan, 2, 3}, {1, 1, 2, 2});
+  Tensor y = Tensor::empty({1, 1, 1, 1}, stream());
+  max_pool2d_forward(y, x, Pool2dParams::square(2, 2), stream());
+  EXPECT_TRUE(std::isnan(host(y)[0]));
+}
+
+TEST_P(Pool2dTest, AveragePaddingIsNotCounted) {
+  // 3x3 windows, stride 2, padding 1 on a 3x3 ramp: each
+  // output is the mean of the real values its window covers.
+  Tensor x = make({1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 1, 3, 3});
+  const Pool2dParams p = Pool2dParams::square(3, 2, 1);
+  Tensor y = Tensor::empty({1, 1, 2, 2}, stream());
+  avg_pool2d_forward(y, x, p, stream());
+  // Top-left covers {1,2,4,5}; top-right {2,3,5,6}; bottom-left {4,5,7,8}; bottom-right {5,6,8,9}.
+  EXPECT_TRUE(all_close(host(y), {3.0f, 4.0f, 6.0f, 7.0f}));
+  max_pool2d_forward(y, x, p, stream());
+  EXPECT_EQ(host(y), (std::vector<float>{5, 6, 8, 9}));  // padding never wins
+  Tensor neg = make({-1, -2, -3, -4, -5, -6, -7, -8, -9}, {1, 1, 3, 3});
+  max_pool2d_forward(y, neg, p, stream());
+  EXPECT_EQ(host(y), (std::vector<float>{-1, -2, -4, -5}));  // not 0 from the padding
+}
+
+TEST_P(Pool2dTest, MatchesReferenceOnOddShapes) {
+  struct Case {
+    Shape x;
+    Pool2dParams p;
+  };
+  const std::vector<Case> cases = {
+      {{2, 3, 28, 28}, Pool2dParams::square(2, 2)},
+      {{3, 2, 7, 9}, Pool2dParams::square(2, 2)},       // odd plane: last row/column dropped
+      {{2, 3, 7, 9}, {3, 2, 2, 1, 1, 1}},               // rectangular window and stride, padding
+      {{1, 5, 13, 11}, Pool2dParams::square(3, 1, 1)},  // overlapping windows
+      {{2, 2, 5, 5}, Pool2dParams::square(5, 1)},       // one window per plane
+      {{1, 1, 1, 1}, Pool2dParams::square(1, 1)},
+      {{4, 3, 17, 19}, {4, 3, 3, 2, 2, 1}},
+  };
+  for (const Case& c : cases) {
+    const Shape ys = pool2d_output_shape(c.x, c.p);
+    const auto nx = static_cast<std::size_t>(numel_of(c.x));
+    const auto ny = static_cast<std::size_t>(numel_of(ys));
+    const auto xv = distinct_values(nx, 1);
+    const auto gyv = random_values(ny, 2);
+    Tensor x = make(xv, c.x), grad_y = make(gyv, ys);
+    for (bool is_max : {true, false}) {
+      const PoolReference r = reference(is_max, xv, gyv, c.x, ys, c.p);
+      Tensor y = Tensor::empty(ys, stream());
+      Tensor grad_x = make(std::vector<float>(nx, 0.25f), c.x);  // sentinel
+      if (is_max) {
+        max_pool2d_forward(y, x, c.p, stream());
+        max_pool2d_backward(grad_x, grad_y, x, c.p, stream());
+      } else {
+        avg_pool2d_forward(y, x, c.p, stream());
+        avg_pool2d_backward(grad_x, grad_y, c.p, stream());
+      }
+      std::vector<float> expected_gx = r.grad_x;
+      for (float& v : expected_gx) v += 0.25f;
+      EXPECT_TRUE(all_close(host(y), r.y, 1e-6, 1e-5))
+          << (is_max ? "max " : "avg ") << to_string(c.x);
+      EXPECT_TRUE(all_close(host(grad_x), expected_gx, 1e-6, 1e-5))
+          << (is_max ? "max " : "avg ") << to_string(c.x);
+    }
+  }
+}
+
+TEST_P(Pool2dTest, EmptyBatchIsANoOp) {
+  Tensor x = Tensor::zeros({0, 3, 4, 4}, stream());
+  Tensor y = Tensor::zeros({0, 3, 2, 2}, stream());
+  const Pool2dParams p = Pool2dParams::square(2, 2);
+  max_pool2d_forward(y, x, p, stream());
+  avg_pool2d_forward(y, x, p, stream());
+  max_pool2d_backward(Tensor::zeros({0, 3, 4, 4}, stream()), y, x, p, stream());
+  avg_pool2d_backward(Tensor::zeros({0, 3, 4, 4}, stream()), y, p, stream());
+}
+
+TEST_P(Pool2dTest, RejectsBadArguments) {
+  Tensor x = Tensor::zeros({2, 3, 5, 5}, stream());
+  Tensor y = Tensor::zeros({2, 3, 3, 3}, stream());
+  EXPECT_THROW_WITH(max_pool2d_forward(y, x, Pool2dParams::square(2, 2), stream()), ShapeError,
+                    "max_pool2d_forward: y is float32[2,3,3,3]");
+  EXPECT_THROW_WITH(max_pool2d_forward(y, x, Pool2dParams::square(2, 2), stream()), ShapeError,
+                    "gives [2,3,2,2]");
+  EXPECT_THROW_WITH(avg_pool2d_forward(y, x, Pool2dParams::square(2, 2, 2), stream()),
+                    InvalidArgument, "padding must be between 0 and half the window");
+  EXPECT_THROW_WITH(avg_pool2d_forward(y, x, Pool2dParams::square(3, 0), stream()), InvalidArgument,
+                    "window and stride must be at least 1");
+  EXPECT_THROW_WITH(max_pool2d_forward(y, x, Pool2dParams::square(7, 1), stream()), ShapeError,
+                    "does not fit in the 5x5 plane");
+  Tensor x3 = Tensor::zeros({3, 5, 5}, stream());
+  EXPECT_THROW_WITH(max_pool2d_forward(y, x3, Pool2dParams::square(2, 2), stream()), ShapeError,
+                    "x must be [N,C,H,W], got [3,5,5]");
+  EXPECT_THROW_WITH(max_pool2d_backward(Tensor::zeros({2, 3, 4, 4}, stream()),
+                                        Tensor::zeros({2, 3, 2, 2}, stream()), x,
+                                        Pool2dParams::square(2, 2), stream()),
+                    ShapeError, "max_pool2d_backward: grad_x is float32[2,3,4,4]");
+  EXPECT_THROW_WITH(avg_pool2d_backward(Tensor::zeros({2, 3, 4, 4}, stream()), y,
+                                        Pool2dParams::square(2, 2), stream()),
+                    ShapeError, "avg_pool2d_backward: grad_y is float32[2,3,3,3]");
+}
+
+// --- gradients in float64 ---------------------------------------------------------
+
+void check_pool_gradient(bool is_max, const Shape& xs, const Pool2dParams& p) {
+  const Stream& cpu = default_stream(Device::cpu());
+  const Shape ys = pool2d_output_shape(xs, p);
+  // Values on a grid of spacing 0.01: the central-difference step (1e-6) can
+  // never reorder a window, so max pooling has no tie or kink to skip.
+  const auto v = distinct_values(static_cast<std::size_t>(numel_of(xs)), 3);
+  Tensor x = Tensor::from_host<double>(std::vector<double>(v.begin(), v.end()), xs, cpu);
+  Tensor g = random_double_tensor(ys, 4);
+  auto loss = [&](const std::vector<Tensor>& in) {
+    Tensor y = Tensor::empty(ys, cpu, DType::Float64);
+    if (is_max) {
+      max_pool2d_forward(y, in[0], p, cpu);
+    } else {
+      avg_pool2d_forward(y, in[0], p, cpu);
+    }
+    return weighted_sum(g, y);
+  };
+  Tensor grad_x = Tensor::zeros(xs, cpu, DType::Float64);
+  if (is_max) {
+    max_pool2d_backward(grad_x, g, x, p, cpu);
+  } else {
+    avg_pool2d_backward(grad_x, g, p, cpu);
+  }
+  EXPECT_TRUE(check_gradient(loss, {x}, {grad_x})) << (is_max ? "max " : "avg ") << to_string(xs);
+}
+
+TEST(Pool2dGradient, MatchesCentralDifferences) {
+  for (bool is_max : {true, false}) {
+    check_pool_gradient(is_max, {2, 2, 4, 6}, Pool2dParams::square(2, 2));
+    check_pool_gradient(is_max, {1, 2, 5, 5}, Pool2dParams::square(3, 1, 1));
+    check_pool_gradient(is_max, {2, 1, 6, 5}, {3, 2, 2, 1, 1, 0});
+  }
+}
+
+}  // namespace
+}  // namespace towerlab::testing
