@@ -35,7 +35,8 @@
 namespace towerlab {
 
 // Writes `tensors` to `path`. The tensors may live on any device (device tensors are
-// copied to the host on default_stream(device)); they are stored as "F32" or "F64".
+// copied to the host on default_stream(device), so the work that produced them on
+// other streams must have finished); they are stored as "F32" or "F64".
 // The header lists the tensors in the given order and the data section holds them in
 // the same order; read_safetensors_header() gives them back in that order.
 // Throws InvalidArgument for an empty, repeated or reserved ("__metadata__") name or an
