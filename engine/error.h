@@ -51,6 +51,14 @@ class IoError : public Error {
   using Error::Error;
 };
 
+// A well-formed checkpoint whose tensors are not those of the model it is loaded
+// into (missing, unexpected or mis-shaped variables). The file is fine; the pairing
+// is wrong, so this is an InvalidArgument rather than an IoError.
+class CheckpointMismatch : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
 // The request is valid but this build or backend cannot do it (float64 on CUDA,
 // a CUDA device in a build without the CUDA backend).
 class NotSupported : public Error {
