@@ -38,3 +38,4 @@
 #include "autograd/tape.h"
 #include "autograd/variables.h"
 #include "autograd/losses.h"
+#include "autograd/optimizer.h"

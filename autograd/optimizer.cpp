@@ -1,0 +1,156 @@
+#include "autograd/optimizer.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "engine/error.h"
+#include "kernels/elementwise.h"
+
+namespace towerlab {
+
+double LearningRate::at(std::int64_t step) const {
+  switch (kind) {
+    case Kind::Constant:
+      return base;
+    case Kind::Step:
+      return base * std::pow(gamma, double(step / std::max<std::int64_t>(every, 1)));
+    case Kind::Cosine: {
+      const double t = double(std::min(step, total)) / double(std::max<std::int64_t>(total, 1));
+      return min + (base - min) * (1.0 + std::cos(std::numbers::pi * t)) / 2.0;
+    }
+  }
+  return base;
+}
+
+Optimizer Optimizer::sgd(SgdParams params, LearningRate lr) {
+  Optimizer o(Kind::Sgd, lr);
+  o.sgd_ = params;
+  return o;
+}
+
+Optimizer Optimizer::rmsprop(RmspropParams params, LearningRate lr) {
+  Optimizer o(Kind::Rmsprop, lr);
+  o.rmsprop_ = params;
+  return o;
+}
+
+Optimizer Optimizer::adam(AdamParams params, LearningRate lr) {
+  Optimizer o(Kind::Adam, lr);
+  o.adam_ = params;
+  return o;
+}
+
+Optimizer Optimizer::adamw(AdamParams params, LearningRate lr) {
+  Optimizer o(Kind::AdamW, lr);
+  o.adam_ = params;
+  return o;
+}
+
+Optimizer Optimizer::by_name(const std::string& name, double lr) {
+  TL_CHECK(lr > 0.0 && std::isfinite(lr), InvalidArgument,
+           "optimizer " << name << ": the learning rate must be positive, got " << lr);
+  if (name == "adam") return adam({}, LearningRate::constant(lr));
+  if (name == "adamw") return adamw({.weight_decay = 0.01}, LearningRate::constant(lr));
+  if (name == "sgd") return sgd({}, LearningRate::constant(lr));
+  if (name == "momentum") return sgd({.momentum = 0.9}, LearningRate::constant(lr));
+  if (name == "rmsprop") return rmsprop({}, LearningRate::constant(lr));
+  TL_THROW(InvalidArgument,
+           "unknown optimizer '" << name << "' (expected adam, adamw, sgd, momentum or rmsprop)");
+}
+
+const char* Optimizer::name() const {
+  switch (kind_) {
+    case Kind::Sgd: return "sgd";
+    case Kind::Rmsprop: return "rmsprop";
+    case Kind::Adam: return "adam";
+    case Kind::AdamW: return "adamw";
+  }
+  return "?";
+}
+
+std::vector<std::string> Optimizer::slot_names() const {
+  switch (kind_) {
+    case Kind::Sgd:
+      return sgd_.momentum > 0.0 ? std::vector<std::string>{"velocity"} : std::vector<std::string>{};
+    case Kind::Rmsprop:
+      return rmsprop_.centered ? std::vector<std::string>{"mean_square", "moment", "mean_grad"}
+                               : std::vector<std::string>{"mean_square", "moment"};
+    case Kind::Adam:
+    case Kind::AdamW:
+      return {"m", "v"};
+  }
+  return {};
+}
+
+void Optimizer::ensure_slots(const VariableStore& store, const Stream& stream) {
+  const Shape shape = store.flat_values().shape();
+  for (const std::string& name : slot_names()) {
+    auto it = slots_.find(name);
+    if (it != slots_.end() && it->second.shape() == shape && it->second.device() == store.device()) {
+      continue;
+    }
+    Tensor slot = Tensor::zeros(shape, stream);
+    // TensorFlow 1.x starts RMSProp's mean square at 1 (seed 000's optimizer).
+    if (name == "mean_square") fill(slot, 1.0, stream);
+    if (it != slots_.end()) copy_tensor(slot, it->second, stream);  // restored elsewhere
+    slots_[name] = slot;
+  }
+}
+
+void Optimizer::step(VariableStore& store, const Tensor& grad, const Stream& stream) {
+  TL_CHECK(grad.shape() == store.flat_values().shape(), ShapeError,
+           "optimizer " << name() << ": gradient " << grad.describe() << " does not match the "
+                        << store.flat_values().describe() << " of trainable values");
+  ensure_slots(store, stream);
+  const double lr = lr_.at(steps_);
+  const Tensor& p = store.flat_values();
+  switch (kind_) {
+    case Kind::Sgd: {
+      SgdParams params = sgd_;
+      params.lr = lr;
+      auto it = slots_.find("velocity");
+      sgd_update(p, grad, it == slots_.end() ? Tensor() : it->second, params, stream);
+      break;
+    }
+    case Kind::Rmsprop: {
+      RmspropParams params = rmsprop_;
+      params.lr = lr;
+      auto mg = slots_.find("mean_grad");
+      rmsprop_update(p, grad, slots_.at("mean_square"), slots_.at("moment"),
+                     mg == slots_.end() ? Tensor() : mg->second, params, stream);
+      break;
+    }
+    case Kind::Adam:
+    case Kind::AdamW: {
+      AdamParams params = adam_;
+      params.lr = lr;
+      (kind_ == Kind::Adam ? adam_update : adamw_update)(p, grad, slots_.at("m"), slots_.at("v"),
+                                                          steps_ + 1, params, stream);
+      break;
+    }
+  }
+  ++steps_;
+}
+
+void Optimizer::restore(const std::map<std::string, Tensor>& slots, std::int64_t steps,
+                        const VariableStore& store, const Stream& stream) {
+  TL_CHECK(steps >= 0, InvalidArgument, "optimizer " << name() << ": negative step count " << steps);
+  for (const std::string& slot : slot_names()) {
+    auto it = slots.find(slot);
+    TL_CHECK(it != slots.end(), InvalidArgument,
+             "optimizer " << name() << ": the checkpoint has no '" << slot << "' slot");
+    TL_CHECK(it->second.shape() == store.flat_values().shape(), ShapeError,
+             "optimizer " << name() << ": slot '" << slot << "' is " << it->second.describe()
+                          << " but the model has " << store.flat_values().numel()
+                          << " trainable values");
+  }
+  slots_.clear();
+  for (const std::string& slot : slot_names()) {
+    Tensor copy = Tensor::empty(store.flat_values().shape(), stream);
+    copy_tensor(copy, slots.at(slot), stream);
+    slots_[slot] = copy;
+  }
+  steps_ = steps;
+}
+
+}  // namespace towerlab

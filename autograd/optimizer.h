@@ -1,0 +1,83 @@
+// Optimizers over a VariableStore: the state (slots) of SGD with momentum,
+// RMSProp, Adam and AdamW as flat buffers laid out like the store's flat values,
+// so that one fused kernel (kernels/optimizer.h) updates every trainable variable
+// in one pass. A learning-rate schedule gives the rate of each step.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "autograd/variables.h"
+#include "kernels/optimizer.h"
+
+namespace towerlab {
+
+// lr(step), step counted from 0 for the first update.
+//   constant:  base
+//   step:      base * gamma^floor(step / every)
+//   cosine:    min + (base - min) * (1 + cos(pi * min(step, total) / total)) / 2
+struct LearningRate {
+  enum class Kind { Constant, Step, Cosine };
+  Kind kind = Kind::Constant;
+  double base = 1e-3;
+  std::int64_t every = 1;   // Step
+  double gamma = 1.0;       // Step
+  std::int64_t total = 1;   // Cosine
+  double min = 0.0;         // Cosine
+
+  static LearningRate constant(double lr) { return {Kind::Constant, lr}; }
+  static LearningRate step(double lr, std::int64_t every, double gamma) {
+    return {Kind::Step, lr, every, gamma};
+  }
+  static LearningRate cosine(double lr, std::int64_t total, double min = 0.0) {
+    return {Kind::Cosine, lr, 1, 1.0, total, min};
+  }
+  double at(std::int64_t step) const;
+};
+
+class Optimizer {
+ public:
+  enum class Kind { Sgd, Rmsprop, Adam, AdamW };
+
+  static Optimizer sgd(SgdParams params, LearningRate lr);
+  static Optimizer rmsprop(RmspropParams params, LearningRate lr);
+  static Optimizer adam(AdamParams params, LearningRate lr);
+  static Optimizer adamw(AdamParams params, LearningRate lr);
+  // "adam", "adamw", "sgd", "momentum", "rmsprop" with a constant rate: for command lines.
+  static Optimizer by_name(const std::string& name, double lr);
+
+  // One update of every trainable variable of `store` from `grad` (a flat gradient
+  // laid out like store.flat_values(), e.g. store.flat_grads() or an all-reduced
+  // copy), on the store's device. Slots are created (and initialized as each
+  // optimizer's semantics say) on the first call.
+  void step(VariableStore& store, const Tensor& grad, const Stream& stream);
+
+  Kind kind() const { return kind_; }
+  const char* name() const;
+  std::int64_t steps() const { return steps_; }  // updates applied so far
+  double current_lr() const { return lr_.at(steps_); }
+
+  // The slots by name ("velocity", "mean_square", "moment", "mean_grad", "m", "v"),
+  // each a flat buffer; empty before the first step unless restored.
+  const std::map<std::string, Tensor>& slots() const { return slots_; }
+  std::vector<std::string> slot_names() const;
+  // Restores the state of a checkpoint: slot values (flat, any device) and the step count.
+  void restore(const std::map<std::string, Tensor>& slots, std::int64_t steps, const VariableStore& store,
+               const Stream& stream);
+
+ private:
+  Optimizer(Kind kind, LearningRate lr) : kind_(kind), lr_(lr) {}
+  void ensure_slots(const VariableStore& store, const Stream& stream);
+  Kind kind_;
+  LearningRate lr_;
+  SgdParams sgd_;
+  RmspropParams rmsprop_;
+  AdamParams adam_;
+  std::int64_t steps_ = 0;
+  std::map<std::string, Tensor> slots_;
+};
+
+}  // namespace towerlab
