@@ -10,10 +10,16 @@
 
 namespace towerlab {
 
+class BatchNormSync;
+
 struct Context {
   Tape& tape;
   VariableStore& variables;
   bool training = true;
+  // Set by the trainer for synchronized batch norm: the collective across towers
+  // and this tower's index in it. Null: each tower normalizes its own slice.
+  BatchNormSync* batchnorm_sync = nullptr;
+  int tower = 0;
 
   // The trainable variable `name` as a Var on this tape (gradient into the flat buffer).
   Var variable(const std::string& name) const {

@@ -7,10 +7,14 @@ namespace towerlab::ag {
 
 namespace {
 
-Tensor scalar(const Tape& tape, DType dtype) { return Tensor::empty({1}, tape.stream(), dtype); }
+Tensor scalar(const Tape& tape, DType dtype) {
+  return Tensor::empty({1}, tape.stream(), dtype);
+}
 
 // Only the inputs that need a gradient get one; an undefined Tensor is skipped.
-Tensor grad_or_none(Tape& tape, const Var& v) { return v.requires_grad() ? tape.grad_for(v) : Tensor(); }
+Tensor grad_or_none(Tape& tape, const Var& v) {
+  return v.requires_grad() ? tape.grad_for(v) : Tensor();
+}
 
 }  // namespace
 
@@ -48,12 +52,12 @@ Var softmax_cross_entropy(const Var& logits, const Var& labels, Reduction reduct
   softmax_cross_entropy_forward(loss, Tensor(), preds, logits.value(), labels.value(), reduction,
                                 tape.stream());
   if (predictions != nullptr) *predictions = preds;
-  return tape.record(loss, "softmax_cross_entropy", {logits, labels},
-                     [logits, labels, reduction](const Var& out) {
-                       Tape& t = out.tape();
-                       softmax_cross_entropy_backward(t.grad_for(logits), out.grad(), logits.value(),
-                                                      labels.value(), reduction, t.stream());
-                     });
+  return tape.record(
+      loss, "softmax_cross_entropy", {logits, labels}, [logits, labels, reduction](const Var& out) {
+        Tape& t = out.tape();
+        softmax_cross_entropy_backward(t.grad_for(logits), out.grad(), logits.value(),
+                                       labels.value(), reduction, t.stream());
+      });
 }
 
 Var l2_loss(const Var& w, double coeff) {

@@ -14,8 +14,8 @@ Var mse(const Var& pred, const Var& target, Reduction reduction = Reduction::Mea
 
 // Softmax cross-entropy of logits [N,K] against class ids [N] (float values, see
 // kernels/loss.h). If `predictions` is given it receives argmax_k logits [N].
-Var softmax_cross_entropy(const Var& logits, const Var& labels, Reduction reduction = Reduction::Mean,
-                          Tensor* predictions = nullptr);
+Var softmax_cross_entropy(const Var& logits, const Var& labels,
+                          Reduction reduction = Reduction::Mean, Tensor* predictions = nullptr);
 
 // coeff * sum(w^2) / 2: tf.nn.l2_loss(w) * coeff.
 Var l2_loss(const Var& w, double coeff);

@@ -10,7 +10,9 @@ namespace towerlab::ag {
 
 namespace {
 
-Tensor like(const Var& x) { return Tensor::empty(x.shape(), x.tape().stream(), x.value().dtype()); }
+Tensor like(const Var& x) {
+  return Tensor::empty(x.shape(), x.tape().stream(), x.value().dtype());
+}
 
 void check_same_shape(const char* op, const Var& a, const Var& b) {
   a.tape().check_owns(op, {a, b});
@@ -101,8 +103,12 @@ Var reduce(const char* op, const Var& x, bool average) {
 
 }  // namespace
 
-Var sum(const Var& x) { return reduce("sum", x, false); }
-Var mean(const Var& x) { return reduce("mean", x, true); }
+Var sum(const Var& x) {
+  return reduce("sum", x, false);
+}
+Var mean(const Var& x) {
+  return reduce("mean", x, true);
+}
 
 Var reshape(const Var& x, const Shape& shape) {
   x.tape().check_owns("reshape", {x});
@@ -114,7 +120,8 @@ Var reshape(const Var& x, const Shape& shape) {
 }
 
 Var flatten(const Var& x) {
-  TL_CHECK(x.value().dim() >= 1, ShapeError, "flatten: " << x.describe() << " has no batch dimension");
+  TL_CHECK(x.value().dim() >= 1, ShapeError,
+           "flatten: " << x.describe() << " has no batch dimension");
   return reshape(x, {x.shape()[0], x.shape()[0] == 0 ? 0 : -1});
 }
 

@@ -8,9 +8,9 @@
 
 namespace towerlab::ag {
 
-Var add(const Var& a, const Var& b);  // a + b, equal shapes
-Var sub(const Var& a, const Var& b);  // a - b
-Var mul(const Var& a, const Var& b);  // a * b, elementwise
+Var add(const Var& a, const Var& b);    // a + b, equal shapes
+Var sub(const Var& a, const Var& b);    // a - b
+Var mul(const Var& a, const Var& b);    // a * b, elementwise
 Var scale(const Var& x, double alpha);  // alpha * x
 Var relu(const Var& x);
 Var sum(const Var& x);   // [1]: the sum of every element

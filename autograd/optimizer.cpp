@@ -60,10 +60,14 @@ Optimizer Optimizer::by_name(const std::string& name, double lr) {
 
 const char* Optimizer::name() const {
   switch (kind_) {
-    case Kind::Sgd: return "sgd";
-    case Kind::Rmsprop: return "rmsprop";
-    case Kind::Adam: return "adam";
-    case Kind::AdamW: return "adamw";
+    case Kind::Sgd:
+      return "sgd";
+    case Kind::Rmsprop:
+      return "rmsprop";
+    case Kind::Adam:
+      return "adam";
+    case Kind::AdamW:
+      return "adamw";
   }
   return "?";
 }
@@ -71,7 +75,8 @@ const char* Optimizer::name() const {
 std::vector<std::string> Optimizer::slot_names() const {
   switch (kind_) {
     case Kind::Sgd:
-      return sgd_.momentum > 0.0 ? std::vector<std::string>{"velocity"} : std::vector<std::string>{};
+      return sgd_.momentum > 0.0 ? std::vector<std::string>{"velocity"}
+                                 : std::vector<std::string>{};
     case Kind::Rmsprop:
       return rmsprop_.centered ? std::vector<std::string>{"mean_square", "moment", "mean_grad"}
                                : std::vector<std::string>{"mean_square", "moment"};
@@ -86,7 +91,8 @@ void Optimizer::ensure_slots(const VariableStore& store, const Stream& stream) {
   const Shape shape = store.flat_values().shape();
   for (const std::string& name : slot_names()) {
     auto it = slots_.find(name);
-    if (it != slots_.end() && it->second.shape() == shape && it->second.device() == store.device()) {
+    if (it != slots_.end() && it->second.shape() == shape &&
+        it->second.device() == store.device()) {
       continue;
     }
     Tensor slot = Tensor::zeros(shape, stream);
@@ -125,7 +131,7 @@ void Optimizer::step(VariableStore& store, const Tensor& grad, const Stream& str
       AdamParams params = adam_;
       params.lr = lr;
       (kind_ == Kind::Adam ? adam_update : adamw_update)(p, grad, slots_.at("m"), slots_.at("v"),
-                                                          steps_ + 1, params, stream);
+                                                         steps_ + 1, params, stream);
       break;
     }
   }
@@ -134,7 +140,13 @@ void Optimizer::step(VariableStore& store, const Tensor& grad, const Stream& str
 
 void Optimizer::restore(const std::map<std::string, Tensor>& slots, std::int64_t steps,
                         const VariableStore& store, const Stream& stream) {
-  TL_CHECK(steps >= 0, InvalidArgument, "optimizer " << name() << ": negative step count " << steps);
+  TL_CHECK(steps >= 0, InvalidArgument,
+           "optimizer " << name() << ": negative step count " << steps);
+  if (slots.empty() && steps == 0) {  // the state before the first step
+    slots_.clear();
+    steps_ = 0;
+    return;
+  }
   for (const std::string& slot : slot_names()) {
     auto it = slots.find(slot);
     TL_CHECK(it != slots.end(), InvalidArgument,

@@ -23,10 +23,10 @@ struct LearningRate {
   enum class Kind { Constant, Step, Cosine };
   Kind kind = Kind::Constant;
   double base = 1e-3;
-  std::int64_t every = 1;   // Step
-  double gamma = 1.0;       // Step
-  std::int64_t total = 1;   // Cosine
-  double min = 0.0;         // Cosine
+  std::int64_t every = 1;  // Step
+  double gamma = 1.0;      // Step
+  std::int64_t total = 1;  // Cosine
+  double min = 0.0;        // Cosine
 
   static LearningRate constant(double lr) { return {Kind::Constant, lr}; }
   static LearningRate step(double lr, std::int64_t every, double gamma) {
@@ -64,9 +64,10 @@ class Optimizer {
   // each a flat buffer; empty before the first step unless restored.
   const std::map<std::string, Tensor>& slots() const { return slots_; }
   std::vector<std::string> slot_names() const;
-  // Restores the state of a checkpoint: slot values (flat, any device) and the step count.
-  void restore(const std::map<std::string, Tensor>& slots, std::int64_t steps, const VariableStore& store,
-               const Stream& stream);
+  // Restores the state of a checkpoint: slot values (flat, any device) and the step
+  // count. No slots and 0 steps is the fresh state before the first step.
+  void restore(const std::map<std::string, Tensor>& slots, std::int64_t steps,
+               const VariableStore& store, const Stream& stream);
 
  private:
   Optimizer(Kind kind, LearningRate lr) : kind_(kind), lr_(lr) {}

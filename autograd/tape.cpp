@@ -25,7 +25,9 @@ const Tensor& Var::grad() const {
   return node_->grad;
 }
 
-bool Var::requires_grad() const { return defined() && node_->requires_grad; }
+bool Var::requires_grad() const {
+  return defined() && node_->requires_grad;
+}
 
 Tape& Var::tape() const {
   TL_CHECK(defined(), InvalidArgument, "use of an undefined Var");
@@ -63,8 +65,8 @@ Var Tape::variable(Tensor value, Tensor grad, std::string name) {
            label_ << ": variable '" << name << "' is " << value.describe() << " but the tape is on "
                   << device().str());
   TL_CHECK(value.shape() == grad.shape(), ShapeError,
-           label_ << ": variable '" << name << "' is " << value.describe() << " but its gradient is "
-                  << grad.describe());
+           label_ << ": variable '" << name << "' is " << value.describe()
+                  << " but its gradient is " << grad.describe());
   auto node = std::make_shared<Var::Node>();
   node->value = std::move(value);
   node->grad = std::move(grad);
@@ -78,8 +80,8 @@ void Tape::check_owns(const char* op, const std::vector<Var>& vars) const {
   for (const Var& v : vars) {
     TL_CHECK(v.defined(), InvalidArgument, op << ": an input is an undefined Var");
     TL_CHECK(v.node_->tape == this, InvalidArgument,
-             op << ": " << v.describe() << " belongs to " << v.node_->tape->label()
-                << ", not to " << label_ << " (Vars of two tapes cannot be mixed)");
+             op << ": " << v.describe() << " belongs to " << v.node_->tape->label() << ", not to "
+                << label_ << " (Vars of two tapes cannot be mixed)");
   }
 }
 
@@ -117,9 +119,10 @@ void Tape::backward(const Var& loss, double seed) {
            label_ << ": backward() called twice; call reset() and run the forward pass again");
   TL_CHECK(loss.value().numel() == 1, ShapeError,
            label_ << ": backward() needs a loss with one element, got " << loss.describe());
-  TL_CHECK(loss.requires_grad(), InvalidArgument,
-           label_ << ": the loss " << loss.describe()
-                  << " does not depend on any trainable variable (or was computed without gradients)");
+  TL_CHECK(
+      loss.requires_grad(), InvalidArgument,
+      label_ << ": the loss " << loss.describe()
+             << " does not depend on any trainable variable (or was computed without gradients)");
   backward_done_ = true;
   fill(grad_for(loss), seed, *stream_);
   for (auto it = records_.rbegin(); it != records_.rend(); ++it) {

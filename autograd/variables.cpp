@@ -48,17 +48,20 @@ const VariableSpec* VariableSet::find(const std::string& name) const {
 const VariableSpec& VariableSet::at(const std::string& name) const {
   if (const VariableSpec* spec = find(name)) return *spec;
   std::ostringstream known;
-  for (std::size_t i = 0; i < specs_.size() && i < 20; ++i) known << (i ? ", " : "") << specs_[i].name;
+  for (std::size_t i = 0; i < specs_.size() && i < 20; ++i)
+    known << (i ? ", " : "") << specs_[i].name;
   if (specs_.size() > 20) known << ", ...";
   TL_THROW(InvalidArgument, "no variable named '" << name << "' (declared: "
-                                                  << (specs_.empty() ? "none" : known.str()) << ")");
+                                                  << (specs_.empty() ? "none" : known.str())
+                                                  << ")");
 }
 
-VariableStore::VariableStore(const VariableSet& set, const Stream& stream, bool with_grads)
+VariableStore::VariableStore(const VariableSet& set, const Stream& stream, bool with_grads,
+                             DType dtype)
     : set_(&set), device_(stream.device()) {
-  values_ = Tensor::empty({set.trainable_numel()}, stream);
-  if (with_grads) grads_ = Tensor::zeros({set.trainable_numel()}, stream);
-  state_ = Tensor::empty({set.state_numel()}, stream);
+  values_ = Tensor::empty({set.trainable_numel()}, stream, dtype);
+  if (with_grads) grads_ = Tensor::zeros({set.trainable_numel()}, stream, dtype);
+  state_ = Tensor::empty({set.state_numel()}, stream, dtype);
 }
 
 namespace {
@@ -77,11 +80,21 @@ void draw(const Tensor& x, const VariableSpec& spec, std::uint64_t seed, const S
   const std::uint64_t sub = name_hash(spec.name);
   const Initializer& init = spec.init;
   switch (init.kind) {
-    case Kind::Zeros: fill(x, 0.0, stream); break;
-    case Kind::Ones: fill(x, 1.0, stream); break;
-    case Kind::Constant: fill(x, init.a, stream); break;
-    case Kind::Uniform: random_uniform(x, seed, sub, init.a, init.b, stream); break;
-    case Kind::Normal: random_normal(x, seed, sub, init.a, init.b, stream); break;
+    case Kind::Zeros:
+      fill(x, 0.0, stream);
+      break;
+    case Kind::Ones:
+      fill(x, 1.0, stream);
+      break;
+    case Kind::Constant:
+      fill(x, init.a, stream);
+      break;
+    case Kind::Uniform:
+      random_uniform(x, seed, sub, init.a, init.b, stream);
+      break;
+    case Kind::Normal:
+      random_normal(x, seed, sub, init.a, init.b, stream);
+      break;
     case Kind::HeNormal:
       random_normal(x, seed, sub, 0.0f, float(std::sqrt(2.0 / fan_in)), stream);
       break;
@@ -125,7 +138,8 @@ Tensor VariableStore::value(const std::string& name) const {
 
 Tensor VariableStore::grad(const std::string& name) const {
   const VariableSpec& spec = set_->at(name);
-  TL_CHECK(spec.trainable, InvalidArgument, "variable " << name << " is not trainable: no gradient");
+  TL_CHECK(spec.trainable, InvalidArgument,
+           "variable " << name << " is not trainable: no gradient");
   TL_CHECK(grads_.defined(), InvalidArgument,
            "variable " << name << ": this store was made without gradients");
   return grads_.view(spec.offset, spec.shape);

@@ -28,7 +28,17 @@ namespace towerlab {
 // weight [K,C,R,S] has fan_in C*R*S and fan_out K*R*S; a linear weight [O,I] has
 // fan_in I and fan_out O; a vector has both equal to its length.
 struct Initializer {
-  enum class Kind { Zeros, Ones, Constant, Uniform, Normal, HeNormal, HeUniform, GlorotNormal, GlorotUniform };
+  enum class Kind {
+    Zeros,
+    Ones,
+    Constant,
+    Uniform,
+    Normal,
+    HeNormal,
+    HeUniform,
+    GlorotNormal,
+    GlorotUniform
+  };
   Kind kind = Kind::Zeros;
   float a = 0.0f;  // Constant: the value; Uniform: low; Normal: mean
   float b = 0.0f;  // Uniform: high; Normal: stddev
@@ -38,10 +48,12 @@ struct Initializer {
   static Initializer constant(float value) { return {Kind::Constant, value}; }
   static Initializer uniform(float low, float high) { return {Kind::Uniform, low, high}; }
   static Initializer normal(float mean, float stddev) { return {Kind::Normal, mean, stddev}; }
-  static Initializer he_normal() { return {Kind::HeNormal}; }        // N(0, 2/fan_in)
-  static Initializer he_uniform() { return {Kind::HeUniform}; }      // U(+-sqrt(6/fan_in))
-  static Initializer glorot_normal() { return {Kind::GlorotNormal}; }    // N(0, 2/(fan_in+fan_out))
-  static Initializer glorot_uniform() { return {Kind::GlorotUniform}; }  // U(+-sqrt(6/(fan_in+fan_out)))
+  static Initializer he_normal() { return {Kind::HeNormal}; }          // N(0, 2/fan_in)
+  static Initializer he_uniform() { return {Kind::HeUniform}; }        // U(+-sqrt(6/fan_in))
+  static Initializer glorot_normal() { return {Kind::GlorotNormal}; }  // N(0, 2/(fan_in+fan_out))
+  static Initializer glorot_uniform() {
+    return {Kind::GlorotUniform};
+  }  // U(+-sqrt(6/(fan_in+fan_out)))
 };
 
 struct VariableSpec {
@@ -79,8 +91,9 @@ class VariableStore {
  public:
   // Allocates the flat buffers on the stream's device (values uninitialized until
   // initialize() or copy_from()). `with_grads` = false for a store that is never
-  // differentiated (an inference copy).
-  VariableStore(const VariableSet& set, const Stream& stream, bool with_grads = true);
+  // differentiated (an inference copy). float64 (CPU only) serves gradient checks.
+  VariableStore(const VariableSet& set, const Stream& stream, bool with_grads = true,
+                DType dtype = DType::Float32);
 
   // Draws every variable from its initializer with the Philox generator: the
   // subsequence is a hash of the variable's name, so the same seed gives the same

@@ -9,14 +9,17 @@
 namespace towerlab::testing {
 namespace {
 
-const Stream& cpu() { return default_stream(Device::cpu()); }
+const Stream& cpu() {
+  return default_stream(Device::cpu());
+}
 
 // Float64 leaves with their own gradient buffers, for gradient checks.
 struct Leaf {
   Tensor value;
   Tensor grad;
   Leaf(const Shape& shape, unsigned seed)
-      : value(random_double_tensor(shape, seed)), grad(Tensor::zeros(shape, cpu(), DType::Float64)) {}
+      : value(random_double_tensor(shape, seed)),
+        grad(Tensor::zeros(shape, cpu(), DType::Float64)) {}
 };
 
 TEST(Autograd, ComposedOpsMatchCentralDifferences) {
@@ -41,7 +44,9 @@ TEST(Autograd, ComposedOpsMatchCentralDifferences) {
   // Skip elements sitting within eps of the ReLU kink.
   const double* pa = a.value.data<double>();
   const double* pb = b.value.data<double>();
-  options.skip = [&](std::size_t, std::int64_t i) { return std::abs(pa[i] * pb[i] + pa[i]) < 1e-4; };
+  options.skip = [&](std::size_t, std::int64_t i) {
+    return std::abs(pa[i] * pb[i] + pa[i]) < 1e-4;
+  };
   EXPECT_TRUE(check_gradient(loss_fn, {a.value, b.value}, {a.grad, b.grad}, options));
 }
 
@@ -121,12 +126,14 @@ TEST(Variables, DeclaredByNameAndSharedByReuse) {
   EXPECT_EQ(&set.get("conv1/weight", {32, 1, 3, 3}, Initializer::zeros()), &w);  // reuse
   EXPECT_EQ(set.trainable_numel(), 288 + 32);
   EXPECT_EQ(set.state_numel(), 32);
-  EXPECT_THROW_WITH(set.get("conv1/weight", {16, 1, 3, 3}, Initializer::zeros()), ShapeError,
-                    "variable conv1/weight exists with shape [32,1,3,3] but is asked for with shape [16,1,3,3]");
+  EXPECT_THROW_WITH(
+      set.get("conv1/weight", {16, 1, 3, 3}, Initializer::zeros()), ShapeError,
+      "variable conv1/weight exists with shape [32,1,3,3] but is asked for with shape [16,1,3,3]");
   EXPECT_THROW_WITH(set.get("conv1/bias", {32}, Initializer::zeros(), false), InvalidArgument,
                     "exists as trainable");
-  EXPECT_THROW_WITH(set.at("conv2/weight"), InvalidArgument,
-                    "no variable named 'conv2/weight' (declared: conv1/weight, conv1/bias, bn1/moving_mean)");
+  EXPECT_THROW_WITH(
+      set.at("conv2/weight"), InvalidArgument,
+      "no variable named 'conv2/weight' (declared: conv1/weight, conv1/bias, bn1/moving_mean)");
 }
 
 TEST(Variables, StoreViewsLiveInFlatBuffers) {

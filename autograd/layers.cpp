@@ -1,0 +1,145 @@
+#include "autograd/layers.h"
+
+#include <sstream>
+
+#include "autograd/losses.h"
+#include "autograd/ops.h"
+#include "engine/error.h"
+
+namespace towerlab {
+
+Conv2d::Conv2d(VariableSet& vars, std::string name, std::int64_t in_channels,
+               std::int64_t out_channels, std::int64_t kernel, Conv2dParams params, bool bias)
+    : name_(std::move(name)),
+      in_(in_channels),
+      out_(out_channels),
+      kernel_(kernel),
+      params_(params),
+      bias_(bias) {
+  TL_CHECK(in_ > 0 && out_ > 0 && kernel_ > 0, InvalidArgument,
+           "Conv2d " << name_ << ": channels and kernel size must be positive, got " << in_ << "->"
+                     << out_ << " " << kernel_ << "x" << kernel_);
+  vars.get(name_ + "/weight", {out_, in_, kernel_, kernel_}, Initializer::he_normal());
+  if (bias_) vars.get(name_ + "/bias", {out_}, Initializer::zeros());
+}
+
+Var Conv2d::forward(const Context& ctx, const Var& x) const {
+  return ag::conv2d(x, ctx.variable(name_ + "/weight"),
+                    bias_ ? ctx.variable(name_ + "/bias") : Var(), params_);
+}
+
+std::string Conv2d::describe() const {
+  std::ostringstream os;
+  os << name_ << ": Conv2d " << in_ << "->" << out_ << " " << kernel_ << "x" << kernel_
+     << " stride " << params_.stride_h << " pad " << params_.pad_h << (bias_ ? "" : " no bias");
+  return os.str();
+}
+
+Linear::Linear(VariableSet& vars, std::string name, std::int64_t in_features,
+               std::int64_t out_features, bool bias)
+    : name_(std::move(name)), in_(in_features), out_(out_features), bias_(bias) {
+  TL_CHECK(in_ > 0 && out_ > 0, InvalidArgument,
+           "Linear " << name_ << ": sizes must be positive, got " << in_ << "->" << out_);
+  vars.get(name_ + "/weight", {out_, in_}, Initializer::he_normal());
+  if (bias_) vars.get(name_ + "/bias", {out_}, Initializer::zeros());
+}
+
+Var Linear::forward(const Context& ctx, const Var& x) const {
+  return ag::linear(x, ctx.variable(name_ + "/weight"),
+                    bias_ ? ctx.variable(name_ + "/bias") : Var());
+}
+
+std::string Linear::describe() const {
+  std::ostringstream os;
+  os << name_ << ": Linear " << in_ << "->" << out_ << (bias_ ? "" : " no bias");
+  return os.str();
+}
+
+BatchNorm::BatchNorm(VariableSet& vars, std::string name, std::int64_t channels, double momentum,
+                     double eps)
+    : name_(std::move(name)), channels_(channels), momentum_(momentum), eps_(eps) {
+  TL_CHECK(channels_ > 0, InvalidArgument, "BatchNorm " << name_ << ": no channels");
+  TL_CHECK(momentum_ >= 0.0 && momentum_ < 1.0 && eps_ > 0.0, InvalidArgument,
+           "BatchNorm " << name_ << ": momentum must be in [0, 1) and eps positive, got "
+                        << momentum_ << " and " << eps_);
+  vars.get(name_ + "/gamma", {channels_}, Initializer::ones());
+  vars.get(name_ + "/beta", {channels_}, Initializer::zeros());
+  vars.get(name_ + "/moving_mean", {channels_}, Initializer::zeros(), false);
+  vars.get(name_ + "/moving_variance", {channels_}, Initializer::ones(), false);
+}
+
+Var BatchNorm::forward(const Context& ctx, const Var& x) const {
+  if (ctx.training && ctx.batchnorm_sync != nullptr) {
+    return ag::sync_batch_norm(x, ctx.variable(name_ + "/gamma"), ctx.variable(name_ + "/beta"),
+                               ctx.state(name_ + "/moving_mean"),
+                               ctx.state(name_ + "/moving_variance"), *ctx.batchnorm_sync,
+                               ctx.tower, momentum_, eps_);
+  }
+  return ag::batch_norm(x, ctx.variable(name_ + "/gamma"), ctx.variable(name_ + "/beta"),
+                        ctx.state(name_ + "/moving_mean"), ctx.state(name_ + "/moving_variance"),
+                        ctx.training, momentum_, eps_);
+}
+
+std::string BatchNorm::describe() const {
+  std::ostringstream os;
+  os << name_ << ": BatchNorm " << channels_ << " momentum " << momentum_ << " eps " << eps_;
+  return os.str();
+}
+
+std::string MaxPool2d::describe() const {
+  std::ostringstream os;
+  os << "MaxPool2d " << params_.kernel_h << "x" << params_.kernel_w << " stride "
+     << params_.stride_h;
+  return os.str();
+}
+
+std::string AvgPool2d::describe() const {
+  std::ostringstream os;
+  os << "AvgPool2d " << params_.kernel_h << "x" << params_.kernel_w << " stride "
+     << params_.stride_h;
+  return os.str();
+}
+
+Var Sequential::forward(const Context& ctx, const Var& x) const {
+  Var h = x;
+  for (const auto& layer : layers_) h = layer->forward(ctx, h);
+  return h;
+}
+
+std::string Sequential::describe() const {
+  std::ostringstream os;
+  for (std::size_t i = 0; i < layers_.size(); ++i) os << (i ? "\n" : "") << layers_[i]->describe();
+  return os.str();
+}
+
+Var l2_regularization(const Context& ctx, double coeff) {
+  if (coeff == 0.0) return Var();
+  std::vector<Var> terms;
+  for (const VariableSpec& spec : ctx.variables.set().specs()) {
+    if (spec.trainable && spec.name.ends_with("/weight")) {
+      terms.push_back(ag::l2_loss(ctx.variable(spec.name), coeff));
+    }
+  }
+  return terms.empty() ? Var() : ag::add_n(terms);
+}
+
+Sequential fashion_net(VariableSet& vars) {
+  Sequential net;
+  const Conv2dParams same{.pad_h = 1, .pad_w = 1};
+  // No conv bias before batch norm: its mean subtraction would cancel it.
+  net.add<Conv2d>(vars, "conv1", 1, 32, 3, same, false);
+  net.add<BatchNorm>(vars, "bn1", 32);
+  net.add<ReLU>();
+  net.add<MaxPool2d>(Pool2dParams::square(2, 2));
+  net.add<Conv2d>(vars, "conv2", 32, 64, 3, same, false);
+  net.add<BatchNorm>(vars, "bn2", 64);
+  net.add<ReLU>();
+  net.add<MaxPool2d>(Pool2dParams::square(2, 2));
+  net.add<Flatten>();
+  net.add<Linear>(vars, "fc1", 3136, 128);
+  net.add<ReLU>();
+  net.add<Linear>(vars, "fc2", 128, 10);
+  return net;
+}
+
+}  // namespace towerlab

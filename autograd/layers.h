@@ -1,0 +1,135 @@
+// Layers: small objects that declare their variables by name when constructed
+// (into a VariableSet, the tf.get_variable way) and run their forward pass on a
+// Context (a tower's tape and its copy of the variables). A layer holds no tensors
+// and no per-tower state, so one model object serves every tower at once.
+//
+//   VariableSet vars;
+//   Sequential net;
+//   net.add<Conv2d>(vars, "conv1", 1, 32, 3, Conv2dParams{.pad_h = 1, .pad_w = 1});
+//   net.add<BatchNorm>(vars, "bn1", 32);
+//   net.add<ReLU>();
+//   ...
+//   Var logits = net(Context{tape, store, /*training=*/true}, input);
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "autograd/context.h"
+#include "autograd/nn.h"
+
+namespace towerlab {
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  virtual Var forward(const Context& ctx, const Var& x) const = 0;
+  // "conv1: Conv2d 1->32 3x3 stride 1 pad 1": for model summaries and placement logs.
+  virtual std::string describe() const = 0;
+  Var operator()(const Context& ctx, const Var& x) const { return forward(ctx, x); }
+};
+
+// Declares <name>/weight [K,C,R,S] (He normal) and <name>/bias [K] (zeros).
+class Conv2d : public Layer {
+ public:
+  Conv2d(VariableSet& vars, std::string name, std::int64_t in_channels, std::int64_t out_channels,
+         std::int64_t kernel, Conv2dParams params = {}, bool bias = true);
+  Var forward(const Context& ctx, const Var& x) const override;
+  std::string describe() const override;
+
+ private:
+  std::string name_;
+  std::int64_t in_, out_, kernel_;
+  Conv2dParams params_;
+  bool bias_;
+};
+
+// Declares <name>/weight [O,I] (He normal for ReLU networks) and <name>/bias [O] (zeros).
+class Linear : public Layer {
+ public:
+  Linear(VariableSet& vars, std::string name, std::int64_t in_features, std::int64_t out_features,
+         bool bias = true);
+  Var forward(const Context& ctx, const Var& x) const override;
+  std::string describe() const override;
+
+ private:
+  std::string name_;
+  std::int64_t in_, out_;
+  bool bias_;
+};
+
+// Declares <name>/gamma (ones) and <name>/beta (zeros), trainable, and the
+// non-trainable <name>/moving_mean (zeros) and <name>/moving_variance (ones).
+// momentum is TensorFlow's decay (the weight of the old moving value).
+class BatchNorm : public Layer {
+ public:
+  BatchNorm(VariableSet& vars, std::string name, std::int64_t channels, double momentum = 0.99,
+            double eps = 1e-3);
+  Var forward(const Context& ctx, const Var& x) const override;
+  std::string describe() const override;
+
+ private:
+  std::string name_;
+  std::int64_t channels_;
+  double momentum_, eps_;
+};
+
+class ReLU : public Layer {
+ public:
+  Var forward(const Context&, const Var& x) const override { return ag::relu(x); }
+  std::string describe() const override { return "ReLU"; }
+};
+
+class MaxPool2d : public Layer {
+ public:
+  explicit MaxPool2d(Pool2dParams params = {}) : params_(params) {}
+  Var forward(const Context&, const Var& x) const override { return ag::max_pool2d(x, params_); }
+  std::string describe() const override;
+
+ private:
+  Pool2dParams params_;
+};
+
+class AvgPool2d : public Layer {
+ public:
+  explicit AvgPool2d(Pool2dParams params = {}) : params_(params) {}
+  Var forward(const Context&, const Var& x) const override { return ag::avg_pool2d(x, params_); }
+  std::string describe() const override;
+
+ private:
+  Pool2dParams params_;
+};
+
+class Flatten : public Layer {
+ public:
+  Var forward(const Context&, const Var& x) const override { return ag::flatten(x); }
+  std::string describe() const override { return "Flatten"; }
+};
+
+class Sequential : public Layer {
+ public:
+  template <typename L, typename... Args>
+  L& add(Args&&... args) {
+    layers_.push_back(std::make_unique<L>(std::forward<Args>(args)...));
+    return static_cast<L&>(*layers_.back());
+  }
+  Var forward(const Context& ctx, const Var& x) const override;
+  std::string describe() const override;  // one line per layer
+  std::size_t size() const { return layers_.size(); }
+
+ private:
+  std::vector<std::unique_ptr<Layer>> layers_;
+};
+
+// Seed 000's regularization losses: coeff * sum(w^2)/2 over every trainable
+// variable whose name ends in "/weight" (biases and batch-norm scales are not
+// decayed). Undefined when coeff is 0 or there is no such variable.
+Var l2_regularization(const Context& ctx, double coeff);
+
+// FashionNet, the reference model: conv 1->32 3x3 pad 1 (no bias), BN, ReLU, maxpool 2;
+// conv 32->64 3x3 pad 1 (no bias), BN, ReLU, maxpool 2; flatten 3136; linear 3136->128, ReLU;
+// linear 128->10. Input [N,1,28,28], output logits [N,10].
+Sequential fashion_net(VariableSet& vars);
+
+}  // namespace towerlab

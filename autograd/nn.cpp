@@ -1,0 +1,212 @@
+// The neural-network ops of autograd/nn.h: each runs its forward kernel and
+// records a backward that accumulates into the gradients its inputs need.
+#include "autograd/nn.h"
+
+#include <algorithm>
+
+#include "engine/error.h"
+#include "kernels/batchnorm.h"
+#include "kernels/bias.h"
+#include "kernels/elementwise.h"
+#include "kernels/matmul.h"
+
+namespace towerlab::ag {
+
+namespace {
+
+Tensor new_tensor(const Tape& tape, const Shape& shape, const Var& like) {
+  return Tensor::empty(shape, tape.stream(), like.value().dtype());
+}
+
+// The gradient to accumulate into, or an undefined Tensor when `v` needs none.
+Tensor grad_if_needed(Tape& tape, const Var& v) {
+  return v.requires_grad() ? tape.grad_for(v) : Tensor();
+}
+
+}  // namespace
+
+Var matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_b) {
+  Tape& tape = a.tape();
+  tape.check_owns("matmul", {a, b});
+  TL_CHECK(a.value().dim() == 2 && b.value().dim() == 2, ShapeError,
+           "matmul: " << a.describe() << " and " << b.describe() << " must both be 2-D");
+  const std::int64_t m = a.shape()[transpose_a ? 1 : 0], ka = a.shape()[transpose_a ? 0 : 1];
+  const std::int64_t kb = b.shape()[transpose_b ? 1 : 0], n = b.shape()[transpose_b ? 0 : 1];
+  TL_CHECK(ka == kb, ShapeError,
+           "matmul: " << a.describe() << " and " << b.describe() << ": inner dimensions " << ka
+                      << " and " << kb << " differ");
+  Tensor y = new_tensor(tape, {m, n}, a);
+  towerlab::matmul(y, a.value(), b.value(), transpose_a, transpose_b, 1.0f, 0.0f, tape.stream());
+  return tape.record(y, "matmul", {a, b}, [a, b, transpose_a, transpose_b](const Var& out) {
+    Tape& t = out.tape();
+    const Tensor& gy = out.grad();  // [M,N]
+    if (a.requires_grad()) {
+      // op(A) = gy op(B)^T; A stored transposed gets the transpose of that.
+      if (!transpose_a) {
+        towerlab::matmul(t.grad_for(a), gy, b.value(), false, !transpose_b, 1.0f, 1.0f, t.stream());
+      } else {
+        towerlab::matmul(t.grad_for(a), b.value(), gy, transpose_b, true, 1.0f, 1.0f, t.stream());
+      }
+    }
+    if (b.requires_grad()) {
+      // op(B) = op(A)^T gy.
+      if (!transpose_b) {
+        towerlab::matmul(t.grad_for(b), a.value(), gy, !transpose_a, false, 1.0f, 1.0f, t.stream());
+      } else {
+        towerlab::matmul(t.grad_for(b), gy, a.value(), true, transpose_a, 1.0f, 1.0f, t.stream());
+      }
+    }
+  });
+}
+
+Var bias_add(const Var& x, const Var& bias) {
+  Tape& tape = x.tape();
+  tape.check_owns("bias_add", {x, bias});
+  TL_CHECK(x.value().dim() >= 2 && bias.value().dim() == 1 && bias.shape()[0] == x.shape()[1],
+           ShapeError,
+           "bias_add: " << bias.describe() << " does not match the channels of " << x.describe());
+  Tensor y = new_tensor(tape, x.shape(), x);
+  bias_add_forward(y, x.value(), bias.value(), tape.stream());
+  return tape.record(y, "bias_add", {x, bias}, [x, bias](const Var& out) {
+    Tape& t = out.tape();
+    if (x.requires_grad()) axpy(t.grad_for(x), 1.0, out.grad(), t.stream());
+    if (bias.requires_grad()) bias_add_backward(t.grad_for(bias), out.grad(), t.stream());
+  });
+}
+
+Var linear(const Var& x, const Var& weight, const Var& bias) {
+  Tape& tape = x.tape();
+  tape.check_owns("linear", {x, weight});
+  TL_CHECK(x.value().dim() == 2, ShapeError,
+           "linear: input " << x.describe() << " must be [N,features] (flatten it first)");
+  TL_CHECK(weight.value().dim() == 2 && weight.shape()[1] == x.shape()[1], ShapeError,
+           "linear: x " << x.describe() << " has " << x.shape()[1] << " features but "
+                        << weight.describe() << " expects "
+                        << (weight.value().dim() == 2 ? weight.shape()[1] : -1));
+  Var y = matmul(x, weight, false, true);
+  return bias.defined() ? bias_add(y, bias) : y;
+}
+
+Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams& params) {
+  Tape& tape = x.tape();
+  std::vector<Var> inputs{x, weight};
+  if (bias.defined()) inputs.push_back(bias);
+  tape.check_owns("conv2d", inputs);
+  TL_CHECK(x.value().dim() == 4 && weight.value().dim() == 4, ShapeError,
+           "conv2d: input " << x.describe() << " and weight " << weight.describe()
+                            << " must be [N,C,H,W] and [K,C,R,S]");
+  TL_CHECK(x.shape()[1] == weight.shape()[1], ShapeError,
+           "conv2d: input has " << x.shape()[1] << " channels but weight expects "
+                                << weight.shape()[1] << " (weight " << weight.describe()
+                                << ", input " << x.describe() << ")");
+  Tensor y = new_tensor(tape, conv2d_output_shape(x.shape(), weight.shape(), params), x);
+  conv2d_forward(y, x.value(), weight.value(), bias.defined() ? bias.value() : Tensor(), params,
+                 tape.stream());
+  return tape.record(y, "conv2d", inputs, [x, weight, bias, params](const Var& out) {
+    Tape& t = out.tape();
+    conv2d_backward(grad_if_needed(t, x), grad_if_needed(t, weight),
+                    bias.defined() ? grad_if_needed(t, bias) : Tensor(), out.grad(), x.value(),
+                    weight.value(), params, t.stream());
+  });
+}
+
+Var max_pool2d(const Var& x, const Pool2dParams& params) {
+  Tape& tape = x.tape();
+  tape.check_owns("max_pool2d", {x});
+  Tensor y = new_tensor(tape, pool2d_output_shape(x.shape(), params), x);
+  max_pool2d_forward(y, x.value(), params, tape.stream());
+  return tape.record(y, "max_pool2d", {x}, [x, params](const Var& out) {
+    Tape& t = out.tape();
+    max_pool2d_backward(t.grad_for(x), out.grad(), x.value(), params, t.stream());
+  });
+}
+
+Var avg_pool2d(const Var& x, const Pool2dParams& params) {
+  Tape& tape = x.tape();
+  tape.check_owns("avg_pool2d", {x});
+  Tensor y = new_tensor(tape, pool2d_output_shape(x.shape(), params), x);
+  avg_pool2d_forward(y, x.value(), params, tape.stream());
+  return tape.record(y, "avg_pool2d", {x}, [x, params](const Var& out) {
+    Tape& t = out.tape();
+    avg_pool2d_backward(t.grad_for(x), out.grad(), params, t.stream());
+  });
+}
+
+Var batch_norm(const Var& x, const Var& gamma, const Var& beta, const Tensor& moving_mean,
+               const Tensor& moving_var, bool training, double momentum, double eps) {
+  Tape& tape = x.tape();
+  tape.check_owns("batch_norm", {x, gamma, beta});
+  TL_CHECK((x.value().dim() == 2 || x.value().dim() == 4) && gamma.value().dim() == 1 &&
+               gamma.shape()[0] == x.shape()[1],
+           ShapeError,
+           "batch_norm: " << gamma.describe() << " does not match the channels of " << x.describe()
+                          << " (expected [N,C] or [N,C,H,W] with C = " << gamma.shape()[0] << ")");
+  Tensor y = new_tensor(tape, x.shape(), x);
+  if (!training) {
+    batchnorm_forward_inference(y, x.value(), gamma.value(), beta.value(), moving_mean, moving_var,
+                                eps, tape.stream());
+    // Inference through moving statistics is affine in x; training never takes this path.
+    return tape.record(y, "batch_norm", {x, gamma, beta}, [](const Var& out) {
+      TL_THROW(NotSupported, "batch_norm: backward of the inference form ("
+                                 << out.describe()
+                                 << ") is not implemented; train in training mode");
+    });
+  }
+  const std::int64_t channels = x.shape()[1];
+  Tensor save_mean = new_tensor(tape, {channels}, x);
+  Tensor save_inv_std = new_tensor(tape, {channels}, x);
+  batchnorm_forward_training(y, save_mean, save_inv_std, moving_mean, moving_var, x.value(),
+                             gamma.value(), beta.value(), eps, momentum, tape.stream());
+  return tape.record(y, "batch_norm", {x, gamma, beta},
+                     [x, gamma, beta, save_mean, save_inv_std](const Var& out) {
+                       Tape& t = out.tape();
+                       batchnorm_backward(grad_if_needed(t, x), grad_if_needed(t, gamma),
+                                          grad_if_needed(t, beta), out.grad(), x.value(),
+                                          gamma.value(), save_mean, save_inv_std, t.stream());
+                     });
+}
+
+Var sync_batch_norm(const Var& x, const Var& gamma, const Var& beta, const Tensor& moving_mean,
+                    const Tensor& moving_var, BatchNormSync& sync, int tower, double momentum,
+                    double eps) {
+  Tape& tape = x.tape();
+  tape.check_owns("sync_batch_norm", {x, gamma, beta});
+  TL_CHECK((x.value().dim() == 2 || x.value().dim() == 4) && gamma.value().dim() == 1 &&
+               gamma.shape()[0] == x.shape()[1],
+           ShapeError,
+           "sync_batch_norm: " << gamma.describe() << " does not match the channels of "
+                               << x.describe());
+  const std::int64_t channels = x.shape()[1];
+  const std::int64_t local_count = x.value().numel() / std::max<std::int64_t>(channels, 1);
+  Tensor mean = new_tensor(tape, {channels}, x);
+  Tensor m2 = new_tensor(tape, {channels}, x);
+  batchnorm_stats(mean, m2, x.value(), tape.stream());
+  const std::int64_t total = sync.merge_stats(tower, mean, m2, local_count, tape.stream());
+  Tensor y = new_tensor(tape, x.shape(), x);
+  Tensor inv_std = new_tensor(tape, {channels}, x);
+  batchnorm_forward_from_stats(y, inv_std, moving_mean, moving_var, x.value(), gamma.value(),
+                               beta.value(), mean, m2, total, eps, momentum, tape.stream());
+  return tape.record(y, "sync_batch_norm", {x, gamma, beta},
+                     [x, gamma, beta, mean, inv_std, total, tower, &sync](const Var& out) {
+                       Tape& t = out.tape();
+                       const Stream& s = t.stream();
+                       const std::int64_t c = mean.numel();
+                       Tensor sum_grad_y = Tensor::empty({c}, s, mean.dtype());
+                       Tensor sum_grad_y_xhat = Tensor::empty({c}, s, mean.dtype());
+                       batchnorm_backward_reduce(sum_grad_y, sum_grad_y_xhat, out.grad(), x.value(),
+                                                 mean, inv_std, s);
+                       // This tower's share of dL/dbeta and dL/dgamma: the gradient all-reduce adds
+                       // the rest.
+                       if (beta.requires_grad()) axpy(t.grad_for(beta), 1.0, sum_grad_y, s);
+                       if (gamma.requires_grad()) axpy(t.grad_for(gamma), 1.0, sum_grad_y_xhat, s);
+                       // dL/dx depends on every tower's samples through the shared statistics.
+                       sync.sum(tower, sum_grad_y, sum_grad_y_xhat, s);
+                       if (x.requires_grad()) {
+                         batchnorm_backward_apply(t.grad_for(x), out.grad(), x.value(),
+                                                  gamma.value(), mean, inv_std, sum_grad_y,
+                                                  sum_grad_y_xhat, total, s);
+                       }
+                     });
+}
+
+}  // namespace towerlab::ag

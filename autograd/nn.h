@@ -1,0 +1,62 @@
+// Differentiable neural-network ops: the kernels of the CNN families on a tape.
+// Shape errors name the op and the Vars involved, e.g.
+//   "linear: x float32[128,3136] has 3136 features but fc1/weight float32[128,784] expects 784"
+#pragma once
+
+#include "autograd/tape.h"
+#include "kernels/conv2d.h"
+#include "kernels/pool2d.h"
+
+namespace towerlab {
+
+// The cross-tower collective behind synchronized batch norm, implemented by the
+// trainer (parallel/sync_batchnorm.h). Every participating tower calls the same
+// methods in the same order; each call returns once all of them have arrived.
+class BatchNormSync {
+ public:
+  virtual ~BatchNormSync() = default;
+  // mean, m2 [C]: this tower's partial statistics over `count` values per channel;
+  // replaced by the statistics of all towers merged. Returns the total count.
+  virtual std::int64_t merge_stats(int tower, const Tensor& mean, const Tensor& m2,
+                                   std::int64_t count, const Stream& stream) = 0;
+  // a, b [C]: replaced by their sums over all towers.
+  virtual void sum(int tower, const Tensor& a, const Tensor& b, const Stream& stream) = 0;
+};
+
+}  // namespace towerlab
+
+namespace towerlab::ag {
+
+// op(a) * op(b) for 2-D a, b (kernels/matmul.h).
+Var matmul(const Var& a, const Var& b, bool transpose_a = false, bool transpose_b = false);
+
+// x [N,I], weight [O,I], bias [O] (or undefined): y = x weight^T + bias, [N,O].
+Var linear(const Var& x, const Var& weight, const Var& bias);
+
+// x [N,C,H,W] + bias[C] broadcast (also [N,C]).
+Var bias_add(const Var& x, const Var& bias);
+
+// x [N,C,H,W], weight [K,C,R,S], bias [K] (or undefined) -> [N,K,P,Q].
+Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams& params);
+
+Var max_pool2d(const Var& x, const Pool2dParams& params);
+Var avg_pool2d(const Var& x, const Pool2dParams& params);
+
+// Batch normalization of x [N,C,H,W] or [N,C] with scale gamma and shift beta [C].
+// training: batch statistics, and moving_mean / moving_var [C] (plain tensors, the
+// layer's non-trainable state) are updated in place with `momentum` (TensorFlow's
+// decay: the weight of the old value). Inference: the moving statistics normalize.
+Var batch_norm(const Var& x, const Var& gamma, const Var& beta, const Tensor& moving_mean,
+               const Tensor& moving_var, bool training, double momentum = 0.99, double eps = 1e-3);
+
+// Training-mode batch norm with the statistics of every tower's slice: the towers'
+// per-channel (mean, M2, count) are merged through `sync` in the forward pass, and
+// the per-channel sums of the backward are all-reduced, so N towers normalize (and
+// differentiate) exactly as one device on the whole batch, uneven splits included.
+// gamma and beta get this tower's share of their gradient (the trainer's gradient
+// all-reduce sums the shares).
+Var sync_batch_norm(const Var& x, const Var& gamma, const Var& beta, const Tensor& moving_mean,
+                    const Tensor& moving_var, BatchNormSync& sync, int tower,
+                    double momentum = 0.99, double eps = 1e-3);
+
+}  // namespace towerlab::ag

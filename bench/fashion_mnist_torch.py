@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""PyTorch peer of samples/fashion_mnist: the same FashionNet, batch, optimizer and
+data, trained for a fixed number of steps; prints images/s as JSON.
+
+Run through bench/fashion_mnist_compare.sh, which sets the peer at its best
+(OpenBLAS for SkylakeX with 2 threads, see ../shared/PEERS.md) and runs towerlab
+beside it in the same call.
+"""
+import argparse
+import gzip
+import json
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+
+def load(dir_, prefix):
+    with gzip.open(f"{dir_}/{prefix}-images-idx3-ubyte.gz") as f:
+        images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)
+    with gzip.open(f"{dir_}/{prefix}-labels-idx1-ubyte.gz") as f:
+        labels = np.frombuffer(f.read(), np.uint8, offset=8)
+    images = (images.astype(np.float32) / 255.0 - 0.2860) / 0.3530
+    return torch.from_numpy(images), torch.from_numpy(labels.astype(np.int64))
+
+
+def fashion_net():
+    # The model of towerlab's autograd/layers.h fashion_net(): no conv bias before
+    # batch norm; TensorFlow's batch-norm momentum 0.99 is PyTorch's 0.01, eps 1e-3.
+    return nn.Sequential(
+        nn.Conv2d(1, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32, eps=1e-3, momentum=0.01),
+        nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64, eps=1e-3, momentum=0.01),
+        nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(1)
+    images, labels = load(args.data, "train")
+    model = fashion_net()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = nn.CrossEntropyLoss()
+    order = torch.randperm(len(labels))
+
+    def step(i):
+        idx = order[(i * args.batch) % (len(labels) - args.batch):][: args.batch]
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(images[idx]), labels[idx])
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    for i in range(args.warmup):
+        step(i)
+    start = time.perf_counter()
+    for i in range(args.steps):
+        loss = step(args.warmup + i)
+    seconds = time.perf_counter() - start
+    print(json.dumps({"peer": "pytorch " + torch.__version__, "threads": args.threads,
+                      "batch": args.batch, "steps": args.steps,
+                      "images_per_second": args.steps * args.batch / seconds, "last_loss": loss}))
+
+
+if __name__ == "__main__":
+    main()

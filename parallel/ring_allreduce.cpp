@@ -1,0 +1,149 @@
+#include "parallel/ring_allreduce.h"
+
+#include <chrono>
+#include <string>
+
+#include "engine/error.h"
+#include "engine/thread_pool.h"
+#include "kernels/elementwise.h"
+#include "parallel/trace.h"
+
+namespace towerlab {
+
+std::pair<std::int64_t, std::int64_t> ring_chunk(std::int64_t length, std::int64_t n,
+                                                 std::int64_t k) {
+  return {length * k / n, length * (k + 1) / n};
+}
+
+Ring::Ring(std::vector<const Stream*> streams) : streams_(std::move(streams)) {
+  TL_CHECK(!streams_.empty(), InvalidArgument, "Ring: no members");
+  for (const Stream* s : streams_) {
+    done_.emplace_back(s->device());
+    all_host_ = all_host_ && s->device().is_cpu();
+  }
+}
+
+Ring::~Ring() = default;
+
+void Ring::allreduce(const std::vector<Tensor>& buffers, Trace* trace, int first_row) {
+  const auto n = static_cast<std::int64_t>(streams_.size());
+  TL_CHECK(static_cast<std::int64_t>(buffers.size()) == n, InvalidArgument,
+           "ring all-reduce: " << buffers.size() << " buffers for " << n << " members");
+  const std::int64_t length = buffers[0].numel();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const Tensor& b = buffers[std::size_t(i)];
+    TL_CHECK(b.numel() == length && b.dtype() == DType::Float32 &&
+                 b.device() == streams_[std::size_t(i)]->device(),
+             ShapeError,
+             "ring all-reduce: member " << i << " has " << b.describe() << ", expected float32["
+                                        << length << "] on "
+                                        << streams_[std::size_t(i)]->device().str());
+  }
+  if (n == 1 || length == 0) return;
+
+  auto member = [&](std::int64_t i) -> const Stream& {
+    return *streams_[std::size_t((i + n) % n)];
+  };
+  auto chunk_of = [&](std::int64_t j, std::int64_t k) {
+    const auto [begin, end] = ring_chunk(length, n, ((k % n) + n) % n);
+    return buffers[std::size_t((j + n) % n)].view(begin, {end - begin});
+  };
+  // One scratch buffer per member for the chunk it receives (the largest chunk).
+  const std::int64_t max_chunk = (length + n - 1) / n;
+  std::vector<Tensor> scratch;
+  for (std::int64_t j = 0; j < n; ++j) scratch.push_back(Tensor::empty({max_chunk}, member(j)));
+
+  // Every member's buffer is ready on its own stream (its backward ran there).
+  for (std::int64_t i = 0; i < n; ++i) done_[std::size_t(i)].record(member(i));
+
+  // Runs body(j) for every member j: in parallel on the host when all members are
+  // host streams (each call then finishes its own work), else enqueued in order.
+  auto for_each_member = [&](const auto& body) {
+    if (all_host_) {
+      parallel_for(0, n, [&](std::int64_t begin, std::int64_t end) {
+        for (std::int64_t j = begin; j < end; ++j) body(j);
+      });
+    } else {
+      for (std::int64_t j = 0; j < n; ++j) body(j);
+    }
+  };
+  auto timed = [&](std::int64_t j, const std::string& name, const auto& work) {
+    const auto start = std::chrono::steady_clock::now();
+    work();
+    if (trace != nullptr) {
+      member(j).synchronize();
+      trace->span(first_row + int(j), name, start, "ring");
+    }
+  };
+
+  for (int phase = 0; phase < 2; ++phase) {
+    const bool gather = phase == 1;
+    for (std::int64_t s = 0; s < n - 1; ++s) {
+      // Member j reads from its predecessor what that member's previous step wrote.
+      // All waits are issued before any of this step's records, so each captures the
+      // previous step and the members of one step run concurrently.
+      for (std::int64_t j = 0; j < n; ++j) {
+        member(j).wait(done_[std::size_t((j - 1 + n) % n)]);
+        // Before the first overwrite of the all-gather, the successor must have
+        // finished reading this member's chunks in the reduce-scatter.
+        if (gather && s == 0) member(j).wait(done_[std::size_t((j + 1) % n)]);
+      }
+      for_each_member([&](std::int64_t j) {
+        const std::int64_t i = j - 1;  // the sender
+        const std::int64_t k = gather ? i + 1 - s : i - s;
+        Tensor theirs = chunk_of(i, k);
+        Tensor mine = chunk_of(j, k);
+        if (mine.numel() > 0) {
+          timed(j, (gather ? "all-gather " : "reduce-scatter ") + std::to_string(s), [&] {
+            if (gather) {
+              copy_tensor(mine, theirs, member(j));
+            } else {
+              Tensor received = scratch[std::size_t(j)].view(0, {mine.numel()});
+              copy_tensor(received, theirs, member(j));
+              add(mine, mine, received, member(j));
+            }
+          });
+        }
+      });
+      for (std::int64_t j = 0; j < n; ++j) done_[std::size_t(j)].record(member(j));
+    }
+  }
+  // Everyone may use (and overwrite) its buffer once every member is done reading.
+  for (std::int64_t j = 0; j < n; ++j) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (i != j) member(j).wait(done_[std::size_t(i)]);
+    }
+  }
+}
+
+void Ring::reduce_to_one(const std::vector<Tensor>& buffers, std::size_t root) {
+  const std::size_t n = streams_.size();
+  TL_CHECK(
+      buffers.size() == n && root < n, InvalidArgument,
+      "reduce_to_one: " << buffers.size() << " buffers for " << n << " members, root " << root);
+  if (n == 1) return;
+  const Stream& root_stream = *streams_[root];
+  for (std::size_t i = 0; i < n; ++i) done_[i].record(*streams_[i]);
+  Tensor sum = Tensor::zeros(buffers[root].shape(), root_stream);
+  Tensor received = Tensor::empty(buffers[root].shape(), root_stream);
+  for (std::size_t i = 0; i < n; ++i) {
+    root_stream.wait(done_[i]);
+    if (i == root) {
+      add(sum, sum, buffers[i], root_stream);
+    } else {
+      copy_tensor(received, buffers[i], root_stream);
+      add(sum, sum, received, root_stream);
+    }
+  }
+  copy_tensor(buffers[root], sum, root_stream);
+  done_[root].record(root_stream);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i == root) continue;
+    streams_[i]->wait(done_[root]);
+    copy_tensor(buffers[i], buffers[root], *streams_[i]);
+  }
+  for (std::size_t i = 0; i < n; ++i) done_[i].record(*streams_[i]);
+  for (std::size_t i = 0; i < n; ++i) root_stream.wait(done_[i]);
+}
+
+}  // namespace towerlab

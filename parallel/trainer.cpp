@@ -1,0 +1,418 @@
+#include "parallel/trainer.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <iostream>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "engine/error.h"
+#include "kernels/elementwise.h"
+#include "parallel/ring_allreduce.h"
+#include "parallel/sync_batchnorm.h"
+#include "parallel/trace.h"
+
+namespace towerlab {
+
+Device place_device(Device requested, bool soft_placement, std::ostream& log) {
+  try {
+    check_available(requested);
+    return requested;
+  } catch (const DeviceError& e) {
+    if (!soft_placement) throw;
+    const Device fallback =
+        requested.is_cuda() && cuda_device_count() > 0 ? Device::cuda(0) : Device::cpu();
+    log << "towerlab: warning: " << requested.str() << " is not available; placing its work on "
+        << fallback.str() << " (soft placement)\n";
+    return fallback;
+  }
+}
+
+// One host thread per tower: a tower's forward and backward run on its own
+// thread, which on the CPU is also its stream.
+class Trainer::Workers {
+ public:
+  explicit Workers(std::size_t n) : errors_(n) {
+    for (std::size_t i = 0; i < n; ++i) threads_.emplace_back([this, i] { loop(i); });
+  }
+  ~Workers() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    start_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  // Runs job(i) on thread i for every tower, waits for all, and rethrows the
+  // first failure in tower order.
+  void run(const std::function<void(std::size_t)>& job) {
+    {
+      std::lock_guard lock(mutex_);
+      job_ = &job;
+      remaining_ = threads_.size();
+      for (auto& e : errors_) e = nullptr;
+      ++generation_;
+    }
+    start_.notify_all();
+    std::unique_lock lock(mutex_);
+    done_.wait(lock, [this] { return remaining_ == 0; });
+    job_ = nullptr;
+    for (auto& e : errors_) {
+      if (e) std::rethrow_exception(e);
+    }
+  }
+
+ private:
+  void loop(std::size_t i) {
+    std::uint64_t seen = 0;
+    for (;;) {
+      const std::function<void(std::size_t)>* job = nullptr;
+      {
+        std::unique_lock lock(mutex_);
+        start_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        job = job_;
+      }
+      std::exception_ptr error;
+      try {
+        (*job)(i);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      std::lock_guard lock(mutex_);
+      errors_[i] = error;
+      if (--remaining_ == 0) done_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable start_, done_;
+  const std::function<void(std::size_t)>* job_ = nullptr;
+  std::uint64_t generation_ = 0;
+  std::size_t remaining_ = 0;
+  bool stop_ = false;
+  std::vector<std::exception_ptr> errors_;
+  std::vector<std::thread> threads_;
+};
+
+struct Trainer::TowerState {
+  Device device;
+  std::unique_ptr<Stream> stream;
+  std::unique_ptr<Tape> tape;
+  std::unique_ptr<VariableStore> store;
+  // Results of the last step, on the tower's device.
+  Tensor loss;
+  std::vector<Tensor> outputs;
+  std::map<std::string, Tensor> logs;
+};
+
+namespace {
+
+// Copies src (ready on src_stream) into dst (used on dst_stream), ordering both
+// streams around the copy; the copy runs on a GPU stream when either side is a GPU.
+void transfer(const Tensor& dst, const Stream& dst_stream, const Tensor& src,
+              const Stream& src_stream) {
+  if (&dst_stream == &src_stream) {
+    copy_tensor(dst, src, dst_stream);
+    return;
+  }
+  const bool on_dst = dst_stream.device().is_cuda() || !src_stream.device().is_cuda();
+  const Stream& copier = on_dst ? dst_stream : src_stream;
+  const Stream& other = on_dst ? src_stream : dst_stream;
+  Event other_ready(other.device());
+  other_ready.record(other);
+  copier.wait(other_ready);
+  copy_tensor(dst, src, copier);
+  Event copied(copier.device());
+  copied.record(copier);
+  other.wait(copied);
+}
+
+}  // namespace
+
+Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optimizer,
+                 TrainerOptions options)
+    : variables_(variables),
+      tower_fn_(std::move(tower_fn)),
+      optimizer_(std::move(optimizer)),
+      options_(std::move(options)) {
+  std::ostream& log = options_.log != nullptr ? *options_.log : std::clog;
+  TL_CHECK(!options_.devices.empty(), InvalidArgument,
+           "Trainer: the device list is empty (give at least one device, e.g. cpu or cuda:0)");
+  TL_CHECK(tower_fn_ != nullptr, InvalidArgument, "Trainer: no tower function");
+  TL_CHECK(variables_.trainable_numel() > 0, InvalidArgument,
+           "Trainer: the model declares no trainable variables");
+  for (Device d : options_.devices)
+    devices_.push_back(place_device(d, options_.soft_placement, log));
+  master_device_ = place_device(options_.master, options_.soft_placement, log);
+  if (options_.memory) {
+    std::set<std::pair<int, int>> done;
+    for (Device d : devices_) {
+      if (done.insert({int(d.type), d.index}).second) set_memory_options(d, *options_.memory);
+    }
+    if (done.insert({int(master_device_.type), master_device_.index}).second) {
+      set_memory_options(master_device_, *options_.memory);
+    }
+  }
+
+  master_stream_ = std::make_unique<Stream>(master_device_);
+  master_ = std::make_unique<VariableStore>(variables_, *master_stream_);
+  master_->initialize(options_.seed, *master_stream_);
+
+  std::vector<const Stream*> streams;
+  for (std::size_t i = 0; i < devices_.size(); ++i) {
+    auto t = std::make_unique<TowerState>();
+    t->device = devices_[i];
+    t->stream = std::make_unique<Stream>(t->device);
+    t->tape = std::make_unique<Tape>(*t->stream,
+                                     "tower " + std::to_string(i) + " (" + t->device.str() + ")");
+    t->store = std::make_unique<VariableStore>(variables_, *t->stream);
+    streams.push_back(t->stream.get());
+    towers_.push_back(std::move(t));
+  }
+  ring_ = std::make_unique<Ring>(streams);
+  workers_ = std::make_unique<Workers>(towers_.size());
+  broadcast();
+  if (options_.log_placement) log_placement();
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::log_placement() const {
+  std::ostream& log = options_.log != nullptr ? *options_.log : std::clog;
+  log << "placement: master variables on " << master_device_.str() << "; " << towers_.size()
+      << " tower(s)\n";
+  for (std::size_t i = 0; i < towers_.size(); ++i) {
+    log << "placement: tower " << i << " runs forward and backward on " << towers_[i]->device.str()
+        << " (its own "
+        << (towers_[i]->device.is_cpu() ? "host thread" : "CUDA stream and host thread") << ")\n";
+  }
+  for (const VariableSpec& v : variables_.specs()) {
+    log << "placement: variable " << v.name << " " << to_string(v.shape)
+        << (v.trainable ? "" : " (state)") << ": master on " << master_device_.str()
+        << ", replicas on";
+    for (const auto& t : towers_) log << " " << t->device.str();
+    log << "\n";
+  }
+  log << "placement: gradients all-reduced by "
+      << (options_.reduction == AllReduce::Ring ? "ring" : "reduction to one device")
+      << "; optimizer " << optimizer_.name() << " runs on " << master_device_.str() << "\n";
+}
+
+void Trainer::broadcast() {
+  for (auto& t : towers_) {
+    transfer(t->store->flat_values(), *t->stream, master_->flat_values(), *master_stream_);
+    transfer(t->store->flat_state(), *t->stream, master_->flat_state(), *master_stream_);
+  }
+}
+
+void Trainer::set_trace(Trace* trace) {
+  trace_ = trace;
+  if (trace_ == nullptr) return;
+  for (std::size_t i = 0; i < towers_.size(); ++i) {
+    trace_->name_row(int(i), "tower " + std::to_string(i) + " (" + towers_[i]->device.str() + ")");
+  }
+  trace_->name_row(int(towers_.size()), "master (" + master_device_.str() + ")");
+}
+
+const VariableStore& Trainer::replica(std::size_t i) const {
+  TL_CHECK(i < towers_.size(), InvalidArgument,
+           "Trainer::replica: tower " << i << " of " << towers_.size());
+  return *towers_[i]->store;
+}
+
+const Tensor& Trainer::gradients() const {
+  return master_->flat_grads();
+}
+
+Tensor Trainer::gradient(const std::string& name) const {
+  return master_->grad(name);
+}
+
+std::vector<std::string> Trainer::update_ops() const {
+  std::vector<std::string> names;
+  for (const VariableSpec& v : variables_.specs()) {
+    if (!v.trainable) names.push_back(v.name);
+  }
+  return names;
+}
+
+void Trainer::check_batch(const std::vector<Tensor>& batch) const {
+  TL_CHECK(!batch.empty(), InvalidArgument, "Trainer: the batch holds no tensors");
+  for (std::size_t k = 0; k < batch.size(); ++k) {
+    TL_CHECK(batch[k].defined() && batch[k].dim() >= 1, ShapeError,
+             "Trainer: batch tensor " << k << " is " << batch[k].describe()
+                                      << "; every batch tensor needs a first (sample) dimension");
+    TL_CHECK(batch[k].size(0) == batch[0].size(0), ShapeError,
+             "Trainer: batch tensor " << k << " is " << batch[k].describe() << " but tensor 0 is "
+                                      << batch[0].describe() << ": their first dimensions differ");
+  }
+  TL_CHECK(batch[0].size(0) > 0, InvalidArgument,
+           "Trainer: the batch is empty (0 samples); there is nothing to train on");
+}
+
+void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const TowerSlice& slice,
+                        bool training, BatchNormSync* sync) {
+  using clock = std::chrono::steady_clock;
+  TowerState& t = *towers_[i];
+  t.loss = Tensor();
+  t.outputs.clear();
+  t.logs.clear();
+  t.tape->reset();
+  if (training) t.store->zero_grad(*t.stream);
+  if (slice.size() == 0) return;  // sits this step out (its weight is 0)
+
+  auto start = clock::now();
+  std::vector<Tensor> feeds;
+  for (const Tensor& b : batch) {
+    Tensor rows = b.slice(slice.begin, slice.end);
+    Tensor local = Tensor::empty(rows.shape(), *t.stream, rows.dtype());
+    copy_tensor(local, rows,
+                b.device().is_cuda() && t.device.is_cpu() ? default_stream(b.device()) : *t.stream);
+    feeds.push_back(local);
+  }
+  std::optional<NoGradGuard> no_grad;
+  if (!training) no_grad.emplace(*t.tape);
+  const Tower tower{int(i), t.device, *t.stream, *t.tape, *t.store, training, slice.size(), sync};
+  TowerResult r = tower_fn_(tower, feeds);
+  TL_CHECK(r.loss.defined(), InvalidArgument,
+           "Trainer: the tower function returned no loss (tower " << i << " on " << t.device.str()
+                                                                  << ")");
+  TL_CHECK(r.loss.value().numel() == 1, ShapeError,
+           "Trainer: the tower function's loss " << r.loss.describe() << " must have one element");
+  if (trace_ != nullptr) {
+    t.stream->synchronize();
+    trace_->span(int(i), "forward", start, "tower");
+  }
+  if (training) {
+    start = clock::now();
+    t.tape->backward(r.loss, slice.weight);
+    if (trace_ != nullptr) {
+      t.stream->synchronize();
+      trace_->span(int(i), "backward", start, "tower");
+    }
+  }
+  t.tape->reset();
+  t.loss = r.loss.value();
+  for (const Var& o : r.outputs) t.outputs.push_back(o.value());
+  for (const auto& [name, v] : r.logs) t.logs[name] = v.value();
+}
+
+StepResult Trainer::step(const std::vector<Tensor>& batch) {
+  return run(batch, true);
+}
+
+StepResult Trainer::evaluate(const std::vector<Tensor>& batch) {
+  return run(batch, false);
+}
+
+StepResult Trainer::run(const std::vector<Tensor>& batch, bool training) {
+  check_batch(batch);
+  StepResult result;
+  result.samples = batch[0].size(0);
+  result.slices = split_batch(result.samples, std::int64_t(towers_.size()));
+  const auto& slices = result.slices;
+  using clock = std::chrono::steady_clock;
+
+  std::unique_ptr<TowerBatchNormSync> sync;
+  if (training && options_.batchnorm == BatchNormMode::Sync) {
+    std::vector<int> participants;
+    for (std::size_t i = 0; i < slices.size(); ++i) {
+      if (slices[i].size() > 0) participants.push_back(int(i));
+    }
+    sync = std::make_unique<TowerBatchNormSync>(participants);
+  }
+  workers_->run([&](std::size_t i) {
+    if (sync == nullptr) return run_tower(i, batch, slices[i], training, nullptr);
+    try {
+      run_tower(i, batch, slices[i], training, sync.get());
+      sync->finish(int(i), false);
+    } catch (...) {
+      sync->finish(int(i), true);
+      throw;
+    }
+  });
+
+  if (training) {
+    std::vector<Tensor> grads;
+    for (auto& t : towers_) grads.push_back(t->store->flat_grads());
+    if (options_.reduction == AllReduce::Ring) {
+      ring_->allreduce(grads, trace_, 0);
+    } else {
+      ring_->reduce_to_one(grads, 0);
+    }
+    // Batch-norm moving statistics: the sample-weighted average of the towers'
+    // (empty towers weigh 0), or tower 0's.
+    std::size_t state_source = 0;
+    if (variables_.state_numel() > 0) {
+      if (options_.batchnorm_stats == BatchNormStats::Average) {
+        std::vector<Tensor> states;
+        for (std::size_t i = 0; i < towers_.size(); ++i) {
+          scale(towers_[i]->store->flat_state(), towers_[i]->store->flat_state(), slices[i].weight,
+                *towers_[i]->stream);
+          states.push_back(towers_[i]->store->flat_state());
+        }
+        ring_->allreduce(states);
+      } else {
+        TL_CHECK(
+            slices[0].size() > 0 || towers_.size() == 1, InvalidArgument,
+            "Trainer: batch-norm statistics come from tower 0, which has no samples in a batch of "
+                << result.samples << " over " << towers_.size()
+                << " towers (use BatchNormStats::Average or a larger batch)");
+      }
+    }
+    const auto start = clock::now();
+    TowerState& first = *towers_[0];
+    transfer(master_->flat_grads(), *master_stream_, first.store->flat_grads(), *first.stream);
+    transfer(master_->flat_state(), *master_stream_, towers_[state_source]->store->flat_state(),
+             *towers_[state_source]->stream);
+    optimizer_.step(*master_, master_->flat_grads(), *master_stream_);
+    broadcast();
+    if (trace_ != nullptr) {
+      master_stream_->synchronize();
+      trace_->span(int(towers_.size()), "update + broadcast", start, "master");
+    }
+  }
+
+  // The weighted mean loss, the outputs in input order, the last tower's logs.
+  double loss = 0.0;
+  std::size_t last = 0;
+  for (std::size_t i = 0; i < towers_.size(); ++i) {
+    if (slices[i].size() == 0) continue;
+    loss += slices[i].weight * double(towers_[i]->loss.to_host<float>(*towers_[i]->stream)[0]);
+    last = i;
+  }
+  const std::size_t num_outputs = towers_[last]->outputs.size();
+  for (std::size_t k = 0; k < num_outputs; ++k) {
+    Shape shape = towers_[last]->outputs[k].shape();
+    TL_CHECK(!shape.empty(), ShapeError, "Trainer: output " << k << " has no sample dimension");
+    shape[0] = result.samples;
+    Tensor all = Tensor::empty(shape, Device::cpu());
+    for (std::size_t i = 0; i < towers_.size(); ++i) {
+      if (slices[i].size() == 0) continue;
+      const Tensor& part = towers_[i]->outputs.at(k);
+      TL_CHECK(part.dim() == all.dim() && part.size(0) == slices[i].size() &&
+                   part.numel() ==
+                       slices[i].size() * (all.numel() / std::max<std::int64_t>(1, result.samples)),
+               ShapeError,
+               "Trainer: output " << k << " of tower " << i << " is " << part.describe() << " for "
+                                  << slices[i].size() << " samples; expected rows of "
+                                  << to_string(shape));
+      copy_tensor(all.slice(slices[i].begin, slices[i].end), part, *towers_[i]->stream);
+    }
+    result.outputs.push_back(all);
+  }
+  for (const auto& [name, value] : towers_[last]->logs) {
+    result.logs[name] = double(value.to_host<float>(*towers_[last]->stream)[0]);
+  }
+  result.loss = loss;
+  last_loss_ = loss;
+  last_logs_ = result.logs;
+  return result;
+}
+
+}  // namespace towerlab

@@ -1,0 +1,172 @@
+// The multi-device trainer: tower parallelism as the seed documents describe it,
+// done natively.
+//
+// The user writes one tower function (seed 000's _tower_loss): given a Tower (its
+// index, device, tape and its copy of the shared variables) and its slice of the
+// batch, it builds the model's forward pass and returns the total loss, the
+// outputs, and values to log. A training step then
+//   1. splits the batch among the towers (sizes differ by at most one; a tower with
+//      no samples sits the step out; nothing is dropped);
+//   2. runs each tower on its own host thread and stream with its own tape: copy its
+//      slice to its device, forward, backward with the loss weighted by the tower's
+//      share of the samples, into the tower's flat gradient buffer;
+//   3. all-reduces the flat gradient buffers with the ring (parallel/ring_allreduce.h):
+//      the sum of the weighted gradients is the gradient of the whole batch's mean loss;
+//   4. applies the optimizer to the master variables on the master device and copies
+//      the new values to every replica; batch-norm moving statistics follow the
+//      policy (the sample-weighted average of all towers, or tower 0's);
+//   5. returns the sample-weighted mean loss, the towers' outputs concatenated in the
+//      input's order, and the log values of the last non-empty tower.
+// So N towers take the same step as one device on the whole batch (to float
+// rounding), whatever N and however unevenly the batch divides.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "autograd/context.h"
+#include "autograd/nn.h"
+#include "autograd/optimizer.h"
+#include "autograd/tape.h"
+#include "autograd/variables.h"
+#include "engine/allocator.h"
+#include "parallel/batch_split.h"
+
+namespace towerlab {
+
+class Trace;
+
+// What a tower function sees.
+struct Tower {
+  int index;
+  Device device;
+  const Stream& stream;
+  Tape& tape;
+  VariableStore& variables;
+  bool training;
+  std::int64_t batch_size;  // samples in this tower's slice (> 0: empty towers are not run)
+  BatchNormSync* batchnorm_sync = nullptr;  // set when batch norm is synchronized
+
+  Context context() const { return Context{tape, variables, training, batchnorm_sync, index}; }
+  Var variable(const std::string& name) const { return context().variable(name); }
+  // A slice tensor as a constant on this tower's tape.
+  Var input(const Tensor& t, std::string name = "input") const {
+    return tape.constant(t, std::move(name));
+  }
+};
+
+// What a tower function returns.
+struct TowerResult {
+  Var loss;                         // required: the tower's total loss (one element)
+  std::vector<Var> outputs;         // optional: each [n_i, ...], concatenated over towers
+  std::map<std::string, Var> logs;  // optional: scalars to log, from the last non-empty tower
+};
+
+// `batch` is a list of tensors sharing their first dimension (images, labels, ...:
+// seed 000's input_var_names); the tower receives rows [begin, end) of each, on its device.
+using TowerFn = std::function<TowerResult(const Tower& tower, const std::vector<Tensor>& batch)>;
+
+enum class AllReduce { Ring, ReduceToOne };
+enum class BatchNormStats { Average, Tower0 };
+// Local: each tower normalizes its own slice (as in the seeds and most frameworks).
+// Sync: per-channel statistics are combined across towers in the forward and the
+// backward pass, weighted by each tower's real sample count, so N towers normalize
+// exactly as one device on the whole batch.
+enum class BatchNormMode { Local, Sync };
+
+struct TrainerOptions {
+  std::vector<Device> devices{Device::cpu()};  // one tower each; repeats are virtual devices
+  Device master = Device::cpu();               // where the master variables live
+  AllReduce reduction = AllReduce::Ring;
+  BatchNormStats batchnorm_stats = BatchNormStats::Average;
+  BatchNormMode batchnorm = BatchNormMode::Local;
+  // A device that is not present: an error listing those that are (false), or a
+  // warning and the first available device of the same kind, else the CPU (true).
+  bool soft_placement = false;
+  // Prints where every variable and each tower's work is placed.
+  bool log_placement = false;
+  std::ostream* log = nullptr;          // placement log and warnings; std::clog when null
+  std::optional<MemoryOptions> memory;  // applied to every tower's device and the master's
+  std::uint64_t seed = 0;               // initial values of the variables
+};
+
+struct StepResult {
+  double loss = 0.0;                   // sample-weighted mean of the towers' losses
+  std::vector<Tensor> outputs;         // per output: all towers' rows in input order, on the CPU
+  std::map<std::string, double> logs;  // the last non-empty tower's log values
+  std::int64_t samples = 0;
+  std::vector<TowerSlice> slices;
+};
+
+class Trainer {
+ public:
+  Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optimizer,
+          TrainerOptions options);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // One training step on `batch` (CPU or any device; see TowerFn).
+  StepResult step(const std::vector<Tensor>& batch);
+  // A forward pass in inference mode (moving statistics, no gradients, no update):
+  // the loss, outputs and logs (seed 000's tower_log_func).
+  StepResult evaluate(const std::vector<Tensor>& batch);
+
+  // The seeds' handles.
+  double loss() const { return last_loss_; }       // of the last step
+  const Tensor& gradients() const;                 // the averaged flat gradient (master)
+  Tensor gradient(const std::string& name) const;  // one variable's averaged gradient
+  std::vector<std::string> update_ops() const;     // the state each step updates
+  const std::map<std::string, double>& tower_log() const { return last_logs_; }
+
+  VariableStore& master() { return *master_; }
+  // Tower i's copy of the variables (equal to the master's after every step).
+  const VariableStore& replica(std::size_t i) const;
+  const VariableStore& master() const { return *master_; }
+  Optimizer& optimizer() { return optimizer_; }
+  const std::vector<Device>& devices() const { return devices_; }
+  std::size_t num_towers() const { return devices_.size(); }
+
+  // Copies the master's values (and state) to every replica: after a checkpoint load.
+  void broadcast();
+  // Records the next steps in `trace` (nullptr stops recording).
+  void set_trace(Trace* trace);
+
+ private:
+  struct TowerState;
+  class Workers;
+  StepResult run(const std::vector<Tensor>& batch, bool training);
+  // Tower i's forward (and backward) on its own thread.
+  void run_tower(std::size_t i, const std::vector<Tensor>& batch, const TowerSlice& slice,
+                 bool training, BatchNormSync* sync);
+  void check_batch(const std::vector<Tensor>& batch) const;
+  void log_placement() const;
+
+  const VariableSet& variables_;
+  TowerFn tower_fn_;
+  Optimizer optimizer_;
+  TrainerOptions options_;
+  std::vector<Device> devices_;
+  Device master_device_;
+  std::unique_ptr<Stream> master_stream_;
+  std::unique_ptr<VariableStore> master_;
+  std::vector<std::unique_ptr<TowerState>> towers_;
+  std::unique_ptr<class Ring> ring_;
+  std::unique_ptr<Workers> workers_;
+  Trace* trace_ = nullptr;
+  double last_loss_ = 0.0;
+  std::map<std::string, double> last_logs_;
+};
+
+// Resolves a requested device: itself when present; with soft placement, the
+// first present device of its kind (else the CPU) and a warning on `log`;
+// without it, DeviceError listing the devices present.
+Device place_device(Device requested, bool soft_placement, std::ostream& log);
+
+}  // namespace towerlab

@@ -1,0 +1,205 @@
+// fashion_mnist: trains FashionNet on Fashion-MNIST with tower parallelism.
+//
+//   fashion_mnist --devices cpu,cpu --epochs 5 --batch 128 --optimizer adam --lr 1e-3
+//
+// Each step splits the batch among the towers, runs every tower's forward and
+// backward on its own thread and stream, averages the gradients with the ring
+// all-reduce and updates the master variables (parallel/trainer.h). It prints
+// progress, a summary per epoch, and exits non-zero when training diverges (3) or
+// the input is bad (2).
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "options.h"
+#include "towerlab.h"
+
+using namespace towerlab;
+
+namespace {
+
+std::vector<Device> choose_devices(const sample::Options& o) {
+  if (o.n_gpus) {
+    if (*o.n_gpus <= 0)
+      throw InvalidArgument("n_gpus must be positive, got " + std::to_string(*o.n_gpus));
+    std::vector<Device> devices;
+    for (int i = 0; i < *o.n_gpus; ++i) devices.push_back(Device::cuda(i));
+    return devices;
+  }
+  if (!o.devices.empty()) return parse_device_list(o.devices);
+  if (cuda_device_count() > 0) {
+    std::vector<Device> devices;
+    for (int i = 0; i < cuda_device_count(); ++i) devices.push_back(Device::cuda(i));
+    return devices;
+  }
+  return {Device::cpu(), Device::cpu()};
+}
+
+std::string join(const std::vector<Device>& devices) {
+  std::string s;
+  for (const Device& d : devices) s += (s.empty() ? "" : ",") + d.str();
+  return s;
+}
+
+// Accuracy of the model on a dataset, in inference mode, batch by batch.
+double accuracy(Trainer& trainer, const FashionMnist& data, std::int64_t batch_size) {
+  Batcher batcher(data.images, data.labels, batch_size, 0, Order::Sequential);
+  Batch batch;
+  std::int64_t correct = 0;
+  while (batcher.next(batch)) {
+    const StepResult r = trainer.evaluate({batch.images, batch.labels});
+    const auto logits = r.outputs[0].to_host<float>();  // [B,10]
+    const auto labels = batch.labels.to_host<float>();
+    for (std::int64_t i = 0; i < batch.size(); ++i) {
+      const float* row = logits.data() + i * 10;
+      const auto best = std::max_element(row, row + 10) - row;
+      correct += best == static_cast<std::int64_t>(labels[std::size_t(i)]);
+    }
+  }
+  return double(correct) / double(data.size());
+}
+
+int run(const sample::Options& o) {
+  TL_CHECK(o.batchnorm == "local" || o.batchnorm == "sync", InvalidArgument,
+           "--batchnorm must be local or sync, got " << o.batchnorm);
+  TL_CHECK(o.batchnorm_stats == "average" || o.batchnorm_stats == "tower0", InvalidArgument,
+           "--batchnorm-stats must be average or tower0, got " << o.batchnorm_stats);
+  TrainerOptions options;
+  options.devices = choose_devices(o);
+  options.master = Device::parse(o.master);
+  options.batchnorm_stats =
+      o.batchnorm_stats == "tower0" ? BatchNormStats::Tower0 : BatchNormStats::Average;
+  options.batchnorm = o.batchnorm == "sync" ? BatchNormMode::Sync : BatchNormMode::Local;
+  options.soft_placement = o.soft_placement;
+  options.log_placement = o.log_placement;
+  options.seed = o.seed;
+
+  const FashionMnist train = load_fashion_mnist(o.data, Split::Train);
+  const FashionMnist test = load_fashion_mnist(o.data, Split::Test);
+
+  VariableSet vars;
+  Sequential net = fashion_net(vars);
+  const double weight_decay = o.weight_decay;
+  TowerFn tower_fn = [&net, weight_decay](const Tower& tower, const std::vector<Tensor>& batch) {
+    Context ctx = tower.context();
+    Var logits = net(ctx, tower.input(batch[0], "images"));
+    Var loss = ag::softmax_cross_entropy(logits, tower.input(batch[1], "labels"));
+    Var reg = l2_regularization(ctx, weight_decay);
+    Var total = reg.defined() ? ag::add_n({loss, reg}) : loss;
+    return TowerResult{total, {logits}, {{"cross_entropy", loss}}};
+  };
+  Trainer trainer(vars, tower_fn, Optimizer::by_name(o.optimizer, o.lr), options);
+  std::printf("FashionNet: %lld parameters; %zu tower(s) on %s; master on %s; batch %lld\n",
+              static_cast<long long>(vars.trainable_numel()), trainer.num_towers(),
+              join(trainer.devices()).c_str(), options.master.str().c_str(),
+              static_cast<long long>(o.batch));
+  if (!o.load.empty()) {
+    const CheckpointInfo info =
+        load_checkpoint(o.load, trainer.master(), o.eval_only ? nullptr : &trainer.optimizer(),
+                        default_stream(trainer.master().device()));
+    trainer.broadcast();
+    std::printf("loaded %s (step %lld)\n", o.load.c_str(), static_cast<long long>(info.step));
+  }
+
+  nlohmann::json metrics{{"devices", join(trainer.devices())},
+                         {"epochs", 0},
+                         {"batch", o.batch},
+                         {"optimizer", o.optimizer},
+                         {"lr", o.lr}};
+  if (o.eval_only) {
+    const double acc = accuracy(trainer, test, 1000);
+    std::printf("test accuracy %.4f\n", acc);
+    metrics["test_accuracy"] = acc;
+  } else {
+    std::unique_ptr<SummaryWriter> summaries;
+    if (!o.summaries.empty()) summaries = std::make_unique<SummaryWriter>(o.summaries);
+    Trace trace;
+    Batcher batcher(train.images, train.labels, o.batch, o.seed);
+    const std::int64_t steps_per_epoch =
+        o.steps > 0 ? std::min(o.steps, batcher.batches_per_epoch()) : batcher.batches_per_epoch();
+    double images_per_second = 0.0, train_loss = 0.0, test_acc = 0.0;
+    for (int epoch = 0; epoch < o.epochs; ++epoch) {
+      batcher.start_epoch(std::uint64_t(epoch));
+      Batch batch;
+      double loss_sum = 0.0;
+      std::int64_t images = 0, step = 0;
+      const auto start = std::chrono::steady_clock::now();
+      auto window = start;
+      std::int64_t window_images = 0;
+      while (step < steps_per_epoch && batcher.next(batch)) {
+        const bool tracing = !o.trace.empty() && epoch == 0 && step == 1;
+        if (tracing) trainer.set_trace(&trace);
+        const StepResult r = trainer.step({batch.images, batch.labels});
+        if (tracing) {
+          trainer.set_trace(nullptr);
+          trace.write(o.trace);
+        }
+        if (!std::isfinite(r.loss)) {
+          std::fprintf(stderr, "fashion_mnist: training diverged at epoch %d step %lld (loss %g)\n",
+                       epoch + 1, static_cast<long long>(step), r.loss);
+          return 3;
+        }
+        loss_sum += r.loss * double(r.samples);
+        images += r.samples;
+        window_images += r.samples;
+        ++step;
+        if (summaries) {
+          summaries->write(trainer.optimizer().steps(),
+                           {{"loss", r.loss},
+                            {"cross_entropy", r.logs.at("cross_entropy")},
+                            {"lr", trainer.optimizer().current_lr()}});
+        }
+        if (o.progress_every > 0 && step % o.progress_every == 0) {
+          const auto now = std::chrono::steady_clock::now();
+          const double secs = std::chrono::duration<double>(now - window).count();
+          std::printf("  epoch %d step %lld/%lld  loss %.4f  %.0f images/s\n", epoch + 1,
+                      static_cast<long long>(step), static_cast<long long>(steps_per_epoch), r.loss,
+                      double(window_images) / secs);
+          std::fflush(stdout);
+          window = now;
+          window_images = 0;
+        }
+      }
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      images_per_second = double(images) / secs;
+      train_loss = loss_sum / double(std::max<std::int64_t>(images, 1));
+      test_acc = accuracy(trainer, test, 1000);
+      std::printf(
+          "epoch %d: train loss %.4f, test accuracy %.4f, %.0f images/s (%lld steps, %.1f s)\n",
+          epoch + 1, train_loss, test_acc, images_per_second, static_cast<long long>(step), secs);
+      std::fflush(stdout);
+      if (!o.save.empty()) {
+        save_checkpoint(o.save, trainer.master(), &trainer.optimizer(),
+                        {{"epoch", std::to_string(epoch + 1)}, {"model", "FashionNet"}});
+      }
+    }
+    metrics["epochs"] = o.epochs;
+    metrics["train_loss"] = train_loss;
+    metrics["test_accuracy"] = test_acc;
+    metrics["images_per_second"] = images_per_second;
+  }
+  if (!o.metrics.empty()) {
+    std::ofstream out(o.metrics);
+    out << metrics.dump(2) << "\n";
+    TL_CHECK(out.good(), IoError, "cannot write metrics to " << o.metrics);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  sample::Options options;
+  if (auto code = sample::parse_options(argc, argv, options)) return *code;
+  try {
+    return run(options);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+    return 2;
+  }
+}

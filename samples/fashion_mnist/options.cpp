@@ -1,0 +1,130 @@
+#include "options.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+namespace sample {
+
+namespace {
+
+// Applies the keys of a YAML config to `options`, except those given as flags.
+void apply_config(const std::string& path, const CLI::App& app, Options& o) {
+  YAML::Node config = YAML::LoadFile(path);
+  if (!config.IsMap()) throw std::runtime_error("config " + path + ": expected a mapping of keys");
+  auto flag_given = [&](const std::string& flag) { return app.count("--" + flag) > 0; };
+  for (const auto& item : config) {
+    const std::string key = item.first.as<std::string>();
+    const YAML::Node& v = item.second;
+    std::string flag = key;
+    for (char& c : flag) c = c == '_' ? '-' : c;
+    if (flag_given(flag)) continue;
+    if (key == "devices") {
+      if (v.IsSequence()) {
+        o.devices.clear();
+        for (const auto& d : v) o.devices += (o.devices.empty() ? "" : ",") + d.as<std::string>();
+      } else {
+        o.devices = v.as<std::string>();
+      }
+    } else if (key == "n_gpus") {
+      o.n_gpus = v.as<int>();
+    } else if (key == "master") {
+      o.master = v.as<std::string>();
+    } else if (key == "batchnorm") {
+      o.batchnorm = v.as<std::string>();
+    } else if (key == "batchnorm_stats") {
+      o.batchnorm_stats = v.as<std::string>();
+    } else if (key == "epochs") {
+      o.epochs = v.as<int>();
+    } else if (key == "batch") {
+      o.batch = v.as<std::int64_t>();
+    } else if (key == "optimizer") {
+      o.optimizer = v.as<std::string>();
+    } else if (key == "lr") {
+      o.lr = v.as<double>();
+    } else if (key == "weight_decay") {
+      o.weight_decay = v.as<double>();
+    } else if (key == "seed") {
+      o.seed = v.as<std::uint64_t>();
+    } else if (key == "steps") {
+      o.steps = v.as<std::int64_t>();
+    } else if (key == "data") {
+      o.data = v.as<std::string>();
+    } else if (key == "save") {
+      o.save = v.as<std::string>();
+    } else if (key == "load") {
+      o.load = v.as<std::string>();
+    } else if (key == "metrics") {
+      o.metrics = v.as<std::string>();
+    } else if (key == "trace") {
+      o.trace = v.as<std::string>();
+    } else if (key == "summaries") {
+      o.summaries = v.as<std::string>();
+    } else if (key == "eval_only") {
+      o.eval_only = v.as<bool>();
+    } else if (key == "log_placement") {
+      o.log_placement = v.as<bool>();
+    } else if (key == "soft_placement") {
+      o.soft_placement = v.as<bool>();
+    } else {
+      throw std::runtime_error("config " + path + ": unknown key '" + key + "'");
+    }
+  }
+}
+
+}  // namespace
+
+std::optional<int> parse_options(int argc, char** argv, Options& o) {
+  CLI::App app{"Trains FashionNet on Fashion-MNIST with tower parallelism."};
+  std::string config;
+  app.add_option("--config", config,
+                 "YAML file setting any of the options below (flags override it)");
+  app.add_option(
+      "--devices", o.devices,
+      "Towers, comma-separated: cpu,cpu or cuda:0,cuda:1 (default: every GPU, else cpu,cpu)");
+  app.add_option("--n-gpus", o.n_gpus, "Towers on cuda:0 .. cuda:N-1 (the seeds' n_gpus)");
+  app.add_option("--master", o.master, "Device of the master variables")->capture_default_str();
+  app.add_option("--batchnorm", o.batchnorm, "Batch norm across towers: local or sync")
+      ->capture_default_str();
+  app.add_option("--batchnorm-stats", o.batchnorm_stats,
+                 "Moving statistics: average (sample-weighted) or tower0")
+      ->capture_default_str();
+  app.add_option("--epochs", o.epochs)->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--batch", o.batch, "Batch size (split among the towers)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--optimizer", o.optimizer, "adam, adamw, sgd, momentum or rmsprop")
+      ->capture_default_str();
+  app.add_option("--lr", o.lr)->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--weight-decay", o.weight_decay, "L2 regularization coefficient")
+      ->capture_default_str();
+  app.add_option("--seed", o.seed)->capture_default_str();
+  app.add_option("--steps", o.steps, "Cap on steps per epoch (0: whole epochs)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--data", o.data, "Fashion-MNIST directory")->capture_default_str();
+  app.add_option("--save", o.save, "Checkpoint to write after each epoch (safetensors)");
+  app.add_option("--load", o.load, "Checkpoint to start from");
+  app.add_flag("--eval-only", o.eval_only, "Only evaluate (with --load) on the test set");
+  app.add_option("--metrics", o.metrics, "JSON file for the final metrics");
+  app.add_option("--trace", o.trace, "Chrome trace JSON of the second training step (Perfetto)");
+  app.add_option("--summaries", o.summaries, "Scalar summaries per step: .csv or .jsonl");
+  app.add_flag("--log-placement", o.log_placement, "Print where variables and towers run");
+  app.add_flag("--soft-placement", o.soft_placement,
+               "Fall back to a present device with a warning");
+  app.add_option("--progress-every", o.progress_every, "Steps between progress lines")
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+    if (!config.empty()) apply_config(config, app, o);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::cerr << "fashion_mnist: " << e.what() << "\n";
+    return 2;
+  }
+  return std::nullopt;
+}
+
+}  // namespace sample

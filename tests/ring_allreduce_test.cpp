@@ -1,0 +1,156 @@
+// The ring all-reduce over a matrix of member counts and buffer lengths, on
+// virtual CPU devices (and virtual CUDA devices where a GPU is), its determinism,
+// the seeds' reduction to one device, and the batch split.
+#include "parallel/ring_allreduce.h"
+#include "parallel/batch_split.h"
+#include "parallel/trace.h"
+#include "test_util.h"
+
+namespace towerlab::testing {
+namespace {
+
+class RingTest : public BackendTest {};
+TL_INSTANTIATE_BACKENDS(RingTest);
+
+// Member i holds values i * 1000 + position: sums are exact in float32.
+std::vector<Tensor> make_buffers(std::vector<std::unique_ptr<Stream>>& streams,
+                                 std::int64_t length) {
+  std::vector<Tensor> buffers;
+  for (std::size_t i = 0; i < streams.size(); ++i) {
+    std::vector<float> v(static_cast<std::size_t>(length));
+    for (std::int64_t p = 0; p < length; ++p) v[std::size_t(p)] = float(i * 1000 + p % 1000);
+    buffers.push_back(Tensor::from_host<float>(v, {length}, *streams[i]));
+  }
+  return buffers;
+}
+
+TEST_P(RingTest, SumsEveryBufferForAnyMembersAndLength) {
+  for (int members : {1, 2, 3, 4, 5, 8}) {
+    for (std::int64_t length : {1, 2, 3, 7, 8, 64, 1001, 65537}) {
+      std::vector<std::unique_ptr<Stream>> streams;
+      std::vector<const Stream*> raw;
+      for (int i = 0; i < members; ++i) {
+        streams.push_back(std::make_unique<Stream>(device()));
+        raw.push_back(streams.back().get());
+      }
+      auto buffers = make_buffers(streams, length);
+      Ring ring(raw);
+      ring.allreduce(buffers);
+      const float base = float(1000 * members * (members - 1) / 2);
+      for (int i = 0; i < members; ++i) {
+        const auto got = buffers[std::size_t(i)].to_host<float>(*streams[std::size_t(i)]);
+        for (std::int64_t p = 0; p < length; ++p) {
+          ASSERT_EQ(got[std::size_t(p)], base + float(members * (p % 1000)))
+              << members << " members, length " << length << ", member " << i << ", element " << p;
+        }
+      }
+    }
+  }
+}
+
+TEST_P(RingTest, ResultIsTheSameBitsEveryRunAndInEveryMember) {
+  const int members = 4;
+  std::vector<std::unique_ptr<Stream>> streams;
+  std::vector<const Stream*> raw;
+  for (int i = 0; i < members; ++i) {
+    streams.push_back(std::make_unique<Stream>(device()));
+    raw.push_back(streams.back().get());
+  }
+  Ring ring(raw);
+  std::vector<float> first;
+  for (int run = 0; run < 5; ++run) {
+    std::vector<Tensor> buffers;
+    for (int i = 0; i < members; ++i) {
+      buffers.push_back(Tensor::from_host<float>(random_values(10007, 100 + i), {10007},
+                                                 *streams[std::size_t(i)]));
+    }
+    ring.allreduce(buffers);
+    const auto got = buffers[0].to_host<float>(*streams[0]);
+    for (int i = 1; i < members; ++i) {
+      ASSERT_EQ(buffers[std::size_t(i)].to_host<float>(*streams[std::size_t(i)]), got)
+          << "member " << i;
+    }
+    if (run == 0) first = got;
+    ASSERT_EQ(got, first) << "run " << run;
+  }
+}
+
+TEST_P(RingTest, ReduceToOneAgreesWithTheRing) {
+  const int members = 3;
+  std::vector<std::unique_ptr<Stream>> streams;
+  std::vector<const Stream*> raw;
+  for (int i = 0; i < members; ++i) {
+    streams.push_back(std::make_unique<Stream>(device()));
+    raw.push_back(streams.back().get());
+  }
+  auto a = make_buffers(streams, 999);
+  auto b = make_buffers(streams, 999);
+  Ring ring(raw);
+  ring.allreduce(a);
+  ring.reduce_to_one(b, 1);
+  for (int i = 0; i < members; ++i) {
+    EXPECT_EQ(a[std::size_t(i)].to_host<float>(*streams[std::size_t(i)]),
+              b[std::size_t(i)].to_host<float>(*streams[std::size_t(i)]));
+  }
+}
+
+TEST_P(RingTest, TraceRecordsEachRingStep) {
+  std::vector<std::unique_ptr<Stream>> streams;
+  std::vector<const Stream*> raw;
+  for (int i = 0; i < 3; ++i) {
+    streams.push_back(std::make_unique<Stream>(device()));
+    raw.push_back(streams.back().get());
+  }
+  auto buffers = make_buffers(streams, 300);
+  Trace trace;
+  Ring ring(raw);
+  ring.allreduce(buffers, &trace);
+  EXPECT_EQ(trace.size(), 3u * 2u * 2u);  // 3 members x 2 phases x (n-1 = 2) steps
+  EXPECT_NE(trace.json().find("\"reduce-scatter 1\""), std::string::npos);
+  EXPECT_NE(trace.json().find("\"all-gather 0\""), std::string::npos);
+}
+
+TEST_P(RingTest, MismatchedBuffersAreRejected) {
+  Stream a(device()), b(device());
+  Ring ring({&a, &b});
+  EXPECT_THROW_WITH(ring.allreduce({Tensor::zeros({4}, a), Tensor::zeros({5}, b)}), ShapeError,
+                    "member 1 has float32[5]");
+  EXPECT_THROW_WITH(ring.allreduce({Tensor::zeros({4}, a)}), InvalidArgument,
+                    "1 buffers for 2 members");
+}
+
+TEST(Ring, ChunksCoverTheBufferInBalancedPieces) {
+  for (std::int64_t length : {0, 1, 5, 7, 100}) {
+    for (std::int64_t n : {1, 2, 3, 8}) {
+      std::int64_t expected_begin = 0;
+      for (std::int64_t k = 0; k < n; ++k) {
+        const auto [begin, end] = ring_chunk(length, n, k);
+        EXPECT_EQ(begin, expected_begin);
+        EXPECT_LE(end - begin, length / n + 1);
+        EXPECT_GE(end - begin, length / n);
+        expected_begin = end;
+      }
+      EXPECT_EQ(expected_begin, length);
+    }
+  }
+}
+
+TEST(BatchSplit, SizesDifferByAtMostOneAndNothingIsDropped) {
+  const auto s = split_batch(10, 4);
+  ASSERT_EQ(s.size(), 4u);
+  EXPECT_EQ(s[0].size(), 3);
+  EXPECT_EQ(s[1].size(), 3);
+  EXPECT_EQ(s[2].size(), 2);
+  EXPECT_EQ(s[3].size(), 2);
+  EXPECT_EQ(s[3].end, 10);
+  EXPECT_DOUBLE_EQ(s[0].weight + s[1].weight + s[2].weight + s[3].weight, 1.0);
+  const auto small = split_batch(2, 4);  // more towers than samples: two sit out
+  EXPECT_EQ(small[1].size(), 1);
+  EXPECT_EQ(small[2].size(), 0);
+  EXPECT_EQ(small[3].weight, 0.0);
+  EXPECT_THROW_WITH(split_batch(5, 0), InvalidArgument, "no towers");
+  EXPECT_THROW_WITH(split_batch(-1, 2), InvalidArgument, "negative batch size -1");
+}
+
+}  // namespace
+}  // namespace towerlab::testing

@@ -1,0 +1,253 @@
+// The multi-device trainer on virtual CPU devices: N towers take the same steps as
+// one tower on the whole batch (even, uneven and smaller-than-tower-count batches,
+// SGD and Adam), outputs come back in input order, a checkpoint trained on four
+// towers predicts the same on one, and misuse is a clear error.
+#include <filesystem>
+#include <sstream>
+
+#include "test_util.h"
+
+namespace towerlab::testing {
+namespace {
+
+const Stream& cpu() {
+  return default_stream(Device::cpu());
+}
+
+// A small CNN without batch norm (local batch norm is not equivalent across towers).
+struct Model {
+  VariableSet vars;
+  Sequential net;
+  Model() {
+    net.add<Conv2d>(vars, "conv1", 1, 4, 3, Conv2dParams{.pad_h = 1, .pad_w = 1});
+    net.add<ReLU>();
+    net.add<MaxPool2d>(Pool2dParams::square(2, 2));
+    net.add<Flatten>();
+    net.add<Linear>(vars, "fc", 4 * 4 * 4, 3);
+  }
+  TowerFn tower_fn() const {
+    return [this](const Tower& tower, const std::vector<Tensor>& batch) {
+      Context ctx = tower.context();
+      Var logits = net(ctx, tower.input(batch[0], "images"));
+      Var loss = ag::softmax_cross_entropy(logits, tower.input(batch[1], "labels"));
+      Var total = ag::add_n({loss, l2_regularization(ctx, 1e-3)});
+      return TowerResult{total, {logits}, {{"data_loss", loss}}};
+    };
+  }
+};
+
+std::vector<Tensor> make_batch(std::int64_t n, unsigned seed) {
+  Tensor images = Tensor::empty({n, 1, 8, 8}, cpu());
+  random_normal(images, seed, 0, 0.0f, 1.0f, cpu());
+  std::vector<float> labels;
+  for (std::int64_t i = 0; i < n; ++i) labels.push_back(float((i * 7 + seed) % 3));
+  return {images, Tensor::from_host<float>(labels, {n}, cpu())};
+}
+
+TrainerOptions on_cpu_towers(int towers) {
+  TrainerOptions o;
+  o.devices.assign(std::size_t(towers), Device::cpu());
+  o.seed = 11;
+  return o;
+}
+
+void expect_same_steps(const char* optimizer, double lr) {
+  Model model;
+  for (std::int64_t batch : {1, 3, 7, 8}) {
+    Trainer reference(model.vars, model.tower_fn(), Optimizer::by_name(optimizer, lr),
+                      on_cpu_towers(1));
+    std::vector<StepResult> ref_steps;
+    for (int s = 0; s < 3; ++s) ref_steps.push_back(reference.step(make_batch(batch, 20 + s)));
+    const auto ref_values = reference.master().flat_values().to_host<float>();
+    for (int towers : {2, 3, 4}) {
+      Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name(optimizer, lr),
+                      on_cpu_towers(towers));
+      for (int s = 0; s < 3; ++s) {
+        const StepResult r = trainer.step(make_batch(batch, 20 + s));
+        EXPECT_NEAR(r.loss, ref_steps[std::size_t(s)].loss,
+                    1e-5 * std::abs(ref_steps[std::size_t(s)].loss))
+            << optimizer << ", batch " << batch << ", " << towers << " towers, step " << s;
+        EXPECT_TRUE(all_close(r.outputs[0].to_host<float>(),
+                              ref_steps[std::size_t(s)].outputs[0].to_host<float>(), 1e-5, 1e-4))
+            << "outputs in input order; batch " << batch << ", " << towers << " towers";
+      }
+      EXPECT_TRUE(
+          all_close(trainer.master().flat_values().to_host<float>(), ref_values, 2e-6, 1e-4))
+          << optimizer << ", batch " << batch << ", " << towers << " towers";
+      // Every replica holds the master's values after the step.
+      for (int i = 0; i < towers; ++i) {
+        EXPECT_EQ(trainer.replica(std::size_t(i)).flat_values().to_host<float>(),
+                  trainer.master().flat_values().to_host<float>())
+            << "replica " << i;
+      }
+    }
+  }
+}
+
+TEST(Trainer, TowersTakeTheSameStepsAsOneDeviceWithSgd) {
+  expect_same_steps("momentum", 0.1);
+}
+
+TEST(Trainer, TowersTakeTheSameStepsAsOneDeviceWithAdam) {
+  expect_same_steps("adam", 1e-2);
+}
+
+// With batch norm: synchronized across towers it is exactly one device's batch norm.
+struct BnModel {
+  VariableSet vars;
+  Sequential net;
+  BnModel() {
+    net.add<Conv2d>(vars, "conv1", 1, 4, 3, Conv2dParams{.pad_h = 1, .pad_w = 1}, false);
+    net.add<BatchNorm>(vars, "bn1", 4, 0.9);
+    net.add<ReLU>();
+    net.add<MaxPool2d>(Pool2dParams::square(2, 2));
+    net.add<Flatten>();
+    net.add<Linear>(vars, "fc1", 4 * 4 * 4, 6);
+    net.add<BatchNorm>(vars, "bn2", 6, 0.9);  // over N only: a fully connected layer
+    net.add<ReLU>();
+    net.add<Linear>(vars, "fc2", 6, 3);
+  }
+  TowerFn tower_fn() const {
+    return [this](const Tower& tower, const std::vector<Tensor>& batch) {
+      Var logits = net(tower.context(), tower.input(batch[0], "images"));
+      return TowerResult{ag::softmax_cross_entropy(logits, tower.input(batch[1], "labels")), {logits}, {}};
+    };
+  }
+};
+
+TEST(Trainer, SynchronizedBatchNormMatchesOneDevice) {
+  BnModel model;
+  for (const char* optimizer : {"momentum", "adam"}) {
+    for (std::int64_t batch : {3, 7, 8}) {
+      Trainer reference(model.vars, model.tower_fn(), Optimizer::by_name(optimizer, 1e-2), on_cpu_towers(1));
+      for (int s = 0; s < 3; ++s) reference.step(make_batch(batch, 30 + s));
+      for (int towers : {2, 3, 4}) {
+        TrainerOptions options = on_cpu_towers(towers);
+        options.batchnorm = BatchNormMode::Sync;
+        Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name(optimizer, 1e-2), options);
+        for (int s = 0; s < 3; ++s) trainer.step(make_batch(batch, 30 + s));
+        EXPECT_TRUE(all_close(trainer.master().flat_values().to_host<float>(),
+                              reference.master().flat_values().to_host<float>(), 1e-5, 1e-4))
+            << optimizer << ", batch " << batch << ", " << towers << " towers";
+        EXPECT_TRUE(all_close(trainer.master().flat_state().to_host<float>(),
+                              reference.master().flat_state().to_host<float>(), 1e-5, 1e-4))
+            << "moving statistics; " << optimizer << ", batch " << batch << ", " << towers << " towers";
+      }
+    }
+  }
+}
+
+TEST(Trainer, LocalBatchNormIsNotOneDevicesBatchNorm) {
+  // The control for the test above: without synchronization the towers' steps differ.
+  BnModel model;
+  Trainer reference(model.vars, model.tower_fn(), Optimizer::by_name("momentum", 1e-2), on_cpu_towers(1));
+  Trainer local(model.vars, model.tower_fn(), Optimizer::by_name("momentum", 1e-2), on_cpu_towers(2));
+  reference.step(make_batch(8, 3));
+  local.step(make_batch(8, 3));
+  EXPECT_FALSE(all_close(local.master().flat_values().to_host<float>(),
+                         reference.master().flat_values().to_host<float>(), 1e-5, 1e-4));
+}
+
+TEST(Trainer, LossDecreasesAndLogsComeFromTheLastNonEmptyTower) {
+  Model model;
+  Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), on_cpu_towers(3));
+  const auto batch = make_batch(12, 5);
+  const double first = trainer.step(batch).loss;
+  StepResult last;
+  for (int i = 0; i < 20; ++i) last = trainer.step(batch);
+  EXPECT_LT(last.loss, 0.5 * first);
+  ASSERT_EQ(last.logs.count("data_loss"), 1u);
+  EXPECT_GT(last.logs.at("data_loss"), 0.0);
+  EXPECT_EQ(trainer.loss(), last.loss);
+  EXPECT_EQ(trainer.optimizer().steps(), 21);
+  EXPECT_EQ(trainer.gradients().numel(), model.vars.trainable_numel());
+  EXPECT_EQ(trainer.gradient("fc/bias").shape(), (Shape{3}));
+}
+
+TEST(Trainer, CheckpointFromFourTowersPredictsTheSameOnOne) {
+  Model model;
+  Trainer four(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), on_cpu_towers(4));
+  for (int i = 0; i < 3; ++i) four.step(make_batch(10, 40 + i));
+  const auto path = (std::filesystem::temp_directory_path() /
+                     ("towerlab-trainer-" + std::to_string(::getpid()) + ".safetensors"))
+                        .string();
+  save_checkpoint(path, four.master(), &four.optimizer());
+  Trainer one(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), on_cpu_towers(1));
+  load_checkpoint(path, one.master(), &one.optimizer(), cpu());
+  one.broadcast();
+  std::filesystem::remove(path);
+  const auto test = make_batch(9, 77);
+  EXPECT_TRUE(all_close(one.evaluate(test).outputs[0].to_host<float>(),
+                        four.evaluate(test).outputs[0].to_host<float>(), 1e-6, 1e-5));
+}
+
+TEST(Trainer, TraceShowsTowersAndTheRing) {
+  Model model;
+  Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1), on_cpu_towers(2));
+  Trace trace;
+  trainer.set_trace(&trace);
+  trainer.step(make_batch(6, 1));
+  const std::string json = trace.json();
+  for (const char* name :
+       {"\"forward\"", "\"backward\"", "\"reduce-scatter 0\"", "\"all-gather 0\"",
+        "\"update + broadcast\"", "\"tower 1 (cpu)\"", "\"master (cpu)\""}) {
+    EXPECT_NE(json.find(name), std::string::npos) << name;
+  }
+}
+
+TEST(Trainer, PlacementLogNamesEveryVariableAndTower) {
+  Model model;
+  std::ostringstream log;
+  TrainerOptions options = on_cpu_towers(2);
+  options.log_placement = true;
+  options.log = &log;
+  Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1), options);
+  EXPECT_NE(log.str().find("placement: tower 1 runs forward and backward on cpu"),
+            std::string::npos)
+      << log.str();
+  EXPECT_NE(
+      log.str().find("placement: variable fc/weight [3,64]: master on cpu, replicas on cpu cpu"),
+      std::string::npos)
+      << log.str();
+}
+
+TEST(Trainer, ErrorsAreClear) {
+  Model model;
+  TrainerOptions none;
+  none.devices.clear();
+  EXPECT_THROW_WITH(Trainer(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1), none),
+                    InvalidArgument, "the device list is empty");
+
+  TrainerOptions missing = on_cpu_towers(1);
+  missing.devices.push_back(Device::cuda(cuda_device_count() + 1));
+  EXPECT_THROW_WITH(Trainer(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1), missing),
+                    DeviceError, "devices present: cpu");
+  TrainerOptions bad_master = on_cpu_towers(1);
+  bad_master.master = Device::cuda(cuda_device_count() + 1);
+  EXPECT_THROW_WITH(
+      Trainer(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1), bad_master),
+      DeviceError, "is not available");
+
+  std::ostringstream log;
+  missing.soft_placement = true;
+  missing.log = &log;
+  Trainer soft(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1), missing);
+  EXPECT_NE(log.str().find("(soft placement)"), std::string::npos);
+  EXPECT_EQ(soft.num_towers(), 2u);
+
+  TowerFn no_loss = [](const Tower&, const std::vector<Tensor>&) { return TowerResult{}; };
+  Trainer silent(model.vars, no_loss, Optimizer::by_name("sgd", 0.1), on_cpu_towers(2));
+  EXPECT_THROW_WITH(silent.step(make_batch(4, 1)), InvalidArgument,
+                    "the tower function returned no loss (tower 0 on cpu)");
+
+  Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1), on_cpu_towers(2));
+  EXPECT_THROW_WITH(trainer.step({Tensor::zeros({0, 1, 8, 8}, cpu()), Tensor::zeros({0}, cpu())}),
+                    InvalidArgument, "the batch is empty (0 samples)");
+  EXPECT_THROW_WITH(trainer.step({Tensor::zeros({4, 1, 8, 8}, cpu()), Tensor::zeros({3}, cpu())}),
+                    ShapeError, "their first dimensions differ");
+  // The trainer stays usable after a refused step.
+  EXPECT_NO_THROW(trainer.step(make_batch(4, 2)));
+}
+
+}  // namespace
+}  // namespace towerlab::testing
