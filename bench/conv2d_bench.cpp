@@ -215,6 +215,8 @@ struct CudnnLayer {
   CudnnLayer& operator=(const CudnnLayer&) = delete;
 };
 
+// The descriptor's CUDNN_FMA_MATH is what the calls run with; cudnnFind* may label
+// such results DEFAULT_MATH, never a tensor-op type, which would mean TF32.
 bool fma_only(cudnnMathType_t math) {
   return math == CUDNN_FMA_MATH || math == CUDNN_DEFAULT_MATH;
 }

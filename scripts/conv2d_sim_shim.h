@@ -1,0 +1,105 @@
+// Host emulation of the CUDA features kernels/cuda/conv2d.cu uses, for
+// scripts/sim_conv2d_kernels.sh: one std::thread per CUDA thread, a std::barrier
+// for __syncthreads, blocks run one after another (so a function-static array
+// is the block's shared memory), warp shuffles through a shared buffer.
+#pragma once
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
+#include "engine/error.h"
+#include "engine/stream.h"
+
+struct sim_dim3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+struct dim3 {
+  unsigned x, y, z;
+  dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+inline thread_local sim_dim3 threadIdx, blockIdx;
+inline sim_dim3 gridDim, blockDim;
+inline std::barrier<>* sim_barrier = nullptr;
+inline float sim_xchg[1024];
+#define __global__
+#define __device__
+#define __host__
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+#define __launch_bounds__(n)
+inline void __syncthreads() {
+  sim_barrier->arrive_and_wait();
+}
+inline unsigned __umulhi(unsigned a, unsigned b) {
+  return unsigned((uint64_t(a) * b) >> 32);
+}
+inline float __ldg(const float* p) {
+  return *p;
+}
+inline int min(int a, int b) {
+  return a < b ? a : b;
+}
+struct float4 {
+  float x, y, z, w;
+};
+inline float4 make_float4(float a, float b, float c, float d) {
+  return {a, b, c, d};
+}
+inline float __shfl_down_sync(unsigned, float v, int offset) {
+  int t = int(threadIdx.x);
+  sim_xchg[t] = v;
+  __syncthreads();
+  int lane = t % 32;
+  float r = lane + offset < 32 ? sim_xchg[t + offset] : v;
+  __syncthreads();
+  return r;
+}
+typedef void* cudaStream_t;
+enum { cudaDevAttrMultiProcessorCount = 16 };
+extern int sim_sms;
+inline int cudaDeviceGetAttribute(int* v, int, int) {
+  *v = sim_sms;
+  return 0;
+}
+#define TL_CUDA_CHECK(x) (void)(x)
+#define TL_CUDA_CHECK_LAUNCH() (void)0
+namespace towerlab {
+struct CudaDeviceGuard {
+  explicit CudaDeviceGuard(int) {}
+};
+}  // namespace towerlab
+namespace towerlab::simcuda {
+inline cudaStream_t native(const Stream& s) {
+  return s.native_handle();
+}
+constexpr int kBlockSize = 256;
+inline unsigned grid_for(std::int64_t n, int block = kBlockSize) {
+  const std::int64_t wanted = (n + block - 1) / block;
+  return static_cast<unsigned>(std::clamp<std::int64_t>(wanted, 1, 132 * 32));
+}
+extern long sim_blocks_run;
+template <class F, class... Args>
+void sim_launch(F kernel, dim3 grid, unsigned block, Args... args) {
+  gridDim = {grid.x, grid.y, grid.z};
+  blockDim = {block, 1, 1};
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        std::barrier<> bar(block);
+        sim_barrier = &bar;
+        std::vector<std::thread> threads;
+        for (unsigned t = 0; t < block; ++t)
+          threads.emplace_back([&, t] {
+            threadIdx = {t, 0, 0};
+            blockIdx = {x, y, z};
+            kernel(args...);
+          });
+        for (auto& th : threads) th.join();
+        ++sim_blocks_run;
+      }
+}
+}  // namespace towerlab::simcuda
