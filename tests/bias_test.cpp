@@ -94,5 +94,28 @@ TEST(BiasGradient, MatchesCentralDifferences) {
   EXPECT_TRUE(check_gradient(loss, {x, bias}, {g.clone(cpu), grad_bias}));
 }
 
+// CUDA against the CPU on larger odd shapes (skips without a GPU).
+TEST(BiasCudaVsCpu, ForwardAndBackward) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  for (const Shape& shape : std::vector<Shape>{{128, 64, 14, 14}, {33, 7, 13, 17}, {1000, 37}}) {
+    const std::int64_t C = shape[1];
+    const auto xv = random_values(static_cast<std::size_t>(numel_of(shape)), 70);
+    const auto bv = random_values(static_cast<std::size_t>(C), 71);
+    std::vector<std::vector<float>> results[2];
+    for (int k = 0; k < 2; ++k) {
+      Stream stream(k == 0 ? Device::cpu() : Device::cuda(0));
+      Tensor x = Tensor::from_host<float>(xv, shape, stream);
+      Tensor bias = Tensor::from_host<float>(bv, {C}, stream);
+      Tensor y = Tensor::empty(shape, stream);
+      bias_add_forward(y, x, bias, stream);
+      bias_add_backward(bias, x, stream);  // accumulates onto the bias values
+      results[k].push_back(y.to_host<float>(stream));
+      results[k].push_back(bias.to_host<float>(stream));
+    }
+    EXPECT_EQ(results[1][0], results[0][0]) << to_string(shape);
+    EXPECT_TRUE(all_close(results[1][1], results[0][1], 1e-3, 1e-5)) << to_string(shape);
+  }
+}
+
 }  // namespace
 }  // namespace towerlab::testing

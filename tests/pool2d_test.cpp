@@ -250,5 +250,42 @@ TEST(Pool2dGradient, MatchesCentralDifferences) {
   }
 }
 
+// CUDA against the CPU on FashionNet's first pooling layer and an odd one, with
+// ties (values rounded to a coarse grid) that both must break the same way.
+TEST(Pool2dCudaVsCpu, ForwardAndBackward) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  struct Case {
+    Shape x;
+    Pool2dParams p;
+  };
+  for (const Case& c : std::vector<Case>{{{128, 32, 28, 28}, Pool2dParams::square(2, 2)},
+                                         {{3, 5, 31, 29}, Pool2dParams::square(3, 2, 1)}}) {
+    const Shape ys = pool2d_output_shape(c.x, c.p);
+    auto xv = random_values(static_cast<std::size_t>(numel_of(c.x)), 60);
+    for (float& v : xv) v = std::round(v * 4.0f) / 4.0f;  // many ties
+    const auto gyv = random_values(static_cast<std::size_t>(numel_of(ys)), 61);
+    std::vector<std::vector<float>> results[2];
+    for (int k = 0; k < 2; ++k) {
+      Stream stream(k == 0 ? Device::cpu() : Device::cuda(0));
+      Tensor x = Tensor::from_host<float>(xv, c.x, stream);
+      Tensor grad_y = Tensor::from_host<float>(gyv, ys, stream);
+      Tensor y = Tensor::empty(ys, stream);
+      Tensor grad_x = Tensor::zeros(c.x, stream);
+      max_pool2d_forward(y, x, c.p, stream);
+      max_pool2d_backward(grad_x, grad_y, x, c.p, stream);
+      results[k].push_back(y.to_host<float>(stream));
+      results[k].push_back(grad_x.to_host<float>(stream));
+      avg_pool2d_forward(y, x, c.p, stream);
+      avg_pool2d_backward(grad_x, grad_y, c.p, stream);
+      results[k].push_back(y.to_host<float>(stream));
+      results[k].push_back(grad_x.to_host<float>(stream));
+    }
+    for (std::size_t i = 0; i < results[0].size(); ++i) {
+      EXPECT_TRUE(all_close(results[1][i], results[0][i], 1e-5, 1e-5))
+          << "result " << i << " on " << to_string(c.x);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace towerlab::testing

@@ -28,9 +28,9 @@ Sizes sizes_of(const Tensor& x, const Tensor& y) {
   return {x.size(0) * x.size(1), x.size(2), x.size(3), y.size(2), y.size(3)};
 }
 
-// The window's maximum; NaN if the window holds a NaN. Written without branches
-// (a max instruction and an or): on real data "v > b" is a coin toss, and a
-// mispredicted branch per value costs more than the whole comparison.
+// The window's maximum, or NaN if it holds one: the value at window_argmax, for
+// the forward, which needs no index. Branch-free (a max instruction and an or),
+// for the reason given below.
 template <typename T>
 T window_max(const T* plane, std::int64_t W, const Window& win) {
   T b = plane[win.h0 * W + win.w0];
@@ -45,17 +45,26 @@ T window_max(const T* plane, std::int64_t W, const Window& win) {
   return nan ? std::numeric_limits<T>::quiet_NaN() : b;
 }
 
-// Index (h*W + w) in the plane of the window's first maximum (the first NaN, if any).
+// Index (h*W + w) in the plane of the window's first maximum, or of its first NaN
+// if it holds one. The choice is made with arithmetic, not branches: on real data
+// "v > b" is a coin toss, and a mispredicted branch per value costs more than the
+// whole comparison.
 template <typename T>
 std::int64_t window_argmax(const T* plane, std::int64_t W, const Window& win) {
-  const T b = window_max(plane, W, win);
+  std::int64_t best = win.h0 * W + win.w0, first_nan = -1;
+  T b = plane[best];
   for (std::int64_t h = win.h0; h < win.h1; ++h) {
     for (std::int64_t w = win.w0; w < win.w1; ++w) {
-      const T v = plane[h * W + w];
-      if (v == b || (std::isnan(v) && std::isnan(b))) return h * W + w;
+      const std::int64_t i = h * W + w;
+      const T v = plane[i];
+      const std::int64_t greater = v > b;  // 0 or 1; false for NaN on either side
+      best += greater * (i - best);
+      b = greater ? v : b;
+      const std::int64_t new_nan = std::isnan(v) & (first_nan < 0);
+      first_nan += new_nan * (i - first_nan);
     }
   }
-  return win.h0 * W + win.w0;  // not reached: b is one of the window's values
+  return first_nan >= 0 ? first_nan : best;
 }
 
 // Calls fn(plane, output index within the plane, window) for every output.
