@@ -258,6 +258,19 @@ TEST_F(MalformedSafetensors, RejectsBadShapes) {
   expect_rejected(with_shape("[4294967296, 4294967296, 0]"), "overflows 64 bits");
   expect_rejected(with_shape("[1152921504606846976, 8]"), "overflows 64 bits");
   expect_rejected(with_shape("[4611686018427387904]"), "overflows 64 bits");  // * 4 bytes
+  // A hostile shape is quoted, not copied whole, into the message.
+  std::string long_shape = "[";
+  for (int i = 0; i < 1000; ++i) long_shape += "1,";
+  long_shape += "-1]";
+  write_file(dir_.file("long.safetensors"), with_shape(long_shape));
+  try {
+    read_safetensors_header(dir_.file("long.safetensors"));
+    ADD_FAILURE() << "a negative dimension was accepted";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find(",1,... has a negative dimension"), std::string::npos)
+        << e.what();
+    EXPECT_LT(std::string(e.what()).size(), 200u);
+  }
 }
 
 TEST_F(MalformedSafetensors, RejectsOffsetsThatDoNotFit) {
