@@ -108,6 +108,14 @@ namespace {
 // Every rejection names the file and says what is wrong with it.
 #define TL_BAD_FILE(msg) TL_THROW(IoError, "safetensors file " << path << ": " << msg)
 
+// A JSON value for an error message, cut short: a hostile header may hold a
+// million-element "shape".
+std::string brief(const nlohmann::json& value) {
+  std::string text = value.dump();
+  if (text.size() > 80) text = text.substr(0, 77) + "...";
+  return text;
+}
+
 DType parse_dtype(const std::string& path, const std::string& name, const nlohmann::json& value) {
   if (!value.is_string()) TL_BAD_FILE("tensor '" << name << "': dtype is not a string");
   const auto& text = value.get_ref<const std::string&>();
@@ -122,15 +130,15 @@ Shape parse_shape(const std::string& path, const std::string& name, const nlohma
   Shape shape;
   for (const auto& d : value) {
     if (d.is_number_integer() && !d.is_number_unsigned() && d.get<std::int64_t>() < 0) {
-      TL_BAD_FILE("tensor '" << name << "': shape " << value.dump() << " has a negative dimension");
+      TL_BAD_FILE("tensor '" << name << "': shape " << brief(value) << " has a negative dimension");
     }
     if (!d.is_number_unsigned()) {
-      TL_BAD_FILE("tensor '" << name << "': shape " << value.dump()
+      TL_BAD_FILE("tensor '" << name << "': shape " << brief(value)
                              << " holds something other than integers");
     }
     const auto n = d.get<std::uint64_t>();
     if (n > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-      TL_BAD_FILE("tensor '" << name << "': shape " << value.dump() << " overflows 64 bits");
+      TL_BAD_FILE("tensor '" << name << "': shape " << brief(value) << " overflows 64 bits");
     }
     shape.push_back(static_cast<std::int64_t>(n));
   }
@@ -170,18 +178,18 @@ SafetensorsEntry parse_entry(const std::string& path, const std::string& name,
   const auto& offsets = value["data_offsets"];
   if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
       !offsets[1].is_number_unsigned()) {
-    TL_BAD_FILE("tensor '" << name << "': data_offsets " << offsets.dump()
+    TL_BAD_FILE("tensor '" << name << "': data_offsets " << brief(offsets)
                            << " is not a pair of non-negative integers");
   }
   e.data_begin = offsets[0].get<std::uint64_t>();
   e.data_end = offsets[1].get<std::uint64_t>();
   if (e.data_begin > e.data_end || e.data_end - e.data_begin != bytes) {
-    TL_BAD_FILE("tensor '" << name << "': data_offsets " << offsets.dump() << " do not match "
+    TL_BAD_FILE("tensor '" << name << "': data_offsets " << brief(offsets) << " do not match "
                            << dtype_name(e.dtype) << to_string(e.shape) << " (" << bytes
                            << " bytes)");
   }
   if (e.data_end > data_size) {
-    TL_BAD_FILE("tensor '" << name << "': data_offsets " << offsets.dump()
+    TL_BAD_FILE("tensor '" << name << "': data_offsets " << brief(offsets)
                            << " go beyond the data section (" << data_size << " bytes)");
   }
   return e;

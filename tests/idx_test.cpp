@@ -2,6 +2,8 @@
 // header, size and stream rejected with the path and the problem.
 #include "engine/idx.h"
 
+#include <random>
+
 #include "file_test_util.h"
 #include "test_util.h"
 
@@ -118,6 +120,31 @@ TEST_F(IdxTest, RejectsCorruptAndTruncatedGzip) {
   bad_block[10] = '\x07';  // BTYPE 11: a reserved block type
   const std::string b = write(bad_block, "block.gz");
   EXPECT_THROW_WITH(read_idx(b), IoError, "corrupt gzip data (invalid block type)");
+}
+
+// A seeded mini-fuzz over gzip'ed and plain IDX files: a clean read or an IoError.
+TEST_F(IdxTest, SurvivesRandomCorruption) {
+  const std::string plain = idx_bytes({3, 4, 5}, counting_bytes(60));
+  const std::string gz = gzip_stored(plain);
+  std::mt19937 gen(7);
+  for (int trial = 0; trial < 1000; ++trial) {
+    std::string bytes = trial % 2 ? gz : plain;
+    if (trial % 7 == 0) {
+      bytes.resize(gen() % bytes.size());
+    } else {
+      for (int f = 0; f < 2; ++f) bytes[gen() % bytes.size()] = static_cast<char>(gen() % 256);
+    }
+    const std::string path = write(bytes, "fuzz.idx");
+    try {
+      const IdxArray array = read_idx(path);
+      std::uint64_t total = 1;
+      for (auto d : array.dims) total *= static_cast<std::uint64_t>(d);
+      EXPECT_EQ(array.data.size(), total) << "trial " << trial;
+    } catch (const IoError&) {
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "trial " << trial << ": not an IoError: " << e.what();
+    }
+  }
 }
 
 }  // namespace
