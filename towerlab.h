@@ -51,3 +51,7 @@
 #include "parallel/summary.h"
 #include "parallel/sync_batchnorm.h"
 #include "kernels/matmul.h"
+#include "kernels/batchnorm.h"
+#include "kernels/pool2d.h"
+#include "kernels/bias.h"
+#include "kernels/conv2d.h"

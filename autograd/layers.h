@@ -18,6 +18,7 @@
 
 #include "autograd/context.h"
 #include "autograd/nn.h"
+#include "autograd/ops.h"
 
 namespace towerlab {
 

@@ -1,6 +1,8 @@
 // Layers on the tape: a small CNN's gradients match central differences, a few
 // steps of training on a fixed batch reduce the loss, batch norm switches between
 // batch and moving statistics, and shape errors name the layer's variables.
+#include <cmath>
+
 #include "gradcheck.h"
 #include "test_util.h"
 

@@ -102,7 +102,9 @@ struct BnModel {
     net.add<ReLU>();
     net.add<MaxPool2d>(Pool2dParams::square(2, 2));
     net.add<Flatten>();
-    net.add<Linear>(vars, "fc1", 4 * 4 * 4, 6);
+    // No bias before batch norm: its gradient is zero up to rounding noise, which
+    // Adam would blow up into full-size steps in different directions.
+    net.add<Linear>(vars, "fc1", 4 * 4 * 4, 6, false);
     net.add<BatchNorm>(vars, "bn2", 6, 0.9);  // over N only: a fully connected layer
     net.add<ReLU>();
     net.add<Linear>(vars, "fc2", 6, 3);
