@@ -1,0 +1,59 @@
+// Training step time of FashionNet for 1 to 4 towers on virtual devices (several
+// towers on one CPU or one GPU), with the total batch fixed: the difference from one
+// tower is the overhead of the towers (the split, per-tower launches and the ring).
+// images/s is reported as the items-processed rate.
+#include <benchmark/benchmark.h>
+
+#include "towerlab.h"
+
+using namespace towerlab;
+
+namespace {
+
+void BM_FashionNetStep(benchmark::State& state, Device device, BatchNormMode mode) {
+  if (device.is_cuda() && cuda_device_count() == 0) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  const int towers = int(state.range(0));
+  const std::int64_t batch = state.range(1);
+  VariableSet vars;
+  Sequential net = fashion_net(vars);
+  TowerFn fn = [&net](const Tower& tower, const std::vector<Tensor>& b) {
+    Var logits = net(tower.context(), tower.input(b[0]));
+    return TowerResult{ag::softmax_cross_entropy(logits, tower.input(b[1])), {}, {}};
+  };
+  TrainerOptions options;
+  options.devices.assign(std::size_t(towers), device);
+  options.master = device;
+  options.batchnorm = mode;
+  Trainer trainer(vars, fn, Optimizer::by_name("adam", 1e-3), options);
+  Tensor images = Tensor::empty({batch, 1, 28, 28}, Device::cpu());
+  random_normal(images, 1, 0, 0.0f, 1.0f, default_stream(Device::cpu()));
+  std::vector<float> ids(std::size_t(batch));
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = float(i % 10);
+  Tensor labels = Tensor::from_host<float>(ids, {batch}, default_stream(Device::cpu()));
+  trainer.step({images, labels});  // warm-up: caches, allocator
+  for (auto _ : state) trainer.step({images, labels});
+  state.SetItemsProcessed(state.iterations() * batch);
+  state.counters["towers"] = towers;
+}
+
+void args(benchmark::internal::Benchmark* b) {
+  for (int towers : {1, 2, 3, 4}) b->Args({towers, 128});
+  b->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+
+}  // namespace
+
+BENCHMARK_CAPTURE(BM_FashionNetStep, cpu_local, Device::cpu(), BatchNormMode::Local)->Apply(args);
+BENCHMARK_CAPTURE(BM_FashionNetStep, cpu_sync, Device::cpu(), BatchNormMode::Sync)->Apply(args);
+BENCHMARK_CAPTURE(BM_FashionNetStep, cuda_local, Device::cuda(0), BatchNormMode::Local)
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      for (int towers : {1, 2, 3, 4}) {
+        b->Args({towers, 128});
+        b->Args({towers, 512});
+      }
+      b->UseRealTime()->Unit(benchmark::kMillisecond);
+    });
+BENCHMARK_CAPTURE(BM_FashionNetStep, cuda_sync, Device::cuda(0), BatchNormMode::Sync)->Apply(args);
