@@ -306,7 +306,11 @@ struct Blocked {
                      float* dst) {
     if (!transpose_a && rows == MR && isa.pack_a_rows != nullptr) {
       isa.pack_a_rows(a + i0 * lda + p0, lda, kc, dst);
-    } else if (transpose_a) {  // A stored [K,M]: MR contiguous floats per k
+    } else if (transpose_a && rows == MR) {  // A stored [K,M]: MR contiguous floats per k
+      for (std::int64_t p = 0; p < kc; ++p) {
+        std::memcpy(dst + p * MR, a + (p0 + p) * lda + i0, MR * sizeof(float));
+      }
+    } else if (transpose_a) {
       for (std::int64_t p = 0; p < kc; ++p) {
         const float* src = a + (p0 + p) * lda + i0;
         for (int i = 0; i < MR; ++i) dst[p * MR + i] = i < rows ? src[i] : 0.0f;
