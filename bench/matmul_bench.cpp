@@ -7,7 +7,10 @@
 //     ./matmul_bench --benchmark_filter=cpu
 // (SkylakeX on AVX-512 machines; on AVX2-only CPUs such as Zen 3, Haswell or Zen
 // reach the FMA peak and SkylakeX is not selectable). towerlab uses
-// num_threads() threads, hardware_concurrency by default.
+// num_threads() threads, hardware_concurrency by default, or TOWERLAB_NUM_THREADS.
+// On a shared machine add --benchmark_repetitions=10
+// --benchmark_enable_random_interleaving=true and compare the "max" rows.
+// Results with their machine and commit: bench/results/matmul_cpu.md.
 //
 // CUDA: towerlab's kernel beside cuBLAS SGEMM (TF32 off), both through matmul()
 // with set_gemm_backend, timed with CUDA events over a batch of launches.
@@ -32,12 +35,16 @@ using namespace towerlab;
 namespace {
 
 enum class Layout { NN, NT, TN };
-bool transpose_a(Layout l) { return l == Layout::TN; }
-bool transpose_b(Layout l) { return l == Layout::NT; }
+bool transpose_a(Layout l) {
+  return l == Layout::TN;
+}
+bool transpose_b(Layout l) {
+  return l == Layout::NT;
+}
 
 void set_flops(benchmark::State& state, std::int64_t n, std::int64_t products = 1) {
-  state.counters["FLOP/s"] = benchmark::Counter(2.0 * n * n * n * products,
-                                                benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["FLOP/s"] =
+      benchmark::Counter(2.0 * n * n * n * products, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 struct Operands {
@@ -71,8 +78,8 @@ void BM_CpuOpenblas(benchmark::State& state, Layout layout) {
   Operands x(n, stream);
   for (auto _ : state) {
     cblas_sgemm(CblasRowMajor, transpose_a(layout) ? CblasTrans : CblasNoTrans,
-                transpose_b(layout) ? CblasTrans : CblasNoTrans, n, n, n, 1.0f,
-                x.a.data<float>(), n, x.b.data<float>(), n, 0.0f, x.c.data<float>(), n);
+                transpose_b(layout) ? CblasTrans : CblasNoTrans, n, n, n, 1.0f, x.a.data<float>(),
+                n, x.b.data<float>(), n, 0.0f, x.c.data<float>(), n);
     benchmark::ClobberMemory();
   }
   set_flops(state, n);
@@ -107,7 +114,9 @@ void BM_Cuda(benchmark::State& state, Layout layout, GemmBackend backend) {
 // The fastest repetition is the one least disturbed by other processes, for both
 // contenders: run with --benchmark_repetitions=N and compare FLOP/s in the "max"
 // rows (their time column is the slowest repetition's; ignore it).
-double max_of(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
+double max_of(const std::vector<double>& v) {
+  return *std::max_element(v.begin(), v.end());
+}
 
 // Wall time: both libraries run several threads, so CPU time of the main thread
 // would flatter them.
@@ -130,7 +139,7 @@ const bool threads_from_env = [] {
 
 // Peer beside towerlab for each layout, so that the two run back to back.
 #if TOWERLAB_HAVE_CBLAS
-#define TL_CPU_PAIR(L)                                                   \
+#define TL_CPU_PAIR(L)                                                     \
   BENCHMARK_CAPTURE(BM_CpuOpenblas, cpu_##L, Layout::L)->Apply(cpu_sizes); \
   BENCHMARK_CAPTURE(BM_CpuTowerlab, cpu_##L, Layout::L)->Apply(cpu_sizes)
 #else

@@ -306,7 +306,11 @@ struct Blocked {
                      float* dst) {
     if (!transpose_a && rows == MR && isa.pack_a_rows != nullptr) {
       isa.pack_a_rows(a + i0 * lda + p0, lda, kc, dst);
-    } else if (transpose_a) {  // A stored [K,M]: MR contiguous floats per k
+    } else if (transpose_a && rows == MR) {  // A stored [K,M]: MR contiguous floats per k
+      for (std::int64_t p = 0; p < kc; ++p) {
+        std::memcpy(dst + p * MR, a + (p0 + p) * lda + i0, MR * sizeof(float));
+      }
+    } else if (transpose_a) {
       for (std::int64_t p = 0; p < kc; ++p) {
         const float* src = a + (p0 + p) * lda + i0;
         for (int i = 0; i < MR; ++i) dst[p * MR + i] = i < rows ? src[i] : 0.0f;
@@ -417,13 +421,16 @@ struct Blocked {
         // Tasks are handed out from a shared counter rather than split evenly up
         // front: when the machine is shared (other towers, other processes) a
         // thread that was descheduled does fewer tasks instead of holding
-        // everyone at the join. About four tasks per thread: row blocks of A,
-        // and column groups of B as well when A has too few rows for that.
-        const std::int64_t wanted = 4 * static_cast<std::int64_t>(threads);
+        // everyone at the join. At least eight tasks per thread, so that the last
+        // one is a small share: row blocks of A (at most kMc rows), and column
+        // groups of B as well when A has too few rows for that.
+        const std::int64_t per_thread =
+            std::max<std::int64_t>(8, (m_panels + threads * mc_panels - 1) / (threads * mc_panels));
+        const std::int64_t wanted = per_thread * threads;
         const std::int64_t rows_per_task =
-            std::min(mc_panels, std::max<std::int64_t>(1, m_panels / wanted));
+            std::max<std::int64_t>(1, (m_panels + wanted - 1) / wanted);
         const std::int64_t m_tasks = (m_panels + rows_per_task - 1) / rows_per_task;
-        const std::int64_t n_split = std::min(n_panels, (wanted + m_tasks - 1) / m_tasks);
+        const std::int64_t n_split = std::clamp<std::int64_t>(wanted / m_tasks, 1, n_panels);
         const std::int64_t cols_per_task = (n_panels + n_split - 1) / n_split;
         const std::int64_t n_groups = (n_panels + cols_per_task - 1) / cols_per_task;
         const std::int64_t tasks = m_tasks * n_groups;
