@@ -55,3 +55,4 @@
 #include "kernels/pool2d.h"
 #include "kernels/bias.h"
 #include "kernels/conv2d.h"
+#include "engine/thread_pool.h"
