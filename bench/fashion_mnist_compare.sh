@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # FashionNet training throughput on this machine's CPU: towerlab's fashion_mnist
-# sample against PyTorch (Debian's python3-torch with OpenBLAS set for SkylakeX, 2
-# threads: the peer at its best, ../shared/PEERS.md), measured one after the other
+# sample against PyTorch (Debian's python3-torch with OpenBLAS set for the CPU's best
+# kernel, 2 threads: the peer at its best, ../shared/PEERS.md), measured one after the other
 # in one call, with the same model, batch, optimizer and data.
 # Usage: bench/fashion_mnist_compare.sh [steps] [batch]
 set -euo pipefail
@@ -16,7 +16,12 @@ fi
 cmake --preset release >/dev/null
 cmake --build --preset release --target fashion_mnist >/dev/null
 
-export OPENBLAS_CORETYPE=SkylakeX OPENBLAS_NUM_THREADS=2 OMP_NUM_THREADS=2
+# SkylakeX where the CPU has AVX-512 (PEERS.md); on CPUs without it that kernel dies
+# with an illegal instruction, and Haswell (AVX2 + FMA) is OpenBLAS's best.
+coretype=Haswell
+grep -q avx512f /proc/cpuinfo && coretype=SkylakeX
+export OPENBLAS_CORETYPE=$coretype OPENBLAS_NUM_THREADS=2 OMP_NUM_THREADS=2
+echo "peer configuration: PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)'), OpenBLAS $coretype, 2 threads"
 peer=$(/usr/bin/python3 bench/fashion_mnist_torch.py --steps "$steps" --batch "$batch")
 echo "peer:     $peer"
 
