@@ -30,7 +30,7 @@ void BM_FashionNetStep(benchmark::State& state, Device device, BatchNormMode mod
   Trainer trainer(vars, fn, Optimizer::by_name("adam", 1e-3), options);
   Tensor images = Tensor::empty({batch, 1, 28, 28}, Device::cpu());
   random_normal(images, 1, 0, 0.0f, 1.0f, default_stream(Device::cpu()));
-  std::vector<float> ids(std::size_t(batch));
+  std::vector<float> ids(static_cast<std::size_t>(batch));
   for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = float(i % 10);
   Tensor labels = Tensor::from_host<float>(ids, {batch}, default_stream(Device::cpu()));
   trainer.step({images, labels});  // warm-up: caches, allocator

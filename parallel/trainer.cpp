@@ -11,6 +11,7 @@
 
 #include "engine/error.h"
 #include "kernels/elementwise.h"
+#include "parallel/nccl_allreduce.h"
 #include "parallel/ring_allreduce.h"
 #include "parallel/sync_batchnorm.h"
 #include "parallel/trace.h"
@@ -175,6 +176,7 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
     towers_.push_back(std::move(t));
   }
   ring_ = std::make_unique<Ring>(streams);
+  if (options_.reduction == AllReduce::Nccl) nccl_ = std::make_unique<NcclAllReduce>(streams);
   workers_ = std::make_unique<Workers>(towers_.size());
   broadcast();
   if (options_.log_placement) log_placement();
@@ -199,7 +201,9 @@ void Trainer::log_placement() const {
     log << "\n";
   }
   log << "placement: gradients all-reduced by "
-      << (options_.reduction == AllReduce::Ring ? "ring" : "reduction to one device")
+      << (options_.reduction == AllReduce::Ring          ? "ring"
+          : options_.reduction == AllReduce::ReduceToOne ? "reduction to one device"
+                                                         : "NCCL")
       << "; optimizer " << optimizer_.name() << " runs on " << master_device_.str() << "\n";
 }
 
@@ -340,10 +344,16 @@ StepResult Trainer::run(const std::vector<Tensor>& batch, bool training) {
   if (training) {
     std::vector<Tensor> grads;
     for (auto& t : towers_) grads.push_back(t->store->flat_grads());
-    if (options_.reduction == AllReduce::Ring) {
-      ring_->allreduce(grads, trace_, 0);
-    } else {
-      ring_->reduce_to_one(grads, 0);
+    switch (options_.reduction) {
+      case AllReduce::Ring:
+        ring_->allreduce(grads, trace_, 0);
+        break;
+      case AllReduce::ReduceToOne:
+        ring_->reduce_to_one(grads, 0);
+        break;
+      case AllReduce::Nccl:
+        nccl_->allreduce(grads);
+        break;
     }
     // Batch-norm moving statistics: the sample-weighted average of the towers'
     // (empty towers weigh 0), or tower 0's.

@@ -72,7 +72,10 @@ struct TowerResult {
 // seed 000's input_var_names); the tower receives rows [begin, end) of each, on its device.
 using TowerFn = std::function<TowerResult(const Tower& tower, const std::vector<Tensor>& batch)>;
 
-enum class AllReduce { Ring, ReduceToOne };
+// Ring: towerlab's ring all-reduce (any devices, virtual ones included).
+// ReduceToOne: the seeds' gather to one device and broadcast, for comparison.
+// Nccl: NCCL's all-reduce, for comparison; one tower per physical GPU, two or more.
+enum class AllReduce { Ring, ReduceToOne, Nccl };
 enum class BatchNormStats { Average, Tower0 };
 // Local: each tower normalizes its own slice (as in the seeds and most frameworks).
 // Sync: per-channel statistics are combined across towers in the forward and the
@@ -158,6 +161,7 @@ class Trainer {
   std::unique_ptr<VariableStore> master_;
   std::vector<std::unique_ptr<TowerState>> towers_;
   std::unique_ptr<class Ring> ring_;
+  std::unique_ptr<class NcclAllReduce> nccl_;
   std::unique_ptr<Workers> workers_;
   Trace* trace_ = nullptr;
   double last_loss_ = 0.0;

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds and runs every test: the default build (CUDA when nvcc is found; CUDA
-# cases skip without a GPU), the CPU-only build, and a program that embeds
-# towerlab through find_package() and through add_subdirectory().
+# cases skip without a GPU), the CPU-only build, the CPU-only build under
+# AddressSanitizer + UndefinedBehaviorSanitizer (LeakSanitizer included; any report
+# fails the test), and a program that embeds towerlab through find_package() and
+# through add_subdirectory().
 # Usage: scripts/test.sh [--quick]   (--quick: the default build's tests only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +21,7 @@ run_preset() {
 run_preset release
 [ "${1:-}" = "--quick" ] && exit 0
 run_preset cpu
+run_preset asan
 
 echo "== embedding: find_package(towerlab) from an installed copy"
 rm -rf build/install build/consumer-installed build/consumer-subdir

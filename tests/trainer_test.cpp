@@ -112,7 +112,8 @@ struct BnModel {
   TowerFn tower_fn() const {
     return [this](const Tower& tower, const std::vector<Tensor>& batch) {
       Var logits = net(tower.context(), tower.input(batch[0], "images"));
-      return TowerResult{ag::softmax_cross_entropy(logits, tower.input(batch[1], "labels")), {logits}, {}};
+      return TowerResult{
+          ag::softmax_cross_entropy(logits, tower.input(batch[1], "labels")), {logits}, {}};
     };
   }
 };
@@ -121,7 +122,8 @@ TEST(Trainer, SynchronizedBatchNormMatchesOneDevice) {
   BnModel model;
   for (const char* optimizer : {"momentum", "adam"}) {
     for (std::int64_t batch : {3, 7, 8}) {
-      Trainer reference(model.vars, model.tower_fn(), Optimizer::by_name(optimizer, 1e-2), on_cpu_towers(1));
+      Trainer reference(model.vars, model.tower_fn(), Optimizer::by_name(optimizer, 1e-2),
+                        on_cpu_towers(1));
       for (int s = 0; s < 3; ++s) reference.step(make_batch(batch, 30 + s));
       for (int towers : {2, 3, 4}) {
         TrainerOptions options = on_cpu_towers(towers);
@@ -133,7 +135,8 @@ TEST(Trainer, SynchronizedBatchNormMatchesOneDevice) {
             << optimizer << ", batch " << batch << ", " << towers << " towers";
         EXPECT_TRUE(all_close(trainer.master().flat_state().to_host<float>(),
                               reference.master().flat_state().to_host<float>(), 1e-5, 1e-4))
-            << "moving statistics; " << optimizer << ", batch " << batch << ", " << towers << " towers";
+            << "moving statistics; " << optimizer << ", batch " << batch << ", " << towers
+            << " towers";
       }
     }
   }
@@ -142,8 +145,10 @@ TEST(Trainer, SynchronizedBatchNormMatchesOneDevice) {
 TEST(Trainer, LocalBatchNormIsNotOneDevicesBatchNorm) {
   // The control for the test above: without synchronization the towers' steps differ.
   BnModel model;
-  Trainer reference(model.vars, model.tower_fn(), Optimizer::by_name("momentum", 1e-2), on_cpu_towers(1));
-  Trainer local(model.vars, model.tower_fn(), Optimizer::by_name("momentum", 1e-2), on_cpu_towers(2));
+  Trainer reference(model.vars, model.tower_fn(), Optimizer::by_name("momentum", 1e-2),
+                    on_cpu_towers(1));
+  Trainer local(model.vars, model.tower_fn(), Optimizer::by_name("momentum", 1e-2),
+                on_cpu_towers(2));
   reference.step(make_batch(8, 3));
   local.step(make_batch(8, 3));
   EXPECT_FALSE(all_close(local.master().flat_values().to_host<float>(),
@@ -211,6 +216,39 @@ TEST(Trainer, PlacementLogNamesEveryVariableAndTower) {
       log.str().find("placement: variable fc/weight [3,64]: master on cpu, replicas on cpu cpu"),
       std::string::npos)
       << log.str();
+}
+
+TEST(Trainer, NcclNeedsOneTowerPerPhysicalGpu) {
+  Model model;
+  TrainerOptions options = on_cpu_towers(2);
+  options.reduction = AllReduce::Nccl;
+  try {
+    Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1), options);
+    ADD_FAILURE() << "NCCL accepted CPU towers";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_TRUE(msg.find("needs one tower per physical GPU; cpu is not a GPU") !=
+                    std::string::npos ||
+                msg.find("has no NCCL") != std::string::npos)
+        << msg;
+  }
+}
+
+TEST(Trainer, NcclMatchesTheRingOnTwoGpus) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  Model model;
+  TrainerOptions ring;
+  ring.devices = {Device::cuda(0), Device::cuda(1)};
+  TrainerOptions nccl = ring;
+  nccl.reduction = AllReduce::Nccl;
+  Trainer a(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), ring);
+  Trainer b(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), nccl);
+  for (int s = 0; s < 3; ++s) {
+    a.step(make_batch(8, 60 + s));
+    b.step(make_batch(8, 60 + s));
+  }
+  EXPECT_TRUE(all_close(a.master().flat_values().to_host<float>(),
+                        b.master().flat_values().to_host<float>(), 1e-6, 1e-5));
 }
 
 TEST(Trainer, ErrorsAreClear) {

@@ -31,7 +31,7 @@ int main() {
     // Two towers: /gpu:0 and /gpu:1 when present, else virtual devices.
     std::vector<Device> towers;
     for (int i = 0; i < 2; ++i) {
-      towers.push_back(cuda_device_count() > i ? Device::cuda(i)
+      towers.push_back(cuda_device_count() > i   ? Device::cuda(i)
                        : cuda_device_count() > 0 ? Device::cuda(0)
                                                  : Device::cpu());
     }

@@ -20,11 +20,17 @@ int main(int argc, char** argv) {
   std::int64_t batch = 32, size = 16;
   double lr = 3e-3;
   app.add_option("--devices", devices, "Towers, comma-separated")->capture_default_str();
-  app.add_option("--depth", depth, "Convolution layers")->capture_default_str()->check(CLI::Range(1, 32));
-  app.add_option("--filters", filters, "Filters per hidden layer")->capture_default_str()->check(CLI::Range(1, 1024));
+  app.add_option("--depth", depth, "Convolution layers")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 32));
+  app.add_option("--filters", filters, "Filters per hidden layer")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
   app.add_option("--steps", steps)->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--batch", batch)->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--size", size, "Image height and width")->capture_default_str()->check(CLI::Range(4, 256));
+  app.add_option("--size", size, "Image height and width")
+      ->capture_default_str()
+      ->check(CLI::Range(4, 256));
   app.add_option("--lr", lr)->capture_default_str()->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
@@ -58,8 +64,7 @@ int main(int argc, char** argv) {
     for (int step = 0; step < steps; ++step) {
       Tensor images = Tensor::empty({batch, 1, size, size}, Device::cpu());
       random_uniform(images, 7, std::uint64_t(step), -1.0f, 1.0f, default_stream(Device::cpu()));
-      Tensor targets =
-          blur(Context{tape, blur_store, false}, tape.constant(images)).value();
+      Tensor targets = blur(Context{tape, blur_store, false}, tape.constant(images)).value();
       last = trainer.step({images, targets}).loss;
       if (step == 0) first = last;
       if (step % 50 == 0 || step == steps - 1) std::printf("step %4d  mse %.6f\n", step, last);
