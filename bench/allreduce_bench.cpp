@@ -6,6 +6,8 @@
 // Also the seeds' reduction to one device, for comparison.
 #include <benchmark/benchmark.h>
 
+#include "bench_util.h"
+
 #include <cstring>
 #include <memory>
 
@@ -35,14 +37,6 @@ struct Members {
   }
 };
 
-bool skip_without(Device device, benchmark::State& state) {
-  if (device.is_cuda() && cuda_device_count() == 0) {
-    state.SkipWithError("no CUDA device");
-    return true;
-  }
-  return false;
-}
-
 void report(benchmark::State& state, std::int64_t bytes, int n) {
   state.SetBytesProcessed(state.iterations() * bytes);  // algbw
   state.counters["busbw"] = benchmark::Counter(double(bytes) * 2.0 * (n - 1) / n,
@@ -51,7 +45,7 @@ void report(benchmark::State& state, std::int64_t bytes, int n) {
 }
 
 void BM_RingAllReduce(benchmark::State& state, Device device) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   const int n = int(state.range(0));
   const std::int64_t bytes = state.range(1);
   Members m(device, n, bytes / 4);
@@ -64,7 +58,7 @@ void BM_RingAllReduce(benchmark::State& state, Device device) {
 }
 
 void BM_ReduceToOne(benchmark::State& state, Device device) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   const int n = int(state.range(0));
   const std::int64_t bytes = state.range(1);
   Members m(device, n, bytes / 4);
@@ -78,15 +72,11 @@ void BM_ReduceToOne(benchmark::State& state, Device device) {
 
 // The reference: one copy of the buffer within the device.
 void BM_CopyReference(benchmark::State& state, Device device) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   const std::int64_t bytes = state.range(1);
   Stream stream(device);
   Tensor a = Tensor::zeros({bytes / 4}, stream), b = Tensor::zeros({bytes / 4}, stream);
-  for (auto _ : state) {
-    copy_tensor(b, a, stream);
-    stream.synchronize();
-    benchmark::ClobberMemory();
-  }
+  for (auto _ : state) bench::copy_reference(b, a, stream);
   state.SetBytesProcessed(state.iterations() * bytes);
 }
 

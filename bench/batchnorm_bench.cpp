@@ -16,6 +16,8 @@
 // [32,64,56,56] one only just); likewise its backward reads x and grad_y twice.
 #include <benchmark/benchmark.h>
 
+#include "bench_util.h"
+
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -33,14 +35,6 @@
 using namespace towerlab;
 
 namespace {
-
-bool skip_without(Device device, benchmark::State& state) {
-  if (device.is_cuda() && cuda_device_count() == 0) {
-    state.SkipWithError("no CUDA device");
-    return true;
-  }
-  return false;
-}
 
 Shape shape_of(const benchmark::State& state) {
   return {state.range(0), state.range(1), state.range(2), state.range(3)};
@@ -60,7 +54,7 @@ Tensor input(const Shape& shape, const Stream& stream, std::uint64_t subsequence
 }
 
 void BM_BatchNormForwardTraining(benchmark::State& state, Device device) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape = shape_of(state);
   const std::int64_t C = shape[1];
@@ -77,7 +71,7 @@ void BM_BatchNormForwardTraining(benchmark::State& state, Device device) {
 }
 
 void BM_BatchNormForwardInference(benchmark::State& state, Device device) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape = shape_of(state);
   const std::int64_t C = shape[1];
@@ -92,7 +86,7 @@ void BM_BatchNormForwardInference(benchmark::State& state, Device device) {
 }
 
 void BM_BatchNormBackward(benchmark::State& state, Device device) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape = shape_of(state);
   const std::int64_t C = shape[1];
@@ -112,22 +106,11 @@ void BM_BatchNormBackward(benchmark::State& state, Device device) {
 
 // The bandwidth reference: one copy of x (reads and writes |x|).
 void BM_CopyReference(benchmark::State& state, Device device) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape = shape_of(state);
   Tensor a = Tensor::zeros(shape, stream), b = Tensor::zeros(shape, stream);
-  for (auto _ : state) {
-#if TOWERLAB_WITH_CUDA
-    if (device.is_cuda()) {
-      cudaMemcpyAsync(b.raw_data(), a.raw_data(), a.nbytes(), cudaMemcpyDeviceToDevice,
-                      static_cast<cudaStream_t>(stream.native_handle()));
-      stream.synchronize();
-      continue;
-    }
-#endif
-    std::memcpy(b.raw_data(), a.raw_data(), a.nbytes());
-    benchmark::ClobberMemory();
-  }
+  for (auto _ : state) bench::copy_reference(b, a, stream);
   set_bytes(state, shape, 2);
 }
 
@@ -168,7 +151,7 @@ struct CudnnBatchNorm {
 };
 
 void BM_CudnnBatchNormForwardTraining(benchmark::State& state) {
-  if (skip_without(Device::cuda(0), state)) return;
+  if (bench::skip_without(Device::cuda(0), state)) return;
   Stream stream(Device::cuda(0));
   const Shape shape = shape_of(state);
   const std::int64_t C = shape[1];
@@ -191,7 +174,7 @@ void BM_CudnnBatchNormForwardTraining(benchmark::State& state) {
 }
 
 void BM_CudnnBatchNormBackward(benchmark::State& state) {
-  if (skip_without(Device::cuda(0), state)) return;
+  if (bench::skip_without(Device::cuda(0), state)) return;
   Stream stream(Device::cuda(0));
   const Shape shape = shape_of(state);
   const std::int64_t C = shape[1];

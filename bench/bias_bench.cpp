@@ -7,6 +7,8 @@
 // cudaMemcpy device-to-device on CUDA, target >= 85% of its bytes/s).
 #include <benchmark/benchmark.h>
 
+#include "bench_util.h"
+
 #include <cstring>
 
 #include "kernels/bias.h"
@@ -19,14 +21,6 @@
 using namespace towerlab;
 
 namespace {
-
-bool skip_without(Device device, benchmark::State& state) {
-  if (device.is_cuda() && cuda_device_count() == 0) {
-    state.SkipWithError("no CUDA device");
-    return true;
-  }
-  return false;
-}
 
 Shape shape_of(const benchmark::State& state) {
   Shape s = {state.range(0), state.range(1), state.range(2), state.range(3)};
@@ -41,7 +35,7 @@ void set_bytes(benchmark::State& state, const Shape& shape, int passes) {
 }
 
 void BM_BiasAddForward(benchmark::State& state, Device device) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape = shape_of(state);
   Tensor x = Tensor::zeros(shape, stream), bias = Tensor::zeros({shape[1]}, stream);
@@ -53,7 +47,7 @@ void BM_BiasAddForward(benchmark::State& state, Device device) {
 }
 
 void BM_BiasAddBackward(benchmark::State& state, Device device) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape = shape_of(state);
   Tensor grad_y = Tensor::zeros(shape, stream), grad_bias = Tensor::zeros({shape[1]}, stream);
@@ -65,22 +59,11 @@ void BM_BiasAddBackward(benchmark::State& state, Device device) {
 }
 
 void BM_CopyReference(benchmark::State& state, Device device) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape = shape_of(state);
   Tensor a = Tensor::zeros(shape, stream), b = Tensor::zeros(shape, stream);
-  for (auto _ : state) {
-#if TOWERLAB_WITH_CUDA
-    if (device.is_cuda()) {
-      cudaMemcpyAsync(b.raw_data(), a.raw_data(), a.nbytes(), cudaMemcpyDeviceToDevice,
-                      static_cast<cudaStream_t>(stream.native_handle()));
-      stream.synchronize();
-      continue;
-    }
-#endif
-    std::memcpy(b.raw_data(), a.raw_data(), a.nbytes());
-    benchmark::ClobberMemory();
-  }
+  for (auto _ : state) bench::copy_reference(b, a, stream);
   set_bytes(state, shape, 2);
 }
 

@@ -3,6 +3,8 @@
 // cudaMemcpy (target: >= 85% of it, checked on a GPU in the GPU issue).
 #include <benchmark/benchmark.h>
 
+#include "bench_util.h"
+
 #include <cstring>
 
 #include "towerlab.h"
@@ -15,17 +17,9 @@ using namespace towerlab;
 
 namespace {
 
-bool skip_without(Device device, benchmark::State& state) {
-  if (device.is_cuda() && cuda_device_count() == 0) {
-    state.SkipWithError("no CUDA device");
-    return true;
-  }
-  return false;
-}
-
 // add(out, a, b): 12 bytes moved per element.
 void BM_Add(benchmark::State& state, Device device) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const std::int64_t n = state.range(0);
   Tensor a = Tensor::zeros({n}, stream), b = Tensor::zeros({n}, stream),
@@ -39,27 +33,16 @@ void BM_Add(benchmark::State& state, Device device) {
 
 // The reference: copying n floats reads and writes 8 bytes per element.
 void BM_CopyReference(benchmark::State& state, Device device) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const std::int64_t n = state.range(0);
   Tensor a = Tensor::zeros({n}, stream), b = Tensor::zeros({n}, stream);
-  for (auto _ : state) {
-#if TOWERLAB_WITH_CUDA
-    if (device.is_cuda()) {
-      cudaMemcpyAsync(b.raw_data(), a.raw_data(), a.nbytes(), cudaMemcpyDeviceToDevice,
-                      static_cast<cudaStream_t>(stream.native_handle()));
-      stream.synchronize();
-      continue;
-    }
-#endif
-    std::memcpy(b.raw_data(), a.raw_data(), a.nbytes());
-    benchmark::ClobberMemory();
-  }
+  for (auto _ : state) bench::copy_reference(b, a, stream);
   state.SetBytesProcessed(state.iterations() * n * 8);
 }
 
 void BM_Sum(benchmark::State& state, Device device) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const std::int64_t n = state.range(0);
   Tensor a = Tensor::zeros({n}, stream), out = Tensor::zeros({1}, stream);

@@ -8,6 +8,8 @@
 // tensors (8n) and its backward reads three and writes one (16n); the copy 8NK.
 #include <benchmark/benchmark.h>
 
+#include "bench_util.h"
+
 #include <cstring>
 
 #include "kernels/loss.h"
@@ -22,14 +24,6 @@ using namespace towerlab;
 namespace {
 
 constexpr int kCudaRepeats = 20;  // launches per timed iteration: the GPU never waits for the host
-
-bool skip_without(Device device, benchmark::State& state) {
-  if (device.is_cuda() && cuda_device_count() == 0) {
-    state.SkipWithError("no CUDA device");
-    return true;
-  }
-  return false;
-}
 
 // Times fn and reports `bytes` per call; on CUDA with events over kCudaRepeats calls.
 template <typename Fn>
@@ -72,7 +66,7 @@ struct Batch {
 };
 
 void BM_CrossEntropyForward(benchmark::State& state, Device device) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const std::int64_t rows = state.range(0), classes = state.range(1);
   Batch batch(rows, classes, stream);
@@ -84,7 +78,7 @@ void BM_CrossEntropyForward(benchmark::State& state, Device device) {
 }
 
 void BM_CrossEntropyBackward(benchmark::State& state, Device device) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const std::int64_t rows = state.range(0), classes = state.range(1);
   Batch batch(rows, classes, stream);
@@ -97,7 +91,7 @@ void BM_CrossEntropyBackward(benchmark::State& state, Device device) {
 }
 
 void BM_MseForward(benchmark::State& state, Device device) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const std::int64_t n = state.range(0);
   Tensor pred = Tensor::zeros({n}, stream), target = Tensor::zeros({n}, stream);
@@ -106,7 +100,7 @@ void BM_MseForward(benchmark::State& state, Device device) {
 }
 
 void BM_MseBackward(benchmark::State& state, Device device) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const std::int64_t n = state.range(0);
   Tensor pred = Tensor::zeros({n}, stream), target = Tensor::zeros({n}, stream);
@@ -118,7 +112,7 @@ void BM_MseBackward(benchmark::State& state, Device device) {
 
 // The reference: a copy of rows * classes floats (8 bytes per element).
 void BM_CopyReference(benchmark::State& state, Device device) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const std::int64_t n = state.range(0) * state.range(1);
   Tensor a = Tensor::zeros({n}, stream), b = Tensor::zeros({n}, stream);

@@ -7,6 +7,8 @@
 // (36 centered), Adam 28, the copy 8.
 #include <benchmark/benchmark.h>
 
+#include "bench_util.h"
+
 #include <cstring>
 
 #include "kernels/optimizer.h"
@@ -23,14 +25,6 @@ namespace {
 // Launches per timed iteration on CUDA: enough back to back that the GPU never
 // waits for the host between them.
 constexpr int kCudaRepeats = 20;
-
-bool skip_without(Device device, benchmark::State& state) {
-  if (device.is_cuda() && cuda_device_count() == 0) {
-    state.SkipWithError("no CUDA device");
-    return true;
-  }
-  return false;
-}
 
 // Times fn (one update) and reports bytes_per_element * n bytes per update. On CUDA
 // each iteration is kCudaRepeats launches timed with events (manual time).
@@ -61,7 +55,7 @@ void run(benchmark::State& state, const Stream& stream, std::int64_t bytes_per_e
 }
 
 void BM_SgdMomentum(benchmark::State& state, Device device) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape{state.range(0)};
   Tensor p = Tensor::zeros(shape, stream), g = Tensor::zeros(shape, stream);
@@ -71,7 +65,7 @@ void BM_SgdMomentum(benchmark::State& state, Device device) {
 }
 
 void BM_Rmsprop(benchmark::State& state, Device device, bool centered) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape{state.range(0)};
   Tensor p = Tensor::zeros(shape, stream), g = Tensor::zeros(shape, stream);
@@ -83,7 +77,7 @@ void BM_Rmsprop(benchmark::State& state, Device device, bool centered) {
 }
 
 void BM_Adam(benchmark::State& state, Device device) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape{state.range(0)};
   Tensor p = Tensor::zeros(shape, stream), g = Tensor::zeros(shape, stream);
@@ -94,7 +88,7 @@ void BM_Adam(benchmark::State& state, Device device) {
 
 // The reference: copying n floats reads and writes 8 bytes per element.
 void BM_CopyReference(benchmark::State& state, Device device) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape{state.range(0)};
   Tensor a = Tensor::zeros(shape, stream), b = Tensor::zeros(shape, stream);

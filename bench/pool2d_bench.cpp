@@ -10,6 +10,8 @@
 // cudnnPoolingBackward (max, 2x2 stride 2) counted with the same bytes.
 #include <benchmark/benchmark.h>
 
+#include "bench_util.h"
+
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -30,14 +32,6 @@ namespace {
 
 const Pool2dParams kPool = Pool2dParams::square(2, 2);
 
-bool skip_without(Device device, benchmark::State& state) {
-  if (device.is_cuda() && cuda_device_count() == 0) {
-    state.SkipWithError("no CUDA device");
-    return true;
-  }
-  return false;
-}
-
 Shape shape_of(const benchmark::State& state) {
   return {state.range(0), state.range(1), state.range(2), state.range(3)};
 }
@@ -54,7 +48,7 @@ constexpr int kMaxBackwardQuarters = 13;  // grad_y + x + grad_x read and writte
 constexpr int kAvgBackwardQuarters = 9;   // grad_y + grad_x read and written
 
 void BM_MaxPoolForward(benchmark::State& state, Device device) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape = shape_of(state);
   Tensor x = Tensor::empty(shape, stream),
@@ -68,7 +62,7 @@ void BM_MaxPoolForward(benchmark::State& state, Device device) {
 }
 
 void BM_MaxPoolBackward(benchmark::State& state, Device device) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape = shape_of(state);
   Tensor x = Tensor::empty(shape, stream), grad_x = Tensor::zeros(shape, stream);
@@ -82,7 +76,7 @@ void BM_MaxPoolBackward(benchmark::State& state, Device device) {
 }
 
 void BM_AvgPoolForward(benchmark::State& state, Device device) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape = shape_of(state);
   Tensor x = Tensor::zeros(shape, stream),
@@ -95,7 +89,7 @@ void BM_AvgPoolForward(benchmark::State& state, Device device) {
 }
 
 void BM_AvgPoolBackward(benchmark::State& state, Device device) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape = shape_of(state);
   Tensor grad_x = Tensor::zeros(shape, stream);
@@ -109,23 +103,12 @@ void BM_AvgPoolBackward(benchmark::State& state, Device device) {
 
 // The bandwidth reference: a copy moving as many bytes as the max-pool forward.
 void BM_CopyReference(benchmark::State& state, Device device) {
-  if (skip_without(device, state)) return;
+  if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape = shape_of(state);
   const std::int64_t n = numel_of(shape) * kForwardQuarters / 8;  // floats copied
   Tensor a = Tensor::zeros({n}, stream), b = Tensor::zeros({n}, stream);
-  for (auto _ : state) {
-#if TOWERLAB_WITH_CUDA
-    if (device.is_cuda()) {
-      cudaMemcpyAsync(b.raw_data(), a.raw_data(), a.nbytes(), cudaMemcpyDeviceToDevice,
-                      static_cast<cudaStream_t>(stream.native_handle()));
-      stream.synchronize();
-      continue;
-    }
-#endif
-    std::memcpy(b.raw_data(), a.raw_data(), a.nbytes());
-    benchmark::ClobberMemory();
-  }
+  for (auto _ : state) bench::copy_reference(b, a, stream);
   state.counters["bytes/s"] = benchmark::Counter(static_cast<double>(n) * sizeof(float) * 2,
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
@@ -173,7 +156,7 @@ struct CudnnPool {
 };
 
 void BM_CudnnMaxPoolForward(benchmark::State& state) {
-  if (skip_without(Device::cuda(0), state)) return;
+  if (bench::skip_without(Device::cuda(0), state)) return;
   Stream stream(Device::cuda(0));
   const Shape shape = shape_of(state), out = pool2d_output_shape(shape, kPool);
   CudnnPool p(shape, out, stream);
@@ -190,7 +173,7 @@ void BM_CudnnMaxPoolForward(benchmark::State& state) {
 }
 
 void BM_CudnnMaxPoolBackward(benchmark::State& state) {
-  if (skip_without(Device::cuda(0), state)) return;
+  if (bench::skip_without(Device::cuda(0), state)) return;
   Stream stream(Device::cuda(0));
   const Shape shape = shape_of(state), out = pool2d_output_shape(shape, kPool);
   CudnnPool p(shape, out, stream);
