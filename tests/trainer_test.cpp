@@ -155,6 +155,34 @@ TEST(Trainer, LocalBatchNormIsNotOneDevicesBatchNorm) {
                          reference.master().flat_values().to_host<float>(), 1e-5, 1e-4));
 }
 
+// The same on virtual devices of every backend: towers on cuda:0 (streams of one
+// GPU) where a GPU is, and with the master on the CPU or on the towers' device.
+class TrainerBackendTest : public BackendTest {};
+TL_INSTANTIATE_BACKENDS(TrainerBackendTest);
+
+TEST_P(TrainerBackendTest, VirtualTowersMatchOneTowerWithMasterAnywhere) {
+  BnModel model;
+  TrainerOptions one;
+  one.devices = {device()};
+  one.master = device();
+  one.seed = 11;
+  Trainer reference(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), one);
+  for (int s = 0; s < 3; ++s) reference.step(make_batch(7, 50 + s));
+  const auto expected = reference.master().flat_values().to_host<float>(default_stream(device()));
+  for (Device master : {Device::cpu(), device()}) {
+    TrainerOptions options;
+    options.devices.assign(3, device());
+    options.master = master;
+    options.seed = 11;
+    options.batchnorm = BatchNormMode::Sync;
+    Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), options);
+    for (int s = 0; s < 3; ++s) trainer.step(make_batch(7, 50 + s));
+    EXPECT_TRUE(all_close(trainer.master().flat_values().to_host<float>(default_stream(master)),
+                          expected, 1e-5, 1e-4))
+        << "3 towers on " << device().str() << ", master on " << master.str();
+  }
+}
+
 TEST(Trainer, LossDecreasesAndLogsComeFromTheLastNonEmptyTower) {
   Model model;
   Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), on_cpu_towers(3));
