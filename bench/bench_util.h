@@ -25,4 +25,33 @@ inline void copy_reference(const Tensor& dst, const Tensor& src, const Stream& s
   benchmark::ClobberMemory();
 }
 
+// Times fn (one call) and reports `bytes` per call. On the CPU each iteration is one
+// call; on CUDA each iteration is kCudaRepeats calls timed with events (register
+// the benchmark with UseManualTime()), so the GPU never waits for the host.
+constexpr int kCudaRepeats = 20;
+template <typename Fn>
+void time_calls(benchmark::State& state, const Stream& stream, std::int64_t bytes, Fn&& fn) {
+  fn();  // warm-up
+  stream.synchronize();
+  std::int64_t calls = 0;
+  if (stream.device().is_cpu()) {
+    for (auto _ : state) {
+      fn();
+      benchmark::ClobberMemory();
+    }
+    calls = state.iterations();
+  } else {
+    Event start(stream.device(), true), end(stream.device(), true);
+    for (auto _ : state) {
+      start.record(stream);
+      for (int r = 0; r < kCudaRepeats; ++r) fn();
+      end.record(stream);
+      end.synchronize();
+      state.SetIterationTime(Event::elapsed_ms(start, end) / 1e3);
+    }
+    calls = state.iterations() * kCudaRepeats;
+  }
+  state.SetBytesProcessed(calls * bytes);
+}
+
 }  // namespace towerlab::bench

@@ -23,32 +23,10 @@ using namespace towerlab;
 
 namespace {
 
-constexpr int kCudaRepeats = 20;  // launches per timed iteration: the GPU never waits for the host
-
-// Times fn and reports `bytes` per call; on CUDA with events over kCudaRepeats calls.
+// Times fn and reports `bytes` per call (bench::time_calls).
 template <typename Fn>
 void run(benchmark::State& state, const Stream& stream, std::int64_t bytes, Fn&& fn) {
-  fn();  // warm-up
-  stream.synchronize();
-  std::int64_t calls = 0;
-  if (stream.device().is_cpu()) {
-    for (auto _ : state) {
-      fn();
-      benchmark::ClobberMemory();
-    }
-    calls = state.iterations();
-  } else {
-    Event start(stream.device(), true), end(stream.device(), true);
-    for (auto _ : state) {
-      start.record(stream);
-      for (int r = 0; r < kCudaRepeats; ++r) fn();
-      end.record(stream);
-      end.synchronize();
-      state.SetIterationTime(Event::elapsed_ms(start, end) / 1e3);
-    }
-    calls = state.iterations() * kCudaRepeats;
-  }
-  state.SetBytesProcessed(calls * bytes);
+  bench::time_calls(state, stream, bytes, fn);
 }
 
 // Logits in [-5, 5) and labels spread over the classes, as a trained head sees them.

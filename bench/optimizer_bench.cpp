@@ -24,34 +24,11 @@ namespace {
 
 // Launches per timed iteration on CUDA: enough back to back that the GPU never
 // waits for the host between them.
-constexpr int kCudaRepeats = 20;
 
-// Times fn (one update) and reports bytes_per_element * n bytes per update. On CUDA
-// each iteration is kCudaRepeats launches timed with events (manual time).
+// Times fn (one update of n elements) and reports bytes_per_element * n bytes per update.
 template <typename Fn>
 void run(benchmark::State& state, const Stream& stream, std::int64_t bytes_per_element, Fn&& fn) {
-  const std::int64_t n = state.range(0);
-  fn();  // warm-up
-  stream.synchronize();
-  std::int64_t updates = 0;
-  if (stream.device().is_cpu()) {
-    for (auto _ : state) {
-      fn();
-      benchmark::ClobberMemory();
-    }
-    updates = state.iterations();
-  } else {
-    Event start(stream.device(), true), end(stream.device(), true);
-    for (auto _ : state) {
-      start.record(stream);
-      for (int r = 0; r < kCudaRepeats; ++r) fn();
-      end.record(stream);
-      end.synchronize();
-      state.SetIterationTime(Event::elapsed_ms(start, end) / 1e3);
-    }
-    updates = state.iterations() * kCudaRepeats;
-  }
-  state.SetBytesProcessed(updates * n * bytes_per_element);
+  bench::time_calls(state, stream, state.range(0) * bytes_per_element, fn);
 }
 
 void BM_SgdMomentum(benchmark::State& state, Device device) {

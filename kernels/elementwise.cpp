@@ -80,7 +80,8 @@ void axpy(const Tensor& y, double alpha, const Tensor& x, const Stream& stream) 
 
 void axpy_scalar(const Tensor& y, double alpha, const Tensor& s, const Stream& stream) {
   kernels::check_on_stream("axpy_scalar", stream, {{"y", &y}, {"s", &s}});
-  TL_CHECK(s.numel() == 1, ShapeError, "axpy_scalar: s must have one element, got " << s.describe());
+  TL_CHECK(s.numel() == 1, ShapeError,
+           "axpy_scalar: s must have one element, got " << s.describe());
   if (y.numel() == 0) return;
   if (stream.device().is_cpu()) {
     cpu::axpy_scalar(y, alpha, s);
