@@ -43,6 +43,8 @@ def main():
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=0,
+                   help="train whole epochs instead and report the test accuracy (the accuracy peer)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(1)
@@ -59,6 +61,25 @@ def main():
         loss.backward()
         opt.step()
         return loss.item()
+
+    if args.epochs > 0:
+        test_images, test_labels = load(args.data, "t10k")
+        start = time.perf_counter()
+        for epoch in range(args.epochs):
+            model.train()
+            perm = torch.randperm(len(labels))
+            for b in range(0, len(labels), args.batch):
+                idx = perm[b:b + args.batch]
+                opt.zero_grad(set_to_none=True)
+                loss_fn(model(images[idx]), labels[idx]).backward()
+                opt.step()
+            model.eval()
+            with torch.no_grad():
+                correct = sum((model(test_images[b:b + 1000]).argmax(1) == test_labels[b:b + 1000]).sum().item()
+                              for b in range(0, len(test_labels), 1000))
+            print(json.dumps({"epoch": epoch + 1, "test_accuracy": correct / len(test_labels),
+                              "seconds": time.perf_counter() - start}), flush=True)
+        return
 
     for i in range(args.warmup):
         step(i)
