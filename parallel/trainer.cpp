@@ -356,8 +356,7 @@ StepResult Trainer::run(const std::vector<Tensor>& batch, bool training) {
         break;
     }
     // Batch-norm moving statistics: the sample-weighted average of the towers'
-    // (empty towers weigh 0), or tower 0's.
-    std::size_t state_source = 0;
+    // (empty towers weigh 0; after the all-reduce every tower holds it), or tower 0's.
     if (variables_.state_numel() > 0) {
       if (options_.batchnorm_stats == BatchNormStats::Average) {
         std::vector<Tensor> states;
@@ -378,8 +377,7 @@ StepResult Trainer::run(const std::vector<Tensor>& batch, bool training) {
     const auto start = clock::now();
     TowerState& first = *towers_[0];
     transfer(master_->flat_grads(), *master_stream_, first.store->flat_grads(), *first.stream);
-    transfer(master_->flat_state(), *master_stream_, towers_[state_source]->store->flat_state(),
-             *towers_[state_source]->stream);
+    transfer(master_->flat_state(), *master_stream_, first.store->flat_state(), *first.stream);
     optimizer_.step(*master_, master_->flat_grads(), *master_stream_);
     broadcast();
     if (trace_ != nullptr) {
