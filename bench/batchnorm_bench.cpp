@@ -36,10 +36,6 @@ using namespace towerlab;
 
 namespace {
 
-Shape shape_of(const benchmark::State& state) {
-  return {state.range(0), state.range(1), state.range(2), state.range(3)};
-}
-
 void set_bytes(benchmark::State& state, const Shape& shape, int passes) {
   state.counters["bytes/s"] =
       benchmark::Counter(static_cast<double>(numel_of(shape)) * sizeof(float) * passes,
@@ -56,7 +52,7 @@ Tensor input(const Shape& shape, const Stream& stream, std::uint64_t subsequence
 void BM_BatchNormForwardTraining(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
-  const Shape shape = shape_of(state);
+  const Shape shape = bench::nchw_shape(state);
   const std::int64_t C = shape[1];
   Tensor x = input(shape, stream), y = Tensor::empty(shape, stream);
   Tensor gamma = Tensor::zeros({C}, stream), beta = Tensor::zeros({C}, stream);
@@ -73,7 +69,7 @@ void BM_BatchNormForwardTraining(benchmark::State& state, Device device) {
 void BM_BatchNormForwardInference(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
-  const Shape shape = shape_of(state);
+  const Shape shape = bench::nchw_shape(state);
   const std::int64_t C = shape[1];
   Tensor x = input(shape, stream), y = Tensor::empty(shape, stream);
   Tensor ones = Tensor::empty({C}, stream), zeros = Tensor::zeros({C}, stream);
@@ -88,7 +84,7 @@ void BM_BatchNormForwardInference(benchmark::State& state, Device device) {
 void BM_BatchNormBackward(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
-  const Shape shape = shape_of(state);
+  const Shape shape = bench::nchw_shape(state);
   const std::int64_t C = shape[1];
   Tensor x = input(shape, stream), grad_y = input(shape, stream, 1);
   Tensor grad_x = Tensor::zeros(shape, stream);
@@ -108,7 +104,7 @@ void BM_BatchNormBackward(benchmark::State& state, Device device) {
 void BM_CopyReference(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
-  const Shape shape = shape_of(state);
+  const Shape shape = bench::nchw_shape(state);
   Tensor a = Tensor::zeros(shape, stream), b = Tensor::zeros(shape, stream);
   for (auto _ : state) bench::copy_reference(b, a, stream);
   set_bytes(state, shape, 2);
@@ -153,7 +149,7 @@ struct CudnnBatchNorm {
 void BM_CudnnBatchNormForwardTraining(benchmark::State& state) {
   if (bench::skip_without(Device::cuda(0), state)) return;
   Stream stream(Device::cuda(0));
-  const Shape shape = shape_of(state);
+  const Shape shape = bench::nchw_shape(state);
   const std::int64_t C = shape[1];
   CudnnBatchNorm bn(shape, stream);
   Tensor x = input(shape, stream), y = Tensor::empty(shape, stream);
@@ -176,7 +172,7 @@ void BM_CudnnBatchNormForwardTraining(benchmark::State& state) {
 void BM_CudnnBatchNormBackward(benchmark::State& state) {
   if (bench::skip_without(Device::cuda(0), state)) return;
   Stream stream(Device::cuda(0));
-  const Shape shape = shape_of(state);
+  const Shape shape = bench::nchw_shape(state);
   const std::int64_t C = shape[1];
   CudnnBatchNorm bn(shape, stream);
   Tensor x = input(shape, stream), grad_y = input(shape, stream, 1);
@@ -203,24 +199,24 @@ void BM_CudnnBatchNormBackward(benchmark::State& state) {
 #pragma GCC diagnostic pop
 #endif
 
-void shapes(benchmark::internal::Benchmark* b) {
-  b->Args({128, 32, 28, 28})->Args({128, 64, 14, 14})->Args({32, 64, 56, 56});
-  b->ArgNames({"N", "C", "H", "W"})->UseRealTime();
-}
-
 }  // namespace
 
-BENCHMARK_CAPTURE(BM_BatchNormForwardTraining, cpu, Device::cpu())->Apply(shapes);
-BENCHMARK_CAPTURE(BM_BatchNormForwardInference, cpu, Device::cpu())->Apply(shapes);
-BENCHMARK_CAPTURE(BM_BatchNormBackward, cpu, Device::cpu())->Apply(shapes);
-BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())->Apply(shapes);
-BENCHMARK_CAPTURE(BM_BatchNormForwardTraining, cuda, Device::cuda(0))->Apply(shapes);
-BENCHMARK_CAPTURE(BM_BatchNormForwardInference, cuda, Device::cuda(0))->Apply(shapes);
-BENCHMARK_CAPTURE(BM_BatchNormBackward, cuda, Device::cuda(0))->Apply(shapes);
-BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))->Apply(shapes);
+BENCHMARK_CAPTURE(BM_BatchNormForwardTraining, cpu, Device::cpu())->Apply(bench::activation_shapes);
+BENCHMARK_CAPTURE(BM_BatchNormForwardInference, cpu, Device::cpu())
+    ->Apply(bench::activation_shapes);
+BENCHMARK_CAPTURE(BM_BatchNormBackward, cpu, Device::cpu())->Apply(bench::activation_shapes);
+BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())->Apply(bench::activation_shapes);
+BENCHMARK_CAPTURE(BM_BatchNormForwardTraining, cuda, Device::cuda(0))
+    ->Apply(bench::activation_shapes);
+BENCHMARK_CAPTURE(BM_BatchNormForwardInference, cuda, Device::cuda(0))
+    ->Apply(bench::activation_shapes);
+BENCHMARK_CAPTURE(BM_BatchNormBackward, cuda, Device::cuda(0))->Apply(bench::activation_shapes);
+BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))->Apply(bench::activation_shapes);
 #if TOWERLAB_WITH_CUDA && TOWERLAB_HAVE_CUDNN
 BENCHMARK(BM_CudnnBatchNormForwardTraining)
     ->Name("BM_CudnnBatchNormForwardTraining/cuda")
-    ->Apply(shapes);
-BENCHMARK(BM_CudnnBatchNormBackward)->Name("BM_CudnnBatchNormBackward/cuda")->Apply(shapes);
+    ->Apply(bench::activation_shapes);
+BENCHMARK(BM_CudnnBatchNormBackward)
+    ->Name("BM_CudnnBatchNormBackward/cuda")
+    ->Apply(bench::activation_shapes);
 #endif

@@ -25,6 +25,21 @@ inline void copy_reference(const Tensor& dst, const Tensor& src, const Stream& s
   benchmark::ClobberMemory();
 }
 
+// The activation shapes the memory-bound CNN kernels are measured on: FashionNet's
+// two conv outputs at batch 128 and a 64-channel 56x56 layer at batch 32, as
+// benchmark arguments N, C, H, W (read back with nchw_shape).
+inline void activation_shapes(benchmark::internal::Benchmark* b) {
+  b->Args({128, 32, 28, 28})->Args({128, 64, 14, 14})->Args({32, 64, 56, 56});
+  b->ArgNames({"N", "C", "H", "W"})->UseRealTime();
+}
+
+// [N,C,H,W] from the benchmark's four arguments; H = 0 marks a fully connected [N,C].
+inline Shape nchw_shape(const benchmark::State& state) {
+  Shape s = {state.range(0), state.range(1), state.range(2), state.range(3)};
+  if (s[2] == 0) s.resize(2);
+  return s;
+}
+
 // Times fn (one call) and reports `bytes` per call. On the CPU each iteration is one
 // call; on CUDA each iteration is kCudaRepeats calls timed with events (register
 // the benchmark with UseManualTime()), so the GPU never waits for the host.

@@ -22,12 +22,6 @@ using namespace towerlab;
 
 namespace {
 
-Shape shape_of(const benchmark::State& state) {
-  Shape s = {state.range(0), state.range(1), state.range(2), state.range(3)};
-  if (s[2] == 0) s.resize(2);  // H = 0 marks an [N,C] shape
-  return s;
-}
-
 void set_bytes(benchmark::State& state, const Shape& shape, int passes) {
   state.counters["bytes/s"] =
       benchmark::Counter(static_cast<double>(numel_of(shape)) * sizeof(float) * passes,
@@ -37,7 +31,7 @@ void set_bytes(benchmark::State& state, const Shape& shape, int passes) {
 void BM_BiasAddForward(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
-  const Shape shape = shape_of(state);
+  const Shape shape = bench::nchw_shape(state);
   Tensor x = Tensor::zeros(shape, stream), bias = Tensor::zeros({shape[1]}, stream);
   for (auto _ : state) {
     bias_add_forward(x, x, bias, stream);
@@ -49,7 +43,7 @@ void BM_BiasAddForward(benchmark::State& state, Device device) {
 void BM_BiasAddBackward(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
-  const Shape shape = shape_of(state);
+  const Shape shape = bench::nchw_shape(state);
   Tensor grad_y = Tensor::zeros(shape, stream), grad_bias = Tensor::zeros({shape[1]}, stream);
   for (auto _ : state) {
     bias_add_backward(grad_bias, grad_y, stream);
@@ -61,18 +55,16 @@ void BM_BiasAddBackward(benchmark::State& state, Device device) {
 void BM_CopyReference(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
-  const Shape shape = shape_of(state);
+  const Shape shape = bench::nchw_shape(state);
   Tensor a = Tensor::zeros(shape, stream), b = Tensor::zeros(shape, stream);
   for (auto _ : state) bench::copy_reference(b, a, stream);
   set_bytes(state, shape, 2);
 }
 
+// The activation shapes, and a fully connected layer's [128,1024].
 void shapes(benchmark::internal::Benchmark* b) {
-  b->Args({128, 32, 28, 28})
-      ->Args({128, 64, 14, 14})
-      ->Args({32, 64, 56, 56})
-      ->Args({128, 1024, 0, 0});
-  b->ArgNames({"N", "C", "H", "W"})->UseRealTime();
+  bench::activation_shapes(b);
+  b->Args({128, 1024, 0, 0});
 }
 
 }  // namespace

@@ -32,10 +32,6 @@ namespace {
 
 const Pool2dParams kPool = Pool2dParams::square(2, 2);
 
-Shape shape_of(const benchmark::State& state) {
-  return {state.range(0), state.range(1), state.range(2), state.range(3)};
-}
-
 // Bytes moved, as multiples of |x| in quarters (the output is a quarter of x).
 void set_bytes(benchmark::State& state, const Shape& shape, int quarters) {
   state.counters["bytes/s"] =
@@ -50,7 +46,7 @@ constexpr int kAvgBackwardQuarters = 9;   // grad_y + grad_x read and written
 void BM_MaxPoolForward(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
-  const Shape shape = shape_of(state);
+  const Shape shape = bench::nchw_shape(state);
   Tensor x = Tensor::empty(shape, stream),
          y = Tensor::empty(pool2d_output_shape(shape, kPool), stream);
   random_uniform(x, 1, 0, -1.0f, 1.0f, stream);
@@ -64,7 +60,7 @@ void BM_MaxPoolForward(benchmark::State& state, Device device) {
 void BM_MaxPoolBackward(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
-  const Shape shape = shape_of(state);
+  const Shape shape = bench::nchw_shape(state);
   Tensor x = Tensor::empty(shape, stream), grad_x = Tensor::zeros(shape, stream);
   Tensor grad_y = Tensor::zeros(pool2d_output_shape(shape, kPool), stream);
   random_uniform(x, 1, 0, -1.0f, 1.0f, stream);
@@ -78,7 +74,7 @@ void BM_MaxPoolBackward(benchmark::State& state, Device device) {
 void BM_AvgPoolForward(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
-  const Shape shape = shape_of(state);
+  const Shape shape = bench::nchw_shape(state);
   Tensor x = Tensor::zeros(shape, stream),
          y = Tensor::empty(pool2d_output_shape(shape, kPool), stream);
   for (auto _ : state) {
@@ -91,7 +87,7 @@ void BM_AvgPoolForward(benchmark::State& state, Device device) {
 void BM_AvgPoolBackward(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
-  const Shape shape = shape_of(state);
+  const Shape shape = bench::nchw_shape(state);
   Tensor grad_x = Tensor::zeros(shape, stream);
   Tensor grad_y = Tensor::zeros(pool2d_output_shape(shape, kPool), stream);
   for (auto _ : state) {
@@ -105,7 +101,7 @@ void BM_AvgPoolBackward(benchmark::State& state, Device device) {
 void BM_CopyReference(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
-  const Shape shape = shape_of(state);
+  const Shape shape = bench::nchw_shape(state);
   const std::int64_t n = numel_of(shape) * kForwardQuarters / 8;  // floats copied
   Tensor a = Tensor::zeros({n}, stream), b = Tensor::zeros({n}, stream);
   for (auto _ : state) bench::copy_reference(b, a, stream);
@@ -158,7 +154,7 @@ struct CudnnPool {
 void BM_CudnnMaxPoolForward(benchmark::State& state) {
   if (bench::skip_without(Device::cuda(0), state)) return;
   Stream stream(Device::cuda(0));
-  const Shape shape = shape_of(state), out = pool2d_output_shape(shape, kPool);
+  const Shape shape = bench::nchw_shape(state), out = pool2d_output_shape(shape, kPool);
   CudnnPool p(shape, out, stream);
   Tensor x = Tensor::empty(shape, stream), y = Tensor::empty(out, stream);
   random_uniform(x, 1, 0, -1.0f, 1.0f, stream);
@@ -175,7 +171,7 @@ void BM_CudnnMaxPoolForward(benchmark::State& state) {
 void BM_CudnnMaxPoolBackward(benchmark::State& state) {
   if (bench::skip_without(Device::cuda(0), state)) return;
   Stream stream(Device::cuda(0));
-  const Shape shape = shape_of(state), out = pool2d_output_shape(shape, kPool);
+  const Shape shape = bench::nchw_shape(state), out = pool2d_output_shape(shape, kPool);
   CudnnPool p(shape, out, stream);
   Tensor x = Tensor::empty(shape, stream), y = Tensor::empty(out, stream);
   Tensor grad_x = Tensor::zeros(shape, stream), grad_y = Tensor::zeros(out, stream);
@@ -198,24 +194,23 @@ void BM_CudnnMaxPoolBackward(benchmark::State& state) {
 #pragma GCC diagnostic pop
 #endif
 
-void shapes(benchmark::internal::Benchmark* b) {
-  b->Args({128, 32, 28, 28})->Args({128, 64, 14, 14})->Args({32, 64, 56, 56});
-  b->ArgNames({"N", "C", "H", "W"})->UseRealTime();
-}
-
 }  // namespace
 
-BENCHMARK_CAPTURE(BM_MaxPoolForward, cpu, Device::cpu())->Apply(shapes);
-BENCHMARK_CAPTURE(BM_MaxPoolBackward, cpu, Device::cpu())->Apply(shapes);
-BENCHMARK_CAPTURE(BM_AvgPoolForward, cpu, Device::cpu())->Apply(shapes);
-BENCHMARK_CAPTURE(BM_AvgPoolBackward, cpu, Device::cpu())->Apply(shapes);
-BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())->Apply(shapes);
-BENCHMARK_CAPTURE(BM_MaxPoolForward, cuda, Device::cuda(0))->Apply(shapes);
-BENCHMARK_CAPTURE(BM_MaxPoolBackward, cuda, Device::cuda(0))->Apply(shapes);
-BENCHMARK_CAPTURE(BM_AvgPoolForward, cuda, Device::cuda(0))->Apply(shapes);
-BENCHMARK_CAPTURE(BM_AvgPoolBackward, cuda, Device::cuda(0))->Apply(shapes);
-BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))->Apply(shapes);
+BENCHMARK_CAPTURE(BM_MaxPoolForward, cpu, Device::cpu())->Apply(bench::activation_shapes);
+BENCHMARK_CAPTURE(BM_MaxPoolBackward, cpu, Device::cpu())->Apply(bench::activation_shapes);
+BENCHMARK_CAPTURE(BM_AvgPoolForward, cpu, Device::cpu())->Apply(bench::activation_shapes);
+BENCHMARK_CAPTURE(BM_AvgPoolBackward, cpu, Device::cpu())->Apply(bench::activation_shapes);
+BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())->Apply(bench::activation_shapes);
+BENCHMARK_CAPTURE(BM_MaxPoolForward, cuda, Device::cuda(0))->Apply(bench::activation_shapes);
+BENCHMARK_CAPTURE(BM_MaxPoolBackward, cuda, Device::cuda(0))->Apply(bench::activation_shapes);
+BENCHMARK_CAPTURE(BM_AvgPoolForward, cuda, Device::cuda(0))->Apply(bench::activation_shapes);
+BENCHMARK_CAPTURE(BM_AvgPoolBackward, cuda, Device::cuda(0))->Apply(bench::activation_shapes);
+BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))->Apply(bench::activation_shapes);
 #if TOWERLAB_WITH_CUDA && TOWERLAB_HAVE_CUDNN
-BENCHMARK(BM_CudnnMaxPoolForward)->Name("BM_CudnnMaxPoolForward/cuda")->Apply(shapes);
-BENCHMARK(BM_CudnnMaxPoolBackward)->Name("BM_CudnnMaxPoolBackward/cuda")->Apply(shapes);
+BENCHMARK(BM_CudnnMaxPoolForward)
+    ->Name("BM_CudnnMaxPoolForward/cuda")
+    ->Apply(bench::activation_shapes);
+BENCHMARK(BM_CudnnMaxPoolBackward)
+    ->Name("BM_CudnnMaxPoolBackward/cuda")
+    ->Apply(bench::activation_shapes);
 #endif
