@@ -9,6 +9,7 @@ packages=(
   googletest libgtest-dev libbenchmark-dev
   zlib1g-dev nlohmann-json3-dev libcli11-dev libyaml-cpp-dev
   libopenblas-dev python3-numpy dataset-fashion-mnist
+  clang libclang-rt-dev
 )
 
 missing=()

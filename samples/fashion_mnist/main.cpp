@@ -23,9 +23,7 @@ using namespace towerlab;
 namespace {
 
 std::vector<Device> choose_devices(const sample::Options& o) {
-  if (o.n_gpus) {
-    if (*o.n_gpus <= 0)
-      throw InvalidArgument("n_gpus must be positive, got " + std::to_string(*o.n_gpus));
+  if (o.n_gpus) {  // checked positive by parse_options
     std::vector<Device> devices;
     for (int i = 0; i < *o.n_gpus; ++i) devices.push_back(Device::cuda(i));
     return devices;
@@ -64,10 +62,6 @@ double accuracy(Trainer& trainer, const FashionMnist& data, std::int64_t batch_s
 }
 
 int run(const sample::Options& o) {
-  TL_CHECK(o.batchnorm == "local" || o.batchnorm == "sync", InvalidArgument,
-           "--batchnorm must be local or sync, got " << o.batchnorm);
-  TL_CHECK(o.batchnorm_stats == "average" || o.batchnorm_stats == "tower0", InvalidArgument,
-           "--batchnorm-stats must be average or tower0, got " << o.batchnorm_stats);
   TrainerOptions options;
   options.devices = choose_devices(o);
   options.master = Device::parse(o.master);
@@ -92,7 +86,13 @@ int run(const sample::Options& o) {
     Var total = reg.defined() ? ag::add_n({loss, reg}) : loss;
     return TowerResult{total, {logits}, {{"cross_entropy", loss}}};
   };
-  Trainer trainer(vars, tower_fn, Optimizer::by_name(o.optimizer, o.lr), options);
+  Batcher batcher(train.images, train.labels, o.batch, o.seed);
+  const std::int64_t steps_per_epoch =
+      o.steps > 0 ? std::min(o.steps, batcher.batches_per_epoch()) : batcher.batches_per_epoch();
+  const LearningRate lr = o.schedule == "cosine"
+                              ? LearningRate::cosine(o.lr, steps_per_epoch * o.epochs)
+                              : LearningRate::constant(o.lr);
+  Trainer trainer(vars, tower_fn, Optimizer::by_name(o.optimizer, lr), options);
   std::printf("FashionNet: %lld parameters; %zu tower(s) on %s; master on %s; batch %lld\n",
               static_cast<long long>(vars.trainable_numel()), trainer.num_towers(),
               join(trainer.devices()).c_str(), options.master.str().c_str(),
@@ -109,7 +109,8 @@ int run(const sample::Options& o) {
                          {"epochs", 0},
                          {"batch", o.batch},
                          {"optimizer", o.optimizer},
-                         {"lr", o.lr}};
+                         {"lr", o.lr},
+                         {"schedule", o.schedule}};
   if (o.eval_only) {
     const double acc = accuracy(trainer, test, 1000);
     std::printf("test accuracy %.4f\n", acc);
@@ -118,9 +119,6 @@ int run(const sample::Options& o) {
     std::unique_ptr<SummaryWriter> summaries;
     if (!o.summaries.empty()) summaries = std::make_unique<SummaryWriter>(o.summaries);
     Trace trace;
-    Batcher batcher(train.images, train.labels, o.batch, o.seed);
-    const std::int64_t steps_per_epoch =
-        o.steps > 0 ? std::min(o.steps, batcher.batches_per_epoch()) : batcher.batches_per_epoch();
     double images_per_second = 0.0, train_loss = 0.0, test_acc = 0.0;
     for (int epoch = 0; epoch < o.epochs; ++epoch) {
       batcher.start_epoch(std::uint64_t(epoch));

@@ -3,6 +3,8 @@
 #include <yaml-cpp/yaml.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
+#include <initializer_list>
 #include <iostream>
 
 namespace sample {
@@ -43,6 +45,8 @@ void apply_config(const std::string& path, const CLI::App& app, Options& o) {
       o.optimizer = v.as<std::string>();
     } else if (key == "lr") {
       o.lr = v.as<double>();
+    } else if (key == "schedule") {
+      o.schedule = v.as<std::string>();
     } else if (key == "weight_decay") {
       o.weight_decay = v.as<double>();
     } else if (key == "seed") {
@@ -67,10 +71,42 @@ void apply_config(const std::string& path, const CLI::App& app, Options& o) {
       o.log_placement = v.as<bool>();
     } else if (key == "soft_placement") {
       o.soft_placement = v.as<bool>();
+    } else if (key == "progress_every") {
+      o.progress_every = v.as<int>();
     } else {
       throw std::runtime_error("config " + path + ": unknown key '" + key + "'");
     }
   }
+}
+
+// The ranges the flags check with CLI11 validators, checked again after the YAML
+// config (which bypasses them), plus the choices among names.
+void check_values(const Options& o) {
+  auto fail = [](const std::string& message) { throw std::runtime_error(message); };
+  auto one_of = [&](const std::string& key, const std::string& value,
+                    std::initializer_list<const char*> choices) {
+    std::string list;
+    for (const char* c : choices) {
+      if (value == c) return;
+      list += (list.empty() ? "" : ", ") + std::string(c);
+    }
+    fail(key + " must be one of " + list + ", got '" + value + "'");
+  };
+  if (o.n_gpus && *o.n_gpus <= 0) fail("n_gpus must be positive, got " + std::to_string(*o.n_gpus));
+  if (o.epochs < 0) fail("epochs must not be negative, got " + std::to_string(o.epochs));
+  if (o.batch <= 0) fail("batch must be positive, got " + std::to_string(o.batch));
+  if (!(o.lr > 0.0 && std::isfinite(o.lr))) fail("lr must be positive, got " + std::to_string(o.lr));
+  if (!(o.weight_decay >= 0.0 && std::isfinite(o.weight_decay))) {
+    fail("weight_decay must be a non-negative number, got " + std::to_string(o.weight_decay));
+  }
+  if (o.steps < 0) fail("steps must not be negative, got " + std::to_string(o.steps));
+  if (o.progress_every < 0) {
+    fail("progress_every must not be negative, got " + std::to_string(o.progress_every));
+  }
+  one_of("batchnorm", o.batchnorm, {"local", "sync"});
+  one_of("batchnorm_stats", o.batchnorm_stats, {"average", "tower0"});
+  one_of("schedule", o.schedule, {"constant", "cosine"});
+  one_of("optimizer", o.optimizer, {"adam", "adamw", "sgd", "momentum", "rmsprop"});
 }
 
 }  // namespace
@@ -97,6 +133,9 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   app.add_option("--optimizer", o.optimizer, "adam, adamw, sgd, momentum or rmsprop")
       ->capture_default_str();
   app.add_option("--lr", o.lr)->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--schedule", o.schedule,
+                 "Learning rate: constant, or cosine from --lr down to 0 over the whole run")
+      ->capture_default_str();
   app.add_option("--weight-decay", o.weight_decay, "L2 regularization coefficient")
       ->capture_default_str();
   app.add_option("--seed", o.seed)->capture_default_str();
@@ -118,6 +157,7 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   try {
     app.parse(argc, argv);
     if (!config.empty()) apply_config(config, app, o);
+    check_values(o);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const std::exception& e) {
