@@ -47,13 +47,17 @@ Optimizer Optimizer::adamw(AdamParams params, LearningRate lr) {
 }
 
 Optimizer Optimizer::by_name(const std::string& name, double lr) {
-  TL_CHECK(lr > 0.0 && std::isfinite(lr), InvalidArgument,
-           "optimizer " << name << ": the learning rate must be positive, got " << lr);
-  if (name == "adam") return adam({}, LearningRate::constant(lr));
-  if (name == "adamw") return adamw({.weight_decay = 0.01}, LearningRate::constant(lr));
-  if (name == "sgd") return sgd({}, LearningRate::constant(lr));
-  if (name == "momentum") return sgd({.momentum = 0.9}, LearningRate::constant(lr));
-  if (name == "rmsprop") return rmsprop({}, LearningRate::constant(lr));
+  return by_name(name, LearningRate::constant(lr));
+}
+
+Optimizer Optimizer::by_name(const std::string& name, LearningRate lr) {
+  TL_CHECK(lr.base > 0.0 && std::isfinite(lr.base), InvalidArgument,
+           "optimizer " << name << ": the learning rate must be positive, got " << lr.base);
+  if (name == "adam") return adam({}, lr);
+  if (name == "adamw") return adamw({.weight_decay = 0.01}, lr);
+  if (name == "sgd") return sgd({}, lr);
+  if (name == "momentum") return sgd({.momentum = 0.9}, lr);
+  if (name == "rmsprop") return rmsprop({}, lr);
   TL_THROW(InvalidArgument,
            "unknown optimizer '" << name << "' (expected adam, adamw, sgd, momentum or rmsprop)");
 }

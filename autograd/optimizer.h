@@ -46,7 +46,9 @@ class Optimizer {
   static Optimizer rmsprop(RmspropParams params, LearningRate lr);
   static Optimizer adam(AdamParams params, LearningRate lr);
   static Optimizer adamw(AdamParams params, LearningRate lr);
-  // "adam", "adamw", "sgd", "momentum", "rmsprop" with a constant rate: for command lines.
+  // "adam", "adamw", "sgd", "momentum", "rmsprop" with default parameters: for
+  // command lines. The double overload keeps the rate constant.
+  static Optimizer by_name(const std::string& name, LearningRate lr);
   static Optimizer by_name(const std::string& name, double lr);
 
   // One update of every trainable variable of `store` from `grad` (a flat gradient

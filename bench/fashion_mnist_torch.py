@@ -45,6 +45,8 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--epochs", type=int, default=0,
                    help="train whole epochs instead and report the test accuracy (the accuracy peer)")
+    p.add_argument("--schedule", choices=["constant", "cosine"], default="cosine",
+                   help="with --epochs: the learning rate, as samples/fashion_mnist --schedule")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(1)
@@ -64,6 +66,10 @@ def main():
 
     if args.epochs > 0:
         test_images, test_labels = load(args.data, "t10k")
+        steps_per_epoch = (len(labels) + args.batch - 1) // args.batch
+        # Per step, like towerlab's LearningRate::cosine: 1e-3 down to 0 over the run.
+        scheduler = (torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps_per_epoch * args.epochs)
+                     if args.schedule == "cosine" else None)
         start = time.perf_counter()
         for epoch in range(args.epochs):
             model.train()
@@ -73,6 +79,8 @@ def main():
                 opt.zero_grad(set_to_none=True)
                 loss_fn(model(images[idx]), labels[idx]).backward()
                 opt.step()
+                if scheduler:
+                    scheduler.step()
             model.eval()
             with torch.no_grad():
                 correct = sum((model(test_images[b:b + 1000]).argmax(1) == test_labels[b:b + 1000]).sum().item()
