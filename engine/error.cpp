@@ -2,6 +2,46 @@
 
 #include <cstdio>
 
+namespace towerlab {
+
+namespace {
+
+template <typename E>
+[[noreturn]] void rethrow_as(const E& e, const std::string& context) {
+  throw E(context + e.what());
+}
+
+}  // namespace
+
+void rethrow_with_context(const std::string& context) {
+  // Most derived first: a catch clause matches base classes too.
+  try {
+    throw;
+  } catch (const CheckpointMismatch& e) {
+    rethrow_as(e, context);
+  } catch (const ShapeError& e) {
+    rethrow_as(e, context);
+  } catch (const DeviceError& e) {
+    rethrow_as(e, context);
+  } catch (const InvalidArgument& e) {
+    rethrow_as(e, context);
+  } catch (const OutOfMemory& e) {
+    rethrow_as(e, context);
+  } catch (const CudaError& e) {
+    rethrow_as(e, context);
+  } catch (const IoError& e) {
+    rethrow_as(e, context);
+  } catch (const NumericError& e) {
+    rethrow_as(e, context);
+  } catch (const NotSupported& e) {
+    rethrow_as(e, context);
+  } catch (const Error& e) {
+    rethrow_as(e, context);
+  }
+}
+
+}  // namespace towerlab
+
 namespace towerlab::detail {
 
 void throw_cuda_error(const char* expr, const char* what, const char* file, int line) {

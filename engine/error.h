@@ -59,12 +59,25 @@ class CheckpointMismatch : public InvalidArgument {
   using InvalidArgument::InvalidArgument;
 };
 
+// A NaN or an infinity where training needs finite numbers: the loss or the
+// averaged gradient of a step (the trainer's numerical guard, parallel/trainer.h).
+class NumericError : public Error {
+ public:
+  using Error::Error;
+};
+
 // The request is valid but this build or backend cannot do it (float64 on CUDA,
 // a CUDA device in a build without the CUDA backend).
 class NotSupported : public Error {
  public:
   using Error::Error;
 };
+
+// Rethrows the exception being handled with `context` put before its message and
+// its type kept (a towerlab error stays the same subclass; anything else is
+// rethrown unchanged). Call it only inside a catch block. The trainer uses it to
+// say which tower and which samples an error inside a tower came from.
+[[noreturn]] void rethrow_with_context(const std::string& context);
 
 namespace detail {
 [[noreturn]] void throw_cuda_error(const char* expr, const char* what, const char* file, int line);

@@ -30,4 +30,14 @@ void mean(const Tensor& out, const Tensor& x, const Stream& stream) {
   reduce("mean", out, x, true, stream);
 }
 
+std::int64_t first_nonfinite(const Tensor& x, const Stream& stream) {
+  kernels::check_on_stream("first_nonfinite", stream, {{"x", &x}});
+  if (stream.device().is_cpu()) return cpu::first_nonfinite(x);
+  TL_CHECK(x.dtype() == DType::Float32, NotSupported,
+           "first_nonfinite: CUDA tensors are float32, got " << x.describe());
+  std::int64_t first = -1;
+  TL_ON_CUDA(first = cuda::first_nonfinite(x, stream));
+  return first;
+}
+
 }  // namespace towerlab

@@ -1,6 +1,7 @@
 // Whole-tensor reductions.
 //   sum(out, x)    out[0] = sum_i x[i]
 //   mean(out, x)   out[0] = sum_i x[i] / n       (0 for an empty x, not NaN)
+//   first_nonfinite(x)    the smallest i with x[i] NaN or +-infinity, -1 if none
 // `out` has one element and x's dtype, on x's device; the result stays on the
 // device (no host round trip), so a reduction can feed the next kernel. The CPU
 // sums float32 in double; CUDA sums with CUB's DeviceReduce (a fixed tree, so the
@@ -14,13 +15,18 @@ namespace towerlab {
 
 void sum(const Tensor& out, const Tensor& x, const Stream& stream);
 void mean(const Tensor& out, const Tensor& x, const Stream& stream);
+// The trainer's numerical guard asks this of the averaged gradient every step. The
+// answer is needed on the host, so it waits for `stream`.
+std::int64_t first_nonfinite(const Tensor& x, const Stream& stream);
 
 namespace cpu {
 void sum(const Tensor& out, const Tensor& x, double scale);  // out[0] = scale * sum(x)
+std::int64_t first_nonfinite(const Tensor& x);
 }  // namespace cpu
 
 namespace cuda {
 void sum(const Tensor& out, const Tensor& x, float scale, const Stream& stream);
+std::int64_t first_nonfinite(const Tensor& x, const Stream& stream);
 }  // namespace cuda
 
 }  // namespace towerlab

@@ -3,7 +3,9 @@
 //   relu_backward(grad_x, grad_y, y)   grad_x[i] += grad_y[i] * (y[i] > 0)
 // The backward takes the forward's output y (y > 0 exactly where x > 0) and
 // accumulates into grad_x, as every backward in towerlab does. At x == 0 the
-// gradient is taken as 0. All tensors have one shape.
+// gradient is taken as 0. A NaN stays a NaN (as in PyTorch and TensorFlow): a
+// max() that drops it would hide a broken input from the loss and from the
+// trainer's numerical guard. All tensors have one shape.
 #pragma once
 
 #include "engine/stream.h"

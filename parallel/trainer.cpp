@@ -1,16 +1,19 @@
 #include "parallel/trainer.h"
 
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <exception>
 #include <iostream>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "engine/error.h"
 #include "kernels/elementwise.h"
+#include "kernels/reduce.h"
 #include "parallel/nccl_allreduce.h"
 #include "parallel/ring_allreduce.h"
 #include "parallel/sync_batchnorm.h"
@@ -283,11 +286,10 @@ void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const T
   if (!training) no_grad.emplace(*t.tape);
   const Tower tower{int(i), t.device, *t.stream, *t.tape, *t.store, training, slice.size(), sync};
   TowerResult r = tower_fn_(tower, feeds);
-  TL_CHECK(r.loss.defined(), InvalidArgument,
-           "Trainer: the tower function returned no loss (tower " << i << " on " << t.device.str()
-                                                                  << ")");
+  // Errors from here on get the tower and its samples put before them (run()).
+  TL_CHECK(r.loss.defined(), InvalidArgument, "the tower function returned no loss");
   TL_CHECK(r.loss.value().numel() == 1, ShapeError,
-           "Trainer: the tower function's loss " << r.loss.describe() << " must have one element");
+           "the tower function's loss " << r.loss.describe() << " must have one element");
   if (trace_ != nullptr) {
     t.stream->synchronize();
     trace_->span(int(i), "forward", start, "tower");
@@ -304,6 +306,40 @@ void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const T
   t.loss = r.loss.value();
   for (const Var& o : r.outputs) t.outputs.push_back(o.value());
   for (const auto& [name, v] : r.logs) t.logs[name] = v.value();
+}
+
+std::string Trainer::find_nonfinite(double loss, const std::vector<TowerSlice>& slices) const {
+  std::ostringstream problem;
+  if (!std::isfinite(loss)) {
+    problem << "the loss is " << loss << " (";
+    for (std::size_t i = 0; i < towers_.size(); ++i) {
+      if (i > 0) problem << ", ";
+      problem << "tower " << i << " on " << towers_[i]->device.str() << ": ";
+      if (slices[i].size() == 0) {
+        problem << "no samples";
+      } else {
+        problem << towers_[i]->loss.to_host<float>(*towers_[i]->stream)[0];
+      }
+    }
+    problem << "; the usual causes: NaN or infinite inputs, labels outside the classes on CUDA "
+               "(whose loss kernels do not stop to check them), a learning rate too high)";
+  }
+  // After the all-reduce (or the reduction to one device) tower 0 holds the sum.
+  const TowerState& first = *towers_[0];
+  const Tensor& grads = first.store->flat_grads();
+  const std::int64_t at = first_nonfinite(grads, *first.stream);
+  if (at >= 0) {
+    const float value = grads.slice(at, at + 1).to_host<float>(*first.stream)[0];
+    for (const VariableSpec& v : variables_.specs()) {
+      if (!v.trainable || at < v.offset || at >= v.offset + v.numel()) continue;
+      if (problem.tellp() > 0) problem << "; ";
+      problem << "the averaged gradient of " << v.name << " " << to_string(v.shape) << " is "
+              << value << " at element " << at - v.offset
+              << " (the first non-finite value of the flat gradient)";
+      break;
+    }
+  }
+  return problem.str();
 }
 
 StepResult Trainer::step(const std::vector<Tensor>& batch) {
@@ -331,15 +367,26 @@ StepResult Trainer::run(const std::vector<Tensor>& batch, bool training) {
     sync = std::make_unique<TowerBatchNormSync>(participants);
   }
   workers_->run([&](std::size_t i) {
-    if (sync == nullptr) return run_tower(i, batch, slices[i], training, nullptr);
     try {
       run_tower(i, batch, slices[i], training, sync.get());
-      sync->finish(int(i), false);
+      if (sync != nullptr) sync->finish(int(i), false);
     } catch (...) {
-      sync->finish(int(i), true);
-      throw;
+      if (sync != nullptr) sync->finish(int(i), true);
+      rethrow_with_context("Trainer: tower " + std::to_string(i) + " on " +
+                           towers_[i]->device.str() + " (samples " +
+                           std::to_string(slices[i].begin) + " to " +
+                           std::to_string(slices[i].end - 1) + " of the batch): ");
     }
   });
+
+  // The sample-weighted mean loss.
+  double loss = 0.0;
+  std::size_t last = 0;
+  for (std::size_t i = 0; i < towers_.size(); ++i) {
+    if (slices[i].size() == 0) continue;
+    loss += slices[i].weight * double(towers_[i]->loss.to_host<float>(*towers_[i]->stream)[0]);
+    last = i;
+  }
 
   if (training) {
     std::vector<Tensor> grads;
@@ -374,26 +421,40 @@ StepResult Trainer::run(const std::vector<Tensor>& batch, bool training) {
                 << " towers (use BatchNormStats::Average or a larger batch)");
       }
     }
-    const auto start = clock::now();
-    TowerState& first = *towers_[0];
-    transfer(master_->flat_grads(), *master_stream_, first.store->flat_grads(), *first.stream);
-    transfer(master_->flat_state(), *master_stream_, first.store->flat_state(), *first.stream);
-    optimizer_.step(*master_, master_->flat_grads(), *master_stream_);
-    broadcast();
-    if (trace_ != nullptr) {
-      master_stream_->synchronize();
-      trace_->span(int(towers_.size()), "update + broadcast", start, "master");
+    const std::string problem = options_.numeric_guard == NumericGuard::Off
+                                    ? std::string()
+                                    : find_nonfinite(loss, slices);
+    if (!problem.empty()) {
+      // The towers' moving statistics moved in the forward pass and were averaged;
+      // the master's did not. Put every replica back to the master's state.
+      broadcast();
+      const std::string what = "non-finite values at global step " +
+                               std::to_string(optimizer_.steps()) + ": " + problem;
+      if (options_.numeric_guard == NumericGuard::Stop) {
+        TL_THROW(NumericError, "Trainer: " << what
+                                           << "; nothing was updated (NumericGuard::Stop; "
+                                              "NumericGuard::Skip would skip the step)");
+      }
+      ++skipped_steps_;
+      result.skipped = true;
+      std::ostream& log = options_.log != nullptr ? *options_.log : std::clog;
+      log << "towerlab: warning: skipped the step: " << what << " (NumericGuard::Skip, "
+          << skipped_steps_ << " skipped so far)\n";
+    } else {
+      const auto start = clock::now();
+      TowerState& first = *towers_[0];
+      transfer(master_->flat_grads(), *master_stream_, first.store->flat_grads(), *first.stream);
+      transfer(master_->flat_state(), *master_stream_, first.store->flat_state(), *first.stream);
+      optimizer_.step(*master_, master_->flat_grads(), *master_stream_);
+      broadcast();
+      if (trace_ != nullptr) {
+        master_stream_->synchronize();
+        trace_->span(int(towers_.size()), "update + broadcast", start, "master");
+      }
     }
   }
 
-  // The weighted mean loss, the outputs in input order, the last tower's logs.
-  double loss = 0.0;
-  std::size_t last = 0;
-  for (std::size_t i = 0; i < towers_.size(); ++i) {
-    if (slices[i].size() == 0) continue;
-    loss += slices[i].weight * double(towers_[i]->loss.to_host<float>(*towers_[i]->stream)[0]);
-    last = i;
-  }
+  // The outputs in input order, the last non-empty tower's logs.
   const std::size_t num_outputs = towers_[last]->outputs.size();
   for (std::size_t k = 0; k < num_outputs; ++k) {
     Shape shape = towers_[last]->outputs[k].shape();

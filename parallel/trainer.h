@@ -15,6 +15,8 @@
 //   4. applies the optimizer to the master variables on the master device and copies
 //      the new values to every replica; batch-norm moving statistics follow the
 //      policy (the sample-weighted average of all towers, or tower 0's);
+//   4a. before the update, the numerical guard checks the loss and the averaged
+//      gradient for NaN and infinity (see NumericGuard);
 //   5. returns the sample-weighted mean loss, the towers' outputs concatenated in the
 //      input's order, and the log values of the last non-empty tower.
 // So N towers take the same step as one device on the whole batch (to float
@@ -82,6 +84,19 @@ enum class BatchNormStats { Average, Tower0 };
 // backward pass, weighted by each tower's real sample count, so N towers normalize
 // exactly as one device on the whole batch.
 enum class BatchNormMode { Local, Sync };
+// What a training step does when its loss or its averaged gradient holds a NaN or
+// an infinity. The check reads the flat gradient once on the device that holds it
+// after the all-reduce and brings one index back to the host.
+//   Stop (the default): throw NumericError naming the global step, the loss of
+//        every tower and the first variable whose gradient is not finite, with the
+//        element and its value. Nothing is updated: the variables, the moving
+//        statistics and the optimizer's state stay as they were before the step,
+//        so the trainer is usable (e.g. to skip the batch, or lower the rate).
+//   Skip: the same check; the step changes nothing, StepResult::skipped says so,
+//        a warning with the same description goes to the log, and
+//        Trainer::skipped_steps() counts it. Training goes on with the next batch.
+//   Off:  no check; non-finite values flow into the variables.
+enum class NumericGuard { Stop, Skip, Off };
 
 struct TrainerOptions {
   std::vector<Device> devices{Device::cpu()};  // one tower each; repeats are virtual devices
@@ -97,6 +112,7 @@ struct TrainerOptions {
   std::ostream* log = nullptr;          // placement log and warnings; std::clog when null
   std::optional<MemoryOptions> memory;  // applied to every tower's device and the master's
   std::uint64_t seed = 0;               // initial values of the variables
+  NumericGuard numeric_guard = NumericGuard::Stop;
 };
 
 struct StepResult {
@@ -105,6 +121,7 @@ struct StepResult {
   std::map<std::string, double> logs;  // the last non-empty tower's log values
   std::int64_t samples = 0;
   std::vector<TowerSlice> slices;
+  bool skipped = false;  // NumericGuard::Skip found a NaN or infinity: nothing was updated
 };
 
 class Trainer {
@@ -127,6 +144,8 @@ class Trainer {
   Tensor gradient(const std::string& name) const;  // one variable's averaged gradient
   std::vector<std::string> update_ops() const;     // the state each step updates
   const std::map<std::string, double>& tower_log() const { return last_logs_; }
+  // Steps that NumericGuard::Skip left out.
+  std::int64_t skipped_steps() const { return skipped_steps_; }
 
   VariableStore& master() { return *master_; }
   // Tower i's copy of the variables (equal to the master's after every step).
@@ -149,6 +168,9 @@ class Trainer {
   void run_tower(std::size_t i, const std::vector<Tensor>& batch, const TowerSlice& slice,
                  bool training, BatchNormSync* sync);
   void check_batch(const std::vector<Tensor>& batch) const;
+  // The reduced loss and gradient against NumericGuard: "" when both are finite,
+  // else what is not (the tower losses, the first variable and element).
+  std::string find_nonfinite(double loss, const std::vector<TowerSlice>& slices) const;
   void log_placement() const;
 
   const VariableSet& variables_;
@@ -166,6 +188,7 @@ class Trainer {
   Trace* trace_ = nullptr;
   double last_loss_ = 0.0;
   std::map<std::string, double> last_logs_;
+  std::int64_t skipped_steps_ = 0;
 };
 
 // Resolves a requested device: itself when present; with soft placement, the

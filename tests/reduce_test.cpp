@@ -1,4 +1,6 @@
-// sum and mean on every backend.
+// sum, mean and first_nonfinite on every backend.
+#include <limits>
+
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -54,6 +56,24 @@ TEST_P(ReduceTest, OutputMustHaveOneElement) {
   Tensor x = Tensor::zeros({4}, stream());
   EXPECT_THROW_WITH(sum(Tensor::empty({2}, stream()), x, stream()), ShapeError,
                     "sum: out must have one element, got float32[2]");
+}
+
+TEST_P(ReduceTest, FirstNonFiniteFindsTheSmallestIndex) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::int64_t n = 1 << 20;  // many blocks, so several threads find one
+  std::vector<float> x = random_values(std::size_t(n), 23);
+  EXPECT_EQ(first_nonfinite(make(x, {n}), stream()), -1);
+  x[std::size_t(n - 1)] = -inf;
+  EXPECT_EQ(first_nonfinite(make(x, {n}), stream()), n - 1);
+  x[700001] = nan;
+  x[900000] = inf;
+  EXPECT_EQ(first_nonfinite(make(x, {n}), stream()), 700001);
+  x[3] = inf;
+  EXPECT_EQ(first_nonfinite(make(x, {n}), stream()), 3);
+  x[0] = std::numeric_limits<float>::max();  // large is finite
+  EXPECT_EQ(first_nonfinite(make(x, {n}), stream()), 3);
+  EXPECT_EQ(first_nonfinite(Tensor::empty({0}, stream()), stream()), -1);
 }
 
 }  // namespace

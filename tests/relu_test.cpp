@@ -1,4 +1,7 @@
 // ReLU forward and backward on every backend, and its gradient in float64.
+#include <cmath>
+#include <limits>
+
 #include "gradcheck.h"
 #include "test_util.h"
 
@@ -13,6 +16,17 @@ TEST_P(ReluTest, ForwardClampsNegatives) {
   Tensor y = Tensor::empty({5}, stream());
   relu_forward(y, x, stream());
   EXPECT_EQ(host(y), (std::vector<float>{0.0f, 0.0f, 0.0f, 0.5f, 3.0f}));
+}
+
+TEST_P(ReluTest, ForwardKeepsNaNAndInfinities) {
+  const float inf = std::numeric_limits<float>::infinity();
+  Tensor x = make({std::numeric_limits<float>::quiet_NaN(), -inf, inf}, {3});
+  Tensor y = Tensor::empty({3}, stream());
+  relu_forward(y, x, stream());
+  const auto out = host(y);
+  EXPECT_TRUE(std::isnan(out[0])) << "a ReLU that drops NaN hides a broken input";
+  EXPECT_EQ(out[1], 0.0f);
+  EXPECT_EQ(out[2], inf);
 }
 
 TEST_P(ReluTest, BackwardAccumulatesIntoGradX) {

@@ -306,7 +306,8 @@ TEST(Trainer, ErrorsAreClear) {
   TowerFn no_loss = [](const Tower&, const std::vector<Tensor>&) { return TowerResult{}; };
   Trainer silent(model.vars, no_loss, Optimizer::by_name("sgd", 0.1), on_cpu_towers(2));
   EXPECT_THROW_WITH(silent.step(make_batch(4, 1)), InvalidArgument,
-                    "the tower function returned no loss (tower 0 on cpu)");
+                    "Trainer: tower 0 on cpu (samples 0 to 1 of the batch): the tower "
+                    "function returned no loss");
 
   Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1), on_cpu_towers(2));
   EXPECT_THROW_WITH(trainer.step({Tensor::zeros({0, 1, 8, 8}, cpu()), Tensor::zeros({0}, cpu())}),

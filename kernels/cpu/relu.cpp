@@ -10,7 +10,7 @@ void relu_forward(const Tensor& y, const Tensor& x) {
   with_dtype(y.dtype(), [&]<typename T>() {
     T* out = y.data<T>();       // [n]
     const T* in = x.data<T>();  // [n]
-    for (std::int64_t i = 0; i < y.numel(); ++i) out[i] = in[i] > T(0) ? in[i] : T(0);
+    for (std::int64_t i = 0; i < y.numel(); ++i) out[i] = in[i] < T(0) ? T(0) : in[i];  // NaN: kept
   });
 }
 

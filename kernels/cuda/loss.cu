@@ -194,36 +194,6 @@ __global__ void l2_loss_backward_kernel(float* grad_w, const float* grad_loss, c
   }
 }
 
-// *first = the smallest n whose label is not a class id (stays at its initial
-// all-ones value, ULLONG_MAX, when every label is valid).
-__global__ void first_invalid_label_kernel(unsigned long long* first, const float* labels,
-                                           std::int64_t n, std::int64_t num_classes) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    if (!is_class_id(labels[i], num_classes)) atomicMin(first, static_cast<unsigned long long>(i));
-  }
-}
-
-// Scratch memory from the device's caching allocator, given back (stream-ordered)
-// when the launcher returns or throws.
-class Scratch {
- public:
-  Scratch(const Stream& stream, std::size_t bytes)
-      : allocator_(device_allocator(stream.device())),
-        ptr_(allocator_.allocate(bytes, native(stream))) {}
-  ~Scratch() { allocator_.deallocate(ptr_); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-
- private:
-  Allocator& allocator_;
-  void* ptr_;
-};
-
 // loss[0] = scale * sum over i < n of term(i), in the two stages described above.
 template <typename Term>
 void sum_terms(float* loss, std::int64_t n, Term term, float scale, const Stream& stream) {
@@ -299,20 +269,16 @@ void softmax_cross_entropy_backward(const Tensor& grad_logits, const Tensor& gra
   TL_CUDA_CHECK_LAUNCH();
 }
 
+// A functor rather than a lambda: nvcc needs --extended-lambda for device lambdas.
+struct InvalidLabel {
+  const float* labels;
+  std::int64_t num_classes;
+  __device__ bool operator()(std::int64_t i) const { return !is_class_id(labels[i], num_classes); }
+};
+
 std::int64_t first_invalid_label(const Tensor& labels, std::int64_t num_classes,
                                  const Stream& stream) {
-  CudaDeviceGuard guard(stream.device().index);
-  cudaStream_t s = native(stream);
-  Scratch first(stream, sizeof(unsigned long long));
-  TL_CUDA_CHECK(cudaMemsetAsync(first.as<void>(), 0xff, sizeof(unsigned long long), s));
-  first_invalid_label_kernel<<<grid_for(labels.numel()), kBlockSize, 0, s>>>(
-      first.as<unsigned long long>(), labels.data<float>(), labels.numel(), num_classes);
-  TL_CUDA_CHECK_LAUNCH();
-  unsigned long long host_first = 0;
-  TL_CUDA_CHECK(cudaMemcpyAsync(&host_first, first.as<void>(), sizeof(host_first),
-                                cudaMemcpyDeviceToHost, s));
-  TL_CUDA_CHECK(cudaStreamSynchronize(s));
-  return host_first == ~0ull ? -1 : static_cast<std::int64_t>(host_first);
+  return first_index_where(labels.numel(), InvalidLabel{labels.data<float>(), num_classes}, stream);
 }
 
 void square_sum(const Tensor& loss, const Tensor& w, float scale, const Stream& stream) {

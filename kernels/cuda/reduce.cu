@@ -16,7 +16,16 @@ __global__ void scale_scalar_kernel(float* value, float scale) {
   *value *= scale;
 }
 
+struct NonFinite {
+  const float* x;
+  __device__ bool operator()(std::int64_t i) const { return !isfinite(x[i]); }
+};
+
 }  // namespace
+
+std::int64_t first_nonfinite(const Tensor& x, const Stream& stream) {
+  return first_index_where(x.numel(), NonFinite{x.data<float>()}, stream);
+}
 
 void sum(const Tensor& out, const Tensor& x, float scale, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);

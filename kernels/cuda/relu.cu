@@ -9,7 +9,7 @@ namespace {
 __global__ void relu_forward_kernel(float* y, const float* x, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x) {
-    y[i] = fmaxf(x[i], 0.0f);
+    y[i] = x[i] < 0.0f ? 0.0f : x[i];  // not fmaxf, which drops a NaN
   }
 }
 

@@ -71,6 +71,9 @@ int run(const sample::Options& o) {
   options.soft_placement = o.soft_placement;
   options.log_placement = o.log_placement;
   options.seed = o.seed;
+  options.numeric_guard = o.numeric_guard == "skip"  ? NumericGuard::Skip
+                          : o.numeric_guard == "off" ? NumericGuard::Off
+                                                     : NumericGuard::Stop;
 
   const FashionMnist train = load_fashion_mnist(o.data, Split::Train);
   const FashionMnist test = load_fashion_mnist(o.data, Split::Test);
@@ -136,15 +139,16 @@ int run(const sample::Options& o) {
           trainer.set_trace(nullptr);
           trace.write(o.trace);
         }
-        if (!std::isfinite(r.loss)) {
+        if (!std::isfinite(r.loss) && !r.skipped) {  // reached with --numeric-guard off
           std::fprintf(stderr, "fashion_mnist: training diverged at epoch %d step %lld (loss %g)\n",
                        epoch + 1, static_cast<long long>(step), r.loss);
           return 3;
         }
+        ++step;
+        if (r.skipped) continue;  // --numeric-guard skip: the trainer logged why
         loss_sum += r.loss * double(r.samples);
         images += r.samples;
         window_images += r.samples;
-        ++step;
         if (summaries) {
           summaries->write(trainer.optimizer().steps(),
                            {{"loss", r.loss},
@@ -177,6 +181,7 @@ int run(const sample::Options& o) {
       }
     }
     metrics["epochs"] = o.epochs;
+    metrics["skipped_steps"] = trainer.skipped_steps();
     metrics["train_loss"] = train_loss;
     metrics["test_accuracy"] = test_acc;
     metrics["images_per_second"] = images_per_second;
@@ -196,6 +201,9 @@ int main(int argc, char** argv) {
   if (auto code = sample::parse_options(argc, argv, options)) return *code;
   try {
     return run(options);
+  } catch (const NumericError& e) {
+    std::fprintf(stderr, "fashion_mnist: training diverged: %s\n", e.what());
+    return 3;
   } catch (const Error& e) {
     std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
     return 2;

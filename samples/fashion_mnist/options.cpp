@@ -49,6 +49,8 @@ void apply_config(const std::string& path, const CLI::App& app, Options& o) {
       o.schedule = v.as<std::string>();
     } else if (key == "weight_decay") {
       o.weight_decay = v.as<double>();
+    } else if (key == "numeric_guard") {
+      o.numeric_guard = v.as<std::string>();
     } else if (key == "seed") {
       o.seed = v.as<std::uint64_t>();
     } else if (key == "steps") {
@@ -106,6 +108,7 @@ void check_values(const Options& o) {
   one_of("batchnorm", o.batchnorm, {"local", "sync"});
   one_of("batchnorm_stats", o.batchnorm_stats, {"average", "tower0"});
   one_of("schedule", o.schedule, {"constant", "cosine"});
+  one_of("numeric_guard", o.numeric_guard, {"stop", "skip", "off"});
   one_of("optimizer", o.optimizer, {"adam", "adamw", "sgd", "momentum", "rmsprop"});
 }
 
@@ -139,6 +142,10 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   app.add_option("--weight-decay", o.weight_decay, "L2 regularization coefficient")
       ->capture_default_str();
   app.add_option("--seed", o.seed)->capture_default_str();
+  app.add_option("--numeric-guard", o.numeric_guard,
+                 "NaN or infinity in the loss or gradient: stop (exit 3 naming the step and "
+                 "variable), skip the step, or off")
+      ->capture_default_str();
   app.add_option("--steps", o.steps, "Cap on steps per epoch (0: whole epochs)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
