@@ -15,7 +15,11 @@ namespace {
 void apply_config(const std::string& path, const CLI::App& app, Options& o) {
   YAML::Node config = YAML::LoadFile(path);
   if (!config.IsMap()) throw std::runtime_error("config " + path + ": expected a mapping of keys");
-  auto flag_given = [&](const std::string& flag) { return app.count("--" + flag) > 0; };
+  // A key without a flag of its name is reported as unknown below, not here.
+  auto flag_given = [&](const std::string& flag) {
+    const CLI::Option* option = app.get_option_no_throw("--" + flag);
+    return option != nullptr && option->count() > 0;
+  };
   for (const auto& item : config) {
     const std::string key = item.first.as<std::string>();
     const YAML::Node& v = item.second;
