@@ -2,7 +2,8 @@
 # Builds and runs every test: the default build (CUDA when nvcc is found; CUDA
 # cases skip without a GPU), the CPU-only build, the CPU-only build under
 # AddressSanitizer + UndefinedBehaviorSanitizer (LeakSanitizer included; any report
-# fails the test), and a program that embeds towerlab through find_package() and
+# fails the test), the threaded tests under ThreadSanitizer, each libFuzzer target
+# for a short run, and a program that embeds towerlab through find_package() and
 # through add_subdirectory().
 # Usage: scripts/test.sh [--quick]   (--quick: the default build's tests only)
 set -euo pipefail
@@ -12,16 +13,25 @@ bash scripts/deps.sh
 jobs=$(nproc)
 run_preset() {
   local preset=$1
+  shift
   echo "== ${preset}: configure, build, test"
   cmake --preset "$preset" >/dev/null
   cmake --build --preset "$preset" -j "$jobs"
-  ctest --preset "$preset" -j "$jobs"
+  ctest --preset "$preset" -j "$jobs" "$@"
 }
 
 run_preset release
 [ "${1:-}" = "--quick" ] && exit 0
 run_preset cpu
 run_preset asan
+# The tests that run threads: towers, the ring, synchronized batch norm, the thread
+# pool (and the GEMM on it), determinism, two trainers side by side. A report makes
+# the test exit non-zero (halt_on_error), which fails it.
+export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
+run_preset tsan -R 'Trainer|Ring|NumericGuard|Determinism|ThreadPool|Concurrency|MatmulCpu|BadInput'
+
+echo "== fuzz: every target for 30 s from its seed corpus and regression inputs"
+bash scripts/fuzz.sh 30
 
 echo "== embedding: find_package(towerlab) from an installed copy"
 rm -rf build/install build/consumer-installed build/consumer-subdir

@@ -20,7 +20,7 @@ struct Options {
   std::int64_t batch = 128;
   std::string optimizer = "adam";
   double lr = 1e-3;
-  std::string schedule = "constant";  // constant | cosine (to 0 over every step of the run)
+  std::string schedule = "cosine";  // cosine (from lr to 0 over every step of the run) | constant
   double weight_decay = 0.0;  // L2 regularization coefficient (seed 000's regularization losses)
   std::uint64_t seed = 1;
   std::string numeric_guard = "stop";  // stop | skip | off (parallel/trainer.h NumericGuard)
