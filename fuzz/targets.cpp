@@ -3,9 +3,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <iostream>
-#include <algorithm>
 #include <system_error>
 #include <vector>
 

@@ -421,15 +421,14 @@ StepResult Trainer::run(const std::vector<Tensor>& batch, bool training) {
                 << " towers (use BatchNormStats::Average or a larger batch)");
       }
     }
-    const std::string problem = options_.numeric_guard == NumericGuard::Off
-                                    ? std::string()
-                                    : find_nonfinite(loss, slices);
+    const std::string problem =
+        options_.numeric_guard == NumericGuard::Off ? std::string() : find_nonfinite(loss, slices);
     if (!problem.empty()) {
       // The towers' moving statistics moved in the forward pass and were averaged;
       // the master's did not. Put every replica back to the master's state.
       broadcast();
-      const std::string what = "non-finite values at global step " +
-                               std::to_string(optimizer_.steps()) + ": " + problem;
+      const std::string what =
+          "non-finite values at global step " + std::to_string(optimizer_.steps()) + ": " + problem;
       if (options_.numeric_guard == NumericGuard::Stop) {
         TL_THROW(NumericError, "Trainer: " << what
                                            << "; nothing was updated (NumericGuard::Stop; "

@@ -7,11 +7,10 @@
 //                                                            exactly as one tower: not an error)
 //   unknown or malformed device names device_test.cpp       Device.RejectsMalformedStrings
 //   a master device that is not there trainer_test.cpp      Trainer.ErrorsAreClear
-//   a checkpoint of another model     checkpoint_test.cpp, safetensors_test.cpp (CheckpointMismatch)
-//   truncated/oversized/garbage
-//   checkpoint headers, overflowing
-//   header lengths                    safetensors_test.cpp  MalformedSafetensors.*
-//   a missing or truncated data dir   dataset_test.cpp, idx_test.cpp
+//   a checkpoint of another model     checkpoint_test.cpp, safetensors_test.cpp
+//   (CheckpointMismatch) truncated/oversized/garbage checkpoint headers, overflowing header lengths
+//   safetensors_test.cpp  MalformedSafetensors.* a missing or truncated data dir dataset_test.cpp,
+//   idx_test.cpp
 // and, for every parser of outside bytes, the fuzz targets (fuzz/, fuzz_corpus_test.cpp).
 // Here: wrong shapes at every layer, labels outside the classes through the
 // trainer, and the sample's YAML config values.
@@ -142,8 +141,9 @@ TEST(BadInput, SampleConfigValuesAreCheckedLikeFlags) {
   for (const auto& [yaml, message] : cases) {
     const auto [code, printed] = parse_config(yaml);
     EXPECT_EQ(code, 2) << yaml;
-    EXPECT_NE(printed.find(message), std::string::npos)
-        << "config:\n" << yaml << "printed:\n" << printed << "expected: " << message;
+    EXPECT_NE(printed.find(message), std::string::npos) << "config:\n"
+                                                        << yaml << "printed:\n"
+                                                        << printed << "expected: " << message;
   }
   // A flag overrides the config, and its own value is checked by the flag parser.
   EXPECT_EQ(parse_config("batch: -1\n", {"--batch", "32"}).first, std::nullopt);

@@ -84,9 +84,9 @@ TEST(FashionMnist, RejectsInconsistentFiles) {
   // A download cut short: the gzip stream ends inside the pixels.
   const std::string whole = gzip_stored(idx_bytes({3, 28, 28}, std::string(3 * 28 * 28, 'x')));
   write_file(dir.file("train-images-idx3-ubyte.gz"), whole.substr(0, whole.size() / 2));
-  EXPECT_THROW_WITH(load_fashion_mnist(d, Split::Train), IoError,
-                    "IDX file " + dir.file("train-images-idx3-ubyte.gz") +
-                        ": the gzip stream is truncated");
+  EXPECT_THROW_WITH(
+      load_fashion_mnist(d, Split::Train), IoError,
+      "IDX file " + dir.file("train-images-idx3-ubyte.gz") + ": the gzip stream is truncated");
   write_file(dir.file("train-images-idx3-ubyte.gz"), "\x1f\x8bnot really gzip");
   EXPECT_THROW_WITH(load_fashion_mnist(d, Split::Train), IoError,
                     "IDX file " + dir.file("train-images-idx3-ubyte.gz") + ": ");

@@ -30,7 +30,8 @@ struct GuardedModel {
   TowerFn tower_fn() const {
     return [this](const Tower& tower, const std::vector<Tensor>& batch) {
       Var logits = net(tower.context(), tower.input(batch[0], "images"));
-      return TowerResult{ag::softmax_cross_entropy(logits, tower.input(batch[1], "labels")), {}, {}};
+      return TowerResult{
+          ag::softmax_cross_entropy(logits, tower.input(batch[1], "labels")), {}, {}};
     };
   }
 };
@@ -118,8 +119,8 @@ TEST(NumericGuard, StopIsTheDefaultNamesWhatWentWrongAndUpdatesNothing) {
 
 TEST(NumericGuard, StopCatchesInfinitiesInEitherTower) {
   GuardedModel m;
-  for (const float bad : {std::numeric_limits<float>::infinity(),
-                          -std::numeric_limits<float>::infinity()}) {
+  for (const float bad :
+       {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()}) {
     for (const std::int64_t at : {0, 7}) {
       Trainer trainer(m.vars, m.tower_fn(), Optimizer::by_name("sgd", 0.1), two_towers({}));
       EXPECT_THROW_WITH(trainer.step(batch_of(1, bad, at)), NumericError,

@@ -10,7 +10,8 @@ void relu_forward(const Tensor& y, const Tensor& x) {
   with_dtype(y.dtype(), [&]<typename T>() {
     T* out = y.data<T>();       // [n]
     const T* in = x.data<T>();  // [n]
-    for (std::int64_t i = 0; i < y.numel(); ++i) out[i] = in[i] < T(0) ? T(0) : in[i];  // NaN: kept
+    // "x < 0 ? 0 : x", not "x > 0 ? x : 0": a NaN fails both tests and must come out.
+    for (std::int64_t i = 0; i < y.numel(); ++i) out[i] = in[i] < T(0) ? T(0) : in[i];
   });
 }
 

@@ -108,12 +108,9 @@ int run(const sample::Options& o) {
     std::printf("loaded %s (step %lld)\n", o.load.c_str(), static_cast<long long>(info.step));
   }
 
-  nlohmann::json metrics{{"devices", join(trainer.devices())},
-                         {"epochs", 0},
-                         {"batch", o.batch},
-                         {"optimizer", o.optimizer},
-                         {"lr", o.lr},
-                         {"schedule", o.schedule}};
+  nlohmann::json metrics{
+      {"devices", join(trainer.devices())}, {"epochs", 0}, {"batch", o.batch},
+      {"optimizer", o.optimizer},           {"lr", o.lr},  {"schedule", o.schedule}};
   if (o.eval_only) {
     const double acc = accuracy(trainer, test, 1000);
     std::printf("test accuracy %.4f\n", acc);

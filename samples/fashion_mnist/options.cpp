@@ -101,7 +101,8 @@ void check_values(const Options& o) {
   if (o.n_gpus && *o.n_gpus <= 0) fail("n_gpus must be positive, got " + std::to_string(*o.n_gpus));
   if (o.epochs < 0) fail("epochs must not be negative, got " + std::to_string(o.epochs));
   if (o.batch <= 0) fail("batch must be positive, got " + std::to_string(o.batch));
-  if (!(o.lr > 0.0 && std::isfinite(o.lr))) fail("lr must be positive, got " + std::to_string(o.lr));
+  if (!(o.lr > 0.0 && std::isfinite(o.lr)))
+    fail("lr must be positive, got " + std::to_string(o.lr));
   if (!(o.weight_decay >= 0.0 && std::isfinite(o.weight_decay))) {
     fail("weight_decay must be a non-negative number, got " + std::to_string(o.weight_decay));
   }

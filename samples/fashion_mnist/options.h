@@ -24,7 +24,7 @@ struct Options {
   double weight_decay = 0.0;  // L2 regularization coefficient (seed 000's regularization losses)
   std::uint64_t seed = 1;
   std::string numeric_guard = "stop";  // stop | skip | off (parallel/trainer.h NumericGuard)
-  std::int64_t steps = 0;  // cap on steps per epoch; 0 = the whole epoch
+  std::int64_t steps = 0;              // cap on steps per epoch; 0 = the whole epoch
   std::string data = "/usr/share/datasets/fashion-mnist";
   std::string save, load, metrics, trace, summaries;
   bool eval_only = false;
