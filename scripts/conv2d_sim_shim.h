@@ -11,6 +11,7 @@
 #include <functional>
 #include <thread>
 #include <vector>
+#include "engine/allocator.h"
 #include "engine/error.h"
 #include "engine/stream.h"
 
@@ -76,6 +77,24 @@ namespace towerlab::simcuda {
 inline cudaStream_t native(const Stream& s) {
   return s.native_handle();
 }
+// launch.cuh's Scratch, over the host allocator of the simulated stream's device.
+class Scratch {
+ public:
+  Scratch(const Stream& stream, std::size_t bytes)
+      : allocator_(device_allocator(stream.device())),
+        ptr_(allocator_.allocate(bytes, native(stream))) {}
+  ~Scratch() { allocator_.deallocate(ptr_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  Allocator& allocator_;
+  void* ptr_;
+};
 constexpr int kBlockSize = 256;
 inline unsigned grid_for(std::int64_t n, int block = kBlockSize) {
   const std::int64_t wanted = (n + block - 1) / block;

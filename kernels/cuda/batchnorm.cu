@@ -208,7 +208,7 @@ void batchnorm_stats(const Tensor& mean, const Tensor& m2, const Tensor& x, std:
   const std::int64_t per_channel = N * S;
   const std::int64_t splits = splits_for(C, per_channel, stream.device().index);
   const std::int64_t chunk = (per_channel + splits - 1) / splits;
-  Scratch partial(stream.device(), 2 * C * splits * sizeof(float), s);
+  Scratch partial(stream, 2 * C * splits * sizeof(float));
   float* partial_sum = partial.as<float>();
   float* partial_sq = partial_sum + C * splits;
   batchnorm_stats_partial_kernel<<<dim3(static_cast<unsigned>(C), static_cast<unsigned>(splits)),
@@ -239,7 +239,7 @@ void batchnorm_forward_from_stats(const Tensor& y, const Tensor& inv_std, const 
                                   std::int64_t C, std::int64_t S, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
   cudaStream_t s = native(stream);
-  Scratch coeff(stream.device(), C * sizeof(float4), s);
+  Scratch coeff(stream, C * sizeof(float4));
   const bool moving = moving_mean.defined();
   batchnorm_prepare_training_kernel<<<channel_grid(C), kBlockSize, 0, s>>>(
       coeff.as<float4>(), inv_std.data<float>(), moving ? moving_mean.data<float>() : nullptr,
@@ -259,7 +259,7 @@ void batchnorm_forward_inference(const Tensor& y, const Tensor& x, const Tensor&
                                  std::int64_t C, std::int64_t S, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
   cudaStream_t s = native(stream);
-  Scratch coeff(stream.device(), C * sizeof(float4), s);
+  Scratch coeff(stream, C * sizeof(float4));
   batchnorm_prepare_inference_kernel<<<channel_grid(C), kBlockSize, 0, s>>>(
       coeff.as<float4>(), gamma.data<float>(), beta.data<float>(), moving_mean.data<float>(),
       moving_var.data<float>(), eps, C);
@@ -279,7 +279,7 @@ void batchnorm_backward_reduce(const Tensor& sum_grad_y, const Tensor& sum_grad_
   const std::int64_t per_channel = N * S;
   const std::int64_t splits = splits_for(C, per_channel, stream.device().index);
   const std::int64_t chunk = (per_channel + splits - 1) / splits;
-  Scratch partial(stream.device(), 2 * C * splits * sizeof(float), s);
+  Scratch partial(stream, 2 * C * splits * sizeof(float));
   float* partial_gy = partial.as<float>();
   float* partial_gy_dev = partial_gy + C * splits;
   batchnorm_backward_partial_kernel<<<dim3(static_cast<unsigned>(C), static_cast<unsigned>(splits)),
@@ -300,7 +300,7 @@ void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const 
                               const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
   cudaStream_t s = native(stream);
-  Scratch coeff(stream.device(), C * sizeof(float4), s);
+  Scratch coeff(stream, C * sizeof(float4));
   batchnorm_prepare_backward_kernel<<<channel_grid(C), kBlockSize, 0, s>>>(
       coeff.as<float4>(), gamma.data<float>(), mean.data<float>(), inv_std.data<float>(),
       sum_grad_y.data<float>(), sum_grad_y_xhat.data<float>(), count, C);

@@ -60,7 +60,7 @@ void bias_add_backward(const Tensor& grad_bias, const Tensor& grad_y, std::int64
   const std::int64_t per_channel = N * S;
   const std::int64_t splits = splits_for(C, per_channel, stream.device().index);
   const std::int64_t chunk = (per_channel + splits - 1) / splits;
-  Scratch partial(stream.device(), C * splits * sizeof(float), s);
+  Scratch partial(stream, C * splits * sizeof(float));
   bias_backward_partial_kernel<<<dim3(static_cast<unsigned>(C), static_cast<unsigned>(splits)),
                                  kReduceBlock, 0, s>>>(partial.as<float>(), grad_y.data<float>(), C,
                                                        S, per_channel, chunk);

@@ -527,23 +527,6 @@ void launch_pixel_rows(const Problem& problem, int sms, cudaStream_t stream) {
   }
 }
 
-// Scratch memory from the device's caching allocator, ordered on the stream:
-// freed at once, reused only by later work on the same stream.
-class DeviceScratch {
- public:
-  DeviceScratch(const Stream& stream, std::size_t bytes)
-      : allocator_(device_allocator(stream.device())),
-        data_(static_cast<float*>(allocator_.allocate(bytes, stream.native_handle()))) {}
-  ~DeviceScratch() { allocator_.deallocate(data_); }
-  DeviceScratch(const DeviceScratch&) = delete;
-  DeviceScratch& operator=(const DeviceScratch&) = delete;
-  float* get() const { return data_; }
-
- private:
-  Allocator& allocator_;
-  float* data_;
-};
-
 void backward_weight(const Dims& d, float* grad_weight, const float* grad_y, const float* x,
                      int sms, const Stream& stream) {
   cudaStream_t s = native(stream);
@@ -573,10 +556,10 @@ void backward_weight(const Dims& d, float* grad_weight, const float* grad_y, con
       return;
     }
     const int count = d.K * d.CRS;
-    DeviceScratch partial(stream, static_cast<std::size_t>(splits) * count * sizeof(float));
-    problem.partial = partial.get();
+    Scratch partial(stream, static_cast<std::size_t>(splits) * count * sizeof(float));
+    problem.partial = partial.as<float>();
     launch_gemm<BackwardWeightProblem, T, false>(problem, splits, k_per_split, s);
-    split_sum_kernel<<<grid_for(count), kBlockSize, 0, s>>>(grad_weight, partial.get(), count,
+    split_sum_kernel<<<grid_for(count), kBlockSize, 0, s>>>(grad_weight, partial.as<float>(), count,
                                                             splits);
     TL_CUDA_CHECK_LAUNCH();
   };
@@ -596,11 +579,11 @@ void backward_bias(const Dims& d, float* grad_bias, const float* grad_y, int sms
   const int groups = std::clamp(ceil_div(4 * sms, d.K), 1, d.N);
   const int images_per_group = ceil_div(d.N, groups);
   const int used_groups = ceil_div(d.N, images_per_group);
-  DeviceScratch partial(stream, static_cast<std::size_t>(d.K) * used_groups * sizeof(float));
-  bias_partial_kernel<<<dim3(d.K, used_groups), kBlockSize, 0, s>>>(partial.get(), grad_y, d.N, d.K,
+  Scratch partial(stream, static_cast<std::size_t>(d.K) * used_groups * sizeof(float));
+  bias_partial_kernel<<<dim3(d.K, used_groups), kBlockSize, 0, s>>>(partial.as<float>(), grad_y, d.N, d.K,
                                                                     d.PQ, images_per_group);
   TL_CUDA_CHECK_LAUNCH();
-  bias_finish_kernel<<<ceil_div(d.K, kBlockSize), kBlockSize, 0, s>>>(grad_bias, partial.get(), d.K,
+  bias_finish_kernel<<<ceil_div(d.K, kBlockSize), kBlockSize, 0, s>>>(grad_bias, partial.as<float>(), d.K,
                                                                       used_groups);
   TL_CUDA_CHECK_LAUNCH();
 }

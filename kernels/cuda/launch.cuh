@@ -28,8 +28,9 @@ inline unsigned grid_for(std::int64_t n, int block = kBlockSize) {
   return static_cast<unsigned>(std::clamp<std::int64_t>(wanted, 1, 132 * 32));
 }
 
-// Scratch memory from the device's caching allocator, given back (stream-ordered)
-// when the launcher returns or throws.
+// Scratch device memory from the device's caching allocator, ordered on one stream
+// and given back when the launcher returns or throws: the allocator hands it out
+// again only to later work on that stream, so the kernels already queued keep it.
 class Scratch {
  public:
   Scratch(const Stream& stream, std::size_t bytes)

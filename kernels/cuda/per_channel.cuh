@@ -156,24 +156,4 @@ inline std::int64_t splits_for(std::int64_t C, std::int64_t per_channel, int dev
   return std::clamp<std::int64_t>(std::min(wanted, most), 1, 65535);
 }
 
-// Scratch device memory from the device's caching allocator, ordered on one
-// stream and given back when the launcher returns: the allocator hands it out
-// again only to later work on that stream, so the kernels already queued keep it.
-class Scratch {
- public:
-  Scratch(Device device, std::size_t bytes, cudaStream_t stream)
-      : allocator_(device_allocator(device)), ptr_(allocator_.allocate(bytes, stream)) {}
-  ~Scratch() { allocator_.deallocate(ptr_); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-
- private:
-  Allocator& allocator_;
-  void* ptr_;
-};
-
 }  // namespace towerlab::cuda
