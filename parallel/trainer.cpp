@@ -88,7 +88,10 @@ class Trainer::Workers {
         error = std::current_exception();
       }
       std::lock_guard lock(mutex_);
-      errors_[i] = error;
+      // Moved, not copied: the exception's last reference must not be dropped on this
+      // thread after the main thread has caught and rethrown it (ThreadSanitizer saw
+      // this thread destroy the exception while the main thread read it).
+      errors_[i] = std::move(error);
       if (--remaining_ == 0) done_.notify_all();
     }
   }
