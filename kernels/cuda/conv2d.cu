@@ -580,11 +580,11 @@ void backward_bias(const Dims& d, float* grad_bias, const float* grad_y, int sms
   const int images_per_group = ceil_div(d.N, groups);
   const int used_groups = ceil_div(d.N, images_per_group);
   Scratch partial(stream, static_cast<std::size_t>(d.K) * used_groups * sizeof(float));
-  bias_partial_kernel<<<dim3(d.K, used_groups), kBlockSize, 0, s>>>(partial.as<float>(), grad_y, d.N, d.K,
-                                                                    d.PQ, images_per_group);
+  bias_partial_kernel<<<dim3(d.K, used_groups), kBlockSize, 0, s>>>(
+      partial.as<float>(), grad_y, d.N, d.K, d.PQ, images_per_group);
   TL_CUDA_CHECK_LAUNCH();
-  bias_finish_kernel<<<ceil_div(d.K, kBlockSize), kBlockSize, 0, s>>>(grad_bias, partial.as<float>(), d.K,
-                                                                      used_groups);
+  bias_finish_kernel<<<ceil_div(d.K, kBlockSize), kBlockSize, 0, s>>>(
+      grad_bias, partial.as<float>(), d.K, used_groups);
   TL_CUDA_CHECK_LAUNCH();
 }
 
