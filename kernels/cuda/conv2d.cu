@@ -466,17 +466,6 @@ __global__ void split_sum_kernel(float* grad_weight, const float* partial, int c
 
 namespace {
 
-int sm_count(int device) {
-  static std::array<std::atomic<int>, 64> cache{};
-  if (device < 0 || device >= 64) device = 0;
-  int count = cache[static_cast<std::size_t>(device)].load(std::memory_order_relaxed);
-  if (count == 0) {
-    TL_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    cache[static_cast<std::size_t>(device)].store(count, std::memory_order_relaxed);
-  }
-  return count;
-}
-
 // Output planes of `plane` floats starting at `out` keep every fourth row 16-byte aligned.
 bool vector_rows_ok(const float* out, int plane) {
   return plane % 4 == 0 && reinterpret_cast<std::uintptr_t>(out) % 16 == 0;

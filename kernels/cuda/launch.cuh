@@ -1,12 +1,16 @@
-// Launch helpers shared by the CUDA kernel files: the stream handle, the grid for
-// a grid-stride loop over n elements, scratch memory from the caching allocator,
-// and a search for the first index where a condition holds (for the checks that
-// must name an offending element: labels out of range, NaN in a gradient).
+// Launch helpers shared by the CUDA kernel files: the stream handle, the device's
+// SM count (asked once), the grid for a grid-stride loop over n elements, the warp
+// and block sums every reduction kernel uses, scratch memory from the caching
+// allocator, and a search for the first index where a condition holds (for the
+// checks that must name an offending element: labels out of range, NaN in a
+// gradient). Each of these exists once, here.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdint>
 
 #include "engine/allocator.h"
@@ -20,12 +24,69 @@ inline cudaStream_t native(const Stream& stream) {
 }
 
 constexpr int kBlockSize = 256;
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
 
-// Blocks for a grid-stride loop over n items: enough to fill every SM several
-// times over, no more (extra blocks only add scheduling work), at least one.
+// Streaming multiprocessors of `device` (132 on an H100 SXM). The attribute query
+// costs a driver call, and launchers ask on every launch, so each device's answer
+// is kept; a race between two first callers only asks twice.
+inline int sm_count(int device) {
+  static std::array<std::atomic<int>, 64> cache{};
+  TL_CHECK(device >= 0 && device < static_cast<int>(cache.size()), DeviceError,
+           "sm_count: CUDA device index " << device << " out of range");
+  std::atomic<int>& slot = cache[static_cast<std::size_t>(device)];
+  int count = slot.load(std::memory_order_relaxed);
+  if (count == 0) {
+    TL_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    slot.store(count, std::memory_order_relaxed);
+  }
+  return count;
+}
+
+// Blocks for a grid-stride loop over n items on the stream's device: enough to
+// fill every SM several times over (32 blocks of 256 threads per SM), no more
+// (extra blocks only add scheduling work), at least one.
+inline unsigned grid_for(std::int64_t n, const Stream& stream, int block = kBlockSize) {
+  const std::int64_t wanted = (n + block - 1) / block;
+  const std::int64_t most = std::int64_t{32} * sm_count(stream.device().index);
+  return static_cast<unsigned>(std::clamp<std::int64_t>(wanted, 1, most));
+}
+
+// The same for launchers not yet moved to the stream's SM count: assumes an H100's 132.
 inline unsigned grid_for(std::int64_t n, int block = kBlockSize) {
   const std::int64_t wanted = (n + block - 1) / block;
   return static_cast<unsigned>(std::clamp<std::int64_t>(wanted, 1, 132 * 32));
+}
+
+// Sum of v over the 32 lanes of a warp, in every lane. The butterfly (xor) order
+// is fixed, so the result is the same every run. All 32 lanes must call it.
+template <typename V>
+__device__ V warp_sum(V v) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
+    v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+
+// Sum of v over a block of kBlock threads (a multiple of 32, at most 1024); the
+// result is valid in thread 0. Warp sums first, then warp 0 sums the warps' sums:
+// a fixed tree, so the same bits every run. Every thread of the block must call
+// it (it holds barriers); it may be called again right after (the last barrier
+// protects its shared memory from the next call's writes).
+template <int kBlock, typename V>
+__device__ V block_sum(V v) {
+  static_assert(kBlock % kWarpSize == 0 && kBlock <= 1024,
+                "block_sum: kBlock must be 32..1024, a multiple of 32");
+  constexpr int kWarps = kBlock / kWarpSize;
+  __shared__ V warp_sums[kWarps];
+  v = warp_sum(v);
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  if (warp == 0) v = warp_sum(lane < kWarps ? warp_sums[lane] : V(0));
+  __syncthreads();
+  return v;
 }
 
 // Scratch device memory from the device's caching allocator, ordered on one stream
@@ -71,7 +132,8 @@ std::int64_t first_index_where(std::int64_t n, Predicate found, const Stream& st
   cudaStream_t s = native(stream);
   Scratch first(stream, sizeof(unsigned long long));
   TL_CUDA_CHECK(cudaMemsetAsync(first.as<void>(), 0xff, sizeof(unsigned long long), s));
-  first_index_kernel<<<grid_for(n), kBlockSize, 0, s>>>(first.as<unsigned long long>(), n, found);
+  first_index_kernel<<<grid_for(n, stream), kBlockSize, 0, s>>>(first.as<unsigned long long>(), n,
+                                                                found);
   TL_CUDA_CHECK_LAUNCH();
   unsigned long long host_first = 0;
   TL_CUDA_CHECK(cudaMemcpyAsync(&host_first, first.as<void>(), sizeof(host_first),
