@@ -53,12 +53,6 @@ inline unsigned grid_for(std::int64_t n, const Stream& stream, int block = kBloc
   return static_cast<unsigned>(std::clamp<std::int64_t>(wanted, 1, most));
 }
 
-// The same for launchers not yet moved to the stream's SM count: assumes an H100's 132.
-inline unsigned grid_for(std::int64_t n, int block = kBlockSize) {
-  const std::int64_t wanted = (n + block - 1) / block;
-  return static_cast<unsigned>(std::clamp<std::int64_t>(wanted, 1, 132 * 32));
-}
-
 // Launches a grid-stride kernel over n items on the stream's device:
 //   launch_grid_stride(relu_forward_kernel, y.numel(), stream, y_ptr, x_ptr);
 // runs relu_forward_kernel<<<grid_for(n, stream), kBlockSize, 0, s>>>(n, y_ptr, x_ptr).
