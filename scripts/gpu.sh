@@ -88,10 +88,13 @@ prepare() {
   cmake --preset gpu >/dev/null
   # shellcheck disable=SC2046
   cmake --build --preset gpu -j "$(nproc)" --target $(binaries)
-  rm -rf "$carry"
-  mkdir -p "$carry/bin" "$carry/lib" "$carry/data"
+  # The binaries, stripped, and the libraries they need, staged as they will be
+  # unpacked there: bin/ and lib/ side by side.
+  local stage=$build/stage
+  rm -rf "$stage" "$carry"
+  mkdir -p "$stage/bin" "$stage/lib" "$carry/data"
   for name in $(binaries); do
-    strip -o "$carry/bin/$name" "$(source_of "$name")"
+    strip -o "$stage/bin/$name" "$(source_of "$name")"
   done
 
   # Shared libraries: refuse the ones that must not travel, copy the ones the GPU
@@ -100,48 +103,53 @@ prepare() {
   while read -r line; do
     soname=$(basename "${line%% *}")
     path=$(echo "$line" | awk '$2 == "=>" {print $3}')
-    case $line in *"not found"*) die "$soname is not found here (ldd $carry/bin/*)" ;; esac
+    case $line in *"not found"*) die "$soname is not found here (ldd $stage/bin/*)" ;; esac
     for refused in $refused_libs; do
       [[ $soname == "$refused"* ]] &&
         die "$soname is linked, but the gpu preset keeps it out (check CMakePresets.json)"
     done
     [[ $system_libs == *" $soname "* ]] && continue
-    [ -n "$path" ] && cp -L "$path" "$carry/lib/$soname"
-  done < <(for b in "$carry"/bin/*; do ldd "$b"; done | sed 's/^[[:space:]]*//; s/ (0x.*//' | sort -u)
-  strip --strip-unneeded "$carry"/lib/* 2>/dev/null || true
+    [ -n "$path" ] && cp -L "$path" "$stage/lib/$soname"
+  done < <(for b in "$stage"/bin/*; do ldd "$b"; done | sed 's/^[[:space:]]*//; s/ (0x.*//' | sort -u)
+  strip --strip-unneeded "$stage"/lib/*
+  # gzip makes the CUDA fat binaries about a third of their size; tar and gzip are
+  # on every machine.
+  tar -czf "$carry/bin.tar.gz" -C "$stage" bin lib
 
   # Fashion-MNIST as Debian ships it (.gz, read as is by the sample), when it fits;
-  # else a documented subset (never silently: build-info.txt and the train summary
-  # say which).
-  local tree carried data_bytes
+  # else a subset, never silently (build-info.txt and the train summary say which).
+  local tree carried data_bytes margin=$((2 * 1024 * 1024))
   read -r tree carried < <(travel_bytes)
-  data_bytes=$(cat "$fashion_mnist"/*.gz | wc -c)
-  if ((tree + carried + data_bytes <= limit - 2 * 1024 * 1024)); then
+  data_bytes=$(cat "$fashion_mnist"/*-ubyte.gz | wc -c)
+  if ((tree + carried + data_bytes <= limit - margin)); then
     cp "$fashion_mnist"/*-ubyte.gz "$carry/data/"
-    echo "full: 60000 training and 10000 test images ($fashion_mnist)" >"$carry/data/SUBSET"
+    echo "full: 60000 training and 10000 test images" >"$carry/data/contents.txt"
   else
-    subset_dataset "$carry/data" $((limit - 2 * 1024 * 1024 - tree - carried))
+    subset_dataset "$carry/data" $((limit - margin - tree - carried))
   fi
 
   {
-    echo "commit: $(git rev-parse HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo ' (with uncommitted changes)')"
-    echo "built: $(date -u +%FT%TZ) on $(uname -n), preset gpu ($(/usr/local/cuda/bin/nvcc --version | tail -1))"
-    echo "dataset: $(cat "$carry/data/SUBSET")"
-    echo "carried libraries: $(find "$carry/lib" -type f -printf '%f ')"
-    echo "newest glibc symbol needed: $(objdump -T "$carry"/bin/* "$carry"/lib/* 2>/dev/null |
+    echo "commit: $(git rev-parse HEAD)$(git diff --quiet HEAD -- . 2>/dev/null ||
+      echo ' (with uncommitted changes)')"
+    echo "built: $(date -u +%FT%TZ) on $(uname -n), preset gpu, $(/usr/local/cuda/bin/nvcc --version | tail -1)"
+    echo "dataset: $(cat "$carry/data/contents.txt")"
+    echo "carried libraries: $(find "$stage/lib" -type f -printf '%f ' | sort)"
+    echo "newest glibc symbol version needed: $(objdump -T "$stage"/bin/* "$stage"/lib/* 2>/dev/null |
       grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)"
   } >"$carry/build-info.txt"
 
   read -r tree carried < <(travel_bytes)
   echo
   cat "$carry/build-info.txt"
-  echo
-  (cd "$carry" && du -b bin/* lib/* data/* | sort -k2 | awk '{printf "  %10d  %s\n", $1, $2}')
+  echo "in $carry/bin.tar.gz (unpacked sizes):"
+  (cd "$stage" && du -b bin/* lib/* | awk '{printf "  %10d  %s\n", $1, $2}')
+  echo "in $carry:"
+  (cd "$carry" && du -b ./* data/* | grep -v '\./data$' | awk '{printf "  %10d  %s\n", $1, $2}')
   echo "travels: working tree $(mib "$tree") + $carry $(mib "$carried") = $(mib $((tree + carried))) (limit 64 MiB)"
   ((tree + carried <= limit)) || die "$(mib $((tree + carried))) does not fit the device tool's 64 MiB"
-  echo "comes back: 2 files per command (<command>.tar.gz, <command>-summary.txt; limit 8)"
+  echo "comes back: 2 files per command, <command>.tar.gz and <command>-summary.txt (limit 8)"
   echo
-  echo "device tool calls (one each, carry=['$carry'], timeout_s=600):"
+  echo "device tool calls, one each, with carry=['$carry'] and timeout_s=600:"
   for command in tests sanitize bench train; do
     echo "  bash scripts/gpu.sh $command \"\$OUT\""
   done
@@ -182,13 +190,24 @@ while count > 0:
     if used + size <= budget: break
     count -= 1000
 if count <= 0: sys.exit("gpu.sh: not even 1000 training images fit")
-with open(f"{dst}/SUBSET", "w") as f:
-    f.write(f"SUBSET: the first {count} of 60000 training images (IDX headers set to {count}),"
+with open(f"{dst}/contents.txt", "w") as f:
+    f.write(f"subset: the first {count} of 60000 training images (IDX headers set to {count}),"
             f" all 10000 test images; the whole set does not fit the 64 MiB that travels\n")
 PY
 }
 
 # --- on the GPU machine ------------------------------------------------------
+
+# Unpacks the binaries and libraries into a fresh temporary folder: $bin and $lib.
+unpack() {
+  [ -z "${bin:-}" ] || return 0
+  [ -f "$carry/bin.tar.gz" ] ||
+    die "$carry/bin.tar.gz is missing: run 'scripts/gpu.sh prepare' here and carry $carry"
+  unpacked=$(mktemp -d "${TMPDIR:-/tmp}/towerlab-gpu.XXXXXX")
+  trap 'rm -rf "$unpacked"' EXIT
+  tar -xzf "$carry/bin.tar.gz" -C "$unpacked"
+  bin=$unpacked/bin lib=$unpacked/lib
+}
 
 # The library path for our binaries: the carried libraries, the toolkit's, then
 # every lib/ folder of the NVIDIA wheels beside PyTorch (nvidia/cudnn/lib,
@@ -198,7 +217,7 @@ set_library_path() {
   gpu_sh_library_path=1
   local dirs=() site d
   [ -n "${TOWERLAB_GPU_LIB_PATH:-}" ] && dirs+=("$TOWERLAB_GPU_LIB_PATH")
-  dirs+=("$repo/$carry/lib")
+  dirs+=("$lib")
   for d in /usr/local/cuda/lib64 /usr/local/cuda/lib; do [ -d "$d" ] && dirs+=("$d"); done
   for site in $(python3 -c 'import site, sysconfig
 print(" ".join([sysconfig.get_paths()["purelib"]] + site.getsitepackages()))' 2>/dev/null) \
@@ -217,23 +236,22 @@ print(" ".join([sysconfig.get_paths()["purelib"]] + site.getsitepackages()))' 2>
 # Every carried binary's libraries resolve, then a GPU is visible. Prints what it
 # saw; exits 1 on a missing library, 3 (loudly) when no GPU is visible.
 check() {
-  [ -x "$carry/bin/towerlab_tests" ] ||
-    die "$carry/bin is missing: run 'scripts/gpu.sh prepare' here and carry $carry"
+  unpack
   set_library_path
   cat "$carry/build-info.txt"
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
   local missing=0 b
-  for b in "$carry"/bin/*; do
+  for b in "$bin"/*; do
     if ldd "$b" | grep -q 'not found'; then
       echo "gpu.sh: $b: $(ldd "$b" | grep 'not found' | tr -s ' \t' ' ' | tr '\n' ';')" >&2
       missing=1
     fi
   done
   ((missing == 0)) || die "libraries are missing (above); nothing was run"
-  echo "libraries: every binary in $carry/bin resolves all its libraries:"
-  for b in "$carry"/bin/*; do ldd "$b"; done | awk '$2 == "=>" {print "  " $1 " => " $3}' | sort -u
+  echo "libraries: every binary in $carry/bin.tar.gz resolves all its libraries:"
+  for b in "$bin"/*; do ldd "$b"; done | awk '$2 == "=>" {print "  " $1 " => " $3}' | sort -u
   local devices
-  devices=$("$carry/bin/towerlab_devices" 2>&1) || true
+  devices=$("$bin/towerlab_devices" 2>&1) || true
   echo "$devices"
   if ! nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 ||
     ! grep -q 'cuda:0' <<<"$devices"; then
@@ -259,6 +277,7 @@ begin() {
   : >"$summary"
   status=0
   note "$command on $(uname -n), $(date -u +%FT%TZ)"
+  unpack
   set_library_path
   (check) >"$work/check.log" 2>&1 || {
     status=$?
@@ -270,6 +289,7 @@ begin() {
 }
 note() { echo "$*" | tee -a "$summary"; }
 pack() {
+  if ((status == 0)); then note "$command: PASSED"; else note "$command: FAILED (see above)"; fi
   cp "$summary" "$carry/build-info.txt" "$work/"
   # No log may push the archive past the 16 MiB a returned file may have.
   local f
@@ -281,7 +301,6 @@ pack() {
   done
   tar -czf "$out/$command.tar.gz" -C "$work" .
   rm -rf "$work"
-  if ((status == 0)); then note "$command: PASSED"; else note "$command: FAILED (see above)"; fi
   exit "$status"
 }
 # step NAME SECONDS CMD...: runs CMD under a time limit with its output in NAME.log.
@@ -333,52 +352,53 @@ PY
 
 tests() {
   begin "$@"
-  step tests 480 "$carry/bin/towerlab_tests" --gtest_output=xml:"$work/tests.xml" || status=1
+  step tests 480 "$bin/towerlab_tests" --gtest_output=xml:"$work/tests.xml" || status=1
   tail -5 "$work/tests.log"
   judge_tests "$work/tests.xml" || status=1
   pack
 }
 
-# The gtest filter of the CUDA cases, from the binary's own list: the cuda0
-# instances of the backend-parameterized tests and the CUDA-only tests. An empty
-# match is an error, not a pass.
-cuda_filter() {
-  local pattern=$1
-  "$carry/bin/towerlab_tests" --gtest_list_tests | awk '
-    /^[^ ]/ {suite = $1}
-    /^  / {print suite $1}' | grep -E "$pattern" | paste -sd: -
+# The test binary's cases, one full name a line, that match the extended regular
+# expression $1 (and are not CPU instances).
+cases_matching() {
+  "$bin/towerlab_tests" --gtest_list_tests |
+    awk '/^[^ ]/ {suite = $1} /^  / {print suite $1}' | grep -E "$1" | grep -v '/cpu$' || true
 }
 
 sanitize() {
   local tools=${2:-memcheck racecheck synccheck}
   begin "$1"
-  # The CUDA cases: instances named cuda0, and tests named for CUDA or the GPU.
-  local all shared tool filter seconds
-  all=$(cuda_filter '/cuda0$|[Cc]uda|CUDA|Gpu|GPU')
-  # The kernels with shared memory: matmul, conv2d, batch norm, losses, pooling,
-  # bias, reductions.
-  shared=$(cuda_filter '/cuda0$|[Cc]uda|CUDA|Gpu|GPU' | tr ':' '\n' |
-    grep -E '^[^.]*(Matmul|MatMul|Gemm|Conv2d|BatchNorm|Batchnorm|Loss|CrossEntropy|Pool|Bias|Reduce|Sum|Mean)' |
-    paste -sd: -)
-  [ -n "$all" ] || { note "no CUDA test matched the filter: FAILED"; status=1; pack; }
-  [ -n "$shared" ] || { note "no shared-memory kernel test matched the filter: FAILED"; status=1; pack; }
-  note "CUDA cases: $(echo "$all" | tr ':' '\n' | wc -l), of which shared-memory kernels: $(echo "$shared" | tr ':' '\n' | wc -l)"
-  echo "$all" | tr ':' '\n' >"$work/filter-all.txt"
-  echo "$shared" | tr ':' '\n' >"$work/filter-shared.txt"
+  # memcheck: every case that reaches the GPU: the cuda0 instances of the backend
+  # tests, the tests named for CUDA or GPUs, and the suites that use a GPU when one
+  # is visible. racecheck and synccheck: the kernels with shared memory (matmul,
+  # conv2d, batch norm, losses, pooling, bias, reductions).
+  cases_matching '/cuda0$|Cuda|CUDA|Gpu|GPU|^(Trainer|Memory|DeviceAllocator|CheckpointTest|Stream)\.' \
+    >"$work/cases-memcheck.txt"
+  grep -E '^(Backends/)?(BatchNorm|Bias|Conv2d|Loss|Matmul|Pool2d|Reduce)(Test|CudaVsCpu)\.' \
+    "$work/cases-memcheck.txt" >"$work/cases-shared-memory.txt" || true
+  local list
+  for list in cases-memcheck cases-shared-memory; do
+    note "$list: $(wc -l <"$work/$list.txt") cases"
+    if [ ! -s "$work/$list.txt" ]; then
+      note "no test matched the $list filter: FAILED"
+      status=1
+      pack
+    fi
+  done
+  local tool cases seconds
   for tool in $tools; do
     case $tool in
-      memcheck) filter=$all seconds=${GPU_SH_SECONDS:-260} ;;
-      racecheck) filter=$shared seconds=${GPU_SH_SECONDS:-160} ;;
-      synccheck) filter=$shared seconds=${GPU_SH_SECONDS:-100} ;;
+      memcheck) cases=cases-memcheck seconds=260 ;;
+      racecheck) cases=cases-shared-memory seconds=160 ;;
+      synccheck) cases=cases-shared-memory seconds=100 ;;
       *) die "unknown sanitizer tool '$tool' (memcheck, racecheck or synccheck)" ;;
     esac
     # One tool named: it has the whole budget.
-    [ "$tools" = "$tool" ] && seconds=${GPU_SH_SECONDS:-540}
+    [ "$tools" = "$tool" ] && seconds=540
     step "$tool" "$seconds" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 200 \
-      "$carry/bin/towerlab_tests" --gtest_filter="$filter" \
+      "$bin/towerlab_tests" --gtest_filter="$(paste -sd: "$work/$cases.txt")" \
       --gtest_output=xml:"$work/$tool.xml" || status=1
-    grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|========= (Invalid|Race|Barrier)' "$work/$tool.log" |
-      sort | uniq -c | head -20 | tee -a "$summary" || true
+    grep -E '(ERROR|RACECHECK) SUMMARY' "$work/$tool.log" | tee -a "$summary" || true
     judge_tests "$work/$tool.xml" || status=1
   done
   pack
@@ -386,26 +406,40 @@ sanitize() {
 
 bench() {
   begin "$@"
-  local name
+  # The CUDA cases and their GPU references (cuBLAS, cuDNN, the device copy), the
+  # benches one after another inside one deadline.
+  local name seconds deadline=$((SECONDS + 500))
   for name in $(bench_names); do
-    # Every case whose name says it runs on the GPU or is a GPU reference.
-    step "$name" 50 "$carry/bin/$name" --benchmark_filter='cuda|Cuda|cublas|cuBLAS|cudnn|cuDNN|Copy|copy|Reference' \
-      --benchmark_min_time=0.2 --benchmark_format=json --benchmark_out="$work/$name.json" || status=1
-    if ! python3 -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1]))["benchmarks"] else 1)' \
-      "$work/$name.json" 2>/dev/null; then
-      note "$name: no benchmark ran: FAILED"
+    seconds=$((deadline - SECONDS < 120 ? deadline - SECONDS : 120))
+    if ((seconds < 10)); then
+      note "$name: not run, the command's time is spent: FAILED"
       status=1
+      continue
     fi
+    step "$name" "$seconds" "$bin/$name" --benchmark_filter='cuda|cublas|cudnn' \
+      --benchmark_min_time=0.2 --benchmark_format=json --benchmark_out="$work/$name.json" ||
+      status=1
+    python3 - "$work/$name.json" <<'PY' | tee -a "$summary" || status=1
+import json, sys
+try:
+    runs = json.load(open(sys.argv[1]))["benchmarks"]
+except (OSError, ValueError, KeyError) as e:
+    print(f"  no readable results ({e}): FAILED"); sys.exit(1)
+errors = [r["name"] + ": " + r.get("error_message", "") for r in runs if r.get("error_occurred")]
+print(f"  {len(runs)} benchmarks, {len(errors)} with an error")
+for e in errors[:10]: print(f"  error: {e}")
+sys.exit(1 if errors or not runs else 0)
+PY
   done
   pack
 }
 
 train() {
   begin "$@"
-  note "dataset: $(cat "$carry/data/SUBSET")"
+  note "dataset: $(cat "$carry/data/contents.txt")"
   local master
   for master in cuda:0 cpu; do
-    step "fashion_mnist-master-${master%%:*}" 270 "$carry/bin/fashion_mnist" --devices cuda:0 \
+    step "fashion_mnist-master-${master%%:*}" 270 "$bin/fashion_mnist" --devices cuda:0 \
       --master "$master" --data "$carry/data" --epochs 5 --progress-every 0 \
       --metrics "$work/fashion_mnist-master-${master%%:*}.json" || status=1
     grep '^epoch' "$work/fashion_mnist-master-${master%%:*}.log" | tee -a "$summary" || true
