@@ -28,6 +28,8 @@
 # and likewise with sanitize, bench, train. Every command runs the check first and
 # stops, exit status 3, with a loud message when no GPU is visible; a CUDA test that
 # skips or fails makes the command fail (TOWERLAB_REQUIRE_GPU=1 in the tests).
+# TOWERLAB_GPU_REHEARSAL=1 runs a command's steps past a failed check, to try the
+# script on a machine without a GPU; such a run always fails.
 # Results the project relies on go into bench/results/ with the commit, the device
 # name and the date (build-info.txt and each summary hold them).
 set -euo pipefail
@@ -144,7 +146,7 @@ prepare() {
   echo "in $carry/bin.tar.gz (unpacked sizes):"
   (cd "$stage" && du -b bin/* lib/* | awk '{printf "  %10d  %s\n", $1, $2}')
   echo "in $carry:"
-  (cd "$carry" && du -b ./* data/* | grep -v '\./data$' | awk '{printf "  %10d  %s\n", $1, $2}')
+  (cd "$carry" && find . -type f -printf '%s %P\n' | sort -k2 | awk '{printf "  %10d  %s\n", $1, $2}')
   echo "travels: working tree $(mib "$tree") + $carry $(mib "$carried") = $(mib $((tree + carried))) (limit 64 MiB)"
   ((tree + carried <= limit)) || die "$(mib $((tree + carried))) does not fit the device tool's 64 MiB"
   echo "comes back: 2 files per command, <command>.tar.gz and <command>-summary.txt (limit 8)"
@@ -248,6 +250,14 @@ check() {
     fi
   done
   ((missing == 0)) || die "libraries are missing (above); nothing was run"
+  # Outside the GPU machine's own libraries, each must come from the carried ones:
+  # this also catches, on a machine that happens to have it, one that did not travel.
+  local stray
+  stray=$(for b in "$bin"/*; do ldd "$b"; done | awk -v own="$system_libs" -v carried="$lib/" '
+    $2 == "=>" && index(own, " " $1 " ") == 0 && index($3, carried) != 1 {print "  " $1 " => " $3}' |
+    sort -u)
+  [ -z "$stray" ] || die "libraries that did not travel and the GPU machine lacks:
+$stray"
   echo "libraries: every binary in $carry/bin.tar.gz resolves all its libraries:"
   for b in "$bin"/*; do ldd "$b"; done | awk '$2 == "=>" {print "  " $1 " => " $3}' | sort -u
   local devices
@@ -282,7 +292,10 @@ begin() {
   (check) >"$work/check.log" 2>&1 || {
     status=$?
     cat "$work/check.log" >&2
-    pack
+    # A rehearsal (TOWERLAB_GPU_REHEARSAL=1, on a machine without a GPU) goes on to
+    # exercise the steps and the judging; the command fails all the same.
+    [ "${TOWERLAB_GPU_REHEARSAL:-}" = 1 ] || pack
+    note "rehearsal: the check failed (exit $status); the steps run, the command fails"
   }
   grep -A1 '^towerlab sees' "$work/check.log" | tee -a "$summary"
   export TOWERLAB_REQUIRE_GPU=1 TOWERLAB_FUZZ_DIR=$repo/fuzz
@@ -330,23 +343,27 @@ try:
     root = ET.parse(sys.argv[1]).getroot()
 except (OSError, ET.ParseError) as e:
     print(f"  no readable test report ({e}): FAILED"); sys.exit(1)
-ran = failed = 0; bad = []; skips = {}
+def message(element):
+    # The text is "file:line" and then the message.
+    lines = (element.text or element.get("message") or "").strip().splitlines()[1:]
+    return " ".join(l.strip() for l in lines if l.strip()) or "(no message)"
+ran = 0; failures = []; skips = {}
 for case in root.iter("testcase"):
     if case.get("status") != "run": continue
-    ran += 1
     name = f"{case.get('classname')}.{case.get('name')}"
-    if case.find("failure") is not None: failed += 1; bad.append(f"failed: {name}")
+    # The suite-less entry holds failures outside any test (a global set-up).
+    ran += name != "."
+    for failure in case.findall("failure"): failures.append(f"{name}: {message(failure)}")
     skip = case.find("skipped")
-    if skip is not None:
-        why = (skip.text or skip.get("message") or "").strip().splitlines()[-1:] or [""]
-        why = why[0]
-        skips[why] = skips.get(why, 0) + 1
-        if not any(e in why for e in expected): bad.append(f"unexpected skip: {name}: {why}")
-print(f"  {ran} tests ran, {failed} failed, {sum(skips.values())} skipped")
-for why, n in sorted(skips.items()): print(f"    skipped {n}: {why}")
-for b in bad[:40]: print(f"  {b}")
+    if skip is not None: skips.setdefault(message(skip), []).append(name)
+unexpected = {why: names for why, names in skips.items() if not any(e in why for e in expected)}
+print(f"  {ran} tests ran, {len(failures)} failures, {sum(map(len, skips.values()))} skipped")
+for f in failures[:20]: print(f"  FAILED {f[:300]}")
+for why, names in sorted(skips.items()):
+    mark = "UNEXPECTED " if why in unexpected else ""
+    print(f"  {mark}skipped {len(names)}: {why[:200]} (e.g. {names[0]})")
 if ran == 0: print("  no test ran: FAILED")
-sys.exit(1 if bad or ran == 0 else 0)
+sys.exit(1 if failures or unexpected or ran == 0 else 0)
 PY
 }
 
@@ -385,7 +402,16 @@ sanitize() {
       pack
     fi
   done
-  local tool cases seconds
+  local sanitizer tool cases seconds
+  sanitizer=$(command -v compute-sanitizer || true)
+  for tool in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+    [ -n "$sanitizer" ] || [ ! -x "$tool" ] || sanitizer=$tool
+  done
+  if [ -z "$sanitizer" ]; then
+    note "compute-sanitizer is not on the PATH nor in /usr/local/cuda: FAILED"
+    status=1
+    pack
+  fi
   for tool in $tools; do
     case $tool in
       memcheck) cases=cases-memcheck seconds=260 ;;
@@ -395,7 +421,7 @@ sanitize() {
     esac
     # One tool named: it has the whole budget.
     [ "$tools" = "$tool" ] && seconds=540
-    step "$tool" "$seconds" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 200 \
+    step "$tool" "$seconds" "$sanitizer" --tool "$tool" --error-exitcode 99 --print-limit 200 \
       "$bin/towerlab_tests" --gtest_filter="$(paste -sd: "$work/$cases.txt")" \
       --gtest_output=xml:"$work/$tool.xml" || status=1
     grep -E '(ERROR|RACECHECK) SUMMARY' "$work/$tool.log" | tee -a "$summary" || true
@@ -427,7 +453,7 @@ except (OSError, ValueError, KeyError) as e:
     print(f"  no readable results ({e}): FAILED"); sys.exit(1)
 errors = [r["name"] + ": " + r.get("error_message", "") for r in runs if r.get("error_occurred")]
 print(f"  {len(runs)} benchmarks, {len(errors)} with an error")
-for e in errors[:10]: print(f"  error: {e}")
+for e in errors[:3]: print(f"  error: {e}")
 sys.exit(1 if errors or not runs else 0)
 PY
   done
