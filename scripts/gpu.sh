@@ -1,27 +1,30 @@
 #!/usr/bin/env bash
 # The GPU run: every CUDA test, compute-sanitizer, the kernel benchmarks and the
 # end-to-end FashionNet run on a machine with one NVIDIA GPU (H100/H200, sm_90).
-# See GPU.md in the project's shared notes. The GPU machine has the CUDA toolkit,
-# the driver and PyTorch's wheels (cuDNN, cuBLAS), but no Debian packages and no
-# network, so the binaries are built here and travel with their libraries:
+# The GPU machine has the CUDA toolkit, the driver and PyTorch's wheels (cuDNN,
+# cuBLAS), but no Debian packages and no network, so the binaries are built here
+# and travel with the libraries it lacks:
 #
 #   scripts/gpu.sh prepare     here: the gpu preset (Release, sm_90, CUDA runtime
 #                              linked in, no NCCL, no OpenBLAS), then build/gpu-carry/
-#                              with bin/ (stripped), lib/ (what ldd shows the GPU
-#                              machine lacks), data/ (Fashion-MNIST) and build-info.txt.
-#                              Refuses to finish when the repository's working tree
-#                              plus the carry exceeds the device tool's 64 MiB.
+#                              with bin.tar.gz (bin/: the binaries, stripped; lib/:
+#                              what ldd shows the GPU machine lacks), data/
+#                              (Fashion-MNIST) and build-info.txt. Refuses to finish
+#                              when the repository's working tree plus the carry
+#                              exceeds the device tool's 64 MiB.
 #
-# Then one device call per command below, each well inside the 10-minute limit,
-# each writing one archive <command>.tar.gz and <command>-summary.txt to OUT:
+# Then one device call per command below, each planned well inside the 10-minute
+# limit (the times are estimates; every step has its own timeout), each writing one
+# archive <command>.tar.gz and <command>-summary.txt to OUT:
 #
 #   scripts/gpu.sh check           libraries resolve (ldd) and a GPU is visible
-#   scripts/gpu.sh tests OUT       check, then the whole test binary in one process (~2-4 min)
+#   scripts/gpu.sh tests OUT       the whole test binary in one process (~2-4 min)
 #   scripts/gpu.sh sanitize OUT [memcheck|racecheck|synccheck]
-#                                  compute-sanitizer on the CUDA tests; all three tools
-#                                  when none is named (~8 min), one tool with the whole budget
-#   scripts/gpu.sh bench OUT       the CUDA cases of every bench, JSON (~5 min)
-#   scripts/gpu.sh train OUT       FashionNet, 5 epochs on cuda:0, masters cuda:0 and cpu (~3-6 min)
+#                                  compute-sanitizer on the CUDA tests: all three tools
+#                                  when none is named (at most ~9 min), else the one
+#                                  named with the whole budget
+#   scripts/gpu.sh bench OUT       the CUDA cases of every bench, JSON (~2-5 min)
+#   scripts/gpu.sh train OUT       FashionNet, 5 epochs on cuda:0, masters cuda:0 and cpu (~1-5 min)
 #
 # Device tool call for each (the repository root is the working directory there):
 #   run(command='bash scripts/gpu.sh tests "$OUT"', carry=['build/gpu-carry'], timeout_s=600)
