@@ -38,7 +38,7 @@ constexpr const char* kFooter =
 
 // A value as a message quotes it: on one line, and cut short when long.
 std::string quoted(const std::string& text) {
-  constexpr std::size_t kShown = 40;
+  constexpr std::size_t kShown = 32;
   std::string shown;
   for (char c : text.substr(0, kShown))
     shown += std::iscntrl(static_cast<unsigned char>(c)) ? '?' : c;
