@@ -255,9 +255,9 @@ TEST_F(OutputPaths, BadOutputsThrowIoErrorNamingTheFlagAndThePath) {
   EXPECT_THROW_WITH(sample::check_paths(with(&O::save, at("file/m.safetensors"))), IoError,
                     "--save " + at("file/m.safetensors") + ": is not a directory: " + at("file"));
   EXPECT_THROW_WITH(sample::check_paths(with(&O::trace, dir_.string())), IoError,
-                    "--trace " + dir_.string() + ": is a directory; name a file");
+                    "--trace " + dir_.string() + ": names a directory, not a file");
   EXPECT_THROW_WITH(sample::check_paths(with(&O::summaries, dir_.string() + "/")), IoError,
-                    "is a directory; name a file");
+                    "names a directory, not a file");
   EXPECT_THROW_WITH(sample::check_paths(with(&O::metrics, "/dev/null")), IoError,
                     "--metrics /dev/null: is there and is not a regular file");
   EXPECT_THROW_WITH(sample::check_paths(with(&O::load, at("none.safetensors"))), IoError,

@@ -31,10 +31,11 @@ namespace fs = std::filesystem;
 constexpr const char* kFooter =
     "Exit codes: 0 done; 2 bad input, with one line on stderr that names the flag (or the config "
     "key), the value and what is allowed; 3 training diverged (--numeric-guard).\n"
-    "Checked before any work: every value, --eval-only's companions, --load (a readable file) and "
-    "the outputs (a file in an existing directory the sample may write in). The batch is checked "
-    "against the training set once it is loaded. Outputs are written whole at the end: a file "
-    "there before survives a run that fails.";
+    "Checked before any work: every value; --eval-only needs --load and excludes --save, --trace "
+    "and --summaries; --load names a readable file; each output names a file in an existing "
+    "directory the sample may write in. Checked once the data is loaded, before training: the "
+    "batch is at most the training set. --save, --trace and --metrics are replaced whole, so a "
+    "file there before survives a run that fails.";
 
 // A value as a message quotes it: on one line, and cut short when long.
 std::string quoted(const std::string& text) {
@@ -326,7 +327,7 @@ void check_output(const std::string& flag, const std::string& path) {
   std::error_code ignored;  // a status that cannot be read reads as "not found"
   const fs::file_status status = fs::status(target, ignored);
   TL_CHECK(target.has_filename() && !fs::is_directory(status), IoError,
-           flag << " " << path << ": is a directory; name a file");
+           flag << " " << path << ": names a directory, not a file");
   TL_CHECK(!fs::exists(status) || fs::is_regular_file(status), IoError,
            flag << " " << path << ": is there and is not a regular file");
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
@@ -357,8 +358,9 @@ void check_paths(const Options& o) {
         std::pair{"--trace", &o.trace}, std::pair{"--summaries", &o.summaries}}) {
     if (path->empty()) continue;
     check_output(flag, *path);
-    std::error_code ignored;
-    const fs::path same = fs::weakly_canonical(*path, ignored);
+    std::error_code error;
+    fs::path same = fs::weakly_canonical(*path, error);
+    if (error) same = fs::absolute(*path).lexically_normal();
     for (const auto& [other_flag, other] : outputs) {
       TL_CHECK(other != same, IoError,
                other_flag << " and " << flag << " name the same file " << *path);

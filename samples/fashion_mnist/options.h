@@ -48,8 +48,8 @@ std::optional<int> parse_options(int argc, char** argv, Options& options);
 // Checks the files before any work: --load names a regular file, and every output
 // (--save, --metrics, --trace, --summaries) names a file, not a directory, in an
 // existing directory the sample may write in, and no two outputs name the same file.
-// Creates and truncates nothing: a file that is there survives a run that fails
-// (the outputs are written whole, at the end, by AtomicFile). Throws
+// Creates and truncates nothing: --save, --trace and --metrics are later replaced
+// whole (AtomicFile), so a file there before survives a run that fails. Throws
 // towerlab::IoError naming the flag and the path. parse_options calls it.
 void check_paths(const Options& options);
 
