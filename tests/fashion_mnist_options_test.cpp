@@ -80,9 +80,26 @@ void expect_refused(const Parsed& parsed, const std::string& message, const std:
 }
 
 TEST(FashionMnistOptions, GoodFlagsAreAccepted) {
-  const Parsed parsed = parse({"--batch", "64", "--epochs", "2", "--lr", "1e-2", "--steps", "0",
-                               "--seed", "7", "--schedule", "constant", "--devices", "cpu,cpu",
-                               "--batch", "1e3", "--progress-every", "0"});
+  const Parsed parsed = parse({"--batch",
+                               "64",
+                               "--epochs",
+                               "2",
+                               "--lr",
+                               "1e-2",
+                               "--steps",
+                               "0",
+                               "--seed",
+                               "7",
+                               "--schedule",
+                               "constant",
+                               "--devices",
+                               "cpu,cpu",
+                               "--batch",
+                               "1e3",
+                               "--progress-every",
+                               "0",
+                               "--log-placement",
+                               "--eval-only=false"});
   ASSERT_EQ(parsed.code, std::nullopt) << parsed.printed;
   EXPECT_EQ(parsed.printed, "");
   EXPECT_EQ(parsed.options.batch, 1000);  // the last of a repeated flag; a whole exponent form
@@ -92,6 +109,8 @@ TEST(FashionMnistOptions, GoodFlagsAreAccepted) {
   EXPECT_EQ(parsed.options.schedule, "constant");
   EXPECT_EQ(parsed.options.devices, "cpu,cpu");
   EXPECT_EQ(parsed.options.progress_every, 0);
+  EXPECT_TRUE(parsed.options.log_placement);
+  EXPECT_FALSE(parsed.options.eval_only);
 }
 
 TEST(FashionMnistOptions, HelpExitsZero) {

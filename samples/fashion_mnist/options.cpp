@@ -387,7 +387,9 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
     const std::string flag = flag_of(field.key);
     if (field.type.empty()) {
       app.add_flag_function(
-          flag, [&field, flag](std::int64_t) { field.set(flag, "true"); }, field.help);
+          flag,
+          [&field, flag](std::int64_t count) { field.set(flag, count > 0 ? "true" : "false"); },
+          field.help);
       continue;
     }
     CLI::Option* option = app.add_option_function<std::string>(
