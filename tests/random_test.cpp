@@ -1,6 +1,9 @@
 // The Philox generator: known-answer vectors, distribution moments, and the
 // same numbers on every backend for the same seed.
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <iomanip>
 
 #include "engine/philox.h"
 #include "test_util.h"
@@ -99,7 +102,10 @@ TEST_P(RandomTest, UniformIsTheFmaFormulaOnEveryRange) {
     for (std::int64_t i = 0; i < n; ++i) {
       const float u = philox::to_unit_float(philox::draw(seed, subsequence, std::uint64_t(i)).x);
       const float expected = std::fma(r.high - r.low, u, r.low);
-      ASSERT_EQ(v[std::size_t(i)], expected) << "element " << i;
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(v[std::size_t(i)]),
+                std::bit_cast<std::uint32_t>(expected))
+          << "element " << i << ": " << std::setprecision(9) << v[std::size_t(i)] << " instead of "
+          << expected;
       // volatile: the product is rounded to float before the addition, whatever
       // this file's compiler would contract.
       const volatile float product = (r.high - r.low) * u;
