@@ -19,6 +19,9 @@
 //      gradient for NaN and infinity (see NumericGuard);
 //   5. returns the sample-weighted mean loss, the towers' outputs concatenated in the
 //      input's order, and the log values of the last non-empty tower.
+// So N towers take the same step as one device on the whole batch (to float
+// rounding), whatever N and however unevenly the batch divides.
+//
 // The master variables are updated on the trainer's own master stream. The
 // constructor, step() and broadcast() return only once that stream has finished
 // (one host wait, at the end of the broadcast), so the master's values, gradients
@@ -30,8 +33,6 @@
 // Every tower is on the host or every tower is on GPUs: a list that mixes the two
 // is refused (NotSupported), the ring copying between neighbours on one tower's
 // stream. The master may be on either.
-// So N towers take the same step as one device on the whole batch (to float
-// rounding), whatever N and however unevenly the batch divides.
 #pragma once
 
 #include <cstdint>
