@@ -13,9 +13,10 @@
 // each. Counter `mem` is that traffic per second, beside the copy's (read + write
 // = 2 x bytes): their ratio is how close the ring comes to the memory's speed.
 // busbw cannot come close to the copy's bytes/s on one device: with the copy at
-// memory speed, busbw / copy <= 4(n-1) / (n x passes), passes = 5(n-1) in place:
-// 0.40 for 2 members, 0.20 for 4 (any all-reduce that reads and writes each
-// buffer once: 0.50 and 0.375). Between real GPUs busbw is the link's measure.
+// memory speed, busbw / copy <= 4(n-1) / (n x passes), passes being the buffer
+// lengths read and written, 5(n-1) in place: 0.40 for 2 members, 0.20 for 4 (any
+// all-reduce that reads and writes each buffer once, 2n passes: 0.50 and 0.375).
+// Between real GPUs busbw is the measure of the links.
 #include <benchmark/benchmark.h>
 
 #include "bench_util.h"
