@@ -172,8 +172,8 @@ Allocator::Block* Allocator::split_locked(Block* block, std::size_t size) {
 // `block` is free and in no set; merges it with every adjacent free block of the
 // same owner and returns the merged block, in no set.
 Allocator::Block* Allocator::merge_with_neighbours_locked(Block* block) {
-  auto mergeable = [block](const Block* other) {
-    return other != nullptr && other->free && other->stream == block->stream;
+  auto mergeable = [owner = block->stream](const Block* other) {
+    return other != nullptr && other->free && other->stream == owner;
   };
   auto absorb_next = [this](Block* b) {
     Block* next = b->next;

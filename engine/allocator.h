@@ -5,10 +5,12 @@
 // blocks; a freed block goes back to the cache, so a steady training step makes no
 // cudaMalloc or cudaFree at all.
 //
-// Stream order. Each free block is owned by the stream whose work freed it (the
+// Stream order. A block belongs to the stream it was allocated for (the
 // cudaStream_t; on the host every stream is nullptr, since host work has finished
-// when the call that submitted it returns). An allocation on stream S is served,
-// cheapest first, by:
+// when the call that submitted it returns), and stays its owner once freed: the
+// work that used it was submitted to that stream before the free. (Work on another
+// stream that uses it must be ordered before the free by the caller.) An
+// allocation on stream S is served, cheapest first, by:
 //   1. a free block owned by S: S's later work runs after the work that freed it,
 //      so reuse needs no synchronization;
 //   2. a free block no stream owes work to (see release_stream);
@@ -16,7 +18,9 @@
 //   4. free blocks of other streams: the shortest run of adjacent free blocks that
 //      holds the request, whoever owns them. S is made to wait for the work its
 //      owners have submitted so far (an event on the device: no host wait, no
-//      device-wide synchronize), then the run is S's and merges into one block;
+//      device-wide synchronize), then the run is S's and merges into one block.
+//      The wait covers all of that work, not only the blocks' last use; a steady
+//      step is served by step 1 and does not pay it;
 //   5. with allow_growth, every fully free segment is given back (after waiting
 //      for the device) and a new segment is tried once more.
 // Adjacent free blocks with one owner are always merged, so OutOfMemory means that
