@@ -14,7 +14,10 @@
 //
 // CUDA: towerlab's kernel beside cuBLAS SGEMM (TF32 off), both through matmul()
 // with set_gemm_backend, timed with CUDA events over a batch of launches.
-// Targets: >= 90% of cuBLAS at 4096, >= 75% at 512-1024.
+// Targets: >= 90% of cuBLAS at 4096, >= 75% at 512-1024. Also FashionNet's fc1
+// (3136 -> 128) at a tower's batch of 128 in the three layouts of y = x w^T:
+// forward NT [128,128,3136] (one tile of C: the split-K path), grad_x NN
+// [128,3136,128] and grad_w TN [128,3136,128] (args M/N/K).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -42,17 +45,19 @@ bool transpose_b(Layout l) {
   return l == Layout::NT;
 }
 
-void set_flops(benchmark::State& state, std::int64_t n, std::int64_t products = 1) {
+void set_flops(benchmark::State& state, std::int64_t m, std::int64_t n, std::int64_t k,
+               std::int64_t products = 1) {
   state.counters["FLOP/s"] =
-      benchmark::Counter(2.0 * n * n * n * products, benchmark::Counter::kIsIterationInvariantRate);
+      benchmark::Counter(2.0 * m * n * k * products, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// op(A) [M,K], op(B) [K,N], C [M,N], stored as the layout says.
 struct Operands {
   Tensor a, b, c;
-  Operands(std::int64_t n, const Stream& stream) {
-    a = Tensor::empty({n, n}, stream);
-    b = Tensor::empty({n, n}, stream);
-    c = Tensor::empty({n, n}, stream);
+  Operands(std::int64_t m, std::int64_t n, std::int64_t k, Layout layout, const Stream& stream) {
+    a = Tensor::empty(transpose_a(layout) ? Shape{k, m} : Shape{m, k}, stream);
+    b = Tensor::empty(transpose_b(layout) ? Shape{n, k} : Shape{k, n}, stream);
+    c = Tensor::empty({m, n}, stream);
     random_uniform(a, 1, 0, -1.0f, 1.0f, stream);
     random_uniform(b, 2, 0, -1.0f, 1.0f, stream);
     fill(c, 0.0, stream);
@@ -62,12 +67,12 @@ struct Operands {
 void BM_CpuTowerlab(benchmark::State& state, Layout layout) {
   const std::int64_t n = state.range(0);
   const Stream& stream = default_stream(Device::cpu());
-  Operands x(n, stream);
+  Operands x(n, n, n, layout, stream);
   for (auto _ : state) {
     matmul(x.c, x.a, x.b, transpose_a(layout), transpose_b(layout), 1.0f, 0.0f, stream);
     benchmark::ClobberMemory();
   }
-  set_flops(state, n);
+  set_flops(state, n, n, n);
   state.SetLabel(std::to_string(num_threads()) + " threads");
 }
 
@@ -75,14 +80,14 @@ void BM_CpuTowerlab(benchmark::State& state, Layout layout) {
 void BM_CpuOpenblas(benchmark::State& state, Layout layout) {
   const int n = static_cast<int>(state.range(0));
   const Stream& stream = default_stream(Device::cpu());
-  Operands x(n, stream);
+  Operands x(n, n, n, layout, stream);
   for (auto _ : state) {
     cblas_sgemm(CblasRowMajor, transpose_a(layout) ? CblasTrans : CblasNoTrans,
                 transpose_b(layout) ? CblasTrans : CblasNoTrans, n, n, n, 1.0f, x.a.data<float>(),
                 n, x.b.data<float>(), n, 0.0f, x.c.data<float>(), n);
     benchmark::ClobberMemory();
   }
-  set_flops(state, n);
+  set_flops(state, n, n, n);
 }
 #endif
 
@@ -91,10 +96,10 @@ void BM_Cuda(benchmark::State& state, Layout layout, GemmBackend backend) {
     state.SkipWithError("no CUDA device");
     return;
   }
-  const std::int64_t n = state.range(0);
-  const int reps = n >= 4096 ? 5 : 50;  // enough work per timing to hide launch gaps
+  const std::int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const int reps = m * n * k >= std::int64_t{1} << 36 ? 5 : 50;  // hide launch gaps
   Stream stream(Device::cuda(0));
-  Operands x(n, stream);
+  Operands x(m, n, k, layout, stream);
   Event start(stream.device(), true), stop(stream.device(), true);
   set_gemm_backend(backend);
   matmul(x.c, x.a, x.b, transpose_a(layout), transpose_b(layout), 1.0f, 0.0f, stream);  // warm-up
@@ -108,7 +113,7 @@ void BM_Cuda(benchmark::State& state, Layout layout, GemmBackend backend) {
     state.SetIterationTime(Event::elapsed_ms(start, stop) / 1000.0);
   }
   set_gemm_backend(GemmBackend::Towerlab);
-  set_flops(state, n, reps);
+  set_flops(state, m, n, k, reps);
 }
 
 // The fastest repetition is the one least disturbed by other processes, for both
@@ -125,8 +130,16 @@ void cpu_sizes(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->UseRealTime()->ComputeStatistics("max", max_of);
 }
 void cuda_sizes(benchmark::internal::Benchmark* b) {
-  for (int n : {512, 1024, 4096}) b->Arg(n);
+  for (int n : {512, 1024, 4096}) b->Args({n, n, n});
   b->UseManualTime()->Unit(benchmark::kMillisecond)->ComputeStatistics("max", max_of);
+}
+void fc1_forward(benchmark::internal::Benchmark* b) {
+  b->Args({128, 128, 3136});
+  b->UseManualTime()->Unit(benchmark::kMicrosecond)->ComputeStatistics("max", max_of);
+}
+void fc1_backward(benchmark::internal::Benchmark* b) {
+  b->Args({128, 3136, 128});
+  b->UseManualTime()->Unit(benchmark::kMicrosecond)->ComputeStatistics("max", max_of);
 }
 
 // TOWERLAB_NUM_THREADS=n sets towerlab's thread count (to match OPENBLAS_NUM_THREADS).
@@ -155,3 +168,12 @@ TL_CPU_PAIR(TN);
 TL_CUDA_PAIR(NN);
 TL_CUDA_PAIR(NT);
 TL_CUDA_PAIR(TN);
+
+// FashionNet's fc1, each layout beside cuBLAS.
+#define TL_CUDA_FC1(NAME, L, SHAPE)                                                   \
+  BENCHMARK_CAPTURE(BM_Cuda, cublas_fc1_##NAME##_##L, Layout::L, GemmBackend::Cublas) \
+      ->Apply(SHAPE);                                                                 \
+  BENCHMARK_CAPTURE(BM_Cuda, cuda_fc1_##NAME##_##L, Layout::L, GemmBackend::Towerlab)->Apply(SHAPE)
+TL_CUDA_FC1(forward, NT, fc1_forward);
+TL_CUDA_FC1(grad_x, NN, fc1_backward);
+TL_CUDA_FC1(grad_w, TN, fc1_backward);
