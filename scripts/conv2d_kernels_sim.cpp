@@ -159,13 +159,14 @@ int main(int argc, char** argv) {
       {"C20_K40_big", 4, 20, 30, 30, 40, 3, 3, P(1, 1, 1, 1), true},
   };
   // Backward-weight alone: FashionNet's first layer (1 -> 32, 28x28, no bias) at
-  // the batches a tower sees, a batch that does not divide into the splits, and
-  // tiny images (each split must hold several).
+  // the batches a tower sees, a batch that does not divide into the splits, tiny
+  // images (each split must hold several), and one image too short to split.
   std::vector<Case> weight_cases = {
       {"fashion1_b128", 128, 1, 28, 28, 32, 3, 3, P(1, 1, 1, 1), false},
       {"fashion1_b512", 512, 1, 28, 28, 32, 3, 3, P(1, 1, 1, 1), false},
       {"fashion1_b37", 37, 1, 28, 28, 32, 3, 3, P(1, 1, 1, 1), false},
       {"C5_K70_2x2_b200", 200, 5, 2, 2, 70, 1, 1, P(1, 1, 0, 0), false},
+      {"unsplit_b1_5x5", 1, 3, 11, 9, 7, 5, 5, P(1, 1, 2, 2), false},
   };
   if (large)
     weight_cases.push_back({"fashion2_b128", 128, 32, 14, 14, 64, 3, 3, P(1, 1, 1, 1), false});

@@ -520,6 +520,7 @@ struct WeightSplitPlan {
 WeightSplitPlan plan_weight_split(const Dims& d, std::int64_t tiles, int bk, int sms) {
   const std::int64_t length = std::int64_t{d.N} * d.PQ;
   const int splits = split_count(tiles, 2 * std::int64_t{sms}, length, 8 * bk);
+  if (splits == 1) return {1, d.N};
   const int images_per_split = ceil_div(d.N, splits);
   return {ceil_div(d.N, images_per_split), images_per_split};  // rounding may leave fewer
 }
