@@ -138,6 +138,7 @@ void backward_weight_checks(const Case& c, unsigned& seed) {
 }
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress shows when piped to a log
   sim_sms = argc > 1 ? std::atoi(argv[1]) : 8;
   const bool large = argc > 2 && std::string(argv[2]) == "large";
   auto P = [](std::int64_t sh, std::int64_t sw, std::int64_t ph, std::int64_t pw,

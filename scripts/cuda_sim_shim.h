@@ -113,9 +113,12 @@ constexpr int kBlockSize = 256;
 inline int sm_count(int) {
   return sim_sms;
 }
+// Two blocks per SM where launch.cuh gives 32: every kernel launched with it is
+// a grid-stride loop, which fewer blocks check as well (each thread takes
+// several elements) with a sixteenth of the host threads.
 inline unsigned grid_for(std::int64_t n, const Stream&, int block = kBlockSize) {
   const std::int64_t wanted = (n + block - 1) / block;
-  return static_cast<unsigned>(std::clamp<std::int64_t>(wanted, 1, std::int64_t{32} * sim_sms));
+  return static_cast<unsigned>(std::clamp<std::int64_t>(wanted, 1, std::int64_t{2} * sim_sms));
 }
 extern long sim_blocks_run;
 inline std::vector<sim_dim3> sim_grids;                    // every launch's grid, in order
