@@ -431,17 +431,8 @@ __global__ void bias_partial_kernel(float* partial, const float* grad_y, int N, 
     const float* plane = grad_y + (static_cast<std::int64_t>(n) * K + k) * PQ;  // [P*Q]
     for (int i = static_cast<int>(threadIdx.x); i < PQ; i += kBlockSize) total += __ldg(plane + i);
   }
-  __shared__ float warp_sums[kBlockSize / 32];
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2)
-    total += __shfl_down_sync(0xffffffffu, total, offset);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = total;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float block_total = 0.0f;
-    for (int w = 0; w < kBlockSize / 32; ++w) block_total += warp_sums[w];
-    partial[group * K + k] = block_total;
-  }
+  total = block_sum<kBlockSize>(total);
+  if (threadIdx.x == 0) partial[group * K + k] = total;
 }
 
 // The epilogue of both split reductions: out[i] += sum (gradients accumulate).
