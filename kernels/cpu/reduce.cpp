@@ -29,7 +29,7 @@ std::int64_t first_nonfinite(const Tensor& x) {
     const T* in = x.data<T>();  // [n]
     parallel_rows(n, 1, [&](std::int64_t lo, std::int64_t hi) {
       for (std::int64_t i = lo; i < hi; ++i) {
-        if (!std::isfinite(in[i])) {
+        if (!std::isfinite(in[i])) {  // this range's first: lower `first` to it
           std::int64_t seen = first.load();
           while (i < seen && !first.compare_exchange_weak(seen, i)) {
           }
