@@ -1,7 +1,9 @@
 // CPU optimizer updates: the specification for kernels/cuda/optimizer.cu. One loop
 // per update over the n elements of the flat buffers, in the buffers' dtype; the
 // loops carry no dependence between elements, so the compiler vectorizes them and
-// they split over the thread pool at any boundary (kernels/cpu/parallel.h).
+// they split over the thread pool at any boundary (kernels/cpu/parallel.h). The
+// range bodies capture by value: with the scalars captured by reference, a store
+// through p might change them as far as the compiler knows, and the loops stay scalar.
 #include <cmath>
 #include <cstdint>
 
@@ -21,7 +23,7 @@ void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& velocity,
     const auto wd = static_cast<T>(params.weight_decay);
     const std::int64_t n = param.numel();
     T* __restrict v = velocity.defined() ? velocity.data<T>() : nullptr;  // [n]
-    parallel_rows(n, 1, [&](std::int64_t lo, std::int64_t hi) {
+    parallel_rows(n, 1, [=](std::int64_t lo, std::int64_t hi) {
       if (v == nullptr) {
         for (std::int64_t i = lo; i < hi; ++i) p[i] -= lr * (g[i] + wd * p[i]);
       } else if (params.nesterov) {
@@ -54,7 +56,7 @@ void rmsprop_update(const Tensor& param, const Tensor& grad, const Tensor& mean_
     const auto eps = static_cast<T>(params.epsilon);
     const std::int64_t n = param.numel();
     T* __restrict mg = mean_grad.defined() ? mean_grad.data<T>() : nullptr;  // [n]
-    parallel_rows(n, 1, [&](std::int64_t lo, std::int64_t hi) {
+    parallel_rows(n, 1, [=](std::int64_t lo, std::int64_t hi) {
       if (mg != nullptr) {
         for (std::int64_t i = lo; i < hi; ++i) {
           ms[i] = rho * ms[i] + one_minus_rho * g[i] * g[i];
@@ -90,7 +92,7 @@ void adam_update(const Tensor& param, const Tensor& grad, const Tensor& m, const
     const auto decay_factor = static_cast<T>(step.decay_factor);
     const auto step_size = static_cast<T>(step.step_size);
     const auto bc2_sqrt = static_cast<T>(step.bias_correction2_sqrt);
-    parallel_rows(param.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
+    parallel_rows(param.numel(), 1, [=](std::int64_t lo, std::int64_t hi) {
       for (std::int64_t i = lo; i < hi; ++i) {
         const T p0 = p[i] * decay_factor;
         const T gi = g[i] + wd * p[i];
