@@ -1,8 +1,8 @@
 // Where a FashionNet training step spends its time on the CPU: each layer's forward
-// and backward, the loss, and the rest of the trainer's step (batch split, ring
-// all-reduce, Adam update, copies to the replicas), as shares of one measured step;
-// and how far the step is from the GEMM-bound limit (the step's convolution and
-// matrix-product FLOPs at the rate of one large GEMM on all threads).
+// and backward and the loss, as shares of one tower's pass; what the trainer's step
+// adds beyond that pass (batch split, ring all-reduce, Adam update, copies to the
+// replicas); and how far the step is from the GEMM-bound limit (the step's
+// convolution and matrix-product FLOPs at the rate of one large GEMM on all threads).
 //
 //   step_profile_bench [--towers T] [--batch B] [--steps S]
 //
@@ -243,17 +243,22 @@ int main(int argc, char** argv) {
               towers, static_cast<long long>(batch), static_cast<long long>(per_tower),
               num_threads());
   std::printf("trainer step: %.2f ms (%.0f images/s)\n\n", step_ms, batch * 1000.0 / step_ms);
+  // Shares are of tower 0's whole pass (its layers and loss), which the marker ops
+  // leave out; the trainer step adds the split, ring, Adam update and copies.
+  double pass_ms = p.loss_forward + p.loss_backward;
+  for (std::size_t i = 0; i < layers.size(); ++i) pass_ms += p.forward[i] + p.backward[i];
+  pass_ms /= steps;
   std::printf("%-10s %12s %8s %12s %8s\n", "layer", "forward ms", "share", "backward ms", "share");
-  double total = 0;
   auto row = [&](const std::string& name, double f, double b) {
     std::printf("%-10s %12.3f %7.1f%% %12.3f %7.1f%%\n", name.c_str(), f / steps,
-                100.0 * f / steps / step_ms, b / steps, 100.0 * b / steps / step_ms);
-    total += (f + b) / steps;
+                100.0 * f / steps / pass_ms, b / steps, 100.0 * b / steps / pass_ms);
   };
   for (std::size_t i = 0; i < layers.size(); ++i) row(layers[i].name, p.forward[i], p.backward[i]);
   row("loss", p.loss_forward, p.loss_backward);
-  std::printf("%-10s %12s %8s %12.3f %7.1f%%  (split, ring, Adam, copies, waiting)\n", "rest", "",
-              "", step_ms - total, 100.0 * (step_ms - total) / step_ms);
+  std::printf(
+      "tower 0's pass: %.2f ms; the trainer step beyond it (split, ring, Adam, copies, "
+      "waiting): %.2f ms\n",
+      pass_ms, step_ms - pass_ms);
   std::printf(
       "\nGEMM rate (1024^3, all threads): %.1f GFLOP/s; step FLOPs %.2f G; GEMM-bound "
       "limit %.2f ms = %.1f%% of the step\n",
