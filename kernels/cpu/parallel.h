@@ -14,8 +14,9 @@
 // channels), never over the values one output sums.
 //
 // Towers: CPU towers call kernels from several threads at once. parallel_for runs
-// inline on a caller that finds the pool busy, so towers that already fill the
-// cores do not queue behind each other.
+// inline on a caller that finds the pool busy, so no tower queues behind another;
+// but a tower that finds it free takes the workers while the other towers keep
+// running, so T towers on T cores briefly run more threads than cores.
 #pragma once
 
 #include <cstdint>
