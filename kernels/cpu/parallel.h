@@ -2,9 +2,12 @@
 //
 //   parallel_rows(rows, values_per_row, body)
 //     calls body(first, last) on contiguous ranges that cover [0, rows) exactly
-//     once: through parallel_for when the loop touches at least kMinParallelValues
-//     values, on the calling thread alone when it is too small to pay for waking
-//     the pool's workers (a few microseconds each).
+//     once: on the calling thread alone when the loop touches fewer than
+//     kMinParallelValues values (waking a worker costs about what one core needs to
+//     stream them), otherwise on the pool's threads, which claim blocks of about
+//     kBlockValues values one at a time. A thread that the OS delays (another
+//     process on its core) then takes fewer blocks instead of holding up the loop,
+//     and a block that no worker has claimed yet is run by the caller.
 //
 // Determinism: a kernel splits only a loop whose rows write disjoint outputs, and
 // each row does its own arithmetic in the same order whichever range it lands in.
@@ -19,6 +22,8 @@
 // running, so T towers on T cores briefly run more threads than cores.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "engine/thread_pool.h"
@@ -26,8 +31,11 @@
 namespace towerlab::cpu {
 
 // Below this many values (about 64 KiB of float32 read or written), a loop runs on
-// the calling thread: waking a worker costs about what one core needs to stream it.
+// the calling thread.
 inline constexpr std::int64_t kMinParallelValues = 16384;
+// The size of the blocks threads claim: small enough to even out a delayed thread,
+// large enough that one atomic add per block costs nothing.
+inline constexpr std::int64_t kBlockValues = 8192;
 
 template <typename Body>
 void parallel_rows(std::int64_t rows, std::int64_t values_per_row, const Body& body) {
@@ -36,7 +44,14 @@ void parallel_rows(std::int64_t rows, std::int64_t values_per_row, const Body& b
     body(std::int64_t{0}, rows);
     return;
   }
-  parallel_for(0, rows, body);
+  const std::int64_t block = std::max<std::int64_t>(1, kBlockValues / values_per_row);  // rows
+  const std::int64_t blocks = (rows + block - 1) / block;
+  std::atomic<std::int64_t> next{0};
+  parallel_for(0, std::min<std::int64_t>(num_threads(), blocks), [&](std::int64_t, std::int64_t) {
+    for (std::int64_t b = next.fetch_add(1); b < blocks; b = next.fetch_add(1)) {
+      body(b * block, std::min(rows, (b + 1) * block));
+    }
+  });
 }
 
 }  // namespace towerlab::cpu
