@@ -1,12 +1,18 @@
 // CPU batch normalization: the specification for kernels/cuda/batchnorm.cu.
-// x is viewed as [N,C,S] (S = H*W); every loop walks memory in order (n, then c,
-// then s), accumulating per-channel sums in double whatever the dtype.
+// x is viewed as [N,C,S] (S = H*W); per-channel sums are accumulated in double
+// whatever the dtype.
+//
+// Threads (kernels/cpu/parallel.h): the reductions split over channels, and each
+// channel sums its rows in order n = 0, 1, ... on whichever thread runs it, so the
+// statistics are the same bits for any number of threads; the elementwise passes
+// split over the N images.
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "kernels/batchnorm.h"
 #include "kernels/cpu/dtype_dispatch.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/per_channel.h"
 
 namespace towerlab::cpu {
@@ -20,28 +26,26 @@ void batchnorm_stats(const Tensor& mean, const Tensor& m2, const Tensor& x, std:
     T* mean_out = mean.data<T>();  // [C]
     T* m2_out = m2.data<T>();      // [C]
     const double count = static_cast<double>(N * S);
-    std::vector<double> sum(C, 0.0), sq(C, 0.0);  // [C]
-    for (std::int64_t n = 0; n < N; ++n) {
-      for (std::int64_t c = 0; c < C; ++c) {
-        const T* row = in + (n * C + c) * S;
-        sum[c] += sum_over(S, [&](std::int64_t s) { return static_cast<double>(row[s]); });
+    parallel_rows(C, 2 * N * S, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t c = first; c < last; ++c) {
+        double sum = 0.0;
+        for (std::int64_t n = 0; n < N; ++n) {
+          const T* row = in + (n * C + c) * S;
+          sum += sum_over(S, [&](std::int64_t s) { return static_cast<double>(row[s]); });
+        }
+        const double mu = sum / count;
+        double sq = 0.0;
+        for (std::int64_t n = 0; n < N; ++n) {
+          const T* row = in + (n * C + c) * S;
+          sq += sum_over(S, [&](std::int64_t s) {
+            const double dev = static_cast<double>(row[s]) - mu;
+            return dev * dev;
+          });
+        }
+        mean_out[c] = static_cast<T>(mu);
+        m2_out[c] = static_cast<T>(sq);
       }
-    }
-    for (std::int64_t c = 0; c < C; ++c) sum[c] /= count;  // now the mean
-    for (std::int64_t n = 0; n < N; ++n) {
-      for (std::int64_t c = 0; c < C; ++c) {
-        const T* row = in + (n * C + c) * S;
-        const double mu = sum[c];
-        sq[c] += sum_over(S, [&](std::int64_t s) {
-          const double dev = static_cast<double>(row[s]) - mu;
-          return dev * dev;
-        });
-      }
-    }
-    for (std::int64_t c = 0; c < C; ++c) {
-      mean_out[c] = static_cast<T>(sum[c]);
-      m2_out[c] = static_cast<T>(sq[c]);
-    }
+    });
   });
 }
 
@@ -71,14 +75,16 @@ namespace {
 template <typename T>
 void normalize(T* y, const T* x, const std::vector<T>& center, const std::vector<T>& scale,
                const T* shift, std::int64_t N, std::int64_t C, std::int64_t S) {
-  for (std::int64_t n = 0; n < N; ++n) {
-    for (std::int64_t c = 0; c < C; ++c) {
-      const std::int64_t base = (n * C + c) * S;
-      for (std::int64_t s = 0; s < S; ++s) {
-        y[base + s] = (x[base + s] - center[c]) * scale[c] + shift[c];
+  parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t n = first; n < last; ++n) {
+      for (std::int64_t c = 0; c < C; ++c) {
+        const std::int64_t base = (n * C + c) * S;
+        for (std::int64_t s = 0; s < S; ++s) {
+          y[base + s] = (x[base + s] - center[c]) * scale[c] + shift[c];
+        }
       }
     }
-  }
+  });
 }
 
 }  // namespace
@@ -135,28 +141,28 @@ void batchnorm_backward_reduce(const Tensor& sum_grad_y, const Tensor& sum_grad_
                                const Tensor& inv_std, std::int64_t N, std::int64_t C,
                                std::int64_t S) {
   with_dtype(x.dtype(), [&]<typename T>() {
-    const T* gy = grad_y.data<T>();                           // [N,C,S]
-    const T* in = x.data<T>();                                // [N,C,S]
-    const T* mu = mean.data<T>();                             // [C]
-    const T* istd = inv_std.data<T>();                        // [C]
-    std::vector<double> sum_gy(C, 0.0), sum_gy_xhat(C, 0.0);  // [C]
-    for (std::int64_t n = 0; n < N; ++n) {
-      for (std::int64_t c = 0; c < C; ++c) {
-        const T* gy_row = gy + (n * C + c) * S;
-        const T* x_row = in + (n * C + c) * S;
-        const double m = static_cast<double>(mu[c]);
-        sum_gy[c] += sum_over(S, [&](std::int64_t s) { return static_cast<double>(gy_row[s]); });
-        sum_gy_xhat[c] += sum_over(S, [&](std::int64_t s) {
-          return static_cast<double>(gy_row[s]) * (static_cast<double>(x_row[s]) - m);
-        });
-      }
-    }
+    const T* gy = grad_y.data<T>();        // [N,C,S]
+    const T* in = x.data<T>();             // [N,C,S]
+    const T* mu = mean.data<T>();          // [C]
+    const T* istd = inv_std.data<T>();     // [C]
     T* out_a = sum_grad_y.data<T>();       // [C]
     T* out_b = sum_grad_y_xhat.data<T>();  // [C]
-    for (std::int64_t c = 0; c < C; ++c) {
-      out_a[c] = static_cast<T>(sum_gy[c]);
-      out_b[c] = static_cast<T>(sum_gy_xhat[c] * static_cast<double>(istd[c]));
-    }
+    parallel_rows(C, 2 * N * S, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t c = first; c < last; ++c) {
+        const double m = static_cast<double>(mu[c]);
+        double sum_gy = 0.0, sum_gy_xhat = 0.0;
+        for (std::int64_t n = 0; n < N; ++n) {
+          const T* gy_row = gy + (n * C + c) * S;
+          const T* x_row = in + (n * C + c) * S;
+          sum_gy += sum_over(S, [&](std::int64_t s) { return static_cast<double>(gy_row[s]); });
+          sum_gy_xhat += sum_over(S, [&](std::int64_t s) {
+            return static_cast<double>(gy_row[s]) * (static_cast<double>(x_row[s]) - m);
+          });
+        }
+        out_a[c] = static_cast<T>(sum_gy);
+        out_b[c] = static_cast<T>(sum_gy_xhat * static_cast<double>(istd[c]));
+      }
+    });
   });
 }
 
@@ -174,18 +180,20 @@ void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const 
     const T* sa = sum_grad_y.data<T>();       // [C]
     const T* sb = sum_grad_y_xhat.data<T>();  // [C]
     const T inv_count = static_cast<T>(1.0 / static_cast<double>(count));
-    for (std::int64_t n = 0; n < N; ++n) {
-      for (std::int64_t c = 0; c < C; ++c) {
-        const std::int64_t base = (n * C + c) * S;
-        const T k = g[c] * istd[c];
-        const T mean_gy = sa[c] * inv_count;
-        const T mean_gy_xhat = sb[c] * inv_count;
-        for (std::int64_t s = 0; s < S; ++s) {
-          const T xhat = (in[base + s] - mu[c]) * istd[c];
-          gx[base + s] += k * (gy[base + s] - mean_gy - xhat * mean_gy_xhat);
+    parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t n = first; n < last; ++n) {
+        for (std::int64_t c = 0; c < C; ++c) {
+          const std::int64_t base = (n * C + c) * S;
+          const T k = g[c] * istd[c];
+          const T mean_gy = sa[c] * inv_count;
+          const T mean_gy_xhat = sb[c] * inv_count;
+          for (std::int64_t s = 0; s < S; ++s) {
+            const T xhat = (in[base + s] - mu[c]) * istd[c];
+            gx[base + s] += k * (gy[base + s] - mean_gy - xhat * mean_gy_xhat);
+          }
         }
       }
-    }
+    });
   });
 }
 

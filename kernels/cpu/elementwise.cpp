@@ -1,10 +1,13 @@
 // CPU elementwise kernels: the specification the CUDA kernels are tested against.
-// Plain loops over n elements; the compiler vectorizes them.
+// Plain loops over n elements, which the compiler vectorizes. Element i depends on
+// element i alone, so the loops split over the thread pool at any boundary
+// (kernels/cpu/parallel.h).
 #include "kernels/elementwise.h"
 
 #include <cstdint>
 
 #include "kernels/cpu/dtype_dispatch.h"
+#include "kernels/cpu/parallel.h"
 
 namespace towerlab::cpu {
 
@@ -12,7 +15,9 @@ void fill(const Tensor& x, double value) {
   with_dtype(x.dtype(), [&]<typename T>() {
     T* p = x.data<T>();  // [n]
     const auto v = static_cast<T>(value);
-    for (std::int64_t i = 0; i < x.numel(); ++i) p[i] = v;
+    parallel_rows(x.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t i = lo; i < hi; ++i) p[i] = v;
+    });
   });
 }
 
@@ -21,7 +26,9 @@ void copy(const Tensor& dst, const Tensor& src) {
     with_dtype(src.dtype(), [&]<typename S>() {
       D* out = dst.data<D>();       // [n]
       const S* in = src.data<S>();  // [n]
-      for (std::int64_t i = 0; i < dst.numel(); ++i) out[i] = static_cast<D>(in[i]);
+      parallel_rows(dst.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t i = lo; i < hi; ++i) out[i] = static_cast<D>(in[i]);
+      });
     });
   });
 }
@@ -31,18 +38,19 @@ void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
     T* o = out.data<T>();      // [n]
     const T* x = a.data<T>();  // [n]
     const T* y = b.data<T>();  // [n]
-    const std::int64_t n = out.numel();
-    switch (op) {
-      case BinaryOp::Add:
-        for (std::int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
-        break;
-      case BinaryOp::Sub:
-        for (std::int64_t i = 0; i < n; ++i) o[i] = x[i] - y[i];
-        break;
-      case BinaryOp::Mul:
-        for (std::int64_t i = 0; i < n; ++i) o[i] = x[i] * y[i];
-        break;
-    }
+    parallel_rows(out.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
+      switch (op) {
+        case BinaryOp::Add:
+          for (std::int64_t i = lo; i < hi; ++i) o[i] = x[i] + y[i];
+          break;
+        case BinaryOp::Sub:
+          for (std::int64_t i = lo; i < hi; ++i) o[i] = x[i] - y[i];
+          break;
+        case BinaryOp::Mul:
+          for (std::int64_t i = lo; i < hi; ++i) o[i] = x[i] * y[i];
+          break;
+      }
+    });
   });
 }
 
@@ -51,7 +59,9 @@ void scale(const Tensor& out, const Tensor& x, double alpha) {
     T* o = out.data<T>();       // [n]
     const T* in = x.data<T>();  // [n]
     const auto a = static_cast<T>(alpha);
-    for (std::int64_t i = 0; i < out.numel(); ++i) o[i] = a * in[i];
+    parallel_rows(out.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t i = lo; i < hi; ++i) o[i] = a * in[i];
+    });
   });
 }
 
@@ -60,7 +70,9 @@ void axpy(const Tensor& y, double alpha, const Tensor& x) {
     T* out = y.data<T>();       // [n]
     const T* in = x.data<T>();  // [n]
     const auto a = static_cast<T>(alpha);
-    for (std::int64_t i = 0; i < y.numel(); ++i) out[i] += a * in[i];
+    parallel_rows(y.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t i = lo; i < hi; ++i) out[i] += a * in[i];
+    });
   });
 }
 
@@ -68,7 +80,9 @@ void axpy_scalar(const Tensor& y, double alpha, const Tensor& s) {
   with_dtype(y.dtype(), [&]<typename T>() {
     T* out = y.data<T>();  // [n]
     const T v = static_cast<T>(alpha) * s.data<T>()[0];
-    for (std::int64_t i = 0; i < y.numel(); ++i) out[i] += v;
+    parallel_rows(y.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t i = lo; i < hi; ++i) out[i] += v;
+    });
   });
 }
 

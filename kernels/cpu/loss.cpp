@@ -1,9 +1,15 @@
 // CPU losses: the specification for kernels/cuda/loss.cu. Sums are accumulated in
 // double whatever the dtype; the softmax subtracts each row's maximum before exp.
+//
+// Threads (kernels/cpu/parallel.h): the gradients are elementwise (or per row of
+// logits) and split over the thread pool. Each loss value is one running sum in
+// index order on one thread: a split would change its rounding, which is part of
+// the specification (and a FashionNet loss sums 128 rows of 10 logits).
 #include <cmath>
 #include <cstdint>
 
 #include "kernels/cpu/dtype_dispatch.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/loss.h"
 
 namespace towerlab::cpu {
@@ -56,11 +62,13 @@ void mse_backward(const Tensor& grad_pred, const Tensor& grad_target, const Tens
     const T factor = static_cast<T>(2.0 * scale * static_cast<double>(grad_loss.data<T>()[0]));
     T* gp = grad_pred.defined() ? grad_pred.data<T>() : nullptr;      // [n]
     T* gt = grad_target.defined() ? grad_target.data<T>() : nullptr;  // [n]
-    for (std::int64_t i = 0; i < pred.numel(); ++i) {
-      const T g = factor * (p[i] - t[i]);
-      if (gp != nullptr) gp[i] += g;
-      if (gt != nullptr) gt[i] -= g;
-    }
+    parallel_rows(pred.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t i = lo; i < hi; ++i) {
+        const T g = factor * (p[i] - t[i]);
+        if (gp != nullptr) gp[i] += g;
+        if (gt != nullptr) gt[i] -= g;
+      }
+    });
   });
 }
 
@@ -105,15 +113,17 @@ void softmax_cross_entropy_backward(const Tensor& grad_logits, const Tensor& gra
     const T* label = labels.data<T>();  // [N]
     T* grad = grad_logits.data<T>();    // [N,K]
     const double factor = scale * static_cast<double>(grad_loss.data<T>()[0]);
-    for (std::int64_t n = 0; n < rows; ++n) {
-      const T* row = x + n * num_classes;
-      const RowSoftmax<T> s = row_softmax(row, num_classes);
-      const auto target = static_cast<std::int64_t>(label[n]);
-      for (std::int64_t k = 0; k < num_classes; ++k) {
-        const double p = std::exp(static_cast<double>(row[k] - s.max)) / s.sum_exp;
-        grad[n * num_classes + k] += static_cast<T>(factor * (p - (k == target ? 1.0 : 0.0)));
+    parallel_rows(rows, num_classes, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t n = first; n < last; ++n) {
+        const T* row = x + n * num_classes;
+        const RowSoftmax<T> s = row_softmax(row, num_classes);
+        const auto target = static_cast<std::int64_t>(label[n]);
+        for (std::int64_t k = 0; k < num_classes; ++k) {
+          const double p = std::exp(static_cast<double>(row[k] - s.max)) / s.sum_exp;
+          grad[n * num_classes + k] += static_cast<T>(factor * (p - (k == target ? 1.0 : 0.0)));
+        }
       }
-    }
+    });
   });
 }
 
@@ -145,7 +155,9 @@ void l2_loss_backward(const Tensor& grad_w, const Tensor& grad_loss, const Tenso
     const T* in = w.data<T>();   // [n]
     T* grad = grad_w.data<T>();  // [n]
     const T factor = static_cast<T>(scale * static_cast<double>(grad_loss.data<T>()[0]));
-    for (std::int64_t i = 0; i < w.numel(); ++i) grad[i] += factor * in[i];
+    parallel_rows(w.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t i = lo; i < hi; ++i) grad[i] += factor * in[i];
+    });
   });
 }
 

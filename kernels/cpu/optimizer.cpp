@@ -1,10 +1,14 @@
 // CPU optimizer updates: the specification for kernels/cuda/optimizer.cu. One loop
 // per update over the n elements of the flat buffers, in the buffers' dtype; the
-// loops carry no dependence between elements, so the compiler vectorizes them.
+// loops carry no dependence between elements, so the compiler vectorizes them and
+// they split over the thread pool at any boundary (kernels/cpu/parallel.h). The
+// range bodies capture by value: with the scalars captured by reference, a store
+// through p might change them as far as the compiler knows, and the loops stay scalar.
 #include <cmath>
 #include <cstdint>
 
 #include "kernels/cpu/dtype_dispatch.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/optimizer.h"
 
 namespace towerlab::cpu {
@@ -18,23 +22,23 @@ void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& velocity,
     const auto mu = static_cast<T>(params.momentum);
     const auto wd = static_cast<T>(params.weight_decay);
     const std::int64_t n = param.numel();
-    if (!velocity.defined()) {
-      for (std::int64_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
-      return;
-    }
-    T* __restrict v = velocity.data<T>();  // [n]
-    if (params.nesterov) {
-      for (std::int64_t i = 0; i < n; ++i) {
-        const T d = g[i] + wd * p[i];
-        v[i] = mu * v[i] + d;
-        p[i] -= lr * (d + mu * v[i]);
+    T* __restrict v = velocity.defined() ? velocity.data<T>() : nullptr;  // [n]
+    parallel_rows(n, 1, [=](std::int64_t lo, std::int64_t hi) {
+      if (v == nullptr) {
+        for (std::int64_t i = lo; i < hi; ++i) p[i] -= lr * (g[i] + wd * p[i]);
+      } else if (params.nesterov) {
+        for (std::int64_t i = lo; i < hi; ++i) {
+          const T d = g[i] + wd * p[i];
+          v[i] = mu * v[i] + d;
+          p[i] -= lr * (d + mu * v[i]);
+        }
+      } else {
+        for (std::int64_t i = lo; i < hi; ++i) {
+          v[i] = mu * v[i] + (g[i] + wd * p[i]);
+          p[i] -= lr * v[i];
+        }
       }
-    } else {
-      for (std::int64_t i = 0; i < n; ++i) {
-        v[i] = mu * v[i] + (g[i] + wd * p[i]);
-        p[i] -= lr * v[i];
-      }
-    }
+    });
   });
 }
 
@@ -51,21 +55,23 @@ void rmsprop_update(const Tensor& param, const Tensor& grad, const Tensor& mean_
     const auto mu = static_cast<T>(params.momentum);
     const auto eps = static_cast<T>(params.epsilon);
     const std::int64_t n = param.numel();
-    if (mean_grad.defined()) {
-      T* __restrict mg = mean_grad.data<T>();  // [n]
-      for (std::int64_t i = 0; i < n; ++i) {
-        ms[i] = rho * ms[i] + one_minus_rho * g[i] * g[i];
-        mg[i] = rho * mg[i] + one_minus_rho * g[i];
-        mom[i] = mu * mom[i] + lr * g[i] / std::sqrt(ms[i] - mg[i] * mg[i] + eps);
-        p[i] -= mom[i];
+    T* __restrict mg = mean_grad.defined() ? mean_grad.data<T>() : nullptr;  // [n]
+    parallel_rows(n, 1, [=](std::int64_t lo, std::int64_t hi) {
+      if (mg != nullptr) {
+        for (std::int64_t i = lo; i < hi; ++i) {
+          ms[i] = rho * ms[i] + one_minus_rho * g[i] * g[i];
+          mg[i] = rho * mg[i] + one_minus_rho * g[i];
+          mom[i] = mu * mom[i] + lr * g[i] / std::sqrt(ms[i] - mg[i] * mg[i] + eps);
+          p[i] -= mom[i];
+        }
+      } else {
+        for (std::int64_t i = lo; i < hi; ++i) {
+          ms[i] = rho * ms[i] + one_minus_rho * g[i] * g[i];
+          mom[i] = mu * mom[i] + lr * g[i] / std::sqrt(ms[i] + eps);
+          p[i] -= mom[i];
+        }
       }
-    } else {
-      for (std::int64_t i = 0; i < n; ++i) {
-        ms[i] = rho * ms[i] + one_minus_rho * g[i] * g[i];
-        mom[i] = mu * mom[i] + lr * g[i] / std::sqrt(ms[i] + eps);
-        p[i] -= mom[i];
-      }
-    }
+    });
   });
 }
 
@@ -86,13 +92,15 @@ void adam_update(const Tensor& param, const Tensor& grad, const Tensor& m, const
     const auto decay_factor = static_cast<T>(step.decay_factor);
     const auto step_size = static_cast<T>(step.step_size);
     const auto bc2_sqrt = static_cast<T>(step.bias_correction2_sqrt);
-    for (std::int64_t i = 0; i < param.numel(); ++i) {
-      const T p0 = p[i] * decay_factor;
-      const T gi = g[i] + wd * p[i];
-      m1[i] = beta1 * m1[i] + one_minus_beta1 * gi;
-      m2[i] = beta2 * m2[i] + one_minus_beta2 * gi * gi;
-      p[i] = p0 - step_size * m1[i] / (std::sqrt(m2[i]) / bc2_sqrt + eps);
-    }
+    parallel_rows(param.numel(), 1, [=](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t i = lo; i < hi; ++i) {
+        const T p0 = p[i] * decay_factor;
+        const T gi = g[i] + wd * p[i];
+        m1[i] = beta1 * m1[i] + one_minus_beta1 * gi;
+        m2[i] = beta2 * m2[i] + one_minus_beta2 * gi * gi;
+        p[i] = p0 - step_size * m1[i] / (std::sqrt(m2[i]) / bc2_sqrt + eps);
+      }
+    });
   });
 }
 

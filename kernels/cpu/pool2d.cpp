@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "kernels/cpu/dtype_dispatch.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/pool2d.h"
 
 namespace towerlab::cpu {
@@ -67,20 +68,24 @@ std::int64_t window_argmax(const T* plane, std::int64_t W, const Window& win) {
   return first_nan >= 0 ? first_nan : best;
 }
 
-// Calls fn(plane, output index within the plane, window) for every output.
+// Calls fn(plane, output index within the plane, window) for every output. The
+// planes split over the thread pool (kernels/cpu/parallel.h): every op reads and
+// writes inside one plane of x and y, in the same order on whichever thread.
 template <typename Fn>
-void for_each_output(const Sizes& z, const Pool2dParams& p, Fn&& fn) {
-  for (std::int64_t plane = 0; plane < z.planes; ++plane) {
-    for (std::int64_t ho = 0; ho < z.Ho; ++ho) {
-      const std::int64_t h = ho * p.stride_h - p.pad_h;
-      const std::int64_t h0 = std::max<std::int64_t>(h, 0), h1 = std::min(h + p.kernel_h, z.H);
-      for (std::int64_t wo = 0; wo < z.Wo; ++wo) {
-        const std::int64_t w = wo * p.stride_w - p.pad_w;
-        fn(plane, ho * z.Wo + wo,
-           Window{h0, h1, std::max<std::int64_t>(w, 0), std::min(w + p.kernel_w, z.W)});
+void for_each_output(const Sizes& z, const Pool2dParams& p, const Fn& fn) {
+  parallel_rows(z.planes, z.H * z.W, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t plane = first; plane < last; ++plane) {
+      for (std::int64_t ho = 0; ho < z.Ho; ++ho) {
+        const std::int64_t h = ho * p.stride_h - p.pad_h;
+        const std::int64_t h0 = std::max<std::int64_t>(h, 0), h1 = std::min(h + p.kernel_h, z.H);
+        for (std::int64_t wo = 0; wo < z.Wo; ++wo) {
+          const std::int64_t w = wo * p.stride_w - p.pad_w;
+          fn(plane, ho * z.Wo + wo,
+             Window{h0, h1, std::max<std::int64_t>(w, 0), std::min(w + p.kernel_w, z.W)});
+        }
       }
     }
-  }
+  });
 }
 
 }  // namespace

@@ -1,9 +1,14 @@
 // CPU reductions: accumulate in double whatever the dtype, the reference the
-// CUDA tree reduction is compared with.
+// CUDA tree reduction is compared with. The sum is one running sum in index order
+// on one thread (its rounding is the specification); the search for the first
+// non-finite value splits over the thread pool (kernels/cpu/parallel.h) and keeps
+// the smallest index any range found, the same answer for any split.
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
 #include "kernels/cpu/dtype_dispatch.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/reduce.h"
 
 namespace towerlab::cpu {
@@ -18,17 +23,22 @@ void sum(const Tensor& out, const Tensor& x, double scale) {
 }
 
 std::int64_t first_nonfinite(const Tensor& x) {
-  std::int64_t first = -1;
+  const std::int64_t n = x.numel();
+  std::atomic<std::int64_t> first{n};  // n: none found
   with_dtype(x.dtype(), [&]<typename T>() {
     const T* in = x.data<T>();  // [n]
-    for (std::int64_t i = 0; i < x.numel(); ++i) {
-      if (!std::isfinite(in[i])) {
-        first = i;
-        return;
+    parallel_rows(n, 1, [&](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t i = lo; i < hi; ++i) {
+        if (!std::isfinite(in[i])) {  // this range's first: lower `first` to it
+          std::int64_t seen = first.load();
+          while (i < seen && !first.compare_exchange_weak(seen, i)) {
+          }
+          return;
+        }
       }
-    }
+    });
   });
-  return first;
+  return first.load() == n ? -1 : first.load();
 }
 
 }  // namespace towerlab::cpu

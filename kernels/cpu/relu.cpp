@@ -1,7 +1,9 @@
-// CPU ReLU: the specification for kernels/cuda/relu.cu.
+// CPU ReLU: the specification for kernels/cuda/relu.cu. Elementwise, so the loops
+// split over the thread pool at any boundary (kernels/cpu/parallel.h).
 #include <cstdint>
 
 #include "kernels/cpu/dtype_dispatch.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/relu.h"
 
 namespace towerlab::cpu {
@@ -10,8 +12,10 @@ void relu_forward(const Tensor& y, const Tensor& x) {
   with_dtype(y.dtype(), [&]<typename T>() {
     T* out = y.data<T>();       // [n]
     const T* in = x.data<T>();  // [n]
-    // "x < 0 ? 0 : x", not "x > 0 ? x : 0": a NaN fails both tests and must come out.
-    for (std::int64_t i = 0; i < y.numel(); ++i) out[i] = in[i] < T(0) ? T(0) : in[i];
+    parallel_rows(y.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
+      // "x < 0 ? 0 : x", not "x > 0 ? x : 0": a NaN fails both tests and must come out.
+      for (std::int64_t i = lo; i < hi; ++i) out[i] = in[i] < T(0) ? T(0) : in[i];
+    });
   });
 }
 
@@ -20,7 +24,9 @@ void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y) 
     T* gx = grad_x.data<T>();        // [n]
     const T* gy = grad_y.data<T>();  // [n]
     const T* out = y.data<T>();      // [n]
-    for (std::int64_t i = 0; i < grad_x.numel(); ++i) gx[i] += out[i] > T(0) ? gy[i] : T(0);
+    parallel_rows(grad_x.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t i = lo; i < hi; ++i) gx[i] += out[i] > T(0) ? gy[i] : T(0);
+    });
   });
 }
 
