@@ -104,9 +104,14 @@ void compare_index(const std::string& name, std::int64_t sim, std::int64_t cpu) 
   }
 }
 
-// Sizes: empty, one, around a warp, past a block, and (with SMS = 1, 32 blocks of
-// 256) past the grid, so grid-stride loops wrap.
-const std::vector<std::int64_t> kSizes = {0, 1, 31, 33, 257, 8192 + 8192 + 77};
+// Sizes: empty, one, around a warp, past a block, and, when planned for one SM (a
+// grid of 32 blocks of 256), past the grid twice over, so grid-stride loops wrap.
+// (With more SMs that size only costs time: it fits in one pass of the grid.)
+std::vector<std::int64_t> sizes() {
+  std::vector<std::int64_t> n = {0, 1, 31, 33, 257};
+  if (sim_sms == 1) n.push_back(2 * 32 * 256 + 77);
+  return n;
+}
 
 std::string tag(const char* what, std::int64_t n) {
   return std::string(what) + " n=" + std::to_string(n);
@@ -115,7 +120,7 @@ std::string tag(const char* what, std::int64_t n) {
 // --- families ----------------------------------------------------------------------
 
 void relu() {
-  for (std::int64_t n : kSizes) {
+  for (std::int64_t n : sizes()) {
     auto xv = rnd(n, 1);
     if (n > 3) xv[3] = NAN;
     Tensor x = tensor(xv, {n});
@@ -132,7 +137,7 @@ void relu() {
 }
 
 void elementwise() {
-  for (std::int64_t n : kSizes) {
+  for (std::int64_t n : sizes()) {
     Tensor a = tensor(n, 5), b = tensor(n, 6), s = tensor(1, 7);
     auto [f1, f2] = twin(rnd(n, 8), {n});
     cpu::fill(f1, 0.375);
@@ -164,19 +169,19 @@ void elementwise() {
 }
 
 void random_fill() {
-  for (std::int64_t n : kSizes) {
+  for (std::int64_t n : sizes()) {
     for (Distribution d : {Distribution::Uniform, Distribution::Normal}) {
       auto [x1, x2] = twin(rnd(n, 11), {n});
       cpu::random(x1, d, 1234, 7, -0.5f, 2.0f);
       sc::random(x2, d, 1234, 7, -0.5f, 2.0f, host());
-      compare(tag(d == Distribution::Uniform ? "random uniform" : "random normal", n), x2, x1,
-              0, 0);
+      compare(tag(d == Distribution::Uniform ? "random uniform" : "random normal", n), x2, x1, 0,
+              0);
     }
   }
 }
 
 void reduce() {
-  for (std::int64_t n : kSizes) {
+  for (std::int64_t n : sizes()) {
     Tensor x = tensor(n, 12);
     auto [o1, o2] = twin({9.0f}, {1});
     cpu::sum(o1, x, 1.0);
@@ -200,7 +205,7 @@ void reduce() {
 }
 
 void loss() {
-  for (std::int64_t n : kSizes) {
+  for (std::int64_t n : sizes()) {
     Tensor p = tensor(n, 14), t = tensor(n, 15);
     auto [l1, l2] = twin({5.0f}, {1});
     cpu::squared_error_sum(l1, p, t, 0.5);
@@ -225,16 +230,16 @@ void loss() {
   }
   // Cross-entropy: one warp per row; K below, at and past the warp, rows past a
   // block's 8 warps and (32 blocks of 8 warps with SMS = 1) past the grid.
-  const std::pair<std::int64_t, std::int64_t> shapes[] = {
-      {0, 10}, {1, 1}, {1, 10}, {9, 31}, {33, 32}, {17, 33}, {5, 100}, {300, 3}};
+  const std::pair<std::int64_t, std::int64_t> shapes[] = {{0, 10},  {1, 1},   {1, 10},  {9, 31},
+                                                          {33, 32}, {17, 33}, {5, 100}, {300, 3}};
   for (auto [rows, K] : shapes) {
     const std::string shape = " [" + std::to_string(rows) + "," + std::to_string(K) + "]";
     Tensor logits = tensor(rnd(rows * K, 18, -4, 4), {rows, K});
     std::vector<float> lv(static_cast<std::size_t>(rows));
     for (std::int64_t i = 0; i < rows; ++i) lv[static_cast<std::size_t>(i)] = float((i * 7) % K);
     Tensor labels = tensor(lv, {rows});
-    compare_index("first_invalid_label none" + shape,
-                  sc::first_invalid_label(labels, K, host()), cpu::first_invalid_label(labels, K));
+    compare_index("first_invalid_label none" + shape, sc::first_invalid_label(labels, K, host()),
+                  cpu::first_invalid_label(labels, K));
     if (rows > 4) {  // not class ids (the dispatcher stops before the loss kernels see them)
       auto bad = lv;
       bad[4] = 0.5f;
@@ -263,7 +268,7 @@ void loss() {
 }
 
 void optimizer() {
-  for (std::int64_t n : kSizes) {
+  for (std::int64_t n : sizes()) {
     // offset 0: 16-byte aligned, the float4 path; offset 1: the scalar path.
     for (std::int64_t offset : {0, 1}) {
       const std::string at = tag("", n) + (offset ? " unaligned" : "");
@@ -301,8 +306,8 @@ void optimizer() {
         auto [p1, p2] = buffers(29);
         auto [m1, m2] = buffers(30);
         auto [v1, v2] = buffers(31);
-        const AdamStep step{0.9, 0.999, 1e-8, 0.01, 0.999, 0.001 / (1 - 0.9 * 0.9),
-                            std::sqrt(1 - 0.999 * 0.999)};
+        const AdamStep step{
+            0.9, 0.999, 1e-8, 0.01, 0.999, 0.001 / (1 - 0.9 * 0.9), std::sqrt(1 - 0.999 * 0.999)};
         cpu::adam_update(p1, g, m1, v1, step);
         sc::adam_update(p2, g, m2, v2, step, host());
         compare("adam param" + at, p2, p1, 1e-6, 1e-5);
@@ -318,13 +323,12 @@ void pool2d() {
     Pool2dParams p;
   };
   const Case cases[] = {
-      {1, 1, 1, 1, Pool2dParams::square(1, 1)},
-      {2, 3, 4, 4, Pool2dParams::square(2, 2)},
-      {1, 2, 7, 5, Pool2dParams::square(2, 2)},        // ragged: the last row/column dropped
-      {2, 1, 9, 8, Pool2dParams::square(3, 2, 1)},     // overlapping, padded
-      {1, 3, 6, 11, Pool2dParams{3, 2, 1, 3, 1, 0}},   // stride 1 rows, 3 columns
-      {3, 5, 13, 13, Pool2dParams::square(3, 1, 1)},   // every input under 9 windows
-      {2, 33, 17, 19, Pool2dParams{2, 3, 2, 2, 0, 1}}, // more outputs than a grid at SMS = 1
+      {1, 1, 1, 1, Pool2dParams::square(1, 1)},        {2, 3, 4, 4, Pool2dParams::square(2, 2)},
+      {1, 2, 7, 5, Pool2dParams::square(2, 2)},         // ragged: the last row/column dropped
+      {2, 1, 9, 8, Pool2dParams::square(3, 2, 1)},      // overlapping, padded
+      {1, 3, 6, 11, Pool2dParams{3, 2, 1, 3, 1, 0}},    // stride 1 rows, 3 columns
+      {3, 5, 13, 13, Pool2dParams::square(3, 1, 1)},    // every input under 9 windows
+      {2, 33, 17, 19, Pool2dParams{2, 3, 2, 2, 0, 1}},  // more outputs than a grid at SMS = 1
   };
   for (const Case& c : cases) {
     const Shape xs{c.N, c.C, c.H, c.W};
@@ -351,19 +355,20 @@ void pool2d() {
   }
 }
 
-// [N, C, S] shapes for the per-channel families: C = 1, ragged S, S = 1, and per
-// channel counts past 2048 (8 values per thread of a 256-thread block), where the
-// reduction splits each channel over several blocks: 3 splits for C = 1 and, for
-// C = 33, 2 when planned for 8 SMs, 3 for 132.
+// [N, C, S] shapes for the per-channel families: C = 1, ragged S, S = 1, many
+// channels, and per-channel counts past 2048 (8 values per thread of a 256-thread
+// block), where a reduction splits each channel over several blocks (per_channel.cuh's
+// splits_for): [1,1,5000] takes 3 splits, bound by the work; [1,5,4097] takes 2
+// when planned for 1 SM (bound by the SM count) and 3 for 8 or 132. Chunks are
+// ragged: the last block of a channel gets fewer values.
 struct NCS {
   std::int64_t N, C, S;
 };
-const NCS kChannelShapes[] = {{1, 1, 1},  {2, 1, 5},  {3, 4, 7},     {2, 3, 1},
-                              {5, 2, 33}, {1, 1, 5000}, {3, 33, 700}};
+const NCS kChannelShapes[] = {{1, 1, 1},  {2, 1, 5},   {3, 4, 7},    {2, 3, 1},
+                              {5, 2, 33}, {2, 33, 40}, {1, 1, 5000}, {1, 5, 4097}};
 
 std::string ncs(const NCS& d) {
-  return " [" + std::to_string(d.N) + "," + std::to_string(d.C) + "," + std::to_string(d.S) +
-         "]";
+  return " [" + std::to_string(d.N) + "," + std::to_string(d.C) + "," + std::to_string(d.S) + "]";
 }
 
 void bias() {
@@ -384,7 +389,7 @@ void bias() {
 void batchnorm() {
   for (const NCS& d : kChannelShapes) {
     const std::int64_t n = d.N * d.C * d.S, C = d.C, count = d.N * d.S;
-    if (count < 2) continue;  // the dispatcher rejects training statistics of one value
+    if (count < 2) continue;           // the dispatcher rejects training statistics of one value
     auto xv = rnd(n, 40, 2.0f, 5.0f);  // a mean far from 0: the shifted sums matter
     Tensor x = tensor(xv, {n}), gamma = tensor(C, 41, 0.5f, 1.5f), beta = tensor(C, 42);
     auto [mean1, mean2] = twin(rnd(C, 43), {C});
@@ -409,10 +414,9 @@ void batchnorm() {
     for (bool moving : {true, false}) {
       const std::string what = moving ? " moving" : " no moving";
       cpu::batchnorm_forward_from_stats(y1, is1, moving ? mm1 : Tensor(), moving ? mv1 : Tensor(),
-                                        x, gamma, beta, mean1, m21, count, 1e-5, 0.9, d.N, C,
-                                        d.S);
-      sc::batchnorm_forward_from_stats(y2, is2, moving ? mm2 : Tensor(), moving ? mv2 : Tensor(),
-                                       x, gamma, beta, mean1, m21, count, 1e-5, 0.9, d.N, C, d.S,
+                                        x, gamma, beta, mean1, m21, count, 1e-5, 0.9, d.N, C, d.S);
+      sc::batchnorm_forward_from_stats(y2, is2, moving ? mm2 : Tensor(), moving ? mv2 : Tensor(), x,
+                                       gamma, beta, mean1, m21, count, 1e-5, 0.9, d.N, C, d.S,
                                        host());
       compare("batchnorm_forward_from_stats y" + what + ncs(d), y2, y1, 1e-5, 1e-5);
       compare("batchnorm_forward_from_stats inv_std" + what + ncs(d), is2, is1, 1e-6, 1e-5);
@@ -526,9 +530,11 @@ int main(int argc, char** argv) {
   const std::string only = argc > 2 ? argv[2] : "all";
   if (only.rfind("control-", 0) == 0) return control(only) ? 0 : 1;
   const std::pair<const char*, void (*)()> families[] = {
-      {"relu", relu},           {"elementwise", elementwise}, {"random", random_fill},
-      {"reduce", reduce},       {"loss", loss},               {"optimizer", optimizer},
-      {"pool2d", pool2d},       {"bias", bias},               {"batchnorm", batchnorm},
+      {"relu", relu},           {"elementwise", elementwise},
+      {"random", random_fill},  {"reduce", reduce},
+      {"loss", loss},           {"optimizer", optimizer},
+      {"pool2d", pool2d},       {"bias", bias},
+      {"batchnorm", batchnorm},
   };
   bool known = false;
   for (auto [name, run] : families) {

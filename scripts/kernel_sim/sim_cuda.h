@@ -33,10 +33,10 @@
 #include <math.h>
 
 #include <algorithm>
-#include <cstdarg>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -166,7 +166,7 @@ T __ldg(const T* p) {
 
 // --- sim state and errors ------------------------------------------------------------
 
-inline int sim_sms = 132;       // the SM count cudaDeviceGetAttribute answers
+inline int sim_sms = 132;        // the SM count cudaDeviceGetAttribute answers
 inline long sim_blocks_run = 0;  // blocks simulated, for the driver's summary
 
 [[noreturn]] __attribute__((format(printf, 1, 2))) inline void sim_error(const char* format, ...) {
@@ -241,10 +241,11 @@ inline void block_barrier(const std::source_location& where) {
     b.site = where;
   } else if (b.site.line() != where.line() ||
              std::strcmp(b.site.file_name(), where.file_name()) != 0) {
-    sim_error("block (%u,%u,%u): threads of one phase reached different __syncthreads (%s:%u "
-              "and %s:%u, thread %u): a barrier in divergent code",
-              blockIdx.x, blockIdx.y, blockIdx.z, short_name(b.site.file_name()), b.site.line(),
-              short_name(where.file_name()), where.line(), linear_tid());
+    sim_error(
+        "block (%u,%u,%u): threads of one phase reached different __syncthreads (%s:%u "
+        "and %s:%u, thread %u): a barrier in divergent code",
+        blockIdx.x, blockIdx.y, blockIdx.z, short_name(b.site.file_name()), b.site.line(),
+        short_name(where.file_name()), where.line(), linear_tid());
   }
   const unsigned long generation = b.generation;
   if (++b.arrived == b.expected) {
@@ -256,10 +257,11 @@ inline void block_barrier(const std::source_location& where) {
   wait_or_report(
       lock, b.cv, [&] { return b.generation != generation; },
       [&] {
-        sim_error("block (%u,%u,%u): __syncthreads at %s:%u waited %d s with %u of %u live "
-                  "threads arrived: a barrier some threads never reach",
-                  blockIdx.x, blockIdx.y, blockIdx.z, short_name(where.file_name()), where.line(),
-                  wait_limit_s(), b.arrived, b.expected);
+        sim_error(
+            "block (%u,%u,%u): __syncthreads at %s:%u waited %d s with %u of %u live "
+            "threads arrived: a barrier some threads never reach",
+            blockIdx.x, blockIdx.y, blockIdx.z, short_name(where.file_name()), where.line(),
+            wait_limit_s(), b.arrived, b.expected);
       });
 }
 
@@ -324,10 +326,11 @@ T shuffle(unsigned mask, T v, int src, const char* what, const std::source_locat
                     [&](const std::uint64_t* slots, unsigned, unsigned lane) {
                       if (src < 0) return v;
                       if ((mask >> src & 1u) == 0) {
-                        sim_error("%s at %s:%u, block (%u,%u,%u) lane %u reads lane %d, which is "
-                                  "not in the mask 0x%08x: the value is undefined",
-                                  what, short_name(where.file_name()), where.line(), blockIdx.x,
-                                  blockIdx.y, blockIdx.z, lane, src, mask);
+                        sim_error(
+                            "%s at %s:%u, block (%u,%u,%u) lane %u reads lane %d, which is "
+                            "not in the mask 0x%08x: the value is undefined",
+                            what, short_name(where.file_name()), where.line(), blockIdx.x,
+                            blockIdx.y, blockIdx.z, lane, src, mask);
                       }
                       return from_bits<T>(slots[src]);
                     });
@@ -482,7 +485,8 @@ inline cudaError_t cudaSetDevice(int device) {
   return device == 0 ? cudaSuccess : sim::fail(cudaErrorInvalidValue);
 }
 inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
-  if (attr != cudaDevAttrMultiProcessorCount || device != 0) return sim::fail(cudaErrorInvalidValue);
+  if (attr != cudaDevAttrMultiProcessorCount || device != 0)
+    return sim::fail(cudaErrorInvalidValue);
   *value = sim_sms;
   return cudaSuccess;
 }
@@ -604,8 +608,8 @@ inline void thread_exited() {
 template <typename F, typename... Args>
 void sim_launch(dim3 grid, dim3 block, F run, Args&&... args) {
   const std::uint64_t threads = std::uint64_t{block.x} * block.y * block.z;
-  if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 ||
-      grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535) {
+  if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
+      grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535) {
     sim::fail(cudaErrorInvalidConfiguration);  // what the next cudaGetLastError() reports
     return;
   }
