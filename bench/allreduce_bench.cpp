@@ -32,9 +32,6 @@ struct Members {
       buffers.push_back(Tensor::zeros({floats}, *streams.back()));
     }
   }
-  void synchronize() {
-    for (auto& s : streams) s->synchronize();
-  }
 };
 
 void report(benchmark::State& state, std::int64_t bytes, int n) {
@@ -50,10 +47,7 @@ void BM_RingAllReduce(benchmark::State& state, Device device) {
   const std::int64_t bytes = state.range(1);
   Members m(device, n, bytes / 4);
   Ring ring(m.raw);
-  for (auto _ : state) {
-    ring.allreduce(m.buffers);
-    m.synchronize();
-  }
+  bench::time_calls(state, m.raw, [&] { ring.allreduce(m.buffers); });
   report(state, bytes, n);
 }
 
@@ -63,10 +57,7 @@ void BM_ReduceToOne(benchmark::State& state, Device device) {
   const std::int64_t bytes = state.range(1);
   Members m(device, n, bytes / 4);
   Ring ring(m.raw);
-  for (auto _ : state) {
-    ring.reduce_to_one(m.buffers, 0);
-    m.synchronize();
-  }
+  bench::time_calls(state, m.raw, [&] { ring.reduce_to_one(m.buffers, 0); });
   report(state, bytes, n);
 }
 
@@ -76,7 +67,7 @@ void BM_CopyReference(benchmark::State& state, Device device) {
   const std::int64_t bytes = state.range(1);
   Stream stream(device);
   Tensor a = Tensor::zeros({bytes / 4}, stream), b = Tensor::zeros({bytes / 4}, stream);
-  for (auto _ : state) bench::copy_reference(b, a, stream);
+  bench::time_copy_reference(state, b, a, stream);
   state.SetBytesProcessed(state.iterations() * bytes);
 }
 
@@ -91,7 +82,7 @@ void cuda_args(benchmark::internal::Benchmark* b) {
   for (int n : {2, 4, 8}) {
     for (std::int64_t mb : {1, 4, 16, 64, 256}) b->Args({n, mb << 20});
   }
-  b->UseRealTime();
+  b->UseManualTime();
 }
 
 }  // namespace

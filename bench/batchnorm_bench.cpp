@@ -18,7 +18,6 @@
 
 #include "bench_util.h"
 
-#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -59,10 +58,9 @@ void BM_BatchNormForwardTraining(benchmark::State& state, Device device) {
   Tensor mean = Tensor::empty({C}, stream), inv_std = Tensor::empty({C}, stream);
   Tensor mm = Tensor::zeros({C}, stream), mv = Tensor::zeros({C}, stream);
   fill(gamma, 1.0, stream);
-  for (auto _ : state) {
+  bench::time_calls(state, stream, [&] {
     batchnorm_forward_training(y, mean, inv_std, mm, mv, x, gamma, beta, 1e-3, 0.99, stream);
-    stream.synchronize();
-  }
+  });
   set_bytes(state, shape, 2);
 }
 
@@ -74,10 +72,9 @@ void BM_BatchNormForwardInference(benchmark::State& state, Device device) {
   Tensor x = input(shape, stream), y = Tensor::empty(shape, stream);
   Tensor ones = Tensor::empty({C}, stream), zeros = Tensor::zeros({C}, stream);
   fill(ones, 1.0, stream);
-  for (auto _ : state) {
+  bench::time_calls(state, stream, [&] {
     batchnorm_forward_inference(y, x, ones, zeros, zeros, ones, 1e-3, stream);
-    stream.synchronize();
-  }
+  });
   set_bytes(state, shape, 2);
 }
 
@@ -93,10 +90,9 @@ void BM_BatchNormBackward(benchmark::State& state, Device device) {
   fill(gamma, 1.0, stream);
   fill(inv_std, 1.0, stream);
   Tensor grad_gamma = Tensor::zeros({C}, stream), grad_beta = Tensor::zeros({C}, stream);
-  for (auto _ : state) {
+  bench::time_calls(state, stream, [&] {
     batchnorm_backward(grad_x, grad_gamma, grad_beta, grad_y, x, gamma, mean, inv_std, stream);
-    stream.synchronize();
-  }
+  });
   set_bytes(state, shape, 4);
 }
 
@@ -106,7 +102,7 @@ void BM_CopyReference(benchmark::State& state, Device device) {
   Stream stream(device);
   const Shape shape = bench::nchw_shape(state);
   Tensor a = Tensor::zeros(shape, stream), b = Tensor::zeros(shape, stream);
-  for (auto _ : state) bench::copy_reference(b, a, stream);
+  bench::time_copy_reference(state, b, a, stream);
   set_bytes(state, shape, 2);
 }
 
@@ -158,14 +154,13 @@ void BM_CudnnBatchNormForwardTraining(benchmark::State& state) {
   Tensor mean = Tensor::empty({C}, stream), inv_std = Tensor::empty({C}, stream);
   fill(gamma, 1.0, stream);
   const float one = 1.0f, zero = 0.0f;
-  for (auto _ : state) {
+  bench::time_calls(state, stream, [&] {
     cudnn_check(cudnnBatchNormalizationForwardTraining(
                     bn.handle, CUDNN_BATCHNORM_SPATIAL, &one, &zero, bn.x_desc, x.raw_data(),
                     bn.x_desc, y.raw_data(), bn.channel_desc, gamma.raw_data(), beta.raw_data(),
                     0.01, mm.raw_data(), mv.raw_data(), 1e-3, mean.raw_data(), inv_std.raw_data()),
                 "cudnnBatchNormalizationForwardTraining");
-    stream.synchronize();
-  }
+  });
   set_bytes(state, shape, 2);
 }
 
@@ -184,15 +179,14 @@ void BM_CudnnBatchNormBackward(benchmark::State& state) {
   fill(inv_std, 1.0, stream);
   // Blend factors 1, 1: accumulate like towerlab's backward (same bytes).
   const float one = 1.0f;
-  for (auto _ : state) {
+  bench::time_calls(state, stream, [&] {
     cudnn_check(cudnnBatchNormalizationBackward(
                     bn.handle, CUDNN_BATCHNORM_SPATIAL, &one, &one, &one, &one, bn.x_desc,
                     x.raw_data(), bn.x_desc, grad_y.raw_data(), bn.x_desc, grad_x.raw_data(),
                     bn.channel_desc, gamma.raw_data(), grad_gamma.raw_data(), grad_beta.raw_data(),
                     1e-3, mean.raw_data(), inv_std.raw_data()),
                 "cudnnBatchNormalizationBackward");
-    stream.synchronize();
-  }
+  });
   set_bytes(state, shape, 4);
 }
 
@@ -201,22 +195,37 @@ void BM_CudnnBatchNormBackward(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK_CAPTURE(BM_BatchNormForwardTraining, cpu, Device::cpu())->Apply(bench::activation_shapes);
+BENCHMARK_CAPTURE(BM_BatchNormForwardTraining, cpu, Device::cpu())
+    ->Apply(bench::activation_shapes)
+    ->UseRealTime();
 BENCHMARK_CAPTURE(BM_BatchNormForwardInference, cpu, Device::cpu())
-    ->Apply(bench::activation_shapes);
-BENCHMARK_CAPTURE(BM_BatchNormBackward, cpu, Device::cpu())->Apply(bench::activation_shapes);
-BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())->Apply(bench::activation_shapes);
+    ->Apply(bench::activation_shapes)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_BatchNormBackward, cpu, Device::cpu())
+    ->Apply(bench::activation_shapes)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())
+    ->Apply(bench::activation_shapes)
+    ->UseRealTime();
 BENCHMARK_CAPTURE(BM_BatchNormForwardTraining, cuda, Device::cuda(0))
-    ->Apply(bench::activation_shapes);
+    ->Apply(bench::activation_shapes)
+    ->UseManualTime();
 BENCHMARK_CAPTURE(BM_BatchNormForwardInference, cuda, Device::cuda(0))
-    ->Apply(bench::activation_shapes);
-BENCHMARK_CAPTURE(BM_BatchNormBackward, cuda, Device::cuda(0))->Apply(bench::activation_shapes);
-BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))->Apply(bench::activation_shapes);
+    ->Apply(bench::activation_shapes)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_BatchNormBackward, cuda, Device::cuda(0))
+    ->Apply(bench::activation_shapes)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))
+    ->Apply(bench::activation_shapes)
+    ->UseManualTime();
 #if TOWERLAB_WITH_CUDA && TOWERLAB_HAVE_CUDNN
 BENCHMARK(BM_CudnnBatchNormForwardTraining)
     ->Name("BM_CudnnBatchNormForwardTraining/cuda")
-    ->Apply(bench::activation_shapes);
+    ->Apply(bench::activation_shapes)
+    ->UseManualTime();
 BENCHMARK(BM_CudnnBatchNormBackward)
     ->Name("BM_CudnnBatchNormBackward/cuda")
-    ->Apply(bench::activation_shapes);
+    ->Apply(bench::activation_shapes)
+    ->UseManualTime();
 #endif

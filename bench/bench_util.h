@@ -1,8 +1,12 @@
 // Helpers every bench program shares: skipping CUDA cases where there is no GPU,
-// and the copy that memory-bound kernels are measured against.
+// the one timing loop (time_calls) and the copy that memory-bound kernels are
+// measured against.
 #pragma once
 
 #include <benchmark/benchmark.h>
+
+#include <utility>
+#include <vector>
 
 #include "towerlab.h"
 
@@ -17,20 +21,13 @@ inline bool skip_without(Device device, benchmark::State& state) {
   return false;
 }
 
-// The reference of the memory-bound kernels: one copy of src into dst within the
-// device (cudaMemcpyAsync device-to-device on a GPU, memmove on the CPU), waited for.
-inline void copy_reference(const Tensor& dst, const Tensor& src, const Stream& stream) {
-  copy_tensor(dst, src, stream);
-  stream.synchronize();
-  benchmark::ClobberMemory();
-}
-
 // The activation shapes the memory-bound CNN kernels are measured on: FashionNet's
 // two conv outputs at batch 128 and a 64-channel 56x56 layer at batch 32, as
-// benchmark arguments N, C, H, W (read back with nchw_shape).
+// benchmark arguments N, C, H, W (read back with nchw_shape). The registration
+// adds the clock: UseRealTime() on the CPU, UseManualTime() on CUDA (time_calls).
 inline void activation_shapes(benchmark::internal::Benchmark* b) {
   b->Args({128, 32, 28, 28})->Args({128, 64, 14, 14})->Args({32, 64, 56, 56});
-  b->ArgNames({"N", "C", "H", "W"})->UseRealTime();
+  b->ArgNames({"N", "C", "H", "W"});
 }
 
 // [N,C,H,W] from the benchmark's four arguments; H = 0 marks a fully connected [N,C].
@@ -40,33 +37,67 @@ inline Shape nchw_shape(const benchmark::State& state) {
   return s;
 }
 
-// Times fn (one call) and reports `bytes` per call. On the CPU each iteration is one
-// call; on CUDA each iteration is kCudaRepeats calls timed with events (register
-// the benchmark with UseManualTime()), so the GPU never waits for the host.
-constexpr int kCudaRepeats = 20;
+// Runs the benchmark loop with one call of fn per iteration, so that the time
+// column is the time of one call and per-call counters (bytes, FLOPs) stay per
+// iteration. fn only submits work to `streams` (the first one is the timing
+// stream). Two calls first warm the caches and the allocator (and on a GPU load
+// the modules and set up library handles).
+//
+// CPU: a stream is the calling thread, so a call has finished when it returns;
+// the loop's own clock times it (register with UseRealTime() where fn uses the
+// thread pool).
+//
+// CUDA (register with UseManualTime()): the calls go back to back, nothing waits
+// between them, and one pair of CUDA events around the whole loop gives their GPU
+// time. A synchronize per call would add the host's round trip to every call and
+// leave the GPU idle between them. The last iteration waits for the GPU and hands
+// Google Benchmark the loop's total in one SetIterationTime: the library adds up
+// the times it is given, so each iteration gets its share (a time per iteration
+// could only be measured with a synchronize per iteration). Waiting inside the
+// loop also keeps the loop's wall-clock time right.
 template <typename Fn>
-void time_calls(benchmark::State& state, const Stream& stream, std::int64_t bytes, Fn&& fn) {
-  fn();  // warm-up
-  stream.synchronize();
-  std::int64_t calls = 0;
-  if (stream.device().is_cpu()) {
+void time_calls(benchmark::State& state, const std::vector<const Stream*>& streams, Fn&& fn) {
+  constexpr int kWarmUpCalls = 2;
+  for (int i = 0; i < kWarmUpCalls; ++i) fn();
+  for (const Stream* s : streams) s->synchronize();
+  const Stream& timing = *streams.front();
+  if (timing.device().is_cpu()) {
     for (auto _ : state) {
       fn();
       benchmark::ClobberMemory();
     }
-    calls = state.iterations();
-  } else {
-    Event start(stream.device(), true), end(stream.device(), true);
-    for (auto _ : state) {
-      start.record(stream);
-      for (int r = 0; r < kCudaRepeats; ++r) fn();
-      end.record(stream);
-      end.synchronize();
-      state.SetIterationTime(Event::elapsed_ms(start, end) / 1e3);
-    }
-    calls = state.iterations() * kCudaRepeats;
+    return;
   }
-  state.SetBytesProcessed(calls * bytes);
+  Event start(timing.device(), true), stop(timing.device(), true);
+  std::vector<Event> done;  // the other streams' ends, for the timing stream to wait on
+  for (std::size_t i = 1; i < streams.size(); ++i) done.emplace_back(streams[i]->device());
+  benchmark::IterationCount left = state.max_iterations;
+  start.record(timing);  // every stream is idle here, so nothing runs before start
+  for (auto _ : state) {
+    fn();
+    if (--left > 0) continue;
+    for (std::size_t i = 1; i < streams.size(); ++i) {
+      done[i - 1].record(*streams[i]);
+      timing.wait(done[i - 1]);
+    }
+    stop.record(timing);
+    stop.synchronize();
+    state.SetIterationTime(Event::elapsed_ms(start, stop) / 1e3);
+  }
+}
+
+// time_calls on one stream.
+template <typename Fn>
+void time_calls(benchmark::State& state, const Stream& stream, Fn&& fn) {
+  time_calls(state, std::vector<const Stream*>{&stream}, std::forward<Fn>(fn));
+}
+
+// The reference of the memory-bound kernels: copies of src into dst within the
+// device (cudaMemcpyAsync device-to-device on a GPU, memmove on the CPU), timed
+// as time_calls times the kernels.
+inline void time_copy_reference(benchmark::State& state, const Tensor& dst, const Tensor& src,
+                                const Stream& stream) {
+  time_calls(state, stream, [&] { copy_tensor(dst, src, stream); });
 }
 
 }  // namespace towerlab::bench

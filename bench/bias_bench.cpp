@@ -9,14 +9,8 @@
 
 #include "bench_util.h"
 
-#include <cstring>
-
 #include "kernels/bias.h"
 #include "towerlab.h"
-
-#if TOWERLAB_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
 
 using namespace towerlab;
 
@@ -33,10 +27,7 @@ void BM_BiasAddForward(benchmark::State& state, Device device) {
   Stream stream(device);
   const Shape shape = bench::nchw_shape(state);
   Tensor x = Tensor::zeros(shape, stream), bias = Tensor::zeros({shape[1]}, stream);
-  for (auto _ : state) {
-    bias_add_forward(x, x, bias, stream);
-    stream.synchronize();
-  }
+  bench::time_calls(state, stream, [&] { bias_add_forward(x, x, bias, stream); });
   set_bytes(state, shape, 2);
 }
 
@@ -45,10 +36,7 @@ void BM_BiasAddBackward(benchmark::State& state, Device device) {
   Stream stream(device);
   const Shape shape = bench::nchw_shape(state);
   Tensor grad_y = Tensor::zeros(shape, stream), grad_bias = Tensor::zeros({shape[1]}, stream);
-  for (auto _ : state) {
-    bias_add_backward(grad_bias, grad_y, stream);
-    stream.synchronize();
-  }
+  bench::time_calls(state, stream, [&] { bias_add_backward(grad_bias, grad_y, stream); });
   set_bytes(state, shape, 1);
 }
 
@@ -57,7 +45,7 @@ void BM_CopyReference(benchmark::State& state, Device device) {
   Stream stream(device);
   const Shape shape = bench::nchw_shape(state);
   Tensor a = Tensor::zeros(shape, stream), b = Tensor::zeros(shape, stream);
-  for (auto _ : state) bench::copy_reference(b, a, stream);
+  bench::time_copy_reference(state, b, a, stream);
   set_bytes(state, shape, 2);
 }
 
@@ -69,9 +57,9 @@ void shapes(benchmark::internal::Benchmark* b) {
 
 }  // namespace
 
-BENCHMARK_CAPTURE(BM_BiasAddForward, cpu, Device::cpu())->Apply(shapes);
-BENCHMARK_CAPTURE(BM_BiasAddBackward, cpu, Device::cpu())->Apply(shapes);
-BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())->Apply(shapes);
-BENCHMARK_CAPTURE(BM_BiasAddForward, cuda, Device::cuda(0))->Apply(shapes);
-BENCHMARK_CAPTURE(BM_BiasAddBackward, cuda, Device::cuda(0))->Apply(shapes);
-BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))->Apply(shapes);
+BENCHMARK_CAPTURE(BM_BiasAddForward, cpu, Device::cpu())->Apply(shapes)->UseRealTime();
+BENCHMARK_CAPTURE(BM_BiasAddBackward, cpu, Device::cpu())->Apply(shapes)->UseRealTime();
+BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())->Apply(shapes)->UseRealTime();
+BENCHMARK_CAPTURE(BM_BiasAddForward, cuda, Device::cuda(0))->Apply(shapes)->UseManualTime();
+BENCHMARK_CAPTURE(BM_BiasAddBackward, cuda, Device::cuda(0))->Apply(shapes)->UseManualTime();
+BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))->Apply(shapes)->UseManualTime();

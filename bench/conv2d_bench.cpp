@@ -6,13 +6,15 @@
 //   CUDA: cuDNN (when TOWERLAB_HAVE_CUDNN) with the fastest algorithm cudnnFind*
 //         returns under CUDNN_FMA_MATH, i.e. FP32 without TF32 tensor cores. Target:
 //         towerlab >= 80% of cuDNN on every layer here. GPU time is taken with CUDA
-//         events around each call (manual time), for both.
+//         events around back-to-back calls (bench::time_calls), for both.
 //   CPU:  OpenBLAS (when TOWERLAB_HAVE_CBLAS) doing the same im2col + SGEMM per image
 //         for the forward: the best the im2col lowering can do with a tuned GEMM.
 //         Run with OPENBLAS_NUM_THREADS=2 and OPENBLAS_CORETYPE set to the host (shared/PEERS.md
 //         says SkylakeX; on AVX2-only hosts that dies with SIGILL: use Haswell or Zen).
 //         The end-to-end CPU target is PyTorch's speed on FashionNet, measured elsewhere.
 #include <benchmark/benchmark.h>
+
+#include "bench_util.h"
 
 #include <memory>
 #include <string>
@@ -105,21 +107,6 @@ void set_counters(benchmark::State& state, const Layer& l) {
       benchmark::Counter(flops(l), benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// Times `call` on a CUDA stream with events: the GPU time of one call per iteration.
-template <typename Fn>
-void time_on_gpu(benchmark::State& state, const Stream& stream, Fn&& call) {
-  Event start(stream.device(), true), stop(stream.device(), true);
-  for (int i = 0; i < 3; ++i) call();  // warm-up: allocator caches, module loading
-  stream.synchronize();
-  for (auto _ : state) {
-    start.record(stream);
-    call();
-    stop.record(stream);
-    stop.synchronize();
-    state.SetIterationTime(Event::elapsed_ms(start, stop) / 1e3);
-  }
-}
-
 void BM_Towerlab(benchmark::State& state, Device device, Pass pass, Layer l) {
   if (device.is_cuda() && cuda_device_count() == 0) {
     state.SkipWithError("no CUDA device");
@@ -127,12 +114,7 @@ void BM_Towerlab(benchmark::State& state, Device device, Pass pass, Layer l) {
   }
   Stream stream(device);
   Operands o(l, stream);
-  if (device.is_cuda()) {
-    time_on_gpu(state, stream, [&] { run_towerlab(pass, o, stream); });
-  } else {
-    run_towerlab(pass, o, stream);
-    for (auto _ : state) run_towerlab(pass, o, stream);
-  }
+  bench::time_calls(state, stream, [&] { run_towerlab(pass, o, stream); });
   set_counters(state, l);
 }
 
@@ -275,7 +257,7 @@ void BM_Cudnn(benchmark::State& state, Pass pass, Layer l) {
   Tensor workspace = Tensor::empty({static_cast<std::int64_t>(workspace_bytes / 4 + 1)}, stream);
   void* ws = workspace.raw_data();
   // Backward passes accumulate (beta = 1), as towerlab's do.
-  time_on_gpu(state, stream, [&] {
+  bench::time_calls(state, stream, [&] {
     switch (pass) {
       case Pass::Forward:
         CUDNN_CHECK(cudnnConvolutionForward(c.handle, &one, c.x_desc, o.x.raw_data(), c.w_desc,

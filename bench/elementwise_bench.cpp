@@ -5,13 +5,7 @@
 
 #include "bench_util.h"
 
-#include <cstring>
-
 #include "towerlab.h"
-
-#if TOWERLAB_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
 
 using namespace towerlab;
 
@@ -24,10 +18,7 @@ void BM_Add(benchmark::State& state, Device device) {
   const std::int64_t n = state.range(0);
   Tensor a = Tensor::zeros({n}, stream), b = Tensor::zeros({n}, stream),
          c = Tensor::zeros({n}, stream);
-  for (auto _ : state) {
-    add(c, a, b, stream);
-    stream.synchronize();
-  }
+  bench::time_calls(state, stream, [&] { add(c, a, b, stream); });
   state.SetBytesProcessed(state.iterations() * n * 12);
 }
 
@@ -37,7 +28,7 @@ void BM_CopyReference(benchmark::State& state, Device device) {
   Stream stream(device);
   const std::int64_t n = state.range(0);
   Tensor a = Tensor::zeros({n}, stream), b = Tensor::zeros({n}, stream);
-  for (auto _ : state) bench::copy_reference(b, a, stream);
+  bench::time_copy_reference(state, b, a, stream);
   state.SetBytesProcessed(state.iterations() * n * 8);
 }
 
@@ -46,10 +37,7 @@ void BM_Sum(benchmark::State& state, Device device) {
   Stream stream(device);
   const std::int64_t n = state.range(0);
   Tensor a = Tensor::zeros({n}, stream), out = Tensor::zeros({1}, stream);
-  for (auto _ : state) {
-    sum(out, a, stream);
-    stream.synchronize();
-  }
+  bench::time_calls(state, stream, [&] { sum(out, a, stream); });
   state.SetBytesProcessed(state.iterations() * n * 4);
 }
 
@@ -60,8 +48,15 @@ BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())
     ->RangeMultiplier(16)
     ->Range(1 << 12, 1 << 24);
 BENCHMARK_CAPTURE(BM_Sum, cpu, Device::cpu())->RangeMultiplier(16)->Range(1 << 12, 1 << 24);
-BENCHMARK_CAPTURE(BM_Add, cuda, Device::cuda(0))->RangeMultiplier(16)->Range(1 << 16, 1 << 26);
+BENCHMARK_CAPTURE(BM_Add, cuda, Device::cuda(0))
+    ->RangeMultiplier(16)
+    ->Range(1 << 16, 1 << 26)
+    ->UseManualTime();
 BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))
     ->RangeMultiplier(16)
-    ->Range(1 << 16, 1 << 26);
-BENCHMARK_CAPTURE(BM_Sum, cuda, Device::cuda(0))->RangeMultiplier(16)->Range(1 << 16, 1 << 26);
+    ->Range(1 << 16, 1 << 26)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_Sum, cuda, Device::cuda(0))
+    ->RangeMultiplier(16)
+    ->Range(1 << 16, 1 << 26)
+    ->UseManualTime();

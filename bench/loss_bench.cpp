@@ -10,23 +10,18 @@
 
 #include "bench_util.h"
 
-#include <cstring>
-
 #include "kernels/loss.h"
 #include "towerlab.h"
-
-#if TOWERLAB_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
 
 using namespace towerlab;
 
 namespace {
 
-// Times fn and reports `bytes` per call (bench::time_calls).
+// Times fn (bench::time_calls) and reports `bytes` per call.
 template <typename Fn>
 void run(benchmark::State& state, const Stream& stream, std::int64_t bytes, Fn&& fn) {
-  bench::time_calls(state, stream, bytes, fn);
+  bench::time_calls(state, stream, fn);
+  state.SetBytesProcessed(state.iterations() * bytes);
 }
 
 // Logits in [-5, 5) and labels spread over the classes, as a trained head sees them.
@@ -94,16 +89,8 @@ void BM_CopyReference(benchmark::State& state, Device device) {
   Stream stream(device);
   const std::int64_t n = state.range(0) * state.range(1);
   Tensor a = Tensor::zeros({n}, stream), b = Tensor::zeros({n}, stream);
-  run(state, stream, 8 * n, [&] {
-#if TOWERLAB_WITH_CUDA
-    if (device.is_cuda()) {
-      cudaMemcpyAsync(b.raw_data(), a.raw_data(), a.nbytes(), cudaMemcpyDeviceToDevice,
-                      static_cast<cudaStream_t>(stream.native_handle()));
-      return;
-    }
-#endif
-    std::memcpy(b.raw_data(), a.raw_data(), a.nbytes());
-  });
+  bench::time_copy_reference(state, b, a, stream);
+  state.SetBytesProcessed(state.iterations() * 8 * n);
 }
 
 }  // namespace

@@ -13,9 +13,12 @@
 // Results with their machine and commit: bench/results/matmul_cpu.md.
 //
 // CUDA: towerlab's kernel beside cuBLAS SGEMM (TF32 off), both through matmul()
-// with set_gemm_backend, timed with CUDA events over a batch of launches.
+// with set_gemm_backend, timed with CUDA events around back-to-back launches
+// (bench::time_calls).
 // Targets: >= 90% of cuBLAS at 4096, >= 75% at 512-1024.
 #include <benchmark/benchmark.h>
+
+#include "bench_util.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -42,9 +45,9 @@ bool transpose_b(Layout l) {
   return l == Layout::NT;
 }
 
-void set_flops(benchmark::State& state, std::int64_t n, std::int64_t products = 1) {
+void set_flops(benchmark::State& state, std::int64_t n) {
   state.counters["FLOP/s"] =
-      benchmark::Counter(2.0 * n * n * n * products, benchmark::Counter::kIsIterationInvariantRate);
+      benchmark::Counter(2.0 * n * n * n, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 struct Operands {
@@ -92,23 +95,14 @@ void BM_Cuda(benchmark::State& state, Layout layout, GemmBackend backend) {
     return;
   }
   const std::int64_t n = state.range(0);
-  const int reps = n >= 4096 ? 5 : 50;  // enough work per timing to hide launch gaps
   Stream stream(Device::cuda(0));
   Operands x(n, stream);
-  Event start(stream.device(), true), stop(stream.device(), true);
   set_gemm_backend(backend);
-  matmul(x.c, x.a, x.b, transpose_a(layout), transpose_b(layout), 1.0f, 0.0f, stream);  // warm-up
-  for (auto _ : state) {
-    start.record(stream);
-    for (int r = 0; r < reps; ++r) {
-      matmul(x.c, x.a, x.b, transpose_a(layout), transpose_b(layout), 1.0f, 0.0f, stream);
-    }
-    stop.record(stream);
-    stop.synchronize();
-    state.SetIterationTime(Event::elapsed_ms(start, stop) / 1000.0);
-  }
+  bench::time_calls(state, stream, [&] {
+    matmul(x.c, x.a, x.b, transpose_a(layout), transpose_b(layout), 1.0f, 0.0f, stream);
+  });
   set_gemm_backend(GemmBackend::Towerlab);
-  set_flops(state, n, reps);
+  set_flops(state, n);
 }
 
 // The fastest repetition is the one least disturbed by other processes, for both

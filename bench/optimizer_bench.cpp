@@ -9,26 +9,19 @@
 
 #include "bench_util.h"
 
-#include <cstring>
-
 #include "kernels/optimizer.h"
 #include "towerlab.h"
-
-#if TOWERLAB_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
 
 using namespace towerlab;
 
 namespace {
 
-// Launches per timed iteration on CUDA: enough back to back that the GPU never
-// waits for the host between them.
-
-// Times fn (one update of n elements) and reports bytes_per_element * n bytes per update.
+// Times fn (one update of n elements, bench::time_calls) and reports
+// bytes_per_element * n bytes per update.
 template <typename Fn>
 void run(benchmark::State& state, const Stream& stream, std::int64_t bytes_per_element, Fn&& fn) {
-  bench::time_calls(state, stream, state.range(0) * bytes_per_element, fn);
+  bench::time_calls(state, stream, fn);
+  state.SetBytesProcessed(state.iterations() * state.range(0) * bytes_per_element);
 }
 
 void BM_SgdMomentum(benchmark::State& state, Device device) {
@@ -69,16 +62,8 @@ void BM_CopyReference(benchmark::State& state, Device device) {
   Stream stream(device);
   const Shape shape{state.range(0)};
   Tensor a = Tensor::zeros(shape, stream), b = Tensor::zeros(shape, stream);
-  run(state, stream, 8, [&] {
-#if TOWERLAB_WITH_CUDA
-    if (device.is_cuda()) {
-      cudaMemcpyAsync(b.raw_data(), a.raw_data(), a.nbytes(), cudaMemcpyDeviceToDevice,
-                      static_cast<cudaStream_t>(stream.native_handle()));
-      return;
-    }
-#endif
-    std::memcpy(b.raw_data(), a.raw_data(), a.nbytes());
-  });
+  bench::time_copy_reference(state, b, a, stream);
+  state.SetBytesProcessed(state.iterations() * state.range(0) * 8);
 }
 
 constexpr std::int64_t kFashionNetParams = 430000;

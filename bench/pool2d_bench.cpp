@@ -12,7 +12,6 @@
 
 #include "bench_util.h"
 
-#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -50,10 +49,7 @@ void BM_MaxPoolForward(benchmark::State& state, Device device) {
   Tensor x = Tensor::empty(shape, stream),
          y = Tensor::empty(pool2d_output_shape(shape, kPool), stream);
   random_uniform(x, 1, 0, -1.0f, 1.0f, stream);
-  for (auto _ : state) {
-    max_pool2d_forward(y, x, kPool, stream);
-    stream.synchronize();
-  }
+  bench::time_calls(state, stream, [&] { max_pool2d_forward(y, x, kPool, stream); });
   set_bytes(state, shape, kForwardQuarters);
 }
 
@@ -64,10 +60,7 @@ void BM_MaxPoolBackward(benchmark::State& state, Device device) {
   Tensor x = Tensor::empty(shape, stream), grad_x = Tensor::zeros(shape, stream);
   Tensor grad_y = Tensor::zeros(pool2d_output_shape(shape, kPool), stream);
   random_uniform(x, 1, 0, -1.0f, 1.0f, stream);
-  for (auto _ : state) {
-    max_pool2d_backward(grad_x, grad_y, x, kPool, stream);
-    stream.synchronize();
-  }
+  bench::time_calls(state, stream, [&] { max_pool2d_backward(grad_x, grad_y, x, kPool, stream); });
   set_bytes(state, shape, kMaxBackwardQuarters);
 }
 
@@ -77,10 +70,7 @@ void BM_AvgPoolForward(benchmark::State& state, Device device) {
   const Shape shape = bench::nchw_shape(state);
   Tensor x = Tensor::zeros(shape, stream),
          y = Tensor::empty(pool2d_output_shape(shape, kPool), stream);
-  for (auto _ : state) {
-    avg_pool2d_forward(y, x, kPool, stream);
-    stream.synchronize();
-  }
+  bench::time_calls(state, stream, [&] { avg_pool2d_forward(y, x, kPool, stream); });
   set_bytes(state, shape, kForwardQuarters);
 }
 
@@ -90,10 +80,7 @@ void BM_AvgPoolBackward(benchmark::State& state, Device device) {
   const Shape shape = bench::nchw_shape(state);
   Tensor grad_x = Tensor::zeros(shape, stream);
   Tensor grad_y = Tensor::zeros(pool2d_output_shape(shape, kPool), stream);
-  for (auto _ : state) {
-    avg_pool2d_backward(grad_x, grad_y, kPool, stream);
-    stream.synchronize();
-  }
+  bench::time_calls(state, stream, [&] { avg_pool2d_backward(grad_x, grad_y, kPool, stream); });
   set_bytes(state, shape, kAvgBackwardQuarters);
 }
 
@@ -104,7 +91,7 @@ void BM_CopyReference(benchmark::State& state, Device device) {
   const Shape shape = bench::nchw_shape(state);
   const std::int64_t n = numel_of(shape) * kForwardQuarters / 8;  // floats copied
   Tensor a = Tensor::zeros({n}, stream), b = Tensor::zeros({n}, stream);
-  for (auto _ : state) bench::copy_reference(b, a, stream);
+  bench::time_copy_reference(state, b, a, stream);
   state.counters["bytes/s"] = benchmark::Counter(static_cast<double>(n) * sizeof(float) * 2,
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
@@ -159,12 +146,11 @@ void BM_CudnnMaxPoolForward(benchmark::State& state) {
   Tensor x = Tensor::empty(shape, stream), y = Tensor::empty(out, stream);
   random_uniform(x, 1, 0, -1.0f, 1.0f, stream);
   const float one = 1.0f, zero = 0.0f;
-  for (auto _ : state) {
+  bench::time_calls(state, stream, [&] {
     cudnn_check(cudnnPoolingForward(p.handle, p.pool, &one, p.x_desc, x.raw_data(), &zero, p.y_desc,
                                     y.raw_data()),
                 "cudnnPoolingForward");
-    stream.synchronize();
-  }
+  });
   set_bytes(state, shape, kForwardQuarters);
 }
 
@@ -180,14 +166,13 @@ void BM_CudnnMaxPoolBackward(benchmark::State& state) {
   cudnn_check(cudnnPoolingForward(p.handle, p.pool, &one, p.x_desc, x.raw_data(), &one, p.y_desc,
                                   y.raw_data()),
               "cudnnPoolingForward");
-  for (auto _ : state) {
+  bench::time_calls(state, stream, [&] {
     // cuDNN also reads y to find the argmax; beta = 1 accumulates like towerlab.
     cudnn_check(cudnnPoolingBackward(p.handle, p.pool, &one, p.y_desc, y.raw_data(), p.y_desc,
                                      grad_y.raw_data(), p.x_desc, x.raw_data(), &one, p.x_desc,
                                      grad_x.raw_data()),
                 "cudnnPoolingBackward");
-    stream.synchronize();
-  }
+  });
   set_bytes(state, shape, kMaxBackwardQuarters);
 }
 
@@ -196,21 +181,43 @@ void BM_CudnnMaxPoolBackward(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK_CAPTURE(BM_MaxPoolForward, cpu, Device::cpu())->Apply(bench::activation_shapes);
-BENCHMARK_CAPTURE(BM_MaxPoolBackward, cpu, Device::cpu())->Apply(bench::activation_shapes);
-BENCHMARK_CAPTURE(BM_AvgPoolForward, cpu, Device::cpu())->Apply(bench::activation_shapes);
-BENCHMARK_CAPTURE(BM_AvgPoolBackward, cpu, Device::cpu())->Apply(bench::activation_shapes);
-BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())->Apply(bench::activation_shapes);
-BENCHMARK_CAPTURE(BM_MaxPoolForward, cuda, Device::cuda(0))->Apply(bench::activation_shapes);
-BENCHMARK_CAPTURE(BM_MaxPoolBackward, cuda, Device::cuda(0))->Apply(bench::activation_shapes);
-BENCHMARK_CAPTURE(BM_AvgPoolForward, cuda, Device::cuda(0))->Apply(bench::activation_shapes);
-BENCHMARK_CAPTURE(BM_AvgPoolBackward, cuda, Device::cuda(0))->Apply(bench::activation_shapes);
-BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))->Apply(bench::activation_shapes);
+BENCHMARK_CAPTURE(BM_MaxPoolForward, cpu, Device::cpu())
+    ->Apply(bench::activation_shapes)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_MaxPoolBackward, cpu, Device::cpu())
+    ->Apply(bench::activation_shapes)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_AvgPoolForward, cpu, Device::cpu())
+    ->Apply(bench::activation_shapes)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_AvgPoolBackward, cpu, Device::cpu())
+    ->Apply(bench::activation_shapes)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())
+    ->Apply(bench::activation_shapes)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_MaxPoolForward, cuda, Device::cuda(0))
+    ->Apply(bench::activation_shapes)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_MaxPoolBackward, cuda, Device::cuda(0))
+    ->Apply(bench::activation_shapes)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_AvgPoolForward, cuda, Device::cuda(0))
+    ->Apply(bench::activation_shapes)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_AvgPoolBackward, cuda, Device::cuda(0))
+    ->Apply(bench::activation_shapes)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))
+    ->Apply(bench::activation_shapes)
+    ->UseManualTime();
 #if TOWERLAB_WITH_CUDA && TOWERLAB_HAVE_CUDNN
 BENCHMARK(BM_CudnnMaxPoolForward)
     ->Name("BM_CudnnMaxPoolForward/cuda")
-    ->Apply(bench::activation_shapes);
+    ->Apply(bench::activation_shapes)
+    ->UseManualTime();
 BENCHMARK(BM_CudnnMaxPoolBackward)
     ->Name("BM_CudnnMaxPoolBackward/cuda")
-    ->Apply(bench::activation_shapes);
+    ->Apply(bench::activation_shapes)
+    ->UseManualTime();
 #endif

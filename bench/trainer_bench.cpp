@@ -2,7 +2,13 @@
 // towers on one CPU or one GPU), with the total batch fixed: the difference from one
 // tower is the overhead of the towers (the split, per-tower launches and the ring).
 // images/s is reported as the items-processed rate.
+//
+// Wall-clock time, not bench::time_calls' CUDA events: a step runs on the towers'
+// own streams and threads and waits for the GPU itself (it reads the loss and checks
+// the gradient on the host), so the host's time per step is the step's time.
 #include <benchmark/benchmark.h>
+
+#include "bench_util.h"
 
 #include "towerlab.h"
 
@@ -11,10 +17,7 @@ using namespace towerlab;
 namespace {
 
 void BM_FashionNetStep(benchmark::State& state, Device device, BatchNormMode mode) {
-  if (device.is_cuda() && cuda_device_count() == 0) {
-    state.SkipWithError("no CUDA device");
-    return;
-  }
+  if (bench::skip_without(device, state)) return;
   const int towers = int(state.range(0));
   const std::int64_t batch = state.range(1);
   VariableSet vars;

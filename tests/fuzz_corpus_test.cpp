@@ -3,6 +3,7 @@
 // fuzzer once found stays fixed, and the seed corpus keeps parsing as it did.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -16,10 +17,32 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The repository's fuzz/ folder, so that the binary finds it wherever it runs (a
+// copy of the build on another machine too): $TOWERLAB_FUZZ_DIR when set, else the
+// source tree it was built from, else the first fuzz/ with a corpus/ in a folder
+// above the binary. Empty when none is found.
+fs::path fuzz_dir() {
+  if (const char* dir = std::getenv("TOWERLAB_FUZZ_DIR"); dir != nullptr && *dir != '\0') {
+    return dir;
+  }
+  if (fs::is_directory(fs::path(TOWERLAB_SOURCE_FUZZ_DIR) / "corpus")) {
+    return TOWERLAB_SOURCE_FUZZ_DIR;
+  }
+  std::error_code error;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", error);
+  for (fs::path dir = exe.parent_path(); !error && dir.has_relative_path();
+       dir = dir.parent_path()) {
+    if (fs::is_directory(dir / "fuzz" / "corpus")) return dir / "fuzz";
+  }
+  return {};
+}
+
 std::vector<fs::path> inputs_of(const std::string& target) {
   std::vector<fs::path> files;
+  const fs::path root = fuzz_dir();
+  if (root.empty()) return files;
   for (const char* kind : {"corpus", "regressions"}) {
-    const fs::path dir = fs::path(TOWERLAB_FUZZ_DIR) / kind / target;
+    const fs::path dir = root / kind / target;
     if (!fs::is_directory(dir)) continue;
     for (const auto& entry : fs::directory_iterator(dir)) {
       if (entry.is_regular_file()) files.push_back(entry.path());
@@ -39,7 +62,9 @@ TEST_P(FuzzCorpus, EveryInputKeepsTheParsersPromises) {
   const fuzz::Target target = fuzz::target_by_name(GetParam());
   ASSERT_NE(target, nullptr);
   const std::vector<fs::path> files = inputs_of(GetParam());
-  ASSERT_GE(files.size(), 3u) << "the seed corpus of " << GetParam() << " is missing";
+  ASSERT_GE(files.size(), 3u) << "the seed corpus of " << GetParam() << " is missing in '"
+                              << fuzz_dir().string()
+                              << "' (set TOWERLAB_FUZZ_DIR to the repository's fuzz/)";
   for (const fs::path& file : files) {
     const std::vector<std::uint8_t> bytes = read_bytes(file);
     EXPECT_NO_THROW(target(bytes.data(), bytes.size())) << file;

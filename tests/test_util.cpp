@@ -1,14 +1,48 @@
 #include "test_util.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <random>
 #include <sstream>
 
 namespace towerlab::testing {
 
+namespace {
+
+constexpr const char* kNoGpuUnderRequire =
+    "TOWERLAB_REQUIRE_GPU=1 but no CUDA device is visible: the CUDA cases cannot run";
+
+// Fails the whole suite before its first test when a GPU is required and none is
+// visible. It covers the tests that skip on their own without a device, not only
+// the BackendTest instances. Registered before main (gtest_main) runs the tests.
+class RequireGpuEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    if (gpu_required() && cuda_device_count() == 0) FAIL() << kNoGpuUnderRequire;
+  }
+};
+
+::testing::Environment* const kRequireGpu =
+    ::testing::AddGlobalTestEnvironment(new RequireGpuEnvironment);
+
+}  // namespace
+
+bool gpu_required() {
+  const char* value = std::getenv("TOWERLAB_REQUIRE_GPU");
+  return value != nullptr && std::strcmp(value, "1") == 0;
+}
+
+void skip_without_cuda_device() {
+  if (cuda_device_count() > 0) return;
+  if (gpu_required()) FAIL() << kNoGpuUnderRequire;
+  GTEST_SKIP() << "no CUDA device visible: CUDA case skipped (it runs where a GPU is)";
+}
+
 void BackendTest::SetUp() {
-  if (GetParam().is_cuda() && cuda_device_count() == 0) {
-    GTEST_SKIP() << "no CUDA device visible: CUDA case skipped (it runs where a GPU is)";
+  if (GetParam().is_cuda()) {
+    skip_without_cuda_device();
+    if (IsSkipped() || HasFatalFailure()) return;
   }
   stream_ = std::make_unique<Stream>(GetParam());
 }

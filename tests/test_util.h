@@ -12,8 +12,19 @@
 
 namespace towerlab::testing {
 
+// True when TOWERLAB_REQUIRE_GPU is "1" (scripts/gpu.sh sets it on the GPU machine):
+// then no visible GPU fails the suite instead of skipping its CUDA cases, because
+// there a skipped CUDA case would read as a pass. Any other value, or none, is off.
+bool gpu_required();
+
+// Where no GPU is visible, records a skip of the running test, or a fatal failure
+// under gpu_required(); records nothing where one is. The caller returns when
+// IsSkipped() or HasFatalFailure() (gtest's macros return from this function only).
+void skip_without_cuda_device();
+
 // A test parameterized by device: the body runs on "cpu" and on "cuda:0"; the
-// CUDA instance skips with a message where no GPU is visible.
+// CUDA instance skips with a message where no GPU is visible (fails under
+// gpu_required()).
 class BackendTest : public ::testing::TestWithParam<Device> {
  protected:
   void SetUp() override;

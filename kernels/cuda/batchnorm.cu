@@ -36,17 +36,17 @@ __global__ void batchnorm_stats_partial_kernel(float* partial_sum, float* partia
         sum += d;
         sq += d * d;
       });
-  sum = block_sum(sum);
-  sq = block_sum(sq);
+  sum = block_sum<kReduceBlock>(sum);
+  sq = block_sum<kReduceBlock>(sq);
   if (threadIdx.x == 0) {
     partial_sum[c * gridDim.y + j] = sum;
     partial_sq[c * gridDim.y + j] = sq;
   }
 }
 
-__global__ void batchnorm_stats_finish_kernel(float* mean, float* m2, const float* partial_sum,
-                                              const float* partial_sq, const float* x,
-                                              std::int64_t C, std::int64_t S, std::int64_t splits,
+__global__ void batchnorm_stats_finish_kernel(std::int64_t C, float* mean, float* m2,
+                                              const float* partial_sum, const float* partial_sq,
+                                              const float* x, std::int64_t S, std::int64_t splits,
                                               std::int64_t count) {
   for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < C;
        c += std::int64_t{gridDim.x} * blockDim.x) {
@@ -61,9 +61,9 @@ __global__ void batchnorm_stats_finish_kernel(float* mean, float* m2, const floa
   }
 }
 
-__global__ void batchnorm_merge_stats_kernel(float* mean_a, float* m2_a, const float* mean_b,
-                                             const float* m2_b, double count_a, double count_b,
-                                             std::int64_t C) {
+__global__ void batchnorm_merge_stats_kernel(std::int64_t C, float* mean_a, float* m2_a,
+                                             const float* mean_b, const float* m2_b, double count_a,
+                                             double count_b) {
   for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < C;
        c += std::int64_t{gridDim.x} * blockDim.x) {
     const double n = count_a + count_b;
@@ -79,11 +79,11 @@ __global__ void batchnorm_merge_stats_kernel(float* mean_a, float* m2_a, const f
 // coeff[c] = (center, scale, shift, 0) for y = (x - center) * scale + shift. The
 // training form also writes inv_std and updates the moving statistics (when
 // moving_mean is not null): the "fused" update, one thread per channel.
-__global__ void batchnorm_prepare_training_kernel(float4* coeff, float* inv_std, float* moving_mean,
-                                                  float* moving_var, const float* gamma,
-                                                  const float* beta, const float* mean,
-                                                  const float* m2, std::int64_t count, double eps,
-                                                  double momentum, std::int64_t C) {
+__global__ void batchnorm_prepare_training_kernel(std::int64_t C, float4* coeff, float* inv_std,
+                                                  float* moving_mean, float* moving_var,
+                                                  const float* gamma, const float* beta,
+                                                  const float* mean, const float* m2,
+                                                  std::int64_t count, double eps, double momentum) {
   for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < C;
        c += std::int64_t{gridDim.x} * blockDim.x) {
     const double var = static_cast<double>(m2[c]) / static_cast<double>(count);
@@ -98,10 +98,10 @@ __global__ void batchnorm_prepare_training_kernel(float4* coeff, float* inv_std,
   }
 }
 
-__global__ void batchnorm_prepare_inference_kernel(float4* coeff, const float* gamma,
-                                                   const float* beta, const float* moving_mean,
-                                                   const float* moving_var, double eps,
-                                                   std::int64_t C) {
+__global__ void batchnorm_prepare_inference_kernel(std::int64_t C, float4* coeff,
+                                                   const float* gamma, const float* beta,
+                                                   const float* moving_mean,
+                                                   const float* moving_var, double eps) {
   for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < C;
        c += std::int64_t{gridDim.x} * blockDim.x) {
     const float istd = static_cast<float>(1.0 / sqrt(static_cast<double>(moving_var[c]) + eps));
@@ -111,8 +111,9 @@ __global__ void batchnorm_prepare_inference_kernel(float4* coeff, const float* g
 
 // y = (x - center) * scale + shift; y may alias x. x - center stays explicit so a
 // large mean does not cancel against itself in float.
-__global__ void batchnorm_apply_kernel(float* y, const float* x, const float4* __restrict__ coeff,
-                                       std::int64_t n, std::int64_t C, std::int64_t S) {
+__global__ void batchnorm_apply_kernel(std::int64_t n, float* y, const float* x,
+                                       const float4* __restrict__ coeff, std::int64_t C,
+                                       std::int64_t S) {
   for_each_with_channel(
       n, C, S, [&](std::int64_t i) { return x[i]; },
       [&](std::int64_t i, float v, std::int64_t c) {
@@ -140,18 +141,18 @@ __global__ void batchnorm_backward_partial_kernel(float* partial_gy, float* part
         sum += gy_x.x;
         sum_dev += gy_x.x * (gy_x.y - mu);
       });
-  sum = block_sum(sum);
-  sum_dev = block_sum(sum_dev);
+  sum = block_sum<kReduceBlock>(sum);
+  sum_dev = block_sum<kReduceBlock>(sum_dev);
   if (threadIdx.x == 0) {
     partial_gy[c * gridDim.y + j] = sum;
     partial_gy_dev[c * gridDim.y + j] = sum_dev;
   }
 }
 
-__global__ void batchnorm_backward_finish_kernel(float* sum_grad_y, float* sum_grad_y_xhat,
-                                                 const float* partial_gy,
+__global__ void batchnorm_backward_finish_kernel(std::int64_t C, float* sum_grad_y,
+                                                 float* sum_grad_y_xhat, const float* partial_gy,
                                                  const float* partial_gy_dev, const float* inv_std,
-                                                 std::int64_t C, std::int64_t splits) {
+                                                 std::int64_t splits) {
   for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < C;
        c += std::int64_t{gridDim.x} * blockDim.x) {
     double sum = 0.0, sum_dev = 0.0;
@@ -166,11 +167,11 @@ __global__ void batchnorm_backward_finish_kernel(float* sum_grad_y, float* sum_g
 
 // coeff[c] = (mean, k, k * mean(grad_y), k * inv_std * mean(grad_y * x_hat)) with
 // k = gamma * inv_std, so that grad_x += k*grad_y - coeff.z - (x - mean) * coeff.w.
-__global__ void batchnorm_prepare_backward_kernel(float4* coeff, const float* gamma,
+__global__ void batchnorm_prepare_backward_kernel(std::int64_t C, float4* coeff, const float* gamma,
                                                   const float* mean, const float* inv_std,
                                                   const float* sum_grad_y,
-                                                  const float* sum_grad_y_xhat, std::int64_t count,
-                                                  std::int64_t C) {
+                                                  const float* sum_grad_y_xhat,
+                                                  std::int64_t count) {
   for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < C;
        c += std::int64_t{gridDim.x} * blockDim.x) {
     const double k = static_cast<double>(gamma[c]) * inv_std[c];
@@ -181,20 +182,17 @@ __global__ void batchnorm_prepare_backward_kernel(float4* coeff, const float* ga
   }
 }
 
-__global__ void batchnorm_backward_apply_kernel(float* grad_x, const float* __restrict__ grad_y,
+__global__ void batchnorm_backward_apply_kernel(std::int64_t n, float* grad_x,
+                                                const float* __restrict__ grad_y,
                                                 const float* __restrict__ x,
-                                                const float4* __restrict__ coeff, std::int64_t n,
-                                                std::int64_t C, std::int64_t S) {
+                                                const float4* __restrict__ coeff, std::int64_t C,
+                                                std::int64_t S) {
   for_each_with_channel(
       n, C, S, [&](std::int64_t i) { return make_float3(grad_y[i], x[i], grad_x[i]); },
       [&](std::int64_t i, float3 v, std::int64_t c) {
         const float4 k = coeff[c];
         grad_x[i] = v.z + k.y * v.x - k.z - (v.y - k.x) * k.w;
       });
-}
-
-unsigned channel_grid(std::int64_t C) {
-  return grid_for(C, kBlockSize);
 }
 
 }  // namespace
@@ -215,21 +213,16 @@ void batchnorm_stats(const Tensor& mean, const Tensor& m2, const Tensor& x, std:
                                    kReduceBlock, 0, s>>>(partial_sum, partial_sq, x.data<float>(),
                                                          C, S, per_channel, chunk);
   TL_CUDA_CHECK_LAUNCH();
-  batchnorm_stats_finish_kernel<<<channel_grid(C), kBlockSize, 0, s>>>(
-      mean.data<float>(), m2.data<float>(), partial_sum, partial_sq, x.data<float>(), C, S, splits,
-      per_channel);
-  TL_CUDA_CHECK_LAUNCH();
+  launch_grid_stride(batchnorm_stats_finish_kernel, C, stream, mean.data<float>(), m2.data<float>(),
+                     partial_sum, partial_sq, x.data<float>(), S, splits, per_channel);
 }
 
 void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_t count_a,
                            const Tensor& mean_b, const Tensor& m2_b, std::int64_t count_b,
                            const Stream& stream) {
-  CudaDeviceGuard guard(stream.device().index);
-  const std::int64_t C = mean_a.numel();
-  batchnorm_merge_stats_kernel<<<channel_grid(C), kBlockSize, 0, native(stream)>>>(
-      mean_a.data<float>(), m2_a.data<float>(), mean_b.data<float>(), m2_b.data<float>(),
-      static_cast<double>(count_a), static_cast<double>(count_b), C);
-  TL_CUDA_CHECK_LAUNCH();
+  launch_grid_stride(batchnorm_merge_stats_kernel, mean_a.numel(), stream, mean_a.data<float>(),
+                     m2_a.data<float>(), mean_b.data<float>(), m2_b.data<float>(),
+                     static_cast<double>(count_a), static_cast<double>(count_b));
 }
 
 void batchnorm_forward_from_stats(const Tensor& y, const Tensor& inv_std, const Tensor& moving_mean,
@@ -238,19 +231,15 @@ void batchnorm_forward_from_stats(const Tensor& y, const Tensor& inv_std, const 
                                   std::int64_t count, double eps, double momentum, std::int64_t N,
                                   std::int64_t C, std::int64_t S, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
-  cudaStream_t s = native(stream);
   Scratch coeff(stream, C * sizeof(float4));
   const bool moving = moving_mean.defined();
-  batchnorm_prepare_training_kernel<<<channel_grid(C), kBlockSize, 0, s>>>(
-      coeff.as<float4>(), inv_std.data<float>(), moving ? moving_mean.data<float>() : nullptr,
-      moving ? moving_var.data<float>() : nullptr, gamma.data<float>(), beta.data<float>(),
-      mean.data<float>(), m2.data<float>(), count, eps, momentum, C);
-  TL_CUDA_CHECK_LAUNCH();
-  const std::int64_t n = N * C * S;
-  if (n == 0) return;
-  batchnorm_apply_kernel<<<grid_for(n), kBlockSize, 0, s>>>(y.data<float>(), x.data<float>(),
-                                                            coeff.as<float4>(), n, C, S);
-  TL_CUDA_CHECK_LAUNCH();
+  launch_grid_stride(batchnorm_prepare_training_kernel, C, stream, coeff.as<float4>(),
+                     inv_std.data<float>(), moving ? moving_mean.data<float>() : nullptr,
+                     moving ? moving_var.data<float>() : nullptr, gamma.data<float>(),
+                     beta.data<float>(), mean.data<float>(), m2.data<float>(), count, eps,
+                     momentum);
+  launch_grid_stride(batchnorm_apply_kernel, N * C * S, stream, y.data<float>(), x.data<float>(),
+                     coeff.as<float4>(), C, S);
 }
 
 void batchnorm_forward_inference(const Tensor& y, const Tensor& x, const Tensor& gamma,
@@ -258,16 +247,12 @@ void batchnorm_forward_inference(const Tensor& y, const Tensor& x, const Tensor&
                                  const Tensor& moving_var, double eps, std::int64_t N,
                                  std::int64_t C, std::int64_t S, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
-  cudaStream_t s = native(stream);
   Scratch coeff(stream, C * sizeof(float4));
-  batchnorm_prepare_inference_kernel<<<channel_grid(C), kBlockSize, 0, s>>>(
-      coeff.as<float4>(), gamma.data<float>(), beta.data<float>(), moving_mean.data<float>(),
-      moving_var.data<float>(), eps, C);
-  TL_CUDA_CHECK_LAUNCH();
-  const std::int64_t n = N * C * S;
-  batchnorm_apply_kernel<<<grid_for(n), kBlockSize, 0, s>>>(y.data<float>(), x.data<float>(),
-                                                            coeff.as<float4>(), n, C, S);
-  TL_CUDA_CHECK_LAUNCH();
+  launch_grid_stride(batchnorm_prepare_inference_kernel, C, stream, coeff.as<float4>(),
+                     gamma.data<float>(), beta.data<float>(), moving_mean.data<float>(),
+                     moving_var.data<float>(), eps);
+  launch_grid_stride(batchnorm_apply_kernel, N * C * S, stream, y.data<float>(), x.data<float>(),
+                     coeff.as<float4>(), C, S);
 }
 
 void batchnorm_backward_reduce(const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
@@ -287,10 +272,9 @@ void batchnorm_backward_reduce(const Tensor& sum_grad_y, const Tensor& sum_grad_
       partial_gy, partial_gy_dev, grad_y.data<float>(), x.data<float>(), mean.data<float>(), C, S,
       per_channel, chunk);
   TL_CUDA_CHECK_LAUNCH();
-  batchnorm_backward_finish_kernel<<<channel_grid(C), kBlockSize, 0, s>>>(
-      sum_grad_y.data<float>(), sum_grad_y_xhat.data<float>(), partial_gy, partial_gy_dev,
-      inv_std.data<float>(), C, splits);
-  TL_CUDA_CHECK_LAUNCH();
+  launch_grid_stride(batchnorm_backward_finish_kernel, C, stream, sum_grad_y.data<float>(),
+                     sum_grad_y_xhat.data<float>(), partial_gy, partial_gy_dev,
+                     inv_std.data<float>(), splits);
 }
 
 void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
@@ -299,16 +283,12 @@ void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const 
                               std::int64_t count, std::int64_t N, std::int64_t C, std::int64_t S,
                               const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
-  cudaStream_t s = native(stream);
   Scratch coeff(stream, C * sizeof(float4));
-  batchnorm_prepare_backward_kernel<<<channel_grid(C), kBlockSize, 0, s>>>(
-      coeff.as<float4>(), gamma.data<float>(), mean.data<float>(), inv_std.data<float>(),
-      sum_grad_y.data<float>(), sum_grad_y_xhat.data<float>(), count, C);
-  TL_CUDA_CHECK_LAUNCH();
-  const std::int64_t n = N * C * S;
-  batchnorm_backward_apply_kernel<<<grid_for(n), kBlockSize, 0, s>>>(
-      grad_x.data<float>(), grad_y.data<float>(), x.data<float>(), coeff.as<float4>(), n, C, S);
-  TL_CUDA_CHECK_LAUNCH();
+  launch_grid_stride(batchnorm_prepare_backward_kernel, C, stream, coeff.as<float4>(),
+                     gamma.data<float>(), mean.data<float>(), inv_std.data<float>(),
+                     sum_grad_y.data<float>(), sum_grad_y_xhat.data<float>(), count);
+  launch_grid_stride(batchnorm_backward_apply_kernel, N * C * S, stream, grad_x.data<float>(),
+                     grad_y.data<float>(), x.data<float>(), coeff.as<float4>(), C, S);
 }
 
 }  // namespace towerlab::cuda

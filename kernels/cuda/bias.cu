@@ -11,8 +11,9 @@ namespace towerlab::cuda {
 namespace {
 
 // y may alias x (in-place bias add).
-__global__ void bias_add_forward_kernel(float* y, const float* x, const float* __restrict__ bias,
-                                        std::int64_t n, std::int64_t C, std::int64_t S) {
+__global__ void bias_add_forward_kernel(std::int64_t n, float* y, const float* x,
+                                        const float* __restrict__ bias, std::int64_t C,
+                                        std::int64_t S) {
   for_each_with_channel(
       n, C, S, [&](std::int64_t i) { return x[i]; },
       [&](std::int64_t i, float v, std::int64_t c) { y[i] = v + bias[c]; });
@@ -28,11 +29,11 @@ __global__ void bias_backward_partial_kernel(float* partial, const float* __rest
   for_each_in_channel_range(
       begin, end, c, C, S, [&](std::int64_t offset) { return grad_y[offset]; },
       [&](float v) { sum += v; });
-  sum = block_sum(sum);
+  sum = block_sum<kReduceBlock>(sum);
   if (threadIdx.x == 0) partial[c * gridDim.y + j] = sum;
 }
 
-__global__ void bias_backward_finish_kernel(float* grad_bias, const float* partial, std::int64_t C,
+__global__ void bias_backward_finish_kernel(std::int64_t C, float* grad_bias, const float* partial,
                                             std::int64_t splits) {
   for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < C;
        c += std::int64_t{gridDim.x} * blockDim.x) {
@@ -46,11 +47,8 @@ __global__ void bias_backward_finish_kernel(float* grad_bias, const float* parti
 
 void bias_add_forward(const Tensor& y, const Tensor& x, const Tensor& bias, std::int64_t N,
                       std::int64_t C, std::int64_t S, const Stream& stream) {
-  CudaDeviceGuard guard(stream.device().index);
-  const std::int64_t n = N * C * S;
-  bias_add_forward_kernel<<<grid_for(n), kBlockSize, 0, native(stream)>>>(
-      y.data<float>(), x.data<float>(), bias.data<float>(), n, C, S);
-  TL_CUDA_CHECK_LAUNCH();
+  launch_grid_stride(bias_add_forward_kernel, N * C * S, stream, y.data<float>(), x.data<float>(),
+                     bias.data<float>(), C, S);
 }
 
 void bias_add_backward(const Tensor& grad_bias, const Tensor& grad_y, std::int64_t N,
@@ -65,9 +63,8 @@ void bias_add_backward(const Tensor& grad_bias, const Tensor& grad_y, std::int64
                                  kReduceBlock, 0, s>>>(partial.as<float>(), grad_y.data<float>(), C,
                                                        S, per_channel, chunk);
   TL_CUDA_CHECK_LAUNCH();
-  bias_backward_finish_kernel<<<grid_for(C), kBlockSize, 0, s>>>(grad_bias.data<float>(),
-                                                                 partial.as<float>(), C, splits);
-  TL_CUDA_CHECK_LAUNCH();
+  launch_grid_stride(bias_backward_finish_kernel, C, stream, grad_bias.data<float>(),
+                     partial.as<float>(), splits);
 }
 
 }  // namespace towerlab::cuda

@@ -548,8 +548,8 @@ void backward_weight(const Dims& d, float* grad_weight, const float* grad_y, con
     Scratch partial(stream, static_cast<std::size_t>(splits) * count * sizeof(float));
     problem.partial = partial.as<float>();
     launch_gemm<BackwardWeightProblem, T, false>(problem, splits, k_per_split, s);
-    split_sum_kernel<<<grid_for(count), kBlockSize, 0, s>>>(grad_weight, partial.as<float>(), count,
-                                                            splits);
+    split_sum_kernel<<<grid_for(count, stream), kBlockSize, 0, s>>>(
+        grad_weight, partial.as<float>(), count, splits);
     TL_CUDA_CHECK_LAUNCH();
   };
   if (d.K <= 32) {

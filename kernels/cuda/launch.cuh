@@ -1,9 +1,9 @@
 // Launch helpers shared by the CUDA kernel files: the stream handle, the device's
-// SM count (asked once), the grid for a grid-stride loop over n elements, the warp
-// and block sums every reduction kernel uses, scratch memory from the caching
-// allocator, and a search for the first index where a condition holds (for the
-// checks that must name an offending element: labels out of range, NaN in a
-// gradient). Each of these exists once, here.
+// SM count (asked once), the grid for a grid-stride loop over n elements and the
+// launch of such a loop, the warp and block sums every reduction kernel uses,
+// scratch memory from the caching allocator, and a search for the first index
+// where a condition holds (for the checks that must name an offending element:
+// labels out of range, NaN in a gradient). Each of these exists once, here.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,6 +12,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include "engine/allocator.h"
 #include "engine/cuda_check.h"
@@ -52,10 +53,20 @@ inline unsigned grid_for(std::int64_t n, const Stream& stream, int block = kBloc
   return static_cast<unsigned>(std::clamp<std::int64_t>(wanted, 1, most));
 }
 
-// The same for launchers not yet moved to the stream's SM count: assumes an H100's 132.
-inline unsigned grid_for(std::int64_t n, int block = kBlockSize) {
-  const std::int64_t wanted = (n + block - 1) / block;
-  return static_cast<unsigned>(std::clamp<std::int64_t>(wanted, 1, 132 * 32));
+// Launches a grid-stride kernel over n items on the stream's device:
+//   launch_grid_stride(relu_forward_kernel, y.numel(), stream, y_ptr, x_ptr);
+// runs relu_forward_kernel<<<grid_for(n, stream), kBlockSize, 0, s>>>(n, y_ptr, x_ptr).
+// The kernel takes the item count first (as tiny-cuda-nn's linear_kernel does), so
+// the count that sizes the grid is the one the loop runs to. Nothing is launched
+// for n == 0. The arguments convert to the kernel's parameter types here, on the
+// host, so a mismatch is a compile error at the call site.
+template <typename... Params>
+void launch_grid_stride(void (*kernel)(std::int64_t, Params...), std::int64_t n,
+                        const Stream& stream, std::type_identity_t<Params>... args) {
+  if (n == 0) return;
+  CudaDeviceGuard guard(stream.device().index);
+  kernel<<<grid_for(n, stream), kBlockSize, 0, native(stream)>>>(n, args...);
+  TL_CUDA_CHECK_LAUNCH();
 }
 
 // Sum of v over the 32 lanes of a warp, in every lane. The butterfly (xor) order
@@ -113,7 +124,7 @@ class Scratch {
 // *first = min(*first, every i < n with found(i)). The minimum does not depend on
 // the order the atomics land in, so the answer is the same every run.
 template <typename Predicate>
-__global__ void first_index_kernel(unsigned long long* first, std::int64_t n, Predicate found) {
+__global__ void first_index_kernel(std::int64_t n, unsigned long long* first, Predicate found) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x) {
     if (found(i)) {
@@ -132,9 +143,8 @@ std::int64_t first_index_where(std::int64_t n, Predicate found, const Stream& st
   cudaStream_t s = native(stream);
   Scratch first(stream, sizeof(unsigned long long));
   TL_CUDA_CHECK(cudaMemsetAsync(first.as<void>(), 0xff, sizeof(unsigned long long), s));
-  first_index_kernel<<<grid_for(n, stream), kBlockSize, 0, s>>>(first.as<unsigned long long>(), n,
-                                                                found);
-  TL_CUDA_CHECK_LAUNCH();
+  launch_grid_stride(first_index_kernel<Predicate>, n, stream, first.as<unsigned long long>(),
+                     found);
   unsigned long long host_first = 0;
   TL_CUDA_CHECK(cudaMemcpyAsync(&host_first, first.as<void>(), sizeof(host_first),
                                 cudaMemcpyDeviceToHost, s));

@@ -23,31 +23,7 @@ namespace towerlab::cuda {
 
 namespace {
 
-constexpr int kWarp = 32;
 constexpr unsigned kMaxPartials = 1024;  // the finishing block has one thread per partial
-constexpr unsigned kFullMask = 0xffffffffu;
-
-// Sum over the block of each thread's v; the result is valid in thread 0.
-// blockDim.x must be a multiple of 32 (at most 1024).
-__device__ float block_sum(float v) {
-  __shared__ float warp_sums[kWarp];
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_down_sync(kFullMask, v, offset);
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  if (lane == 0) warp_sums[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < static_cast<int>(blockDim.x / kWarp) ? warp_sums[lane] : 0.0f;
-    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
-      v += __shfl_down_sync(kFullMask, v, offset);
-    }
-  }
-  return v;
-}
-
-__device__ float warp_sum(float v) {
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);
-  return v;
-}
 
 __device__ bool is_class_id(float label, std::int64_t num_classes) {
   return label >= 0.0f && label < static_cast<float>(num_classes) && floorf(label) == label;
@@ -67,7 +43,7 @@ struct Square {
   __device__ float operator()(std::int64_t i) const { return w[i] * w[i]; }
 };
 
-// partials[block] = sum of term(i) over the block's share of [0, n).
+// partials[block] = sum of term(i) over the block's share of [0, n); kBlockSize threads.
 template <typename Term>
 __global__ void partial_sums_kernel(float* partials, std::int64_t n, Term term) {
   float sum = 0.0f;
@@ -75,14 +51,14 @@ __global__ void partial_sums_kernel(float* partials, std::int64_t n, Term term) 
        i += std::int64_t{gridDim.x} * blockDim.x) {
     sum += term(i);
   }
-  sum = block_sum(sum);
+  sum = block_sum<kBlockSize>(sum);
   if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
 
 // loss[0] = scale * sum(partials[0..count)); one block of kMaxPartials threads.
 __global__ void finish_sum_kernel(float* loss, const float* partials, unsigned count, float scale) {
   float sum = threadIdx.x < count ? partials[threadIdx.x] : 0.0f;
-  sum = block_sum(sum);
+  sum = block_sum<kMaxPartials>(sum);
   if (threadIdx.x == 0) *loss = sum * scale;
 }
 
@@ -101,13 +77,13 @@ __device__ RowStats row_stats(const float* row, std::int64_t num_classes, int la
     max = row[lane];
     argmax = lane;
   }
-  for (std::int64_t k = lane + kWarp; k < num_classes; k += kWarp) {
+  for (std::int64_t k = lane + kWarpSize; k < num_classes; k += kWarpSize) {
     if (row[k] > max) {
       max = row[k];
       argmax = k;
     }
   }
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
     const float other_max = __shfl_xor_sync(kFullMask, max, offset);
     const auto other_arg = static_cast<std::int64_t>(
         __shfl_xor_sync(kFullMask, static_cast<long long>(argmax), offset));
@@ -117,19 +93,19 @@ __device__ RowStats row_stats(const float* row, std::int64_t num_classes, int la
     }
   }
   float sum_exp = 0.0f;
-  for (std::int64_t k = lane; k < num_classes; k += kWarp) sum_exp += expf(row[k] - max);
+  for (std::int64_t k = lane; k < num_classes; k += kWarpSize) sum_exp += expf(row[k] - max);
   return {max, argmax, warp_sum(sum_exp)};
 }
 
-// One warp per row. partials[block] = sum of the block's row losses (NaN for a row
-// whose label is not a class id; that label is never used as an index).
+// One warp per row, kBlockSize threads. partials[block] = sum of the block's row losses (NaN for a
+// row whose label is not a class id; that label is never used as an index).
 __global__ void cross_entropy_forward_kernel(float* partials, float* probs, float* predictions,
                                              const float* logits, const float* labels,
                                              std::int64_t rows, std::int64_t num_classes) {
-  const int lane = threadIdx.x % kWarp;
-  const std::int64_t warps_per_block = blockDim.x / kWarp;
+  const int lane = threadIdx.x % kWarpSize;
+  const std::int64_t warps_per_block = blockDim.x / kWarpSize;
   float loss_sum = 0.0f;  // lane 0's rows
-  for (std::int64_t n = blockIdx.x * warps_per_block + threadIdx.x / kWarp; n < rows;
+  for (std::int64_t n = blockIdx.x * warps_per_block + threadIdx.x / kWarpSize; n < rows;
        n += gridDim.x * warps_per_block) {
     const float* row = logits + n * num_classes;  // [K]
     const RowStats s = row_stats(row, num_classes, lane);
@@ -141,12 +117,12 @@ __global__ void cross_entropy_forward_kernel(float* partials, float* probs, floa
       if (predictions != nullptr) predictions[n] = static_cast<float>(s.argmax);
     }
     if (probs != nullptr) {
-      for (std::int64_t k = lane; k < num_classes; k += kWarp) {
+      for (std::int64_t k = lane; k < num_classes; k += kWarpSize) {
         probs[n * num_classes + k] = expf(row[k] - s.max) / s.sum_exp;
       }
     }
   }
-  loss_sum = block_sum(loss_sum);
+  loss_sum = block_sum<kBlockSize>(loss_sum);
   if (threadIdx.x == 0) partials[blockIdx.x] = loss_sum;
 }
 
@@ -155,10 +131,10 @@ __global__ void cross_entropy_backward_kernel(float* grad_logits, const float* g
                                               const float* logits, const float* labels,
                                               std::int64_t rows, std::int64_t num_classes,
                                               float scale) {
-  const int lane = threadIdx.x % kWarp;
-  const std::int64_t warps_per_block = blockDim.x / kWarp;
+  const int lane = threadIdx.x % kWarpSize;
+  const std::int64_t warps_per_block = blockDim.x / kWarpSize;
   const float factor = scale * *grad_loss;
-  for (std::int64_t n = blockIdx.x * warps_per_block + threadIdx.x / kWarp; n < rows;
+  for (std::int64_t n = blockIdx.x * warps_per_block + threadIdx.x / kWarpSize; n < rows;
        n += gridDim.x * warps_per_block) {
     const float* row = logits + n * num_classes;  // [K]
     float* grad = grad_logits + n * num_classes;  // [K]
@@ -166,15 +142,15 @@ __global__ void cross_entropy_backward_kernel(float* grad_logits, const float* g
     const float label = labels[n];
     const bool valid = is_class_id(label, num_classes);
     const std::int64_t target = valid ? static_cast<std::int64_t>(label) : -1;
-    for (std::int64_t k = lane; k < num_classes; k += kWarp) {
+    for (std::int64_t k = lane; k < num_classes; k += kWarpSize) {
       const float p = expf(row[k] - s.max) / s.sum_exp;
       grad[k] += valid ? factor * (p - (k == target ? 1.0f : 0.0f)) : NAN;
     }
   }
 }
 
-__global__ void mse_backward_kernel(float* grad_pred, float* grad_target, const float* grad_loss,
-                                    const float* pred, const float* target, std::int64_t n,
+__global__ void mse_backward_kernel(std::int64_t n, float* grad_pred, float* grad_target,
+                                    const float* grad_loss, const float* pred, const float* target,
                                     float scale) {
   const float factor = 2.0f * scale * *grad_loss;
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -185,8 +161,8 @@ __global__ void mse_backward_kernel(float* grad_pred, float* grad_target, const 
   }
 }
 
-__global__ void l2_loss_backward_kernel(float* grad_w, const float* grad_loss, const float* w,
-                                        std::int64_t n, float scale) {
+__global__ void l2_loss_backward_kernel(std::int64_t n, float* grad_w, const float* grad_loss,
+                                        const float* w, float scale) {
   const float factor = scale * *grad_loss;
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x) {
@@ -202,7 +178,7 @@ void sum_terms(float* loss, std::int64_t n, Term term, float scale, const Stream
     TL_CUDA_CHECK(cudaMemsetAsync(loss, 0, sizeof(float), s));
     return;
   }
-  const unsigned blocks = std::min(grid_for(n), kMaxPartials);
+  const unsigned blocks = std::min(grid_for(n, stream), kMaxPartials);
   Scratch partials(stream, blocks * sizeof(float));
   partial_sums_kernel<<<blocks, kBlockSize, 0, s>>>(partials.as<float>(), n, term);
   TL_CUDA_CHECK_LAUNCH();
@@ -212,7 +188,7 @@ void sum_terms(float* loss, std::int64_t n, Term term, float scale, const Stream
 
 // Blocks for one warp per row, at most kMaxPartials (extra rows loop).
 unsigned grid_for_rows(std::int64_t rows) {
-  const std::int64_t warps_per_block = kBlockSize / kWarp;
+  const std::int64_t warps_per_block = kBlockSize / kWarpSize;
   return static_cast<unsigned>(
       std::clamp<std::int64_t>((rows + warps_per_block - 1) / warps_per_block, 1, kMaxPartials));
 }
@@ -228,12 +204,10 @@ void squared_error_sum(const Tensor& loss, const Tensor& pred, const Tensor& tar
 
 void mse_backward(const Tensor& grad_pred, const Tensor& grad_target, const Tensor& grad_loss,
                   const Tensor& pred, const Tensor& target, float scale, const Stream& stream) {
-  CudaDeviceGuard guard(stream.device().index);
-  mse_backward_kernel<<<grid_for(pred.numel()), kBlockSize, 0, native(stream)>>>(
-      grad_pred.defined() ? grad_pred.data<float>() : nullptr,
-      grad_target.defined() ? grad_target.data<float>() : nullptr, grad_loss.data<float>(),
-      pred.data<float>(), target.data<float>(), pred.numel(), scale);
-  TL_CUDA_CHECK_LAUNCH();
+  launch_grid_stride(mse_backward_kernel, pred.numel(), stream,
+                     grad_pred.defined() ? grad_pred.data<float>() : nullptr,
+                     grad_target.defined() ? grad_target.data<float>() : nullptr,
+                     grad_loss.data<float>(), pred.data<float>(), target.data<float>(), scale);
 }
 
 void softmax_cross_entropy_forward(const Tensor& loss, const Tensor& probs,
@@ -288,10 +262,8 @@ void square_sum(const Tensor& loss, const Tensor& w, float scale, const Stream& 
 
 void l2_loss_backward(const Tensor& grad_w, const Tensor& grad_loss, const Tensor& w, float scale,
                       const Stream& stream) {
-  CudaDeviceGuard guard(stream.device().index);
-  l2_loss_backward_kernel<<<grid_for(w.numel()), kBlockSize, 0, native(stream)>>>(
-      grad_w.data<float>(), grad_loss.data<float>(), w.data<float>(), w.numel(), scale);
-  TL_CUDA_CHECK_LAUNCH();
+  launch_grid_stride(l2_loss_backward_kernel, w.numel(), stream, grad_w.data<float>(),
+                     grad_loss.data<float>(), w.data<float>(), scale);
 }
 
 }  // namespace towerlab::cuda

@@ -85,7 +85,7 @@ __device__ __forceinline__ float& component(float4& v, int k) {
 }
 
 template <typename Update, bool kVector>
-__global__ void fused_update_kernel(Buffers<Update::kSlots> b, std::int64_t n, Update update) {
+__global__ void fused_update_kernel(std::int64_t n, Buffers<Update::kSlots> b, Update update) {
   constexpr int kSlots = Update::kSlots;
   const std::int64_t first = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
@@ -133,7 +133,6 @@ template <typename Update>
 void launch_update(const Tensor& param, const Tensor& grad,
                    const std::array<const Tensor*, Update::kSlots>& slots, const Update& update,
                    const Stream& stream) {
-  CudaDeviceGuard guard(stream.device().index);
   Buffers<Update::kSlots> b{param.data<float>(), grad.data<float>(), {}};
   bool vector = aligned16(b.param) && aligned16(b.grad);
   for (int j = 0; j < Update::kSlots; ++j) {
@@ -141,13 +140,14 @@ void launch_update(const Tensor& param, const Tensor& grad,
     vector = vector && aligned16(b.slots[j]);
   }
   const std::int64_t n = param.numel();
-  if (vector) {
-    fused_update_kernel<Update, true>
-        <<<grid_for((n + 3) / 4), kBlockSize, 0, native(stream)>>>(b, n, update);
-  } else {
-    fused_update_kernel<Update, false>
-        <<<grid_for(n), kBlockSize, 0, native(stream)>>>(b, n, update);
-  }
+  if (n == 0) return;
+  // Not launch_grid_stride: the float4 loop's threads each take four elements, so
+  // its grid is sized for n/4 items while the kernel still needs the element count.
+  CudaDeviceGuard guard(stream.device().index);
+  const auto kernel =
+      vector ? fused_update_kernel<Update, true> : fused_update_kernel<Update, false>;
+  const std::int64_t items = vector ? (n + 3) / 4 : n;
+  kernel<<<grid_for(items, stream), kBlockSize, 0, native(stream)>>>(n, b, update);
   TL_CUDA_CHECK_LAUNCH();
 }
 

@@ -124,34 +124,15 @@ __device__ void for_each_in_channel_range(std::int64_t begin, std::int64_t end, 
   }
 }
 
+// Threads per block of the per-channel reduction kernels; their block sums are
+// block_sum<kReduceBlock> (launch.cuh).
 constexpr int kReduceBlock = 256;
-
-// Sum of `value` over the block (kReduceBlock threads); the result is valid in
-// thread 0. Warp shuffles, then one shared-memory step across the warps.
-template <typename V>
-__device__ V block_sum(V value) {
-  __shared__ V warp_sums[kReduceBlock / 32];
-  for (int offset = 16; offset > 0; offset /= 2)
-    value += __shfl_down_sync(0xffffffffu, value, offset);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warp_sums[warp] = value;
-  __syncthreads();
-  if (warp == 0) {
-    value = lane < kReduceBlock / 32 ? warp_sums[lane] : V(0);
-    for (int offset = 16; offset > 0; offset /= 2)
-      value += __shfl_down_sync(0xffffffffu, value, offset);
-  }
-  __syncthreads();  // warp_sums may be reused by a following call
-  return value;
-}
 
 // How many blocks to split each channel's `per_channel` values over: enough for
 // about eight blocks (full occupancy) per SM over all C channels, but at least
 // two unrolled steps (8 values) per thread.
 inline std::int64_t splits_for(std::int64_t C, std::int64_t per_channel, int device) {
-  int sms = 0;
-  TL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const std::int64_t wanted = (8 * std::int64_t{sms} + C - 1) / C;
+  const std::int64_t wanted = (8 * std::int64_t{sm_count(device)} + C - 1) / C;
   const std::int64_t most = (per_channel + 8 * kReduceBlock - 1) / (8 * kReduceBlock);
   return std::clamp<std::int64_t>(std::min(wanted, most), 1, 65535);
 }

@@ -56,8 +56,8 @@ __device__ void covering(std::int64_t h, std::int64_t K, std::int64_t S, std::in
   hi = min((h + P) / S, out_size - 1);
 }
 
-__global__ void max_pool2d_forward_kernel(float* __restrict__ y, const float* __restrict__ x,
-                                          Geometry g, std::int64_t n) {
+__global__ void max_pool2d_forward_kernel(std::int64_t n, float* __restrict__ y,
+                                          const float* __restrict__ x, Geometry g) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x) {
     const std::int64_t wo = i % g.Wo, ho = (i / g.Wo) % g.Ho, plane = i / (g.Wo * g.Ho);
@@ -66,10 +66,9 @@ __global__ void max_pool2d_forward_kernel(float* __restrict__ y, const float* __
   }
 }
 
-__global__ void max_pool2d_backward_kernel(float* __restrict__ grad_x,
+__global__ void max_pool2d_backward_kernel(std::int64_t n, float* __restrict__ grad_x,
                                            const float* __restrict__ grad_y,
-                                           const float* __restrict__ x, Geometry g,
-                                           std::int64_t n) {
+                                           const float* __restrict__ x, Geometry g) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x) {
     const std::int64_t w = i % g.W, h = (i / g.W) % g.H, plane = i / (g.W * g.H);
@@ -88,8 +87,8 @@ __global__ void max_pool2d_backward_kernel(float* __restrict__ grad_x,
   }
 }
 
-__global__ void avg_pool2d_forward_kernel(float* __restrict__ y, const float* __restrict__ x,
-                                          Geometry g, std::int64_t n) {
+__global__ void avg_pool2d_forward_kernel(std::int64_t n, float* __restrict__ y,
+                                          const float* __restrict__ x, Geometry g) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x) {
     const std::int64_t wo = i % g.Wo, ho = (i / g.Wo) % g.Ho, plane = i / (g.Wo * g.Ho);
@@ -103,9 +102,8 @@ __global__ void avg_pool2d_forward_kernel(float* __restrict__ y, const float* __
   }
 }
 
-__global__ void avg_pool2d_backward_kernel(float* __restrict__ grad_x,
-                                           const float* __restrict__ grad_y, Geometry g,
-                                           std::int64_t n) {
+__global__ void avg_pool2d_backward_kernel(std::int64_t n, float* __restrict__ grad_x,
+                                           const float* __restrict__ grad_y, Geometry g) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x) {
     const std::int64_t w = i % g.W, h = (i / g.W) % g.H, plane = i / (g.W * g.H);
@@ -128,36 +126,27 @@ __global__ void avg_pool2d_backward_kernel(float* __restrict__ grad_x,
 
 void max_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params,
                         const Stream& stream) {
-  CudaDeviceGuard guard(stream.device().index);
-  max_pool2d_forward_kernel<<<grid_for(y.numel()), kBlockSize, 0, native(stream)>>>(
-      y.data<float>(), x.data<float>(), geometry(x.shape(), y.shape(), params), y.numel());
-  TL_CUDA_CHECK_LAUNCH();
+  launch_grid_stride(max_pool2d_forward_kernel, y.numel(), stream, y.data<float>(), x.data<float>(),
+                     geometry(x.shape(), y.shape(), params));
 }
 
 void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
                          const Pool2dParams& params, const Stream& stream) {
-  CudaDeviceGuard guard(stream.device().index);
-  max_pool2d_backward_kernel<<<grid_for(x.numel()), kBlockSize, 0, native(stream)>>>(
-      grad_x.data<float>(), grad_y.data<float>(), x.data<float>(),
-      geometry(x.shape(), grad_y.shape(), params), x.numel());
-  TL_CUDA_CHECK_LAUNCH();
+  launch_grid_stride(max_pool2d_backward_kernel, x.numel(), stream, grad_x.data<float>(),
+                     grad_y.data<float>(), x.data<float>(),
+                     geometry(x.shape(), grad_y.shape(), params));
 }
 
 void avg_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params,
                         const Stream& stream) {
-  CudaDeviceGuard guard(stream.device().index);
-  avg_pool2d_forward_kernel<<<grid_for(y.numel()), kBlockSize, 0, native(stream)>>>(
-      y.data<float>(), x.data<float>(), geometry(x.shape(), y.shape(), params), y.numel());
-  TL_CUDA_CHECK_LAUNCH();
+  launch_grid_stride(avg_pool2d_forward_kernel, y.numel(), stream, y.data<float>(), x.data<float>(),
+                     geometry(x.shape(), y.shape(), params));
 }
 
 void avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Pool2dParams& params,
                          const Stream& stream) {
-  CudaDeviceGuard guard(stream.device().index);
-  avg_pool2d_backward_kernel<<<grid_for(grad_x.numel()), kBlockSize, 0, native(stream)>>>(
-      grad_x.data<float>(), grad_y.data<float>(), geometry(grad_x.shape(), grad_y.shape(), params),
-      grad_x.numel());
-  TL_CUDA_CHECK_LAUNCH();
+  launch_grid_stride(avg_pool2d_backward_kernel, grad_x.numel(), stream, grad_x.data<float>(),
+                     grad_y.data<float>(), geometry(grad_x.shape(), grad_y.shape(), params));
 }
 
 }  // namespace towerlab::cuda

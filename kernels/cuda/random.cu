@@ -9,7 +9,7 @@ namespace towerlab::cuda {
 namespace {
 
 template <Distribution Dist>
-__global__ void random_kernel(float* x, std::int64_t n, std::uint64_t seed,
+__global__ void random_kernel(std::int64_t n, float* x, std::uint64_t seed,
                               std::uint64_t subsequence, float a, float b) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x) {
@@ -26,16 +26,9 @@ __global__ void random_kernel(float* x, std::int64_t n, std::uint64_t seed,
 
 void random(const Tensor& x, Distribution dist, std::uint64_t seed, std::uint64_t subsequence,
             float a, float b, const Stream& stream) {
-  CudaDeviceGuard guard(stream.device().index);
-  const unsigned grid = grid_for(x.numel());
-  if (dist == Distribution::Uniform) {
-    random_kernel<Distribution::Uniform><<<grid, kBlockSize, 0, native(stream)>>>(
-        x.data<float>(), x.numel(), seed, subsequence, a, b);
-  } else {
-    random_kernel<Distribution::Normal><<<grid, kBlockSize, 0, native(stream)>>>(
-        x.data<float>(), x.numel(), seed, subsequence, a, b);
-  }
-  TL_CUDA_CHECK_LAUNCH();
+  const auto kernel = dist == Distribution::Uniform ? random_kernel<Distribution::Uniform>
+                                                    : random_kernel<Distribution::Normal>;
+  launch_grid_stride(kernel, x.numel(), stream, x.data<float>(), seed, subsequence, a, b);
 }
 
 }  // namespace towerlab::cuda

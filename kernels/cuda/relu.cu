@@ -6,15 +6,15 @@ namespace towerlab::cuda {
 
 namespace {
 
-__global__ void relu_forward_kernel(float* y, const float* x, std::int64_t n) {
+__global__ void relu_forward_kernel(std::int64_t n, float* y, const float* x) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x) {
     y[i] = x[i] < 0.0f ? 0.0f : x[i];  // not fmaxf, which drops a NaN
   }
 }
 
-__global__ void relu_backward_kernel(float* grad_x, const float* grad_y, const float* y,
-                                     std::int64_t n) {
+__global__ void relu_backward_kernel(std::int64_t n, float* grad_x, const float* grad_y,
+                                     const float* y) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x) {
     grad_x[i] += y[i] > 0.0f ? grad_y[i] : 0.0f;
@@ -24,18 +24,13 @@ __global__ void relu_backward_kernel(float* grad_x, const float* grad_y, const f
 }  // namespace
 
 void relu_forward(const Tensor& y, const Tensor& x, const Stream& stream) {
-  CudaDeviceGuard guard(stream.device().index);
-  relu_forward_kernel<<<grid_for(y.numel()), kBlockSize, 0, native(stream)>>>(
-      y.data<float>(), x.data<float>(), y.numel());
-  TL_CUDA_CHECK_LAUNCH();
+  launch_grid_stride(relu_forward_kernel, y.numel(), stream, y.data<float>(), x.data<float>());
 }
 
 void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y,
                    const Stream& stream) {
-  CudaDeviceGuard guard(stream.device().index);
-  relu_backward_kernel<<<grid_for(grad_x.numel()), kBlockSize, 0, native(stream)>>>(
-      grad_x.data<float>(), grad_y.data<float>(), y.data<float>(), grad_x.numel());
-  TL_CUDA_CHECK_LAUNCH();
+  launch_grid_stride(relu_backward_kernel, grad_x.numel(), stream, grad_x.data<float>(),
+                     grad_y.data<float>(), y.data<float>());
 }
 
 }  // namespace towerlab::cuda
