@@ -16,8 +16,9 @@
 # exact-size heap block, so an out-of-bounds index is reported) and ThreadSanitizer
 # (threads of a block touching one word with no barrier between them, a missing
 # __syncthreads or __syncwarp, is reported as a data race). Control runs prove the
-# detectors work: launch.cuh's block_sum with a barrier deleted, a kernel missing
-# its barrier and one missing its __syncwarp must each fail under ThreadSanitizer;
+# detectors work: a write one past a tensor's end must fail under AddressSanitizer;
+# launch.cuh's block_sum with a barrier deleted, a kernel missing its barrier and
+# one missing its __syncwarp must each fail under ThreadSanitizer;
 # shuffles with an exited lane, in divergent code and from outside the mask must
 # each be reported by the simulator. The script fails if any control passes.
 #
@@ -109,6 +110,8 @@ expect_fail "missing __syncthreads" 66 "ThreadSanitizer: data race" \
   "$work/tsan/sim" 8 control-missing-barrier || status=1
 expect_fail "missing __syncwarp" 66 "ThreadSanitizer: data race" \
   "$work/tsan/sim" 8 control-missing-syncwarp || status=1
+expect_fail "write one past a tensor's end" 1 "heap-buffer-overflow" \
+  "$work/asan/sim" 8 control-out-of-bounds || status=1
 expect_fail "shuffle naming an exited lane" 86 "already exited\|exited instead" \
   "$work/asan/sim" 8 control-shuffle-exited || status=1
 expect_fail "shuffle in divergent code" 86 "never arrived\|never reach" \

@@ -475,6 +475,12 @@ __global__ void control_missing_syncwarp_kernel(float* out) {
   }
 }
 
+// A grid-stride loop that runs one element past the end of a tensor: since device
+// memory here is exact-size heap blocks, AddressSanitizer must report the write.
+__global__ void control_out_of_bounds_kernel(float* x, std::int64_t n) {
+  for (std::int64_t i = threadIdx.x; i <= n; i += blockDim.x) x[i] = 1.0f;
+}
+
 // Half the warp has returned when the other half shuffles with the full mask.
 __global__ void control_shuffle_exited_kernel(float* out) {
   if (threadIdx.x % 32 >= 16) return;
@@ -505,7 +511,10 @@ bool control(const std::string& name) {
     std::printf("control-block-sum: %g and %g, expected %g\n", out[0], out[1], expected);
     return out[0] == expected && out[1] == expected;
   }
-  if (name == "control-missing-barrier") {
+  if (name == "control-out-of-bounds") {
+    Tensor x = Tensor::zeros({33}, host());
+    sim_launch(1, kControlBlock, control_out_of_bounds_kernel, x.data<float>(), std::int64_t{33});
+  } else if (name == "control-missing-barrier") {
     sim_launch(1, kControlBlock, control_missing_barrier_kernel, out.data());
   } else if (name == "control-missing-syncwarp") {
     sim_launch(1, kControlBlock, control_missing_syncwarp_kernel, out.data());
