@@ -58,7 +58,7 @@
 #define __noinline__
 #define __shared__ static
 #define __constant__ static
-#define __align__(n) alignas(n)
+#define __align__(n) __attribute__((aligned(n)))
 #define __launch_bounds__(...)
 
 // --- types ------------------------------------------------------------------------
