@@ -27,6 +27,8 @@ struct CheckpointInfo {
 };
 
 // Saves `store` (and `optimizer`'s slots and step count, when given) to `path`.
+// They are read on their device's default stream: work that wrote them on another
+// stream must have finished (a Trainer's calls return with theirs finished).
 void save_checkpoint(const std::string& path, const VariableStore& store,
                      const Optimizer* optimizer = nullptr,
                      const std::map<std::string, std::string>& metadata = {});
@@ -35,7 +37,9 @@ void save_checkpoint(const std::string& path, const VariableStore& store,
 // its slots and step count (the file's optimizer must be of the same kind). A file
 // that does not match the model is rejected before anything is changed, with one
 // message listing what is missing, unexpected and mis-shaped (CheckpointMismatch);
-// a malformed file is an IoError.
+// a malformed file is an IoError. The copy runs on `stream` and has finished when
+// the call returns; work on other streams that uses the store must have finished
+// before the call (a Trainer's calls return with theirs finished).
 CheckpointInfo load_checkpoint(const std::string& path, VariableStore& store, Optimizer* optimizer,
                                const Stream& stream);
 

@@ -7,6 +7,7 @@
 // Header-only and usable from host and device code.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -63,30 +64,31 @@ TL_HOST_DEVICE inline double to_open_unit_double(std::uint32_t hi, std::uint32_t
   return (static_cast<double>(bits & ((1ull << 53) - 1)) + 1.0) * (1.0 / 9007199254740992.0);
 }
 
-// Uniform in [low, high): element `index` of the stream.
+// Uniform in [low, high): element `index` of the stream, fma(high - low, u, low)
+// rounded once. Written as an fma on purpose: nvcc fuses `low + (high - low) * u`
+// into one fma while a host compiler fuses it or not depending on its flags
+// (-ffp-contract, -mfma), so the plain expression gives the CPU and the GPU values
+// an ulp apart whenever (high - low) * u is not exact in float (most ranges other
+// than a power-of-two width). An fma is one correctly rounded IEEE operation that
+// no compiler splits or contracts further: the same bits on every device.
 TL_HOST_DEVICE inline float uniform(std::uint64_t seed, std::uint64_t subsequence,
                                     std::uint64_t index, float low, float high) {
   const Uint4 r = draw(seed, subsequence, index);
-  return low + (high - low) * to_unit_float(r.x);
+  return ::fmaf(high - low, to_unit_float(r.x), low);
 }
-
-}  // namespace towerlab::philox
-
-#include <cmath>
-
-namespace towerlab::philox {
 
 // Normal(mean, stddev) by Box-Muller on two 53-bit uniforms, computed in double
 // and rounded once to float, so the CPU and CUDA results agree to the last bit
 // except where the two libraries' double log/cos differ by an ulp exactly at a
-// float rounding boundary (the tests allow one float ulp for that).
+// float rounding boundary (the tests allow one float ulp for that). The final
+// scale and shift is an fma for the reason given at uniform().
 TL_HOST_DEVICE inline float normal(std::uint64_t seed, std::uint64_t subsequence,
                                    std::uint64_t index, float mean, float stddev) {
   const Uint4 r = draw(seed, subsequence, index);
   const double u1 = to_open_unit_double(r.x, r.y);
   const double u2 = to_open_unit_double(r.z, r.w);
   const double z = ::sqrt(-2.0 * ::log(u1)) * ::cos(6.283185307179586476925 * u2);
-  return static_cast<float>(static_cast<double>(mean) + static_cast<double>(stddev) * z);
+  return static_cast<float>(::fma(static_cast<double>(stddev), z, static_cast<double>(mean)));
 }
 
 }  // namespace towerlab::philox

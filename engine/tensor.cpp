@@ -145,10 +145,23 @@ std::vector<T> Tensor::to_host(const Stream& stream) const {
   return values;
 }
 
+template <typename T>
+std::vector<T> Tensor::to_host() const {
+#if TOWERLAB_WITH_CUDA
+  if (defined() && device_.is_cuda()) {
+    CudaDeviceGuard guard(device_.index);
+    TL_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+#endif
+  return to_host<T>(default_stream(device_));
+}
+
 template Tensor Tensor::from_host<float>(std::span<const float>, const Shape&, const Stream&);
 template Tensor Tensor::from_host<double>(std::span<const double>, const Shape&, const Stream&);
 template std::vector<float> Tensor::to_host<float>(const Stream&) const;
 template std::vector<double> Tensor::to_host<double>(const Stream&) const;
+template std::vector<float> Tensor::to_host<float>() const;
+template std::vector<double> Tensor::to_host<double>() const;
 
 Tensor Tensor::to(Device device, const Stream& stream) const {
   TL_CHECK(defined(), InvalidArgument, "Tensor::to: the tensor is undefined");

@@ -61,13 +61,17 @@ class Tensor {
   }
 
   // The values, copied to the host. Waits for `stream` (any stream of this device,
-  // or the host stream for a CPU tensor).
+  // or the host stream for a CPU tensor): work on other streams that wrote the
+  // tensor must be ordered before it by the caller.
   template <typename T>
   std::vector<T> to_host(const Stream& stream) const;
+  // The values, copied to the host after all work submitted so far to this
+  // tensor's device, on every stream, has finished (a device-wide wait on a GPU;
+  // on the CPU, work is done when the call that submitted it returns). Correct
+  // whichever stream wrote the tensor: for tests, samples and tools. Code on a hot
+  // path passes the stream it ordered the work on instead.
   template <typename T>
-  std::vector<T> to_host() const {
-    return to_host<T>(default_stream(device_));
-  }
+  std::vector<T> to_host() const;
   // A copy of this tensor on another device (or the same one), ordered on `stream`,
   // which belongs to the source or the destination device.
   Tensor to(Device device, const Stream& stream) const;

@@ -1,5 +1,6 @@
 #include "parallel/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -139,6 +140,26 @@ void transfer(const Tensor& dst, const Stream& dst_stream, const Tensor& src,
   other.wait(copied);
 }
 
+// Refuses towers on the host and on GPUs together. The ring copies between
+// neighbouring towers on one tower's stream, and a host tower's stream cannot issue
+// a GPU copy. Checked on the request, not on the devices placed, so that a program
+// is refused alike on machines with and without a GPU (soft placement would turn
+// the GPU towers into host ones on the latter).
+void check_tower_kinds(const std::vector<Device>& requested) {
+  const auto cpu =
+      std::find_if(requested.begin(), requested.end(), [](Device d) { return d.is_cpu(); });
+  const auto gpu =
+      std::find_if(requested.begin(), requested.end(), [](Device d) { return d.is_cuda(); });
+  if (cpu == requested.end() || gpu == requested.end()) return;
+  std::ostringstream list;
+  for (std::size_t i = 0; i < requested.size(); ++i) list << (i ? ", " : "") << requested[i].str();
+  TL_THROW(NotSupported, "Trainer: towers on "
+                             << cpu->str() << " and " << gpu->str()
+                             << " cannot be mixed (towers requested: " << list.str()
+                             << "); put every tower on the CPU or every tower "
+                                "on GPUs (the master may be on either)");
+}
+
 }  // namespace
 
 Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optimizer,
@@ -155,6 +176,7 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
            "Trainer: the model declares no trainable variables");
   for (Device d : options_.devices)
     devices_.push_back(place_device(d, options_.soft_placement, log));
+  check_tower_kinds(options_.devices);
   master_device_ = place_device(options_.master, options_.soft_placement, log);
   if (options_.memory) {
     std::set<std::pair<int, int>> done;
@@ -218,6 +240,11 @@ void Trainer::broadcast() {
     transfer(t->store->flat_values(), *t->stream, master_->flat_values(), *master_stream_);
     transfer(t->store->flat_state(), *t->stream, master_->flat_state(), *master_stream_);
   }
+  // The one host wait of a step, and the reason a caller may read or write the
+  // master (to_host on any stream, save_checkpoint, load_checkpoint) without
+  // knowing master_stream_: the master stream has waited for every replica's copy,
+  // so this also covers the update, the initialization and the copies themselves.
+  master_stream_->synchronize();
 }
 
 void Trainer::set_trace(Trace* trace) {
@@ -448,9 +475,8 @@ StepResult Trainer::run(const std::vector<Tensor>& batch, bool training) {
       transfer(master_->flat_grads(), *master_stream_, first.store->flat_grads(), *first.stream);
       transfer(master_->flat_state(), *master_stream_, first.store->flat_state(), *first.stream);
       optimizer_.step(*master_, master_->flat_grads(), *master_stream_);
-      broadcast();
+      broadcast();  // returns with the master stream finished
       if (trace_ != nullptr) {
-        master_stream_->synchronize();
         trace_->span(int(towers_.size()), "update + broadcast", start, "master");
       }
     }

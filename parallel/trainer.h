@@ -21,6 +21,18 @@
 //      input's order, and the log values of the last non-empty tower.
 // So N towers take the same step as one device on the whole batch (to float
 // rounding), whatever N and however unevenly the batch divides.
+//
+// The master variables are updated on the trainer's own master stream. The
+// constructor, step() and broadcast() return only once that stream has finished
+// (one host wait, at the end of the broadcast), so the master's values, gradients
+// and the optimizer's slots may then be read or written on any stream of their
+// device, or by save_checkpoint and load_checkpoint, with no event to wait for.
+// Writes to the master from outside must in turn be complete before the next step
+// or broadcast() (load_checkpoint returns with its copy done).
+//
+// Every tower is on the host or every tower is on GPUs: a list that mixes the two
+// is refused (NotSupported), the ring copying between neighbours on one tower's
+// stream. The master may be on either.
 #pragma once
 
 #include <cstdint>
@@ -147,15 +159,20 @@ class Trainer {
   // Steps that NumericGuard::Skip left out.
   std::int64_t skipped_steps() const { return skipped_steps_; }
 
+  // The master variables; complete whenever no trainer call is running (see the top).
   VariableStore& master() { return *master_; }
   // Tower i's copy of the variables (equal to the master's after every step).
   const VariableStore& replica(std::size_t i) const;
   const VariableStore& master() const { return *master_; }
+  // The stream the master's initialization, gradient copy, update and broadcast run
+  // on. Work a caller submits to it runs before the next update.
+  const Stream& master_stream() const { return *master_stream_; }
   Optimizer& optimizer() { return optimizer_; }
   const std::vector<Device>& devices() const { return devices_; }
   std::size_t num_towers() const { return devices_.size(); }
 
   // Copies the master's values (and state) to every replica: after a checkpoint load.
+  // Returns when the copies (and all earlier work on the master stream) are done.
   void broadcast();
   // Records the next steps in `trace` (nullptr stops recording).
   void set_trace(Trace* trace);

@@ -12,13 +12,9 @@
 //   safetensors_test.cpp  MalformedSafetensors.* a missing or truncated data dir dataset_test.cpp,
 //   idx_test.cpp
 // and, for every parser of outside bytes, the fuzz targets (fuzz/, fuzz_corpus_test.cpp).
-// Here: wrong shapes at every layer, labels outside the classes through the
-// trainer, and the sample's YAML config values.
-#include <filesystem>
-#include <fstream>
-#include <sstream>
-
-#include "samples/fashion_mnist/options.h"
+// The sample's flags and YAML config values: fashion_mnist_options_test.cpp.
+// Here: wrong shapes at every layer, and labels outside the classes through the
+// trainer.
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -98,56 +94,6 @@ TEST(BadInput, LabelsOutsideTheClassesNameTheTowerTheSamplesAndTheLabel) {
   EXPECT_EQ(trainer.optimizer().steps(), 0);
   EXPECT_NO_THROW(trainer.step(batch_with_label(3, 4)));  // usable after refused steps
   EXPECT_EQ(trainer.optimizer().steps(), 1);
-}
-
-// Runs the sample's option parser on a YAML config; returns its exit code (or
-// nothing when it accepts) and what it printed.
-std::pair<std::optional<int>, std::string> parse_config(const std::string& yaml,
-                                                        std::vector<std::string> flags = {}) {
-  const std::string path = ::testing::TempDir() + "/towerlab-bad-input-config.yaml";
-  std::ofstream(path) << yaml;
-  std::vector<std::string> args{"fashion_mnist", "--config", path};
-  args.insert(args.end(), flags.begin(), flags.end());
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  std::ostringstream err;
-  std::streambuf* saved = std::cerr.rdbuf(err.rdbuf());
-  sample::Options options;
-  const std::optional<int> code = sample::parse_options(int(argv.size()), argv.data(), options);
-  std::cerr.rdbuf(saved);
-  std::filesystem::remove(path);
-  return {code, err.str()};
-}
-
-TEST(BadInput, SampleConfigValuesAreCheckedLikeFlags) {
-  EXPECT_EQ(parse_config("epochs: 2\nbatch: 64\nschedule: cosine\n").first, std::nullopt);
-  const std::vector<std::pair<std::string, std::string>> cases{
-      {"batch: -1\n", "batch must be positive, got -1"},
-      {"batch: 0\n", "batch must be positive, got 0"},
-      {"epochs: -3\n", "epochs must not be negative, got -3"},
-      {"lr: .nan\n", "lr must be positive, got nan"},
-      {"lr: -0.1\n", "lr must be positive, got -0.1"},
-      {"weight_decay: .inf\n", "weight_decay must be a non-negative number, got inf"},
-      {"n_gpus: 0\n", "n_gpus must be positive, got 0"},
-      {"schedule: linear\n", "schedule must be one of constant, cosine, got 'linear'"},
-      {"numeric_guard: maybe\n", "numeric_guard must be one of stop, skip, off, got 'maybe'"},
-      {"optimizer: lbfgs\n", "optimizer must be one of adam, adamw, sgd, momentum, rmsprop"},
-      {"batchnorm: global\n", "batchnorm must be one of local, sync, got 'global'"},
-      {"learning_rate: 3\n", "unknown key 'learning_rate'"},
-      {"- a\n- b\n", "expected a mapping of keys"},
-      {"batch: [1, 2]\n", "fashion_mnist: "},  // yaml-cpp's conversion error
-      {"epochs: {\n", "fashion_mnist: "},      // yaml-cpp's parse error, with the position
-  };
-  for (const auto& [yaml, message] : cases) {
-    const auto [code, printed] = parse_config(yaml);
-    EXPECT_EQ(code, 2) << yaml;
-    EXPECT_NE(printed.find(message), std::string::npos) << "config:\n"
-                                                        << yaml << "printed:\n"
-                                                        << printed << "expected: " << message;
-  }
-  // A flag overrides the config, and its own value is checked by the flag parser.
-  EXPECT_EQ(parse_config("batch: -1\n", {"--batch", "32"}).first, std::nullopt);
-  EXPECT_NE(parse_config("epochs: 1\n", {"--batch", "0"}).first, std::nullopt);
 }
 
 }  // namespace

@@ -1,7 +1,12 @@
 // Determinism and isolation: the same seed gives bit-identical parameters across
-// two runs (1 and 4 towers, local and synchronized batch norm), and two trainers
-// in one process, on two threads, train exactly as each does alone (no hidden
-// globals between them).
+// two runs (1 and 4 towers, local and synchronized batch norm), two trainers in
+// one process, on two threads, train exactly as each does alone (no hidden
+// globals between them), and a read sees the work submitted before it whichever
+// stream ran that work (the master after a step, to_host() without a stream).
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
 #include <thread>
 
 #include "test_util.h"
@@ -78,6 +83,89 @@ TEST(Concurrency, TwoTrainersOnTwoThreadsTrainAsAlone) {
   tb.join();
   EXPECT_EQ(together_a, alone_a);
   EXPECT_EQ(together_b, alone_b);
+}
+
+// Holds back the work submitted to `stream` after this call: on a GPU, large
+// matrix products (tens of milliseconds); on the CPU, a sleep of the calling
+// thread, which is the host stream. The CPU backend finishes work as it is
+// submitted, so there the delay is over before anything else is issued and a
+// missing wait cannot show: the tests below can fail on a GPU only.
+void delay(const Stream& stream) {
+  if (stream.device().is_cpu()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return;
+  }
+  const std::int64_t n = 4096;
+  Tensor a = Tensor::zeros({n, n}, stream);
+  Tensor c = Tensor::empty({n, n}, stream);
+  for (int i = 0; i < 8; ++i) matmul(c, a, a, false, false, 1.0f, 0.0f, stream);
+}
+
+std::int64_t count_other_than(const std::vector<float>& values, float expected) {
+  return std::count_if(values.begin(), values.end(), [&](float v) { return v != expected; });
+}
+
+class ReadOrderTest : public BackendTest {};
+TL_INSTANTIATE_BACKENDS(ReadOrderTest);
+
+// step() returns with the master's update done: reads on streams that never
+// waited for the master stream (a new stream; the device's default stream under
+// save_checkpoint) see it, although the master stream was held back by a delay
+// queued on it before the step.
+TEST_P(ReadOrderTest, MasterIsUpdatedWhenStepReturns) {
+  const std::int64_t n = 1 << 20;
+  VariableSet vars;
+  vars.get("w", {n}, Initializer::ones());
+  // No outputs and no logs: copying them back would wait for the tower's stream,
+  // which waits for the update, and hide a step that does not.
+  TowerFn fn = [](const Tower& t, const std::vector<Tensor>&) {
+    return TowerResult{ag::sum(t.variable("w")), {}, {}};
+  };
+  TrainerOptions options;
+  options.devices = {device()};
+  options.master = device();
+  Trainer trainer(vars, fn, Optimizer::by_name("sgd", 0.5), options);
+  const std::vector<Tensor> batch{Tensor::zeros({2, 1}, cpu())};
+  Stream reader(device());
+  // dL/dw = 1 everywhere, so each step takes 0.5 off w. The first step also fills
+  // the allocators' caches, so the second allocates nothing (an allocation may
+  // wait for the device and hide a missing wait).
+  trainer.step(batch);
+  ASSERT_EQ(count_other_than(trainer.master().flat_values().to_host<float>(reader), 0.5f), 0);
+
+  delay(trainer.master_stream());
+  trainer.step(batch);
+  EXPECT_EQ(count_other_than(trainer.master().flat_values().to_host<float>(reader), 0.0f), 0)
+      << "the master read on a new stream";
+  EXPECT_EQ(count_other_than(trainer.replica(0).flat_values().to_host<float>(reader), 0.0f), 0)
+      << "tower 0's replica read on a new stream";
+  const auto path = (std::filesystem::temp_directory_path() /
+                     ("towerlab-read-order-" + std::to_string(::getpid()) + ".safetensors"))
+                        .string();
+  save_checkpoint(path, trainer.master());
+  VariableStore saved(vars, cpu());
+  load_checkpoint(path, saved, nullptr, cpu());
+  std::filesystem::remove(path);
+  EXPECT_EQ(count_other_than(saved.flat_values().to_host<float>(cpu()), 0.0f), 0)
+      << "the checkpoint saved right after the step";
+}
+
+// to_host() without a stream waits for the whole device, so it sees a write that
+// another stream was held back from making when the read was asked for.
+TEST_P(ReadOrderTest, ToHostWithoutAStreamSeesWorkOnEveryStream) {
+  const std::int64_t n = 1 << 20;
+  Stream writer(device()), reader(device());
+  Tensor x = Tensor::zeros({n}, writer);
+  ASSERT_EQ(count_other_than(x.to_host<float>(writer), 0.0f), 0);  // also fills the caches
+  delay(writer);
+  fill(x, 1.0, writer);
+  if (device().is_cuda()) {
+    // Control: a read on a stream that never waited for the writer comes while the
+    // fill is still held back, and sees the old values.
+    EXPECT_EQ(count_other_than(x.to_host<float>(reader), 0.0f), 0)
+        << "the delay did not hold the write back, so this test could not fail";
+  }
+  EXPECT_EQ(count_other_than(x.to_host<float>(), 1.0f), 0);
 }
 
 TEST(Memory, OutOfMemoryInATrainerIsReportedAndTheTrainerSurvives) {

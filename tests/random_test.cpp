@@ -1,6 +1,9 @@
 // The Philox generator: known-answer vectors, distribution moments, and the
 // same numbers on every backend for the same seed.
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <iomanip>
 
 #include "engine/philox.h"
 #include "test_util.h"
@@ -67,19 +70,71 @@ TEST_P(RandomTest, NormalHasTheRightMoments) {
   EXPECT_NEAR(std::sqrt(var), 0.5, 0.005);
 }
 
+// Uniform ranges for the bit-exactness tests. A range whose width is a power of
+// two in float makes (high - low) * u exact, so a fused and an unfused
+// low + (high - low) * u agree there and cannot tell the two roundings apart:
+// [-1, 1) and [-0.3, 0.7) are such ranges (0.7f - -0.3f is exactly 1). The
+// others are not, and are where a GPU that fuses and a host that does not differ.
+struct UniformRange {
+  float low, high;
+  bool power_of_two_width;
+};
+const UniformRange kUniformRanges[] = {{-1.0f, 1.0f, true},
+                                       {-0.3f, 0.7f, true},
+                                       {-0.3f, 0.71f, false},
+                                       {-0.0765f, 0.0765f, false},  // a Glorot-uniform limit
+                                       {2.0f, 3.3f, false}};
+
+// Uniform is specified as fma(high - low, u, low), rounded once, with u the top 24
+// bits of the element's first Philox word over 2^24: checked here bit for bit on
+// every backend. The control counts the elements where the twice-rounded formula
+// differs, showing that the comparison catches an unfused (or contracted on one
+// side only) computation on the ranges that are not a power of two wide.
+TEST_P(RandomTest, UniformIsTheFmaFormulaOnEveryRange) {
+  const std::int64_t n = 4099;
+  const std::uint64_t seed = 11, subsequence = 5;
+  Tensor x = Tensor::empty({n}, stream());
+  for (const UniformRange& r : kUniformRanges) {
+    SCOPED_TRACE(::testing::Message() << "[" << r.low << ", " << r.high << ")");
+    random_uniform(x, seed, subsequence, r.low, r.high, stream());
+    const auto v = host(x);
+    std::int64_t twice_rounded_differs = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float u = philox::to_unit_float(philox::draw(seed, subsequence, std::uint64_t(i)).x);
+      const float expected = std::fma(r.high - r.low, u, r.low);
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(v[std::size_t(i)]),
+                std::bit_cast<std::uint32_t>(expected))
+          << "element " << i << ": " << std::setprecision(9) << v[std::size_t(i)] << " instead of "
+          << expected;
+      // volatile: the product is rounded to float before the addition, whatever
+      // this file's compiler would contract.
+      const volatile float product = (r.high - r.low) * u;
+      if (r.low + product != expected) ++twice_rounded_differs;
+    }
+    if (r.power_of_two_width) {
+      EXPECT_EQ(twice_rounded_differs, 0);
+    } else {
+      EXPECT_GT(twice_rounded_differs, n / 20) << "the control would not catch a wrong rounding";
+    }
+  }
+}
+
 TEST_P(RandomTest, SameSeedSameNumbersAsTheCpu) {
   const std::int64_t n = 100003;
   Tensor x = Tensor::empty({n}, stream());
   Tensor ref = Tensor::empty({n}, Device::cpu());
   const Stream& cpu = default_stream(Device::cpu());
 
-  random_uniform(x, 42, 7, -1.0f, 1.0f, stream());
-  random_uniform(ref, 42, 7, -1.0f, 1.0f, cpu);
-  EXPECT_EQ(host(x), ref.to_host<float>()) << "uniform must agree bit for bit";
+  for (const UniformRange& r : kUniformRanges) {
+    random_uniform(x, 42, 7, r.low, r.high, stream());
+    random_uniform(ref, 42, 7, r.low, r.high, cpu);
+    EXPECT_EQ(host(x), ref.to_host<float>(cpu))
+        << "uniform on [" << r.low << ", " << r.high << ") must agree bit for bit";
+  }
 
   random_normal(x, 42, 7, 0.0f, 1.0f, stream());
   random_normal(ref, 42, 7, 0.0f, 1.0f, cpu);
-  const auto a = host(x), b = ref.to_host<float>();
+  const auto a = host(x), b = ref.to_host<float>(cpu);
   for (std::size_t i = 0; i < a.size(); ++i) {
     ASSERT_LE(std::abs(a[i] - b[i]), std::abs(b[i]) * 1.2e-7f) << "element " << i;
   }

@@ -279,6 +279,30 @@ TEST(Trainer, NcclMatchesTheRingOnTwoGpus) {
                         b.master().flat_values().to_host<float>(), 1e-6, 1e-5));
 }
 
+// Towers on the host and on a GPU together are refused before anything is built.
+// Soft placement lets the list through placement on a machine without a GPU, and
+// the refusal must not depend on whether the machine has one.
+TEST(Trainer, HostAndGpuTowersTogetherAreRefused) {
+  Model model;
+  std::ostringstream log;
+  TrainerOptions mixed = on_cpu_towers(2);
+  mixed.devices.push_back(Device::cuda(0));
+  mixed.soft_placement = true;
+  mixed.log = &log;
+  EXPECT_THROW_WITH(Trainer(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1), mixed),
+                    NotSupported,
+                    "Trainer: towers on cpu and cuda:0 cannot be mixed (towers requested: cpu, "
+                    "cpu, cuda:0); put every tower on the CPU or every tower on GPUs (the master "
+                    "may be on either)");
+  // Control: the same towers without the GPU one, with the master on the GPU, are fine.
+  TrainerOptions host_towers = on_cpu_towers(2);
+  host_towers.master = Device::cuda(0);
+  host_towers.soft_placement = true;
+  host_towers.log = &log;
+  EXPECT_NO_THROW(
+      Trainer(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1), host_towers));
+}
+
 TEST(Trainer, ErrorsAreClear) {
   Model model;
   TrainerOptions none;
@@ -297,9 +321,11 @@ TEST(Trainer, ErrorsAreClear) {
       DeviceError, "is not available");
 
   std::ostringstream log;
-  missing.soft_placement = true;
-  missing.log = &log;
-  Trainer soft(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1), missing);
+  TrainerOptions soft_options;
+  soft_options.devices = {Device::cuda(cuda_device_count()), Device::cuda(cuda_device_count() + 1)};
+  soft_options.soft_placement = true;
+  soft_options.log = &log;
+  Trainer soft(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1), soft_options);
   EXPECT_NE(log.str().find("(soft placement)"), std::string::npos);
   EXPECT_EQ(soft.num_towers(), 2u);
 

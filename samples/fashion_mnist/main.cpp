@@ -6,15 +6,16 @@
 // backward on its own thread and stream, averages the gradients with the ring
 // all-reduce and updates the master variables (parallel/trainer.h). It prints
 // progress, a summary per epoch, and exits non-zero when training diverges (3) or
-// the input is bad (2).
+// the input is bad (2, with one line that says what; options.h lists what is
+// checked before any work).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "engine/atomic_file.h"
 #include "options.h"
 #include "towerlab.h"
 
@@ -76,6 +77,7 @@ int run(const sample::Options& o) {
                                                      : NumericGuard::Stop;
 
   const FashionMnist train = load_fashion_mnist(o.data, Split::Train);
+  sample::check_against_data(o, train.size());
   const FashionMnist test = load_fashion_mnist(o.data, Split::Test);
 
   VariableSet vars;
@@ -184,9 +186,10 @@ int run(const sample::Options& o) {
     metrics["images_per_second"] = images_per_second;
   }
   if (!o.metrics.empty()) {
-    std::ofstream out(o.metrics);
-    out << metrics.dump(2) << "\n";
-    TL_CHECK(out.good(), IoError, "cannot write metrics to " << o.metrics);
+    const std::string text = metrics.dump(2) + "\n";
+    AtomicFile file(o.metrics);
+    file.write(text.data(), text.size());
+    file.commit();
   }
   return 0;
 }

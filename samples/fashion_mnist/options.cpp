@@ -1,177 +1,412 @@
 #include "options.h"
 
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
 #include <cmath>
-#include <initializer_list>
+#include <filesystem>
+#include <fstream>
+#include <functional>
 #include <iostream>
+#include <limits>
+#include <sstream>
+#include <type_traits>
+#include <utility>
+
+#include "engine/atomic_file.h"
+#include "engine/device.h"
+#include "engine/error.h"
 
 namespace sample {
 
 namespace {
 
-// Applies the keys of a YAML config to `options`, except those given as flags.
-void apply_config(const std::string& path, const CLI::App& app, Options& o) {
-  YAML::Node config = YAML::LoadFile(path);
-  if (!config.IsMap()) throw std::runtime_error("config " + path + ": expected a mapping of keys");
-  // A key without a flag of its name is reported as unknown below, not here.
-  auto flag_given = [&](const std::string& flag) {
-    const CLI::Option* option = app.get_option_no_throw("--" + flag);
-    return option != nullptr && option->count() > 0;
-  };
-  for (const auto& item : config) {
-    const std::string key = item.first.as<std::string>();
-    const YAML::Node& v = item.second;
-    std::string flag = key;
-    for (char& c : flag) c = c == '_' ? '-' : c;
-    if (flag_given(flag)) continue;
-    if (key == "devices") {
-      if (v.IsSequence()) {
-        o.devices.clear();
-        for (const auto& d : v) o.devices += (o.devices.empty() ? "" : ",") + d.as<std::string>();
-      } else {
-        o.devices = v.as<std::string>();
-      }
-    } else if (key == "n_gpus") {
-      o.n_gpus = v.as<int>();
-    } else if (key == "master") {
-      o.master = v.as<std::string>();
-    } else if (key == "batchnorm") {
-      o.batchnorm = v.as<std::string>();
-    } else if (key == "batchnorm_stats") {
-      o.batchnorm_stats = v.as<std::string>();
-    } else if (key == "epochs") {
-      o.epochs = v.as<int>();
-    } else if (key == "batch") {
-      o.batch = v.as<std::int64_t>();
-    } else if (key == "optimizer") {
-      o.optimizer = v.as<std::string>();
-    } else if (key == "lr") {
-      o.lr = v.as<double>();
-    } else if (key == "schedule") {
-      o.schedule = v.as<std::string>();
-    } else if (key == "weight_decay") {
-      o.weight_decay = v.as<double>();
-    } else if (key == "numeric_guard") {
-      o.numeric_guard = v.as<std::string>();
-    } else if (key == "seed") {
-      o.seed = v.as<std::uint64_t>();
-    } else if (key == "steps") {
-      o.steps = v.as<std::int64_t>();
-    } else if (key == "data") {
-      o.data = v.as<std::string>();
-    } else if (key == "save") {
-      o.save = v.as<std::string>();
-    } else if (key == "load") {
-      o.load = v.as<std::string>();
-    } else if (key == "metrics") {
-      o.metrics = v.as<std::string>();
-    } else if (key == "trace") {
-      o.trace = v.as<std::string>();
-    } else if (key == "summaries") {
-      o.summaries = v.as<std::string>();
-    } else if (key == "eval_only") {
-      o.eval_only = v.as<bool>();
-    } else if (key == "log_placement") {
-      o.log_placement = v.as<bool>();
-    } else if (key == "soft_placement") {
-      o.soft_placement = v.as<bool>();
-    } else if (key == "progress_every") {
-      o.progress_every = v.as<int>();
-    } else {
-      throw std::runtime_error("config " + path + ": unknown key '" + key + "'");
+namespace fs = std::filesystem;
+
+constexpr const char* kFooter =
+    "Exit codes: 0 done; 2 bad input, with one line on stderr that names the flag (or the config "
+    "key), the value and what is allowed; 3 training diverged (--numeric-guard).\n"
+    "Checked before any work: every value; --eval-only needs --load and excludes --save, --trace "
+    "and --summaries; --load names a readable file; each output names a file in an existing "
+    "directory the sample may write in. Checked once the data is loaded, before training: the "
+    "batch is at most the training set. --save, --trace and --metrics are replaced whole, so a "
+    "file there before survives a run that fails.";
+
+// A value as a message quotes it: on one line, and cut short when long.
+std::string quoted(const std::string& text) {
+  constexpr std::size_t kShown = 32;
+  std::string shown;
+  for (char c : text.substr(0, kShown))
+    shown += std::iscntrl(static_cast<unsigned char>(c)) ? '?' : c;
+  return "'" + shown + (text.size() > kShown ? "...'" : "'");
+}
+
+// What a numeric option accepts, as a test and in words, shared by its flag and
+// its config key.
+template <class T>
+struct Rule {
+  bool (*accepts)(T);
+  const char* allowed;
+};
+
+constexpr Rule<int> kPositiveInt{[](int v) { return v > 0; }, "a positive integer"};
+constexpr Rule<int> kEpochs{[](int v) { return v > 0; },
+                            "a positive integer (to train nothing, use --eval-only --load FILE)"};
+constexpr Rule<int> kProgressEvery{[](int v) { return v >= 0; },
+                                   "a non-negative integer (0: no progress lines)"};
+constexpr Rule<std::int64_t> kBatch{[](std::int64_t v) { return v > 0; }, "a positive integer"};
+constexpr Rule<std::int64_t> kSteps{[](std::int64_t v) { return v >= 0; },
+                                    "a non-negative integer (0: whole epochs)"};
+constexpr Rule<std::uint64_t> kSeed{[](std::uint64_t) { return true; }, "a non-negative integer"};
+constexpr Rule<double> kLr{[](double v) { return v > 0.0 && std::isfinite(v); },
+                           "a positive number"};
+constexpr Rule<double> kWeightDecay{[](double v) { return v >= 0.0 && std::isfinite(v); },
+                                    "a non-negative number"};
+
+// The whole of `text` as a T, or nothing. An integer may be written with an
+// exponent when its value is whole ("1e3"); nothing else is accepted, not even
+// spaces, and a value outside T is not cut to fit.
+template <class T>
+std::optional<T> to_number(const std::string& text) {
+  const char* begin = text.data();
+  const char* end = begin + text.size();
+  T value{};
+  const auto [ptr, error] = std::from_chars(begin, end, value);
+  if (error == std::errc() && ptr == end) return value;
+  if constexpr (std::is_integral_v<T>) {
+    double real = 0.0;
+    const auto [real_ptr, real_error] = std::from_chars(begin, end, real);
+    const double lowest = double(std::numeric_limits<T>::lowest());
+    const double beyond = std::ldexp(1.0, std::numeric_limits<T>::digits);  // max + 1, exactly
+    if (real_error == std::errc() && real_ptr == end && real == std::floor(real) &&
+        real >= lowest && real < beyond) {
+      return static_cast<T>(real);
     }
+  }
+  return std::nullopt;
+}
+
+// The one message of a bad value; `name` is the flag or the config key.
+[[noreturn]] void refuse(const std::string& name, const std::string& allowed,
+                         const std::string& got) {
+  TL_THROW(InvalidArgument, name << " must be " << allowed << ", got " << got);
+}
+
+template <class T>
+T parse_number(const std::string& name, const std::string& text, const Rule<T>& rule) {
+  const std::optional<T> value = to_number<T>(text);
+  if (!value || !rule.accepts(*value)) refuse(name, rule.allowed, quoted(text));
+  return *value;
+}
+
+std::string join(const std::vector<std::string>& parts, const char* separator) {
+  std::string joined;
+  for (const std::string& part : parts) joined += (joined.empty() ? "" : separator) + part;
+  return joined;
+}
+
+// One option: its config key (the flag is "--" and the key with '-' for '_'), and
+// how it sets Options from text, checking it. The flags and the config file share
+// it, so a value is read and checked the same way wherever it comes from, and the
+// message names the flag or the key it came from.
+struct Field {
+  std::string key;
+  std::string help;
+  std::string type;          // shown by --help; empty for a switch (a flag without a value)
+  std::string allowed;       // in words, for a config value that is not a plain value
+  std::string default_text;  // shown by --help; empty: none
+  std::function<void(const std::string& name, const std::string& text)> set;
+};
+
+std::string flag_of(const std::string& key) {
+  std::string flag = "--" + key;
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag;
+}
+
+template <class T>
+std::string text_of(const T& value) {
+  std::ostringstream os;
+  os << value;
+  return os.str();
+}
+
+template <class T>
+std::string text_of(const std::optional<T>& value) {
+  return value ? text_of(*value) : std::string();
+}
+
+template <class T, class Target>
+Field number(std::string key, Target& target, const Rule<T>& rule, std::string help) {
+  return {std::move(key),
+          std::move(help),
+          std::is_integral_v<T> ? "INT" : "NUMBER",
+          rule.allowed,
+          text_of(target),
+          [&target, rule](const std::string& name, const std::string& text) {
+            target = parse_number(name, text, rule);
+          }};
+}
+
+Field choice(std::string key, std::string& target, std::vector<std::string> choices,
+             std::string help) {
+  std::string allowed = "one of " + join(choices, ", ");
+  std::string type = "{" + join(choices, ",") + "}";
+  return {std::move(key),
+          std::move(help),
+          std::move(type),
+          allowed,
+          target,
+          [&target, choices, allowed](const std::string& name, const std::string& text) {
+            if (std::find(choices.begin(), choices.end(), text) == choices.end()) {
+              refuse(name, allowed, quoted(text));
+            }
+            target = text;
+          }};
+}
+
+Field path(std::string key, std::string& target, std::string type, std::string help) {
+  std::string allowed = type == "DIR" ? "a directory" : "a file name";
+  return {
+      std::move(key),  std::move(help),
+      std::move(type), std::move(allowed),
+      target,          [&target](const std::string&, const std::string& text) { target = text; }};
+}
+
+// Device lists are checked for their form here; whether the devices are present is
+// the trainer's check, once it starts.
+Field devices(std::string key, std::string& target, std::string type, std::string help, bool list) {
+  return {std::move(key),
+          std::move(help),
+          std::move(type),
+          "a device name",
+          target,
+          [&target, list](const std::string& name, const std::string& text) {
+            try {
+              if (list) {
+                towerlab::parse_device_list(text);
+              } else {
+                towerlab::Device::parse(text);
+              }
+            } catch (const towerlab::Error&) {
+              towerlab::rethrow_with_context(name + ": ");
+            }
+            target = text;
+          }};
+}
+
+Field on_off(std::string key, bool& target, std::string help) {
+  return {std::move(key),
+          std::move(help),
+          "",
+          "true or false",
+          "",
+          [&target](const std::string& name, const std::string& text) {
+            std::string lower = text;
+            for (char& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
+            if (lower == "true" || lower == "yes" || lower == "on") {
+              target = true;
+            } else if (lower == "false" || lower == "no" || lower == "off") {
+              target = false;
+            } else {
+              refuse(name, "true or false", quoted(text));
+            }
+          }};
+}
+
+std::vector<Field> fields(Options& o) {
+  return {
+      devices("devices", o.devices, "LIST",
+              "Towers, comma-separated: cpu,cpu or cuda:0,cuda:1 (default: every GPU, else "
+              "cpu,cpu)",
+              true),
+      number("n_gpus", o.n_gpus, kPositiveInt, "Towers on cuda:0 .. cuda:N-1 (the seeds' n_gpus)"),
+      devices("master", o.master, "DEVICE", "Device of the master variables", false),
+      choice("batchnorm", o.batchnorm, {"local", "sync"}, "Batch norm across towers"),
+      choice("batchnorm_stats", o.batchnorm_stats, {"average", "tower0"},
+             "Moving statistics: average (sample-weighted) or tower0"),
+      number("epochs", o.epochs, kEpochs, "Passes over the training set"),
+      number("batch", o.batch, kBatch,
+             "Batch size, split among the towers; at most the training set"),
+      choice("optimizer", o.optimizer, {"adam", "adamw", "sgd", "momentum", "rmsprop"},
+             "Optimizer"),
+      number("lr", o.lr, kLr, "Learning rate"),
+      choice("schedule", o.schedule, {"cosine", "constant"},
+             "Learning rate: cosine from --lr down to 0 over the whole run, or constant"),
+      number("weight_decay", o.weight_decay, kWeightDecay, "L2 regularization coefficient"),
+      number("seed", o.seed, kSeed, "Seed of the initial weights and the batch order"),
+      choice("numeric_guard", o.numeric_guard, {"stop", "skip", "off"},
+             "NaN or infinity in the loss or gradient: stop (exit 3 naming the step and "
+             "variable), skip the step, or off"),
+      number("steps", o.steps, kSteps, "Cap on steps per epoch (0: whole epochs)"),
+      path("data", o.data, "DIR", "Fashion-MNIST directory"),
+      path("save", o.save, "FILE", "Checkpoint to write after each epoch (safetensors)"),
+      path("load", o.load, "FILE", "Checkpoint to start from"),
+      path("metrics", o.metrics, "FILE", "JSON file for the final metrics"),
+      path("trace", o.trace, "FILE", "Chrome trace JSON of the second training step (Perfetto)"),
+      path("summaries", o.summaries, "FILE", "Scalar summaries per step: .csv or .jsonl"),
+      on_off("eval_only", o.eval_only, "Only evaluate the --load checkpoint on the test set"),
+      on_off("log_placement", o.log_placement, "Print where variables and towers run"),
+      on_off("soft_placement", o.soft_placement, "Fall back to a present device with a warning"),
+      number("progress_every", o.progress_every, kProgressEvery, "Steps between progress lines"),
+  };
+}
+
+YAML::Node load_yaml(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) TL_THROW(IoError, "cannot read the file: " << towerlab::os_error_text(errno));
+  try {
+    return YAML::Load(in);
+  } catch (const YAML::Exception& e) {
+    if (e.mark.is_null()) TL_THROW(IoError, "not YAML: " << e.msg);
+    TL_THROW(IoError, "line " << e.mark.line + 1 << ", column " << e.mark.column + 1
+                              << ": not YAML: " << e.msg);
   }
 }
 
-// The ranges the flags check with CLI11 validators, checked again after the YAML
-// config (which bypasses them), plus the choices among names.
-void check_values(const Options& o) {
-  auto fail = [](const std::string& message) { throw std::runtime_error(message); };
-  auto one_of = [&](const std::string& key, const std::string& value,
-                    std::initializer_list<const char*> choices) {
-    std::string list;
-    for (const char* c : choices) {
-      if (value == c) return;
-      list += (list.empty() ? "" : ", ") + std::string(c);
+// The text of a config value: a scalar as written, or for the device list also a
+// YAML list of names (the seeds write one). Anything else is refused, saying what
+// it was.
+std::string value_text(const Field& field, const YAML::Node& value) {
+  if (value.IsScalar()) return value.Scalar();
+  if (value.IsSequence() && field.key == "devices") {
+    std::vector<std::string> names;
+    for (const YAML::Node& name : value) {
+      if (!name.IsScalar()) refuse(field.key, "a list of device names", "a nested list or mapping");
+      names.push_back(name.Scalar());
     }
-    fail(key + " must be one of " + list + ", got '" + value + "'");
-  };
-  if (o.n_gpus && *o.n_gpus <= 0) fail("n_gpus must be positive, got " + std::to_string(*o.n_gpus));
-  if (o.epochs < 0) fail("epochs must not be negative, got " + std::to_string(o.epochs));
-  if (o.batch <= 0) fail("batch must be positive, got " + std::to_string(o.batch));
-  if (!(o.lr > 0.0 && std::isfinite(o.lr)))
-    fail("lr must be positive, got " + std::to_string(o.lr));
-  if (!(o.weight_decay >= 0.0 && std::isfinite(o.weight_decay))) {
-    fail("weight_decay must be a non-negative number, got " + std::to_string(o.weight_decay));
+    return join(names, ",");
   }
-  if (o.steps < 0) fail("steps must not be negative, got " + std::to_string(o.steps));
-  if (o.progress_every < 0) {
-    fail("progress_every must not be negative, got " + std::to_string(o.progress_every));
+  refuse(field.key, field.allowed,
+         value.IsSequence() ? "a list"
+         : value.IsMap()    ? "a mapping"
+                            : "no value");
+}
+
+// Applies the keys of a YAML config, except those given as flags, which override
+// them. Messages start with "config PATH: ".
+void apply_config(const std::string& path, const CLI::App& app, const std::vector<Field>& fields) {
+  try {
+    const YAML::Node config = load_yaml(path);
+    if (config.IsNull()) return;  // an empty file sets nothing
+    TL_CHECK(config.IsMap(), InvalidArgument, "expected a mapping of keys to values");
+    for (const auto& item : config) {
+      TL_CHECK(item.first.IsScalar(), InvalidArgument, "expected keys that are option names");
+      const std::string key = item.first.Scalar();
+      const auto field =
+          std::find_if(fields.begin(), fields.end(), [&](const Field& f) { return f.key == key; });
+      TL_CHECK(field != fields.end(), InvalidArgument, "unknown key " << quoted(key));
+      if (app.get_option(flag_of(key))->count() > 0) continue;
+      field->set(key, value_text(*field, item.second));
+    }
+  } catch (const towerlab::Error&) {
+    towerlab::rethrow_with_context("config " + path + ": ");
   }
-  one_of("batchnorm", o.batchnorm, {"local", "sync"});
-  one_of("batchnorm_stats", o.batchnorm_stats, {"average", "tower0"});
-  one_of("schedule", o.schedule, {"constant", "cosine"});
-  one_of("numeric_guard", o.numeric_guard, {"stop", "skip", "off"});
-  one_of("optimizer", o.optimizer, {"adam", "adamw", "sgd", "momentum", "rmsprop"});
+}
+
+// Options that make no sense together.
+void check_combinations(const Options& o) {
+  if (!o.eval_only) return;
+  TL_CHECK(!o.load.empty(), InvalidArgument,
+           "--eval-only needs --load FILE: without it the test set would be scored with the "
+           "random initial weights");
+  for (const auto& [flag, path] : {std::pair{"--save", &o.save}, std::pair{"--trace", &o.trace},
+                                   std::pair{"--summaries", &o.summaries}}) {
+    TL_CHECK(path->empty(), InvalidArgument,
+             "--eval-only trains nothing, so " << flag << " " << *path << " would not be written");
+  }
+}
+
+void check_output(const std::string& flag, const std::string& path) {
+  const fs::path target(path);
+  std::error_code ignored;  // a status that cannot be read reads as "not found"
+  const fs::file_status status = fs::status(target, ignored);
+  TL_CHECK(target.has_filename() && !fs::is_directory(status), IoError,
+           flag << " " << path << ": names a directory, not a file");
+  TL_CHECK(!fs::exists(status) || fs::is_regular_file(status), IoError,
+           flag << " " << path << ": is there and is not a regular file");
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const fs::file_status dir_status = fs::status(dir, ignored);
+  TL_CHECK(fs::is_directory(dir_status), IoError,
+           flag << " " << path << ": "
+                << (fs::exists(dir_status) ? "is not a directory: " : "no such directory: ")
+                << dir.string());
+  TL_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0, IoError,
+           flag << " " << path << ": cannot write in " << dir.string() << ": "
+                << towerlab::os_error_text(errno));
 }
 
 }  // namespace
 
+void check_paths(const Options& o) {
+  if (!o.load.empty()) {
+    std::error_code ignored;
+    const fs::file_status status = fs::status(o.load, ignored);
+    TL_CHECK(fs::is_regular_file(status), IoError,
+             "--load " << o.load << ": " << (fs::exists(status) ? "not a file" : "no such file"));
+    TL_CHECK(::access(o.load.c_str(), R_OK) == 0, IoError,
+             "--load " << o.load << ": cannot read: " << towerlab::os_error_text(errno));
+  }
+  std::vector<std::pair<const char*, fs::path>> outputs;
+  for (const auto& [flag, path] :
+       {std::pair{"--save", &o.save}, std::pair{"--metrics", &o.metrics},
+        std::pair{"--trace", &o.trace}, std::pair{"--summaries", &o.summaries}}) {
+    if (path->empty()) continue;
+    check_output(flag, *path);
+    std::error_code error;
+    fs::path same = fs::weakly_canonical(*path, error);
+    if (error) same = fs::absolute(*path).lexically_normal();
+    for (const auto& [other_flag, other] : outputs) {
+      TL_CHECK(other != same, IoError,
+               other_flag << " and " << flag << " name the same file " << *path);
+    }
+    outputs.emplace_back(flag, same);
+  }
+}
+
+void check_against_data(const Options& o, std::int64_t train_size) {
+  if (o.eval_only || o.batch <= train_size) return;
+  refuse("--batch", "at most the " + std::to_string(train_size) + " images of the training set",
+         quoted(std::to_string(o.batch)));
+}
+
 std::optional<int> parse_options(int argc, char** argv, Options& o) {
   CLI::App app{"Trains FashionNet on Fashion-MNIST with tower parallelism."};
+  app.footer(kFooter);
   std::string config;
   app.add_option("--config", config,
-                 "YAML file setting any of the options below (flags override it)");
-  app.add_option(
-      "--devices", o.devices,
-      "Towers, comma-separated: cpu,cpu or cuda:0,cuda:1 (default: every GPU, else cpu,cpu)");
-  app.add_option("--n-gpus", o.n_gpus, "Towers on cuda:0 .. cuda:N-1 (the seeds' n_gpus)");
-  app.add_option("--master", o.master, "Device of the master variables")->capture_default_str();
-  app.add_option("--batchnorm", o.batchnorm, "Batch norm across towers: local or sync")
-      ->capture_default_str();
-  app.add_option("--batchnorm-stats", o.batchnorm_stats,
-                 "Moving statistics: average (sample-weighted) or tower0")
-      ->capture_default_str();
-  app.add_option("--epochs", o.epochs)->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--batch", o.batch, "Batch size (split among the towers)")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--optimizer", o.optimizer, "adam, adamw, sgd, momentum or rmsprop")
-      ->capture_default_str();
-  app.add_option("--lr", o.lr)->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--schedule", o.schedule,
-                 "Learning rate: constant, or cosine from --lr down to 0 over the whole run")
-      ->capture_default_str();
-  app.add_option("--weight-decay", o.weight_decay, "L2 regularization coefficient")
-      ->capture_default_str();
-  app.add_option("--seed", o.seed)->capture_default_str();
-  app.add_option("--numeric-guard", o.numeric_guard,
-                 "NaN or infinity in the loss or gradient: stop (exit 3 naming the step and "
-                 "variable), skip the step, or off")
-      ->capture_default_str();
-  app.add_option("--steps", o.steps, "Cap on steps per epoch (0: whole epochs)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--data", o.data, "Fashion-MNIST directory")->capture_default_str();
-  app.add_option("--save", o.save, "Checkpoint to write after each epoch (safetensors)");
-  app.add_option("--load", o.load, "Checkpoint to start from");
-  app.add_flag("--eval-only", o.eval_only, "Only evaluate (with --load) on the test set");
-  app.add_option("--metrics", o.metrics, "JSON file for the final metrics");
-  app.add_option("--trace", o.trace, "Chrome trace JSON of the second training step (Perfetto)");
-  app.add_option("--summaries", o.summaries, "Scalar summaries per step: .csv or .jsonl");
-  app.add_flag("--log-placement", o.log_placement, "Print where variables and towers run");
-  app.add_flag("--soft-placement", o.soft_placement,
-               "Fall back to a present device with a warning");
-  app.add_option("--progress-every", o.progress_every, "Steps between progress lines")
-      ->capture_default_str();
+                 "YAML file setting any of the options below (flags override it)")
+      ->type_name("FILE");
+  const std::vector<Field> all = fields(o);
+  for (const Field& field : all) {
+    const std::string flag = flag_of(field.key);
+    if (field.type.empty()) {
+      app.add_flag_function(
+          flag,
+          [&field, flag](std::int64_t count) { field.set(flag, count > 0 ? "true" : "false"); },
+          field.help);
+      continue;
+    }
+    CLI::Option* option = app.add_option_function<std::string>(
+        flag, [&field, flag](const std::string& text) { field.set(flag, text); }, field.help);
+    // The last of a repeated flag wins, so that a script can append an override.
+    option->type_name(field.type)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    if (!field.default_text.empty()) option->default_str(field.default_text);
+  }
   try {
     app.parse(argc, argv);
-    if (!config.empty()) apply_config(config, app, o);
-    check_values(o);
+    if (!config.empty()) apply_config(config, app, all);
+    check_combinations(o);
+    check_paths(o);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::cerr << "fashion_mnist: " << e.what() << " (--help lists the options)\n";
+    return 2;
   } catch (const std::exception& e) {
     std::cerr << "fashion_mnist: " << e.what() << "\n";
     return 2;

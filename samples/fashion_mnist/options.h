@@ -1,6 +1,13 @@
 // Command-line and YAML options of the fashion_mnist sample. A YAML file given with
 // --config sets the same keys as the flags (and the seeds' n_gpus); flags given on
 // the command line override it.
+//
+// Bad input stops the sample before any work with exit code 2 and one line on
+// stderr that names the flag (or the config file and key), the value and what is
+// allowed: "fashion_mnist: --batch must be a positive integer, got '0'". Checked at
+// once: every value, the combinations of options and the paths (check_paths). Checked
+// after loading the data set, before training: the batch against its size
+// (check_against_data).
 #pragma once
 
 #include <cstdint>
@@ -16,7 +23,7 @@ struct Options {
   std::string master = "cpu";
   std::string batchnorm = "local";          // local | sync
   std::string batchnorm_stats = "average";  // average | tower0
-  int epochs = 5;
+  int epochs = 5;                           // positive: --eval-only is the way to train nothing
   std::int64_t batch = 128;
   std::string optimizer = "adam";
   double lr = 1e-3;
@@ -27,14 +34,30 @@ struct Options {
   std::int64_t steps = 0;              // cap on steps per epoch; 0 = the whole epoch
   std::string data = "/usr/share/datasets/fashion-mnist";
   std::string save, load, metrics, trace, summaries;
-  bool eval_only = false;
+  bool eval_only = false;  // needs --load; excludes the training outputs (--save, --trace, ...)
   bool log_placement = false;
   bool soft_placement = false;
   int progress_every = 50;
 };
 
-// Parses argv (and the --config file). Returns the exit code to stop with (0 for
-// --help) or nothing to go on. Errors are printed to stderr.
+// Parses argv (and the --config file) and checks the values, their combinations and
+// the paths. Returns the exit code to stop with (0 for --help, 2 for bad input after
+// printing one line to stderr) or nothing to go on.
 std::optional<int> parse_options(int argc, char** argv, Options& options);
+
+// Checks the files before any work: --load names a regular file, and every output
+// (--save, --metrics, --trace, --summaries) names a file, not a directory, in an
+// existing directory the sample may write in, and no two outputs name the same file.
+// Creates and truncates nothing: --save, --trace and --metrics are later replaced
+// whole (AtomicFile), so a file there before survives a run that fails. Throws
+// towerlab::IoError naming the flag and the path. parse_options calls it.
+void check_paths(const Options& options);
+
+// Checks the options against the training set once it is loaded: a batch larger
+// than the set is refused (towerlab::InvalidArgument naming both sizes) rather than
+// cut to the set's size, because a cut batch changes the steps per epoch and the
+// learning rate schedule behind the user's back, and such a batch is most often a
+// typo (an extra zero, 1e12) whose memory would not fit anyway.
+void check_against_data(const Options& options, std::int64_t train_size);
 
 }  // namespace sample

@@ -1,0 +1,316 @@
+// The fashion_mnist sample's command line and config file: every bad value stops
+// it with exit code 2 and one short line that names the flag (or the config file and
+// key), the value and what is allowed; the combinations, the paths and the batch
+// against the data set are refused before any work. The whole program is run with
+// bad input by the ctest cases fashion_mnist.bad_* (samples/CMakeLists.txt).
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "samples/fashion_mnist/options.h"
+#include "test_util.h"
+
+namespace towerlab::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Parsed {
+  std::optional<int> code;  // nothing: accepted
+  std::string printed;      // stderr
+  sample::Options options;
+};
+
+Parsed parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "fashion_mnist");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  std::ostringstream err, out;
+  std::streambuf* saved_err = std::cerr.rdbuf(err.rdbuf());
+  std::streambuf* saved_out = std::cout.rdbuf(out.rdbuf());
+  Parsed parsed;
+  parsed.code = sample::parse_options(int(argv.size()), argv.data(), parsed.options);
+  std::cerr.rdbuf(saved_err);
+  std::cout.rdbuf(saved_out);
+  parsed.printed = err.str();
+  return parsed;
+}
+
+const std::string& config_path() {
+  static const std::string path = ::testing::TempDir() + "/towerlab-options-config.yaml";
+  return path;
+}
+
+Parsed parse_config(const std::string& yaml, std::vector<std::string> flags = {}) {
+  std::ofstream(config_path()) << yaml;
+  flags.insert(flags.begin(), {"--config", config_path()});
+  Parsed parsed = parse(flags);
+  fs::remove(config_path());
+  return parsed;
+}
+
+// The form of every refusal: one line, starting with the program's name, short,
+// and without a long number nobody typed (the 300-digit bounds of the flag
+// parser's own range checks).
+bool is_one_short_line(const std::string& printed) {
+  return printed.rfind("fashion_mnist: ", 0) == 0 && printed.size() < 200 &&
+         printed.find('\n') == printed.size() - 1 &&
+         !std::regex_search(printed, std::regex("[0-9]{33}"));
+}
+
+TEST(FashionMnistOptions, TheRefusalFormCheckCanFail) {
+  EXPECT_TRUE(is_one_short_line("fashion_mnist: --batch must be a positive integer, got '0'\n"));
+  EXPECT_FALSE(is_one_short_line("--batch: Value 0 not in range 0.000000 to " +
+                                 std::string(300, '9') + "\n"));
+  EXPECT_FALSE(is_one_short_line("fashion_mnist: --batch: Value 0 not in range 0.000000 to " +
+                                 std::string(40, '9') + "\n"));
+  EXPECT_FALSE(is_one_short_line("fashion_mnist: bad\nRun with --help for more information.\n"));
+  EXPECT_FALSE(is_one_short_line("fashion_mnist: no newline"));
+}
+
+void expect_refused(const Parsed& parsed, const std::string& message, const std::string& input) {
+  EXPECT_EQ(parsed.code, 2) << input;
+  EXPECT_NE(parsed.printed.find(message), std::string::npos)
+      << input << "\nprinted:  " << parsed.printed << "expected: " << message;
+  EXPECT_TRUE(is_one_short_line(parsed.printed)) << input << "\nprinted: " << parsed.printed;
+}
+
+TEST(FashionMnistOptions, GoodFlagsAreAccepted) {
+  const Parsed parsed = parse({"--batch",
+                               "64",
+                               "--epochs",
+                               "2",
+                               "--lr",
+                               "1e-2",
+                               "--steps",
+                               "0",
+                               "--seed",
+                               "7",
+                               "--schedule",
+                               "constant",
+                               "--devices",
+                               "cpu,cpu",
+                               "--batch",
+                               "1e3",
+                               "--progress-every",
+                               "0",
+                               "--log-placement",
+                               "--eval-only=false"});
+  ASSERT_EQ(parsed.code, std::nullopt) << parsed.printed;
+  EXPECT_EQ(parsed.printed, "");
+  EXPECT_EQ(parsed.options.batch, 1000);  // the last of a repeated flag; a whole exponent form
+  EXPECT_EQ(parsed.options.epochs, 2);
+  EXPECT_EQ(parsed.options.lr, 1e-2);
+  EXPECT_EQ(parsed.options.seed, 7u);
+  EXPECT_EQ(parsed.options.schedule, "constant");
+  EXPECT_EQ(parsed.options.devices, "cpu,cpu");
+  EXPECT_EQ(parsed.options.progress_every, 0);
+  EXPECT_TRUE(parsed.options.log_placement);
+  EXPECT_FALSE(parsed.options.eval_only);
+}
+
+TEST(FashionMnistOptions, HelpExitsZero) {
+  const Parsed parsed = parse({"--help"});
+  EXPECT_EQ(parsed.code, 0);
+}
+
+TEST(FashionMnistOptions, BadFlagValuesExit2NamingTheFlagTheValueAndWhatIsAllowed) {
+  const std::string long_number(300, '9');
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases{
+      {{"--batch", "0"}, "--batch must be a positive integer, got '0'"},
+      {{"--batch", "-3"}, "--batch must be a positive integer, got '-3'"},
+      {{"--batch", "abc"}, "--batch must be a positive integer, got 'abc'"},
+      {{"--batch", "2.5"}, "--batch must be a positive integer, got '2.5'"},
+      {{"--batch", " 8"}, "--batch must be a positive integer, got ' 8'"},
+      {{"--batch", "1e30"}, "--batch must be a positive integer, got '1e30'"},  // beyond int64
+      {{"--batch", long_number}, "--batch must be a positive integer, got '999"},
+      {{"--epochs", "-1"}, "--epochs must be a positive integer"},
+      {{"--epochs", "0"},
+       "--epochs must be a positive integer (to train nothing, use --eval-only --load FILE), "
+       "got '0'"},
+      {{"--epochs", "3000000000"}, "--epochs must be a positive integer"},  // beyond int
+      {{"--steps", "-1"}, "--steps must be a non-negative integer (0: whole epochs), got '-1'"},
+      {{"--lr", "-1"}, "--lr must be a positive number, got '-1'"},
+      {{"--lr", "0"}, "--lr must be a positive number, got '0'"},
+      {{"--lr", "nan"}, "--lr must be a positive number, got 'nan'"},
+      {{"--lr", "inf"}, "--lr must be a positive number, got 'inf'"},
+      {{"--weight-decay", "-0.1"}, "--weight-decay must be a non-negative number, got '-0.1'"},
+      {{"--n-gpus", "0"}, "--n-gpus must be a positive integer, got '0'"},
+      {{"--seed", "-1"}, "--seed must be a non-negative integer, got '-1'"},
+      {{"--progress-every", "-5"}, "--progress-every must be a non-negative integer"},
+      {{"--schedule", "linear"}, "--schedule must be one of cosine, constant, got 'linear'"},
+      {{"--numeric-guard", "maybe"}, "--numeric-guard must be one of stop, skip, off, got 'maybe'"},
+      {{"--optimizer", "lbfgs"}, "--optimizer must be one of adam, adamw, sgd, momentum, rmsprop"},
+      {{"--batchnorm", "global"}, "--batchnorm must be one of local, sync, got 'global'"},
+      {{"--devices", "cpu,foo"}, "--devices: cannot parse device 'foo'"},
+      {{"--master", "gpu:x"}, "--master: cannot parse device 'gpu:x'"},
+      {{"--batch"}, "--batch"},  // the flag parser's own words for a missing value
+      {{"--no-such-flag"}, "--no-such-flag"},
+      {{"stray"}, "stray"},
+  };
+  for (const auto& [args, message] : cases) {
+    std::string input;
+    for (const std::string& a : args) input += a + " ";
+    expect_refused(parse(args), message, input);
+  }
+  // Cut short: the message quotes 32 characters of a long value.
+  EXPECT_EQ(parse({"--batch", long_number}).printed.find(long_number.substr(0, 33)),
+            std::string::npos);
+}
+
+TEST(FashionMnistOptions, EvalOnlyNeedsLoadAndTrainsNothing) {
+  const std::string checkpoint = ::testing::TempDir() + "/towerlab-options-checkpoint";
+  std::ofstream(checkpoint) << "not read by the parser";
+  expect_refused(parse({"--eval-only"}),
+                 "--eval-only needs --load FILE: without it the test set would be scored with "
+                 "the random initial weights",
+                 "--eval-only");
+  const std::string out = ::testing::TempDir() + "/towerlab-options-out";
+  for (const char* flag : {"--save", "--trace", "--summaries"}) {
+    expect_refused(
+        parse({"--eval-only", "--load", checkpoint, flag, out}),
+        std::string("--eval-only trains nothing, so ") + flag + " " + out + " would not be written",
+        flag);
+  }
+  const Parsed parsed = parse({"--eval-only", "--load", checkpoint, "--metrics", out});
+  EXPECT_EQ(parsed.code, std::nullopt) << parsed.printed;
+  EXPECT_TRUE(parsed.options.eval_only);
+  EXPECT_FALSE(fs::exists(out));  // checking the output created nothing
+  fs::remove(checkpoint);
+}
+
+TEST(FashionMnistOptions, ConfigValuesAreCheckedLikeFlagsAndNameTheFileAndTheKey) {
+  const Parsed good = parse_config(
+      "epochs: 2\nbatch: 64\nschedule: cosine\nlr: 1e-3\n"
+      "devices: [cpu, cpu]\neval_only: false\n");
+  ASSERT_EQ(good.code, std::nullopt) << good.printed;
+  EXPECT_EQ(good.options.devices, "cpu,cpu");
+  EXPECT_EQ(good.options.batch, 64);
+  EXPECT_EQ(parse_config("").code, std::nullopt);  // an empty file sets nothing
+
+  const std::string in = "config " + config_path() + ": ";
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"batch: -1\n", in + "batch must be a positive integer, got '-1'"},
+      {"batch: 0\n", in + "batch must be a positive integer, got '0'"},
+      {"batch: abc\n", in + "batch must be a positive integer, got 'abc'"},
+      {"batch: [1, 2]\n", in + "batch must be a positive integer, got a list"},
+      {"batch: {a: 1}\n", in + "batch must be a positive integer, got a mapping"},
+      {"epochs: -3\n", in + "epochs must be a positive integer"},
+      {"epochs: 0\n", in + "epochs must be a positive integer (to train nothing, use --eval-only"},
+      {"lr: .nan\n", in + "lr must be a positive number, got '.nan'"},
+      {"lr: -0.1\n", in + "lr must be a positive number, got '-0.1'"},
+      {"weight_decay: .inf\n", in + "weight_decay must be a non-negative number, got '.inf'"},
+      {"n_gpus: 0\n", in + "n_gpus must be a positive integer, got '0'"},
+      {"seed: -2\n", in + "seed must be a non-negative integer, got '-2'"},
+      {"schedule: linear\n", in + "schedule must be one of cosine, constant, got 'linear'"},
+      {"numeric_guard: maybe\n", in + "numeric_guard must be one of stop, skip, off"},
+      {"optimizer: lbfgs\n", in + "optimizer must be one of adam, adamw, sgd, momentum, rmsprop"},
+      {"batchnorm: global\n", in + "batchnorm must be one of local, sync, got 'global'"},
+      {"eval_only: maybe\n", in + "eval_only must be true or false, got 'maybe'"},
+      {"save:\n", in + "save must be a file name, got no value"},
+      {"devices: [cpu, [cpu]]\n", in + "devices must be a list of device names"},
+      {"master: tpu\n", in + "master: cannot parse device 'tpu'"},
+      {"learning_rate: 3\n", in + "unknown key 'learning_rate'"},
+      {"- a\n- b\n", in + "expected a mapping of keys to values"},
+      {"epochs: {\n", in + "line 2, column 1: not YAML"},
+      {"batch: \"two\\nlines\"\n", in + "batch must be a positive integer, got 'two?lines'"},
+  };
+  for (const auto& [yaml, message] : cases) expect_refused(parse_config(yaml), message, yaml);
+  expect_refused(parse({"--config", config_path() + ".missing"}),
+                 "config " + config_path() + ".missing: cannot read the file", "missing config");
+
+  // A flag overrides the config, and its own value is checked as a flag.
+  EXPECT_EQ(parse_config("batch: -1\n", {"--batch", "32"}).code, std::nullopt);
+  expect_refused(parse_config("epochs: 1\n", {"--batch", "0"}),
+                 "--batch must be a positive integer, got '0'", "--batch 0 over a config");
+}
+
+// A scratch directory for the path checks, removed with its contents.
+class OutputPaths : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ =
+        fs::path(::testing::TempDir()) / ("towerlab-options-paths-" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    fs::permissions(dir_, fs::perms::owner_all, fs::perm_options::add);
+    fs::remove_all(dir_);
+  }
+  std::string at(const std::string& name) const { return (dir_ / name).string(); }
+
+  fs::path dir_;
+};
+
+TEST_F(OutputPaths, GoodOutputsPassAndNothingIsCreatedOrTruncated) {
+  std::ofstream(at("metrics.json")) << "there before";
+  sample::Options o;
+  o.metrics = at("metrics.json");
+  o.save = at("model.safetensors");
+  o.trace = at("trace.json");
+  o.summaries = at("summaries.csv");
+  EXPECT_NO_THROW(sample::check_paths(o));
+  std::ifstream in(at("metrics.json"));
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "there before");
+  EXPECT_FALSE(fs::exists(at("model.safetensors")));
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1);
+}
+
+TEST_F(OutputPaths, BadOutputsThrowIoErrorNamingTheFlagAndThePath) {
+  std::ofstream(at("file")) << "x";
+  auto with = [](std::string sample::Options::*member, const std::string& path) {
+    sample::Options o;
+    o.*member = path;
+    return o;
+  };
+  using O = sample::Options;
+  EXPECT_THROW_WITH(sample::check_paths(with(&O::metrics, at("none/m.json"))), IoError,
+                    "--metrics " + at("none/m.json") + ": no such directory: " + at("none"));
+  EXPECT_THROW_WITH(sample::check_paths(with(&O::save, at("file/m.safetensors"))), IoError,
+                    "--save " + at("file/m.safetensors") + ": is not a directory: " + at("file"));
+  EXPECT_THROW_WITH(sample::check_paths(with(&O::trace, dir_.string())), IoError,
+                    "--trace " + dir_.string() + ": names a directory, not a file");
+  EXPECT_THROW_WITH(sample::check_paths(with(&O::summaries, dir_.string() + "/")), IoError,
+                    "names a directory, not a file");
+  EXPECT_THROW_WITH(sample::check_paths(with(&O::metrics, "/dev/null")), IoError,
+                    "--metrics /dev/null: is there and is not a regular file");
+  EXPECT_THROW_WITH(sample::check_paths(with(&O::load, at("none.safetensors"))), IoError,
+                    "--load " + at("none.safetensors") + ": no such file");
+  O both;
+  both.save = at("out");
+  both.metrics = dir_.string() + "/./out";
+  EXPECT_THROW_WITH(sample::check_paths(both), IoError,
+                    "--save and --metrics name the same file " + both.metrics);
+  if (::geteuid() != 0) {  // root may write anywhere
+    fs::permissions(dir_, fs::perms::owner_write, fs::perm_options::remove);
+    EXPECT_THROW_WITH(
+        sample::check_paths(with(&O::metrics, at("m.json"))), IoError,
+        "--metrics " + at("m.json") + ": cannot write in " + dir_.string() + ": Permission denied");
+  }
+}
+
+TEST_F(OutputPaths, ABadPathStopsTheParserWithExit2) {
+  expect_refused(parse({"--steps", "1", "--metrics", at("none/m.json")}),
+                 "--metrics " + at("none/m.json") + ": no such directory", "bad --metrics");
+}
+
+TEST(FashionMnistOptions, ABatchLargerThanTheTrainingSetIsRefused) {
+  sample::Options o;
+  o.batch = 60000;
+  EXPECT_NO_THROW(sample::check_against_data(o, 60000));
+  o.batch = 60001;
+  EXPECT_THROW_WITH(sample::check_against_data(o, 60000), InvalidArgument,
+                    "--batch must be at most the 60000 images of the training set, got '60001'");
+  o.batch = 1'000'000'000'000;
+  EXPECT_THROW_WITH(sample::check_against_data(o, 60000), InvalidArgument, "got '1000000000000'");
+  o.eval_only = true;  // evaluation goes by batches of 1000 and never uses --batch
+  EXPECT_NO_THROW(sample::check_against_data(o, 60000));
+}
+
+}  // namespace
+}  // namespace towerlab::testing
