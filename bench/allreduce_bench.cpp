@@ -2,8 +2,21 @@
 // beside the device-to-device copy bandwidth of the same device measured in the same
 // run: the ring moves 2(n-1)/n of the buffer through every member, so its bus
 // bandwidth (nccl-tests' definition: busbw = algbw * 2(n-1)/n, algbw = bytes / time)
-// is compared with one copy's bandwidth. Target on a GPU: busbw >= 80% of the copy.
-// Also the seeds' reduction to one device, for comparison.
+// is compared with one copy's bandwidth. Also the seeds' reduction to one device,
+// and the ring with every chunk copied into a receive buffer before the add (the
+// path of members without peer access), for comparison.
+//
+// Virtual devices share one memory, so the ring's time is bounded by the bytes it
+// reads and writes there: per step the n members together touch one buffer length
+// 3 times in the reduce-scatter in place (read theirs, read mine, write mine; 5
+// through a receive buffer) and 2 times in the all-gather (a copy), over n-1 steps
+// each. Counter `mem` is that traffic per second, beside the copy's (read + write
+// = 2 x bytes): their ratio is how close the ring comes to the memory's speed.
+// busbw cannot come close to the copy's bytes/s on one device: with the copy at
+// memory speed, busbw / copy <= 4(n-1) / (n x passes), passes being the buffer
+// lengths read and written, 5(n-1) in place: 0.40 for 2 members, 0.20 for 4 (any
+// all-reduce that reads and writes each buffer once, 2n passes: 0.50 and 0.375).
+// Between real GPUs busbw is the measure of the links.
 #include <benchmark/benchmark.h>
 
 #include "bench_util.h"
@@ -41,14 +54,23 @@ void report(benchmark::State& state, std::int64_t bytes, int n) {
   state.counters["towers"] = n;
 }
 
-void BM_RingAllReduce(benchmark::State& state, Device device) {
+// Bytes the ring reads and writes in one all-reduce of `bytes` per member when all
+// members share one memory (the passes in the opening comment).
+double ring_traffic(std::int64_t bytes, int n, RingReads reads) {
+  const int reduce_scatter = reads == RingReads::InPlace ? 3 : 5, all_gather = 2;
+  return double(bytes) * (n - 1) * (reduce_scatter + all_gather);
+}
+
+void BM_RingAllReduce(benchmark::State& state, Device device, RingReads reads) {
   if (bench::skip_without(device, state)) return;
   const int n = int(state.range(0));
   const std::int64_t bytes = state.range(1);
   Members m(device, n, bytes / 4);
-  Ring ring(m.raw);
+  Ring ring(m.raw, reads);
   bench::time_calls(state, m.raw, [&] { ring.allreduce(m.buffers); });
   report(state, bytes, n);
+  state.counters["mem"] = benchmark::Counter(ring_traffic(bytes, n, reads),
+                                             benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_ReduceToOne(benchmark::State& state, Device device) {
@@ -69,6 +91,8 @@ void BM_CopyReference(benchmark::State& state, Device device) {
   Tensor a = Tensor::zeros({bytes / 4}, stream), b = Tensor::zeros({bytes / 4}, stream);
   bench::time_copy_reference(state, b, a, stream);
   state.SetBytesProcessed(state.iterations() * bytes);
+  state.counters["mem"] =
+      benchmark::Counter(2.0 * double(bytes), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void cpu_args(benchmark::internal::Benchmark* b) {
@@ -87,9 +111,15 @@ void cuda_args(benchmark::internal::Benchmark* b) {
 
 }  // namespace
 
-BENCHMARK_CAPTURE(BM_RingAllReduce, cpu, Device::cpu())->Apply(cpu_args);
+BENCHMARK_CAPTURE(BM_RingAllReduce, cpu, Device::cpu(), RingReads::InPlace)->Apply(cpu_args);
+BENCHMARK_CAPTURE(BM_RingAllReduce, cpu_receive_buffer, Device::cpu(),
+                  RingReads::ThroughReceiveBuffer)
+    ->Apply(cpu_args);
 BENCHMARK_CAPTURE(BM_ReduceToOne, cpu, Device::cpu())->Apply(cpu_args);
 BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())->Apply(cpu_args);
-BENCHMARK_CAPTURE(BM_RingAllReduce, cuda, Device::cuda(0))->Apply(cuda_args);
+BENCHMARK_CAPTURE(BM_RingAllReduce, cuda, Device::cuda(0), RingReads::InPlace)->Apply(cuda_args);
+BENCHMARK_CAPTURE(BM_RingAllReduce, cuda_receive_buffer, Device::cuda(0),
+                  RingReads::ThroughReceiveBuffer)
+    ->Apply(cuda_args);
 BENCHMARK_CAPTURE(BM_ReduceToOne, cuda, Device::cuda(0))->Apply(cuda_args);
 BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))->Apply(cuda_args);

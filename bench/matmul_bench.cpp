@@ -15,7 +15,10 @@
 // CUDA: towerlab's kernel beside cuBLAS SGEMM (TF32 off), both through matmul()
 // with set_gemm_backend, timed with CUDA events around back-to-back launches
 // (bench::time_calls).
-// Targets: >= 90% of cuBLAS at 4096, >= 75% at 512-1024.
+// Targets: >= 90% of cuBLAS at 4096, >= 75% at 512-1024. Also FashionNet's fc1
+// (3136 -> 128) at a tower's batch of 128 in the three layouts of y = x w^T:
+// forward NT [128,128,3136] (one tile of C: the split-K path), grad_x NN
+// [128,3136,128] and grad_w TN [128,3136,128] (args M/N/K).
 #include <benchmark/benchmark.h>
 
 #include "bench_util.h"
@@ -45,17 +48,18 @@ bool transpose_b(Layout l) {
   return l == Layout::NT;
 }
 
-void set_flops(benchmark::State& state, std::int64_t n) {
+void set_flops(benchmark::State& state, std::int64_t m, std::int64_t n, std::int64_t k) {
   state.counters["FLOP/s"] =
-      benchmark::Counter(2.0 * n * n * n, benchmark::Counter::kIsIterationInvariantRate);
+      benchmark::Counter(2.0 * m * n * k, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// op(A) [M,K], op(B) [K,N], C [M,N], stored as the layout says.
 struct Operands {
   Tensor a, b, c;
-  Operands(std::int64_t n, const Stream& stream) {
-    a = Tensor::empty({n, n}, stream);
-    b = Tensor::empty({n, n}, stream);
-    c = Tensor::empty({n, n}, stream);
+  Operands(std::int64_t m, std::int64_t n, std::int64_t k, Layout layout, const Stream& stream) {
+    a = Tensor::empty(transpose_a(layout) ? Shape{k, m} : Shape{m, k}, stream);
+    b = Tensor::empty(transpose_b(layout) ? Shape{n, k} : Shape{k, n}, stream);
+    c = Tensor::empty({m, n}, stream);
     random_uniform(a, 1, 0, -1.0f, 1.0f, stream);
     random_uniform(b, 2, 0, -1.0f, 1.0f, stream);
     fill(c, 0.0, stream);
@@ -65,12 +69,12 @@ struct Operands {
 void BM_CpuTowerlab(benchmark::State& state, Layout layout) {
   const std::int64_t n = state.range(0);
   const Stream& stream = default_stream(Device::cpu());
-  Operands x(n, stream);
+  Operands x(n, n, n, layout, stream);
   for (auto _ : state) {
     matmul(x.c, x.a, x.b, transpose_a(layout), transpose_b(layout), 1.0f, 0.0f, stream);
     benchmark::ClobberMemory();
   }
-  set_flops(state, n);
+  set_flops(state, n, n, n);
   state.SetLabel(std::to_string(num_threads()) + " threads");
 }
 
@@ -78,14 +82,14 @@ void BM_CpuTowerlab(benchmark::State& state, Layout layout) {
 void BM_CpuOpenblas(benchmark::State& state, Layout layout) {
   const int n = static_cast<int>(state.range(0));
   const Stream& stream = default_stream(Device::cpu());
-  Operands x(n, stream);
+  Operands x(n, n, n, layout, stream);
   for (auto _ : state) {
     cblas_sgemm(CblasRowMajor, transpose_a(layout) ? CblasTrans : CblasNoTrans,
                 transpose_b(layout) ? CblasTrans : CblasNoTrans, n, n, n, 1.0f, x.a.data<float>(),
                 n, x.b.data<float>(), n, 0.0f, x.c.data<float>(), n);
     benchmark::ClobberMemory();
   }
-  set_flops(state, n);
+  set_flops(state, n, n, n);
 }
 #endif
 
@@ -94,15 +98,15 @@ void BM_Cuda(benchmark::State& state, Layout layout, GemmBackend backend) {
     state.SkipWithError("no CUDA device");
     return;
   }
-  const std::int64_t n = state.range(0);
+  const std::int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   Stream stream(Device::cuda(0));
-  Operands x(n, stream);
+  Operands x(m, n, k, layout, stream);
   set_gemm_backend(backend);
   bench::time_calls(state, stream, [&] {
     matmul(x.c, x.a, x.b, transpose_a(layout), transpose_b(layout), 1.0f, 0.0f, stream);
   });
   set_gemm_backend(GemmBackend::Towerlab);
-  set_flops(state, n);
+  set_flops(state, m, n, k);
 }
 
 // The fastest repetition is the one least disturbed by other processes, for both
@@ -119,8 +123,16 @@ void cpu_sizes(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->UseRealTime()->ComputeStatistics("max", max_of);
 }
 void cuda_sizes(benchmark::internal::Benchmark* b) {
-  for (int n : {512, 1024, 4096}) b->Arg(n);
+  for (int n : {512, 1024, 4096}) b->Args({n, n, n});
   b->UseManualTime()->Unit(benchmark::kMillisecond)->ComputeStatistics("max", max_of);
+}
+void fc1_forward(benchmark::internal::Benchmark* b) {
+  b->Args({128, 128, 3136});
+  b->UseManualTime()->Unit(benchmark::kMicrosecond)->ComputeStatistics("max", max_of);
+}
+void fc1_backward(benchmark::internal::Benchmark* b) {
+  b->Args({128, 3136, 128});
+  b->UseManualTime()->Unit(benchmark::kMicrosecond)->ComputeStatistics("max", max_of);
 }
 
 // TOWERLAB_NUM_THREADS=n sets towerlab's thread count (to match OPENBLAS_NUM_THREADS).
@@ -149,3 +161,12 @@ TL_CPU_PAIR(TN);
 TL_CUDA_PAIR(NN);
 TL_CUDA_PAIR(NT);
 TL_CUDA_PAIR(TN);
+
+// FashionNet's fc1, each layout beside cuBLAS.
+#define TL_CUDA_FC1(NAME, L, SHAPE)                                                   \
+  BENCHMARK_CAPTURE(BM_Cuda, cublas_fc1_##NAME##_##L, Layout::L, GemmBackend::Cublas) \
+      ->Apply(SHAPE);                                                                 \
+  BENCHMARK_CAPTURE(BM_Cuda, cuda_fc1_##NAME##_##L, Layout::L, GemmBackend::Towerlab)->Apply(SHAPE)
+TL_CUDA_FC1(forward, NT, fc1_forward);
+TL_CUDA_FC1(grad_x, NN, fc1_backward);
+TL_CUDA_FC1(grad_w, TN, fc1_backward);

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iomanip>
 #include <sstream>
@@ -41,6 +42,9 @@ class HostBackend final : public MemoryBackend {
 class CudaBackend final : public MemoryBackend {
  public:
   explicit CudaBackend(int index) : index_(index) {}
+  ~CudaBackend() override {
+    if (event_ != nullptr) TL_CUDA_CHECK_PRINT(cudaEventDestroy(event_));
+  }
   void* raw_allocate(std::size_t bytes) noexcept override {
     int previous = 0;
     if (cudaGetDevice(&previous) != cudaSuccess) return nullptr;
@@ -64,10 +68,25 @@ class CudaBackend final : public MemoryBackend {
     CudaDeviceGuard guard(index_);
     TL_CUDA_CHECK(cudaDeviceSynchronize());
   }
+  void synchronize_stream(void* stream) noexcept override {
+    TL_CUDA_CHECK_PRINT(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+  }
+  void wait_stream(void* waiter, void* owner) override {
+    // One event serves every handover: the wait captures the event as recorded at
+    // the call, so recording it again later changes nothing for this waiter. The
+    // allocator's lock serializes the calls.
+    CudaDeviceGuard guard(index_);
+    if (event_ == nullptr) {
+      TL_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    }
+    TL_CUDA_CHECK(cudaEventRecord(event_, static_cast<cudaStream_t>(owner)));
+    TL_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(waiter), event_, 0));
+  }
   std::string name() const override { return "cuda:" + std::to_string(index_); }
 
  private:
   int index_;
+  cudaEvent_t event_ = nullptr;
 };
 
 class PinnedBackend final : public MemoryBackend {
@@ -90,14 +109,25 @@ class PinnedBackend final : public MemoryBackend {
 
 // A block is a piece of one segment; blocks of a segment form a doubly linked
 // list in address order so that a freed block can merge with free neighbours.
+// A block in free_blocks_ is never modified in place (the set is ordered by its
+// fields): it is erased, changed, then inserted again.
 struct Allocator::Block {
   char* ptr = nullptr;
   std::size_t size = 0;
-  void* stream = nullptr;
+  void* stream = nullptr;  // the owner; kNoStream once its stream was released
   bool free = true;
   Block* prev = nullptr;
   Block* next = nullptr;
 };
+
+namespace {
+
+// The owner of blocks that no stream owes work to. Its address is this library's,
+// so it can be neither a cudaStream_t nor nullptr (the host's stream).
+char no_stream_tag;
+void* const kNoStream = &no_stream_tag;
+
+}  // namespace
 
 bool Allocator::BlockOrder::operator()(const Block* a, const Block* b) const {
   if (a->stream != b->stream) return std::less<void*>()(a->stream, b->stream);
@@ -125,23 +155,52 @@ std::size_t Allocator::limit_locked() const {
   return cap;
 }
 
-Allocator::Block* Allocator::find_free_locked(std::size_t size, void* stream) {
-  Block key;
-  key.size = size;
-  key.stream = stream;
-  auto it = free_blocks_.lower_bound(&key);
-  if (it == free_blocks_.end() || (*it)->stream != stream) return nullptr;
-  Block* block = *it;
-  free_blocks_.erase(it);
+// `block` is free and in no set. Its first `size` bytes are returned; the rest,
+// if worth keeping, stays free for its owner.
+Allocator::Block* Allocator::split_locked(Block* block, std::size_t size) {
   if (block->size - size >= kAlignment) {
-    // Split: the tail stays free for later requests on the same stream.
-    auto* tail = new Block{block->ptr + size, block->size - size, stream, true, block, block->next};
+    auto* tail =
+        new Block{block->ptr + size, block->size - size, block->stream, true, block, block->next};
     if (block->next != nullptr) block->next->prev = tail;
     block->next = tail;
     block->size = size;
     free_blocks_.insert(tail);
   }
   return block;
+}
+
+// `block` is free and in no set; merges it with every adjacent free block of the
+// same owner and returns the merged block, in no set.
+Allocator::Block* Allocator::merge_with_neighbours_locked(Block* block) {
+  auto mergeable = [owner = block->stream](const Block* other) {
+    return other != nullptr && other->free && other->stream == owner;
+  };
+  auto absorb_next = [this](Block* b) {
+    Block* next = b->next;
+    free_blocks_.erase(next);
+    b->size += next->size;
+    b->next = next->next;
+    if (b->next != nullptr) b->next->prev = b;
+    delete next;
+  };
+  while (mergeable(block->next)) absorb_next(block);
+  while (mergeable(block->prev)) {
+    block = block->prev;
+    free_blocks_.erase(block);
+    absorb_next(block);
+  }
+  return block;
+}
+
+Allocator::Block* Allocator::find_free_locked(std::size_t size, void* owner) {
+  Block key;
+  key.size = size;
+  key.stream = owner;
+  auto it = free_blocks_.lower_bound(&key);
+  if (it == free_blocks_.end() || (*it)->stream != owner) return nullptr;
+  Block* block = *it;
+  free_blocks_.erase(it);
+  return split_locked(block, size);
 }
 
 Allocator::Block* Allocator::new_segment_locked(std::size_t size, void* stream) {
@@ -165,35 +224,75 @@ Allocator::Block* Allocator::new_segment_locked(std::size_t size, void* stream) 
   segments_.push_back(head);
   stats_.reserved_bytes += segment;
   ++stats_.segment_allocations;
-  free_blocks_.insert(head);
-  return head;
+  return split_locked(head, size);
+}
+
+Allocator::Block* Allocator::take_from_other_streams_locked(std::size_t size, void* stream) {
+  // The shortest window of adjacent free blocks that holds `size`, over every
+  // segment: two pointers over each run of free blocks. Moving only this window
+  // leaves the other streams the rest of their cache.
+  Block* best_first = nullptr;
+  Block* best_last = nullptr;
+  std::size_t best_total = 0;
+  for (Block* head : segments_) {
+    Block* first = head;
+    std::size_t total = 0;
+    for (Block* last = head; last != nullptr; last = last->next) {
+      if (!last->free) {
+        first = last->next;
+        total = 0;
+        continue;
+      }
+      total += last->size;
+      while (first != last && total - first->size >= size) {
+        total -= first->size;
+        first = first->next;
+      }
+      if (total >= size && (best_first == nullptr || total < best_total)) {
+        best_first = first;
+        best_last = last;
+        best_total = total;
+      }
+    }
+  }
+  if (best_first == nullptr) return nullptr;
+
+  // Order first (it may throw; nothing has changed yet), then hand the window over.
+  std::vector<void*> owners;
+  for (Block* b = best_first;; b = b->next) {
+    if (b->stream != stream && b->stream != kNoStream &&
+        std::find(owners.begin(), owners.end(), b->stream) == owners.end()) {
+      owners.push_back(b->stream);
+    }
+    if (b == best_last) break;
+  }
+  for (void* owner : owners) backend_->wait_stream(stream, owner);
+  for (Block* b = best_first;; b = b->next) {
+    free_blocks_.erase(b);
+    b->stream = stream;
+    if (b == best_last) break;
+  }
+  ++stats_.stream_handovers;
+  return split_locked(merge_with_neighbours_locked(best_first), size);
+}
+
+Allocator::Block* Allocator::take_locked(std::size_t size, void* stream) {
+  if (Block* b = find_free_locked(size, stream)) return b;
+  if (Block* b = find_free_locked(size, kNoStream)) return b;
+  if (Block* b = new_segment_locked(size, stream)) return b;
+  if (Block* b = take_from_other_streams_locked(size, stream)) return b;
+  if (!options_.allow_growth) return nullptr;
+  // At the cap with no contiguous free range large enough: give back the fully
+  // free segments (this waits for the device) and try a new one.
+  release_cached_locked();
+  return new_segment_locked(size, stream);
 }
 
 void* Allocator::allocate(std::size_t bytes, void* stream) {
   if (bytes == 0) return nullptr;
   const std::size_t size = round_up(bytes, kAlignment);
   std::lock_guard lock(mutex_);
-  Block* block = find_free_locked(size, stream);
-  if (block == nullptr && new_segment_locked(size, stream) != nullptr) {
-    block = find_free_locked(size, stream);
-  }
-  if (block == nullptr && options_.allow_growth) {
-    // Out of room: give back what is cached (blocks free on other streams too,
-    // once the device is idle) and try once more before reporting.
-    release_cached_locked();
-    if (new_segment_locked(size, stream) != nullptr) block = find_free_locked(size, stream);
-  }
-  if (block == nullptr && !options_.allow_growth && !segments_.empty()) {
-    // One reserved segment: after a synchronize, blocks freed on any stream may be reused.
-    backend_->synchronize();
-    std::vector<Block*> retag(free_blocks_.begin(), free_blocks_.end());
-    free_blocks_.clear();
-    for (Block* b : retag) {
-      b->stream = stream;
-      free_blocks_.insert(b);
-    }
-    block = find_free_locked(size, stream);
-  }
+  Block* block = take_locked(size, stream);
   if (block == nullptr) throw_oom_locked(bytes);
 
   block->free = false;
@@ -214,45 +313,50 @@ void Allocator::deallocate(void* ptr) noexcept {
   live_blocks_.erase(it);
   stats_.in_use_bytes -= block->size;
   block->free = true;
+  free_blocks_.insert(merge_with_neighbours_locked(block));
+}
 
-  auto mergeable = [block](const Block* other) {
-    return other != nullptr && other->free && other->stream == block->stream;
-  };
-  if (mergeable(block->next)) {
-    Block* next = block->next;
-    free_blocks_.erase(next);
-    block->size += next->size;
-    block->next = next->next;
-    if (block->next != nullptr) block->next->prev = block;
-    delete next;
+void Allocator::release_stream(void* stream) noexcept {
+  // Outside the lock: the other towers go on allocating while this one waits.
+  backend_->synchronize_stream(stream);
+  std::lock_guard lock(mutex_);
+  for (Block* head : segments_) {
+    for (Block* b = head; b != nullptr; b = b->next) {
+      if (b->stream != stream) continue;
+      if (!b->free) {
+        b->stream = kNoStream;  // freed later: no work of a live stream is pending on it
+        continue;
+      }
+      free_blocks_.erase(b);
+      b->stream = kNoStream;
+      b = merge_with_neighbours_locked(b);
+      free_blocks_.insert(b);
+    }
   }
-  if (mergeable(block->prev)) {
-    Block* prev = block->prev;
-    free_blocks_.erase(prev);
-    prev->size += block->size;
-    prev->next = block->next;
-    if (prev->next != nullptr) prev->next->prev = prev;
-    delete block;
-    block = prev;
-  }
-  free_blocks_.insert(block);
 }
 
 void Allocator::release_cached_locked() {
-  bool any = false;
-  for (Block* head : segments_) any = any || (head->free && head->next == nullptr);
-  if (!any) return;
-  backend_->synchronize();
+  auto fully_free = [](const Block* head) {
+    for (const Block* b = head; b != nullptr; b = b->next) {
+      if (!b->free) return false;
+    }
+    return true;
+  };
+  if (std::none_of(segments_.begin(), segments_.end(), fully_free)) return;
+  backend_->synchronize();  // blocks of any stream: wait for all their work
   std::vector<Block*> kept;
   for (Block* head : segments_) {
-    if (head->free && head->next == nullptr) {
-      free_blocks_.erase(head);
-      stats_.reserved_bytes -= head->size;
-      backend_->raw_free(head->ptr);
-      delete head;
-    } else {
+    if (!fully_free(head)) {
       kept.push_back(head);
+      continue;
     }
+    for (Block* b = head; b != nullptr; b = b->next) {
+      stats_.reserved_bytes -= b->size;
+      free_blocks_.erase(b);
+    }
+    void* ptr = head->ptr;
+    for (Block* b = head; b != nullptr;) delete std::exchange(b, b->next);
+    backend_->raw_free(ptr);
   }
   segments_ = std::move(kept);
 }
@@ -363,6 +467,26 @@ void set_memory_options(Device device, const MemoryOptions& options) {
 
 MemoryStats memory_stats(Device device) {
   return device_allocator(device).stats();
+}
+
+void release_cached_memory(Device device) {
+  device_allocator(device).release_cached();
+}
+
+void release_stream(Device device, void* stream) noexcept {
+  // Only an allocator that exists can hold the stream's blocks; making one here
+  // could throw, and this runs in destructors, at exit too.
+  Allocator* allocator = nullptr;
+  {
+    Registry& r = registry();
+    std::lock_guard lock(r.mutex);
+    if (device.is_cpu()) {
+      allocator = r.host.get();
+    } else if (auto it = r.cuda.find(device.index); it != r.cuda.end()) {
+      allocator = it->second.get();
+    }
+  }
+  if (allocator != nullptr) allocator->release_stream(stream);
 }
 
 std::string format_bytes(std::size_t bytes) {

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <utility>
 
+#include "engine/allocator.h"
 #include "engine/error.h"
 
 #if TOWERLAB_WITH_CUDA
@@ -28,6 +29,9 @@ Stream::Stream(Device device) : device_(device) {
 Stream::~Stream() {
 #if TOWERLAB_WITH_CUDA
   if (handle_ != nullptr) {
+    // The caching allocator keys the blocks this stream owns by its handle, and a
+    // stream created later may get the same handle: hand them over first.
+    release_stream(device_, handle_);
     TL_CUDA_CHECK_PRINT(cudaStreamDestroy(static_cast<cudaStream_t>(handle_)));
   }
 #endif

@@ -19,6 +19,8 @@ class Stream {
  public:
   // A new stream on `device`. Throws DeviceError if the device is not present.
   explicit Stream(Device device);
+  // On CUDA, waits for the stream's work first: the caching allocator hands the
+  // blocks this stream owns to no stream before its handle can be reused.
   ~Stream();
   Stream(Stream&& other) noexcept;
   Stream& operator=(Stream&& other) noexcept;

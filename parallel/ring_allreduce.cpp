@@ -6,6 +6,7 @@
 #include "engine/error.h"
 #include "engine/thread_pool.h"
 #include "kernels/elementwise.h"
+#include "kernels/peer_add.h"
 #include "parallel/trace.h"
 
 namespace towerlab {
@@ -15,11 +16,34 @@ std::pair<std::int64_t, std::int64_t> ring_chunk(std::int64_t length, std::int64
   return {length * k / n, length * (k + 1) / n};
 }
 
-Ring::Ring(std::vector<const Stream*> streams) : streams_(std::move(streams)) {
+namespace {
+
+// mine += theirs, ordered on `stream` (mine's device): in place, or through
+// `received` (on mine's device, at least as long as theirs) when the devices do
+// not allow that. One float32 addition per element either way.
+void accumulate(const Tensor& mine, const Tensor& theirs, bool in_place, const Tensor& received,
+                const Stream& stream) {
+  if (in_place) {
+    peer_add(mine, theirs, stream);
+  } else {
+    Tensor copy = received.view(0, {theirs.numel()});
+    copy_tensor(copy, theirs, stream);
+    peer_add(mine, copy, stream);
+  }
+}
+
+}  // namespace
+
+Ring::Ring(std::vector<const Stream*> streams, RingReads reads) : streams_(std::move(streams)) {
   TL_CHECK(!streams_.empty(), InvalidArgument, "Ring: no members");
-  for (const Stream* s : streams_) {
-    done_.emplace_back(s->device());
-    all_host_ = all_host_ && s->device().is_cpu();
+  const std::size_t n = streams_.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    const Device device = streams_[i]->device();
+    const Device sender = streams_[(i + n - 1) % n]->device();
+    done_.emplace_back(device);
+    all_host_ = all_host_ && device.is_cpu();
+    // peer_readable turns peer access on here, once, rather than in the first step.
+    in_place_.push_back(reads == RingReads::InPlace && peer_readable(device, sender));
   }
 }
 
@@ -48,10 +72,13 @@ void Ring::allreduce(const std::vector<Tensor>& buffers, Trace* trace, int first
     const auto [begin, end] = ring_chunk(length, n, ((k % n) + n) % n);
     return buffers[std::size_t((j + n) % n)].view(begin, {end - begin});
   };
-  // One scratch buffer per member for the chunk it receives (the largest chunk).
+  // A receive buffer (the largest chunk) for each member that cannot read in place.
   const std::int64_t max_chunk = (length + n - 1) / n;
-  std::vector<Tensor> scratch;
-  for (std::int64_t j = 0; j < n; ++j) scratch.push_back(Tensor::empty({max_chunk}, member(j)));
+  std::vector<Tensor> received(static_cast<std::size_t>(n));
+  for (std::int64_t j = 0; j < n; ++j) {
+    if (!in_place_[std::size_t(j)])
+      received[std::size_t(j)] = Tensor::empty({max_chunk}, member(j));
+  }
 
   // Every member's buffer is ready on its own stream (its backward ran there).
   for (std::int64_t i = 0; i < n; ++i) done_[std::size_t(i)].record(member(i));
@@ -98,9 +125,8 @@ void Ring::allreduce(const std::vector<Tensor>& buffers, Trace* trace, int first
             if (gather) {
               copy_tensor(mine, theirs, member(j));
             } else {
-              Tensor received = scratch[std::size_t(j)].view(0, {mine.numel()});
-              copy_tensor(received, theirs, member(j));
-              add(mine, mine, received, member(j));
+              accumulate(mine, theirs, in_place_[std::size_t(j)], received[std::size_t(j)],
+                         member(j));
             }
           });
         }

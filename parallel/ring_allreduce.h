@@ -4,23 +4,41 @@
 //
 // The buffer of length L is cut into n chunks (sizes differ by at most one; some
 // are empty when L < n). With member i sending to member i+1 (mod n):
-//   reduce-scatter, steps s = 0..n-2: member i+1 receives chunk (i - s) of member i
-//     into a scratch buffer and adds it into its own chunk (i - s). Afterwards
-//     member i holds the complete sum of chunk i+1.
-//   all-gather, steps s = 0..n-2: member i+1 receives chunk (i + 1 - s) of member i
-//     and copies it over its own. Afterwards every member holds every sum.
-// Each chunk's sum is accumulated in one fixed order around the ring, so the result
-// is the same bits on every run and in every member, however the threads and
-// streams are scheduled.
+//   reduce-scatter, steps s = 0..n-2: member i+1 reads chunk (i - s) of member i
+//     and adds it into its own chunk (i - s). Afterwards member i holds the
+//     complete sum of chunk i+1.
+//   all-gather, steps s = 0..n-2: member i+1 copies chunk (i + 1 - s) of member i
+//     over its own. Afterwards every member holds every sum.
+// Each chunk's sum is accumulated in one fixed order around the ring (chunk k:
+// member k's, plus member k+1's, plus member k+2's, ...), so the result is the same
+// bits on every run and in every member, however the threads and streams are
+// scheduled.
 //
-// Ordering. On CUDA each member's work runs on its own stream: member i+1 waits on
-// an event member i recorded after its previous step (it reads what that step
-// wrote), a member waits for its successor to finish the reduce-scatter before
-// overwriting chunks the successor may still be reading, and at the end every
-// stream waits for every member, so the buffers may be used at once. Copies between
-// two GPUs are peer-to-peer where the hardware allows it (engine/tensor.h). On the
-// CPU a member's stream is the host: the members of one step run in parallel on the
-// host thread pool and the step's end is the barrier.
+// Reads. The receiver reads the sender's chunk in place and adds it in one kernel
+// (kernels/peer_add.h) when its device can read the sender's memory: on the host,
+// on one GPU (virtual devices), or between GPUs with peer access, which the ring
+// turns on when it is built. Only between devices that cannot, the chunk is first
+// copied into a receive buffer. Per element of a step's chunk that is 3 memory
+// passes (read theirs, read mine, write mine) instead of 5, and the all-gather's
+// copy is 2: on one device the ring reads and writes 5(n-1) buffer lengths in all
+// rather than 7(n-1). Both paths add the same two floats, so they give the same bits.
+//
+// Ordering. Every access happens on the reader's or writer's own stream; one event
+// per member, recorded after each of its steps, orders the two hazards:
+//   - read after write: at step s member i+1 reads what member i wrote at step s-1,
+//     so every member waits on its predecessor's event before each step (all waits
+//     are issued before the step's records, so each captures the previous step).
+//   - write after read: member i's chunk (i - s), read by member i+1 at
+//     reduce-scatter step s, is next written by member i at all-gather step s, so
+//     before its first all-gather step every member waits on its successor's event
+//     from the end of the reduce-scatter. No other write can meet a read: within a
+//     step member i writes another chunk than the one its successor reads (chunk
+//     i-1-s against i-s in the reduce-scatter, i-s against i+1-s in the all-gather),
+//     and every chunk it writes is read only at a later step.
+// At the end every stream waits for every member, so the buffers may be used (and
+// overwritten) at once. No device-wide synchronize. On the CPU a member's stream is
+// the host: the members of one step run in parallel on the host thread pool, and
+// the step's end is the barrier that gives both orders.
 #pragma once
 
 #include <memory>
@@ -33,10 +51,19 @@ namespace towerlab {
 
 class Trace;
 
+// How a member reads its sender's chunk in the reduce-scatter (see "Reads" above).
+enum class RingReads {
+  InPlace,               // in place wherever the two devices allow, else a copy
+  ThroughReceiveBuffer,  // always a copy into a receive buffer, then an add
+};
+
 class Ring {
  public:
-  // One member per stream (repeats of a device are fine: virtual devices).
-  explicit Ring(std::vector<const Stream*> streams);
+  // One member per stream (repeats of a device are fine: virtual devices). Turns on
+  // peer access between neighbouring GPUs where the hardware has it.
+  // RingReads::ThroughReceiveBuffer makes every member copy before it adds, as
+  // members without peer access must: for comparison in tests and benchmarks.
+  explicit Ring(std::vector<const Stream*> streams, RingReads reads = RingReads::InPlace);
   ~Ring();
   Ring(const Ring&) = delete;
   Ring& operator=(const Ring&) = delete;
@@ -54,6 +81,8 @@ class Ring {
  private:
   std::vector<const Stream*> streams_;
   std::vector<Event> done_;  // one per member, recorded after each of its steps
+  // in_place_[i]: member i reads member i-1's chunks in place (else through a copy).
+  std::vector<bool> in_place_;
   bool all_host_ = true;
 };
 

@@ -3,8 +3,10 @@
 # without a GPU, and compares every pass (forward, backward-data, backward-weight
 # with its split reduction, grad_bias) with towerlab's CPU backend on odd shapes:
 # 1x1 and 5x5 kernels, ragged strides, dilation, C = 1, prime K, vector and
-# scalar epilogues, every tile configuration (planned for 8 and for 132 SMs).
-# The .cu file is turned into C++ (launches become loops over blocks with one
+# scalar epilogues, every tile configuration (planned for 8 and for 132 SMs),
+# FashionNet's backward-weight at batch 128 and 512. A split backward-weight is
+# also run twice (same bits) and once with one partial sum tampered with (the
+# comparison must fail). The .cu file is turned into C++ (launches become loops over blocks with one
 # std::thread per CUDA thread, a std::barrier for __syncthreads, shared memory as
 # function statics) and built under AddressSanitizer, which catches out-of-tile
 # shared-memory and global accesses. It checks indexing, guards and double
@@ -17,28 +19,10 @@ build="${1:-$root/build/release}"
 large="${2:-}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-python3 - "$root/kernels/cuda/conv2d.cu" "$work/conv2d_sim.cpp" <<'PY'
-import re, sys
-src = open(sys.argv[1]).read()
-src = src.replace("namespace towerlab::cuda", "namespace towerlab::simcuda")
-src = src.replace('"kernels/cuda/launch.cuh"', '"conv2d_sim_shim.h"')
-def split_top(s):  # split launch arguments at top-level commas
-    out, depth, cur = [], 0, ""
-    for ch in s:
-        depth += ch in "(<"
-        depth -= ch in ")>"
-        if ch == "," and depth == 0:
-            out.append(cur.strip()); cur = ""
-        else:
-            cur += ch
-    return out + [cur.strip()]
-def launch(m):
-    args = split_top(m.group(2))
-    return "sim_launch(%s, %s, %s, " % (m.group(1), args[0], args[1])
-src = re.sub(r"([A-Za-z_]\w*(?:<[^;()]*?>)?)\s*<<<(.*?)>>>\(", launch, src, flags=re.S)
-open(sys.argv[2], "w").write(src)
-PY
-cp "$root/scripts/conv2d_sim_shim.h" "$work/"
+py="$root/scripts/cuda_sim_transform.py"
+python3 "$py" "$root/kernels/cuda/conv2d.cu" "$work/conv2d_sim.cpp"
+python3 "$py" "$root/kernels/cuda/split_reduce.cuh" "$work/split_reduce.sim.h"
+cp "$root/scripts/cuda_sim_shim.h" "$work/"
 flags=(-O1 -std=c++20 -fsanitize=address,undefined -I"$root" -I"$work" -DTOWERLAB_WITH_CUDA=1)
 libs=("$build/libtowerlab.a" -lpthread)
 if grep -q cudart "$build/CMakeCache.txt" 2>/dev/null; then

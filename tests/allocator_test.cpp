@@ -1,6 +1,8 @@
 // The caching allocator, driven through a counting fake backend so that the
-// device's memory size, its failures and every raw allocation are under the
-// test's control. The same Allocator class serves host, pinned and CUDA memory.
+// device's memory size, its failures, every raw allocation and every wait are
+// under the test's control. The same Allocator class serves host, pinned and CUDA
+// memory. Streams are faked by the addresses of local ints, as a cudaStream_t is
+// only a handle to the allocator.
 #include <algorithm>
 #include <cstring>
 #include <thread>
@@ -30,8 +32,15 @@ class FakeBackend final : public MemoryBackend {
     std::free(ptr);
   }
   std::size_t total_memory() const override { return total_; }
+  void synchronize() override { ++device_syncs_; }
+  void synchronize_stream(void* stream) noexcept override { stream_syncs_.push_back(stream); }
+  void wait_stream(void* waiter, void* owner) override { waits_.emplace_back(waiter, owner); }
   std::string name() const override { return "fake:0"; }
   bool fail_next_ = false;
+  // What the allocator asked for, in order; the allocator calls these under its lock.
+  int device_syncs_ = 0;
+  std::vector<void*> stream_syncs_;
+  std::vector<std::pair<void*, void*>> waits_;  // (waiter, owner)
 
  private:
   std::size_t total_;
@@ -189,6 +198,104 @@ TEST_F(AllocatorTest, BlocksFreedOnOneStreamAreNotHandedToAnother) {
   alloc->deallocate(c);
 }
 
+// Four 2 MiB blocks of one 8 MiB segment, owned alternately by s1 and s2, all free:
+// 8 MiB free in one contiguous range, but no two neighbours with one owner.
+class InterleavedOwnersTest : public AllocatorTest {
+ protected:
+  void SetUp() override {
+    alloc_ = make(64 * MiB, {.fraction = 0.125, .allow_growth = false});
+    for (int i = 0; i < 4; ++i) blocks_.push_back(alloc_->allocate(2 * MiB, owner(i)));
+    for (void* p : blocks_) alloc_->deallocate(p);
+    ASSERT_EQ(raw_allocs_, 1);
+    ASSERT_EQ(alloc_->stats().stream_handovers, 3u);  // s2's first block, then s1's, s2's
+    backend_->waits_.clear();
+  }
+  void* owner(int i) { return i % 2 == 0 ? static_cast<void*>(&s1_) : &s2_; }
+  std::unique_ptr<Allocator> alloc_;
+  std::vector<void*> blocks_;
+  int s1_ = 0, s2_ = 0, s3_ = 0;
+};
+
+TEST_F(InterleavedOwnersTest, AMissMergesNeighboursOfOtherStreamsInsteadOfRunningOut) {
+  void* all = alloc_->allocate(8 * MiB, &s1_);
+  EXPECT_EQ(all, blocks_[0]);
+  // s1 waits for s2's work (its blocks are in the range), once, and never for the device.
+  EXPECT_EQ(backend_->waits_, (std::vector<std::pair<void*, void*>>{{&s1_, &s2_}}));
+  EXPECT_EQ(backend_->device_syncs_, 0);
+  EXPECT_EQ(alloc_->stats().stream_handovers, 4u);
+  alloc_->deallocate(all);
+  // Control: the range really is full now that it is in use again.
+  void* again = alloc_->allocate(8 * MiB, &s2_);
+  EXPECT_THROW_WITH(alloc_->allocate(512, &s1_), OutOfMemory, "allow_growth off");
+  alloc_->deallocate(again);
+}
+
+TEST_F(InterleavedOwnersTest, AMissMovesOnlyTheBlocksItNeeds) {
+  void* p = alloc_->allocate(2 * MiB, &s3_);
+  EXPECT_EQ(p, blocks_[0]);  // best fit: one block, the first of the smallest
+  EXPECT_EQ(backend_->waits_, (std::vector<std::pair<void*, void*>>{{&s3_, &s1_}}));
+  // s1 keeps its other block and s2 both of its own: they are reused with no wait.
+  void* q = alloc_->allocate(2 * MiB, &s1_);
+  void* r = alloc_->allocate(2 * MiB, &s2_);
+  void* t = alloc_->allocate(2 * MiB, &s2_);
+  EXPECT_EQ(q, blocks_[2]);
+  EXPECT_EQ(r, blocks_[1]);
+  EXPECT_EQ(t, blocks_[3]);
+  EXPECT_EQ(backend_->waits_.size(), 1u);
+  EXPECT_EQ(backend_->device_syncs_, 0);
+  for (void* b : {p, q, r, t}) alloc_->deallocate(b);
+}
+
+TEST_F(AllocatorTest, AtTheCapOneStreamTakesAnothersCacheAndReleaseFreesTheMixedSegment) {
+  auto alloc = make(64 * MiB, {.limit_bytes = 2 * MiB});
+  int s1 = 0, s2 = 0;
+  void* a = alloc->allocate(MiB, &s1);  // one 2 MiB segment; its other half is s1's
+  void* b = alloc->allocate(MiB, &s2);  // no room for a segment: takes that half
+  EXPECT_EQ(static_cast<char*>(b), static_cast<char*>(a) + MiB);
+  EXPECT_EQ(backend_->waits_, (std::vector<std::pair<void*, void*>>{{&s2, &s1}}));
+  alloc->deallocate(a);
+  alloc->deallocate(b);
+  // Two free blocks of two owners: the segment is still entirely free.
+  alloc->release_cached();
+  EXPECT_EQ(alloc->stats().reserved_bytes, 0u);
+  EXPECT_EQ(raw_frees_, 1);
+  EXPECT_EQ(backend_->device_syncs_, 1);  // giving memory back waits for every stream
+}
+
+TEST_F(AllocatorTest, AReleasedStreamsBlocksPassToTheNextStreamWithoutAWait) {
+  auto alloc = make(64 * MiB, {.limit_bytes = 2 * MiB});
+  int s1 = 0, s2 = 0, s3 = 0;
+  void* freed = alloc->allocate(MiB, &s1);
+  void* live = alloc->allocate(MiB / 2, &s1);
+  alloc->deallocate(freed);
+  // Control: before the release, another stream must wait for s1's work.
+  void* early = alloc->allocate(MiB, &s2);
+  EXPECT_EQ(early, freed);
+  EXPECT_EQ(backend_->waits_.size(), 1u);
+  alloc->deallocate(early);  // now s2's
+  void* s1_again = alloc->allocate(MiB, &s1);
+  EXPECT_EQ(s1_again, freed);
+  EXPECT_EQ(backend_->waits_.size(), 2u);
+  alloc->deallocate(s1_again);
+
+  // What ~Stream does before cudaStreamDestroy: after it, a new stream that gets the
+  // same handle, or any other stream, takes s1's blocks with nothing left to wait for.
+  alloc->release_stream(&s1);
+  EXPECT_EQ(backend_->stream_syncs_, std::vector<void*>{&s1});
+  void* reused = alloc->allocate(MiB, &s3);
+  EXPECT_EQ(reused, freed);
+  EXPECT_EQ(backend_->waits_.size(), 2u);
+  // A block still in use at the release belongs to no stream either once freed.
+  alloc->deallocate(live);
+  void* after = alloc->allocate(MiB / 2, &s2);
+  EXPECT_EQ(after, live);
+  EXPECT_EQ(backend_->waits_.size(), 2u);
+  EXPECT_EQ(backend_->device_syncs_, 0);
+  alloc->deallocate(reused);
+  alloc->deallocate(after);
+  EXPECT_EQ(alloc->stats().in_use_bytes, 0u);
+}
+
 TEST_F(AllocatorTest, OptionsAreValidated) {
   auto alloc = make(64 * MiB);
   EXPECT_THROW_WITH(alloc->set_options({.fraction = 0.0}), InvalidArgument,
@@ -225,6 +332,44 @@ TEST_F(AllocatorTest, ConcurrentTowersShareOneAllocatorSafely) {
   t1.join();
   t2.join();
   EXPECT_EQ(alloc->stats().in_use_bytes, 0u);
+}
+
+// Named for the ThreadSanitizer stage, which runs the Concurrency tests.
+using AllocatorConcurrencyTest = AllocatorTest;
+
+TEST_F(AllocatorConcurrencyTest, TwoStreamsWithoutGrowthHandBlocksOverSafely) {
+  // 4 MiB reserved once; each thread holds at most 8 blocks of at most 64 KiB, so
+  // some free range always holds a request, and the two streams keep taking each
+  // other's free blocks. A block handed out twice would fail the pattern check.
+  auto alloc = make(64 * MiB, {.limit_bytes = 4 * MiB, .allow_growth = false});
+  int streams[2] = {0, 0};
+  auto worker = [&](int id) {
+    std::vector<std::pair<unsigned char*, std::size_t>> held;
+    for (int i = 0; i < 3000; ++i) {
+      if (held.size() >= 8 || (i * 5 + id) % 3 == 0) {
+        if (held.empty()) continue;
+        const auto victim = held.begin() + i % static_cast<int>(held.size());
+        auto [p, n] = *victim;
+        for (std::size_t k = 0; k < n; k += 509) ASSERT_EQ(p[k], static_cast<unsigned char>(id));
+        alloc->deallocate(p);
+        held.erase(victim);
+      } else {
+        const std::size_t n = 512 * (1 + static_cast<std::size_t>(i * 7 + id) % 128);
+        auto* p = static_cast<unsigned char*>(alloc->allocate(n, &streams[id]));
+        std::memset(p, id, n);
+        held.emplace_back(p, n);
+      }
+    }
+    for (auto [p, n] : held) alloc->deallocate(p);
+  };
+  std::thread t0(worker, 0), t1(worker, 1);
+  t0.join();
+  t1.join();
+  const MemoryStats s = alloc->stats();
+  EXPECT_EQ(s.in_use_bytes, 0u);
+  EXPECT_EQ(s.segment_allocations, 1u);
+  EXPECT_GT(s.stream_handovers, 0u);  // the path under test was taken
+  EXPECT_EQ(backend_->device_syncs_, 0);
 }
 
 TEST(DeviceAllocator, TensorsDrawFromTheDeviceAllocator) {

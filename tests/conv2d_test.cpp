@@ -212,6 +212,8 @@ TEST_P(Conv2dTest, CudaMatchesCpuOnLargeLayers) {
       {"C5_K64_110x110", 3, 5, 110, 110, 64, 3, 3, make_params(1, 1, 1, 1)},
       {"fashion2_b128", 128, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)},
       {"fashion1_b128", 128, 1, 28, 28, 32, 3, 3, make_params(1, 1, 1, 1)},
+      {"fashion1_b512", 512, 1, 28, 28, 32, 3, 3, make_params(1, 1, 1, 1)},
+      {"fashion1_b37", 37, 1, 28, 28, 32, 3, 3, make_params(1, 1, 1, 1)},
   };
   unsigned seed = 500;
   for (const ConvCase& k : cases) {
@@ -241,6 +243,32 @@ TEST_P(Conv2dTest, CudaMatchesCpuOnLargeLayers) {
     // Sums over up to 10^5 terms: float rounding differs between the two orders.
     EXPECT_TRUE(all_close(actual[2], expected[2], 2e-3, 1e-4)) << "grad_weight";
     EXPECT_TRUE(all_close(actual[3], expected[3], 2e-3, 1e-4)) << "grad_bias";
+  }
+}
+
+// Backward-weight on FashionNet's layers, whose few output tiles make the CUDA
+// kernel split the reduction over images: run twice into the same sentinel, the
+// accumulated grad_weight must have the same bits (a fixed reduction order).
+TEST_P(Conv2dTest, CudaBackwardWeightRepeatsTheBits) {
+  if (device().is_cpu()) GTEST_SKIP() << "CUDA-only: the split backward-weight";
+  for (const ConvCase& k :
+       {ConvCase{"fashion1_b128", 128, 1, 28, 28, 32, 3, 3, make_params(1, 1, 1, 1), false},
+        ConvCase{"fashion2_b128", 128, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1), false}}) {
+    SCOPED_TRACE(k.name);
+    const Shape ys = k.y_shape();
+    Tensor x =
+        make(random_values(static_cast<std::size_t>(numel_of(k.x_shape())), 71), k.x_shape());
+    Tensor grad_y = make(random_values(static_cast<std::size_t>(numel_of(ys)), 72), ys);
+    Tensor w = Tensor::zeros(k.w_shape(), stream());
+    const auto sentinel = random_values(static_cast<std::size_t>(numel_of(k.w_shape())), 73);
+    auto run = [&] {
+      Tensor grad_w = make(sentinel, k.w_shape());
+      conv2d_backward(Tensor(), grad_w, Tensor(), grad_y, x, w, k.params, stream());
+      return host(grad_w);
+    };
+    const auto first = run();
+    EXPECT_NE(first, sentinel);
+    EXPECT_EQ(run(), first);
   }
 }
 

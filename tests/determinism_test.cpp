@@ -169,6 +169,10 @@ TEST_P(ReadOrderTest, ToHostWithoutAStreamSeesWorkOnEveryStream) {
 }
 
 TEST(Memory, OutOfMemoryInATrainerIsReportedAndTheTrainerSurvives) {
+  // The trainer's tensors would otherwise land in segments cached by earlier work in
+  // this process, and the cap below, set above what is reserved, would leave room
+  // inside them: measure on this test's own segments.
+  release_cached_memory(Device::cpu());
   Net net;
   TrainerOptions options;
   options.devices = {Device::cpu(), Device::cpu()};
@@ -177,9 +181,15 @@ TEST(Memory, OutOfMemoryInATrainerIsReportedAndTheTrainerSurvives) {
   Tensor images = Tensor::zeros({20000, 1, 8, 8}, cpu());
   Tensor labels = Tensor::zeros({20000}, cpu());
   const MemoryOptions before = device_allocator(Device::cpu()).options();
-  // Cap the CPU just above what is reserved now: the towers' activations cannot fit.
-  set_memory_options(Device::cpu(),
-                     {.limit_bytes = memory_stats(Device::cpu()).reserved_bytes + (4u << 20)});
+  // Cap the CPU just above what is reserved now. Control: the room that leaves is
+  // less than one tower's first activation (the conv output of its 10000 samples),
+  // so the step cannot fit.
+  const MemoryStats now = memory_stats(Device::cpu());
+  const std::size_t limit = now.reserved_bytes + (4u << 20);
+  ASSERT_LT(limit - now.in_use_bytes, 10000u * 4 * 8 * 8 * sizeof(float))
+      << "in use " << format_bytes(now.in_use_bytes) << ", reserved "
+      << format_bytes(now.reserved_bytes);
+  set_memory_options(Device::cpu(), {.limit_bytes = limit});
   EXPECT_THROW_WITH(trainer.step({images, labels}), OutOfMemory,
                     "out of memory on cpu: cannot allocate");
   set_memory_options(Device::cpu(), before);

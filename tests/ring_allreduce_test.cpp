@@ -1,6 +1,8 @@
 // The ring all-reduce over a matrix of member counts and buffer lengths, on
-// virtual CPU devices (and virtual CUDA devices where a GPU is), its determinism,
-// the seeds' reduction to one device, and the batch split.
+// virtual CPU devices (and virtual CUDA devices where a GPU is), reading the
+// sender's chunks in place and through a receive buffer, its determinism and its
+// ordering (bit-equality with the fixed-order sum, run after run), the seeds'
+// reduction to one device, and the batch split.
 #include "parallel/ring_allreduce.h"
 #include "parallel/batch_split.h"
 #include "parallel/trace.h"
@@ -24,24 +26,106 @@ std::vector<Tensor> make_buffers(std::vector<std::unique_ptr<Stream>>& streams,
   return buffers;
 }
 
+const char* reads_name(RingReads reads) {
+  return reads == RingReads::InPlace ? "in place" : "through a receive buffer";
+}
+
 TEST_P(RingTest, SumsEveryBufferForAnyMembersAndLength) {
-  for (int members : {1, 2, 3, 4, 5, 8}) {
-    for (std::int64_t length : {1, 2, 3, 7, 8, 64, 1001, 65537}) {
+  for (RingReads reads : {RingReads::InPlace, RingReads::ThroughReceiveBuffer}) {
+    for (int members : {1, 2, 3, 4, 5, 8}) {
+      for (std::int64_t length : {1, 2, 3, 7, 8, 64, 1001, 65537}) {
+        std::vector<std::unique_ptr<Stream>> streams;
+        std::vector<const Stream*> raw;
+        for (int i = 0; i < members; ++i) {
+          streams.push_back(std::make_unique<Stream>(device()));
+          raw.push_back(streams.back().get());
+        }
+        auto buffers = make_buffers(streams, length);
+        Ring ring(raw, reads);
+        ring.allreduce(buffers);
+        const float base = float(1000 * members * (members - 1) / 2);
+        for (int i = 0; i < members; ++i) {
+          const auto got = buffers[std::size_t(i)].to_host<float>(*streams[std::size_t(i)]);
+          for (std::int64_t p = 0; p < length; ++p) {
+            ASSERT_EQ(got[std::size_t(p)], base + float(members * (p % 1000)))
+                << reads_name(reads) << ", " << members << " members, length " << length
+                << ", member " << i << ", element " << p;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The ring's sum of chunk k, added in the ring's fixed order: member k's values,
+// plus member k+1's, plus member k+2's, ... (parallel/ring_allreduce.h). With
+// `ring_order` false, in member order 0, 1, 2, ... instead (the control).
+std::vector<float> fixed_order_sum(const std::vector<std::vector<float>>& values, bool ring_order) {
+  const auto n = std::int64_t(values.size());
+  const auto length = std::int64_t(values[0].size());
+  std::vector<float> sum(std::size_t(length), 0.0f);
+  for (std::int64_t k = 0; k < n; ++k) {
+    const auto [begin, end] = ring_chunk(length, n, k);
+    const std::int64_t first = ring_order ? k : 0;
+    for (std::int64_t p = begin; p < end; ++p) {
+      float acc = values[std::size_t(first)][std::size_t(p)];
+      for (std::int64_t t = 1; t < n; ++t)
+        acc += values[std::size_t((first + t) % n)][std::size_t(p)];
+      sum[std::size_t(p)] = acc;
+    }
+  }
+  return sum;
+}
+
+// Members run concurrently (host threads on the CPU, streams on a GPU), so a
+// member that read its sender's chunk before the sender's previous step had
+// written it, or an all-gather that overwrote a chunk its successor was still
+// reading, would leave a partial sum somewhere: bit-equality with the fixed-order
+// sum, on every member and run after run, catches both (and ThreadSanitizer, which
+// runs the Ring tests, reports the race itself on the CPU).
+TEST_P(RingTest, EqualsTheFixedOrderSumBitForBitRunAfterRun) {
+  // More host threads than cores, so members of one step do overlap on a small machine.
+  struct Threads {
+    int saved = num_threads();
+    Threads() { set_num_threads(6); }
+    ~Threads() { set_num_threads(saved); }
+  } threads;
+  for (RingReads reads : {RingReads::InPlace, RingReads::ThroughReceiveBuffer}) {
+    for (int members : {4, 5}) {
+      // Uneven chunks; on a GPU long enough that a step's kernels overlap.
+      const std::int64_t length = members * (device().is_cuda() ? 1 << 20 : 2048) + 3;
       std::vector<std::unique_ptr<Stream>> streams;
       std::vector<const Stream*> raw;
       for (int i = 0; i < members; ++i) {
         streams.push_back(std::make_unique<Stream>(device()));
         raw.push_back(streams.back().get());
       }
-      auto buffers = make_buffers(streams, length);
-      Ring ring(raw);
-      ring.allreduce(buffers);
-      const float base = float(1000 * members * (members - 1) / 2);
+      std::vector<std::vector<float>> values;
+      for (int i = 0; i < members; ++i)
+        values.push_back(random_values(std::size_t(length), 40 + i));
+      const auto expected = fixed_order_sum(values, true);
+      // Control: the comparison sees the order of the additions (and so a missing
+      // or repeated term), not only the rough sum.
+      ASSERT_NE(fixed_order_sum(values, false), expected);
+
+      Ring ring(raw, reads);
+      std::vector<Tensor> buffers;
       for (int i = 0; i < members; ++i) {
-        const auto got = buffers[std::size_t(i)].to_host<float>(*streams[std::size_t(i)]);
-        for (std::int64_t p = 0; p < length; ++p) {
-          ASSERT_EQ(got[std::size_t(p)], base + float(members * (p % 1000)))
-              << members << " members, length " << length << ", member " << i << ", element " << p;
+        buffers.push_back(Tensor::empty({length}, *streams[std::size_t(i)]));
+      }
+      const int runs = device().is_cuda() ? 10 : 25;
+      for (int run = 0; run < runs; ++run) {
+        for (int i = 0; i < members; ++i) {
+          copy_tensor(
+              buffers[std::size_t(i)],
+              Tensor::from_host<float>(values[std::size_t(i)], {length}, *streams[std::size_t(i)]),
+              *streams[std::size_t(i)]);
+        }
+        ring.allreduce(buffers);
+        for (int i = 0; i < members; ++i) {
+          ASSERT_EQ(buffers[std::size_t(i)].to_host<float>(*streams[std::size_t(i)]), expected)
+              << reads_name(reads) << ", " << members << " members, run " << run << ", member "
+              << i;
         }
       }
     }

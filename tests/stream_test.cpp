@@ -67,6 +67,19 @@ TEST_P(StreamTest, MovedStreamsKeepWorking) {
   EXPECT_EQ(x.to_host<float>(c), std::vector<float>(5, 4.0f));
 }
 
+TEST_P(StreamTest, DestroyingAStreamWaitsForItsWorkBeforeItsHandleCanBeReused) {
+  if (device().is_cpu()) GTEST_SKIP() << "a host stream's work has finished when each call returns";
+  Event done(device());
+  {
+    Stream doomed(device());
+    Tensor x = Tensor::zeros({1 << 24}, doomed);
+    for (int i = 0; i < 50; ++i) fill(x, i, doomed);
+    done.record(doomed);
+  }  // x goes back to the cache as `doomed`'s block, then `doomed` is destroyed
+  // The allocator hands the block to no stream, which is safe only once the work is done.
+  EXPECT_TRUE(done.query());
+}
+
 TEST(Stream, DefaultStreamIsSharedPerDevice) {
   EXPECT_EQ(&default_stream(Device::cpu()), &default_stream(Device::cpu()));
   EXPECT_EQ(default_stream(Device::cpu()).device(), Device::cpu());

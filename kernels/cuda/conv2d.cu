@@ -10,10 +10,12 @@
 // A "problem" struct describes each pass: how to gather A and B (zero in the
 // padding and, for backward-data with stride > 1, where no output pixel lands)
 // and how to write the result (assign y plus bias; add to grad_x; add to
-// grad_weight). The grad_bias is a separate two-step reduction, and
-// backward-weight, whose reduction is long and whose output is small, splits
-// the reduction across blocks into a workspace that a last kernel sums in a
-// fixed order (deterministic, unlike atomics).
+// grad_weight). Backward-weight's reduction is long and its output small: when
+// its tiles leave SMs idle it is split over contiguous ranges of images into
+// partials that split_reduce (kernels/cuda/split_reduce.cuh) adds in a fixed
+// tree and accumulates into grad_weight (deterministic, unlike atomics). The
+// grad_bias sums per (channel, group of images) and reduces the groups the same
+// way.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -21,6 +23,7 @@
 #include "engine/allocator.h"
 #include "kernels/conv2d.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/split_reduce.cuh"
 
 namespace towerlab::cuda {
 
@@ -243,7 +246,7 @@ struct BackwardWeightProblem {
   __device__ Out out(int k) const { return {k * d.CRS}; }
   __device__ void store(const Out& o, int crs, float value, int split) const {
     if (partial != nullptr) {
-      partial[split * d.K * d.CRS + o.offset + crs] = value;
+      partial[std::int64_t{split} * d.K * d.CRS + o.offset + crs] = value;
     } else {
       grad_weight[o.offset + crs] += value;
     }
@@ -416,9 +419,9 @@ __global__ void __launch_bounds__(T::kThreads)
   }
 }
 
-// ---- reductions: grad_bias and the split backward-weight --------------------
+// ---- grad_bias ---------------------------------------------------------------
 
-// partial[k, g] = sum of grad_y[n,k,:,:] over the images n of group g.
+// partial[g, k] = sum of grad_y[n,k,:,:] over the images n of group g.
 __global__ void bias_partial_kernel(float* partial, const float* grad_y, int N, int K, int PQ,
                                     int images_per_group) {
   const int k = static_cast<int>(blockIdx.x), group = static_cast<int>(blockIdx.y);
@@ -428,37 +431,15 @@ __global__ void bias_partial_kernel(float* partial, const float* grad_y, int N, 
     const float* plane = grad_y + (static_cast<std::int64_t>(n) * K + k) * PQ;  // [P*Q]
     for (int i = static_cast<int>(threadIdx.x); i < PQ; i += kBlockSize) total += __ldg(plane + i);
   }
-  __shared__ float warp_sums[kBlockSize / 32];
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2)
-    total += __shfl_down_sync(0xffffffffu, total, offset);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = total;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float block_total = 0.0f;
-    for (int w = 0; w < kBlockSize / 32; ++w) block_total += warp_sums[w];
-    partial[k * gridDim.y + group] = block_total;
-  }
+  total = block_sum<kBlockSize>(total);
+  if (threadIdx.x == 0) partial[group * K + k] = total;
 }
 
-// grad_bias[k] += sum_g partial[k, g], in a fixed order.
-__global__ void bias_finish_kernel(float* grad_bias, const float* partial, int K, int groups) {
-  const int k = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (k >= K) return;
-  float total = 0.0f;
-  for (int g = 0; g < groups; ++g) total += partial[k * groups + g];
-  grad_bias[k] += total;
-}
-
-// grad_weight[i] += sum_s partial[s, i], in a fixed order.
-__global__ void split_sum_kernel(float* grad_weight, const float* partial, int count, int splits) {
-  for (int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); i < count;
-       i += static_cast<int>(gridDim.x * blockDim.x)) {
-    float total = 0.0f;
-    for (int s = 0; s < splits; ++s) total += partial[static_cast<std::int64_t>(s) * count + i];
-    grad_weight[i] += total;
-  }
-}
+// The epilogue of both split reductions: out[i] += sum (gradients accumulate).
+struct AccumulateInto {
+  float* out;
+  __device__ void operator()(std::int64_t i, float sum) const { out[i] += sum; }
+};
 
 }  // namespace
 
@@ -516,6 +497,25 @@ void launch_pixel_rows(const Problem& problem, int sms, cudaStream_t stream) {
   }
 }
 
+// How backward-weight's reduction over the N*P*Q (image, pixel) pairs is cut:
+// `splits` contiguous ranges of `images_per_split` whole images, in image order.
+struct WeightSplitPlan {
+  int splits;
+  int images_per_split;
+};
+
+// Splits so that tiles x splits is about two blocks per SM (the blocks are
+// small, 64 or 256 threads, and wait mostly on their gathers: a second block
+// per SM hides that), at most kMaxSplits, and each split at least 8 reduction
+// steps of BK long. None when the tiles alone give every SM two blocks.
+WeightSplitPlan plan_weight_split(const Dims& d, std::int64_t tiles, int bk, int sms) {
+  const std::int64_t length = std::int64_t{d.N} * d.PQ;
+  const int splits = split_count(tiles, 2 * std::int64_t{sms}, length, 8 * bk);
+  if (splits == 1) return {1, d.N};
+  const int images_per_split = ceil_div(d.N, splits);
+  return {ceil_div(d.N, images_per_split), images_per_split};  // rounding may leave fewer
+}
+
 void backward_weight(const Dims& d, float* grad_weight, const float* grad_y, const float* x,
                      int sms, const Stream& stream) {
   cudaStream_t s = native(stream);
@@ -526,31 +526,19 @@ void backward_weight(const Dims& d, float* grad_weight, const float* grad_y, con
   problem.grad_weight = grad_weight;
   problem.partial = nullptr;  // set below when the reduction is split
   problem.M = d.K, problem.Ncols = d.CRS, problem.Kred = d.N * d.PQ;
-  // Few output tiles and a long reduction: split the reduction so that each SM
-  // gets about 1024 threads' worth of blocks (four 256-thread blocks, or sixteen
-  // of the 64-thread ones that a first layer with K = 32 uses, whose time goes
-  // into loads), each split at least 8 steps long.
   auto run = [&]<class T>() {
     const std::int64_t tiles = std::int64_t{ceil_div(d.K, T::BM)} * ceil_div(d.CRS, T::BN);
-    const std::int64_t wanted_blocks = std::int64_t{sms} * std::max(4, 1024 / T::kThreads);
-    const int max_splits = std::max(1, ceil_div(problem.Kred, 8 * T::BK));
-    int splits = static_cast<int>(
-        std::clamp<std::int64_t>((wanted_blocks + tiles - 1) / tiles, 1, max_splits));
-    splits = std::min(splits, 65535);
-    // Whole BK steps per split; recompute the count so that no split is empty.
-    const int k_per_split = ceil_div(ceil_div(problem.Kred, splits), T::BK) * T::BK;
-    splits = ceil_div(problem.Kred, k_per_split);
-    if (splits == 1) {
-      launch_gemm<BackwardWeightProblem, T, false>(problem, 1, k_per_split, s);
+    const WeightSplitPlan plan = plan_weight_split(d, tiles, T::BK, sms);
+    if (plan.splits == 1) {
+      launch_gemm<BackwardWeightProblem, T, false>(problem, 1, problem.Kred, s);
       return;
     }
-    const int count = d.K * d.CRS;
-    Scratch partial(stream, static_cast<std::size_t>(splits) * count * sizeof(float));
+    const std::int64_t count = std::int64_t{d.K} * d.CRS;
+    Scratch partial(stream, static_cast<std::size_t>(plan.splits * count) * sizeof(float));
     problem.partial = partial.as<float>();
-    launch_gemm<BackwardWeightProblem, T, false>(problem, splits, k_per_split, s);
-    split_sum_kernel<<<grid_for(count, stream), kBlockSize, 0, s>>>(
-        grad_weight, partial.as<float>(), count, splits);
-    TL_CUDA_CHECK_LAUNCH();
+    launch_gemm<BackwardWeightProblem, T, false>(problem, plan.splits, plan.images_per_split * d.PQ,
+                                                 s);
+    split_reduce(partial.as<float>(), count, plan.splits, AccumulateInto{grad_weight}, stream);
   };
   if (d.K <= 32) {
     run.template operator()<Tile<32, 32, 16, 4, 4>>();
@@ -563,18 +551,16 @@ void backward_weight(const Dims& d, float* grad_weight, const float* grad_y, con
 
 void backward_bias(const Dims& d, float* grad_bias, const float* grad_y, int sms,
                    const Stream& stream) {
-  cudaStream_t s = native(stream);
-  // Enough (k, image group) blocks to keep every SM reading; one group per image at most.
-  const int groups = std::clamp(ceil_div(4 * sms, d.K), 1, d.N);
+  // Enough (k, image group) blocks to keep every SM reading; one group per image
+  // at most, and no more groups than the reduction's tree holds.
+  const int groups = std::clamp(ceil_div(4 * sms, d.K), 1, std::min(d.N, kMaxSplits));
   const int images_per_group = ceil_div(d.N, groups);
   const int used_groups = ceil_div(d.N, images_per_group);
   Scratch partial(stream, static_cast<std::size_t>(d.K) * used_groups * sizeof(float));
-  bias_partial_kernel<<<dim3(d.K, used_groups), kBlockSize, 0, s>>>(
+  bias_partial_kernel<<<dim3(d.K, used_groups), kBlockSize, 0, native(stream)>>>(
       partial.as<float>(), grad_y, d.N, d.K, d.PQ, images_per_group);
   TL_CUDA_CHECK_LAUNCH();
-  bias_finish_kernel<<<ceil_div(d.K, kBlockSize), kBlockSize, 0, s>>>(
-      grad_bias, partial.as<float>(), d.K, used_groups);
-  TL_CUDA_CHECK_LAUNCH();
+  split_reduce(partial.as<float>(), d.K, used_groups, AccumulateInto{grad_bias}, stream);
 }
 
 }  // namespace

@@ -13,9 +13,17 @@
 // ptxas for sm_90: 128 registers per thread, no spills, 16.5 KiB of shared memory
 // per block, so two blocks share an SM.
 //
+// Split-K: a product with few tiles of C and a long K (a linear layer's forward,
+// [batch,3136] x [3136,128]: one tile) would run on one SM of 132. plan_gemm cuts
+// K into splits of whole K-slices so that tiles x splits gives every SM a block;
+// each block writes its split's raw sum into a partial buffer, and split_reduce
+// (kernels/cuda/split_reduce.cuh) adds the partials in a fixed tree and applies
+// alpha and beta once. The same plan gives the same bits every run.
+//
 // Status: written without a GPU at hand. scripts/sim_matmul_kernel.sh runs the
-// kernel's text on the host (every layout, ragged edges, misaligned operands);
-// the CUDA tests and the bench against cuBLAS still have to run on a GPU.
+// kernel, the plan and the split reduction on the host (every layout, ragged
+// edges, misaligned operands, split and unsplit plans for 8 and 132 SMs); the
+// CUDA tests and the bench against cuBLAS still have to run on a GPU.
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -26,6 +34,7 @@
 #include <utility>
 
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/split_reduce.cuh"
 #include "kernels/matmul.h"
 
 namespace towerlab::cuda {
@@ -64,22 +73,41 @@ __device__ __forceinline__ Fragment load4(const float* src, int count, bool vect
   return f;
 }
 
-// Slice of op(X) for k in [k0, k0+8) and the block's 128 rows (A) or columns (B).
-// `contiguous_k` is true when X is stored with k along its rows (A without
-// transpose, B with): the thread reads 4 consecutive k of one row/column, and
-// the store to shared memory transposes. Otherwise it reads 4 consecutive
-// rows/columns of one k.
+// One launch: C = alpha * op(A) op(B) + beta * C over the K range of each block's
+// split. Block z sums k in [z * k_per_split, min(k, (z + 1) * k_per_split)) and
+// writes to c + z * split_stride (split_stride 0 and k_per_split >= k: no split).
+// vector_x says that X and its leading dimension allow 16-byte accesses.
+struct GemmParams {
+  int m, n, k;
+  float alpha;
+  const float* a;
+  std::int64_t lda;
+  const float* b;
+  std::int64_t ldb;
+  float beta;
+  float* c;
+  std::int64_t ldc;
+  int k_per_split;
+  std::int64_t split_stride;
+  bool vector_a, vector_b, vector_c;
+};
+
+// Slice of op(X) for k in [k0, k0+8) and the block's 128 rows (A) or columns (B),
+// zero at and past k_end. `contiguous_k` is true when X is stored with k along
+// its rows (A without transpose, B with): the thread reads 4 consecutive k of one
+// row/column, and the store to shared memory transposes. Otherwise it reads 4
+// consecutive rows/columns of one k.
 template <bool kContiguousK>
-__device__ __forceinline__ Fragment load_slice(const float* x, std::int64_t ld, int extent, int k,
-                                               int base, int k0, bool vector) {
+__device__ __forceinline__ Fragment load_slice(const float* x, std::int64_t ld, int extent,
+                                               int k_end, int base, int k0, bool vector) {
   const int t = threadIdx.x;
   if constexpr (kContiguousK) {
     const int r = base + t / 2, p = k0 + (t % 2) * 4;
-    const int count = r < extent ? k - p : 0;
+    const int count = r < extent ? k_end - p : 0;
     return load4(x + static_cast<std::int64_t>(r) * ld + p, count, vector);
   } else {
     const int p = k0 + t / 32, r = base + (t % 32) * 4;
-    const int count = p < k ? extent - r : 0;
+    const int count = p < k_end ? extent - r : 0;
     return load4(x + static_cast<std::int64_t>(p) * ld + r, count, vector);
   }
 }
@@ -96,36 +124,38 @@ __device__ __forceinline__ void store_slice(float (*slice)[kTileM + kPad], const
   }
 }
 
-// C[m0:m0+128, n0:n0+128] = alpha * op(A) op(B) + beta * C for one block.
-// Thread (ty, tx) of 16x16 owns rows ty*4 + {0..3, 64..67} and columns
-// tx*4 + {0..3, 64..67}: split in two halves so that a warp's float4 reads of a
-// shared slice cover contiguous addresses.
+// C[m0:m0+128, n0:n0+128] = alpha * op(A) op(B) + beta * C for one block and its
+// split of K. Thread (ty, tx) of 16x16 owns rows ty*4 + {0..3, 64..67} and
+// columns tx*4 + {0..3, 64..67}: split in two halves so that a warp's float4
+// reads of a shared slice cover contiguous addresses.
 template <bool kTransposeA, bool kTransposeB>
-__global__ void __launch_bounds__(kGemmThreads, 2)
-    gemm_kernel(int m, int n, int k, float alpha, const float* __restrict__ a, std::int64_t lda,
-                const float* __restrict__ b, std::int64_t ldb, float beta, float* __restrict__ c,
-                std::int64_t ldc, bool vector_a, bool vector_b, bool vector_c) {
+__global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(const GemmParams p) {
   __shared__ __align__(16) float slice_a[2][kTileK][kTileM + kPad];  // [k][m]
   __shared__ __align__(16) float slice_b[2][kTileK][kTileN + kPad];  // [k][n]
   constexpr bool kAContiguousK = !kTransposeA;                       // A [M,K]: k runs along rows
   constexpr bool kBContiguousK = kTransposeB;                        // B [N,K]: k runs along rows
   const int m0 = blockIdx.y * kTileM, n0 = blockIdx.x * kTileN;
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  // An empty split (k_begin >= k) loads only zeros and stores a zero partial.
+  const int k_begin = blockIdx.z * p.k_per_split;
+  const int k_end = k_begin + max(0, min(p.k_per_split, p.k - k_begin));
+  float* c = p.c + blockIdx.z * p.split_stride;
 
   float acc[8][8] = {};
-  Fragment next_a = load_slice<kAContiguousK>(a, lda, m, k, m0, 0, vector_a);
-  Fragment next_b = load_slice<kBContiguousK>(b, ldb, n, k, n0, 0, vector_b);
+  Fragment next_a = load_slice<kAContiguousK>(p.a, p.lda, p.m, k_end, m0, k_begin, p.vector_a);
+  Fragment next_b = load_slice<kBContiguousK>(p.b, p.ldb, p.n, k_end, n0, k_begin, p.vector_b);
   store_slice<kAContiguousK>(slice_a[0], next_a);
   store_slice<kBContiguousK>(slice_b[0], next_b);
   __syncthreads();
 
-  const int steps = (k + kTileK - 1) / kTileK;
+  const int steps = (k_end - k_begin + kTileK - 1) / kTileK;
   for (int step = 0; step < steps; ++step) {
     const int buf = step & 1;
     const bool more = step + 1 < steps;
     if (more) {  // global loads in flight while this step computes
-      next_a = load_slice<kAContiguousK>(a, lda, m, k, m0, (step + 1) * kTileK, vector_a);
-      next_b = load_slice<kBContiguousK>(b, ldb, n, k, n0, (step + 1) * kTileK, vector_b);
+      const int k0 = k_begin + (step + 1) * kTileK;
+      next_a = load_slice<kAContiguousK>(p.a, p.lda, p.m, k_end, m0, k0, p.vector_a);
+      next_b = load_slice<kBContiguousK>(p.b, p.ldb, p.n, k_end, n0, k0, p.vector_b);
     }
 #pragma unroll
     for (int kk = 0; kk < kTileK; ++kk) {
@@ -153,16 +183,17 @@ __global__ void __launch_bounds__(kGemmThreads, 2)
     __syncthreads();
   }
 
+  const float alpha = p.alpha, beta = p.beta;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int row = m0 + ty * 4 + (i % 4) + (i / 4) * 64;
-    if (row >= m) continue;
+    if (row >= p.m) continue;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int col = n0 + tx * 4 + half * 64;
-      float* out = c + static_cast<std::int64_t>(row) * ldc + col;
+      float* out = c + static_cast<std::int64_t>(row) * p.ldc + col;
       const float* v = &acc[i][half * 4];
-      if (vector_c && col + 4 <= n) {
+      if (p.vector_c && col + 4 <= p.n) {
         float4 r = make_float4(alpha * v[0], alpha * v[1], alpha * v[2], alpha * v[3]);
         if (beta != 0.0f) {  // beta == 0 must not read C (it may hold NaN)
           const float4 old = *reinterpret_cast<const float4*>(out);
@@ -172,33 +203,93 @@ __global__ void __launch_bounds__(kGemmThreads, 2)
       } else {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          if (col + e < n) out[e] = beta == 0.0f ? alpha * v[e] : alpha * v[e] + beta * out[e];
+          if (col + e < p.n) out[e] = beta == 0.0f ? alpha * v[e] : alpha * v[e] + beta * out[e];
         }
       }
     }
   }
 }
 
+// The split-K epilogue: C[i / n, i % n] = alpha * sum + beta * C, where sum is
+// element i of op(A) op(B) [M,N] added up from the partials. The same formula
+// as the kernel's own epilogue; C is not read when beta == 0.
+struct GemmSplitEpilogue {
+  float* c;
+  std::int64_t ldc;
+  int n;
+  float alpha, beta;
+  __device__ void operator()(std::int64_t i, float sum) const {
+    float* out = c + (i / n) * ldc + i % n;
+    *out = beta == 0.0f ? alpha * sum : alpha * sum + beta * *out;
+  }
+};
+
+// How a product is cut along K: `splits` ranges of k_per_split (a multiple of
+// kTileK, so that every split's slices start where the unsplit kernel's would:
+// 16-byte aligned). splits == 1 runs the kernel alone, epilogue in place.
+struct GemmPlan {
+  int splits;
+  int k_per_split;
+};
+
+// Each split keeps at least 8 K-slices: the double-buffered loop reaches its
+// stride, and the split's 64 KiB partial tile costs far less than its
+// 128x128x64 FMAs.
+constexpr int kMinSplitK = 64;
+
+// Splits so that tiles x splits is about one block per SM (ceil rounding can
+// reach two, which the kernel's two resident blocks per SM still run as one
+// wave); none when the tiles already give every SM a block. A pure function of
+// the shape and the SM count: the simulator plans for 8 and 132 SMs with it.
+GemmPlan plan_gemm(int m, int n, int k, int sms) {
+  const std::int64_t tiles = std::int64_t{(m + kTileM - 1) / kTileM} * ((n + kTileN - 1) / kTileN);
+  const int splits = split_count(tiles, sms, k, kMinSplitK);
+  if (splits == 1) return {1, k};
+  const int k_per_split = ((k + splits - 1) / splits + kTileK - 1) / kTileK * kTileK;
+  return {(k + k_per_split - 1) / k_per_split, k_per_split};  // rounding may leave fewer
+}
+
 bool aligned16(const void* p, std::int64_t ld) {
   return reinterpret_cast<std::uintptr_t>(p) % 16 == 0 && ld % 4 == 0;
 }
 
-void gemm_towerlab(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,
-                   const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
-                   float* c, std::int64_t ldc, cudaStream_t stream) {
-  const dim3 grid((n + kTileN - 1) / kTileN, (m + kTileM - 1) / kTileM);
+// Runs `product` (everything up to ldc set) with `plan`: in place, or split into
+// scratch partials [splits, M, N] that split_reduce adds into C.
+void gemm_towerlab(bool transpose_a, bool transpose_b, GemmParams product, const GemmPlan& plan,
+                   const Stream& stream) {
+  TL_CHECK(plan.splits == 1 ||
+               (plan.splits > 1 && plan.splits <= kMaxSplits && plan.k_per_split % kTileK == 0 &&
+                std::int64_t{plan.splits} * plan.k_per_split >= product.k),
+           InvalidArgument,
+           "gemm: split plan of " << plan.splits << " x " << plan.k_per_split
+                                  << " does not cover K = " << product.k << " in whole K-slices");
+  const dim3 grid((product.n + kTileN - 1) / kTileN, (product.m + kTileM - 1) / kTileM,
+                  plan.splits);
   TL_CHECK(grid.y <= 65535, InvalidArgument,
-           "gemm: M = " << m << " needs more than 65535 row tiles; split the product");
-  const bool va = aligned16(a, lda), vb = aligned16(b, ldb), vc = aligned16(c, ldc);
-#define TL_GEMM_LAUNCH(TA, TB)                                                                    \
-  gemm_kernel<TA, TB><<<grid, kGemmThreads, 0, stream>>>(m, n, k, alpha, a, lda, b, ldb, beta, c, \
-                                                         ldc, va, vb, vc)
-  if (!transpose_a && !transpose_b) TL_GEMM_LAUNCH(false, false);
-  if (!transpose_a && transpose_b) TL_GEMM_LAUNCH(false, true);
-  if (transpose_a && !transpose_b) TL_GEMM_LAUNCH(true, false);
-  if (transpose_a && transpose_b) TL_GEMM_LAUNCH(true, true);
-#undef TL_GEMM_LAUNCH
+           "gemm: M = " << product.m << " needs more than 65535 row tiles; split the product");
+  cudaStream_t s = native(stream);
+  using Kernel = void (*)(GemmParams);
+  const Kernel kernel = transpose_a
+                            ? (transpose_b ? gemm_kernel<true, true> : gemm_kernel<true, false>)
+                            : (transpose_b ? gemm_kernel<false, true> : gemm_kernel<false, false>);
+  GemmParams p = product;
+  p.vector_a = aligned16(p.a, p.lda), p.vector_b = aligned16(p.b, p.ldb);
+  if (plan.splits == 1) {
+    p.k_per_split = p.k, p.split_stride = 0, p.vector_c = aligned16(p.c, p.ldc);
+    kernel<<<grid, kGemmThreads, 0, s>>>(p);
+    TL_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const std::int64_t count = std::int64_t{p.m} * p.n;
+  Scratch partial(stream, static_cast<std::size_t>(plan.splits * count) * sizeof(float));
+  p.alpha = 1.0f, p.beta = 0.0f;  // partials hold the raw sums; the reduction scales them
+  p.c = partial.as<float>(), p.ldc = p.n, p.vector_c = aligned16(p.c, p.ldc);
+  p.k_per_split = plan.k_per_split, p.split_stride = count;
+  kernel<<<grid, kGemmThreads, 0, s>>>(p);
   TL_CUDA_CHECK_LAUNCH();
+  split_reduce(partial.as<float>(), count, plan.splits,
+               GemmSplitEpilogue{product.c, product.ldc, product.n, product.alpha, product.beta},
+               stream);
 }
 
 // ---------------------------------------------------------------------------
@@ -265,10 +356,14 @@ void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, st
     gemm_cublas(transpose_a, transpose_b, static_cast<int>(m), static_cast<int>(n),
                 static_cast<int>(k), alpha, a, lda, b, ldb, beta, c, ldc, stream.device().index,
                 native(stream));
-  } else {
-    gemm_towerlab(transpose_a, transpose_b, static_cast<int>(m), static_cast<int>(n),
-                  static_cast<int>(k), alpha, a, lda, b, ldb, beta, c, ldc, native(stream));
+    return;
   }
+  GemmParams product{};
+  product.m = static_cast<int>(m), product.n = static_cast<int>(n), product.k = static_cast<int>(k);
+  product.alpha = alpha, product.a = a, product.lda = lda, product.b = b, product.ldb = ldb;
+  product.beta = beta, product.c = c, product.ldc = ldc;
+  const GemmPlan plan = plan_gemm(product.m, product.n, product.k, sm_count(stream.device().index));
+  gemm_towerlab(transpose_a, transpose_b, product, plan, stream);
 }
 
 }  // namespace towerlab::cuda

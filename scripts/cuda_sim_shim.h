@@ -1,7 +1,11 @@
-// Host emulation of the CUDA features kernels/cuda/conv2d.cu uses, for
+// Host emulation of the CUDA features and launch.cuh helpers that the GEMM and
+// conv2d kernels use, for scripts/sim_matmul_kernel.sh and
 // scripts/sim_conv2d_kernels.sh: one std::thread per CUDA thread, a std::barrier
 // for __syncthreads, blocks run one after another (so a function-static array
-// is the block's shared memory), warp shuffles through a shared buffer.
+// is the block's shared memory), warp shuffles through a shared buffer. Every
+// launch's grid is logged (sim_grids) and a test may hook in after each launch
+// (sim_after_launch) and reach the newest scratch buffer (sim_last_scratch), to
+// see which plan ran and to tamper with partial sums in control cases.
 #pragma once
 #include <algorithm>
 #include <barrier>
@@ -9,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 #include "engine/allocator.h"
@@ -31,18 +36,23 @@ inline float sim_xchg[1024];
 #define __host__
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
+#define __forceinline__ inline
 inline void __syncthreads() {
   sim_barrier->arrive_and_wait();
 }
 inline unsigned __umulhi(unsigned a, unsigned b) {
   return unsigned((uint64_t(a) * b) >> 32);
 }
-inline float __ldg(const float* p) {
+template <typename T>
+T __ldg(const T* p) {
   return *p;
 }
 inline int min(int a, int b) {
   return a < b ? a : b;
+}
+inline int max(int a, int b) {
+  return a > b ? a : b;
 }
 struct float4 {
   float x, y, z, w;
@@ -77,12 +87,16 @@ namespace towerlab::simcuda {
 inline cudaStream_t native(const Stream& s) {
   return s.native_handle();
 }
+inline void* sim_last_scratch = nullptr;
+inline std::size_t sim_last_scratch_bytes = 0;
 // launch.cuh's Scratch, over the host allocator of the simulated stream's device.
 class Scratch {
  public:
   Scratch(const Stream& stream, std::size_t bytes)
       : allocator_(device_allocator(stream.device())),
-        ptr_(allocator_.allocate(bytes, native(stream))) {}
+        ptr_(allocator_.allocate(bytes, native(stream))) {
+    sim_last_scratch = ptr_, sim_last_scratch_bytes = bytes;
+  }
   ~Scratch() { allocator_.deallocate(ptr_); }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
@@ -96,11 +110,19 @@ class Scratch {
   void* ptr_;
 };
 constexpr int kBlockSize = 256;
-inline unsigned grid_for(std::int64_t n, int block = kBlockSize) {
+inline int sm_count(int) {
+  return sim_sms;
+}
+// Two blocks per SM where launch.cuh gives 32: every kernel launched with it is
+// a grid-stride loop, which fewer blocks check as well (each thread takes
+// several elements) with a sixteenth of the host threads.
+inline unsigned grid_for(std::int64_t n, const Stream&, int block = kBlockSize) {
   const std::int64_t wanted = (n + block - 1) / block;
-  return static_cast<unsigned>(std::clamp<std::int64_t>(wanted, 1, 132 * 32));
+  return static_cast<unsigned>(std::clamp<std::int64_t>(wanted, 1, std::int64_t{2} * sim_sms));
 }
 extern long sim_blocks_run;
+inline std::vector<sim_dim3> sim_grids;                    // every launch's grid, in order
+inline std::function<void(std::size_t)> sim_after_launch;  // called with the launch's index
 template <class F, class... Args>
 void sim_launch(F kernel, dim3 grid, unsigned block, Args... args) {
   gridDim = {grid.x, grid.y, grid.z};
@@ -120,5 +142,7 @@ void sim_launch(F kernel, dim3 grid, unsigned block, Args... args) {
         for (auto& th : threads) th.join();
         ++sim_blocks_run;
       }
+  sim_grids.push_back({grid.x, grid.y, grid.z});
+  if (sim_after_launch) sim_after_launch(sim_grids.size() - 1);
 }
 }  // namespace towerlab::simcuda
