@@ -35,7 +35,7 @@ run_preset tsan -R 'Trainer|Ring|NumericGuard|Determinism|ThreadPool|Concurrency
 # barriers and warp-synchronous code under AddressSanitizer and ThreadSanitizer,
 # compared with the CPU backend (each script's header says what it proves, and what not).
 echo "== host simulators of the CUDA kernels"
-time bash scripts/sim_matmul_kernel.sh
+time bash scripts/sim_matmul_kernel.sh build/release
 time bash scripts/sim_conv2d_kernels.sh build/release
 time bash scripts/sim_kernels.sh build/cpu
 
