@@ -2,7 +2,8 @@
 # Builds and runs every test: the default build (CUDA when nvcc is found; CUDA
 # cases skip without a GPU), the CPU-only build, the CPU-only build under
 # AddressSanitizer + UndefinedBehaviorSanitizer (LeakSanitizer included; any report
-# fails the test), the threaded tests under ThreadSanitizer, each libFuzzer target
+# fails the test), the threaded tests under ThreadSanitizer, the host simulators of
+# the CUDA kernels (scripts/sim_*.sh), each libFuzzer target
 # for a short run, and a program that embeds towerlab through find_package() and
 # through add_subdirectory().
 # Usage: scripts/test.sh [--quick]   (--quick: the default build's tests only)
@@ -29,6 +30,14 @@ run_preset asan
 # the test exit non-zero (halt_on_error), which fails it.
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
 run_preset tsan -R 'Trainer|Ring|NumericGuard|Determinism|ThreadPool|Concurrency|MatmulCpu|BadInput'
+
+# The CUDA kernels on the host, for machines without a GPU: indexing, edge guards,
+# barriers and warp-synchronous code under AddressSanitizer and ThreadSanitizer,
+# compared with the CPU backend (each script's header says what it proves, and what not).
+echo "== host simulators of the CUDA kernels"
+time bash scripts/sim_matmul_kernel.sh build/release
+time bash scripts/sim_conv2d_kernels.sh build/release
+time bash scripts/sim_kernels.sh build/cpu
 
 echo "== fuzz: every target for 30 s from its seed corpus and regression inputs"
 bash scripts/fuzz.sh 30
