@@ -69,6 +69,36 @@ inline float __shfl_down_sync(unsigned, float v, int offset) {
   __syncthreads();
   return r;
 }
+// The lane-0 result of launch.cuh's warp_sum: the xor butterfly over 32 values.
+inline float sim_butterfly(float* v) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    float next[32];
+    for (int lane = 0; lane < 32; ++lane) next[lane] = v[lane] + v[lane ^ offset];
+    std::copy(next, next + 32, v);
+  }
+  return v[0];
+}
+// launch.cuh's block_sum, the same tree (each warp's butterfly, then warp 0's over
+// the warp sums), computed by thread 0 from the shared exchange buffer.
+template <int kBlock, typename V>
+V block_sum(V v) {
+  static_assert(kBlock % 32 == 0 && kBlock <= 1024);
+  const int t = int(threadIdx.x);
+  sim_xchg[t] = v;
+  __syncthreads();
+  V result = V(0);
+  if (t == 0) {
+    float warp_sums[32] = {};
+    for (int w = 0; w < kBlock / 32; ++w) {
+      float lanes[32];
+      std::copy(sim_xchg + 32 * w, sim_xchg + 32 * w + 32, lanes);
+      warp_sums[w] = sim_butterfly(lanes);
+    }
+    result = sim_butterfly(warp_sums);
+  }
+  __syncthreads();
+  return result;
+}
 typedef void* cudaStream_t;
 enum { cudaDevAttrMultiProcessorCount = 16 };
 extern int sim_sms;
