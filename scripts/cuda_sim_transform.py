@@ -10,21 +10,13 @@ kernel<<<grid, block, ...>>>(args) becomes sim_launch(kernel, grid, block, args)
 --stop-at cuts the file at MARKER (host-library code the simulator cannot
 build, such as cuBLAS) and closes the anonymous and towerlab::simcuda namespaces.
 """
+import os
 import re
 import sys
 
-
-def split_top(s):  # split launch arguments at top-level commas
-    out, depth, cur = [], 0, ""
-    for ch in s:
-        depth += ch in "(<"
-        depth -= ch in ")>"
-        if ch == "," and depth == 0:
-            out.append(cur.strip())
-            cur = ""
-        else:
-            cur += ch
-    return out + [cur.strip()]
+# One parser of launch configurations for both simulators.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_sim"))
+from rewrite import split_top  # noqa: E402
 
 
 def launch(m):
