@@ -112,7 +112,7 @@ void config(const std::uint8_t* data, std::size_t size) {
   std::cerr.rdbuf(err);
   std::cout.rdbuf(out);
   if (!code) {  // accepted: the values are in range
-    require(options.epochs >= 0 && options.batch > 0 && options.lr > 0 && options.steps >= 0,
+    require(options.epochs > 0 && options.batch > 0 && options.lr > 0 && options.steps >= 0,
             "an accepted config has values in range");
   }
 }
