@@ -63,12 +63,21 @@ void compare(const char* what, const char* name, const std::vector<float>& a,
   failures += mismatches(what, name, a, b, atol) != 0;
 }
 
+// A case's shapes: x [N,C,H,W], weight [K,C,R,S], y [N,K,P,Q], and the kernels' view of them.
+struct Shapes {
+  Shape x, w, y;
+  Conv2dShape conv;
+};
+Shapes shapes_of(const Case& c) {
+  Shape xs{c.N, c.C, c.H, c.W}, ws{c.K, c.C, c.R, c.S};
+  Shape ys = conv2d_output_shape(xs, ws, c.p);
+  return {xs, ws, ys, Conv2dShape{c.N, c.C, c.H, c.W, c.K, c.R, c.S, ys[2], ys[3], c.p}};
+}
+
 // Every pass of one case against the CPU backend.
 void all_passes(const Case& c, unsigned& seed) {
   Stream& cpu = default_stream(Device::cpu());
-  Shape xs{c.N, c.C, c.H, c.W}, ws{c.K, c.C, c.R, c.S};
-  Shape ys = conv2d_output_shape(xs, ws, c.p);
-  Conv2dShape sh{c.N, c.C, c.H, c.W, c.K, c.R, c.S, ys[2], ys[3], c.p};
+  const auto [xs, ws, ys, sh] = shapes_of(c);
   Tensor x = Tensor::from_host<float>(rnd(numel_of(xs), ++seed), xs, cpu);
   Tensor w = Tensor::from_host<float>(rnd(numel_of(ws), ++seed), ws, cpu);
   Tensor b = c.bias ? Tensor::from_host<float>(rnd(c.K, ++seed), {c.K}, cpu) : Tensor();
@@ -95,9 +104,7 @@ void all_passes(const Case& c, unsigned& seed) {
 void backward_weight_checks(const Case& c, unsigned& seed) {
   using simcuda::sim_grids;
   Stream& cpu = default_stream(Device::cpu());
-  Shape xs{c.N, c.C, c.H, c.W}, ws{c.K, c.C, c.R, c.S};
-  Shape ys = conv2d_output_shape(xs, ws, c.p);
-  Conv2dShape sh{c.N, c.C, c.H, c.W, c.K, c.R, c.S, ys[2], ys[3], c.p};
+  const auto [xs, ws, ys, sh] = shapes_of(c);
   Tensor x = Tensor::from_host<float>(rnd(numel_of(xs), ++seed), xs, cpu);
   Tensor w = Tensor::from_host<float>(rnd(numel_of(ws), ++seed), ws, cpu);
   Tensor gy = Tensor::from_host<float>(rnd(numel_of(ys), ++seed), ys, cpu);
