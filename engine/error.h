@@ -73,6 +73,14 @@ class NotSupported : public Error {
   using Error::Error;
 };
 
+// A collective between processes could not complete: a peer died, stalled past
+// the deadline, or disagreed (parallel/process_group.h). The message names the
+// peer and the call.
+class CommunicationError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Rethrows the exception being handled with `context` put before its message and
 // its type kept (a towerlab error stays the same subclass; anything else is
 // rethrown unchanged). Call it only inside a catch block. The trainer uses it to

@@ -1,0 +1,50 @@
+// The processes that train one model together, and the collectives a Trainer
+// needs between them.
+//
+// Inside a process a Trainer reduces its towers' gradients with the ring
+// (parallel/ring_allreduce.h). Across processes it makes one more call per step
+// on a ProcessGroup: the rank-local sums travel in one all-reduce, and every
+// process then applies the same update. A Trainer without a ProcessGroup is one
+// process, as before.
+//
+// Contract of every implementation:
+//  - Every process of the group makes the same calls in the same order with the
+//    same sizes; `what` names the call ("step 12: gradients") for error messages.
+//  - allreduce_sum leaves the same bits on every process, run after run, for a
+//    fixed group size: each element is summed in one fixed order and the result
+//    is distributed, never re-summed per process.
+//  - A call that cannot complete (a process died, stalled past the deadline, or
+//    reported an error) throws CommunicationError naming the peer and `what`, on
+//    every process that notices; none waits forever.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/error.h"
+
+namespace towerlab {
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+
+  virtual int rank() const = 0;        // 0 .. size()-1
+  virtual int size() const = 0;        // processes in the group, >= 1
+  virtual int local_rank() const = 0;  // index among the processes of this host
+
+  // values[i] = sum over processes of values[i], the same bits on every process.
+  virtual void allreduce_sum(std::span<float> values, std::string_view what) = 0;
+  virtual void allreduce_sum(std::span<double> values, std::string_view what) = 0;
+
+  // Copies root's bytes into every process's `bytes` (same size everywhere).
+  virtual void broadcast(std::span<std::byte> bytes, int root, std::string_view what) = 0;
+
+  // Every process's `mine`, in rank order (sizes may differ).
+  virtual std::vector<std::string> allgather(std::string_view mine, std::string_view what) = 0;
+};
+
+}  // namespace towerlab
