@@ -153,18 +153,31 @@ void Ring::allreduce(const std::vector<Tensor>& buffers, Trace* trace, int first
   }
 }
 
-void Ring::reduce_to_one(const std::vector<Tensor>& buffers, std::size_t root) {
-  const std::size_t n = streams_.size();
-  TL_CHECK(
-      buffers.size() == n && root < n, InvalidArgument,
-      "reduce_to_one: " << buffers.size() << " buffers for " << n << " members, root " << root);
+void reduce_and_broadcast(const std::vector<const Stream*>& streams,
+                          const std::vector<Tensor>& buffers, std::size_t root) {
+  const std::size_t n = streams.size();
+  TL_CHECK(n > 0 && buffers.size() == n && root < n, InvalidArgument,
+           "reduce_and_broadcast: " << buffers.size() << " buffers for " << n << " streams, root "
+                                    << root);
+  for (std::size_t i = 0; i < n; ++i) {
+    TL_CHECK(buffers[i].shape() == buffers[root].shape() && buffers[i].dtype() == DType::Float32 &&
+                 buffers[i].device() == streams[i]->device(),
+             ShapeError,
+             "reduce_and_broadcast: member " << i << " has " << buffers[i].describe()
+                                             << ", expected float32" << buffers[root].shape_str()
+                                             << " on " << streams[i]->device().str());
+  }
   if (n == 1) return;
-  const Stream& root_stream = *streams_[root];
-  for (std::size_t i = 0; i < n; ++i) done_[i].record(*streams_[i]);
+  const Stream& root_stream = *streams[root];
+  std::vector<Event> done;
+  for (std::size_t i = 0; i < n; ++i) {
+    done.emplace_back(streams[i]->device());
+    done[i].record(*streams[i]);
+  }
   Tensor sum = Tensor::zeros(buffers[root].shape(), root_stream);
   Tensor received = Tensor::empty(buffers[root].shape(), root_stream);
   for (std::size_t i = 0; i < n; ++i) {
-    root_stream.wait(done_[i]);
+    root_stream.wait(done[i]);
     if (i == root) {
       add(sum, sum, buffers[i], root_stream);
     } else {
@@ -173,14 +186,14 @@ void Ring::reduce_to_one(const std::vector<Tensor>& buffers, std::size_t root) {
     }
   }
   copy_tensor(buffers[root], sum, root_stream);
-  done_[root].record(root_stream);
+  done[root].record(root_stream);
   for (std::size_t i = 0; i < n; ++i) {
     if (i == root) continue;
-    streams_[i]->wait(done_[root]);
-    copy_tensor(buffers[i], buffers[root], *streams_[i]);
+    streams[i]->wait(done[root]);
+    copy_tensor(buffers[i], buffers[root], *streams[i]);
   }
-  for (std::size_t i = 0; i < n; ++i) done_[i].record(*streams_[i]);
-  for (std::size_t i = 0; i < n; ++i) root_stream.wait(done_[i]);
+  for (std::size_t i = 0; i < n; ++i) done[i].record(*streams[i]);
+  for (std::size_t i = 0; i < n; ++i) root_stream.wait(done[i]);
 }
 
 }  // namespace towerlab

@@ -76,10 +76,6 @@ class Ring {
   // with the step's chunk index and the bytes it moves into member i.
   void allreduce(const std::vector<Tensor>& buffers, Trace* trace = nullptr, int first_row = 0);
 
-  // The seeds' reduction, for comparison: every buffer is copied to member `root`,
-  // summed there in member order, and the sum copied back to every member.
-  void reduce_to_one(const std::vector<Tensor>& buffers, std::size_t root = 0);
-
   std::size_t size() const { return streams_.size(); }
 
  private:
@@ -90,6 +86,15 @@ class Ring {
   bool all_host_ = true;
   std::unique_ptr<ThreadTeam> team_;  // one thread per member when every member is on the host
 };
+
+// The seeds' reduction, for comparison with the ring (no ring: one member does all
+// the adding): every buffer is copied to member `root`, summed there in member
+// order, and the sum copied back to every member. buffers[i] (float32, one shape)
+// is on streams[i]'s device; every stream may use its buffer when it returns, as
+// after Ring::allreduce. A root copies 2(n-1) buffers where a ring member moves
+// 2(n-1)/n of one.
+void reduce_and_broadcast(const std::vector<const Stream*>& streams,
+                          const std::vector<Tensor>& buffers, std::size_t root = 0);
 
 // [begin, end) of chunk k of n over length L: balanced, sizes differ by at most one.
 std::pair<std::int64_t, std::int64_t> ring_chunk(std::int64_t length, std::int64_t n,

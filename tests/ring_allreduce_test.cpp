@@ -2,7 +2,7 @@
 // virtual CPU devices (and virtual CUDA devices where a GPU is), reading the
 // sender's chunks in place and through a receive buffer, its determinism and its
 // ordering (bit-equality with the fixed-order sum, run after run), the seeds'
-// reduction to one device, and the batch split.
+// reduction to one device and broadcast, and the batch split.
 #include "parallel/ring_allreduce.h"
 
 #include <nlohmann/json.hpp>
@@ -162,7 +162,7 @@ TEST_P(RingTest, ResultIsTheSameBitsEveryRunAndInEveryMember) {
   }
 }
 
-TEST_P(RingTest, ReduceToOneAgreesWithTheRing) {
+TEST_P(RingTest, ReduceAndBroadcastAgreesWithTheRing) {
   const int members = 3;
   std::vector<std::unique_ptr<Stream>> streams;
   std::vector<const Stream*> raw;
@@ -174,7 +174,7 @@ TEST_P(RingTest, ReduceToOneAgreesWithTheRing) {
   auto b = make_buffers(streams, 999);
   Ring ring(raw);
   ring.allreduce(a);
-  ring.reduce_to_one(b, 1);
+  reduce_and_broadcast(raw, b, 1);
   for (int i = 0; i < members; ++i) {
     EXPECT_EQ(a[std::size_t(i)].to_host<float>(*streams[std::size_t(i)]),
               b[std::size_t(i)].to_host<float>(*streams[std::size_t(i)]));
@@ -218,6 +218,10 @@ TEST_P(RingTest, MismatchedBuffersAreRejected) {
                     "member 1 has float32[5]");
   EXPECT_THROW_WITH(ring.allreduce({Tensor::zeros({4}, a)}), InvalidArgument,
                     "1 buffers for 2 members");
+  EXPECT_THROW_WITH(reduce_and_broadcast({&a, &b}, {Tensor::zeros({4}, a), Tensor::zeros({5}, b)}),
+                    ShapeError, "reduce_and_broadcast: member 1 has float32[5]");
+  EXPECT_THROW_WITH(reduce_and_broadcast({&a, &b}, {Tensor::zeros({4}, a)}), InvalidArgument,
+                    "1 buffers for 2 streams");
 }
 
 TEST(Ring, ChunksCoverTheBufferInBalancedPieces) {
