@@ -4,7 +4,7 @@
 
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/relu.h"
+#include "kernels/cpu/relu.h"
 
 namespace towerlab::cpu {
 

@@ -1,0 +1,13 @@
+// CPU backend entry points of ReLU (contracts in kernels/relu.h), called by its
+// dispatch once the arguments are checked. Internal: not installed, not included
+// by towerlab.h.
+#pragma once
+
+#include "engine/tensor.h"
+
+namespace towerlab::cpu {
+
+void relu_forward(const Tensor& y, const Tensor& x);
+void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y);
+
+}  // namespace towerlab::cpu
