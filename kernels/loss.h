@@ -47,11 +47,12 @@
 // softmax_cross_entropy_backward_from_probs(grad_logits, grad_loss, probs, labels, reduction)
 //   The same gradient from the forward's probs: with them the loss and its gradient
 //   cost one pass over the logits (the exps are not taken twice), which is what the
-//   autograd op does. On CUDA the values are those of the recomputing backward, bit
-//   for bit (it computes each probability with the same float expression); on the
-//   CPU they are for float64, and for float32 each differs from it by at most
-//   |grad_loss * r| * 2^-24 plus one rounding of the result (probs holds each
-//   probability rounded to float, where the recomputing backward keeps it in double).
+//   autograd op does. CUDA's forward writes each probability with the float
+//   expression its recomputing backward uses, so the two agree to float rounding.
+//   On the CPU they agree bit for bit in float64; in float32 each value differs by
+//   at most |grad_loss * r| * 2^-24 plus one rounding of the result (probs holds
+//   each probability rounded to float, where the recomputing backward keeps it in
+//   double).
 //
 // Labels out of range (negative, >= K, not integral, NaN):
 //   CPU:  the forward and the backward throw InvalidArgument naming the row, the
