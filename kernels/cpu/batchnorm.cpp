@@ -18,6 +18,7 @@
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/per_channel.h"
+#include "kernels/cpu/relu.h"
 
 namespace towerlab::cpu {
 
@@ -37,7 +38,7 @@ T clamp(T v) {
 template <bool Relu, typename T>
 T masked(T grad_y, const T* y, std::int64_t i) {
   if constexpr (Relu) {
-    return y[i] > T(0) ? grad_y : T(0);
+    return relu_mask(grad_y, y[i]);
   } else {
     return grad_y;
   }

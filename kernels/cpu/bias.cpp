@@ -8,6 +8,7 @@
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/per_channel.h"
+#include "kernels/cpu/relu.h"
 
 namespace towerlab::cpu {
 
@@ -82,7 +83,7 @@ void bias_add_relu_backward(const Tensor& grad_x, const Tensor& grad_bias, const
         for (std::int64_t n = 0; n < N; ++n) {
           const std::int64_t base = (n * C + c) * S;
           sum += sum_over(S, [&](std::int64_t s) {
-            const T g = out[base + s] > T(0) ? gy[base + s] : T(0);
+            const T g = relu_mask(gy[base + s], out[base + s]);
             if (gx != nullptr) gx[base + s] += g;
             return static_cast<double>(g);
           });
