@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Renders a towerlab Chrome trace (Trainer::set_trace, fashion_mnist --trace) as a
 PNG timeline: for each tower a lane of its layers (forward solid, backward
-hatched, one colour per layer) and a lane of its ring steps (reduce-scatter and
-all-gather, each labelled with its chunk), and a lane for the master's update.
-Dashed lines mark where each traced step starts.
+hatched, one colour per layer) and a lane for the master's update, dashed lines
+where each traced step starts; below, a zoom on the first traced step's ring (a
+lane per member: reduce-scatter and all-gather, each labelled with its chunk),
+too short to see beside the layers.
 
     python3 scripts/trace_png.py step.json docs/img/trace.png [--title TEXT]
 
@@ -56,49 +57,56 @@ def layer_colours(spans):
     return {name: palette[i % len(palette)] for i, name in enumerate(order)}
 
 
+def draw_ring(ax, spans, lanes, origin_ms):
+    """Ring steps on their members' lanes, labelled with their chunk."""
+    index = {key: i for i, key in enumerate(lanes)}
+    end_ms = max(s["ts"] + s["dur"] for s in spans) / 1000.0 - origin_ms
+    for s in spans:
+        x, w = s["ts"] / 1000.0 - origin_ms, s["dur"] / 1000.0
+        if s.get("cat") == "ring" and (s["tid"], "ring") in index:
+            y = index[(s["tid"], "ring")]
+            phase = s["name"].rsplit(" ", 1)[0]
+            ax.broken_barh([(x, w)], (y - 0.35, 0.7), facecolors=RING_COLOURS.get(phase, "grey"),
+                           edgecolor="white", linewidth=0.5)
+            chunk = s.get("args", {}).get("chunk")
+            if chunk is not None and w > end_ms / 60:
+                ax.text(x + w / 2, y, f"chunk {chunk}", ha="center", va="center", fontsize=7,
+                        color="white")
+
+
 def render(names, spans, out, title):
     colours = layer_colours(spans)
     rows = sorted({s["tid"] for s in spans} | set(names))
     master_rows = [r for r in rows if names.get(r, "").startswith("master")]
     tower_rows = [r for r in rows if r not in master_rows]
+    ring = [s for s in spans if s.get("cat") == "ring"]
 
-    # Lanes top to bottom: each tower's layers, then its ring; the master last.
-    lanes = []
-    for r in tower_rows:
-        label = names.get(r, f"row {r}")
-        lanes.append((r, "layers", f"{label}\nlayers"))
-        if any(s["tid"] == r and s.get("cat") == "ring" for s in spans):
-            lanes.append((r, "ring", f"{label}\nring"))
-    for r in master_rows:
-        lanes.append((r, "master", names[r]))
-    index = {(r, kind): i for i, (r, kind, _) in enumerate(lanes)}
-
+    # Top: each tower's layers, and the master. Bottom: a zoom on the first traced
+    # step's ring, too short to see at the top.
+    lanes = [(r, "layers") for r in tower_rows] + [(r, "master") for r in master_rows]
+    labels = [names.get(r, f"row {r}") for r, _ in lanes]
+    index = {key: i for i, key in enumerate(lanes)}
+    heights = [len(lanes), len(tower_rows)] if ring else [len(lanes)]
+    fig, axes = plt.subplots(len(heights), 1, figsize=(14, 1.2 + 0.6 * sum(heights) + 0.8),
+                             gridspec_kw={"height_ratios": heights}, squeeze=False)
+    ax = axes[0][0]
     end_ms = max(s["ts"] + s["dur"] for s in spans) / 1000.0
-    fig, ax = plt.subplots(figsize=(14, 1.0 + 0.75 * len(lanes)))
     for s in spans:
         cat = s.get("cat")
         x, w = s["ts"] / 1000.0, s["dur"] / 1000.0
-        if cat in ("forward", "backward"):
-            y = index.get((s["tid"], "layers"))
+        if cat in ("forward", "backward") and (s["tid"], "layers") in index:
+            y = index[(s["tid"], "layers")]
             ax.broken_barh([(x, w)], (y - 0.4, 0.8), facecolors=colours[s["name"]],
                            edgecolor="white", linewidth=0.3,
                            hatch="///" if cat == "backward" else None)
-        elif cat == "ring":
-            y = index.get((s["tid"], "ring"))
-            phase = s["name"].rsplit(" ", 1)[0]
-            ax.broken_barh([(x, w)], (y - 0.35, 0.7), facecolors=RING_COLOURS.get(phase, "grey"),
-                           edgecolor="white", linewidth=0.5)
-            chunk = s.get("args", {}).get("chunk")
-            if chunk is not None and w > end_ms / 150:
-                ax.text(x + w / 2, y, f"c{chunk}", ha="center", va="center", fontsize=6,
-                        color="white")
-        elif (s["tid"], "master") in index:
-            y = index[(s["tid"], "master")]
-            ax.broken_barh([(x, w)], (y - 0.35, 0.7), facecolors=MASTER_COLOUR)
-        elif cat == "tower":
-            # The tower's whole forward or backward: a thin outline under its layers.
-            y = index.get((s["tid"], "layers"))
+        elif cat == "tower" and (s["tid"], "layers") in index:
+            # The tower's whole forward or backward: a thin bar under its layers.
+            y = index[(s["tid"], "layers")]
             ax.broken_barh([(x, w)], (y + 0.42, 0.08), facecolors="black")
+        elif (s["tid"], "master") in index:
+            # Widened to be seen beside the layers.
+            ax.broken_barh([(x, max(w, end_ms / 300))], (index[(s["tid"], "master")] - 0.35, 0.7),
+                           facecolors=MASTER_COLOUR)
 
     steps = {}
     for s in spans:
@@ -108,9 +116,8 @@ def render(names, spans, out, title):
     for step, ts in sorted(steps.items()):
         ax.axvline(ts / 1000.0, color="grey", linestyle="--", linewidth=0.8)
         ax.text(ts / 1000.0, -0.75, f" step {step}", fontsize=8, color="dimgrey", va="bottom")
-
     ax.set_yticks(range(len(lanes)))
-    ax.set_yticklabels([label for _, _, label in lanes], fontsize=8)
+    ax.set_yticklabels(labels, fontsize=8)
     ax.set_ylim(len(lanes) - 0.4, -0.8)
     ax.set_xlim(0, end_ms * 1.01)
     ax.set_xlabel("ms from the first span")
@@ -124,6 +131,20 @@ def render(names, spans, out, title):
               frameon=False)
     if title:
         ax.set_title(title, fontsize=10)
+
+    if ring:
+        first_step = min((s.get("args", {}).get("step", 0) for s in ring))
+        window = [s for s in ring if s.get("args", {}).get("step", 0) == first_step]
+        origin_ms = min(s["ts"] for s in window) / 1000.0
+        zoom_lanes = [(r, "ring") for r in tower_rows]
+        zoom = axes[1][0]
+        draw_ring(zoom, window, zoom_lanes, origin_ms)
+        zoom.set_yticks(range(len(zoom_lanes)))
+        zoom.set_yticklabels([f"{names.get(r, r)} ring" if kind == "ring" else names.get(r, r)
+                              for r, kind in zoom_lanes], fontsize=8)
+        zoom.set_ylim(len(zoom_lanes) - 0.4, -0.6)
+        zoom.set_xlabel(f"ms from the ring's first step (zoom on step {first_step})")
+        zoom.grid(axis="x", linewidth=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
 
