@@ -143,6 +143,14 @@ TEST(Trainer, SynchronizedBatchNormMatchesOneDevice) {
   }
 }
 
+TEST(Trainer, UpdatedVariablesAreTheMovingStatistics) {
+  BnModel model;
+  Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1), on_cpu_towers(1));
+  EXPECT_EQ(trainer.updated_variables(),
+            (std::vector<std::string>{"bn1/moving_mean", "bn1/moving_variance", "bn2/moving_mean",
+                                      "bn2/moving_variance"}));
+}
+
 TEST(Trainer, LocalBatchNormIsNotOneDevicesBatchNorm) {
   // The control for the test above: without synchronization the towers' steps differ.
   BnModel model;
