@@ -238,9 +238,12 @@ def markdown(doc, json_path):
         f"{v['tensorflow-cpu']} with Keras {v['keras']}, jax {v['jax']} with jaxlib {v['jaxlib']}, "
         f"numpy {v['numpy']}; Python {v['python']}.",
         f"- OpenMP threads (PyTorch's pool) wait {doc['omp_wait_policy']} (`--omp-wait-policy`).",
-        "- Configurations:",
+        "- Configurations (each peer's is its best on these machines; `bench/peers/*_net.py` say "
+        "what else was tried, and `--contenders` runs those variants beside them):",
     ]
     lines += [f"  - {spec}: {config}" for spec, config in configs.items()]
+    lines += ["", "Every run's loss must fall (the mean of its last ten steps below 0.8 times its "
+              "first step's) or the comparison stops: nobody is measured doing less work."]
     return "\n".join(lines) + "\n"
 
 

@@ -97,8 +97,13 @@ def save(fig, out, name):
 
 
 def context_of(doc):
+    """The machine and its load when the bench started: on a shared machine the load
+    says how far the figures fall short of the machine's own."""
     ctx = doc.get("context", {})
-    return f"{ctx.get('num_cpus', '?')} CPUs, {ctx.get('host_name', '')}".rstrip(", ")
+    text = f"{ctx.get('num_cpus', '?')} CPUs"
+    if ctx.get("load_avg"):
+        text += f", load {ctx['load_avg'][0]:.1f}"
+    return text
 
 
 def plot_towers(doc, out, name, prefix, title):
@@ -109,7 +114,8 @@ def plot_towers(doc, out, name, prefix, title):
         if parts[0] != "BM_FashionNetStep" or not parts[1].startswith(prefix):
             continue
         towers, batch = args_of(run)[:2]
-        lines[f"{parts[1]}, batch {batch}"][towers] = row["items_per_second"]
+        mode = parts[1].split("_", 1)[1]
+        lines[f"{mode} batch norm, batch {batch}"][towers] = row["items_per_second"]
     if not lines:
         note(f"no BM_FashionNetStep {prefix}* rows: {name} skipped")
         return
@@ -121,7 +127,7 @@ def plot_towers(doc, out, name, prefix, title):
     ax.set_ylabel("images/s (training step, FashionNet)")
     ax.set_xticks(sorted({x for p in lines.values() for x in p}))
     ax.set_ylim(bottom=0)
-    ax.set_title(title)
+    ax.set_title(f"{title} ({context_of(doc)})")
     ax.grid(alpha=0.3)
     ax.legend()
     save(fig, out, name)
@@ -198,8 +204,10 @@ def plot_peers(doc, out):
     ax.set_xlim(0, max(m + h for m, h in zip(medians, high)) * 1.3)
     ax.set_xlabel("images/s: median of alternated rounds, min-max bars (ratio to the best peer)")
     m, s = doc["machine"], doc["settings"]
+    loads = [r["load_average_1min"] for rnd in doc["rounds"] for r in rnd.values()]
     ax.set_title(f"FashionNet training, batch {s['batch']}, {s['threads']} threads\n{m['cpu_model']} "
-                 f"({', '.join(f for f in m['flags'] if f in ('avx2', 'avx512f'))})", fontsize=10)
+                 f"({', '.join(f for f in m['flags'] if f in ('avx2', 'avx512f'))}), "
+                 f"load {min(loads):.0f} to {max(loads):.0f}", fontsize=10)
     save(fig, out, "cpu_peers.png")
 
 
