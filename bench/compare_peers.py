@@ -29,6 +29,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REQUIREMENTS = os.path.join(ROOT, "bench", "peers", "requirements.txt")
@@ -138,43 +139,68 @@ class Contender:
         return self.framework is not None
 
 
-def parse_sample_progress(stdout, warmup, steps, batch):
-    """images/s over the timed steps and the losses, from the sample's progress lines
-    (--progress-every 1: one line per step with its loss and images/s)."""
-    pattern = re.compile(r"^\s*epoch \d+ step (\d+)/\d+\s+loss (\S+)\s+(\S+) images/s", re.M)
-    rows = [(int(s), float(loss), float(rate)) for s, loss, rate in pattern.findall(stdout)]
-    if len(rows) != warmup + steps:
+PROGRESS = re.compile(r"^\s*epoch \d+ step (\d+)/\d+\s+loss (\S+)\s+(\S+) images/s")
+
+
+def cpu_seconds(pid):
+    """User plus system CPU time of a live process, all its threads."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_sample(cmd, env, warmup, steps, batch):
+    """Runs towerlab's sample with --progress-every 1 (one line per step with its loss
+    and images/s): images/s over the timed steps, the CPU seconds the process spent in
+    them (read from /proc as the warm-up's last line and the last step's line arrive),
+    and the losses."""
+    rows, text, cpu = [], [], {}
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        if warmup == 0:
+            cpu[0] = cpu_seconds(proc.pid)
+        for line in proc.stdout:
+            text.append(line)
+            m = PROGRESS.match(line)
+            if m:
+                rows.append((int(m.group(1)), float(m.group(2)), float(m.group(3))))
+                if rows[-1][0] in (warmup, warmup + steps):
+                    cpu[rows[-1][0]] = cpu_seconds(proc.pid)
+        if proc.wait() != 0:
+            err.seek(0)
+            raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{err.read()[-3000:]}")
+    if len(rows) != warmup + steps or len(cpu) != 2:
         raise RuntimeError(f"fashion_mnist printed {len(rows)} progress lines, expected "
-                           f"{warmup + steps}:\n{stdout[-2000:]}")
+                           f"{warmup + steps}:\n{''.join(text)[-2000:]}")
     seconds = sum(batch / rate for step, _, rate in rows if step > warmup)
-    return steps * batch / seconds, [loss for _, loss, _ in rows]
+    return steps * batch / seconds, cpu[warmup + steps] - cpu[warmup], [loss for _, loss, _ in rows]
 
 
 def run_contender(c, args, sample, python, pin, env):
+    load = os.getloadavg()[0]
     if c.is_peer:
         cmd = [python, RUN_PEER, c.framework, "--steps", str(args.steps), "--warmup", str(args.warmup),
                "--batch", str(args.batch), "--threads", str(args.threads), "--data", args.data]
         if c.variant:
             cmd += ["--variant", c.variant]
+        out = subprocess.run(pin + cmd, capture_output=True, text=True, env=env)
+        if out.returncode != 0:
+            raise RuntimeError(f"{c.spec} exited {out.returncode}:\n{out.stderr[-3000:]}")
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        ips, cpu, losses = result["images_per_second"], result["cpu_seconds"], result["losses"]
+        config = result["config"]
     else:
         cmd = [sample, "--devices", c.devices, "--epochs", "1", "--steps", str(args.warmup + args.steps),
                "--batch", str(args.batch), "--progress-every", "1", "--data", args.data]
-    load = os.getloadavg()[0]
-    out = subprocess.run(pin + cmd, capture_output=True, text=True, env=env)
-    if out.returncode != 0:
-        raise RuntimeError(f"{c.spec} exited {out.returncode}:\n{out.stderr[-3000:]}")
-    if c.is_peer:
-        result = json.loads(out.stdout.strip().splitlines()[-1])
-        ips, losses, config = result["images_per_second"], result["losses"], result["config"]
-    else:
-        ips, losses = parse_sample_progress(out.stdout, args.warmup, args.steps, args.batch)
+        ips, cpu, losses = run_sample(pin + cmd, env, args.warmup, args.steps, args.batch)
         config = f"{c.devices}, thread pool of {args.threads} (the machine's CPUs)"
     # Training, not idling: the last ten steps' mean loss well below the first step's.
     first, last = losses[0], statistics.mean(losses[-10:])
     if not last < 0.8 * first:
         raise RuntimeError(f"{c.spec}: the loss did not fall ({first:.3f} at the first step, "
                            f"{last:.3f} over the last ten)")
-    return {"contender": c.spec, "images_per_second": ips, "load_average_1min": load,
+    return {"contender": c.spec, "images_per_second": ips, "cpu_seconds": cpu,
+            "images_per_cpu_second": args.steps * args.batch / cpu, "load_average_1min": load,
             "first_loss": first, "last_loss": last, "config": config}
 
 
@@ -194,18 +220,21 @@ def summarize(contenders, rounds, versions):
             label = f"{name} {versions[package].split('+')[0]}" + (f" {rest}" if rest else "")
         rows.append({"contender": c.spec, "label": label, "median_images_per_second": statistics.median(rates),
                      "min_images_per_second": min(rates), "max_images_per_second": max(rates),
-                     "median_ratio_to_best_peer": statistics.median(ratios) if ratios else None})
+                     "median_ratio_to_best_peer": statistics.median(ratios) if ratios else None,
+                     "median_images_per_cpu_second": statistics.median(
+                         r[c.spec].get("images_per_cpu_second", float("nan")) for r in rounds)})
     return rows
 
 
 def table(doc):
-    lines = ["| configuration | images/s, median of rounds (min-max) | ratio to the best peer |",
-             "|---|---|---|"]
+    lines = ["| configuration | images/s, median of rounds (min-max) | ratio to the best peer "
+             "| images per CPU-second |", "|---|---|---|---|"]
     for row in doc["summary"]:
         ratio = row["median_ratio_to_best_peer"]
         lines.append(f"| {row['label']} | {row['median_images_per_second']:.0f} "
                      f"({row['min_images_per_second']:.0f}-{row['max_images_per_second']:.0f}) | "
-                     f"{'-' if ratio is None else f'{ratio:.2f}'} |")
+                     f"{'-' if ratio is None else f'{ratio:.2f}'} | "
+                     f"{row['median_images_per_cpu_second']:.0f} |")
     return "\n".join(lines)
 
 
@@ -226,7 +255,10 @@ def markdown(doc, json_path):
         f"{s['warmup']} warm-up and {s['steps']} timed steps (batch {s['batch']}, Adam, real "
         f"Fashion-MNIST), the order rotating from round to round, all on {s['threads']} threads. "
         "The ratio is the median over rounds of the contender's images/s over the best peer's "
-        "in the same round: on a shared machine only such alternated ratios count.",
+        "in the same round: on a shared machine only such alternated ratios count. Images per "
+        "CPU-second (the process's user and system time over the timed steps, all threads) "
+        "does not depend on the share of the cores a process gets on a loaded machine: "
+        "spinning threads and idle cores it cannot use count against it, not other processes.",
         "",
         table(doc),
         "",
@@ -308,6 +340,7 @@ def main():
     env["OMP_WAIT_POLICY"] = wait.upper()
     log(f"OMP_WAIT_POLICY={wait.upper()}, load average {os.getloadavg()[0]:.1f}")
 
+    commit = git_commit()  # before the rounds: the tree the sample was built from
     rounds = []
     for r in range(args.rounds):
         k = r % len(contenders)
@@ -322,7 +355,7 @@ def main():
     versions = peer_versions(python) if python else {}
     doc = {"command": " ".join(["bench/compare_peers.py"] + sys.argv[1:]),
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-           "towerlab_commit": git_commit(), "machine": machine(),
+           "towerlab_commit": commit, "machine": machine(),
            "versions": versions,
            "settings": {k: getattr(args, k) for k in ("rounds", "steps", "warmup", "batch", "threads")},
            "pinned_cpus": pin[2] if pin else "all (the machine has no more than --threads)",

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Trains FashionNet with one peer framework for a fixed number of steps and prints one
-line of JSON: images/s over the timed steps, the losses, the framework's version and
-configuration. bench/compare_peers.py runs it in the peers' virtual environment,
+line of JSON: images/s and CPU seconds (all threads) over the timed steps, the losses,
+the framework's version and configuration. bench/compare_peers.py runs it in the peers' virtual environment,
 alternating with towerlab's fashion_mnist sample.
 
 Every peer trains the model of towerlab's fashion_net() (autograd/layers.cpp): conv
@@ -98,14 +98,14 @@ def main():
     for _ in range(args.warmup):
         idx = next(order)
         losses.append(peer.step(images[idx], labels[idx]))
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for _ in range(args.steps):
         idx = next(order)
         losses.append(peer.step(images[idx], labels[idx]))
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     print(json.dumps({"framework": args.framework, "version": peer.version, "config": peer.config,
                       "threads": args.threads, "batch": args.batch, "warmup": args.warmup,
-                      "steps": args.steps, "seconds": seconds,
+                      "steps": args.steps, "seconds": seconds, "cpu_seconds": cpu_seconds,
                       "images_per_second": args.steps * args.batch / seconds,
                       "losses": [round(float(x), 5) for x in losses]}))
 
