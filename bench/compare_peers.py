@@ -209,6 +209,7 @@ def summarize(contenders, rounds, versions):
     peers = [c.spec for c in contenders if c.is_peer]
     for c in contenders:
         rates = [r[c.spec]["images_per_second"] for r in rounds]
+        cpu = [r[c.spec]["images_per_cpu_second"] for r in rounds if "images_per_cpu_second" in r[c.spec]]
         # Ratio to the best peer of the same round: the rounds alternate, so load
         # that changes between rounds cancels out of these.
         ratios = [r[c.spec]["images_per_second"] / max(r[p]["images_per_second"] for p in peers)
@@ -221,8 +222,7 @@ def summarize(contenders, rounds, versions):
         rows.append({"contender": c.spec, "label": label, "median_images_per_second": statistics.median(rates),
                      "min_images_per_second": min(rates), "max_images_per_second": max(rates),
                      "median_ratio_to_best_peer": statistics.median(ratios) if ratios else None,
-                     "median_images_per_cpu_second": statistics.median(
-                         r[c.spec].get("images_per_cpu_second", float("nan")) for r in rounds)})
+                     "median_images_per_cpu_second": statistics.median(cpu) if cpu else None})
     return rows
 
 
@@ -230,11 +230,11 @@ def table(doc):
     lines = ["| configuration | images/s, median of rounds (min-max) | ratio to the best peer "
              "| images per CPU-second |", "|---|---|---|---|"]
     for row in doc["summary"]:
-        ratio = row["median_ratio_to_best_peer"]
+        ratio, cpu = row["median_ratio_to_best_peer"], row["median_images_per_cpu_second"]
         lines.append(f"| {row['label']} | {row['median_images_per_second']:.0f} "
                      f"({row['min_images_per_second']:.0f}-{row['max_images_per_second']:.0f}) | "
                      f"{'-' if ratio is None else f'{ratio:.2f}'} | "
-                     f"{row['median_images_per_cpu_second']:.0f} |")
+                     f"{'-' if cpu is None else f'{cpu:.0f}'} |")
     return "\n".join(lines)
 
 

@@ -186,26 +186,39 @@ def plot_ring(doc, out, name, prefix, title):
 
 
 def plot_peers(doc, out):
+    """images/s per contender (median, min-max bars, ratio to the best peer) and, where
+    the JSON has it, images per CPU-second beside it."""
     summary = doc["summary"]
     labels = [row["label"].split(" (`")[0] for row in summary]
+    colors = ["tab:blue" if row["contender"].startswith("towerlab") else "tab:gray" for row in summary]
     medians = [row["median_images_per_second"] for row in summary]
     low = [m - row["min_images_per_second"] for m, row in zip(medians, summary)]
     high = [row["max_images_per_second"] - m for m, row in zip(medians, summary)]
-    colors = ["tab:blue" if row["contender"].startswith("towerlab") else "tab:gray" for row in summary]
-    fig, ax = plt.subplots(figsize=(7, 0.6 * len(summary) + 1.6))
-    y = range(len(summary))
+    cpu = [row.get("median_images_per_cpu_second") for row in summary]
+    panels = 2 if all(c is not None for c in cpu) else 1
+    fig, axes = plt.subplots(1, panels, figsize=(6 + 4 * (panels - 1), 0.6 * len(summary) + 1.8),
+                             squeeze=False, sharey=True)
+    y = list(range(len(summary)))
+    ax = axes[0][0]
     ax.barh(y, medians, xerr=[low, high], color=colors, capsize=3)
     for i, row in enumerate(summary):
         ratio = row["median_ratio_to_best_peer"]
-        ax.text(medians[i] + high[i] + 10, i, f"{medians[i]:.0f}" + (f"  ({ratio:.2f}x)" if ratio else ""),
+        ax.text(medians[i] + high[i], i, f" {medians[i]:.0f}" + (f" ({ratio:.2f}x)" if ratio else ""),
                 va="center")
-    ax.set_yticks(list(y), labels)
+    ax.set_yticks(y, labels)
     ax.invert_yaxis()
-    ax.set_xlim(0, max(m + h for m, h in zip(medians, high)) * 1.3)
-    ax.set_xlabel("images/s: median of alternated rounds, min-max bars (ratio to the best peer)")
+    ax.set_xlim(0, max(m + h for m, h in zip(medians, high)) * 1.45)
+    ax.set_xlabel("images/s, median of rounds\n(min-max; ratio to the best peer)")
+    if panels == 2:
+        ax = axes[0][1]
+        ax.barh(y, cpu, color=colors)
+        for i, c in enumerate(cpu):
+            ax.text(c, i, f" {c:.0f}", va="center")
+        ax.set_xlim(0, max(cpu) * 1.2)
+        ax.set_xlabel("images per CPU-second, median of rounds\n(all threads' user + system time)")
     m, s = doc["machine"], doc["settings"]
     loads = [r["load_average_1min"] for rnd in doc["rounds"] for r in rnd.values()]
-    ax.set_title(f"FashionNet training, batch {s['batch']}, {s['threads']} threads\n{m['cpu_model']} "
+    fig.suptitle(f"FashionNet training, batch {s['batch']}, {s['threads']} threads, {m['cpu_model']} "
                  f"({', '.join(f for f in m['flags'] if f in ('avx2', 'avx512f'))}), "
                  f"load {min(loads):.0f} to {max(loads):.0f}", fontsize=10)
     save(fig, out, "cpu_peers.png")
