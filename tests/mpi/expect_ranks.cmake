@@ -1,9 +1,13 @@
-# cmake -DPASSED=n [-DOUTPUT=regex] -P expect_ranks.cmake -- mpirun ...
-# Runs the mpirun command line after "--" and passes when exactly PASSED ranks
-# printed gtest's "[  PASSED  ]" line, none printed "[  FAILED  ]", and the output
-# (stdout and stderr of all ranks) matches OUTPUT when given. mpirun's exit code is
-# not used: a rank that ends on a broken group skips MPI_Finalize on purpose, and
-# mpirun then exits non-zero whatever the tests said.
+# cmake -DCOUNT=n [-DPATTERN=regex] [-DOUTPUT=regex] [-DEXIT0=ON] -P expect_ranks.cmake -- mpirun ...
+# Runs the command line after "--" and passes when its output (stdout and stderr
+# of every rank) holds exactly COUNT matches of PATTERN (by default gtest's
+# "[  PASSED  ]" line, printed once per rank whose tests passed), no
+# "[  FAILED  ]", and a match of OUTPUT when given. mpirun's exit code counts only
+# with EXIT0: a rank that ends on a broken group skips MPI_Finalize on purpose,
+# and mpirun then exits non-zero whatever the tests said.
+if(NOT DEFINED PATTERN OR PATTERN STREQUAL "")
+  set(PATTERN "\\[  PASSED  \\]")
+endif()
 set(command)
 set(after_dashes OFF)
 foreach(i RANGE ${CMAKE_ARGC})
@@ -16,14 +20,17 @@ endforeach()
 execute_process(COMMAND ${command} OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE code)
 set(all "${out}\n${err}")
 message("${all}")
-string(REGEX MATCHALL "\\[  PASSED  \\]" passed "${all}")
-list(LENGTH passed n_passed)
-if(NOT n_passed EQUAL PASSED)
-  message(FATAL_ERROR "expected ${PASSED} ranks to pass, ${n_passed} did (mpirun exit ${code})")
+string(REGEX MATCHALL "${PATTERN}" matches "${all}")
+list(LENGTH matches n)
+if(NOT n EQUAL COUNT)
+  message(FATAL_ERROR "expected ${COUNT} matches of '${PATTERN}', found ${n} (exit ${code})")
 endif()
 if(all MATCHES "\\[  FAILED  \\]")
   message(FATAL_ERROR "a rank reported a failed test")
 endif()
 if(DEFINED OUTPUT AND NOT OUTPUT STREQUAL "" AND NOT all MATCHES "${OUTPUT}")
   message(FATAL_ERROR "the output does not match '${OUTPUT}'")
+endif()
+if(EXIT0 AND NOT code EQUAL 0)
+  message(FATAL_ERROR "the command exited with ${code}")
 endif()
