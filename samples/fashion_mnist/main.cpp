@@ -50,22 +50,28 @@ std::string join(const std::vector<Device>& devices) {
   return s;
 }
 
-// Accuracy of the model on a dataset, in inference mode, batch by batch.
-double accuracy(Trainer& trainer, const FashionMnist& data, std::int64_t batch_size) {
+// Accuracy of the model on a dataset, in inference mode, batch by batch. Each rank
+// counts its own rows of every batch; the counts are summed over the ranks.
+double accuracy(Trainer& trainer, const FashionMnist& data, std::int64_t batch_size,
+                ProcessGroup& group) {
   Batcher batcher(data.images, data.labels, batch_size, 0, Order::Sequential);
   Batch batch;
   std::int64_t correct = 0;
   while (batcher.next(batch)) {
     const StepResult r = trainer.evaluate({batch.images, batch.labels});
-    const auto logits = r.outputs[0].to_host<float>();  // [B,10]
+    if (r.outputs.empty() || r.slices.empty()) continue;  // a rank without rows
+    const auto logits = r.outputs[0].to_host<float>();    // [rows of this rank, 10]
     const auto labels = batch.labels.to_host<float>();
-    for (std::int64_t i = 0; i < batch.size(); ++i) {
+    const std::int64_t first = r.slices.front().begin;
+    for (std::int64_t i = 0; i < std::int64_t(logits.size() / 10); ++i) {
       const float* row = logits.data() + i * 10;
       const auto best = std::max_element(row, row + 10) - row;
-      correct += best == static_cast<std::int64_t>(labels[std::size_t(i)]);
+      correct += best == static_cast<std::int64_t>(labels[std::size_t(first + i)]);
     }
   }
-  return double(correct) / double(data.size());
+  double total = double(correct);
+  group.allreduce_sum(std::span<double>(&total, 1), "test accuracy: correct predictions");
+  return total / double(data.size());
 }
 
 int run(const sample::Options& o) {
@@ -75,6 +81,7 @@ int run(const sample::Options& o) {
   if (!reporting) std::freopen("/dev/null", "w", stdout);
   TrainerOptions options;
   options.devices = choose_devices(o, cluster);
+  options.process_group = &cluster;
   options.master = Device::parse(o.master);
   options.batchnorm_stats =
       o.batchnorm_stats == "tower0" ? BatchNormStats::Tower0 : BatchNormStats::Average;
@@ -124,7 +131,7 @@ int run(const sample::Options& o) {
       {"devices", join(trainer.devices())}, {"epochs", 0}, {"batch", o.batch},
       {"optimizer", o.optimizer},           {"lr", o.lr},  {"schedule", o.schedule}};
   if (o.eval_only) {
-    const double acc = accuracy(trainer, test, 1000);
+    const double acc = accuracy(trainer, test, 1000, cluster);
     std::printf("test accuracy %.4f\n", acc);
     metrics["test_accuracy"] = acc;
   } else {
@@ -184,7 +191,7 @@ int run(const sample::Options& o) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       images_per_second = double(images) / secs;
       train_loss = loss_sum / double(std::max<std::int64_t>(images, 1));
-      test_acc = accuracy(trainer, test, 1000);
+      test_acc = accuracy(trainer, test, 1000, cluster);
       std::printf(
           "epoch %d: train loss %.4f, test accuracy %.4f, %.0f images/s (%lld steps, %.1f s)\n",
           epoch + 1, train_loss, test_acc, images_per_second, static_cast<long long>(step), secs);
