@@ -3,14 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstring>
-#include <exception>
 #include <iostream>
-#include <mutex>
 #include <set>
 #include <sstream>
-#include <thread>
 
 #include "engine/error.h"
 #include "kernels/elementwise.h"
@@ -20,6 +16,7 @@
 #include "parallel/process_group.h"
 #include "parallel/ring_allreduce.h"
 #include "parallel/sync_batchnorm.h"
+#include "parallel/thread_team.h"
 #include "parallel/trace.h"
 
 namespace towerlab {
@@ -37,77 +34,6 @@ Device place_device(Device requested, bool soft_placement, std::ostream& log) {
     return fallback;
   }
 }
-
-// One host thread per tower: a tower's forward and backward run on its own
-// thread, which on the CPU is also its stream.
-class Trainer::Workers {
- public:
-  explicit Workers(std::size_t n) : errors_(n) {
-    for (std::size_t i = 0; i < n; ++i) threads_.emplace_back([this, i] { loop(i); });
-  }
-  ~Workers() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    start_.notify_all();
-    for (auto& t : threads_) t.join();
-  }
-  // Runs job(i) on thread i for every tower, waits for all, and rethrows the
-  // first failure in tower order.
-  void run(const std::function<void(std::size_t)>& job) {
-    {
-      std::lock_guard lock(mutex_);
-      job_ = &job;
-      remaining_ = threads_.size();
-      for (auto& e : errors_) e = nullptr;
-      ++generation_;
-    }
-    start_.notify_all();
-    std::unique_lock lock(mutex_);
-    done_.wait(lock, [this] { return remaining_ == 0; });
-    job_ = nullptr;
-    for (auto& e : errors_) {
-      if (e) std::rethrow_exception(e);
-    }
-  }
-
- private:
-  void loop(std::size_t i) {
-    std::uint64_t seen = 0;
-    for (;;) {
-      const std::function<void(std::size_t)>* job = nullptr;
-      {
-        std::unique_lock lock(mutex_);
-        start_.wait(lock, [&] { return stop_ || generation_ != seen; });
-        if (stop_) return;
-        seen = generation_;
-        job = job_;
-      }
-      std::exception_ptr error;
-      try {
-        (*job)(i);
-      } catch (...) {
-        error = std::current_exception();
-      }
-      std::lock_guard lock(mutex_);
-      // Moved, not copied: the exception's last reference must not be dropped on this
-      // thread after the main thread has caught and rethrown it (ThreadSanitizer saw
-      // this thread destroy the exception while the main thread read it).
-      errors_[i] = std::move(error);
-      if (--remaining_ == 0) done_.notify_all();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable start_, done_;
-  const std::function<void(std::size_t)>* job_ = nullptr;
-  std::uint64_t generation_ = 0;
-  std::size_t remaining_ = 0;
-  bool stop_ = false;
-  std::vector<std::exception_ptr> errors_;
-  std::vector<std::thread> threads_;
-};
 
 struct Trainer::TowerState {
   Device device;
@@ -212,7 +138,7 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
   }
   ring_ = std::make_unique<Ring>(streams);
   if (options_.reduction == AllReduce::Nccl) nccl_ = std::make_unique<NcclAllReduce>(streams);
-  workers_ = std::make_unique<Workers>(towers_.size());
+  workers_ = std::make_unique<ThreadTeam>(towers_.size());
   broadcast();
   if (options_.log_placement) log_placement();
 }
@@ -341,6 +267,15 @@ void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const T
   }
   std::optional<NoGradGuard> no_grad;
   if (!training) no_grad.emplace(*t.tape);
+  // Each layer's forward and backward on the tower's row, while tracing.
+  std::optional<TraceProfiler> profiler;
+  if (trace_ != nullptr) profiler.emplace(*trace_, int(i), *t.stream, slice.size());
+  t.tape->set_profiler(profiler ? &*profiler : nullptr);
+  struct ProfilerOff {  // the tape never outlives its profiler's step, even on a throw
+    Tape& tape;
+    ~ProfilerOff() { tape.set_profiler(nullptr); }
+  } profiler_off{*t.tape};
+  const std::vector<TraceArg> args{{"samples", slice.size()}};
   const Tower tower{int(i), t.device, *t.stream, *t.tape, *t.store, training, slice.size(), sync};
   TowerResult r = tower_fn_(tower, feeds);
   // Errors from here on get the tower and its samples put before them (run()).
@@ -349,14 +284,14 @@ void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const T
            "the tower function's loss " << r.loss.describe() << " must have one element");
   if (trace_ != nullptr) {
     t.stream->synchronize();
-    trace_->span(int(i), "forward", start, "tower");
+    trace_->span(int(i), "forward", start, "tower", args);
   }
   if (training) {
     start = clock::now();
     t.tape->backward(r.loss, slice.weight);
     if (trace_ != nullptr) {
       t.stream->synchronize();
-      trace_->span(int(i), "backward", start, "tower");
+      trace_->span(int(i), "backward", start, "tower", args);
     }
   }
   t.tape->reset();
@@ -462,6 +397,8 @@ void Trainer::run_towers(const std::vector<Tensor>& batch, const std::vector<Tow
     sync = std::make_unique<TowerBatchNormSync>(participants, options_.process_group,
                                                 "step " + std::to_string(optimizer_.steps()));
   }
+  // One host thread per tower: a tower's forward and backward run on its own
+  // thread, which on the CPU is also its stream.
   workers_->run([&](std::size_t i) {
     try {
       run_tower(i, batch, slices[i], training, sync.get());
@@ -497,13 +434,17 @@ double Trainer::mean_loss(std::int64_t samples) const {
 
 void Trainer::reduce_gradients() {
   std::vector<Tensor> grads;
-  for (auto& t : towers_) grads.push_back(t->store->flat_grads());
+  std::vector<const Stream*> streams;
+  for (auto& t : towers_) {
+    grads.push_back(t->store->flat_grads());
+    streams.push_back(t->stream.get());
+  }
   switch (options_.reduction) {
     case AllReduce::Ring:
       ring_->allreduce(grads, trace_, 0);
       break;
     case AllReduce::ReduceToOne:
-      ring_->reduce_to_one(grads, 0);
+      reduce_and_broadcast(streams, grads, 0);
       break;
     case AllReduce::Nccl:
       nccl_->allreduce(grads);

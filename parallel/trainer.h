@@ -78,6 +78,7 @@
 namespace towerlab {
 
 class ProcessGroup;
+class ThreadTeam;
 class Trace;
 
 // What a tower function sees.
@@ -210,7 +211,6 @@ class Trainer {
 
  private:
   struct TowerState;
-  class Workers;
   // A step (training) or an evaluation: the phases below, in order.
   StepResult run(const std::vector<Tensor>& batch, bool training);
   // 1. The batch checked and split among the ranks and this rank's towers.
@@ -257,7 +257,7 @@ class Trainer {
   std::vector<std::unique_ptr<TowerState>> towers_;
   std::unique_ptr<class Ring> ring_;
   std::unique_ptr<class NcclAllReduce> nccl_;
-  std::unique_ptr<Workers> workers_;
+  std::unique_ptr<ThreadTeam> workers_;  // one thread per tower
   Trace* trace_ = nullptr;
   double last_loss_ = 0.0;
   std::map<std::string, double> last_logs_;
