@@ -51,6 +51,8 @@
 #include "kernels/reduce.h"
 #include "kernels/relu.h"
 #include "parallel/batch_split.h"
+#include "parallel/cluster.h"
+#include "parallel/collective_checkpoint.h"
 #include "parallel/ring_allreduce.h"
 #include "parallel/summary.h"
 #include "parallel/sync_batchnorm.h"

@@ -176,12 +176,12 @@ Var batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& mov
                              gamma.value(), beta.value(), eps, momentum, tape.stream(), activation);
   const bool relu = activation == Activation::ReLU;
   return tape.record(y, relu ? "batchnorm_relu" : "batchnorm", {x, gamma, beta},
-                     [x, gamma, beta, save_mean, save_inv_std, relu](const Var& out) {
+                     [x, gamma, beta, save_mean, save_inv_std, activation](const Var& out) {
                        Tape& t = out.tape();
                        batchnorm_backward(grad_if_needed(t, x), grad_if_needed(t, gamma),
                                           grad_if_needed(t, beta), out.grad(), x.value(),
                                           gamma.value(), save_mean, save_inv_std, t.stream(),
-                                          relu ? out.value() : Tensor());
+                                          activation, beta.value());
                      });
 }
 
@@ -207,28 +207,28 @@ Var sync_batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor
                                beta.value(), mean, m2, total, eps, momentum, tape.stream(),
                                activation);
   const bool relu = activation == Activation::ReLU;
-  return tape.record(y, relu ? "sync_batchnorm_relu" : "sync_batchnorm", {x, gamma, beta},
-                     [x, gamma, beta, mean, inv_std, total, tower, &sync, relu](const Var& out) {
-                       Tape& t = out.tape();
-                       const Stream& s = t.stream();
-                       const std::int64_t c = mean.numel();
-                       const Tensor relu_output = relu ? out.value() : Tensor();
-                       Tensor sum_grad_y = Tensor::empty({c}, s, mean.dtype());
-                       Tensor sum_grad_y_xhat = Tensor::empty({c}, s, mean.dtype());
-                       batchnorm_backward_reduce(sum_grad_y, sum_grad_y_xhat, out.grad(), x.value(),
-                                                 mean, inv_std, s, relu_output);
-                       // This tower's share of dL/dbeta and dL/dgamma: the gradient all-reduce adds
-                       // the rest.
-                       if (beta.requires_grad()) axpy(t.grad_for(beta), 1.0, sum_grad_y, s);
-                       if (gamma.requires_grad()) axpy(t.grad_for(gamma), 1.0, sum_grad_y_xhat, s);
-                       // dL/dx depends on every tower's samples through the shared statistics.
-                       sync.sum(tower, sum_grad_y, sum_grad_y_xhat, s);
-                       if (x.requires_grad()) {
-                         batchnorm_backward_apply(t.grad_for(x), out.grad(), x.value(),
-                                                  gamma.value(), mean, inv_std, sum_grad_y,
-                                                  sum_grad_y_xhat, total, s, relu_output);
-                       }
-                     });
+  return tape.record(
+      y, relu ? "sync_batchnorm_relu" : "sync_batchnorm", {x, gamma, beta},
+      [x, gamma, beta, mean, inv_std, total, tower, &sync, activation](const Var& out) {
+        Tape& t = out.tape();
+        const Stream& s = t.stream();
+        const std::int64_t c = mean.numel();
+        Tensor sum_grad_y = Tensor::empty({c}, s, mean.dtype());
+        Tensor sum_grad_y_xhat = Tensor::empty({c}, s, mean.dtype());
+        batchnorm_backward_reduce(sum_grad_y, sum_grad_y_xhat, out.grad(), x.value(), mean, inv_std,
+                                  s, activation, gamma.value(), beta.value());
+        // This tower's share of dL/dbeta and dL/dgamma: the gradient all-reduce adds
+        // the rest.
+        if (beta.requires_grad()) axpy(t.grad_for(beta), 1.0, sum_grad_y, s);
+        if (gamma.requires_grad()) axpy(t.grad_for(gamma), 1.0, sum_grad_y_xhat, s);
+        // dL/dx depends on every tower's samples through the shared statistics.
+        sync.sum(tower, sum_grad_y, sum_grad_y_xhat, s);
+        if (x.requires_grad()) {
+          batchnorm_backward_apply(t.grad_for(x), out.grad(), x.value(), gamma.value(), mean,
+                                   inv_std, sum_grad_y, sum_grad_y_xhat, total, s, activation,
+                                   beta.value());
+        }
+      });
 }
 
 }  // namespace towerlab::ag

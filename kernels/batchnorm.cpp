@@ -27,14 +27,24 @@ BatchNormArgs args_of(const char* op, const Tensor& x, const Stream& stream) {
   return a;
 }
 
-// A backward's relu_output, when given, is the fused forward's y: x's shape. Sets
-// the activation (and the y to mask grad_y with) in `a`.
-void set_relu_output(const char* op, BatchNormArgs& a, const Tensor& relu_output,
-                     const Stream& stream) {
-  if (!relu_output.defined()) return;
-  kernels::check_same_shape(op, stream, {{"x", &a.x}, {"relu_output", &relu_output}});
+// A backward's fused ReLU: the forward's gamma and beta, from which it recomputes
+// the forward's mask. Sets the activation, gamma and beta in `a`.
+void set_relu(const char* op, BatchNormArgs& a, Activation activation, const Tensor& gamma,
+              const Tensor& beta, const Stream& stream) {
+  if (activation != Activation::ReLU) return;
+  TL_CHECK(gamma.defined() && beta.defined(), InvalidArgument,
+           op << ": the ReLU backward needs the forward's gamma and beta (gamma is "
+              << (gamma.defined() ? "defined" : "undefined") << ", beta is "
+              << (beta.defined() ? "defined" : "undefined") << ")");
+  kernels::check_on_stream(op, stream, {{"x", &a.x}, {"gamma", &gamma}, {"beta", &beta}});
+  for (const Tensor* t : {&gamma, &beta}) {
+    TL_CHECK(t->dim() == 1 && t->size(0) == a.C, ShapeError,
+             op << ": " << (t == &gamma ? "gamma" : "beta") << " is " << t->describe() << " but x "
+                << a.x.describe() << " has " << a.C << " channels (expected [" << a.C << "])");
+  }
   a.activation = Activation::ReLU;
-  a.y = relu_output;
+  a.gamma = gamma;
+  a.beta = beta;
 }
 
 void check_channels(const char* op, const Tensor& x, std::int64_t C,
@@ -159,11 +169,11 @@ void batchnorm_forward_from_stats(const Tensor& y, const Tensor& inv_std, const 
 
 void batchnorm_backward_reduce(const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
                                const Tensor& grad_y, const Tensor& x, const Tensor& mean,
-                               const Tensor& inv_std, const Stream& stream,
-                               const Tensor& relu_output) {
+                               const Tensor& inv_std, const Stream& stream, Activation activation,
+                               const Tensor& gamma, const Tensor& beta) {
   const char* op = "batchnorm_backward_reduce";
   BatchNormArgs d = args_of(op, x, stream);
-  set_relu_output(op, d, relu_output, stream);
+  set_relu(op, d, activation, gamma, beta, stream);
   kernels::check_same_shape(op, stream, {{"x", &x}, {"grad_y", &grad_y}});
   kernels::check_on_stream(op, stream,
                            {{"x", &x},
@@ -197,10 +207,11 @@ void batchnorm_backward_reduce(const Tensor& sum_grad_y, const Tensor& sum_grad_
 void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
                               const Tensor& gamma, const Tensor& mean, const Tensor& inv_std,
                               const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
-                              std::int64_t count, const Stream& stream, const Tensor& relu_output) {
+                              std::int64_t count, const Stream& stream, Activation activation,
+                              const Tensor& beta) {
   const char* op = "batchnorm_backward_apply";
   BatchNormArgs d = args_of(op, x, stream);
-  set_relu_output(op, d, relu_output, stream);
+  set_relu(op, d, activation, gamma, beta, stream);
   kernels::check_same_shape(op, stream, {{"x", &x}, {"grad_x", &grad_x}, {"grad_y", &grad_y}});
   kernels::check_on_stream(op, stream,
                            {{"x", &x},
@@ -300,7 +311,7 @@ void batchnorm_forward_inference(const Tensor& y, const Tensor& x, const Tensor&
 void batchnorm_backward(const Tensor& grad_x, const Tensor& grad_gamma, const Tensor& grad_beta,
                         const Tensor& grad_y, const Tensor& x, const Tensor& gamma,
                         const Tensor& save_mean, const Tensor& save_inv_std, const Stream& stream,
-                        const Tensor& relu_output) {
+                        Activation activation, const Tensor& beta) {
   const char* op = "batchnorm_backward";
   const BatchNormArgs d = args_of(op, x, stream);
   if (grad_gamma.defined()) {
@@ -315,10 +326,10 @@ void batchnorm_backward(const Tensor& grad_x, const Tensor& grad_gamma, const Te
   Tensor sum_grad_y = Tensor::empty({d.C}, stream, x.dtype());
   Tensor sum_grad_y_xhat = Tensor::empty({d.C}, stream, x.dtype());
   batchnorm_backward_reduce(sum_grad_y, sum_grad_y_xhat, grad_y, x, save_mean, save_inv_std, stream,
-                            relu_output);
+                            activation, gamma, beta);
   if (grad_x.defined() && x.numel() > 0) {
     batchnorm_backward_apply(grad_x, grad_y, x, gamma, save_mean, save_inv_std, sum_grad_y,
-                             sum_grad_y_xhat, d.N * d.S, stream, relu_output);
+                             sum_grad_y_xhat, d.N * d.S, stream, activation, beta);
   }
   if (grad_gamma.defined()) add(grad_gamma, grad_gamma, sum_grad_y_xhat, stream);
   if (grad_beta.defined()) add(grad_beta, grad_beta, sum_grad_y, stream);

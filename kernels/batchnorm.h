@@ -29,13 +29,15 @@
 // Each gradient is optional (an undefined Tensor is not computed) and accumulated.
 //
 // Fused ReLU (Activation::ReLU, kernels/relu.h): the forwards store
-// y = max(batchnorm(x), 0), and the backwards, given that y as `relu_output`,
-// use grad_y * (y > 0) in place of grad_y in every formula above. This saves the
-// ReLU's own pass in each direction and the gradient tensor between the two ops;
-// the values are those of the unfused pair (batch norm, then relu_forward; then
-// relu_backward into a zeroed gradient, then the batch-norm backward on it), bit
-// for bit on the CPU up to the sign of a zero gradient (the same operations in the
-// same order).
+// y = max(batchnorm(x), 0), and the backwards, given Activation::ReLU and beta,
+// use grad_y * (y > 0) in place of grad_y in every formula above. They never read
+// y: each value's y > 0 is recomputed from x, gamma, beta and the statistics with
+// the forward's own expression (the same rounding, so the same mask), and so a
+// fused backward moves no more bytes than the plain one. This saves the ReLU's own
+// pass in each direction and the gradient tensor between the two ops; the values
+// are those of the unfused pair (batch norm, then relu_forward; then relu_backward
+// into a zeroed gradient, then the batch-norm backward on it), bit for bit on the
+// CPU up to the sign of a zero gradient (the same operations in the same order).
 //
 // Numerical stability: the statistics never use E[x^2] - E[x]^2. The CPU makes
 // two passes (the mean, then the squared deviations from it) accumulating in
@@ -90,11 +92,11 @@ void batchnorm_forward_inference(const Tensor& y, const Tensor& x, const Tensor&
 
 // Backward of batchnorm_forward_training, from its save_mean and save_inv_std.
 // grad_x (x's shape), grad_gamma, grad_beta ([C]) are accumulated; any may be undefined.
-// relu_output: the forward's y when it applied Activation::ReLU, else undefined.
+// activation: the forward's; for ReLU, beta [C] is the forward's too (undefined otherwise).
 void batchnorm_backward(const Tensor& grad_x, const Tensor& grad_gamma, const Tensor& grad_beta,
                         const Tensor& grad_y, const Tensor& x, const Tensor& gamma,
                         const Tensor& save_mean, const Tensor& save_inv_std, const Stream& stream,
-                        const Tensor& relu_output = Tensor());
+                        Activation activation = Activation::None, const Tensor& beta = Tensor());
 
 // --- the split API ---------------------------------------------------------------
 
@@ -121,19 +123,22 @@ void batchnorm_forward_from_stats(const Tensor& y, const Tensor& inv_std, const 
                                   const Stream& stream, Activation activation = Activation::None);
 
 // sum_grad_y[c] = sum grad_y, sum_grad_y_xhat[c] = sum grad_y * (x - mean) * inv_std,
-// over this x's n,h,w (assigned). relu_output as in batchnorm_backward.
+// over this x's n,h,w (assigned). activation as in batchnorm_backward; for ReLU,
+// gamma and beta [C] are the forward's (undefined otherwise).
 void batchnorm_backward_reduce(const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
                                const Tensor& grad_y, const Tensor& x, const Tensor& mean,
                                const Tensor& inv_std, const Stream& stream,
-                               const Tensor& relu_output = Tensor());
+                               Activation activation = Activation::None,
+                               const Tensor& gamma = Tensor(), const Tensor& beta = Tensor());
 
 // grad_x += gamma * inv_std * (grad_y - sum_grad_y / count - x_hat * sum_grad_y_xhat / count),
-// with the sums and count over the whole (possibly multi-tower) batch. relu_output
-// as in batchnorm_backward.
+// with the sums and count over the whole (possibly multi-tower) batch. activation
+// and beta as in batchnorm_backward.
 void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
                               const Tensor& gamma, const Tensor& mean, const Tensor& inv_std,
                               const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
                               std::int64_t count, const Stream& stream,
-                              const Tensor& relu_output = Tensor());
+                              Activation activation = Activation::None,
+                              const Tensor& beta = Tensor());
 
 }  // namespace towerlab

@@ -27,9 +27,11 @@
 // only it receives the gradient; a NaN in the window wins (the first NaN), so NaN
 // propagates. max_pool2d_backward recomputes each window's argmax from x; the
 // pair with_argmax / from_argmax (what training uses) records it in the forward,
-// so that the backward is a scatter that never reads x or compares values. Both
-// pairs give the same y and the same grad_x, bit for bit on each device: the same
-// argmax, and each grad_x value the same sum in the same (ho, wo) order.
+// so that the backward never reads x or compares values (on the CPU a scatter; on
+// CUDA the same no-atomics gather as max_pool2d_backward, reading the argmax). Both
+// pairs give the same y (a NaN either way) and the same grad_x, bit for bit on each
+// device: the same argmax, and each grad_x value the same sum in the same (ho, wo)
+// order.
 // argmax holds integral values in x's dtype (towerlab tensors are floating point,
 // as class labels are): exact up to 2^24 in float32, so planes of more than 2^24
 // values are refused.

@@ -10,6 +10,7 @@ packages=(
   zlib1g-dev nlohmann-json3-dev libcli11-dev libyaml-cpp-dev
   libopenblas-dev python3-numpy dataset-fashion-mnist
   clang libclang-rt-dev
+  openmpi-bin libopenmpi-dev
 )
 
 missing=()

@@ -64,7 +64,7 @@ TEST_P(FusionTest, BatchNormReluMatchesBatchNormThenRelu) {
                                Activation::ReLU);
     Tensor fgrad_x = make(sentinel, shape), fgrad_gamma = moving(1.0f), fgrad_beta = moving(-1.0f);
     batchnorm_backward(fgrad_x, fgrad_gamma, fgrad_beta, grad_y, x, gamma, fmean, finv_std,
-                       stream(), fy);
+                       stream(), Activation::ReLU, beta);
 
     const std::string at = " on " + to_string(shape);
     const double zeros = zero_share(host(fy));
@@ -113,16 +113,30 @@ TEST_P(FusionTest, BatchNormSplitBackwardTakesTheReluOutput) {
   batchnorm_forward_training(y, mean, inv_std, Tensor(), Tensor(), x, gamma, beta, 1e-3, 0.9,
                              stream(), Activation::ReLU);
   Tensor whole = Tensor::zeros(shape, stream());
-  batchnorm_backward(whole, Tensor(), Tensor(), grad_y, x, gamma, mean, inv_std, stream(), y);
+  batchnorm_backward(whole, Tensor(), Tensor(), grad_y, x, gamma, mean, inv_std, stream(),
+                     Activation::ReLU, beta);
   Tensor sum_gy = Tensor::empty({2}, stream()), sum_gy_xhat = Tensor::empty({2}, stream());
-  batchnorm_backward_reduce(sum_gy, sum_gy_xhat, grad_y, x, mean, inv_std, stream(), y);
+  batchnorm_backward_reduce(sum_gy, sum_gy_xhat, grad_y, x, mean, inv_std, stream(),
+                            Activation::ReLU, gamma, beta);
   Tensor split = Tensor::zeros(shape, stream());
   batchnorm_backward_apply(split, grad_y, x, gamma, mean, inv_std, sum_gy, sum_gy_xhat, 45,
-                           stream(), y);
+                           stream(), Activation::ReLU, beta);
   expect_same(split, whole, "split backward");
+  // The mask is the forward's: the ReLU backward of y's unfused pair gives the same.
+  Tensor grad_bn = Tensor::zeros(shape, stream());
+  relu_backward(grad_bn, grad_y, y, stream());
+  Tensor unfused = Tensor::zeros(shape, stream());
+  batchnorm_backward(unfused, Tensor(), Tensor(), grad_bn, x, gamma, mean, inv_std, stream());
+  expect_same(whole, unfused, "against the unfused backward");
   EXPECT_THROW_WITH(batchnorm_backward_reduce(sum_gy, sum_gy_xhat, grad_y, x, mean, inv_std,
-                                              stream(), Tensor::zeros({5, 2, 9}, stream())),
-                    ShapeError, "batchnorm_backward_reduce: relu_output is float32[5,2,9]");
+                                              stream(), Activation::ReLU, gamma, Tensor()),
+                    InvalidArgument,
+                    "batchnorm_backward_reduce: the ReLU backward needs the forward's gamma and "
+                    "beta (gamma is defined, beta is undefined)");
+  EXPECT_THROW_WITH(
+      batchnorm_backward_apply(split, grad_y, x, gamma, mean, inv_std, sum_gy, sum_gy_xhat, 45,
+                               stream(), Activation::ReLU, Tensor::zeros({3}, stream())),
+      ShapeError, "batchnorm_backward_apply: beta is float32[3]");
 }
 
 TEST_P(FusionTest, BiasAddReluMatchesBiasAddThenRelu) {
@@ -288,9 +302,10 @@ TEST(FusionGradient, BatchNormReluMatchesCentralDifferences) {
                                  0.9, cpu_stream(), Activation::ReLU);
       return y;
     };
-    Tensor y = forward({x, gamma, beta});
+    forward({x, gamma, beta});  // mean and inv_std for the backward
     Tensor grad_x = zeros64(shape), grad_gamma = zeros64({C}), grad_beta = zeros64({C});
-    batchnorm_backward(grad_x, grad_gamma, grad_beta, g, x, gamma, mean, inv_std, cpu_stream(), y);
+    batchnorm_backward(grad_x, grad_gamma, grad_beta, g, x, gamma, mean, inv_std, cpu_stream(),
+                       Activation::ReLU, beta);
     GradcheckOptions options;
     options.atol = 1e-5;
     options.rtol = 1e-4;

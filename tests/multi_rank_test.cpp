@@ -487,6 +487,41 @@ TEST(MultiRank, SynchronizedBatchNormNeedsASamplePerRank) {
   }
 }
 
+// The same on every backend: each rank's towers on streams of cuda:0 where a GPU
+// is (phase 5 then stages tower 0's gradient through the host), master included.
+class MultiRankBackendTest : public BackendTest {};
+TL_INSTANTIATE_BACKENDS(MultiRankBackendTest);
+
+TEST_P(MultiRankBackendTest, RanksOfVirtualTowersMatchOneTower) {
+  BnModel model;
+  TrainerOptions one;
+  one.devices = {device()};
+  one.master = device();
+  one.seed = 11;
+  Trainer reference(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), one);
+  for (int s = 0; s < kSteps; ++s) reference.step(make_batch(7, 50 + unsigned(s)));
+  const auto expected = reference.master().flat_values().to_host<float>(default_stream(device()));
+  std::vector<std::vector<float>> values(2);
+  const auto errors = run_ranks(2, [&](int rank, ProcessGroup& group) {
+    TrainerOptions options;
+    options.devices.assign(2, device());
+    options.master = device();
+    options.seed = 11;
+    options.batchnorm = BatchNormMode::Sync;
+    options.process_group = &group;
+    Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), options);
+    for (int s = 0; s < kSteps; ++s) trainer.step(make_batch(7, 50 + unsigned(s)));
+    values[std::size_t(rank)] =
+        trainer.master().flat_values().to_host<float>(default_stream(device()));
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(errors[std::size_t(r)], "") << "rank " << r;
+    EXPECT_TRUE(all_close(values[std::size_t(r)], expected, 1e-5, 1e-4))
+        << "rank " << r << ", 2 towers on " << device().str();
+  }
+  EXPECT_EQ(values[0], values[1]);
+}
+
 TEST(MultiRank, ARankThatFailsStopsTheOthersInsteadOfHanging) {
   Model model;
   const auto errors = run_ranks(

@@ -9,7 +9,9 @@
 //
 // The fused ReLU (a.activation) is a compile-time parameter of the loops that
 // use it, so the plain batch norm pays no test per element: clamp() in the
-// forwards, masked() on grad_y in the backwards, each written once.
+// forwards, masked() on grad_y in the backwards, each written once. The backward's
+// mask is recomputed from x (batchnorm_affine, as the forward computed y), so a
+// ReLU backward reads what the plain one reads.
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -34,14 +36,29 @@ T clamp(T v) {
   }
 }
 
-// grad_y masked by the forward's output (y > 0) when Relu, else grad_y.
+// The per-channel coefficients of batchnorm_affine, as the forward computes them.
+template <typename T>
+struct Affine {
+  T center, scale, shift;
+};
+
+// grad_y masked by the forward's y > 0, recomputed from x, when Relu; else grad_y.
 template <bool Relu, typename T>
-T masked(T grad_y, const T* y, std::int64_t i) {
+T masked(T grad_y, T x, const Affine<T>& k) {
   if constexpr (Relu) {
-    return relu_mask(grad_y, y[i]);
+    return relu_mask(grad_y, batchnorm_affine(x, k.center, k.scale, k.shift));
   } else {
     return grad_y;
   }
+}
+
+// Channel c's coefficients from gamma, beta, mean and inv_std (only a ReLU
+// backward reads them: zeros otherwise).
+template <typename T>
+Affine<T> affine_of(const BatchNormArgs& a, std::int64_t c) {
+  if (a.activation != Activation::ReLU) return {T(0), T(0), T(0)};
+  const T istd = a.inv_std.data<T>()[c];
+  return {a.mean.data<T>()[c], a.gamma.data<T>()[c] * istd, a.beta.data<T>()[c]};
 }
 
 // fn.template operator()<Relu>() with Relu = (activation == ReLU).
@@ -108,9 +125,8 @@ void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_
 
 namespace {
 
-// y[n,c,s] = (x[n,c,s] - center[c]) * scale[c] + shift[c], then ReLU when the
-// activation asks; y may alias x. Keeping x - center explicit (rather than
-// x * scale + (shift - center * scale)) avoids cancellation when the mean is large.
+// y[n,c,s] = batchnorm_affine(x[n,c,s], center[c], scale[c], shift[c]), then ReLU
+// when the activation asks; y may alias x.
 template <typename T>
 void normalize(const BatchNormArgs& a, const std::vector<T>& center, const std::vector<T>& scale) {
   const std::int64_t N = a.N, C = a.C, S = a.S;
@@ -123,7 +139,7 @@ void normalize(const BatchNormArgs& a, const std::vector<T>& center, const std::
         for (std::int64_t c = 0; c < C; ++c) {
           const std::int64_t base = (n * C + c) * S;
           for (std::int64_t s = 0; s < S; ++s) {
-            y[base + s] = clamp<Relu>((x[base + s] - center[c]) * scale[c] + shift[c]);
+            y[base + s] = clamp<Relu>(batchnorm_affine(x[base + s], center[c], scale[c], shift[c]));
           }
         }
       }
@@ -179,25 +195,25 @@ void batchnorm_forward_inference(const BatchNormArgs& a) {
 void batchnorm_backward_reduce(const BatchNormArgs& a) {
   const std::int64_t N = a.N, C = a.C, S = a.S;
   with_dtype(a.x.dtype(), [&]<typename T>() {
-    const T* gy = a.grad_y.data<T>();                        // [N,C,S]
-    const T* in = a.x.data<T>();                             // [N,C,S]
-    const T* out = a.y.defined() ? a.y.data<T>() : nullptr;  // [N,C,S] (ReLU only)
-    const T* mu = a.mean.data<T>();                          // [C]
-    const T* istd = a.inv_std.data<T>();                     // [C]
-    T* out_a = a.sum_grad_y.data<T>();                       // [C]
-    T* out_b = a.sum_grad_y_xhat.data<T>();                  // [C]
+    const T* gy = a.grad_y.data<T>();        // [N,C,S]
+    const T* in = a.x.data<T>();             // [N,C,S]
+    const T* mu = a.mean.data<T>();          // [C]
+    const T* istd = a.inv_std.data<T>();     // [C]
+    T* out_a = a.sum_grad_y.data<T>();       // [C]
+    T* out_b = a.sum_grad_y_xhat.data<T>();  // [C]
     with_activation(a.activation, [&]<bool Relu>() {
       parallel_rows(C, 2 * N * S, [&](std::int64_t first, std::int64_t last) {
         for (std::int64_t c = first; c < last; ++c) {
           const double m = static_cast<double>(mu[c]);
+          const Affine<T> k = affine_of<T>(a, c);
           double sum_gy = 0.0, sum_gy_xhat = 0.0;
           for (std::int64_t n = 0; n < N; ++n) {
             const std::int64_t base = (n * C + c) * S;
             sum_gy += sum_over(S, [&](std::int64_t s) {
-              return static_cast<double>(masked<Relu>(gy[base + s], out, base + s));
+              return static_cast<double>(masked<Relu>(gy[base + s], in[base + s], k));
             });
             sum_gy_xhat += sum_over(S, [&](std::int64_t s) {
-              return static_cast<double>(masked<Relu>(gy[base + s], out, base + s)) *
+              return static_cast<double>(masked<Relu>(gy[base + s], in[base + s], k)) *
                      (static_cast<double>(in[base + s]) - m);
             });
           }
@@ -212,15 +228,14 @@ void batchnorm_backward_reduce(const BatchNormArgs& a) {
 void batchnorm_backward_apply(const BatchNormArgs& a) {
   const std::int64_t N = a.N, C = a.C, S = a.S;
   with_dtype(a.x.dtype(), [&]<typename T>() {
-    T* gx = a.grad_x.data<T>();                              // [N,C,S]
-    const T* gy = a.grad_y.data<T>();                        // [N,C,S]
-    const T* in = a.x.data<T>();                             // [N,C,S]
-    const T* out = a.y.defined() ? a.y.data<T>() : nullptr;  // [N,C,S] (ReLU only)
-    const T* g = a.gamma.data<T>();                          // [C]
-    const T* mu = a.mean.data<T>();                          // [C]
-    const T* istd = a.inv_std.data<T>();                     // [C]
-    const T* sa = a.sum_grad_y.data<T>();                    // [C]
-    const T* sb = a.sum_grad_y_xhat.data<T>();               // [C]
+    T* gx = a.grad_x.data<T>();                 // [N,C,S]
+    const T* gy = a.grad_y.data<T>();           // [N,C,S]
+    const T* in = a.x.data<T>();                // [N,C,S]
+    const T* g = a.gamma.data<T>();             // [C]
+    const T* mu = a.mean.data<T>();             // [C]
+    const T* istd = a.inv_std.data<T>();        // [C]
+    const T* sa = a.sum_grad_y.data<T>();       // [C]
+    const T* sb = a.sum_grad_y_xhat.data<T>();  // [C]
     const T inv_count = static_cast<T>(1.0 / static_cast<double>(a.count));
     with_activation(a.activation, [&]<bool Relu>() {
       parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
@@ -230,9 +245,10 @@ void batchnorm_backward_apply(const BatchNormArgs& a) {
             const T k = g[c] * istd[c];
             const T mean_gy = sa[c] * inv_count;
             const T mean_gy_xhat = sb[c] * inv_count;
+            const Affine<T> relu = affine_of<T>(a, c);
             for (std::int64_t s = 0; s < S; ++s) {
               const T xhat = (in[base + s] - mu[c]) * istd[c];
-              const T gys = masked<Relu>(gy[base + s], out, base + s);
+              const T gys = masked<Relu>(gy[base + s], in[base + s], relu);
               gx[base + s] += k * (gys - mean_gy - xhat * mean_gy_xhat);
             }
           }

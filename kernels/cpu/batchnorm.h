@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "engine/philox.h"  // TL_HOST_DEVICE
 #include "engine/tensor.h"
 #include "kernels/relu.h"
 
@@ -15,16 +16,30 @@ namespace towerlab {
 struct BatchNormArgs {
   std::int64_t N = 0, C = 0, S = 0;  // x viewed as [N,C,S], S = H*W (1 for [N,C])
   Tensor x;                          // [N,C,S]
-  Tensor y;                          // [N,C,S] the forward's output (read by a ReLU backward)
+  Tensor y;                          // [N,C,S] the forward's output
   Tensor gamma, beta;                // [C]
   Tensor mean, m2, inv_std;          // [C] statistics (m2 = sum of squared deviations)
   Tensor moving_mean, moving_var;    // [C] both defined or both undefined (no update)
   std::int64_t count = 0;            // values per channel behind mean and m2 (all towers)
   double eps = 0.0, momentum = 0.0;
-  Activation activation = Activation::None;  // ReLU: forwards clamp y, backwards mask grad_y
-  Tensor grad_y, grad_x;                     // [N,C,S]
-  Tensor sum_grad_y, sum_grad_y_xhat;        // [C]
+  // ReLU: the forwards clamp y; the backwards mask grad_y by the forward's y > 0,
+  // recomputed from x, gamma, beta, mean and inv_std (batchnorm_affine).
+  Activation activation = Activation::None;
+  Tensor grad_y, grad_x;               // [N,C,S]
+  Tensor sum_grad_y, sum_grad_y_xhat;  // [C]
 };
+
+// The normalization of one value before the ReLU: (x - center) * scale + shift,
+// with center = mean, scale = gamma * inv_std and shift = beta in x's dtype. The
+// forward stores it (clamped) and a ReLU backward recomputes it for its mask, each
+// through this one expression on both backends (CUDA's kernels call it too), so
+// that the mask is the forward's bit for bit. x - center stays explicit (rather
+// than x * scale + (shift - center * scale)) to avoid cancellation when the mean
+// is large.
+template <typename T>
+TL_HOST_DEVICE inline T batchnorm_affine(T x, T center, T scale, T shift) {
+  return (x - center) * scale + shift;
+}
 
 }  // namespace towerlab
 
@@ -39,11 +54,11 @@ void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_
 void batchnorm_forward_from_stats(const BatchNormArgs& a);
 // Reads x, gamma, beta, moving_mean, moving_var, eps, activation; writes y.
 void batchnorm_forward_inference(const BatchNormArgs& a);
-// Reads grad_y, x, mean, inv_std, activation (and y for ReLU); writes sum_grad_y,
-// sum_grad_y_xhat.
+// Reads grad_y, x, mean, inv_std, activation (and gamma, beta for ReLU); writes
+// sum_grad_y, sum_grad_y_xhat.
 void batchnorm_backward_reduce(const BatchNormArgs& a);
 // Reads grad_y, x, gamma, mean, inv_std, sum_grad_y, sum_grad_y_xhat, count,
-// activation (and y for ReLU); adds into grad_x.
+// activation (and beta for ReLU); adds into grad_x.
 void batchnorm_backward_apply(const BatchNormArgs& a);
 
 }  // namespace towerlab::cpu

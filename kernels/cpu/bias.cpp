@@ -3,6 +3,7 @@
 // the N images, the backwards over the channels, each channel summing its rows in
 // order n = 0, 1, ... whichever thread runs it.
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cpu/bias.h"
 #include "kernels/cpu/dtype_dispatch.h"
@@ -68,8 +69,9 @@ void bias_add_relu_forward(const Tensor& y, const Tensor& x, const Tensor& bias,
   });
 }
 
-// One pass per channel: each masked gradient value is added to grad_x (when it is
-// wanted) and to the channel's sum, which goes into grad_bias once.
+// One pass: each masked gradient value is added to grad_x (when it is wanted) and
+// to its channel's sum, which goes into grad_bias once; each channel sums its
+// values in order n = 0, 1, ... (then s), as bias_add_backward does.
 void bias_add_relu_backward(const Tensor& grad_x, const Tensor& grad_bias, const Tensor& grad_y,
                             const Tensor& y, std::int64_t N, std::int64_t C, std::int64_t S) {
   with_dtype(grad_y.dtype(), [&]<typename T>() {
@@ -77,6 +79,25 @@ void bias_add_relu_backward(const Tensor& grad_x, const Tensor& grad_bias, const
     const T* out = y.data<T>();                             // [N,C,S]
     T* gx = grad_x.defined() ? grad_x.data<T>() : nullptr;  // [N,C,S]
     T* gb = grad_bias.data<T>();                            // [C]
+    if (S == 1) {
+      // [N,C], a fully connected layer: a channel's values are C apart, so a thread
+      // walks the rows for its block of channels, keeping one sum per channel.
+      parallel_rows(C, N, [&](std::int64_t first, std::int64_t last) {
+        std::vector<double> sum(static_cast<std::size_t>(last - first), 0.0);
+        for (std::int64_t n = 0; n < N; ++n) {
+          for (std::int64_t c = first; c < last; ++c) {
+            const T g = relu_mask(gy[n * C + c], out[n * C + c]);
+            if (gx != nullptr) gx[n * C + c] += g;
+            sum[static_cast<std::size_t>(c - first)] += static_cast<double>(g);
+          }
+        }
+        for (std::int64_t c = first; c < last; ++c) {
+          gb[c] =
+              static_cast<T>(static_cast<double>(gb[c]) + sum[static_cast<std::size_t>(c - first)]);
+        }
+      });
+      return;
+    }
     parallel_rows(C, N * S, [&](std::int64_t first, std::int64_t last) {
       for (std::int64_t c = first; c < last; ++c) {
         double sum = 0.0;

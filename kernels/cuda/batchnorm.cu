@@ -13,7 +13,9 @@
 //
 // The fused ReLU (BatchNormArgs::activation) is a template parameter of the
 // elementwise and backward kernels: the forward clamps y, the backward masks
-// grad_y by the forward's y > 0 as it loads it (masked_grad).
+// grad_y by the forward's y > 0, recomputed from the x it loads anyway with the
+// forward's own expression (batchnorm_affine, kernels/cpu/batchnorm.h), so it
+// reads no more than the plain backward.
 #include "kernels/cuda/batchnorm.h"
 #include "kernels/cuda/per_channel.cuh"
 
@@ -113,9 +115,8 @@ __global__ void batchnorm_prepare_inference_kernel(std::int64_t C, float4* coeff
   }
 }
 
-// y = (x - center) * scale + shift, then ReLU when Relu ("z < 0 ? 0 : z", not
-// fmaxf, which drops a NaN); y may alias x. x - center stays explicit so a large
-// mean does not cancel against itself in float.
+// y = batchnorm_affine(x, center, scale, shift), then ReLU when Relu ("z < 0 ? 0 :
+// z", not fmaxf, which drops a NaN); y may alias x.
 template <bool Relu>
 __global__ void batchnorm_apply_kernel(std::int64_t n, float* y, const float* x,
                                        const float4* __restrict__ coeff, std::int64_t C,
@@ -124,29 +125,41 @@ __global__ void batchnorm_apply_kernel(std::int64_t n, float* y, const float* x,
       n, C, S, [&](std::int64_t i) { return x[i]; },
       [&](std::int64_t i, float v, std::int64_t c) {
         const float4 k = coeff[c];
-        const float z = (v - k.x) * k.y + k.z;
+        const float z = batchnorm_affine(v, k.x, k.y, k.z);
         y[i] = Relu && z < 0.0f ? 0.0f : z;
       });
 }
 
 // --- backward ------------------------------------------------------------------
 
-// grad_y[i], masked by the forward's output (y[i] > 0) when Relu (y is null otherwise).
+// What a ReLU backward recomputes the forward's y from: the statistics, gamma and
+// beta (null pointers for the plain backward, which never reads them).
+struct ReluSource {
+  const float* mean;
+  const float* gamma;
+  const float* inv_std;
+  const float* beta;
+};
+
+// grad_y masked by the forward's y > 0 (y recomputed from x in channel c, with the
+// forward's scale gamma * inv_std in float) when Relu; else grad_y.
 template <bool Relu>
-__device__ float masked_grad(const float* __restrict__ grad_y, const float* __restrict__ y,
-                             std::int64_t i) {
+__device__ float masked_grad(float grad_y, float x, const ReluSource& r, std::int64_t c) {
   if constexpr (Relu) {
-    return y[i] > 0.0f ? grad_y[i] : 0.0f;
+    const float y = batchnorm_affine(x, r.mean[c], r.gamma[c] * r.inv_std[c], r.beta[c]);
+    return y > 0.0f ? grad_y : 0.0f;
   } else {
-    return grad_y[i];
+    return grad_y;
   }
 }
 
 template <bool Relu>
-__global__ void batchnorm_backward_partial_kernel(
-    float* partial_gy, float* partial_gy_dev, const float* __restrict__ grad_y,
-    const float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ mean,
-    std::int64_t C, std::int64_t S, std::int64_t per_channel, std::int64_t chunk) {
+__global__ void batchnorm_backward_partial_kernel(float* partial_gy, float* partial_gy_dev,
+                                                  const float* __restrict__ grad_y,
+                                                  const float* __restrict__ x,
+                                                  const float* __restrict__ mean, ReluSource relu,
+                                                  std::int64_t C, std::int64_t S,
+                                                  std::int64_t per_channel, std::int64_t chunk) {
   const std::int64_t c = blockIdx.x, j = blockIdx.y;
   const std::int64_t begin = j * chunk, end = min(per_channel, begin + chunk);
   const float mu = mean[c];
@@ -154,7 +167,8 @@ __global__ void batchnorm_backward_partial_kernel(
   for_each_in_channel_range(
       begin, end, c, C, S,
       [&](std::int64_t offset) {
-        return make_float2(masked_grad<Relu>(grad_y, y, offset), x[offset]);
+        const float v = x[offset];
+        return make_float2(masked_grad<Relu>(grad_y[offset], v, relu, c), v);
       },
       [&](float2 gy_x) {
         sum += gy_x.x;
@@ -202,15 +216,17 @@ __global__ void batchnorm_prepare_backward_kernel(std::int64_t C, float4* coeff,
 }
 
 template <bool Relu>
-__global__ void batchnorm_backward_apply_kernel(
-    std::int64_t n, float* grad_x, const float* __restrict__ grad_y, const float* __restrict__ y,
-    const float* __restrict__ x, const float4* __restrict__ coeff, std::int64_t C, std::int64_t S) {
+__global__ void batchnorm_backward_apply_kernel(std::int64_t n, float* grad_x,
+                                                const float* __restrict__ grad_y,
+                                                const float* __restrict__ x,
+                                                const float4* __restrict__ coeff, ReluSource relu,
+                                                std::int64_t C, std::int64_t S) {
   for_each_with_channel(
-      n, C, S,
-      [&](std::int64_t i) { return make_float3(masked_grad<Relu>(grad_y, y, i), x[i], grad_x[i]); },
+      n, C, S, [&](std::int64_t i) { return make_float3(grad_y[i], x[i], grad_x[i]); },
       [&](std::int64_t i, float3 v, std::int64_t c) {
         const float4 k = coeff[c];
-        grad_x[i] = v.z + k.y * v.x - k.z - (v.y - k.x) * k.w;
+        const float gy = masked_grad<Relu>(v.x, v.y, relu, c);
+        grad_x[i] = v.z + k.y * gy - k.z - (v.y - k.x) * k.w;
       });
 }
 
@@ -228,9 +244,11 @@ void apply(const BatchNormArgs& a, const float4* coeff, const Stream& stream) {
                      a.C, a.S);
 }
 
-// The forward's y, which masks grad_y, for a ReLU backward; null otherwise.
-const float* relu_output(const BatchNormArgs& a) {
-  return a.activation == Activation::ReLU ? a.y.data<float>() : nullptr;
+// The forward's coefficients for a ReLU backward's mask; null pointers otherwise.
+ReluSource relu_source(const BatchNormArgs& a) {
+  if (a.activation != Activation::ReLU) return {nullptr, nullptr, nullptr, nullptr};
+  return {a.mean.data<float>(), a.gamma.data<float>(), a.inv_std.data<float>(),
+          a.beta.data<float>()};
 }
 
 }  // namespace
@@ -296,8 +314,8 @@ void batchnorm_backward_reduce(const BatchNormArgs& a, const Stream& stream) {
   const auto kernel = a.activation == Activation::ReLU ? batchnorm_backward_partial_kernel<true>
                                                        : batchnorm_backward_partial_kernel<false>;
   kernel<<<dim3(static_cast<unsigned>(C), static_cast<unsigned>(splits)), kReduceBlock, 0, s>>>(
-      partial_gy, partial_gy_dev, a.grad_y.data<float>(), relu_output(a), a.x.data<float>(),
-      a.mean.data<float>(), C, S, per_channel, chunk);
+      partial_gy, partial_gy_dev, a.grad_y.data<float>(), a.x.data<float>(), a.mean.data<float>(),
+      relu_source(a), C, S, per_channel, chunk);
   TL_CUDA_CHECK_LAUNCH();
   launch_grid_stride(batchnorm_backward_finish_kernel, C, stream, a.sum_grad_y.data<float>(),
                      a.sum_grad_y_xhat.data<float>(), partial_gy, partial_gy_dev,
@@ -313,7 +331,7 @@ void batchnorm_backward_apply(const BatchNormArgs& a, const Stream& stream) {
   const auto kernel = a.activation == Activation::ReLU ? batchnorm_backward_apply_kernel<true>
                                                        : batchnorm_backward_apply_kernel<false>;
   launch_grid_stride(kernel, a.N * a.C * a.S, stream, a.grad_x.data<float>(),
-                     a.grad_y.data<float>(), relu_output(a), a.x.data<float>(), coeff.as<float4>(),
+                     a.grad_y.data<float>(), a.x.data<float>(), coeff.as<float4>(), relu_source(a),
                      a.C, a.S);
 }
 

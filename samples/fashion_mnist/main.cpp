@@ -8,6 +8,11 @@
 // progress, a summary per epoch, and exits non-zero when training diverges (3) or
 // the input is bad (2, with one line that says what; options.h lists what is
 // checked before any work).
+//
+// Under mpirun every rank runs this program on the same global batches and the
+// ranks train one model (parallel/cluster.h): `mpirun -np 4 fashion_mnist
+// --devices cpu,cpu`. Rank 0 alone prints and writes summaries, metrics and
+// checkpoints; a checkpoint loads through rank 0. Errors come from every rank.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -23,13 +28,14 @@ using namespace towerlab;
 
 namespace {
 
-std::vector<Device> choose_devices(const sample::Options& o) {
+std::vector<Device> choose_devices(const sample::Options& o, const Cluster& cluster) {
   if (o.n_gpus) {  // checked positive by parse_options
     std::vector<Device> devices;
     for (int i = 0; i < *o.n_gpus; ++i) devices.push_back(Device::cuda(i));
     return devices;
   }
   if (!o.devices.empty()) return parse_device_list(o.devices);
+  if (cluster.size() > 1 && cuda_device_count() > 0) return {cluster.default_device()};
   if (cuda_device_count() > 0) {
     std::vector<Device> devices;
     for (int i = 0; i < cuda_device_count(); ++i) devices.push_back(Device::cuda(i));
@@ -44,27 +50,38 @@ std::string join(const std::vector<Device>& devices) {
   return s;
 }
 
-// Accuracy of the model on a dataset, in inference mode, batch by batch.
-double accuracy(Trainer& trainer, const FashionMnist& data, std::int64_t batch_size) {
+// Accuracy of the model on a dataset, in inference mode, batch by batch. Each rank
+// counts its own rows of every batch; the counts are summed over the ranks.
+double accuracy(Trainer& trainer, const FashionMnist& data, std::int64_t batch_size,
+                ProcessGroup& group) {
   Batcher batcher(data.images, data.labels, batch_size, 0, Order::Sequential);
   Batch batch;
   std::int64_t correct = 0;
   while (batcher.next(batch)) {
     const StepResult r = trainer.evaluate({batch.images, batch.labels});
-    const auto logits = r.outputs[0].to_host<float>();  // [B,10]
+    if (r.outputs.empty() || r.slices.empty()) continue;  // a rank without rows
+    const auto logits = r.outputs[0].to_host<float>();    // [rows of this rank, 10]
     const auto labels = batch.labels.to_host<float>();
-    for (std::int64_t i = 0; i < batch.size(); ++i) {
+    const std::int64_t first = r.slices.front().begin;
+    for (std::int64_t i = 0; i < std::int64_t(logits.size() / 10); ++i) {
       const float* row = logits.data() + i * 10;
       const auto best = std::max_element(row, row + 10) - row;
-      correct += best == static_cast<std::int64_t>(labels[std::size_t(i)]);
+      correct += best == static_cast<std::int64_t>(labels[std::size_t(first + i)]);
     }
   }
-  return double(correct) / double(data.size());
+  double total = double(correct);
+  group.allreduce_sum(std::span<double>(&total, 1), "test accuracy: correct predictions");
+  return total / double(data.size());
 }
 
 int run(const sample::Options& o) {
+  Cluster cluster;
+  // The other ranks take the same steps; their progress would repeat rank 0's.
+  const bool reporting = cluster.rank() == 0;
+  if (!reporting) std::freopen("/dev/null", "w", stdout);
   TrainerOptions options;
-  options.devices = choose_devices(o);
+  options.devices = choose_devices(o, cluster);
+  options.process_group = &cluster;
   options.master = Device::parse(o.master);
   options.batchnorm_stats =
       o.batchnorm_stats == "tower0" ? BatchNormStats::Tower0 : BatchNormStats::Average;
@@ -103,9 +120,9 @@ int run(const sample::Options& o) {
               join(trainer.devices()).c_str(), options.master.str().c_str(),
               static_cast<long long>(o.batch));
   if (!o.load.empty()) {
-    const CheckpointInfo info =
-        load_checkpoint(o.load, trainer.master(), o.eval_only ? nullptr : &trainer.optimizer(),
-                        default_stream(trainer.master().device()));
+    const CheckpointInfo info = load_checkpoint(cluster, o.load, trainer.master(),
+                                                o.eval_only ? nullptr : &trainer.optimizer(),
+                                                default_stream(trainer.master().device()));
     trainer.broadcast();
     std::printf("loaded %s (step %lld)\n", o.load.c_str(), static_cast<long long>(info.step));
   }
@@ -114,12 +131,12 @@ int run(const sample::Options& o) {
       {"devices", join(trainer.devices())}, {"epochs", 0}, {"batch", o.batch},
       {"optimizer", o.optimizer},           {"lr", o.lr},  {"schedule", o.schedule}};
   if (o.eval_only) {
-    const double acc = accuracy(trainer, test, 1000);
+    const double acc = accuracy(trainer, test, 1000, cluster);
     std::printf("test accuracy %.4f\n", acc);
     metrics["test_accuracy"] = acc;
   } else {
     std::unique_ptr<SummaryWriter> summaries;
-    if (!o.summaries.empty()) summaries = std::make_unique<SummaryWriter>(o.summaries);
+    if (!o.summaries.empty() && reporting) summaries = std::make_unique<SummaryWriter>(o.summaries);
     Trace trace;
     double images_per_second = 0.0, train_loss = 0.0, test_acc = 0.0;
     for (int epoch = 0; epoch < o.epochs; ++epoch) {
@@ -174,13 +191,13 @@ int run(const sample::Options& o) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       images_per_second = double(images) / secs;
       train_loss = loss_sum / double(std::max<std::int64_t>(images, 1));
-      test_acc = accuracy(trainer, test, 1000);
+      test_acc = accuracy(trainer, test, 1000, cluster);
       std::printf(
           "epoch %d: train loss %.4f, test accuracy %.4f, %.0f images/s (%lld steps, %.1f s)\n",
           epoch + 1, train_loss, test_acc, images_per_second, static_cast<long long>(step), secs);
       std::fflush(stdout);
       if (!o.save.empty()) {
-        save_checkpoint(o.save, trainer.master(), &trainer.optimizer(),
+        save_checkpoint(cluster, o.save, trainer.master(), &trainer.optimizer(),
                         {{"epoch", std::to_string(epoch + 1)}, {"model", "FashionNet"}});
       }
     }
@@ -190,7 +207,7 @@ int run(const sample::Options& o) {
     metrics["test_accuracy"] = test_acc;
     metrics["images_per_second"] = images_per_second;
   }
-  if (!o.metrics.empty()) {
+  if (!o.metrics.empty() && reporting) {
     const std::string text = metrics.dump(2) + "\n";
     AtomicFile file(o.metrics);
     file.write(text.data(), text.size());

@@ -1,0 +1,95 @@
+"""FashionNet in JAX (see run_peer.py for the model every peer trains), NHWC, the whole
+training step (forward, gradient, batch-norm statistics, Adam) one jit-compiled
+function whose buffers are donated, so a step allocates nothing new. Adam is written
+out here (optax's adam computes the same) to keep the peer to jax and jaxlib.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+VARIANTS = ("",)
+EPS, DECAY = 1e-3, 0.99
+BETA1, BETA2, ADAM_EPS = 0.9, 0.999, 1e-8
+
+
+def init(key):
+    def he(key, shape, fan_in):
+        return jax.random.normal(key, shape, jnp.float32) * np.sqrt(2.0 / fan_in)
+    k = jax.random.split(key, 4)
+    params = {"conv1": he(k[0], (3, 3, 1, 32), 9), "bn1_gamma": jnp.ones(32), "bn1_beta": jnp.zeros(32),
+              "conv2": he(k[1], (3, 3, 32, 64), 288), "bn2_gamma": jnp.ones(64), "bn2_beta": jnp.zeros(64),
+              "fc1_w": he(k[2], (3136, 128), 3136), "fc1_b": jnp.zeros(128),
+              "fc2_w": he(k[3], (128, 10), 128), "fc2_b": jnp.zeros(10)}
+    state = {"bn1_mean": jnp.zeros(32), "bn1_var": jnp.ones(32),
+             "bn2_mean": jnp.zeros(64), "bn2_var": jnp.ones(64)}
+    return params, state
+
+
+def forward(params, state, x, training):
+    """Logits and the new moving statistics (the old ones when not training)."""
+    new_state = dict(state)
+
+    def block(x, i):
+        x = lax.conv_general_dilated(x, params[f"conv{i}"], (1, 1), "SAME",
+                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        if training:
+            mean, var = x.mean((0, 1, 2)), x.var((0, 1, 2))
+            new_state[f"bn{i}_mean"] = DECAY * state[f"bn{i}_mean"] + (1 - DECAY) * mean
+            new_state[f"bn{i}_var"] = DECAY * state[f"bn{i}_var"] + (1 - DECAY) * var
+        else:
+            mean, var = state[f"bn{i}_mean"], state[f"bn{i}_var"]
+        x = (x - mean) * (lax.rsqrt(var + EPS) * params[f"bn{i}_gamma"]) + params[f"bn{i}_beta"]
+        x = jnp.maximum(x, 0.0)
+        return lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+
+    x = block(block(x, 1), 2).reshape(x.shape[0], -1)
+    x = jnp.maximum(x @ params["fc1_w"] + params["fc1_b"], 0.0)
+    return x @ params["fc2_w"] + params["fc2_b"], new_state
+
+
+def loss_fn(params, state, x, y):
+    logits, new_state = forward(params, state, x, True)
+    picked = jnp.take_along_axis(logits, y[:, None], axis=1)[:, 0]
+    return jnp.mean(jax.nn.logsumexp(logits, axis=1) - picked), new_state
+
+
+def train_step(params, state, adam, x, y, lr):
+    (loss, state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, state, x, y)
+    t = adam["t"] + 1
+    m = jax.tree.map(lambda m, g: BETA1 * m + (1 - BETA1) * g, adam["m"], grads)
+    v = jax.tree.map(lambda v, g: BETA2 * v + (1 - BETA2) * g * g, adam["v"], grads)
+    rate = lr * jnp.sqrt(1 - BETA2 ** t) / (1 - BETA1 ** t)
+    params = jax.tree.map(lambda p, m, v: p - rate * m / (jnp.sqrt(v) + ADAM_EPS), params, m, v)
+    return params, state, {"m": m, "v": v, "t": t}, loss
+
+
+class Peer:
+    def __init__(self, threads, seed, variant):
+        if variant not in VARIANTS:
+            raise ValueError(f"jax variant {variant!r}; expected one of {VARIANTS}")
+        # XLA's CPU client sizes its thread pool by the CPUs this process may use:
+        # compare_peers.py pins the process to `threads` of them.
+        self.params, self.state = init(jax.random.PRNGKey(seed))
+        zeros = jax.tree.map(jnp.zeros_like, self.params)
+        self.adam = {"m": zeros, "v": jax.tree.map(jnp.zeros_like, self.params), "t": jnp.zeros((), jnp.float32)}
+        self.lr = jnp.float32(1e-3)
+        self.train_step = jax.jit(train_step, donate_argnums=(0, 1, 2))
+        self.predict_fn = jax.jit(lambda p, s, x: forward(p, s, x, False)[0])
+        self.version = jax.__version__
+        self.config = f"whole step jit-compiled, NHWC, {threads} CPUs, backend {jax.default_backend()}"
+
+    def step(self, images, labels):
+        self.params, self.state, self.adam, loss = self.train_step(
+            self.params, self.state, self.adam, images, labels, self.lr)
+        return float(loss)
+
+    def predict(self, images):
+        return np.asarray(self.predict_fn(self.params, self.state, images))
+
+    def set_lr(self, lr):
+        self.lr = jnp.float32(lr)
+
+
+def build(threads, seed, variant):
+    return Peer(threads, seed, variant)

@@ -1,0 +1,68 @@
+"""FashionNet in TensorFlow 2 with Keras 3 layers (see run_peer.py for the model every
+peer trains), NHWC, the whole training step one tf.function.
+
+Variants (run_peer.py --variant): "" is the best configuration measured on the 2-core
+machines (bench/results/cpu_peers.md): a TensorFlow graph running oneDNN's kernels,
+about 2.5 times XLA's speed there. "xla" compiles the step with XLA (jit_compile=True).
+"""
+import os
+
+# Before TensorFlow loads: oneDNN's CPU kernels (the default on x86 Linux, stated so
+# that a changed default cannot change the peer), and only its errors on stderr.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from keras import layers  # noqa: E402
+
+VARIANTS = ("", "xla")
+
+
+def fashion_net():
+    # Keras's BatchNormalization momentum is TensorFlow's decay, as towerlab's.
+    def block(filters):
+        return [layers.Conv2D(filters, 3, padding="same", use_bias=False),
+                layers.BatchNormalization(momentum=0.99, epsilon=1e-3), layers.ReLU(),
+                layers.MaxPooling2D(2)]
+    return keras.Sequential([keras.Input((28, 28, 1)), *block(32), *block(64), layers.Flatten(),
+                             layers.Dense(128, activation="relu"), layers.Dense(10)])
+
+
+class Peer:
+    def __init__(self, threads, seed, variant):
+        if variant not in VARIANTS:
+            raise ValueError(f"tensorflow variant {variant!r}; expected one of {VARIANTS}")
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+        keras.utils.set_random_seed(seed)
+        self.model = fashion_net()
+        self.opt = keras.optimizers.Adam(learning_rate=1e-3, beta_1=0.9, beta_2=0.999, epsilon=1e-8)
+        model, opt = self.model, self.opt
+
+        @tf.function(jit_compile=variant == "xla")
+        def train_step(x, y):
+            with tf.GradientTape() as tape:
+                logits = model(x, training=True)
+                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        self.train_step = train_step
+        self.version = tf.__version__
+        self.config = (f"{'XLA' if variant == 'xla' else 'graph, oneDNN'}, NHWC, {threads} threads, "
+                       f"Keras {keras.__version__}")
+
+    def step(self, images, labels):
+        return float(self.train_step(images, labels))
+
+    def predict(self, images):
+        return self.model(images, training=False).numpy()
+
+    def set_lr(self, lr):
+        self.opt.learning_rate.assign(lr)
+
+
+def build(threads, seed, variant):
+    return Peer(threads, seed, variant)

@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""Draws the benchmark plots of the README (PNG, 100 dpi) from the JSON the benches write.
+
+  scripts/plots.py [--results bench/results] [--out docs/img]
+
+Reads, from --results (each file optional: an absent one is skipped with a note):
+  trainer_bench.json        bench/trainer_bench --benchmark_format=json (CPU rows)
+  matmul_bench.json         bench/matmul_bench --benchmark_format=json (CPU rows)
+  allreduce_bench.json      bench/allreduce_bench --benchmark_format=json (CPU rows)
+  cpu_peers.json            bench/compare_peers.py
+  gpu/*.json                the same three benches run on a GPU machine (their cuda rows)
+and writes into --out:
+  towers_speed.png          FashionNet images/s against the number of towers
+  cpu_peers.png             towerlab against PyTorch, TensorFlow and JAX on the CPU
+  gemm_cpu.png              towerlab's SGEMM against OpenBLAS, GFLOP/s against size
+  ring_bandwidth_cpu.png    ring all-reduce bus bandwidth against message size
+  gemm_gpu.png, ring_bandwidth_gpu.png, towers_speed_gpu.png where GPU JSON exists
+
+The JSON comes from (CPU; on a GPU machine the same with build/gpu/bench and
+--benchmark_filter=cuda, written under gpu/):
+  build/cpu/bench/trainer_bench --benchmark_filter=cpu_local --benchmark_format=json > trainer_bench.json
+  OPENBLAS_CORETYPE=Haswell OPENBLAS_NUM_THREADS=2 build/cpu/bench/matmul_bench \
+    --benchmark_filter='Cpu.*cpu_NN' --benchmark_repetitions=3 --benchmark_format=json > matmul_bench.json
+  build/cpu/bench/allreduce_bench --benchmark_filter=BM_RingAllReduce/cpu/ --benchmark_format=json \
+    > allreduce_bench.json
+(OPENBLAS_CORETYPE=SkylakeX where the CPU has avx512f.) Needs matplotlib: the peers'
+virtual environment has it (build/peers-venv/bin/python scripts/plots.py), or Debian's
+python3-matplotlib.
+"""
+import argparse
+import json
+import os
+import re
+import sys
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DPI = 100
+
+
+def note(msg):
+    print(f"plots: {msg}", file=sys.stderr)
+
+
+def load(path):
+    if not os.path.exists(path):
+        note(f"{os.path.relpath(path, ROOT)} not found: its plot is skipped")
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def benchmark_rows(doc):
+    """{run_name: row} from Google Benchmark JSON: the "max" aggregate where the bench
+    ran repetitions (the repetition least disturbed by other work), else the mean of
+    the plain runs of that name."""
+    plain, best = defaultdict(list), {}
+    for b in doc.get("benchmarks", []):
+        if b.get("error_occurred"):
+            continue
+        name = b.get("run_name", b["name"])
+        if b.get("run_type") == "aggregate":
+            if b.get("aggregate_name") == "max":
+                best[name] = b
+        else:
+            plain[name].append(b)
+    rows = {}
+    for name, runs in plain.items():
+        if name in best:
+            rows[name] = best[name]
+            continue
+        row = dict(runs[0])
+        for key, value in runs[0].items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                row[key] = sum(r[key] for r in runs) / len(runs)
+        rows[name] = row
+    return rows
+
+
+def args_of(name):
+    """The integer arguments of a benchmark name: BM_X/cpu_local/2/128/real_time -> [2, 128]."""
+    return [int(p) for p in name.split("/")[1:] if re.fullmatch(r"\d+", p)]
+
+
+def save(fig, out, name):
+    path = os.path.join(out, name)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    note(f"wrote {os.path.relpath(path, ROOT)}")
+
+
+def context_of(doc):
+    """The machine and its load when the bench started: on a shared machine the load
+    says how far the figures fall short of the machine's own."""
+    ctx = doc.get("context", {})
+    text = f"{ctx.get('num_cpus', '?')} CPUs"
+    if ctx.get("load_avg"):
+        text += f", load {ctx['load_avg'][0]:.1f}"
+    return text
+
+
+def plot_towers(doc, out, name, prefix, title):
+    """images/s (items_per_second) against towers, one line per configuration and batch."""
+    lines = defaultdict(dict)
+    for run, row in benchmark_rows(doc).items():
+        parts = run.split("/")
+        if parts[0] != "BM_FashionNetStep" or not parts[1].startswith(prefix):
+            continue
+        towers, batch = args_of(run)[:2]
+        mode = parts[1].split("_", 1)[1]
+        lines[f"{mode} batch norm, batch {batch}"][towers] = row["items_per_second"]
+    if not lines:
+        note(f"no BM_FashionNetStep {prefix}* rows: {name} skipped")
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, points in sorted(lines.items()):
+        xs = sorted(points)
+        ax.plot(xs, [points[x] for x in xs], marker="o", label=label)
+    ax.set_xlabel("towers")
+    ax.set_ylabel("images/s (training step, FashionNet)")
+    ax.set_xticks(sorted({x for p in lines.values() for x in p}))
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{title} ({context_of(doc)})")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    save(fig, out, name)
+
+
+def plot_gemm(doc, out, name, series, title):
+    """GFLOP/s against the square size n, one line per (benchmark prefix, label)."""
+    rows = benchmark_rows(doc)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    drawn = 0
+    for prefix, label in series:
+        points = {args_of(run)[0]: row["FLOP/s"] / 1e9 for run, row in rows.items()
+                  if run.startswith(prefix + "/") and "FLOP/s" in row}
+        if points:
+            xs = sorted(points)
+            ax.plot(xs, [points[x] for x in xs], marker="o", label=label)
+            drawn += 1
+    if not drawn:
+        plt.close(fig)
+        note(f"no {', '.join(p for p, _ in series)} rows: {name} skipped")
+        return
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("n (C[n,n] = A[n,n] B[n,n], float32)")
+    ax.set_ylabel("GFLOP/s")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{title} ({context_of(doc)})")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    save(fig, out, name)
+
+
+def plot_ring(doc, out, name, prefix, title):
+    """Bus bandwidth (busbw) against message size, one line per tower count."""
+    lines = defaultdict(dict)
+    for run, row in benchmark_rows(doc).items():
+        if run.startswith(prefix + "/") and "busbw" in row:
+            towers, size = args_of(run)[:2]
+            lines[towers][size] = row["busbw"] / 1e9
+    if not lines:
+        note(f"no {prefix} rows: {name} skipped")
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for towers, points in sorted(lines.items()):
+        xs = sorted(points)
+        ax.plot([x / 2**20 for x in xs], [points[x] for x in xs], marker="o", label=f"{towers} towers")
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("message size per tower (MiB)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{title} ({context_of(doc)})")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    save(fig, out, name)
+
+
+def plot_peers(doc, out):
+    """images/s per contender (median, min-max bars, ratio to the best peer) and, where
+    the JSON has it, images per CPU-second beside it."""
+    summary = doc["summary"]
+    labels = [row["label"].split(" (`")[0] for row in summary]
+    colors = ["tab:blue" if row["contender"].startswith("towerlab") else "tab:gray" for row in summary]
+    medians = [row["median_images_per_second"] for row in summary]
+    low = [m - row["min_images_per_second"] for m, row in zip(medians, summary)]
+    high = [row["max_images_per_second"] - m for m, row in zip(medians, summary)]
+    cpu = [row.get("median_images_per_cpu_second") for row in summary]
+    panels = 2 if all(c is not None for c in cpu) else 1
+    fig, axes = plt.subplots(1, panels, figsize=(6 + 4 * (panels - 1), 0.6 * len(summary) + 1.8),
+                             squeeze=False, sharey=True)
+    y = list(range(len(summary)))
+    ax = axes[0][0]
+    ax.barh(y, medians, xerr=[low, high], color=colors, capsize=3)
+    for i, row in enumerate(summary):
+        ratio = row["median_ratio_to_best_peer"]
+        ax.text(medians[i] + high[i], i, f" {medians[i]:.0f}" + (f" ({ratio:.2f}x)" if ratio else ""),
+                va="center")
+    ax.set_yticks(y, labels)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(m + h for m, h in zip(medians, high)) * 1.45)
+    ax.set_xlabel("images/s, median of rounds\n(min-max; ratio to the best peer)")
+    if panels == 2:
+        ax = axes[0][1]
+        ax.barh(y, cpu, color=colors)
+        for i, c in enumerate(cpu):
+            ax.text(c, i, f" {c:.0f}", va="center")
+        ax.set_xlim(0, max(cpu) * 1.2)
+        ax.set_xlabel("images per CPU-second, median of rounds\n(all threads' user + system time)")
+    m, s = doc["machine"], doc["settings"]
+    loads = [r["load_average_1min"] for rnd in doc["rounds"] for r in rnd.values()]
+    fig.suptitle(f"FashionNet training, batch {s['batch']}, {s['threads']} threads, {m['cpu_model']} "
+                 f"({', '.join(f for f in m['flags'] if f in ('avx2', 'avx512f'))}), "
+                 f"load {min(loads):.0f} to {max(loads):.0f}", fontsize=10)
+    save(fig, out, "cpu_peers.png")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--results", default=os.path.join(ROOT, "bench", "results"))
+    p.add_argument("--out", default=os.path.join(ROOT, "docs", "img"))
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    res = args.results
+    gpu = os.path.join(res, "gpu")
+
+    if doc := load(os.path.join(res, "trainer_bench.json")):
+        plot_towers(doc, args.out, "towers_speed.png", "cpu", "FashionNet step on CPU towers")
+    if doc := load(os.path.join(res, "cpu_peers.json")):
+        plot_peers(doc, args.out)
+    if doc := load(os.path.join(res, "matmul_bench.json")):
+        plot_gemm(doc, args.out, "gemm_cpu.png",
+                  [("BM_CpuTowerlab/cpu_NN", "towerlab"), ("BM_CpuOpenblas/cpu_NN", "OpenBLAS")],
+                  "SGEMM on the CPU")
+    if doc := load(os.path.join(res, "allreduce_bench.json")):
+        plot_ring(doc, args.out, "ring_bandwidth_cpu.png", "BM_RingAllReduce/cpu", "Ring all-reduce, CPU towers")
+    if doc := load(os.path.join(gpu, "trainer_bench.json")):
+        plot_towers(doc, args.out, "towers_speed_gpu.png", "cuda", "FashionNet step on GPU towers")
+    if doc := load(os.path.join(gpu, "matmul_bench.json")):
+        plot_gemm(doc, args.out, "gemm_gpu.png",
+                  [("BM_Cuda/cuda_NN", "towerlab"), ("BM_Cuda/cublas_NN", "cuBLAS")],
+                  "SGEMM on the GPU")
+    if doc := load(os.path.join(gpu, "allreduce_bench.json")):
+        plot_ring(doc, args.out, "ring_bandwidth_gpu.png", "BM_RingAllReduce/cuda", "Ring all-reduce, GPU towers")
+
+
+if __name__ == "__main__":
+    main()
