@@ -10,6 +10,9 @@ packages=(
   zlib1g-dev nlohmann-json3-dev libcli11-dev libyaml-cpp-dev
   libopenblas-dev python3-numpy dataset-fashion-mnist
   clang libclang-rt-dev
+  # PyTorch, for the test that FashionNet crosses between PyTorch and towerlab
+  # (tests/torch_convert_test.py): about 140 MB to download, 600 MB installed.
+  python3-torch
 )
 
 missing=()

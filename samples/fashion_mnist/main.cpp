@@ -44,11 +44,15 @@ std::string join(const std::vector<Device>& devices) {
   return s;
 }
 
-// Accuracy of the model on a dataset, in inference mode, batch by batch.
-double accuracy(Trainer& trainer, const FashionMnist& data, std::int64_t batch_size) {
+// Accuracy of the model on a dataset, in inference mode, batch by batch. With
+// `predictions`, also writes the logits [N,10] and labels [N] there (safetensors),
+// for comparing with another framework's model on the same images.
+double accuracy(Trainer& trainer, const FashionMnist& data, std::int64_t batch_size,
+                const std::string& predictions = "") {
   Batcher batcher(data.images, data.labels, batch_size, 0, Order::Sequential);
   Batch batch;
   std::int64_t correct = 0;
+  std::vector<float> all_logits;
   while (batcher.next(batch)) {
     const StepResult r = trainer.evaluate({batch.images, batch.labels});
     const auto logits = r.outputs[0].to_host<float>();  // [B,10]
@@ -58,6 +62,14 @@ double accuracy(Trainer& trainer, const FashionMnist& data, std::int64_t batch_s
       const auto best = std::max_element(row, row + 10) - row;
       correct += best == static_cast<std::int64_t>(labels[std::size_t(i)]);
     }
+    if (!predictions.empty()) all_logits.insert(all_logits.end(), logits.begin(), logits.end());
+  }
+  if (!predictions.empty()) {
+    const Stream& cpu = default_stream(Device::cpu());
+    save_safetensors(predictions,
+                     {{"logits", Tensor::from_host<float>(all_logits, {data.size(), 10}, cpu)},
+                      {"labels", data.labels}},
+                     {{"model", "FashionNet"}});
   }
   return double(correct) / double(data.size());
 }
@@ -105,16 +117,17 @@ int run(const sample::Options& o) {
   if (!o.load.empty()) {
     const CheckpointInfo info =
         load_checkpoint(o.load, trainer.master(), o.eval_only ? nullptr : &trainer.optimizer(),
-                        default_stream(trainer.master().device()));
+                        default_stream(trainer.master().device()),
+                        o.load_partial ? CheckpointMatch::Partial : CheckpointMatch::Exact);
     trainer.broadcast();
-    std::printf("loaded %s (step %lld)\n", o.load.c_str(), static_cast<long long>(info.step));
+    std::printf("loaded %s\n", info.summary(o.load).c_str());
   }
 
   nlohmann::json metrics{
       {"devices", join(trainer.devices())}, {"epochs", 0}, {"batch", o.batch},
       {"optimizer", o.optimizer},           {"lr", o.lr},  {"schedule", o.schedule}};
   if (o.eval_only) {
-    const double acc = accuracy(trainer, test, 1000);
+    const double acc = accuracy(trainer, test, 1000, o.predictions);
     std::printf("test accuracy %.4f\n", acc);
     metrics["test_accuracy"] = acc;
   } else {
@@ -169,7 +182,8 @@ int run(const sample::Options& o) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       images_per_second = double(images) / secs;
       train_loss = loss_sum / double(std::max<std::int64_t>(images, 1));
-      test_acc = accuracy(trainer, test, 1000);
+      const bool last_epoch = epoch + 1 == o.epochs;
+      test_acc = accuracy(trainer, test, 1000, last_epoch ? o.predictions : "");
       std::printf(
           "epoch %d: train loss %.4f, test accuracy %.4f, %.0f images/s (%lld steps, %.1f s)\n",
           epoch + 1, train_loss, test_acc, images_per_second, static_cast<long long>(step), secs);
