@@ -144,9 +144,10 @@ CheckpointInfo load_checkpoint(const std::string& path, VariableStore& store, Op
   if (match == CheckpointMatch::Exact) {
     const std::string problems = checkpoint_mismatch(path, wanted, header.entries);
     if (!problems.empty() && info.plain_weights) {
-      throw CheckpointMismatch(problems + " (the file is not a towerlab checkpoint, format '" +
-                               format +
-                               "', so it was read as plain weights under the model's variable "
+      const std::string why = format.empty() ? "has no towerlab format metadata"
+                                             : "has format '" + format + "', not towerlab's";
+      throw CheckpointMismatch(problems + " (the file " + why +
+                               ", so it was read as plain weights under the model's variable "
                                "names; tools/torch_convert.py converts a PyTorch state_dict)");
     }
     if (!problems.empty()) throw CheckpointMismatch(problems);

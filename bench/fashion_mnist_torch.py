@@ -9,11 +9,16 @@ beside it in the same call.
 import argparse
 import gzip
 import json
+import os
+import sys
 import time
 
 import numpy as np
 import torch
 import torch.nn as nn
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from fashion_net_torch import FashionNet  # noqa: E402  (the twin of towerlab's fashion_net())
 
 
 def load(dir_, prefix):
@@ -23,17 +28,6 @@ def load(dir_, prefix):
         labels = np.frombuffer(f.read(), np.uint8, offset=8)
     images = (images.astype(np.float32) / 255.0 - 0.2860) / 0.3530
     return torch.from_numpy(images), torch.from_numpy(labels.astype(np.int64))
-
-
-def fashion_net():
-    # The model of towerlab's autograd/layers.h fashion_net(): no conv bias before
-    # batch norm; TensorFlow's batch-norm momentum 0.99 is PyTorch's 0.01, eps 1e-3.
-    return nn.Sequential(
-        nn.Conv2d(1, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32, eps=1e-3, momentum=0.01),
-        nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64, eps=1e-3, momentum=0.01),
-        nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
 def main():
@@ -51,7 +45,7 @@ def main():
     torch.set_num_threads(args.threads)
     torch.manual_seed(1)
     images, labels = load(args.data, "train")
-    model = fashion_net()
+    model = FashionNet()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
     order = torch.randperm(len(labels))
