@@ -232,6 +232,7 @@ def bad_input(work):
     extra["fc3.weight"] = torch.zeros(2)
     torch.save(extra, os.path.join(work, "extra.pt"))
     torch.save([1, 2], os.path.join(work, "list.pt"))
+    torch.save(state, os.path.join(work, "good.pt"))
     with open(os.path.join(work, "junk.safetensors"), "wb") as f:
         f.write(b"\xff" * 64)
     out = os.path.join(work, "out.safetensors")
@@ -247,6 +248,9 @@ def bad_input(work):
         ("not safetensors", ["to-torch", os.path.join(work, "junk.safetensors"), out],
          "runs past the end of the file"),
         ("a bad flag", ["to-towerlab", "a.pt", out, "--bn-eps", "x"], "invalid float value"),
+        ("an output in no directory",
+         ["to-towerlab", os.path.join(work, "good.pt"), os.path.join(work, "none", "x.safetensors")],
+         "cannot write it (No such file or directory)"),
     ]:
         expect_refusal(what, CONVERT + args, fragment)
     check(not os.path.exists(out), "refused conversions write nothing")

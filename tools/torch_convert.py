@@ -41,6 +41,7 @@ num_batches_tracked is the checkpoint's step. Bad input exits 2 with one line.
 import argparse
 import collections
 import json
+import os
 import struct
 import sys
 
@@ -138,10 +139,27 @@ def write_safetensors(path, tensors, metadata):
         offset += array.nbytes
     text = json.dumps(header).encode()
     text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
+
+    def write(f):
         f.write(struct.pack("<Q", len(text)) + text)
         for array in tensors.values():
             f.write(np.ascontiguousarray(array).tobytes())
+    write_atomically(path, write)
+
+
+def write_atomically(path, write):
+    """write(file) into a file beside `path`, renamed over it: no half-written output."""
+    temporary = os.path.join(os.path.dirname(os.path.abspath(path)),
+                             f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        with open(temporary, "wb") as f:
+            write(f)
+        os.replace(temporary, path)
+    except OSError as e:
+        raise ConvertError(f"{path}: cannot write it ({e.strerror})") from None
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
 
 
 # ---- torch.save files ----
@@ -185,8 +203,8 @@ def read_torch(path):
 
 def write_torch(path, tensors):
     torch = import_torch(path)
-    torch.save(collections.OrderedDict((k, torch.from_numpy(v.copy())) for k, v in tensors.items()),
-               path)
+    state = collections.OrderedDict((k, torch.from_numpy(v.copy())) for k, v in tensors.items())
+    write_atomically(path, lambda f: torch.save(state, f))
 
 
 def is_torch_file(path):
