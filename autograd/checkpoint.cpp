@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <set>
+#include <sstream>
 #include <vector>
 
 #include "engine/error.h"
@@ -12,15 +14,20 @@ namespace towerlab {
 namespace {
 
 constexpr const char* kFormat = "towerlab-checkpoint-1";
+constexpr const char* kFormatFamily = "towerlab-checkpoint-";
 
 std::string slot_key(const std::string& slot, const std::string& variable) {
   return "optimizer/" + slot + "/" + variable;
 }
 
-std::vector<TensorSpec> expected_entries(const VariableSet& set,
-                                         const std::vector<std::string>& slots) {
+std::vector<TensorSpec> variable_specs(const VariableSet& set) {
   std::vector<TensorSpec> specs;
   for (const VariableSpec& v : set.specs()) specs.push_back({v.name, v.shape, DType::Float32});
+  return specs;
+}
+
+std::vector<TensorSpec> slot_specs(const VariableSet& set, const std::vector<std::string>& slots) {
+  std::vector<TensorSpec> specs;
   for (const std::string& slot : slots) {
     for (const VariableSpec& v : set.specs()) {
       if (v.trainable) specs.push_back({slot_key(slot, v.name), v.shape, DType::Float32});
@@ -29,7 +36,37 @@ std::vector<TensorSpec> expected_entries(const VariableSet& set,
   return specs;
 }
 
+// The slot names of the "optimizer/<slot>/<variable>" entries, in file order.
+std::vector<std::string> slots_in_file(const SafetensorsHeader& header) {
+  std::vector<std::string> slots;
+  for (const SafetensorsEntry& e : header.entries) {
+    if (!e.name.starts_with("optimizer/")) continue;
+    const std::string slot = e.name.substr(10, e.name.find('/', 10) - 10);
+    if (std::find(slots.begin(), slots.end(), slot) == slots.end()) slots.push_back(slot);
+  }
+  return slots;
+}
+
+void join_names(std::ostringstream& os, const char* label, const std::vector<std::string>& names) {
+  if (names.empty()) return;
+  os << "; " << label << ": ";
+  for (std::size_t i = 0; i < names.size(); ++i) os << (i ? ", " : "") << names[i];
+}
+
 }  // namespace
+
+std::string CheckpointInfo::summary(const std::string& path) const {
+  std::ostringstream os;
+  if (plain_weights) {
+    os << "plain weights " << path << " (no step, no optimizer state)";
+  } else {
+    os << "checkpoint " << path << " (" << optimizer << ", step " << step << ")";
+  }
+  if (optimizer_state == OptimizerState::Fresh) os << "; the optimizer starts fresh";
+  join_names(os, "not in the file, kept", missing);
+  join_names(os, "unused in the file", unused);
+  return os.str();
+}
 
 void save_checkpoint(const std::string& path, const VariableStore& store,
                      const Optimizer* optimizer,
@@ -57,7 +94,7 @@ void save_checkpoint(const std::string& path, const VariableStore& store,
 }
 
 CheckpointInfo load_checkpoint(const std::string& path, VariableStore& store, Optimizer* optimizer,
-                               const Stream& stream) {
+                               const Stream& stream, CheckpointMatch match) {
   const SafetensorsHeader header = read_safetensors_header(path);
   CheckpointInfo info;
   info.metadata = header.metadata;
@@ -65,54 +102,105 @@ CheckpointInfo load_checkpoint(const std::string& path, VariableStore& store, Op
     auto it = header.metadata.find(key);
     return it == header.metadata.end() ? std::string() : it->second;
   };
-  TL_CHECK(meta("format") == kFormat, IoError,
-           "checkpoint " << path << " is not a towerlab checkpoint (format '" << meta("format")
-                         << "', expected '" << kFormat << "')");
-  info.optimizer = meta("optimizer");
-  const std::string step = meta("step");
-  auto [end, ec] = std::from_chars(step.data(), step.data() + step.size(), info.step);
-  TL_CHECK(ec == std::errc() && end == step.data() + step.size() && info.step >= 0, IoError,
-           "checkpoint " << path << " has a malformed step count '" << step << "'");
 
-  const bool file_has_slots = meta("optimizer_slots") == "1";
+  // 1. What the file is: a checkpoint (its optimizer and step) or plain weights.
+  const std::string format = meta("format");
+  info.plain_weights = !format.starts_with(kFormatFamily);
+  if (info.plain_weights) {
+    info.optimizer = "none";
+  } else {
+    TL_CHECK(format == kFormat, IoError,
+             "checkpoint " << path << " has format '" << format
+                           << "', which this towerlab does not read (it reads '" << kFormat
+                           << "')");
+    info.optimizer = meta("optimizer");
+    const std::string step = meta("step");
+    auto [end, ec] = std::from_chars(step.data(), step.data() + step.size(), info.step);
+    TL_CHECK(ec == std::errc() && end == step.data() + step.size() && info.step >= 0, IoError,
+             "checkpoint " << path << " has a malformed step count '" << step << "'");
+  }
+
+  // 2. The entries the model reads: every variable, and the optimizer slots of a
+  // checkpoint that has them (read into `optimizer`, or expected and skipped
+  // when loading weights only).
+  const bool file_has_slots = !info.plain_weights && meta("optimizer_slots") == "1";
   std::vector<std::string> slots;
-  if (optimizer != nullptr) {
-    TL_CHECK(info.optimizer == optimizer->name() || !file_has_slots, InvalidArgument,
+  if (file_has_slots && optimizer != nullptr) {
+    TL_CHECK(info.optimizer == optimizer->name(), InvalidArgument,
              "checkpoint " << path << " holds the state of a " << info.optimizer
                            << " optimizer, not of " << optimizer->name());
-    if (file_has_slots) slots = optimizer->slot_names();
+    slots = optimizer->slot_names();
   } else if (file_has_slots) {
-    // Loading weights only: the slots in the file are expected, and ignored.
-    for (const auto& e : header.entries) {
-      const auto name = e.name;
-      if (name.starts_with("optimizer/")) {
-        const std::string slot = name.substr(10, name.find('/', 10) - 10);
-        if (std::find(slots.begin(), slots.end(), slot) == slots.end()) slots.push_back(slot);
+    slots = slots_in_file(header);
+  }
+  std::vector<TensorSpec> wanted = variable_specs(store.set());
+  const std::vector<TensorSpec> slot_entries = slot_specs(store.set(), slots);
+  wanted.insert(wanted.end(), slot_entries.begin(), slot_entries.end());
+
+  // 3. Check the file against them before anything changes.
+  std::set<std::string> in_file;
+  for (const SafetensorsEntry& e : header.entries) in_file.insert(e.name);
+  const auto has = [&](const TensorSpec& spec) { return in_file.count(spec.name) > 0; };
+  if (match == CheckpointMatch::Exact) {
+    const std::string problems = checkpoint_mismatch(path, wanted, header.entries);
+    if (!problems.empty() && info.plain_weights) {
+      const std::string why = format.empty() ? "has no towerlab format metadata"
+                                             : "has format '" + format + "', not towerlab's";
+      throw CheckpointMismatch(problems + " (the file " + why +
+                               ", so it was read as plain weights under the model's variable "
+                               "names; tools/torch_convert.py converts a PyTorch state_dict)");
+    }
+    if (!problems.empty()) throw CheckpointMismatch(problems);
+  } else {
+    std::vector<TensorSpec> present;
+    std::set<std::string> known;
+    for (const TensorSpec& spec : wanted) {
+      known.insert(spec.name);
+      if (has(spec)) {
+        present.push_back(spec);
+      } else if (!spec.name.starts_with("optimizer/")) {
+        info.missing.push_back(spec.name);
       }
     }
+    std::vector<SafetensorsEntry> used;
+    for (const SafetensorsEntry& e : header.entries) {
+      if (known.count(e.name)) {
+        used.push_back(e);
+      } else {
+        info.unused.push_back(e.name);
+      }
+    }
+    check_checkpoint(path, present, used);  // what is there has the model's shapes and dtypes
   }
-  check_checkpoint(path, expected_entries(store.set(), slots), header.entries);
 
-  const std::map<std::string, Tensor> tensors = load_safetensors(path, Device::cpu());
+  // 4. Copy the variables, then the optimizer's state.
+  const SafetensorsFile file = load_safetensors(path, Device::cpu());
   for (const VariableSpec& v : store.set().specs()) {
-    copy_tensor(store.value(v.name), tensors.at(v.name), stream);
+    auto it = file.tensors.find(v.name);
+    if (it != file.tensors.end()) copy_tensor(store.value(v.name), it->second, stream);
   }
   if (optimizer != nullptr) {
+    const bool slots_complete = std::all_of(slot_entries.begin(), slot_entries.end(), has);
+    // A file of this optimizer without slots is one saved before its first step, or
+    // of an optimizer that keeps none (plain SGD): its step count still counts.
+    const bool restorable = file_has_slots
+                                ? slots_complete
+                                : !info.plain_weights && info.optimizer == optimizer->name();
     std::map<std::string, Tensor> flat_slots;
-    for (const std::string& slot : slots) {
-      Tensor flat = Tensor::empty(store.flat_values().shape(), Device::cpu());
-      for (const VariableSpec& v : store.set().specs()) {
-        if (v.trainable)
-          copy_tensor(flat.view(v.offset, v.shape), tensors.at(slot_key(slot, v.name)),
-                      default_stream(Device::cpu()));
+    if (restorable) {
+      for (const std::string& slot : slots) {
+        Tensor flat = Tensor::empty(store.flat_values().shape(), Device::cpu());
+        for (const VariableSpec& v : store.set().specs()) {
+          if (v.trainable)
+            copy_tensor(flat.view(v.offset, v.shape), file.tensors.at(slot_key(slot, v.name)),
+                        default_stream(Device::cpu()));
+        }
+        flat_slots[slot] = flat;
       }
-      flat_slots[slot] = flat;
     }
-    if (file_has_slots) {
-      optimizer->restore(flat_slots, info.step, store, stream);
-    } else {
-      optimizer->restore({}, 0, store, stream);  // fresh state: no slots saved yet
-    }
+    optimizer->restore(flat_slots, restorable ? info.step : 0, store, stream);
+    info.optimizer_state = restorable ? CheckpointInfo::OptimizerState::Restored
+                                      : CheckpointInfo::OptimizerState::Fresh;
   }
   stream.synchronize();
   return info;

@@ -269,10 +269,12 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
   return parse_header(path, file);
 }
 
-std::map<std::string, Tensor> load_safetensors(const std::string& path, Device device) {
+SafetensorsFile load_safetensors(const std::string& path, Device device) {
   ReadOnlyFile file(path, "safetensors file " + path);
   const SafetensorsHeader header = parse_header(path, file);
-  std::map<std::string, Tensor> tensors;
+  SafetensorsFile out;
+  out.metadata = header.metadata;
+  std::map<std::string, Tensor>& tensors = out.tensors;
   for (const SafetensorsEntry& e : header.entries) {
     const std::uint64_t offset = header.data_offset + e.data_begin;
     const std::size_t bytes = e.data_end - e.data_begin;
@@ -290,7 +292,7 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path, Device d
       tensors.emplace(e.name, Tensor::from_host<float>(host, e.shape, default_stream(device)));
     }
   }
-  return tensors;
+  return out;
 }
 
 std::string checkpoint_mismatch(const std::string& path, const std::vector<TensorSpec>& expected,

@@ -67,9 +67,16 @@ struct SafetensorsHeader {
 // Throws IoError for a missing or malformed file.
 SafetensorsHeader read_safetensors_header(const std::string& path);
 
-// Reads every tensor onto `device` (through the host for a CUDA device). float64
-// tensors load on the CPU only (NotSupported elsewhere). Throws IoError as above.
-std::map<std::string, Tensor> load_safetensors(const std::string& path, Device device);
+// A whole file: its tensors by name and its "__metadata__" (empty when the file has none).
+struct SafetensorsFile {
+  std::map<std::string, Tensor> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+// Reads every tensor onto `device` (through the host for a CUDA device), and the
+// metadata. float64 tensors load on the CPU only (NotSupported elsewhere). Throws
+// IoError as above.
+SafetensorsFile load_safetensors(const std::string& path, Device device);
 
 // What a model expects to find in a checkpoint.
 struct TensorSpec {

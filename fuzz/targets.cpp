@@ -58,7 +58,7 @@ void safetensors(const std::uint8_t* data, std::size_t size) {
     const SafetensorsHeader header = read_safetensors_header(file.path());
     require(header.data_offset + header.data_size == size,
             "the header and the data section cover the whole file");
-    const auto tensors = load_safetensors(file.path(), Device::cpu());
+    const auto tensors = load_safetensors(file.path(), Device::cpu()).tensors;
     require(tensors.size() == header.entries.size(), "one tensor per header entry");
     for (const SafetensorsEntry& e : header.entries) {
       const Tensor& t = tensors.at(e.name);

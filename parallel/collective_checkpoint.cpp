@@ -107,14 +107,18 @@ void save_checkpoint(ProcessGroup& group, const std::string& path, const Variabl
 }
 
 CheckpointInfo load_checkpoint(ProcessGroup& group, const std::string& path, VariableStore& store,
-                               Optimizer* optimizer, const Stream& stream) {
+                               Optimizer* optimizer, const Stream& stream, CheckpointMatch match) {
   const std::string what = "load_checkpoint " + path;
   const bool root = group.rank() == 0;
   const nlohmann::json shared = nlohmann::json::parse(on_rank0(group, what, [&] {
-    const CheckpointInfo info = load_checkpoint(path, store, optimizer, stream);
+    const CheckpointInfo info = load_checkpoint(path, store, optimizer, stream, match);
     nlohmann::json j{{"optimizer", info.optimizer},
                      {"step", info.step},
                      {"metadata", info.metadata},
+                     {"plain_weights", info.plain_weights},
+                     {"optimizer_state", int(info.optimizer_state)},
+                     {"missing", info.missing},
+                     {"unused", info.unused},
                      {"slots", nlohmann::json::array()},
                      {"optimizer_steps", 0}};
     if (optimizer != nullptr) {
@@ -127,6 +131,10 @@ CheckpointInfo load_checkpoint(ProcessGroup& group, const std::string& path, Var
   info.optimizer = shared.at("optimizer").get<std::string>();
   info.step = shared.at("step").get<std::int64_t>();
   info.metadata = shared.at("metadata").get<std::map<std::string, std::string>>();
+  info.plain_weights = shared.at("plain_weights").get<bool>();
+  info.optimizer_state = CheckpointInfo::OptimizerState(shared.at("optimizer_state").get<int>());
+  info.missing = shared.at("missing").get<std::vector<std::string>>();
+  info.unused = shared.at("unused").get<std::vector<std::string>>();
 
   // Every variable (trainable or state) in the set's order, then every slot: the
   // variables are views of two flat buffers, so they travel one by one into a

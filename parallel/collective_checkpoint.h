@@ -29,6 +29,7 @@ void save_checkpoint(ProcessGroup& group, const std::string& path, const Variabl
                      const std::map<std::string, std::string>& metadata = {});
 
 CheckpointInfo load_checkpoint(ProcessGroup& group, const std::string& path, VariableStore& store,
-                               Optimizer* optimizer, const Stream& stream);
+                               Optimizer* optimizer, const Stream& stream,
+                               CheckpointMatch match = CheckpointMatch::Exact);
 
 }  // namespace towerlab

@@ -11,6 +11,9 @@ packages=(
   libopenblas-dev python3-numpy dataset-fashion-mnist
   clang libclang-rt-dev
   openmpi-bin libopenmpi-dev
+  # PyTorch, for the test that FashionNet crosses between PyTorch and towerlab
+  # (tests/torch_convert_test.py): about 140 MB to download, 600 MB installed.
+  python3-torch
 )
 
 missing=()

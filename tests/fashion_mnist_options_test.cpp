@@ -299,6 +299,20 @@ TEST_F(OutputPaths, ABadPathStopsTheParserWithExit2) {
                  "--metrics " + at("none/m.json") + ": no such directory", "bad --metrics");
 }
 
+TEST_F(OutputPaths, PredictionsIsAnOutputAndLoadPartialNeedsLoad) {
+  expect_refused(parse({"--predictions", at("none/p.safetensors")}),
+                 "--predictions " + at("none/p.safetensors") + ": no such directory",
+                 "bad --predictions");
+  expect_refused(parse({"--load-partial"}),
+                 "--load-partial needs --load FILE: it says how closely that file must match "
+                 "the model",
+                 "--load-partial");
+  const Parsed parsed = parse({"--predictions", at("p.safetensors")});
+  EXPECT_EQ(parsed.code, std::nullopt) << parsed.printed;
+  EXPECT_EQ(parsed.options.predictions, at("p.safetensors"));
+  EXPECT_FALSE(fs::exists(at("p.safetensors")));  // checking the output created nothing
+}
+
 TEST(FashionMnistOptions, ABatchLargerThanTheTrainingSetIsRefused) {
   sample::Options o;
   o.batch = 60000;

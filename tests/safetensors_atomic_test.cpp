@@ -38,7 +38,7 @@ class AtomicSave : public ::testing::Test {
   void expect_old_file_intact() {
     const auto header = read_safetensors_header(path_);
     EXPECT_EQ(header.metadata.at("version"), "old");
-    EXPECT_EQ(load_safetensors(path_, Device::cpu()).at("w").to_host<float>(),
+    EXPECT_EQ(load_safetensors(path_, Device::cpu()).tensors.at("w").to_host<float>(),
               (std::vector<float>{1, 2, 3}));
     EXPECT_EQ(dir_.list(), std::vector<std::string>{"model.safetensors"})
         << "no temporary file may be left behind";
@@ -50,7 +50,7 @@ class AtomicSave : public ::testing::Test {
 TEST_F(AtomicSave, ReplacesTheOldFileAndLeavesNoTemporary) {
   save_safetensors(path_, {{"w", make({4, 5})}}, {{"version", "new"}});
   EXPECT_EQ(read_safetensors_header(path_).metadata.at("version"), "new");
-  EXPECT_EQ(load_safetensors(path_, Device::cpu()).at("w").to_host<float>(),
+  EXPECT_EQ(load_safetensors(path_, Device::cpu()).tensors.at("w").to_host<float>(),
             (std::vector<float>{4, 5}));
   EXPECT_EQ(dir_.list(), std::vector<std::string>{"model.safetensors"});
 }
@@ -152,7 +152,7 @@ TEST(AtomicSaveKill, LeavesTheOldOrTheNewCheckpointWhole) {
     const std::string fill = header.metadata.at("fill");
     const float expected = fill == "2" ? 2.0f : 1.0f;
     const std::vector<float> values =
-        load_safetensors(path, Device::cpu()).at("w").to_host<float>();
+        load_safetensors(path, Device::cpu()).tensors.at("w").to_host<float>();
     ASSERT_EQ(values.size(), static_cast<std::size_t>(kFloats));
     EXPECT_EQ(std::count(values.begin(), values.end(), expected), kFloats)
         << "round " << round << ": a checkpoint marked fill=" << fill << " holds other values";

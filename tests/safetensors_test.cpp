@@ -48,7 +48,7 @@ TEST_P(SafetensorsTest, RoundTripsFloat32BitExact) {
                           {"empty", make({}, {0, 5})},
                           {"scalar", make({42.5f}, {})},
                           {"large", make(large, {3'000'017})}});
-  const auto tensors = load_safetensors(path, device());
+  const auto tensors = load_safetensors(path, device()).tensors;
   ASSERT_EQ(tensors.size(), 4u);
   const Tensor& w = tensors.at("conv1/weight");
   EXPECT_EQ(w.shape(), (Shape{2, 2, 3}));
@@ -66,7 +66,7 @@ TEST_P(SafetensorsTest, SavesDeviceTensorsThatLoadOnTheCpu) {
   const std::string path = dir.file("m.safetensors");
   const auto values = random_values(1031, 3);
   save_safetensors(path, {{"w", make(values, {1031})}});
-  const auto tensors = load_safetensors(path, Device::cpu());
+  const auto tensors = load_safetensors(path, Device::cpu()).tensors;
   EXPECT_TRUE(same_bits(tensors.at("w").to_host<float>(), values));
 }
 
@@ -82,7 +82,7 @@ TEST(Safetensors, RoundTripsFloat64BitExactOnTheCpu) {
   const Stream& cpu = default_stream(Device::cpu());
   save_safetensors(path, {{"d", Tensor::from_host<double>(values, {3, 2}, cpu)},
                           {"f", Tensor::from_host<float>(std::vector<float>{1.5f}, {1}, cpu)}});
-  const auto tensors = load_safetensors(path, Device::cpu());
+  const auto tensors = load_safetensors(path, Device::cpu()).tensors;
   EXPECT_EQ(tensors.at("d").dtype(), DType::Float64);
   EXPECT_EQ(tensors.at("d").shape(), (Shape{3, 2}));
   EXPECT_TRUE(same_bits(tensors.at("d").to_host<double>(), values));
@@ -102,6 +102,7 @@ TEST(Safetensors, KeepsMetadataOrderAndAlignment) {
                    metadata);
   const SafetensorsHeader header = read_safetensors_header(path);
   EXPECT_EQ(header.metadata, metadata);
+  EXPECT_EQ(load_safetensors(path, Device::cpu()).metadata, metadata);
   ASSERT_EQ(header.entries.size(), 3u);
   // The given order, back to back: z [0,12), a [12,44), m [44,48).
   EXPECT_EQ(header.entries[0].name, "z");
@@ -176,7 +177,7 @@ open(sys.argv[2], 'wb').write(struct.pack('<Q', len(head)) + head + a.tobytes() 
   const std::string theirs = dir.file("theirs.safetensors");
   ASSERT_EQ(run_command("/usr/bin/python3 " + script + " " + ours + " " + theirs), 0)
       << "numpy disagrees with the file we wrote (see the assertion above)";
-  const auto tensors = load_safetensors(theirs, Device::cpu());
+  const auto tensors = load_safetensors(theirs, Device::cpu()).tensors;
   EXPECT_EQ(tensors.at("a").to_host<double>(), (std::vector<double>{1e-300, -2.0}));
   std::vector<float> b(6);
   for (int i = 0; i < 6; ++i) b[static_cast<std::size_t>(i)] = static_cast<float>(i) / 7.0f;
@@ -322,7 +323,7 @@ TEST_F(MalformedSafetensors, AcceptsAnyTensorOrderAndHeaderPadding) {
   std::memcpy(data.data(), values, 8);
   const std::string path = dir_.file("ok.safetensors");
   write_file(path, craft(header, data));
-  const auto tensors = load_safetensors(path, Device::cpu());
+  const auto tensors = load_safetensors(path, Device::cpu()).tensors;
   EXPECT_EQ(tensors.at("a").to_host<float>(), std::vector<float>{1.25f});
   EXPECT_EQ(tensors.at("b").to_host<float>(), std::vector<float>{-3.0f});
   EXPECT_EQ(tensors.at("e").numel(), 0);

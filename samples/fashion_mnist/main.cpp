@@ -51,12 +51,15 @@ std::string join(const std::vector<Device>& devices) {
 }
 
 // Accuracy of the model on a dataset, in inference mode, batch by batch. Each rank
-// counts its own rows of every batch; the counts are summed over the ranks.
+// counts its own rows of every batch; the counts are summed over the ranks. With
+// `predictions` (one process only), also writes the logits [N,10] and labels [N]
+// there (safetensors), for comparing with another framework's model on the same images.
 double accuracy(Trainer& trainer, const FashionMnist& data, std::int64_t batch_size,
-                ProcessGroup& group) {
+                ProcessGroup& group, const std::string& predictions = "") {
   Batcher batcher(data.images, data.labels, batch_size, 0, Order::Sequential);
   Batch batch;
   std::int64_t correct = 0;
+  std::vector<float> all_logits;
   while (batcher.next(batch)) {
     const StepResult r = trainer.evaluate({batch.images, batch.labels});
     if (r.outputs.empty() || r.slices.empty()) continue;  // a rank without rows
@@ -68,6 +71,14 @@ double accuracy(Trainer& trainer, const FashionMnist& data, std::int64_t batch_s
       const auto best = std::max_element(row, row + 10) - row;
       correct += best == static_cast<std::int64_t>(labels[std::size_t(first + i)]);
     }
+    if (!predictions.empty()) all_logits.insert(all_logits.end(), logits.begin(), logits.end());
+  }
+  if (!predictions.empty()) {
+    const Stream& cpu = default_stream(Device::cpu());
+    save_safetensors(predictions,
+                     {{"logits", Tensor::from_host<float>(all_logits, {data.size(), 10}, cpu)},
+                      {"labels", data.labels}},
+                     {{"model", "FashionNet"}});
   }
   double total = double(correct);
   group.allreduce_sum(std::span<double>(&total, 1), "test accuracy: correct predictions");
@@ -76,6 +87,9 @@ double accuracy(Trainer& trainer, const FashionMnist& data, std::int64_t batch_s
 
 int run(const sample::Options& o) {
   Cluster cluster;
+  TL_CHECK(o.predictions.empty() || cluster.size() == 1, InvalidArgument,
+           "--predictions " << o.predictions << ": needs one process (this job has "
+                            << cluster.size() << " ranks, each holding only its own rows)");
   // The other ranks take the same steps; their progress would repeat rank 0's.
   const bool reporting = cluster.rank() == 0;
   if (!reporting) std::freopen("/dev/null", "w", stdout);
@@ -120,18 +134,19 @@ int run(const sample::Options& o) {
               join(trainer.devices()).c_str(), options.master.str().c_str(),
               static_cast<long long>(o.batch));
   if (!o.load.empty()) {
-    const CheckpointInfo info = load_checkpoint(cluster, o.load, trainer.master(),
-                                                o.eval_only ? nullptr : &trainer.optimizer(),
-                                                default_stream(trainer.master().device()));
+    const CheckpointInfo info = load_checkpoint(
+        cluster, o.load, trainer.master(), o.eval_only ? nullptr : &trainer.optimizer(),
+        default_stream(trainer.master().device()),
+        o.load_partial ? CheckpointMatch::Partial : CheckpointMatch::Exact);
     trainer.broadcast();
-    std::printf("loaded %s (step %lld)\n", o.load.c_str(), static_cast<long long>(info.step));
+    std::printf("loaded %s\n", info.summary(o.load).c_str());
   }
 
   nlohmann::json metrics{
       {"devices", join(trainer.devices())}, {"epochs", 0}, {"batch", o.batch},
       {"optimizer", o.optimizer},           {"lr", o.lr},  {"schedule", o.schedule}};
   if (o.eval_only) {
-    const double acc = accuracy(trainer, test, 1000, cluster);
+    const double acc = accuracy(trainer, test, 1000, cluster, o.predictions);
     std::printf("test accuracy %.4f\n", acc);
     metrics["test_accuracy"] = acc;
   } else {
@@ -191,7 +206,8 @@ int run(const sample::Options& o) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       images_per_second = double(images) / secs;
       train_loss = loss_sum / double(std::max<std::int64_t>(images, 1));
-      test_acc = accuracy(trainer, test, 1000, cluster);
+      const bool last_epoch = epoch + 1 == o.epochs;
+      test_acc = accuracy(trainer, test, 1000, cluster, last_epoch ? o.predictions : "");
       std::printf(
           "epoch %d: train loss %.4f, test accuracy %.4f, %.0f images/s (%lld steps, %.1f s)\n",
           epoch + 1, train_loss, test_acc, images_per_second, static_cast<long long>(step), secs);

@@ -270,7 +270,13 @@ std::vector<Field> fields(Options& o) {
       number("steps", o.steps, kSteps, "Cap on steps per epoch (0: whole epochs)"),
       path("data", o.data, "DIR", "Fashion-MNIST directory"),
       path("save", o.save, "FILE", "Checkpoint to write after each epoch (safetensors)"),
-      path("load", o.load, "FILE", "Checkpoint to start from"),
+      path("load", o.load, "FILE",
+           "Checkpoint or plain weights (safetensors named like the variables) to start from"),
+      on_off("load_partial", o.load_partial,
+             "--load may lack variables (they keep their initial values) and hold others "
+             "(skipped); both are listed"),
+      path("predictions", o.predictions, "FILE",
+           "Safetensors file of the final test-set logits [10000,10] and labels"),
       path("metrics", o.metrics, "FILE", "JSON file for the final metrics"),
       path("trace", o.trace, "FILE",
            "Chrome trace JSON of the --trace-steps (Perfetto; scripts/trace_png.py draws it)"),
@@ -339,6 +345,8 @@ void apply_config(const std::string& path, const CLI::App& app, const std::vecto
 
 // Options that make no sense together.
 void check_combinations(const Options& o) {
+  TL_CHECK(!o.load_partial || !o.load.empty(), InvalidArgument,
+           "--load-partial needs --load FILE: it says how closely that file must match the model");
   TL_CHECK(!o.trace_steps || !o.trace.empty(), InvalidArgument,
            "--trace-steps needs --trace FILE to write the trace to");
   if (!o.eval_only) return;
@@ -385,7 +393,8 @@ void check_paths(const Options& o) {
   std::vector<std::pair<const char*, fs::path>> outputs;
   for (const auto& [flag, path] :
        {std::pair{"--save", &o.save}, std::pair{"--metrics", &o.metrics},
-        std::pair{"--trace", &o.trace}, std::pair{"--summaries", &o.summaries}}) {
+        std::pair{"--trace", &o.trace}, std::pair{"--summaries", &o.summaries},
+        std::pair{"--predictions", &o.predictions}}) {
     if (path->empty()) continue;
     check_output(flag, *path);
     std::error_code error;

@@ -35,6 +35,8 @@ struct Options {
   std::int64_t steps = 0;              // cap on steps per epoch; 0 = the whole epoch
   std::string data = "/usr/share/datasets/fashion-mnist";
   std::string save, load, metrics, trace, summaries;
+  std::string predictions;  // safetensors file of the test set's final logits [10000,10] and labels
+  bool load_partial = false;  // --load may lack variables and hold others (both reported)
   // --trace-steps FIRST:LAST (or one step N): the steps --trace records, counted
   // from 1 across epochs. Unset: the second step (the first warms the caches and
   // the allocator), or the first when the run has one step.
@@ -51,7 +53,7 @@ struct Options {
 std::optional<int> parse_options(int argc, char** argv, Options& options);
 
 // Checks the files before any work: --load names a regular file, and every output
-// (--save, --metrics, --trace, --summaries) names a file, not a directory, in an
+// (--save, --metrics, --trace, --summaries, --predictions) names a file, not a directory, in an
 // existing directory the sample may write in, and no two outputs name the same file.
 // Creates and truncates nothing: --save, --trace and --metrics are later replaced
 // whole (AtomicFile), so a file there before survives a run that fails. Throws
