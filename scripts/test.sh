@@ -23,7 +23,8 @@ run_preset() {
 
 run_preset release
 [ "${1:-}" = "--quick" ] && exit 0
-run_preset cpu
+# The PyTorch round trip (a minute of training in PyTorch) runs once, in the default build.
+run_preset cpu -E 'torch_convert'
 run_preset asan
 # The tests that run threads: towers, the ring, synchronized batch norm, the thread
 # pool (and the GEMM on it), determinism, two trainers side by side. A report makes
