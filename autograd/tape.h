@@ -10,7 +10,22 @@
 // A Var is a handle to a value on a tape together with its gradient. Trainable
 // variables (autograd/variables.h) bring their own gradient tensor, a view into
 // the tower's flat gradient buffer; intermediate values get a gradient tensor
-// allocated (zeroed) when the backward pass first needs one.
+// allocated when the backward pass first needs one.
+//
+// First writes. Most intermediate gradients get exactly one contribution, which
+// writes every element (ReLU, a matrix product, a copy). Zero-filling the buffer
+// only for that op to add into it costs a pass over memory as large as the
+// activation, so the tape offers two ways in:
+//   grad_for(v)     a buffer to accumulate into (zero-filled on first use): for a
+//                   backward that adds to part of it (a scatter, a col2im);
+//   grad_target(v)  for a backward that writes every element: the first call hands
+//                   out an unwritten buffer with assign == true, and the op must
+//                   overwrite it (g = ..., not g += ...) without reading it; later
+//                   calls, and a variable's gradient, say assign == false.
+// set_first_write(FirstWrite::Poisoned) fills those unwritten buffers with NaN, so
+// that an op which reads one (accumulates where it should assign) shows up as a NaN
+// gradient; FirstWrite::Zeroed hands out zeroed buffers with assign == false, which
+// makes every op accumulate (the reference the first writes must reproduce).
 #pragma once
 
 #include <functional>
@@ -74,6 +89,27 @@ class Tape {
   // Only for Vars with requires_grad().
   const Tensor& grad_for(const Var& v);
 
+  // The gradient of `v` for a backward that writes every element of it (see "First
+  // writes" above). Only for Vars with requires_grad().
+  struct GradTarget {
+    Tensor grad;
+    bool assign;  // overwrite every element; otherwise accumulate
+  };
+  GradTarget grad_target(const Var& v);
+
+  // Adds alpha * g to v's gradient (g has v's shape), through grad_target(): the
+  // first contribution is a scaled copy instead of a zero-fill and an add.
+  void add_to_grad(const Var& v, const Tensor& g, double alpha = 1.0);
+
+  // How grad_target() hands out a gradient that nothing has written yet.
+  enum class FirstWrite {
+    Assign,    // unwritten, assign == true (the default)
+    Zeroed,    // zero-filled, assign == false: every op accumulates
+    Poisoned,  // filled with NaN, assign == true: a backward that reads it gives NaN
+  };
+  void set_first_write(FirstWrite mode) { first_write_ = mode; }
+  FirstWrite first_write() const { return first_write_; }
+
   // Runs the recorded closures in reverse from `loss` (one element), seeding
   // dL/dloss = seed (a tower passes its share of the batch). Throws if backward
   // already ran since the last reset(), or if `loss` is not on this tape.
@@ -100,6 +136,7 @@ class Tape {
   std::vector<Record> records_;
   bool grad_enabled_ = true;
   bool backward_done_ = false;
+  FirstWrite first_write_ = FirstWrite::Assign;
 };
 
 // Disables recording on one tape for a scope (inference, evaluation).
