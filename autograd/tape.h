@@ -3,9 +3,9 @@
 // A Tape is bound to one stream (and so one device). Every differentiable op
 // (autograd/ops.h) computes its output on the tape's stream and, when gradients
 // are enabled, records a backward closure. backward(loss) replays the records in
-// reverse; each closure ACCUMULATES into the gradients of its inputs, so a value
-// used twice gets the sum of both contributions. Nothing is global: two towers on
-// two threads each have their own tape and never share a record or a buffer.
+// reverse; each closure ACCUMULATES into the gradients of its inputs (a first
+// write may assign, see "First writes"), so a value used twice gets the sum of both
+// contributions. Nothing is global: each tower's tape has its own records and buffers.
 //
 // A Var is a handle to a value on a tape together with its gradient. Trainable
 // variables (autograd/variables.h) bring their own gradient tensor, a view into
@@ -81,7 +81,7 @@ class Tape {
 
   // Output of a differentiable op: requires a gradient when any input does and
   // gradients are enabled. `backward` is recorded only then; it receives the
-  // output Var and must accumulate into its inputs' grad_for() tensors.
+  // output Var and must add into its inputs' grad_for() (or grad_target()) tensors.
   Var record(Tensor value, std::string name, const std::vector<Var>& inputs,
              std::function<void(const Var& output)> backward);
 
