@@ -4,6 +4,8 @@
 #include <string>
 
 #include "kernels/checks.h"
+#include "kernels/cpu/conv2d.h"
+#include "kernels/cuda/conv2d.h"
 
 namespace towerlab {
 

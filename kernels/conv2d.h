@@ -50,29 +50,4 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
                      const Tensor& grad_y, const Tensor& x, const Tensor& weight,
                      const Conv2dParams& params, const Stream& stream);
 
-// The problem's sizes, worked out once by the checks and handed to the backends.
-struct Conv2dShape {
-  std::int64_t N, C, H, W;  // input
-  std::int64_t K, R, S;     // weight [K,C,R,S]
-  std::int64_t P, Q;        // output
-  Conv2dParams params;
-};
-
-// Backend entry points: arguments already checked, work not empty.
-namespace cpu {
-void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                    const Conv2dShape& shape);
-void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
-                     const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                     const Conv2dShape& shape);
-}  // namespace cpu
-
-namespace cuda {
-void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                    const Conv2dShape& shape, const Stream& stream);
-void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
-                     const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                     const Conv2dShape& shape, const Stream& stream);
-}  // namespace cuda
-
 }  // namespace towerlab

@@ -2,6 +2,8 @@
 #include "kernels/elementwise.h"
 
 #include "kernels/checks.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cuda/elementwise.h"
 
 namespace towerlab {
 

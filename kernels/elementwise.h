@@ -29,25 +29,4 @@ void scale(const Tensor& out, const Tensor& x, double alpha, const Stream& strea
 void axpy(const Tensor& y, double alpha, const Tensor& x, const Stream& stream);
 void axpy_scalar(const Tensor& y, double alpha, const Tensor& s, const Stream& stream);
 
-enum class BinaryOp { Add, Sub, Mul };
-
-// Backend entry points: arguments already checked by the functions above.
-namespace cpu {
-void fill(const Tensor& x, double value);
-void copy(const Tensor& dst, const Tensor& src);
-void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b);
-void scale(const Tensor& out, const Tensor& x, double alpha);
-void axpy(const Tensor& y, double alpha, const Tensor& x);
-void axpy_scalar(const Tensor& y, double alpha, const Tensor& s);
-}  // namespace cpu
-
-namespace cuda {
-void fill(const Tensor& x, float value, const Stream& stream);
-void copy(const Tensor& dst, const Tensor& src, const Stream& stream);
-void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b, const Stream& stream);
-void scale(const Tensor& out, const Tensor& x, float alpha, const Stream& stream);
-void axpy(const Tensor& y, float alpha, const Tensor& x, const Stream& stream);
-void axpy_scalar(const Tensor& y, float alpha, const Tensor& s, const Stream& stream);
-}  // namespace cuda
-
 }  // namespace towerlab

@@ -6,6 +6,8 @@
 #include <string>
 
 #include "kernels/checks.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cuda/matmul.h"
 
 namespace towerlab {
 

@@ -40,34 +40,14 @@ enum class GemmBackend { Towerlab, Cublas };
 void set_gemm_backend(GemmBackend backend);
 GemmBackend gemm_backend();
 
-// Backend entry points: raw row-major pointers, arguments already checked. They
-// serve matmul() and other families (conv2d via im2col). The leading dimensions
-// are the row strides of A, B, C as stored (lda >= K without transpose, >= M with).
-namespace cpu {
-
-template <typename T>
-void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k,
-          T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
-          std::int64_t ldc);
-
-// The float32 GEMM picks its vector micro-kernel from the host CPU (AVX-512,
+// The CPU's float32 GEMM picks its vector micro-kernel from the host CPU (AVX-512,
 // AVX2+FMA, or portable vector code). Tests and benches may force one: only
 // supported ISAs can be chosen, and Auto restores the automatic choice. The
 // environment variable TOWERLAB_GEMM_ISA=portable|avx2|avx512 sets the initial one.
+// Process-wide, like the GEMM backend.
 enum class GemmIsa { Auto, Portable, Avx2, Avx512 };
 bool gemm_isa_supported(GemmIsa isa);
 void set_gemm_isa(GemmIsa isa);  // throws NotSupported for an ISA this CPU lacks
 GemmIsa gemm_isa();              // the one in use (never Auto)
-
-}  // namespace cpu
-
-namespace cuda {
-
-// float32 only; uses the backend chosen by set_gemm_backend().
-void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k,
-          float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
-          float beta, float* c, std::int64_t ldc, const Stream& stream);
-
-}  // namespace cuda
 
 }  // namespace towerlab

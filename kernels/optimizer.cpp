@@ -6,6 +6,8 @@
 #include <initializer_list>
 
 #include "kernels/checks.h"
+#include "kernels/cpu/optimizer.h"
+#include "kernels/cuda/optimizer.h"
 
 namespace towerlab {
 

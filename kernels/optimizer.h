@@ -91,33 +91,4 @@ void adam_update(const Tensor& param, const Tensor& grad, const Tensor& m, const
 void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                   std::int64_t step, const AdamParams& params, const Stream& stream);
 
-// What the backends receive: the hyperparameters with the per-step constants
-// already folded in (checked arguments; velocity/mean_grad undefined when unused).
-struct AdamStep {
-  double beta1, beta2, epsilon;
-  double weight_decay;           // added to g: Adam's weight_decay; 0 for AdamW
-  double decay_factor;           // p *= decay_factor first: 1 - lr * weight_decay (AdamW), 1 (Adam)
-  double step_size;              // lr / (1 - beta1^t)
-  double bias_correction2_sqrt;  // sqrt(1 - beta2^t)
-};
-
-namespace cpu {
-void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& velocity,
-                const SgdParams& params);
-void rmsprop_update(const Tensor& param, const Tensor& grad, const Tensor& mean_square,
-                    const Tensor& moment, const Tensor& mean_grad, const RmspropParams& params);
-void adam_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                 const AdamStep& step);
-}  // namespace cpu
-
-namespace cuda {
-void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& velocity,
-                const SgdParams& params, const Stream& stream);
-void rmsprop_update(const Tensor& param, const Tensor& grad, const Tensor& mean_square,
-                    const Tensor& moment, const Tensor& mean_grad, const RmspropParams& params,
-                    const Stream& stream);
-void adam_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                 const AdamStep& step, const Stream& stream);
-}  // namespace cuda
-
 }  // namespace towerlab

@@ -2,6 +2,8 @@
 #include "kernels/peer_add.h"
 
 #include "kernels/checks.h"
+#include "kernels/cpu/peer_add.h"
+#include "kernels/cuda/peer_add.h"
 
 namespace towerlab {
 

@@ -28,13 +28,4 @@ namespace towerlab {
 bool peer_readable(Device reader, Device owner);
 void peer_add(const Tensor& dst, const Tensor& src, const Stream& stream);
 
-// Backend entry points: arguments already checked by peer_add.
-namespace cpu {
-void peer_add(const Tensor& dst, const Tensor& src);
-}  // namespace cpu
-
-namespace cuda {
-void peer_add(const Tensor& dst, const Tensor& src, const Stream& stream);
-}  // namespace cuda
-
 }  // namespace towerlab

@@ -4,6 +4,8 @@
 #include <cmath>
 
 #include "kernels/checks.h"
+#include "kernels/cpu/random.h"
+#include "kernels/cuda/random.h"
 
 namespace towerlab {
 

@@ -19,16 +19,4 @@ void random_uniform(const Tensor& x, std::uint64_t seed, std::uint64_t subsequen
 void random_normal(const Tensor& x, std::uint64_t seed, std::uint64_t subsequence, float mean,
                    float stddev, const Stream& stream);
 
-enum class Distribution { Uniform, Normal };
-
-namespace cpu {
-void random(const Tensor& x, Distribution dist, std::uint64_t seed, std::uint64_t subsequence,
-            float a, float b);
-}  // namespace cpu
-
-namespace cuda {
-void random(const Tensor& x, Distribution dist, std::uint64_t seed, std::uint64_t subsequence,
-            float a, float b, const Stream& stream);
-}  // namespace cuda
-
 }  // namespace towerlab

@@ -2,6 +2,8 @@
 #include "kernels/reduce.h"
 
 #include "kernels/checks.h"
+#include "kernels/cpu/reduce.h"
+#include "kernels/cuda/reduce.h"
 
 namespace towerlab {
 

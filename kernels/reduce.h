@@ -19,14 +19,4 @@ void mean(const Tensor& out, const Tensor& x, const Stream& stream);
 // answer is needed on the host, so it waits for `stream`.
 std::int64_t first_nonfinite(const Tensor& x, const Stream& stream);
 
-namespace cpu {
-void sum(const Tensor& out, const Tensor& x, double scale);  // out[0] = scale * sum(x)
-std::int64_t first_nonfinite(const Tensor& x);
-}  // namespace cpu
-
-namespace cuda {
-void sum(const Tensor& out, const Tensor& x, float scale, const Stream& stream);
-std::int64_t first_nonfinite(const Tensor& x, const Stream& stream);
-}  // namespace cuda
-
 }  // namespace towerlab

@@ -11,7 +11,7 @@
 #include <random>
 #include <string>
 
-#include "kernels/conv2d.h"
+#include "kernels/cpu/conv2d.h"
 #include "towerlab.h"
 // After towerlab.h: the shim's macros stand in for CUDA's keywords.
 #include "cuda_sim_shim.h"

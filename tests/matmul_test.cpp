@@ -10,6 +10,8 @@
 
 #include "engine/thread_pool.h"
 #include "gradcheck.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cuda/matmul.h"
 #include "kernels/matmul.h"
 #include "test_util.h"
 
@@ -336,15 +338,15 @@ TEST(MatmulCpu, ThreadCountDoesNotChangeTheBits) {
 // Every micro-kernel this CPU can run (the portable one always) against the reference.
 TEST(MatmulCpu, EveryMicroKernelMatchesReference) {
   const Stream& cpu = default_stream(Device::cpu());
-  const cpu::GemmIsa saved = cpu::gemm_isa();
+  const GemmIsa saved = gemm_isa();
   int ran = 0;
-  for (cpu::GemmIsa isa : {cpu::GemmIsa::Portable, cpu::GemmIsa::Avx2, cpu::GemmIsa::Avx512}) {
-    if (!cpu::gemm_isa_supported(isa)) {
-      EXPECT_THROW_WITH(cpu::set_gemm_isa(isa), NotSupported, "this CPU does not support");
+  for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
+    if (!gemm_isa_supported(isa)) {
+      EXPECT_THROW_WITH(set_gemm_isa(isa), NotSupported, "this CPU does not support");
       continue;
     }
-    cpu::set_gemm_isa(isa);
-    EXPECT_EQ(cpu::gemm_isa(), isa);
+    set_gemm_isa(isa);
+    EXPECT_EQ(gemm_isa(), isa);
     ++ran;
     unsigned seed = 500;
     for (const Dims& d : {Dims{1, 1, 1}, Dims{13, 37, 29}, Dims{37, 67, 300}, Dims{128, 96, 64}}) {
@@ -365,9 +367,9 @@ TEST(MatmulCpu, EveryMicroKernelMatchesReference) {
     }
   }
   EXPECT_GE(ran, 1);
-  cpu::set_gemm_isa(cpu::GemmIsa::Auto);
-  EXPECT_NE(cpu::gemm_isa(), cpu::GemmIsa::Auto);
-  cpu::set_gemm_isa(saved);
+  set_gemm_isa(GemmIsa::Auto);
+  EXPECT_NE(gemm_isa(), GemmIsa::Auto);
+  set_gemm_isa(saved);
 }
 
 // C = op(A) op(B), L = sum(G * C). With op(A) [M,K], op(B) [K,N]:

@@ -15,9 +15,9 @@
 
 #include "engine/allocator.h"
 #include "engine/thread_pool.h"
-#include "kernels/conv2d.h"
+#include "kernels/cpu/conv2d.h"
 #include "kernels/cpu/dtype_dispatch.h"
-#include "kernels/matmul.h"
+#include "kernels/cpu/matmul.h"
 
 namespace towerlab::cpu {
 

@@ -2,7 +2,7 @@
 // Plain loops over n elements, which the compiler vectorizes. Element i depends on
 // element i alone, so the loops split over the thread pool at any boundary
 // (kernels/cpu/parallel.h).
-#include "kernels/elementwise.h"
+#include "kernels/cpu/elementwise.h"
 
 #include <cstdint>
 

@@ -26,7 +26,7 @@
 
 #include "engine/error.h"
 #include "engine/thread_pool.h"
-#include "kernels/matmul.h"
+#include "kernels/cpu/matmul.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -525,19 +525,27 @@ void scale_c(std::int64_t m, std::int64_t n, T beta, T* c, std::int64_t ldc) {
 
 }  // namespace
 
+}  // namespace towerlab::cpu
+
+namespace towerlab {
+
 bool gemm_isa_supported(GemmIsa isa) {
-  return cpu_has(isa);
+  return cpu::cpu_has(isa);
 }
 
 void set_gemm_isa(GemmIsa isa) {
-  TL_CHECK(cpu_has(isa), NotSupported,
-           "set_gemm_isa: this CPU does not support the " << isa_name(isa) << " GEMM kernel");
-  selected_isa().store(isa == GemmIsa::Auto ? best_isa() : isa);
+  TL_CHECK(cpu::cpu_has(isa), NotSupported,
+           "set_gemm_isa: this CPU does not support the " << cpu::isa_name(isa) << " GEMM kernel");
+  cpu::selected_isa().store(isa == GemmIsa::Auto ? cpu::best_isa() : isa);
 }
 
 GemmIsa gemm_isa() {
-  return selected_isa().load();
+  return cpu::selected_isa().load();
 }
+
+}  // namespace towerlab
+
+namespace towerlab::cpu {
 
 template <typename T>
 void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k,

@@ -8,8 +8,8 @@
 #include <cstdint>
 
 #include "kernels/cpu/dtype_dispatch.h"
+#include "kernels/cpu/optimizer.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/optimizer.h"
 
 namespace towerlab::cpu {
 

@@ -2,7 +2,7 @@
 // member's memory is the same memory, so "in place" is a plain loop.
 #include <cstdint>
 
-#include "kernels/peer_add.h"
+#include "kernels/cpu/peer_add.h"
 
 namespace towerlab::cpu {
 

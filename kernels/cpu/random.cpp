@@ -1,5 +1,5 @@
 // CPU random fills: element i from philox::uniform/normal(seed, subsequence, i).
-#include "kernels/random.h"
+#include "kernels/cpu/random.h"
 #include "engine/philox.h"
 #include "kernels/cpu/dtype_dispatch.h"
 

@@ -9,7 +9,7 @@
 
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/reduce.h"
+#include "kernels/cpu/reduce.h"
 
 namespace towerlab::cpu {
 

@@ -4,7 +4,7 @@
 
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/relu.h"
+#include "kernels/cpu/relu.h"
 
 namespace towerlab::cpu {
 
@@ -27,9 +27,9 @@ void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y, 
     const bool assign = write == GradWrite::Assign;
     parallel_rows(grad_x.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
       if (assign) {
-        for (std::int64_t i = lo; i < hi; ++i) gx[i] = out[i] > T(0) ? gy[i] : T(0);
+        for (std::int64_t i = lo; i < hi; ++i) gx[i] = relu_mask(gy[i], out[i]);
       } else {
-        for (std::int64_t i = lo; i < hi; ++i) gx[i] += out[i] > T(0) ? gy[i] : T(0);
+        for (std::int64_t i = lo; i < hi; ++i) gx[i] += relu_mask(gy[i], out[i]);
       }
     });
   });

@@ -21,7 +21,7 @@
 #include <atomic>
 
 #include "engine/allocator.h"
-#include "kernels/conv2d.h"
+#include "kernels/cuda/conv2d.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/split_reduce.cuh"
 

@@ -1,7 +1,7 @@
 // CUDA elementwise kernels (contracts in kernels/elementwise.h). Memory-bound:
 // one grid-stride loop per op, float32 only, each element read and written once.
+#include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/launch.cuh"
-#include "kernels/elementwise.h"
 
 namespace towerlab::cuda {
 

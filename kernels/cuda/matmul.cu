@@ -34,8 +34,8 @@
 #include <utility>
 
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/matmul.h"
 #include "kernels/cuda/split_reduce.cuh"
-#include "kernels/matmul.h"
 
 namespace towerlab::cuda {
 

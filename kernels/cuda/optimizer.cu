@@ -15,7 +15,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/launch.cuh"
-#include "kernels/optimizer.h"
+#include "kernels/cuda/optimizer.h"
 
 namespace towerlab::cuda {
 

@@ -3,7 +3,7 @@
 // travel over the link (NVLink or PCIe), so the kernel reads src once and never
 // writes it.
 #include "kernels/cuda/launch.cuh"
-#include "kernels/peer_add.h"
+#include "kernels/cuda/peer_add.h"
 
 namespace towerlab::cuda {
 

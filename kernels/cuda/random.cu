@@ -2,7 +2,7 @@
 // thread step, so the results match the CPU's.
 #include "engine/philox.h"
 #include "kernels/cuda/launch.cuh"
-#include "kernels/random.h"
+#include "kernels/cuda/random.h"
 
 namespace towerlab::cuda {
 

@@ -5,7 +5,7 @@
 
 #include "engine/allocator.h"
 #include "kernels/cuda/launch.cuh"
-#include "kernels/reduce.h"
+#include "kernels/cuda/reduce.h"
 
 namespace towerlab::cuda {
 
