@@ -44,18 +44,22 @@ Var matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_b) {
     const Tensor& gy = out.grad();  // [M,N]
     if (a.requires_grad()) {
       // op(A) = gy op(B)^T; A stored transposed gets the transpose of that.
+      const Tape::GradTarget ga = t.grad_target(a);
+      const float beta = ga.assign ? 0.0f : 1.0f;
       if (!transpose_a) {
-        towerlab::matmul(t.grad_for(a), gy, b.value(), false, !transpose_b, 1.0f, 1.0f, t.stream());
+        towerlab::matmul(ga.grad, gy, b.value(), false, !transpose_b, 1.0f, beta, t.stream());
       } else {
-        towerlab::matmul(t.grad_for(a), b.value(), gy, transpose_b, true, 1.0f, 1.0f, t.stream());
+        towerlab::matmul(ga.grad, b.value(), gy, transpose_b, true, 1.0f, beta, t.stream());
       }
     }
     if (b.requires_grad()) {
       // op(B) = op(A)^T gy.
+      const Tape::GradTarget gb = t.grad_target(b);
+      const float beta = gb.assign ? 0.0f : 1.0f;
       if (!transpose_b) {
-        towerlab::matmul(t.grad_for(b), a.value(), gy, !transpose_a, false, 1.0f, 1.0f, t.stream());
+        towerlab::matmul(gb.grad, a.value(), gy, !transpose_a, false, 1.0f, beta, t.stream());
       } else {
-        towerlab::matmul(t.grad_for(b), gy, a.value(), true, transpose_a, 1.0f, 1.0f, t.stream());
+        towerlab::matmul(gb.grad, gy, a.value(), true, transpose_a, 1.0f, beta, t.stream());
       }
     }
   });
@@ -79,7 +83,7 @@ Var bias_add(const Var& x, const Var& bias, Activation activation) {
   bias_add_forward(y, x.value(), bias.value(), tape.stream());
   return tape.record(y, "bias_add", {x, bias}, [x, bias](const Var& out) {
     Tape& t = out.tape();
-    if (x.requires_grad()) axpy(t.grad_for(x), 1.0, out.grad(), t.stream());
+    if (x.requires_grad()) t.add_to_grad(x, out.grad());
     if (bias.requires_grad()) bias_add_backward(t.grad_for(bias), out.grad(), t.stream());
   });
 }

@@ -29,8 +29,8 @@ Var add(const Var& a, const Var& b) {
   towerlab::add(y, a.value(), b.value(), tape.stream());
   return tape.record(y, "add", {a, b}, [a, b](const Var& out) {
     Tape& t = out.tape();
-    if (a.requires_grad()) axpy(t.grad_for(a), 1.0, out.grad(), t.stream());
-    if (b.requires_grad()) axpy(t.grad_for(b), 1.0, out.grad(), t.stream());
+    if (a.requires_grad()) t.add_to_grad(a, out.grad());
+    if (b.requires_grad()) t.add_to_grad(b, out.grad());
   });
 }
 
@@ -41,8 +41,8 @@ Var sub(const Var& a, const Var& b) {
   towerlab::sub(y, a.value(), b.value(), tape.stream());
   return tape.record(y, "sub", {a, b}, [a, b](const Var& out) {
     Tape& t = out.tape();
-    if (a.requires_grad()) axpy(t.grad_for(a), 1.0, out.grad(), t.stream());
-    if (b.requires_grad()) axpy(t.grad_for(b), -1.0, out.grad(), t.stream());
+    if (a.requires_grad()) t.add_to_grad(a, out.grad());
+    if (b.requires_grad()) t.add_to_grad(b, out.grad(), -1.0);
   });
 }
 
@@ -56,11 +56,11 @@ Var mul(const Var& a, const Var& b) {
     Tensor product = like(out);
     if (a.requires_grad()) {  // dL/da = dL/dy * b
       towerlab::mul(product, out.grad(), b.value(), t.stream());
-      axpy(t.grad_for(a), 1.0, product, t.stream());
+      t.add_to_grad(a, product);
     }
     if (b.requires_grad()) {
       towerlab::mul(product, out.grad(), a.value(), t.stream());
-      axpy(t.grad_for(b), 1.0, product, t.stream());
+      t.add_to_grad(b, product);
     }
   });
 }
@@ -72,7 +72,7 @@ Var scale(const Var& x, double alpha) {
   towerlab::scale(y, x.value(), alpha, tape.stream());
   return tape.record(y, "scale", {x}, [x, alpha](const Var& out) {
     Tape& t = out.tape();
-    axpy(t.grad_for(x), alpha, out.grad(), t.stream());
+    t.add_to_grad(x, out.grad(), alpha);
   });
 }
 
@@ -83,7 +83,9 @@ Var relu(const Var& x) {
   relu_forward(y, x.value(), tape.stream());
   return tape.record(y, "relu", {x}, [x](const Var& out) {
     Tape& t = out.tape();
-    relu_backward(t.grad_for(x), out.grad(), out.value(), t.stream());
+    const Tape::GradTarget gx = t.grad_target(x);
+    relu_backward(gx.grad, out.grad(), out.value(), t.stream(),
+                  gx.assign ? GradWrite::Assign : GradWrite::Accumulate);
   });
 }
 
@@ -115,7 +117,7 @@ Var reshape(const Var& x, const Shape& shape) {
   Tensor y = x.value().reshape(shape);
   return x.tape().record(y, x.name(), {x}, [x](const Var& out) {
     Tape& t = out.tape();
-    axpy(t.grad_for(x), 1.0, out.grad().reshape(x.shape()), t.stream());
+    t.add_to_grad(x, out.grad().reshape(x.shape()));
   });
 }
 

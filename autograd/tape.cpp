@@ -1,5 +1,6 @@
 #include "autograd/tape.h"
 
+#include <limits>
 #include <sstream>
 
 #include "engine/error.h"
@@ -113,6 +114,27 @@ const Tensor& Tape::grad_for(const Var& v) {
   return v.node_->grad;
 }
 
+Tape::GradTarget Tape::grad_target(const Var& v) {
+  TL_CHECK(v.requires_grad(), InvalidArgument,
+           label_ << ": " << v.describe() << " does not require a gradient");
+  Tensor& grad = v.node_->grad;
+  if (grad.defined() || first_write_ == FirstWrite::Zeroed) return {grad_for(v), false};
+  grad = Tensor::empty(v.node_->value.shape(), *stream_, v.node_->value.dtype());
+  if (first_write_ == FirstWrite::Poisoned) {
+    fill(grad, std::numeric_limits<double>::quiet_NaN(), *stream_);
+  }
+  return {grad, true};
+}
+
+void Tape::add_to_grad(const Var& v, const Tensor& g, double alpha) {
+  const GradTarget target = grad_target(v);
+  if (target.assign) {
+    scale(target.grad, g, alpha, *stream_);
+  } else {
+    axpy(target.grad, alpha, g, *stream_);
+  }
+}
+
 void Tape::backward(const Var& loss, double seed) {
   check_owns("backward", {loss});
   TL_CHECK(!backward_done_, InvalidArgument,
@@ -124,7 +146,7 @@ void Tape::backward(const Var& loss, double seed) {
       label_ << ": the loss " << loss.describe()
              << " does not depend on any trainable variable (or was computed without gradients)");
   backward_done_ = true;
-  fill(grad_for(loss), seed, *stream_);
+  fill(grad_target(loss).grad, seed, *stream_);
   for (auto it = records_.rbegin(); it != records_.rend(); ++it) {
     if (!it->output.node_->grad.defined()) continue;
     if (profiler_ != nullptr) profiler_->backward_record(it->scope, it->output.name());

@@ -3,14 +3,29 @@
 // A Tape is bound to one stream (and so one device). Every differentiable op
 // (autograd/ops.h) computes its output on the tape's stream and, when gradients
 // are enabled, records a backward closure. backward(loss) replays the records in
-// reverse; each closure ACCUMULATES into the gradients of its inputs, so a value
-// used twice gets the sum of both contributions. Nothing is global: two towers on
-// two threads each have their own tape and never share a record or a buffer.
+// reverse; each closure ACCUMULATES into the gradients of its inputs (a first
+// write may assign, see "First writes"), so a value used twice gets the sum of both
+// contributions. Nothing is global: each tower's tape has its own records and buffers.
 //
 // A Var is a handle to a value on a tape together with its gradient. Trainable
 // variables (autograd/variables.h) bring their own gradient tensor, a view into
 // the tower's flat gradient buffer; intermediate values get a gradient tensor
-// allocated (zeroed) when the backward pass first needs one.
+// allocated when the backward pass first needs one.
+//
+// First writes. Most intermediate gradients get exactly one contribution, which
+// writes every element (ReLU, a matrix product, a copy). Zero-filling the buffer
+// only for that op to add into it costs a pass over memory as large as the
+// activation, so the tape offers two ways in:
+//   grad_for(v)     a buffer to accumulate into (zero-filled on first use): for a
+//                   backward that adds to part of it (a scatter, a col2im);
+//   grad_target(v)  for a backward that writes every element: the first call hands
+//                   out an unwritten buffer with assign == true, and the op must
+//                   overwrite it (g = ..., not g += ...) without reading it; later
+//                   calls, and a variable's gradient, say assign == false.
+// set_first_write(FirstWrite::Poisoned) fills those unwritten buffers with NaN, so
+// that an op which reads one (accumulates where it should assign) shows up as a NaN
+// gradient; FirstWrite::Zeroed hands out zeroed buffers with assign == false, which
+// makes every op accumulate (the reference the first writes must reproduce).
 #pragma once
 
 #include <functional>
@@ -82,13 +97,34 @@ class Tape {
 
   // Output of a differentiable op: requires a gradient when any input does and
   // gradients are enabled. `backward` is recorded only then; it receives the
-  // output Var and must accumulate into its inputs' grad_for() tensors.
+  // output Var and must add into its inputs' grad_for() (or grad_target()) tensors.
   Var record(Tensor value, std::string name, const std::vector<Var>& inputs,
              std::function<void(const Var& output)> backward);
 
   // The gradient tensor of `v` to accumulate into, allocated as zeros on first use.
   // Only for Vars with requires_grad().
   const Tensor& grad_for(const Var& v);
+
+  // The gradient of `v` for a backward that writes every element of it (see "First
+  // writes" above). Only for Vars with requires_grad().
+  struct GradTarget {
+    Tensor grad;
+    bool assign;  // overwrite every element; otherwise accumulate
+  };
+  GradTarget grad_target(const Var& v);
+
+  // Adds alpha * g to v's gradient (g has v's shape), through grad_target(): the
+  // first contribution is a scaled copy instead of a zero-fill and an add.
+  void add_to_grad(const Var& v, const Tensor& g, double alpha = 1.0);
+
+  // How grad_target() hands out a gradient that nothing has written yet.
+  enum class FirstWrite {
+    Assign,    // unwritten, assign == true (the default)
+    Zeroed,    // zero-filled, assign == false: every op accumulates
+    Poisoned,  // filled with NaN, assign == true: a backward that reads it gives NaN
+  };
+  void set_first_write(FirstWrite mode) { first_write_ = mode; }
+  FirstWrite first_write() const { return first_write_; }
 
   // Runs the recorded closures in reverse from `loss` (one element), seeding
   // dL/dloss = seed (a tower passes its share of the batch). Throws if backward
@@ -123,6 +159,7 @@ class Tape {
   std::vector<Record> records_;
   bool grad_enabled_ = true;
   bool backward_done_ = false;
+  FirstWrite first_write_ = FirstWrite::Assign;
   TapeProfiler* profiler_ = nullptr;
   int scope_ = -1;
 };

@@ -4,7 +4,11 @@
 // replicas); and how far the step is from the GEMM-bound limit (the step's
 // convolution and matrix-product FLOPs at the rate of one large GEMM on all threads).
 //
-//   step_profile_bench [--towers T] [--batch B] [--steps S]
+//   step_profile_bench [--towers T] [--batch B] [--steps S] [--zero-fill 1]
+//
+// --zero-fill 1 makes every tape zero-fill its gradients and accumulate into them
+// (Tape::FirstWrite::Zeroed) instead of letting the first write assign: the
+// measure of what the first writes save.
 //
 // Method. S rounds, each one Trainer step of the whole model (the step time) and
 // then one forward and backward pass on each of T threads (one per tower, as the
@@ -81,8 +85,7 @@ struct Marker {
 Var mark(const Var& x, Marker& m) {
   return x.tape().record(x.value(), "marker", {x}, [x, &m](const Var& out) {
     m.begin = Clock::now();
-    Tape& t = out.tape();
-    axpy(t.grad_for(x), 1.0, out.grad(), t.stream());
+    out.tape().add_to_grad(x, out.grad());
     m.end = Clock::now();
   });
 }
@@ -108,7 +111,8 @@ Tensor labels_for(std::int64_t n) {
 // One tower's own copy of the variables, tape and batch, and its timings.
 class TowerProfile {
  public:
-  TowerProfile(const VariableSet& vars, const std::vector<NamedLayer>& layers, std::int64_t samples)
+  TowerProfile(const VariableSet& vars, const std::vector<NamedLayer>& layers, std::int64_t samples,
+               Tape::FirstWrite first_write)
       : layers_(layers),
         stream_(Device::cpu()),
         store_(vars, stream_),
@@ -117,6 +121,7 @@ class TowerProfile {
         labels_(labels_for(samples)),
         markers_(layers.size()) {
     store_.initialize(1, stream_);
+    tape_.set_first_write(first_write);
     times.forward.assign(layers.size(), 0.0);
     times.backward.assign(layers.size(), 0.0);
   }
@@ -170,14 +175,17 @@ int arg(int argc, char** argv, const char* name, int fallback) {
 struct Training {
   VariableSet vars;
   Sequential net = fashion_net(vars);
+  Tape::FirstWrite first_write;
   Trainer trainer;
   Tensor images, labels;
-  Training(int towers, std::int64_t batch)
-      : trainer(vars, tower_fn(), Optimizer::by_name("adam", 1e-3), options(towers)),
+  Training(int towers, std::int64_t batch, Tape::FirstWrite first_write)
+      : first_write(first_write),
+        trainer(vars, tower_fn(), Optimizer::by_name("adam", 1e-3), options(towers)),
         images(random_images(batch, 1)),
         labels(labels_for(batch)) {}
   TowerFn tower_fn() {
     return [this](const Tower& tower, const std::vector<Tensor>& b) {
+      tower.tape.set_first_write(first_write);
       Var logits = net(tower.context(), tower.input(b[0]));
       return TowerResult{ag::softmax_cross_entropy(logits, tower.input(b[1])), {}, {}};
     };
@@ -216,15 +224,17 @@ int main(int argc, char** argv) {
   const std::int64_t batch = arg(argc, argv, "--batch", 128);
   const int steps = std::max(1, arg(argc, argv, "--steps", 20));
   const std::int64_t per_tower = batch / towers;  // tower 0's share (the larger when uneven)
+  const Tape::FirstWrite first_write =
+      arg(argc, argv, "--zero-fill", 0) != 0 ? Tape::FirstWrite::Zeroed : Tape::FirstWrite::Assign;
 
   // Trainer steps and profiled passes alternate, so that both see the same load.
-  Training training(towers, batch);
+  Training training(towers, batch, first_write);
   VariableSet vars;
   const std::vector<NamedLayer> layers = fashion_net_layers(vars);
   std::vector<std::unique_ptr<TowerProfile>> profiles;
   for (int t = 0; t < towers; ++t) {
     const std::int64_t samples = batch * (t + 1) / towers - batch * t / towers;
-    profiles.push_back(std::make_unique<TowerProfile>(vars, layers, samples));
+    profiles.push_back(std::make_unique<TowerProfile>(vars, layers, samples, first_write));
   }
   double step_ms = 0;
   for (int round = 0; round <= steps; ++round) {  // round 0 warms caches and allocators
@@ -232,16 +242,23 @@ int main(int argc, char** argv) {
     training.step();
     if (round > 0) step_ms += ms_between(start, Clock::now()) / steps;
     std::vector<std::thread> threads;
-    for (auto& tower : profiles) threads.emplace_back([&tower, round] { tower->pass(round > 0); });
+    for (int t = 0; t < towers; ++t) {
+      threads.emplace_back([&, t] {
+        const ThreadShare share(t, towers);  // as the trainer gives each tower
+        profiles[std::size_t(t)]->pass(round > 0);
+      });
+    }
     for (std::thread& t : threads) t.join();
   }
 
   const Profile& p = profiles[0]->times;
   const double gflops = gemm_gflops();
   const double limit_ms = step_flops(layers, batch) / (gflops * 1e6);
-  std::printf("FashionNet step on the CPU: %d tower(s), batch %lld (%lld on tower 0), %d threads\n",
-              towers, static_cast<long long>(batch), static_cast<long long>(per_tower),
-              num_threads());
+  std::printf(
+      "FashionNet step on the CPU: %d tower(s), batch %lld (%lld on tower 0), %d threads, "
+      "gradients %s\n",
+      towers, static_cast<long long>(batch), static_cast<long long>(per_tower), num_threads(),
+      first_write == Tape::FirstWrite::Zeroed ? "zero-filled" : "first write assigns");
   std::printf("trainer step: %.2f ms (%.0f images/s)\n\n", step_ms, batch * 1000.0 / step_ms);
   // Shares are of tower 0's whole pass (its layers and loss), which the marker ops
   // leave out; the trainer step adds the split, ring, Adam update and copies.

@@ -1,11 +1,12 @@
 // The host thread pool (engine/thread_pool.h).
 //
-// One job at a time: the caller publishes a Job (a shared_ptr, so that a worker
-// that wakes late never reads a job that is gone), bumps a generation counter and
-// works on chunks itself; workers claim chunks from the job's atomic counter. A
-// worker that finds no chunk left goes back to waiting. Waiting is a short spin
-// (a GEMM issues parallel_for calls back to back, and waking a sleeping thread
-// costs tens of microseconds) followed by a futex sleep through std::atomic::wait.
+// A caller publishes a Job in the list of jobs in flight (a shared_ptr, so that a
+// worker that wakes late never reads a job that is gone), bumps a generation
+// counter and works on chunks itself; workers join a job (at most chunks - 1 of
+// them) and claim chunks from its atomic counter. A worker that finds no job to
+// join goes back to waiting. Waiting is a short spin (a GEMM issues parallel_for
+// calls back to back, and waking a sleeping thread costs tens of microseconds)
+// followed by a futex sleep through std::atomic::wait.
 #include "engine/thread_pool.h"
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <thread>
 #include <vector>
 
@@ -27,6 +29,9 @@ using Body = std::function<void(std::int64_t, std::int64_t)>;
 
 // True on pool workers, and on a caller while it runs its own chunk.
 thread_local bool t_in_parallel = false;
+// This thread's ThreadShare: index of count (one of one without a ThreadShare).
+thread_local int t_share_index = 0;
+thread_local int t_share_count = 1;
 
 // How long an idle thread spins before it sleeps.
 constexpr auto kSpinTime = std::chrono::microseconds(100);
@@ -59,6 +64,7 @@ struct Job {
   std::int64_t begin = 0;
   std::int64_t size = 0;
   int chunks = 0;
+  int helpers = 0;  // workers that joined; guarded by the pool's job_mutex_
   std::atomic<int> next{0};
   std::atomic<int> done{0};
   std::mutex error_mutex;
@@ -90,32 +96,51 @@ class Pool {
   }
 
   ~Pool() {
-    std::lock_guard<std::mutex> lock(dispatch_mutex_);
+    std::unique_lock<std::shared_mutex> lock(settings_mutex_);
     stop_workers();
   }
 
   int threads() const { return threads_.load(std::memory_order_relaxed); }
 
   void resize(int n) {
-    std::lock_guard<std::mutex> lock(dispatch_mutex_);
+    std::unique_lock<std::shared_mutex> lock(settings_mutex_);
     stop_workers();
     start_workers(n);
   }
 
-  void run(std::int64_t begin, std::int64_t end, const Body& body) {
-    std::unique_lock<std::mutex> dispatch(dispatch_mutex_, std::try_to_lock);
-    if (!dispatch.owns_lock() || workers_.empty()) {
-      body(begin, end);  // another thread has the pool: run inline (never queue)
+  void run(std::int64_t begin, std::int64_t end, int share, const Body& body) {
+    std::shared_ptr<Job> job;
+    {
+      std::shared_lock<std::shared_mutex> settings(settings_mutex_);
+      const int chunks = static_cast<int>(std::min<std::int64_t>(
+          {std::int64_t{share}, std::int64_t(workers_.size()) + 1, end - begin}));
+      if (chunks >= 2) {
+        job = std::make_shared<Job>();
+        job->body = &body;
+        job->begin = begin;
+        job->size = end - begin;
+        job->chunks = chunks;
+        run_job(job);
+      }
+    }
+    // Inline (the pool shrank below two threads since the caller looked), outside
+    // the lock so that the body may resize the pool.
+    if (!job) {
+      body(begin, end);
       return;
     }
-    auto job = std::make_shared<Job>();
-    job->body = &body;
-    job->begin = begin;
-    job->size = end - begin;
-    job->chunks = static_cast<int>(std::min<std::int64_t>(threads(), job->size));
+    if (job->error) std::rethrow_exception(job->error);
+  }
+
+ private:
+  Pool() { start_workers(0); }
+
+  // Publishes the job, runs chunks on the caller and waits for all of them to finish.
+  // Called with settings_mutex_ held shared.
+  void run_job(const std::shared_ptr<Job>& job) {
     {
       std::lock_guard<std::mutex> lock(job_mutex_);
-      job_ = job;
+      jobs_.push_back(job);
     }
     generation_.fetch_add(1, std::memory_order_release);
     generation_.notify_all();
@@ -126,17 +151,11 @@ class Pool {
     for (int d = job->done.load(std::memory_order_acquire); d < job->chunks;) {
       d = wait_for_change(job->done, d);
     }
-    {
-      std::lock_guard<std::mutex> lock(job_mutex_);
-      job_.reset();
-    }
-    if (job->error) std::rethrow_exception(job->error);
+    std::lock_guard<std::mutex> lock(job_mutex_);
+    jobs_.erase(std::find(jobs_.begin(), jobs_.end(), job));
   }
 
- private:
-  Pool() { start_workers(0); }
-
-  // Called with dispatch_mutex_ held, so no job is in flight.
+  // Called with settings_mutex_ held exclusively, so no job is in flight.
   void start_workers(int n) {
     if (n <= 0) n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     stop_ = false;
@@ -156,23 +175,45 @@ class Pool {
     workers_.clear();
   }
 
+  // A job in flight that still has a chunk to give and room for one more worker
+  // (a job of c chunks takes at most c - 1: its caller runs one), oldest first.
+  // Called with job_mutex_ held.
+  std::shared_ptr<Job> join_a_job() {
+    for (const std::shared_ptr<Job>& job : jobs_) {
+      if (job->helpers < job->chunks - 1 &&
+          job->next.load(std::memory_order_relaxed) < job->chunks) {
+        ++job->helpers;
+        return job;
+      }
+    }
+    return nullptr;
+  }
+
+  // A worker reads the generation before it looks for a job, and sleeps only until
+  // the generation moves on from that value: a job published after it looked bumps
+  // the generation afterwards, so the worker wakes for it.
   void worker_loop(std::uint64_t seen) {
     t_in_parallel = true;
     for (;;) {
       seen = wait_for_change(generation_, seen);
-      std::shared_ptr<Job> job;
-      {
-        std::lock_guard<std::mutex> lock(job_mutex_);
-        if (stop_) return;
-        job = job_;
+      for (;;) {
+        std::shared_ptr<Job> job;
+        {
+          std::lock_guard<std::mutex> lock(job_mutex_);
+          if (stop_) return;
+          job = join_a_job();
+        }
+        if (!job) break;
+        job->run_chunks();
+        seen = generation_.load(std::memory_order_acquire);
       }
-      if (job) job->run_chunks();
     }
   }
 
-  std::mutex dispatch_mutex_;  // held by the one caller whose job is in flight
-  std::mutex job_mutex_;       // guards job_ and stop_
-  std::shared_ptr<Job> job_;
+  // Shared by every parallel_for in flight, held exclusively to resize the pool.
+  std::shared_mutex settings_mutex_;
+  std::mutex job_mutex_;  // guards jobs_, each job's helpers, and stop_
+  std::vector<std::shared_ptr<Job>> jobs_;
   bool stop_ = false;
   std::atomic<std::uint64_t> generation_{0};
   std::atomic<int> threads_{1};
@@ -183,11 +224,12 @@ class Pool {
 
 void parallel_for(std::int64_t begin, std::int64_t end, const Body& body) {
   if (end - begin <= 0) return;
-  if (end - begin == 1 || t_in_parallel) {
+  const int share = t_in_parallel ? 1 : thread_share();
+  if (end - begin == 1 || share < 2) {
     body(begin, end);
     return;
   }
-  Pool::instance().run(begin, end, body);
+  Pool::instance().run(begin, end, share, body);
 }
 
 int num_threads() {
@@ -200,6 +242,26 @@ void set_num_threads(int n) {
   TL_CHECK(!t_in_parallel, InvalidArgument,
            "set_num_threads: called from inside a parallel_for chunk");
   Pool::instance().resize(n);
+}
+
+int thread_share() {
+  const int threads = num_threads();
+  const int share = threads / t_share_count + (t_share_index < threads % t_share_count ? 1 : 0);
+  return std::max(1, share);
+}
+
+ThreadShare::ThreadShare(int index, int count)
+    : previous_index_(t_share_index), previous_count_(t_share_count) {
+  TL_CHECK(count >= 1 && index >= 0 && index < count, InvalidArgument,
+           "ThreadShare: thread " << index << " of " << count
+                                  << "; pass a count >= 1 and 0 <= index < count");
+  t_share_index = index;
+  t_share_count = count;
+}
+
+ThreadShare::~ThreadShare() {
+  t_share_index = previous_index_;
+  t_share_count = previous_count_;
 }
 
 }  // namespace towerlab

@@ -3,21 +3,28 @@
 //
 //   parallel_for(begin, end, body)
 //     calls body(chunk_begin, chunk_end) on disjoint, contiguous chunks that cover
-//     [begin, end) exactly once, at most one chunk per thread, and returns when all
-//     have finished. The calling thread runs a chunk itself. An exception thrown by
-//     a chunk is rethrown in the caller (the first one, if several throw) after
-//     every chunk has finished.
+//     [begin, end) exactly once, at most one chunk per thread of the caller's share
+//     (thread_share()), and returns when all have finished. The calling thread runs
+//     chunks itself, and runs every chunk no worker has taken: a caller never waits
+//     for a worker to become free. An exception thrown by a chunk is rethrown in the
+//     caller (the first one, if several throw) after every chunk has finished.
 //
 // It runs the whole range inline, on the calling thread, when:
-//   - the range has fewer than two items, or the pool has one thread;
+//   - the range has fewer than two items, or the caller's share is one thread;
 //   - it is called from inside a chunk (nested parallel_for), so a kernel that
-//     calls another parallel kernel never waits on itself;
-//   - another thread is using the pool at that moment. CPU towers call kernels
-//     from several threads at once; they are already parallel, and running inline
-//     instead of queueing means no caller ever waits on another (no deadlock).
+//     calls another parallel kernel never waits on itself.
+//
+// Several threads may call parallel_for at once (CPU towers do). Each caller's job
+// takes at most share - 1 workers, and a worker serves one job at a time, so the
+// callers and the workers together never run more threads than the pool has plus
+// the callers themselves.
 //
 // Threads: std::thread::hardware_concurrency() by default (the caller plus that
-// many minus one workers), or what set_num_threads() asked for.
+// many minus one workers), or what set_num_threads() asked for. That number is
+// process-wide; ThreadShare divides it among threads that run kernels at once.
+//
+// Results: kernels split their work in ways that depend neither on the thread count
+// nor on the share (kernels/cpu/parallel.h), so neither changes a result's bits.
 #pragma once
 
 #include <cstdint>
@@ -30,9 +37,32 @@ void parallel_for(std::int64_t begin, std::int64_t end,
 
 // Total threads a parallel_for may use, the caller included (>= 1).
 int num_threads();
-// Sets that number; 0 restores the default (hardware_concurrency). Waits for a
-// parallel_for in flight on another thread to finish. Throws InvalidArgument for a
+// Sets that number; 0 restores the default (hardware_concurrency). Waits for any
+// parallel_for in flight on other threads to finish. Throws InvalidArgument for a
 // negative n or when called from inside a parallel_for chunk.
 void set_num_threads(int n);
+
+// Threads a parallel_for called on this thread may use, the caller included: this
+// thread's share while a ThreadShare lives on it, num_threads() otherwise (>= 1).
+int thread_share();
+
+// Gives the calling thread its share of the pool while `count` threads run kernels
+// at the same time (the trainer's CPU towers, one thread each): thread `index` of
+// `count` uses num_threads() / count threads, the first num_threads() % count
+// indices one more, and at least one (its own). T towers on P cores then run P
+// threads in all instead of each fanning out onto every core. Restores the
+// previous share when it goes out of scope. Throws InvalidArgument unless
+// 0 <= index < count.
+class ThreadShare {
+ public:
+  ThreadShare(int index, int count);
+  ~ThreadShare();
+  ThreadShare(const ThreadShare&) = delete;
+  ThreadShare& operator=(const ThreadShare&) = delete;
+
+ private:
+  int previous_index_;
+  int previous_count_;
+};
 
 }  // namespace towerlab

@@ -18,14 +18,14 @@ void relu_forward(const Tensor& y, const Tensor& x, const Stream& stream) {
 }
 
 void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y,
-                   const Stream& stream) {
+                   const Stream& stream, GradWrite write) {
   kernels::check_same_shape("relu_backward", stream,
                             {{"grad_x", &grad_x}, {"grad_y", &grad_y}, {"y", &y}});
   if (grad_x.numel() == 0) return;
   if (stream.device().is_cpu()) {
-    cpu::relu_backward(grad_x, grad_y, y);
+    cpu::relu_backward(grad_x, grad_y, y, write);
   } else {
-    TL_ON_CUDA(cuda::relu_backward(grad_x, grad_y, y, stream));
+    TL_ON_CUDA(cuda::relu_backward(grad_x, grad_y, y, stream, write));
   }
 }
 

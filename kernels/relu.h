@@ -2,20 +2,21 @@
 //   relu_forward(y, x)                 y[i] = max(x[i], 0)          (y may alias x)
 //   relu_backward(grad_x, grad_y, y)   grad_x[i] += grad_y[i] * (y[i] > 0)
 // The backward takes the forward's output y (y > 0 exactly where x > 0) and
-// accumulates into grad_x, as every backward in towerlab does. At x == 0 the
-// gradient is taken as 0. A NaN stays a NaN (as in PyTorch and TensorFlow): a
-// max() that drops it would hide a broken input from the loss and from the
-// trainer's numerical guard. All tensors have one shape.
+// accumulates into grad_x, as every backward in towerlab does, or assigns it when
+// asked (kernels/grad_write.h). At x == 0 the gradient is taken as 0. A NaN stays a NaN (as in
+// PyTorch and TensorFlow): a max() that drops it would hide a broken input from the loss and from
+// the trainer's numerical guard. All tensors have one shape.
 #pragma once
 
 #include "engine/stream.h"
 #include "engine/tensor.h"
+#include "kernels/grad_write.h"
 
 namespace towerlab {
 
 void relu_forward(const Tensor& y, const Tensor& x, const Stream& stream);
 void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y,
-                   const Stream& stream);
+                   const Stream& stream, GradWrite write = GradWrite::Accumulate);
 
 // The activation that a fused kernel (batch norm, bias add) applies to its output
 // before storing it. ReLU follows the rules above: the forward keeps a NaN, and the

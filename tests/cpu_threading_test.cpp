@@ -32,19 +32,25 @@ class ThreadPoolKernelsTest : public ::testing::Test {
   }
   std::vector<float> host(const Tensor& t) { return t.to_host<float>(stream()); }
 
-  // Runs `op` (which returns its outputs, concatenated) with 1, 2 and 3 threads and
-  // expects the same bits from each.
+  // Runs `op` (which returns its outputs, concatenated) with 1, 2 and 3 threads, and
+  // with 5 threads as the first of two towers' shares (3 threads), and expects the
+  // same bits from each.
   void expect_same_bits(const std::function<std::vector<float>()>& op) {
     set_num_threads(1);
     const std::vector<float> one = op();
     ASSERT_FALSE(one.empty());
-    for (int threads : {2, 3}) {
-      set_num_threads(threads);
-      const std::vector<float> many = op();
+    auto expect_as_one = [&](const std::vector<float>& many, const char* how) {
       ASSERT_EQ(many.size(), one.size());
       EXPECT_EQ(std::memcmp(many.data(), one.data(), one.size() * sizeof(float)), 0)
-          << "results with " << threads << " threads differ from one thread";
-    }
+          << "results with " << how << " differ from one thread";
+    };
+    set_num_threads(2);
+    expect_as_one(op(), "2 threads");
+    set_num_threads(3);
+    expect_as_one(op(), "3 threads");
+    set_num_threads(5);
+    const ThreadShare share(0, 2);
+    expect_as_one(op(), "a tower's share of 3 of 5 threads");
   }
 
  private:
@@ -208,6 +214,28 @@ TEST_F(ThreadPoolKernelsTest, OptimizerUpdates) {
     return concat({host(p_adam), host(m), host(v), host(p_sgd), host(velocity), host(p_rms),
                    host(ms), host(mom), host(mg)});
   });
+}
+
+// The weight gradient sums over images in fixed groups (kernels/cpu/conv2d.cpp):
+// batches above and below the group count, and a 1x1 convolution (no lowering).
+TEST_F(ThreadPoolKernelsTest, Conv2dForwardAndBackward) {
+  for (std::int64_t n : {3, 21}) {
+    for (std::int64_t r : {1, 3}) {
+      SCOPED_TRACE("batch " + std::to_string(n) + ", kernel " + std::to_string(r));
+      const Conv2dParams params{.pad_h = r / 2, .pad_w = r / 2};
+      const Tensor x = make({n, 3, 13, 11}, 21), w = make({6, 3, r, r}, 22), b = make({6}, 23);
+      const Shape y_shape = conv2d_output_shape(x.shape(), w.shape(), params);
+      const Tensor gy = make(y_shape, 24), gx0 = make(x.shape(), 25), gw0 = make(w.shape(), 26);
+      const Tensor gb0 = make({6}, 27);
+      expect_same_bits([&] {
+        Tensor y = Tensor::empty(y_shape, stream());
+        conv2d_forward(y, x, w, b, params, stream());
+        Tensor gx = clone(gx0), gw = clone(gw0), gb = clone(gb0);
+        conv2d_backward(gx, gw, gb, gy, x, w, params, stream());
+        return concat({host(y), host(gx), host(gw), host(gb)});
+      });
+    }
+  }
 }
 
 TEST_F(ThreadPoolKernelsTest, FirstNonfiniteIsTheSmallestIndex) {

@@ -1,6 +1,8 @@
-// The host thread pool: exact coverage of the range, nested and concurrent
-// callers (which must run inline rather than deadlock), errors, and settings.
+// The host thread pool: exact coverage of the range, nested callers (which must run
+// inline rather than deadlock), concurrent callers and their thread shares,
+// errors, and settings.
 #include <atomic>
+#include <chrono>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -98,6 +100,70 @@ TEST_F(ThreadPoolTest, ExceptionReachesTheCallerAndThePoolStaysUsable) {
   std::atomic<int> covered{0};
   parallel_for(0, 100, [&](std::int64_t lo, std::int64_t hi) { covered += hi - lo; });
   EXPECT_EQ(covered.load(), 100);
+}
+
+TEST_F(ThreadPoolTest, ThreadShareSplitsThePoolAndRestoresTheOldShare) {
+  set_num_threads(5);
+  EXPECT_EQ(thread_share(), 5);
+  {
+    const ThreadShare first(0, 2);
+    EXPECT_EQ(thread_share(), 3);  // 5 / 2, and the remainder to the first index
+    {
+      const ThreadShare inner(1, 2);
+      EXPECT_EQ(thread_share(), 2);
+    }
+    EXPECT_EQ(thread_share(), 3);
+    set_num_threads(7);  // the share follows the pool's size
+    EXPECT_EQ(thread_share(), 4);
+  }
+  EXPECT_EQ(thread_share(), 7);
+  set_num_threads(2);
+  const ThreadShare third(2, 3);  // more towers than threads: each keeps its own
+  EXPECT_EQ(thread_share(), 1);
+  std::atomic<int> chunks{0};
+  parallel_for(0, 100, [&](std::int64_t, std::int64_t) { ++chunks; });
+  EXPECT_EQ(chunks.load(), 1);  // inline
+  EXPECT_THROW_WITH(ThreadShare(3, 3), InvalidArgument, "ThreadShare: thread 3 of 3");
+  EXPECT_THROW_WITH(ThreadShare(0, 0), InvalidArgument, "ThreadShare: thread 0 of 0");
+}
+
+// Two "towers" with their shares of a 4-thread pool each call parallel_for over
+// and over: each call splits into at most its share's chunks, and no more than 4
+// chunks ever run at once. Without the shares, the first caller to reach the pool
+// would take all 4 threads while the other ran its own chunk beside them.
+TEST_F(ThreadPoolTest, TowersWithSharesNeverRunMoreThreadsThanThePool) {
+  set_num_threads(4);
+  constexpr int kTowers = 2, kRounds = 40;
+  std::atomic<int> running{0}, most_running{0}, most_chunks{0};
+  std::vector<std::thread> towers;
+  std::vector<std::int64_t> covered(kTowers, 0);
+  for (int t = 0; t < kTowers; ++t) {
+    towers.emplace_back([&, t] {
+      const ThreadShare share(t, kTowers);
+      for (int round = 0; round < kRounds; ++round) {
+        std::atomic<int> chunks{0};
+        std::atomic<std::int64_t> items{0};
+        parallel_for(0, 64, [&](std::int64_t lo, std::int64_t hi) {
+          ++chunks;
+          const int now = ++running;
+          for (int m = most_running.load();
+               now > m && !most_running.compare_exchange_weak(m, now);) {
+          }
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+          items += hi - lo;
+          --running;
+        });
+        for (int m = most_chunks.load();
+             chunks > m && !most_chunks.compare_exchange_weak(m, chunks.load());) {
+        }
+        covered[std::size_t(t)] += items.load();
+      }
+    });
+  }
+  for (auto& t : towers) t.join();
+  for (int t = 0; t < kTowers; ++t) EXPECT_EQ(covered[std::size_t(t)], 64 * kRounds);
+  EXPECT_EQ(most_chunks.load(), 2);
+  EXPECT_LE(most_running.load(), 4);
 }
 
 TEST_F(ThreadPoolTest, SettingsAreChecked) {

@@ -113,25 +113,35 @@ void col2im_add(T* x, const T* col, const Conv2dShape& s) {
   }
 }
 
-// How many contiguous chunks of images to spread over the threads. With at least
-// as many images as threads, each thread lowers and multiplies its own images (its
-// GEMMs then run inline on that thread: small per-image products parallelize
-// badly); with fewer, one chunk walks the images and each GEMM spreads over the
-// threads itself.
+// How many contiguous chunks of images to spread over the caller's threads. With
+// at least as many images as threads, each thread lowers and multiplies its own
+// images (its GEMMs then run inline on that thread: small per-image products
+// parallelize badly); with fewer, one chunk walks the images and each GEMM spreads
+// over the threads itself. Only loops whose images write disjoint outputs use it:
+// their results do not depend on the chunks.
 std::int64_t image_chunks(std::int64_t images) {
-  return images >= num_threads() ? num_threads() : 1;
+  const int threads = thread_share();
+  return images >= threads ? threads : 1;
 }
 
-// Runs body(chunk, first_image, end_image) for each chunk, in parallel.
+// The weight gradient sums over images, so its grouping fixes the order of that
+// sum: images are summed in kWeightGroups fixed groups (fewer for a smaller batch),
+// each into its own partial, and the partials in group order. The groups depend on
+// the batch alone, never on the threads, so the result is the same bits for any
+// thread count or tower share.
+constexpr std::int64_t kWeightGroups = 16;
+
+// Runs body(chunk, first_image, end_image) for each of `chunks` even chunks of the
+// images, in parallel when `parallel`.
 template <typename Body>
-void for_image_chunks(std::int64_t images, std::int64_t chunks, const Body& body) {
+void for_image_chunks(std::int64_t images, std::int64_t chunks, bool parallel, const Body& body) {
   auto run = [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t chunk = first; chunk < last; ++chunk) {
       body(chunk, chunk * images / chunks, (chunk + 1) * images / chunks);
     }
   };
-  if (chunks == 1) {
-    run(0, 1);
+  if (!parallel || chunks == 1) {
+    run(0, chunks);
   } else {
     parallel_for(0, chunks, run);
   }
@@ -164,7 +174,7 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
                 y_n, pq);
       }
     };
-    for_image_chunks(s.N, image_chunks(s.N), per_chunk);
+    for_image_chunks(s.N, image_chunks(s.N), true, per_chunk);
   });
 }
 
@@ -191,14 +201,15 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     }
     if (grad_weight.defined()) {
       T* gw = grad_weight.data<T>();  // [K, C*R*S]
-      // Each chunk of images sums its products into its own partial, added to
-      // grad_weight in chunk order afterwards (deterministic for a given thread
-      // count). The partial is the transpose, grad_weightᵀ = col · grad_y[n]ᵀ
-      // [C*R*S, K]: with few taps (C*R*S = 9 in a first layer) the GEMM runs far
-      // better with them as rows than as a 9-wide column panel.
-      const std::int64_t chunks = image_chunks(s.N);
+      // Each group of images (kWeightGroups) sums its products into its own
+      // partial, added to grad_weight in group order afterwards. With fewer groups
+      // than threads, the groups run one after another and each GEMM spreads over
+      // the threads instead. The partial is the transpose, grad_weightᵀ = col ·
+      // grad_y[n]ᵀ [C*R*S, K]: with few taps (C*R*S = 9 in a first layer) the GEMM
+      // runs far better with them as rows than as a 9-wide column panel.
+      const std::int64_t chunks = std::min(s.N, kWeightGroups);
       Scratch<T> partials(chunks * crs * s.K);  // [chunks, C*R*S, K]
-      for_image_chunks(s.N, chunks, [&](std::int64_t chunk, std::int64_t first, std::int64_t last) {
+      auto per_group = [&](std::int64_t chunk, std::int64_t first, std::int64_t last) {
         Scratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q]
         T* sum = partials.get() + chunk * crs * s.K;
         for (std::int64_t n = first; n < last; ++n) {
@@ -210,7 +221,8 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
           gemm<T>(false, true, crs, s.K, pq, T(1), patches, pq, gy + n * s.K * pq, pq,
                   n == first ? T(0) : T(1), sum, s.K);
         }
-      });
+      };
+      for_image_chunks(s.N, chunks, chunks >= thread_share(), per_group);
       for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
         const T* sum = partials.get() + chunk * crs * s.K;  // [C*R*S, K]
         for (std::int64_t k = 0; k < s.K; ++k) {
@@ -232,7 +244,7 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
           col2im_add(gx + n * chw, col.get(), s);
         }
       };
-      for_image_chunks(s.N, image_chunks(s.N), per_chunk);
+      for_image_chunks(s.N, image_chunks(s.N), true, per_chunk);
     }
   });
 }

@@ -359,7 +359,7 @@ struct Blocked {
                   const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
     const std::int64_t m_panels = (m + MR - 1) / MR;
     const std::int64_t mc_panels = std::max<std::int64_t>(1, kMc / MR);
-    const int threads = static_cast<double>(m) * n * k >= kMinParallelWork ? num_threads() : 1;
+    const int threads = static_cast<double>(m) * n * k >= kMinParallelWork ? thread_share() : 1;
     float* packed_b = t_packed_b.get(kKc * ((std::min(n, kNc) + NR - 1) / NR) * NR);
 
     for (std::int64_t jc = 0; jc < n; jc += kNc) {

@@ -16,10 +16,10 @@
 // split over its outputs (batch-norm statistics and the bias gradient over
 // channels), never over the values one output sums.
 //
-// Towers: CPU towers call kernels from several threads at once. parallel_for runs
-// inline on a caller that finds the pool busy, so no tower queues behind another;
-// but a tower that finds it free takes the workers while the other towers keep
-// running, so T towers on T cores briefly run more threads than cores.
+// Towers: CPU towers call kernels from several threads at once. Each tower thread
+// holds a ThreadShare (engine/thread_pool.h), so a loop uses that tower's share of
+// the threads: T towers on P cores run P threads in all, and a tower whose share
+// is one thread runs its loops inline.
 #pragma once
 
 #include <algorithm>
@@ -40,14 +40,15 @@ inline constexpr std::int64_t kBlockValues = 8192;
 template <typename Body>
 void parallel_rows(std::int64_t rows, std::int64_t values_per_row, const Body& body) {
   if (rows <= 0) return;
-  if (rows < 2 || rows * values_per_row < kMinParallelValues) {
+  const int threads = thread_share();
+  if (rows < 2 || threads < 2 || rows * values_per_row < kMinParallelValues) {
     body(std::int64_t{0}, rows);
     return;
   }
   const std::int64_t block = std::max<std::int64_t>(1, kBlockValues / values_per_row);  // rows
   const std::int64_t blocks = (rows + block - 1) / block;
   std::atomic<std::int64_t> next{0};
-  parallel_for(0, std::min<std::int64_t>(num_threads(), blocks), [&](std::int64_t, std::int64_t) {
+  parallel_for(0, std::min<std::int64_t>(threads, blocks), [&](std::int64_t, std::int64_t) {
     for (std::int64_t b = next.fetch_add(1); b < blocks; b = next.fetch_add(1)) {
       body(b * block, std::min(rows, (b + 1) * block));
     }

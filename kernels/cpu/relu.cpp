@@ -19,13 +19,18 @@ void relu_forward(const Tensor& y, const Tensor& x) {
   });
 }
 
-void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y) {
+void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y, GradWrite write) {
   with_dtype(grad_x.dtype(), [&]<typename T>() {
     T* gx = grad_x.data<T>();        // [n]
     const T* gy = grad_y.data<T>();  // [n]
     const T* out = y.data<T>();      // [n]
+    const bool assign = write == GradWrite::Assign;
     parallel_rows(grad_x.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
-      for (std::int64_t i = lo; i < hi; ++i) gx[i] += relu_mask(gy[i], out[i]);
+      if (assign) {
+        for (std::int64_t i = lo; i < hi; ++i) gx[i] = relu_mask(gy[i], out[i]);
+      } else {
+        for (std::int64_t i = lo; i < hi; ++i) gx[i] += relu_mask(gy[i], out[i]);
+      }
     });
   });
 }

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "engine/tensor.h"
+#include "kernels/grad_write.h"
 
 namespace towerlab::cpu {
 
@@ -25,6 +26,6 @@ T relu_mask(T grad, T y) {
 }
 
 void relu_forward(const Tensor& y, const Tensor& x);
-void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y);
+void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y, GradWrite write);
 
 }  // namespace towerlab::cpu

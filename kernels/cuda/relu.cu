@@ -14,10 +14,11 @@ __global__ void relu_forward_kernel(std::int64_t n, float* y, const float* x) {
 }
 
 __global__ void relu_backward_kernel(std::int64_t n, float* grad_x, const float* grad_y,
-                                     const float* y) {
+                                     const float* y, bool assign) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x) {
-    grad_x[i] += y[i] > 0.0f ? grad_y[i] : 0.0f;
+    const float g = y[i] > 0.0f ? grad_y[i] : 0.0f;
+    grad_x[i] = assign ? g : grad_x[i] + g;
   }
 }
 
@@ -28,9 +29,9 @@ void relu_forward(const Tensor& y, const Tensor& x, const Stream& stream) {
 }
 
 void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y,
-                   const Stream& stream) {
+                   const Stream& stream, GradWrite write) {
   launch_grid_stride(relu_backward_kernel, grad_x.numel(), stream, grad_x.data<float>(),
-                     grad_y.data<float>(), y.data<float>());
+                     grad_y.data<float>(), y.data<float>(), write == GradWrite::Assign);
 }
 
 }  // namespace towerlab::cuda

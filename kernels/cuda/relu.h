@@ -5,11 +5,12 @@
 
 #include "engine/stream.h"
 #include "engine/tensor.h"
+#include "kernels/grad_write.h"
 
 namespace towerlab::cuda {
 
 void relu_forward(const Tensor& y, const Tensor& x, const Stream& stream);
 void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y,
-                   const Stream& stream);
+                   const Stream& stream, GradWrite write);
 
 }  // namespace towerlab::cuda

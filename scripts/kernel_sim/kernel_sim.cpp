@@ -145,10 +145,14 @@ void relu() {
     sc::relu_forward(y2, x, host());
     compare(tag("relu_forward", n), y2, y1);
     Tensor gy = tensor(n, 3);
-    auto [g1, g2] = twin(rnd(n, 4), {n});  // sentinel: the gradient accumulates
-    cpu::relu_backward(g1, gy, y1);
-    sc::relu_backward(g2, gy, y1, host());
-    compare(tag("relu_backward", n), g2, g1);
+    for (GradWrite write : {GradWrite::Accumulate, GradWrite::Assign}) {
+      // Sentinel: the gradient's old values show whether it accumulated or assigned.
+      auto [g1, g2] = twin(rnd(n, 4), {n});
+      cpu::relu_backward(g1, gy, y1, write);
+      sc::relu_backward(g2, gy, y1, host(), write);
+      compare(tag(write == GradWrite::Assign ? "relu_backward assign" : "relu_backward", n), g2,
+              g1);
+    }
   }
 }
 

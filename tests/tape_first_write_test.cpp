@@ -1,0 +1,183 @@
+// First gradient writes (autograd/tape.h): an op whose backward writes the whole
+// gradient assigns the first contribution instead of adding it to a zero-filled
+// buffer. The gradients must be the bits the zero-fill-and-accumulate reference
+// gives; a NaN-poisoned unwritten buffer catches an op that reads what it should
+// overwrite; and a steady training step takes no new memory from the system.
+#include <cmath>
+#include <cstring>
+
+#include "test_util.h"
+
+namespace towerlab::testing {
+namespace {
+
+const Stream& cpu() {
+  return default_stream(Device::cpu());
+}
+
+using FirstWrite = Tape::FirstWrite;
+
+// Every trainable gradient of `store`, flat, after one pass of `pass` on a tape in `mode`.
+template <typename Pass>
+std::vector<float> gradients(VariableStore& store, FirstWrite mode, const Pass& pass) {
+  Tape tape(cpu());
+  tape.set_first_write(mode);
+  store.zero_grad(cpu());
+  tape.backward(pass(tape));
+  return store.flat_grads().to_host<float>();
+}
+
+void expect_same_bits(const std::vector<float>& got, const std::vector<float>& want,
+                      const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  std::size_t nonfinite = 0;
+  for (float g : got) nonfinite += std::isfinite(g) ? 0 : 1;
+  EXPECT_EQ(nonfinite, 0u) << what << ": an op read a gradient it should have overwritten";
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+      << what << ": gradients differ from the zero-filled reference";
+}
+
+Tensor labels_for(std::int64_t n) {
+  std::vector<float> ids(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = float(i % 10);
+  return Tensor::from_host<float>(ids, {n}, cpu());
+}
+
+TEST(TapeFirstWrite, FashionNetGradientsAreTheZeroFilledReferenceBits) {
+  VariableSet vars;
+  Sequential net = fashion_net(vars);
+  VariableStore store(vars, cpu());
+  store.initialize(3, cpu());
+  Tensor images = Tensor::empty({12, 1, 28, 28}, cpu());
+  random_normal(images, 4, 0, 0.0f, 1.0f, cpu());
+  const Tensor labels = labels_for(12);
+  auto pass = [&](Tape& tape) {
+    Context ctx{tape, store, true};
+    return ag::softmax_cross_entropy(net(ctx, tape.constant(images)), tape.constant(labels));
+  };
+  const std::vector<float> reference = gradients(store, FirstWrite::Zeroed, pass);
+  expect_same_bits(gradients(store, FirstWrite::Assign, pass), reference, "assign");
+  expect_same_bits(gradients(store, FirstWrite::Poisoned, pass), reference, "poisoned");
+}
+
+TEST(TapeFirstWrite, ElementwiseOpsAndValuesUsedTwiceGiveTheReferenceBits) {
+  VariableSet vars;
+  vars.get("a", {6, 5}, Initializer::normal(0.0f, 1.0f));
+  vars.get("b", {5, 4}, Initializer::normal(0.0f, 1.0f));
+  vars.get("bias", {4}, Initializer::normal(0.0f, 1.0f));
+  VariableStore store(vars, cpu());
+  store.initialize(5, cpu());
+  // Every op that writes through grad_target (matmul, bias_add, relu, add, sub, mul,
+  // scale, reshape), with values consumed twice so that a second contribution
+  // accumulates onto an assigned first one.
+  auto pass = [&](Tape& tape) {
+    Context ctx{tape, store, true};
+    Var a = ctx.variable("a"), b = ctx.variable("b");
+    Var h = ag::bias_add(ag::matmul(a, b), ctx.variable("bias"));  // [6,4]
+    Var r = ag::relu(h);
+    Var s = ag::sub(ag::mul(r, h), ag::scale(r, 0.5));
+    Var t = ag::add(s, s);
+    Var flat = ag::flatten(ag::add(t, h));
+    return ag::sum(ag::mul(flat, flat));
+  };
+  const std::vector<float> reference = gradients(store, FirstWrite::Zeroed, pass);
+  expect_same_bits(gradients(store, FirstWrite::Assign, pass), reference, "assign");
+  expect_same_bits(gradients(store, FirstWrite::Poisoned, pass), reference, "poisoned");
+}
+
+// An op that takes grad_target() and then adds into the gradient whatever `assign`
+// says (the bug the poison exists for), or honours it.
+Var doubled(const Var& x, bool honours_assign) {
+  Tape& tape = x.tape();
+  Tensor y = Tensor::empty(x.shape(), cpu());
+  scale(y, x.value(), 2.0, cpu());
+  return tape.record(y, "doubled", {x}, [x, honours_assign](const Var& out) {
+    Tape& t = out.tape();
+    const Tape::GradTarget g = t.grad_target(x);
+    if (honours_assign && g.assign) {
+      scale(g.grad, out.grad(), 2.0, cpu());
+    } else {
+      axpy(g.grad, 2.0, out.grad(), cpu());
+    }
+  });
+}
+
+TEST(TapeFirstWrite, PoisonCatchesAnOpThatAccumulatesIntoAnUnwrittenGradient) {
+  VariableSet vars;
+  vars.get("w", {7}, Initializer::normal(0.0f, 1.0f));
+  VariableStore store(vars, cpu());
+  store.initialize(2, cpu());
+  for (bool honours : {true, false}) {
+    SCOPED_TRACE(honours ? "op honours assign" : "op always accumulates");
+    auto pass = [&](Tape& tape) {
+      Context ctx{tape, store, true};
+      Var w = ctx.variable("w");
+      return ag::sum(doubled(ag::scale(w, 3.0), honours));
+    };
+    const std::vector<float> reference = gradients(store, FirstWrite::Zeroed, pass);
+    for (float g : reference) EXPECT_EQ(g, 6.0f);  // d(sum(2 * 3w))/dw
+    const std::vector<float> poisoned = gradients(store, FirstWrite::Poisoned, pass);
+    for (float g : poisoned) EXPECT_EQ(std::isnan(g), !honours) << g;
+  }
+}
+
+TEST(TapeFirstWrite, OnlyTheFirstContributionToAnIntermediateAssigns) {
+  VariableSet vars;
+  vars.get("w", {3}, Initializer::normal(0.0f, 1.0f));
+  VariableStore store(vars, cpu());
+  store.initialize(1, cpu());
+  for (FirstWrite mode : {FirstWrite::Assign, FirstWrite::Zeroed}) {
+    Tape tape(cpu());
+    tape.set_first_write(mode);
+    Context ctx{tape, store, true};
+    Var w = ctx.variable("w");
+    Var h = ag::scale(w, 2.0);
+    const Tape::GradTarget first = tape.grad_target(h);
+    EXPECT_EQ(first.assign, mode == FirstWrite::Assign);
+    if (!first.assign) {
+      for (float g : first.grad.to_host<float>()) EXPECT_EQ(g, 0.0f);
+    }
+    EXPECT_FALSE(tape.grad_target(h).assign);  // a second contribution accumulates
+    EXPECT_FALSE(tape.grad_target(w).assign);  // a variable's gradient always accumulates
+    EXPECT_EQ(tape.grad_target(h).grad.data<float>(), first.grad.data<float>());
+  }
+  Tape tape(cpu());
+  Var c = tape.constant(Tensor::zeros({2}, cpu()));
+  EXPECT_THROW_WITH(tape.grad_target(c), InvalidArgument, "does not require a gradient");
+}
+
+// Once the allocator's cache holds a step's working set, training steps on a CPU
+// tower take no new memory from the system: every tensor and scratch buffer of a
+// step is served from blocks the step before freed. The second step still grows
+// the cache: the optimizer's state, created by the first update, sits in blocks
+// that the first step's activations had used. (Two CPU towers allocate from the
+// one host cache in an order that varies with timing, so its layout, and whether
+// a late step needs one more segment, varies too: one tower only here.)
+TEST(TapeFirstWrite, SteadyCpuStepsTakeNoNewMemory) {
+  VariableSet vars;
+  Sequential net = fashion_net(vars);
+  TrainerOptions options;
+  options.devices = {Device::cpu()};
+  options.master = Device::cpu();
+  Trainer trainer(
+      vars,
+      [&](const Tower& tower, const std::vector<Tensor>& b) {
+        Var logits = net(tower.context(), tower.input(b[0]));
+        return TowerResult{ag::softmax_cross_entropy(logits, tower.input(b[1])), {}, {}};
+      },
+      Optimizer::by_name("adam", 1e-3), options);
+  Tensor images = Tensor::empty({16, 1, 28, 28}, cpu());
+  random_normal(images, 6, 0, 0.0f, 1.0f, cpu());
+  const Tensor labels = labels_for(16);
+  for (int step = 1; step <= 2; ++step) trainer.step({images, labels});
+  Allocator& host = device_allocator(Device::cpu());
+  const MemoryStats before = host.stats();
+  for (int step = 3; step <= 8; ++step) trainer.step({images, labels});
+  const MemoryStats after = host.stats();
+  EXPECT_EQ(after.segment_allocations, before.segment_allocations);
+  EXPECT_EQ(after.reserved_bytes, before.reserved_bytes);
+  EXPECT_EQ(after.in_use_bytes, before.in_use_bytes);
+}
+
+}  // namespace
+}  // namespace towerlab::testing
