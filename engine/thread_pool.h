@@ -23,16 +23,13 @@
 #include <cstdint>
 #include <functional>
 
+#include "engine/settings.h"
+
 namespace towerlab {
 
 void parallel_for(std::int64_t begin, std::int64_t end,
                   const std::function<void(std::int64_t, std::int64_t)>& body);
 
-// Total threads a parallel_for may use, the caller included (>= 1).
-int num_threads();
-// Sets that number; 0 restores the default (hardware_concurrency). Waits for a
-// parallel_for in flight on another thread to finish. Throws InvalidArgument for a
-// negative n or when called from inside a parallel_for chunk.
-void set_num_threads(int n);
+// num_threads() and set_num_threads(n), the pool's size: engine/settings.h.
 
 }  // namespace towerlab

@@ -8,7 +8,6 @@
 #include <exception>
 #include <iostream>
 #include <mutex>
-#include <set>
 #include <sstream>
 #include <thread>
 
@@ -178,15 +177,6 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
     devices_.push_back(place_device(d, options_.soft_placement, log));
   check_tower_kinds(options_.devices);
   master_device_ = place_device(options_.master, options_.soft_placement, log);
-  if (options_.memory) {
-    std::set<std::pair<int, int>> done;
-    for (Device d : devices_) {
-      if (done.insert({int(d.type), d.index}).second) set_memory_options(d, *options_.memory);
-    }
-    if (done.insert({int(master_device_.type), master_device_.index}).second) {
-      set_memory_options(master_device_, *options_.memory);
-    }
-  }
 
   master_stream_ = std::make_unique<Stream>(master_device_);
   master_ = std::make_unique<VariableStore>(variables_, *master_stream_);

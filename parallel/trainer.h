@@ -121,9 +121,8 @@ struct TrainerOptions {
   bool soft_placement = false;
   // Prints where every variable and each tower's work is placed.
   bool log_placement = false;
-  std::ostream* log = nullptr;          // placement log and warnings; std::clog when null
-  std::optional<MemoryOptions> memory;  // applied to every tower's device and the master's
-  std::uint64_t seed = 0;               // initial values of the variables
+  std::ostream* log = nullptr;  // placement log and warnings; std::clog when null
+  std::uint64_t seed = 0;       // initial values of the variables
   NumericGuard numeric_guard = NumericGuard::Stop;
 };
 
