@@ -123,8 +123,9 @@ class Sequential : public Layer {
   std::vector<std::unique_ptr<Layer>> layers_;
 };
 
-// Seed 000's regularization losses: coeff * sum(w^2)/2 over every trainable
-// variable whose name ends in "/weight" (biases and batch-norm scales are not
+// Weight decay as a TensorFlow 1.x model adds it to its regularization losses:
+// coeff * tf.nn.l2_loss(w) = coeff * sum(w^2)/2 over every trainable variable
+// whose name ends in "/weight" (biases and batch-norm scales are not
 // decayed). Undefined when coeff is 0 or there is no such variable.
 Var l2_regularization(const Context& ctx, double coeff);
 
