@@ -35,9 +35,22 @@ std::string Conv2d::describe() const {
   return os.str();
 }
 
+namespace {
+
+// " + ReLU" after a layer's summary when it applies one.
+const char* activation_suffix(Activation activation) {
+  return activation == Activation::ReLU ? " + ReLU" : "";
+}
+
+}  // namespace
+
 Linear::Linear(VariableSet& vars, std::string name, std::int64_t in_features,
-               std::int64_t out_features, bool bias)
-    : name_(std::move(name)), in_(in_features), out_(out_features), bias_(bias) {
+               std::int64_t out_features, bool bias, Activation activation)
+    : name_(std::move(name)),
+      in_(in_features),
+      out_(out_features),
+      bias_(bias),
+      activation_(activation) {
   TL_CHECK(in_ > 0 && out_ > 0, InvalidArgument,
            "Linear " << name_ << ": sizes must be positive, got " << in_ << "->" << out_);
   vars.get(name_ + "/weight", {out_, in_}, Initializer::he_normal());
@@ -46,18 +59,23 @@ Linear::Linear(VariableSet& vars, std::string name, std::int64_t in_features,
 
 Var Linear::forward(const Context& ctx, const Var& x) const {
   return ag::linear(x, ctx.variable(name_ + "/weight"),
-                    bias_ ? ctx.variable(name_ + "/bias") : Var());
+                    bias_ ? ctx.variable(name_ + "/bias") : Var(), activation_);
 }
 
 std::string Linear::describe() const {
   std::ostringstream os;
-  os << name_ << ": Linear " << in_ << "->" << out_ << (bias_ ? "" : " no bias");
+  os << name_ << ": Linear " << in_ << "->" << out_ << (bias_ ? "" : " no bias")
+     << activation_suffix(activation_);
   return os.str();
 }
 
 BatchNorm::BatchNorm(VariableSet& vars, std::string name, std::int64_t channels, double momentum,
-                     double eps)
-    : name_(std::move(name)), channels_(channels), momentum_(momentum), eps_(eps) {
+                     double eps, Activation activation)
+    : name_(std::move(name)),
+      channels_(channels),
+      momentum_(momentum),
+      eps_(eps),
+      activation_(activation) {
   TL_CHECK(channels_ > 0, InvalidArgument, "BatchNorm " << name_ << ": no channels");
   TL_CHECK(momentum_ >= 0.0 && momentum_ < 1.0 && eps_ > 0.0, InvalidArgument,
            "BatchNorm " << name_ << ": momentum must be in [0, 1) and eps positive, got "
@@ -70,19 +88,20 @@ BatchNorm::BatchNorm(VariableSet& vars, std::string name, std::int64_t channels,
 
 Var BatchNorm::forward(const Context& ctx, const Var& x) const {
   if (ctx.training && ctx.batchnorm_sync != nullptr) {
-    return ag::sync_batch_norm(x, ctx.variable(name_ + "/gamma"), ctx.variable(name_ + "/beta"),
-                               ctx.state(name_ + "/moving_mean"),
-                               ctx.state(name_ + "/moving_variance"), *ctx.batchnorm_sync,
-                               ctx.tower, momentum_, eps_);
+    return ag::sync_batchnorm(x, ctx.variable(name_ + "/gamma"), ctx.variable(name_ + "/beta"),
+                              ctx.state(name_ + "/moving_mean"),
+                              ctx.state(name_ + "/moving_variance"), *ctx.batchnorm_sync, ctx.tower,
+                              momentum_, eps_, activation_);
   }
-  return ag::batch_norm(x, ctx.variable(name_ + "/gamma"), ctx.variable(name_ + "/beta"),
-                        ctx.state(name_ + "/moving_mean"), ctx.state(name_ + "/moving_variance"),
-                        ctx.training, momentum_, eps_);
+  return ag::batchnorm(x, ctx.variable(name_ + "/gamma"), ctx.variable(name_ + "/beta"),
+                       ctx.state(name_ + "/moving_mean"), ctx.state(name_ + "/moving_variance"),
+                       ctx.training, momentum_, eps_, activation_);
 }
 
 std::string BatchNorm::describe() const {
   std::ostringstream os;
-  os << name_ << ": BatchNorm " << channels_ << " momentum " << momentum_ << " eps " << eps_;
+  os << name_ << ": BatchNorm " << channels_ << " momentum " << momentum_ << " eps " << eps_
+     << activation_suffix(activation_);
   return os.str();
 }
 
@@ -127,17 +146,15 @@ Sequential fashion_net(VariableSet& vars) {
   Sequential net;
   const Conv2dParams same{.pad_h = 1, .pad_w = 1};
   // No conv bias before batch norm: its mean subtraction would cancel it.
+  const double momentum = 0.99, eps = 1e-3;  // BatchNorm's defaults (TensorFlow's)
   net.add<Conv2d>(vars, "conv1", 1, 32, 3, same, false);
-  net.add<BatchNorm>(vars, "bn1", 32);
-  net.add<ReLU>();
+  net.add<BatchNorm>(vars, "bn1", 32, momentum, eps, Activation::ReLU);
   net.add<MaxPool2d>(Pool2dParams::square(2, 2));
   net.add<Conv2d>(vars, "conv2", 32, 64, 3, same, false);
-  net.add<BatchNorm>(vars, "bn2", 64);
-  net.add<ReLU>();
+  net.add<BatchNorm>(vars, "bn2", 64, momentum, eps, Activation::ReLU);
   net.add<MaxPool2d>(Pool2dParams::square(2, 2));
   net.add<Flatten>();
-  net.add<Linear>(vars, "fc1", 3136, 128);
-  net.add<ReLU>();
+  net.add<Linear>(vars, "fc1", 3136, 128, true, Activation::ReLU);
   net.add<Linear>(vars, "fc2", 128, 10);
   return net;
 }

@@ -6,8 +6,7 @@
 //   VariableSet vars;
 //   Sequential net;
 //   net.add<Conv2d>(vars, "conv1", 1, 32, 3, Conv2dParams{.pad_h = 1, .pad_w = 1});
-//   net.add<BatchNorm>(vars, "bn1", 32);
-//   net.add<ReLU>();
+//   net.add<BatchNorm>(vars, "bn1", 32, 0.99, 1e-3, Activation::ReLU);  // fused with ReLU
 //   ...
 //   Var logits = net(Context{tape, store, /*training=*/true}, input);
 #pragma once
@@ -47,10 +46,11 @@ class Conv2d : public Layer {
 };
 
 // Declares <name>/weight [O,I] (He normal for ReLU networks) and <name>/bias [O] (zeros).
+// The activation is fused into the bias add (kernels/bias.h).
 class Linear : public Layer {
  public:
   Linear(VariableSet& vars, std::string name, std::int64_t in_features, std::int64_t out_features,
-         bool bias = true);
+         bool bias = true, Activation activation = Activation::None);
   Var forward(const Context& ctx, const Var& x) const override;
   std::string describe() const override;
 
@@ -58,15 +58,18 @@ class Linear : public Layer {
   std::string name_;
   std::int64_t in_, out_;
   bool bias_;
+  Activation activation_;
 };
 
 // Declares <name>/gamma (ones) and <name>/beta (zeros), trainable, and the
 // non-trainable <name>/moving_mean (zeros) and <name>/moving_variance (ones).
-// momentum is TensorFlow's decay (the weight of the old moving value).
+// momentum is TensorFlow's decay (the weight of the old moving value). The
+// activation is fused into batch norm's kernels, forward and backward
+// (kernels/batchnorm.h).
 class BatchNorm : public Layer {
  public:
   BatchNorm(VariableSet& vars, std::string name, std::int64_t channels, double momentum = 0.99,
-            double eps = 1e-3);
+            double eps = 1e-3, Activation activation = Activation::None);
   Var forward(const Context& ctx, const Var& x) const override;
   std::string describe() const override;
 
@@ -74,6 +77,7 @@ class BatchNorm : public Layer {
   std::string name_;
   std::int64_t channels_;
   double momentum_, eps_;
+  Activation activation_;
 };
 
 class ReLU : public Layer {
@@ -131,7 +135,8 @@ Var l2_regularization(const Context& ctx, double coeff);
 
 // FashionNet, the reference model: conv 1->32 3x3 pad 1 (no bias), BN, ReLU, maxpool 2;
 // conv 32->64 3x3 pad 1 (no bias), BN, ReLU, maxpool 2; flatten 3136; linear 3136->128, ReLU;
-// linear 128->10. Input [N,1,28,28], output logits [N,10].
+// linear 128->10. Input [N,1,28,28], output logits [N,10]. Each ReLU is fused into
+// the layer before it (BatchNorm, Linear).
 Sequential fashion_net(VariableSet& vars);
 
 }  // namespace towerlab

@@ -49,15 +49,21 @@ Var softmax_cross_entropy(const Var& logits, const Var& labels, Reduction reduct
   if (predictions != nullptr) {
     preds = Tensor::empty({logits.shape()[0]}, tape.stream(), logits.value().dtype());
   }
-  softmax_cross_entropy_forward(loss, Tensor(), preds, logits.value(), labels.value(), reduction,
+  // The probabilities for the backward come out of the forward's pass over the
+  // logits (kernels/loss.h), when a backward will run.
+  const bool backward = logits.requires_grad() && tape.grad_enabled();
+  Tensor probs =
+      backward ? Tensor::empty(logits.shape(), tape.stream(), logits.value().dtype()) : Tensor();
+  softmax_cross_entropy_forward(loss, probs, preds, logits.value(), labels.value(), reduction,
                                 tape.stream());
   if (predictions != nullptr) *predictions = preds;
-  return tape.record(
-      loss, "softmax_cross_entropy", {logits, labels}, [logits, labels, reduction](const Var& out) {
-        Tape& t = out.tape();
-        softmax_cross_entropy_backward(t.grad_for(logits), out.grad(), logits.value(),
-                                       labels.value(), reduction, t.stream());
-      });
+  return tape.record(loss, "softmax_cross_entropy", {logits, labels},
+                     [logits, labels, probs, reduction](const Var& out) {
+                       Tape& t = out.tape();
+                       softmax_cross_entropy_backward_from_probs(t.grad_for(logits), out.grad(),
+                                                                 probs, labels.value(), reduction,
+                                                                 t.stream());
+                     });
 }
 
 Var l2_loss(const Var& w, double coeff) {

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 
+#include "autograd/ops.h"
 #include "engine/error.h"
 #include "kernels/batchnorm.h"
 #include "kernels/bias.h"
 #include "kernels/elementwise.h"
 #include "kernels/matmul.h"
+#include "kernels/relu.h"
 
 namespace towerlab::ag {
 
@@ -59,13 +61,21 @@ Var matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_b) {
   });
 }
 
-Var bias_add(const Var& x, const Var& bias) {
+Var bias_add(const Var& x, const Var& bias, Activation activation) {
   Tape& tape = x.tape();
   tape.check_owns("bias_add", {x, bias});
   TL_CHECK(x.value().dim() >= 2 && bias.value().dim() == 1 && bias.shape()[0] == x.shape()[1],
            ShapeError,
            "bias_add: " << bias.describe() << " does not match the channels of " << x.describe());
   Tensor y = new_tensor(tape, x.shape(), x);
+  if (activation == Activation::ReLU) {
+    bias_add_relu_forward(y, x.value(), bias.value(), tape.stream());
+    return tape.record(y, "bias_add_relu", {x, bias}, [x, bias](const Var& out) {
+      Tape& t = out.tape();
+      bias_add_relu_backward(grad_if_needed(t, x), grad_if_needed(t, bias), out.grad(), out.value(),
+                             t.stream());
+    });
+  }
   bias_add_forward(y, x.value(), bias.value(), tape.stream());
   return tape.record(y, "bias_add", {x, bias}, [x, bias](const Var& out) {
     Tape& t = out.tape();
@@ -74,7 +84,7 @@ Var bias_add(const Var& x, const Var& bias) {
   });
 }
 
-Var linear(const Var& x, const Var& weight, const Var& bias) {
+Var linear(const Var& x, const Var& weight, const Var& bias, Activation activation) {
   Tape& tape = x.tape();
   tape.check_owns("linear", {x, weight});
   TL_CHECK(x.value().dim() == 2, ShapeError,
@@ -84,7 +94,8 @@ Var linear(const Var& x, const Var& weight, const Var& bias) {
                         << weight.describe() << " expects "
                         << (weight.value().dim() == 2 ? weight.shape()[1] : -1));
   Var y = matmul(x, weight, false, true);
-  return bias.defined() ? bias_add(y, bias) : y;
+  if (bias.defined()) return bias_add(y, bias, activation);
+  return activation == Activation::ReLU ? relu(y) : y;
 }
 
 Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams& params) {
@@ -114,10 +125,15 @@ Var max_pool2d(const Var& x, const Pool2dParams& params) {
   Tape& tape = x.tape();
   tape.check_owns("max_pool2d", {x});
   Tensor y = new_tensor(tape, pool2d_output_shape(x.shape(), params), x);
-  max_pool2d_forward(y, x.value(), params, tape.stream());
-  return tape.record(y, "max_pool2d", {x}, [x, params](const Var& out) {
+  if (!x.requires_grad() || !tape.grad_enabled()) {  // no backward will read an argmax
+    max_pool2d_forward(y, x.value(), params, tape.stream());
+    return tape.record(y, "max_pool2d", {x}, nullptr);
+  }
+  Tensor argmax = new_tensor(tape, y.shape(), x);
+  max_pool2d_forward_with_argmax(y, argmax, x.value(), params, tape.stream());
+  return tape.record(y, "max_pool2d", {x}, [x, argmax, params](const Var& out) {
     Tape& t = out.tape();
-    max_pool2d_backward(t.grad_for(x), out.grad(), x.value(), params, t.stream());
+    max_pool2d_backward_from_argmax(t.grad_for(x), out.grad(), argmax, params, t.stream());
   });
 }
 
@@ -132,22 +148,23 @@ Var avg_pool2d(const Var& x, const Pool2dParams& params) {
   });
 }
 
-Var batch_norm(const Var& x, const Var& gamma, const Var& beta, const Tensor& moving_mean,
-               const Tensor& moving_var, bool training, double momentum, double eps) {
+Var batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& moving_mean,
+              const Tensor& moving_var, bool training, double momentum, double eps,
+              Activation activation) {
   Tape& tape = x.tape();
-  tape.check_owns("batch_norm", {x, gamma, beta});
+  tape.check_owns("batchnorm", {x, gamma, beta});
   TL_CHECK((x.value().dim() == 2 || x.value().dim() == 4) && gamma.value().dim() == 1 &&
                gamma.shape()[0] == x.shape()[1],
            ShapeError,
-           "batch_norm: " << gamma.describe() << " does not match the channels of " << x.describe()
-                          << " (expected [N,C] or [N,C,H,W] with C = " << gamma.shape()[0] << ")");
+           "batchnorm: " << gamma.describe() << " does not match the channels of " << x.describe()
+                         << " (expected [N,C] or [N,C,H,W] with C = " << gamma.shape()[0] << ")");
   Tensor y = new_tensor(tape, x.shape(), x);
   if (!training) {
     batchnorm_forward_inference(y, x.value(), gamma.value(), beta.value(), moving_mean, moving_var,
-                                eps, tape.stream());
+                                eps, tape.stream(), activation);
     // Inference through moving statistics is affine in x; training never takes this path.
-    return tape.record(y, "batch_norm", {x, gamma, beta}, [](const Var& out) {
-      TL_THROW(NotSupported, "batch_norm: backward of the inference form ("
+    return tape.record(y, "batchnorm", {x, gamma, beta}, [](const Var& out) {
+      TL_THROW(NotSupported, "batchnorm: backward of the inference form ("
                                  << out.describe()
                                  << ") is not implemented; train in training mode");
     });
@@ -156,26 +173,28 @@ Var batch_norm(const Var& x, const Var& gamma, const Var& beta, const Tensor& mo
   Tensor save_mean = new_tensor(tape, {channels}, x);
   Tensor save_inv_std = new_tensor(tape, {channels}, x);
   batchnorm_forward_training(y, save_mean, save_inv_std, moving_mean, moving_var, x.value(),
-                             gamma.value(), beta.value(), eps, momentum, tape.stream());
-  return tape.record(y, "batch_norm", {x, gamma, beta},
-                     [x, gamma, beta, save_mean, save_inv_std](const Var& out) {
+                             gamma.value(), beta.value(), eps, momentum, tape.stream(), activation);
+  const bool relu = activation == Activation::ReLU;
+  return tape.record(y, relu ? "batchnorm_relu" : "batchnorm", {x, gamma, beta},
+                     [x, gamma, beta, save_mean, save_inv_std, relu](const Var& out) {
                        Tape& t = out.tape();
                        batchnorm_backward(grad_if_needed(t, x), grad_if_needed(t, gamma),
                                           grad_if_needed(t, beta), out.grad(), x.value(),
-                                          gamma.value(), save_mean, save_inv_std, t.stream());
+                                          gamma.value(), save_mean, save_inv_std, t.stream(),
+                                          relu ? out.value() : Tensor());
                      });
 }
 
-Var sync_batch_norm(const Var& x, const Var& gamma, const Var& beta, const Tensor& moving_mean,
-                    const Tensor& moving_var, BatchNormSync& sync, int tower, double momentum,
-                    double eps) {
+Var sync_batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& moving_mean,
+                   const Tensor& moving_var, BatchNormSync& sync, int tower, double momentum,
+                   double eps, Activation activation) {
   Tape& tape = x.tape();
-  tape.check_owns("sync_batch_norm", {x, gamma, beta});
-  TL_CHECK((x.value().dim() == 2 || x.value().dim() == 4) && gamma.value().dim() == 1 &&
-               gamma.shape()[0] == x.shape()[1],
-           ShapeError,
-           "sync_batch_norm: " << gamma.describe() << " does not match the channels of "
-                               << x.describe());
+  tape.check_owns("sync_batchnorm", {x, gamma, beta});
+  TL_CHECK(
+      (x.value().dim() == 2 || x.value().dim() == 4) && gamma.value().dim() == 1 &&
+          gamma.shape()[0] == x.shape()[1],
+      ShapeError,
+      "sync_batchnorm: " << gamma.describe() << " does not match the channels of " << x.describe());
   const std::int64_t channels = x.shape()[1];
   const std::int64_t local_count = x.value().numel() / std::max<std::int64_t>(channels, 1);
   Tensor mean = new_tensor(tape, {channels}, x);
@@ -185,16 +204,19 @@ Var sync_batch_norm(const Var& x, const Var& gamma, const Var& beta, const Tenso
   Tensor y = new_tensor(tape, x.shape(), x);
   Tensor inv_std = new_tensor(tape, {channels}, x);
   batchnorm_forward_from_stats(y, inv_std, moving_mean, moving_var, x.value(), gamma.value(),
-                               beta.value(), mean, m2, total, eps, momentum, tape.stream());
-  return tape.record(y, "sync_batch_norm", {x, gamma, beta},
-                     [x, gamma, beta, mean, inv_std, total, tower, &sync](const Var& out) {
+                               beta.value(), mean, m2, total, eps, momentum, tape.stream(),
+                               activation);
+  const bool relu = activation == Activation::ReLU;
+  return tape.record(y, relu ? "sync_batchnorm_relu" : "sync_batchnorm", {x, gamma, beta},
+                     [x, gamma, beta, mean, inv_std, total, tower, &sync, relu](const Var& out) {
                        Tape& t = out.tape();
                        const Stream& s = t.stream();
                        const std::int64_t c = mean.numel();
+                       const Tensor relu_output = relu ? out.value() : Tensor();
                        Tensor sum_grad_y = Tensor::empty({c}, s, mean.dtype());
                        Tensor sum_grad_y_xhat = Tensor::empty({c}, s, mean.dtype());
                        batchnorm_backward_reduce(sum_grad_y, sum_grad_y_xhat, out.grad(), x.value(),
-                                                 mean, inv_std, s);
+                                                 mean, inv_std, s, relu_output);
                        // This tower's share of dL/dbeta and dL/dgamma: the gradient all-reduce adds
                        // the rest.
                        if (beta.requires_grad()) axpy(t.grad_for(beta), 1.0, sum_grad_y, s);
@@ -204,7 +226,7 @@ Var sync_batch_norm(const Var& x, const Var& gamma, const Var& beta, const Tenso
                        if (x.requires_grad()) {
                          batchnorm_backward_apply(t.grad_for(x), out.grad(), x.value(),
                                                   gamma.value(), mean, inv_std, sum_grad_y,
-                                                  sum_grad_y_xhat, total, s);
+                                                  sum_grad_y_xhat, total, s, relu_output);
                        }
                      });
 }

@@ -6,6 +6,7 @@
 #include "autograd/tape.h"
 #include "kernels/conv2d.h"
 #include "kernels/pool2d.h"
+#include "kernels/relu.h"
 
 namespace towerlab {
 
@@ -30,15 +31,20 @@ namespace towerlab::ag {
 // op(a) * op(b) for 2-D a, b (kernels/matmul.h).
 Var matmul(const Var& a, const Var& b, bool transpose_a = false, bool transpose_b = false);
 
-// x [N,I], weight [O,I], bias [O] (or undefined): y = x weight^T + bias, [N,O].
-Var linear(const Var& x, const Var& weight, const Var& bias);
+// x [N,I], weight [O,I], bias [O] (or undefined): y = x weight^T + bias, [N,O],
+// then the activation (with a bias, fused into the bias add: kernels/bias.h).
+Var linear(const Var& x, const Var& weight, const Var& bias,
+           Activation activation = Activation::None);
 
-// x [N,C,H,W] + bias[C] broadcast (also [N,C]).
-Var bias_add(const Var& x, const Var& bias);
+// x [N,C,H,W] + bias[C] broadcast (also [N,C]), then the activation, in one kernel
+// each way (kernels/bias.h).
+Var bias_add(const Var& x, const Var& bias, Activation activation = Activation::None);
 
 // x [N,C,H,W], weight [K,C,R,S], bias [K] (or undefined) -> [N,K,P,Q].
 Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams& params);
 
+// When x needs a gradient, the forward records each window's argmax and the
+// backward scatters through it (kernels/pool2d.h); the values are the same.
 Var max_pool2d(const Var& x, const Pool2dParams& params);
 Var avg_pool2d(const Var& x, const Pool2dParams& params);
 
@@ -46,8 +52,11 @@ Var avg_pool2d(const Var& x, const Pool2dParams& params);
 // training: batch statistics, and moving_mean / moving_var [C] (plain tensors, the
 // layer's non-trainable state) are updated in place with `momentum` (TensorFlow's
 // decay: the weight of the old value). Inference: the moving statistics normalize.
-Var batch_norm(const Var& x, const Var& gamma, const Var& beta, const Tensor& moving_mean,
-               const Tensor& moving_var, bool training, double momentum = 0.99, double eps = 1e-3);
+// The activation is fused into batch norm's kernels, forward and backward
+// (kernels/batchnorm.h).
+Var batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& moving_mean,
+              const Tensor& moving_var, bool training, double momentum = 0.99, double eps = 1e-3,
+              Activation activation = Activation::None);
 
 // Training-mode batch norm with the statistics of every tower's slice: the towers'
 // per-channel (mean, M2, count) are merged through `sync` in the forward pass, and
@@ -55,8 +64,8 @@ Var batch_norm(const Var& x, const Var& gamma, const Var& beta, const Tensor& mo
 // differentiate) exactly as one device on the whole batch, uneven splits included.
 // gamma and beta get this tower's share of their gradient (the trainer's gradient
 // all-reduce sums the shares).
-Var sync_batch_norm(const Var& x, const Var& gamma, const Var& beta, const Tensor& moving_mean,
-                    const Tensor& moving_var, BatchNormSync& sync, int tower,
-                    double momentum = 0.99, double eps = 1e-3);
+Var sync_batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& moving_mean,
+                   const Tensor& moving_var, BatchNormSync& sync, int tower, double momentum = 0.99,
+                   double eps = 1e-3, Activation activation = Activation::None);
 
 }  // namespace towerlab::ag

@@ -96,6 +96,40 @@ void BM_BatchNormBackward(benchmark::State& state, Device device) {
   set_bytes(state, shape, 4);
 }
 
+// Batch norm and the ReLU after it, forward and backward (a training step of the
+// pair), fused (Activation::ReLU: two passes fewer over |x|, and no gradient
+// tensor between the ops) or as two ops, the unfused form including the zero-fill
+// the tape gives the gradient between them. Same bytes counted for both (the
+// fused pair's traffic), so bytes/s compares them directly.
+void BM_BatchNormReluStep(benchmark::State& state, Device device, bool fused) {
+  if (bench::skip_without(device, state)) return;
+  Stream stream(device);
+  const Shape shape = bench::nchw_shape(state);
+  const std::int64_t C = shape[1];
+  Tensor x = input(shape, stream), grad_y = input(shape, stream, 1);
+  Tensor y = Tensor::empty(shape, stream), relu_y = Tensor::empty(shape, stream);
+  Tensor grad_x = Tensor::zeros(shape, stream), grad_bn = Tensor::zeros(shape, stream);
+  Tensor gamma = Tensor::empty({C}, stream), beta = Tensor::zeros({C}, stream);
+  Tensor mean = Tensor::empty({C}, stream), inv_std = Tensor::empty({C}, stream);
+  Tensor mm = Tensor::zeros({C}, stream), mv = Tensor::zeros({C}, stream);
+  Tensor grad_gamma = Tensor::zeros({C}, stream), grad_beta = Tensor::zeros({C}, stream);
+  fill(gamma, 1.0, stream);
+  bench::time_calls(state, stream, [&] {
+    if (fused) {
+      batchnorm_forward_training(y, mean, inv_std, mm, mv, x, gamma, beta, 1e-3, 0.99, stream,
+                                 Activation::ReLU);
+      batchnorm_backward(grad_x, grad_gamma, grad_beta, grad_y, x, gamma, mean, inv_std, stream, y);
+    } else {
+      batchnorm_forward_training(y, mean, inv_std, mm, mv, x, gamma, beta, 1e-3, 0.99, stream);
+      relu_forward(relu_y, y, stream);
+      fill(grad_bn, 0.0, stream);
+      relu_backward(grad_bn, grad_y, relu_y, stream);
+      batchnorm_backward(grad_x, grad_gamma, grad_beta, grad_bn, x, gamma, mean, inv_std, stream);
+    }
+  });
+  set_bytes(state, shape, 7);  // forward 2|x| + backward 5|x| (x, grad_y, y, grad_x twice)
+}
+
 // The bandwidth reference: one copy of x (reads and writes |x|).
 void BM_CopyReference(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
@@ -204,6 +238,12 @@ BENCHMARK_CAPTURE(BM_BatchNormForwardInference, cpu, Device::cpu())
 BENCHMARK_CAPTURE(BM_BatchNormBackward, cpu, Device::cpu())
     ->Apply(bench::activation_shapes)
     ->UseRealTime();
+BENCHMARK_CAPTURE(BM_BatchNormReluStep, cpu_fused, Device::cpu(), true)
+    ->Apply(bench::activation_shapes)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_BatchNormReluStep, cpu_unfused, Device::cpu(), false)
+    ->Apply(bench::activation_shapes)
+    ->UseRealTime();
 BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())
     ->Apply(bench::activation_shapes)
     ->UseRealTime();
@@ -214,6 +254,12 @@ BENCHMARK_CAPTURE(BM_BatchNormForwardInference, cuda, Device::cuda(0))
     ->Apply(bench::activation_shapes)
     ->UseManualTime();
 BENCHMARK_CAPTURE(BM_BatchNormBackward, cuda, Device::cuda(0))
+    ->Apply(bench::activation_shapes)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_BatchNormReluStep, cuda_fused, Device::cuda(0), true)
+    ->Apply(bench::activation_shapes)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_BatchNormReluStep, cuda_unfused, Device::cuda(0), false)
     ->Apply(bench::activation_shapes)
     ->UseManualTime();
 BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))

@@ -40,6 +40,36 @@ void BM_BiasAddBackward(benchmark::State& state, Device device) {
   set_bytes(state, shape, 1);
 }
 
+// Bias add and the ReLU after it, forward and backward, fused or as two ops (the
+// unfused form with the zero-fill of the gradient between them and the add of it
+// into grad_x that ag::bias_add makes). Same bytes counted for both: the fused
+// pair's traffic, forward 2|x| and backward 4|x| (grad_y, y, grad_x twice).
+void BM_BiasAddReluStep(benchmark::State& state, Device device, bool fused) {
+  if (bench::skip_without(device, state)) return;
+  Stream stream(device);
+  const Shape shape = bench::nchw_shape(state);
+  Tensor x = Tensor::empty(shape, stream), grad_y = Tensor::empty(shape, stream);
+  random_normal(x, 1, 0, 0.0f, 1.0f, stream);
+  random_normal(grad_y, 1, 1, 0.0f, 1.0f, stream);
+  Tensor y = Tensor::empty(shape, stream), grad_z = Tensor::zeros(shape, stream);
+  Tensor grad_x = Tensor::zeros(shape, stream), bias = Tensor::zeros({shape[1]}, stream);
+  Tensor grad_bias = Tensor::zeros({shape[1]}, stream);
+  bench::time_calls(state, stream, [&] {
+    if (fused) {
+      bias_add_relu_forward(y, x, bias, stream);
+      bias_add_relu_backward(grad_x, grad_bias, grad_y, y, stream);
+    } else {
+      bias_add_forward(y, x, bias, stream);
+      relu_forward(y, y, stream);
+      fill(grad_z, 0.0, stream);
+      relu_backward(grad_z, grad_y, y, stream);
+      axpy(grad_x, 1.0, grad_z, stream);
+      bias_add_backward(grad_bias, grad_z, stream);
+    }
+  });
+  set_bytes(state, shape, 6);
+}
+
 void BM_CopyReference(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
@@ -53,13 +83,24 @@ void BM_CopyReference(benchmark::State& state, Device device) {
 void shapes(benchmark::internal::Benchmark* b) {
   bench::activation_shapes(b);
   b->Args({128, 1024, 0, 0});
+  b->Args({128, 128, 0, 0});  // FashionNet's fc1 output
 }
 
 }  // namespace
 
 BENCHMARK_CAPTURE(BM_BiasAddForward, cpu, Device::cpu())->Apply(shapes)->UseRealTime();
 BENCHMARK_CAPTURE(BM_BiasAddBackward, cpu, Device::cpu())->Apply(shapes)->UseRealTime();
+BENCHMARK_CAPTURE(BM_BiasAddReluStep, cpu_fused, Device::cpu(), true)->Apply(shapes)->UseRealTime();
+BENCHMARK_CAPTURE(BM_BiasAddReluStep, cpu_unfused, Device::cpu(), false)
+    ->Apply(shapes)
+    ->UseRealTime();
 BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())->Apply(shapes)->UseRealTime();
 BENCHMARK_CAPTURE(BM_BiasAddForward, cuda, Device::cuda(0))->Apply(shapes)->UseManualTime();
 BENCHMARK_CAPTURE(BM_BiasAddBackward, cuda, Device::cuda(0))->Apply(shapes)->UseManualTime();
+BENCHMARK_CAPTURE(BM_BiasAddReluStep, cuda_fused, Device::cuda(0), true)
+    ->Apply(shapes)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_BiasAddReluStep, cuda_unfused, Device::cuda(0), false)
+    ->Apply(shapes)
+    ->UseManualTime();
 BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))->Apply(shapes)->UseManualTime();

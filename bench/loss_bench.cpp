@@ -63,6 +63,33 @@ void BM_CrossEntropyBackward(benchmark::State& state, Device device) {
   });
 }
 
+// The loss and its gradient (a training step of the loss): the forward writing
+// the probabilities and the backward reading them (the exps taken once), or the
+// forward alone and a backward that recomputes the softmax. Bytes counted for both:
+// the recomputing pair's (forward, backward).
+void BM_CrossEntropyStep(benchmark::State& state, Device device, bool from_probs) {
+  if (bench::skip_without(device, state)) return;
+  Stream stream(device);
+  const std::int64_t rows = state.range(0), classes = state.range(1);
+  Batch batch(rows, classes, stream);
+  Tensor loss = Tensor::zeros({1}, stream), probs = Tensor::zeros({rows, classes}, stream);
+  Tensor grad = Tensor::zeros({rows, classes}, stream);
+  Tensor grad_loss = Tensor::from_host<float>(std::vector<float>{1.0f}, {1}, stream);
+  run(state, stream, 16 * rows * classes + 8 * rows, [&] {
+    if (from_probs) {
+      softmax_cross_entropy_forward(loss, probs, Tensor(), batch.logits, batch.labels,
+                                    Reduction::Mean, stream);
+      softmax_cross_entropy_backward_from_probs(grad, grad_loss, probs, batch.labels,
+                                                Reduction::Mean, stream);
+    } else {
+      softmax_cross_entropy_forward(loss, Tensor(), Tensor(), batch.logits, batch.labels,
+                                    Reduction::Mean, stream);
+      softmax_cross_entropy_backward(grad, grad_loss, batch.logits, batch.labels, Reduction::Mean,
+                                     stream);
+    }
+  });
+}
+
 void BM_MseForward(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
@@ -97,6 +124,12 @@ void BM_CopyReference(benchmark::State& state, Device device) {
 
 BENCHMARK_CAPTURE(BM_CrossEntropyForward, cpu, Device::cpu())->Args({128, 10})->Args({4096, 1000});
 BENCHMARK_CAPTURE(BM_CrossEntropyBackward, cpu, Device::cpu())->Args({128, 10})->Args({4096, 1000});
+BENCHMARK_CAPTURE(BM_CrossEntropyStep, cpu_from_probs, Device::cpu(), true)
+    ->Args({128, 10})
+    ->Args({4096, 1000});
+BENCHMARK_CAPTURE(BM_CrossEntropyStep, cpu_recompute, Device::cpu(), false)
+    ->Args({128, 10})
+    ->Args({4096, 1000});
 BENCHMARK_CAPTURE(BM_MseForward, cpu, Device::cpu())->Arg(1 << 22);
 BENCHMARK_CAPTURE(BM_MseBackward, cpu, Device::cpu())->Arg(1 << 22);
 BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())
@@ -109,6 +142,14 @@ BENCHMARK_CAPTURE(BM_CrossEntropyForward, cuda, Device::cuda(0))
     ->Args({4096, 1000})
     ->UseManualTime();
 BENCHMARK_CAPTURE(BM_CrossEntropyBackward, cuda, Device::cuda(0))
+    ->Args({128, 10})
+    ->Args({4096, 1000})
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_CrossEntropyStep, cuda_from_probs, Device::cuda(0), true)
+    ->Args({128, 10})
+    ->Args({4096, 1000})
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_CrossEntropyStep, cuda_recompute, Device::cuda(0), false)
     ->Args({128, 10})
     ->Args({4096, 1000})
     ->UseManualTime();

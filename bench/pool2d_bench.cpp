@@ -64,6 +64,31 @@ void BM_MaxPoolBackward(benchmark::State& state, Device device) {
   set_bytes(state, shape, kMaxBackwardQuarters);
 }
 
+// Max pooling forward and backward (a training step of the layer): through a
+// recorded argmax (the backward reads the argmax, a quarter of |x|, instead of x
+// and compares nothing) or recomputing it from x. Same bytes counted for both: the
+// recomputing pair's (forward, then backward with x).
+void BM_MaxPoolStep(benchmark::State& state, Device device, bool argmax) {
+  if (bench::skip_without(device, state)) return;
+  Stream stream(device);
+  const Shape shape = bench::nchw_shape(state);
+  const Shape ys = pool2d_output_shape(shape, kPool);
+  Tensor x = Tensor::empty(shape, stream), grad_x = Tensor::zeros(shape, stream);
+  Tensor y = Tensor::empty(ys, stream), where = Tensor::empty(ys, stream);
+  Tensor grad_y = Tensor::zeros(ys, stream);
+  random_uniform(x, 1, 0, -1.0f, 1.0f, stream);
+  bench::time_calls(state, stream, [&] {
+    if (argmax) {
+      max_pool2d_forward_with_argmax(y, where, x, kPool, stream);
+      max_pool2d_backward_from_argmax(grad_x, grad_y, where, kPool, stream);
+    } else {
+      max_pool2d_forward(y, x, kPool, stream);
+      max_pool2d_backward(grad_x, grad_y, x, kPool, stream);
+    }
+  });
+  set_bytes(state, shape, kForwardQuarters + kMaxBackwardQuarters);
+}
+
 void BM_AvgPoolForward(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
@@ -187,6 +212,12 @@ BENCHMARK_CAPTURE(BM_MaxPoolForward, cpu, Device::cpu())
 BENCHMARK_CAPTURE(BM_MaxPoolBackward, cpu, Device::cpu())
     ->Apply(bench::activation_shapes)
     ->UseRealTime();
+BENCHMARK_CAPTURE(BM_MaxPoolStep, cpu_argmax, Device::cpu(), true)
+    ->Apply(bench::activation_shapes)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_MaxPoolStep, cpu_recompute, Device::cpu(), false)
+    ->Apply(bench::activation_shapes)
+    ->UseRealTime();
 BENCHMARK_CAPTURE(BM_AvgPoolForward, cpu, Device::cpu())
     ->Apply(bench::activation_shapes)
     ->UseRealTime();
@@ -200,6 +231,12 @@ BENCHMARK_CAPTURE(BM_MaxPoolForward, cuda, Device::cuda(0))
     ->Apply(bench::activation_shapes)
     ->UseManualTime();
 BENCHMARK_CAPTURE(BM_MaxPoolBackward, cuda, Device::cuda(0))
+    ->Apply(bench::activation_shapes)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_MaxPoolStep, cuda_argmax, Device::cuda(0), true)
+    ->Apply(bench::activation_shapes)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_MaxPoolStep, cuda_recompute, Device::cuda(0), false)
     ->Apply(bench::activation_shapes)
     ->UseManualTime();
 BENCHMARK_CAPTURE(BM_AvgPoolForward, cuda, Device::cuda(0))

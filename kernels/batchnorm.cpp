@@ -4,24 +4,37 @@
 #include "kernels/batchnorm.h"
 
 #include "kernels/checks.h"
+#include "kernels/cpu/batchnorm.h"
+#include "kernels/cuda/batchnorm.h"
 #include "kernels/elementwise.h"
 
 namespace towerlab {
 
 namespace {
 
-// x viewed as [N,C,S] with S = H*W (S = 1 for [N,C]).
-struct Dims {
-  std::int64_t N, C, S;
-};
-
-Dims dims_of(const char* op, const Tensor& x, const Stream& stream) {
+// The backend arguments with x and its view as [N,C,S] (S = H*W, 1 for [N,C]); each
+// entry point below fills in the rest once its checks pass.
+BatchNormArgs args_of(const char* op, const Tensor& x, const Stream& stream) {
   TL_CHECK(x.defined(), InvalidArgument, op << ": x is undefined");
   TL_CHECK(x.dim() == 2 || x.dim() == 4, ShapeError,
            op << ": x must be [N,C] or [N,C,H,W], got " << x.describe());
   if (stream.device().is_cuda()) kernels::check_float32(op, "x", x);
-  const std::int64_t S = x.dim() == 4 ? x.size(2) * x.size(3) : 1;
-  return {x.size(0), x.size(1), S};
+  BatchNormArgs a;
+  a.N = x.size(0);
+  a.C = x.size(1);
+  a.S = x.dim() == 4 ? x.size(2) * x.size(3) : 1;
+  a.x = x;
+  return a;
+}
+
+// A backward's relu_output, when given, is the fused forward's y: x's shape. Sets
+// the activation (and the y to mask grad_y with) in `a`.
+void set_relu_output(const char* op, BatchNormArgs& a, const Tensor& relu_output,
+                     const Stream& stream) {
+  if (!relu_output.defined()) return;
+  kernels::check_same_shape(op, stream, {{"x", &a.x}, {"relu_output", &relu_output}});
+  a.activation = Activation::ReLU;
+  a.y = relu_output;
 }
 
 void check_channels(const char* op, const Tensor& x, std::int64_t C,
@@ -56,7 +69,7 @@ void check_eps_momentum(const char* op, double eps, double momentum) {
 
 void batchnorm_stats(const Tensor& mean, const Tensor& m2, const Tensor& x, const Stream& stream) {
   const char* op = "batchnorm_stats";
-  const Dims d = dims_of(op, x, stream);
+  BatchNormArgs d = args_of(op, x, stream);
   kernels::check_on_stream(op, stream, {{"x", &x}, {"mean", &mean}, {"m2", &m2}});
   check_channels(op, x, d.C, {{"mean", &mean}, {"m2", &m2}});
   if (d.C == 0) return;
@@ -65,10 +78,12 @@ void batchnorm_stats(const Tensor& mean, const Tensor& m2, const Tensor& x, cons
     fill(m2, 0.0, stream);
     return;
   }
+  d.mean = mean;
+  d.m2 = m2;
   if (stream.device().is_cpu()) {
-    cpu::batchnorm_stats(mean, m2, x, d.N, d.C, d.S);
+    cpu::batchnorm_stats(d);
   } else {
-    TL_ON_CUDA(cuda::batchnorm_stats(mean, m2, x, d.N, d.C, d.S, stream));
+    TL_ON_CUDA(cuda::batchnorm_stats(d, stream));
   }
 }
 
@@ -94,9 +109,9 @@ void batchnorm_forward_from_stats(const Tensor& y, const Tensor& inv_std, const 
                                   const Tensor& moving_var, const Tensor& x, const Tensor& gamma,
                                   const Tensor& beta, const Tensor& mean, const Tensor& m2,
                                   std::int64_t count, double eps, double momentum,
-                                  const Stream& stream) {
+                                  const Stream& stream, Activation activation) {
   const char* op = "batchnorm_forward_from_stats";
-  const Dims d = dims_of(op, x, stream);
+  BatchNormArgs d = args_of(op, x, stream);
   kernels::check_same_shape(op, stream, {{"x", &x}, {"y", &y}});
   kernels::check_on_stream(op, stream,
                            {{"x", &x},
@@ -121,13 +136,22 @@ void batchnorm_forward_from_stats(const Tensor& y, const Tensor& inv_std, const 
   if (d.C == 0) return;
   // Not "return on empty x": a tower with no samples still takes its share of the
   // per-channel outputs (inv_std, moving statistics) in synchronized batch norm.
+  d.y = y;
+  d.gamma = gamma;
+  d.beta = beta;
+  d.mean = mean;
+  d.m2 = m2;
+  d.inv_std = inv_std;
+  d.moving_mean = moving_mean;
+  d.moving_var = moving_var;
+  d.count = count;
+  d.eps = eps;
+  d.momentum = momentum;
+  d.activation = activation;
   if (stream.device().is_cpu()) {
-    cpu::batchnorm_forward_from_stats(y, inv_std, moving_mean, moving_var, x, gamma, beta, mean, m2,
-                                      count, eps, momentum, d.N, d.C, d.S);
+    cpu::batchnorm_forward_from_stats(d);
   } else {
-    TL_ON_CUDA(cuda::batchnorm_forward_from_stats(y, inv_std, moving_mean, moving_var, x, gamma,
-                                                  beta, mean, m2, count, eps, momentum, d.N, d.C,
-                                                  d.S, stream));
+    TL_ON_CUDA(cuda::batchnorm_forward_from_stats(d, stream));
   }
 }
 
@@ -135,9 +159,11 @@ void batchnorm_forward_from_stats(const Tensor& y, const Tensor& inv_std, const 
 
 void batchnorm_backward_reduce(const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
                                const Tensor& grad_y, const Tensor& x, const Tensor& mean,
-                               const Tensor& inv_std, const Stream& stream) {
+                               const Tensor& inv_std, const Stream& stream,
+                               const Tensor& relu_output) {
   const char* op = "batchnorm_backward_reduce";
-  const Dims d = dims_of(op, x, stream);
+  BatchNormArgs d = args_of(op, x, stream);
+  set_relu_output(op, d, relu_output, stream);
   kernels::check_same_shape(op, stream, {{"x", &x}, {"grad_y", &grad_y}});
   kernels::check_on_stream(op, stream,
                            {{"x", &x},
@@ -156,21 +182,25 @@ void batchnorm_backward_reduce(const Tensor& sum_grad_y, const Tensor& sum_grad_
     fill(sum_grad_y_xhat, 0.0, stream);
     return;
   }
+  d.grad_y = grad_y;
+  d.mean = mean;
+  d.inv_std = inv_std;
+  d.sum_grad_y = sum_grad_y;
+  d.sum_grad_y_xhat = sum_grad_y_xhat;
   if (stream.device().is_cpu()) {
-    cpu::batchnorm_backward_reduce(sum_grad_y, sum_grad_y_xhat, grad_y, x, mean, inv_std, d.N, d.C,
-                                   d.S);
+    cpu::batchnorm_backward_reduce(d);
   } else {
-    TL_ON_CUDA(cuda::batchnorm_backward_reduce(sum_grad_y, sum_grad_y_xhat, grad_y, x, mean,
-                                               inv_std, d.N, d.C, d.S, stream));
+    TL_ON_CUDA(cuda::batchnorm_backward_reduce(d, stream));
   }
 }
 
 void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
                               const Tensor& gamma, const Tensor& mean, const Tensor& inv_std,
                               const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
-                              std::int64_t count, const Stream& stream) {
+                              std::int64_t count, const Stream& stream, const Tensor& relu_output) {
   const char* op = "batchnorm_backward_apply";
-  const Dims d = dims_of(op, x, stream);
+  BatchNormArgs d = args_of(op, x, stream);
+  set_relu_output(op, d, relu_output, stream);
   kernels::check_same_shape(op, stream, {{"x", &x}, {"grad_x", &grad_x}, {"grad_y", &grad_y}});
   kernels::check_on_stream(op, stream,
                            {{"x", &x},
@@ -188,12 +218,18 @@ void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const 
   TL_CHECK(count >= 1, InvalidArgument,
            op << ": count must be >= 1 (values per channel over the whole batch), got " << count);
   if (x.numel() == 0) return;
+  d.grad_x = grad_x;
+  d.grad_y = grad_y;
+  d.gamma = gamma;
+  d.mean = mean;
+  d.inv_std = inv_std;
+  d.sum_grad_y = sum_grad_y;
+  d.sum_grad_y_xhat = sum_grad_y_xhat;
+  d.count = count;
   if (stream.device().is_cpu()) {
-    cpu::batchnorm_backward_apply(grad_x, grad_y, x, gamma, mean, inv_std, sum_grad_y,
-                                  sum_grad_y_xhat, count, d.N, d.C, d.S);
+    cpu::batchnorm_backward_apply(d);
   } else {
-    TL_ON_CUDA(cuda::batchnorm_backward_apply(grad_x, grad_y, x, gamma, mean, inv_std, sum_grad_y,
-                                              sum_grad_y_xhat, count, d.N, d.C, d.S, stream));
+    TL_ON_CUDA(cuda::batchnorm_backward_apply(d, stream));
   }
 }
 
@@ -203,9 +239,9 @@ void batchnorm_forward_training(const Tensor& y, const Tensor& save_mean,
                                 const Tensor& save_inv_std, const Tensor& moving_mean,
                                 const Tensor& moving_var, const Tensor& x, const Tensor& gamma,
                                 const Tensor& beta, double eps, double momentum,
-                                const Stream& stream) {
+                                const Stream& stream, Activation activation) {
   const char* op = "batchnorm_forward_training";
-  const Dims d = dims_of(op, x, stream);
+  const BatchNormArgs d = args_of(op, x, stream);
   kernels::check_same_shape(op, stream, {{"x", &x}, {"y", &y}});
   kernels::check_on_stream(op, stream,
                            {{"x", &x},
@@ -224,14 +260,15 @@ void batchnorm_forward_training(const Tensor& y, const Tensor& save_mean,
   Tensor m2 = Tensor::empty({d.C}, stream, x.dtype());
   batchnorm_stats(save_mean, m2, x, stream);
   batchnorm_forward_from_stats(y, save_inv_std, moving_mean, moving_var, x, gamma, beta, save_mean,
-                               m2, d.N * d.S, eps, momentum, stream);
+                               m2, d.N * d.S, eps, momentum, stream, activation);
 }
 
 void batchnorm_forward_inference(const Tensor& y, const Tensor& x, const Tensor& gamma,
                                  const Tensor& beta, const Tensor& moving_mean,
-                                 const Tensor& moving_var, double eps, const Stream& stream) {
+                                 const Tensor& moving_var, double eps, const Stream& stream,
+                                 Activation activation) {
   const char* op = "batchnorm_forward_inference";
-  const Dims d = dims_of(op, x, stream);
+  BatchNormArgs d = args_of(op, x, stream);
   kernels::check_same_shape(op, stream, {{"x", &x}, {"y", &y}});
   kernels::check_on_stream(op, stream,
                            {{"x", &x},
@@ -246,20 +283,26 @@ void batchnorm_forward_inference(const Tensor& y, const Tensor& x, const Tensor&
                   {"moving_var", &moving_var}});
   check_eps_momentum(op, eps, 0.0);
   if (x.numel() == 0) return;
+  d.y = y;
+  d.gamma = gamma;
+  d.beta = beta;
+  d.moving_mean = moving_mean;
+  d.moving_var = moving_var;
+  d.eps = eps;
+  d.activation = activation;
   if (stream.device().is_cpu()) {
-    cpu::batchnorm_forward_inference(y, x, gamma, beta, moving_mean, moving_var, eps, d.N, d.C,
-                                     d.S);
+    cpu::batchnorm_forward_inference(d);
   } else {
-    TL_ON_CUDA(cuda::batchnorm_forward_inference(y, x, gamma, beta, moving_mean, moving_var, eps,
-                                                 d.N, d.C, d.S, stream));
+    TL_ON_CUDA(cuda::batchnorm_forward_inference(d, stream));
   }
 }
 
 void batchnorm_backward(const Tensor& grad_x, const Tensor& grad_gamma, const Tensor& grad_beta,
                         const Tensor& grad_y, const Tensor& x, const Tensor& gamma,
-                        const Tensor& save_mean, const Tensor& save_inv_std, const Stream& stream) {
+                        const Tensor& save_mean, const Tensor& save_inv_std, const Stream& stream,
+                        const Tensor& relu_output) {
   const char* op = "batchnorm_backward";
-  const Dims d = dims_of(op, x, stream);
+  const BatchNormArgs d = args_of(op, x, stream);
   if (grad_gamma.defined()) {
     kernels::check_on_stream(op, stream, {{"x", &x}, {"grad_gamma", &grad_gamma}});
     check_channels(op, x, d.C, {{"grad_gamma", &grad_gamma}});
@@ -271,11 +314,11 @@ void batchnorm_backward(const Tensor& grad_x, const Tensor& grad_gamma, const Te
   if (!grad_x.defined() && !grad_gamma.defined() && !grad_beta.defined()) return;
   Tensor sum_grad_y = Tensor::empty({d.C}, stream, x.dtype());
   Tensor sum_grad_y_xhat = Tensor::empty({d.C}, stream, x.dtype());
-  batchnorm_backward_reduce(sum_grad_y, sum_grad_y_xhat, grad_y, x, save_mean, save_inv_std,
-                            stream);
+  batchnorm_backward_reduce(sum_grad_y, sum_grad_y_xhat, grad_y, x, save_mean, save_inv_std, stream,
+                            relu_output);
   if (grad_x.defined() && x.numel() > 0) {
     batchnorm_backward_apply(grad_x, grad_y, x, gamma, save_mean, save_inv_std, sum_grad_y,
-                             sum_grad_y_xhat, d.N * d.S, stream);
+                             sum_grad_y_xhat, d.N * d.S, stream, relu_output);
   }
   if (grad_gamma.defined()) add(grad_gamma, grad_gamma, sum_grad_y_xhat, stream);
   if (grad_beta.defined()) add(grad_beta, grad_beta, sum_grad_y, stream);

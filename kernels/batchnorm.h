@@ -28,6 +28,15 @@
 //   grad_x        += gamma * inv_std * (grad_y - sum(grad_y) / M - x_hat * sum(grad_y * x_hat) / M)
 // Each gradient is optional (an undefined Tensor is not computed) and accumulated.
 //
+// Fused ReLU (Activation::ReLU, kernels/relu.h): the forwards store
+// y = max(batchnorm(x), 0), and the backwards, given that y as `relu_output`,
+// use grad_y * (y > 0) in place of grad_y in every formula above. This saves the
+// ReLU's own pass in each direction and the gradient tensor between the two ops;
+// the values are those of the unfused pair (batch norm, then relu_forward; then
+// relu_backward into a zeroed gradient, then the batch-norm backward on it), bit
+// for bit on the CPU up to the sign of a zero gradient (the same operations in the
+// same order).
+//
 // Numerical stability: the statistics never use E[x^2] - E[x]^2. The CPU makes
 // two passes (the mean, then the squared deviations from it) accumulating in
 // double; CUDA sums in float the deviations from a per-channel shift K (the
@@ -41,8 +50,8 @@
 // Split API (for synchronized batch norm across towers). The single-device
 // training forward and backward are compositions of these steps:
 //   forward:  batchnorm_stats          per-tower (mean, m2) partials, count = local M
-//             batchnorm_merge_stats    combine partials (Chan et al.); a later issue
-//                                      gathers the towers' partials and merges them
+//             batchnorm_merge_stats    combine partials (Chan et al.); synchronized
+//                                      batch norm merges every tower's partials
 //             batchnorm_forward_from_stats  normalize with the merged statistics
 //   backward: batchnorm_backward_reduce  per-tower sum(grad_y), sum(grad_y * x_hat):
 //                                      plain sums, to be all-reduced across towers
@@ -58,6 +67,7 @@
 
 #include "engine/stream.h"
 #include "engine/tensor.h"
+#include "kernels/relu.h"
 
 namespace towerlab {
 
@@ -70,18 +80,21 @@ void batchnorm_forward_training(const Tensor& y, const Tensor& save_mean,
                                 const Tensor& save_inv_std, const Tensor& moving_mean,
                                 const Tensor& moving_var, const Tensor& x, const Tensor& gamma,
                                 const Tensor& beta, double eps, double momentum,
-                                const Stream& stream);
+                                const Stream& stream, Activation activation = Activation::None);
 
 // Inference forward from the moving statistics (no state changes).
 void batchnorm_forward_inference(const Tensor& y, const Tensor& x, const Tensor& gamma,
                                  const Tensor& beta, const Tensor& moving_mean,
-                                 const Tensor& moving_var, double eps, const Stream& stream);
+                                 const Tensor& moving_var, double eps, const Stream& stream,
+                                 Activation activation = Activation::None);
 
 // Backward of batchnorm_forward_training, from its save_mean and save_inv_std.
 // grad_x (x's shape), grad_gamma, grad_beta ([C]) are accumulated; any may be undefined.
+// relu_output: the forward's y when it applied Activation::ReLU, else undefined.
 void batchnorm_backward(const Tensor& grad_x, const Tensor& grad_gamma, const Tensor& grad_beta,
                         const Tensor& grad_y, const Tensor& x, const Tensor& gamma,
-                        const Tensor& save_mean, const Tensor& save_inv_std, const Stream& stream);
+                        const Tensor& save_mean, const Tensor& save_inv_std, const Stream& stream,
+                        const Tensor& relu_output = Tensor());
 
 // --- the split API ---------------------------------------------------------------
 
@@ -105,70 +118,22 @@ void batchnorm_forward_from_stats(const Tensor& y, const Tensor& inv_std, const 
                                   const Tensor& moving_var, const Tensor& x, const Tensor& gamma,
                                   const Tensor& beta, const Tensor& mean, const Tensor& m2,
                                   std::int64_t count, double eps, double momentum,
-                                  const Stream& stream);
+                                  const Stream& stream, Activation activation = Activation::None);
 
 // sum_grad_y[c] = sum grad_y, sum_grad_y_xhat[c] = sum grad_y * (x - mean) * inv_std,
-// over this x's n,h,w (assigned).
+// over this x's n,h,w (assigned). relu_output as in batchnorm_backward.
 void batchnorm_backward_reduce(const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
                                const Tensor& grad_y, const Tensor& x, const Tensor& mean,
-                               const Tensor& inv_std, const Stream& stream);
+                               const Tensor& inv_std, const Stream& stream,
+                               const Tensor& relu_output = Tensor());
 
 // grad_x += gamma * inv_std * (grad_y - sum_grad_y / count - x_hat * sum_grad_y_xhat / count),
-// with the sums and count over the whole (possibly multi-tower) batch.
+// with the sums and count over the whole (possibly multi-tower) batch. relu_output
+// as in batchnorm_backward.
 void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
                               const Tensor& gamma, const Tensor& mean, const Tensor& inv_std,
                               const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
-                              std::int64_t count, const Stream& stream);
-
-// Backend entry points: arguments already checked, x viewed as [N,C,S] with S = H*W.
-namespace cpu {
-void batchnorm_stats(const Tensor& mean, const Tensor& m2, const Tensor& x, std::int64_t N,
-                     std::int64_t C, std::int64_t S);
-void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_t count_a,
-                           const Tensor& mean_b, const Tensor& m2_b, std::int64_t count_b);
-void batchnorm_forward_from_stats(const Tensor& y, const Tensor& inv_std, const Tensor& moving_mean,
-                                  const Tensor& moving_var, const Tensor& x, const Tensor& gamma,
-                                  const Tensor& beta, const Tensor& mean, const Tensor& m2,
-                                  std::int64_t count, double eps, double momentum, std::int64_t N,
-                                  std::int64_t C, std::int64_t S);
-void batchnorm_forward_inference(const Tensor& y, const Tensor& x, const Tensor& gamma,
-                                 const Tensor& beta, const Tensor& moving_mean,
-                                 const Tensor& moving_var, double eps, std::int64_t N,
-                                 std::int64_t C, std::int64_t S);
-void batchnorm_backward_reduce(const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
-                               const Tensor& grad_y, const Tensor& x, const Tensor& mean,
-                               const Tensor& inv_std, std::int64_t N, std::int64_t C,
-                               std::int64_t S);
-void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
-                              const Tensor& gamma, const Tensor& mean, const Tensor& inv_std,
-                              const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
-                              std::int64_t count, std::int64_t N, std::int64_t C, std::int64_t S);
-}  // namespace cpu
-
-namespace cuda {
-void batchnorm_stats(const Tensor& mean, const Tensor& m2, const Tensor& x, std::int64_t N,
-                     std::int64_t C, std::int64_t S, const Stream& stream);
-void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_t count_a,
-                           const Tensor& mean_b, const Tensor& m2_b, std::int64_t count_b,
-                           const Stream& stream);
-void batchnorm_forward_from_stats(const Tensor& y, const Tensor& inv_std, const Tensor& moving_mean,
-                                  const Tensor& moving_var, const Tensor& x, const Tensor& gamma,
-                                  const Tensor& beta, const Tensor& mean, const Tensor& m2,
-                                  std::int64_t count, double eps, double momentum, std::int64_t N,
-                                  std::int64_t C, std::int64_t S, const Stream& stream);
-void batchnorm_forward_inference(const Tensor& y, const Tensor& x, const Tensor& gamma,
-                                 const Tensor& beta, const Tensor& moving_mean,
-                                 const Tensor& moving_var, double eps, std::int64_t N,
-                                 std::int64_t C, std::int64_t S, const Stream& stream);
-void batchnorm_backward_reduce(const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
-                               const Tensor& grad_y, const Tensor& x, const Tensor& mean,
-                               const Tensor& inv_std, std::int64_t N, std::int64_t C,
-                               std::int64_t S, const Stream& stream);
-void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
-                              const Tensor& gamma, const Tensor& mean, const Tensor& inv_std,
-                              const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
-                              std::int64_t count, std::int64_t N, std::int64_t C, std::int64_t S,
-                              const Stream& stream);
-}  // namespace cuda
+                              std::int64_t count, const Stream& stream,
+                              const Tensor& relu_output = Tensor());
 
 }  // namespace towerlab

@@ -2,6 +2,9 @@
 #include "kernels/bias.h"
 
 #include "kernels/checks.h"
+#include "kernels/cpu/bias.h"
+#include "kernels/cuda/bias.h"
+#include "kernels/relu.h"
 
 namespace towerlab {
 
@@ -48,6 +51,39 @@ void bias_add_backward(const Tensor& grad_bias, const Tensor& grad_y, const Stre
     cpu::bias_add_backward(grad_bias, grad_y, d.N, d.C, d.S);
   } else {
     TL_ON_CUDA(cuda::bias_add_backward(grad_bias, grad_y, d.N, d.C, d.S, stream));
+  }
+}
+
+void bias_add_relu_forward(const Tensor& y, const Tensor& x, const Tensor& bias,
+                           const Stream& stream) {
+  const char* op = "bias_add_relu_forward";
+  kernels::check_same_shape(op, stream, {{"x", &x}, {"y", &y}});
+  const Dims d = dims_of(op, "x", x, "bias", bias, stream);
+  if (x.numel() == 0) return;
+  if (stream.device().is_cpu()) {
+    cpu::bias_add_relu_forward(y, x, bias, d.N, d.C, d.S);
+  } else {
+    TL_ON_CUDA(cuda::bias_add_relu_forward(y, x, bias, d.N, d.C, d.S, stream));
+  }
+}
+
+void bias_add_relu_backward(const Tensor& grad_x, const Tensor& grad_bias, const Tensor& grad_y,
+                            const Tensor& y, const Stream& stream) {
+  const char* op = "bias_add_relu_backward";
+  kernels::check_same_shape(op, stream, {{"grad_y", &grad_y}, {"y", &y}});
+  if (grad_x.defined()) {
+    kernels::check_same_shape(op, stream, {{"grad_y", &grad_y}, {"grad_x", &grad_x}});
+  }
+  if (!grad_bias.defined()) {  // only grad_x: the ReLU's own backward
+    if (grad_x.defined()) relu_backward(grad_x, grad_y, y, stream);
+    return;
+  }
+  const Dims d = dims_of(op, "grad_y", grad_y, "grad_bias", grad_bias, stream);
+  if (grad_y.numel() == 0) return;  // adds nothing
+  if (stream.device().is_cpu()) {
+    cpu::bias_add_relu_backward(grad_x, grad_bias, grad_y, y, d.N, d.C, d.S);
+  } else {
+    TL_ON_CUDA(cuda::bias_add_relu_backward(grad_x, grad_bias, grad_y, y, d.N, d.C, d.S, stream));
   }
 }
 

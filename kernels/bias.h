@@ -11,10 +11,21 @@
 //                                     grad_bias[c] += sum_{n,s} grad_y[n,c,s]
 // bias and grad_bias are [C]. The gradient with respect to x is grad_y itself
 // (add it with add() or axpy(); nothing to compute here). grad_bias is accumulated.
+//
+// Bias add fused with the ReLU that follows it (a fully connected layer's
+// activation): one pass instead of two in each direction, and no gradient tensor
+// for the ReLU's input. The values are those of bias_add_forward + relu_forward
+// and of relu_backward + bias_add_backward + add (kernels/relu.h), bit for bit on
+// the CPU (the same operations in the same order):
+//   bias_add_relu_forward(y, x, bias)  y[n,c,s] = max(x[n,c,s] + bias[c], 0)
+//                                      (ReLU's NaN rule; y may alias x)
+//   bias_add_relu_backward(grad_x, grad_bias, grad_y, y)
+//                                      with g = grad_y * (y > 0), y the forward's output:
+//                                      grad_x[n,c,s] += g[n,c,s]
+//                                      grad_bias[c]  += sum_{n,s} g[n,c,s]
+// grad_x and grad_bias are accumulated; either may be undefined (not computed).
 // Every tensor has one dtype (float32; float64 on the CPU) on the stream's device.
 #pragma once
-
-#include <cstdint>
 
 #include "engine/stream.h"
 #include "engine/tensor.h"
@@ -24,19 +35,9 @@ namespace towerlab {
 void bias_add_forward(const Tensor& y, const Tensor& x, const Tensor& bias, const Stream& stream);
 void bias_add_backward(const Tensor& grad_bias, const Tensor& grad_y, const Stream& stream);
 
-// Backend entry points: arguments already checked, tensors viewed as [N,C,S].
-namespace cpu {
-void bias_add_forward(const Tensor& y, const Tensor& x, const Tensor& bias, std::int64_t N,
-                      std::int64_t C, std::int64_t S);
-void bias_add_backward(const Tensor& grad_bias, const Tensor& grad_y, std::int64_t N,
-                       std::int64_t C, std::int64_t S);
-}  // namespace cpu
-
-namespace cuda {
-void bias_add_forward(const Tensor& y, const Tensor& x, const Tensor& bias, std::int64_t N,
-                      std::int64_t C, std::int64_t S, const Stream& stream);
-void bias_add_backward(const Tensor& grad_bias, const Tensor& grad_y, std::int64_t N,
-                       std::int64_t C, std::int64_t S, const Stream& stream);
-}  // namespace cuda
+void bias_add_relu_forward(const Tensor& y, const Tensor& x, const Tensor& bias,
+                           const Stream& stream);
+void bias_add_relu_backward(const Tensor& grad_x, const Tensor& grad_bias, const Tensor& grad_y,
+                            const Tensor& y, const Stream& stream);
 
 }  // namespace towerlab

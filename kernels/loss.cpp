@@ -4,6 +4,8 @@
 #include <cmath>
 
 #include "kernels/checks.h"
+#include "kernels/cpu/loss.h"
+#include "kernels/cuda/loss.h"
 
 namespace towerlab {
 
@@ -132,6 +134,27 @@ void softmax_cross_entropy_backward(const Tensor& grad_logits, const Tensor& gra
   } else {
     TL_ON_CUDA(cuda::softmax_cross_entropy_backward(grad_logits, grad_loss, logits, labels,
                                                     static_cast<float>(scale), stream));
+  }
+}
+
+void softmax_cross_entropy_backward_from_probs(const Tensor& grad_logits, const Tensor& grad_loss,
+                                               const Tensor& probs, const Tensor& labels,
+                                               Reduction reduction, const Stream& stream) {
+  const char* op = "softmax_cross_entropy_backward_from_probs";
+  check_cross_entropy_inputs(op, probs, labels, stream);
+  kernels::check_on_stream(op, stream, {{"probs", &probs}, {"grad_loss", &grad_loss}});
+  check_scalar(op, "grad_loss", grad_loss);
+  if (!grad_logits.defined()) return;
+  kernels::check_same_shape(op, stream, {{"probs", &probs}, {"grad_logits", &grad_logits}});
+  if (probs.numel() == 0) return;
+  const double scale = reduction_scale(reduction, probs.size(0));
+  if (stream.device().is_cpu()) {
+    const std::int64_t bad = cpu::first_invalid_label(labels, probs.size(1));
+    if (bad >= 0) throw_bad_label(op, labels, bad, probs.size(1), stream);
+    cpu::softmax_cross_entropy_backward_from_probs(grad_logits, grad_loss, probs, labels, scale);
+  } else {
+    TL_ON_CUDA(cuda::softmax_cross_entropy_backward_from_probs(
+        grad_logits, grad_loss, probs, labels, static_cast<float>(scale), stream));
   }
 }
 

@@ -44,6 +44,15 @@
 // softmax_cross_entropy_backward(grad_logits, grad_loss, logits, labels, reduction)
 //   grad_logits[n,k] += grad_loss[0] * r * (softmax(logits[n,:])[k] - (k == labels[n]))
 //   The softmax is recomputed from the logits (no state is kept from the forward).
+// softmax_cross_entropy_backward_from_probs(grad_logits, grad_loss, probs, labels, reduction)
+//   The same gradient from the forward's probs: with them the loss and its gradient
+//   cost one pass over the logits (the exps are not taken twice), which is what the
+//   autograd op does. CUDA's forward writes each probability with the float
+//   expression its recomputing backward uses, so the two agree to float rounding.
+//   On the CPU they agree bit for bit in float64; in float32 each value differs by
+//   at most |grad_loss * r| * 2^-24 plus one rounding of the result (probs holds
+//   each probability rounded to float, where the recomputing backward keeps it in
+//   double).
 //
 // Labels out of range (negative, >= K, not integral, NaN):
 //   CPU:  the forward and the backward throw InvalidArgument naming the row, the
@@ -87,6 +96,9 @@ void softmax_cross_entropy_forward(const Tensor& loss, const Tensor& probs,
 void softmax_cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
                                     const Tensor& logits, const Tensor& labels, Reduction reduction,
                                     const Stream& stream);
+void softmax_cross_entropy_backward_from_probs(const Tensor& grad_logits, const Tensor& grad_loss,
+                                               const Tensor& probs, const Tensor& labels,
+                                               Reduction reduction, const Stream& stream);
 
 // Throws InvalidArgument naming the first label that is not an integral value in
 // [0, num_classes). Waits for `stream` (on CUDA: one small copy back to the host).
@@ -95,40 +107,5 @@ void validate_labels(const Tensor& labels, std::int64_t num_classes, const Strea
 void l2_loss_forward(const Tensor& loss, const Tensor& w, double coeff, const Stream& stream);
 void l2_loss_backward(const Tensor& grad_w, const Tensor& grad_loss, const Tensor& w, double coeff,
                       const Stream& stream);
-
-// Backend entry points: arguments already checked by the functions above. `scale`
-// is r (1/n or 1) and, for L2, coeff / 2 in the forward and coeff in the backward.
-namespace cpu {
-void squared_error_sum(const Tensor& loss, const Tensor& pred, const Tensor& target, double scale);
-void mse_backward(const Tensor& grad_pred, const Tensor& grad_target, const Tensor& grad_loss,
-                  const Tensor& pred, const Tensor& target, double scale);
-void softmax_cross_entropy_forward(const Tensor& loss, const Tensor& probs,
-                                   const Tensor& predictions, const Tensor& logits,
-                                   const Tensor& labels, double scale);
-void softmax_cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
-                                    const Tensor& logits, const Tensor& labels, double scale);
-// The index of the first label that is not a class id in [0, num_classes), or -1.
-std::int64_t first_invalid_label(const Tensor& labels, std::int64_t num_classes);
-void square_sum(const Tensor& loss, const Tensor& w, double scale);
-void l2_loss_backward(const Tensor& grad_w, const Tensor& grad_loss, const Tensor& w, double scale);
-}  // namespace cpu
-
-namespace cuda {
-void squared_error_sum(const Tensor& loss, const Tensor& pred, const Tensor& target, float scale,
-                       const Stream& stream);
-void mse_backward(const Tensor& grad_pred, const Tensor& grad_target, const Tensor& grad_loss,
-                  const Tensor& pred, const Tensor& target, float scale, const Stream& stream);
-void softmax_cross_entropy_forward(const Tensor& loss, const Tensor& probs,
-                                   const Tensor& predictions, const Tensor& logits,
-                                   const Tensor& labels, float scale, const Stream& stream);
-void softmax_cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
-                                    const Tensor& logits, const Tensor& labels, float scale,
-                                    const Stream& stream);
-std::int64_t first_invalid_label(const Tensor& labels, std::int64_t num_classes,
-                                 const Stream& stream);  // waits for the stream
-void square_sum(const Tensor& loss, const Tensor& w, float scale, const Stream& stream);
-void l2_loss_backward(const Tensor& grad_w, const Tensor& grad_loss, const Tensor& w, float scale,
-                      const Stream& stream);
-}  // namespace cuda
 
 }  // namespace towerlab

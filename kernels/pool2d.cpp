@@ -4,6 +4,8 @@
 #include <sstream>
 
 #include "kernels/checks.h"
+#include "kernels/cpu/pool2d.h"
+#include "kernels/cuda/pool2d.h"
 
 namespace towerlab {
 
@@ -42,6 +44,17 @@ bool check_pool(const char* op, const Stream& stream, const char* in_name, const
   return in.numel() > 0;
 }
 
+// argmax has y's shape and dtype, and every position in x's plane is exact in that dtype.
+void check_argmax(const char* op, const Stream& stream, const Tensor& argmax, const char* y_name,
+                  const Tensor& y, std::int64_t plane) {
+  kernels::check_same_shape(op, stream, {{y_name, &y}, {"argmax", &argmax}});
+  constexpr std::int64_t kExactFloat32 = std::int64_t{1} << 24;
+  TL_CHECK(argmax.dtype() != DType::Float32 || plane <= kExactFloat32, ShapeError,
+           op << ": a plane of " << plane << " values has positions that float32 argmax "
+              << argmax.describe() << " cannot hold exactly (at most 2^24 = " << kExactFloat32
+              << ")");
+}
+
 }  // namespace
 
 Shape pool2d_output_shape(const Shape& x, const Pool2dParams& params) {
@@ -67,6 +80,31 @@ void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Tenso
     cpu::max_pool2d_backward(grad_x, grad_y, x, params);
   } else {
     TL_ON_CUDA(cuda::max_pool2d_backward(grad_x, grad_y, x, params, stream));
+  }
+}
+
+void max_pool2d_forward_with_argmax(const Tensor& y, const Tensor& argmax, const Tensor& x,
+                                    const Pool2dParams& params, const Stream& stream) {
+  const char* op = "max_pool2d_forward_with_argmax";
+  if (!check_pool(op, stream, "x", x, "y", y, params)) return;
+  check_argmax(op, stream, argmax, "y", y, x.size(2) * x.size(3));
+  if (stream.device().is_cpu()) {
+    cpu::max_pool2d_forward_with_argmax(y, argmax, x, params);
+  } else {
+    TL_ON_CUDA(cuda::max_pool2d_forward_with_argmax(y, argmax, x, params, stream));
+  }
+}
+
+void max_pool2d_backward_from_argmax(const Tensor& grad_x, const Tensor& grad_y,
+                                     const Tensor& argmax, const Pool2dParams& params,
+                                     const Stream& stream) {
+  const char* op = "max_pool2d_backward_from_argmax";
+  if (!check_pool(op, stream, "grad_x", grad_x, "grad_y", grad_y, params)) return;
+  check_argmax(op, stream, argmax, "grad_y", grad_y, grad_x.size(2) * grad_x.size(3));
+  if (stream.device().is_cpu()) {
+    cpu::max_pool2d_backward_from_argmax(grad_x, grad_y, argmax);
+  } else {
+    TL_ON_CUDA(cuda::max_pool2d_backward_from_argmax(grad_x, grad_y, argmax, params, stream));
   }
 }
 

@@ -12,6 +12,12 @@
 //   max_pool2d_forward(y, x)          y = max of the window's real values
 //   max_pool2d_backward(grad_x, grad_y, x)
 //                                     grad_x[argmax(window)] += grad_y
+//   max_pool2d_forward_with_argmax(y, argmax, x)
+//                                     y as max_pool2d_forward, and argmax [N,C,Ho,Wo]
+//                                     = h*W + w, the position in its plane of the
+//                                     value y took
+//   max_pool2d_backward_from_argmax(grad_x, grad_y, argmax)
+//                                     grad_x[n,c][argmax[n,c,ho,wo]] += grad_y[n,c,ho,wo]
 //   avg_pool2d_forward(y, x)          y = sum of the window's real values / their count
 //   avg_pool2d_backward(grad_x, grad_y)
 //                                     grad_x[each real value] += grad_y / count
@@ -19,9 +25,14 @@
 // Max pooling: padding never wins (it is -infinity, not zero). Ties go to the
 // FIRST maximum in row-major window order (lowest row, then lowest column), and
 // only it receives the gradient; a NaN in the window wins (the first NaN), so NaN
-// propagates. The backward recomputes the argmax from x instead of saving indices
-// (towerlab tensors are float only, and the recomputation reads x once more,
-// which costs about what reading saved indices would).
+// propagates. max_pool2d_backward recomputes each window's argmax from x; the
+// pair with_argmax / from_argmax (what training uses) records it in the forward,
+// so that the backward is a scatter that never reads x or compares values. Both
+// pairs give the same y and the same grad_x, bit for bit on each device: the same
+// argmax, and each grad_x value the same sum in the same (ho, wo) order.
+// argmax holds integral values in x's dtype (towerlab tensors are floating point,
+// as class labels are): exact up to 2^24 in float32, so planes of more than 2^24
+// values are refused.
 //
 // Average pooling divides by the number of REAL values in the window: padding is
 // not counted, as in TensorFlow's 'SAME' pooling (PyTorch's count_include_pad=False).
@@ -57,29 +68,14 @@ void max_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& pa
                         const Stream& stream);
 void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
                          const Pool2dParams& params, const Stream& stream);
+void max_pool2d_forward_with_argmax(const Tensor& y, const Tensor& argmax, const Tensor& x,
+                                    const Pool2dParams& params, const Stream& stream);
+void max_pool2d_backward_from_argmax(const Tensor& grad_x, const Tensor& grad_y,
+                                     const Tensor& argmax, const Pool2dParams& params,
+                                     const Stream& stream);
 void avg_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params,
                         const Stream& stream);
 void avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Pool2dParams& params,
                          const Stream& stream);
-
-// Backend entry points: arguments already checked and shapes consistent.
-namespace cpu {
-void max_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params);
-void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
-                         const Pool2dParams& params);
-void avg_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params);
-void avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Pool2dParams& params);
-}  // namespace cpu
-
-namespace cuda {
-void max_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params,
-                        const Stream& stream);
-void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
-                         const Pool2dParams& params, const Stream& stream);
-void avg_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params,
-                        const Stream& stream);
-void avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Pool2dParams& params,
-                         const Stream& stream);
-}  // namespace cuda
 
 }  // namespace towerlab

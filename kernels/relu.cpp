@@ -2,6 +2,8 @@
 #include "kernels/relu.h"
 
 #include "kernels/checks.h"
+#include "kernels/cpu/relu.h"
+#include "kernels/cuda/relu.h"
 
 namespace towerlab {
 

@@ -17,15 +17,10 @@ void relu_forward(const Tensor& y, const Tensor& x, const Stream& stream);
 void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y,
                    const Stream& stream);
 
-namespace cpu {
-void relu_forward(const Tensor& y, const Tensor& x);
-void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y);
-}  // namespace cpu
-
-namespace cuda {
-void relu_forward(const Tensor& y, const Tensor& x, const Stream& stream);
-void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y,
-                   const Stream& stream);
-}  // namespace cuda
+// The activation that a fused kernel (batch norm, bias add) applies to its output
+// before storing it. ReLU follows the rules above: the forward keeps a NaN, and the
+// backward multiplies grad_y by (y > 0) with y the fused op's output, so the fused
+// op gives the same values as the op followed by relu_forward / relu_backward.
+enum class Activation { None, ReLU };
 
 }  // namespace towerlab

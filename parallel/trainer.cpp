@@ -371,13 +371,30 @@ StepResult Trainer::evaluate(const std::vector<Tensor>& batch) {
 }
 
 StepResult Trainer::run(const std::vector<Tensor>& batch, bool training) {
+  StepResult result = split(batch);
+  run_towers(batch, result.slices, training);
+  result.loss = mean_loss(result.slices);
+  if (training) {
+    reduce_gradients();
+    average_moving_statistics(result);
+    if (guard(result)) update_and_broadcast();
+  }
+  gather_outputs(result);
+  last_loss_ = result.loss;
+  last_logs_ = result.logs;
+  return result;
+}
+
+StepResult Trainer::split(const std::vector<Tensor>& batch) const {
   check_batch(batch);
   StepResult result;
   result.samples = batch[0].size(0);
   result.slices = split_batch(result.samples, std::int64_t(towers_.size()));
-  const auto& slices = result.slices;
-  using clock = std::chrono::steady_clock;
+  return result;
+}
 
+void Trainer::run_towers(const std::vector<Tensor>& batch, const std::vector<TowerSlice>& slices,
+                         bool training) {
   std::unique_ptr<TowerBatchNormSync> sync;
   if (training && options_.batchnorm == BatchNormMode::Sync) {
     std::vector<int> participants;
@@ -398,81 +415,95 @@ StepResult Trainer::run(const std::vector<Tensor>& batch, bool training) {
                            std::to_string(slices[i].end - 1) + " of the batch): ");
     }
   });
+}
 
-  // The sample-weighted mean loss.
+double Trainer::mean_loss(const std::vector<TowerSlice>& slices) const {
   double loss = 0.0;
-  std::size_t last = 0;
   for (std::size_t i = 0; i < towers_.size(); ++i) {
     if (slices[i].size() == 0) continue;
     loss += slices[i].weight * double(towers_[i]->loss.to_host<float>(*towers_[i]->stream)[0]);
-    last = i;
   }
+  return loss;
+}
 
-  if (training) {
-    std::vector<Tensor> grads;
-    for (auto& t : towers_) grads.push_back(t->store->flat_grads());
-    switch (options_.reduction) {
-      case AllReduce::Ring:
-        ring_->allreduce(grads, trace_, 0);
-        break;
-      case AllReduce::ReduceToOne:
-        ring_->reduce_to_one(grads, 0);
-        break;
-      case AllReduce::Nccl:
-        nccl_->allreduce(grads);
-        break;
-    }
-    // Batch-norm moving statistics: the sample-weighted average of the towers'
-    // (empty towers weigh 0; after the all-reduce every tower holds it), or tower 0's.
-    if (variables_.state_numel() > 0) {
-      if (options_.batchnorm_stats == BatchNormStats::Average) {
-        std::vector<Tensor> states;
-        for (std::size_t i = 0; i < towers_.size(); ++i) {
-          scale(towers_[i]->store->flat_state(), towers_[i]->store->flat_state(), slices[i].weight,
-                *towers_[i]->stream);
-          states.push_back(towers_[i]->store->flat_state());
-        }
-        ring_->allreduce(states);
-      } else {
-        TL_CHECK(
-            slices[0].size() > 0 || towers_.size() == 1, InvalidArgument,
-            "Trainer: batch-norm statistics come from tower 0, which has no samples in a batch of "
-                << result.samples << " over " << towers_.size()
-                << " towers (use BatchNormStats::Average or a larger batch)");
-      }
-    }
-    const std::string problem =
-        options_.numeric_guard == NumericGuard::Off ? std::string() : find_nonfinite(loss, slices);
-    if (!problem.empty()) {
-      // The towers' moving statistics moved in the forward pass and were averaged;
-      // the master's did not. Put every replica back to the master's state.
-      broadcast();
-      const std::string what =
-          "non-finite values at global step " + std::to_string(optimizer_.steps()) + ": " + problem;
-      if (options_.numeric_guard == NumericGuard::Stop) {
-        TL_THROW(NumericError, "Trainer: " << what
-                                           << "; nothing was updated (NumericGuard::Stop; "
-                                              "NumericGuard::Skip would skip the step)");
-      }
-      ++skipped_steps_;
-      result.skipped = true;
-      std::ostream& log = options_.log != nullptr ? *options_.log : std::clog;
-      log << "towerlab: warning: skipped the step: " << what << " (NumericGuard::Skip, "
-          << skipped_steps_ << " skipped so far)\n";
-    } else {
-      const auto start = clock::now();
-      TowerState& first = *towers_[0];
-      transfer(master_->flat_grads(), *master_stream_, first.store->flat_grads(), *first.stream);
-      transfer(master_->flat_state(), *master_stream_, first.store->flat_state(), *first.stream);
-      optimizer_.step(*master_, master_->flat_grads(), *master_stream_);
-      broadcast();  // returns with the master stream finished
-      if (trace_ != nullptr) {
-        trace_->span(int(towers_.size()), "update + broadcast", start, "master");
-      }
-    }
+void Trainer::reduce_gradients() {
+  std::vector<Tensor> grads;
+  for (auto& t : towers_) grads.push_back(t->store->flat_grads());
+  switch (options_.reduction) {
+    case AllReduce::Ring:
+      ring_->allreduce(grads, trace_, 0);
+      break;
+    case AllReduce::ReduceToOne:
+      ring_->reduce_to_one(grads, 0);
+      break;
+    case AllReduce::Nccl:
+      nccl_->allreduce(grads);
+      break;
   }
+}
 
-  // The outputs in input order, the last non-empty tower's logs.
+void Trainer::average_moving_statistics(const StepResult& result) {
+  if (variables_.state_numel() == 0) return;
+  const auto& slices = result.slices;
+  if (options_.batchnorm_stats == BatchNormStats::Average) {
+    // The sample-weighted average of the towers' (empty towers weigh 0); after the
+    // all-reduce every tower holds it.
+    std::vector<Tensor> states;
+    for (std::size_t i = 0; i < towers_.size(); ++i) {
+      scale(towers_[i]->store->flat_state(), towers_[i]->store->flat_state(), slices[i].weight,
+            *towers_[i]->stream);
+      states.push_back(towers_[i]->store->flat_state());
+    }
+    ring_->allreduce(states);
+  } else {
+    TL_CHECK(slices[0].size() > 0 || towers_.size() == 1, InvalidArgument,
+             "Trainer: batch-norm statistics come from tower 0, which has no samples in a batch of "
+                 << result.samples << " over " << towers_.size()
+                 << " towers (use BatchNormStats::Average or a larger batch)");
+  }
+}
+
+bool Trainer::guard(StepResult& result) {
+  if (options_.numeric_guard == NumericGuard::Off) return true;
+  const std::string problem = find_nonfinite(result.loss, result.slices);
+  if (problem.empty()) return true;
+  // The towers' moving statistics moved in the forward pass and were averaged;
+  // the master's did not. Put every replica back to the master's state.
+  broadcast();
+  const std::string what =
+      "non-finite values at global step " + std::to_string(optimizer_.steps()) + ": " + problem;
+  if (options_.numeric_guard == NumericGuard::Stop) {
+    TL_THROW(NumericError, "Trainer: " << what
+                                       << "; nothing was updated (NumericGuard::Stop; "
+                                          "NumericGuard::Skip would skip the step)");
+  }
+  ++skipped_steps_;
+  result.skipped = true;
+  std::ostream& log = options_.log != nullptr ? *options_.log : std::clog;
+  log << "towerlab: warning: skipped the step: " << what << " (NumericGuard::Skip, "
+      << skipped_steps_ << " skipped so far)\n";
+  return false;
+}
+
+void Trainer::update_and_broadcast() {
+  const auto start = std::chrono::steady_clock::now();
+  TowerState& first = *towers_[0];
+  transfer(master_->flat_grads(), *master_stream_, first.store->flat_grads(), *first.stream);
+  transfer(master_->flat_state(), *master_stream_, first.store->flat_state(), *first.stream);
+  optimizer_.step(*master_, master_->flat_grads(), *master_stream_);
+  broadcast();  // returns with the master stream finished
+  if (trace_ != nullptr) {
+    trace_->span(int(towers_.size()), "update + broadcast", start, "master");
+  }
+}
+
+void Trainer::gather_outputs(StepResult& result) const {
+  const auto& slices = result.slices;
+  // The logs and the outputs' shapes come from the last non-empty tower.
+  std::size_t last = 0;
+  for (std::size_t i = 0; i < towers_.size(); ++i) {
+    if (slices[i].size() > 0) last = i;
+  }
   const std::size_t num_outputs = towers_[last]->outputs.size();
   for (std::size_t k = 0; k < num_outputs; ++k) {
     Shape shape = towers_[last]->outputs[k].shape();
@@ -496,10 +527,6 @@ StepResult Trainer::run(const std::vector<Tensor>& batch, bool training) {
   for (const auto& [name, value] : towers_[last]->logs) {
     result.logs[name] = double(value.to_host<float>(*towers_[last]->stream)[0]);
   }
-  result.loss = loss;
-  last_loss_ = loss;
-  last_logs_ = result.logs;
-  return result;
 }
 
 }  // namespace towerlab

@@ -4,21 +4,25 @@
 // The user writes one tower function (seed 000's _tower_loss): given a Tower (its
 // index, device, tape and its copy of the shared variables) and its slice of the
 // batch, it builds the model's forward pass and returns the total loss, the
-// outputs, and values to log. A training step then
-//   1. splits the batch among the towers (sizes differ by at most one; a tower with
+// outputs, and values to log. A training step runs these phases, one private
+// function each (Trainer::run calls them in order):
+//   1. split: the batch among the towers (sizes differ by at most one; a tower with
 //      no samples sits the step out; nothing is dropped);
-//   2. runs each tower on its own host thread and stream with its own tape: copy its
-//      slice to its device, forward, backward with the loss weighted by the tower's
-//      share of the samples, into the tower's flat gradient buffer;
-//   3. all-reduces the flat gradient buffers with the ring (parallel/ring_allreduce.h):
-//      the sum of the weighted gradients is the gradient of the whole batch's mean loss;
-//   4. applies the optimizer to the master variables on the master device and copies
-//      the new values to every replica; batch-norm moving statistics follow the
-//      policy (the sample-weighted average of all towers, or tower 0's);
-//   4a. before the update, the numerical guard checks the loss and the averaged
-//      gradient for NaN and infinity (see NumericGuard);
-//   5. returns the sample-weighted mean loss, the towers' outputs concatenated in the
-//      input's order, and the log values of the last non-empty tower.
+//   2. run towers: each on its own host thread and stream with its own tape: copy
+//      its slice to its device, forward, backward with the loss weighted by the
+//      tower's share of the samples, into the tower's flat gradient buffer;
+//   3. reduce gradients: all-reduce the flat gradient buffers with the ring
+//      (parallel/ring_allreduce.h): the sum of the weighted gradients is the
+//      gradient of the whole batch's mean loss;
+//   4. average moving statistics: batch-norm moving statistics follow the policy
+//      (the sample-weighted average of all towers, or tower 0's);
+//   5. guard: the numerical guard checks the loss and the averaged gradient for
+//      NaN and infinity (see NumericGuard);
+//   6. update and broadcast: the optimizer updates the master variables on the
+//      master device, and the new values are copied to every replica;
+//   7. gather outputs: the towers' outputs concatenated in the input's order and
+//      the log values of the last non-empty tower, with the sample-weighted mean
+//      loss.
 // So N towers take the same step as one device on the whole batch (to float
 // rounding), whatever N and however unevenly the batch divides.
 //
@@ -179,7 +183,26 @@ class Trainer {
  private:
   struct TowerState;
   class Workers;
+  // A step (training) or an evaluation: the phases below, in order.
   StepResult run(const std::vector<Tensor>& batch, bool training);
+  // 1. The batch checked and split among the towers.
+  StepResult split(const std::vector<Tensor>& batch) const;
+  // 2. Every tower's forward (and backward) on its own thread.
+  void run_towers(const std::vector<Tensor>& batch, const std::vector<TowerSlice>& slices,
+                  bool training);
+  // The sample-weighted mean of the towers' losses.
+  double mean_loss(const std::vector<TowerSlice>& slices) const;
+  // 3. The towers' flat gradients summed (options_.reduction).
+  void reduce_gradients();
+  // 4. The moving statistics per options_.batchnorm_stats.
+  void average_moving_statistics(const StepResult& result);
+  // 5. NumericGuard: true when the update may go ahead; Stop throws, Skip marks
+  // `result` skipped and puts the replicas back to the master's state.
+  bool guard(StepResult& result);
+  // 6. The optimizer on the master, then the master copied to every replica.
+  void update_and_broadcast();
+  // 7. The outputs in input order and the last non-empty tower's logs.
+  void gather_outputs(StepResult& result) const;
   // Tower i's forward (and backward) on its own thread.
   void run_tower(std::size_t i, const std::vector<Tensor>& batch, const TowerSlice& slice,
                  bool training, BatchNormSync* sync);

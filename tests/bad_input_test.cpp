@@ -46,7 +46,7 @@ TEST(BadInput, WrongShapesAtEveryLayerNameTheLayerAndBothShapes) {
                     "conv2d: input x float32[2,28,28] and weight conv1/weight float32[32,1,3,3] "
                     "must be [N,C,H,W] and [K,C,R,S]");
   EXPECT_THROW_WITH(bn(ctx, input({2, 5, 4, 4})), ShapeError,
-                    "batch_norm: bn/gamma float32[3] does not match the channels of x "
+                    "batchnorm: bn/gamma float32[3] does not match the channels of x "
                     "float32[2,5,4,4] (expected [N,C] or [N,C,H,W] with C = 3)");
   EXPECT_THROW_WITH(bn(ctx, input({2, 3, 4})), ShapeError,
                     "does not match the channels of x float32[2,3,4]");

@@ -6,25 +6,64 @@
 // channel sums its rows in order n = 0, 1, ... on whichever thread runs it, so the
 // statistics are the same bits for any number of threads; the elementwise passes
 // split over the N images.
+//
+// The fused ReLU (a.activation) is a compile-time parameter of the loops that
+// use it, so the plain batch norm pays no test per element: clamp() in the
+// forwards, masked() on grad_y in the backwards, each written once.
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
-#include "kernels/batchnorm.h"
+#include "kernels/cpu/batchnorm.h"
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/per_channel.h"
+#include "kernels/cpu/relu.h"
 
 namespace towerlab::cpu {
 
+namespace {
+
+// ReLU's forward when Relu (the NaN rule of kernels/cpu/relu.cpp), else v.
+template <bool Relu, typename T>
+T clamp(T v) {
+  if constexpr (Relu) {
+    return v < T(0) ? T(0) : v;
+  } else {
+    return v;
+  }
+}
+
+// grad_y masked by the forward's output (y > 0) when Relu, else grad_y.
+template <bool Relu, typename T>
+T masked(T grad_y, const T* y, std::int64_t i) {
+  if constexpr (Relu) {
+    return relu_mask(grad_y, y[i]);
+  } else {
+    return grad_y;
+  }
+}
+
+// fn.template operator()<Relu>() with Relu = (activation == ReLU).
+template <typename Fn>
+void with_activation(Activation activation, const Fn& fn) {
+  if (activation == Activation::ReLU) {
+    fn.template operator()<true>();
+  } else {
+    fn.template operator()<false>();
+  }
+}
+
+}  // namespace
+
 // Two passes: the mean, then the squared deviations from it (never E[x^2] - E[x]^2,
 // which loses everything in float when the mean is large against the spread).
-void batchnorm_stats(const Tensor& mean, const Tensor& m2, const Tensor& x, std::int64_t N,
-                     std::int64_t C, std::int64_t S) {
-  with_dtype(x.dtype(), [&]<typename T>() {
-    const T* in = x.data<T>();     // [N,C,S]
-    T* mean_out = mean.data<T>();  // [C]
-    T* m2_out = m2.data<T>();      // [C]
+void batchnorm_stats(const BatchNormArgs& a) {
+  const std::int64_t N = a.N, C = a.C, S = a.S;
+  with_dtype(a.x.dtype(), [&]<typename T>() {
+    const T* in = a.x.data<T>();     // [N,C,S]
+    T* mean_out = a.mean.data<T>();  // [C]
+    T* m2_out = a.m2.data<T>();      // [C]
     const double count = static_cast<double>(N * S);
     parallel_rows(C, 2 * N * S, [&](std::int64_t first, std::int64_t last) {
       for (std::int64_t c = first; c < last; ++c) {
@@ -69,36 +108,39 @@ void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_
 
 namespace {
 
-// y[n,c,s] = (x[n,c,s] - center[c]) * scale[c] + shift[c]; y may alias x. Keeping
-// x - center explicit (rather than x * scale + (shift - center * scale)) avoids
-// cancellation when the mean is large.
+// y[n,c,s] = (x[n,c,s] - center[c]) * scale[c] + shift[c], then ReLU when the
+// activation asks; y may alias x. Keeping x - center explicit (rather than
+// x * scale + (shift - center * scale)) avoids cancellation when the mean is large.
 template <typename T>
-void normalize(T* y, const T* x, const std::vector<T>& center, const std::vector<T>& scale,
-               const T* shift, std::int64_t N, std::int64_t C, std::int64_t S) {
-  parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
-    for (std::int64_t n = first; n < last; ++n) {
-      for (std::int64_t c = 0; c < C; ++c) {
-        const std::int64_t base = (n * C + c) * S;
-        for (std::int64_t s = 0; s < S; ++s) {
-          y[base + s] = (x[base + s] - center[c]) * scale[c] + shift[c];
+void normalize(const BatchNormArgs& a, const std::vector<T>& center, const std::vector<T>& scale) {
+  const std::int64_t N = a.N, C = a.C, S = a.S;
+  T* y = a.y.data<T>();               // [N,C,S]
+  const T* x = a.x.data<T>();         // [N,C,S]
+  const T* shift = a.beta.data<T>();  // [C]
+  with_activation(a.activation, [&]<bool Relu>() {
+    parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t n = first; n < last; ++n) {
+        for (std::int64_t c = 0; c < C; ++c) {
+          const std::int64_t base = (n * C + c) * S;
+          for (std::int64_t s = 0; s < S; ++s) {
+            y[base + s] = clamp<Relu>((x[base + s] - center[c]) * scale[c] + shift[c]);
+          }
         }
       }
-    }
+    });
   });
 }
 
 }  // namespace
 
-void batchnorm_forward_from_stats(const Tensor& y, const Tensor& inv_std, const Tensor& moving_mean,
-                                  const Tensor& moving_var, const Tensor& x, const Tensor& gamma,
-                                  const Tensor& beta, const Tensor& mean, const Tensor& m2,
-                                  std::int64_t count, double eps, double momentum, std::int64_t N,
-                                  std::int64_t C, std::int64_t S) {
-  with_dtype(x.dtype(), [&]<typename T>() {
-    const T* mu = mean.data<T>();        // [C]
-    const T* q = m2.data<T>();           // [C]
-    const T* g = gamma.data<T>();        // [C]
-    T* istd = inv_std.data<T>();         // [C]
+void batchnorm_forward_from_stats(const BatchNormArgs& a) {
+  const std::int64_t C = a.C, count = a.count;
+  const double eps = a.eps, momentum = a.momentum;
+  with_dtype(a.x.dtype(), [&]<typename T>() {
+    const T* mu = a.mean.data<T>();      // [C]
+    const T* q = a.m2.data<T>();         // [C]
+    const T* g = a.gamma.data<T>();      // [C]
+    T* istd = a.inv_std.data<T>();       // [C]
     std::vector<T> center(C), scale(C);  // [C]
     for (std::int64_t c = 0; c < C; ++c) {
       const double var = static_cast<double>(q[c]) / static_cast<double>(count);  // biased
@@ -106,93 +148,96 @@ void batchnorm_forward_from_stats(const Tensor& y, const Tensor& inv_std, const 
       center[c] = mu[c];
       scale[c] = g[c] * istd[c];
     }
-    if (moving_mean.defined()) {
-      T* mm = moving_mean.data<T>();  // [C]
-      T* mv = moving_var.data<T>();   // [C]
+    if (a.moving_mean.defined()) {
+      T* mm = a.moving_mean.data<T>();  // [C]
+      T* mv = a.moving_var.data<T>();   // [C]
       for (std::int64_t c = 0; c < C; ++c) {
         const double unbiased = static_cast<double>(q[c]) / static_cast<double>(count - 1);
         mm[c] = static_cast<T>(momentum * mm[c] + (1.0 - momentum) * mu[c]);
         mv[c] = static_cast<T>(momentum * mv[c] + (1.0 - momentum) * unbiased);
       }
     }
-    normalize<T>(y.data<T>(), x.data<T>(), center, scale, beta.data<T>(), N, C, S);
+    normalize<T>(a, center, scale);
   });
 }
 
-void batchnorm_forward_inference(const Tensor& y, const Tensor& x, const Tensor& gamma,
-                                 const Tensor& beta, const Tensor& moving_mean,
-                                 const Tensor& moving_var, double eps, std::int64_t N,
-                                 std::int64_t C, std::int64_t S) {
-  with_dtype(x.dtype(), [&]<typename T>() {
-    const T* g = gamma.data<T>();         // [C]
-    const T* mm = moving_mean.data<T>();  // [C]
-    const T* mv = moving_var.data<T>();   // [C]
-    std::vector<T> center(C), scale(C);   // [C]
+void batchnorm_forward_inference(const BatchNormArgs& a) {
+  const std::int64_t C = a.C;
+  with_dtype(a.x.dtype(), [&]<typename T>() {
+    const T* g = a.gamma.data<T>();         // [C]
+    const T* mm = a.moving_mean.data<T>();  // [C]
+    const T* mv = a.moving_var.data<T>();   // [C]
+    std::vector<T> center(C), scale(C);     // [C]
     for (std::int64_t c = 0; c < C; ++c) {
       center[c] = mm[c];
-      scale[c] = static_cast<T>(g[c] / std::sqrt(static_cast<double>(mv[c]) + eps));
+      scale[c] = static_cast<T>(g[c] / std::sqrt(static_cast<double>(mv[c]) + a.eps));
     }
-    normalize<T>(y.data<T>(), x.data<T>(), center, scale, beta.data<T>(), N, C, S);
+    normalize<T>(a, center, scale);
   });
 }
 
-void batchnorm_backward_reduce(const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
-                               const Tensor& grad_y, const Tensor& x, const Tensor& mean,
-                               const Tensor& inv_std, std::int64_t N, std::int64_t C,
-                               std::int64_t S) {
-  with_dtype(x.dtype(), [&]<typename T>() {
-    const T* gy = grad_y.data<T>();        // [N,C,S]
-    const T* in = x.data<T>();             // [N,C,S]
-    const T* mu = mean.data<T>();          // [C]
-    const T* istd = inv_std.data<T>();     // [C]
-    T* out_a = sum_grad_y.data<T>();       // [C]
-    T* out_b = sum_grad_y_xhat.data<T>();  // [C]
-    parallel_rows(C, 2 * N * S, [&](std::int64_t first, std::int64_t last) {
-      for (std::int64_t c = first; c < last; ++c) {
-        const double m = static_cast<double>(mu[c]);
-        double sum_gy = 0.0, sum_gy_xhat = 0.0;
-        for (std::int64_t n = 0; n < N; ++n) {
-          const T* gy_row = gy + (n * C + c) * S;
-          const T* x_row = in + (n * C + c) * S;
-          sum_gy += sum_over(S, [&](std::int64_t s) { return static_cast<double>(gy_row[s]); });
-          sum_gy_xhat += sum_over(S, [&](std::int64_t s) {
-            return static_cast<double>(gy_row[s]) * (static_cast<double>(x_row[s]) - m);
-          });
+void batchnorm_backward_reduce(const BatchNormArgs& a) {
+  const std::int64_t N = a.N, C = a.C, S = a.S;
+  with_dtype(a.x.dtype(), [&]<typename T>() {
+    const T* gy = a.grad_y.data<T>();                        // [N,C,S]
+    const T* in = a.x.data<T>();                             // [N,C,S]
+    const T* out = a.y.defined() ? a.y.data<T>() : nullptr;  // [N,C,S] (ReLU only)
+    const T* mu = a.mean.data<T>();                          // [C]
+    const T* istd = a.inv_std.data<T>();                     // [C]
+    T* out_a = a.sum_grad_y.data<T>();                       // [C]
+    T* out_b = a.sum_grad_y_xhat.data<T>();                  // [C]
+    with_activation(a.activation, [&]<bool Relu>() {
+      parallel_rows(C, 2 * N * S, [&](std::int64_t first, std::int64_t last) {
+        for (std::int64_t c = first; c < last; ++c) {
+          const double m = static_cast<double>(mu[c]);
+          double sum_gy = 0.0, sum_gy_xhat = 0.0;
+          for (std::int64_t n = 0; n < N; ++n) {
+            const std::int64_t base = (n * C + c) * S;
+            sum_gy += sum_over(S, [&](std::int64_t s) {
+              return static_cast<double>(masked<Relu>(gy[base + s], out, base + s));
+            });
+            sum_gy_xhat += sum_over(S, [&](std::int64_t s) {
+              return static_cast<double>(masked<Relu>(gy[base + s], out, base + s)) *
+                     (static_cast<double>(in[base + s]) - m);
+            });
+          }
+          out_a[c] = static_cast<T>(sum_gy);
+          out_b[c] = static_cast<T>(sum_gy_xhat * static_cast<double>(istd[c]));
         }
-        out_a[c] = static_cast<T>(sum_gy);
-        out_b[c] = static_cast<T>(sum_gy_xhat * static_cast<double>(istd[c]));
-      }
+      });
     });
   });
 }
 
-void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
-                              const Tensor& gamma, const Tensor& mean, const Tensor& inv_std,
-                              const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
-                              std::int64_t count, std::int64_t N, std::int64_t C, std::int64_t S) {
-  with_dtype(x.dtype(), [&]<typename T>() {
-    T* gx = grad_x.data<T>();                 // [N,C,S]
-    const T* gy = grad_y.data<T>();           // [N,C,S]
-    const T* in = x.data<T>();                // [N,C,S]
-    const T* g = gamma.data<T>();             // [C]
-    const T* mu = mean.data<T>();             // [C]
-    const T* istd = inv_std.data<T>();        // [C]
-    const T* sa = sum_grad_y.data<T>();       // [C]
-    const T* sb = sum_grad_y_xhat.data<T>();  // [C]
-    const T inv_count = static_cast<T>(1.0 / static_cast<double>(count));
-    parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
-      for (std::int64_t n = first; n < last; ++n) {
-        for (std::int64_t c = 0; c < C; ++c) {
-          const std::int64_t base = (n * C + c) * S;
-          const T k = g[c] * istd[c];
-          const T mean_gy = sa[c] * inv_count;
-          const T mean_gy_xhat = sb[c] * inv_count;
-          for (std::int64_t s = 0; s < S; ++s) {
-            const T xhat = (in[base + s] - mu[c]) * istd[c];
-            gx[base + s] += k * (gy[base + s] - mean_gy - xhat * mean_gy_xhat);
+void batchnorm_backward_apply(const BatchNormArgs& a) {
+  const std::int64_t N = a.N, C = a.C, S = a.S;
+  with_dtype(a.x.dtype(), [&]<typename T>() {
+    T* gx = a.grad_x.data<T>();                              // [N,C,S]
+    const T* gy = a.grad_y.data<T>();                        // [N,C,S]
+    const T* in = a.x.data<T>();                             // [N,C,S]
+    const T* out = a.y.defined() ? a.y.data<T>() : nullptr;  // [N,C,S] (ReLU only)
+    const T* g = a.gamma.data<T>();                          // [C]
+    const T* mu = a.mean.data<T>();                          // [C]
+    const T* istd = a.inv_std.data<T>();                     // [C]
+    const T* sa = a.sum_grad_y.data<T>();                    // [C]
+    const T* sb = a.sum_grad_y_xhat.data<T>();               // [C]
+    const T inv_count = static_cast<T>(1.0 / static_cast<double>(a.count));
+    with_activation(a.activation, [&]<bool Relu>() {
+      parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
+        for (std::int64_t n = first; n < last; ++n) {
+          for (std::int64_t c = 0; c < C; ++c) {
+            const std::int64_t base = (n * C + c) * S;
+            const T k = g[c] * istd[c];
+            const T mean_gy = sa[c] * inv_count;
+            const T mean_gy_xhat = sb[c] * inv_count;
+            for (std::int64_t s = 0; s < S; ++s) {
+              const T xhat = (in[base + s] - mu[c]) * istd[c];
+              const T gys = masked<Relu>(gy[base + s], out, base + s);
+              gx[base + s] += k * (gys - mean_gy - xhat * mean_gy_xhat);
+            }
           }
         }
-      }
+      });
     });
   });
 }

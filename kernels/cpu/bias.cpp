@@ -1,13 +1,14 @@
 // CPU bias add: the specification for kernels/cuda/bias.cu. Tensors viewed as [N,C,S].
-// Both loops split over the thread pool (kernels/cpu/parallel.h): the forward over
-// the N images, the backward over the channels, each channel summing its rows in
+// Every loop splits over the thread pool (kernels/cpu/parallel.h): the forwards over
+// the N images, the backwards over the channels, each channel summing its rows in
 // order n = 0, 1, ... whichever thread runs it.
 #include <cstdint>
 
-#include "kernels/bias.h"
+#include "kernels/cpu/bias.h"
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/per_channel.h"
+#include "kernels/cpu/relu.h"
 
 namespace towerlab::cpu {
 
@@ -40,6 +41,52 @@ void bias_add_backward(const Tensor& grad_bias, const Tensor& grad_y, std::int64
         for (std::int64_t n = 0; n < N; ++n) {
           const T* row = gy + (n * C + c) * S;
           sum += sum_over(S, [&](std::int64_t s) { return static_cast<double>(row[s]); });
+        }
+        gb[c] = static_cast<T>(static_cast<double>(gb[c]) + sum);
+      }
+    });
+  });
+}
+
+void bias_add_relu_forward(const Tensor& y, const Tensor& x, const Tensor& bias, std::int64_t N,
+                           std::int64_t C, std::int64_t S) {
+  with_dtype(x.dtype(), [&]<typename T>() {
+    T* out = y.data<T>();         // [N,C,S]
+    const T* in = x.data<T>();    // [N,C,S]
+    const T* b = bias.data<T>();  // [C]
+    parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t n = first; n < last; ++n) {
+        for (std::int64_t c = 0; c < C; ++c) {
+          const std::int64_t base = (n * C + c) * S;
+          for (std::int64_t s = 0; s < S; ++s) {
+            const T v = in[base + s] + b[c];
+            out[base + s] = v < T(0) ? T(0) : v;  // ReLU's NaN rule (kernels/cpu/relu.cpp)
+          }
+        }
+      }
+    });
+  });
+}
+
+// One pass per channel: each masked gradient value is added to grad_x (when it is
+// wanted) and to the channel's sum, which goes into grad_bias once.
+void bias_add_relu_backward(const Tensor& grad_x, const Tensor& grad_bias, const Tensor& grad_y,
+                            const Tensor& y, std::int64_t N, std::int64_t C, std::int64_t S) {
+  with_dtype(grad_y.dtype(), [&]<typename T>() {
+    const T* gy = grad_y.data<T>();                         // [N,C,S]
+    const T* out = y.data<T>();                             // [N,C,S]
+    T* gx = grad_x.defined() ? grad_x.data<T>() : nullptr;  // [N,C,S]
+    T* gb = grad_bias.data<T>();                            // [C]
+    parallel_rows(C, N * S, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t c = first; c < last; ++c) {
+        double sum = 0.0;
+        for (std::int64_t n = 0; n < N; ++n) {
+          const std::int64_t base = (n * C + c) * S;
+          sum += sum_over(S, [&](std::int64_t s) {
+            const T g = relu_mask(gy[base + s], out[base + s]);
+            if (gx != nullptr) gx[base + s] += g;
+            return static_cast<double>(g);
+          });
         }
         gb[c] = static_cast<T>(static_cast<double>(gb[c]) + sum);
       }

@@ -9,8 +9,8 @@
 #include <cstdint>
 
 #include "kernels/cpu/dtype_dispatch.h"
+#include "kernels/cpu/loss.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/loss.h"
 
 namespace towerlab::cpu {
 
@@ -120,6 +120,27 @@ void softmax_cross_entropy_backward(const Tensor& grad_logits, const Tensor& gra
         const auto target = static_cast<std::int64_t>(label[n]);
         for (std::int64_t k = 0; k < num_classes; ++k) {
           const double p = std::exp(static_cast<double>(row[k] - s.max)) / s.sum_exp;
+          grad[n * num_classes + k] += static_cast<T>(factor * (p - (k == target ? 1.0 : 0.0)));
+        }
+      }
+    });
+  });
+}
+
+void softmax_cross_entropy_backward_from_probs(const Tensor& grad_logits, const Tensor& grad_loss,
+                                               const Tensor& probs, const Tensor& labels,
+                                               double scale) {
+  with_dtype(probs.dtype(), [&]<typename T>() {
+    const std::int64_t rows = probs.size(0), num_classes = probs.size(1);
+    const T* prob = probs.data<T>();    // [N,K]
+    const T* label = labels.data<T>();  // [N]
+    T* grad = grad_logits.data<T>();    // [N,K]
+    const double factor = scale * static_cast<double>(grad_loss.data<T>()[0]);
+    parallel_rows(rows, num_classes, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t n = first; n < last; ++n) {
+        const auto target = static_cast<std::int64_t>(label[n]);
+        for (std::int64_t k = 0; k < num_classes; ++k) {
+          const double p = static_cast<double>(prob[n * num_classes + k]);
           grad[n * num_classes + k] += static_cast<T>(factor * (p - (k == target ? 1.0 : 0.0)));
         }
       }

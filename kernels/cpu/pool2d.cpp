@@ -7,7 +7,7 @@
 
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/pool2d.h"
+#include "kernels/cpu/pool2d.h"
 
 namespace towerlab::cpu {
 
@@ -112,6 +112,43 @@ void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Tenso
     for_each_output(z, params, [&](std::int64_t plane, std::int64_t o, const Window& win) {
       const std::int64_t offset = plane * z.H * z.W;
       gx[offset + window_argmax(in + offset, z.W, win)] += gy[plane * z.Ho * z.Wo + o];
+    });
+  });
+}
+
+void max_pool2d_forward_with_argmax(const Tensor& y, const Tensor& argmax, const Tensor& x,
+                                    const Pool2dParams& params) {
+  with_dtype(x.dtype(), [&]<typename T>() {
+    const T* in = x.data<T>();    // [N,C,H,W]
+    T* out = y.data<T>();         // [N,C,Ho,Wo]
+    T* where = argmax.data<T>();  // [N,C,Ho,Wo]
+    const Sizes z = sizes_of(x, y);
+    for_each_output(z, params, [&](std::int64_t plane, std::int64_t o, const Window& win) {
+      const T* p = in + plane * z.H * z.W;
+      const std::int64_t i = window_argmax(p, z.W, win);
+      out[plane * z.Ho * z.Wo + o] = p[i];
+      where[plane * z.Ho * z.Wo + o] = static_cast<T>(i);
+    });
+  });
+}
+
+// Each plane's outputs in order (ho, wo), as max_pool2d_backward adds them.
+void max_pool2d_backward_from_argmax(const Tensor& grad_x, const Tensor& grad_y,
+                                     const Tensor& argmax) {
+  with_dtype(grad_x.dtype(), [&]<typename T>() {
+    const T* gy = grad_y.data<T>();     // [N,C,Ho,Wo]
+    const T* where = argmax.data<T>();  // [N,C,Ho,Wo]
+    T* gx = grad_x.data<T>();           // [N,C,H,W]
+    const std::int64_t planes = grad_x.size(0) * grad_x.size(1);
+    const std::int64_t in_plane = grad_x.size(2) * grad_x.size(3);
+    const std::int64_t out_plane = grad_y.size(2) * grad_y.size(3);
+    parallel_rows(planes, in_plane, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t plane = first; plane < last; ++plane) {
+        T* p = gx + plane * in_plane;
+        for (std::int64_t o = plane * out_plane; o < (plane + 1) * out_plane; ++o) {
+          p[static_cast<std::int64_t>(where[o])] += gy[o];
+        }
+      }
     });
   });
 }

@@ -4,7 +4,7 @@
 
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/relu.h"
+#include "kernels/cpu/relu.h"
 
 namespace towerlab::cpu {
 
@@ -25,7 +25,7 @@ void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y) 
     const T* gy = grad_y.data<T>();  // [n]
     const T* out = y.data<T>();      // [n]
     parallel_rows(grad_x.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
-      for (std::int64_t i = lo; i < hi; ++i) gx[i] += out[i] > T(0) ? gy[i] : T(0);
+      for (std::int64_t i = lo; i < hi; ++i) gx[i] += relu_mask(gy[i], out[i]);
     });
   });
 }

@@ -10,7 +10,11 @@
 // to cancellation when |mean| >> std, because K lies within a few standard
 // deviations of the mean; unlike Welford, it costs one subtract per element and
 // the block partials of one channel simply add.
-#include "kernels/batchnorm.h"
+//
+// The fused ReLU (BatchNormArgs::activation) is a template parameter of the
+// elementwise and backward kernels: the forward clamps y, the backward masks
+// grad_y by the forward's y > 0 as it loads it (masked_grad).
+#include "kernels/cuda/batchnorm.h"
 #include "kernels/cuda/per_channel.cuh"
 
 namespace towerlab::cuda {
@@ -109,8 +113,10 @@ __global__ void batchnorm_prepare_inference_kernel(std::int64_t C, float4* coeff
   }
 }
 
-// y = (x - center) * scale + shift; y may alias x. x - center stays explicit so a
-// large mean does not cancel against itself in float.
+// y = (x - center) * scale + shift, then ReLU when Relu ("z < 0 ? 0 : z", not
+// fmaxf, which drops a NaN); y may alias x. x - center stays explicit so a large
+// mean does not cancel against itself in float.
+template <bool Relu>
 __global__ void batchnorm_apply_kernel(std::int64_t n, float* y, const float* x,
                                        const float4* __restrict__ coeff, std::int64_t C,
                                        std::int64_t S) {
@@ -118,25 +124,38 @@ __global__ void batchnorm_apply_kernel(std::int64_t n, float* y, const float* x,
       n, C, S, [&](std::int64_t i) { return x[i]; },
       [&](std::int64_t i, float v, std::int64_t c) {
         const float4 k = coeff[c];
-        y[i] = (v - k.x) * k.y + k.z;
+        const float z = (v - k.x) * k.y + k.z;
+        y[i] = Relu && z < 0.0f ? 0.0f : z;
       });
 }
 
 // --- backward ------------------------------------------------------------------
 
-__global__ void batchnorm_backward_partial_kernel(float* partial_gy, float* partial_gy_dev,
-                                                  const float* __restrict__ grad_y,
-                                                  const float* __restrict__ x,
-                                                  const float* __restrict__ mean, std::int64_t C,
-                                                  std::int64_t S, std::int64_t per_channel,
-                                                  std::int64_t chunk) {
+// grad_y[i], masked by the forward's output (y[i] > 0) when Relu (y is null otherwise).
+template <bool Relu>
+__device__ float masked_grad(const float* __restrict__ grad_y, const float* __restrict__ y,
+                             std::int64_t i) {
+  if constexpr (Relu) {
+    return y[i] > 0.0f ? grad_y[i] : 0.0f;
+  } else {
+    return grad_y[i];
+  }
+}
+
+template <bool Relu>
+__global__ void batchnorm_backward_partial_kernel(
+    float* partial_gy, float* partial_gy_dev, const float* __restrict__ grad_y,
+    const float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ mean,
+    std::int64_t C, std::int64_t S, std::int64_t per_channel, std::int64_t chunk) {
   const std::int64_t c = blockIdx.x, j = blockIdx.y;
   const std::int64_t begin = j * chunk, end = min(per_channel, begin + chunk);
   const float mu = mean[c];
   float sum = 0.0f, sum_dev = 0.0f;
   for_each_in_channel_range(
       begin, end, c, C, S,
-      [&](std::int64_t offset) { return make_float2(grad_y[offset], x[offset]); },
+      [&](std::int64_t offset) {
+        return make_float2(masked_grad<Relu>(grad_y, y, offset), x[offset]);
+      },
       [&](float2 gy_x) {
         sum += gy_x.x;
         sum_dev += gy_x.x * (gy_x.y - mu);
@@ -182,13 +201,13 @@ __global__ void batchnorm_prepare_backward_kernel(std::int64_t C, float4* coeff,
   }
 }
 
-__global__ void batchnorm_backward_apply_kernel(std::int64_t n, float* grad_x,
-                                                const float* __restrict__ grad_y,
-                                                const float* __restrict__ x,
-                                                const float4* __restrict__ coeff, std::int64_t C,
-                                                std::int64_t S) {
+template <bool Relu>
+__global__ void batchnorm_backward_apply_kernel(
+    std::int64_t n, float* grad_x, const float* __restrict__ grad_y, const float* __restrict__ y,
+    const float* __restrict__ x, const float4* __restrict__ coeff, std::int64_t C, std::int64_t S) {
   for_each_with_channel(
-      n, C, S, [&](std::int64_t i) { return make_float3(grad_y[i], x[i], grad_x[i]); },
+      n, C, S,
+      [&](std::int64_t i) { return make_float3(masked_grad<Relu>(grad_y, y, i), x[i], grad_x[i]); },
       [&](std::int64_t i, float3 v, std::int64_t c) {
         const float4 k = coeff[c];
         grad_x[i] = v.z + k.y * v.x - k.z - (v.y - k.x) * k.w;
@@ -199,22 +218,40 @@ __global__ void batchnorm_backward_apply_kernel(std::int64_t n, float* grad_x,
 
 // --- launchers -------------------------------------------------------------------
 
-void batchnorm_stats(const Tensor& mean, const Tensor& m2, const Tensor& x, std::int64_t N,
-                     std::int64_t C, std::int64_t S, const Stream& stream) {
+namespace {
+
+// y = (x - coeff.x) * coeff.y + coeff.z over a.x, with a.activation.
+void apply(const BatchNormArgs& a, const float4* coeff, const Stream& stream) {
+  const auto kernel = a.activation == Activation::ReLU ? batchnorm_apply_kernel<true>
+                                                       : batchnorm_apply_kernel<false>;
+  launch_grid_stride(kernel, a.N * a.C * a.S, stream, a.y.data<float>(), a.x.data<float>(), coeff,
+                     a.C, a.S);
+}
+
+// The forward's y, which masks grad_y, for a ReLU backward; null otherwise.
+const float* relu_output(const BatchNormArgs& a) {
+  return a.activation == Activation::ReLU ? a.y.data<float>() : nullptr;
+}
+
+}  // namespace
+
+void batchnorm_stats(const BatchNormArgs& a, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
   cudaStream_t s = native(stream);
-  const std::int64_t per_channel = N * S;
+  const std::int64_t C = a.C, S = a.S;
+  const std::int64_t per_channel = a.N * S;
   const std::int64_t splits = splits_for(C, per_channel, stream.device().index);
   const std::int64_t chunk = (per_channel + splits - 1) / splits;
   Scratch partial(stream, 2 * C * splits * sizeof(float));
   float* partial_sum = partial.as<float>();
   float* partial_sq = partial_sum + C * splits;
   batchnorm_stats_partial_kernel<<<dim3(static_cast<unsigned>(C), static_cast<unsigned>(splits)),
-                                   kReduceBlock, 0, s>>>(partial_sum, partial_sq, x.data<float>(),
+                                   kReduceBlock, 0, s>>>(partial_sum, partial_sq, a.x.data<float>(),
                                                          C, S, per_channel, chunk);
   TL_CUDA_CHECK_LAUNCH();
-  launch_grid_stride(batchnorm_stats_finish_kernel, C, stream, mean.data<float>(), m2.data<float>(),
-                     partial_sum, partial_sq, x.data<float>(), S, splits, per_channel);
+  launch_grid_stride(batchnorm_stats_finish_kernel, C, stream, a.mean.data<float>(),
+                     a.m2.data<float>(), partial_sum, partial_sq, a.x.data<float>(), S, splits,
+                     per_channel);
 }
 
 void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_t count_a,
@@ -225,70 +262,59 @@ void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_
                      static_cast<double>(count_a), static_cast<double>(count_b));
 }
 
-void batchnorm_forward_from_stats(const Tensor& y, const Tensor& inv_std, const Tensor& moving_mean,
-                                  const Tensor& moving_var, const Tensor& x, const Tensor& gamma,
-                                  const Tensor& beta, const Tensor& mean, const Tensor& m2,
-                                  std::int64_t count, double eps, double momentum, std::int64_t N,
-                                  std::int64_t C, std::int64_t S, const Stream& stream) {
+void batchnorm_forward_from_stats(const BatchNormArgs& a, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
-  Scratch coeff(stream, C * sizeof(float4));
-  const bool moving = moving_mean.defined();
-  launch_grid_stride(batchnorm_prepare_training_kernel, C, stream, coeff.as<float4>(),
-                     inv_std.data<float>(), moving ? moving_mean.data<float>() : nullptr,
-                     moving ? moving_var.data<float>() : nullptr, gamma.data<float>(),
-                     beta.data<float>(), mean.data<float>(), m2.data<float>(), count, eps,
-                     momentum);
-  launch_grid_stride(batchnorm_apply_kernel, N * C * S, stream, y.data<float>(), x.data<float>(),
-                     coeff.as<float4>(), C, S);
+  Scratch coeff(stream, a.C * sizeof(float4));
+  const bool moving = a.moving_mean.defined();
+  launch_grid_stride(batchnorm_prepare_training_kernel, a.C, stream, coeff.as<float4>(),
+                     a.inv_std.data<float>(), moving ? a.moving_mean.data<float>() : nullptr,
+                     moving ? a.moving_var.data<float>() : nullptr, a.gamma.data<float>(),
+                     a.beta.data<float>(), a.mean.data<float>(), a.m2.data<float>(), a.count, a.eps,
+                     a.momentum);
+  apply(a, coeff.as<float4>(), stream);
 }
 
-void batchnorm_forward_inference(const Tensor& y, const Tensor& x, const Tensor& gamma,
-                                 const Tensor& beta, const Tensor& moving_mean,
-                                 const Tensor& moving_var, double eps, std::int64_t N,
-                                 std::int64_t C, std::int64_t S, const Stream& stream) {
+void batchnorm_forward_inference(const BatchNormArgs& a, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
-  Scratch coeff(stream, C * sizeof(float4));
-  launch_grid_stride(batchnorm_prepare_inference_kernel, C, stream, coeff.as<float4>(),
-                     gamma.data<float>(), beta.data<float>(), moving_mean.data<float>(),
-                     moving_var.data<float>(), eps);
-  launch_grid_stride(batchnorm_apply_kernel, N * C * S, stream, y.data<float>(), x.data<float>(),
-                     coeff.as<float4>(), C, S);
+  Scratch coeff(stream, a.C * sizeof(float4));
+  launch_grid_stride(batchnorm_prepare_inference_kernel, a.C, stream, coeff.as<float4>(),
+                     a.gamma.data<float>(), a.beta.data<float>(), a.moving_mean.data<float>(),
+                     a.moving_var.data<float>(), a.eps);
+  apply(a, coeff.as<float4>(), stream);
 }
 
-void batchnorm_backward_reduce(const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
-                               const Tensor& grad_y, const Tensor& x, const Tensor& mean,
-                               const Tensor& inv_std, std::int64_t N, std::int64_t C,
-                               std::int64_t S, const Stream& stream) {
+void batchnorm_backward_reduce(const BatchNormArgs& a, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
   cudaStream_t s = native(stream);
-  const std::int64_t per_channel = N * S;
+  const std::int64_t C = a.C, S = a.S;
+  const std::int64_t per_channel = a.N * S;
   const std::int64_t splits = splits_for(C, per_channel, stream.device().index);
   const std::int64_t chunk = (per_channel + splits - 1) / splits;
   Scratch partial(stream, 2 * C * splits * sizeof(float));
   float* partial_gy = partial.as<float>();
   float* partial_gy_dev = partial_gy + C * splits;
-  batchnorm_backward_partial_kernel<<<dim3(static_cast<unsigned>(C), static_cast<unsigned>(splits)),
-                                      kReduceBlock, 0, s>>>(
-      partial_gy, partial_gy_dev, grad_y.data<float>(), x.data<float>(), mean.data<float>(), C, S,
-      per_channel, chunk);
+  const auto kernel = a.activation == Activation::ReLU ? batchnorm_backward_partial_kernel<true>
+                                                       : batchnorm_backward_partial_kernel<false>;
+  kernel<<<dim3(static_cast<unsigned>(C), static_cast<unsigned>(splits)), kReduceBlock, 0, s>>>(
+      partial_gy, partial_gy_dev, a.grad_y.data<float>(), relu_output(a), a.x.data<float>(),
+      a.mean.data<float>(), C, S, per_channel, chunk);
   TL_CUDA_CHECK_LAUNCH();
-  launch_grid_stride(batchnorm_backward_finish_kernel, C, stream, sum_grad_y.data<float>(),
-                     sum_grad_y_xhat.data<float>(), partial_gy, partial_gy_dev,
-                     inv_std.data<float>(), splits);
+  launch_grid_stride(batchnorm_backward_finish_kernel, C, stream, a.sum_grad_y.data<float>(),
+                     a.sum_grad_y_xhat.data<float>(), partial_gy, partial_gy_dev,
+                     a.inv_std.data<float>(), splits);
 }
 
-void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
-                              const Tensor& gamma, const Tensor& mean, const Tensor& inv_std,
-                              const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
-                              std::int64_t count, std::int64_t N, std::int64_t C, std::int64_t S,
-                              const Stream& stream) {
+void batchnorm_backward_apply(const BatchNormArgs& a, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
-  Scratch coeff(stream, C * sizeof(float4));
-  launch_grid_stride(batchnorm_prepare_backward_kernel, C, stream, coeff.as<float4>(),
-                     gamma.data<float>(), mean.data<float>(), inv_std.data<float>(),
-                     sum_grad_y.data<float>(), sum_grad_y_xhat.data<float>(), count);
-  launch_grid_stride(batchnorm_backward_apply_kernel, N * C * S, stream, grad_x.data<float>(),
-                     grad_y.data<float>(), x.data<float>(), coeff.as<float4>(), C, S);
+  Scratch coeff(stream, a.C * sizeof(float4));
+  launch_grid_stride(batchnorm_prepare_backward_kernel, a.C, stream, coeff.as<float4>(),
+                     a.gamma.data<float>(), a.mean.data<float>(), a.inv_std.data<float>(),
+                     a.sum_grad_y.data<float>(), a.sum_grad_y_xhat.data<float>(), a.count);
+  const auto kernel = a.activation == Activation::ReLU ? batchnorm_backward_apply_kernel<true>
+                                                       : batchnorm_backward_apply_kernel<false>;
+  launch_grid_stride(kernel, a.N * a.C * a.S, stream, a.grad_x.data<float>(),
+                     a.grad_y.data<float>(), relu_output(a), a.x.data<float>(), coeff.as<float4>(),
+                     a.C, a.S);
 }
 
 }  // namespace towerlab::cuda

@@ -2,8 +2,10 @@
 // grid-stride loop that tracks each element's channel; the backward is the
 // two-level per-channel sum of kernels/cuda/per_channel.cuh (block partials, then
 // one thread per channel adding them in double and into grad_bias), so the
-// result does not depend on scheduling.
-#include "kernels/bias.h"
+// result does not depend on scheduling. The fused bias + ReLU kernels are the same
+// two patterns, the backward's blocks also adding the masked gradient into grad_x
+// as they read it.
+#include "kernels/cuda/bias.h"
 #include "kernels/cuda/per_channel.cuh"
 
 namespace towerlab::cuda {
@@ -17,6 +19,18 @@ __global__ void bias_add_forward_kernel(std::int64_t n, float* y, const float* x
   for_each_with_channel(
       n, C, S, [&](std::int64_t i) { return x[i]; },
       [&](std::int64_t i, float v, std::int64_t c) { y[i] = v + bias[c]; });
+}
+
+// y may alias x. "v < 0 ? 0 : v", not fmaxf, which drops a NaN (kernels/relu.h).
+__global__ void bias_add_relu_forward_kernel(std::int64_t n, float* y, const float* x,
+                                             const float* __restrict__ bias, std::int64_t C,
+                                             std::int64_t S) {
+  for_each_with_channel(
+      n, C, S, [&](std::int64_t i) { return x[i]; },
+      [&](std::int64_t i, float v, std::int64_t c) {
+        const float z = v + bias[c];
+        y[i] = z < 0.0f ? 0.0f : z;
+      });
 }
 
 // partial: [C, splits]; block (c, j) sums values [j*chunk, (j+1)*chunk) of channel c.
@@ -33,6 +47,35 @@ __global__ void bias_backward_partial_kernel(float* partial, const float* __rest
   if (threadIdx.x == 0) partial[c * gridDim.y + j] = sum;
 }
 
+// A masked gradient value and where it goes in grad_x.
+struct MaskedGrad {
+  std::int64_t offset;
+  float g;
+};
+
+// As bias_backward_partial_kernel on g = grad_y * (y > 0), adding each g into
+// grad_x (when not null): every element belongs to exactly one block's range.
+__global__ void bias_relu_backward_partial_kernel(float* partial, float* grad_x,
+                                                  const float* __restrict__ grad_y,
+                                                  const float* __restrict__ y, std::int64_t C,
+                                                  std::int64_t S, std::int64_t per_channel,
+                                                  std::int64_t chunk) {
+  const std::int64_t c = blockIdx.x, j = blockIdx.y;
+  const std::int64_t begin = j * chunk, end = min(per_channel, begin + chunk);
+  float sum = 0.0f;
+  for_each_in_channel_range(
+      begin, end, c, C, S,
+      [&](std::int64_t offset) {
+        return MaskedGrad{offset, y[offset] > 0.0f ? grad_y[offset] : 0.0f};
+      },
+      [&](MaskedGrad m) {
+        if (grad_x != nullptr) grad_x[m.offset] += m.g;
+        sum += m.g;
+      });
+  sum = block_sum<kReduceBlock>(sum);
+  if (threadIdx.x == 0) partial[c * gridDim.y + j] = sum;
+}
+
 __global__ void bias_backward_finish_kernel(std::int64_t C, float* grad_bias, const float* partial,
                                             std::int64_t splits) {
   for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < C;
@@ -41,6 +84,29 @@ __global__ void bias_backward_finish_kernel(std::int64_t C, float* grad_bias, co
     for (std::int64_t j = 0; j < splits; ++j) sum += partial[c * splits + j];
     grad_bias[c] = static_cast<float>(grad_bias[c] + sum);
   }
+}
+
+// The per-channel sum of grad_y (masked by y > 0 when y is not null, then also
+// added into grad_x when that is not null) added into grad_bias.
+void bias_backward(float* grad_bias, float* grad_x, const float* grad_y, const float* y,
+                   std::int64_t N, std::int64_t C, std::int64_t S, const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  cudaStream_t s = native(stream);
+  const std::int64_t per_channel = N * S;
+  const std::int64_t splits = splits_for(C, per_channel, stream.device().index);
+  const std::int64_t chunk = (per_channel + splits - 1) / splits;
+  Scratch partial(stream, C * splits * sizeof(float));
+  const dim3 grid(static_cast<unsigned>(C), static_cast<unsigned>(splits));
+  if (y == nullptr) {
+    bias_backward_partial_kernel<<<grid, kReduceBlock, 0, s>>>(partial.as<float>(), grad_y, C, S,
+                                                               per_channel, chunk);
+  } else {
+    bias_relu_backward_partial_kernel<<<grid, kReduceBlock, 0, s>>>(
+        partial.as<float>(), grad_x, grad_y, y, C, S, per_channel, chunk);
+  }
+  TL_CUDA_CHECK_LAUNCH();
+  launch_grid_stride(bias_backward_finish_kernel, C, stream, grad_bias, partial.as<float>(),
+                     splits);
 }
 
 }  // namespace
@@ -53,18 +119,20 @@ void bias_add_forward(const Tensor& y, const Tensor& x, const Tensor& bias, std:
 
 void bias_add_backward(const Tensor& grad_bias, const Tensor& grad_y, std::int64_t N,
                        std::int64_t C, std::int64_t S, const Stream& stream) {
-  CudaDeviceGuard guard(stream.device().index);
-  cudaStream_t s = native(stream);
-  const std::int64_t per_channel = N * S;
-  const std::int64_t splits = splits_for(C, per_channel, stream.device().index);
-  const std::int64_t chunk = (per_channel + splits - 1) / splits;
-  Scratch partial(stream, C * splits * sizeof(float));
-  bias_backward_partial_kernel<<<dim3(static_cast<unsigned>(C), static_cast<unsigned>(splits)),
-                                 kReduceBlock, 0, s>>>(partial.as<float>(), grad_y.data<float>(), C,
-                                                       S, per_channel, chunk);
-  TL_CUDA_CHECK_LAUNCH();
-  launch_grid_stride(bias_backward_finish_kernel, C, stream, grad_bias.data<float>(),
-                     partial.as<float>(), splits);
+  bias_backward(grad_bias.data<float>(), nullptr, grad_y.data<float>(), nullptr, N, C, S, stream);
+}
+
+void bias_add_relu_forward(const Tensor& y, const Tensor& x, const Tensor& bias, std::int64_t N,
+                           std::int64_t C, std::int64_t S, const Stream& stream) {
+  launch_grid_stride(bias_add_relu_forward_kernel, N * C * S, stream, y.data<float>(),
+                     x.data<float>(), bias.data<float>(), C, S);
+}
+
+void bias_add_relu_backward(const Tensor& grad_x, const Tensor& grad_bias, const Tensor& grad_y,
+                            const Tensor& y, std::int64_t N, std::int64_t C, std::int64_t S,
+                            const Stream& stream) {
+  bias_backward(grad_bias.data<float>(), grad_x.defined() ? grad_x.data<float>() : nullptr,
+                grad_y.data<float>(), y.data<float>(), N, C, S, stream);
 }
 
 }  // namespace towerlab::cuda

@@ -17,7 +17,7 @@
 
 #include "engine/allocator.h"
 #include "kernels/cuda/launch.cuh"
-#include "kernels/loss.h"
+#include "kernels/cuda/loss.h"
 
 namespace towerlab::cuda {
 
@@ -149,6 +149,22 @@ __global__ void cross_entropy_backward_kernel(float* grad_logits, const float* g
   }
 }
 
+// As cross_entropy_backward_kernel with p read from the forward's probs: elementwise.
+__global__ void cross_entropy_backward_from_probs_kernel(std::int64_t n, float* grad_logits,
+                                                         const float* grad_loss, const float* probs,
+                                                         const float* labels,
+                                                         std::int64_t num_classes, float scale) {
+  const float factor = scale * *grad_loss;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t row = i / num_classes, k = i - row * num_classes;
+    const float label = labels[row];
+    const bool valid = is_class_id(label, num_classes);
+    const std::int64_t target = valid ? static_cast<std::int64_t>(label) : -1;
+    grad_logits[i] += valid ? factor * (probs[i] - (k == target ? 1.0f : 0.0f)) : NAN;
+  }
+}
+
 __global__ void mse_backward_kernel(std::int64_t n, float* grad_pred, float* grad_target,
                                     const float* grad_loss, const float* pred, const float* target,
                                     float scale) {
@@ -241,6 +257,14 @@ void softmax_cross_entropy_backward(const Tensor& grad_logits, const Tensor& gra
       grad_logits.data<float>(), grad_loss.data<float>(), logits.data<float>(),
       labels.data<float>(), rows, num_classes, scale);
   TL_CUDA_CHECK_LAUNCH();
+}
+
+void softmax_cross_entropy_backward_from_probs(const Tensor& grad_logits, const Tensor& grad_loss,
+                                               const Tensor& probs, const Tensor& labels,
+                                               float scale, const Stream& stream) {
+  launch_grid_stride(cross_entropy_backward_from_probs_kernel, probs.numel(), stream,
+                     grad_logits.data<float>(), grad_loss.data<float>(), probs.data<float>(),
+                     labels.data<float>(), probs.size(1), scale);
 }
 
 // A functor rather than a lambda: nvcc needs --extended-lambda for device lambdas.

@@ -6,9 +6,10 @@
 // adds in a run-dependent order; the gather needs no atomics and gives the same
 // bits every run. For max pooling the gather recomputes each covering window's
 // argmax (with 2x2 stride 2 there is exactly one covering window of 4 values,
-// already in L1 from the neighbouring threads).
+// already in L1 from the neighbouring threads), or reads it where the forward
+// recorded it (the from_argmax backward).
 #include "kernels/cuda/launch.cuh"
-#include "kernels/pool2d.h"
+#include "kernels/cuda/pool2d.h"
 
 namespace towerlab::cuda {
 
@@ -87,6 +88,44 @@ __global__ void max_pool2d_backward_kernel(std::int64_t n, float* __restrict__ g
   }
 }
 
+__global__ void max_pool2d_forward_with_argmax_kernel(std::int64_t n, float* __restrict__ y,
+                                                      float* __restrict__ argmax,
+                                                      const float* __restrict__ x, Geometry g) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t wo = i % g.Wo, ho = (i / g.Wo) % g.Ho, plane = i / (g.Wo * g.Ho);
+    const float* p = x + plane * g.H * g.W;
+    const std::int64_t best = window_argmax(p, g.W, window_of(ho, wo, g));
+    y[i] = p[best];
+    argmax[i] = static_cast<float>(best);
+  }
+}
+
+// The gather of max_pool2d_backward_kernel with each covering window's argmax read
+// from the forward's record.
+__global__ void max_pool2d_backward_from_argmax_kernel(std::int64_t n, float* __restrict__ grad_x,
+                                                       const float* __restrict__ grad_y,
+                                                       const float* __restrict__ argmax,
+                                                       Geometry g) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t w = i % g.W, h = (i / g.W) % g.H, plane = i / (g.W * g.H);
+    const float* gy = grad_y + plane * g.Ho * g.Wo;
+    const float* where = argmax + plane * g.Ho * g.Wo;
+    const float here = static_cast<float>(h * g.W + w);
+    std::int64_t ho0, ho1, wo0, wo1;
+    covering(h, g.KH, g.SH, g.PH, g.Ho, ho0, ho1);
+    covering(w, g.KW, g.SW, g.PW, g.Wo, wo0, wo1);
+    float sum = 0.0f;
+    for (std::int64_t ho = ho0; ho <= ho1; ++ho) {
+      for (std::int64_t wo = wo0; wo <= wo1; ++wo) {
+        if (where[ho * g.Wo + wo] == here) sum += gy[ho * g.Wo + wo];
+      }
+    }
+    grad_x[i] += sum;
+  }
+}
+
 __global__ void avg_pool2d_forward_kernel(std::int64_t n, float* __restrict__ y,
                                           const float* __restrict__ x, Geometry g) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -135,6 +174,20 @@ void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Tenso
   launch_grid_stride(max_pool2d_backward_kernel, x.numel(), stream, grad_x.data<float>(),
                      grad_y.data<float>(), x.data<float>(),
                      geometry(x.shape(), grad_y.shape(), params));
+}
+
+void max_pool2d_forward_with_argmax(const Tensor& y, const Tensor& argmax, const Tensor& x,
+                                    const Pool2dParams& params, const Stream& stream) {
+  launch_grid_stride(max_pool2d_forward_with_argmax_kernel, y.numel(), stream, y.data<float>(),
+                     argmax.data<float>(), x.data<float>(), geometry(x.shape(), y.shape(), params));
+}
+
+void max_pool2d_backward_from_argmax(const Tensor& grad_x, const Tensor& grad_y,
+                                     const Tensor& argmax, const Pool2dParams& params,
+                                     const Stream& stream) {
+  launch_grid_stride(max_pool2d_backward_from_argmax_kernel, grad_x.numel(), stream,
+                     grad_x.data<float>(), grad_y.data<float>(), argmax.data<float>(),
+                     geometry(grad_x.shape(), grad_y.shape(), params));
 }
 
 void avg_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params,

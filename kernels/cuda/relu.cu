@@ -1,6 +1,6 @@
 // CUDA ReLU (contracts in kernels/relu.h): grid-stride loops, float32.
 #include "kernels/cuda/launch.cuh"
-#include "kernels/relu.h"
+#include "kernels/cuda/relu.h"
 
 namespace towerlab::cuda {
 

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <tuple>
 
 // The families' headers are the rewritten copies (namespace simcuda), found first
 // on the include path; towerlab.h would reach the originals beside it.
@@ -21,15 +22,26 @@
 #include "engine/tensor.h"
 #include "kernels/batchnorm.h"
 #include "kernels/bias.h"
+#include "kernels/cpu/batchnorm.h"
+#include "kernels/cpu/bias.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/loss.h"
 #include "kernels/cpu/optimizer.h"
+#include "kernels/cpu/pool2d.h"
 #include "kernels/cpu/random.h"
 #include "kernels/cpu/reduce.h"
+#include "kernels/cpu/relu.h"
+#include "kernels/cuda/batchnorm.h"
+#include "kernels/cuda/bias.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/loss.h"
 #include "kernels/cuda/optimizer.h"
+#include "kernels/cuda/pool2d.h"
 #include "kernels/cuda/random.h"
 #include "kernels/cuda/reduce.h"
+#include "kernels/cuda/relu.h"
+#include "kernels/elementwise.h"
 #include "kernels/loss.h"
 #include "kernels/pool2d.h"
 #include "kernels/relu.h"
@@ -268,6 +280,11 @@ void loss() {
     cpu::softmax_cross_entropy_backward(g1, gl, logits, labels, 0.5);
     sc::softmax_cross_entropy_backward(g2, gl, logits, labels, 0.5f, host());
     compare("cross_entropy backward" + shape, g2, g1, 1e-6, 1e-5);
+    // From the probs of the forward above: the same gradient without the second softmax.
+    auto [gp1, gp2] = twin(rnd(rows * K, 22), {rows, K});
+    cpu::softmax_cross_entropy_backward_from_probs(gp1, gl, pr1, labels, 0.5);
+    sc::softmax_cross_entropy_backward_from_probs(gp2, gl, pr2, labels, 0.5f, host());
+    compare("cross_entropy backward from probs" + shape, gp2, gp1, 1e-6, 1e-5);
   }
 }
 
@@ -350,6 +367,15 @@ void pool2d() {
     cpu::max_pool2d_backward(g1, gy, x, c.p);
     sc::max_pool2d_backward(g2, gy, x, c.p, host());
     compare("max_pool2d_backward" + shape, g2, g1);
+    auto [a1, a2] = twin(rnd(numel_of(ys), 36), ys);
+    cpu::max_pool2d_forward_with_argmax(y1, a1, x, c.p);
+    sc::max_pool2d_forward_with_argmax(y2, a2, x, c.p, host());
+    compare("max_pool2d_forward_with_argmax y" + shape, y2, y1, 0, 0);
+    compare("max_pool2d_forward_with_argmax argmax" + shape, a2, a1, 0, 0);
+    auto [gf1, gf2] = twin(rnd(numel_of(xs), 37), xs);
+    cpu::max_pool2d_backward_from_argmax(gf1, gy, a1);
+    sc::max_pool2d_backward_from_argmax(gf2, gy, a1, c.p, host());
+    compare("max_pool2d_backward_from_argmax" + shape, gf2, gf1);
     cpu::avg_pool2d_forward(y1, x, c.p);
     sc::avg_pool2d_forward(y2, x, c.p, host());
     compare("avg_pool2d_forward" + shape, y2, y1);
@@ -387,61 +413,108 @@ void bias() {
     cpu::bias_add_backward(gb1, x, d.N, d.C, d.S);
     sc::bias_add_backward(gb2, x, d.N, d.C, d.S, host());
     compare("bias_add_backward" + ncs(d), gb2, gb1, 1e-4, 1e-5);
+    auto [yr1, yr2] = twin(rnd(n, 40), {n});
+    cpu::bias_add_relu_forward(yr1, x, b, d.N, d.C, d.S);
+    sc::bias_add_relu_forward(yr2, x, b, d.N, d.C, d.S, host());
+    compare("bias_add_relu_forward" + ncs(d), yr2, yr1, 0, 0);
+    Tensor gy = tensor(n, 41);
+    for (bool with_grad_x : {true, false}) {
+      const std::string what = with_grad_x ? " grad_x" : " no grad_x";
+      auto [gx1, gx2] = twin(rnd(n, 42), {n});
+      cpu::bias_add_relu_backward(with_grad_x ? gx1 : Tensor(), gb1, gy, yr1, d.N, d.C, d.S);
+      sc::bias_add_relu_backward(with_grad_x ? gx2 : Tensor(), gb2, gy, yr1, d.N, d.C, d.S, host());
+      compare("bias_add_relu_backward grad_bias" + what + ncs(d), gb2, gb1, 1e-4, 1e-5);
+      compare("bias_add_relu_backward grad_x" + what + ncs(d), gx2, gx1, 0, 0);
+    }
   }
 }
 
+// Each entry point with both activations: the ReLU forms clamp y and mask grad_y by
+// the forward's y (a quarter of its values clamped to 0 with these inputs).
 void batchnorm() {
   for (const NCS& d : kChannelShapes) {
     const std::int64_t n = d.N * d.C * d.S, C = d.C, count = d.N * d.S;
     if (count < 2) continue;           // the dispatcher rejects training statistics of one value
     auto xv = rnd(n, 40, 2.0f, 5.0f);  // a mean far from 0: the shifted sums matter
-    Tensor x = tensor(xv, {n}), gamma = tensor(C, 41, 0.5f, 1.5f), beta = tensor(C, 42);
-    auto [mean1, mean2] = twin(rnd(C, 43), {C});
-    auto [m21, m22] = twin(rnd(C, 44), {C});
-    cpu::batchnorm_stats(mean1, m21, x, d.N, C, d.S);
-    sc::batchnorm_stats(mean2, m22, x, d.N, C, d.S, host());
-    compare("batchnorm_stats mean" + ncs(d), mean2, mean1, 1e-5, 1e-5);
-    compare("batchnorm_stats m2" + ncs(d), m22, m21, 1e-4, 1e-4);
+    BatchNormArgs a;                   // the CPU's arguments; `s` below, the simulator's
+    a.N = d.N;
+    a.C = C;
+    a.S = d.S;
+    a.x = tensor(xv, {n});
+    a.gamma = tensor(C, 41, 0.5f, 1.5f);
+    a.beta = tensor(C, 42);
+    a.count = count;
+    a.eps = 1e-5;
+    a.momentum = 0.9;
+    BatchNormArgs s = a;
+    std::tie(a.mean, s.mean) = twin(rnd(C, 43), {C});
+    std::tie(a.m2, s.m2) = twin(rnd(C, 44), {C});
+    cpu::batchnorm_stats(a);
+    sc::batchnorm_stats(s, host());
+    compare("batchnorm_stats mean" + ncs(d), s.mean, a.mean, 1e-5, 1e-5);
+    compare("batchnorm_stats m2" + ncs(d), s.m2, a.m2, 1e-4, 1e-4);
+    s.mean = a.mean;  // the CPU's statistics feed both from here on
+    s.m2 = a.m2;
     {
       Tensor mean_b = tensor(C, 45), m2_b = tensor(C, 46, 0.0f, 3.0f);
-      auto [ma1, ma2] = twin(mean1.to_host<float>(), {C});
-      auto [va1, va2] = twin(m21.to_host<float>(), {C});
+      auto [ma1, ma2] = twin(a.mean.to_host<float>(), {C});
+      auto [va1, va2] = twin(a.m2.to_host<float>(), {C});
       cpu::batchnorm_merge_stats(ma1, va1, count, mean_b, m2_b, 7);
       sc::batchnorm_merge_stats(ma2, va2, count, mean_b, m2_b, 7, host());
       compare("batchnorm_merge_stats mean" + ncs(d), ma2, ma1, 1e-6, 1e-5);
       compare("batchnorm_merge_stats m2" + ncs(d), va2, va1, 1e-5, 1e-5);
     }
-    auto [y1, y2] = twin(rnd(n, 47), {n});
-    auto [is1, is2] = twin(rnd(C, 48), {C});
-    auto [mm1, mm2] = twin(rnd(C, 49), {C});
-    auto [mv1, mv2] = twin(rnd(C, 50, 0.5f, 2.0f), {C});
-    for (bool moving : {true, false}) {
-      const std::string what = moving ? " moving" : " no moving";
-      cpu::batchnorm_forward_from_stats(y1, is1, moving ? mm1 : Tensor(), moving ? mv1 : Tensor(),
-                                        x, gamma, beta, mean1, m21, count, 1e-5, 0.9, d.N, C, d.S);
-      sc::batchnorm_forward_from_stats(y2, is2, moving ? mm2 : Tensor(), moving ? mv2 : Tensor(), x,
-                                       gamma, beta, mean1, m21, count, 1e-5, 0.9, d.N, C, d.S,
-                                       host());
-      compare("batchnorm_forward_from_stats y" + what + ncs(d), y2, y1, 1e-5, 1e-5);
-      compare("batchnorm_forward_from_stats inv_std" + what + ncs(d), is2, is1, 1e-6, 1e-5);
-      compare("batchnorm_forward_from_stats moving_var" + what + ncs(d), mv2, mv1, 1e-6, 1e-5);
+    for (Activation act : {Activation::None, Activation::ReLU}) {
+      a.activation = s.activation = act;
+      const std::string relu = act == Activation::ReLU ? " relu" : "";
+      std::tie(a.y, s.y) = twin(rnd(n, 47), {n});
+      std::tie(a.inv_std, s.inv_std) = twin(rnd(C, 48), {C});
+      for (bool moving : {true, false}) {
+        const std::string what = relu + (moving ? " moving" : " no moving");
+        std::tie(a.moving_mean, s.moving_mean) = twin(rnd(C, 49), {C});
+        std::tie(a.moving_var, s.moving_var) = twin(rnd(C, 50, 0.5f, 2.0f), {C});
+        if (!moving) a.moving_mean = a.moving_var = s.moving_mean = s.moving_var = Tensor();
+        cpu::batchnorm_forward_from_stats(a);
+        sc::batchnorm_forward_from_stats(s, host());
+        compare("batchnorm_forward_from_stats y" + what + ncs(d), s.y, a.y, 1e-5, 1e-5);
+        compare("batchnorm_forward_from_stats inv_std" + what + ncs(d), s.inv_std, a.inv_std, 1e-6,
+                1e-5);
+        if (moving) {
+          compare("batchnorm_forward_from_stats moving_var" + what + ncs(d), s.moving_var,
+                  a.moving_var, 1e-6, 1e-5);
+        }
+      }
+      {  // inference, in place: y aliases x
+        BatchNormArgs ai = a, si = s;
+        std::tie(ai.x, si.x) = twin(xv, {n});
+        ai.y = ai.x;
+        si.y = si.x;
+        ai.moving_mean = si.moving_mean = tensor(C, 49);
+        ai.moving_var = si.moving_var = tensor(C, 50, 0.5f, 2.0f);
+        ai.eps = si.eps = 1e-3;
+        cpu::batchnorm_forward_inference(ai);
+        sc::batchnorm_forward_inference(si, host());
+        compare("batchnorm_forward_inference in place" + relu + ncs(d), si.y, ai.y, 1e-5, 1e-5);
+      }
+      // The backward masks by the CPU forward's y (the ReLU form reads it).
+      s.y = a.y;
+      s.inv_std = a.inv_std;
+      a.grad_y = s.grad_y = tensor(n, 51);
+      std::tie(a.sum_grad_y, s.sum_grad_y) = twin(rnd(C, 52), {C});
+      std::tie(a.sum_grad_y_xhat, s.sum_grad_y_xhat) = twin(rnd(C, 53), {C});
+      cpu::batchnorm_backward_reduce(a);
+      sc::batchnorm_backward_reduce(s, host());
+      compare("batchnorm_backward_reduce sum_grad_y" + relu + ncs(d), s.sum_grad_y, a.sum_grad_y,
+              1e-4, 1e-5);
+      compare("batchnorm_backward_reduce sum_grad_y_xhat" + relu + ncs(d), s.sum_grad_y_xhat,
+              a.sum_grad_y_xhat, 1e-4, 1e-4);
+      s.sum_grad_y = a.sum_grad_y;
+      s.sum_grad_y_xhat = a.sum_grad_y_xhat;
+      std::tie(a.grad_x, s.grad_x) = twin(rnd(n, 54), {n});
+      cpu::batchnorm_backward_apply(a);
+      sc::batchnorm_backward_apply(s, host());
+      compare("batchnorm_backward_apply" + relu + ncs(d), s.grad_x, a.grad_x, 1e-5, 1e-5);
     }
-    auto [yi1, yi2] = twin(xv, {n});  // in place: y aliases x
-    cpu::batchnorm_forward_inference(yi1, yi1, gamma, beta, mm1, mv1, 1e-3, d.N, C, d.S);
-    sc::batchnorm_forward_inference(yi2, yi2, gamma, beta, mm1, mv1, 1e-3, d.N, C, d.S, host());
-    compare("batchnorm_forward_inference in place" + ncs(d), yi2, yi1, 1e-5, 1e-5);
-    Tensor gy = tensor(n, 51);
-    auto [sg1, sg2] = twin(rnd(C, 52), {C});
-    auto [sx1, sx2] = twin(rnd(C, 53), {C});
-    cpu::batchnorm_backward_reduce(sg1, sx1, gy, x, mean1, is1, d.N, C, d.S);
-    sc::batchnorm_backward_reduce(sg2, sx2, gy, x, mean1, is1, d.N, C, d.S, host());
-    compare("batchnorm_backward_reduce sum_grad_y" + ncs(d), sg2, sg1, 1e-4, 1e-5);
-    compare("batchnorm_backward_reduce sum_grad_y_xhat" + ncs(d), sx2, sx1, 1e-4, 1e-4);
-    auto [gx1, gx2] = twin(rnd(n, 54), {n});
-    cpu::batchnorm_backward_apply(gx1, gy, x, gamma, mean1, is1, sg1, sx1, count, d.N, C, d.S);
-    sc::batchnorm_backward_apply(gx2, gy, x, gamma, mean1, is1, sg1, sx1, count, d.N, C, d.S,
-                                 host());
-    compare("batchnorm_backward_apply" + ncs(d), gx2, gx1, 1e-5, 1e-5);
   }
 }
 

@@ -14,8 +14,8 @@ Everything else (the CUDA vocabulary, <cuda_runtime.h>, CUB) comes from the
 headers in this folder, found first on the include path.
 
   rewrite.py ROOT OUT [--drop-block-sum-barrier]
-writes OUT/kernels/cuda/<family>.cpp, OUT/kernels/cuda/*.cuh, OUT/kernels/<family>.h and,
-where the family has one, OUT/kernels/cuda/<family>.h.
+writes OUT/kernels/cuda/<family>.cpp, OUT/kernels/cuda/*.cuh, OUT/kernels/cuda/*.h (the
+families' internal CUDA headers) and OUT/kernels/<family>.h.
 --drop-block-sum-barrier deletes the first __syncthreads() of launch.cuh's
 block_sum: the control run that proves ThreadSanitizer reports a missing barrier.
 """
@@ -69,7 +69,7 @@ def main():
     os.makedirs(os.path.join(out, "kernels", "cuda"), exist_ok=True)
     cuda_dir = os.path.join(root, "kernels", "cuda")
     for name in sorted(os.listdir(cuda_dir)):
-        if not name.endswith(".cuh"):
+        if not name.endswith((".cuh", ".h")):
             continue
         src = rewrite_code(open(os.path.join(cuda_dir, name)).read())
         if name == "launch.cuh" and mutate:
@@ -78,12 +78,6 @@ def main():
     for family in FAMILIES:
         src = rewrite_code(open(os.path.join(cuda_dir, family + ".cu")).read())
         open(os.path.join(out, "kernels", "cuda", family + ".cpp"), "w").write(src)
-        # The CUDA entry points' declarations: kernels/cuda/<family>.h, or a cuda
-        # block in the family's public header.
-        internal = os.path.join(cuda_dir, family + ".h")
-        if os.path.exists(internal):
-            header = rewrite_code(open(internal).read())
-            open(os.path.join(out, "kernels", "cuda", family + ".h"), "w").write(header)
         header = open(os.path.join(root, "kernels", family + ".h")).read()
         header = header.replace("namespace cuda {", "namespace simcuda {")
         header = header.replace("}  // namespace cuda", "}  // namespace simcuda")

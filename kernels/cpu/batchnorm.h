@@ -1,0 +1,49 @@
+// Backend entry points of batch normalization (contracts in kernels/batchnorm.h):
+// BatchNormArgs, which both backends take, and the CPU functions. The dispatch in
+// kernels/batchnorm.cpp checks the arguments, then fills one BatchNormArgs with
+// the tensors and numbers of the call; each entry point reads the fields listed
+// at it. Internal: not installed, not included by towerlab.h.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/tensor.h"
+#include "kernels/relu.h"
+
+namespace towerlab {
+
+struct BatchNormArgs {
+  std::int64_t N = 0, C = 0, S = 0;  // x viewed as [N,C,S], S = H*W (1 for [N,C])
+  Tensor x;                          // [N,C,S]
+  Tensor y;                          // [N,C,S] the forward's output (read by a ReLU backward)
+  Tensor gamma, beta;                // [C]
+  Tensor mean, m2, inv_std;          // [C] statistics (m2 = sum of squared deviations)
+  Tensor moving_mean, moving_var;    // [C] both defined or both undefined (no update)
+  std::int64_t count = 0;            // values per channel behind mean and m2 (all towers)
+  double eps = 0.0, momentum = 0.0;
+  Activation activation = Activation::None;  // ReLU: forwards clamp y, backwards mask grad_y
+  Tensor grad_y, grad_x;                     // [N,C,S]
+  Tensor sum_grad_y, sum_grad_y_xhat;        // [C]
+};
+
+}  // namespace towerlab
+
+namespace towerlab::cpu {
+
+// Reads x; writes mean, m2.
+void batchnorm_stats(const BatchNormArgs& a);
+void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_t count_a,
+                           const Tensor& mean_b, const Tensor& m2_b, std::int64_t count_b);
+// Reads x, gamma, beta, mean, m2, count, eps, momentum, activation; writes y,
+// inv_std and (when defined) moving_mean, moving_var.
+void batchnorm_forward_from_stats(const BatchNormArgs& a);
+// Reads x, gamma, beta, moving_mean, moving_var, eps, activation; writes y.
+void batchnorm_forward_inference(const BatchNormArgs& a);
+// Reads grad_y, x, mean, inv_std, activation (and y for ReLU); writes sum_grad_y,
+// sum_grad_y_xhat.
+void batchnorm_backward_reduce(const BatchNormArgs& a);
+// Reads grad_y, x, gamma, mean, inv_std, sum_grad_y, sum_grad_y_xhat, count,
+// activation (and y for ReLU); adds into grad_x.
+void batchnorm_backward_apply(const BatchNormArgs& a);
+
+}  // namespace towerlab::cpu

@@ -1,0 +1,24 @@
+// CUDA backend entry points of batch normalization (contracts in
+// kernels/batchnorm.h), called by its dispatch with the BatchNormArgs of
+// kernels/cpu/batchnorm.h; each reads the fields its CPU namesake lists.
+// Internal: not installed, not included by towerlab.h.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/stream.h"
+#include "engine/tensor.h"
+#include "kernels/cpu/batchnorm.h"
+
+namespace towerlab::cuda {
+
+void batchnorm_stats(const BatchNormArgs& a, const Stream& stream);
+void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_t count_a,
+                           const Tensor& mean_b, const Tensor& m2_b, std::int64_t count_b,
+                           const Stream& stream);
+void batchnorm_forward_from_stats(const BatchNormArgs& a, const Stream& stream);
+void batchnorm_forward_inference(const BatchNormArgs& a, const Stream& stream);
+void batchnorm_backward_reduce(const BatchNormArgs& a, const Stream& stream);
+void batchnorm_backward_apply(const BatchNormArgs& a, const Stream& stream);
+
+}  // namespace towerlab::cuda
