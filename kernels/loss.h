@@ -23,7 +23,7 @@
 // mse_forward(loss, pred, target, reduction)
 //   pred, target: any shape, the same shape, n elements
 //   loss[0] = r * sum_i (pred[i] - target[i])^2,   r = 1/n (Mean) or 1 (Sum)
-//   tf.losses.mean_squared_error (seed 001) is the Mean reduction.
+//   tf.losses.mean_squared_error is the Mean reduction.
 // mse_backward(grad_pred, grad_target, grad_loss, pred, target, reduction)
 //   grad_pred[i]   += grad_loss[0] * r * 2 * (pred[i] - target[i])
 //   grad_target[i] -= grad_loss[0] * r * 2 * (pred[i] - target[i])
