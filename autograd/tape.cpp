@@ -123,14 +123,6 @@ void Tape::check_backward(const Var& output) const {
              << " does not depend on any trainable variable (or was computed without gradients)");
 }
 
-void Tape::replay() {
-  backward_done_ = true;
-  for (auto it = records_.rbegin(); it != records_.rend(); ++it) {
-    if (it->output.node_->grad.defined()) it->backward(it->output);
-  }
-  records_.clear();
-}
-
 void Tape::backward(const Var& loss, double seed) {
   TL_CHECK(!loss.defined() || loss.value().numel() == 1, ShapeError,
            label_ << ": backward() needs a loss with one element, got " << loss.describe()
@@ -154,6 +146,14 @@ void Tape::backward(const Var& output, const Tensor& grad_output) {
                   << grad_output.describe() << " but the tape is on " << device().str());
   copy(grad_for(output), grad_output, *stream_);
   replay();
+}
+
+void Tape::replay() {
+  backward_done_ = true;
+  for (auto it = records_.rbegin(); it != records_.rend(); ++it) {
+    if (it->output.node_->grad.defined()) it->backward(it->output);
+  }
+  records_.clear();
 }
 
 void Tape::reset() {

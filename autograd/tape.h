@@ -95,12 +95,13 @@ class Tape {
   void check_owns(const char* op, const std::vector<Var>& vars) const;
 
  private:
+  void check_backward(const Var& output) const;
+  void replay();  // runs the records in reverse, once dL/doutput is seeded
+
   struct Record {
     Var output;
     std::function<void(const Var&)> backward;
   };
-  void check_backward(const Var& output) const;
-  void replay();
   const Stream* stream_;
   std::string label_;
   std::vector<Record> records_;
