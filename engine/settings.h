@@ -46,7 +46,7 @@ MemoryOptions memory_options(Device device);
 // Total threads a CPU kernel's parallel_for may use, the caller included (>= 1).
 int num_threads();
 // Sets that number; 0 restores the default (std::thread::hardware_concurrency).
-// Waits for a parallel_for in flight on another thread to finish. Throws
+// Waits for any parallel_for in flight on other threads to finish. Throws
 // InvalidArgument for a negative n or when called from inside a parallel_for chunk.
 void set_num_threads(int n);
 

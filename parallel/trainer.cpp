@@ -8,6 +8,7 @@
 #include <exception>
 #include <iostream>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 
