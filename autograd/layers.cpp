@@ -121,7 +121,10 @@ std::string AvgPool2d::describe() const {
 
 Var Sequential::forward(const Context& ctx, const Var& x) const {
   Var h = x;
-  for (const auto& layer : layers_) h = layer->forward(ctx, h);
+  for (const auto& layer : layers_) {
+    const TapeScope scope(ctx.tape, [&] { return layer->describe(); });  // a trace's layer span
+    h = layer->forward(ctx, h);
+  }
   return h;
 }
 

@@ -61,6 +61,12 @@ class Optimizer {
   const char* name() const;
   std::int64_t steps() const { return steps_; }  // updates applied so far
   double current_lr() const { return lr_.at(steps_); }
+  // The hyper-parameters (those of kind()'s family), e.g. for a fingerprint that
+  // processes training one model compare (parallel/fingerprint.h).
+  const LearningRate& learning_rate() const { return lr_; }
+  const SgdParams& sgd_params() const { return sgd_; }
+  const RmspropParams& rmsprop_params() const { return rmsprop_; }
+  const AdamParams& adam_params() const { return adam_; }
 
   // The slots by name ("velocity", "mean_square", "moment", "mean_grad", "m", "v"),
   // each a flat buffer; empty before the first step unless restored.

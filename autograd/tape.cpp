@@ -99,7 +99,7 @@ Var Tape::record(Tensor value, std::string name, const std::vector<Var>& inputs,
     TL_CHECK(!backward_done_, InvalidArgument,
              label_ << ": recording '" << out.name()
                     << "' after backward(); call reset() before the next forward pass");
-    records_.push_back({out, std::move(backward)});
+    records_.push_back({out, std::move(backward), scope_});
   }
   return out;
 }
@@ -151,8 +151,11 @@ void Tape::backward(const Var& output, const Tensor& grad_output) {
 void Tape::replay() {
   backward_done_ = true;
   for (auto it = records_.rbegin(); it != records_.rend(); ++it) {
-    if (it->output.node_->grad.defined()) it->backward(it->output);
+    if (!it->output.node_->grad.defined()) continue;
+    if (profiler_ != nullptr) profiler_->backward_record(it->scope, it->output.name());
+    it->backward(it->output);
   }
+  if (profiler_ != nullptr) profiler_->backward_done();
   records_.clear();
 }
 

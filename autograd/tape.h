@@ -25,6 +25,22 @@ namespace towerlab {
 
 class Tape;
 
+// Watches a tape for a trace of its layers (parallel/trace.h implements it). Layers
+// mark their forward passes as scopes (TapeScope); every record keeps the scope it
+// was made in, and backward() reports each record's scope before running it, so a
+// profiler can time each layer's forward and the backward of its records.
+class TapeProfiler {
+ public:
+  virtual ~TapeProfiler() = default;
+  // A layer's forward starts (returns the scope's id, >= 0) and ends.
+  virtual int begin_scope(const std::string& name) = 0;
+  virtual void end_scope(int scope) noexcept = 0;
+  // backward() is about to run a record made in `scope` (-1: outside every scope)
+  // by op `op`; after the last one it calls backward_done().
+  virtual void backward_record(int scope, const std::string& op) = 0;
+  virtual void backward_done() = 0;
+};
+
 class Var {
  public:
   Var() = default;
@@ -91,6 +107,12 @@ class Tape {
   void set_grad_enabled(bool enabled) { grad_enabled_ = enabled; }
   std::size_t num_records() const { return records_.size(); }
 
+  // Profiling (off when null, and then free): see TapeProfiler and TapeScope.
+  void set_profiler(TapeProfiler* profiler) { profiler_ = profiler; }
+  TapeProfiler* profiler() const { return profiler_; }
+  int scope() const { return scope_; }
+  void set_scope(int scope) { scope_ = scope; }
+
   // Throws InvalidArgument unless every Var is defined and on this tape.
   void check_owns(const char* op, const std::vector<Var>& vars) const;
 
@@ -101,12 +123,39 @@ class Tape {
   struct Record {
     Var output;
     std::function<void(const Var&)> backward;
+    int scope;
   };
   const Stream* stream_;
   std::string label_;
   std::vector<Record> records_;
   bool grad_enabled_ = true;
   bool backward_done_ = false;
+  TapeProfiler* profiler_ = nullptr;
+  int scope_ = -1;
+};
+
+// Marks a layer's forward pass as a scope of the tape's profiler, for the lifetime
+// of the object; does nothing (and never calls `name`) when the tape has none.
+class TapeScope {
+ public:
+  template <class NameFn>
+  TapeScope(Tape& tape, const NameFn& name) : tape_(tape), previous_(tape.scope()) {
+    if (tape.profiler() == nullptr) return;
+    scope_ = tape.profiler()->begin_scope(name());
+    tape.set_scope(scope_);
+  }
+  ~TapeScope() {
+    if (scope_ < 0) return;
+    tape_.profiler()->end_scope(scope_);
+    tape_.set_scope(previous_);
+  }
+  TapeScope(const TapeScope&) = delete;
+  TapeScope& operator=(const TapeScope&) = delete;
+
+ private:
+  Tape& tape_;
+  int previous_;
+  int scope_ = -1;
 };
 
 // Disables recording on one tape for a scope (inference, evaluation).

@@ -73,13 +73,12 @@ void BM_RingAllReduce(benchmark::State& state, Device device, RingReads reads) {
                                              benchmark::Counter::kIsIterationInvariantRate);
 }
 
-void BM_ReduceToOne(benchmark::State& state, Device device) {
+void BM_ReduceAndBroadcast(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   const int n = int(state.range(0));
   const std::int64_t bytes = state.range(1);
   Members m(device, n, bytes / 4);
-  Ring ring(m.raw);
-  bench::time_calls(state, m.raw, [&] { ring.reduce_to_one(m.buffers, 0); });
+  bench::time_calls(state, m.raw, [&] { reduce_and_broadcast(m.raw, m.buffers, 0); });
   report(state, bytes, n);
 }
 
@@ -115,11 +114,11 @@ BENCHMARK_CAPTURE(BM_RingAllReduce, cpu, Device::cpu(), RingReads::InPlace)->App
 BENCHMARK_CAPTURE(BM_RingAllReduce, cpu_receive_buffer, Device::cpu(),
                   RingReads::ThroughReceiveBuffer)
     ->Apply(cpu_args);
-BENCHMARK_CAPTURE(BM_ReduceToOne, cpu, Device::cpu())->Apply(cpu_args);
+BENCHMARK_CAPTURE(BM_ReduceAndBroadcast, cpu, Device::cpu())->Apply(cpu_args);
 BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())->Apply(cpu_args);
 BENCHMARK_CAPTURE(BM_RingAllReduce, cuda, Device::cuda(0), RingReads::InPlace)->Apply(cuda_args);
 BENCHMARK_CAPTURE(BM_RingAllReduce, cuda_receive_buffer, Device::cuda(0),
                   RingReads::ThroughReceiveBuffer)
     ->Apply(cuda_args);
-BENCHMARK_CAPTURE(BM_ReduceToOne, cuda, Device::cuda(0))->Apply(cuda_args);
+BENCHMARK_CAPTURE(BM_ReduceAndBroadcast, cuda, Device::cuda(0))->Apply(cuda_args);
 BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))->Apply(cuda_args);

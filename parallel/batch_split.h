@@ -2,6 +2,9 @@
 // towers get one sample more), a tower with no samples sits the step out, nothing
 // is dropped, and each tower's weight is its share of the samples, so that the
 // weighted sum of the towers' mean losses is the mean loss of the whole batch.
+// Across processes the batch is split among the ranks first, the same way, then
+// each rank's share among its towers; a tower's weight stays its share of the
+// whole (global) batch.
 #pragma once
 
 #include <cstdint>
@@ -18,5 +21,12 @@ struct TowerSlice {
 
 // Throws InvalidArgument for a negative batch or no towers.
 std::vector<TowerSlice> split_batch(std::int64_t batch, std::int64_t towers);
+
+// Rank `rank`'s towers: its share of the batch (split among `ranks`) split among
+// its `towers`, as slices of the whole batch weighted by their share of it.
+// split_batch(n, 1, 0, t) is split_batch(n, t). Throws InvalidArgument for a rank
+// outside [0, ranks), besides split_batch's cases.
+std::vector<TowerSlice> split_batch(std::int64_t batch, std::int64_t ranks, std::int64_t rank,
+                                    std::int64_t towers);
 
 }  // namespace towerlab

@@ -1,12 +1,13 @@
 #include "parallel/ring_allreduce.h"
 
+#include <barrier>
 #include <chrono>
 #include <string>
 
 #include "engine/error.h"
-#include "engine/thread_pool.h"
 #include "kernels/elementwise.h"
 #include "kernels/peer_add.h"
+#include "parallel/thread_team.h"
 #include "parallel/trace.h"
 
 namespace towerlab {
@@ -45,6 +46,7 @@ Ring::Ring(std::vector<const Stream*> streams, RingReads reads) : streams_(std::
     // peer_readable turns peer access on here, once, rather than in the first step.
     in_place_.push_back(reads == RingReads::InPlace && peer_readable(device, sender));
   }
+  if (all_host_ && n > 1) team_ = std::make_unique<ThreadTeam>(n);
 }
 
 Ring::~Ring() = default;
@@ -80,29 +82,53 @@ void Ring::allreduce(const std::vector<Tensor>& buffers, Trace* trace, int first
       received[std::size_t(j)] = Tensor::empty({max_chunk}, member(j));
   }
 
-  // Every member's buffer is ready on its own stream (its backward ran there).
-  for (std::int64_t i = 0; i < n; ++i) done_[std::size_t(i)].record(member(i));
-
-  // Runs body(j) for every member j: in parallel on the host when all members are
-  // host streams (each call then finishes its own work), else enqueued in order.
-  auto for_each_member = [&](const auto& body) {
-    if (all_host_) {
-      parallel_for(0, n, [&](std::int64_t begin, std::int64_t end) {
-        for (std::int64_t j = begin; j < end; ++j) body(j);
-      });
-    } else {
-      for (std::int64_t j = 0; j < n; ++j) body(j);
-    }
-  };
-  auto timed = [&](std::int64_t j, const std::string& name, const auto& work) {
+  // Step s of a phase for member j: it reads chunk k of its predecessor (the
+  // sender) and adds it into, or copies it over, its own chunk k.
+  auto step = [&](std::int64_t j, bool gather, std::int64_t s) {
+    const std::int64_t i = j - 1;  // the sender
+    const std::int64_t k = gather ? i + 1 - s : i - s;
+    Tensor theirs = chunk_of(i, k);
+    Tensor mine = chunk_of(j, k);
+    if (mine.numel() == 0) return;
     const auto start = std::chrono::steady_clock::now();
-    work();
+    if (gather) {
+      copy_tensor(mine, theirs, member(j));
+    } else {
+      accumulate(mine, theirs, in_place_[std::size_t(j)], received[std::size_t(j)], member(j));
+    }
     if (trace != nullptr) {
       member(j).synchronize();
-      trace->span(first_row + int(j), name, start, "ring");
+      trace->span(first_row + int(j),
+                  (gather ? "all-gather " : "reduce-scatter ") + std::to_string(s), start, "ring",
+                  {{"ring step", s},
+                   {"chunk", ((k % n) + n) % n},
+                   {"bytes", mine.numel() * std::int64_t(sizeof(float))}});
     }
   };
 
+  if (all_host_) {
+    // Each member on its own thread; a barrier between steps gives both orders
+    // (read after write, write after read) that the events give on streams.
+    std::barrier step_done(n);
+    team_->run([&](std::size_t index) {
+      const auto j = std::int64_t(index);
+      try {
+        for (int phase = 0; phase < 2; ++phase) {
+          for (std::int64_t s = 0; s < n - 1; ++s) {
+            step(j, phase == 1, s);
+            step_done.arrive_and_wait();
+          }
+        }
+      } catch (...) {
+        step_done.arrive_and_drop();  // the others finish their steps; run() rethrows
+        throw;
+      }
+    });
+    return;
+  }
+
+  // Every member's buffer is ready on its own stream (its backward ran there).
+  for (std::int64_t i = 0; i < n; ++i) done_[std::size_t(i)].record(member(i));
   for (int phase = 0; phase < 2; ++phase) {
     const bool gather = phase == 1;
     for (std::int64_t s = 0; s < n - 1; ++s) {
@@ -115,22 +141,7 @@ void Ring::allreduce(const std::vector<Tensor>& buffers, Trace* trace, int first
         // finished reading this member's chunks in the reduce-scatter.
         if (gather && s == 0) member(j).wait(done_[std::size_t((j + 1) % n)]);
       }
-      for_each_member([&](std::int64_t j) {
-        const std::int64_t i = j - 1;  // the sender
-        const std::int64_t k = gather ? i + 1 - s : i - s;
-        Tensor theirs = chunk_of(i, k);
-        Tensor mine = chunk_of(j, k);
-        if (mine.numel() > 0) {
-          timed(j, (gather ? "all-gather " : "reduce-scatter ") + std::to_string(s), [&] {
-            if (gather) {
-              copy_tensor(mine, theirs, member(j));
-            } else {
-              accumulate(mine, theirs, in_place_[std::size_t(j)], received[std::size_t(j)],
-                         member(j));
-            }
-          });
-        }
-      });
+      for (std::int64_t j = 0; j < n; ++j) step(j, gather, s);
       for (std::int64_t j = 0; j < n; ++j) done_[std::size_t(j)].record(member(j));
     }
   }
@@ -142,18 +153,31 @@ void Ring::allreduce(const std::vector<Tensor>& buffers, Trace* trace, int first
   }
 }
 
-void Ring::reduce_to_one(const std::vector<Tensor>& buffers, std::size_t root) {
-  const std::size_t n = streams_.size();
-  TL_CHECK(
-      buffers.size() == n && root < n, InvalidArgument,
-      "reduce_to_one: " << buffers.size() << " buffers for " << n << " members, root " << root);
+void reduce_and_broadcast(const std::vector<const Stream*>& streams,
+                          const std::vector<Tensor>& buffers, std::size_t root) {
+  const std::size_t n = streams.size();
+  TL_CHECK(n > 0 && buffers.size() == n && root < n, InvalidArgument,
+           "reduce_and_broadcast: " << buffers.size() << " buffers for " << n << " streams, root "
+                                    << root);
+  for (std::size_t i = 0; i < n; ++i) {
+    TL_CHECK(buffers[i].shape() == buffers[root].shape() && buffers[i].dtype() == DType::Float32 &&
+                 buffers[i].device() == streams[i]->device(),
+             ShapeError,
+             "reduce_and_broadcast: member " << i << " has " << buffers[i].describe()
+                                             << ", expected float32" << buffers[root].shape_str()
+                                             << " on " << streams[i]->device().str());
+  }
   if (n == 1) return;
-  const Stream& root_stream = *streams_[root];
-  for (std::size_t i = 0; i < n; ++i) done_[i].record(*streams_[i]);
+  const Stream& root_stream = *streams[root];
+  std::vector<Event> done;
+  for (std::size_t i = 0; i < n; ++i) {
+    done.emplace_back(streams[i]->device());
+    done[i].record(*streams[i]);
+  }
   Tensor sum = Tensor::zeros(buffers[root].shape(), root_stream);
   Tensor received = Tensor::empty(buffers[root].shape(), root_stream);
   for (std::size_t i = 0; i < n; ++i) {
-    root_stream.wait(done_[i]);
+    root_stream.wait(done[i]);
     if (i == root) {
       add(sum, sum, buffers[i], root_stream);
     } else {
@@ -162,14 +186,14 @@ void Ring::reduce_to_one(const std::vector<Tensor>& buffers, std::size_t root) {
     }
   }
   copy_tensor(buffers[root], sum, root_stream);
-  done_[root].record(root_stream);
+  done[root].record(root_stream);
   for (std::size_t i = 0; i < n; ++i) {
     if (i == root) continue;
-    streams_[i]->wait(done_[root]);
-    copy_tensor(buffers[i], buffers[root], *streams_[i]);
+    streams[i]->wait(done[root]);
+    copy_tensor(buffers[i], buffers[root], *streams[i]);
   }
-  for (std::size_t i = 0; i < n; ++i) done_[i].record(*streams_[i]);
-  for (std::size_t i = 0; i < n; ++i) root_stream.wait(done_[i]);
+  for (std::size_t i = 0; i < n; ++i) done[i].record(*streams[i]);
+  for (std::size_t i = 0; i < n; ++i) root_stream.wait(done[i]);
 }
 
 }  // namespace towerlab

@@ -37,8 +37,10 @@
 //     and every chunk it writes is read only at a later step.
 // At the end every stream waits for every member, so the buffers may be used (and
 // overwritten) at once. No device-wide synchronize. On the CPU a member's stream is
-// the host: the members of one step run in parallel on the host thread pool, and
-// the step's end is the barrier that gives both orders.
+// the host: every member runs its steps on its own thread of the ring (so the
+// members of one step run side by side, each step on its own core where there are
+// enough), and a barrier after each step gives both orders. The schedule, and so
+// every sum and its bits, is the one above.
 #pragma once
 
 #include <memory>
@@ -49,6 +51,7 @@
 
 namespace towerlab {
 
+class ThreadTeam;
 class Trace;
 
 // How a member reads its sender's chunk in the reduce-scatter (see "Reads" above).
@@ -69,12 +72,9 @@ class Ring {
   Ring& operator=(const Ring&) = delete;
 
   // buffers[i] (float32, one length, on streams[i]'s device) := sum of all buffers.
-  // When `trace` is given each member's steps are recorded on row `first_row + i`.
+  // When `trace` is given each member's steps are recorded on row `first_row + i`,
+  // with the step's chunk index and the bytes it moves into member i.
   void allreduce(const std::vector<Tensor>& buffers, Trace* trace = nullptr, int first_row = 0);
-
-  // The seeds' reduction, for comparison: every buffer is copied to member `root`,
-  // summed there in member order, and the sum copied back to every member.
-  void reduce_to_one(const std::vector<Tensor>& buffers, std::size_t root = 0);
 
   std::size_t size() const { return streams_.size(); }
 
@@ -84,7 +84,17 @@ class Ring {
   // in_place_[i]: member i reads member i-1's chunks in place (else through a copy).
   std::vector<bool> in_place_;
   bool all_host_ = true;
+  std::unique_ptr<ThreadTeam> team_;  // one thread per member when every member is on the host
 };
+
+// The seeds' reduction, for comparison with the ring (no ring: one member does all
+// the adding): every buffer is copied to member `root`, summed there in member
+// order, and the sum copied back to every member. buffers[i] (float32, one shape)
+// is on streams[i]'s device; every stream may use its buffer when it returns, as
+// after Ring::allreduce. A root copies 2(n-1) buffers where a ring member moves
+// 2(n-1)/n of one.
+void reduce_and_broadcast(const std::vector<const Stream*>& streams,
+                          const std::vector<Tensor>& buffers, std::size_t root = 0);
 
 // [begin, end) of chunk k of n over length L: balanced, sizes differ by at most one.
 std::pair<std::int64_t, std::int64_t> ring_chunk(std::int64_t length, std::int64_t n,

@@ -1,24 +1,34 @@
 #include "parallel/trace.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "engine/atomic_file.h"
 
 namespace towerlab {
 
-Trace::Trace() : origin_(std::chrono::steady_clock::now()) {}
-
 void Trace::name_row(int row, const std::string& name) {
   std::lock_guard lock(mutex_);
+  for (auto& [r, n] : rows_) {
+    if (r == row) {
+      n = name;
+      return;
+    }
+  }
   rows_.emplace_back(row, name);
 }
 
-void Trace::span(int row, const std::string& name, std::chrono::steady_clock::time_point start,
-                 const std::string& category) {
-  const auto now = std::chrono::steady_clock::now();
-  using us = std::chrono::duration<double, std::micro>;
+void Trace::set_step(std::int64_t step) {
   std::lock_guard lock(mutex_);
-  spans_.push_back({row, name, category, us(start - origin_).count(), us(now - start).count()});
+  step_ = step;
+}
+
+void Trace::span(int row, const std::string& name, Clock::time_point start,
+                 const std::string& category, std::vector<TraceArg> args) {
+  const auto now = Clock::now();
+  std::lock_guard lock(mutex_);
+  if (step_ >= 0) args.emplace_back("step", step_);
+  spans_.push_back({row, name, category, start, now, std::move(args)});
 }
 
 std::size_t Trace::size() const {
@@ -41,14 +51,27 @@ std::string Trace::json() const {
                       {"tid", row},
                       {"args", {{"sort_index", row}}}});
   }
+  // Time 0 is the start of the earliest span.
+  Clock::time_point origin{};
+  if (!spans_.empty()) {
+    origin = std::min_element(spans_.begin(), spans_.end(), [](const Span& a, const Span& b) {
+               return a.start < b.start;
+             })->start;
+  }
+  using us = std::chrono::duration<double, std::micro>;
   for (const Span& s : spans_) {
+    nlohmann::json args = nlohmann::json::object();
+    for (const auto& [key, value] : s.args) {
+      std::visit([&args, &key](const auto& v) { args[key] = v; }, value);
+    }
     events.push_back({{"ph", "X"},
                       {"name", s.name},
                       {"cat", s.category},
                       {"pid", 1},
                       {"tid", s.row},
-                      {"ts", s.start_us},
-                      {"dur", s.duration_us}});
+                      {"ts", us(s.start - origin).count()},
+                      {"dur", us(s.end - s.start).count()},
+                      {"args", args}});
   }
   return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump(1);
 }
@@ -58,6 +81,60 @@ void Trace::write(const std::string& path) const {
   AtomicFile file(path);
   file.write(text.data(), text.size());
   file.commit();
+}
+
+TraceProfiler::TraceProfiler(Trace& trace, int row, const Stream& stream, std::int64_t samples)
+    : trace_(trace), row_(row), stream_(stream), samples_(samples) {}
+
+std::vector<TraceArg> TraceProfiler::args(const std::string& layer) const {
+  return {{"layer", layer}, {"samples", samples_}};
+}
+
+int TraceProfiler::begin_scope(const std::string& layer) {
+  // "conv1: Conv2d 1->32 ..." is named "conv1"; "MaxPool2d 2x2 stride 2", "MaxPool2d".
+  const std::size_t colon = layer.find(':');
+  std::string name = layer.substr(0, colon != std::string::npos ? colon : layer.find(' '));
+  // The work queued before the layer is not the layer's.
+  stream_.synchronize();
+  scopes_.push_back({std::move(name), layer, Trace::Clock::now()});
+  return int(scopes_.size()) - 1;
+}
+
+void TraceProfiler::end_scope(int scope) noexcept {
+  const Scope& s = scopes_[std::size_t(scope)];
+  try {
+    stream_.synchronize();
+    trace_.span(row_, s.name, s.start, "forward", args(s.layer));
+  } catch (...) {
+    // A failed wait or allocation loses this span only: the error of a failed
+    // kernel surfaces at the tower's next operation on the stream.
+  }
+}
+
+void TraceProfiler::backward_record(int scope, const std::string& op) {
+  const std::string key = scope >= 0 ? std::string() : op;
+  if (in_backward_ && scope == backward_scope_ && key == backward_op_) return;  // same run
+  close_backward();
+  in_backward_ = true;
+  backward_scope_ = scope;
+  backward_op_ = key;
+  backward_start_ = Trace::Clock::now();
+}
+
+void TraceProfiler::backward_done() {
+  close_backward();
+}
+
+void TraceProfiler::close_backward() {
+  if (!in_backward_) return;
+  stream_.synchronize();
+  in_backward_ = false;
+  if (backward_scope_ >= 0) {
+    const Scope& s = scopes_[std::size_t(backward_scope_)];
+    trace_.span(row_, s.name, backward_start_, "backward", args(s.layer));
+  } else {
+    trace_.span(row_, backward_op_, backward_start_, "backward", args(backward_op_));
+  }
 }
 
 }  // namespace towerlab

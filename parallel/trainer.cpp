@@ -3,21 +3,20 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstring>
-#include <exception>
 #include <iostream>
-#include <mutex>
 #include <set>
 #include <sstream>
-#include <thread>
 
 #include "engine/error.h"
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
+#include "parallel/fingerprint.h"
 #include "parallel/nccl_allreduce.h"
+#include "parallel/process_group.h"
 #include "parallel/ring_allreduce.h"
 #include "parallel/sync_batchnorm.h"
+#include "parallel/thread_team.h"
 #include "parallel/trace.h"
 
 namespace towerlab {
@@ -35,77 +34,6 @@ Device place_device(Device requested, bool soft_placement, std::ostream& log) {
     return fallback;
   }
 }
-
-// One host thread per tower: a tower's forward and backward run on its own
-// thread, which on the CPU is also its stream.
-class Trainer::Workers {
- public:
-  explicit Workers(std::size_t n) : errors_(n) {
-    for (std::size_t i = 0; i < n; ++i) threads_.emplace_back([this, i] { loop(i); });
-  }
-  ~Workers() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    start_.notify_all();
-    for (auto& t : threads_) t.join();
-  }
-  // Runs job(i) on thread i for every tower, waits for all, and rethrows the
-  // first failure in tower order.
-  void run(const std::function<void(std::size_t)>& job) {
-    {
-      std::lock_guard lock(mutex_);
-      job_ = &job;
-      remaining_ = threads_.size();
-      for (auto& e : errors_) e = nullptr;
-      ++generation_;
-    }
-    start_.notify_all();
-    std::unique_lock lock(mutex_);
-    done_.wait(lock, [this] { return remaining_ == 0; });
-    job_ = nullptr;
-    for (auto& e : errors_) {
-      if (e) std::rethrow_exception(e);
-    }
-  }
-
- private:
-  void loop(std::size_t i) {
-    std::uint64_t seen = 0;
-    for (;;) {
-      const std::function<void(std::size_t)>* job = nullptr;
-      {
-        std::unique_lock lock(mutex_);
-        start_.wait(lock, [&] { return stop_ || generation_ != seen; });
-        if (stop_) return;
-        seen = generation_;
-        job = job_;
-      }
-      std::exception_ptr error;
-      try {
-        (*job)(i);
-      } catch (...) {
-        error = std::current_exception();
-      }
-      std::lock_guard lock(mutex_);
-      // Moved, not copied: the exception's last reference must not be dropped on this
-      // thread after the main thread has caught and rethrown it (ThreadSanitizer saw
-      // this thread destroy the exception while the main thread read it).
-      errors_[i] = std::move(error);
-      if (--remaining_ == 0) done_.notify_all();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable start_, done_;
-  const std::function<void(std::size_t)>* job_ = nullptr;
-  std::uint64_t generation_ = 0;
-  std::size_t remaining_ = 0;
-  bool stop_ = false;
-  std::vector<std::exception_ptr> errors_;
-  std::vector<std::thread> threads_;
-};
 
 struct Trainer::TowerState {
   Device device;
@@ -178,6 +106,11 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
     devices_.push_back(place_device(d, options_.soft_placement, log));
   check_tower_kinds(options_.devices);
   master_device_ = place_device(options_.master, options_.soft_placement, log);
+  if (options_.process_group != nullptr) {
+    rank_ = options_.process_group->rank();
+    ranks_ = options_.process_group->size();
+    check_processes_agree();
+  }
 
   master_stream_ = std::make_unique<Stream>(master_device_);
   master_ = std::make_unique<VariableStore>(variables_, *master_stream_);
@@ -196,15 +129,35 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
   }
   ring_ = std::make_unique<Ring>(streams);
   if (options_.reduction == AllReduce::Nccl) nccl_ = std::make_unique<NcclAllReduce>(streams);
-  workers_ = std::make_unique<Workers>(towers_.size());
+  workers_ = std::make_unique<ThreadTeam>(towers_.size());
   broadcast();
   if (options_.log_placement) log_placement();
 }
 
 Trainer::~Trainer() = default;
 
+void Trainer::check_processes_agree() const {
+  // The devices as placed: soft placement may have moved a tower to another kind.
+  TrainerOptions placed = options_;
+  placed.devices = devices_;
+  placed.master = master_device_;
+  const std::vector<std::string> all = options_.process_group->allgather(
+      trainer_fingerprint(variables_, DType::Float32, optimizer_, placed),
+      "trainer startup: fingerprints");
+  const std::string difference = first_fingerprint_difference(all);
+  TL_CHECK(difference.empty(), InvalidArgument,
+           "Trainer: the " << ranks_ << " processes do not train the same model the same way ("
+                           << difference
+                           << "); every process must declare the same variables in the same "
+                              "order and use the same optimizer and step options");
+}
+
 void Trainer::log_placement() const {
   std::ostream& log = options_.log != nullptr ? *options_.log : std::clog;
+  if (options_.process_group != nullptr) {
+    log << "placement: process " << rank_ << " of " << ranks_ << " (local rank "
+        << options_.process_group->local_rank() << ")\n";
+  }
   log << "placement: master variables on " << master_device_.str() << "; " << towers_.size()
       << " tower(s)\n";
   for (std::size_t i = 0; i < towers_.size(); ++i) {
@@ -261,7 +214,7 @@ Tensor Trainer::gradient(const std::string& name) const {
   return master_->grad(name);
 }
 
-std::vector<std::string> Trainer::update_ops() const {
+std::vector<std::string> Trainer::updated_variables() const {
   std::vector<std::string> names;
   for (const VariableSpec& v : variables_.specs()) {
     if (!v.trainable) names.push_back(v.name);
@@ -305,6 +258,15 @@ void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const T
   }
   std::optional<NoGradGuard> no_grad;
   if (!training) no_grad.emplace(*t.tape);
+  // Each layer's forward and backward on the tower's row, while tracing.
+  std::optional<TraceProfiler> profiler;
+  if (trace_ != nullptr) profiler.emplace(*trace_, int(i), *t.stream, slice.size());
+  t.tape->set_profiler(profiler ? &*profiler : nullptr);
+  struct ProfilerOff {  // the tape never outlives its profiler's step, even on a throw
+    Tape& tape;
+    ~ProfilerOff() { tape.set_profiler(nullptr); }
+  } profiler_off{*t.tape};
+  const std::vector<TraceArg> args{{"samples", slice.size()}};
   const Tower tower{int(i), t.device, *t.stream, *t.tape, *t.store, training, slice.size(), sync};
   TowerResult r = tower_fn_(tower, feeds);
   // Errors from here on get the tower and its samples put before them (run()).
@@ -313,14 +275,14 @@ void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const T
            "the tower function's loss " << r.loss.describe() << " must have one element");
   if (trace_ != nullptr) {
     t.stream->synchronize();
-    trace_->span(int(i), "forward", start, "tower");
+    trace_->span(int(i), "forward", start, "tower", args);
   }
   if (training) {
     start = clock::now();
     t.tape->backward(r.loss, slice.weight);
     if (trace_ != nullptr) {
       t.stream->synchronize();
-      trace_->span(int(i), "backward", start, "tower");
+      trace_->span(int(i), "backward", start, "tower", args);
     }
   }
   t.tape->reset();
@@ -329,23 +291,32 @@ void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const T
   for (const auto& [name, v] : r.logs) t.logs[name] = v.value();
 }
 
-std::string Trainer::find_nonfinite(double loss, const std::vector<TowerSlice>& slices) const {
+std::string Trainer::find_nonfinite(const StepResult& result) const {
   std::ostringstream problem;
-  if (!std::isfinite(loss)) {
-    problem << "the loss is " << loss << " (";
-    for (std::size_t i = 0; i < towers_.size(); ++i) {
-      if (i > 0) problem << ", ";
-      problem << "tower " << i << " on " << towers_[i]->device.str() << ": ";
-      if (slices[i].size() == 0) {
-        problem << "no samples";
-      } else {
-        problem << towers_[i]->loss.to_host<float>(*towers_[i]->stream)[0];
+  if (!std::isfinite(result.loss)) {
+    problem << "the loss is " << result.loss << " (";
+    const std::size_t towers = towers_.size();
+    for (int r = 0; r < ranks_; ++r) {
+      const auto slices = split_batch(result.samples, ranks_, r, std::int64_t(towers));
+      for (std::size_t i = 0; i < towers; ++i) {
+        if (r > 0 || i > 0) problem << ", ";
+        if (options_.process_group != nullptr) {
+          problem << "rank " << r << " tower " << i << ": ";
+        } else {
+          problem << "tower " << i << " on " << towers_[i]->device.str() << ": ";
+        }
+        if (slices[i].size() == 0) {
+          problem << "no samples";
+        } else {
+          problem << losses_[std::size_t(r) * towers + i];
+        }
       }
     }
     problem << "; the usual causes: NaN or infinite inputs, labels outside the classes on CUDA "
                "(whose loss kernels do not stop to check them), a learning rate too high)";
   }
-  // After the all-reduce (or the reduction to one device) tower 0 holds the sum.
+  // After the all-reduce (or the reduction to one device) tower 0 holds the sum
+  // (over the processes too, after phase 5).
   const TowerState& first = *towers_[0];
   const Tensor& grads = first.store->flat_grads();
   const std::int64_t at = first_nonfinite(grads, *first.stream);
@@ -374,12 +345,13 @@ StepResult Trainer::evaluate(const std::vector<Tensor>& batch) {
 StepResult Trainer::run(const std::vector<Tensor>& batch, bool training) {
   StepResult result = split(batch);
   run_towers(batch, result.slices, training);
-  result.loss = mean_loss(result.slices);
   if (training) {
     reduce_gradients();
     average_moving_statistics(result);
-    if (guard(result)) update_and_broadcast();
   }
+  if (options_.process_group != nullptr) reduce_across_processes(result, training);
+  result.loss = mean_loss(result.samples);
+  if (training && guard(result)) update_and_broadcast();
   gather_outputs(result);
   last_loss_ = result.loss;
   last_logs_ = result.logs;
@@ -390,7 +362,12 @@ StepResult Trainer::split(const std::vector<Tensor>& batch) const {
   check_batch(batch);
   StepResult result;
   result.samples = batch[0].size(0);
-  result.slices = split_batch(result.samples, std::int64_t(towers_.size()));
+  // Phase 5 carries batch sizes as floats, exact up to 2^24.
+  TL_CHECK(options_.process_group == nullptr || result.samples <= (std::int64_t(1) << 24),
+           InvalidArgument,
+           "Trainer: a batch of " << result.samples
+                                  << " samples; across processes a step takes at most 2^24");
+  result.slices = split_batch(result.samples, ranks_, rank_, std::int64_t(towers_.size()));
   return result;
 }
 
@@ -402,8 +379,17 @@ void Trainer::run_towers(const std::vector<Tensor>& batch, const std::vector<Tow
     for (std::size_t i = 0; i < slices.size(); ++i) {
       if (slices[i].size() > 0) participants.push_back(int(i));
     }
-    sync = std::make_unique<TowerBatchNormSync>(participants);
+    // Every rank makes the same batch-norm collectives, so each needs samples; the
+    // batch size decides, so every rank refuses alike.
+    TL_CHECK(batch[0].size(0) >= ranks_, InvalidArgument,
+             "Trainer: synchronized batch norm across "
+                 << ranks_ << " processes needs at least " << ranks_
+                 << " samples (one per process); the batch has " << batch[0].size(0));
+    sync = std::make_unique<TowerBatchNormSync>(participants, options_.process_group,
+                                                "step " + std::to_string(optimizer_.steps()));
   }
+  // One host thread per tower: a tower's forward and backward run on its own
+  // thread, which on the CPU is also its stream.
   workers_->run([&](std::size_t i) {
     try {
       run_tower(i, batch, slices[i], training, sync.get());
@@ -416,26 +402,40 @@ void Trainer::run_towers(const std::vector<Tensor>& batch, const std::vector<Tow
                            std::to_string(slices[i].end - 1) + " of the batch): ");
     }
   });
-}
-
-double Trainer::mean_loss(const std::vector<TowerSlice>& slices) const {
-  double loss = 0.0;
+  const std::size_t first = std::size_t(rank_) * towers_.size();
+  losses_.assign(std::size_t(ranks_) * towers_.size(), 0.0f);
   for (std::size_t i = 0; i < towers_.size(); ++i) {
     if (slices[i].size() == 0) continue;
-    loss += slices[i].weight * double(towers_[i]->loss.to_host<float>(*towers_[i]->stream)[0]);
+    losses_[first + i] = towers_[i]->loss.to_host<float>(*towers_[i]->stream)[0];
+  }
+}
+
+double Trainer::mean_loss(std::int64_t samples) const {
+  const std::size_t towers = towers_.size();
+  double loss = 0.0;
+  for (int r = 0; r < ranks_; ++r) {
+    const auto slices = split_batch(samples, ranks_, r, std::int64_t(towers));
+    for (std::size_t i = 0; i < towers; ++i) {
+      if (slices[i].size() == 0) continue;
+      loss += slices[i].weight * double(losses_[std::size_t(r) * towers + i]);
+    }
   }
   return loss;
 }
 
 void Trainer::reduce_gradients() {
   std::vector<Tensor> grads;
-  for (auto& t : towers_) grads.push_back(t->store->flat_grads());
+  std::vector<const Stream*> streams;
+  for (auto& t : towers_) {
+    grads.push_back(t->store->flat_grads());
+    streams.push_back(t->stream.get());
+  }
   switch (options_.reduction) {
     case AllReduce::Ring:
       ring_->allreduce(grads, trace_, 0);
       break;
     case AllReduce::ReduceToOne:
-      ring_->reduce_to_one(grads, 0);
+      reduce_and_broadcast(streams, grads, 0);
       break;
     case AllReduce::Nccl:
       nccl_->allreduce(grads);
@@ -457,16 +457,62 @@ void Trainer::average_moving_statistics(const StepResult& result) {
     }
     ring_->allreduce(states);
   } else {
-    TL_CHECK(slices[0].size() > 0 || towers_.size() == 1, InvalidArgument,
+    TL_CHECK(rank_ > 0 || slices[0].size() > 0 || towers_.size() == 1, InvalidArgument,
              "Trainer: batch-norm statistics come from tower 0, which has no samples in a batch of "
                  << result.samples << " over " << towers_.size()
                  << " towers (use BatchNormStats::Average or a larger batch)");
   }
 }
 
+void Trainer::reduce_across_processes(const StepResult& result, bool training) {
+  // One buffer, one call: [gradient | moving statistics | losses_ | batch sizes].
+  const std::int64_t grads = training ? variables_.trainable_numel() : 0;
+  const std::int64_t state = training ? variables_.state_numel() : 0;
+  const std::int64_t losses = std::int64_t(losses_.size());
+  const std::int64_t total = grads + state + losses + ranks_;
+  if (!exchange_.defined() || exchange_.numel() != total) {
+    exchange_ = Tensor::empty({total}, Device::cpu());
+  }
+  TowerState& first = *towers_[0];
+  if (grads > 0) copy_tensor(exchange_.slice(0, grads), first.store->flat_grads(), *first.stream);
+  if (state > 0) {
+    copy_tensor(exchange_.slice(grads, grads + state), first.store->flat_state(), *first.stream);
+  }
+  first.stream->synchronize();
+  float* values = exchange_.data<float>();
+  // BatchNormStats::Tower0 takes rank 0's tower 0: the other ranks add zeros.
+  if (state > 0 && options_.batchnorm_stats == BatchNormStats::Tower0 && rank_ > 0) {
+    std::fill(values + grads, values + grads + state, 0.0f);
+  }
+  std::copy(losses_.begin(), losses_.end(), values + grads + state);
+  float* sizes = values + grads + state + losses;
+  std::fill(sizes, sizes + ranks_, 0.0f);
+  sizes[rank_] = float(result.samples);
+
+  const std::string what = training ? "step " + std::to_string(optimizer_.steps()) +
+                                          ": gradients, moving statistics, losses, batch sizes"
+                                    : std::string("evaluation: losses, batch sizes");
+  options_.process_group->allreduce_sum(std::span<float>(values, std::size_t(total)), what);
+
+  for (int r = 1; r < ranks_; ++r) {
+    if (sizes[r] == sizes[0]) continue;
+    if (training) broadcast();  // the replicas' moving statistics back to the master's
+    TL_THROW(InvalidArgument, "Trainer: the processes' batches differ: rank 0 has a batch of "
+                                  << std::int64_t(sizes[0]) << " samples, rank " << r << " of "
+                                  << std::int64_t(sizes[r])
+                                  << "; every process's step() and evaluate() must receive the "
+                                     "same global batch (nothing was updated)");
+  }
+  std::copy(values + grads + state, values + grads + state + losses, losses_.begin());
+  if (grads > 0) copy_tensor(first.store->flat_grads(), exchange_.slice(0, grads), *first.stream);
+  if (state > 0) {
+    copy_tensor(first.store->flat_state(), exchange_.slice(grads, grads + state), *first.stream);
+  }
+}
+
 bool Trainer::guard(StepResult& result) {
   if (options_.numeric_guard == NumericGuard::Off) return true;
-  const std::string problem = find_nonfinite(result.loss, result.slices);
+  const std::string problem = find_nonfinite(result);
   if (problem.empty()) return true;
   // The towers' moving statistics moved in the forward pass and were averaged;
   // the master's did not. Put every replica back to the master's state.
@@ -500,6 +546,8 @@ void Trainer::update_and_broadcast() {
 
 void Trainer::gather_outputs(StepResult& result) const {
   const auto& slices = result.slices;
+  // This process's rows of the batch.
+  const std::int64_t first = slices.front().begin, rows = slices.back().end - first;
   // The logs and the outputs' shapes come from the last non-empty tower.
   std::size_t last = 0;
   for (std::size_t i = 0; i < towers_.size(); ++i) {
@@ -509,19 +557,20 @@ void Trainer::gather_outputs(StepResult& result) const {
   for (std::size_t k = 0; k < num_outputs; ++k) {
     Shape shape = towers_[last]->outputs[k].shape();
     TL_CHECK(!shape.empty(), ShapeError, "Trainer: output " << k << " has no sample dimension");
-    shape[0] = result.samples;
+    shape[0] = rows;
     Tensor all = Tensor::empty(shape, Device::cpu());
     for (std::size_t i = 0; i < towers_.size(); ++i) {
       if (slices[i].size() == 0) continue;
       const Tensor& part = towers_[i]->outputs.at(k);
-      TL_CHECK(part.dim() == all.dim() && part.size(0) == slices[i].size() &&
-                   part.numel() ==
-                       slices[i].size() * (all.numel() / std::max<std::int64_t>(1, result.samples)),
-               ShapeError,
-               "Trainer: output " << k << " of tower " << i << " is " << part.describe() << " for "
-                                  << slices[i].size() << " samples; expected rows of "
-                                  << to_string(shape));
-      copy_tensor(all.slice(slices[i].begin, slices[i].end), part, *towers_[i]->stream);
+      TL_CHECK(
+          part.dim() == all.dim() && part.size(0) == slices[i].size() &&
+              part.numel() == slices[i].size() * (all.numel() / std::max<std::int64_t>(1, rows)),
+          ShapeError,
+          "Trainer: output " << k << " of tower " << i << " is " << part.describe() << " for "
+                             << slices[i].size() << " samples; expected rows of "
+                             << to_string(shape));
+      copy_tensor(all.slice(slices[i].begin - first, slices[i].end - first), part,
+                  *towers_[i]->stream);
     }
     result.outputs.push_back(all);
   }

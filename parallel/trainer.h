@@ -16,15 +16,34 @@
 //      gradient of the whole batch's mean loss;
 //   4. average moving statistics: batch-norm moving statistics follow the policy
 //      (the sample-weighted average of all towers, or tower 0's);
-//   5. guard: the numerical guard checks the loss and the averaged gradient for
+//   5. reduce across processes (with a ProcessGroup only, see below);
+//   6. guard: the numerical guard checks the loss and the averaged gradient for
 //      NaN and infinity (see NumericGuard);
-//   6. update and broadcast: the optimizer updates the master variables on the
+//   7. update and broadcast: the optimizer updates the master variables on the
 //      master device, and the new values are copied to every replica;
-//   7. gather outputs: the towers' outputs concatenated in the input's order and
+//   8. gather outputs: the towers' outputs concatenated in the input's order and
 //      the log values of the last non-empty tower, with the sample-weighted mean
 //      loss.
 // So N towers take the same step as one device on the whole batch (to float
 // rounding), whatever N and however unevenly the batch divides.
+//
+// Across processes (TrainerOptions::process_group), every process ("rank") builds
+// its own Trainer with the same model, optimizer and options (the constructor
+// compares fingerprints, parallel/fingerprint.h, and every rank throws
+// InvalidArgument naming the first difference), and every rank's step() receives
+// the same global batch. The batch is split among the ranks, then each rank's share
+// among its towers (split_batch), each tower weighted by its share of the global
+// batch; a rank or tower without samples sits out the compute but takes part in
+// every collective. Phase 5 is one allreduce_sum per step carrying the rank's
+// reduced gradient, its moving statistics, every tower's loss and the batch size
+// each rank saw, so every rank then holds the same bits, reaches the same guard
+// verdict (a NaN on one rank is reported on all of them) and applies the same
+// update: N ranks x M towers take the same step as one device. Regularization in
+// the tower function counts once per step, as the weights sum to one over all
+// ranks. Synchronized batch norm spans the ranks too (parallel/sync_batchnorm.h).
+// step() and evaluate() are collective: every rank calls them in the same order.
+// The loss is the global batch's; outputs and logs are the rank's own (its rows of
+// the batch, its last non-empty tower's logs).
 //
 // The master variables are updated on the trainer's own master stream. The
 // constructor, step() and broadcast() return only once that stream has finished
@@ -58,6 +77,8 @@
 
 namespace towerlab {
 
+class ProcessGroup;
+class ThreadTeam;
 class Trace;
 
 // What a tower function sees.
@@ -130,14 +151,20 @@ struct TrainerOptions {
   std::ostream* log = nullptr;  // placement log and warnings; std::clog when null
   std::uint64_t seed = 0;       // initial values of the variables
   NumericGuard numeric_guard = NumericGuard::Stop;
+  // The processes that train this model together (not owned; it must outlive the
+  // trainer); nullptr: this process alone. See the top of this file.
+  ProcessGroup* process_group = nullptr;
 };
 
 struct StepResult {
-  double loss = 0.0;                   // sample-weighted mean of the towers' losses
-  std::vector<Tensor> outputs;         // per output: all towers' rows in input order, on the CPU
-  std::map<std::string, double> logs;  // the last non-empty tower's log values
-  std::int64_t samples = 0;
-  std::vector<TowerSlice> slices;
+  double loss = 0.0;  // sample-weighted mean of the towers' losses (every rank's)
+  // Per output: this process's towers' rows in input order, on the CPU: rows
+  // [slices.front().begin, slices.back().end) of the batch (all of it without a
+  // ProcessGroup; none on a rank without samples).
+  std::vector<Tensor> outputs;
+  std::map<std::string, double> logs;  // this process's last non-empty tower's log values
+  std::int64_t samples = 0;            // in the (global) batch
+  std::vector<TowerSlice> slices;      // this process's towers' slices of the batch
   bool skipped = false;  // NumericGuard::Skip found a NaN or infinity: nothing was updated
 };
 
@@ -159,7 +186,8 @@ class Trainer {
   double loss() const { return last_loss_; }       // of the last step
   const Tensor& gradients() const;                 // the averaged flat gradient (master)
   Tensor gradient(const std::string& name) const;  // one variable's averaged gradient
-  std::vector<std::string> update_ops() const;     // the state each step updates
+  // The non-trainable variables each step updates (batch-norm moving statistics).
+  std::vector<std::string> updated_variables() const;
   const std::map<std::string, double>& tower_log() const { return last_logs_; }
   // Steps that NumericGuard::Skip left out.
   std::int64_t skipped_steps() const { return skipped_steps_; }
@@ -184,26 +212,29 @@ class Trainer {
 
  private:
   struct TowerState;
-  class Workers;
   // A step (training) or an evaluation: the phases below, in order.
   StepResult run(const std::vector<Tensor>& batch, bool training);
-  // 1. The batch checked and split among the towers.
+  // 1. The batch checked and split among the ranks and this rank's towers.
   StepResult split(const std::vector<Tensor>& batch) const;
-  // 2. Every tower's forward (and backward) on its own thread.
+  // 2. Every tower's forward (and backward) on its own thread; their losses into
+  // losses_.
   void run_towers(const std::vector<Tensor>& batch, const std::vector<TowerSlice>& slices,
                   bool training);
-  // The sample-weighted mean of the towers' losses.
-  double mean_loss(const std::vector<TowerSlice>& slices) const;
+  // The sample-weighted mean of every rank's towers' losses (losses_).
+  double mean_loss(std::int64_t samples) const;
   // 3. The towers' flat gradients summed (options_.reduction).
   void reduce_gradients();
   // 4. The moving statistics per options_.batchnorm_stats.
   void average_moving_statistics(const StepResult& result);
-  // 5. NumericGuard: true when the update may go ahead; Stop throws, Skip marks
+  // 5. One allreduce_sum over the processes: tower 0's gradient and moving
+  // statistics (training only), losses_ and the batch sizes, which must agree.
+  void reduce_across_processes(const StepResult& result, bool training);
+  // 6. NumericGuard: true when the update may go ahead; Stop throws, Skip marks
   // `result` skipped and puts the replicas back to the master's state.
   bool guard(StepResult& result);
-  // 6. The optimizer on the master, then the master copied to every replica.
+  // 7. The optimizer on the master, then the master copied to every replica.
   void update_and_broadcast();
-  // 7. The outputs in input order and the last non-empty tower's logs.
+  // 8. The outputs in input order and the last non-empty tower's logs.
   void gather_outputs(StepResult& result) const;
   // Tower i's forward (and backward) on its own thread.
   void run_tower(std::size_t i, const std::vector<Tensor>& batch, const TowerSlice& slice,
@@ -211,7 +242,9 @@ class Trainer {
   void check_batch(const std::vector<Tensor>& batch) const;
   // The reduced loss and gradient against NumericGuard: "" when both are finite,
   // else what is not (the tower losses, the first variable and element).
-  std::string find_nonfinite(double loss, const std::vector<TowerSlice>& slices) const;
+  std::string find_nonfinite(const StepResult& result) const;
+  // The constructor's fingerprint comparison across the process group.
+  void check_processes_agree() const;
   void log_placement() const;
 
   const VariableSet& variables_;
@@ -225,11 +258,16 @@ class Trainer {
   std::vector<std::unique_ptr<TowerState>> towers_;
   std::unique_ptr<class Ring> ring_;
   std::unique_ptr<class NcclAllReduce> nccl_;
-  std::unique_ptr<Workers> workers_;
+  std::unique_ptr<ThreadTeam> workers_;  // one thread per tower
   Trace* trace_ = nullptr;
   double last_loss_ = 0.0;
   std::map<std::string, double> last_logs_;
   std::int64_t skipped_steps_ = 0;
+  int rank_ = 0, ranks_ = 1;  // in options_.process_group
+  // The last step's loss of every tower of every rank, [rank * towers + tower]; 0
+  // for an empty tower. Filled by run_towers, summed over the ranks in phase 5.
+  std::vector<float> losses_;
+  Tensor exchange_;  // phase 5's host buffer, kept between steps
 };
 
 // Resolves a requested device: itself when present; with soft placement, the

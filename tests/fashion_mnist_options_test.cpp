@@ -312,5 +312,49 @@ TEST(FashionMnistOptions, ABatchLargerThanTheTrainingSetIsRefused) {
   EXPECT_NO_THROW(sample::check_against_data(o, 60000));
 }
 
+// --trace-steps: a range of steps counted from 1, checked for its form at once and
+// against the run's steps once the data set's size is known.
+TEST(FashionMnistOptions, TraceStepsTakeARangeAndRefuseABadOne) {
+  const fs::path trace = fs::path(::testing::TempDir()) / "towerlab-options-trace.json";
+  const Parsed range = parse({"--trace", trace.string(), "--trace-steps", "3:5"});
+  ASSERT_EQ(range.code, std::nullopt) << range.printed;
+  EXPECT_EQ(range.options.trace_steps, (std::pair<std::int64_t, std::int64_t>{3, 5}));
+  const Parsed one = parse({"--trace", trace.string(), "--trace-steps", "4"});
+  ASSERT_EQ(one.code, std::nullopt) << one.printed;
+  EXPECT_EQ(one.options.trace_steps, (std::pair<std::int64_t, std::int64_t>{4, 4}));
+  for (const std::string bad : {"0:2", "5:3", "a:b", "2:", ":3", "-1", "1:2:3", "", "2 :4"}) {
+    expect_refused(parse({"--trace", trace.string(), "--trace-steps", bad}),
+                   "--trace-steps must be FIRST:LAST with 1 <= FIRST <= LAST (steps count from "
+                   "1), or one step N, got '" +
+                       bad + "'",
+                   bad);
+  }
+  expect_refused(parse({"--trace-steps", "2:3"}), "--trace-steps needs --trace FILE", "no --trace");
+
+  // 60000 images in batches of 1000 are 60 steps an epoch; 2 epochs are 120.
+  sample::Options o;
+  o.batch = 1000;
+  o.epochs = 2;
+  o.trace = trace.string();
+  EXPECT_EQ(sample::trace_range(o, 60000), (std::pair<std::int64_t, std::int64_t>{2, 2}));
+  o.trace_steps = {{60, 120}};
+  EXPECT_NO_THROW(sample::check_against_data(o, 60000));
+  EXPECT_EQ(sample::trace_range(o, 60000), (std::pair<std::int64_t, std::int64_t>{60, 120}));
+  o.trace_steps = {{60, 121}};
+  EXPECT_THROW_WITH(sample::check_against_data(o, 60000), InvalidArgument,
+                    "--trace-steps must be within the run's 120 steps (2 epoch(s) of 60), got "
+                    "'60:121'");
+  o.steps = 10;  // --steps caps each epoch
+  o.trace_steps = {{15, 20}};
+  EXPECT_NO_THROW(sample::check_against_data(o, 60000));
+  o.trace_steps = {{15, 21}};
+  EXPECT_THROW_WITH(sample::check_against_data(o, 60000), InvalidArgument, "run's 20 steps");
+  // A one-step run traces its only step by default.
+  o.trace_steps.reset();
+  o.epochs = 1;
+  o.steps = 1;
+  EXPECT_EQ(sample::trace_range(o, 60000), (std::pair<std::int64_t, std::int64_t>{1, 1}));
+}
+
 }  // namespace
 }  // namespace towerlab::testing

@@ -2,8 +2,11 @@
 // virtual CPU devices (and virtual CUDA devices where a GPU is), reading the
 // sender's chunks in place and through a receive buffer, its determinism and its
 // ordering (bit-equality with the fixed-order sum, run after run), the seeds'
-// reduction to one device, and the batch split.
+// reduction to one device and broadcast, and the batch split.
 #include "parallel/ring_allreduce.h"
+
+#include <nlohmann/json.hpp>
+
 #include "parallel/batch_split.h"
 #include "parallel/trace.h"
 #include "test_util.h"
@@ -159,7 +162,7 @@ TEST_P(RingTest, ResultIsTheSameBitsEveryRunAndInEveryMember) {
   }
 }
 
-TEST_P(RingTest, ReduceToOneAgreesWithTheRing) {
+TEST_P(RingTest, ReduceAndBroadcastAgreesWithTheRing) {
   const int members = 3;
   std::vector<std::unique_ptr<Stream>> streams;
   std::vector<const Stream*> raw;
@@ -171,7 +174,7 @@ TEST_P(RingTest, ReduceToOneAgreesWithTheRing) {
   auto b = make_buffers(streams, 999);
   Ring ring(raw);
   ring.allreduce(a);
-  ring.reduce_to_one(b, 1);
+  reduce_and_broadcast(raw, b, 1);
   for (int i = 0; i < members; ++i) {
     EXPECT_EQ(a[std::size_t(i)].to_host<float>(*streams[std::size_t(i)]),
               b[std::size_t(i)].to_host<float>(*streams[std::size_t(i)]));
@@ -190,8 +193,22 @@ TEST_P(RingTest, TraceRecordsEachRingStep) {
   Ring ring(raw);
   ring.allreduce(buffers, &trace);
   EXPECT_EQ(trace.size(), 3u * 2u * 2u);  // 3 members x 2 phases x (n-1 = 2) steps
-  EXPECT_NE(trace.json().find("\"reduce-scatter 1\""), std::string::npos);
-  EXPECT_NE(trace.json().find("\"all-gather 0\""), std::string::npos);
+  // Each span: on its member's row, the chunk of the schedule (member j receives
+  // chunk j-1-s in the reduce-scatter, j-s in the all-gather) and its 100 floats.
+  int seen = 0;
+  const auto parsed = nlohmann::json::parse(trace.json());
+  for (const auto& e : parsed["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    const std::string name = e["name"];
+    const bool gather = name.starts_with("all-gather");
+    const int j = e["tid"], s = e["args"]["ring step"];
+    EXPECT_EQ(name, (gather ? "all-gather " : "reduce-scatter ") + std::to_string(s));
+    EXPECT_EQ(e["args"]["chunk"], ((gather ? j - s : j - 1 - s) + 3) % 3) << name << " on " << j;
+    EXPECT_EQ(e["args"]["bytes"], 100 * 4);
+    EXPECT_EQ(e["cat"], "ring");
+    ++seen;
+  }
+  EXPECT_EQ(seen, 12);
 }
 
 TEST_P(RingTest, MismatchedBuffersAreRejected) {
@@ -201,6 +218,10 @@ TEST_P(RingTest, MismatchedBuffersAreRejected) {
                     "member 1 has float32[5]");
   EXPECT_THROW_WITH(ring.allreduce({Tensor::zeros({4}, a)}), InvalidArgument,
                     "1 buffers for 2 members");
+  EXPECT_THROW_WITH(reduce_and_broadcast({&a, &b}, {Tensor::zeros({4}, a), Tensor::zeros({5}, b)}),
+                    ShapeError, "reduce_and_broadcast: member 1 has float32[5]");
+  EXPECT_THROW_WITH(reduce_and_broadcast({&a, &b}, {Tensor::zeros({4}, a)}), InvalidArgument,
+                    "1 buffers for 2 streams");
 }
 
 TEST(Ring, ChunksCoverTheBufferInBalancedPieces) {

@@ -3,6 +3,7 @@
 // SGD and Adam), outputs come back in input order, a checkpoint trained on four
 // towers predicts the same on one, and misuse is a clear error.
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "test_util.h"
@@ -142,6 +143,14 @@ TEST(Trainer, SynchronizedBatchNormMatchesOneDevice) {
   }
 }
 
+TEST(Trainer, UpdatedVariablesAreTheMovingStatistics) {
+  BnModel model;
+  Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1), on_cpu_towers(1));
+  EXPECT_EQ(trainer.updated_variables(),
+            (std::vector<std::string>{"bn1/moving_mean", "bn1/moving_variance", "bn2/moving_mean",
+                                      "bn2/moving_variance"}));
+}
+
 TEST(Trainer, LocalBatchNormIsNotOneDevicesBatchNorm) {
   // The control for the test above: without synchronization the towers' steps differ.
   BnModel model;
@@ -228,6 +237,57 @@ TEST(Trainer, TraceShowsTowersAndTheRing) {
         "\"update + broadcast\"", "\"tower 1 (cpu)\"", "\"master (cpu)\""}) {
     EXPECT_NE(json.find(name), std::string::npos) << name;
   }
+}
+
+// Inside each tower's forward and backward: every layer, in order and in reverse,
+// with the tower's samples (7 split over 2 towers: 4 and 3).
+TEST(Trainer, TraceShowsEachLayerOfEachTower) {
+  Model model;
+  Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1), on_cpu_towers(2));
+  Trace trace;
+  trace.set_step(1);
+  trainer.set_trace(&trace);
+  trainer.step(make_batch(7, 1));
+  trainer.set_trace(nullptr);
+  trainer.step(make_batch(7, 2));  // not recorded
+  const nlohmann::json parsed = nlohmann::json::parse(trace.json());
+  std::vector<std::string> forward[2], backward[2];
+  for (const auto& e : parsed["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    EXPECT_EQ(e["args"]["step"], 1) << e.dump();
+    const int tower = e["tid"];
+    if (tower == 2) continue;  // the master
+    if (e["cat"] != "ring") EXPECT_EQ(e["args"]["samples"], tower == 0 ? 4 : 3) << e.dump();
+    if (e["cat"] == "forward") forward[tower].push_back(e["name"]);
+    if (e["cat"] == "backward") backward[tower].push_back(e["name"]);
+  }
+  for (int tower : {0, 1}) {
+    EXPECT_EQ(forward[tower],
+              (std::vector<std::string>{"conv1", "ReLU", "MaxPool2d", "Flatten", "fc"}));
+    // The loss terms first, each run of one op named by it (made outside every
+    // layer: add_n's adds, the L2 terms, the cross entropy), then the layers in reverse.
+    EXPECT_EQ(backward[tower],
+              (std::vector<std::string>{"add", "l2_loss", "softmax_cross_entropy", "fc", "Flatten",
+                                        "MaxPool2d", "ReLU", "conv1"}));
+  }
+}
+
+TEST(Trainer, ReductionToOneDeviceTakesTheRingsSteps) {
+  Model model;
+  TrainerOptions to_one = on_cpu_towers(3);
+  to_one.reduction = AllReduce::ReduceToOne;
+  Trainer ring(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1), on_cpu_towers(3));
+  Trainer one(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1), to_one);
+  for (int s = 0; s < 2; ++s) {
+    ring.step(make_batch(8, 30 + s));
+    one.step(make_batch(8, 30 + s));
+  }
+  EXPECT_TRUE(all_close(one.master().flat_values().to_host<float>(),
+                        ring.master().flat_values().to_host<float>(), 1e-6, 1e-5));
+  // The control: a third step on one of them only is told apart.
+  one.step(make_batch(8, 40));
+  EXPECT_FALSE(all_close(one.master().flat_values().to_host<float>(),
+                         ring.master().flat_values().to_host<float>(), 1e-6, 1e-5));
 }
 
 TEST(Trainer, PlacementLogNamesEveryVariableAndTower) {

@@ -92,8 +92,8 @@ int run(const sample::Options& o) {
     return TowerResult{total, {logits}, {{"cross_entropy", loss}}};
   };
   Batcher batcher(train.images, train.labels, o.batch, o.seed);
-  const std::int64_t steps_per_epoch =
-      o.steps > 0 ? std::min(o.steps, batcher.batches_per_epoch()) : batcher.batches_per_epoch();
+  const std::int64_t steps_per_epoch = sample::steps_per_epoch(o, train.size());
+  const auto [trace_first, trace_last] = sample::trace_range(o, train.size());
   const LearningRate lr = o.schedule == "cosine"
                               ? LearningRate::cosine(o.lr, steps_per_epoch * o.epochs)
                               : LearningRate::constant(o.lr);
@@ -131,12 +131,17 @@ int run(const sample::Options& o) {
       auto window = start;
       std::int64_t window_images = 0;
       while (step < steps_per_epoch && batcher.next(batch)) {
-        const bool tracing = !o.trace.empty() && epoch == 0 && step == 1;
-        if (tracing) trainer.set_trace(&trace);
+        const std::int64_t global_step = epoch * steps_per_epoch + step + 1;
+        const bool tracing =
+            !o.trace.empty() && global_step >= trace_first && global_step <= trace_last;
+        if (tracing) {
+          trace.set_step(global_step);
+          trainer.set_trace(&trace);
+        }
         const StepResult r = trainer.step({batch.images, batch.labels});
         if (tracing) {
-          trainer.set_trace(nullptr);
-          trace.write(o.trace);
+          trainer.set_trace(nullptr);  // the test-set evaluation between epochs is not traced
+          if (global_step == trace_last) trace.write(o.trace);
         }
         if (!std::isfinite(r.loss) && !r.skipped) {  // reached with --numeric-guard off
           std::fprintf(stderr, "fashion_mnist: training diverged at epoch %d step %lld (loss %g)\n",

@@ -200,6 +200,30 @@ Field devices(std::string key, std::string& target, std::string type, std::strin
           }};
 }
 
+// FIRST:LAST, or one step N (N:N); steps count from 1.
+Field step_range(std::string key, std::optional<std::pair<std::int64_t, std::int64_t>>& target,
+                 std::string help) {
+  static const std::string allowed =
+      "FIRST:LAST with 1 <= FIRST <= LAST (steps count from 1), or one step N";
+  return {std::move(key),
+          std::move(help),
+          "FIRST:LAST",
+          allowed,
+          "",
+          [&target](const std::string& name, const std::string& text) {
+            const std::size_t colon = text.find(':');
+            const std::string first_text = text.substr(0, colon);
+            const std::string last_text =
+                colon == std::string::npos ? first_text : text.substr(colon + 1);
+            const auto first = to_number<std::int64_t>(first_text);
+            const auto last = to_number<std::int64_t>(last_text);
+            if (!first || !last || *first < 1 || *last < *first) {
+              refuse(name, allowed, quoted(text));
+            }
+            target = std::pair{*first, *last};
+          }};
+}
+
 Field on_off(std::string key, bool& target, std::string help) {
   return {std::move(key),
           std::move(help),
@@ -248,7 +272,11 @@ std::vector<Field> fields(Options& o) {
       path("save", o.save, "FILE", "Checkpoint to write after each epoch (safetensors)"),
       path("load", o.load, "FILE", "Checkpoint to start from"),
       path("metrics", o.metrics, "FILE", "JSON file for the final metrics"),
-      path("trace", o.trace, "FILE", "Chrome trace JSON of the second training step (Perfetto)"),
+      path("trace", o.trace, "FILE",
+           "Chrome trace JSON of the --trace-steps (Perfetto; scripts/trace_png.py draws it)"),
+      step_range("trace_steps", o.trace_steps,
+                 "Steps --trace records, from 1 across epochs (default: the second, or the first "
+                 "of a one-step run)"),
       path("summaries", o.summaries, "FILE", "Scalar summaries per step: .csv or .jsonl"),
       on_off("eval_only", o.eval_only, "Only evaluate the --load checkpoint on the test set"),
       on_off("log_placement", o.log_placement, "Print where variables and towers run"),
@@ -311,6 +339,8 @@ void apply_config(const std::string& path, const CLI::App& app, const std::vecto
 
 // Options that make no sense together.
 void check_combinations(const Options& o) {
+  TL_CHECK(!o.trace_steps || !o.trace.empty(), InvalidArgument,
+           "--trace-steps needs --trace FILE to write the trace to");
   if (!o.eval_only) return;
   TL_CHECK(!o.load.empty(), InvalidArgument,
            "--eval-only needs --load FILE: without it the test set would be scored with the "
@@ -370,9 +400,32 @@ void check_paths(const Options& o) {
 }
 
 void check_against_data(const Options& o, std::int64_t train_size) {
-  if (o.eval_only || o.batch <= train_size) return;
-  refuse("--batch", "at most the " + std::to_string(train_size) + " images of the training set",
-         quoted(std::to_string(o.batch)));
+  if (o.eval_only) return;
+  if (o.batch > train_size) {
+    refuse("--batch", "at most the " + std::to_string(train_size) + " images of the training set",
+           quoted(std::to_string(o.batch)));
+  }
+  if (o.trace_steps) {
+    const std::int64_t steps = std::int64_t(o.epochs) * steps_per_epoch(o, train_size);
+    if (o.trace_steps->second > steps) {
+      refuse("--trace-steps",
+             "within the run's " + std::to_string(steps) + " steps (" + std::to_string(o.epochs) +
+                 " epoch(s) of " + std::to_string(steps_per_epoch(o, train_size)) + ")",
+             quoted(std::to_string(o.trace_steps->first) + ":" +
+                    std::to_string(o.trace_steps->second)));
+    }
+  }
+}
+
+std::int64_t steps_per_epoch(const Options& o, std::int64_t train_size) {
+  const std::int64_t batches = (train_size + o.batch - 1) / o.batch;
+  return o.steps > 0 ? std::min(o.steps, batches) : batches;
+}
+
+std::pair<std::int64_t, std::int64_t> trace_range(const Options& o, std::int64_t train_size) {
+  if (o.trace_steps) return *o.trace_steps;
+  const std::int64_t step = std::int64_t(o.epochs) * steps_per_epoch(o, train_size) > 1 ? 2 : 1;
+  return {step, step};
 }
 
 std::optional<int> parse_options(int argc, char** argv, Options& o) {

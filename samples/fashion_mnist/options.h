@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace sample {
@@ -34,6 +35,10 @@ struct Options {
   std::int64_t steps = 0;              // cap on steps per epoch; 0 = the whole epoch
   std::string data = "/usr/share/datasets/fashion-mnist";
   std::string save, load, metrics, trace, summaries;
+  // --trace-steps FIRST:LAST (or one step N): the steps --trace records, counted
+  // from 1 across epochs. Unset: the second step (the first warms the caches and
+  // the allocator), or the first when the run has one step.
+  std::optional<std::pair<std::int64_t, std::int64_t>> trace_steps;
   bool eval_only = false;  // needs --load; excludes the training outputs (--save, --trace, ...)
   bool log_placement = false;
   bool soft_placement = false;
@@ -57,7 +62,14 @@ void check_paths(const Options& options);
 // than the set is refused (towerlab::InvalidArgument naming both sizes) rather than
 // cut to the set's size, because a cut batch changes the steps per epoch and the
 // learning rate schedule behind the user's back, and such a batch is most often a
-// typo (an extra zero, 1e12) whose memory would not fit anyway.
+// typo (an extra zero, 1e12) whose memory would not fit anyway. --trace-steps
+// beyond the run's last step is refused (the trace would not be written).
 void check_against_data(const Options& options, std::int64_t train_size);
+
+// The steps of one epoch: the batches that cover the training set, capped by --steps.
+std::int64_t steps_per_epoch(const Options& options, std::int64_t train_size);
+
+// The first and last step --trace records (see Options::trace_steps).
+std::pair<std::int64_t, std::int64_t> trace_range(const Options& options, std::int64_t train_size);
 
 }  // namespace sample

@@ -1,0 +1,61 @@
+#include "parallel/thread_team.h"
+
+namespace towerlab {
+
+ThreadTeam::ThreadTeam(std::size_t n) : errors_(n) {
+  for (std::size_t i = 0; i < n; ++i) threads_.emplace_back([this, i] { loop(i); });
+}
+
+ThreadTeam::~ThreadTeam() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  start_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+void ThreadTeam::run(const std::function<void(std::size_t)>& job) {
+  {
+    std::lock_guard lock(mutex_);
+    job_ = &job;
+    remaining_ = threads_.size();
+    for (auto& e : errors_) e = nullptr;
+    ++generation_;
+  }
+  start_.notify_all();
+  std::unique_lock lock(mutex_);
+  done_.wait(lock, [this] { return remaining_ == 0; });
+  job_ = nullptr;
+  for (auto& e : errors_) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+void ThreadTeam::loop(std::size_t i) {
+  std::uint64_t seen = 0;
+  for (;;) {
+    const std::function<void(std::size_t)>* job = nullptr;
+    {
+      std::unique_lock lock(mutex_);
+      start_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      job = job_;
+    }
+    std::exception_ptr error;
+    try {
+      (*job)(i);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::lock_guard lock(mutex_);
+    // Moved, not copied: the exception's last reference must not be dropped on this
+    // thread after run() has rethrown it on the caller's (ThreadSanitizer reports
+    // this thread destroying the exception while the caller reads it).
+    errors_[i] = std::move(error);
+    if (--remaining_ == 0) done_.notify_all();
+  }
+}
+
+}  // namespace towerlab
