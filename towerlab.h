@@ -36,6 +36,7 @@
 #include "engine/device.h"
 #include "engine/error.h"
 #include "engine/safetensors.h"
+#include "engine/settings.h"
 #include "engine/stream.h"
 #include "engine/tensor.h"
 #include "engine/thread_pool.h"

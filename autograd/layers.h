@@ -127,10 +127,10 @@ class Sequential : public Layer {
   std::vector<std::unique_ptr<Layer>> layers_;
 };
 
-// The regularization losses (tf.losses.get_regularization_losses() of an l2
-// regularizer): coeff * sum(w^2)/2 over every trainable variable whose name ends
-// in "/weight" (biases and batch-norm scales are not decayed). Undefined when
-// coeff is 0 or there is no such variable.
+// Weight decay as a TensorFlow 1.x model adds it to its regularization losses:
+// coeff * tf.nn.l2_loss(w) = coeff * sum(w^2)/2 over every trainable variable
+// whose name ends in "/weight" (biases and batch-norm scales are not
+// decayed). Undefined when coeff is 0 or there is no such variable.
 Var l2_regularization(const Context& ctx, double coeff);
 
 // FashionNet, the reference model: conv 1->32 3x3 pad 1 (no bias), BN, ReLU, maxpool 2;

@@ -1,6 +1,6 @@
-// Differentiable losses (kernels/loss.h) and the total loss
-// (tf.losses.get_total_loss()): the sum of the data losses and the regularization
-// losses.
+// Differentiable losses (kernels/loss.h) and the total loss as TensorFlow 1.x's
+// tf.losses.get_total_loss forms it: the sum of the data losses and the
+// regularization losses.
 #pragma once
 
 #include <vector>
@@ -21,7 +21,7 @@ Var softmax_cross_entropy(const Var& logits, const Var& labels,
 // coeff * sum(w^2) / 2: tf.nn.l2_loss(w) * coeff.
 Var l2_loss(const Var& w, double coeff);
 
-// The sum of the given losses (each with one element): tf.losses.get_total_loss(),
+// The sum of the given losses (each with one element):
 // tf.add_n(losses + regularization_losses).
 Var add_n(const std::vector<Var>& terms);
 

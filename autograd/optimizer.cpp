@@ -91,18 +91,29 @@ std::vector<std::string> Optimizer::slot_names() const {
   return {};
 }
 
+namespace {
+
+// `slot` (a checkpoint's, or one made for another store) in `dtype`. float64
+// lives on the CPU, so a conversion is a host loop on the slot's own device.
+Tensor in_dtype(const Tensor& slot, DType dtype) {
+  return slot.dtype() == dtype ? slot : slot.to(dtype, default_stream(slot.device()));
+}
+
+}  // namespace
+
 void Optimizer::ensure_slots(const VariableStore& store, const Stream& stream) {
-  const Shape shape = store.flat_values().shape();
+  // Slots take the variables' dtype: the update kernels see one dtype throughout.
+  const Tensor& values = store.flat_values();
   for (const std::string& name : slot_names()) {
     auto it = slots_.find(name);
-    if (it != slots_.end() && it->second.shape() == shape &&
-        it->second.device() == store.device()) {
+    if (it != slots_.end() && it->second.shape() == values.shape() &&
+        it->second.device() == values.device() && it->second.dtype() == values.dtype()) {
       continue;
     }
-    Tensor slot = Tensor::zeros(shape, stream);
-    // TensorFlow 1.x starts RMSProp's mean square at 1 (seed 000's optimizer).
+    Tensor slot = Tensor::zeros(values.shape(), stream, values.dtype());
+    // tf.train.RMSPropOptimizer starts the mean square at 1.
     if (name == "mean_square") fill(slot, 1.0, stream);
-    if (it != slots_.end()) copy_tensor(slot, it->second, stream);  // restored elsewhere
+    if (it != slots_.end()) copy_tensor(slot, in_dtype(it->second, values.dtype()), stream);
     slots_[name] = slot;
   }
 }
@@ -162,8 +173,9 @@ void Optimizer::restore(const std::map<std::string, Tensor>& slots, std::int64_t
   }
   slots_.clear();
   for (const std::string& slot : slot_names()) {
-    Tensor copy = Tensor::empty(store.flat_values().shape(), stream);
-    copy_tensor(copy, slots.at(slot), stream);
+    const Tensor& values = store.flat_values();
+    Tensor copy = Tensor::empty(values.shape(), stream, values.dtype());
+    copy_tensor(copy, in_dtype(slots.at(slot), values.dtype()), stream);
     slots_[slot] = copy;
   }
   steps_ = steps;

@@ -135,18 +135,43 @@ void Tape::add_to_grad(const Var& v, const Tensor& g, double alpha) {
   }
 }
 
-void Tape::backward(const Var& loss, double seed) {
-  check_owns("backward", {loss});
+void Tape::check_backward(const Var& output) const {
+  check_owns("backward", {output});
   TL_CHECK(!backward_done_, InvalidArgument,
            label_ << ": backward() called twice; call reset() and run the forward pass again");
-  TL_CHECK(loss.value().numel() == 1, ShapeError,
-           label_ << ": backward() needs a loss with one element, got " << loss.describe());
   TL_CHECK(
-      loss.requires_grad(), InvalidArgument,
-      label_ << ": the loss " << loss.describe()
+      output.requires_grad(), InvalidArgument,
+      label_ << ": " << output.describe()
              << " does not depend on any trainable variable (or was computed without gradients)");
-  backward_done_ = true;
+}
+
+void Tape::backward(const Var& loss, double seed) {
+  TL_CHECK(!loss.defined() || loss.value().numel() == 1, ShapeError,
+           label_ << ": backward() needs a loss with one element, got " << loss.describe()
+                  << " (pass the upstream gradient for an output of another shape)");
+  check_backward(loss);
   fill(grad_target(loss).grad, seed, *stream_);
+  replay();
+}
+
+void Tape::backward(const Var& output, const Tensor& grad_output) {
+  check_backward(output);
+  TL_CHECK(grad_output.defined(), InvalidArgument,
+           label_ << ": backward() from " << output.describe()
+                  << ": the upstream gradient is undefined");
+  TL_CHECK(grad_output.shape() == output.shape() && grad_output.dtype() == output.value().dtype(),
+           ShapeError,
+           label_ << ": backward() from " << output.describe() << ": the upstream gradient is "
+                  << grad_output.describe() << "; it must match the output's shape and dtype");
+  TL_CHECK(grad_output.device() == device(), InvalidArgument,
+           label_ << ": backward() from " << output.describe() << ": the upstream gradient is "
+                  << grad_output.describe() << " but the tape is on " << device().str());
+  copy(grad_target(output).grad, grad_output, *stream_);
+  replay();
+}
+
+void Tape::replay() {
+  backward_done_ = true;
   for (auto it = records_.rbegin(); it != records_.rend(); ++it) {
     if (!it->output.node_->grad.defined()) continue;
     if (profiler_ != nullptr) profiler_->backward_record(it->scope, it->output.name());

@@ -130,6 +130,10 @@ class Tape {
   // dL/dloss = seed (a tower passes its share of the batch). Throws if backward
   // already ran since the last reset(), or if `loss` is not on this tape.
   void backward(const Var& loss, double seed = 1.0);
+  // The same from an output of any shape, seeding dL/doutput = grad_output (the
+  // upstream gradient: same shape and dtype as `output`, on this tape's device),
+  // as PyTorch's output.backward(gradient) and tf.gradients' grad_ys do.
+  void backward(const Var& output, const Tensor& grad_output);
 
   // Drops every record (and the intermediate values they keep alive) so that the
   // next forward pass can start. Variable gradients are left as they are.
@@ -149,6 +153,9 @@ class Tape {
   void check_owns(const char* op, const std::vector<Var>& vars) const;
 
  private:
+  void check_backward(const Var& output) const;
+  void replay();  // runs the records in reverse, once dL/doutput is seeded
+
   struct Record {
     Var output;
     std::function<void(const Var&)> backward;

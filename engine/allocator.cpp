@@ -465,6 +465,10 @@ void set_memory_options(Device device, const MemoryOptions& options) {
   device_allocator(device).set_options(options);
 }
 
+MemoryOptions memory_options(Device device) {
+  return device_allocator(device).options();
+}
+
 MemoryStats memory_stats(Device device) {
   return device_allocator(device).stats();
 }

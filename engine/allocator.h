@@ -29,7 +29,7 @@
 // calls release_stream(), which waits for the stream's work and hands its blocks,
 // free and in use, to no stream.
 //
-// Memory options are the two of seed 003 (TensorFlow's gpu_options):
+// Memory options (engine/settings.h) are TensorFlow 1.x's two tf.GPUOptions:
 //   fraction      cap the device at this share of its memory
 //                 (per_process_gpu_memory_fraction);
 //   allow_growth  true: reserve segments as they are needed; false: reserve the
@@ -49,14 +49,9 @@
 #include <vector>
 
 #include "engine/device.h"
+#include "engine/settings.h"  // MemoryOptions
 
 namespace towerlab {
-
-struct MemoryOptions {
-  double fraction = 1.0;        // (0, 1]: share of the device's total memory
-  std::size_t limit_bytes = 0;  // optional absolute cap; 0 = none. The smaller cap wins.
-  bool allow_growth = true;
-};
 
 struct MemoryStats {
   std::size_t in_use_bytes = 0;           // held by live tensors (rounded block sizes)
@@ -148,7 +143,7 @@ Allocator& device_allocator(Device device);
 // Page-locked host memory for staging transfers (plain host memory without CUDA).
 Allocator& pinned_allocator();
 
-void set_memory_options(Device device, const MemoryOptions& options);
+// set_memory_options and memory_options: engine/settings.h.
 MemoryStats memory_stats(Device device);
 // Gives the device's fully free cached segments back (PyTorch's empty_cache): for
 // another process, or before a measurement that must not count earlier work's cache.

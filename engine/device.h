@@ -1,5 +1,5 @@
-// Devices: "cpu" and "cuda:N". The TensorFlow strings of the seed documents
-// ("/cpu:0", "/gpu:1", "/device:GPU:1") parse too. A Device is a plain value; it
+// Devices: "cpu" and "cuda:N". TensorFlow's device strings ("/cpu:0", "/gpu:1",
+// "/device:GPU:1") parse too. A Device is a plain value; it
 // says nothing about whether the hardware exists until check_available() asks.
 #pragma once
 

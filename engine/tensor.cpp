@@ -174,6 +174,30 @@ Tensor Tensor::to(Device device, const Stream& stream) const {
   return out;
 }
 
+Tensor Tensor::to(DType dtype, const Stream& stream) const {
+  TL_CHECK(defined(), InvalidArgument, "Tensor::to: the tensor is undefined");
+  TL_CHECK(stream.device() == device_, InvalidArgument,
+           "Tensor::to(" << dtype_name(dtype) << "): " << describe() << " on a stream of "
+                         << stream.device().str() << " (use a stream of its device)");
+  if (dtype == dtype_) return clone(stream);
+  TL_CHECK(device_.is_cpu(), NotSupported,
+           "Tensor::to(" << dtype_name(dtype) << "): " << describe()
+                         << ": float64 exists on the CPU only; convert after to(Device::cpu())");
+  // Host memory: the work that wrote this tensor finished when its call returned.
+  Tensor out = empty(shape_, stream, dtype);
+  auto convert = [&]<typename To, typename From>() {
+    const From* in = data<From>();  // [n]
+    To* o = out.data<To>();         // [n]
+    for (std::int64_t i = 0; i < numel_; ++i) o[i] = static_cast<To>(in[i]);
+  };
+  if (dtype == DType::Float64) {
+    convert.operator()<double, float>();
+  } else {
+    convert.operator()<float, double>();
+  }
+  return out;
+}
+
 Tensor Tensor::reshape(const Shape& shape) const {
   Shape resolved = shape;
   int inferred = -1;

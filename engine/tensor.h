@@ -76,6 +76,11 @@ class Tensor {
   // which belongs to the source or the destination device.
   Tensor to(Device device, const Stream& stream) const;
   Tensor clone(const Stream& stream) const { return to(device_, stream); }
+  // A copy with the elements converted to `dtype` (float64 to float32 rounds to
+  // nearest), on this tensor's device, ordered on `stream`, a stream of that
+  // device. The same dtype gives a clone. float64 exists on the CPU only, so a GPU
+  // tensor converts to it after to(Device::cpu(), stream).
+  Tensor to(DType dtype, const Stream& stream) const;
 
   // Views sharing this tensor's storage.
   Tensor reshape(const Shape& shape) const;                    // one dimension may be -1

@@ -30,17 +30,14 @@
 #include <cstdint>
 #include <functional>
 
+#include "engine/settings.h"
+
 namespace towerlab {
 
 void parallel_for(std::int64_t begin, std::int64_t end,
                   const std::function<void(std::int64_t, std::int64_t)>& body);
 
-// Total threads a parallel_for may use, the caller included (>= 1).
-int num_threads();
-// Sets that number; 0 restores the default (hardware_concurrency). Waits for any
-// parallel_for in flight on other threads to finish. Throws InvalidArgument for a
-// negative n or when called from inside a parallel_for chunk.
-void set_num_threads(int n);
+// num_threads() and set_num_threads(n), the pool's size: engine/settings.h.
 
 // Threads a parallel_for called on this thread may use, the caller included: this
 // thread's share while a ThreadShare lives on it, num_threads() otherwise (>= 1).

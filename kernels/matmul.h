@@ -25,6 +25,7 @@
 
 #include <cstdint>
 
+#include "engine/settings.h"
 #include "engine/stream.h"
 #include "engine/tensor.h"
 
@@ -33,21 +34,7 @@ namespace towerlab {
 void matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b,
             float alpha, float beta, const Stream& stream);
 
-// Which code runs float32 GEMM on CUDA devices: towerlab's kernel (the default)
-// or cuBLAS. Process-wide; may be changed at any time from any thread (a call
-// already in flight finishes with the backend it started with).
-enum class GemmBackend { Towerlab, Cublas };
-void set_gemm_backend(GemmBackend backend);
-GemmBackend gemm_backend();
-
-// The CPU's float32 GEMM picks its vector micro-kernel from the host CPU (AVX-512,
-// AVX2+FMA, or portable vector code). Tests and benches may force one: only
-// supported ISAs can be chosen, and Auto restores the automatic choice. The
-// environment variable TOWERLAB_GEMM_ISA=portable|avx2|avx512 sets the initial one.
-// Process-wide, like the GEMM backend.
-enum class GemmIsa { Auto, Portable, Avx2, Avx512 };
-bool gemm_isa_supported(GemmIsa isa);
-void set_gemm_isa(GemmIsa isa);  // throws NotSupported for an ISA this CPU lacks
-GemmIsa gemm_isa();              // the one in use (never Auto)
+// The GEMM backend on CUDA (set_gemm_backend) and the CPU GEMM's micro-kernel
+// (set_gemm_isa) are process-wide settings: engine/settings.h.
 
 }  // namespace towerlab

@@ -22,7 +22,7 @@
 //   momentum > 0.
 //
 // rmsprop_update(param, grad, mean_square, moment, mean_grad, RmspropParams)
-//   TensorFlow 1.x tf.train.RMSPropOptimizer (seed 000), the ApplyRMSProp kernel:
+//   TensorFlow 1.x tf.train.RMSPropOptimizer, its ApplyRMSProp kernel:
 //   ms  = decay * ms + (1 - decay) * g^2
 //   centered:  mg = decay * mg + (1 - decay) * g;  denom = sqrt(ms - mg^2 + epsilon)
 //   else:      denom = sqrt(ms + epsilon)                    (epsilon inside the sqrt)

@@ -1,4 +1,5 @@
 // Checks and backend dispatch for ReLU (kernels/relu.h).
+// The files an op takes, in order: the top of kernels/relu.h.
 #include "kernels/relu.h"
 
 #include "kernels/checks.h"

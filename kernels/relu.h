@@ -3,9 +3,36 @@
 //   relu_backward(grad_x, grad_y, y)   grad_x[i] += grad_y[i] * (y[i] > 0)
 // The backward takes the forward's output y (y > 0 exactly where x > 0) and
 // accumulates into grad_x, as every backward in towerlab does, or assigns it when
-// asked (kernels/grad_write.h). At x == 0 the gradient is taken as 0. A NaN stays a NaN (as in
-// PyTorch and TensorFlow): a max() that drops it would hide a broken input from the loss and from
-// the trainer's numerical guard. All tensors have one shape.
+// asked (kernels/grad_write.h). At x == 0 the gradient is taken as 0. A NaN stays a
+// NaN (as in PyTorch and TensorFlow): a max() that drops it would hide a broken
+// input from the loss and from the trainer's numerical guard. All tensors have one
+// shape.
+//
+// Adding an op: ReLU's files are the model. An op <op> takes these, in this order
+// (the CMake globs pick up new files; there is no list to edit):
+//   1. kernels/<op>.h            the contract, as above: formulas, shapes, aliasing,
+//                                assigned versus accumulated outputs, the NaN rule;
+//                                the public <op>_forward / <op>_backward on a stream
+//   2. kernels/<op>.cpp          the checks (kernels/checks.h), then one call per
+//                                backend
+//   3. kernels/cpu/<op>.h        the backends' entry points, arguments already
+//      kernels/cuda/<op>.h       checked (internal: not installed, not in towerlab.h)
+//   4. kernels/cpu/<op>.cpp      the specification: plain loops, split over the
+//                                thread pool (kernels/cpu/parallel.h)
+//   5. kernels/cuda/<op>.cu      kernels in an anonymous namespace, launchers on the
+//                                caller's stream (kernels/cuda/launch.cuh)
+//   6. autograd/ops.{h,cpp}      ag::<op>: the forward on the tape, its backward
+//                                recorded right below it
+//   7. autograd/layers.h         a Layer for Sequential, where the op is one (ReLU)
+//   8. tests/<op>_test.cpp       every backend, odd sizes, a sentinel for add versus
+//                                assign, the error messages, a float64 gradient
+//                                check (tests/gradcheck.h)
+//   9. bench/<op>_bench.cpp      beside its reference, with bytes or FLOPs as
+//                                counters (a memory-bound op against the device
+//                                copy, as bench/bias_bench.cpp does)
+//  10. scripts/kernel_sim/       the family in rewrite.py and sim_kernels.sh, a case
+//                                in kernel_sim.cpp: the CUDA kernels run on the host
+//                                against the CPU backend
 #pragma once
 
 #include "engine/stream.h"

@@ -1,6 +1,7 @@
-// Scalar summaries per step (the seeds' summary_func): one row per step with the
-// step number and named scalars, written as CSV (with a header from the first row's
-// names) or as JSON lines, chosen by the file's extension (.csv, else JSON lines).
+// Scalar summaries per step, what tf.summary.scalar records: one row per step with
+// the step number and named scalars, written as CSV (with a header from the first
+// row's names) or as JSON lines, chosen by the file's extension (.csv, else JSON
+// lines).
 // Each row is flushed as it is written, so a crash loses at most the current step.
 #pragma once
 

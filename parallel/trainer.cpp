@@ -112,15 +112,6 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
     ranks_ = options_.process_group->size();
     check_processes_agree();
   }
-  if (options_.memory) {
-    std::set<std::pair<int, int>> done;
-    for (Device d : devices_) {
-      if (done.insert({int(d.type), d.index}).second) set_memory_options(d, *options_.memory);
-    }
-    if (done.insert({int(master_device_.type), master_device_.index}).second) {
-      set_memory_options(master_device_, *options_.memory);
-    }
-  }
 
   master_stream_ = std::make_unique<Stream>(master_device_);
   master_ = std::make_unique<VariableStore>(variables_, *master_stream_);

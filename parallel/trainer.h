@@ -1,7 +1,7 @@
-// The multi-device trainer: tower parallelism as the seed documents describe it,
-// done natively.
+// The multi-device trainer: tower parallelism as TensorFlow 1.x's multi-GPU
+// examples build it in a graph (cifar10_multi_gpu_train.py), done natively.
 //
-// The user writes one tower function (seed 000's _tower_loss): given a Tower (its
+// The user writes one tower function (their tower_loss): given a Tower (its
 // index, device, tape and its copy of the shared variables) and its slice of the
 // batch, it builds the model's forward pass and returns the total loss, the
 // outputs, and values to log. A training step runs these phases, one private
@@ -107,16 +107,18 @@ struct TowerResult {
   std::map<std::string, Var> logs;  // optional: scalars to log, from the last non-empty tower
 };
 
-// `batch` is a list of tensors sharing their first dimension (images, labels, ...:
-// seed 000's input_var_names); the tower receives rows [begin, end) of each, on its device.
+// `batch` is a list of tensors sharing their first dimension (images, labels, ...);
+// the tower receives rows [begin, end) of each, on its device.
 using TowerFn = std::function<TowerResult(const Tower& tower, const std::vector<Tensor>& batch)>;
 
 // Ring: towerlab's ring all-reduce (any devices, virtual ones included).
-// ReduceToOne: the seeds' gather to one device and broadcast, for comparison.
+// ReduceToOne: gather to one device, sum and broadcast (the average_gradients of
+// TensorFlow's multi-GPU examples), for comparison.
 // Nccl: NCCL's all-reduce, for comparison; one tower per physical GPU, two or more.
 enum class AllReduce { Ring, ReduceToOne, Nccl };
 enum class BatchNormStats { Average, Tower0 };
-// Local: each tower normalizes its own slice (as in the seeds and most frameworks).
+// Local: each tower normalizes its own slice (as tf.layers.batch_normalization in a
+// tower does, and most frameworks).
 // Sync: per-channel statistics are combined across towers in the forward and the
 // backward pass, weighted by each tower's real sample count, so N towers normalize
 // exactly as one device on the whole batch.
@@ -146,9 +148,8 @@ struct TrainerOptions {
   bool soft_placement = false;
   // Prints where every variable and each tower's work is placed.
   bool log_placement = false;
-  std::ostream* log = nullptr;          // placement log and warnings; std::clog when null
-  std::optional<MemoryOptions> memory;  // applied to every tower's device and the master's
-  std::uint64_t seed = 0;               // initial values of the variables
+  std::ostream* log = nullptr;  // placement log and warnings; std::clog when null
+  std::uint64_t seed = 0;       // initial values of the variables
   NumericGuard numeric_guard = NumericGuard::Stop;
   // The processes that train this model together (not owned; it must outlive the
   // trainer); nullptr: this process alone. See the top of this file.
@@ -178,10 +179,10 @@ class Trainer {
   // One training step on `batch` (CPU or any device; see TowerFn).
   StepResult step(const std::vector<Tensor>& batch);
   // A forward pass in inference mode (moving statistics, no gradients, no update):
-  // the loss, outputs and logs (seed 000's tower_log_func).
+  // the loss, outputs and logs.
   StepResult evaluate(const std::vector<Tensor>& batch);
 
-  // The seeds' handles.
+  // What the last step left.
   double loss() const { return last_loss_; }       // of the last step
   const Tensor& gradients() const;                 // the averaged flat gradient (master)
   Tensor gradient(const std::string& name) const;  // one variable's averaged gradient

@@ -381,6 +381,19 @@ TEST(DeviceAllocator, TensorsDrawFromTheDeviceAllocator) {
   EXPECT_EQ(memory_stats(Device::cpu()).in_use_bytes, before.in_use_bytes);
 }
 
+TEST(DeviceAllocator, MemoryOptionsAreOneProcessWideSetting) {
+  const MemoryOptions before = memory_options(Device::cpu());
+  set_memory_options(Device::cpu(), {.fraction = 0.5, .limit_bytes = std::size_t{1} << 30});
+  // What every tensor on the device allocates under.
+  EXPECT_EQ(device_allocator(Device::cpu()).options().limit_bytes, std::size_t{1} << 30);
+  EXPECT_EQ(memory_options(Device::cpu()).fraction, 0.5);
+  EXPECT_THROW_WITH(set_memory_options(Device::cpu(), {.fraction = 0.0}), InvalidArgument,
+                    "fraction must be in (0, 1], got 0");
+  EXPECT_EQ(memory_options(Device::cpu()).limit_bytes, std::size_t{1} << 30);  // unchanged
+  set_memory_options(Device::cpu(), before);
+  EXPECT_EQ(memory_options(Device::cpu()).limit_bytes, before.limit_bytes);
+}
+
 TEST(DeviceAllocator, FormatBytesIsReadable) {
   EXPECT_EQ(format_bytes(512), "512 B");
   EXPECT_EQ(format_bytes(1536), "1.50 KiB");

@@ -118,6 +118,31 @@ TEST(Autograd, LossMustBeAScalar) {
                     "needs a loss with one element, got relu float64[3]");
 }
 
+TEST(Autograd, BackwardFromAnOutputTakesTheUpstreamGradient) {
+  Leaf a({2, 3}, 12);
+  const Tensor upstream = random_double_tensor({2, 3}, 13);
+  Tape tape(cpu());
+  Var x = tape.variable(a.value, a.grad, "a");
+  tape.backward(ag::mul(x, x), upstream);  // dL/dx = 2 x * upstream
+  const auto got = a.grad.to_host<double>();
+  const auto v = a.value.to_host<double>();
+  const auto g = upstream.to_host<double>();
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    EXPECT_NE(got[i], 0.0) << i;
+    EXPECT_NEAR(got[i], 2 * v[i] * g[i], 1e-14) << i;
+  }
+
+  Tape other(cpu());
+  Var y = ag::mul(other.variable(a.value, a.grad, "a"), other.constant(a.value, "b"));
+  EXPECT_THROW_WITH(other.backward(y, Tensor::zeros({3, 2}, cpu(), DType::Float64)), ShapeError,
+                    "backward() from mul float64[2,3]: the upstream gradient is float64[3,2] on "
+                    "cpu; it must match the output's shape and dtype");
+  EXPECT_THROW_WITH(other.backward(y, Tensor::zeros({2, 3}, cpu())), ShapeError,
+                    "the upstream gradient is float32[2,3] on cpu");
+  EXPECT_THROW_WITH(other.backward(y, Tensor()), InvalidArgument,
+                    "the upstream gradient is undefined");
+}
+
 TEST(Variables, DeclaredByNameAndSharedByReuse) {
   VariableSet set;
   const VariableSpec& w = set.get("conv1/weight", {32, 1, 3, 3}, Initializer::he_normal());

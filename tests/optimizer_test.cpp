@@ -3,6 +3,8 @@
 // formulas of PyTorch and TensorFlow, odd sizes and unaligned views (the CUDA
 // kernel's scalar path), and the argument errors.
 #include <cmath>
+#include <map>
+#include <string>
 
 #include "kernels/optimizer.h"
 #include "test_util.h"
@@ -277,6 +279,35 @@ TEST(OptimizerFloat64, AdamMatchesReferenceToRounding) {
   }
   const Values got = tp.to_host<double>(cpu);
   for (std::size_t i = 0; i < n; ++i) EXPECT_NEAR(got[i], p[i], 1e-14) << i;
+}
+
+// The Optimizer makes its slots in the store's dtype, so Adam runs on a float64
+// store, and a checkpoint's float32 slots restore into one.
+TEST(OptimizerFloat64, AdamOnAFloat64StoreKeepsItsSlotsInFloat64) {
+  const Stream& cpu = default_stream(Device::cpu());
+  VariableSet set;
+  set.get("w", {5}, Initializer::constant(0.5f));
+  VariableStore store(set, cpu, true, DType::Float64);
+  store.initialize(1, cpu);
+  const Values g{0.3, -0.02, 4.0, -1e-3, 0.0};
+  Optimizer adam = Optimizer::adam({}, LearningRate::constant(0.01));
+  adam.step(store, Tensor::from_host<double>(g, {5}, cpu), cpu);
+  ASSERT_EQ(adam.slots().size(), 2u);
+  for (const auto& [name, slot] : adam.slots()) EXPECT_EQ(slot.dtype(), DType::Float64) << name;
+  // Adam's first step is p -= lr * g / (|g| + epsilon). The tolerance is far below
+  // float32's rounding (3e-8 here): float32 arithmetic anywhere would fail it.
+  const Values p = store.flat_values().to_host<double>(cpu);
+  for (std::size_t i = 0; i < g.size(); ++i)
+    EXPECT_NEAR(p[i], 0.5 - 0.01 * g[i] / (std::abs(g[i]) + 1e-8), 1e-15) << i;
+
+  std::map<std::string, Tensor> float32_slots;
+  for (const auto& [name, slot] : adam.slots()) float32_slots[name] = slot.to(DType::Float32, cpu);
+  Optimizer restored = Optimizer::adam({}, LearningRate::constant(0.01));
+  restored.restore(float32_slots, adam.steps(), store, cpu);
+  EXPECT_EQ(restored.slots().at("m").dtype(), DType::Float64);
+  EXPECT_EQ(restored.slots().at("m").to_host<double>(cpu)[0],
+            double(float(adam.slots().at("m").to_host<double>(cpu)[0])));
+  EXPECT_NO_THROW(restored.step(store, Tensor::from_host<double>(g, {5}, cpu), cpu));
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
 // ReLU forward and backward on every backend, and its gradient in float64.
+// The files an op takes, in order: the top of kernels/relu.h.
 #include <cmath>
 #include <limits>
 

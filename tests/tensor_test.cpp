@@ -110,6 +110,34 @@ TEST(TensorCpu, Float64LivesOnTheCpu) {
   }
 }
 
+TEST(TensorCpu, ToDtypeConvertsEveryElement) {
+  const Stream& cpu = default_stream(Device::cpu());
+  Tensor f = Tensor::from_host<float>({0.1f, -2.5f, 3e38f, 7.0f}, {2, 2}, cpu);
+  Tensor d = f.to(DType::Float64, cpu);
+  EXPECT_EQ(d.dtype(), DType::Float64);
+  EXPECT_EQ(d.shape(), f.shape());
+  EXPECT_EQ(d.to_host<double>(), (std::vector<double>{double(0.1f), -2.5, double(3e38f), 7.0}));
+  // float64 to float32 rounds to nearest: 0.1 becomes 0.1f, 1 + 1e-12 becomes 1.
+  Tensor back = Tensor::from_host<double>({0.1, 1.0 + 1e-12}, {2}, cpu).to(DType::Float32, cpu);
+  EXPECT_EQ(back.dtype(), DType::Float32);
+  EXPECT_EQ(back.to_host<float>(), (std::vector<float>{0.1f, 1.0f}));
+  // A view converts its own elements, not the storage's first ones.
+  EXPECT_EQ(f.slice(1, 2).to(DType::Float64, cpu).to_host<double>(),
+            (std::vector<double>{double(3e38f), 7.0}));
+  // The same dtype is a deep copy.
+  Tensor same = f.to(DType::Float32, cpu);
+  EXPECT_FALSE(same.shares_storage_with(f));
+  EXPECT_EQ(same.to_host<float>(), f.to_host<float>());
+  EXPECT_THROW_WITH(Tensor().to(DType::Float64, cpu), InvalidArgument,
+                    "Tensor::to: the tensor is undefined");
+  if (cuda_device_count() > 0) {
+    Stream gpu(Device::cuda(0));
+    EXPECT_THROW_WITH(Tensor::zeros({2}, gpu).to(DType::Float64, gpu), NotSupported,
+                      "float64 exists on the CPU only");
+    EXPECT_THROW_WITH(f.to(DType::Float64, gpu), InvalidArgument, "use a stream of its device");
+  }
+}
+
 TEST(TensorCuda, CopyBetweenTwoGpusIsPeerOrStaged) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
   Stream s0(Device::cuda(0)), s1(Device::cuda(1));

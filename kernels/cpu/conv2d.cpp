@@ -23,16 +23,17 @@ namespace towerlab::cpu {
 
 namespace {
 
-// Scratch memory for one patch matrix, from the host allocator's cache.
+// An array of T from the host allocator's cache (a patch matrix, partial sums),
+// given back when it goes out of scope: launch.cuh's Scratch on the host.
 template <typename T>
-class Scratch {
+class HostScratch {
  public:
-  explicit Scratch(std::int64_t count)
+  explicit HostScratch(std::int64_t count)
       : allocator_(device_allocator(Device::cpu())),
         data_(static_cast<T*>(allocator_.allocate(static_cast<std::size_t>(count) * sizeof(T)))) {}
-  ~Scratch() { allocator_.deallocate(data_); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
+  ~HostScratch() { allocator_.deallocate(data_); }
+  HostScratch(const HostScratch&) = delete;
+  HostScratch& operator=(const HostScratch&) = delete;
   T* get() const { return data_; }
 
  private:
@@ -159,7 +160,7 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
     const std::int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
     const bool lower = needs_lowering(s);
     auto per_chunk = [&](std::int64_t, std::int64_t first, std::int64_t last) {
-      Scratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q]
+      HostScratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q]
       for (std::int64_t n = first; n < last; ++n) {
         const T* patches = in + n * chw;
         if (lower) {
@@ -208,9 +209,9 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
       // grad_y[n]ᵀ [C*R*S, K]: with few taps (C*R*S = 9 in a first layer) the GEMM
       // runs far better with them as rows than as a 9-wide column panel.
       const std::int64_t chunks = std::min(s.N, kWeightGroups);
-      Scratch<T> partials(chunks * crs * s.K);  // [chunks, C*R*S, K]
+      HostScratch<T> partials(chunks * crs * s.K);  // [chunks, C*R*S, K]
       auto per_group = [&](std::int64_t chunk, std::int64_t first, std::int64_t last) {
-        Scratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q]
+        HostScratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q]
         T* sum = partials.get() + chunk * crs * s.K;
         for (std::int64_t n = first; n < last; ++n) {
           const T* patches = in + n * chw;
@@ -233,7 +234,7 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     if (grad_x.defined()) {
       T* gx = grad_x.data<T>();  // [N,C,H,W]
       auto per_chunk = [&](std::int64_t, std::int64_t first, std::int64_t last) {
-        Scratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q]: the patch matrix's gradient
+        HostScratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q]: the patch matrix's gradient
         for (std::int64_t n = first; n < last; ++n) {
           const T* gy_n = gy + n * s.K * pq;  // [K, P*Q]
           if (!lower) {  // grad_x[n] is the patch matrix's gradient itself: accumulate in place

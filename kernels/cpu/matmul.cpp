@@ -273,10 +273,11 @@ constexpr std::int64_t kNc = 4096;
 // Below this many multiply-adds a second thread costs more than it saves.
 constexpr double kMinParallelWork = 48.0 * 48.0 * 48.0;
 
-// A grow-only, 64-byte-aligned scratch buffer, one per thread and use.
-class Scratch {
+// A grow-only, 64-byte-aligned buffer for packed panels of A or B, one per thread
+// and operand, kept between calls.
+class PackingBuffer {
  public:
-  ~Scratch() { std::free(data_); }
+  ~PackingBuffer() { std::free(data_); }
   float* get(std::int64_t count) {
     if (count > size_) {
       std::free(data_);
@@ -295,8 +296,8 @@ class Scratch {
   std::int64_t size_ = 0;
 };
 
-thread_local Scratch t_packed_a;
-thread_local Scratch t_packed_b;
+thread_local PackingBuffer t_packed_a;
+thread_local PackingBuffer t_packed_b;
 
 template <int MR, int NR>
 struct Blocked {

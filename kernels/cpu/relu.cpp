@@ -1,5 +1,6 @@
 // CPU ReLU: the specification for kernels/cuda/relu.cu. Elementwise, so the loops
 // split over the thread pool at any boundary (kernels/cpu/parallel.h).
+// The files an op takes, in order: the top of kernels/relu.h.
 #include <cstdint>
 
 #include "kernels/cpu/dtype_dispatch.h"

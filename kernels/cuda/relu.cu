@@ -1,4 +1,5 @@
 // CUDA ReLU (contracts in kernels/relu.h): grid-stride loops, float32.
+// The files an op takes, in order: the top of kernels/relu.h.
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/relu.h"
 

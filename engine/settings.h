@@ -1,0 +1,69 @@
+// Process-wide settings, all of them in one place.
+//
+// Everything else in towerlab belongs to an object the caller owns (a Trainer, a
+// Tape, a Stream, a VariableStore), so two trainers in one process never share
+// state. These few govern a resource the whole process shares, and so are
+// process-wide functions rather than options of a Trainer:
+//
+//   set_memory_options(device, options)   the device's caching allocator: a cap
+//       (a share of the device's memory, or bytes) and whether memory is reserved as
+//       it is needed or the whole cap at once (TensorFlow's
+//       per_process_gpu_memory_fraction and allow_growth). Every trainer, tape and
+//       tensor on that device allocates under the one cap.
+//   set_num_threads(n)                    how many host threads a CPU kernel may
+//       spread over (engine/thread_pool.h), shared by every CPU tower.
+//   set_gemm_backend(backend)             towerlab's kernel or cuBLAS for float32
+//       GEMM on CUDA devices (cuBLAS for comparison).
+//   set_gemm_isa(isa)                     the CPU GEMM's vector micro-kernel;
+//       TOWERLAB_GEMM_ISA=portable|avx2|avx512 in the environment sets the initial
+//       one.
+//
+// Each has a getter, may be called from any thread, and takes effect for work
+// submitted after it returns. Set them once, before the trainers are made: a
+// setting changed while another thread trains changes that training too.
+#pragma once
+
+#include <cstddef>
+
+#include "engine/device.h"
+
+namespace towerlab {
+
+// --- memory -----------------------------------------------------------------
+struct MemoryOptions {
+  double fraction = 1.0;        // (0, 1]: share of the device's total memory
+  std::size_t limit_bytes = 0;  // optional absolute cap; 0 = none. The smaller cap wins.
+  bool allow_growth = true;
+};
+
+// Cached segments are released first; throws InvalidArgument for a fraction
+// outside (0, 1] or a cap below what the device has in use, DeviceError for a
+// device that is not present.
+void set_memory_options(Device device, const MemoryOptions& options);
+MemoryOptions memory_options(Device device);
+
+// --- host threads -------------------------------------------------------------
+// Total threads a CPU kernel's parallel_for may use, the caller included (>= 1).
+int num_threads();
+// Sets that number; 0 restores the default (std::thread::hardware_concurrency).
+// Waits for any parallel_for in flight on other threads to finish. Throws
+// InvalidArgument for a negative n or when called from inside a parallel_for chunk.
+void set_num_threads(int n);
+
+// --- GEMM -------------------------------------------------------------------
+// Which code runs float32 GEMM on CUDA devices: towerlab's kernel (the default) or
+// cuBLAS (TF32 off). A call already in flight finishes with the backend it started
+// with.
+enum class GemmBackend { Towerlab, Cublas };
+void set_gemm_backend(GemmBackend backend);
+GemmBackend gemm_backend();
+
+// The CPU's float32 GEMM picks its vector micro-kernel from the host CPU (AVX-512,
+// AVX2+FMA, or portable vector code). Only ISAs this CPU supports can be chosen;
+// Auto restores the automatic choice.
+enum class GemmIsa { Auto, Portable, Avx2, Avx512 };
+bool gemm_isa_supported(GemmIsa isa);
+void set_gemm_isa(GemmIsa isa);  // throws NotSupported for an ISA this CPU lacks
+GemmIsa gemm_isa();              // the one in use (never Auto)
+
+}  // namespace towerlab
