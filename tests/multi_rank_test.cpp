@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "bn_model.h"
 #include "parallel/fingerprint.h"
 #include "test_util.h"
 #include "thread_process_group.h"
@@ -391,31 +392,8 @@ TEST(MultiRank, EvaluationReturnsTheGlobalLossAndEachRanksRows) {
                         std::vector<float>(all.begin() + 9, all.end()), 1e-6, 1e-5));
 }
 
-// Batch norm synchronized across ranks and towers is one device's batch norm,
-// for counts that differ between ranks and towers.
-struct BnModel {
-  VariableSet vars;
-  Sequential net;
-  BnModel() {
-    net.add<Conv2d>(vars, "conv1", 1, 4, 3, Conv2dParams{.pad_h = 1, .pad_w = 1}, false);
-    net.add<BatchNorm>(vars, "bn1", 4, 0.9);
-    net.add<ReLU>();
-    net.add<MaxPool2d>(Pool2dParams::square(2, 2));
-    net.add<Flatten>();
-    net.add<Linear>(vars, "fc1", 4 * 4 * 4, 6, false);
-    net.add<BatchNorm>(vars, "bn2", 6, 0.9);
-    net.add<ReLU>();
-    net.add<Linear>(vars, "fc2", 6, 3);
-  }
-  TowerFn tower_fn() const {
-    return [this](const Tower& tower, const std::vector<Tensor>& batch) {
-      Var logits = net(tower.context(), tower.input(batch[0], "images"));
-      return TowerResult{
-          ag::softmax_cross_entropy(logits, tower.input(batch[1], "labels")), {logits}, {}};
-    };
-  }
-};
-
+// Batch norm synchronized across ranks and towers (tests/bn_model.h) is one device's
+// batch norm, for counts that differ between ranks and towers.
 TEST(MultiRank, SynchronizedBatchNormAcrossRanksMatchesOneDevice) {
   BnModel model;
   for (const char* optimizer : {"momentum", "adam"}) {

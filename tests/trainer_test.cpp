@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "bn_model.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -93,32 +94,8 @@ TEST(Trainer, TowersTakeTheSameStepsAsOneDeviceWithAdam) {
   expect_same_steps("adam", 1e-2);
 }
 
-// With batch norm: synchronized across towers it is exactly one device's batch norm.
-struct BnModel {
-  VariableSet vars;
-  Sequential net;
-  BnModel() {
-    net.add<Conv2d>(vars, "conv1", 1, 4, 3, Conv2dParams{.pad_h = 1, .pad_w = 1}, false);
-    net.add<BatchNorm>(vars, "bn1", 4, 0.9);
-    net.add<ReLU>();
-    net.add<MaxPool2d>(Pool2dParams::square(2, 2));
-    net.add<Flatten>();
-    // No bias before batch norm: its gradient is zero up to rounding noise, which
-    // Adam would blow up into full-size steps in different directions.
-    net.add<Linear>(vars, "fc1", 4 * 4 * 4, 6, false);
-    net.add<BatchNorm>(vars, "bn2", 6, 0.9);  // over N only: a fully connected layer
-    net.add<ReLU>();
-    net.add<Linear>(vars, "fc2", 6, 3);
-  }
-  TowerFn tower_fn() const {
-    return [this](const Tower& tower, const std::vector<Tensor>& batch) {
-      Var logits = net(tower.context(), tower.input(batch[0], "images"));
-      return TowerResult{
-          ag::softmax_cross_entropy(logits, tower.input(batch[1], "labels")), {logits}, {}};
-    };
-  }
-};
-
+// With batch norm (tests/bn_model.h): synchronized across towers it is exactly one
+// device's batch norm.
 TEST(Trainer, SynchronizedBatchNormMatchesOneDevice) {
   BnModel model;
   for (const char* optimizer : {"momentum", "adam"}) {

@@ -13,8 +13,13 @@
 
 namespace towerlab::cpu {
 
-void bias_add_forward(const Tensor& y, const Tensor& x, const Tensor& bias, std::int64_t N,
-                      std::int64_t C, std::int64_t S) {
+namespace {
+
+// y = x + bias[c], then the activation (ReLU's NaN rule, kernels/cpu/relu.cpp): one
+// loop for the plain and the fused forward, the activation a compile-time choice.
+template <bool kRelu>
+void bias_add_then(const Tensor& y, const Tensor& x, const Tensor& bias, std::int64_t N,
+                   std::int64_t C, std::int64_t S) {
   with_dtype(x.dtype(), [&]<typename T>() {
     T* out = y.data<T>();         // [N,C,S]
     const T* in = x.data<T>();    // [N,C,S]
@@ -23,11 +28,21 @@ void bias_add_forward(const Tensor& y, const Tensor& x, const Tensor& bias, std:
       for (std::int64_t n = first; n < last; ++n) {
         for (std::int64_t c = 0; c < C; ++c) {
           const std::int64_t base = (n * C + c) * S;
-          for (std::int64_t s = 0; s < S; ++s) out[base + s] = in[base + s] + b[c];
+          for (std::int64_t s = 0; s < S; ++s) {
+            const T v = in[base + s] + b[c];
+            out[base + s] = kRelu && v < T(0) ? T(0) : v;
+          }
         }
       }
     });
   });
+}
+
+}  // namespace
+
+void bias_add_forward(const Tensor& y, const Tensor& x, const Tensor& bias, std::int64_t N,
+                      std::int64_t C, std::int64_t S) {
+  bias_add_then<false>(y, x, bias, N, C, S);
 }
 
 // Sums in double whatever the dtype, then adds once into grad_bias.
@@ -51,22 +66,7 @@ void bias_add_backward(const Tensor& grad_bias, const Tensor& grad_y, std::int64
 
 void bias_add_relu_forward(const Tensor& y, const Tensor& x, const Tensor& bias, std::int64_t N,
                            std::int64_t C, std::int64_t S) {
-  with_dtype(x.dtype(), [&]<typename T>() {
-    T* out = y.data<T>();         // [N,C,S]
-    const T* in = x.data<T>();    // [N,C,S]
-    const T* b = bias.data<T>();  // [C]
-    parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
-      for (std::int64_t n = first; n < last; ++n) {
-        for (std::int64_t c = 0; c < C; ++c) {
-          const std::int64_t base = (n * C + c) * S;
-          for (std::int64_t s = 0; s < S; ++s) {
-            const T v = in[base + s] + b[c];
-            out[base + s] = v < T(0) ? T(0) : v;  // ReLU's NaN rule (kernels/cpu/relu.cpp)
-          }
-        }
-      }
-    });
-  });
+  bias_add_then<true>(y, x, bias, N, C, S);
 }
 
 // One pass: each masked gradient value is added to grad_x (when it is wanted) and
