@@ -87,8 +87,8 @@ class Ring {
   std::unique_ptr<ThreadTeam> team_;  // one thread per member when every member is on the host
 };
 
-// The seeds' reduction, for comparison with the ring (no ring: one member does all
-// the adding): every buffer is copied to member `root`, summed there in member
+// The reduction of TensorFlow 1.x's multi-GPU tutorial (average_gradients on one
+// device), for comparison with the ring (no ring: one member does all the adding): every buffer is copied to member `root`, summed there in member
 // order, and the sum copied back to every member. buffers[i] (float32, one shape)
 // is on streams[i]'s device; every stream may use its buffer when it returns, as
 // after Ring::allreduce. A root copies 2(n-1) buffers where a ring member moves
