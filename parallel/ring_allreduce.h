@@ -88,11 +88,12 @@ class Ring {
 };
 
 // The reduction of TensorFlow 1.x's multi-GPU tutorial (average_gradients on one
-// device), for comparison with the ring (no ring: one member does all the adding): every buffer is
-// copied to member `root`, summed there in member order, and the sum copied back to every member.
-// buffers[i] (float32, one shape) is on streams[i]'s device; every stream may use its buffer when
-// it returns, as after Ring::allreduce. A root copies 2(n-1) buffers where a ring member moves
-// 2(n-1)/n of one.
+// device), for comparison with the ring (no ring: one member does all the adding):
+// every buffer is copied to member `root`, summed there in member order, and the
+// sum copied back to every member. buffers[i] (float32, one shape) is on
+// streams[i]'s device; every stream may use its buffer when it returns, as after
+// Ring::allreduce. A root copies 2(n-1) buffers where a ring member moves 2(n-1)/n
+// of one.
 void reduce_and_broadcast(const std::vector<const Stream*>& streams,
                           const std::vector<Tensor>& buffers, std::size_t root = 0);
 
