@@ -1,9 +1,11 @@
 #include "parallel/thread_team.h"
 
+#include "engine/thread_pool.h"
+
 namespace towerlab {
 
 ThreadTeam::ThreadTeam(std::size_t n) : errors_(n) {
-  for (std::size_t i = 0; i < n; ++i) threads_.emplace_back([this, i] { loop(i); });
+  for (std::size_t i = 0; i < n; ++i) threads_.emplace_back([this, i, n] { loop(i, n); });
 }
 
 ThreadTeam::~ThreadTeam() {
@@ -32,7 +34,10 @@ void ThreadTeam::run(const std::function<void(std::size_t)>& job) {
   }
 }
 
-void ThreadTeam::loop(std::size_t i) {
+void ThreadTeam::loop(std::size_t i, std::size_t n) {
+  // The members run kernels at the same time, so each takes its share of the host
+  // thread pool (engine/thread_pool.h): n members on P cores run P threads, not nP.
+  const ThreadShare share(int(i), int(n));
   std::uint64_t seen = 0;
   for (;;) {
     const std::function<void(std::size_t)>* job = nullptr;

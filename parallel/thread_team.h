@@ -2,7 +2,8 @@
 // job(i) on thread i for every i at once and returns when all have finished. The
 // trainer runs each tower's forward and backward on its own thread with it, and the
 // ring runs each host member's steps on its own thread, so that those run side by
-// side rather than one after another.
+// side rather than one after another. Each thread holds its share of the host
+// thread pool (ThreadShare), so the members' kernels do not oversubscribe the cores.
 //
 // run() rethrows the first failure in thread order, after every thread has
 // finished its call. One run() at a time; the threads sleep between runs.
@@ -30,7 +31,7 @@ class ThreadTeam {
   std::size_t size() const { return threads_.size(); }
 
  private:
-  void loop(std::size_t i);
+  void loop(std::size_t i, std::size_t n);
 
   std::mutex mutex_;
   std::condition_variable start_, done_;

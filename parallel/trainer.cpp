@@ -9,7 +9,6 @@
 #include <sstream>
 
 #include "engine/error.h"
-#include "engine/thread_pool.h"
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
 #include "parallel/fingerprint.h"
@@ -240,7 +239,6 @@ void Trainer::check_batch(const std::vector<Tensor>& batch) const {
 void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const TowerSlice& slice,
                         bool training, BatchNormSync* sync) {
   using clock = std::chrono::steady_clock;
-  const ThreadShare share(int(i), int(towers_.size()));  // towers split the host threads
   TowerState& t = *towers_[i];
   t.loss = Tensor();
   t.outputs.clear();
