@@ -61,8 +61,8 @@ std::string Trace::json() const {
   using us = std::chrono::duration<double, std::micro>;
   for (const Span& s : spans_) {
     nlohmann::json args = nlohmann::json::object();
-    for (const auto& [key, value] : s.args) {
-      std::visit([&args, &key](const auto& v) { args[key] = v; }, value);
+    for (const auto& arg : s.args) {
+      std::visit([&](const auto& v) { args[arg.first] = v; }, arg.second);
     }
     events.push_back({{"ph", "X"},
                       {"name", s.name},
