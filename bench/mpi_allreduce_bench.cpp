@@ -57,9 +57,8 @@ int main() {
     // full speed; they never become subnormal (which would not).
     std::vector<float> ours(n, 1.0f / 1024), theirs(n, 1.0f / 1024);
     const int iterations = int(std::clamp<std::size_t>((std::size_t(256) << 20) / bytes, 5, 500));
-    const double t_ours = time_per_call(iterations, 3, [&] {
-      cluster.allreduce_sum(std::span<float>(ours), "bench");
-    });
+    const double t_ours = time_per_call(
+        iterations, 3, [&] { cluster.allreduce_sum(std::span<float>(ours), "bench"); });
     const double t_mpi = time_per_call(iterations, 3, [&] {
       MPI_Allreduce(MPI_IN_PLACE, theirs.data(), int(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     });
