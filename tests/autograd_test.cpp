@@ -9,10 +9,6 @@
 namespace towerlab::testing {
 namespace {
 
-const Stream& cpu() {
-  return default_stream(Device::cpu());
-}
-
 // Float64 leaves with their own gradient buffers, for gradient checks.
 struct Leaf {
   Tensor value;

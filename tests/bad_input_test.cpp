@@ -20,10 +20,6 @@
 namespace towerlab::testing {
 namespace {
 
-const Stream& cpu() {
-  return default_stream(Device::cpu());
-}
-
 TEST(BadInput, WrongShapesAtEveryLayerNameTheLayerAndBothShapes) {
   VariableSet vars;
   Sequential net = fashion_net(vars);

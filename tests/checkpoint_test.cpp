@@ -9,10 +9,6 @@
 namespace towerlab::testing {
 namespace {
 
-const Stream& cpu() {
-  return default_stream(Device::cpu());
-}
-
 class CheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -14,10 +14,6 @@
 namespace towerlab::testing {
 namespace {
 
-const Stream& cpu() {
-  return default_stream(Device::cpu());
-}
-
 struct Net {
   VariableSet vars;
   Sequential net;

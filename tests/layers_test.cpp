@@ -9,10 +9,6 @@
 namespace towerlab::testing {
 namespace {
 
-const Stream& cpu() {
-  return default_stream(Device::cpu());
-}
-
 Tensor labels_tensor(const std::vector<double>& ids, DType dtype) {
   if (dtype == DType::Float64)
     return Tensor::from_host<double>(ids, {std::int64_t(ids.size())}, cpu());

@@ -14,10 +14,6 @@
 namespace towerlab::testing {
 namespace {
 
-const Stream& cpu() {
-  return default_stream(Device::cpu());
-}
-
 // The small CNN of trainer_test.cpp, with an L2 term (counted once per step, not
 // once per rank) and a conv width to mismatch.
 struct Model {

@@ -11,10 +11,6 @@
 namespace towerlab::testing {
 namespace {
 
-const Stream& cpu() {
-  return default_stream(Device::cpu());
-}
-
 // conv -> batch norm -> linear: the forward pass moves the moving statistics, so
 // a refused step has state to put back, not only values.
 struct GuardedModel {

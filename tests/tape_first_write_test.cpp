@@ -11,10 +11,6 @@
 namespace towerlab::testing {
 namespace {
 
-const Stream& cpu() {
-  return default_stream(Device::cpu());
-}
-
 using FirstWrite = Tape::FirstWrite;
 
 // Every trainable gradient of `store`, flat, after one pass of `pass` on a tape in `mode`.

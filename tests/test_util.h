@@ -12,6 +12,11 @@
 
 namespace towerlab::testing {
 
+// The host's default stream, which most CPU tests run on.
+inline const Stream& cpu() {
+  return default_stream(Device::cpu());
+}
+
 // True when TOWERLAB_REQUIRE_GPU is "1" (scripts/gpu.sh sets it on the GPU machine):
 // then no visible GPU fails the suite instead of skipping its CUDA cases, because
 // there a skipped CUDA case would read as a pass. Any other value, or none, is off.

@@ -12,10 +12,6 @@
 namespace towerlab::testing {
 namespace {
 
-const Stream& cpu() {
-  return default_stream(Device::cpu());
-}
-
 // A small CNN without batch norm (local batch norm is not equivalent across towers).
 struct Model {
   VariableSet vars;
