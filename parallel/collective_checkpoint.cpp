@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -69,11 +70,15 @@ std::string encode_failure(std::exception_ptr error) {
   }
 }
 
-// Runs `work` on rank 0 and gives every rank its outcome: rank 0 rethrows its own
-// exception, the others the same type with the same message; on success every
-// rank gets the text `work` returned.
-template <typename Work>
-std::string on_rank0(ProcessGroup& group, const std::string& what, Work&& work) {
+// Broadcasts rank 0's floats (the size is the same on every rank).
+void broadcast_floats(ProcessGroup& group, std::vector<float>& values, const std::string& what) {
+  group.broadcast(std::as_writable_bytes(std::span<float>(values)), 0, what);
+}
+
+}  // namespace
+
+std::string on_rank0(ProcessGroup& group, const std::string& what,
+                     const std::function<std::string()>& work) {
   std::string outcome;
   std::exception_ptr error;
   if (group.rank() == 0) {
@@ -89,13 +94,6 @@ std::string on_rank0(ProcessGroup& group, const std::string& what, Work&& work) 
   if (shared.empty() || shared[0] != '0') throw_failure(shared);
   return shared.substr(1);
 }
-
-// Broadcasts rank 0's floats (the size is the same on every rank).
-void broadcast_floats(ProcessGroup& group, std::vector<float>& values, const std::string& what) {
-  group.broadcast(std::as_writable_bytes(std::span<float>(values)), 0, what);
-}
-
-}  // namespace
 
 void save_checkpoint(ProcessGroup& group, const std::string& path, const VariableStore& store,
                      const Optimizer* optimizer,

@@ -16,6 +16,7 @@
 //         starts from the same bits.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 
@@ -31,5 +32,12 @@ void save_checkpoint(ProcessGroup& group, const std::string& path, const Variabl
 CheckpointInfo load_checkpoint(ProcessGroup& group, const std::string& path, VariableStore& store,
                                Optimizer* optimizer, const Stream& stream,
                                CheckpointMatch match = CheckpointMatch::Exact);
+
+// Runs `work` on rank 0 alone and gives every rank its outcome (one allgather
+// named `what`): rank 0 rethrows its own exception, the others an error of the same
+// type with the same message; on success every rank returns the text `work`
+// returned. The checkpoint calls above, and Trace::write across processes, use it.
+std::string on_rank0(ProcessGroup& group, const std::string& what,
+                     const std::function<std::string()>& work);
 
 }  // namespace towerlab

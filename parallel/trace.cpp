@@ -1,11 +1,27 @@
 #include "parallel/trace.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "engine/atomic_file.h"
+#include "parallel/collective_checkpoint.h"
 
 namespace towerlab {
+
+namespace {
+
+void write_file(const std::string& path, const std::string& text) {
+  AtomicFile file(path);
+  file.write(text.data(), text.size());
+  file.commit();
+}
+
+}  // namespace
 
 void Trace::name_row(int row, const std::string& name) {
   std::lock_guard lock(mutex_);
@@ -36,27 +52,28 @@ std::size_t Trace::size() const {
   return spans_.size();
 }
 
-std::string Trace::json() const {
+std::string Trace::events(int pid, std::optional<Clock::time_point> origin) const {
   std::lock_guard lock(mutex_);
   nlohmann::json events = nlohmann::json::array();
   for (const auto& [row, name] : rows_) {
     events.push_back({{"ph", "M"},
                       {"name", "thread_name"},
-                      {"pid", 1},
+                      {"pid", pid},
                       {"tid", row},
                       {"args", {{"name", name}}}});
     events.push_back({{"ph", "M"},
                       {"name", "thread_sort_index"},
-                      {"pid", 1},
+                      {"pid", pid},
                       {"tid", row},
                       {"args", {{"sort_index", row}}}});
   }
-  // Time 0 is the start of the earliest span.
-  Clock::time_point origin{};
-  if (!spans_.empty()) {
-    origin = std::min_element(spans_.begin(), spans_.end(), [](const Span& a, const Span& b) {
-               return a.start < b.start;
-             })->start;
+  if (!origin) {
+    origin = Clock::time_point{};
+    if (!spans_.empty()) {
+      origin = std::min_element(spans_.begin(), spans_.end(), [](const Span& a, const Span& b) {
+                 return a.start < b.start;
+               })->start;
+    }
   }
   using us = std::chrono::duration<double, std::micro>;
   for (const Span& s : spans_) {
@@ -67,20 +84,66 @@ std::string Trace::json() const {
     events.push_back({{"ph", "X"},
                       {"name", s.name},
                       {"cat", s.category},
-                      {"pid", 1},
+                      {"pid", pid},
                       {"tid", s.row},
-                      {"ts", us(s.start - origin).count()},
+                      {"ts", us(s.start - *origin).count()},
                       {"dur", us(s.end - s.start).count()},
                       {"args", args}});
   }
-  return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump(1);
+  return events.dump();
+}
+
+std::string Trace::json() const {
+  // Time 0 is the start of the earliest span.
+  return nlohmann::json{{"traceEvents", nlohmann::json::parse(events(1))},
+                        {"displayTimeUnit", "ms"}}
+      .dump(1);
 }
 
 void Trace::write(const std::string& path) const {
-  const std::string text = json();
-  AtomicFile file(path);
-  file.write(text.data(), text.size());
-  file.commit();
+  write_file(path, json());
+}
+
+void Trace::write(const std::string& path, ProcessGroup& group) const {
+  if (group.size() == 1) {
+    write(path);
+    return;
+  }
+  // The common event: every rank leaves this collective at about the same moment,
+  // so a rank's times relative to its own exit are comparable across ranks.
+  group.allgather("", "trace: align the ranks' clocks");
+  const Clock::time_point aligned = Clock::now();
+  char host[256] = "";
+  if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "?");
+  const nlohmann::json mine{{"host", host},
+                            {"events", nlohmann::json::parse(events(group.rank(), aligned))}};
+  const std::vector<std::string> parts = group.allgather(mine.dump(), "trace: every rank's spans");
+  on_rank0(group, "trace: write " + path, [&] {
+    std::vector<nlohmann::json> ranks;
+    double earliest = std::numeric_limits<double>::infinity();
+    for (const std::string& part : parts) {
+      ranks.push_back(nlohmann::json::parse(part));
+      for (const nlohmann::json& e : ranks.back()["events"]) {
+        if (e["ph"] == "X") earliest = std::min(earliest, e["ts"].get<double>());
+      }
+    }
+    if (!std::isfinite(earliest)) earliest = 0.0;
+    nlohmann::json events = nlohmann::json::array();
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      const std::string name =
+          "rank " + std::to_string(r) + " (" + ranks[r]["host"].get<std::string>() + ")";
+      events.push_back(
+          {{"ph", "M"}, {"name", "process_name"}, {"pid", r}, {"args", {{"name", name}}}});
+      events.push_back(
+          {{"ph", "M"}, {"name", "process_sort_index"}, {"pid", r}, {"args", {{"sort_index", r}}}});
+      for (nlohmann::json& e : ranks[r]["events"]) {
+        if (e["ph"] == "X") e["ts"] = e["ts"].get<double>() - earliest;
+        events.push_back(std::move(e));
+      }
+    }
+    write_file(path, nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump(1));
+    return std::string();
+  });
 }
 
 TraceProfiler::TraceProfiler(Trace& trace, int row, const Stream& stream, std::int64_t samples)

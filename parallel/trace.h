@@ -2,13 +2,23 @@
 // JSON (open it in https://ui.perfetto.dev or chrome://tracing, or render it with
 // scripts/trace_png.py): one row per tower with its forward and backward, each
 // layer's forward and backward inside them, and each ring step; one row for the
-// master's update. A learner sees the towers work side by side, where a step's
-// time goes layer by layer, and the ring pass chunks.
+// master's update; with a process group, one row ("processes") for the all-reduce
+// between processes, named by what it carries, with its bytes. A learner sees the
+// towers work side by side, where a step's time goes layer by layer, and the ring
+// pass chunks.
 //
 // Every span carries args: the global step it belongs to (set_step), and what the
 // recorder knows of it: the samples in the tower for tower and layer spans, the
 // chunk index and the bytes a ring step moves into its member. Times start at 0 at
 // the first span recorded.
+//
+// Across processes (parallel/process_group.h) each process records its own
+// trace, and write(path, group) gathers them into one file on rank 0: each rank is
+// a process of the trace ("rank 1 (host)"), its towers, master and cross-process
+// all-reduce are its rows. Each process's steady clock has its own origin, so the
+// ranks' times are aligned at a common event: the moment they leave one collective
+// together (their exits differ by about one message's latency, microseconds on one
+// host). The times then start at 0 at the earliest span of any rank.
 //
 // Spans are wall-clock times on the host. For CUDA towers the trainer waits for
 // the tower's stream at the end of each span while a trace is being recorded, so
@@ -19,12 +29,14 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <variant>
 #include <vector>
 
 #include "autograd/tape.h"
+#include "parallel/process_group.h"
 
 namespace towerlab {
 
@@ -45,6 +57,11 @@ class Trace {
             const std::string& category = "step", std::vector<TraceArg> args = {});
   // Writes the Chrome trace JSON (atomically). Throws IoError.
   void write(const std::string& path) const;
+  // Collective: every process of `group` calls it with its own trace, and rank 0
+  // writes one trace of every rank's rows to `path` (the other ranks' `path` is not
+  // used). Every rank returns, or throws rank 0's error, alike. A group of one
+  // writes what write(path) writes.
+  void write(const std::string& path, ProcessGroup& group) const;
   std::string json() const;
   std::size_t size() const;
 
@@ -55,6 +72,11 @@ class Trace {
     Clock::time_point start, end;
     std::vector<TraceArg> args;
   };
+  // This trace's Chrome trace events as a JSON array: rows and spans in process
+  // `pid`, times in microseconds from `origin` (negative before it), or from the
+  // earliest span without one.
+  std::string events(int pid, std::optional<Clock::time_point> origin = std::nullopt) const;
+
   mutable std::mutex mutex_;
   std::int64_t step_ = -1;
   std::vector<Span> spans_;

@@ -198,6 +198,7 @@ void Trainer::set_trace(Trace* trace) {
     trace_->name_row(int(i), "tower " + std::to_string(i) + " (" + towers_[i]->device.str() + ")");
   }
   trace_->name_row(int(towers_.size()), "master (" + master_device_.str() + ")");
+  if (options_.process_group != nullptr) trace_->name_row(int(towers_.size()) + 1, "processes");
 }
 
 const VariableStore& Trainer::replica(std::size_t i) const {
@@ -489,10 +490,17 @@ void Trainer::reduce_across_processes(const StepResult& result, bool training) {
   std::fill(sizes, sizes + ranks_, 0.0f);
   sizes[rank_] = float(result.samples);
 
-  const std::string what = training ? "step " + std::to_string(optimizer_.steps()) +
-                                          ": gradients, moving statistics, losses, batch sizes"
-                                    : std::string("evaluation: losses, batch sizes");
+  const std::string carries =
+      training ? "gradients, moving statistics, losses, batch sizes" : "losses, batch sizes";
+  const std::string what =
+      (training ? "step " + std::to_string(optimizer_.steps()) : std::string("evaluation")) + ": " +
+      carries;
+  const auto start = Trace::Clock::now();
   options_.process_group->allreduce_sum(std::span<float>(values, std::size_t(total)), what);
+  if (trace_ != nullptr) {
+    trace_->span(int(towers_.size()) + 1, "all-reduce: " + carries, start, "processes",
+                 {{"bytes", total * std::int64_t(sizeof(float))}, {"processes", ranks_}});
+  }
 
   for (int r = 1; r < ranks_; ++r) {
     if (sizes[r] == sizes[0]) continue;

@@ -11,8 +11,9 @@
 //
 // Under mpirun every rank runs this program on the same global batches and the
 // ranks train one model (parallel/cluster.h): `mpirun -np 4 fashion_mnist
-// --devices cpu,cpu`. Rank 0 alone prints and writes summaries, metrics and
-// checkpoints; a checkpoint loads through rank 0. Errors come from every rank.
+// --devices cpu,cpu`. Rank 0 alone prints and writes summaries, metrics,
+// checkpoints and the trace (which holds every rank's rows); a checkpoint loads
+// through rank 0. Errors come from every rank.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -173,7 +174,7 @@ int run(const sample::Options& o) {
         const StepResult r = trainer.step({batch.images, batch.labels});
         if (tracing) {
           trainer.set_trace(nullptr);  // the test-set evaluation between epochs is not traced
-          if (global_step == trace_last) trace.write(o.trace);
+          if (global_step == trace_last) trace.write(o.trace, cluster);  // every rank's rows
         }
         if (!std::isfinite(r.loss) && !r.skipped) {  // reached with --numeric-guard off
           std::fprintf(stderr, "fashion_mnist: training diverged at epoch %d step %lld (loss %g)\n",
