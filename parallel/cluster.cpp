@@ -18,6 +18,9 @@
 
 #if TOWERLAB_WITH_MPI
 #include <mpi.h>
+#include <unistd.h>
+
+#include <csignal>
 #endif
 
 namespace towerlab {
@@ -57,6 +60,78 @@ constexpr int kAbortBytes = 1024;
 constexpr std::size_t kBroadcastPiece = std::size_t(1) << 30;
 
 std::atomic<bool> g_mpi_cluster_alive{false};
+
+// What a rank says when mpirun stops it with SIGTERM (it does so to every rank when
+// one dies, then sends SIGKILL a second later): its rank and the collective call
+// it was in. A signal handler may not allocate or lock, so the call's name is kept
+// in fixed buffers: Mpi::begin writes the one not published and then publishes it
+// (a lock-free index), so the handler reads a whole name unless two calls begin
+// while it runs.
+constexpr std::size_t kNoteBytes = 240;
+std::array<std::array<char, kNoteBytes>, 2> g_call_names{};
+std::atomic<int> g_call_name{-1};  // the published buffer; -1: no call yet
+std::atomic<bool> g_in_call{false};
+std::array<char, 48> g_rank_prefix{};  // "towerlab: rank 3 "
+struct sigaction g_previous_sigterm;
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<bool>::is_always_lock_free);
+
+void note_call(std::string_view what) {
+  const int next = 1 - std::max(g_call_name.load(), 0);
+  auto& name = g_call_names[std::size_t(next)];
+  const std::size_t n = std::min(what.size(), kNoteBytes - 1);
+  std::memcpy(name.data(), what.data(), n);
+  name[n] = '\0';
+  g_call_name.store(next);
+  g_in_call.store(true);
+}
+
+// Appends the C string `text` to line[0, *used), within `capacity`.
+void append(char* line, std::size_t capacity, std::size_t* used, const char* text) {
+  while (*text != '\0' && *used + 1 < capacity) line[(*used)++] = *text++;
+}
+
+// One line on stderr, then the previous action (by default: terminate by SIGTERM)
+// once this handler returns. Only async-signal-safe calls: write, sigaction, raise.
+extern "C" void report_sigterm(int) {
+  char line[kNoteBytes + 256];
+  std::size_t used = 0;
+  append(line, sizeof line, &used, g_rank_prefix.data());
+  const int note = g_call_name.load();
+  if (note < 0) {
+    append(line, sizeof line, &used, "had made no collective call");
+  } else {
+    append(line, sizeof line, &used, g_in_call.load() ? "was in '" : "had finished '");
+    append(line, sizeof line, &used, g_call_names[std::size_t(note)].data());
+    append(line, sizeof line, &used, g_in_call.load() ? "'" : "', its last collective call,");
+  }
+  append(line, sizeof line, &used,
+         " when SIGTERM stopped it (mpirun stops every rank when one dies)\n");
+  [[maybe_unused]] const ssize_t written = ::write(STDERR_FILENO, line, used);
+  ::sigaction(SIGTERM, &g_previous_sigterm, nullptr);
+  ::raise(SIGTERM);  // blocked until this handler returns
+}
+
+// Installs report_sigterm unless the program ignores SIGTERM or handles it itself.
+void install_sigterm_report(int rank) {
+  const std::string prefix = "towerlab: rank " + std::to_string(rank) + " ";
+  std::memcpy(g_rank_prefix.data(), prefix.c_str(), prefix.size() + 1);
+  struct sigaction previous {};
+  ::sigaction(SIGTERM, nullptr, &previous);
+  if (previous.sa_handler != SIG_DFL || (previous.sa_flags & SA_SIGINFO) != 0) return;
+  g_previous_sigterm = previous;
+  struct sigaction action {};
+  action.sa_handler = report_sigterm;
+  sigemptyset(&action.sa_mask);
+  ::sigaction(SIGTERM, &action, nullptr);
+}
+
+void remove_sigterm_report() {
+  struct sigaction current {};
+  ::sigaction(SIGTERM, nullptr, &current);
+  if (current.sa_handler == report_sigterm) ::sigaction(SIGTERM, &g_previous_sigterm, nullptr);
+  g_call_name.store(-1);
+  g_in_call.store(false);
+}
 
 std::string seconds_text(std::chrono::milliseconds d) {
   std::ostringstream os;
@@ -249,6 +324,7 @@ struct Cluster::Mpi {
                                ": the process group failed earlier: " + broken);
     }
     what = std::string(call_name);
+    note_call(what);
     mine = {calls, std::uint64_t(call), count, root};
     notice_out = mine;
     start = Clock::now();
@@ -265,6 +341,7 @@ struct Cluster::Mpi {
     poll_until([&] { return std::find(arrived.begin(), arrived.end(), false) == arrived.end(); });
     ++calls;
     post_notice_receives();
+    g_in_call.store(false);
   }
 };
 
@@ -324,6 +401,7 @@ Cluster::Cluster(ClusterOptions options) : deadline_(deadline_from_environment(o
                          mpi->control, &mpi->abort_recv),
                "MPI_Irecv");
     mpi_ = std::move(mpi);
+    install_sigterm_report(rank_);
   } catch (...) {
     g_mpi_cluster_alive = false;
     throw;
@@ -332,6 +410,7 @@ Cluster::Cluster(ClusterOptions options) : deadline_(deadline_from_environment(o
 
 Cluster::~Cluster() {
   if (!mpi_) return;
+  remove_sigterm_report();
   if (!mpi_->broken.empty()) {
     // Requests of the failed call may still name this object's buffers, and
     // MPI_Finalize would wait for the rank that was lost: leave MPI as it is (and

@@ -37,9 +37,14 @@
 // ends the job when this process exits.
 //
 // A rank that dies: by default mpirun ends the whole job at once and names the
-// rank ("process rank 1 ... exited on signal 9"). Under `mpirun --enable-recovery`
-// the others live on and stop at their next call with the message above, after the
-// deadline (MPI on shared memory gives no earlier sign of a dead peer).
+// rank ("process rank 1 ... exited on signal 9"): it sends every other rank SIGTERM,
+// then SIGKILL a second later. While a Cluster on MPI is alive it handles SIGTERM
+// (unless the program ignores or handles it itself): each surviving rank writes one
+// line saying where it was, "towerlab: rank 0 was in 'step 7: gradients' when
+// SIGTERM stopped it (...)", and then ends by SIGTERM as it would have. Under
+// `mpirun --enable-recovery` the others live on and stop at their next call with
+// the message above, after the deadline (MPI on shared memory gives no earlier
+// sign of a dead peer).
 #pragma once
 
 #include <chrono>

@@ -59,8 +59,7 @@ class Trace {
   void write(const std::string& path) const;
   // Collective: every process of `group` calls it with its own trace, and rank 0
   // writes one trace of every rank's rows to `path` (the other ranks' `path` is not
-  // used). Every rank returns, or throws rank 0's error, alike. A group of one
-  // writes what write(path) writes.
+  // used). Every rank returns, or throws rank 0's error, alike.
   void write(const std::string& path, ProcessGroup& group) const;
   std::string json() const;
   std::size_t size() const;

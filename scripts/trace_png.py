@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Renders a towerlab Chrome trace (Trainer::set_trace, fashion_mnist --trace) as a
 PNG timeline: for each tower a lane of its layers (forward solid, backward
-hatched, one colour per layer) and a lane for the master's update, dashed lines
-where each traced step starts; below, a zoom on the first traced step's ring (a
-lane per member: reduce-scatter and all-gather, each labelled with its chunk),
-too short to see beside the layers.
+hatched, one colour per layer), a lane for the master's update and, in a job of
+several processes, a lane for each rank's all-reduce between processes, with
+dashed lines where each traced step starts; below, a zoom on the first traced
+step's ring (a lane per member: reduce-scatter and all-gather, each labelled with
+its chunk), too short to see beside the layers. A trace of several ranks (mpirun)
+shows every rank's lanes, labelled with the rank.
 
     python3 scripts/trace_png.py step.json docs/img/trace.png [--title TEXT]
 
@@ -23,6 +25,7 @@ from matplotlib.patches import Patch  # noqa: E402
 
 RING_COLOURS = {"reduce-scatter": "#4c72b0", "all-gather": "#55a868"}
 MASTER_COLOUR = "#c44e52"
+PROCESSES_COLOUR = "#8172b2"
 
 
 def fail(message):
@@ -39,11 +42,19 @@ def load(path):
     events = trace.get("traceEvents") if isinstance(trace, dict) else None
     if not isinstance(events, list):
         fail(f"{path}: no traceEvents list (not a Chrome trace)")
-    names = {e["tid"]: e["args"]["name"] for e in events
+    # A row is (pid, tid): in a job's trace each rank is a process.
+    processes = {e["pid"]: e["args"]["name"] for e in events
+                 if e.get("ph") == "M" and e.get("name") == "process_name"}
+    names = {(e.get("pid", 0), e["tid"]): e["args"]["name"] for e in events
              if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    if len(processes) > 1:
+        names = {row: f"{processes.get(row[0], row[0]).split(' (')[0]}: {name}"
+                 for row, name in names.items()}
     spans = [e for e in events if e.get("ph") == "X"]
     if not spans:
         fail(f"{path}: the trace holds no spans")
+    for s in spans:
+        s["row"] = (s.get("pid", 0), s["tid"])
     return names, spans
 
 
@@ -63,8 +74,8 @@ def draw_ring(ax, spans, lanes, origin_ms):
     end_ms = max(s["ts"] + s["dur"] for s in spans) / 1000.0 - origin_ms
     for s in spans:
         x, w = s["ts"] / 1000.0 - origin_ms, s["dur"] / 1000.0
-        if s.get("cat") == "ring" and (s["tid"], "ring") in index:
-            y = index[(s["tid"], "ring")]
+        if s.get("cat") == "ring" and (s["row"], "ring") in index:
+            y = index[(s["row"], "ring")]
             phase = s["name"].rsplit(" ", 1)[0]
             ax.broken_barh([(x, w)], (y - 0.35, 0.7), facecolors=RING_COLOURS.get(phase, "grey"),
                            edgecolor="white", linewidth=0.5)
@@ -76,15 +87,17 @@ def draw_ring(ax, spans, lanes, origin_ms):
 
 def render(names, spans, out, title):
     colours = layer_colours(spans)
-    rows = sorted({s["tid"] for s in spans} | set(names))
-    master_rows = [r for r in rows if names.get(r, "").startswith("master")]
-    tower_rows = [r for r in rows if r not in master_rows]
+    rows = sorted({s["row"] for s in spans} | set(names))
+    master_rows = [r for r in rows if names.get(r, "").split(": ")[-1].startswith("master")]
+    processes_rows = [r for r in rows if names.get(r, "").split(": ")[-1] == "processes"]
+    tower_rows = [r for r in rows if r not in master_rows and r not in processes_rows]
     ring = [s for s in spans if s.get("cat") == "ring"]
 
     # Top: each tower's layers, and the master. Bottom: a zoom on the first traced
     # step's ring, too short to see at the top.
-    lanes = [(r, "layers") for r in tower_rows] + [(r, "master") for r in master_rows]
-    labels = [names.get(r, f"row {r}") for r, _ in lanes]
+    lanes = sorted([(r, "layers") for r in tower_rows] + [(r, "master") for r in master_rows]
+                   + [(r, "processes") for r in processes_rows])
+    labels = [names.get(r, f"row {r[1]}") for r, _ in lanes]
     index = {key: i for i, key in enumerate(lanes)}
     heights = [len(lanes), len(tower_rows)] if ring else [len(lanes)]
     fig, axes = plt.subplots(len(heights), 1, figsize=(14, 1.2 + 0.6 * sum(heights) + 0.8),
@@ -94,19 +107,20 @@ def render(names, spans, out, title):
     for s in spans:
         cat = s.get("cat")
         x, w = s["ts"] / 1000.0, s["dur"] / 1000.0
-        if cat in ("forward", "backward") and (s["tid"], "layers") in index:
-            y = index[(s["tid"], "layers")]
+        if cat in ("forward", "backward") and (s["row"], "layers") in index:
+            y = index[(s["row"], "layers")]
             ax.broken_barh([(x, w)], (y - 0.4, 0.8), facecolors=colours[s["name"]],
                            edgecolor="white", linewidth=0.3,
                            hatch="///" if cat == "backward" else None)
-        elif cat == "tower" and (s["tid"], "layers") in index:
+        elif cat == "tower" and (s["row"], "layers") in index:
             # The tower's whole forward or backward: a thin bar under its layers.
-            y = index[(s["tid"], "layers")]
+            y = index[(s["row"], "layers")]
             ax.broken_barh([(x, w)], (y + 0.42, 0.08), facecolors="black")
-        elif (s["tid"], "master") in index:
+        elif (s["row"], "master") in index or (s["row"], "processes") in index:
             # Widened to be seen beside the layers.
-            ax.broken_barh([(x, max(w, end_ms / 300))], (index[(s["tid"], "master")] - 0.35, 0.7),
-                           facecolors=MASTER_COLOUR)
+            kind = "master" if (s["row"], "master") in index else "processes"
+            ax.broken_barh([(x, max(w, end_ms / 300))], (index[(s["row"], kind)] - 0.35, 0.7),
+                           facecolors=MASTER_COLOUR if kind == "master" else PROCESSES_COLOUR)
 
     steps = {}
     for s in spans:
@@ -127,6 +141,8 @@ def render(names, spans, out, title):
     legend += [Patch(facecolor=c, label=n) for n, c in RING_COLOURS.items()]
     if master_rows:
         legend.append(Patch(facecolor=MASTER_COLOUR, label="update + broadcast"))
+    if processes_rows:
+        legend.append(Patch(facecolor=PROCESSES_COLOUR, label="all-reduce between processes"))
     ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7,
               frameon=False)
     if title:
@@ -140,8 +156,7 @@ def render(names, spans, out, title):
         zoom = axes[1][0]
         draw_ring(zoom, window, zoom_lanes, origin_ms)
         zoom.set_yticks(range(len(zoom_lanes)))
-        zoom.set_yticklabels([f"{names.get(r, r)} ring" if kind == "ring" else names.get(r, r)
-                              for r, kind in zoom_lanes], fontsize=8)
+        zoom.set_yticklabels([f"{names.get(r, r)} ring" for r, _ in zoom_lanes], fontsize=8)
         zoom.set_ylim(len(zoom_lanes) - 0.4, -0.6)
         zoom.set_xlabel(f"ms from the ring's first step (zoom on step {first_step})")
         zoom.grid(axis="x", linewidth=0.3)

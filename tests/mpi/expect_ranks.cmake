@@ -1,8 +1,8 @@
-# cmake -DCOUNT=n [-DPATTERN=regex] [-DOUTPUT=regex] [-DEXIT0=ON] -P expect_ranks.cmake -- mpirun ...
+# cmake -DCOUNT=n [-DPATTERN=regex] [-DOUTPUT=regex[;regex...]] [-DEXIT0=ON] -P expect_ranks.cmake -- mpirun ...
 # Runs the command line after "--" and passes when its output (stdout and stderr
 # of every rank) holds exactly COUNT matches of PATTERN (by default gtest's
 # "[  PASSED  ]" line, printed once per rank whose tests passed), no
-# "[  FAILED  ]", and a match of OUTPUT when given. mpirun's exit code counts only
+# "[  FAILED  ]", and a match of each OUTPUT regex. mpirun's exit code counts only
 # with EXIT0: a rank that ends on a broken group skips MPI_Finalize on purpose,
 # and mpirun then exits non-zero whatever the tests said.
 if(NOT DEFINED PATTERN OR PATTERN STREQUAL "")
@@ -28,9 +28,13 @@ endif()
 if(all MATCHES "\\[  FAILED  \\]")
   message(FATAL_ERROR "a rank reported a failed test")
 endif()
-if(DEFINED OUTPUT AND NOT OUTPUT STREQUAL "" AND NOT all MATCHES "${OUTPUT}")
-  message(FATAL_ERROR "the output does not match '${OUTPUT}'")
-endif()
+# ctest hands a list over with its separators escaped.
+string(REPLACE "\\;" ";" OUTPUT "${OUTPUT}")
+foreach(regex IN LISTS OUTPUT)
+  if(NOT all MATCHES "${regex}")
+    message(FATAL_ERROR "the output does not match '${regex}'")
+  endif()
+endforeach()
 if(EXIT0 AND NOT code EQUAL 0)
   message(FATAL_ERROR "the command exited with ${code}")
 endif()

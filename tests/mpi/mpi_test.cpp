@@ -12,6 +12,9 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
@@ -326,6 +329,71 @@ TEST(CollectiveCheckpoint, FailingLoadFailsEveryRankWithRankZerosError) {
   EXPECT_EQ(all_bytes(store), before);
 }
 
+// --- the trace of a job ------------------------------------------------------
+
+// Every rank traces two steps of 2 CPU towers and writes the trace collectively:
+// rank 0's file holds each rank as a process, named once, with its towers, master
+// and processes rows, and the ranks' times aligned (they leave each step's
+// all-reduce together).
+TEST(JobTrace, RankZeroWritesEveryRanksRowsWithAlignedTimes) {
+  SharedDir dir;
+  Model m;
+  TrainerOptions options;
+  options.devices = {Device::cpu(), Device::cpu()};
+  options.process_group = &cluster();
+  Trainer trainer(
+      m.vars,
+      [&m](const Tower& tower, const std::vector<Tensor>& batch) {
+        Context ctx = tower.context();
+        Var logits = m.net(ctx, tower.input(batch[0], "images"));
+        return TowerResult{ag::softmax_cross_entropy(logits, tower.input(batch[1], "labels"))};
+      },
+      Optimizer::by_name("sgd", 0.1), options);
+  Trace trace;
+  trainer.set_trace(&trace);
+  for (int step = 1; step <= 2; ++step) {
+    trace.set_step(step);
+    trainer.step({m.images, m.labels});
+  }
+  trainer.set_trace(nullptr);
+  // The ranks arrive at the write at different times; their clocks are aligned
+  // where they leave it together.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100 * cluster().rank()));
+  const std::string path = dir.file("trace.json");
+  trace.write(path, cluster());
+  if (cluster().rank() != 0) return;
+
+  std::ifstream in(path);
+  const nlohmann::json json = nlohmann::json::parse(in);
+  const int ranks = cluster().size();
+  std::map<int, int> process_names, rows;
+  std::map<std::int64_t, std::vector<double>> all_reduce_ends;  // step -> per rank, ms
+  for (const nlohmann::json& e : json["traceEvents"]) {
+    const int pid = e["pid"].get<int>();
+    if (e["name"] == "process_name") {
+      ++process_names[pid];
+      EXPECT_EQ(e["args"]["name"].get<std::string>().rfind("rank " + std::to_string(pid) + " (", 0),
+                0u);
+    }
+    if (e["name"] == "thread_name") ++rows[pid];
+    if (e["ph"] == "X" && e["cat"] == "processes") {
+      all_reduce_ends[e["args"]["step"].get<std::int64_t>()].push_back(
+          (e["ts"].get<double>() + e["dur"].get<double>()) / 1000.0);
+    }
+  }
+  for (int r = 0; r < ranks; ++r) {
+    EXPECT_EQ(process_names[r], 1) << "rank " << r;
+    EXPECT_EQ(rows[r], 4) << "rank " << r << ": 2 towers, the master, the processes";
+  }
+  EXPECT_EQ(process_names.size(), std::size_t(ranks));
+  ASSERT_EQ(all_reduce_ends.size(), 2u);
+  for (const auto& [step, ends] : all_reduce_ends) {
+    ASSERT_EQ(ends.size(), std::size_t(ranks)) << "step " << step;
+    const auto [low, high] = std::minmax_element(ends.begin(), ends.end());
+    EXPECT_LT(*high - *low, 50.0) << "step " << step << ": the ranks' all-reduce ends (ms)";
+  }
+}
+
 // --- failures: each in an mpirun of its own -----------------------------------
 
 std::int64_t seconds_since(std::chrono::steady_clock::time_point start) {
@@ -402,6 +470,24 @@ TEST(Failure, KilledRankMakesTheOthersStop) {
     const std::string message = e.what();
     EXPECT_NE(message.find("step 5: gradients"), std::string::npos) << message;
     EXPECT_NE(message.find("rank 1"), std::string::npos) << message;
+  }
+}
+
+// Rank 1 is stopped by SIGTERM between two calls (as mpirun stops a rank when
+// another dies). It says which call it finished last and ends by SIGTERM; mpirun
+// then stops rank 0, which says which call it was waiting in (the ctest case
+// checks both lines).
+TEST(Failure, TerminatedRankSaysWhereItWas) {
+  Cluster& group = cluster();
+  ASSERT_GE(group.size(), 2);
+  std::vector<float> grads(1000, 1.0f);
+  group.allreduce_sum(std::span<float>(grads), "step 4: gradients");
+  if (group.rank() == 1) std::raise(SIGTERM);
+  try {
+    group.allreduce_sum(std::span<float>(grads), "step 5: gradients");
+    ADD_FAILURE() << "expected CommunicationError or SIGTERM";
+  } catch (const CommunicationError& e) {
+    std::fprintf(stderr, "rank %d: %s\n", group.rank(), e.what());
   }
 }
 
