@@ -198,7 +198,7 @@ void Trainer::set_trace(Trace* trace) {
     trace_->name_row(int(i), "tower " + std::to_string(i) + " (" + towers_[i]->device.str() + ")");
   }
   trace_->name_row(int(towers_.size()), "master (" + master_device_.str() + ")");
-  if (options_.process_group != nullptr) trace_->name_row(int(towers_.size()) + 1, "processes");
+  if (ranks_ > 1) trace_->name_row(int(towers_.size()) + 1, "processes");
 }
 
 const VariableStore& Trainer::replica(std::size_t i) const {
@@ -497,7 +497,7 @@ void Trainer::reduce_across_processes(const StepResult& result, bool training) {
       carries;
   const auto start = Trace::Clock::now();
   options_.process_group->allreduce_sum(std::span<float>(values, std::size_t(total)), what);
-  if (trace_ != nullptr) {
+  if (trace_ != nullptr && ranks_ > 1) {
     trace_->span(int(towers_.size()) + 1, "all-reduce: " + carries, start, "processes",
                  {{"bytes", total * std::int64_t(sizeof(float))}, {"processes", ranks_}});
   }
