@@ -113,6 +113,8 @@ void Trace::write(const std::string& path, ProcessGroup& group) const {
   if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "?");
   const nlohmann::json mine{{"host", host},
                             {"events", nlohmann::json::parse(events(group.rank(), aligned))}};
+  // A ProcessGroup has no gather: every rank receives every part, and rank 0 alone
+  // uses them (a trace is a few steps, so the parts are small).
   const std::vector<std::string> parts = group.allgather(mine.dump(), "trace: every rank's spans");
   on_rank0(group, "trace: write " + path, [&] {
     std::vector<nlohmann::json> ranks;
