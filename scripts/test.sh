@@ -27,10 +27,12 @@ run_preset release
 run_preset cpu -E 'torch_convert'
 run_preset asan
 # The tests that run threads: towers, the ring, synchronized batch norm, the thread
-# pool (and the GEMM on it), determinism, two trainers side by side. A report makes
-# the test exit non-zero (halt_on_error), which fails it.
+# pool (and the GEMM on it), determinism, two trainers side by side, the ranks of a
+# job as threads (MultiRank: a trainer per rank meeting in a thread process group,
+# and the job's trace). A report makes the test exit non-zero (halt_on_error),
+# which fails it.
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
-run_preset tsan -R 'Trainer|Ring|NumericGuard|Determinism|ThreadPool|Concurrency|MatmulCpu|BadInput'
+run_preset tsan -R 'Trainer|Ring|NumericGuard|Determinism|ThreadPool|Concurrency|MatmulCpu|BadInput|MultiRank'
 
 # The CUDA kernels on the host, for machines without a GPU: indexing, edge guards,
 # barriers and warp-synchronous code under AddressSanitizer and ThreadSanitizer,
