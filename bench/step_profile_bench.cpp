@@ -6,7 +6,7 @@
 // step is from the GEMM-bound limit (the step's convolution and matrix-product FLOPs
 // at the rate of one large GEMM on all threads).
 //
-//   step_profile_bench [--towers T] [--batch B] [--steps S] [--zero-fill 1]
+//   step_profile_bench [--towers T] [--batch B] [--steps S] [--threads N] [--zero-fill 1]
 //
 // --zero-fill 1 makes every tape zero-fill its gradients and accumulate into them
 // (Tape::FirstWrite::Zeroed) instead of letting the first write assign: the
@@ -18,7 +18,12 @@
 // (TapeProfiler, the hook the trainer's traces use) that sums the time of each
 // layer's forward scope and of each run of backward records a layer made; the
 // records made outside every layer (the loss) form the row "loss". The shares are
-// those of tower 0.
+// those of tower 0, in wall time and in the CPU time of tower 0's thread. A loaded
+// machine stretches wall time but hardly the thread's CPU time, which is the whole
+// of the tower's work when its share of the pool is one thread (2 towers on 2
+// threads, or --threads 1): the shares to trust on a shared machine.
+//
+//   --threads N   the pool's size (default: the machine's CPUs)
 #include <time.h>
 
 #include <algorithm>
@@ -41,12 +46,36 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
-// User plus system time of every thread of the process, in milliseconds.
-double process_cpu_ms() {
+// CPU time in milliseconds: of every thread of the process (CLOCK_PROCESS_CPUTIME_ID)
+// or of the calling thread (CLOCK_THREAD_CPUTIME_ID).
+double cpu_ms(clockid_t clock) {
   timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  clock_gettime(clock, &t);
   return double(t.tv_sec) * 1e3 + double(t.tv_nsec) * 1e-6;
 }
+double process_cpu_ms() {
+  return cpu_ms(CLOCK_PROCESS_CPUTIME_ID);
+}
+double thread_cpu_ms() {
+  return cpu_ms(CLOCK_THREAD_CPUTIME_ID);
+}
+
+// A point in time on both clocks: wall and the calling thread's CPU.
+struct Instant {
+  Clock::time_point wall = Clock::now();
+  double cpu = thread_cpu_ms();
+};
+// Wall and thread-CPU milliseconds.
+struct Times {
+  double wall = 0, cpu = 0;
+  void add_since(const Instant& start) {
+    const Instant now;
+    wall += ms_between(start.wall, now.wall);
+    cpu += now.cpu - start.cpu;
+  }
+  Times per(int steps) const { return {wall / steps, cpu / steps}; }
+  Times operator+(const Times& o) const { return {wall + o.wall, cpu + o.cpu}; }
+};
 
 // "conv1: Conv2d 1->32 ..." is "conv1"; "MaxPool2d 2x2 stride 2" is "MaxPool2d".
 std::string short_name(const std::string& description) {
@@ -60,7 +89,7 @@ struct LayerRow {
   double forward_flops_per_sample = 0;
   double backward_flops_per_sample = 0;  // the data product (unless the input needs no
                                          // gradient) and the weight product
-  double forward_ms = 0, backward_ms = 0;
+  Times forward, backward;               // per step
 };
 
 // The rows of `net`, with the FLOPs of its convolutions and matrix products: a layer
@@ -99,47 +128,46 @@ std::vector<LayerRow> layer_rows(const Sequential& net, const VariableSet& vars)
 // so scope i of every pass is layer i; records outside every scope are the loss's.
 class LayerTimer : public TapeProfiler {
  public:
-  explicit LayerTimer(std::size_t layers) : forward_(layers, 0.0), backward_(layers, 0.0) {}
+  explicit LayerTimer(std::size_t layers) : forward_(layers), backward_(layers) {}
 
   int begin_scope(const std::string&) override {
     if (backward_seen_) {  // a new pass
       backward_seen_ = false;
       next_scope_ = 0;
     }
-    scope_start_ = Clock::now();
+    scope_start_ = Instant();
     return next_scope_++;
   }
   void end_scope(int scope) noexcept override {
-    if (timing) forward_[std::size_t(scope)] += ms_between(scope_start_, Clock::now());
+    if (timing) forward_[std::size_t(scope)].add_since(scope_start_);
   }
   void backward_record(int scope, const std::string&) override {
     close_run();
     run_scope_ = scope;
-    run_start_ = Clock::now();
+    run_start_ = Instant();
     in_run_ = true;
     backward_seen_ = true;
   }
   void backward_done() override { close_run(); }
 
   bool timing = false;
-  const std::vector<double>& forward() const { return forward_; }
-  const std::vector<double>& backward() const { return backward_; }
-  double loss_backward() const { return loss_backward_; }
+  const std::vector<Times>& forward() const { return forward_; }
+  const std::vector<Times>& backward() const { return backward_; }
+  const Times& loss_backward() const { return loss_backward_; }
 
  private:
   void close_run() {
     if (!in_run_) return;
     in_run_ = false;
-    if (!timing) return;
-    const double ms = ms_between(run_start_, Clock::now());
-    (run_scope_ >= 0 ? backward_[std::size_t(run_scope_)] : loss_backward_) += ms;
+    if (timing)
+      (run_scope_ >= 0 ? backward_[std::size_t(run_scope_)] : loss_backward_).add_since(run_start_);
   }
 
-  std::vector<double> forward_, backward_;
-  double loss_backward_ = 0;
+  std::vector<Times> forward_, backward_;
+  Times loss_backward_;
   int next_scope_ = 0;
   bool backward_seen_ = false;
-  Clock::time_point scope_start_, run_start_;
+  Instant scope_start_, run_start_;
   bool in_run_ = false;
   int run_scope_ = -1;
 };
@@ -171,14 +199,14 @@ struct Training {
   std::vector<LayerRow> rows = layer_rows(net, vars);
   Tape::FirstWrite first_write;
   std::vector<LayerTimer> timers;
-  std::vector<double> loss_forward_ms;
+  std::vector<Times> loss_forward;
   Trainer trainer;
   Tensor images, labels;
 
   Training(int towers, std::int64_t batch, Tape::FirstWrite first_write)
       : first_write(first_write),
         timers(std::size_t(towers), LayerTimer(rows.size())),
-        loss_forward_ms(std::size_t(towers), 0.0),
+        loss_forward(std::size_t(towers)),
         trainer(vars, tower_fn(), Optimizer::by_name("adam", 1e-3), options(towers)),
         images(random_images(batch, 1)),
         labels(labels_for(batch)) {}
@@ -189,10 +217,9 @@ struct Training {
       tower.tape.set_first_write(first_write);
       tower.tape.set_profiler(&timer);  // the trainer removes it after the backward pass
       Var logits = net(tower.context(), tower.input(b[0]));
-      const auto start = Clock::now();
+      const Instant start;
       Var loss = ag::softmax_cross_entropy(logits, tower.input(b[1]));
-      if (timer.timing)
-        loss_forward_ms[std::size_t(tower.index)] += ms_between(start, Clock::now());
+      if (timer.timing) loss_forward[std::size_t(tower.index)].add_since(start);
       return TowerResult{loss, {}, {}};
     };
   }
@@ -208,8 +235,14 @@ struct Training {
   }
 };
 
-// GFLOP/s of one 1024^3 float32 GEMM on all threads: the rate the limit assumes.
-double gemm_gflops() {
+// The GEMM rate the limit assumes: one 1024^3 float32 GEMM, best of five, in wall
+// time on all threads and in CPU time on one thread (the calling thread's pool share
+// set to one). On a loaded machine the second times the number of threads is the
+// rate the cores give when they are not taken away.
+struct GemmRate {
+  double wall_gflops, thread_cpu_gflops;
+};
+GemmRate gemm_rate() {
   const std::int64_t n = 1024;
   const Stream& s = default_stream(Device::cpu());
   Tensor a = Tensor::empty({n, n}, Device::cpu()), b = Tensor::empty({n, n}, Device::cpu());
@@ -217,13 +250,26 @@ double gemm_gflops() {
   random_normal(a, 1, 0, 0.0f, 1.0f, s);
   random_normal(b, 2, 0, 0.0f, 1.0f, s);
   matmul(c, a, b, false, false, 1.0f, 0.0f, s);
-  double best = 1e30;
+  double best_wall = 1e30, best_cpu = 1e30;
   for (int r = 0; r < 5; ++r) {
-    const auto start = Clock::now();
+    const Instant start;
     matmul(c, a, b, false, false, 1.0f, 0.0f, s);
-    best = std::min(best, ms_between(start, Clock::now()));
+    Times t;
+    t.add_since(start);
+    best_wall = std::min(best_wall, t.wall);
   }
-  return 2.0 * double(n * n * n) / (best * 1e6);
+  {
+    const ThreadShare alone(0, num_threads());  // a share of one thread: inline
+    for (int r = 0; r < 5; ++r) {
+      const Instant start;
+      matmul(c, a, b, false, false, 1.0f, 0.0f, s);
+      Times t;
+      t.add_since(start);
+      best_cpu = std::min(best_cpu, t.cpu);
+    }
+  }
+  const double flops = 2.0 * double(n * n * n);
+  return {flops / (best_wall * 1e6), flops / (best_cpu * 1e6)};
 }
 
 double load_average() {
@@ -241,6 +287,7 @@ int main(int argc, char** argv) {
   const Tape::FirstWrite first_write =
       arg(argc, argv, "--zero-fill", 0) != 0 ? Tape::FirstWrite::Zeroed : Tape::FirstWrite::Assign;
 
+  if (const int threads = arg(argc, argv, "--threads", 0); threads > 0) set_num_threads(threads);
   const double load_before = load_average();
   Training training(towers, batch, first_write);
   for (int w = 0; w < 3; ++w) training.step(false);  // warms caches and allocators
@@ -252,17 +299,19 @@ int main(int argc, char** argv) {
 
   const LayerTimer& timer = training.timers[0];
   std::vector<LayerRow> rows = training.rows;
-  double pass_ms = (training.loss_forward_ms[0] + timer.loss_backward()) / steps;
+  const Times loss_forward = training.loss_forward[0].per(steps);
+  const Times loss_backward = timer.loss_backward().per(steps);
+  Times pass = loss_forward + loss_backward;
   double flops = 0;
   for (std::size_t i = 0; i < rows.size(); ++i) {
-    rows[i].forward_ms = timer.forward()[i] / steps;
-    rows[i].backward_ms = timer.backward()[i] / steps;
-    pass_ms += rows[i].forward_ms + rows[i].backward_ms;
+    rows[i].forward = timer.forward()[i].per(steps);
+    rows[i].backward = timer.backward()[i].per(steps);
+    pass = pass + rows[i].forward + rows[i].backward;
     flops += (rows[i].forward_flops_per_sample + rows[i].backward_flops_per_sample) * double(batch);
   }
-  const double gflops = gemm_gflops();
-  const double limit_ms = flops / (gflops * 1e6);
-
+  const GemmRate gemm = gemm_rate();
+  const double limit_ms = flops / (gemm.wall_gflops * 1e6);
+  const double limit_cpu_ms = flops / (gemm.thread_cpu_gflops * 1e6);  // CPU-ms of all threads
   std::printf(
       "FashionNet step on the CPU (fused model, Adam): %d tower(s), batch %lld (%lld on tower "
       "0), %d threads, gradients %s; load average %.2f before, %.2f after\n",
@@ -273,26 +322,29 @@ int main(int argc, char** argv) {
       "trainer step: %.2f ms wall (%.0f images/s), %.2f ms process CPU (%.0f images per "
       "CPU-second)\n\n",
       step_ms, double(batch) * 1000.0 / step_ms, step_cpu_ms, double(batch) * 1000.0 / step_cpu_ms);
-  std::printf("%-10s %12s %8s %12s %8s %10s\n", "layer", "forward ms", "share", "backward ms",
-              "share", "GFLOP/s");
-  auto row = [&](const std::string& name, double f, double b, double row_flops) {
-    std::printf("%-10s %12.3f %7.1f%% %12.3f %7.1f%%", name.c_str(), f, 100.0 * f / pass_ms, b,
-                100.0 * b / pass_ms);
-    if (row_flops > 0) std::printf(" %10.1f", row_flops / ((f + b) * 1e6));
+  std::printf("%-10s %29s %29s %8s\n", "", "forward: wall ms, CPU ms, share",
+              "backward: wall ms, CPU ms, share", "GFLOP/s");
+  auto row = [&](const std::string& name, const Times& f, const Times& b, double row_flops) {
+    std::printf("%-10s %9.3f %9.3f %8.1f%% %9.3f %9.3f %8.1f%%", name.c_str(), f.wall, f.cpu,
+                100.0 * f.cpu / pass.cpu, b.wall, b.cpu, 100.0 * b.cpu / pass.cpu);
+    if (row_flops > 0) std::printf(" %8.1f", row_flops / ((f.wall + b.wall) * 1e6));
     std::printf("\n");
   };
   for (const LayerRow& r : rows) {
-    row(r.name, r.forward_ms, r.backward_ms,
+    row(r.name, r.forward, r.backward,
         (r.forward_flops_per_sample + r.backward_flops_per_sample) * double(per_tower));
   }
-  row("loss", training.loss_forward_ms[0] / steps, timer.loss_backward() / steps, 0);
+  row("loss", loss_forward, loss_backward, 0);
   std::printf(
-      "tower 0's pass: %.2f ms; the trainer step beyond it (split, ring, Adam, copies, "
-      "waiting): %.2f ms\n",
-      pass_ms, step_ms - pass_ms);
+      "(shares: of tower 0's pass in its thread's CPU time; GFLOP/s: in wall time)\n"
+      "tower 0's pass: %.2f ms wall, %.2f ms CPU of its thread; the trainer step beyond it "
+      "(split, ring, Adam, copies, waiting): %.2f ms wall\n",
+      pass.wall, pass.cpu, step_ms - pass.wall);
   std::printf(
-      "\nGEMM rate (1024^3, all threads): %.1f GFLOP/s; step FLOPs %.2f G; GEMM-bound limit "
-      "%.2f ms = %.1f%% of the step's wall time\n",
-      gflops, flops / 1e9, limit_ms, 100.0 * limit_ms / step_ms);
+      "\nstep FLOPs %.2f G. GEMM rate (1024^3): %.1f GFLOP/s wall on %d threads, %.1f GFLOP/s "
+      "per thread in CPU time.\nGEMM-bound limit: %.2f ms wall = %.1f%% of the step's wall "
+      "time; %.2f CPU-ms = %.1f%% of the step's process CPU time\n",
+      flops / 1e9, gemm.wall_gflops, num_threads(), gemm.thread_cpu_gflops, limit_ms,
+      100.0 * limit_ms / step_ms, limit_cpu_ms, 100.0 * limit_cpu_ms / step_cpu_ms);
   return 0;
 }
