@@ -14,6 +14,7 @@
 // ReLU backward reads what the plain one reads.
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/batchnorm.h"
@@ -209,13 +210,12 @@ void batchnorm_backward_reduce(const BatchNormArgs& a) {
           double sum_gy = 0.0, sum_gy_xhat = 0.0;
           for (std::int64_t n = 0; n < N; ++n) {
             const std::int64_t base = (n * C + c) * S;
-            sum_gy += sum_over(S, [&](std::int64_t s) {
-              return static_cast<double>(masked<Relu>(gy[base + s], in[base + s], k));
+            const auto [row_gy, row_gy_xhat] = sum_pair_over(S, [&](std::int64_t s) {
+              const double g = static_cast<double>(masked<Relu>(gy[base + s], in[base + s], k));
+              return std::pair{g, g * (static_cast<double>(in[base + s]) - m)};
             });
-            sum_gy_xhat += sum_over(S, [&](std::int64_t s) {
-              return static_cast<double>(masked<Relu>(gy[base + s], in[base + s], k)) *
-                     (static_cast<double>(in[base + s]) - m);
-            });
+            sum_gy += row_gy;
+            sum_gy_xhat += row_gy_xhat;
           }
           out_a[c] = static_cast<T>(sum_gy);
           out_b[c] = static_cast<T>(sum_gy_xhat * static_cast<double>(istd[c]));
@@ -237,6 +237,7 @@ void batchnorm_backward_apply(const BatchNormArgs& a) {
     const T* sa = a.sum_grad_y.data<T>();       // [C]
     const T* sb = a.sum_grad_y_xhat.data<T>();  // [C]
     const T inv_count = static_cast<T>(1.0 / static_cast<double>(a.count));
+    const bool assign = a.grad_x_write == GradWrite::Assign;
     with_activation(a.activation, [&]<bool Relu>() {
       parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
         for (std::int64_t n = first; n < last; ++n) {
@@ -249,7 +250,8 @@ void batchnorm_backward_apply(const BatchNormArgs& a) {
             for (std::int64_t s = 0; s < S; ++s) {
               const T xhat = (in[base + s] - mu[c]) * istd[c];
               const T gys = masked<Relu>(gy[base + s], in[base + s], relu);
-              gx[base + s] += k * (gys - mean_gy - xhat * mean_gy_xhat);
+              const T g = k * (gys - mean_gy - xhat * mean_gy_xhat);
+              gx[base + s] = assign ? g : gx[base + s] + g;
             }
           }
         }
