@@ -7,13 +7,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <type_traits>
 
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/pool2d.h"
+#include "kernels/cpu/simd.h"
 
 namespace towerlab::cpu {
 
@@ -100,19 +100,6 @@ bool is_2x2_stride_2(const Pool2dParams& p) {
          p.pad_w == 0;
 }
 
-// Four float32 lanes (GCC/Clang vector extensions: SSE on x86-64, NEON on ARM) and
-// their comparison masks (all ones or all zeros per lane).
-typedef float Vec4 __attribute__((vector_size(16)));
-typedef std::int32_t Mask4 __attribute__((vector_size(16)));
-
-Vec4 select(Mask4 m, Vec4 a, Vec4 b) {  // m ? a : b, lane by lane
-  return reinterpret_cast<Vec4>((m & reinterpret_cast<Mask4>(a)) |
-                                (~m & reinterpret_cast<Mask4>(b)));
-}
-Vec4 splat(float v) {
-  return Vec4{v, v, v, v};
-}
-
 // window_argmax over the 2x2 windows of one output row, four outputs at a time: the
 // same choice (first maximum in the order top-left, top-right, bottom-left,
 // bottom-right; else the first NaN) made with lane masks instead of a loop per
@@ -127,11 +114,8 @@ void max_pool_2x2_row(const float* plane, std::int64_t top, std::int64_t W, std:
   const Vec4 lanes = {0.0f, 2.0f, 4.0f, 6.0f};  // each lane's first column, from 2*wo
   std::int64_t wo = 0;
   for (; wo + 4 <= Wo; wo += 4) {
-    Vec4 t0, t1, b0, b1;
-    std::memcpy(&t0, r0 + 2 * wo, sizeof t0);
-    std::memcpy(&t1, r0 + 2 * wo + 4, sizeof t1);
-    std::memcpy(&b0, r1 + 2 * wo, sizeof b0);
-    std::memcpy(&b1, r1 + 2 * wo + 4, sizeof b1);
+    const Vec4 t0 = load4(r0 + 2 * wo), t1 = load4(r0 + 2 * wo + 4);
+    const Vec4 b0 = load4(r1 + 2 * wo), b1 = load4(r1 + 2 * wo + 4);
     // The four values of each lane's window, in window order.
     const Vec4 v0 = __builtin_shufflevector(t0, t1, 0, 2, 4, 6);
     const Vec4 v1 = __builtin_shufflevector(t0, t1, 1, 3, 5, 7);
@@ -162,8 +146,8 @@ void max_pool_2x2_row(const float* plane, std::int64_t top, std::int64_t W, std:
     const Vec4 y = select(any_nan, nan_value, best);
     // Positions are exact in float32: planes hold at most 2^24 values.
     const Vec4 at = splat(float(top + 2 * wo)) + lanes + select(any_nan, nan_offset, offset);
-    std::memcpy(out + wo, &y, sizeof y);
-    std::memcpy(where + wo, &at, sizeof at);
+    store4(out + wo, y);
+    store4(where + wo, at);
   }
   const std::int64_t h = top / W;
   for (; wo < Wo; ++wo) {
