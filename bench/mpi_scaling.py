@@ -31,6 +31,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 import compare_peers  # noqa: E402  (the data, the build, the sample's progress lines)
 
 ROOT = compare_peers.ROOT
