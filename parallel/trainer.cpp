@@ -149,7 +149,7 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
         options_.process_group != nullptr && options_.batchnorm != BatchNormMode::Sync;
   }
   // One thread per tower, and the reducer's when bucketed.
-  workers_ = std::make_unique<ThreadTeam>(towers_.size() + (bucketed() ? 1 : 0));
+  workers_ = std::make_unique<ThreadTeam>(towers_.size() + (bucketed() ? 1 : 0), towers_.size());
   broadcast();
   if (options_.log_placement) log_placement();
 }
