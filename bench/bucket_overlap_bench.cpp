@@ -17,13 +17,16 @@
 //
 // Options: --towers N (per process, 1), --batch B (global, 64), --width W (1024),
 // --layers L (hidden layers of W x W, 4), --bucket-mib M (4), --rounds R (6),
-// --steps S (per round, 3).
+// --steps S (per round, 3), --threads T (kernel threads per process: the cores
+// divided among the processes of the host by default, so that ranks on one machine
+// do not oversubscribe it).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "towerlab.h"
@@ -39,6 +42,7 @@ struct Options {
   int layers = 4;
   double bucket_mib = 4.0;
   int rounds = 6, steps = 3;
+  int threads = 0;  // 0: the host's cores / processes on the host
 };
 
 Options parse(int argc, char** argv) {
@@ -60,6 +64,8 @@ Options parse(int argc, char** argv) {
       o.rounds = std::atoi(value);
     } else if (key == "--steps") {
       o.steps = std::atoi(value);
+    } else if (key == "--threads") {
+      o.threads = std::atoi(value);
     } else {
       std::fprintf(stderr, "bucket_overlap_bench: unknown option %s\n", key.c_str());
       std::exit(2);
@@ -93,6 +99,32 @@ struct Contender {
   std::vector<double> round_ms;  // mean step time of each round
 };
 
+// What overlap can hide at most: the mean time of the whole gradient's reduction
+// alone, the towers' ring and then the processes' all-reduce, as an unbucketed
+// step makes it after the backward.
+double reduction_ms(Cluster& cluster, int towers, std::int64_t numel) {
+  std::vector<std::unique_ptr<Stream>> streams;
+  std::vector<const Stream*> members;
+  std::vector<Tensor> buffers;
+  for (int i = 0; i < towers; ++i) {
+    streams.push_back(std::make_unique<Stream>(Device::cpu()));
+    members.push_back(streams.back().get());
+    buffers.push_back(Tensor::zeros({numel}, *streams.back()));
+  }
+  Ring ring(members);
+  Tensor host = Tensor::zeros({numel}, default_stream(Device::cpu()));
+  auto reduce = [&] {
+    ring.allreduce(buffers);
+    cluster.allreduce_sum(std::span<float>(host.data<float>(), std::size_t(numel)),
+                          "bench: the reduction alone");
+  };
+  reduce();
+  const int calls = 5;
+  const auto start = Clock::now();
+  for (int k = 0; k < calls; ++k) reduce();
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count() / calls;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.size() % 2 == 1 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
@@ -103,6 +135,9 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   Cluster cluster;  // a group of one without mpirun
+  set_num_threads(
+      o.threads > 0 ? o.threads
+                    : std::max(1, int(std::thread::hardware_concurrency()) / cluster.local_size()));
   Mlp mlp(o);
   const Stream& host = default_stream(Device::cpu());
   Tensor images = Tensor::empty({o.batch, o.width}, Device::cpu());
@@ -129,10 +164,11 @@ int main(int argc, char** argv) {
   const std::size_t buckets = make_buckets(mlp.vars, bucket_bytes).size();
   if (cluster.rank() == 0) {
     std::printf(
-        "%d process(es) x %d tower(s) on the CPU; MLP %d x [%lld x %lld] + %lld x 10, gradient "
+        "%d process(es) x %d tower(s) on the CPU, %d kernel thread(s) each; MLP %d x [%lld x %lld] "
+        "+ %lld x 10, gradient "
         "%.1f MiB; global batch %lld; bucketed: %zu buckets of >= %.1f MiB; %d rounds x %d "
         "steps, contenders alternating\n",
-        cluster.size(), o.towers, o.layers, (long long)o.width, (long long)o.width,
+        cluster.size(), o.towers, num_threads(), o.layers, (long long)o.width, (long long)o.width,
         (long long)o.width, double(gradient_bytes) / (1 << 20), (long long)o.batch, buckets,
         o.bucket_mib, o.rounds, o.steps);
   }
@@ -146,7 +182,9 @@ int main(int argc, char** argv) {
     }
   }
   const double base = median(contenders[0].round_ms);
+  const double alone = reduction_ms(cluster, o.towers, mlp.vars.trainable_numel());
   if (cluster.rank() == 0) {
+    std::printf("the reduction alone (what overlap can hide at most): %.2f ms\n", alone);
     std::printf("%-12s %12s %10s %10s\n", "contender", "median ms", "best ms", "vs unbucketed");
     for (const Contender& c : contenders) {
       const double m = median(c.round_ms);

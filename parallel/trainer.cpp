@@ -197,6 +197,16 @@ void Trainer::log_placement() const {
           : options_.reduction == AllReduce::ReduceToOne ? "reduction to one device"
                                                          : "NCCL")
       << "; optimizer " << optimizer_.name() << " runs on " << master_device_.str() << "\n";
+  if (bucketed()) {
+    log << "placement: the gradient is reduced in " << buckets_.size() << " buckets (bucket_bytes "
+        << options_.bucket_bytes << ") while the backward runs, on a reducer thread";
+    if (options_.process_group != nullptr) {
+      log << (buckets_across_processes_ ? " that also makes each bucket's cross-process call"
+                                        : "; across processes in the step's one call (synchronized "
+                                          "batch norm makes collectives during the backward)");
+    }
+    log << "\n";
+  }
 }
 
 void Trainer::broadcast() {

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <sstream>
 
 #include "bn_model.h"
 #include "parallel/buckets.h"
@@ -343,9 +344,17 @@ TEST(Buckets, ATowerFailingMidBackwardReleasesTheReducer) {
             fresh.master().flat_values().to_host<float>());
 }
 
-TEST(Buckets, EvaluationAndTheTraceWorkWithBuckets) {
+TEST(Buckets, EvaluationTheTraceAndThePlacementLogWorkWithBuckets) {
   Net net;
-  Trainer trainer(net.model.vars, net.tower_fn(), Optimizer::by_name("sgd", 0.05), options(2, 600));
+  std::ostringstream log;
+  TrainerOptions o = options(2, 600);
+  o.log_placement = true;
+  o.log = &log;
+  Trainer trainer(net.model.vars, net.tower_fn(), Optimizer::by_name("sgd", 0.05), o);
+  const std::string buckets = std::to_string(make_buckets(net.model.vars, 600).size());
+  EXPECT_NE(log.str().find("the gradient is reduced in " + buckets + " buckets (bucket_bytes 600)"),
+            std::string::npos)
+      << log.str();
   Trace trace;
   trainer.set_trace(&trace);
   trainer.step(make_batch(5, 40));
