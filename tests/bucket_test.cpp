@@ -368,6 +368,22 @@ TEST(Buckets, EvaluationTheTraceAndThePlacementLogWorkWithBuckets) {
   EXPECT_EQ(trainer.evaluate(make_batch(5, 43)).loss, unbucketed.evaluate(make_batch(5, 43)).loss);
 }
 
+TEST(Buckets, OnVirtualGpuTowersABucketedStepGivesTheBitsOfAnUnbucketedOne) {
+  // The buckets' ring on a second stream per tower, ordered by events: a bucket
+  // reduced before its gradient is complete, or a tower stream going on before the
+  // buckets' streams are done, would change the bits.
+  skip_without_cuda_device();
+  if (::testing::Test::IsSkipped() || ::testing::Test::HasFatalFailure()) return;
+  Net net;
+  for (const char* optimizer : {"sgd", "adam"}) {
+    TrainerOptions unbucketed = options(3, 0), bucketed = options(3, 1);
+    unbucketed.devices.assign(3, Device::cuda(0));
+    bucketed.devices.assign(3, Device::cuda(0));
+    EXPECT_TRUE(train(net, optimizer, bucketed, 7) == train(net, optimizer, unbucketed, 7))
+        << optimizer;
+  }
+}
+
 // ---- across processes ----
 
 // Every rank's Outcome of a few steps with the given towers and buckets.
