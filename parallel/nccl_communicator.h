@@ -14,18 +14,18 @@
 // Bootstrap: rank 0 makes NCCL's unique id and broadcasts it over the ProcessGroup;
 // every rank then joins on its GPU (ncclCommInitRankConfig).
 //
-// Determinism. Before the first communicator of the process, NCCL_ALGO=Ring and
-// NCCL_PROTO=Simple are set unless the user set them: NCCL's reduction order
-// follows its algorithm, protocol and channel layout, which it otherwise chooses
-// per message size and topology (tree, NVLink SHARP and CollNet reduce in other
-// orders). What is guaranteed: every rank holds the same bits after each call (the
-// ring reduces each element once, on one rank, and copies the result to the
-// others); run to run, the same bits for a fixed layout (hosts, GPUs, ranks, buffer
-// sizes), NCCL version and NCCL environment. What is not: the same bits as the
-// host-staged path (parallel/cluster.h sums in another order) for three or more
-// ranks; for two ranks each element is one addition, a + b, so the two paths agree
-// bit for bit. A user who sets NCCL_ALGO or NCCL_PROTO otherwise keeps the first
-// guarantee only.
+// Determinism. NCCL chooses its algorithm (ring, tree, NVLink SHARP, CollNet) and
+// protocol per call from the message size and the topology, and each sums in its
+// own order, so the same values in buffers of other sizes could come out different.
+// Before its first communicator towerlab sets NCCL_ALGO=Ring and NCCL_PROTO=Simple
+// unless the user set them: one known order, the ring's, for every size. What is
+// guaranteed: every rank holds the same bits after each call (the ring reduces each
+// element once, on one rank, and copies the result to the others); run to run, the
+// same bits for a fixed layout (hosts, GPUs, ranks, buffer sizes), NCCL version and
+// NCCL environment. What is not: the same bits as the host-staged path for three or
+// more ranks (parallel/cluster.h starts each chunk's sum at another rank); with two
+// ranks each element is one addition, a + b, and the two paths agree bit for bit. A
+// user's own NCCL_ALGO or NCCL_PROTO replaces the ring's order with theirs.
 //
 // No call waits forever. The communicator is non-blocking (config.blocking = 0):
 // initialization, each all-reduce (until its kernels have finished on the stream)
