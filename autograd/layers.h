@@ -122,6 +122,8 @@ class Sequential : public Layer {
   Var forward(const Context& ctx, const Var& x) const override;
   std::string describe() const override;  // one line per layer
   std::size_t size() const { return layers_.size(); }
+  // The i-th layer added (0 <= i < size()), for tools that walk a model layer by layer.
+  const Layer& layer(std::size_t i) const { return *layers_.at(i); }
 
  private:
   std::vector<std::unique_ptr<Layer>> layers_;

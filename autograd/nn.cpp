@@ -137,7 +137,9 @@ Var max_pool2d(const Var& x, const Pool2dParams& params) {
   max_pool2d_forward_with_argmax(y, argmax, x.value(), params, tape.stream());
   return tape.record(y, "max_pool2d", {x}, [x, argmax, params](const Var& out) {
     Tape& t = out.tape();
-    max_pool2d_backward_from_argmax(t.grad_for(x), out.grad(), argmax, params, t.stream());
+    const Tape::GradTarget gx = t.grad_target(x);  // every element of grad_x is written
+    max_pool2d_backward_from_argmax(gx.grad, out.grad(), argmax, params, t.stream(),
+                                    gx.assign ? GradWrite::Assign : GradWrite::Accumulate);
   });
 }
 
@@ -182,10 +184,14 @@ Var batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& mov
   return tape.record(y, relu ? "batchnorm_relu" : "batchnorm", {x, gamma, beta},
                      [x, gamma, beta, save_mean, save_inv_std, activation](const Var& out) {
                        Tape& t = out.tape();
-                       batchnorm_backward(grad_if_needed(t, x), grad_if_needed(t, gamma),
+                       // Every element of grad_x is written.
+                       const Tape::GradTarget gx =
+                           x.requires_grad() ? t.grad_target(x) : Tape::GradTarget{Tensor(), false};
+                       batchnorm_backward(gx.grad, grad_if_needed(t, gamma),
                                           grad_if_needed(t, beta), out.grad(), x.value(),
                                           gamma.value(), save_mean, save_inv_std, t.stream(),
-                                          activation, beta.value());
+                                          activation, beta.value(),
+                                          gx.assign ? GradWrite::Assign : GradWrite::Accumulate);
                      });
 }
 
@@ -228,9 +234,10 @@ Var sync_batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor
         // dL/dx depends on every tower's samples through the shared statistics.
         sync.sum(tower, sum_grad_y, sum_grad_y_xhat, s);
         if (x.requires_grad()) {
-          batchnorm_backward_apply(t.grad_for(x), out.grad(), x.value(), gamma.value(), mean,
-                                   inv_std, sum_grad_y, sum_grad_y_xhat, total, s, activation,
-                                   beta.value());
+          const Tape::GradTarget gx = t.grad_target(x);  // every element is written
+          batchnorm_backward_apply(gx.grad, out.grad(), x.value(), gamma.value(), mean, inv_std,
+                                   sum_grad_y, sum_grad_y_xhat, total, s, activation, beta.value(),
+                                   gx.assign ? GradWrite::Assign : GradWrite::Accumulate);
         }
       });
 }

@@ -1,31 +1,37 @@
 // Where a FashionNet training step spends its time on the CPU: each layer's forward
-// and backward and the loss, as shares of one tower's pass; what the trainer's step
+// and backward and the loss, as shares of tower 0's pass; what the trainer's step
 // adds beyond that pass (batch split, ring all-reduce, Adam update, copies to the
-// replicas); and how far the step is from the GEMM-bound limit (the step's
-// convolution and matrix-product FLOPs at the rate of one large GEMM on all threads).
+// replicas, waiting for the other towers); the process CPU time per step (which a
+// loaded machine does not inflate the way it inflates wall time); and how far the
+// step is from the GEMM-bound limit (the step's convolution and matrix-product FLOPs
+// at the rate of one large GEMM on all threads).
 //
-//   step_profile_bench [--towers T] [--batch B] [--steps S] [--zero-fill 1]
+//   step_profile_bench [--towers T] [--batch B] [--steps S] [--threads N] [--zero-fill 1]
 //
 // --zero-fill 1 makes every tape zero-fill its gradients and accumulate into them
 // (Tape::FirstWrite::Zeroed) instead of letting the first write assign: the
 // measure of what the first writes save.
 //
-// Method. S rounds, each one Trainer step of the whole model (the step time) and
-// then one forward and backward pass on each of T threads (one per tower, as the
-// trainer runs CPU towers) of its B/T samples through the same layers on its own
-// tape, timing each layer; the shares are those of tower 0. Backward times are
-// taken between marker ops recorded between the layers: a marker passes its
-// gradient through (a zero-fill and an add, timed inside its backward and left
-// out), so a layer's backward is the time from the marker after it to the marker
-// before it, including the zero-fill of its input's gradient, as in a real step.
+// Method. The model is the sample's own (autograd/layers.h's fashion_net, with its
+// fused batch norm + ReLU and bias + ReLU), trained by a Trainer with T CPU towers
+// and Adam, as samples/fashion_mnist trains it. Each tower's tape gets a profiler
+// (TapeProfiler, the hook the trainer's traces use) that sums the time of each
+// layer's forward scope and of each run of backward records a layer made; the
+// records made outside every layer (the loss) form the row "loss". The shares are
+// those of tower 0, in wall time and in the CPU time of tower 0's thread. A loaded
+// machine stretches wall time but hardly the thread's CPU time, which is the whole
+// of the tower's work when its share of the pool is one thread (2 towers on 2
+// threads, or --threads 1): the shares to trust on a shared machine.
+//
+//   --threads N   the pool's size (default: the machine's CPUs)
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "towerlab.h"
@@ -40,60 +46,130 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
-// FashionNet layer by layer (autograd/layers.cpp's fashion_net, which hides its
-// layers in a Sequential), each with its name and its multiply-add count per sample.
-struct NamedLayer {
+// CPU time in milliseconds: of every thread of the process (CLOCK_PROCESS_CPUTIME_ID)
+// or of the calling thread (CLOCK_THREAD_CPUTIME_ID).
+double cpu_ms(clockid_t clock) {
+  timespec t{};
+  clock_gettime(clock, &t);
+  return double(t.tv_sec) * 1e3 + double(t.tv_nsec) * 1e-6;
+}
+double process_cpu_ms() {
+  return cpu_ms(CLOCK_PROCESS_CPUTIME_ID);
+}
+double thread_cpu_ms() {
+  return cpu_ms(CLOCK_THREAD_CPUTIME_ID);
+}
+
+// A point in time on both clocks: wall and the calling thread's CPU.
+struct Instant {
+  Clock::time_point wall = Clock::now();
+  double cpu = thread_cpu_ms();
+};
+// Wall and thread-CPU milliseconds.
+struct Times {
+  double wall = 0, cpu = 0;
+  void add_since(const Instant& start) {
+    const Instant now;
+    wall += ms_between(start.wall, now.wall);
+    cpu += now.cpu - start.cpu;
+  }
+  Times per(int steps) const { return {wall / steps, cpu / steps}; }
+  Times operator+(const Times& o) const { return {wall + o.wall, cpu + o.cpu}; }
+};
+
+// "conv1: Conv2d 1->32 ..." is "conv1"; "MaxPool2d 2x2 stride 2" is "MaxPool2d".
+std::string short_name(const std::string& description) {
+  const std::size_t colon = description.find(':');
+  return description.substr(0, colon != std::string::npos ? colon : description.find(' '));
+}
+
+// One row per layer of the model, in forward order, and its multiply-add FLOPs.
+struct LayerRow {
   std::string name;
-  std::unique_ptr<Layer> layer;
-  double flops_per_sample;  // forward; backward is twice that (data and weight)
+  double forward_flops_per_sample = 0;
+  double backward_flops_per_sample = 0;  // the data product (unless the input needs no
+                                         // gradient) and the weight product
+  Times forward, backward;               // per step
 };
 
-std::vector<NamedLayer> fashion_net_layers(VariableSet& vars) {
-  const Conv2dParams same{.pad_h = 1, .pad_w = 1};
-  const Pool2dParams pool = Pool2dParams::square(2, 2);
-  std::vector<NamedLayer> l;
-  l.push_back({"conv1", std::make_unique<Conv2d>(vars, "conv1", 1, 32, 3, same, false),
-               2.0 * 32 * 28 * 28 * 1 * 9});
-  l.push_back({"bn1", std::make_unique<BatchNorm>(vars, "bn1", 32), 0});
-  l.push_back({"relu1", std::make_unique<ReLU>(), 0});
-  l.push_back({"pool1", std::make_unique<MaxPool2d>(pool), 0});
-  l.push_back({"conv2", std::make_unique<Conv2d>(vars, "conv2", 32, 64, 3, same, false),
-               2.0 * 64 * 14 * 14 * 32 * 9});
-  l.push_back({"bn2", std::make_unique<BatchNorm>(vars, "bn2", 64), 0});
-  l.push_back({"relu2", std::make_unique<ReLU>(), 0});
-  l.push_back({"pool2", std::make_unique<MaxPool2d>(pool), 0});
-  l.push_back({"flatten", std::make_unique<Flatten>(), 0});
-  l.push_back({"fc1", std::make_unique<Linear>(vars, "fc1", 3136, 128), 2.0 * 3136 * 128});
-  l.push_back({"relu3", std::make_unique<ReLU>(), 0});
-  l.push_back({"fc2", std::make_unique<Linear>(vars, "fc2", 128, 10), 2.0 * 128 * 10});
-  return l;
+// The rows of `net`, with the FLOPs of its convolutions and matrix products: a layer
+// with a variable <name>/weight [K,...] producing an output of shape [N,K,...] costs
+// 2 * weight elements * (output elements per sample / K) per sample forward. One
+// inference pass on a sample finds the shapes.
+std::vector<LayerRow> layer_rows(const Sequential& net, const VariableSet& vars) {
+  const Stream& s = default_stream(Device::cpu());
+  VariableStore store(vars, s);
+  store.initialize(1, s);
+  Tape tape(s, "shapes");
+  const NoGradGuard no_grad(tape);
+  const Context ctx{tape, store, false};
+  Tensor image = Tensor::empty({1, 1, 28, 28}, Device::cpu());
+  random_normal(image, 1, 0, 0.0f, 1.0f, s);
+  Var h = tape.constant(image);
+  std::vector<LayerRow> rows;
+  for (std::size_t i = 0; i < net.size(); ++i) {
+    LayerRow row{short_name(net.layer(i).describe())};
+    for (const LayerRow& r : rows) {
+      if (r.name == row.name) row.name = row.name + " " + std::to_string(i);  // unique
+    }
+    h = net.layer(i)(ctx, h);
+    if (const VariableSpec* w = vars.find(row.name + "/weight")) {
+      const double per_output = double(w->numel()) / double(w->shape[0]);
+      row.forward_flops_per_sample = 2.0 * per_output * double(h.value().numel());
+      row.backward_flops_per_sample = (i == 0 ? 1.0 : 2.0) * row.forward_flops_per_sample;
+    }
+    rows.push_back(row);
+  }
+  return rows;
 }
 
-// The FLOPs of one training step of `samples` samples. conv1's input needs no
-// gradient, so its backward is the weight product alone.
-double step_flops(const std::vector<NamedLayer>& layers, std::int64_t samples) {
-  double f = 0;
-  for (const NamedLayer& l : layers) f += (l.name == "conv1" ? 2.0 : 3.0) * l.flops_per_sample;
-  return f * double(samples);
-}
+// Sums one tape's time per layer scope (forward) and per run of backward records
+// made in a scope (backward). Scopes are numbered in forward order within a pass,
+// so scope i of every pass is layer i; records outside every scope are the loss's.
+class LayerTimer : public TapeProfiler {
+ public:
+  explicit LayerTimer(std::size_t layers) : forward_(layers), backward_(layers) {}
 
-// Identity in the forward pass; in the backward pass adds its gradient into its
-// input's and notes when it started and finished.
-struct Marker {
-  Clock::time_point begin, end;
-};
-Var mark(const Var& x, Marker& m) {
-  return x.tape().record(x.value(), "marker", {x}, [x, &m](const Var& out) {
-    m.begin = Clock::now();
-    out.tape().add_to_grad(x, out.grad());
-    m.end = Clock::now();
-  });
-}
+  int begin_scope(const std::string&) override {
+    if (backward_seen_) {  // a new pass
+      backward_seen_ = false;
+      next_scope_ = 0;
+    }
+    scope_start_ = Instant();
+    return next_scope_++;
+  }
+  void end_scope(int scope) noexcept override {
+    if (timing) forward_[std::size_t(scope)].add_since(scope_start_);
+  }
+  void backward_record(int scope, const std::string&) override {
+    close_run();
+    run_scope_ = scope;
+    run_start_ = Instant();
+    in_run_ = true;
+    backward_seen_ = true;
+  }
+  void backward_done() override { close_run(); }
 
-// Per layer: forward and backward milliseconds summed over the passes.
-struct Profile {
-  std::vector<double> forward, backward;
-  double loss_forward = 0, loss_backward = 0;
+  bool timing = false;
+  const std::vector<Times>& forward() const { return forward_; }
+  const std::vector<Times>& backward() const { return backward_; }
+  const Times& loss_backward() const { return loss_backward_; }
+
+ private:
+  void close_run() {
+    if (!in_run_) return;
+    in_run_ = false;
+    if (timing)
+      (run_scope_ >= 0 ? backward_[std::size_t(run_scope_)] : loss_backward_).add_since(run_start_);
+  }
+
+  std::vector<Times> forward_, backward_;
+  Times loss_backward_;
+  int next_scope_ = 0;
+  bool backward_seen_ = false;
+  Instant scope_start_, run_start_;
+  bool in_run_ = false;
+  int run_scope_ = -1;
 };
 
 Tensor random_images(std::int64_t n, std::uint64_t seed) {
@@ -108,62 +184,6 @@ Tensor labels_for(std::int64_t n) {
   return Tensor::from_host<float>(ids, {n}, default_stream(Device::cpu()));
 }
 
-// One tower's own copy of the variables, tape and batch, and its timings.
-class TowerProfile {
- public:
-  TowerProfile(const VariableSet& vars, const std::vector<NamedLayer>& layers, std::int64_t samples,
-               Tape::FirstWrite first_write)
-      : layers_(layers),
-        stream_(Device::cpu()),
-        store_(vars, stream_),
-        tape_(stream_, "profile"),
-        images_(random_images(samples, 7)),
-        labels_(labels_for(samples)),
-        markers_(layers.size()) {
-    store_.initialize(1, stream_);
-    tape_.set_first_write(first_write);
-    times.forward.assign(layers.size(), 0.0);
-    times.backward.assign(layers.size(), 0.0);
-  }
-
-  // One forward and backward pass, layer by layer; added to `times` when `timed`.
-  void pass(bool timed) {
-    tape_.reset();
-    store_.zero_grad(stream_);
-    Context ctx{tape_, store_, true};
-    Var h = tape_.constant(images_);
-    for (std::size_t i = 0; i < layers_.size(); ++i) {
-      const auto start = Clock::now();
-      h = (*layers_[i].layer)(ctx, h);
-      if (timed) times.forward[i] += ms_between(start, Clock::now());
-      h = mark(h, markers_[i]);
-    }
-    auto start = Clock::now();
-    Var loss = ag::softmax_cross_entropy(h, tape_.constant(labels_));
-    if (timed) times.loss_forward += ms_between(start, Clock::now());
-    start = Clock::now();
-    tape_.backward(loss);
-    const auto end = Clock::now();
-    if (!timed) return;
-    // Backward runs the layers last to first; markers_[i] sits after layer i.
-    times.loss_backward += ms_between(start, markers_.back().begin);
-    for (std::size_t i = layers_.size(); i-- > 0;) {
-      const Clock::time_point to = i == 0 ? end : markers_[i - 1].begin;
-      times.backward[i] += ms_between(markers_[i].end, to);
-    }
-  }
-
-  Profile times;
-
- private:
-  const std::vector<NamedLayer>& layers_;
-  Stream stream_;
-  VariableStore store_;
-  Tape tape_;
-  Tensor images_, labels_;
-  std::vector<Marker> markers_;
-};
-
 int arg(int argc, char** argv, const char* name, int fallback) {
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], name) == 0) return std::atoi(argv[i + 1]);
@@ -171,23 +191,36 @@ int arg(int argc, char** argv, const char* name, int fallback) {
   return fallback;
 }
 
-// The same model in a Trainer: T towers, Adam, all on the CPU.
+// The sample's model in a Trainer: T towers, Adam, all on the CPU, each tower's
+// tape timed by its LayerTimer (and its whole pass, loss forward included).
 struct Training {
   VariableSet vars;
   Sequential net = fashion_net(vars);
+  std::vector<LayerRow> rows = layer_rows(net, vars);
   Tape::FirstWrite first_write;
+  std::vector<LayerTimer> timers;
+  std::vector<Times> loss_forward;
   Trainer trainer;
   Tensor images, labels;
+
   Training(int towers, std::int64_t batch, Tape::FirstWrite first_write)
       : first_write(first_write),
+        timers(std::size_t(towers), LayerTimer(rows.size())),
+        loss_forward(std::size_t(towers)),
         trainer(vars, tower_fn(), Optimizer::by_name("adam", 1e-3), options(towers)),
         images(random_images(batch, 1)),
         labels(labels_for(batch)) {}
+
   TowerFn tower_fn() {
     return [this](const Tower& tower, const std::vector<Tensor>& b) {
+      LayerTimer& timer = timers[std::size_t(tower.index)];
       tower.tape.set_first_write(first_write);
+      tower.tape.set_profiler(&timer);  // the trainer removes it after the backward pass
       Var logits = net(tower.context(), tower.input(b[0]));
-      return TowerResult{ag::softmax_cross_entropy(logits, tower.input(b[1])), {}, {}};
+      const Instant start;
+      Var loss = ag::softmax_cross_entropy(logits, tower.input(b[1]));
+      if (timer.timing) loss_forward[std::size_t(tower.index)].add_since(start);
+      return TowerResult{loss, {}, {}};
     };
   }
   static TrainerOptions options(int towers) {
@@ -196,11 +229,20 @@ struct Training {
     o.master = Device::cpu();
     return o;
   }
-  void step() { trainer.step({images, labels}); }
+  void step(bool timed) {
+    for (LayerTimer& t : timers) t.timing = timed;
+    trainer.step({images, labels});
+  }
 };
 
-// GFLOP/s of one 1024^3 float32 GEMM on all threads: the rate the limit assumes.
-double gemm_gflops() {
+// The GEMM rate the limit assumes: one 1024^3 float32 GEMM, best of five, in wall
+// time on all threads and in CPU time on one thread (the calling thread's pool share
+// set to one). On a loaded machine the second times the number of threads is the
+// rate the cores give when they are not taken away.
+struct GemmRate {
+  double wall_gflops, thread_cpu_gflops;
+};
+GemmRate gemm_rate() {
   const std::int64_t n = 1024;
   const Stream& s = default_stream(Device::cpu());
   Tensor a = Tensor::empty({n, n}, Device::cpu()), b = Tensor::empty({n, n}, Device::cpu());
@@ -208,13 +250,31 @@ double gemm_gflops() {
   random_normal(a, 1, 0, 0.0f, 1.0f, s);
   random_normal(b, 2, 0, 0.0f, 1.0f, s);
   matmul(c, a, b, false, false, 1.0f, 0.0f, s);
-  double best = 1e30;
+  double best_wall = 1e30, best_cpu = 1e30;
   for (int r = 0; r < 5; ++r) {
-    const auto start = Clock::now();
+    const Instant start;
     matmul(c, a, b, false, false, 1.0f, 0.0f, s);
-    best = std::min(best, ms_between(start, Clock::now()));
+    Times t;
+    t.add_since(start);
+    best_wall = std::min(best_wall, t.wall);
   }
-  return 2.0 * double(n * n * n) / (best * 1e6);
+  {
+    const ThreadShare alone(0, num_threads());  // a share of one thread: inline
+    for (int r = 0; r < 5; ++r) {
+      const Instant start;
+      matmul(c, a, b, false, false, 1.0f, 0.0f, s);
+      Times t;
+      t.add_since(start);
+      best_cpu = std::min(best_cpu, t.cpu);
+    }
+  }
+  const double flops = 2.0 * double(n * n * n);
+  return {flops / (best_wall * 1e6), flops / (best_cpu * 1e6)};
+}
+
+double load_average() {
+  double load[1] = {0};
+  return getloadavg(load, 1) == 1 ? load[0] : -1.0;
 }
 
 }  // namespace
@@ -223,62 +283,68 @@ int main(int argc, char** argv) {
   const int towers = std::max(1, arg(argc, argv, "--towers", 1));
   const std::int64_t batch = arg(argc, argv, "--batch", 128);
   const int steps = std::max(1, arg(argc, argv, "--steps", 20));
-  const std::int64_t per_tower = batch / towers;  // tower 0's share (the larger when uneven)
+  const std::int64_t per_tower = (batch + towers - 1) / towers;  // tower 0's share
   const Tape::FirstWrite first_write =
       arg(argc, argv, "--zero-fill", 0) != 0 ? Tape::FirstWrite::Zeroed : Tape::FirstWrite::Assign;
 
-  // Trainer steps and profiled passes alternate, so that both see the same load.
+  if (const int threads = arg(argc, argv, "--threads", 0); threads > 0) set_num_threads(threads);
+  const double load_before = load_average();
   Training training(towers, batch, first_write);
-  VariableSet vars;
-  const std::vector<NamedLayer> layers = fashion_net_layers(vars);
-  std::vector<std::unique_ptr<TowerProfile>> profiles;
-  for (int t = 0; t < towers; ++t) {
-    const std::int64_t samples = batch * (t + 1) / towers - batch * t / towers;
-    profiles.push_back(std::make_unique<TowerProfile>(vars, layers, samples, first_write));
-  }
-  double step_ms = 0;
-  for (int round = 0; round <= steps; ++round) {  // round 0 warms caches and allocators
-    const auto start = Clock::now();
-    training.step();
-    if (round > 0) step_ms += ms_between(start, Clock::now()) / steps;
-    std::vector<std::thread> threads;
-    for (int t = 0; t < towers; ++t) {
-      threads.emplace_back([&, t] {
-        const ThreadShare share(t, towers);  // as the trainer gives each tower
-        profiles[std::size_t(t)]->pass(round > 0);
-      });
-    }
-    for (std::thread& t : threads) t.join();
-  }
+  for (int w = 0; w < 3; ++w) training.step(false);  // warms caches and allocators
+  const auto start = Clock::now();
+  const double cpu_start = process_cpu_ms();
+  for (int i = 0; i < steps; ++i) training.step(true);
+  const double step_ms = ms_between(start, Clock::now()) / steps;
+  const double step_cpu_ms = (process_cpu_ms() - cpu_start) / steps;
 
-  const Profile& p = profiles[0]->times;
-  const double gflops = gemm_gflops();
-  const double limit_ms = step_flops(layers, batch) / (gflops * 1e6);
+  const LayerTimer& timer = training.timers[0];
+  std::vector<LayerRow> rows = training.rows;
+  const Times loss_forward = training.loss_forward[0].per(steps);
+  const Times loss_backward = timer.loss_backward().per(steps);
+  Times pass = loss_forward + loss_backward;
+  double flops = 0;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    rows[i].forward = timer.forward()[i].per(steps);
+    rows[i].backward = timer.backward()[i].per(steps);
+    pass = pass + rows[i].forward + rows[i].backward;
+    flops += (rows[i].forward_flops_per_sample + rows[i].backward_flops_per_sample) * double(batch);
+  }
+  const GemmRate gemm = gemm_rate();
+  const double limit_ms = flops / (gemm.wall_gflops * 1e6);
+  const double limit_cpu_ms = flops / (gemm.thread_cpu_gflops * 1e6);  // CPU-ms of all threads
   std::printf(
-      "FashionNet step on the CPU: %d tower(s), batch %lld (%lld on tower 0), %d threads, "
-      "gradients %s\n",
+      "FashionNet step on the CPU (fused model, Adam): %d tower(s), batch %lld (%lld on tower "
+      "0), %d threads, gradients %s; load average %.2f before, %.2f after\n",
       towers, static_cast<long long>(batch), static_cast<long long>(per_tower), num_threads(),
-      first_write == Tape::FirstWrite::Zeroed ? "zero-filled" : "first write assigns");
-  std::printf("trainer step: %.2f ms (%.0f images/s)\n\n", step_ms, batch * 1000.0 / step_ms);
-  // Shares are of tower 0's whole pass (its layers and loss), which the marker ops
-  // leave out; the trainer step adds the split, ring, Adam update and copies.
-  double pass_ms = p.loss_forward + p.loss_backward;
-  for (std::size_t i = 0; i < layers.size(); ++i) pass_ms += p.forward[i] + p.backward[i];
-  pass_ms /= steps;
-  std::printf("%-10s %12s %8s %12s %8s\n", "layer", "forward ms", "share", "backward ms", "share");
-  auto row = [&](const std::string& name, double f, double b) {
-    std::printf("%-10s %12.3f %7.1f%% %12.3f %7.1f%%\n", name.c_str(), f / steps,
-                100.0 * f / steps / pass_ms, b / steps, 100.0 * b / steps / pass_ms);
+      first_write == Tape::FirstWrite::Zeroed ? "zero-filled" : "first write assigns", load_before,
+      load_average());
+  std::printf(
+      "trainer step: %.2f ms wall (%.0f images/s), %.2f ms process CPU (%.0f images per "
+      "CPU-second)\n\n",
+      step_ms, double(batch) * 1000.0 / step_ms, step_cpu_ms, double(batch) * 1000.0 / step_cpu_ms);
+  std::printf("%-10s %29s %29s %8s\n", "", "forward: wall ms, CPU ms, share",
+              "backward: wall ms, CPU ms, share", "GFLOP/s");
+  auto row = [&](const std::string& name, const Times& f, const Times& b, double row_flops) {
+    std::printf("%-10s %9.3f %9.3f %8.1f%% %9.3f %9.3f %8.1f%%", name.c_str(), f.wall, f.cpu,
+                100.0 * f.cpu / pass.cpu, b.wall, b.cpu, 100.0 * b.cpu / pass.cpu);
+    if (row_flops > 0) std::printf(" %8.1f", row_flops / ((f.wall + b.wall) * 1e6));
+    std::printf("\n");
   };
-  for (std::size_t i = 0; i < layers.size(); ++i) row(layers[i].name, p.forward[i], p.backward[i]);
-  row("loss", p.loss_forward, p.loss_backward);
+  for (const LayerRow& r : rows) {
+    row(r.name, r.forward, r.backward,
+        (r.forward_flops_per_sample + r.backward_flops_per_sample) * double(per_tower));
+  }
+  row("loss", loss_forward, loss_backward, 0);
   std::printf(
-      "tower 0's pass: %.2f ms; the trainer step beyond it (split, ring, Adam, copies, "
-      "waiting): %.2f ms\n",
-      pass_ms, step_ms - pass_ms);
+      "(shares: of tower 0's pass in its thread's CPU time; GFLOP/s: in wall time)\n"
+      "tower 0's pass: %.2f ms wall, %.2f ms CPU of its thread; the trainer step beyond it "
+      "(split, ring, Adam, copies, waiting): %.2f ms wall\n",
+      pass.wall, pass.cpu, step_ms - pass.wall);
   std::printf(
-      "\nGEMM rate (1024^3, all threads): %.1f GFLOP/s; step FLOPs %.2f G; GEMM-bound "
-      "limit %.2f ms = %.1f%% of the step\n",
-      gflops, step_flops(layers, batch) / 1e9, limit_ms, 100.0 * limit_ms / step_ms);
+      "\nstep FLOPs %.2f G. GEMM rate (1024^3): %.1f GFLOP/s wall on %d threads, %.1f GFLOP/s "
+      "per thread in CPU time.\nGEMM-bound limit: %.2f ms wall = %.1f%% of the step's wall "
+      "time; %.2f CPU-ms = %.1f%% of the step's process CPU time\n",
+      flops / 1e9, gemm.wall_gflops, num_threads(), gemm.thread_cpu_gflops, limit_ms,
+      100.0 * limit_ms / step_ms, limit_cpu_ms, 100.0 * limit_cpu_ms / step_cpu_ms);
   return 0;
 }

@@ -70,7 +70,7 @@ void AtomicFile::fail(const std::string& step, int error) {
 }
 
 void AtomicFile::write(const void* data, std::size_t bytes) {
-  TL_CHECK(fd_ >= 0 && !committed_, IoError, "cannot save " << path_ << ": the file is closed");
+  TL_CHECK(fd_ >= 0, IoError, "cannot save " << path_ << ": the file is closed");
   const char* p = static_cast<const char*>(data);
   while (bytes > 0) {
     const ssize_t n = ::write(fd_, p, bytes);
@@ -89,6 +89,17 @@ void AtomicFile::commit() {
   if (::fsync(fd_) != 0) fail("fsync", errno);
   const int fd = std::exchange(fd_, -1);
   if (::close(fd) != 0) fail("close", errno);
+  rename_over_target();
+}
+
+void AtomicFile::publish() {
+  TL_CHECK(fd_ >= 0 && !committed_, IoError,
+           "cannot save " << path_ << ": the file is closed or already published");
+  if (::fsync(fd_) != 0) fail("fsync", errno);
+  rename_over_target();
+}
+
+void AtomicFile::rename_over_target() {
   if (::rename(temp_path_.c_str(), path_.c_str()) != 0) fail("rename", errno);
   committed_ = true;
   // The rename itself lives in the directory; sync it so that it survives a crash.

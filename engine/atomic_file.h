@@ -30,11 +30,19 @@ class AtomicFile {
 
   void write(const void* data, std::size_t bytes);
   void commit();
+  // For a log: renames what was written so far over the target now and keeps the
+  // file open, so that later writes append to the target (each visible as soon as
+  // it is written). A run that fails before its first publish() leaves the old
+  // target untouched.
+  void publish();
+  bool published() const { return committed_; }
 
   const std::string& temp_path() const { return temp_path_; }
 
  private:
   [[noreturn]] void fail(const std::string& step, int error);
+  // Renames the temporary file over the target and syncs the directory.
+  void rename_over_target();
 
   std::string path_;
   std::string dir_;

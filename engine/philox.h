@@ -71,10 +71,18 @@ TL_HOST_DEVICE inline double to_open_unit_double(std::uint32_t hi, std::uint32_t
 // an ulp apart whenever (high - low) * u is not exact in float (most ranges other
 // than a power-of-two width). An fma is one correctly rounded IEEE operation that
 // no compiler splits or contracts further: the same bits on every device.
+//
+// The rounding can still reach `high` (u = 1 - 2^-24 on [2, 3.3) gives 3.3f), or
+// pass it when high - low itself rounded up ([1, 1.1)), so such a value is
+// replaced by the largest float below `high`: the interval stays half-open.
+TL_HOST_DEVICE inline float uniform_from_unit(float u, float low, float high) {
+  const float v = ::fmaf(high - low, u, low);
+  return v < high ? v : ::nextafterf(high, low);
+}
+
 TL_HOST_DEVICE inline float uniform(std::uint64_t seed, std::uint64_t subsequence,
                                     std::uint64_t index, float low, float high) {
-  const Uint4 r = draw(seed, subsequence, index);
-  return ::fmaf(high - low, to_unit_float(r.x), low);
+  return uniform_from_unit(to_unit_float(draw(seed, subsequence, index).x), low, high);
 }
 
 // Normal(mean, stddev) by Box-Muller on two 53-bit uniforms, computed in double

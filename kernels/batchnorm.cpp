@@ -208,7 +208,7 @@ void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const 
                               const Tensor& gamma, const Tensor& mean, const Tensor& inv_std,
                               const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
                               std::int64_t count, const Stream& stream, Activation activation,
-                              const Tensor& beta) {
+                              const Tensor& beta, GradWrite grad_x_write) {
   const char* op = "batchnorm_backward_apply";
   BatchNormArgs d = args_of(op, x, stream);
   set_relu(op, d, activation, gamma, beta, stream);
@@ -230,6 +230,7 @@ void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const 
            op << ": count must be >= 1 (values per channel over the whole batch), got " << count);
   if (x.numel() == 0) return;
   d.grad_x = grad_x;
+  d.grad_x_write = grad_x_write;
   d.grad_y = grad_y;
   d.gamma = gamma;
   d.mean = mean;
@@ -311,7 +312,7 @@ void batchnorm_forward_inference(const Tensor& y, const Tensor& x, const Tensor&
 void batchnorm_backward(const Tensor& grad_x, const Tensor& grad_gamma, const Tensor& grad_beta,
                         const Tensor& grad_y, const Tensor& x, const Tensor& gamma,
                         const Tensor& save_mean, const Tensor& save_inv_std, const Stream& stream,
-                        Activation activation, const Tensor& beta) {
+                        Activation activation, const Tensor& beta, GradWrite grad_x_write) {
   const char* op = "batchnorm_backward";
   const BatchNormArgs d = args_of(op, x, stream);
   if (grad_gamma.defined()) {
@@ -329,7 +330,7 @@ void batchnorm_backward(const Tensor& grad_x, const Tensor& grad_gamma, const Te
                             activation, gamma, beta);
   if (grad_x.defined() && x.numel() > 0) {
     batchnorm_backward_apply(grad_x, grad_y, x, gamma, save_mean, save_inv_std, sum_grad_y,
-                             sum_grad_y_xhat, d.N * d.S, stream, activation, beta);
+                             sum_grad_y_xhat, d.N * d.S, stream, activation, beta, grad_x_write);
   }
   if (grad_gamma.defined()) add(grad_gamma, grad_gamma, sum_grad_y_xhat, stream);
   if (grad_beta.defined()) add(grad_beta, grad_beta, sum_grad_y, stream);

@@ -26,7 +26,9 @@
 //   grad_beta[c]  += sum grad_y
 //   grad_gamma[c] += sum grad_y * x_hat
 //   grad_x        += gamma * inv_std * (grad_y - sum(grad_y) / M - x_hat * sum(grad_y * x_hat) / M)
-// Each gradient is optional (an undefined Tensor is not computed) and accumulated.
+// Each gradient is optional (an undefined Tensor is not computed) and accumulated;
+// grad_x is assigned instead when the call passes GradWrite::Assign (it is
+// written everywhere: kernels/grad_write.h).
 //
 // Fused ReLU (Activation::ReLU, kernels/relu.h): the forwards store
 // y = max(batchnorm(x), 0), and the backwards, given Activation::ReLU and beta,
@@ -69,6 +71,7 @@
 
 #include "engine/stream.h"
 #include "engine/tensor.h"
+#include "kernels/grad_write.h"
 #include "kernels/relu.h"
 
 namespace towerlab {
@@ -91,12 +94,14 @@ void batchnorm_forward_inference(const Tensor& y, const Tensor& x, const Tensor&
                                  Activation activation = Activation::None);
 
 // Backward of batchnorm_forward_training, from its save_mean and save_inv_std.
-// grad_x (x's shape), grad_gamma, grad_beta ([C]) are accumulated; any may be undefined.
+// grad_x (x's shape), grad_gamma, grad_beta ([C]) are accumulated (grad_x assigned
+// when grad_x_write is Assign); any may be undefined.
 // activation: the forward's; for ReLU, beta [C] is the forward's too (undefined otherwise).
 void batchnorm_backward(const Tensor& grad_x, const Tensor& grad_gamma, const Tensor& grad_beta,
                         const Tensor& grad_y, const Tensor& x, const Tensor& gamma,
                         const Tensor& save_mean, const Tensor& save_inv_std, const Stream& stream,
-                        Activation activation = Activation::None, const Tensor& beta = Tensor());
+                        Activation activation = Activation::None, const Tensor& beta = Tensor(),
+                        GradWrite grad_x_write = GradWrite::Accumulate);
 
 // --- the split API ---------------------------------------------------------------
 
@@ -132,13 +137,14 @@ void batchnorm_backward_reduce(const Tensor& sum_grad_y, const Tensor& sum_grad_
                                const Tensor& gamma = Tensor(), const Tensor& beta = Tensor());
 
 // grad_x += gamma * inv_std * (grad_y - sum_grad_y / count - x_hat * sum_grad_y_xhat / count),
-// with the sums and count over the whole (possibly multi-tower) batch. activation
-// and beta as in batchnorm_backward.
+// with the sums and count over the whole (possibly multi-tower) batch (grad_x = ...
+// when grad_x_write is Assign). activation and beta as in batchnorm_backward.
 void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
                               const Tensor& gamma, const Tensor& mean, const Tensor& inv_std,
                               const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
                               std::int64_t count, const Stream& stream,
                               Activation activation = Activation::None,
-                              const Tensor& beta = Tensor());
+                              const Tensor& beta = Tensor(),
+                              GradWrite grad_x_write = GradWrite::Accumulate);
 
 }  // namespace towerlab

@@ -97,14 +97,15 @@ void max_pool2d_forward_with_argmax(const Tensor& y, const Tensor& argmax, const
 
 void max_pool2d_backward_from_argmax(const Tensor& grad_x, const Tensor& grad_y,
                                      const Tensor& argmax, const Pool2dParams& params,
-                                     const Stream& stream) {
+                                     const Stream& stream, GradWrite write) {
   const char* op = "max_pool2d_backward_from_argmax";
   if (!check_pool(op, stream, "grad_x", grad_x, "grad_y", grad_y, params)) return;
   check_argmax(op, stream, argmax, "grad_y", grad_y, grad_x.size(2) * grad_x.size(3));
   if (stream.device().is_cpu()) {
-    cpu::max_pool2d_backward_from_argmax(grad_x, grad_y, argmax);
+    cpu::max_pool2d_backward_from_argmax(grad_x, grad_y, argmax, write);
   } else {
-    TL_ON_CUDA(cuda::max_pool2d_backward_from_argmax(grad_x, grad_y, argmax, params, stream));
+    TL_ON_CUDA(
+        cuda::max_pool2d_backward_from_argmax(grad_x, grad_y, argmax, params, stream, write));
   }
 }
 

@@ -16,8 +16,11 @@
 //                                     y as max_pool2d_forward, and argmax [N,C,Ho,Wo]
 //                                     = h*W + w, the position in its plane of the
 //                                     value y took
-//   max_pool2d_backward_from_argmax(grad_x, grad_y, argmax)
-//                                     grad_x[n,c][argmax[n,c,ho,wo]] += grad_y[n,c,ho,wo]
+//   max_pool2d_backward_from_argmax(grad_x, grad_y, argmax, write)
+//                                     grad_x[n,c][argmax[n,c,ho,wo]] += grad_y[n,c,ho,wo];
+//                                     with GradWrite::Assign grad_x is overwritten
+//                                     instead (every element written, zero where no
+//                                     output took it; grad_x not read first)
 //   avg_pool2d_forward(y, x)          y = sum of the window's real values / their count
 //   avg_pool2d_backward(grad_x, grad_y)
 //                                     grad_x[each real value] += grad_y / count
@@ -40,7 +43,8 @@
 // not counted, as in TensorFlow's 'SAME' pooling (PyTorch's count_include_pad=False).
 // Without padding (the FashionNet case, 2x2 stride 2) both conventions agree.
 //
-// y is assigned; gradients are accumulated (+=) into grad_x. No output may alias
+// y is assigned; gradients are accumulated (+=) into grad_x unless a GradWrite
+// says Assign (kernels/grad_write.h). No output may alias
 // an input. Every tensor has one dtype (float32; float64 on the CPU for gradient
 // checks) and lives on the stream's device.
 #pragma once
@@ -49,6 +53,7 @@
 
 #include "engine/stream.h"
 #include "engine/tensor.h"
+#include "kernels/grad_write.h"
 
 namespace towerlab {
 
@@ -74,7 +79,7 @@ void max_pool2d_forward_with_argmax(const Tensor& y, const Tensor& argmax, const
                                     const Pool2dParams& params, const Stream& stream);
 void max_pool2d_backward_from_argmax(const Tensor& grad_x, const Tensor& grad_y,
                                      const Tensor& argmax, const Pool2dParams& params,
-                                     const Stream& stream);
+                                     const Stream& stream, GradWrite write = GradWrite::Accumulate);
 void avg_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params,
                         const Stream& stream);
 void avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Pool2dParams& params,

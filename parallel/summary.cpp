@@ -1,48 +1,46 @@
 #include "parallel/summary.h"
 
-#include <cerrno>
-#include <cstring>
 #include <iomanip>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "engine/error.h"
 
 namespace towerlab {
 
 SummaryWriter::SummaryWriter(const std::string& path)
-    : path_(path), out_(path, std::ios::trunc), csv_(path.ends_with(".csv")) {
-  TL_CHECK(out_.good(), IoError,
-           "summaries: cannot create " << path << ": " << std::strerror(errno));
-}
+    : path_(path), file_(path), csv_(path.ends_with(".csv")) {}
 
 void SummaryWriter::write(std::int64_t step, const std::map<std::string, double>& scalars) {
+  std::ostringstream text;
   if (csv_) {
     if (columns_.empty()) {
-      out_ << "step";
+      text << "step";
       for (const auto& [name, value] : scalars) {
         columns_.push_back(name);
-        out_ << "," << name;
+        text << "," << name;
       }
-      out_ << "\n";
+      text << "\n";
     }
     TL_CHECK(scalars.size() == columns_.size(), InvalidArgument,
              "summaries " << path_ << ": step " << step << " has " << scalars.size()
                           << " scalars, the CSV has " << columns_.size() << " columns");
-    out_ << step;
+    text << step;
     for (const std::string& name : columns_) {
       auto it = scalars.find(name);
       TL_CHECK(it != scalars.end(), InvalidArgument,
                "summaries " << path_ << ": step " << step << " lacks the column '" << name << "'");
-      out_ << "," << std::setprecision(9) << it->second;
+      text << "," << std::setprecision(9) << it->second;
     }
-    out_ << "\n";
+    text << "\n";
   } else {
     nlohmann::json row{{"step", step}};
     for (const auto& [name, value] : scalars) row[name] = value;
-    out_ << row.dump() << "\n";
+    text << row.dump() << "\n";
   }
-  out_.flush();
-  TL_CHECK(out_.good(), IoError, "summaries: cannot write " << path_);
+  const std::string row = text.str();
+  file_.write(row.data(), row.size());
+  if (!file_.published()) file_.publish();
 }
 
 }  // namespace towerlab

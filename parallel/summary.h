@@ -2,27 +2,32 @@
 // the step number and named scalars, written as CSV (with a header from the first
 // row's names) or as JSON lines, chosen by the file's extension (.csv, else JSON
 // lines).
-// Each row is flushed as it is written, so a crash loses at most the current step.
+// Each row is written to the file as it comes, so a crash loses at most the
+// current step. The rows go to a temporary file beside the target that replaces it
+// at the first row (AtomicFile::publish): a run that fails before writing a row
+// leaves an earlier run's summaries as they were.
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
+
+#include "engine/atomic_file.h"
 
 namespace towerlab {
 
 class SummaryWriter {
  public:
-  // Throws IoError when the file cannot be created.
+  // Throws IoError when the file cannot be created (its directory is missing or
+  // not writable).
   explicit SummaryWriter(const std::string& path);
   // Every row must carry the names of the first one (CSV columns); InvalidArgument otherwise.
   void write(std::int64_t step, const std::map<std::string, double>& scalars);
 
  private:
   std::string path_;
-  std::ofstream out_;
+  AtomicFile file_;
   bool csv_;
   std::vector<std::string> columns_;
 };

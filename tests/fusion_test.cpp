@@ -1,11 +1,12 @@
 // The fused kernels against the unfused compositions they replace, on every
 // backend: batch norm + ReLU and bias add + ReLU (forward and backward), max
 // pooling through a recorded argmax, and the cross-entropy backward from the
-// forward's probabilities. On the CPU each fused result is the unfused one bit for
-// bit (float32 cross-entropy excepted, within the bound of kernels/loss.h); every
-// comparison has a control showing it would catch a missing mask or a wrong
-// index. Then gradients in float64, and FashionNet built with and without the
-// fusions giving the same loss and gradients.
+// forward's probabilities; and the backwards that may assign grad_x
+// (GradWrite::Assign) against their accumulation into zeros. On the CPU each
+// fused result is the unfused one bit for bit (float32 cross-entropy excepted,
+// within the bound of kernels/loss.h); every comparison has a control showing it
+// would catch a missing mask or a wrong index. Then gradients in float64, and
+// FashionNet built with and without the fusions giving the same loss and gradients.
 #include <cmath>
 
 #include "gradcheck.h"
@@ -78,6 +79,19 @@ TEST_P(FusionTest, BatchNormReluMatchesBatchNormThenRelu) {
     expect_same(fgrad_x, grad_x, "grad_x" + at);
     expect_same(fgrad_gamma, grad_gamma, "grad_gamma" + at);
     expect_same(fgrad_beta, grad_beta, "grad_beta" + at);
+
+    // Assigned into a NaN-filled grad_x: the accumulation into zeros, never reading it.
+    const std::vector<float> nans(n, NAN);
+    Tensor assigned = make(nans, shape), zeroed = Tensor::zeros(shape, stream());
+    batchnorm_backward(assigned, Tensor(), Tensor(), grad_y, x, gamma, fmean, finv_std, stream(),
+                       Activation::ReLU, beta, GradWrite::Assign);
+    batchnorm_backward(zeroed, Tensor(), Tensor(), grad_y, x, gamma, fmean, finv_std, stream(),
+                       Activation::ReLU, beta);
+    EXPECT_EQ(host(assigned), host(zeroed)) << "assign" << at;
+    Tensor accumulated = make(nans, shape);  // control: accumulating keeps the NaNs
+    batchnorm_backward(accumulated, Tensor(), Tensor(), grad_y, x, gamma, fmean, finv_std, stream(),
+                       Activation::ReLU, beta);
+    EXPECT_TRUE(std::isnan(host(accumulated)[0])) << at;
 
     // Control: without the mask, the backward is another one.
     Tensor unmasked = make(sentinel, shape);
@@ -189,7 +203,10 @@ TEST_P(FusionTest, MaxPoolThroughArgmaxMatchesRecomputation) {
     Shape x;
     Pool2dParams p;
   };
+  // 2x2 stride 2 takes the CPU's vector form: Wo = 4 and 14 fill its lanes (14 with
+  // a tail), Wo = 2 is all tail.
   const Case cases[] = {{{2, 3, 8, 8}, Pool2dParams::square(2, 2)},
+                        {{2, 2, 6, 28}, Pool2dParams::square(2, 2)},
                         {{1, 2, 7, 5}, Pool2dParams::square(2, 2)},
                         {{2, 1, 9, 8}, Pool2dParams::square(3, 2, 1)},  // overlapping windows
                         {{1, 3, 6, 11}, Pool2dParams{3, 2, 1, 3, 1, 0}}};
@@ -198,7 +215,12 @@ TEST_P(FusionTest, MaxPoolThroughArgmaxMatchesRecomputation) {
     const auto n = static_cast<std::size_t>(numel_of(c.x));
     auto xv = random_values(n, 14);
     for (std::size_t i = 7; i + 1 < n; i += 13) xv[i + 1] = xv[i];  // ties
-    xv[5] = NAN;
+    // NaNs at each position of a window, and two in one window (the first wins).
+    const std::int64_t W = c.x[3];
+    for (const std::int64_t i : {std::int64_t{5}, 2 * W + 2, 3 * W + 3, 4 * W + 5}) {
+      xv[static_cast<std::size_t>(i)] = NAN;
+    }
+    xv[static_cast<std::size_t>(5 * W + 4)] = NAN;  // with 4*W + 5 in one 2x2 window
     Tensor x = make(xv, c.x), grad_y = make(random_values(numel_of(ys), 15), ys);
     const auto sentinel = random_values(n, 16);
 
@@ -224,6 +246,16 @@ TEST_P(FusionTest, MaxPoolThroughArgmaxMatchesRecomputation) {
       const float v = xv[static_cast<std::size_t>(plane * plane_in + std::int64_t(where[o]))];
       EXPECT_TRUE(v == b[o] || (std::isnan(v) && std::isnan(b[o]))) << o << at;
     }
+    // Assigned into a NaN-filled buffer: the accumulation into zeros, never reading it.
+    const std::vector<float> nans(n, NAN);
+    Tensor assigned = make(nans, c.x), zeroed = Tensor::zeros(c.x, stream());
+    max_pool2d_backward_from_argmax(assigned, grad_y, argmax, c.p, stream(), GradWrite::Assign);
+    max_pool2d_backward_from_argmax(zeroed, grad_y, argmax, c.p, stream());
+    EXPECT_EQ(host(assigned), host(zeroed)) << "assign" << at;
+    // Control: accumulating into that buffer keeps its NaNs.
+    Tensor accumulated = make(nans, c.x);
+    max_pool2d_backward_from_argmax(accumulated, grad_y, argmax, c.p, stream());
+    EXPECT_TRUE(std::isnan(host(accumulated)[0])) << at;
     // Control: a wrong argmax (every window's first position) gives another gradient.
     Tensor wrong = make(std::vector<float>(where.size(), 0.0f), ys), other = make(sentinel, c.x);
     max_pool2d_backward_from_argmax(other, grad_y, wrong, c.p, stream());

@@ -85,8 +85,8 @@ const UniformRange kUniformRanges[] = {{-1.0f, 1.0f, true},
                                        {-0.0765f, 0.0765f, false},  // a Glorot-uniform limit
                                        {2.0f, 3.3f, false}};
 
-// Uniform is specified as fma(high - low, u, low), rounded once, with u the top 24
-// bits of the element's first Philox word over 2^24: checked here bit for bit on
+// Uniform is specified as fma(high - low, u, low), rounded once (kept below high),
+// with u the top 24 bits of the element's first Philox word over 2^24: checked here bit for bit on
 // every backend. The control counts the elements where the twice-rounded formula
 // differs, showing that the comparison catches an unfused (or contracted on one
 // side only) computation on the ranges that are not a power of two wide.
@@ -101,7 +101,8 @@ TEST_P(RandomTest, UniformIsTheFmaFormulaOnEveryRange) {
     std::int64_t twice_rounded_differs = 0;
     for (std::int64_t i = 0; i < n; ++i) {
       const float u = philox::to_unit_float(philox::draw(seed, subsequence, std::uint64_t(i)).x);
-      const float expected = std::fma(r.high - r.low, u, r.low);
+      const float fma = std::fma(r.high - r.low, u, r.low);
+      const float expected = fma < r.high ? fma : std::nextafter(r.high, r.low);
       ASSERT_EQ(std::bit_cast<std::uint32_t>(v[std::size_t(i)]),
                 std::bit_cast<std::uint32_t>(expected))
           << "element " << i << ": " << std::setprecision(9) << v[std::size_t(i)] << " instead of "
@@ -116,6 +117,27 @@ TEST_P(RandomTest, UniformIsTheFmaFormulaOnEveryRange) {
     } else {
       EXPECT_GT(twice_rounded_differs, n / 20) << "the control would not catch a wrong rounding";
     }
+  }
+}
+
+// The largest u, 1 - 2^-24, rounds to `high` on [2, 3.3) and [100, 100.5) and past
+// it on [1, 1.1) (whose width rounded up); uniform still stays below `high`. The
+// control is the bare fma reaching `high` on those ranges.
+TEST(Philox, UniformStaysBelowHigh) {
+  const float largest_u = philox::to_unit_float(0xffffffffu);
+  ASSERT_EQ(largest_u, 1.0f - 1.0f / 16777216.0f);
+  const UniformRange reaching[] = {
+      {2.0f, 3.3f, false}, {1.0f, 1.1f, false}, {100.0f, 100.5f, false}};
+  for (const UniformRange& r : reaching) {
+    SCOPED_TRACE(::testing::Message() << "[" << r.low << ", " << r.high << ")");
+    EXPECT_GE(std::fma(r.high - r.low, largest_u, r.low), r.high) << "the control";
+    const float v = philox::uniform_from_unit(largest_u, r.low, r.high);
+    EXPECT_LT(v, r.high);
+    EXPECT_EQ(v, std::nextafter(r.high, r.low));
+  }
+  for (const UniformRange& r : kUniformRanges) {
+    EXPECT_LT(philox::uniform_from_unit(largest_u, r.low, r.high), r.high);
+    EXPECT_EQ(philox::uniform_from_unit(0.0f, r.low, r.high), r.low);
   }
 }
 

@@ -14,6 +14,8 @@
 // ReLU backward reads what the plain one reads.
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/batchnorm.h"
@@ -21,6 +23,7 @@
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/per_channel.h"
 #include "kernels/cpu/relu.h"
+#include "kernels/cpu/simd.h"
 
 namespace towerlab::cpu {
 
@@ -192,6 +195,50 @@ void batchnorm_forward_inference(const BatchNormArgs& a) {
   });
 }
 
+namespace {
+
+// One row's sum of g = masked grad_y and of g * (x - m), in double, as
+// sum_pair_over adds them. Float32 runs four values at a time: lane k holds
+// sum_pair_over's running sum k (lanes 0-1 in the low double vector, 2-3 in the
+// high), so each sum gets the same terms in the same order: the same bits.
+template <bool Relu, typename T>
+std::pair<double, double> row_sums(const T* gy, const T* x, std::int64_t S, const Affine<T>& k,
+                                   double m) {
+  auto term = [&](std::int64_t s) {
+    const double g = static_cast<double>(masked<Relu>(gy[s], x[s], k));
+    return std::pair{g, g * (static_cast<double>(x[s]) - m)};
+  };
+  if constexpr (!std::is_same_v<T, float>) {
+    return sum_pair_over(S, term);
+  } else {
+    Vec2d a_low = {0.0, 0.0}, a_high = a_low, b_low = a_low, b_high = a_low;
+    const Vec2d mean = {m, m};
+    std::int64_t s = 0;
+    for (; s + 4 <= S; s += 4) {
+      const Vec4 xv = load4(x + s);
+      Vec4 g = load4(gy + s);
+      if constexpr (Relu) {  // relu_mask of batchnorm_affine, lane by lane
+        const Vec4 y = (xv - splat(k.center)) * splat(k.scale) + splat(k.shift);
+        g = reinterpret_cast<Vec4>(reinterpret_cast<Mask4>(g) & (y > splat(0.0f)));
+      }
+      const Vec2d g_low = low_to_double(g), g_high = high_to_double(g);
+      a_low += g_low;
+      a_high += g_high;
+      b_low += g_low * (low_to_double(xv) - mean);
+      b_high += g_high * (high_to_double(xv) - mean);
+    }
+    double a0 = a_low[0], b0 = b_low[0];
+    for (; s < S; ++s) {
+      const auto [ta, tb] = term(s);
+      a0 += ta;
+      b0 += tb;
+    }
+    return {(a0 + a_low[1]) + (a_high[0] + a_high[1]), (b0 + b_low[1]) + (b_high[0] + b_high[1])};
+  }
+}
+
+}  // namespace
+
 void batchnorm_backward_reduce(const BatchNormArgs& a) {
   const std::int64_t N = a.N, C = a.C, S = a.S;
   with_dtype(a.x.dtype(), [&]<typename T>() {
@@ -209,13 +256,9 @@ void batchnorm_backward_reduce(const BatchNormArgs& a) {
           double sum_gy = 0.0, sum_gy_xhat = 0.0;
           for (std::int64_t n = 0; n < N; ++n) {
             const std::int64_t base = (n * C + c) * S;
-            sum_gy += sum_over(S, [&](std::int64_t s) {
-              return static_cast<double>(masked<Relu>(gy[base + s], in[base + s], k));
-            });
-            sum_gy_xhat += sum_over(S, [&](std::int64_t s) {
-              return static_cast<double>(masked<Relu>(gy[base + s], in[base + s], k)) *
-                     (static_cast<double>(in[base + s]) - m);
-            });
+            const auto [row_gy, row_gy_xhat] = row_sums<Relu>(gy + base, in + base, S, k, m);
+            sum_gy += row_gy;
+            sum_gy_xhat += row_gy_xhat;
           }
           out_a[c] = static_cast<T>(sum_gy);
           out_b[c] = static_cast<T>(sum_gy_xhat * static_cast<double>(istd[c]));
@@ -237,6 +280,7 @@ void batchnorm_backward_apply(const BatchNormArgs& a) {
     const T* sa = a.sum_grad_y.data<T>();       // [C]
     const T* sb = a.sum_grad_y_xhat.data<T>();  // [C]
     const T inv_count = static_cast<T>(1.0 / static_cast<double>(a.count));
+    const bool assign = a.grad_x_write == GradWrite::Assign;
     with_activation(a.activation, [&]<bool Relu>() {
       parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
         for (std::int64_t n = first; n < last; ++n) {
@@ -249,7 +293,8 @@ void batchnorm_backward_apply(const BatchNormArgs& a) {
             for (std::int64_t s = 0; s < S; ++s) {
               const T xhat = (in[base + s] - mu[c]) * istd[c];
               const T gys = masked<Relu>(gy[base + s], in[base + s], relu);
-              gx[base + s] += k * (gys - mean_gy - xhat * mean_gy_xhat);
+              const T g = k * (gys - mean_gy - xhat * mean_gy_xhat);
+              gx[base + s] = assign ? g : gx[base + s] + g;
             }
           }
         }

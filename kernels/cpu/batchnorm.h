@@ -9,6 +9,7 @@
 
 #include "engine/philox.h"  // TL_HOST_DEVICE
 #include "engine/tensor.h"
+#include "kernels/grad_write.h"
 #include "kernels/relu.h"
 
 namespace towerlab {
@@ -25,8 +26,9 @@ struct BatchNormArgs {
   // ReLU: the forwards clamp y; the backwards mask grad_y by the forward's y > 0,
   // recomputed from x, gamma, beta, mean and inv_std (batchnorm_affine).
   Activation activation = Activation::None;
-  Tensor grad_y, grad_x;               // [N,C,S]
-  Tensor sum_grad_y, sum_grad_y_xhat;  // [C]
+  Tensor grad_y, grad_x;                           // [N,C,S]
+  GradWrite grad_x_write = GradWrite::Accumulate;  // Assign: grad_x = ..., not read first
+  Tensor sum_grad_y, sum_grad_y_xhat;              // [C]
 };
 
 // The normalization of one value before the ReLU: (x - center) * scale + shift,
@@ -58,7 +60,7 @@ void batchnorm_forward_inference(const BatchNormArgs& a);
 // sum_grad_y, sum_grad_y_xhat.
 void batchnorm_backward_reduce(const BatchNormArgs& a);
 // Reads grad_y, x, gamma, mean, inv_std, sum_grad_y, sum_grad_y_xhat, count,
-// activation (and beta for ReLU); adds into grad_x.
+// activation (and beta for ReLU), grad_x_write; adds into (or assigns) grad_x.
 void batchnorm_backward_apply(const BatchNormArgs& a);
 
 }  // namespace towerlab::cpu

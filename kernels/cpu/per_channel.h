@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 namespace towerlab::cpu {
 
@@ -18,6 +19,27 @@ double sum_over(std::int64_t S, F&& term) {
   }
   for (; s < S; ++s) acc[0] += term(s);
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+// Two sums at once, each as sum_over adds it (the same bits): term(s) returns the
+// pair of terms, so a loop that needs two sums of one row reads the row once.
+template <typename F>
+std::pair<double, double> sum_pair_over(std::int64_t S, F&& term) {
+  double a[4] = {0.0, 0.0, 0.0, 0.0}, b[4] = {0.0, 0.0, 0.0, 0.0};
+  std::int64_t s = 0;
+  for (; s + 4 <= S; s += 4) {
+    for (int k = 0; k < 4; ++k) {
+      const auto [ta, tb] = term(s + k);
+      a[k] += ta;
+      b[k] += tb;
+    }
+  }
+  for (; s < S; ++s) {
+    const auto [ta, tb] = term(s);
+    a[0] += ta;
+    b[0] += tb;
+  }
+  return {(a[0] + a[1]) + (a[2] + a[3]), (b[0] + b[1]) + (b[2] + b[3])};
 }
 
 }  // namespace towerlab::cpu

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "engine/tensor.h"
+#include "kernels/grad_write.h"
 #include "kernels/pool2d.h"
 
 namespace towerlab::cpu {
@@ -14,7 +15,7 @@ void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Tenso
 void max_pool2d_forward_with_argmax(const Tensor& y, const Tensor& argmax, const Tensor& x,
                                     const Pool2dParams& params);
 void max_pool2d_backward_from_argmax(const Tensor& grad_x, const Tensor& grad_y,
-                                     const Tensor& argmax);
+                                     const Tensor& argmax, GradWrite write);
 void avg_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params);
 void avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Pool2dParams& params);
 

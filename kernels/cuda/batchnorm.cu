@@ -220,9 +220,11 @@ __global__ void batchnorm_backward_apply_kernel(std::int64_t n, float* grad_x,
                                                 const float* __restrict__ grad_y,
                                                 const float* __restrict__ x,
                                                 const float4* __restrict__ coeff, ReluSource relu,
-                                                std::int64_t C, std::int64_t S) {
+                                                std::int64_t C, std::int64_t S, bool assign) {
+  // assign: grad_x is overwritten and never read (0 + g is g, as in a zeroed buffer).
   for_each_with_channel(
-      n, C, S, [&](std::int64_t i) { return make_float3(grad_y[i], x[i], grad_x[i]); },
+      n, C, S,
+      [&](std::int64_t i) { return make_float3(grad_y[i], x[i], assign ? 0.0f : grad_x[i]); },
       [&](std::int64_t i, float3 v, std::int64_t c) {
         const float4 k = coeff[c];
         const float gy = masked_grad<Relu>(v.x, v.y, relu, c);
@@ -332,7 +334,7 @@ void batchnorm_backward_apply(const BatchNormArgs& a, const Stream& stream) {
                                                        : batchnorm_backward_apply_kernel<false>;
   launch_grid_stride(kernel, a.N * a.C * a.S, stream, a.grad_x.data<float>(),
                      a.grad_y.data<float>(), a.x.data<float>(), coeff.as<float4>(), relu_source(a),
-                     a.C, a.S);
+                     a.C, a.S, a.grad_x_write == GradWrite::Assign);
 }
 
 }  // namespace towerlab::cuda

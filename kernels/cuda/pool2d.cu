@@ -102,11 +102,12 @@ __global__ void max_pool2d_forward_with_argmax_kernel(std::int64_t n, float* __r
 }
 
 // The gather of max_pool2d_backward_kernel with each covering window's argmax read
-// from the forward's record.
+// from the forward's record. Every grad_x element is written once, so `assign`
+// overwrites it (zero where no output took it) without reading it.
 __global__ void max_pool2d_backward_from_argmax_kernel(std::int64_t n, float* __restrict__ grad_x,
                                                        const float* __restrict__ grad_y,
-                                                       const float* __restrict__ argmax,
-                                                       Geometry g) {
+                                                       const float* __restrict__ argmax, Geometry g,
+                                                       bool assign) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x) {
     const std::int64_t w = i % g.W, h = (i / g.W) % g.H, plane = i / (g.W * g.H);
@@ -122,7 +123,7 @@ __global__ void max_pool2d_backward_from_argmax_kernel(std::int64_t n, float* __
         if (where[ho * g.Wo + wo] == here) sum += gy[ho * g.Wo + wo];
       }
     }
-    grad_x[i] += sum;
+    grad_x[i] = assign ? sum : grad_x[i] + sum;
   }
 }
 
@@ -184,10 +185,10 @@ void max_pool2d_forward_with_argmax(const Tensor& y, const Tensor& argmax, const
 
 void max_pool2d_backward_from_argmax(const Tensor& grad_x, const Tensor& grad_y,
                                      const Tensor& argmax, const Pool2dParams& params,
-                                     const Stream& stream) {
+                                     const Stream& stream, GradWrite write) {
   launch_grid_stride(max_pool2d_backward_from_argmax_kernel, grad_x.numel(), stream,
                      grad_x.data<float>(), grad_y.data<float>(), argmax.data<float>(),
-                     geometry(grad_x.shape(), grad_y.shape(), params));
+                     geometry(grad_x.shape(), grad_y.shape(), params), write == GradWrite::Assign);
 }
 
 void avg_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params,
