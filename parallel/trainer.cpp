@@ -130,6 +130,14 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
   }
   ring_ = std::make_unique<Ring>(streams);
   if (options_.reduction == AllReduce::Nccl) nccl_ = std::make_unique<NcclAllReduce>(streams);
+  if (options_.process_group != nullptr) {
+    const NcclChoice choice =
+        choose_cross_process_path(*options_.process_group, options_.cross_process, devices_);
+    if (choice.nccl) {
+      nccl_processes_ = std::make_unique<NcclCommunicator>(*options_.process_group, devices_[0]);
+    }
+    cross_process_path_ = choice.reason;
+  }
   if (options_.reduction == AllReduce::Ring) {
     buckets_ = make_buckets(variables_, options_.bucket_bytes);
   }
@@ -145,8 +153,10 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
     }
     bucket_ring_ = std::make_unique<Ring>(comm);
     readiness_ = std::make_unique<BucketReadiness>(buckets_, towers_.size());
-    buckets_across_processes_ =
-        options_.process_group != nullptr && options_.batchnorm != BatchNormMode::Sync;
+    // NCCL's call carries the whole gradient after the host call (phase 5).
+    buckets_across_processes_ = options_.process_group != nullptr &&
+                                options_.batchnorm != BatchNormMode::Sync &&
+                                nccl_processes_ == nullptr;
   }
   // One thread per tower, and the reducer's when bucketed.
   workers_ = std::make_unique<ThreadTeam>(towers_.size() + (bucketed() ? 1 : 0), towers_.size());
@@ -177,6 +187,9 @@ void Trainer::log_placement() const {
   if (options_.process_group != nullptr) {
     log << "placement: process " << rank_ << " of " << ranks_ << " (local rank "
         << options_.process_group->local_rank() << ")\n";
+    log << "placement: across processes, gradients and moving statistics by "
+        << (nccl_processes_ != nullptr ? "NCCL on " + devices_[0].str() : "the process group")
+        << " (" << cross_process_path_ << ")\n";
   }
   log << "placement: master variables on " << master_device_.str() << "; " << towers_.size()
       << " tower(s)\n";
@@ -202,8 +215,10 @@ void Trainer::log_placement() const {
         << options_.bucket_bytes << ") while the backward runs, on a reducer thread";
     if (options_.process_group != nullptr) {
       log << (buckets_across_processes_ ? " that also makes each bucket's cross-process call"
-                                        : "; across processes in the step's one call (synchronized "
-                                          "batch norm makes collectives during the backward)");
+              : nccl_processes_ != nullptr
+                  ? "; across processes in the step's NCCL call"
+                  : "; across processes in the step's one call (synchronized batch norm makes "
+                    "collectives during the backward)");
     }
     log << "\n";
   }
@@ -547,8 +562,10 @@ void Trainer::average_moving_statistics(const StepResult& result) {
 }
 
 std::int64_t Trainer::exchange_length(bool training) const {
-  const std::int64_t grads = training ? variables_.trainable_numel() : 0;
-  const std::int64_t state = training ? variables_.state_numel() : 0;
+  // With NCCL the gradient and the statistics stay on the device (phase 5).
+  const bool staged = training && nccl_processes_ == nullptr;
+  const std::int64_t grads = staged ? variables_.trainable_numel() : 0;
+  const std::int64_t state = staged ? variables_.state_numel() : 0;
   return grads + state + std::int64_t(ranks_) * std::int64_t(towers_.size()) + ranks_;
 }
 
@@ -617,12 +634,14 @@ void Trainer::reduce_buckets() {
 void Trainer::reduce_across_processes(const StepResult& result, bool training) {
   // One buffer: [gradient | moving statistics | losses_ | batch sizes], in one call,
   // or with the gradient already reduced by the buckets' calls (their frames are
-  // this buffer's) and the rest in this one.
-  const std::int64_t grads = training ? variables_.trainable_numel() : 0;
-  const std::int64_t state = training ? variables_.state_numel() : 0;
+  // this buffer's) and the rest in this one; with NCCL, the first two stay on the
+  // device for the call after it.
+  const bool staged = training && nccl_processes_ == nullptr;
+  const std::int64_t grads = staged ? variables_.trainable_numel() : 0;
+  const std::int64_t state = staged ? variables_.state_numel() : 0;
   const std::int64_t losses = std::int64_t(losses_.size());
   const std::int64_t total = exchange_length(training);
-  const bool grads_done = training && bucketed() && buckets_across_processes_;
+  const bool grads_done = staged && bucketed() && buckets_across_processes_;
   const std::int64_t from = grads_done ? grads : 0;
   exchange(total);
   TowerState& first = *towers_[0];
@@ -643,10 +662,12 @@ void Trainer::reduce_across_processes(const StepResult& result, bool training) {
   std::fill(sizes, sizes + ranks_, 0.0f);
   sizes[rank_] = float(result.samples);
 
-  const std::string what = training ? "step " + std::to_string(optimizer_.steps()) +
-                                          (grads_done ? ": " : ": gradients, ") +
-                                          "moving statistics, losses, batch sizes"
-                                    : std::string("evaluation: losses, batch sizes");
+  const std::string step =
+      training ? "step " + std::to_string(optimizer_.steps()) : std::string("evaluation");
+  const std::string what =
+      step + (!staged      ? ": losses, batch sizes"
+              : grads_done ? ": moving statistics, losses, batch sizes"
+                           : ": gradients, moving statistics, losses, batch sizes");
   options_.process_group->allreduce_sum(std::span<float>(values + from, std::size_t(total - from)),
                                         what, ReduceFrame{std::size_t(from), std::size_t(total)});
 
@@ -658,6 +679,18 @@ void Trainer::reduce_across_processes(const StepResult& result, bool training) {
                                   << std::int64_t(sizes[r])
                                   << "; every process's step() and evaluate() must receive the "
                                      "same global batch (nothing was updated)");
+  }
+  if (training && nccl_processes_ != nullptr) {
+    std::vector<Tensor> buffers{first.store->flat_grads()};
+    if (variables_.state_numel() > 0) {
+      // BatchNormStats::Tower0 takes rank 0's tower 0: the other ranks add zeros.
+      if (options_.batchnorm_stats == BatchNormStats::Tower0 && rank_ > 0) {
+        fill(first.store->flat_state(), 0.0, *first.stream);
+      }
+      buffers.push_back(first.store->flat_state());
+    }
+    nccl_processes_->allreduce_sum(buffers, *first.stream,
+                                   step + ": gradients, moving statistics (NCCL)");
   }
   std::copy(values + grads + state, values + grads + state + losses, losses_.begin());
   if (grads > 0 && !grads_done)

@@ -45,13 +45,16 @@
 // during phase 2 instead, right after the bucket's ring, each call a ReduceFrame of
 // phase 5's buffer [gradient | moving statistics | losses | batch sizes], and phase
 // 5's call carries the rest of it: the same sums of the same elements in the same
-// order, so the same bits. (With synchronized batch norm across processes the
-// towers' threads make collectives during the backward, and every rank must make
-// its calls in one order: the gradient then stays in phase 5's call, overlapping
-// only the ring within the process.) Every rank then holds the same bits, reaches
-// the same guard
-// verdict (a NaN on one rank is reported on all of them) and applies the same
-// update: N ranks x M towers take the same step as one device. Regularization in
+// order, so the same bits. (The gradient stays in phase 5, and buckets overlap only
+// the ring within the process, with synchronized batch norm across processes,
+// whose collectives the towers' threads make during the backward while every rank
+// must make its calls in one order, and with NCCL between processes, below.) Every
+// rank then holds the same bits, reaches the same guard verdict (a NaN on one rank is reported on
+// all of them) and applies the same update: N ranks x M towers take the same step as one device.
+// When every rank's towers are all on GPUs and no two ranks share tower 0's GPU, the gradient and
+// moving statistics go instead through NCCL on tower 0's device buffers, after the
+// host call (TrainerOptions::cross_process, parallel/nccl_communicator.h, which
+// says what stays bitwise). Regularization in
 // the tower function counts once per step, as the weights sum to one over all
 // ranks. Synchronized batch norm spans the ranks too (parallel/sync_batchnorm.h).
 // step() and evaluate() are collective: every rank calls them in the same order.
@@ -88,6 +91,7 @@
 #include "engine/allocator.h"
 #include "parallel/batch_split.h"
 #include "parallel/buckets.h"
+#include "parallel/nccl_communicator.h"
 
 namespace towerlab {
 
@@ -179,6 +183,10 @@ struct TrainerOptions {
   // with its arrival messages), which only large buckets amortize; a model with
   // less gradient (FashionNet has 1.7 MB) stays one bucket.
   std::int64_t bucket_bytes = std::int64_t(25) << 20;
+  // How phase 5 moves the gradient and moving statistics between processes: NCCL
+  // on tower 0's device buffers when it can (Auto), or always staged on the host.
+  // Decided once, at construction; the placement log says which and why.
+  CrossProcessPath cross_process = CrossProcessPath::Auto;
 };
 
 struct StepResult {
@@ -253,7 +261,8 @@ class Trainer {
   void average_moving_statistics(const StepResult& result);
   // 5. One allreduce_sum over the processes: tower 0's gradient (unless the
   // reducer's bucket calls carried it) and moving statistics (training only),
-  // losses_ and the batch sizes, which must agree.
+  // losses_ and the batch sizes, which must agree; with nccl_processes_, the
+  // gradient and statistics go in an NCCL call after it.
   void reduce_across_processes(const StepResult& result, bool training);
   // More than one gradient bucket: phase 3 runs on the reducer thread.
   bool bucketed() const { return buckets_.size() > 1; }
@@ -314,6 +323,9 @@ class Trainer {
   std::vector<Event> comm_done_;                       // per tower, on its comm stream
   // The reducer makes each bucket's cross-process call (see the top).
   bool buckets_across_processes_ = false;
+  // Phase 5's device-buffer path between processes; null: staged on the host.
+  std::unique_ptr<NcclCommunicator> nccl_processes_;
+  std::string cross_process_path_;  // why phase 5 takes its path (placement log)
 };
 
 // Resolves a requested device: itself when present; with soft placement, the
