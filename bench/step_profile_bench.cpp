@@ -9,9 +9,10 @@
 //
 //   step_profile_bench [--towers T] [--batch B] [--steps S] [--threads N] [--zero-fill 1]
 //
-// --threads N sets the pool's size (default: the machine's CPUs). --zero-fill 1 makes every tape
-// zero-fill its gradients and accumulate into them (Tape::FirstWrite::Zeroed) instead of letting
-// the first write assign: the measure of what the first writes save.
+// --threads N sets the pool's size (default: the machine's CPUs). --zero-fill 1
+// makes every tape zero-fill its gradients and accumulate into them
+// (Tape::FirstWrite::Zeroed) instead of letting the first write assign: the
+// measure of what the first writes save.
 //
 // Method. The model is the sample's own (autograd/layers.h's fashion_net, with its
 // fused batch norm + ReLU and bias + ReLU), trained by a Trainer with T CPU towers
