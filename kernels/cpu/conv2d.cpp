@@ -164,63 +164,64 @@ void pad_image(float* plane, const float* x, const Conv2dShape& s) {
 // The kernel size of the direct path: compile-time, so that its loops unroll and its
 // accumulators stay in registers.
 constexpr std::int64_t kDirectR = 3, kDirectS = 3;
+// Output rows of at most this many groups of eight columns.
+constexpr std::int64_t kDirectMaxGroups = 64;
 
 bool direct_single_channel(const Conv2dShape& s, DType dtype) {
   const Conv2dParams& p = s.params;
   return TL_CONV_X86 && dtype == DType::Float32 && gemm_isa() != GemmIsa::Portable && s.C == 1 &&
          s.R == kDirectR && s.S == kDirectS && p.stride_h == 1 && p.stride_w == 1 &&
-         p.dilation_h == 1 && p.dilation_w == 1 && s.Q >= 8;
+         p.dilation_h == 1 && p.dilation_w == 1 && s.Q >= 8 && s.Q <= 8 * kDirectMaxGroups;
 }
 
 #if TL_CONV_X86
 
 #define TL_AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) inline
 
-// Outputs q .. q+7 of row p of filters k .. k+F-1: F independent sums of the R*S
-// taps in order (r, s), sharing the loads of the plane.
-template <std::int64_t F>
-TL_AVX2_INLINE void direct_forward_group(const float* plane, std::int64_t cols, const float* weight,
-                                         const float* bias, float* y, const Conv2dShape& s,
-                                         std::int64_t k, std::int64_t p, std::int64_t q) {
+// Row p of filter k at the output columns q[0..G-1] (eight each): G independent
+// sums of the R*S taps in order (r, s), with the taps' weights w in registers.
+template <int G>
+TL_AVX2_INLINE void direct_forward_groups(const float* plane, std::int64_t cols, const __m256* w,
+                                          __m256 bias, float* y_row, std::int64_t p,
+                                          const std::int64_t* q) {
   constexpr std::int64_t R = kDirectR, S = kDirectS;
-  __m256 acc[F];
-  for (std::int64_t f = 0; f < F; ++f) acc[f] = _mm256_setzero_ps();
+  __m256 acc[G];
+  for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
   for (std::int64_t r = 0; r < R; ++r) {
+    const float* in = plane + (p + r) * cols;
     for (std::int64_t t = 0; t < S; ++t) {
-      const __m256 v = _mm256_loadu_ps(plane + (p + r) * cols + q + t);
-      for (std::int64_t f = 0; f < F; ++f) {
-        acc[f] = _mm256_fmadd_ps(_mm256_set1_ps(weight[(k + f) * R * S + r * S + t]), v, acc[f]);
+      for (int g = 0; g < G; ++g) {
+        acc[g] = _mm256_fmadd_ps(w[r * S + t], _mm256_loadu_ps(in + q[g] + t), acc[g]);
       }
     }
   }
-  for (std::int64_t f = 0; f < F; ++f) {
-    if (bias != nullptr) acc[f] = _mm256_add_ps(acc[f], _mm256_set1_ps(bias[k + f]));
-    _mm256_storeu_ps(y + ((k + f) * s.P + p) * s.Q + q, acc[f]);
-  }
+  for (int g = 0; g < G; ++g) _mm256_storeu_ps(y_row + q[g], _mm256_add_ps(acc[g], bias));
 }
 
 // y [K,P,Q] of one image from its padded plane and weight [K,R*S] (bias [K] or null).
-// Groups of eight outputs along q, four filters at a time (four independent sums
-// hide the latency of each one's chain of R*S fused multiply-adds); the last group
-// of a row ends at Q and may overlap the one before it (those outputs are written
-// twice with the same value).
+// Each output row is cut into groups of eight columns, the last one ending at Q (it
+// may overlap the one before it: those outputs are written twice with the same
+// value); up to four groups run at once, independent sums that hide the latency of
+// each one's chain of R*S fused multiply-adds.
 __attribute__((target("avx2,fma"))) void direct_forward_avx2(const float* plane,
                                                              const float* weight, const float* bias,
                                                              float* y, const Conv2dShape& s) {
-  constexpr std::int64_t kFilters = 4;
+  constexpr std::int64_t taps = kDirectR * kDirectS;
   const std::int64_t cols = padded_plane(s).cols;
-  for (std::int64_t k = 0; k < s.K; k += kFilters) {
+  std::int64_t q[kDirectMaxGroups];  // the groups' first columns
+  std::int64_t groups = 0;
+  for (std::int64_t next = 0; next < s.Q; next = q[groups - 1] + 8) {
+    q[groups++] = std::min(next, s.Q - 8);
+  }
+  for (std::int64_t k = 0; k < s.K; ++k) {
+    __m256 w[taps];
+    for (std::int64_t i = 0; i < taps; ++i) w[i] = _mm256_set1_ps(weight[k * taps + i]);
+    const __m256 b = _mm256_set1_ps(bias != nullptr ? bias[k] : 0.0f);
     for (std::int64_t p = 0; p < s.P; ++p) {
-      for (std::int64_t next = 0, q = 0; next < s.Q; next = q + 8) {
-        q = std::min(next, s.Q - 8);
-        if (k + kFilters <= s.K) {
-          direct_forward_group<kFilters>(plane, cols, weight, bias, y, s, k, p, q);
-        } else {
-          for (std::int64_t f = k; f < s.K; ++f) {
-            direct_forward_group<1>(plane, cols, weight, bias, y, s, f, p, q);
-          }
-        }
-      }
+      float* y_row = y + (k * s.P + p) * s.Q;  // [Q]
+      std::int64_t g = 0;
+      for (; g + 4 <= groups; g += 4) direct_forward_groups<4>(plane, cols, w, b, y_row, p, q + g);
+      for (; g < groups; ++g) direct_forward_groups<1>(plane, cols, w, b, y_row, p, q + g);
     }
   }
 }
