@@ -11,10 +11,10 @@
 //                    each patch element back onto the input pixel it came from.
 // A 1x1 kernel with stride 1 and no padding needs no lowering: col is x[n] itself.
 //
-// One input channel with unit stride and dilation (a first layer on gray images,
-// FashionNet's conv1) skips the lowering where the GEMM has its AVX2 kernel: its
-// product has an inner dimension of R*S (9), far too short for the GEMM's rate, and
-// im2col copies each image R*S times to feed it. Each image is instead copied once
+// One input channel with a 3x3 kernel, unit stride and dilation (a first layer on
+// gray images, FashionNet's conv1) skips the lowering where the GEMM has its AVX2
+// kernel: its product has an inner dimension of R*S = 9, far too short for the
+// GEMM's rate, and im2col copies each image R*S times to feed it. Each image is instead copied once
 // into a zero-padded plane, and eight outputs at a time sum their R*S taps in
 // registers (forward), or each (k, tap) sums grad_y times the shifted plane in
 // eight lanes (weight gradient). The taps are summed in the im2col order (r, s),
