@@ -40,8 +40,10 @@ void ThreadTeam::loop(std::size_t i, std::size_t kernel_threads) {
   // The members run kernels at the same time, so each takes its share of the host
   // thread pool (engine/thread_pool.h): n members on P cores run P threads, not nP.
   // A member that runs no kernels takes a share of one: index 0 of num_threads().
-  const ThreadShare share(i < kernel_threads ? int(i) : 0,
-                          i < kernel_threads ? int(kernel_threads) : num_threads());
+  // Braces: with parentheses and plain arguments, `ThreadShare share(int(i), int(n))`
+  // would declare a function (the vexing parse) and take no share at all.
+  const ThreadShare share{i < kernel_threads ? int(i) : 0,
+                          i < kernel_threads ? int(kernel_threads) : num_threads()};
   std::uint64_t seen = 0;
   for (;;) {
     const std::function<void(std::size_t)>* job = nullptr;
