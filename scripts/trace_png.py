@@ -26,6 +26,7 @@ from matplotlib.patches import Patch  # noqa: E402
 RING_COLOURS = {"reduce-scatter": "#4c72b0", "all-gather": "#55a868"}
 MASTER_COLOUR = "#c44e52"
 PROCESSES_COLOUR = "#8172b2"
+BUCKETS_COLOUR = "#937860"
 
 
 def fail(message):
@@ -90,13 +91,16 @@ def render(names, spans, out, title):
     rows = sorted({s["row"] for s in spans} | set(names))
     master_rows = [r for r in rows if names.get(r, "").split(": ")[-1].startswith("master")]
     processes_rows = [r for r in rows if names.get(r, "").split(": ")[-1] == "processes"]
-    tower_rows = [r for r in rows if r not in master_rows and r not in processes_rows]
+    buckets_rows = [r for r in rows if names.get(r, "").split(": ")[-1] == "gradient buckets"]
+    tower_rows = [r for r in rows
+                  if r not in master_rows and r not in processes_rows and r not in buckets_rows]
     ring = [s for s in spans if s.get("cat") == "ring"]
 
     # Top: each tower's layers, and the master. Bottom: a zoom on the first traced
     # step's ring, too short to see at the top.
     lanes = sorted([(r, "layers") for r in tower_rows] + [(r, "master") for r in master_rows]
-                   + [(r, "processes") for r in processes_rows])
+                   + [(r, "processes") for r in processes_rows]
+                   + [(r, "buckets") for r in buckets_rows])
     labels = [names.get(r, f"row {r[1]}") for r, _ in lanes]
     index = {key: i for i, key in enumerate(lanes)}
     heights = [len(lanes), len(tower_rows)] if ring else [len(lanes)]
@@ -116,11 +120,14 @@ def render(names, spans, out, title):
             # The tower's whole forward or backward: a thin bar under its layers.
             y = index[(s["row"], "layers")]
             ax.broken_barh([(x, w)], (y + 0.42, 0.08), facecolors="black")
-        elif (s["row"], "master") in index or (s["row"], "processes") in index:
+        else:
             # Widened to be seen beside the layers.
-            kind = "master" if (s["row"], "master") in index else "processes"
-            ax.broken_barh([(x, max(w, end_ms / 300))], (index[(s["row"], kind)] - 0.35, 0.7),
-                           facecolors=MASTER_COLOUR if kind == "master" else PROCESSES_COLOUR)
+            colours = {"master": MASTER_COLOUR, "processes": PROCESSES_COLOUR,
+                       "buckets": BUCKETS_COLOUR}
+            for kind, colour in colours.items():
+                if (s["row"], kind) in index:
+                    ax.broken_barh([(x, max(w, end_ms / 300))],
+                                   (index[(s["row"], kind)] - 0.35, 0.7), facecolors=colour)
 
     steps = {}
     for s in spans:
@@ -143,6 +150,8 @@ def render(names, spans, out, title):
         legend.append(Patch(facecolor=MASTER_COLOUR, label="update + broadcast"))
     if processes_rows:
         legend.append(Patch(facecolor=PROCESSES_COLOUR, label="all-reduce between processes"))
+    if buckets_rows:
+        legend.append(Patch(facecolor=BUCKETS_COLOUR, label="gradient bucket all-reduce"))
     ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7,
               frameon=False)
     if title:

@@ -113,10 +113,11 @@ TEST(MultiRankTrace, RankZeroWritesEveryRanksRowsOnceWithAlignedTimes) {
   for (int r = 0; r < kRanks; ++r) {
     ASSERT_EQ(processes[r].size(), 1u) << "rank " << r;
     EXPECT_EQ(processes[r][0].rfind("rank " + std::to_string(r) + " (", 0), 0u) << processes[r][0];
-    const std::vector<std::string> names{"tower 0 (cpu)", "tower 1 (cpu)", "master (cpu)",
-                                         "processes"};
-    for (int row = 0; row < int(names.size()); ++row) {
-      EXPECT_EQ(rows[std::pair(r, row)], std::vector<std::string>{names[std::size_t(row)]})
+    // Row 3 is the gradient buckets' (one bucket here: none).
+    const std::map<int, std::string> names{
+        {0, "tower 0 (cpu)"}, {1, "tower 1 (cpu)"}, {2, "master (cpu)"}, {4, "processes"}};
+    for (const auto& [row, name] : names) {
+      EXPECT_EQ(rows[std::pair(r, row)], std::vector<std::string>{name})
           << "rank " << r << " row " << row;
       EXPECT_GT(spans[std::pair(r, row)], 0) << "rank " << r << " row " << row;
     }
