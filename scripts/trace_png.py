@@ -122,9 +122,8 @@ def render(names, spans, out, title):
             ax.broken_barh([(x, w)], (y + 0.42, 0.08), facecolors="black")
         else:
             # Widened to be seen beside the layers.
-            colours = {"master": MASTER_COLOUR, "processes": PROCESSES_COLOUR,
-                       "buckets": BUCKETS_COLOUR}
-            for kind, colour in colours.items():
+            for kind, colour in (("master", MASTER_COLOUR), ("processes", PROCESSES_COLOUR),
+                                 ("buckets", BUCKETS_COLOUR)):
                 if (s["row"], kind) in index:
                     ax.broken_barh([(x, max(w, end_ms / 300))],
                                    (index[(s["row"], kind)] - 0.35, 0.7), facecolors=colour)
