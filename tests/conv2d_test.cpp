@@ -429,7 +429,7 @@ std::vector<ConvCase> winograd_cases() {
       {"one_partial_tile", 1, 2, 3, 3, 3, 3, 3, make_params(1, 1, 0, 0)},
       {"one_row_pad1", 3, 3, 1, 2, 2, 3, 3, make_params(1, 1, 1, 1)},
       {"fashion2_two_blocks", 2, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)},
-      {"C67_K130_two_blocks", 1, 67, 9, 9, 130, 3, 3, make_params(1, 1, 1, 1)},
+      {"C67_K130_two_blocks", 2, 67, 9, 9, 130, 3, 3, make_params(1, 1, 1, 1)},
   };
 }
 

@@ -17,6 +17,7 @@
 
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/simd.h"
 
 namespace towerlab::cpu {
 
@@ -50,7 +51,6 @@ struct Problem {
   std::int64_t K, P, Q;
   std::int64_t pad_h, pad_w;
   std::int64_t tiles_h, tiles_w;  // ceil(P/2), ceil(Q/2): 2x2 output tiles per image
-  std::int64_t tiles() const { return N * tiles_h * tiles_w; }
 };
 
 Problem make_problem(std::int64_t N, std::int64_t C, std::int64_t H, std::int64_t W, std::int64_t K,
@@ -80,112 +80,185 @@ void transform_kernel(float* u, std::int64_t ldu, const float* g, std::int64_t r
   }
 }
 
-// v [4][4] (stride ldv between elements) = Bᵀ d B for d [4][4].
-inline void transform_input(float* v, std::int64_t ldv, const float (&d)[4][4]) {
-  float bd[4][4];  // Bᵀ d
-  for (int j = 0; j < 4; ++j) {
-    bd[0][j] = d[0][j] - d[2][j];
-    bd[1][j] = d[1][j] + d[2][j];
-    bd[2][j] = d[2][j] - d[1][j];
-    bd[3][j] = d[1][j] - d[3][j];
-  }
-  for (int i = 0; i < 4; ++i) {
-    v[(i * 4 + 0) * ldv] = bd[i][0] - bd[i][2];
-    v[(i * 4 + 1) * ldv] = bd[i][1] + bd[i][2];
-    v[(i * 4 + 2) * ldv] = bd[i][2] - bd[i][1];
-    v[(i * 4 + 3) * ldv] = bd[i][1] - bd[i][3];
-  }
-}
-
-// o [2][2] = Aᵀ m A for m [4][4] (stride ldm between elements).
-inline void transform_output(float (&o)[2][2], const float* m, std::int64_t ldm) {
-  float am[2][4];  // Aᵀ m
-  for (int j = 0; j < 4; ++j) {
-    const float m0 = m[j * ldm], m1 = m[(4 + j) * ldm], m2 = m[(8 + j) * ldm],
-                m3 = m[(12 + j) * ldm];
-    am[0][j] = m0 + m1 + m2;
-    am[1][j] = m1 - m2 - m3;
-  }
-  for (int i = 0; i < 2; ++i) {
-    o[i][0] = am[i][0] + am[i][1] + am[i][2];
-    o[i][1] = am[i][1] - am[i][2] - am[i][3];
-  }
-}
-
-// How many tiles a block holds: V and M of one block ([16][C+K][tiles] floats)
-// about fill half of a 1 MiB L2, in multiples of 16 (the GEMM's column panel). A
-// function of the shape alone, so the blocks, and with them the bits, do not depend
-// on the threads.
-std::int64_t tiles_per_block(const Problem& p) {
+// Tile blocks are runs of whole tile rows (one image's tiles th, all tw), so that
+// the transforms walk input and output rows contiguously: about enough rows that V
+// and M of one block ([16][C+K][tiles] floats) fill half of a 1 MiB L2. A function
+// of the shape alone, so the blocks, and with them the bits, do not depend on the
+// threads.
+std::int64_t rows_per_block(const Problem& p) {
   constexpr std::int64_t kBlockBytes = 384 * 1024;
   const std::int64_t tiles = kBlockBytes / (16 * (p.C + p.K) * std::int64_t{sizeof(float)});
-  return std::clamp<std::int64_t>(tiles / 16 * 16, 16, 512);
+  return std::max<std::int64_t>(1, tiles / p.tiles_w);
 }
 
-// Steps 2 of the file comment for tiles [t0, t1), with v [16][C][block] and
-// m [16][K][block] the block's scratch and u [16][K][C] the transformed kernel.
-// out = bias + result when `accumulate` is false, out += result when it is true.
-void run_block(float* out, const float* in, const float* u, const float* bias, bool accumulate,
-               const Problem& p, std::int64_t t0, std::int64_t t1, std::int64_t block, float* v,
-               float* m) {
-  const std::int64_t tiles = t1 - t0, per_image = p.tiles_h * p.tiles_w;
-  // Input transform: for each channel, walk the tiles in order, gathering the 4x4
-  // input (zero outside the image) that output tile (th, tw) reads.
+// The tiles of a tile row rounded up to whole groups of four, and the padded input
+// columns they read (tile tw reads 2*tw .. 2*tw + 3).
+std::int64_t vector_tiles(const Problem& p) {
+  return (p.tiles_w + 3) / 4 * 4;
+}
+std::int64_t row_width(const Problem& p) {
+  return 2 * vector_tiles(p) + 2;
+}
+
+// The scratch of one thread.
+struct Workspace {
+  float* v;     // [16][C][block]: the input tiles, then their transform
+  float* m;     // [16][K][block]: the 16 products, then the output transform
+  float* rows;  // [4][row_width]: the padded input rows one tile row reads
+};
+
+// The output transform runs down whole arrays ([K][block] long) at once, so that
+// its loops are long and vectorize, instead of 4x4 at a time: with x[e] the 16
+// arrays `stride` apart,
+//   (a, b, c, d) at e0 + 0, 1, 2, 3 times `step` <- first a + b + c, last b - c - d
+// is Aᵀ (step 4) or A (step 1). The result lands at e0 and e0 + 3*step.
+__attribute__((noinline)) void apply_a(float* x, std::int64_t stride, std::int64_t length, int e0,
+                                       int step) {
+  float* x0 = x + e0 * stride;
+  float* x1 = x0 + step * stride;
+  float* x2 = x1 + step * stride;
+  float* x3 = x2 + step * stride;
+  for (std::int64_t i = 0; i < length; ++i) {
+    const float a = x0[i], b = x1[i], c = x2[i], d = x3[i];
+    x0[i] = a + b + c;
+    x3[i] = b - c - d;
+  }
+}
+
+// (a, b, c, d) <- (a - c, b + c, c - b, b - d): Bᵀ on a column of 4, or B on a row
+// of 4, for one value (float) or four tiles at once (Vec4), in the same order.
+template <typename V>
+void apply_b(V& a, V& b, V& c, V& d) {
+  const V a0 = a, b0 = b, c0 = c, d0 = d;
+  a = a0 - c0;
+  b = b0 + c0;
+  c = c0 - b0;
+  d = b0 - d0;
+}
+
+// v[e][c][first + tw] = (Bᵀ d B)[e] for the tiles tw of tile row (n, th), d their
+// 4x4 inputs (zero outside the image). Four tiles at a time in vector lanes: tile
+// tw's column j is row element 2*tw + j, so the lanes are the even or odd elements
+// of two loads. A last group past tiles_w writes up to 3 columns past the row's
+// tiles: the next tile row overwrites them, or they lie past the block's tiles
+// (run_block leaves room).
+void transform_input_row(const Workspace& ws, const float* in, const Problem& p, std::int64_t block,
+                         std::int64_t n, std::int64_t th, std::int64_t first) {
+  const std::int64_t width = row_width(p);
+  // Valid input columns w = x - pad_w lie at x in [x0, x1) of a padded row.
+  const std::int64_t x0 = std::min(width, p.pad_w), x1 = std::min(width, p.W + p.pad_w);
+  const std::int64_t ldv = p.C * block;  // between elements e of V
   for (std::int64_t c = 0; c < p.C; ++c) {
-    for (std::int64_t t = t0; t < t1; ++t) {
-      const std::int64_t n = t / per_image, th = t % per_image / p.tiles_w, tw = t % p.tiles_w;
-      const std::int64_t h0 = 2 * th - p.pad_h, w0 = 2 * tw - p.pad_w;
-      const float* plane = in + (n * p.C + c) * p.H * p.W;  // [H,W]
-      float d[4][4];
-      if (h0 >= 0 && w0 >= 0 && h0 + 4 <= p.H && w0 + 4 <= p.W) {
-        for (int i = 0; i < 4; ++i) {
-          for (int j = 0; j < 4; ++j) d[i][j] = plane[(h0 + i) * p.W + w0 + j];
-        }
-      } else {
-        for (int i = 0; i < 4; ++i) {
-          for (int j = 0; j < 4; ++j) {
-            const std::int64_t h = h0 + i, w = w0 + j;
-            d[i][j] = h >= 0 && h < p.H && w >= 0 && w < p.W ? plane[h * p.W + w] : 0.0f;
-          }
-        }
+    const float* plane = in + (n * p.C + c) * p.H * p.W;  // [H,W]
+    for (int i = 0; i < 4; ++i) {  // rows[i][x] = x[n, c, 2*th - pad_h + i, x - pad_w]
+      float* row = ws.rows + i * width;
+      const std::int64_t h = 2 * th - p.pad_h + i;
+      if (h < 0 || h >= p.H) {
+        for (std::int64_t x = 0; x < width; ++x) row[x] = 0.0f;
+        continue;
       }
-      transform_input(v + c * block + (t - t0), p.C * block, d);
+      const float* src = plane + h * p.W;  // [W]: input column x - pad_w
+      for (std::int64_t x = 0; x < x0; ++x) row[x] = 0.0f;
+      for (std::int64_t x = x0; x < x1; ++x) row[x] = src[x - p.pad_w];
+      for (std::int64_t x = x1; x < width; ++x) row[x] = 0.0f;
     }
-  }
-  for (int e = 0; e < 16; ++e) {
-    gemm<float>(false, false, p.K, tiles, p.C, 1.0f, u + e * p.K * p.C, p.C, v + e * p.C * block,
-                block, 0.0f, m + e * p.K * block, block);
-  }
-  // Output transform: a tile past the bottom or right edge (P or Q odd) writes only
-  // its pixels inside the image.
-  for (std::int64_t k = 0; k < p.K; ++k) {
-    const float b = bias != nullptr ? bias[k] : 0.0f;
-    for (std::int64_t t = t0; t < t1; ++t) {
-      const std::int64_t n = t / per_image, th = t % per_image / p.tiles_w, tw = t % p.tiles_w;
-      float o[2][2];
-      transform_output(o, m + k * block + (t - t0), p.K * block);
-      float* plane = out + (n * p.K + k) * p.P * p.Q;  // [P,Q]
-      const int rows = static_cast<int>(std::min<std::int64_t>(2, p.P - 2 * th));
-      const int cols = static_cast<int>(std::min<std::int64_t>(2, p.Q - 2 * tw));
-      for (int i = 0; i < rows; ++i) {
-        float* row = plane + (2 * th + i) * p.Q + 2 * tw;
-        for (int j = 0; j < cols; ++j) row[j] = accumulate ? row[j] + o[i][j] : b + o[i][j];
+    float* v = ws.v + c * block + first;
+    for (std::int64_t tw = 0; tw < p.tiles_w; tw += 4) {
+      Vec4 d[4][4];  // d[i][j]: element (i, j) of tiles tw..tw+3
+      for (int i = 0; i < 4; ++i) {
+        const float* r = ws.rows + i * width + 2 * tw;
+        const Vec4 r0 = load4(r), r4 = load4(r + 4), r2 = load4(r + 2), r6 = load4(r + 6);
+        d[i][0] = __builtin_shuffle(r0, r4, Mask4{0, 2, 4, 6});
+        d[i][1] = __builtin_shuffle(r0, r4, Mask4{1, 3, 5, 7});
+        d[i][2] = __builtin_shuffle(r2, r6, Mask4{0, 2, 4, 6});
+        d[i][3] = __builtin_shuffle(r2, r6, Mask4{1, 3, 5, 7});
+      }
+      for (int j = 0; j < 4; ++j) apply_b(d[0][j], d[1][j], d[2][j], d[3][j]);
+      for (int i = 0; i < 4; ++i) {
+        apply_b(d[i][0], d[i][1], d[i][2], d[i][3]);
+        for (int j = 0; j < 4; ++j) store4(v + (4 * i + j) * ldv + tw, d[i][j]);
       }
     }
   }
 }
 
-// Steps 2 over all tiles, blocks spread over the caller's threads (each block
-// writes its own output pixels).
+// The output tile row (n, th) from m[0], m[3], m[12], m[15] (Aᵀ m A already
+// applied: output pixel (i, j) of a tile at element 12*i + 3*j): out = bias + that,
+// or out += that when `accumulate`. A tile past the bottom or right edge (P or Q
+// odd) writes only its pixels inside the output.
+__attribute__((noinline)) void scatter_tile_row(const Workspace& ws, float* out, const float* bias,
+                                                bool accumulate, const Problem& p,
+                                                std::int64_t block, std::int64_t n, std::int64_t th,
+                                                std::int64_t first) {
+  const std::int64_t ldm = p.K * block;  // between elements e of M
+  const std::int64_t rows = std::min<std::int64_t>(2, p.P - 2 * th);
+  for (std::int64_t k = 0; k < p.K; ++k) {
+    float* plane = out + (n * p.K + k) * p.P * p.Q;  // [P,Q]
+    const float b = bias != nullptr ? bias[k] : 0.0f;
+    for (std::int64_t i = 0; i < rows; ++i) {
+      float* y = plane + (2 * th + i) * p.Q;
+      const float* o0 = ws.m + 12 * i * ldm + k * block + first;  // columns 2*tw
+      const float* o1 = o0 + 3 * ldm;                             // columns 2*tw + 1
+      const std::int64_t pairs = p.Q / 2;  // whole tiles; an odd Q leaves one column
+      if (accumulate) {
+        for (std::int64_t tw = 0; tw < pairs; ++tw) {
+          y[2 * tw] += o0[tw];
+          y[2 * tw + 1] += o1[tw];
+        }
+        if (p.Q % 2 != 0) y[2 * pairs] += o0[pairs];
+      } else {
+        for (std::int64_t tw = 0; tw < pairs; ++tw) {
+          y[2 * tw] = b + o0[tw];
+          y[2 * tw + 1] = b + o1[tw];
+        }
+        if (p.Q % 2 != 0) y[2 * pairs] = b + o0[pairs];
+      }
+    }
+  }
+}
+
+// Steps 2 of the file comment for tile rows [row0, row1) (row = n * tiles_h + th),
+// with u [16][K][C] the transformed kernel.
+void run_block(float* out, const float* in, const float* u, const float* bias, bool accumulate,
+               const Problem& p, std::int64_t row0, std::int64_t row1, std::int64_t block,
+               const Workspace& ws) {
+  for (std::int64_t row = row0; row < row1; ++row) {
+    transform_input_row(ws, in, p, block, row / p.tiles_h, row % p.tiles_h,
+                        (row - row0) * p.tiles_w);
+  }
+  // Whole 16-column panels of the GEMM (block is a multiple of 16): the columns
+  // past the last tile hold zeros and their products are never read.
+  const std::int64_t tiles = std::min(block, ((row1 - row0) * p.tiles_w + 15) / 16 * 16);
+  const std::int64_t ldv = p.C * block, ldm = p.K * block;
+  for (int e = 0; e < 16; ++e) {
+    gemm<float>(false, false, p.K, tiles, p.C, 1.0f, u + e * p.K * p.C, p.C, ws.v + e * ldv, block,
+                0.0f, ws.m + e * ldm, block);
+  }
+  for (int j = 0; j < 4; ++j) apply_a(ws.m, ldm, ldm, j, 4);       // Aᵀ m: rows 0 and 3
+  for (int i = 0; i < 2; ++i) apply_a(ws.m, ldm, ldm, 12 * i, 1);  // (Aᵀ m) A
+  for (std::int64_t row = row0; row < row1; ++row) {
+    scatter_tile_row(ws, out, bias, accumulate, p, block, row / p.tiles_h, row % p.tiles_h,
+                     (row - row0) * p.tiles_w);
+  }
+}
+
+// Steps 2 over all tile rows, blocks spread over the caller's threads (each block
+// writes its own output rows).
 void run(float* out, const float* in, const float* u, const float* bias, bool accumulate,
          const Problem& p) {
-  const std::int64_t block = tiles_per_block(p);
-  const std::int64_t blocks = (p.tiles() + block - 1) / block;
+  // Columns of V and M: the tiles, the 3 a last group of four may write past them,
+  // rounded up to whole panels.
+  const std::int64_t per_block = rows_per_block(p),
+                     block = (per_block * p.tiles_w + 3 + 15) / 16 * 16;
+  const std::int64_t all_rows = p.N * p.tiles_h, blocks = (all_rows + per_block - 1) / per_block;
   parallel_rows(blocks, block * 16 * (p.C + p.K), [&](std::int64_t first, std::int64_t last) {
-    HostScratch<float> v(16 * p.C * block), m(16 * p.K * block);
+    HostScratch<float> scratch(16 * (p.C + p.K) * block + 4 * row_width(p));
+    float* base = scratch.get();
+    const Workspace ws{base, base + 16 * p.C * block, base + 16 * (p.C + p.K) * block};
+    std::fill(ws.v, ws.v + 16 * p.C * block, 0.0f);  // the padding columns
     for (std::int64_t b = first; b < last; ++b) {
-      run_block(out, in, u, bias, accumulate, p, b * block, std::min(p.tiles(), (b + 1) * block),
-                block, v.get(), m.get());
+      run_block(out, in, u, bias, accumulate, p, b * per_block,
+                std::min(all_rows, (b + 1) * per_block), block, ws);
     }
   });
 }
