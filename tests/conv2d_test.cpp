@@ -570,12 +570,18 @@ TEST(Conv2dWinograd, SameBitsForAnyThreadCount) {
   set_num_threads(saved);
 }
 
-// Auto takes Winograd for FashionNet's second layer and im2col for its first
-// (C = 1) and for shapes Winograd cannot do; a forced Winograd lowers those too.
+// Auto takes Winograd for the forward of FashionNet's second layer and im2col for
+// its backward-data, for its first layer (C = 1) and for shapes Winograd cannot do;
+// a forced Winograd lowers those shapes too.
 TEST(Conv2dWinograd, AutoPicksByShape) {
   const WinogradCase conv2({"fashion2", 1, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)}, 1001);
-  EXPECT_EQ(conv2.run(cpu::Conv2dAlgorithm::Auto).y, conv2.run(cpu::Conv2dAlgorithm::Winograd).y);
-  EXPECT_NE(conv2.run(cpu::Conv2dAlgorithm::Auto).y, conv2.run(cpu::Conv2dAlgorithm::Im2col).y);
+  const ConvOutputs automatic = conv2.run(cpu::Conv2dAlgorithm::Auto);
+  const ConvOutputs winograd = conv2.run(cpu::Conv2dAlgorithm::Winograd);
+  const ConvOutputs im2col = conv2.run(cpu::Conv2dAlgorithm::Im2col);
+  EXPECT_EQ(automatic.y, winograd.y);
+  EXPECT_NE(automatic.y, im2col.y);
+  EXPECT_EQ(automatic.grad_x, im2col.grad_x);
+  EXPECT_NE(automatic.grad_x, winograd.grad_x);
   for (const ConvCase& k : {ConvCase{"fashion1", 2, 1, 28, 28, 32, 3, 3, make_params(1, 1, 1, 1)},
                             ConvCase{"stride2", 1, 32, 9, 9, 32, 3, 3, make_params(2, 2, 1, 1)},
                             ConvCase{"pad2", 1, 32, 9, 9, 32, 3, 3, make_params(1, 1, 2, 2)}}) {

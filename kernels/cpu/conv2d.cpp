@@ -142,7 +142,7 @@ void for_image_chunks(std::int64_t images, std::int64_t chunks, bool parallel, c
 
 void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
                     const Conv2dShape& s) {
-  if (y.dtype() == DType::Float32 && winograd_chosen(s)) {
+  if (y.dtype() == DType::Float32 && winograd_chosen(s, false)) {
     winograd_forward(y.data<float>(), x.data<float>(), weight.data<float>(),
                      bias.defined() ? bias.data<float>() : nullptr, s);
     return;
@@ -178,7 +178,8 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
                      const Tensor& grad_y, const Tensor& x, const Tensor& weight,
                      const Conv2dShape& s) {
   // Winograd takes the input gradient where chosen; the weight gradient stays below.
-  const bool winograd = grad_x.defined() && grad_y.dtype() == DType::Float32 && winograd_chosen(s);
+  const bool winograd =
+      grad_x.defined() && grad_y.dtype() == DType::Float32 && winograd_chosen(s, true);
   if (winograd) {
     winograd_backward_data(grad_x.data<float>(), grad_y.data<float>(), weight.data<float>(), s);
   }

@@ -30,11 +30,12 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
 
 // How the float32 forward and backward-data compute (float64 always lowers with
 // im2col: it serves the gradient checks). Auto takes Winograd F(2x2,3x3)
-// (kernels/cpu/winograd.h) where it applies and pays, im2col elsewhere; Im2col and
-// Winograd force one, for tests and benchmarks (a forced Winograd still lowers the
-// shapes it cannot do). Process-wide, like the GEMM's ISA: the environment variable
-// TOWERLAB_CONV2D_ALGORITHM=auto|im2col|winograd sets the initial choice, so that a
-// whole program (the fashion_mnist sample) can be timed either way.
+// (kernels/cpu/winograd.h) where it applies and pays (the forward of 3x3 layers
+// with 16 or more input and output channels), im2col elsewhere; Im2col and
+// Winograd force one for both passes, for tests and benchmarks (a forced Winograd
+// still lowers the shapes it cannot do). Process-wide, like the GEMM's ISA: the environment
+// variable TOWERLAB_CONV2D_ALGORITHM=auto|im2col|winograd sets the initial choice, so that a whole
+// program (the fashion_mnist sample) can be timed either way.
 enum class Conv2dAlgorithm { Auto, Im2col, Winograd };
 Conv2dAlgorithm conv2d_algorithm();
 

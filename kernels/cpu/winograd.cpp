@@ -38,9 +38,12 @@ std::atomic<Conv2dAlgorithm>& selected_algorithm() {
   return algorithm;
 }
 
-// Auto takes Winograd from this many input and output channels on. Below, the
-// transforms (linear in C + K per tile) cost more than the GEMM saves (linear in
-// C * K): FashionNet's first layer (C = 1) runs faster with im2col
+// Auto takes Winograd for the forward from this many input and output channels
+// on. Below, the transforms (linear in C + K per tile) cost more than the GEMM
+// saves (linear in C * K): FashionNet's first layer (C = 1) runs several times
+// faster with im2col. Its backward-data stays on im2col: there the input transform
+// runs over the K channels of grad_y and the result is added into grad_x, and on
+// FashionNet's second layer it measured about 10% slower than im2col + col2im
 // (bench/results/winograd.md).
 constexpr std::int64_t kMinAutoChannels = 16;
 
@@ -151,16 +154,15 @@ void transform_input_row(const Workspace& ws, const float* in, const Problem& p,
   for (std::int64_t c = 0; c < p.C; ++c) {
     const float* plane = in + (n * p.C + c) * p.H * p.W;  // [H,W]
     for (int i = 0; i < 4; ++i) {  // rows[i][x] = x[n, c, 2*th - pad_h + i, x - pad_w]
+      // Columns outside [x0, x1) stay zero from run(): only the image's are written.
       float* row = ws.rows + i * width;
       const std::int64_t h = 2 * th - p.pad_h + i;
       if (h < 0 || h >= p.H) {
-        for (std::int64_t x = 0; x < width; ++x) row[x] = 0.0f;
+        for (std::int64_t x = x0; x < x1; ++x) row[x] = 0.0f;
         continue;
       }
       const float* src = plane + h * p.W;  // [W]: input column x - pad_w
-      for (std::int64_t x = 0; x < x0; ++x) row[x] = 0.0f;
       for (std::int64_t x = x0; x < x1; ++x) row[x] = src[x - p.pad_w];
-      for (std::int64_t x = x1; x < width; ++x) row[x] = 0.0f;
     }
     float* v = ws.v + c * block + first;
     for (std::int64_t tw = 0; tw < p.tiles_w; tw += 4) {
@@ -255,7 +257,8 @@ void run(float* out, const float* in, const float* u, const float* bias, bool ac
     HostScratch<float> scratch(16 * (p.C + p.K) * block + 4 * row_width(p));
     float* base = scratch.get();
     const Workspace ws{base, base + 16 * p.C * block, base + 16 * (p.C + p.K) * block};
-    std::fill(ws.v, ws.v + 16 * p.C * block, 0.0f);  // the padding columns
+    std::fill(ws.v, ws.v + 16 * p.C * block, 0.0f);        // the padding columns
+    std::fill(ws.rows, ws.rows + 4 * row_width(p), 0.0f);  // the padding
     for (std::int64_t b = first; b < last; ++b) {
       run_block(out, in, u, bias, accumulate, p, b * per_block,
                 std::min(all_rows, (b + 1) * per_block), block, ws);
@@ -282,7 +285,7 @@ bool winograd_applies(const Conv2dShape& s) {
          p.dilation_w == 1 && p.pad_h >= 0 && p.pad_h <= 1 && p.pad_w >= 0 && p.pad_w <= 1;
 }
 
-bool winograd_chosen(const Conv2dShape& s) {
+bool winograd_chosen(const Conv2dShape& s, bool backward_data) {
   switch (conv2d_algorithm()) {
     case Conv2dAlgorithm::Im2col:
       return false;
@@ -291,7 +294,8 @@ bool winograd_chosen(const Conv2dShape& s) {
     case Conv2dAlgorithm::Auto:
       break;
   }
-  return winograd_applies(s) && s.C >= kMinAutoChannels && s.K >= kMinAutoChannels;
+  return !backward_data && winograd_applies(s) && s.C >= kMinAutoChannels &&
+         s.K >= kMinAutoChannels;
 }
 
 void winograd_forward(float* y, const float* x, const float* weight, const float* bias,

@@ -33,9 +33,9 @@ namespace towerlab::cpu {
 // Whether Winograd can compute `s`: 3x3, stride 1, dilation 1, padding 0 or 1.
 bool winograd_applies(const Conv2dShape& s);
 
-// Whether conv2d's float32 forward and backward-data take Winograd for `s` under the
-// current Conv2dAlgorithm.
-bool winograd_chosen(const Conv2dShape& s);
+// Whether conv2d's float32 forward (backward_data false) or backward-data takes
+// Winograd for `s` under the current Conv2dAlgorithm.
+bool winograd_chosen(const Conv2dShape& s, bool backward_data);
 
 // y [N,K,P,Q] = bias + conv2d(x [N,C,H,W], weight [K,C,3,3]): ASSIGNS y. bias [K]
 // may be null.
