@@ -50,8 +50,10 @@ struct Layer {
 
 const Layer kLayers[] = {
     {"fashion1_b32", 32, 1, 28, 28, 32, true},
+    {"fashion1_b64", 64, 1, 28, 28, 32, true},  // one of two CPU towers at batch 128
     {"fashion1_b128", 128, 1, 28, 28, 32, true},
     {"fashion2_b32", 32, 32, 14, 14, 64, true},
+    {"fashion2_b64", 64, 32, 14, 14, 64, true},
     {"fashion2_b128", 128, 32, 14, 14, 64, true},
     {"fashion1_b512", 512, 1, 28, 28, 32, false},
     {"fashion2_b512", 512, 32, 14, 14, 64, false},

@@ -85,9 +85,10 @@ void transform_kernel(float* u, std::int64_t ldu, const float* g, std::int64_t r
 
 // Tile blocks are runs of whole tile rows (one image's tiles th, all tw), so that
 // the transforms walk input and output rows contiguously: about enough rows that V
-// and M of one block ([16][C+K][tiles] floats) fill half of a 1 MiB L2. A function
-// of the shape alone, so the blocks, and with them the bits, do not depend on the
-// threads.
+// and M of one block ([16][C+K][tiles] floats) take three quarters of a 512 KiB L2
+// (larger and smaller blocks measured no faster on FashionNet's second layer). A
+// function of the shape alone, so the blocks, and with them the bits, do not
+// depend on the threads.
 std::int64_t rows_per_block(const Problem& p) {
   constexpr std::int64_t kBlockBytes = 384 * 1024;
   const std::int64_t tiles = kBlockBytes / (16 * (p.C + p.K) * std::int64_t{sizeof(float)});
@@ -115,8 +116,7 @@ struct Workspace {
 // arrays `stride` apart,
 //   (a, b, c, d) at e0 + 0, 1, 2, 3 times `step` <- first a + b + c, last b - c - d
 // is Aᵀ (step 4) or A (step 1). The result lands at e0 and e0 + 3*step.
-__attribute__((noinline)) void apply_a(float* x, std::int64_t stride, std::int64_t length, int e0,
-                                       int step) {
+void apply_a(float* x, std::int64_t stride, std::int64_t length, int e0, int step) {
   float* x0 = x + e0 * stride;
   float* x1 = x0 + step * stride;
   float* x2 = x1 + step * stride;
@@ -129,10 +129,9 @@ __attribute__((noinline)) void apply_a(float* x, std::int64_t stride, std::int64
 }
 
 // (a, b, c, d) <- (a - c, b + c, c - b, b - d): Bᵀ on a column of 4, or B on a row
-// of 4, for one value (float) or four tiles at once (Vec4), in the same order.
-template <typename V>
-void apply_b(V& a, V& b, V& c, V& d) {
-  const V a0 = a, b0 = b, c0 = c, d0 = d;
+// of 4, for four tiles at once.
+void apply_b(Vec4& a, Vec4& b, Vec4& c, Vec4& d) {
+  const Vec4 a0 = a, b0 = b, c0 = c, d0 = d;
   a = a0 - c0;
   b = b0 + c0;
   c = c0 - b0;
@@ -188,10 +187,9 @@ void transform_input_row(const Workspace& ws, const float* in, const Problem& p,
 // applied: output pixel (i, j) of a tile at element 12*i + 3*j): out = bias + that,
 // or out += that when `accumulate`. A tile past the bottom or right edge (P or Q
 // odd) writes only its pixels inside the output.
-__attribute__((noinline)) void scatter_tile_row(const Workspace& ws, float* out, const float* bias,
-                                                bool accumulate, const Problem& p,
-                                                std::int64_t block, std::int64_t n, std::int64_t th,
-                                                std::int64_t first) {
+void scatter_tile_row(const Workspace& ws, float* out, const float* bias, bool accumulate,
+                      const Problem& p, std::int64_t block, std::int64_t n, std::int64_t th,
+                      std::int64_t first) {
   const std::int64_t ldm = p.K * block;  // between elements e of M
   const std::int64_t rows = std::min<std::int64_t>(2, p.P - 2 * th);
   for (std::int64_t k = 0; k < p.K; ++k) {
@@ -229,7 +227,9 @@ void run_block(float* out, const float* in, const float* u, const float* bias, b
                         (row - row0) * p.tiles_w);
   }
   // Whole 16-column panels of the GEMM (block is a multiple of 16): the columns
-  // past the last tile hold zeros and their products are never read.
+  // past the block's tiles hold finite leftovers (zeros at first, then what an
+  // earlier block or a last group of four left) whose products are never read; a
+  // column of M depends on its column of V alone.
   const std::int64_t tiles = std::min(block, ((row1 - row0) * p.tiles_w + 15) / 16 * 16);
   const std::int64_t ldv = p.C * block, ldm = p.K * block;
   for (int e = 0; e < 16; ++e) {
