@@ -4,11 +4,13 @@
 // replicas, waiting for the other towers); the process CPU time per step (which a
 // loaded machine does not inflate the way it inflates wall time); and how far the
 // step is from the GEMM-bound limit (the step's convolution and matrix-product FLOPs
-// at the rate of one large GEMM on all threads).
+// at the rate of one large GEMM: in wall time on all threads, and per thread in CPU
+// time).
 //
 //   step_profile_bench [--towers T] [--batch B] [--steps S] [--threads N] [--zero-fill 1]
 //
-// --zero-fill 1 makes every tape zero-fill its gradients and accumulate into them
+// --threads N sets the pool's size (default: the machine's CPUs). --zero-fill 1
+// makes every tape zero-fill its gradients and accumulate into them
 // (Tape::FirstWrite::Zeroed) instead of letting the first write assign: the
 // measure of what the first writes save.
 //
@@ -22,8 +24,6 @@
 // machine stretches wall time but hardly the thread's CPU time, which is the whole
 // of the tower's work when its share of the pool is one thread (2 towers on 2
 // threads, or --threads 1): the shares to trust on a shared machine.
-//
-//   --threads N   the pool's size (default: the machine's CPUs)
 #include <time.h>
 
 #include <algorithm>

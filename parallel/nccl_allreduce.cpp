@@ -6,18 +6,7 @@
 #include "engine/error.h"
 
 #if TOWERLAB_WITH_NCCL
-#include <nccl.h>
-
-#include "engine/cuda_check.h"
-
-#define TL_NCCL_CHECK(expr)                                                               \
-  do {                                                                                    \
-    ncclResult_t tl_nccl_ = (expr);                                                       \
-    if (tl_nccl_ != ncclSuccess) {                                                        \
-      ::towerlab::detail::throw_cuda_error(#expr, ncclGetErrorString(tl_nccl_), __FILE__, \
-                                           __LINE__);                                     \
-    }                                                                                     \
-  } while (0)
+#include "parallel/nccl_check.h"
 #endif
 
 namespace towerlab {
@@ -56,7 +45,8 @@ NcclAllReduce::NcclAllReduce(std::vector<const Stream*> streams) : streams_(std:
   comms_->comms.resize(streams_.size());
   std::vector<int> devices(seen.begin(), seen.end());
   for (std::size_t i = 0; i < streams_.size(); ++i) devices[i] = streams_[i]->device().index;
-  TL_NCCL_CHECK(ncclCommInitAll(comms_->comms.data(), int(devices.size()), devices.data()));
+  TL_NCCL_CHECK(ncclCommInitAll(comms_->comms.data(), int(devices.size()), devices.data()), nullptr,
+                "NCCL all-reduce");
 #endif
 }
 
@@ -72,13 +62,15 @@ void NcclAllReduce::allreduce(const std::vector<Tensor>& buffers) {
              ShapeError, "NCCL all-reduce: member " << i << " has " << buffers[i].describe());
   }
 #if TOWERLAB_WITH_NCCL
-  TL_NCCL_CHECK(ncclGroupStart());
+  TL_NCCL_CHECK(ncclGroupStart(), nullptr, "NCCL all-reduce");
   for (std::size_t i = 0; i < buffers.size(); ++i) {
-    TL_NCCL_CHECK(ncclAllReduce(
-        buffers[i].raw_data(), buffers[i].raw_data(), std::size_t(buffers[i].numel()), ncclFloat,
-        ncclSum, comms_->comms[i], static_cast<cudaStream_t>(streams_[i]->native_handle())));
+    TL_NCCL_CHECK(
+        ncclAllReduce(buffers[i].raw_data(), buffers[i].raw_data(), std::size_t(buffers[i].numel()),
+                      ncclFloat, ncclSum, comms_->comms[i],
+                      static_cast<cudaStream_t>(streams_[i]->native_handle())),
+        comms_->comms[i], "NCCL all-reduce");
   }
-  TL_NCCL_CHECK(ncclGroupEnd());
+  TL_NCCL_CHECK(ncclGroupEnd(), nullptr, "NCCL all-reduce");
 #endif
 }
 

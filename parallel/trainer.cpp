@@ -129,6 +129,14 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
   }
   ring_ = std::make_unique<Ring>(streams);
   if (options_.reduction == AllReduce::Nccl) nccl_ = std::make_unique<NcclAllReduce>(streams);
+  if (options_.process_group != nullptr) {
+    const NcclChoice choice =
+        choose_cross_process_path(*options_.process_group, options_.cross_process, devices_);
+    if (choice.nccl) {
+      nccl_processes_ = std::make_unique<NcclCommunicator>(*options_.process_group, devices_[0]);
+    }
+    cross_process_path_ = choice.reason;
+  }
   workers_ = std::make_unique<ThreadTeam>(towers_.size());
   broadcast();
   if (options_.log_placement) log_placement();
@@ -157,6 +165,9 @@ void Trainer::log_placement() const {
   if (options_.process_group != nullptr) {
     log << "placement: process " << rank_ << " of " << ranks_ << " (local rank "
         << options_.process_group->local_rank() << ")\n";
+    log << "placement: across processes, gradients and moving statistics by "
+        << (nccl_processes_ != nullptr ? "NCCL on " + devices_[0].str() : "the process group")
+        << " (" << cross_process_path_ << ")\n";
   }
   log << "placement: master variables on " << master_device_.str() << "; " << towers_.size()
       << " tower(s)\n";
@@ -465,9 +476,11 @@ void Trainer::average_moving_statistics(const StepResult& result) {
 }
 
 void Trainer::reduce_across_processes(const StepResult& result, bool training) {
-  // One buffer, one call: [gradient | moving statistics | losses_ | batch sizes].
-  const std::int64_t grads = training ? variables_.trainable_numel() : 0;
-  const std::int64_t state = training ? variables_.state_numel() : 0;
+  // One buffer, one call: [gradient | moving statistics | losses_ | batch sizes];
+  // with NCCL, the first two stay on the device for the call after it.
+  const bool staged = training && nccl_processes_ == nullptr;
+  const std::int64_t grads = staged ? variables_.trainable_numel() : 0;
+  const std::int64_t state = staged ? variables_.state_numel() : 0;
   const std::int64_t losses = std::int64_t(losses_.size());
   const std::int64_t total = grads + state + losses + ranks_;
   if (!exchange_.defined() || exchange_.numel() != total) {
@@ -489,9 +502,10 @@ void Trainer::reduce_across_processes(const StepResult& result, bool training) {
   std::fill(sizes, sizes + ranks_, 0.0f);
   sizes[rank_] = float(result.samples);
 
-  const std::string what = training ? "step " + std::to_string(optimizer_.steps()) +
-                                          ": gradients, moving statistics, losses, batch sizes"
-                                    : std::string("evaluation: losses, batch sizes");
+  const std::string step =
+      training ? "step " + std::to_string(optimizer_.steps()) : std::string("evaluation");
+  const std::string what = step + (staged ? ": gradients, moving statistics, losses, batch sizes"
+                                          : ": losses, batch sizes");
   options_.process_group->allreduce_sum(std::span<float>(values, std::size_t(total)), what);
 
   for (int r = 1; r < ranks_; ++r) {
@@ -502,6 +516,18 @@ void Trainer::reduce_across_processes(const StepResult& result, bool training) {
                                   << std::int64_t(sizes[r])
                                   << "; every process's step() and evaluate() must receive the "
                                      "same global batch (nothing was updated)");
+  }
+  if (training && nccl_processes_ != nullptr) {
+    std::vector<Tensor> buffers{first.store->flat_grads()};
+    if (variables_.state_numel() > 0) {
+      // BatchNormStats::Tower0 takes rank 0's tower 0: the other ranks add zeros.
+      if (options_.batchnorm_stats == BatchNormStats::Tower0 && rank_ > 0) {
+        fill(first.store->flat_state(), 0.0, *first.stream);
+      }
+      buffers.push_back(first.store->flat_state());
+    }
+    nccl_processes_->allreduce_sum(buffers, *first.stream,
+                                   step + ": gradients, moving statistics (NCCL)");
   }
   std::copy(values + grads + state, values + grads + state + losses, losses_.begin());
   if (grads > 0) copy_tensor(first.store->flat_grads(), exchange_.slice(0, grads), *first.stream);

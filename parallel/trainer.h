@@ -38,7 +38,11 @@
 // reduced gradient, its moving statistics, every tower's loss and the batch size
 // each rank saw, so every rank then holds the same bits, reaches the same guard
 // verdict (a NaN on one rank is reported on all of them) and applies the same
-// update: N ranks x M towers take the same step as one device. Regularization in
+// update: N ranks x M towers take the same step as one device. When every rank's
+// towers are all on GPUs and no two ranks share tower 0's GPU, the gradient and
+// moving statistics go instead through NCCL on tower 0's device buffers, after the
+// host call (TrainerOptions::cross_process, parallel/nccl_communicator.h, which
+// says what stays bitwise). Regularization in
 // the tower function counts once per step, as the weights sum to one over all
 // ranks. Synchronized batch norm spans the ranks too (parallel/sync_batchnorm.h).
 // step() and evaluate() are collective: every rank calls them in the same order.
@@ -74,6 +78,7 @@
 #include "autograd/variables.h"
 #include "engine/allocator.h"
 #include "parallel/batch_split.h"
+#include "parallel/nccl_communicator.h"
 
 namespace towerlab {
 
@@ -154,6 +159,10 @@ struct TrainerOptions {
   // The processes that train this model together (not owned; it must outlive the
   // trainer); nullptr: this process alone. See the top of this file.
   ProcessGroup* process_group = nullptr;
+  // How phase 5 moves the gradient and moving statistics between processes: NCCL
+  // on tower 0's device buffers when it can (Auto), or always staged on the host.
+  // Decided once, at construction; the placement log says which and why.
+  CrossProcessPath cross_process = CrossProcessPath::Auto;
 };
 
 struct StepResult {
@@ -227,7 +236,8 @@ class Trainer {
   // 4. The moving statistics per options_.batchnorm_stats.
   void average_moving_statistics(const StepResult& result);
   // 5. One allreduce_sum over the processes: tower 0's gradient and moving
-  // statistics (training only), losses_ and the batch sizes, which must agree.
+  // statistics (training only), losses_ and the batch sizes, which must agree; with
+  // nccl_processes_, the gradient and statistics go in an NCCL call after it.
   void reduce_across_processes(const StepResult& result, bool training);
   // 6. NumericGuard: true when the update may go ahead; Stop throws, Skip marks
   // `result` skipped and puts the replicas back to the master's state.
@@ -268,6 +278,9 @@ class Trainer {
   // for an empty tower. Filled by run_towers, summed over the ranks in phase 5.
   std::vector<float> losses_;
   Tensor exchange_;  // phase 5's host buffer, kept between steps
+  // Phase 5's device-buffer path between processes; null: staged on the host.
+  std::unique_ptr<NcclCommunicator> nccl_processes_;
+  std::string cross_process_path_;  // why phase 5 takes its path (placement log)
 };
 
 // Resolves a requested device: itself when present; with soft placement, the

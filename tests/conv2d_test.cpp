@@ -1,11 +1,11 @@
 // conv2d forward and backward on every backend: hand-computed cases, a naive
 // seven-loop reference on odd shapes (1x1 and 5x5 kernels, ragged strided
-// borders, dilation, C = 1, prime K, shapes that are not multiples of the CUDA
-// tiles), accumulation into sentinel-filled gradients, empty batches, rejected
-// shapes, and float64 gradient checks on the CPU. Then the CPU's Winograd
-// F(2x2,3x3) path (kernels/cpu/winograd.h), forced on: against the reference
-// within a tolerance scaled to each result's terms, with controls, and the same bits
-// for any thread count.
+// borders, dilation, C = 1 (the CPU's direct path), prime K, shapes that are not
+// multiples of the CUDA tiles), accumulation into sentinel-filled gradients, empty
+// batches, rejected shapes, and float64 gradient checks on the CPU. Then the CPU's
+// Winograd F(2x2,3x3) path (kernels/cpu/winograd.h), forced on: against the
+// reference within a tolerance scaled to each result's terms, with controls, and
+// the same bits for any thread count.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -47,6 +47,10 @@ std::vector<ConvCase> odd_cases() {
       {"3x3_dilation2", 2, 3, 9, 8, 5, 3, 3, make_params(1, 1, 2, 2, 2, 2)},
       {"3x3_stride3_dilation2", 1, 2, 13, 11, 3, 3, 3, make_params(3, 3, 1, 0, 2, 2)},
       {"C1_K32", 3, 1, 28, 28, 32, 3, 3, make_params(1, 1, 1, 1)},
+      // One channel, 3x3, unit stride: the CPU's direct path (Q >= 8), with Q not a
+      // multiple of 8, K not of 4, uneven padding, and Q = 8 exactly.
+      {"C1_3x3_pad1x0_K5_no_bias", 2, 1, 9, 19, 5, 3, 3, make_params(1, 1, 1, 0), false},
+      {"C1_3x3_Q8", 2, 1, 6, 10, 3, 3, 3, make_params(1, 1, 0, 0)},
       {"K_prime_13", 3, 2, 7, 7, 13, 3, 3, make_params(1, 1, 1, 1)},
       {"batch1_odd", 1, 5, 13, 15, 11, 3, 3, make_params(1, 1, 1, 1), false},
       {"tiles_ragged", 5, 19, 17, 17, 67, 3, 3, make_params(1, 1, 1, 1)},

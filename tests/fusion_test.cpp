@@ -203,13 +203,13 @@ TEST_P(FusionTest, MaxPoolThroughArgmaxMatchesRecomputation) {
     Shape x;
     Pool2dParams p;
   };
-  // 2x2 stride 2 takes the CPU's vector form: Wo = 4 and 14 fill its lanes (14 with
-  // a tail), Wo = 2 is all tail.
-  const Case cases[] = {{{2, 3, 8, 8}, Pool2dParams::square(2, 2)},
-                        {{2, 2, 6, 28}, Pool2dParams::square(2, 2)},
-                        {{1, 2, 7, 5}, Pool2dParams::square(2, 2)},
-                        {{2, 1, 9, 8}, Pool2dParams::square(3, 2, 1)},  // overlapping windows
-                        {{1, 3, 6, 11}, Pool2dParams{3, 2, 1, 3, 1, 0}}};
+  // 2x2 stride 2 takes the CPU's vector form, four outputs at a time: Wo = 4 one
+  // group, 14 and 7 with a last group overlapping the one before; Wo = 2 is scalar.
+  const Case cases[] = {
+      {{2, 3, 8, 8}, Pool2dParams::square(2, 2)},     {{2, 2, 6, 28}, Pool2dParams::square(2, 2)},
+      {{1, 3, 14, 14}, Pool2dParams::square(2, 2)},   {{1, 2, 7, 5}, Pool2dParams::square(2, 2)},
+      {{2, 1, 9, 8}, Pool2dParams::square(3, 2, 1)},  // overlapping windows
+      {{1, 3, 6, 11}, Pool2dParams{3, 2, 1, 3, 1, 0}}};
   for (const Case& c : cases) {
     const Shape ys = pool2d_output_shape(c.x, c.p);
     const auto n = static_cast<std::size_t>(numel_of(c.x));

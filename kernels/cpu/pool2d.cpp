@@ -104,16 +104,20 @@ bool is_2x2_stride_2(const Pool2dParams& p) {
 // same choice (first maximum in the order top-left, top-right, bottom-left,
 // bottom-right; else the first NaN) made with lane masks instead of a loop per
 // window. `top` is the position of the row pair's first value in the plane; out
-// and where [Wo] get the outputs' values and positions. The last Wo % 4 outputs
-// go through window_argmax itself.
+// and where [Wo] get the outputs' values and positions. A row of fewer than four
+// outputs goes through window_argmax itself.
 void max_pool_2x2_row(const float* plane, std::int64_t top, std::int64_t W, std::int64_t Wo,
                       float* out, float* where) {
   const float* r0 = plane + top;  // [W] the window's top row
   const float* r1 = r0 + W;       // [W] its bottom row
   const Vec4 right = splat(1.0f), below = splat(float(W)), below_right = splat(float(W + 1));
   const Vec4 lanes = {0.0f, 2.0f, 4.0f, 6.0f};  // each lane's first column, from 2*wo
+  // Groups of four outputs; the last group ends at Wo and may overlap the one
+  // before it (its outputs are written twice, with the same values), so that no
+  // output falls to a scalar tail once Wo >= 4.
   std::int64_t wo = 0;
-  for (; wo + 4 <= Wo; wo += 4) {
+  for (std::int64_t next = 0; Wo >= 4 && next < Wo; next = wo + 4) {
+    wo = std::min(next, Wo - 4);
     const Vec4 t0 = load4(r0 + 2 * wo), t1 = load4(r0 + 2 * wo + 4);
     const Vec4 b0 = load4(r1 + 2 * wo), b1 = load4(r1 + 2 * wo + 4);
     // The four values of each lane's window, in window order.
@@ -149,8 +153,9 @@ void max_pool_2x2_row(const float* plane, std::int64_t top, std::int64_t W, std:
     store4(out + wo, y);
     store4(where + wo, at);
   }
+  if (Wo >= 4) return;
   const std::int64_t h = top / W;
-  for (; wo < Wo; ++wo) {
+  for (wo = 0; wo < Wo; ++wo) {
     const std::int64_t i = window_argmax(plane, W, Window{h, h + 2, 2 * wo, 2 * wo + 2});
     out[wo] = plane[i];
     where[wo] = static_cast<float>(i);

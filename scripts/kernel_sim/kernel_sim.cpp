@@ -376,10 +376,14 @@ void pool2d() {
     sc::max_pool2d_forward_with_argmax(y2, a2, x, c.p, host());
     compare("max_pool2d_forward_with_argmax y" + shape, y2, y1, 0, 0);
     compare("max_pool2d_forward_with_argmax argmax" + shape, a2, a1, 0, 0);
-    auto [gf1, gf2] = twin(rnd(numel_of(xs), 37), xs);
-    cpu::max_pool2d_backward_from_argmax(gf1, gy, a1);
-    sc::max_pool2d_backward_from_argmax(gf2, gy, a1, c.p, host());
-    compare("max_pool2d_backward_from_argmax" + shape, gf2, gf1);
+    for (GradWrite write : {GradWrite::Accumulate, GradWrite::Assign}) {
+      auto [gf1, gf2] = twin(rnd(numel_of(xs), 37), xs);
+      cpu::max_pool2d_backward_from_argmax(gf1, gy, a1, write);
+      sc::max_pool2d_backward_from_argmax(gf2, gy, a1, c.p, host(), write);
+      compare(std::string("max_pool2d_backward_from_argmax") +
+                  (write == GradWrite::Assign ? " assign" : "") + shape,
+              gf2, gf1);
+    }
     cpu::avg_pool2d_forward(y1, x, c.p);
     sc::avg_pool2d_forward(y2, x, c.p, host());
     compare("avg_pool2d_forward" + shape, y2, y1);
@@ -513,10 +517,15 @@ void batchnorm() {
               a.sum_grad_y_xhat, 1e-4, 1e-4);
       s.sum_grad_y = a.sum_grad_y;
       s.sum_grad_y_xhat = a.sum_grad_y_xhat;
-      std::tie(a.grad_x, s.grad_x) = twin(rnd(n, 54), {n});
-      cpu::batchnorm_backward_apply(a);
-      sc::batchnorm_backward_apply(s, host());
-      compare("batchnorm_backward_apply" + relu + ncs(d), s.grad_x, a.grad_x, 1e-5, 1e-5);
+      for (GradWrite write : {GradWrite::Accumulate, GradWrite::Assign}) {
+        a.grad_x_write = s.grad_x_write = write;
+        std::tie(a.grad_x, s.grad_x) = twin(rnd(n, 54), {n});
+        cpu::batchnorm_backward_apply(a);
+        sc::batchnorm_backward_apply(s, host());
+        compare(std::string("batchnorm_backward_apply") +
+                    (write == GradWrite::Assign ? " assign" : "") + relu + ncs(d),
+                s.grad_x, a.grad_x, 1e-5, 1e-5);
+      }
     }
   }
 }
