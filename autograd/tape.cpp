@@ -1,6 +1,7 @@
 #include "autograd/tape.h"
 
 #include <limits>
+#include <map>
 #include <sstream>
 
 #include "engine/error.h"
@@ -14,6 +15,9 @@ struct Var::Node {
   bool requires_grad = false;
   Tape* tape = nullptr;
   std::string name;
+  bool variable = false;  // made by Tape::variable
+  // A variable's: the index of the first record that reads it (-1: none yet).
+  std::ptrdiff_t first_reader = -1;
 };
 
 const Tensor& Var::value() const {
@@ -74,6 +78,9 @@ Var Tape::variable(Tensor value, Tensor grad, std::string name) {
   node->requires_grad = true;
   node->tape = this;
   node->name = std::move(name);
+  node->variable = true;
+  variables_.push_back(node);
+  variable_names_.insert(node->name);
   return Var(std::move(node));
 }
 
@@ -100,6 +107,11 @@ Var Tape::record(Tensor value, std::string name, const std::vector<Var>& inputs,
     TL_CHECK(!backward_done_, InvalidArgument,
              label_ << ": recording '" << out.name()
                     << "' after backward(); call reset() before the next forward pass");
+    for (const Var& v : inputs) {
+      if (v.defined() && v.node_->variable && v.node_->first_reader < 0) {
+        v.node_->first_reader = std::ptrdiff_t(records_.size());
+      }
+    }
     records_.push_back({out, std::move(backward), scope_});
   }
   return out;
@@ -170,12 +182,43 @@ void Tape::backward(const Var& output, const Tensor& grad_output) {
   replay();
 }
 
+std::vector<std::vector<std::string>> Tape::ready_after() const {
+  // A name may have several Vars (a weight used by a layer and by a regularizer):
+  // its gradient is complete after the earliest record that reads any of them.
+  std::map<std::string, std::ptrdiff_t> earliest;
+  for (const auto& v : variables_) {
+    auto [it, inserted] = earliest.emplace(v->name, v->first_reader);
+    if (!inserted && v->first_reader >= 0 && (it->second < 0 || v->first_reader < it->second)) {
+      it->second = v->first_reader;
+    }
+  }
+  std::vector<std::vector<std::string>> ready(records_.size() + 1);
+  // In declaration order within one point, so that every tower reports alike.
+  for (const auto& v : variables_) {
+    const auto it = earliest.find(v->name);
+    if (it == earliest.end()) continue;
+    ready[std::size_t(it->second + 1)].push_back(v->name);
+    earliest.erase(it);
+  }
+  return ready;
+}
+
 void Tape::replay() {
   backward_done_ = true;
-  for (auto it = records_.rbegin(); it != records_.rend(); ++it) {
-    if (!it->output.node_->grad.defined()) continue;
-    if (profiler_ != nullptr) profiler_->backward_record(it->scope, it->output.name());
-    it->backward(it->output);
+  std::vector<std::vector<std::string>> ready;
+  if (listener_ != nullptr) {
+    ready = ready_after();
+    for (const std::string& name : ready[0]) listener_->gradient_ready(name);
+  }
+  for (std::size_t i = records_.size(); i-- > 0;) {
+    Record& r = records_[i];
+    if (r.output.node_->grad.defined()) {
+      if (profiler_ != nullptr) profiler_->backward_record(r.scope, r.output.name());
+      r.backward(r.output);
+    }
+    if (listener_ != nullptr) {
+      for (const std::string& name : ready[i + 1]) listener_->gradient_ready(name);
+    }
   }
   if (profiler_ != nullptr) profiler_->backward_done();
   records_.clear();
@@ -183,6 +226,8 @@ void Tape::replay() {
 
 void Tape::reset() {
   records_.clear();
+  variables_.clear();
+  variable_names_.clear();
   backward_done_ = false;
 }
 

@@ -31,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "engine/stream.h"
@@ -54,6 +55,22 @@ class TapeProfiler {
   // by op `op`; after the last one it calls backward_done().
   virtual void backward_record(int scope, const std::string& op) = 0;
   virtual void backward_done() = 0;
+};
+
+// Watches backward() for the moment each variable's gradient is complete, so that
+// its reduction can start while the backward of earlier layers goes on (the
+// trainer's gradient buckets, parallel/buckets.h). A variable's gradient is complete
+// once the backward has run the earliest record that reads it: records run in
+// reverse, and only a record that reads a variable writes its gradient.
+class GradientListener {
+ public:
+  virtual ~GradientListener() = default;
+  // Every write to the gradient of variable `name` has been issued on the tape's
+  // stream (on a GPU it may still be running: record an event to wait for it).
+  // Called on the thread that runs backward(), once per name per backward, for each
+  // variable made on the tape since the last reset(); those that no record reads
+  // come first, before any record runs.
+  virtual void gradient_ready(const std::string& name) = 0;
 };
 
 class Var {
@@ -143,6 +160,12 @@ class Tape {
   void set_grad_enabled(bool enabled) { grad_enabled_ = enabled; }
   std::size_t num_records() const { return records_.size(); }
 
+  // Reports each variable's complete gradient during backward() (off when null).
+  void set_gradient_listener(GradientListener* listener) { listener_ = listener; }
+  // Whether variable(name, ...) was called since the last reset(): the variables a
+  // GradientListener will hear of.
+  bool has_variable(const std::string& name) const { return variable_names_.count(name) > 0; }
+
   // Profiling (off when null, and then free): see TapeProfiler and TapeScope.
   void set_profiler(TapeProfiler* profiler) { profiler_ = profiler; }
   TapeProfiler* profiler() const { return profiler_; }
@@ -155,6 +178,9 @@ class Tape {
  private:
   void check_backward(const Var& output) const;
   void replay();  // runs the records in reverse, once dL/doutput is seeded
+  // For the listener: the names whose gradient is complete after record i (index
+  // i + 1; index 0: before the first record runs).
+  std::vector<std::vector<std::string>> ready_after() const;
 
   struct Record {
     Var output;
@@ -164,6 +190,10 @@ class Tape {
   const Stream* stream_;
   std::string label_;
   std::vector<Record> records_;
+  // The variables made since the last reset(), for the GradientListener.
+  std::vector<std::shared_ptr<Var::Node>> variables_;
+  std::unordered_set<std::string> variable_names_;
+  GradientListener* listener_ = nullptr;
   bool grad_enabled_ = true;
   bool backward_done_ = false;
   FirstWrite first_write_ = FirstWrite::Assign;

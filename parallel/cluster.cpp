@@ -355,18 +355,29 @@ Cluster::~Cluster() {
 }
 
 template <typename T>
-void Cluster::ring_allreduce(std::span<T> values, std::string_view what) {
+void Cluster::ring_allreduce(std::span<T> values, std::string_view what, ReduceFrame frame) {
   const Call call = std::is_same_v<T, float> ? Call::AllreduceFloat : Call::AllreduceDouble;
   Mpi& m = *mpi_;
   m.begin(call, values.size(), 0, what);
   const int p = size_, r = rank_;
   const std::size_t n = values.size();
-  auto first = [&](int chunk) { return n * std::size_t(chunk) / std::size_t(p); };
+  const std::size_t total = frame.total == 0 ? n : frame.total;
+  if (frame.offset + n > total) {
+    m.fail("an all-reduce of " + std::to_string(n) + " values at offset " +
+           std::to_string(frame.offset) + " of a buffer of " + std::to_string(total));
+  }
+  // Chunk c of the whole buffer, within the values (indices into `values`).
+  auto first = [&](int chunk) {
+    const std::size_t at = total * std::size_t(chunk) / std::size_t(p);
+    return std::clamp(at, frame.offset, frame.offset + n) - frame.offset;
+  };
   auto count = [&](int chunk) { return first(chunk + 1) - first(chunk); };
-  if (count(p - 1) > std::size_t(INT_MAX)) {
+  std::size_t largest = 0;
+  for (int c = 0; c < p; ++c) largest = std::max(largest, count(c));
+  if (largest > std::size_t(INT_MAX)) {
     m.fail("an all-reduce of " + std::to_string(n) + " values has chunks over INT_MAX elements");
   }
-  m.scratch.resize((n / std::size_t(p) + 1) * sizeof(T));
+  m.scratch.resize((largest + 1) * sizeof(T));
   T* incoming = reinterpret_cast<T*>(m.scratch.data());
   const int right = (r + 1) % p, left = (r + p - 1) % p;
   const MPI_Datatype type = mpi_type<T>();
@@ -398,12 +409,12 @@ void Cluster::ring_allreduce(std::span<T> values, std::string_view what) {
   m.end();
 }
 
-void Cluster::allreduce_sum(std::span<float> values, std::string_view what) {
-  if (mpi_) ring_allreduce(values, what);
+void Cluster::allreduce_sum(std::span<float> values, std::string_view what, ReduceFrame frame) {
+  if (mpi_) ring_allreduce(values, what, frame);
 }
 
 void Cluster::allreduce_sum(std::span<double> values, std::string_view what) {
-  if (mpi_) ring_allreduce(values, what);
+  if (mpi_) ring_allreduce(values, what, ReduceFrame{});
 }
 
 void Cluster::broadcast(std::span<std::byte> bytes, int root, std::string_view what) {
@@ -478,7 +489,7 @@ Cluster::Cluster(ClusterOptions options) : deadline_(deadline_from_environment(o
 
 Cluster::~Cluster() = default;
 
-void Cluster::allreduce_sum(std::span<float>, std::string_view) {}
+void Cluster::allreduce_sum(std::span<float>, std::string_view, ReduceFrame) {}
 void Cluster::allreduce_sum(std::span<double>, std::string_view) {}
 
 void Cluster::broadcast(std::span<std::byte>, int root, std::string_view what) {

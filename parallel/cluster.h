@@ -19,9 +19,10 @@
 // fixed order rank c, c+1, ..., c-1 (mod size), by one rank, and the allgather then
 // copies the finished chunk to the others, so every rank holds the same bits, run
 // after run, for a given group size: the rule the in-process ring follows
-// (parallel/ring_allreduce.h). Its traffic is 2(size-1)/size of the buffer per
-// rank, the optimum. Broadcast and allgather carry no arithmetic and use MPI's own
-// non-blocking collectives.
+// (parallel/ring_allreduce.h). A call with a ReduceFrame cuts its chunks where the
+// whole buffer's chunks end, so a range summed on its own gets the same bits. Its traffic is
+// 2(size-1)/size of the buffer per rank, the optimum. Broadcast and allgather carry no arithmetic
+// and use MPI's own non-blocking collectives.
 //
 // No call waits forever. Every call is non-blocking and polled against a deadline
 // (ClusterOptions::deadline, 120 s by default; the environment variable
@@ -83,7 +84,8 @@ class Cluster final : public ProcessGroup {
   // is a GPU, so that the ranks of a host share its GPUs round-robin; else the CPU.
   Device default_device() const;
 
-  void allreduce_sum(std::span<float> values, std::string_view what) override;
+  void allreduce_sum(std::span<float> values, std::string_view what,
+                     ReduceFrame frame = {}) override;
   void allreduce_sum(std::span<double> values, std::string_view what) override;
   void broadcast(std::span<std::byte> bytes, int root, std::string_view what) override;
   std::vector<std::string> allgather(std::string_view mine, std::string_view what) override;
@@ -93,7 +95,7 @@ class Cluster final : public ProcessGroup {
  private:
   struct Mpi;
   template <typename T>
-  void ring_allreduce(std::span<T> values, std::string_view what);
+  void ring_allreduce(std::span<T> values, std::string_view what, ReduceFrame frame);
 
   std::unique_ptr<Mpi> mpi_;  // null: a group of this process alone
   int rank_ = 0;

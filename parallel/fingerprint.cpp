@@ -134,6 +134,8 @@ std::string trainer_fingerprint(const VariableSet& variables, DType dtype,
   line("reduction", options.reduction == AllReduce::Ring          ? "ring"
                     : options.reduction == AllReduce::ReduceToOne ? "reduce_to_one"
                                                                   : "nccl");
+  // Every rank must cut the gradient into the same buckets: one call each.
+  line("bucket_bytes", std::to_string(options.bucket_bytes));
   line("batchnorm", options.batchnorm == BatchNormMode::Sync ? "sync" : "local");
   line("batchnorm_stats",
        options.batchnorm_stats == BatchNormStats::Average ? "average" : "tower0");

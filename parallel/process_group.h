@@ -13,6 +13,11 @@
 //  - allreduce_sum leaves the same bits on every process, run after run, for a
 //    fixed group size: each element is summed in one fixed order and the result
 //    is distributed, never re-summed per process.
+//  - That order may depend on an element's position in the buffer (a ring sums
+//    each chunk starting at another process). A buffer reduced in several calls,
+//    one range at a time (gradient buckets, parallel/buckets.h), passes each call
+//    its ReduceFrame: the order is then the position's in the whole buffer, so the
+//    ranges get the bits one call on the whole buffer would give them.
 //  - A call that cannot complete (a process died, stalled past the deadline, or
 //    reported an error) throws CommunicationError naming the peer and `what`, on
 //    every process that notices; none waits forever.
@@ -28,6 +33,13 @@
 
 namespace towerlab {
 
+// Where the values of one allreduce_sum lie in the whole buffer of which they are
+// a range (see the contract above).
+struct ReduceFrame {
+  std::size_t offset = 0;  // of the first value, in the whole buffer
+  std::size_t total = 0;   // the whole buffer's length; 0: the values are all of it
+};
+
 class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;
@@ -37,7 +49,9 @@ class ProcessGroup {
   virtual int local_rank() const = 0;  // index among the processes of this host
 
   // values[i] = sum over processes of values[i], the same bits on every process.
-  virtual void allreduce_sum(std::span<float> values, std::string_view what) = 0;
+  // Every process passes the same frame.
+  virtual void allreduce_sum(std::span<float> values, std::string_view what,
+                             ReduceFrame frame = {}) = 0;
   virtual void allreduce_sum(std::span<double> values, std::string_view what) = 0;
 
   // Copies root's bytes into every process's `bytes` (same size everywhere).

@@ -1,5 +1,6 @@
 #include "parallel/ring_allreduce.h"
 
+#include <algorithm>
 #include <barrier>
 #include <chrono>
 #include <string>
@@ -52,10 +53,20 @@ Ring::Ring(std::vector<const Stream*> streams, RingReads reads) : streams_(std::
 Ring::~Ring() = default;
 
 void Ring::allreduce(const std::vector<Tensor>& buffers, Trace* trace, int first_row) {
+  TL_CHECK(!buffers.empty(), InvalidArgument,
+           "ring all-reduce: 0 buffers for " << streams_.size() << " members");
+  allreduce_range(buffers, 0, buffers[0].numel(), trace, first_row);
+}
+
+void Ring::allreduce_range(const std::vector<Tensor>& buffers, std::int64_t begin, std::int64_t end,
+                           Trace* trace, int first_row) {
   const auto n = static_cast<std::int64_t>(streams_.size());
   TL_CHECK(static_cast<std::int64_t>(buffers.size()) == n, InvalidArgument,
            "ring all-reduce: " << buffers.size() << " buffers for " << n << " members");
   const std::int64_t length = buffers[0].numel();
+  TL_CHECK(0 <= begin && begin <= end && end <= length, InvalidArgument,
+           "ring all-reduce: range [" << begin << ", " << end << ") of buffers of " << length
+                                      << " elements");
   for (std::int64_t i = 0; i < n; ++i) {
     const Tensor& b = buffers[std::size_t(i)];
     TL_CHECK(b.numel() == length && b.dtype() == DType::Float32 &&
@@ -65,17 +76,19 @@ void Ring::allreduce(const std::vector<Tensor>& buffers, Trace* trace, int first
                                         << length << "] on "
                                         << streams_[std::size_t(i)]->device().str());
   }
-  if (n == 1 || length == 0) return;
+  if (n == 1 || begin == end) return;
 
   auto member = [&](std::int64_t i) -> const Stream& {
     return *streams_[std::size_t((i + n) % n)];
   };
+  // Chunk k of the whole buffer, within the range.
   auto chunk_of = [&](std::int64_t j, std::int64_t k) {
-    const auto [begin, end] = ring_chunk(length, n, ((k % n) + n) % n);
-    return buffers[std::size_t((j + n) % n)].view(begin, {end - begin});
+    const auto [first, last] = ring_chunk(length, n, ((k % n) + n) % n);
+    const std::int64_t from = std::max(first, begin), to = std::max(from, std::min(last, end));
+    return buffers[std::size_t((j + n) % n)].view(from, {to - from});
   };
   // A receive buffer (the largest chunk) for each member that cannot read in place.
-  const std::int64_t max_chunk = (length + n - 1) / n;
+  const std::int64_t max_chunk = std::min((length + n - 1) / n, end - begin);
   std::vector<Tensor> received(static_cast<std::size_t>(n));
   for (std::int64_t j = 0; j < n; ++j) {
     if (!in_place_[std::size_t(j)])

@@ -75,6 +75,13 @@ class Ring {
   // When `trace` is given each member's steps are recorded on row `first_row + i`,
   // with the step's chunk index and the bytes it moves into member i.
   void allreduce(const std::vector<Tensor>& buffers, Trace* trace = nullptr, int first_row = 0);
+  // The same for elements [begin, end) of the buffers only (a gradient bucket,
+  // parallel/buckets.h), with the whole buffers' chunks: chunk k of the range is
+  // ring_chunk(length, n, k) within [begin, end), so every element is summed in the
+  // order, and to the bits, that allreduce() of the whole buffers gives it. The
+  // rest of the buffers is neither read nor written (others may use it meanwhile).
+  void allreduce_range(const std::vector<Tensor>& buffers, std::int64_t begin, std::int64_t end,
+                       Trace* trace = nullptr, int first_row = 0);
 
   std::size_t size() const { return streams_.size(); }
 

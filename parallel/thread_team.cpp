@@ -4,8 +4,10 @@
 
 namespace towerlab {
 
-ThreadTeam::ThreadTeam(std::size_t n) : errors_(n) {
-  for (std::size_t i = 0; i < n; ++i) threads_.emplace_back([this, i, n] { loop(i, n); });
+ThreadTeam::ThreadTeam(std::size_t n, std::size_t kernel_threads) : errors_(n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    threads_.emplace_back([this, i, kernel_threads] { loop(i, kernel_threads); });
+  }
 }
 
 ThreadTeam::~ThreadTeam() {
@@ -34,10 +36,14 @@ void ThreadTeam::run(const std::function<void(std::size_t)>& job) {
   }
 }
 
-void ThreadTeam::loop(std::size_t i, std::size_t n) {
+void ThreadTeam::loop(std::size_t i, std::size_t kernel_threads) {
   // The members run kernels at the same time, so each takes its share of the host
   // thread pool (engine/thread_pool.h): n members on P cores run P threads, not nP.
-  const ThreadShare share(int(i), int(n));
+  // A member that runs no kernels takes a share of one: index 0 of num_threads().
+  // Braces: with parentheses and plain arguments, `ThreadShare share(int(i), int(n))`
+  // would declare a function (the vexing parse) and take no share at all.
+  const ThreadShare share{i < kernel_threads ? int(i) : 0,
+                          i < kernel_threads ? int(kernel_threads) : num_threads()};
   std::uint64_t seen = 0;
   for (;;) {
     const std::function<void(std::size_t)>* job = nullptr;

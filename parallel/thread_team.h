@@ -22,7 +22,11 @@ namespace towerlab {
 
 class ThreadTeam {
  public:
-  explicit ThreadTeam(std::size_t n);
+  explicit ThreadTeam(std::size_t n) : ThreadTeam(n, n) {}
+  // Threads 0 .. kernel_threads-1 share the pool; the others run no kernels of
+  // their own (the trainer's gradient reducer, which only coordinates) and keep
+  // one thread, so that they do not take cores from the rest.
+  ThreadTeam(std::size_t n, std::size_t kernel_threads);
   ~ThreadTeam();
   ThreadTeam(const ThreadTeam&) = delete;
   ThreadTeam& operator=(const ThreadTeam&) = delete;
@@ -31,7 +35,7 @@ class ThreadTeam {
   std::size_t size() const { return threads_.size(); }
 
  private:
-  void loop(std::size_t i, std::size_t n);
+  void loop(std::size_t i, std::size_t kernel_threads);
 
   std::mutex mutex_;
   std::condition_variable start_, done_;

@@ -11,6 +11,7 @@
 #include "engine/error.h"
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
+#include "parallel/buckets.h"
 #include "parallel/fingerprint.h"
 #include "parallel/nccl_allreduce.h"
 #include "parallel/process_group.h"
@@ -137,7 +138,28 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
     }
     cross_process_path_ = choice.reason;
   }
-  workers_ = std::make_unique<ThreadTeam>(towers_.size());
+  if (options_.reduction == AllReduce::Ring) {
+    buckets_ = make_buckets(variables_, options_.bucket_bytes);
+  }
+  if (bucketed()) {
+    std::vector<const Stream*> comm;
+    for (const auto& t : towers_) {
+      comm_streams_.push_back(std::make_unique<Stream>(t->device));
+      comm.push_back(comm_streams_.back().get());
+      comm_done_.emplace_back(t->device);
+      bucket_ready_.emplace_back();
+      for (std::size_t b = 0; b < buckets_.size(); ++b)
+        bucket_ready_.back().emplace_back(t->device);
+    }
+    bucket_ring_ = std::make_unique<Ring>(comm);
+    readiness_ = std::make_unique<BucketReadiness>(buckets_, towers_.size());
+    // NCCL's call carries the whole gradient after the host call (phase 5).
+    buckets_across_processes_ = options_.process_group != nullptr &&
+                                options_.batchnorm != BatchNormMode::Sync &&
+                                nccl_processes_ == nullptr;
+  }
+  // One thread per tower, and the reducer's when bucketed.
+  workers_ = std::make_unique<ThreadTeam>(towers_.size() + (bucketed() ? 1 : 0), towers_.size());
   broadcast();
   if (options_.log_placement) log_placement();
 }
@@ -188,6 +210,18 @@ void Trainer::log_placement() const {
           : options_.reduction == AllReduce::ReduceToOne ? "reduction to one device"
                                                          : "NCCL")
       << "; optimizer " << optimizer_.name() << " runs on " << master_device_.str() << "\n";
+  if (bucketed()) {
+    log << "placement: the gradient is reduced in " << buckets_.size() << " buckets (bucket_bytes "
+        << options_.bucket_bytes << ") while the backward runs, on a reducer thread";
+    if (options_.process_group != nullptr) {
+      log << (buckets_across_processes_ ? " that also makes each bucket's cross-process call"
+              : nccl_processes_ != nullptr
+                  ? "; across processes in the step's NCCL call"
+                  : "; across processes in the step's one call (synchronized batch norm makes "
+                    "collectives during the backward)");
+    }
+    log << "\n";
+  }
 }
 
 void Trainer::broadcast() {
@@ -209,6 +243,7 @@ void Trainer::set_trace(Trace* trace) {
     trace_->name_row(int(i), "tower " + std::to_string(i) + " (" + towers_[i]->device.str() + ")");
   }
   trace_->name_row(int(towers_.size()), "master (" + master_device_.str() + ")");
+  if (bucketed()) trace_->name_row(int(towers_.size()) + 1, "gradient buckets");
 }
 
 const VariableStore& Trainer::replica(std::size_t i) const {
@@ -280,6 +315,28 @@ void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const T
   const std::vector<TraceArg> args{{"samples", slice.size()}};
   const Tower tower{int(i), t.device, *t.stream, *t.tape, *t.store, training, slice.size(), sync};
   TowerResult r = tower_fn_(tower, feeds);
+  // Each bucket reported ready as the backward completes it; the variables this
+  // forward pass never used are complete already (zeros).
+  struct BucketListener final : GradientListener {
+    Trainer& trainer;
+    std::size_t tower;
+    BucketListener(Trainer& trainer, std::size_t tower) : trainer(trainer), tower(tower) {}
+    void gradient_ready(const std::string& name) override {
+      trainer.bucket_ready(tower, trainer.readiness_->gradient_ready(tower, name));
+    }
+  } listener(*this, i);
+  struct ListenerOff {
+    Tape& tape;
+    ~ListenerOff() { tape.set_gradient_listener(nullptr); }
+  } listener_off{*t.tape};
+  if (training && bucketed()) {
+    for (const Bucket& b : buckets_) {
+      for (const std::string& name : b.variables) {
+        if (!t.tape->has_variable(name)) bucket_ready(i, readiness_->gradient_ready(i, name));
+      }
+    }
+    t.tape->set_gradient_listener(&listener);
+  }
   // Errors from here on get the tower and its samples put before them (run()).
   TL_CHECK(r.loss.defined(), InvalidArgument, "the tower function returned no loss");
   TL_CHECK(r.loss.value().numel() == 1, ShapeError,
@@ -399,20 +456,48 @@ void Trainer::run_towers(const std::vector<Tensor>& batch, const std::vector<Tow
     sync = std::make_unique<TowerBatchNormSync>(participants, options_.process_group,
                                                 "step " + std::to_string(optimizer_.steps()));
   }
+  const bool bucketed_step = training && bucketed();
+  if (bucketed_step) {
+    readiness_->start_step();
+    if (buckets_across_processes_) exchange(exchange_length(true));
+  }
   // One host thread per tower: a tower's forward and backward run on its own
-  // thread, which on the CPU is also its stream.
-  workers_->run([&](std::size_t i) {
+  // thread, which on the CPU is also its stream. The last thread of a bucketed
+  // trainer is the reducer.
+  auto job = [&](std::size_t i) {
+    if (i == towers_.size()) {
+      if (bucketed_step) reduce_buckets();
+      return;
+    }
     try {
       run_tower(i, batch, slices[i], training, sync.get());
+      if (bucketed_step) {
+        // An empty tower's buckets, and any the backward left: zeros or final.
+        for (int b : readiness_->complete_all(i)) bucket_ready(i, b);
+      }
       if (sync != nullptr) sync->finish(int(i), false);
     } catch (...) {
+      if (bucketed_step) readiness_->abort();  // the reducer stops waiting for this tower
       if (sync != nullptr) sync->finish(int(i), true);
       rethrow_with_context("Trainer: tower " + std::to_string(i) + " on " +
                            towers_[i]->device.str() + " (samples " +
                            std::to_string(slices[i].begin) + " to " +
                            std::to_string(slices[i].end - 1) + " of the batch): ");
     }
-  });
+  };
+  // Whatever happened, the towers' streams go on only after the buckets' streams
+  // (the next step's zeroing of the gradients must not meet a bucket's ring).
+  struct JoinCommStreams {
+    Trainer& trainer;
+    bool active;
+    ~JoinCommStreams() {
+      if (!active) return;
+      for (std::size_t i = 0; i < trainer.towers_.size(); ++i) {
+        trainer.towers_[i]->stream->wait(trainer.comm_done_[i]);
+      }
+    }
+  } join{*this, bucketed_step};
+  workers_->run(job);
   const std::size_t first = std::size_t(rank_) * towers_.size();
   losses_.assign(std::size_t(ranks_) * towers_.size(), 0.0f);
   for (std::size_t i = 0; i < towers_.size(); ++i) {
@@ -435,6 +520,7 @@ double Trainer::mean_loss(std::int64_t samples) const {
 }
 
 void Trainer::reduce_gradients() {
+  if (bucketed()) return;  // the reducer did it during the backward (run_towers)
   std::vector<Tensor> grads;
   std::vector<const Stream*> streams;
   for (auto& t : towers_) {
@@ -475,19 +561,93 @@ void Trainer::average_moving_statistics(const StepResult& result) {
   }
 }
 
+std::int64_t Trainer::exchange_length(bool training) const {
+  // With NCCL the gradient and the statistics stay on the device (phase 5).
+  const bool staged = training && nccl_processes_ == nullptr;
+  const std::int64_t grads = staged ? variables_.trainable_numel() : 0;
+  const std::int64_t state = staged ? variables_.state_numel() : 0;
+  return grads + state + std::int64_t(ranks_) * std::int64_t(towers_.size()) + ranks_;
+}
+
+Tensor& Trainer::exchange(std::int64_t total) {
+  if (!exchange_.defined() || exchange_.numel() != total) {
+    exchange_ = Tensor::empty({total}, Device::cpu());
+  }
+  return exchange_;
+}
+
+void Trainer::bucket_ready(std::size_t i, int b) {
+  if (b < 0) return;
+  bucket_ready_[i][std::size_t(b)].record(*towers_[i]->stream);
+  readiness_->publish(b);
+}
+
+void Trainer::reduce_buckets() {
+  using clock = std::chrono::steady_clock;
+  std::vector<Tensor> grads;
+  for (const auto& t : towers_) grads.push_back(t->store->flat_grads());
+  const std::string step = "step " + std::to_string(optimizer_.steps());
+  struct RecordDone {  // even when a tower failed: see JoinCommStreams in run_towers
+    Trainer& trainer;
+    ~RecordDone() {
+      for (std::size_t i = 0; i < trainer.towers_.size(); ++i) {
+        trainer.comm_done_[i].record(*trainer.comm_streams_[i]);
+      }
+    }
+  } record_done{*this};
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    if (!readiness_->wait(int(b))) return;  // a tower failed: run_towers reports it
+    const Bucket& bucket = buckets_[b];
+    const std::string name =
+        "gradient bucket " + std::to_string(b) + " of " + std::to_string(buckets_.size());
+    const auto start = clock::now();
+    try {
+      for (std::size_t i = 0; i < towers_.size(); ++i) {
+        comm_streams_[i]->wait(bucket_ready_[i][b]);
+      }
+      bucket_ring_->allreduce_range(grads, bucket.begin, bucket.end);
+      if (buckets_across_processes_) {
+        // Staged through phase 5's host buffer, at the bucket's place in it.
+        const Stream& stream = *comm_streams_[0];
+        Tensor staged = exchange_.slice(bucket.begin, bucket.end);
+        Tensor mine = grads[0].slice(bucket.begin, bucket.end);
+        copy_tensor(staged, mine, stream);
+        stream.synchronize();
+        options_.process_group->allreduce_sum(
+            std::span<float>(staged.data<float>(), std::size_t(staged.numel())), step + ": " + name,
+            ReduceFrame{std::size_t(bucket.begin), std::size_t(exchange_.numel())});
+        copy_tensor(mine, staged, stream);
+      }
+    } catch (...) {
+      rethrow_with_context("Trainer: " + name + " (" + bucket.variables.back() + " to " +
+                           bucket.variables.front() + "): ");
+    }
+    if (trace_ != nullptr) {
+      for (const auto& c : comm_streams_) c->synchronize();
+      trace_->span(
+          int(towers_.size()) + 1, name, start, "buckets",
+          {{"variables", std::int64_t(bucket.variables.size())}, {"bytes", bucket.bytes()}});
+    }
+  }
+}
+
 void Trainer::reduce_across_processes(const StepResult& result, bool training) {
-  // One buffer, one call: [gradient | moving statistics | losses_ | batch sizes];
-  // with NCCL, the first two stay on the device for the call after it.
+  // One buffer: [gradient | moving statistics | losses_ | batch sizes], in one call,
+  // or with the gradient already reduced by the buckets' calls (their frames are
+  // this buffer's) and the rest in this one; with NCCL, the first two stay on the
+  // device for the call after it.
   const bool staged = training && nccl_processes_ == nullptr;
   const std::int64_t grads = staged ? variables_.trainable_numel() : 0;
   const std::int64_t state = staged ? variables_.state_numel() : 0;
   const std::int64_t losses = std::int64_t(losses_.size());
-  const std::int64_t total = grads + state + losses + ranks_;
-  if (!exchange_.defined() || exchange_.numel() != total) {
-    exchange_ = Tensor::empty({total}, Device::cpu());
-  }
+  const std::int64_t total = exchange_length(training);
+  const bool grads_done = staged && bucketed() && buckets_across_processes_;
+  const std::int64_t from = grads_done ? grads : 0;
+  exchange(total);
   TowerState& first = *towers_[0];
-  if (grads > 0) copy_tensor(exchange_.slice(0, grads), first.store->flat_grads(), *first.stream);
+  if (grads > 0 && !grads_done) {
+    copy_tensor(exchange_.slice(0, grads), first.store->flat_grads(), *first.stream);
+  }
   if (state > 0) {
     copy_tensor(exchange_.slice(grads, grads + state), first.store->flat_state(), *first.stream);
   }
@@ -504,9 +664,12 @@ void Trainer::reduce_across_processes(const StepResult& result, bool training) {
 
   const std::string step =
       training ? "step " + std::to_string(optimizer_.steps()) : std::string("evaluation");
-  const std::string what = step + (staged ? ": gradients, moving statistics, losses, batch sizes"
-                                          : ": losses, batch sizes");
-  options_.process_group->allreduce_sum(std::span<float>(values, std::size_t(total)), what);
+  const std::string what =
+      step + (!staged      ? ": losses, batch sizes"
+              : grads_done ? ": moving statistics, losses, batch sizes"
+                           : ": gradients, moving statistics, losses, batch sizes");
+  options_.process_group->allreduce_sum(std::span<float>(values + from, std::size_t(total - from)),
+                                        what, ReduceFrame{std::size_t(from), std::size_t(total)});
 
   for (int r = 1; r < ranks_; ++r) {
     if (sizes[r] == sizes[0]) continue;
@@ -530,7 +693,8 @@ void Trainer::reduce_across_processes(const StepResult& result, bool training) {
                                    step + ": gradients, moving statistics (NCCL)");
   }
   std::copy(values + grads + state, values + grads + state + losses, losses_.begin());
-  if (grads > 0) copy_tensor(first.store->flat_grads(), exchange_.slice(0, grads), *first.stream);
+  if (grads > 0 && !grads_done)
+    copy_tensor(first.store->flat_grads(), exchange_.slice(0, grads), *first.stream);
   if (state > 0) {
     copy_tensor(first.store->flat_state(), exchange_.slice(grads, grads + state), *first.stream);
   }

@@ -13,7 +13,12 @@
 //      tower's share of the samples, into the tower's flat gradient buffer;
 //   3. reduce gradients: all-reduce the flat gradient buffers with the ring
 //      (parallel/ring_allreduce.h): the sum of the weighted gradients is the
-//      gradient of the whole batch's mean loss;
+//      gradient of the whole batch's mean loss. With gradient buckets
+//      (TrainerOptions::bucket_bytes, parallel/buckets.h) this happens during
+//      phase 2 instead: a reducer thread takes the buckets in their fixed order,
+//      waits until every tower's backward has completed one, and ring-reduces that
+//      range (on GPUs on a stream of its own per tower, ordered by events) while the
+//      towers' backward goes on; the result is the same bits;
 //   4. average moving statistics: batch-norm moving statistics follow the policy
 //      (the sample-weighted average of all towers, or tower 0's);
 //   5. reduce across processes (with a ProcessGroup only, see below);
@@ -36,10 +41,17 @@
 // batch; a rank or tower without samples sits out the compute but takes part in
 // every collective. Phase 5 is one allreduce_sum per step carrying the rank's
 // reduced gradient, its moving statistics, every tower's loss and the batch size
-// each rank saw, so every rank then holds the same bits, reaches the same guard
-// verdict (a NaN on one rank is reported on all of them) and applies the same
-// update: N ranks x M towers take the same step as one device. When every rank's
-// towers are all on GPUs and no two ranks share tower 0's GPU, the gradient and
+// each rank saw. With gradient buckets the reducer thread makes one call per bucket
+// during phase 2 instead, right after the bucket's ring, each call a ReduceFrame of
+// phase 5's buffer [gradient | moving statistics | losses | batch sizes], and phase
+// 5's call carries the rest of it: the same sums of the same elements in the same
+// order, so the same bits. (The gradient stays in phase 5, and buckets overlap only
+// the ring within the process, with synchronized batch norm across processes,
+// whose collectives the towers' threads make during the backward while every rank
+// must make its calls in one order, and with NCCL between processes, below.) Every
+// rank then holds the same bits, reaches the same guard verdict (a NaN on one rank is reported on
+// all of them) and applies the same update: N ranks x M towers take the same step as one device.
+// When every rank's towers are all on GPUs and no two ranks share tower 0's GPU, the gradient and
 // moving statistics go instead through NCCL on tower 0's device buffers, after the
 // host call (TrainerOptions::cross_process, parallel/nccl_communicator.h, which
 // says what stays bitwise). Regularization in
@@ -78,6 +90,7 @@
 #include "autograd/variables.h"
 #include "engine/allocator.h"
 #include "parallel/batch_split.h"
+#include "parallel/buckets.h"
 #include "parallel/nccl_communicator.h"
 
 namespace towerlab {
@@ -159,6 +172,17 @@ struct TrainerOptions {
   // The processes that train this model together (not owned; it must outlive the
   // trainer); nullptr: this process alone. See the top of this file.
   ProcessGroup* process_group = nullptr;
+  // Gradient buckets (parallel/buckets.h), with AllReduce::Ring: the flat gradient
+  // is cut into ranges of at least this many bytes (in reverse declaration order),
+  // each reduced (within the process, then across processes) as soon as every
+  // tower's backward has completed it, while the backward of earlier layers goes
+  // on. 0, or at least the whole gradient, gives one bucket: the gradient reduced
+  // after the backward. Either way the step gives the same bits. Every process must
+  // use the same value. 25 MiB, as PyTorch's DDP: each bucket costs a fixed
+  // latency (a ring of 2(n-1) synchronized steps, across processes one more call
+  // with its arrival messages), which only large buckets amortize; a model with
+  // less gradient (FashionNet has 1.7 MB) stays one bucket.
+  std::int64_t bucket_bytes = std::int64_t(25) << 20;
   // How phase 5 moves the gradient and moving statistics between processes: NCCL
   // on tower 0's device buffers when it can (Auto), or always staged on the host.
   // Decided once, at construction; the placement log says which and why.
@@ -235,10 +259,21 @@ class Trainer {
   void reduce_gradients();
   // 4. The moving statistics per options_.batchnorm_stats.
   void average_moving_statistics(const StepResult& result);
-  // 5. One allreduce_sum over the processes: tower 0's gradient and moving
-  // statistics (training only), losses_ and the batch sizes, which must agree; with
-  // nccl_processes_, the gradient and statistics go in an NCCL call after it.
+  // 5. One allreduce_sum over the processes: tower 0's gradient (unless the
+  // reducer's bucket calls carried it) and moving statistics (training only),
+  // losses_ and the batch sizes, which must agree; with nccl_processes_, the
+  // gradient and statistics go in an NCCL call after it.
   void reduce_across_processes(const StepResult& result, bool training);
+  // More than one gradient bucket: phase 3 runs on the reducer thread.
+  bool bucketed() const { return buckets_.size() > 1; }
+  // The reducer thread of a bucketed step (see phase 3).
+  void reduce_buckets();
+  // Tower i has bucket b (b < 0: nothing): an event on its stream, then the reducer told.
+  void bucket_ready(std::size_t i, int b);
+  // Phase 5's buffer for `total` floats.
+  Tensor& exchange(std::int64_t total);
+  // Phase 5's buffer length: [gradient | moving statistics | losses | batch sizes].
+  std::int64_t exchange_length(bool training) const;
   // 6. NumericGuard: true when the update may go ahead; Stop throws, Skip marks
   // `result` skipped and puts the replicas back to the master's state.
   bool guard(StepResult& result);
@@ -278,6 +313,16 @@ class Trainer {
   // for an empty tower. Filled by run_towers, summed over the ranks in phase 5.
   std::vector<float> losses_;
   Tensor exchange_;  // phase 5's host buffer, kept between steps
+  // Gradient buckets in reduction order; one bucket: unbucketed. The members below
+  // exist only when bucketed().
+  std::vector<Bucket> buckets_;
+  std::unique_ptr<BucketReadiness> readiness_;
+  std::vector<std::unique_ptr<Stream>> comm_streams_;  // per tower: the buckets' ring
+  std::unique_ptr<Ring> bucket_ring_;                  // over comm_streams_
+  std::vector<std::vector<Event>> bucket_ready_;       // [tower][bucket], on tower streams
+  std::vector<Event> comm_done_;                       // per tower, on its comm stream
+  // The reducer makes each bucket's cross-process call (see the top).
+  bool buckets_across_processes_ = false;
   // Phase 5's device-buffer path between processes; null: staged on the host.
   std::unique_ptr<NcclCommunicator> nccl_processes_;
   std::string cross_process_path_;  // why phase 5 takes its path (placement log)

@@ -2,8 +2,11 @@
 // rank, each with its own Trainer, meeting in a shared ThreadWorld. It keeps the
 // contract of parallel/process_group.h, so the multi-rank tests exercise the
 // trainer's cross-process phases without MPI:
-//  - allreduce_sum: the last rank to arrive sums every rank's values in rank order
-//    and every rank copies that one result (the same bits everywhere);
+//  - allreduce_sum: the last rank to arrive sums every rank's values and every
+//    rank copies that one result (the same bits everywhere). Each element is summed
+//    in the order Cluster's ring gives it: chunk c of the whole buffer (its
+//    ReduceFrame's) from rank c on, ranks c, c+1, ..., c-1, so that a range reduced
+//    with a wrong frame gets other bits here too;
 //  - every wait has a deadline; a rank that does not arrive in time, a rank that
 //    stopped with an error, or calls that disagree (kind, size, root) make the
 //    waiting ranks throw CommunicationError naming the rank and `what`.
@@ -132,11 +135,15 @@ class ThreadProcessGroup final : public ProcessGroup {
   int size() const override { return world_.size(); }
   int local_rank() const override { return rank_; }
 
-  void allreduce_sum(std::span<float> values, std::string_view what) override {
-    sum(values, "allreduce_sum(float x " + std::to_string(values.size()) + ")", what);
+  void allreduce_sum(std::span<float> values, std::string_view what,
+                     ReduceFrame frame = {}) override {
+    sum(values,
+        "allreduce_sum(float x " + std::to_string(values.size()) + " at " +
+            std::to_string(frame.offset) + " of " + std::to_string(frame.total) + ")",
+        what, frame);
   }
   void allreduce_sum(std::span<double> values, std::string_view what) override {
-    sum(values, "allreduce_sum(double x " + std::to_string(values.size()) + ")", what);
+    sum(values, "allreduce_sum(double x " + std::to_string(values.size()) + ")", what, {});
   }
 
   void broadcast(std::span<std::byte> bytes, int root, std::string_view what) override {
@@ -175,21 +182,29 @@ class ThreadProcessGroup final : public ProcessGroup {
 
  private:
   template <typename T>
-  void sum(std::span<T> values, const std::string& kind, std::string_view what) {
+  void sum(std::span<T> values, const std::string& kind, std::string_view what, ReduceFrame frame) {
     std::vector<std::byte> bytes(values.size_bytes());
     std::memcpy(bytes.data(), values.data(), values.size_bytes());
-    const auto result =
-        world_.call(rank_, kind, std::move(bytes), 0, what,
-                    [n = values.size()](const std::vector<std::vector<std::byte>>& all) {
-                      std::vector<T> total(n, T(0));
-                      for (const auto& part : all) {  // rank order
-                        const T* p = reinterpret_cast<const T*>(part.data());
-                        for (std::size_t i = 0; i < n; ++i) total[i] += p[i];
-                      }
-                      std::vector<std::byte> out(n * sizeof(T));
-                      std::memcpy(out.data(), total.data(), out.size());
-                      return out;
-                    });
+    const std::size_t n = values.size(), total = frame.total == 0 ? n : frame.total;
+    const auto result = world_.call(
+        rank_, kind, std::move(bytes), 0, what,
+        [n, total, offset = frame.offset](const std::vector<std::vector<std::byte>>& all) {
+          const std::size_t p = all.size();
+          std::vector<T> sums(n);
+          std::size_t chunk = 0;  // of element offset + i in the whole buffer
+          for (std::size_t i = 0; i < n; ++i) {
+            while (offset + i >= total * (chunk + 1) / p) ++chunk;
+            auto value = [&](std::size_t r) {
+              return reinterpret_cast<const T*>(all[(chunk + r) % p].data())[i];
+            };
+            T s = value(0);
+            for (std::size_t r = 1; r < p; ++r) s = s + value(r);
+            sums[i] = s;
+          }
+          std::vector<std::byte> out(n * sizeof(T));
+          std::memcpy(out.data(), sums.data(), out.size());
+          return out;
+        });
     std::memcpy(values.data(), result.data(), values.size_bytes());
   }
 

@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "engine/settings.h"
+#include "engine/thread_pool.h"
 #include "parallel/thread_team.h"
 #include "test_util.h"
 
@@ -134,6 +136,27 @@ TEST(ThreadTeam, RunsEveryMemberAtOnce) {
   });
   EXPECT_EQ(met.load(), int(n));
   for (std::size_t i = 1; i < n; ++i) EXPECT_NE(ids[i], ids[0]);
+}
+
+// Members run kernels side by side, so each holds its share of the pool: 2
+// members of 4 threads get 2 each; a member beyond kernel_threads (the trainer's
+// gradient reducer) runs no kernels and keeps one. The control is the share outside
+// a team, the whole pool.
+TEST(ThreadTeam, EveryMemberHoldsItsShareOfThePool) {
+  const int saved = num_threads();
+  set_num_threads(4);
+  EXPECT_EQ(thread_share(), 4) << "the control";
+  std::vector<int> shares(3, 0);
+  {
+    ThreadTeam team(2);
+    team.run([&](std::size_t i) { shares[i] = thread_share(); });
+  }
+  {
+    ThreadTeam team(3, 2);
+    team.run([&](std::size_t i) { shares[i] += 10 * thread_share(); });
+  }
+  set_num_threads(saved);
+  EXPECT_EQ(shares, (std::vector<int>{2 + 20, 2 + 20, 10}));
 }
 
 TEST(ThreadTeam, RethrowsTheFirstFailureInMemberOrderAndRunsAgain) {

@@ -104,6 +104,20 @@ TEST(Collectives, OrderOfTheSumMattersForTheseValues) {
   EXPECT_NE(bytes_of(ring), bytes_of(plain));
 }
 
+// A buffer reduced one range at a time (gradient buckets), each call given its
+// frame in the whole buffer: every element gets the bits of the one-call sum.
+TEST(Collectives, FramedRangesGetTheBitsOfTheWholeBuffer) {
+  Cluster& group = cluster();
+  const std::size_t n = 1000;
+  std::vector<float> buffer = values_of<float>(group.rank(), n, 11);
+  const std::vector<std::size_t> cuts{0, 1, 137, 500, 501, 1000};
+  for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
+    group.allreduce_sum(std::span<float>(buffer.data() + cuts[k], cuts[k + 1] - cuts[k]),
+                        "test: a range", ReduceFrame{cuts[k], n});
+  }
+  EXPECT_EQ(bytes_of(buffer), bytes_of(ring_order_sum<float>(group.size(), n, 11)));
+}
+
 TEST(Collectives, RepeatedAllreduceGivesTheSameBits) {
   Cluster& group = cluster();
   std::vector<float> first = values_of<float>(group.rank(), 4099, 9);
@@ -324,6 +338,48 @@ TEST(CollectiveCheckpoint, FailingLoadFailsEveryRankWithRankZerosError) {
       [&] { load_checkpoint(cluster(), dir.file("other.safetensors"), store, nullptr, cpu()); },
       "other.safetensors");
   EXPECT_EQ(all_bytes(store), before);
+}
+
+// --- gradient buckets -------------------------------------------------------
+
+// Every rank's master values, moving statistics and losses after three steps of
+// 2 CPU towers per rank, as bytes.
+std::string bucketed_training(std::int64_t bucket_bytes, const char* optimizer) {
+  Model m;
+  const std::int64_t n = 4 * cluster().size() + 1;  // uneven; two samples or more per tower
+  Tensor images = Tensor::empty({n, 1, 4, 4}, cpu());
+  random_normal(images, 21, 0, 0.0f, 1.0f, cpu());
+  std::vector<float> labels;
+  for (std::int64_t i = 0; i < n; ++i) labels.push_back(float(i % 3));
+  const std::vector<Tensor> batch{images, Tensor::from_host<float>(labels, {n}, cpu())};
+  TrainerOptions options;
+  options.devices = {Device::cpu(), Device::cpu()};
+  options.process_group = &cluster();
+  options.bucket_bytes = bucket_bytes;
+  options.seed = 4;
+  auto tower_fn = [&m](const Tower& tower, const std::vector<Tensor>& b) {
+    Var logits = m.net(tower.context(), tower.input(b[0]));
+    return TowerResult{ag::softmax_cross_entropy(logits, tower.input(b[1])), {}, {}};
+  };
+  Trainer trainer(m.vars, tower_fn, Optimizer::by_name(optimizer, 0.05), options);
+  std::vector<double> losses;
+  for (int step = 0; step < 3; ++step) losses.push_back(trainer.step(batch).loss);
+  return all_bytes(trainer.master()) + bytes_of(losses);
+}
+
+TEST(Buckets, ABucketedStepAcrossProcessesGivesTheBitsOfAnUnbucketedOne) {
+  for (const char* optimizer : {"sgd", "adam"}) {
+    const std::string reference = bucketed_training(0, optimizer);
+    // One variable per bucket, and buckets of one or two variables.
+    for (std::int64_t bytes : {std::int64_t(1), std::int64_t(64)}) {
+      EXPECT_EQ(bucketed_training(bytes, optimizer), reference)
+          << optimizer << ", buckets of " << bytes << " bytes";
+    }
+    const auto all = cluster().allgather(reference, "test: compare trainings");
+    for (int r = 0; r < cluster().size(); ++r) {
+      EXPECT_EQ(all[std::size_t(r)], all[0]) << "rank " << r;
+    }
+  }
 }
 
 // --- failures: each in an mpirun of its own -----------------------------------
