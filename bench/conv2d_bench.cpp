@@ -12,15 +12,20 @@
 //         Run with OPENBLAS_NUM_THREADS=2 and OPENBLAS_CORETYPE set to the host (shared/PEERS.md
 //         says SkylakeX; on AVX2-only hosts that dies with SIGILL: use Haswell or Zen).
 //         The end-to-end CPU target is PyTorch's speed on FashionNet, measured elsewhere.
+//         The forward and backward-data also run with im2col and with Winograd
+//         F(2x2,3x3) forced (cpu_im2col, cpu_winograd): the plain "cpu" case is what
+//         the dispatch picks (bench/results/winograd.md).
 #include <benchmark/benchmark.h>
 
 #include "bench_util.h"
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/conv2d.h"
+#include "kernels/cpu/conv2d.h"
 #include "towerlab.h"
 
 #if TOWERLAB_HAVE_CBLAS
@@ -45,8 +50,10 @@ struct Layer {
 
 const Layer kLayers[] = {
     {"fashion1_b32", 32, 1, 28, 28, 32, true},
+    {"fashion1_b64", 64, 1, 28, 28, 32, true},  // one of two CPU towers at batch 128
     {"fashion1_b128", 128, 1, 28, 28, 32, true},
     {"fashion2_b32", 32, 32, 14, 14, 64, true},
+    {"fashion2_b64", 64, 32, 14, 14, 64, true},
     {"fashion2_b128", 128, 32, 14, 14, 64, true},
     {"fashion1_b512", 512, 1, 28, 28, 32, false},
     {"fashion2_b512", 512, 32, 14, 14, 64, false},
@@ -118,6 +125,22 @@ void BM_Towerlab(benchmark::State& state, Device device, Pass pass, Layer l) {
   Operands o(l, stream);
   bench::time_calls(state, stream, [&] { run_towerlab(pass, o, stream); });
   set_counters(state, l);
+}
+
+// The CPU forward and backward-data with one algorithm forced (the plain "cpu" case
+// takes what Auto picks): im2col + GEMM against Winograd F(2x2,3x3), side by side.
+// FLOP/s counts the direct convolution's FLOPs for both, so it compares times.
+// Argument: the threads (0: the pool's default). With one thread the CPU time is
+// the whole work's, which a loaded machine disturbs less than the real time.
+void BM_CpuAlgorithm(benchmark::State& state, Pass pass, Layer l, cpu::Conv2dAlgorithm algorithm) {
+  const cpu::ScopedConv2dAlgorithm scoped(algorithm);
+  const int saved_threads = num_threads();
+  set_num_threads(static_cast<int>(state.range(0)));
+  Stream stream(Device::cpu());
+  Operands o(l, stream);
+  bench::time_calls(state, stream, [&] { run_towerlab(pass, o, stream); });
+  set_counters(state, l);
+  set_num_threads(saved_threads);
 }
 
 #if TOWERLAB_HAVE_CBLAS
@@ -292,6 +315,18 @@ const bool registered = [] {
         benchmark::RegisterBenchmark((base + "cpu").c_str(), BM_Towerlab, Device::cpu(), pass, l)
             ->UseRealTime()
             ->Unit(benchmark::kMillisecond);
+        if (pass != Pass::BackwardWeight) {
+          for (auto [name, algorithm] :
+               {std::pair{"cpu_im2col", cpu::Conv2dAlgorithm::Im2col},
+                std::pair{"cpu_winograd", cpu::Conv2dAlgorithm::Winograd}}) {
+            benchmark::RegisterBenchmark((base + name).c_str(), BM_CpuAlgorithm, pass, l, algorithm)
+                ->ArgName("threads")
+                ->Arg(1)
+                ->Arg(0)
+                ->UseRealTime()
+                ->Unit(benchmark::kMillisecond);
+          }
+        }
 #if TOWERLAB_HAVE_CBLAS
         if (pass == Pass::Forward) {
           benchmark::RegisterBenchmark((base + "cpu_openblas_im2col").c_str(), BM_OpenBlasForward,

@@ -23,6 +23,13 @@
 // No output may alias an input. float32 on every device, float64 on the CPU too.
 // Results are deterministic (no atomics): on CUDA always, on the CPU for a given
 // thread count (engine/thread_pool.h), which sets how the batch sums are split.
+// Algorithms: the CPU computes the float32 forward of 3x3 layers with stride 1,
+// dilation 1, padding 0 or 1 and at least 16 input and output channels with
+// Winograd F(2x2,3x3) (kernels/cpu/winograd.h), everything else with im2col +
+// GEMM; CUDA with implicit GEMMs. The algorithms round differently (each within a few
+// float32 roundings of sum |weight*x|), so the CPU specification is met within a
+// tolerance: comparisons of CUDA with the CPU, or of the two CPU algorithms, never
+// expect equal bits.
 // An empty batch (N = 0) or K = 0 is a no-op. Bad shapes, a kernel larger than the
 // padded input and non-positive strides throw ShapeError / InvalidArgument.
 #pragma once

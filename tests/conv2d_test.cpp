@@ -2,12 +2,19 @@
 // seven-loop reference on odd shapes (1x1 and 5x5 kernels, ragged strided
 // borders, dilation, C = 1 (the CPU's direct path), prime K, shapes that are not
 // multiples of the CUDA tiles), accumulation into sentinel-filled gradients, empty
-// batches, rejected shapes, and float64 gradient checks on the CPU.
+// batches, rejected shapes, and float64 gradient checks on the CPU. Then the CPU's
+// Winograd F(2x2,3x3) path (kernels/cpu/winograd.h), forced on: against the
+// reference within a tolerance scaled to each result's terms, with controls, and
+// the same bits for any thread count.
 #include <cmath>
+#include <cstring>
+#include <iomanip>
+#include <sstream>
 #include <string>
 
 #include "gradcheck.h"
 #include "kernels/conv2d.h"
+#include "kernels/cpu/conv2d.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -402,6 +409,194 @@ TEST(Conv2dGradient, MatchesCentralDifferences) {
   expect_gradients_match({"5x5_pad2", 1, 2, 6, 7, 3, 5, 5, make_params(1, 1, 2, 2)});
   expect_gradients_match(
       {"3x2_dilation2_stride2x1", 2, 2, 9, 8, 3, 3, 2, make_params(2, 1, 1, 0, 2, 2)});
+}
+
+// --- Winograd F(2x2, 3x3) on the CPU -------------------------------------------
+//
+// Winograd rounds differently from im2col: its transforms add and subtract inputs
+// before the products (Bᵀ d B sums up to 4 of them, G g Gᵀ up to 9, Aᵀ m A up to 9
+// products), so its error is bounded not by the result but by the sum of the
+// magnitudes of the result's terms, sum |w||x| (+ |b|, + |sentinel|), times a few
+// unit roundoffs u = 2^-24 (F(2,3) is the Winograd tile with the smallest
+// transforms: about 2x to 4x the direct convolution's error). The cases below stay
+// under 5 u (im2col: under 4 u); the tolerance is 32 u. One input 1% off in one
+// tile (a tile that read a wrong pixel, a transform coefficient off) moves a result
+// by more than that (the controls below), so the check would catch a wrong tile.
+constexpr double kWinogradTolerance = 32.0 / (1 << 24);
+
+std::vector<ConvCase> winograd_cases() {
+  return {
+      {"even_pad1", 2, 16, 14, 14, 32, 3, 3, make_params(1, 1, 1, 1)},
+      {"odd_pad1", 3, 5, 13, 11, 7, 3, 3, make_params(1, 1, 1, 1)},
+      {"odd_pad0_no_bias", 1, 3, 9, 12, 4, 3, 3, make_params(1, 1, 0, 0), false},
+      {"even_pad0", 2, 20, 10, 8, 17, 3, 3, make_params(1, 1, 0, 0)},
+      {"pad1x0", 1, 4, 7, 6, 5, 3, 3, make_params(1, 1, 1, 0)},
+      {"one_partial_tile", 1, 2, 3, 3, 3, 3, 3, make_params(1, 1, 0, 0)},
+      {"one_row_pad1", 3, 3, 1, 2, 2, 3, 3, make_params(1, 1, 1, 1)},
+      {"fashion2_two_blocks", 2, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)},
+      {"C67_K130_two_blocks", 2, 67, 9, 9, 130, 3, 3, make_params(1, 1, 1, 1)},
+  };
+}
+
+std::vector<double> magnitudes(const std::vector<float>& v) {
+  std::vector<double> m(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) m[i] = std::fabs(double(v[i]));
+  return m;
+}
+
+// The largest |actual - expected| / scale.
+double worst_error(const std::vector<float>& actual, const std::vector<double>& expected,
+                   const std::vector<double>& scale) {
+  EXPECT_EQ(actual.size(), expected.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    worst = std::max(worst, std::fabs(double(actual[i]) - expected[i]) / scale[i]);
+  }
+  return worst;
+}
+
+// y from the forward and grad_x from the backward-data (added to `sentinel`) on the
+// CPU, under `algorithm`.
+struct ConvOutputs {
+  std::vector<float> y, grad_x;
+};
+ConvOutputs run_cpu(const ConvCase& k, const std::vector<float>& xv, const std::vector<float>& wv,
+                    const std::vector<float>& bv, const std::vector<float>& gv,
+                    const std::vector<float>& sentinel, cpu::Conv2dAlgorithm algorithm) {
+  const cpu::ScopedConv2dAlgorithm scoped(algorithm);
+  auto put = [](const std::vector<float>& v, const Shape& shape) {
+    return Tensor::from_host<float>(v, shape, cpu());
+  };
+  const Shape ys = k.y_shape();
+  Tensor y = put(std::vector<float>(std::size_t(numel_of(ys)), 7.0f), ys);
+  conv2d_forward(y, put(xv, k.x_shape()), put(wv, k.w_shape()), k.bias ? put(bv, {k.K}) : Tensor(),
+                 k.params, cpu());
+  Tensor grad_x = put(sentinel, k.x_shape());
+  conv2d_backward(grad_x, Tensor(), Tensor(), put(gv, ys), put(xv, k.x_shape()),
+                  put(wv, k.w_shape()), k.params, cpu());
+  return {y.to_host<float>(cpu()), grad_x.to_host<float>(cpu())};
+}
+
+// The reference values of one case and the magnitude sums that scale its tolerance.
+struct WinogradCase {
+  ConvCase k;
+  std::vector<float> xv, wv, bv, gv, sentinel;
+  std::vector<double> y, grad_x, y_scale, grad_x_scale;
+
+  WinogradCase(const ConvCase& c, unsigned seed) : k(c) {
+    xv = random_values(std::size_t(numel_of(k.x_shape())), seed);
+    wv = random_values(std::size_t(numel_of(k.w_shape())), seed + 1);
+    bv = random_values(std::size_t(k.K), seed + 2);
+    gv = random_values(std::size_t(numel_of(k.y_shape())), seed + 3);
+    sentinel = random_values(xv.size(), seed + 4);
+    const Reference ref = reference(k, widen(xv), widen(wv), widen(bv), widen(gv));
+    const Reference abs =
+        reference(k, magnitudes(xv), magnitudes(wv), magnitudes(bv), magnitudes(gv));
+    y = ref.y;
+    y_scale = abs.y;
+    for (std::size_t i = 0; i < xv.size(); ++i) {
+      grad_x.push_back(double(sentinel[i]) + ref.grad_x[i]);
+      grad_x_scale.push_back(std::fabs(double(sentinel[i])) + abs.grad_x[i]);
+    }
+  }
+  ConvOutputs run(cpu::Conv2dAlgorithm algorithm) const {
+    return run_cpu(k, xv, wv, bv, gv, sentinel, algorithm);
+  }
+};
+
+TEST(Conv2dWinograd, MatchesReferenceWithinTheTermMagnitudes) {
+  unsigned seed = 900;
+  for (const ConvCase& k : winograd_cases()) {
+    SCOPED_TRACE(k.name);
+    const WinogradCase c(k, seed += 10);
+    const ConvOutputs winograd = c.run(cpu::Conv2dAlgorithm::Winograd);
+    const double y_error = worst_error(winograd.y, c.y, c.y_scale);
+    const double gx_error = worst_error(winograd.grad_x, c.grad_x, c.grad_x_scale);
+    EXPECT_LE(y_error, kWinogradTolerance) << "y";
+    EXPECT_LE(gx_error, kWinogradTolerance) << "grad_x";
+    // The Winograd path really ran: its bits differ from im2col's somewhere.
+    const ConvOutputs im2col = c.run(cpu::Conv2dAlgorithm::Im2col);
+    if (k.C * k.K >= 64) {
+      EXPECT_NE(winograd.y, im2col.y);
+      EXPECT_NE(winograd.grad_x, im2col.grad_x);
+    }
+    // The errors go into the test's XML record (--gtest_output=xml), not the log.
+    std::ostringstream errors;
+    errors << std::scientific << std::setprecision(2) << "y " << y_error << ", grad_x " << gx_error
+           << " (im2col: " << worst_error(im2col.y, c.y, c.y_scale) << ", "
+           << worst_error(im2col.grad_x, c.grad_x, c.grad_x_scale) << ")";
+    RecordProperty("worst_error_" + k.name, errors.str());
+  }
+}
+
+// Controls: one input value 1% off in one tile fails the same check.
+TEST(Conv2dWinograd, ToleranceCatchesOneWrongTile) {
+  const WinogradCase c({"fashion2", 2, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)}, 990);
+  WinogradCase wrong_x = c, wrong_g = c;
+  const std::size_t pixel = (1 * 32 + 7) * 14 * 14 + 5 * 14 + 9;  // n 1, c 7, (5, 9)
+  wrong_x.xv[pixel] *= 1.01f;
+  wrong_g.gv[pixel] *= 1.01f;  // grad_y [2,64,14,14]: n 0, k 39, (5, 9)
+  const ConvOutputs right = c.run(cpu::Conv2dAlgorithm::Winograd);
+  EXPECT_LE(worst_error(right.y, c.y, c.y_scale), kWinogradTolerance);
+  EXPECT_LE(worst_error(right.grad_x, c.grad_x, c.grad_x_scale), kWinogradTolerance);
+  EXPECT_GT(worst_error(wrong_x.run(cpu::Conv2dAlgorithm::Winograd).y, c.y, c.y_scale),
+            kWinogradTolerance);
+  EXPECT_GT(
+      worst_error(wrong_g.run(cpu::Conv2dAlgorithm::Winograd).grad_x, c.grad_x, c.grad_x_scale),
+      kWinogradTolerance);
+}
+
+// The tile blocks depend on the shape alone: 1, 2 and 3 threads, a tower's share of
+// the pool, and a second run give the same bits.
+TEST(Conv2dWinograd, SameBitsForAnyThreadCount) {
+  const WinogradCase c({"fashion2_b5", 5, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)}, 995);
+  const int saved = num_threads();
+  auto run = [&] {
+    const ConvOutputs out = c.run(cpu::Conv2dAlgorithm::Winograd);
+    std::vector<float> all = out.y;
+    all.insert(all.end(), out.grad_x.begin(), out.grad_x.end());
+    return all;
+  };
+  set_num_threads(1);
+  const std::vector<float> one = run();
+  auto expect_as_one = [&](const std::vector<float>& many, const char* how) {
+    ASSERT_EQ(many.size(), one.size());
+    EXPECT_EQ(std::memcmp(many.data(), one.data(), one.size() * sizeof(float)), 0)
+        << "results with " << how << " differ from one thread";
+  };
+  expect_as_one(run(), "one thread, run again");
+  set_num_threads(2);
+  expect_as_one(run(), "2 threads");
+  set_num_threads(3);
+  expect_as_one(run(), "3 threads");
+  {
+    const ThreadShare share(0, 2);
+    expect_as_one(run(), "a tower's share of 2 of 3 threads");
+  }
+  set_num_threads(saved);
+}
+
+// Auto takes Winograd for the forward of FashionNet's second layer and im2col for
+// its backward-data, for its first layer (C = 1) and for shapes Winograd cannot do;
+// a forced Winograd lowers those shapes too.
+TEST(Conv2dWinograd, AutoPicksByShape) {
+  const WinogradCase conv2({"fashion2", 1, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)}, 1001);
+  const ConvOutputs automatic = conv2.run(cpu::Conv2dAlgorithm::Auto);
+  const ConvOutputs winograd = conv2.run(cpu::Conv2dAlgorithm::Winograd);
+  const ConvOutputs im2col = conv2.run(cpu::Conv2dAlgorithm::Im2col);
+  EXPECT_EQ(automatic.y, winograd.y);
+  EXPECT_NE(automatic.y, im2col.y);
+  EXPECT_EQ(automatic.grad_x, im2col.grad_x);
+  EXPECT_NE(automatic.grad_x, winograd.grad_x);
+  for (const ConvCase& k : {ConvCase{"fashion1", 2, 1, 28, 28, 32, 3, 3, make_params(1, 1, 1, 1)},
+                            ConvCase{"stride2", 1, 32, 9, 9, 32, 3, 3, make_params(2, 2, 1, 1)},
+                            ConvCase{"pad2", 1, 32, 9, 9, 32, 3, 3, make_params(1, 1, 2, 2)}}) {
+    SCOPED_TRACE(k.name);
+    const WinogradCase c(k, 1002);
+    const ConvOutputs im2col = c.run(cpu::Conv2dAlgorithm::Im2col);
+    EXPECT_EQ(c.run(cpu::Conv2dAlgorithm::Auto).y, im2col.y);
+    if (k.C > 1) EXPECT_EQ(c.run(cpu::Conv2dAlgorithm::Winograd).y, im2col.y);
+  }
 }
 
 }  // namespace

@@ -23,12 +23,12 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "engine/allocator.h"
 #include "engine/settings.h"
 #include "engine/thread_pool.h"
 #include "kernels/cpu/conv2d.h"
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/winograd.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -40,24 +40,6 @@
 namespace towerlab::cpu {
 
 namespace {
-
-// An array of T from the host allocator's cache (a patch matrix, partial sums),
-// given back when it goes out of scope: launch.cuh's Scratch on the host.
-template <typename T>
-class HostScratch {
- public:
-  explicit HostScratch(std::int64_t count)
-      : allocator_(device_allocator(Device::cpu())),
-        data_(static_cast<T*>(allocator_.allocate(static_cast<std::size_t>(count) * sizeof(T)))) {}
-  ~HostScratch() { allocator_.deallocate(data_); }
-  HostScratch(const HostScratch&) = delete;
-  HostScratch& operator=(const HostScratch&) = delete;
-  T* get() const { return data_; }
-
- private:
-  Allocator& allocator_;
-  T* data_;
-};
 
 bool needs_lowering(const Conv2dShape& s) {
   const Conv2dParams& p = s.params;
@@ -325,6 +307,11 @@ void for_image_chunks(std::int64_t images, std::int64_t chunks, bool parallel, c
 
 void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
                     const Conv2dShape& s) {
+  if (y.dtype() == DType::Float32 && winograd_chosen(s, false)) {
+    winograd_forward(y.data<float>(), x.data<float>(), weight.data<float>(),
+                     bias.defined() ? bias.data<float>() : nullptr, s);
+    return;
+  }
   with_dtype(y.dtype(), [&]<typename T>() {
     T* out = y.data<T>();                                    // [N,K,P,Q]
     const T* in = x.data<T>();                               // [N,C,H,W]
@@ -368,6 +355,12 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
 void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
                      const Tensor& grad_y, const Tensor& x, const Tensor& weight,
                      const Conv2dShape& s) {
+  // Winograd takes the input gradient where chosen; the weight gradient stays below.
+  const bool winograd =
+      grad_x.defined() && grad_y.dtype() == DType::Float32 && winograd_chosen(s, true);
+  if (winograd) {
+    winograd_backward_data(grad_x.data<float>(), grad_y.data<float>(), weight.data<float>(), s);
+  }
   with_dtype(grad_y.dtype(), [&]<typename T>() {
     const T* gy = grad_y.data<T>();  // [N,K,P,Q]
     const T* in = x.data<T>();       // [N,C,H,W]
@@ -428,7 +421,7 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
         }
       }
     }
-    if (grad_x.defined()) {
+    if (grad_x.defined() && !winograd) {
       T* gx = grad_x.data<T>();  // [N,C,H,W]
       auto per_chunk = [&](std::int64_t, std::int64_t first, std::int64_t last) {
         HostScratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q]: the patch matrix's gradient

@@ -3,8 +3,10 @@
 // kernels/conv2d.h.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
+#include "engine/allocator.h"
 #include "engine/tensor.h"
 #include "kernels/conv2d.h"
 
@@ -25,6 +27,50 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
 void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
                      const Tensor& grad_y, const Tensor& x, const Tensor& weight,
                      const Conv2dShape& shape);
+
+// How the float32 forward and backward-data compute (float64 always lowers with
+// im2col: it serves the gradient checks). Auto takes Winograd F(2x2,3x3)
+// (kernels/cpu/winograd.h) where it applies and pays (the forward of 3x3 layers
+// with 16 or more input and output channels), im2col elsewhere; Im2col and
+// Winograd force one for both passes, for tests and benchmarks (a forced Winograd
+// still lowers the shapes it cannot do). Process-wide, like the GEMM's ISA: the environment
+// variable TOWERLAB_CONV2D_ALGORITHM=auto|im2col|winograd sets the initial choice, so that a whole
+// program (the fashion_mnist sample) can be timed either way.
+enum class Conv2dAlgorithm { Auto, Im2col, Winograd };
+Conv2dAlgorithm conv2d_algorithm();
+
+// Sets the algorithm while it lives and restores the previous one at the end. The
+// setting is an atomic: any thread may hold one, and work started after the
+// constructor returns (on any thread, CPU towers included) sees it.
+class ScopedConv2dAlgorithm {
+ public:
+  explicit ScopedConv2dAlgorithm(Conv2dAlgorithm algorithm);
+  ~ScopedConv2dAlgorithm();
+  ScopedConv2dAlgorithm(const ScopedConv2dAlgorithm&) = delete;
+  ScopedConv2dAlgorithm& operator=(const ScopedConv2dAlgorithm&) = delete;
+
+ private:
+  Conv2dAlgorithm previous_;
+};
+
+// An array of T from the host allocator's cache (a patch matrix, partial sums,
+// Winograd tiles), given back when it goes out of scope: launch.cuh's Scratch on
+// the host.
+template <typename T>
+class HostScratch {
+ public:
+  explicit HostScratch(std::int64_t count)
+      : allocator_(device_allocator(Device::cpu())),
+        data_(static_cast<T*>(allocator_.allocate(static_cast<std::size_t>(count) * sizeof(T)))) {}
+  ~HostScratch() { allocator_.deallocate(data_); }
+  HostScratch(const HostScratch&) = delete;
+  HostScratch& operator=(const HostScratch&) = delete;
+  T* get() const { return data_; }
+
+ private:
+  Allocator& allocator_;
+  T* data_;
+};
 }  // namespace cpu
 
 }  // namespace towerlab

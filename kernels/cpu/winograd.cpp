@@ -1,0 +1,328 @@
+// Winograd F(2x2, 3x3) convolution on the CPU: the algorithm, its matrices and its
+// numerics in kernels/cpu/winograd.h. The steps, for forward and backward-data alike:
+//   1. weight transform  U[e] = (G g Gᵀ)[e]                      [16][K][C], per call
+//   2. for each block of tiles (in parallel, blocks fixed by the shape):
+//      input transform   V[e][c][t] = (Bᵀ d[t,c] B)[e]          [16][C][tiles]
+//      16 GEMMs          M[e] = U[e] · V[e]                      [16][K][tiles]
+//      output transform  out tile (t, k) (+)= Aᵀ m[t,k] A        2x2, clipped at the edge
+// Inside this file C and K are the correlation's input and output channels: for
+// backward-data they are the layer's K and C, and the input is grad_y.
+#include "kernels/cpu/winograd.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/simd.h"
+
+namespace towerlab::cpu {
+
+namespace {
+
+// The environment may pin the algorithm (TOWERLAB_CONV2D_ALGORITHM=auto|im2col|
+// winograd); an unknown name is ignored, as TOWERLAB_GEMM_ISA's is.
+Conv2dAlgorithm initial_algorithm() {
+  const char* name = std::getenv("TOWERLAB_CONV2D_ALGORITHM");
+  const std::string wanted = name != nullptr ? name : "";
+  if (wanted == "im2col") return Conv2dAlgorithm::Im2col;
+  if (wanted == "winograd") return Conv2dAlgorithm::Winograd;
+  return Conv2dAlgorithm::Auto;
+}
+
+std::atomic<Conv2dAlgorithm>& selected_algorithm() {
+  static std::atomic<Conv2dAlgorithm> algorithm{initial_algorithm()};
+  return algorithm;
+}
+
+// Auto takes Winograd for the forward from this many input and output channels
+// on. Below, the transforms (linear in C + K per tile) cost more than the GEMM
+// saves (linear in C * K): FashionNet's first layer (C = 1) runs several times
+// faster with im2col. Its backward-data stays on im2col: there the input transform
+// runs over the K channels of grad_y and the result is added into grad_x, and on
+// FashionNet's second layer it measured about 10% slower than im2col + col2im
+// (bench/results/winograd.md).
+constexpr std::int64_t kMinAutoChannels = 16;
+
+// One correlation with a 3x3 kernel, stride 1: out [N,K,P,Q] from in [N,C,H,W]
+// padded by pad_h, pad_w (0 to 2), P = H + 2*pad_h - 2, Q likewise.
+struct Problem {
+  std::int64_t N, C, H, W;
+  std::int64_t K, P, Q;
+  std::int64_t pad_h, pad_w;
+  std::int64_t tiles_h, tiles_w;  // ceil(P/2), ceil(Q/2): 2x2 output tiles per image
+};
+
+Problem make_problem(std::int64_t N, std::int64_t C, std::int64_t H, std::int64_t W, std::int64_t K,
+                     std::int64_t pad_h, std::int64_t pad_w) {
+  const std::int64_t P = H + 2 * pad_h - 2, Q = W + 2 * pad_w - 2;
+  return {N, C, H, W, K, P, Q, pad_h, pad_w, (P + 1) / 2, (Q + 1) / 2};
+}
+
+// u [4][4] (stride ldu between elements) = G g Gᵀ for g [3][3] (element (r,s) at
+// g[r*row + s*col]: the caller turns the kernel by passing negative strides).
+void transform_kernel(float* u, std::int64_t ldu, const float* g, std::int64_t row,
+                      std::int64_t col) {
+  float gg[4][3];  // G g
+  for (int s = 0; s < 3; ++s) {
+    const float g0 = g[s * col], g1 = g[row + s * col], g2 = g[2 * row + s * col];
+    gg[0][s] = g0;
+    gg[1][s] = 0.5f * (g0 + g1 + g2);
+    gg[2][s] = 0.5f * (g0 - g1 + g2);
+    gg[3][s] = g2;
+  }
+  for (int i = 0; i < 4; ++i) {
+    const float g0 = gg[i][0], g1 = gg[i][1], g2 = gg[i][2];
+    u[(i * 4 + 0) * ldu] = g0;
+    u[(i * 4 + 1) * ldu] = 0.5f * (g0 + g1 + g2);
+    u[(i * 4 + 2) * ldu] = 0.5f * (g0 - g1 + g2);
+    u[(i * 4 + 3) * ldu] = g2;
+  }
+}
+
+// Tile blocks are runs of whole tile rows (one image's tiles th, all tw), so that
+// the transforms walk input and output rows contiguously: about enough rows that V
+// and M of one block ([16][C+K][tiles] floats) take three quarters of a 512 KiB L2
+// (larger and smaller blocks measured no faster on FashionNet's second layer). A
+// function of the shape alone, so the blocks, and with them the bits, do not
+// depend on the threads.
+std::int64_t rows_per_block(const Problem& p) {
+  constexpr std::int64_t kBlockBytes = 384 * 1024;
+  const std::int64_t tiles = kBlockBytes / (16 * (p.C + p.K) * std::int64_t{sizeof(float)});
+  return std::max<std::int64_t>(1, tiles / p.tiles_w);
+}
+
+// The tiles of a tile row rounded up to whole groups of four, and the padded input
+// columns they read (tile tw reads 2*tw .. 2*tw + 3).
+std::int64_t vector_tiles(const Problem& p) {
+  return (p.tiles_w + 3) / 4 * 4;
+}
+std::int64_t row_width(const Problem& p) {
+  return 2 * vector_tiles(p) + 2;
+}
+
+// The scratch of one thread.
+struct Workspace {
+  float* v;     // [16][C][block]: the input tiles, then their transform
+  float* m;     // [16][K][block]: the 16 products, then the output transform
+  float* rows;  // [4][row_width]: the padded input rows one tile row reads
+};
+
+// The output transform runs down whole arrays ([K][block] long) at once, so that
+// its loops are long and vectorize, instead of 4x4 at a time: with x[e] the 16
+// arrays `stride` apart,
+//   (a, b, c, d) at e0 + 0, 1, 2, 3 times `step` <- first a + b + c, last b - c - d
+// is Aᵀ (step 4) or A (step 1). The result lands at e0 and e0 + 3*step.
+void apply_a(float* x, std::int64_t stride, std::int64_t length, int e0, int step) {
+  float* x0 = x + e0 * stride;
+  float* x1 = x0 + step * stride;
+  float* x2 = x1 + step * stride;
+  float* x3 = x2 + step * stride;
+  for (std::int64_t i = 0; i < length; ++i) {
+    const float a = x0[i], b = x1[i], c = x2[i], d = x3[i];
+    x0[i] = a + b + c;
+    x3[i] = b - c - d;
+  }
+}
+
+// (a, b, c, d) <- (a - c, b + c, c - b, b - d): Bᵀ on a column of 4, or B on a row
+// of 4, for four tiles at once.
+void apply_b(Vec4& a, Vec4& b, Vec4& c, Vec4& d) {
+  const Vec4 a0 = a, b0 = b, c0 = c, d0 = d;
+  a = a0 - c0;
+  b = b0 + c0;
+  c = c0 - b0;
+  d = b0 - d0;
+}
+
+// v[e][c][first + tw] = (Bᵀ d B)[e] for the tiles tw of tile row (n, th), d their
+// 4x4 inputs (zero outside the image). Four tiles at a time in vector lanes: tile
+// tw's column j is row element 2*tw + j, so the lanes are the even or odd elements
+// of two loads. A last group past tiles_w writes up to 3 columns past the row's
+// tiles: the next tile row overwrites them, or they lie past the block's tiles
+// (run_block leaves room).
+void transform_input_row(const Workspace& ws, const float* in, const Problem& p, std::int64_t block,
+                         std::int64_t n, std::int64_t th, std::int64_t first) {
+  const std::int64_t width = row_width(p);
+  // Valid input columns w = x - pad_w lie at x in [x0, x1) of a padded row.
+  const std::int64_t x0 = std::min(width, p.pad_w), x1 = std::min(width, p.W + p.pad_w);
+  const std::int64_t ldv = p.C * block;  // between elements e of V
+  for (std::int64_t c = 0; c < p.C; ++c) {
+    const float* plane = in + (n * p.C + c) * p.H * p.W;  // [H,W]
+    for (int i = 0; i < 4; ++i) {  // rows[i][x] = x[n, c, 2*th - pad_h + i, x - pad_w]
+      // Columns outside [x0, x1) stay zero from run(): only the image's are written.
+      float* row = ws.rows + i * width;
+      const std::int64_t h = 2 * th - p.pad_h + i;
+      if (h < 0 || h >= p.H) {
+        for (std::int64_t x = x0; x < x1; ++x) row[x] = 0.0f;
+        continue;
+      }
+      const float* src = plane + h * p.W;  // [W]: input column x - pad_w
+      for (std::int64_t x = x0; x < x1; ++x) row[x] = src[x - p.pad_w];
+    }
+    float* v = ws.v + c * block + first;
+    for (std::int64_t tw = 0; tw < p.tiles_w; tw += 4) {
+      Vec4 d[4][4];  // d[i][j]: element (i, j) of tiles tw..tw+3
+      for (int i = 0; i < 4; ++i) {
+        const float* r = ws.rows + i * width + 2 * tw;
+        const Vec4 r0 = load4(r), r4 = load4(r + 4), r2 = load4(r + 2), r6 = load4(r + 6);
+        d[i][0] = __builtin_shuffle(r0, r4, Mask4{0, 2, 4, 6});
+        d[i][1] = __builtin_shuffle(r0, r4, Mask4{1, 3, 5, 7});
+        d[i][2] = __builtin_shuffle(r2, r6, Mask4{0, 2, 4, 6});
+        d[i][3] = __builtin_shuffle(r2, r6, Mask4{1, 3, 5, 7});
+      }
+      for (int j = 0; j < 4; ++j) apply_b(d[0][j], d[1][j], d[2][j], d[3][j]);
+      for (int i = 0; i < 4; ++i) {
+        apply_b(d[i][0], d[i][1], d[i][2], d[i][3]);
+        for (int j = 0; j < 4; ++j) store4(v + (4 * i + j) * ldv + tw, d[i][j]);
+      }
+    }
+  }
+}
+
+// The output tile row (n, th) from m[0], m[3], m[12], m[15] (Aᵀ m A already
+// applied: output pixel (i, j) of a tile at element 12*i + 3*j): out = bias + that,
+// or out += that when `accumulate`. A tile past the bottom or right edge (P or Q
+// odd) writes only its pixels inside the output.
+void scatter_tile_row(const Workspace& ws, float* out, const float* bias, bool accumulate,
+                      const Problem& p, std::int64_t block, std::int64_t n, std::int64_t th,
+                      std::int64_t first) {
+  const std::int64_t ldm = p.K * block;  // between elements e of M
+  const std::int64_t rows = std::min<std::int64_t>(2, p.P - 2 * th);
+  for (std::int64_t k = 0; k < p.K; ++k) {
+    float* plane = out + (n * p.K + k) * p.P * p.Q;  // [P,Q]
+    const float b = bias != nullptr ? bias[k] : 0.0f;
+    for (std::int64_t i = 0; i < rows; ++i) {
+      float* y = plane + (2 * th + i) * p.Q;
+      const float* o0 = ws.m + 12 * i * ldm + k * block + first;  // columns 2*tw
+      const float* o1 = o0 + 3 * ldm;                             // columns 2*tw + 1
+      const std::int64_t pairs = p.Q / 2;  // whole tiles; an odd Q leaves one column
+      if (accumulate) {
+        for (std::int64_t tw = 0; tw < pairs; ++tw) {
+          y[2 * tw] += o0[tw];
+          y[2 * tw + 1] += o1[tw];
+        }
+        if (p.Q % 2 != 0) y[2 * pairs] += o0[pairs];
+      } else {
+        for (std::int64_t tw = 0; tw < pairs; ++tw) {
+          y[2 * tw] = b + o0[tw];
+          y[2 * tw + 1] = b + o1[tw];
+        }
+        if (p.Q % 2 != 0) y[2 * pairs] = b + o0[pairs];
+      }
+    }
+  }
+}
+
+// Steps 2 of the file comment for tile rows [row0, row1) (row = n * tiles_h + th),
+// with u [16][K][C] the transformed kernel.
+void run_block(float* out, const float* in, const float* u, const float* bias, bool accumulate,
+               const Problem& p, std::int64_t row0, std::int64_t row1, std::int64_t block,
+               const Workspace& ws) {
+  for (std::int64_t row = row0; row < row1; ++row) {
+    transform_input_row(ws, in, p, block, row / p.tiles_h, row % p.tiles_h,
+                        (row - row0) * p.tiles_w);
+  }
+  // Whole 16-column panels of the GEMM (block is a multiple of 16): the columns
+  // past the block's tiles hold finite leftovers (zeros at first, then what an
+  // earlier block or a last group of four left) whose products are never read; a
+  // column of M depends on its column of V alone.
+  const std::int64_t tiles = std::min(block, ((row1 - row0) * p.tiles_w + 15) / 16 * 16);
+  const std::int64_t ldv = p.C * block, ldm = p.K * block;
+  for (int e = 0; e < 16; ++e) {
+    gemm<float>(false, false, p.K, tiles, p.C, 1.0f, u + e * p.K * p.C, p.C, ws.v + e * ldv, block,
+                0.0f, ws.m + e * ldm, block);
+  }
+  for (int j = 0; j < 4; ++j) apply_a(ws.m, ldm, ldm, j, 4);       // Aᵀ m: rows 0 and 3
+  for (int i = 0; i < 2; ++i) apply_a(ws.m, ldm, ldm, 12 * i, 1);  // (Aᵀ m) A
+  for (std::int64_t row = row0; row < row1; ++row) {
+    scatter_tile_row(ws, out, bias, accumulate, p, block, row / p.tiles_h, row % p.tiles_h,
+                     (row - row0) * p.tiles_w);
+  }
+}
+
+// Steps 2 over all tile rows, blocks spread over the caller's threads (each block
+// writes its own output rows).
+void run(float* out, const float* in, const float* u, const float* bias, bool accumulate,
+         const Problem& p) {
+  // Columns of V and M: the tiles, the 3 a last group of four may write past them,
+  // rounded up to whole panels.
+  const std::int64_t per_block = rows_per_block(p),
+                     block = (per_block * p.tiles_w + 3 + 15) / 16 * 16;
+  const std::int64_t all_rows = p.N * p.tiles_h, blocks = (all_rows + per_block - 1) / per_block;
+  parallel_rows(blocks, block * 16 * (p.C + p.K), [&](std::int64_t first, std::int64_t last) {
+    HostScratch<float> scratch(16 * (p.C + p.K) * block + 4 * row_width(p));
+    float* base = scratch.get();
+    const Workspace ws{base, base + 16 * p.C * block, base + 16 * (p.C + p.K) * block};
+    std::fill(ws.v, ws.v + 16 * p.C * block, 0.0f);        // the padding columns
+    std::fill(ws.rows, ws.rows + 4 * row_width(p), 0.0f);  // the padding
+    for (std::int64_t b = first; b < last; ++b) {
+      run_block(out, in, u, bias, accumulate, p, b * per_block,
+                std::min(all_rows, (b + 1) * per_block), block, ws);
+    }
+  });
+}
+
+}  // namespace
+
+Conv2dAlgorithm conv2d_algorithm() {
+  return selected_algorithm().load();
+}
+
+ScopedConv2dAlgorithm::ScopedConv2dAlgorithm(Conv2dAlgorithm algorithm)
+    : previous_(selected_algorithm().exchange(algorithm)) {}
+
+ScopedConv2dAlgorithm::~ScopedConv2dAlgorithm() {
+  selected_algorithm().store(previous_);
+}
+
+bool winograd_applies(const Conv2dShape& s) {
+  const Conv2dParams& p = s.params;
+  return s.R == 3 && s.S == 3 && p.stride_h == 1 && p.stride_w == 1 && p.dilation_h == 1 &&
+         p.dilation_w == 1 && p.pad_h >= 0 && p.pad_h <= 1 && p.pad_w >= 0 && p.pad_w <= 1;
+}
+
+bool winograd_chosen(const Conv2dShape& s, bool backward_data) {
+  switch (conv2d_algorithm()) {
+    case Conv2dAlgorithm::Im2col:
+      return false;
+    case Conv2dAlgorithm::Winograd:
+      return winograd_applies(s);
+    case Conv2dAlgorithm::Auto:
+      break;
+  }
+  return !backward_data && winograd_applies(s) && s.C >= kMinAutoChannels &&
+         s.K >= kMinAutoChannels;
+}
+
+void winograd_forward(float* y, const float* x, const float* weight, const float* bias,
+                      const Conv2dShape& s) {
+  const Problem p = make_problem(s.N, s.C, s.H, s.W, s.K, s.params.pad_h, s.params.pad_w);
+  HostScratch<float> u(16 * s.K * s.C);  // [16][K][C]
+  for (std::int64_t k = 0; k < s.K; ++k) {
+    for (std::int64_t c = 0; c < s.C; ++c) {
+      transform_kernel(u.get() + k * s.C + c, s.K * s.C, weight + (k * s.C + c) * 9, 3, 1);
+    }
+  }
+  run(y, x, u.get(), bias, false, p);
+}
+
+void winograd_backward_data(float* grad_x, const float* grad_y, const float* weight,
+                            const Conv2dShape& s) {
+  // grad_x[n,c,h,w] += sum_{k,r,s} grad_y[n,k,h+pad_h-r,w+pad_w-s] weight[k,c,r,s]: the
+  // correlation of grad_y, padded by 2 - pad, with weight[k,c] turned 180 degrees.
+  const Problem p = make_problem(s.N, s.K, s.P, s.Q, s.C, 2 - s.params.pad_h, 2 - s.params.pad_w);
+  HostScratch<float> u(16 * s.C * s.K);  // [16][C][K]
+  for (std::int64_t c = 0; c < s.C; ++c) {
+    for (std::int64_t k = 0; k < s.K; ++k) {
+      // g(r,s) = weight[k,c,2-r,2-s]: start at the last tap, step backwards.
+      transform_kernel(u.get() + c * s.K + k, s.C * s.K, weight + (k * s.C + c) * 9 + 8, -3, -1);
+    }
+  }
+  run(grad_x, grad_y, u.get(), nullptr, true, p);
+}
+
+}  // namespace towerlab::cpu

@@ -1,0 +1,50 @@
+// Winograd F(2x2, 3x3) convolution on the CPU (Lavin & Gray, "Fast Algorithms for
+// Convolutional Neural Networks", 2015): the float32 forward and backward-data of
+// conv2d for 3x3 kernels, stride 1, dilation 1, padding 0 or 1 (internal: the
+// contract is kernels/conv2d.h's, the dispatch kernels/cpu/conv2d.cpp's).
+//
+// Each 2x2 block of output pixels (a tile) needs a 4x4 block of input; with
+//   Bᵀ = [1  0 -1  0]    G = [1    0    0]    Aᵀ = [1  1  1  0]
+//        [0  1  1  0]        [1/2  1/2  1/2]        [0  1 -1 -1]
+//        [0 -1  1  0]        [1/2 -1/2  1/2]
+//        [0  1  0 -1]        [0    0    1]
+// the tile of y[n,k] is Aᵀ [ sum_c (G g[k,c] Gᵀ) ⊙ (Bᵀ d[n,c] Bᵀᵀ) ] A, where g is a
+// 3x3 kernel and d the tile's 4x4 input. Each of the 16 elements e of the
+// elementwise product sums over c independently, so a block of tiles becomes 16
+// matrix products
+//   M[e] = U[e] · V[e]      [K, tiles] = [K, C] · [C, tiles]
+// with U = G g Gᵀ (the weight transform) and V = Bᵀ d B (the input transform): 16
+// multiplications per tile and channel pair instead of im2col's 36.
+//
+// Backward-data is the same algorithm: grad_x is the correlation of grad_y (padded
+// by 2 - pad) with the kernel turned 180 degrees, input and output channels swapped.
+//
+// Numerics: the transforms add and subtract up to 16 inputs with weights of 1 and
+// 1/2 before the products, so a result's rounding error is bounded by the sum of
+// the magnitudes of its terms, sum |w||x|, rather than by the result: in the tests
+// (tests/conv2d_test.cpp) under 5 units of float32 rounding of that sum, im2col's
+// under 4. The tile blocks depend on the shape alone and each output pixel is
+// written by one tile, so the result is the same bits for any thread count.
+#pragma once
+
+#include "kernels/cpu/conv2d.h"
+
+namespace towerlab::cpu {
+
+// Whether Winograd can compute `s`: 3x3, stride 1, dilation 1, padding 0 or 1.
+bool winograd_applies(const Conv2dShape& s);
+
+// Whether conv2d's float32 forward (backward_data false) or backward-data takes
+// Winograd for `s` under the current Conv2dAlgorithm.
+bool winograd_chosen(const Conv2dShape& s, bool backward_data);
+
+// y [N,K,P,Q] = bias + conv2d(x [N,C,H,W], weight [K,C,3,3]): ASSIGNS y. bias [K]
+// may be null.
+void winograd_forward(float* y, const float* x, const float* weight, const float* bias,
+                      const Conv2dShape& s);
+
+// grad_x [N,C,H,W] += the input gradient of conv2d for grad_y [N,K,P,Q]: ACCUMULATES.
+void winograd_backward_data(float* grad_x, const float* grad_y, const float* weight,
+                            const Conv2dShape& s);
+
+}  // namespace towerlab::cpu
