@@ -169,10 +169,10 @@ void transform_input_row(const Workspace& ws, const float* in, const Problem& p,
       for (int i = 0; i < 4; ++i) {
         const float* r = ws.rows + i * width + 2 * tw;
         const Vec4 r0 = load4(r), r4 = load4(r + 4), r2 = load4(r + 2), r6 = load4(r + 6);
-        d[i][0] = __builtin_shuffle(r0, r4, Mask4{0, 2, 4, 6});
-        d[i][1] = __builtin_shuffle(r0, r4, Mask4{1, 3, 5, 7});
-        d[i][2] = __builtin_shuffle(r2, r6, Mask4{0, 2, 4, 6});
-        d[i][3] = __builtin_shuffle(r2, r6, Mask4{1, 3, 5, 7});
+        d[i][0] = __builtin_shufflevector(r0, r4, 0, 2, 4, 6);
+        d[i][1] = __builtin_shufflevector(r0, r4, 1, 3, 5, 7);
+        d[i][2] = __builtin_shufflevector(r2, r6, 0, 2, 4, 6);
+        d[i][3] = __builtin_shufflevector(r2, r6, 1, 3, 5, 7);
       }
       for (int j = 0; j < 4; ++j) apply_b(d[0][j], d[1][j], d[2][j], d[3][j]);
       for (int i = 0; i < 4; ++i) {
