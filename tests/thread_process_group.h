@@ -151,12 +151,13 @@ class ThreadProcessGroup final : public ProcessGroup {
         rank_, "broadcast(" + std::to_string(bytes.size()) + " bytes)",
         {bytes.begin(), bytes.end()}, root, what,
         [root](const std::vector<std::vector<std::byte>>& all) { return all[std::size_t(root)]; });
-    std::memcpy(bytes.data(), result.data(), bytes.size());
+    if (!bytes.empty()) std::memcpy(bytes.data(), result.data(), bytes.size());
   }
 
   std::vector<std::string> allgather(std::string_view mine, std::string_view what) override {
     std::vector<std::byte> bytes(mine.size());
-    std::memcpy(bytes.data(), mine.data(), mine.size());
+    // memcpy wants valid pointers even for no bytes, and an empty view may hold null.
+    if (!mine.empty()) std::memcpy(bytes.data(), mine.data(), mine.size());
     // The result: each rank's length (8 bytes) then its bytes, in rank order.
     const auto result = world_.call(rank_, "allgather", std::move(bytes), 0, what,
                                     [](const std::vector<std::vector<std::byte>>& all) {
@@ -184,7 +185,7 @@ class ThreadProcessGroup final : public ProcessGroup {
   template <typename T>
   void sum(std::span<T> values, const std::string& kind, std::string_view what, ReduceFrame frame) {
     std::vector<std::byte> bytes(values.size_bytes());
-    std::memcpy(bytes.data(), values.data(), values.size_bytes());
+    if (!bytes.empty()) std::memcpy(bytes.data(), values.data(), values.size_bytes());
     const std::size_t n = values.size(), total = frame.total == 0 ? n : frame.total;
     const auto result = world_.call(
         rank_, kind, std::move(bytes), 0, what,
