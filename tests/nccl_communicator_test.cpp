@@ -144,11 +144,7 @@ TEST(NcclPlacement, CpuRanksAgreeToStageOnTheHost) {
 
 // The small CNN with batch norm (moving statistics travel in phase 5 too).
 std::vector<Tensor> make_batch(std::int64_t n, unsigned seed) {
-  Tensor images = Tensor::empty({n, 1, 8, 8}, cpu());
-  random_normal(images, seed, 0, 0.0f, 1.0f, cpu());
-  std::vector<float> labels;
-  for (std::int64_t i = 0; i < n; ++i) labels.push_back(float((i * 5 + seed) % 3));
-  return {images, Tensor::from_host<float>(labels, {n}, cpu())};
+  return small_image_batch(n, seed, 5);
 }
 
 TEST(NcclTrainer, NcclAskedForOnCpuTowersFailsOnEveryRank) {

@@ -17,6 +17,16 @@ inline const Stream& cpu() {
   return default_stream(Device::cpu());
 }
 
+// A batch for the small CNNs of the trainer tests: n normal [1,8,8] images from
+// `seed` and labels (i * label_stride + seed) % 3, on the CPU.
+inline std::vector<Tensor> small_image_batch(std::int64_t n, unsigned seed, int label_stride) {
+  Tensor images = Tensor::empty({n, 1, 8, 8}, cpu());
+  random_normal(images, seed, 0, 0.0f, 1.0f, cpu());
+  std::vector<float> labels;
+  for (std::int64_t i = 0; i < n; ++i) labels.push_back(float((i * label_stride + seed) % 3));
+  return {images, Tensor::from_host<float>(labels, {n}, cpu())};
+}
+
 // True when TOWERLAB_REQUIRE_GPU is "1" (scripts/gpu.sh sets it on the GPU machine):
 // then no visible GPU fails the suite instead of skipping its CUDA cases, because
 // there a skipped CUDA case would read as a pass. Any other value, or none, is off.
