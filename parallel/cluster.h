@@ -81,7 +81,7 @@ class Cluster final : public ProcessGroup {
   int size() const override { return size_; }
   int local_rank() const override { return local_rank_; }
   int local_size() const { return local_size_; }
-  std::chrono::milliseconds deadline() const { return deadline_; }
+  std::chrono::milliseconds deadline() const override { return deadline_; }
   // True when MPI connects this process to others (started by mpirun).
   bool uses_mpi() const { return mpi_ != nullptr; }
 

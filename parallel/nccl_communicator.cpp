@@ -13,7 +13,6 @@
 #include <thread>
 
 #include "engine/error.h"
-#include "parallel/cluster.h"
 #include "parallel/process_group.h"
 
 #if TOWERLAB_WITH_CUDA
@@ -62,11 +61,6 @@ std::string gpu_uuid(Device device) {
 #else
   TL_THROW(NotSupported, "this build of towerlab has no CUDA backend (" << device.str() << ")");
 #endif
-}
-
-std::chrono::milliseconds group_deadline(const ProcessGroup& group) {
-  const auto* cluster = dynamic_cast<const Cluster*>(&group);
-  return cluster != nullptr ? cluster->deadline() : ClusterOptions{}.deadline;
 }
 
 }  // namespace
@@ -264,7 +258,7 @@ NcclCommunicator::NcclCommunicator(ProcessGroup& group, Device device,
     : device_(device),
       rank_(group.rank()),
       size_(group.size()),
-      deadline_(deadline ? *deadline : group_deadline(group)) {
+      deadline_(deadline ? *deadline : group.deadline()) {
   TL_CHECK(device.is_cuda(), DeviceError,
            "NCCL between processes: rank " << rank_ << " gave " << device.str()
                                            << "; NCCL needs a GPU for each rank");
@@ -378,7 +372,7 @@ NcclCommunicator::NcclCommunicator(ProcessGroup& group, Device device,
     : device_(device),
       rank_(group.rank()),
       size_(group.size()),
-      deadline_(deadline ? *deadline : group_deadline(group)) {
+      deadline_(deadline ? *deadline : group.deadline()) {
   TL_THROW(NotSupported,
            "NCCL between processes: this build of towerlab has no NCCL (it needs the CUDA backend "
            "and TOWERLAB_NCCL=ON with a toolkit that ships NCCL); use "

@@ -30,8 +30,8 @@
 // No call waits forever. The communicator is non-blocking (config.blocking = 0):
 // initialization, each all-reduce (until its kernels have finished on the stream)
 // and finalization are polled against a deadline: the one given, else the
-// Cluster's when the group is one (ClusterOptions::deadline,
-// TOWERLAB_MPI_DEADLINE_S), else ClusterOptions' default (120 s).
+// ProcessGroup's (a Cluster's is ClusterOptions::deadline or
+// TOWERLAB_MPI_DEADLINE_S).
 // A call past the deadline aborts the communicator (ncclCommAbort) and throws
 // CommunicationError naming the call and NCCL's last message; so does an error
 // NCCL reports (a peer's connection lost, a CUDA error). NCCL cannot always say
@@ -99,7 +99,7 @@ NcclRankPlacement decode_rank_placement(std::string_view text);
 class NcclCommunicator {
  public:
   // Collective over `group`: every rank calls it, each with its own GPU `device`.
-  // `deadline`: see the top (nullopt: the Cluster's, or 120 s).
+  // `deadline`: see the top (nullopt: group.deadline()).
   // Throws NotSupported without NCCL, DeviceError for a device that is not a GPU,
   // CommunicationError when NCCL fails or does not finish in time.
   NcclCommunicator(ProcessGroup& group, Device device,

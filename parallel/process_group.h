@@ -18,11 +18,13 @@
 //    one range at a time (gradient buckets, parallel/buckets.h), passes each call
 //    its ReduceFrame: the order is then the position's in the whole buffer, so the
 //    ranges get the bits one call on the whole buffer would give them.
-//  - A call that cannot complete (a process died, stalled past the deadline, or
+//  - A call that cannot complete (a process died, stalled past deadline(), or
 //    reported an error) throws CommunicationError naming the peer and `what`, on
-//    every process that notices; none waits forever.
+//    every process that notices; none waits forever. Communicators made over the
+//    group (parallel/nccl_communicator.h) wait for their calls as long.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -47,6 +49,8 @@ class ProcessGroup {
   virtual int rank() const = 0;        // 0 .. size()-1
   virtual int size() const = 0;        // processes in the group, >= 1
   virtual int local_rank() const = 0;  // index among the processes of this host
+  // How long one call waits for the other processes before it throws.
+  virtual std::chrono::milliseconds deadline() const = 0;
 
   // values[i] = sum over processes of values[i], the same bits on every process.
   // Every process passes the same frame.

@@ -38,6 +38,7 @@ class ThreadWorld {
  public:
   ThreadWorld(int size, std::chrono::milliseconds deadline) : size_(size), deadline_(deadline) {}
   int size() const { return size_; }
+  std::chrono::milliseconds deadline() const { return deadline_; }
 
   // Marks `rank` as stopped (its thread ended with an error): ranks waiting for it
   // in a call it will never make throw instead of waiting for the deadline.
@@ -134,6 +135,7 @@ class ThreadProcessGroup final : public ProcessGroup {
   int rank() const override { return rank_; }
   int size() const override { return world_.size(); }
   int local_rank() const override { return rank_; }
+  std::chrono::milliseconds deadline() const override { return world_.deadline(); }
 
   void allreduce_sum(std::span<float> values, std::string_view what,
                      ReduceFrame frame = {}) override {
