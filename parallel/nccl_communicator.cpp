@@ -253,12 +253,8 @@ struct NcclCommunicator::Comm {
   }
 };
 
-NcclCommunicator::NcclCommunicator(ProcessGroup& group, Device device,
-                                   std::optional<std::chrono::milliseconds> deadline)
-    : device_(device),
-      rank_(group.rank()),
-      size_(group.size()),
-      deadline_(deadline ? *deadline : group.deadline()) {
+void NcclCommunicator::connect(ProcessGroup& group) {
+  const Device device = device_;
   TL_CHECK(device.is_cuda(), DeviceError,
            "NCCL between processes: rank " << rank_ << " gave " << device.str()
                                            << "; NCCL needs a GPU for each rank");
@@ -367,12 +363,7 @@ void NcclCommunicator::allreduce_sum(const std::vector<Tensor>& buffers, const S
 
 struct NcclCommunicator::Comm {};
 
-NcclCommunicator::NcclCommunicator(ProcessGroup& group, Device device,
-                                   std::optional<std::chrono::milliseconds> deadline)
-    : device_(device),
-      rank_(group.rank()),
-      size_(group.size()),
-      deadline_(deadline ? *deadline : group.deadline()) {
+void NcclCommunicator::connect(ProcessGroup&) {
   TL_THROW(NotSupported,
            "NCCL between processes: this build of towerlab has no NCCL (it needs the CUDA backend "
            "and TOWERLAB_NCCL=ON with a toolkit that ships NCCL); use "
@@ -387,5 +378,15 @@ void NcclCommunicator::allreduce_sum(const std::vector<Tensor>&, const Stream&,
 }
 
 #endif
+
+// Here Comm is complete in either build: a constructor that throws destroys comm_.
+NcclCommunicator::NcclCommunicator(ProcessGroup& group, Device device,
+                                   std::optional<std::chrono::milliseconds> deadline)
+    : device_(device),
+      rank_(group.rank()),
+      size_(group.size()),
+      deadline_(deadline ? *deadline : group.deadline()) {
+  connect(group);
+}
 
 }  // namespace towerlab

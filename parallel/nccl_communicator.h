@@ -125,6 +125,10 @@ class NcclCommunicator {
 
  private:
   struct Comm;
+  // The constructor's collective part, once the members are set: makes the NCCL
+  // communicator with the other ranks (throws NotSupported in a build without NCCL).
+  void connect(ProcessGroup& group);
+
   Device device_;
   int rank_ = 0;
   int size_ = 1;
