@@ -31,6 +31,10 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+import results_page  # noqa: E402  (the JSON, the table and the results page)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REQUIREMENTS = os.path.join(ROOT, "bench", "peers", "requirements.txt")
 RUN_PEER = os.path.join(ROOT, "bench", "peers", "run_peer.py")
@@ -227,28 +231,25 @@ def summarize(contenders, rounds, versions):
 
 
 def table(doc):
-    lines = ["| configuration | images/s, median of rounds (min-max) | ratio to the best peer "
-             "| images per CPU-second |", "|---|---|---|---|"]
+    columns = ["configuration", "images/s, median of rounds (min-max)", "ratio to the best peer",
+               "images per CPU-second"]
+    rows = []
     for row in doc["summary"]:
         ratio, cpu = row["median_ratio_to_best_peer"], row["median_images_per_cpu_second"]
-        lines.append(f"| {row['label']} | {row['median_images_per_second']:.0f} "
-                     f"({row['min_images_per_second']:.0f}-{row['max_images_per_second']:.0f}) | "
-                     f"{'-' if ratio is None else f'{ratio:.2f}'} | "
-                     f"{'-' if cpu is None else f'{cpu:.0f}'} |")
-    return "\n".join(lines)
+        rows.append([row["label"], results_page.rate_cell(row),
+                     "-" if ratio is None else f"{ratio:.2f}", "-" if cpu is None else f"{cpu:.0f}"])
+    return results_page.table(columns, rows)
 
 
 def markdown(doc, json_path):
     m, s = doc["machine"], doc["settings"]
-    loads = [r["load_average_1min"] for rnd in doc["rounds"] for r in rnd.values()]
+    loads = results_page.load_averages(doc)
     configs = {}
     for rnd in doc["rounds"]:
         for spec, r in rnd.items():
             configs.setdefault(spec, r["config"])
     v = doc["versions"]
-    lines = [
-        "# FashionNet training on the CPU: towerlab against PyTorch, TensorFlow and JAX",
-        "",
+    intro = [
         f"Written by `bench/compare_peers.py --markdown` ({doc['date']}, towerlab {doc['towerlab_commit']}); "
         f"its JSON is `{os.path.relpath(json_path, ROOT)}`.",
         f"{s['rounds']} rounds; in each every contender, as a fresh process, trains FashionNet for "
@@ -259,9 +260,8 @@ def markdown(doc, json_path):
         "CPU-second (the process's user and system time over the timed steps, all threads) "
         "does not depend on the share of the cores a process gets on a loaded machine: "
         "spinning threads and idle cores it cannot use count against it, not other processes.",
-        "",
-        table(doc),
-        "",
+    ]
+    notes = [
         f"- Command: `{doc.get('command', 'bench/compare_peers.py')}`.",
         f"- CPU: {m['cpu_model']}, {m['cpus']} CPUs, flags {' '.join(m['flags'])}; Linux {m['kernel']}.",
         f"- Load average (1 minute) before each run: {min(loads):.1f} to {max(loads):.1f} "
@@ -273,10 +273,12 @@ def markdown(doc, json_path):
         "- Configurations (each peer's is its best on these machines; `bench/peers/*_net.py` say "
         "what else was tried, and `--contenders` runs those variants beside them):",
     ]
-    lines += [f"  - {spec}: {config}" for spec, config in configs.items()]
-    lines += ["", "Every run's loss must fall (the mean of its last ten steps below 0.8 times its "
+    notes += [f"  - {spec}: {config}" for spec, config in configs.items()]
+    notes += ["", "Every run's loss must fall (the mean of its last ten steps below 0.8 times its "
               "first step's) or the comparison stops: nobody is measured doing less work."]
-    return "\n".join(lines) + "\n"
+    return results_page.page(
+        "FashionNet training on the CPU: towerlab against PyTorch, TensorFlow and JAX", intro,
+        table(doc), notes)
 
 
 def main():
@@ -309,7 +311,7 @@ def main():
             doc = json.load(f)
         contenders = [Contender(spec) for spec in doc["rounds"][0]]
         doc["summary"] = summarize(contenders, doc["rounds"], doc["versions"])
-        write(doc, args)
+        results_page.write(doc, args.json, args.markdown, table, markdown)
         return
     for name in ("rounds", "steps", "batch", "threads"):
         if getattr(args, name) <= 0:
@@ -360,18 +362,7 @@ def main():
            "settings": {k: getattr(args, k) for k in ("rounds", "steps", "warmup", "batch", "threads")},
            "pinned_cpus": pin[2] if pin else "all (the machine has no more than --threads)",
            "omp_wait_policy": wait, "rounds": rounds, "summary": summarize(contenders, rounds, versions)}
-    write(doc, args)
-
-
-def write(doc, args):
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
-    print(table(doc))
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(markdown(doc, args.json))
+    results_page.write(doc, args.json, args.markdown, table, markdown)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ machine, the Open MPI version) and, with --markdown, the results page.
 """
 import argparse
 import datetime
-import json
 import math
 import os
 import shutil
@@ -33,6 +32,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 import compare_peers  # noqa: E402  (the data, the build, the sample's progress lines)
+import results_page  # noqa: E402  (the JSON, the table and the results page)
 
 ROOT = compare_peers.ROOT
 TRANSPORTS = {"shm": ["--mca", "btl", "self,vader"],
@@ -93,19 +93,17 @@ def summarize(rounds):
 
 
 def table(doc):
-    lines = ["| processes x towers | transport | images/s, median (min-max) | speed-up over 1 x 1 "
-             "| scaling efficiency |", "|---|---|---|---|---|"]
-    for row in doc["summary"]:
-        lines.append(f"| {row['processes']} x {row['towers']} | {row['transport']} | "
-                     f"{row['median_images_per_second']:.0f} ({row['min_images_per_second']:.0f}-"
-                     f"{row['max_images_per_second']:.0f}) | {row['median_speedup']:.2f} | "
-                     f"{row['median_efficiency']:.2f} |")
-    return "\n".join(lines)
+    columns = ["processes x towers", "transport", "images/s, median (min-max)",
+               "speed-up over 1 x 1", "scaling efficiency"]
+    rows = [[f"{row['processes']} x {row['towers']}", row["transport"], results_page.rate_cell(row),
+             f"{row['median_speedup']:.2f}", f"{row['median_efficiency']:.2f}"]
+            for row in doc["summary"]]
+    return results_page.table(columns, rows)
 
 
 def markdown(doc, json_path):
     m, s = doc["machine"], doc["settings"]
-    loads = [r["load_average_1min"] for rnd in doc["rounds"] for r in rnd.values()]
+    loads = results_page.load_averages(doc)
     cores = m["cpus"]
     notes = [
         f"- Machine: {m['cpu_model']}, {cores} CPUs ({', '.join(m['flags']) or 'no AVX'}), "
@@ -124,24 +122,17 @@ def markdown(doc, json_path):
                      "bounded by about 1 / workers: the table shows what splitting the batch "
                      "and the all-reduce cost, not how the layouts scale with a core or a GPU "
                      "per worker.")
-    lines = [
-        "# FashionNet across processes: 1 x 2, 2 x 1 and 2 x 2 over shared memory and TCP",
-        "",
+    intro = [
         f"Written by `bench/mpi_scaling.py --markdown` ({doc['date']}, towerlab "
         f"{doc['towerlab_commit']}); its JSON is `{os.path.relpath(json_path, ROOT)}`.",
         f"{s['rounds']} round{'s' if s['rounds'] > 1 else ''}; in each every configuration, as a fresh job, trains FashionNet for "
         f"{s['warmup']} warm-up and {s['steps']} timed steps (global batch {s['batch']}, Adam, real "
         "Fashion-MNIST), the order rotating from round to round. Shared memory is Open MPI's "
         "vader transport (`--mca btl self,vader`), TCP is `--mca btl self,tcp` on loopback.",
-        "",
-        table(doc),
-        "",
-        "Notes:",
-        "",
-        *notes,
-        "",
     ]
-    return "\n".join(lines)
+    return results_page.page(
+        "FashionNet across processes: 1 x 2, 2 x 1 and 2 x 2 over shared memory and TCP", intro,
+        table(doc), ["Notes:", "", *notes])
 
 
 def main():
@@ -182,13 +173,7 @@ def main():
                         "batch": args.batch, "data": args.data},
            "rounds": rounds}
     doc["summary"] = summarize(rounds)
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(doc, f, indent=1)
-    print(table(doc))
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(markdown(doc, args.json))
+    results_page.write(doc, args.json, args.markdown, table, markdown)
 
 
 if __name__ == "__main__":
