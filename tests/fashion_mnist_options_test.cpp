@@ -99,7 +99,11 @@ TEST(FashionMnistOptions, GoodFlagsAreAccepted) {
                                "--progress-every",
                                "0",
                                "--log-placement",
-                               "--eval-only=false"});
+                               "--eval-only=false",
+                               "--bucket-mib",
+                               "0",
+                               "--cross-process",
+                               "host-staged"});
   ASSERT_EQ(parsed.code, std::nullopt) << parsed.printed;
   EXPECT_EQ(parsed.printed, "");
   EXPECT_EQ(parsed.options.batch, 1000);  // the last of a repeated flag; a whole exponent form
@@ -111,6 +115,11 @@ TEST(FashionMnistOptions, GoodFlagsAreAccepted) {
   EXPECT_EQ(parsed.options.progress_every, 0);
   EXPECT_TRUE(parsed.options.log_placement);
   EXPECT_FALSE(parsed.options.eval_only);
+  EXPECT_EQ(parsed.options.bucket_mib, 0);  // given: 0 (one bucket) is not the default
+  EXPECT_EQ(parsed.options.cross_process, "host-staged");
+  const Parsed defaults = parse({});
+  EXPECT_EQ(defaults.options.bucket_mib, std::nullopt);  // the trainer's default
+  EXPECT_EQ(defaults.options.cross_process, "auto");
 }
 
 TEST(FashionMnistOptions, HelpExitsZero) {
@@ -146,6 +155,12 @@ TEST(FashionMnistOptions, BadFlagValuesExit2NamingTheFlagTheValueAndWhatIsAllowe
       {{"--numeric-guard", "maybe"}, "--numeric-guard must be one of stop, skip, off, got 'maybe'"},
       {{"--optimizer", "lbfgs"}, "--optimizer must be one of adam, adamw, sgd, momentum, rmsprop"},
       {{"--batchnorm", "global"}, "--batchnorm must be one of local, sync, got 'global'"},
+      {{"--bucket-mib", "-1"},
+       "--bucket-mib must be an integer from 0 (one bucket) to 1048576, got '-1'"},
+      {{"--bucket-mib", "1048577"}, "--bucket-mib must be an integer from 0"},  // past the bound
+      {{"--bucket-mib", "0.5"}, "--bucket-mib must be an integer from 0"},
+      {{"--cross-process", "mpi"},
+       "--cross-process must be one of auto, host-staged, nccl, got 'mpi'"},
       {{"--devices", "cpu,foo"}, "--devices: cannot parse device 'foo'"},
       {{"--master", "gpu:x"}, "--master: cannot parse device 'gpu:x'"},
       {{"--batch"}, "--batch"},  // the flag parser's own words for a missing value

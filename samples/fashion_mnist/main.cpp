@@ -107,6 +107,10 @@ int run(const sample::Options& o) {
   options.numeric_guard = o.numeric_guard == "skip"  ? NumericGuard::Skip
                           : o.numeric_guard == "off" ? NumericGuard::Off
                                                      : NumericGuard::Stop;
+  if (o.bucket_mib) options.bucket_bytes = *o.bucket_mib << 20;
+  options.cross_process = o.cross_process == "nccl"          ? CrossProcessPath::Nccl
+                          : o.cross_process == "host-staged" ? CrossProcessPath::HostStaged
+                                                             : CrossProcessPath::Auto;
 
   const FashionMnist train = load_fashion_mnist(o.data, Split::Train);
   sample::check_against_data(o, train.size());

@@ -62,6 +62,10 @@ constexpr Rule<int> kProgressEvery{[](int v) { return v >= 0; },
 constexpr Rule<std::int64_t> kBatch{[](std::int64_t v) { return v > 0; }, "a positive integer"};
 constexpr Rule<std::int64_t> kSteps{[](std::int64_t v) { return v >= 0; },
                                     "a non-negative integer (0: whole epochs)"};
+// Bytes are MiB << 20: the bound keeps them far inside int64.
+constexpr Rule<std::int64_t> kBucketMib{
+    [](std::int64_t v) { return v >= 0 && v <= (std::int64_t(1) << 20); },
+    "an integer from 0 (one bucket) to 1048576"};
 constexpr Rule<std::uint64_t> kSeed{[](std::uint64_t) { return true; }, "a non-negative integer"};
 constexpr Rule<double> kLr{[](double v) { return v > 0.0 && std::isfinite(v); },
                            "a positive number"};
@@ -288,6 +292,13 @@ std::vector<Field> fields(Options& o) {
       on_off("log_placement", o.log_placement, "Print where variables and towers run"),
       on_off("soft_placement", o.soft_placement, "Fall back to a present device with a warning"),
       number("progress_every", o.progress_every, kProgressEvery, "Steps between progress lines"),
+      number(
+          "bucket_mib", o.bucket_mib, kBucketMib,
+          "Gradient buckets of at least N MiB, each reduced while the backward goes on (0: "
+          "one bucket after the backward; default: the trainer's, 25); the same bits either way"),
+      choice("cross_process", o.cross_process, {"auto", "host-staged", "nccl"},
+             "Gradients between processes: NCCL when every rank can (auto), always through the "
+             "host (host-staged), or NCCL or an error (nccl)"),
   };
 }
 

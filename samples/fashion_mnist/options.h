@@ -45,6 +45,13 @@ struct Options {
   bool log_placement = false;
   bool soft_placement = false;
   int progress_every = 50;
+  // Gradient buckets of at least this many MiB (TrainerOptions::bucket_bytes); 0: one
+  // bucket, reduced after the backward; unset: the trainer's default. The same bits
+  // either way; every process of a job must pass the same value.
+  std::optional<std::int64_t> bucket_mib;
+  // How gradients move between processes (TrainerOptions::cross_process):
+  // auto | host-staged | nccl.
+  std::string cross_process = "auto";
 };
 
 // Parses argv (and the --config file) and checks the values, their combinations and
