@@ -57,6 +57,24 @@ __device__ void covering(std::int64_t h, std::int64_t K, std::int64_t S, std::in
   hi = min((h + P) / S, out_size - 1);
 }
 
+// The max-pool backward's gather for input (h, w): the sum of gy (this plane's
+// grad_y) over the outputs whose windows cover the input and whose maximum
+// took_it(ho, wo) says is that input, in row-major order of the outputs.
+template <typename TookIt>
+__device__ float gather_max_grad(std::int64_t h, std::int64_t w, const float* gy, const Geometry& g,
+                                 TookIt took_it) {
+  std::int64_t ho0, ho1, wo0, wo1;
+  covering(h, g.KH, g.SH, g.PH, g.Ho, ho0, ho1);
+  covering(w, g.KW, g.SW, g.PW, g.Wo, wo0, wo1);
+  float sum = 0.0f;
+  for (std::int64_t ho = ho0; ho <= ho1; ++ho) {
+    for (std::int64_t wo = wo0; wo <= wo1; ++wo) {
+      if (took_it(ho, wo)) sum += gy[ho * g.Wo + wo];
+    }
+  }
+  return sum;
+}
+
 __global__ void max_pool2d_forward_kernel(std::int64_t n, float* __restrict__ y,
                                           const float* __restrict__ x, Geometry g) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -74,17 +92,11 @@ __global__ void max_pool2d_backward_kernel(std::int64_t n, float* __restrict__ g
        i += std::int64_t{gridDim.x} * blockDim.x) {
     const std::int64_t w = i % g.W, h = (i / g.W) % g.H, plane = i / (g.W * g.H);
     const float* p = x + plane * g.H * g.W;
-    const float* gy = grad_y + plane * g.Ho * g.Wo;
-    std::int64_t ho0, ho1, wo0, wo1;
-    covering(h, g.KH, g.SH, g.PH, g.Ho, ho0, ho1);
-    covering(w, g.KW, g.SW, g.PW, g.Wo, wo0, wo1);
-    float sum = 0.0f;
-    for (std::int64_t ho = ho0; ho <= ho1; ++ho) {
-      for (std::int64_t wo = wo0; wo <= wo1; ++wo) {
-        if (window_argmax(p, g.W, window_of(ho, wo, g)) == h * g.W + w) sum += gy[ho * g.Wo + wo];
-      }
-    }
-    grad_x[i] += sum;
+    const std::int64_t here = h * g.W + w;
+    grad_x[i] += gather_max_grad(h, w, grad_y + plane * g.Ho * g.Wo, g,
+                                 [&](std::int64_t ho, std::int64_t wo) {
+                                   return window_argmax(p, g.W, window_of(ho, wo, g)) == here;
+                                 });
   }
 }
 
@@ -101,7 +113,7 @@ __global__ void max_pool2d_forward_with_argmax_kernel(std::int64_t n, float* __r
   }
 }
 
-// The gather of max_pool2d_backward_kernel with each covering window's argmax read
+// max_pool2d_backward_kernel's gather with each covering window's argmax read
 // from the forward's record. Every grad_x element is written once, so `assign`
 // overwrites it (zero where no output took it) without reading it.
 __global__ void max_pool2d_backward_from_argmax_kernel(std::int64_t n, float* __restrict__ grad_x,
@@ -111,18 +123,11 @@ __global__ void max_pool2d_backward_from_argmax_kernel(std::int64_t n, float* __
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x) {
     const std::int64_t w = i % g.W, h = (i / g.W) % g.H, plane = i / (g.W * g.H);
-    const float* gy = grad_y + plane * g.Ho * g.Wo;
     const float* where = argmax + plane * g.Ho * g.Wo;
     const float here = static_cast<float>(h * g.W + w);
-    std::int64_t ho0, ho1, wo0, wo1;
-    covering(h, g.KH, g.SH, g.PH, g.Ho, ho0, ho1);
-    covering(w, g.KW, g.SW, g.PW, g.Wo, wo0, wo1);
-    float sum = 0.0f;
-    for (std::int64_t ho = ho0; ho <= ho1; ++ho) {
-      for (std::int64_t wo = wo0; wo <= wo1; ++wo) {
-        if (where[ho * g.Wo + wo] == here) sum += gy[ho * g.Wo + wo];
-      }
-    }
+    const float sum = gather_max_grad(
+        h, w, grad_y + plane * g.Ho * g.Wo, g,
+        [&](std::int64_t ho, std::int64_t wo) { return where[ho * g.Wo + wo] == here; });
     grad_x[i] = assign ? sum : grad_x[i] + sum;
   }
 }
