@@ -9,7 +9,9 @@
 //                    (computed transposed, as col · grad_y[n]ᵀ)
 //   backward-data    grad_col     = weightᵀ · grad_y[n]         [CRS,P*Q], then col2im adds
 //                    each patch element back onto the input pixel it came from.
-// A 1x1 kernel with stride 1 and no padding needs no lowering: col is x[n] itself.
+// A 1x1 kernel with stride 1 and no padding needs no lowering in the forward: col is
+// x[n] itself. The backward lowers images in groups (kBackwardImages), their patch
+// matrices side by side, so that each product is one wide GEMM per group.
 //
 // One input channel with a 3x3 kernel, unit stride and dilation (a first layer on
 // gray images, FashionNet's conv1) skips the lowering where the GEMM has its AVX2
@@ -63,14 +65,16 @@ ColumnRange valid_columns(const Conv2dShape& s, std::int64_t kq) {
 }
 
 // col[(c,r,s), (p,q)] = x[c, h(p,r), w(q,s)], zero where (h, w) falls in the padding.
+// `ld` (>= P*Q) is col's row stride: the patch matrices of several images side by
+// side form one wide matrix.
 template <typename T>
-void im2col(T* col, const T* x, const Conv2dShape& s) {
+void im2col(T* col, std::int64_t ld, const T* x, const Conv2dShape& s) {
   const Conv2dParams& p = s.params;
-  // x: [C,H,W], col: [C*R*S, P*Q]; (r, kq) is the kernel tap, (op, oq) the output pixel.
+  // x: [C,H,W], col: [C*R*S, ld]; (r, kq) is the kernel tap, (op, oq) the output pixel.
   for (std::int64_t c = 0; c < s.C; ++c) {
     for (std::int64_t r = 0; r < s.R; ++r) {
       for (std::int64_t kq = 0; kq < s.S; ++kq) {
-        T* row = col + ((c * s.R + r) * s.S + kq) * s.P * s.Q;
+        T* row = col + ((c * s.R + r) * s.S + kq) * ld;
         const auto [first, last] = valid_columns(s, kq);
         const std::int64_t w_first = first * p.stride_w - p.pad_w + kq * p.dilation_w;
         for (std::int64_t op = 0; op < s.P; ++op) {
@@ -95,15 +99,15 @@ void im2col(T* col, const T* x, const Conv2dShape& s) {
 }
 
 // The adjoint of im2col: x[c, h(p,r), w(q,s)] += col[(c,r,s), (p,q)] for every
-// patch element that is not padding.
+// patch element that is not padding (col's row stride `ld`, as in im2col).
 template <typename T>
-void col2im_add(T* x, const T* col, const Conv2dShape& s) {
+void col2im_add(T* x, const T* col, std::int64_t ld, const Conv2dShape& s) {
   const Conv2dParams& p = s.params;
-  // x: [C,H,W], col: [C*R*S, P*Q]
+  // x: [C,H,W], col: [C*R*S, ld]
   for (std::int64_t c = 0; c < s.C; ++c) {
     for (std::int64_t r = 0; r < s.R; ++r) {
       for (std::int64_t kq = 0; kq < s.S; ++kq) {
-        const T* row = col + ((c * s.R + r) * s.S + kq) * s.P * s.Q;
+        const T* row = col + ((c * s.R + r) * s.S + kq) * ld;
         const auto [first, last] = valid_columns(s, kq);
         const std::int64_t w_first = first * p.stride_w - p.pad_w + kq * p.dilation_w;
         for (std::int64_t op = 0; op < s.P; ++op) {
@@ -287,6 +291,30 @@ std::int64_t image_chunks(std::int64_t images) {
 // thread count or tower share.
 constexpr std::int64_t kWeightGroups = 16;
 
+// The backward pass lowers up to this many images of a group at once: their patch
+// matrices side by side form one col [C*R*S, G*P*Q] and their grad_y one
+// [K, G*P*Q], so that the weight gradient is one GEMM with an inner dimension of
+// G*P*Q (C loaded and stored once per G images, not once per image) and the input
+// gradient one GEMM G*P*Q wide (the weights packed once per G images, fewer ragged
+// edge tiles). At FashionNet's conv2 (C*R*S = 288, P*Q = 196), G = 2 keeps col
+// (450 KB) in L2 for the col2im that reads it back; G = 8 (1.8 MB, in L3) measured
+// no faster (bench/results/cpu_levers.md).
+constexpr std::int64_t kBackwardImages = 2;
+
+// dst [rows, images*plane] <- the [rows, plane] matrices of `images` consecutive
+// images from src, side by side.
+template <typename T>
+void gather_images(T* dst, const T* src, std::int64_t images, std::int64_t rows,
+                   std::int64_t plane) {
+  const std::int64_t width = images * plane;
+  for (std::int64_t j = 0; j < images; ++j) {
+    const T* image = src + j * rows * plane;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      std::copy(image + r * plane, image + (r + 1) * plane, dst + r * width + j * plane);
+    }
+  }
+}
+
 // Runs body(chunk, first_image, end_image) for each of `chunks` even chunks of the
 // images, in parallel when `parallel`.
 template <typename Body>
@@ -337,7 +365,7 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
       for (std::int64_t n = first; n < last; ++n) {
         const T* patches = in + n * chw;
         if (lower) {
-          im2col(col.get(), patches, s);
+          im2col(col.get(), pq, patches, s);
           patches = col.get();
         }
         T* y_n = out + n * s.K * pq;  // [K, P*Q]
@@ -366,7 +394,6 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     const T* in = x.data<T>();       // [N,C,H,W]
     const T* w = weight.data<T>();   // [K, C*R*S]
     const std::int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
-    const bool lower = needs_lowering(s);
 
     if (grad_bias.defined()) {
       T* gb = grad_bias.data<T>();  // [K]
@@ -379,63 +406,71 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
         gb[k] += static_cast<T>(total);
       }
     }
-    if (grad_weight.defined()) {
-      T* gw = grad_weight.data<T>();  // [K, C*R*S]
-      // Each group of images (kWeightGroups) sums its products into its own
-      // partial, added to grad_weight in group order afterwards. With fewer groups
-      // than threads, the groups run one after another and each GEMM spreads over
-      // the threads instead. The partial is the transpose, grad_weightᵀ = col ·
-      // grad_y[n]ᵀ [C*R*S, K]: with few taps (C*R*S = 9 in a first layer) the GEMM
-      // runs far better with them as rows than as a 9-wide column panel.
-      const std::int64_t chunks = std::min(s.N, kWeightGroups);
-      HostScratch<T> partials(chunks * crs * s.K);  // [chunks, C*R*S, K]
-      const bool direct = direct_single_channel(s, grad_y.dtype());
+    // The weight gradient sums over images, so its groups (kWeightGroups, each
+    // summing into its own partial, added to grad_weight in group order) fix the
+    // order of that sum. The input gradient of an image is the same bits in any
+    // group (each of its elements sums over K in the GEMM's fixed order, whatever
+    // the product's width), so the same groups serve it. With fewer groups than
+    // threads, the groups run one after another and each GEMM spreads over the
+    // threads instead. The partial is the transpose, grad_weightᵀ = col · grad_yᵀ
+    // [C*R*S, K]: with few taps (C*R*S = 9 in a first layer) the GEMM runs far better
+    // with them as rows than as a 9-wide column panel.
+    const std::int64_t chunks = std::min(s.N, kWeightGroups);
+    const bool direct = grad_weight.defined() && direct_single_channel(s, grad_y.dtype());
+    const bool weight_by_gemm = grad_weight.defined() && !direct;
+    const bool data_by_gemm = grad_x.defined() && !winograd;
+    HostScratch<T> partials(grad_weight.defined() ? chunks * crs * s.K : 0);  // [chunks, CRS, K]
+    if constexpr (std::is_same_v<T, float>) {
+      if (direct) {
+        for_image_chunks(s.N, chunks, chunks >= thread_share(),
+                         [&](std::int64_t chunk, std::int64_t first, std::int64_t last) {
+                           float* sum = partials.get() + chunk * crs * s.K;
+                           HostScratch<float> plane(padded_plane(s).size());
+                           for (std::int64_t n = first; n < last; ++n) {
+                             pad_image(plane.get(), in + n * chw, s);
+                             direct_weight_grad_avx2(plane.get(), gy + n * s.K * pq, sum,
+                                                     n == first, s);
+                           }
+                         });
+      }
+    }
+    if (weight_by_gemm || data_by_gemm) {
+      // A 1x1 kernel is lowered too: its im2col is a copy into the wide matrix, and
+      // its col2im a plain add.
       auto per_group = [&](std::int64_t chunk, std::int64_t first, std::int64_t last) {
-        T* sum = partials.get() + chunk * crs * s.K;
-        if constexpr (std::is_same_v<T, float>) {
-          if (direct) {
-            HostScratch<float> plane(padded_plane(s).size());
-            for (std::int64_t n = first; n < last; ++n) {
-              pad_image(plane.get(), in + n * chw, s);
-              direct_weight_grad_avx2(plane.get(), gy + n * s.K * pq, sum, n == first, s);
+        const std::int64_t most = std::min(kBackwardImages, last - first);
+        HostScratch<T> col(crs * most * pq);  // [C*R*S, G*P*Q], patches or their gradient
+        HostScratch<T> dy(s.K * most * pq);   // [K, G*P*Q]
+        T* sum = weight_by_gemm ? partials.get() + chunk * crs * s.K : nullptr;
+        for (std::int64_t n = first; n < last; n += most) {
+          const std::int64_t images = std::min(most, last - n), width = images * pq;
+          gather_images(dy.get(), gy + n * s.K * pq, images, s.K, pq);
+          if (weight_by_gemm) {
+            for (std::int64_t j = 0; j < images; ++j) {
+              im2col(col.get() + j * pq, width, in + (n + j) * chw, s);
             }
-            return;
+            gemm<T>(false, true, crs, s.K, width, T(1), col.get(), width, dy.get(), width,
+                    n == first ? T(0) : T(1), sum, s.K);
           }
-        }
-        HostScratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q]
-        for (std::int64_t n = first; n < last; ++n) {
-          const T* patches = in + n * chw;
-          if (lower) {
-            im2col(col.get(), patches, s);
-            patches = col.get();
+          if (data_by_gemm) {
+            gemm<T>(true, false, crs, width, s.K, T(1), w, crs, dy.get(), width, T(0), col.get(),
+                    width);
+            for (std::int64_t j = 0; j < images; ++j) {
+              col2im_add(grad_x.data<T>() + (n + j) * chw, col.get() + j * pq, width, s);
+            }
           }
-          gemm<T>(false, true, crs, s.K, pq, T(1), patches, pq, gy + n * s.K * pq, pq,
-                  n == first ? T(0) : T(1), sum, s.K);
         }
       };
       for_image_chunks(s.N, chunks, chunks >= thread_share(), per_group);
+    }
+    if (grad_weight.defined()) {
+      T* gw = grad_weight.data<T>();  // [K, C*R*S]
       for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
         const T* sum = partials.get() + chunk * crs * s.K;  // [C*R*S, K]
         for (std::int64_t k = 0; k < s.K; ++k) {
           for (std::int64_t i = 0; i < crs; ++i) gw[k * crs + i] += sum[i * s.K + k];
         }
       }
-    }
-    if (grad_x.defined() && !winograd) {
-      T* gx = grad_x.data<T>();  // [N,C,H,W]
-      auto per_chunk = [&](std::int64_t, std::int64_t first, std::int64_t last) {
-        HostScratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q]: the patch matrix's gradient
-        for (std::int64_t n = first; n < last; ++n) {
-          const T* gy_n = gy + n * s.K * pq;  // [K, P*Q]
-          if (!lower) {  // grad_x[n] is the patch matrix's gradient itself: accumulate in place
-            gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy_n, pq, T(1), gx + n * chw, pq);
-            continue;
-          }
-          gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy_n, pq, T(0), col.get(), pq);
-          col2im_add(gx + n * chw, col.get(), s);
-        }
-      };
-      for_image_chunks(s.N, image_chunks(s.N), true, per_chunk);
     }
   });
 }
