@@ -59,7 +59,7 @@ std::vector<ConvCase> odd_cases() {
       {"C32_K64_14x14", 2, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)},
       {"C67_K130_stride2", 2, 67, 9, 9, 130, 3, 3, make_params(2, 2, 1, 1)},
       // Batches that the CPU backward splits into 16 groups of 9 or 10 images, each
-      // lowered 8 at a time and then the rest: a group's last lowering is narrower.
+      // lowered a few at a time: some groups' last lowering is narrower.
       {"batch150_groups", 150, 3, 6, 5, 4, 3, 3, make_params(1, 1, 1, 1)},
       {"1x1_batch147_groups", 147, 4, 3, 5, 6, 1, 1, make_params(1, 1, 0, 0), false},
   };

@@ -64,6 +64,37 @@ ColumnRange valid_columns(const Conv2dShape& s, std::int64_t kq) {
   return {first, last};
 }
 
+// With unit strides and Q == W, the output pixel (p, q) of kernel tap (r, kq) reads
+// x at the flat index (p*W + q) + (r*dilation_h - pad_h)*W + (kq*dilation_w - pad_w):
+// one shift for all of its rows, so im2col and col2im move one contiguous run per tap
+// (rows [first_row, last_row) inside the input), not one short run per output row,
+// and then fix the edge columns that the run wraps onto a neighbouring row.
+struct FlatRun {
+  std::int64_t first_row, last_row, shift;
+};
+bool flat_runs(const Conv2dShape& s) {
+  return s.params.stride_h == 1 && s.params.stride_w == 1 && s.Q == s.W;
+}
+FlatRun flat_run(const Conv2dShape& s, std::int64_t r, std::int64_t kq) {
+  const std::int64_t row_offset = r * s.params.dilation_h - s.params.pad_h;
+  const std::int64_t first = std::clamp<std::int64_t>(-row_offset, 0, s.P);
+  const std::int64_t last = std::max(first, std::min(s.P, s.H - row_offset));
+  return {first, last, row_offset * s.W + kq * s.params.dilation_w - s.params.pad_w};
+}
+
+// row[op, q] = 0 for the rows [first_row, last_row) and the columns outside
+// [first, last): a pixel or two per row, stored down the columns (row by row, the
+// compiler would make each row's pixel a library call).
+template <typename T>
+void zero_edge_columns(T* row, std::int64_t first_row, std::int64_t last_row, std::int64_t first,
+                       std::int64_t last, std::int64_t Q) {
+  auto zero_column = [&](std::int64_t q) {
+    for (std::int64_t op = first_row; op < last_row; ++op) row[op * Q + q] = T(0);
+  };
+  for (std::int64_t q = 0; q < first; ++q) zero_column(q);
+  for (std::int64_t q = last; q < Q; ++q) zero_column(q);
+}
+
 // col[(c,r,s), (p,q)] = x[c, h(p,r), w(q,s)], zero where (h, w) falls in the padding.
 // `ld` (>= P*Q) is col's row stride: the patch matrices of several images side by
 // side form one wide matrix.
@@ -76,6 +107,20 @@ void im2col(T* col, std::int64_t ld, const T* x, const Conv2dShape& s) {
       for (std::int64_t kq = 0; kq < s.S; ++kq) {
         T* row = col + ((c * s.R + r) * s.S + kq) * ld;
         const auto [first, last] = valid_columns(s, kq);
+        if (flat_runs(s)) {
+          const auto [first_row, last_row, shift] = flat_run(s, r, kq);
+          if (first_row == last_row || first == last) {
+            std::fill(row, row + s.P * s.Q, T(0));
+            continue;
+          }
+          std::fill(row, row + first_row * s.Q, T(0));
+          std::fill(row + last_row * s.Q, row + s.P * s.Q, T(0));
+          const std::int64_t begin = first_row * s.Q + first, end = (last_row - 1) * s.Q + last;
+          const T* in = x + c * s.H * s.W + begin + shift;
+          std::copy(in, in + (end - begin), row + begin);
+          zero_edge_columns(row, first_row, last_row, first, last, s.Q);
+          continue;
+        }
         const std::int64_t w_first = first * p.stride_w - p.pad_w + kq * p.dilation_w;
         for (std::int64_t op = 0; op < s.P; ++op) {
           const std::int64_t h = op * p.stride_h - p.pad_h + r * p.dilation_h;
@@ -99,16 +144,28 @@ void im2col(T* col, std::int64_t ld, const T* x, const Conv2dShape& s) {
 }
 
 // The adjoint of im2col: x[c, h(p,r), w(q,s)] += col[(c,r,s), (p,q)] for every
-// patch element that is not padding (col's row stride `ld`, as in im2col).
+// patch element that is not padding (col's row stride `ld`, as in im2col). With
+// flat runs, col's padding columns are zeroed first, so that the run adds exact
+// zeros where it wraps (col is scratch, consumed here).
 template <typename T>
-void col2im_add(T* x, const T* col, std::int64_t ld, const Conv2dShape& s) {
+void col2im_add(T* x, T* col, std::int64_t ld, const Conv2dShape& s) {
   const Conv2dParams& p = s.params;
   // x: [C,H,W], col: [C*R*S, ld]
   for (std::int64_t c = 0; c < s.C; ++c) {
     for (std::int64_t r = 0; r < s.R; ++r) {
       for (std::int64_t kq = 0; kq < s.S; ++kq) {
-        const T* row = col + ((c * s.R + r) * s.S + kq) * ld;
+        T* row = col + ((c * s.R + r) * s.S + kq) * ld;
         const auto [first, last] = valid_columns(s, kq);
+        if (flat_runs(s)) {
+          const auto [first_row, last_row, shift] = flat_run(s, r, kq);
+          if (first_row == last_row || first == last) continue;
+          zero_edge_columns(row, first_row, last_row, first, last, s.Q);
+          const std::int64_t begin = first_row * s.Q + first, end = (last_row - 1) * s.Q + last;
+          T* out = x + c * s.H * s.W + begin + shift;
+          const T* in = row + begin;
+          for (std::int64_t i = 0; i < end - begin; ++i) out[i] += in[i];
+          continue;
+        }
         const std::int64_t w_first = first * p.stride_w - p.pad_w + kq * p.dilation_w;
         for (std::int64_t op = 0; op < s.P; ++op) {
           const std::int64_t h = op * p.stride_h - p.pad_h + r * p.dilation_h;
