@@ -151,6 +151,47 @@ TEST_F(ThreadPoolKernelsTest, PoolingForwardAndBackward) {
   });
 }
 
+// The fused model's pooling: the maximum with its argmax, and the backward from it,
+// both accumulating onto a sentinel and assigning (which zeroes each plane before its
+// scatter). 2x2 stride 2 takes the vector path on x86-64; 3x3 stride 2 padded windows
+// overlap, so one input gathers from several outputs of its plane.
+TEST_F(ThreadPoolKernelsTest, PoolingWithArgmaxBothWrites) {
+  for (const Pool2dParams& params : {Pool2dParams::square(2, 2), Pool2dParams::square(3, 2, 1)}) {
+    const Shape out_shape = pool2d_output_shape(kImages, params);
+    const Tensor x = make(kImages, 11), grad_y = make(out_shape, 12), grad_x0 = make(kImages, 13);
+    expect_same_bits([&] {
+      Tensor y = Tensor::empty(out_shape, stream()), argmax = Tensor::empty(out_shape, stream());
+      max_pool2d_forward_with_argmax(y, argmax, x, params, stream());
+      Tensor accumulated = clone(grad_x0), assigned = clone(grad_x0);
+      max_pool2d_backward_from_argmax(accumulated, grad_y, argmax, params, stream());
+      max_pool2d_backward_from_argmax(assigned, grad_y, argmax, params, stream(),
+                                      GradWrite::Assign);
+      return concat({host(y), host(argmax), host(accumulated), host(assigned)});
+    });
+  }
+}
+
+// Batch norm with its ReLU fused, backward assigning grad_x (the fused model's first
+// write of that gradient).
+TEST_F(ThreadPoolKernelsTest, FusedBatchNormReluBackwardAssigns) {
+  const std::int64_t C = kImages[1];
+  const Tensor x = make(kImages, 21, -2.0f, 3.0f), grad_y = make(kImages, 22);
+  const Tensor gamma = make({C}, 23, 0.5f, 1.5f), beta = make({C}, 24);
+  const Tensor grad_x0 = make(kImages, 25);
+  expect_same_bits([&] {
+    Tensor y = Tensor::empty(kImages, stream());
+    Tensor mean = Tensor::empty({C}, stream()), inv_std = Tensor::empty({C}, stream());
+    Tensor moving_mean = make({C}, 26), moving_var = make({C}, 27, 0.5f, 2.0f);
+    batchnorm_forward_training(y, mean, inv_std, moving_mean, moving_var, x, gamma, beta, 1e-3, 0.9,
+                               stream(), Activation::ReLU);
+    Tensor grad_x = clone(grad_x0), grad_gamma = Tensor::zeros({C}, stream()),
+           grad_beta = Tensor::zeros({C}, stream());
+    batchnorm_backward(grad_x, grad_gamma, grad_beta, grad_y, x, gamma, mean, inv_std, stream(),
+                       Activation::ReLU, beta, GradWrite::Assign);
+    return concat({host(y), host(grad_x), host(grad_gamma), host(grad_beta)});
+  });
+}
+
 TEST_F(ThreadPoolKernelsTest, ElementwiseOps) {
   const Tensor a = make(kImages, 1), b = make(kImages, 2), scalar = make({1}, 3);
   expect_same_bits([&] {
