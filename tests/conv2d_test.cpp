@@ -58,8 +58,8 @@ std::vector<ConvCase> odd_cases() {
       {"tiles_ragged", 5, 19, 17, 17, 67, 3, 3, make_params(1, 1, 1, 1)},
       {"C32_K64_14x14", 2, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)},
       {"C67_K130_stride2", 2, 67, 9, 9, 130, 3, 3, make_params(2, 2, 1, 1)},
-      // Batches that the CPU backward splits into 16 groups of 9 or 10 images, each
-      // lowered a few at a time: some groups' last lowering is narrower.
+      // Batches that the CPU backward splits into 16 weight-gradient groups of 9 or
+      // 10 images, both gradients in one pass over each group.
       {"batch150_groups", 150, 3, 6, 5, 4, 3, 3, make_params(1, 1, 1, 1)},
       {"1x1_batch147_groups", 147, 4, 3, 5, 6, 1, 1, make_params(1, 1, 0, 0), false},
   };
@@ -418,10 +418,10 @@ TEST(Conv2dGradient, MatchesCentralDifferences) {
 
 // --- the CPU backward's image groups -------------------------------------------
 //
-// The CPU backward sums the weight gradient over fixed groups of images (lowered
-// several at a time, side by side) whatever the thread count, and each image's input
-// gradient does not depend on its group: 1, 2 and 3 threads, a tower's share of the
-// pool, and a second run give the same bits, for batches that leave ragged groups.
+// The CPU backward sums the weight gradient over fixed groups of images whatever
+// the thread count, and each image's input gradient does not depend on its group:
+// 1, 2 and 3 threads, a tower's share of the pool, and a second run give the same
+// bits, for batches that leave uneven groups.
 TEST(Conv2dBackwardGroups, SameBitsForAnyThreadCount) {
   for (const ConvCase& k :
        {ConvCase{"3x3_batch150", 150, 8, 9, 9, 12, 3, 3, make_params(1, 1, 1, 1)},
@@ -454,8 +454,8 @@ TEST(Conv2dBackwardGroups, SameBitsForAnyThreadCount) {
              std::memcmp(many.data(), one.data(), one.size() * sizeof(float)) == 0;
     };
     EXPECT_TRUE(same_bits(run(gv))) << "one thread, run again";
-    // Control: one grad_y value of the last image 0.1% off (in a group's narrower
-    // last lowering) changes bits of both gradients, and the comparison sees it.
+    // Control: one grad_y value of the last image 0.1% off changes bits of both
+    // gradients, and the comparison sees it.
     std::vector<float> nudged = gv;
     nudged.back() *= 1.001f;
     const std::vector<float> off = run(nudged);

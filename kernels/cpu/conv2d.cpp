@@ -10,8 +10,7 @@
 //   backward-data    grad_col     = weightᵀ · grad_y[n]         [CRS,P*Q], then col2im adds
 //                    each patch element back onto the input pixel it came from.
 // A 1x1 kernel with stride 1 and no padding needs no lowering in the forward: col is
-// x[n] itself. The backward lowers images in groups (kBackwardImages), their patch
-// matrices side by side, so that each product is one wide GEMM per group.
+// x[n] itself (the backward lowers it all the same: a copy, and col2im a plain add).
 //
 // One input channel with a 3x3 kernel, unit stride and dilation (a first layer on
 // gray images, FashionNet's conv1) skips the lowering where the GEMM has its AVX2
@@ -96,16 +95,14 @@ void zero_edge_columns(T* row, std::int64_t first_row, std::int64_t last_row, st
 }
 
 // col[(c,r,s), (p,q)] = x[c, h(p,r), w(q,s)], zero where (h, w) falls in the padding.
-// `ld` (>= P*Q) is col's row stride: the patch matrices of several images side by
-// side form one wide matrix.
 template <typename T>
-void im2col(T* col, std::int64_t ld, const T* x, const Conv2dShape& s) {
+void im2col(T* col, const T* x, const Conv2dShape& s) {
   const Conv2dParams& p = s.params;
-  // x: [C,H,W], col: [C*R*S, ld]; (r, kq) is the kernel tap, (op, oq) the output pixel.
+  // x: [C,H,W], col: [C*R*S, P*Q]; (r, kq) is the kernel tap, (op, oq) the output pixel.
   for (std::int64_t c = 0; c < s.C; ++c) {
     for (std::int64_t r = 0; r < s.R; ++r) {
       for (std::int64_t kq = 0; kq < s.S; ++kq) {
-        T* row = col + ((c * s.R + r) * s.S + kq) * ld;
+        T* row = col + ((c * s.R + r) * s.S + kq) * s.P * s.Q;
         const auto [first, last] = valid_columns(s, kq);
         if (flat_runs(s)) {
           const auto [first_row, last_row, shift] = flat_run(s, r, kq);
@@ -144,17 +141,17 @@ void im2col(T* col, std::int64_t ld, const T* x, const Conv2dShape& s) {
 }
 
 // The adjoint of im2col: x[c, h(p,r), w(q,s)] += col[(c,r,s), (p,q)] for every
-// patch element that is not padding (col's row stride `ld`, as in im2col). With
+// patch element that is not padding. With
 // flat runs, col's padding columns are zeroed first, so that the run adds exact
 // zeros where it wraps (col is scratch, consumed here).
 template <typename T>
-void col2im_add(T* x, T* col, std::int64_t ld, const Conv2dShape& s) {
+void col2im_add(T* x, T* col, const Conv2dShape& s) {
   const Conv2dParams& p = s.params;
-  // x: [C,H,W], col: [C*R*S, ld]
+  // x: [C,H,W], col: [C*R*S, P*Q]
   for (std::int64_t c = 0; c < s.C; ++c) {
     for (std::int64_t r = 0; r < s.R; ++r) {
       for (std::int64_t kq = 0; kq < s.S; ++kq) {
-        T* row = col + ((c * s.R + r) * s.S + kq) * ld;
+        T* row = col + ((c * s.R + r) * s.S + kq) * s.P * s.Q;
         const auto [first, last] = valid_columns(s, kq);
         if (flat_runs(s)) {
           const auto [first_row, last_row, shift] = flat_run(s, r, kq);
@@ -348,30 +345,6 @@ std::int64_t image_chunks(std::int64_t images) {
 // thread count or tower share.
 constexpr std::int64_t kWeightGroups = 16;
 
-// The backward pass lowers up to this many images of a group at once: their patch
-// matrices side by side form one col [C*R*S, G*P*Q] and their grad_y one
-// [K, G*P*Q], so that the weight gradient is one GEMM with an inner dimension of
-// G*P*Q (C loaded and stored once per G images, not once per image) and the input
-// gradient one GEMM G*P*Q wide (the weights packed once per G images, fewer ragged
-// edge tiles). At FashionNet's conv2 (C*R*S = 288, P*Q = 196), G = 2 keeps col
-// (450 KB) in L2 for the col2im that reads it back; G = 8 (1.8 MB, in L3) measured
-// no faster (bench/results/cpu_levers.md).
-constexpr std::int64_t kBackwardImages = 2;
-
-// dst [rows, images*plane] <- the [rows, plane] matrices of `images` consecutive
-// images from src, side by side.
-template <typename T>
-void gather_images(T* dst, const T* src, std::int64_t images, std::int64_t rows,
-                   std::int64_t plane) {
-  const std::int64_t width = images * plane;
-  for (std::int64_t j = 0; j < images; ++j) {
-    const T* image = src + j * rows * plane;
-    for (std::int64_t r = 0; r < rows; ++r) {
-      std::copy(image + r * plane, image + (r + 1) * plane, dst + r * width + j * plane);
-    }
-  }
-}
-
 // Runs body(chunk, first_image, end_image) for each of `chunks` even chunks of the
 // images, in parallel when `parallel`.
 template <typename Body>
@@ -422,7 +395,7 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
       for (std::int64_t n = first; n < last; ++n) {
         const T* patches = in + n * chw;
         if (lower) {
-          im2col(col.get(), pq, patches, s);
+          im2col(col.get(), patches, s);
           patches = col.get();
         }
         T* y_n = out + n * s.K * pq;  // [K, P*Q]
@@ -465,9 +438,8 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     }
     // The weight gradient sums over images, so its groups (kWeightGroups, each
     // summing into its own partial, added to grad_weight in group order) fix the
-    // order of that sum. The input gradient of an image is the same bits in any
-    // group (each of its elements sums over K in the GEMM's fixed order, whatever
-    // the product's width), so the same groups serve it. With fewer groups than
+    // order of that sum. Each image's input gradient is its own product,
+    // whatever the groups, so the same groups serve it. With fewer groups than
     // threads, the groups run one after another and each GEMM spreads over the
     // threads instead. The partial is the transpose, grad_weightᵀ = col · grad_yᵀ
     // [C*R*S, K]: with few taps (C*R*S = 9 in a first layer) the GEMM runs far better
@@ -492,29 +464,21 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
       }
     }
     if (weight_by_gemm || data_by_gemm) {
-      // A 1x1 kernel is lowered too: its im2col is a copy into the wide matrix, and
-      // its col2im a plain add.
+      // Both gradients in one pass over each group's images, col reused. A 1x1
+      // kernel is lowered too (its im2col a copy, its col2im a plain add): one path.
       auto per_group = [&](std::int64_t chunk, std::int64_t first, std::int64_t last) {
-        const std::int64_t most = std::min(kBackwardImages, last - first);
-        HostScratch<T> col(crs * most * pq);  // [C*R*S, G*P*Q], patches or their gradient
-        HostScratch<T> dy(s.K * most * pq);   // [K, G*P*Q]
+        HostScratch<T> col(crs * pq);  // [C*R*S, P*Q], the patches or their gradient
         T* sum = weight_by_gemm ? partials.get() + chunk * crs * s.K : nullptr;
-        for (std::int64_t n = first; n < last; n += most) {
-          const std::int64_t images = std::min(most, last - n), width = images * pq;
-          gather_images(dy.get(), gy + n * s.K * pq, images, s.K, pq);
+        for (std::int64_t n = first; n < last; ++n) {
+          const T* gy_n = gy + n * s.K * pq;  // [K, P*Q]
           if (weight_by_gemm) {
-            for (std::int64_t j = 0; j < images; ++j) {
-              im2col(col.get() + j * pq, width, in + (n + j) * chw, s);
-            }
-            gemm<T>(false, true, crs, s.K, width, T(1), col.get(), width, dy.get(), width,
+            im2col(col.get(), in + n * chw, s);
+            gemm<T>(false, true, crs, s.K, pq, T(1), col.get(), pq, gy_n, pq,
                     n == first ? T(0) : T(1), sum, s.K);
           }
           if (data_by_gemm) {
-            gemm<T>(true, false, crs, width, s.K, T(1), w, crs, dy.get(), width, T(0), col.get(),
-                    width);
-            for (std::int64_t j = 0; j < images; ++j) {
-              col2im_add(grad_x.data<T>() + (n + j) * chw, col.get() + j * pq, width, s);
-            }
+            gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy_n, pq, T(0), col.get(), pq);
+            col2im_add(grad_x.data<T>() + n * chw, col.get(), s);
           }
         }
       };
