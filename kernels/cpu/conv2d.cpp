@@ -9,8 +9,7 @@
 //                    (computed transposed, as col · grad_y[n]ᵀ)
 //   backward-data    grad_col     = weightᵀ · grad_y[n]         [CRS,P*Q], then col2im adds
 //                    each patch element back onto the input pixel it came from.
-// A 1x1 kernel with stride 1 and no padding needs no lowering in the forward: col is
-// x[n] itself (the backward lowers it all the same: a copy, and col2im a plain add).
+// A 1x1 kernel with stride 1 and no padding needs no lowering: col is x[n] itself.
 //
 // One input channel with a 3x3 kernel, unit stride and dilation (a first layer on
 // gray images, FashionNet's conv1) skips the lowering where the GEMM has its AVX2
@@ -141,9 +140,9 @@ void im2col(T* col, const T* x, const Conv2dShape& s) {
 }
 
 // The adjoint of im2col: x[c, h(p,r), w(q,s)] += col[(c,r,s), (p,q)] for every
-// patch element that is not padding. With
-// flat runs, col's padding columns are zeroed first, so that the run adds exact
-// zeros where it wraps (col is scratch, consumed here).
+// patch element that is not padding. With flat runs, col's padding columns are
+// zeroed first, so that the run adds exact zeros where it wraps (col is scratch,
+// consumed here).
 template <typename T>
 void col2im_add(T* x, T* col, const Conv2dShape& s) {
   const Conv2dParams& p = s.params;
@@ -464,21 +463,30 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
       }
     }
     if (weight_by_gemm || data_by_gemm) {
-      // Both gradients in one pass over each group's images, col reused. A 1x1
-      // kernel is lowered too (its im2col a copy, its col2im a plain add): one path.
+      // Both gradients in one pass over each group's images, col reused.
+      const bool lower = needs_lowering(s);
       auto per_group = [&](std::int64_t chunk, std::int64_t first, std::int64_t last) {
-        HostScratch<T> col(crs * pq);  // [C*R*S, P*Q], the patches or their gradient
+        HostScratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q], patches or their gradient
         T* sum = weight_by_gemm ? partials.get() + chunk * crs * s.K : nullptr;
         for (std::int64_t n = first; n < last; ++n) {
           const T* gy_n = gy + n * s.K * pq;  // [K, P*Q]
           if (weight_by_gemm) {
-            im2col(col.get(), in + n * chw, s);
-            gemm<T>(false, true, crs, s.K, pq, T(1), col.get(), pq, gy_n, pq,
+            const T* patches = in + n * chw;
+            if (lower) {
+              im2col(col.get(), patches, s);
+              patches = col.get();
+            }
+            gemm<T>(false, true, crs, s.K, pq, T(1), patches, pq, gy_n, pq,
                     n == first ? T(0) : T(1), sum, s.K);
           }
           if (data_by_gemm) {
+            T* gx_n = grad_x.data<T>() + n * chw;
+            if (!lower) {  // grad_x[n] is the patch matrix's gradient itself: accumulate in place
+              gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy_n, pq, T(1), gx_n, pq);
+              continue;
+            }
             gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy_n, pq, T(0), col.get(), pq);
-            col2im_add(grad_x.data<T>() + n * chw, col.get(), s);
+            col2im_add(gx_n, col.get(), s);
           }
         }
       };
