@@ -1,6 +1,7 @@
-// conv2d forward, backward-data and backward-weight on the FashionNet layers
-// (conv 1->32 and 32->64, 3x3, padding 1, on 28x28 and 14x14) and on 3x3 layers of
-// 64-256 channels at 56x56 / 28x28, counted in FLOP/s (2*N*K*P*Q*C*R*S per pass).
+// conv2d forward, backward-data and backward-weight (and on the CPU both gradients
+// in one call) on the FashionNet layers (conv 1->32 and 32->64, 3x3, padding 1, on
+// 28x28 and 14x14) and on 3x3 layers of 64-256 channels at 56x56 / 28x28, counted in
+// FLOP/s (2*N*K*P*Q*C*R*S per pass).
 //
 // References, measured in the same run:
 //   CUDA: cuDNN (when TOWERLAB_HAVE_CUDNN) with the fastest algorithm cudnnFind*
@@ -133,8 +134,8 @@ void BM_Towerlab(benchmark::State& state, Device device, Pass pass, Layer l) {
   set_counters(state, l, pass);
 }
 
-// The CPU passes with one algorithm forced (the plain "cpu" case
-// takes what Auto picks): im2col + GEMM against Winograd F(2x2,3x3), side by side.
+// The CPU passes with one algorithm forced (the plain "cpu" case takes what Auto
+// picks): im2col + GEMM against Winograd F(2x2,3x3), side by side.
 // FLOP/s counts the direct convolution's FLOPs for both, so it compares times.
 // Argument: the threads (0: the pool's default). With one thread the CPU time is
 // the whole work's, which a loaded machine disturbs less than the real time.
