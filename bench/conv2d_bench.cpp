@@ -1,6 +1,7 @@
-// conv2d forward, backward-data and backward-weight on the FashionNet layers
-// (conv 1->32 and 32->64, 3x3, padding 1, on 28x28 and 14x14) and on 3x3 layers of
-// 64-256 channels at 56x56 / 28x28, counted in FLOP/s (2*N*K*P*Q*C*R*S per pass).
+// conv2d forward, backward-data and backward-weight (and on the CPU both gradients
+// in one call) on the FashionNet layers (conv 1->32 and 32->64, 3x3, padding 1, on
+// 28x28 and 14x14) and on 3x3 layers of 64-256 channels at 56x56 / 28x28, counted in
+// FLOP/s (2*N*K*P*Q*C*R*S per pass).
 //
 // References, measured in the same run:
 //   CUDA: cuDNN (when TOWERLAB_HAVE_CUDNN) with the fastest algorithm cudnnFind*
@@ -63,7 +64,8 @@ const Layer kLayers[] = {
     {"c64_56x56_b128", 128, 64, 56, 56, 64, false},
 };
 
-enum class Pass { Forward, BackwardData, BackwardWeight };
+// Backward: both gradients in one call, as a training step asks for them.
+enum class Pass { Forward, BackwardData, BackwardWeight, Backward };
 const char* pass_name(Pass pass) {
   switch (pass) {
     case Pass::Forward:
@@ -72,14 +74,16 @@ const char* pass_name(Pass pass) {
       return "backward_data";
     case Pass::BackwardWeight:
       return "backward_weight";
+    case Pass::Backward:
+      return "backward";
   }
   return "?";
 }
 
 const Conv2dParams kParams{1, 1, 1, 1, 1, 1};
 
-double flops(const Layer& l) {
-  return 2.0 * l.N * l.K * l.H * l.W * l.C * 9;
+double flops(const Layer& l, Pass pass) {
+  return (pass == Pass::Backward ? 2 : 1) * 2.0 * l.N * l.K * l.H * l.W * l.C * 9;
 }  // P = H, Q = W
 
 struct Operands {
@@ -108,12 +112,15 @@ void run_towerlab(Pass pass, const Operands& o, const Stream& stream) {
     case Pass::BackwardWeight:
       conv2d_backward(Tensor(), o.grad_weight, Tensor(), o.grad_y, o.x, o.weight, kParams, stream);
       break;
+    case Pass::Backward:
+      conv2d_backward(o.grad_x, o.grad_weight, Tensor(), o.grad_y, o.x, o.weight, kParams, stream);
+      break;
   }
 }
 
-void set_counters(benchmark::State& state, const Layer& l) {
+void set_counters(benchmark::State& state, const Layer& l, Pass pass) {
   state.counters["FLOP/s"] =
-      benchmark::Counter(flops(l), benchmark::Counter::kIsIterationInvariantRate);
+      benchmark::Counter(flops(l, pass), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_Towerlab(benchmark::State& state, Device device, Pass pass, Layer l) {
@@ -124,11 +131,11 @@ void BM_Towerlab(benchmark::State& state, Device device, Pass pass, Layer l) {
   Stream stream(device);
   Operands o(l, stream);
   bench::time_calls(state, stream, [&] { run_towerlab(pass, o, stream); });
-  set_counters(state, l);
+  set_counters(state, l, pass);
 }
 
-// The CPU forward and backward-data with one algorithm forced (the plain "cpu" case
-// takes what Auto picks): im2col + GEMM against Winograd F(2x2,3x3), side by side.
+// The CPU passes with one algorithm forced (the plain "cpu" case takes what Auto
+// picks): im2col + GEMM against Winograd F(2x2,3x3), side by side.
 // FLOP/s counts the direct convolution's FLOPs for both, so it compares times.
 // Argument: the threads (0: the pool's default). With one thread the CPU time is
 // the whole work's, which a loaded machine disturbs less than the real time.
@@ -139,7 +146,7 @@ void BM_CpuAlgorithm(benchmark::State& state, Pass pass, Layer l, cpu::Conv2dAlg
   Stream stream(Device::cpu());
   Operands o(l, stream);
   bench::time_calls(state, stream, [&] { run_towerlab(pass, o, stream); });
-  set_counters(state, l);
+  set_counters(state, l, pass);
   set_num_threads(saved_threads);
 }
 
@@ -171,7 +178,7 @@ void BM_OpenBlasForward(benchmark::State& state, Layer l) {
                   o.y.data<float>() + n * l.K * pq, pq);
     }
   }
-  set_counters(state, l);
+  set_counters(state, l, Pass::Forward);
 }
 #endif
 
@@ -278,6 +285,8 @@ void BM_Cudnn(benchmark::State& state, Pass pass, Layer l) {
       filter_algo = best.algo, workspace_bytes = best.memory;
       break;
     }
+    case Pass::Backward:  // registered on the CPU only
+      break;
   }
   Tensor workspace = Tensor::empty({static_cast<std::int64_t>(workspace_bytes / 4 + 1)}, stream);
   void* ws = workspace.raw_data();
@@ -299,26 +308,29 @@ void BM_Cudnn(benchmark::State& state, Pass pass, Layer l) {
             c.handle, &one, c.x_desc, o.x.raw_data(), c.y_desc, o.grad_y.raw_data(), c.conv,
             filter_algo, ws, workspace_bytes, &one, c.w_desc, o.grad_weight.raw_data()));
         break;
+      case Pass::Backward:
+        break;
     }
   });
-  set_counters(state, l);
+  set_counters(state, l, pass);
 }
 #pragma GCC diagnostic pop
 #endif
 
 const bool registered = [] {
   for (const Layer& l : kLayers) {
-    for (Pass pass : {Pass::Forward, Pass::BackwardData, Pass::BackwardWeight}) {
+    for (Pass pass : {Pass::Forward, Pass::BackwardData, Pass::BackwardWeight, Pass::Backward}) {
       const std::string base = std::string("conv2d_") + pass_name(pass) + "/" + l.name + "/";
       if (l.on_cpu) {
         // Real time: the work runs on the pool's threads too, not only the caller's.
         benchmark::RegisterBenchmark((base + "cpu").c_str(), BM_Towerlab, Device::cpu(), pass, l)
             ->UseRealTime()
             ->Unit(benchmark::kMillisecond);
-        if (pass != Pass::BackwardWeight) {
-          for (auto [name, algorithm] :
-               {std::pair{"cpu_im2col", cpu::Conv2dAlgorithm::Im2col},
-                std::pair{"cpu_winograd", cpu::Conv2dAlgorithm::Winograd}}) {
+        for (auto [name, algorithm] : {std::pair{"cpu_im2col", cpu::Conv2dAlgorithm::Im2col},
+                                       std::pair{"cpu_winograd", cpu::Conv2dAlgorithm::Winograd}}) {
+          // The weight gradient has no Winograd path: its im2col case alone, for the
+          // one-thread CPU time.
+          if (pass != Pass::BackwardWeight || algorithm == cpu::Conv2dAlgorithm::Im2col) {
             benchmark::RegisterBenchmark((base + name).c_str(), BM_CpuAlgorithm, pass, l, algorithm)
                 ->ArgName("threads")
                 ->Arg(1)
@@ -336,6 +348,7 @@ const bool registered = [] {
         }
 #endif
       }
+      if (pass == Pass::Backward) continue;  // the CPU's combined call; CUDA has its passes
       benchmark::RegisterBenchmark((base + "cuda").c_str(), BM_Towerlab, Device::cuda(0), pass, l)
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond);

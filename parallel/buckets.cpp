@@ -1,6 +1,12 @@
 #include "parallel/buckets.h"
 
+#include <chrono>
+#include <span>
+
 #include "engine/error.h"
+#include "parallel/process_group.h"
+#include "parallel/ring_allreduce.h"
+#include "parallel/trace.h"
 
 namespace towerlab {
 
@@ -85,6 +91,115 @@ bool BucketReadiness::wait(int bucket) {
   changed_.wait(
       lock, [&] { return aborted_ || towers_ready_[std::size_t(bucket)] == int(pending_.size()); });
   return !aborted_;
+}
+
+// Hears tower i's tape report a complete gradient.
+struct BucketReducer::Listener final : GradientListener {
+  BucketReducer& reducer;
+  std::size_t tower;
+  Listener(BucketReducer& reducer, std::size_t tower) : reducer(reducer), tower(tower) {}
+  void gradient_ready(const std::string& name) override {
+    reducer.ready(tower, reducer.readiness_.gradient_ready(tower, name));
+  }
+};
+
+BucketReducer::BucketReducer(std::vector<Bucket> buckets,
+                             const std::vector<const Stream*>& tower_streams)
+    : buckets_(std::move(buckets)),
+      tower_streams_(tower_streams),
+      readiness_(buckets_, tower_streams.size()) {
+  std::vector<const Stream*> comm;
+  for (std::size_t i = 0; i < tower_streams_.size(); ++i) {
+    const Device device = tower_streams_[i]->device();
+    comm_streams_.push_back(std::make_unique<Stream>(device));
+    comm.push_back(comm_streams_.back().get());
+    comm_done_.emplace_back(device);
+    ready_events_.emplace_back();
+    for (std::size_t b = 0; b < buckets_.size(); ++b) ready_events_.back().emplace_back(device);
+    listeners_.push_back(std::make_unique<Listener>(*this, i));
+  }
+  ring_ = std::make_unique<Ring>(comm);
+}
+
+BucketReducer::~BucketReducer() = default;
+
+void BucketReducer::start_step() {
+  readiness_.start_step();
+}
+
+void BucketReducer::watch(std::size_t tower, Tape& tape) {
+  for (const Bucket& b : buckets_) {
+    for (const std::string& name : b.variables) {
+      if (!tape.has_variable(name)) ready(tower, readiness_.gradient_ready(tower, name));
+    }
+  }
+  tape.set_gradient_listener(listeners_[tower].get());
+}
+
+void BucketReducer::tower_done(std::size_t tower) {
+  for (int b : readiness_.complete_all(tower)) ready(tower, b);
+}
+
+void BucketReducer::tower_failed() {
+  readiness_.abort();
+}
+
+void BucketReducer::ready(std::size_t tower, int bucket) {
+  if (bucket < 0) return;
+  ready_events_[tower][std::size_t(bucket)].record(*tower_streams_[tower]);
+  readiness_.publish(bucket);
+}
+
+void BucketReducer::reduce(const std::vector<Tensor>& grads, const std::string& step,
+                           ProcessGroup* group, const Tensor& staging, Trace* trace,
+                           int trace_row) {
+  using clock = std::chrono::steady_clock;
+  struct RecordDone {  // even when a tower failed: join() waits for these
+    BucketReducer& reducer;
+    ~RecordDone() {
+      for (std::size_t i = 0; i < reducer.comm_streams_.size(); ++i) {
+        reducer.comm_done_[i].record(*reducer.comm_streams_[i]);
+      }
+    }
+  } record_done{*this};
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    if (!readiness_.wait(int(b))) return;  // a tower failed: its thread reports it
+    const Bucket& bucket = buckets_[b];
+    const std::string name =
+        "gradient bucket " + std::to_string(b) + " of " + std::to_string(buckets_.size());
+    const auto start = clock::now();
+    try {
+      for (std::size_t i = 0; i < comm_streams_.size(); ++i) {
+        comm_streams_[i]->wait(ready_events_[i][b]);
+      }
+      ring_->allreduce_range(grads, bucket.begin, bucket.end);
+      if (group != nullptr) {
+        // Staged through the host buffer, at the bucket's place in it.
+        const Stream& stream = *comm_streams_[0];
+        Tensor staged = staging.slice(bucket.begin, bucket.end);
+        Tensor mine = grads[0].slice(bucket.begin, bucket.end);
+        copy_tensor(staged, mine, stream);
+        stream.synchronize();
+        group->allreduce_sum(std::span<float>(staged.data<float>(), std::size_t(staged.numel())),
+                             step + ": " + name,
+                             ReduceFrame{std::size_t(bucket.begin), std::size_t(staging.numel())});
+        copy_tensor(mine, staged, stream);
+      }
+    } catch (...) {
+      rethrow_with_context("Trainer: " + name + " (" + bucket.variables.back() + " to " +
+                           bucket.variables.front() + "): ");
+    }
+    if (trace != nullptr) {
+      for (const auto& c : comm_streams_) c->synchronize();
+      trace->span(
+          trace_row, name, start, "buckets",
+          {{"variables", std::int64_t(bucket.variables.size())}, {"bytes", bucket.bytes()}});
+    }
+  }
+}
+
+void BucketReducer::join() {
+  for (std::size_t i = 0; i < tower_streams_.size(); ++i) tower_streams_[i]->wait(comm_done_[i]);
 }
 
 }  // namespace towerlab

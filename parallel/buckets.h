@@ -22,16 +22,23 @@
 // bucket ready when the last of its variables' gradients is complete (the tape's
 // GradientListener says when), and the reducer waits, bucket by bucket in the
 // fixed order, until every tower has it.
+//
+// BucketReducer is the whole mechanism as the Trainer uses it: the readiness, one
+// communication stream per tower with the ring over them, the events that order a
+// bucket's ring after the backward that wrote it, and the reducer thread's loop.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "autograd/tape.h"
 #include "autograd/variables.h"
+#include "engine/stream.h"
 
 namespace towerlab {
 
@@ -73,6 +80,65 @@ class BucketReadiness {
   std::condition_variable changed_;
   std::vector<int> towers_ready_;  // per bucket: towers that published it
   bool aborted_ = false;
+};
+
+class ProcessGroup;
+class Ring;
+class Trace;
+
+// One bucketed step, in the order the Trainer calls it:
+//   start_step()                                    before the towers start
+//   watch(i, tape)                                  tower i, after its forward
+//   tower_done(i) or tower_failed()                 tower i, after its backward
+//   reduce(...)                                     the reducer thread, meanwhile
+//   join()                                          after every thread is back
+// On a GPU a bucket's ring runs on the towers' communication streams, each waiting
+// for the event its tower recorded when the bucket's gradients were written, so
+// the reduction overlaps the rest of the backward on the towers' own streams.
+class BucketReducer {
+ public:
+  // `buckets` (more than one) over the flat gradients of towers on `tower_streams`.
+  BucketReducer(std::vector<Bucket> buckets, const std::vector<const Stream*>& tower_streams);
+  ~BucketReducer();
+
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+
+  // Every bucket pending on every tower again.
+  void start_step();
+  // Tower i's tape reports each complete gradient from now on (backward()); the
+  // trainable variables its forward pass never used are complete already (zeros).
+  // The caller takes the listener off the tape before the step ends.
+  void watch(std::size_t tower, Tape& tape);
+  // Tower i's backward is over: its buckets not yet complete are (an empty tower,
+  // variables with no gradient).
+  void tower_done(std::size_t tower);
+  // A tower failed: reduce() returns without reducing the buckets it waits for.
+  void tower_failed();
+  // The reducer thread's loop: each bucket, in order, once every tower has it,
+  // all-reduced among the towers (a range of `grads`, the towers' flat gradients,
+  // with their chunk boundaries), then, with `group`, across the processes: staged
+  // through `staging` (the host buffer whose first elements mirror the flat
+  // gradient) in one allreduce_sum framed by that buffer. `step` names the calls;
+  // with `trace`, each bucket is a span on row `trace_row`.
+  void reduce(const std::vector<Tensor>& grads, const std::string& step, ProcessGroup* group,
+              const Tensor& staging, Trace* trace, int trace_row);
+  // The towers' streams wait for the buckets' streams (the next step's zeroing of
+  // the gradients must not meet a bucket's ring). Called whatever happened.
+  void join();
+
+ private:
+  // Tower i has bucket b (b < 0: nothing): an event on its stream, then the reducer told.
+  void ready(std::size_t tower, int bucket);
+
+  struct Listener;
+  std::vector<Bucket> buckets_;
+  std::vector<const Stream*> tower_streams_;
+  BucketReadiness readiness_;
+  std::vector<std::unique_ptr<Stream>> comm_streams_;  // per tower: the buckets' ring
+  std::unique_ptr<Ring> ring_;                         // over comm_streams_
+  std::vector<std::vector<Event>> ready_events_;       // [tower][bucket], on tower streams
+  std::vector<Event> comm_done_;                       // per tower, on its comm stream
+  std::vector<std::unique_ptr<Listener>> listeners_;   // per tower
 };
 
 }  // namespace towerlab

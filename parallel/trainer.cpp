@@ -139,20 +139,10 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
     cross_process_path_ = choice.reason;
   }
   if (options_.reduction == AllReduce::Ring) {
-    buckets_ = make_buckets(variables_, options_.bucket_bytes);
+    std::vector<Bucket> buckets = make_buckets(variables_, options_.bucket_bytes);
+    if (buckets.size() > 1) buckets_ = std::make_unique<BucketReducer>(std::move(buckets), streams);
   }
   if (bucketed()) {
-    std::vector<const Stream*> comm;
-    for (const auto& t : towers_) {
-      comm_streams_.push_back(std::make_unique<Stream>(t->device));
-      comm.push_back(comm_streams_.back().get());
-      comm_done_.emplace_back(t->device);
-      bucket_ready_.emplace_back();
-      for (std::size_t b = 0; b < buckets_.size(); ++b)
-        bucket_ready_.back().emplace_back(t->device);
-    }
-    bucket_ring_ = std::make_unique<Ring>(comm);
-    readiness_ = std::make_unique<BucketReadiness>(buckets_, towers_.size());
     // NCCL's call carries the whole gradient after the host call (phase 5).
     buckets_across_processes_ = options_.process_group != nullptr &&
                                 options_.batchnorm != BatchNormMode::Sync &&
@@ -211,8 +201,9 @@ void Trainer::log_placement() const {
                                                          : "NCCL")
       << "; optimizer " << optimizer_.name() << " runs on " << master_device_.str() << "\n";
   if (bucketed()) {
-    log << "placement: the gradient is reduced in " << buckets_.size() << " buckets (bucket_bytes "
-        << options_.bucket_bytes << ") while the backward runs, on a reducer thread";
+    log << "placement: the gradient is reduced in " << buckets_->buckets().size()
+        << " buckets (bucket_bytes " << options_.bucket_bytes
+        << ") while the backward runs, on a reducer thread";
     if (options_.process_group != nullptr) {
       log << (buckets_across_processes_ ? " that also makes each bucket's cross-process call"
               : nccl_processes_ != nullptr
@@ -316,28 +307,12 @@ void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const T
   const std::vector<TraceArg> args{{"samples", slice.size()}};
   const Tower tower{int(i), t.device, *t.stream, *t.tape, *t.store, training, slice.size(), sync};
   TowerResult r = tower_fn_(tower, feeds);
-  // Each bucket reported ready as the backward completes it; the variables this
-  // forward pass never used are complete already (zeros).
-  struct BucketListener final : GradientListener {
-    Trainer& trainer;
-    std::size_t tower;
-    BucketListener(Trainer& trainer, std::size_t tower) : trainer(trainer), tower(tower) {}
-    void gradient_ready(const std::string& name) override {
-      trainer.bucket_ready(tower, trainer.readiness_->gradient_ready(tower, name));
-    }
-  } listener(*this, i);
+  // Each bucket reported ready as the backward completes it.
   struct ListenerOff {
     Tape& tape;
     ~ListenerOff() { tape.set_gradient_listener(nullptr); }
   } listener_off{*t.tape};
-  if (training && bucketed()) {
-    for (const Bucket& b : buckets_) {
-      for (const std::string& name : b.variables) {
-        if (!t.tape->has_variable(name)) bucket_ready(i, readiness_->gradient_ready(i, name));
-      }
-    }
-    t.tape->set_gradient_listener(&listener);
-  }
+  if (training && bucketed()) buckets_->watch(i, *t.tape);
   // Errors from here on get the tower and its samples put before them (run()).
   TL_CHECK(r.loss.defined(), InvalidArgument, "the tower function returned no loss");
   TL_CHECK(r.loss.value().numel() == 1, ShapeError,
@@ -459,7 +434,7 @@ void Trainer::run_towers(const std::vector<Tensor>& batch, const std::vector<Tow
   }
   const bool bucketed_step = training && bucketed();
   if (bucketed_step) {
-    readiness_->start_step();
+    buckets_->start_step();
     if (buckets_across_processes_) exchange(exchange_length(true));
   }
   // One host thread per tower: a tower's forward and backward run on its own
@@ -472,13 +447,10 @@ void Trainer::run_towers(const std::vector<Tensor>& batch, const std::vector<Tow
     }
     try {
       run_tower(i, batch, slices[i], training, sync.get());
-      if (bucketed_step) {
-        // An empty tower's buckets, and any the backward left: zeros or final.
-        for (int b : readiness_->complete_all(i)) bucket_ready(i, b);
-      }
+      if (bucketed_step) buckets_->tower_done(i);
       if (sync != nullptr) sync->finish(int(i), false);
     } catch (...) {
-      if (bucketed_step) readiness_->abort();  // the reducer stops waiting for this tower
+      if (bucketed_step) buckets_->tower_failed();  // the reducer stops waiting for this tower
       if (sync != nullptr) sync->finish(int(i), true);
       rethrow_with_context("Trainer: tower " + std::to_string(i) + " on " +
                            towers_[i]->device.str() + " (samples " +
@@ -486,18 +458,13 @@ void Trainer::run_towers(const std::vector<Tensor>& batch, const std::vector<Tow
                            std::to_string(slices[i].end - 1) + " of the batch): ");
     }
   };
-  // Whatever happened, the towers' streams go on only after the buckets' streams
-  // (the next step's zeroing of the gradients must not meet a bucket's ring).
-  struct JoinCommStreams {
-    Trainer& trainer;
-    bool active;
-    ~JoinCommStreams() {
-      if (!active) return;
-      for (std::size_t i = 0; i < trainer.towers_.size(); ++i) {
-        trainer.towers_[i]->stream->wait(trainer.comm_done_[i]);
-      }
+  // Whatever happened, the towers' streams go on only after the buckets' streams.
+  struct JoinBuckets {
+    BucketReducer* buckets;
+    ~JoinBuckets() {
+      if (buckets != nullptr) buckets->join();
     }
-  } join{*this, bucketed_step};
+  } join{bucketed_step ? buckets_.get() : nullptr};
   workers_->run(job);
   const std::size_t first = std::size_t(rank_) * towers_.size();
   losses_.assign(std::size_t(ranks_) * towers_.size(), 0.0f);
@@ -577,59 +544,12 @@ Tensor& Trainer::exchange(std::int64_t total) {
   return exchange_;
 }
 
-void Trainer::bucket_ready(std::size_t i, int b) {
-  if (b < 0) return;
-  bucket_ready_[i][std::size_t(b)].record(*towers_[i]->stream);
-  readiness_->publish(b);
-}
-
 void Trainer::reduce_buckets() {
-  using clock = std::chrono::steady_clock;
   std::vector<Tensor> grads;
   for (const auto& t : towers_) grads.push_back(t->store->flat_grads());
-  const std::string step = "step " + std::to_string(optimizer_.steps());
-  struct RecordDone {  // even when a tower failed: see JoinCommStreams in run_towers
-    Trainer& trainer;
-    ~RecordDone() {
-      for (std::size_t i = 0; i < trainer.towers_.size(); ++i) {
-        trainer.comm_done_[i].record(*trainer.comm_streams_[i]);
-      }
-    }
-  } record_done{*this};
-  for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    if (!readiness_->wait(int(b))) return;  // a tower failed: run_towers reports it
-    const Bucket& bucket = buckets_[b];
-    const std::string name =
-        "gradient bucket " + std::to_string(b) + " of " + std::to_string(buckets_.size());
-    const auto start = clock::now();
-    try {
-      for (std::size_t i = 0; i < towers_.size(); ++i) {
-        comm_streams_[i]->wait(bucket_ready_[i][b]);
-      }
-      bucket_ring_->allreduce_range(grads, bucket.begin, bucket.end);
-      if (buckets_across_processes_) {
-        // Staged through phase 5's host buffer, at the bucket's place in it.
-        const Stream& stream = *comm_streams_[0];
-        Tensor staged = exchange_.slice(bucket.begin, bucket.end);
-        Tensor mine = grads[0].slice(bucket.begin, bucket.end);
-        copy_tensor(staged, mine, stream);
-        stream.synchronize();
-        options_.process_group->allreduce_sum(
-            std::span<float>(staged.data<float>(), std::size_t(staged.numel())), step + ": " + name,
-            ReduceFrame{std::size_t(bucket.begin), std::size_t(exchange_.numel())});
-        copy_tensor(mine, staged, stream);
-      }
-    } catch (...) {
-      rethrow_with_context("Trainer: " + name + " (" + bucket.variables.back() + " to " +
-                           bucket.variables.front() + "): ");
-    }
-    if (trace_ != nullptr) {
-      for (const auto& c : comm_streams_) c->synchronize();
-      trace_->span(
-          int(towers_.size()) + 1, name, start, "buckets",
-          {{"variables", std::int64_t(bucket.variables.size())}, {"bytes", bucket.bytes()}});
-    }
-  }
+  buckets_->reduce(grads, "step " + std::to_string(optimizer_.steps()),
+                   buckets_across_processes_ ? options_.process_group : nullptr, exchange_, trace_,
+                   int(towers_.size()) + 1);
 }
 
 void Trainer::reduce_across_processes(const StepResult& result, bool training) {

@@ -265,11 +265,9 @@ class Trainer {
   // gradient and statistics go in an NCCL call after it.
   void reduce_across_processes(const StepResult& result, bool training);
   // More than one gradient bucket: phase 3 runs on the reducer thread.
-  bool bucketed() const { return buckets_.size() > 1; }
+  bool bucketed() const { return buckets_ != nullptr; }
   // The reducer thread of a bucketed step (see phase 3).
   void reduce_buckets();
-  // Tower i has bucket b (b < 0: nothing): an event on its stream, then the reducer told.
-  void bucket_ready(std::size_t i, int b);
   // Phase 5's buffer for `total` floats.
   Tensor& exchange(std::int64_t total);
   // Phase 5's buffer length: [gradient | moving statistics | losses | batch sizes].
@@ -313,14 +311,9 @@ class Trainer {
   // for an empty tower. Filled by run_towers, summed over the ranks in phase 5.
   std::vector<float> losses_;
   Tensor exchange_;  // phase 5's host buffer, kept between steps
-  // Gradient buckets in reduction order; one bucket: unbucketed. The members below
-  // exist only when bucketed().
-  std::vector<Bucket> buckets_;
-  std::unique_ptr<BucketReadiness> readiness_;
-  std::vector<std::unique_ptr<Stream>> comm_streams_;  // per tower: the buckets' ring
-  std::unique_ptr<Ring> bucket_ring_;                  // over comm_streams_
-  std::vector<std::vector<Event>> bucket_ready_;       // [tower][bucket], on tower streams
-  std::vector<Event> comm_done_;                       // per tower, on its comm stream
+  // The gradient buckets and their reducer (parallel/buckets.h); null when the
+  // gradient is one bucket (unbucketed).
+  std::unique_ptr<BucketReducer> buckets_;
   // The reducer makes each bucket's cross-process call (see the top).
   bool buckets_across_processes_ = false;
   // Phase 5's device-buffer path between processes; null: staged on the host.

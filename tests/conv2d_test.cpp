@@ -2,7 +2,8 @@
 // seven-loop reference on odd shapes (1x1 and 5x5 kernels, ragged strided
 // borders, dilation, C = 1 (the CPU's direct path), prime K, shapes that are not
 // multiples of the CUDA tiles), accumulation into sentinel-filled gradients, empty
-// batches, rejected shapes, and float64 gradient checks on the CPU. Then the CPU's
+// batches, rejected shapes, and float64 gradient checks on the CPU. The CPU
+// backward's image groups give the same bits for any thread count. Then the CPU's
 // Winograd F(2x2,3x3) path (kernels/cpu/winograd.h), forced on: against the
 // reference within a tolerance scaled to each result's terms, with controls, and
 // the same bits for any thread count.
@@ -57,6 +58,10 @@ std::vector<ConvCase> odd_cases() {
       {"tiles_ragged", 5, 19, 17, 17, 67, 3, 3, make_params(1, 1, 1, 1)},
       {"C32_K64_14x14", 2, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)},
       {"C67_K130_stride2", 2, 67, 9, 9, 130, 3, 3, make_params(2, 2, 1, 1)},
+      // Batches that the CPU backward splits into 16 weight-gradient groups of 9 or
+      // 10 images, both gradients in one pass over each group.
+      {"batch150_groups", 150, 3, 6, 5, 4, 3, 3, make_params(1, 1, 1, 1)},
+      {"1x1_batch147_groups", 147, 4, 3, 5, 6, 1, 1, make_params(1, 1, 0, 0), false},
   };
 }
 
@@ -409,6 +414,68 @@ TEST(Conv2dGradient, MatchesCentralDifferences) {
   expect_gradients_match({"5x5_pad2", 1, 2, 6, 7, 3, 5, 5, make_params(1, 1, 2, 2)});
   expect_gradients_match(
       {"3x2_dilation2_stride2x1", 2, 2, 9, 8, 3, 3, 2, make_params(2, 1, 1, 0, 2, 2)});
+}
+
+// --- the CPU backward's image groups -------------------------------------------
+//
+// The CPU backward sums the weight gradient over fixed groups of images whatever
+// the thread count, and each image's input gradient does not depend on its group:
+// 1, 2 and 3 threads, a tower's share of the pool, and a second run give the same
+// bits, for batches that leave uneven groups.
+TEST(Conv2dBackwardGroups, SameBitsForAnyThreadCount) {
+  for (const ConvCase& k :
+       {ConvCase{"3x3_batch150", 150, 8, 9, 9, 12, 3, 3, make_params(1, 1, 1, 1)},
+        ConvCase{"1x1_batch37", 37, 16, 6, 6, 20, 1, 1, make_params(1, 1, 0, 0)}}) {
+    SCOPED_TRACE(k.name);
+    const Shape ys = k.y_shape();
+    const auto xv = random_values(std::size_t(numel_of(k.x_shape())), 1101);
+    const auto wv = random_values(std::size_t(numel_of(k.w_shape())), 1102);
+    const auto gv = random_values(std::size_t(numel_of(ys)), 1103);
+    const auto sx = random_values(xv.size(), 1104), sw = random_values(wv.size(), 1105);
+    // grad_x then grad_weight, both added to sentinels.
+    auto run = [&](const std::vector<float>& grad_y) {
+      const cpu::ScopedConv2dAlgorithm im2col(cpu::Conv2dAlgorithm::Im2col);
+      auto put = [](const std::vector<float>& v, const Shape& shape) {
+        return Tensor::from_host<float>(v, shape, cpu());
+      };
+      Tensor grad_x = put(sx, k.x_shape()), grad_w = put(sw, k.w_shape());
+      conv2d_backward(grad_x, grad_w, Tensor(), put(grad_y, ys), put(xv, k.x_shape()),
+                      put(wv, k.w_shape()), k.params, cpu());
+      std::vector<float> all = grad_x.to_host<float>(cpu());
+      const std::vector<float> gw = grad_w.to_host<float>(cpu());
+      all.insert(all.end(), gw.begin(), gw.end());
+      return all;
+    };
+    const int saved = num_threads();
+    set_num_threads(1);
+    const std::vector<float> one = run(gv);
+    auto same_bits = [&](const std::vector<float>& many) {
+      return many.size() == one.size() &&
+             std::memcmp(many.data(), one.data(), one.size() * sizeof(float)) == 0;
+    };
+    EXPECT_TRUE(same_bits(run(gv))) << "one thread, run again";
+    // Control: one grad_y value of the last image 0.1% off changes bits of both
+    // gradients, and the comparison sees it.
+    std::vector<float> nudged = gv;
+    nudged.back() *= 1.001f;
+    const std::vector<float> off = run(nudged);
+    EXPECT_FALSE(same_bits(off)) << "the control";
+    EXPECT_NE(std::vector<float>(off.begin(), off.begin() + std::ptrdiff_t(sx.size())),
+              std::vector<float>(one.begin(), one.begin() + std::ptrdiff_t(sx.size())))
+        << "the control's grad_x";
+    EXPECT_NE(std::vector<float>(off.begin() + std::ptrdiff_t(sx.size()), off.end()),
+              std::vector<float>(one.begin() + std::ptrdiff_t(sx.size()), one.end()))
+        << "the control's grad_weight";
+    set_num_threads(2);
+    EXPECT_TRUE(same_bits(run(gv))) << "2 threads";
+    set_num_threads(3);
+    EXPECT_TRUE(same_bits(run(gv))) << "3 threads";
+    {
+      const ThreadShare share(0, 2);
+      EXPECT_TRUE(same_bits(run(gv))) << "a tower's share of 2 of 3 threads";
+    }
+    set_num_threads(saved);
+  }
 }
 
 // --- Winograd F(2x2, 3x3) on the CPU -------------------------------------------

@@ -62,6 +62,37 @@ ColumnRange valid_columns(const Conv2dShape& s, std::int64_t kq) {
   return {first, last};
 }
 
+// With unit strides and Q == W, the output pixel (p, q) of kernel tap (r, kq) reads
+// x at the flat index (p*W + q) + (r*dilation_h - pad_h)*W + (kq*dilation_w - pad_w):
+// one shift for all of its rows, so im2col and col2im move one contiguous run per tap
+// (rows [first_row, last_row) inside the input), not one short run per output row,
+// and then fix the edge columns that the run wraps onto a neighbouring row.
+struct FlatRun {
+  std::int64_t first_row, last_row, shift;
+};
+bool flat_runs(const Conv2dShape& s) {
+  return s.params.stride_h == 1 && s.params.stride_w == 1 && s.Q == s.W;
+}
+FlatRun flat_run(const Conv2dShape& s, std::int64_t r, std::int64_t kq) {
+  const std::int64_t row_offset = r * s.params.dilation_h - s.params.pad_h;
+  const std::int64_t first = std::clamp<std::int64_t>(-row_offset, 0, s.P);
+  const std::int64_t last = std::max(first, std::min(s.P, s.H - row_offset));
+  return {first, last, row_offset * s.W + kq * s.params.dilation_w - s.params.pad_w};
+}
+
+// row[op, q] = 0 for the rows [first_row, last_row) and the columns outside
+// [first, last): a pixel or two per row, stored down the columns (row by row, the
+// compiler would make each row's pixel a library call).
+template <typename T>
+void zero_edge_columns(T* row, std::int64_t first_row, std::int64_t last_row, std::int64_t first,
+                       std::int64_t last, std::int64_t Q) {
+  auto zero_column = [&](std::int64_t q) {
+    for (std::int64_t op = first_row; op < last_row; ++op) row[op * Q + q] = T(0);
+  };
+  for (std::int64_t q = 0; q < first; ++q) zero_column(q);
+  for (std::int64_t q = last; q < Q; ++q) zero_column(q);
+}
+
 // col[(c,r,s), (p,q)] = x[c, h(p,r), w(q,s)], zero where (h, w) falls in the padding.
 template <typename T>
 void im2col(T* col, const T* x, const Conv2dShape& s) {
@@ -72,6 +103,20 @@ void im2col(T* col, const T* x, const Conv2dShape& s) {
       for (std::int64_t kq = 0; kq < s.S; ++kq) {
         T* row = col + ((c * s.R + r) * s.S + kq) * s.P * s.Q;
         const auto [first, last] = valid_columns(s, kq);
+        if (flat_runs(s)) {
+          const auto [first_row, last_row, shift] = flat_run(s, r, kq);
+          if (first_row == last_row || first == last) {
+            std::fill(row, row + s.P * s.Q, T(0));
+            continue;
+          }
+          std::fill(row, row + first_row * s.Q, T(0));
+          std::fill(row + last_row * s.Q, row + s.P * s.Q, T(0));
+          const std::int64_t begin = first_row * s.Q + first, end = (last_row - 1) * s.Q + last;
+          const T* in = x + c * s.H * s.W + begin + shift;
+          std::copy(in, in + (end - begin), row + begin);
+          zero_edge_columns(row, first_row, last_row, first, last, s.Q);
+          continue;
+        }
         const std::int64_t w_first = first * p.stride_w - p.pad_w + kq * p.dilation_w;
         for (std::int64_t op = 0; op < s.P; ++op) {
           const std::int64_t h = op * p.stride_h - p.pad_h + r * p.dilation_h;
@@ -95,16 +140,28 @@ void im2col(T* col, const T* x, const Conv2dShape& s) {
 }
 
 // The adjoint of im2col: x[c, h(p,r), w(q,s)] += col[(c,r,s), (p,q)] for every
-// patch element that is not padding.
+// patch element that is not padding. With flat runs, col's padding columns are
+// zeroed first, so that the run adds exact zeros where it wraps (col is scratch,
+// consumed here).
 template <typename T>
-void col2im_add(T* x, const T* col, const Conv2dShape& s) {
+void col2im_add(T* x, T* col, const Conv2dShape& s) {
   const Conv2dParams& p = s.params;
   // x: [C,H,W], col: [C*R*S, P*Q]
   for (std::int64_t c = 0; c < s.C; ++c) {
     for (std::int64_t r = 0; r < s.R; ++r) {
       for (std::int64_t kq = 0; kq < s.S; ++kq) {
-        const T* row = col + ((c * s.R + r) * s.S + kq) * s.P * s.Q;
+        T* row = col + ((c * s.R + r) * s.S + kq) * s.P * s.Q;
         const auto [first, last] = valid_columns(s, kq);
+        if (flat_runs(s)) {
+          const auto [first_row, last_row, shift] = flat_run(s, r, kq);
+          if (first_row == last_row || first == last) continue;
+          zero_edge_columns(row, first_row, last_row, first, last, s.Q);
+          const std::int64_t begin = first_row * s.Q + first, end = (last_row - 1) * s.Q + last;
+          T* out = x + c * s.H * s.W + begin + shift;
+          const T* in = row + begin;
+          for (std::int64_t i = 0; i < end - begin; ++i) out[i] += in[i];
+          continue;
+        }
         const std::int64_t w_first = first * p.stride_w - p.pad_w + kq * p.dilation_w;
         for (std::int64_t op = 0; op < s.P; ++op) {
           const std::int64_t h = op * p.stride_h - p.pad_h + r * p.dilation_h;
@@ -366,7 +423,6 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     const T* in = x.data<T>();       // [N,C,H,W]
     const T* w = weight.data<T>();   // [K, C*R*S]
     const std::int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
-    const bool lower = needs_lowering(s);
 
     if (grad_bias.defined()) {
       T* gb = grad_bias.data<T>();  // [K]
@@ -379,63 +435,71 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
         gb[k] += static_cast<T>(total);
       }
     }
-    if (grad_weight.defined()) {
-      T* gw = grad_weight.data<T>();  // [K, C*R*S]
-      // Each group of images (kWeightGroups) sums its products into its own
-      // partial, added to grad_weight in group order afterwards. With fewer groups
-      // than threads, the groups run one after another and each GEMM spreads over
-      // the threads instead. The partial is the transpose, grad_weightᵀ = col ·
-      // grad_y[n]ᵀ [C*R*S, K]: with few taps (C*R*S = 9 in a first layer) the GEMM
-      // runs far better with them as rows than as a 9-wide column panel.
-      const std::int64_t chunks = std::min(s.N, kWeightGroups);
-      HostScratch<T> partials(chunks * crs * s.K);  // [chunks, C*R*S, K]
-      const bool direct = direct_single_channel(s, grad_y.dtype());
+    // The weight gradient sums over images, so its groups (kWeightGroups, each
+    // summing into its own partial, added to grad_weight in group order) fix the
+    // order of that sum. Each image's input gradient is its own product,
+    // whatever the groups, so the same groups serve it. With fewer groups than
+    // threads, the groups run one after another and each GEMM spreads over the
+    // threads instead. The partial is the transpose, grad_weightᵀ = col · grad_yᵀ
+    // [C*R*S, K]: with few taps (C*R*S = 9 in a first layer) the GEMM runs far better
+    // with them as rows than as a 9-wide column panel.
+    const std::int64_t chunks = std::min(s.N, kWeightGroups);
+    const bool direct = grad_weight.defined() && direct_single_channel(s, grad_y.dtype());
+    const bool weight_by_gemm = grad_weight.defined() && !direct;
+    const bool data_by_gemm = grad_x.defined() && !winograd;
+    HostScratch<T> partials(grad_weight.defined() ? chunks * crs * s.K : 0);  // [chunks, CRS, K]
+    if constexpr (std::is_same_v<T, float>) {
+      if (direct) {
+        for_image_chunks(s.N, chunks, chunks >= thread_share(),
+                         [&](std::int64_t chunk, std::int64_t first, std::int64_t last) {
+                           float* sum = partials.get() + chunk * crs * s.K;
+                           HostScratch<float> plane(padded_plane(s).size());
+                           for (std::int64_t n = first; n < last; ++n) {
+                             pad_image(plane.get(), in + n * chw, s);
+                             direct_weight_grad_avx2(plane.get(), gy + n * s.K * pq, sum,
+                                                     n == first, s);
+                           }
+                         });
+      }
+    }
+    if (weight_by_gemm || data_by_gemm) {
+      // Both gradients in one pass over each group's images, col reused.
+      const bool lower = needs_lowering(s);
       auto per_group = [&](std::int64_t chunk, std::int64_t first, std::int64_t last) {
-        T* sum = partials.get() + chunk * crs * s.K;
-        if constexpr (std::is_same_v<T, float>) {
-          if (direct) {
-            HostScratch<float> plane(padded_plane(s).size());
-            for (std::int64_t n = first; n < last; ++n) {
-              pad_image(plane.get(), in + n * chw, s);
-              direct_weight_grad_avx2(plane.get(), gy + n * s.K * pq, sum, n == first, s);
-            }
-            return;
-          }
-        }
-        HostScratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q]
+        HostScratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q], patches or their gradient
+        T* sum = weight_by_gemm ? partials.get() + chunk * crs * s.K : nullptr;
         for (std::int64_t n = first; n < last; ++n) {
-          const T* patches = in + n * chw;
-          if (lower) {
-            im2col(col.get(), patches, s);
-            patches = col.get();
+          const T* gy_n = gy + n * s.K * pq;  // [K, P*Q]
+          if (weight_by_gemm) {
+            const T* patches = in + n * chw;
+            if (lower) {
+              im2col(col.get(), patches, s);
+              patches = col.get();
+            }
+            gemm<T>(false, true, crs, s.K, pq, T(1), patches, pq, gy_n, pq,
+                    n == first ? T(0) : T(1), sum, s.K);
           }
-          gemm<T>(false, true, crs, s.K, pq, T(1), patches, pq, gy + n * s.K * pq, pq,
-                  n == first ? T(0) : T(1), sum, s.K);
+          if (data_by_gemm) {
+            T* gx_n = grad_x.data<T>() + n * chw;
+            if (!lower) {  // grad_x[n] is the patch matrix's gradient itself: accumulate in place
+              gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy_n, pq, T(1), gx_n, pq);
+              continue;
+            }
+            gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy_n, pq, T(0), col.get(), pq);
+            col2im_add(gx_n, col.get(), s);
+          }
         }
       };
       for_image_chunks(s.N, chunks, chunks >= thread_share(), per_group);
+    }
+    if (grad_weight.defined()) {
+      T* gw = grad_weight.data<T>();  // [K, C*R*S]
       for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
         const T* sum = partials.get() + chunk * crs * s.K;  // [C*R*S, K]
         for (std::int64_t k = 0; k < s.K; ++k) {
           for (std::int64_t i = 0; i < crs; ++i) gw[k * crs + i] += sum[i * s.K + k];
         }
       }
-    }
-    if (grad_x.defined() && !winograd) {
-      T* gx = grad_x.data<T>();  // [N,C,H,W]
-      auto per_chunk = [&](std::int64_t, std::int64_t first, std::int64_t last) {
-        HostScratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q]: the patch matrix's gradient
-        for (std::int64_t n = first; n < last; ++n) {
-          const T* gy_n = gy + n * s.K * pq;  // [K, P*Q]
-          if (!lower) {  // grad_x[n] is the patch matrix's gradient itself: accumulate in place
-            gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy_n, pq, T(1), gx + n * chw, pq);
-            continue;
-          }
-          gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy_n, pq, T(0), col.get(), pq);
-          col2im_add(gx + n * chw, col.get(), s);
-        }
-      };
-      for_image_chunks(s.N, image_chunks(s.N), true, per_chunk);
     }
   });
 }
