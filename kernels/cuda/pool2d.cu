@@ -57,22 +57,30 @@ __device__ void covering(std::int64_t h, std::int64_t K, std::int64_t S, std::in
   hi = min((h + P) / S, out_size - 1);
 }
 
-// The max-pool backward's gather for input (h, w): the sum of gy (this plane's
-// grad_y) over the outputs whose windows cover the input and whose maximum
-// took_it(ho, wo) says is that input, in row-major order of the outputs.
-template <typename TookIt>
-__device__ float gather_max_grad(std::int64_t h, std::int64_t w, const float* gy, const Geometry& g,
-                                 TookIt took_it) {
+// The backward's gather for input (h, w): the sum of term(ho, wo) over the outputs
+// whose windows cover the input, in row-major order of the outputs. Each grad_x
+// element is then one thread's sum: no atomics, a fixed order.
+template <typename Term>
+__device__ float sum_over_covering(std::int64_t h, std::int64_t w, const Geometry& g, Term term) {
   std::int64_t ho0, ho1, wo0, wo1;
   covering(h, g.KH, g.SH, g.PH, g.Ho, ho0, ho1);
   covering(w, g.KW, g.SW, g.PW, g.Wo, wo0, wo1);
   float sum = 0.0f;
   for (std::int64_t ho = ho0; ho <= ho1; ++ho) {
-    for (std::int64_t wo = wo0; wo <= wo1; ++wo) {
-      if (took_it(ho, wo)) sum += gy[ho * g.Wo + wo];
-    }
+    for (std::int64_t wo = wo0; wo <= wo1; ++wo) sum += term(ho, wo);
   }
   return sum;
+}
+
+// The max-pool backward's gather: gy (this plane's grad_y) of the covering outputs
+// whose maximum took_it(ho, wo) says is the input. (Adding 0.0f for the others
+// leaves the sum's bits as skipping them would: it starts at +0.0f.)
+template <typename TookIt>
+__device__ float gather_max_grad(std::int64_t h, std::int64_t w, const float* gy, const Geometry& g,
+                                 TookIt took_it) {
+  return sum_over_covering(h, w, g, [&](std::int64_t ho, std::int64_t wo) {
+    return took_it(ho, wo) ? gy[ho * g.Wo + wo] : 0.0f;
+  });
 }
 
 __global__ void max_pool2d_forward_kernel(std::int64_t n, float* __restrict__ y,
@@ -153,17 +161,10 @@ __global__ void avg_pool2d_backward_kernel(std::int64_t n, float* __restrict__ g
        i += std::int64_t{gridDim.x} * blockDim.x) {
     const std::int64_t w = i % g.W, h = (i / g.W) % g.H, plane = i / (g.W * g.H);
     const float* gy = grad_y + plane * g.Ho * g.Wo;
-    std::int64_t ho0, ho1, wo0, wo1;
-    covering(h, g.KH, g.SH, g.PH, g.Ho, ho0, ho1);
-    covering(w, g.KW, g.SW, g.PW, g.Wo, wo0, wo1);
-    float sum = 0.0f;
-    for (std::int64_t ho = ho0; ho <= ho1; ++ho) {
-      for (std::int64_t wo = wo0; wo <= wo1; ++wo) {
-        const Window win = window_of(ho, wo, g);
-        sum += gy[ho * g.Wo + wo] / static_cast<float>((win.h1 - win.h0) * (win.w1 - win.w0));
-      }
-    }
-    grad_x[i] += sum;
+    grad_x[i] += sum_over_covering(h, w, g, [&](std::int64_t ho, std::int64_t wo) {
+      const Window win = window_of(ho, wo, g);
+      return gy[ho * g.Wo + wo] / static_cast<float>((win.h1 - win.h0) * (win.w1 - win.w0));
+    });
   }
 }
 
