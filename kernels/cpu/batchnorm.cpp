@@ -1,6 +1,11 @@
 // CPU batch normalization: the specification for kernels/cuda/batchnorm.cu.
-// x is viewed as [N,C,S] (S = H*W); per-channel sums are accumulated in double
-// whatever the dtype.
+// x is viewed as [N,C,S] (S = H*W). The per-channel sums go row by row: a float32
+// row of S values is summed in float, eight lanes at a time, and the rows' totals
+// in double, as the CUDA kernels sum blocks in float and the blocks' partials in
+// double; a float64 row is summed in double. A float32 row adds at most S / 8 + 7
+// values per running sum (98 for FashionNet's first layer), where one double sum
+// over the channel would cost a conversion and a double add per value: the sums
+// were the batch norm's bottleneck, twice the time of reading x.
 //
 // Threads (kernels/cpu/parallel.h): the reductions split over channels, and each
 // channel sums its rows in order n = 0, 1, ... on whichever thread runs it, so the
@@ -12,6 +17,8 @@
 // forwards, masked() on grad_y in the backwards, each written once. The backward's
 // mask is recomputed from x (batchnorm_affine, as the forward computed y), so a
 // ReLU backward reads what the plain one reads.
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -28,6 +35,39 @@
 namespace towerlab::cpu {
 
 namespace {
+
+// Sums of a float32 row of S values: f maps four lanes of each input row (one
+// Vec4 per row in `rows`) to `Sums` vectors of terms. Eight running float sums per
+// result (two vectors, so that two adds are in flight; one would wait on the
+// add's latency), then the last 1-7 values as a vector whose lanes past the row
+// are cleared after f, and the eight added in double. A function of S alone, not
+// of the threads, so the same bits on any thread.
+template <int Sums, typename F, typename... Rows>
+std::array<double, Sums> float_lane_sums(std::int64_t S, const F& f, const Rows*... rows) {
+  std::array<Vec4, Sums> even{}, odd{};
+  std::int64_t s = 0;
+  for (; s + 8 <= S; s += 8) {
+    const std::array<Vec4, Sums> t0 = f(load4(rows + s)...), t1 = f(load4(rows + s + 4)...);
+    for (int i = 0; i < Sums; ++i) {
+      even[i] += t0[i];
+      odd[i] += t1[i];
+    }
+  }
+  for (; s < S; s += 4) {
+    const std::int64_t count = std::min<std::int64_t>(4, S - s);
+    const Mask4 keep = lanes_below(count);
+    const std::array<Vec4, Sums> t = f(load_first(rows + s, count)...);
+    for (int i = 0; i < Sums; ++i) {
+      even[i] += reinterpret_cast<Vec4>(reinterpret_cast<Mask4>(t[i]) & keep);
+    }
+  }
+  std::array<double, Sums> out;
+  for (int i = 0; i < Sums; ++i) {
+    const Vec4 v = even[i] + odd[i];
+    out[i] = (double(v[0]) + double(v[1])) + (double(v[2]) + double(v[3]));
+  }
+  return out;
+}
 
 // ReLU's forward when Relu (the NaN rule of kernels/cpu/relu.cpp), else v.
 template <bool Relu, typename T>
@@ -76,33 +116,63 @@ void with_activation(Activation activation, const Fn& fn) {
 
 }  // namespace
 
-// Two passes: the mean, then the squared deviations from it (never E[x^2] - E[x]^2,
-// which loses everything in float when the mean is large against the spread).
+namespace {
+
+// Row (n, c)'s mean and sum of squared deviations from it, in two passes over the
+// row (the second from L1): never E[x^2] - E[x]^2, which loses everything in float
+// when the mean is large against the spread.
+struct RowMoments {
+  double mean, m2;
+};
+
+template <typename T>
+RowMoments row_moments(const T* row, std::int64_t S) {
+  if constexpr (std::is_same_v<T, float>) {
+    const auto [sum] = float_lane_sums<1>(
+        S, [](Vec4 v) { return std::array{v}; }, row);
+    const double mean = sum / static_cast<double>(S);
+    const Vec4 m = splat(static_cast<float>(mean));
+    const auto [sq] = float_lane_sums<1>(
+        S,
+        [&](Vec4 v) {
+          const Vec4 dev = v - m;
+          return std::array{dev * dev};
+        },
+        row);
+    return {mean, sq};
+  } else {
+    const double mean = sum_over(S, [&](std::int64_t s) { return static_cast<double>(row[s]); }) /
+                        static_cast<double>(S);
+    return {mean, sum_over(S, [&](std::int64_t s) {
+              const double dev = static_cast<double>(row[s]) - mean;
+              return dev * dev;
+            })};
+  }
+}
+
+}  // namespace
+
+// Each channel's rows in order n = 0, 1, ..., each row's moments merged into the
+// channel's (Chan, Golub and LeVeque's pairwise update, as batchnorm_merge_stats
+// merges towers): rows of equal length S, so after n rows the update weighs the
+// next row's deviation from the running mean by n / (n + 1).
 void batchnorm_stats(const BatchNormArgs& a) {
   const std::int64_t N = a.N, C = a.C, S = a.S;
   with_dtype(a.x.dtype(), [&]<typename T>() {
     const T* in = a.x.data<T>();     // [N,C,S]
     T* mean_out = a.mean.data<T>();  // [C]
     T* m2_out = a.m2.data<T>();      // [C]
-    const double count = static_cast<double>(N * S);
     parallel_rows(C, 2 * N * S, [&](std::int64_t first, std::int64_t last) {
       for (std::int64_t c = first; c < last; ++c) {
-        double sum = 0.0;
-        for (std::int64_t n = 0; n < N; ++n) {
-          const T* row = in + (n * C + c) * S;
-          sum += sum_over(S, [&](std::int64_t s) { return static_cast<double>(row[s]); });
+        double mean = 0.0, m2 = 0.0;
+        for (std::int64_t n = 0; S > 0 && n < N; ++n) {
+          const RowMoments row = row_moments(in + (n * C + c) * S, S);
+          const double delta = row.mean - mean, rows = static_cast<double>(n);
+          mean += delta / (rows + 1.0);
+          m2 += row.m2 + delta * delta * rows * static_cast<double>(S) / (rows + 1.0);
         }
-        const double mu = sum / count;
-        double sq = 0.0;
-        for (std::int64_t n = 0; n < N; ++n) {
-          const T* row = in + (n * C + c) * S;
-          sq += sum_over(S, [&](std::int64_t s) {
-            const double dev = static_cast<double>(row[s]) - mu;
-            return dev * dev;
-          });
-        }
-        mean_out[c] = static_cast<T>(mu);
-        m2_out[c] = static_cast<T>(sq);
+        mean_out[c] = static_cast<T>(mean);
+        m2_out[c] = static_cast<T>(m2);
       }
     });
   });
@@ -197,43 +267,30 @@ void batchnorm_forward_inference(const BatchNormArgs& a) {
 
 namespace {
 
-// One row's sum of g = masked grad_y and of g * (x - m), in double, as
-// sum_pair_over adds them. Float32 runs four values at a time: lane k holds
-// sum_pair_over's running sum k (lanes 0-1 in the low double vector, 2-3 in the
-// high), so each sum gets the same terms in the same order: the same bits.
+// One row's sum of g = masked grad_y and of g * (x - m), float32 rows as
+// float_lane_sums adds them, float64 rows in double.
 template <bool Relu, typename T>
 std::pair<double, double> row_sums(const T* gy, const T* x, std::int64_t S, const Affine<T>& k,
-                                   double m) {
-  auto term = [&](std::int64_t s) {
-    const double g = static_cast<double>(masked<Relu>(gy[s], x[s], k));
-    return std::pair{g, g * (static_cast<double>(x[s]) - m)};
-  };
-  if constexpr (!std::is_same_v<T, float>) {
-    return sum_pair_over(S, term);
+                                   T m) {
+  if constexpr (std::is_same_v<T, float>) {
+    const Vec4 mean = splat(m), center = splat(k.center), scale = splat(k.scale),
+               shift = splat(k.shift);
+    const auto [sum_g, sum_g_dev] = float_lane_sums<2>(
+        S,
+        [&](Vec4 g, Vec4 xv) {
+          if constexpr (Relu) {  // relu_mask of batchnorm_affine, lane by lane
+            const Vec4 y = (xv - center) * scale + shift;
+            g = reinterpret_cast<Vec4>(reinterpret_cast<Mask4>(g) & (y > splat(0.0f)));
+          }
+          return std::array{g, g * (xv - mean)};
+        },
+        gy, x);
+    return {sum_g, sum_g_dev};
   } else {
-    Vec2d a_low = {0.0, 0.0}, a_high = a_low, b_low = a_low, b_high = a_low;
-    const Vec2d mean = {m, m};
-    std::int64_t s = 0;
-    for (; s + 4 <= S; s += 4) {
-      const Vec4 xv = load4(x + s);
-      Vec4 g = load4(gy + s);
-      if constexpr (Relu) {  // relu_mask of batchnorm_affine, lane by lane
-        const Vec4 y = (xv - splat(k.center)) * splat(k.scale) + splat(k.shift);
-        g = reinterpret_cast<Vec4>(reinterpret_cast<Mask4>(g) & (y > splat(0.0f)));
-      }
-      const Vec2d g_low = low_to_double(g), g_high = high_to_double(g);
-      a_low += g_low;
-      a_high += g_high;
-      b_low += g_low * (low_to_double(xv) - mean);
-      b_high += g_high * (high_to_double(xv) - mean);
-    }
-    double a0 = a_low[0], b0 = b_low[0];
-    for (; s < S; ++s) {
-      const auto [ta, tb] = term(s);
-      a0 += ta;
-      b0 += tb;
-    }
-    return {(a0 + a_low[1]) + (a_high[0] + a_high[1]), (b0 + b_low[1]) + (b_high[0] + b_high[1])};
+    return sum_pair_over(S, [&](std::int64_t s) {
+      const double g = static_cast<double>(masked<Relu>(gy[s], x[s], k));
+      return std::pair{g, g * (static_cast<double>(x[s]) - static_cast<double>(m))};
+    });
   }
 }
 
@@ -251,12 +308,11 @@ void batchnorm_backward_reduce(const BatchNormArgs& a) {
     with_activation(a.activation, [&]<bool Relu>() {
       parallel_rows(C, 2 * N * S, [&](std::int64_t first, std::int64_t last) {
         for (std::int64_t c = first; c < last; ++c) {
-          const double m = static_cast<double>(mu[c]);
           const Affine<T> k = affine_of<T>(a, c);
           double sum_gy = 0.0, sum_gy_xhat = 0.0;
           for (std::int64_t n = 0; n < N; ++n) {
             const std::int64_t base = (n * C + c) * S;
-            const auto [row_gy, row_gy_xhat] = row_sums<Relu>(gy + base, in + base, S, k, m);
+            const auto [row_gy, row_gy_xhat] = row_sums<Relu>(gy + base, in + base, S, k, mu[c]);
             sum_gy += row_gy;
             sum_gy_xhat += row_gy_xhat;
           }

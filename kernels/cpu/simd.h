@@ -28,6 +28,20 @@ inline void store4(float* p, Vec4 v) {
   std::memcpy(p, &v, sizeof v);
 }
 
+// The first `count` (0 to 4) values at p, zeros in the other lanes; reads only
+// those values.
+inline Vec4 load_first(const float* p, std::int64_t count) {
+  Vec4 v = splat(0.0f);
+  std::memcpy(&v, p, static_cast<std::size_t>(count) * sizeof(float));
+  return v;
+}
+
+// All ones in lanes 0 .. count - 1, zeros in the others.
+inline Mask4 lanes_below(std::int64_t count) {
+  const auto n = static_cast<std::int32_t>(count);
+  return Mask4{0, 1, 2, 3} < Mask4{n, n, n, n};
+}
+
 // m ? a : b, lane by lane.
 inline Vec4 select(Mask4 m, Vec4 a, Vec4 b) {
   return reinterpret_cast<Vec4>((m & reinterpret_cast<Mask4>(a)) |
