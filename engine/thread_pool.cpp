@@ -32,6 +32,8 @@ thread_local bool t_in_parallel = false;
 // This thread's ThreadShare: index of count (one of one without a ThreadShare).
 thread_local int t_share_index = 0;
 thread_local int t_share_count = 1;
+// The group this thread's ThreadShare runs in, if any.
+thread_local ThreadShareGroup* t_share_group = nullptr;
 
 // How long an idle thread spins before it sleeps.
 constexpr auto kSpinTime = std::chrono::microseconds(100);
@@ -244,24 +246,58 @@ void set_num_threads(int n) {
   Pool::instance().resize(n);
 }
 
+namespace {
+
+// Thread `index` of `count`'s own share of `threads`.
+int own_share(int threads, int index, int count) {
+  return std::max(1, threads / count + (index < threads % count ? 1 : 0));
+}
+
+}  // namespace
+
 int thread_share() {
   const int threads = num_threads();
-  const int share = threads / t_share_count + (t_share_index < threads % t_share_count ? 1 : 0);
-  return std::max(1, share);
+  const int own = own_share(threads, t_share_index, t_share_count);
+  if (t_share_group == nullptr) return own;
+  // The running members' shares include this thread's; relaxed: a share read a
+  // moment late only lends a core a moment late.
+  const int running = std::max(1, t_share_group->running_share_.load(std::memory_order_relaxed));
+  return std::min(threads, std::max(own, threads * own / running));
+}
+
+void ThreadShareGroup::start(int count) {
+  TL_CHECK(count >= 1, InvalidArgument,
+           "ThreadShareGroup::start: " << count << " members; pass a count >= 1");
+  const int threads = num_threads();
+  int total = 0;
+  for (int i = 0; i < count; ++i) total += own_share(threads, i, count);
+  running_share_.store(total, std::memory_order_relaxed);
 }
 
 ThreadShare::ThreadShare(int index, int count)
-    : previous_index_(t_share_index), previous_count_(t_share_count) {
+    : previous_index_(t_share_index),
+      previous_count_(t_share_count),
+      previous_group_(t_share_group) {
   TL_CHECK(count >= 1 && index >= 0 && index < count, InvalidArgument,
            "ThreadShare: thread " << index << " of " << count
                                   << "; pass a count >= 1 and 0 <= index < count");
   t_share_index = index;
   t_share_count = count;
+  t_share_group = nullptr;
+}
+
+ThreadShare::ThreadShare(int index, int count, ThreadShareGroup& group)
+    : ThreadShare(index, count) {
+  group_ = &group;
+  own_ = own_share(num_threads(), index, count);
+  t_share_group = &group;
 }
 
 ThreadShare::~ThreadShare() {
+  if (group_ != nullptr) group_->running_share_.fetch_sub(own_, std::memory_order_relaxed);
   t_share_index = previous_index_;
   t_share_count = previous_count_;
+  t_share_group = previous_group_;
 }
 
 }  // namespace towerlab

@@ -1,10 +1,14 @@
 #include "parallel/thread_team.h"
 
+#include <algorithm>
+#include <optional>
+
 #include "engine/thread_pool.h"
 
 namespace towerlab {
 
-ThreadTeam::ThreadTeam(std::size_t n, std::size_t kernel_threads) : errors_(n) {
+ThreadTeam::ThreadTeam(std::size_t n, std::size_t kernel_threads)
+    : kernel_threads_(std::min(n, kernel_threads)), errors_(n) {
   for (std::size_t i = 0; i < n; ++i) {
     threads_.emplace_back([this, i, kernel_threads] { loop(i, kernel_threads); });
   }
@@ -24,6 +28,7 @@ void ThreadTeam::run(const std::function<void(std::size_t)>& job) {
     std::lock_guard lock(mutex_);
     job_ = &job;
     remaining_ = threads_.size();
+    if (kernel_threads_ > 0) shares_.start(int(kernel_threads_));
     for (auto& e : errors_) e = nullptr;
     ++generation_;
   }
@@ -38,12 +43,12 @@ void ThreadTeam::run(const std::function<void(std::size_t)>& job) {
 
 void ThreadTeam::loop(std::size_t i, std::size_t kernel_threads) {
   // The members run kernels at the same time, so each takes its share of the host
-  // thread pool (engine/thread_pool.h): n members on P cores run P threads, not nP.
-  // A member that runs no kernels takes a share of one: index 0 of num_threads().
-  // Braces: with parentheses and plain arguments, `ThreadShare share(int(i), int(n))`
-  // would declare a function (the vexing parse) and take no share at all.
-  const ThreadShare share{i < kernel_threads ? int(i) : 0,
-                          i < kernel_threads ? int(kernel_threads) : num_threads()};
+  // thread pool (engine/thread_pool.h): n members on P cores run P threads, not nP,
+  // and a member that finishes first lends its share to those still running (the
+  // team's ThreadShareGroup). A member that runs no kernels takes a share of one
+  // for good: index 0 of num_threads().
+  std::optional<ThreadShare> coordinator;
+  if (i >= kernel_threads) coordinator.emplace(0, num_threads());
   std::uint64_t seen = 0;
   for (;;) {
     const std::function<void(std::size_t)>* job = nullptr;
@@ -55,11 +60,15 @@ void ThreadTeam::loop(std::size_t i, std::size_t kernel_threads) {
       job = job_;
     }
     std::exception_ptr error;
-    try {
-      (*job)(i);
-    } catch (...) {
-      error = std::current_exception();
-    }
+    {
+      std::optional<ThreadShare> share;
+      if (i < kernel_threads) share.emplace(int(i), int(kernel_threads), shares_);
+      try {
+        (*job)(i);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }  // this member's share goes back to the group before run() can return
     std::lock_guard lock(mutex_);
     // Moved, not copied: the exception's last reference must not be dropped on this
     // thread after run() has rethrown it on the caller's (ThreadSanitizer reports

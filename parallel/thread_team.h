@@ -3,7 +3,9 @@
 // trainer runs each tower's forward and backward on its own thread with it, and the
 // ring runs each host member's steps on its own thread, so that those run side by
 // side rather than one after another. Each thread holds its share of the host
-// thread pool (ThreadShare), so the members' kernels do not oversubscribe the cores.
+// thread pool (ThreadShare), so the members' kernels do not oversubscribe the cores;
+// a member that finishes its call first lends its share to those still running
+// (ThreadShareGroup).
 //
 // run() rethrows the first failure in thread order, after every thread has
 // finished its call. One run() at a time; the threads sleep between runs.
@@ -17,6 +19,8 @@
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "engine/thread_pool.h"
 
 namespace towerlab {
 
@@ -42,8 +46,10 @@ class ThreadTeam {
   const std::function<void(std::size_t)>* job_ = nullptr;
   std::uint64_t generation_ = 0;
   std::size_t remaining_ = 0;
+  std::size_t kernel_threads_;
   bool stop_ = false;
   std::vector<std::exception_ptr> errors_;
+  ThreadShareGroup shares_;  // the kernel members' (engine/thread_pool.h)
   std::vector<std::thread> threads_;
 };
 

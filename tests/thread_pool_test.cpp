@@ -166,6 +166,94 @@ TEST_F(ThreadPoolTest, TowersWithSharesNeverRunMoreThreadsThanThePool) {
   EXPECT_LE(most_running.load(), 4);
 }
 
+// A group's members share the pool in proportion to their own shares while they
+// run, and lend the shares of those that have finished to the rest (the members
+// here end one after another on one thread: only the group's count matters).
+TEST_F(ThreadPoolTest, ThreadShareGroupLendsTheSharesOfFinishedMembers) {
+  set_num_threads(5);
+  ThreadShareGroup group;
+  group.start(3);  // own shares 2, 2, 1
+  {
+    const ThreadShare last(2, 3, group);
+    EXPECT_EQ(thread_share(), 1);  // all three running: 5 * 1 / 5
+  }
+  {
+    const ThreadShare first(0, 3, group);
+    EXPECT_EQ(thread_share(), 2);  // members 0 and 1 running: 5 * 2 / 4
+    {
+      const ThreadShare second(1, 3, group);
+      EXPECT_EQ(thread_share(), 2);
+    }
+    EXPECT_EQ(thread_share(), 5);  // member 0 alone: the whole pool
+  }
+  EXPECT_EQ(thread_share(), 5);  // no share at all
+
+  set_num_threads(2);
+  group.start(4);  // more members than threads: one thread each
+  {
+    const ThreadShare a(0, 4, group);
+    EXPECT_EQ(thread_share(), 1);
+  }
+  {
+    const ThreadShare b(1, 4, group);
+    EXPECT_EQ(thread_share(), 1);  // 2 * 1 / 3
+  }
+  {
+    const ThreadShare c(2, 4, group);
+    EXPECT_EQ(thread_share(), 1);  // 2 * 1 / 2
+  }
+  const ThreadShare d(3, 4, group);
+  EXPECT_EQ(thread_share(), 2);  // alone
+  std::atomic<int> chunks{0};
+  parallel_for(0, 100, [&](std::int64_t, std::int64_t) { ++chunks; });
+  EXPECT_EQ(chunks.load(), 2);
+  EXPECT_THROW_WITH(group.start(0), InvalidArgument, "ThreadShareGroup::start: 0 members");
+}
+
+// Two towers of a group on a 4-thread pool: while both run, each call splits into
+// its own share's chunks (2) and no more than 4 chunks ever run at once; once the
+// second tower is done, the first one's calls take all 4 threads.
+TEST_F(ThreadPoolTest, AGroupNeverRunsMoreThreadsThanThePoolAndLendsIdleCores) {
+  set_num_threads(4);
+  constexpr int kRounds = 20;
+  ThreadShareGroup group;
+  group.start(2);
+  std::atomic<int> running{0}, most_running{0};
+  std::atomic<bool> second_done{false};
+  std::vector<int> chunks_together, chunks_alone;
+  auto call = [&] {
+    std::atomic<int> chunks{0};
+    parallel_for(0, 64, [&](std::int64_t, std::int64_t) {
+      ++chunks;
+      const int now = ++running;
+      for (int m = most_running.load(); now > m && !most_running.compare_exchange_weak(m, now);) {
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      --running;
+    });
+    return chunks.load();
+  };
+  std::thread second([&] {
+    {
+      const ThreadShare share(1, 2, group);
+      for (int round = 0; round < kRounds; ++round) call();
+    }
+    second_done = true;
+  });
+  {
+    const ThreadShare share(0, 2, group);
+    for (int round = 0; round < kRounds; ++round) chunks_together.push_back(call());
+    second.join();
+    ASSERT_TRUE(second_done.load());
+    for (int round = 0; round < kRounds; ++round) chunks_alone.push_back(call());
+  }
+  // While the second tower may still run, at most the own share; alone, all four.
+  for (int c : chunks_together) EXPECT_LE(c, 4);
+  EXPECT_EQ(chunks_together.front(), 2);  // the second tower counts from the start
+  for (int c : chunks_alone) EXPECT_EQ(c, 4);
+  EXPECT_LE(most_running.load(), 4);
+}
+
 TEST_F(ThreadPoolTest, SettingsAreChecked) {
   EXPECT_THROW_WITH(set_num_threads(-1), InvalidArgument, "set_num_threads: n is -1");
   set_num_threads(0);

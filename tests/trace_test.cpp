@@ -5,6 +5,7 @@
 #include "parallel/trace.h"
 
 #include <atomic>
+#include <chrono>
 #include <latch>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -148,15 +149,57 @@ TEST(ThreadTeam, EveryMemberHoldsItsShareOfThePool) {
   EXPECT_EQ(thread_share(), 4) << "the control";
   std::vector<int> shares(3, 0);
   {
+    // Both members read their shares while both run (a member alone would borrow
+    // the other's: the next test).
     ThreadTeam team(2);
-    team.run([&](std::size_t i) { shares[i] = thread_share(); });
+    std::latch started(2), read(2);
+    team.run([&](std::size_t i) {
+      started.arrive_and_wait();
+      shares[i] = thread_share();
+      read.arrive_and_wait();
+    });
   }
   {
     ThreadTeam team(3, 2);
-    team.run([&](std::size_t i) { shares[i] += 10 * thread_share(); });
+    std::latch started(3), read(3);
+    team.run([&](std::size_t i) {
+      started.arrive_and_wait();
+      shares[i] += 10 * thread_share();
+      read.arrive_and_wait();
+    });
   }
   set_num_threads(saved);
   EXPECT_EQ(shares, (std::vector<int>{2 + 20, 2 + 20, 10}));
+}
+
+// A member that is still running once the others have finished gets the whole
+// pool (ThreadShareGroup); the coordinator keeps its share of one.
+TEST(ThreadTeam, AMemberStillRunningBorrowsTheSharesOfFinishedOnes) {
+  const int saved = num_threads();
+  set_num_threads(4);
+  std::vector<int> alone(3, 0);
+  {
+    ThreadTeam team(3, 2);
+    std::atomic<bool> member_1_returned{false};
+    team.run([&](std::size_t i) {
+      if (i == 1) {
+        member_1_returned = true;  // its share leaves the group just after
+        return;
+      }
+      if (i == 2) {
+        alone[2] = thread_share();
+        return;
+      }
+      while (!member_1_returned.load()) std::this_thread::yield();
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (thread_share() != 4 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::yield();
+      }
+      alone[0] = thread_share();
+    });
+  }
+  set_num_threads(saved);
+  EXPECT_EQ(alone, (std::vector<int>{4, 0, 1}));
 }
 
 TEST(ThreadTeam, RethrowsTheFirstFailureInMemberOrderAndRunsAgain) {

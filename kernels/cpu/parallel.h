@@ -19,7 +19,8 @@
 // Towers: CPU towers call kernels from several threads at once. Each tower thread
 // holds a ThreadShare (engine/thread_pool.h), so a loop uses that tower's share of
 // the threads: T towers on P cores run P threads in all, and a tower whose share
-// is one thread runs its loops inline.
+// is one thread runs its loops inline until the towers that finished first lend it
+// their cores (ThreadShareGroup).
 #pragma once
 
 #include <algorithm>
