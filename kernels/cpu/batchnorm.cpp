@@ -2,10 +2,10 @@
 // x is viewed as [N,C,S] (S = H*W). The per-channel sums go row by row: a float32
 // row of S values is summed in float, eight lanes at a time, and the rows' totals
 // in double, as the CUDA kernels sum blocks in float and the blocks' partials in
-// double; a float64 row is summed in double. A float32 row adds at most S / 8 + 7
-// values per running sum (98 for FashionNet's first layer), where one double sum
-// over the channel would cost a conversion and a double add per value: the sums
-// were the batch norm's bottleneck, twice the time of reading x.
+// double; a float64 row is summed in double. Each of a float32 row's eight running
+// sums adds at most S / 8 + 1 values (99 for FashionNet's first layer), where a
+// double sum over the channel cost a conversion and a double add per value: those
+// sums were the batch norm's bottleneck, twice the time of reading x.
 //
 // Threads (kernels/cpu/parallel.h): the reductions split over channels, and each
 // channel sums its rows in order n = 0, 1, ... on whichever thread runs it, so the
