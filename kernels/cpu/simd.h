@@ -1,7 +1,7 @@
 // Four-lane vectors for CPU kernels whose loops the compiler does not vectorize on
 // its own (a selection with an index, a reduction whose order is fixed): GCC/Clang
 // vector extensions, SSE on x86-64 and NEON on ARM, with no target flags needed.
-// Lane arithmetic is IEEE single or double precision, as the scalar code's, so a
+// Lane arithmetic is IEEE single precision, as the scalar code's, so a
 // kernel that keeps its scalar order per lane gets the scalar code's bits.
 #pragma once
 
@@ -12,7 +12,6 @@ namespace towerlab::cpu {
 
 typedef float Vec4 __attribute__((vector_size(16)));
 typedef std::int32_t Mask4 __attribute__((vector_size(16)));  // per lane: all ones or zeros
-typedef double Vec2d __attribute__((vector_size(16)));
 
 inline Vec4 splat(float v) {
   return Vec4{v, v, v, v};
@@ -46,14 +45,6 @@ inline Mask4 lanes_below(std::int64_t count) {
 inline Vec4 select(Mask4 m, Vec4 a, Vec4 b) {
   return reinterpret_cast<Vec4>((m & reinterpret_cast<Mask4>(a)) |
                                 (~m & reinterpret_cast<Mask4>(b)));
-}
-
-// Lanes 0-1 and 2-3 of v in double precision.
-inline Vec2d low_to_double(Vec4 v) {
-  return Vec2d{double(v[0]), double(v[1])};
-}
-inline Vec2d high_to_double(Vec4 v) {
-  return Vec2d{double(v[2]), double(v[3])};
 }
 
 }  // namespace towerlab::cpu
