@@ -1,0 +1,474 @@
+// Batch norm with a fused max pool (kernels/batchnorm.h, CPU only) against the
+// unfused composition it replaces: batchnorm_forward_training then
+// max_pool2d_forward_with_argmax; max_pool2d_backward_from_argmax (Assign) into a
+// fresh gradient, then batchnorm_backward. The contract promises the composition's
+// values bit for bit, so every comparison is exact (== on each value, which takes
+// +0 and -0 as equal), in float32 and float64, with and without the ReLU, on
+// windows that tile the plane, leave rows and columns uncovered, overlap or pad.
+// The data makes the comparison able to fail: gamma has negative channels, so the
+// argmax of the activation is not the argmax of x, and a negative beta leaves
+// windows that the ReLU clamps entirely, where only the mask stops the gradient.
+// Then assignment against accumulation, optional gradients, 1 thread against 2,
+// a float64 gradient check of the fused op alone, and the argument errors.
+#include <functional>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gradcheck.h"
+#include "kernels/batchnorm.h"
+#include "kernels/cpu/parallel.h"
+#include "test_util.h"
+
+namespace towerlab::testing {
+namespace {
+
+constexpr double kEps = 1e-3;
+constexpr double kMomentum = 0.9;
+
+// --- the problem and its two solutions ----------------------------------------------
+
+// One case: x [N,C,H,W] normal around 0.5 with a spread of 2; gamma [C] alternating
+// in sign (odd channels negative); beta [C] = {-1, 0.2, 0.5, -1, ...}; grad_y
+// normal of y's pooled shape [N,C,Ho,Wo]; moving statistics and the gradients'
+// starting values (sentinels: the backward accumulates onto them) non-zero.
+struct Problem {
+  Shape x_shape, y_shape;
+  Pool2dParams pool;
+  Activation activation = Activation::None;
+  DType dtype = DType::Float32;
+  Tensor x, gamma, beta, grad_y;
+  Tensor moving_mean0, moving_var0, grad_x0, grad_gamma0, grad_beta0;
+};
+
+Tensor with_dtype(const std::vector<float>& values, const Shape& shape, DType dtype) {
+  return Tensor::from_host<float>(values, shape, cpu()).to(dtype, cpu());
+}
+
+Tensor normal(const Shape& shape, DType dtype, std::uint64_t subsequence, float mean = 0.0f,
+              float stddev = 1.0f) {
+  Tensor t = Tensor::empty(shape, cpu());
+  random_normal(t, 2024, subsequence, mean, stddev, cpu());
+  return t.to(dtype, cpu());
+}
+
+Problem make_problem(const Shape& x_shape, const Pool2dParams& pool, Activation activation,
+                     DType dtype) {
+  Problem p;
+  p.x_shape = x_shape;
+  p.y_shape = pool2d_output_shape(x_shape, pool);
+  p.pool = pool;
+  p.activation = activation;
+  p.dtype = dtype;
+  const std::int64_t C = x_shape[1];
+  constexpr float kBeta[] = {-1.0f, 0.2f, 0.5f};
+  std::vector<float> gamma, beta, moving_mean, moving_var;
+  const std::vector<float> scale = random_values(static_cast<std::size_t>(C), 7, 0.5f, 1.5f);
+  for (std::int64_t c = 0; c < C; ++c) {
+    gamma.push_back(c % 2 == 1 ? -scale[c] : scale[c]);
+    beta.push_back(kBeta[c % 3]);
+    moving_mean.push_back(0.1f * static_cast<float>(c));
+    moving_var.push_back(1.0f + 0.5f * static_cast<float>(c));
+  }
+  p.x = normal(x_shape, dtype, 0, 0.5f, 2.0f);
+  p.grad_y = normal(p.y_shape, dtype, 1);
+  p.gamma = with_dtype(gamma, {C}, dtype);
+  p.beta = with_dtype(beta, {C}, dtype);
+  p.moving_mean0 = with_dtype(moving_mean, {C}, dtype);
+  p.moving_var0 = with_dtype(moving_var, {C}, dtype);
+  p.grad_x0 = normal(x_shape, dtype, 2);
+  p.grad_gamma0 = normal({C}, dtype, 3);
+  p.grad_beta0 = normal({C}, dtype, 4);
+  return p;
+}
+
+std::string describe(const Problem& p) {
+  return "x " + to_string(p.x_shape) + ", window " + std::to_string(p.pool.kernel_h) + "x" +
+         std::to_string(p.pool.kernel_w) + " stride " + std::to_string(p.pool.stride_h) + "x" +
+         std::to_string(p.pool.stride_w) + " pad " + std::to_string(p.pool.pad_h) + "x" +
+         std::to_string(p.pool.pad_w) + ", " + dtype_name(p.dtype) +
+         (p.activation == Activation::ReLU ? ", ReLU" : ", no activation");
+}
+
+// Everything either form produces. argmax is the composition's only (the fused op
+// keeps none).
+struct Results {
+  Tensor y, save_mean, save_inv_std, moving_mean, moving_var, grad_x, grad_gamma, grad_beta;
+  Tensor argmax;
+};
+
+Tensor per_channel(const Problem& p) {
+  return Tensor::empty({p.x_shape[1]}, cpu(), p.dtype);
+}
+
+// Fresh outputs: moving statistics and gradients start from the problem's values.
+Results fresh_outputs(const Problem& p) {
+  return {Tensor::empty(p.y_shape, cpu(), p.dtype),
+          per_channel(p),
+          per_channel(p),
+          p.moving_mean0.clone(cpu()),
+          p.moving_var0.clone(cpu()),
+          p.grad_x0.clone(cpu()),
+          p.grad_gamma0.clone(cpu()),
+          p.grad_beta0.clone(cpu()),
+          Tensor()};
+}
+
+// The reference: the unfused sequence the contract names, step by step.
+Results composed(const Problem& p, GradWrite grad_x_write = GradWrite::Accumulate) {
+  Results r = fresh_outputs(p);
+  Tensor activated = Tensor::empty(p.x_shape, cpu(), p.dtype);  // [N,C,H,W]
+  batchnorm_forward_training(activated, r.save_mean, r.save_inv_std, r.moving_mean, r.moving_var,
+                             p.x, p.gamma, p.beta, kEps, kMomentum, cpu(), p.activation);
+  r.argmax = Tensor::empty(p.y_shape, cpu(), p.dtype);
+  max_pool2d_forward_with_argmax(r.y, r.argmax, activated, p.pool, cpu());
+  Tensor grad_activated = Tensor::empty(p.x_shape, cpu(), p.dtype);  // fresh, assigned
+  max_pool2d_backward_from_argmax(grad_activated, p.grad_y, r.argmax, p.pool, cpu(),
+                                  GradWrite::Assign);
+  batchnorm_backward(r.grad_x, r.grad_gamma, r.grad_beta, grad_activated, p.x, p.gamma, r.save_mean,
+                     r.save_inv_std, cpu(), p.activation, p.beta, grad_x_write);
+  return r;
+}
+
+// The fused pair on the same problem.
+Results fused(const Problem& p, GradWrite grad_x_write = GradWrite::Accumulate) {
+  Results r = fresh_outputs(p);
+  batchnorm_max_pool_forward_training(r.y, r.save_mean, r.save_inv_std, r.moving_mean, r.moving_var,
+                                      p.x, p.gamma, p.beta, kEps, kMomentum, p.pool, cpu(),
+                                      p.activation);
+  batchnorm_max_pool_backward(r.grad_x, r.grad_gamma, r.grad_beta, p.grad_y, p.x, p.gamma, p.beta,
+                              r.save_mean, r.save_inv_std, p.pool, cpu(), p.activation,
+                              grad_x_write);
+  return r;
+}
+
+// The values of a float32 or float64 CPU tensor, widened to double (exactly, so
+// that == on them is == on the tensor's own values).
+std::vector<double> values(const Tensor& t) {
+  if (t.dtype() == DType::Float64) return t.to_host<double>(cpu());
+  const std::vector<float> f = t.to_host<float>(cpu());
+  return {f.begin(), f.end()};
+}
+
+// Every value equal (==: +0 equals -0, a NaN equals nothing), reporting how many
+// differ and the first few with their index.
+::testing::AssertionResult identical(const Tensor& actual, const Tensor& expected) {
+  if (actual.shape() != expected.shape() || actual.dtype() != expected.dtype()) {
+    return ::testing::AssertionFailure() << actual.describe() << " vs " << expected.describe();
+  }
+  const std::vector<double> a = values(actual), e = values(expected);
+  std::size_t differ = 0;
+  std::ostringstream first;
+  first.precision(17);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == e[i]) continue;
+    if (++differ <= 3) first << " [" << i << "] " << a[i] << " vs " << e[i] << ";";
+  }
+  if (differ == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << differ << " of " << a.size() << " values differ:" << first.str();
+}
+
+void expect_identical(const Results& actual, const Results& expected, const std::string& where) {
+  EXPECT_TRUE(identical(actual.y, expected.y)) << "y; " << where;
+  EXPECT_TRUE(identical(actual.save_mean, expected.save_mean)) << "save_mean; " << where;
+  EXPECT_TRUE(identical(actual.save_inv_std, expected.save_inv_std)) << "save_inv_std; " << where;
+  EXPECT_TRUE(identical(actual.moving_mean, expected.moving_mean)) << "moving_mean; " << where;
+  EXPECT_TRUE(identical(actual.moving_var, expected.moving_var)) << "moving_var; " << where;
+  EXPECT_TRUE(identical(actual.grad_x, expected.grad_x)) << "grad_x; " << where;
+  EXPECT_TRUE(identical(actual.grad_gamma, expected.grad_gamma)) << "grad_gamma; " << where;
+  EXPECT_TRUE(identical(actual.grad_beta, expected.grad_beta)) << "grad_beta; " << where;
+}
+
+// The windows every case runs: FashionNet's 2x2 stride 2 on its two layer sizes
+// (Wo = 14, and Wo = 7, whose last group of outputs on a vector path overlaps the
+// group before it), odd planes whose last row and column no window covers, Wo < 4,
+// overlapping 3x3 windows with and without padding, and a rectangular window.
+struct Case {
+  Shape x;
+  Pool2dParams pool;
+};
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> all = {
+      {{4, 3, 28, 28}, Pool2dParams::square(2, 2)},
+      {{4, 5, 14, 14}, Pool2dParams::square(2, 2)},
+      {{3, 2, 7, 9}, Pool2dParams::square(2, 2)},
+      {{3, 4, 6, 6}, Pool2dParams::square(2, 2)},  // Wo = 3
+      {{5, 2, 3, 3}, Pool2dParams::square(2, 2)},  // one window per plane, Wo = 1
+      {{2, 3, 11, 13}, Pool2dParams::square(3, 2)},
+      {{2, 3, 11, 13}, Pool2dParams::square(3, 2, 1)},
+      {{2, 3, 7, 9}, Pool2dParams{3, 2, 2, 1, 1, 1}},  // 3x2 window, stride 2x1, padding 1x1
+  };
+  return all;
+}
+
+// --- the fused op is the composition, bit for bit ------------------------------------
+
+TEST(BatchNormMaxPoolTest, EqualsTheCompositionExactly) {
+  for (const Case& c : cases()) {
+    for (DType dtype : {DType::Float32, DType::Float64}) {
+      for (Activation activation : {Activation::None, Activation::ReLU}) {
+        const Problem p = make_problem(c.x, c.pool, activation, dtype);
+        const std::string where = describe(p);
+        const Results expected = composed(p);
+        expect_identical(fused(p), expected, where);
+
+        // Controls: this data can tell a wrong fused op from the right one.
+        // (1) Pooling x instead of the activation picks other positions: the
+        // negative gamma channels reverse the order within each window.
+        Tensor y_of_x = Tensor::empty(p.y_shape, cpu(), dtype);
+        Tensor argmax_of_x = Tensor::empty(p.y_shape, cpu(), dtype);
+        max_pool2d_forward_with_argmax(y_of_x, argmax_of_x, p.x, p.pool, cpu());
+        EXPECT_FALSE(identical(argmax_of_x, expected.argmax)) << where;
+        // (2) With the ReLU, some windows are clamped to 0 entirely: there the
+        // pooled gradient lands on a masked position, and a backward that skipped
+        // the mask would differ.
+        if (activation == Activation::ReLU) {
+          std::size_t zeros = 0;
+          for (double v : values(expected.y)) zeros += v == 0.0;
+          EXPECT_GT(zeros, 0u) << "no window is clamped entirely; " << where;
+        }
+        // (3) The outputs are not trivial.
+        EXPECT_FALSE(identical(expected.grad_x, p.grad_x0)) << where;
+      }
+    }
+  }
+}
+
+// The backward's two writes of grad_x: Assign never reads grad_x (it starts as
+// NaN here) and gives the composition's assigned values; Accumulate onto a
+// non-zero grad_x gives exactly old + assigned.
+TEST(BatchNormMaxPoolTest, AssignsOrAccumulatesGradX) {
+  for (const Case& c : {cases()[1], cases()[6]}) {
+    for (DType dtype : {DType::Float32, DType::Float64}) {
+      for (Activation activation : {Activation::None, Activation::ReLU}) {
+        Problem p = make_problem(c.x, c.pool, activation, dtype);
+        const std::string where = describe(p);
+        const Results accumulated = fused(p, GradWrite::Accumulate);
+        const Tensor old = p.grad_x0;
+        Tensor nans = Tensor::empty(p.x_shape, cpu(), dtype);
+        fill(nans, std::numeric_limits<double>::quiet_NaN(), cpu());
+        p.grad_x0 = nans;
+        const Results assigned = fused(p, GradWrite::Assign);
+        expect_identical(assigned, composed(p, GradWrite::Assign), "Assign; " + where);
+        Tensor old_plus_assigned = Tensor::empty(p.x_shape, cpu(), dtype);
+        add(old_plus_assigned, old, assigned.grad_x, cpu());
+        EXPECT_TRUE(identical(accumulated.grad_x, old_plus_assigned)) << where;
+        // Control: the accumulation really started from a non-zero grad_x.
+        EXPECT_FALSE(identical(accumulated.grad_x, assigned.grad_x)) << where;
+      }
+    }
+  }
+}
+
+// Each gradient is optional: computing any subset gives the same values as
+// computing all three, and computing none changes nothing. The moving statistics
+// are optional in the forward (both undefined skips the update).
+TEST(BatchNormMaxPoolTest, UndefinedTensorsAreSkipped) {
+  for (Activation activation : {Activation::None, Activation::ReLU}) {
+    const Problem p =
+        make_problem({3, 4, 10, 10}, Pool2dParams::square(2, 2), activation, DType::Float32);
+    const std::string where = describe(p);
+    const Results all = fused(p);
+
+    Tensor y = Tensor::empty(p.y_shape, cpu()), mean = per_channel(p), inv_std = per_channel(p);
+    batchnorm_max_pool_forward_training(y, mean, inv_std, Tensor(), Tensor(), p.x, p.gamma, p.beta,
+                                        kEps, kMomentum, p.pool, cpu(), activation);
+    EXPECT_TRUE(identical(y, all.y)) << "without moving statistics; " << where;
+    EXPECT_TRUE(identical(inv_std, all.save_inv_std)) << where;
+
+    auto backward = [&](const Tensor& grad_x, const Tensor& grad_gamma, const Tensor& grad_beta) {
+      batchnorm_max_pool_backward(grad_x, grad_gamma, grad_beta, p.grad_y, p.x, p.gamma, p.beta,
+                                  all.save_mean, all.save_inv_std, p.pool, cpu(), activation);
+    };
+    for (int mask = 0; mask < 8; ++mask) {  // bit 0: grad_x, bit 1: grad_gamma, bit 2: grad_beta
+      Tensor grad_x = p.grad_x0.clone(cpu()), grad_gamma = p.grad_gamma0.clone(cpu()),
+             grad_beta = p.grad_beta0.clone(cpu());
+      backward(mask & 1 ? grad_x : Tensor(), mask & 2 ? grad_gamma : Tensor(),
+               mask & 4 ? grad_beta : Tensor());
+      const std::string which = "gradients " + std::to_string(mask) + "; " + where;
+      EXPECT_TRUE(identical(grad_x, mask & 1 ? all.grad_x : p.grad_x0)) << "grad_x, " << which;
+      EXPECT_TRUE(identical(grad_gamma, mask & 2 ? all.grad_gamma : p.grad_gamma0))
+          << "grad_gamma, " << which;
+      EXPECT_TRUE(identical(grad_beta, mask & 4 ? all.grad_beta : p.grad_beta0))
+          << "grad_beta, " << which;
+    }
+  }
+}
+
+// --- threads -----------------------------------------------------------------------
+
+// Sizes above the pool's threshold (kernels/cpu/parallel.h), so that 2 threads
+// really split the work; C = 5 does not divide evenly over them. The suite's name
+// starts with "ThreadPool" so that the ThreadSanitizer stage of the CI runs it.
+class ThreadPoolBatchNormMaxPoolTest : public ::testing::Test {
+ protected:
+  void SetUp() override { saved_ = num_threads(); }
+  void TearDown() override { set_num_threads(saved_); }
+
+ private:
+  int saved_ = 1;
+};
+
+TEST_F(ThreadPoolBatchNormMaxPoolTest, SameBitsForOneAndTwoThreads) {
+  const Shape x_shape = {7, 5, 31, 37};
+  ASSERT_GE(numel_of(x_shape), 2 * cpu::kMinParallelValues);
+  for (const Pool2dParams& pool : {Pool2dParams::square(2, 2), Pool2dParams::square(3, 2, 1)}) {
+    for (GradWrite write : {GradWrite::Accumulate, GradWrite::Assign}) {
+      const Problem p = make_problem(x_shape, pool, Activation::ReLU, DType::Float32);
+      const std::string where =
+          describe(p) + (write == GradWrite::Assign ? ", Assign" : ", Accumulate");
+      set_num_threads(1);
+      const Results one = fused(p, write);
+      expect_identical(one, composed(p, write), "1 thread; " + where);
+      set_num_threads(2);
+      const Results two = fused(p, write);
+      expect_identical(two, one, "2 threads against 1; " + where);
+      expect_identical(two, composed(p, write), "2 threads; " + where);
+      // A tower's share of the pool (2 towers on 4 threads: 2 each).
+      set_num_threads(4);
+      const ThreadShare share(0, 2);
+      expect_identical(fused(p, write), one, "a tower's 2 of 4 threads; " + where);
+    }
+  }
+}
+
+// --- gradients in float64 ----------------------------------------------------------
+
+// The fused backward is the derivative of the fused forward, with the ReLU, for
+// a window that tiles and one that overlaps with padding. L = sum(g * y).
+TEST(BatchNormMaxPoolGradient, MatchesCentralDifferences) {
+  for (const Pool2dParams& pool : {Pool2dParams::square(2, 2), Pool2dParams::square(3, 2, 1)}) {
+    const Problem p = make_problem({3, 2, 5, 6}, pool, Activation::ReLU, DType::Float64);
+    const std::int64_t C = p.x_shape[1];
+    auto forward = [&](const std::vector<Tensor>& in, Tensor& mean, Tensor& inv_std) {
+      Tensor y = Tensor::empty(p.y_shape, cpu(), DType::Float64);
+      mean = per_channel(p);
+      inv_std = per_channel(p);
+      batchnorm_max_pool_forward_training(y, mean, inv_std, Tensor(), Tensor(), in[0], in[1], in[2],
+                                          kEps, kMomentum, p.pool, cpu(), Activation::ReLU);
+      return y;
+    };
+    auto loss = [&](const std::vector<Tensor>& in) {
+      Tensor mean, inv_std;
+      return weighted_sum(p.grad_y, forward(in, mean, inv_std));
+    };
+    Tensor mean, inv_std;
+    const Tensor y = forward({p.x, p.gamma, p.beta}, mean, inv_std);
+    std::size_t zeros = 0;
+    for (double v : y.to_host<double>(cpu())) zeros += v == 0.0;
+    EXPECT_GT(zeros, 0u) << "no window clamped by the ReLU; " << describe(p);
+
+    Tensor grad_x = Tensor::zeros(p.x_shape, cpu(), DType::Float64);
+    Tensor grad_gamma = Tensor::zeros({C}, cpu(), DType::Float64);
+    Tensor grad_beta = Tensor::zeros({C}, cpu(), DType::Float64);
+    batchnorm_max_pool_backward(grad_x, grad_gamma, grad_beta, p.grad_y, p.x, p.gamma, p.beta, mean,
+                                inv_std, p.pool, cpu(), Activation::ReLU);
+    GradcheckOptions options;
+    options.atol = 1e-5;
+    options.rtol = 1e-4;
+    EXPECT_TRUE(
+        check_gradient(loss, {p.x, p.gamma, p.beta}, {grad_x, grad_gamma, grad_beta}, options))
+        << describe(p);
+  }
+}
+
+// --- errors ------------------------------------------------------------------------
+
+// Runs `call`, expecting an ErrorType; returns its message, or "" after recording
+// a failure.
+template <typename ErrorType>
+std::string message_of(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const ErrorType& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "another exception: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "no exception";
+  return "";
+}
+
+// The message names the op and says what was wrong.
+void expect_mentions(const std::string& message, const std::vector<std::string>& parts) {
+  for (const std::string& part : parts) {
+    EXPECT_NE(message.find(part), std::string::npos)
+        << "expected \"" << part << "\" in: " << message;
+  }
+}
+
+TEST(BatchNormMaxPoolTest, RejectsBadArguments) {
+  const char* forward_op = "batchnorm_max_pool_forward_training";
+  const char* backward_op = "batchnorm_max_pool_backward";
+  const Pool2dParams pool = Pool2dParams::square(2, 2);
+  const Tensor x = Tensor::zeros({2, 3, 4, 4}, cpu()), y = Tensor::zeros({2, 3, 2, 2}, cpu());
+  auto channels = [](std::int64_t C) { return Tensor::zeros({C}, cpu()); };
+  const Tensor c3 = channels(3), c4 = channels(4);  // gamma, beta
+  const Tensor mean = channels(3), inv_std = channels(3);
+  const Tensor grad_x = Tensor::zeros({2, 3, 4, 4}, cpu());
+  const Tensor grad_gamma = channels(3), grad_beta = channels(3);
+  auto forward = [&](const Tensor& y_, const Tensor& x_, const Tensor& gamma) {
+    return [&, y_, x_, gamma] {
+      batchnorm_max_pool_forward_training(y_, mean, inv_std, Tensor(), Tensor(), x_, gamma, c3,
+                                          kEps, kMomentum, pool, cpu(), Activation::ReLU);
+    };
+  };
+  auto backward = [&](const Tensor& grad_y, const Tensor& x_, const Tensor& gamma,
+                      const Tensor& beta, Activation activation) {
+    return [&, grad_y, x_, gamma, beta, activation] {
+      batchnorm_max_pool_backward(grad_x, grad_gamma, grad_beta, grad_y, x_, gamma, beta, mean,
+                                  inv_std, pool, cpu(), activation);
+    };
+  };
+
+  // The arguments below are valid: each error comes from the one bad tensor.
+  EXPECT_NO_THROW(forward(y, x, c3)());
+  EXPECT_NO_THROW(backward(y, x, c3, c3, Activation::ReLU)());
+
+  // y of the unpooled shape.
+  expect_mentions(message_of<ShapeError>(forward(Tensor::zeros({2, 3, 4, 4}, cpu()), x, c3)),
+                  {forward_op, "y is float32[2,3,4,4]"});
+  // x [N,C]: fine for batch norm, but there is no plane to pool.
+  expect_mentions(message_of<ShapeError>(forward(y, Tensor::zeros({8, 3}, cpu()), c3)),
+                  {forward_op, "float32[8,3]"});
+  expect_mentions(
+      message_of<ShapeError>(backward(y, Tensor::zeros({8, 3}, cpu()), c3, c3, Activation::ReLU)),
+      {backward_op, "float32[8,3]"});
+  // gamma with 4 channels for x's 3.
+  expect_mentions(message_of<ShapeError>(forward(y, x, c4)), {forward_op, "gamma is float32[4]"});
+  expect_mentions(message_of<ShapeError>(backward(y, x, c4, c3, Activation::ReLU)),
+                  {backward_op, "gamma is float32[4]"});
+  // The backward recomputes the activation's argmax, so it needs beta whatever the
+  // activation.
+  for (Activation activation : {Activation::None, Activation::ReLU}) {
+    expect_mentions(message_of<InvalidArgument>(backward(y, x, c3, Tensor(), activation)),
+                    {backward_op, "beta", "undefined"});
+  }
+  // grad_y of the unpooled shape.
+  expect_mentions(message_of<ShapeError>(
+                      backward(Tensor::zeros({2, 3, 4, 4}, cpu()), x, c3, c3, Activation::ReLU)),
+                  {backward_op, "grad_y is float32[2,3,4,4]"});
+}
+
+// On a GPU the fused op is not there: ag::batchnorm_max_pool2d composes the two
+// ops instead.
+TEST(BatchNormMaxPoolTest, CudaStreamIsNotSupported) {
+  skip_without_cuda_device();
+  if (IsSkipped() || HasFatalFailure()) return;
+  Stream gpu(Device::cuda(0));
+  const Tensor x = Tensor::zeros({2, 3, 4, 4}, gpu), y = Tensor::zeros({2, 3, 2, 2}, gpu);
+  const Tensor c3 = Tensor::zeros({3}, gpu), grad_x = Tensor::zeros({2, 3, 4, 4}, gpu);
+  const Pool2dParams pool = Pool2dParams::square(2, 2);
+  EXPECT_THROW(batchnorm_max_pool_forward_training(y, c3, c3, Tensor(), Tensor(), x, c3, c3, kEps,
+                                                   kMomentum, pool, gpu),
+               NotSupported);
+  EXPECT_THROW(batchnorm_max_pool_backward(grad_x, c3, c3, y, x, c3, c3, c3, c3, pool, gpu),
+               NotSupported);
+}
+
+}  // namespace
+}  // namespace towerlab::testing
