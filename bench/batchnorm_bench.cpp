@@ -14,12 +14,17 @@
 // normalize), so it moves 3|x| from DRAM unless x is still in L2 for the second
 // pass (FashionNet's tensors, 6-13 MB, fit in an H100's 50 MB L2; the 26 MB
 // [32,64,56,56] one only just); likewise its backward reads x and grad_y twice.
+//
+// Batch norm with its ReLU and FashionNet's 2x2 stride-2 max pool fused (CPU
+// only) is measured against the unfused ops it replaces, on FashionNet's two
+// layers at batch 128 and 64; its bytes are counted the same way (below).
 #include <benchmark/benchmark.h>
 
 #include "bench_util.h"
 
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "kernels/batchnorm.h"
 #include "towerlab.h"
@@ -35,7 +40,7 @@ using namespace towerlab;
 
 namespace {
 
-void set_bytes(benchmark::State& state, const Shape& shape, int passes) {
+void set_bytes(benchmark::State& state, const Shape& shape, double passes) {
   state.counters["bytes/s"] =
       benchmark::Counter(static_cast<double>(numel_of(shape)) * sizeof(float) * passes,
                          benchmark::Counter::kIsIterationInvariantRate);
@@ -129,6 +134,117 @@ void BM_BatchNormReluStep(benchmark::State& state, Device device, bool fused) {
     }
   });
   set_bytes(state, shape, 6);  // forward 2|x| + backward 4|x| (x, grad_y, grad_x twice)
+}
+
+// FashionNet's two batch-norm layers, each followed by a 2x2 stride-2 max pool
+// ([N,32,28,28] after conv1, [N,64,14,14] after conv2), at batch 128 and 64.
+void fashionnet_pooled_shapes(benchmark::internal::Benchmark* b) {
+  for (std::int64_t batch : {128, 64}) b->Args({batch, 32, 28, 28})->Args({batch, 64, 14, 14});
+  b->ArgNames({"N", "C", "H", "W"});
+}
+
+// The tensors of batch norm + ReLU + max pool on one of those shapes, and the two
+// ways of running each direction: fused (batchnorm_max_pool_forward_training,
+// batchnorm_max_pool_backward) or the unfused sequence the fused pair equals bit
+// for bit (batchnorm_forward_training with the ReLU, max_pool2d_forward_with_argmax;
+// max_pool2d_backward_from_argmax assigning the [N,C,H,W] gradient between the ops,
+// batchnorm_backward). Both backwards assign grad_x, as the first write of that
+// gradient in a step does.
+struct BatchNormMaxPool {
+  static constexpr double kEps = 1e-3, kMomentum = 0.99;
+  const Pool2dParams pool = Pool2dParams::square(2, 2);
+  const Stream& stream;
+  Shape shape, pooled;
+  Tensor x, gamma, beta, mean, inv_std, mm, mv, y, grad_y, grad_x, grad_gamma, grad_beta;
+  Tensor activated, argmax, grad_activated;  // the unfused form's tensors between the ops
+
+  BatchNormMaxPool(const Shape& s, const Stream& st)
+      : stream(st), shape(s), pooled(pool2d_output_shape(s, pool)) {
+    const std::int64_t C = shape[1];
+    x = input(shape, stream);
+    grad_y = input(pooled, stream, 1);
+    gamma = input({C}, stream, 2);  // around 1, and beta around 0, as in a trained layer
+    beta = Tensor::empty({C}, stream);
+    random_normal(beta, 42, 3, 0.0f, 0.5f, stream);
+    mean = Tensor::empty({C}, stream);
+    inv_std = Tensor::empty({C}, stream);
+    mm = Tensor::zeros({C}, stream);
+    mv = Tensor::zeros({C}, stream);
+    y = Tensor::empty(pooled, stream);
+    grad_x = Tensor::empty(shape, stream);
+    grad_gamma = Tensor::zeros({C}, stream);
+    grad_beta = Tensor::zeros({C}, stream);
+    activated = Tensor::empty(shape, stream);
+    argmax = Tensor::empty(pooled, stream);
+    grad_activated = Tensor::empty(shape, stream);
+  }
+  void forward(bool fused) {
+    if (fused) {
+      batchnorm_max_pool_forward_training(y, mean, inv_std, mm, mv, x, gamma, beta, kEps, kMomentum,
+                                          pool, stream, Activation::ReLU);
+    } else {
+      batchnorm_forward_training(activated, mean, inv_std, mm, mv, x, gamma, beta, kEps, kMomentum,
+                                 stream, Activation::ReLU);
+      max_pool2d_forward_with_argmax(y, argmax, activated, pool, stream);
+    }
+  }
+  // After forward(fused) (the unfused backward reads the unfused forward's argmax).
+  void backward(bool fused) {
+    if (fused) {
+      batchnorm_max_pool_backward(grad_x, grad_gamma, grad_beta, grad_y, x, gamma, beta, mean,
+                                  inv_std, pool, stream, Activation::ReLU, GradWrite::Assign);
+    } else {
+      max_pool2d_backward_from_argmax(grad_activated, grad_y, argmax, pool, stream,
+                                      GradWrite::Assign);
+      batchnorm_backward(grad_x, grad_gamma, grad_beta, grad_activated, x, gamma, mean, inv_std,
+                         stream, Activation::ReLU, beta, GradWrite::Assign);
+    }
+  }
+};
+
+// The bench checks itself: one forward and backward each way must give the same
+// outputs (the contract's bit-for-bit equality), or the row is an error.
+bool fused_matches_unfused(benchmark::State& state, const Shape& shape, const Stream& stream) {
+  std::vector<float> results[2];
+  for (bool fused : {false, true}) {
+    BatchNormMaxPool op(shape, stream);
+    op.forward(fused);
+    op.backward(fused);
+    for (const Tensor* t : {&op.y, &op.mean, &op.inv_std, &op.mm, &op.mv, &op.grad_x,
+                            &op.grad_gamma, &op.grad_beta}) {
+      const std::vector<float> values = t->to_host<float>(stream);
+      results[fused ? 1 : 0].insert(results[fused ? 1 : 0].end(), values.begin(), values.end());
+    }
+  }
+  if (results[0] == results[1]) return true;
+  state.SkipWithError("the fused batch norm + max pool differs from the unfused ops");
+  return false;
+}
+
+// Bytes, the fused pair's unavoidable traffic, counted for both forms so that
+// bytes/s compares them directly: the forward reads x and writes y (|x| + |x|/4);
+// the backward reads x and grad_y and writes grad_x (2|x| + |x|/4). The fused
+// forward's statistics pass reads x once more, and its backward reads x and
+// grad_y twice (sums, then grad_x), as batch norm's own do; the unfused forms add
+// the [N,C,H,W] activation and its gradient, each written and read back, and the
+// argmax. The limit is the copy's bytes/s on the same shape (BM_CopyReference).
+void BM_BatchNormMaxPoolForward(benchmark::State& state, bool fused) {
+  Stream stream(Device::cpu());
+  const Shape shape = bench::nchw_shape(state);
+  if (fused && !fused_matches_unfused(state, shape, stream)) return;
+  BatchNormMaxPool op(shape, stream);
+  bench::time_calls(state, stream, [&] { op.forward(fused); });
+  set_bytes(state, shape, 1.25);
+}
+
+void BM_BatchNormMaxPoolBackward(benchmark::State& state, bool fused) {
+  Stream stream(Device::cpu());
+  const Shape shape = bench::nchw_shape(state);
+  if (fused && !fused_matches_unfused(state, shape, stream)) return;
+  BatchNormMaxPool op(shape, stream);
+  op.forward(fused);
+  bench::time_calls(state, stream, [&] { op.backward(fused); });
+  set_bytes(state, shape, 2.25);
 }
 
 // The bandwidth reference: one copy of x (reads and writes |x|).
@@ -247,6 +363,23 @@ BENCHMARK_CAPTURE(BM_BatchNormReluStep, cpu_unfused, Device::cpu(), false)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())
     ->Apply(bench::activation_shapes)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_BatchNormMaxPoolForward, cpu_fused, true)
+    ->Apply(fashionnet_pooled_shapes)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_BatchNormMaxPoolForward, cpu_unfused, false)
+    ->Apply(fashionnet_pooled_shapes)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_BatchNormMaxPoolBackward, cpu_fused, true)
+    ->Apply(fashionnet_pooled_shapes)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_BatchNormMaxPoolBackward, cpu_unfused, false)
+    ->Apply(fashionnet_pooled_shapes)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_CopyReference, cpu_batch64, Device::cpu())
+    ->Args({64, 32, 28, 28})
+    ->Args({64, 64, 14, 14})
+    ->ArgNames({"N", "C", "H", "W"})
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_BatchNormForwardTraining, cuda, Device::cuda(0))
     ->Apply(bench::activation_shapes)
