@@ -70,12 +70,13 @@ std::string Linear::describe() const {
 }
 
 BatchNorm::BatchNorm(VariableSet& vars, std::string name, std::int64_t channels, double momentum,
-                     double eps, Activation activation)
+                     double eps, Activation activation, std::optional<Pool2dParams> max_pool)
     : name_(std::move(name)),
       channels_(channels),
       momentum_(momentum),
       eps_(eps),
-      activation_(activation) {
+      activation_(activation),
+      max_pool_(max_pool) {
   TL_CHECK(channels_ > 0, InvalidArgument, "BatchNorm " << name_ << ": no channels");
   TL_CHECK(momentum_ >= 0.0 && momentum_ < 1.0 && eps_ > 0.0, InvalidArgument,
            "BatchNorm " << name_ << ": momentum must be in [0, 1) and eps positive, got "
@@ -87,21 +88,27 @@ BatchNorm::BatchNorm(VariableSet& vars, std::string name, std::int64_t channels,
 }
 
 Var BatchNorm::forward(const Context& ctx, const Var& x) const {
+  const Var gamma = ctx.variable(name_ + "/gamma"), beta = ctx.variable(name_ + "/beta");
+  const Tensor& moving_mean = ctx.state(name_ + "/moving_mean");
+  const Tensor& moving_var = ctx.state(name_ + "/moving_variance");
   if (ctx.training && ctx.batchnorm_sync != nullptr) {
-    return ag::sync_batchnorm(x, ctx.variable(name_ + "/gamma"), ctx.variable(name_ + "/beta"),
-                              ctx.state(name_ + "/moving_mean"),
-                              ctx.state(name_ + "/moving_variance"), *ctx.batchnorm_sync, ctx.tower,
-                              momentum_, eps_, activation_);
+    const Var y = ag::sync_batchnorm(x, gamma, beta, moving_mean, moving_var, *ctx.batchnorm_sync,
+                                     ctx.tower, momentum_, eps_, activation_);
+    return max_pool_ ? ag::max_pool2d(y, *max_pool_) : y;
   }
-  return ag::batchnorm(x, ctx.variable(name_ + "/gamma"), ctx.variable(name_ + "/beta"),
-                       ctx.state(name_ + "/moving_mean"), ctx.state(name_ + "/moving_variance"),
-                       ctx.training, momentum_, eps_, activation_);
+  if (max_pool_) {
+    return ag::batchnorm_max_pool2d(x, gamma, beta, moving_mean, moving_var, ctx.training,
+                                    *max_pool_, momentum_, eps_, activation_);
+  }
+  return ag::batchnorm(x, gamma, beta, moving_mean, moving_var, ctx.training, momentum_, eps_,
+                       activation_);
 }
 
 std::string BatchNorm::describe() const {
   std::ostringstream os;
   os << name_ << ": BatchNorm " << channels_ << " momentum " << momentum_ << " eps " << eps_
      << activation_suffix(activation_);
+  if (max_pool_) os << " + " << MaxPool2d(*max_pool_).describe();
   return os.str();
 }
 
@@ -150,12 +157,11 @@ Sequential fashion_net(VariableSet& vars) {
   const Conv2dParams same{.pad_h = 1, .pad_w = 1};
   // No conv bias before batch norm: its mean subtraction would cancel it.
   const double momentum = 0.99, eps = 1e-3;  // BatchNorm's defaults (TensorFlow's)
+  const Pool2dParams pool = Pool2dParams::square(2, 2);
   net.add<Conv2d>(vars, "conv1", 1, 32, 3, same, false);
-  net.add<BatchNorm>(vars, "bn1", 32, momentum, eps, Activation::ReLU);
-  net.add<MaxPool2d>(Pool2dParams::square(2, 2));
+  net.add<BatchNorm>(vars, "bn1", 32, momentum, eps, Activation::ReLU, pool);
   net.add<Conv2d>(vars, "conv2", 32, 64, 3, same, false);
-  net.add<BatchNorm>(vars, "bn2", 64, momentum, eps, Activation::ReLU);
-  net.add<MaxPool2d>(Pool2dParams::square(2, 2));
+  net.add<BatchNorm>(vars, "bn2", 64, momentum, eps, Activation::ReLU, pool);
   net.add<Flatten>();
   net.add<Linear>(vars, "fc1", 3136, 128, true, Activation::ReLU);
   net.add<Linear>(vars, "fc2", 128, 10);

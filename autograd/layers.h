@@ -6,12 +6,14 @@
 //   VariableSet vars;
 //   Sequential net;
 //   net.add<Conv2d>(vars, "conv1", 1, 32, 3, Conv2dParams{.pad_h = 1, .pad_w = 1});
-//   net.add<BatchNorm>(vars, "bn1", 32, 0.99, 1e-3, Activation::ReLU);  // fused with ReLU
+//   net.add<BatchNorm>(vars, "bn1", 32, 0.99, 1e-3, Activation::ReLU,  // fused with ReLU
+//                      Pool2dParams::square(2, 2));                   // and a max pool
 //   ...
 //   Var logits = net(Context{tape, store, /*training=*/true}, input);
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,11 +67,13 @@ class Linear : public Layer {
 // non-trainable <name>/moving_mean (zeros) and <name>/moving_variance (ones).
 // momentum is TensorFlow's decay (the weight of the old moving value). The
 // activation is fused into batch norm's kernels, forward and backward
-// (kernels/batchnorm.h).
+// (kernels/batchnorm.h), and so is a max pool after it when one is given
+// (ag::batchnorm_max_pool2d; synchronized batch norm composes the pool instead).
 class BatchNorm : public Layer {
  public:
   BatchNorm(VariableSet& vars, std::string name, std::int64_t channels, double momentum = 0.99,
-            double eps = 1e-3, Activation activation = Activation::None);
+            double eps = 1e-3, Activation activation = Activation::None,
+            std::optional<Pool2dParams> max_pool = std::nullopt);
   Var forward(const Context& ctx, const Var& x) const override;
   std::string describe() const override;
 
@@ -78,6 +82,7 @@ class BatchNorm : public Layer {
   std::int64_t channels_;
   double momentum_, eps_;
   Activation activation_;
+  std::optional<Pool2dParams> max_pool_;
 };
 
 class ReLU : public Layer {
@@ -138,7 +143,7 @@ Var l2_regularization(const Context& ctx, double coeff);
 // FashionNet, the reference model: conv 1->32 3x3 pad 1 (no bias), BN, ReLU, maxpool 2;
 // conv 32->64 3x3 pad 1 (no bias), BN, ReLU, maxpool 2; flatten 3136; linear 3136->128, ReLU;
 // linear 128->10. Input [N,1,28,28], output logits [N,10]. Each ReLU is fused into
-// the layer before it (BatchNorm, Linear).
+// the layer before it (BatchNorm, Linear), and each max pool into its BatchNorm.
 Sequential fashion_net(VariableSet& vars);
 
 }  // namespace towerlab

@@ -195,6 +195,43 @@ Var batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& mov
                      });
 }
 
+Var batchnorm_max_pool2d(const Var& x, const Var& gamma, const Var& beta, const Tensor& moving_mean,
+                         const Tensor& moving_var, bool training, const Pool2dParams& pool,
+                         double momentum, double eps, Activation activation) {
+  Tape& tape = x.tape();
+  if (!training || !tape.stream().device().is_cpu()) {
+    return max_pool2d(
+        batchnorm(x, gamma, beta, moving_mean, moving_var, training, momentum, eps, activation),
+        pool);
+  }
+  const char* op = "batchnorm_max_pool2d";
+  tape.check_owns(op, {x, gamma, beta});
+  TL_CHECK(x.value().dim() == 4 && gamma.value().dim() == 1 && gamma.shape()[0] == x.shape()[1],
+           ShapeError,
+           op << ": " << gamma.describe() << " does not match the channels of " << x.describe()
+              << " (expected [N,C,H,W] with C = " << gamma.shape()[0] << ")");
+  Tensor y = new_tensor(tape, pool2d_output_shape(x.shape(), pool, op), x);
+  const std::int64_t channels = x.shape()[1];
+  Tensor save_mean = new_tensor(tape, {channels}, x);
+  Tensor save_inv_std = new_tensor(tape, {channels}, x);
+  Tensor argmax = new_tensor(tape, y.shape(), x);
+  batchnorm_max_pool_forward_training(y, argmax, save_mean, save_inv_std, moving_mean, moving_var,
+                                      x.value(), gamma.value(), beta.value(), eps, momentum, pool,
+                                      tape.stream(), activation);
+  const bool relu = activation == Activation::ReLU;
+  return tape.record(y, relu ? "batchnorm_relu_max_pool2d" : op, {x, gamma, beta},
+                     [x, gamma, beta, argmax, save_mean, save_inv_std, pool](const Var& out) {
+                       Tape& t = out.tape();
+                       // Every element of grad_x is written.
+                       const Tape::GradTarget gx =
+                           x.requires_grad() ? t.grad_target(x) : Tape::GradTarget{Tensor(), false};
+                       batchnorm_max_pool_backward(
+                           gx.grad, grad_if_needed(t, gamma), grad_if_needed(t, beta), out.grad(),
+                           argmax, x.value(), gamma.value(), save_mean, save_inv_std, pool,
+                           t.stream(), gx.assign ? GradWrite::Assign : GradWrite::Accumulate);
+                     });
+}
+
 Var sync_batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& moving_mean,
                    const Tensor& moving_var, BatchNormSync& sync, int tower, double momentum,
                    double eps, Activation activation) {

@@ -58,6 +58,15 @@ Var batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& mov
               const Tensor& moving_var, bool training, double momentum = 0.99, double eps = 1e-3,
               Activation activation = Activation::None);
 
+// max_pool2d(batchnorm(x, ...), pool) for x [N,C,H,W] as one op. Training on the CPU
+// runs the fused kernels (kernels/batchnorm.h: the activation and its gradient are
+// never stored); inference, and other devices, compose the two ops. Either way the
+// values and gradients are the composition's, bit for bit.
+Var batchnorm_max_pool2d(const Var& x, const Var& gamma, const Var& beta, const Tensor& moving_mean,
+                         const Tensor& moving_var, bool training, const Pool2dParams& pool,
+                         double momentum = 0.99, double eps = 1e-3,
+                         Activation activation = Activation::None);
+
 // Training-mode batch norm with the statistics of every tower's slice: the towers'
 // per-channel (mean, M2, count) are merged through `sync` in the forward pass, and
 // the per-channel sums of the backward are all-reduced, so N towers normalize (and

@@ -156,7 +156,8 @@ struct BatchNormMaxPool {
   const Stream& stream;
   Shape shape, pooled;
   Tensor x, gamma, beta, mean, inv_std, mm, mv, y, grad_y, grad_x, grad_gamma, grad_beta;
-  Tensor activated, argmax, grad_activated;  // the unfused form's tensors between the ops
+  Tensor argmax;                     // both forms': the forward writes it, the backward reads it
+  Tensor activated, grad_activated;  // the unfused form's tensors between the ops
 
   BatchNormMaxPool(const Shape& s, const Stream& st)
       : stream(st), shape(s), pooled(pool2d_output_shape(s, pool)) {
@@ -180,19 +181,20 @@ struct BatchNormMaxPool {
   }
   void forward(bool fused) {
     if (fused) {
-      batchnorm_max_pool_forward_training(y, mean, inv_std, mm, mv, x, gamma, beta, kEps, kMomentum,
-                                          pool, stream, Activation::ReLU);
+      batchnorm_max_pool_forward_training(y, argmax, mean, inv_std, mm, mv, x, gamma, beta, kEps,
+                                          kMomentum, pool, stream, Activation::ReLU);
     } else {
       batchnorm_forward_training(activated, mean, inv_std, mm, mv, x, gamma, beta, kEps, kMomentum,
                                  stream, Activation::ReLU);
       max_pool2d_forward_with_argmax(y, argmax, activated, pool, stream);
     }
   }
-  // After forward(fused) (the unfused backward reads the unfused forward's argmax).
+  // After forward(fused): each backward reads its own forward's argmax (the fused
+  // one's is -1 where the ReLU zeroes the window).
   void backward(bool fused) {
     if (fused) {
-      batchnorm_max_pool_backward(grad_x, grad_gamma, grad_beta, grad_y, x, gamma, beta, mean,
-                                  inv_std, pool, stream, Activation::ReLU, GradWrite::Assign);
+      batchnorm_max_pool_backward(grad_x, grad_gamma, grad_beta, grad_y, argmax, x, gamma, mean,
+                                  inv_std, pool, stream, GradWrite::Assign);
     } else {
       max_pool2d_backward_from_argmax(grad_activated, grad_y, argmax, pool, stream,
                                       GradWrite::Assign);
@@ -203,9 +205,10 @@ struct BatchNormMaxPool {
 };
 
 // The bench checks itself: one forward and backward each way must give the same
-// outputs (the contract's bit-for-bit equality), or the row is an error.
+// outputs (the contract's bit-for-bit equality; argmax the same where the pooled
+// y is > 0, and the fused one -1 elsewhere), or the row is an error.
 bool fused_matches_unfused(benchmark::State& state, const Shape& shape, const Stream& stream) {
-  std::vector<float> results[2];
+  std::vector<float> results[2], argmax[2], pooled;
   for (bool fused : {false, true}) {
     BatchNormMaxPool op(shape, stream);
     op.forward(fused);
@@ -215,26 +218,33 @@ bool fused_matches_unfused(benchmark::State& state, const Shape& shape, const St
       const std::vector<float> values = t->to_host<float>(stream);
       results[fused ? 1 : 0].insert(results[fused ? 1 : 0].end(), values.begin(), values.end());
     }
+    argmax[fused ? 1 : 0] = op.argmax.to_host<float>(stream);
+    if (!fused) pooled = op.y.to_host<float>(stream);
   }
-  if (results[0] == results[1]) return true;
+  for (std::size_t i = 0; i < pooled.size(); ++i) {
+    if (!(pooled[i] > 0.0f)) argmax[0][i] = -1.0f;  // the ReLU zeroes the window
+  }
+  if (results[0] == results[1] && argmax[0] == argmax[1]) return true;
   state.SkipWithError("the fused batch norm + max pool differs from the unfused ops");
   return false;
 }
 
 // Bytes, the fused pair's unavoidable traffic, counted for both forms so that
-// bytes/s compares them directly: the forward reads x and writes y (|x| + |x|/4);
-// the backward reads x and grad_y and writes grad_x (2|x| + |x|/4). The fused
-// forward's statistics pass reads x once more, and its backward reads x and
-// grad_y twice (sums, then grad_x), as batch norm's own do; the unfused forms add
-// the [N,C,H,W] activation and its gradient, each written and read back, and the
-// argmax. The limit is the copy's bytes/s on the same shape (BM_CopyReference).
+// bytes/s compares them directly: the forward reads x and writes y and argmax
+// (|x| + 2|y| = 1.5|x| for the 2x2 stride-2 pool, |y| = |x|/4); the backward
+// reads x, grad_y and argmax and writes grad_x (2|x| + 2|y| = 2.5|x|). argmax is
+// counted at 4 bytes a value, as it is held in x's dtype (float32 here). The fused
+// forward's statistics pass reads x once more, and its backward reads x, and
+// grad_y and argmax, twice (sums, then grad_x), as batch norm's own do; the
+// unfused forms add the [N,C,H,W] activation and its gradient, each written and
+// read back. The limit is the copy's bytes/s on the same shape (BM_CopyReference).
 void BM_BatchNormMaxPoolForward(benchmark::State& state, bool fused) {
   Stream stream(Device::cpu());
   const Shape shape = bench::nchw_shape(state);
   if (fused && !fused_matches_unfused(state, shape, stream)) return;
   BatchNormMaxPool op(shape, stream);
   bench::time_calls(state, stream, [&] { op.forward(fused); });
-  set_bytes(state, shape, 1.25);
+  set_bytes(state, shape, 1.5);  // x, then y and argmax (|x|/4 each)
 }
 
 void BM_BatchNormMaxPoolBackward(benchmark::State& state, bool fused) {
@@ -244,7 +254,7 @@ void BM_BatchNormMaxPoolBackward(benchmark::State& state, bool fused) {
   BatchNormMaxPool op(shape, stream);
   op.forward(fused);
   bench::time_calls(state, stream, [&] { op.backward(fused); });
-  set_bytes(state, shape, 2.25);
+  set_bytes(state, shape, 2.5);  // x and grad_x, then grad_y and argmax (|x|/4 each)
 }
 
 // The bandwidth reference: one copy of x (reads and writes |x|).

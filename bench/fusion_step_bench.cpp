@@ -5,6 +5,8 @@
 //   bn_relu      batch norm + ReLU in one op (kernels/batchnorm.h)
 //   bias_relu    fc1's bias add + ReLU in one op (kernels/bias.h)
 //   pool_argmax  max pooling through a recorded argmax (kernels/pool2d.h)
+//   bn_pool      the max pool inside batch norm's kernels (kernels/batchnorm.h),
+//                its gradient rebuilt plane by plane, never stored
 //   loss_probs   the cross-entropy backward from the forward's probabilities
 //                (kernels/loss.h)
 //
@@ -33,7 +35,7 @@ using namespace towerlab;
 namespace {
 
 struct Fusions {
-  bool bn_relu = false, bias_relu = false, pool_argmax = false, loss_probs = false;
+  bool bn_relu = false, bias_relu = false, pool_argmax = false, loss_probs = false, bn_pool = false;
 };
 
 // Max pooling whose backward recomputes each window's argmax from x: the
@@ -73,21 +75,25 @@ Sequential fashion_net_with(VariableSet& vars, const Fusions& f) {
   Sequential net;
   const Conv2dParams same{.pad_h = 1, .pad_w = 1};
   const Activation bn_act = f.bn_relu ? Activation::ReLU : Activation::None;
-  auto pool = [&] {
+  const Pool2dParams window = Pool2dParams::square(2, 2);
+  auto bn_pool = [&](const char* name, std::int64_t channels) {
+    if (f.bn_pool) {  // the ReLU, if not fused, would come after the pool
+      net.add<BatchNorm>(vars, name, channels, 0.99, 1e-3, bn_act, window);
+      if (!f.bn_relu) net.add<ReLU>();
+      return;
+    }
+    net.add<BatchNorm>(vars, name, channels, 0.99, 1e-3, bn_act);
+    if (!f.bn_relu) net.add<ReLU>();
     if (f.pool_argmax) {
-      net.add<MaxPool2d>(Pool2dParams::square(2, 2));
+      net.add<MaxPool2d>(window);
     } else {
       net.add<RecomputingMaxPool2d>();
     }
   };
   net.add<Conv2d>(vars, "conv1", 1, 32, 3, same, false);
-  net.add<BatchNorm>(vars, "bn1", 32, 0.99, 1e-3, bn_act);
-  if (!f.bn_relu) net.add<ReLU>();
-  pool();
+  bn_pool("bn1", 32);
   net.add<Conv2d>(vars, "conv2", 32, 64, 3, same, false);
-  net.add<BatchNorm>(vars, "bn2", 64, 0.99, 1e-3, bn_act);
-  if (!f.bn_relu) net.add<ReLU>();
-  pool();
+  bn_pool("bn2", 64);
   net.add<Flatten>();
   net.add<Linear>(vars, "fc1", 3136, 128, true, f.bias_relu ? Activation::ReLU : Activation::None);
   if (!f.bias_relu) net.add<ReLU>();
@@ -125,7 +131,9 @@ int main(int argc, char** argv) {
       {"bias_relu", {.bias_relu = true}},
       {"pool_argmax", {.pool_argmax = true}},
       {"loss_probs", {.loss_probs = true}},
-      {"all (fashion_net)", {true, true, true, true}},
+      {"bn_pool", {.bn_pool = true}},
+      {"all but bn_pool", {true, true, true, true, false}},
+      {"all (fashion_net)", {true, true, true, true, true}},
   };
   const Stream& host = default_stream(Device::cpu());
   Tensor images = Tensor::empty({batch, 1, 28, 28}, Device::cpu());

@@ -336,4 +336,128 @@ void batchnorm_backward(const Tensor& grad_x, const Tensor& grad_gamma, const Te
   if (grad_beta.defined()) add(grad_beta, grad_beta, sum_grad_y, stream);
 }
 
+// --- with a fused max pool (CPU) ---------------------------------------------------
+
+namespace {
+
+// The checks the fused max pool adds to args_of: a CPU stream, x [N,C,H,W], and
+// `pooled` (y or grad_y, named `name`) and argmax of the pool's shape. Sets
+// max_pool, argmax, H, W, Ho, Wo in `a`.
+void set_max_pool(const char* op, BatchNormArgs& a, const Pool2dParams& pool, const char* name,
+                  const Tensor& pooled, const Tensor& argmax, const Stream& stream) {
+  TL_CHECK(stream.device().is_cpu(), NotSupported,
+           op << ": the fused max pool runs on the CPU, not on " << stream.device().str()
+              << " (compose batch norm and max_pool2d there, as ag::batchnorm_max_pool2d does)");
+  TL_CHECK(a.x.dim() == 4, ShapeError, op << ": x must be [N,C,H,W], got " << a.x.describe());
+  const Shape expected = pool2d_output_shape(a.x.shape(), pool, op);
+  kernels::check_on_stream(op, stream, {{"x", &a.x}, {name, &pooled}, {"argmax", &argmax}});
+  for (const kernels::NamedTensor& t :
+       {kernels::NamedTensor{name, &pooled}, kernels::NamedTensor{"argmax", &argmax}}) {
+    TL_CHECK(t.second->shape() == expected, ShapeError,
+             op << ": " << t.first << " is " << t.second->describe() << " but the max pool of x "
+                << a.x.describe() << " is " << to_string(expected));
+  }
+  // The argmax of a plane is held in x's dtype (kernels/pool2d.h).
+  constexpr std::int64_t kExactFloat32 = std::int64_t{1} << 24;
+  TL_CHECK(a.x.dtype() != DType::Float32 || a.S <= kExactFloat32, ShapeError,
+           op << ": a plane of " << a.S << " values is larger than float32 positions can index ("
+              << "at most 2^24), x " << a.x.describe());
+  a.max_pool = pool;
+  a.argmax = argmax;
+  a.H = a.x.size(2);
+  a.W = a.x.size(3);
+  a.Ho = expected[2];
+  a.Wo = expected[3];
+}
+
+}  // namespace
+
+void batchnorm_max_pool_forward_training(const Tensor& y, const Tensor& argmax,
+                                         const Tensor& save_mean, const Tensor& save_inv_std,
+                                         const Tensor& moving_mean, const Tensor& moving_var,
+                                         const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                         double eps, double momentum, const Pool2dParams& pool,
+                                         const Stream& stream, Activation activation) {
+  const char* op = "batchnorm_max_pool_forward_training";
+  BatchNormArgs d = args_of(op, x, stream);
+  set_max_pool(op, d, pool, "y", y, argmax, stream);
+  kernels::check_on_stream(op, stream,
+                           {{"x", &x},
+                            {"save_mean", &save_mean},
+                            {"save_inv_std", &save_inv_std},
+                            {"gamma", &gamma},
+                            {"beta", &beta}});
+  check_channels(op, x, d.C,
+                 {{"save_mean", &save_mean},
+                  {"save_inv_std", &save_inv_std},
+                  {"gamma", &gamma},
+                  {"beta", &beta}});
+  if (wants_moving(op, moving_mean, moving_var)) {
+    kernels::check_on_stream(
+        op, stream, {{"x", &x}, {"moving_mean", &moving_mean}, {"moving_var", &moving_var}});
+    check_channels(op, x, d.C, {{"moving_mean", &moving_mean}, {"moving_var", &moving_var}});
+  }
+  check_eps_momentum(op, eps, momentum);
+  TL_CHECK(d.C == 0 || d.N * d.S >= 2, InvalidArgument,
+           op << ": training needs at least 2 values per channel, x is " << x.describe());
+  if (d.C == 0) return;
+  Tensor m2 = Tensor::empty({d.C}, stream, x.dtype());
+  d.y = y;
+  d.gamma = gamma;
+  d.beta = beta;
+  d.mean = save_mean;
+  d.m2 = m2;
+  d.inv_std = save_inv_std;
+  d.moving_mean = moving_mean;
+  d.moving_var = moving_var;
+  d.count = d.N * d.S;
+  d.eps = eps;
+  d.momentum = momentum;
+  d.activation = activation;
+  cpu::batchnorm_stats(d);
+  cpu::batchnorm_forward_from_stats(d);
+}
+
+void batchnorm_max_pool_backward(const Tensor& grad_x, const Tensor& grad_gamma,
+                                 const Tensor& grad_beta, const Tensor& grad_y,
+                                 const Tensor& argmax, const Tensor& x, const Tensor& gamma,
+                                 const Tensor& save_mean, const Tensor& save_inv_std,
+                                 const Pool2dParams& pool, const Stream& stream,
+                                 GradWrite grad_x_write) {
+  const char* op = "batchnorm_max_pool_backward";
+  BatchNormArgs d = args_of(op, x, stream);
+  set_max_pool(op, d, pool, "grad_y", grad_y, argmax, stream);
+  kernels::check_on_stream(
+      op, stream,
+      {{"x", &x}, {"gamma", &gamma}, {"save_mean", &save_mean}, {"save_inv_std", &save_inv_std}});
+  check_channels(op, x, d.C,
+                 {{"gamma", &gamma}, {"save_mean", &save_mean}, {"save_inv_std", &save_inv_std}});
+  if (grad_x.defined()) kernels::check_same_shape(op, stream, {{"x", &x}, {"grad_x", &grad_x}});
+  for (const kernels::NamedTensor& t : {kernels::NamedTensor{"grad_gamma", &grad_gamma},
+                                        kernels::NamedTensor{"grad_beta", &grad_beta}}) {
+    if (!t.second->defined()) continue;
+    kernels::check_on_stream(op, stream, {{"x", &x}, t});
+    check_channels(op, x, d.C, {t});
+  }
+  if (d.C == 0 || (!grad_x.defined() && !grad_gamma.defined() && !grad_beta.defined())) return;
+  if (x.numel() == 0) return;
+  Tensor sum_grad_y = Tensor::empty({d.C}, stream, x.dtype());
+  Tensor sum_grad_y_xhat = Tensor::empty({d.C}, stream, x.dtype());
+  d.gamma = gamma;
+  d.grad_y = grad_y;
+  d.mean = save_mean;
+  d.inv_std = save_inv_std;
+  d.sum_grad_y = sum_grad_y;
+  d.sum_grad_y_xhat = sum_grad_y_xhat;
+  cpu::batchnorm_backward_reduce(d);
+  if (grad_x.defined()) {
+    d.grad_x = grad_x;
+    d.grad_x_write = grad_x_write;
+    d.count = d.N * d.S;
+    cpu::batchnorm_backward_apply(d);
+  }
+  if (grad_gamma.defined()) add(grad_gamma, grad_gamma, sum_grad_y_xhat, stream);
+  if (grad_beta.defined()) add(grad_beta, grad_beta, sum_grad_y, stream);
+}
+
 }  // namespace towerlab

@@ -155,34 +155,37 @@ void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const 
 // for any window, stride and padding that kernels/pool2d.h accepts. The statistics,
 // the moving-statistics update, save_mean and save_inv_std are
 // batchnorm_forward_training's. What is fused is the pass over the values: each
-// plane (n, c) of the activation is computed into a scratch plane with the forward's
-// own expression and pooled there, and the backward rebuilds each plane of the
-// pool's gradient in scratch (the argmax recomputed from x, as the fused ReLU
-// recomputes its mask, then the pool's scatter into a zeroed plane) just before
-// the batch norm's backward sums it and applies it. So the [N,C,H,W] activation and
-// its gradient are never written or read back, and y, grad_x, grad_gamma and
-// grad_beta are those of the unfused ops bit for bit (batchnorm_forward_training,
+// plane (n, c) of the activation is computed into a scratch plane with the
+// forward's own expression and pooled there, so the [N,C,H,W] activation is never
+// stored. The forward records in argmax [N,C,Ho,Wo] (x's dtype, as
+// max_pool2d_forward_with_argmax does) the position h*W + w in its plane of each
+// window's maximum, or -1 where the ReLU zeroes the window (a maximum that is not
+// > 0: its gradient goes nowhere). The backward rebuilds each plane of the pool's
+// gradient, with the ReLU's mask, from argmax and grad_y in scratch, just before the
+// batch norm's backward sums it and applies it, so that gradient is never stored
+// either, and needs neither beta nor the activation.
+// y, argmax (where it is not -1), grad_x, grad_gamma and grad_beta are those of the
+// unfused ops bit for bit (batchnorm_forward_training, then
 // max_pool2d_forward_with_argmax; max_pool2d_backward_from_argmax with
-// GradWrite::Assign, batchnorm_backward), the same operations in the same order.
-// The backward needs the forward's gamma and beta (it recomputes the activation
-// to find each window's argmax), whatever the activation.
+// GradWrite::Assign, then batchnorm_backward): the same operations in the same order.
 // CPU only: on a CUDA stream they throw NotSupported (ag::batchnorm_max_pool2d
 // composes the two ops there).
-void batchnorm_max_pool_forward_training(const Tensor& y, const Tensor& save_mean,
-                                         const Tensor& save_inv_std, const Tensor& moving_mean,
-                                         const Tensor& moving_var, const Tensor& x,
-                                         const Tensor& gamma, const Tensor& beta, double eps,
-                                         double momentum, const Pool2dParams& pool,
+void batchnorm_max_pool_forward_training(const Tensor& y, const Tensor& argmax,
+                                         const Tensor& save_mean, const Tensor& save_inv_std,
+                                         const Tensor& moving_mean, const Tensor& moving_var,
+                                         const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                         double eps, double momentum, const Pool2dParams& pool,
                                          const Stream& stream,
                                          Activation activation = Activation::None);
 
 // grad_x [N,C,H,W], grad_gamma, grad_beta [C] accumulated (grad_x assigned when
-// grad_x_write is Assign), any may be undefined; grad_y [N,C,Ho,Wo].
+// grad_x_write is Assign), any may be undefined; grad_y and argmax [N,C,Ho,Wo], the
+// latter the forward's.
 void batchnorm_max_pool_backward(const Tensor& grad_x, const Tensor& grad_gamma,
-                                 const Tensor& grad_beta, const Tensor& grad_y, const Tensor& x,
-                                 const Tensor& gamma, const Tensor& beta, const Tensor& save_mean,
-                                 const Tensor& save_inv_std, const Pool2dParams& pool,
-                                 const Stream& stream, Activation activation = Activation::None,
+                                 const Tensor& grad_beta, const Tensor& grad_y,
+                                 const Tensor& argmax, const Tensor& x, const Tensor& gamma,
+                                 const Tensor& save_mean, const Tensor& save_inv_std,
+                                 const Pool2dParams& pool, const Stream& stream,
                                  GradWrite grad_x_write = GradWrite::Accumulate);
 
 }  // namespace towerlab

@@ -57,8 +57,8 @@ void check_argmax(const char* op, const Stream& stream, const Tensor& argmax, co
 
 }  // namespace
 
-Shape pool2d_output_shape(const Shape& x, const Pool2dParams& params) {
-  return output_shape("pool2d", x, params);
+Shape pool2d_output_shape(const Shape& x, const Pool2dParams& params, const char* op) {
+  return output_shape(op, x, params);
 }
 
 void max_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params,

@@ -68,8 +68,9 @@ struct Pool2dParams {
   }
 };
 
-// The shape of y for x of shape [N,C,H,W]; throws ShapeError for a bad x or window.
-Shape pool2d_output_shape(const Shape& x, const Pool2dParams& params);
+// The shape of y for x of shape [N,C,H,W]; throws ShapeError for a bad x or window
+// (InvalidArgument for a bad window), the message naming `op`.
+Shape pool2d_output_shape(const Shape& x, const Pool2dParams& params, const char* op = "pool2d");
 
 void max_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params,
                         const Stream& stream);

@@ -25,6 +25,7 @@ TEST(BadInput, WrongShapesAtEveryLayerNameTheLayerAndBothShapes) {
   Sequential net = fashion_net(vars);
   BatchNorm bn(vars, "bn", 3);
   MaxPool2d pool(Pool2dParams::square(2, 2));
+  BatchNorm bn_pool(vars, "bn_pool", 3, 0.99, 1e-3, Activation::ReLU, Pool2dParams::square(2, 2));
   Linear fc(vars, "fc", 16, 4);
   VariableStore store(vars, cpu());
   store.initialize(0, cpu());
@@ -33,7 +34,8 @@ TEST(BadInput, WrongShapesAtEveryLayerNameTheLayerAndBothShapes) {
   auto input = [&](const Shape& shape) { return tape.constant(Tensor::zeros(shape, cpu()), "x"); };
 
   EXPECT_THROW_WITH(net(ctx, input({2, 1, 32, 32})), ShapeError,
-                    "linear: x max_pool2d float32[2,4096] has 4096 features but fc1/weight "
+                    "linear: x batchnorm_relu_max_pool2d float32[2,4096] has 4096 features but "
+                    "fc1/weight "
                     "float32[128,3136] expects 3136");
   EXPECT_THROW_WITH(net(ctx, input({2, 3, 28, 28})), ShapeError,
                     "conv2d: input has 3 channels but weight expects 1 (weight conv1/weight "
@@ -47,6 +49,12 @@ TEST(BadInput, WrongShapesAtEveryLayerNameTheLayerAndBothShapes) {
   EXPECT_THROW_WITH(bn(ctx, input({2, 3, 4})), ShapeError,
                     "does not match the channels of x float32[2,3,4]");
   EXPECT_THROW_WITH(pool(ctx, input({2, 4})), ShapeError, "pool2d: x must be [N,C,H,W], got [2,4]");
+  EXPECT_THROW_WITH(bn_pool(ctx, input({2, 3, 1, 1})), ShapeError,
+                    "batchnorm_max_pool2d: a 2x2 window with stride 2x2 and padding 0x0 does not "
+                    "fit in the 1x1 plane of x [2,3,1,1]");
+  EXPECT_THROW_WITH(bn_pool(ctx, input({2, 3, 4})), ShapeError,
+                    "batchnorm_max_pool2d: bn_pool/gamma float32[3] does not match the channels of "
+                    "x float32[2,3,4] (expected [N,C,H,W] with C = 3)");
   EXPECT_THROW_WITH(pool(ctx, input({2, 3, 1, 1})), ShapeError,
                     "pool2d: a 2x2 window with stride 2x2 and padding 0x0 does not fit in the 1x1 "
                     "plane of x [2,3,1,1]");

@@ -5,6 +5,8 @@
 // values bit for bit, so every comparison is exact (== on each value, which takes
 // +0 and -0 as equal), in float32 and float64, with and without the ReLU, on
 // windows that tile the plane, leave rows and columns uncovered, overlap or pad.
+// The fused forward's argmax is the composition's wherever it is not -1, and -1
+// exactly where the ReLU zeroes the window (the composed pooled y is not > 0).
 // The data makes the comparison able to fail: gamma has negative channels, so the
 // argmax of the activation is not the argmax of x, and a negative beta leaves
 // windows that the ReLU clamps entirely, where only the mask stops the gradient.
@@ -91,8 +93,7 @@ std::string describe(const Problem& p) {
          (p.activation == Activation::ReLU ? ", ReLU" : ", no activation");
 }
 
-// Everything either form produces. argmax is the composition's only (the fused op
-// keeps none).
+// Everything either form produces.
 struct Results {
   Tensor y, save_mean, save_inv_std, moving_mean, moving_var, grad_x, grad_gamma, grad_beta;
   Tensor argmax;
@@ -102,7 +103,15 @@ Tensor per_channel(const Problem& p) {
   return Tensor::empty({p.x_shape[1]}, cpu(), p.dtype);
 }
 
-// Fresh outputs: moving statistics and gradients start from the problem's values.
+// A tensor of NaN: an output that starts so shows every value left unwritten.
+Tensor nans(const Shape& shape, DType dtype) {
+  Tensor t = Tensor::empty(shape, cpu(), dtype);
+  fill(t, std::numeric_limits<double>::quiet_NaN(), cpu());
+  return t;
+}
+
+// Fresh outputs: moving statistics and gradients start from the problem's values,
+// argmax from NaN.
 Results fresh_outputs(const Problem& p) {
   return {Tensor::empty(p.y_shape, cpu(), p.dtype),
           per_channel(p),
@@ -112,7 +121,7 @@ Results fresh_outputs(const Problem& p) {
           p.grad_x0.clone(cpu()),
           p.grad_gamma0.clone(cpu()),
           p.grad_beta0.clone(cpu()),
-          Tensor()};
+          nans(p.y_shape, p.dtype)};
 }
 
 // The reference: the unfused sequence the contract names, step by step.
@@ -121,7 +130,6 @@ Results composed(const Problem& p, GradWrite grad_x_write = GradWrite::Accumulat
   Tensor activated = Tensor::empty(p.x_shape, cpu(), p.dtype);  // [N,C,H,W]
   batchnorm_forward_training(activated, r.save_mean, r.save_inv_std, r.moving_mean, r.moving_var,
                              p.x, p.gamma, p.beta, kEps, kMomentum, cpu(), p.activation);
-  r.argmax = Tensor::empty(p.y_shape, cpu(), p.dtype);
   max_pool2d_forward_with_argmax(r.y, r.argmax, activated, p.pool, cpu());
   Tensor grad_activated = Tensor::empty(p.x_shape, cpu(), p.dtype);  // fresh, assigned
   max_pool2d_backward_from_argmax(grad_activated, p.grad_y, r.argmax, p.pool, cpu(),
@@ -134,12 +142,11 @@ Results composed(const Problem& p, GradWrite grad_x_write = GradWrite::Accumulat
 // The fused pair on the same problem.
 Results fused(const Problem& p, GradWrite grad_x_write = GradWrite::Accumulate) {
   Results r = fresh_outputs(p);
-  batchnorm_max_pool_forward_training(r.y, r.save_mean, r.save_inv_std, r.moving_mean, r.moving_var,
-                                      p.x, p.gamma, p.beta, kEps, kMomentum, p.pool, cpu(),
-                                      p.activation);
-  batchnorm_max_pool_backward(r.grad_x, r.grad_gamma, r.grad_beta, p.grad_y, p.x, p.gamma, p.beta,
-                              r.save_mean, r.save_inv_std, p.pool, cpu(), p.activation,
-                              grad_x_write);
+  batchnorm_max_pool_forward_training(r.y, r.argmax, r.save_mean, r.save_inv_std, r.moving_mean,
+                                      r.moving_var, p.x, p.gamma, p.beta, kEps, kMomentum, p.pool,
+                                      cpu(), p.activation);
+  batchnorm_max_pool_backward(r.grad_x, r.grad_gamma, r.grad_beta, p.grad_y, r.argmax, p.x, p.gamma,
+                              r.save_mean, r.save_inv_std, p.pool, cpu(), grad_x_write);
   return r;
 }
 
@@ -170,7 +177,37 @@ std::vector<double> values(const Tensor& t) {
          << differ << " of " << a.size() << " values differ:" << first.str();
 }
 
-void expect_identical(const Results& actual, const Results& expected, const std::string& where) {
+// The fused forward's argmax against the composition's (`expected`): -1 exactly
+// where the ReLU zeroes the window, that is where the composed pooled y is not > 0
+// (never without the ReLU), and elsewhere the composition's position.
+::testing::AssertionResult argmax_matches(const Tensor& fused_argmax, const Results& expected,
+                                          Activation activation) {
+  if (fused_argmax.shape() != expected.argmax.shape() ||
+      fused_argmax.dtype() != expected.argmax.dtype()) {
+    return ::testing::AssertionFailure()
+           << fused_argmax.describe() << " vs " << expected.argmax.describe();
+  }
+  const std::vector<double> a = values(fused_argmax), e = values(expected.argmax),
+                            y = values(expected.y);
+  std::size_t differ = 0;
+  std::ostringstream first;
+  first.precision(17);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const bool zeroed = activation == Activation::ReLU && !(y[i] > 0.0);
+    if (zeroed ? a[i] == -1.0 : (a[i] != -1.0 && a[i] == e[i])) continue;
+    if (++differ <= 3) {
+      first << " [" << i << "] " << a[i] << " vs " << (zeroed ? -1.0 : e[i]) << " (pooled y "
+            << y[i] << ");";
+    }
+  }
+  if (differ == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << differ << " of " << a.size() << " positions differ:" << first.str();
+}
+
+// Every output but argmax.
+void expect_identical_values(const Results& actual, const Results& expected,
+                             const std::string& where) {
   EXPECT_TRUE(identical(actual.y, expected.y)) << "y; " << where;
   EXPECT_TRUE(identical(actual.save_mean, expected.save_mean)) << "save_mean; " << where;
   EXPECT_TRUE(identical(actual.save_inv_std, expected.save_inv_std)) << "save_inv_std; " << where;
@@ -179,6 +216,20 @@ void expect_identical(const Results& actual, const Results& expected, const std:
   EXPECT_TRUE(identical(actual.grad_x, expected.grad_x)) << "grad_x; " << where;
   EXPECT_TRUE(identical(actual.grad_gamma, expected.grad_gamma)) << "grad_gamma; " << where;
   EXPECT_TRUE(identical(actual.grad_beta, expected.grad_beta)) << "grad_beta; " << where;
+}
+
+// Two runs of the fused op: every output, argmax included, identical.
+void expect_identical(const Results& actual, const Results& expected, const std::string& where) {
+  expect_identical_values(actual, expected, where);
+  EXPECT_TRUE(identical(actual.argmax, expected.argmax)) << "argmax; " << where;
+}
+
+// The fused op's outputs against the composition's on problem p.
+void expect_composition(const Results& fused_results, const Results& composed_results,
+                        const Problem& p, const std::string& where) {
+  expect_identical_values(fused_results, composed_results, where);
+  EXPECT_TRUE(argmax_matches(fused_results.argmax, composed_results, p.activation))
+      << "argmax; " << where;
 }
 
 // The windows every case runs: FashionNet's 2x2 stride 2 on its two layer sizes
@@ -213,7 +264,8 @@ TEST(BatchNormMaxPoolTest, EqualsTheCompositionExactly) {
         const Problem p = make_problem(c.x, c.pool, activation, dtype);
         const std::string where = describe(p);
         const Results expected = composed(p);
-        expect_identical(fused(p), expected, where);
+        const Results actual = fused(p);
+        expect_composition(actual, expected, p, where);
 
         // Controls: this data can tell a wrong fused op from the right one.
         // (1) Pooling x instead of the activation picks other positions: the
@@ -229,6 +281,8 @@ TEST(BatchNormMaxPoolTest, EqualsTheCompositionExactly) {
           std::size_t zeros = 0;
           for (double v : values(expected.y)) zeros += v == 0.0;
           EXPECT_GT(zeros, 0u) << "no window is clamped entirely; " << where;
+          // There the fused argmax is -1, not the composition's position.
+          EXPECT_FALSE(identical(actual.argmax, expected.argmax)) << where;
         }
         // (3) The outputs are not trivial.
         EXPECT_FALSE(identical(expected.grad_x, p.grad_x0)) << where;
@@ -248,11 +302,9 @@ TEST(BatchNormMaxPoolTest, AssignsOrAccumulatesGradX) {
         const std::string where = describe(p);
         const Results accumulated = fused(p, GradWrite::Accumulate);
         const Tensor old = p.grad_x0;
-        Tensor nans = Tensor::empty(p.x_shape, cpu(), dtype);
-        fill(nans, std::numeric_limits<double>::quiet_NaN(), cpu());
-        p.grad_x0 = nans;
+        p.grad_x0 = nans(p.x_shape, dtype);
         const Results assigned = fused(p, GradWrite::Assign);
-        expect_identical(assigned, composed(p, GradWrite::Assign), "Assign; " + where);
+        expect_composition(assigned, composed(p, GradWrite::Assign), p, "Assign; " + where);
         Tensor old_plus_assigned = Tensor::empty(p.x_shape, cpu(), dtype);
         add(old_plus_assigned, old, assigned.grad_x, cpu());
         EXPECT_TRUE(identical(accumulated.grad_x, old_plus_assigned)) << where;
@@ -273,15 +325,17 @@ TEST(BatchNormMaxPoolTest, UndefinedTensorsAreSkipped) {
     const std::string where = describe(p);
     const Results all = fused(p);
 
-    Tensor y = Tensor::empty(p.y_shape, cpu()), mean = per_channel(p), inv_std = per_channel(p);
-    batchnorm_max_pool_forward_training(y, mean, inv_std, Tensor(), Tensor(), p.x, p.gamma, p.beta,
-                                        kEps, kMomentum, p.pool, cpu(), activation);
+    Tensor y = Tensor::empty(p.y_shape, cpu()), argmax = nans(p.y_shape, p.dtype);
+    Tensor mean = per_channel(p), inv_std = per_channel(p);
+    batchnorm_max_pool_forward_training(y, argmax, mean, inv_std, Tensor(), Tensor(), p.x, p.gamma,
+                                        p.beta, kEps, kMomentum, p.pool, cpu(), activation);
     EXPECT_TRUE(identical(y, all.y)) << "without moving statistics; " << where;
+    EXPECT_TRUE(identical(argmax, all.argmax)) << "without moving statistics; " << where;
     EXPECT_TRUE(identical(inv_std, all.save_inv_std)) << where;
 
     auto backward = [&](const Tensor& grad_x, const Tensor& grad_gamma, const Tensor& grad_beta) {
-      batchnorm_max_pool_backward(grad_x, grad_gamma, grad_beta, p.grad_y, p.x, p.gamma, p.beta,
-                                  all.save_mean, all.save_inv_std, p.pool, cpu(), activation);
+      batchnorm_max_pool_backward(grad_x, grad_gamma, grad_beta, p.grad_y, all.argmax, p.x, p.gamma,
+                                  all.save_mean, all.save_inv_std, p.pool, cpu());
     };
     for (int mask = 0; mask < 8; ++mask) {  // bit 0: grad_x, bit 1: grad_gamma, bit 2: grad_beta
       Tensor grad_x = p.grad_x0.clone(cpu()), grad_gamma = p.grad_gamma0.clone(cpu()),
@@ -322,11 +376,11 @@ TEST_F(ThreadPoolBatchNormMaxPoolTest, SameBitsForOneAndTwoThreads) {
           describe(p) + (write == GradWrite::Assign ? ", Assign" : ", Accumulate");
       set_num_threads(1);
       const Results one = fused(p, write);
-      expect_identical(one, composed(p, write), "1 thread; " + where);
+      expect_composition(one, composed(p, write), p, "1 thread; " + where);
       set_num_threads(2);
       const Results two = fused(p, write);
       expect_identical(two, one, "2 threads against 1; " + where);
-      expect_identical(two, composed(p, write), "2 threads; " + where);
+      expect_composition(two, composed(p, write), p, "2 threads; " + where);
       // A tower's share of the pool (2 towers on 4 threads: 2 each).
       set_num_threads(4);
       const ThreadShare share(0, 2);
@@ -343,20 +397,23 @@ TEST(BatchNormMaxPoolGradient, MatchesCentralDifferences) {
   for (const Pool2dParams& pool : {Pool2dParams::square(2, 2), Pool2dParams::square(3, 2, 1)}) {
     const Problem p = make_problem({3, 2, 5, 6}, pool, Activation::ReLU, DType::Float64);
     const std::int64_t C = p.x_shape[1];
-    auto forward = [&](const std::vector<Tensor>& in, Tensor& mean, Tensor& inv_std) {
+    auto forward = [&](const std::vector<Tensor>& in, Tensor& argmax, Tensor& mean,
+                       Tensor& inv_std) {
       Tensor y = Tensor::empty(p.y_shape, cpu(), DType::Float64);
+      argmax = Tensor::empty(p.y_shape, cpu(), DType::Float64);
       mean = per_channel(p);
       inv_std = per_channel(p);
-      batchnorm_max_pool_forward_training(y, mean, inv_std, Tensor(), Tensor(), in[0], in[1], in[2],
-                                          kEps, kMomentum, p.pool, cpu(), Activation::ReLU);
+      batchnorm_max_pool_forward_training(y, argmax, mean, inv_std, Tensor(), Tensor(), in[0],
+                                          in[1], in[2], kEps, kMomentum, p.pool, cpu(),
+                                          Activation::ReLU);
       return y;
     };
     auto loss = [&](const std::vector<Tensor>& in) {
-      Tensor mean, inv_std;
-      return weighted_sum(p.grad_y, forward(in, mean, inv_std));
+      Tensor argmax, mean, inv_std;
+      return weighted_sum(p.grad_y, forward(in, argmax, mean, inv_std));
     };
-    Tensor mean, inv_std;
-    const Tensor y = forward({p.x, p.gamma, p.beta}, mean, inv_std);
+    Tensor argmax, mean, inv_std;
+    const Tensor y = forward({p.x, p.gamma, p.beta}, argmax, mean, inv_std);
     std::size_t zeros = 0;
     for (double v : y.to_host<double>(cpu())) zeros += v == 0.0;
     EXPECT_GT(zeros, 0u) << "no window clamped by the ReLU; " << describe(p);
@@ -364,8 +421,8 @@ TEST(BatchNormMaxPoolGradient, MatchesCentralDifferences) {
     Tensor grad_x = Tensor::zeros(p.x_shape, cpu(), DType::Float64);
     Tensor grad_gamma = Tensor::zeros({C}, cpu(), DType::Float64);
     Tensor grad_beta = Tensor::zeros({C}, cpu(), DType::Float64);
-    batchnorm_max_pool_backward(grad_x, grad_gamma, grad_beta, p.grad_y, p.x, p.gamma, p.beta, mean,
-                                inv_std, p.pool, cpu(), Activation::ReLU);
+    batchnorm_max_pool_backward(grad_x, grad_gamma, grad_beta, p.grad_y, argmax, p.x, p.gamma, mean,
+                                inv_std, p.pool, cpu());
     GradcheckOptions options;
     options.atol = 1e-5;
     options.rtol = 1e-4;
@@ -406,51 +463,52 @@ TEST(BatchNormMaxPoolTest, RejectsBadArguments) {
   const char* backward_op = "batchnorm_max_pool_backward";
   const Pool2dParams pool = Pool2dParams::square(2, 2);
   const Tensor x = Tensor::zeros({2, 3, 4, 4}, cpu()), y = Tensor::zeros({2, 3, 2, 2}, cpu());
+  const Tensor argmax = Tensor::zeros({2, 3, 2, 2}, cpu());
+  const Tensor unpooled = Tensor::zeros({2, 3, 4, 4}, cpu());  // x's shape, not y's
   auto channels = [](std::int64_t C) { return Tensor::zeros({C}, cpu()); };
   const Tensor c3 = channels(3), c4 = channels(4);  // gamma, beta
   const Tensor mean = channels(3), inv_std = channels(3);
   const Tensor grad_x = Tensor::zeros({2, 3, 4, 4}, cpu());
   const Tensor grad_gamma = channels(3), grad_beta = channels(3);
-  auto forward = [&](const Tensor& y_, const Tensor& x_, const Tensor& gamma) {
-    return [&, y_, x_, gamma] {
-      batchnorm_max_pool_forward_training(y_, mean, inv_std, Tensor(), Tensor(), x_, gamma, c3,
-                                          kEps, kMomentum, pool, cpu(), Activation::ReLU);
+  auto forward = [&](const Tensor& y_, const Tensor& argmax_, const Tensor& x_,
+                     const Tensor& gamma) {
+    return [&, y_, argmax_, x_, gamma] {
+      batchnorm_max_pool_forward_training(y_, argmax_, mean, inv_std, Tensor(), Tensor(), x_, gamma,
+                                          c3, kEps, kMomentum, pool, cpu(), Activation::ReLU);
     };
   };
-  auto backward = [&](const Tensor& grad_y, const Tensor& x_, const Tensor& gamma,
-                      const Tensor& beta, Activation activation) {
-    return [&, grad_y, x_, gamma, beta, activation] {
-      batchnorm_max_pool_backward(grad_x, grad_gamma, grad_beta, grad_y, x_, gamma, beta, mean,
-                                  inv_std, pool, cpu(), activation);
+  auto backward = [&](const Tensor& grad_y, const Tensor& argmax_, const Tensor& x_,
+                      const Tensor& gamma) {
+    return [&, grad_y, argmax_, x_, gamma] {
+      batchnorm_max_pool_backward(grad_x, grad_gamma, grad_beta, grad_y, argmax_, x_, gamma, mean,
+                                  inv_std, pool, cpu());
     };
   };
 
   // The arguments below are valid: each error comes from the one bad tensor.
-  EXPECT_NO_THROW(forward(y, x, c3)());
-  EXPECT_NO_THROW(backward(y, x, c3, c3, Activation::ReLU)());
+  EXPECT_NO_THROW(forward(y, argmax, x, c3)());
+  EXPECT_NO_THROW(backward(y, argmax, x, c3)());
 
   // y of the unpooled shape.
-  expect_mentions(message_of<ShapeError>(forward(Tensor::zeros({2, 3, 4, 4}, cpu()), x, c3)),
+  expect_mentions(message_of<ShapeError>(forward(unpooled, argmax, x, c3)),
                   {forward_op, "y is float32[2,3,4,4]"});
+  // argmax of the unpooled shape.
+  expect_mentions(message_of<ShapeError>(forward(y, unpooled, x, c3)),
+                  {forward_op, "argmax is float32[2,3,4,4]"});
+  expect_mentions(message_of<ShapeError>(backward(y, unpooled, x, c3)),
+                  {backward_op, "argmax is float32[2,3,4,4]"});
   // x [N,C]: fine for batch norm, but there is no plane to pool.
-  expect_mentions(message_of<ShapeError>(forward(y, Tensor::zeros({8, 3}, cpu()), c3)),
+  expect_mentions(message_of<ShapeError>(forward(y, argmax, Tensor::zeros({8, 3}, cpu()), c3)),
                   {forward_op, "float32[8,3]"});
-  expect_mentions(
-      message_of<ShapeError>(backward(y, Tensor::zeros({8, 3}, cpu()), c3, c3, Activation::ReLU)),
-      {backward_op, "float32[8,3]"});
+  expect_mentions(message_of<ShapeError>(backward(y, argmax, Tensor::zeros({8, 3}, cpu()), c3)),
+                  {backward_op, "float32[8,3]"});
   // gamma with 4 channels for x's 3.
-  expect_mentions(message_of<ShapeError>(forward(y, x, c4)), {forward_op, "gamma is float32[4]"});
-  expect_mentions(message_of<ShapeError>(backward(y, x, c4, c3, Activation::ReLU)),
+  expect_mentions(message_of<ShapeError>(forward(y, argmax, x, c4)),
+                  {forward_op, "gamma is float32[4]"});
+  expect_mentions(message_of<ShapeError>(backward(y, argmax, x, c4)),
                   {backward_op, "gamma is float32[4]"});
-  // The backward recomputes the activation's argmax, so it needs beta whatever the
-  // activation.
-  for (Activation activation : {Activation::None, Activation::ReLU}) {
-    expect_mentions(message_of<InvalidArgument>(backward(y, x, c3, Tensor(), activation)),
-                    {backward_op, "beta", "undefined"});
-  }
   // grad_y of the unpooled shape.
-  expect_mentions(message_of<ShapeError>(
-                      backward(Tensor::zeros({2, 3, 4, 4}, cpu()), x, c3, c3, Activation::ReLU)),
+  expect_mentions(message_of<ShapeError>(backward(unpooled, argmax, x, c3)),
                   {backward_op, "grad_y is float32[2,3,4,4]"});
 }
 
@@ -463,10 +521,11 @@ TEST(BatchNormMaxPoolTest, CudaStreamIsNotSupported) {
   const Tensor x = Tensor::zeros({2, 3, 4, 4}, gpu), y = Tensor::zeros({2, 3, 2, 2}, gpu);
   const Tensor c3 = Tensor::zeros({3}, gpu), grad_x = Tensor::zeros({2, 3, 4, 4}, gpu);
   const Pool2dParams pool = Pool2dParams::square(2, 2);
-  EXPECT_THROW(batchnorm_max_pool_forward_training(y, c3, c3, Tensor(), Tensor(), x, c3, c3, kEps,
-                                                   kMomentum, pool, gpu),
+  const Tensor argmax = Tensor::zeros({2, 3, 2, 2}, gpu);
+  EXPECT_THROW(batchnorm_max_pool_forward_training(y, argmax, c3, c3, Tensor(), Tensor(), x, c3, c3,
+                                                   kEps, kMomentum, pool, gpu),
                NotSupported);
-  EXPECT_THROW(batchnorm_max_pool_backward(grad_x, c3, c3, y, x, c3, c3, c3, c3, pool, gpu),
+  EXPECT_THROW(batchnorm_max_pool_backward(grad_x, c3, c3, y, argmax, x, c3, c3, c3, pool, gpu),
                NotSupported);
 }
 

@@ -390,7 +390,8 @@ TEST(FusionGradient, MaxPoolThroughArgmaxMatchesCentralDifferences) {
 
 // --- the layers ------------------------------------------------------------------
 
-// FashionNet's layers with the ReLUs as layers of their own: the unfused model.
+// FashionNet's layers with the ReLUs and max pools as layers of their own: the
+// unfused model.
 Sequential unfused_fashion_net(VariableSet& vars) {
   Sequential net;
   const Conv2dParams same{.pad_h = 1, .pad_w = 1};
@@ -413,10 +414,11 @@ TEST(FusionLayers, FashionNetEqualsItsUnfusedLayers) {
   VariableSet vars;
   Sequential fused = fashion_net(vars);
   Sequential unfused = unfused_fashion_net(vars);  // the same variables
-  EXPECT_NE(fused.describe().find("bn1: BatchNorm 32 momentum 0.99 eps 0.001 + ReLU"),
+  EXPECT_NE(fused.describe().find(
+                "bn1: BatchNorm 32 momentum 0.99 eps 0.001 + ReLU + MaxPool2d 2x2 stride 2"),
             std::string::npos)
       << fused.describe();
-  EXPECT_EQ(fused.size() + 3, unfused.size());
+  EXPECT_EQ(fused.size() + 5, unfused.size());  // three ReLUs and two max pools fused
   const Stream& cpu = cpu_stream();
   Tensor images = Tensor::empty({8, 1, 28, 28}, cpu);
   random_normal(images, 3, 0, 0.0f, 1.0f, cpu);

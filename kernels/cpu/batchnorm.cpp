@@ -17,6 +17,12 @@
 // forwards, masked() on grad_y in the backwards, each written once. The backward's
 // mask is recomputed from x (batchnorm_affine, as the forward computed y), so a
 // ReLU backward reads what the plain one reads.
+//
+// The fused max pool (a.max_pool) works a plane (n, c) at a time in a thread's
+// scratch (PoolScratch): the forward computes the plane's activation there and
+// pools it into y and argmax; the backwards write the plane's gradient there
+// from grad_y and argmax (with the ReLU's mask, folded into argmax by the
+// forward) and run the plain per-row code on it, as if read from memory.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -29,6 +35,7 @@
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/per_channel.h"
+#include "kernels/cpu/pool2d.h"
 #include "kernels/cpu/relu.h"
 #include "kernels/cpu/simd.h"
 
@@ -104,6 +111,49 @@ Affine<T> affine_of(const BatchNormArgs& a, std::int64_t c) {
   return {a.mean.data<T>()[c], a.gamma.data<T>()[c] * istd, a.beta.data<T>()[c]};
 }
 
+// The activation of one plane (or row) of S values: what the forward stores.
+template <bool Relu, typename T>
+void activate(T* out, const T* x, std::int64_t S, const Affine<T>& k) {
+  for (std::int64_t s = 0; s < S; ++s) {
+    out[s] = clamp<Relu>(batchnorm_affine(x[s], k.center, k.scale, k.shift));
+  }
+}
+
+// A thread's scratch for the fused max pool: one plane [H*W] of the activation
+// (forward) or of the pool's gradient (backward). Empty without a max pool.
+template <typename T>
+class PoolScratch {
+ public:
+  explicit PoolScratch(const BatchNormArgs& a)
+      : z_{a.H, a.W, a.Ho, a.Wo},
+        pool_(a.max_pool.value_or(Pool2dParams{})),
+        plane_(a.max_pool ? a.S : 0) {}
+
+  // y and where [Ho,Wo]: the max pool of the activation of x's plane [H*W] and its
+  // argmax, -1 where the ReLU zeroes the window (its maximum is not > 0, so
+  // relu_mask stops its gradient).
+  template <bool Relu>
+  void forward(T* y, T* where, const T* x, const Affine<T>& k) {
+    activate<Relu>(plane_.data(), x, z_.H * z_.W, k);
+    max_pool_plane(plane_.data(), y, where, z_, pool_);
+    if constexpr (Relu) {
+      for (std::int64_t o = 0; o < z_.Ho * z_.Wo; ++o) where[o] = y[o] > T(0) ? where[o] : T(-1);
+    }
+  }
+
+  // The plane's gradient [H*W] from grad_y and where [Ho,Wo]: the pool's, with
+  // the ReLU's mask (the unfused pair's), valid until the next call.
+  const T* gradient(const T* grad_y, const T* where) {
+    max_pool_plane_gradient(where, grad_y, plane_.data(), z_, pool_);
+    return plane_.data();
+  }
+
+ private:
+  PoolPlane z_;
+  Pool2dParams pool_;
+  std::vector<T> plane_;
+};
+
 // fn.template operator()<Relu>() with Relu = (activation == ReLU).
 template <typename Fn>
 void with_activation(Activation activation, const Fn& fn) {
@@ -163,16 +213,22 @@ void batchnorm_stats(const BatchNormArgs& a) {
     T* mean_out = a.mean.data<T>();  // [C]
     T* m2_out = a.m2.data<T>();      // [C]
     parallel_rows(C, 2 * N * S, [&](std::int64_t first, std::int64_t last) {
-      for (std::int64_t c = first; c < last; ++c) {
-        double mean = 0.0, m2 = 0.0;
-        for (std::int64_t n = 0; S > 0 && n < N; ++n) {
+      // Image by image over this thread's channels: their rows of one image are
+      // contiguous, one stream the prefetcher follows (a channel's rows are C*S apart).
+      std::vector<RowMoments> channels(last - first, RowMoments{0.0, 0.0});
+      for (std::int64_t n = 0; S > 0 && n < N; ++n) {
+        const double rows = static_cast<double>(n);
+        for (std::int64_t c = first; c < last; ++c) {
           const RowMoments row = row_moments(in + (n * C + c) * S, S);
-          const double delta = row.mean - mean, rows = static_cast<double>(n);
+          auto& [mean, m2] = channels[c - first];
+          const double delta = row.mean - mean;
           mean += delta / (rows + 1.0);
           m2 += row.m2 + delta * delta * rows * static_cast<double>(S) / (rows + 1.0);
         }
-        mean_out[c] = static_cast<T>(mean);
-        m2_out[c] = static_cast<T>(m2);
+      }
+      for (std::int64_t c = first; c < last; ++c) {
+        mean_out[c] = static_cast<T>(channels[c - first].mean);
+        m2_out[c] = static_cast<T>(channels[c - first].m2);
       }
     });
   });
@@ -199,20 +255,28 @@ void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_
 namespace {
 
 // y[n,c,s] = batchnorm_affine(x[n,c,s], center[c], scale[c], shift[c]), then ReLU
-// when the activation asks; y may alias x.
+// when the activation asks (y may alias x); with a max pool, y[n,c] is the pool of
+// that plane.
 template <typename T>
 void normalize(const BatchNormArgs& a, const std::vector<T>& center, const std::vector<T>& scale) {
   const std::int64_t N = a.N, C = a.C, S = a.S;
-  T* y = a.y.data<T>();               // [N,C,S]
-  const T* x = a.x.data<T>();         // [N,C,S]
-  const T* shift = a.beta.data<T>();  // [C]
+  const std::int64_t y_plane = a.max_pool ? a.Ho * a.Wo : S;
+  T* y = a.y.data<T>();                                  // [N,C,S] or [N,C,Ho*Wo]
+  T* where = a.max_pool ? a.argmax.data<T>() : nullptr;  // [N,C,Ho*Wo]
+  const T* x = a.x.data<T>();                            // [N,C,S]
+  const T* shift = a.beta.data<T>();                     // [C]
   with_activation(a.activation, [&]<bool Relu>() {
     parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
+      PoolScratch<T> pool(a);
       for (std::int64_t n = first; n < last; ++n) {
         for (std::int64_t c = 0; c < C; ++c) {
-          const std::int64_t base = (n * C + c) * S;
-          for (std::int64_t s = 0; s < S; ++s) {
-            y[base + s] = clamp<Relu>(batchnorm_affine(x[base + s], center[c], scale[c], shift[c]));
+          const Affine<T> k{center[c], scale[c], shift[c]};
+          const T* in = x + (n * C + c) * S;
+          T* out = y + (n * C + c) * y_plane;
+          if (a.max_pool) {
+            pool.template forward<Relu>(out, where + (n * C + c) * y_plane, in, k);
+          } else {
+            activate<Relu>(out, in, S, k);
           }
         }
       }
@@ -299,25 +363,35 @@ std::pair<double, double> row_sums(const T* gy, const T* x, std::int64_t S, cons
 void batchnorm_backward_reduce(const BatchNormArgs& a) {
   const std::int64_t N = a.N, C = a.C, S = a.S;
   with_dtype(a.x.dtype(), [&]<typename T>() {
-    const T* gy = a.grad_y.data<T>();        // [N,C,S]
-    const T* in = a.x.data<T>();             // [N,C,S]
-    const T* mu = a.mean.data<T>();          // [C]
-    const T* istd = a.inv_std.data<T>();     // [C]
-    T* out_a = a.sum_grad_y.data<T>();       // [C]
-    T* out_b = a.sum_grad_y_xhat.data<T>();  // [C]
+    const T* gy = a.grad_y.data<T>();                            // [N,C,S] or [N,C,Ho*Wo]
+    const T* where = a.max_pool ? a.argmax.data<T>() : nullptr;  // [N,C,Ho*Wo]
+    const T* in = a.x.data<T>();                                 // [N,C,S]
+    const T* mu = a.mean.data<T>();                              // [C]
+    const T* istd = a.inv_std.data<T>();                         // [C]
+    T* out_a = a.sum_grad_y.data<T>();                           // [C]
+    T* out_b = a.sum_grad_y_xhat.data<T>();                      // [C]
+    const std::int64_t gy_plane = a.max_pool ? a.Ho * a.Wo : S;
     with_activation(a.activation, [&]<bool Relu>() {
       parallel_rows(C, 2 * N * S, [&](std::int64_t first, std::int64_t last) {
-        for (std::int64_t c = first; c < last; ++c) {
-          const Affine<T> k = affine_of<T>(a, c);
-          double sum_gy = 0.0, sum_gy_xhat = 0.0;
-          for (std::int64_t n = 0; n < N; ++n) {
+        PoolScratch<T> pool(a);
+        std::vector<Affine<T>> ks(last - first);
+        for (std::int64_t c = first; c < last; ++c) ks[c - first] = affine_of<T>(a, c);
+        // Image by image over this thread's channels, as batchnorm_stats goes.
+        std::vector<std::pair<double, double>> sums(last - first, {0.0, 0.0});
+        for (std::int64_t n = 0; n < N; ++n) {
+          for (std::int64_t c = first; c < last; ++c) {
             const std::int64_t base = (n * C + c) * S;
-            const auto [row_gy, row_gy_xhat] = row_sums<Relu>(gy + base, in + base, S, k, mu[c]);
-            sum_gy += row_gy;
-            sum_gy_xhat += row_gy_xhat;
+            const T* g = gy + (n * C + c) * gy_plane;
+            if (a.max_pool) g = pool.gradient(g, where + (n * C + c) * gy_plane);
+            const auto [row_gy, row_gy_xhat] =
+                row_sums<Relu>(g, in + base, S, ks[c - first], mu[c]);
+            sums[c - first].first += row_gy;
+            sums[c - first].second += row_gy_xhat;
           }
-          out_a[c] = static_cast<T>(sum_gy);
-          out_b[c] = static_cast<T>(sum_gy_xhat * static_cast<double>(istd[c]));
+        }
+        for (std::int64_t c = first; c < last; ++c) {
+          out_a[c] = static_cast<T>(sums[c - first].first);
+          out_b[c] = static_cast<T>(sums[c - first].second * static_cast<double>(istd[c]));
         }
       });
     });
@@ -327,18 +401,21 @@ void batchnorm_backward_reduce(const BatchNormArgs& a) {
 void batchnorm_backward_apply(const BatchNormArgs& a) {
   const std::int64_t N = a.N, C = a.C, S = a.S;
   with_dtype(a.x.dtype(), [&]<typename T>() {
-    T* gx = a.grad_x.data<T>();                 // [N,C,S]
-    const T* gy = a.grad_y.data<T>();           // [N,C,S]
-    const T* in = a.x.data<T>();                // [N,C,S]
-    const T* g = a.gamma.data<T>();             // [C]
-    const T* mu = a.mean.data<T>();             // [C]
-    const T* istd = a.inv_std.data<T>();        // [C]
-    const T* sa = a.sum_grad_y.data<T>();       // [C]
-    const T* sb = a.sum_grad_y_xhat.data<T>();  // [C]
+    T* gx = a.grad_x.data<T>();                                  // [N,C,S]
+    const T* gy = a.grad_y.data<T>();                            // [N,C,S] or [N,C,Ho*Wo]
+    const T* where = a.max_pool ? a.argmax.data<T>() : nullptr;  // [N,C,Ho*Wo]
+    const T* in = a.x.data<T>();                                 // [N,C,S]
+    const T* g = a.gamma.data<T>();                              // [C]
+    const T* mu = a.mean.data<T>();                              // [C]
+    const T* istd = a.inv_std.data<T>();                         // [C]
+    const T* sa = a.sum_grad_y.data<T>();                        // [C]
+    const T* sb = a.sum_grad_y_xhat.data<T>();                   // [C]
     const T inv_count = static_cast<T>(1.0 / static_cast<double>(a.count));
     const bool assign = a.grad_x_write == GradWrite::Assign;
+    const std::int64_t gy_plane = a.max_pool ? a.Ho * a.Wo : S;
     with_activation(a.activation, [&]<bool Relu>() {
       parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
+        PoolScratch<T> pool(a);
         for (std::int64_t n = first; n < last; ++n) {
           for (std::int64_t c = 0; c < C; ++c) {
             const std::int64_t base = (n * C + c) * S;
@@ -346,9 +423,11 @@ void batchnorm_backward_apply(const BatchNormArgs& a) {
             const T mean_gy = sa[c] * inv_count;
             const T mean_gy_xhat = sb[c] * inv_count;
             const Affine<T> relu = affine_of<T>(a, c);
+            const T* gy_row = gy + (n * C + c) * gy_plane;
+            if (a.max_pool) gy_row = pool.gradient(gy_row, where + (n * C + c) * gy_plane);
             for (std::int64_t s = 0; s < S; ++s) {
               const T xhat = (in[base + s] - mu[c]) * istd[c];
-              const T gys = masked<Relu>(gy[base + s], in[base + s], relu);
+              const T gys = masked<Relu>(gy_row[s], in[base + s], relu);
               const T g = k * (gys - mean_gy - xhat * mean_gy_xhat);
               gx[base + s] = assign ? g : gx[base + s] + g;
             }

@@ -6,10 +6,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "engine/philox.h"  // TL_HOST_DEVICE
 #include "engine/tensor.h"
 #include "kernels/grad_write.h"
+#include "kernels/pool2d.h"
 #include "kernels/relu.h"
 
 namespace towerlab {
@@ -26,7 +28,14 @@ struct BatchNormArgs {
   // ReLU: the forwards clamp y; the backwards mask grad_y by the forward's y > 0,
   // recomputed from x, gamma, beta, mean and inv_std (batchnorm_affine).
   Activation activation = Activation::None;
-  Tensor grad_y, grad_x;                           // [N,C,S]
+  // A fused max pool (batchnorm_max_pool_*, CPU): y and grad_y are then the pool's
+  // [N,C,Ho,Wo] over the [H,W] planes of x (S = H*W), and argmax [N,C,Ho,Wo] the
+  // positions of the windows' maxima (-1 where a ReLU stops the gradient). Its
+  // backwards take the ReLU's mask from argmax and run with Activation::None.
+  std::optional<Pool2dParams> max_pool;
+  Tensor argmax;
+  std::int64_t H = 0, W = 0, Ho = 0, Wo = 0;
+  Tensor grad_y, grad_x;                           // [N,C,S] ([N,C,Ho,Wo] with max_pool)
   GradWrite grad_x_write = GradWrite::Accumulate;  // Assign: grad_x = ..., not read first
   Tensor sum_grad_y, sum_grad_y_xhat;              // [C]
 };
@@ -51,16 +60,18 @@ namespace towerlab::cpu {
 void batchnorm_stats(const BatchNormArgs& a);
 void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_t count_a,
                            const Tensor& mean_b, const Tensor& m2_b, std::int64_t count_b);
-// Reads x, gamma, beta, mean, m2, count, eps, momentum, activation; writes y,
-// inv_std and (when defined) moving_mean, moving_var.
+// Reads x, gamma, beta, mean, m2, count, eps, momentum, activation, max_pool (and
+// H, W, Ho, Wo with it); writes y, inv_std, (with max_pool) argmax and (when
+// defined) moving_mean, moving_var.
 void batchnorm_forward_from_stats(const BatchNormArgs& a);
 // Reads x, gamma, beta, moving_mean, moving_var, eps, activation; writes y.
 void batchnorm_forward_inference(const BatchNormArgs& a);
-// Reads grad_y, x, mean, inv_std, activation (and gamma, beta for ReLU); writes
-// sum_grad_y, sum_grad_y_xhat.
+// Reads grad_y, x, mean, inv_std, activation (and gamma, beta for ReLU), max_pool
+// (and argmax, H, W, Ho, Wo with it); writes sum_grad_y, sum_grad_y_xhat.
 void batchnorm_backward_reduce(const BatchNormArgs& a);
 // Reads grad_y, x, gamma, mean, inv_std, sum_grad_y, sum_grad_y_xhat, count,
-// activation (and beta for ReLU), grad_x_write; adds into (or assigns) grad_x.
+// activation (and beta for ReLU), max_pool (and argmax, H, W, Ho, Wo with it),
+// grad_x_write; adds into (or assigns) grad_x.
 void batchnorm_backward_apply(const BatchNormArgs& a);
 
 }  // namespace towerlab::cpu

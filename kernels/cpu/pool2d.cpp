@@ -5,6 +5,7 @@
 // outputs at once in vector lanes over a pair of input rows, instead of walking a
 // generic window per output (about three times faster).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -29,6 +30,7 @@ struct Window {
 // inside the innermost loops).
 struct Sizes {
   std::int64_t planes, H, W, Ho, Wo;
+  PoolPlane plane() const { return {H, W, Ho, Wo}; }
 };
 
 Sizes sizes_of(const Tensor& x, const Tensor& y) {
@@ -74,6 +76,21 @@ std::int64_t window_argmax(const T* plane, std::int64_t W, const Window& win) {
   return first_nan >= 0 ? first_nan : best;
 }
 
+// Calls fn(output index within the plane, window) for every output of one plane,
+// in order (ho, wo).
+template <typename Fn>
+void for_each_window(const PoolPlane& z, const Pool2dParams& p, const Fn& fn) {
+  for (std::int64_t ho = 0; ho < z.Ho; ++ho) {
+    const std::int64_t h = ho * p.stride_h - p.pad_h;
+    const std::int64_t h0 = std::max<std::int64_t>(h, 0), h1 = std::min(h + p.kernel_h, z.H);
+    for (std::int64_t wo = 0; wo < z.Wo; ++wo) {
+      const std::int64_t w = wo * p.stride_w - p.pad_w;
+      fn(ho * z.Wo + wo,
+         Window{h0, h1, std::max<std::int64_t>(w, 0), std::min(w + p.kernel_w, z.W)});
+    }
+  }
+}
+
 // Calls fn(plane, output index within the plane, window) for every output. The
 // planes split over the thread pool (kernels/cpu/parallel.h): every op reads and
 // writes inside one plane of x and y, in the same order on whichever thread.
@@ -81,15 +98,7 @@ template <typename Fn>
 void for_each_output(const Sizes& z, const Pool2dParams& p, const Fn& fn) {
   parallel_rows(z.planes, z.H * z.W, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t plane = first; plane < last; ++plane) {
-      for (std::int64_t ho = 0; ho < z.Ho; ++ho) {
-        const std::int64_t h = ho * p.stride_h - p.pad_h;
-        const std::int64_t h0 = std::max<std::int64_t>(h, 0), h1 = std::min(h + p.kernel_h, z.H);
-        for (std::int64_t wo = 0; wo < z.Wo; ++wo) {
-          const std::int64_t w = wo * p.stride_w - p.pad_w;
-          fn(plane, ho * z.Wo + wo,
-             Window{h0, h1, std::max<std::int64_t>(w, 0), std::min(w + p.kernel_w, z.W)});
-        }
-      }
+      for_each_window(z.plane(), p, [&](std::int64_t o, const Window& win) { fn(plane, o, win); });
     }
   });
 }
@@ -100,99 +109,202 @@ bool is_2x2_stride_2(const Pool2dParams& p) {
          p.pad_w == 0;
 }
 
-// window_argmax over the 2x2 windows of one output row, four outputs at a time: the
-// same choice (first maximum in the order top-left, top-right, bottom-left,
-// bottom-right; else the first NaN) made with lane masks instead of a loop per
-// window. `top` is the position of the row pair's first value in the plane; out
-// and where [Wo] get the outputs' values and positions. A row of fewer than four
-// outputs goes through window_argmax itself.
+// Four 2x2 windows side by side, one per lane: the outputs wo .. wo + 3 of the row
+// pair that starts at r0 (its bottom row at r1). v[k] holds each window's k-th
+// value in window order: top-left, top-right, bottom-left, bottom-right.
+struct Windows2x2 {
+  Vec4 v[4];
+};
+Windows2x2 load_2x2(const float* r0, const float* r1, std::int64_t wo) {
+  const Vec4 t0 = load4(r0 + 2 * wo), t1 = load4(r0 + 2 * wo + 4);
+  const Vec4 b0 = load4(r1 + 2 * wo), b1 = load4(r1 + 2 * wo + 4);
+  return {{__builtin_shufflevector(t0, t1, 0, 2, 4, 6), __builtin_shufflevector(t0, t1, 1, 3, 5, 7),
+           __builtin_shufflevector(b0, b1, 0, 2, 4, 6),
+           __builtin_shufflevector(b0, b1, 1, 3, 5, 7)}};
+}
+
+// window_argmax's choice in each lane, made with lane masks instead of a loop per
+// window: the first maximum in window order, else the first NaN. Returns its
+// value and tags[k] for the chosen k (the caller's label for "the k-th value").
+struct Choice2x2 {
+  Vec4 value, tag;
+};
+Choice2x2 choose_2x2(const Windows2x2& w, const std::array<Vec4, 4>& tags) {
+  // "v > best" is false for NaN on either side, as in window_argmax.
+  Vec4 best = w.v[0], tag = tags[0];
+  for (int k = 1; k < 4; ++k) {
+    const Mask4 greater = w.v[k] > best;
+    best = select(greater, w.v[k], best);
+    tag = select(greater, tags[k], tag);
+  }
+  // The first NaN wins: chosen from the back, so that the earliest one stands.
+  Vec4 nan_value = splat(0.0f), nan_tag = splat(0.0f);
+  Mask4 any_nan = w.v[0] != w.v[0];
+  for (int k = 3; k >= 0; --k) {
+    const Mask4 nan = w.v[k] != w.v[k];
+    nan_value = select(nan, w.v[k], nan_value);
+    nan_tag = select(nan, tags[k], nan_tag);
+    any_nan |= nan;
+  }
+  return {select(any_nan, nan_value, best), select(any_nan, nan_tag, tag)};
+}
+
+// Calls fn(wo) for groups of four outputs of a row of Wo >= 4: the last group ends
+// at Wo and may overlap the one before it (its outputs are computed twice, with
+// the same values), so that no output falls to a scalar tail.
+template <typename Fn>
+void for_each_group_of_4(std::int64_t Wo, const Fn& fn) {
+  std::int64_t wo = 0;
+  for (std::int64_t next = 0; next < Wo; next = wo + 4) {
+    wo = std::min(next, Wo - 4);
+    fn(wo);
+  }
+}
+
+// window_argmax over the 2x2 windows of one output row, four outputs at a time.
+// `top` is the position of the row pair's first value in the plane; out and where
+// [Wo] get the outputs' values and positions. A row of fewer than four outputs
+// goes through window_argmax itself.
 void max_pool_2x2_row(const float* plane, std::int64_t top, std::int64_t W, std::int64_t Wo,
                       float* out, float* where) {
   const float* r0 = plane + top;  // [W] the window's top row
   const float* r1 = r0 + W;       // [W] its bottom row
-  const Vec4 right = splat(1.0f), below = splat(float(W)), below_right = splat(float(W + 1));
-  const Vec4 lanes = {0.0f, 2.0f, 4.0f, 6.0f};  // each lane's first column, from 2*wo
-  // Groups of four outputs; the last group ends at Wo and may overlap the one
-  // before it (its outputs are written twice, with the same values), so that no
-  // output falls to a scalar tail once Wo >= 4.
-  std::int64_t wo = 0;
-  for (std::int64_t next = 0; Wo >= 4 && next < Wo; next = wo + 4) {
-    wo = std::min(next, Wo - 4);
-    const Vec4 t0 = load4(r0 + 2 * wo), t1 = load4(r0 + 2 * wo + 4);
-    const Vec4 b0 = load4(r1 + 2 * wo), b1 = load4(r1 + 2 * wo + 4);
-    // The four values of each lane's window, in window order.
-    const Vec4 v0 = __builtin_shufflevector(t0, t1, 0, 2, 4, 6);
-    const Vec4 v1 = __builtin_shufflevector(t0, t1, 1, 3, 5, 7);
-    const Vec4 v2 = __builtin_shufflevector(b0, b1, 0, 2, 4, 6);
-    const Vec4 v3 = __builtin_shufflevector(b0, b1, 1, 3, 5, 7);
-    // "v > best" is false for NaN on either side, as in window_argmax.
-    Vec4 best = v0, offset = splat(0.0f);
-    Mask4 greater = v1 > best;
-    best = select(greater, v1, best);
-    offset = select(greater, right, offset);
-    greater = v2 > best;
-    best = select(greater, v2, best);
-    offset = select(greater, below, offset);
-    greater = v3 > best;
-    best = select(greater, v3, best);
-    offset = select(greater, below_right, offset);
-    // The first NaN wins: chosen from the back, so that the earliest one stands.
-    const Mask4 n0 = v0 != v0, n1 = v1 != v1, n2 = v2 != v2, n3 = v3 != v3;
-    Vec4 nan_offset = select(n3, below_right, splat(0.0f));
-    Vec4 nan_value = select(n3, v3, splat(0.0f));
-    nan_offset = select(n2, below, nan_offset);
-    nan_value = select(n2, v2, nan_value);
-    nan_offset = select(n1, right, nan_offset);
-    nan_value = select(n1, v1, nan_value);
-    nan_offset = select(n0, splat(0.0f), nan_offset);
-    nan_value = select(n0, v0, nan_value);
-    const Mask4 any_nan = n0 | n1 | n2 | n3;
-    const Vec4 y = select(any_nan, nan_value, best);
-    // Positions are exact in float32: planes hold at most 2^24 values.
-    const Vec4 at = splat(float(top + 2 * wo)) + lanes + select(any_nan, nan_offset, offset);
-    store4(out + wo, y);
-    store4(where + wo, at);
+  // Each value's offset from its window's top-left; each lane's first column.
+  const std::array<Vec4, 4> offsets = {splat(0.0f), splat(1.0f), splat(float(W)),
+                                       splat(float(W + 1))};
+  const Vec4 lanes = {0.0f, 2.0f, 4.0f, 6.0f};
+  if (Wo >= 4) {
+    for_each_group_of_4(Wo, [&](std::int64_t wo) {
+      const Choice2x2 c = choose_2x2(load_2x2(r0, r1, wo), offsets);
+      // Positions are exact in float32: planes hold at most 2^24 values.
+      store4(out + wo, c.value);
+      store4(where + wo, splat(float(top + 2 * wo)) + lanes + c.tag);
+    });
+    return;
   }
-  if (Wo >= 4) return;
   const std::int64_t h = top / W;
-  for (wo = 0; wo < Wo; ++wo) {
+  for (std::int64_t wo = 0; wo < Wo; ++wo) {
     const std::int64_t i = window_argmax(plane, W, Window{h, h + 2, 2 * wo, 2 * wo + 2});
     out[wo] = plane[i];
     where[wo] = static_cast<float>(i);
   }
 }
 
-// Max pooling forward, with the argmax when `argmax` is defined.
+// The gradient of one output row's 2x2 windows (Wo >= 4): rows top/W and the next
+// of grad_x, columns [0, 2*Wo), get each window's grad_y at its position in
+// `where` and zeros elsewhere (a window at -1 gives nothing). The values are
+// 0 + grad_y, as max_pool_plane_backward adds them into a zeroed plane (a -0
+// lands as +0).
+void max_pool_2x2_row_gradient(const float* where, const float* grad_y, std::int64_t top,
+                               std::int64_t W, std::int64_t Wo, float* grad_x) {
+  float* g0 = grad_x + top;  // [W] the top row
+  float* g1 = g0 + W;        // [W] the bottom row
+  // Each value's offset from its window's top-left; each lane's first column.
+  const std::array<Vec4, 4> offsets = {splat(0.0f), splat(1.0f), splat(float(W)),
+                                       splat(float(W + 1))};
+  const Vec4 lanes = {0.0f, 2.0f, 4.0f, 6.0f}, zero = splat(0.0f);
+  for_each_group_of_4(Wo, [&](std::int64_t wo) {
+    const Vec4 corner = splat(float(top + 2 * wo)) + lanes;  // exact: planes < 2^24
+    const Vec4 at = load4(where + wo);
+    const Vec4 g = zero + load4(grad_y + wo);
+    Vec4 d[4];
+    for (int k = 0; k < 4; ++k) d[k] = select(at == corner + offsets[k], g, zero);
+    store4(g0 + 2 * wo, __builtin_shufflevector(d[0], d[1], 0, 4, 1, 5));
+    store4(g0 + 2 * wo + 4, __builtin_shufflevector(d[0], d[1], 2, 6, 3, 7));
+    store4(g1 + 2 * wo, __builtin_shufflevector(d[2], d[3], 0, 4, 1, 5));
+    store4(g1 + 2 * wo + 4, __builtin_shufflevector(d[2], d[3], 2, 6, 3, 7));
+  });
+}
+
+}  // namespace
+
 template <typename T>
-void max_pool2d_forward_impl(const Tensor& y, const Tensor& argmax, const Tensor& x,
-                             const Pool2dParams& params) {
-  const T* in = x.data<T>();                                 // [N,C,H,W]
-  T* out = y.data<T>();                                      // [N,C,Ho,Wo]
-  T* where = argmax.defined() ? argmax.data<T>() : nullptr;  // [N,C,Ho,Wo]
-  const Sizes z = sizes_of(x, y);
+void max_pool_plane(const T* x, T* y, T* where, const PoolPlane& z, const Pool2dParams& p) {
   if constexpr (std::is_same_v<T, float>) {
-    if (where != nullptr && is_2x2_stride_2(params)) {
-      parallel_rows(z.planes, z.H * z.W, [&](std::int64_t first, std::int64_t last) {
-        for (std::int64_t plane = first; plane < last; ++plane) {
-          for (std::int64_t ho = 0; ho < z.Ho; ++ho) {
-            const std::int64_t o = (plane * z.Ho + ho) * z.Wo;
-            max_pool_2x2_row(in + plane * z.H * z.W, 2 * ho * z.W, z.W, z.Wo, out + o, where + o);
-          }
-        }
-      });
+    if (is_2x2_stride_2(p)) {
+      for (std::int64_t ho = 0; ho < z.Ho; ++ho) {
+        max_pool_2x2_row(x, 2 * ho * z.W, z.W, z.Wo, y + ho * z.Wo, where + ho * z.Wo);
+      }
       return;
     }
   }
-  for_each_output(z, params, [&](std::int64_t plane, std::int64_t o, const Window& win) {
-    const T* p = in + plane * z.H * z.W;
-    const std::int64_t at = plane * z.Ho * z.Wo + o;
-    if (where == nullptr) {
-      out[at] = window_max(p, z.W, win);
+  for_each_window(z, p, [&](std::int64_t o, const Window& win) {
+    const std::int64_t i = window_argmax(x, z.W, win);
+    y[o] = x[i];
+    where[o] = static_cast<T>(i);
+  });
+}
+
+// Each output in order (ho, wo), as max_pool2d_backward adds them. To assign, the
+// plane is zeroed just before its outputs are added in, while it is in cache: the
+// same sums as accumulating into a zero-filled grad_x, one pass fewer.
+template <typename T>
+void max_pool_plane_backward(T* grad_x, const T* grad_y, const T* where, const PoolPlane& z,
+                             GradWrite write) {
+  if (write == GradWrite::Assign) std::fill(grad_x, grad_x + z.H * z.W, T(0));
+  for (std::int64_t o = 0; o < z.Ho * z.Wo; ++o) {
+    grad_x[static_cast<std::int64_t>(where[o])] += grad_y[o];
+  }
+}
+
+template <typename T>
+void max_pool_plane_gradient(const T* where, const T* grad_y, T* grad_x, const PoolPlane& z,
+                             const Pool2dParams& p) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (is_2x2_stride_2(p) && z.Wo >= 4) {
+      for (std::int64_t ho = 0; ho < z.Ho; ++ho) {
+        max_pool_2x2_row_gradient(where + ho * z.Wo, grad_y + ho * z.Wo, 2 * ho * z.W, z.W, z.Wo,
+                                  grad_x);
+      }
+      // What no window covers: the last column of an odd W, the last row of an odd H.
+      for (std::int64_t h = 0; h < 2 * z.Ho; ++h) {
+        std::fill(grad_x + h * z.W + 2 * z.Wo, grad_x + (h + 1) * z.W, 0.0f);
+      }
+      std::fill(grad_x + 2 * z.Ho * z.W, grad_x + z.H * z.W, 0.0f);
       return;
     }
-    const std::int64_t i = window_argmax(p, z.W, win);
-    out[at] = p[i];
-    where[at] = static_cast<T>(i);
+  }
+  std::fill(grad_x, grad_x + z.H * z.W, T(0));
+  for (std::int64_t o = 0; o < z.Ho * z.Wo; ++o) {
+    if (where[o] >= T(0)) grad_x[static_cast<std::int64_t>(where[o])] += grad_y[o];
+  }
+}
+
+template void max_pool_plane<float>(const float*, float*, float*, const PoolPlane&,
+                                    const Pool2dParams&);
+template void max_pool_plane<double>(const double*, double*, double*, const PoolPlane&,
+                                     const Pool2dParams&);
+template void max_pool_plane_backward<float>(float*, const float*, const float*, const PoolPlane&,
+                                             GradWrite);
+template void max_pool_plane_backward<double>(double*, const double*, const double*,
+                                              const PoolPlane&, GradWrite);
+template void max_pool_plane_gradient<float>(const float*, const float*, float*, const PoolPlane&,
+                                             const Pool2dParams&);
+template void max_pool_plane_gradient<double>(const double*, const double*, double*,
+                                              const PoolPlane&, const Pool2dParams&);
+
+namespace {
+
+// Max pooling forward, with the argmax (a plane at a time: max_pool_plane) when
+// `argmax` is defined.
+template <typename T>
+void max_pool2d_forward_impl(const Tensor& y, const Tensor& argmax, const Tensor& x,
+                             const Pool2dParams& params) {
+  const T* in = x.data<T>();  // [N,C,H,W]
+  T* out = y.data<T>();       // [N,C,Ho,Wo]
+  const Sizes z = sizes_of(x, y);
+  if (argmax.defined()) {
+    T* where = argmax.data<T>();  // [N,C,Ho,Wo]
+    parallel_rows(z.planes, z.H * z.W, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t plane = first; plane < last; ++plane) {
+        const std::int64_t o = plane * z.Ho * z.Wo;
+        max_pool_plane(in + plane * z.H * z.W, out + o, where + o, z.plane(), params);
+      }
+    });
+    return;
+  }
+  for_each_output(z, params, [&](std::int64_t plane, std::int64_t o, const Window& win) {
+    out[plane * z.Ho * z.Wo + o] = window_max(in + plane * z.H * z.W, z.W, win);
   });
 }
 
@@ -221,9 +333,6 @@ void max_pool2d_forward_with_argmax(const Tensor& y, const Tensor& argmax, const
   with_dtype(x.dtype(), [&]<typename T>() { max_pool2d_forward_impl<T>(y, argmax, x, params); });
 }
 
-// Each plane's outputs in order (ho, wo), as max_pool2d_backward adds them. To
-// assign, a plane is zeroed just before its outputs are added in, while it is in
-// cache: the same sums as accumulating into a zero-filled grad_x, one pass fewer.
 void max_pool2d_backward_from_argmax(const Tensor& grad_x, const Tensor& grad_y,
                                      const Tensor& argmax, GradWrite write) {
   with_dtype(grad_x.dtype(), [&]<typename T>() {
@@ -231,15 +340,11 @@ void max_pool2d_backward_from_argmax(const Tensor& grad_x, const Tensor& grad_y,
     const T* where = argmax.data<T>();  // [N,C,Ho,Wo]
     T* gx = grad_x.data<T>();           // [N,C,H,W]
     const std::int64_t planes = grad_x.size(0) * grad_x.size(1);
-    const std::int64_t in_plane = grad_x.size(2) * grad_x.size(3);
-    const std::int64_t out_plane = grad_y.size(2) * grad_y.size(3);
-    parallel_rows(planes, in_plane, [&](std::int64_t first, std::int64_t last) {
+    const PoolPlane z{grad_x.size(2), grad_x.size(3), grad_y.size(2), grad_y.size(3)};
+    parallel_rows(planes, z.H * z.W, [&](std::int64_t first, std::int64_t last) {
       for (std::int64_t plane = first; plane < last; ++plane) {
-        T* p = gx + plane * in_plane;
-        if (write == GradWrite::Assign) std::fill(p, p + in_plane, T(0));
-        for (std::int64_t o = plane * out_plane; o < (plane + 1) * out_plane; ++o) {
-          p[static_cast<std::int64_t>(where[o])] += gy[o];
-        }
+        const std::int64_t o = plane * z.Ho * z.Wo;
+        max_pool_plane_backward(gx + plane * z.H * z.W, gy + o, where + o, z, write);
       }
     });
   });

@@ -3,6 +3,8 @@
 // Internal: not installed, not included by towerlab.h.
 #pragma once
 
+#include <cstdint>
+
 #include "engine/tensor.h"
 #include "kernels/grad_write.h"
 #include "kernels/pool2d.h"
@@ -16,6 +18,25 @@ void max_pool2d_forward_with_argmax(const Tensor& y, const Tensor& argmax, const
                                     const Pool2dParams& params);
 void max_pool2d_backward_from_argmax(const Tensor& grad_x, const Tensor& grad_y,
                                      const Tensor& argmax, GradWrite write);
+// One [H,W] plane of the with_argmax / from_argmax pair, for callers that pool a
+// plane at a time (the batch norm with a fused max pool, kernels/cpu/batchnorm.cpp):
+// the same code as the whole-tensor ops, so the same bits. y and where are [Ho,Wo],
+// grad_x [H,W], grad_y [Ho,Wo].
+struct PoolPlane {
+  std::int64_t H, W, Ho, Wo;
+};
+template <typename T>
+void max_pool_plane(const T* x, T* y, T* where, const PoolPlane& z, const Pool2dParams& params);
+template <typename T>
+void max_pool_plane_backward(T* grad_x, const T* grad_y, const T* where, const PoolPlane& z,
+                             GradWrite write);
+// max_pool_plane_backward with Assign, except that a position of -1 in `where`
+// gives nothing (a window whose gradient a fused ReLU stops), written with its
+// zeros in one pass where the window allows.
+template <typename T>
+void max_pool_plane_gradient(const T* where, const T* grad_y, T* grad_x, const PoolPlane& z,
+                             const Pool2dParams& params);
+
 void avg_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params);
 void avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Pool2dParams& params);
 
