@@ -73,6 +73,26 @@ void check_eps_momentum(const char* op, double eps, double momentum) {
               << momentum);
 }
 
+// A single-device training forward's per-channel outputs and inputs, and at least
+// 2 values per channel.
+void check_training_forward(const char* op, const BatchNormArgs& d, const Tensor& save_mean,
+                            const Tensor& save_inv_std, const Tensor& gamma, const Tensor& beta,
+                            const Stream& stream) {
+  kernels::check_on_stream(op, stream,
+                           {{"x", &d.x},
+                            {"save_mean", &save_mean},
+                            {"save_inv_std", &save_inv_std},
+                            {"gamma", &gamma},
+                            {"beta", &beta}});
+  check_channels(op, d.x, d.C,
+                 {{"save_mean", &save_mean},
+                  {"save_inv_std", &save_inv_std},
+                  {"gamma", &gamma},
+                  {"beta", &beta}});
+  TL_CHECK(d.C == 0 || d.N * d.S >= 2, InvalidArgument,
+           op << ": training needs at least 2 values per channel, x is " << d.x.describe());
+}
+
 }  // namespace
 
 // --- split API: forward ----------------------------------------------------------
@@ -255,19 +275,7 @@ void batchnorm_forward_training(const Tensor& y, const Tensor& save_mean,
   const char* op = "batchnorm_forward_training";
   const BatchNormArgs d = args_of(op, x, stream);
   kernels::check_same_shape(op, stream, {{"x", &x}, {"y", &y}});
-  kernels::check_on_stream(op, stream,
-                           {{"x", &x},
-                            {"save_mean", &save_mean},
-                            {"save_inv_std", &save_inv_std},
-                            {"gamma", &gamma},
-                            {"beta", &beta}});
-  check_channels(op, x, d.C,
-                 {{"save_mean", &save_mean},
-                  {"save_inv_std", &save_inv_std},
-                  {"gamma", &gamma},
-                  {"beta", &beta}});
-  TL_CHECK(d.C == 0 || d.N * d.S >= 2, InvalidArgument,
-           op << ": training needs at least 2 values per channel, x is " << x.describe());
+  check_training_forward(op, d, save_mean, save_inv_std, gamma, beta, stream);
   if (d.C == 0) return;
   Tensor m2 = Tensor::empty({d.C}, stream, x.dtype());
   batchnorm_stats(save_mean, m2, x, stream);
@@ -381,25 +389,13 @@ void batchnorm_max_pool_forward_training(const Tensor& y, const Tensor& argmax,
   const char* op = "batchnorm_max_pool_forward_training";
   BatchNormArgs d = args_of(op, x, stream);
   set_max_pool(op, d, pool, "y", y, argmax, stream);
-  kernels::check_on_stream(op, stream,
-                           {{"x", &x},
-                            {"save_mean", &save_mean},
-                            {"save_inv_std", &save_inv_std},
-                            {"gamma", &gamma},
-                            {"beta", &beta}});
-  check_channels(op, x, d.C,
-                 {{"save_mean", &save_mean},
-                  {"save_inv_std", &save_inv_std},
-                  {"gamma", &gamma},
-                  {"beta", &beta}});
+  check_training_forward(op, d, save_mean, save_inv_std, gamma, beta, stream);
   if (wants_moving(op, moving_mean, moving_var)) {
     kernels::check_on_stream(
         op, stream, {{"x", &x}, {"moving_mean", &moving_mean}, {"moving_var", &moving_var}});
     check_channels(op, x, d.C, {{"moving_mean", &moving_mean}, {"moving_var", &moving_var}});
   }
   check_eps_momentum(op, eps, momentum);
-  TL_CHECK(d.C == 0 || d.N * d.S >= 2, InvalidArgument,
-           op << ": training needs at least 2 values per channel, x is " << x.describe());
   if (d.C == 0) return;
   Tensor m2 = Tensor::empty({d.C}, stream, x.dtype());
   d.y = y;

@@ -357,14 +357,7 @@ TEST(BatchNormMaxPoolTest, UndefinedTensorsAreSkipped) {
 // Sizes above the pool's threshold (kernels/cpu/parallel.h), so that 2 threads
 // really split the work; C = 5 does not divide evenly over them. The suite's name
 // starts with "ThreadPool" so that the ThreadSanitizer stage of the CI runs it.
-class ThreadPoolBatchNormMaxPoolTest : public ::testing::Test {
- protected:
-  void SetUp() override { saved_ = num_threads(); }
-  void TearDown() override { set_num_threads(saved_); }
-
- private:
-  int saved_ = 1;
-};
+class ThreadPoolBatchNormMaxPoolTest : public RestoresThreadCount {};
 
 TEST_F(ThreadPoolBatchNormMaxPoolTest, SameBitsForOneAndTwoThreads) {
   const Shape x_shape = {7, 5, 31, 37};

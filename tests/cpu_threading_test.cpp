@@ -14,11 +14,8 @@
 namespace towerlab::testing {
 namespace {
 
-class ThreadPoolKernelsTest : public ::testing::Test {
+class ThreadPoolKernelsTest : public RestoresThreadCount {
  protected:
-  void SetUp() override { saved_ = num_threads(); }
-  void TearDown() override { set_num_threads(saved_); }
-
   Stream& stream() { return default_stream(Device::cpu()); }
   Tensor make(const Shape& shape, unsigned seed, float low = -1.0f, float high = 1.0f) {
     return Tensor::from_host<float>(random_values(std::size_t(numel_of(shape)), seed, low, high),
@@ -52,9 +49,6 @@ class ThreadPoolKernelsTest : public ::testing::Test {
     const ThreadShare share(0, 2);
     expect_as_one(op(), "a tower's share of 3 of 5 threads");
   }
-
- private:
-  int saved_ = 1;
 };
 
 // [N,C,H,W] with odd sizes and more values than cpu::kMinParallelValues, so that the

@@ -40,6 +40,17 @@ void skip_without_cuda_device();
 // A test parameterized by device: the body runs on "cpu" and on "cuda:0"; the
 // CUDA instance skips with a message where no GPU is visible (fails under
 // gpu_required()).
+// A fixture that puts the thread pool back to its size when a test ends, whatever
+// the test set (set_num_threads).
+class RestoresThreadCount : public ::testing::Test {
+ protected:
+  void SetUp() override { saved_ = num_threads(); }
+  void TearDown() override { set_num_threads(saved_); }
+
+ private:
+  int saved_ = 1;
+};
+
 class BackendTest : public ::testing::TestWithParam<Device> {
  protected:
   void SetUp() override;

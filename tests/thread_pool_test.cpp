@@ -13,15 +13,7 @@
 namespace towerlab::testing {
 namespace {
 
-// Restores the pool's size when a test ends, whatever it set.
-class ThreadPoolTest : public ::testing::Test {
- protected:
-  void SetUp() override { saved_ = num_threads(); }
-  void TearDown() override { set_num_threads(saved_); }
-
- private:
-  int saved_ = 1;
-};
+class ThreadPoolTest : public RestoresThreadCount {};
 
 TEST_F(ThreadPoolTest, CoversEveryIndexExactlyOnce) {
   for (int threads : {1, 2, 3, 8}) {
