@@ -193,7 +193,7 @@ void max_pool_2x2_row(const float* plane, std::int64_t top, std::int64_t W, std:
 // The gradient of one output row's 2x2 windows (Wo >= 4): rows top/W and the next
 // of grad_x, columns [0, 2*Wo), get each window's grad_y at its position in
 // `where` and zeros elsewhere (a window at -1 gives nothing). The values are
-// 0 + grad_y, as max_pool_plane_backward adds them into a zeroed plane (a -0
+// 0 + grad_y, as max_pool2d_backward_from_argmax adds them into a zeroed plane (a -0
 // lands as +0).
 void max_pool_2x2_row_gradient(const float* where, const float* grad_y, std::int64_t top,
                                std::int64_t W, std::int64_t Wo, float* grad_x) {
@@ -235,18 +235,6 @@ void max_pool_plane(const T* x, T* y, T* where, const PoolPlane& z, const Pool2d
   });
 }
 
-// Each output in order (ho, wo), as max_pool2d_backward adds them. To assign, the
-// plane is zeroed just before its outputs are added in, while it is in cache: the
-// same sums as accumulating into a zero-filled grad_x, one pass fewer.
-template <typename T>
-void max_pool_plane_backward(T* grad_x, const T* grad_y, const T* where, const PoolPlane& z,
-                             GradWrite write) {
-  if (write == GradWrite::Assign) std::fill(grad_x, grad_x + z.H * z.W, T(0));
-  for (std::int64_t o = 0; o < z.Ho * z.Wo; ++o) {
-    grad_x[static_cast<std::int64_t>(where[o])] += grad_y[o];
-  }
-}
-
 template <typename T>
 void max_pool_plane_gradient(const T* where, const T* grad_y, T* grad_x, const PoolPlane& z,
                              const Pool2dParams& p) {
@@ -274,10 +262,6 @@ template void max_pool_plane<float>(const float*, float*, float*, const PoolPlan
                                     const Pool2dParams&);
 template void max_pool_plane<double>(const double*, double*, double*, const PoolPlane&,
                                      const Pool2dParams&);
-template void max_pool_plane_backward<float>(float*, const float*, const float*, const PoolPlane&,
-                                             GradWrite);
-template void max_pool_plane_backward<double>(double*, const double*, const double*,
-                                              const PoolPlane&, GradWrite);
 template void max_pool_plane_gradient<float>(const float*, const float*, float*, const PoolPlane&,
                                              const Pool2dParams&);
 template void max_pool_plane_gradient<double>(const double*, const double*, double*,
@@ -333,6 +317,9 @@ void max_pool2d_forward_with_argmax(const Tensor& y, const Tensor& argmax, const
   with_dtype(x.dtype(), [&]<typename T>() { max_pool2d_forward_impl<T>(y, argmax, x, params); });
 }
 
+// Each plane's outputs in order (ho, wo), as max_pool2d_backward adds them. To
+// assign, a plane is zeroed just before its outputs are added in, while it is in
+// cache: the same sums as accumulating into a zero-filled grad_x, one pass fewer.
 void max_pool2d_backward_from_argmax(const Tensor& grad_x, const Tensor& grad_y,
                                      const Tensor& argmax, GradWrite write) {
   with_dtype(grad_x.dtype(), [&]<typename T>() {
@@ -344,7 +331,11 @@ void max_pool2d_backward_from_argmax(const Tensor& grad_x, const Tensor& grad_y,
     parallel_rows(planes, z.H * z.W, [&](std::int64_t first, std::int64_t last) {
       for (std::int64_t plane = first; plane < last; ++plane) {
         const std::int64_t o = plane * z.Ho * z.Wo;
-        max_pool_plane_backward(gx + plane * z.H * z.W, gy + o, where + o, z, write);
+        T* p = gx + plane * z.H * z.W;
+        if (write == GradWrite::Assign) std::fill(p, p + z.H * z.W, T(0));
+        for (std::int64_t i = o; i < o + z.Ho * z.Wo; ++i) {
+          p[static_cast<std::int64_t>(where[i])] += gy[i];
+        }
       }
     });
   });

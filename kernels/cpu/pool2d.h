@@ -27,12 +27,9 @@ struct PoolPlane {
 };
 template <typename T>
 void max_pool_plane(const T* x, T* y, T* where, const PoolPlane& z, const Pool2dParams& params);
-template <typename T>
-void max_pool_plane_backward(T* grad_x, const T* grad_y, const T* where, const PoolPlane& z,
-                             GradWrite write);
-// max_pool_plane_backward with Assign, except that a position of -1 in `where`
-// gives nothing (a window whose gradient a fused ReLU stops), written with its
-// zeros in one pass where the window allows.
+// One plane of max_pool2d_backward_from_argmax with Assign, except that a position
+// of -1 in `where` gives nothing (a window whose gradient a fused ReLU stops),
+// written with its zeros in one pass where the window allows.
 template <typename T>
 void max_pool_plane_gradient(const T* where, const T* grad_y, T* grad_x, const PoolPlane& z,
                              const Pool2dParams& params);
