@@ -1,0 +1,578 @@
+// Kernels on the emulated GPUs: launches, blocks, barriers, warps and shared memory.
+//
+// A launch is one operation on its stream (src/streams.cpp); the stream's worker
+// thread runs its blocks one after another. A block's threads are fibers (ucontext
+// stacks) owned by that worker: the worker resumes a runnable fiber, which runs
+// until it returns or reaches a barrier or a warp operation, then the worker
+// resumes the next. A fiber is made once and reused by every block of every launch
+// on its stream, never by another stream's, so ThreadSanitizer's idea of what each
+// fiber has seen never crosses streams.
+//
+// Ordering, as ThreadSanitizer is told it (it treats each fiber as a thread):
+//   - a block's fibers start from the worker's view (a synchronizing switch) and
+//     hand everything back to it when they return, so block k is ordered before
+//     block k + 1 and the launch after the operations before it;
+//   - every other switch orders nothing; __syncthreads and __syncwarp then order
+//     memory with a release by every arriving thread and an acquire by every
+//     leaving one. Shuffles and votes exchange values without ordering memory.
+// The scheduler's own state is touched in Hidden scopes (internal.h): it is
+// bookkeeping, not kernel memory.
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "internal.h"
+
+#if defined(__SANITIZE_THREAD__)
+#define TLEMU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TLEMU_TSAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define TLEMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TLEMU_ASAN 1
+#endif
+#endif
+#ifdef TLEMU_TSAN
+#include <sanitizer/tsan_interface.h>
+#endif
+#ifdef TLEMU_ASAN
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+namespace tlemu::detail {
+namespace {
+
+constexpr std::size_t kStackBytes = std::size_t{256} << 10;  // sanitizers' frames are large
+constexpr std::size_t kSharedLimit = std::size_t{48} << 10;  // static __shared__ per block
+
+[[noreturn]] __attribute__((format(printf, 1, 2))) void kernel_bug(const char* format, ...) {
+  std::fputs("emulated GPU: ", stderr);
+  va_list args;
+  va_start(args, format);
+  std::vfprintf(stderr, format, args);
+  va_end(args);
+  std::fputc('\n', stderr);
+  std::fflush(stderr);
+  std::_Exit(86);
+}
+
+const char* short_name(const char* file) {
+  const char* slash = std::strrchr(file, '/');
+  return slash != nullptr ? slash + 1 : file;
+}
+
+enum class FiberState { Idle, Ready, AtBarrier, AtWarp, Exited };
+
+struct Fiber {
+  ucontext_t context{};
+  char* stack = nullptr;  // below it, one guard page
+  void* tsan = nullptr;
+  void* asan_fake_stack = nullptr;
+  unsigned tid = 0;  // linear thread index in the block
+  uint3 index;
+  FiberState state = FiberState::Idle;
+  const std::source_location* waiting_at = nullptr;
+  const char* waiting_for = "";
+};
+
+// One warp's meeting point. Values go through slot[generation parity]: a lane can
+// leave the next round's value only after every lane has left this round, so the
+// other buffer is never overwritten while a slow lane still reads it.
+struct Warp {
+  unsigned members = 0;  // lanes that exist (the last warp of a block may be partial)
+  unsigned exited = 0;
+  unsigned arrived = 0;
+  unsigned mask = 0;
+  unsigned long generation = 0;
+  std::uint64_t slot[2][32] = {};
+  unsigned ballot[2] = {};
+  char token[2] = {};  // what __syncwarp releases to and acquires from
+};
+
+struct SharedBlock {
+  std::unique_ptr<char, void (*)(void*)> memory{nullptr, +[](void* p) { ::operator delete(p); }};
+  std::size_t bytes = 0;
+  std::uint64_t block_serial = 0;  // the block that last filled it
+};
+
+// The worker thread's scheduler: its fibers, the running block and launch.
+struct Scheduler {
+  std::vector<std::unique_ptr<Fiber>> fibers;
+  ucontext_t main_context;
+  void* main_tsan = nullptr;
+  void* main_fake_stack = nullptr;
+  const void* main_stack_bottom = nullptr;
+  std::size_t main_stack_size = 0;
+  Fiber* running = nullptr;
+  Fiber* starting = nullptr;
+
+  // The running block.
+  const KernelLaunch* launch = nullptr;
+  int device = 0;
+  unsigned threads = 0;
+  unsigned live = 0;
+  unsigned at_barrier = 0;
+  unsigned long barrier_generation = 0;
+  std::source_location barrier_site;
+  char barrier_token[2] = {};
+  std::vector<Warp> warps;
+  std::vector<Fiber*> ready;  // runnable, in the order they became so
+  std::uint64_t block_serial = 0;
+  std::size_t shared_bytes = 0;
+  std::map<const void*, SharedBlock> shared;
+
+  Scheduler() {
+#ifdef TLEMU_TSAN
+    main_tsan = __tsan_get_current_fiber();
+#endif
+  }
+  ~Scheduler() {
+    for (auto& f : fibers) {
+#ifdef TLEMU_TSAN
+      __tsan_destroy_fiber(f->tsan);
+#endif
+      munmap(f->stack - getpagesize(), kStackBytes + getpagesize());
+    }
+  }
+};
+
+Scheduler& scheduler() {
+  thread_local Scheduler s;
+  return s;
+}
+
+std::string block_name(const Scheduler& s) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "kernel %s on cuda:%d, block (%u,%u,%u)", s.launch->kernel,
+                s.device, blockIdx.x, blockIdx.y, blockIdx.z);
+  return buf;
+}
+
+// --- switching ---------------------------------------------------------------------------
+
+// From the worker into fiber f; `sync`: f starts from everything the worker has seen.
+void resume(Scheduler& s, Fiber& f, bool sync) {
+  {
+    Hidden hidden;
+    s.running = &f;
+  }
+#ifdef TLEMU_TSAN
+  __tsan_switch_to_fiber(f.tsan, sync ? 0 : __tsan_switch_to_fiber_no_sync);
+#else
+  (void)sync;
+#endif
+#ifdef TLEMU_ASAN
+  __sanitizer_start_switch_fiber(&s.main_fake_stack, f.stack, kStackBytes);
+#endif
+  swapcontext(&s.main_context, &f.context);
+#ifdef TLEMU_ASAN
+  __sanitizer_finish_switch_fiber(s.main_fake_stack, nullptr, nullptr);
+#endif
+  Hidden hidden;
+  s.running = nullptr;
+}
+
+// The fiber's coordinates, after it (re)gains its worker.
+void take_coordinates(const Fiber& f) {
+  Hidden hidden;
+  threadIdx = f.index;
+}
+
+// From fiber f back to the worker; returns when the worker resumes f.
+void suspend(Scheduler& s, Fiber& f, bool sync) {
+#ifdef TLEMU_TSAN
+  __tsan_switch_to_fiber(s.main_tsan, sync ? 0 : __tsan_switch_to_fiber_no_sync);
+#else
+  (void)sync;
+#endif
+#ifdef TLEMU_ASAN
+  __sanitizer_start_switch_fiber(&f.asan_fake_stack, s.main_stack_bottom, s.main_stack_size);
+#endif
+  swapcontext(&f.context, &s.main_context);
+#ifdef TLEMU_ASAN
+  __sanitizer_finish_switch_fiber(f.asan_fake_stack, &s.main_stack_bottom, &s.main_stack_size);
+#endif
+  take_coordinates(f);
+}
+
+void thread_exited(Scheduler& s, Fiber& f);
+
+// A fiber's life: one block's thread after another, for as long as its worker lives.
+void fiber_main() {
+  Scheduler& s = scheduler();
+  Fiber* starting;
+  {
+    Hidden hidden;
+    starting = s.starting;
+  }
+  Fiber& f = *starting;
+#ifdef TLEMU_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &s.main_stack_bottom, &s.main_stack_size);
+#endif
+  take_coordinates(f);
+  for (;;) {
+    const KernelLaunch* launch;
+    {
+      Hidden hidden;
+      launch = s.launch;
+    }
+    launch->thread_body();
+    thread_exited(s, f);
+    suspend(s, f, true);  // the block is done with this thread; the next block resumes here
+  }
+}
+
+Fiber& fiber(Scheduler& s, unsigned tid) {
+  while (s.fibers.size() <= tid) {
+    auto f = std::make_unique<Fiber>();
+    const std::size_t page = static_cast<std::size_t>(getpagesize());
+    void* region = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (region == MAP_FAILED) kernel_bug("cannot map a %zu-byte fiber stack", kStackBytes);
+    mprotect(region, page, PROT_NONE);  // a stack overflow faults instead of corrupting
+    f->stack = static_cast<char*>(region) + page;
+    getcontext(&f->context);
+    f->context.uc_stack.ss_sp = f->stack;
+    f->context.uc_stack.ss_size = kStackBytes;
+    f->context.uc_link = nullptr;
+    makecontext(&f->context, fiber_main, 0);
+#ifdef TLEMU_TSAN
+    f->tsan = __tsan_create_fiber(0);
+#endif
+    f->tid = static_cast<unsigned>(s.fibers.size());
+    s.fibers.push_back(std::move(f));
+  }
+  return *s.fibers[tid];
+}
+
+// --- the block's threads meeting ----------------------------------------------------------
+
+unsigned linear_tid() {
+  return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+}
+
+void thread_exited(Scheduler& s, Fiber& f) {
+  Hidden hidden;
+  f.state = FiberState::Exited;
+  --s.live;
+  Warp& w = s.warps[f.tid / 32];
+  const unsigned bit = 1u << (f.tid % 32);
+  w.exited |= bit;
+  if (w.arrived != 0 && (w.mask & bit) != 0) {
+    kernel_bug("%s: thread %u (warp %u lane %u) returned while lanes of its warp wait for it in a "
+               "warp operation with mask 0x%08x: a lane of the mask exited instead of arriving",
+               block_name(s).c_str(), f.tid, f.tid / 32, f.tid % 32, w.mask);
+  }
+  // A thread that returned no longer counts at the barrier (sm_70 and later).
+  if (s.at_barrier != 0 && s.at_barrier == s.live) {
+    s.at_barrier = 0;
+    ++s.barrier_generation;
+    for (auto& other : s.fibers) {
+      if (other->tid < s.threads && other->state == FiberState::AtBarrier) {
+        other->state = FiberState::Ready;
+        s.ready.push_back(other.get());
+      }
+    }
+  }
+}
+
+// Waits (yielding to the other fibers) until `done()`.
+template <typename Done>
+void wait_until(Scheduler& s, Fiber& f, Done done) {
+  for (;;) {
+    {
+      Hidden hidden;
+      if (done()) return;
+    }
+    suspend(s, f, false);
+  }
+}
+
+std::string describe_waiters(const Scheduler& s) {
+  std::string out;
+  for (unsigned t = 0; t < s.threads; ++t) {
+    const Fiber& f = *s.fibers[t];
+    if (f.state != FiberState::AtBarrier && f.state != FiberState::AtWarp) continue;
+    char line[200];
+    std::snprintf(line, sizeof line, "\n  thread %u waits in %s at %s:%u", t, f.waiting_for,
+                  short_name(f.waiting_at->file_name()), f.waiting_at->line());
+    out += line;
+    if (out.size() > 2000) return out + "\n  ...";
+  }
+  return out;
+}
+
+void run_block(Scheduler& s, uint3 block_index) {
+  {
+    Hidden hidden;
+    blockIdx = block_index;
+    s.live = s.threads;
+    s.at_barrier = 0;
+    ++s.block_serial;
+    s.shared_bytes = 0;
+    s.ready.clear();
+    for (unsigned w = 0; w < s.warps.size(); ++w) {
+      const unsigned lanes = std::min(32u, s.threads - 32 * w);
+      s.warps[w] = Warp{};
+      s.warps[w].members = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
+    }
+    const dim3 b = s.launch->block;
+    for (unsigned t = 0; t < s.threads; ++t) {
+      Fiber& f = fiber(s, t);
+      f.index = {t % b.x, t / b.x % b.y, t / (b.x * b.y)};
+      f.state = FiberState::Ready;
+      s.ready.push_back(&f);
+    }
+  }
+  // Each fiber's first resume of the block synchronizes (it starts from the worker's
+  // view); later ones do not.
+  std::vector<bool> started(s.threads, false);
+  for (std::size_t next = 0;; ++next) {
+    Fiber* f;
+    {
+      Hidden hidden;
+      if (next == s.ready.size()) break;
+      f = s.ready[next];
+    }
+    bool first;
+    {
+      Hidden hidden;
+      if (f->state == FiberState::Exited) continue;
+      first = !started[f->tid];
+      started[f->tid] = true;
+      s.starting = f;
+    }
+    resume(s, *f, first);
+  }
+  if (s.live != 0) {
+    kernel_bug("%s: %u live threads wait where the others can never come (a barrier or warp "
+               "operation in divergent code): they never reach it%s",
+               block_name(s).c_str(), s.live, describe_waiters(s).c_str());
+  }
+}
+
+Fiber& running_fiber(const char* what) {
+  Hidden hidden;
+  Scheduler& s = scheduler();
+  if (s.running == nullptr) kernel_bug("%s called outside a kernel", what);
+  return *s.running;
+}
+
+}  // namespace
+
+// --- what kernels call ---------------------------------------------------------------------
+
+unsigned lane_id() { return linear_tid() % 32; }
+
+void block_barrier(const std::source_location& where) {
+  Scheduler& s = scheduler();
+  Fiber& f = running_fiber("__syncthreads");
+  unsigned long generation;
+  {
+    Hidden hidden;
+    if (s.at_barrier == 0) {
+      s.barrier_site = where;
+    } else if (s.barrier_site.line() != where.line() ||
+               std::strcmp(s.barrier_site.file_name(), where.file_name()) != 0) {
+      kernel_bug("%s: threads of one phase reached different __syncthreads (%s:%u and %s:%u, "
+                 "thread %u): a barrier in divergent code",
+                 block_name(s).c_str(), short_name(s.barrier_site.file_name()),
+                 s.barrier_site.line(), short_name(where.file_name()), where.line(), f.tid);
+    }
+    generation = s.barrier_generation;
+  }
+  tsan_release(&s.barrier_token[generation & 1]);
+  {
+    Hidden hidden;
+    if (++s.at_barrier == s.live) {
+      s.at_barrier = 0;
+      ++s.barrier_generation;
+      for (unsigned t = 0; t < s.threads; ++t) {
+        Fiber& other = *s.fibers[t];
+        if (other.state == FiberState::AtBarrier) {
+          other.state = FiberState::Ready;
+          s.ready.push_back(&other);
+        }
+      }
+    } else {
+      f.state = FiberState::AtBarrier;
+      f.waiting_at = &s.barrier_site;
+      f.waiting_for = "__syncthreads";
+    }
+  }
+  wait_until(s, f, [&] { return s.barrier_generation != generation; });
+  tsan_acquire(&s.barrier_token[generation & 1]);
+}
+
+WarpResult warp_round(unsigned mask, std::uint64_t value, bool vote, int source,
+                      bool orders_memory, const char* what, const std::source_location& where) {
+  Scheduler& s = scheduler();
+  Fiber& f = running_fiber(what);
+  const unsigned lane = f.tid % 32;
+  Warp& w = s.warps[f.tid / 32];
+  auto bug = [&](const char* problem) {
+    kernel_bug("%s at %s:%u, %s, warp %u lane %u, mask 0x%08x: %s", what,
+               short_name(where.file_name()), where.line(), block_name(s).c_str(), f.tid / 32,
+               lane, mask, problem);
+  };
+  unsigned long generation;
+  int buffer;
+  {
+    Hidden hidden;
+    if ((mask >> lane & 1u) == 0) bug("the calling lane is not in the mask");
+    if ((mask & ~w.members) != 0) bug("the mask names lanes that do not exist in this block");
+    if ((mask & w.exited) != 0) bug("the mask names a lane that has already exited");
+    if (w.arrived != 0 && w.mask != mask) bug("lanes of the warp disagree on the mask");
+    if (source >= 0 && (mask >> source & 1u) == 0)
+      bug("the lane reads a lane that is not in the mask: the value is undefined");
+    generation = w.generation;
+    buffer = static_cast<int>(generation & 1);
+    w.mask = mask;
+    w.slot[buffer][lane] = value;
+    if (w.arrived == 0) w.ballot[buffer] = 0;
+    if (vote) w.ballot[buffer] |= 1u << lane;
+  }
+  if (orders_memory) tsan_release(&w.token[buffer]);
+  {
+    Hidden hidden;
+    w.arrived |= 1u << lane;
+    if (w.arrived == mask) {
+      w.arrived = 0;
+      ++w.generation;
+      for (unsigned t = 32 * (f.tid / 32); t < std::min(s.threads, 32 * (f.tid / 32) + 32); ++t) {
+        Fiber& other = *s.fibers[t];
+        if (other.state == FiberState::AtWarp) {
+          other.state = FiberState::Ready;
+          s.ready.push_back(&other);
+        }
+      }
+    } else {
+      f.state = FiberState::AtWarp;
+      f.waiting_at = &where;
+      f.waiting_for = what;
+    }
+  }
+  wait_until(s, f, [&] { return w.generation != generation; });
+  if (orders_memory) tsan_acquire(&w.token[buffer]);
+  Hidden hidden;
+  return {source >= 0 ? w.slot[buffer][source] : value, w.ballot[buffer]};
+}
+
+void* shared_storage(const void* key, std::size_t bytes, std::size_t alignment) {
+  Scheduler& s = scheduler();
+  running_fiber("__shared__");
+  Hidden hidden;
+  SharedBlock& b = s.shared[key];
+  if (!b.memory) {
+    b.memory.reset(static_cast<char*>(::operator new(bytes, std::align_val_t(alignment))));
+    b.memory.get_deleter() = +[](void* p) { ::operator delete(p); };
+    b.bytes = bytes;
+  }
+  if (b.block_serial != s.block_serial) {
+    b.block_serial = s.block_serial;
+    s.shared_bytes += bytes;
+    if (s.shared_bytes > kSharedLimit) {
+      kernel_bug("%s: %zu bytes of __shared__ memory, more than the %zu a block may have",
+                 block_name(s).c_str(), s.shared_bytes, kSharedLimit);
+    }
+    std::memset(b.memory.get(), 0xff, bytes);
+  }
+  return b.memory.get();
+}
+
+// --- launches ------------------------------------------------------------------------------
+
+void run_kernel(const KernelLaunch& launch, int device) {
+  if (take_kernel_fault(device)) {
+    raise_sticky(device, cudaErrorIllegalAddress,
+                 std::string("kernel ") + launch.kernel + ": an injected fault (tlemu::fault_kernel)");
+    return;
+  }
+  for (std::size_t i = 0; i < launch.pointers.size(); ++i) {
+    const void* p = launch.pointers[i];
+    if (p == nullptr) continue;
+    auto a = find_allocation(p, 0);
+    std::string problem;
+    if (!a) {
+      problem = describe_pointer(p);
+    } else if (a->device >= 0 && !peer_enabled(device, a->device)) {
+      problem = describe_pointer(p) + ", and peer access from cuda:" + std::to_string(device) +
+                " to cuda:" + std::to_string(a->device) + " is not enabled";
+    }
+    if (!problem.empty()) {
+      raise_sticky(device, cudaErrorIllegalAddress,
+                   std::string("kernel ") + launch.kernel + " on cuda:" + std::to_string(device) +
+                       ": pointer argument " + std::to_string(i + 1) + " is " + problem);
+      return;
+    }
+  }
+  Scheduler& s = scheduler();
+  const dim3 g = launch.grid, b = launch.block;
+  {
+    Hidden hidden;
+    s.launch = &launch;
+    s.device = device;
+    s.threads = b.x * b.y * b.z;
+    s.warps.assign((s.threads + 31) / 32, Warp{});
+    blockDim = b;
+    gridDim = g;
+  }
+  for (unsigned z = 0; z < g.z; ++z)
+    for (unsigned y = 0; y < g.y; ++y)
+      for (unsigned x = 0; x < g.x; ++x) run_block(s, {x, y, z});
+  {
+    Hidden hidden;
+    s.launch = nullptr;
+  }
+  count_kernel(std::uint64_t{g.x} * g.y * g.z, std::uint64_t{g.x} * g.y * g.z * s.threads);
+}
+
+void submit(KernelLaunch&& launch) {
+  const dim3 g = launch.grid, b = launch.block;
+  const std::uint64_t threads = std::uint64_t{b.x} * b.y * b.z;
+  if (threads == 0 || threads > 1024 || b.x > 1024 || b.y > 1024 || b.z > 64 || g.x == 0 ||
+      g.y == 0 || g.z == 0 || g.x > 2147483647u || g.y > 65535 || g.z > 65535 ||
+      launch.shared_bytes > kSharedLimit) {
+    char why[200];
+    std::snprintf(why, sizeof why, "kernel %s: grid (%u,%u,%u), block (%u,%u,%u), %zu bytes of "
+                  "dynamic shared memory", launch.kernel, g.x, g.y, g.z, b.x, b.y, b.z,
+                  launch.shared_bytes);
+    fail(cudaErrorInvalidConfiguration, why);
+    return;
+  }
+  const int device = stream_device(launch.stream);
+  if (device < 0) {
+    fail(cudaErrorInvalidResourceHandle,
+         std::string("kernel ") + launch.kernel + ": the stream is not a live stream");
+    return;
+  }
+  if (device != current_device()) {
+    fail(cudaErrorInvalidResourceHandle,
+         std::string("kernel ") + launch.kernel + ": launched on a stream of cuda:" +
+             std::to_string(device) + " while the current device is cuda:" +
+             std::to_string(current_device()));
+    return;
+  }
+  auto shared = std::make_shared<KernelLaunch>(std::move(launch));
+  const cudaStream_t stream = shared->stream;
+  const cudaError_t e =
+      enqueue(stream, {std::string("kernel ") + shared->kernel,
+                       [shared, device] { run_kernel(*shared, device); }});
+  if (e != cudaSuccess) fail(e);
+}
+
+}  // namespace tlemu::detail

@@ -1,0 +1,108 @@
+// What the emulator's parts share: the devices' state, the memory registry, the
+// streams' queues and the sanitizer annotations. Internal: neither towerlab nor
+// the kernels include it; the emulated libraries (cuBLAS, CUB, NCCL) do.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tlemu/emulator.h"
+
+namespace tlemu::detail {
+
+constexpr int kMaxDevices = 8;
+
+// --- ThreadSanitizer --------------------------------------------------------------------
+// The emulator's own bookkeeping (the registry, the list of streams, the block
+// scheduler's state) is shared by threads that CUDA does not order. Its locks would
+// tell ThreadSanitizer that those threads are ordered, and hide exactly the missing
+// events the emulated build exists to find; so inside a Hidden scope TSan neither
+// checks accesses nor learns ordering. Outside TSan builds it costs nothing.
+class Hidden {
+ public:
+  Hidden();
+  ~Hidden();
+  Hidden(const Hidden&) = delete;
+  Hidden& operator=(const Hidden&) = delete;
+};
+// Ordering CUDA does guarantee, made visible to TSan where no lock carries it.
+void tsan_release(const void* token);
+void tsan_acquire(const void* token);
+bool under_thread_sanitizer();
+
+// --- errors and devices ----------------------------------------------------------------
+// Keeps `error` as the calling thread's last error (unless it is cudaSuccess) and
+// returns it.
+cudaError_t fail(cudaError_t error);
+// The same, with a line on stderr that says what was wrong: the emulator's errors
+// carry what a real GPU's cannot.
+cudaError_t fail(cudaError_t error, const std::string& why);
+const Config& settings();  // the configuration, read from the environment once
+int device_count();
+bool valid_device(int device);
+int current_device();  // of the calling thread
+// The device's sticky error; raise_sticky keeps the first and prints why.
+cudaError_t sticky(int device);
+void raise_sticky(int device, cudaError_t error, const std::string& why);
+bool peer_access_allowed();  // the switch; peer_enabled says whether a pair enabled it
+std::size_t memory_cap(int device);
+void count_kernel(std::uint64_t blocks, std::uint64_t threads);
+void count_copy();
+// Fault injection: whether this allocation or this launch is the one to fail.
+bool take_allocation_fault(int device);
+bool take_kernel_fault(int device);
+
+// --- memory ------------------------------------------------------------------------------
+struct Allocation {
+  const char* base = nullptr;
+  std::size_t bytes = 0;
+  int device = -1;  // -1: pinned host memory (cudaHostAlloc)
+};
+// The live allocation that holds [p, p + bytes), if any (bytes 0: p may be one past
+// the end, as an empty view's pointer is).
+std::optional<Allocation> find_allocation(const void* p, std::size_t bytes = 1);
+// "device memory of cuda:1", "pinned host memory", "freed device memory of cuda:0
+// (cudaFree'd)", "host memory the emulator did not allocate", for messages.
+std::string describe_pointer(const void* p);
+bool peer_enabled(int from, int to);
+void reset_peer_access();
+void set_memory_cap(int device, std::size_t bytes);
+
+// --- streams ------------------------------------------------------------------------------
+// One operation queued on a stream. `run` executes on the stream's worker thread;
+// it is skipped once the stream's device has a sticky error.
+struct Operation {
+  std::string what;
+  std::function<void()> run;
+};
+// Queues `op` on `stream` (0 and cudaStreamLegacy: the current device's legacy
+// default stream, with its implicit ordering against the blocking streams). Returns
+// cudaErrorInvalidResourceHandle for a destroyed or unknown stream, or the device's
+// sticky error.
+cudaError_t enqueue(cudaStream_t stream, Operation op);
+// The device a stream belongs to, or -1 for an unknown handle.
+int stream_device(cudaStream_t stream);
+// Waits until everything queued on `stream` so far has run.
+cudaError_t synchronize(cudaStream_t stream);
+// Waits until everything queued on the device's streams so far has run.
+cudaError_t synchronize_device(int device);
+void set_stream_delay(cudaStream_t stream, std::chrono::milliseconds delay);
+
+// --- kernels ------------------------------------------------------------------------------
+// Runs every block of `launch` on the calling (worker) thread.
+void run_kernel(const KernelLaunch& launch, int device);
+
+}  // namespace tlemu::detail
