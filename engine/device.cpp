@@ -95,22 +95,40 @@ std::vector<Device> parse_device_list(std::string_view text) {
   return devices;
 }
 
-int cuda_device_count() {
+namespace {
+
+// cudaGetDeviceCount's answer, asked once: it cannot change while the process
+// runs, and asking when no driver is installed is slow. `error` keeps why the
+// count is 0 when the runtime failed (no driver, no device, a driver too old).
+struct CudaDeviceCount {
+  int count = 0;
+  std::string error;
+};
+
+const CudaDeviceCount& cuda_devices() {
+  static const CudaDeviceCount answer = [] {
+    CudaDeviceCount a;
 #if TOWERLAB_WITH_CUDA
-  // Asked once: the answer cannot change while the process runs, and asking
-  // when no driver is installed is slow.
-  static const int count = [] {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    const cudaError_t err = cudaGetDeviceCount(&a.count);
+    if (err != cudaSuccess) {
       (void)cudaGetLastError();
-      n = 0;
+      a.count = 0;
+      a.error = std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
     }
-    return n;
-  }();
-  return count;
-#else
-  return 0;
 #endif
+    return a;
+  }();
+  return answer;
+}
+
+}  // namespace
+
+int cuda_device_count() {
+  return cuda_devices().count;
+}
+
+std::string cuda_device_count_error() {
+  return cuda_devices().error;
 }
 
 std::vector<Device> available_devices() {

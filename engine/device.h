@@ -39,6 +39,12 @@ std::vector<Device> parse_device_list(std::string_view text);
 // backend, when there is no driver, or when no GPU is visible.
 int cuda_device_count();
 
+// Why cuda_device_count() is 0 when the CUDA runtime refused to count: the error
+// cudaGetDeviceCount returned, by name and text ("cudaErrorNoDevice: no
+// CUDA-capable device is detected"). Empty when it succeeded (with any count) and
+// in a build without the CUDA backend.
+std::string cuda_device_count_error();
+
 // The devices present: "cpu" first, then every CUDA device.
 std::vector<Device> available_devices();
 

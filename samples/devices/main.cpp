@@ -3,6 +3,7 @@
 // wrong answer, so it doubles as a smoke test of a fresh install.
 #include <cmath>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "towerlab.h"
@@ -45,8 +46,15 @@ int main() {
     bool all_ok = true;
     for (Device device : devices) all_ok = check_device(device) && all_ok;
     if (cuda_device_count() == 0) {
-      std::printf("no CUDA device is visible%s\n",
-                  TOWERLAB_WITH_CUDA ? "" : " (built without the CUDA backend)");
+      // Say why: no backend, or the runtime's error (no driver, a driver too old, no
+      // device visible).
+      std::string why;
+      if (!TOWERLAB_WITH_CUDA) {
+        why = " (built without the CUDA backend)";
+      } else if (!cuda_device_count_error().empty()) {
+        why = " (cudaGetDeviceCount: " + cuda_device_count_error() + ")";
+      }
+      std::printf("no CUDA device is visible%s\n", why.c_str());
     }
     return all_ok ? 0 : 1;
   } catch (const Error& e) {
