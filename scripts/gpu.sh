@@ -2,54 +2,92 @@
 # The GPU run: every CUDA test, compute-sanitizer, the kernel benchmarks and the
 # end-to-end FashionNet run on a machine with one NVIDIA GPU (H100/H200, sm_90).
 # The GPU machine has the CUDA toolkit, the driver and PyTorch's wheels (cuDNN,
-# cuBLAS), but no Debian packages and no network, so the binaries are built here
-# and travel with the libraries it lacks:
+# cuBLAS, NCCL in site-packages/nvidia/*/lib, its Python in /opt/torch/.venv), but
+# no Debian packages and no network, so the binaries are built here and travel
+# with the libraries it lacks.
 #
-#   scripts/gpu.sh prepare     here: the gpu preset (Release, sm_90, CUDA runtime
-#                              linked in, no NCCL, no OpenBLAS), then build/gpu-carry/
-#                              with bin.tar.gz (bin/: the binaries, stripped; lib/:
-#                              what ldd shows the GPU machine lacks), data/
-#                              (Fashion-MNIST) and build-info.txt. Refuses to finish
-#                              when the repository's working tree plus the carry
-#                              exceeds the device tool's 64 MiB.
+# HERE, on the development machine (no GPU needed):
 #
-# Then one device call per command below, each planned well inside the 10-minute
-# limit (the times are estimates; every step has its own timeout), each writing one
-# archive <command>.tar.gz and <command>-summary.txt to OUT:
+#   scripts/gpu.sh prepare   the gpu preset (Release, sm_90, CUDA runtime linked in,
+#                            NCCL linked dynamically, no OpenBLAS, no MPI), then
+#                            build/gpu-carry/ with bin.tar.gz (bin/: the binaries,
+#                            stripped; lib/: what ldd shows the GPU machine lacks),
+#                            data/ (Fashion-MNIST) and build-info.txt. Refuses to
+#                            finish when the working tree plus the carry exceeds the
+#                            device tool's 64 MiB.
 #
-#   scripts/gpu.sh check           libraries resolve (ldd) and a GPU is visible
-#   scripts/gpu.sh tests OUT       the whole test binary in one process (~2-4 min)
-#   scripts/gpu.sh sanitize OUT [memcheck|racecheck|synccheck]
-#                                  compute-sanitizer on the CUDA tests: all three tools
-#                                  when none is named (at most ~9 min), else the one
-#                                  named with the whole budget
-#   scripts/gpu.sh bench OUT       the CUDA cases of every bench, JSON (~2-5 min)
-#   scripts/gpu.sh train OUT       FashionNet, 5 epochs on cuda:0, masters cuda:0 and cpu (~1-5 min)
+# THERE, on the GPU machine: two device calls, about 19 of the lease's 30 minutes
+# (each has a hard deadline of 9 minutes; every step has its own time limit
+# inside it and is cut, reported as such, when the deadline comes):
 #
-# Device tool call for each (the repository root is the working directory there):
-#   run(command='bash scripts/gpu.sh tests "$OUT"', carry=['build/gpu-carry'], timeout_s=600)
-# and likewise with sanitize, bench, train. Every command runs the check first and
-# stops, exit status 3, with a loud message when no GPU is visible; a CUDA test that
-# skips or fails makes the command fail (TOWERLAB_REQUIRE_GPU=1 in the tests).
-# TOWERLAB_GPU_REHEARSAL=1 runs a command's steps past a failed check, to try the
-# script on a machine without a GPU; such a run always fails.
+#   run(command='bash scripts/gpu.sh verify "$OUT"', carry=['build/gpu-carry'], timeout_s=600)
+#   run(command='bash scripts/gpu.sh measure "$OUT"', carry=['build/gpu-carry'], timeout_s=600)
+#
+#   verify OUT    (~5-9 min) the check; the test binary in shards, each its own
+#                 process, time limit and gtest XML: cuda-kernels (the kernels'
+#                 CUDA cases), cuda-training (trainer, ring, determinism,
+#                 checkpoints, ...), cuda-nccl (NCCL on one GPU) and cpu (every other
+#                 case, once); then compute-sanitizer memcheck on the kernels' CUDA
+#                 cases (their small shapes), racecheck and synccheck on the kernels
+#                 with shared memory
+#   measure OUT   (~4-9 min) the check; the CUDA cases of every bench with their
+#                 cuBLAS/cuDNN/copy references (JSON, until 4 min before the
+#                 deadline); FashionNet, 5 epochs on cuda:0, master on cuda:0 then cpu
+#
+# The same steps one by one (each within one call; two calls above cost less):
+#   check               libraries resolve (ldd -r), a GPU is visible, versions (cuDNN, NCCL)
+#   tests OUT           the check and the test shards
+#   sanitize OUT [memcheck|racecheck|synccheck]   the check and the sanitizers (all three,
+#                       or the one named)
+#   bench OUT           the check and the benches
+#   train OUT           the check and FashionNet
+#
+# Every command that takes OUT writes two files there (of the 8 allowed):
+# OUT/<command>.tar.gz (every log, the gtest XML of each shard and sanitizer, the
+# bench JSON, the training metrics, the check's output and build-info.txt) and
+# OUT/<command>-summary.txt (what was run, each shard's pass/fail/skip counts, the
+# verdict). Exit status 0 only when everything passed; 3 when no GPU is visible.
+#
+# Judging: a GPU is visible when towerlab_devices exits 0 and checked cuda:0
+# (nvidia-smi is only logged; it may be missing). The tests run with
+# TOWERLAB_REQUIRE_GPU=1. A case that fails, a shard that crashes or times out,
+# and every skip that is not on the list of skips a one-GPU machine explains
+# (judge_tests: the two-GPU cases, CPU instances of CUDA-only cases, root, no
+# numpy, no Debian dataset) fail the command: a CUDA case that skipped did not run.
+#
+# Settings:
+#   TOWERLAB_GPU_REHEARSAL=1  runs every step past a failed check, to rehearse the
+#                             script where there is no GPU; TOWERLAB_REQUIRE_GPU is
+#                             then left unset, so the CUDA cases skip, and the judge
+#                             must call that FAILED
+#   TOWERLAB_GPU_BUILD=DIR    take the binaries from build folder DIR (default
+#                             build/gpu, which prepare configures with the gpu
+#                             preset; any other DIR must be configured already, e.g.
+#                             an emulated-GPU build); the carry is then DIR-carry
+#   TOWERLAB_GPU_PYTHON=PATH  the Python for the judges and the wheels' libraries
+#                             (default /opt/torch/.venv/bin/python3, else python3)
+#   TOWERLAB_GPU_LIB_PATH     library folders put first on LD_LIBRARY_PATH there
+#   TOWERLAB_GPU_JOBS=N       prepare's build jobs (default: nproc)
+#
 # Results the project relies on go into bench/results/ with the commit, the device
 # name and the date (build-info.txt and each summary hold them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
-build=build/gpu       # the gpu preset's build folder; stays here
-carry=build/gpu-carry # what travels (ignored by git, like all of build/)
+build=${TOWERLAB_GPU_BUILD:-build/gpu} # stays here
+build=${build%/}
+carry=$build-carry # what travels (ignored by git, like all of build/)
 limit=$((64 * 1024 * 1024))
 fashion_mnist=/usr/share/datasets/fashion-mnist
 
 # Libraries the GPU machine has, by soname: the C and C++ runtime, the driver, and
-# cuBLAS and cuDNN from the toolkit or PyTorch's wheels. Everything else that ldd
-# shows travels in lib/.
-system_libs=' linux-vdso.so.1 ld-linux-x86-64.so.2 libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1 libstdc++.so.6 libgcc_s.so.1 libcuda.so.1 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 '
+# cuBLAS, cuDNN and NCCL from the toolkit or PyTorch's wheels (nvidia/*/lib).
+# Everything else that ldd shows travels in lib/.
+system_libs=' linux-vdso.so.1 ld-linux-x86-64.so.2 libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1 libstdc++.so.6 libgcc_s.so.1 libcuda.so.1 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 libnccl.so.2 '
 # Libraries that must not be linked into what travels: the runtime is linked in
-# statically, NCCL and OpenBLAS are left out by the gpu preset.
-refused_libs='libcudart.so libnccl.so libopenblas.so libblas.so libgfortran.so'
+# statically (one runtime, whatever the machine has), OpenBLAS and MPI are left out
+# by the gpu preset (no use on one GPU, and MPI needs its launcher and plugins).
+refused_libs='libcudart.so libopenblas.so libblas.so libgfortran.so libmpi.so libmpi_cxx.so'
 
 die() {
   echo "gpu.sh: FAILED: $*" >&2
@@ -58,8 +96,12 @@ die() {
 
 # The binaries that run on the GPU machine.
 bench_names() {
-  # Every bench with CUDA cases (io_bench is CPU-only).
-  grep -l 'cuda' bench/*_bench.cpp | xargs -n1 basename | sed 's/\.cpp$//'
+  # Every bench with CUDA cases (io_bench is CPU-only), the ones that matter most
+  # first: a bench that the deadline leaves out is then one of the last.
+  local first='matmul_bench conv2d_bench trainer_bench batchnorm_bench pool2d_bench' all name
+  all=$(grep -l 'cuda' bench/*_bench.cpp | xargs -n1 basename | sed 's/\.cpp$//')
+  for name in $first; do grep -qx "$name" <<<"$all" && echo "$name"; done
+  grep -vx -F "${first// /$'\n'}" <<<"$all" || true
 }
 binaries() {
   echo towerlab_tests fashion_mnist towerlab_devices
@@ -90,9 +132,13 @@ mib() { awk -v b="$1" 'BEGIN {printf "%.1f MiB", b / 1048576}'; }
 
 prepare() {
   bash scripts/deps.sh
-  cmake --preset gpu >/dev/null
+  if [ "$build" = build/gpu ]; then
+    cmake --preset gpu >/dev/null
+  elif [ ! -f "$build/CMakeCache.txt" ]; then
+    die "$build is not configured (TOWERLAB_GPU_BUILD=$build): configure it first, then prepare"
+  fi
   # shellcheck disable=SC2046
-  cmake --build --preset gpu -j "$(nproc)" --target $(binaries)
+  cmake --build "$build" -j "${TOWERLAB_GPU_JOBS:-$(nproc)}" --target $(binaries)
   # The binaries, stripped, and the libraries they need, staged as they will be
   # unpacked there: bin/ and lib/ side by side.
   local stage=$build/stage
@@ -101,6 +147,12 @@ prepare() {
   for name in $(binaries); do
     strip -o "$stage/bin/$name" "$(source_of "$name")"
   done
+
+  # The gpu preset links NCCL (from the toolkit here, from PyTorch's wheels there):
+  # without it the one-GPU NCCL cases would skip, which the judge calls a failure.
+  if [ "$build" = build/gpu ] && ! ldd "$stage/bin/towerlab_tests" | grep -q 'libnccl\.so\.2'; then
+    die "towerlab_tests does not link libnccl.so.2: CMake did not find NCCL in the toolkit"
+  fi
 
   # Shared libraries: refuse the ones that must not travel, copy the ones the GPU
   # machine lacks (under their soname, as the loader looks them up).
@@ -116,7 +168,7 @@ prepare() {
     [[ $system_libs == *" $soname "* ]] && continue
     [ -n "$path" ] && cp -L "$path" "$stage/lib/$soname"
   done < <(for b in "$stage"/bin/*; do ldd "$b"; done | sed 's/^[[:space:]]*//; s/ (0x.*//' | sort -u)
-  strip --strip-unneeded "$stage"/lib/*
+  find "$stage/lib" -type f -exec strip --strip-unneeded {} +
   # gzip makes the CUDA fat binaries about a third of their size; tar and gzip are
   # on every machine.
   tar -czf "$carry/bin.tar.gz" -C "$stage" bin lib
@@ -136,9 +188,11 @@ prepare() {
   {
     echo "commit: $(git rev-parse HEAD)$(git diff --quiet HEAD -- . 2>/dev/null ||
       echo ' (with uncommitted changes)')"
-    echo "built: $(date -u +%FT%TZ) on $(uname -n), preset gpu, $(/usr/local/cuda/bin/nvcc --version | tail -1)"
+    echo "built: $(date -u +%FT%TZ) on $(uname -n), $build ($(grep -o 'CMAKE_BUILD_TYPE:STRING=.*' \
+      "$build/CMakeCache.txt" | cut -d= -f2)), $(/usr/local/cuda/bin/nvcc --version 2>/dev/null | tail -1)"
     echo "dataset: $(cat "$carry/data/contents.txt")"
     echo "carried libraries: $(find "$stage/lib" -type f -printf '%f ' | sort)"
+    echo "from the GPU machine: $system_libs"
     echo "newest glibc symbol version needed: $(objdump -T "$stage"/bin/* "$stage"/lib/* 2>/dev/null |
       grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)"
   } >"$carry/build-info.txt"
@@ -147,16 +201,18 @@ prepare() {
   echo
   cat "$carry/build-info.txt"
   echo "in $carry/bin.tar.gz (unpacked sizes):"
-  (cd "$stage" && du -b bin/* lib/* | awk '{printf "  %10d  %s\n", $1, $2}')
+  (cd "$stage" && du -b bin/* lib/* 2>/dev/null | awk '{printf "  %10d  %s\n", $1, $2}')
   echo "in $carry:"
   (cd "$carry" && find . -type f -printf '%s %P\n' | sort -k2 | awk '{printf "  %10d  %s\n", $1, $2}')
   echo "travels: working tree $(mib "$tree") + $carry $(mib "$carried") = $(mib $((tree + carried))) (limit 64 MiB)"
   ((tree + carried <= limit)) || die "$(mib $((tree + carried))) does not fit the device tool's 64 MiB"
   echo "comes back: 2 files per command, <command>.tar.gz and <command>-summary.txt (limit 8)"
   echo
-  echo "device tool calls, one each, with carry=['$carry'] and timeout_s=600:"
-  for command in tests sanitize bench train; do
-    echo "  bash scripts/gpu.sh $command \"\$OUT\""
+  local env=""
+  [ "$build" = build/gpu ] || env="TOWERLAB_GPU_BUILD=$build "
+  echo "device tool calls, two, each with carry=['$carry'] and timeout_s=600:"
+  for command in verify measure; do
+    echo "  ${env}bash scripts/gpu.sh $command \"\$OUT\""
   done
 }
 
@@ -203,32 +259,55 @@ PY
 
 # --- on the GPU machine ------------------------------------------------------
 
+# The Python for the judges and for finding the wheels: bare python3 may not be on
+# the GPU machine's PATH, whose Python (with PyTorch) lives in /opt/torch/.venv.
+find_python() {
+  [ -z "${python:-}" ] || return 0
+  local p
+  for p in "${TOWERLAB_GPU_PYTHON:-}" /opt/torch/.venv/bin/python3 "$(command -v python3 || true)"; do
+    if [ -n "$p" ] && [ -x "$p" ]; then
+      python=$p
+      return 0
+    fi
+  done
+  die "no Python: neither /opt/torch/.venv/bin/python3 nor python3 on the PATH (set TOWERLAB_GPU_PYTHON)"
+}
+
 # Unpacks the binaries and libraries into a fresh temporary folder: $bin and $lib.
 unpack() {
   [ -z "${bin:-}" ] || return 0
   [ -f "$carry/bin.tar.gz" ] ||
-    die "$carry/bin.tar.gz is missing: run 'scripts/gpu.sh prepare' here and carry $carry"
+    die "$carry/bin.tar.gz is missing: run '${TOWERLAB_GPU_BUILD:+TOWERLAB_GPU_BUILD=$build }scripts/gpu.sh prepare' here and carry $carry"
   unpacked=$(mktemp -d "${TMPDIR:-/tmp}/towerlab-gpu.XXXXXX")
-  trap 'rm -rf "$unpacked"' EXIT
+  trap 'rm -rf "$unpacked" ${work:+"$work"}' EXIT
   tar -xzf "$carry/bin.tar.gz" -C "$unpacked"
   bin=$unpacked/bin lib=$unpacked/lib
 }
 
 # The library path for our binaries: the carried libraries, the toolkit's, then
 # every lib/ folder of the NVIDIA wheels beside PyTorch (nvidia/cudnn/lib,
-# nvidia/cu13/lib, ...). TOWERLAB_GPU_LIB_PATH, when set, comes first.
+# nvidia/nccl/lib, nvidia/cu13/lib, ...), found through $python's site-packages
+# and the nvidia namespace package. TOWERLAB_GPU_LIB_PATH, when set, comes first.
 set_library_path() {
   [ -z "${gpu_sh_library_path:-}" ] || return 0
   gpu_sh_library_path=1
+  find_python
   local dirs=() site d
   [ -n "${TOWERLAB_GPU_LIB_PATH:-}" ] && dirs+=("$TOWERLAB_GPU_LIB_PATH")
   dirs+=("$lib")
   for d in /usr/local/cuda/lib64 /usr/local/cuda/lib; do [ -d "$d" ] && dirs+=("$d"); done
-  for site in $(python3 -c 'import site, sysconfig
-print(" ".join([sysconfig.get_paths()["purelib"]] + site.getsitepackages()))' 2>/dev/null) \
-    /opt/torch/.venv/lib/python3*/site-packages; do
+  for site in $("$python" -c 'import site, sysconfig
+dirs = [sysconfig.get_paths()["purelib"]] + site.getsitepackages()
+try:
+    import nvidia
+    dirs += [p + "/.." for p in nvidia.__path__]
+except ImportError:
+    pass
+print(" ".join(dirs))' 2>/dev/null) /opt/torch/.venv/lib/python3*/site-packages; do
     for d in "$site"/nvidia/*/lib; do
-      [ -d "$d" ] && [[ " ${dirs[*]} " != *" $d "* ]] && dirs+=("$d")
+      [ -d "$d" ] || continue
+      d=$(cd "$d" && pwd -P)
+      [[ " ${dirs[*]} " != *" $d "* ]] && dirs+=("$d")
     done
   done
   LD_LIBRARY_PATH=$(
@@ -238,21 +317,26 @@ print(" ".join([sysconfig.get_paths()["purelib"]] + site.getsitepackages()))' 2>
   export LD_LIBRARY_PATH
 }
 
-# Every carried binary's libraries resolve, then a GPU is visible. Prints what it
-# saw; exits 1 on a missing library, 3 (loudly) when no GPU is visible.
+# Every carried binary's libraries and symbols resolve, then a GPU is visible. Prints
+# what it saw; exits 1 on a missing library or symbol or a wrong answer, 3 (loudly)
+# when no GPU is visible.
 check() {
   unpack
   set_library_path
   cat "$carry/build-info.txt"
+  echo "python: $python"
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
   local missing=0 b
   for b in "$bin"/*; do
-    if ldd "$b" | grep -q 'not found'; then
-      echo "gpu.sh: $b: $(ldd "$b" | grep 'not found' | tr -s ' \t' ' ' | tr '\n' ';')" >&2
+    # -r: also the symbols, so that a library too old for what was linked here
+    # (NCCL from the wheels, say) shows now and not as a crash in a test.
+    if ldd -r "$b" 2>&1 | grep -q -E 'not found|undefined symbol'; then
+      echo "gpu.sh: $(basename "$b"): $(ldd -r "$b" 2>&1 | grep -E 'not found|undefined symbol' |
+        tr -s ' \t' ' ' | sort -u | head -20 | tr '\n' ';')" >&2
       missing=1
     fi
   done
-  ((missing == 0)) || die "libraries are missing (above); nothing was run"
+  ((missing == 0)) || die "libraries or symbols are missing (above); nothing was run"
   # Outside the GPU machine's own libraries, each must come from the carried ones:
   # this also catches, on a machine that happens to have it, one that did not travel.
   local stray
@@ -261,151 +345,308 @@ check() {
     sort -u)
   [ -z "$stray" ] || die "libraries that did not travel and the GPU machine lacks:
 $stray"
-  echo "libraries: every binary in $carry/bin.tar.gz resolves all its libraries:"
+  echo "libraries: every binary in $carry/bin.tar.gz resolves all its libraries and symbols:"
   for b in "$bin"/*; do ldd "$b"; done | awk '$2 == "=>" {print "  " $1 " => " $3}' | sort -u
-  local devices
-  devices=$("$bin/towerlab_devices" 2>&1) || true
+  # The versions of the libraries found by soname, as the binaries will load them.
+  "$python" - <<'PY' || true
+import ctypes
+def loaded(soname):
+    with open("/proc/self/maps") as maps:
+        paths = {l.split()[-1] for l in maps if soname in l}
+    return ", ".join(sorted(paths)) or "?"
+def version(soname, get):
+    try:
+        lib = ctypes.CDLL(soname)
+    except OSError as e:
+        return f"{soname}: not loadable ({e})"
+    try:
+        return f"{soname}: {get(lib)} from {loaded(soname)}"
+    except Exception as e:  # a library without the call
+        return f"{soname}: no version ({e}) from {loaded(soname)}"
+def cudnn(lib):
+    v = lib.cudnnGetVersion()  # cuDNN 9: major * 10000 + minor * 100 + patch
+    return f"cudnnGetVersion() = {v} ({v // 10000}.{v // 100 % 100}.{v % 100})"
+def nccl(lib):
+    v = ctypes.c_int()
+    lib.ncclGetVersion(ctypes.byref(v))  # NCCL >= 2.9: major * 10000 + minor * 100 + patch
+    v = v.value
+    return f"ncclGetVersion() = {v} ({v // 10000}.{v // 100 % 100}.{v % 100})"
+def cublas(lib):
+    v = ctypes.c_int()
+    lib.cublasGetProperty(0, ctypes.byref(v)); major = v.value
+    lib.cublasGetProperty(1, ctypes.byref(v)); minor = v.value
+    lib.cublasGetProperty(2, ctypes.byref(v))
+    return f"cublasGetProperty = {major}.{minor}.{v.value}"
+print("versions:")
+for soname, get in (("libcudnn.so.9", cudnn), ("libnccl.so.2", nccl), ("libcublas.so.13", cublas)):
+    print("  " + version(soname, get))
+PY
+  local devices devices_rc=0
+  devices=$("$bin/towerlab_devices" 2>&1) || devices_rc=$?
   echo "$devices"
-  if ! nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 ||
-    ! grep -q 'cuda:0' <<<"$devices"; then
-    {
-      echo
-      echo "################################################################################"
-      echo "gpu.sh: FAILED: no GPU visible (nvidia-smi or towerlab_devices above)."
-      echo "Nothing else was run: without a GPU every CUDA test would skip and read as a pass."
-      echo "################################################################################"
-    } >&2
-    exit 3
+  echo "towerlab_devices: exit $devices_rc"
+  # nvidia-smi is logged when there: its absence is no sign of a missing GPU.
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 ||
+      echo "nvidia-smi: exit $? (towerlab_devices above is what counts)"
+  else
+    echo "nvidia-smi: not on the PATH (towerlab_devices above is what counts)"
   fi
+  if ((devices_rc == 0)) && grep -q -E '^ *cuda:0 .* ok$' <<<"$devices"; then
+    return 0
+  fi
+  {
+    echo
+    echo "################################################################################"
+    if ((devices_rc != 0)); then
+      echo "gpu.sh: FAILED: towerlab_devices exited $devices_rc (a wrong answer or an error, above)."
+    else
+      echo "gpu.sh: FAILED: no GPU visible: towerlab_devices (above) checked no cuda:0."
+    fi
+    echo "Without a GPU every CUDA test would skip and read as a pass."
+    echo "################################################################################"
+  } >&2
+  ((devices_rc != 0)) && grep -q -E '^ *cuda:0 ' <<<"$devices" && exit 1
+  exit 3
 }
 
 # Begins a device command: a fresh folder for its logs (pack() turns it into
 # OUT/<command>.tar.gz), the library path, the check (a failed one ends the command
-# with its status), and the tests' settings: a GPU required, the corpus in the tree.
+# with its status), the deadline for its steps, and the tests' settings: a GPU
+# required, the corpus in the tree.
 begin() {
   out=${1:?usage: scripts/gpu.sh $command OUT}
+  deadline=$((SECONDS + ${2:-540}))
   mkdir -p "$out"
-  work=$(mktemp -d)
+  unpack
+  work=$(mktemp -d "${TMPDIR:-/tmp}/towerlab-gpu-$command.XXXXXX")
   summary="$out/$command-summary.txt"
   : >"$summary"
-  status=0
-  note "$command on $(uname -n), $(date -u +%FT%TZ)"
-  unpack
+  status=0 check_status=0
+  note "$command on $(uname -n), $(date -u +%FT%TZ), deadline $((deadline - SECONDS))s"
+  note "$(grep -E '^(commit|built):' "$carry/build-info.txt")"
   set_library_path
-  (check) >"$work/check.log" 2>&1 || {
-    status=$?
-    cat "$work/check.log" >&2
-    # A rehearsal (TOWERLAB_GPU_REHEARSAL=1, on a machine without a GPU) goes on to
-    # exercise the steps and the judging; the command fails all the same.
-    [ "${TOWERLAB_GPU_REHEARSAL:-}" = 1 ] || pack
-    note "rehearsal: the check failed (exit $status); the steps run, the command fails"
-  }
-  grep -A1 '^towerlab sees' "$work/check.log" | tee -a "$summary"
-  export TOWERLAB_REQUIRE_GPU=1 TOWERLAB_FUZZ_DIR=$repo/fuzz
+  local check_rc=0
+  (check) >"$work/check.log" 2>&1 || check_rc=$?
+  grep -E '^(python|  lib(cudnn|nccl|cublas)\.so.*: |towerlab sees|  (cpu|cuda:)|no CUDA device|towerlab_devices:|nvidia-smi|[^ ].*, [0-9]+ MiB$|gpu.sh: )' \
+    "$work/check.log" | sed 's/^/  /' | tee -a "$summary" || true
+  export TOWERLAB_FUZZ_DIR=$repo/fuzz
+  if ((check_rc == 0)); then
+    note "check: passed, ${SECONDS}s"
+    export TOWERLAB_REQUIRE_GPU=1
+    return 0
+  fi
+  status=$check_rc check_status=$check_rc
+  cat "$work/check.log" >&2
+  note "check: FAILED (exit $check_rc)"
+  if [ "${TOWERLAB_GPU_REHEARSAL:-}" != 1 ]; then
+    note "nothing else was run"
+    pack
+  fi
+  # A rehearsal (on a machine without a GPU) goes on to exercise the steps and the
+  # judging; TOWERLAB_REQUIRE_GPU stays unset so that the CPU cases run and the CUDA
+  # cases skip, which the judge must call a failure. The command fails all the same.
+  note "rehearsal: the steps run anyway, without TOWERLAB_REQUIRE_GPU; the command fails"
 }
 note() { echo "$*" | tee -a "$summary"; }
 pack() {
-  if ((status == 0)); then note "$command: PASSED"; else note "$command: FAILED (see above)"; fi
+  ((check_status == 0)) || status=$check_status # the reason that explains the others
+  if ((status == 0)); then note "$command: PASSED"; else note "$command: FAILED (exit $status; see above)"; fi
+  note "$command took ${SECONDS}s"
   cp "$summary" "$carry/build-info.txt" "$work/"
   # No log may push the archive past the 16 MiB a returned file may have.
   local f
   for f in "$work"/*; do
-    if [ "$(stat -c %s "$f")" -gt $((4 * 1024 * 1024)) ]; then
-      { head -c 2M "$f"; echo; echo "[... cut by gpu.sh ...]"; tail -c 2M "$f"; } >"$f.cut"
+    if [ "$(stat -c %s "$f")" -gt $((3 * 1024 * 1024)) ]; then
+      { head -c 1M "$f"; echo; echo "[... cut by gpu.sh ...]"; tail -c 1M "$f"; } >"$f.cut"
       mv "$f.cut" "$f"
     fi
   done
   tar -czf "$out/$command.tar.gz" -C "$work" .
-  rm -rf "$work"
   exit "$status"
 }
-# step NAME SECONDS CMD...: runs CMD under a time limit with its output in NAME.log.
+# step NAME SECONDS CMD...: runs CMD with its output in NAME.log, under SECONDS or
+# what is left before the command's deadline (30 s are kept for packing), whichever
+# is less. Returns CMD's status; 124 when it ran out of time or was not started.
 step() {
-  local name=$1 seconds=$2 rc=0 start=$SECONDS
+  local name=$1 seconds=$2 rc=0 start=$SECONDS left
   shift 2
+  left=$((deadline - SECONDS - 30))
+  if ((left < 10)); then
+    note "$name: NOT RUN, the command's deadline has come"
+    return 124
+  fi
+  ((seconds <= left)) || seconds=$left
   timeout --kill-after=10 "$seconds" "$@" >"$work/$name.log" 2>&1 || rc=$?
   if ((rc == 124 || rc == 137)); then
     note "$name: TIMED OUT after ${seconds}s"
+    rc=124
   else
     note "$name: exit $rc, $((SECONDS - start))s"
   fi
+  # A failed step's last words, often the reason (a test's "[  FAILED  ]" lines are
+  # judged on their own).
+  ((rc == 0 || rc == 124)) || note "  last line: $(tail -n 1 "$work/$name.log" | cut -c1-200)"
   return $rc
 }
 
-# Judges a gtest XML report: tests ran, none failed, and every skip is one that a
-# one-GPU machine explains (never "no CUDA device").
+# judge_tests NAME: judges NAME.xml (gtest's report) and NAME.log, of the cases
+# listed in cases-NAME.txt. Prints the counts, each failure and each kind of skip;
+# fails on a failure, a case that did not run, a missing report (a crash or a
+# time-out: the case that was running is named) and every skip not listed below.
 judge_tests() {
-  python3 - "$1" <<'PY' | tee -a "$summary"
-import sys, xml.etree.ElementTree as ET
-# Skips a one-GPU machine explains: the CPU instance of a CUDA-only case, cases that
-# need two GPUs, root ignoring permissions, no numpy or no Debian dataset there.
-expected = ("compares the CUDA kernels with the CPU backend", "CUDA-only",
-            "needs two CUDA devices", "running as root", "numpy not available",
-            "dataset-fashion-mnist is not installed")
-try:
-    root = ET.parse(sys.argv[1]).getroot()
-except (OSError, ET.ParseError) as e:
-    print(f"  no readable test report ({e}): FAILED"); sys.exit(1)
+  "$python" - "$work" "$1" <<'PY' | tee -a "$summary"
+import os, re, sys, xml.etree.ElementTree as ET
+work, name = sys.argv[1], sys.argv[2]
+# The skips a machine with ONE GPU explains, and nothing else: (the skip message,
+# matched whole; the cases that may give it, matched whole; why it is expected).
+# Any other skip fails the run: on the GPU machine a CUDA case that skipped did
+# not run ("no CUDA device", "this build of towerlab has no NCCL", ...).
+EXPECTED = [
+    (r"needs two CUDA devices", r".*", "two GPUs"),
+    (r"needs 2 GPU\(s\) for as many NCCL ranks; 1 visible", r"Nccl\w*\.\w+", "two GPUs"),
+    # The CPU instance of a case that only means something on a GPU.
+    (r"compares the CUDA kernels with the CPU backend", r".*/cpu", "CPU instance"),
+    (r"CUDA-only: .*", r".*/cpu", "CPU instance"),
+    (r"a host stream's work has finished when each call returns", r".*/cpu", "CPU instance"),
+    # The GPU machine itself: root, no Debian packages.
+    (r"running as root, which ignores directory permissions", r".*", "root"),
+    (r"/usr/bin/python3 with numpy not available", r".*", "no Debian numpy"),
+    (r"Debian's dataset-fashion-mnist is not installed", r".*", "no Debian dataset"),
+]
+def expected(why, case):
+    for message, cases, label in EXPECTED:
+        if re.fullmatch(message, why) and re.fullmatch(cases, case):
+            return label
+    return None
 def message(element):
-    # The text is "file:line" and then the message.
-    lines = (element.text or element.get("message") or "").strip().splitlines()[1:]
+    # "file:line" and then the message, in the text or the message attribute.
+    text = (element.text or element.get("message") or "").strip()
+    lines = text.splitlines()
+    if lines and re.match(r"^\S+:\d+$", lines[0].strip()): lines = lines[1:]
     return " ".join(l.strip() for l in lines if l.strip()) or "(no message)"
-ran = 0; failures = []; skips = {}
+def last_started(log):
+    # The case a crash or a time-out interrupted: started, never finished.
+    running = None
+    try:
+        for line in open(log, errors="replace"):
+            m = re.match(r"\[ RUN      \] (\S+)", line)
+            if m: running = m.group(1)
+            elif re.match(r"\[ +(OK|FAILED|SKIPPED) +\] ", line): running = None
+    except OSError:
+        pass
+    return running
+listed = set(open(os.path.join(work, f"cases-{name}.txt")).read().split())
+try:
+    root = ET.parse(os.path.join(work, f"{name}.xml")).getroot()
+except (OSError, ET.ParseError) as e:
+    running = last_started(os.path.join(work, f"{name}.log"))
+    print(f"  {name}: {len(listed)} cases, NO REPORT (a crash or a time-out; {e.__class__.__name__})"
+          + (f"; it was running {running}" if running else ""))
+    sys.exit(1)
+passed = failed = unexpected = 0; failures = []; skips = {}; seen = set()
 for case in root.iter("testcase"):
-    if case.get("status") != "run": continue
-    name = f"{case.get('classname')}.{case.get('name')}"
-    # The suite-less entry holds failures outside any test (a global set-up).
-    ran += name != "."
-    for failure in case.findall("failure"): failures.append(f"{name}: {message(failure)}")
+    full = f"{case.get('classname')}.{case.get('name')}"
+    failed += bool(case.findall("failure"))
+    for failure in case.findall("failure"):
+        # The suite-less entry holds failures outside any test (a global set-up).
+        failures.append(f"{full if full != '.' else '(outside any test)'}: {message(failure)}")
+    if case.get("status") != "run" or full == ".": continue
+    seen.add(full)
     skip = case.find("skipped")
-    if skip is not None: skips.setdefault(message(skip), []).append(name)
-unexpected = {why: names for why, names in skips.items() if not any(e in why for e in expected)}
-print(f"  {ran} tests ran, {len(failures)} failures, {sum(map(len, skips.values()))} skipped")
-for f in failures[:20]: print(f"  FAILED {f[:300]}")
-for why, names in sorted(skips.items()):
-    mark = "UNEXPECTED " if why in unexpected else ""
-    print(f"  {mark}skipped {len(names)}: {why[:200]} (e.g. {names[0]})")
-if ran == 0: print("  no test ran: FAILED")
-sys.exit(1 if failures or unexpected or ran == 0 else 0)
+    if skip is not None or case.get("result") == "skipped":
+        why = message(skip) if skip is not None else "(no message)"
+        label = expected(why, full)
+        unexpected += label is None
+        skips.setdefault((why, label), []).append(full)
+    elif not case.findall("failure"):
+        passed += 1
+not_run = sorted(listed - seen)
+skipped = sum(map(len, skips.values()))
+print(f"  {name}: {len(listed)} cases: {passed} passed, {failed} failed, {skipped} skipped"
+      f" ({skipped - unexpected} expected, {unexpected} UNEXPECTED), {len(not_run)} not run")
+for f in failures[:20]: print(f"    FAILED {f[:300]}")
+if len(failures) > 20: print(f"    ... and {len(failures) - 20} more failures")
+for (why, label), cases in sorted(skips.items(), key=lambda kv: (kv[0][1] is not None, kv[0][0])):
+    mark = f"expected ({label})" if label else "UNEXPECTED"
+    print(f"    skipped {len(cases)}, {mark}: {why[:160]} (e.g. {cases[0]})")
+for c in not_run[:5]: print(f"    NOT RUN {c}")
+sys.exit(1 if failures or unexpected or not_run or not seen else 0)
 PY
 }
 
-tests() {
-  begin "$@"
-  step tests 480 "$bin/towerlab_tests" --gtest_output=xml:"$work/tests.xml" || status=1
-  tail -5 "$work/tests.log"
-  judge_tests "$work/tests.xml" || status=1
-  pack
+# The test binary's cases, one full name a line (Suite.Case, Backends/Suite.Case/cpu).
+list_cases() {
+  "$bin/towerlab_tests" --gtest_list_tests | awk '/^[^ ]/ {suite = $1} /^  / {print suite $1}' |
+    grep -v -E '(^|[./])DISABLED_' || true
 }
 
-# The test binary's cases, one full name a line, that match the extended regular
-# expression $1 (and are not CPU instances).
-cases_matching() {
-  "$bin/towerlab_tests" --gtest_list_tests |
-    awk '/^[^ ]/ {suite = $1} /^  / {print suite $1}' | grep -E "$1" | grep -v '/cpu$' || true
-}
-
-sanitize() {
-  local tools=${2:-memcheck racecheck synccheck}
-  begin "$1"
-  # memcheck: every case that reaches the GPU: the cuda0 instances of the backend
-  # tests, the tests named for CUDA or GPUs, and the suites that use a GPU when one
-  # is visible. racecheck and synccheck: the kernels with shared memory (matmul,
-  # conv2d, batch norm, losses, pooling, bias, reductions).
-  cases_matching '/cuda0$|Cuda|CUDA|Gpu|GPU|^(Trainer|Memory|DeviceAllocator|CheckpointTest|Stream)\.' \
-    >"$work/cases-memcheck.txt"
+# Splits the cases into the shards, cases-<shard>.txt, each case in one shard:
+#   cuda-kernels   the kernels' CUDA cases (small shapes; what the sanitizers run)
+#   cuda-nccl      NCCL on one GPU, apart: a collective that hangs takes only it
+#   cuda-training  the other cases that reach a GPU (trainer, ring, determinism, ...)
+#   cpu            every other case
+shard_cases() {
+  list_cases >"$work/cases-all.txt"
+  local cuda='/cuda0$|Cuda|CUDA|Gpu|GPU|^Nccl|\.Nccl|^(Trainer|CheckpointTest|Cluster|TensorCpu|RequireGpu|Device)\.'
+  local nccl='^Nccl|\.Nccl'
+  local kernels='^Backends/(BatchNorm|Bias|Conv2d|Elementwise|Fusion|Loss|Matmul|Optimizer|Pool2d|Random|Reduce|Relu|Tensor|Stream|PeerAdd)Test\.|CudaVsCpu\.|^(Conv2dShape|TensorCuda|BatchNormMaxPoolTest)\.'
+  grep -E "$cuda" "$work/cases-all.txt" | grep -v '/cpu$' >"$work/cases-cuda.txt" || true
+  grep -v -x -F -f "$work/cases-cuda.txt" "$work/cases-all.txt" >"$work/cases-cpu.txt" || true
+  grep -E "$nccl" "$work/cases-cuda.txt" >"$work/cases-cuda-nccl.txt" || true
+  grep -v -E "$nccl" "$work/cases-cuda.txt" | grep -E "$kernels" >"$work/cases-cuda-kernels.txt" || true
+  grep -v -x -F -f "$work/cases-cuda-nccl.txt" -f "$work/cases-cuda-kernels.txt" "$work/cases-cuda.txt" \
+    >"$work/cases-cuda-training.txt" || true
+  # The sanitizers' cases: the kernels' CUDA cases on their small shapes (not the
+  # FashionNet-sized layers); racecheck and synccheck only those with shared memory
+  # (matmul, conv2d, batch norm, losses, pooling, bias, reductions).
+  grep -E '/cuda0$|CudaVsCpu\.' "$work/cases-cuda-kernels.txt" | grep -v -E 'OnLargeLayers' \
+    >"$work/cases-memcheck.txt" || true
   grep -E '^(Backends/)?(BatchNorm|Bias|Conv2d|Loss|Matmul|Pool2d|Reduce)(Test|CudaVsCpu)\.' \
     "$work/cases-memcheck.txt" >"$work/cases-shared-memory.txt" || true
-  local list
-  for list in cases-memcheck cases-shared-memory; do
-    note "$list: $(wc -l <"$work/$list.txt") cases"
-    if [ ! -s "$work/$list.txt" ]; then
-      note "no test matched the $list filter: FAILED"
-      status=1
-      pack
-    fi
-  done
-  local sanitizer tool cases seconds
+  cp "$work/cases-shared-memory.txt" "$work/cases-racecheck.txt"
+  cp "$work/cases-shared-memory.txt" "$work/cases-synccheck.txt"
+  note "cases: $(wc -l <"$work/cases-all.txt") in the test binary: cuda-kernels $(wc -l <"$work/cases-cuda-kernels.txt"), cuda-training $(wc -l <"$work/cases-cuda-training.txt"), cuda-nccl $(wc -l <"$work/cases-cuda-nccl.txt"), cpu $(wc -l <"$work/cases-cpu.txt"); memcheck $(wc -l <"$work/cases-memcheck.txt"), racecheck and synccheck $(wc -l <"$work/cases-shared-memory.txt")"
+}
+
+# The gtest filter of cases-$1.txt; fails on an empty list (a filter that no longer
+# matches is a bug of this script, not a pass).
+filter_of() {
+  [ -s "$work/cases-$1.txt" ] || return 1
+  local filter
+  filter=$(paste -sd: "$work/cases-$1.txt")
+  ((${#filter} < 120000)) || die "the $1 filter is ${#filter} characters, over what one argument may have"
+  echo "$filter"
+}
+
+# run_shard NAME SECONDS [PREFIX...]: the cases of cases-NAME.txt in one process,
+# with PREFIX (a sanitizer) before the test binary; NAME.log, NAME.xml, judged.
+run_shard() {
+  local name=$1 seconds=$2 filter
+  shift 2
+  if ! filter=$(filter_of "$name"); then
+    note "  $name: no case matched its filter: FAILED"
+    status=1
+    return 0
+  fi
+  step "$name" "$seconds" "$@" "$bin/towerlab_tests" --gtest_filter="$filter" \
+    --gtest_output=xml:"$work/$name.xml" || status=1
+  judge_tests "$name" || status=1
+}
+
+# The shards' limits: the GPU cases first, the CPU cases last (CI runs them too).
+test_shards() {
+  shard_cases
+  run_shard cuda-kernels 100
+  run_shard cuda-training 120
+  run_shard cuda-nccl 60
+  run_shard cpu 120
+}
+
+sanitizers() {
+  local tools=${1:-memcheck racecheck synccheck}
+  [ -f "$work/cases-all.txt" ] || shard_cases
+  local sanitizer tool seconds
   sanitizer=$(command -v compute-sanitizer || true)
   for tool in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
     [ -n "$sanitizer" ] || [ ! -x "$tool" ] || sanitizer=$tool
@@ -413,77 +654,112 @@ sanitize() {
   if [ -z "$sanitizer" ]; then
     note "compute-sanitizer is not on the PATH nor in /usr/local/cuda: FAILED"
     status=1
-    pack
+    [ "${TOWERLAB_GPU_REHEARSAL:-}" = 1 ] || return 0
+    # A rehearsal goes on without it, to exercise the sanitizers' shards.
+    note "rehearsal: the sanitizers' shards run without compute-sanitizer"
+    sanitizer="env"
   fi
   for tool in $tools; do
     case $tool in
-      memcheck) cases=cases-memcheck seconds=260 ;;
-      racecheck) cases=cases-shared-memory seconds=160 ;;
-      synccheck) cases=cases-shared-memory seconds=100 ;;
+      memcheck) seconds=180 ;;
+      racecheck) seconds=100 ;;
+      synccheck) seconds=60 ;;
       *) die "unknown sanitizer tool '$tool' (memcheck, racecheck or synccheck)" ;;
     esac
     # One tool named: it has the whole budget.
-    [ "$tools" = "$tool" ] && seconds=540
-    step "$tool" "$seconds" "$sanitizer" --tool "$tool" --error-exitcode 99 --print-limit 200 \
-      "$bin/towerlab_tests" --gtest_filter="$(paste -sd: "$work/$cases.txt")" \
-      --gtest_output=xml:"$work/$tool.xml" || status=1
-    grep -E '(ERROR|RACECHECK) SUMMARY' "$work/$tool.log" | tee -a "$summary" || true
-    judge_tests "$work/$tool.xml" || status=1
+    [ "$tools" = "$tool" ] && seconds=480
+    if [ "$sanitizer" = env ]; then
+      run_shard "$tool" "$seconds" env
+    else
+      run_shard "$tool" "$seconds" "$sanitizer" --tool "$tool" --error-exitcode 99 --print-limit 200
+    fi
+    grep -E '(ERROR|RACECHECK) SUMMARY' "$work/$tool.log" | sed 's/^/    /' | tee -a "$summary" || true
   done
-  pack
 }
 
-bench() {
-  begin "$@"
-  # The CUDA cases and their GPU references (cuBLAS, cuDNN, the device copy), the
-  # benches one after another inside one deadline.
-  local name seconds deadline=$((SECONDS + 500))
+# The CUDA cases of each bench and their GPU references (cuBLAS, cuDNN, the device
+# copy), one after another, until $1 seconds before the deadline.
+benches() {
+  local keep=$1 name seconds
   for name in $(bench_names); do
-    seconds=$((deadline - SECONDS < 120 ? deadline - SECONDS : 120))
+    seconds=$((deadline - keep - SECONDS))
+    ((seconds < 60)) || seconds=60
     if ((seconds < 10)); then
-      note "$name: not run, the command's time is spent: FAILED"
+      note "$name: NOT RUN, its share of the command's time is spent: FAILED"
       status=1
       continue
     fi
     step "$name" "$seconds" "$bin/$name" --benchmark_filter='cuda|cublas|cudnn' \
       --benchmark_min_time=0.2 --benchmark_format=json --benchmark_out="$work/$name.json" ||
       status=1
-    python3 - "$work/$name.json" <<'PY' | tee -a "$summary" || status=1
+    "$python" - "$work/$name.json" <<'PY' | tee -a "$summary" || status=1
 import json, sys
 try:
     runs = json.load(open(sys.argv[1]))["benchmarks"]
 except (OSError, ValueError, KeyError) as e:
-    print(f"  no readable results ({e}): FAILED"); sys.exit(1)
+    print(f"  no readable results ({e.__class__.__name__}): FAILED"); sys.exit(1)
 errors = [r["name"] + ": " + r.get("error_message", "") for r in runs if r.get("error_occurred")]
 print(f"  {len(runs)} benchmarks, {len(errors)} with an error")
 for e in errors[:3]: print(f"  error: {e}")
 sys.exit(1 if errors or not runs else 0)
 PY
   done
-  pack
 }
 
-train() {
-  begin "$@"
+# FashionNet, 5 epochs on cuda:0 with the master on cuda:0, then on the CPU.
+training() {
   note "dataset: $(cat "$carry/data/contents.txt")"
   local master
   for master in cuda:0 cpu; do
-    step "fashion_mnist-master-${master%%:*}" 270 "$bin/fashion_mnist" --devices cuda:0 \
+    step "fashion_mnist-master-${master%%:*}" 105 "$bin/fashion_mnist" --devices cuda:0 \
       --master "$master" --data "$carry/data" --epochs 5 --progress-every 0 \
       --metrics "$work/fashion_mnist-master-${master%%:*}.json" || status=1
-    grep '^epoch' "$work/fashion_mnist-master-${master%%:*}.log" | tee -a "$summary" || true
+    grep '^epoch' "$work/fashion_mnist-master-${master%%:*}.log" | sed 's/^/  /' |
+      tee -a "$summary" || true
   done
-  pack
 }
 
 command=${1:-}
+[ $# -gt 0 ] && shift
 case $command in
   prepare) prepare ;;
   check) check ;;
-  tests | bench | train) shift; "$command" "$@" ;;
-  sanitize) shift; sanitize "$@" ;;
+  # Each command has a deadline of 540 s, inside the device tool's 600 s with room
+  # for unpacking and packing; its steps share it as their limits say.
+  verify)
+    begin "${1:-}" 540
+    test_shards
+    sanitizers
+    pack
+    ;;
+  measure)
+    begin "${1:-}" 540
+    benches 250 # kept for FashionNet: two runs of at most 105 s, and packing
+    training
+    pack
+    ;;
+  tests)
+    begin "${1:-}" 540
+    test_shards
+    pack
+    ;;
+  sanitize)
+    begin "${1:-}" 540
+    sanitizers "${2:-}"
+    pack
+    ;;
+  bench)
+    begin "${1:-}" 540
+    benches 0
+    pack
+    ;;
+  train)
+    begin "${1:-}" 540
+    training
+    pack
+    ;;
   *)
-    echo "usage: scripts/gpu.sh prepare | check | tests OUT | sanitize OUT [memcheck|racecheck|synccheck] | bench OUT | train OUT" >&2
+    echo "usage: scripts/gpu.sh prepare | check | verify OUT | measure OUT | tests OUT | sanitize OUT [memcheck|racecheck|synccheck] | bench OUT | train OUT" >&2
     exit 2
     ;;
 esac
