@@ -28,7 +28,8 @@ std::size_t round_up(std::size_t n, std::size_t to) {
 class HostBackend final : public MemoryBackend {
  public:
   void* raw_allocate(std::size_t bytes) noexcept override {
-    return std::aligned_alloc(kAlignment, round_up(bytes, kAlignment));
+    void* ptr = nullptr;
+    return posix_memalign(&ptr, kAlignment, bytes) == 0 ? ptr : nullptr;
   }
   void raw_free(void* ptr) noexcept override { std::free(ptr); }
   std::size_t total_memory() const override {
@@ -288,11 +289,24 @@ Allocator::Block* Allocator::take_locked(std::size_t size, void* stream) {
   return new_segment_locked(size, stream);
 }
 
+// MemoryOptions::exact_blocks: a segment of exactly `bytes`, never split or shared.
+Allocator::Block* Allocator::exact_segment_locked(std::size_t bytes, void* stream) {
+  if (stats_.reserved_bytes + bytes > limit_locked()) return nullptr;
+  void* ptr = backend_->raw_allocate(bytes);
+  if (ptr == nullptr) return nullptr;
+  auto* block = new Block{static_cast<char*>(ptr), bytes, stream, true, nullptr, nullptr};
+  segments_.push_back(block);
+  stats_.reserved_bytes += bytes;
+  ++stats_.segment_allocations;
+  return block;
+}
+
 void* Allocator::allocate(std::size_t bytes, void* stream) {
   if (bytes == 0) return nullptr;
   const std::size_t size = round_up(bytes, kAlignment);
   std::lock_guard lock(mutex_);
-  Block* block = take_locked(size, stream);
+  Block* block = options_.exact_blocks ? exact_segment_locked(bytes, stream)
+                                       : take_locked(size, stream);
   if (block == nullptr) throw_oom_locked(bytes);
 
   block->free = false;
@@ -313,6 +327,14 @@ void Allocator::deallocate(void* ptr) noexcept {
   live_blocks_.erase(it);
   stats_.in_use_bytes -= block->size;
   block->free = true;
+  if (options_.exact_blocks) {
+    // Given back at once (cudaFree waits for the device, so no queued work still uses it).
+    segments_.erase(std::find(segments_.begin(), segments_.end(), block));
+    stats_.reserved_bytes -= block->size;
+    backend_->raw_free(block->ptr);
+    delete block;
+    return;
+  }
   free_blocks_.insert(merge_with_neighbours_locked(block));
 }
 
@@ -427,6 +449,15 @@ Registry& registry() {
   return *r;
 }
 
+// The options a device's allocator starts with: the defaults, and exact blocks
+// where the environment asks for them (a sanitizer run).
+MemoryOptions initial_options() {
+  MemoryOptions options;
+  const char* exact = std::getenv("TOWERLAB_EXACT_ALLOCATIONS");
+  options.exact_blocks = exact != nullptr && std::string(exact) == "1";
+  return options;
+}
+
 }  // namespace
 
 Allocator& device_allocator(Device device) {
@@ -434,12 +465,17 @@ Allocator& device_allocator(Device device) {
   Registry& r = registry();
   std::lock_guard lock(r.mutex);
   if (device.is_cpu()) {
-    if (!r.host) r.host = std::make_unique<Allocator>(std::make_unique<HostBackend>());
+    if (!r.host) {
+      r.host = std::make_unique<Allocator>(std::make_unique<HostBackend>(), initial_options());
+    }
     return *r.host;
   }
 #if TOWERLAB_WITH_CUDA
   auto& slot = r.cuda[device.index];
-  if (!slot) slot = std::make_unique<Allocator>(std::make_unique<CudaBackend>(device.index));
+  if (!slot) {
+    slot = std::make_unique<Allocator>(std::make_unique<CudaBackend>(device.index),
+                                       initial_options());
+  }
   return *slot;
 #else
   TL_THROW(NotSupported, "no CUDA backend in this build");  // unreachable: check_available threw

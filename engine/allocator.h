@@ -122,6 +122,7 @@ class Allocator {
   Block* take_locked(std::size_t size, void* stream);
   Block* find_free_locked(std::size_t size, void* owner);
   Block* new_segment_locked(std::size_t size, void* stream);
+  Block* exact_segment_locked(std::size_t bytes, void* stream);
   Block* take_from_other_streams_locked(std::size_t size, void* stream);
   Block* split_locked(Block* block, std::size_t size);
   Block* merge_with_neighbours_locked(Block* block);

@@ -34,6 +34,13 @@ struct MemoryOptions {
   double fraction = 1.0;        // (0, 1]: share of the device's total memory
   std::size_t limit_bytes = 0;  // optional absolute cap; 0 = none. The smaller cap wins.
   bool allow_growth = true;
+  // Every allocation its own segment of exactly the requested size, given back when
+  // freed: no caching, so an access past a tensor's end is an access past a heap
+  // block (AddressSanitizer on the CPU and the emulated GPUs, compute-sanitizer on
+  // a GPU) instead of a read of the cache's next block. Slow (each free waits for
+  // the device): for sanitizer runs. TOWERLAB_EXACT_ALLOCATIONS=1 turns it on for
+  // every device's allocator.
+  bool exact_blocks = false;
 };
 
 // Cached segments are released first; throws InvalidArgument for a fraction

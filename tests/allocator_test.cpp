@@ -25,6 +25,7 @@ class FakeBackend final : public MemoryBackend {
       return nullptr;
     }
     ++*raw_allocs_;
+    requested_.push_back(bytes);
     return std::aligned_alloc(512, (bytes + 511) / 512 * 512);
   }
   void raw_free(void* ptr) noexcept override {
@@ -41,6 +42,7 @@ class FakeBackend final : public MemoryBackend {
   int device_syncs_ = 0;
   std::vector<void*> stream_syncs_;
   std::vector<std::pair<void*, void*>> waits_;  // (waiter, owner)
+  std::vector<std::size_t> requested_;          // raw_allocate's sizes
 
  private:
   std::size_t total_;
@@ -74,6 +76,25 @@ TEST_F(AllocatorTest, SteadyStateReusesBlocksWithoutRawAllocations) {
   }
   EXPECT_EQ(raw_allocs_, after_warmup);
   EXPECT_EQ(alloc->stats().in_use_bytes, 0u);
+}
+
+TEST_F(AllocatorTest, ExactBlocksAreOneSegmentOfTheRequestedSizeEachAndNeverCached) {
+  MemoryOptions options;
+  options.exact_blocks = true;
+  auto alloc = make(64 * MiB, options);
+  void* a = alloc->allocate(1000);
+  void* b = alloc->allocate(3);
+  EXPECT_EQ(backend_->requested_, (std::vector<std::size_t>{1000, 3}));
+  EXPECT_EQ(alloc->stats().reserved_bytes, 1003u);
+  alloc->deallocate(a);
+  EXPECT_EQ(raw_frees_, 1);  // given back at once, not cached
+  void* c = alloc->allocate(1000);
+  EXPECT_EQ(raw_allocs_, 3);
+  alloc->deallocate(b);
+  alloc->deallocate(c);
+  EXPECT_EQ(raw_frees_, 3);
+  EXPECT_EQ(alloc->stats().reserved_bytes, 0u);
+  EXPECT_THROW(alloc->allocate(65 * MiB), OutOfMemory);  // the cap still holds
 }
 
 TEST_F(AllocatorTest, ZeroBytesIsNullAndFreeingNullIsHarmless) {
