@@ -68,8 +68,14 @@ enum cudaDeviceAttr {
   cudaDevAttrComputeCapabilityMinor = 76,
 };
 
+struct CUuuid_st {
+  char bytes[16];
+};
+typedef struct CUuuid_st cudaUUID_t;
+
 struct cudaDeviceProp {
   char name[256];
+  cudaUUID_t uuid;
   std::size_t totalGlobalMem;
   std::size_t sharedMemPerBlock;
   int regsPerBlock;

@@ -326,6 +326,9 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   if (!valid_device(device)) return fail(cudaErrorInvalidDevice);
   *prop = cudaDeviceProp{};
   std::snprintf(prop->name, sizeof prop->name, "towerlab emulated H100 (cuda:%d)", device);
+  // The same UUID for the same index in every process, as one machine's GPUs have.
+  std::memcpy(prop->uuid.bytes, "tlemu-emulated-", 15);
+  prop->uuid.bytes[15] = static_cast<char>(device);
   prop->totalGlobalMem = memory_cap(device);
   prop->sharedMemPerBlock = 48 << 10;
   prop->sharedMemPerMultiprocessor = 228 << 10;
