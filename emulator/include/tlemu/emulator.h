@@ -63,3 +63,14 @@ Counters counters();
 cudaError_t sticky_error(int device);
 
 }  // namespace tlemu
+
+namespace tlemu {
+
+// --- the emulated NCCL (src/nccl.cpp, include/nccl.h) --------------------------------
+// How long a collective waits for the ranks that have not reached it, and
+// ncclCommInitRank for the ranks that have not joined, before it fails with
+// ncclSystemError naming them. TOWERLAB_EMULATED_NCCL_TIMEOUT_S (seconds, default 60)
+// until set here; applies to the waits that start afterwards.
+void set_nccl_timeout(std::chrono::milliseconds timeout);
+
+}  // namespace tlemu

@@ -1,0 +1,1045 @@
+// The emulated libraries: cuBLAS's SGEMM against a naive column-major reference,
+// CUB's DeviceReduce::Sum, and NCCL's communicators and all-reduce with ranks as
+// threads of this binary (each on an emulated device of its own).
+//
+// By hand (the emulator's sources and this file, nothing of towerlab), from the root:
+//   g++ -std=c++20 -O1 -g -fsanitize=thread -Iemulator/include emulator/src/*.cpp
+//       emulator/tests/libraries_test.cpp -lgtest -lgtest_main -lpthread
+// and the same with -fsanitize=address,undefined.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <nccl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cub/device/device_reduce.cuh>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "tlemu/emulator.h"
+
+namespace {
+
+// Four devices unless the environment says otherwise: read by the first CUDA call,
+// which comes after every static initializer.
+const bool kFourDevices = [] {
+  setenv("TOWERLAB_EMULATED_GPUS", "4", 0);
+  return true;
+}();
+
+using Clock = std::chrono::steady_clock;
+
+int devices() {
+  int n = 0;
+  EXPECT_EQ(cudaGetDeviceCount(&n), cudaSuccess);
+  return n;
+}
+
+std::vector<float> random_floats(std::size_t n, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+// Copies go through pinned host memory: the emulator's cudaMemcpy refuses pageable
+// host memory at an address that once held a device block (see the report that came
+// with this file), which the host allocator hands out again after cudaFree.
+template <typename T>
+struct Pinned {
+  T* p = nullptr;
+  std::size_t n = 0;
+  explicit Pinned(std::size_t count) : n(count) {
+    void* raw = nullptr;
+    EXPECT_EQ(cudaMallocHost(&raw, std::max<std::size_t>(n, 1) * sizeof(T)), cudaSuccess);
+    p = static_cast<T*>(raw);
+  }
+  explicit Pinned(const std::vector<T>& v) : Pinned(v.size()) {
+    if (!v.empty()) std::memcpy(p, v.data(), v.size() * sizeof(T));
+  }
+  ~Pinned() { cudaFreeHost(p); }
+  Pinned(const Pinned&) = delete;
+  Pinned& operator=(const Pinned&) = delete;
+  std::vector<T> vector() const { return std::vector<T>(p, p + n); }
+};
+
+// dst (device memory) := host, on the current device's legacy stream; returns once done.
+template <typename T>
+void upload(T* dst, const std::vector<T>& host) {
+  if (host.empty()) return;
+  Pinned<T> staged(host);
+  EXPECT_EQ(cudaMemcpy(dst, staged.p, host.size() * sizeof(T), cudaMemcpyHostToDevice),
+            cudaSuccess);
+}
+
+template <typename T>
+T* device_copy(const std::vector<T>& host, std::size_t min_elements = 1) {
+  void* p = nullptr;
+  const std::size_t bytes = std::max(host.size(), min_elements) * sizeof(T);
+  EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
+  upload(static_cast<T*>(p), host);
+  return static_cast<T*>(p);
+}
+
+template <typename T>
+std::vector<T> host_copy(const T* p, std::size_t n) {
+  if (n == 0) return {};
+  Pinned<T> staged(n);
+  EXPECT_EQ(cudaMemcpy(staged.p, p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return staged.vector();
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+}
+
+class Libraries : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    tlemu::reset();
+  }
+  void TearDown() override {
+    tlemu::reset();
+    tlemu::set_nccl_timeout(std::chrono::seconds(60));
+    cudaSetDevice(0);
+  }
+};
+
+// --- cuBLAS ----------------------------------------------------------------------------------
+
+// C := alpha op(A) op(B) + beta C, column-major, as BLAS defines it; double sums.
+void reference_sgemm(bool ta, bool tb, int m, int n, int k, float alpha,
+                     const std::vector<float>& a, int lda, const std::vector<float>& b, int ldb,
+                     float beta, std::vector<float>& c, int ldc) {
+  for (int j = 0; j < n; ++j) {
+    for (int i = 0; i < m; ++i) {
+      double sum = 0;
+      for (int l = 0; l < k; ++l) {
+        const float x = ta ? a[std::size_t(l + i * lda)] : a[std::size_t(i + l * lda)];
+        const float y = tb ? b[std::size_t(j + l * ldb)] : b[std::size_t(l + j * ldb)];
+        sum += double(x) * double(y);
+      }
+      float& out = c[std::size_t(i + j * ldc)];
+      out = float(double(alpha) * sum + (beta != 0.0f ? double(beta) * double(out) : 0.0));
+    }
+  }
+}
+
+struct Cublas {
+  cublasHandle_t handle = nullptr;
+  Cublas() { EXPECT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS); }
+  ~Cublas() { EXPECT_EQ(cublasDestroy(handle), CUBLAS_STATUS_SUCCESS); }
+};
+
+TEST_F(Libraries, SgemmAllFourLayoutsMatchTheReference) {
+  const int m = 7, n = 5, k = 9;
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  Cublas blas;
+  ASSERT_EQ(cublasSetMathMode(blas.handle, CUBLAS_DEFAULT_MATH), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasSetStream(blas.handle, stream), CUBLAS_STATUS_SUCCESS);
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      // Stored shapes, each with a leading dimension above its rows.
+      const int rows_a = ta ? k : m, cols_a = ta ? m : k, lda = rows_a + 3;
+      const int rows_b = tb ? n : k, cols_b = tb ? k : n, ldb = rows_b + 2;
+      const int ldc = m + 4;
+      const auto a = random_floats(std::size_t(lda * cols_a), 1 + ta);
+      const auto b = random_floats(std::size_t(ldb * cols_b), 3 + tb);
+      auto c = random_floats(std::size_t(ldc * n), 5);
+      (void)rows_b;
+      float* da = device_copy(a);
+      float* db = device_copy(b);
+      float* dc = device_copy(c);
+      const float alpha = 1.5f, beta = -0.75f;
+      ASSERT_EQ(
+          cublasSgemm(blas.handle, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                      m, n, k, &alpha, da, lda, db, ldb, &beta, dc, ldc),
+          CUBLAS_STATUS_SUCCESS);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      const auto got = host_copy(dc, c.size());
+      auto expected = c;
+      reference_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, expected, ldc);
+      for (int j = 0; j < n; ++j) {
+        for (int i = 0; i < ldc; ++i) {
+          const std::size_t at = std::size_t(i + j * ldc);
+          if (i >= m) {
+            // The rows between m and ldc are not C's: untouched.
+            EXPECT_EQ(std::bit_cast<std::uint32_t>(got[at]), std::bit_cast<std::uint32_t>(c[at]));
+          } else {
+            EXPECT_NEAR(got[at], expected[at], 1e-5f * (1.0f + std::fabs(expected[at])))
+                << "ta " << ta << " tb " << tb << " at (" << i << ", " << j << ")";
+          }
+        }
+      }
+      cudaFree(da);
+      cudaFree(db);
+      cudaFree(dc);
+    }
+  }
+  cudaStreamDestroy(stream);
+}
+
+TEST_F(Libraries, SgemmWithBetaZeroNeverReadsC) {
+  const int m = 3, n = 4, k = 5;
+  const auto a = random_floats(std::size_t(m * k), 11);
+  const auto b = random_floats(std::size_t(k * n), 12);
+  std::vector<float> nan(std::size_t(m * n), std::numeric_limits<float>::quiet_NaN());
+  float* da = device_copy(a);
+  float* db = device_copy(b);
+  float* dc = device_copy(nan);
+  Cublas blas;  // on the legacy default stream
+  const float alpha = 2.0f, beta = 0.0f;
+  ASSERT_EQ(cublasSgemm(blas.handle, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, da, m, db, k, &beta,
+                        dc, m),
+            CUBLAS_STATUS_SUCCESS);
+  auto expected = nan;
+  reference_sgemm(false, false, m, n, k, alpha, a, m, b, k, beta, expected, m);
+  const auto got = host_copy(dc, nan.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << i;
+    EXPECT_NEAR(got[i], expected[i], 1e-5f * (1.0f + std::fabs(expected[i])));
+  }
+  // alpha 0 and beta 0: C becomes 0 without A or B being read (NaN in A stays out).
+  std::vector<float> nan_a(a.size(), std::numeric_limits<float>::quiet_NaN());
+  float* dnan_a = device_copy(nan_a);
+  upload(dc, nan);
+  const float zero = 0.0f;
+  ASSERT_EQ(cublasSgemm(blas.handle, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &zero, dnan_a, m, db, k,
+                        &zero, dc, m),
+            CUBLAS_STATUS_SUCCESS);
+  for (float x : host_copy(dc, nan.size())) EXPECT_EQ(std::bit_cast<std::uint32_t>(x), 0u);
+  // k = 0: A and B are not read (null here), C := beta C.
+  upload(dc, std::vector<float>(a.begin(), a.begin() + m * n));
+  const float half = 0.5f;
+  ASSERT_EQ(cublasSgemm(blas.handle, CUBLAS_OP_N, CUBLAS_OP_N, m, n, 0, &alpha, nullptr, m, nullptr,
+                        1, &half, dc, m),
+            CUBLAS_STATUS_SUCCESS);
+  const auto scaled = host_copy(dc, std::size_t(m * n));
+  for (int i = 0; i < m * n; ++i) EXPECT_EQ(scaled[std::size_t(i)], a[std::size_t(i)] * 0.5f);
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dc);
+  cudaFree(dnan_a);
+}
+
+TEST_F(Libraries, SgemmRoundsToTf32OnlyWhenAskedTo) {
+  const float a = 1.0f + 1.0f / 4096.0f;  // 12 mantissa bits: TF32 keeps 10
+  float* da = device_copy(std::vector<float>{a});
+  float* db = device_copy(std::vector<float>{1.0f});
+  float* dc = device_copy(std::vector<float>{0.0f});
+  Cublas blas;
+  const float one = 1.0f, zero = 0.0f;
+  ASSERT_EQ(
+      cublasSgemm(blas.handle, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, da, 1, db, 1, &zero, dc, 1),
+      CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(host_copy(dc, 1)[0], a);
+  ASSERT_EQ(cublasSetMathMode(blas.handle, CUBLAS_TF32_TENSOR_OP_MATH), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(
+      cublasSgemm(blas.handle, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, da, 1, db, 1, &zero, dc, 1),
+      CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(host_copy(dc, 1)[0], 1.0f);
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dc);
+}
+
+TEST_F(Libraries, SgemmRefusesBadArguments) {
+  const int m = 4, n = 3, k = 2;
+  float* da = device_copy(std::vector<float>(std::size_t(m * k), 1.0f));
+  float* db = device_copy(std::vector<float>(std::size_t(k * n), 1.0f));
+  float* dc = device_copy(std::vector<float>(std::size_t(m * n), 0.0f));
+  Cublas blas;
+  const float one = 1.0f, zero = 0.0f;
+  auto gemm = [&](cublasOperation_t ta, cublasOperation_t tb, int mm, int nn, int kk,
+                  const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
+    return cublasSgemm(blas.handle, ta, tb, mm, nn, kk, &one, a, lda, b, ldb, &zero, c, ldc);
+  };
+  const auto N = CUBLAS_OP_N, T = CUBLAS_OP_T;
+  EXPECT_EQ(gemm(N, N, m, n, k, da, m, db, k, dc, m), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(gemm(N, N, -1, n, k, da, m, db, k, dc, m), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(gemm(N, N, m, n, -2, da, m, db, k, dc, m), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(gemm(N, N, m, n, k, da, m - 1, db, k, dc, m), CUBLAS_STATUS_INVALID_VALUE);  // lda < m
+  EXPECT_EQ(gemm(T, N, m, n, k, da, k - 1, db, k, dc, m), CUBLAS_STATUS_INVALID_VALUE);  // lda < k
+  EXPECT_EQ(gemm(N, N, m, n, k, da, m, db, k - 1, dc, m), CUBLAS_STATUS_INVALID_VALUE);  // ldb < k
+  EXPECT_EQ(gemm(N, T, m, n, k, da, m, db, n - 1, dc, m), CUBLAS_STATUS_INVALID_VALUE);  // ldb < n
+  EXPECT_EQ(gemm(N, N, m, n, k, da, m, db, k, dc, m - 1), CUBLAS_STATUS_INVALID_VALUE);  // ldc < m
+  EXPECT_EQ(gemm(CUBLAS_OP_CONJG, N, m, n, k, da, m, db, k, dc, m), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(gemm(static_cast<cublasOperation_t>(7), N, m, n, k, da, m, db, k, dc, m),
+            CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(cublasSgemm(blas.handle, N, N, m, n, k, nullptr, da, m, db, k, &zero, dc, m),
+            CUBLAS_STATUS_INVALID_VALUE);
+  // Memory: host memory, a range past the allocation's end (lda too large for A's
+  // block), null, freed.
+  std::vector<float> host(std::size_t(m * k), 1.0f);
+  EXPECT_EQ(gemm(N, N, m, n, k, host.data(), m, db, k, dc, m), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(gemm(N, N, m, n, k, da, m + 1, db, k, dc, m), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(gemm(N, N, m, n, k, da, m, db, k, nullptr, m), CUBLAS_STATUS_INVALID_VALUE);
+  float* freed = device_copy(std::vector<float>(std::size_t(m * n), 0.0f));
+  cudaFree(freed);
+  EXPECT_EQ(gemm(N, N, m, n, k, da, m, db, k, freed, m), CUBLAS_STATUS_INVALID_VALUE);
+  // m or n 0: nothing to do, nothing checked.
+  EXPECT_EQ(gemm(N, N, 0, n, k, nullptr, 1, nullptr, k, nullptr, 1), CUBLAS_STATUS_SUCCESS);
+  // Handles.
+  EXPECT_EQ(cublasSgemm(nullptr, N, N, m, n, k, &one, da, m, db, k, &zero, dc, m),
+            CUBLAS_STATUS_NOT_INITIALIZED);
+  cublasHandle_t gone;
+  ASSERT_EQ(cublasCreate(&gone), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasDestroy(gone), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasSetStream(gone, nullptr), CUBLAS_STATUS_NOT_INITIALIZED);
+  EXPECT_EQ(cublasDestroy(gone), CUBLAS_STATUS_NOT_INITIALIZED);
+  EXPECT_EQ(cublasSetMathMode(blas.handle, static_cast<cublasMath_t>(9)),
+            CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(cublasCreate(nullptr), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_STREQ(cublasGetStatusName(CUBLAS_STATUS_INVALID_VALUE), "CUBLAS_STATUS_INVALID_VALUE");
+  EXPECT_STREQ(cublasGetStatusName(CUBLAS_STATUS_SUCCESS), "CUBLAS_STATUS_SUCCESS");
+  EXPECT_STREQ(cublasGetStatusName(CUBLAS_STATUS_NOT_INITIALIZED), "CUBLAS_STATUS_NOT_INITIALIZED");
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // no call above faulted the device
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dc);
+}
+
+TEST_F(Libraries, SgemmOnAnotherDeviceNeedsPeerAccess) {
+  if (devices() < 2) GTEST_SKIP() << "needs two emulated devices";
+  const int m = 2, n = 2, k = 2;
+  float* da = device_copy(std::vector<float>{1, 2, 3, 4});  // on cuda:0
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  float* db = device_copy(std::vector<float>{1, 0, 0, 1});
+  float* dc = device_copy(std::vector<float>(4, 0.0f));
+  cudaStream_t stream1;
+  ASSERT_EQ(cudaStreamCreate(&stream1), cudaSuccess);
+  Cublas blas;  // made on cuda:1
+  ASSERT_EQ(cublasSetStream(blas.handle, stream1), CUBLAS_STATUS_SUCCESS);
+  const float one = 1.0f, zero = 0.0f;
+  EXPECT_EQ(
+      cublasSgemm(blas.handle, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, da, m, db, k, &zero, dc, m),
+      CUBLAS_STATUS_INVALID_VALUE);
+  ASSERT_EQ(cudaDeviceEnablePeerAccess(0, 0), cudaSuccess);
+  EXPECT_EQ(
+      cublasSgemm(blas.handle, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, da, m, db, k, &zero, dc, m),
+      CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cudaStreamSynchronize(stream1), cudaSuccess);
+  EXPECT_EQ(host_copy(dc, 4), (std::vector<float>{1, 2, 3, 4}));
+  // A stream of cuda:0 for a handle of cuda:1.
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  cudaStream_t stream0;
+  ASSERT_EQ(cudaStreamCreate(&stream0), cudaSuccess);
+  ASSERT_EQ(cublasSetStream(blas.handle, stream0), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(
+      cublasSgemm(blas.handle, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, da, m, db, k, &zero, dc, m),
+      CUBLAS_STATUS_INVALID_VALUE);
+  cudaStreamDestroy(stream0);
+  cudaStreamDestroy(stream1);
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dc);
+}
+
+// --- CUB
+// ------------------------------------------------------------------------------------------
+
+float reduce_on_device(const std::vector<float>& values, cudaStream_t stream) {
+  float* in = device_copy(values);
+  float* out = device_copy(std::vector<float>{std::numeric_limits<float>::quiet_NaN()});
+  std::size_t temp_bytes = 0;
+  EXPECT_EQ(
+      cub::DeviceReduce::Sum(nullptr, temp_bytes, in, out, std::int64_t(values.size()), stream),
+      cudaSuccess);
+  EXPECT_GT(temp_bytes, 0u);
+  void* temp = nullptr;
+  EXPECT_EQ(cudaMalloc(&temp, temp_bytes), cudaSuccess);
+  EXPECT_EQ(cub::DeviceReduce::Sum(temp, temp_bytes, in, out, std::int64_t(values.size()), stream),
+            cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  const float result = host_copy(out, 1)[0];
+  cudaFree(temp);
+  cudaFree(in);
+  cudaFree(out);
+  return result;
+}
+
+TEST_F(Libraries, CubSumIsCloseToTheExactSumAndTheSameEveryRun) {
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  EXPECT_EQ(reduce_on_device({}, stream), 0.0f);  // n = 0 writes 0
+  EXPECT_EQ(reduce_on_device({2.5f}, stream), 2.5f);
+  // Up to 16 items: one run, left to right in float.
+  EXPECT_EQ(reduce_on_device({1e8f, 1.0f, -1e8f, 1.0f}, stream), 1.0f);
+  for (std::size_t n : {17u, 1000u, 100003u}) {
+    const auto values = random_floats(n, unsigned(n), 0.0f, 1.0f);
+    double exact = 0;
+    for (float v : values) exact += v;
+    const float first = reduce_on_device(values, stream);
+    EXPECT_NEAR(first, exact, 1e-5 * exact) << n;
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(reduce_on_device(values, stream)),
+              std::bit_cast<std::uint32_t>(first))
+        << n;
+  }
+  cudaStreamDestroy(stream);
+}
+
+TEST_F(Libraries, CubSumChecksItsArguments) {
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  float* in = device_copy(std::vector<float>{1, 2, 3});
+  float* out = device_copy(std::vector<float>{0});
+  void* temp = nullptr;
+  std::size_t temp_bytes = 0;
+  ASSERT_EQ(cub::DeviceReduce::Sum(nullptr, temp_bytes, in, out, 3, stream), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&temp, temp_bytes), cudaSuccess);
+  const auto kernels_before = tlemu::counters().kernels;
+  std::size_t too_few = temp_bytes - 1;
+  EXPECT_EQ(cub::DeviceReduce::Sum(temp, too_few, in, out, 3, stream), cudaErrorInvalidValue);
+  // A stream of cuda:1 while cuda:0 is current: refused as a launch would be.
+  if (devices() >= 2) {
+    ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+    cudaStream_t other;
+    ASSERT_EQ(cudaStreamCreate(&other), cudaSuccess);
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    EXPECT_EQ(cub::DeviceReduce::Sum(temp, temp_bytes, in, out, 3, other),
+              cudaErrorInvalidResourceHandle);
+    cudaStreamDestroy(other);
+  }
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(tlemu::counters().kernels, kernels_before);
+  ASSERT_EQ(cub::DeviceReduce::Sum(temp, temp_bytes, in, out, 3, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(host_copy(out, 1)[0], 6.0f);
+  EXPECT_EQ(tlemu::counters().kernels, kernels_before + 1);
+  // Host memory as the input: the device faults when the sum runs, as a kernel's
+  // stray read would.
+  std::vector<float> host{1, 2, 3};
+  ASSERT_EQ(cub::DeviceReduce::Sum(temp, temp_bytes, host.data(), out, 3, stream), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaErrorIllegalAddress);
+  EXPECT_EQ(tlemu::sticky_error(0), cudaErrorIllegalAddress);
+  tlemu::reset();
+  cudaFree(temp);
+  cudaFree(in);
+  cudaFree(out);
+  cudaStreamDestroy(stream);
+}
+
+// --- NCCL
+// ------------------------------------------------------------------------------------------
+
+// Runs fn(rank) on one thread per rank and joins them.
+void run_threads(int ranks, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) threads.emplace_back(fn, r);
+  for (auto& t : threads) t.join();
+}
+
+// What one rank saw.
+struct RankResult {
+  ncclResult_t init = ncclInternalError, call = ncclInternalError, async = ncclInternalError;
+  std::string last;
+  std::vector<float> values;
+  cudaError_t sync = cudaErrorUnknown;
+};
+
+std::vector<float> rank_values(int rank, std::size_t n) {
+  return random_floats(n, 100 + unsigned(rank), -10.0f, 10.0f);
+}
+
+// Every rank (a thread on cuda:rank) all-reduces `counts[rank]` floats of
+// rank_values(rank) and reports; ranks with count < 0 join but make no call.
+std::vector<RankResult> all_reduce_on_threads(int ranks, const std::vector<long>& counts,
+                                              bool in_place) {
+  ncclUniqueId id;
+  EXPECT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  std::vector<RankResult> results(static_cast<std::size_t>(ranks));
+  // A rank that makes no call keeps its communicator until the others are done:
+  // destroying it would tell them at once that it is gone.
+  const int callers =
+      int(std::count_if(counts.begin(), counts.end(), [](long c) { return c >= 0; }));
+  std::atomic<int> finished{0};
+  run_threads(ranks, [&](int rank) {
+    RankResult& out = results[std::size_t(rank)];
+    EXPECT_EQ(cudaSetDevice(rank), cudaSuccess);
+    cudaStream_t stream;
+    EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    const long count = counts[std::size_t(rank)];
+    const auto values = rank_values(rank, std::size_t(std::max(count, 1L)));
+    float* send = nullptr;
+    float* recv = nullptr;
+    EXPECT_EQ(cudaMalloc(&send, values.size() * 4), cudaSuccess);
+    // Staged through the stream, so the all-reduce on another rank's worker reads
+    // what this rank's worker wrote: ordered by the collective alone.
+    Pinned<float> staged(values);
+    EXPECT_EQ(cudaMemcpyAsync(send, staged.p, values.size() * 4, cudaMemcpyHostToDevice, stream),
+              cudaSuccess);
+    if (in_place) {
+      recv = send;
+    } else {
+      EXPECT_EQ(cudaMalloc(&recv, values.size() * 4), cudaSuccess);
+      EXPECT_EQ(cudaMemsetAsync(recv, 0, values.size() * 4, stream), cudaSuccess);
+    }
+    ncclComm_t comm = nullptr;
+    out.init = ncclCommInitRank(&comm, ranks, id, rank);
+    if (out.init != ncclSuccess) return;
+    out.call =
+        count < 0 ? ncclSuccess
+                  : ncclAllReduce(send, recv, std::size_t(count), ncclFloat, ncclSum, comm, stream);
+    out.sync = cudaStreamSynchronize(stream);
+    if (count >= 0) {
+      ++finished;
+    } else {
+      while (finished < callers) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    out.values = host_copy(recv, values.size());
+    EXPECT_EQ(ncclCommGetAsyncError(comm, &out.async), ncclSuccess);
+    out.last = ncclGetLastError(comm);
+    if (out.async == ncclSuccess) {
+      EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+    } else {
+      EXPECT_EQ(ncclCommAbort(comm), ncclSuccess);
+    }
+    cudaFree(send);
+    if (!in_place) cudaFree(recv);
+    cudaStreamDestroy(stream);
+  });
+  return results;
+}
+
+#define NEED_DEVICES(n)                                                                         \
+  do {                                                                                          \
+    if (devices() < (n)) GTEST_SKIP() << "needs " << (n) << " emulated devices (one per rank)"; \
+  } while (0)
+
+TEST_F(Libraries, AllReduceGivesEveryRankTheSameBitsInRankOrder) {
+  NEED_DEVICES(2);  // and 3 and 4 ranks where there are devices for them
+  for (int ranks : {2, 3, 4}) {
+    if (devices() < ranks) continue;
+    for (bool in_place : {false, true}) {
+      const std::size_t n = 1001;
+      const auto results =
+          all_reduce_on_threads(ranks, std::vector<long>(std::size_t(ranks), long(n)), in_place);
+      // The sum in rank order, in float: what every rank must hold, bit for bit.
+      std::vector<float> expected = rank_values(0, n);
+      for (int r = 1; r < ranks; ++r) {
+        const auto v = rank_values(r, n);
+        for (std::size_t i = 0; i < n; ++i) expected[i] += v[i];
+      }
+      for (int r = 0; r < ranks; ++r) {
+        const RankResult& got = results[std::size_t(r)];
+        EXPECT_EQ(got.init, ncclSuccess) << ranks << " ranks, rank " << r;
+        EXPECT_EQ(got.call, ncclSuccess);
+        EXPECT_EQ(got.sync, cudaSuccess);
+        EXPECT_EQ(got.async, ncclSuccess) << got.last;
+        EXPECT_TRUE(same_bits(got.values, expected)) << ranks << " ranks, rank " << r;
+      }
+    }
+  }
+}
+
+TEST_F(Libraries, AllReduceWithMismatchedCountsFailsOnEveryRank) {
+  NEED_DEVICES(2);
+  const auto results = all_reduce_on_threads(2, {12, 10}, false);
+  for (int r = 0; r < 2; ++r) {
+    const RankResult& got = results[std::size_t(r)];
+    EXPECT_EQ(got.call, ncclSuccess);
+    EXPECT_EQ(got.sync, cudaSuccess);  // no sticky CUDA error
+    EXPECT_EQ(got.async, ncclInvalidUsage);
+    EXPECT_NE(got.last.find("rank 1 called ncclAllReduce with count 10, rank 0 with count 12"),
+              std::string::npos)
+        << got.last;
+    for (float x : got.values) EXPECT_EQ(x, 0.0f);  // nothing written
+  }
+  EXPECT_EQ(tlemu::sticky_error(0), cudaSuccess);
+  EXPECT_EQ(tlemu::sticky_error(1), cudaSuccess);
+}
+
+TEST_F(Libraries, AllReduceReportsARankThatNeverArrives) {
+  NEED_DEVICES(2);
+  const int ranks = std::min(devices(), 3);  // the last makes no call
+  tlemu::set_nccl_timeout(std::chrono::milliseconds(300));
+  std::vector<long> counts(static_cast<std::size_t>(ranks), 50);
+  counts.back() = -1;
+  const auto start = Clock::now();
+  const auto results = all_reduce_on_threads(ranks, counts, false);
+  const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_GE(waited, 0.3);
+  EXPECT_LT(waited, 30.0);
+  const std::string missing = "rank " + std::to_string(ranks - 1) + " did not arrive within 0.3 s";
+  const std::string waiting = ranks == 3 ? "ranks 0 and 1 waited" : "rank 0 waited";
+  for (int r = 0; r + 1 < ranks; ++r) {
+    const RankResult& got = results[std::size_t(r)];
+    EXPECT_EQ(got.sync, cudaSuccess);
+    EXPECT_EQ(got.async, ncclSystemError);
+    EXPECT_NE(got.last.find(missing), std::string::npos) << got.last;
+    EXPECT_NE(got.last.find(waiting), std::string::npos) << got.last;
+    for (float x : got.values) EXPECT_EQ(x, 0.0f);
+  }
+  EXPECT_EQ(results.back().async, ncclSuccess);
+  for (int d = 0; d < ranks; ++d) EXPECT_EQ(tlemu::sticky_error(d), cudaSuccess);
+}
+
+TEST_F(Libraries, ALateRankFindsTheCollectiveFailedInsteadOfHanging) {
+  NEED_DEVICES(2);
+  tlemu::set_nccl_timeout(std::chrono::milliseconds(200));
+  ncclComm_t comms[2];
+  ASSERT_EQ(ncclCommInitAll(comms, 2, nullptr), ncclSuccess);
+  std::vector<float*> buffers(2);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
+    buffers[std::size_t(r)] = device_copy(std::vector<float>(8, float(r + 1)));
+  }
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  // Rank 0 alone, then rank 1 after rank 0 gave up (one thread, no group: the
+  // emulator's queued calls do not block the host).
+  ASSERT_EQ(ncclAllReduce(buffers[0], buffers[0], 8, ncclFloat, ncclSum, comms[0], nullptr),
+            ncclSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ncclResult_t async;
+  ASSERT_EQ(ncclCommGetAsyncError(comms[0], &async), ncclSuccess);
+  EXPECT_EQ(async, ncclSystemError);
+  EXPECT_EQ(ncclAllReduce(buffers[0], buffers[0], 8, ncclFloat, ncclSum, comms[0], nullptr),
+            ncclSystemError);  // a failed communicator refuses further calls
+  ASSERT_EQ(ncclAllReduce(buffers[1], buffers[1], 8, ncclFloat, ncclSum, comms[1], nullptr),
+            ncclSuccess);
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_EQ(ncclCommGetAsyncError(comms[1], &async), ncclSuccess);
+  EXPECT_EQ(async, ncclSystemError);
+  EXPECT_EQ(host_copy(buffers[1], 8), std::vector<float>(8, 2.0f));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ncclCommAbort(comms[r]), ncclSuccess);
+    cudaFree(buffers[std::size_t(r)]);
+  }
+}
+
+TEST_F(Libraries, AbortReleasesARankWaitingForTheOthers) {
+  NEED_DEVICES(2);
+  ncclComm_t comms[2];
+  ASSERT_EQ(ncclCommInitAll(comms, 2, nullptr), ncclSuccess);  // the 60 s default timeout
+  float* buffer = device_copy(std::vector<float>(4, 1.0f));
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  const auto start = Clock::now();
+  ASSERT_EQ(ncclAllReduce(buffer, buffer, 4, ncclFloat, ncclSum, comms[0], stream), ncclSuccess);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(cudaStreamQuery(stream), cudaErrorNotReady);  // waiting for rank 1
+  ASSERT_EQ(ncclCommAbort(comms[0]), ncclSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  // Rank 1's call finds rank 0 gone at once.
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  float* other = device_copy(std::vector<float>(4, 1.0f));
+  ASSERT_EQ(ncclAllReduce(other, other, 4, ncclFloat, ncclSum, comms[1], nullptr), ncclSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ncclResult_t async;
+  ASSERT_EQ(ncclCommGetAsyncError(comms[1], &async), ncclSuccess);
+  EXPECT_EQ(async, ncclRemoteError);
+  EXPECT_NE(std::string(ncclGetLastError(comms[1])).find("rank 0 aborted its communicator"),
+            std::string::npos)
+      << ncclGetLastError(comms[1]);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 20.0);
+  EXPECT_EQ(ncclCommDestroy(comms[1]), ncclSuccess);
+  EXPECT_EQ(ncclCommGetAsyncError(comms[0], &async), ncclInvalidArgument);  // gone
+  cudaFree(other);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  cudaFree(buffer);
+  cudaStreamDestroy(stream);
+}
+
+// towerlab's NcclCommunicator: non-blocking communicators, ncclInProgress polled
+// through ncclCommGetAsyncError, a group of in-place all-reduces, finalize, destroy.
+TEST_F(Libraries, NonBlockingCommunicatorsAsTowerlabUsesThem) {
+  NEED_DEVICES(2);
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  std::vector<std::vector<float>> a(2), b(2);
+  auto poll = [](ncclComm_t comm) {
+    ncclResult_t state = ncclInProgress;
+    const auto until = Clock::now() + std::chrono::seconds(30);
+    while (state == ncclInProgress && Clock::now() < until) {
+      EXPECT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+      std::this_thread::yield();
+    }
+    return state;
+  };
+  run_threads(2, [&](int rank) {
+    ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    config.commName = "towerlab";
+    ncclComm_t comm = nullptr;
+    const ncclResult_t r = ncclCommInitRankConfig(&comm, 2, id, rank, &config);
+    ASSERT_TRUE(r == ncclSuccess || r == ncclInProgress) << ncclGetErrorString(r);
+    ASSERT_EQ(poll(comm), ncclSuccess);
+    cudaStream_t stream;
+    ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+    float* x = device_copy(std::vector<float>{float(rank), 1.5f, -2.0f});
+    float* y = device_copy(std::vector<float>{0.25f * float(rank + 1)});
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    EXPECT_EQ(ncclAllReduce(x, x, 3, ncclFloat, ncclSum, comm, stream), ncclSuccess);
+    EXPECT_EQ(ncclAllReduce(y, y, 0, ncclFloat, ncclSum, comm, stream), ncclSuccess);  // empty
+    EXPECT_EQ(ncclAllReduce(y, y, 1, ncclFloat, ncclSum, comm, stream), ncclSuccess);
+    const ncclResult_t end = ncclGroupEnd();
+    EXPECT_TRUE(end == ncclSuccess || end == ncclInProgress);
+    EXPECT_EQ(poll(comm), ncclSuccess);
+    cudaEvent_t done;
+    ASSERT_EQ(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), cudaSuccess);
+    ASSERT_EQ(cudaEventRecord(done, stream), cudaSuccess);
+    while (cudaEventQuery(done) == cudaErrorNotReady) std::this_thread::yield();
+    EXPECT_EQ(poll(comm), ncclSuccess);
+    a[std::size_t(rank)] = host_copy(x, 3);
+    b[std::size_t(rank)] = host_copy(y, 1);
+    ncclResult_t state = ncclCommFinalize(comm);
+    if (state == ncclInProgress) state = poll(comm);
+    EXPECT_EQ(state, ncclSuccess);
+    EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+    cudaEventDestroy(done);
+    cudaFree(x);
+    cudaFree(y);
+    cudaStreamDestroy(stream);
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(a[std::size_t(r)], (std::vector<float>{1.0f, 3.0f, -4.0f}));
+    EXPECT_EQ(b[std::size_t(r)], (std::vector<float>{0.75f}));
+  }
+}
+
+// towerlab's NcclAllReduce: ncclCommInitAll, one thread, a group over the devices.
+TEST_F(Libraries, InitAllAndAGroupFromOneThread) {
+  NEED_DEVICES(2);
+  const int n = std::min(devices(), 4);
+  std::vector<ncclComm_t> comms(static_cast<std::size_t>(n));
+  std::vector<int> devlist(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) devlist[std::size_t(i)] = n - 1 - i;  // rank i on cuda:n-1-i
+  ASSERT_EQ(ncclCommInitAll(comms.data(), n, devlist.data()), ncclSuccess);
+  std::vector<float*> buffers(static_cast<std::size_t>(n));
+  std::vector<cudaStream_t> streams(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    int device = -1, rank = -1, count = 0;
+    ASSERT_EQ(ncclCommCuDevice(comms[std::size_t(i)], &device), ncclSuccess);
+    ASSERT_EQ(ncclCommUserRank(comms[std::size_t(i)], &rank), ncclSuccess);
+    ASSERT_EQ(ncclCommCount(comms[std::size_t(i)], &count), ncclSuccess);
+    EXPECT_EQ(device, n - 1 - i);
+    EXPECT_EQ(rank, i);
+    EXPECT_EQ(count, n);
+    ASSERT_EQ(cudaSetDevice(device), cudaSuccess);
+    ASSERT_EQ(cudaStreamCreate(&streams[std::size_t(i)]), cudaSuccess);
+    buffers[std::size_t(i)] = device_copy(std::vector<float>{float(i), 1.0f, float(1 << i)});
+  }
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int i = 0; i < n; ++i) {
+      ASSERT_EQ(ncclAllReduce(buffers[std::size_t(i)], buffers[std::size_t(i)], 3, ncclFloat,
+                              ncclSum, comms[std::size_t(i)], streams[std::size_t(i)]),
+                ncclSuccess);
+    }
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  }
+  float expected[3] = {0, 0, 0};
+  for (int i = 0; i < n; ++i)
+    expected[0] += float(i), expected[1] += 1, expected[2] += float(1 << i);
+  for (float& e : expected) e *= float(n * n);  // three rounds: the sum times n, twice more
+  for (int i = 0; i < n; ++i) {
+    ASSERT_EQ(cudaStreamSynchronize(streams[std::size_t(i)]), cudaSuccess);
+    EXPECT_EQ(host_copy(buffers[std::size_t(i)], 3), (std::vector<float>(expected, expected + 3)))
+        << i;
+  }
+  // The default stream means the communicator's device's, whatever is current.
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int i = 0; i < n; ++i) {
+    ASSERT_EQ(ncclAllReduce(buffers[std::size_t(i)], buffers[std::size_t(i)], 1, ncclFloat, ncclMax,
+                            comms[std::size_t(i)], nullptr),
+              ncclSuccess);
+  }
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  for (int i = 0; i < n; ++i) {
+    ASSERT_EQ(cudaSetDevice(n - 1 - i), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(host_copy(buffers[std::size_t(i)], 1)[0], expected[0]);
+    ncclResult_t async;
+    ASSERT_EQ(ncclCommGetAsyncError(comms[std::size_t(i)], &async), ncclSuccess);
+    EXPECT_EQ(async, ncclSuccess);
+    EXPECT_EQ(ncclCommDestroy(comms[std::size_t(i)]), ncclSuccess);
+    cudaFree(buffers[std::size_t(i)]);
+    cudaStreamDestroy(streams[std::size_t(i)]);
+  }
+}
+
+// The rank-order combination NCCL's emulation promises, on the host.
+template <typename T>
+std::vector<T> combined(const std::vector<std::vector<T>>& ranks, ncclRedOp_t op) {
+  std::vector<T> out = ranks[0];
+  for (std::size_t r = 1; r < ranks.size(); ++r) {
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      const T a = out[i], b = ranks[r][i];
+      if constexpr (std::is_integral_v<T>) {
+        using U = std::make_unsigned_t<T>;
+        if (op == ncclSum || op == ncclAvg) out[i] = T(U(U(a) + U(b)));
+        if (op == ncclProd) out[i] = T(U(U(a) * U(b)));
+      } else {
+        if (op == ncclSum || op == ncclAvg) out[i] = a + b;
+        if (op == ncclProd) out[i] = a * b;
+      }
+      if (op == ncclMax) out[i] = std::max(a, b);
+      if (op == ncclMin) out[i] = std::min(a, b);
+    }
+  }
+  if (op == ncclAvg) {
+    for (T& x : out) x = T(x / T(ranks.size()));
+  }
+  return out;
+}
+
+TEST_F(Libraries, AllReduceOperationsAndTypes) {
+  NEED_DEVICES(2);
+  const int n = std::min(devices(), 3);
+  std::vector<ncclComm_t> comms(static_cast<std::size_t>(n));
+  ASSERT_EQ(ncclCommInitAll(comms.data(), n, nullptr), ncclSuccess);
+  std::vector<std::vector<std::int32_t>> ints = {
+      {1, -5, 7, 2147483647}, {2, 9, -3, 1}, {4, 0, 5, 0}};
+  std::vector<std::vector<double>> doubles = {{0.5, -1.0}, {0.25, 4.0}, {2.0, 1.0}};
+  ints.resize(std::size_t(n));
+  doubles.resize(std::size_t(n));
+  // Spot checks of the reference itself: int32 wraps, as on the device; the
+  // integer average truncates.
+  EXPECT_EQ(combined(ints, ncclSum)[3], -2147483647 - 1);
+  EXPECT_EQ(combined(ints, ncclMin)[1], -5);
+  if (n == 3) {
+    EXPECT_EQ(combined(ints, ncclProd), (std::vector<std::int32_t>{8, 0, -105, 0}));
+    EXPECT_EQ(combined(ints, ncclAvg), (std::vector<std::int32_t>{2, 1, 3, -715827882}));
+    EXPECT_EQ(combined(doubles, ncclMax), (std::vector<double>{2.0, 4.0}));
+  }
+  for (ncclRedOp_t op : {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg}) {
+    std::vector<std::int32_t*> di(std::size_t(n), nullptr);
+    std::vector<double*> dd(std::size_t(n), nullptr);
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
+      di[std::size_t(r)] = device_copy(ints[std::size_t(r)]);
+      dd[std::size_t(r)] = device_copy(doubles[std::size_t(r)]);
+    }
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(ncclAllReduce(di[std::size_t(r)], di[std::size_t(r)], 4, ncclInt32, op,
+                              comms[std::size_t(r)], nullptr),
+                ncclSuccess);
+      ASSERT_EQ(ncclAllReduce(dd[std::size_t(r)], dd[std::size_t(r)], 2, ncclDouble, op,
+                              comms[std::size_t(r)], nullptr),
+                ncclSuccess);
+    }
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(host_copy(di[std::size_t(r)], 4), combined(ints, op)) << "op " << op;
+      EXPECT_EQ(host_copy(dd[std::size_t(r)], 2), combined(doubles, op)) << "op " << op;
+      cudaFree(di[std::size_t(r)]);
+      cudaFree(dd[std::size_t(r)]);
+    }
+  }
+  for (ncclComm_t comm : comms) EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+}
+
+TEST_F(Libraries, AllReduceRefusesBadArguments) {
+  NEED_DEVICES(2);
+  ncclComm_t comms[2];
+  ASSERT_EQ(ncclCommInitAll(comms, 2, nullptr), ncclSuccess);
+  float* on0 = device_copy(std::vector<float>(4, 1.0f));
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  float* on1 = device_copy(std::vector<float>(4, 1.0f));
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  std::vector<float> host(4, 1.0f);
+  EXPECT_EQ(ncclAllReduce(host.data(), on0, 4, ncclFloat, ncclSum, comms[0], nullptr),
+            ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(comms[0])).find("sendbuff is "), std::string::npos)
+      << ncclGetLastError(comms[0]);
+  EXPECT_EQ(ncclAllReduce(on1, on1, 4, ncclFloat, ncclSum, comms[0], nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclAllReduce(on0, on0, 5, ncclFloat, ncclSum, comms[0], nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclAllReduce(on0, on0, 4, ncclHalf, ncclSum, comms[0], nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclAllReduce(on0, on0, 4, static_cast<ncclDataType_t>(42), ncclSum, comms[0], nullptr),
+            ncclInvalidArgument);
+  EXPECT_EQ(ncclAllReduce(on0, on0, 4, ncclFloat, static_cast<ncclRedOp_t>(9), comms[0], nullptr),
+            ncclInvalidArgument);
+  EXPECT_EQ(ncclAllReduce(on0, on0, 4, ncclFloat, ncclSum, nullptr, nullptr), ncclInvalidArgument);
+  cudaStream_t stream1;
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreate(&stream1), cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  EXPECT_EQ(ncclAllReduce(on0, on0, 4, ncclFloat, ncclSum, comms[0], stream1), ncclInvalidArgument);
+  // A bad call inside a group fails the group: nothing of it is queued.
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  EXPECT_EQ(ncclAllReduce(on0, on0, 4, ncclFloat, ncclSum, comms[0], nullptr), ncclSuccess);
+  EXPECT_EQ(ncclAllReduce(host.data(), host.data(), 4, ncclFloat, ncclSum, comms[1], nullptr),
+            ncclInvalidArgument);
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidArgument);
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);  // no group open
+  // Count 0 queues nothing, on one rank alone.
+  EXPECT_EQ(ncclAllReduce(on0, on0, 0, ncclFloat, ncclSum, comms[0], nullptr), ncclSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  // Nothing was queued above: a real collective still works, and gives 2.
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  ASSERT_EQ(ncclAllReduce(on0, on0, 4, ncclFloat, ncclSum, comms[0], nullptr), ncclSuccess);
+  ASSERT_EQ(ncclAllReduce(on1, on1, 4, ncclFloat, ncclSum, comms[1], stream1), ncclSuccess);
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(host_copy(on0, 4), std::vector<float>(4, 2.0f));
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream1), cudaSuccess);
+  EXPECT_EQ(host_copy(on1, 4), std::vector<float>(4, 2.0f));
+  cudaFree(on1);
+  cudaStreamDestroy(stream1);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  cudaFree(on0);
+  for (ncclComm_t comm : comms) EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+  EXPECT_EQ(ncclCommDestroy(nullptr), ncclSuccess);
+  EXPECT_EQ(ncclCommAbort(nullptr), ncclSuccess);
+}
+
+TEST_F(Libraries, InitRankWaitsForTheOthersOnlyUntilTheTimeout) {
+  NEED_DEVICES(2);
+  tlemu::set_nccl_timeout(std::chrono::milliseconds(200));
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclComm_t comm = reinterpret_cast<ncclComm_t>(0x1);
+  EXPECT_EQ(ncclCommInitRank(&comm, 2, id, 0), ncclSystemError);  // rank 1 never comes
+  EXPECT_EQ(comm, nullptr);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("rank 1 did not join within 0.2 s"),
+            std::string::npos)
+      << ncclGetLastError(nullptr);
+  // Non-blocking: ncclInProgress, then the error through ncclCommGetAsyncError.
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ASSERT_EQ(ncclCommInitRankConfig(&comm, 3, id, 2, &config), ncclInProgress);
+  ncclResult_t state;
+  ASSERT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+  EXPECT_EQ(state, ncclInProgress);
+  float* buffer = device_copy(std::vector<float>(1, 0.0f));
+  EXPECT_EQ(ncclAllReduce(buffer, buffer, 1, ncclFloat, ncclSum, comm, nullptr),
+            ncclInvalidArgument);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+  EXPECT_EQ(state, ncclSystemError);
+  EXPECT_NE(std::string(ncclGetLastError(comm)).find("ranks 0 and 1 did not join"),
+            std::string::npos)
+      << ncclGetLastError(comm);
+  EXPECT_EQ(ncclCommAbort(comm), ncclSuccess);
+  cudaFree(buffer);
+}
+
+TEST_F(Libraries, InitRankRefusesMisuse) {
+  NEED_DEVICES(2);
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclComm_t comm;
+  EXPECT_EQ(ncclCommInitRank(&comm, 2, id, 2), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommInitRank(&comm, 0, id, 0), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommInitRank(nullptr, 2, id, 0), ncclInvalidArgument);
+  ncclUniqueId zeros{};
+  EXPECT_EQ(ncclCommInitRank(&comm, 1, zeros, 0), ncclInvalidArgument);
+  ncclConfig_t unset{};
+  EXPECT_EQ(ncclCommInitRankConfig(&comm, 1, id, 0, &unset), ncclInvalidArgument);
+  // Two ranks on one device: both fail, as NCCL's "Duplicate GPU detected".
+  std::vector<ncclResult_t> results(2);
+  std::vector<std::string> messages(2);
+  run_threads(2, [&](int rank) {
+    cudaSetDevice(0);
+    ncclComm_t c = nullptr;
+    results[std::size_t(rank)] = ncclCommInitRank(&c, 2, id, rank);
+    messages[std::size_t(rank)] = ncclGetLastError(nullptr);
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[std::size_t(r)], ncclInvalidUsage);
+    EXPECT_NE(messages[std::size_t(r)].find("are both on cuda:0 (Duplicate GPU detected)"),
+              std::string::npos)
+        << messages[std::size_t(r)];
+  }
+  ncclComm_t comms[2];
+  const int same[2] = {1, 1};
+  EXPECT_EQ(ncclCommInitAll(comms, 2, same), ncclInvalidUsage);
+  const int bad[2] = {0, 99};
+  EXPECT_EQ(ncclCommInitAll(comms, 2, bad), ncclInvalidArgument);
+  // Ranks that disagree on the rank count.
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  run_threads(2, [&](int rank) {
+    cudaSetDevice(rank);
+    ncclComm_t c = nullptr;
+    results[std::size_t(rank)] = ncclCommInitRank(&c, 2 + rank, id, rank);
+    messages[std::size_t(rank)] = ncclGetLastError(nullptr);
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[std::size_t(r)], ncclInvalidUsage);
+    EXPECT_NE(messages[std::size_t(r)].find("rank 1 called ncclCommInitRank with nranks 3, rank 0 "
+                                            "with nranks 2"),
+              std::string::npos)
+        << messages[std::size_t(r)];
+  }
+  // An id makes one communicator.
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ASSERT_EQ(ncclCommInitRank(&comm, 1, id, 0), ncclSuccess);
+  ncclComm_t again;
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  EXPECT_EQ(ncclCommInitRank(&again, 1, id, 0), ncclInvalidUsage);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+  EXPECT_EQ(ncclCommDestroy(comm), ncclInvalidArgument);
+}
+
+TEST_F(Libraries, AUniqueIdFromAnotherProcessIsRefused) {
+  ncclUniqueId mine;
+  ASSERT_EQ(ncclGetUniqueId(&mine), ncclSuccess);  // the parent's state exists before the fork
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ncclUniqueId id;
+    const bool ok = ncclGetUniqueId(&id) == ncclSuccess &&
+                    write(pipe_fds[1], &id, sizeof id) == static_cast<ssize_t>(sizeof id);
+    _exit(ok ? 0 : 1);
+  }
+  ncclUniqueId theirs;
+  ASSERT_EQ(read(pipe_fds[0], &theirs, sizeof theirs), static_cast<ssize_t>(sizeof theirs));
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  close(pipe_fds[0]);
+  close(pipe_fds[1]);
+  ncclComm_t comm = nullptr;
+  EXPECT_EQ(ncclCommInitRank(&comm, 1, theirs, 0), ncclInvalidUsage);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("must be threads of one process"),
+            std::string::npos)
+      << ncclGetLastError(nullptr);
+  EXPECT_EQ(comm, nullptr);
+  // A one-rank communicator from this process's id works, and keeps its bits.
+  ASSERT_EQ(ncclCommInitRank(&comm, 1, mine, 0), ncclSuccess);
+  float* x = device_copy(std::vector<float>{1.25f, -3.0f});
+  ASSERT_EQ(ncclAllReduce(x, x, 2, ncclFloat, ncclSum, comm, nullptr), ncclSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(host_copy(x, 2), (std::vector<float>{1.25f, -3.0f}));
+  EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+  cudaFree(x);
+}
+
+TEST_F(Libraries, NcclNamesItsResults) {
+  EXPECT_STREQ(ncclGetErrorString(ncclSuccess), "no error");
+  EXPECT_STREQ(ncclGetErrorString(ncclInvalidUsage), "invalid usage");
+  EXPECT_STREQ(ncclGetErrorString(ncclInProgress), "NCCL operation in progress");
+  int version = 0;
+  EXPECT_EQ(ncclGetVersion(&version), ncclSuccess);
+  EXPECT_EQ(version, NCCL_VERSION_CODE);
+}
+
+}  // namespace
