@@ -235,11 +235,17 @@ struct NcclCommunicator::Comm {
       if (state == ncclInProgress) return false;
       if (state != ncclSuccess || kernels == nullptr) return true;
       try {
-        return kernels->query();
+        if (!kernels->query()) return false;
       } catch (const Error& e) {  // a CUDA error on the stream: abort, as for NCCL's
         cuda_error = e.what();
         return true;
       }
+      // NCCL may have set its error between the first read and the kernels' end (a
+      // failed collective ends its kernels): read it again, or the failure would
+      // pass for a success.
+      const ncclResult_t again = ncclCommGetAsyncError(comm, &state);
+      if (again != ncclSuccess) state = again;
+      return true;
     });
     if (!cuda_error.empty()) fail(std::string(what) + ": " + call + ": " + cuda_error);
     if (!done) {

@@ -260,8 +260,12 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
   StreamPtr s = resolve(stream);
   if (!s) return fail(cudaErrorInvalidResourceHandle);
-  std::lock_guard lock(s->m);
-  if (s->completed < s->enqueued) return cudaErrorNotReady;
+  {
+    Hidden hidden;  // "not ready" orders nothing
+    std::lock_guard lock(s->m);
+    if (s->completed < s->enqueued) return cudaErrorNotReady;
+  }
+  std::lock_guard lock(s->m);  // "done" orders the host after the stream's work
   return sticky(s->device);
 }
 
@@ -333,8 +337,12 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   auto e = find_event(event);
   if (!e) return fail(cudaErrorInvalidResourceHandle);
   const std::uint64_t ticket = e->recorded_so_far();
-  std::lock_guard lock(e->m);
-  if (e->reached < ticket) return cudaErrorNotReady;
+  {
+    Hidden hidden;  // "not ready" orders nothing
+    std::lock_guard lock(e->m);
+    if (e->reached < ticket) return cudaErrorNotReady;
+  }
+  std::lock_guard lock(e->m);  // "done" orders the host after the work before the record
   return e->device >= 0 ? sticky(e->device) : cudaSuccess;
 }
 
