@@ -1,22 +1,25 @@
 // Kernels on the emulated GPUs: launches, blocks, barriers, warps and shared memory.
 //
 // A launch is one operation on its stream (src/streams.cpp); the stream's worker
-// thread runs its blocks one after another. A block's threads are fibers (ucontext
-// stacks) owned by that worker: the worker resumes a runnable fiber, which runs
-// until it returns or reaches a barrier or a warp operation, then the worker
-// resumes the next. A fiber is made once and reused by every block of every launch
-// on its stream, never by another stream's, so ThreadSanitizer's idea of what each
-// fiber has seen never crosses streams.
+// thread runs its blocks one after another. The threads of a block run on fibers
+// (ucontext stacks) owned by that worker, never by another stream's. A fiber runs
+// one CUDA thread after another, each to its end, and leaves the worker only when
+// its thread must wait (a barrier, a warp operation); the worker then gives a fresh
+// fiber the threads not yet started, and resumes a waiting one once what it waits
+// for has happened. A kernel without barriers thus runs all its threads on one
+// stack with no switch at all, and one with barriers gets a fiber per thread.
 //
-// Ordering, as ThreadSanitizer is told it (it treats each fiber as a thread):
-//   - a block's fibers start from the worker's view (a synchronizing switch) and
-//     hand everything back to it when they return, so block k is ordered before
-//     block k + 1 and the launch after the operations before it;
-//   - every other switch orders nothing; __syncthreads and __syncwarp then order
-//     memory with a release by every arriving thread and an acquire by every
-//     leaving one. Shuffles and votes exchange values without ordering memory.
-// The scheduler's own state is touched in Hidden scopes (internal.h): it is
-// bookkeeping, not kernel memory.
+// Ordering, as ThreadSanitizer is told it. Every CUDA thread has its own TSan
+// context, whatever fiber runs it, so TSan sees the threads of a block as threads:
+//   - every thread starts from what the worker saw when the block began, and the
+//     worker sees all of it when the block ends, so block k is ordered before
+//     block k + 1 and the launch after the operations before it on its stream;
+//   - __syncthreads and __syncwarp order memory with a release by every arriving
+//     thread and an acquire by every leaving one; nothing else does (shuffles and
+//     votes exchange values without ordering memory; switches order nothing).
+// A missing barrier is therefore a data race report even though the threads take
+// turns on one host thread. The scheduler's own state is touched in Hidden scopes
+// (internal.h): it is bookkeeping, not kernel memory.
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -26,9 +29,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "internal.h"
 
@@ -58,6 +63,15 @@ namespace {
 
 constexpr std::size_t kStackBytes = std::size_t{256} << 10;  // sanitizers' frames are large
 constexpr std::size_t kSharedLimit = std::size_t{48} << 10;  // static __shared__ per block
+// Under ThreadSanitizer every CUDA thread of a block gets a fiber (a stack) of its
+// own: two threads of one block run one after another on one stack would write the
+// same stack words with nothing ordering them, which TSan would report. Elsewhere a
+// fiber runs as many threads as it can, one after another.
+#ifdef TLEMU_TSAN
+constexpr bool kFiberPerThread = true;
+#else
+constexpr bool kFiberPerThread = false;
+#endif
 
 [[noreturn]] __attribute__((format(printf, 1, 2))) void kernel_bug(const char* format, ...) {
   std::fputs("emulated GPU: ", stderr);
@@ -75,18 +89,46 @@ const char* short_name(const char* file) {
   return slash != nullptr ? slash + 1 : file;
 }
 
-enum class FiberState { Idle, Ready, AtBarrier, AtWarp, Exited };
+// TSan's contexts: each CUDA thread and each fiber has one (no-ops without TSan).
+void* new_tsan_context() {
+#ifdef TLEMU_TSAN
+  return __tsan_create_fiber(0);
+#else
+  return nullptr;
+#endif
+}
+// Makes `context` the one TSan charges what runs next to. A macro, not a function:
+// TSan pairs every function's entry and exit within one context, and a call that
+// switched contexts would return into the other one.
+#ifdef TLEMU_TSAN
+#define TLEMU_BECOME(context) __tsan_switch_to_fiber((context), __tsan_switch_to_fiber_no_sync)
+#else
+#define TLEMU_BECOME(context) (void)(context)
+#endif
+
+enum class ThreadState { NotStarted, Running, AtBarrier, AtWarp, Exited };
+
+struct Fiber;
+
+// One CUDA thread of the running block (reused by the same index of every block).
+struct Thread {
+  unsigned tid = 0;  // linear index in the block
+  uint3 index;
+  ThreadState state = ThreadState::NotStarted;
+  Fiber* fiber = nullptr;  // the fiber running it
+  const std::source_location* waiting_at = nullptr;
+  const char* waiting_for = "";
+  void* tsan = new_tsan_context();
+};
 
 struct Fiber {
   ucontext_t context{};
   char* stack = nullptr;  // below it, one guard page
-  void* tsan = nullptr;
+  void* tsan = new_tsan_context();
   void* asan_fake_stack = nullptr;
-  unsigned tid = 0;  // linear thread index in the block
-  uint3 index;
-  FiberState state = FiberState::Idle;
-  const std::source_location* waiting_at = nullptr;
-  const char* waiting_for = "";
+  Thread* thread = nullptr;  // the CUDA thread it runs, or none between threads
+  Thread* assigned = nullptr;  // kFiberPerThread: the thread it runs next
+  bool started = false;      // its first resume orders it after the worker's state
 };
 
 // One warp's meeting point. Values go through slot[generation parity]: a lane can
@@ -109,28 +151,33 @@ struct SharedBlock {
   std::uint64_t block_serial = 0;  // the block that last filled it
 };
 
-// The worker thread's scheduler: its fibers, the running block and launch.
+// The worker thread's scheduler: its fibers and threads, the running block and launch.
 struct Scheduler {
   std::vector<std::unique_ptr<Fiber>> fibers;
+  std::vector<Fiber*> idle;  // fibers with no thread, ready to start the next ones
+  std::vector<std::unique_ptr<Thread>> thread_slots;
   ucontext_t main_context;
   void* main_tsan = nullptr;
   void* main_fake_stack = nullptr;
   const void* main_stack_bottom = nullptr;
   std::size_t main_stack_size = 0;
-  Fiber* running = nullptr;
-  Fiber* starting = nullptr;
+  Fiber* running = nullptr;   // the fiber on the CPU, null while the worker schedules
+  Fiber* starting = nullptr;  // the fiber a fresh context begins as
 
   // The running block.
   const KernelLaunch* launch = nullptr;
   int device = 0;
   unsigned threads = 0;
+  unsigned next_unstarted = 0;
+  bool starter_queued = false;  // a fiber is queued to start threads
   unsigned live = 0;
   unsigned at_barrier = 0;
   unsigned long barrier_generation = 0;
   std::source_location barrier_site;
   char barrier_token[2] = {};
+  char block_start = 0, block_end = 0;  // tokens: the worker's view in, the threads' out
   std::vector<Warp> warps;
-  std::vector<Fiber*> ready;  // runnable, in the order they became so
+  std::deque<Fiber*> ready;
   std::uint64_t block_serial = 0;
   std::size_t shared_bytes = 0;
   std::map<const void*, SharedBlock> shared;
@@ -141,12 +188,21 @@ struct Scheduler {
 #endif
   }
   ~Scheduler() {
+    // The fibers' and threads' state was read in their own TSan contexts, which never
+    // hand anything back to the worker: freeing it is bookkeeping too.
+    Hidden hidden;
     for (auto& f : fibers) {
 #ifdef TLEMU_TSAN
       __tsan_destroy_fiber(f->tsan);
 #endif
       munmap(f->stack - getpagesize(), kStackBytes + getpagesize());
     }
+#ifdef TLEMU_TSAN
+    for (auto& t : thread_slots) __tsan_destroy_fiber(t->tsan);
+#endif
+    fibers.clear();
+    thread_slots.clear();
+    shared.clear();
   }
 };
 
@@ -164,16 +220,24 @@ std::string block_name(const Scheduler& s) {
 
 // --- switching ---------------------------------------------------------------------------
 
-// From the worker into fiber f; `sync`: f starts from everything the worker has seen.
-void resume(Scheduler& s, Fiber& f, bool sync) {
+// From the worker into fiber f, as its thread (or as itself, between threads).
+void resume(Scheduler& s, Fiber& f) {
+  void* tsan;
+  bool first;
   {
     Hidden hidden;
     s.running = &f;
+    s.starting = &f;
+    tsan = f.thread != nullptr ? f.thread->tsan : f.tsan;
+    first = !std::exchange(f.started, true);
   }
 #ifdef TLEMU_TSAN
-  __tsan_switch_to_fiber(f.tsan, sync ? 0 : __tsan_switch_to_fiber_no_sync);
+  // A new fiber starts from the worker's view (its scheduler, its stack); after that
+  // switches order nothing.
+  __tsan_switch_to_fiber(tsan, first ? 0 : __tsan_switch_to_fiber_no_sync);
 #else
-  (void)sync;
+  (void)tsan;
+  (void)first;
 #endif
 #ifdef TLEMU_ASAN
   __sanitizer_start_switch_fiber(&s.main_fake_stack, f.stack, kStackBytes);
@@ -186,19 +250,16 @@ void resume(Scheduler& s, Fiber& f, bool sync) {
   s.running = nullptr;
 }
 
-// The fiber's coordinates, after it (re)gains its worker.
-void take_coordinates(const Fiber& f) {
+// The running thread's coordinates, after it (re)gains its worker.
+void take_coordinates(const Thread& t) {
   Hidden hidden;
-  threadIdx = f.index;
+  threadIdx = t.index;
 }
 
-// From fiber f back to the worker; returns when the worker resumes f.
-void suspend(Scheduler& s, Fiber& f, bool sync) {
-#ifdef TLEMU_TSAN
-  __tsan_switch_to_fiber(s.main_tsan, sync ? 0 : __tsan_switch_to_fiber_no_sync);
-#else
-  (void)sync;
-#endif
+// From fiber f back to the worker; returns when the worker resumes f. Called as the
+// context the fiber is in (its thread's, or its own between threads).
+void suspend(Scheduler& s, Fiber& f) {
+  TLEMU_BECOME(s.main_tsan);
 #ifdef TLEMU_ASAN
   __sanitizer_start_switch_fiber(&f.asan_fake_stack, s.main_stack_bottom, s.main_stack_size);
 #endif
@@ -206,57 +267,84 @@ void suspend(Scheduler& s, Fiber& f, bool sync) {
 #ifdef TLEMU_ASAN
   __sanitizer_finish_switch_fiber(f.asan_fake_stack, &s.main_stack_bottom, &s.main_stack_size);
 #endif
-  take_coordinates(f);
 }
 
-void thread_exited(Scheduler& s, Fiber& f);
+void thread_exited(Scheduler& s, Thread& t);
 
-// A fiber's life: one block's thread after another, for as long as its worker lives.
+// The next thread of the block not yet started, now run by fiber f; or null.
+Thread* take_unstarted(Scheduler& s, Fiber& f) {
+  Hidden hidden;
+  Thread* t;
+  if (kFiberPerThread) {
+    t = std::exchange(f.assigned, nullptr);
+  } else {
+    s.starter_queued = false;
+    t = s.next_unstarted < s.threads ? s.thread_slots[s.next_unstarted++].get() : nullptr;
+  }
+  if (t == nullptr) {
+    f.thread = nullptr;
+    return nullptr;
+  }
+  t->state = ThreadState::Running;
+  t->fiber = &f;
+  f.thread = t;
+  return t;
+}
+
+// A fiber's life: it starts the block's threads one after another, each run to its
+// end (or suspended and resumed in between), until none is left; then it waits for
+// the next block. The TSan context switches stay in this frame, so every context's
+// function entries and exits pair up.
 void fiber_main() {
   Scheduler& s = scheduler();
-  Fiber* starting;
+  Fiber* self;
   {
     Hidden hidden;
-    starting = s.starting;
+    self = s.starting;
   }
-  Fiber& f = *starting;
+  Fiber& f = *self;
 #ifdef TLEMU_ASAN
   __sanitizer_finish_switch_fiber(nullptr, &s.main_stack_bottom, &s.main_stack_size);
 #endif
-  take_coordinates(f);
   for (;;) {
-    const KernelLaunch* launch;
-    {
-      Hidden hidden;
-      launch = s.launch;
+    while (Thread* t = take_unstarted(s, f)) {
+      TLEMU_BECOME(t->tsan);
+      tsan_acquire(&s.block_start);
+      take_coordinates(*t);
+      const KernelLaunch* launch;
+      {
+        Hidden hidden;
+        launch = s.launch;
+      }
+      launch->thread_body();
+      thread_exited(s, *t);
+      tsan_release(&s.block_end);
+      TLEMU_BECOME(f.tsan);
     }
-    launch->thread_body();
-    thread_exited(s, f);
-    suspend(s, f, true);  // the block is done with this thread; the next block resumes here
+    suspend(s, f);  // no thread left; resumed when a block needs a starter
   }
 }
 
-Fiber& fiber(Scheduler& s, unsigned tid) {
-  while (s.fibers.size() <= tid) {
-    auto f = std::make_unique<Fiber>();
-    const std::size_t page = static_cast<std::size_t>(getpagesize());
-    void* region = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE,
-                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (region == MAP_FAILED) kernel_bug("cannot map a %zu-byte fiber stack", kStackBytes);
-    mprotect(region, page, PROT_NONE);  // a stack overflow faults instead of corrupting
-    f->stack = static_cast<char*>(region) + page;
-    getcontext(&f->context);
-    f->context.uc_stack.ss_sp = f->stack;
-    f->context.uc_stack.ss_size = kStackBytes;
-    f->context.uc_link = nullptr;
-    makecontext(&f->context, fiber_main, 0);
-#ifdef TLEMU_TSAN
-    f->tsan = __tsan_create_fiber(0);
-#endif
-    f->tid = static_cast<unsigned>(s.fibers.size());
-    s.fibers.push_back(std::move(f));
+Fiber& idle_fiber(Scheduler& s) {
+  if (!s.idle.empty()) {
+    Fiber* f = s.idle.back();
+    s.idle.pop_back();
+    return *f;
   }
-  return *s.fibers[tid];
+  auto f = std::make_unique<Fiber>();
+  const std::size_t page = static_cast<std::size_t>(getpagesize());
+  void* region = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (region == MAP_FAILED) kernel_bug("cannot map a %zu-byte fiber stack", kStackBytes);
+  mprotect(region, page, PROT_NONE);  // a stack overflow faults instead of corrupting
+  f->stack = static_cast<char*>(region) + page;
+  getcontext(&f->context);
+  f->context.uc_stack.ss_sp = f->stack;
+  f->context.uc_stack.ss_size = kStackBytes;
+  f->context.uc_link = nullptr;
+  makecontext(&f->context, fiber_main, 0);
+  s.fibers.push_back(std::move(f));
+  return *s.fibers.back();
 }
 
 // --- the block's threads meeting ----------------------------------------------------------
@@ -265,51 +353,56 @@ unsigned linear_tid() {
   return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
 }
 
-void thread_exited(Scheduler& s, Fiber& f) {
+// Makes the thread runnable again (its fiber resumes it).
+void wake(Scheduler& s, Thread& t) {
+  t.state = ThreadState::Running;
+  s.ready.push_back(t.fiber);
+}
+
+void thread_exited(Scheduler& s, Thread& t) {
   Hidden hidden;
-  f.state = FiberState::Exited;
+  t.state = ThreadState::Exited;
   --s.live;
-  Warp& w = s.warps[f.tid / 32];
-  const unsigned bit = 1u << (f.tid % 32);
+  Warp& w = s.warps[t.tid / 32];
+  const unsigned bit = 1u << (t.tid % 32);
   w.exited |= bit;
   if (w.arrived != 0 && (w.mask & bit) != 0) {
     kernel_bug("%s: thread %u (warp %u lane %u) returned while lanes of its warp wait for it in a "
                "warp operation with mask 0x%08x: a lane of the mask exited instead of arriving",
-               block_name(s).c_str(), f.tid, f.tid / 32, f.tid % 32, w.mask);
+               block_name(s).c_str(), t.tid, t.tid / 32, t.tid % 32, w.mask);
   }
   // A thread that returned no longer counts at the barrier (sm_70 and later).
   if (s.at_barrier != 0 && s.at_barrier == s.live) {
     s.at_barrier = 0;
     ++s.barrier_generation;
-    for (auto& other : s.fibers) {
-      if (other->tid < s.threads && other->state == FiberState::AtBarrier) {
-        other->state = FiberState::Ready;
-        s.ready.push_back(other.get());
-      }
+    for (unsigned i = 0; i < s.threads; ++i) {
+      Thread& other = *s.thread_slots[i];
+      if (other.state == ThreadState::AtBarrier) wake(s, other);
     }
   }
 }
 
-// Waits (yielding to the other fibers) until `done()`.
+// Waits (giving the worker to the other threads) until `done()`.
 template <typename Done>
-void wait_until(Scheduler& s, Fiber& f, Done done) {
+void wait_until(Scheduler& s, Thread& t, Done done) {
   for (;;) {
     {
       Hidden hidden;
       if (done()) return;
     }
-    suspend(s, f, false);
+    suspend(s, *t.fiber);
+    take_coordinates(t);  // the threads that ran meanwhile left theirs
   }
 }
 
 std::string describe_waiters(const Scheduler& s) {
   std::string out;
-  for (unsigned t = 0; t < s.threads; ++t) {
-    const Fiber& f = *s.fibers[t];
-    if (f.state != FiberState::AtBarrier && f.state != FiberState::AtWarp) continue;
+  for (unsigned i = 0; i < s.threads; ++i) {
+    const Thread& t = *s.thread_slots[i];
+    if (t.state != ThreadState::AtBarrier && t.state != ThreadState::AtWarp) continue;
     char line[200];
-    std::snprintf(line, sizeof line, "\n  thread %u waits in %s at %s:%u", t, f.waiting_for,
-                  short_name(f.waiting_at->file_name()), f.waiting_at->line());
+    std::snprintf(line, sizeof line, "\n  thread %u waits in %s at %s:%u", i, t.waiting_for,
+                  short_name(t.waiting_at->file_name()), t.waiting_at->line());
     out += line;
     if (out.size() > 2000) return out + "\n  ...";
   }
@@ -321,43 +414,59 @@ void run_block(Scheduler& s, uint3 block_index) {
     Hidden hidden;
     blockIdx = block_index;
     s.live = s.threads;
+    s.next_unstarted = 0;
     s.at_barrier = 0;
     ++s.block_serial;
     s.shared_bytes = 0;
-    s.ready.clear();
     for (unsigned w = 0; w < s.warps.size(); ++w) {
       const unsigned lanes = std::min(32u, s.threads - 32 * w);
       s.warps[w] = Warp{};
       s.warps[w].members = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
     }
+    while (s.thread_slots.size() < s.threads) {
+      s.thread_slots.push_back(std::make_unique<Thread>());
+      s.thread_slots.back()->tid = static_cast<unsigned>(s.thread_slots.size() - 1);
+    }
     const dim3 b = s.launch->block;
-    for (unsigned t = 0; t < s.threads; ++t) {
-      Fiber& f = fiber(s, t);
-      f.index = {t % b.x, t / b.x % b.y, t / (b.x * b.y)};
-      f.state = FiberState::Ready;
-      s.ready.push_back(&f);
+    for (unsigned i = 0; i < s.threads; ++i) {
+      Thread& t = *s.thread_slots[i];
+      t.index = {i % b.x, i / b.x % b.y, i / (b.x * b.y)};
+      t.state = ThreadState::NotStarted;
+      t.fiber = nullptr;
+    }
+    s.ready.clear();
+    if (kFiberPerThread) {
+      s.next_unstarted = s.threads;  // every thread is given its fiber here: no starters
+      while (s.fibers.size() < s.threads) idle_fiber(s);
+      for (unsigned i = 0; i < s.threads; ++i) {
+        s.fibers[i]->assigned = s.thread_slots[i].get();
+        s.ready.push_back(s.fibers[i].get());
+      }
+    } else {
+      s.ready.push_back(&idle_fiber(s));
+      s.starter_queued = true;
     }
   }
-  // Each fiber's first resume of the block synchronizes (it starts from the worker's
-  // view); later ones do not.
-  std::vector<bool> started(s.threads, false);
-  for (std::size_t next = 0;; ++next) {
+  tsan_release(&s.block_start);
+  for (;;) {
     Fiber* f;
     {
       Hidden hidden;
-      if (next == s.ready.size()) break;
-      f = s.ready[next];
+      if (s.ready.empty()) break;
+      f = s.ready.front();
+      s.ready.pop_front();
     }
-    bool first;
-    {
-      Hidden hidden;
-      if (f->state == FiberState::Exited) continue;
-      first = !started[f->tid];
-      started[f->tid] = true;
-      s.starting = f;
+    resume(s, *f);
+    Hidden hidden;
+    if (f->thread == nullptr) {
+      if (!kFiberPerThread) s.idle.push_back(f);  // it ran out of threads to start
+    } else if (s.next_unstarted < s.threads && !s.starter_queued) {
+      // Its thread waits: another fiber starts the threads not yet started.
+      s.ready.push_back(&idle_fiber(s));
+      s.starter_queued = true;
     }
-    resume(s, *f, first);
   }
+  tsan_acquire(&s.block_end);
   if (s.live != 0) {
     kernel_bug("%s: %u live threads wait where the others can never come (a barrier or warp "
                "operation in divergent code): they never reach it%s",
@@ -365,11 +474,12 @@ void run_block(Scheduler& s, uint3 block_index) {
   }
 }
 
-Fiber& running_fiber(const char* what) {
+Thread& running_thread(const char* what) {
   Hidden hidden;
   Scheduler& s = scheduler();
-  if (s.running == nullptr) kernel_bug("%s called outside a kernel", what);
-  return *s.running;
+  if (s.running == nullptr || s.running->thread == nullptr)
+    kernel_bug("%s called outside a kernel", what);
+  return *s.running->thread;
 }
 
 }  // namespace
@@ -380,7 +490,7 @@ unsigned lane_id() { return linear_tid() % 32; }
 
 void block_barrier(const std::source_location& where) {
   Scheduler& s = scheduler();
-  Fiber& f = running_fiber("__syncthreads");
+  Thread& f = running_thread("__syncthreads");
   unsigned long generation;
   {
     Hidden hidden;
@@ -402,14 +512,11 @@ void block_barrier(const std::source_location& where) {
       s.at_barrier = 0;
       ++s.barrier_generation;
       for (unsigned t = 0; t < s.threads; ++t) {
-        Fiber& other = *s.fibers[t];
-        if (other.state == FiberState::AtBarrier) {
-          other.state = FiberState::Ready;
-          s.ready.push_back(&other);
-        }
+        Thread& other = *s.thread_slots[t];
+        if (other.state == ThreadState::AtBarrier) wake(s, other);
       }
     } else {
-      f.state = FiberState::AtBarrier;
+      f.state = ThreadState::AtBarrier;
       f.waiting_at = &s.barrier_site;
       f.waiting_for = "__syncthreads";
     }
@@ -421,7 +528,7 @@ void block_barrier(const std::source_location& where) {
 WarpResult warp_round(unsigned mask, std::uint64_t value, bool vote, int source,
                       bool orders_memory, const char* what, const std::source_location& where) {
   Scheduler& s = scheduler();
-  Fiber& f = running_fiber(what);
+  Thread& f = running_thread(what);
   const unsigned lane = f.tid % 32;
   Warp& w = s.warps[f.tid / 32];
   auto bug = [&](const char* problem) {
@@ -454,14 +561,11 @@ WarpResult warp_round(unsigned mask, std::uint64_t value, bool vote, int source,
       w.arrived = 0;
       ++w.generation;
       for (unsigned t = 32 * (f.tid / 32); t < std::min(s.threads, 32 * (f.tid / 32) + 32); ++t) {
-        Fiber& other = *s.fibers[t];
-        if (other.state == FiberState::AtWarp) {
-          other.state = FiberState::Ready;
-          s.ready.push_back(&other);
-        }
+        Thread& other = *s.thread_slots[t];
+        if (other.state == ThreadState::AtWarp) wake(s, other);
       }
     } else {
-      f.state = FiberState::AtWarp;
+      f.state = ThreadState::AtWarp;
       f.waiting_at = &where;
       f.waiting_for = what;
     }
@@ -474,7 +578,7 @@ WarpResult warp_round(unsigned mask, std::uint64_t value, bool vote, int source,
 
 void* shared_storage(const void* key, std::size_t bytes, std::size_t alignment) {
   Scheduler& s = scheduler();
-  running_fiber("__shared__");
+  running_thread("__shared__");
   Hidden hidden;
   SharedBlock& b = s.shared[key];
   if (!b.memory) {
