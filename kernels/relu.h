@@ -26,13 +26,11 @@
 //   7. autograd/layers.h         a Layer for Sequential, where the op is one (ReLU)
 //   8. tests/<op>_test.cpp       every backend, odd sizes, a sentinel for add versus
 //                                assign, the error messages, a float64 gradient
-//                                check (tests/gradcheck.h)
+//                                check (tests/gradcheck.h); the cuda:0 instances run
+//                                on the emulated GPUs (emulator/) without a GPU
 //   9. bench/<op>_bench.cpp      beside its reference, with bytes or FLOPs as
 //                                counters (a memory-bound op against the device
 //                                copy, as bench/bias_bench.cpp does)
-//  10. scripts/kernel_sim/       the family in rewrite.py and sim_kernels.sh, a case
-//                                in kernel_sim.cpp: the CUDA kernels run on the host
-//                                against the CPU backend
 #pragma once
 
 #include "engine/stream.h"

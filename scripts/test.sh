@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Builds and runs every test: the default build (CUDA when nvcc is found; CUDA
-# cases skip without a GPU), the CPU-only build, the CPU-only build under
-# AddressSanitizer + UndefinedBehaviorSanitizer (LeakSanitizer included; any report
-# fails the test), the threaded tests under ThreadSanitizer, the host simulators of
-# the CUDA kernels (scripts/sim_*.sh), each libFuzzer target
-# for a short run, and a program that embeds towerlab through find_package() and
-# through add_subdirectory().
+# Builds and runs every test: the default build (CUDA when nvcc is found: every .cu
+# compiles for sm_90, and its CUDA cases skip without a GPU), the CPU-only build,
+# the CUDA backend on emulated GPUs (emulator/) under AddressSanitizer +
+# UndefinedBehaviorSanitizer (LeakSanitizer included; every tensor its own exact-size
+# heap block; the CPU cases too, so this replaces a CPU-only ASan build) and under
+# ThreadSanitizer (the tests that run threads and streams, and the controls that
+# prove each detector fires), each libFuzzer target for a short run, and a program
+# that embeds towerlab through find_package() and through add_subdirectory().
 # Usage: scripts/test.sh [--quick]   (--quick: the default build's tests only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,29 +19,27 @@ run_preset() {
   echo "== ${preset}: configure, build, test"
   cmake --preset "$preset" >/dev/null
   cmake --build --preset "$preset" -j "$jobs"
-  ctest --preset "$preset" -j "$jobs" "$@"
+  ctest --preset "$preset" -j "$jobs" --output-junit "$PWD/build/$preset-ctest.xml" "$@"
 }
 
 run_preset release
 [ "${1:-}" = "--quick" ] && exit 0
 # The PyTorch round trip (a minute of training in PyTorch) runs once, in the default build.
 run_preset cpu -E 'torch_convert'
-run_preset asan
+# The emulated GPUs (TOWERLAB_EMULATED_GPUS devices, 2 by default; the emulator's
+# own tests set 4): every CUDA case runs, and the run says how many did.
+export TOWERLAB_EXACT_ALLOCATIONS=1
+run_preset emulated-asan -E 'torch_convert'
+unset TOWERLAB_EXACT_ALLOCATIONS
+python3 scripts/count_cuda_cases.py build/emulated-asan-ctest.xml
 # The tests that run threads: towers, the ring, synchronized batch norm, the thread
 # pool (and the GEMM on it), determinism, two trainers side by side, the ranks of a
 # job as threads (MultiRank: a trainer per rank meeting in a thread process group,
-# and the job's trace). A report makes the test exit non-zero (halt_on_error),
-# which fails it.
+# and the job's trace), streams, events, the allocator's handovers, NCCL's ranks and
+# the emulator with its controls. A report makes the test exit non-zero
+# (halt_on_error), which fails it.
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
-run_preset tsan -R 'Trainer|Ring|NumericGuard|Determinism|ThreadPool|Concurrency|MatmulCpu|BadInput|MultiRank'
-
-# The CUDA kernels on the host, for machines without a GPU: indexing, edge guards,
-# barriers and warp-synchronous code under AddressSanitizer and ThreadSanitizer,
-# compared with the CPU backend (each script's header says what it proves, and what not).
-echo "== host simulators of the CUDA kernels"
-time bash scripts/sim_matmul_kernel.sh build/release
-time bash scripts/sim_conv2d_kernels.sh build/release
-time bash scripts/sim_kernels.sh build/cpu
+run_preset emulated-tsan -R 'Trainer|Ring|NumericGuard|Determinism|ThreadPool|Concurrency|MatmulCpu|BadInput|MultiRank|Stream|ReadOrder|Allocator|Nccl|Emulator'
 
 echo "== fuzz: every target for 30 s from its seed corpus and regression inputs"
 bash scripts/fuzz.sh 30

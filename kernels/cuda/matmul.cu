@@ -20,10 +20,9 @@
 // (kernels/cuda/split_reduce.cuh) adds the partials in a fixed tree and applies
 // alpha and beta once. The same plan gives the same bits every run.
 //
-// Status: written without a GPU at hand. scripts/sim_matmul_kernel.sh runs the
-// kernel, the plan and the split reduction on the host (every layout, ragged
-// edges, misaligned operands, split and unsplit plans for 8 and 132 SMs); the
-// CUDA tests and the bench against cuBLAS still have to run on a GPU.
+// Status: written without a GPU at hand. The CUDA tests run it on the emulated GPUs
+// (emulator/; every layout, ragged edges, misaligned operands, split and unsplit
+// plans for 132 SMs and, in CI, 8); on a GPU and against cuBLAS it has yet to run.
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -240,7 +239,7 @@ constexpr int kMinSplitK = 64;
 // Splits so that tiles x splits is about one block per SM (ceil rounding can
 // reach two, which the kernel's two resident blocks per SM still run as one
 // wave); none when the tiles already give every SM a block. A pure function of
-// the shape and the SM count: the simulator plans for 8 and 132 SMs with it.
+// the shape and the SM count: the emulated GPUs plan for 8 and 132 SMs with it.
 GemmPlan plan_gemm(int m, int n, int k, int sms) {
   const std::int64_t tiles = std::int64_t{(m + kTileM - 1) / kTileM} * ((n + kTileN - 1) / kTileN);
   const int splits = split_count(tiles, sms, k, kMinSplitK);
