@@ -183,12 +183,14 @@ struct Call {
 };
 
 struct Collective {
-  explicit Collective(int nranks) : arrived(std::size_t(nranks)), calls(std::size_t(nranks)) {}
+  explicit Collective(int nranks)
+      : arrived(std::size_t(nranks)), released(std::size_t(nranks)), calls(std::size_t(nranks)) {}
   // The participants' meeting point; not Hidden (see the top).
   std::mutex m;
   std::condition_variable cv;
   enum class State { Gathering, Done, Failed } state = State::Gathering;
   std::vector<bool> arrived;
+  std::vector<bool> released;  // ranks that left (abort, destroy) while they waited in it
   std::vector<Call> calls;
   int arrivals = 0;
   int first = -1;      // the first rank to arrive: the others' calls are compared with its
@@ -633,7 +635,6 @@ void run_all_reduce(const std::shared_ptr<ncclComm>& comm, std::uint64_t seq, co
   const std::string what = "ncclAllReduce #" + std::to_string(seq + 1) + " (" + describe(call) +
                            ") on " + q.label() + " of " + std::to_string(q.nranks) + " ranks";
   std::shared_ptr<Collective> coll;
-  std::vector<std::string> gone;
   bool aborted;
   {
     Hidden hidden;
@@ -641,7 +642,6 @@ void run_all_reduce(const std::shared_ptr<ncclComm>& comm, std::uint64_t seq, co
     std::shared_ptr<Collective>& slot = q.collectives[seq];
     if (!slot) slot = std::make_shared<Collective>(q.nranks);
     coll = slot;
-    gone = q.gone;
     aborted = comm->aborted;
   }
   ncclResult_t outcome = ncclSuccess;
@@ -653,13 +653,6 @@ void run_all_reduce(const std::shared_ptr<ncclComm>& comm, std::uint64_t seq, co
       fail_collective(*coll, ncclRemoteError,
                       what + ": rank " + std::to_string(rank) +
                           " aborted its communicator (ncclCommAbort) before its operation ran");
-    }
-    for (int r = 0; r < q.nranks; ++r) {
-      if (!gone[std::size_t(r)].empty() && !coll->arrived[std::size_t(r)]) {
-        fail_collective(*coll, ncclRemoteError,
-                        what + ": rank " + std::to_string(r) + " " + gone[std::size_t(r)] +
-                            " without joining it");
-      }
     }
     if (coll->state == Collective::State::Gathering && coll->first >= 0) {
       const Call& ref = coll->calls[std::size_t(coll->first)];
@@ -687,9 +680,12 @@ void run_all_reduce(const std::shared_ptr<ncclComm>& comm, std::uint64_t seq, co
       } else {
         const std::chrono::milliseconds patience = timeout();
         const bool ended = coll->cv.wait_until(lock, Clock::now() + patience, [&] {
-          return coll->state != Collective::State::Gathering;
+          return coll->state != Collective::State::Gathering || coll->released[std::size_t(rank)];
         });
-        if (!ended) {
+        if (coll->released[std::size_t(rank)]) {
+          outcome = ncclRemoteError;
+          message = what + ": rank " + std::to_string(rank) + " left its communicator while it waited";
+        } else if (!ended) {
           std::vector<int> missing, present;
           for (int r = 0; r < q.nranks; ++r)
             (coll->arrived[std::size_t(r)] ? present : missing).push_back(r);
@@ -703,7 +699,7 @@ void run_all_reduce(const std::shared_ptr<ncclComm>& comm, std::uint64_t seq, co
         }
       }
     }
-    if (coll->state == Collective::State::Failed) {
+    if (coll->state == Collective::State::Failed && outcome == ncclSuccess) {
       outcome = coll->error;
       message = coll->message;
     }
@@ -775,33 +771,43 @@ std::string buffer_problem(const char* name, const void* p, std::size_t bytes, i
   return "";
 }
 
-// Every rank's membership ends (abort or destroy): the collectives still gathering
-// cannot complete any more.
+// A rank's membership ends (abort or destroy). The other ranks are not told, as on
+// hardware, where NCCL's peers cannot know either: a collective they wait in with
+// this rank fails at its timeout (which names the rank and why it left), or, as
+// towerlab's communicator does, at the caller's own deadline.
 void leave(const std::shared_ptr<ncclComm>& comm, const std::string& why) {
-  std::vector<std::shared_ptr<Collective>> pending;
   Clique& q = *comm->clique;
-  {
-    Hidden hidden;
-    Table& t = table();
-    std::lock_guard lock(t.m);
-    if (q.joined < q.nranks) {
-      fail_clique_locked(q, ncclRemoteError,
-                         "ncclCommInitRank on " + q.label() + ": rank " +
-                             std::to_string(comm->rank) + " " + why + " before every rank joined");
+  Hidden hidden;
+  Table& t = table();
+  std::lock_guard lock(t.m);
+  if (q.joined < q.nranks) {
+    fail_clique_locked(q, ncclRemoteError,
+                       "ncclCommInitRank on " + q.label() + ": rank " +
+                           std::to_string(comm->rank) + " " + why + " before every rank joined");
+  }
+  q.gone[std::size_t(comm->rank)] = why;
+  q.members[std::size_t(comm->rank)] = nullptr;
+  t.comms.erase(comm.get());
+  // Its own operations still waiting end now (an aborted NCCL ends its kernels);
+  // its arrival is withdrawn, so the others keep waiting for it.
+  const auto r = std::size_t(comm->rank);
+  for (auto& [seq, coll] : q.collectives) {
+    std::lock_guard coll_lock(coll->m);
+    if (coll->state != Collective::State::Gathering || !coll->arrived[r]) continue;
+    coll->arrived[r] = false;
+    coll->released[r] = true;
+    --coll->arrivals;
+    if (coll->first == comm->rank) {
+      coll->first = -1;
+      for (int other = 0; other < q.nranks; ++other) {
+        if (coll->arrived[std::size_t(other)]) {
+          coll->first = other;
+          break;
+        }
+      }
     }
-    q.gone[std::size_t(comm->rank)] = why;
-    for (auto& [seq, coll] : q.collectives) pending.push_back(coll);
-    q.members[std::size_t(comm->rank)] = nullptr;
-    t.comms.erase(comm.get());
+    coll->cv.notify_all();
   }
-  Hidden hidden;  // for the locks and for the references dropped at the end
-  for (auto& coll : pending) {
-    std::lock_guard lock(coll->m);
-    fail_collective(*coll, ncclRemoteError,
-                    "ncclAllReduce on " + q.label() + ": rank " + std::to_string(comm->rank) + " " +
-                        why + " while the collective waited for its ranks");
-  }
-  pending.clear();
 }
 
 }  // namespace
