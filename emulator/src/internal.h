@@ -99,6 +99,7 @@ int stream_device(cudaStream_t stream);
 cudaError_t synchronize(cudaStream_t stream);
 // Waits until everything queued on the device's streams so far has run.
 cudaError_t synchronize_device(int device);
+// tlemu::delay_stream: a pause queued on the stream.
 void set_stream_delay(cudaStream_t stream, std::chrono::milliseconds delay);
 
 // --- kernels ------------------------------------------------------------------------------

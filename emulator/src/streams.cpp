@@ -44,7 +44,6 @@ struct Stream {
   std::deque<Queued> queue;
   std::uint64_t enqueued = 0, completed = 0;
   bool stop = false;
-  std::atomic<long> delay_ms{0};
   std::thread worker;
 
   void run() {
@@ -57,7 +56,6 @@ struct Stream {
         q = std::move(queue.front());
         queue.pop_front();
       }
-      if (const long ms = delay_ms; ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
       for (auto& [stream, ticket] : q.after) stream->wait_for(ticket);
       if (q.bookkeeping || sticky(device) == cudaSuccess) q.op.run();
       std::lock_guard lock(m);
@@ -206,7 +204,9 @@ cudaError_t synchronize_device(int device) {
 }
 
 void set_stream_delay(cudaStream_t stream, std::chrono::milliseconds delay) {
-  if (StreamPtr s = resolve(stream)) s->delay_ms = static_cast<long>(delay.count());
+  if (StreamPtr s = resolve(stream)) {
+    push(s, {"tlemu::delay_stream", [delay] { std::this_thread::sleep_for(delay); }}, true);
+  }
 }
 
 }  // namespace tlemu::detail

@@ -42,8 +42,9 @@ void fail_allocation(int nth, int device = -1);
 // sticky error becomes cudaErrorIllegalAddress, as an out-of-bounds access would
 // make it on hardware.
 void fault_kernel(int nth, int device);
-// Every operation on `stream` waits `delay` before it runs: work that is not
-// properly ordered after it then reads stale data (and ThreadSanitizer says so).
+// Queues a pause of `delay` on `stream`: what is queued after it runs that much
+// later, as after a long kernel. Work that is not properly ordered after it then
+// overtakes it and reads stale data (and ThreadSanitizer says so).
 void delay_stream(cudaStream_t stream, std::chrono::milliseconds delay);
 // Clears every device's sticky error, every pending fault and every peer access.
 // Hardware has no such thing (a faulted context is lost until the process ends);
