@@ -449,9 +449,10 @@ Registry& registry() {
   return *r;
 }
 
-// The options a device's allocator starts with: the defaults, and exact blocks
-// where the environment asks for them (a sanitizer run).
-MemoryOptions initial_options() {
+// The options a GPU's allocator starts with: the defaults, and exact blocks where
+// the environment asks for them (a sanitizer run; the host's allocator keeps its
+// cache, which tests of the CPU's steady state rely on).
+MemoryOptions initial_cuda_options() {
   MemoryOptions options;
   const char* exact = std::getenv("TOWERLAB_EXACT_ALLOCATIONS");
   options.exact_blocks = exact != nullptr && std::string(exact) == "1";
@@ -465,16 +466,14 @@ Allocator& device_allocator(Device device) {
   Registry& r = registry();
   std::lock_guard lock(r.mutex);
   if (device.is_cpu()) {
-    if (!r.host) {
-      r.host = std::make_unique<Allocator>(std::make_unique<HostBackend>(), initial_options());
-    }
+    if (!r.host) r.host = std::make_unique<Allocator>(std::make_unique<HostBackend>());
     return *r.host;
   }
 #if TOWERLAB_WITH_CUDA
   auto& slot = r.cuda[device.index];
   if (!slot) {
     slot = std::make_unique<Allocator>(std::make_unique<CudaBackend>(device.index),
-                                       initial_options());
+                                       initial_cuda_options());
   }
   return *slot;
 #else

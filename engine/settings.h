@@ -39,7 +39,7 @@ struct MemoryOptions {
   // block (AddressSanitizer on the CPU and the emulated GPUs, compute-sanitizer on
   // a GPU) instead of a read of the cache's next block. Slow (each free waits for
   // the device): for sanitizer runs. TOWERLAB_EXACT_ALLOCATIONS=1 turns it on for
-  // every device's allocator.
+  // every GPU's allocator.
   bool exact_blocks = false;
 };
 

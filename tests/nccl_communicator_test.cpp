@@ -281,7 +281,9 @@ std::vector<std::vector<float>> train_on_gpus(int ranks, int towers, CrossProces
     options.log = &log;
     Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), options);
     EXPECT_NE(log.str().find(expected_log), std::string::npos) << log.str();
-    for (int s = 0; s < 3; ++s) trainer.step(make_batch(7, 40 + unsigned(s)));
+    // 9 samples: at least 2 for every tower's batch norm, with 2 ranks x 2 towers too
+    // (7 left one tower a single sample; the case had never run before the emulated GPUs).
+    for (int s = 0; s < 3; ++s) trainer.step(make_batch(9, 40 + unsigned(s)));
     auto values = trainer.master().flat_values().to_host<float>();
     const auto state = trainer.master().flat_state().to_host<float>();
     values.insert(values.end(), state.begin(), state.end());

@@ -146,7 +146,7 @@ struct Warp {
 };
 
 struct SharedBlock {
-  std::unique_ptr<char, void (*)(void*)> memory{nullptr, +[](void* p) { ::operator delete(p); }};
+  std::unique_ptr<char, void (*)(void*)> memory{nullptr, std::free};  // posix_memalign'd
   std::size_t bytes = 0;
   std::uint64_t block_serial = 0;  // the block that last filled it
 };
@@ -582,8 +582,10 @@ void* shared_storage(const void* key, std::size_t bytes, std::size_t alignment) 
   Hidden hidden;
   SharedBlock& b = s.shared[key];
   if (!b.memory) {
-    b.memory.reset(static_cast<char*>(::operator new(bytes, std::align_val_t(alignment))));
-    b.memory.get_deleter() = +[](void* p) { ::operator delete(p); };
+    void* p = nullptr;
+    if (posix_memalign(&p, std::max(alignment, sizeof(void*)), bytes) != 0)
+      kernel_bug("cannot allocate %zu bytes of __shared__ memory", bytes);
+    b.memory.reset(static_cast<char*>(p));
     b.bytes = bytes;
   }
   if (b.block_serial != s.block_serial) {
