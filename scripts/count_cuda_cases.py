@@ -5,7 +5,8 @@ skipped: on emulated GPUs every CUDA case can run, so a skip hides a case.
   count_cuda_cases.py JUNIT_XML    (ctest --output-junit JUNIT_XML)
 
 A CUDA case is one whose name says so: a test instance on cuda:N (/cuda0), a
-Cuda*/NCCL/GPU test, the emulator's own tests and its controls.
+Cuda*/NCCL/GPU test, the emulator's own tests and its controls; not the /cpu
+instance of a typed test.
 """
 import re
 import sys
@@ -21,9 +22,9 @@ def main():
     total = 0
     for case in cases:
         total += 1
-        name = case.get("name", "")
-        if not CUDA.search(name):
-            continue
+        name = case.get("name", "").split("  #")[0]  # ctest appends "  # GetParam() = ..."
+        if not CUDA.search(name) or name.endswith("/cpu"):
+            continue  # not a CUDA case, or the CPU instance of one (which may skip)
         status = case.get("status", "run")
         if case.find("skipped") is not None or status in ("disabled", "notrun"):
             counts["skipped"] += 1
