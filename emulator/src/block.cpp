@@ -37,20 +37,6 @@
 
 #include "internal.h"
 
-#if defined(__SANITIZE_THREAD__)
-#define TLEMU_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define TLEMU_TSAN 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__)
-#define TLEMU_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TLEMU_ASAN 1
-#endif
-#endif
 #ifdef TLEMU_TSAN
 #include <sanitizer/tsan_interface.h>
 #endif

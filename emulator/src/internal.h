@@ -21,6 +21,22 @@
 
 #include "tlemu/emulator.h"
 
+// Which sanitizer this build runs under (GCC's macros, clang's __has_feature).
+#if defined(__SANITIZE_THREAD__)
+#define TLEMU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TLEMU_TSAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define TLEMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TLEMU_ASAN 1
+#endif
+#endif
+
 namespace tlemu::detail {
 
 constexpr int kMaxDevices = 8;
