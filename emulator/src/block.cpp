@@ -102,7 +102,7 @@ struct Thread {
   uint3 index;
   ThreadState state = ThreadState::NotStarted;
   Fiber* fiber = nullptr;  // the fiber running it
-  const std::source_location* waiting_at = nullptr;
+  std::source_location waiting_at;  // a copy: the caller's lives on the fiber's stack
   const char* waiting_for = "";
   void* tsan = new_tsan_context();
 };
@@ -382,13 +382,14 @@ void wait_until(Scheduler& s, Thread& t, Done done) {
 }
 
 std::string describe_waiters(const Scheduler& s) {
+  Hidden hidden;
   std::string out;
   for (unsigned i = 0; i < s.threads; ++i) {
     const Thread& t = *s.thread_slots[i];
     if (t.state != ThreadState::AtBarrier && t.state != ThreadState::AtWarp) continue;
     char line[200];
     std::snprintf(line, sizeof line, "\n  thread %u waits in %s at %s:%u", i, t.waiting_for,
-                  short_name(t.waiting_at->file_name()), t.waiting_at->line());
+                  short_name(t.waiting_at.file_name()), t.waiting_at.line());
     out += line;
     if (out.size() > 2000) return out + "\n  ...";
   }
@@ -503,7 +504,7 @@ void block_barrier(const std::source_location& where) {
       }
     } else {
       f.state = ThreadState::AtBarrier;
-      f.waiting_at = &s.barrier_site;
+      f.waiting_at = s.barrier_site;
       f.waiting_for = "__syncthreads";
     }
   }
@@ -552,7 +553,7 @@ WarpResult warp_round(unsigned mask, std::uint64_t value, bool vote, int source,
       }
     } else {
       f.state = ThreadState::AtWarp;
-      f.waiting_at = &where;
+      f.waiting_at = where;
       f.waiting_for = what;
     }
   }

@@ -10,9 +10,11 @@
 //   - the host waits with cudaStreamSynchronize, cudaEventSynchronize (or a query
 //     that says done), cudaDeviceSynchronize, and the calls CUDA makes synchronous
 //     (cudaMemcpy, cudaFree, a copy to pageable host memory).
-// Each wait goes through the mutex of the thing waited for, which is what tells
-// ThreadSanitizer about the ordering; the lists of streams and events are looked up
-// inside Hidden scopes, so that the lookups order nothing.
+// The locks of the queues and events are taken in Hidden scopes, and each ordering
+// CUDA gives is told to ThreadSanitizer as a release and an acquire of a token: an
+// operation is ordered after the host's calls before it was queued (and nothing the
+// host did later), a waiter after the operation or record it waited for. The lists
+// of streams and events are looked up in Hidden scopes too: the lookups order nothing.
 //
 // One liberty: cudaStreamDestroy returns once the stream's queued work has run (on
 // hardware it returns at once and the work finishes later).
@@ -31,6 +33,9 @@ using StreamPtr = std::shared_ptr<Stream>;
 
 struct Queued {
   Operation op;
+  // What orders the operation after the host's calls before it was queued (and after
+  // nothing the host does later): released at the call, acquired before it runs.
+  std::unique_ptr<char> token = std::make_unique<char>();
   bool bookkeeping = false;  // runs even after a fault (events must still be reached)
   std::vector<std::pair<StreamPtr, std::uint64_t>> after;  // the legacy stream's implicit waits
 };
@@ -44,20 +49,28 @@ struct Stream {
   std::deque<Queued> queue;
   std::uint64_t enqueued = 0, completed = 0;
   bool stop = false;
+  char done_token = 0;  // released by each finished operation, acquired by its waiters
   std::thread worker;
 
+  // The queue's lock is taken in Hidden scopes: the host waiting on it must not be
+  // ordered before the operations that run after its wait began, nor they after it.
+  // The tokens carry the orderings CUDA gives.
   void run() {
     for (;;) {
       Queued q;
       {
+        Hidden hidden;
         std::unique_lock lock(m);
         work.wait(lock, [&] { return stop || !queue.empty(); });
         if (queue.empty()) return;
         q = std::move(queue.front());
         queue.pop_front();
       }
+      tsan_acquire(q.token.get());
       for (auto& [stream, ticket] : q.after) stream->wait_for(ticket);
       if (q.bookkeeping || sticky(device) == cudaSuccess) q.op.run();
+      tsan_release(&done_token);
+      Hidden hidden;
       std::lock_guard lock(m);
       ++completed;
       done.notify_all();
@@ -66,8 +79,12 @@ struct Stream {
 
   // Blocks until the first `ticket` operations have run.
   void wait_for(std::uint64_t ticket) {
-    std::unique_lock lock(m);
-    done.wait(lock, [&] { return completed >= ticket; });
+    {
+      Hidden hidden;
+      std::unique_lock lock(m);
+      done.wait(lock, [&] { return completed >= ticket; });
+    }
+    tsan_acquire(&done_token);
   }
 
   // How many operations were queued so far; read without ordering anything.
@@ -85,6 +102,7 @@ struct EventState {
   Clock::time_point at;
   bool timing = true;
   int device = -1;
+  char token = 0;  // released when a record is reached, acquired by whoever waited for it
 
   std::uint64_t recorded_so_far() {
     Hidden hidden;
@@ -168,7 +186,12 @@ std::vector<std::pair<StreamPtr, std::uint64_t>> implicit_waits(const StreamPtr&
 }
 
 cudaError_t push(const StreamPtr& s, Operation op, bool bookkeeping) {
-  Queued q{std::move(op), bookkeeping, implicit_waits(s)};
+  Queued q;
+  q.op = std::move(op);
+  q.bookkeeping = bookkeeping;
+  q.after = implicit_waits(s);
+  tsan_release(q.token.get());
+  Hidden hidden;
   std::lock_guard lock(s->m);
   s->queue.push_back(std::move(q));
   ++s->enqueued;
@@ -244,6 +267,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     h.streams.erase(it);
   }
   {
+    Hidden hidden;
     std::lock_guard lock(s->m);
     s->stop = true;
     s->work.notify_one();
@@ -265,7 +289,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
     std::lock_guard lock(s->m);
     if (s->completed < s->enqueued) return cudaErrorNotReady;
   }
-  std::lock_guard lock(s->m);  // "done" orders the host after the stream's work
+  tsan_acquire(&s->done_token);  // "done" orders the host after the stream's work
   return sticky(s->device);
 }
 
@@ -278,8 +302,12 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   return push(s,
               {"cudaStreamWaitEvent",
                [e, ticket] {
-                 std::unique_lock lock(e->m);
-                 e->cv.wait(lock, [&] { return e->reached >= ticket; });
+                 {
+                   Hidden hidden;
+                   std::unique_lock lock(e->m);
+                   e->cv.wait(lock, [&] { return e->reached >= ticket; });
+                 }
+                 tsan_acquire(&e->token);
                }},
               true);
 }
@@ -325,6 +353,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   return push(s,
               {"cudaEventRecord",
                [e, ticket] {
+                 tsan_release(&e->token);
+                 Hidden hidden;
                  std::lock_guard lock(e->m);
                  e->reached = std::max(e->reached, ticket);
                  e->at = Clock::now();
@@ -337,22 +367,30 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   auto e = find_event(event);
   if (!e) return fail(cudaErrorInvalidResourceHandle);
   const std::uint64_t ticket = e->recorded_so_far();
+  int device;
   {
     Hidden hidden;  // "not ready" orders nothing
     std::lock_guard lock(e->m);
     if (e->reached < ticket) return cudaErrorNotReady;
+    device = e->device;
   }
-  std::lock_guard lock(e->m);  // "done" orders the host after the work before the record
-  return e->device >= 0 ? sticky(e->device) : cudaSuccess;
+  tsan_acquire(&e->token);  // "done" orders the host after the work before the record
+  return device >= 0 ? sticky(device) : cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   auto e = find_event(event);
   if (!e) return fail(cudaErrorInvalidResourceHandle);
   const std::uint64_t ticket = e->recorded_so_far();
-  std::unique_lock lock(e->m);
-  e->cv.wait(lock, [&] { return e->reached >= ticket; });
-  const cudaError_t error = e->device >= 0 ? sticky(e->device) : cudaSuccess;
+  int device;
+  {
+    Hidden hidden;
+    std::unique_lock lock(e->m);
+    e->cv.wait(lock, [&] { return e->reached >= ticket; });
+    device = e->device;
+  }
+  tsan_acquire(&e->token);
+  const cudaError_t error = device >= 0 ? sticky(device) : cudaSuccess;
   return error != cudaSuccess ? fail(error) : error;
 }
 
@@ -364,6 +402,7 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
     *ms = 0;
     return cudaSuccess;
   }
+  Hidden hidden;  // timing only
   std::scoped_lock lock(a->m, b->m);
   if (a->recorded == 0 || b->recorded == 0) return fail(cudaErrorInvalidResourceHandle);
   if (a->reached < a->recorded || b->reached < b->recorded) return cudaErrorNotReady;
