@@ -40,10 +40,19 @@ unset TOWERLAB_EXACT_ALLOCATIONS
 # pool (and the GEMM on it), determinism, two trainers side by side, the ranks of a
 # job as threads (MultiRank: a trainer per rank meeting in a thread process group,
 # and the job's trace). A report makes the test exit non-zero (halt_on_error), which
-# fails it. (The same on the emulated GPUs, streams and the ThreadSanitizer controls
-# included, is the emulated-tsan preset: not yet part of this run.)
+# fails it. (The same on the emulated GPUs, streams included, is the emulated-tsan
+# preset: below, only its emulator tests and controls run.)
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
 run_preset tsan -R 'Trainer|Ring|NumericGuard|Determinism|ThreadPool|Concurrency|MatmulCpu|BadInput|MultiRank'
+
+# The emulator's own tests and its controls under ThreadSanitizer: a missing
+# __syncthreads or __syncwarp, the host reading a buffer before its copy, a ring
+# reading gradients without the towers' event and an allocator handing a block to
+# another stream without its event must each be reported, their twins pass.
+echo "== emulated-tsan: the emulator's tests and controls"
+cmake --preset emulated-tsan >/dev/null
+cmake --build --preset emulated-tsan -j "$jobs" --target emulator_tests emulator_controls
+ctest --preset emulated-tsan -j "$jobs" -R '^Emulator'
 
 echo "== fuzz: every target for 30 s from its seed corpus and regression inputs"
 bash scripts/fuzz.sh 30

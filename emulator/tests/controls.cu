@@ -36,6 +36,12 @@
 #include "parallel/ring_allreduce.h"
 #include "tlemu/emulator.h"
 
+// Where the host's read goes: a plain global that other files could see (a volatile
+// access is not checked by GCC's ThreadSanitizer, and a store nobody can read is
+// optimized away).
+extern float tlemu_controls_read_back;
+float tlemu_controls_read_back = 0.0f;
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -126,9 +132,6 @@ void run_kernel_bug(Launch launch) {
 
 // --- the host and a stream --------------------------------------------------------------
 
-// Where the host's read goes: a plain global, since ThreadSanitizer (GCC's) does not
-// check volatile accesses.
-float read_back = 0.0f;
 
 void host_read(bool synchronize) {
   cudaStream_t s;
@@ -141,7 +144,7 @@ void host_read(bool synchronize) {
   check(cudaMemcpyAsync(pinned, device, 1024 * sizeof(float), cudaMemcpyDeviceToHost, s),
         "cudaMemcpyAsync");
   if (synchronize) check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-  read_back = pinned[0];  // before the copy has run, unless synchronized
+  tlemu_controls_read_back = pinned[0];  // before the copy has run, unless synchronized
   check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
   cudaFreeHost(pinned);
   cudaFree(device);
