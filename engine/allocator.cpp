@@ -305,8 +305,8 @@ void* Allocator::allocate(std::size_t bytes, void* stream) {
   if (bytes == 0) return nullptr;
   const std::size_t size = round_up(bytes, kAlignment);
   std::lock_guard lock(mutex_);
-  Block* block = options_.exact_blocks ? exact_segment_locked(bytes, stream)
-                                       : take_locked(size, stream);
+  Block* block =
+      options_.exact_blocks ? exact_segment_locked(bytes, stream) : take_locked(size, stream);
   if (block == nullptr) throw_oom_locked(bytes);
 
   block->free = false;

@@ -101,7 +101,7 @@ struct Thread {
   unsigned tid = 0;  // linear index in the block
   uint3 index;
   ThreadState state = ThreadState::NotStarted;
-  Fiber* fiber = nullptr;  // the fiber running it
+  Fiber* fiber = nullptr;           // the fiber running it
   std::source_location waiting_at;  // a copy: the caller's lives on the fiber's stack
   const char* waiting_for = "";
   void* tsan = new_tsan_context();
@@ -112,9 +112,9 @@ struct Fiber {
   char* stack = nullptr;  // below it, one guard page
   void* tsan = new_tsan_context();
   void* asan_fake_stack = nullptr;
-  Thread* thread = nullptr;  // the CUDA thread it runs, or none between threads
+  Thread* thread = nullptr;    // the CUDA thread it runs, or none between threads
   Thread* assigned = nullptr;  // kFiberPerThread: the thread it runs next
-  bool started = false;      // its first resume orders it after the worker's state
+  bool started = false;        // its first resume orders it after the worker's state
 };
 
 // One warp's meeting point. Values go through slot[generation parity]: a lane can
@@ -353,9 +353,10 @@ void thread_exited(Scheduler& s, Thread& t) {
   const unsigned bit = 1u << (t.tid % 32);
   w.exited |= bit;
   if (w.arrived != 0 && (w.mask & bit) != 0) {
-    kernel_bug("%s: thread %u (warp %u lane %u) returned while lanes of its warp wait for it in a "
-               "warp operation with mask 0x%08x: a lane of the mask exited instead of arriving",
-               block_name(s).c_str(), t.tid, t.tid / 32, t.tid % 32, w.mask);
+    kernel_bug(
+        "%s: thread %u (warp %u lane %u) returned while lanes of its warp wait for it in a "
+        "warp operation with mask 0x%08x: a lane of the mask exited instead of arriving",
+        block_name(s).c_str(), t.tid, t.tid / 32, t.tid % 32, w.mask);
   }
   // A thread that returned no longer counts at the barrier (sm_70 and later).
   if (s.at_barrier != 0 && s.at_barrier == s.live) {
@@ -455,9 +456,10 @@ void run_block(Scheduler& s, uint3 block_index) {
   }
   tsan_acquire(&s.block_end);
   if (s.live != 0) {
-    kernel_bug("%s: %u live threads wait where the others can never come (a barrier or warp "
-               "operation in divergent code): they never reach it%s",
-               block_name(s).c_str(), s.live, describe_waiters(s).c_str());
+    kernel_bug(
+        "%s: %u live threads wait where the others can never come (a barrier or warp "
+        "operation in divergent code): they never reach it%s",
+        block_name(s).c_str(), s.live, describe_waiters(s).c_str());
   }
 }
 
@@ -473,7 +475,9 @@ Thread& running_thread(const char* what) {
 
 // --- what kernels call ---------------------------------------------------------------------
 
-unsigned lane_id() { return linear_tid() % 32; }
+unsigned lane_id() {
+  return linear_tid() % 32;
+}
 
 void block_barrier(const std::source_location& where) {
   Scheduler& s = scheduler();
@@ -485,10 +489,11 @@ void block_barrier(const std::source_location& where) {
       s.barrier_site = where;
     } else if (s.barrier_site.line() != where.line() ||
                std::strcmp(s.barrier_site.file_name(), where.file_name()) != 0) {
-      kernel_bug("%s: threads of one phase reached different __syncthreads (%s:%u and %s:%u, "
-                 "thread %u): a barrier in divergent code",
-                 block_name(s).c_str(), short_name(s.barrier_site.file_name()),
-                 s.barrier_site.line(), short_name(where.file_name()), where.line(), f.tid);
+      kernel_bug(
+          "%s: threads of one phase reached different __syncthreads (%s:%u and %s:%u, "
+          "thread %u): a barrier in divergent code",
+          block_name(s).c_str(), short_name(s.barrier_site.file_name()), s.barrier_site.line(),
+          short_name(where.file_name()), where.line(), f.tid);
     }
     generation = s.barrier_generation;
   }
@@ -512,16 +517,16 @@ void block_barrier(const std::source_location& where) {
   tsan_acquire(&s.barrier_token[generation & 1]);
 }
 
-WarpResult warp_round(unsigned mask, std::uint64_t value, bool vote, int source,
-                      bool orders_memory, const char* what, const std::source_location& where) {
+WarpResult warp_round(unsigned mask, std::uint64_t value, bool vote, int source, bool orders_memory,
+                      const char* what, const std::source_location& where) {
   Scheduler& s = scheduler();
   Thread& f = running_thread(what);
   const unsigned lane = f.tid % 32;
   Warp& w = s.warps[f.tid / 32];
   auto bug = [&](const char* problem) {
     kernel_bug("%s at %s:%u, %s, warp %u lane %u, mask 0x%08x: %s", what,
-               short_name(where.file_name()), where.line(), block_name(s).c_str(), f.tid / 32,
-               lane, mask, problem);
+               short_name(where.file_name()), where.line(), block_name(s).c_str(), f.tid / 32, lane,
+               mask, problem);
   };
   unsigned long generation;
   int buffer;
@@ -591,8 +596,9 @@ void* shared_storage(const void* key, std::size_t bytes, std::size_t alignment) 
 
 void run_kernel(const KernelLaunch& launch, int device) {
   if (take_kernel_fault(device)) {
-    raise_sticky(device, cudaErrorIllegalAddress,
-                 std::string("kernel ") + launch.kernel + ": an injected fault (tlemu::fault_kernel)");
+    raise_sticky(
+        device, cudaErrorIllegalAddress,
+        std::string("kernel ") + launch.kernel + ": an injected fault (tlemu::fault_kernel)");
     return;
   }
   for (std::size_t i = 0; i < launch.pointers.size(); ++i) {
@@ -641,9 +647,10 @@ void submit(KernelLaunch&& launch) {
       g.y == 0 || g.z == 0 || g.x > 2147483647u || g.y > 65535 || g.z > 65535 ||
       launch.shared_bytes > kSharedLimit) {
     char why[200];
-    std::snprintf(why, sizeof why, "kernel %s: grid (%u,%u,%u), block (%u,%u,%u), %zu bytes of "
-                  "dynamic shared memory", launch.kernel, g.x, g.y, g.z, b.x, b.y, b.z,
-                  launch.shared_bytes);
+    std::snprintf(why, sizeof why,
+                  "kernel %s: grid (%u,%u,%u), block (%u,%u,%u), %zu bytes of "
+                  "dynamic shared memory",
+                  launch.kernel, g.x, g.y, g.z, b.x, b.y, b.z, launch.shared_bytes);
     fail(cudaErrorInvalidConfiguration, why);
     return;
   }
@@ -655,16 +662,15 @@ void submit(KernelLaunch&& launch) {
   }
   if (device != current_device()) {
     fail(cudaErrorInvalidResourceHandle,
-         std::string("kernel ") + launch.kernel + ": launched on a stream of cuda:" +
-             std::to_string(device) + " while the current device is cuda:" +
-             std::to_string(current_device()));
+         std::string("kernel ") + launch.kernel +
+             ": launched on a stream of cuda:" + std::to_string(device) +
+             " while the current device is cuda:" + std::to_string(current_device()));
     return;
   }
   auto shared = std::make_shared<KernelLaunch>(std::move(launch));
   const cudaStream_t stream = shared->stream;
-  const cudaError_t e =
-      enqueue(stream, {std::string("kernel ") + shared->kernel,
-                       [shared, device] { run_kernel(*shared, device); }});
+  const cudaError_t e = enqueue(stream, {std::string("kernel ") + shared->kernel,
+                                         [shared, device] { run_kernel(*shared, device); }});
   if (e != cudaSuccess) fail(e);
 }
 

@@ -49,8 +49,8 @@ std::string hex(const void* p) {
 }
 
 // The allocation whose block contains p (one past the end counts when `end_ok`).
-std::optional<Allocation> containing(const std::map<const char*, Allocation>& live,
-                                     const char* p, bool end_ok) {
+std::optional<Allocation> containing(const std::map<const char*, Allocation>& live, const char* p,
+                                     bool end_ok) {
   auto it = live.upper_bound(p);
   if (it == live.begin()) return std::nullopt;
   --it;
@@ -84,9 +84,8 @@ std::string describe_pointer(const void* p) {
   }
   for (auto it = r.freed.rbegin(); it != r.freed.rend(); ++it) {
     if (c >= it->base && c < it->base + it->bytes) {
-      return "freed " +
-             (it->device < 0 ? std::string("pinned host memory")
-                             : "device memory of " + device_name(it->device));
+      return "freed " + (it->device < 0 ? std::string("pinned host memory")
+                                        : "device memory of " + device_name(it->device));
     }
   }
   return "host memory the emulated GPUs did not allocate (" + hex(p) + ")";
@@ -147,14 +146,15 @@ std::size_t used_bytes(int device) {
 struct Side {
   bool device = false;  // device memory (else host: pinned or pageable)
   bool pinned = false;
-  int index = -1;       // the device, for device memory
+  int index = -1;  // the device, for device memory
 };
 
 // Classifies [p, p + bytes) for `call`; an error when p starts inside an
 // allocation but the range runs past its end.
 cudaError_t classify(const char* call, const char* which, const void* p, std::size_t bytes,
                      Side* side) {
-  if (p == nullptr) return fail(cudaErrorInvalidValue, std::string(call) + ": " + which + " is null");
+  if (p == nullptr)
+    return fail(cudaErrorInvalidValue, std::string(call) + ": " + which + " is null");
   if (auto a = find_allocation(p, bytes)) {
     side->device = a->device >= 0;
     side->pinned = a->device < 0;
@@ -194,10 +194,10 @@ cudaError_t check_kind(const char* call, cudaMemcpyKind kind, const Side& dst, c
       return fail(cudaErrorInvalidMemcpyDirection);
   }
   if (ok) return cudaSuccess;
-  return fail(cudaErrorInvalidValue,
-              std::string(call) + ": the copy's kind does not match its pointers (dst is " +
-                  (dst.device ? "device" : "host") + " memory, src is " +
-                  (src.device ? "device" : "host") + " memory)");
+  return fail(cudaErrorInvalidValue, std::string(call) +
+                                         ": the copy's kind does not match its pointers (dst is " +
+                                         (dst.device ? "device" : "host") + " memory, src is " +
+                                         (src.device ? "device" : "host") + " memory)");
 }
 
 // Queues a copy on `stream` with CUDA's rules for pageable host memory.
@@ -303,8 +303,10 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaM
                             cudaStream_t stream) {
   if (bytes == 0) return cudaSuccess;
   Side d, s;
-  if (cudaError_t e = classify("cudaMemcpyAsync", "dst", dst, bytes, &d); e != cudaSuccess) return e;
-  if (cudaError_t e = classify("cudaMemcpyAsync", "src", src, bytes, &s); e != cudaSuccess) return e;
+  if (cudaError_t e = classify("cudaMemcpyAsync", "dst", dst, bytes, &d); e != cudaSuccess)
+    return e;
+  if (cudaError_t e = classify("cudaMemcpyAsync", "src", src, bytes, &s); e != cudaSuccess)
+    return e;
   if (cudaError_t e = check_kind("cudaMemcpyAsync", kind, d, s); e != cudaSuccess) return e;
   return queue_copy("cudaMemcpyAsync", dst, src, bytes, d, s, stream);
 }
@@ -325,10 +327,10 @@ cudaError_t cudaMemcpyPeerAsync(void* dst, int dst_device, const void* src, int 
   if (cudaError_t e = classify("cudaMemcpyPeerAsync", "src", src, bytes, &s); e != cudaSuccess)
     return e;
   if (!d.device || d.index != dst_device || !s.device || s.index != src_device) {
-    return fail(cudaErrorInvalidValue,
-                "cudaMemcpyPeerAsync: dst is " + describe_pointer(dst) + " (named cuda:" +
-                    std::to_string(dst_device) + "), src is " + describe_pointer(src) +
-                    " (named cuda:" + std::to_string(src_device) + ")");
+    return fail(cudaErrorInvalidValue, "cudaMemcpyPeerAsync: dst is " + describe_pointer(dst) +
+                                           " (named cuda:" + std::to_string(dst_device) +
+                                           "), src is " + describe_pointer(src) +
+                                           " (named cuda:" + std::to_string(src_device) + ")");
   }
   // Without peer access the copy is staged through the host; either way it is one
   // ordered operation on `stream`.
@@ -377,9 +379,9 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer_device, unsigned flags) {
   if (flags != 0) return fail(cudaErrorInvalidValue);
   if (!valid_device(peer_device) || peer_device == device) return fail(cudaErrorInvalidDevice);
   if (!peer_access_allowed()) {
-    return fail(cudaErrorPeerAccessUnsupported,
-                "peer access from cuda:" + std::to_string(device) + " to cuda:" +
-                    std::to_string(peer_device) + " is refused (TOWERLAB_EMULATED_PEER=0)");
+    return fail(cudaErrorPeerAccessUnsupported, "peer access from cuda:" + std::to_string(device) +
+                                                    " to cuda:" + std::to_string(peer_device) +
+                                                    " is refused (TOWERLAB_EMULATED_PEER=0)");
   }
   if (registry().peer[device][peer_device].exchange(true))
     return fail(cudaErrorPeerAccessAlreadyEnabled);

@@ -684,7 +684,8 @@ void run_all_reduce(const std::shared_ptr<ncclComm>& comm, std::uint64_t seq, co
         });
         if (coll->released[std::size_t(rank)]) {
           outcome = ncclRemoteError;
-          message = what + ": rank " + std::to_string(rank) + " left its communicator while it waited";
+          message =
+              what + ": rank " + std::to_string(rank) + " left its communicator while it waited";
         } else if (!ended) {
           std::vector<int> missing, present;
           for (int r = 0; r < q.nranks; ++r)
@@ -782,8 +783,8 @@ void leave(const std::shared_ptr<ncclComm>& comm, const std::string& why) {
   std::lock_guard lock(t.m);
   if (q.joined < q.nranks) {
     fail_clique_locked(q, ncclRemoteError,
-                       "ncclCommInitRank on " + q.label() + ": rank " +
-                           std::to_string(comm->rank) + " " + why + " before every rank joined");
+                       "ncclCommInitRank on " + q.label() + ": rank " + std::to_string(comm->rank) +
+                           " " + why + " before every rank joined");
   }
   q.gone[std::size_t(comm->rank)] = why;
   q.members[std::size_t(comm->rank)] = nullptr;

@@ -36,15 +36,23 @@ Hidden::~Hidden() {
   AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
   AnnotateIgnoreSyncEnd(__FILE__, __LINE__);
 }
-void tsan_release(const void* token) { __tsan_release(const_cast<void*>(token)); }
-void tsan_acquire(const void* token) { __tsan_acquire(const_cast<void*>(token)); }
-bool under_thread_sanitizer() { return true; }
+void tsan_release(const void* token) {
+  __tsan_release(const_cast<void*>(token));
+}
+void tsan_acquire(const void* token) {
+  __tsan_acquire(const_cast<void*>(token));
+}
+bool under_thread_sanitizer() {
+  return true;
+}
 #else
 Hidden::Hidden() = default;
 Hidden::~Hidden() = default;
 void tsan_release(const void*) {}
 void tsan_acquire(const void*) {}
-bool under_thread_sanitizer() { return false; }
+bool under_thread_sanitizer() {
+  return false;
+}
 #endif
 
 namespace {
@@ -140,10 +148,18 @@ cudaError_t fail(cudaError_t error, const std::string& why) {
   return fail(error);
 }
 
-const Config& settings() { return state().config; }
-int device_count() { return state().config.devices; }
-bool valid_device(int device) { return device >= 0 && device < device_count(); }
-int current_device() { return current; }
+const Config& settings() {
+  return state().config;
+}
+int device_count() {
+  return state().config.devices;
+}
+bool valid_device(int device) {
+  return device >= 0 && device < device_count();
+}
+int current_device() {
+  return current;
+}
 
 cudaError_t sticky(int device) {
   if (!valid_device(device)) return cudaSuccess;
@@ -163,21 +179,29 @@ void count_kernel(std::uint64_t blocks, std::uint64_t threads) {
   state().blocks += blocks;
   state().threads += threads;
 }
-void count_copy() { ++state().copies; }
+void count_copy() {
+  ++state().copies;
+}
 
 bool take_allocation_fault(int device) {
   return take(state().any_device_allocation_fault) ||
          take(state().devices[device].allocation_fault);
 }
-bool take_kernel_fault(int device) { return take(state().devices[device].kernel_fault); }
+bool take_kernel_fault(int device) {
+  return take(state().devices[device].kernel_fault);
+}
 
 void set_memory_cap(int device, std::size_t bytes) {
   state().devices[device].memory_cap = bytes;
 }
 
-bool peer_access_allowed() { return state().peer_access; }
+bool peer_access_allowed() {
+  return state().peer_access;
+}
 
-std::size_t memory_cap(int device) { return state().devices[device].memory_cap; }
+std::size_t memory_cap(int device) {
+  return state().devices[device].memory_cap;
+}
 
 }  // namespace tlemu::detail
 
@@ -195,7 +219,9 @@ Config config() {
 void set_memory_limit(int device, std::size_t bytes) {
   if (valid_device(device)) set_memory_cap(device, bytes);
 }
-void set_peer_access_allowed(bool allowed) { state().peer_access = allowed; }
+void set_peer_access_allowed(bool allowed) {
+  state().peer_access = allowed;
+}
 void fail_allocation(int nth, int device) {
   if (device < 0) {
     state().any_device_allocation_fault = nth;
@@ -225,7 +251,9 @@ void reset() {
 Counters counters() {
   return {state().kernels, state().blocks, state().threads, state().copies};
 }
-cudaError_t sticky_error(int device) { return detail::sticky(device); }
+cudaError_t sticky_error(int device) {
+  return detail::sticky(device);
+}
 
 }  // namespace tlemu
 
@@ -306,8 +334,8 @@ cudaError_t cudaGetDevice(int* device) {
 
 cudaError_t cudaSetDevice(int device) {
   if (!valid_device(device)) {
-    return fail(cudaErrorInvalidDevice, "cudaSetDevice(" + std::to_string(device) + "): " +
-                                            std::to_string(device_count()) + " devices");
+    return fail(cudaErrorInvalidDevice, "cudaSetDevice(" + std::to_string(device) +
+                                            "): " + std::to_string(device_count()) + " devices");
   }
   current = device;
   return cudaSuccess;
@@ -385,4 +413,6 @@ cudaError_t cudaRuntimeGetVersion(int* version) {
   *version = CUDART_VERSION;
   return cudaSuccess;
 }
-cudaError_t cudaDriverGetVersion(int* version) { return cudaRuntimeGetVersion(version); }
+cudaError_t cudaDriverGetVersion(int* version) {
+  return cudaRuntimeGetVersion(version);
+}

@@ -239,7 +239,8 @@ using namespace tlemu::detail;
 // --- streams ----------------------------------------------------------------------------------
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
-  if (stream == nullptr || (flags & ~cudaStreamNonBlocking) != 0) return fail(cudaErrorInvalidValue);
+  if (stream == nullptr || (flags & ~cudaStreamNonBlocking) != 0)
+    return fail(cudaErrorInvalidValue);
   const int device = current_device();
   if (const cudaError_t e = sticky(device); e != cudaSuccess) return fail(e);
   StreamPtr s = start_stream(device, (flags & cudaStreamNonBlocking) == 0, false);
@@ -296,7 +297,8 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags) {
   auto e = find_event(event);
   StreamPtr s = resolve(stream);
-  if (!e || !s || flags != 0) return fail(!e || !s ? cudaErrorInvalidResourceHandle : cudaErrorInvalidValue);
+  if (!e || !s || flags != 0)
+    return fail(!e || !s ? cudaErrorInvalidResourceHandle : cudaErrorInvalidValue);
   const std::uint64_t ticket = e->recorded_so_far();
   if (ticket == 0) return cudaSuccess;  // never recorded: nothing to wait for
   return push(s,

@@ -132,7 +132,6 @@ void run_kernel_bug(Launch launch) {
 
 // --- the host and a stream --------------------------------------------------------------
 
-
 void host_read(bool synchronize) {
   cudaStream_t s;
   check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -268,10 +267,14 @@ int main(int argc, char** argv) {
       {"handover-without-event", [] { handover(true); }},
       {"write-within", [] { write_tensor(0); }},
       {"write-past-end", [] { write_tensor(1); }},
-      {"divergent-barrier", [] { run_kernel_bug([](float*) { divergent_barrier_kernel<<<1, 32>>>(); }); }},
-      {"shuffle-exited-lane", [] { run_kernel_bug([](float* y) { shuffle_exited_lane_kernel<<<1, 32>>>(y); }); }},
-      {"shuffle-divergent", [] { run_kernel_bug([](float* y) { shuffle_divergent_kernel<<<1, 32>>>(y); }); }},
-      {"shuffle-outside-mask", [] { run_kernel_bug([](float* y) { shuffle_outside_mask_kernel<<<1, 32>>>(y); }); }},
+      {"divergent-barrier",
+       [] { run_kernel_bug([](float*) { divergent_barrier_kernel<<<1, 32>>>(); }); }},
+      {"shuffle-exited-lane",
+       [] { run_kernel_bug([](float* y) { shuffle_exited_lane_kernel<<<1, 32>>>(y); }); }},
+      {"shuffle-divergent",
+       [] { run_kernel_bug([](float* y) { shuffle_divergent_kernel<<<1, 32>>>(y); }); }},
+      {"shuffle-outside-mask",
+       [] { run_kernel_bug([](float* y) { shuffle_outside_mask_kernel<<<1, 32>>>(y); }); }},
   };
   auto it = argc == 2 ? controls.find(argv[1]) : controls.end();
   if (it == controls.end()) {

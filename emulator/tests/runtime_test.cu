@@ -317,7 +317,8 @@ __global__ void warp_ops_kernel(int* out) {
   out[2 * 64 + threadIdx.x] = __shfl_up_sync(0xffffffffu, lane, 1);
   out[3 * 64 + threadIdx.x] = __shfl_xor_sync(0xffffffffu, lane, 8, 16);
   out[4 * 64 + threadIdx.x] = static_cast<int>(__ballot_sync(0xffffffffu, lane % 3 == 0));
-  out[5 * 64 + threadIdx.x] = __any_sync(0xffffffffu, lane == 31) + 2 * __all_sync(0xffffffffu, lane < 31);
+  out[5 * 64 + threadIdx.x] =
+      __any_sync(0xffffffffu, lane == 31) + 2 * __all_sync(0xffffffffu, lane < 31);
 }
 
 TEST_F(Emulator, ShufflesAndVotesFollowCudasLaneRules) {
@@ -433,9 +434,9 @@ TEST_F(Emulator, AKernelGivenHostOrFreedMemoryFaults) {
 
 TEST_F(Emulator, PinnedHostMemoryIsReachableFromKernels) {
   float* pinned = nullptr;
-  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&pinned), sizeof(float) * 8,
-                          cudaHostAllocPortable),
-            cudaSuccess);
+  ASSERT_EQ(
+      cudaHostAlloc(reinterpret_cast<void**>(&pinned), sizeof(float) * 8, cudaHostAllocPortable),
+      cudaSuccess);
   iota_kernel<<<1, 32>>>(8, pinned, 1.0f);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(pinned[7], 8.0f);

@@ -73,11 +73,21 @@ struct int2 {
 struct alignas(16) int4 {
   int x, y, z, w;
 };
-inline float2 make_float2(float x, float y) { return {x, y}; }
-inline float3 make_float3(float x, float y, float z) { return {x, y, z}; }
-inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
-inline int2 make_int2(int x, int y) { return {x, y}; }
-inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
+inline float2 make_float2(float x, float y) {
+  return {x, y};
+}
+inline float3 make_float3(float x, float y, float z) {
+  return {x, y, z};
+}
+inline float4 make_float4(float x, float y, float z, float w) {
+  return {x, y, z, w};
+}
+inline int2 make_int2(int x, int y) {
+  return {x, y};
+}
+inline int4 make_int4(int x, int y, int z, int w) {
+  return {x, y, z, w};
+}
 
 // The running thread's coordinates. Per host thread, set by the block scheduler each
 // time a fiber resumes (the fibers of one block share their worker's copy).
@@ -97,29 +107,61 @@ constexpr std::common_type_t<A, B> max(A a, B b) {
   using T = std::common_type_t<A, B>;
   return T(a) < T(b) ? T(b) : T(a);
 }
-inline float __expf(float x) { return expf(x); }
-inline float __logf(float x) { return logf(x); }
-inline float __fdividef(float a, float b) { return a / b; }
-inline float __fmul_rn(float a, float b) { return a * b; }
-inline float __fadd_rn(float a, float b) { return a + b; }
-inline float __fsub_rn(float a, float b) { return a - b; }
-inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
-inline float __frcp_rn(float a) { return 1.0f / a; }
-inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
-inline double rsqrt(double x) { return 1.0 / sqrt(x); }
-inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
+inline float __expf(float x) {
+  return expf(x);
+}
+inline float __logf(float x) {
+  return logf(x);
+}
+inline float __fdividef(float a, float b) {
+  return a / b;
+}
+inline float __fmul_rn(float a, float b) {
+  return a * b;
+}
+inline float __fadd_rn(float a, float b) {
+  return a + b;
+}
+inline float __fsub_rn(float a, float b) {
+  return a - b;
+}
+inline float __fmaf_rn(float a, float b, float c) {
+  return fmaf(a, b, c);
+}
+inline float __frcp_rn(float a) {
+  return 1.0f / a;
+}
+inline float rsqrtf(float x) {
+  return 1.0f / sqrtf(x);
+}
+inline double rsqrt(double x) {
+  return 1.0 / sqrt(x);
+}
+inline float __saturatef(float x) {
+  return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x);
+}
 inline unsigned __umulhi(unsigned a, unsigned b) {
   return static_cast<unsigned>((std::uint64_t{a} * b) >> 32);
 }
-inline int __popc(unsigned x) { return __builtin_popcount(x); }
-inline int __ffs(unsigned x) { return __builtin_ffs(static_cast<int>(x)); }
-inline int __clz(unsigned x) { return x == 0 ? 32 : __builtin_clz(x); }
+inline int __popc(unsigned x) {
+  return __builtin_popcount(x);
+}
+inline int __ffs(unsigned x) {
+  return __builtin_ffs(static_cast<int>(x));
+}
+inline int __clz(unsigned x) {
+  return x == 0 ? 32 : __builtin_clz(x);
+}
 template <typename T>
 T __ldg(const T* p) {
   return *p;
 }
-inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+inline void __threadfence_block() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
 
 // --- barriers, warps and shared memory (src/block.cpp) --------------------------------
 
@@ -132,8 +174,8 @@ struct WarpResult {
   std::uint64_t value;
   unsigned ballot;
 };
-WarpResult warp_round(unsigned mask, std::uint64_t value, bool vote, int source,
-                      bool orders_memory, const char* what, const std::source_location& where);
+WarpResult warp_round(unsigned mask, std::uint64_t value, bool vote, int source, bool orders_memory,
+                      const char* what, const std::source_location& where);
 // Storage of one __shared__ declaration for the running block, keyed by `key`;
 // filled with 0xff bytes (NaN as floats) when the block starts, as a reminder that
 // shared memory starts out undefined.
@@ -151,8 +193,7 @@ Storage& block_shared() {
   static_assert(std::is_trivially_default_constructible_v<Storage>,
                 "__shared__ variables must be trivially constructible");
   static const char key = 0;
-  return *static_cast<Storage*>(
-      detail::shared_storage(&key, sizeof(Storage), alignof(Storage)));
+  return *static_cast<Storage*>(detail::shared_storage(&key, sizeof(Storage), alignof(Storage)));
 }
 
 template <typename T>
@@ -193,10 +234,9 @@ T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32,
   const int lane = static_cast<int>(tlemu::detail::lane_id());
   const int in_group = (lane & (width - 1)) + static_cast<int>(delta);
   const int src = in_group < width ? lane + static_cast<int>(delta) : -1;
-  return tlemu::from_bits<T>(
-      tlemu::detail::warp_round(mask, tlemu::to_bits(v), false, src, false, "__shfl_down_sync",
-                                where)
-          .value);
+  return tlemu::from_bits<T>(tlemu::detail::warp_round(mask, tlemu::to_bits(v), false, src, false,
+                                                       "__shfl_down_sync", where)
+                                 .value);
 }
 template <typename T>
 T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32,
@@ -205,8 +245,7 @@ T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32,
   const int in_group = (lane & (width - 1)) - static_cast<int>(delta);
   const int src = in_group >= 0 ? lane - static_cast<int>(delta) : -1;
   return tlemu::from_bits<T>(
-      tlemu::detail::warp_round(mask, tlemu::to_bits(v), false, src, false, "__shfl_up_sync",
-                                where)
+      tlemu::detail::warp_round(mask, tlemu::to_bits(v), false, src, false, "__shfl_up_sync", where)
           .value);
 }
 template <typename T>
@@ -300,8 +339,8 @@ void collect_pointer(std::vector<const void*>& out, const T& arg) {
 // The arguments are evaluated and copied once, here, as a launch does; every thread
 // gets its own copies when its body calls the kernel.
 template <typename Kernel, typename... Args>
-void launch(const char* name, dim3 grid, dim3 block, std::size_t shared_bytes,
-            cudaStream_t stream, Kernel kernel, Args&&... args) {
+void launch(const char* name, dim3 grid, dim3 block, std::size_t shared_bytes, cudaStream_t stream,
+            Kernel kernel, Args&&... args) {
   KernelLaunch l;
   l.kernel = name;
   l.grid = grid;
