@@ -57,7 +57,6 @@ class Hidden {
 // Ordering CUDA does guarantee, made visible to TSan where no lock carries it.
 void tsan_release(const void* token);
 void tsan_acquire(const void* token);
-bool under_thread_sanitizer();
 
 // --- errors and devices ----------------------------------------------------------------
 // Keeps `error` as the calling thread's last error (unless it is cudaSuccess) and

@@ -230,6 +230,14 @@ cudaError_t queue_copy(const char* call, void* dst, const void* src, std::size_t
   return cudaSuccess;
 }
 
+// The synchronous calls: what was queued on the legacy default stream, then a wait
+// for that stream.
+cudaError_t then_synchronize(cudaError_t queued) {
+  if (queued != cudaSuccess) return queued;
+  const cudaError_t e = synchronize(0);
+  return e != cudaSuccess ? fail(e) : e;
+}
+
 }  // namespace
 
 // --- allocation -------------------------------------------------------------------------------
@@ -312,9 +320,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaM
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
-  if (cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, 0); e != cudaSuccess) return e;
-  const cudaError_t e = synchronize(0);
-  return e != cudaSuccess ? fail(e) : e;
+  return then_synchronize(cudaMemcpyAsync(dst, src, bytes, kind, 0));
 }
 
 cudaError_t cudaMemcpyPeerAsync(void* dst, int dst_device, const void* src, int src_device,
@@ -339,11 +345,7 @@ cudaError_t cudaMemcpyPeerAsync(void* dst, int dst_device, const void* src, int 
 
 cudaError_t cudaMemcpyPeer(void* dst, int dst_device, const void* src, int src_device,
                            std::size_t bytes) {
-  if (cudaError_t e = cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, 0);
-      e != cudaSuccess)
-    return e;
-  const cudaError_t e = synchronize(0);
-  return e != cudaSuccess ? fail(e) : e;
+  return then_synchronize(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, 0));
 }
 
 cudaError_t cudaMemsetAsync(void* ptr, int value, std::size_t bytes, cudaStream_t stream) {
@@ -360,9 +362,7 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, std::size_t bytes, cudaStream_
 }
 
 cudaError_t cudaMemset(void* ptr, int value, std::size_t bytes) {
-  if (cudaError_t e = cudaMemsetAsync(ptr, value, bytes, 0); e != cudaSuccess) return e;
-  const cudaError_t e = synchronize(0);
-  return e != cudaSuccess ? fail(e) : e;
+  return then_synchronize(cudaMemsetAsync(ptr, value, bytes, 0));
 }
 
 // --- peer access ---------------------------------------------------------------------------------

@@ -42,17 +42,11 @@ void tsan_release(const void* token) {
 void tsan_acquire(const void* token) {
   __tsan_acquire(const_cast<void*>(token));
 }
-bool under_thread_sanitizer() {
-  return true;
-}
 #else
 Hidden::Hidden() = default;
 Hidden::~Hidden() = default;
 void tsan_release(const void*) {}
 void tsan_acquire(const void*) {}
-bool under_thread_sanitizer() {
-  return false;
-}
 #endif
 
 namespace {
