@@ -185,58 +185,92 @@ def plot_ring(doc, out, name, prefix, title):
     save(fig, out, name)
 
 
-def plot_peers(doc, out):
-    """images/s per contender (median, min-max bars, ratio to the best peer) and, where
-    the JSON has it, images per CPU-second beside it."""
-    summary = doc["summary"]
-    labels = [row["label"].split(" (`")[0] for row in summary]
-    colors = ["tab:blue" if row["contender"].startswith("towerlab") else "tab:gray" for row in summary]
-    medians = [row["median_images_per_second"] for row in summary]
-    low = [m - row["min_images_per_second"] for m, row in zip(medians, summary)]
-    high = [row["max_images_per_second"] - m for m, row in zip(medians, summary)]
-    cpu = [row.get("median_images_per_cpu_second") for row in summary]
-    panels = 2 if all(c is not None for c in cpu) else 1
-    fig, axes = plt.subplots(1, panels, figsize=(6 + 4 * (panels - 1), 0.6 * len(summary) + 1.8),
-                             squeeze=False, sharey=True)
-    y = list(range(len(summary)))
-    ax = axes[0][0]
-    ax.barh(y, medians, xerr=[low, high], color=colors, capsize=3)
-    for i, row in enumerate(summary):
-        ratio = row["median_ratio_to_best_peer"]
-        ax.text(medians[i] + high[i], i, f" {medians[i]:.0f}" + (f" ({ratio:.2f}x)" if ratio else ""),
-                va="center")
-    ax.set_yticks(y, labels)
-    ax.invert_yaxis()
-    ax.set_xlim(0, max(m + h for m, h in zip(medians, high)) * 1.45)
-    ax.set_xlabel("images/s, median of rounds\n(min-max; ratio to the best peer)")
-    if panels == 2:
-        ax = axes[0][1]
-        ax.barh(y, cpu, color=colors)
-        for i, c in enumerate(cpu):
-            ax.text(c, i, f" {c:.0f}", va="center")
-        ax.set_xlim(0, max(cpu) * 1.2)
-        ax.set_xlabel("images per CPU-second, median of rounds\n(all threads' user + system time)")
-    m, s = doc["machine"], doc["settings"]
+def peers_facts(doc):
+    """What a caption must say about one compare_peers.py run: machine, flags, load, commit."""
+    m = doc["machine"]
     loads = [r["load_average_1min"] for rnd in doc["rounds"] for r in rnd.values()]
-    fig.suptitle(f"FashionNet training, batch {s['batch']}, {s['threads']} threads, {m['cpu_model']} "
-                 f"({', '.join(f for f in m['flags'] if f in ('avx2', 'avx512f'))}), "
-                 f"load {min(loads):.0f} to {max(loads):.0f}", fontsize=10)
-    save(fig, out, "cpu_peers.png")
+    return {
+        "commit": doc["towerlab_commit"],
+        "date": doc["date"],
+        "cpu": f"{m['cpus']}-CPU {m['cpu_model']}",
+        "flags": " ".join(m["flags"]),
+        "load": f"{min(loads):.1f} to {max(loads):.1f}",
+    }
+
+
+def plot_peers(docs, out, name="cpu_peers.png"):
+    """images/s per contender, one bar per run (median of its rounds, min-max whiskers),
+    labelled with the median of the per-round ratio to the best peer; the machine, its
+    CPU flags, the load and the commit of each run below."""
+    contenders = [row["contender"] for row in docs[0]["summary"]]
+    labels = [row["label"].split(" (`")[0] for row in docs[0]["summary"]]
+    runs = len(docs)
+    height = 0.8 / runs
+    fig, ax = plt.subplots(figsize=(8, 0.75 * len(contenders) * max(runs, 1) ** 0.5 + 2.4))
+    top = 0
+    for k, doc in enumerate(docs):
+        rows = {row["contender"]: row for row in doc["summary"]}
+        for i, c in enumerate(contenders):
+            row = rows[c]
+            med = row["median_images_per_second"]
+            y = i + (k - (runs - 1) / 2) * height
+            color = "tab:blue" if c.startswith("towerlab") else "tab:gray"
+            ax.barh(y, med, height * 0.9, color=color, alpha=1.0 - 0.35 * k,
+                    xerr=[[med - row["min_images_per_second"]], [row["max_images_per_second"] - med]],
+                    capsize=2)
+            ratio = row["median_ratio_to_best_peer"]
+            ax.text(row["max_images_per_second"], y, f" {med:.0f} ({ratio:.2f}x)  run {k + 1}",
+                    va="center", fontsize=8)
+            top = max(top, row["max_images_per_second"])
+    ax.set_yticks(range(len(contenders)), labels)
+    ax.invert_yaxis()
+    ax.set_xlim(0, top * 1.45)
+    ax.set_xlabel("images/s, median of rounds (min-max); in brackets the median ratio to the best peer")
+    s = docs[0]["settings"]
+    ax.set_title(f"FashionNet training, batch {s['batch']}, {s['threads']} threads, "
+                 f"{s['rounds']} rounds x {s['steps']} steps per run", fontsize=10)
+    lines = []
+    for k, doc in enumerate(docs):
+        f = peers_facts(doc)
+        lines.append(f"run {k + 1}: towerlab {f['commit']}, {f['date']}, {f['cpu']} ({f['flags']}), "
+                     f"load average {f['load']} before each contender")
+    fig.text(0.01, 0.01, "\n".join(lines), fontsize=7.5, va="bottom")
+    fig.tight_layout(rect=(0, 0.03 + 0.03 * runs, 1, 1))
+    path = os.path.join(out, name)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    note(f"wrote {os.path.relpath(path, ROOT)}")
+
+
+# The pictures docs/ shows, each from committed results: (picture, results files).
+# scripts/check_docs.py reads this list too, and checks that the captions and the
+# numbers beside each picture agree with these files.
+PICTURES = [
+    ("cpu_peers.png", ["cpu_peers_423d564.json", "cpu_peers_423d564_2.json"]),
+]
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--results", default=os.path.join(ROOT, "bench", "results"))
     p.add_argument("--out", default=os.path.join(ROOT, "docs", "img"))
+    p.add_argument("--bench-plots", action="store_true",
+                   help="also draw the Google Benchmark plots (towers, GEMM, ring) from "
+                        "trainer_bench.json, matmul_bench.json and allreduce_bench.json; docs/ "
+                        "shows none of them, as the committed JSON was measured at load 16-18")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     res = args.results
     gpu = os.path.join(res, "gpu")
 
+    for name, files in PICTURES:
+        docs = [load(os.path.join(res, f)) for f in files]
+        if all(docs):
+            plot_peers(docs, args.out, name)
+    if not args.bench_plots:
+        return
     if doc := load(os.path.join(res, "trainer_bench.json")):
         plot_towers(doc, args.out, "towers_speed.png", "cpu", "FashionNet step on CPU towers")
-    if doc := load(os.path.join(res, "cpu_peers.json")):
-        plot_peers(doc, args.out)
     if doc := load(os.path.join(res, "matmul_bench.json")):
         plot_gemm(doc, args.out, "gemm_cpu.png",
                   [("BM_CpuTowerlab/cpu_NN", "towerlab"), ("BM_CpuOpenblas/cpu_NN", "OpenBLAS")],
