@@ -22,28 +22,59 @@ double LearningRate::at(std::int64_t step) const {
   return base;
 }
 
+namespace {
+
+// The schedule is the rate's one source of truth: `params.lr` may only repeat its
+// base or stay at the struct's default (read as "not given"). Returns `params` with
+// lr set to the base, so that the params an Optimizer reports are the ones it uses.
+template <typename Params>
+Params with_schedule_lr(Params params, const LearningRate& lr, const char* op) {
+  TL_CHECK(params.lr == Params{}.lr || params.lr == lr.base, InvalidArgument,
+           "optimizer " << op << ": the parameters' lr (" << params.lr
+                        << ") differs from the learning-rate schedule's base (" << lr.base
+                        << "), and the schedule gives the rate: leave lr unset, or pass no "
+                           "schedule to use lr as a constant rate");
+  params.lr = lr.base;
+  return params;
+}
+
+}  // namespace
+
 Optimizer Optimizer::sgd(SgdParams params, LearningRate lr) {
   Optimizer o(Kind::Sgd, lr);
-  o.sgd_ = params;
+  o.sgd_ = with_schedule_lr(params, lr, "sgd");
   return o;
 }
 
 Optimizer Optimizer::rmsprop(RmspropParams params, LearningRate lr) {
   Optimizer o(Kind::Rmsprop, lr);
-  o.rmsprop_ = params;
+  o.rmsprop_ = with_schedule_lr(params, lr, "rmsprop");
   return o;
 }
 
 Optimizer Optimizer::adam(AdamParams params, LearningRate lr) {
   Optimizer o(Kind::Adam, lr);
-  o.adam_ = params;
+  o.adam_ = with_schedule_lr(params, lr, "adam");
   return o;
 }
 
 Optimizer Optimizer::adamw(AdamParams params, LearningRate lr) {
   Optimizer o(Kind::AdamW, lr);
-  o.adam_ = params;
+  o.adam_ = with_schedule_lr(params, lr, "adamw");
   return o;
+}
+
+Optimizer Optimizer::sgd(SgdParams params) {
+  return sgd(params, LearningRate::constant(params.lr));
+}
+Optimizer Optimizer::rmsprop(RmspropParams params) {
+  return rmsprop(params, LearningRate::constant(params.lr));
+}
+Optimizer Optimizer::adam(AdamParams params) {
+  return adam(params, LearningRate::constant(params.lr));
+}
+Optimizer Optimizer::adamw(AdamParams params) {
+  return adamw(params, LearningRate::constant(params.lr));
 }
 
 Optimizer Optimizer::by_name(const std::string& name, double lr) {

@@ -42,10 +42,20 @@ class Optimizer {
  public:
   enum class Kind { Sgd, Rmsprop, Adam, AdamW };
 
+  // The learning rate has one source of truth. With a schedule, the schedule gives
+  // every step's rate, and params.lr must be left unset or equal the schedule's base:
+  // a different value throws InvalidArgument instead of being ignored. (Unset means
+  // the struct's default, so an explicit default with another schedule cannot be told
+  // apart and is ignored.) Without a schedule, params.lr is a constant rate.
+  // Afterwards the params' lr reads as the schedule's base.
   static Optimizer sgd(SgdParams params, LearningRate lr);
   static Optimizer rmsprop(RmspropParams params, LearningRate lr);
   static Optimizer adam(AdamParams params, LearningRate lr);
   static Optimizer adamw(AdamParams params, LearningRate lr);
+  static Optimizer sgd(SgdParams params);
+  static Optimizer rmsprop(RmspropParams params);
+  static Optimizer adam(AdamParams params);
+  static Optimizer adamw(AdamParams params);
   // "adam", "adamw", "sgd", "momentum", "rmsprop" with default parameters: for
   // command lines. The double overload keeps the rate constant.
   static Optimizer by_name(const std::string& name, LearningRate lr);
