@@ -1,31 +1,32 @@
 #!/usr/bin/env python3
-"""Draws the benchmark plots of the README (PNG, 100 dpi) from the JSON the benches write.
+"""Draws the pictures of README.md and docs/ (PNG, 100 dpi) from committed results files.
 
-  scripts/plots.py [--results bench/results] [--out docs/img]
+  scripts/plots.py [--results bench/results] [--out docs/img] [--bench-plots]
 
-Reads, from --results (each file optional: an absent one is skipped with a note):
-  trainer_bench.json        bench/trainer_bench --benchmark_format=json (CPU rows)
-  matmul_bench.json         bench/matmul_bench --benchmark_format=json (CPU rows)
-  allreduce_bench.json      bench/allreduce_bench --benchmark_format=json (CPU rows)
-  cpu_peers.json            bench/compare_peers.py
-  gpu/*.json                the same three benches run on a GPU machine (their cuda rows)
-and writes into --out:
-  towers_speed.png          FashionNet images/s against the number of towers
-  cpu_peers.png             towerlab against PyTorch, TensorFlow and JAX on the CPU
-  gemm_cpu.png              towerlab's SGEMM against OpenBLAS, GFLOP/s against size
-  ring_bandwidth_cpu.png    ring all-reduce bus bandwidth against message size
-  gemm_gpu.png, ring_bandwidth_gpu.png, towers_speed_gpu.png where GPU JSON exists
+The pictures the pages show are listed in PICTURES below, each with the results files it
+is drawn from; scripts/check_docs.py reads the same list and checks that each picture's
+caption and the numbers beside it agree with those files. Today:
+  cpu_peers.png             towerlab against PyTorch, TensorFlow and JAX on the CPU, from
+                            bench/compare_peers.py's JSON (cpu_peers_423d564*.json), the
+                            machine, CPU flags, load and commit of each run written below it
 
-The JSON comes from (CPU; on a GPU machine the same with build/gpu/bench and
+--bench-plots also draws, from Google Benchmark JSON in --results (each file optional):
+  trainer_bench.json        -> towers_speed.png: FashionNet images/s against towers
+  matmul_bench.json         -> gemm_cpu.png: towerlab's SGEMM against OpenBLAS
+  allreduce_bench.json      -> ring_bandwidth_cpu.png: ring bus bandwidth against size
+  gpu/*.json                -> gemm_gpu.png, ring_bandwidth_gpu.png, towers_speed_gpu.png
+No page shows these: the committed JSON was measured at load 16-18 on a 2-CPU machine.
+Measure again on a quiet machine, add the picture to PICTURES with its caption, and
+show it. The JSON comes from (CPU; on a GPU machine the same with build/gpu/bench and
 --benchmark_filter=cuda, written under gpu/):
   build/cpu/bench/trainer_bench --benchmark_filter=cpu_local --benchmark_format=json > trainer_bench.json
   OPENBLAS_CORETYPE=Haswell OPENBLAS_NUM_THREADS=2 build/cpu/bench/matmul_bench \
     --benchmark_filter='Cpu.*cpu_NN' --benchmark_repetitions=3 --benchmark_format=json > matmul_bench.json
   build/cpu/bench/allreduce_bench --benchmark_filter=BM_RingAllReduce/cpu/ --benchmark_format=json \
     > allreduce_bench.json
-(OPENBLAS_CORETYPE=SkylakeX where the CPU has avx512f.) Needs matplotlib: the peers'
-virtual environment has it (build/peers-venv/bin/python scripts/plots.py), or Debian's
-python3-matplotlib.
+(OPENBLAS_CORETYPE=SkylakeX where the CPU has avx512f.) Needs matplotlib: Debian's
+python3-matplotlib (/usr/bin/python3 scripts/plots.py), or the peers' virtual environment
+(build/peers-venv/bin/python scripts/plots.py).
 """
 import argparse
 import json

@@ -1,0 +1,389 @@
+#!/usr/bin/env python3
+"""Checks that README.md and docs/**/*.md stand on the repository alone, and that their
+pictures tell the truth.
+
+  scripts/check_docs.py [--root DIR]     check the tree (ctest docs.links)
+  scripts/check_docs.py --self-test      plant bad pages in a temporary tree and check that
+                                         each is caught (ctest docs.links_self_test)
+
+What it checks, in every page (text inside code blocks and `code spans` is not a link):
+  1. Links and images: a relative target resolves to a file or folder inside the repository
+     (its #anchor, into a Markdown page, to one of that page's headings); an absolute path, a
+     file: URL or a path that climbs out of the repository is an error. Web links (http,
+     https, mailto) are not checked. No page mentions ../shared or /work/ at all.
+  2. Pictures: every image shown is in docs/img and is preceded by a comment
+       <!-- picture: IMG from RESULTS... by SCRIPT -->
+     naming existing files, with the same results as the script's PICTURES list; every
+     file in docs/img is shown somewhere.
+  3. Numbers: in the caption after a picture, and in the block after a comment
+       <!-- numbers from: RESULTS... -->
+     every ratio (1.62x, or 1.52 in a table), one-decimal value (a load), and integer of
+     three or more digits (images/s) is one the results files give (bench/compare_peers.py's
+     JSON), a setting of the run, a peer's version or the run's date; each commit named is
+     the files' towerlab_commit.
+  4. Phases: a numbered list of the trainer's phases ("1. **split** (`Trainer::split`)")
+     matches the list at the top of parallel/trainer.h, number for number, and every
+     Trainer::function it names exists in parallel/trainer.cpp.
+Exits 1 with one line per problem (file:line: what), 0 when the pages are clean.
+"""
+import argparse
+import ast
+import json
+import os
+import re
+import sys
+import tempfile
+
+LINK = re.compile(r"(!?)\[((?:[^\[\]]|\[[^\]]*\])*)\]\(\s*<?([^)\s>]*)>?(?:\s+\"[^\"]*\")?\s*\)")
+HTML_REF = re.compile(r"""(?:src|href)\s*=\s*["']([^"']+)["']""")
+PICTURE = re.compile(r"<!--\s*picture:\s*(\S+)\s+from\s+(.+?)\s+by\s+(\S+)\s*-->")
+NUMBERS = re.compile(r"<!--\s*numbers from:\s*(.+?)\s*-->")
+PHASE_ITEM = re.compile(r"^(\d+)\. \*\*([^*]+)\*\* \(`Trainer::(\w+)`\)")
+HEADER_PHASE = re.compile(r"^//\s+(\d+)\. ([a-z][a-z ]*[a-z])\s*[:;(]")
+WEB = ("http://", "https://", "mailto:")
+OUTSIDE = re.compile(r"\.\./shared|/work/")
+
+
+def pages(root):
+    found = [os.path.join(root, "README.md")] if os.path.exists(os.path.join(root, "README.md")) else []
+    for top, dirs, files in os.walk(os.path.join(root, "docs")):
+        dirs.sort()
+        found += [os.path.join(top, f) for f in sorted(files) if f.endswith(".md")]
+    return found
+
+
+def prose_lines(text):
+    """(line number, line) outside fenced code blocks, with `code spans` blanked."""
+    fenced = False
+    for n, line in enumerate(text.split("\n"), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if not fenced:
+            yield n, re.sub(r"`[^`]*`", lambda m: " " * len(m.group(0)), line)
+
+
+def slug(heading):
+    """GitHub's anchor for a heading."""
+    s = heading.strip().lower()
+    s = re.sub(r"[^\w\- ]", "", s)
+    return s.replace(" ", "-")
+
+
+def anchors(path):
+    fenced, out = False, set()
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.lstrip().startswith("```"):
+                fenced = not fenced
+            elif not fenced and re.match(r"#{1,6} ", line):
+                out.add(slug(line.lstrip("#")))
+    return out
+
+
+class Checker:
+    def __init__(self, root):
+        self.root = os.path.realpath(root)
+        self.problems = []
+
+    def fail(self, path, line, what):
+        self.problems.append(f"{os.path.relpath(path, self.root)}:{line}: {what}")
+
+    def inside(self, path):
+        real = os.path.realpath(path)
+        return real == self.root or real.startswith(self.root + os.sep)
+
+    # --- 1. links -------------------------------------------------------------
+    def check_target(self, page, n, target):
+        if not target or target.startswith(WEB):
+            return
+        if target.startswith("/") or re.match(r"^[a-zA-Z][\w+.-]*:", target):
+            self.fail(page, n, f"link to {target}: outside the repository (use a relative path to a file in it)")
+            return
+        path, _, anchor = target.partition("#")
+        dest = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
+        if not self.inside(dest):
+            self.fail(page, n, f"link to {target}: climbs out of the repository")
+        elif not os.path.exists(dest):
+            self.fail(page, n, f"link to {target}: no such file in the repository")
+        elif anchor and dest.endswith(".md") and anchor not in anchors(dest):
+            self.fail(page, n, f"link to {target}: {os.path.relpath(dest, self.root)} has no heading #{anchor}")
+
+    def check_links(self, page, text):
+        for n, line in enumerate(text.split("\n"), 1):
+            if OUTSIDE.search(line):
+                self.fail(page, n, f"mentions {OUTSIDE.search(line).group(0)}: the pages may refer only to what the repository holds")
+        for n, line in prose_lines(text):
+            for m in LINK.finditer(line):
+                self.check_target(page, n, m.group(3))
+            for m in HTML_REF.finditer(line):
+                self.check_target(page, n, m.group(1))
+
+    # --- 2 and 3. pictures and their numbers --------------------------------------
+    def plotted(self):
+        """The PICTURES list of scripts/plots.py: {picture name: [results file names]}."""
+        path = os.path.join(self.root, "scripts", "plots.py")
+        if not os.path.exists(path):
+            return {}
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "PICTURES" for t in node.targets):
+                return {name: files for name, files in ast.literal_eval(node.value)}
+        return {}
+
+    def facts(self, page, n, files):
+        """What the results files allow a text to quote, or None after reporting a problem."""
+        allowed = {"ratio": set(), "one": set(), "int": set(), "commit": set()}
+        for rel in files:
+            path = os.path.normpath(os.path.join(os.path.dirname(page), rel))
+            if not self.inside(path) or not os.path.exists(path):
+                self.fail(page, n, f"results file {rel}: not in the repository")
+                return None
+            try:
+                doc = json.load(open(path, encoding="utf-8"))
+                summary, rounds = doc["summary"], doc["rounds"]
+            except (ValueError, KeyError, TypeError) as e:
+                self.fail(page, n, f"results file {rel}: not bench/compare_peers.py's JSON ({e!r})")
+                return None
+            allowed["commit"].add(doc["towerlab_commit"])
+            for row in summary:
+                allowed["ratio"].add(f"{row['median_ratio_to_best_peer']:.2f}")
+                for key in ("median_images_per_second", "min_images_per_second",
+                            "max_images_per_second", "median_images_per_cpu_second"):
+                    if row.get(key) is not None:
+                        allowed["int"].add(str(round(row[key])))
+            peers = [c for c in rounds[0] if not c.startswith("towerlab")]
+            loads = []
+            for rnd in rounds:
+                best = max(rnd[p]["images_per_second"] for p in peers)
+                for c, run in rnd.items():
+                    allowed["ratio"].add(f"{run['images_per_second'] / best:.2f}")
+                    allowed["int"].add(str(round(run["images_per_second"])))
+                    loads.append(run["load_average_1min"])
+            loads.sort()
+            for value in (loads[0], loads[-1], loads[len(loads) // 2]):
+                allowed["one"].add(f"{value:.1f}")
+            for v in doc.get("versions", {}).values():
+                allowed["ratio"].add(".".join(v.split(".")[:2]))
+                allowed["one"].add(".".join(v.split(".")[:2]))
+            for v in doc.get("settings", {}).values():
+                allowed["int"].add(str(v))
+            allowed["int"].update(re.findall(r"\d{3,}", doc.get("date", "")))
+        return allowed
+
+    def check_numbers(self, page, start, lines, allowed, what):
+        token = re.compile(r"(?<![\w.\-/])(\d+(?:\.\d+)?)(x?)(?![\w\-/]|\.\d)")
+        for n, line in lines:
+            for m in re.finditer(r"\b[0-9a-f]{7,40}\b", line):
+                word = m.group(0)
+                if re.search(r"[a-f]", word) and re.search(r"\d", word) and word not in allowed["commit"]:
+                    self.fail(page, n, f"{what}: commit {word} is not the results' ({', '.join(sorted(allowed['commit']))})")
+            for m in token.finditer(line):
+                number, x = m.group(1), m.group(2)
+                decimals = len(number.split(".")[1]) if "." in number else 0
+                if decimals == 2 and number not in allowed["ratio"]:
+                    self.fail(page, n, f"{what}: {number}{x} is not a ratio of the results files")
+                elif decimals == 1 and number not in allowed["one"]:
+                    self.fail(page, n, f"{what}: {number} is not a load or version of the results files")
+                elif decimals == 0 and len(number) >= 3 and number not in allowed["int"]:
+                    self.fail(page, n, f"{what}: {number} is not a value of the results files")
+
+    def block_after(self, lines, i, skip_images=False):
+        """The paragraph (or table) that starts at the first non-blank line after index i."""
+        j = i + 1
+        while j < len(lines) and (not lines[j][1].strip() or (skip_images and lines[j][1].lstrip().startswith("!["))):
+            j += 1
+        block = []
+        while j < len(lines) and lines[j][1].strip():
+            block.append(lines[j])
+            j += 1
+        return block
+
+    def check_pictures(self, page, text, shown):
+        plotted = self.plotted()
+        lines = list(prose_lines(text))
+        for i, (n, line) in enumerate(lines):
+            for m in LINK.finditer(line):
+                if m.group(1) != "!" or m.group(3).startswith(WEB):
+                    continue
+                target = os.path.normpath(os.path.join(os.path.dirname(page), m.group(3)))
+                shown.add(target)
+                name = os.path.basename(target)
+                if os.path.dirname(target) != os.path.join(self.root, "docs", "img"):
+                    self.fail(page, n, f"picture {m.group(3)}: pictures live in docs/img")
+                comment = PICTURE.search(text.split("\n")[n - 2]) if n >= 2 else None
+                if not comment or os.path.normpath(os.path.join(os.path.dirname(page), comment.group(1))) != target:
+                    self.fail(page, n, f"picture {m.group(3)}: the line before must be "
+                                       f"<!-- picture: {m.group(3)} from RESULTS... by SCRIPT -->")
+                    continue
+                results = comment.group(2).split()
+                script = os.path.normpath(os.path.join(os.path.dirname(page), comment.group(3)))
+                if not os.path.exists(script):
+                    self.fail(page, n - 1, f"picture {name}: script {comment.group(3)} not in the repository")
+                if sorted(os.path.basename(r) for r in results) != sorted(plotted.get(name, [])):
+                    self.fail(page, n - 1, f"picture {name}: drawn from {plotted.get(name)} by "
+                                           f"scripts/plots.py (PICTURES), but the comment names {results}")
+                allowed = self.facts(page, n - 1, results)
+                caption = self.block_after(lines, i, skip_images=True)
+                if allowed is None:
+                    continue
+                if not caption:
+                    self.fail(page, n, f"picture {name}: no caption after it")
+                    continue
+                said = " ".join(l for _, l in caption)
+                for need in ("load",):
+                    if need not in said:
+                        self.fail(page, caption[0][0], f"picture {name}: the caption does not state the {need}")
+                if not any(c in said for c in allowed["commit"]):
+                    self.fail(page, caption[0][0], f"picture {name}: the caption does not name the commit "
+                                                   f"{', '.join(sorted(allowed['commit']))}")
+                self.check_numbers(page, caption[0][0], caption, allowed, f"caption of {name}")
+        for n, raw in enumerate(text.split("\n"), 1):
+            m = NUMBERS.search(raw)
+            if not m:
+                continue
+            idx = next((k for k, (ln, _) in enumerate(lines) if ln == n), None)
+            if idx is None:
+                continue  # inside a code block
+            allowed = self.facts(page, n, m.group(1).split())
+            block = self.block_after(lines, idx)
+            if not block:
+                self.fail(page, n, "a numbers comment with nothing after it")
+            elif allowed is not None:
+                self.check_numbers(page, n, block, allowed, "numbers")
+
+    # --- 4. the trainer's phases -------------------------------------------------
+    def check_phases(self, page, text):
+        items = [(n, PHASE_ITEM.match(line)) for n, line in enumerate(text.split("\n"), 1)]
+        items = [(n, m) for n, m in items if m]
+        if not items:
+            return
+        header = os.path.join(self.root, "parallel", "trainer.h")
+        source = os.path.join(self.root, "parallel", "trainer.cpp")
+        if not os.path.exists(header) or not os.path.exists(source):
+            self.fail(page, items[0][0], "names the trainer's phases, but parallel/trainer.h or .cpp is missing")
+            return
+        phases = {}
+        with open(header, encoding="utf-8") as f:
+            for line in f:
+                if not line.startswith("//"):
+                    break
+                m = HEADER_PHASE.match(line)
+                if m:
+                    phases[int(m.group(1))] = m.group(2).strip()
+        code = open(source, encoding="utf-8").read()
+        numbers = [int(m.group(1)) for _, m in items]
+        if sorted(numbers) != sorted(phases):
+            self.fail(page, items[0][0], f"lists phases {numbers}; parallel/trainer.h numbers {sorted(phases)}")
+        for n, m in items:
+            number, name, function = int(m.group(1)), m.group(2), m.group(3)
+            if phases.get(number) != name:
+                self.fail(page, n, f"phase {number} is '{name}' here but '{phases.get(number)}' in parallel/trainer.h")
+            if not re.search(rf"\bTrainer::{function}\(", code):
+                self.fail(page, n, f"Trainer::{function} is not in parallel/trainer.cpp")
+
+    def run(self):
+        shown = set()
+        for page in pages(self.root):
+            text = open(page, encoding="utf-8").read()
+            self.check_links(page, text)
+            self.check_pictures(page, text, shown)
+            self.check_phases(page, text)
+        img = os.path.join(self.root, "docs", "img")
+        if os.path.isdir(img):
+            for f in sorted(os.listdir(img)):
+                if os.path.join(img, f) not in shown:
+                    self.problems.append(f"docs/img/{f}: no page shows it (remove it, or show it with its caption)")
+        return self.problems
+
+
+CLEAN_README = ("# t\n\n[docs](docs/a.md#usage), [web](https://example.com).\n\n"
+                "<!-- numbers from: r.json -->\ntowerlab ran 1.62x the best peer at 2634 images/s "
+                "(abc1234, load 1.5 to 1.6, batch 128, TensorFlow 2.21).\n")
+
+
+def self_test():
+    """Each planted page must produce the problem expected; the clean tree none."""
+    cases = [  # (what, appended to the README, a word the report must contain)
+        ("link outside the repository", "[design](../shared/DESIGN.md)\n", "../shared"),
+        ("absolute path", "[x](/etc/passwd)\n", "outside the repository"),
+        ("missing file", "[x](docs/nothing.md)\n", "no such file"),
+        ("missing anchor", "[x](docs/a.md#nowhere)\n", "no heading"),
+        ("link that climbs out", "[x](docs/../../x.md)\n", "climbs out"),
+        ("picture without its comment", "![p](docs/img/p.png)\n\n*load 1.5, towerlab abc1234*\n",
+         "the line before must be"),
+        ("number not in the results", "<!-- numbers from: r.json -->\nit ran 1.99x the best peer\n",
+         "1.99x is not a ratio"),
+        ("commit not the results'", "<!-- numbers from: r.json -->\nat commit def5678\n", "def5678"),
+        ("phase renamed", "1. **splitting** (`Trainer::split`): the batch.\n", "phase 1 is 'splitting'"),
+        ("phase without its function", "1. **split** (`Trainer::split_it`): the batch.\n",
+         "Trainer::split_it is not"),
+    ]
+    ok = True
+    with tempfile.TemporaryDirectory() as root:
+        os.makedirs(os.path.join(root, "docs", "img"))
+        os.makedirs(os.path.join(root, "parallel"))
+        with open(os.path.join(root, "docs", "a.md"), "w") as f:
+            f.write("# A\n\n## Usage\n\n1. **split** (`Trainer::split`): the batch.\n")
+        with open(os.path.join(root, "parallel", "trainer.h"), "w") as f:
+            f.write("// The trainer.\n//   1. split: the batch;\n#pragma once\n")
+        with open(os.path.join(root, "parallel", "trainer.cpp"), "w") as f:
+            f.write("StepResult Trainer::split(const Batch& b) {}\n")
+        with open(os.path.join(root, "r.json"), "w") as f:
+            json.dump({"towerlab_commit": "abc1234", "date": "2026-11-23 18:27 UTC",
+                       "versions": {"tensorflow": "2.21.0"}, "settings": {"batch": 128},
+                       "summary": [{"contender": "towerlab:cpu", "median_ratio_to_best_peer": 1.62,
+                                    "median_images_per_second": 2634.2, "min_images_per_second": 2000,
+                                    "max_images_per_second": 2700}],
+                       "rounds": [{"towerlab:cpu": {"images_per_second": 2634.2, "load_average_1min": 1.5},
+                                   "tf": {"images_per_second": 1626.0, "load_average_1min": 1.6}}]}, f)
+        readme = os.path.join(root, "README.md")
+        picture = os.path.join(root, "docs", "img", "p.png")
+        with open(readme, "w") as f:
+            f.write(CLEAN_README)
+        clean = Checker(root).run()
+        if clean:
+            print("self-test: the clean tree was reported:\n  " + "\n  ".join(clean))
+            ok = False
+        for what, planted, expected in cases:
+            if "picture" in what:
+                open(picture, "wb").write(b"\x89PNG")
+            with open(readme, "w") as f:
+                f.write(CLEAN_README + "\n" + planted)
+            found = Checker(root).run()
+            hit = [p for p in found if expected in p]
+            print(f"self-test: planted {what}: " + (f"caught ({hit[0]})" if hit else f"NOT caught {found}"))
+            ok = ok and bool(hit)
+            if os.path.exists(picture):
+                os.remove(picture)
+        with open(readme, "w") as f:
+            f.write(CLEAN_README)
+        open(picture, "wb").write(b"\x89PNG")
+        found = Checker(root).run()
+        hit = [p for p in found if "no page shows it" in p]
+        print("self-test: planted picture no page shows: " + (f"caught ({hit[0]})" if hit else "NOT caught"))
+        ok = ok and bool(hit)
+    print("self-test: " + ("passed" if ok else "FAILED"))
+    return 0 if ok else 1
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    p.add_argument("--self-test", action="store_true")
+    args = p.parse_args()
+    if args.self_test:
+        return self_test()
+    problems = Checker(args.root).run()
+    for line in problems:
+        print(line)
+    if problems:
+        print(f"check_docs: {len(problems)} problem(s) in README.md and docs/ "
+              "(scripts/check_docs.py says what each check wants)")
+        return 1
+    print(f"check_docs: {len(pages(args.root))} pages, their links, pictures and numbers are fine")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
