@@ -143,6 +143,11 @@ TEST(FashionMnistOptions, BadFlagValuesExit2NamingTheFlagTheValueAndWhatIsAllowe
        "got '0'"},
       {{"--epochs", "3000000000"}, "--epochs must be a positive integer"},  // beyond int
       {{"--steps", "-1"}, "--steps must be a non-negative integer (0: whole epochs), got '-1'"},
+      {{"--test-samples", "0"},
+       "--test-samples must be a positive integer (default: the whole test set), got '0'"},
+      {{"--test-samples", "-5"}, "--test-samples must be a positive integer"},
+      {{"--test-samples", "1.5"}, "--test-samples must be a positive integer"},
+      {{"--test-samples", "many"}, "--test-samples must be a positive integer"},
       {{"--lr", "-1"}, "--lr must be a positive number, got '-1'"},
       {{"--lr", "0"}, "--lr must be a positive number, got '0'"},
       {{"--lr", "nan"}, "--lr must be a positive number, got 'nan'"},
@@ -220,6 +225,7 @@ TEST(FashionMnistOptions, ConfigValuesAreCheckedLikeFlagsAndNameTheFileAndTheKey
       {"lr: -0.1\n", in + "lr must be a positive number, got '-0.1'"},
       {"weight_decay: .inf\n", in + "weight_decay must be a non-negative number, got '.inf'"},
       {"n_gpus: 0\n", in + "n_gpus must be a positive integer, got '0'"},
+      {"test_samples: 0\n", in + "test_samples must be a positive integer"},
       {"seed: -2\n", in + "seed must be a non-negative integer, got '-2'"},
       {"schedule: linear\n", in + "schedule must be one of cosine, constant, got 'linear'"},
       {"numeric_guard: maybe\n", in + "numeric_guard must be one of stop, skip, off"},
@@ -331,14 +337,34 @@ TEST_F(OutputPaths, PredictionsIsAnOutputAndLoadPartialNeedsLoad) {
 TEST(FashionMnistOptions, ABatchLargerThanTheTrainingSetIsRefused) {
   sample::Options o;
   o.batch = 60000;
-  EXPECT_NO_THROW(sample::check_against_data(o, 60000));
+  EXPECT_NO_THROW(sample::check_against_data(o, 60000, 10000));
   o.batch = 60001;
-  EXPECT_THROW_WITH(sample::check_against_data(o, 60000), InvalidArgument,
+  EXPECT_THROW_WITH(sample::check_against_data(o, 60000, 10000), InvalidArgument,
                     "--batch must be at most the 60000 images of the training set, got '60001'");
   o.batch = 1'000'000'000'000;
-  EXPECT_THROW_WITH(sample::check_against_data(o, 60000), InvalidArgument, "got '1000000000000'");
+  EXPECT_THROW_WITH(sample::check_against_data(o, 60000, 10000), InvalidArgument,
+                    "got '1000000000000'");
   o.eval_only = true;  // evaluation goes by batches of 1000 and never uses --batch
-  EXPECT_NO_THROW(sample::check_against_data(o, 60000));
+  EXPECT_NO_THROW(sample::check_against_data(o, 60000, 10000));
+}
+
+// --test-samples: a positive count, checked against the test set once it is loaded,
+// with --eval-only too (which evaluates it).
+TEST(FashionMnistOptions, TestSamplesAreAtMostTheTestSet) {
+  const Parsed parsed = parse({"--test-samples", "500"});
+  ASSERT_EQ(parsed.code, std::nullopt) << parsed.printed;
+  EXPECT_EQ(parsed.options.test_samples, 500);
+  EXPECT_EQ(parse({}).options.test_samples, std::nullopt);  // the whole test set
+  sample::Options o;
+  o.test_samples = 10000;
+  EXPECT_NO_THROW(sample::check_against_data(o, 60000, 10000));
+  o.test_samples = 10001;
+  EXPECT_THROW_WITH(sample::check_against_data(o, 60000, 10000), InvalidArgument,
+                    "--test-samples must be at most the 10000 images of the test set, got "
+                    "'10001'");
+  o.eval_only = true;
+  EXPECT_THROW_WITH(sample::check_against_data(o, 60000, 10000), InvalidArgument,
+                    "--test-samples must be at most the 10000 images of the test set");
 }
 
 // --trace-steps: a range of steps counted from 1, checked for its form at once and
@@ -367,17 +393,17 @@ TEST(FashionMnistOptions, TraceStepsTakeARangeAndRefuseABadOne) {
   o.trace = trace.string();
   EXPECT_EQ(sample::trace_range(o, 60000), (std::pair<std::int64_t, std::int64_t>{2, 2}));
   o.trace_steps = {{60, 120}};
-  EXPECT_NO_THROW(sample::check_against_data(o, 60000));
+  EXPECT_NO_THROW(sample::check_against_data(o, 60000, 10000));
   EXPECT_EQ(sample::trace_range(o, 60000), (std::pair<std::int64_t, std::int64_t>{60, 120}));
   o.trace_steps = {{60, 121}};
-  EXPECT_THROW_WITH(sample::check_against_data(o, 60000), InvalidArgument,
+  EXPECT_THROW_WITH(sample::check_against_data(o, 60000, 10000), InvalidArgument,
                     "--trace-steps must be within the run's 120 steps (2 epoch(s) of 60), got "
                     "'60:121'");
   o.steps = 10;  // --steps caps each epoch
   o.trace_steps = {{15, 20}};
-  EXPECT_NO_THROW(sample::check_against_data(o, 60000));
+  EXPECT_NO_THROW(sample::check_against_data(o, 60000, 10000));
   o.trace_steps = {{15, 21}};
-  EXPECT_THROW_WITH(sample::check_against_data(o, 60000), InvalidArgument, "run's 20 steps");
+  EXPECT_THROW_WITH(sample::check_against_data(o, 60000, 10000), InvalidArgument, "run's 20 steps");
   // A one-step run traces its only step by default.
   o.trace_steps.reset();
   o.epochs = 1;

@@ -51,6 +51,12 @@ std::string join(const std::vector<Device>& devices) {
   return s;
 }
 
+// The first n images of a data set (--test-samples), sharing its storage.
+FashionMnist first_images(const FashionMnist& data, std::int64_t n) {
+  return {data.images.slice(0, n), data.labels.slice(0, n),
+          std::vector<std::uint8_t>(data.raw_labels.begin(), data.raw_labels.begin() + n)};
+}
+
 // Accuracy of the model on a dataset, in inference mode, batch by batch. Each rank
 // counts its own rows of every batch; the counts are summed over the ranks. With
 // `predictions` (one process only), also writes the logits [N,10] and labels [N]
@@ -113,8 +119,9 @@ int run(const sample::Options& o) {
                                                              : CrossProcessPath::Auto;
 
   const FashionMnist train = load_fashion_mnist(o.data, Split::Train);
-  sample::check_against_data(o, train.size());
-  const FashionMnist test = load_fashion_mnist(o.data, Split::Test);
+  FashionMnist test = load_fashion_mnist(o.data, Split::Test);
+  sample::check_against_data(o, train.size(), test.size());
+  if (o.test_samples) test = first_images(test, *o.test_samples);
 
   VariableSet vars;
   Sequential net = fashion_net(vars);

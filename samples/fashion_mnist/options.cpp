@@ -34,7 +34,8 @@ constexpr const char* kFooter =
     "Checked before any work: every value; --eval-only needs --load and excludes --save, --trace "
     "and --summaries; --load names a readable file; each output names a file in an existing "
     "directory the sample may write in. Checked once the data is loaded, before training: the "
-    "batch is at most the training set. --save, --trace and --metrics are replaced whole, so a "
+    "batch is at most the training set, --test-samples at most the test set. --save, --trace and "
+    "--metrics are replaced whole, so a "
     "file there before survives a run that fails.";
 
 // A value as a message quotes it: on one line, and cut short when long.
@@ -60,6 +61,8 @@ constexpr Rule<int> kEpochs{[](int v) { return v > 0; },
 constexpr Rule<int> kProgressEvery{[](int v) { return v >= 0; },
                                    "a non-negative integer (0: no progress lines)"};
 constexpr Rule<std::int64_t> kBatch{[](std::int64_t v) { return v > 0; }, "a positive integer"};
+constexpr Rule<std::int64_t> kTestSamples{[](std::int64_t v) { return v > 0; },
+                                          "a positive integer (default: the whole test set)"};
 constexpr Rule<std::int64_t> kSteps{[](std::int64_t v) { return v >= 0; },
                                     "a non-negative integer (0: whole epochs)"};
 // Bytes are MiB << 20: the bound keeps them far inside int64.
@@ -272,6 +275,8 @@ std::vector<Field> fields(Options& o) {
              "NaN or infinity in the loss or gradient: stop (exit 3 naming the step and "
              "variable), skip the step, or off"),
       number("steps", o.steps, kSteps, "Cap on steps per epoch (0: whole epochs)"),
+      number("test_samples", o.test_samples, kTestSamples,
+             "Evaluate only the first N test images (default: the whole test set)"),
       path("data", o.data, "DIR", "Fashion-MNIST directory"),
       path("save", o.save, "FILE", "Checkpoint to write after each epoch (safetensors)"),
       path("load", o.load, "FILE",
@@ -280,7 +285,7 @@ std::vector<Field> fields(Options& o) {
              "--load may lack variables (they keep their initial values) and hold others "
              "(skipped); both are listed"),
       path("predictions", o.predictions, "FILE",
-           "Safetensors file of the final test-set logits [10000,10] and labels"),
+           "Safetensors file of the final test-set logits [N,10] and labels (N: --test-samples)"),
       path("metrics", o.metrics, "FILE", "JSON file for the final metrics"),
       path("trace", o.trace, "FILE",
            "Chrome trace JSON of the --trace-steps (Perfetto; scripts/trace_png.py draws it)"),
@@ -419,7 +424,11 @@ void check_paths(const Options& o) {
   }
 }
 
-void check_against_data(const Options& o, std::int64_t train_size) {
+void check_against_data(const Options& o, std::int64_t train_size, std::int64_t test_size) {
+  if (o.test_samples && *o.test_samples > test_size) {
+    refuse("--test-samples", "at most the " + std::to_string(test_size) + " images of the test set",
+           quoted(std::to_string(*o.test_samples)));
+  }
   if (o.eval_only) return;
   if (o.batch > train_size) {
     refuse("--batch", "at most the " + std::to_string(train_size) + " images of the training set",

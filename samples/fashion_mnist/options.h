@@ -6,8 +6,8 @@
 // stderr that names the flag (or the config file and key), the value and what is
 // allowed: "fashion_mnist: --batch must be a positive integer, got '0'". Checked at
 // once: every value, the combinations of options and the paths (check_paths). Checked
-// after loading the data set, before training: the batch against its size
-// (check_against_data).
+// after loading the data set, before training: the batch and --test-samples against
+// the sets' sizes (check_against_data).
 #pragma once
 
 #include <cstdint>
@@ -33,9 +33,13 @@ struct Options {
   std::uint64_t seed = 1;
   std::string numeric_guard = "stop";  // stop | skip | off (parallel/trainer.h NumericGuard)
   std::int64_t steps = 0;              // cap on steps per epoch; 0 = the whole epoch
+  // Evaluate only the first N test images (each epoch's accuracy, --eval-only and
+  // --predictions); unset: the whole test set. Slow backends (the emulated GPUs)
+  // need it to finish a run.
+  std::optional<std::int64_t> test_samples;
   std::string data = "/usr/share/datasets/fashion-mnist";
   std::string save, load, metrics, trace, summaries;
-  std::string predictions;  // safetensors file of the test set's final logits [10000,10] and labels
+  std::string predictions;    // safetensors file of the test set's final logits [N,10] and labels
   bool load_partial = false;  // --load may lack variables and hold others (both reported)
   // --trace-steps FIRST:LAST (or one step N): the steps --trace records, counted
   // from 1 across epochs. Unset: the second step (the first warms the caches and
@@ -72,8 +76,10 @@ void check_paths(const Options& options);
 // cut to the set's size, because a cut batch changes the steps per epoch and the
 // learning rate schedule behind the user's back, and such a batch is most often a
 // typo (an extra zero, 1e12) whose memory would not fit anyway. --trace-steps
-// beyond the run's last step is refused (the trace would not be written).
-void check_against_data(const Options& options, std::int64_t train_size);
+// beyond the run's last step is refused (the trace would not be written), and so is
+// a --test-samples larger than the test set (evaluating fewer images than asked for
+// would report an accuracy over another set than the user named).
+void check_against_data(const Options& options, std::int64_t train_size, std::int64_t test_size);
 
 // The steps of one epoch: the batches that cover the training set, capped by --steps.
 std::int64_t steps_per_epoch(const Options& options, std::int64_t train_size);
