@@ -238,13 +238,10 @@ class Checker:
                     self.fail(page, caption[0][0], f"picture {name}: the caption does not name the commit "
                                                    f"{', '.join(sorted(allowed['commit']))}")
                 self.check_numbers(page, caption[0][0], caption, allowed, f"caption of {name}")
-        for n, raw in enumerate(text.split("\n"), 1):
-            m = NUMBERS.search(raw)
+        for idx, (n, line) in enumerate(lines):
+            m = NUMBERS.search(line)  # code spans are blanked: a comment quoted in code is not one
             if not m:
                 continue
-            idx = next((k for k, (ln, _) in enumerate(lines) if ln == n), None)
-            if idx is None:
-                continue  # inside a code block
             allowed = self.facts(page, n, m.group(1).split())
             block = self.block_after(lines, idx)
             if not block:
