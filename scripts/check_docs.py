@@ -7,8 +7,9 @@ pictures tell the truth.
                                          each is caught (ctest docs.links_self_test)
 
 What it checks, in every page (text inside code blocks and `code spans` is not a link):
-  1. Links and images: a relative target resolves to a file or folder inside the repository
-     (its #anchor, into a Markdown page, to one of that page's headings); an absolute path, a
+  1. Links and images: a relative target resolves to a file or folder inside the repository,
+     tracked by git where the tree is a git work tree (its #anchor, into a Markdown page, to
+     one of that page's headings); an absolute path, a
      file: URL or a path that climbs out of the repository is an error. Web links (http,
      https, mailto) are not checked. No page mentions ../shared or /work/ at all.
   2. Pictures: every image shown is in docs/img and is preceded by a comment
@@ -31,6 +32,7 @@ import ast
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 
@@ -85,6 +87,24 @@ class Checker:
     def __init__(self, root):
         self.root = os.path.realpath(root)
         self.problems = []
+        self.tracked = self.git_files()
+
+    def git_files(self):
+        """The files git tracks (and their folders), or None outside a git work tree: a link
+        to a file that exists here but is not tracked is missing from a fresh clone."""
+        try:
+            out = subprocess.run(["git", "-C", self.root, "ls-files", "-z"], capture_output=True,
+                                 check=True).stdout.decode("utf-8", "replace")
+        except (OSError, subprocess.CalledProcessError):
+            return None
+        files = set()
+        for rel in filter(None, out.split("\0")):
+            path = os.path.join(self.root, rel)
+            files.add(path)
+            while (path := os.path.dirname(path)) != self.root and path not in files:
+                files.add(path)
+        files.add(self.root)
+        return files
 
     def fail(self, path, line, what):
         self.problems.append(f"{os.path.relpath(path, self.root)}:{line}: {what}")
@@ -106,6 +126,8 @@ class Checker:
             self.fail(page, n, f"link to {target}: climbs out of the repository")
         elif not os.path.exists(dest):
             self.fail(page, n, f"link to {target}: no such file in the repository")
+        elif self.tracked is not None and os.path.realpath(dest) not in self.tracked and os.path.realpath(page) in self.tracked:
+            self.fail(page, n, f"link to {target}: not tracked by git, so a fresh clone lacks it (git add it)")
         elif anchor and dest.endswith(".md") and anchor not in anchors(dest):
             self.fail(page, n, f"link to {target}: {os.path.relpath(dest, self.root)} has no heading #{anchor}")
 
