@@ -35,6 +35,8 @@ std::string temp_name_for(const std::string& file_name) {
   return os.str();
 }
 
+std::atomic<void (*)(const std::string&)> g_commit_hook{nullptr};
+
 }  // namespace
 
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
@@ -82,6 +84,10 @@ void AtomicFile::write(const void* data, std::size_t bytes) {
   }
 }
 
+void set_atomic_commit_hook(void (*hook)(const std::string& target)) {
+  g_commit_hook.store(hook);
+}
+
 void AtomicFile::commit() {
   TL_CHECK(fd_ >= 0 && !committed_, IoError, "cannot save " << path_ << ": the file is closed");
   // The data must be on disk before the rename makes it visible under the real
@@ -89,6 +95,7 @@ void AtomicFile::commit() {
   if (::fsync(fd_) != 0) fail("fsync", errno);
   const int fd = std::exchange(fd_, -1);
   if (::close(fd) != 0) fail("close", errno);
+  if (auto hook = g_commit_hook.load()) hook(path_);
   rename_over_target();
 }
 

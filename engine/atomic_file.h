@@ -51,6 +51,11 @@ class AtomicFile {
   bool committed_ = false;
 };
 
+// For fault-injection tests: called by commit() with the target's path once the
+// data is synced, before the rename publishes it (where a crash must leave the old
+// target and its directory intact). One hook for the process; nullptr removes it.
+void set_atomic_commit_hook(void (*hook)(const std::string& target));
+
 // A file opened for reading with its size; read_at() reads exactly `bytes` or throws
 // IoError. Error messages start with `what` ("safetensors file runs/model.safetensors").
 class ReadOnlyFile {

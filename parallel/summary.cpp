@@ -11,6 +11,28 @@ namespace towerlab {
 SummaryWriter::SummaryWriter(const std::string& path)
     : path_(path), file_(path), csv_(path.ends_with(".csv")) {}
 
+SummaryWriter::SummaryWriter(const std::string& path, std::uint64_t keep_bytes)
+    : SummaryWriter(path) {
+  if (keep_bytes == 0) return;
+  std::string kept(keep_bytes, '\0');
+  {
+    const ReadOnlyFile old(path, "summaries " + path);
+    TL_CHECK(old.size() >= keep_bytes, IoError,
+             "summaries " << path << ": has " << old.size() << " bytes, the checkpoint wrote "
+                          << keep_bytes << " (it was replaced since)");
+    old.read_at(0, kept.data(), kept.size());
+  }
+  if (csv_) {  // the header names the columns
+    std::istringstream header(kept.substr(0, kept.find('\n')));
+    std::string name;
+    std::getline(header, name, ',');  // "step"
+    while (std::getline(header, name, ',')) columns_.push_back(name);
+  }
+  file_.write(kept.data(), kept.size());
+  file_.publish();
+  bytes_ = keep_bytes;
+}
+
 void SummaryWriter::write(std::int64_t step, const std::map<std::string, double>& scalars) {
   std::ostringstream text;
   if (csv_) {
@@ -41,6 +63,7 @@ void SummaryWriter::write(std::int64_t step, const std::map<std::string, double>
   const std::string row = text.str();
   file_.write(row.data(), row.size());
   if (!file_.published()) file_.publish();
+  bytes_ += row.size();
 }
 
 }  // namespace towerlab

@@ -22,14 +22,21 @@ class SummaryWriter {
   // Throws IoError when the file cannot be created (its directory is missing or
   // not writable).
   explicit SummaryWriter(const std::string& path);
+  // Continues `path` after a resume: its first `keep_bytes` bytes (the rows written
+  // up to a checkpoint, bytes() then) are kept and what follows is replaced, so that
+  // no row is missing or written twice. IoError when the file is shorter.
+  SummaryWriter(const std::string& path, std::uint64_t keep_bytes);
   // Every row must carry the names of the first one (CSV columns); InvalidArgument otherwise.
   void write(std::int64_t step, const std::map<std::string, double>& scalars);
+  // Bytes in the file so far: where a resume continues it.
+  std::uint64_t bytes() const { return bytes_; }
 
  private:
   std::string path_;
   AtomicFile file_;
   bool csv_;
   std::vector<std::string> columns_;
+  std::uint64_t bytes_ = 0;
 };
 
 }  // namespace towerlab

@@ -83,6 +83,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/checkpoint.h"
 #include "autograd/context.h"
 #include "autograd/nn.h"
 #include "autograd/optimizer.h"
@@ -240,6 +241,29 @@ class Trainer {
   // Copies the master's values (and state) to every replica: after a checkpoint load.
   // Returns when the copies (and all earlier work on the master stream) are done.
   void broadcast();
+
+  // The whole training state, for resuming a run exactly (parallel/trainer_state.cpp):
+  // the master variables (moving statistics included), the optimizer's slots and
+  // step count (so the learning-rate schedule's position), the numeric guard's
+  // skipped steps, and the fingerprint of what changes a step. Nothing else changes
+  // between steps: the initial values are drawn once from the seed, and no op draws
+  // random numbers after that. `metadata` is the caller's own position (epoch, batch
+  // in the epoch, ...). Collective with a process group, like save_checkpoint
+  // (parallel/collective_checkpoint.h): rank 0 writes the file atomically and every
+  // rank returns or throws alike.
+  void save_state(const std::string& path, const std::map<std::string, std::string>& metadata = {});
+  // Restores what save_state wrote and copies it to every replica; returns the file's
+  // metadata in CheckpointInfo. Refused before anything changes (InvalidArgument
+  // naming the first difference) when the file's fingerprint differs in what changes
+  // a step (the variables, the optimizer and its schedule, batch norm, the numeric
+  // guard, the seed) or its metadata differs from `expected` (the caller's
+  // step-changing options, e.g. the global batch). The towers, the processes, the
+  // master's device, the reduction and the buckets may differ: the steps then agree
+  // with the uninterrupted run's to float rounding instead of bit for bit.
+  CheckpointInfo restore_state(const std::string& path,
+                               const std::map<std::string, std::string>& expected = {});
+  // What restore_state compares: the fingerprint without the layout (see above).
+  std::string state_fingerprint() const;
   // Records the next steps in `trace` (nullptr stops recording).
   void set_trace(Trace* trace);
 

@@ -23,6 +23,7 @@
 
 #include "engine/atomic_file.h"
 #include "options.h"
+#include "resume.h"
 #include "towerlab.h"
 
 using namespace towerlab;
@@ -49,6 +50,21 @@ std::string join(const std::vector<Device>& devices) {
   std::string s;
   for (const Device& d : devices) s += (s.empty() ? "" : ",") + d.str();
   return s;
+}
+
+// The resume tests' controls (resume.h): forget a part of the restored state, so
+// that the test can show that the result then differs.
+void forget_for_a_control(Trainer& trainer, sample::Position& at) {
+  const std::string part = sample::resume_without();
+  if (part == "data_position") {
+    at.epoch_step = 0;
+    at.epoch_loss_sum = 0.0;
+    at.epoch_images = 0;
+  } else if (part == "optimizer_step") {
+    Optimizer& optimizer = trainer.optimizer();
+    const std::map<std::string, Tensor> slots = optimizer.slots();  // restore() replaces them
+    optimizer.restore(slots, 0, trainer.master(), default_stream(trainer.master().device()));
+  }
 }
 
 // The first n images of a data set (--test-samples), sharing its storage.
@@ -93,6 +109,7 @@ double accuracy(Trainer& trainer, const FashionMnist& data, std::int64_t batch_s
 }
 
 int run(const sample::Options& o) {
+  if (!o.checkpoint_dir.empty()) sample::stop_on_sigterm();  // before the Cluster: see resume.h
   Cluster cluster;
   TL_CHECK(o.predictions.empty() || cluster.size() == 1, InvalidArgument,
            "--predictions " << o.predictions << ": needs one process (this job has "
@@ -162,18 +179,68 @@ int run(const sample::Options& o) {
     std::printf("test accuracy %.4f\n", acc);
     metrics["test_accuracy"] = acc;
   } else {
+    // Where training starts: the newest checkpoint of --checkpoint-dir, if any.
+    sample::Position at;
+    std::unique_ptr<sample::CheckpointDir> checkpoints;
+    // What changes a step beyond the trainer's fingerprint: a checkpoint of a run
+    // that differs in them is refused.
+    const std::map<std::string, std::string> run_keys{
+        {"run/batch", std::to_string(o.batch)},
+        {"run/steps_per_epoch", std::to_string(steps_per_epoch)},
+        {"run/weight_decay", std::to_string(o.weight_decay)},
+        {"run/data", std::to_string(train.size()) + " training images"}};
+    if (!o.checkpoint_dir.empty()) {
+      checkpoints = std::make_unique<sample::CheckpointDir>(o.checkpoint_dir, o.keep, cluster);
+      sample::pause_saves_if_asked(*checkpoints);
+      if (auto restored = checkpoints->restore_newest(trainer, run_keys)) {
+        at = restored->position;
+        if (at.epoch >= o.epochs) {
+          std::printf("%s: the run has finished (%d epochs, %lld steps); nothing to do\n",
+                      restored->path.c_str(), o.epochs, static_cast<long long>(at.global_step));
+          return 0;
+        }
+        std::printf("resuming from %s (epoch %lld, step %lld of %lld)\n", restored->path.c_str(),
+                    static_cast<long long>(at.epoch + 1), static_cast<long long>(at.epoch_step),
+                    static_cast<long long>(steps_per_epoch));
+        forget_for_a_control(trainer, at);
+      }
+    }
     std::unique_ptr<SummaryWriter> summaries;
-    if (!o.summaries.empty() && reporting) summaries = std::make_unique<SummaryWriter>(o.summaries);
+    if (!o.summaries.empty() && reporting) {
+      summaries = std::make_unique<SummaryWriter>(o.summaries, at.summaries_bytes);
+    }
+    // Saves `at` (collective) when --checkpoint-dir is given and `due`, or when a
+    // SIGTERM asked to stop; true when the run must then stop.
+    const auto checkpoint = [&](sample::Position& at, bool due) {
+      if (!checkpoints) return false;
+      const bool stop = sample::stop_requested(cluster);
+      if (!due && !stop) return false;
+      at.summaries_bytes = summaries ? summaries->bytes() : 0;
+      const std::string path = checkpoints->save(trainer, at, run_keys);
+      if (stop) {
+        std::fprintf(stderr,
+                     "fashion_mnist: preempted (SIGTERM) after step %lld: checkpoint %s; run the "
+                     "same command to resume\n",
+                     static_cast<long long>(at.global_step), path.c_str());
+      }
+      return stop;
+    };
+    const auto due = [&](std::int64_t global_step) {
+      return o.checkpoint_every > 0 && global_step % o.checkpoint_every == 0;
+    };
     Trace trace;
-    double images_per_second = 0.0, train_loss = 0.0, test_acc = 0.0;
-    for (int epoch = 0; epoch < o.epochs; ++epoch) {
+    double images_per_second = 0.0, train_loss = at.train_loss, test_acc = at.test_accuracy;
+    for (auto epoch = at.epoch; epoch < o.epochs; ++epoch) {
       batcher.start_epoch(std::uint64_t(epoch));
       Batch batch;
-      double loss_sum = 0.0;
-      std::int64_t images = 0, step = 0;
+      const bool resumed = epoch == at.epoch;
+      std::int64_t step = resumed ? at.epoch_step : 0;
+      double loss_sum = resumed ? at.epoch_loss_sum : 0.0;
+      std::int64_t images = resumed ? at.epoch_images : 0;
+      for (std::int64_t done = 0; done < step; ++done) batcher.next(batch);  // taken before
       const auto start = std::chrono::steady_clock::now();
       auto window = start;
-      std::int64_t window_images = 0;
+      std::int64_t window_images = 0, epoch_images = 0;
       while (step < steps_per_epoch && batcher.next(batch)) {
         const std::int64_t global_step = epoch * steps_per_epoch + step + 1;
         const bool tracing =
@@ -188,45 +255,61 @@ int run(const sample::Options& o) {
           if (global_step == trace_last) trace.write(o.trace, cluster);  // every rank's rows
         }
         if (!std::isfinite(r.loss) && !r.skipped) {  // reached with --numeric-guard off
-          std::fprintf(stderr, "fashion_mnist: training diverged at epoch %d step %lld (loss %g)\n",
-                       epoch + 1, static_cast<long long>(step), r.loss);
+          std::fprintf(stderr,
+                       "fashion_mnist: training diverged at epoch %lld step %lld (loss %g)\n",
+                       static_cast<long long>(epoch + 1), static_cast<long long>(step), r.loss);
           return 3;
         }
         ++step;
-        if (r.skipped) continue;  // --numeric-guard skip: the trainer logged why
-        loss_sum += r.loss * double(r.samples);
-        images += r.samples;
-        window_images += r.samples;
-        if (summaries) {
-          summaries->write(trainer.optimizer().steps(),
-                           {{"loss", r.loss},
-                            {"cross_entropy", r.logs.at("cross_entropy")},
-                            {"lr", trainer.optimizer().current_lr()}});
+        sample::kill_if_asked(global_step, cluster.rank());
+        if (!r.skipped) {  // --numeric-guard skip: the trainer logged why
+          loss_sum += r.loss * double(r.samples);
+          images += r.samples;
+          epoch_images += r.samples;
+          window_images += r.samples;
+          if (summaries) {
+            summaries->write(trainer.optimizer().steps(),
+                             {{"loss", r.loss},
+                              {"cross_entropy", r.logs.at("cross_entropy")},
+                              {"lr", trainer.optimizer().current_lr()}});
+          }
         }
         if (o.progress_every > 0 && step % o.progress_every == 0) {
           const auto now = std::chrono::steady_clock::now();
           const double secs = std::chrono::duration<double>(now - window).count();
-          std::printf("  epoch %d step %lld/%lld  loss %.4f  %.0f images/s\n", epoch + 1,
-                      static_cast<long long>(step), static_cast<long long>(steps_per_epoch), r.loss,
+          std::printf("  epoch %lld step %lld/%lld  loss %.4f  %.0f images/s\n",
+                      static_cast<long long>(epoch + 1), static_cast<long long>(step),
+                      static_cast<long long>(steps_per_epoch), r.loss,
                       double(window_images) / secs);
           std::fflush(stdout);
           window = now;
           window_images = 0;
         }
+        if (step < steps_per_epoch) {  // the epoch's last step checkpoints after its evaluation
+          sample::Position mid{epoch, step, loss_sum, images, 0, train_loss, test_acc, global_step};
+          if (checkpoint(mid, due(global_step))) return sample::kPreempted;
+        }
       }
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      images_per_second = double(images) / secs;
+      images_per_second = double(epoch_images) / secs;
       train_loss = loss_sum / double(std::max<std::int64_t>(images, 1));
       const bool last_epoch = epoch + 1 == o.epochs;
       test_acc = accuracy(trainer, test, 1000, cluster, last_epoch ? o.predictions : "");
       std::printf(
-          "epoch %d: train loss %.4f, test accuracy %.4f, %.0f images/s (%lld steps, %.1f s)\n",
-          epoch + 1, train_loss, test_acc, images_per_second, static_cast<long long>(step), secs);
+          "epoch %lld: train loss %.4f, test accuracy %.4f, %.0f images/s (%lld steps, %.1f s)\n",
+          static_cast<long long>(epoch + 1), train_loss, test_acc, images_per_second,
+          static_cast<long long>(step), secs);
       std::fflush(stdout);
       if (!o.save.empty()) {
         save_checkpoint(cluster, o.save, trainer.master(), &trainer.optimizer(),
                         {{"epoch", std::to_string(epoch + 1)}, {"model", "FashionNet"}});
+      }
+      const std::int64_t global_step = (epoch + 1) * steps_per_epoch;
+      sample::Position end{epoch + 1, 0, 0.0, 0, 0, train_loss, test_acc, global_step};
+      if (checkpoint(end, o.checkpoint_every == 0 || due(global_step) || last_epoch) &&
+          !last_epoch) {
+        return sample::kPreempted;
       }
     }
     metrics["epochs"] = o.epochs;

@@ -30,7 +30,8 @@ namespace fs = std::filesystem;
 
 constexpr const char* kFooter =
     "Exit codes: 0 done; 2 bad input, with one line on stderr that names the flag (or the config "
-    "key), the value and what is allowed; 3 training diverged (--numeric-guard).\n"
+    "key), the value and what is allowed; 3 training diverged (--numeric-guard); 4 preempted "
+    "(SIGTERM): a checkpoint is in --checkpoint-dir, run the same command to resume.\n"
     "Checked before any work: every value; --eval-only needs --load and excludes --save, --trace "
     "and --summaries; --load names a readable file; each output names a file in an existing "
     "directory the sample may write in. Checked once the data is loaded, before training: the "
@@ -69,6 +70,8 @@ constexpr Rule<std::int64_t> kSteps{[](std::int64_t v) { return v >= 0; },
 constexpr Rule<std::int64_t> kBucketMib{
     [](std::int64_t v) { return v >= 0 && v <= (std::int64_t(1) << 20); },
     "an integer from 0 (one bucket) to 1048576"};
+constexpr Rule<std::int64_t> kCheckpointEvery{[](std::int64_t v) { return v >= 0; },
+                                              "a non-negative integer (0: every epoch)"};
 constexpr Rule<std::uint64_t> kSeed{[](std::uint64_t) { return true; }, "a non-negative integer"};
 constexpr Rule<double> kLr{[](double v) { return v > 0.0 && std::isfinite(v); },
                            "a positive number"};
@@ -279,6 +282,13 @@ std::vector<Field> fields(Options& o) {
              "Evaluate only the first N test images (default: the whole test set)"),
       path("data", o.data, "DIR", "Fashion-MNIST directory"),
       path("save", o.save, "FILE", "Checkpoint to write after each epoch (safetensors)"),
+      path("checkpoint_dir", o.checkpoint_dir, "DIR",
+           "Training-state checkpoints: written there, and the same command resumes from the "
+           "newest (exit 4 after SIGTERM: preempted, resumable)"),
+      number("checkpoint_every", o.checkpoint_every, kCheckpointEvery,
+             "Steps between checkpoints in --checkpoint-dir (0: every epoch); the last step "
+             "always writes one"),
+      number("keep", o.keep, kPositiveInt, "Checkpoints kept in --checkpoint-dir"),
       path("load", o.load, "FILE",
            "Checkpoint or plain weights (safetensors named like the variables) to start from"),
       on_off("load_partial", o.load_partial,
@@ -365,12 +375,17 @@ void check_combinations(const Options& o) {
            "--load-partial needs --load FILE: it says how closely that file must match the model");
   TL_CHECK(!o.trace_steps || !o.trace.empty(), InvalidArgument,
            "--trace-steps needs --trace FILE to write the trace to");
+  TL_CHECK(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(), InvalidArgument,
+           "--checkpoint-every needs --checkpoint-dir DIR to write the checkpoints in");
+  TL_CHECK(o.keep == 2 || !o.checkpoint_dir.empty(), InvalidArgument,
+           "--keep needs --checkpoint-dir DIR: it says how many checkpoints stay there");
   if (!o.eval_only) return;
   TL_CHECK(!o.load.empty(), InvalidArgument,
            "--eval-only needs --load FILE: without it the test set would be scored with the "
            "random initial weights");
-  for (const auto& [flag, path] : {std::pair{"--save", &o.save}, std::pair{"--trace", &o.trace},
-                                   std::pair{"--summaries", &o.summaries}}) {
+  for (const auto& [flag, path] :
+       {std::pair{"--save", &o.save}, std::pair{"--trace", &o.trace},
+        std::pair{"--summaries", &o.summaries}, std::pair{"--checkpoint-dir", &o.checkpoint_dir}}) {
     TL_CHECK(path->empty(), InvalidArgument,
              "--eval-only trains nothing, so " << flag << " " << *path << " would not be written");
   }
@@ -405,6 +420,21 @@ void check_paths(const Options& o) {
              "--load " << o.load << ": " << (fs::exists(status) ? "not a file" : "no such file"));
     TL_CHECK(::access(o.load.c_str(), R_OK) == 0, IoError,
              "--load " << o.load << ": cannot read: " << towerlab::os_error_text(errno));
+  }
+  if (!o.checkpoint_dir.empty()) {  // created at start when missing, in an existing directory
+    const fs::path dir(o.checkpoint_dir);
+    std::error_code ignored;
+    const fs::file_status status = fs::status(dir, ignored);
+    const fs::path where = fs::exists(status)          ? dir
+                           : dir.parent_path().empty() ? "."
+                                                       : dir.parent_path();
+    TL_CHECK(!fs::exists(status) || fs::is_directory(status), IoError,
+             "--checkpoint-dir " << o.checkpoint_dir << ": is there and is not a directory");
+    TL_CHECK(fs::is_directory(fs::status(where, ignored)), IoError,
+             "--checkpoint-dir " << o.checkpoint_dir << ": no such directory: " << where.string());
+    TL_CHECK(::access(where.c_str(), W_OK | X_OK) == 0, IoError,
+             "--checkpoint-dir " << o.checkpoint_dir << ": cannot write in " << where.string()
+                                 << ": " << towerlab::os_error_text(errno));
   }
   std::vector<std::pair<const char*, fs::path>> outputs;
   for (const auto& [flag, path] :

@@ -39,6 +39,12 @@ struct Options {
   std::optional<std::int64_t> test_samples;
   std::string data = "/usr/share/datasets/fashion-mnist";
   std::string save, load, metrics, trace, summaries;
+  // Resumable training (resume.h): the directory of the training-state checkpoints,
+  // the steps between two of them (0: at the end of every epoch; the run's last
+  // step always writes one) and how many are kept.
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 0;
+  int keep = 2;
   std::string predictions;    // safetensors file of the test set's final logits [N,10] and labels
   bool load_partial = false;  // --load may lack variables and hold others (both reported)
   // --trace-steps FIRST:LAST (or one step N): the steps --trace records, counted

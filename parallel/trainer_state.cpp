@@ -1,0 +1,121 @@
+// Trainer::save_state and Trainer::restore_state (parallel/trainer.h): a training
+// checkpoint is an ordinary checkpoint (autograd/checkpoint.h) whose metadata also
+// holds the trainer's counters and its fingerprint, so it loads as weights anywhere
+// and resumes a run only where the steps would be the same.
+#include <sstream>
+#include <string_view>
+
+#include "engine/error.h"
+#include "engine/safetensors.h"
+#include "parallel/collective_checkpoint.h"
+#include "parallel/fingerprint.h"
+#include "parallel/process_group.h"
+#include "parallel/trainer.h"
+
+namespace towerlab {
+namespace {
+
+constexpr const char* kFingerprintKey = "trainer/fingerprint";
+constexpr const char* kSkippedKey = "trainer/skipped_steps";
+
+// Fingerprint lines that a change of layout changes, and the step count, which a
+// resume changes by definition: the steps stay the same up to float rounding.
+bool layout_line(std::string_view line) {
+  for (std::string_view key :
+       {"optimizer steps\t", "towers per process\t", "master\t", "reduction\t", "bucket_bytes\t"}) {
+    if (line.starts_with(key)) return true;
+  }
+  return false;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    for (char& c : line) c = c == '\t' ? ' ' : c;
+    lines.push_back(line);
+  }
+  return lines;
+}
+
+// The first line where `file` and `here` differ: "<file's line> in the file, <ours>
+// here"; "" when equal.
+std::string first_difference(const std::string& file, const std::string& here) {
+  const std::vector<std::string> a = lines_of(file), b = lines_of(here);
+  for (std::size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    const std::string theirs = i < a.size() ? a[i] : "(nothing more)";
+    const std::string ours = i < b.size() ? b[i] : "(nothing more)";
+    if (theirs != ours) return "'" + theirs + "' in the file, '" + ours + "' in this run";
+  }
+  return {};
+}
+
+// Rank 0 reads the file's metadata (no tensor data) and compares it; every rank
+// throws the same error or returns.
+void check_resumable(ProcessGroup* group, const std::string& path, const std::string& fingerprint,
+                     const std::map<std::string, std::string>& expected) {
+  const auto check = [&] {
+    const SafetensorsHeader header = read_safetensors_header(path);
+    const auto found = header.metadata.find(kFingerprintKey);
+    TL_CHECK(
+        found != header.metadata.end() && header.metadata.count(kSkippedKey) > 0, InvalidArgument,
+        "cannot resume from " << path << ": not a training state (Trainer::save_state writes one)");
+    const std::string difference = first_difference(found->second, fingerprint);
+    TL_CHECK(difference.empty(), InvalidArgument,
+             "cannot resume from " << path << ": another model or other step options ("
+                                   << difference << ")");
+    for (const auto& [key, value] : expected) {
+      const auto it = header.metadata.find(key);
+      const std::string theirs = it == header.metadata.end() ? "(none)" : it->second;
+      TL_CHECK(theirs == value, InvalidArgument,
+               "cannot resume from " << path << ": another run (" << key << " " << theirs
+                                     << " in the file, " << value << " in this run)");
+    }
+    return std::string();
+  };
+  if (group != nullptr) {
+    on_rank0(*group, "restore_state " + path + ": check", check);
+  } else {
+    check();
+  }
+}
+
+}  // namespace
+
+std::string Trainer::state_fingerprint() const {
+  std::istringstream in(trainer_fingerprint(variables_, DType::Float32, optimizer_, options_));
+  std::string kept;
+  for (std::string line; std::getline(in, line);) {
+    if (!layout_line(line)) kept += line + "\n";
+  }
+  return kept;
+}
+
+void Trainer::save_state(const std::string& path,
+                         const std::map<std::string, std::string>& metadata) {
+  std::map<std::string, std::string> all = metadata;
+  all[kFingerprintKey] = state_fingerprint();
+  all[kSkippedKey] = std::to_string(skipped_steps_);
+  if (options_.process_group != nullptr) {
+    save_checkpoint(*options_.process_group, path, *master_, &optimizer_, all);
+  } else {
+    save_checkpoint(path, *master_, &optimizer_, all);
+  }
+}
+
+CheckpointInfo Trainer::restore_state(const std::string& path,
+                                      const std::map<std::string, std::string>& expected) {
+  ProcessGroup* group = options_.process_group;
+  check_resumable(group, path, state_fingerprint(), expected);
+  const Stream& stream = default_stream(master_device_);
+  CheckpointInfo info = group != nullptr
+                            ? load_checkpoint(*group, path, *master_, &optimizer_, stream)
+                            : load_checkpoint(path, *master_, &optimizer_, stream);
+  TL_CHECK(info.optimizer_state == CheckpointInfo::OptimizerState::Restored, InvalidArgument,
+           "cannot resume from " << path << ": it holds no optimizer state");
+  skipped_steps_ = std::stoll(info.metadata.at(kSkippedKey));
+  broadcast();
+  return info;
+}
+
+}  // namespace towerlab

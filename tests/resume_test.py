@@ -1,0 +1,312 @@
+#!/usr/bin/env python3
+"""Preemption-safe training of the fashion_mnist sample, end to end (README: Resuming).
+
+    resume_test.py CASE SAMPLE WORKDIR [--mpirun "mpirun args"] [--ranks N]
+
+Every case trains a short run (2 epochs of 5 steps of 32 images, a checkpoint every
+2 steps) uninterrupted once, then interrupts the same command and runs it again, and
+compares the final checkpoint (variables, moving statistics, optimizer slots), the
+summaries file and the metrics with the uninterrupted run's. Cases:
+  kill      kill -9 at 5 points (after a step between checkpoints, inside a save
+            through the sample's pause hook, after an epoch's last step, in the second
+            epoch after a resume, after the last step before the final save): the
+            rerun ends bit-identical. Under --mpirun the kills hit other ranks too.
+  controls  a resume that forgets the data position, or the optimizer's step,
+            must not end bit-identical (the comparison can fail).
+  sigterm   SIGTERM (to mpirun under --mpirun) stops at a step boundary with exit 4
+            and a checkpoint there (every rank names the same step); the rerun ends
+            bit-identical. A second SIGTERM during a save ends the run at once, the
+            previous checkpoint intact.
+  corrupt   a truncated newest checkpoint is skipped with a warning naming it; all of
+            them unreadable: exit 2 naming them.
+  layout    checkpointed on cpu,cpu, resumed on cpu (and under --mpirun on N ranks of
+            one cpu tower): equal to float rounding (rtol 1e-4, atol 1e-5); the control
+            (a resume without the data position) exceeds that tolerance.
+Exits 0 when the case passes, 1 with what differed.
+"""
+import argparse
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi"))
+import compare_checkpoints  # noqa: E402
+
+STEPS = 10  # 2 epochs of 5
+TRAIN = ["--epochs", "2", "--steps", "5", "--batch", "32", "--checkpoint-every", "2",
+         "--test-samples", "100", "--progress-every", "1", "--seed", "5"]
+FINAL = "step-%06d.safetensors" % STEPS
+TIMEOUT = 300
+
+
+class Runner:
+    def __init__(self, sample, workdir, mpirun, ranks):
+        self.sample, self.workdir = sample, workdir
+        self.extra = []  # more training options for every run of a case
+        self.mpirun = mpirun.split() if mpirun else []
+        self.ranks = ranks
+
+    def command(self, name, devices="cpu,cpu", ranks=None):
+        d = os.path.join(self.workdir, name)
+        args = [self.sample, "--devices", devices, *TRAIN, *self.extra, "--checkpoint-dir", d,
+                "--summaries", d + ".csv", "--metrics", d + ".json"]
+        n = ranks if ranks is not None else self.ranks
+        return (self.mpirun + ["-np", str(n)] + args) if self.mpirun and n else args
+
+    def env(self, **hooks):
+        env = dict(os.environ)
+        env.update({k: str(v) for k, v in hooks.items()})
+        return env
+
+    def run(self, name, expect=0, devices="cpu,cpu", ranks=None, **hooks):
+        p = subprocess.run(self.command(name, devices, ranks), env=self.env(**hooks),
+                           capture_output=True, text=True, timeout=TIMEOUT)
+        if expect == "killed":
+            ok = p.returncode != 0
+        else:
+            ok = p.returncode == expect
+        if not ok:
+            raise Failure(f"{name}: exit {p.returncode}, expected {expect}\n{p.stdout}\n{p.stderr}")
+        return p
+
+    def start(self, name, **hooks):
+        return subprocess.Popen(self.command(name), env=self.env(**hooks), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def path(self, name, *parts):
+        return os.path.join(self.workdir, name, *parts)
+
+    def fresh(self, name):
+        for p in (self.path(name), self.path(name) + ".csv", self.path(name) + ".json"):
+            if os.path.isdir(p):
+                shutil.rmtree(p)
+            elif os.path.exists(p):
+                os.remove(p)
+        return name
+
+
+class Failure(Exception):
+    pass
+
+
+def differences(a, b, exact=True, rtol=0.0, atol=0.0):
+    """What differs between two final checkpoints: [] when nothing."""
+    x, y = compare_checkpoints.read(a), compare_checkpoints.read(b)
+    if sorted(x) != sorted(y):
+        return [f"different tensors: {sorted(set(x) ^ set(y))}"]
+    bad = []
+    for name in sorted(x):
+        (xs, xv), (ys, yv) = x[name], y[name]
+        if xs != ys:
+            bad.append(f"{name}: shape {xs} vs {ys}")
+        elif exact and xv.tobytes() != yv.tobytes():
+            bad.append(f"{name}: bits differ")
+        elif not exact and any(abs(u - v) > atol + rtol * abs(v) for u, v in zip(xv, yv)):
+            largest = max(abs(u - v) for u, v in zip(xv, yv))
+            bad.append(f"{name}: largest difference {largest:g}")
+    return bad
+
+
+def same_run(r, name, reference):
+    """The final checkpoint, the summaries and the metrics equal the reference's."""
+    bad = differences(r.path(reference, FINAL), r.path(name, FINAL))
+    with open(r.path(reference) + ".csv") as a, open(r.path(name) + ".csv") as b:
+        if a.read() != b.read():
+            bad.append("summaries differ")
+    with open(r.path(reference) + ".json") as a, open(r.path(name) + ".json") as b:
+        drop = re.compile(r'.*"images_per_second".*\n')
+        if drop.sub("", a.read()) != drop.sub("", b.read()):
+            bad.append("metrics differ")
+    return bad
+
+
+def expect_same(r, name, reference):
+    bad = same_run(r, name, reference)
+    if bad:
+        raise Failure(f"{name}: not the uninterrupted run's result: " + "; ".join(bad))
+    print(f"{name}: bit-identical to the uninterrupted run")
+
+
+def resumed_from(p, step):
+    m = re.search(r"resuming from (\S+) \(epoch (\d+), step (\d+) of 5\)", p.stdout)
+    if not m or not m.group(1).endswith("step-%06d.safetensors" % step):
+        raise Failure(f"expected a resume from step {step}:\n{p.stdout}\n{p.stderr}")
+
+
+def wait_for(process, pattern, stream="stderr"):
+    """Reads the process's stream until a line matches; returns the match."""
+    deadline = time.time() + TIMEOUT
+    source = getattr(process, stream)
+    seen = ""
+    while time.time() < deadline:
+        line = source.readline()
+        if not line:
+            break
+        seen += line
+        m = re.search(pattern, line)
+        if m:
+            return m
+    process.kill()
+    raise Failure(f"never printed {pattern!r}:\n{seen}")
+
+
+def killed_in_save(r, name, step):
+    """Starts the run, kills -9 the process paused inside the save of `step`."""
+    p = r.start(name, TOWERLAB_TEST_PAUSE_IN_SAVE=step)
+    m = wait_for(p, r"pid (\d+) paused in the save of (\S+)")
+    os.kill(int(m.group(1)), signal.SIGKILL)
+    p.communicate(timeout=TIMEOUT)
+    leftovers = [f for f in os.listdir(r.path(name)) if ".tmp-" in f]
+    if not leftovers:
+        raise Failure(f"{name}: the paused save left no temporary file: the hook is not inside it")
+
+
+def case_kill(r):
+    ref = r.fresh("reference")
+    r.run(ref)
+    # (hooks, the rank that dies under mpirun, the checkpoint the rerun resumes from)
+    points = [({"TOWERLAB_TEST_KILL_AFTER_STEP": 3}, 0, 2),   # between two checkpoints
+              ("save", 0, 2),                                  # inside the save of step 4
+              ({"TOWERLAB_TEST_KILL_AFTER_STEP": 5}, 1, 4),   # an epoch's end, before its test
+              ({"TOWERLAB_TEST_KILL_AFTER_STEP": 10}, 2, 8)]  # the last step, before its save
+    for i, (hooks, rank, resume_step) in enumerate(points):
+        name = r.fresh(f"kill{i}")
+        rank = rank if r.mpirun else 0
+        if hooks == "save":
+            killed_in_save(r, name, 4)
+        else:
+            r.run(name, expect="killed", TOWERLAB_TEST_KILL_RANK=rank, **hooks)
+        resumed_from(r.run(name), resume_step)
+        expect_same(r, name, ref)
+    # Two kills in one run, the second in the resumed epoch 2.
+    name = r.fresh("kill_twice")
+    r.run(name, expect="killed", TOWERLAB_TEST_KILL_AFTER_STEP=1)
+    r.run(name, expect="killed", TOWERLAB_TEST_KILL_AFTER_STEP=7,
+          TOWERLAB_TEST_KILL_RANK=r.ranks - 1 if r.mpirun else 0)
+    resumed_from(r.run(name), 6)
+    expect_same(r, name, ref)
+    p = r.run(name)  # finished: says so, trains nothing
+    if "the run has finished" not in p.stdout or "epoch 1:" in p.stdout:
+        raise Failure(f"a finished run started again:\n{p.stdout}")
+
+
+def case_controls(r):
+    ref = r.fresh("reference")
+    r.run(ref)
+    for part in ("data_position", "optimizer_step"):
+        name = r.fresh(f"without_{part}")
+        r.run(name, expect="killed", TOWERLAB_TEST_KILL_AFTER_STEP=3)
+        resumed_from(r.run(name, TOWERLAB_TEST_RESUME_WITHOUT=part), 2)
+        bad = differences(r.path(ref, FINAL), r.path(name, FINAL))
+        if not bad:
+            raise Failure(f"control: a resume without the {part} ended bit-identical")
+        print(f"control without the {part}: differs as it must ({len(bad)} tensors)")
+
+
+def case_sigterm(r):
+    ref = r.fresh("reference")
+    r.run(ref)
+    name = r.fresh("sigterm")
+    p = r.start(name)
+    wait_for(p, r"epoch 1 step 3/5", stream="stdout")
+    # To mpirun (which passes it on to every rank) or to the one process.
+    os.kill(p.pid, signal.SIGTERM)
+    out, err = p.communicate(timeout=TIMEOUT)
+    steps = re.findall(r"preempted \(SIGTERM\) after step (\d+): checkpoint (\S+);", err)
+    if p.returncode != 4 or len(steps) != max(r.ranks, 1) or len(set(steps)) != 1:
+        raise Failure(f"SIGTERM: exit {p.returncode} (expected 4), one step for every rank "
+                      f"expected: {steps}\n{out}\n{err}")
+    step = int(steps[0][0])
+    if not os.path.exists(steps[0][1]) or step < 3:
+        raise Failure(f"SIGTERM: no checkpoint {steps[0][1]} at or after step 3")
+    print(f"SIGTERM: every rank stopped after step {step}, exit 4")
+    resumed_from(r.run(name), step % 5)
+    expect_same(r, name, ref)
+    # A second SIGTERM ends the run at once, here inside the save of step 4: the
+    # previous checkpoint (step 2) stays, and the rerun finishes bit-identical.
+    if not r.mpirun:
+        name = r.fresh("sigterm_twice")
+        p = r.start(name, TOWERLAB_TEST_PAUSE_IN_SAVE=4)
+        wait_for(p, r"paused in the save of")
+        os.kill(p.pid, signal.SIGTERM)
+        time.sleep(0.2)
+        os.kill(p.pid, signal.SIGTERM)
+        p.communicate(timeout=TIMEOUT)
+        if p.returncode != -signal.SIGTERM:
+            raise Failure(f"a second SIGTERM: exit {p.returncode}, expected death by SIGTERM")
+        resumed_from(r.run(name), 2)
+        expect_same(r, name, ref)
+
+
+def case_corrupt(r):
+    ref = r.fresh("reference")
+    r.run(ref)
+    name = r.fresh("corrupt")
+    r.run(name, expect="killed", TOWERLAB_TEST_KILL_AFTER_STEP=7)  # keeps steps 4 and 6
+    newest = r.path(name, "step-000006.safetensors")
+    with open(newest, "r+b") as f:
+        f.truncate(os.path.getsize(newest) // 2)
+    p = r.run(name)
+    if f"warning: skipping the checkpoint {newest}" not in p.stderr:
+        raise Failure(f"no warning naming {newest}:\n{p.stderr}")
+    resumed_from(p, 4)
+    expect_same(r, name, ref)
+    for f in os.listdir(r.path(name)):
+        with open(r.path(name, f), "wb") as out:
+            out.write(b"not a checkpoint")
+    p = r.run(name, expect=2)
+    if "no usable checkpoint" not in p.stderr or FINAL not in p.stderr:
+        raise Failure(f"all corrupt: the message does not name them:\n{p.stderr}")
+    print("corrupt: newest skipped with a warning; all corrupt: exit 2 naming them")
+
+
+def case_layout(r):
+    # Synchronized batch norm: with local batch norm each tower normalizes its own
+    # slice, so another split is another model (README: Resuming).
+    r.extra = ["--batchnorm", "sync"]
+    tolerance = dict(exact=False, rtol=1e-4, atol=1e-5)
+    ref = r.fresh("reference")
+    r.run(ref, ranks=0)
+    names = []
+    for devices, ranks in [("cpu", 0)] + ([("cpu", r.ranks)] if r.mpirun else []):
+        name = r.fresh(f"layout_{devices}_{ranks}")
+        r.run(name, expect="killed", ranks=0, TOWERLAB_TEST_KILL_AFTER_STEP=3)
+        resumed_from(r.run(name, devices=devices, ranks=ranks), 2)
+        bad = differences(r.path(ref, FINAL), r.path(name, FINAL), **tolerance)
+        if bad:
+            raise Failure(f"{name}: beyond float rounding: " + "; ".join(bad))
+        print(f"{name}: equal to the uninterrupted run within rtol 1e-4, atol 1e-5")
+        names.append(name)
+    name = r.fresh("layout_control")
+    r.run(name, expect="killed", ranks=0, TOWERLAB_TEST_KILL_AFTER_STEP=3)
+    r.run(name, devices="cpu", ranks=0, TOWERLAB_TEST_RESUME_WITHOUT="data_position")
+    if not differences(r.path(ref, FINAL), r.path(name, FINAL), **tolerance):
+        raise Failure("control: a resume without the data position is within the tolerance")
+    print("control: a resume without the data position exceeds the tolerance")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("case", choices=["kill", "controls", "sigterm", "corrupt", "layout"])
+    parser.add_argument("sample")
+    parser.add_argument("workdir")
+    parser.add_argument("--mpirun", default="")
+    parser.add_argument("--ranks", type=int, default=0)
+    args = parser.parse_args()
+    workdir = os.path.join(args.workdir, args.case + ("_mpi" if args.mpirun else ""))
+    os.makedirs(workdir, exist_ok=True)
+    r = Runner(args.sample, workdir, args.mpirun, args.ranks)
+    try:
+        globals()["case_" + args.case](r)
+    except Failure as e:
+        print(f"FAILED: {e}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
