@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "engine/error.h"
+#include "parallel/ring_schedule.h"
 
 #if TOWERLAB_WITH_MPI
 #include <mpi.h>
@@ -445,45 +446,38 @@ void Cluster::ring_allreduce(std::span<T> values, std::string_view what, ReduceF
     m.fail("an all-reduce of " + std::to_string(n) + " values at offset " +
            std::to_string(frame.offset) + " of a buffer of " + std::to_string(total));
   }
-  // Chunk c of the whole buffer, within the values (indices into `values`).
-  auto first = [&](int chunk) {
-    const std::size_t at = total * std::size_t(chunk) / std::size_t(p);
-    return std::clamp(at, frame.offset, frame.offset + n) - frame.offset;
-  };
-  auto count = [&](int chunk) { return first(chunk + 1) - first(chunk); };
-  std::size_t largest = 0;
-  for (int c = 0; c < p; ++c) largest = std::max(largest, count(c));
-  if (largest > std::size_t(INT_MAX)) {
+  // The towers' ring's schedule, over the ranks, with the whole buffer's chunks.
+  const auto offset = std::int64_t(frame.offset);
+  const RingSchedule schedule(p, std::int64_t(total), offset, offset + std::int64_t(n));
+  if (schedule.largest_chunk() > INT_MAX) {
     m.fail("an all-reduce of " + std::to_string(n) + " values has chunks over INT_MAX elements");
   }
-  m.scratch.resize((largest + 1) * sizeof(T));
+  m.scratch.resize(std::size_t(schedule.largest_chunk() + 1) * sizeof(T));
   T* incoming = reinterpret_cast<T*>(m.scratch.data());
+  // Chunk c of the values (within `values`) and its length.
+  auto at = [&](std::int64_t chunk) {
+    return values.data() + (schedule.chunk(chunk).begin - offset);
+  };
+  auto count = [&](std::int64_t chunk) { return int(schedule.chunk(chunk).size()); };
   const int right = (r + 1) % p, left = (r + p - 1) % p;
   const MPI_Datatype type = mpi_type<T>();
   std::array<MPI_Request, 2> requests{MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-  // Reduce-scatter: at step s this rank adds its values to chunk (r - s - 1), which
-  // arrives carrying the sum of ranks (r - s - 1) .. (r - 1) in that order.
-  for (int s = 0; s < p - 1; ++s) {
-    const int send = (r - s + p) % p, recv = (r - s - 1 + p) % p;
-    m.check(MPI_Irecv(incoming, int(count(recv)), type, left, 0, m.data, &requests[0]),
+  for (const RingStep& step : schedule.steps(r)) {
+    // The reduce-scatter receives into `incoming` and adds; the all-gather
+    // receives the finished chunk straight over this rank's.
+    const bool gather = step.phase == RingPhase::AllGather;
+    m.check(MPI_Irecv(gather ? at(step.receive) : incoming, count(step.receive), type, left, 0,
+                      m.data, &requests[0]),
             "MPI_Irecv");
-    m.check(MPI_Isend(values.data() + first(send), int(count(send)), type, right, 0, m.data,
-                      &requests[1]),
+    m.check(MPI_Isend(at(step.send), count(step.send), type, right, 0, m.data, &requests[1]),
             "MPI_Isend");
-    m.wait(requests, "the ring's reduce-scatter");
-    T* mine = values.data() + first(recv);
-    for (std::size_t i = 0; i < count(recv); ++i) mine[i] = incoming[i] + mine[i];
-  }
-  // Allgather: chunk (r + 1) is complete here; pass the finished chunks around.
-  for (int s = 0; s < p - 1; ++s) {
-    const int send = (r + 1 - s + p) % p, recv = (r - s + p) % p;
-    m.check(MPI_Irecv(values.data() + first(recv), int(count(recv)), type, left, 0, m.data,
-                      &requests[0]),
-            "MPI_Irecv");
-    m.check(MPI_Isend(values.data() + first(send), int(count(send)), type, right, 0, m.data,
-                      &requests[1]),
-            "MPI_Isend");
-    m.wait(requests, "the ring's allgather");
+    m.wait(requests, gather ? "the ring's allgather" : "the ring's reduce-scatter");
+    if (!gather) {
+      // Arrives carrying the sum of the ranks before this one, in the schedule's
+      // order; this rank's values are added last.
+      T* mine = at(step.receive);
+      for (int i = 0; i < count(step.receive); ++i) mine[i] = incoming[i] + mine[i];
+    }
   }
   m.end();
 }

@@ -18,11 +18,11 @@
 // ranks or message sizes. In the ring's reduce-scatter, chunk c is summed in the
 // fixed order rank c, c+1, ..., c-1 (mod size), by one rank, and the allgather then
 // copies the finished chunk to the others, so every rank holds the same bits, run
-// after run, for a given group size: the rule the in-process ring follows
-// (parallel/ring_allreduce.h). A call with a ReduceFrame cuts its chunks where the
-// whole buffer's chunks end, so a range summed on its own gets the same bits. Its traffic is
-// 2(size-1)/size of the buffer per rank, the optimum. Broadcast and allgather carry no arithmetic
-// and use MPI's own non-blocking collectives.
+// after run, for a given group size: the schedule of the in-process ring
+// (parallel/ring_allreduce.h), one schedule for both (parallel/ring_schedule.h). A call with a
+// ReduceFrame cuts its chunks where the whole buffer's chunks end, so a range summed on its own
+// gets the same bits. Its traffic is 2(size-1)/size of the buffer per rank, the optimum. Broadcast
+// and allgather carry no arithmetic and use MPI's own non-blocking collectives.
 //
 // No call waits forever. Every call is non-blocking and polled against a deadline
 // (ClusterOptions::deadline, 120 s by default; the environment variable

@@ -13,11 +13,6 @@
 
 namespace towerlab {
 
-std::pair<std::int64_t, std::int64_t> ring_chunk(std::int64_t length, std::int64_t n,
-                                                 std::int64_t k) {
-  return {length * k / n, length * (k + 1) / n};
-}
-
 namespace {
 
 // mine += theirs, ordered on `stream` (mine's device): in place, or through
@@ -81,27 +76,25 @@ void Ring::allreduce_range(const std::vector<Tensor>& buffers, std::int64_t begi
   auto member = [&](std::int64_t i) -> const Stream& {
     return *streams_[std::size_t((i + n) % n)];
   };
-  // Chunk k of the whole buffer, within the range.
+  const RingSchedule schedule(n, length, begin, end);
+  // Chunk k of member j's buffer (the whole buffer's chunk, within the range).
   auto chunk_of = [&](std::int64_t j, std::int64_t k) {
-    const auto [first, last] = ring_chunk(length, n, ((k % n) + n) % n);
-    const std::int64_t from = std::max(first, begin), to = std::max(from, std::min(last, end));
-    return buffers[std::size_t((j + n) % n)].view(from, {to - from});
+    const RingRange r = schedule.chunk(k);
+    return buffers[std::size_t((j + n) % n)].view(r.begin, {r.size()});
   };
   // A receive buffer (the largest chunk) for each member that cannot read in place.
-  const std::int64_t max_chunk = std::min((length + n - 1) / n, end - begin);
   std::vector<Tensor> received(static_cast<std::size_t>(n));
   for (std::int64_t j = 0; j < n; ++j) {
     if (!in_place_[std::size_t(j)])
-      received[std::size_t(j)] = Tensor::empty({max_chunk}, member(j));
+      received[std::size_t(j)] = Tensor::empty({schedule.largest_chunk()}, member(j));
   }
 
-  // Step s of a phase for member j: it reads chunk k of its predecessor (the
-  // sender) and adds it into, or copies it over, its own chunk k.
-  auto step = [&](std::int64_t j, bool gather, std::int64_t s) {
-    const std::int64_t i = j - 1;  // the sender
-    const std::int64_t k = gather ? i + 1 - s : i - s;
-    Tensor theirs = chunk_of(i, k);
-    Tensor mine = chunk_of(j, k);
+  // Member j's step: it reads the chunk it receives from its predecessor (the
+  // sender) in place and adds it into, or copies it over, its own.
+  auto step = [&](std::int64_t j, const RingStep& at) {
+    const bool gather = at.phase == RingPhase::AllGather;
+    Tensor theirs = chunk_of(j - 1, at.receive);
+    Tensor mine = chunk_of(j, at.receive);
     if (mine.numel() == 0) return;
     const auto start = std::chrono::steady_clock::now();
     if (gather) {
@@ -112,9 +105,10 @@ void Ring::allreduce_range(const std::vector<Tensor>& buffers, std::int64_t begi
     if (trace != nullptr) {
       member(j).synchronize();
       trace->span(first_row + int(j),
-                  (gather ? "all-gather " : "reduce-scatter ") + std::to_string(s), start, "ring",
-                  {{"ring step", s},
-                   {"chunk", ((k % n) + n) % n},
+                  (gather ? "all-gather " : "reduce-scatter ") + std::to_string(at.index), start,
+                  "ring",
+                  {{"ring step", at.index},
+                   {"chunk", at.receive},
                    {"bytes", mine.numel() * std::int64_t(sizeof(float))}});
     }
   };
@@ -126,11 +120,9 @@ void Ring::allreduce_range(const std::vector<Tensor>& buffers, std::int64_t begi
     team_->run([&](std::size_t index) {
       const auto j = std::int64_t(index);
       try {
-        for (int phase = 0; phase < 2; ++phase) {
-          for (std::int64_t s = 0; s < n - 1; ++s) {
-            step(j, phase == 1, s);
-            step_done.arrive_and_wait();
-          }
+        for (const RingStep& at : schedule.steps(j)) {
+          step(j, at);
+          step_done.arrive_and_wait();
         }
       } catch (...) {
         step_done.arrive_and_drop();  // the others finish their steps; run() rethrows
@@ -142,9 +134,9 @@ void Ring::allreduce_range(const std::vector<Tensor>& buffers, std::int64_t begi
 
   // Every member's buffer is ready on its own stream (its backward ran there).
   for (std::int64_t i = 0; i < n; ++i) done_[std::size_t(i)].record(member(i));
-  for (int phase = 0; phase < 2; ++phase) {
-    const bool gather = phase == 1;
-    for (std::int64_t s = 0; s < n - 1; ++s) {
+  for (RingPhase phase : {RingPhase::ReduceScatter, RingPhase::AllGather}) {
+    const bool gather = phase == RingPhase::AllGather;
+    for (std::int64_t s = 0; s < schedule.steps_per_phase(); ++s) {
       // Member j reads from its predecessor what that member's previous step wrote.
       // All waits are issued before any of this step's records, so each captures the
       // previous step and the members of one step run concurrently.
@@ -154,7 +146,7 @@ void Ring::allreduce_range(const std::vector<Tensor>& buffers, std::int64_t begi
         // finished reading this member's chunks in the reduce-scatter.
         if (gather && s == 0) member(j).wait(done_[std::size_t((j + 1) % n)]);
       }
-      for (std::int64_t j = 0; j < n; ++j) step(j, gather, s);
+      for (std::int64_t j = 0; j < n; ++j) step(j, schedule.step(j, phase, s));
       for (std::int64_t j = 0; j < n; ++j) done_[std::size_t(j)].record(member(j));
     }
   }

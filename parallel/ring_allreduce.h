@@ -12,7 +12,8 @@
 // Each chunk's sum is accumulated in one fixed order around the ring (chunk k:
 // member k's, plus member k+1's, plus member k+2's, ...), so the result is the same
 // bits on every run and in every member, however the threads and streams are
-// scheduled.
+// scheduled. The schedule is data in parallel/ring_schedule.h, which the processes'
+// ring (parallel/cluster.h) follows too.
 //
 // Reads. The receiver reads the sender's chunk in place and adds it in one kernel
 // (kernels/peer_add.h) when its device can read the sender's memory: on the host,
@@ -48,6 +49,7 @@
 
 #include "engine/stream.h"
 #include "engine/tensor.h"
+#include "parallel/ring_schedule.h"
 
 namespace towerlab {
 
@@ -103,9 +105,5 @@ class Ring {
 // of one.
 void reduce_and_broadcast(const std::vector<const Stream*>& streams,
                           const std::vector<Tensor>& buffers, std::size_t root = 0);
-
-// [begin, end) of chunk k of n over length L: balanced, sizes differ by at most one.
-std::pair<std::int64_t, std::int64_t> ring_chunk(std::int64_t length, std::int64_t n,
-                                                 std::int64_t k);
 
 }  // namespace towerlab
