@@ -454,8 +454,8 @@ Registry& registry() {
 // cache, which tests of the CPU's steady state rely on).
 MemoryOptions initial_cuda_options() {
   MemoryOptions options;
-  const char* exact = std::getenv("TOWERLAB_EXACT_ALLOCATIONS");
-  options.exact_blocks = exact != nullptr && std::string(exact) == "1";
+  options.exact_blocks =
+      detail::environment_choice("TOWERLAB_EXACT_ALLOCATIONS", {"0", "1"}) == "1";
   return options;
 }
 

@@ -17,13 +17,28 @@
 //   set_gemm_isa(isa)                     the CPU GEMM's vector micro-kernel;
 //       TOWERLAB_GEMM_ISA=portable|avx2|avx512 in the environment sets the initial
 //       one.
+//   set_conv2d_algorithm(algorithm)       how the CPU's float32 conv2d computes
+//       (im2col or Winograd); TOWERLAB_CONV2D_ALGORITHM=auto|im2col|winograd in the
+//       environment sets the initial one.
 //
 // Each has a getter, may be called from any thread, and takes effect for work
 // submitted after it returns. Set them once, before the trainers are made: a
 // setting changed while another thread trains changes that training too.
+//
+// The environment. TOWERLAB_GEMM_ISA, TOWERLAB_CONV2D_ALGORITHM and
+// TOWERLAB_EXACT_ALLOCATIONS (1 or 0) are read once, when the setting is first
+// used. A value that is not one of the variable's choices (a misspelling, an ISA
+// this CPU lacks) leaves the default in place and prints one line on stderr naming
+// the variable, the value and the choices, once per variable: a run that meant to
+// pin a setting does not quietly measure another. (TOWERLAB_MPI_DEADLINE_S, an
+// option of parallel/cluster.h, throws for a malformed value instead.)
 #pragma once
 
 #include <cstddef>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <string_view>
 
 #include "engine/device.h"
 
@@ -72,5 +87,28 @@ enum class GemmIsa { Auto, Portable, Avx2, Avx512 };
 bool gemm_isa_supported(GemmIsa isa);
 void set_gemm_isa(GemmIsa isa);  // throws NotSupported for an ISA this CPU lacks
 GemmIsa gemm_isa();              // the one in use (never Auto)
+
+// --- conv2d -----------------------------------------------------------------
+// How the CPU's float32 conv2d forward and backward-data compute (float64 always
+// lowers with im2col: it serves the gradient checks). Auto takes Winograd
+// F(2x2,3x3) (kernels/cpu/winograd.h) where it applies and pays (the forward of 3x3
+// layers with 16 or more input and output channels), im2col elsewhere; Im2col and
+// Winograd force one for both passes, for tests and benchmarks (a forced Winograd
+// still lowers the shapes it cannot do). kernels/cpu/conv2d.h's
+// ScopedConv2dAlgorithm sets it for a scope.
+enum class Conv2dAlgorithm { Auto, Im2col, Winograd };
+void set_conv2d_algorithm(Conv2dAlgorithm algorithm);
+Conv2dAlgorithm conv2d_algorithm();
+
+namespace detail {
+// The value of environment variable `variable` when it is set (and not empty) and
+// one of `choices`. Any other value reads as unset, after a warning on stderr, the
+// first time only for each variable.
+std::optional<std::string> environment_choice(const char* variable,
+                                              std::initializer_list<std::string_view> choices);
+// Prints "towerlab: <variable>=<value> <why>; <what happens>" on stderr, the first
+// time only for each variable.
+void warn_about_environment(const char* variable, std::string_view value, std::string_view why);
+}  // namespace detail
 
 }  // namespace towerlab

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "engine/allocator.h"
+#include "engine/settings.h"
 #include "engine/tensor.h"
 #include "kernels/conv2d.h"
 
@@ -28,16 +29,10 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
                      const Tensor& grad_y, const Tensor& x, const Tensor& weight,
                      const Conv2dShape& shape);
 
-// How the float32 forward and backward-data compute (float64 always lowers with
-// im2col: it serves the gradient checks). Auto takes Winograd F(2x2,3x3)
-// (kernels/cpu/winograd.h) where it applies and pays (the forward of 3x3 layers
-// with 16 or more input and output channels), im2col elsewhere; Im2col and
-// Winograd force one for both passes, for tests and benchmarks (a forced Winograd
-// still lowers the shapes it cannot do). Process-wide, like the GEMM's ISA: the environment
-// variable TOWERLAB_CONV2D_ALGORITHM=auto|im2col|winograd sets the initial choice, so that a whole
-// program (the fashion_mnist sample) can be timed either way.
-enum class Conv2dAlgorithm { Auto, Im2col, Winograd };
-Conv2dAlgorithm conv2d_algorithm();
+// How the float32 forward and backward-data compute: the process-wide setting
+// Conv2dAlgorithm (engine/settings.h), named here too for the CPU code.
+using towerlab::conv2d_algorithm;
+using towerlab::Conv2dAlgorithm;
 
 // Sets the algorithm while it lives and restores the previous one at the end. The
 // setting is an atomic: any thread may hold one, and work started after the

@@ -25,6 +25,7 @@
 #include <type_traits>
 
 #include "engine/error.h"
+#include "engine/settings.h"
 #include "engine/thread_pool.h"
 #include "kernels/cpu/matmul.h"
 
@@ -498,14 +499,18 @@ const char* isa_name(GemmIsa isa) {
 }
 
 // The environment may pin the kernel (TOWERLAB_GEMM_ISA=portable|avx2|avx512),
-// e.g. to rule one out on a new machine; an unsupported or unknown name is ignored.
+// e.g. to rule one out on a new machine; an unknown name, or an ISA this CPU lacks,
+// warns once and leaves the automatic choice (engine/settings.h).
 GemmIsa initial_isa() {
-  const char* name = std::getenv("TOWERLAB_GEMM_ISA");
-  const std::string wanted = name != nullptr ? name : "";
+  const auto wanted =
+      detail::environment_choice("TOWERLAB_GEMM_ISA", {"portable", "avx2", "avx512"});
+  if (!wanted) return best_isa();
   for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
     std::string lower = isa_name(isa);
     for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    if (wanted == lower && cpu_has(isa)) return isa;
+    if (*wanted != lower) continue;
+    if (cpu_has(isa)) return isa;
+    detail::warn_about_environment("TOWERLAB_GEMM_ISA", *wanted, "is not supported by this CPU");
   }
   return best_isa();
 }

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "engine/settings.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/simd.h"
@@ -24,10 +25,10 @@ namespace towerlab::cpu {
 namespace {
 
 // The environment may pin the algorithm (TOWERLAB_CONV2D_ALGORITHM=auto|im2col|
-// winograd); an unknown name is ignored, as TOWERLAB_GEMM_ISA's is.
+// winograd); an unknown name warns once and leaves Auto (engine/settings.h).
 Conv2dAlgorithm initial_algorithm() {
-  const char* name = std::getenv("TOWERLAB_CONV2D_ALGORITHM");
-  const std::string wanted = name != nullptr ? name : "";
+  const auto wanted =
+      detail::environment_choice("TOWERLAB_CONV2D_ALGORITHM", {"auto", "im2col", "winograd"});
   if (wanted == "im2col") return Conv2dAlgorithm::Im2col;
   if (wanted == "winograd") return Conv2dAlgorithm::Winograd;
   return Conv2dAlgorithm::Auto;
@@ -268,10 +269,6 @@ void run(float* out, const float* in, const float* u, const float* bias, bool ac
 
 }  // namespace
 
-Conv2dAlgorithm conv2d_algorithm() {
-  return selected_algorithm().load();
-}
-
 ScopedConv2dAlgorithm::ScopedConv2dAlgorithm(Conv2dAlgorithm algorithm)
     : previous_(selected_algorithm().exchange(algorithm)) {}
 
@@ -326,3 +323,15 @@ void winograd_backward_data(float* grad_x, const float* grad_y, const float* wei
 }
 
 }  // namespace towerlab::cpu
+
+namespace towerlab {
+
+void set_conv2d_algorithm(Conv2dAlgorithm algorithm) {
+  cpu::selected_algorithm().store(algorithm);
+}
+
+Conv2dAlgorithm conv2d_algorithm() {
+  return cpu::selected_algorithm().load();
+}
+
+}  // namespace towerlab
