@@ -110,11 +110,7 @@ void batchnorm_stats(const Tensor& mean, const Tensor& m2, const Tensor& x, cons
   }
   d.mean = mean;
   d.m2 = m2;
-  if (stream.device().is_cpu()) {
-    cpu::batchnorm_stats(d);
-  } else {
-    TL_ON_CUDA(cuda::batchnorm_stats(d, stream));
-  }
+  TL_DISPATCH(stream, cpu::batchnorm_stats(d), cuda::batchnorm_stats(d, stream));
 }
 
 void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_t count_a,
@@ -128,11 +124,8 @@ void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_
            op << ": counts must be >= 0, got " << count_a << " and " << count_b);
   if (stream.device().is_cuda()) kernels::check_float32(op, "mean_a", mean_a);
   if (mean_a.numel() == 0 || count_b == 0) return;
-  if (stream.device().is_cpu()) {
-    cpu::batchnorm_merge_stats(mean_a, m2_a, count_a, mean_b, m2_b, count_b);
-  } else {
-    TL_ON_CUDA(cuda::batchnorm_merge_stats(mean_a, m2_a, count_a, mean_b, m2_b, count_b, stream));
-  }
+  TL_DISPATCH(stream, cpu::batchnorm_merge_stats(mean_a, m2_a, count_a, mean_b, m2_b, count_b),
+              cuda::batchnorm_merge_stats(mean_a, m2_a, count_a, mean_b, m2_b, count_b, stream));
 }
 
 void batchnorm_forward_from_stats(const Tensor& y, const Tensor& inv_std, const Tensor& moving_mean,
@@ -178,11 +171,8 @@ void batchnorm_forward_from_stats(const Tensor& y, const Tensor& inv_std, const 
   d.eps = eps;
   d.momentum = momentum;
   d.activation = activation;
-  if (stream.device().is_cpu()) {
-    cpu::batchnorm_forward_from_stats(d);
-  } else {
-    TL_ON_CUDA(cuda::batchnorm_forward_from_stats(d, stream));
-  }
+  TL_DISPATCH(stream, cpu::batchnorm_forward_from_stats(d),
+              cuda::batchnorm_forward_from_stats(d, stream));
 }
 
 // --- split API: backward ---------------------------------------------------------
@@ -217,11 +207,8 @@ void batchnorm_backward_reduce(const Tensor& sum_grad_y, const Tensor& sum_grad_
   d.inv_std = inv_std;
   d.sum_grad_y = sum_grad_y;
   d.sum_grad_y_xhat = sum_grad_y_xhat;
-  if (stream.device().is_cpu()) {
-    cpu::batchnorm_backward_reduce(d);
-  } else {
-    TL_ON_CUDA(cuda::batchnorm_backward_reduce(d, stream));
-  }
+  TL_DISPATCH(stream, cpu::batchnorm_backward_reduce(d),
+              cuda::batchnorm_backward_reduce(d, stream));
 }
 
 void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
@@ -258,11 +245,7 @@ void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const 
   d.sum_grad_y = sum_grad_y;
   d.sum_grad_y_xhat = sum_grad_y_xhat;
   d.count = count;
-  if (stream.device().is_cpu()) {
-    cpu::batchnorm_backward_apply(d);
-  } else {
-    TL_ON_CUDA(cuda::batchnorm_backward_apply(d, stream));
-  }
+  TL_DISPATCH(stream, cpu::batchnorm_backward_apply(d), cuda::batchnorm_backward_apply(d, stream));
 }
 
 // --- single-device compositions --------------------------------------------------
@@ -310,11 +293,8 @@ void batchnorm_forward_inference(const Tensor& y, const Tensor& x, const Tensor&
   d.moving_var = moving_var;
   d.eps = eps;
   d.activation = activation;
-  if (stream.device().is_cpu()) {
-    cpu::batchnorm_forward_inference(d);
-  } else {
-    TL_ON_CUDA(cuda::batchnorm_forward_inference(d, stream));
-  }
+  TL_DISPATCH(stream, cpu::batchnorm_forward_inference(d),
+              cuda::batchnorm_forward_inference(d, stream));
 }
 
 void batchnorm_backward(const Tensor& grad_x, const Tensor& grad_gamma, const Tensor& grad_beta,

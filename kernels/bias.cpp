@@ -37,21 +37,15 @@ void bias_add_forward(const Tensor& y, const Tensor& x, const Tensor& bias, cons
   kernels::check_same_shape(op, stream, {{"x", &x}, {"y", &y}});
   const Dims d = dims_of(op, "x", x, "bias", bias, stream);
   if (x.numel() == 0) return;
-  if (stream.device().is_cpu()) {
-    cpu::bias_add_forward(y, x, bias, d.N, d.C, d.S);
-  } else {
-    TL_ON_CUDA(cuda::bias_add_forward(y, x, bias, d.N, d.C, d.S, stream));
-  }
+  TL_DISPATCH(stream, cpu::bias_add_forward(y, x, bias, d.N, d.C, d.S),
+              cuda::bias_add_forward(y, x, bias, d.N, d.C, d.S, stream));
 }
 
 void bias_add_backward(const Tensor& grad_bias, const Tensor& grad_y, const Stream& stream) {
   const Dims d = dims_of("bias_add_backward", "grad_y", grad_y, "grad_bias", grad_bias, stream);
   if (grad_y.numel() == 0) return;  // adds nothing
-  if (stream.device().is_cpu()) {
-    cpu::bias_add_backward(grad_bias, grad_y, d.N, d.C, d.S);
-  } else {
-    TL_ON_CUDA(cuda::bias_add_backward(grad_bias, grad_y, d.N, d.C, d.S, stream));
-  }
+  TL_DISPATCH(stream, cpu::bias_add_backward(grad_bias, grad_y, d.N, d.C, d.S),
+              cuda::bias_add_backward(grad_bias, grad_y, d.N, d.C, d.S, stream));
 }
 
 void bias_add_relu_forward(const Tensor& y, const Tensor& x, const Tensor& bias,
@@ -60,11 +54,8 @@ void bias_add_relu_forward(const Tensor& y, const Tensor& x, const Tensor& bias,
   kernels::check_same_shape(op, stream, {{"x", &x}, {"y", &y}});
   const Dims d = dims_of(op, "x", x, "bias", bias, stream);
   if (x.numel() == 0) return;
-  if (stream.device().is_cpu()) {
-    cpu::bias_add_relu_forward(y, x, bias, d.N, d.C, d.S);
-  } else {
-    TL_ON_CUDA(cuda::bias_add_relu_forward(y, x, bias, d.N, d.C, d.S, stream));
-  }
+  TL_DISPATCH(stream, cpu::bias_add_relu_forward(y, x, bias, d.N, d.C, d.S),
+              cuda::bias_add_relu_forward(y, x, bias, d.N, d.C, d.S, stream));
 }
 
 void bias_add_relu_backward(const Tensor& grad_x, const Tensor& grad_bias, const Tensor& grad_y,
@@ -80,11 +71,8 @@ void bias_add_relu_backward(const Tensor& grad_x, const Tensor& grad_bias, const
   }
   const Dims d = dims_of(op, "grad_y", grad_y, "grad_bias", grad_bias, stream);
   if (grad_y.numel() == 0) return;  // adds nothing
-  if (stream.device().is_cpu()) {
-    cpu::bias_add_relu_backward(grad_x, grad_bias, grad_y, y, d.N, d.C, d.S);
-  } else {
-    TL_ON_CUDA(cuda::bias_add_relu_backward(grad_x, grad_bias, grad_y, y, d.N, d.C, d.S, stream));
-  }
+  TL_DISPATCH(stream, cpu::bias_add_relu_backward(grad_x, grad_bias, grad_y, y, d.N, d.C, d.S),
+              cuda::bias_add_relu_backward(grad_x, grad_bias, grad_y, y, d.N, d.C, d.S, stream));
 }
 
 }  // namespace towerlab

@@ -18,6 +18,20 @@
 #define TL_ON_CUDA(call) TL_THROW(NotSupported, "no CUDA backend in this build")
 #endif
 
+// TL_DISPATCH(stream, cpu_call, cuda_call): the backend dispatch of an op's
+// launcher, once its arguments are checked: cpu_call when `stream` is the host's,
+// cuda_call (through TL_ON_CUDA) otherwise. A macro rather than a function taking
+// two callables, because cuda_call names functions that a build without CUDA does
+// not have.
+#define TL_DISPATCH(stream, cpu_call, cuda_call) \
+  do {                                           \
+    if ((stream).device().is_cpu()) {            \
+      cpu_call;                                  \
+    } else {                                     \
+      TL_ON_CUDA(cuda_call);                     \
+    }                                            \
+  } while (false)
+
 namespace towerlab::kernels {
 
 using NamedTensor = std::pair<const char*, const Tensor*>;

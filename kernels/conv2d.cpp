@@ -95,11 +95,8 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
   check_operand(op, "y", y, {s.N, s.K, s.P, s.Q}, x, stream);
   if (bias.defined()) check_operand(op, "bias", bias, {s.K}, x, stream);
   if (y.numel() == 0) return;
-  if (stream.device().is_cpu()) {
-    cpu::conv2d_forward(y, x, weight, bias, s);
-  } else {
-    TL_ON_CUDA(cuda::conv2d_forward(y, x, weight, bias, s, stream));
-  }
+  TL_DISPATCH(stream, cpu::conv2d_forward(y, x, weight, bias, s),
+              cuda::conv2d_forward(y, x, weight, bias, s, stream));
 }
 
 void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
@@ -115,11 +112,8 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
   // Nothing flows back from an empty output: every gradient gets += 0.
   if (grad_y.numel() == 0) return;
   if (!grad_x.defined() && !grad_weight.defined() && !grad_bias.defined()) return;
-  if (stream.device().is_cpu()) {
-    cpu::conv2d_backward(grad_x, grad_weight, grad_bias, grad_y, x, weight, s);
-  } else {
-    TL_ON_CUDA(cuda::conv2d_backward(grad_x, grad_weight, grad_bias, grad_y, x, weight, s, stream));
-  }
+  TL_DISPATCH(stream, cpu::conv2d_backward(grad_x, grad_weight, grad_bias, grad_y, x, weight, s),
+              cuda::conv2d_backward(grad_x, grad_weight, grad_bias, grad_y, x, weight, s, stream));
 }
 
 }  // namespace towerlab

@@ -13,11 +13,7 @@ void binary(const char* name, BinaryOp op, const Tensor& out, const Tensor& a, c
             const Stream& stream) {
   kernels::check_same_shape(name, stream, {{"out", &out}, {"a", &a}, {"b", &b}});
   if (out.numel() == 0) return;
-  if (stream.device().is_cpu()) {
-    cpu::binary(op, out, a, b);
-  } else {
-    TL_ON_CUDA(cuda::binary(op, out, a, b, stream));
-  }
+  TL_DISPATCH(stream, cpu::binary(op, out, a, b), cuda::binary(op, out, a, b, stream));
 }
 
 }  // namespace
@@ -25,11 +21,7 @@ void binary(const char* name, BinaryOp op, const Tensor& out, const Tensor& a, c
 void fill(const Tensor& x, double value, const Stream& stream) {
   kernels::check_on_stream("fill", stream, {{"x", &x}});
   if (x.numel() == 0) return;
-  if (stream.device().is_cpu()) {
-    cpu::fill(x, value);
-  } else {
-    TL_ON_CUDA(cuda::fill(x, static_cast<float>(value), stream));
-  }
+  TL_DISPATCH(stream, cpu::fill(x, value), cuda::fill(x, static_cast<float>(value), stream));
 }
 
 void copy(const Tensor& dst, const Tensor& src, const Stream& stream) {
@@ -41,11 +33,7 @@ void copy(const Tensor& dst, const Tensor& src, const Stream& stream) {
            "copy: src " << src.describe() << " has " << src.numel() << " elements but dst "
                         << dst.describe() << " has " << dst.numel());
   if (dst.numel() == 0) return;
-  if (stream.device().is_cpu()) {
-    cpu::copy(dst, src);
-  } else {
-    TL_ON_CUDA(cuda::copy(dst, src, stream));
-  }
+  TL_DISPATCH(stream, cpu::copy(dst, src), cuda::copy(dst, src, stream));
 }
 
 void add(const Tensor& out, const Tensor& a, const Tensor& b, const Stream& stream) {
@@ -63,21 +51,14 @@ void mul(const Tensor& out, const Tensor& a, const Tensor& b, const Stream& stre
 void scale(const Tensor& out, const Tensor& x, double alpha, const Stream& stream) {
   kernels::check_same_shape("scale", stream, {{"out", &out}, {"x", &x}});
   if (out.numel() == 0) return;
-  if (stream.device().is_cpu()) {
-    cpu::scale(out, x, alpha);
-  } else {
-    TL_ON_CUDA(cuda::scale(out, x, static_cast<float>(alpha), stream));
-  }
+  TL_DISPATCH(stream, cpu::scale(out, x, alpha),
+              cuda::scale(out, x, static_cast<float>(alpha), stream));
 }
 
 void axpy(const Tensor& y, double alpha, const Tensor& x, const Stream& stream) {
   kernels::check_same_shape("axpy", stream, {{"y", &y}, {"x", &x}});
   if (y.numel() == 0) return;
-  if (stream.device().is_cpu()) {
-    cpu::axpy(y, alpha, x);
-  } else {
-    TL_ON_CUDA(cuda::axpy(y, static_cast<float>(alpha), x, stream));
-  }
+  TL_DISPATCH(stream, cpu::axpy(y, alpha, x), cuda::axpy(y, static_cast<float>(alpha), x, stream));
 }
 
 void axpy_scalar(const Tensor& y, double alpha, const Tensor& s, const Stream& stream) {
@@ -85,11 +66,8 @@ void axpy_scalar(const Tensor& y, double alpha, const Tensor& s, const Stream& s
   TL_CHECK(s.numel() == 1, ShapeError,
            "axpy_scalar: s must have one element, got " << s.describe());
   if (y.numel() == 0) return;
-  if (stream.device().is_cpu()) {
-    cpu::axpy_scalar(y, alpha, s);
-  } else {
-    TL_ON_CUDA(cuda::axpy_scalar(y, static_cast<float>(alpha), s, stream));
-  }
+  TL_DISPATCH(stream, cpu::axpy_scalar(y, alpha, s),
+              cuda::axpy_scalar(y, static_cast<float>(alpha), s, stream));
 }
 
 }  // namespace towerlab

@@ -60,11 +60,8 @@ void mse_forward(const Tensor& loss, const Tensor& pred, const Tensor& target, R
   kernels::check_same_shape("mse_forward", stream, {{"pred", &pred}, {"target", &target}});
   check_scalar("mse_forward", "loss", loss);
   const double scale = reduction_scale(reduction, pred.numel());
-  if (stream.device().is_cpu()) {
-    cpu::squared_error_sum(loss, pred, target, scale);
-  } else {
-    TL_ON_CUDA(cuda::squared_error_sum(loss, pred, target, static_cast<float>(scale), stream));
-  }
+  TL_DISPATCH(stream, cpu::squared_error_sum(loss, pred, target, scale),
+              cuda::squared_error_sum(loss, pred, target, static_cast<float>(scale), stream));
 }
 
 void mse_backward(const Tensor& grad_pred, const Tensor& grad_target, const Tensor& grad_loss,
@@ -82,12 +79,9 @@ void mse_backward(const Tensor& grad_pred, const Tensor& grad_target, const Tens
   }
   if (pred.numel() == 0 || (!grad_pred.defined() && !grad_target.defined())) return;
   const double scale = reduction_scale(reduction, pred.numel());
-  if (stream.device().is_cpu()) {
-    cpu::mse_backward(grad_pred, grad_target, grad_loss, pred, target, scale);
-  } else {
-    TL_ON_CUDA(cuda::mse_backward(grad_pred, grad_target, grad_loss, pred, target,
-                                  static_cast<float>(scale), stream));
-  }
+  TL_DISPATCH(stream, cpu::mse_backward(grad_pred, grad_target, grad_loss, pred, target, scale),
+              cuda::mse_backward(grad_pred, grad_target, grad_loss, pred, target,
+                                 static_cast<float>(scale), stream));
 }
 
 void softmax_cross_entropy_forward(const Tensor& loss, const Tensor& probs,
@@ -164,11 +158,8 @@ void validate_labels(const Tensor& labels, std::int64_t num_classes, const Strea
            "validate_labels: num_classes must be positive, got " << num_classes);
   if (labels.numel() == 0) return;
   std::int64_t bad = -1;
-  if (stream.device().is_cpu()) {
-    bad = cpu::first_invalid_label(labels, num_classes);
-  } else {
-    TL_ON_CUDA(bad = cuda::first_invalid_label(labels, num_classes, stream));
-  }
+  TL_DISPATCH(stream, bad = cpu::first_invalid_label(labels, num_classes),
+              bad = cuda::first_invalid_label(labels, num_classes, stream));
   if (bad >= 0) throw_bad_label("validate_labels", labels, bad, num_classes, stream);
 }
 
@@ -176,11 +167,8 @@ void l2_loss_forward(const Tensor& loss, const Tensor& w, double coeff, const St
   kernels::check_on_stream("l2_loss_forward", stream, {{"loss", &loss}, {"w", &w}});
   check_scalar("l2_loss_forward", "loss", loss);
   check_coeff("l2_loss_forward", coeff);
-  if (stream.device().is_cpu()) {
-    cpu::square_sum(loss, w, coeff / 2);
-  } else {
-    TL_ON_CUDA(cuda::square_sum(loss, w, static_cast<float>(coeff / 2), stream));
-  }
+  TL_DISPATCH(stream, cpu::square_sum(loss, w, coeff / 2),
+              cuda::square_sum(loss, w, static_cast<float>(coeff / 2), stream));
 }
 
 void l2_loss_backward(const Tensor& grad_w, const Tensor& grad_loss, const Tensor& w, double coeff,
@@ -191,11 +179,8 @@ void l2_loss_backward(const Tensor& grad_w, const Tensor& grad_loss, const Tenso
   if (!grad_w.defined()) return;
   kernels::check_same_shape("l2_loss_backward", stream, {{"w", &w}, {"grad_w", &grad_w}});
   if (w.numel() == 0) return;
-  if (stream.device().is_cpu()) {
-    cpu::l2_loss_backward(grad_w, grad_loss, w, coeff);
-  } else {
-    TL_ON_CUDA(cuda::l2_loss_backward(grad_w, grad_loss, w, static_cast<float>(coeff), stream));
-  }
+  TL_DISPATCH(stream, cpu::l2_loss_backward(grad_w, grad_loss, w, coeff),
+              cuda::l2_loss_backward(grad_w, grad_loss, w, static_cast<float>(coeff), stream));
 }
 
 }  // namespace towerlab

@@ -62,11 +62,8 @@ void check_adam(const char* op, const Tensor& param, const Tensor& grad, const T
 void adam_dispatch(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                    const AdamStep& step, const Stream& stream) {
   if (param.numel() == 0) return;
-  if (stream.device().is_cpu()) {
-    cpu::adam_update(param, grad, m, v, step);
-  } else {
-    TL_ON_CUDA(cuda::adam_update(param, grad, m, v, step, stream));
-  }
+  TL_DISPATCH(stream, cpu::adam_update(param, grad, m, v, step),
+              cuda::adam_update(param, grad, m, v, step, stream));
 }
 
 AdamStep adam_constants(std::int64_t step, const AdamParams& params) {
@@ -105,11 +102,8 @@ void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& velocity,
     check_disjoint(op, {{"param", &param}, {"grad", &grad}});
   }
   const Tensor unused;
-  if (stream.device().is_cpu()) {
-    cpu::sgd_update(param, grad, has_momentum ? velocity : unused, params);
-  } else {
-    TL_ON_CUDA(cuda::sgd_update(param, grad, has_momentum ? velocity : unused, params, stream));
-  }
+  TL_DISPATCH(stream, cpu::sgd_update(param, grad, has_momentum ? velocity : unused, params),
+              cuda::sgd_update(param, grad, has_momentum ? velocity : unused, params, stream));
 }
 
 void rmsprop_update(const Tensor& param, const Tensor& grad, const Tensor& mean_square,
@@ -143,11 +137,8 @@ void rmsprop_update(const Tensor& param, const Tensor& grad, const Tensor& mean_
   }
   const Tensor unused;
   const Tensor& mg = params.centered ? mean_grad : unused;
-  if (stream.device().is_cpu()) {
-    cpu::rmsprop_update(param, grad, mean_square, moment, mg, params);
-  } else {
-    TL_ON_CUDA(cuda::rmsprop_update(param, grad, mean_square, moment, mg, params, stream));
-  }
+  TL_DISPATCH(stream, cpu::rmsprop_update(param, grad, mean_square, moment, mg, params),
+              cuda::rmsprop_update(param, grad, mean_square, moment, mg, params, stream));
 }
 
 void adam_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,

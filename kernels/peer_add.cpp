@@ -25,11 +25,7 @@ void peer_add(const Tensor& dst, const Tensor& src, const Stream& stream) {
                         << " in place (no peer access); copy it to " << stream.device().str()
                         << " with copy_tensor and add the copy");
   if (dst.numel() == 0) return;
-  if (stream.device().is_cpu()) {
-    cpu::peer_add(dst, src);
-  } else {
-    TL_ON_CUDA(cuda::peer_add(dst, src, stream));
-  }
+  TL_DISPATCH(stream, cpu::peer_add(dst, src), cuda::peer_add(dst, src, stream));
 }
 
 }  // namespace towerlab

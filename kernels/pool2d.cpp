@@ -64,11 +64,8 @@ Shape pool2d_output_shape(const Shape& x, const Pool2dParams& params, const char
 void max_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params,
                         const Stream& stream) {
   if (!check_pool("max_pool2d_forward", stream, "x", x, "y", y, params)) return;
-  if (stream.device().is_cpu()) {
-    cpu::max_pool2d_forward(y, x, params);
-  } else {
-    TL_ON_CUDA(cuda::max_pool2d_forward(y, x, params, stream));
-  }
+  TL_DISPATCH(stream, cpu::max_pool2d_forward(y, x, params),
+              cuda::max_pool2d_forward(y, x, params, stream));
 }
 
 void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
@@ -76,11 +73,8 @@ void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Tenso
   const char* op = "max_pool2d_backward";
   kernels::check_same_shape(op, stream, {{"x", &x}, {"grad_x", &grad_x}});
   if (!check_pool(op, stream, "x", x, "grad_y", grad_y, params)) return;
-  if (stream.device().is_cpu()) {
-    cpu::max_pool2d_backward(grad_x, grad_y, x, params);
-  } else {
-    TL_ON_CUDA(cuda::max_pool2d_backward(grad_x, grad_y, x, params, stream));
-  }
+  TL_DISPATCH(stream, cpu::max_pool2d_backward(grad_x, grad_y, x, params),
+              cuda::max_pool2d_backward(grad_x, grad_y, x, params, stream));
 }
 
 void max_pool2d_forward_with_argmax(const Tensor& y, const Tensor& argmax, const Tensor& x,
@@ -88,11 +82,8 @@ void max_pool2d_forward_with_argmax(const Tensor& y, const Tensor& argmax, const
   const char* op = "max_pool2d_forward_with_argmax";
   if (!check_pool(op, stream, "x", x, "y", y, params)) return;
   check_argmax(op, stream, argmax, "y", y, x.size(2) * x.size(3));
-  if (stream.device().is_cpu()) {
-    cpu::max_pool2d_forward_with_argmax(y, argmax, x, params);
-  } else {
-    TL_ON_CUDA(cuda::max_pool2d_forward_with_argmax(y, argmax, x, params, stream));
-  }
+  TL_DISPATCH(stream, cpu::max_pool2d_forward_with_argmax(y, argmax, x, params),
+              cuda::max_pool2d_forward_with_argmax(y, argmax, x, params, stream));
 }
 
 void max_pool2d_backward_from_argmax(const Tensor& grad_x, const Tensor& grad_y,
@@ -101,33 +92,23 @@ void max_pool2d_backward_from_argmax(const Tensor& grad_x, const Tensor& grad_y,
   const char* op = "max_pool2d_backward_from_argmax";
   if (!check_pool(op, stream, "grad_x", grad_x, "grad_y", grad_y, params)) return;
   check_argmax(op, stream, argmax, "grad_y", grad_y, grad_x.size(2) * grad_x.size(3));
-  if (stream.device().is_cpu()) {
-    cpu::max_pool2d_backward_from_argmax(grad_x, grad_y, argmax, write);
-  } else {
-    TL_ON_CUDA(
-        cuda::max_pool2d_backward_from_argmax(grad_x, grad_y, argmax, params, stream, write));
-  }
+  TL_DISPATCH(stream, cpu::max_pool2d_backward_from_argmax(grad_x, grad_y, argmax, write),
+              cuda::max_pool2d_backward_from_argmax(grad_x, grad_y, argmax, params, stream, write));
 }
 
 void avg_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params,
                         const Stream& stream) {
   if (!check_pool("avg_pool2d_forward", stream, "x", x, "y", y, params)) return;
-  if (stream.device().is_cpu()) {
-    cpu::avg_pool2d_forward(y, x, params);
-  } else {
-    TL_ON_CUDA(cuda::avg_pool2d_forward(y, x, params, stream));
-  }
+  TL_DISPATCH(stream, cpu::avg_pool2d_forward(y, x, params),
+              cuda::avg_pool2d_forward(y, x, params, stream));
 }
 
 void avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Pool2dParams& params,
                          const Stream& stream) {
   if (!check_pool("avg_pool2d_backward", stream, "grad_x", grad_x, "grad_y", grad_y, params))
     return;
-  if (stream.device().is_cpu()) {
-    cpu::avg_pool2d_backward(grad_x, grad_y, params);
-  } else {
-    TL_ON_CUDA(cuda::avg_pool2d_backward(grad_x, grad_y, params, stream));
-  }
+  TL_DISPATCH(stream, cpu::avg_pool2d_backward(grad_x, grad_y, params),
+              cuda::avg_pool2d_backward(grad_x, grad_y, params, stream));
 }
 
 }  // namespace towerlab

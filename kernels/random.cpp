@@ -17,11 +17,8 @@ void random(const char* op, const Tensor& x, Distribution dist, std::uint64_t se
   TL_CHECK(std::isfinite(a) && std::isfinite(b), InvalidArgument,
            op << ": parameters must be finite, got " << a << " and " << b);
   if (x.numel() == 0) return;
-  if (stream.device().is_cpu()) {
-    cpu::random(x, dist, seed, subsequence, a, b);
-  } else {
-    TL_ON_CUDA(cuda::random(x, dist, seed, subsequence, a, b, stream));
-  }
+  TL_DISPATCH(stream, cpu::random(x, dist, seed, subsequence, a, b),
+              cuda::random(x, dist, seed, subsequence, a, b, stream));
 }
 
 }  // namespace

@@ -15,11 +15,8 @@ void reduce(const char* op, const Tensor& out, const Tensor& x, bool average,
   TL_CHECK(out.numel() == 1, ShapeError,
            op << ": out must have one element, got " << out.describe());
   const double scale = average && x.numel() > 0 ? 1.0 / static_cast<double>(x.numel()) : 1.0;
-  if (stream.device().is_cpu()) {
-    cpu::sum(out, x, scale);
-  } else {
-    TL_ON_CUDA(cuda::sum(out, x, static_cast<float>(scale), stream));
-  }
+  TL_DISPATCH(stream, cpu::sum(out, x, scale),
+              cuda::sum(out, x, static_cast<float>(scale), stream));
 }
 
 }  // namespace
