@@ -207,25 +207,56 @@ def case_controls(r):
         print(f"control without the {part}: differs as it must ({len(bad)} tensors)")
 
 
+def children(pid):
+    """The processes whose parent is `pid` (mpirun's ranks)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def preempt(r, ref, name, to_mpirun):
+    """SIGTERM while rank 0 waits after step 3: every rank checkpoints step 3."""
+    name = r.fresh(name)
+    p = r.start(name, TOWERLAB_TEST_PAUSE_AFTER_STEP=3)
+    wait_for(p, r"paused after step 3")
+    start = time.time()
+    for pid in children(p.pid) if r.mpirun and not to_mpirun else [p.pid]:
+        os.kill(pid, signal.SIGTERM)
+    out, err = p.communicate(timeout=TIMEOUT)
+    seconds = time.time() - start
+    steps = re.findall(r"preempted \(SIGTERM\) after step (\d+): checkpoint (\S+);", err)
+    expected_code = 1 if to_mpirun else 4
+    if p.returncode != expected_code or len(steps) != max(r.ranks, 1) or len(set(steps)) != 1:
+        raise Failure(f"{name}: exit {p.returncode} (expected {expected_code}), one step for "
+                      f"every rank expected: {steps}\n{out}\n{err}")
+    if not os.path.exists(steps[0][1]) or int(steps[0][0]) != 3:
+        raise Failure(f"{name}: no checkpoint {steps[0][1]} at step 3")
+    if seconds > 30:
+        raise Failure(f"{name}: the job took {seconds:.0f} s to end")
+    print(f"{name}: every rank stopped after step 3, exit {p.returncode} in {seconds:.1f} s")
+    resumed_from(r.run(name), 3)
+    expect_same(r, name, ref)
+
+
 def case_sigterm(r):
     ref = r.fresh("reference")
     r.run(ref)
     name = r.fresh("sigterm")
-    p = r.start(name)
-    wait_for(p, r"epoch 1 step 3/5", stream="stdout")
-    # To mpirun (which passes it on to every rank) or to the one process.
-    os.kill(p.pid, signal.SIGTERM)
-    out, err = p.communicate(timeout=TIMEOUT)
-    steps = re.findall(r"preempted \(SIGTERM\) after step (\d+): checkpoint (\S+);", err)
-    if p.returncode != 4 or len(steps) != max(r.ranks, 1) or len(set(steps)) != 1:
-        raise Failure(f"SIGTERM: exit {p.returncode} (expected 4), one step for every rank "
-                      f"expected: {steps}\n{out}\n{err}")
-    step = int(steps[0][0])
-    if not os.path.exists(steps[0][1]) or step < 3:
-        raise Failure(f"SIGTERM: no checkpoint {steps[0][1]} at or after step 3")
-    print(f"SIGTERM: every rank stopped after step {step}, exit 4")
-    resumed_from(r.run(name), step % 5)
-    expect_same(r, name, ref)
+    # To every process of the job, as a scheduler does (Slurm, Kubernetes): the
+    # ranks stop together and exit 4, and so does mpirun.
+    preempt(r, ref, "sigterm", to_mpirun=False)
+    if r.mpirun:
+        # To mpirun alone: it relays SIGTERM to the ranks, which stop together, but
+        # it ends the job on its own terms (exit 1); the rerun still resumes exactly.
+        preempt(r, ref, "sigterm_mpirun", to_mpirun=True)
     # A second SIGTERM ends the run at once, here inside the save of step 4: the
     # previous checkpoint (step 2) stays, and the rerun finishes bit-identical.
     if not r.mpirun:

@@ -222,6 +222,7 @@ int run(const sample::Options& o) {
                      "fashion_mnist: preempted (SIGTERM) after step %lld: checkpoint %s; run the "
                      "same command to resume\n",
                      static_cast<long long>(at.global_step), path.c_str());
+        sample::bound_the_exit();
       }
       return stop;
     };
@@ -262,6 +263,7 @@ int run(const sample::Options& o) {
         }
         ++step;
         sample::kill_if_asked(global_step, cluster.rank());
+        sample::pause_if_asked(global_step, cluster.rank());
         if (!r.skipped) {  // --numeric-guard skip: the trainer logged why
           loss_sum += r.loss * double(r.samples);
           images += r.samples;

@@ -182,6 +182,19 @@ bool stop_requested(ProcessGroup& group) {
   return stop > 0.0;
 }
 
+void pause_if_asked(std::int64_t global_step, int rank) {
+  const char* step = std::getenv("TOWERLAB_TEST_PAUSE_AFTER_STEP");
+  if (step == nullptr || std::atoll(step) != global_step || rank != 0) return;
+  std::fprintf(stderr, "fashion_mnist: test hook: pid %d paused after step %lld\n", int(::getpid()),
+               static_cast<long long>(global_step));
+  std::fflush(stderr);
+  while (g_stop == 0) ::pause();
+}
+
+void bound_the_exit() {
+  ::alarm(kExitSeconds);
+}
+
 void kill_if_asked(std::int64_t global_step, int rank) {
   const char* step = std::getenv("TOWERLAB_TEST_KILL_AFTER_STEP");
   const char* at_rank = std::getenv("TOWERLAB_TEST_KILL_RANK");

@@ -76,15 +76,24 @@ void stop_on_sigterm();
 // Collective: true on every rank when any rank has been asked to stop, so that all
 // stop after the same step.
 bool stop_requested(towerlab::ProcessGroup& group);
+// After the checkpoint of a stop: the exit may take kExitSeconds at most. MPI_Finalize
+// waits for mpirun, and an mpirun that got the SIGTERM itself is ending the job and
+// never answers (Open MPI 4.1); SIGALRM then ends the rank, its checkpoint written.
+constexpr unsigned kExitSeconds = 10;
+void bound_the_exit();
 
 // Test hooks, read from the environment (the resume tests use them; see the README):
 //   TOWERLAB_TEST_KILL_AFTER_STEP=N (and TOWERLAB_TEST_KILL_RANK=R, default 0): rank R
 //     kills itself with SIGKILL right after step N, before its checkpoint;
+//   TOWERLAB_TEST_PAUSE_AFTER_STEP=N: rank 0 waits after step N until a SIGTERM
+//     comes (the others wait for it in the next collective call), so that a test
+//     knows where the request lands;
 //   TOWERLAB_TEST_PAUSE_IN_SAVE=N: the save of step N stops once its data is written
 //     and synced, before it is published, says so on stderr and waits to be killed;
 //   TOWERLAB_TEST_RESUME_WITHOUT=data_position|optimizer_step: a resume forgets that
 //     part of the state (the controls, whose result must differ).
 void kill_if_asked(std::int64_t global_step, int rank);
+void pause_if_asked(std::int64_t global_step, int rank);
 void pause_saves_if_asked(const CheckpointDir& dir);
 std::string resume_without();
 
