@@ -143,6 +143,9 @@ TEST(FashionMnistOptions, BadFlagValuesExit2NamingTheFlagTheValueAndWhatIsAllowe
        "got '0'"},
       {{"--epochs", "3000000000"}, "--epochs must be a positive integer"},  // beyond int
       {{"--steps", "-1"}, "--steps must be a non-negative integer (0: whole epochs), got '-1'"},
+      {{"--checkpoint-every", "-1"},
+       "--checkpoint-every must be a non-negative integer (0: every epoch), got '-1'"},
+      {{"--keep", "0"}, "--keep must be a positive integer, got '0'"},
       {{"--test-samples", "0"},
        "--test-samples must be a positive integer (default: the whole test set), got '0'"},
       {{"--test-samples", "-5"}, "--test-samples must be a positive integer"},
@@ -346,6 +349,27 @@ TEST(FashionMnistOptions, ABatchLargerThanTheTrainingSetIsRefused) {
                     "got '1000000000000'");
   o.eval_only = true;  // evaluation goes by batches of 1000 and never uses --batch
   EXPECT_NO_THROW(sample::check_against_data(o, 60000, 10000));
+}
+
+TEST_F(OutputPaths, CheckpointDirIsADirectoryWeMayCreateAndItsOptionsNeedIt) {
+  expect_refused(parse({"--checkpoint-every", "5"}),
+                 "--checkpoint-every needs --checkpoint-dir DIR", "--checkpoint-every");
+  expect_refused(parse({"--keep", "3"}), "--keep needs --checkpoint-dir DIR", "--keep");
+  std::ofstream(at("file")) << "x";
+  expect_refused(parse({"--checkpoint-dir", at("file")}),
+                 "--checkpoint-dir " + at("file") + ": is there and is not a directory", "file");
+  expect_refused(parse({"--checkpoint-dir", at("none/run")}),
+                 "--checkpoint-dir " + at("none/run") + ": no such directory: " + at("none"),
+                 "missing parent");
+  expect_refused(parse({"--eval-only", "--load", at("file"), "--checkpoint-dir", at("run")}),
+                 "--eval-only trains nothing, so --checkpoint-dir", "--eval-only");
+  const Parsed parsed =
+      parse({"--checkpoint-dir", at("run"), "--checkpoint-every", "100", "--keep", "3"});
+  ASSERT_EQ(parsed.code, std::nullopt) << parsed.printed;
+  EXPECT_EQ(parsed.options.checkpoint_dir, at("run"));
+  EXPECT_EQ(parsed.options.checkpoint_every, 100);
+  EXPECT_EQ(parsed.options.keep, 3);
+  EXPECT_FALSE(fs::exists(at("run")));  // created when the run starts, not by the check
 }
 
 // --test-samples: a positive count, checked against the test set once it is loaded,
