@@ -258,8 +258,9 @@ class Trainer {
   // a step (the variables, the optimizer and its schedule, batch norm, the numeric
   // guard, the seed) or its metadata differs from `expected` (the caller's
   // step-changing options, e.g. the global batch). The towers, the processes, the
-  // master's device, the reduction and the buckets may differ: the steps then agree
-  // with the uninterrupted run's to float rounding instead of bit for bit.
+  // master's device, the reduction and the buckets may differ (with local batch norm
+  // not the job's tower count: each tower normalizes its own slice): the steps then
+  // agree with the uninterrupted run's to float rounding instead of bit for bit.
   CheckpointInfo restore_state(const std::string& path,
                                const std::map<std::string, std::string>& expected = {});
   // What restore_state compares: the fingerprint without the layout (see above).

@@ -2,6 +2,7 @@
 // checkpoint is an ordinary checkpoint (autograd/checkpoint.h) whose metadata also
 // holds the trainer's counters and its fingerprint, so it loads as weights anywhere
 // and resumes a run only where the steps would be the same.
+#include <algorithm>
 #include <sstream>
 #include <string_view>
 
@@ -87,6 +88,15 @@ std::string Trainer::state_fingerprint() const {
   std::string kept;
   for (std::string line; std::getline(in, line);) {
     if (!layout_line(line)) kept += line + "\n";
+  }
+  // With local batch norm each tower normalizes its own slice: another tower count
+  // is another step, not another rounding.
+  const auto& specs = variables_.specs();
+  const bool has_state =
+      std::any_of(specs.begin(), specs.end(), [](const VariableSpec& v) { return !v.trainable; });
+  if (has_state && options_.batchnorm == BatchNormMode::Local) {
+    kept += "towers in the job (local batch norm)\t" +
+            std::to_string(std::size_t(ranks_) * devices_.size()) + "\n";
   }
   return kept;
 }

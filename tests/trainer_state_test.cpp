@@ -112,6 +112,12 @@ TEST(TrainerState, AnotherRunIsRefusedNamingTheFirstDifferenceAndNothingChanges)
   EXPECT_THROW_WITH(seeded.restore_state(dir.file("state.safetensors")), InvalidArgument,
                     "'seed 7' in the file, 'seed 8' in this run");
 
+  // Local batch norm normalizes each tower's slice: one tower is another step.
+  Trainer one_tower(m.vars, m.tower_fn(), Optimizer::by_name("adam", 1e-2), towers(1));
+  EXPECT_THROW_WITH(one_tower.restore_state(dir.file("state.safetensors")), InvalidArgument,
+                    "'towers in the job (local batch norm) 2' in the file, 'towers in the job "
+                    "(local batch norm) 1' in this run");
+
   Trainer same(m.vars, m.tower_fn(), Optimizer::by_name("adam", 1e-2), towers(2));
   EXPECT_THROW_WITH(same.restore_state(dir.file("state.safetensors"), {{"run/batch", "8"}}),
                     InvalidArgument, "another run (run/batch 7 in the file, 8 in this run)");
