@@ -25,18 +25,14 @@ namespace {
 
 // --- statistics ----------------------------------------------------------------
 
-// partial_sum, partial_sq: [C, splits]; block (c, j) covers values [j*chunk, (j+1)*chunk)
-// of channel c.
-__global__ void batchnorm_stats_partial_kernel(float* partial_sum, float* partial_sq,
-                                               const float* __restrict__ x, std::int64_t C,
-                                               std::int64_t S, std::int64_t per_channel,
-                                               std::int64_t chunk) {
-  const std::int64_t c = blockIdx.x, j = blockIdx.y;
-  const std::int64_t begin = j * chunk, end = min(per_channel, begin + chunk);
-  const float shift = x[c * S];
+// partial_sum, partial_sq: [C, splits]; block (c, j) covers range j of channel c
+// (ChannelSplit).
+__global__ void batchnorm_stats_partial_kernel(ChannelSplit split, float* partial_sum,
+                                               float* partial_sq, const float* __restrict__ x) {
+  const float shift = x[split.channel() * split.S];
   float sum = 0.0f, sq = 0.0f;
-  for_each_in_channel_range(
-      begin, end, c, C, S, [&](std::int64_t offset) { return x[offset]; },
+  for_each_in_split(
+      split, [&](std::int64_t offset) { return x[offset]; },
       [&](float v) {
         const float d = v - shift;
         sum += d;
@@ -45,8 +41,8 @@ __global__ void batchnorm_stats_partial_kernel(float* partial_sum, float* partia
   sum = block_sum<kReduceBlock>(sum);
   sq = block_sum<kReduceBlock>(sq);
   if (threadIdx.x == 0) {
-    partial_sum[c * gridDim.y + j] = sum;
-    partial_sq[c * gridDim.y + j] = sq;
+    partial_sum[split.partial_index()] = sum;
+    partial_sq[split.partial_index()] = sq;
   }
 }
 
@@ -54,8 +50,7 @@ __global__ void batchnorm_stats_finish_kernel(std::int64_t C, float* mean, float
                                               const float* partial_sum, const float* partial_sq,
                                               const float* x, std::int64_t S, std::int64_t splits,
                                               std::int64_t count) {
-  for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < C;
-       c += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t c : grid_stride(C)) {
     double sum = 0.0, sq = 0.0;
     for (std::int64_t j = 0; j < splits; ++j) {
       sum += partial_sum[c * splits + j];
@@ -70,8 +65,7 @@ __global__ void batchnorm_stats_finish_kernel(std::int64_t C, float* mean, float
 __global__ void batchnorm_merge_stats_kernel(std::int64_t C, float* mean_a, float* m2_a,
                                              const float* mean_b, const float* m2_b, double count_a,
                                              double count_b) {
-  for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < C;
-       c += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t c : grid_stride(C)) {
     const double n = count_a + count_b;
     const double delta = static_cast<double>(mean_b[c]) - mean_a[c];
     mean_a[c] = static_cast<float>(mean_a[c] + delta * count_b / n);
@@ -90,8 +84,7 @@ __global__ void batchnorm_prepare_training_kernel(std::int64_t C, float4* coeff,
                                                   const float* gamma, const float* beta,
                                                   const float* mean, const float* m2,
                                                   std::int64_t count, double eps, double momentum) {
-  for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < C;
-       c += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t c : grid_stride(C)) {
     const double var = static_cast<double>(m2[c]) / static_cast<double>(count);
     const float istd = static_cast<float>(1.0 / sqrt(var + eps));
     inv_std[c] = istd;
@@ -108,8 +101,7 @@ __global__ void batchnorm_prepare_inference_kernel(std::int64_t C, float4* coeff
                                                    const float* gamma, const float* beta,
                                                    const float* moving_mean,
                                                    const float* moving_var, double eps) {
-  for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < C;
-       c += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t c : grid_stride(C)) {
     const float istd = static_cast<float>(1.0 / sqrt(static_cast<double>(moving_var[c]) + eps));
     coeff[c] = make_float4(moving_mean[c], gamma[c] * istd, beta[c], 0.0f);
   }
@@ -154,18 +146,16 @@ __device__ float masked_grad(float grad_y, float x, const ReluSource& r, std::in
 }
 
 template <bool Relu>
-__global__ void batchnorm_backward_partial_kernel(float* partial_gy, float* partial_gy_dev,
+__global__ void batchnorm_backward_partial_kernel(ChannelSplit split, float* partial_gy,
+                                                  float* partial_gy_dev,
                                                   const float* __restrict__ grad_y,
                                                   const float* __restrict__ x,
-                                                  const float* __restrict__ mean, ReluSource relu,
-                                                  std::int64_t C, std::int64_t S,
-                                                  std::int64_t per_channel, std::int64_t chunk) {
-  const std::int64_t c = blockIdx.x, j = blockIdx.y;
-  const std::int64_t begin = j * chunk, end = min(per_channel, begin + chunk);
+                                                  const float* __restrict__ mean, ReluSource relu) {
+  const std::int64_t c = split.channel();
   const float mu = mean[c];
   float sum = 0.0f, sum_dev = 0.0f;
-  for_each_in_channel_range(
-      begin, end, c, C, S,
+  for_each_in_split(
+      split,
       [&](std::int64_t offset) {
         const float v = x[offset];
         return make_float2(masked_grad<Relu>(grad_y[offset], v, relu, c), v);
@@ -177,8 +167,8 @@ __global__ void batchnorm_backward_partial_kernel(float* partial_gy, float* part
   sum = block_sum<kReduceBlock>(sum);
   sum_dev = block_sum<kReduceBlock>(sum_dev);
   if (threadIdx.x == 0) {
-    partial_gy[c * gridDim.y + j] = sum;
-    partial_gy_dev[c * gridDim.y + j] = sum_dev;
+    partial_gy[split.partial_index()] = sum;
+    partial_gy_dev[split.partial_index()] = sum_dev;
   }
 }
 
@@ -186,8 +176,7 @@ __global__ void batchnorm_backward_finish_kernel(std::int64_t C, float* sum_grad
                                                  float* sum_grad_y_xhat, const float* partial_gy,
                                                  const float* partial_gy_dev, const float* inv_std,
                                                  std::int64_t splits) {
-  for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < C;
-       c += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t c : grid_stride(C)) {
     double sum = 0.0, sum_dev = 0.0;
     for (std::int64_t j = 0; j < splits; ++j) {
       sum += partial_gy[c * splits + j];
@@ -205,8 +194,7 @@ __global__ void batchnorm_prepare_backward_kernel(std::int64_t C, float4* coeff,
                                                   const float* sum_grad_y,
                                                   const float* sum_grad_y_xhat,
                                                   std::int64_t count) {
-  for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < C;
-       c += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t c : grid_stride(C)) {
     const double k = static_cast<double>(gamma[c]) * inv_std[c];
     const double n = static_cast<double>(count);
     coeff[c] =
@@ -257,21 +245,15 @@ ReluSource relu_source(const BatchNormArgs& a) {
 
 void batchnorm_stats(const BatchNormArgs& a, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
-  cudaStream_t s = native(stream);
-  const std::int64_t C = a.C, S = a.S;
-  const std::int64_t per_channel = a.N * S;
-  const std::int64_t splits = splits_for(C, per_channel, stream.device().index);
-  const std::int64_t chunk = (per_channel + splits - 1) / splits;
-  Scratch partial(stream, 2 * C * splits * sizeof(float));
+  const ChannelSplit split = channel_split(a.N, a.C, a.S, stream);
+  Scratch partial(stream, 2 * a.C * split.splits * sizeof(float));
   float* partial_sum = partial.as<float>();
-  float* partial_sq = partial_sum + C * splits;
-  batchnorm_stats_partial_kernel<<<dim3(static_cast<unsigned>(C), static_cast<unsigned>(splits)),
-                                   kReduceBlock, 0, s>>>(partial_sum, partial_sq, a.x.data<float>(),
-                                                         C, S, per_channel, chunk);
-  TL_CUDA_CHECK_LAUNCH();
-  launch_grid_stride(batchnorm_stats_finish_kernel, C, stream, a.mean.data<float>(),
-                     a.m2.data<float>(), partial_sum, partial_sq, a.x.data<float>(), S, splits,
-                     per_channel);
+  float* partial_sq = partial_sum + a.C * split.splits;
+  launch_channel_split(batchnorm_stats_partial_kernel, split, stream, partial_sum, partial_sq,
+                       a.x.data<float>());
+  launch_grid_stride(batchnorm_stats_finish_kernel, a.C, stream, a.mean.data<float>(),
+                     a.m2.data<float>(), partial_sum, partial_sq, a.x.data<float>(), a.S,
+                     split.splits, split.per_channel);
 }
 
 void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_t count_a,
@@ -305,23 +287,17 @@ void batchnorm_forward_inference(const BatchNormArgs& a, const Stream& stream) {
 
 void batchnorm_backward_reduce(const BatchNormArgs& a, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
-  cudaStream_t s = native(stream);
-  const std::int64_t C = a.C, S = a.S;
-  const std::int64_t per_channel = a.N * S;
-  const std::int64_t splits = splits_for(C, per_channel, stream.device().index);
-  const std::int64_t chunk = (per_channel + splits - 1) / splits;
-  Scratch partial(stream, 2 * C * splits * sizeof(float));
+  const ChannelSplit split = channel_split(a.N, a.C, a.S, stream);
+  Scratch partial(stream, 2 * a.C * split.splits * sizeof(float));
   float* partial_gy = partial.as<float>();
-  float* partial_gy_dev = partial_gy + C * splits;
+  float* partial_gy_dev = partial_gy + a.C * split.splits;
   const auto kernel = a.activation == Activation::ReLU ? batchnorm_backward_partial_kernel<true>
                                                        : batchnorm_backward_partial_kernel<false>;
-  kernel<<<dim3(static_cast<unsigned>(C), static_cast<unsigned>(splits)), kReduceBlock, 0, s>>>(
-      partial_gy, partial_gy_dev, a.grad_y.data<float>(), a.x.data<float>(), a.mean.data<float>(),
-      relu_source(a), C, S, per_channel, chunk);
-  TL_CUDA_CHECK_LAUNCH();
-  launch_grid_stride(batchnorm_backward_finish_kernel, C, stream, a.sum_grad_y.data<float>(),
+  launch_channel_split(kernel, split, stream, partial_gy, partial_gy_dev, a.grad_y.data<float>(),
+                       a.x.data<float>(), a.mean.data<float>(), relu_source(a));
+  launch_grid_stride(batchnorm_backward_finish_kernel, a.C, stream, a.sum_grad_y.data<float>(),
                      a.sum_grad_y_xhat.data<float>(), partial_gy, partial_gy_dev,
-                     a.inv_std.data<float>(), splits);
+                     a.inv_std.data<float>(), split.splits);
 }
 
 void batchnorm_backward_apply(const BatchNormArgs& a, const Stream& stream) {

@@ -33,18 +33,14 @@ __global__ void bias_add_relu_forward_kernel(std::int64_t n, float* y, const flo
       });
 }
 
-// partial: [C, splits]; block (c, j) sums values [j*chunk, (j+1)*chunk) of channel c.
-__global__ void bias_backward_partial_kernel(float* partial, const float* __restrict__ grad_y,
-                                             std::int64_t C, std::int64_t S,
-                                             std::int64_t per_channel, std::int64_t chunk) {
-  const std::int64_t c = blockIdx.x, j = blockIdx.y;
-  const std::int64_t begin = j * chunk, end = min(per_channel, begin + chunk);
+// partial: [C, splits]; block (c, j) sums range j of channel c (ChannelSplit).
+__global__ void bias_backward_partial_kernel(ChannelSplit split, float* partial,
+                                             const float* __restrict__ grad_y) {
   float sum = 0.0f;
-  for_each_in_channel_range(
-      begin, end, c, C, S, [&](std::int64_t offset) { return grad_y[offset]; },
-      [&](float v) { sum += v; });
+  for_each_in_split(
+      split, [&](std::int64_t offset) { return grad_y[offset]; }, [&](float v) { sum += v; });
   sum = block_sum<kReduceBlock>(sum);
-  if (threadIdx.x == 0) partial[c * gridDim.y + j] = sum;
+  if (threadIdx.x == 0) partial[split.partial_index()] = sum;
 }
 
 // A masked gradient value and where it goes in grad_x.
@@ -55,16 +51,12 @@ struct MaskedGrad {
 
 // As bias_backward_partial_kernel on g = grad_y * (y > 0), adding each g into
 // grad_x (when not null): every element belongs to exactly one block's range.
-__global__ void bias_relu_backward_partial_kernel(float* partial, float* grad_x,
+__global__ void bias_relu_backward_partial_kernel(ChannelSplit split, float* partial, float* grad_x,
                                                   const float* __restrict__ grad_y,
-                                                  const float* __restrict__ y, std::int64_t C,
-                                                  std::int64_t S, std::int64_t per_channel,
-                                                  std::int64_t chunk) {
-  const std::int64_t c = blockIdx.x, j = blockIdx.y;
-  const std::int64_t begin = j * chunk, end = min(per_channel, begin + chunk);
+                                                  const float* __restrict__ y) {
   float sum = 0.0f;
-  for_each_in_channel_range(
-      begin, end, c, C, S,
+  for_each_in_split(
+      split,
       [&](std::int64_t offset) {
         return MaskedGrad{offset, y[offset] > 0.0f ? grad_y[offset] : 0.0f};
       },
@@ -73,13 +65,12 @@ __global__ void bias_relu_backward_partial_kernel(float* partial, float* grad_x,
         sum += m.g;
       });
   sum = block_sum<kReduceBlock>(sum);
-  if (threadIdx.x == 0) partial[c * gridDim.y + j] = sum;
+  if (threadIdx.x == 0) partial[split.partial_index()] = sum;
 }
 
 __global__ void bias_backward_finish_kernel(std::int64_t C, float* grad_bias, const float* partial,
                                             std::int64_t splits) {
-  for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < C;
-       c += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t c : grid_stride(C)) {
     double sum = 0.0;
     for (std::int64_t j = 0; j < splits; ++j) sum += partial[c * splits + j];
     grad_bias[c] = static_cast<float>(grad_bias[c] + sum);
@@ -91,22 +82,16 @@ __global__ void bias_backward_finish_kernel(std::int64_t C, float* grad_bias, co
 void bias_backward(float* grad_bias, float* grad_x, const float* grad_y, const float* y,
                    std::int64_t N, std::int64_t C, std::int64_t S, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
-  cudaStream_t s = native(stream);
-  const std::int64_t per_channel = N * S;
-  const std::int64_t splits = splits_for(C, per_channel, stream.device().index);
-  const std::int64_t chunk = (per_channel + splits - 1) / splits;
-  Scratch partial(stream, C * splits * sizeof(float));
-  const dim3 grid(static_cast<unsigned>(C), static_cast<unsigned>(splits));
+  const ChannelSplit split = channel_split(N, C, S, stream);
+  Scratch partial(stream, C * split.splits * sizeof(float));
   if (y == nullptr) {
-    bias_backward_partial_kernel<<<grid, kReduceBlock, 0, s>>>(partial.as<float>(), grad_y, C, S,
-                                                               per_channel, chunk);
+    launch_channel_split(bias_backward_partial_kernel, split, stream, partial.as<float>(), grad_y);
   } else {
-    bias_relu_backward_partial_kernel<<<grid, kReduceBlock, 0, s>>>(
-        partial.as<float>(), grad_x, grad_y, y, C, S, per_channel, chunk);
+    launch_channel_split(bias_relu_backward_partial_kernel, split, stream, partial.as<float>(),
+                         grad_x, grad_y, y);
   }
-  TL_CUDA_CHECK_LAUNCH();
   launch_grid_stride(bias_backward_finish_kernel, C, stream, grad_bias, partial.as<float>(),
-                     splits);
+                     split.splits);
 }
 
 }  // namespace

@@ -8,16 +8,14 @@ namespace towerlab::cuda {
 namespace {
 
 __global__ void fill_kernel(std::int64_t n, float* x, float value) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     x[i] = value;
   }
 }
 
 __global__ void copy_kernel(std::int64_t n, float* __restrict__ dst,
                             const float* __restrict__ src) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     dst[i] = src[i];
   }
 }
@@ -25,8 +23,7 @@ __global__ void copy_kernel(std::int64_t n, float* __restrict__ dst,
 // No __restrict__: out may alias a or b, and each element is read before it is written.
 template <BinaryOp Op>
 __global__ void binary_kernel(std::int64_t n, float* out, const float* a, const float* b) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     if constexpr (Op == BinaryOp::Add) {
       out[i] = a[i] + b[i];
     } else if constexpr (Op == BinaryOp::Sub) {
@@ -38,15 +35,13 @@ __global__ void binary_kernel(std::int64_t n, float* out, const float* a, const 
 }
 
 __global__ void scale_kernel(std::int64_t n, float* out, const float* x, float alpha) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     out[i] = alpha * x[i];
   }
 }
 
 __global__ void axpy_kernel(std::int64_t n, float* y, float alpha, const float* x) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     y[i] += alpha * x[i];
   }
 }
@@ -54,8 +49,7 @@ __global__ void axpy_kernel(std::int64_t n, float* y, float alpha, const float* 
 // s is read by every thread (one cached load), never copied to the host.
 __global__ void axpy_scalar_kernel(std::int64_t n, float* y, float alpha, const float* s) {
   const float v = alpha * *s;
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     y[i] += v;
   }
 }

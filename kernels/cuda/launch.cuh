@@ -53,6 +53,43 @@ inline unsigned grid_for(std::int64_t n, const Stream& stream, int block = kBloc
   return static_cast<unsigned>(std::clamp<std::int64_t>(wanted, 1, most));
 }
 
+// The indices one thread visits in a grid-stride loop over n items: its index in
+// the grid, then every (threads in the grid)-th after it, while below n:
+//   for (const std::int64_t i : grid_stride(n)) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+// The loop every kernel of launch_grid_stride runs, written once.
+class GridStride {
+ public:
+  struct End {};
+  class Iterator {
+   public:
+    __device__ Iterator(std::int64_t i, std::int64_t stride, std::int64_t n)
+        : i_(i), stride_(stride), n_(n) {}
+    __device__ std::int64_t operator*() const { return i_; }
+    __device__ Iterator& operator++() {
+      i_ += stride_;
+      return *this;
+    }
+    __device__ bool operator!=(End) const { return i_ < n_; }
+
+   private:
+    std::int64_t i_, stride_, n_;
+  };
+
+  __device__ explicit GridStride(std::int64_t n) : n_(n) {}
+  __device__ Iterator begin() const {
+    return {blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x,
+            std::int64_t{gridDim.x} * blockDim.x, n_};
+  }
+  __device__ End end() const { return {}; }
+
+ private:
+  std::int64_t n_;
+};
+
+__device__ inline GridStride grid_stride(std::int64_t n) {
+  return GridStride(n);
+}
+
 // Launches a grid-stride kernel over n items on the stream's device:
 //   launch_grid_stride(relu_forward_kernel, y.numel(), stream, y_ptr, x_ptr);
 // runs relu_forward_kernel<<<grid_for(n, stream), kBlockSize, 0, s>>>(n, y_ptr, x_ptr).
@@ -125,8 +162,7 @@ class Scratch {
 // the order the atomics land in, so the answer is the same every run.
 template <typename Predicate>
 __global__ void first_index_kernel(std::int64_t n, unsigned long long* first, Predicate found) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     if (found(i)) {
       atomicMin(first, static_cast<unsigned long long>(i));
       return;  // this thread's later indices are larger

@@ -47,8 +47,7 @@ struct Square {
 template <typename Term>
 __global__ void partial_sums_kernel(float* partials, std::int64_t n, Term term) {
   float sum = 0.0f;
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     sum += term(i);
   }
   sum = block_sum<kBlockSize>(sum);
@@ -155,8 +154,7 @@ __global__ void cross_entropy_backward_from_probs_kernel(std::int64_t n, float* 
                                                          const float* labels,
                                                          std::int64_t num_classes, float scale) {
   const float factor = scale * *grad_loss;
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     const std::int64_t row = i / num_classes, k = i - row * num_classes;
     const float label = labels[row];
     const bool valid = is_class_id(label, num_classes);
@@ -169,8 +167,7 @@ __global__ void mse_backward_kernel(std::int64_t n, float* grad_pred, float* gra
                                     const float* grad_loss, const float* pred, const float* target,
                                     float scale) {
   const float factor = 2.0f * scale * *grad_loss;
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     const float g = factor * (pred[i] - target[i]);
     if (grad_pred != nullptr) grad_pred[i] += g;
     if (grad_target != nullptr) grad_target[i] -= g;
@@ -180,8 +177,7 @@ __global__ void mse_backward_kernel(std::int64_t n, float* grad_pred, float* gra
 __global__ void l2_loss_backward_kernel(std::int64_t n, float* grad_w, const float* grad_loss,
                                         const float* w, float scale) {
   const float factor = scale * *grad_loss;
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     grad_w[i] += factor * w[i];
   }
 }

@@ -12,8 +12,7 @@ namespace {
 // dst and src may be the same array (each thread reads element i before it writes
 // it), so neither pointer is __restrict__.
 __global__ void peer_add_kernel(float* dst, const float* src, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     dst[i] += src[i];
   }
 }

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "engine/allocator.h"
 #include "kernels/cuda/launch.cuh"
@@ -135,6 +136,51 @@ inline std::int64_t splits_for(std::int64_t C, std::int64_t per_channel, int dev
   const std::int64_t wanted = (8 * std::int64_t{sm_count(device)} + C - 1) / C;
   const std::int64_t most = (per_channel + 8 * kReduceBlock - 1) / (8 * kReduceBlock);
   return std::clamp<std::int64_t>(std::min(wanted, most), 1, 65535);
+}
+
+// The plan of a per-channel reduction over x [N,C,S]: each channel's N*S values
+// cut into `splits` ranges of `chunk` (the last one shorter), block (c, j) of a
+// (C, splits) grid summing range j of channel c into partial [C, splits] at
+// partial_index(); a C-thread kernel then adds each channel's partials in the
+// order j = 0, 1, ... Launched by launch_channel_split, which passes the plan to
+// the kernel as its first argument.
+struct ChannelSplit {
+  std::int64_t C, S;
+  std::int64_t per_channel;  // N*S
+  std::int64_t splits, chunk;
+
+  __device__ std::int64_t channel() const { return blockIdx.x; }
+  __device__ std::int64_t split() const { return blockIdx.y; }
+  __device__ std::int64_t begin() const { return split() * chunk; }
+  __device__ std::int64_t end() const { return min(per_channel, begin() + chunk); }
+  __device__ std::int64_t partial_index() const { return channel() * splits + split(); }
+};
+
+inline ChannelSplit channel_split(std::int64_t N, std::int64_t C, std::int64_t S,
+                                  const Stream& stream) {
+  const std::int64_t per_channel = N * S;
+  const std::int64_t splits = splits_for(C, per_channel, stream.device().index);
+  return {C, S, per_channel, splits, (per_channel + splits - 1) / splits};
+}
+
+// The block's share of its channel under `split`: for_each_in_channel_range over
+// [split.begin(), split.end()) of split.channel().
+template <typename Load, typename Add>
+__device__ void for_each_in_split(const ChannelSplit& split, Load load, Add add) {
+  for_each_in_channel_range(split.begin(), split.end(), split.channel(), split.C, split.S, load,
+                            add);
+}
+
+// Launches kernel(split, args...) on the (C, splits) grid of kReduceBlock threads.
+// As launch_grid_stride, the arguments convert to the kernel's parameter types
+// here, so a mismatch is a compile error at the call site.
+template <typename... Params>
+void launch_channel_split(void (*kernel)(ChannelSplit, Params...), const ChannelSplit& split,
+                          const Stream& stream, std::type_identity_t<Params>... args) {
+  CudaDeviceGuard guard(stream.device().index);
+  const dim3 grid(static_cast<unsigned>(split.C), static_cast<unsigned>(split.splits));
+  kernel<<<grid, kReduceBlock, 0, native(stream)>>>(split, args...);
+  TL_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace towerlab::cuda

@@ -85,8 +85,7 @@ __device__ float gather_max_grad(std::int64_t h, std::int64_t w, const float* gy
 
 __global__ void max_pool2d_forward_kernel(std::int64_t n, float* __restrict__ y,
                                           const float* __restrict__ x, Geometry g) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     const std::int64_t wo = i % g.Wo, ho = (i / g.Wo) % g.Ho, plane = i / (g.Wo * g.Ho);
     const float* p = x + plane * g.H * g.W;
     y[i] = p[window_argmax(p, g.W, window_of(ho, wo, g))];
@@ -96,8 +95,7 @@ __global__ void max_pool2d_forward_kernel(std::int64_t n, float* __restrict__ y,
 __global__ void max_pool2d_backward_kernel(std::int64_t n, float* __restrict__ grad_x,
                                            const float* __restrict__ grad_y,
                                            const float* __restrict__ x, Geometry g) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     const std::int64_t w = i % g.W, h = (i / g.W) % g.H, plane = i / (g.W * g.H);
     const float* p = x + plane * g.H * g.W;
     const std::int64_t here = h * g.W + w;
@@ -111,8 +109,7 @@ __global__ void max_pool2d_backward_kernel(std::int64_t n, float* __restrict__ g
 __global__ void max_pool2d_forward_with_argmax_kernel(std::int64_t n, float* __restrict__ y,
                                                       float* __restrict__ argmax,
                                                       const float* __restrict__ x, Geometry g) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     const std::int64_t wo = i % g.Wo, ho = (i / g.Wo) % g.Ho, plane = i / (g.Wo * g.Ho);
     const float* p = x + plane * g.H * g.W;
     const std::int64_t best = window_argmax(p, g.W, window_of(ho, wo, g));
@@ -128,8 +125,7 @@ __global__ void max_pool2d_backward_from_argmax_kernel(std::int64_t n, float* __
                                                        const float* __restrict__ grad_y,
                                                        const float* __restrict__ argmax, Geometry g,
                                                        bool assign) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     const std::int64_t w = i % g.W, h = (i / g.W) % g.H, plane = i / (g.W * g.H);
     const float* where = argmax + plane * g.Ho * g.Wo;
     const float here = static_cast<float>(h * g.W + w);
@@ -142,8 +138,7 @@ __global__ void max_pool2d_backward_from_argmax_kernel(std::int64_t n, float* __
 
 __global__ void avg_pool2d_forward_kernel(std::int64_t n, float* __restrict__ y,
                                           const float* __restrict__ x, Geometry g) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     const std::int64_t wo = i % g.Wo, ho = (i / g.Wo) % g.Ho, plane = i / (g.Wo * g.Ho);
     const float* p = x + plane * g.H * g.W;
     const Window win = window_of(ho, wo, g);
@@ -157,8 +152,7 @@ __global__ void avg_pool2d_forward_kernel(std::int64_t n, float* __restrict__ y,
 
 __global__ void avg_pool2d_backward_kernel(std::int64_t n, float* __restrict__ grad_x,
                                            const float* __restrict__ grad_y, Geometry g) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     const std::int64_t w = i % g.W, h = (i / g.W) % g.H, plane = i / (g.W * g.H);
     const float* gy = grad_y + plane * g.Ho * g.Wo;
     grad_x[i] += sum_over_covering(h, w, g, [&](std::int64_t ho, std::int64_t wo) {

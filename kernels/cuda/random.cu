@@ -11,8 +11,7 @@ namespace {
 template <Distribution Dist>
 __global__ void random_kernel(std::int64_t n, float* x, std::uint64_t seed,
                               std::uint64_t subsequence, float a, float b) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     const auto index = static_cast<std::uint64_t>(i);
     if constexpr (Dist == Distribution::Uniform) {
       x[i] = philox::uniform(seed, subsequence, index, a, b);

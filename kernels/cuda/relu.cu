@@ -8,16 +8,14 @@ namespace towerlab::cuda {
 namespace {
 
 __global__ void relu_forward_kernel(std::int64_t n, float* y, const float* x) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     y[i] = x[i] < 0.0f ? 0.0f : x[i];  // not fmaxf, which drops a NaN
   }
 }
 
 __global__ void relu_backward_kernel(std::int64_t n, float* grad_x, const float* grad_y,
                                      const float* y, bool assign) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     const float g = y[i] > 0.0f ? grad_y[i] : 0.0f;
     grad_x[i] = assign ? g : grad_x[i] + g;
   }

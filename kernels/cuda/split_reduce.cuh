@@ -54,8 +54,7 @@ __device__ __forceinline__ void fold_slots(float* slot) {
 template <int kSlots, class Epilogue>
 __global__ void split_reduce_kernel(const float* __restrict__ partial, std::int64_t count,
                                     int splits, Epilogue epilogue) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < count;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(count)) {
     float slot[kSlots];
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) slot[s] = s < splits ? partial[s * count + i] : 0.0f;
