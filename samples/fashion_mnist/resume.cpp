@@ -188,7 +188,8 @@ void pause_if_asked(std::int64_t global_step, int rank) {
   std::fprintf(stderr, "fashion_mnist: test hook: pid %d paused after step %lld\n", int(::getpid()),
                static_cast<long long>(global_step));
   std::fflush(stderr);
-  while (g_stop == 0) ::pause();
+  // Polled: the handler may run on another thread (a tower's), which pause() would miss.
+  while (g_stop == 0) ::usleep(10000);
 }
 
 void bound_the_exit() {
