@@ -253,7 +253,9 @@ class Trainer {
   // rank returns or throws alike.
   void save_state(const std::string& path, const std::map<std::string, std::string>& metadata = {});
   // Restores what save_state wrote and copies it to every replica; returns the file's
-  // metadata in CheckpointInfo. Refused before anything changes (InvalidArgument
+  // metadata in CheckpointInfo. A truncated or malformed file is an IoError before
+  // anything changes; one whose data fails its checksum is an IoError after the load
+  // (restore another, or start over). Refused before anything changes (InvalidArgument
   // naming the first difference) when the file's fingerprint differs in what changes
   // a step (the variables, the optimizer and its schedule, batch norm, the numeric
   // guard, the seed) or its metadata differs from `expected` (the caller's

@@ -18,6 +18,25 @@ namespace {
 
 constexpr const char* kFingerprintKey = "trainer/fingerprint";
 constexpr const char* kSkippedKey = "trainer/skipped_steps";
+constexpr const char* kChecksumKey = "trainer/checksum";
+
+// FNV-1a (64 bits) of the state's bits: the variables, the moving statistics and
+// every slot, in a fixed order. The safetensors header checks the file's size, not
+// its data; this finds a flipped bit in the data too.
+std::string checksum(const VariableStore& store, const Optimizer& optimizer, const Stream& stream) {
+  std::uint64_t hash = 0xcbf29ce484222325ull;
+  const auto add = [&](const Tensor& t) {
+    const std::vector<float> host = t.to_host<float>(stream);
+    const auto* bytes = reinterpret_cast<const unsigned char*>(host.data());
+    for (std::size_t i = 0; i < host.size() * sizeof(float); ++i) {
+      hash = (hash ^ bytes[i]) * 0x100000001b3ull;
+    }
+  };
+  add(store.flat_values());
+  if (store.flat_state().defined()) add(store.flat_state());
+  for (const auto& [name, slot] : optimizer.slots()) add(slot);
+  return std::to_string(hash);
+}
 
 // Fingerprint lines that a change of layout changes, and the step count, which a
 // resume changes by definition: the steps stay the same up to float rounding.
@@ -106,6 +125,7 @@ void Trainer::save_state(const std::string& path,
   std::map<std::string, std::string> all = metadata;
   all[kFingerprintKey] = state_fingerprint();
   all[kSkippedKey] = std::to_string(skipped_steps_);
+  all[kChecksumKey] = checksum(*master_, optimizer_, default_stream(master_device_));
   if (options_.process_group != nullptr) {
     save_checkpoint(*options_.process_group, path, *master_, &optimizer_, all);
   } else {
@@ -123,6 +143,14 @@ CheckpointInfo Trainer::restore_state(const std::string& path,
                             : load_checkpoint(path, *master_, &optimizer_, stream);
   TL_CHECK(info.optimizer_state == CheckpointInfo::OptimizerState::Restored, InvalidArgument,
            "cannot resume from " << path << ": it holds no optimizer state");
+  // Every rank holds rank 0's bits now, so every rank reaches the same verdict.
+  const auto expected_sum = info.metadata.find(kChecksumKey);
+  TL_CHECK(expected_sum != info.metadata.end() &&
+               expected_sum->second == checksum(*master_, optimizer_, stream),
+           IoError,
+           "cannot resume from " << path
+                                 << ": its data does not match its checksum (a corrupt file); the "
+                                    "trainer's state is undefined until another restore");
   skipped_steps_ = std::stoll(info.metadata.at(kSkippedKey));
   broadcast();
   return info;

@@ -17,8 +17,8 @@ summaries file and the metrics with the uninterrupted run's. Cases:
             and a checkpoint there (every rank names the same step); the rerun ends
             bit-identical. A second SIGTERM during a save ends the run at once, the
             previous checkpoint intact.
-  corrupt   a truncated newest checkpoint is skipped with a warning naming it; all of
-            them unreadable: exit 2 naming them.
+  corrupt   a truncated newest checkpoint, and one with a flipped bit in its data, is
+            skipped with a warning naming it; all of them unreadable: exit 2 naming them.
   layout    checkpointed on cpu,cpu, resumed on cpu (and under --mpirun on N ranks of
             one cpu tower): equal to float rounding (rtol 1e-4, atol 1e-5); the control
             (a resume without the data position) exceeds that tolerance.
@@ -276,16 +276,26 @@ def case_sigterm(r):
 def case_corrupt(r):
     ref = r.fresh("reference")
     r.run(ref)
-    name = r.fresh("corrupt")
-    r.run(name, expect="killed", TOWERLAB_TEST_KILL_AFTER_STEP=7)  # keeps steps 4 and 6
-    newest = r.path(name, "step-000006.safetensors")
-    with open(newest, "r+b") as f:
-        f.truncate(os.path.getsize(newest) // 2)
-    p = r.run(name)
-    if f"warning: skipping the checkpoint {newest}" not in p.stderr:
-        raise Failure(f"no warning naming {newest}:\n{p.stderr}")
-    resumed_from(p, 4)
-    expect_same(r, name, ref)
+    # The newest (step 6) cut short, then with one flipped bit in its data: each
+    # time skipped with a warning naming it, and the run resumes from step 4.
+    for how in ("truncated", "flipped"):
+        name = r.fresh(f"corrupt_{how}")
+        r.run(name, expect="killed", TOWERLAB_TEST_KILL_AFTER_STEP=7)  # keeps steps 4 and 6
+        newest = r.path(name, "step-000006.safetensors")
+        size = os.path.getsize(newest)
+        with open(newest, "r+b") as f:
+            if how == "truncated":
+                f.truncate(size // 2)
+            else:
+                f.seek(size - 100)  # a weight's bits: the header still reads
+                byte = f.read(1)[0]
+                f.seek(size - 100)
+                f.write(bytes([byte ^ 0x10]))
+        p = r.run(name)
+        if f"warning: skipping the checkpoint {newest}" not in p.stderr:
+            raise Failure(f"{how}: no warning naming {newest}:\n{p.stderr}")
+        resumed_from(p, 4)
+        expect_same(r, name, ref)
     for f in os.listdir(r.path(name)):
         with open(r.path(name, f), "wb") as out:
             out.write(b"not a checkpoint")

@@ -131,6 +131,12 @@ TEST(TrainerState, AnotherRunIsRefusedNamingTheFirstDifferenceAndNothingChanges)
   const std::string bytes = read_file(dir.file("state.safetensors"));
   write_file(dir.file("cut.safetensors"), bytes.substr(0, bytes.size() / 2));
   EXPECT_THROW(same.restore_state(dir.file("cut.safetensors")), IoError);
+  // A flipped bit in the data: the header reads, the checksum does not match.
+  std::string flipped = bytes;
+  flipped[flipped.size() - 10] = char(flipped[flipped.size() - 10] ^ 0x01);
+  write_file(dir.file("flipped.safetensors"), flipped);
+  EXPECT_THROW_WITH(same.restore_state(dir.file("flipped.safetensors")), IoError,
+                    "its data does not match its checksum");
 }
 
 // Summaries after a resume: the rows up to the checkpoint stay, later ones (written
