@@ -12,7 +12,8 @@ summaries file and the metrics with the uninterrupted run's. Cases:
             epoch after a resume, after the last step before the final save): the
             rerun ends bit-identical. Under --mpirun the kills hit other ranks too.
   controls  a resume that forgets the data position, or the optimizer's step,
-            must not end bit-identical (the comparison can fail).
+            must not end bit-identical (the comparison can fail); another batch or
+            seed is refused naming the first difference.
   sigterm   SIGTERM (to mpirun under --mpirun) stops at a step boundary with exit 4
             and a checkpoint there (every rank names the same step); the rerun ends
             bit-identical. A second SIGTERM during a save ends the run at once, the
@@ -205,6 +206,20 @@ def case_controls(r):
         if not bad:
             raise Failure(f"control: a resume without the {part} ended bit-identical")
         print(f"control without the {part}: differs as it must ({len(bad)} tensors)")
+    # Another global batch, or another seed, in the reference's directory: refused
+    # with the first difference, the checkpoints left as they were.
+    before = sorted(os.listdir(r.path(ref)))
+    for flags, message in [(["--batch", "16"], "another run (run/batch 32 in the file, 16 in "
+                            "this run)"),
+                           (["--seed", "6"], "'seed 5' in the file, 'seed 6' in this run")]:
+        r.extra = flags
+        p = r.run(ref, expect=2)
+        r.extra = []
+        if message not in p.stderr or len(p.stderr.strip().splitlines()) != 1:
+            raise Failure(f"{flags}: not refused with one line naming the difference:\n{p.stderr}")
+    if sorted(os.listdir(r.path(ref))) != before:
+        raise Failure("a refused resume changed the checkpoint directory")
+    print("another batch or seed: refused naming the first difference")
 
 
 def children(pid):
