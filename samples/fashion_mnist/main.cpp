@@ -14,6 +14,7 @@
 // --devices cpu,cpu`. Rank 0 alone prints and writes summaries, metrics,
 // checkpoints and the trace (which holds every rank's rows); a checkpoint loads
 // through rank 0. Errors come from every rank.
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -50,6 +51,12 @@ std::string join(const std::vector<Device>& devices) {
   std::string s;
   for (const Device& d : devices) s += (s.empty() ? "" : ",") + d.str();
   return s;
+}
+
+// The shortest text that reads back as the same double.
+std::string exact(double v) {
+  char buffer[32];
+  return std::string(buffer, std::to_chars(buffer, buffer + sizeof buffer, v).ptr);
 }
 
 // The resume tests' controls (resume.h): forget a part of the restored state, so
@@ -187,7 +194,7 @@ int run(const sample::Options& o) {
     const std::map<std::string, std::string> run_keys{
         {"run/batch", std::to_string(o.batch)},
         {"run/steps_per_epoch", std::to_string(steps_per_epoch)},
-        {"run/weight_decay", std::to_string(o.weight_decay)},
+        {"run/weight_decay", exact(o.weight_decay)},
         {"run/data", std::to_string(train.size()) + " training images"}};
     if (!o.checkpoint_dir.empty()) {
       checkpoints = std::make_unique<sample::CheckpointDir>(o.checkpoint_dir, o.keep, cluster);
@@ -209,19 +216,19 @@ int run(const sample::Options& o) {
     if (!o.summaries.empty() && reporting) {
       summaries = std::make_unique<SummaryWriter>(o.summaries, at.summaries_bytes);
     }
-    // Saves `at` (collective) when --checkpoint-dir is given and `due`, or when a
+    // Saves `here` (collective) when --checkpoint-dir is given and `due`, or when a
     // SIGTERM asked to stop; true when the run must then stop.
-    const auto checkpoint = [&](sample::Position& at, bool due) {
+    const auto checkpoint = [&](sample::Position here, bool due) {
       if (!checkpoints) return false;
       const bool stop = sample::stop_requested(cluster);
       if (!due && !stop) return false;
-      at.summaries_bytes = summaries ? summaries->bytes() : 0;
-      const std::string path = checkpoints->save(trainer, at, run_keys);
+      here.summaries_bytes = summaries ? summaries->bytes() : 0;
+      const std::string path = checkpoints->save(trainer, here, run_keys);
       if (stop) {
         std::fprintf(stderr,
                      "fashion_mnist: preempted (SIGTERM) after step %lld: checkpoint %s; run the "
                      "same command to resume\n",
-                     static_cast<long long>(at.global_step), path.c_str());
+                     static_cast<long long>(here.global_step), path.c_str());
         sample::bound_the_exit();
       }
       return stop;
