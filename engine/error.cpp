@@ -44,15 +44,22 @@ void rethrow_with_context(const std::string& context) {
 
 namespace towerlab::detail {
 
-void throw_cuda_error(const char* expr, const char* what, const char* file, int line) {
+namespace {
+std::string on_device(int device) {
+  return device < 0 ? std::string() : " on cuda:" + std::to_string(device);
+}
+}  // namespace
+
+void throw_cuda_error(const char* expr, const char* what, int device, const char* file, int line) {
   std::ostringstream os;
-  os << expr << " failed with " << what << " at " << file << ":" << line;
+  os << expr << " failed" << on_device(device) << " with " << what << " at " << file << ":" << line;
   throw CudaError(os.str());
 }
 
-void log_cuda_error(const char* expr, const char* what, const char* file, int line) noexcept {
-  std::fprintf(stderr, "towerlab: %s failed with %s at %s:%d (ignored in a destructor)\n", expr,
-               what, file, line);
+void log_cuda_error(const char* expr, const char* what, int device, const char* file,
+                    int line) noexcept {
+  std::fprintf(stderr, "towerlab: %s failed%s with %s at %s:%d (ignored in a destructor)\n", expr,
+               on_device(device).c_str(), what, file, line);
 }
 
 }  // namespace towerlab::detail

@@ -88,8 +88,11 @@ class CommunicationError : public Error {
 [[noreturn]] void rethrow_with_context(const std::string& context);
 
 namespace detail {
-[[noreturn]] void throw_cuda_error(const char* expr, const char* what, const char* file, int line);
-void log_cuda_error(const char* expr, const char* what, const char* file, int line) noexcept;
+// `device`: the current CUDA device when the call failed (-1: unknown).
+[[noreturn]] void throw_cuda_error(const char* expr, const char* what, int device, const char* file,
+                                   int line);
+void log_cuda_error(const char* expr, const char* what, int device, const char* file,
+                    int line) noexcept;
 }  // namespace detail
 
 }  // namespace towerlab

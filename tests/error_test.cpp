@@ -26,12 +26,15 @@ TEST(Error, CheckBuildsTheMessageOnlyOnFailure) {
   EXPECT_EQ(evaluations, 1);
 }
 
-TEST(Error, CudaErrorsNameTheCallFileAndLine) {
-  EXPECT_THROW_WITH(
-      detail::throw_cuda_error("cudaMalloc(&p, n)", "cudaErrorMemoryAllocation",
-                               "engine/allocator.cpp", 42),
-      CudaError,
-      "cudaMalloc(&p, n) failed with cudaErrorMemoryAllocation at engine/allocator.cpp:42");
+TEST(Error, CudaErrorsNameTheCallDeviceFileAndLine) {
+  EXPECT_THROW_WITH(detail::throw_cuda_error("cudaMalloc(&p, n)", "cudaErrorMemoryAllocation", 1,
+                                             "engine/allocator.cpp", 42),
+                    CudaError,
+                    "cudaMalloc(&p, n) failed on cuda:1 with cudaErrorMemoryAllocation at "
+                    "engine/allocator.cpp:42");
+  EXPECT_THROW_WITH(detail::throw_cuda_error("cudaGetDevice(&d)", "cudaErrorNoDevice", -1,
+                                             "engine/device.cpp", 7),
+                    CudaError, "cudaGetDevice(&d) failed with cudaErrorNoDevice at");
 }
 
 }  // namespace

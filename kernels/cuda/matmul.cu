@@ -306,7 +306,7 @@ class CublasHandle {
   }
   ~CublasHandle() {
     if (cublasDestroy(handle_) != CUBLAS_STATUS_SUCCESS) {
-      detail::log_cuda_error("cublasDestroy(handle_)", "cuBLAS error", __FILE__, __LINE__);
+      detail::log_cuda_error("cublasDestroy(handle_)", "cuBLAS error", -1, __FILE__, __LINE__);
     }
   }
   CublasHandle(const CublasHandle&) = delete;
