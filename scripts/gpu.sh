@@ -52,7 +52,7 @@
 # (nvidia-smi is only logged; it may be missing). The tests run with
 # TOWERLAB_REQUIRE_GPU=1. A case that fails, a shard that crashes or times out,
 # and every skip that is not on the list of skips a one-GPU machine explains
-# (judge_tests: the two-GPU cases, CPU instances of CUDA-only cases, root, no
+# (judge_tests: the two- and three-GPU cases, CPU instances of CUDA-only cases, root, no
 # numpy, no Debian dataset) fail the command: a CUDA case that skipped did not run.
 #
 # Settings:
@@ -504,6 +504,7 @@ work, name = sys.argv[1], sys.argv[2]
 # not run ("no CUDA device", "this build of towerlab has no NCCL", ...).
 EXPECTED = [
     (r"needs two CUDA devices", r".*", "two GPUs"),
+    (r"needs three CUDA devices", r".*", "three GPUs"),
     (r"needs 2 GPU\(s\) for as many NCCL ranks; 1 visible", r"Nccl\w*\.\w+", "two GPUs"),
     # The CPU instance of a case that only means something on a GPU.
     (r"compares the CUDA kernels with the CPU backend", r".*/cpu", "CPU instance"),

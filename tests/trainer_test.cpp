@@ -161,6 +161,28 @@ TEST_P(TrainerBackendTest, VirtualTowersMatchOneTowerWithMasterAnywhere) {
   }
 }
 
+// Towers on three GPUs (each its own device: peer copies in the ring, a master on
+// another GPU or on the host) take the steps of one CPU device.
+TEST(Trainer, TowersOnThreeGpusMatchOneCpuDeviceWithTheMasterOnAGpuOrTheHost) {
+  if (cuda_device_count() < 3) GTEST_SKIP() << "needs three CUDA devices";
+  BnModel model;
+  Trainer reference(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2),
+                    on_cpu_towers(1));
+  for (int s = 0; s < 3; ++s) reference.step(make_batch(7, 70 + s));
+  const auto expected = reference.master().flat_values().to_host<float>();
+  for (Device master : {Device::cuda(1), Device::cpu()}) {
+    TrainerOptions options = on_cpu_towers(1);
+    options.devices = {Device::cuda(0), Device::cuda(1), Device::cuda(2)};
+    options.master = master;
+    options.batchnorm = BatchNormMode::Sync;
+    Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), options);
+    for (int s = 0; s < 3; ++s) trainer.step(make_batch(7, 70 + s));
+    EXPECT_TRUE(all_close(trainer.master().flat_values().to_host<float>(default_stream(master)),
+                          expected, 1e-5, 1e-4))
+        << "towers on cuda:0,cuda:1,cuda:2, master on " << master.str();
+  }
+}
+
 TEST(Trainer, LossDecreasesAndLogsComeFromTheLastNonEmptyTower) {
   Model model;
   Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), on_cpu_towers(3));

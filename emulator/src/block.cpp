@@ -75,12 +75,30 @@ const char* short_name(const char* file) {
   return slash != nullptr ? slash + 1 : file;
 }
 
-// TSan's contexts: each CUDA thread and each fiber has one (no-ops without TSan).
+// TSan's contexts: each CUDA thread has one (no-ops without TSan), and under TSan a
+// fiber, which runs one thread only, is charged to that thread's. ThreadSanitizer
+// holds at most 8128 contexts at once (threads and fibers together), and a worker
+// keeps one per CUDA thread of the widest block it has run, so a trainer's dozen
+// stream workers with blocks of 1024 threads could exceed that: a worker that ends a
+// launch while the process holds more than kTsanContextBudget gives its own back
+// (making them again costs system time, so it is not done after every launch).
+std::atomic<int> live_tsan_contexts{0};
+constexpr int kTsanContextBudget = 4096;
+
 void* new_tsan_context() {
 #ifdef TLEMU_TSAN
+  ++live_tsan_contexts;
   return __tsan_create_fiber(0);
 #else
   return nullptr;
+#endif
+}
+void destroy_tsan_context(void* context) {
+#ifdef TLEMU_TSAN
+  __tsan_destroy_fiber(context);
+  --live_tsan_contexts;
+#else
+  (void)context;
 #endif
 }
 // Makes `context` the one TSan charges what runs next to. A macro, not a function:
@@ -110,7 +128,7 @@ struct Thread {
 struct Fiber {
   ucontext_t context{};
   char* stack = nullptr;  // below it, one guard page
-  void* tsan = new_tsan_context();
+  void* tsan = nullptr;   // the context of the thread it runs (under TSan, set per block)
   void* asan_fake_stack = nullptr;
   Thread* thread = nullptr;    // the CUDA thread it runs, or none between threads
   Thread* assigned = nullptr;  // kFiberPerThread: the thread it runs next
@@ -174,21 +192,23 @@ struct Scheduler {
 #endif
   }
   ~Scheduler() {
+    release_fibers();
+    Hidden hidden;
+    shared.clear();
+  }
+
+  // Frees every fiber (its stack) and every thread slot (its TSan context); the next
+  // block makes new ones. Called between launches, when every fiber is suspended for
+  // good (munmap clears the stacks' shadow too).
+  void release_fibers() {
     // The fibers' and threads' state was read in their own TSan contexts, which never
     // hand anything back to the worker: freeing it is bookkeeping too.
     Hidden hidden;
-    for (auto& f : fibers) {
-#ifdef TLEMU_TSAN
-      __tsan_destroy_fiber(f->tsan);
-#endif
-      munmap(f->stack - getpagesize(), kStackBytes + getpagesize());
-    }
-#ifdef TLEMU_TSAN
-    for (auto& t : thread_slots) __tsan_destroy_fiber(t->tsan);
-#endif
+    for (auto& f : fibers) munmap(f->stack - getpagesize(), kStackBytes + getpagesize());
+    for (auto& t : thread_slots) destroy_tsan_context(t->tsan);
     fibers.clear();
+    idle.clear();
     thread_slots.clear();
-    shared.clear();
   }
 };
 
@@ -428,6 +448,7 @@ void run_block(Scheduler& s, uint3 block_index) {
       while (s.fibers.size() < s.threads) idle_fiber(s);
       for (unsigned i = 0; i < s.threads; ++i) {
         s.fibers[i]->assigned = s.thread_slots[i].get();
+        s.fibers[i]->tsan = s.thread_slots[i]->tsan;
         s.ready.push_back(s.fibers[i].get());
       }
     } else {
@@ -637,6 +658,7 @@ void run_kernel(const KernelLaunch& launch, int device) {
     Hidden hidden;
     s.launch = nullptr;
   }
+  if (kFiberPerThread && live_tsan_contexts.load() > kTsanContextBudget) s.release_fibers();
   count_kernel(std::uint64_t{g.x} * g.y * g.z, std::uint64_t{g.x} * g.y * g.z * s.threads);
 }
 

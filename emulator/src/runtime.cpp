@@ -2,6 +2,7 @@
 // each host thread, errors (the thread's last error and each device's sticky one),
 // properties, counters, fault injection, and the sanitizer annotations the other
 // parts use.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -100,7 +101,8 @@ Config read_environment() {
 struct DeviceState {
   std::atomic<int> sticky{cudaSuccess};
   std::atomic<std::size_t> memory_cap{0};
-  std::atomic<int> allocation_fault{0};  // fail the nth allocation from now (0: none)
+  std::atomic<int> allocation_fault{0};       // fail the nth allocation from now (0: none)
+  std::atomic<int> allocation_fault_more{0};  // and this many right after it
   std::atomic<int> kernel_fault{0};
 };
 
@@ -109,6 +111,7 @@ struct State {
   std::atomic<bool> peer_access{config.peer_access};
   DeviceState devices[kMaxDevices];
   std::atomic<int> any_device_allocation_fault{0};
+  std::atomic<int> any_device_allocation_fault_more{0};
   std::atomic<std::uint64_t> kernels{0}, blocks{0}, threads{0}, copies{0};
   State() {
     for (auto& d : devices) d.memory_cap = config.memory_bytes;
@@ -177,9 +180,20 @@ void count_copy() {
   ++state().copies;
 }
 
+// A run of faults: the countdown to its first, then the ones that follow it.
+bool take_run(std::atomic<int>& countdown, std::atomic<int>& more) {
+  if (take(countdown)) return true;
+  if (countdown.load() != 0) return false;  // the first is still ahead
+  int n = more.load();
+  while (n > 0 && !more.compare_exchange_weak(n, n - 1)) {
+  }
+  return n > 0;
+}
+
 bool take_allocation_fault(int device) {
-  return take(state().any_device_allocation_fault) ||
-         take(state().devices[device].allocation_fault);
+  return take_run(state().any_device_allocation_fault, state().any_device_allocation_fault_more) ||
+         take_run(state().devices[device].allocation_fault,
+                  state().devices[device].allocation_fault_more);
 }
 bool take_kernel_fault(int device) {
   return take(state().devices[device].kernel_fault);
@@ -216,10 +230,13 @@ void set_memory_limit(int device, std::size_t bytes) {
 void set_peer_access_allowed(bool allowed) {
   state().peer_access = allowed;
 }
-void fail_allocation(int nth, int device) {
+void fail_allocation(int nth, int device, int times) {
+  const int more = std::max(times - 1, 0);
   if (device < 0) {
+    state().any_device_allocation_fault_more = more;
     state().any_device_allocation_fault = nth;
   } else if (valid_device(device)) {
+    state().devices[device].allocation_fault_more = more;
     state().devices[device].allocation_fault = nth;
   }
 }
@@ -229,18 +246,23 @@ void fault_kernel(int nth, int device) {
 void delay_stream(cudaStream_t stream, std::chrono::milliseconds delay) {
   set_stream_delay(stream, delay);
 }
-void reset() {
+void clear_faults() {
   for (int d = 0; d < device_count(); ++d) synchronize_device(d);
   for (auto& d : state().devices) {
     d.sticky = cudaSuccess;
     d.allocation_fault = 0;
+    d.allocation_fault_more = 0;
     d.kernel_fault = 0;
     d.memory_cap = settings().memory_bytes;
   }
   state().any_device_allocation_fault = 0;
+  state().any_device_allocation_fault_more = 0;
+  last_error = cudaSuccess;
+}
+void reset() {
+  clear_faults();
   state().peer_access = settings().peer_access;
   reset_peer_access();
-  last_error = cudaSuccess;
 }
 Counters counters() {
   return {state().kernels, state().blocks, state().threads, state().copies};

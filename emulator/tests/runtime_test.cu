@@ -142,6 +142,25 @@ TEST_F(Emulator, AnInjectedAllocationFailureHitsExactlyTheNthAllocation) {
   cudaFree(c);
 }
 
+TEST_F(Emulator, AnInjectedRunOfAllocationFailuresHitsTheNthAndTheOnesRightAfterIt) {
+  tlemu::fail_allocation(2, 1, 3);
+  void* p[6] = {};
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  const cudaError_t expected[6] = {cudaSuccess,
+                                   cudaErrorMemoryAllocation,
+                                   cudaErrorMemoryAllocation,
+                                   cudaErrorMemoryAllocation,
+                                   cudaSuccess,
+                                   cudaSuccess};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(cudaMalloc(&p[i], 64), expected[i]) << "allocation " << i;
+  cudaGetLastError();
+  for (void* q : p) cudaFree(q);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  void* other = nullptr;  // device 0 was never named
+  EXPECT_EQ(cudaMalloc(&other, 64), cudaSuccess);
+  cudaFree(other);
+}
+
 TEST_F(Emulator, CopiesAreCheckedAgainstTheAllocationsTheyTouch) {
   float* d = device_floats(10);
   std::vector<float> h(20, 1.0f);

@@ -35,9 +35,11 @@ void set_memory_limit(int device, std::size_t bytes);
 void set_peer_access_allowed(bool allowed);
 
 // --- fault injection ---------------------------------------------------------------
-// The `nth` cudaMalloc from now (1 = the next) on `device` (-1: any) fails with
-// cudaErrorMemoryAllocation; the ones before and after succeed.
-void fail_allocation(int nth, int device = -1);
+// The `nth` cudaMalloc from now (1 = the next) on `device` (-1: any) and the
+// `times - 1` after it fail with cudaErrorMemoryAllocation; the ones before and
+// after succeed. (A caching allocator retries a failed cudaMalloc once its cache is
+// released: times = 2 makes the failure reach its caller.)
+void fail_allocation(int nth, int device = -1, int times = 1);
 // The `nth` kernel launched from now on `device` faults when it runs: the device's
 // sticky error becomes cudaErrorIllegalAddress, as an out-of-bounds access would
 // make it on hardware.
@@ -46,7 +48,12 @@ void fault_kernel(int nth, int device);
 // later, as after a long kernel. Work that is not properly ordered after it then
 // overtakes it and reads stale data (and ThreadSanitizer says so).
 void delay_stream(cudaStream_t stream, std::chrono::milliseconds delay);
-// Clears every device's sticky error, every pending fault and every peer access.
+// Clears every device's sticky error and every pending fault, and puts the memory
+// caps back; peer access stays as it is (towerlab enables it once per pair and
+// remembers, as a program may on hardware, where nothing disables it behind its back).
+void clear_faults();
+// clear_faults(), and also disables every peer access and restores the environment's
+// peer setting: for the emulator's own tests, not for a process where towerlab ran.
 // Hardware has no such thing (a faulted context is lost until the process ends);
 // tests use it to stay independent of each other.
 void reset();
