@@ -418,6 +418,13 @@ void Allocator::set_options(const MemoryOptions& options) {
            "memory options for " << backend_->name() << ": fraction must be in (0, 1], got "
                                  << options.fraction);
   std::lock_guard lock(mutex_);
+  // A block is given back the way it was made: an exact block alone, a cached one
+  // into its segment. Switching between the two under a live block would free it
+  // the other way.
+  TL_CHECK(options.exact_blocks == options_.exact_blocks || live_blocks_.empty(), InvalidArgument,
+           "memory options for " << backend_->name() << ": exact_blocks can change only while "
+                                 << "nothing is allocated (" << live_blocks_.size() << " blocks, "
+                                 << format_bytes(stats_.in_use_bytes) << " in use)");
   release_cached_locked();
   MemoryOptions old = std::exchange(options_, options);
   if (limit_locked() < stats_.reserved_bytes) {

@@ -59,8 +59,9 @@ struct MemoryOptions {
 };
 
 // Cached segments are released first; throws InvalidArgument for a fraction
-// outside (0, 1] or a cap below what the device has in use, DeviceError for a
-// device that is not present.
+// outside (0, 1], a cap below what the device has in use or a change of
+// exact_blocks while a tensor is alive on the device, DeviceError for a device that
+// is not present.
 void set_memory_options(Device device, const MemoryOptions& options);
 MemoryOptions memory_options(Device device);
 

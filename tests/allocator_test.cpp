@@ -331,6 +331,24 @@ TEST_F(AllocatorTest, OptionsAreValidated) {
   EXPECT_EQ(alloc->stats().limit_bytes, 4 * MiB);
 }
 
+// A live block would be given back the other way (an exact block freed into a
+// segment, or a piece of a segment freed alone as if it were its own).
+TEST_F(AllocatorTest, ExactBlocksChangeOnlyWhileNothingIsAllocated) {
+  auto alloc = make(64 * MiB);
+  void* a = alloc->allocate(1000);
+  EXPECT_THROW_WITH(alloc->set_options({.exact_blocks = true}), InvalidArgument,
+                    "exact_blocks can change only while nothing is allocated (1 blocks");
+  EXPECT_FALSE(alloc->options().exact_blocks);
+  EXPECT_NO_THROW(alloc->set_options({.limit_bytes = 32 * MiB}));  // other options still may
+  alloc->deallocate(a);
+  alloc->set_options({.exact_blocks = true});
+  void* b = alloc->allocate(1000);
+  EXPECT_THROW_WITH(alloc->set_options({}), InvalidArgument, "exact_blocks can change only");
+  alloc->deallocate(b);
+  EXPECT_NO_THROW(alloc->set_options({}));
+  EXPECT_EQ(alloc->stats().in_use_bytes, 0u);
+}
+
 TEST_F(AllocatorTest, ConcurrentTowersShareOneAllocatorSafely) {
   auto alloc = make(512 * MiB);
   auto worker = [&](int seed) {

@@ -10,9 +10,6 @@
 #include <thread>
 
 #include "test_util.h"
-#if TOWERLAB_EMULATED_CUDA
-#include "tlemu/emulator.h"
-#endif
 
 namespace towerlab::testing {
 namespace {
@@ -84,29 +81,6 @@ TEST(Concurrency, TwoTrainersOnTwoThreadsTrainAsAlone) {
   EXPECT_EQ(together_b, alone_b);
 }
 
-// Holds back the work submitted to `stream` after this call: on a GPU, large
-// matrix products (tens of milliseconds); on the CPU, a sleep of the calling
-// thread, which is the host stream. The CPU backend finishes work as it is
-// submitted, so there the delay is over before anything else is issued and a
-// missing wait cannot show: the tests below can fail on a GPU only.
-void delay(const Stream& stream) {
-  if (stream.device().is_cpu()) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    return;
-  }
-#if TOWERLAB_EMULATED_CUDA
-  // The emulated GPUs are far too slow for the GEMMs below; they hold a stream back
-  // by queuing a pause on it.
-  tlemu::delay_stream(static_cast<cudaStream_t>(stream.native_handle()),
-                      std::chrono::milliseconds(200));
-  return;
-#endif
-  const std::int64_t n = 4096;
-  Tensor a = Tensor::zeros({n, n}, stream);
-  Tensor c = Tensor::empty({n, n}, stream);
-  for (int i = 0; i < 8; ++i) matmul(c, a, a, false, false, 1.0f, 0.0f, stream);
-}
-
 std::int64_t count_other_than(const std::vector<float>& values, float expected) {
   return std::count_if(values.begin(), values.end(), [&](float v) { return v != expected; });
 }
@@ -139,7 +113,7 @@ TEST_P(ReadOrderTest, MasterIsUpdatedWhenStepReturns) {
   trainer.step(batch);
   ASSERT_EQ(count_other_than(trainer.master().flat_values().to_host<float>(reader), 0.5f), 0);
 
-  delay(trainer.master_stream());
+  hold_back(trainer.master_stream());
   trainer.step(batch);
   EXPECT_EQ(count_other_than(trainer.master().flat_values().to_host<float>(reader), 0.0f), 0)
       << "the master read on a new stream";
@@ -163,11 +137,13 @@ TEST_P(ReadOrderTest, ToHostWithoutAStreamSeesWorkOnEveryStream) {
   Stream writer(device()), reader(device());
   Tensor x = Tensor::zeros({n}, writer);
   ASSERT_EQ(count_other_than(x.to_host<float>(writer), 0.0f), 0);  // also fills the caches
-  delay(writer);
+  hold_back(writer);
   fill(x, 1.0, writer);
-  if (device().is_cuda()) {
+  if (device().is_cuda() && !kThreadSanitizer) {
     // Control: a read on a stream that never waited for the writer comes while the
-    // fill is still held back, and sees the old values.
+    // fill is still held back, and sees the old values. (That read is the race
+    // ThreadSanitizer exists to report, so it is left out there; the emulator's
+    // controls show TSan reporting such a read.)
     EXPECT_EQ(count_other_than(x.to_host<float>(reader), 0.0f), 0)
         << "the delay did not hold the write back, so this test could not fail";
   }

@@ -3,7 +3,7 @@
 // can be made to happen on purpose:
 // - a failed cudaMalloc: the caching allocator survives one (it releases its cache
 //   and retries); two in a row are an OutOfMemory naming the device, and a trainer
-//   whose step ran out takes the next step as if the failed one had never begun;
+//   whose step ran out takes the next steps as if the failed one had never begun;
 // - peer access refused (TOWERLAB_EMULATED_PEER=0, for the whole process: towerlab
 //   enables a pair once and remembers, so refusing it half-way through a process
 //   would test nothing real; ctest runs the peer cases both ways): the ring stages
@@ -90,11 +90,12 @@ TEST_F(EmulatedFaults, AStepThatRunsOutOfMemoryChangesNothingAndTheNextStepRuns)
                     towers({Device::cuda(0), Device::cuda(1)}));
   trainer.step(small_image_batch(4, 1, 7));
   reference.step(small_image_batch(4, 1, 7));
-  // Every cudaMalloc on cuda:1 fails for a while: tower 1's larger activations
-  // cannot be allocated, in the caching allocator and with exact blocks alike.
-  tlemu::fail_allocation(1, 1, 1000);
-  EXPECT_THROW_WITH(trainer.step(small_image_batch(64, 2, 7)), OutOfMemory,
-                    "out of memory on cuda:1");
+  // Every cudaMalloc fails for a while, and a batch of 2000 needs more than the
+  // towers' cached segments hold: the towers' activations cannot be allocated, in
+  // the caching allocator and with exact blocks alike.
+  tlemu::fail_allocation(1, -1, 1000);
+  EXPECT_THROW_WITH(trainer.step(small_image_batch(2000, 2, 7)), OutOfMemory,
+                    "out of memory on cuda:");
   tlemu::clear_faults();
   for (unsigned s = 3; s < 5; ++s) {
     trainer.step(small_image_batch(8, s, 7));

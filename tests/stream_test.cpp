@@ -72,7 +72,8 @@ TEST_P(StreamTest, DestroyingAStreamWaitsForItsWorkBeforeItsHandleCanBeReused) {
   Event done(device());
   {
     Stream doomed(device());
-    Tensor x = Tensor::zeros({1 << 24}, doomed);
+    Tensor x = Tensor::zeros({1 << 16}, doomed);
+    hold_back(doomed);  // the work below is still queued when `doomed` goes
     for (int i = 0; i < 50; ++i) fill(x, i, doomed);
     done.record(doomed);
   }  // x goes back to the cache as `doomed`'s block, then `doomed` is destroyed

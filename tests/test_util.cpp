@@ -5,6 +5,11 @@
 #include <cstring>
 #include <random>
 #include <sstream>
+#include <thread>
+
+#if TOWERLAB_EMULATED_CUDA
+#include "tlemu/emulator.h"
+#endif
 
 namespace towerlab::testing {
 
@@ -76,6 +81,23 @@ std::vector<float> random_values(std::size_t n, unsigned seed, float low, float 
   if (mismatches == 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure()
          << mismatches << " of " << actual.size() << " elements differ:" << bad.str();
+}
+
+void hold_back(const Stream& stream) {
+  if (stream.device().is_cpu()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return;
+  }
+#if TOWERLAB_EMULATED_CUDA
+  // The GEMMs below would take the emulated GPUs minutes.
+  tlemu::delay_stream(static_cast<cudaStream_t>(stream.native_handle()),
+                      std::chrono::milliseconds(200));
+#else
+  const std::int64_t n = 4096;
+  Tensor a = Tensor::zeros({n, n}, stream);
+  Tensor c = Tensor::empty({n, n}, stream);
+  for (int i = 0; i < 8; ++i) matmul(c, a, a, false, false, 1.0f, 0.0f, stream);
+#endif
 }
 
 }  // namespace towerlab::testing

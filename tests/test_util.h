@@ -27,6 +27,35 @@ inline std::vector<Tensor> small_image_batch(std::int64_t n, unsigned seed, int 
   return {images, Tensor::from_host<float>(labels, {n}, cpu())};
 }
 
+// Where the CUDA cases run: on the emulated GPUs (emulator/), and whether under
+// ThreadSanitizer. A test sized for a real GPU (long kernels so that streams
+// overlap) is sized down there, where one thread of a kernel is a host function call
+// and streams are host threads that overlap anyway.
+#if TOWERLAB_EMULATED_CUDA
+inline constexpr bool kEmulatedGpus = true;
+#else
+inline constexpr bool kEmulatedGpus = false;
+#endif
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool kThreadSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+inline constexpr bool kThreadSanitizer = true;
+#else
+inline constexpr bool kThreadSanitizer = false;
+#endif
+#else
+inline constexpr bool kThreadSanitizer = false;
+#endif
+
+// Holds back the work submitted to `stream` after this call: on a GPU, large matrix
+// products (tens of milliseconds); on the emulated GPUs, a pause queued on the
+// stream (200 ms); on the CPU, a sleep of the calling thread, which is the host
+// stream. The CPU backend finishes work as it is submitted, so there the delay is
+// over before anything else is issued and a missing wait cannot show: tests built
+// on it can fail on a GPU (emulated or real) only.
+void hold_back(const Stream& stream);
+
 // True when TOWERLAB_REQUIRE_GPU is "1" (scripts/gpu.sh sets it on the GPU machine):
 // then no visible GPU fails the suite instead of skipping its CUDA cases, because
 // there a skipped CUDA case would read as a pass. Any other value, or none, is off.
