@@ -10,8 +10,11 @@
 namespace towerlab {
 
 TowerBatchNormSync::TowerBatchNormSync(std::vector<int> participants, ProcessGroup* group,
-                                       std::string step)
-    : participants_(std::move(participants)), group_(group), step_(std::move(step)) {}
+                                       std::string step, int stand_in)
+    : participants_(std::move(participants)),
+      stand_in_(stand_in),
+      group_(group),
+      step_(std::move(step)) {}
 
 std::vector<TowerBatchNormSync::Published> TowerBatchNormSync::exchange(
     bool stats, int tower, const Tensor& a, const Tensor& b, std::int64_t count,
@@ -48,6 +51,11 @@ std::vector<TowerBatchNormSync::Published> TowerBatchNormSync::exchange(
 
 std::int64_t TowerBatchNormSync::merge_stats(int tower, const Tensor& mean, const Tensor& m2,
                                              std::int64_t count, const Stream& stream) {
+  if (tower == stand_in_) {  // (0, 0) with count 0: merging it changes nothing
+    fill(mean, 0.0, stream);
+    fill(m2, 0.0, stream);
+    count = 0;
+  }
   std::size_t index = 0;
   const std::vector<Published> all = exchange(true, tower, mean, m2, count, stream, index);
   // mean, m2 := the first participant's partials, then merge the others in order.
@@ -72,6 +80,10 @@ std::int64_t TowerBatchNormSync::merge_stats(int tower, const Tensor& mean, cons
 }
 
 void TowerBatchNormSync::sum(int tower, const Tensor& a, const Tensor& b, const Stream& stream) {
+  if (tower == stand_in_) {
+    fill(a, 0.0, stream);
+    fill(b, 0.0, stream);
+  }
   std::size_t index = 0;
   const std::vector<Published> all = exchange(false, tower, a, b, 0, stream, index);
   Tensor other_a = Tensor::empty(a.shape(), stream, a.dtype());
@@ -168,7 +180,9 @@ void TowerBatchNormSync::reduce_on_host(bool stats, std::vector<float>& a, std::
       to_m2[c] = float(from[1 + channels + c]);
     }
     const std::int64_t n = std::int64_t(from[0]);
-    if (r > 0) batchnorm_merge_stats(mean, m2, total, other_mean, other_m2, n, host);
+    // A rank without samples (count 0) changes nothing; skipping it also keeps a
+    // merge of two empty partials from dividing by zero.
+    if (r > 0 && n > 0) batchnorm_merge_stats(mean, m2, total, other_mean, other_m2, n, host);
     total += n;
   }
   a = mean.to_host<float>(host);

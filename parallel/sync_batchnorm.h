@@ -18,8 +18,8 @@
 // allreduce_sum of a [ranks x (1 + 2C)] buffer in which each rank fills its own
 // row, and merges the rows in rank order (Chan et al., as across towers), so
 // unequal counts are exact and every rank computes the same bits; sum is one
-// allreduce_sum of the rank's sums. Every rank must make the same calls, so each
-// needs samples (the trainer checks that the batch has one per rank at least).
+// allreduce_sum of the rank's sums. Every rank must make the same calls: a rank
+// without samples makes them through a stand-in tower whose partials count as none.
 #pragma once
 
 #include <condition_variable>
@@ -39,8 +39,10 @@ class TowerBatchNormSync final : public BatchNormSync {
   // `participants`: the towers with samples this step, in tower order. `group`
   // (optional): the processes to synchronize with after the towers; `step` names
   // the step in its calls' error messages.
+  // `stand_in` (or -1): a participant whose partials count as none (zeros with
+  // count 0), the trainer's way for a process without samples to make the calls.
   explicit TowerBatchNormSync(std::vector<int> participants, ProcessGroup* group = nullptr,
-                              std::string step = {});
+                              std::string step = {}, int stand_in = -1);
 
   std::int64_t merge_stats(int tower, const Tensor& mean, const Tensor& m2, std::int64_t count,
                            const Stream& stream) override;
@@ -76,6 +78,7 @@ class TowerBatchNormSync final : public BatchNormSync {
                       std::size_t index);
 
   std::vector<int> participants_;
+  int stand_in_ = -1;
   ProcessGroup* group_ = nullptr;
   std::string step_;
   std::mutex mutex_;

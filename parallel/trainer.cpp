@@ -275,7 +275,7 @@ void Trainer::check_batch(const std::vector<Tensor>& batch) const {
 }
 
 void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const TowerSlice& slice,
-                        bool training, BatchNormSync* sync) {
+                        bool training, BatchNormSync* sync, bool stand_in) {
   using clock = std::chrono::steady_clock;
   TowerState& t = *towers_[i];
   t.loss = Tensor();
@@ -312,7 +312,9 @@ void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const T
     Tape& tape;
     ~ListenerOff() { tape.set_gradient_listener(nullptr); }
   } listener_off{*t.tape};
-  if (training && bucketed()) buckets_->watch(i, *t.tape);
+  // A stand-in is not watched: its gradient is discarded below, and its buckets
+  // complete when it is done.
+  if (training && bucketed() && !stand_in) buckets_->watch(i, *t.tape);
   // Errors from here on get the tower and its samples put before them (run()).
   TL_CHECK(r.loss.defined(), InvalidArgument, "the tower function returned no loss");
   TL_CHECK(r.loss.value().numel() == 1, ShapeError,
@@ -324,6 +326,9 @@ void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const T
   if (training) {
     start = clock::now();
     t.tape->backward(r.loss, slice.weight);
+    // Synchronized batch norm gives the stand-in's rows, which are not in the batch,
+    // a gradient through the batch's sums: it must not count.
+    if (stand_in) t.store->zero_grad(*t.stream);
     if (trace_ != nullptr) {
       t.stream->synchronize();
       trace_->span(int(i), "backward", start, "tower", args);
@@ -418,20 +423,23 @@ StepResult Trainer::split(const std::vector<Tensor>& batch) const {
 void Trainer::run_towers(const std::vector<Tensor>& batch, const std::vector<TowerSlice>& slices,
                          bool training) {
   std::unique_ptr<TowerBatchNormSync> sync;
+  // Every rank makes the same batch-norm collectives. A rank without samples makes
+  // them through a stand-in: its tower 0 runs the batch's first row with weight 0
+  // (no gradient, no loss, no output) and joins the statistics with a zero count,
+  // as an empty tower would.
+  bool stand_in = false;
   if (training && options_.batchnorm == BatchNormMode::Sync) {
     std::vector<int> participants;
     for (std::size_t i = 0; i < slices.size(); ++i) {
       if (slices[i].size() > 0) participants.push_back(int(i));
     }
-    // Every rank makes the same batch-norm collectives, so each needs samples; the
-    // batch size decides, so every rank refuses alike.
-    TL_CHECK(batch[0].size(0) >= ranks_, InvalidArgument,
-             "Trainer: synchronized batch norm across "
-                 << ranks_ << " processes needs at least " << ranks_
-                 << " samples (one per process); the batch has " << batch[0].size(0));
+    stand_in = participants.empty() && ranks_ > 1;
+    if (stand_in) participants.push_back(0);
     sync = std::make_unique<TowerBatchNormSync>(participants, options_.process_group,
-                                                "step " + std::to_string(optimizer_.steps()));
+                                                "step " + std::to_string(optimizer_.steps()),
+                                                stand_in ? 0 : -1);
   }
+  const TowerSlice stand_in_slice{0, 1, 0.0};
   const bool bucketed_step = training && bucketed();
   if (bucketed_step) {
     buckets_->start_step();
@@ -445,17 +453,20 @@ void Trainer::run_towers(const std::vector<Tensor>& batch, const std::vector<Tow
       if (bucketed_step) reduce_buckets();
       return;
     }
+    const bool stands_in = stand_in && i == 0;
     try {
-      run_tower(i, batch, slices[i], training, sync.get());
+      run_tower(i, batch, stands_in ? stand_in_slice : slices[i], training, sync.get(), stands_in);
       if (bucketed_step) buckets_->tower_done(i);
       if (sync != nullptr) sync->finish(int(i), false);
     } catch (...) {
       if (bucketed_step) buckets_->tower_failed();  // the reducer stops waiting for this tower
       if (sync != nullptr) sync->finish(int(i), true);
-      rethrow_with_context("Trainer: tower " + std::to_string(i) + " on " +
-                           towers_[i]->device.str() + " (samples " +
-                           std::to_string(slices[i].begin) + " to " +
-                           std::to_string(slices[i].end - 1) + " of the batch): ");
+      rethrow_with_context(
+          "Trainer: tower " + std::to_string(i) + " on " + towers_[i]->device.str() +
+          (stands_in ? std::string(" (standing in for a process without samples "
+                                   "in synchronized batch norm): ")
+                     : " (samples " + std::to_string(slices[i].begin) + " to " +
+                           std::to_string(slices[i].end - 1) + " of the batch): "));
     }
   };
   // Whatever happened, the towers' streams go on only after the buckets' streams.
@@ -466,6 +477,10 @@ void Trainer::run_towers(const std::vector<Tensor>& batch, const std::vector<Tow
     }
   } join{bucketed_step ? buckets_.get() : nullptr};
   workers_->run(job);
+  if (stand_in) {
+    towers_[0]->outputs.clear();
+    towers_[0]->logs.clear();
+  }
   const std::size_t first = std::size_t(rank_) * towers_.size();
   losses_.assign(std::size_t(ranks_) * towers_.size(), 0.0f);
   for (std::size_t i = 0; i < towers_.size(); ++i) {

@@ -306,9 +306,11 @@ class Trainer {
   void update_and_broadcast();
   // 8. The outputs in input order and the last non-empty tower's logs.
   void gather_outputs(StepResult& result) const;
-  // Tower i's forward (and backward) on its own thread.
+  // Tower i's forward (and backward) on its own thread. A `stand_in` runs its rows
+  // only to make the synchronized batch-norm calls of a rank without samples: its
+  // loss, gradient and outputs count for nothing (run_towers).
   void run_tower(std::size_t i, const std::vector<Tensor>& batch, const TowerSlice& slice,
-                 bool training, BatchNormSync* sync);
+                 bool training, BatchNormSync* sync, bool stand_in);
   void check_batch(const std::vector<Tensor>& batch) const;
   // The reduced loss and gradient against NumericGuard: "" when both are finite,
   // else what is not (the tower losses, the first variable and element).
