@@ -141,6 +141,13 @@ std::string Sequential::describe() const {
   return os.str();
 }
 
+Tensor infer(const Layer& model, VariableStore& store, const Tensor& input, const Stream& stream) {
+  Tape tape(stream, "inference");
+  const NoGradGuard no_grad(tape);
+  const Context ctx{tape, store, /*training=*/false};
+  return model(ctx, tape.constant(input, "input")).value();
+}
+
 Var l2_regularization(const Context& ctx, double coeff) {
   if (coeff == 0.0) return Var();
   std::vector<Var> terms;

@@ -10,6 +10,7 @@
 //                      Pool2dParams::square(2, 2));                   // and a max pool
 //   ...
 //   Var logits = net(Context{tape, store, /*training=*/true}, input);
+//   Tensor predicted = infer(net, store, input, stream);  // inference, no tape kept
 #pragma once
 
 #include <memory>
@@ -133,6 +134,21 @@ class Sequential : public Layer {
  private:
   std::vector<std::unique_ptr<Layer>> layers_;
 };
+
+// Inference without a Trainer: runs `model` on `input` (on the store's device) in
+// inference mode and returns its output, a tensor on `stream`. Batch norm uses the
+// moving statistics and leaves them as they are. The pass runs on a tape of its own
+// with recording off, so nothing is kept for a backward pass. `store` may be made
+// without gradients (an inference copy, e.g. filled by load_checkpoint):
+//
+//   VariableStore store(vars, cpu, /*with_grads=*/false);
+//   load_checkpoint("model.safetensors", store, nullptr, cpu);
+//   Tensor logits = infer(net, store, images, cpu);  // [N,1,28,28] -> [N,10]
+//
+// A mis-shaped input throws the layer's ShapeError, and an input on another device
+// InvalidArgument. It only reads `store`: nothing may write it meanwhile (a Trainer
+// step on that store).
+Tensor infer(const Layer& model, VariableStore& store, const Tensor& input, const Stream& stream);
 
 // Weight decay as a TensorFlow 1.x model adds it to its regularization losses:
 // coeff * tf.nn.l2_loss(w) = coeff * sum(w^2)/2 over every trainable variable

@@ -141,7 +141,10 @@ Tensor VariableStore::grad(const std::string& name) const {
   TL_CHECK(spec.trainable, InvalidArgument,
            "variable " << name << " is not trainable: no gradient");
   TL_CHECK(grads_.defined(), InvalidArgument,
-           "variable " << name << ": this store was made without gradients");
+           "variable " << name
+                       << ": this store was made without gradients (an inference copy); it runs "
+                          "a model only in inference mode (infer(), or a Context with training = "
+                          "false). To train, make the store with with_grads = true");
   return grads_.view(spec.offset, spec.shape);
 }
 

@@ -91,7 +91,8 @@ class VariableStore {
  public:
   // Allocates the flat buffers on the stream's device (values uninitialized until
   // initialize() or copy_from()). `with_grads` = false for a store that is never
-  // differentiated (an inference copy). float64 (CPU only) serves gradient checks.
+  // differentiated (an inference copy: it runs a model in an inference pass only,
+  // see infer() in autograd/layers.h). float64 (CPU only) serves gradient checks.
   VariableStore(const VariableSet& set, const Stream& stream, bool with_grads = true,
                 DType dtype = DType::Float32);
 
@@ -106,6 +107,9 @@ class VariableStore {
   // Views of one variable (gradients exist for trainable variables only).
   Tensor value(const std::string& name) const;
   Tensor grad(const std::string& name) const;
+
+  // False for an inference copy (made with with_grads = false).
+  bool has_grads() const { return grads_.defined(); }
 
   const Tensor& flat_values() const { return values_; }
   const Tensor& flat_grads() const { return grads_; }
