@@ -53,6 +53,52 @@ void join_names(std::ostringstream& os, const char* label, const std::vector<std
   for (std::size_t i = 0; i < names.size(); ++i) os << (i ? ", " : "") << names[i];
 }
 
+// checkpoint_mismatch()'s problems without its "checkpoint <path> ... model: "
+// prefix, and how many there are.
+std::pair<std::string, std::size_t> problems_of(const std::string& path,
+                                                const std::vector<TensorSpec>& expected,
+                                                const std::vector<SafetensorsEntry>& entries) {
+  const std::string message = checkpoint_mismatch(path, expected, entries);
+  if (message.empty()) return {"", 0};
+  const std::string list = message.substr(message.find(": ", path.size()) + 2);
+  std::size_t count = 1;
+  for (std::size_t at = list.find("; "); at != std::string::npos; at = list.find("; ", at + 2)) {
+    ++count;
+  }
+  return {list, count};
+}
+
+// What does not match, led by a count summary and the variables' problems. The
+// optimizer slots repeat every variable once per slot, so when the variables differ
+// (another model's file) the slots' problems are only counted: listed, they would
+// bury the variables under two or three times as many lines. "" when all match.
+std::string mismatch_message(const std::string& path, const std::vector<TensorSpec>& variables,
+                             const std::vector<TensorSpec>& slots,
+                             const std::vector<SafetensorsEntry>& entries) {
+  std::vector<SafetensorsEntry> variable_entries, slot_entries;
+  for (const SafetensorsEntry& e : entries) {
+    (e.name.starts_with("optimizer/") ? slot_entries : variable_entries).push_back(e);
+  }
+  const auto [variable_list, variable_count] = problems_of(path, variables, variable_entries);
+  const auto [slot_list, slot_count] = problems_of(path, slots, slot_entries);
+  if (variable_count + slot_count == 0) return "";
+  std::ostringstream os;
+  os << "checkpoint " << path << " does not match the model (" << variable_count
+     << " variable problem" << (variable_count == 1 ? "" : "s") << ", " << slot_count
+     << " optimizer-slot problem" << (slot_count == 1 ? "" : "s") << "): ";
+  if (variable_count > 0) {
+    os << variable_list;
+    if (slot_count > 0) {
+      os << "; and " << slot_count
+         << " optimizer-slot entries (optimizer/<slot>/<variable>), which differ as the "
+            "variables do";
+    }
+  } else {
+    os << slot_list;
+  }
+  return os.str();
+}
+
 }  // namespace
 
 std::string CheckpointInfo::summary(const std::string& path) const {
@@ -133,7 +179,8 @@ CheckpointInfo load_checkpoint(const std::string& path, VariableStore& store, Op
   } else if (file_has_slots) {
     slots = slots_in_file(header);
   }
-  std::vector<TensorSpec> wanted = variable_specs(store.set());
+  const std::vector<TensorSpec> variable_entries = variable_specs(store.set());
+  std::vector<TensorSpec> wanted = variable_entries;
   const std::vector<TensorSpec> slot_entries = slot_specs(store.set(), slots);
   wanted.insert(wanted.end(), slot_entries.begin(), slot_entries.end());
 
@@ -142,7 +189,8 @@ CheckpointInfo load_checkpoint(const std::string& path, VariableStore& store, Op
   for (const SafetensorsEntry& e : header.entries) in_file.insert(e.name);
   const auto has = [&](const TensorSpec& spec) { return in_file.count(spec.name) > 0; };
   if (match == CheckpointMatch::Exact) {
-    const std::string problems = checkpoint_mismatch(path, wanted, header.entries);
+    const std::string problems =
+        mismatch_message(path, variable_entries, slot_entries, header.entries);
     if (!problems.empty() && info.plain_weights) {
       const std::string why = format.empty() ? "has no towerlab format metadata"
                                              : "has format '" + format + "', not towerlab's";
