@@ -68,6 +68,12 @@ cmake -S tests/consumer -B build/consumer-installed -G Ninja -DCMAKE_PREFIX_PATH
 cmake --build build/consumer-installed >/dev/null
 build/consumer-installed/consumer
 
+echo "== embedding: samples/embed from the installed copy (train, save, reload, infer)"
+rm -rf build/embed-installed
+cmake -S samples/embed -B build/embed-installed -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build/install" >/dev/null
+cmake --build build/embed-installed >/dev/null
+(cd build/embed-installed && ./embed)
+
 echo "== embedding: add_subdirectory(towerlab)"
 cmake -S tests/consumer -B build/consumer-subdir -G Ninja -DTOWERLAB_SOURCE_DIR="$PWD" -DTOWERLAB_CUDA=OFF >/dev/null
 cmake --build build/consumer-subdir >/dev/null
