@@ -15,6 +15,7 @@
 //   is the same, bit for bit.
 // Each case starts and ends with no fault pending and no device faulted
 // (tlemu::clear_faults()).
+#include "cnn_model.h"
 #include "test_util.h"
 
 #if TOWERLAB_EMULATED_CUDA
@@ -25,17 +26,8 @@
 namespace towerlab::testing {
 namespace {
 
-// A small CNN without batch norm, so that towers and one device take the same steps.
-struct Model {
-  VariableSet vars;
-  Sequential net;
-  Model() {
-    net.add<Conv2d>(vars, "conv1", 1, 4, 3, Conv2dParams{.pad_h = 1, .pad_w = 1});
-    net.add<ReLU>();
-    net.add<MaxPool2d>(Pool2dParams::square(2, 2));
-    net.add<Flatten>();
-    net.add<Linear>(vars, "fc", 4 * 4 * 4, 3);
-  }
+// tests/cnn_model.h: towers and one device take the same steps.
+struct Model : CnnModel {
   // `before` runs first in every tower, on the tower's thread (to hold its stream back).
   TowerFn tower_fn(std::function<void(const Tower&)> before = {}) const {
     return [this, before](const Tower& tower, const std::vector<Tensor>& batch) {
