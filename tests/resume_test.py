@@ -16,8 +16,9 @@ summaries file and the metrics with the uninterrupted run's. Cases:
             seed is refused naming the first difference.
   sigterm   SIGTERM (to mpirun under --mpirun) stops at a step boundary with exit 4
             and a checkpoint there (every rank names the same step); the rerun ends
-            bit-identical. A second SIGTERM during a save ends the run at once, the
-            previous checkpoint intact.
+            bit-identical. A second SIGTERM during a save ends the run at once, and
+            so does the deadline after the first one (shortened to 2 s by the
+            sample's test hook) when a save hangs: the previous checkpoint intact.
   corrupt   a truncated newest checkpoint, and one with a flipped bit in its data, is
             skipped with a warning naming it; all of them unreadable: exit 2 naming them.
   layout    checkpointed on cpu,cpu, resumed on cpu (and under --mpirun on N ranks of
@@ -284,6 +285,19 @@ def case_sigterm(r):
         p.communicate(timeout=TIMEOUT)
         if p.returncode != -signal.SIGTERM:
             raise Failure(f"a second SIGTERM: exit {p.returncode}, expected death by SIGTERM")
+        resumed_from(r.run(name), 2)
+        expect_same(r, name, ref)
+        # One SIGTERM while the save of step 4 hangs: the deadline ends the run.
+        name = r.fresh("sigterm_deadline")
+        p = r.start(name, TOWERLAB_TEST_PAUSE_IN_SAVE=4, TOWERLAB_TEST_STOP_DEADLINE_S=2)
+        wait_for(p, r"paused in the save of")
+        sent = time.time()
+        os.kill(p.pid, signal.SIGTERM)
+        p.communicate(timeout=TIMEOUT)
+        waited = time.time() - sent
+        if p.returncode != -signal.SIGALRM or not 1.5 < waited < 30:
+            raise Failure(f"the stop deadline: exit {p.returncode} after {waited:.1f} s, "
+                          "expected death by SIGALRM after about 2 s")
         resumed_from(r.run(name), 2)
         expect_same(r, name, ref)
 

@@ -42,6 +42,7 @@ T read_key(const std::map<std::string, std::string>& metadata, const std::string
 const std::regex kCheckpointName("step-([0-9]{6,})\\.safetensors");
 
 volatile sig_atomic_t g_stop = 0;
+unsigned g_stop_deadline = kStopDeadlineSeconds;  // set before the handler is installed
 
 extern "C" void on_sigterm(int) {
   if (g_stop != 0) {  // the second: end now, as SIGTERM would have
@@ -50,7 +51,7 @@ extern "C" void on_sigterm(int) {
     return;
   }
   g_stop = 1;
-  ::alarm(kStopDeadlineSeconds);
+  ::alarm(g_stop_deadline);
 }
 
 std::string g_pause_target;  // set before the hook is installed, read-only after
@@ -169,6 +170,10 @@ std::string CheckpointDir::save(Trainer& trainer, const Position& at,
 }
 
 void stop_on_sigterm() {
+  if (const char* seconds = std::getenv("TOWERLAB_TEST_STOP_DEADLINE_S")) {
+    const int value = std::atoi(seconds);
+    if (value > 0) g_stop_deadline = unsigned(value);
+  }
   struct sigaction action {};
   action.sa_handler = on_sigterm;
   action.sa_flags = SA_RESTART;

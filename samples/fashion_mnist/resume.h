@@ -91,7 +91,9 @@ void bound_the_exit();
 //   TOWERLAB_TEST_PAUSE_IN_SAVE=N: the save of step N stops once its data is written
 //     and synced, before it is published, says so on stderr and waits to be killed;
 //   TOWERLAB_TEST_RESUME_WITHOUT=data_position|optimizer_step: a resume forgets that
-//     part of the state (the controls, whose result must differ).
+//     part of the state (the controls, whose result must differ);
+//   TOWERLAB_TEST_STOP_DEADLINE_S=N: the deadline after a SIGTERM is N seconds, not
+//     kStopDeadlineSeconds (a test waits for it to end a run stuck in a save).
 void kill_if_asked(std::int64_t global_step, int rank);
 void pause_if_asked(std::int64_t global_step, int rank);
 void pause_saves_if_asked(const CheckpointDir& dir);
