@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "autograd/optimizer.h"
-#include "autograd/variables.h"
+#include "optimizer.h"
+#include "variables.h"
 
 namespace towerlab {
 

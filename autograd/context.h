@@ -11,8 +11,8 @@
 
 #include <string>
 
-#include "autograd/tape.h"
-#include "autograd/variables.h"
+#include "tape.h"
+#include "variables.h"
 
 namespace towerlab {
 

@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "autograd/context.h"
-#include "autograd/nn.h"
-#include "autograd/ops.h"
+#include "context.h"
+#include "nn.h"
+#include "ops.h"
 
 namespace towerlab {
 

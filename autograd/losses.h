@@ -5,8 +5,8 @@
 
 #include <vector>
 
-#include "autograd/tape.h"
-#include "kernels/loss.h"
+#include "../kernels/loss.h"
+#include "tape.h"
 
 namespace towerlab::ag {
 

@@ -3,10 +3,10 @@
 //   "linear: x float32[128,3136] has 3136 features but fc1/weight float32[128,784] expects 784"
 #pragma once
 
-#include "autograd/tape.h"
-#include "kernels/conv2d.h"
-#include "kernels/pool2d.h"
-#include "kernels/relu.h"
+#include "../kernels/conv2d.h"
+#include "../kernels/pool2d.h"
+#include "../kernels/relu.h"
+#include "tape.h"
 
 namespace towerlab {
 

@@ -4,7 +4,7 @@
 // and skip float32[8,32,14,14] differ in shape").
 #pragma once
 
-#include "autograd/tape.h"
+#include "tape.h"
 
 namespace towerlab::ag {
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "autograd/variables.h"
-#include "kernels/optimizer.h"
+#include "../kernels/optimizer.h"
+#include "variables.h"
 
 namespace towerlab {
 

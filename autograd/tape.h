@@ -34,8 +34,8 @@
 #include <unordered_set>
 #include <vector>
 
-#include "engine/stream.h"
-#include "engine/tensor.h"
+#include "../engine/stream.h"
+#include "../engine/tensor.h"
 
 namespace towerlab {
 

@@ -48,8 +48,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/device.h"
-#include "engine/settings.h"  // MemoryOptions
+#include "device.h"
+#include "settings.h"  // MemoryOptions
 
 namespace towerlab {
 

@@ -8,7 +8,7 @@
 
 #include <cuda_runtime.h>
 
-#include "engine/error.h"
+#include "error.h"
 
 #define TL_CUDA_CHECK(expr)                                                                     \
   do {                                                                                          \

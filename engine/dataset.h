@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/tensor.h"
+#include "tensor.h"
 
 namespace towerlab {
 

@@ -30,7 +30,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/tensor.h"
+#include "tensor.h"
 
 namespace towerlab {
 

@@ -40,7 +40,7 @@
 #include <string>
 #include <string_view>
 
-#include "engine/device.h"
+#include "device.h"
 
 namespace towerlab {
 

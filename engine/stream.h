@@ -9,7 +9,7 @@
 
 #include <chrono>
 
-#include "engine/device.h"
+#include "device.h"
 
 namespace towerlab {
 

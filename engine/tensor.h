@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/device.h"
-#include "engine/stream.h"
+#include "device.h"
+#include "stream.h"
 
 namespace towerlab {
 

@@ -31,7 +31,7 @@
 #include <cstdint>
 #include <functional>
 
-#include "engine/settings.h"
+#include "settings.h"
 
 namespace towerlab {
 

@@ -69,11 +69,11 @@
 
 #include <cstdint>
 
-#include "engine/stream.h"
-#include "engine/tensor.h"
-#include "kernels/grad_write.h"
-#include "kernels/pool2d.h"
-#include "kernels/relu.h"
+#include "../engine/stream.h"
+#include "../engine/tensor.h"
+#include "grad_write.h"
+#include "pool2d.h"
+#include "relu.h"
 
 namespace towerlab {
 

@@ -27,8 +27,8 @@
 // Every tensor has one dtype (float32; float64 on the CPU) on the stream's device.
 #pragma once
 
-#include "engine/stream.h"
-#include "engine/tensor.h"
+#include "../engine/stream.h"
+#include "../engine/tensor.h"
 
 namespace towerlab {
 

@@ -6,9 +6,9 @@
 #include <initializer_list>
 #include <utility>
 
-#include "engine/error.h"
-#include "engine/stream.h"
-#include "engine/tensor.h"
+#include "../engine/error.h"
+#include "../engine/stream.h"
+#include "../engine/tensor.h"
 
 // TL_ON_CUDA(call): the call in a build with the CUDA backend, a NotSupported
 // error without it (where no CUDA tensor can exist to get this far anyway).

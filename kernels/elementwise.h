@@ -15,8 +15,8 @@
 // Empty tensors are a no-op. All run asynchronously on `stream`.
 #pragma once
 
-#include "engine/stream.h"
-#include "engine/tensor.h"
+#include "../engine/stream.h"
+#include "../engine/tensor.h"
 
 namespace towerlab {
 

@@ -25,9 +25,9 @@
 
 #include <cstdint>
 
-#include "engine/settings.h"
-#include "engine/stream.h"
-#include "engine/tensor.h"
+#include "../engine/settings.h"
+#include "../engine/stream.h"
+#include "../engine/tensor.h"
 
 namespace towerlab {
 

@@ -20,8 +20,8 @@
 // caller orders that with an event).
 #pragma once
 
-#include "engine/stream.h"
-#include "engine/tensor.h"
+#include "../engine/stream.h"
+#include "../engine/tensor.h"
 
 namespace towerlab {
 

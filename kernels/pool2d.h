@@ -51,9 +51,9 @@
 
 #include <cstdint>
 
-#include "engine/stream.h"
-#include "engine/tensor.h"
-#include "kernels/grad_write.h"
+#include "../engine/stream.h"
+#include "../engine/tensor.h"
+#include "grad_write.h"
 
 namespace towerlab {
 

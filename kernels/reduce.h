@@ -8,8 +8,8 @@
 // result is the same bits run after run).
 #pragma once
 
-#include "engine/stream.h"
-#include "engine/tensor.h"
+#include "../engine/stream.h"
+#include "../engine/tensor.h"
 
 namespace towerlab {
 

@@ -33,9 +33,9 @@
 //                                copy, as bench/bias_bench.cpp does)
 #pragma once
 
-#include "engine/stream.h"
-#include "engine/tensor.h"
-#include "kernels/grad_write.h"
+#include "../engine/stream.h"
+#include "../engine/tensor.h"
+#include "grad_write.h"
 
 namespace towerlab {
 

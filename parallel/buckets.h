@@ -36,9 +36,9 @@
 #include <string>
 #include <vector>
 
-#include "autograd/tape.h"
-#include "autograd/variables.h"
-#include "engine/stream.h"
+#include "../autograd/tape.h"
+#include "../autograd/variables.h"
+#include "../engine/stream.h"
 
 namespace towerlab {
 

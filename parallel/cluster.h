@@ -55,8 +55,8 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/device.h"
-#include "parallel/process_group.h"
+#include "../engine/device.h"
+#include "process_group.h"
 
 namespace towerlab {
 

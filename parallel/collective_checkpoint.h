@@ -20,8 +20,8 @@
 #include <map>
 #include <string>
 
-#include "autograd/checkpoint.h"
-#include "parallel/process_group.h"
+#include "../autograd/checkpoint.h"
+#include "process_group.h"
 
 namespace towerlab {
 

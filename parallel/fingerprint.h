@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "autograd/optimizer.h"
-#include "autograd/variables.h"
-#include "parallel/trainer.h"
+#include "../autograd/optimizer.h"
+#include "../autograd/variables.h"
+#include "trainer.h"
 
 namespace towerlab {
 

@@ -8,8 +8,8 @@
 #include <memory>
 #include <vector>
 
-#include "engine/stream.h"
-#include "engine/tensor.h"
+#include "../engine/stream.h"
+#include "../engine/tensor.h"
 
 namespace towerlab {
 

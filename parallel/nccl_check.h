@@ -12,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-#include "engine/error.h"
+#include "../engine/error.h"
 
 namespace towerlab::detail {
 

@@ -51,9 +51,9 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/device.h"
-#include "engine/stream.h"
-#include "engine/tensor.h"
+#include "../engine/device.h"
+#include "../engine/stream.h"
+#include "../engine/tensor.h"
 
 namespace towerlab {
 

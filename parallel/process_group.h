@@ -31,7 +31,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/error.h"
+#include "../engine/error.h"
 
 namespace towerlab {
 

@@ -47,9 +47,9 @@
 #include <memory>
 #include <vector>
 
-#include "engine/stream.h"
-#include "engine/tensor.h"
-#include "parallel/ring_schedule.h"
+#include "../engine/stream.h"
+#include "../engine/tensor.h"
+#include "ring_schedule.h"
 
 namespace towerlab {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/atomic_file.h"
+#include "../engine/atomic_file.h"
 
 namespace towerlab {
 

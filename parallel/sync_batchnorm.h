@@ -29,8 +29,8 @@
 #include <string>
 #include <vector>
 
-#include "autograd/nn.h"
-#include "parallel/process_group.h"
+#include "../autograd/nn.h"
+#include "process_group.h"
 
 namespace towerlab {
 

@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/thread_pool.h"
+#include "../engine/thread_pool.h"
 
 namespace towerlab {
 

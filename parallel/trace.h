@@ -35,8 +35,8 @@
 #include <variant>
 #include <vector>
 
-#include "autograd/tape.h"
-#include "parallel/process_group.h"
+#include "../autograd/tape.h"
+#include "process_group.h"
 
 namespace towerlab {
 

@@ -83,16 +83,16 @@
 #include <string>
 #include <vector>
 
-#include "autograd/checkpoint.h"
-#include "autograd/context.h"
-#include "autograd/nn.h"
-#include "autograd/optimizer.h"
-#include "autograd/tape.h"
-#include "autograd/variables.h"
-#include "engine/allocator.h"
-#include "parallel/batch_split.h"
-#include "parallel/buckets.h"
-#include "parallel/nccl_communicator.h"
+#include "../autograd/checkpoint.h"
+#include "../autograd/context.h"
+#include "../autograd/nn.h"
+#include "../autograd/optimizer.h"
+#include "../autograd/tape.h"
+#include "../autograd/variables.h"
+#include "../engine/allocator.h"
+#include "batch_split.h"
+#include "buckets.h"
+#include "nccl_communicator.h"
 
 namespace towerlab {
 
