@@ -177,42 +177,40 @@ __attribute__((target("avx2,fma"))) inline void transpose8x8(__m256 r[8]) {
   }
 }
 
-// A [M,K] without transpose: 6 rows, 8 k at a time, transposed in registers
-// (2 zero rows pad the 8x8), each column stored as 6 floats (4 + 2).
-__attribute__((target("avx2,fma"))) void pack_a_rows_avx2(const float* src, std::int64_t ld,
-                                                          std::int64_t kc, float* dst) {
-  std::int64_t p = 0;
-  for (; p + 8 <= kc; p += 8) {
-    __m256 r[8];
-    for (int i = 0; i < kAvx2Mr; ++i) r[i] = _mm256_loadu_ps(src + i * ld + p);
-    r[6] = r[7] = _mm256_setzero_ps();
-    transpose8x8(r);
-    for (int q = 0; q < 8; ++q) {
-      float* out = dst + (p + q) * kAvx2Mr;
-      _mm_storeu_ps(out, _mm256_castps256_ps128(r[q]));
-      _mm_storel_pi(reinterpret_cast<__m64*>(out + 4), _mm256_extractf128_ps(r[q], 1));
-    }
+// The first `count` (1 to 8) lanes of v to out; nothing is written past them.
+__attribute__((target("avx2,fma"))) inline void store_first(float* out, __m256 v, int count) {
+  if (count == 8) {
+    _mm256_storeu_ps(out, v);
+    return;
   }
-  for (; p < kc; ++p) {
-    for (int i = 0; i < kAvx2Mr; ++i) dst[p * kAvx2Mr + i] = src[i * ld + p];
-  }
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  _mm256_maskstore_ps(out, _mm256_cmpgt_epi32(_mm256_set1_epi32(count), lane), v);
 }
 
-// B [N,K] with transpose: 16 rows of B (columns of op(B)), two 8x8 transposes
-// per 8 k.
-__attribute__((target("avx2,fma"))) void pack_b_rows_avx2(const float* src, std::int64_t ld,
-                                                          std::int64_t kc, float* dst) {
+// The transposing packer of a panel `Width` wide (A's MR rows without transpose, or
+// B's NR rows with transpose): dst [kc][Width] <- Width source rows `ld` apart,
+// each contiguous along k. Eight k at a time, the rows in groups of eight
+// transposed in registers (a last group of fewer rows padded with zero rows, its
+// columns stored as `Width % 8` floats). Only data moves: the bits are the
+// generic loop's. AVX2 is enough for the AVX-512 kernel's panels too (every
+// AVX-512 CPU has it); the 8 x 8 transpose, not the vector width, is the cost.
+template <int Width>
+__attribute__((target("avx2,fma"))) void pack_rows_avx2(const float* src, std::int64_t ld,
+                                                        std::int64_t kc, float* dst) {
   std::int64_t p = 0;
   for (; p + 8 <= kc; p += 8) {
-    for (int half = 0; half < 2; ++half) {
+    for (int g = 0; g < Width; g += 8) {
+      const int rows = std::min(8, Width - g);
       __m256 r[8];
-      for (int j = 0; j < 8; ++j) r[j] = _mm256_loadu_ps(src + (half * 8 + j) * ld + p);
+      for (int i = 0; i < 8; ++i) {
+        r[i] = i < rows ? _mm256_loadu_ps(src + (g + i) * ld + p) : _mm256_setzero_ps();
+      }
       transpose8x8(r);
-      for (int q = 0; q < 8; ++q) _mm256_storeu_ps(dst + (p + q) * kAvx2Nr + half * 8, r[q]);
+      for (int q = 0; q < 8; ++q) store_first(dst + (p + q) * Width + g, r[q], rows);
     }
   }
   for (; p < kc; ++p) {
-    for (int j = 0; j < kAvx2Nr; ++j) dst[p * kAvx2Nr + j] = src[j * ld + p];
+    for (int i = 0; i < Width; ++i) dst[p * Width + i] = src[i * ld + p];
   }
 }
 
@@ -569,14 +567,14 @@ void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, st
     switch (selected_isa().load(std::memory_order_relaxed)) {
 #if TL_GEMM_X86
       case GemmIsa::Avx512:
-        Blocked<kAvx512Mr, kAvx512Nr>::run({micro_kernel_avx512, nullptr, nullptr}, transpose_a,
-                                           transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
-                                           ldc);
+        Blocked<kAvx512Mr, kAvx512Nr>::run(
+            {micro_kernel_avx512, pack_rows_avx2<kAvx512Mr>, pack_rows_avx2<kAvx512Nr>},
+            transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
       case GemmIsa::Avx2:
-        Blocked<kAvx2Mr, kAvx2Nr>::run({micro_kernel_avx2, pack_a_rows_avx2, pack_b_rows_avx2},
-                                       transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb,
-                                       beta, c, ldc);
+        Blocked<kAvx2Mr, kAvx2Nr>::run(
+            {micro_kernel_avx2, pack_rows_avx2<kAvx2Mr>, pack_rows_avx2<kAvx2Nr>}, transpose_a,
+            transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
 #endif
       default:
