@@ -416,6 +416,49 @@ TEST(Conv2dGradient, MatchesCentralDifferences) {
       {"3x2_dilation2_stride2x1", 2, 2, 9, 8, 3, 3, 2, make_params(2, 1, 1, 0, 2, 2)});
 }
 
+// --- the CPU's direct path on every ISA -----------------------------------------
+//
+// One input channel, 3x3, unit stride runs a direct convolution (no im2col): eight
+// columns a vector with AVX2, sixteen with AVX-512 (rows of Q >= 16). Each output
+// is the same chain of nine fused multiply-adds either way, so the two give the
+// same bits; the shapes cover Q = 16 exactly, a last group overlapping the one
+// before it (Q = 19, 28) and several groups (Q = 70).
+TEST(Conv2dDirect, Avx512GivesTheAvx2Bits) {
+  if (!gemm_isa_supported(GemmIsa::Avx512)) GTEST_SKIP() << "this CPU has no AVX-512";
+  struct RestoreIsa {
+    GemmIsa saved = gemm_isa();
+    ~RestoreIsa() { set_gemm_isa(saved); }
+  } restore;
+  for (const ConvCase& k :
+       {ConvCase{"Q16", 2, 1, 18, 18, 5, 3, 3, make_params(1, 1, 0, 0)},
+        ConvCase{"Q19_pad1x0", 2, 1, 9, 21, 4, 3, 3, make_params(1, 1, 1, 0), false},
+        ConvCase{"Q28_K32", 3, 1, 28, 28, 32, 3, 3, make_params(1, 1, 1, 1)},
+        ConvCase{"Q70", 1, 1, 5, 70, 3, 3, 3, make_params(1, 1, 1, 1)}}) {
+    SCOPED_TRACE(k.name);
+    const auto xv = random_values(std::size_t(numel_of(k.x_shape())), 1201);
+    const auto wv = random_values(std::size_t(numel_of(k.w_shape())), 1202);
+    const auto bv = random_values(std::size_t(k.K), 1203);
+    auto forward = [&](GemmIsa isa, const std::vector<float>& x) {
+      set_gemm_isa(isa);
+      Tensor y = Tensor::empty(k.y_shape(), cpu());
+      conv2d_forward(y, Tensor::from_host<float>(x, k.x_shape(), cpu()),
+                     Tensor::from_host<float>(wv, k.w_shape(), cpu()),
+                     k.bias ? Tensor::from_host<float>(bv, {k.K}, cpu()) : Tensor(), k.params,
+                     cpu());
+      return y.to_host<float>(cpu());
+    };
+    const std::vector<float> avx2 = forward(GemmIsa::Avx2, xv);
+    const std::vector<float> avx512 = forward(GemmIsa::Avx512, xv);
+    ASSERT_EQ(avx512.size(), avx2.size());
+    EXPECT_EQ(std::memcmp(avx512.data(), avx2.data(), avx2.size() * sizeof(float)), 0);
+    // Control: the last input value 0.1% off changes the bits the comparison sees.
+    std::vector<float> nudged = xv;
+    nudged.back() *= 1.001f;
+    const std::vector<float> off = forward(GemmIsa::Avx512, nudged);
+    EXPECT_NE(std::memcmp(off.data(), avx2.data(), avx2.size() * sizeof(float)), 0) << "control";
+  }
+}
+
 // --- the CPU backward's image groups -------------------------------------------
 //
 // The CPU backward sums the weight gradient over fixed groups of images whatever
