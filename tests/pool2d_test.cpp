@@ -8,6 +8,7 @@
 #include <random>
 
 #include "gradcheck.h"
+#include "kernels/cpu/pool2d.h"
 #include "kernels/pool2d.h"
 #include "test_util.h"
 
@@ -248,6 +249,68 @@ TEST(Pool2dGradient, MatchesCentralDifferences) {
     check_pool_gradient(is_max, {1, 2, 5, 5}, Pool2dParams::square(3, 1, 1));
     check_pool_gradient(is_max, {2, 1, 6, 5}, {3, 2, 2, 1, 1, 0});
   }
+}
+
+// The CPU's 2x2 stride-2 max pooling runs four windows a vector (SSE), or sixteen
+// with AVX-512 (the forward; a row's last group masked). Every ISA this CPU has must make
+// window_argmax's choice in every window: the first maximum, the first NaN when
+// the window holds one, ties to the earlier position; and the gradient puts each
+// window's grad_y at that position, zeros elsewhere. Rows of 1 to 33 windows cover
+// a single masked group, whole groups and a masked tail; the NaNs sit in every
+// window position and in lanes 0, 7, 15 and 16 of a group.
+TEST(Pool2dTwoByTwoCpu, EveryIsaMakesWindowArgmaxsChoices) {
+  struct RestoreIsa {
+    GemmIsa saved = gemm_isa();
+    ~RestoreIsa() { set_gemm_isa(saved); }
+  } restore;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const Pool2dParams p = Pool2dParams::square(2, 2);
+  int isas = 0;
+  for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
+    if (!gemm_isa_supported(isa)) continue;
+    set_gemm_isa(isa);
+    ++isas;
+    for (std::int64_t Wo : {1, 3, 4, 7, 14, 16, 17, 33}) {
+      const cpu::PoolPlane z{5, 2 * Wo + 1, 2, Wo};  // an odd H and W: a row and column left out
+      SCOPED_TRACE("isa " + std::to_string(int(isa)) + ", Wo " + std::to_string(Wo));
+      // Coarse values make ties; then a NaN in window w at position w % 4 (rows 0-1).
+      std::vector<float> x = random_values(std::size_t(z.H * z.W), unsigned(Wo));
+      for (float& v : x) v = std::round(v * 3.0f);
+      for (std::int64_t w : {0, 7, 15, 16}) {
+        if (w >= Wo) continue;
+        const std::int64_t k = w % 4;
+        x[std::size_t((k / 2) * z.W + 2 * w + k % 2)] = nan;
+      }
+      std::vector<float> y(std::size_t(z.Ho * Wo)), where(y.size());
+      cpu::max_pool_plane(x.data(), y.data(), where.data(), z, p);
+      const std::vector<float> grad_y = random_values(y.size(), unsigned(Wo) + 100);
+      std::vector<float> grad_x(x.size(), 0.5f);  // sentinel: every value must be written
+      cpu::max_pool_plane_gradient(where.data(), grad_y.data(), grad_x.data(), z, p);
+      std::vector<float> expected_grad_x(x.size(), 0.0f);
+      for (std::int64_t ho = 0; ho < z.Ho; ++ho) {
+        for (std::int64_t wo = 0; wo < Wo; ++wo) {
+          // window_argmax, spelled out.
+          std::int64_t best = -1;
+          for (std::int64_t i : {0, 1, 2, 3}) {
+            const std::int64_t at = (2 * ho + i / 2) * z.W + 2 * wo + i % 2;
+            const float v = x[std::size_t(at)];
+            if (std::isnan(v)) {
+              best = at;
+              break;
+            }
+            if (best < 0 || v > x[std::size_t(best)]) best = at;
+          }
+          const std::size_t o = std::size_t(ho * Wo + wo);
+          ASSERT_EQ(where[o], float(best)) << "window (" << ho << ", " << wo << ")";
+          const float chosen = x[std::size_t(best)];
+          EXPECT_TRUE(std::isnan(chosen) ? std::isnan(y[o]) : y[o] == chosen);
+          expected_grad_x[std::size_t(best)] = grad_y[o];
+        }
+      }
+      EXPECT_EQ(grad_x, expected_grad_x);
+    }
+  }
+  EXPECT_GE(isas, 1);
 }
 
 // CUDA against the CPU on FashionNet's first pooling layer and an odd one, with
