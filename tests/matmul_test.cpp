@@ -335,6 +335,51 @@ TEST(MatmulCpu, ThreadCountDoesNotChangeTheBits) {
   set_num_threads(saved);
 }
 
+// A tile on the edge of C (fewer rows or columns than the micro-kernel's) may be
+// computed by a smaller kernel, but each output is the same k-loop of the same
+// FMAs: its bits are those it has inside a full tile. C = A B with A of 36 rows
+// and B of 64 columns (whole tiles on every kernel here) against the same product
+// cut to 1-35 rows and 1-63 columns (edge tiles of every size), on every ISA, with
+// beta 0 and beta 1 (the edge's write-back).
+TEST(MatmulCpu, EdgeTilesHaveTheFullTilesBits) {
+  struct RestoreIsa {
+    GemmIsa saved = gemm_isa();
+    ~RestoreIsa() { set_gemm_isa(saved); }
+  } restore;
+  const std::int64_t M = 36, N = 64, K = 75;
+  const auto a = random_values(std::size_t(M * K), 801), b = random_values(std::size_t(K * N), 802);
+  const auto c0 = random_values(std::size_t(M * N), 803);
+  int isas = 0;
+  for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
+    if (!gemm_isa_supported(isa)) continue;
+    set_gemm_isa(isa);
+    ++isas;
+    for (float beta : {0.0f, 1.0f}) {
+      std::vector<float> whole = c0;
+      cpu::gemm<float>(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, beta, whole.data(),
+                       N);
+      for (std::int64_t m = 1; m <= M; ++m) {
+        for (std::int64_t n = 1; n <= N; n += (n < 20 ? 1 : 7)) {
+          std::vector<float> part = c0;  // C's first m rows and n columns, ldc N
+          cpu::gemm<float>(false, false, m, n, K, 1.0f, a.data(), K, b.data(), N, beta, part.data(),
+                           N);
+          for (std::int64_t i = 0; i < M; ++i) {
+            for (std::int64_t j = 0; j < N; ++j) {
+              const bool inside = i < m && j < n;
+              const float want =
+                  inside ? whole[std::size_t(i * N + j)] : c0[std::size_t(i * N + j)];
+              ASSERT_EQ(part[std::size_t(i * N + j)], want)
+                  << "isa " << int(isa) << ", beta " << beta << ", " << m << " x " << n << " at ("
+                  << i << ", " << j << ")" << (inside ? "" : ", outside: not written");
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GE(isas, 1);
+}
+
 // Every micro-kernel this CPU can run (the portable one always) against the reference.
 TEST(MatmulCpu, EveryMicroKernelMatchesReference) {
   const Stream& cpu = default_stream(Device::cpu());

@@ -81,6 +81,9 @@ struct Kernels {
   MicroKernel micro_kernel;
   TransposingPack pack_a_rows;  // may be nullptr: the generic loop packs
   TransposingPack pack_b_rows;  // may be nullptr
+  // The kernel for an edge tile of rows x cols (< MR x NR), writing at least that
+  // much of the tile; nullptr: the full micro_kernel.
+  MicroKernel (*edge_kernel)(std::int64_t rows, std::int64_t cols) = nullptr;
 };
 
 // Portable: GCC/Clang vector extensions (SSE on x86-64, NEON on ARM).
@@ -218,22 +221,29 @@ __attribute__((target("avx2,fma"))) void pack_rows_avx2(const float* src, std::i
 // accumulators of 32 registers.
 constexpr int kAvx512Mr = 12, kAvx512Nr = 32;
 
+// The first Rows rows and 16 * Vecs columns of the 12 x 32 tile, from panels
+// packed for the full tile (a [kc][12], b [kc][32]). The full tile is <12, 2>; an
+// edge tile (FashionNet's M = 64 = 5 x 12 + 4, N = 196 = 6 x 32 + 4) takes the
+// smallest that covers it instead of computing padding. Every variant runs each
+// output's k-loop in the same order with the same FMAs: the same bits.
+template <int Rows, int Vecs>
 __attribute__((target("avx512f"))) void micro_kernel_avx512(std::int64_t kc, const float* a,
                                                             const float* b, float* c,
                                                             std::int64_t ldc, float alpha,
                                                             float beta) {
-  __m512 acc[kAvx512Mr][2];
+  __m512 acc[Rows][Vecs];
 #pragma GCC unroll 12
-  for (int i = 0; i < kAvx512Mr; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (int i = 0; i < Rows; ++i) {
+    for (int v = 0; v < Vecs; ++v) acc[i][v] = _mm512_setzero_ps();
+  }
 #pragma GCC unroll 2
   for (std::int64_t p = 0; p < kc; ++p) {
-    const __m512 b0 = _mm512_loadu_ps(b);
-    const __m512 b1 = _mm512_loadu_ps(b + 16);
+    __m512 bv[Vecs];
+    for (int v = 0; v < Vecs; ++v) bv[v] = _mm512_loadu_ps(b + 16 * v);
 #pragma GCC unroll 12
-    for (int i = 0; i < kAvx512Mr; ++i) {
+    for (int i = 0; i < Rows; ++i) {
       const __m512 a_i = _mm512_set1_ps(a[i]);
-      acc[i][0] = _mm512_fmadd_ps(a_i, b0, acc[i][0]);
-      acc[i][1] = _mm512_fmadd_ps(a_i, b1, acc[i][1]);
+      for (int v = 0; v < Vecs; ++v) acc[i][v] = _mm512_fmadd_ps(a_i, bv[v], acc[i][v]);
     }
     a += kAvx512Mr;
     b += kAvx512Nr;
@@ -241,21 +251,32 @@ __attribute__((target("avx512f"))) void micro_kernel_avx512(std::int64_t kc, con
   const __m512 va = _mm512_set1_ps(alpha);
   if (beta == 0.0f) {
 #pragma GCC unroll 12
-    for (int i = 0; i < kAvx512Mr; ++i) {
-      _mm512_storeu_ps(c + i * ldc, _mm512_mul_ps(va, acc[i][0]));
-      _mm512_storeu_ps(c + i * ldc + 16, _mm512_mul_ps(va, acc[i][1]));
+    for (int i = 0; i < Rows; ++i) {
+      for (int v = 0; v < Vecs; ++v) {
+        _mm512_storeu_ps(c + i * ldc + 16 * v, _mm512_mul_ps(va, acc[i][v]));
+      }
     }
   } else {
     const __m512 vb = _mm512_set1_ps(beta);
 #pragma GCC unroll 12
-    for (int i = 0; i < kAvx512Mr; ++i) {
-      float* row = c + i * ldc;
-      _mm512_storeu_ps(row,
-                       _mm512_fmadd_ps(va, acc[i][0], _mm512_mul_ps(vb, _mm512_loadu_ps(row))));
-      _mm512_storeu_ps(
-          row + 16, _mm512_fmadd_ps(va, acc[i][1], _mm512_mul_ps(vb, _mm512_loadu_ps(row + 16))));
+    for (int i = 0; i < Rows; ++i) {
+      for (int v = 0; v < Vecs; ++v) {
+        float* out = c + i * ldc + 16 * v;
+        _mm512_storeu_ps(out,
+                         _mm512_fmadd_ps(va, acc[i][v], _mm512_mul_ps(vb, _mm512_loadu_ps(out))));
+      }
     }
   }
+}
+
+// The AVX-512 kernel for an edge tile of rows x cols.
+MicroKernel avx512_edge_kernel(std::int64_t rows, std::int64_t cols) {
+  if (cols <= 16) {
+    if (rows <= 4) return micro_kernel_avx512<4, 1>;
+    return rows <= 8 ? micro_kernel_avx512<8, 1> : micro_kernel_avx512<12, 1>;
+  }
+  if (rows <= 4) return micro_kernel_avx512<4, 2>;
+  return rows <= 8 ? micro_kernel_avx512<8, 2> : micro_kernel_avx512<12, 2>;
 }
 
 #endif  // TL_GEMM_X86
@@ -399,8 +420,10 @@ struct Blocked {
                   isa.micro_kernel(kc, a_panel, b_panel, c_tile, ldc, alpha, beta_block);
                   continue;
                 }
-                // A ragged edge: compute the whole tile aside, then write the valid part.
-                isa.micro_kernel(kc, a_panel, b_panel, tile, NR, alpha, 0.0f);
+                // A ragged edge: compute the tile aside, then write the valid part.
+                const MicroKernel edge =
+                    isa.edge_kernel != nullptr ? isa.edge_kernel(rows, cols) : isa.micro_kernel;
+                edge(kc, a_panel, b_panel, tile, NR, alpha, 0.0f);
                 for (std::int64_t r = 0; r < rows; ++r) {
                   for (std::int64_t s = 0; s < cols; ++s) {
                     float& out = c_tile[r * ldc + s];
@@ -568,7 +591,8 @@ void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, st
 #if TL_GEMM_X86
       case GemmIsa::Avx512:
         Blocked<kAvx512Mr, kAvx512Nr>::run(
-            {micro_kernel_avx512, pack_rows_avx2<kAvx512Mr>, pack_rows_avx2<kAvx512Nr>},
+            {micro_kernel_avx512<kAvx512Mr, 2>, pack_rows_avx2<kAvx512Mr>,
+             pack_rows_avx2<kAvx512Nr>, avx512_edge_kernel},
             transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
       case GemmIsa::Avx2:
