@@ -290,15 +290,54 @@ __attribute__((target("avx512f"))) void max_pool_2x2_row_avx512(const float* pla
   }
 }
 
+// The gradient of one output row's 2x2 windows (Wo >= 8) as
+// max_pool_2x2_row_gradient computes it, eight windows a vector: groups of eight
+// (the last one overlapping the one before it, with the same values) whose two
+// values per row interleave into sixteen columns. Unmasked full stores: an AVX-512
+// version with masked stores measured slower (FashionNet's batch norm backward
+// reads the plane right after, and a masked store does not forward to those
+// loads): bn2's backward 0.51 -> 0.66 CPU-ms.
+__attribute__((target("avx2"))) void max_pool_2x2_row_gradient_avx2(const float* where,
+                                                                    const float* grad_y,
+                                                                    std::int64_t top,
+                                                                    std::int64_t W, std::int64_t Wo,
+                                                                    float* grad_x) {
+  float* rows[2] = {grad_x + top, grad_x + top + W};
+  const __m256 offsets[4] = {_mm256_set1_ps(0.0f), _mm256_set1_ps(1.0f), _mm256_set1_ps(float(W)),
+                             _mm256_set1_ps(float(W + 1))};
+  const __m256 lanes = _mm256_setr_ps(0, 2, 4, 6, 8, 10, 12, 14);
+  std::int64_t wo = 0;
+  for (std::int64_t next = 0; next < Wo; next = wo + 8) {
+    wo = std::min(next, Wo - 8);
+    const __m256 corner = _mm256_add_ps(_mm256_set1_ps(float(top + 2 * wo)), lanes);  // exact
+    const __m256 at = _mm256_loadu_ps(where + wo);
+    // 0 + grad_y, as the Vec4 code writes it (a -0 lands as +0).
+    const __m256 g = _mm256_add_ps(_mm256_setzero_ps(), _mm256_loadu_ps(grad_y + wo));
+    __m256 d[4];
+    for (int k = 0; k < 4; ++k) {
+      d[k] = _mm256_and_ps(_mm256_cmp_ps(at, _mm256_add_ps(corner, offsets[k]), _CMP_EQ_OQ), g);
+    }
+    for (int r = 0; r < 2; ++r) {
+      // unpack interleaves within 128-bit halves: windows 0,1,4,5 and 2,3,6,7.
+      const __m256 lo = _mm256_unpacklo_ps(d[2 * r], d[2 * r + 1]);
+      const __m256 hi = _mm256_unpackhi_ps(d[2 * r], d[2 * r + 1]);
+      float* out = rows[r] + 2 * wo;
+      _mm256_storeu_ps(out, _mm256_permute2f128_ps(lo, hi, 0x20));
+      _mm256_storeu_ps(out + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+    }
+  }
+}
+
 #endif  // TL_POOL_X86
 
 // The 2x2 forward rows' code for this CPU: AVX-512 where the GEMM runs it
-// (gemm_isa(), so that TOWERLAB_GEMM_ISA pins both), else the Vec4 code. The
-// gradient keeps the Vec4 code: an AVX-512 version with masked stores measured
-// slower (FashionNet's batch norm backward reads the plane right after, and a
-// masked store does not forward to those loads): bn2's backward 0.51 -> 0.66 CPU-ms.
+// (gemm_isa(), so that TOWERLAB_GEMM_ISA pins both), else the Vec4 code; the
+// gradient's: AVX2 where the GEMM runs AVX2 or AVX-512.
 bool pool_2x2_avx512() {
   return TL_POOL_X86 && gemm_isa() == GemmIsa::Avx512;
+}
+bool pool_2x2_avx2() {
+  return TL_POOL_X86 && (gemm_isa() == GemmIsa::Avx2 || gemm_isa() == GemmIsa::Avx512);
 }
 
 }  // namespace
@@ -332,7 +371,15 @@ void max_pool_plane_gradient(const T* where, const T* grad_y, T* grad_x, const P
                              const Pool2dParams& p) {
   if constexpr (std::is_same_v<T, float>) {
     if (is_2x2_stride_2(p) && z.Wo >= 4) {
+      const bool avx2 = z.Wo >= 8 && pool_2x2_avx2();
       for (std::int64_t ho = 0; ho < z.Ho; ++ho) {
+#if TL_POOL_X86
+        if (avx2) {
+          max_pool_2x2_row_gradient_avx2(where + ho * z.Wo, grad_y + ho * z.Wo, 2 * ho * z.W, z.W,
+                                         z.Wo, grad_x);
+          continue;
+        }
+#endif
         max_pool_2x2_row_gradient(where + ho * z.Wo, grad_y + ho * z.Wo, 2 * ho * z.W, z.W, z.Wo,
                                   grad_x);
       }
