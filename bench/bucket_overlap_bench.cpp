@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "parallel/buckets.h"
 #include "towerlab.h"
 
 namespace {

@@ -6,12 +6,12 @@
 
 #include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <filesystem>
 #include <sstream>
 #include <system_error>
 #include <utility>
 
+#include "engine/clock.h"
 #include "engine/error.h"
 
 namespace towerlab {
@@ -27,8 +27,7 @@ namespace {
 // unlikely, and O_EXCL makes a collision harmless anyway.
 std::string temp_name_for(const std::string& file_name) {
   static std::atomic<std::uint64_t> counter{0};
-  const auto ticks =
-      static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  const auto ticks = static_cast<std::uint64_t>(Clock::now().time_since_epoch().count());
   std::ostringstream os;
   os << '.' << file_name << ".tmp-" << ::getpid() << '-' << counter.fetch_add(1) << '-' << std::hex
      << ((ticks * 0x9E3779B97F4A7C15ull) >> 40);

@@ -131,7 +131,7 @@ void Event::record(const Stream& stream) {
     return;
   }
 #endif
-  host_time_ = std::chrono::steady_clock::now();
+  host_time_ = Clock::now();
 }
 
 void Event::synchronize() const {

@@ -7,8 +7,7 @@
 // runs on its own thread: the thread is its stream.
 #pragma once
 
-#include <chrono>
-
+#include "clock.h"
 #include "device.h"
 
 namespace towerlab {
@@ -71,7 +70,7 @@ class Event {
   bool timing_ = false;
   void* handle_ = nullptr;
   bool recorded_ = false;
-  std::chrono::steady_clock::time_point host_time_{};
+  Clock::time_point host_time_{};
 };
 
 }  // namespace towerlab

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/clock.h"
 #include "engine/error.h"
 
 namespace towerlab {
@@ -47,12 +48,12 @@ inline void cpu_relax() {
 // Spins until value != old for up to kSpinTime, then sleeps on the futex.
 template <typename T>
 T wait_for_change(const std::atomic<T>& value, T old) {
-  const auto deadline = std::chrono::steady_clock::now() + kSpinTime;
+  const auto deadline = Clock::now() + kSpinTime;
   for (int i = 0;; ++i) {
     T now = value.load(std::memory_order_acquire);
     if (now != old) return now;
     cpu_relax();
-    if ((i & 63) == 63 && std::chrono::steady_clock::now() > deadline) break;
+    if ((i & 63) == 63 && Clock::now() > deadline) break;
   }
   for (;;) {
     value.wait(old, std::memory_order_acquire);

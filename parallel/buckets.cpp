@@ -1,9 +1,10 @@
 #include "parallel/buckets.h"
 
-#include <chrono>
 #include <span>
 
+#include "engine/clock.h"
 #include "engine/error.h"
+#include "engine/scope_exit.h"
 #include "parallel/process_group.h"
 #include "parallel/ring_allreduce.h"
 #include "parallel/trace.h"
@@ -153,21 +154,16 @@ void BucketReducer::ready(std::size_t tower, int bucket) {
 void BucketReducer::reduce(const std::vector<Tensor>& grads, const std::string& step,
                            ProcessGroup* group, const Tensor& staging, Trace* trace,
                            int trace_row) {
-  using clock = std::chrono::steady_clock;
-  struct RecordDone {  // even when a tower failed: join() waits for these
-    BucketReducer& reducer;
-    ~RecordDone() {
-      for (std::size_t i = 0; i < reducer.comm_streams_.size(); ++i) {
-        reducer.comm_done_[i].record(*reducer.comm_streams_[i]);
-      }
-    }
-  } record_done{*this};
+  // Even when a tower failed: join() waits for these.
+  ScopeExit record_done([this] {
+    for (std::size_t i = 0; i < comm_streams_.size(); ++i) comm_done_[i].record(*comm_streams_[i]);
+  });
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     if (!readiness_.wait(int(b))) return;  // a tower failed: its thread reports it
     const Bucket& bucket = buckets_[b];
     const std::string name =
         "gradient bucket " + std::to_string(b) + " of " + std::to_string(buckets_.size());
-    const auto start = clock::now();
+    const auto start = Clock::now();
     try {
       for (std::size_t i = 0; i < comm_streams_.size(); ++i) {
         comm_streams_[i]->wait(ready_events_[i][b]);

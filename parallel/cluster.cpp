@@ -14,6 +14,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "engine/clock.h"
 #include "engine/error.h"
 #include "parallel/ring_schedule.h"
 
@@ -197,7 +198,6 @@ MPI_Datatype mpi_type<double>() {
 // calls MPI again: requests may still point into buffers, and only MPI calls make
 // progress on them, so they stay inert.
 struct Cluster::Mpi {
-  using Clock = std::chrono::steady_clock;
   // What a rank announces on entering a call: its number, kind, size and root.
   using Notice = std::array<std::uint64_t, 4>;
 

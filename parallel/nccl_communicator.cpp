@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "engine/clock.h"
 #include "engine/error.h"
 #include "parallel/process_group.h"
 
@@ -163,8 +164,6 @@ bool NcclCommunicator::available() {
 #if TOWERLAB_WITH_NCCL
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 std::string seconds_text(std::chrono::milliseconds d) {
   std::ostringstream os;

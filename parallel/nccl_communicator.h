@@ -54,16 +54,11 @@
 #include "../engine/device.h"
 #include "../engine/stream.h"
 #include "../engine/tensor.h"
+#include "cross_process_path.h"
 
 namespace towerlab {
 
 class ProcessGroup;
-
-// How phase 5 moves the gradient and moving statistics between processes.
-//   Auto: NCCL when it can (see choose_cross_process_path), else host staging.
-//   HostStaged: always through the host and the ProcessGroup (for comparison).
-//   Nccl: NCCL, or NotSupported saying why it cannot be used.
-enum class CrossProcessPath { Auto, HostStaged, Nccl };
 
 // What one rank contributes to the decision.
 struct NcclRankPlacement {

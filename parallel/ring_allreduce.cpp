@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <barrier>
-#include <chrono>
 #include <string>
 
+#include "engine/clock.h"
 #include "engine/error.h"
 #include "kernels/elementwise.h"
 #include "kernels/peer_add.h"
@@ -96,7 +96,7 @@ void Ring::allreduce_range(const std::vector<Tensor>& buffers, std::int64_t begi
     Tensor theirs = chunk_of(j - 1, at.receive);
     Tensor mine = chunk_of(j, at.receive);
     if (mine.numel() == 0) return;
-    const auto start = std::chrono::steady_clock::now();
+    const auto start = Clock::now();
     if (gather) {
       copy_tensor(mine, theirs, member(j));
     } else {

@@ -157,7 +157,7 @@ int TraceProfiler::begin_scope(const std::string& layer) {
   std::string name = layer.substr(0, colon != std::string::npos ? colon : layer.find(' '));
   // The work queued before the layer is not the layer's.
   stream_.synchronize();
-  scopes_.push_back({std::move(name), layer, Trace::Clock::now()});
+  scopes_.push_back({std::move(name), layer, Clock::now()});
   return int(scopes_.size()) - 1;
 }
 
@@ -179,7 +179,7 @@ void TraceProfiler::backward_record(int scope, const std::string& op) {
   in_backward_ = true;
   backward_scope_ = scope;
   backward_op_ = key;
-  backward_start_ = Trace::Clock::now();
+  backward_start_ = Clock::now();
 }
 
 void TraceProfiler::backward_done() {

@@ -26,7 +26,6 @@
 // teaching and debugging tool, off by default, and costs nothing when off).
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -36,6 +35,7 @@
 #include <vector>
 
 #include "../autograd/tape.h"
+#include "../engine/clock.h"
 #include "process_group.h"
 
 namespace towerlab {
@@ -45,7 +45,7 @@ using TraceArg = std::pair<std::string, std::variant<std::int64_t, std::string>>
 
 class Trace {
  public:
-  using Clock = std::chrono::steady_clock;
+  using Clock = towerlab::Clock;  // engine/clock.h
 
   // Names a row ("tower 0 (cuda:0)", "master (cpu)"); naming it again renames it.
   void name_row(int row, const std::string& name);

@@ -1,24 +1,27 @@
 #include "parallel/trainer.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <cstring>
 #include <iostream>
-#include <set>
+#include <span>
 #include <sstream>
 
+#include "engine/clock.h"
 #include "engine/error.h"
+#include "engine/scope_exit.h"
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
 #include "parallel/buckets.h"
 #include "parallel/fingerprint.h"
 #include "parallel/nccl_allreduce.h"
+#include "parallel/nccl_communicator.h"
+#include "parallel/process_exchange.h"
 #include "parallel/process_group.h"
 #include "parallel/ring_allreduce.h"
 #include "parallel/sync_batchnorm.h"
 #include "parallel/thread_team.h"
 #include "parallel/trace.h"
+#include "parallel/trainer_phases.h"
 
 namespace towerlab {
 
@@ -97,16 +100,15 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
       tower_fn_(std::move(tower_fn)),
       optimizer_(std::move(optimizer)),
       options_(std::move(options)) {
-  std::ostream& log = options_.log != nullptr ? *options_.log : std::clog;
   TL_CHECK(!options_.devices.empty(), InvalidArgument,
            "Trainer: the device list is empty (give at least one device, e.g. cpu or cuda:0)");
   TL_CHECK(tower_fn_ != nullptr, InvalidArgument, "Trainer: no tower function");
   TL_CHECK(variables_.trainable_numel() > 0, InvalidArgument,
            "Trainer: the model declares no trainable variables");
   for (Device d : options_.devices)
-    devices_.push_back(place_device(d, options_.soft_placement, log));
+    devices_.push_back(place_device(d, options_.soft_placement, log()));
   check_tower_kinds(options_.devices);
-  master_device_ = place_device(options_.master, options_.soft_placement, log);
+  master_device_ = place_device(options_.master, options_.soft_placement, log());
   if (options_.process_group != nullptr) {
     rank_ = options_.process_group->rank();
     ranks_ = options_.process_group->size();
@@ -142,11 +144,20 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
     std::vector<Bucket> buckets = make_buckets(variables_, options_.bucket_bytes);
     if (buckets.size() > 1) buckets_ = std::make_unique<BucketReducer>(std::move(buckets), streams);
   }
-  if (bucketed()) {
+  if (options_.process_group != nullptr) {
     // NCCL's call carries the whole gradient after the host call (phase 5).
-    buckets_across_processes_ = options_.process_group != nullptr &&
-                                options_.batchnorm != BatchNormMode::Sync &&
-                                nccl_processes_ == nullptr;
+    buckets_across_processes_ =
+        bucketed() && options_.batchnorm != BatchNormMode::Sync && nccl_processes_ == nullptr;
+    const ExchangeContents training{.training = true,
+                                    .through_host = nccl_processes_ == nullptr,
+                                    .buckets_sum_gradient = buckets_across_processes_,
+                                    .gradient = variables_.trainable_numel(),
+                                    .statistics = variables_.state_numel(),
+                                    .ranks = ranks_,
+                                    .towers = std::int64_t(towers_.size())};
+    ExchangeContents evaluation = training;
+    evaluation.training = false;
+    exchange_ = std::make_unique<ProcessExchange>(training, evaluation);
   }
   // One thread per tower, and the reducer's when bucketed.
   workers_ = std::make_unique<ThreadTeam>(towers_.size() + (bucketed() ? 1 : 0), towers_.size());
@@ -155,6 +166,10 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
 }
 
 Trainer::~Trainer() = default;
+
+std::ostream& Trainer::log() const {
+  return options_.log != nullptr ? *options_.log : std::clog;
+}
 
 void Trainer::check_processes_agree() const {
   // The devices as placed: soft placement may have moved a tower to another kind.
@@ -173,7 +188,7 @@ void Trainer::check_processes_agree() const {
 }
 
 void Trainer::log_placement() const {
-  std::ostream& log = options_.log != nullptr ? *options_.log : std::clog;
+  std::ostream& log = this->log();
   if (options_.process_group != nullptr) {
     log << "placement: process " << rank_ << " of " << ranks_ << " (local rank "
         << options_.process_group->local_rank() << ")\n";
@@ -276,7 +291,6 @@ void Trainer::check_batch(const std::vector<Tensor>& batch) const {
 
 void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const TowerSlice& slice,
                         bool training, BatchNormSync* sync, bool stand_in) {
-  using clock = std::chrono::steady_clock;
   TowerState& t = *towers_[i];
   t.loss = Tensor();
   t.outputs.clear();
@@ -285,7 +299,7 @@ void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const T
   if (training) t.store->zero_grad(*t.stream);
   if (slice.size() == 0) return;  // sits this step out (its weight is 0)
 
-  auto start = clock::now();
+  auto start = Clock::now();
   std::vector<Tensor> feeds;
   for (const Tensor& b : batch) {
     Tensor rows = b.slice(slice.begin, slice.end);
@@ -300,20 +314,19 @@ void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const T
   std::optional<TraceProfiler> profiler;
   if (trace_ != nullptr) profiler.emplace(*trace_, int(i), *t.stream, slice.size());
   t.tape->set_profiler(profiler ? &*profiler : nullptr);
-  struct ProfilerOff {  // the tape never outlives its profiler's step, even on a throw
-    Tape& tape;
-    ~ProfilerOff() { tape.set_profiler(nullptr); }
-  } profiler_off{*t.tape};
-  const std::vector<TraceArg> args{{"samples", slice.size()}};
+  // The tape keeps neither the profiler nor the buckets' listener past this step,
+  // even on a throw.
+  ScopeExit tape_off([&t] {
+    t.tape->set_gradient_listener(nullptr);
+    t.tape->set_profiler(nullptr);
+  });
+  const std::vector<TraceArg> args{{"samples", slice.size()},
+                                   {"phase", phase_label(Phase::RunTowers)}};
   const Tower tower{int(i), t.device, *t.stream, *t.tape, *t.store, training, slice.size(), sync};
   TowerResult r = tower_fn_(tower, feeds);
-  // Each bucket reported ready as the backward completes it.
-  struct ListenerOff {
-    Tape& tape;
-    ~ListenerOff() { tape.set_gradient_listener(nullptr); }
-  } listener_off{*t.tape};
-  // A stand-in is not watched: its gradient is discarded below, and its buckets
-  // complete when it is done.
+  // Each bucket reported ready as the backward completes it. A stand-in is not
+  // watched: its gradient is discarded below, and its buckets complete when it is
+  // done.
   if (training && bucketed() && !stand_in) buckets_->watch(i, *t.tape);
   // Errors from here on get the tower and its samples put before them (run()).
   TL_CHECK(r.loss.defined(), InvalidArgument, "the tower function returned no loss");
@@ -324,7 +337,7 @@ void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const T
     trace_->span(int(i), "forward", start, "tower", args);
   }
   if (training) {
-    start = clock::now();
+    start = Clock::now();
     t.tape->backward(r.loss, slice.weight);
     // Synchronized batch norm gives the stand-in's rows, which are not in the batch,
     // a gradient through the batch's sums: it must not count.
@@ -441,10 +454,7 @@ void Trainer::run_towers(const std::vector<Tensor>& batch, const std::vector<Tow
   }
   const TowerSlice stand_in_slice{0, 1, 0.0};
   const bool bucketed_step = training && bucketed();
-  if (bucketed_step) {
-    buckets_->start_step();
-    if (buckets_across_processes_) exchange(exchange_length(true));
-  }
+  if (bucketed_step) buckets_->start_step();
   // One host thread per tower: a tower's forward and backward run on its own
   // thread, which on the CPU is also its stream. The last thread of a bucketed
   // trainer is the reducer.
@@ -470,12 +480,9 @@ void Trainer::run_towers(const std::vector<Tensor>& batch, const std::vector<Tow
     }
   };
   // Whatever happened, the towers' streams go on only after the buckets' streams.
-  struct JoinBuckets {
-    BucketReducer* buckets;
-    ~JoinBuckets() {
-      if (buckets != nullptr) buckets->join();
-    }
-  } join{bucketed_step ? buckets_.get() : nullptr};
+  ScopeExit join_buckets([&] {
+    if (bucketed_step) buckets_->join();
+  });
   workers_->run(job);
   if (stand_in) {
     towers_[0]->outputs.clear();
@@ -544,101 +551,73 @@ void Trainer::average_moving_statistics(const StepResult& result) {
   }
 }
 
-std::int64_t Trainer::exchange_length(bool training) const {
-  // With NCCL the gradient and the statistics stay on the device (phase 5).
-  const bool staged = training && nccl_processes_ == nullptr;
-  const std::int64_t grads = staged ? variables_.trainable_numel() : 0;
-  const std::int64_t state = staged ? variables_.state_numel() : 0;
-  return grads + state + std::int64_t(ranks_) * std::int64_t(towers_.size()) + ranks_;
-}
-
-Tensor& Trainer::exchange(std::int64_t total) {
-  if (!exchange_.defined() || exchange_.numel() != total) {
-    exchange_ = Tensor::empty({total}, Device::cpu());
-  }
-  return exchange_;
-}
-
 void Trainer::reduce_buckets() {
   std::vector<Tensor> grads;
   for (const auto& t : towers_) grads.push_back(t->store->flat_grads());
-  buckets_->reduce(grads, "step " + std::to_string(optimizer_.steps()),
-                   buckets_across_processes_ ? options_.process_group : nullptr, exchange_, trace_,
+  ProcessGroup* group = buckets_across_processes_ ? options_.process_group : nullptr;
+  buckets_->reduce(grads, "step " + std::to_string(optimizer_.steps()), group,
+                   group != nullptr ? exchange_->buffer(true) : Tensor(), trace_,
                    int(towers_.size()) + 1);
 }
 
 void Trainer::reduce_across_processes(const StepResult& result, bool training) {
-  // One buffer: [gradient | moving statistics | losses_ | batch sizes], in one call,
-  // or with the gradient already reduced by the buckets' calls (their frames are
-  // this buffer's) and the rest in this one; with NCCL, the first two stay on the
-  // device for the call after it.
-  const bool staged = training && nccl_processes_ == nullptr;
-  const std::int64_t grads = staged ? variables_.trainable_numel() : 0;
-  const std::int64_t state = staged ? variables_.state_numel() : 0;
-  const std::int64_t losses = std::int64_t(losses_.size());
-  const std::int64_t total = exchange_length(training);
-  const bool grads_done = staged && bucketed() && buckets_across_processes_;
-  const std::int64_t from = grads_done ? grads : 0;
-  exchange(total);
+  // Every rank sums one host buffer laid out by exchange_ (parallel/process_exchange.h);
+  // when NCCL carries the gradient and statistics, it sums tower 0's device buffers
+  // after that call. After phases 3 and 4 every tower holds the same, so tower 0's
+  // values stand for the rank's.
+  const ExchangeLayout& layout = exchange_->layout(training);
+  const Tensor buffer = exchange_->buffer(training);
   TowerState& first = *towers_[0];
-  if (grads > 0 && !grads_done) {
-    copy_tensor(exchange_.slice(0, grads), first.store->flat_grads(), *first.stream);
-  }
-  if (state > 0) {
-    copy_tensor(exchange_.slice(grads, grads + state), first.store->flat_state(), *first.stream);
-  }
-  first.stream->synchronize();
-  float* values = exchange_.data<float>();
+  const Tensor& grads = first.store->flat_grads();
+  const Tensor& stats = first.store->flat_state();
   // BatchNormStats::Tower0 takes rank 0's tower 0: the other ranks add zeros.
-  if (state > 0 && options_.batchnorm_stats == BatchNormStats::Tower0 && rank_ > 0) {
-    std::fill(values + grads, values + grads + state, 0.0f);
+  if (training && variables_.state_numel() > 0 &&
+      options_.batchnorm_stats == BatchNormStats::Tower0 && rank_ > 0) {
+    fill(stats, 0.0, *first.stream);
   }
-  std::copy(losses_.begin(), losses_.end(), values + grads + state);
-  float* sizes = values + grads + state + losses;
-  std::fill(sizes, sizes + ranks_, 0.0f);
-  sizes[rank_] = float(result.samples);
+  const ExchangeRange grads_here = layout.gradient_summed();
+  if (!grads_here.empty()) copy_tensor(grads_here.of(buffer), grads, *first.stream);
+  if (!layout.statistics.empty()) copy_tensor(layout.statistics.of(buffer), stats, *first.stream);
+  first.stream->synchronize();
+  const std::span<float> values(buffer.data<float>(), std::size_t(layout.total()));
+  const auto at = [&values](ExchangeRange r) {
+    return values.subspan(std::size_t(r.begin), std::size_t(r.size()));
+  };
+  std::ranges::copy(losses_, at(layout.losses).begin());
+  const std::span<float> sizes = at(layout.batch_sizes);
+  std::ranges::fill(sizes, 0.0f);
+  sizes[std::size_t(rank_)] = float(result.samples);
 
   const std::string step =
       training ? "step " + std::to_string(optimizer_.steps()) : std::string("evaluation");
-  const std::string carries = !staged      ? "losses, batch sizes"
-                              : grads_done ? "moving statistics, losses, batch sizes"
-                                           : "gradients, moving statistics, losses, batch sizes";
-  const auto start = Trace::Clock::now();
-  options_.process_group->allreduce_sum(std::span<float>(values + from, std::size_t(total - from)),
-                                        step + ": " + carries,
-                                        ReduceFrame{std::size_t(from), std::size_t(total)});
+  const auto start = Clock::now();
+  options_.process_group->allreduce_sum(
+      at(layout.summed), step + ": " + layout.carries,
+      ReduceFrame{std::size_t(layout.summed.begin), std::size_t(layout.total())});
   if (trace_ != nullptr && ranks_ > 1) {
-    trace_->span(int(towers_.size()) + 2, "all-reduce: " + carries, start, "processes",
-                 {{"bytes", (total - from) * std::int64_t(sizeof(float))}, {"processes", ranks_}});
+    trace_->span(int(towers_.size()) + 2, "all-reduce: " + layout.carries, start, "processes",
+                 {{"bytes", layout.summed.size() * std::int64_t(sizeof(float))},
+                  {"processes", ranks_},
+                  {"phase", phase_label(Phase::ReduceAcrossProcesses)}});
   }
-
   for (int r = 1; r < ranks_; ++r) {
-    if (sizes[r] == sizes[0]) continue;
+    if (sizes[std::size_t(r)] == sizes[0]) continue;
     if (training) broadcast();  // the replicas' moving statistics back to the master's
     TL_THROW(InvalidArgument, "Trainer: the processes' batches differ: rank 0 has a batch of "
                                   << std::int64_t(sizes[0]) << " samples, rank " << r << " of "
-                                  << std::int64_t(sizes[r])
+                                  << std::int64_t(sizes[std::size_t(r)])
                                   << "; every process's step() and evaluate() must receive the "
                                      "same global batch (nothing was updated)");
   }
   if (training && nccl_processes_ != nullptr) {
-    std::vector<Tensor> buffers{first.store->flat_grads()};
-    if (variables_.state_numel() > 0) {
-      // BatchNormStats::Tower0 takes rank 0's tower 0: the other ranks add zeros.
-      if (options_.batchnorm_stats == BatchNormStats::Tower0 && rank_ > 0) {
-        fill(first.store->flat_state(), 0.0, *first.stream);
-      }
-      buffers.push_back(first.store->flat_state());
-    }
+    std::vector<Tensor> buffers{grads};
+    if (variables_.state_numel() > 0) buffers.push_back(stats);
     nccl_processes_->allreduce_sum(buffers, *first.stream,
                                    step + ": gradients, moving statistics (NCCL)");
   }
-  std::copy(values + grads + state, values + grads + state + losses, losses_.begin());
-  if (grads > 0 && !grads_done)
-    copy_tensor(first.store->flat_grads(), exchange_.slice(0, grads), *first.stream);
-  if (state > 0) {
-    copy_tensor(first.store->flat_state(), exchange_.slice(grads, grads + state), *first.stream);
-  }
+  std::ranges::copy(at(layout.losses), losses_.begin());
+  if (!grads_here.empty()) copy_tensor(grads, grads_here.of(buffer), *first.stream);
+  if (!layout.statistics.empty()) copy_tensor(stats, layout.statistics.of(buffer), *first.stream);
 }
 
 bool Trainer::guard(StepResult& result) {
@@ -657,21 +636,21 @@ bool Trainer::guard(StepResult& result) {
   }
   ++skipped_steps_;
   result.skipped = true;
-  std::ostream& log = options_.log != nullptr ? *options_.log : std::clog;
-  log << "towerlab: warning: skipped the step: " << what << " (NumericGuard::Skip, "
-      << skipped_steps_ << " skipped so far)\n";
+  log() << "towerlab: warning: skipped the step: " << what << " (NumericGuard::Skip, "
+        << skipped_steps_ << " skipped so far)\n";
   return false;
 }
 
 void Trainer::update_and_broadcast() {
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = Clock::now();
   TowerState& first = *towers_[0];
   transfer(master_->flat_grads(), *master_stream_, first.store->flat_grads(), *first.stream);
   transfer(master_->flat_state(), *master_stream_, first.store->flat_state(), *first.stream);
   optimizer_.step(*master_, master_->flat_grads(), *master_stream_);
   broadcast();  // returns with the master stream finished
   if (trace_ != nullptr) {
-    trace_->span(int(towers_.size()), "update + broadcast", start, "master");
+    trace_->span(int(towers_.size()), "update + broadcast", start, "master",
+                 {{"phase", phase_label(Phase::UpdateAndBroadcast)}});
   }
 }
 

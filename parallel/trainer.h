@@ -85,18 +85,22 @@
 
 #include "../autograd/checkpoint.h"
 #include "../autograd/context.h"
-#include "../autograd/nn.h"
 #include "../autograd/optimizer.h"
 #include "../autograd/tape.h"
 #include "../autograd/variables.h"
-#include "../engine/allocator.h"
 #include "batch_split.h"
-#include "buckets.h"
-#include "nccl_communicator.h"
+#include "cross_process_path.h"
 
 namespace towerlab {
 
+// The trainer's parts, defined where it is built (parallel/trainer.cpp): an
+// embedding program includes none of them.
+class BucketReducer;
+class NcclAllReduce;
+class NcclCommunicator;
+class ProcessExchange;
 class ProcessGroup;
+class Ring;
 class ThreadTeam;
 class Trace;
 
@@ -272,7 +276,8 @@ class Trainer {
 
  private:
   struct TowerState;
-  // A step (training) or an evaluation: the phases below, in order.
+  // A step (training) or an evaluation: the phases below, in order. Their numbers
+  // and names are parallel/trainer_phases.h's.
   StepResult run(const std::vector<Tensor>& batch, bool training);
   // 1. The batch checked and split among the ranks and this rank's towers.
   StepResult split(const std::vector<Tensor>& batch) const;
@@ -286,19 +291,14 @@ class Trainer {
   void reduce_gradients();
   // 4. The moving statistics per options_.batchnorm_stats.
   void average_moving_statistics(const StepResult& result);
-  // 5. One allreduce_sum over the processes: tower 0's gradient (unless the
-  // reducer's bucket calls carried it) and moving statistics (training only),
-  // losses_ and the batch sizes, which must agree; with nccl_processes_, the
-  // gradient and statistics go in an NCCL call after it.
+  // 5. One allreduce_sum over the processes of exchange_'s buffer (see
+  // parallel/process_exchange.h); with nccl_processes_, the gradient and statistics
+  // go in an NCCL call after it.
   void reduce_across_processes(const StepResult& result, bool training);
   // More than one gradient bucket: phase 3 runs on the reducer thread.
   bool bucketed() const { return buckets_ != nullptr; }
   // The reducer thread of a bucketed step (see phase 3).
   void reduce_buckets();
-  // Phase 5's buffer for `total` floats.
-  Tensor& exchange(std::int64_t total);
-  // Phase 5's buffer length: [gradient | moving statistics | losses | batch sizes].
-  std::int64_t exchange_length(bool training) const;
   // 6. NumericGuard: true when the update may go ahead; Stop throws, Skip marks
   // `result` skipped and puts the replicas back to the master's state.
   bool guard(StepResult& result);
@@ -318,6 +318,7 @@ class Trainer {
   // The constructor's fingerprint comparison across the process group.
   void check_processes_agree() const;
   void log_placement() const;
+  std::ostream& log() const;
 
   const VariableSet& variables_;
   TowerFn tower_fn_;
@@ -328,8 +329,8 @@ class Trainer {
   std::unique_ptr<Stream> master_stream_;
   std::unique_ptr<VariableStore> master_;
   std::vector<std::unique_ptr<TowerState>> towers_;
-  std::unique_ptr<class Ring> ring_;
-  std::unique_ptr<class NcclAllReduce> nccl_;
+  std::unique_ptr<Ring> ring_;
+  std::unique_ptr<NcclAllReduce> nccl_;
   std::unique_ptr<ThreadTeam> workers_;  // one thread per tower
   Trace* trace_ = nullptr;
   double last_loss_ = 0.0;
@@ -339,12 +340,13 @@ class Trainer {
   // The last step's loss of every tower of every rank, [rank * towers + tower]; 0
   // for an empty tower. Filled by run_towers, summed over the ranks in phase 5.
   std::vector<float> losses_;
-  Tensor exchange_;  // phase 5's host buffer, kept between steps
   // The gradient buckets and their reducer (parallel/buckets.h); null when the
   // gradient is one bucket (unbucketed).
   std::unique_ptr<BucketReducer> buckets_;
   // The reducer makes each bucket's cross-process call (see the top).
   bool buckets_across_processes_ = false;
+  // Phase 5's buffer and its layout; null without a process group.
+  std::unique_ptr<ProcessExchange> exchange_;
   // Phase 5's device-buffer path between processes; null: staged on the host.
   std::unique_ptr<NcclCommunicator> nccl_processes_;
   std::string cross_process_path_;  // why phase 5 takes its path (placement log)

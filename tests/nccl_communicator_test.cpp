@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "bn_model.h"
+#include "parallel/nccl_communicator.h"
 #include "test_util.h"
 #include "thread_process_group.h"
 
