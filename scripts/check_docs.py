@@ -22,9 +22,11 @@ What it checks, in every page (text inside code blocks and `code spans` is not a
      three or more digits (images/s) is one the results files give (bench/compare_peers.py's
      JSON), a setting of the run, a peer's version or the run's date; each commit named is
      the files' towerlab_commit.
-  4. Phases: a numbered list of the trainer's phases ("1. **split** (`Trainer::split`)")
-     matches the list at the top of parallel/trainer.h, number for number, and every
-     Trainer::function it names exists in parallel/trainer.cpp.
+  4. Phases: the step's phases are numbered once, in kPhases of parallel/trainer_phases.h
+     ({Phase::Split, "split", "split"}: number by position, name, Trainer's function).
+     The list at the top of parallel/trainer.h ("//   1. split: ...") and every numbered
+     list of phases in a page ("1. **split** (`Trainer::split`)") match it, number, name and
+     function, and each function is defined in parallel/trainer.cpp.
 Exits 1 with one line per problem (file:line: what), 0 when the pages are clean.
 """
 import argparse
@@ -42,6 +44,7 @@ PICTURE = re.compile(r"<!--\s*picture:\s*(\S+)\s+from\s+(.+?)\s+by\s+(\S+)\s*-->
 NUMBERS = re.compile(r"<!--\s*numbers from:\s*(.+?)\s*-->")
 PHASE_ITEM = re.compile(r"^(\d+)\. \*\*([^*]+)\*\* \(`Trainer::(\w+)`\)")
 HEADER_PHASE = re.compile(r"^//\s+(\d+)\. ([a-z][a-z ]*[a-z])\s*[:;(]")
+TABLE_PHASE = re.compile(r'\{Phase::(\w+),\s*"([^"]+)",\s*"(\w+)"\}')
 WEB = ("http://", "https://", "mailto:")
 OUTSIDE = re.compile(r"\.\./shared|/work/")
 
@@ -87,6 +90,7 @@ class Checker:
     def __init__(self, root):
         self.root = os.path.realpath(root)
         self.problems = []
+        self.phases = None  # parallel/trainer_phases.h's table, read once (phase_table)
         self.tracked = self.git_files()
 
     def git_files(self):
@@ -272,32 +276,65 @@ class Checker:
                 self.check_numbers(page, n, block, allowed, "numbers")
 
     # --- 4. the trainer's phases -------------------------------------------------
+    def phase_table(self):
+        """{number: (name, function)} from kPhases in parallel/trainer_phases.h, after checking
+        that the list at the top of parallel/trainer.h agrees with it; None when missing."""
+        if self.phases is not None:
+            return self.phases or None
+        self.phases = {}
+        table = os.path.join(self.root, "parallel", "trainer_phases.h")
+        header = os.path.join(self.root, "parallel", "trainer.h")
+        if not os.path.exists(table) or not os.path.exists(header):
+            return None
+        text = open(table, encoding="utf-8").read()
+        start = text.find("kPhases[]")
+        rows = TABLE_PHASE.findall(text[start:]) if start >= 0 else []
+        if not rows:
+            self.fail(table, 1, "holds no kPhases table ({Phase::Split, \"split\", \"split\"}, ...)")
+            return None
+        self.phases = {i: (name, function) for i, (_, name, function) in enumerate(rows, 1)}
+        listed = {}
+        with open(header, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.startswith("//"):
+                    break
+                m = HEADER_PHASE.match(line)
+                if m:
+                    listed[int(m.group(1))] = (n, m.group(2).strip())
+        if sorted(listed) != sorted(self.phases):
+            self.fail(header, 1, f"its list numbers phases {sorted(listed)}; "
+                                 f"parallel/trainer_phases.h numbers {sorted(self.phases)}")
+        for number, (n, name) in sorted(listed.items()):
+            if number in self.phases and self.phases[number][0] != name:
+                self.fail(header, n, f"phase {number} is '{name}' here but "
+                                     f"'{self.phases[number][0]}' in parallel/trainer_phases.h")
+        return self.phases
+
     def check_phases(self, page, text):
         items = [(n, PHASE_ITEM.match(line)) for n, line in enumerate(text.split("\n"), 1)]
         items = [(n, m) for n, m in items if m]
         if not items:
             return
-        header = os.path.join(self.root, "parallel", "trainer.h")
+        phases = self.phase_table()
         source = os.path.join(self.root, "parallel", "trainer.cpp")
-        if not os.path.exists(header) or not os.path.exists(source):
-            self.fail(page, items[0][0], "names the trainer's phases, but parallel/trainer.h or .cpp is missing")
+        if phases is None or not os.path.exists(source):
+            self.fail(page, items[0][0], "names the trainer's phases, but parallel/trainer_phases.h, "
+                                         "trainer.h or trainer.cpp is missing")
             return
-        phases = {}
-        with open(header, encoding="utf-8") as f:
-            for line in f:
-                if not line.startswith("//"):
-                    break
-                m = HEADER_PHASE.match(line)
-                if m:
-                    phases[int(m.group(1))] = m.group(2).strip()
         code = open(source, encoding="utf-8").read()
         numbers = [int(m.group(1)) for _, m in items]
         if sorted(numbers) != sorted(phases):
-            self.fail(page, items[0][0], f"lists phases {numbers}; parallel/trainer.h numbers {sorted(phases)}")
+            self.fail(page, items[0][0], f"lists phases {numbers}; parallel/trainer_phases.h numbers {sorted(phases)}")
         for n, m in items:
             number, name, function = int(m.group(1)), m.group(2), m.group(3)
-            if phases.get(number) != name:
-                self.fail(page, n, f"phase {number} is '{name}' here but '{phases.get(number)}' in parallel/trainer.h")
+            if number not in phases:
+                continue  # reported above
+            expected_name, expected_function = phases[number]
+            if expected_name != name:
+                self.fail(page, n, f"phase {number} is '{name}' here but '{expected_name}' in parallel/trainer_phases.h")
+            elif expected_function != function:
+                self.fail(page, n, f"phase {number} runs Trainer::{function} here but Trainer::{expected_function} "
+                                   f"in parallel/trainer_phases.h")
             if not re.search(rf"\bTrainer::{function}\(", code):
                 self.fail(page, n, f"Trainer::{function} is not in parallel/trainer.cpp")
 
@@ -337,6 +374,10 @@ def self_test():
         ("phase renamed", "1. **splitting** (`Trainer::split`): the batch.\n", "phase 1 is 'splitting'"),
         ("phase without its function", "1. **split** (`Trainer::split_it`): the batch.\n",
          "Trainer::split_it is not"),
+        ("phase run by another function", "2. **guard** (`Trainer::split`): the batch.\n",
+         "but Trainer::guard in parallel/trainer_phases.h"),
+        ("phase the table lacks", "3. **gather** (`Trainer::split`): the rest.\n",
+         "lists phases [3]; parallel/trainer_phases.h numbers [1, 2]"),
     ]
     ok = True
     with tempfile.TemporaryDirectory() as root:
@@ -344,10 +385,16 @@ def self_test():
         os.makedirs(os.path.join(root, "parallel"))
         with open(os.path.join(root, "docs", "a.md"), "w") as f:
             f.write("# A\n\n## Usage\n\n1. **split** (`Trainer::split`): the batch.\n")
-        with open(os.path.join(root, "parallel", "trainer.h"), "w") as f:
-            f.write("// The trainer.\n//   1. split: the batch;\n#pragma once\n")
+        trainer_h = os.path.join(root, "parallel", "trainer.h")
+        with open(trainer_h, "w") as f:
+            f.write("// The trainer.\n//   1. split: the batch;\n//   2. guard: the loss;\n#pragma once\n")
+        with open(os.path.join(root, "parallel", "trainer_phases.h"), "w") as f:
+            f.write('inline constexpr PhaseInfo kPhases[] = {\n    {Phase::Split, "split", "split"},\n'
+                    '    {Phase::Guard, "guard", "guard"},\n};\n')
         with open(os.path.join(root, "parallel", "trainer.cpp"), "w") as f:
-            f.write("StepResult Trainer::split(const Batch& b) {}\n")
+            f.write("StepResult Trainer::split(const Batch& b) {}\nbool Trainer::guard() {}\n")
+        with open(os.path.join(root, "docs", "a.md"), "a") as f:
+            f.write("2. **guard** (`Trainer::guard`): the loss.\n")
         with open(os.path.join(root, "r.json"), "w") as f:
             json.dump({"towerlab_commit": "abc1234", "date": "2026-11-23 18:27 UTC",
                        "versions": {"tensorflow": "2.21.0"}, "settings": {"batch": 128},
@@ -381,6 +428,14 @@ def self_test():
         found = Checker(root).run()
         hit = [p for p in found if "no page shows it" in p]
         print("self-test: planted picture no page shows: " + (f"caught ({hit[0]})" if hit else "NOT caught"))
+        ok = ok and bool(hit)
+        os.remove(picture)
+        # The header's list drifts from the table.
+        with open(trainer_h, "w") as f:
+            f.write("// The trainer.\n//   1. split: the batch;\n//   2. check: the loss;\n#pragma once\n")
+        found = Checker(root).run()
+        hit = [p for p in found if "phase 2 is 'check' here but 'guard'" in p]
+        print("self-test: planted trainer.h phase renamed: " + (f"caught ({hit[0]})" if hit else f"NOT caught {found}"))
         ok = ok and bool(hit)
     print("self-test: " + ("passed" if ok else "FAILED"))
     return 0 if ok else 1

@@ -221,6 +221,21 @@ TEST(Trainer, TraceShowsTowersAndTheRing) {
         "\"update + broadcast\"", "\"tower 1 (cpu)\"", "\"master (cpu)\""}) {
     EXPECT_NE(json.find(name), std::string::npos) << name;
   }
+  // The trainer's own spans name their phase as docs/one_step.md numbers it.
+  const std::map<std::string, std::string> phase_of{
+      {"forward", "2. run towers"},
+      {"backward", "2. run towers"},
+      {"update + broadcast", "7. update and broadcast"}};
+  std::map<std::string, int> seen;
+  const nlohmann::json parsed = nlohmann::json::parse(json);
+  for (const auto& e : parsed["traceEvents"]) {
+    const std::string name = e["name"];
+    if (e["ph"] != "X" || !phase_of.contains(name)) continue;
+    EXPECT_EQ(e["args"]["phase"], phase_of.at(name)) << e.dump();
+    ++seen[name];
+  }
+  EXPECT_EQ(seen, (std::map<std::string, int>{
+                      {"backward", 2}, {"forward", 2}, {"update + broadcast", 1}}));
 }
 
 // Inside each tower's forward and backward: every layer, in order and in reverse,
