@@ -658,6 +658,32 @@ TEST(Conv2dWinograd, ToleranceCatchesOneWrongTile) {
 
 // The tile blocks depend on the shape alone: 1, 2 and 3 threads, a tower's share of
 // the pool, and a second run give the same bits.
+// The output transform's scatter has AVX-512 code (sixteen pixels a vector, the
+// last group masked); it must write the portable loop's bits, forward (bias + the
+// tile) and backward-data (added into grad_x), with an odd P and Q (a last tile
+// row and column cut in half) and rows of more than sixteen pixels.
+TEST(Conv2dWinograd, Avx512GivesTheAvx2Bits) {
+  if (!gemm_isa_supported(GemmIsa::Avx512)) GTEST_SKIP() << "this CPU has no AVX-512";
+  struct RestoreIsa {
+    GemmIsa saved = gemm_isa();
+    ~RestoreIsa() { set_gemm_isa(saved); }
+  } restore;
+  for (const WinogradCase& c :
+       {WinogradCase({"fashion2_b3", 3, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)}, 997),
+        WinogradCase({"odd_wide", 2, 16, 9, 37, 17, 3, 3, make_params(1, 1, 0, 1)}, 998)}) {
+    auto run = [&](GemmIsa isa) {
+      set_gemm_isa(isa);
+      const ConvOutputs out = c.run(cpu::Conv2dAlgorithm::Winograd);
+      std::vector<float> all = out.y;
+      all.insert(all.end(), out.grad_x.begin(), out.grad_x.end());
+      return all;
+    };
+    const std::vector<float> avx2 = run(GemmIsa::Avx2), avx512 = run(GemmIsa::Avx512);
+    ASSERT_EQ(avx512.size(), avx2.size());
+    EXPECT_EQ(std::memcmp(avx512.data(), avx2.data(), avx2.size() * sizeof(float)), 0);
+  }
+}
+
 TEST(Conv2dWinograd, SameBitsForAnyThreadCount) {
   const WinogradCase c({"fashion2_b5", 5, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)}, 995);
   const int saved = num_threads();

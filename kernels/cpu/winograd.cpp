@@ -20,6 +20,13 @@
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/simd.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define TL_WINOGRAD_X86 1
+#else
+#define TL_WINOGRAD_X86 0
+#endif
+
 namespace towerlab::cpu {
 
 namespace {
@@ -218,6 +225,41 @@ void scatter_tile_row(const Workspace& ws, float* out, const float* bias, bool a
   }
 }
 
+#if TL_WINOGRAD_X86
+// scatter_tile_row on AVX-512: eight tiles' two columns interleaved in one vector
+// (sixteen output pixels, the last group masked to the row, an odd Q's last column
+// included), where the scalar loop writes pixel by pixel. The same single add per
+// pixel: the same bits.
+__attribute__((target("avx512f"))) void scatter_tile_row_avx512(
+    const Workspace& ws, float* out, const float* bias, bool accumulate, const Problem& p,
+    std::int64_t block, std::int64_t n, std::int64_t th, std::int64_t first) {
+  const std::int64_t ldm = p.K * block;
+  const std::int64_t rows = std::min<std::int64_t>(2, p.P - 2 * th);
+  const __m512i interleave =
+      _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  auto lanes = [](std::int64_t count) {  // the first count lanes of sixteen
+    return count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
+  };
+  for (std::int64_t k = 0; k < p.K; ++k) {
+    float* plane = out + (n * p.K + k) * p.P * p.Q;
+    const __m512 b = _mm512_set1_ps(bias != nullptr ? bias[k] : 0.0f);
+    for (std::int64_t i = 0; i < rows; ++i) {
+      float* y = plane + (2 * th + i) * p.Q;
+      const float* o0 = ws.m + 12 * i * ldm + k * block + first;
+      const float* o1 = o0 + 3 * ldm;
+      for (std::int64_t tw = 0; 2 * tw < p.Q; tw += 8) {
+        const std::int64_t pixels = std::min<std::int64_t>(16, p.Q - 2 * tw);
+        const __mmask16 tiles = lanes((pixels + 1) / 2), keep = lanes(pixels);
+        const __m512 v = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(tiles, o0 + tw), interleave,
+                                                _mm512_maskz_loadu_ps(tiles, o1 + tw));
+        const __m512 base = accumulate ? _mm512_maskz_loadu_ps(keep, y + 2 * tw) : b;
+        _mm512_mask_storeu_ps(y + 2 * tw, keep, _mm512_add_ps(base, v));
+      }
+    }
+  }
+}
+#endif
+
 // Steps 2 of the file comment for tile rows [row0, row1) (row = n * tiles_h + th),
 // with u [16][K][C] the transformed kernel.
 void run_block(float* out, const float* in, const float* u, const float* bias, bool accumulate,
@@ -239,9 +281,17 @@ void run_block(float* out, const float* in, const float* u, const float* bias, b
   }
   for (int j = 0; j < 4; ++j) apply_a(ws.m, ldm, ldm, j, 4);       // Aᵀ m: rows 0 and 3
   for (int i = 0; i < 2; ++i) apply_a(ws.m, ldm, ldm, 12 * i, 1);  // (Aᵀ m) A
+  // AVX-512 where the GEMM runs it (TOWERLAB_GEMM_ISA pins both).
+  const bool avx512 = TL_WINOGRAD_X86 && gemm_isa() == GemmIsa::Avx512;
   for (std::int64_t row = row0; row < row1; ++row) {
-    scatter_tile_row(ws, out, bias, accumulate, p, block, row / p.tiles_h, row % p.tiles_h,
-                     (row - row0) * p.tiles_w);
+    const std::int64_t n = row / p.tiles_h, th = row % p.tiles_h, first = (row - row0) * p.tiles_w;
+#if TL_WINOGRAD_X86
+    if (avx512) {
+      scatter_tile_row_avx512(ws, out, bias, accumulate, p, block, n, th, first);
+      continue;
+    }
+#endif
+    scatter_tile_row(ws, out, bias, accumulate, p, block, n, th, first);
   }
 }
 
