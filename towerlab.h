@@ -4,7 +4,7 @@
 //
 // A first program: list the devices, then add two vectors on each of them.
 //
-//   #include <towerlab.h>
+//   #include <towerlab/towerlab.h>
 //   using namespace towerlab;
 //
 //   int main() {
@@ -19,8 +19,14 @@
 //   }
 //
 // Errors are exceptions derived from towerlab::Error (engine/error.h); the
-// library never exits the process.
+// library never exits the process. TOWERLAB_VERSION (towerlab/version.h) is the
+// version as a string, TOWERLAB_VERSION_MAJOR/MINOR/PATCH as numbers. Whole models
+// built from the layers are not included here: <towerlab/models/fashion_net.h>.
 #pragma once
+
+// Generated from project(VERSION): in PREFIX/include/towerlab once installed, in
+// the build tree's include/towerlab before (CMakeLists.txt).
+#include <towerlab/version.h>
 
 #include "autograd/checkpoint.h"
 #include "autograd/context.h"

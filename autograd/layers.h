@@ -156,10 +156,4 @@ Tensor infer(const Layer& model, VariableStore& store, const Tensor& input, cons
 // decayed). Undefined when coeff is 0 or there is no such variable.
 Var l2_regularization(const Context& ctx, double coeff);
 
-// FashionNet, the reference model: conv 1->32 3x3 pad 1 (no bias), BN, ReLU, maxpool 2;
-// conv 32->64 3x3 pad 1 (no bias), BN, ReLU, maxpool 2; flatten 3136; linear 3136->128, ReLU;
-// linear 128->10. Input [N,1,28,28], output logits [N,10]. Each ReLU is fused into
-// the layer before it (BatchNorm, Linear), and each max pool into its BatchNorm.
-Sequential fashion_net(VariableSet& vars);
-
 }  // namespace towerlab

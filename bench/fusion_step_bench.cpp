@@ -1,7 +1,7 @@
 // What each fusion of FashionNet's layers is worth in a whole training step: the
 // Trainer's step on one CPU tower (the fashion_mnist sample's `--devices cpu`),
 // images/s, for FashionNet with no fusion, with each fusion alone, and with all of
-// them (autograd/layers.cpp's fashion_net):
+// them (models/fashion_net.cpp's fashion_net):
 //   bn_relu      batch norm + ReLU in one op (kernels/batchnorm.h)
 //   bias_relu    fc1's bias add + ReLU in one op (kernels/bias.h)
 //   pool_argmax  max pooling through a recorded argmax (kernels/pool2d.h)
@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "models/fashion_net.h"
 #include "towerlab.h"
 
 using namespace towerlab;
@@ -148,7 +149,7 @@ int main(int argc, char** argv) {
       VariableSet vars;
       const Fusions f = variants[v].fusions;
       Sequential net = variants[v].name == std::string("all (fashion_net)")
-                           ? fashion_net(vars)
+                           ? models::fashion_net(vars)
                            : fashion_net_with(vars, f);
       TowerFn fn = [&net, f](const Tower& tower, const std::vector<Tensor>& b) {
         Var logits = net(tower.context(), tower.input(b[0]));

@@ -18,6 +18,7 @@
 #include "engine/dataset.h"
 #include "engine/idx.h"
 #include "engine/safetensors.h"
+#include "models/fashion_net.h"
 #include "towerlab.h"
 
 using namespace towerlab;
@@ -119,7 +120,7 @@ void BM_MemcpyReference(benchmark::State& state) {
 }
 
 void BM_ReadIdxFashionMnistTrain(benchmark::State& state) {
-  const std::string path = std::string(kFashionMnistDir) + "/train-images-idx3-ubyte.gz";
+  const std::string path = std::string(models::kFashionMnistDir) + "/train-images-idx3-ubyte.gz";
   if (!std::filesystem::exists(path)) {
     state.SkipWithError("Fashion-MNIST not installed");
     return;

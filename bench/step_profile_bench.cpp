@@ -14,7 +14,7 @@
 // (Tape::FirstWrite::Zeroed) instead of letting the first write assign: the
 // measure of what the first writes save.
 //
-// Method. The model is the sample's own (autograd/layers.h's fashion_net, with its
+// Method. The model is the sample's own (models/fashion_net.h's fashion_net, with its
 // fused batch norm + ReLU and bias + ReLU), trained by a Trainer with T CPU towers
 // and Adam, as samples/fashion_mnist trains it. Each tower's tape gets a profiler
 // (TapeProfiler, the hook the trainer's traces use) that sums the time of each
@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "models/fashion_net.h"
 #include "towerlab.h"
 
 using namespace towerlab;
@@ -195,7 +196,7 @@ int arg(int argc, char** argv, const char* name, int fallback) {
 // tape timed by its LayerTimer (and its whole pass, loss forward included).
 struct Training {
   VariableSet vars;
-  Sequential net = fashion_net(vars);
+  Sequential net = models::fashion_net(vars);
   std::vector<LayerRow> rows = layer_rows(net, vars);
   Tape::FirstWrite first_write;
   std::vector<LayerTimer> timers;

@@ -10,6 +10,7 @@
 
 #include "bench_util.h"
 
+#include "models/fashion_net.h"
 #include "towerlab.h"
 
 using namespace towerlab;
@@ -21,7 +22,7 @@ void BM_FashionNetStep(benchmark::State& state, Device device, BatchNormMode mod
   const int towers = int(state.range(0));
   const std::int64_t batch = state.range(1);
   VariableSet vars;
-  Sequential net = fashion_net(vars);
+  Sequential net = models::fashion_net(vars);
   TowerFn fn = [&net](const Tower& tower, const std::vector<Tensor>& b) {
     Var logits = net(tower.context(), tower.input(b[0]));
     return TowerResult{ag::softmax_cross_entropy(logits, tower.input(b[1])), {}, {}};

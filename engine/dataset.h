@@ -2,7 +2,7 @@
 // ten classes, 60000 for training and 10000 for testing, in the IDX format. And a
 // Batcher that walks any (images, labels) pair in seeded shuffled batches.
 //
-//   FashionMnist train = load_fashion_mnist(kFashionMnistDir, Split::Train);
+//   FashionMnist train = load_fashion_mnist(dir, Split::Train);  // dir holds the .gz files
 //   Batcher batcher(train.images, train.labels, 128, /*seed=*/42);
 //   for (int epoch = 0; epoch < 10; ++epoch) {
 //     batcher.start_epoch(epoch);
@@ -21,8 +21,6 @@
 
 namespace towerlab {
 
-// Where Debian's dataset-fashion-mnist package puts the files.
-inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
 // Statistics of the training images scaled to [0,1] (the values torchvision users
 // quote), used by PixelScale::Standardized.
 inline constexpr float kFashionMnistMean = 0.2860f;

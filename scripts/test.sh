@@ -61,7 +61,7 @@ run_preset emulated-tsan -R "$threaded"
 echo "== fuzz: every target for 30 s from its seed corpus and regression inputs"
 bash scripts/fuzz.sh 30
 
-echo "== embedding: find_package(towerlab) from an installed copy"
+echo "== embedding: find_package(towerlab) from an installed copy (the CPU-only package)"
 rm -rf build/install build/consumer-installed build/consumer-subdir
 cmake --install build/cpu --prefix build/install >/dev/null
 cmake -S tests/consumer -B build/consumer-installed -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build/install" >/dev/null
@@ -73,6 +73,15 @@ rm -rf build/embed-installed
 cmake -S samples/embed -B build/embed-installed -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build/install" >/dev/null
 cmake --build build/embed-installed >/dev/null
 (cd build/embed-installed && ./embed)
+
+# A program built against the CPU-only package runs where the CUDA libraries are
+# absent: it links none of them (docs/building.md, the two packages).
+for program in build/consumer-installed/consumer build/embed-installed/embed; do
+  if ldd "$program" | grep -E 'libcudart|libcublas|libnccl'; then
+    echo "$program, built against the CPU-only package, links the CUDA libraries above"
+    exit 1
+  fi
+done
 
 echo "== embedding: add_subdirectory(towerlab)"
 cmake -S tests/consumer -B build/consumer-subdir -G Ninja -DTOWERLAB_SOURCE_DIR="$PWD" -DTOWERLAB_CUDA=OFF >/dev/null

@@ -15,6 +15,7 @@
 // The sample's flags and YAML config values: fashion_mnist_options_test.cpp.
 // Here: wrong shapes at every layer, and labels outside the classes through the
 // trainer.
+#include "models/fashion_net.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -22,7 +23,7 @@ namespace {
 
 TEST(BadInput, WrongShapesAtEveryLayerNameTheLayerAndBothShapes) {
   VariableSet vars;
-  Sequential net = fashion_net(vars);
+  Sequential net = models::fashion_net(vars);
   BatchNorm bn(vars, "bn", 3);
   MaxPool2d pool(Pool2dParams::square(2, 2));
   BatchNorm bn_pool(vars, "bn_pool", 3, 0.99, 1e-3, Activation::ReLU, Pool2dParams::square(2, 2));

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "file_test_util.h"
+#include "models/fashion_net.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -93,7 +94,7 @@ TEST(FashionMnist, RejectsInconsistentFiles) {
 }
 
 TEST(FashionMnist, RealFilesWhenInstalled) {
-  const std::string dir = kFashionMnistDir;
+  const std::string dir = models::kFashionMnistDir;
   if (!std::filesystem::exists(dir + "/train-images-idx3-ubyte.gz")) {
     GTEST_SKIP() << "Debian's dataset-fashion-mnist is not installed";
   }

@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "gradcheck.h"
+#include "models/fashion_net.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -412,7 +413,7 @@ Sequential unfused_fashion_net(VariableSet& vars) {
 
 TEST(FusionLayers, FashionNetEqualsItsUnfusedLayers) {
   VariableSet vars;
-  Sequential fused = fashion_net(vars);
+  Sequential fused = models::fashion_net(vars);
   Sequential unfused = unfused_fashion_net(vars);  // the same variables
   EXPECT_NE(fused.describe().find(
                 "bn1: BatchNorm 32 momentum 0.99 eps 0.001 + ReLU + MaxPool2d 2x2 stride 2"),

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "gradcheck.h"
+#include "models/fashion_net.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -54,7 +55,7 @@ TEST(Layers, SmallCnnGradientsMatchCentralDifferences) {
 
 TEST(Layers, TrainingOnAFixedBatchReducesTheLoss) {
   VariableSet vars;
-  Sequential net = fashion_net(vars);
+  Sequential net = models::fashion_net(vars);
   VariableStore store(vars, cpu());
   store.initialize(1, cpu());
   Optimizer adam = Optimizer::adam({}, LearningRate::constant(1e-3));
@@ -120,7 +121,7 @@ TEST(Layers, ShapeErrorsNameTheVariables) {
 
 TEST(Layers, FashionNetShapesAndSummary) {
   VariableSet vars;
-  Sequential net = fashion_net(vars);
+  Sequential net = models::fashion_net(vars);
   EXPECT_EQ(vars.trainable_numel(),
             32 * 9 + 2 * 32 + 64 * 32 * 9 + 2 * 64 + 3136 * 128 + 128 + 1280 + 10);
   EXPECT_EQ(vars.state_numel(), 2 * 32 + 2 * 64);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "models/fashion_net.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -41,7 +42,7 @@ Tensor labels_for(std::int64_t n) {
 
 TEST(TapeFirstWrite, FashionNetGradientsAreTheZeroFilledReferenceBits) {
   VariableSet vars;
-  Sequential net = fashion_net(vars);
+  Sequential net = models::fashion_net(vars);
   VariableStore store(vars, cpu());
   store.initialize(3, cpu());
   Tensor images = Tensor::empty({12, 1, 28, 28}, cpu());
@@ -151,7 +152,7 @@ TEST(TapeFirstWrite, OnlyTheFirstContributionToAnIntermediateAssigns) {
 // a late step needs one more segment, varies too: one tower only here.)
 TEST(TapeFirstWrite, SteadyCpuStepsTakeNoNewMemory) {
   VariableSet vars;
-  Sequential net = fashion_net(vars);
+  Sequential net = models::fashion_net(vars);
   TrainerOptions options;
   options.devices = {Device::cpu()};
   options.master = Device::cpu();

@@ -1,4 +1,4 @@
-"""FashionNet in PyTorch, the twin of towerlab's fashion_net() (autograd/layers.cpp).
+"""FashionNet in PyTorch, the twin of towerlab's models::fashion_net() (models/fashion_net.cpp).
 
 A state_dict of this module converts to a towerlab checkpoint and back with
 tools/torch_convert.py. Batch norm uses towerlab's constants, which are

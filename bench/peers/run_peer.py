@@ -4,7 +4,7 @@ line of JSON: images/s and CPU seconds (all threads) over the timed steps, the l
 the framework's version and configuration. bench/compare_peers.py runs it in the peers' virtual environment,
 alternating with towerlab's fashion_mnist sample.
 
-Every peer trains the model of towerlab's fashion_net() (autograd/layers.cpp): conv
+Every peer trains the model of towerlab's models::fashion_net() (models/fashion_net.cpp): conv
 3x3 1->32 (no bias) + batch norm + ReLU + max pool 2, conv 3x3 32->64 (no bias) + batch
 norm + ReLU + max pool 2, linear 3136->128 + ReLU, linear 128->10; batch norm with
 epsilon 1e-3 and TensorFlow's moving-average decay 0.99; softmax cross-entropy; Adam

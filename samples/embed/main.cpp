@@ -3,7 +3,7 @@
 // gradients), predict, and catch a typed error. It checks itself: the exit code is
 // non-zero unless accuracy is well above chance and the reloaded model predicts
 // exactly what the trainer does.
-#include <towerlab.h>
+#include <towerlab/towerlab.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -49,7 +49,8 @@ int main() {
   Trainer trainer(vars, tower_fn, Optimizer::by_name("adam", 0.01), options);
   std::mt19937 rng(7);
   for (int step = 0; step < 100; ++step) trainer.step(synthetic_batch(32, rng, cpu));
-  std::printf("embed: trained 100 steps on 2 towers, loss %.3f\n", trainer.loss());
+  std::printf("embed: towerlab %s, trained 100 steps on 2 towers, loss %.3f\n", TOWERLAB_VERSION,
+              trainer.loss());
   save_checkpoint("embed_model.safetensors", trainer.master());
 
   // Inference without the trainer: a store without gradients, filled from the file.

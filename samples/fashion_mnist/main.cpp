@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/atomic_file.h"
+#include "models/fashion_net.h"
 #include "options.h"
 #include "resume.h"
 #include "towerlab.h"
@@ -148,7 +149,7 @@ int run(const sample::Options& o) {
   if (o.test_samples) test = first_images(test, *o.test_samples);
 
   VariableSet vars;
-  Sequential net = fashion_net(vars);
+  Sequential net = models::fashion_net(vars);
   const double weight_decay = o.weight_decay;
   TowerFn tower_fn = [&net, weight_decay](const Tower& tower, const std::vector<Tensor>& batch) {
     Context ctx = tower.context();

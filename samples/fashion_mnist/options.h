@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "models/fashion_net.h"  // kFashionMnistDir
+
 namespace sample {
 
 struct Options {
@@ -37,7 +39,7 @@ struct Options {
   // --predictions); unset: the whole test set. Slow backends (the emulated GPUs)
   // need it to finish a run.
   std::optional<std::int64_t> test_samples;
-  std::string data = "/usr/share/datasets/fashion-mnist";
+  std::string data = towerlab::models::kFashionMnistDir;
   std::string save, load, metrics, trace, summaries;
   // Resumable training (resume.h): the directory of the training-state checkpoints,
   // the steps between two of them (0: at the end of every epoch; the run's last
