@@ -166,8 +166,15 @@ Var batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& mov
                          << " (expected [N,C] or [N,C,H,W] with C = " << gamma.shape()[0] << ")");
   Tensor y = new_tensor(tape, x.shape(), x);
   if (!training) {
-    batchnorm_forward_inference(y, x.value(), gamma.value(), beta.value(), moving_mean, moving_var,
-                                eps, tape.stream(), activation);
+    batchnorm_forward_inference({.y = y,
+                                 .x = x.value(),
+                                 .gamma = gamma.value(),
+                                 .beta = beta.value(),
+                                 .moving_mean = moving_mean,
+                                 .moving_var = moving_var,
+                                 .eps = eps,
+                                 .activation = activation},
+                                tape.stream());
     // Inference through moving statistics is affine in x; training never takes this path.
     return tape.record(y, "batchnorm", {x, gamma, beta}, [](const Var& out) {
       TL_THROW(NotSupported, "batchnorm: backward of the inference form ("
@@ -178,8 +185,18 @@ Var batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& mov
   const std::int64_t channels = x.shape()[1];
   Tensor save_mean = new_tensor(tape, {channels}, x);
   Tensor save_inv_std = new_tensor(tape, {channels}, x);
-  batchnorm_forward_training(y, save_mean, save_inv_std, moving_mean, moving_var, x.value(),
-                             gamma.value(), beta.value(), eps, momentum, tape.stream(), activation);
+  batchnorm_forward_training({.y = y,
+                              .save_mean = save_mean,
+                              .save_inv_std = save_inv_std,
+                              .moving_mean = moving_mean,
+                              .moving_var = moving_var,
+                              .x = x.value(),
+                              .gamma = gamma.value(),
+                              .beta = beta.value(),
+                              .eps = eps,
+                              .momentum = momentum,
+                              .activation = activation},
+                             tape.stream());
   const bool relu = activation == Activation::ReLU;
   return tape.record(y, relu ? "batchnorm_relu" : "batchnorm", {x, gamma, beta},
                      [x, gamma, beta, save_mean, save_inv_std, activation](const Var& out) {
@@ -187,11 +204,19 @@ Var batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& mov
                        // Every element of grad_x is written.
                        const Tape::GradTarget gx =
                            x.requires_grad() ? t.grad_target(x) : Tape::GradTarget{Tensor(), false};
-                       batchnorm_backward(gx.grad, grad_if_needed(t, gamma),
-                                          grad_if_needed(t, beta), out.grad(), x.value(),
-                                          gamma.value(), save_mean, save_inv_std, t.stream(),
-                                          activation, beta.value(),
-                                          gx.assign ? GradWrite::Assign : GradWrite::Accumulate);
+                       batchnorm_backward(
+                           {.grad_x = gx.grad,
+                            .grad_gamma = grad_if_needed(t, gamma),
+                            .grad_beta = grad_if_needed(t, beta),
+                            .grad_y = out.grad(),
+                            .x = x.value(),
+                            .gamma = gamma.value(),
+                            .beta = beta.value(),
+                            .save_mean = save_mean,
+                            .save_inv_std = save_inv_std,
+                            .activation = activation,
+                            .grad_x_write = gx.assign ? GradWrite::Assign : GradWrite::Accumulate},
+                           t.stream());
                      });
 }
 
@@ -215,9 +240,20 @@ Var batchnorm_max_pool2d(const Var& x, const Var& gamma, const Var& beta, const 
   Tensor save_mean = new_tensor(tape, {channels}, x);
   Tensor save_inv_std = new_tensor(tape, {channels}, x);
   Tensor argmax = new_tensor(tape, y.shape(), x);
-  batchnorm_max_pool_forward_training(y, argmax, save_mean, save_inv_std, moving_mean, moving_var,
-                                      x.value(), gamma.value(), beta.value(), eps, momentum, pool,
-                                      tape.stream(), activation);
+  batchnorm_max_pool_forward_training({.y = y,
+                                       .argmax = argmax,
+                                       .save_mean = save_mean,
+                                       .save_inv_std = save_inv_std,
+                                       .moving_mean = moving_mean,
+                                       .moving_var = moving_var,
+                                       .x = x.value(),
+                                       .gamma = gamma.value(),
+                                       .beta = beta.value(),
+                                       .eps = eps,
+                                       .momentum = momentum,
+                                       .pool = pool,
+                                       .activation = activation},
+                                      tape.stream());
   const bool relu = activation == Activation::ReLU;
   return tape.record(y, relu ? "batchnorm_relu_max_pool2d" : op, {x, gamma, beta},
                      [x, gamma, beta, argmax, save_mean, save_inv_std, pool](const Var& out) {
@@ -226,9 +262,18 @@ Var batchnorm_max_pool2d(const Var& x, const Var& gamma, const Var& beta, const 
                        const Tape::GradTarget gx =
                            x.requires_grad() ? t.grad_target(x) : Tape::GradTarget{Tensor(), false};
                        batchnorm_max_pool_backward(
-                           gx.grad, grad_if_needed(t, gamma), grad_if_needed(t, beta), out.grad(),
-                           argmax, x.value(), gamma.value(), save_mean, save_inv_std, pool,
-                           t.stream(), gx.assign ? GradWrite::Assign : GradWrite::Accumulate);
+                           {.grad_x = gx.grad,
+                            .grad_gamma = grad_if_needed(t, gamma),
+                            .grad_beta = grad_if_needed(t, beta),
+                            .grad_y = out.grad(),
+                            .argmax = argmax,
+                            .x = x.value(),
+                            .gamma = gamma.value(),
+                            .save_mean = save_mean,
+                            .save_inv_std = save_inv_std,
+                            .pool = pool,
+                            .grad_x_write = gx.assign ? GradWrite::Assign : GradWrite::Accumulate},
+                           t.stream());
                      });
 }
 
@@ -246,13 +291,24 @@ Var sync_batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor
   const std::int64_t local_count = x.value().numel() / std::max<std::int64_t>(channels, 1);
   Tensor mean = new_tensor(tape, {channels}, x);
   Tensor m2 = new_tensor(tape, {channels}, x);
-  batchnorm_stats(mean, m2, x.value(), tape.stream());
+  batchnorm_stats({.mean = mean, .m2 = m2, .x = x.value()}, tape.stream());
   const std::int64_t total = sync.merge_stats(tower, mean, m2, local_count, tape.stream());
   Tensor y = new_tensor(tape, x.shape(), x);
   Tensor inv_std = new_tensor(tape, {channels}, x);
-  batchnorm_forward_from_stats(y, inv_std, moving_mean, moving_var, x.value(), gamma.value(),
-                               beta.value(), mean, m2, total, eps, momentum, tape.stream(),
-                               activation);
+  batchnorm_forward_from_stats({.y = y,
+                                .inv_std = inv_std,
+                                .moving_mean = moving_mean,
+                                .moving_var = moving_var,
+                                .x = x.value(),
+                                .gamma = gamma.value(),
+                                .beta = beta.value(),
+                                .mean = mean,
+                                .m2 = m2,
+                                .count = total,
+                                .eps = eps,
+                                .momentum = momentum,
+                                .activation = activation},
+                               tape.stream());
   const bool relu = activation == Activation::ReLU;
   return tape.record(
       y, relu ? "sync_batchnorm_relu" : "sync_batchnorm", {x, gamma, beta},
@@ -262,8 +318,16 @@ Var sync_batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor
         const std::int64_t c = mean.numel();
         Tensor sum_grad_y = Tensor::empty({c}, s, mean.dtype());
         Tensor sum_grad_y_xhat = Tensor::empty({c}, s, mean.dtype());
-        batchnorm_backward_reduce(sum_grad_y, sum_grad_y_xhat, out.grad(), x.value(), mean, inv_std,
-                                  s, activation, gamma.value(), beta.value());
+        batchnorm_backward_reduce({.sum_grad_y = sum_grad_y,
+                                   .sum_grad_y_xhat = sum_grad_y_xhat,
+                                   .grad_y = out.grad(),
+                                   .x = x.value(),
+                                   .gamma = gamma.value(),
+                                   .beta = beta.value(),
+                                   .mean = mean,
+                                   .inv_std = inv_std,
+                                   .activation = activation},
+                                  s);
         // This tower's share of dL/dbeta and dL/dgamma: the gradient all-reduce adds
         // the rest.
         if (beta.requires_grad()) axpy(t.grad_for(beta), 1.0, sum_grad_y, s);
@@ -272,9 +336,20 @@ Var sync_batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor
         sync.sum(tower, sum_grad_y, sum_grad_y_xhat, s);
         if (x.requires_grad()) {
           const Tape::GradTarget gx = t.grad_target(x);  // every element is written
-          batchnorm_backward_apply(gx.grad, out.grad(), x.value(), gamma.value(), mean, inv_std,
-                                   sum_grad_y, sum_grad_y_xhat, total, s, activation, beta.value(),
-                                   gx.assign ? GradWrite::Assign : GradWrite::Accumulate);
+          batchnorm_backward_apply(
+              {.grad_x = gx.grad,
+               .grad_y = out.grad(),
+               .x = x.value(),
+               .gamma = gamma.value(),
+               .beta = beta.value(),
+               .mean = mean,
+               .inv_std = inv_std,
+               .sum_grad_y = sum_grad_y,
+               .sum_grad_y_xhat = sum_grad_y_xhat,
+               .count = total,
+               .activation = activation,
+               .grad_x_write = gx.assign ? GradWrite::Assign : GradWrite::Accumulate},
+              s);
         }
       });
 }

@@ -53,19 +53,45 @@ Tensor input(const Shape& shape, const Stream& stream, std::uint64_t subsequence
   return x;
 }
 
+// One layer's arguments: x with a non-trivial mean and spread, gamma 1, beta 0,
+// moving statistics and gradients 0; the backward reads the forward's x, gamma,
+// beta and statistics.
+struct BatchNormLayer {
+  BatchNormForwardTraining forward;
+  BatchNormBackward backward;
+
+  BatchNormLayer(const Shape& shape, const Stream& stream) {
+    const Shape channels{shape[1]};
+    Tensor gamma = Tensor::empty(channels, stream);
+    fill(gamma, 1.0, stream);
+    forward = {.y = Tensor::empty(shape, stream),
+               .save_mean = Tensor::empty(channels, stream),
+               .save_inv_std = Tensor::empty(channels, stream),
+               .moving_mean = Tensor::zeros(channels, stream),
+               .moving_var = Tensor::zeros(channels, stream),
+               .x = input(shape, stream),
+               .gamma = gamma,
+               .beta = Tensor::zeros(channels, stream),
+               .eps = 1e-3,
+               .momentum = 0.99};
+    backward = {.grad_x = Tensor::zeros(shape, stream),
+                .grad_gamma = Tensor::zeros(channels, stream),
+                .grad_beta = Tensor::zeros(channels, stream),
+                .grad_y = input(shape, stream, 1),
+                .x = forward.x,
+                .gamma = gamma,
+                .beta = forward.beta,
+                .save_mean = forward.save_mean,
+                .save_inv_std = forward.save_inv_std};
+  }
+};
+
 void BM_BatchNormForwardTraining(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape = bench::nchw_shape(state);
-  const std::int64_t C = shape[1];
-  Tensor x = input(shape, stream), y = Tensor::empty(shape, stream);
-  Tensor gamma = Tensor::zeros({C}, stream), beta = Tensor::zeros({C}, stream);
-  Tensor mean = Tensor::empty({C}, stream), inv_std = Tensor::empty({C}, stream);
-  Tensor mm = Tensor::zeros({C}, stream), mv = Tensor::zeros({C}, stream);
-  fill(gamma, 1.0, stream);
-  bench::time_calls(state, stream, [&] {
-    batchnorm_forward_training(y, mean, inv_std, mm, mv, x, gamma, beta, 1e-3, 0.99, stream);
-  });
+  const BatchNormLayer layer(shape, stream);
+  bench::time_calls(state, stream, [&] { batchnorm_forward_training(layer.forward, stream); });
   set_bytes(state, shape, 2);
 }
 
@@ -78,7 +104,14 @@ void BM_BatchNormForwardInference(benchmark::State& state, Device device) {
   Tensor ones = Tensor::empty({C}, stream), zeros = Tensor::zeros({C}, stream);
   fill(ones, 1.0, stream);
   bench::time_calls(state, stream, [&] {
-    batchnorm_forward_inference(y, x, ones, zeros, zeros, ones, 1e-3, stream);
+    batchnorm_forward_inference({.y = y,
+                                 .x = x,
+                                 .gamma = ones,
+                                 .beta = zeros,
+                                 .moving_mean = zeros,
+                                 .moving_var = ones,
+                                 .eps = 1e-3},
+                                stream);
   });
   set_bytes(state, shape, 2);
 }
@@ -87,17 +120,9 @@ void BM_BatchNormBackward(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape = bench::nchw_shape(state);
-  const std::int64_t C = shape[1];
-  Tensor x = input(shape, stream), grad_y = input(shape, stream, 1);
-  Tensor grad_x = Tensor::zeros(shape, stream);
-  Tensor gamma = Tensor::empty({C}, stream), mean = Tensor::zeros({C}, stream);
-  Tensor inv_std = Tensor::empty({C}, stream);
-  fill(gamma, 1.0, stream);
-  fill(inv_std, 1.0, stream);
-  Tensor grad_gamma = Tensor::zeros({C}, stream), grad_beta = Tensor::zeros({C}, stream);
-  bench::time_calls(state, stream, [&] {
-    batchnorm_backward(grad_x, grad_gamma, grad_beta, grad_y, x, gamma, mean, inv_std, stream);
-  });
+  const BatchNormLayer layer(shape, stream);
+  batchnorm_forward_training(layer.forward, stream);  // the statistics the backward reads
+  bench::time_calls(state, stream, [&] { batchnorm_backward(layer.backward, stream); });
   set_bytes(state, shape, 4);
 }
 
@@ -110,28 +135,22 @@ void BM_BatchNormReluStep(benchmark::State& state, Device device, bool fused) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape = bench::nchw_shape(state);
-  const std::int64_t C = shape[1];
-  Tensor x = input(shape, stream), grad_y = input(shape, stream, 1);
-  Tensor y = Tensor::empty(shape, stream), relu_y = Tensor::empty(shape, stream);
-  Tensor grad_x = Tensor::zeros(shape, stream), grad_bn = Tensor::zeros(shape, stream);
-  Tensor gamma = Tensor::empty({C}, stream), beta = Tensor::zeros({C}, stream);
-  Tensor mean = Tensor::empty({C}, stream), inv_std = Tensor::empty({C}, stream);
-  Tensor mm = Tensor::zeros({C}, stream), mv = Tensor::zeros({C}, stream);
-  Tensor grad_gamma = Tensor::zeros({C}, stream), grad_beta = Tensor::zeros({C}, stream);
-  fill(gamma, 1.0, stream);
+  BatchNormLayer layer(shape, stream);
+  const Tensor grad_y = layer.backward.grad_y;
+  Tensor relu_y = Tensor::empty(shape, stream), grad_bn = Tensor::zeros(shape, stream);
+  if (fused) {
+    layer.forward.activation = layer.backward.activation = Activation::ReLU;
+  } else {
+    layer.backward.grad_y = grad_bn;
+  }
   bench::time_calls(state, stream, [&] {
-    if (fused) {
-      batchnorm_forward_training(y, mean, inv_std, mm, mv, x, gamma, beta, 1e-3, 0.99, stream,
-                                 Activation::ReLU);
-      batchnorm_backward(grad_x, grad_gamma, grad_beta, grad_y, x, gamma, mean, inv_std, stream,
-                         Activation::ReLU, beta);
-    } else {
-      batchnorm_forward_training(y, mean, inv_std, mm, mv, x, gamma, beta, 1e-3, 0.99, stream);
-      relu_forward(relu_y, y, stream);
+    batchnorm_forward_training(layer.forward, stream);
+    if (!fused) {
+      relu_forward(relu_y, layer.forward.y, stream);
       fill(grad_bn, 0.0, stream);
       relu_backward(grad_bn, grad_y, relu_y, stream);
-      batchnorm_backward(grad_x, grad_gamma, grad_beta, grad_bn, x, gamma, mean, inv_std, stream);
     }
+    batchnorm_backward(layer.backward, stream);
   });
   set_bytes(state, shape, 6);  // forward 2|x| + backward 4|x| (x, grad_y, grad_x twice)
 }
@@ -181,11 +200,33 @@ struct BatchNormMaxPool {
   }
   void forward(bool fused) {
     if (fused) {
-      batchnorm_max_pool_forward_training(y, argmax, mean, inv_std, mm, mv, x, gamma, beta, kEps,
-                                          kMomentum, pool, stream, Activation::ReLU);
+      batchnorm_max_pool_forward_training({.y = y,
+                                           .argmax = argmax,
+                                           .save_mean = mean,
+                                           .save_inv_std = inv_std,
+                                           .moving_mean = mm,
+                                           .moving_var = mv,
+                                           .x = x,
+                                           .gamma = gamma,
+                                           .beta = beta,
+                                           .eps = kEps,
+                                           .momentum = kMomentum,
+                                           .pool = pool,
+                                           .activation = Activation::ReLU},
+                                          stream);
     } else {
-      batchnorm_forward_training(activated, mean, inv_std, mm, mv, x, gamma, beta, kEps, kMomentum,
-                                 stream, Activation::ReLU);
+      batchnorm_forward_training({.y = activated,
+                                  .save_mean = mean,
+                                  .save_inv_std = inv_std,
+                                  .moving_mean = mm,
+                                  .moving_var = mv,
+                                  .x = x,
+                                  .gamma = gamma,
+                                  .beta = beta,
+                                  .eps = kEps,
+                                  .momentum = kMomentum,
+                                  .activation = Activation::ReLU},
+                                 stream);
       max_pool2d_forward_with_argmax(y, argmax, activated, pool, stream);
     }
   }
@@ -193,13 +234,33 @@ struct BatchNormMaxPool {
   // one's is -1 where the ReLU zeroes the window).
   void backward(bool fused) {
     if (fused) {
-      batchnorm_max_pool_backward(grad_x, grad_gamma, grad_beta, grad_y, argmax, x, gamma, mean,
-                                  inv_std, pool, stream, GradWrite::Assign);
+      batchnorm_max_pool_backward({.grad_x = grad_x,
+                                   .grad_gamma = grad_gamma,
+                                   .grad_beta = grad_beta,
+                                   .grad_y = grad_y,
+                                   .argmax = argmax,
+                                   .x = x,
+                                   .gamma = gamma,
+                                   .save_mean = mean,
+                                   .save_inv_std = inv_std,
+                                   .pool = pool,
+                                   .grad_x_write = GradWrite::Assign},
+                                  stream);
     } else {
       max_pool2d_backward_from_argmax(grad_activated, grad_y, argmax, pool, stream,
                                       GradWrite::Assign);
-      batchnorm_backward(grad_x, grad_gamma, grad_beta, grad_activated, x, gamma, mean, inv_std,
-                         stream, Activation::ReLU, beta, GradWrite::Assign);
+      batchnorm_backward({.grad_x = grad_x,
+                          .grad_gamma = grad_gamma,
+                          .grad_beta = grad_beta,
+                          .grad_y = grad_activated,
+                          .x = x,
+                          .gamma = gamma,
+                          .beta = beta,
+                          .save_mean = mean,
+                          .save_inv_std = inv_std,
+                          .activation = Activation::ReLU,
+                          .grad_x_write = GradWrite::Assign},
+                         stream);
     }
   }
 };

@@ -1,6 +1,8 @@
-// Checks and backend dispatch for batch normalization (kernels/batchnorm.h). The
-// single-device training forward and backward are written here as compositions
-// of the split API, so that synchronized batch norm reuses exactly these steps.
+// Checks and backend dispatch for batch normalization (kernels/batchnorm.h). Each
+// entry point checks its argument struct once, fills the backends' BatchNormArgs
+// (kernels/cpu/batchnorm.h) and runs the steps below, which check nothing. The
+// single-device training forward and backward are the split API's steps run in
+// sequence, so that synchronized batch norm reuses exactly these steps.
 #include "kernels/batchnorm.h"
 
 #include "kernels/checks.h"
@@ -11,6 +13,8 @@
 namespace towerlab {
 
 namespace {
+
+// --- checks ----------------------------------------------------------------------
 
 // The backend arguments with x and its view as [N,C,S] (S = H*W, 1 for [N,C]); each
 // entry point below fills in the rest once its checks pass.
@@ -27,26 +31,6 @@ BatchNormArgs args_of(const char* op, const Tensor& x, const Stream& stream) {
   return a;
 }
 
-// A backward's fused ReLU: the forward's gamma and beta, from which it recomputes
-// the forward's mask. Sets the activation, gamma and beta in `a`.
-void set_relu(const char* op, BatchNormArgs& a, Activation activation, const Tensor& gamma,
-              const Tensor& beta, const Stream& stream) {
-  if (activation != Activation::ReLU) return;
-  TL_CHECK(gamma.defined() && beta.defined(), InvalidArgument,
-           op << ": the ReLU backward needs the forward's gamma and beta (gamma is "
-              << (gamma.defined() ? "defined" : "undefined") << ", beta is "
-              << (beta.defined() ? "defined" : "undefined") << ")");
-  kernels::check_on_stream(op, stream, {{"x", &a.x}, {"gamma", &gamma}, {"beta", &beta}});
-  for (const Tensor* t : {&gamma, &beta}) {
-    TL_CHECK(t->dim() == 1 && t->size(0) == a.C, ShapeError,
-             op << ": " << (t == &gamma ? "gamma" : "beta") << " is " << t->describe() << " but x "
-                << a.x.describe() << " has " << a.C << " channels (expected [" << a.C << "])");
-  }
-  a.activation = Activation::ReLU;
-  a.gamma = gamma;
-  a.beta = beta;
-}
-
 void check_channels(const char* op, const Tensor& x, std::int64_t C,
                     std::initializer_list<kernels::NamedTensor> tensors) {
   for (const kernels::NamedTensor& t : tensors) {
@@ -56,13 +40,49 @@ void check_channels(const char* op, const Tensor& x, std::int64_t C,
   }
 }
 
-// Both moving statistics or neither.
-bool wants_moving(const char* op, const Tensor& moving_mean, const Tensor& moving_var) {
+// Per-channel tensors: defined, on the stream with x's dtype, and [C].
+void check_per_channel(const char* op, const BatchNormArgs& a, const Stream& stream,
+                       std::initializer_list<kernels::NamedTensor> tensors) {
+  for (const kernels::NamedTensor& t : tensors) {
+    kernels::check_on_stream(op, stream, {{"x", &a.x}, t});
+  }
+  check_channels(op, a.x, a.C, tensors);
+}
+
+// Per-channel tensors that may be undefined (not computed): checked where given.
+void check_optional_per_channel(const char* op, const BatchNormArgs& a, const Stream& stream,
+                                std::initializer_list<kernels::NamedTensor> tensors) {
+  for (const kernels::NamedTensor& t : tensors) {
+    if (t.second->defined()) check_per_channel(op, a, stream, {t});
+  }
+}
+
+// A backward's fused ReLU: the forward's gamma and beta, from which it recomputes
+// the forward's mask. Sets the activation, gamma and beta in `a`.
+void set_relu(const char* op, BatchNormArgs& a, Activation activation, const Tensor& gamma,
+              const Tensor& beta, const Stream& stream) {
+  if (activation != Activation::ReLU) return;
+  TL_CHECK(gamma.defined() && beta.defined(), InvalidArgument,
+           op << ": the ReLU backward needs the forward's gamma and beta (gamma is "
+              << (gamma.defined() ? "defined" : "undefined") << ", beta is "
+              << (beta.defined() ? "defined" : "undefined") << ")");
+  check_per_channel(op, a, stream, {{"gamma", &gamma}, {"beta", &beta}});
+  a.activation = Activation::ReLU;
+  a.gamma = gamma;
+  a.beta = beta;
+}
+
+// Both moving statistics or neither; sets them in `a` when given.
+void set_moving(const char* op, BatchNormArgs& a, const Tensor& moving_mean,
+                const Tensor& moving_var, const Stream& stream) {
   TL_CHECK(moving_mean.defined() == moving_var.defined(), InvalidArgument,
            op << ": give both moving_mean and moving_var, or neither (moving_mean is "
               << (moving_mean.defined() ? "defined" : "undefined") << ", moving_var is "
               << (moving_var.defined() ? "defined" : "undefined") << ")");
-  return moving_mean.defined();
+  if (!moving_mean.defined()) return;
+  check_per_channel(op, a, stream, {{"moving_mean", &moving_mean}, {"moving_var", &moving_var}});
+  a.moving_mean = moving_mean;
+  a.moving_var = moving_var;
 }
 
 void check_eps_momentum(const char* op, double eps, double momentum) {
@@ -73,255 +93,264 @@ void check_eps_momentum(const char* op, double eps, double momentum) {
               << momentum);
 }
 
-// A single-device training forward's per-channel outputs and inputs, and at least
-// 2 values per channel.
-void check_training_forward(const char* op, const BatchNormArgs& d, const Tensor& save_mean,
-                            const Tensor& save_inv_std, const Tensor& gamma, const Tensor& beta,
-                            const Stream& stream) {
-  kernels::check_on_stream(op, stream,
-                           {{"x", &d.x},
-                            {"save_mean", &save_mean},
-                            {"save_inv_std", &save_inv_std},
-                            {"gamma", &gamma},
-                            {"beta", &beta}});
-  check_channels(op, d.x, d.C,
-                 {{"save_mean", &save_mean},
-                  {"save_inv_std", &save_inv_std},
-                  {"gamma", &gamma},
-                  {"beta", &beta}});
-  TL_CHECK(d.C == 0 || d.N * d.S >= 2, InvalidArgument,
-           op << ": training needs at least 2 values per channel, x is " << d.x.describe());
+// A single-device training forward (BatchNormForwardTraining or
+// BatchNormMaxPoolForwardTraining), once y is checked: its per-channel outputs and
+// inputs, the moving statistics, eps and momentum, and at least 2 values per
+// channel. Fills in `a` everything but y (and argmax), with `m2` as the scratch for
+// the statistics.
+template <typename Args>
+void set_training_forward(const char* op, BatchNormArgs& a, const Args& args,
+                          const Stream& stream) {
+  check_per_channel(op, a, stream,
+                    {{"save_mean", &args.save_mean},
+                     {"save_inv_std", &args.save_inv_std},
+                     {"gamma", &args.gamma},
+                     {"beta", &args.beta}});
+  TL_CHECK(a.C == 0 || a.N * a.S >= 2, InvalidArgument,
+           op << ": training needs at least 2 values per channel, x is " << a.x.describe());
+  set_moving(op, a, args.moving_mean, args.moving_var, stream);
+  check_eps_momentum(op, args.eps, args.momentum);
+  a.gamma = args.gamma;
+  a.beta = args.beta;
+  a.mean = args.save_mean;
+  a.inv_std = args.save_inv_std;
+  a.count = a.N * a.S;
+  a.eps = args.eps;
+  a.momentum = args.momentum;
+  a.activation = args.activation;
+}
+
+// A single-device backward (BatchNormBackward or BatchNormMaxPoolBackward), once
+// grad_y is checked: the forward's gamma and statistics, and the gradients given.
+// Fills in `a` the inputs of the reduction and count; the caller adds the sums and
+// grad_x.
+template <typename Args>
+void set_backward(const char* op, BatchNormArgs& a, const Args& args, const Stream& stream) {
+  check_per_channel(op, a, stream,
+                    {{"gamma", &args.gamma},
+                     {"save_mean", &args.save_mean},
+                     {"save_inv_std", &args.save_inv_std}});
+  if (args.grad_x.defined()) {
+    kernels::check_same_shape(op, stream, {{"x", &args.x}, {"grad_x", &args.grad_x}});
+  }
+  check_optional_per_channel(op, a, stream,
+                             {{"grad_gamma", &args.grad_gamma}, {"grad_beta", &args.grad_beta}});
+  a.grad_y = args.grad_y;
+  a.gamma = args.gamma;
+  a.mean = args.save_mean;
+  a.inv_std = args.save_inv_std;
+  a.count = a.N * a.S;
+}
+
+template <typename Args>
+bool wants_gradients(const Args& args) {
+  return args.grad_x.defined() || args.grad_gamma.defined() || args.grad_beta.defined();
+}
+
+// grad_gamma and grad_beta (where given) accumulate the reduction's sums.
+template <typename Args>
+void add_parameter_gradients(const Args& args, const BatchNormArgs& a, const Stream& stream) {
+  if (args.grad_gamma.defined()) add(args.grad_gamma, args.grad_gamma, a.sum_grad_y_xhat, stream);
+  if (args.grad_beta.defined()) add(args.grad_beta, args.grad_beta, a.sum_grad_y, stream);
+}
+
+// --- the steps, on checked arguments ---------------------------------------------
+
+void run_stats(const BatchNormArgs& a, const Stream& stream) {
+  if (a.x.numel() == 0) {  // an empty partial: count 0, mean 0, m2 0
+    fill(a.mean, 0.0, stream);
+    fill(a.m2, 0.0, stream);
+    return;
+  }
+  TL_DISPATCH(stream, cpu::batchnorm_stats(a), cuda::batchnorm_stats(a, stream));
+}
+
+void run_forward_from_stats(const BatchNormArgs& a, const Stream& stream) {
+  TL_DISPATCH(stream, cpu::batchnorm_forward_from_stats(a),
+              cuda::batchnorm_forward_from_stats(a, stream));
+}
+
+void run_backward_reduce(const BatchNormArgs& a, const Stream& stream) {
+  if (a.x.numel() == 0) {  // an empty tower's share of the sums
+    fill(a.sum_grad_y, 0.0, stream);
+    fill(a.sum_grad_y_xhat, 0.0, stream);
+    return;
+  }
+  TL_DISPATCH(stream, cpu::batchnorm_backward_reduce(a),
+              cuda::batchnorm_backward_reduce(a, stream));
+}
+
+void run_backward_apply(const BatchNormArgs& a, const Stream& stream) {
+  TL_DISPATCH(stream, cpu::batchnorm_backward_apply(a), cuda::batchnorm_backward_apply(a, stream));
+}
+
+// The [C] sums of a backward's reduction, in `a`.
+void make_sums(BatchNormArgs& a, const Stream& stream) {
+  a.sum_grad_y = Tensor::empty({a.C}, stream, a.x.dtype());
+  a.sum_grad_y_xhat = Tensor::empty({a.C}, stream, a.x.dtype());
 }
 
 }  // namespace
 
 // --- split API: forward ----------------------------------------------------------
 
-void batchnorm_stats(const Tensor& mean, const Tensor& m2, const Tensor& x, const Stream& stream) {
+void batchnorm_stats(const BatchNormPartialStats& args, const Stream& stream) {
   const char* op = "batchnorm_stats";
-  BatchNormArgs d = args_of(op, x, stream);
-  kernels::check_on_stream(op, stream, {{"x", &x}, {"mean", &mean}, {"m2", &m2}});
-  check_channels(op, x, d.C, {{"mean", &mean}, {"m2", &m2}});
+  BatchNormArgs d = args_of(op, args.x, stream);
+  check_per_channel(op, d, stream, {{"mean", &args.mean}, {"m2", &args.m2}});
   if (d.C == 0) return;
-  if (x.numel() == 0) {  // an empty partial: count 0, mean 0, m2 0
-    fill(mean, 0.0, stream);
-    fill(m2, 0.0, stream);
-    return;
-  }
-  d.mean = mean;
-  d.m2 = m2;
-  TL_DISPATCH(stream, cpu::batchnorm_stats(d), cuda::batchnorm_stats(d, stream));
+  d.mean = args.mean;
+  d.m2 = args.m2;
+  run_stats(d, stream);
 }
 
-void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_t count_a,
-                           const Tensor& mean_b, const Tensor& m2_b, std::int64_t count_b,
-                           const Stream& stream) {
+void batchnorm_merge_stats(const BatchNormMergeStats& args, const Stream& stream) {
   const char* op = "batchnorm_merge_stats";
-  kernels::check_same_shape(
-      op, stream, {{"mean_a", &mean_a}, {"m2_a", &m2_a}, {"mean_b", &mean_b}, {"m2_b", &m2_b}});
-  TL_CHECK(mean_a.dim() == 1, ShapeError, op << ": mean_a must be [C], got " << mean_a.describe());
-  TL_CHECK(count_a >= 0 && count_b >= 0, InvalidArgument,
-           op << ": counts must be >= 0, got " << count_a << " and " << count_b);
-  if (stream.device().is_cuda()) kernels::check_float32(op, "mean_a", mean_a);
-  if (mean_a.numel() == 0 || count_b == 0) return;
-  TL_DISPATCH(stream, cpu::batchnorm_merge_stats(mean_a, m2_a, count_a, mean_b, m2_b, count_b),
-              cuda::batchnorm_merge_stats(mean_a, m2_a, count_a, mean_b, m2_b, count_b, stream));
+  kernels::check_same_shape(op, stream,
+                            {{"mean_a", &args.mean_a},
+                             {"m2_a", &args.m2_a},
+                             {"mean_b", &args.mean_b},
+                             {"m2_b", &args.m2_b}});
+  TL_CHECK(args.mean_a.dim() == 1, ShapeError,
+           op << ": mean_a must be [C], got " << args.mean_a.describe());
+  TL_CHECK(args.count_a >= 0 && args.count_b >= 0, InvalidArgument,
+           op << ": counts must be >= 0, got " << args.count_a << " and " << args.count_b);
+  if (stream.device().is_cuda()) kernels::check_float32(op, "mean_a", args.mean_a);
+  if (args.mean_a.numel() == 0 || args.count_b == 0) return;
+  TL_DISPATCH(stream, cpu::batchnorm_merge_stats(args), cuda::batchnorm_merge_stats(args, stream));
 }
 
-void batchnorm_forward_from_stats(const Tensor& y, const Tensor& inv_std, const Tensor& moving_mean,
-                                  const Tensor& moving_var, const Tensor& x, const Tensor& gamma,
-                                  const Tensor& beta, const Tensor& mean, const Tensor& m2,
-                                  std::int64_t count, double eps, double momentum,
-                                  const Stream& stream, Activation activation) {
+void batchnorm_forward_from_stats(const BatchNormForwardFromStats& args, const Stream& stream) {
   const char* op = "batchnorm_forward_from_stats";
-  BatchNormArgs d = args_of(op, x, stream);
-  kernels::check_same_shape(op, stream, {{"x", &x}, {"y", &y}});
-  kernels::check_on_stream(op, stream,
-                           {{"x", &x},
-                            {"inv_std", &inv_std},
-                            {"gamma", &gamma},
-                            {"beta", &beta},
-                            {"mean", &mean},
-                            {"m2", &m2}});
-  check_channels(
-      op, x, d.C,
-      {{"inv_std", &inv_std}, {"gamma", &gamma}, {"beta", &beta}, {"mean", &mean}, {"m2", &m2}});
-  const bool moving = wants_moving(op, moving_mean, moving_var);
-  if (moving) {
-    kernels::check_on_stream(
-        op, stream, {{"x", &x}, {"moving_mean", &moving_mean}, {"moving_var", &moving_var}});
-    check_channels(op, x, d.C, {{"moving_mean", &moving_mean}, {"moving_var", &moving_var}});
-  }
-  check_eps_momentum(op, eps, momentum);
-  TL_CHECK(count >= 2, InvalidArgument,
-           op << ": training needs at least 2 values per channel, got count " << count << " (x "
-              << x.describe() << ")");
+  BatchNormArgs d = args_of(op, args.x, stream);
+  kernels::check_same_shape(op, stream, {{"x", &args.x}, {"y", &args.y}});
+  check_per_channel(op, d, stream,
+                    {{"inv_std", &args.inv_std},
+                     {"gamma", &args.gamma},
+                     {"beta", &args.beta},
+                     {"mean", &args.mean},
+                     {"m2", &args.m2}});
+  set_moving(op, d, args.moving_mean, args.moving_var, stream);
+  check_eps_momentum(op, args.eps, args.momentum);
+  TL_CHECK(args.count >= 2, InvalidArgument,
+           op << ": training needs at least 2 values per channel, got count " << args.count
+              << " (x " << args.x.describe() << ")");
   if (d.C == 0) return;
   // Not "return on empty x": a tower with no samples still takes its share of the
   // per-channel outputs (inv_std, moving statistics) in synchronized batch norm.
-  d.y = y;
-  d.gamma = gamma;
-  d.beta = beta;
-  d.mean = mean;
-  d.m2 = m2;
-  d.inv_std = inv_std;
-  d.moving_mean = moving_mean;
-  d.moving_var = moving_var;
-  d.count = count;
-  d.eps = eps;
-  d.momentum = momentum;
-  d.activation = activation;
-  TL_DISPATCH(stream, cpu::batchnorm_forward_from_stats(d),
-              cuda::batchnorm_forward_from_stats(d, stream));
+  d.y = args.y;
+  d.gamma = args.gamma;
+  d.beta = args.beta;
+  d.mean = args.mean;
+  d.m2 = args.m2;
+  d.inv_std = args.inv_std;
+  d.count = args.count;
+  d.eps = args.eps;
+  d.momentum = args.momentum;
+  d.activation = args.activation;
+  run_forward_from_stats(d, stream);
 }
 
 // --- split API: backward ---------------------------------------------------------
 
-void batchnorm_backward_reduce(const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
-                               const Tensor& grad_y, const Tensor& x, const Tensor& mean,
-                               const Tensor& inv_std, const Stream& stream, Activation activation,
-                               const Tensor& gamma, const Tensor& beta) {
+void batchnorm_backward_reduce(const BatchNormBackwardReduce& args, const Stream& stream) {
   const char* op = "batchnorm_backward_reduce";
-  BatchNormArgs d = args_of(op, x, stream);
-  set_relu(op, d, activation, gamma, beta, stream);
-  kernels::check_same_shape(op, stream, {{"x", &x}, {"grad_y", &grad_y}});
-  kernels::check_on_stream(op, stream,
-                           {{"x", &x},
-                            {"sum_grad_y", &sum_grad_y},
-                            {"sum_grad_y_xhat", &sum_grad_y_xhat},
-                            {"mean", &mean},
-                            {"inv_std", &inv_std}});
-  check_channels(op, x, d.C,
-                 {{"sum_grad_y", &sum_grad_y},
-                  {"sum_grad_y_xhat", &sum_grad_y_xhat},
-                  {"mean", &mean},
-                  {"inv_std", &inv_std}});
+  BatchNormArgs d = args_of(op, args.x, stream);
+  set_relu(op, d, args.activation, args.gamma, args.beta, stream);
+  kernels::check_same_shape(op, stream, {{"x", &args.x}, {"grad_y", &args.grad_y}});
+  check_per_channel(op, d, stream,
+                    {{"sum_grad_y", &args.sum_grad_y},
+                     {"sum_grad_y_xhat", &args.sum_grad_y_xhat},
+                     {"mean", &args.mean},
+                     {"inv_std", &args.inv_std}});
   if (d.C == 0) return;
-  if (x.numel() == 0) {  // an empty tower's share of the sums
-    fill(sum_grad_y, 0.0, stream);
-    fill(sum_grad_y_xhat, 0.0, stream);
-    return;
-  }
-  d.grad_y = grad_y;
-  d.mean = mean;
-  d.inv_std = inv_std;
-  d.sum_grad_y = sum_grad_y;
-  d.sum_grad_y_xhat = sum_grad_y_xhat;
-  TL_DISPATCH(stream, cpu::batchnorm_backward_reduce(d),
-              cuda::batchnorm_backward_reduce(d, stream));
+  d.grad_y = args.grad_y;
+  d.mean = args.mean;
+  d.inv_std = args.inv_std;
+  d.sum_grad_y = args.sum_grad_y;
+  d.sum_grad_y_xhat = args.sum_grad_y_xhat;
+  run_backward_reduce(d, stream);
 }
 
-void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
-                              const Tensor& gamma, const Tensor& mean, const Tensor& inv_std,
-                              const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
-                              std::int64_t count, const Stream& stream, Activation activation,
-                              const Tensor& beta, GradWrite grad_x_write) {
+void batchnorm_backward_apply(const BatchNormBackwardApply& args, const Stream& stream) {
   const char* op = "batchnorm_backward_apply";
-  BatchNormArgs d = args_of(op, x, stream);
-  set_relu(op, d, activation, gamma, beta, stream);
-  kernels::check_same_shape(op, stream, {{"x", &x}, {"grad_x", &grad_x}, {"grad_y", &grad_y}});
-  kernels::check_on_stream(op, stream,
-                           {{"x", &x},
-                            {"gamma", &gamma},
-                            {"mean", &mean},
-                            {"inv_std", &inv_std},
-                            {"sum_grad_y", &sum_grad_y},
-                            {"sum_grad_y_xhat", &sum_grad_y_xhat}});
-  check_channels(op, x, d.C,
-                 {{"gamma", &gamma},
-                  {"mean", &mean},
-                  {"inv_std", &inv_std},
-                  {"sum_grad_y", &sum_grad_y},
-                  {"sum_grad_y_xhat", &sum_grad_y_xhat}});
-  TL_CHECK(count >= 1, InvalidArgument,
-           op << ": count must be >= 1 (values per channel over the whole batch), got " << count);
-  if (x.numel() == 0) return;
-  d.grad_x = grad_x;
-  d.grad_x_write = grad_x_write;
-  d.grad_y = grad_y;
-  d.gamma = gamma;
-  d.mean = mean;
-  d.inv_std = inv_std;
-  d.sum_grad_y = sum_grad_y;
-  d.sum_grad_y_xhat = sum_grad_y_xhat;
-  d.count = count;
-  TL_DISPATCH(stream, cpu::batchnorm_backward_apply(d), cuda::batchnorm_backward_apply(d, stream));
+  BatchNormArgs d = args_of(op, args.x, stream);
+  set_relu(op, d, args.activation, args.gamma, args.beta, stream);
+  kernels::check_same_shape(op, stream,
+                            {{"x", &args.x}, {"grad_x", &args.grad_x}, {"grad_y", &args.grad_y}});
+  check_per_channel(op, d, stream,
+                    {{"gamma", &args.gamma},
+                     {"mean", &args.mean},
+                     {"inv_std", &args.inv_std},
+                     {"sum_grad_y", &args.sum_grad_y},
+                     {"sum_grad_y_xhat", &args.sum_grad_y_xhat}});
+  TL_CHECK(
+      args.count >= 1, InvalidArgument,
+      op << ": count must be >= 1 (values per channel over the whole batch), got " << args.count);
+  if (args.x.numel() == 0) return;
+  d.grad_x = args.grad_x;
+  d.grad_x_write = args.grad_x_write;
+  d.grad_y = args.grad_y;
+  d.gamma = args.gamma;
+  d.mean = args.mean;
+  d.inv_std = args.inv_std;
+  d.sum_grad_y = args.sum_grad_y;
+  d.sum_grad_y_xhat = args.sum_grad_y_xhat;
+  d.count = args.count;
+  run_backward_apply(d, stream);
 }
 
 // --- single-device compositions --------------------------------------------------
 
-void batchnorm_forward_training(const Tensor& y, const Tensor& save_mean,
-                                const Tensor& save_inv_std, const Tensor& moving_mean,
-                                const Tensor& moving_var, const Tensor& x, const Tensor& gamma,
-                                const Tensor& beta, double eps, double momentum,
-                                const Stream& stream, Activation activation) {
+void batchnorm_forward_training(const BatchNormForwardTraining& args, const Stream& stream) {
   const char* op = "batchnorm_forward_training";
-  const BatchNormArgs d = args_of(op, x, stream);
-  kernels::check_same_shape(op, stream, {{"x", &x}, {"y", &y}});
-  check_training_forward(op, d, save_mean, save_inv_std, gamma, beta, stream);
+  BatchNormArgs d = args_of(op, args.x, stream);
+  kernels::check_same_shape(op, stream, {{"x", &args.x}, {"y", &args.y}});
+  set_training_forward(op, d, args, stream);
   if (d.C == 0) return;
-  Tensor m2 = Tensor::empty({d.C}, stream, x.dtype());
-  batchnorm_stats(save_mean, m2, x, stream);
-  batchnorm_forward_from_stats(y, save_inv_std, moving_mean, moving_var, x, gamma, beta, save_mean,
-                               m2, d.N * d.S, eps, momentum, stream, activation);
+  d.y = args.y;
+  d.m2 = Tensor::empty({d.C}, stream, args.x.dtype());
+  run_stats(d, stream);
+  run_forward_from_stats(d, stream);
 }
 
-void batchnorm_forward_inference(const Tensor& y, const Tensor& x, const Tensor& gamma,
-                                 const Tensor& beta, const Tensor& moving_mean,
-                                 const Tensor& moving_var, double eps, const Stream& stream,
-                                 Activation activation) {
+void batchnorm_forward_inference(const BatchNormForwardInference& args, const Stream& stream) {
   const char* op = "batchnorm_forward_inference";
-  BatchNormArgs d = args_of(op, x, stream);
-  kernels::check_same_shape(op, stream, {{"x", &x}, {"y", &y}});
-  kernels::check_on_stream(op, stream,
-                           {{"x", &x},
-                            {"gamma", &gamma},
-                            {"beta", &beta},
-                            {"moving_mean", &moving_mean},
-                            {"moving_var", &moving_var}});
-  check_channels(op, x, d.C,
-                 {{"gamma", &gamma},
-                  {"beta", &beta},
-                  {"moving_mean", &moving_mean},
-                  {"moving_var", &moving_var}});
-  check_eps_momentum(op, eps, 0.0);
-  if (x.numel() == 0) return;
-  d.y = y;
-  d.gamma = gamma;
-  d.beta = beta;
-  d.moving_mean = moving_mean;
-  d.moving_var = moving_var;
-  d.eps = eps;
-  d.activation = activation;
+  BatchNormArgs d = args_of(op, args.x, stream);
+  kernels::check_same_shape(op, stream, {{"x", &args.x}, {"y", &args.y}});
+  check_per_channel(op, d, stream,
+                    {{"gamma", &args.gamma},
+                     {"beta", &args.beta},
+                     {"moving_mean", &args.moving_mean},
+                     {"moving_var", &args.moving_var}});
+  check_eps_momentum(op, args.eps, 0.0);
+  if (args.x.numel() == 0) return;
+  d.y = args.y;
+  d.gamma = args.gamma;
+  d.beta = args.beta;
+  d.moving_mean = args.moving_mean;
+  d.moving_var = args.moving_var;
+  d.eps = args.eps;
+  d.activation = args.activation;
   TL_DISPATCH(stream, cpu::batchnorm_forward_inference(d),
               cuda::batchnorm_forward_inference(d, stream));
 }
 
-void batchnorm_backward(const Tensor& grad_x, const Tensor& grad_gamma, const Tensor& grad_beta,
-                        const Tensor& grad_y, const Tensor& x, const Tensor& gamma,
-                        const Tensor& save_mean, const Tensor& save_inv_std, const Stream& stream,
-                        Activation activation, const Tensor& beta, GradWrite grad_x_write) {
+void batchnorm_backward(const BatchNormBackward& args, const Stream& stream) {
   const char* op = "batchnorm_backward";
-  const BatchNormArgs d = args_of(op, x, stream);
-  if (grad_gamma.defined()) {
-    kernels::check_on_stream(op, stream, {{"x", &x}, {"grad_gamma", &grad_gamma}});
-    check_channels(op, x, d.C, {{"grad_gamma", &grad_gamma}});
+  BatchNormArgs d = args_of(op, args.x, stream);
+  set_relu(op, d, args.activation, args.gamma, args.beta, stream);
+  kernels::check_same_shape(op, stream, {{"x", &args.x}, {"grad_y", &args.grad_y}});
+  set_backward(op, d, args, stream);
+  if (d.C == 0 || !wants_gradients(args)) return;
+  make_sums(d, stream);
+  run_backward_reduce(d, stream);
+  if (args.grad_x.defined() && args.x.numel() > 0) {
+    d.grad_x = args.grad_x;
+    d.grad_x_write = args.grad_x_write;
+    run_backward_apply(d, stream);
   }
-  if (grad_beta.defined()) {
-    kernels::check_on_stream(op, stream, {{"x", &x}, {"grad_beta", &grad_beta}});
-    check_channels(op, x, d.C, {{"grad_beta", &grad_beta}});
-  }
-  if (!grad_x.defined() && !grad_gamma.defined() && !grad_beta.defined()) return;
-  Tensor sum_grad_y = Tensor::empty({d.C}, stream, x.dtype());
-  Tensor sum_grad_y_xhat = Tensor::empty({d.C}, stream, x.dtype());
-  batchnorm_backward_reduce(sum_grad_y, sum_grad_y_xhat, grad_y, x, save_mean, save_inv_std, stream,
-                            activation, gamma, beta);
-  if (grad_x.defined() && x.numel() > 0) {
-    batchnorm_backward_apply(grad_x, grad_y, x, gamma, save_mean, save_inv_std, sum_grad_y,
-                             sum_grad_y_xhat, d.N * d.S, stream, activation, beta, grad_x_write);
-  }
-  if (grad_gamma.defined()) add(grad_gamma, grad_gamma, sum_grad_y_xhat, stream);
-  if (grad_beta.defined()) add(grad_beta, grad_beta, sum_grad_y, stream);
+  add_parameter_gradients(args, d, stream);
 }
 
 // --- with a fused max pool (CPU) ---------------------------------------------------
@@ -360,80 +389,34 @@ void set_max_pool(const char* op, BatchNormArgs& a, const Pool2dParams& pool, co
 
 }  // namespace
 
-void batchnorm_max_pool_forward_training(const Tensor& y, const Tensor& argmax,
-                                         const Tensor& save_mean, const Tensor& save_inv_std,
-                                         const Tensor& moving_mean, const Tensor& moving_var,
-                                         const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                         double eps, double momentum, const Pool2dParams& pool,
-                                         const Stream& stream, Activation activation) {
+void batchnorm_max_pool_forward_training(const BatchNormMaxPoolForwardTraining& args,
+                                         const Stream& stream) {
   const char* op = "batchnorm_max_pool_forward_training";
-  BatchNormArgs d = args_of(op, x, stream);
-  set_max_pool(op, d, pool, "y", y, argmax, stream);
-  check_training_forward(op, d, save_mean, save_inv_std, gamma, beta, stream);
-  if (wants_moving(op, moving_mean, moving_var)) {
-    kernels::check_on_stream(
-        op, stream, {{"x", &x}, {"moving_mean", &moving_mean}, {"moving_var", &moving_var}});
-    check_channels(op, x, d.C, {{"moving_mean", &moving_mean}, {"moving_var", &moving_var}});
-  }
-  check_eps_momentum(op, eps, momentum);
+  BatchNormArgs d = args_of(op, args.x, stream);
+  set_max_pool(op, d, args.pool, "y", args.y, args.argmax, stream);
+  set_training_forward(op, d, args, stream);
   if (d.C == 0) return;
-  Tensor m2 = Tensor::empty({d.C}, stream, x.dtype());
-  d.y = y;
-  d.gamma = gamma;
-  d.beta = beta;
-  d.mean = save_mean;
-  d.m2 = m2;
-  d.inv_std = save_inv_std;
-  d.moving_mean = moving_mean;
-  d.moving_var = moving_var;
-  d.count = d.N * d.S;
-  d.eps = eps;
-  d.momentum = momentum;
-  d.activation = activation;
+  d.y = args.y;
+  d.m2 = Tensor::empty({d.C}, stream, args.x.dtype());
   cpu::batchnorm_stats(d);
   cpu::batchnorm_forward_from_stats(d);
 }
 
-void batchnorm_max_pool_backward(const Tensor& grad_x, const Tensor& grad_gamma,
-                                 const Tensor& grad_beta, const Tensor& grad_y,
-                                 const Tensor& argmax, const Tensor& x, const Tensor& gamma,
-                                 const Tensor& save_mean, const Tensor& save_inv_std,
-                                 const Pool2dParams& pool, const Stream& stream,
-                                 GradWrite grad_x_write) {
+void batchnorm_max_pool_backward(const BatchNormMaxPoolBackward& args, const Stream& stream) {
   const char* op = "batchnorm_max_pool_backward";
-  BatchNormArgs d = args_of(op, x, stream);
-  set_max_pool(op, d, pool, "grad_y", grad_y, argmax, stream);
-  kernels::check_on_stream(
-      op, stream,
-      {{"x", &x}, {"gamma", &gamma}, {"save_mean", &save_mean}, {"save_inv_std", &save_inv_std}});
-  check_channels(op, x, d.C,
-                 {{"gamma", &gamma}, {"save_mean", &save_mean}, {"save_inv_std", &save_inv_std}});
-  if (grad_x.defined()) kernels::check_same_shape(op, stream, {{"x", &x}, {"grad_x", &grad_x}});
-  for (const kernels::NamedTensor& t : {kernels::NamedTensor{"grad_gamma", &grad_gamma},
-                                        kernels::NamedTensor{"grad_beta", &grad_beta}}) {
-    if (!t.second->defined()) continue;
-    kernels::check_on_stream(op, stream, {{"x", &x}, t});
-    check_channels(op, x, d.C, {t});
-  }
-  if (d.C == 0 || (!grad_x.defined() && !grad_gamma.defined() && !grad_beta.defined())) return;
-  if (x.numel() == 0) return;
-  Tensor sum_grad_y = Tensor::empty({d.C}, stream, x.dtype());
-  Tensor sum_grad_y_xhat = Tensor::empty({d.C}, stream, x.dtype());
-  d.gamma = gamma;
-  d.grad_y = grad_y;
-  d.mean = save_mean;
-  d.inv_std = save_inv_std;
-  d.sum_grad_y = sum_grad_y;
-  d.sum_grad_y_xhat = sum_grad_y_xhat;
+  BatchNormArgs d = args_of(op, args.x, stream);
+  set_max_pool(op, d, args.pool, "grad_y", args.grad_y, args.argmax, stream);
+  set_backward(op, d, args, stream);
+  if (d.C == 0 || !wants_gradients(args)) return;
+  if (args.x.numel() == 0) return;
+  make_sums(d, stream);
   cpu::batchnorm_backward_reduce(d);
-  if (grad_x.defined()) {
-    d.grad_x = grad_x;
-    d.grad_x_write = grad_x_write;
-    d.count = d.N * d.S;
+  if (args.grad_x.defined()) {
+    d.grad_x = args.grad_x;
+    d.grad_x_write = args.grad_x_write;
     cpu::batchnorm_backward_apply(d);
   }
-  if (grad_gamma.defined()) add(grad_gamma, grad_gamma, sum_grad_y_xhat, stream);
-  if (grad_beta.defined()) add(grad_beta, grad_beta, sum_grad_y, stream);
+  add_parameter_gradients(args, d, stream);
 }
 
 }  // namespace towerlab

@@ -63,6 +63,18 @@
 // Partials are (mean, m2) rather than (sum, sum of squares) so that merging them
 // stays accurate for large means; an empty tower contributes (0, 0) with count 0.
 //
+// Each entry point takes one argument struct, named after it, holding exactly the
+// tensors and numbers that entry point reads or writes, and the stream:
+//   batchnorm_forward_training({.y = y, .save_mean = mean, .save_inv_std = inv_std,
+//                               .x = x, .gamma = gamma, .beta = beta}, stream);
+// Fields are declared outputs first, then inputs, then numbers and options, so a
+// designated initializer names them in that order; an undefined Tensor field is
+// "not given". The entry point checks the struct once (every tensor defined where
+// it is needed, on the stream's device, of x's dtype and shape) and throws
+// ShapeError or InvalidArgument naming the field, e.g.
+// "batchnorm_forward_training: gamma is float32[4] on cpu but x float32[2,3,4,4]
+// on cpu has 3 channels (expected [3])".
+//
 // Outputs are assigned unless the contract says "accumulated". No output may
 // alias an input, except y and x in the forwards (elementwise in place).
 #pragma once
@@ -77,76 +89,115 @@
 
 namespace towerlab {
 
+// --- on one device -----------------------------------------------------------------
+
 // Training forward on one device: batch statistics, normalization and (when
 // moving_mean and moving_var are defined) the fused moving-statistics update.
-// Outputs: y [N,C,H,W] or [N,C]; save_mean, save_inv_std [C] (keep them for the
-// backward). moving_mean, moving_var [C] are read and updated in place, or both
-// undefined to skip the update.
-void batchnorm_forward_training(const Tensor& y, const Tensor& save_mean,
-                                const Tensor& save_inv_std, const Tensor& moving_mean,
-                                const Tensor& moving_var, const Tensor& x, const Tensor& gamma,
-                                const Tensor& beta, double eps, double momentum,
-                                const Stream& stream, Activation activation = Activation::None);
+struct BatchNormForwardTraining {
+  Tensor y;                        // [N,C,H,W] or [N,C], x's shape (may be x itself)
+  Tensor save_mean, save_inv_std;  // [C] assigned; keep them for the backward
+  Tensor moving_mean, moving_var;  // [C] updated in place, or both undefined (no update)
+  Tensor x;                        // [N,C,H,W] or [N,C], at least 2 values per channel
+  Tensor gamma, beta;              // [C]
+  double eps = 1e-3;
+  double momentum = 0.99;  // TensorFlow's decay: the weight of the old moving value
+  Activation activation = Activation::None;
+};
+void batchnorm_forward_training(const BatchNormForwardTraining& args, const Stream& stream);
 
 // Inference forward from the moving statistics (no state changes).
-void batchnorm_forward_inference(const Tensor& y, const Tensor& x, const Tensor& gamma,
-                                 const Tensor& beta, const Tensor& moving_mean,
-                                 const Tensor& moving_var, double eps, const Stream& stream,
-                                 Activation activation = Activation::None);
+struct BatchNormForwardInference {
+  Tensor y;                        // x's shape (may be x itself)
+  Tensor x;                        // [N,C,H,W] or [N,C]
+  Tensor gamma, beta;              // [C]
+  Tensor moving_mean, moving_var;  // [C] read only
+  double eps = 1e-3;
+  Activation activation = Activation::None;
+};
+void batchnorm_forward_inference(const BatchNormForwardInference& args, const Stream& stream);
 
 // Backward of batchnorm_forward_training, from its save_mean and save_inv_std.
-// grad_x (x's shape), grad_gamma, grad_beta ([C]) are accumulated (grad_x assigned
-// when grad_x_write is Assign); any may be undefined.
-// activation: the forward's; for ReLU, beta [C] is the forward's too (undefined otherwise).
-void batchnorm_backward(const Tensor& grad_x, const Tensor& grad_gamma, const Tensor& grad_beta,
-                        const Tensor& grad_y, const Tensor& x, const Tensor& gamma,
-                        const Tensor& save_mean, const Tensor& save_inv_std, const Stream& stream,
-                        Activation activation = Activation::None, const Tensor& beta = Tensor(),
-                        GradWrite grad_x_write = GradWrite::Accumulate);
+struct BatchNormBackward {
+  // Accumulated (grad_x assigned when grad_x_write is Assign); any may be
+  // undefined, and then is not computed.
+  Tensor grad_x;                             // x's shape
+  Tensor grad_gamma, grad_beta;              // [C]
+  Tensor grad_y;                             // x's shape
+  Tensor x, gamma;                           // the forward's
+  Tensor beta;                               // [C] the forward's, for Activation::ReLU only
+  Tensor save_mean, save_inv_std;            // [C] the forward's
+  Activation activation = Activation::None;  // the forward's
+  GradWrite grad_x_write = GradWrite::Accumulate;
+};
+void batchnorm_backward(const BatchNormBackward& args, const Stream& stream);
 
 // --- the split API ---------------------------------------------------------------
 
 // The per-channel partial statistics of this x: mean [C] and m2 [C] (assigned),
 // over count = N*H*W values each (0 and 0 for an empty batch).
-void batchnorm_stats(const Tensor& mean, const Tensor& m2, const Tensor& x, const Stream& stream);
+struct BatchNormPartialStats {
+  Tensor mean, m2;  // [C] assigned
+  Tensor x;         // [N,C,H,W] or [N,C], may be empty
+};
+void batchnorm_stats(const BatchNormPartialStats& args, const Stream& stream);
 
-// Merges partial b into partial a in place (a's count becomes count_a + count_b):
+// Merges partial b into partial a in place (a's count becomes count_a + count_b,
+// which the caller keeps):
 //   delta = mean_b - mean_a, n = count_a + count_b
 //   mean_a += delta * count_b / n
 //   m2_a   += m2_b + delta^2 * count_a * count_b / n
-void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_t count_a,
-                           const Tensor& mean_b, const Tensor& m2_b, std::int64_t count_b,
-                           const Stream& stream);
+struct BatchNormMergeStats {
+  Tensor mean_a, m2_a;  // [C] read and updated
+  std::int64_t count_a = 0;
+  Tensor mean_b, m2_b;  // [C]
+  std::int64_t count_b = 0;
+};
+void batchnorm_merge_stats(const BatchNormMergeStats& args, const Stream& stream);
 
 // Normalizes x with statistics (mean, m2) over `count` values per channel (count
-// may exceed x's own N*H*W: the merged statistics of all towers). Writes y and
-// inv_std [C], and updates moving_mean and moving_var when both are defined.
-// count must be at least 2.
-void batchnorm_forward_from_stats(const Tensor& y, const Tensor& inv_std, const Tensor& moving_mean,
-                                  const Tensor& moving_var, const Tensor& x, const Tensor& gamma,
-                                  const Tensor& beta, const Tensor& mean, const Tensor& m2,
-                                  std::int64_t count, double eps, double momentum,
-                                  const Stream& stream, Activation activation = Activation::None);
+// may exceed x's own N*H*W: the merged statistics of all towers), with the
+// moving-statistics update of batchnorm_forward_training.
+struct BatchNormForwardFromStats {
+  Tensor y;                        // x's shape (may be x itself)
+  Tensor inv_std;                  // [C] assigned
+  Tensor moving_mean, moving_var;  // [C] updated in place, or both undefined (no update)
+  Tensor x;                        // [N,C,H,W] or [N,C], may be empty (a tower without samples)
+  Tensor gamma, beta;              // [C]
+  Tensor mean, m2;                 // [C] the merged statistics
+  std::int64_t count = 0;          // values per channel behind mean and m2, at least 2
+  double eps = 1e-3;
+  double momentum = 0.99;
+  Activation activation = Activation::None;
+};
+void batchnorm_forward_from_stats(const BatchNormForwardFromStats& args, const Stream& stream);
 
 // sum_grad_y[c] = sum grad_y, sum_grad_y_xhat[c] = sum grad_y * (x - mean) * inv_std,
-// over this x's n,h,w (assigned). activation as in batchnorm_backward; for ReLU,
-// gamma and beta [C] are the forward's (undefined otherwise).
-void batchnorm_backward_reduce(const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
-                               const Tensor& grad_y, const Tensor& x, const Tensor& mean,
-                               const Tensor& inv_std, const Stream& stream,
-                               Activation activation = Activation::None,
-                               const Tensor& gamma = Tensor(), const Tensor& beta = Tensor());
+// over this x's n,h,w (assigned; 0 for an empty x).
+struct BatchNormBackwardReduce {
+  Tensor sum_grad_y, sum_grad_y_xhat;        // [C] assigned
+  Tensor grad_y;                             // x's shape
+  Tensor x;                                  // the forward's
+  Tensor gamma, beta;                        // [C] the forward's, for Activation::ReLU only
+  Tensor mean, inv_std;                      // [C] the forward's
+  Activation activation = Activation::None;  // the forward's
+};
+void batchnorm_backward_reduce(const BatchNormBackwardReduce& args, const Stream& stream);
 
 // grad_x += gamma * inv_std * (grad_y - sum_grad_y / count - x_hat * sum_grad_y_xhat / count),
 // with the sums and count over the whole (possibly multi-tower) batch (grad_x = ...
-// when grad_x_write is Assign). activation and beta as in batchnorm_backward.
-void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
-                              const Tensor& gamma, const Tensor& mean, const Tensor& inv_std,
-                              const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat,
-                              std::int64_t count, const Stream& stream,
-                              Activation activation = Activation::None,
-                              const Tensor& beta = Tensor(),
-                              GradWrite grad_x_write = GradWrite::Accumulate);
+// when grad_x_write is Assign).
+struct BatchNormBackwardApply {
+  Tensor grad_x;                             // x's shape, accumulated (or assigned)
+  Tensor grad_y;                             // x's shape
+  Tensor x, gamma;                           // the forward's
+  Tensor beta;                               // [C] the forward's, for Activation::ReLU only
+  Tensor mean, inv_std;                      // [C] the forward's
+  Tensor sum_grad_y, sum_grad_y_xhat;        // [C] over the whole batch
+  std::int64_t count = 0;                    // values per channel over the whole batch, at least 1
+  Activation activation = Activation::None;  // the forward's
+  GradWrite grad_x_write = GradWrite::Accumulate;
+};
+void batchnorm_backward_apply(const BatchNormBackwardApply& args, const Stream& stream);
 
 // --- with a fused max pool (CPU) ---------------------------------------------------
 //
@@ -170,22 +221,31 @@ void batchnorm_backward_apply(const Tensor& grad_x, const Tensor& grad_y, const 
 // GradWrite::Assign, then batchnorm_backward): the same operations in the same order.
 // CPU only: on a CUDA stream they throw NotSupported (ag::batchnorm_max_pool2d
 // composes the two ops there).
-void batchnorm_max_pool_forward_training(const Tensor& y, const Tensor& argmax,
-                                         const Tensor& save_mean, const Tensor& save_inv_std,
-                                         const Tensor& moving_mean, const Tensor& moving_var,
-                                         const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                         double eps, double momentum, const Pool2dParams& pool,
-                                         const Stream& stream,
-                                         Activation activation = Activation::None);
+struct BatchNormMaxPoolForwardTraining {
+  Tensor y, argmax;                // [N,C,Ho,Wo] assigned
+  Tensor save_mean, save_inv_std;  // [C] assigned
+  Tensor moving_mean, moving_var;  // [C] updated in place, or both undefined (no update)
+  Tensor x;                        // [N,C,H,W]
+  Tensor gamma, beta;              // [C]
+  double eps = 1e-3;
+  double momentum = 0.99;
+  Pool2dParams pool;
+  Activation activation = Activation::None;
+};
+void batchnorm_max_pool_forward_training(const BatchNormMaxPoolForwardTraining& args,
+                                         const Stream& stream);
 
-// grad_x [N,C,H,W], grad_gamma, grad_beta [C] accumulated (grad_x assigned when
-// grad_x_write is Assign), any may be undefined; grad_y and argmax [N,C,Ho,Wo], the
-// latter the forward's.
-void batchnorm_max_pool_backward(const Tensor& grad_x, const Tensor& grad_gamma,
-                                 const Tensor& grad_beta, const Tensor& grad_y,
-                                 const Tensor& argmax, const Tensor& x, const Tensor& gamma,
-                                 const Tensor& save_mean, const Tensor& save_inv_std,
-                                 const Pool2dParams& pool, const Stream& stream,
-                                 GradWrite grad_x_write = GradWrite::Accumulate);
+struct BatchNormMaxPoolBackward {
+  // Accumulated (grad_x assigned when grad_x_write is Assign); any may be
+  // undefined, and then is not computed.
+  Tensor grad_x;                   // [N,C,H,W]
+  Tensor grad_gamma, grad_beta;    // [C]
+  Tensor grad_y, argmax;           // [N,C,Ho,Wo], argmax the forward's
+  Tensor x, gamma;                 // the forward's
+  Tensor save_mean, save_inv_std;  // [C] the forward's
+  Pool2dParams pool;               // the forward's
+  GradWrite grad_x_write = GradWrite::Accumulate;
+};
+void batchnorm_max_pool_backward(const BatchNormMaxPoolBackward& args, const Stream& stream);
 
 }  // namespace towerlab

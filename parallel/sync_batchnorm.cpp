@@ -72,7 +72,13 @@ std::int64_t TowerBatchNormSync::merge_stats(int tower, const Tensor& mean, cons
     }
     copy_tensor(other_mean, all[k].a, stream);
     copy_tensor(other_m2, all[k].b, stream);
-    batchnorm_merge_stats(mean, m2, total, other_mean, other_m2, all[k].count, stream);
+    batchnorm_merge_stats({.mean_a = mean,
+                           .m2_a = m2,
+                           .count_a = total,
+                           .mean_b = other_mean,
+                           .m2_b = other_m2,
+                           .count_b = all[k].count},
+                          stream);
     total += all[k].count;
   }
   if (group_ == nullptr) return total;
@@ -182,7 +188,15 @@ void TowerBatchNormSync::reduce_on_host(bool stats, std::vector<float>& a, std::
     const std::int64_t n = std::int64_t(from[0]);
     // A rank without samples (count 0) changes nothing; skipping it also keeps a
     // merge of two empty partials from dividing by zero.
-    if (r > 0 && n > 0) batchnorm_merge_stats(mean, m2, total, other_mean, other_m2, n, host);
+    if (r > 0 && n > 0) {
+      batchnorm_merge_stats({.mean_a = mean,
+                             .m2_a = m2,
+                             .count_a = total,
+                             .mean_b = other_mean,
+                             .m2_b = other_m2,
+                             .count_b = n},
+                            host);
+    }
     total += n;
   }
   a = mean.to_host<float>(host);

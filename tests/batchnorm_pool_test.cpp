@@ -124,29 +124,82 @@ Results fresh_outputs(const Problem& p) {
           nans(p.y_shape, p.dtype)};
 }
 
+// The fused forward of p into r's outputs.
+BatchNormMaxPoolForwardTraining fused_forward_args(const Problem& p, const Results& r) {
+  return {.y = r.y,
+          .argmax = r.argmax,
+          .save_mean = r.save_mean,
+          .save_inv_std = r.save_inv_std,
+          .moving_mean = r.moving_mean,
+          .moving_var = r.moving_var,
+          .x = p.x,
+          .gamma = p.gamma,
+          .beta = p.beta,
+          .eps = kEps,
+          .momentum = kMomentum,
+          .pool = p.pool,
+          .activation = p.activation};
+}
+
+// The fused backward of forward f for p's grad_y, into r's gradients.
+BatchNormMaxPoolBackward fused_backward_args(const Problem& p,
+                                             const BatchNormMaxPoolForwardTraining& f,
+                                             const Results& r) {
+  return {.grad_x = r.grad_x,
+          .grad_gamma = r.grad_gamma,
+          .grad_beta = r.grad_beta,
+          .grad_y = p.grad_y,
+          .argmax = f.argmax,
+          .x = f.x,
+          .gamma = f.gamma,
+          .save_mean = f.save_mean,
+          .save_inv_std = f.save_inv_std,
+          .pool = f.pool};
+}
+
 // The reference: the unfused sequence the contract names, step by step.
 Results composed(const Problem& p, GradWrite grad_x_write = GradWrite::Accumulate) {
   Results r = fresh_outputs(p);
   Tensor activated = Tensor::empty(p.x_shape, cpu(), p.dtype);  // [N,C,H,W]
-  batchnorm_forward_training(activated, r.save_mean, r.save_inv_std, r.moving_mean, r.moving_var,
-                             p.x, p.gamma, p.beta, kEps, kMomentum, cpu(), p.activation);
+  batchnorm_forward_training({.y = activated,
+                              .save_mean = r.save_mean,
+                              .save_inv_std = r.save_inv_std,
+                              .moving_mean = r.moving_mean,
+                              .moving_var = r.moving_var,
+                              .x = p.x,
+                              .gamma = p.gamma,
+                              .beta = p.beta,
+                              .eps = kEps,
+                              .momentum = kMomentum,
+                              .activation = p.activation},
+                             cpu());
   max_pool2d_forward_with_argmax(r.y, r.argmax, activated, p.pool, cpu());
   Tensor grad_activated = Tensor::empty(p.x_shape, cpu(), p.dtype);  // fresh, assigned
   max_pool2d_backward_from_argmax(grad_activated, p.grad_y, r.argmax, p.pool, cpu(),
                                   GradWrite::Assign);
-  batchnorm_backward(r.grad_x, r.grad_gamma, r.grad_beta, grad_activated, p.x, p.gamma, r.save_mean,
-                     r.save_inv_std, cpu(), p.activation, p.beta, grad_x_write);
+  batchnorm_backward({.grad_x = r.grad_x,
+                      .grad_gamma = r.grad_gamma,
+                      .grad_beta = r.grad_beta,
+                      .grad_y = grad_activated,
+                      .x = p.x,
+                      .gamma = p.gamma,
+                      .beta = p.beta,
+                      .save_mean = r.save_mean,
+                      .save_inv_std = r.save_inv_std,
+                      .activation = p.activation,
+                      .grad_x_write = grad_x_write},
+                     cpu());
   return r;
 }
 
 // The fused pair on the same problem.
 Results fused(const Problem& p, GradWrite grad_x_write = GradWrite::Accumulate) {
   Results r = fresh_outputs(p);
-  batchnorm_max_pool_forward_training(r.y, r.argmax, r.save_mean, r.save_inv_std, r.moving_mean,
-                                      r.moving_var, p.x, p.gamma, p.beta, kEps, kMomentum, p.pool,
-                                      cpu(), p.activation);
-  batchnorm_max_pool_backward(r.grad_x, r.grad_gamma, r.grad_beta, p.grad_y, r.argmax, p.x, p.gamma,
-                              r.save_mean, r.save_inv_std, p.pool, cpu(), grad_x_write);
+  const BatchNormMaxPoolForwardTraining forward = fused_forward_args(p, r);
+  batchnorm_max_pool_forward_training(forward, cpu());
+  BatchNormMaxPoolBackward backward = fused_backward_args(p, forward, r);
+  backward.grad_x_write = grad_x_write;
+  batchnorm_max_pool_backward(backward, cpu());
   return r;
 }
 
@@ -325,17 +378,19 @@ TEST(BatchNormMaxPoolTest, UndefinedTensorsAreSkipped) {
     const std::string where = describe(p);
     const Results all = fused(p);
 
-    Tensor y = Tensor::empty(p.y_shape, cpu()), argmax = nans(p.y_shape, p.dtype);
-    Tensor mean = per_channel(p), inv_std = per_channel(p);
-    batchnorm_max_pool_forward_training(y, argmax, mean, inv_std, Tensor(), Tensor(), p.x, p.gamma,
-                                        p.beta, kEps, kMomentum, p.pool, cpu(), activation);
-    EXPECT_TRUE(identical(y, all.y)) << "without moving statistics; " << where;
-    EXPECT_TRUE(identical(argmax, all.argmax)) << "without moving statistics; " << where;
-    EXPECT_TRUE(identical(inv_std, all.save_inv_std)) << where;
+    BatchNormMaxPoolForwardTraining forward = fused_forward_args(p, fresh_outputs(p));
+    forward.moving_mean = forward.moving_var = Tensor();
+    batchnorm_max_pool_forward_training(forward, cpu());
+    EXPECT_TRUE(identical(forward.y, all.y)) << "without moving statistics; " << where;
+    EXPECT_TRUE(identical(forward.argmax, all.argmax)) << "without moving statistics; " << where;
+    EXPECT_TRUE(identical(forward.save_inv_std, all.save_inv_std)) << where;
 
     auto backward = [&](const Tensor& grad_x, const Tensor& grad_gamma, const Tensor& grad_beta) {
-      batchnorm_max_pool_backward(grad_x, grad_gamma, grad_beta, p.grad_y, all.argmax, p.x, p.gamma,
-                                  all.save_mean, all.save_inv_std, p.pool, cpu());
+      BatchNormMaxPoolBackward args = fused_backward_args(p, fused_forward_args(p, all), all);
+      args.grad_x = grad_x;
+      args.grad_gamma = grad_gamma;
+      args.grad_beta = grad_beta;
+      batchnorm_max_pool_backward(args, cpu());
     };
     for (int mask = 0; mask < 8; ++mask) {  // bit 0: grad_x, bit 1: grad_gamma, bit 2: grad_beta
       Tensor grad_x = p.grad_x0.clone(cpu()), grad_gamma = p.grad_gamma0.clone(cpu()),
@@ -390,37 +445,33 @@ TEST(BatchNormMaxPoolGradient, MatchesCentralDifferences) {
   for (const Pool2dParams& pool : {Pool2dParams::square(2, 2), Pool2dParams::square(3, 2, 1)}) {
     const Problem p = make_problem({3, 2, 5, 6}, pool, Activation::ReLU, DType::Float64);
     const std::int64_t C = p.x_shape[1];
-    auto forward = [&](const std::vector<Tensor>& in, Tensor& argmax, Tensor& mean,
-                       Tensor& inv_std) {
-      Tensor y = Tensor::empty(p.y_shape, cpu(), DType::Float64);
-      argmax = Tensor::empty(p.y_shape, cpu(), DType::Float64);
-      mean = per_channel(p);
-      inv_std = per_channel(p);
-      batchnorm_max_pool_forward_training(y, argmax, mean, inv_std, Tensor(), Tensor(), in[0],
-                                          in[1], in[2], kEps, kMomentum, p.pool, cpu(),
-                                          Activation::ReLU);
-      return y;
+    auto forward = [&](const std::vector<Tensor>& in) {
+      BatchNormMaxPoolForwardTraining f = fused_forward_args(p, fresh_outputs(p));
+      f.moving_mean = f.moving_var = Tensor();
+      f.x = in[0];
+      f.gamma = in[1];
+      f.beta = in[2];
+      batchnorm_max_pool_forward_training(f, cpu());
+      return f;
     };
     auto loss = [&](const std::vector<Tensor>& in) {
-      Tensor argmax, mean, inv_std;
-      return weighted_sum(p.grad_y, forward(in, argmax, mean, inv_std));
+      return weighted_sum(p.grad_y, forward(in).y);
     };
-    Tensor argmax, mean, inv_std;
-    const Tensor y = forward({p.x, p.gamma, p.beta}, argmax, mean, inv_std);
+    const BatchNormMaxPoolForwardTraining f = forward({p.x, p.gamma, p.beta});
     std::size_t zeros = 0;
-    for (double v : y.to_host<double>(cpu())) zeros += v == 0.0;
+    for (double v : f.y.to_host<double>(cpu())) zeros += v == 0.0;
     EXPECT_GT(zeros, 0u) << "no window clamped by the ReLU; " << describe(p);
 
-    Tensor grad_x = Tensor::zeros(p.x_shape, cpu(), DType::Float64);
-    Tensor grad_gamma = Tensor::zeros({C}, cpu(), DType::Float64);
-    Tensor grad_beta = Tensor::zeros({C}, cpu(), DType::Float64);
-    batchnorm_max_pool_backward(grad_x, grad_gamma, grad_beta, p.grad_y, argmax, p.x, p.gamma, mean,
-                                inv_std, p.pool, cpu());
+    Results grads;
+    grads.grad_x = Tensor::zeros(p.x_shape, cpu(), DType::Float64);
+    grads.grad_gamma = Tensor::zeros({C}, cpu(), DType::Float64);
+    grads.grad_beta = Tensor::zeros({C}, cpu(), DType::Float64);
+    batchnorm_max_pool_backward(fused_backward_args(p, f, grads), cpu());
     GradcheckOptions options;
     options.atol = 1e-5;
     options.rtol = 1e-4;
-    EXPECT_TRUE(
-        check_gradient(loss, {p.x, p.gamma, p.beta}, {grad_x, grad_gamma, grad_beta}, options))
+    EXPECT_TRUE(check_gradient(loss, {p.x, p.gamma, p.beta},
+                               {grads.grad_x, grads.grad_gamma, grads.grad_beta}, options))
         << describe(p);
   }
 }
@@ -466,15 +517,34 @@ TEST(BatchNormMaxPoolTest, RejectsBadArguments) {
   auto forward = [&](const Tensor& y_, const Tensor& argmax_, const Tensor& x_,
                      const Tensor& gamma) {
     return [&, y_, argmax_, x_, gamma] {
-      batchnorm_max_pool_forward_training(y_, argmax_, mean, inv_std, Tensor(), Tensor(), x_, gamma,
-                                          c3, kEps, kMomentum, pool, cpu(), Activation::ReLU);
+      batchnorm_max_pool_forward_training({.y = y_,
+                                           .argmax = argmax_,
+                                           .save_mean = mean,
+                                           .save_inv_std = inv_std,
+                                           .x = x_,
+                                           .gamma = gamma,
+                                           .beta = c3,
+                                           .eps = kEps,
+                                           .momentum = kMomentum,
+                                           .pool = pool,
+                                           .activation = Activation::ReLU},
+                                          cpu());
     };
   };
   auto backward = [&](const Tensor& grad_y, const Tensor& argmax_, const Tensor& x_,
                       const Tensor& gamma) {
     return [&, grad_y, argmax_, x_, gamma] {
-      batchnorm_max_pool_backward(grad_x, grad_gamma, grad_beta, grad_y, argmax_, x_, gamma, mean,
-                                  inv_std, pool, cpu());
+      batchnorm_max_pool_backward({.grad_x = grad_x,
+                                   .grad_gamma = grad_gamma,
+                                   .grad_beta = grad_beta,
+                                   .grad_y = grad_y,
+                                   .argmax = argmax_,
+                                   .x = x_,
+                                   .gamma = gamma,
+                                   .save_mean = mean,
+                                   .save_inv_std = inv_std,
+                                   .pool = pool},
+                                  cpu());
     };
   };
 
@@ -511,15 +581,12 @@ TEST(BatchNormMaxPoolTest, CudaStreamIsNotSupported) {
   skip_without_cuda_device();
   if (IsSkipped() || HasFatalFailure()) return;
   Stream gpu(Device::cuda(0));
-  const Tensor x = Tensor::zeros({2, 3, 4, 4}, gpu), y = Tensor::zeros({2, 3, 2, 2}, gpu);
-  const Tensor c3 = Tensor::zeros({3}, gpu), grad_x = Tensor::zeros({2, 3, 4, 4}, gpu);
-  const Pool2dParams pool = Pool2dParams::square(2, 2);
-  const Tensor argmax = Tensor::zeros({2, 3, 2, 2}, gpu);
-  EXPECT_THROW(batchnorm_max_pool_forward_training(y, argmax, c3, c3, Tensor(), Tensor(), x, c3, c3,
-                                                   kEps, kMomentum, pool, gpu),
-               NotSupported);
-  EXPECT_THROW(batchnorm_max_pool_backward(grad_x, c3, c3, y, argmax, x, c3, c3, c3, pool, gpu),
-               NotSupported);
+  // The device is refused first, before any other argument is looked at.
+  const Tensor x = Tensor::zeros({2, 3, 4, 4}, gpu);
+  EXPECT_THROW_WITH(batchnorm_max_pool_forward_training({.x = x}, gpu), NotSupported,
+                    "batchnorm_max_pool_forward_training: the fused max pool runs on the CPU");
+  EXPECT_THROW_WITH(batchnorm_max_pool_backward({.x = x}, gpu), NotSupported,
+                    "batchnorm_max_pool_backward: the fused max pool runs on the CPU");
 }
 
 }  // namespace

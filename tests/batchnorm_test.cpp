@@ -3,6 +3,7 @@
 // stability, accumulation, errors, and gradients in float64.
 #include <cmath>
 
+#include "batchnorm_args.h"
 #include "gradcheck.h"
 #include "kernels/batchnorm.h"
 #include "test_util.h"
@@ -78,8 +79,17 @@ TEST_P(BatchNormTest, TrainingForwardByHand) {
   Tensor moving_mean = make({1, -1}, {2}), moving_var = make({1, 2}, {2});
   Tensor y = Tensor::empty({2, 2, 1, 2}, stream());
   Tensor mean = Tensor::empty({2}, stream()), inv_std = Tensor::empty({2}, stream());
-  batchnorm_forward_training(y, mean, inv_std, moving_mean, moving_var, x, gamma, beta,
-                             /*eps=*/0.0, /*momentum=*/0.9, stream());
+  batchnorm_forward_training({.y = y,
+                              .save_mean = mean,
+                              .save_inv_std = inv_std,
+                              .moving_mean = moving_mean,
+                              .moving_var = moving_var,
+                              .x = x,
+                              .gamma = gamma,
+                              .beta = beta,
+                              .eps = 0.0,
+                              .momentum = 0.9},
+                             stream());
   // Channel 0: mean 3, m2 = 4+1+0+9 = 14, biased var 3.5, unbiased 14/3.
   // Channel 1: mean 2, m2 = 16, biased var 4 (inv_std 0.5), unbiased 16/3.
   const float k0 = 2.0f / std::sqrt(3.5f);
@@ -94,15 +104,17 @@ TEST_P(BatchNormTest, TrainingForwardByHand) {
 TEST_P(BatchNormTest, MomentumOneKeepsAndZeroReplacesMovingStatistics) {
   Tensor x = make({1, 2, 0, 0, 3, 6, 4, 4}, {2, 2, 1, 2});
   Tensor gamma = make({1, 1}, {2}), beta = make({0, 0}, {2});
-  Tensor y = Tensor::empty({2, 2, 1, 2}, stream());
-  Tensor mean = Tensor::empty({2}, stream()), inv_std = Tensor::empty({2}, stream());
-  Tensor mm = make({7, 8}, {2}), mv = make({9, 10}, {2});
-  batchnorm_forward_training(y, mean, inv_std, mm, mv, x, gamma, beta, 1e-3, 1.0, stream());
-  EXPECT_EQ(host(mm), (std::vector<float>{7, 8}));
-  EXPECT_EQ(host(mv), (std::vector<float>{9, 10}));
-  batchnorm_forward_training(y, mean, inv_std, mm, mv, x, gamma, beta, 1e-3, 0.0, stream());
-  EXPECT_TRUE(all_close(host(mm), {3.0f, 2.0f}));
-  EXPECT_TRUE(all_close(host(mv), {14 / 3.0f, 16 / 3.0f}));
+  BatchNormForwardTraining f = training_forward(x, gamma, beta, stream());
+  f.moving_mean = make({7, 8}, {2});
+  f.moving_var = make({9, 10}, {2});
+  f.momentum = 1.0;
+  batchnorm_forward_training(f, stream());
+  EXPECT_EQ(host(f.moving_mean), (std::vector<float>{7, 8}));
+  EXPECT_EQ(host(f.moving_var), (std::vector<float>{9, 10}));
+  f.momentum = 0.0;
+  batchnorm_forward_training(f, stream());
+  EXPECT_TRUE(all_close(host(f.moving_mean), {3.0f, 2.0f}));
+  EXPECT_TRUE(all_close(host(f.moving_var), {14 / 3.0f, 16 / 3.0f}));
 }
 
 TEST_P(BatchNormTest, InferenceUsesMovingStatistics) {
@@ -110,7 +122,14 @@ TEST_P(BatchNormTest, InferenceUsesMovingStatistics) {
   Tensor gamma = make({2, -1}, {2}), beta = make({1, 0}, {2});
   Tensor mm = make({3, 4}, {2}), mv = make({3, 15}, {2});
   Tensor y = Tensor::empty({3, 2}, stream());
-  batchnorm_forward_inference(y, x, gamma, beta, mm, mv, /*eps=*/1.0, stream());
+  batchnorm_forward_inference({.y = y,
+                               .x = x,
+                               .gamma = gamma,
+                               .beta = beta,
+                               .moving_mean = mm,
+                               .moving_var = mv,
+                               .eps = 1.0},
+                              stream());
   // Channel 0: 2 * (x - 3) / 2 + 1; channel 1: -(x - 4) / 4.
   EXPECT_TRUE(all_close(host(y), {-1.0f, 0.5f, 1.0f, 0.0f, 3.0f, -0.5f}));
   EXPECT_EQ(host(mm), (std::vector<float>{3, 4}));  // untouched
@@ -127,18 +146,17 @@ TEST_P(BatchNormTest, MatchesReferenceOnOddShapes) {
     const Reference r = reference(xv, gv, bv, gyv, N, C, S, 1e-3);
     Tensor x = make(xv, shape), grad_y = make(gyv, shape);
     Tensor gamma = make(gv, {C}), beta = make(bv, {C});
-    Tensor y = Tensor::empty(shape, stream());
-    Tensor mean = Tensor::empty({C}, stream()), inv_std = Tensor::empty({C}, stream());
-    batchnorm_forward_training(y, mean, inv_std, Tensor(), Tensor(), x, gamma, beta, 1e-3, 0.99,
-                               stream());
-    EXPECT_TRUE(all_close(host(y), to_float(r.y), 1e-5, 1e-4)) << to_string(shape);
-    EXPECT_TRUE(all_close(host(mean), to_float(r.mean), 1e-6, 1e-5)) << to_string(shape);
-    EXPECT_TRUE(all_close(host(inv_std), to_float(r.inv_std), 1e-6, 1e-5)) << to_string(shape);
+    const BatchNormForwardTraining f = training_forward(x, gamma, beta, stream());
+    batchnorm_forward_training(f, stream());
+    EXPECT_TRUE(all_close(host(f.y), to_float(r.y), 1e-5, 1e-4)) << to_string(shape);
+    EXPECT_TRUE(all_close(host(f.save_mean), to_float(r.mean), 1e-6, 1e-5)) << to_string(shape);
+    EXPECT_TRUE(all_close(host(f.save_inv_std), to_float(r.inv_std), 1e-6, 1e-5))
+        << to_string(shape);
     // Sentinel-filled gradients: the backward must add to them.
     Tensor grad_x = make(std::vector<float>(n, 0.5f), shape);
     Tensor grad_gamma = make(std::vector<float>(C, -1.0f), {C});
     Tensor grad_beta = make(std::vector<float>(C, 2.0f), {C});
-    batchnorm_backward(grad_x, grad_gamma, grad_beta, grad_y, x, gamma, mean, inv_std, stream());
+    batchnorm_backward(backward_of(f, grad_y, grad_x, grad_gamma, grad_beta), stream());
     EXPECT_TRUE(all_close(host(grad_x), plus(r.grad_x, 0.5f), 1e-5, 1e-3)) << to_string(shape);
     EXPECT_TRUE(all_close(host(grad_gamma), plus(r.grad_gamma, -1.0f), 1e-4, 1e-4))
         << to_string(shape);
@@ -171,16 +189,16 @@ TEST_P(BatchNormTest, StableForLargeMean) {
 
   Tensor x = make(xv, shape);
   Tensor mean = Tensor::empty({C}, stream()), m2 = Tensor::empty({C}, stream());
-  batchnorm_stats(mean, m2, x, stream());
+  batchnorm_stats({.mean = mean, .m2 = m2, .x = x}, stream());
   EXPECT_TRUE(all_close(host(mean), to_float(r.mean), 0.0, 1e-7));
   EXPECT_TRUE(all_close(host(m2), to_float(r.m2), 0.0, 1e-4));
-  Tensor y = Tensor::empty(shape, stream()), inv_std = Tensor::empty({C}, stream());
-  batchnorm_forward_training(y, mean, inv_std, Tensor(), Tensor(), x, make(ones, {C}),
-                             make(zeros, {C}), 0.0, 0.99, stream());
-  EXPECT_TRUE(all_close(host(inv_std), to_float(r.inv_std), 0.0, 1e-4));
+  BatchNormForwardTraining f = training_forward(x, make(ones, {C}), make(zeros, {C}), stream());
+  f.eps = 0.0;
+  batchnorm_forward_training(f, stream());
+  EXPECT_TRUE(all_close(host(f.save_inv_std), to_float(r.inv_std), 0.0, 1e-4));
   // Normalized values of order 1 keep about 3 decimals (x itself is only stored
   // to 1e-3 near 1e4).
-  EXPECT_TRUE(all_close(host(y), to_float(r.y), 2e-3, 0.0));
+  EXPECT_TRUE(all_close(host(f.y), to_float(r.y), 2e-3, 0.0));
 }
 
 // The synchronized-batch-norm recipe on two "towers" (uneven halves of a batch,
@@ -195,13 +213,14 @@ TEST_P(BatchNormTest, SplitApiOnHalvesMatchesSingleCall) {
   const std::vector<float> mm0 = {0.5f, -0.5f, 1.0f}, mv0 = {1.0f, 2.0f, 0.5f};
 
   // Single call.
-  Tensor y = Tensor::empty(shape, stream());
-  Tensor mean = Tensor::empty({C}, stream()), inv_std = Tensor::empty({C}, stream());
-  Tensor mm = make(mm0, {C}), mv = make(mv0, {C});
-  batchnorm_forward_training(y, mean, inv_std, mm, mv, x, gamma, beta, 1e-3, 0.9, stream());
+  BatchNormForwardTraining f = training_forward(x, gamma, beta, stream());
+  f.moving_mean = make(mm0, {C});
+  f.moving_var = make(mv0, {C});
+  f.momentum = 0.9;
+  batchnorm_forward_training(f, stream());
   Tensor grad_x = Tensor::zeros(shape, stream());
   Tensor grad_gamma = Tensor::zeros({C}, stream()), grad_beta = Tensor::zeros({C}, stream());
-  batchnorm_backward(grad_x, grad_gamma, grad_beta, grad_y, x, gamma, mean, inv_std, stream());
+  batchnorm_backward(backward_of(f, grad_y, grad_x, grad_gamma, grad_beta), stream());
 
   // Towers: rows [0, 3), [3, 7) and an empty one.
   const std::vector<std::pair<std::int64_t, std::int64_t>> towers = {{0, 3}, {3, 7}, {7, 7}};
@@ -209,12 +228,18 @@ TEST_P(BatchNormTest, SplitApiOnHalvesMatchesSingleCall) {
   std::int64_t count = 0;
   for (auto [begin, end] : towers) {
     Tensor part_mean = Tensor::empty({C}, stream()), part_m2 = Tensor::empty({C}, stream());
-    batchnorm_stats(part_mean, part_m2, x.slice(begin, end), stream());
+    batchnorm_stats({.mean = part_mean, .m2 = part_m2, .x = x.slice(begin, end)}, stream());
     if (count == 0) {
       copy(t_mean, part_mean, stream());
       copy(t_m2, part_m2, stream());
     } else {
-      batchnorm_merge_stats(t_mean, t_m2, count, part_mean, part_m2, (end - begin) * S, stream());
+      batchnorm_merge_stats({.mean_a = t_mean,
+                             .m2_a = t_m2,
+                             .count_a = count,
+                             .mean_b = part_mean,
+                             .m2_b = part_m2,
+                             .count_b = (end - begin) * S},
+                            stream());
     }
     count += (end - begin) * S;
   }
@@ -224,30 +249,52 @@ TEST_P(BatchNormTest, SplitApiOnHalvesMatchesSingleCall) {
   for (auto [begin, end] : towers) {
     // Only the first tower updates the moving statistics (one policy of DESIGN.md).
     const bool first = begin == 0;
-    batchnorm_forward_from_stats(t_y.slice(begin, end), t_inv_std, first ? t_mm : Tensor(),
-                                 first ? t_mv : Tensor(), x.slice(begin, end), gamma, beta, t_mean,
-                                 t_m2, count, 1e-3, 0.9, stream());
+    batchnorm_forward_from_stats({.y = t_y.slice(begin, end),
+                                  .inv_std = t_inv_std,
+                                  .moving_mean = first ? t_mm : Tensor(),
+                                  .moving_var = first ? t_mv : Tensor(),
+                                  .x = x.slice(begin, end),
+                                  .gamma = gamma,
+                                  .beta = beta,
+                                  .mean = t_mean,
+                                  .m2 = t_m2,
+                                  .count = count,
+                                  .eps = 1e-3,
+                                  .momentum = 0.9},
+                                 stream());
   }
-  EXPECT_TRUE(all_close(host(t_mean), host(mean), 1e-6, 1e-5));
-  EXPECT_TRUE(all_close(host(t_inv_std), host(inv_std), 1e-6, 1e-5));
-  EXPECT_TRUE(all_close(host(t_y), host(y), 1e-5, 1e-5));
-  EXPECT_TRUE(all_close(host(t_mm), host(mm), 1e-6, 1e-5));
-  EXPECT_TRUE(all_close(host(t_mv), host(mv), 1e-6, 1e-5));
+  EXPECT_TRUE(all_close(host(t_mean), host(f.save_mean), 1e-6, 1e-5));
+  EXPECT_TRUE(all_close(host(t_inv_std), host(f.save_inv_std), 1e-6, 1e-5));
+  EXPECT_TRUE(all_close(host(t_y), host(f.y), 1e-5, 1e-5));
+  EXPECT_TRUE(all_close(host(t_mm), host(f.moving_mean), 1e-6, 1e-5));
+  EXPECT_TRUE(all_close(host(t_mv), host(f.moving_var), 1e-6, 1e-5));
 
   // Backward: per-tower sums, "all-reduced" by adding, then applied per tower.
   Tensor sum_gy = Tensor::zeros({C}, stream()), sum_gy_xhat = Tensor::zeros({C}, stream());
   for (auto [begin, end] : towers) {
     Tensor a = Tensor::empty({C}, stream()), b = Tensor::empty({C}, stream());
-    batchnorm_backward_reduce(a, b, grad_y.slice(begin, end), x.slice(begin, end), t_mean,
-                              t_inv_std, stream());
+    batchnorm_backward_reduce({.sum_grad_y = a,
+                               .sum_grad_y_xhat = b,
+                               .grad_y = grad_y.slice(begin, end),
+                               .x = x.slice(begin, end),
+                               .mean = t_mean,
+                               .inv_std = t_inv_std},
+                              stream());
     add(sum_gy, sum_gy, a, stream());
     add(sum_gy_xhat, sum_gy_xhat, b, stream());
   }
   Tensor t_grad_x = Tensor::zeros(shape, stream());
   for (auto [begin, end] : towers) {
-    batchnorm_backward_apply(t_grad_x.slice(begin, end), grad_y.slice(begin, end),
-                             x.slice(begin, end), gamma, t_mean, t_inv_std, sum_gy, sum_gy_xhat,
-                             count, stream());
+    batchnorm_backward_apply({.grad_x = t_grad_x.slice(begin, end),
+                              .grad_y = grad_y.slice(begin, end),
+                              .x = x.slice(begin, end),
+                              .gamma = gamma,
+                              .mean = t_mean,
+                              .inv_std = t_inv_std,
+                              .sum_grad_y = sum_gy,
+                              .sum_grad_y_xhat = sum_gy_xhat,
+                              .count = count},
+                             stream());
   }
   EXPECT_TRUE(all_close(host(t_grad_x), host(grad_x), 1e-5, 1e-4));
   EXPECT_TRUE(all_close(host(sum_gy_xhat), host(grad_gamma), 1e-5, 1e-4));
@@ -258,24 +305,35 @@ TEST_P(BatchNormTest, ForwardMayRunInPlace) {
   const Shape shape = {3, 4, 5, 6};
   const auto values = random_values(static_cast<std::size_t>(numel_of(shape)), 12);
   Tensor gamma = make({1, 2, 3, 4}, {4}), beta = make({0, 1, 0, 1}, {4});
-  Tensor mean = Tensor::empty({4}, stream()), inv_std = Tensor::empty({4}, stream());
-  Tensor x = make(values, shape), y = Tensor::empty(shape, stream());
-  batchnorm_forward_training(y, mean, inv_std, Tensor(), Tensor(), x, gamma, beta, 1e-3, 0.9,
-                             stream());
-  Tensor z = make(values, shape);
-  batchnorm_forward_training(z, mean, inv_std, Tensor(), Tensor(), z, gamma, beta, 1e-3, 0.9,
-                             stream());
-  EXPECT_EQ(host(z), host(y));
-  Tensor w = make(values, shape);
-  batchnorm_forward_inference(w, w, gamma, beta, mean, inv_std, 1e-3, stream());
-  batchnorm_forward_inference(y, x, gamma, beta, mean, inv_std, 1e-3, stream());
-  EXPECT_EQ(host(w), host(y));
+  BatchNormForwardTraining f = training_forward(make(values, shape), gamma, beta, stream());
+  batchnorm_forward_training(f, stream());
+  const Tensor y = f.y;
+  f.y = f.x = make(values, shape);  // in place
+  batchnorm_forward_training(f, stream());
+  EXPECT_EQ(host(f.y), host(y));
+  // Inference, with the statistics standing in for the moving ones.
+  BatchNormForwardInference g{.y = y,
+                              .x = make(values, shape),
+                              .gamma = gamma,
+                              .beta = beta,
+                              .moving_mean = f.save_mean,
+                              .moving_var = f.save_inv_std};
+  batchnorm_forward_inference(g, stream());
+  g.y = g.x = make(values, shape);  // in place
+  batchnorm_forward_inference(g, stream());
+  EXPECT_EQ(host(g.y), host(y));
 }
 
 TEST_P(BatchNormTest, MergeStatsByHand) {
   // a = {1, 3} (mean 2, m2 2), b = {5, 7, 9} (mean 7, m2 8); all = mean 5, m2 = 16+4+0+4+16 = 40.
   Tensor mean_a = make({2}, {1}), m2_a = make({2}, {1});
-  batchnorm_merge_stats(mean_a, m2_a, 2, make({7}, {1}), make({8}, {1}), 3, stream());
+  batchnorm_merge_stats({.mean_a = mean_a,
+                         .m2_a = m2_a,
+                         .count_a = 2,
+                         .mean_b = make({7}, {1}),
+                         .m2_b = make({8}, {1}),
+                         .count_b = 3},
+                        stream());
   EXPECT_TRUE(all_close(host(mean_a), {5.0f}));
   EXPECT_TRUE(all_close(host(m2_a), {40.0f}));
 }
@@ -285,18 +343,17 @@ TEST_P(BatchNormTest, OnlyRequestedGradientsAreComputed) {
   const auto n = static_cast<std::size_t>(numel_of(shape));
   Tensor x = make(random_values(n, 10), shape), grad_y = make(random_values(n, 11), shape);
   Tensor gamma = make({1.5f, 0.5f}, {2}), beta = make({0, 0}, {2});
-  Tensor y = Tensor::empty(shape, stream());
-  Tensor mean = Tensor::empty({2}, stream()), inv_std = Tensor::empty({2}, stream());
-  batchnorm_forward_training(y, mean, inv_std, Tensor(), Tensor(), x, gamma, beta, 1e-5, 0.9,
-                             stream());
+  BatchNormForwardTraining f = training_forward(x, gamma, beta, stream());
+  f.eps = 1e-5;
+  batchnorm_forward_training(f, stream());
   Tensor all_x = Tensor::zeros(shape, stream()), all_gamma = Tensor::zeros({2}, stream()),
          all_beta = Tensor::zeros({2}, stream());
-  batchnorm_backward(all_x, all_gamma, all_beta, grad_y, x, gamma, mean, inv_std, stream());
+  batchnorm_backward(backward_of(f, grad_y, all_x, all_gamma, all_beta), stream());
   Tensor only_x = Tensor::zeros(shape, stream());
-  batchnorm_backward(only_x, Tensor(), Tensor(), grad_y, x, gamma, mean, inv_std, stream());
+  batchnorm_backward(backward_of(f, grad_y, only_x), stream());
   EXPECT_EQ(host(only_x), host(all_x));
   Tensor only_gamma = Tensor::zeros({2}, stream());
-  batchnorm_backward(Tensor(), only_gamma, Tensor(), grad_y, x, gamma, mean, inv_std, stream());
+  batchnorm_backward(backward_of(f, grad_y, Tensor(), only_gamma), stream());
   EXPECT_EQ(host(only_gamma), host(all_gamma));
   EXPECT_NE(host(all_gamma), (std::vector<float>{0, 0}));
 }
@@ -305,55 +362,120 @@ TEST_P(BatchNormTest, EmptyTensors) {
   // An empty tower's partial statistics: mean 0, m2 0 (count 0).
   Tensor x = Tensor::zeros({0, 3, 4, 4}, stream());
   Tensor mean = make({9, 9, 9}, {3}), m2 = make({9, 9, 9}, {3});
-  batchnorm_stats(mean, m2, x, stream());
+  batchnorm_stats({.mean = mean, .m2 = m2, .x = x}, stream());
   EXPECT_EQ(host(mean), (std::vector<float>{0, 0, 0}));
   EXPECT_EQ(host(m2), (std::vector<float>{0, 0, 0}));
   Tensor gamma = make({1, 1, 1}, {3}), beta = make({0, 0, 0}, {3});
   Tensor y = Tensor::empty({0, 3, 4, 4}, stream());
-  batchnorm_forward_inference(y, x, gamma, beta, mean, m2, 1e-3, stream());  // no-op
+  batchnorm_forward_inference({.y = y,
+                               .x = x,
+                               .gamma = gamma,
+                               .beta = beta,
+                               .moving_mean = mean,
+                               .moving_var = m2,
+                               .eps = 1e-3},
+                              stream());  // no-op
   // Backward on an empty batch adds nothing.
   Tensor grad_gamma = make({5, 5, 5}, {3});
-  batchnorm_backward(Tensor::zeros({0, 3, 4, 4}, stream()), grad_gamma, Tensor(),
-                     Tensor::zeros({0, 3, 4, 4}, stream()), x, gamma, mean, m2, stream());
+  batchnorm_backward({.grad_x = Tensor::zeros({0, 3, 4, 4}, stream()),
+                      .grad_gamma = grad_gamma,
+                      .grad_y = Tensor::zeros({0, 3, 4, 4}, stream()),
+                      .x = x,
+                      .gamma = gamma,
+                      .save_mean = mean,
+                      .save_inv_std = m2},
+                     stream());
   EXPECT_EQ(host(grad_gamma), (std::vector<float>{5, 5, 5}));
   // Zero channels: nothing at all to do.
   Tensor x0 = Tensor::zeros({4, 0}, stream()), c0 = Tensor::zeros({0}, stream());
-  batchnorm_forward_training(Tensor::zeros({4, 0}, stream()), c0, c0, c0, c0, x0, c0, c0, 1e-3, 0.9,
+  batchnorm_forward_training({.y = Tensor::zeros({4, 0}, stream()),
+                              .save_mean = c0,
+                              .save_inv_std = c0,
+                              .moving_mean = c0,
+                              .moving_var = c0,
+                              .x = x0,
+                              .gamma = c0,
+                              .beta = c0,
+                              .eps = 1e-3,
+                              .momentum = 0.9},
                              stream());
   // Training on an empty batch has no statistics.
-  EXPECT_THROW_WITH(batchnorm_forward_training(y, mean, m2, Tensor(), Tensor(), x, gamma, beta,
-                                               1e-3, 0.9, stream()),
+  EXPECT_THROW_WITH((batchnorm_forward_training({.y = y,
+                                                 .save_mean = mean,
+                                                 .save_inv_std = m2,
+                                                 .x = x,
+                                                 .gamma = gamma,
+                                                 .beta = beta,
+                                                 .eps = 1e-3,
+                                                 .momentum = 0.9},
+                                                stream())),
                     InvalidArgument, "at least 2 values per channel");
 }
 
 TEST_P(BatchNormTest, RejectsBadArguments) {
   Tensor x = Tensor::zeros({2, 3, 4, 4}, stream()), y = Tensor::zeros({2, 3, 4, 4}, stream());
   Tensor c3 = Tensor::zeros({3}, stream()), c4 = Tensor::zeros({4}, stream());
-  EXPECT_THROW_WITH(
-      batchnorm_forward_training(y, c3, c3, Tensor(), Tensor(), x, c4, c3, 1e-3, 0.9, stream()),
-      ShapeError, "batchnorm_forward_training: gamma is float32[4]");
-  EXPECT_THROW_WITH(
-      batchnorm_forward_training(y, c3, c3, Tensor(), Tensor(), x, c4, c3, 1e-3, 0.9, stream()),
-      ShapeError, "has 3 channels (expected [3])");
-  Tensor x3 = Tensor::zeros({2, 3, 4}, stream());
-  EXPECT_THROW_WITH(batchnorm_stats(c3, c3, x3, stream()), ShapeError,
-                    "batchnorm_stats: x must be [N,C] or [N,C,H,W], got float32[2,3,4]");
-  EXPECT_THROW_WITH(
-      batchnorm_forward_training(y, c3, c3, c3, Tensor(), x, c3, c3, 1e-3, 0.9, stream()),
-      InvalidArgument, "give both moving_mean and moving_var, or neither");
-  EXPECT_THROW_WITH(batchnorm_forward_training(Tensor::zeros({2, 3, 4, 5}, stream()), c3, c3,
-                                               Tensor(), Tensor(), x, c3, c3, 1e-3, 0.9, stream()),
+  // A valid call of each entry point, then one field wrong at a time. Each entry
+  // point checks its whole struct itself, so the message names the function the
+  // caller called, never a step inside it.
+  const BatchNormForwardTraining forward{
+      .y = y, .save_mean = c3, .save_inv_std = c3, .x = x, .gamma = c3, .beta = c3};
+  batchnorm_forward_training(forward, stream());
+  auto training = [&](auto change) {
+    BatchNormForwardTraining args = forward;
+    change(args);
+    batchnorm_forward_training(args, stream());
+  };
+  EXPECT_THROW_WITH(training([&](auto& a) { a.gamma = c4; }), ShapeError,
+                    "batchnorm_forward_training: gamma is float32[4]");
+  EXPECT_THROW_WITH(training([&](auto& a) { a.gamma = c4; }), ShapeError,
+                    "has 3 channels (expected [3])");
+  EXPECT_THROW_WITH(training([&](auto& a) { a.moving_mean = c3; }), InvalidArgument,
+                    "batchnorm_forward_training: give both moving_mean and moving_var, or neither");
+  EXPECT_THROW_WITH(training([&](auto& a) {
+                      a.y = Tensor::zeros({2, 3, 4, 5}, stream());
+                    }),
                     ShapeError, "y is float32[2,3,4,5]");
-  EXPECT_THROW_WITH(batchnorm_forward_training(y, c3, c3, c3, c3, x, c3, c3, 1e-3, 1.5, stream()),
-                    InvalidArgument, "momentum must be in [0, 1]");
-  EXPECT_THROW_WITH(batchnorm_forward_from_stats(y, c3, Tensor(), Tensor(), x, c3, c3, c3, c3, 1,
-                                                 1e-3, 0.9, stream()),
-                    InvalidArgument, "got count 1");
-  EXPECT_THROW_WITH(batchnorm_merge_stats(c3, c3, 2, c4, c3, 2, stream()), ShapeError,
+  EXPECT_THROW_WITH(training([&](auto& a) {
+                      a.moving_mean = a.moving_var = c3;
+                      a.momentum = 1.5;
+                    }),
+                    InvalidArgument, "batchnorm_forward_training: momentum must be in [0, 1]");
+  EXPECT_THROW_WITH(training([&](auto& a) { a.beta = Tensor(); }), InvalidArgument,
+                    "batchnorm_forward_training: beta is undefined");
+
+  Tensor x3 = Tensor::zeros({2, 3, 4}, stream());
+  EXPECT_THROW_WITH((batchnorm_stats({.mean = c3, .m2 = c3, .x = x3}, stream())), ShapeError,
+                    "batchnorm_stats: x must be [N,C] or [N,C,H,W], got float32[2,3,4]");
+  const BatchNormForwardFromStats from_stats{
+      .y = y, .inv_std = c3, .x = x, .gamma = c3, .beta = c3, .mean = c3, .m2 = c3, .count = 1};
+  EXPECT_THROW_WITH(batchnorm_forward_from_stats(from_stats, stream()), InvalidArgument,
+                    "got count 1");
+  const BatchNormMergeStats merge{
+      .mean_a = c3, .m2_a = c3, .count_a = 2, .mean_b = c4, .m2_b = c3, .count_b = 2};
+  EXPECT_THROW_WITH(batchnorm_merge_stats(merge, stream()), ShapeError,
                     "batchnorm_merge_stats: mean_b is float32[4]");
-  EXPECT_THROW_WITH(batchnorm_backward(Tensor(), Tensor::zeros({2}, stream()), Tensor(), y, x, c3,
-                                       c3, c3, stream()),
+
+  const BatchNormBackward backward{
+      .grad_y = y, .x = x, .gamma = c3, .save_mean = c3, .save_inv_std = c3};
+  auto gradients = [&](auto change) {
+    BatchNormBackward args = backward;
+    change(args);
+    batchnorm_backward(args, stream());
+  };
+  EXPECT_THROW_WITH(gradients([&](auto& a) { a.grad_gamma = Tensor::zeros({2}, stream()); }),
                     ShapeError, "batchnorm_backward: grad_gamma is float32[2]");
+  EXPECT_THROW_WITH(gradients([&](auto& a) {
+                      a.grad_beta = c3;
+                      a.grad_y = Tensor::zeros({2, 3, 4, 5}, stream());
+                    }),
+                    ShapeError, "batchnorm_backward: grad_y is float32[2,3,4,5]");
+  EXPECT_THROW_WITH(gradients([&](auto& a) {
+                      a.grad_beta = c3;
+                      a.activation = Activation::ReLU;
+                    }),
+                    InvalidArgument,
+                    "batchnorm_backward: the ReLU backward needs the forward's gamma and beta");
 }
 
 // --- gradients in float64 ---------------------------------------------------------
@@ -374,24 +496,17 @@ void check_training_gradient(const Shape& shape, unsigned seed) {
   const Stream& cpu = default_stream(Device::cpu());
   DoubleProblem p = double_problem(shape, seed);
   const std::int64_t C = shape[1];
-  auto forward = [&](const std::vector<Tensor>& in, Tensor& mean, Tensor& inv_std) {
-    Tensor y = Tensor::empty(p.shape, cpu, DType::Float64);
-    mean = Tensor::empty({C}, cpu, DType::Float64);
-    inv_std = Tensor::empty({C}, cpu, DType::Float64);
-    batchnorm_forward_training(y, mean, inv_std, Tensor(), Tensor(), in[0], in[1], in[2], 1e-3, 0.9,
-                               cpu);
-    return y;
+  auto forward = [&](const std::vector<Tensor>& in) {
+    const BatchNormForwardTraining f = training_forward(in[0], in[1], in[2], cpu);
+    batchnorm_forward_training(f, cpu);
+    return f;
   };
-  auto loss = [&](const std::vector<Tensor>& in) {
-    Tensor mean, inv_std;
-    return weighted_sum(p.g, forward(in, mean, inv_std));
-  };
-  Tensor mean, inv_std;
-  forward({p.x, p.gamma, p.beta}, mean, inv_std);
+  auto loss = [&](const std::vector<Tensor>& in) { return weighted_sum(p.g, forward(in).y); };
+  const BatchNormForwardTraining f = forward({p.x, p.gamma, p.beta});
   Tensor grad_x = Tensor::zeros(shape, cpu, DType::Float64);
   Tensor grad_gamma = Tensor::zeros({C}, cpu, DType::Float64);
   Tensor grad_beta = Tensor::zeros({C}, cpu, DType::Float64);
-  batchnorm_backward(grad_x, grad_gamma, grad_beta, p.g, p.x, p.gamma, mean, inv_std, cpu);
+  batchnorm_backward(backward_of(f, p.g, grad_x, grad_gamma, grad_beta), cpu);
   GradcheckOptions options;
   options.atol = 1e-5;
   options.rtol = 1e-4;
@@ -416,9 +531,18 @@ TEST(BatchNormGradient, SplitBackwardMatchesCentralDifferences) {
   Tensor inv_std = Tensor::empty({2}, cpu, DType::Float64);
   auto loss = [&](const std::vector<Tensor>& in) {
     Tensor y = Tensor::empty(shape, cpu, DType::Float64);
-    batchnorm_stats(mean, m2, in[0], cpu);
-    batchnorm_forward_from_stats(y, inv_std, Tensor(), Tensor(), in[0], p.gamma, p.beta, mean, m2,
-                                 24, 1e-3, 0.9, cpu);
+    batchnorm_stats({.mean = mean, .m2 = m2, .x = in[0]}, cpu);
+    batchnorm_forward_from_stats({.y = y,
+                                  .inv_std = inv_std,
+                                  .x = in[0],
+                                  .gamma = p.gamma,
+                                  .beta = p.beta,
+                                  .mean = mean,
+                                  .m2 = m2,
+                                  .count = 24,
+                                  .eps = 1e-3,
+                                  .momentum = 0.9},
+                                 cpu);
     return weighted_sum(p.g, y);
   };
   loss({p.x});
@@ -427,16 +551,29 @@ TEST(BatchNormGradient, SplitBackwardMatchesCentralDifferences) {
   for (std::int64_t begin : {0, 1}) {  // towers: row 0, rows 1..3
     const std::int64_t end = begin == 0 ? 1 : 4;
     Tensor a = Tensor::empty({2}, cpu, DType::Float64), b = Tensor::empty({2}, cpu, DType::Float64);
-    batchnorm_backward_reduce(a, b, p.g.slice(begin, end), p.x.slice(begin, end), mean, inv_std,
+    batchnorm_backward_reduce({.sum_grad_y = a,
+                               .sum_grad_y_xhat = b,
+                               .grad_y = p.g.slice(begin, end),
+                               .x = p.x.slice(begin, end),
+                               .mean = mean,
+                               .inv_std = inv_std},
                               cpu);
     add(sum_gy, sum_gy, a, cpu);
     add(sum_gy_xhat, sum_gy_xhat, b, cpu);
   }
   Tensor grad_x = Tensor::zeros(shape, cpu, DType::Float64);
-  batchnorm_backward_apply(grad_x.slice(1, 4), p.g.slice(1, 4), p.x.slice(1, 4), p.gamma, mean,
-                           inv_std, sum_gy, sum_gy_xhat, 24, cpu);
-  batchnorm_backward_apply(grad_x.slice(0, 1), p.g.slice(0, 1), p.x.slice(0, 1), p.gamma, mean,
-                           inv_std, sum_gy, sum_gy_xhat, 24, cpu);
+  for (auto [begin, end] : {std::pair{1, 4}, std::pair{0, 1}}) {  // the towers in either order
+    batchnorm_backward_apply({.grad_x = grad_x.slice(begin, end),
+                              .grad_y = p.g.slice(begin, end),
+                              .x = p.x.slice(begin, end),
+                              .gamma = p.gamma,
+                              .mean = mean,
+                              .inv_std = inv_std,
+                              .sum_grad_y = sum_gy,
+                              .sum_grad_y_xhat = sum_gy_xhat,
+                              .count = 24},
+                             cpu);
+  }
   GradcheckOptions options;
   options.atol = 1e-5;
   options.rtol = 1e-4;
@@ -458,14 +595,17 @@ TEST(BatchNormCudaVsCpu, TrainingForwardAndBackward) {
         return Tensor::from_host<float>(v, s, stream);
       };
       Tensor x = up(xv, shape), grad_y = up(gyv, shape), gamma = up(gv, {C}), beta = up(bv, {C});
-      Tensor y = Tensor::empty(shape, stream);
-      Tensor mean = Tensor::empty({C}, stream), inv_std = Tensor::empty({C}, stream);
-      Tensor mm = Tensor::zeros({C}, stream), mv = Tensor::zeros({C}, stream);
-      batchnorm_forward_training(y, mean, inv_std, mm, mv, x, gamma, beta, 1e-5, 0.9, stream);
+      BatchNormForwardTraining f = training_forward(x, gamma, beta, stream);
+      f.moving_mean = Tensor::zeros({C}, stream);
+      f.moving_var = Tensor::zeros({C}, stream);
+      f.eps = 1e-5;
+      f.momentum = 0.9;
+      batchnorm_forward_training(f, stream);
       Tensor grad_x = Tensor::zeros(shape, stream), grad_gamma = Tensor::zeros({C}, stream),
              grad_beta = Tensor::zeros({C}, stream);
-      batchnorm_backward(grad_x, grad_gamma, grad_beta, grad_y, x, gamma, mean, inv_std, stream);
-      for (const Tensor* t : {&y, &mean, &inv_std, &mm, &mv, &grad_x, &grad_gamma, &grad_beta}) {
+      batchnorm_backward(backward_of(f, grad_y, grad_x, grad_gamma, grad_beta), stream);
+      for (const Tensor* t : {&f.y, &f.save_mean, &f.save_inv_std, &f.moving_mean, &f.moving_var,
+                              &grad_x, &grad_gamma, &grad_beta}) {
         results[k].push_back(t->to_host<float>(stream));
       }
     }

@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "batchnorm_args.h"
 #include "kernels/cpu/parallel.h"
 #include "test_util.h"
 
@@ -82,16 +83,16 @@ TEST_F(ThreadPoolKernelsTest, BatchNormForwardAndBackward) {
   const Tensor gamma = make({C}, 3, 0.5f, 1.5f), beta = make({C}, 4);
   const Tensor grad_x0 = make(kImages, 5), grad_gamma0 = make({C}, 6), grad_beta0 = make({C}, 7);
   expect_same_bits([&] {
-    Tensor y = Tensor::empty(kImages, stream());
-    Tensor mean = Tensor::empty({C}, stream()), inv_std = Tensor::empty({C}, stream());
-    Tensor moving_mean = make({C}, 8), moving_var = make({C}, 9, 0.5f, 2.0f);
-    batchnorm_forward_training(y, mean, inv_std, moving_mean, moving_var, x, gamma, beta, 1e-3, 0.9,
-                               stream());
+    BatchNormForwardTraining f = training_forward(x, gamma, beta, stream());
+    f.moving_mean = make({C}, 8);
+    f.moving_var = make({C}, 9, 0.5f, 2.0f);
+    f.momentum = 0.9;
+    batchnorm_forward_training(f, stream());
     // Sentinels: the gradients are accumulated onto these values.
     Tensor grad_x = clone(grad_x0), grad_gamma = clone(grad_gamma0), grad_beta = clone(grad_beta0);
-    batchnorm_backward(grad_x, grad_gamma, grad_beta, grad_y, x, gamma, mean, inv_std, stream());
-    return concat({host(y), host(mean), host(inv_std), host(moving_mean), host(moving_var),
-                   host(grad_x), host(grad_gamma), host(grad_beta)});
+    batchnorm_backward(backward_of(f, grad_y, grad_x, grad_gamma, grad_beta), stream());
+    return concat({host(f.y), host(f.save_mean), host(f.save_inv_std), host(f.moving_mean),
+                   host(f.moving_var), host(grad_x), host(grad_gamma), host(grad_beta)});
   });
 }
 
@@ -100,7 +101,7 @@ TEST_F(ThreadPoolKernelsTest, BatchNormSplitStatsOn2D) {
   const Tensor x = make(shape, 11, -1.0f, 5.0f);
   expect_same_bits([&] {
     Tensor mean = Tensor::empty({7}, stream()), m2 = Tensor::empty({7}, stream());
-    batchnorm_stats(mean, m2, x, stream());
+    batchnorm_stats({.mean = mean, .m2 = m2, .x = x}, stream());
     return concat({host(mean), host(m2)});
   });
 }
@@ -173,16 +174,18 @@ TEST_F(ThreadPoolKernelsTest, FusedBatchNormReluBackwardAssigns) {
   const Tensor gamma = make({C}, 23, 0.5f, 1.5f), beta = make({C}, 24);
   const Tensor grad_x0 = make(kImages, 25);
   expect_same_bits([&] {
-    Tensor y = Tensor::empty(kImages, stream());
-    Tensor mean = Tensor::empty({C}, stream()), inv_std = Tensor::empty({C}, stream());
-    Tensor moving_mean = make({C}, 26), moving_var = make({C}, 27, 0.5f, 2.0f);
-    batchnorm_forward_training(y, mean, inv_std, moving_mean, moving_var, x, gamma, beta, 1e-3, 0.9,
-                               stream(), Activation::ReLU);
+    BatchNormForwardTraining f = training_forward(x, gamma, beta, stream());
+    f.moving_mean = make({C}, 26);
+    f.moving_var = make({C}, 27, 0.5f, 2.0f);
+    f.momentum = 0.9;
+    f.activation = Activation::ReLU;
+    batchnorm_forward_training(f, stream());
     Tensor grad_x = clone(grad_x0), grad_gamma = Tensor::zeros({C}, stream()),
            grad_beta = Tensor::zeros({C}, stream());
-    batchnorm_backward(grad_x, grad_gamma, grad_beta, grad_y, x, gamma, mean, inv_std, stream(),
-                       Activation::ReLU, beta, GradWrite::Assign);
-    return concat({host(y), host(grad_x), host(grad_gamma), host(grad_beta)});
+    BatchNormBackward backward = backward_of(f, grad_y, grad_x, grad_gamma, grad_beta);
+    backward.grad_x_write = GradWrite::Assign;
+    batchnorm_backward(backward, stream());
+    return concat({host(f.y), host(grad_x), host(grad_gamma), host(grad_beta)});
   });
 }
 

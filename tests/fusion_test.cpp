@@ -9,6 +9,7 @@
 // FashionNet built with and without the fusions giving the same loss and gradients.
 #include <cmath>
 
+#include "batchnorm_args.h"
 #include "gradcheck.h"
 #include "models/fashion_net.h"
 #include "test_util.h"
@@ -45,38 +46,42 @@ TEST_P(FusionTest, BatchNormReluMatchesBatchNormThenRelu) {
     Tensor grad_y = make(random_values(n, 2), shape);
     Tensor gamma = make(random_values(C, 3, 0.5f, 1.5f), {C});
     Tensor beta = make(random_values(C, 4, -0.5f, 0.5f), {C});
-    auto per_channel = [&] { return Tensor::empty({C}, stream()); };
     auto moving = [&](float v) { return make(std::vector<float>(C, v), {C}); };
 
+    auto forward = [&](Activation activation) {
+      BatchNormForwardTraining f = training_forward(x, gamma, beta, stream());
+      f.moving_mean = moving(0.5f);
+      f.moving_var = moving(2.0f);
+      f.momentum = 0.9;
+      f.activation = activation;
+      batchnorm_forward_training(f, stream());
+      return f;
+    };
+
     // Unfused: batch norm, ReLU; ReLU's backward into a zeroed gradient, then batch norm's.
-    Tensor y = Tensor::empty(shape, stream()), relu_y = Tensor::empty(shape, stream());
-    Tensor mean = per_channel(), inv_std = per_channel(), mm = moving(0.5f), mv = moving(2.0f);
-    batchnorm_forward_training(y, mean, inv_std, mm, mv, x, gamma, beta, 1e-3, 0.9, stream());
-    relu_forward(relu_y, y, stream());
+    const BatchNormForwardTraining bn = forward(Activation::None);
+    Tensor relu_y = Tensor::empty(shape, stream());
+    relu_forward(relu_y, bn.y, stream());
     Tensor grad_bn = Tensor::zeros(shape, stream());
     relu_backward(grad_bn, grad_y, relu_y, stream());
     const auto sentinel = random_values(n, 5);  // the gradients accumulate
     Tensor grad_x = make(sentinel, shape), grad_gamma = moving(1.0f), grad_beta = moving(-1.0f);
-    batchnorm_backward(grad_x, grad_gamma, grad_beta, grad_bn, x, gamma, mean, inv_std, stream());
+    batchnorm_backward(backward_of(bn, grad_bn, grad_x, grad_gamma, grad_beta), stream());
 
     // Fused.
-    Tensor fy = Tensor::empty(shape, stream());
-    Tensor fmean = per_channel(), finv_std = per_channel(), fmm = moving(0.5f), fmv = moving(2.0f);
-    batchnorm_forward_training(fy, fmean, finv_std, fmm, fmv, x, gamma, beta, 1e-3, 0.9, stream(),
-                               Activation::ReLU);
+    const BatchNormForwardTraining fused = forward(Activation::ReLU);
     Tensor fgrad_x = make(sentinel, shape), fgrad_gamma = moving(1.0f), fgrad_beta = moving(-1.0f);
-    batchnorm_backward(fgrad_x, fgrad_gamma, fgrad_beta, grad_y, x, gamma, fmean, finv_std,
-                       stream(), Activation::ReLU, beta);
+    batchnorm_backward(backward_of(fused, grad_y, fgrad_x, fgrad_gamma, fgrad_beta), stream());
 
     const std::string at = " on " + to_string(shape);
-    const double zeros = zero_share(host(fy));
+    const double zeros = zero_share(host(fused.y));
     EXPECT_GT(zeros, 0.2) << "the ReLU must clamp a good share" << at;
     EXPECT_LT(zeros, 0.8) << at;
-    expect_same(fy, relu_y, "y" + at);
-    expect_same(fmean, mean, "mean" + at);
-    expect_same(finv_std, inv_std, "inv_std" + at);
-    expect_same(fmm, mm, "moving_mean" + at);
-    expect_same(fmv, mv, "moving_var" + at);
+    expect_same(fused.y, relu_y, "y" + at);
+    expect_same(fused.save_mean, bn.save_mean, "mean" + at);
+    expect_same(fused.save_inv_std, bn.save_inv_std, "inv_std" + at);
+    expect_same(fused.moving_mean, bn.moving_mean, "moving_mean" + at);
+    expect_same(fused.moving_var, bn.moving_var, "moving_var" + at);
     expect_same(fgrad_x, grad_x, "grad_x" + at);
     expect_same(fgrad_gamma, grad_gamma, "grad_gamma" + at);
     expect_same(fgrad_beta, grad_beta, "grad_beta" + at);
@@ -84,19 +89,20 @@ TEST_P(FusionTest, BatchNormReluMatchesBatchNormThenRelu) {
     // Assigned into a NaN-filled grad_x: the accumulation into zeros, never reading it.
     const std::vector<float> nans(n, NAN);
     Tensor assigned = make(nans, shape), zeroed = Tensor::zeros(shape, stream());
-    batchnorm_backward(assigned, Tensor(), Tensor(), grad_y, x, gamma, fmean, finv_std, stream(),
-                       Activation::ReLU, beta, GradWrite::Assign);
-    batchnorm_backward(zeroed, Tensor(), Tensor(), grad_y, x, gamma, fmean, finv_std, stream(),
-                       Activation::ReLU, beta);
+    BatchNormBackward assign = backward_of(fused, grad_y, assigned);
+    assign.grad_x_write = GradWrite::Assign;
+    batchnorm_backward(assign, stream());
+    batchnorm_backward(backward_of(fused, grad_y, zeroed), stream());
     EXPECT_EQ(host(assigned), host(zeroed)) << "assign" << at;
     Tensor accumulated = make(nans, shape);  // control: accumulating keeps the NaNs
-    batchnorm_backward(accumulated, Tensor(), Tensor(), grad_y, x, gamma, fmean, finv_std, stream(),
-                       Activation::ReLU, beta);
+    batchnorm_backward(backward_of(fused, grad_y, accumulated), stream());
     EXPECT_TRUE(std::isnan(host(accumulated)[0])) << at;
 
     // Control: without the mask, the backward is another one.
     Tensor unmasked = make(sentinel, shape);
-    batchnorm_backward(unmasked, Tensor(), Tensor(), grad_y, x, gamma, fmean, finv_std, stream());
+    BatchNormBackward plain = backward_of(fused, grad_y, unmasked);
+    plain.activation = Activation::None;
+    batchnorm_backward(plain, stream());
     EXPECT_FALSE(all_close(host(unmasked), host(grad_x), 1e-3, 1e-3)) << at;
   }
 }
@@ -108,13 +114,20 @@ TEST_P(FusionTest, BatchNormReluInferenceAndInPlace) {
   Tensor x = make(xv, shape), gamma = make({1.0f, 0.5f, 2.0f}, {3});
   Tensor beta = make({0.1f, -0.2f, 0.0f}, {3}), mm = make({0.1f, 0.0f, -0.3f}, {3});
   Tensor mv = make({1.0f, 2.0f, 0.5f}, {3});
-  Tensor y = Tensor::empty(shape, stream());
-  batchnorm_forward_inference(y, x, gamma, beta, mm, mv, 1e-3, stream());
+  BatchNormForwardInference inference{.y = Tensor::empty(shape, stream()),
+                                      .x = x,
+                                      .gamma = gamma,
+                                      .beta = beta,
+                                      .moving_mean = mm,
+                                      .moving_var = mv};
+  batchnorm_forward_inference(inference, stream());
+  const Tensor y = inference.y;
   relu_forward(y, y, stream());
-  Tensor fy = make(xv, shape);  // in place: y aliases x
-  batchnorm_forward_inference(fy, fy, gamma, beta, mm, mv, 1e-3, stream(), Activation::ReLU);
-  expect_same(fy, y, "inference y");
-  EXPECT_GT(zero_share(host(fy)), 0.2);
+  inference.y = inference.x = make(xv, shape);  // in place: y aliases x
+  inference.activation = Activation::ReLU;
+  batchnorm_forward_inference(inference, stream());
+  expect_same(inference.y, y, "inference y");
+  EXPECT_GT(zero_share(host(inference.y)), 0.2);
 }
 
 TEST_P(FusionTest, BatchNormSplitBackwardTakesTheReluOutput) {
@@ -123,35 +136,49 @@ TEST_P(FusionTest, BatchNormSplitBackwardTakesTheReluOutput) {
   const auto n = static_cast<std::size_t>(numel_of(shape));
   Tensor x = make(random_values(n, 7), shape), grad_y = make(random_values(n, 8), shape);
   Tensor gamma = make({1.2f, 0.8f}, {2}), beta = make({0.0f, 0.3f}, {2});
-  Tensor y = Tensor::empty(shape, stream());
-  Tensor mean = Tensor::empty({2}, stream()), inv_std = Tensor::empty({2}, stream());
-  batchnorm_forward_training(y, mean, inv_std, Tensor(), Tensor(), x, gamma, beta, 1e-3, 0.9,
-                             stream(), Activation::ReLU);
+  BatchNormForwardTraining f = training_forward(x, gamma, beta, stream());
+  f.activation = Activation::ReLU;
+  batchnorm_forward_training(f, stream());
   Tensor whole = Tensor::zeros(shape, stream());
-  batchnorm_backward(whole, Tensor(), Tensor(), grad_y, x, gamma, mean, inv_std, stream(),
-                     Activation::ReLU, beta);
-  Tensor sum_gy = Tensor::empty({2}, stream()), sum_gy_xhat = Tensor::empty({2}, stream());
-  batchnorm_backward_reduce(sum_gy, sum_gy_xhat, grad_y, x, mean, inv_std, stream(),
-                            Activation::ReLU, gamma, beta);
-  Tensor split = Tensor::zeros(shape, stream());
-  batchnorm_backward_apply(split, grad_y, x, gamma, mean, inv_std, sum_gy, sum_gy_xhat, 45,
-                           stream(), Activation::ReLU, beta);
-  expect_same(split, whole, "split backward");
+  batchnorm_backward(backward_of(f, grad_y, whole), stream());
+  BatchNormBackwardReduce reduce{.sum_grad_y = Tensor::empty({2}, stream()),
+                                 .sum_grad_y_xhat = Tensor::empty({2}, stream()),
+                                 .grad_y = grad_y,
+                                 .x = x,
+                                 .gamma = gamma,
+                                 .beta = beta,
+                                 .mean = f.save_mean,
+                                 .inv_std = f.save_inv_std,
+                                 .activation = Activation::ReLU};
+  batchnorm_backward_reduce(reduce, stream());
+  BatchNormBackwardApply apply{.grad_x = Tensor::zeros(shape, stream()),
+                               .grad_y = grad_y,
+                               .x = x,
+                               .gamma = gamma,
+                               .beta = beta,
+                               .mean = f.save_mean,
+                               .inv_std = f.save_inv_std,
+                               .sum_grad_y = reduce.sum_grad_y,
+                               .sum_grad_y_xhat = reduce.sum_grad_y_xhat,
+                               .count = 45,
+                               .activation = Activation::ReLU};
+  batchnorm_backward_apply(apply, stream());
+  expect_same(apply.grad_x, whole, "split backward");
   // The mask is the forward's: the ReLU backward of y's unfused pair gives the same.
   Tensor grad_bn = Tensor::zeros(shape, stream());
-  relu_backward(grad_bn, grad_y, y, stream());
+  relu_backward(grad_bn, grad_y, f.y, stream());
   Tensor unfused = Tensor::zeros(shape, stream());
-  batchnorm_backward(unfused, Tensor(), Tensor(), grad_bn, x, gamma, mean, inv_std, stream());
+  BatchNormBackward plain = backward_of(f, grad_bn, unfused);
+  plain.activation = Activation::None;
+  batchnorm_backward(plain, stream());
   expect_same(whole, unfused, "against the unfused backward");
-  EXPECT_THROW_WITH(batchnorm_backward_reduce(sum_gy, sum_gy_xhat, grad_y, x, mean, inv_std,
-                                              stream(), Activation::ReLU, gamma, Tensor()),
-                    InvalidArgument,
+  reduce.beta = Tensor();
+  EXPECT_THROW_WITH(batchnorm_backward_reduce(reduce, stream()), InvalidArgument,
                     "batchnorm_backward_reduce: the ReLU backward needs the forward's gamma and "
                     "beta (gamma is defined, beta is undefined)");
-  EXPECT_THROW_WITH(
-      batchnorm_backward_apply(split, grad_y, x, gamma, mean, inv_std, sum_gy, sum_gy_xhat, 45,
-                               stream(), Activation::ReLU, Tensor::zeros({3}, stream())),
-      ShapeError, "batchnorm_backward_apply: beta is float32[3]");
+  apply.beta = Tensor::zeros({3}, stream());
+  EXPECT_THROW_WITH(batchnorm_backward_apply(apply, stream()), ShapeError,
+                    "batchnorm_backward_apply: beta is float32[3]");
 }
 
 TEST_P(FusionTest, BiasAddReluMatchesBiasAddThenRelu) {
@@ -328,23 +355,21 @@ TEST(FusionGradient, BatchNormReluMatchesCentralDifferences) {
     Tensor x = random_double_tensor(shape, 20, -1.0, 2.0);
     Tensor gamma = random_double_tensor({C}, 21, 0.5, 1.5), beta = random_double_tensor({C}, 22);
     Tensor g = random_double_tensor(shape, 23);
-    Tensor mean = empty64({C}), inv_std = empty64({C});
     auto forward = [&](const std::vector<Tensor>& in) {
-      Tensor y = empty64(shape);
-      batchnorm_forward_training(y, mean, inv_std, Tensor(), Tensor(), in[0], in[1], in[2], 1e-3,
-                                 0.9, cpu_stream(), Activation::ReLU);
-      return y;
+      BatchNormForwardTraining f = training_forward(in[0], in[1], in[2], cpu_stream());
+      f.activation = Activation::ReLU;
+      batchnorm_forward_training(f, cpu_stream());
+      return f;
     };
-    forward({x, gamma, beta});  // mean and inv_std for the backward
+    const BatchNormForwardTraining f = forward({x, gamma, beta});  // statistics for the backward
     Tensor grad_x = zeros64(shape), grad_gamma = zeros64({C}), grad_beta = zeros64({C});
-    batchnorm_backward(grad_x, grad_gamma, grad_beta, g, x, gamma, mean, inv_std, cpu_stream(),
-                       Activation::ReLU, beta);
+    batchnorm_backward(backward_of(f, g, grad_x, grad_gamma, grad_beta), cpu_stream());
     GradcheckOptions options;
     options.atol = 1e-5;
     options.rtol = 1e-4;
-    EXPECT_TRUE(
-        check_gradient([&](const std::vector<Tensor>& in) { return weighted_sum(g, forward(in)); },
-                       {x, gamma, beta}, {grad_x, grad_gamma, grad_beta}, options))
+    EXPECT_TRUE(check_gradient(
+        [&](const std::vector<Tensor>& in) { return weighted_sum(g, forward(in).y); },
+        {x, gamma, beta}, {grad_x, grad_gamma, grad_beta}, options))
         << to_string(shape);
   }
 }

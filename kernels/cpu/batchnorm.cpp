@@ -234,16 +234,15 @@ void batchnorm_stats(const BatchNormArgs& a) {
   });
 }
 
-void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_t count_a,
-                           const Tensor& mean_b, const Tensor& m2_b, std::int64_t count_b) {
-  with_dtype(mean_a.dtype(), [&]<typename T>() {
-    T* ma = mean_a.data<T>();        // [C]
-    T* qa = m2_a.data<T>();          // [C]
-    const T* mb = mean_b.data<T>();  // [C]
-    const T* qb = m2_b.data<T>();    // [C]
-    const double na = static_cast<double>(count_a), nb = static_cast<double>(count_b);
+void batchnorm_merge_stats(const BatchNormMergeStats& a) {
+  with_dtype(a.mean_a.dtype(), [&]<typename T>() {
+    T* ma = a.mean_a.data<T>();        // [C]
+    T* qa = a.m2_a.data<T>();          // [C]
+    const T* mb = a.mean_b.data<T>();  // [C]
+    const T* qb = a.m2_b.data<T>();    // [C]
+    const double na = static_cast<double>(a.count_a), nb = static_cast<double>(a.count_b);
     const double n = na + nb;
-    for (std::int64_t c = 0; c < mean_a.numel(); ++c) {
+    for (std::int64_t c = 0; c < a.mean_a.numel(); ++c) {
       const double delta = static_cast<double>(mb[c]) - static_cast<double>(ma[c]);
       ma[c] = static_cast<T>(static_cast<double>(ma[c]) + delta * nb / n);
       qa[c] = static_cast<T>(static_cast<double>(qa[c]) + static_cast<double>(qb[c]) +

@@ -1,8 +1,11 @@
 // Backend entry points of batch normalization (contracts in kernels/batchnorm.h):
 // BatchNormArgs, which both backends take, and the CPU functions. The dispatch in
-// kernels/batchnorm.cpp checks the arguments, then fills one BatchNormArgs with
-// the tensors and numbers of the call; each entry point reads the fields listed
-// at it. Internal: not installed, not included by towerlab.h.
+// kernels/batchnorm.cpp checks a public entry point's argument struct, then fills
+// one BatchNormArgs with what its steps need (the training forward's statistics
+// and normalization share one, as do the backward's reduction and apply); each
+// backend function reads the fields listed at it. The merge, which needs nothing
+// derived, takes the public BatchNormMergeStats as it is. Internal: not installed,
+// not included by towerlab.h.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +13,7 @@
 
 #include "engine/philox.h"  // TL_HOST_DEVICE
 #include "engine/tensor.h"
+#include "kernels/batchnorm.h"
 #include "kernels/grad_write.h"
 #include "kernels/pool2d.h"
 #include "kernels/relu.h"
@@ -58,8 +62,7 @@ namespace towerlab::cpu {
 
 // Reads x; writes mean, m2.
 void batchnorm_stats(const BatchNormArgs& a);
-void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_t count_a,
-                           const Tensor& mean_b, const Tensor& m2_b, std::int64_t count_b);
+void batchnorm_merge_stats(const BatchNormMergeStats& a);
 // Reads x, gamma, beta, mean, m2, count, eps, momentum, activation, max_pool (and
 // H, W, Ho, Wo with it); writes y, inv_std, (with max_pool) argmax and (when
 // defined) moving_mean, moving_var.

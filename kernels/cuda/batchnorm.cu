@@ -256,12 +256,10 @@ void batchnorm_stats(const BatchNormArgs& a, const Stream& stream) {
                      split.splits, split.per_channel);
 }
 
-void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_t count_a,
-                           const Tensor& mean_b, const Tensor& m2_b, std::int64_t count_b,
-                           const Stream& stream) {
-  launch_grid_stride(batchnorm_merge_stats_kernel, mean_a.numel(), stream, mean_a.data<float>(),
-                     m2_a.data<float>(), mean_b.data<float>(), m2_b.data<float>(),
-                     static_cast<double>(count_a), static_cast<double>(count_b));
+void batchnorm_merge_stats(const BatchNormMergeStats& a, const Stream& stream) {
+  launch_grid_stride(batchnorm_merge_stats_kernel, a.mean_a.numel(), stream, a.mean_a.data<float>(),
+                     a.m2_a.data<float>(), a.mean_b.data<float>(), a.m2_b.data<float>(),
+                     static_cast<double>(a.count_a), static_cast<double>(a.count_b));
 }
 
 void batchnorm_forward_from_stats(const BatchNormArgs& a, const Stream& stream) {

@@ -13,9 +13,7 @@
 namespace towerlab::cuda {
 
 void batchnorm_stats(const BatchNormArgs& a, const Stream& stream);
-void batchnorm_merge_stats(const Tensor& mean_a, const Tensor& m2_a, std::int64_t count_a,
-                           const Tensor& mean_b, const Tensor& m2_b, std::int64_t count_b,
-                           const Stream& stream);
+void batchnorm_merge_stats(const BatchNormMergeStats& a, const Stream& stream);
 void batchnorm_forward_from_stats(const BatchNormArgs& a, const Stream& stream);
 void batchnorm_forward_inference(const BatchNormArgs& a, const Stream& stream);
 void batchnorm_backward_reduce(const BatchNormArgs& a, const Stream& stream);
