@@ -35,6 +35,16 @@ double label_at(const Tensor& labels, std::int64_t index, const Stream& stream) 
                                << labels.describe() << ")");
 }
 
+// The CPU kernels index by the labels, so a bad one is refused before they run
+// (host memory, no sync). CUDA's kernels poison its row instead: finding it there
+// needs validate_labels and a host sync (kernels/loss.h).
+void check_labels_on_cpu(const char* op, const Tensor& labels, std::int64_t num_classes,
+                         const Stream& stream) {
+  if (!stream.device().is_cpu()) return;
+  const std::int64_t bad = cpu::first_invalid_label(labels, num_classes);
+  if (bad >= 0) throw_bad_label(op, labels, bad, num_classes, stream);
+}
+
 void check_coeff(const char* op, double coeff) {
   TL_CHECK(std::isfinite(coeff), InvalidArgument, op << ": coeff must be finite, got " << coeff);
 }
@@ -100,14 +110,11 @@ void softmax_cross_entropy_forward(const Tensor& loss, const Tensor& probs,
   }
   const std::int64_t rows = logits.size(0);
   const double scale = reduction_scale(reduction, rows);
-  if (stream.device().is_cpu()) {
-    const std::int64_t bad = cpu::first_invalid_label(labels, logits.size(1));
-    if (bad >= 0) throw_bad_label(op, labels, bad, logits.size(1), stream);
-    cpu::softmax_cross_entropy_forward(loss, probs, predictions, logits, labels, scale);
-  } else {
-    TL_ON_CUDA(cuda::softmax_cross_entropy_forward(loss, probs, predictions, logits, labels,
-                                                   static_cast<float>(scale), stream));
-  }
+  check_labels_on_cpu(op, labels, logits.size(1), stream);
+  TL_DISPATCH(stream,
+              cpu::softmax_cross_entropy_forward(loss, probs, predictions, logits, labels, scale),
+              cuda::softmax_cross_entropy_forward(loss, probs, predictions, logits, labels,
+                                                  static_cast<float>(scale), stream));
 }
 
 void softmax_cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
@@ -121,14 +128,11 @@ void softmax_cross_entropy_backward(const Tensor& grad_logits, const Tensor& gra
   kernels::check_same_shape(op, stream, {{"logits", &logits}, {"grad_logits", &grad_logits}});
   if (logits.numel() == 0) return;
   const double scale = reduction_scale(reduction, logits.size(0));
-  if (stream.device().is_cpu()) {
-    const std::int64_t bad = cpu::first_invalid_label(labels, logits.size(1));
-    if (bad >= 0) throw_bad_label(op, labels, bad, logits.size(1), stream);
-    cpu::softmax_cross_entropy_backward(grad_logits, grad_loss, logits, labels, scale);
-  } else {
-    TL_ON_CUDA(cuda::softmax_cross_entropy_backward(grad_logits, grad_loss, logits, labels,
-                                                    static_cast<float>(scale), stream));
-  }
+  check_labels_on_cpu(op, labels, logits.size(1), stream);
+  TL_DISPATCH(stream,
+              cpu::softmax_cross_entropy_backward(grad_logits, grad_loss, logits, labels, scale),
+              cuda::softmax_cross_entropy_backward(grad_logits, grad_loss, logits, labels,
+                                                   static_cast<float>(scale), stream));
 }
 
 void softmax_cross_entropy_backward_from_probs(const Tensor& grad_logits, const Tensor& grad_loss,
@@ -142,14 +146,12 @@ void softmax_cross_entropy_backward_from_probs(const Tensor& grad_logits, const 
   kernels::check_same_shape(op, stream, {{"probs", &probs}, {"grad_logits", &grad_logits}});
   if (probs.numel() == 0) return;
   const double scale = reduction_scale(reduction, probs.size(0));
-  if (stream.device().is_cpu()) {
-    const std::int64_t bad = cpu::first_invalid_label(labels, probs.size(1));
-    if (bad >= 0) throw_bad_label(op, labels, bad, probs.size(1), stream);
-    cpu::softmax_cross_entropy_backward_from_probs(grad_logits, grad_loss, probs, labels, scale);
-  } else {
-    TL_ON_CUDA(cuda::softmax_cross_entropy_backward_from_probs(
-        grad_logits, grad_loss, probs, labels, static_cast<float>(scale), stream));
-  }
+  check_labels_on_cpu(op, labels, probs.size(1), stream);
+  TL_DISPATCH(
+      stream,
+      cpu::softmax_cross_entropy_backward_from_probs(grad_logits, grad_loss, probs, labels, scale),
+      cuda::softmax_cross_entropy_backward_from_probs(grad_logits, grad_loss, probs, labels,
+                                                      static_cast<float>(scale), stream));
 }
 
 void validate_labels(const Tensor& labels, std::int64_t num_classes, const Stream& stream) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kernels/checks.h"
+#include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cuda/matmul.h"
 
@@ -66,18 +67,14 @@ void matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool transpose_a,
   if (m == 0 || n == 0) return;
 
   const std::int64_t lda = a.size(1), ldb = b.size(1), ldc = c.size(1);
-  if (stream.device().is_cpu()) {
-    if (c.dtype() == DType::Float64) {
-      cpu::gemm<double>(transpose_a, transpose_b, m, n, k, alpha, a.data<double>(), lda,
-                        b.data<double>(), ldb, beta, c.data<double>(), ldc);
-    } else {
-      cpu::gemm<float>(transpose_a, transpose_b, m, n, k, alpha, a.data<float>(), lda,
-                       b.data<float>(), ldb, beta, c.data<float>(), ldc);
-    }
-  } else {
-    TL_ON_CUDA(cuda::gemm(transpose_a, transpose_b, m, n, k, alpha, a.data<float>(), lda,
-                          b.data<float>(), ldb, beta, c.data<float>(), ldc, stream));
-  }
+  // The host's GEMM runs in c's dtype (float64 for the gradient checks).
+  const auto host_gemm = [&]<typename T>() {
+    cpu::gemm<T>(transpose_a, transpose_b, m, n, k, alpha, a.data<T>(), lda, b.data<T>(), ldb, beta,
+                 c.data<T>(), ldc);
+  };
+  TL_DISPATCH(stream, cpu::with_dtype(c.dtype(), host_gemm),
+              cuda::gemm(transpose_a, transpose_b, m, n, k, alpha, a.data<float>(), lda,
+                         b.data<float>(), ldb, beta, c.data<float>(), ldc, stream));
 }
 
 }  // namespace towerlab
