@@ -83,6 +83,23 @@ for program in build/consumer-installed/consumer build/embed-installed/embed; do
   fi
 done
 
+# The CUDA package, where the release build has the CUDA backend: find_package finds
+# the runtime, cuBLAS and NCCL through CUDAToolkit on this machine (no path of the
+# build is in the package), and the sample trains on CPU towers with no GPU present.
+# It links cuBLAS: the control that shows the check above can fail.
+rm -rf build/install-release build/embed-release
+cmake --install build/release --prefix build/install-release >/dev/null
+if grep -rqs 'CUDA::cublas' build/install-release --include=towerlabTargets.cmake; then
+  echo "== embedding: samples/embed from the installed CUDA package"
+  cmake -S samples/embed -B build/embed-release -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build/install-release" >/dev/null
+  cmake --build build/embed-release >/dev/null
+  (cd build/embed-release && ./embed)
+  if ! ldd build/embed-release/embed | grep -q libcublas; then
+    echo "build/embed-release/embed, built against the CUDA package, does not link cuBLAS: the ldd check above proves nothing"
+    exit 1
+  fi
+fi
+
 echo "== embedding: add_subdirectory(towerlab)"
 cmake -S tests/consumer -B build/consumer-subdir -G Ninja -DTOWERLAB_SOURCE_DIR="$PWD" -DTOWERLAB_CUDA=OFF >/dev/null
 cmake --build build/consumer-subdir >/dev/null
