@@ -21,7 +21,8 @@ What it checks, in every page (text inside code blocks and `code spans` is not a
      every ratio (1.62x, or 1.52 in a table), one-decimal value (a load), and integer of
      three or more digits (images/s) is one the results files give (bench/compare_peers.py's
      JSON), a setting of the run, a peer's version or the run's date; each commit named is
-     the files' towerlab_commit.
+     the files' towerlab_commit. A trace (scripts/record_trace.py's JSON) gives its commit,
+     its load, its steps' spans in ms (one decimal), and the integers of its date and command.
   4. Phases: the step's phases are numbered once, in kPhases of parallel/trainer_phases.h
      ({Phase::Split, "split", "split"}: number by position, name, Trainer's function).
      The list at the top of parallel/trainer.h ("//   1. split: ...") and every numbered
@@ -167,9 +168,17 @@ class Checker:
                 return None
             try:
                 doc = json.load(open(path, encoding="utf-8"))
+                if "traceEvents" in doc:  # scripts/record_trace.py's
+                    allowed["commit"].add(doc["towerlab_commit"])
+                    allowed["one"].add(f"{doc['load_average_1min']:.1f}")
+                    allowed["one"].update(f"{ms:.1f}" for ms in doc["steps"].values())
+                    allowed["int"].update(re.findall(r"\d{3,}", doc["date"]))
+                    allowed["int"].update(re.findall(r"\d{3,}", doc["command"]))
+                    continue
                 summary, rounds = doc["summary"], doc["rounds"]
             except (ValueError, KeyError, TypeError) as e:
-                self.fail(page, n, f"results file {rel}: not bench/compare_peers.py's JSON ({e!r})")
+                self.fail(page, n, f"results file {rel}: not bench/compare_peers.py's or "
+                                   f"scripts/record_trace.py's JSON ({e!r})")
                 return None
             allowed["commit"].add(doc["towerlab_commit"])
             for row in summary:

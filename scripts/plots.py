@@ -246,9 +246,28 @@ def plot_peers(docs, out, name="cpu_peers.png"):
 # The pictures docs/ shows, each from committed results: (picture, results files).
 # scripts/check_docs.py reads this list too, and checks that the captions and the
 # numbers beside each picture agree with these files.
+def plot_trace(docs, out, name="trace.png"):
+    """scripts/trace_png.py's timeline of scripts/record_trace.py's trace: each tower's
+    layers, the master's update and, below, the first step's ring."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    sys.dont_write_bytecode = True
+    import trace_png  # noqa: E402  (the timeline's one drawing)
+    doc = docs[0]
+    names, spans = trace_png.parse(doc, "trace")
+    towers = doc["command"].split("--devices ")[1].split()[0]
+    title = (f"FashionNet on {towers} (steps {', '.join(doc['steps'])}), towerlab "
+             f"{doc['towerlab_commit']}, {doc['machine']['cpu_model']}, "
+             f"load {doc['load_average_1min']:.1f}")
+    path = os.path.join(out, name)
+    trace_png.render(names, spans, path, title)
+    note(f"wrote {os.path.relpath(path, ROOT)}")
+
+
+# The pictures the pages show: (picture, its results files, how it is drawn).
 PICTURES = [
     ("cpu_peers.png", ["cpu_peers_423d564.json", "cpu_peers_423d564_2.json"]),
 ]
+DRAW = {"cpu_peers.png": plot_peers, "trace.png": plot_trace}
 
 
 def main():
@@ -267,7 +286,7 @@ def main():
     for name, files in PICTURES:
         docs = [load(os.path.join(res, f)) for f in files]
         if all(docs):
-            plot_peers(docs, args.out, name)
+            DRAW[name](docs, args.out, name)
     if not args.bench_plots:
         return
     if doc := load(os.path.join(res, "trainer_bench.json")):

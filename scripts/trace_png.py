@@ -40,6 +40,11 @@ def load(path):
             trace = json.load(f)
     except (OSError, ValueError) as e:
         fail(f"{path}: cannot read a trace: {e}")
+    return parse(trace, path)
+
+
+def parse(trace, path):
+    """(row names, spans) of a loaded trace; `path` names it in errors."""
     events = trace.get("traceEvents") if isinstance(trace, dict) else None
     if not isinstance(events, list):
         fail(f"{path}: no traceEvents list (not a Chrome trace)")
