@@ -364,7 +364,8 @@ class Checker:
 
 CLEAN_README = ("# t\n\n[docs](docs/a.md#usage), [web](https://example.com).\n\n"
                 "<!-- numbers from: r.json -->\ntowerlab ran 1.62x the best peer at 2634 images/s "
-                "(abc1234, load 1.5 to 1.6, batch 128, TensorFlow 2.21).\n")
+                "(abc1234, load 1.5 to 1.6, batch 128, TensorFlow 2.21).\n\n"
+                "<!-- numbers from: t.json -->\nsteps of 15.9 and 16.1 ms at load 0.4 (abc1234).\n")
 
 
 def self_test():
@@ -380,6 +381,8 @@ def self_test():
         ("number not in the results", "<!-- numbers from: r.json -->\nit ran 1.99x the best peer\n",
          "1.99x is not a ratio"),
         ("commit not the results'", "<!-- numbers from: r.json -->\nat commit def5678\n", "def5678"),
+        ("trace step not in the trace", "<!-- numbers from: t.json -->\nsteps of 16.7 ms at load 0.4\n",
+         "16.7 is not a load"),
         ("phase renamed", "1. **splitting** (`Trainer::split`): the batch.\n", "phase 1 is 'splitting'"),
         ("phase without its function", "1. **split** (`Trainer::split_it`): the batch.\n",
          "Trainer::split_it is not"),
@@ -412,6 +415,10 @@ def self_test():
                                     "max_images_per_second": 2700}],
                        "rounds": [{"towerlab:cpu": {"images_per_second": 2634.2, "load_average_1min": 1.5},
                                    "tf": {"images_per_second": 1626.0, "load_average_1min": 1.6}}]}, f)
+        with open(os.path.join(root, "t.json"), "w") as f:  # scripts/record_trace.py's
+            json.dump({"traceEvents": [], "towerlab_commit": "abc1234", "date": "2026-11-26 10:10 UTC",
+                       "load_average_1min": 0.42, "command": "fashion_mnist --devices cpu,cpu",
+                       "steps": {"20": 15.9, "21": 16.1}}, f)
         readme = os.path.join(root, "README.md")
         picture = os.path.join(root, "docs", "img", "p.png")
         with open(readme, "w") as f:
