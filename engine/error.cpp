@@ -1,6 +1,7 @@
 #include "engine/error.h"
 
 #include <cstdio>
+#include <utility>
 
 namespace towerlab {
 
@@ -11,12 +12,45 @@ template <typename E>
   throw E(context + e.what());
 }
 
+std::string sample_message(const std::string& head, std::int64_t row, const std::string& tail,
+                           const std::string& note) {
+  return head + "[" + std::to_string(row) + "]" + tail + " (" + note + ")";
+}
+
 }  // namespace
+
+SampleError::SampleError(std::string head, std::int64_t row, std::string tail, std::string note)
+    : InvalidArgument(sample_message(head, row, tail, note)),
+      head_(std::move(head)),
+      tail_(std::move(tail)),
+      note_(std::move(note)),
+      row_(row) {}
+
+SampleError SampleError::in_batch(const std::string& context, std::int64_t first_row) const {
+  const std::int64_t row = first_row + row_;
+  return SampleError(context + head_, row, tail_, "row " + std::to_string(row) + " of the batch");
+}
+
+SampleError SampleError::with_context(const std::string& context) const {
+  return SampleError(context + head_, row_, tail_, note_);
+}
+
+void rethrow_with_context(const std::string& context, std::int64_t first_row) {
+  try {
+    throw;
+  } catch (const SampleError& e) {
+    throw e.in_batch(context, first_row);
+  } catch (...) {
+    rethrow_with_context(context);
+  }
+}
 
 void rethrow_with_context(const std::string& context) {
   // Most derived first: a catch clause matches base classes too.
   try {
     throw;
+  } catch (const SampleError& e) {
+    throw e.with_context(context);
   } catch (const CheckpointMismatch& e) {
     rethrow_as(e, context);
   } catch (const ShapeError& e) {

@@ -4,6 +4,7 @@
 // input after InvalidArgument). The library never exits and never aborts.
 #pragma once
 
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -19,6 +20,30 @@ class Error : public std::runtime_error {
 class InvalidArgument : public Error {
  public:
   using Error::Error;
+};
+
+// A bad value in one row (sample) of an op's input, e.g. a label that is not a
+// class. The op sees only the rows it was given and names the row among them; code
+// that gave it rows of a larger batch (the trainer gives each tower its slice)
+// rethrows it naming the row of the whole batch (rethrow_with_context's
+// `first_row`), so the user can find the sample in what they passed.
+class SampleError : public InvalidArgument {
+ public:
+  // what(): head + "[" + row + "]" + tail + " (" + note + ")", e.g.
+  // "softmax_cross_entropy_forward: labels[1] = 12 is not a class id in [0, 4) (labels
+  // float32[3])".
+  SampleError(std::string head, std::int64_t row, std::string tail, std::string note);
+  // The row among those the op saw (after in_batch: the batch's row).
+  std::int64_t row() const { return row_; }
+  // The same error with `context` before it, for rows that start at row `first_row`
+  // of the batch: it names row first_row + row() ("labels[4] ... (row 4 of the batch)").
+  SampleError in_batch(const std::string& context, std::int64_t first_row) const;
+  // The same error with `context` before it.
+  SampleError with_context(const std::string& context) const;
+
+ private:
+  std::string head_, tail_, note_;
+  std::int64_t row_;
 };
 
 // Shapes, dtypes or devices of tensors that do not fit the op.
@@ -86,6 +111,9 @@ class CommunicationError : public Error {
 // rethrown unchanged). Call it only inside a catch block. The trainer uses it to
 // say which tower and which samples an error inside a tower came from.
 [[noreturn]] void rethrow_with_context(const std::string& context);
+// The same, for an op that was given rows of a larger batch starting at row
+// `first_row`: a SampleError names the batch's row (SampleError::in_batch).
+[[noreturn]] void rethrow_with_context(const std::string& context, std::int64_t first_row);
 
 namespace detail {
 // `device`: the current CUDA device when the call failed (-1: unknown).

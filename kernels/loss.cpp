@@ -28,11 +28,13 @@ double label_at(const Tensor& labels, std::int64_t index, const Stream& stream) 
                                           : one.to_host<float>(stream)[0];
 }
 
+// A SampleError: the trainer names the row of the whole batch.
 [[noreturn]] void throw_bad_label(const char* op, const Tensor& labels, std::int64_t index,
                                   std::int64_t num_classes, const Stream& stream) {
-  TL_THROW(InvalidArgument, op << ": labels[" << index << "] = " << label_at(labels, index, stream)
-                               << " is not a class id in [0, " << num_classes << ") (labels "
-                               << labels.describe() << ")");
+  std::ostringstream what;
+  what << " = " << label_at(labels, index, stream) << " is not a class id in [0, " << num_classes
+       << ")";
+  throw SampleError(std::string(op) + ": labels", index, what.str(), "labels " + labels.describe());
 }
 
 // The CPU kernels index by the labels, so a bad one is refused before they run

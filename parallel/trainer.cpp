@@ -464,19 +464,22 @@ void Trainer::run_towers(const std::vector<Tensor>& batch, const std::vector<Tow
       return;
     }
     const bool stands_in = stand_in && i == 0;
+    const TowerSlice& slice = stands_in ? stand_in_slice : slices[i];
     try {
-      run_tower(i, batch, stands_in ? stand_in_slice : slices[i], training, sync.get(), stands_in);
+      run_tower(i, batch, slice, training, sync.get(), stands_in);
       if (bucketed_step) buckets_->tower_done(i);
       if (sync != nullptr) sync->finish(int(i), false);
     } catch (...) {
       if (bucketed_step) buckets_->tower_failed();  // the reducer stops waiting for this tower
       if (sync != nullptr) sync->finish(int(i), true);
+      // An error about one sample names its row of the batch, not of the slice.
       rethrow_with_context(
           "Trainer: tower " + std::to_string(i) + " on " + towers_[i]->device.str() +
-          (stands_in ? std::string(" (standing in for a process without samples "
-                                   "in synchronized batch norm): ")
-                     : " (samples " + std::to_string(slices[i].begin) + " to " +
-                           std::to_string(slices[i].end - 1) + " of the batch): "));
+              (stands_in ? std::string(" (standing in for a process without samples "
+                                       "in synchronized batch norm): ")
+                         : " (samples " + std::to_string(slice.begin) + " to " +
+                               std::to_string(slice.end - 1) + " of the batch): "),
+          slice.begin);
     }
   };
   // Whatever happened, the towers' streams go on only after the buckets' streams.

@@ -87,10 +87,11 @@ TEST(BadInput, LabelsOutsideTheClassesNameTheTowerTheSamplesAndTheLabel) {
   TrainerOptions options;
   options.devices = {Device::cpu(), Device::cpu()};
   Trainer trainer(vars, tower_fn, Optimizer::by_name("sgd", 0.1), options);
-  // Samples 3..5 are tower 1's; sample 4 is its row 1.
+  // Samples 3..5 are tower 1's; sample 4 is its row 1, named as the batch's row 4.
   EXPECT_THROW_WITH(trainer.step(batch_with_label(12, 4)), InvalidArgument,
                     "Trainer: tower 1 on cpu (samples 3 to 5 of the batch): "
-                    "softmax_cross_entropy_forward: labels[1] = 12 is not a class id in [0, 4)");
+                    "softmax_cross_entropy_forward: labels[4] = 12 is not a class id in [0, 4) "
+                    "(row 4 of the batch)");
   EXPECT_THROW_WITH(trainer.step(batch_with_label(-1, 0)), InvalidArgument,
                     "Trainer: tower 0 on cpu (samples 0 to 2 of the batch): "
                     "softmax_cross_entropy_forward: labels[0] = -1 is not a class id");

@@ -305,6 +305,32 @@ TEST(MultiRank, DifferentBatchesOnRanksAreRefusedOnEveryRank) {
   }
 }
 
+// Across processes too a bad sample is named by its row of the global batch: 9
+// samples over 2 ranks x 2 towers put rows 5-8 on rank 1, rows 7-8 on its tower 1.
+TEST(MultiRank, ABadLabelNamesItsRowOfTheGlobalBatch) {
+  Model model;
+  std::vector<Tensor> batch = make_batch(9, 2);
+  std::vector<float> labels = batch[1].to_host<float>();
+  labels[8] = -1;
+  batch[1] = Tensor::from_host<float>(labels, {9}, cpu());
+  std::int64_t row = -1;
+  const auto errors = run_ranks(2, [&](int rank, ProcessGroup& group) {
+    Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1),
+                    towers_of(2, &group));
+    try {
+      trainer.step(batch);
+    } catch (const SampleError& e) {
+      if (rank == 1) row = e.row();
+      throw;
+    }
+  });
+  EXPECT_EQ(errors[1],
+            "Trainer: tower 1 on cpu (samples 7 to 8 of the batch): softmax_cross_entropy_forward: "
+            "labels[8] = -1 is not a class id in [0, 3) (row 8 of the batch)");
+  EXPECT_EQ(row, 8);
+  EXPECT_FALSE(errors[0].empty());  // rank 0 is told that rank 1 stopped
+}
+
 // NaN inputs in the sample `bad` only: its rank's tower computes a NaN loss.
 std::vector<Tensor> batch_with_nan(std::int64_t n, std::int64_t bad) {
   auto batch = make_batch(n, 3);

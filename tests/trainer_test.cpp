@@ -238,6 +238,31 @@ TEST(Trainer, TraceShowsTowersAndTheRing) {
                       {"backward", 2}, {"forward", 2}, {"update + broadcast", 1}}));
 }
 
+// A bad sample is named by its row of the batch the caller passed, not by its row
+// of the tower's slice (7 samples over 3 towers: rows 0-2, 3-4, 5-6; row 6 is tower
+// 2's row 1), in a training step and in an evaluation.
+TEST(Trainer, ABadLabelNamesItsRowOfTheBatch) {
+  Model model;  // 3 classes
+  Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1), on_cpu_towers(3));
+  std::vector<Tensor> batch = make_batch(7, 5);
+  std::vector<float> labels = batch[1].to_host<float>();
+  labels[6] = 9;
+  batch[1] = Tensor::from_host<float>(labels, {7}, cpu());
+  const std::string expected =
+      "Trainer: tower 2 on cpu (samples 5 to 6 of the batch): softmax_cross_entropy_forward: "
+      "labels[6] = 9 is not a class id in [0, 3) (row 6 of the batch)";
+  for (bool training : {true, false}) {
+    try {
+      training ? trainer.step(batch) : trainer.evaluate(batch);
+      ADD_FAILURE() << "a label outside the classes was accepted";
+    } catch (const SampleError& e) {
+      EXPECT_EQ(std::string(e.what()), expected);
+      EXPECT_EQ(e.row(), 6);
+    }
+  }
+  EXPECT_EQ(trainer.optimizer().steps(), 0);
+}
+
 // Inside each tower's forward and backward: every layer, in order and in reverse,
 // with the tower's samples (7 split over 2 towers: 4 and 3).
 TEST(Trainer, TraceShowsEachLayerOfEachTower) {
