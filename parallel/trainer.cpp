@@ -1,8 +1,11 @@
+// The Trainer (parallel/trainer.h): its construction, then one step as its phases,
+// a section each, in the order Trainer::run calls them. Where the work is placed and
+// the placement log: trainer_placement.cpp; save_state and restore_state:
+// trainer_state.cpp.
 #include "parallel/trainer.h"
 
 #include <algorithm>
 #include <cmath>
-#include <iostream>
 #include <span>
 #include <sstream>
 
@@ -12,7 +15,6 @@
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
 #include "parallel/buckets.h"
-#include "parallel/fingerprint.h"
 #include "parallel/nccl_allreduce.h"
 #include "parallel/nccl_communicator.h"
 #include "parallel/process_exchange.h"
@@ -24,20 +26,6 @@
 #include "parallel/trainer_phases.h"
 
 namespace towerlab {
-
-Device place_device(Device requested, bool soft_placement, std::ostream& log) {
-  try {
-    check_available(requested);
-    return requested;
-  } catch (const DeviceError& e) {
-    if (!soft_placement) throw;
-    const Device fallback =
-        requested.is_cuda() && cuda_device_count() > 0 ? Device::cuda(0) : Device::cpu();
-    log << "towerlab: warning: " << requested.str() << " is not available; placing its work on "
-        << fallback.str() << " (soft placement)\n";
-    return fallback;
-  }
-}
 
 struct Trainer::TowerState {
   Device device;
@@ -132,6 +120,10 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
   }
   ring_ = std::make_unique<Ring>(streams);
   if (options_.reduction == AllReduce::Nccl) nccl_ = std::make_unique<NcclAllReduce>(streams);
+  if (options_.reduction == AllReduce::Ring) {
+    std::vector<Bucket> buckets = make_buckets(variables_, options_.bucket_bytes);
+    if (buckets.size() > 1) buckets_ = std::make_unique<BucketReducer>(std::move(buckets), streams);
+  }
   if (options_.process_group != nullptr) {
     const NcclChoice choice =
         choose_cross_process_path(*options_.process_group, options_.cross_process, devices_);
@@ -139,12 +131,6 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
       nccl_processes_ = std::make_unique<NcclCommunicator>(*options_.process_group, devices_[0]);
     }
     cross_process_path_ = choice.reason;
-  }
-  if (options_.reduction == AllReduce::Ring) {
-    std::vector<Bucket> buckets = make_buckets(variables_, options_.bucket_bytes);
-    if (buckets.size() > 1) buckets_ = std::make_unique<BucketReducer>(std::move(buckets), streams);
-  }
-  if (options_.process_group != nullptr) {
     // NCCL's call carries the whole gradient after the host call (phase 5).
     buckets_across_processes_ =
         bucketed() && options_.batchnorm != BatchNormMode::Sync && nccl_processes_ == nullptr;
@@ -167,113 +153,33 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
 
 Trainer::~Trainer() = default;
 
-std::ostream& Trainer::log() const {
-  return options_.log != nullptr ? *options_.log : std::clog;
+// --- one step: the phases of parallel/trainer_phases.h, in order -------------
+
+StepResult Trainer::step(const std::vector<Tensor>& batch) {
+  return run(batch, true);
 }
 
-void Trainer::check_processes_agree() const {
-  // The devices as placed: soft placement may have moved a tower to another kind.
-  TrainerOptions placed = options_;
-  placed.devices = devices_;
-  placed.master = master_device_;
-  const std::vector<std::string> all = options_.process_group->allgather(
-      trainer_fingerprint(variables_, DType::Float32, optimizer_, placed),
-      "trainer startup: fingerprints");
-  const std::string difference = first_fingerprint_difference(all);
-  TL_CHECK(difference.empty(), InvalidArgument,
-           "Trainer: the " << ranks_ << " processes do not train the same model the same way ("
-                           << difference
-                           << "); every process must declare the same variables in the same "
-                              "order and use the same optimizer and step options");
+StepResult Trainer::evaluate(const std::vector<Tensor>& batch) {
+  return run(batch, false);
 }
 
-void Trainer::log_placement() const {
-  std::ostream& log = this->log();
-  if (options_.process_group != nullptr) {
-    log << "placement: process " << rank_ << " of " << ranks_ << " (local rank "
-        << options_.process_group->local_rank() << ")\n";
-    log << "placement: across processes, gradients and moving statistics by "
-        << (nccl_processes_ != nullptr ? "NCCL on " + devices_[0].str() : "the process group")
-        << " (" << cross_process_path_ << ")\n";
+StepResult Trainer::run(const std::vector<Tensor>& batch, bool training) {
+  StepResult result = split(batch);            // 1
+  run_towers(batch, result.slices, training);  // 2
+  if (training) {
+    reduce_gradients();                 // 3
+    average_moving_statistics(result);  // 4
   }
-  log << "placement: master variables on " << master_device_.str() << "; " << towers_.size()
-      << " tower(s)\n";
-  for (std::size_t i = 0; i < towers_.size(); ++i) {
-    log << "placement: tower " << i << " runs forward and backward on " << towers_[i]->device.str()
-        << " (its own "
-        << (towers_[i]->device.is_cpu() ? "host thread" : "CUDA stream and host thread") << ")\n";
-  }
-  for (const VariableSpec& v : variables_.specs()) {
-    log << "placement: variable " << v.name << " " << to_string(v.shape)
-        << (v.trainable ? "" : " (state)") << ": master on " << master_device_.str()
-        << ", replicas on";
-    for (const auto& t : towers_) log << " " << t->device.str();
-    log << "\n";
-  }
-  log << "placement: gradients all-reduced by "
-      << (options_.reduction == AllReduce::Ring          ? "ring"
-          : options_.reduction == AllReduce::ReduceToOne ? "reduction to one device"
-                                                         : "NCCL")
-      << "; optimizer " << optimizer_.name() << " runs on " << master_device_.str() << "\n";
-  if (bucketed()) {
-    log << "placement: the gradient is reduced in " << buckets_->buckets().size()
-        << " buckets (bucket_bytes " << options_.bucket_bytes
-        << ") while the backward runs, on a reducer thread";
-    if (options_.process_group != nullptr) {
-      log << (buckets_across_processes_ ? " that also makes each bucket's cross-process call"
-              : nccl_processes_ != nullptr
-                  ? "; across processes in the step's NCCL call"
-                  : "; across processes in the step's one call (synchronized batch norm makes "
-                    "collectives during the backward)");
-    }
-    log << "\n";
-  }
+  if (options_.process_group != nullptr) reduce_across_processes(result, training);  // 5
+  result.loss = mean_loss(result.samples);
+  if (training && guard(result)) update_and_broadcast();  // 6, 7
+  gather_outputs(result);                                 // 8
+  last_loss_ = result.loss;
+  last_logs_ = result.logs;
+  return result;
 }
 
-void Trainer::broadcast() {
-  for (auto& t : towers_) {
-    transfer(t->store->flat_values(), *t->stream, master_->flat_values(), *master_stream_);
-    transfer(t->store->flat_state(), *t->stream, master_->flat_state(), *master_stream_);
-  }
-  // The one host wait of a step, and the reason a caller may read or write the
-  // master (to_host on any stream, save_checkpoint, load_checkpoint) without
-  // knowing master_stream_: the master stream has waited for every replica's copy,
-  // so this also covers the update, the initialization and the copies themselves.
-  master_stream_->synchronize();
-}
-
-void Trainer::set_trace(Trace* trace) {
-  trace_ = trace;
-  if (trace_ == nullptr) return;
-  for (std::size_t i = 0; i < towers_.size(); ++i) {
-    trace_->name_row(int(i), "tower " + std::to_string(i) + " (" + towers_[i]->device.str() + ")");
-  }
-  trace_->name_row(int(towers_.size()), "master (" + master_device_.str() + ")");
-  if (bucketed()) trace_->name_row(int(towers_.size()) + 1, "gradient buckets");
-  if (ranks_ > 1) trace_->name_row(int(towers_.size()) + 2, "processes");
-}
-
-const VariableStore& Trainer::replica(std::size_t i) const {
-  TL_CHECK(i < towers_.size(), InvalidArgument,
-           "Trainer::replica: tower " << i << " of " << towers_.size());
-  return *towers_[i]->store;
-}
-
-const Tensor& Trainer::gradients() const {
-  return master_->flat_grads();
-}
-
-Tensor Trainer::gradient(const std::string& name) const {
-  return master_->grad(name);
-}
-
-std::vector<std::string> Trainer::updated_variables() const {
-  std::vector<std::string> names;
-  for (const VariableSpec& v : variables_.specs()) {
-    if (!v.trainable) names.push_back(v.name);
-  }
-  return names;
-}
+// --- 1. split ----------------------------------------------------------------
 
 void Trainer::check_batch(const std::vector<Tensor>& batch) const {
   TL_CHECK(!batch.empty(), InvalidArgument, "Trainer: the batch holds no tensors");
@@ -289,137 +195,6 @@ void Trainer::check_batch(const std::vector<Tensor>& batch) const {
            "Trainer: the batch is empty (0 samples); there is nothing to train on");
 }
 
-void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const TowerSlice& slice,
-                        bool training, BatchNormSync* sync, bool stand_in) {
-  TowerState& t = *towers_[i];
-  t.loss = Tensor();
-  t.outputs.clear();
-  t.logs.clear();
-  t.tape->reset();
-  if (training) t.store->zero_grad(*t.stream);
-  if (slice.size() == 0) return;  // sits this step out (its weight is 0)
-
-  auto start = Clock::now();
-  std::vector<Tensor> feeds;
-  for (const Tensor& b : batch) {
-    Tensor rows = b.slice(slice.begin, slice.end);
-    Tensor local = Tensor::empty(rows.shape(), *t.stream, rows.dtype());
-    copy_tensor(local, rows,
-                b.device().is_cuda() && t.device.is_cpu() ? default_stream(b.device()) : *t.stream);
-    feeds.push_back(local);
-  }
-  std::optional<NoGradGuard> no_grad;
-  if (!training) no_grad.emplace(*t.tape);
-  // Each layer's forward and backward on the tower's row, while tracing.
-  std::optional<TraceProfiler> profiler;
-  if (trace_ != nullptr) profiler.emplace(*trace_, int(i), *t.stream, slice.size());
-  t.tape->set_profiler(profiler ? &*profiler : nullptr);
-  // The tape keeps neither the profiler nor the buckets' listener past this step,
-  // even on a throw.
-  ScopeExit tape_off([&t] {
-    t.tape->set_gradient_listener(nullptr);
-    t.tape->set_profiler(nullptr);
-  });
-  const std::vector<TraceArg> args{{"samples", slice.size()},
-                                   {"phase", phase_label(Phase::RunTowers)}};
-  const Tower tower{int(i), t.device, *t.stream, *t.tape, *t.store, training, slice.size(), sync};
-  TowerResult r = tower_fn_(tower, feeds);
-  // Each bucket reported ready as the backward completes it. A stand-in is not
-  // watched: its gradient is discarded below, and its buckets complete when it is
-  // done.
-  if (training && bucketed() && !stand_in) buckets_->watch(i, *t.tape);
-  // Errors from here on get the tower and its samples put before them (run()).
-  TL_CHECK(r.loss.defined(), InvalidArgument, "the tower function returned no loss");
-  TL_CHECK(r.loss.value().numel() == 1, ShapeError,
-           "the tower function's loss " << r.loss.describe() << " must have one element");
-  if (trace_ != nullptr) {
-    t.stream->synchronize();
-    trace_->span(int(i), "forward", start, "tower", args);
-  }
-  if (training) {
-    start = Clock::now();
-    t.tape->backward(r.loss, slice.weight);
-    // Synchronized batch norm gives the stand-in's rows, which are not in the batch,
-    // a gradient through the batch's sums: it must not count.
-    if (stand_in) t.store->zero_grad(*t.stream);
-    if (trace_ != nullptr) {
-      t.stream->synchronize();
-      trace_->span(int(i), "backward", start, "tower", args);
-    }
-  }
-  t.tape->reset();
-  t.loss = r.loss.value();
-  for (const Var& o : r.outputs) t.outputs.push_back(o.value());
-  for (const auto& [name, v] : r.logs) t.logs[name] = v.value();
-}
-
-std::string Trainer::find_nonfinite(const StepResult& result) const {
-  std::ostringstream problem;
-  if (!std::isfinite(result.loss)) {
-    problem << "the loss is " << result.loss << " (";
-    const std::size_t towers = towers_.size();
-    for (int r = 0; r < ranks_; ++r) {
-      const auto slices = split_batch(result.samples, ranks_, r, std::int64_t(towers));
-      for (std::size_t i = 0; i < towers; ++i) {
-        if (r > 0 || i > 0) problem << ", ";
-        if (options_.process_group != nullptr) {
-          problem << "rank " << r << " tower " << i << ": ";
-        } else {
-          problem << "tower " << i << " on " << towers_[i]->device.str() << ": ";
-        }
-        if (slices[i].size() == 0) {
-          problem << "no samples";
-        } else {
-          problem << losses_[std::size_t(r) * towers + i];
-        }
-      }
-    }
-    problem << "; the usual causes: NaN or infinite inputs, labels outside the classes on CUDA "
-               "(whose loss kernels do not stop to check them), a learning rate too high)";
-  }
-  // After the all-reduce (or the reduction to one device) tower 0 holds the sum
-  // (over the processes too, after phase 5).
-  const TowerState& first = *towers_[0];
-  const Tensor& grads = first.store->flat_grads();
-  const std::int64_t at = first_nonfinite(grads, *first.stream);
-  if (at >= 0) {
-    const float value = grads.slice(at, at + 1).to_host<float>(*first.stream)[0];
-    for (const VariableSpec& v : variables_.specs()) {
-      if (!v.trainable || at < v.offset || at >= v.offset + v.numel()) continue;
-      if (problem.tellp() > 0) problem << "; ";
-      problem << "the averaged gradient of " << v.name << " " << to_string(v.shape) << " is "
-              << value << " at element " << at - v.offset
-              << " (the first non-finite value of the flat gradient)";
-      break;
-    }
-  }
-  return problem.str();
-}
-
-StepResult Trainer::step(const std::vector<Tensor>& batch) {
-  return run(batch, true);
-}
-
-StepResult Trainer::evaluate(const std::vector<Tensor>& batch) {
-  return run(batch, false);
-}
-
-StepResult Trainer::run(const std::vector<Tensor>& batch, bool training) {
-  StepResult result = split(batch);
-  run_towers(batch, result.slices, training);
-  if (training) {
-    reduce_gradients();
-    average_moving_statistics(result);
-  }
-  if (options_.process_group != nullptr) reduce_across_processes(result, training);
-  result.loss = mean_loss(result.samples);
-  if (training && guard(result)) update_and_broadcast();
-  gather_outputs(result);
-  last_loss_ = result.loss;
-  last_logs_ = result.logs;
-  return result;
-}
-
 StepResult Trainer::split(const std::vector<Tensor>& batch) const {
   check_batch(batch);
   StepResult result;
@@ -432,6 +207,8 @@ StepResult Trainer::split(const std::vector<Tensor>& batch) const {
   result.slices = split_batch(result.samples, ranks_, rank_, std::int64_t(towers_.size()));
   return result;
 }
+
+// --- 2. run towers -----------------------------------------------------------
 
 void Trainer::run_towers(const std::vector<Tensor>& batch, const std::vector<TowerSlice>& slices,
                          bool training) {
@@ -499,18 +276,71 @@ void Trainer::run_towers(const std::vector<Tensor>& batch, const std::vector<Tow
   }
 }
 
-double Trainer::mean_loss(std::int64_t samples) const {
-  const std::size_t towers = towers_.size();
-  double loss = 0.0;
-  for (int r = 0; r < ranks_; ++r) {
-    const auto slices = split_batch(samples, ranks_, r, std::int64_t(towers));
-    for (std::size_t i = 0; i < towers; ++i) {
-      if (slices[i].size() == 0) continue;
-      loss += slices[i].weight * double(losses_[std::size_t(r) * towers + i]);
+void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const TowerSlice& slice,
+                        bool training, BatchNormSync* sync, bool stand_in) {
+  TowerState& t = *towers_[i];
+  t.loss = Tensor();
+  t.outputs.clear();
+  t.logs.clear();
+  t.tape->reset();
+  if (training) t.store->zero_grad(*t.stream);
+  if (slice.size() == 0) return;  // sits this step out (its weight is 0)
+
+  auto start = Clock::now();
+  std::vector<Tensor> feeds;
+  for (const Tensor& b : batch) {
+    Tensor rows = b.slice(slice.begin, slice.end);
+    Tensor local = Tensor::empty(rows.shape(), *t.stream, rows.dtype());
+    copy_tensor(local, rows,
+                b.device().is_cuda() && t.device.is_cpu() ? default_stream(b.device()) : *t.stream);
+    feeds.push_back(local);
+  }
+  std::optional<NoGradGuard> no_grad;
+  if (!training) no_grad.emplace(*t.tape);
+  // Each layer's forward and backward on the tower's row, while tracing.
+  std::optional<TraceProfiler> profiler;
+  if (trace_ != nullptr) profiler.emplace(*trace_, int(i), *t.stream, slice.size());
+  t.tape->set_profiler(profiler ? &*profiler : nullptr);
+  // The tape keeps neither the profiler nor the buckets' listener past this step,
+  // even on a throw.
+  ScopeExit tape_off([&t] {
+    t.tape->set_gradient_listener(nullptr);
+    t.tape->set_profiler(nullptr);
+  });
+  const std::vector<TraceArg> args{{"samples", slice.size()},
+                                   {"phase", phase_label(Phase::RunTowers)}};
+  const Tower tower{int(i), t.device, *t.stream, *t.tape, *t.store, training, slice.size(), sync};
+  TowerResult r = tower_fn_(tower, feeds);
+  // Each bucket reported ready as the backward completes it. A stand-in is not
+  // watched: its gradient is discarded below, and its buckets complete when it is
+  // done.
+  if (training && bucketed() && !stand_in) buckets_->watch(i, *t.tape);
+  // Errors from here on get the tower and its samples put before them (run()).
+  TL_CHECK(r.loss.defined(), InvalidArgument, "the tower function returned no loss");
+  TL_CHECK(r.loss.value().numel() == 1, ShapeError,
+           "the tower function's loss " << r.loss.describe() << " must have one element");
+  if (trace_ != nullptr) {
+    t.stream->synchronize();
+    trace_->span(int(i), "forward", start, "tower", args);
+  }
+  if (training) {
+    start = Clock::now();
+    t.tape->backward(r.loss, slice.weight);
+    // Synchronized batch norm gives the stand-in's rows, which are not in the batch,
+    // a gradient through the batch's sums: it must not count.
+    if (stand_in) t.store->zero_grad(*t.stream);
+    if (trace_ != nullptr) {
+      t.stream->synchronize();
+      trace_->span(int(i), "backward", start, "tower", args);
     }
   }
-  return loss;
+  t.tape->reset();
+  t.loss = r.loss.value();
+  for (const Var& o : r.outputs) t.outputs.push_back(o.value());
+  for (const auto& [name, v] : r.logs) t.logs[name] = v.value();
 }
+
+// --- 3. reduce gradients -----------------------------------------------------
 
 void Trainer::reduce_gradients() {
   if (bucketed()) return;  // the reducer did it during the backward (run_towers)
@@ -533,6 +363,17 @@ void Trainer::reduce_gradients() {
   }
 }
 
+void Trainer::reduce_buckets() {
+  std::vector<Tensor> grads;
+  for (const auto& t : towers_) grads.push_back(t->store->flat_grads());
+  ProcessGroup* group = buckets_across_processes_ ? options_.process_group : nullptr;
+  buckets_->reduce(grads, "step " + std::to_string(optimizer_.steps()), group,
+                   group != nullptr ? exchange_->buffer(true) : Tensor(), trace_,
+                   int(towers_.size()) + 1);
+}
+
+// --- 4. average moving statistics --------------------------------------------
+
 void Trainer::average_moving_statistics(const StepResult& result) {
   if (variables_.state_numel() == 0) return;
   const auto& slices = result.slices;
@@ -554,14 +395,7 @@ void Trainer::average_moving_statistics(const StepResult& result) {
   }
 }
 
-void Trainer::reduce_buckets() {
-  std::vector<Tensor> grads;
-  for (const auto& t : towers_) grads.push_back(t->store->flat_grads());
-  ProcessGroup* group = buckets_across_processes_ ? options_.process_group : nullptr;
-  buckets_->reduce(grads, "step " + std::to_string(optimizer_.steps()), group,
-                   group != nullptr ? exchange_->buffer(true) : Tensor(), trace_,
-                   int(towers_.size()) + 1);
-}
+// --- 5. reduce across processes ----------------------------------------------
 
 void Trainer::reduce_across_processes(const StepResult& result, bool training) {
   // Every rank sums one host buffer laid out by exchange_ (parallel/process_exchange.h);
@@ -623,6 +457,21 @@ void Trainer::reduce_across_processes(const StepResult& result, bool training) {
   if (!layout.statistics.empty()) copy_tensor(stats, layout.statistics.of(buffer), *first.stream);
 }
 
+// --- 6. guard, after the mean loss it checks ---------------------------------
+
+double Trainer::mean_loss(std::int64_t samples) const {
+  const std::size_t towers = towers_.size();
+  double loss = 0.0;
+  for (int r = 0; r < ranks_; ++r) {
+    const auto slices = split_batch(samples, ranks_, r, std::int64_t(towers));
+    for (std::size_t i = 0; i < towers; ++i) {
+      if (slices[i].size() == 0) continue;
+      loss += slices[i].weight * double(losses_[std::size_t(r) * towers + i]);
+    }
+  }
+  return loss;
+}
+
 bool Trainer::guard(StepResult& result) {
   if (options_.numeric_guard == NumericGuard::Off) return true;
   const std::string problem = find_nonfinite(result);
@@ -644,6 +493,51 @@ bool Trainer::guard(StepResult& result) {
   return false;
 }
 
+std::string Trainer::find_nonfinite(const StepResult& result) const {
+  std::ostringstream problem;
+  if (!std::isfinite(result.loss)) {
+    problem << "the loss is " << result.loss << " (";
+    const std::size_t towers = towers_.size();
+    for (int r = 0; r < ranks_; ++r) {
+      const auto slices = split_batch(result.samples, ranks_, r, std::int64_t(towers));
+      for (std::size_t i = 0; i < towers; ++i) {
+        if (r > 0 || i > 0) problem << ", ";
+        if (options_.process_group != nullptr) {
+          problem << "rank " << r << " tower " << i << ": ";
+        } else {
+          problem << "tower " << i << " on " << towers_[i]->device.str() << ": ";
+        }
+        if (slices[i].size() == 0) {
+          problem << "no samples";
+        } else {
+          problem << losses_[std::size_t(r) * towers + i];
+        }
+      }
+    }
+    problem << "; the usual causes: NaN or infinite inputs, labels outside the classes on CUDA "
+               "(whose loss kernels do not stop to check them), a learning rate too high)";
+  }
+  // After the all-reduce (or the reduction to one device) tower 0 holds the sum
+  // (over the processes too, after phase 5).
+  const TowerState& first = *towers_[0];
+  const Tensor& grads = first.store->flat_grads();
+  const std::int64_t at = first_nonfinite(grads, *first.stream);
+  if (at >= 0) {
+    const float value = grads.slice(at, at + 1).to_host<float>(*first.stream)[0];
+    for (const VariableSpec& v : variables_.specs()) {
+      if (!v.trainable || at < v.offset || at >= v.offset + v.numel()) continue;
+      if (problem.tellp() > 0) problem << "; ";
+      problem << "the averaged gradient of " << v.name << " " << to_string(v.shape) << " is "
+              << value << " at element " << at - v.offset
+              << " (the first non-finite value of the flat gradient)";
+      break;
+    }
+  }
+  return problem.str();
+}
+
+// --- 7. update and broadcast -------------------------------------------------
+
 void Trainer::update_and_broadcast() {
   const auto start = Clock::now();
   TowerState& first = *towers_[0];
@@ -656,6 +550,20 @@ void Trainer::update_and_broadcast() {
                  {{"phase", phase_label(Phase::UpdateAndBroadcast)}});
   }
 }
+
+void Trainer::broadcast() {
+  for (auto& t : towers_) {
+    transfer(t->store->flat_values(), *t->stream, master_->flat_values(), *master_stream_);
+    transfer(t->store->flat_state(), *t->stream, master_->flat_state(), *master_stream_);
+  }
+  // The one host wait of a step, and the reason a caller may read or write the
+  // master (to_host on any stream, save_checkpoint, load_checkpoint) without
+  // knowing master_stream_: the master stream has waited for every replica's copy,
+  // so this also covers the update, the initialization and the copies themselves.
+  master_stream_->synchronize();
+}
+
+// --- 8. gather outputs -------------------------------------------------------
 
 void Trainer::gather_outputs(StepResult& result) const {
   const auto& slices = result.slices;
@@ -690,6 +598,41 @@ void Trainer::gather_outputs(StepResult& result) const {
   for (const auto& [name, value] : towers_[last]->logs) {
     result.logs[name] = double(value.to_host<float>(*towers_[last]->stream)[0]);
   }
+}
+
+// --- what the last step left, and tracing ------------------------------------
+
+const VariableStore& Trainer::replica(std::size_t i) const {
+  TL_CHECK(i < towers_.size(), InvalidArgument,
+           "Trainer::replica: tower " << i << " of " << towers_.size());
+  return *towers_[i]->store;
+}
+
+const Tensor& Trainer::gradients() const {
+  return master_->flat_grads();
+}
+
+Tensor Trainer::gradient(const std::string& name) const {
+  return master_->grad(name);
+}
+
+std::vector<std::string> Trainer::updated_variables() const {
+  std::vector<std::string> names;
+  for (const VariableSpec& v : variables_.specs()) {
+    if (!v.trainable) names.push_back(v.name);
+  }
+  return names;
+}
+
+void Trainer::set_trace(Trace* trace) {
+  trace_ = trace;
+  if (trace_ == nullptr) return;
+  for (std::size_t i = 0; i < towers_.size(); ++i) {
+    trace_->name_row(int(i), "tower " + std::to_string(i) + " (" + towers_[i]->device.str() + ")");
+  }
+  trace_->name_row(int(towers_.size()), "master (" + master_device_.str() + ")");
+  if (bucketed()) trace_->name_row(int(towers_.size()) + 1, "gradient buckets");
+  if (ranks_ > 1) trace_->name_row(int(towers_.size()) + 2, "processes");
 }
 
 }  // namespace towerlab
