@@ -267,7 +267,8 @@ TEST(NcclCommunicator, OneRankKeepsItsBits) {
 // Trains ranks x towers (each rank on GPU `rank`, its towers virtual devices of it)
 // with the given path and returns each rank's values and moving statistics.
 std::vector<std::vector<float>> train_on_gpus(int ranks, int towers, CrossProcessPath path,
-                                              const std::string& expected_log) {
+                                              const std::string& expected_log,
+                                              BatchNormStats stats = BatchNormStats::Average) {
   BnModel model;
   std::vector<std::vector<float>> results(static_cast<std::size_t>(ranks));
   const auto errors = run_ranks(ranks, [&](int rank, ProcessGroup& group) {
@@ -278,6 +279,7 @@ std::vector<std::vector<float>> train_on_gpus(int ranks, int towers, CrossProces
     options.seed = 7;
     options.process_group = &group;
     options.cross_process = path;
+    options.batchnorm_stats = stats;
     options.log_placement = true;
     options.log = &log;
     Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), options);
@@ -334,6 +336,26 @@ TEST(NcclTrainer, TwoRanksOnNcclEqualHostStagingBitForBit) {
     // Two ranks: each element's cross-process sum is one addition on either path.
     EXPECT_EQ(nccl[0], host[0]);
   }
+}
+
+// BatchNormStats::Tower0 on both paths: rank 1 adds zeros for its moving statistics,
+// so the job keeps rank 0's tower 0's: those of one process whose tower 0 has the
+// same rows (9 samples: rows 0-2 for 2 ranks x 2 towers and for 1 rank x 4 towers),
+// to float rounding, and the two paths agree bit for bit.
+TEST(NcclTrainer, TwoRanksKeepRankZerosStatisticsOnNcclAndOnTheHost) {
+  TL_NEED_NCCL_GPUS(2);
+  const auto nccl =
+      train_on_gpus(2, 2, CrossProcessPath::Auto, "by NCCL on cuda:", BatchNormStats::Tower0);
+  const auto host = train_on_gpus(2, 2, CrossProcessPath::HostStaged, "by the process group",
+                                  BatchNormStats::Tower0);
+  const auto one = train_on_gpus(1, 4, CrossProcessPath::HostStaged, "by the process group",
+                                 BatchNormStats::Tower0);
+  const auto average = train_on_gpus(2, 2, CrossProcessPath::HostStaged, "by the process group");
+  EXPECT_EQ(nccl[0], nccl[1]) << "the ranks' bits differ";
+  EXPECT_EQ(nccl[0], host[0]);
+  EXPECT_TRUE(all_close(host[0], one[0], 1e-5, 1e-5)) << "not rank 0's tower 0's statistics";
+  EXPECT_FALSE(all_close(average[0], one[0], 1e-5, 1e-5))
+      << "the policy changed nothing: the comparison cannot fail";
 }
 
 TEST(NcclCommunicator, ARankThatNeverArrivesFailsTheOtherAfterTheDeadline) {
