@@ -7,8 +7,10 @@ The pictures the pages show are listed in PICTURES below, each with the results 
 is drawn from; scripts/check_docs.py reads the same list and checks that each picture's
 caption and the numbers beside it agree with those files. Today:
   cpu_peers.png             towerlab against PyTorch, TensorFlow and JAX on the CPU, from
-                            bench/compare_peers.py's JSON (cpu_peers_423d564*.json), the
+                            bench/compare_peers.py's JSON (cpu_peers_avx512_bb2d037.json), the
                             machine, CPU flags, load and commit of each run written below it
+  trace.png                 three steps of the sample on two CPU towers, from
+                            scripts/record_trace.py's JSON (trace_bb2d037.json)
 
 --bench-plots also draws, from Google Benchmark JSON in --results (each file optional):
   trainer_bench.json        -> towers_speed.png: FashionNet images/s against towers
@@ -207,7 +209,7 @@ def plot_peers(docs, out, name="cpu_peers.png"):
     labels = [row["label"].split(" (`")[0] for row in docs[0]["summary"]]
     runs = len(docs)
     height = 0.8 / runs
-    fig, ax = plt.subplots(figsize=(8, 0.75 * len(contenders) * max(runs, 1) ** 0.5 + 2.4))
+    fig, ax = plt.subplots(figsize=(10, 0.75 * len(contenders) * max(runs, 1) ** 0.5 + 2.4))
     top = 0
     for k, doc in enumerate(docs):
         rows = {row["contender"]: row for row in doc["summary"]}
@@ -233,17 +235,18 @@ def plot_peers(docs, out, name="cpu_peers.png"):
     lines = []
     for k, doc in enumerate(docs):
         f = peers_facts(doc)
-        lines.append(f"run {k + 1}: towerlab {f['commit']}, {f['date']}, {f['cpu']} ({f['flags']}), "
-                     f"load average {f['load']} before each contender")
+        lines.append(f"run {k + 1}: towerlab {f['commit']}, {f['date']}, {f['cpu']} ({f['flags']}),\n"
+                     f"    load average {f['load']} before each contender")
     fig.text(0.01, 0.01, "\n".join(lines), fontsize=7.5, va="bottom")
-    fig.tight_layout(rect=(0, 0.03 + 0.03 * runs, 1, 1))
+    fig.tight_layout(rect=(0, 0.02 + 0.045 * runs, 1, 1))
     path = os.path.join(out, name)
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     note(f"wrote {os.path.relpath(path, ROOT)}")
 
 
-# The pictures docs/ shows, each from committed results: (picture, results files).
+# The pictures docs/ shows, each from committed results: (picture, results files);
+# DRAW says how each is drawn.
 # scripts/check_docs.py reads this list too, and checks that the captions and the
 # numbers beside each picture agree with these files.
 def plot_trace(docs, out, name="trace.png"):
@@ -265,7 +268,8 @@ def plot_trace(docs, out, name="trace.png"):
 
 # The pictures the pages show: (picture, its results files, how it is drawn).
 PICTURES = [
-    ("cpu_peers.png", ["cpu_peers_423d564.json", "cpu_peers_423d564_2.json"]),
+    ("cpu_peers.png", ["cpu_peers_avx512_bb2d037.json"]),
+    ("trace.png", ["trace_bb2d037.json"]),
 ]
 DRAW = {"cpu_peers.png": plot_peers, "trace.png": plot_trace}
 
