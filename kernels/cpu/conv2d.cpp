@@ -29,13 +29,7 @@
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/winograd.h"
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#define TL_CONV_X86 1
-#else
-#define TL_CONV_X86 0
-#endif
+#include "kernels/cpu/x86.h"
 
 namespace towerlab::cpu {
 
@@ -208,12 +202,12 @@ constexpr std::int64_t kDirectMaxGroups = 64;
 
 bool direct_single_channel(const Conv2dShape& s, DType dtype) {
   const Conv2dParams& p = s.params;
-  return TL_CONV_X86 && dtype == DType::Float32 && gemm_isa() != GemmIsa::Portable && s.C == 1 &&
+  return TL_CPU_X86 && dtype == DType::Float32 && gemm_isa() != GemmIsa::Portable && s.C == 1 &&
          s.R == kDirectR && s.S == kDirectS && p.stride_h == 1 && p.stride_w == 1 &&
          p.dilation_h == 1 && p.dilation_w == 1 && s.Q >= 8 && s.Q <= 8 * kDirectMaxGroups;
 }
 
-#if TL_CONV_X86
+#if TL_CPU_X86
 
 #define TL_AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) inline
 
@@ -238,13 +232,10 @@ TL_AVX2_INLINE void direct_forward_groups(const float* plane, std::int64_t cols,
 }
 
 // The first columns of the groups of `width` columns that cover a row of Q >= width
-// outputs, the last group ending at Q (it may overlap the one before it: those
-// outputs are written twice with the same value). Returns how many.
+// outputs (for_each_group, kernels/cpu/x86.h). Returns how many.
 std::int64_t column_groups(std::int64_t Q, std::int64_t width, std::int64_t* q) {
   std::int64_t groups = 0;
-  for (std::int64_t next = 0; next < Q; next = q[groups - 1] + width) {
-    q[groups++] = std::min(next, Q - width);
-  }
+  for_each_group(Q, width, [&](std::int64_t first) { q[groups++] = first; });
   return groups;
 }
 
@@ -318,11 +309,11 @@ __attribute__((target("avx512f"))) void direct_forward_avx512(const float* plane
   }
 }
 
-// The direct forward for this CPU: AVX-512 where the GEMM runs it (gemm_isa(), so
-// that TOWERLAB_GEMM_ISA=avx2 pins both) and the rows are wide enough.
+// The direct forward for this CPU (kernels/cpu/x86.h): AVX-512 where it runs and the
+// rows are wide enough.
 void direct_forward(const float* plane, const float* weight, const float* bias, float* y,
                     const Conv2dShape& s) {
-  if (gemm_isa() == GemmIsa::Avx512 && s.Q >= 16) {
+  if (avx512_selected() && s.Q >= 16) {
     direct_forward_avx512(plane, weight, bias, y, s);
   } else {
     direct_forward_avx2(plane, weight, bias, y, s);

@@ -28,13 +28,7 @@
 #include "engine/settings.h"
 #include "engine/thread_pool.h"
 #include "kernels/cpu/matmul.h"
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#define TL_GEMM_X86 1
-#else
-#define TL_GEMM_X86 0
-#endif
+#include "kernels/cpu/x86.h"
 
 namespace towerlab::cpu {
 
@@ -112,7 +106,7 @@ void micro_kernel_portable(std::int64_t kc, const float* a, const float* b, floa
   }
 }
 
-#if TL_GEMM_X86
+#if TL_CPU_X86
 
 // AVX2 + FMA (Haswell, Zen): 6x16 tile = 12 ymm accumulators, 2 for the B row, 1
 // for the broadcast of A: 15 of 16 registers. 12 independent FMA chains cover the
@@ -279,7 +273,7 @@ MicroKernel avx512_edge_kernel(std::int64_t rows, std::int64_t cols) {
   return rows <= 8 ? micro_kernel_avx512<8, 2> : micro_kernel_avx512<12, 2>;
 }
 
-#endif  // TL_GEMM_X86
+#endif  // TL_CPU_X86
 
 // ---------------------------------------------------------------------------
 // Packing and the blocked driver.
@@ -481,14 +475,14 @@ struct Blocked {
 // Choosing the micro-kernel.
 
 bool cpu_has(GemmIsa isa) {
-#if TL_GEMM_X86
+#if TL_CPU_X86
   __builtin_cpu_init();  // safe to repeat; needed if we run before libgcc's constructors
 #endif
   switch (isa) {
     case GemmIsa::Auto:
     case GemmIsa::Portable:
       return true;
-#if TL_GEMM_X86
+#if TL_CPU_X86
     case GemmIsa::Avx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case GemmIsa::Avx512:
@@ -588,7 +582,7 @@ void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, st
     gemm_reference(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   } else {
     switch (selected_isa().load(std::memory_order_relaxed)) {
-#if TL_GEMM_X86
+#if TL_CPU_X86
       case GemmIsa::Avx512:
         Blocked<kAvx512Mr, kAvx512Nr>::run(
             {micro_kernel_avx512<kAvx512Mr, 2>, pack_rows_avx2<kAvx512Mr>,

@@ -11,18 +11,11 @@
 #include <limits>
 #include <type_traits>
 
-#include "engine/settings.h"
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/pool2d.h"
 #include "kernels/cpu/simd.h"
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#define TL_POOL_X86 1
-#else
-#define TL_POOL_X86 0
-#endif
+#include "kernels/cpu/x86.h"
 
 namespace towerlab::cpu {
 
@@ -160,18 +153,6 @@ Choice2x2 choose_2x2(const Windows2x2& w, const std::array<Vec4, 4>& tags) {
   return {select(any_nan, nan_value, best), select(any_nan, nan_tag, tag)};
 }
 
-// Calls fn(wo) for groups of four outputs of a row of Wo >= 4: the last group ends
-// at Wo and may overlap the one before it (its outputs are computed twice, with
-// the same values), so that no output falls to a scalar tail.
-template <typename Fn>
-void for_each_group_of_4(std::int64_t Wo, const Fn& fn) {
-  std::int64_t wo = 0;
-  for (std::int64_t next = 0; next < Wo; next = wo + 4) {
-    wo = std::min(next, Wo - 4);
-    fn(wo);
-  }
-}
-
 // window_argmax over the 2x2 windows of one output row, four outputs at a time.
 // `top` is the position of the row pair's first value in the plane; out and where
 // [Wo] get the outputs' values and positions. A row of fewer than four outputs
@@ -185,7 +166,7 @@ void max_pool_2x2_row(const float* plane, std::int64_t top, std::int64_t W, std:
                                        splat(float(W + 1))};
   const Vec4 lanes = {0.0f, 2.0f, 4.0f, 6.0f};
   if (Wo >= 4) {
-    for_each_group_of_4(Wo, [&](std::int64_t wo) {
+    for_each_group(Wo, 4, [&](std::int64_t wo) {
       const Choice2x2 c = choose_2x2(load_2x2(r0, r1, wo), offsets);
       // Positions are exact in float32: planes hold at most 2^24 values.
       store4(out + wo, c.value);
@@ -214,7 +195,7 @@ void max_pool_2x2_row_gradient(const float* where, const float* grad_y, std::int
   const std::array<Vec4, 4> offsets = {splat(0.0f), splat(1.0f), splat(float(W)),
                                        splat(float(W + 1))};
   const Vec4 lanes = {0.0f, 2.0f, 4.0f, 6.0f};
-  for_each_group_of_4(Wo, [&](std::int64_t wo) {
+  for_each_group(Wo, 4, [&](std::int64_t wo) {
     const Vec4 corner = splat(float(top + 2 * wo)) + lanes;  // exact: planes < 2^24
     const Vec4 at = load4(where + wo);
     const Vec4 g = splat(0.0f) + load4(grad_y + wo);
@@ -227,18 +208,12 @@ void max_pool_2x2_row_gradient(const float* where, const float* grad_y, std::int
   });
 }
 
-#if TL_POOL_X86
+#if TL_CPU_X86
 
 // AVX-512: the 2x2 forward rows above with sixteen windows a vector. A row's last group is
 // masked (lanes past Wo neither read nor write), so any Wo runs without overlap or
 // scalar tail: FashionNet's rows of 14 and 7 outputs are one group each. The
 // choices are the Vec4 code's, lane for lane: the same bits.
-
-// Lanes 0 .. count - 1 of sixteen: none for count <= 0, all for count >= 16.
-__attribute__((target("avx512f"))) inline __mmask16 first_lanes(std::int64_t count) {
-  if (count <= 0) return 0;
-  return count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
-}
 
 // The values 2*wo .. 2*wo + 2*count - 1 of a row as its even and odd columns:
 // value (top-left or bottom-left, top-right or bottom-right) of each window.
@@ -306,6 +281,8 @@ __attribute__((target("avx2"))) void max_pool_2x2_row_gradient_avx2(const float*
   const __m256 offsets[4] = {_mm256_set1_ps(0.0f), _mm256_set1_ps(1.0f), _mm256_set1_ps(float(W)),
                              _mm256_set1_ps(float(W + 1))};
   const __m256 lanes = _mm256_setr_ps(0, 2, 4, 6, 8, 10, 12, 14);
+  // for_each_group's groups of eight, spelled out: a lambda would not be compiled
+  // for AVX2.
   std::int64_t wo = 0;
   for (std::int64_t next = 0; next < Wo; next = wo + 8) {
     wo = std::min(next, Wo - 8);
@@ -328,17 +305,7 @@ __attribute__((target("avx2"))) void max_pool_2x2_row_gradient_avx2(const float*
   }
 }
 
-#endif  // TL_POOL_X86
-
-// The 2x2 forward rows' code for this CPU: AVX-512 where the GEMM runs it
-// (gemm_isa(), so that TOWERLAB_GEMM_ISA pins both), else the Vec4 code; the
-// gradient's: AVX2 where the GEMM runs AVX2 or AVX-512.
-bool pool_2x2_avx512() {
-  return TL_POOL_X86 && gemm_isa() == GemmIsa::Avx512;
-}
-bool pool_2x2_avx2() {
-  return TL_POOL_X86 && (gemm_isa() == GemmIsa::Avx2 || gemm_isa() == GemmIsa::Avx512);
-}
+#endif  // TL_CPU_X86
 
 }  // namespace
 
@@ -346,9 +313,9 @@ template <typename T>
 void max_pool_plane(const T* x, T* y, T* where, const PoolPlane& z, const Pool2dParams& p) {
   if constexpr (std::is_same_v<T, float>) {
     if (is_2x2_stride_2(p)) {
-      const bool avx512 = pool_2x2_avx512();
+      const bool avx512 = avx512_selected();  // else the Vec4 code (kernels/cpu/x86.h)
       for (std::int64_t ho = 0; ho < z.Ho; ++ho) {
-#if TL_POOL_X86
+#if TL_CPU_X86
         if (avx512) {
           max_pool_2x2_row_avx512(x, 2 * ho * z.W, z.W, z.Wo, y + ho * z.Wo, where + ho * z.Wo);
           continue;
@@ -371,9 +338,9 @@ void max_pool_plane_gradient(const T* where, const T* grad_y, T* grad_x, const P
                              const Pool2dParams& p) {
   if constexpr (std::is_same_v<T, float>) {
     if (is_2x2_stride_2(p) && z.Wo >= 4) {
-      const bool avx2 = z.Wo >= 8 && pool_2x2_avx2();
+      const bool avx2 = z.Wo >= 8 && avx2_selected();
       for (std::int64_t ho = 0; ho < z.Ho; ++ho) {
-#if TL_POOL_X86
+#if TL_CPU_X86
         if (avx2) {
           max_pool_2x2_row_gradient_avx2(where + ho * z.Wo, grad_y + ho * z.Wo, 2 * ho * z.W, z.W,
                                          z.Wo, grad_x);

@@ -19,13 +19,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/simd.h"
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#define TL_WINOGRAD_X86 1
-#else
-#define TL_WINOGRAD_X86 0
-#endif
+#include "kernels/cpu/x86.h"
 
 namespace towerlab::cpu {
 
@@ -225,7 +219,7 @@ void scatter_tile_row(const Workspace& ws, float* out, const float* bias, bool a
   }
 }
 
-#if TL_WINOGRAD_X86
+#if TL_CPU_X86
 // scatter_tile_row on AVX-512: eight tiles' two columns interleaved in one vector
 // (sixteen output pixels, the last group masked to the row, an odd Q's last column
 // included), where the scalar loop writes pixel by pixel. The same single add per
@@ -237,9 +231,6 @@ __attribute__((target("avx512f"))) void scatter_tile_row_avx512(
   const std::int64_t rows = std::min<std::int64_t>(2, p.P - 2 * th);
   const __m512i interleave =
       _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-  auto lanes = [](std::int64_t count) {  // the first count lanes of sixteen
-    return count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
-  };
   for (std::int64_t k = 0; k < p.K; ++k) {
     float* plane = out + (n * p.K + k) * p.P * p.Q;
     const __m512 b = _mm512_set1_ps(bias != nullptr ? bias[k] : 0.0f);
@@ -249,7 +240,7 @@ __attribute__((target("avx512f"))) void scatter_tile_row_avx512(
       const float* o1 = o0 + 3 * ldm;
       for (std::int64_t tw = 0; 2 * tw < p.Q; tw += 8) {
         const std::int64_t pixels = std::min<std::int64_t>(16, p.Q - 2 * tw);
-        const __mmask16 tiles = lanes((pixels + 1) / 2), keep = lanes(pixels);
+        const __mmask16 tiles = first_lanes((pixels + 1) / 2), keep = first_lanes(pixels);
         const __m512 v = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(tiles, o0 + tw), interleave,
                                                 _mm512_maskz_loadu_ps(tiles, o1 + tw));
         const __m512 base = accumulate ? _mm512_maskz_loadu_ps(keep, y + 2 * tw) : b;
@@ -281,11 +272,10 @@ void run_block(float* out, const float* in, const float* u, const float* bias, b
   }
   for (int j = 0; j < 4; ++j) apply_a(ws.m, ldm, ldm, j, 4);       // Aᵀ m: rows 0 and 3
   for (int i = 0; i < 2; ++i) apply_a(ws.m, ldm, ldm, 12 * i, 1);  // (Aᵀ m) A
-  // AVX-512 where the GEMM runs it (TOWERLAB_GEMM_ISA pins both).
-  const bool avx512 = TL_WINOGRAD_X86 && gemm_isa() == GemmIsa::Avx512;
+  const bool avx512 = avx512_selected();                           // kernels/cpu/x86.h
   for (std::int64_t row = row0; row < row1; ++row) {
     const std::int64_t n = row / p.tiles_h, th = row % p.tiles_h, first = (row - row0) * p.tiles_w;
-#if TL_WINOGRAD_X86
+#if TL_CPU_X86
     if (avx512) {
       scatter_tile_row_avx512(ws, out, bias, accumulate, p, block, n, th, first);
       continue;

@@ -1,0 +1,59 @@
+// The x86 vector code of the CPU kernels: one switch for whether it is compiled,
+// one rule for which of it runs, and the helpers more than one kernel uses.
+//
+// Which code runs is decided at run time from CPUID (kernels/cpu/matmul.cpp), never
+// from the build machine, and follows the GEMM's choice (gemm_isa()): the direct
+// convolution, the pooling and Winograd run AVX-512 code exactly where the GEMM
+// runs its AVX-512 kernel, so TOWERLAB_GEMM_ISA=avx2 (or set_gemm_isa) pins them
+// all. Each function compiled for an ISA carries its own
+// __attribute__((target(...))); the translation units stay baseline x86-64.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "engine/settings.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define TL_CPU_X86 1
+#else
+#define TL_CPU_X86 0
+#endif
+
+namespace towerlab::cpu {
+
+// Whether the AVX-512 code runs (the GEMM runs its AVX-512 kernel).
+inline bool avx512_selected() {
+  return TL_CPU_X86 && gemm_isa() == GemmIsa::Avx512;
+}
+
+// Whether code needing AVX2 runs (the GEMM runs its AVX2 or AVX-512 kernel).
+inline bool avx2_selected() {
+  const GemmIsa isa = gemm_isa();
+  return TL_CPU_X86 && (isa == GemmIsa::Avx2 || isa == GemmIsa::Avx512);
+}
+
+#if TL_CPU_X86
+// Lanes 0 .. count - 1 of sixteen: none for count <= 0, all for count >= 16 (the
+// mask of a row's last, partial group).
+__attribute__((target("avx512f"))) inline __mmask16 first_lanes(std::int64_t count) {
+  if (count <= 0) return 0;
+  return count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
+}
+#endif
+
+// Calls fn(first) for the groups of `width` consecutive outputs that cover a row of
+// n >= width outputs, in order: the last group ends at n and may overlap the one
+// before it (those outputs are computed twice, with the same values), so that no
+// output falls to a scalar tail.
+template <typename Fn>
+void for_each_group(std::int64_t n, std::int64_t width, const Fn& fn) {
+  std::int64_t first = 0;
+  for (std::int64_t next = 0; next < n; next = first + width) {
+    first = std::min(next, n - width);
+    fn(first);
+  }
+}
+
+}  // namespace towerlab::cpu
