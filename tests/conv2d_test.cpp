@@ -459,6 +459,53 @@ TEST(Conv2dDirect, Avx512GivesTheAvx2Bits) {
   }
 }
 
+// --- col2im's vector path ---------------------------------------------------------
+//
+// With unit strides and Q == W, col2im sums each input pixel's taps eight pixels at
+// a time (AVX2, whenever the GEMM runs AVX2 or AVX-512) instead of tap by tap over
+// the plane; each pixel must still add its taps in the same order. With one output
+// channel every element of the patch gradient is a single product, the same bits on
+// every GEMM, so the input gradients of the portable build (the tap-by-tap loop)
+// and of the vector path must agree bit for bit, added onto a random grad_x (the
+// accumulation is part of the order).
+TEST(Conv2dCol2im, VectorPathGivesTheTapByTapBits) {
+  if (!gemm_isa_supported(GemmIsa::Avx2)) GTEST_SKIP() << "this CPU has no AVX2";
+  struct RestoreIsa {
+    GemmIsa saved = gemm_isa();
+    ~RestoreIsa() { set_gemm_isa(saved); }
+  } restore;
+  for (const ConvCase& k :
+       {ConvCase{"14x14", 3, 5, 14, 14, 1, 3, 3, make_params(1, 1, 1, 1)},
+        ConvCase{"5x7", 2, 3, 5, 7, 1, 3, 3, make_params(1, 1, 1, 1)},
+        ConvCase{"1x1_plane", 2, 2, 1, 1, 1, 3, 3, make_params(1, 1, 1, 1)},
+        ConvCase{"9x22", 1, 2, 9, 22, 1, 3, 3, make_params(1, 1, 1, 1)},
+        ConvCase{"3x5_kernel", 2, 2, 6, 11, 1, 3, 5, make_params(1, 1, 1, 2)},
+        ConvCase{"dilation2", 2, 2, 9, 8, 1, 3, 3, make_params(1, 1, 2, 2, 2, 2)}}) {
+    SCOPED_TRACE(k.name);
+    const auto gyv = random_values(std::size_t(numel_of(k.y_shape())), 1301);
+    const auto wv = random_values(std::size_t(numel_of(k.w_shape())), 1302);
+    const auto gxv = random_values(std::size_t(numel_of(k.x_shape())), 1303);
+    auto grad_x = [&](GemmIsa isa, const std::vector<float>& gy) {
+      set_gemm_isa(isa);
+      Tensor gx = Tensor::from_host<float>(gxv, k.x_shape(), cpu());
+      conv2d_backward(gx, Tensor(), Tensor(), Tensor::from_host<float>(gy, k.y_shape(), cpu()),
+                      Tensor::zeros(k.x_shape(), cpu()),
+                      Tensor::from_host<float>(wv, k.w_shape(), cpu()), k.params, cpu());
+      return gx.to_host<float>(cpu());
+    };
+    const std::vector<float> tap_by_tap = grad_x(GemmIsa::Portable, gyv);
+    const std::vector<float> vector = grad_x(GemmIsa::Avx2, gyv);
+    ASSERT_EQ(vector.size(), tap_by_tap.size());
+    EXPECT_EQ(std::memcmp(vector.data(), tap_by_tap.data(), vector.size() * sizeof(float)), 0);
+    // Control: the last gradient value 0.1% off changes the bits the comparison sees.
+    std::vector<float> nudged = gyv;
+    nudged.back() *= 1.001f;
+    const std::vector<float> off = grad_x(GemmIsa::Avx2, nudged);
+    EXPECT_NE(std::memcmp(off.data(), tap_by_tap.data(), off.size() * sizeof(float)), 0)
+        << "control";
+  }
+}
+
 // --- the CPU backward's image groups -------------------------------------------
 //
 // The CPU backward sums the weight gradient over fixed groups of images whatever

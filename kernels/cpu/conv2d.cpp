@@ -133,6 +133,70 @@ void im2col(T* col, const T* x, const Conv2dShape& s) {
   }
 }
 
+#if TL_CPU_X86
+// One kernel tap's share of a channel's col2im with flat runs: it adds
+// row[i - shift] to the plane's pixel i for i in [lo, hi).
+struct TapRun {
+  const float* row;
+  std::int64_t lo, hi, shift;
+};
+// The lanes l of eight with i0 + l < bound.
+__attribute__((target("avx2"))) inline __m256i lanes_below(std::int64_t bound, std::int64_t i0) {
+  const std::int64_t n = std::clamp<std::int64_t>(bound - i0, 0, 8);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+// acc + the lanes of src[i0 ..] that lie in the tap's run [lo, hi); the other lanes
+// stay as they were and are not read (their addresses may lie outside the row).
+__attribute__((target("avx2"))) inline __m256 add_partial(__m256 acc, const float* src,
+                                                          const TapRun& tap, std::int64_t i0) {
+  const __m256i m = _mm256_andnot_si256(lanes_below(tap.lo, i0), lanes_below(tap.hi, i0));
+  const __m256 v = _mm256_maskload_ps(src + i0, m);
+  return _mm256_blendv_ps(acc, _mm256_add_ps(acc, v), _mm256_castsi256_ps(m));
+}
+
+// The plane [pixels] += the taps' runs, in tap order: for each tap, eight pixels
+// at a time into a copy of the plane held in blocks of eight (the same aligned
+// blocks for every tap, so each block's load finds its last store), the run's
+// partial first and last blocks by a masked load and a blend, which leaves the
+// lanes outside the run as they were. The tap-by-tap loop on the plane itself
+// stores each run and reloads it one pixel over for the next tap, a load that no
+// store forwards, which stalled col2im. Each pixel adds its taps in the same
+// order as that loop: the same bits.
+__attribute__((target("avx2"))) void col2im_plane_avx2(float* plane, std::int64_t pixels,
+                                                       const TapRun* taps, int count) {
+  constexpr std::int64_t kMaxBlocks = 64;  // planes of up to 512 pixels
+  __m256 acc[kMaxBlocks];
+  const std::int64_t blocks = (pixels + 7) / 8;
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    acc[b] = 8 * b + 8 <= pixels ? _mm256_loadu_ps(plane + 8 * b)
+                                 : _mm256_maskload_ps(plane + 8 * b, lanes_below(pixels, 8 * b));
+  }
+  for (int t = 0; t < count; ++t) {
+    const TapRun& tap = taps[t];
+    const float* src = tap.row - tap.shift;  // src[i] is the run's value at pixel i
+    const std::int64_t first_whole = (tap.lo + 7) / 8, end_whole = tap.hi / 8;
+    const std::int64_t first = tap.lo / 8, last = end_whole;  // the partial blocks
+    if (first_whole > end_whole) {  // the run lies inside one block
+      acc[first] = add_partial(acc[first], src, tap, 8 * first);
+      continue;
+    }
+    if (tap.lo % 8 != 0) acc[first] = add_partial(acc[first], src, tap, 8 * first);
+    for (std::int64_t b = first_whole; b < end_whole; ++b) {
+      acc[b] = _mm256_add_ps(acc[b], _mm256_loadu_ps(src + 8 * b));
+    }
+    if (tap.hi % 8 != 0) acc[last] = add_partial(acc[last], src, tap, 8 * last);
+  }
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    if (8 * b + 8 <= pixels) {
+      _mm256_storeu_ps(plane + 8 * b, acc[b]);
+    } else {  // AMD's masked store is microcoded: only for the last, partial block
+      _mm256_maskstore_ps(plane + 8 * b, lanes_below(pixels, 8 * b), acc[b]);
+    }
+  }
+}
+#endif
+
 // The adjoint of im2col: x[c, h(p,r), w(q,s)] += col[(c,r,s), (p,q)] for every
 // patch element that is not padding. With flat runs, col's padding columns are
 // zeroed first, so that the run adds exact zeros where it wraps (col is scratch,
@@ -141,6 +205,29 @@ template <typename T>
 void col2im_add(T* x, T* col, const Conv2dShape& s) {
   const Conv2dParams& p = s.params;
   // x: [C,H,W], col: [C*R*S, P*Q]
+#if TL_CPU_X86
+  if constexpr (std::is_same_v<T, float>) {
+    if (flat_runs(s) && s.R * s.S <= 16 && s.H * s.W <= 512 && avx2_selected()) {
+      TapRun taps[16];
+      for (std::int64_t c = 0; c < s.C; ++c) {
+        int count = 0;
+        for (std::int64_t r = 0; r < s.R; ++r) {
+          for (std::int64_t kq = 0; kq < s.S; ++kq) {
+            float* row = col + ((c * s.R + r) * s.S + kq) * s.P * s.Q;
+            const auto [first, last] = valid_columns(s, kq);
+            const auto [first_row, last_row, shift] = flat_run(s, r, kq);
+            if (first_row == last_row || first == last) continue;
+            zero_edge_columns(row, first_row, last_row, first, last, s.Q);
+            const std::int64_t begin = first_row * s.Q + first, end = (last_row - 1) * s.Q + last;
+            taps[count++] = {row, begin + shift, end + shift, shift};
+          }
+        }
+        col2im_plane_avx2(x + c * s.H * s.W, s.H * s.W, taps, count);
+      }
+      return;
+    }
+  }
+#endif
   for (std::int64_t c = 0; c < s.C; ++c) {
     for (std::int64_t r = 0; r < s.R; ++r) {
       for (std::int64_t kq = 0; kq < s.S; ++kq) {
@@ -525,6 +612,18 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
         T* sum = weight_by_gemm ? partials.get() + chunk * crs * s.K : nullptr;
         for (std::int64_t n = first; n < last; ++n) {
           const T* gy_n = gy + n * s.K * pq;  // [K, P*Q]
+          // The input gradient first: its GEMM reads grad_y[n] row by row, which
+          // the prefetcher follows, and leaves it in L2 for the weight gradient's
+          // packer, which reads it K rows at a time.
+          if (data_by_gemm) {
+            T* gx_n = grad_x.data<T>() + n * chw;
+            if (!lower) {  // grad_x[n] is the patch matrix's gradient itself: accumulate in place
+              gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy_n, pq, T(1), gx_n, pq);
+            } else {
+              gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy_n, pq, T(0), col.get(), pq);
+              col2im_add(gx_n, col.get(), s);
+            }
+          }
           if (weight_by_gemm) {
             const T* patches = in + n * chw;
             if (lower) {
@@ -533,15 +632,6 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
             }
             gemm<T>(false, true, crs, s.K, pq, T(1), patches, pq, gy_n, pq,
                     n == first ? T(0) : T(1), sum, s.K);
-          }
-          if (data_by_gemm) {
-            T* gx_n = grad_x.data<T>() + n * chw;
-            if (!lower) {  // grad_x[n] is the patch matrix's gradient itself: accumulate in place
-              gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy_n, pq, T(1), gx_n, pq);
-              continue;
-            }
-            gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy_n, pq, T(0), col.get(), pq);
-            col2im_add(gx_n, col.get(), s);
           }
         }
       };
