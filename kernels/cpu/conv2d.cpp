@@ -582,14 +582,18 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     // order of that sum. Each image's input gradient is its own product,
     // whatever the groups, so the same groups serve it. With fewer groups than
     // threads, the groups run one after another and each GEMM spreads over the
-    // threads instead. The partial is the transpose, grad_weightᵀ = col · grad_yᵀ
-    // [C*R*S, K]: with few taps (C*R*S = 9 in a first layer) the GEMM runs far better
-    // with them as rows than as a 9-wide column panel.
+    // threads instead. The partial's rows are the longer of K and C*R*S: with few
+    // taps (C*R*S = 9 in a first layer) the GEMM runs far better with them as rows
+    // than as a 9-wide column panel, and with many (conv2's 288 against K = 64) the
+    // partial is grad_weight's own layout [K, C*R*S], added to it contiguously. Either
+    // way each element sums the same products in the same order (an FMA's two
+    // factors commute): the same bits. The direct path writes [C*R*S, K].
     const std::int64_t chunks = std::min(s.N, kWeightGroups);
     const bool direct = grad_weight.defined() && direct_single_channel(s, grad_y.dtype());
     const bool weight_by_gemm = grad_weight.defined() && !direct;
     const bool data_by_gemm = grad_x.defined() && !winograd;
-    HostScratch<T> partials(grad_weight.defined() ? chunks * crs * s.K : 0);  // [chunks, CRS, K]
+    const bool partial_k_rows = weight_by_gemm && crs > s.K;  // [K, CRS], else [CRS, K]
+    HostScratch<T> partials(grad_weight.defined() ? chunks * crs * s.K : 0);  // [chunks, ...]
     if constexpr (std::is_same_v<T, float>) {
       if (direct) {
         for_image_chunks(s.N, chunks, chunks >= thread_share(),
@@ -630,8 +634,13 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
               im2col(col.get(), patches, s);
               patches = col.get();
             }
-            gemm<T>(false, true, crs, s.K, pq, T(1), patches, pq, gy_n, pq,
-                    n == first ? T(0) : T(1), sum, s.K);
+            if (partial_k_rows) {
+              gemm<T>(false, true, s.K, crs, pq, T(1), gy_n, pq, patches, pq,
+                      n == first ? T(0) : T(1), sum, crs);
+            } else {
+              gemm<T>(false, true, crs, s.K, pq, T(1), patches, pq, gy_n, pq,
+                      n == first ? T(0) : T(1), sum, s.K);
+            }
           }
         }
       };
@@ -640,7 +649,11 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     if (grad_weight.defined()) {
       T* gw = grad_weight.data<T>();  // [K, C*R*S]
       for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
-        const T* sum = partials.get() + chunk * crs * s.K;  // [C*R*S, K]
+        const T* sum = partials.get() + chunk * crs * s.K;  // [K, C*R*S] or [C*R*S, K]
+        if (partial_k_rows) {
+          for (std::int64_t j = 0; j < s.K * crs; ++j) gw[j] += sum[j];
+          continue;
+        }
         for (std::int64_t k = 0; k < s.K; ++k) {
           for (std::int64_t i = 0; i < crs; ++i) gw[k * crs + i] += sum[i * s.K + k];
         }
