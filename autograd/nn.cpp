@@ -119,9 +119,13 @@ Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams&
                  tape.stream());
   return tape.record(y, "conv2d", inputs, [x, weight, bias, params](const Var& out) {
     Tape& t = out.tape();
-    conv2d_backward(grad_if_needed(t, x), grad_if_needed(t, weight),
+    // grad_x is written whole (assigned where the tape allows: no zero-fill first).
+    const Tape::GradTarget gx =
+        x.requires_grad() ? t.grad_target(x) : Tape::GradTarget{Tensor(), false};
+    conv2d_backward(gx.grad, grad_if_needed(t, weight),
                     bias.defined() ? grad_if_needed(t, bias) : Tensor(), out.grad(), x.value(),
-                    weight.value(), params, t.stream());
+                    weight.value(), params, t.stream(),
+                    gx.assign ? GradWrite::Assign : GradWrite::Accumulate);
   });
 }
 

@@ -6,6 +6,7 @@
 #include "kernels/checks.h"
 #include "kernels/cpu/conv2d.h"
 #include "kernels/cuda/conv2d.h"
+#include "kernels/elementwise.h"
 
 namespace towerlab {
 
@@ -101,7 +102,7 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
 
 void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
                      const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                     const Conv2dParams& params, const Stream& stream) {
+                     const Conv2dParams& params, const Stream& stream, GradWrite grad_x_write) {
   const char* op = "conv2d_backward";
   const Conv2dShape s = checked_shape(op, x, weight, params, stream);
   check_operand(op, "grad_y", grad_y, {s.N, s.K, s.P, s.Q}, x, stream);
@@ -109,10 +110,19 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
   if (grad_weight.defined())
     check_operand(op, "grad_weight", grad_weight, weight.shape(), x, stream);
   if (grad_bias.defined()) check_operand(op, "grad_bias", grad_bias, {s.K}, x, stream);
-  // Nothing flows back from an empty output: every gradient gets += 0.
-  if (grad_y.numel() == 0) return;
+  const bool assign = grad_x.defined() && grad_x_write == GradWrite::Assign;
+  // Nothing flows back from an empty output: every gradient gets += 0 (an assigned
+  // grad_x, 0).
+  if (grad_y.numel() == 0) {
+    if (assign) fill(grad_x, 0.0, stream);
+    return;
+  }
   if (!grad_x.defined() && !grad_weight.defined() && !grad_bias.defined()) return;
-  TL_DISPATCH(stream, cpu::conv2d_backward(grad_x, grad_weight, grad_bias, grad_y, x, weight, s),
+  // The CUDA kernels accumulate: an assigned grad_x is zeroed first on its stream.
+  if (assign && stream.device().is_cuda()) fill(grad_x, 0.0, stream);
+  TL_DISPATCH(stream,
+              cpu::conv2d_backward(grad_x, grad_weight, grad_bias, grad_y, x, weight, s,
+                                   grad_x_write),
               cuda::conv2d_backward(grad_x, grad_weight, grad_bias, grad_y, x, weight, s, stream));
 }
 

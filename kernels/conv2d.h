@@ -14,12 +14,15 @@
 //     y[n,k,p,q] = bias[k] + sum_{c,r,s} weight[k,c,r,s] * x[n,c,h(p,r),w(q,s)]
 //     (bias may be an undefined Tensor: no bias term)
 //   conv2d_backward(grad_x, grad_weight, grad_bias, grad_y, x, weight)   ACCUMULATES:
-//     grad_x[n,c,h,w]      += sum_{k,r,s,p,q : h(p,r)=h, w(q,s)=w} grad_y[n,k,p,q] *
-//     weight[k,c,r,s] grad_weight[k,c,r,s] += sum_{n,p,q} grad_y[n,k,p,q] * x[n,c,h(p,r),w(q,s)]
+//     grad_x[n,c,h,w]      += sum_{k,r,s,p,q : h(p,r)=h, w(q,s)=w}
+//                               grad_y[n,k,p,q] * weight[k,c,r,s]
+//     grad_weight[k,c,r,s] += sum_{n,p,q} grad_y[n,k,p,q] * x[n,c,h(p,r),w(q,s)]
 //     grad_bias[k]         += sum_{n,p,q} grad_y[n,k,p,q]
 //   Each gradient is optional: an undefined Tensor means "not needed" and is not
 //   computed. x is needed only for grad_weight and weight only for grad_x; pass
-//   them anyway (their shapes define the problem).
+//   them anyway (their shapes define the problem). With grad_x_write =
+//   GradWrite::Assign, grad_x is assigned instead (=, never read; a pixel that no
+//   tap reaches gets 0): the values of accumulating into zeros, bit for bit.
 // No output may alias an input. float32 on every device, float64 on the CPU too.
 // Results are deterministic (no atomics): on CUDA always, on the CPU for a given
 // thread count (engine/thread_pool.h), which sets how the batch sums are split.
@@ -38,6 +41,7 @@
 
 #include "../engine/stream.h"
 #include "../engine/tensor.h"
+#include "grad_write.h"
 
 namespace towerlab {
 
@@ -55,6 +59,7 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
                     const Conv2dParams& params, const Stream& stream);
 void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
                      const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                     const Conv2dParams& params, const Stream& stream);
+                     const Conv2dParams& params, const Stream& stream,
+                     GradWrite grad_x_write = GradWrite::Accumulate);
 
 }  // namespace towerlab

@@ -7,6 +7,7 @@
 // Winograd F(2x2,3x3) path (kernels/cpu/winograd.h), forced on: against the
 // reference within a tolerance scaled to each result's terms, with controls, and
 // the same bits for any thread count.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <iomanip>
@@ -194,6 +195,33 @@ TEST_P(Conv2dTest, MatchesNaiveReferenceOnOddShapes) {
     EXPECT_TRUE(all_close(host(grad_x), plus(sx, ref.grad_x), 1e-4, 1e-4)) << "grad_x";
     EXPECT_TRUE(all_close(host(grad_w), plus(sw, ref.grad_w), 2e-4, 1e-4)) << "grad_weight";
     EXPECT_TRUE(all_close(host(grad_b), plus(sb, ref.grad_b), 2e-4, 1e-4)) << "grad_bias";
+  }
+}
+
+// GradWrite::Assign: grad_x is written whole without being read, the bits of
+// accumulating onto zeros. NaN-filled buffers show a read or an unwritten pixel
+// (strides and ragged edges leave pixels that no tap reaches: they must be 0).
+TEST_P(Conv2dTest, AssignedGradXIsAccumulatingOntoZeros) {
+  std::vector<ConvCase> cases = odd_cases();
+  cases.push_back({"3x3_pad1_flat", 3, 5, 14, 14, 6, 3, 3, make_params(1, 1, 1, 1)});
+  cases.push_back({"1x1_in_place", 2, 4, 5, 7, 3, 1, 1, make_params(1, 1, 0, 0)});
+  unsigned seed = 900;
+  for (const ConvCase& k : cases) {
+    SCOPED_TRACE(k.name);
+    const Shape ys = k.y_shape();
+    const auto xv = random_values(static_cast<std::size_t>(numel_of(k.x_shape())), ++seed);
+    const auto wv = random_values(static_cast<std::size_t>(numel_of(k.w_shape())), ++seed);
+    const auto gv = random_values(static_cast<std::size_t>(numel_of(ys)), ++seed);
+    Tensor x = make(xv, k.x_shape()), w = make(wv, k.w_shape()), gy = make(gv, ys);
+    const auto n = static_cast<std::size_t>(numel_of(k.x_shape()));
+    Tensor accumulated = make(std::vector<float>(n, 0.0f), k.x_shape());
+    conv2d_backward(accumulated, Tensor(), Tensor(), gy, x, w, k.params, stream());
+    Tensor assigned = make(std::vector<float>(n, std::nanf("")), k.x_shape());
+    conv2d_backward(assigned, Tensor(), Tensor(), gy, x, w, k.params, stream(),
+                    GradWrite::Assign);
+    const std::vector<float> want = host(accumulated), got = host(assigned);
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0);
+    EXPECT_NE(std::count(want.begin(), want.end(), 0.0f), std::ptrdiff_t(n)) << "trivial";
   }
 }
 

@@ -164,13 +164,17 @@ __attribute__((target("avx2"))) inline __m256 add_partial(__m256 acc, const floa
 // store forwards, which stalled col2im. Each pixel adds its taps in the same
 // order as that loop: the same bits.
 __attribute__((target("avx2"))) void col2im_plane_avx2(float* plane, std::int64_t pixels,
-                                                       const TapRun* taps, int count) {
+                                                       const TapRun* taps, int count, bool assign) {
   constexpr std::int64_t kMaxBlocks = 64;  // planes of up to 512 pixels
   __m256 acc[kMaxBlocks];
   const std::int64_t blocks = (pixels + 7) / 8;
   for (std::int64_t b = 0; b < blocks; ++b) {
-    acc[b] = 8 * b + 8 <= pixels ? _mm256_loadu_ps(plane + 8 * b)
-                                 : _mm256_maskload_ps(plane + 8 * b, lanes_below(pixels, 8 * b));
+    if (assign) {  // the plane is not read: the sums start from +0, as on a zeroed plane
+      acc[b] = _mm256_setzero_ps();
+    } else {
+      acc[b] = 8 * b + 8 <= pixels ? _mm256_loadu_ps(plane + 8 * b)
+                                   : _mm256_maskload_ps(plane + 8 * b, lanes_below(pixels, 8 * b));
+    }
   }
   for (int t = 0; t < count; ++t) {
     const TapRun& tap = taps[t];
@@ -198,11 +202,11 @@ __attribute__((target("avx2"))) void col2im_plane_avx2(float* plane, std::int64_
 #endif
 
 // The adjoint of im2col: x[c, h(p,r), w(q,s)] += col[(c,r,s), (p,q)] for every
-// patch element that is not padding. With flat runs, col's padding columns are
-// zeroed first, so that the run adds exact zeros where it wraps (col is scratch,
-// consumed here).
+// patch element that is not padding, onto x as it is or (assign) onto zeros. With
+// flat runs, col's padding columns are zeroed first, so that the run adds exact
+// zeros where it wraps (col is scratch, consumed here).
 template <typename T>
-void col2im_add(T* x, T* col, const Conv2dShape& s) {
+void col2im_add(T* x, T* col, const Conv2dShape& s, bool assign) {
   const Conv2dParams& p = s.params;
   // x: [C,H,W], col: [C*R*S, P*Q]
 #if TL_CPU_X86
@@ -222,12 +226,13 @@ void col2im_add(T* x, T* col, const Conv2dShape& s) {
             taps[count++] = {row, begin + shift, end + shift, shift};
           }
         }
-        col2im_plane_avx2(x + c * s.H * s.W, s.H * s.W, taps, count);
+        col2im_plane_avx2(x + c * s.H * s.W, s.H * s.W, taps, count, assign);
       }
       return;
     }
   }
 #endif
+  if (assign) std::fill(x, x + s.C * s.H * s.W, T(0));
   for (std::int64_t c = 0; c < s.C; ++c) {
     for (std::int64_t r = 0; r < s.R; ++r) {
       for (std::int64_t kq = 0; kq < s.S; ++kq) {
@@ -553,11 +558,15 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
 
 void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
                      const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                     const Conv2dShape& s) {
+                     const Conv2dShape& s, GradWrite grad_x_write) {
+  // An assigned grad_x is never read: each image's is written whole by the GEMM
+  // (beta 0) or by col2im onto zeros, as accumulating onto a zeroed grad_x would.
+  const bool assign = grad_x.defined() && grad_x_write == GradWrite::Assign;
   // Winograd takes the input gradient where chosen; the weight gradient stays below.
   const bool winograd =
       grad_x.defined() && grad_y.dtype() == DType::Float32 && winograd_chosen(s, true);
   if (winograd) {
+    if (assign) std::fill_n(grad_x.data<float>(), grad_x.numel(), 0.0f);
     winograd_backward_data(grad_x.data<float>(), grad_y.data<float>(), weight.data<float>(), s);
   }
   with_dtype(grad_y.dtype(), [&]<typename T>() {
@@ -622,10 +631,11 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
           if (data_by_gemm) {
             T* gx_n = grad_x.data<T>() + n * chw;
             if (!lower) {  // grad_x[n] is the patch matrix's gradient itself: accumulate in place
-              gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy_n, pq, T(1), gx_n, pq);
+              gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy_n, pq, assign ? T(0) : T(1),
+                      gx_n, pq);
             } else {
               gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy_n, pq, T(0), col.get(), pq);
-              col2im_add(gx_n, col.get(), s);
+              col2im_add(gx_n, col.get(), s, assign);
             }
           }
           if (weight_by_gemm) {

@@ -27,7 +27,7 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
                     const Conv2dShape& shape);
 void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
                      const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                     const Conv2dShape& shape);
+                     const Conv2dShape& shape, GradWrite grad_x_write);
 
 // How the float32 forward and backward-data compute: the process-wide setting
 // Conv2dAlgorithm (engine/settings.h), named here too for the CPU code.
