@@ -58,6 +58,10 @@ std::vector<ConvCase> odd_cases() {
       {"batch1_odd", 1, 5, 13, 15, 11, 3, 3, make_params(1, 1, 1, 1), false},
       {"tiles_ragged", 5, 19, 17, 17, 67, 3, 3, make_params(1, 1, 1, 1)},
       {"C32_K64_14x14", 2, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)},
+      // 3x3, unit stride, K a multiple of 32: the implicit weight gradient on AVX-512
+      // (no padding; 784 pixels, more than one block of the GEMM's inner dimension).
+      {"3x3_pad0_K32", 2, 3, 7, 9, 32, 3, 3, make_params(1, 1, 0, 0)},
+      {"3x3_28x28_K32", 1, 2, 28, 28, 32, 3, 3, make_params(1, 1, 1, 1), false},
       {"C67_K130_stride2", 2, 67, 9, 9, 130, 3, 3, make_params(2, 2, 1, 1)},
       // Batches that the CPU backward splits into 16 weight-gradient groups of 9 or
       // 10 images, both gradients in one pass over each group.
@@ -534,6 +538,50 @@ TEST(Conv2dCol2im, VectorPathGivesTheTapByTapBits) {
   }
 }
 
+// --- the implicit weight gradient --------------------------------------------------
+//
+// On AVX-512, the weight gradient of a 3x3 stride-1 convolution with K a multiple
+// of 32 broadcasts the patches from the padded image instead of im2col + GEMM; it
+// must give the GEMM's bits, which the AVX2 selection computes (the AVX2 and
+// AVX-512 GEMMs agree bit for bit): padded and not, one block of the GEMM's inner
+// dimension and several (784 pixels), a 1x1 output, added onto a random gradient.
+TEST(Conv2dImplicitWeightGrad, GivesTheGemmBits) {
+  if (!gemm_isa_supported(GemmIsa::Avx512)) GTEST_SKIP() << "this CPU has no AVX-512";
+  struct RestoreIsa {
+    GemmIsa saved = gemm_isa();
+    ~RestoreIsa() { set_gemm_isa(saved); }
+  } restore;
+  for (const ConvCase& k :
+       {ConvCase{"14x14_K64", 3, 5, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)},
+        ConvCase{"28x28_K32", 2, 2, 28, 28, 32, 3, 3, make_params(1, 1, 1, 1)},
+        ConvCase{"pad0_5x9_K96", 2, 3, 5, 9, 96, 3, 3, make_params(1, 1, 0, 0)},
+        ConvCase{"pad1x0_K32", 1, 2, 6, 11, 32, 3, 3, make_params(1, 1, 1, 0)},
+        ConvCase{"1x1_output", 4, 3, 3, 3, 32, 3, 3, make_params(1, 1, 0, 0)}}) {
+    SCOPED_TRACE(k.name);
+    const auto xv = random_values(std::size_t(numel_of(k.x_shape())), 1501);
+    const auto wv = random_values(std::size_t(numel_of(k.w_shape())), 1502);
+    const auto gyv = random_values(std::size_t(numel_of(k.y_shape())), 1503);
+    const auto sw = random_values(wv.size(), 1504);
+    auto grad_weight = [&](GemmIsa isa, const std::vector<float>& gy) {
+      set_gemm_isa(isa);
+      Tensor gw = Tensor::from_host<float>(sw, k.w_shape(), cpu());
+      conv2d_backward(Tensor(), gw, Tensor(), Tensor::from_host<float>(gy, k.y_shape(), cpu()),
+                      Tensor::from_host<float>(xv, k.x_shape(), cpu()),
+                      Tensor::from_host<float>(wv, k.w_shape(), cpu()), k.params, cpu());
+      return gw.to_host<float>(cpu());
+    };
+    const std::vector<float> gemm = grad_weight(GemmIsa::Avx2, gyv);
+    const std::vector<float> implicit = grad_weight(GemmIsa::Avx512, gyv);
+    ASSERT_EQ(implicit.size(), gemm.size());
+    EXPECT_EQ(std::memcmp(implicit.data(), gemm.data(), gemm.size() * sizeof(float)), 0);
+    // Control: the last gradient value 0.1% off changes the bits the comparison sees.
+    std::vector<float> nudged = gyv;
+    nudged.back() *= 1.001f;
+    const std::vector<float> off = grad_weight(GemmIsa::Avx512, nudged);
+    EXPECT_NE(std::memcmp(off.data(), gemm.data(), gemm.size() * sizeof(float)), 0) << "control";
+  }
+}
+
 // --- the CPU backward's image groups -------------------------------------------
 //
 // The CPU backward sums the weight gradient over fixed groups of images whatever
@@ -543,6 +591,7 @@ TEST(Conv2dCol2im, VectorPathGivesTheTapByTapBits) {
 TEST(Conv2dBackwardGroups, SameBitsForAnyThreadCount) {
   for (const ConvCase& k :
        {ConvCase{"3x3_batch150", 150, 8, 9, 9, 12, 3, 3, make_params(1, 1, 1, 1)},
+        ConvCase{"3x3_K32_batch37", 37, 3, 7, 7, 32, 3, 3, make_params(1, 1, 1, 1)},
         ConvCase{"1x1_batch37", 37, 16, 6, 6, 20, 1, 1, make_params(1, 1, 0, 0)}}) {
     SCOPED_TRACE(k.name);
     const Shape ys = k.y_shape();

@@ -26,6 +26,7 @@
 #include "engine/settings.h"
 #include "engine/thread_pool.h"
 #include "kernels/cpu/conv2d.h"
+#include "kernels/cpu/conv2d_implicit.h"
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/winograd.h"
@@ -601,7 +602,10 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     const bool direct = grad_weight.defined() && direct_single_channel(s, grad_y.dtype());
     const bool weight_by_gemm = grad_weight.defined() && !direct;
     const bool data_by_gemm = grad_x.defined() && !winograd;
-    const bool partial_k_rows = weight_by_gemm && crs > s.K;  // [K, CRS], else [CRS, K]
+    // conv2's weight gradient on AVX-512: the implicit GEMM (kernels/cpu/conv2d_implicit.h),
+    // the GEMM's bits without im2col.
+    const bool implicit = weight_by_gemm && std::is_same_v<T, float> && implicit_weight_grad_applies(s);
+    const bool partial_k_rows = weight_by_gemm && !implicit && crs > s.K;  // [K, CRS], else [CRS, K]
     HostScratch<T> partials(grad_weight.defined() ? chunks * crs * s.K : 0);  // [chunks, ...]
     if constexpr (std::is_same_v<T, float>) {
       if (direct) {
@@ -621,7 +625,9 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
       // Both gradients in one pass over each group's images, col reused.
       const bool lower = needs_lowering(s);
       auto per_group = [&](std::int64_t chunk, std::int64_t first, std::int64_t last) {
-        HostScratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q], patches or their gradient
+        // [C*R*S, P*Q], patches or their gradient
+        HostScratch<T> col(lower && (data_by_gemm || !implicit) ? crs * pq : 0);
+        HostScratch<float> implicit_scratch(implicit ? implicit_weight_grad_scratch(s) : 0);
         T* sum = weight_by_gemm ? partials.get() + chunk * crs * s.K : nullptr;
         for (std::int64_t n = first; n < last; ++n) {
           const T* gy_n = gy + n * s.K * pq;  // [K, P*Q]
@@ -640,6 +646,12 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
           }
           if (weight_by_gemm) {
             const T* patches = in + n * chw;
+            if constexpr (std::is_same_v<T, float>) {
+              if (implicit) {
+                implicit_weight_grad(patches, gy_n, sum, n == first, implicit_scratch.get(), s);
+                continue;
+              }
+            }
             if (lower) {
               im2col(col.get(), patches, s);
               patches = col.get();
@@ -664,8 +676,13 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
           for (std::int64_t j = 0; j < s.K * crs; ++j) gw[j] += sum[j];
           continue;
         }
-        for (std::int64_t k = 0; k < s.K; ++k) {
-          for (std::int64_t i = 0; i < crs; ++i) gw[k * crs + i] += sum[i * s.K + k];
+        // Sixteen rows of the partial at a time, so that the lines it reads stay
+        // in L1 while grad_weight's rows take their sixteen elements each.
+        for (std::int64_t i0 = 0; i0 < crs; i0 += 16) {
+          const std::int64_t i1 = std::min(crs, i0 + 16);
+          for (std::int64_t k = 0; k < s.K; ++k) {
+            for (std::int64_t i = i0; i < i1; ++i) gw[k * crs + i] += sum[i * s.K + k];
+          }
         }
       }
     }

@@ -281,7 +281,7 @@ MicroKernel avx512_edge_kernel(std::int64_t rows, std::int64_t cols) {
 // Block sizes in elements. kKc x NR floats of B (16 KiB at NR = 16) sit in L1
 // while a kMc x kKc block of A (144 KiB) streams from L2; kNc bounds the packed B
 // block (4 MiB at kKc = 256), which lives in L3.
-constexpr std::int64_t kKc = 256;
+constexpr std::int64_t kKc = kGemmKc;
 constexpr std::int64_t kMc = 144;
 constexpr std::int64_t kNc = 4096;
 // Below this many multiply-adds a second thread costs more than it saves.
@@ -602,6 +602,12 @@ void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, st
     }
   }
 }
+
+#if TL_CPU_X86
+void pack_32_rows_avx2(const float* src, std::int64_t ld, std::int64_t k, float* dst) {
+  pack_rows_avx2<32>(src, ld, k, dst);
+}
+#endif
 
 template void gemm<float>(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const float*,
                           std::int64_t, const float*, std::int64_t, float, float*, std::int64_t);

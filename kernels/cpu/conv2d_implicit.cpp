@@ -1,0 +1,133 @@
+// The implicit-GEMM weight gradient of 3x3 convolutions (kernels/cpu/conv2d_implicit.h).
+#include "kernels/cpu/conv2d_implicit.h"
+
+#include <algorithm>
+
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/x86.h"
+
+namespace towerlab::cpu {
+
+namespace {
+
+constexpr std::int64_t kTaps = 9;     // 3 x 3
+constexpr std::int64_t kFilters = 32;  // a tile's filters: two vectors of sixteen
+
+struct Padded {
+  std::int64_t rows, cols;
+};
+Padded padded(const Conv2dShape& s) {
+  return {s.H + 2 * s.params.pad_h, s.W + 2 * s.params.pad_w};
+}
+
+#if TL_CPU_X86
+
+// Floats past the padded planes that pad_planes may write (zeros).
+constexpr std::int64_t kPadSlack = 16;
+
+// planes [C, rows, cols] <- x [C,H,W] with its zero border. Sixteen floats a vector:
+// a row's last vector is loaded under a mask (zeros past the row) and stored whole,
+// zeros over the border and over what the next row writes after it (AMD's masked
+// store is slow; a row of 14 floats was a library call to copy).
+__attribute__((target("avx512f"))) void pad_planes(float* planes, const float* x,
+                                                   const Conv2dShape& s) {
+  const Padded z = padded(s);
+  std::fill(planes, planes + s.C * z.rows * z.cols + kPadSlack, 0.0f);
+  for (std::int64_t c = 0; c < s.C; ++c) {
+    for (std::int64_t h = 0; h < s.H; ++h) {
+      const float* row = x + (c * s.H + h) * s.W;
+      float* out = planes + (c * z.rows + h + s.params.pad_h) * z.cols + s.params.pad_w;
+      for (std::int64_t w = 0; w < s.W; w += 16) {
+        _mm512_storeu_ps(out + w, _mm512_maskz_loadu_ps(first_lanes(s.W - w), row + w));
+      }
+    }
+  }
+}
+
+// sum[t, 0..31] (t = r*3 + s, rows `ld` apart) = (assign) or += Σ over the pixels
+// [p0, p1) of plane[h + r, w + s] · panel[p, 0..31], each output's products in pixel
+// order, as micro_kernel_avx512 sums a block (then stores alpha * acc, or
+// alpha * acc + beta * C with alpha = beta = 1: the same roundings).
+__attribute__((target("avx512f"))) void taps_by_filters(const float* plane, std::int64_t cols,
+                                                        std::int64_t Q, const float* panel,
+                                                        std::int64_t p0, std::int64_t p1,
+                                                        float* sum, std::int64_t ld,
+                                                        bool assign) {
+  __m512 acc[kTaps][2];
+  for (auto& row : acc) row[0] = row[1] = _mm512_setzero_ps();
+  std::int64_t h = p0 / Q, w = p0 % Q;
+  for (std::int64_t p = p0; p < p1; ++p) {
+    const __m512 b0 = _mm512_loadu_ps(panel + p * kFilters);
+    const __m512 b1 = _mm512_loadu_ps(panel + p * kFilters + 16);
+    const float* top = plane + h * cols + w;  // the taps' rows: top, top + cols, top + 2*cols
+#pragma GCC unroll 3
+    for (int r = 0; r < 3; ++r) {
+#pragma GCC unroll 3
+      for (int t = 0; t < 3; ++t) {
+        const __m512 a = _mm512_set1_ps(top[r * cols + t]);
+        acc[r * 3 + t][0] = _mm512_fmadd_ps(a, b0, acc[r * 3 + t][0]);
+        acc[r * 3 + t][1] = _mm512_fmadd_ps(a, b1, acc[r * 3 + t][1]);
+      }
+    }
+    if (++w == Q) {
+      w = 0;
+      ++h;
+    }
+  }
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (std::int64_t t = 0; t < kTaps; ++t) {
+    for (int v = 0; v < 2; ++v) {
+      float* out = sum + t * ld + 16 * v;
+      const __m512 c = assign ? _mm512_mul_ps(one, acc[t][v])
+                              : _mm512_fmadd_ps(one, acc[t][v], _mm512_mul_ps(one, _mm512_loadu_ps(out)));
+      _mm512_storeu_ps(out, c);
+    }
+  }
+}
+
+#endif  // TL_CPU_X86
+
+}  // namespace
+
+bool implicit_weight_grad_applies(const Conv2dShape& s) {
+  const Conv2dParams& p = s.params;
+  return TL_CPU_X86 && avx512_selected() && s.R == 3 && s.S == 3 && p.stride_h == 1 &&
+         p.stride_w == 1 && p.dilation_h == 1 && p.dilation_w == 1 && p.pad_h >= 0 &&
+         p.pad_h <= 1 && p.pad_w >= 0 && p.pad_w <= 1 && s.K % kFilters == 0 && s.P > 0 &&
+         s.Q > 0;
+}
+
+std::int64_t implicit_weight_grad_scratch(const Conv2dShape& s) {
+  const Padded z = padded(s);
+  return s.C * z.rows * z.cols + kPadSlack + s.K * s.P * s.Q;
+}
+
+void implicit_weight_grad(const float* x, const float* grad_y, float* partial, bool first,
+                          float* scratch, const Conv2dShape& s) {
+#if TL_CPU_X86
+  const Padded z = padded(s);
+  const std::int64_t pixels = s.P * s.Q;
+  float* planes = scratch;                         // [C, rows, cols]
+  float* panels = scratch + s.C * z.rows * z.cols + kPadSlack;  // [K/32, P*Q, 32]
+  pad_planes(planes, x, s);
+  for (std::int64_t kb = 0; kb < s.K / kFilters; ++kb) {
+    pack_32_rows_avx2(grad_y + kb * kFilters * pixels, pixels, pixels,
+                      panels + kb * pixels * kFilters);
+  }
+  // The panel of 32 filters stays in L1 while every channel's plane passes by.
+  for (std::int64_t kb = 0; kb < s.K / kFilters; ++kb) {
+    const float* panel = panels + kb * pixels * kFilters;
+    for (std::int64_t c = 0; c < s.C; ++c) {
+      float* sum = partial + c * kTaps * s.K + kb * kFilters;  // [9, 32] of [C*9, K]
+      for (std::int64_t p0 = 0; p0 < pixels; p0 += kGemmKc) {
+        taps_by_filters(planes + c * z.rows * z.cols, z.cols, s.Q, panel, p0,
+                        std::min(pixels, p0 + kGemmKc), sum, s.K, first && p0 == 0);
+      }
+    }
+  }
+#else
+  (void)x, (void)grad_y, (void)partial, (void)first, (void)scratch, (void)s;
+#endif
+}
+
+}  // namespace towerlab::cpu

@@ -1,0 +1,37 @@
+// The weight gradient of a 3x3, stride-1 convolution as an implicit GEMM on
+// AVX-512 (internal: kernels/cpu/conv2d.cpp calls it; contracts in kernels/conv2d.h).
+//
+// im2col + GEMM computes, per image, the partial
+//   sum[(c,r,s), k] (+)= Σ_p col[(c,r,s), p] · grad_y[k, p]      p = (h, w), P*Q of them
+// by first copying every patch into col [C*9, P*Q] and then packing col into the
+// GEMM's panels: two passes over a matrix nine times the image. Here the micro-kernel
+// broadcasts col's elements straight from the zero-padded image instead, since
+// col[(c,r,s), (h,w)] = padded[c, h + r, w + s]: the nine taps of channel c at pixel
+// (h, w) are three runs of three floats in three rows of the padded plane. A tile is
+// one channel's nine taps by 32 filters (18 accumulators); grad_y's 32 rows are
+// packed once per image as the GEMM packs them ([P*Q][32]).
+//
+// Bits: each output sums its products in pixel order, kGemmKc pixels at a time in
+// registers and the blocks onto the partial in order, with the GEMM micro-kernel's
+// fused multiply-adds: the bits of im2col + gemm on either AVX kernel.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/conv2d.h"
+
+namespace towerlab::cpu {
+
+// Whether the implicit weight gradient runs for this float32 problem: 3x3 kernel,
+// unit stride and dilation, padding 0 or 1, K a multiple of 32, the AVX-512 kernels.
+bool implicit_weight_grad_applies(const Conv2dShape& s);
+
+// The scratch one image needs, in floats: its padded planes and grad_y's panels.
+std::int64_t implicit_weight_grad_scratch(const Conv2dShape& s);
+
+// partial [C*9, K] = (first) or += (otherwise) the weight gradient of one image:
+// x [C,H,W], grad_y [K,P*Q]; `scratch` holds implicit_weight_grad_scratch(s) floats.
+void implicit_weight_grad(const float* x, const float* grad_y, float* partial, bool first,
+                          float* scratch, const Conv2dShape& s);
+
+}  // namespace towerlab::cpu
