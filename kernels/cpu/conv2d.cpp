@@ -474,6 +474,46 @@ void direct_weight_grad_avx2(const float*, const float*, float*, bool, const Con
 
 #endif
 
+#if TL_CPU_X86
+// out[k*rows + i .. +7] += in[(i .. i+7)*cols + k] for one 8 x 8 block (AVX2).
+__attribute__((target("avx2,fma"))) void add_transposed_block(float* out, const float* in,
+                                                             std::int64_t rows,
+                                                             std::int64_t cols) {
+  __m256 r[8];
+  for (int a = 0; a < 8; ++a) r[a] = _mm256_loadu_ps(in + a * cols);
+  transpose8x8(r);
+  for (int b = 0; b < 8; ++b) {
+    _mm256_storeu_ps(out + b * rows, _mm256_add_ps(_mm256_loadu_ps(out + b * rows), r[b]));
+  }
+}
+#endif
+
+// out [cols, rows] += inᵀ, in [rows, cols]: a weight gradient's partial in the
+// layout [C*R*S, K] added to grad_weight [K, C*R*S], element by element (the same
+// adds in any blocking), eight by eight through a register transpose where the
+// GEMM has AVX2: the strided loop was the whole cost of the partials' reduction.
+template <typename T>
+void add_transposed(T* out, const T* in, std::int64_t rows, std::int64_t cols) {
+  std::int64_t i0 = 0, k0 = 0;
+#if TL_CPU_X86
+  if constexpr (std::is_same_v<T, float>) {
+    if (avx2_selected()) {
+      for (; i0 + 8 <= rows; i0 += 8) {
+        for (k0 = 0; k0 + 8 <= cols; k0 += 8) {
+          add_transposed_block(out + k0 * rows + i0, in + i0 * cols + k0, rows, cols);
+        }
+        for (std::int64_t k = k0; k < cols; ++k) {  // the last columns
+          for (std::int64_t i = i0; i < i0 + 8; ++i) out[k * rows + i] += in[i * cols + k];
+        }
+      }
+    }
+  }
+#endif
+  for (std::int64_t k = 0; k < cols; ++k) {  // the last rows (all of them without AVX2)
+    for (std::int64_t i = i0; i < rows; ++i) out[k * rows + i] += in[i * cols + k];
+  }
+}
+
 // How many contiguous chunks of images to spread over the caller's threads. With
 // at least as many images as threads, each thread lowers and multiplies its own
 // images (its GEMMs then run inline on that thread: small per-image products
@@ -676,14 +716,7 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
           for (std::int64_t j = 0; j < s.K * crs; ++j) gw[j] += sum[j];
           continue;
         }
-        // Sixteen rows of the partial at a time, so that the lines it reads stay
-        // in L1 while grad_weight's rows take their sixteen elements each.
-        for (std::int64_t i0 = 0; i0 < crs; i0 += 16) {
-          const std::int64_t i1 = std::min(crs, i0 + 16);
-          for (std::int64_t k = 0; k < s.K; ++k) {
-            for (std::int64_t i = i0; i < i1; ++i) gw[k * crs + i] += sum[i * s.K + k];
-          }
-        }
+        add_transposed(gw, sum, crs, s.K);
       }
     }
   });
