@@ -6,10 +6,12 @@
 // turns the convolution into
 //   forward          y[n]        = weight · col                [K,P*Q] = [K,CRS]·[CRS,P*Q]
 //   backward-weight  grad_weight += grad_y[n] · colᵀ           [K,CRS] = [K,P*Q]·[P*Q,CRS]
-//                    (computed transposed, as col · grad_y[n]ᵀ)
+//                    (per group of images, in whichever layout suits the GEMM)
 //   backward-data    grad_col     = weightᵀ · grad_y[n]         [CRS,P*Q], then col2im adds
 //                    each patch element back onto the input pixel it came from.
 // A 1x1 kernel with stride 1 and no padding needs no lowering: col is x[n] itself.
+// On AVX-512, the weight gradient of 3x3 stride-1 layers skips col altogether
+// (kernels/cpu/conv2d_implicit.h), with the same sums in the same order.
 //
 // One input channel with a 3x3 kernel, unit stride and dilation (a first layer on
 // gray images, FashionNet's conv1) skips the lowering where the GEMM has its AVX2
