@@ -450,45 +450,97 @@ TEST(Conv2dGradient, MatchesCentralDifferences) {
 
 // --- the CPU's direct path on every ISA -----------------------------------------
 //
-// One input channel, 3x3, unit stride runs a direct convolution (no im2col): eight
-// columns a vector with AVX2, sixteen with AVX-512 (rows of Q >= 16). Each output
-// is the same chain of nine fused multiply-adds either way, so the two give the
-// same bits; the shapes cover Q = 16 exactly, a last group overlapping the one
-// before it (Q = 19, 28) and several groups (Q = 70).
+// One input channel, 3x3, unit stride runs a direct convolution (no im2col,
+// kernels/cpu/conv2d_direct.h): eight pixels a vector with AVX2, sixteen with
+// AVX-512. Each output is the same chain of nine fused multiply-adds either way, and
+// the weight gradient's sixteen lane sums are the AVX-512 vector's lanes or two AVX2
+// vectors' halves, so the two give the same bits. The shapes cover P*Q a multiple of
+// sixteen (Q = 16, 28), a last group of 11, 14 and 1 pixels (in AVX2's terms: a
+// half partly full, or empty), P*Q = 8 (the forward's AVX2 code on both), an odd
+// K (a filter without a partner), and groups of several images (N = 35).
+std::vector<ConvCase> direct_cases() {
+  return {
+      {"Q16", 2, 1, 18, 18, 5, 3, 3, make_params(1, 1, 0, 0)},
+      {"Q19_pad1x0", 2, 1, 9, 21, 4, 3, 3, make_params(1, 1, 1, 0), false},
+      {"Q28_K32", 3, 1, 28, 28, 32, 3, 3, make_params(1, 1, 1, 1)},
+      {"Q70", 1, 1, 5, 70, 3, 3, 3, make_params(1, 1, 1, 1)},
+      {"PQ33", 2, 1, 5, 13, 6, 3, 3, make_params(1, 1, 0, 0)},
+      {"PQ8", 2, 1, 3, 10, 3, 3, 3, make_params(1, 1, 0, 0)},
+      {"N35_groups", 35, 1, 12, 12, 7, 3, 3, make_params(1, 1, 1, 1)},
+  };
+}
+
+// y, then grad_weight added to a sentinel, of one direct case on the CPU.
+std::vector<float> direct_outputs(const ConvCase& k, const std::vector<float>& xv, unsigned seed) {
+  const auto wv = random_values(std::size_t(numel_of(k.w_shape())), seed);
+  const auto bv = random_values(std::size_t(k.K), seed + 1);
+  const auto gv = random_values(std::size_t(numel_of(k.y_shape())), seed + 2);
+  const auto sentinel = random_values(wv.size(), seed + 3);
+  auto put = [](const std::vector<float>& v, const Shape& shape) {
+    return Tensor::from_host<float>(v, shape, cpu());
+  };
+  const Tensor x = put(xv, k.x_shape()), w = put(wv, k.w_shape());
+  Tensor y = Tensor::empty(k.y_shape(), cpu());
+  conv2d_forward(y, x, w, k.bias ? put(bv, {k.K}) : Tensor(), k.params, cpu());
+  Tensor grad_w = put(sentinel, k.w_shape());
+  conv2d_backward(Tensor(), grad_w, Tensor(), put(gv, k.y_shape()), x, w, k.params, cpu());
+  std::vector<float> all = y.to_host<float>(cpu());
+  const std::vector<float> gw = grad_w.to_host<float>(cpu());
+  all.insert(all.end(), gw.begin(), gw.end());
+  return all;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
 TEST(Conv2dDirect, Avx512GivesTheAvx2Bits) {
   if (!gemm_isa_supported(GemmIsa::Avx512)) GTEST_SKIP() << "this CPU has no AVX-512";
   struct RestoreIsa {
     GemmIsa saved = gemm_isa();
     ~RestoreIsa() { set_gemm_isa(saved); }
   } restore;
-  for (const ConvCase& k :
-       {ConvCase{"Q16", 2, 1, 18, 18, 5, 3, 3, make_params(1, 1, 0, 0)},
-        ConvCase{"Q19_pad1x0", 2, 1, 9, 21, 4, 3, 3, make_params(1, 1, 1, 0), false},
-        ConvCase{"Q28_K32", 3, 1, 28, 28, 32, 3, 3, make_params(1, 1, 1, 1)},
-        ConvCase{"Q70", 1, 1, 5, 70, 3, 3, 3, make_params(1, 1, 1, 1)}}) {
+  for (const ConvCase& k : direct_cases()) {
     SCOPED_TRACE(k.name);
     const auto xv = random_values(std::size_t(numel_of(k.x_shape())), 1201);
-    const auto wv = random_values(std::size_t(numel_of(k.w_shape())), 1202);
-    const auto bv = random_values(std::size_t(k.K), 1203);
-    auto forward = [&](GemmIsa isa, const std::vector<float>& x) {
+    auto run = [&](GemmIsa isa, const std::vector<float>& x) {
       set_gemm_isa(isa);
-      Tensor y = Tensor::empty(k.y_shape(), cpu());
-      conv2d_forward(y, Tensor::from_host<float>(x, k.x_shape(), cpu()),
-                     Tensor::from_host<float>(wv, k.w_shape(), cpu()),
-                     k.bias ? Tensor::from_host<float>(bv, {k.K}, cpu()) : Tensor(), k.params,
-                     cpu());
-      return y.to_host<float>(cpu());
+      return direct_outputs(k, x, 1202);
     };
-    const std::vector<float> avx2 = forward(GemmIsa::Avx2, xv);
-    const std::vector<float> avx512 = forward(GemmIsa::Avx512, xv);
-    ASSERT_EQ(avx512.size(), avx2.size());
-    EXPECT_EQ(std::memcmp(avx512.data(), avx2.data(), avx2.size() * sizeof(float)), 0);
-    // Control: the last input value 0.1% off changes the bits the comparison sees.
+    const std::vector<float> avx2 = run(GemmIsa::Avx2, xv);
+    EXPECT_TRUE(same_bits(run(GemmIsa::Avx512, xv), avx2));
+    // Control: the last input value 0.1% off changes bits of y and of grad_weight,
+    // and the comparison sees both.
     std::vector<float> nudged = xv;
     nudged.back() *= 1.001f;
-    const std::vector<float> off = forward(GemmIsa::Avx512, nudged);
-    EXPECT_NE(std::memcmp(off.data(), avx2.data(), avx2.size() * sizeof(float)), 0) << "control";
+    const std::vector<float> off = run(GemmIsa::Avx512, nudged);
+    const auto y_size = std::ptrdiff_t(numel_of(k.y_shape()));
+    EXPECT_FALSE(
+        same_bits({off.begin(), off.begin() + y_size}, {avx2.begin(), avx2.begin() + y_size}))
+        << "the control's y";
+    EXPECT_FALSE(same_bits({off.begin() + y_size, off.end()}, {avx2.begin() + y_size, avx2.end()}))
+        << "the control's grad_weight";
   }
+}
+
+// The direct path's images are split over threads in fixed groups: 1, 2 and 3
+// threads and a tower's share of the pool give the same bits, on the ISA this CPU
+// runs.
+TEST(Conv2dDirect, SameBitsForAnyThreadCount) {
+  const int saved = num_threads();
+  for (const ConvCase& k : direct_cases()) {
+    SCOPED_TRACE(k.name);
+    const auto xv = random_values(std::size_t(numel_of(k.x_shape())), 1301);
+    set_num_threads(1);
+    const std::vector<float> one = direct_outputs(k, xv, 1302);
+    set_num_threads(2);
+    EXPECT_TRUE(same_bits(direct_outputs(k, xv, 1302), one)) << "2 threads";
+    set_num_threads(3);
+    EXPECT_TRUE(same_bits(direct_outputs(k, xv, 1302), one)) << "3 threads";
+    const ThreadShare share(0, 2);
+    EXPECT_TRUE(same_bits(direct_outputs(k, xv, 1302), one)) << "a tower's share of 2 of 3";
+  }
+  set_num_threads(saved);
 }
 
 // --- col2im's vector path ---------------------------------------------------------

@@ -15,12 +15,8 @@
 //
 // One input channel with a 3x3 kernel, unit stride and dilation (a first layer on
 // gray images, FashionNet's conv1) skips the lowering where the GEMM has its AVX2
-// kernel: its product has an inner dimension of R*S = 9, far too short for the
-// GEMM's rate, and im2col copies each image R*S times to feed it. Each image is instead copied once
-// into a zero-padded plane, and eight outputs at a time sum their R*S taps in
-// registers (forward), or each (k, tap) sums grad_y times the shifted plane in
-// eight lanes (weight gradient). The taps are summed in the im2col order (r, s),
-// and the lanes and images in a fixed order, so results do not depend on threads.
+// kernel: its forward and weight gradient run the direct convolution of
+// kernels/cpu/conv2d_direct.h.
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -28,6 +24,7 @@
 #include "engine/settings.h"
 #include "engine/thread_pool.h"
 #include "kernels/cpu/conv2d.h"
+#include "kernels/cpu/conv2d_direct.h"
 #include "kernels/cpu/conv2d_implicit.h"
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/matmul.h"
@@ -268,214 +265,6 @@ void col2im_add(T* x, T* col, const Conv2dShape& s, bool assign) {
   }
 }
 
-// --- one input channel, no lowering ------------------------------------------------
-
-// The zero-padded plane of one single-channel image: [H + 2*pad_h, W + 2*pad_w], and
-// eight floats of zeros after it for the masked loads that end past its last row.
-struct PaddedPlane {
-  std::int64_t rows, cols;
-  std::int64_t size() const { return rows * cols + 8; }
-};
-PaddedPlane padded_plane(const Conv2dShape& s) {
-  return {s.H + 2 * s.params.pad_h, s.W + 2 * s.params.pad_w};
-}
-
-void pad_image(float* plane, const float* x, const Conv2dShape& s) {
-  const PaddedPlane z = padded_plane(s);
-  std::fill(plane, plane + z.size(), 0.0f);
-  for (std::int64_t h = 0; h < s.H; ++h) {
-    std::copy(x + h * s.W, x + (h + 1) * s.W,
-              plane + (h + s.params.pad_h) * z.cols + s.params.pad_w);
-  }
-}
-
-// The kernel size of the direct path: compile-time, so that its loops unroll and its
-// accumulators stay in registers.
-constexpr std::int64_t kDirectR = 3, kDirectS = 3;
-// Output rows of at most this many groups of eight columns.
-constexpr std::int64_t kDirectMaxGroups = 64;
-
-bool direct_single_channel(const Conv2dShape& s, DType dtype) {
-  const Conv2dParams& p = s.params;
-  return TL_CPU_X86 && dtype == DType::Float32 && gemm_isa() != GemmIsa::Portable && s.C == 1 &&
-         s.R == kDirectR && s.S == kDirectS && p.stride_h == 1 && p.stride_w == 1 &&
-         p.dilation_h == 1 && p.dilation_w == 1 && s.Q >= 8 && s.Q <= 8 * kDirectMaxGroups;
-}
-
-#if TL_CPU_X86
-
-#define TL_AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) inline
-
-// Row p of filter k at the output columns q[0..G-1] (eight each): G independent
-// sums of the R*S taps in order (r, s), with the taps' weights w in registers.
-template <int G>
-TL_AVX2_INLINE void direct_forward_groups(const float* plane, std::int64_t cols, const __m256* w,
-                                          __m256 bias, float* y_row, std::int64_t p,
-                                          const std::int64_t* q) {
-  constexpr std::int64_t R = kDirectR, S = kDirectS;
-  __m256 acc[G];
-  for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
-  for (std::int64_t r = 0; r < R; ++r) {
-    const float* in = plane + (p + r) * cols;
-    for (std::int64_t t = 0; t < S; ++t) {
-      for (int g = 0; g < G; ++g) {
-        acc[g] = _mm256_fmadd_ps(w[r * S + t], _mm256_loadu_ps(in + q[g] + t), acc[g]);
-      }
-    }
-  }
-  for (int g = 0; g < G; ++g) _mm256_storeu_ps(y_row + q[g], _mm256_add_ps(acc[g], bias));
-}
-
-// The first columns of the groups of `width` columns that cover a row of Q >= width
-// outputs (for_each_group, kernels/cpu/x86.h). Returns how many.
-std::int64_t column_groups(std::int64_t Q, std::int64_t width, std::int64_t* q) {
-  std::int64_t groups = 0;
-  for_each_group(Q, width, [&](std::int64_t first) { q[groups++] = first; });
-  return groups;
-}
-
-// y [K,P,Q] of one image from its padded plane and weight [K,R*S] (bias [K] or null).
-// Each output row is cut into groups of eight columns (column_groups); up to four
-// groups run at once, independent sums that hide the latency of each one's chain of
-// R*S fused multiply-adds.
-__attribute__((target("avx2,fma"))) void direct_forward_avx2(const float* plane,
-                                                             const float* weight, const float* bias,
-                                                             float* y, const Conv2dShape& s) {
-  constexpr std::int64_t taps = kDirectR * kDirectS;
-  const std::int64_t cols = padded_plane(s).cols;
-  std::int64_t q[kDirectMaxGroups];  // the groups' first columns
-  const std::int64_t groups = column_groups(s.Q, 8, q);
-  for (std::int64_t k = 0; k < s.K; ++k) {
-    __m256 w[taps];
-    for (std::int64_t i = 0; i < taps; ++i) w[i] = _mm256_set1_ps(weight[k * taps + i]);
-    const __m256 b = _mm256_set1_ps(bias != nullptr ? bias[k] : 0.0f);
-    for (std::int64_t p = 0; p < s.P; ++p) {
-      float* y_row = y + (k * s.P + p) * s.Q;  // [Q]
-      std::int64_t g = 0;
-      for (; g + 4 <= groups; g += 4) direct_forward_groups<4>(plane, cols, w, b, y_row, p, q + g);
-      for (; g < groups; ++g) direct_forward_groups<1>(plane, cols, w, b, y_row, p, q + g);
-    }
-  }
-}
-
-#define TL_AVX512_INLINE __attribute__((target("avx512f"), always_inline)) inline
-
-// direct_forward_groups with sixteen columns a group: the same sums in the same
-// order per output (bit for bit the AVX2 path's), half the instructions.
-template <int G>
-TL_AVX512_INLINE void direct_forward_groups16(const float* plane, std::int64_t cols,
-                                              const __m512* w, __m512 bias, float* y_row,
-                                              std::int64_t p, const std::int64_t* q) {
-  constexpr std::int64_t R = kDirectR, S = kDirectS;
-  __m512 acc[G];
-  for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
-  for (std::int64_t r = 0; r < R; ++r) {
-    const float* in = plane + (p + r) * cols;
-    for (std::int64_t t = 0; t < S; ++t) {
-      for (int g = 0; g < G; ++g) {
-        acc[g] = _mm512_fmadd_ps(w[r * S + t], _mm512_loadu_ps(in + q[g] + t), acc[g]);
-      }
-    }
-  }
-  for (int g = 0; g < G; ++g) _mm512_storeu_ps(y_row + q[g], _mm512_add_ps(acc[g], bias));
-}
-
-// direct_forward_avx2 on AVX-512 machines, for rows of Q >= 16 (FashionNet's 28).
-__attribute__((target("avx512f"))) void direct_forward_avx512(const float* plane,
-                                                              const float* weight,
-                                                              const float* bias, float* y,
-                                                              const Conv2dShape& s) {
-  constexpr std::int64_t taps = kDirectR * kDirectS;
-  const std::int64_t cols = padded_plane(s).cols;
-  std::int64_t q[kDirectMaxGroups];
-  const std::int64_t groups = column_groups(s.Q, 16, q);
-  for (std::int64_t k = 0; k < s.K; ++k) {
-    __m512 w[taps];
-    for (std::int64_t i = 0; i < taps; ++i) w[i] = _mm512_set1_ps(weight[k * taps + i]);
-    const __m512 b = _mm512_set1_ps(bias != nullptr ? bias[k] : 0.0f);
-    for (std::int64_t p = 0; p < s.P; ++p) {
-      float* y_row = y + (k * s.P + p) * s.Q;  // [Q]
-      std::int64_t g = 0;
-      for (; g + 4 <= groups; g += 4) {
-        direct_forward_groups16<4>(plane, cols, w, b, y_row, p, q + g);
-      }
-      for (; g < groups; ++g) direct_forward_groups16<1>(plane, cols, w, b, y_row, p, q + g);
-    }
-  }
-}
-
-// The direct forward for this CPU (kernels/cpu/x86.h): AVX-512 where it runs and the
-// rows are wide enough.
-void direct_forward(const float* plane, const float* weight, const float* bias, float* y,
-                    const Conv2dShape& s) {
-  if (avx512_selected() && s.Q >= 16) {
-    direct_forward_avx512(plane, weight, bias, y, s);
-  } else {
-    direct_forward_avx2(plane, weight, bias, y, s);
-  }
-}
-
-// acc[r*S + t] += g * plane[(p + r)*cols + q + t .. +7], the plane's values loaded
-// under `mask` when Masked (lanes past the row load zeros, so nothing past it enters).
-template <bool Masked>
-TL_AVX2_INLINE void direct_weight_grad_group(__m256* acc, const float* plane, std::int64_t cols,
-                                             std::int64_t p, std::int64_t q, __m256 g,
-                                             __m256i mask) {
-  constexpr std::int64_t R = kDirectR, S = kDirectS;
-  for (std::int64_t r = 0; r < R; ++r) {
-    for (std::int64_t t = 0; t < S; ++t) {
-      const float* in = plane + (p + r) * cols + q + t;
-      const __m256 v = Masked ? _mm256_maskload_ps(in, mask) : _mm256_loadu_ps(in);
-      acc[r * S + t] = _mm256_fmadd_ps(g, v, acc[r * S + t]);
-    }
-  }
-}
-
-// sum[tap, k] (= partial grad_weightᵀ [R*S, K]) += sum_{p,q} grad_y[k,p,q] *
-// plane[p + r, q + t] for one image, or = when `assign`. Each (k, tap) sums in eight
-// lanes, q in groups of eight (the last one masked), then the lanes in order.
-__attribute__((target("avx2,fma"))) void direct_weight_grad_avx2(const float* plane,
-                                                                 const float* grad_y, float* sum,
-                                                                 bool assign,
-                                                                 const Conv2dShape& s) {
-  constexpr std::int64_t taps = kDirectR * kDirectS;
-  const std::int64_t cols = padded_plane(s).cols;
-  const std::int64_t tail = s.Q % 8;
-  alignas(32) std::int32_t lane_on[8];
-  for (int i = 0; i < 8; ++i) lane_on[i] = i < tail ? -1 : 0;
-  const __m256i mask = _mm256_load_si256(reinterpret_cast<const __m256i*>(lane_on));
-  for (std::int64_t k = 0; k < s.K; ++k) {
-    __m256 acc[taps];
-    for (std::int64_t i = 0; i < taps; ++i) acc[i] = _mm256_setzero_ps();
-    for (std::int64_t p = 0; p < s.P; ++p) {
-      const float* gy = grad_y + (k * s.P + p) * s.Q;  // [Q]
-      std::int64_t q = 0;
-      for (; q + 8 <= s.Q; q += 8) {
-        direct_weight_grad_group<false>(acc, plane, cols, p, q, _mm256_loadu_ps(gy + q), mask);
-      }
-      if (tail > 0) {
-        direct_weight_grad_group<true>(acc, plane, cols, p, q, _mm256_maskload_ps(gy + q, mask),
-                                       mask);
-      }
-    }
-    for (std::int64_t i = 0; i < taps; ++i) {
-      alignas(32) float lanes[8];
-      _mm256_store_ps(lanes, acc[i]);
-      float total = 0.0f;
-      for (float v : lanes) total += v;
-      float& out = sum[i * s.K + k];
-      out = assign ? total : out + total;
-    }
-  }
-}
-
-#else
-
-void direct_forward(const float*, const float*, const float*, float*, const Conv2dShape&) {}
-void direct_weight_grad_avx2(const float*, const float*, float*, bool, const Conv2dShape&) {}
-
-#endif
-
 #if TL_CPU_X86
 // out[k*rows + i .. +7] += in[(i .. i+7)*cols + k] for one 8 x 8 block (AVX2).
 __attribute__((target("avx2,fma"))) void add_transposed_block(float* out, const float* in,
@@ -567,14 +356,10 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
     const std::int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
     if constexpr (std::is_same_v<T, float>) {
       if (direct_single_channel(s, y.dtype())) {
-        for_image_chunks(s.N, image_chunks(s.N), true,
-                         [&](std::int64_t, std::int64_t first, std::int64_t last) {
-                           HostScratch<float> plane(padded_plane(s).size());
-                           for (std::int64_t n = first; n < last; ++n) {
-                             pad_image(plane.get(), in + n * chw, s);
-                             direct_forward(plane.get(), w, b, out + n * s.K * pq, s);
-                           }
-                         });
+        for_image_chunks(
+            s.N, image_chunks(s.N), true, [&](std::int64_t, std::int64_t first, std::int64_t last) {
+              direct_forward(out + first * s.K * pq, in + first * chw, w, b, last - first, s);
+            });
         return;
       }
     }
@@ -653,13 +438,8 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
       if (direct) {
         for_image_chunks(s.N, chunks, chunks >= thread_share(),
                          [&](std::int64_t chunk, std::int64_t first, std::int64_t last) {
-                           float* sum = partials.get() + chunk * crs * s.K;
-                           HostScratch<float> plane(padded_plane(s).size());
-                           for (std::int64_t n = first; n < last; ++n) {
-                             pad_image(plane.get(), in + n * chw, s);
-                             direct_weight_grad_avx2(plane.get(), gy + n * s.K * pq, sum,
-                                                     n == first, s);
-                           }
+                           direct_weight_grad(partials.get() + chunk * crs * s.K, in + first * chw,
+                                              gy + first * s.K * pq, last - first, s);
                          });
       }
     }
