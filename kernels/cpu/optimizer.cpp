@@ -4,14 +4,135 @@
 // they split over the thread pool at any boundary (kernels/cpu/parallel.h). The
 // range bodies capture by value: with the scalars captured by reference, a store
 // through p might change them as far as the compiler knows, and the loops stay scalar.
+//
+// Adam's float32 loop, whose square root and division the baseline build runs four
+// lanes at a time, also has AVX2 and AVX-512 versions picked at run time
+// (kernels/cpu/x86.h). They make the same IEEE operations in the same order, one
+// rounding each, so every ISA gives the same bits: no fused multiply-add, which
+// would round a product and a sum once (the baseline x86-64 build has none to use;
+// the vector versions turn GCC's contraction off, TL_NO_CONTRACTION below).
+// OptimizerAdam.EveryIsaGivesTheSameBits checks.
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/optimizer.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/x86.h"
 
 namespace towerlab::cpu {
+
+namespace {
+
+// Adam's scalars in the element type.
+template <typename T>
+struct AdamScalars {
+  T beta1, beta2, one_minus_beta1, one_minus_beta2, eps, wd, decay_factor, step_size, bc2_sqrt;
+};
+
+template <typename T>
+AdamScalars<T> adam_scalars(const AdamStep& step) {
+  return {
+      static_cast<T>(step.beta1),
+      static_cast<T>(step.beta2),
+      // 1 - beta in double: in float, 1 - 0.999f is off by 1.3e-5 relative.
+      static_cast<T>(1.0 - step.beta1),
+      static_cast<T>(1.0 - step.beta2),
+      static_cast<T>(step.epsilon),
+      static_cast<T>(step.weight_decay),
+      static_cast<T>(step.decay_factor),
+      static_cast<T>(step.step_size),
+      static_cast<T>(step.bias_correction2_sqrt),
+  };
+}
+
+// One Adam step of p[lo, hi), m1 and m2 the moments: the specification.
+template <typename T>
+void adam_range(T* __restrict p, const T* __restrict g, T* __restrict m1, T* __restrict m2,
+                std::int64_t lo, std::int64_t hi, AdamScalars<T> a) {
+  for (std::int64_t i = lo; i < hi; ++i) {
+    const T p0 = p[i] * a.decay_factor;
+    const T gi = g[i] + a.wd * p[i];
+    m1[i] = a.beta1 * m1[i] + a.one_minus_beta1 * gi;
+    m2[i] = a.beta2 * m2[i] + a.one_minus_beta2 * gi * gi;
+    p[i] = p0 - a.step_size * m1[i] / (std::sqrt(m2[i]) / a.bc2_sqrt + a.eps);
+  }
+}
+
+#if TL_CPU_X86
+// GCC contracts a product and a sum into a fused multiply-add by default in C++
+// (-ffp-contract=fast, ISO mode or not), and AVX-512 has one for any target. Clang
+// fuses only within one expression, which intrinsics never are.
+#if defined(__clang__)
+#define TL_NO_CONTRACTION
+#else
+#define TL_NO_CONTRACTION __attribute__((optimize("fp-contract=off")))
+#endif
+
+// adam_range in vectors of eight, the last few elements by the scalar loop: its
+// operations in its order, one rounding each.
+TL_NO_CONTRACTION __attribute__((target("avx2"))) void adam_range_avx2(float* p, const float* g,
+                                                                       float* m1, float* m2,
+                                                                       std::int64_t lo,
+                                                                       std::int64_t hi,
+                                                                       AdamScalars<float> a) {
+  const __m256 decay_factor = _mm256_set1_ps(a.decay_factor), wd = _mm256_set1_ps(a.wd);
+  const __m256 beta1 = _mm256_set1_ps(a.beta1), beta2 = _mm256_set1_ps(a.beta2);
+  const __m256 one_minus_beta1 = _mm256_set1_ps(a.one_minus_beta1);
+  const __m256 one_minus_beta2 = _mm256_set1_ps(a.one_minus_beta2);
+  const __m256 step_size = _mm256_set1_ps(a.step_size), bc2_sqrt = _mm256_set1_ps(a.bc2_sqrt);
+  const __m256 eps = _mm256_set1_ps(a.eps);
+  std::int64_t i = lo;
+  for (; i + 8 <= hi; i += 8) {
+    const __m256 pi = _mm256_loadu_ps(p + i);
+    const __m256 p0 = _mm256_mul_ps(pi, decay_factor);
+    const __m256 gi = _mm256_add_ps(_mm256_loadu_ps(g + i), _mm256_mul_ps(wd, pi));
+    const __m256 m1i = _mm256_add_ps(_mm256_mul_ps(beta1, _mm256_loadu_ps(m1 + i)),
+                                     _mm256_mul_ps(one_minus_beta1, gi));
+    const __m256 m2i = _mm256_add_ps(_mm256_mul_ps(beta2, _mm256_loadu_ps(m2 + i)),
+                                     _mm256_mul_ps(_mm256_mul_ps(one_minus_beta2, gi), gi));
+    const __m256 denominator = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(m2i), bc2_sqrt), eps);
+    _mm256_storeu_ps(m1 + i, m1i);
+    _mm256_storeu_ps(m2 + i, m2i);
+    _mm256_storeu_ps(p + i,
+                     _mm256_sub_ps(p0, _mm256_div_ps(_mm256_mul_ps(step_size, m1i), denominator)));
+  }
+  adam_range(p, g, m1, m2, i, hi, a);
+}
+
+// adam_range_avx2 in vectors of sixteen.
+TL_NO_CONTRACTION __attribute__((target("avx512f"))) void adam_range_avx512(
+    float* p, const float* g, float* m1, float* m2, std::int64_t lo, std::int64_t hi,
+    AdamScalars<float> a) {
+  const __m512 decay_factor = _mm512_set1_ps(a.decay_factor), wd = _mm512_set1_ps(a.wd);
+  const __m512 beta1 = _mm512_set1_ps(a.beta1), beta2 = _mm512_set1_ps(a.beta2);
+  const __m512 one_minus_beta1 = _mm512_set1_ps(a.one_minus_beta1);
+  const __m512 one_minus_beta2 = _mm512_set1_ps(a.one_minus_beta2);
+  const __m512 step_size = _mm512_set1_ps(a.step_size), bc2_sqrt = _mm512_set1_ps(a.bc2_sqrt);
+  const __m512 eps = _mm512_set1_ps(a.eps);
+  std::int64_t i = lo;
+  for (; i + 16 <= hi; i += 16) {
+    const __m512 pi = _mm512_loadu_ps(p + i);
+    const __m512 p0 = _mm512_mul_ps(pi, decay_factor);
+    const __m512 gi = _mm512_add_ps(_mm512_loadu_ps(g + i), _mm512_mul_ps(wd, pi));
+    const __m512 m1i = _mm512_add_ps(_mm512_mul_ps(beta1, _mm512_loadu_ps(m1 + i)),
+                                     _mm512_mul_ps(one_minus_beta1, gi));
+    const __m512 m2i = _mm512_add_ps(_mm512_mul_ps(beta2, _mm512_loadu_ps(m2 + i)),
+                                     _mm512_mul_ps(_mm512_mul_ps(one_minus_beta2, gi), gi));
+    // All lanes of a masked square root: GCC 12 warns of its own _mm512_sqrt_ps.
+    const __m512 root = _mm512_mask_sqrt_ps(m2i, 0xFFFF, m2i);
+    const __m512 denominator = _mm512_add_ps(_mm512_div_ps(root, bc2_sqrt), eps);
+    _mm512_storeu_ps(m1 + i, m1i);
+    _mm512_storeu_ps(m2 + i, m2i);
+    _mm512_storeu_ps(p + i,
+                     _mm512_sub_ps(p0, _mm512_div_ps(_mm512_mul_ps(step_size, m1i), denominator)));
+  }
+  adam_range(p, g, m1, m2, i, hi, a);
+}
+#endif
+
+}  // namespace
 
 void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& velocity,
                 const SgdParams& params) {
@@ -82,25 +203,24 @@ void adam_update(const Tensor& param, const Tensor& grad, const Tensor& m, const
     const T* __restrict g = grad.data<T>();  // [n]
     T* __restrict m1 = m.data<T>();          // [n] first moment
     T* __restrict m2 = v.data<T>();          // [n] second moment
-    const auto beta1 = static_cast<T>(step.beta1);
-    const auto beta2 = static_cast<T>(step.beta2);
-    // 1 - beta in double: in float, 1 - 0.999f is off by 1.3e-5 relative.
-    const auto one_minus_beta1 = static_cast<T>(1.0 - step.beta1);
-    const auto one_minus_beta2 = static_cast<T>(1.0 - step.beta2);
-    const auto eps = static_cast<T>(step.epsilon);
-    const auto wd = static_cast<T>(step.weight_decay);
-    const auto decay_factor = static_cast<T>(step.decay_factor);
-    const auto step_size = static_cast<T>(step.step_size);
-    const auto bc2_sqrt = static_cast<T>(step.bias_correction2_sqrt);
-    parallel_rows(param.numel(), 1, [=](std::int64_t lo, std::int64_t hi) {
-      for (std::int64_t i = lo; i < hi; ++i) {
-        const T p0 = p[i] * decay_factor;
-        const T gi = g[i] + wd * p[i];
-        m1[i] = beta1 * m1[i] + one_minus_beta1 * gi;
-        m2[i] = beta2 * m2[i] + one_minus_beta2 * gi * gi;
-        p[i] = p0 - step_size * m1[i] / (std::sqrt(m2[i]) / bc2_sqrt + eps);
+    const AdamScalars<T> a = adam_scalars<T>(step);
+#if TL_CPU_X86
+    if constexpr (std::is_same_v<T, float>) {
+      if (avx2_selected()) {
+        const bool wide = avx512_selected();
+        parallel_rows(param.numel(), 1, [=](std::int64_t lo, std::int64_t hi) {
+          if (wide) {
+            adam_range_avx512(p, g, m1, m2, lo, hi, a);
+          } else {
+            adam_range_avx2(p, g, m1, m2, lo, hi, a);
+          }
+        });
+        return;
       }
-    });
+    }
+#endif
+    parallel_rows(param.numel(), 1,
+                  [=](std::int64_t lo, std::int64_t hi) { adam_range(p, g, m1, m2, lo, hi, a); });
   });
 }
 
