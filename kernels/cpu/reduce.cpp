@@ -3,6 +3,7 @@
 // on one thread (its rounding is the specification); the search for the first
 // non-finite value splits over the thread pool (kernels/cpu/parallel.h) and keeps
 // the smallest index any range found, the same answer for any split.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -12,6 +13,22 @@
 #include "kernels/cpu/reduce.h"
 
 namespace towerlab::cpu {
+
+namespace {
+
+// Whether x[0, n) holds only finite values: v - v is +0 for a finite v and NaN for an
+// infinity or a NaN. One test per value with no branch, so the compiler vectorizes
+// it (std::isfinite per value with an early exit stays scalar); a block that fails
+// is searched again value by value.
+template <typename T>
+bool all_finite(const T* x, std::int64_t n) {
+  int bad = 0;
+  for (std::int64_t i = 0; i < n; ++i) bad |= (x[i] - x[i] != T(0));
+  return bad == 0;
+}
+constexpr std::int64_t kFiniteBlock = 256;
+
+}  // namespace
 
 void sum(const Tensor& out, const Tensor& x, double scale) {
   with_dtype(x.dtype(), [&]<typename T>() {
@@ -28,12 +45,16 @@ std::int64_t first_nonfinite(const Tensor& x) {
   with_dtype(x.dtype(), [&]<typename T>() {
     const T* in = x.data<T>();  // [n]
     parallel_rows(n, 1, [&](std::int64_t lo, std::int64_t hi) {
-      for (std::int64_t i = lo; i < hi; ++i) {
-        if (!std::isfinite(in[i])) {  // this range's first: lower `first` to it
-          std::int64_t seen = first.load();
-          while (i < seen && !first.compare_exchange_weak(seen, i)) {
+      for (std::int64_t block = lo; block < hi; block += kFiniteBlock) {
+        const std::int64_t end = std::min(hi, block + kFiniteBlock);
+        if (all_finite(in + block, end - block)) continue;
+        for (std::int64_t i = block; i < end; ++i) {
+          if (!std::isfinite(in[i])) {  // this range's first: lower `first` to it
+            std::int64_t seen = first.load();
+            while (i < seen && !first.compare_exchange_weak(seen, i)) {
+            }
+            return;
           }
-          return;
         }
       }
     });
