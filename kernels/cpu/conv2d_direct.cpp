@@ -29,7 +29,10 @@ namespace towerlab::cpu {
 namespace {
 
 constexpr std::int64_t kR = 3, kS = 3, kTaps = kR * kS;
-// Filters whose sums run side by side (both kernels and both ISAs).
+
+#if TL_CPU_X86
+
+// Filters whose sums run side by side in the AVX-512 kernels (AVX2 has registers for one).
 constexpr std::int64_t kFilters = 2;
 
 std::int64_t plane_size(const Conv2dShape& s) {
@@ -68,8 +71,6 @@ void shift_planes(float* planes, const float* x, const Conv2dShape& s) {
     }
   }
 }
-
-#if TL_CPU_X86
 
 #define TL_AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) inline
 #define TL_AVX512_INLINE __attribute__((target("avx512f"), always_inline)) inline
@@ -342,10 +343,10 @@ bool direct_single_channel(const Conv2dShape& s, DType dtype) {
          p.dilation_w == 1 && s.Q >= 8;
 }
 
-// Only reached where direct_single_channel holds, so on x86 alone.
+#if TL_CPU_X86
+
 void direct_forward(float* y, const float* x, const float* weight, const float* bias,
                     std::int64_t images, const Conv2dShape& s) {
-#if TL_CPU_X86
   const bool wide = avx512_selected() && s.P * s.Q >= 16;
   HostScratch<float> planes(kS * plane_size(s));
   for (std::int64_t n = 0; n < images; ++n) {
@@ -357,12 +358,10 @@ void direct_forward(float* y, const float* x, const float* weight, const float* 
       forward_image_avx2(y_n, planes.get(), weight, bias, s);
     }
   }
-#endif
 }
 
 void direct_weight_grad(float* sum, const float* x, const float* grad_y, std::int64_t images,
                         const Conv2dShape& s) {
-#if TL_CPU_X86
   const Strides d = strides(s);
   const bool wide = avx512_selected();
   HostScratch<float> planes(kS * d.plane), lanes(s.K * kTaps * 16);  // lanes [K, R*S, 16]
@@ -377,7 +376,15 @@ void direct_weight_grad(float* sum, const float* x, const float* grad_y, std::in
     }
   }
   add_lanes(sum, lanes.get(), s.K);
-#endif
 }
+
+#else
+
+// Never reached: direct_single_channel holds on x86 alone.
+void direct_forward(float*, const float*, const float*, const float*, std::int64_t,
+                    const Conv2dShape&) {}
+void direct_weight_grad(float*, const float*, const float*, std::int64_t, const Conv2dShape&) {}
+
+#endif
 
 }  // namespace towerlab::cpu
