@@ -14,9 +14,9 @@
 // Weight gradient: image by image, two filters' eighteen (k, tap) sums in registers,
 // each loaded input vector feeding both; the sums' lanes wait in a buffer from one
 // image to the next and are added once per group of images, not once per image.
-// grad_y (100 KiB an image in FashionNet) comes from memory, not from cache, and
-// the hardware prefetcher does not keep up with a pair's two interleaved runs of
-// P*Q values, so each pair prefetches the values of the pair after next as it goes.
+// In a training step grad_y (100 KiB an image in FashionNet) comes from memory, not
+// from cache, and the hardware prefetcher does not keep up with a pair's two
+// interleaved runs of P*Q values, so each pair prefetches the pair after next's.
 #include "kernels/cpu/conv2d_direct.h"
 
 #include <algorithm>
@@ -75,8 +75,8 @@ void shift_planes(float* planes, const float* x, const Conv2dShape& s) {
 #define TL_AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) inline
 #define TL_AVX512_INLINE __attribute__((target("avx512f"), always_inline)) inline
 
-// The sum of t's eight lanes in the tree of the sixteen-lane total below: lanes l and
-// l + 4, then l and l + 2, then the two.
+// The sum of t's eight lanes, the end of add_lanes' tree: lanes l and l + 4, then l
+// and l + 2, then the two.
 __attribute__((target("avx2"), always_inline)) inline float lane_total8(__m256 t) {
   const __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
   const __m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));
