@@ -2,8 +2,8 @@
 // numerics in kernels/cpu/winograd.h. The steps, for forward and backward-data alike:
 //   1. weight transform  U[e] = (G g Gᵀ)[e]                      [16][K][C], per call
 //   2. for each block of tiles (in parallel, blocks fixed by the shape):
-//      input transform   V[e][c][t] = (Bᵀ d[t,c] B)[e]          [16][C][tiles]
-//      16 GEMMs          M[e] = U[e] · V[e]                      [16][K][tiles]
+//      input transform   V[c][e][t] = (Bᵀ d[t,c] B)[e]          [C][16][tiles]
+//      16 GEMMs          M[e] = U[e] · V[e]                      [K][16][tiles]
 //      output transform  out tile (t, k) (+)= Aᵀ m[t,k] A        2x2, clipped at the edge
 // Inside this file C and K are the correlation's input and output channels: for
 // backward-data they are the layer's K and C, and the input is grad_y.
@@ -87,7 +87,7 @@ void transform_kernel(float* u, std::int64_t ldu, const float* g, std::int64_t r
 
 // Tile blocks are runs of whole tile rows (one image's tiles th, all tw), so that
 // the transforms walk input and output rows contiguously: about enough rows that V
-// and M of one block ([16][C+K][tiles] floats) take three quarters of a 512 KiB L2
+// and M of one block (16 (C + K) floats a tile) take three quarters of a 512 KiB L2
 // (larger and smaller blocks measured no faster on FashionNet's second layer). A
 // function of the shape alone, so the blocks, and with them the bits, do not
 // depend on the threads.
@@ -106,29 +106,21 @@ std::int64_t row_width(const Problem& p) {
   return 2 * vector_tiles(p) + 2;
 }
 
-// The scratch of one thread.
+// The scratch of one thread, for a block of tiles `block` columns wide (a multiple
+// of 16). V and M keep each channel's 16 elements together, so that the
+// transforms, which go channel by channel, walk them from start to end, where with
+// the elements outermost they would jump between 16 arrays. The GEMM of element e
+// reads V[e] and writes M[e] as matrices whose rows lie ld() apart.
 struct Workspace {
-  float* v;     // [16][C][block]: the input tiles, then their transform
-  float* m;     // [16][K][block]: the 16 products, then the output transform
+  float* v;     // [C][16][block]: the input transform
+  float* m;     // [K][16][block]: the 16 products
   float* rows;  // [4][row_width]: the padded input rows one tile row reads
-};
+  std::int64_t block;
 
-// The output transform runs down whole arrays ([K][block] long) at once, so that
-// its loops are long and vectorize, instead of 4x4 at a time: with x[e] the 16
-// arrays `stride` apart,
-//   (a, b, c, d) at e0 + 0, 1, 2, 3 times `step` <- first a + b + c, last b - c - d
-// is Aᵀ (step 4) or A (step 1). The result lands at e0 and e0 + 3*step.
-void apply_a(float* x, std::int64_t stride, std::int64_t length, int e0, int step) {
-  float* x0 = x + e0 * stride;
-  float* x1 = x0 + step * stride;
-  float* x2 = x1 + step * stride;
-  float* x3 = x2 + step * stride;
-  for (std::int64_t i = 0; i < length; ++i) {
-    const float a = x0[i], b = x1[i], c = x2[i], d = x3[i];
-    x0[i] = a + b + c;
-    x3[i] = b - c - d;
-  }
-}
+  float* v_at(std::int64_t c, int e) const { return v + (c * 16 + e) * block; }
+  float* m_at(std::int64_t k, int e) const { return m + (k * 16 + e) * block; }
+  std::int64_t ld() const { return 16 * block; }
+};
 
 // (a, b, c, d) <- (a - c, b + c, c - b, b - d): Bᵀ on a column of 4, or B on a row
 // of 4, for four tiles at once.
@@ -140,18 +132,17 @@ void apply_b(Vec4& a, Vec4& b, Vec4& c, Vec4& d) {
   d = b0 - d0;
 }
 
-// v[e][c][first + tw] = (Bᵀ d B)[e] for the tiles tw of tile row (n, th), d their
+// V[c][e][first + tw] = (Bᵀ d B)[e] for the tiles tw of tile row (n, th), d their
 // 4x4 inputs (zero outside the image). Four tiles at a time in vector lanes: tile
 // tw's column j is row element 2*tw + j, so the lanes are the even or odd elements
 // of two loads. A last group past tiles_w writes up to 3 columns past the row's
 // tiles: the next tile row overwrites them, or they lie past the block's tiles
 // (run_block leaves room).
-void transform_input_row(const Workspace& ws, const float* in, const Problem& p, std::int64_t block,
-                         std::int64_t n, std::int64_t th, std::int64_t first) {
+void transform_input_row(const Workspace& ws, const float* in, const Problem& p, std::int64_t n,
+                         std::int64_t th, std::int64_t first) {
   const std::int64_t width = row_width(p);
   // Valid input columns w = x - pad_w lie at x in [x0, x1) of a padded row.
   const std::int64_t x0 = std::min(width, p.pad_w), x1 = std::min(width, p.W + p.pad_w);
-  const std::int64_t ldv = p.C * block;  // between elements e of V
   for (std::int64_t c = 0; c < p.C; ++c) {
     const float* plane = in + (n * p.C + c) * p.H * p.W;  // [H,W]
     for (int i = 0; i < 4; ++i) {  // rows[i][x] = x[n, c, 2*th - pad_h + i, x - pad_w]
@@ -165,7 +156,7 @@ void transform_input_row(const Workspace& ws, const float* in, const Problem& p,
       const float* src = plane + h * p.W;  // [W]: input column x - pad_w
       for (std::int64_t x = x0; x < x1; ++x) row[x] = src[x - p.pad_w];
     }
-    float* v = ws.v + c * block + first;
+    float* v = ws.v_at(c, 0) + first;
     for (std::int64_t tw = 0; tw < p.tiles_w; tw += 4) {
       Vec4 d[4][4];  // d[i][j]: element (i, j) of tiles tw..tw+3
       for (int i = 0; i < 4; ++i) {
@@ -179,72 +170,93 @@ void transform_input_row(const Workspace& ws, const float* in, const Problem& p,
       for (int j = 0; j < 4; ++j) apply_b(d[0][j], d[1][j], d[2][j], d[3][j]);
       for (int i = 0; i < 4; ++i) {
         apply_b(d[i][0], d[i][1], d[i][2], d[i][3]);
-        for (int j = 0; j < 4; ++j) store4(v + (4 * i + j) * ldv + tw, d[i][j]);
+        for (int j = 0; j < 4; ++j) store4(v + (4 * i + j) * ws.block + tw, d[i][j]);
       }
     }
   }
 }
 
-// The output tile row (n, th) from m[0], m[3], m[12], m[15] (Aᵀ m A already
-// applied: output pixel (i, j) of a tile at element 12*i + 3*j): out = bias + that,
-// or out += that when `accumulate`. A tile past the bottom or right edge (P or Q
-// odd) writes only its pixels inside the output.
-void scatter_tile_row(const Workspace& ws, float* out, const float* bias, bool accumulate,
-                      const Problem& p, std::int64_t block, std::int64_t n, std::int64_t th,
-                      std::int64_t first) {
-  const std::int64_t ldm = p.K * block;  // between elements e of M
-  const std::int64_t rows = std::min<std::int64_t>(2, p.P - 2 * th);
+// Output row i (0 or 1) of tiles from their 16 products m[e] (element (r, j) of
+// Aᵀ m A's input at e = 4*r + j), one tile per lane: Aᵀ's row i across the rows of
+// m, then A's two columns, (a, b, c, d) -> (a + b + c, b - c - d) both times. The
+// same operations in the same order whatever the vector width: the same bits.
+template <typename V>
+[[gnu::always_inline]] inline void output_row(const V (&m)[16], int i, V& left, V& right) {
+  V t[4];
+  for (int j = 0; j < 4; ++j) {
+    t[j] = i == 0 ? m[j] + m[4 + j] + m[8 + j] : m[4 + j] - m[8 + j] - m[12 + j];
+  }
+  left = t[0] + t[1] + t[2];
+  right = t[1] - t[2] - t[3];
+}
+
+// The output of tile rows [row0, row1) (row = n * tiles_h + th, its tiles at
+// columns (row - row0) * tiles_w onwards) from M [K][16][block]: out = bias + Aᵀ m
+// A, or out += Aᵀ m A when `accumulate`. M is read once, straight into the output
+// rows, rather than in a pass each for Aᵀ, A and the scatter: four tiles (eight
+// output columns) a vector, channel by channel. A tile past the bottom or right
+// edge (P or Q odd) writes only its pixels inside the output. A group of four may
+// read up to 3 columns past the row's tiles (run() leaves room); their lanes are
+// not written.
+void transform_output(const Workspace& ws, float* out, const float* bias, bool accumulate,
+                      const Problem& p, std::int64_t row0, std::int64_t row1) {
   for (std::int64_t k = 0; k < p.K; ++k) {
-    float* plane = out + (n * p.K + k) * p.P * p.Q;  // [P,Q]
-    const float b = bias != nullptr ? bias[k] : 0.0f;
-    for (std::int64_t i = 0; i < rows; ++i) {
-      float* y = plane + (2 * th + i) * p.Q;
-      const float* o0 = ws.m + 12 * i * ldm + k * block + first;  // columns 2*tw
-      const float* o1 = o0 + 3 * ldm;                             // columns 2*tw + 1
-      const std::int64_t pairs = p.Q / 2;  // whole tiles; an odd Q leaves one column
-      if (accumulate) {
-        for (std::int64_t tw = 0; tw < pairs; ++tw) {
-          y[2 * tw] += o0[tw];
-          y[2 * tw + 1] += o1[tw];
+    for (std::int64_t row = row0; row < row1; ++row) {
+      const std::int64_t n = row / p.tiles_h, th = row % p.tiles_h;
+      const std::int64_t rows = std::min<std::int64_t>(2, p.P - 2 * th);
+      float* plane = out + (n * p.K + k) * p.P * p.Q;  // [P,Q]
+      const Vec4 b = splat(bias != nullptr ? bias[k] : 0.0f);
+      const float* mk = ws.m_at(k, 0) + (row - row0) * p.tiles_w;
+      for (std::int64_t tw = 0; tw < p.tiles_w; tw += 4) {
+        Vec4 m[16];
+        for (int e = 0; e < 16; ++e) m[e] = load4(mk + e * ws.block + tw);
+        const std::int64_t pixels = std::min<std::int64_t>(8, p.Q - 2 * tw);
+        for (int i = 0; i < rows; ++i) {
+          Vec4 left, right;
+          output_row(m, i, left, right);
+          float* y = plane + (2 * th + i) * p.Q + 2 * tw;
+          float values[8];  // pixels 2*tw .. 2*tw + 7 of the row
+          store4(values, __builtin_shufflevector(left, right, 0, 4, 1, 5));
+          store4(values + 4, __builtin_shufflevector(left, right, 2, 6, 3, 7));
+          for (std::int64_t x = 0; x < pixels; ++x) {
+            y[x] = accumulate ? y[x] + values[x] : b[0] + values[x];
+          }
         }
-        if (p.Q % 2 != 0) y[2 * pairs] += o0[pairs];
-      } else {
-        for (std::int64_t tw = 0; tw < pairs; ++tw) {
-          y[2 * tw] = b + o0[tw];
-          y[2 * tw + 1] = b + o1[tw];
-        }
-        if (p.Q % 2 != 0) y[2 * pairs] = b + o0[pairs];
       }
     }
   }
 }
 
 #if TL_CPU_X86
-// scatter_tile_row on AVX-512: eight tiles' two columns interleaved in one vector
-// (sixteen output pixels, the last group masked to the row, an odd Q's last column
-// included), where the scalar loop writes pixel by pixel. The same single add per
-// pixel: the same bits.
-__attribute__((target("avx512f"))) void scatter_tile_row_avx512(
-    const Workspace& ws, float* out, const float* bias, bool accumulate, const Problem& p,
-    std::int64_t block, std::int64_t n, std::int64_t th, std::int64_t first) {
-  const std::int64_t ldm = p.K * block;
-  const std::int64_t rows = std::min<std::int64_t>(2, p.P - 2 * th);
+// transform_output on AVX-512: eight tiles a vector, their two columns interleaved
+// into sixteen output pixels (the last group masked to the row, an odd Q's last
+// column included), where the generic loop goes four tiles and a pixel at a time.
+__attribute__((target("avx512f"))) void transform_output_avx512(const Workspace& ws, float* out,
+                                                                const float* bias, bool accumulate,
+                                                                const Problem& p, std::int64_t row0,
+                                                                std::int64_t row1) {
   const __m512i interleave =
       _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
   for (std::int64_t k = 0; k < p.K; ++k) {
-    float* plane = out + (n * p.K + k) * p.P * p.Q;
     const __m512 b = _mm512_set1_ps(bias != nullptr ? bias[k] : 0.0f);
-    for (std::int64_t i = 0; i < rows; ++i) {
-      float* y = plane + (2 * th + i) * p.Q;
-      const float* o0 = ws.m + 12 * i * ldm + k * block + first;
-      const float* o1 = o0 + 3 * ldm;
-      for (std::int64_t tw = 0; 2 * tw < p.Q; tw += 8) {
+    for (std::int64_t row = row0; row < row1; ++row) {
+      const std::int64_t n = row / p.tiles_h, th = row % p.tiles_h;
+      const std::int64_t rows = std::min<std::int64_t>(2, p.P - 2 * th);
+      float* plane = out + (n * p.K + k) * p.P * p.Q;
+      const float* mk = ws.m_at(k, 0) + (row - row0) * p.tiles_w;
+      for (std::int64_t tw = 0; tw < p.tiles_w; tw += 8) {
         const std::int64_t pixels = std::min<std::int64_t>(16, p.Q - 2 * tw);
         const __mmask16 tiles = first_lanes((pixels + 1) / 2), keep = first_lanes(pixels);
-        const __m512 v = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(tiles, o0 + tw), interleave,
-                                                _mm512_maskz_loadu_ps(tiles, o1 + tw));
-        const __m512 base = accumulate ? _mm512_maskz_loadu_ps(keep, y + 2 * tw) : b;
-        _mm512_mask_storeu_ps(y + 2 * tw, keep, _mm512_add_ps(base, v));
+        __m512 m[16];  // lanes 8 to 15 zero
+        for (int e = 0; e < 16; ++e) m[e] = _mm512_maskz_loadu_ps(tiles, mk + e * ws.block + tw);
+        for (int i = 0; i < rows; ++i) {
+          __m512 left, right;
+          output_row(m, i, left, right);
+          const __m512 v = _mm512_permutex2var_ps(left, interleave, right);
+          float* y = plane + (2 * th + i) * p.Q + 2 * tw;
+          const __m512 base = accumulate ? _mm512_maskz_loadu_ps(keep, y) : b;
+          _mm512_mask_storeu_ps(y, keep, _mm512_add_ps(base, v));
+        }
       }
     }
   }
@@ -254,35 +266,26 @@ __attribute__((target("avx512f"))) void scatter_tile_row_avx512(
 // Steps 2 of the file comment for tile rows [row0, row1) (row = n * tiles_h + th),
 // with u [16][K][C] the transformed kernel.
 void run_block(float* out, const float* in, const float* u, const float* bias, bool accumulate,
-               const Problem& p, std::int64_t row0, std::int64_t row1, std::int64_t block,
-               const Workspace& ws) {
+               const Problem& p, std::int64_t row0, std::int64_t row1, const Workspace& ws) {
   for (std::int64_t row = row0; row < row1; ++row) {
-    transform_input_row(ws, in, p, block, row / p.tiles_h, row % p.tiles_h,
-                        (row - row0) * p.tiles_w);
+    transform_input_row(ws, in, p, row / p.tiles_h, row % p.tiles_h, (row - row0) * p.tiles_w);
   }
   // Whole 16-column panels of the GEMM (block is a multiple of 16): the columns
   // past the block's tiles hold finite leftovers (zeros at first, then what an
   // earlier block or a last group of four left) whose products are never read; a
   // column of M depends on its column of V alone.
-  const std::int64_t tiles = std::min(block, ((row1 - row0) * p.tiles_w + 15) / 16 * 16);
-  const std::int64_t ldv = p.C * block, ldm = p.K * block;
+  const std::int64_t tiles = std::min(ws.block, ((row1 - row0) * p.tiles_w + 15) / 16 * 16);
   for (int e = 0; e < 16; ++e) {
-    gemm<float>(false, false, p.K, tiles, p.C, 1.0f, u + e * p.K * p.C, p.C, ws.v + e * ldv, block,
-                0.0f, ws.m + e * ldm, block);
+    gemm<float>(false, false, p.K, tiles, p.C, 1.0f, u + e * p.K * p.C, p.C, ws.v_at(0, e), ws.ld(),
+                0.0f, ws.m_at(0, e), ws.ld());
   }
-  for (int j = 0; j < 4; ++j) apply_a(ws.m, ldm, ldm, j, 4);       // Aᵀ m: rows 0 and 3
-  for (int i = 0; i < 2; ++i) apply_a(ws.m, ldm, ldm, 12 * i, 1);  // (Aᵀ m) A
-  const bool avx512 = avx512_selected();                           // kernels/cpu/x86.h
-  for (std::int64_t row = row0; row < row1; ++row) {
-    const std::int64_t n = row / p.tiles_h, th = row % p.tiles_h, first = (row - row0) * p.tiles_w;
 #if TL_CPU_X86
-    if (avx512) {
-      scatter_tile_row_avx512(ws, out, bias, accumulate, p, block, n, th, first);
-      continue;
-    }
-#endif
-    scatter_tile_row(ws, out, bias, accumulate, p, block, n, th, first);
+  if (avx512_selected()) {  // kernels/cpu/x86.h
+    transform_output_avx512(ws, out, bias, accumulate, p, row0, row1);
+    return;
   }
+#endif
+  transform_output(ws, out, bias, accumulate, p, row0, row1);
 }
 
 // Steps 2 over all tile rows, blocks spread over the caller's threads (each block
@@ -297,12 +300,12 @@ void run(float* out, const float* in, const float* u, const float* bias, bool ac
   parallel_rows(blocks, block * 16 * (p.C + p.K), [&](std::int64_t first, std::int64_t last) {
     HostScratch<float> scratch(16 * (p.C + p.K) * block + 4 * row_width(p));
     float* base = scratch.get();
-    const Workspace ws{base, base + 16 * p.C * block, base + 16 * (p.C + p.K) * block};
+    const Workspace ws{base, base + 16 * p.C * block, base + 16 * (p.C + p.K) * block, block};
     std::fill(ws.v, ws.v + 16 * p.C * block, 0.0f);        // the padding columns
     std::fill(ws.rows, ws.rows + 4 * row_width(p), 0.0f);  // the padding
     for (std::int64_t b = first; b < last; ++b) {
       run_block(out, in, u, bias, accumulate, p, b * per_block,
-                std::min(all_rows, (b + 1) * per_block), block, ws);
+                std::min(all_rows, (b + 1) * per_block), ws);
     }
   });
 }
