@@ -132,6 +132,11 @@ void apply_b(Vec4& a, Vec4& b, Vec4& c, Vec4& d) {
   d = b0 - d0;
 }
 
+// How many channel planes ahead transform_input_row asks for the rows it will read:
+// each plane is a new stretch of the input, 4 short rows of which the hardware
+// prefetcher does not see coming.
+constexpr std::int64_t kPrefetchPlanes = 4;
+
 // V[c][e][first + tw] = (Bᵀ d B)[e] for the tiles tw of tile row (n, th), d their
 // 4x4 inputs (zero outside the image). Four tiles at a time in vector lanes: tile
 // tw's column j is row element 2*tw + j, so the lanes are the even or odd elements
@@ -143,8 +148,16 @@ void transform_input_row(const Workspace& ws, const float* in, const Problem& p,
   const std::int64_t width = row_width(p);
   // Valid input columns w = x - pad_w lie at x in [x0, x1) of a padded row.
   const std::int64_t x0 = std::min(width, p.pad_w), x1 = std::min(width, p.W + p.pad_w);
+  // The rows this tile row reads, clipped to the image: [h0, h1).
+  const std::int64_t h0 = std::max<std::int64_t>(0, 2 * th - p.pad_h);
+  const std::int64_t h1 = std::min<std::int64_t>(p.H, 2 * th - p.pad_h + 4);
   for (std::int64_t c = 0; c < p.C; ++c) {
     const float* plane = in + (n * p.C + c) * p.H * p.W;  // [H,W]
+    if (c + kPrefetchPlanes < p.C && h0 < h1) {
+      const float* ahead = plane + kPrefetchPlanes * p.H * p.W;
+      for (std::int64_t x = h0 * p.W; x < h1 * p.W; x += 16) __builtin_prefetch(ahead + x);
+      __builtin_prefetch(ahead + h1 * p.W - 1);
+    }
     for (int i = 0; i < 4; ++i) {  // rows[i][x] = x[n, c, 2*th - pad_h + i, x - pad_w]
       // Columns outside [x0, x1) stay zero from run(): only the image's are written.
       float* row = ws.rows + i * width;
