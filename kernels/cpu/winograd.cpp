@@ -241,32 +241,43 @@ void transform_output(const Workspace& ws, float* out, const float* bias, bool a
 }
 
 #if TL_CPU_X86
-// transform_output on AVX-512: eight tiles a vector, their two columns interleaved
-// into sixteen output pixels (the last group masked to the row, an odd Q's last
-// column included), where the generic loop goes four tiles and a pixel at a time.
+// transform_output on AVX-512: sixteen tiles a vector, taken from the block's run
+// of tiles regardless of the tile rows (a row of FashionNet's 7 tiles would fill
+// fewer than half the lanes), then each tile row's share of the lanes, at most
+// eight tiles, interleaved into sixteen output pixels (masked to the row, an odd
+// Q's last column included).
 __attribute__((target("avx512f"))) void transform_output_avx512(const Workspace& ws, float* out,
                                                                 const float* bias, bool accumulate,
                                                                 const Problem& p, std::int64_t row0,
                                                                 std::int64_t row1) {
+  // Pixel 2t of the result from lane t of left, pixel 2t + 1 from lane t of right;
+  // added to it, a tile row's first lane s picks lanes s + t instead.
   const __m512i interleave =
       _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const std::int64_t count = (row1 - row0) * p.tiles_w;  // the block's tiles
   for (std::int64_t k = 0; k < p.K; ++k) {
     const __m512 b = _mm512_set1_ps(bias != nullptr ? bias[k] : 0.0f);
-    for (std::int64_t row = row0; row < row1; ++row) {
-      const std::int64_t n = row / p.tiles_h, th = row % p.tiles_h;
-      const std::int64_t rows = std::min<std::int64_t>(2, p.P - 2 * th);
-      float* plane = out + (n * p.K + k) * p.P * p.Q;
-      const float* mk = ws.m_at(k, 0) + (row - row0) * p.tiles_w;
-      for (std::int64_t tw = 0; tw < p.tiles_w; tw += 8) {
-        const std::int64_t pixels = std::min<std::int64_t>(16, p.Q - 2 * tw);
-        const __mmask16 tiles = first_lanes((pixels + 1) / 2), keep = first_lanes(pixels);
-        __m512 m[16];  // lanes 8 to 15 zero
-        for (int e = 0; e < 16; ++e) m[e] = _mm512_maskz_loadu_ps(tiles, mk + e * ws.block + tw);
-        for (int i = 0; i < rows; ++i) {
-          __m512 left, right;
-          output_row(m, i, left, right);
-          const __m512 v = _mm512_permutex2var_ps(left, interleave, right);
-          float* y = plane + (2 * th + i) * p.Q + 2 * tw;
+    const float* mk = ws.m_at(k, 0);
+    for (std::int64_t t0 = 0; t0 < count; t0 += 16) {
+      const std::int64_t t1 = std::min(count, t0 + 16);
+      __m512 m[16];
+      for (int e = 0; e < 16; ++e) {
+        m[e] = _mm512_maskz_loadu_ps(first_lanes(t1 - t0), mk + e * ws.block + t0);
+      }
+      __m512 left[2], right[2];  // output rows 0 and 1 of the tiles
+      for (int i = 0; i < 2; ++i) output_row(m, i, left[i], right[i]);
+      std::int64_t tiles;
+      for (std::int64_t t = t0; t < t1; t += tiles) {  // tiles t .. t + tiles - 1: one row
+        const std::int64_t row = row0 + t / p.tiles_w, tw = t % p.tiles_w;
+        tiles = std::min({t1 - t, p.tiles_w - tw, std::int64_t{8}});
+        const std::int64_t n = row / p.tiles_h, th = row % p.tiles_h;
+        const std::int64_t rows = std::min<std::int64_t>(2, p.P - 2 * th);
+        const __mmask16 keep = first_lanes(std::min(2 * tiles, p.Q - 2 * tw));
+        const __m512i from =
+            _mm512_add_epi32(interleave, _mm512_set1_epi32(static_cast<int>(t - t0)));
+        float* y = out + ((n * p.K + k) * p.P + 2 * th) * p.Q + 2 * tw;
+        for (int i = 0; i < rows; ++i, y += p.Q) {
+          const __m512 v = _mm512_permutex2var_ps(left[i], from, right[i]);
           const __m512 base = accumulate ? _mm512_maskz_loadu_ps(keep, y) : b;
           _mm512_mask_storeu_ps(y, keep, _mm512_add_ps(base, v));
         }
