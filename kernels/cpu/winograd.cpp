@@ -40,13 +40,13 @@ std::atomic<Conv2dAlgorithm>& selected_algorithm() {
   return algorithm;
 }
 
-// Auto takes Winograd for the forward from this many input and output channels
-// on. Below, the transforms (linear in C + K per tile) cost more than the GEMM
-// saves (linear in C * K): FashionNet's first layer (C = 1) runs several times
-// faster with im2col. Its backward-data stays on im2col: there the input transform
-// runs over the K channels of grad_y and the result is added into grad_x, and on
-// FashionNet's second layer it measured about 10% slower than im2col + col2im
-// (bench/results/winograd.md).
+// Auto takes Winograd for the forward and the backward-data from this many input
+// and output channels on. Below, the transforms (linear in C + K per tile) cost
+// more than the GEMM saves (linear in C * K): FashionNet's first layer (C = 1)
+// runs several times faster with im2col. On FashionNet's second layer the
+// backward-data measured about 3% faster than im2col + col2im, whose columns of x
+// the weight gradient shares (bench/results/winograd.md). The choice depends on
+// the shape alone, never on the ISA, so that every ISA gives the same bits.
 constexpr std::int64_t kMinAutoChannels = 16;
 
 // One correlation with a 3x3 kernel, stride 1: out [N,K,P,Q] from in [N,C,H,W]
@@ -426,7 +426,7 @@ bool winograd_applies(const Conv2dShape& s) {
          p.dilation_w == 1 && p.pad_h >= 0 && p.pad_h <= 1 && p.pad_w >= 0 && p.pad_w <= 1;
 }
 
-bool winograd_chosen(const Conv2dShape& s, bool backward_data) {
+bool winograd_chosen(const Conv2dShape& s, bool /*backward_data: both passes choose alike*/) {
   switch (conv2d_algorithm()) {
     case Conv2dAlgorithm::Im2col:
       return false;
@@ -435,8 +435,7 @@ bool winograd_chosen(const Conv2dShape& s, bool backward_data) {
     case Conv2dAlgorithm::Auto:
       break;
   }
-  return !backward_data && winograd_applies(s) && s.C >= kMinAutoChannels &&
-         s.K >= kMinAutoChannels;
+  return winograd_applies(s) && s.C >= kMinAutoChannels && s.K >= kMinAutoChannels;
 }
 
 void winograd_forward(float* y, const float* x, const float* weight, const float* bias,
