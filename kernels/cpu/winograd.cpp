@@ -134,9 +134,11 @@ template <typename V>
   d = b0 - d0;
 }
 
-// The input transforms ask for the rows they will read this many channel planes
-// ahead: each plane is a new stretch of the input, 4 short rows of which the
-// hardware prefetcher does not see coming.
+// The transforms ask for the input rows they will read, and the AVX-512 output
+// transform for the output rows it will write, this many channel planes ahead:
+// each plane is a new stretch of memory, a few short rows of which the hardware
+// prefetcher does not see coming (the stores' misses held up the output transform
+// as the loads' did the input's).
 constexpr std::int64_t kPrefetchPlanes = 4;
 
 // Asks for the input rows that tile row (n, th) reads of channel c + kPrefetchPlanes.
@@ -328,6 +330,15 @@ __attribute__((target("avx512f"))) void transform_output_avx512(const Workspace&
   for (std::int64_t k = 0; k < p.K; ++k) {
     const __m512 b = _mm512_set1_ps(bias != nullptr ? bias[k] : 0.0f);
     const float* mk = ws.m_at(k, 0);
+    if (k + kPrefetchPlanes < p.K) {  // the output rows to write, as for the input
+      for (std::int64_t row = row0; row < row1; ++row) {
+        const std::int64_t n = row / p.tiles_h, th = row % p.tiles_h;
+        const std::int64_t h0 = 2 * th, h1 = std::min<std::int64_t>(p.P, 2 * th + 2);
+        const float* plane = out + (n * p.K + k + kPrefetchPlanes) * p.P * p.Q;
+        for (std::int64_t x = h0 * p.Q; x < h1 * p.Q; x += 16) __builtin_prefetch(plane + x, 1);
+        __builtin_prefetch(plane + h1 * p.Q - 1, 1);
+      }
+    }
     for (std::int64_t t0 = 0; t0 < count; t0 += 16) {
       const std::int64_t t1 = std::min(count, t0 + 16);
       __m512 m[16];
