@@ -64,25 +64,78 @@ Problem make_problem(std::int64_t N, std::int64_t C, std::int64_t H, std::int64_
   return {N, C, H, W, K, P, Q, pad_h, pad_w, (P + 1) / 2, (Q + 1) / 2};
 }
 
-// u [4][4] (stride ldu between elements) = G g Gᵀ for g [3][3] (element (r,s) at
-// g[r*row + s*col]: the caller turns the kernel by passing negative strides).
-void transform_kernel(float* u, std::int64_t ldu, const float* g, std::int64_t row,
-                      std::int64_t col) {
-  float gg[4][3];  // G g
+// u [4][4] = G g Gᵀ for g [3][3], one kernel a lane of V (or V = float: one kernel).
+template <typename V>
+[[gnu::always_inline]] inline void transform_kernel(V (&u)[16], const V (&g)[3][3]) {
+  V gg[4][3];  // G g
   for (int s = 0; s < 3; ++s) {
-    const float g0 = g[s * col], g1 = g[row + s * col], g2 = g[2 * row + s * col];
+    const V g0 = g[0][s], g1 = g[1][s], g2 = g[2][s];
     gg[0][s] = g0;
     gg[1][s] = 0.5f * (g0 + g1 + g2);
     gg[2][s] = 0.5f * (g0 - g1 + g2);
     gg[3][s] = g2;
   }
   for (int i = 0; i < 4; ++i) {
-    const float g0 = gg[i][0], g1 = gg[i][1], g2 = gg[i][2];
-    u[(i * 4 + 0) * ldu] = g0;
-    u[(i * 4 + 1) * ldu] = 0.5f * (g0 + g1 + g2);
-    u[(i * 4 + 2) * ldu] = 0.5f * (g0 - g1 + g2);
-    u[(i * 4 + 3) * ldu] = g2;
+    const V g0 = gg[i][0], g1 = gg[i][1], g2 = gg[i][2];
+    u[i * 4 + 0] = g0;
+    u[i * 4 + 1] = 0.5f * (g0 + g1 + g2);
+    u[i * 4 + 2] = 0.5f * (g0 - g1 + g2);
+    u[i * 4 + 3] = g2;
   }
+}
+
+// u[e * ldu + l] = (G g_l Gᵀ)[e] for the kernels l < count, kernel l's tap (r, s) at
+// g[l * stride + r * row + s * col] (the caller turns the kernels by passing
+// negative row and col).
+void transform_kernels(float* u, std::int64_t ldu, const float* g, std::int64_t stride,
+                       std::int64_t row, std::int64_t col, std::int64_t count) {
+  for (std::int64_t l = 0; l < count; ++l) {
+    float taps[3][3], out[16];
+    for (int r = 0; r < 3; ++r) {
+      for (int t = 0; t < 3; ++t) taps[r][t] = g[l * stride + r * row + t * col];
+    }
+    transform_kernel(out, taps);
+    for (int e = 0; e < 16; ++e) u[e * ldu + l] = out[e];
+  }
+}
+
+#if TL_CPU_X86
+// transform_kernels on AVX-512: sixteen kernels a vector, their taps gathered and
+// each of their 16 elements stored as one vector, where the scalar loop stores a
+// kernel's 16 values into 16 arrays one at a time.
+__attribute__((target("avx512f"))) void transform_kernels_avx512(float* u, std::int64_t ldu,
+                                                                 const float* g,
+                                                                 std::int64_t stride,
+                                                                 std::int64_t row, std::int64_t col,
+                                                                 std::int64_t count) {
+  const __m512i lane =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(static_cast<int>(stride)));
+  for (std::int64_t l0 = 0; l0 < count; l0 += 16) {
+    const __mmask16 lanes = first_lanes(count - l0);
+    __m512 taps[3][3], out[16];
+    for (int r = 0; r < 3; ++r) {
+      for (int t = 0; t < 3; ++t) {
+        taps[r][t] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lanes, lane,
+                                              g + l0 * stride + r * row + t * col, 4);
+      }
+    }
+    transform_kernel(out, taps);
+    for (int e = 0; e < 16; ++e) _mm512_mask_storeu_ps(u + e * ldu + l0, lanes, out[e]);
+  }
+}
+#endif
+
+// Step 1 of the file comment: transform_kernels on the selected ISA.
+void transform_weight(float* u, std::int64_t ldu, const float* g, std::int64_t stride,
+                      std::int64_t row, std::int64_t col, std::int64_t count) {
+#if TL_CPU_X86
+  if (avx512_selected()) {
+    transform_kernels_avx512(u, ldu, g, stride, row, col, count);
+    return;
+  }
+#endif
+  transform_kernels(u, ldu, g, stride, row, col, count);
 }
 
 // Tile blocks are runs of whole tile rows (one image's tiles th, all tw), so that
@@ -452,11 +505,9 @@ bool winograd_chosen(const Conv2dShape& s, bool /*backward_data: both passes cho
 void winograd_forward(float* y, const float* x, const float* weight, const float* bias,
                       const Conv2dShape& s) {
   const Problem p = make_problem(s.N, s.C, s.H, s.W, s.K, s.params.pad_h, s.params.pad_w);
-  HostScratch<float> u(16 * s.K * s.C);  // [16][K][C]
-  for (std::int64_t k = 0; k < s.K; ++k) {
-    for (std::int64_t c = 0; c < s.C; ++c) {
-      transform_kernel(u.get() + k * s.C + c, s.K * s.C, weight + (k * s.C + c) * 9, 3, 1);
-    }
+  HostScratch<float> u(16 * s.K * s.C);     // [16][K][C]
+  for (std::int64_t k = 0; k < s.K; ++k) {  // the kernels of weight[k], c a lane
+    transform_weight(u.get() + k * s.C, s.K * s.C, weight + k * s.C * 9, 9, 3, 1, s.C);
   }
   run(y, x, u.get(), bias, false, p);
 }
@@ -466,12 +517,10 @@ void winograd_backward_data(float* grad_x, const float* grad_y, const float* wei
   // grad_x[n,c,h,w] += sum_{k,r,s} grad_y[n,k,h+pad_h-r,w+pad_w-s] weight[k,c,r,s]: the
   // correlation of grad_y, padded by 2 - pad, with weight[k,c] turned 180 degrees.
   const Problem p = make_problem(s.N, s.K, s.P, s.Q, s.C, 2 - s.params.pad_h, 2 - s.params.pad_w);
-  HostScratch<float> u(16 * s.C * s.K);  // [16][C][K]
-  for (std::int64_t c = 0; c < s.C; ++c) {
-    for (std::int64_t k = 0; k < s.K; ++k) {
-      // g(r,s) = weight[k,c,2-r,2-s]: start at the last tap, step backwards.
-      transform_kernel(u.get() + c * s.K + k, s.C * s.K, weight + (k * s.C + c) * 9 + 8, -3, -1);
-    }
+  HostScratch<float> u(16 * s.C * s.K);     // [16][C][K]
+  for (std::int64_t c = 0; c < s.C; ++c) {  // the kernels weight[., c], k a lane
+    // g(r,s) = weight[k,c,2-r,2-s]: start at the last tap, step backwards.
+    transform_weight(u.get() + c * s.K, s.C * s.K, weight + c * 9 + 8, s.C * 9, -3, -1, s.K);
   }
   run(grad_x, grad_y, u.get(), nullptr, true, p);
 }
