@@ -314,6 +314,20 @@ __attribute__((target("avx512f"))) void transform_input_avx512(const Workspace& 
 }
 #endif
 
+// V for the tile rows [row0, row1) (row = n * tiles_h + th), on the selected ISA.
+void transform_input(const Workspace& ws, const float* in, const Problem& p, std::int64_t row0,
+                     std::int64_t row1) {
+#if TL_CPU_X86
+  if (avx512_selected()) {  // kernels/cpu/x86.h
+    transform_input_avx512(ws, in, p, row0, row1);
+    return;
+  }
+#endif
+  for (std::int64_t row = row0; row < row1; ++row) {
+    transform_input_row(ws, in, p, row / p.tiles_h, row % p.tiles_h, (row - row0) * p.tiles_w);
+  }
+}
+
 // Output row i (0 or 1) of tiles from their 16 products m[e] (element (r, j) of
 // Aᵀ m A's input at e = 4*r + j), one tile per lane: Aᵀ's row i across the rows of
 // m, then A's two columns, (a, b, c, d) -> (a + b + c, b - c - d) both times. The
@@ -425,16 +439,7 @@ __attribute__((target("avx512f"))) void transform_output_avx512(const Workspace&
 // with u [16][K][C] the transformed kernel.
 void run_block(float* out, const float* in, const float* u, const float* bias, bool accumulate,
                const Problem& p, std::int64_t row0, std::int64_t row1, const Workspace& ws) {
-#if TL_CPU_X86
-  if (avx512_selected()) {
-    transform_input_avx512(ws, in, p, row0, row1);
-  } else
-#endif
-  {
-    for (std::int64_t row = row0; row < row1; ++row) {
-      transform_input_row(ws, in, p, row / p.tiles_h, row % p.tiles_h, (row - row0) * p.tiles_w);
-    }
-  }
+  transform_input(ws, in, p, row0, row1);
   // Whole 16-column panels of the GEMM (block is a multiple of 16): the columns
   // past the block's tiles hold finite leftovers (zeros at first, then what an
   // earlier block or a last group of four left) whose products are never read; a
