@@ -209,6 +209,9 @@ TEST_P(Conv2dTest, AssignedGradXIsAccumulatingOntoZeros) {
   std::vector<ConvCase> cases = odd_cases();
   cases.push_back({"3x3_pad1_flat", 3, 5, 14, 14, 6, 3, 3, make_params(1, 1, 1, 1)});
   cases.push_back({"1x1_in_place", 2, 4, 5, 7, 3, 1, 1, make_params(1, 1, 0, 0)});
+  // Winograd's backward-data on the CPU (Auto: 16 channels or more), both paddings.
+  cases.push_back({"winograd_pad0", 2, 16, 9, 11, 16, 3, 3, make_params(1, 1, 0, 0)});
+  cases.push_back({"winograd_pad1", 2, 16, 7, 10, 17, 3, 3, make_params(1, 1, 1, 1)});
   unsigned seed = 900;
   for (const ConvCase& k : cases) {
     SCOPED_TRACE(k.name);

@@ -387,15 +387,16 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
 void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
                      const Tensor& grad_y, const Tensor& x, const Tensor& weight,
                      const Conv2dShape& s, GradWrite grad_x_write) {
-  // An assigned grad_x is never read: each image's is written whole by the GEMM
-  // (beta 0) or by col2im onto zeros, as accumulating onto a zeroed grad_x would.
+  // An assigned grad_x is never read: each image's is written whole by Winograd's
+  // output transform, by the GEMM (beta 0) or by col2im onto zeros, as accumulating
+  // onto a zeroed grad_x would.
   const bool assign = grad_x.defined() && grad_x_write == GradWrite::Assign;
   // Winograd takes the input gradient where chosen; the weight gradient stays below.
   const bool winograd =
       grad_x.defined() && grad_y.dtype() == DType::Float32 && winograd_chosen(s, true);
   if (winograd) {
-    if (assign) std::fill_n(grad_x.data<float>(), grad_x.numel(), 0.0f);
-    winograd_backward_data(grad_x.data<float>(), grad_y.data<float>(), weight.data<float>(), s);
+    winograd_backward_data(grad_x.data<float>(), grad_y.data<float>(), weight.data<float>(), s,
+                           !assign);
   }
   with_dtype(grad_y.dtype(), [&]<typename T>() {
     const T* gy = grad_y.data<T>();  // [N,K,P,Q]

@@ -518,7 +518,7 @@ void winograd_forward(float* y, const float* x, const float* weight, const float
 }
 
 void winograd_backward_data(float* grad_x, const float* grad_y, const float* weight,
-                            const Conv2dShape& s) {
+                            const Conv2dShape& s, bool accumulate) {
   // grad_x[n,c,h,w] += sum_{k,r,s} grad_y[n,k,h+pad_h-r,w+pad_w-s] weight[k,c,r,s]: the
   // correlation of grad_y, padded by 2 - pad, with weight[k,c] turned 180 degrees.
   const Problem p = make_problem(s.N, s.K, s.P, s.Q, s.C, 2 - s.params.pad_h, 2 - s.params.pad_w);
@@ -527,7 +527,7 @@ void winograd_backward_data(float* grad_x, const float* grad_y, const float* wei
     // g(r,s) = weight[k,c,2-r,2-s]: start at the last tap, step backwards.
     transform_weight(u.get() + c * s.K, s.C * s.K, weight + c * 9 + 8, s.C * 9, -3, -1, s.K);
   }
-  run(grad_x, grad_y, u.get(), nullptr, true, p);
+  run(grad_x, grad_y, u.get(), nullptr, accumulate, p);
 }
 
 }  // namespace towerlab::cpu

@@ -43,8 +43,9 @@ bool winograd_chosen(const Conv2dShape& s, bool backward_data);
 void winograd_forward(float* y, const float* x, const float* weight, const float* bias,
                       const Conv2dShape& s);
 
-// grad_x [N,C,H,W] += the input gradient of conv2d for grad_y [N,K,P,Q]: ACCUMULATES.
+// grad_x [N,C,H,W] += the input gradient of conv2d for grad_y [N,K,P,Q]: ACCUMULATES,
+// or with accumulate false ASSIGNS it (grad_x not read; the bits of adding onto zeros).
 void winograd_backward_data(float* grad_x, const float* grad_y, const float* weight,
-                            const Conv2dShape& s);
+                            const Conv2dShape& s, bool accumulate);
 
 }  // namespace towerlab::cpu
