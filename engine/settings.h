@@ -92,7 +92,7 @@ GemmIsa gemm_isa();              // the one in use (never Auto)
 // --- conv2d -----------------------------------------------------------------
 // How the CPU's float32 conv2d forward and backward-data compute (float64 always
 // lowers with im2col: it serves the gradient checks). Auto takes Winograd
-// F(2x2,3x3) (kernels/cpu/winograd.h) where it applies and pays (the forward of 3x3
+// F(2x2,3x3) (kernels/cpu/winograd.h) where it applies and pays (both passes of 3x3
 // layers with 16 or more input and output channels), im2col elsewhere; Im2col and
 // Winograd force one for both passes, for tests and benchmarks (a forced Winograd
 // still lowers the shapes it cannot do). kernels/cpu/conv2d.h's

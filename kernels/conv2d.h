@@ -26,10 +26,11 @@
 // No output may alias an input. float32 on every device, float64 on the CPU too.
 // Results are deterministic (no atomics): on CUDA always, on the CPU for a given
 // thread count (engine/thread_pool.h), which sets how the batch sums are split.
-// Algorithms: the CPU computes the float32 forward of 3x3 layers with stride 1,
-// dilation 1, padding 0 or 1 and at least 16 input and output channels with
-// Winograd F(2x2,3x3) (kernels/cpu/winograd.h), everything else with im2col +
-// GEMM; CUDA with implicit GEMMs. The algorithms round differently (each within a few
+// Algorithms: the CPU computes the float32 forward and input gradient of 3x3 layers
+// with stride 1, dilation 1, padding 0 or 1 and at least 16 input and output
+// channels with Winograd F(2x2,3x3) (kernels/cpu/winograd.h), the weight gradient of
+// 3x3 stride-1 layers on AVX-512 with an implicit GEMM (im2col's bits), one input
+// channel directly, everything else with im2col + GEMM; CUDA with implicit GEMMs. The algorithms round differently (each within a few
 // float32 roundings of sum |weight*x|), so the CPU specification is met within a
 // tolerance: comparisons of CUDA with the CPU, or of the two CPU algorithms, never
 // expect equal bits.
