@@ -67,7 +67,8 @@ using MicroKernel = void (*)(std::int64_t kc, const float* a, const float* b, fl
 // Packs a full panel whose source runs along k: dst [kc][width] <- src rows
 // (width of them, `ld` apart), each contiguous along k. This is the transposing
 // case (A without transpose, B with), the one worth vector code.
-using TransposingPack = void (*)(const float* src, std::int64_t ld, std::int64_t kc, float* dst);
+using TransposingPack = void (*)(const float* src, std::int64_t ld, std::int64_t kc, float* dst,
+                                 std::int64_t valid);
 
 // What one ISA brings: the micro-kernel and, optionally, transposing packers for
 // full MR-row panels of A and full NR-column panels of B.
@@ -166,32 +167,35 @@ __attribute__((target("avx2,fma"))) inline void store_first(float* out, __m256 v
 }
 
 // The transposing packer of a panel `Width` wide (A's MR rows without transpose, or
-// B's NR rows with transpose): dst [kc][Width] <- Width source rows `ld` apart,
-// each contiguous along k. Eight k at a time, the rows in groups of eight
+// B's NR rows with transpose): dst [kc][Width] <- the first `valid` of Width source
+// rows `ld` apart, each contiguous along k, and zeros for the rest (an edge panel's
+// padding; those rows are not read). Eight k at a time, the rows in groups of eight
 // transposed in registers (a last group of fewer rows padded with zero rows, its
 // columns stored as `Width % 8` floats). Only data moves: the bits are the
 // generic loop's. AVX2 is enough for the AVX-512 kernel's panels too (every
 // AVX-512 CPU has it); the 8 x 8 transpose, not the vector width, is the cost.
 template <int Width>
 __attribute__((target("avx2,fma"))) void pack_rows_avx2(const float* src, std::int64_t ld,
-                                                        std::int64_t kc, float* dst) {
+                                                        std::int64_t kc, float* dst,
+                                                        std::int64_t valid) {
   // Eight source rows at a time along the whole panel: eight streams for the
   // prefetcher and the TLB, where 32 rows at once (a fully connected layer's rows
   // lie 12 KiB apart) were 32 pages per block. The panel itself stays in L1.
   const std::int64_t whole = kc / 8 * 8;
   for (int g = 0; g < Width; g += 8) {
     const int rows = std::min(8, Width - g);
+    const std::int64_t loaded = std::clamp<std::int64_t>(valid - g, 0, rows);
     for (std::int64_t p = 0; p < whole; p += 8) {
       __m256 r[8];
       for (int i = 0; i < 8; ++i) {
-        r[i] = i < rows ? _mm256_loadu_ps(src + (g + i) * ld + p) : _mm256_setzero_ps();
+        r[i] = i < loaded ? _mm256_loadu_ps(src + (g + i) * ld + p) : _mm256_setzero_ps();
       }
       transpose8x8(r);
       for (int q = 0; q < 8; ++q) store_first(dst + (p + q) * Width + g, r[q], rows);
     }
   }
   for (std::int64_t p = whole; p < kc; ++p) {
-    for (int i = 0; i < Width; ++i) dst[p * Width + i] = src[i * ld + p];
+    for (int i = 0; i < Width; ++i) dst[p * Width + i] = i < valid ? src[i * ld + p] : 0.0f;
   }
 }
 
@@ -303,8 +307,8 @@ struct Blocked {
   static void pack_a(const Kernels& isa, bool transpose_a, const float* a, std::int64_t lda,
                      std::int64_t i0, std::int64_t rows, std::int64_t p0, std::int64_t kc,
                      float* dst) {
-    if (!transpose_a && rows == MR && isa.pack_a_rows != nullptr) {
-      isa.pack_a_rows(a + i0 * lda + p0, lda, kc, dst);
+    if (!transpose_a && isa.pack_a_rows != nullptr) {
+      isa.pack_a_rows(a + i0 * lda + p0, lda, kc, dst, rows);
     } else if (transpose_a && rows == MR) {  // A stored [K,M]: MR contiguous floats per k
       for (std::int64_t p = 0; p < kc; ++p) {
         std::memcpy(dst + p * MR, a + (p0 + p) * lda + i0, MR * sizeof(float));
@@ -330,8 +334,8 @@ struct Blocked {
   static void pack_b(const Kernels& isa, bool transpose_b, const float* b, std::int64_t ldb,
                      std::int64_t j0, std::int64_t cols, std::int64_t p0, std::int64_t kc,
                      float* dst) {
-    if (transpose_b && cols == NR && isa.pack_b_rows != nullptr) {
-      isa.pack_b_rows(b + j0 * ldb + p0, ldb, kc, dst);
+    if (transpose_b && isa.pack_b_rows != nullptr) {
+      isa.pack_b_rows(b + j0 * ldb + p0, ldb, kc, dst, cols);
     } else if (transpose_b) {  // B stored [N,K]: NR rows, each contiguous along k
       for (int j = 0; j < NR; ++j) {
         if (j < cols) {
@@ -402,11 +406,15 @@ struct Blocked {
                 const MicroKernel edge =
                     isa.edge_kernel != nullptr ? isa.edge_kernel(rows, cols) : isa.micro_kernel;
                 edge(kc, a_panel, b_panel, tile, NR, alpha, 0.0f);
+                // Row by row, beta tested once: per element, the test was most of
+                // the time of Winograd's GEMMs' 4-row edge (M = 64 = 5 x 12 + 4).
                 for (std::int64_t r = 0; r < rows; ++r) {
-                  for (std::int64_t s = 0; s < cols; ++s) {
-                    float& out = c_tile[r * ldc + s];
-                    out =
-                        beta_block == 0.0f ? tile[r * NR + s] : tile[r * NR + s] + beta_block * out;
+                  float* out = c_tile + r * ldc;
+                  const float* in = tile + r * NR;
+                  if (beta_block == 0.0f) {
+                    std::copy(in, in + cols, out);
+                  } else {
+                    for (std::int64_t s = 0; s < cols; ++s) out[s] = in[s] + beta_block * out[s];
                   }
                 }
               }
@@ -589,7 +597,7 @@ void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, st
 
 #if TL_CPU_X86
 void pack_32_rows_avx2(const float* src, std::int64_t ld, std::int64_t k, float* dst) {
-  pack_rows_avx2<32>(src, ld, k, dst);
+  pack_rows_avx2<32>(src, ld, k, dst, 32);
 }
 #endif
 
