@@ -357,9 +357,24 @@ struct Blocked {
     }
   }
 
+  // op(A) packed whole for every K block: [K blocks][M panels][kc][MR] (PackedA).
+  static void pack_all_a(const Kernels& isa, const float* a, std::int64_t lda, std::int64_t m,
+                         std::int64_t k, float* dst) {
+    const std::int64_t m_panels = (m + MR - 1) / MR;
+    for (std::int64_t pc = 0; pc < k; pc += kKc) {
+      const std::int64_t kc = std::min(kKc, k - pc);
+      for (std::int64_t q = 0; q < m_panels; ++q) {
+        pack_a(isa, false, a, lda, q * MR, std::min<std::int64_t>(MR, m - q * MR), pc, kc,
+               dst + pc * m_panels * MR + q * MR * kc);
+      }
+    }
+  }
+
+  // With `prepacked` (pack_all_a's layout) A's panels are read from there, not packed.
   static void run(const Kernels& isa, bool transpose_a, bool transpose_b, std::int64_t m,
                   std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
-                  const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+                  const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc,
+                  const float* prepacked = nullptr) {
     const std::int64_t m_panels = (m + MR - 1) / MR;
     const std::int64_t mc_panels = std::max<std::int64_t>(1, kMc / MR);
     const int threads = static_cast<double>(m) * n * k >= kMinParallelWork ? thread_share() : 1;
@@ -381,13 +396,18 @@ struct Blocked {
 
         // C rows [mp0*MR, mp1*MR) x columns of B panels [np0, np1) of this block.
         auto compute = [&](std::int64_t mp0, std::int64_t mp1, std::int64_t np0, std::int64_t np1) {
-          float* packed_a = t_packed_a.get(mc_panels * MR * kc);
+          float* scratch = prepacked != nullptr ? nullptr : t_packed_a.get(mc_panels * MR * kc);
           alignas(64) float tile[MR * NR];
           for (std::int64_t mb = mp0; mb < mp1; mb += mc_panels) {
             const std::int64_t mb1 = std::min(mb + mc_panels, mp1);
-            for (std::int64_t q = mb; q < mb1; ++q) {
-              pack_a(isa, transpose_a, a, lda, q * MR, std::min<std::int64_t>(MR, m - q * MR), pc,
-                     kc, packed_a + (q - mb) * MR * kc);
+            const float* packed_a = scratch;
+            if (prepacked != nullptr) {
+              packed_a = prepacked + pc * m_panels * MR + mb * MR * kc;
+            } else {
+              for (std::int64_t q = mb; q < mb1; ++q) {
+                pack_a(isa, transpose_a, a, lda, q * MR, std::min<std::int64_t>(MR, m - q * MR), pc,
+                       kc, scratch + (q - mb) * MR * kc);
+              }
             }
             for (std::int64_t jp = np0; jp < np1; ++jp) {
               const float* b_panel = packed_b + jp * NR * kc;
@@ -560,6 +580,52 @@ GemmIsa gemm_isa() {
 
 namespace towerlab::cpu {
 
+namespace {
+
+// fn.template operator()<MR, NR>(kernels) with the blocked GEMM of `isa`.
+template <typename Fn>
+void with_blocked(GemmIsa isa, const Fn& fn) {
+  switch (isa) {
+#if TL_CPU_X86
+    case GemmIsa::Avx512:
+      fn.template operator()<kAvx512Mr, kAvx512Nr>(
+          Kernels{micro_kernel_avx512<kAvx512Mr, 2>, pack_rows_avx2<kAvx512Mr>,
+                  pack_rows_avx2<kAvx512Nr>, avx512_edge_kernel});
+      return;
+    case GemmIsa::Avx2:
+      fn.template operator()<kAvx2Mr, kAvx2Nr>(
+          Kernels{micro_kernel_avx2, pack_rows_avx2<kAvx2Mr>, pack_rows_avx2<kAvx2Nr>});
+      return;
+#endif
+    default:
+      fn.template operator()<kPortableMr, kPortableNr>(
+          Kernels{micro_kernel_portable, nullptr, nullptr});
+  }
+}
+
+}  // namespace
+
+PackedA::PackedA(const float* a, std::int64_t lda, std::int64_t m, std::int64_t k)
+    : isa_(selected_isa().load(std::memory_order_relaxed)), m_(m), k_(k) {
+  with_blocked(isa_, [&]<int MR, int NR>(const Kernels& kernels) {
+    panels_.resize(static_cast<std::size_t>((m + MR - 1) / MR * MR * k));
+    Blocked<MR, NR>::pack_all_a(kernels, a, lda, m, k, panels_.data());
+  });
+}
+
+void gemm_packed_a(const PackedA& a, std::int64_t n, const float* b, std::int64_t ldb, float beta,
+                   float* c, std::int64_t ldc) {
+  if (a.m_ <= 0 || n <= 0) return;
+  if (a.k_ <= 0) {
+    scale_c(a.m_, n, beta, c, ldc);
+    return;
+  }
+  with_blocked(a.isa_, [&]<int MR, int NR>(const Kernels& kernels) {
+    Blocked<MR, NR>::run(kernels, false, false, a.m_, n, a.k_, 1.0f, nullptr, 0, b, ldb, beta, c,
+                         ldc, a.panels_.data());
+  });
+}
+
 template <typename T>
 void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k,
           T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
@@ -573,25 +639,11 @@ void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, st
     // float64 serves the gradient checks: small problems, where plain loops do.
     gemm_reference(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   } else {
-    switch (selected_isa().load(std::memory_order_relaxed)) {
-#if TL_CPU_X86
-      case GemmIsa::Avx512:
-        Blocked<kAvx512Mr, kAvx512Nr>::run(
-            {micro_kernel_avx512<kAvx512Mr, 2>, pack_rows_avx2<kAvx512Mr>,
-             pack_rows_avx2<kAvx512Nr>, avx512_edge_kernel},
-            transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-        return;
-      case GemmIsa::Avx2:
-        Blocked<kAvx2Mr, kAvx2Nr>::run(
-            {micro_kernel_avx2, pack_rows_avx2<kAvx2Mr>, pack_rows_avx2<kAvx2Nr>}, transpose_a,
-            transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-        return;
-#endif
-      default:
-        Blocked<kPortableMr, kPortableNr>::run({micro_kernel_portable, nullptr, nullptr},
-                                               transpose_a, transpose_b, m, n, k, alpha, a, lda, b,
-                                               ldb, beta, c, ldc);
-    }
+    with_blocked(selected_isa().load(std::memory_order_relaxed),
+                 [&]<int MR, int NR>(const Kernels& kernels) {
+                   Blocked<MR, NR>::run(kernels, transpose_a, transpose_b, m, n, k, alpha, a, lda,
+                                        b, ldb, beta, c, ldc);
+                 });
   }
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/matmul.h"
 
@@ -15,6 +16,28 @@ template <typename T>
 void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k,
           T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
           std::int64_t ldc);
+
+// A [m,k] (stored row-major with stride lda, not transposed) packed once into the
+// GEMM's panels, for many products with the same A: Winograd's transformed weights
+// against every block of tiles, which gemm would pack again each time. Packed for
+// the ISA in use when it is built; gemm_packed_a then runs that ISA's kernels.
+class PackedA {
+ public:
+  PackedA(const float* a, std::int64_t lda, std::int64_t m, std::int64_t k);
+
+ private:
+  friend void gemm_packed_a(const PackedA&, std::int64_t, const float*, std::int64_t, float, float*,
+                            std::int64_t);
+  GemmIsa isa_;
+  std::int64_t m_, k_;
+  std::vector<float> panels_;
+};
+
+// C [m,n] = A · B + beta * C for B [k,n] (row stride ldb, not transposed):
+// gemm<float>(false, false, m, n, k, 1, a, lda, b, ldb, beta, c, ldc) with A's
+// packing done once, the same bits.
+void gemm_packed_a(const PackedA& a, std::int64_t n, const float* b, std::int64_t ldb, float beta,
+                   float* c, std::int64_t ldc);
 
 // The GEMM's block of the inner dimension: each output sums its products kGemmKc at
 // a time in registers, and the blocks' sums onto C in order. A kernel that must give

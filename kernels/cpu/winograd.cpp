@@ -1,6 +1,7 @@
 // Winograd F(2x2, 3x3) convolution on the CPU: the algorithm, its matrices and its
 // numerics in kernels/cpu/winograd.h. The steps, for forward and backward-data alike:
-//   1. weight transform  U[e] = (G g Gᵀ)[e]                      [16][K][C], per call
+//   1. weight transform  U[e] = (G g Gᵀ)[e]                      [16][K][C], per call,
+//                        each U[e] packed once into the GEMM's panels (PackedA)
 //   2. for each block of tiles (in parallel, blocks fixed by the shape):
 //      input transform   V[c][e][t] = (Bᵀ d[t,c] B)[e]          [C][16][tiles]
 //      16 GEMMs          M[e] = U[e] · V[e]                      [K][16][tiles]
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "engine/settings.h"
 #include "kernels/cpu/matmul.h"
@@ -436,9 +438,10 @@ __attribute__((target("avx512f"))) void transform_output_avx512(const Workspace&
 #endif
 
 // Steps 2 of the file comment for tile rows [row0, row1) (row = n * tiles_h + th),
-// with u [16][K][C] the transformed kernel.
-void run_block(float* out, const float* in, const float* u, const float* bias, bool accumulate,
-               const Problem& p, std::int64_t row0, std::int64_t row1, const Workspace& ws) {
+// with u the 16 matrices U[e] [K][C] of the transformed kernel, packed.
+void run_block(float* out, const float* in, const std::vector<PackedA>& u, const float* bias,
+               bool accumulate, const Problem& p, std::int64_t row0, std::int64_t row1,
+               const Workspace& ws) {
   transform_input(ws, in, p, row0, row1);
   // Whole 16-column panels of the GEMM (block is a multiple of 16): the columns
   // past the block's tiles hold finite leftovers (zeros at first, then what an
@@ -446,8 +449,7 @@ void run_block(float* out, const float* in, const float* u, const float* bias, b
   // column of M depends on its column of V alone.
   const std::int64_t tiles = std::min(ws.block, ((row1 - row0) * p.tiles_w + 15) / 16 * 16);
   for (int e = 0; e < 16; ++e) {
-    gemm<float>(false, false, p.K, tiles, p.C, 1.0f, u + e * p.K * p.C, p.C, ws.v_at(0, e), ws.ld(),
-                0.0f, ws.m_at(0, e), ws.ld());
+    gemm_packed_a(u[e], tiles, ws.v_at(0, e), ws.ld(), 0.0f, ws.m_at(0, e), ws.ld());
   }
 #if TL_CPU_X86
   if (avx512_selected()) {  // kernels/cpu/x86.h
@@ -460,8 +462,8 @@ void run_block(float* out, const float* in, const float* u, const float* bias, b
 
 // Steps 2 over all tile rows, blocks spread over the caller's threads (each block
 // writes its own output rows).
-void run(float* out, const float* in, const float* u, const float* bias, bool accumulate,
-         const Problem& p) {
+void run(float* out, const float* in, const std::vector<PackedA>& u, const float* bias,
+         bool accumulate, const Problem& p) {
   // Columns of V and M: the tiles, the 3 a last group of four may write past them,
   // rounded up to whole panels.
   const std::int64_t per_block = rows_per_block(p),
@@ -507,6 +509,18 @@ bool winograd_chosen(const Conv2dShape& s, bool /*backward_data: both passes cho
   return winograd_applies(s) && s.C >= kMinAutoChannels && s.K >= kMinAutoChannels;
 }
 
+namespace {
+
+// U [16][rows][cols] as 16 packed GEMM operands, packed once for all the blocks.
+std::vector<PackedA> packed_weights(const float* u, std::int64_t rows, std::int64_t cols) {
+  std::vector<PackedA> packed;
+  packed.reserve(16);
+  for (int e = 0; e < 16; ++e) packed.emplace_back(u + e * rows * cols, cols, rows, cols);
+  return packed;
+}
+
+}  // namespace
+
 void winograd_forward(float* y, const float* x, const float* weight, const float* bias,
                       const Conv2dShape& s) {
   const Problem p = make_problem(s.N, s.C, s.H, s.W, s.K, s.params.pad_h, s.params.pad_w);
@@ -514,7 +528,7 @@ void winograd_forward(float* y, const float* x, const float* weight, const float
   for (std::int64_t k = 0; k < s.K; ++k) {  // the kernels of weight[k], c a lane
     transform_weight(u.get() + k * s.C, s.K * s.C, weight + k * s.C * 9, 9, 3, 1, s.C);
   }
-  run(y, x, u.get(), bias, false, p);
+  run(y, x, packed_weights(u.get(), s.K, s.C), bias, false, p);
 }
 
 void winograd_backward_data(float* grad_x, const float* grad_y, const float* weight,
@@ -527,7 +541,7 @@ void winograd_backward_data(float* grad_x, const float* grad_y, const float* wei
     // g(r,s) = weight[k,c,2-r,2-s]: start at the last tap, step backwards.
     transform_weight(u.get() + c * s.K, s.C * s.K, weight + c * 9 + 8, s.C * 9, -3, -1, s.K);
   }
-  run(grad_x, grad_y, u.get(), nullptr, accumulate, p);
+  run(grad_x, grad_y, packed_weights(u.get(), s.C, s.K), nullptr, accumulate, p);
 }
 
 }  // namespace towerlab::cpu
