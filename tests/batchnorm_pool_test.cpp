@@ -11,7 +11,8 @@
 // argmax of the activation is not the argmax of x, and a negative beta leaves
 // windows that the ReLU clamps entirely, where only the mask stops the gradient.
 // Then assignment against accumulation, optional gradients, 1 thread against 2,
-// a float64 gradient check of the fused op alone, and the argument errors.
+// every ISA against the portable code, a float64 gradient check of the fused op
+// alone, and the argument errors.
 #include <functional>
 #include <limits>
 #include <sstream>
@@ -435,6 +436,43 @@ TEST_F(ThreadPoolBatchNormMaxPoolTest, SameBitsForOneAndTwoThreads) {
       expect_identical(fused(p, write), one, "a tower's 2 of 4 threads; " + where);
     }
   }
+}
+
+// --- every ISA ---------------------------------------------------------------------
+
+// The float32 batch norm has AVX-512 forms of its row sums and elementwise passes
+// beside the portable code (kernels/cpu/batchnorm.cpp), in one summation order:
+// every ISA this CPU runs must give the portable code's bits, fused and composed,
+// with and without the ReLU. The planes' sizes S cover a row shorter than one
+// 16-lane vector (9), one vector exactly (16), a partial second vector (25), one
+// block of 32 lanes exactly (32), and whole blocks with tails of 4, 15, 16, 17 and
+// 31 values (36, 143, 784, 49, 63), and FashionNet's 196.
+TEST(BatchNormMaxPoolTest, EveryIsaGivesThePortableBits) {
+  struct RestoreIsa {
+    GemmIsa saved = gemm_isa();
+    ~RestoreIsa() { set_gemm_isa(saved); }
+  } restore;
+  std::vector<Case> all = cases();
+  for (const Shape& x : {Shape{2, 3, 2, 8}, Shape{2, 3, 5, 5}, Shape{3, 2, 4, 8}, Shape{2, 2, 7, 7}}) {
+    all.push_back({x, Pool2dParams::square(2, 2)});
+  }
+  int isas = 0;
+  for (const Case& c : all) {
+    for (Activation activation : {Activation::None, Activation::ReLU}) {
+      const Problem p = make_problem(c.x, c.pool, activation, DType::Float32);
+      set_gemm_isa(GemmIsa::Portable);
+      const Results portable_fused = fused(p), portable_composed = composed(p);
+      for (GemmIsa isa : {GemmIsa::Avx2, GemmIsa::Avx512}) {
+        if (!gemm_isa_supported(isa)) continue;
+        set_gemm_isa(isa);
+        ++isas;
+        const std::string where = "ISA " + std::to_string(int(isa)) + "; " + describe(p);
+        expect_identical(fused(p), portable_fused, "fused, " + where);
+        expect_identical(composed(p), portable_composed, "composed, " + where);
+      }
+    }
+  }
+  if (isas == 0) GTEST_SKIP() << "this CPU runs only the portable code";
 }
 
 // --- gradients in float64 ----------------------------------------------------------

@@ -1,11 +1,10 @@
 // CPU batch normalization: the specification for kernels/cuda/batchnorm.cu.
 // x is viewed as [N,C,S] (S = H*W). The per-channel sums go row by row: a float32
-// row of S values is summed in float, eight lanes at a time, and the rows' totals
-// in double, as the CUDA kernels sum blocks in float and the blocks' partials in
-// double; a float64 row is summed in double. Each of a float32 row's eight running
-// sums adds at most S / 8 + 1 values (99 for FashionNet's first layer), where a
-// double sum over the channel cost a conversion and a double add per value: those
-// sums were the batch norm's bottleneck, twice the time of reading x.
+// row of S values is summed in float, in 32 lanes (float_lane_sums), and the rows'
+// totals in double, as the CUDA kernels sum blocks in float and the blocks'
+// partials in double; a float64 row is summed in double. The float32 passes have an
+// AVX-512 form, chosen at run time (kernels/cpu/x86.h), that gives the portable
+// code's bits.
 //
 // Threads (kernels/cpu/parallel.h): the reductions split over channels, and each
 // channel sums its rows in order n = 0, 1, ... on whichever thread runs it, so the
@@ -38,43 +37,114 @@
 #include "kernels/cpu/pool2d.h"
 #include "kernels/cpu/relu.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/cpu/x86.h"
 
 namespace towerlab::cpu {
 
 namespace {
 
-// Sums of a float32 row of S values: f maps four lanes of each input row (one
-// Vec4 per row in `rows`) to `Sums` vectors of terms. Eight running float sums per
-// result (two vectors, so that two adds are in flight; one would wait on the
-// add's latency), then the last 1-7 values as a vector whose lanes past the row
-// are cleared after f, and the eight added in double. A function of S alone, not
-// of the threads, so the same bits on any thread.
+#if TL_CPU_X86
+
+// a * b, rounded once, which the compiler may not fuse with a following add: GCC
+// contracts _mm512_mul_ps then _mm512_add_ps into one FMA (C++ allows it), which
+// rounds once where the portable code rounds twice, and so changes the bits. The
+// explicit rounding mode (the default one) makes it an operation of its own. (The
+// zero-masking forms here and below, with every lane kept, because GCC 12's
+// unmasked ones warn of an uninitialized value.)
+__attribute__((target("avx512f"))) inline __m512 mul_exact(__m512 a, __m512 b) {
+  return _mm512_maskz_mul_round_ps(0xFFFF, a, b, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+// Lanes 0-7 (Half = 0) or 8-15 (Half = 1) of v.
+template <int Half>
+__attribute__((target("avx512f"))) inline __m256 half_of(__m512 v) {
+  return _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xFF, _mm512_castps_pd(v), Half));
+}
+
+#endif  // TL_CPU_X86
+
+// Sums of a float32 row of S values in 32 float lanes: value s goes to lane s % 32
+// (in order of s), then the lanes fold in one fixed tree: lane j and j + 16, then
+// j and j + 8, then j and j + 4, in float, and the last four in double as
+// (0 + 1) + (2 + 3). Every ISA keeps this order, so every ISA gives the same bits:
+// the portable code holds the lanes as eight Vec4 per sum, AVX-512 as two 16-lane
+// vectors (test BatchNormCpu.EveryIsaGivesTheSameBits). Each lane adds at most
+// S / 32 + 1 values (25 for FashionNet's first layer), where a double sum over the
+// channel cost a conversion and a double add per value, and the independent
+// vectors keep several adds in flight where one would wait on the add's latency.
+// f maps the lanes of each input row to `Sums` vectors of terms; in the last,
+// partial block the lanes past the row are left out after f (f of a zero need not
+// be zero). A function of S alone, not of the threads: the same bits on any thread.
 template <int Sums, typename F, typename... Rows>
 std::array<double, Sums> float_lane_sums(std::int64_t S, const F& f, const Rows*... rows) {
-  std::array<Vec4, Sums> even{}, odd{};
+  std::array<std::array<Vec4, 8>, Sums> lanes{};  // lanes[i][j]: lanes 4j .. 4j + 3 of sum i
   std::int64_t s = 0;
-  for (; s + 8 <= S; s += 8) {
-    const std::array<Vec4, Sums> t0 = f(load4(rows + s)...), t1 = f(load4(rows + s + 4)...);
-    for (int i = 0; i < Sums; ++i) {
-      even[i] += t0[i];
-      odd[i] += t1[i];
+  for (; s + 32 <= S; s += 32) {
+    for (int j = 0; j < 8; ++j) {
+      const std::array<Vec4, Sums> t = f(load4(rows + s + 4 * j)...);
+      for (int i = 0; i < Sums; ++i) lanes[i][j] += t[i];
     }
   }
-  for (; s < S; s += 4) {
+  for (int j = 0; s < S; s += 4, ++j) {
     const std::int64_t count = std::min<std::int64_t>(4, S - s);
-    const Mask4 keep = lanes_below(count);
     const std::array<Vec4, Sums> t = f(load_first(rows + s, count)...);
+    for (int i = 0; i < Sums; ++i) lanes[i][j] += keep(lanes_below(count), t[i]);
+  }
+  std::array<double, Sums> out;
+  for (int i = 0; i < Sums; ++i) {
+    const std::array<Vec4, 8>& l = lanes[i];
+    const Vec4 q = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    out[i] = (double(q[0]) + double(q[1])) + (double(q[2]) + double(q[3]));
+  }
+  return out;
+}
+
+#if TL_CPU_X86
+
+// The AVX-512 form of float_lane_sums: lanes 0-15 and 16-31 of each sum in two
+// vectors; f maps 16-lane vectors. The last block's lanes past the row keep their
+// sums (a masked add), as the portable code adds +0 to them: the same bits.
+template <int Sums>
+struct Zmm {
+  __m512 v[Sums];
+};
+
+template <int Sums, typename F, typename... Rows>
+__attribute__((target("avx512f"))) std::array<double, Sums> float_lane_sums_avx512(
+    std::int64_t S, const F& f, const Rows*... rows) {
+  Zmm<Sums> lo, hi;  // lanes 0-15 and 16-31
+  for (int i = 0; i < Sums; ++i) lo.v[i] = hi.v[i] = _mm512_setzero_ps();
+  std::int64_t s = 0;
+  for (; s + 32 <= S; s += 32) {
+    const Zmm<Sums> t0 = f(_mm512_loadu_ps(rows + s)...);
+    const Zmm<Sums> t1 = f(_mm512_loadu_ps(rows + s + 16)...);
     for (int i = 0; i < Sums; ++i) {
-      even[i] += reinterpret_cast<Vec4>(reinterpret_cast<Mask4>(t[i]) & keep);
+      lo.v[i] = _mm512_add_ps(lo.v[i], t0.v[i]);
+      hi.v[i] = _mm512_add_ps(hi.v[i], t1.v[i]);
+    }
+  }
+  if (s < S) {
+    const __mmask16 m0 = first_lanes(S - s), m1 = first_lanes(S - s - 16);
+    const Zmm<Sums> t0 = f(_mm512_maskz_loadu_ps(m0, rows + s)...);
+    const Zmm<Sums> t1 = f(_mm512_maskz_loadu_ps(m1, rows + s + 16)...);
+    for (int i = 0; i < Sums; ++i) {
+      lo.v[i] = _mm512_mask_add_ps(lo.v[i], m0, lo.v[i], t0.v[i]);
+      hi.v[i] = _mm512_mask_add_ps(hi.v[i], m1, hi.v[i], t1.v[i]);
     }
   }
   std::array<double, Sums> out;
   for (int i = 0; i < Sums; ++i) {
-    const Vec4 v = even[i] + odd[i];
-    out[i] = (double(v[0]) + double(v[1])) + (double(v[2]) + double(v[3]));
+    const __m512 m = _mm512_add_ps(lo.v[i], hi.v[i]);
+    const __m256 p = _mm256_add_ps(half_of<0>(m), half_of<1>(m));
+    const __m128 q = _mm_add_ps(_mm256_castps256_ps128(p), _mm256_extractf128_ps(p, 1));
+    alignas(16) float l[4];
+    _mm_store_ps(l, q);
+    out[i] = (double(l[0]) + double(l[1])) + (double(l[2]) + double(l[3]));
   }
   return out;
 }
+
+#endif  // TL_CPU_X86
 
 // ReLU's forward when Relu (the NaN rule of kernels/cpu/relu.cpp), else v.
 template <bool Relu, typename T>
@@ -175,9 +245,31 @@ struct RowMoments {
   double mean, m2;
 };
 
+#if TL_CPU_X86
+// row_moments of a float32 row with AVX-512: the same sums, so the same bits.
+__attribute__((target("avx512f"))) RowMoments row_moments_avx512(const float* row,
+                                                                std::int64_t S) {
+  const auto [sum] = float_lane_sums_avx512<1>(
+      S, [](__m512 v) __attribute__((target("avx512f"))) { return Zmm<1>{{v}}; }, row);
+  const double mean = sum / static_cast<double>(S);
+  const __m512 m = _mm512_set1_ps(static_cast<float>(mean));
+  const auto [sq] = float_lane_sums_avx512<1>(
+      S,
+      [&](__m512 v) __attribute__((target("avx512f"))) {
+        const __m512 dev = _mm512_sub_ps(v, m);
+        return Zmm<1>{{mul_exact(dev, dev)}};
+      },
+      row);
+  return {mean, sq};
+}
+#endif
+
 template <typename T>
-RowMoments row_moments(const T* row, std::int64_t S) {
+RowMoments row_moments(const T* row, std::int64_t S, bool avx512) {
   if constexpr (std::is_same_v<T, float>) {
+#if TL_CPU_X86
+    if (avx512) return row_moments_avx512(row, S);
+#endif
     const auto [sum] = float_lane_sums<1>(
         S, [](Vec4 v) { return std::array{v}; }, row);
     const double mean = sum / static_cast<double>(S);
@@ -191,6 +283,7 @@ RowMoments row_moments(const T* row, std::int64_t S) {
         row);
     return {mean, sq};
   } else {
+    (void)avx512;
     const double mean = sum_over(S, [&](std::int64_t s) { return static_cast<double>(row[s]); }) /
                         static_cast<double>(S);
     return {mean, sum_over(S, [&](std::int64_t s) {
@@ -212,6 +305,7 @@ void batchnorm_stats(const BatchNormArgs& a) {
     const T* in = a.x.data<T>();     // [N,C,S]
     T* mean_out = a.mean.data<T>();  // [C]
     T* m2_out = a.m2.data<T>();      // [C]
+    const bool avx512 = avx512_selected();
     parallel_rows(C, 2 * N * S, [&](std::int64_t first, std::int64_t last) {
       // Image by image over this thread's channels: their rows of one image are
       // contiguous, one stream the prefetcher follows (a channel's rows are C*S apart).
@@ -219,7 +313,7 @@ void batchnorm_stats(const BatchNormArgs& a) {
       for (std::int64_t n = 0; S > 0 && n < N; ++n) {
         const double rows = static_cast<double>(n);
         for (std::int64_t c = first; c < last; ++c) {
-          const RowMoments row = row_moments(in + (n * C + c) * S, S);
+          const RowMoments row = row_moments(in + (n * C + c) * S, S, avx512);
           auto& [mean, m2] = channels[c - first];
           const double delta = row.mean - mean;
           mean += delta / (rows + 1.0);
@@ -330,12 +424,36 @@ void batchnorm_forward_inference(const BatchNormArgs& a) {
 
 namespace {
 
+#if TL_CPU_X86
+// row_sums of float32 rows with AVX-512: the same sums, so the same bits.
+template <bool Relu>
+__attribute__((target("avx512f"))) std::pair<double, double> row_sums_avx512(
+    const float* gy, const float* x, std::int64_t S, const Affine<float>& k, float m) {
+  const __m512 mean = _mm512_set1_ps(m), center = _mm512_set1_ps(k.center),
+               scale = _mm512_set1_ps(k.scale), shift = _mm512_set1_ps(k.shift);
+  const auto [sum_g, sum_g_dev] = float_lane_sums_avx512<2>(
+      S,
+      [&](__m512 g, __m512 xv) __attribute__((target("avx512f"))) {
+        if constexpr (Relu) {  // relu_mask of batchnorm_affine, lane by lane
+          const __m512 y = _mm512_add_ps(mul_exact(_mm512_sub_ps(xv, center), scale), shift);
+          g = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_GT_OQ), g);
+        }
+        return Zmm<2>{{g, mul_exact(g, _mm512_sub_ps(xv, mean))}};
+      },
+      gy, x);
+  return {sum_g, sum_g_dev};
+}
+#endif
+
 // One row's sum of g = masked grad_y and of g * (x - m), float32 rows as
 // float_lane_sums adds them, float64 rows in double.
 template <bool Relu, typename T>
 std::pair<double, double> row_sums(const T* gy, const T* x, std::int64_t S, const Affine<T>& k,
-                                   T m) {
+                                   T m, bool avx512) {
   if constexpr (std::is_same_v<T, float>) {
+#if TL_CPU_X86
+    if (avx512) return row_sums_avx512<Relu>(gy, x, S, k, m);
+#endif
     const Vec4 mean = splat(m), center = splat(k.center), scale = splat(k.scale),
                shift = splat(k.shift);
     const auto [sum_g, sum_g_dev] = float_lane_sums<2>(
@@ -350,6 +468,7 @@ std::pair<double, double> row_sums(const T* gy, const T* x, std::int64_t S, cons
         gy, x);
     return {sum_g, sum_g_dev};
   } else {
+    (void)avx512;
     return sum_pair_over(S, [&](std::int64_t s) {
       const double g = static_cast<double>(masked<Relu>(gy[s], x[s], k));
       return std::pair{g, g * (static_cast<double>(x[s]) - static_cast<double>(m))};
@@ -370,6 +489,7 @@ void batchnorm_backward_reduce(const BatchNormArgs& a) {
     T* out_a = a.sum_grad_y.data<T>();                           // [C]
     T* out_b = a.sum_grad_y_xhat.data<T>();                      // [C]
     const std::int64_t gy_plane = a.max_pool ? a.Ho * a.Wo : S;
+    const bool avx512 = avx512_selected();
     with_activation(a.activation, [&]<bool Relu>() {
       parallel_rows(C, 2 * N * S, [&](std::int64_t first, std::int64_t last) {
         PoolScratch<T> pool(a);
@@ -383,7 +503,7 @@ void batchnorm_backward_reduce(const BatchNormArgs& a) {
             const T* g = gy + (n * C + c) * gy_plane;
             if (a.max_pool) g = pool.gradient(g, where + (n * C + c) * gy_plane);
             const auto [row_gy, row_gy_xhat] =
-                row_sums<Relu>(g, in + base, S, ks[c - first], mu[c]);
+                row_sums<Relu>(g, in + base, S, ks[c - first], mu[c], avx512);
             sums[c - first].first += row_gy;
             sums[c - first].second += row_gy_xhat;
           }
