@@ -453,7 +453,8 @@ TEST(BatchNormMaxPoolTest, EveryIsaGivesThePortableBits) {
     ~RestoreIsa() { set_gemm_isa(saved); }
   } restore;
   std::vector<Case> all = cases();
-  for (const Shape& x : {Shape{2, 3, 2, 8}, Shape{2, 3, 5, 5}, Shape{3, 2, 4, 8}, Shape{2, 2, 7, 7}}) {
+  for (const Shape& x :
+       {Shape{2, 3, 2, 8}, Shape{2, 3, 5, 5}, Shape{3, 2, 4, 8}, Shape{2, 2, 7, 7}}) {
     all.push_back({x, Pool2dParams::square(2, 2)});
   }
   int isas = 0;

@@ -247,8 +247,7 @@ struct RowMoments {
 
 #if TL_CPU_X86
 // row_moments of a float32 row with AVX-512: the same sums, so the same bits.
-__attribute__((target("avx512f"))) RowMoments row_moments_avx512(const float* row,
-                                                                std::int64_t S) {
+__attribute__((target("avx512f"))) RowMoments row_moments_avx512(const float* row, std::int64_t S) {
   const auto [sum] = float_lane_sums_avx512<1>(
       S, [](__m512 v) __attribute__((target("avx512f"))) { return Zmm<1>{{v}}; }, row);
   const double mean = sum / static_cast<double>(S);
@@ -448,8 +447,8 @@ __attribute__((target("avx512f"))) std::pair<double, double> row_sums_avx512(
 // One row's sum of g = masked grad_y and of g * (x - m), float32 rows as
 // float_lane_sums adds them, float64 rows in double.
 template <bool Relu, typename T>
-std::pair<double, double> row_sums(const T* gy, const T* x, std::int64_t S, const Affine<T>& k,
-                                   T m, bool avx512) {
+std::pair<double, double> row_sums(const T* gy, const T* x, std::int64_t S, const Affine<T>& k, T m,
+                                   bool avx512) {
   if constexpr (std::is_same_v<T, float>) {
 #if TL_CPU_X86
     if (avx512) return row_sums_avx512<Relu>(gy, x, S, k, m);
@@ -517,6 +516,80 @@ void batchnorm_backward_reduce(const BatchNormArgs& a) {
   });
 }
 
+namespace {
+
+// Channel c's coefficients of grad_x = k * (gy - mean_gy - xhat * mean_gy_xhat),
+// xhat = (x - mean) * inv_std, and of the ReLU's mask (relu).
+template <typename T>
+struct ApplyCoefficients {
+  T k, mean_gy, mean_gy_xhat, mean, inv_std;
+  Affine<T> relu;
+};
+
+// One row of grad_x [S] from its grad_y [S] and x [S] (assigned or added).
+template <bool Relu, typename T>
+void apply_row(T* gx, const T* gy, const T* x, std::int64_t S, const ApplyCoefficients<T>& a,
+               bool assign) {
+  for (std::int64_t s = 0; s < S; ++s) {
+    const T xhat = (x[s] - a.mean) * a.inv_std;
+    const T gys = masked<Relu>(gy[s], x[s], a.relu);
+    const T g = a.k * (gys - a.mean_gy - xhat * a.mean_gy_xhat);
+    gx[s] = assign ? g : gx[s] + g;
+  }
+}
+
+#if TL_CPU_X86
+
+// apply_row's values with AVX-512, sixteen a vector: the same operations in the
+// same order, lane by lane, so the same bits.
+struct ApplyZmm {
+  __m512 k, mean_gy, mean_gy_xhat, mean, inv_std, center, scale, shift;
+};
+
+__attribute__((target("avx512f"))) inline ApplyZmm broadcast(const ApplyCoefficients<float>& a) {
+  return {_mm512_set1_ps(a.k),          _mm512_set1_ps(a.mean_gy),   _mm512_set1_ps(a.mean_gy_xhat),
+          _mm512_set1_ps(a.mean),       _mm512_set1_ps(a.inv_std),   _mm512_set1_ps(a.relu.center),
+          _mm512_set1_ps(a.relu.scale), _mm512_set1_ps(a.relu.shift)};
+}
+
+// grad_x of 16 values from their grad_y (gy) and x (xv), as apply_row computes it.
+template <bool Relu>
+__attribute__((target("avx512f"), always_inline)) inline __m512 apply16_avx512(__m512 gy, __m512 xv,
+                                                                               const ApplyZmm& a) {
+  if constexpr (Relu) {  // relu_mask of batchnorm_affine, lane by lane
+    const __m512 y = _mm512_add_ps(mul_exact(_mm512_sub_ps(xv, a.center), a.scale), a.shift);
+    gy = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_GT_OQ), gy);
+  }
+  const __m512 xhat = mul_exact(_mm512_sub_ps(xv, a.mean), a.inv_std);
+  const __m512 inner = _mm512_sub_ps(_mm512_sub_ps(gy, a.mean_gy), mul_exact(xhat, a.mean_gy_xhat));
+  return mul_exact(a.k, inner);
+}
+
+template <bool Relu>
+__attribute__((target("avx512f"))) void apply_row_avx512(float* gx, const float* gy, const float* x,
+                                                         std::int64_t S,
+                                                         const ApplyCoefficients<float>& c,
+                                                         bool assign) {
+  const ApplyZmm a = broadcast(c);
+  std::int64_t s = 0;
+  for (; s + 16 <= S; s += 16) {  // whole vectors: no masked loads or stores
+    __m512 g = apply16_avx512<Relu>(_mm512_loadu_ps(gy + s), _mm512_loadu_ps(x + s), a);
+    if (!assign) g = _mm512_add_ps(_mm512_loadu_ps(gx + s), g);
+    _mm512_storeu_ps(gx + s, g);
+  }
+  if (s < S) {
+    const __mmask16 keep = first_lanes(S - s);
+    __m512 g = apply16_avx512<Relu>(_mm512_maskz_loadu_ps(keep, gy + s),
+                                    _mm512_maskz_loadu_ps(keep, x + s), a);
+    if (!assign) g = _mm512_add_ps(_mm512_maskz_loadu_ps(keep, gx + s), g);
+    _mm512_mask_storeu_ps(gx + s, keep, g);
+  }
+}
+
+#endif  // TL_CPU_X86
+
+}  // namespace
+
 void batchnorm_backward_apply(const BatchNormArgs& a) {
   const std::int64_t N = a.N, C = a.C, S = a.S;
   with_dtype(a.x.dtype(), [&]<typename T>() {
@@ -532,24 +605,26 @@ void batchnorm_backward_apply(const BatchNormArgs& a) {
     const T inv_count = static_cast<T>(1.0 / static_cast<double>(a.count));
     const bool assign = a.grad_x_write == GradWrite::Assign;
     const std::int64_t gy_plane = a.max_pool ? a.Ho * a.Wo : S;
+    const bool avx512 = std::is_same_v<T, float> && avx512_selected();
     with_activation(a.activation, [&]<bool Relu>() {
       parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
         PoolScratch<T> pool(a);
         for (std::int64_t n = first; n < last; ++n) {
           for (std::int64_t c = 0; c < C; ++c) {
-            const std::int64_t base = (n * C + c) * S;
-            const T k = g[c] * istd[c];
-            const T mean_gy = sa[c] * inv_count;
-            const T mean_gy_xhat = sb[c] * inv_count;
-            const Affine<T> relu = affine_of<T>(a, c);
-            const T* gy_row = gy + (n * C + c) * gy_plane;
-            if (a.max_pool) gy_row = pool.gradient(gy_row, where + (n * C + c) * gy_plane);
-            for (std::int64_t s = 0; s < S; ++s) {
-              const T xhat = (in[base + s] - mu[c]) * istd[c];
-              const T gys = masked<Relu>(gy_row[s], in[base + s], relu);
-              const T g = k * (gys - mean_gy - xhat * mean_gy_xhat);
-              gx[base + s] = assign ? g : gx[base + s] + g;
+            const std::int64_t base = (n * C + c) * S, y_base = (n * C + c) * gy_plane;
+            const ApplyCoefficients<T> k{g[c] * istd[c], sa[c] * inv_count, sb[c] * inv_count,
+                                         mu[c],          istd[c],           affine_of<T>(a, c)};
+            const T* gy_row = gy + y_base;
+            if (a.max_pool) gy_row = pool.gradient(gy_row, where + y_base);
+#if TL_CPU_X86
+            if constexpr (std::is_same_v<T, float>) {
+              if (avx512) {
+                apply_row_avx512<Relu>(gx + base, gy_row, in + base, S, k, assign);
+                continue;
+              }
             }
+#endif
+            apply_row<Relu>(gx + base, gy_row, in + base, S, k, assign);
           }
         }
       });
