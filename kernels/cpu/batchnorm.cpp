@@ -530,9 +530,11 @@ void batchnorm_backward_reduce(const BatchNormArgs& a) {
         for (std::int64_t n = 0; n < N; ++n) {
           for (std::int64_t c = first; c < last; ++c) {
             const std::int64_t base = (n * C + c) * S;
-            prefetch_values(in + base + S, S);  // the next row's, in memory order
-            prefetch_values(gy + (n * C + c + 1) * gy_plane, gy_plane);
-            if (a.max_pool) prefetch_values(where + (n * C + c + 1) * gy_plane, gy_plane);
+            if (n * C + c + 1 < N * C) {  // the next row's, in memory order
+              prefetch_values(in + base + S, S);
+              prefetch_values(gy + (n * C + c + 1) * gy_plane, gy_plane);
+              if (a.max_pool) prefetch_values(where + (n * C + c + 1) * gy_plane, gy_plane);
+            }
             const T* g = gy + (n * C + c) * gy_plane;
             if (a.max_pool) g = pool.gradient(g, where + (n * C + c) * gy_plane);
             const auto [row_gy, row_gy_xhat] =
@@ -648,9 +650,11 @@ void batchnorm_backward_apply(const BatchNormArgs& a) {
             const std::int64_t base = (n * C + c) * S, y_base = (n * C + c) * gy_plane;
             const ApplyCoefficients<T> k{g[c] * istd[c], sa[c] * inv_count, sb[c] * inv_count,
                                          mu[c],          istd[c],           affine_of<T>(a, c)};
-            prefetch_values(in + base + S, S);  // the next row's
-            prefetch_values(gy + y_base + gy_plane, gy_plane);
-            if (a.max_pool) prefetch_values(where + y_base + gy_plane, gy_plane);
+            if (n * C + c + 1 < N * C) {  // the next row's
+              prefetch_values(in + base + S, S);
+              prefetch_values(gy + y_base + gy_plane, gy_plane);
+              if (a.max_pool) prefetch_values(where + y_base + gy_plane, gy_plane);
+            }
             const T* gy_row = gy + y_base;
             if (a.max_pool) gy_row = pool.gradient(gy_row, where + y_base);
 #if TL_CPU_X86
