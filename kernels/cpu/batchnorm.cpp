@@ -68,10 +68,11 @@ __attribute__((target("avx512f"))) inline __m256 half_of(__m512 v) {
 // j and j + 8, then j and j + 4, in float, and the last four in double as
 // (0 + 1) + (2 + 3). Every ISA keeps this order, so every ISA gives the same bits:
 // the portable code holds the lanes as eight Vec4 per sum, AVX-512 as two 16-lane
-// vectors (test BatchNormCpu.EveryIsaGivesTheSameBits). Each lane adds at most
-// S / 32 + 1 values (25 for FashionNet's first layer), where a double sum over the
-// channel cost a conversion and a double add per value, and the independent
-// vectors keep several adds in flight where one would wait on the add's latency.
+// vectors (test BatchNormMaxPoolTest.EveryIsaGivesThePortableBits). Each lane adds
+// at most S / 32 + 1 values (25 for FashionNet's first layer), where a double sum
+// over the channel cost a conversion and a double add per value, and the
+// independent vectors keep several adds in flight where one would wait on the
+// add's latency.
 // f maps the lanes of each input row to `Sums` vectors of terms; in the last,
 // partial block the lanes past the row are left out after f (f of a zero need not
 // be zero). A function of S alone, not of the threads: the same bits on any thread.
