@@ -147,6 +147,57 @@ __attribute__((target("avx512f"))) std::array<double, Sums> float_lane_sums_avx5
 
 #endif  // TL_CPU_X86
 
+#if TL_CPU_X86
+
+// The AVX2 form of float_lane_sums (machines without AVX-512, where eight Vec4 per
+// sum would not fit the registers): lanes 8k .. 8k + 7 of each sum in vector k of
+// four; f maps 8-lane vectors. The last block's lanes past the row are cleared
+// after f and add +0, as in the portable code: the same bits. (No FMA in this
+// target, so the compiler cannot fuse f's products with the adds.)
+template <int Sums>
+struct Ymm {
+  __m256 v[Sums];
+};
+
+template <int Sums, typename F, typename... Rows>
+__attribute__((target("avx2"))) std::array<double, Sums> float_lane_sums_avx2(std::int64_t S,
+                                                                              const F& f,
+                                                                              const Rows*... rows) {
+  Ymm<Sums> lanes[4];
+  for (Ymm<Sums>& l : lanes) {
+    for (int i = 0; i < Sums; ++i) l.v[i] = _mm256_setzero_ps();
+  }
+  std::int64_t s = 0;
+  for (; s + 32 <= S; s += 32) {
+    for (int k = 0; k < 4; ++k) {
+      const Ymm<Sums> t = f(_mm256_loadu_ps(rows + s + 8 * k)...);
+      for (int i = 0; i < Sums; ++i) lanes[k].v[i] = _mm256_add_ps(lanes[k].v[i], t.v[i]);
+    }
+  }
+  for (int k = 0; s < S; s += 8, ++k) {
+    const auto count = static_cast<int>(std::min<std::int64_t>(8, S - s));
+    const __m256i keep =
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const Ymm<Sums> t = f(_mm256_maskload_ps(rows + s, keep)...);
+    for (int i = 0; i < Sums; ++i) {
+      lanes[k].v[i] =
+          _mm256_add_ps(lanes[k].v[i], _mm256_and_ps(_mm256_castsi256_ps(keep), t.v[i]));
+    }
+  }
+  std::array<double, Sums> out;
+  for (int i = 0; i < Sums; ++i) {
+    const __m256 p = _mm256_add_ps(_mm256_add_ps(lanes[0].v[i], lanes[2].v[i]),
+                                   _mm256_add_ps(lanes[1].v[i], lanes[3].v[i]));
+    const __m128 q = _mm_add_ps(_mm256_castps256_ps128(p), _mm256_extractf128_ps(p, 1));
+    alignas(16) float l[4];
+    _mm_store_ps(l, q);
+    out[i] = (double(l[0]) + double(l[1])) + (double(l[2]) + double(l[3]));
+  }
+  return out;
+}
+
+#endif  // TL_CPU_X86
+
 // ReLU's forward when Relu (the NaN rule of kernels/cpu/relu.cpp), else v.
 template <bool Relu, typename T>
 T clamp(T v) {
@@ -292,13 +343,30 @@ __attribute__((target("avx512f"))) RowMoments row_moments_avx512(const float* ro
       row);
   return {mean, sq};
 }
+
+// row_moments of a float32 row with AVX2: the same sums, so the same bits.
+__attribute__((target("avx2"))) RowMoments row_moments_avx2(const float* row, std::int64_t S) {
+  const auto [sum] = float_lane_sums_avx2<1>(
+      S, [](__m256 v) __attribute__((target("avx2"))) { return Ymm<1>{{v}}; }, row);
+  const double mean = sum / static_cast<double>(S);
+  const __m256 m = _mm256_set1_ps(static_cast<float>(mean));
+  const auto [sq] = float_lane_sums_avx2<1>(
+      S,
+      [&](__m256 v) __attribute__((target("avx2"))) {
+        const __m256 dev = _mm256_sub_ps(v, m);
+        return Ymm<1>{{_mm256_mul_ps(dev, dev)}};
+      },
+      row);
+  return {mean, sq};
+}
 #endif
 
 template <typename T>
-RowMoments row_moments(const T* row, std::int64_t S, bool avx512) {
+RowMoments row_moments(const T* row, std::int64_t S, bool avx512, bool avx2) {
   if constexpr (std::is_same_v<T, float>) {
 #if TL_CPU_X86
     if (avx512) return row_moments_avx512(row, S);
+    if (avx2) return row_moments_avx2(row, S);
 #endif
     const auto [sum] = float_lane_sums<1>(
         S, [](Vec4 v) { return std::array{v}; }, row);
@@ -313,7 +381,7 @@ RowMoments row_moments(const T* row, std::int64_t S, bool avx512) {
         row);
     return {mean, sq};
   } else {
-    (void)avx512;
+    (void)avx512, (void)avx2;
     const double mean = sum_over(S, [&](std::int64_t s) { return static_cast<double>(row[s]); }) /
                         static_cast<double>(S);
     return {mean, sum_over(S, [&](std::int64_t s) {
@@ -335,7 +403,7 @@ void batchnorm_stats(const BatchNormArgs& a) {
     const T* in = a.x.data<T>();     // [N,C,S]
     T* mean_out = a.mean.data<T>();  // [C]
     T* m2_out = a.m2.data<T>();      // [C]
-    const bool avx512 = avx512_selected();
+    const bool avx512 = avx512_selected(), avx2 = avx2_selected();
     parallel_rows(C, 2 * N * S, [&](std::int64_t first, std::int64_t last) {
       // Image by image over this thread's channels: their rows of one image are
       // contiguous, one stream the prefetcher follows (a channel's rows are C*S apart).
@@ -343,7 +411,7 @@ void batchnorm_stats(const BatchNormArgs& a) {
       for (std::int64_t n = 0; S > 0 && n < N; ++n) {
         const double rows = static_cast<double>(n);
         for (std::int64_t c = first; c < last; ++c) {
-          const RowMoments row = row_moments(in + (n * C + c) * S, S, avx512);
+          const RowMoments row = row_moments(in + (n * C + c) * S, S, avx512, avx2);
           auto& [mean, m2] = channels[c - first];
           const double delta = row.mean - mean;
           mean += delta / (rows + 1.0);
@@ -476,14 +544,36 @@ __attribute__((target("avx512f"))) std::pair<double, double> row_sums_avx512(
 }
 #endif
 
+#if TL_CPU_X86
+// row_sums of float32 rows with AVX2: the same sums, so the same bits.
+template <bool Relu>
+__attribute__((target("avx2"))) std::pair<double, double> row_sums_avx2(
+    const float* gy, const float* x, std::int64_t S, const Affine<float>& k, float m) {
+  const __m256 mean = _mm256_set1_ps(m), center = _mm256_set1_ps(k.center),
+               scale = _mm256_set1_ps(k.scale), shift = _mm256_set1_ps(k.shift);
+  const auto [sum_g, sum_g_dev] = float_lane_sums_avx2<2>(
+      S,
+      [&](__m256 g, __m256 xv) __attribute__((target("avx2"))) {
+        if constexpr (Relu) {  // relu_mask of batchnorm_affine, lane by lane
+          const __m256 y = _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(xv, center), scale), shift);
+          g = _mm256_and_ps(_mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_GT_OQ), g);
+        }
+        return Ymm<2>{{g, _mm256_mul_ps(g, _mm256_sub_ps(xv, mean))}};
+      },
+      gy, x);
+  return {sum_g, sum_g_dev};
+}
+#endif
+
 // One row's sum of g = masked grad_y and of g * (x - m), float32 rows as
 // float_lane_sums adds them, float64 rows in double.
 template <bool Relu, typename T>
 std::pair<double, double> row_sums(const T* gy, const T* x, std::int64_t S, const Affine<T>& k, T m,
-                                   bool avx512) {
+                                   bool avx512, bool avx2) {
   if constexpr (std::is_same_v<T, float>) {
 #if TL_CPU_X86
     if (avx512) return row_sums_avx512<Relu>(gy, x, S, k, m);
+    if (avx2) return row_sums_avx2<Relu>(gy, x, S, k, m);
 #endif
     const Vec4 mean = splat(m), center = splat(k.center), scale = splat(k.scale),
                shift = splat(k.shift);
@@ -499,7 +589,7 @@ std::pair<double, double> row_sums(const T* gy, const T* x, std::int64_t S, cons
         gy, x);
     return {sum_g, sum_g_dev};
   } else {
-    (void)avx512;
+    (void)avx512, (void)avx2;
     return sum_pair_over(S, [&](std::int64_t s) {
       const double g = static_cast<double>(masked<Relu>(gy[s], x[s], k));
       return std::pair{g, g * (static_cast<double>(x[s]) - static_cast<double>(m))};
@@ -520,7 +610,7 @@ void batchnorm_backward_reduce(const BatchNormArgs& a) {
     T* out_a = a.sum_grad_y.data<T>();                           // [C]
     T* out_b = a.sum_grad_y_xhat.data<T>();                      // [C]
     const std::int64_t gy_plane = a.max_pool ? a.Ho * a.Wo : S;
-    const bool avx512 = avx512_selected();
+    const bool avx512 = avx512_selected(), avx2 = avx2_selected();
     with_activation(a.activation, [&]<bool Relu>() {
       parallel_rows(C, 2 * N * S, [&](std::int64_t first, std::int64_t last) {
         PoolScratch<T> pool(a);
@@ -539,7 +629,7 @@ void batchnorm_backward_reduce(const BatchNormArgs& a) {
             const T* g = gy + (n * C + c) * gy_plane;
             if (a.max_pool) g = pool.gradient(g, where + (n * C + c) * gy_plane);
             const auto [row_gy, row_gy_xhat] =
-                row_sums<Relu>(g, in + base, S, ks[c - first], mu[c], avx512);
+                row_sums<Relu>(g, in + base, S, ks[c - first], mu[c], avx512, avx2);
             sums[c - first].first += row_gy;
             sums[c - first].second += row_gy_xhat;
           }
