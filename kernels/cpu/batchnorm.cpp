@@ -3,8 +3,8 @@
 // row of S values is summed in float, in 32 lanes (float_lane_sums), and the rows'
 // totals in double, as the CUDA kernels sum blocks in float and the blocks'
 // partials in double; a float64 row is summed in double. The float32 passes have an
-// AVX-512 form, chosen at run time (kernels/cpu/x86.h), that gives the portable
-// code's bits.
+// AVX-512 form (and the row sums an AVX2 form), chosen at run time
+// (kernels/cpu/x86.h), that gives the portable code's bits.
 //
 // Threads (kernels/cpu/parallel.h): the reductions split over channels, and each
 // channel sums its rows in order n = 0, 1, ... on whichever thread runs it, so the
@@ -67,8 +67,9 @@ __attribute__((target("avx512f"))) inline __m256 half_of(__m512 v) {
 // (in order of s), then the lanes fold in one fixed tree: lane j and j + 16, then
 // j and j + 8, then j and j + 4, in float, and the last four in double as
 // (0 + 1) + (2 + 3). Every ISA keeps this order, so every ISA gives the same bits:
-// the portable code holds the lanes as eight Vec4 per sum, AVX-512 as two 16-lane
-// vectors (test BatchNormMaxPoolTest.EveryIsaGivesThePortableBits). Each lane adds
+// the portable code holds the lanes as eight Vec4 per sum, AVX2 as four 8-lane
+// vectors, AVX-512 as two 16-lane vectors (test
+// BatchNormMaxPoolTest.EveryIsaGivesThePortableBits). Each lane adds
 // at most S / 32 + 1 values (25 for FashionNet's first layer), where a double sum
 // over the channel cost a conversion and a double add per value, and the
 // independent vectors keep several adds in flight where one would wait on the
