@@ -258,18 +258,36 @@ __attribute__((target("avx512f"))) void activate_avx512(float* out, const float*
 }
 #endif
 
-// The activation of one plane (or row) of S values: what the forward stores.
+// The activation of one plane (or row) of S values, value by value.
 template <bool Relu, typename T>
-void activate(T* out, const T* x, std::int64_t S, const Affine<T>& k, bool avx512) {
-#if TL_CPU_X86
-  if constexpr (std::is_same_v<T, float>) {
-    if (avx512) return activate_avx512<Relu>(out, x, S, k);
-  }
-#endif
-  (void)avx512;
+__attribute__((always_inline)) inline void activate_loop(T* out, const T* x, std::int64_t S,
+                                                         const Affine<T>& k) {
   for (std::int64_t s = 0; s < S; ++s) {
     out[s] = clamp<Relu>(batchnorm_affine(x[s], k.center, k.scale, k.shift));
   }
+}
+
+#if TL_CPU_X86
+// activate_loop compiled for AVX2, which the compiler vectorizes eight values a
+// vector: the same operations (the target has no FMA to fuse them), so the same bits.
+template <bool Relu>
+__attribute__((target("avx2"))) void activate_avx2(float* out, const float* x, std::int64_t S,
+                                                   const Affine<float>& k) {
+  activate_loop<Relu>(out, x, S, k);
+}
+#endif
+
+// The activation of one plane (or row) of S values: what the forward stores.
+template <bool Relu, typename T>
+void activate(T* out, const T* x, std::int64_t S, const Affine<T>& k, bool avx512, bool avx2) {
+#if TL_CPU_X86
+  if constexpr (std::is_same_v<T, float>) {
+    if (avx512) return activate_avx512<Relu>(out, x, S, k);
+    if (avx2) return activate_avx2<Relu>(out, x, S, k);
+  }
+#endif
+  (void)avx512, (void)avx2;
+  activate_loop<Relu>(out, x, S, k);
 }
 
 // A thread's scratch for the fused max pool: one plane [H*W] of the activation
@@ -286,8 +304,8 @@ class PoolScratch {
   // argmax, -1 where the ReLU zeroes the window (its maximum is not > 0, so
   // relu_mask stops its gradient).
   template <bool Relu>
-  void forward(T* y, T* where, const T* x, const Affine<T>& k, bool avx512) {
-    activate<Relu>(plane_.data(), x, z_.H * z_.W, k, avx512);
+  void forward(T* y, T* where, const T* x, const Affine<T>& k, bool avx512, bool avx2) {
+    activate<Relu>(plane_.data(), x, z_.H * z_.W, k, avx512, avx2);
     max_pool_plane(plane_.data(), y, where, z_, pool_);
     if constexpr (Relu) {
       for (std::int64_t o = 0; o < z_.Ho * z_.Wo; ++o) where[o] = y[o] > T(0) ? where[o] : T(-1);
@@ -457,7 +475,7 @@ void normalize(const BatchNormArgs& a, const std::vector<T>& center, const std::
   T* where = a.max_pool ? a.argmax.data<T>() : nullptr;  // [N,C,Ho*Wo]
   const T* x = a.x.data<T>();                            // [N,C,S]
   const T* shift = a.beta.data<T>();                     // [C]
-  const bool avx512 = std::is_same_v<T, float> && avx512_selected();
+  const bool avx512 = avx512_selected(), avx2 = avx2_selected();
   with_activation(a.activation, [&]<bool Relu>() {
     parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
       PoolScratch<T> pool(a);
@@ -467,9 +485,9 @@ void normalize(const BatchNormArgs& a, const std::vector<T>& center, const std::
           const T* in = x + (n * C + c) * S;
           T* out = y + (n * C + c) * y_plane;
           if (a.max_pool) {
-            pool.template forward<Relu>(out, where + (n * C + c) * y_plane, in, k, avx512);
+            pool.template forward<Relu>(out, where + (n * C + c) * y_plane, in, k, avx512, avx2);
           } else {
-            activate<Relu>(out, in, S, k, avx512);
+            activate<Relu>(out, in, S, k, avx512, avx2);
           }
         }
       }
@@ -656,8 +674,8 @@ struct ApplyCoefficients {
 
 // One row of grad_x [S] from its grad_y [S] and x [S] (assigned or added).
 template <bool Relu, typename T>
-void apply_row(T* gx, const T* gy, const T* x, std::int64_t S, const ApplyCoefficients<T>& a,
-               bool assign) {
+__attribute__((always_inline)) inline void apply_row(T* gx, const T* gy, const T* x, std::int64_t S,
+                                                     const ApplyCoefficients<T>& a, bool assign) {
   for (std::int64_t s = 0; s < S; ++s) {
     const T xhat = (x[s] - a.mean) * a.inv_std;
     const T gys = masked<Relu>(gy[s], x[s], a.relu);
@@ -667,6 +685,16 @@ void apply_row(T* gx, const T* gy, const T* x, std::int64_t S, const ApplyCoeffi
 }
 
 #if TL_CPU_X86
+
+// apply_row compiled for AVX2, which the compiler vectorizes eight values a
+// vector: the same operations (the target has no FMA to fuse them), so the same bits.
+template <bool Relu>
+__attribute__((target("avx2"))) void apply_row_avx2(float* gx, const float* gy, const float* x,
+                                                    std::int64_t S,
+                                                    const ApplyCoefficients<float>& a,
+                                                    bool assign) {
+  apply_row<Relu>(gx, gy, x, S, a, assign);
+}
 
 // apply_row's values with AVX-512, sixteen a vector: the same operations in the
 // same order, lane by lane, so the same bits.
@@ -733,7 +761,7 @@ void batchnorm_backward_apply(const BatchNormArgs& a) {
     const T inv_count = static_cast<T>(1.0 / static_cast<double>(a.count));
     const bool assign = a.grad_x_write == GradWrite::Assign;
     const std::int64_t gy_plane = a.max_pool ? a.Ho * a.Wo : S;
-    const bool avx512 = std::is_same_v<T, float> && avx512_selected();
+    const bool avx512 = avx512_selected(), avx2 = avx2_selected();
     with_activation(a.activation, [&]<bool Relu>() {
       parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
         PoolScratch<T> pool(a);
@@ -753,6 +781,10 @@ void batchnorm_backward_apply(const BatchNormArgs& a) {
             if constexpr (std::is_same_v<T, float>) {
               if (avx512) {
                 apply_row_avx512<Relu>(gx + base, gy_row, in + base, S, k, assign);
+                continue;
+              }
+              if (avx2) {
+                apply_row_avx2<Relu>(gx + base, gy_row, in + base, S, k, assign);
                 continue;
               }
             }
