@@ -2,9 +2,9 @@
 // x is viewed as [N,C,S] (S = H*W). The per-channel sums go row by row: a float32
 // row of S values is summed in float, in 32 lanes (float_lane_sums), and the rows'
 // totals in double, as the CUDA kernels sum blocks in float and the blocks'
-// partials in double; a float64 row is summed in double. The float32 passes have an
-// AVX-512 form (and the row sums an AVX2 form), chosen at run time
-// (kernels/cpu/x86.h), that gives the portable code's bits.
+// partials in double; a float64 row is summed in double. The float32 passes have
+// AVX-512 and AVX2 forms, chosen at run time (kernels/cpu/x86.h), that give the
+// portable code's bits.
 //
 // Threads (kernels/cpu/parallel.h): the reductions split over channels, and each
 // channel sums its rows in order n = 0, 1, ... on whichever thread runs it, so the
