@@ -42,15 +42,4 @@ std::pair<double, double> sum_pair_over(std::int64_t S, F&& term) {
   return {(a[0] + a[1]) + (a[2] + a[3]), (b[0] + b[1]) + (b[2] + b[3])};
 }
 
-// Asks the cache for the `count` values at p, one request per 64-byte line, ahead
-// of their use: the per-channel passes read their rows plane after plane, and the
-// hardware prefetcher stops at each 4 KiB page (a FashionNet plane is 3 KiB).
-template <typename T>
-void prefetch_values(const T* p, std::int64_t count) {
-  const char* bytes = reinterpret_cast<const char*>(p);
-  for (std::int64_t at = 0; at < count * std::int64_t(sizeof(T)); at += 64) {
-    __builtin_prefetch(bytes + at);
-  }
-}
-
 }  // namespace towerlab::cpu
