@@ -7,10 +7,10 @@ The pictures the pages show are listed in PICTURES below, each with the results 
 is drawn from; scripts/check_docs.py reads the same list and checks that each picture's
 caption and the numbers beside it agree with those files. Today:
   cpu_peers.png             towerlab against PyTorch, TensorFlow and JAX on the CPU, from
-                            bench/compare_peers.py's JSON (cpu_peers_avx512_bb2d037.json), the
+                            bench/compare_peers.py's JSON (cpu_peers_avx512_400fa09.json), the
                             machine, CPU flags, load and commit of each run written below it
   trace.png                 three steps of the sample on two CPU towers, from
-                            scripts/record_trace.py's JSON (trace_bb2d037.json)
+                            scripts/record_trace.py's JSON (trace_400fa09.json)
 
 --bench-plots also draws, from Google Benchmark JSON in --results (each file optional):
   trainer_bench.json        -> towers_speed.png: FashionNet images/s against towers
@@ -268,8 +268,8 @@ def plot_trace(docs, out, name="trace.png"):
 
 # The pictures the pages show: (picture, its results files, how it is drawn).
 PICTURES = [
-    ("cpu_peers.png", ["cpu_peers_avx512_bb2d037.json"]),
-    ("trace.png", ["trace_bb2d037.json"]),
+    ("cpu_peers.png", ["cpu_peers_avx512_400fa09.json"]),
+    ("trace.png", ["trace_400fa09.json"]),
 ]
 DRAW = {"cpu_peers.png": plot_peers, "trace.png": plot_trace}
 
