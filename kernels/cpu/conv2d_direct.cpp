@@ -86,8 +86,9 @@ __attribute__((target("avx2"), always_inline)) inline float lane_total8(__m256 t
 // Makes the compiler hold v in a register: GCC would otherwise fold its load into
 // each of the filters' fused multiply-adds as a memory operand, loading it once per
 // filter where the kernels below load it once for all of them.
-template <typename V>
-__attribute__((always_inline)) inline void in_register(V& v) {
+// (AVX-512 in its target: Clang checks the register constraint against the
+// function's own target, which a template without one lacks.)
+__attribute__((target("avx512f"), always_inline)) inline void in_register(__m512& v) {
   asm("" : "+v"(v));
 }
 
