@@ -120,10 +120,10 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
   if (!grad_x.defined() && !grad_weight.defined() && !grad_bias.defined()) return;
   // The CUDA kernels accumulate: an assigned grad_x is zeroed first on its stream.
   if (assign && stream.device().is_cuda()) fill(grad_x, 0.0, stream);
-  TL_DISPATCH(stream,
-              cpu::conv2d_backward(grad_x, grad_weight, grad_bias, grad_y, x, weight, s,
-                                   grad_x_write),
-              cuda::conv2d_backward(grad_x, grad_weight, grad_bias, grad_y, x, weight, s, stream));
+  TL_DISPATCH(
+      stream,
+      cpu::conv2d_backward(grad_x, grad_weight, grad_bias, grad_y, x, weight, s, grad_x_write),
+      cuda::conv2d_backward(grad_x, grad_weight, grad_bias, grad_y, x, weight, s, stream));
 }
 
 }  // namespace towerlab

@@ -448,10 +448,7 @@ TEST_F(ThreadPoolBatchNormMaxPoolTest, SameBitsForOneAndTwoThreads) {
 // block of 32 lanes exactly (32), and whole blocks with tails of 4, 15, 16, 17 and
 // 31 values (36, 143, 784, 49, 63), and FashionNet's 196.
 TEST(BatchNormMaxPoolTest, EveryIsaGivesThePortableBits) {
-  struct RestoreIsa {
-    GemmIsa saved = gemm_isa();
-    ~RestoreIsa() { set_gemm_isa(saved); }
-  } restore;
+  const RestoreGemmIsa restore;
   std::vector<Case> all = cases();
   for (const Shape& x :
        {Shape{2, 3, 2, 8}, Shape{2, 3, 5, 5}, Shape{3, 2, 4, 8}, Shape{2, 2, 7, 7}}) {

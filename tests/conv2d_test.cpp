@@ -224,8 +224,7 @@ TEST_P(Conv2dTest, AssignedGradXIsAccumulatingOntoZeros) {
     Tensor accumulated = make(std::vector<float>(n, 0.0f), k.x_shape());
     conv2d_backward(accumulated, Tensor(), Tensor(), gy, x, w, k.params, stream());
     Tensor assigned = make(std::vector<float>(n, std::nanf("")), k.x_shape());
-    conv2d_backward(assigned, Tensor(), Tensor(), gy, x, w, k.params, stream(),
-                    GradWrite::Assign);
+    conv2d_backward(assigned, Tensor(), Tensor(), gy, x, w, k.params, stream(), GradWrite::Assign);
     const std::vector<float> want = host(accumulated), got = host(assigned);
     EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0);
     EXPECT_NE(std::count(want.begin(), want.end(), 0.0f), std::ptrdiff_t(n)) << "trivial";
@@ -499,10 +498,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST(Conv2dDirect, Avx512GivesTheAvx2Bits) {
   if (!gemm_isa_supported(GemmIsa::Avx512)) GTEST_SKIP() << "this CPU has no AVX-512";
-  struct RestoreIsa {
-    GemmIsa saved = gemm_isa();
-    ~RestoreIsa() { set_gemm_isa(saved); }
-  } restore;
+  const RestoreGemmIsa restore;
   for (const ConvCase& k : direct_cases()) {
     SCOPED_TRACE(k.name);
     const auto xv = random_values(std::size_t(numel_of(k.x_shape())), 1201);
@@ -557,10 +553,7 @@ TEST(Conv2dDirect, SameBitsForAnyThreadCount) {
 // accumulation is part of the order).
 TEST(Conv2dCol2im, VectorPathGivesTheTapByTapBits) {
   if (!gemm_isa_supported(GemmIsa::Avx2)) GTEST_SKIP() << "this CPU has no AVX2";
-  struct RestoreIsa {
-    GemmIsa saved = gemm_isa();
-    ~RestoreIsa() { set_gemm_isa(saved); }
-  } restore;
+  const RestoreGemmIsa restore;
   for (const ConvCase& k :
        {ConvCase{"14x14", 3, 5, 14, 14, 1, 3, 3, make_params(1, 1, 1, 1)},
         ConvCase{"5x7", 2, 3, 5, 7, 1, 3, 3, make_params(1, 1, 1, 1)},
@@ -602,10 +595,7 @@ TEST(Conv2dCol2im, VectorPathGivesTheTapByTapBits) {
 // dimension and several (784 pixels), a 1x1 output, added onto a random gradient.
 TEST(Conv2dImplicitWeightGrad, GivesTheGemmBits) {
   if (!gemm_isa_supported(GemmIsa::Avx512)) GTEST_SKIP() << "this CPU has no AVX-512";
-  struct RestoreIsa {
-    GemmIsa saved = gemm_isa();
-    ~RestoreIsa() { set_gemm_isa(saved); }
-  } restore;
+  const RestoreGemmIsa restore;
   for (const ConvCase& k :
        {ConvCase{"14x14_K64", 3, 5, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)},
         ConvCase{"28x28_K32", 2, 2, 28, 28, 32, 3, 3, make_params(1, 1, 1, 1)},
@@ -843,10 +833,7 @@ TEST(Conv2dWinograd, ToleranceCatchesOneWrongTile) {
 // row and column cut in half) and rows of more than sixteen pixels.
 TEST(Conv2dWinograd, Avx512GivesTheAvx2Bits) {
   if (!gemm_isa_supported(GemmIsa::Avx512)) GTEST_SKIP() << "this CPU has no AVX-512";
-  struct RestoreIsa {
-    GemmIsa saved = gemm_isa();
-    ~RestoreIsa() { set_gemm_isa(saved); }
-  } restore;
+  const RestoreGemmIsa restore;
   for (const WinogradCase& c :
        {WinogradCase({"fashion2_b3", 3, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)}, 997),
         WinogradCase({"odd_wide", 2, 16, 9, 37, 17, 3, 3, make_params(1, 1, 0, 1)}, 998),

@@ -342,10 +342,7 @@ TEST(MatmulCpu, ThreadCountDoesNotChangeTheBits) {
 // cut to 1-35 rows and 1-63 columns (edge tiles of every size), on every ISA, with
 // beta 0 and beta 1 (the edge's write-back); and AVX2's products are AVX-512's.
 TEST(MatmulCpu, EdgeTilesHaveTheFullTilesBits) {
-  struct RestoreIsa {
-    GemmIsa saved = gemm_isa();
-    ~RestoreIsa() { set_gemm_isa(saved); }
-  } restore;
+  const RestoreGemmIsa restore;
   const std::int64_t M = 36, N = 64, K = 75;
   const auto a = random_values(std::size_t(M * K), 801), b = random_values(std::size_t(K * N), 802);
   const auto c0 = random_values(std::size_t(M * N), 803);

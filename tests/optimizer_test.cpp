@@ -316,10 +316,7 @@ TEST(OptimizerFloat64, AdamOnAFloat64StoreKeepsItsSlotsInFloat64) {
 // every ISA this CPU has, for Adam and AdamW, over several steps, with a length
 // that leaves a tail and splits over threads.
 TEST(OptimizerAdam, EveryIsaGivesTheSameBits) {
-  struct RestoreIsa {
-    GemmIsa saved = gemm_isa();
-    ~RestoreIsa() { set_gemm_isa(saved); }
-  } restore;
+  const RestoreGemmIsa restore;
   const Stream& cpu = default_stream(Device::cpu());
   const std::int64_t n = 40013;
   const Shape shape{n};

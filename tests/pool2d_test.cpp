@@ -259,10 +259,7 @@ TEST(Pool2dGradient, MatchesCentralDifferences) {
 // a single masked group, whole groups and a masked tail; the NaNs sit in every
 // window position and in lanes 0, 7, 15 and 16 of a group.
 TEST(Pool2dTwoByTwoCpu, EveryIsaMakesWindowArgmaxsChoices) {
-  struct RestoreIsa {
-    GemmIsa saved = gemm_isa();
-    ~RestoreIsa() { set_gemm_isa(saved); }
-  } restore;
+  const RestoreGemmIsa restore;
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const Pool2dParams p = Pool2dParams::square(2, 2);
   int isas = 0;

@@ -17,6 +17,13 @@ inline const Stream& cpu() {
   return default_stream(Device::cpu());
 }
 
+// Puts back the CPU kernels' ISA selection (set_gemm_isa) when it goes out of scope,
+// for the tests that compare the bits of several ISAs.
+struct RestoreGemmIsa {
+  GemmIsa saved = gemm_isa();
+  ~RestoreGemmIsa() { set_gemm_isa(saved); }
+};
+
 // A batch for the small CNNs of the trainer tests: n normal [1,8,8] images from
 // `seed` and labels (i * label_stride + seed) % 3, on the CPU.
 inline std::vector<Tensor> small_image_batch(std::int64_t n, unsigned seed, int label_stride) {

@@ -181,7 +181,7 @@ __attribute__((target("avx2"))) void col2im_plane_avx2(float* plane, std::int64_
     const float* src = tap.row - tap.shift;  // src[i] is the run's value at pixel i
     const std::int64_t first_whole = (tap.lo + 7) / 8, end_whole = tap.hi / 8;
     const std::int64_t first = tap.lo / 8, last = end_whole;  // the partial blocks
-    if (first_whole > end_whole) {  // the run lies inside one block
+    if (first_whole > end_whole) {                            // the run lies inside one block
       acc[first] = add_partial(acc[first], src, tap, 8 * first);
       continue;
     }
@@ -268,8 +268,8 @@ void col2im_add(T* x, T* col, const Conv2dShape& s, bool assign) {
 #if TL_CPU_X86
 // out[k*rows + i .. +7] += in[(i .. i+7)*cols + k] for one 8 x 8 block (AVX2).
 __attribute__((target("avx2,fma"))) void add_transposed_block(float* out, const float* in,
-                                                             std::int64_t rows,
-                                                             std::int64_t cols) {
+                                                              std::int64_t rows,
+                                                              std::int64_t cols) {
   __m256 r[8];
   for (int a = 0; a < 8; ++a) r[a] = _mm256_loadu_ps(in + a * cols);
   transpose8x8(r);
@@ -420,21 +420,19 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     // order of that sum. Each image's input gradient is its own product,
     // whatever the groups, so the same groups serve it. With fewer groups than
     // threads, the groups run one after another and each GEMM spreads over the
-    // threads instead. The partial's rows are the longer of K and C*R*S: with few
+    // threads instead. Every path writes the partial transposed, [C*R*S, K]: with few
     // taps (C*R*S = 9 in a first layer) the GEMM runs far better with them as rows
-    // than as a 9-wide column panel, and with many (conv2's 288 against K = 64) the
-    // partial is grad_weight's own layout [K, C*R*S], added to it contiguously. Either
-    // way each element sums the same products in the same order (an FMA's two
-    // factors commute): the same bits. The direct path writes [C*R*S, K].
+    // than as a 9-wide column panel, and add_transposed adds it to grad_weight
+    // through register transposes.
     const std::int64_t chunks = std::min(s.N, kWeightGroups);
     const bool direct = grad_weight.defined() && direct_single_channel(s, grad_y.dtype());
     const bool weight_by_gemm = grad_weight.defined() && !direct;
     const bool data_by_gemm = grad_x.defined() && !winograd;
     // conv2's weight gradient on AVX-512: the implicit GEMM (kernels/cpu/conv2d_implicit.h),
     // the GEMM's bits without im2col.
-    const bool implicit = weight_by_gemm && std::is_same_v<T, float> && implicit_weight_grad_applies(s);
-    const bool partial_k_rows = weight_by_gemm && !implicit && crs > s.K;  // [K, CRS], else [CRS, K]
-    HostScratch<T> partials(grad_weight.defined() ? chunks * crs * s.K : 0);  // [chunks, ...]
+    const bool implicit =
+        weight_by_gemm && std::is_same_v<T, float> && implicit_weight_grad_applies(s);
+    HostScratch<T> partials(grad_weight.defined() ? chunks * crs * s.K : 0);  // [chunks, CRS, K]
     if constexpr (std::is_same_v<T, float>) {
       if (direct) {
         for_image_chunks(s.N, chunks, chunks >= thread_share(),
@@ -460,8 +458,8 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
           if (data_by_gemm) {
             T* gx_n = grad_x.data<T>() + n * chw;
             if (!lower) {  // grad_x[n] is the patch matrix's gradient itself: accumulate in place
-              gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy_n, pq, assign ? T(0) : T(1),
-                      gx_n, pq);
+              gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy_n, pq, assign ? T(0) : T(1), gx_n,
+                      pq);
             } else {
               gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy_n, pq, T(0), col.get(), pq);
               col2im_add(gx_n, col.get(), s, assign);
@@ -479,13 +477,8 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
               im2col(col.get(), patches, s);
               patches = col.get();
             }
-            if (partial_k_rows) {
-              gemm<T>(false, true, s.K, crs, pq, T(1), gy_n, pq, patches, pq,
-                      n == first ? T(0) : T(1), sum, crs);
-            } else {
-              gemm<T>(false, true, crs, s.K, pq, T(1), patches, pq, gy_n, pq,
-                      n == first ? T(0) : T(1), sum, s.K);
-            }
+            gemm<T>(false, true, crs, s.K, pq, T(1), patches, pq, gy_n, pq,
+                    n == first ? T(0) : T(1), sum, s.K);
           }
         }
       };
@@ -494,12 +487,7 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     if (grad_weight.defined()) {
       T* gw = grad_weight.data<T>();  // [K, C*R*S]
       for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
-        const T* sum = partials.get() + chunk * crs * s.K;  // [K, C*R*S] or [C*R*S, K]
-        if (partial_k_rows) {
-          for (std::int64_t j = 0; j < s.K * crs; ++j) gw[j] += sum[j];
-          continue;
-        }
-        add_transposed(gw, sum, crs, s.K);
+        add_transposed(gw, partials.get() + chunk * crs * s.K, crs, s.K);  // [C*R*S, K]
       }
     }
   });

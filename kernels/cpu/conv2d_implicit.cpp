@@ -10,7 +10,7 @@ namespace towerlab::cpu {
 
 namespace {
 
-constexpr std::int64_t kTaps = 9;     // 3 x 3
+constexpr std::int64_t kTaps = 9;      // 3 x 3
 constexpr std::int64_t kFilters = 32;  // a tile's filters: two vectors of sixteen
 
 struct Padded {
@@ -51,8 +51,7 @@ __attribute__((target("avx512f"))) void pad_planes(float* planes, const float* x
 __attribute__((target("avx512f"))) void taps_by_filters(const float* plane, std::int64_t cols,
                                                         std::int64_t Q, const float* panel,
                                                         std::int64_t p0, std::int64_t p1,
-                                                        float* sum, std::int64_t ld,
-                                                        bool assign) {
+                                                        float* sum, std::int64_t ld, bool assign) {
   __m512 acc[kTaps][2];
   for (auto& row : acc) row[0] = row[1] = _mm512_setzero_ps();
   std::int64_t h = p0 / Q, w = p0 % Q;
@@ -78,8 +77,9 @@ __attribute__((target("avx512f"))) void taps_by_filters(const float* plane, std:
   for (std::int64_t t = 0; t < kTaps; ++t) {
     for (int v = 0; v < 2; ++v) {
       float* out = sum + t * ld + 16 * v;
-      const __m512 c = assign ? _mm512_mul_ps(one, acc[t][v])
-                              : _mm512_fmadd_ps(one, acc[t][v], _mm512_mul_ps(one, _mm512_loadu_ps(out)));
+      const __m512 c =
+          assign ? _mm512_mul_ps(one, acc[t][v])
+                 : _mm512_fmadd_ps(one, acc[t][v], _mm512_mul_ps(one, _mm512_loadu_ps(out)));
       _mm512_storeu_ps(out, c);
     }
   }
@@ -93,8 +93,7 @@ bool implicit_weight_grad_applies(const Conv2dShape& s) {
   const Conv2dParams& p = s.params;
   return TL_CPU_X86 && avx512_selected() && s.R == 3 && s.S == 3 && p.stride_h == 1 &&
          p.stride_w == 1 && p.dilation_h == 1 && p.dilation_w == 1 && p.pad_h >= 0 &&
-         p.pad_h <= 1 && p.pad_w >= 0 && p.pad_w <= 1 && s.K % kFilters == 0 && s.P > 0 &&
-         s.Q > 0;
+         p.pad_h <= 1 && p.pad_w >= 0 && p.pad_w <= 1 && s.K % kFilters == 0 && s.P > 0 && s.Q > 0;
 }
 
 std::int64_t implicit_weight_grad_scratch(const Conv2dShape& s) {
@@ -107,7 +106,7 @@ void implicit_weight_grad(const float* x, const float* grad_y, float* partial, b
 #if TL_CPU_X86
   const Padded z = padded(s);
   const std::int64_t pixels = s.P * s.Q;
-  float* planes = scratch;                         // [C, rows, cols]
+  float* planes = scratch;                                      // [C, rows, cols]
   float* panels = scratch + s.C * z.rows * z.cols + kPadSlack;  // [K/32, P*Q, 32]
   pad_planes(planes, x, s);
   for (std::int64_t kb = 0; kb < s.K / kFilters; ++kb) {
