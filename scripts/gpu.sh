@@ -31,8 +31,9 @@
 #                 cases (their small shapes), racecheck and synccheck on the kernels
 #                 with shared memory
 #   measure OUT   (~4-9 min) the check; the CUDA cases of every bench with their
-#                 cuBLAS/cuDNN/copy references (JSON, until 4 min before the
-#                 deadline); FashionNet, 5 epochs on cuda:0, master on cuda:0 then cpu
+#                 cuBLAS/cuDNN/copy references (JSON, until 6 min before the
+#                 deadline); FashionNet's step against PyTorch eager and with CUDA
+#                 graphs; FashionNet, 5 epochs on cuda:0, master on cuda:0 then cpu
 #
 # The same steps one by one (each within one call; two calls above cost less):
 #   check               libraries resolve (ldd -r), a GPU is visible, versions (cuDNN, NCCL)
@@ -41,6 +42,8 @@
 #                       or the one named)
 #   bench OUT           the check and the benches
 #   train OUT           the check and FashionNet
+#   peers OUT           the check and FashionNet's step against PyTorch eager and with
+#                       CUDA graphs (bench/gpu_peers.py)
 #   lease OUT           for a lease of 15 minutes (one call): the check, the GPU test
 #                       shards, memcheck (90 s), the benches, FashionNet on cuda:0
 #                       with the master on cuda:0
@@ -723,6 +726,14 @@ PY
   done
 }
 
+# FashionNet's training step: towerlab (trainer_bench) against PyTorch eager and
+# PyTorch with CUDA graphs, alternated in one process tree (bench/gpu_peers.py).
+peers() {
+  step gpu_peers "$1" "$python" "$repo/bench/gpu_peers.py" --trainer-bench "$bin/trainer_bench" \
+    --json "$work/gpu_peers.json" || status=1
+  sed -n '/^FashionNet/,$p' "$work/gpu_peers.log" | sed 's/^/  /' | tee -a "$summary" || true
+}
+
 # FashionNet, 5 epochs on cuda:0 with the master on cuda:0, then on the CPU.
 training() {
   note "dataset: $(cat "$carry/data/contents.txt")"
@@ -751,7 +762,8 @@ case $command in
     ;;
   measure)
     begin "${1:-}" 540
-    benches 250 # kept for FashionNet: two runs of at most 105 s, and packing
+    benches 350 # kept for the peers (100 s) and FashionNet (two runs of at most 105 s)
+    peers 100
     training
     pack
     ;;
@@ -786,8 +798,13 @@ case $command in
     training
     pack
     ;;
+  peers)
+    begin "${1:-}" 540
+    peers 480
+    pack
+    ;;
   *)
-    echo "usage: scripts/gpu.sh prepare | check | verify OUT | measure OUT | lease OUT | tests OUT | sanitize OUT [memcheck|racecheck|synccheck] | bench OUT | train OUT" >&2
+    echo "usage: scripts/gpu.sh prepare | check | verify OUT | measure OUT | lease OUT | tests OUT | sanitize OUT [memcheck|racecheck|synccheck] | bench OUT | train OUT | peers OUT" >&2
     exit 2
     ;;
 esac

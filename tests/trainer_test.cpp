@@ -1,7 +1,10 @@
 // The multi-device trainer on virtual CPU devices: N towers take the same steps as
 // one tower on the whole batch (even, uneven and smaller-than-tower-count batches,
 // SGD and Adam), outputs come back in input order, a checkpoint trained on four
-// towers predicts the same on one, and misuse is a clear error.
+// towers predicts the same on one, and misuse is a clear error. On every backend
+// (cuda:0 where a GPU is): virtual towers take one tower's steps with the master
+// on the CPU or the GPU, and their checkpoint predicts the same on the CPU.
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -140,17 +143,56 @@ TEST_P(TrainerBackendTest, VirtualTowersMatchOneTowerWithMasterAnywhere) {
   Trainer reference(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), one);
   for (int s = 0; s < 3; ++s) reference.step(make_batch(7, 50 + s));
   const auto expected = reference.master().flat_values().to_host<float>(default_stream(device()));
-  for (Device master : {Device::cpu(), device()}) {
-    TrainerOptions options;
-    options.devices.assign(3, device());
-    options.master = master;
-    options.seed = 11;
-    options.batchnorm = BatchNormMode::Sync;
-    Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), options);
-    for (int s = 0; s < 3; ++s) trainer.step(make_batch(7, 50 + s));
-    EXPECT_TRUE(all_close(trainer.master().flat_values().to_host<float>(default_stream(master)),
-                          expected, 1e-5, 1e-4))
-        << "3 towers on " << device().str() << ", master on " << master.str();
+  for (int towers : {2, 3, 4}) {
+    for (Device master : {Device::cpu(), device()}) {
+      TrainerOptions options;
+      options.devices.assign(std::size_t(towers), device());
+      options.master = master;
+      options.seed = 11;
+      options.batchnorm = BatchNormMode::Sync;
+      Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), options);
+      for (int s = 0; s < 3; ++s) trainer.step(make_batch(7, 50 + s));
+      EXPECT_TRUE(all_close(trainer.master().flat_values().to_host<float>(default_stream(master)),
+                            expected, 1e-5, 1e-4))
+          << towers << " towers on " << device().str() << ", master on " << master.str();
+    }
+  }
+}
+
+// A checkpoint trained on two virtual towers of the backend's device (cuda:0,cuda:0
+// where a GPU is) loads into one tower on the CPU, which predicts what they predict.
+TEST_P(TrainerBackendTest, CheckpointFromVirtualTowersPredictsTheSameOnTheCpu) {
+  BnModel model;
+  TrainerOptions two;
+  two.devices.assign(2, device());
+  two.master = device();
+  two.seed = 11;
+  two.batchnorm = BatchNormMode::Sync;
+  Trainer trained(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), two);
+  for (int s = 0; s < 3; ++s) trained.step(make_batch(8, 60 + s));
+  const auto path = (std::filesystem::temp_directory_path() /
+                     ("towerlab-virtual-" + std::to_string(::getpid()) + ".safetensors"))
+                        .string();
+  save_checkpoint(path, trained.master(), &trained.optimizer());
+  Trainer host(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), on_cpu_towers(1));
+  load_checkpoint(path, host.master(), &host.optimizer(), cpu());
+  host.broadcast();
+  std::filesystem::remove(path);
+  EXPECT_EQ(host.master().flat_values().to_host<float>(),
+            trained.master().flat_values().to_host<float>(default_stream(device())))
+      << "the checkpoint holds the trained bits";
+  const auto test = make_batch(9, 88);
+  const auto on_cpu = host.evaluate(test).outputs[0].to_host<float>();
+  const auto on_towers = trained.evaluate(test).outputs[0].to_host<float>();
+  EXPECT_TRUE(all_close(on_cpu, on_towers, 1e-5, 1e-4)) << "logits on the CPU against "
+                                                        << device().str();
+  const std::size_t classes = on_cpu.size() / 9;
+  for (std::size_t row = 0; row < 9; ++row) {
+    const auto argmax = [&](const std::vector<float>& logits) {
+      const auto first = logits.begin() + std::ptrdiff_t(row * classes);
+      return std::max_element(first, first + std::ptrdiff_t(classes)) - first;
+    };
+    EXPECT_EQ(argmax(on_cpu), argmax(on_towers)) << "the predicted class of row " << row;
   }
 }
 
