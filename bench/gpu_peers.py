@@ -110,7 +110,7 @@ def torch_graph(batch, steps, warmup):
 def towerlab(binary, batches, towers):
     cases = "|".join(f"cuda_local/{t}/{b}/" for t in towers for b in batches)
     out = subprocess.run([binary, f"--benchmark_filter=BM_FashionNetStep/({cases})",
-                          "--benchmark_min_time=0.5s", "--benchmark_format=json"],
+                          "--benchmark_min_time=0.5", "--benchmark_format=json"],
                          check=True, capture_output=True, text=True).stdout
     results = {}
     for run in json.loads(out)["benchmarks"]:
