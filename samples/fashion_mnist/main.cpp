@@ -128,7 +128,7 @@ int run(const sample::Options& o) {
   TrainerOptions options;
   options.devices = choose_devices(o, cluster);
   options.process_group = &cluster;
-  options.master = Device::parse(o.master);
+  if (!o.master.empty()) options.master = Device::parse(o.master);
   options.batchnorm_stats =
       o.batchnorm_stats == "tower0" ? BatchNormStats::Tower0 : BatchNormStats::Average;
   options.batchnorm = o.batchnorm == "sync" ? BatchNormMode::Sync : BatchNormMode::Local;
@@ -168,7 +168,7 @@ int run(const sample::Options& o) {
   Trainer trainer(vars, tower_fn, Optimizer::by_name(o.optimizer, lr), options);
   std::printf("FashionNet: %lld parameters; %zu tower(s) on %s; master on %s; batch %lld\n",
               static_cast<long long>(vars.trainable_numel()), trainer.num_towers(),
-              join(trainer.devices()).c_str(), options.master.str().c_str(),
+              join(trainer.devices()).c_str(), trainer.master().device().str().c_str(),
               static_cast<long long>(o.batch));
   if (!o.load.empty()) {
     const CheckpointInfo info = load_checkpoint(
