@@ -54,6 +54,10 @@ std::vector<ConvCase> odd_cases() {
       // multiple of 8, K not of 4, uneven padding, and Q = 8 exactly.
       {"C1_3x3_pad1x0_K5_no_bias", 2, 1, 9, 19, 5, 3, 3, make_params(1, 1, 1, 0), false},
       {"C1_3x3_Q8", 2, 1, 6, 10, 3, 3, 3, make_params(1, 1, 0, 0)},
+      // One channel on CUDA's direct kernels: strides and dilation that leave input
+      // pixels no tap reaches, and more channels than one block of them (32).
+      {"C1_stride2x1_dilation2x1", 2, 1, 13, 12, 6, 3, 3, make_params(2, 1, 1, 2, 2, 1)},
+      {"C1_2x2_K37", 3, 1, 9, 10, 37, 2, 2, make_params(1, 1, 0, 1)},
       {"K_prime_13", 3, 2, 7, 7, 13, 3, 3, make_params(1, 1, 1, 1)},
       {"batch1_odd", 1, 5, 13, 15, 11, 3, 3, make_params(1, 1, 1, 1), false},
       {"tiles_ragged", 5, 19, 17, 17, 67, 3, 3, make_params(1, 1, 1, 1)},

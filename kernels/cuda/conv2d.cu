@@ -15,7 +15,12 @@
 // partials that split_reduce (kernels/cuda/split_reduce.cuh) adds in a fixed
 // tree and accumulates into grad_weight (deterministic, unlike atomics). The
 // grad_bias sums per (channel, group of images) and reduces the groups the same
-// way.
+// way. One input channel (FashionNet's conv1) has direct, memory-bound kernels for
+// backward-data and backward-weight instead of GEMM tiles that would be mostly
+// padding.
+//
+// Status: main's version ran on an H100 (every test passed; 15-112 % of cuDNN's
+// time). The one-channel kernels have run only on the emulated GPUs so far.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -125,6 +130,7 @@ struct ForwardProblem {
   };
   __device__ Col col(int k) const { return {k * d.CRS}; }
   __device__ float b(int crs, const Col& col) const { return __ldg(weight + col.offset + crs); }
+
   struct Out {
     int offset;
   };  // y index of (n, k = 0, p, q)
@@ -184,6 +190,7 @@ struct BackwardDataProblem {
     d.by_RS.divmod(krs, k, rs);
     return __ldg(weight + k * d.CRS + col.offset + rs);
   }
+
   struct Out {
     int offset;
   };  // grad_x index of (n, c = 0, h, w)
@@ -435,6 +442,164 @@ __global__ void bias_partial_kernel(float* partial, const float* grad_y, int N, 
   if (threadIdx.x == 0) partial[group * K + k] = total;
 }
 
+// ---- one input channel (FashionNet's conv1) ---------------------------------
+// With C = 1 the GEMMs degenerate: backward-data has one output column and
+// backward-weight a [K x R*S] result (32 x 9) reduced over every (image, pixel).
+// Both are memory-bound (grad_y, N*K*P*Q floats, is read once and dominates),
+// so they get direct kernels that stream grad_y with coalesced loads instead of
+// tiles that would be mostly padding. Only for R*S <= kMaxTaps (per-thread tap
+// arrays in registers); any stride, padding and dilation.
+
+constexpr int kMaxTaps = 9;
+
+// Where tap t = (r, s) of the kernel sits relative to an output pixel's corner:
+// h = p*stride_h + tap_h[t], w = q*stride_w + tap_w[t].
+struct Taps {
+  int h[kMaxTaps], w[kMaxTaps];
+};
+
+Taps make_taps(const Dims& d) {
+  Taps t{};
+  for (int r = 0; r < d.R; ++r) {
+    for (int s = 0; s < d.S; ++s) {
+      t.h[r * d.S + s] = r * d.dilation_h - d.pad_h;
+      t.w[r * d.S + s] = s * d.dilation_w - d.pad_w;
+    }
+  }
+  return t;
+}
+
+// backward-weight, C = 1, first stage: block (group, channel block) sums
+// grad_y[n,k,p,q] * x[n,0,h,w] over the group's contiguous range of flattened
+// (n, p, q) pixels, into partial[k*RS + t][group]. Each warp owns
+// kWeightChannelsPerWarp channels; its lanes walk the range 32 pixels at a time
+// (consecutive pq: coalesced grad_y loads), gather the pixel's R*S x taps once
+// (small image, L1-resident) and use them for every channel they own. The lane
+// sums are reduced by warp_sum's fixed butterfly: the same bits every run.
+// Registers: kWeightChannelsPerWarp * kMaxTaps accumulators + the taps.
+constexpr int kWeightChannelsPerWarp = 4;
+constexpr int kWeightWarps = kBlockSize / kWarpSize;
+constexpr int kWeightChannelsPerBlock = kWeightWarps * kWeightChannelsPerWarp;
+
+__global__ void __launch_bounds__(kBlockSize)
+    one_channel_weight_partial_kernel(const Dims d, const Taps taps, const float* grad_y,
+                                      const float* x, float* partial, int pixels_per_group) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int group = static_cast<int>(blockIdx.x), groups = static_cast<int>(gridDim.x);
+  const int k0 = (static_cast<int>(blockIdx.y) * kWeightWarps + warp) * kWeightChannelsPerWarp;
+  const int begin = group * pixels_per_group;
+  const int end = min(d.N * d.PQ, begin + pixels_per_group);
+  float acc[kWeightChannelsPerWarp][kMaxTaps] = {};
+#pragma unroll 2
+  for (int npq = begin + lane; npq < end; npq += kWarpSize) {
+    int n, pq, p, q;
+    d.by_PQ.divmod(npq, n, pq);
+    d.by_Q.divmod(pq, p, q);
+    const float* image = x + n * d.HW;
+    const int h0 = p * d.stride_h, w0 = q * d.stride_w;
+    float xt[kMaxTaps];
+#pragma unroll
+    for (int t = 0; t < kMaxTaps; ++t) {
+      const int h = h0 + taps.h[t], w = w0 + taps.w[t];
+      const bool inside = t < d.RS && static_cast<unsigned>(h) < static_cast<unsigned>(d.H) &&
+                          static_cast<unsigned>(w) < static_cast<unsigned>(d.W);
+      xt[t] = inside ? __ldg(image + h * d.W + w) : 0.0f;
+    }
+    const float* g = grad_y + (n * d.K + k0) * d.PQ + pq;
+#pragma unroll
+    for (int c = 0; c < kWeightChannelsPerWarp; ++c) {
+      const float gv = k0 + c < d.K ? __ldg(g + c * d.PQ) : 0.0f;
+#pragma unroll
+      for (int t = 0; t < kMaxTaps; ++t) acc[c][t] = fmaf(gv, xt[t], acc[c][t]);
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < kWeightChannelsPerWarp; ++c) {
+#pragma unroll
+    for (int t = 0; t < kMaxTaps; ++t) {
+      const float sum = warp_sum(acc[c][t]);
+      if (lane == 0 && k0 + c < d.K && t < d.RS) {
+        partial[static_cast<std::int64_t>((k0 + c) * d.RS + t) * groups + group] = sum;
+      }
+    }
+  }
+}
+
+// Second stage: out[i] += sum over the groups of partial[i][group], one warp per
+// element; each lane adds its strided share in order, then warp_sum's butterfly.
+__global__ void __launch_bounds__(kBlockSize)
+    sum_groups_kernel(float* out, const float* partial, int count, int groups) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int i = static_cast<int>(blockIdx.x) * kWeightWarps +
+                static_cast<int>(threadIdx.x) / kWarpSize;
+  if (i >= count) return;  // whole warps leave together
+  const float* row = partial + static_cast<std::int64_t>(i) * groups;
+  float total = 0.0f;
+  for (int g = lane; g < groups; g += kWarpSize) total += row[g];
+  total = warp_sum(total);
+  if (lane == 0) out[i] += total;
+}
+
+// backward-data, C = 1: grad_x[n,0,h,w] += sum over k and taps of
+// grad_y[n,k,p,q] * weight[k,0,r,s]. Each thread owns kDataPixels pixels a block
+// apart (every load a warp issues is coalesced), finds once which grad_y pixel
+// each tap reads (-1: none, off the output or between strides), then walks the
+// channels in order: per channel R*S weight loads (uniform: one broadcast each)
+// serve kDataPixels * R*S loads of grad_y, which neighbouring taps and lanes
+// share through L1.
+constexpr int kDataPixels = 4;
+
+__global__ void __launch_bounds__(kBlockSize)
+    one_channel_data_kernel(const Dims d, const Taps taps, const float* grad_y,
+                            const float* weight, float* grad_x) {
+  const int base = static_cast<int>(blockIdx.x) * kBlockSize * kDataPixels +
+                   static_cast<int>(threadIdx.x);
+  const int pixels = d.N * d.HW;
+  int plane[kDataPixels];         // grad_y offset of (n, k = 0)
+  int at[kDataPixels][kMaxTaps];  // p*Q + q that tap t reads, or -1 (also past the end)
+#pragma unroll
+  for (int i = 0; i < kDataPixels; ++i) {
+    const int m = base + i * kBlockSize;
+    int n = 0, hw = 0, h = 0, w = 0;
+    if (m < pixels) {
+      d.by_HW.divmod(m, n, hw);
+      d.by_W.divmod(hw, h, w);
+    }
+    plane[i] = n * d.K * d.PQ;
+#pragma unroll
+    for (int t = 0; t < kMaxTaps; ++t) {
+      // h = p*stride_h + taps.h[t]  =>  p = (h - taps.h[t]) / stride_h when exact.
+      const int th = h - taps.h[t], tw = w - taps.w[t];
+      int p, q, rem_h, rem_w;
+      d.by_stride_h.divmod(max(th, 0), p, rem_h);
+      d.by_stride_w.divmod(max(tw, 0), q, rem_w);
+      const bool hit = m < pixels && t < d.RS && th >= 0 && tw >= 0 && (rem_h | rem_w) == 0 &&
+                       p < d.P && q < d.Q;
+      at[i][t] = hit ? p * d.Q + q : -1;
+    }
+  }
+  float acc[kDataPixels] = {};
+  for (int k = 0; k < d.K; ++k) {
+    float wk[kMaxTaps];
+#pragma unroll
+    for (int t = 0; t < kMaxTaps; ++t) wk[t] = t < d.RS ? __ldg(weight + k * d.RS + t) : 0.0f;
+#pragma unroll
+    for (int i = 0; i < kDataPixels; ++i) {
+      const float* g = grad_y + plane[i] + k * d.PQ;
+#pragma unroll
+      for (int t = 0; t < kMaxTaps; ++t) {
+        if (at[i][t] >= 0) acc[i] = fmaf(__ldg(g + at[i][t]), wk[t], acc[i]);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kDataPixels; ++i) {
+    const int m = base + i * kBlockSize;
+    if (m < pixels) grad_x[m] += acc[i];
+  }
+}
+
 // The epilogue of both split reductions: out[i] += sum (gradients accumulate).
 struct AccumulateInto {
   float* out;
@@ -495,6 +660,43 @@ void launch_pixel_rows(const Problem& problem, int sms, cudaStream_t stream) {
   } else {
     launch_gemm<Problem, T64x32, true>(problem, 1, k_all, stream);
   }
+}
+
+// The C = 1 kernels above, for layers whose kernel has at most kMaxTaps taps.
+bool one_channel(const Dims& d) {
+  return d.C == 1 && d.RS <= kMaxTaps;
+}
+
+void one_channel_backward_data(const Dims& d, float* grad_x, const float* grad_y,
+                               const float* weight, const Stream& stream) {
+  const int blocks = ceil_div(std::int64_t{d.N} * d.HW, kBlockSize * kDataPixels);
+  one_channel_data_kernel<<<blocks, kBlockSize, 0, native(stream)>>>(d, make_taps(d), grad_y,
+                                                                     weight, grad_x);
+  TL_CUDA_CHECK_LAUNCH();
+}
+
+// The pixels are cut into contiguous groups, in order, so that groups x channel
+// blocks is about four blocks per SM (the kernel is memory-bound: enough loads
+// in flight) and every lane walks at least four pixels; the group partials are
+// summed per weight element in group order.
+void one_channel_backward_weight(const Dims& d, float* grad_weight, const float* grad_y,
+                                 const float* x, int sms, const Stream& stream) {
+  const int channel_blocks = ceil_div(d.K, kWeightChannelsPerBlock);
+  const std::int64_t pixels = std::int64_t{d.N} * d.PQ;
+  const std::int64_t wanted = std::max(1, ceil_div(4 * std::int64_t{sms}, channel_blocks));
+  const std::int64_t by_length = std::max<std::int64_t>(1, pixels / (4 * kWarpSize));
+  const int per_group =
+      ceil_div(ceil_div(pixels, std::min(wanted, by_length)), kWarpSize) * kWarpSize;
+  const int groups = ceil_div(pixels, per_group);
+  const int count = d.K * d.RS;
+  Scratch partial(stream, static_cast<std::size_t>(count) * groups * sizeof(float));
+  cudaStream_t s = native(stream);
+  one_channel_weight_partial_kernel<<<dim3(groups, channel_blocks), kBlockSize, 0, s>>>(
+      d, make_taps(d), grad_y, x, partial.as<float>(), per_group);
+  TL_CUDA_CHECK_LAUNCH();
+  sum_groups_kernel<<<ceil_div(count, kWeightWarps), kBlockSize, 0, s>>>(
+      grad_weight, partial.as<float>(), count, groups);
+  TL_CUDA_CHECK_LAUNCH();
 }
 
 // How backward-weight's reduction over the N*P*Q (image, pixel) pairs is cut:
@@ -586,7 +788,10 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
   CudaDeviceGuard guard(stream.device().index);
   const Dims d = make_dims(shape);
   const int sms = sm_count(stream.device().index);
-  if (grad_x.defined()) {
+  if (grad_x.defined() && one_channel(d)) {
+    one_channel_backward_data(d, grad_x.data<float>(), grad_y.data<float>(),
+                              weight.data<float>(), stream);
+  } else if (grad_x.defined()) {
     BackwardDataProblem problem{};
     problem.d = d;
     problem.grad_y = grad_y.data<float>();
@@ -596,7 +801,10 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     problem.vector_rows = vector_rows_ok(problem.grad_x, d.HW);
     launch_pixel_rows(problem, sms, native(stream));
   }
-  if (grad_weight.defined()) {
+  if (grad_weight.defined() && one_channel(d)) {
+    one_channel_backward_weight(d, grad_weight.data<float>(), grad_y.data<float>(),
+                                x.data<float>(), sms, stream);
+  } else if (grad_weight.defined()) {
     backward_weight(d, grad_weight.data<float>(), grad_y.data<float>(), x.data<float>(), sms,
                     stream);
   }
