@@ -58,6 +58,9 @@ std::vector<ConvCase> odd_cases() {
       // pixels no tap reaches, and more channels than one block of them (32).
       {"C1_stride2x1_dilation2x1", 2, 1, 13, 12, 6, 3, 3, make_params(2, 1, 1, 2, 2, 1)},
       {"C1_2x2_K37", 3, 1, 9, 10, 37, 2, 2, make_params(1, 1, 0, 1)},
+      // Channels a multiple of 8 both ways: CUDA's channel-inner reduction order,
+      // through strides and dilation.
+      {"C8_K16_stride2x1_dilation2x1", 2, 8, 11, 10, 16, 3, 3, make_params(2, 1, 1, 2, 2, 1)},
       {"K_prime_13", 3, 2, 7, 7, 13, 3, 3, make_params(1, 1, 1, 1)},
       {"batch1_odd", 1, 5, 13, 15, 11, 3, 3, make_params(1, 1, 1, 1), false},
       {"tiles_ragged", 5, 19, 17, 17, 67, 3, 3, make_params(1, 1, 1, 1)},

@@ -15,12 +15,16 @@
 // partials that split_reduce (kernels/cuda/split_reduce.cuh) adds in a fixed
 // tree and accumulates into grad_weight (deterministic, unlike atomics). The
 // grad_bias sums per (channel, group of images) and reduces the groups the same
-// way. One input channel (FashionNet's conv1) has direct, memory-bound kernels for
+// way. Forward and backward-data reduce channel-inner (tap-major) when the
+// reduced channels are a multiple of the tile's step, so that each row's pixel
+// is located once per step rather than once per element (implicit_gemm_kernel).
+// One input channel (FashionNet's conv1) has direct, memory-bound kernels for
 // backward-data and backward-weight instead of GEMM tiles that would be mostly
 // padding.
 //
 // Status: main's version ran on an H100 (every test passed; 15-112 % of cuDNN's
-// time). The one-channel kernels have run only on the emulated GPUs so far.
+// time). The one-channel kernels and the channel-inner order have run only on
+// the emulated GPUs so far.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -69,7 +73,7 @@ struct Dims {
   int N, C, H, W, K, R, S, P, Q;
   int stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
   int HW, PQ, RS, CRS;
-  FastDivmod by_RS, by_S, by_PQ, by_Q, by_HW, by_W, by_stride_h, by_stride_w;
+  FastDivmod by_RS, by_S, by_PQ, by_Q, by_HW, by_W, by_stride_h, by_stride_w, by_C, by_K;
 };
 
 Dims make_dims(const Conv2dShape& s) {
@@ -86,6 +90,7 @@ Dims make_dims(const Conv2dShape& s) {
   d.by_RS = FastDivmod(d.RS), d.by_S = FastDivmod(d.S), d.by_PQ = FastDivmod(d.PQ);
   d.by_Q = FastDivmod(d.Q), d.by_HW = FastDivmod(d.HW), d.by_W = FastDivmod(d.W);
   d.by_stride_h = FastDivmod(d.stride_h), d.by_stride_w = FastDivmod(d.stride_w);
+  d.by_C = FastDivmod(d.C), d.by_K = FastDivmod(d.K);
   return d;
 }
 
@@ -131,6 +136,29 @@ struct ForwardProblem {
   __device__ Col col(int k) const { return {k * d.CRS}; }
   __device__ float b(int crs, const Col& col) const { return __ldg(weight + col.offset + crs); }
 
+  // The channel-inner order (see implicit_gemm_kernel): kk = rs*C + c, one tap per step.
+  struct Step {
+    int rs, c0, dh, dw;  // the step's tap, its first channel, the tap's pixel offset
+  };
+  __device__ Step step(int k0) const {
+    int rs, c0, r, s;
+    d.by_C.divmod(k0, rs, c0);
+    d.by_S.divmod(rs, r, s);
+    return {rs, c0, r * d.dilation_h, s * d.dilation_w};
+  }
+  // x index of (n, c0, h, w) that the step's tap reads for this row, or -1 in the padding.
+  __device__ int a_base(const Row& row, const Step& st) const {
+    const int h = row.h0 + st.dh, w = row.w0 + st.dw;
+    if (static_cast<unsigned>(h) >= static_cast<unsigned>(d.H) ||
+        static_cast<unsigned>(w) >= static_cast<unsigned>(d.W)) {
+      return -1;
+    }
+    return row.image_offset + st.c0 * d.HW + h * d.W + w;
+  }
+  __device__ float a_at(int base, int dc) const { return __ldg(x + base + dc * d.HW); }
+  __device__ float b_at(const Step& st, int dc, const Col& col) const {
+    return __ldg(weight + col.offset + (st.c0 + dc) * d.RS + st.rs);
+  }
   struct Out {
     int offset;
   };  // y index of (n, k = 0, p, q)
@@ -191,6 +219,30 @@ struct BackwardDataProblem {
     return __ldg(weight + k * d.CRS + col.offset + rs);
   }
 
+  // The channel-inner order (see implicit_gemm_kernel): kk = rs*K + k, one tap per step.
+  struct Step {
+    int rs, k0, dh, dw;  // the step's tap, its first channel, the tap's pixel offset
+  };
+  __device__ Step step(int kk0) const {
+    int rs, k0, r, s;
+    d.by_K.divmod(kk0, rs, k0);
+    d.by_S.divmod(rs, r, s);
+    return {rs, k0, r * d.dilation_h, s * d.dilation_w};
+  }
+  // grad_y index of (n, k0, p, q) whose tap lands on this row's pixel, or -1.
+  __device__ int a_base(const Row& row, const Step& st) const {
+    const int th = row.h - st.dh, tw = row.w - st.dw;
+    if (th < 0 || tw < 0) return -1;
+    int p, q, rem_h, rem_w;
+    d.by_stride_h.divmod(th, p, rem_h);
+    d.by_stride_w.divmod(tw, q, rem_w);
+    if ((rem_h | rem_w) != 0 || p >= d.P || q >= d.Q) return -1;
+    return row.image_offset + st.k0 * d.PQ + p * d.Q + q;
+  }
+  __device__ float a_at(int base, int dk) const { return __ldg(grad_y + base + dk * d.PQ); }
+  __device__ float b_at(const Step& st, int dk, const Col& col) const {
+    return __ldg(weight + (st.k0 + dk) * d.CRS + col.offset + st.rs);
+  }
   struct Out {
     int offset;
   };  // grad_x index of (n, c = 0, h, w)
@@ -278,13 +330,22 @@ struct Tile {
 // contiguous along m: x and grad_y patches along q); otherwise consecutive kk
 // (grad_y rows in backward-weight). B is always loaded kk-fastest.
 //
+// CHANNEL_INNER (forward and backward-data, when the reduced channels are a
+// multiple of BK): the reduction runs tap-major, kk = rs * channels + channel,
+// so the BK values of one step share one tap (r, s). The problem's step(k0)
+// decodes the tap once per step and a_base finds each row's pixel once per step
+// (bounds, strides); each element is then one load at base + channel * plane.
+// In the natural order every element needed its own two or four divisions and
+// bounds checks, which cost more issue slots than the FMAs they fed (A is
+// reused only BN times). Any summation order is as deterministic as another.
+//
 // Shared memory holds A as [BK][BM] and B as [BK][BN] so that each step of the
 // reduction is an outer product of a column of A and a row of B; rows are padded
 // by 4 floats so that kk-fastest stores do not all hit one bank and float4 reads
 // stay aligned. Two buffers: the next tile's global loads are issued into
 // registers before the current tile is multiplied, hiding their latency, with
 // one barrier per step.
-template <class Problem, class T, bool A_ROWS_FAST>
+template <class Problem, class T, bool A_ROWS_FAST, bool CHANNEL_INNER>
 __global__ void __launch_bounds__(T::kThreads)
     implicit_gemm_kernel(const Problem problem, int k_per_split) {
   constexpr int BM = T::BM, BN = T::BN, BK = T::BK, TM = T::TM, TN = T::TN;
@@ -337,6 +398,22 @@ __global__ void __launch_bounds__(T::kThreads)
 
   float a_next[kALoads], b_next[kBLoads];
   auto load_global = [&](int k0) {
+    if constexpr (CHANNEL_INNER) {  // the launcher made Kred a multiple of BK: no k_end checks
+      const typename Problem::Step step = problem.step(k0);
+      int base[kARows];
+#pragma unroll
+      for (int j = 0; j < kARows; ++j) base[j] = a_valid[j] ? problem.a_base(a_rows[j], step) : -1;
+#pragma unroll
+      for (int e = 0; e < kALoads; ++e) {
+        const int j = e % kARows;
+        a_next[e] = base[j] >= 0 ? problem.a_at(base[j], a_k(e)) : 0.0f;
+      }
+#pragma unroll
+      for (int e = 0; e < kBLoads; ++e) {
+        b_next[e] = b_valid[e] ? problem.b_at(step, b_k(e), b_cols[e]) : 0.0f;
+      }
+      return;
+    }
 #pragma unroll
     for (int e = 0; e < kALoads; ++e) {
       const int kk = k0 + a_k(e);
@@ -621,13 +698,13 @@ int ceil_div(std::int64_t a, std::int64_t b) {
   return static_cast<int>((a + b - 1) / b);
 }
 
-template <class Problem, class T, bool A_ROWS_FAST>
+template <class Problem, class T, bool A_ROWS_FAST, bool CHANNEL_INNER = false>
 void launch_gemm(const Problem& problem, int splits, int k_per_split, cudaStream_t stream) {
   const dim3 grid(ceil_div(problem.M, T::BM), ceil_div(problem.Ncols, T::BN), splits);
   TL_CHECK(grid.y <= 65535 && grid.z <= 65535, NotSupported,
            "conv2d: " << problem.Ncols << " GEMM columns need " << grid.y
                       << " column tiles; the CUDA kernels handle at most 65535");
-  implicit_gemm_kernel<Problem, T, A_ROWS_FAST>
+  implicit_gemm_kernel<Problem, T, A_ROWS_FAST, CHANNEL_INNER>
       <<<grid, T::kThreads, 0, stream>>>(problem, k_per_split);
   TL_CUDA_CHECK_LAUNCH();
 }
@@ -635,30 +712,40 @@ void launch_gemm(const Problem& problem, int splits, int k_per_split, cudaStream
 // Forward and backward-data: many rows (pixels), few columns (channels). Tiles
 // are tried from the largest (most reuse of each loaded value) down, no wider than
 // the channels need; the first that gives every SM two blocks is taken, else the
-// smallest (small batches and images: more blocks in flight beat reuse).
+// smallest (small batches and images: more blocks in flight beat reuse). The
+// reduction runs channel-inner when the reduced channels (`channels`: C forward,
+// K backward-data) are a multiple of the step BK.
 template <class Problem>
-void launch_pixel_rows(const Problem& problem, int sms, cudaStream_t stream) {
+void launch_pixel_rows(const Problem& problem, int channels, int sms, cudaStream_t stream) {
   const int k_all = problem.Kred;
   auto enough = [&]<class T>() {
     return std::int64_t{ceil_div(problem.M, T::BM)} * ceil_div(problem.Ncols, T::BN) >= 2 * sms;
   };
+  auto launch = [&]<class T>() {
+    if (channels % T::BK == 0) {
+      launch_gemm<Problem, T, true, true>(problem, 1, k_all, stream);
+    } else {
+      launch_gemm<Problem, T, true, false>(problem, 1, k_all, stream);
+    }
+  };
+  using T128x8 = Tile<128, 8, 8, 4, 4>;
   using T128x128 = Tile<128, 128, 8, 8, 8>;
   using T128x64 = Tile<128, 64, 8, 8, 4>;
   using T64x64 = Tile<64, 64, 8, 4, 4>;
   using T128x32 = Tile<128, 32, 8, 4, 4>;
   using T64x32 = Tile<64, 32, 8, 4, 4>;
   if (problem.Ncols <= 8) {
-    launch_gemm<Problem, Tile<128, 8, 8, 4, 4>, true>(problem, 1, k_all, stream);
+    launch.template operator()<T128x8>();
   } else if (problem.Ncols > 64 && enough.template operator()<T128x128>()) {
-    launch_gemm<Problem, T128x128, true>(problem, 1, k_all, stream);
+    launch.template operator()<T128x128>();
   } else if (problem.Ncols > 32 && enough.template operator()<T128x64>()) {
-    launch_gemm<Problem, T128x64, true>(problem, 1, k_all, stream);
+    launch.template operator()<T128x64>();
   } else if (problem.Ncols > 32 && enough.template operator()<T64x64>()) {
-    launch_gemm<Problem, T64x64, true>(problem, 1, k_all, stream);
+    launch.template operator()<T64x64>();
   } else if (problem.Ncols <= 32 && enough.template operator()<T128x32>()) {
-    launch_gemm<Problem, T128x32, true>(problem, 1, k_all, stream);
+    launch.template operator()<T128x32>();
   } else {
-    launch_gemm<Problem, T64x32, true>(problem, 1, k_all, stream);
+    launch.template operator()<T64x32>();
   }
 }
 
@@ -779,7 +866,7 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
   problem.y = y.data<float>();
   problem.M = d.N * d.PQ, problem.Ncols = d.K, problem.Kred = d.CRS;
   problem.vector_rows = vector_rows_ok(problem.y, d.PQ);
-  launch_pixel_rows(problem, sm_count(stream.device().index), native(stream));
+  launch_pixel_rows(problem, d.C, sm_count(stream.device().index), native(stream));
 }
 
 void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
@@ -799,7 +886,7 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     problem.grad_x = grad_x.data<float>();
     problem.M = d.N * d.HW, problem.Ncols = d.C, problem.Kred = d.K * d.RS;
     problem.vector_rows = vector_rows_ok(problem.grad_x, d.HW);
-    launch_pixel_rows(problem, sms, native(stream));
+    launch_pixel_rows(problem, d.K, sms, native(stream));
   }
   if (grad_weight.defined() && one_channel(d)) {
     one_channel_backward_weight(d, grad_weight.data<float>(), grad_y.data<float>(),
