@@ -23,8 +23,8 @@
 // padding.
 //
 // Status: main's version ran on an H100 (every test passed; 15-112 % of cuDNN's
-// time). The one-channel kernels and the channel-inner order have run only on
-// the emulated GPUs so far.
+// time). The one-channel kernels, the channel-inner order and the two-block
+// 128x128 tiles have run only on the emulated GPUs so far.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -318,11 +318,15 @@ struct BackwardWeightProblem {
 // ---- the implicit-GEMM kernel -----------------------------------------------
 
 // Block tile BM x BN, reduction step BK, TM x TN outputs per thread (multiples of
-// 4, read from shared memory as float4).
-template <int BM_, int BN_, int BK_, int TM_, int TN_>
+// 4, read from shared memory as float4). MIN_BLOCKS: the blocks per SM that
+// __launch_bounds__ asks registers for (the 8x8 tiles would otherwise take ~150
+// to 190 registers, one block of 8 warps per SM, too few to hide the latency of
+// the gathers and of the barrier; capped at 128 they fit two).
+template <int BM_, int BN_, int BK_, int TM_, int TN_, int MIN_BLOCKS_ = 0>
 struct Tile {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, TM = TM_, TN = TN_;
   static constexpr int kThreads = (BM / TM) * (BN / TN);
+  static constexpr int kMinBlocks = MIN_BLOCKS_;
 };
 
 // C[m,n] = sum over kk in this block's split of A[m,kk] * B[kk,n], stored through
@@ -346,7 +350,7 @@ struct Tile {
 // registers before the current tile is multiplied, hiding their latency, with
 // one barrier per step.
 template <class Problem, class T, bool A_ROWS_FAST, bool CHANNEL_INNER>
-__global__ void __launch_bounds__(T::kThreads)
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
     implicit_gemm_kernel(const Problem problem, int k_per_split) {
   constexpr int BM = T::BM, BN = T::BN, BK = T::BK, TM = T::TM, TN = T::TN;
   constexpr int kThreads = T::kThreads;
@@ -729,7 +733,7 @@ void launch_pixel_rows(const Problem& problem, int channels, int sms, cudaStream
     }
   };
   using T128x8 = Tile<128, 8, 8, 4, 4>;
-  using T128x128 = Tile<128, 128, 8, 8, 8>;
+  using T128x128 = Tile<128, 128, 8, 8, 8, 2>;
   using T128x64 = Tile<128, 64, 8, 8, 4>;
   using T64x64 = Tile<64, 64, 8, 4, 4>;
   using T128x32 = Tile<128, 32, 8, 4, 4>;
@@ -834,7 +838,9 @@ void backward_weight(const Dims& d, float* grad_weight, const float* grad_y, con
   } else if (d.K <= 64) {
     run.template operator()<Tile<64, 64, 16, 4, 4>>();
   } else {
-    run.template operator()<Tile<128, 128, 16, 8, 8>>();
+    // BK 8 rather than 16: half the staged loads and gather columns per thread,
+    // so that 128 registers hold the rest and two blocks share an SM.
+    run.template operator()<Tile<128, 128, 8, 8, 8, 2>>();
   }
 }
 
