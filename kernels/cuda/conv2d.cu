@@ -612,8 +612,8 @@ __global__ void __launch_bounds__(kBlockSize)
 __global__ void __launch_bounds__(kBlockSize)
     sum_groups_kernel(float* out, const float* partial, int count, int groups) {
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  const int i = static_cast<int>(blockIdx.x) * kWeightWarps +
-                static_cast<int>(threadIdx.x) / kWarpSize;
+  const int i =
+      static_cast<int>(blockIdx.x) * kWeightWarps + static_cast<int>(threadIdx.x) / kWarpSize;
   if (i >= count) return;  // whole warps leave together
   const float* row = partial + static_cast<std::int64_t>(i) * groups;
   float total = 0.0f;
@@ -632,10 +632,10 @@ __global__ void __launch_bounds__(kBlockSize)
 constexpr int kDataPixels = 4;
 
 __global__ void __launch_bounds__(kBlockSize)
-    one_channel_data_kernel(const Dims d, const Taps taps, const float* grad_y,
-                            const float* weight, float* grad_x) {
-  const int base = static_cast<int>(blockIdx.x) * kBlockSize * kDataPixels +
-                   static_cast<int>(threadIdx.x);
+    one_channel_data_kernel(const Dims d, const Taps taps, const float* grad_y, const float* weight,
+                            float* grad_x) {
+  const int base =
+      static_cast<int>(blockIdx.x) * kBlockSize * kDataPixels + static_cast<int>(threadIdx.x);
   const int pixels = d.N * d.HW;
   int plane[kDataPixels];         // grad_y offset of (n, k = 0)
   int at[kDataPixels][kMaxTaps];  // p*Q + q that tap t reads, or -1 (also past the end)
@@ -882,8 +882,8 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
   const Dims d = make_dims(shape);
   const int sms = sm_count(stream.device().index);
   if (grad_x.defined() && one_channel(d)) {
-    one_channel_backward_data(d, grad_x.data<float>(), grad_y.data<float>(),
-                              weight.data<float>(), stream);
+    one_channel_backward_data(d, grad_x.data<float>(), grad_y.data<float>(), weight.data<float>(),
+                              stream);
   } else if (grad_x.defined()) {
     BackwardDataProblem problem{};
     problem.d = d;
@@ -895,8 +895,8 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     launch_pixel_rows(problem, d.K, sms, native(stream));
   }
   if (grad_weight.defined() && one_channel(d)) {
-    one_channel_backward_weight(d, grad_weight.data<float>(), grad_y.data<float>(),
-                                x.data<float>(), sms, stream);
+    one_channel_backward_weight(d, grad_weight.data<float>(), grad_y.data<float>(), x.data<float>(),
+                                sms, stream);
   } else if (grad_weight.defined()) {
     backward_weight(d, grad_weight.data<float>(), grad_y.data<float>(), x.data<float>(), sms,
                     stream);
