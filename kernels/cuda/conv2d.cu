@@ -629,7 +629,7 @@ __global__ void __launch_bounds__(kBlockSize)
 // channels in order: per channel R*S weight loads (uniform: one broadcast each)
 // serve kDataPixels * R*S loads of grad_y, which neighbouring taps and lanes
 // share through L1.
-constexpr int kDataPixels = 4;
+constexpr int kDataPixels = 2;
 
 __global__ void __launch_bounds__(kBlockSize)
     one_channel_data_kernel(const Dims d, const Taps taps, const float* grad_y, const float* weight,
