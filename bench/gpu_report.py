@@ -3,18 +3,34 @@
 tables of ratios against each kernel's reference in the same run, with issue 23's
 targets: towerlab's SGEMM against cuBLAS (TF32 off), conv2d against cuDNN (FMA math, the
 fastest algorithm), the memory-bound kernels and the ring against the device-to-device
-copy of the same tensor, and the training step per tower count.
+copy of the same tensor, the training step per tower count, and (gpu_peers.json,
+bench/gpu_peers.py's) the step against PyTorch.
 
   gpu_report.py RESULTS_DIR [--title "..."] > page.md
+
+The *_rows functions pair each run with its reference and return the rows; the tables
+here, the pictures of scripts/plots.py and the numbers scripts/check_docs.py allows in
+their captions are all made from them, so that the three cannot disagree.
 """
 import argparse
 import json
 import os
 import re
+import statistics
+from collections import namedtuple
 
 # "Large tensors": the copy moves 30 MB or more (read + written); below that the
 # tensors stay in the H100's 50 MB L2 and a launch's fixed cost weighs.
 LARGE_BYTES = 30e6
+MEMORY_BENCHES = ("batchnorm_bench", "pool2d_bench", "bias_bench", "loss_bench",
+                  "elementwise_bench", "optimizer_bench")
+
+# One kernel against its reference: times in us, ratio = reference time / towerlab time
+# (or towerlab rate / reference rate), target None where none applies (a small tensor).
+Pair = namedtuple("Pair", "kernel shape us ref_us ratio target")
+Ring = namedtuple("Ring", "variant towers size mem copy_mem ratio")
+Step = namedtuple("Step", "mode towers batch ms images_per_second")
+Peer = namedtuple("Peer", "contender batch images_per_second rounds ms")
 
 
 def load(folder, bench):
@@ -29,11 +45,34 @@ def us(run):
     return run["real_time"] * scale
 
 
-def verdict(ratio, target):
-    return "met" if ratio >= target else "**not met**"
+def rate(run):
+    for key in ("bytes/s", "bytes_per_second"):
+        if key in run:
+            return run[key]
+    return None
 
 
-def matmul(folder):
+def run_info(folder):
+    """{"commit", "device"} of a results folder: the commit from its build-info.txt, the
+    device from gpu_peers.json or from the line scripts/gpu.sh's summaries print for
+    cuda:0; None for what the folder does not say."""
+    info = {"commit": None, "device": None}
+    path = os.path.join(folder, "build-info.txt")
+    if os.path.exists(path):
+        m = re.search(r"^commit:\s*([0-9a-f]{7,40})", open(path).read(), re.M)
+        info["commit"] = m and m.group(1)
+    peers = os.path.join(folder, "gpu_peers.json")
+    if os.path.exists(peers):
+        info["device"] = json.load(open(peers)).get("device")
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if info["device"] or not name.endswith("-summary.txt"):
+            continue
+        m = re.search(r"cuda:0 \(([^,)]+)", open(os.path.join(folder, name)).read())
+        info["device"] = m and m.group(1)
+    return info
+
+
+def matmul_rows(folder):
     runs = {r["name"]: r for r in load(folder, "matmul_bench")}
     rows = []
     for name, run in runs.items():
@@ -44,48 +83,25 @@ def matmul(folder):
         if ref:
             shape = m.group(2).replace("/", "x")
             target = 0.90 if shape == "4096x4096x4096" else 0.75
-            rows.append((m.group(1), shape, us(run), us(ref), us(ref) / us(run), target))
-    if rows:
-        print("\n## SGEMM against cuBLAS (FP32, TF32 off)\n")
-        print("| layout | M x N x K | towerlab us | cuBLAS us | % of cuBLAS | target | |")
-        print("|---|---|---|---|---|---|---|")
-        for lay, shape, t, r, ratio, target in rows:
-            print(f"| {lay} | {shape} | {t:.1f} | {r:.1f} | {100 * ratio:.0f}% | {100 * target:.0f}% | "
-                  f"{verdict(ratio, target)} |")
+            rows.append(Pair(m.group(1), shape, us(run), us(ref), us(ref) / us(run), target))
+    return rows
 
 
-def conv2d(folder):
+def conv2d_rows(folder):
+    """kernel: the pass (forward, backward_data, backward_weight); shape: the layer."""
     runs = {r["name"]: r for r in load(folder, "conv2d_bench")}
     rows = []
     for name, run in runs.items():
         m = re.match(r"conv2d_(\w+)/(\w+)/cuda/manual_time", name)
         if m and (ref := runs.get(f"conv2d_{m.group(1)}/{m.group(2)}/cudnn/manual_time")):
-            rows.append((m.group(2), m.group(1), us(run), us(ref), us(ref) / us(run)))
-    if rows:
-        print("\n## conv2d against cuDNN (FP32 FMA math, the fastest algorithm cudnnFind returns)\n")
-        print("| layer | pass | towerlab us | cuDNN us | % of cuDNN | target 80% |")
-        print("|---|---|---|---|---|---|")
-        for layer, pass_, t, r, ratio in rows:
-            print(f"| {layer} | {pass_.replace('_', ' ')} | {t:.1f} | {r:.1f} | {100 * ratio:.0f}% | "
-                  f"{verdict(ratio, 0.80)} |")
+            rows.append(Pair(m.group(1), m.group(2), us(run), us(ref), us(ref) / us(run), 0.80))
+    return rows
 
 
-def rate(run):
-    for key in ("bytes/s", "bytes_per_second"):
-        if key in run:
-            return run[key]
-    return None
-
-
-def memory_bound(folder):
-    print("\n## Memory-bound kernels against the device-to-device copy of the same tensor\n")
-    print("Bytes read + written per second, each kernel beside `BM_CopyReference` on the same "
-          "shape in the same run; the target (85%) is for large tensors (the copy moves 30 MB or "
-          "more, read + written).\n")
-    print("| kernel | shape | towerlab us | copy us | % of the copy | target |")
-    print("|---|---|---|---|---|---|")
-    for bench in ("batchnorm_bench", "pool2d_bench", "bias_bench", "loss_bench",
-                  "elementwise_bench", "optimizer_bench"):
+def memory_bound_rows(folder, benches=MEMORY_BENCHES):
+    """Each kernel against BM_CopyReference on the same shape; target 85% on large tensors."""
+    rows = []
+    for bench in benches:
         runs = load(folder, bench)
         copies = {}
         for r in runs:
@@ -100,14 +116,14 @@ def memory_bound(folder):
             copy = copies.get(shape) or copies.get(shape + "/1")
             if not copy or rate(r) is None or rate(copy) is None:
                 continue
-            ratio = rate(r) / rate(copy)
             large = rate(copy) * us(copy) * 1e-6 >= LARGE_BYTES
             kernel = m.group(1) + ("" if m.group(2) == "cuda" else f" ({m.group(2)[5:]})")
-            print(f"| {kernel} | {shape} | {us(r):.1f} | {us(copy):.1f} | {100 * ratio:.0f}% | "
-                  f"{verdict(ratio, 0.85) if large else 'small tensor'} |")
+            rows.append(Pair(kernel, shape, us(r), us(copy), rate(r) / rate(copy), 0.85 if large else None))
+    return rows
 
 
-def allreduce(folder):
+def allreduce_rows(folder):
+    """The ring's bytes read + written per second ("mem") against the copy's of that size."""
     runs = load(folder, "allreduce_bench")
     copies = {}
     for r in runs:
@@ -118,27 +134,119 @@ def allreduce(folder):
     for r in runs:
         m = re.match(r"BM_RingAllReduce/(cuda\w*)/(\d+)/(\d+)/manual_time", r["name"])
         if m and m.group(3) in copies and "mem" in r:
-            rows.append((m.group(1), m.group(2), int(m.group(3)), r["mem"] / copies[m.group(3)]["mem"]))
+            copy_mem = copies[m.group(3)]["mem"]
+            rows.append(Ring(m.group(1), int(m.group(2)), int(m.group(3)), r["mem"], copy_mem,
+                             r["mem"] / copy_mem))
+    return rows
+
+
+def trainer_rows(folder):
+    rows = []
+    for r in load(folder, "trainer_bench"):
+        m = re.match(r"BM_FashionNetStep/(cuda\w*)/(\d+)/(\d+)/real_time", r["name"])
+        if m:
+            rows.append(Step(m.group(1)[5:], int(m.group(2)), int(m.group(3)), us(r) / 1e3,
+                             r["items_per_second"]))
+    return sorted(rows, key=lambda s: (s.mode, s.batch, s.towers))
+
+
+def peers_rows(folder):
+    """gpu_peers.json: images/s per contender and batch, the median of the rounds first."""
+    path = os.path.join(folder, "gpu_peers.json")
+    if not os.path.exists(path):
+        return []
+    rows = []
+    for key, seconds in json.load(open(path))["seconds_per_step"].items():
+        contender, batch = key.rsplit(" | batch ", 1)
+        batch = int(batch)
+        rows.append(Peer(contender, batch, batch / statistics.median(seconds),
+                         [batch / s for s in seconds], 1e3 * statistics.median(seconds)))
+    return rows
+
+
+def rows_of(path):
+    """The rows one results file gives, by its name: <bench>.json or gpu_peers.json."""
+    folder, bench = os.path.dirname(path), os.path.basename(path)[:-len(".json")]
+    if bench in MEMORY_BENCHES:
+        return memory_bound_rows(folder, [bench])
+    makers = {"matmul_bench": matmul_rows, "conv2d_bench": conv2d_rows, "allreduce_bench": allreduce_rows,
+              "trainer_bench": trainer_rows, "gpu_peers": peers_rows}
+    return makers[bench](folder) if bench in makers else []
+
+
+def verdict(ratio, target):
+    return "met" if ratio >= target else "**not met**"
+
+
+def matmul(folder):
+    rows = matmul_rows(folder)
+    if rows:
+        print("\n## SGEMM against cuBLAS (FP32, TF32 off)\n")
+        print("| layout | M x N x K | towerlab us | cuBLAS us | % of cuBLAS | target | |")
+        print("|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r.kernel} | {r.shape} | {r.us:.1f} | {r.ref_us:.1f} | {100 * r.ratio:.0f}% | "
+                  f"{100 * r.target:.0f}% | {verdict(r.ratio, r.target)} |")
+
+
+def conv2d(folder):
+    rows = conv2d_rows(folder)
+    if rows:
+        print("\n## conv2d against cuDNN (FP32 FMA math, the fastest algorithm cudnnFind returns)\n")
+        print("| layer | pass | towerlab us | cuDNN us | % of cuDNN | target 80% |")
+        print("|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r.shape} | {r.kernel.replace('_', ' ')} | {r.us:.1f} | {r.ref_us:.1f} | "
+                  f"{100 * r.ratio:.0f}% | {verdict(r.ratio, r.target)} |")
+
+
+def memory_bound(folder):
+    rows = memory_bound_rows(folder)
+    if not rows:
+        return
+    print("\n## Memory-bound kernels against the device-to-device copy of the same tensor\n")
+    print("Bytes read + written per second, each kernel beside `BM_CopyReference` on the same "
+          "shape in the same run; the target (85%) is for large tensors (the copy moves 30 MB or "
+          "more, read + written).\n")
+    print("| kernel | shape | towerlab us | copy us | % of the copy | target |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r.kernel} | {r.shape} | {r.us:.1f} | {r.ref_us:.1f} | {100 * r.ratio:.0f}% | "
+              f"{verdict(r.ratio, r.target) if r.target else 'small tensor'} |")
+
+
+def allreduce(folder):
+    rows = allreduce_rows(folder)
     if rows:
         print("\n## Ring all-reduce on virtual devices of one GPU against the copy\n")
         print("Bytes read + written per second by the ring's kernels, against the copy's "
               "(the bound any schedule has on one GPU); target 80%.\n")
         print("| variant | towers | bytes per member | % of the copy | target |")
         print("|---|---|---|---|---|")
-        for variant, towers, size, ratio in rows:
-            print(f"| {variant} | {towers} | {size >> 20} MiB | {100 * ratio:.0f}% | {verdict(ratio, 0.80)} |")
+        for r in rows:
+            print(f"| {r.variant} | {r.towers} | {r.size >> 20} MiB | {100 * r.ratio:.0f}% | "
+                  f"{verdict(r.ratio, 0.80)} |")
 
 
 def trainer(folder):
-    runs = load(folder, "trainer_bench")
-    rows = [(m.group(1), int(m.group(2)), int(m.group(3)), r) for r in runs
-            if (m := re.match(r"BM_FashionNetStep/(cuda\w*)/(\d+)/(\d+)/real_time", r["name"]))]
+    rows = trainer_rows(folder)
     if rows:
         print("\n## FashionNet's training step on virtual towers of one GPU\n")
         print("| batch norm | towers | batch | ms per step | images/s |")
         print("|---|---|---|---|---|")
-        for mode, towers, batch, r in sorted(rows, key=lambda x: (x[0], x[2], x[1])):
-            print(f"| {mode[5:]} | {towers} | {batch} | {us(r) / 1e3:.3f} | {r['items_per_second']:.0f} |")
+        for r in rows:
+            print(f"| {r.mode} | {r.towers} | {r.batch} | {r.ms:.3f} | {r.images_per_second:.0f} |")
+
+
+def peers(folder):
+    rows = peers_rows(folder)
+    if rows:
+        print("\n## FashionNet's training step against PyTorch\n")
+        print("| batch | contender | images/s (median) | rounds | ms per step |")
+        print("|---|---|---|---|---|")
+        for r in sorted(rows, key=lambda r: r.batch):
+            print(f"| {r.batch} | {r.contender} | {r.images_per_second:.0f} | "
+                  f"{' / '.join(f'{v:.0f}' for v in r.rounds)} | {r.ms:.3f} |")
 
 
 def main():
@@ -147,7 +255,7 @@ def main():
     p.add_argument("--title", default="towerlab's kernels on a GPU")
     args = p.parse_args()
     print(f"# {args.title}")
-    for section in (matmul, conv2d, memory_bound, allreduce, trainer):
+    for section in (matmul, conv2d, memory_bound, allreduce, trainer, peers):
         section(args.folder)
 
 

@@ -14,15 +14,20 @@ What it checks, in every page (text inside code blocks and `code spans` is not a
      https, mailto) are not checked. No page mentions ../shared or /work/ at all.
   2. Pictures: every image shown is in docs/img and is preceded by a comment
        <!-- picture: IMG from RESULTS... by SCRIPT -->
-     naming existing files, with the same results as the script's PICTURES list; every
-     file in docs/img is shown somewhere.
+     naming existing files, the same results as the script's PICTURES list (paths there
+     relative to bench/results); every file in docs/img is shown somewhere. A caption names
+     the commit of its results and states the load, or, for results measured on a GPU, names
+     the device ("H100") instead: there the machine's load says nothing of the kernels.
   3. Numbers: in the caption after a picture, and in the block after a comment
        <!-- numbers from: RESULTS... -->
-     every ratio (1.62x, or 1.52 in a table), one-decimal value (a load), and integer of
-     three or more digits (images/s) is one the results files give (bench/compare_peers.py's
-     JSON), a setting of the run, a peer's version or the run's date; each commit named is
-     the files' towerlab_commit. A trace (scripts/record_trace.py's JSON) gives its commit,
-     its load, its steps' spans in ms (one decimal), and the integers of its date and command.
+     every ratio (1.62x, or 1.52 in a table), one-decimal value (a load), three-decimal value
+     (ms), percentage (81%) and integer of three or more digits (images/s) is one the results
+     files give (bench/compare_peers.py's JSON), a setting of the run, a peer's version or the
+     run's date; each commit named (7 or more hex digits) begins the files' commit. A trace
+     (scripts/record_trace.py's JSON) gives its commit, its load, its steps' spans in ms (one
+     decimal), and the integers of its date and command. Google Benchmark JSON and
+     bench/gpu_peers.py's give the commit of the build-info.txt beside them and what
+     bench/gpu_report.py's rows make of them (run_facts says which numbers).
   4. Phases: the step's phases are numbered once, in kPhases of parallel/trainer_phases.h
      ({Phase::Split, "split", "split"}: number by position, name, Trainer's function).
      The list at the top of parallel/trainer.h ("//   1. split: ...") and every numbered
@@ -46,8 +51,75 @@ NUMBERS = re.compile(r"<!--\s*numbers from:\s*(.+?)\s*-->")
 PHASE_ITEM = re.compile(r"^(\d+)\. \*\*([^*]+)\*\* \(`Trainer::(\w+)`\)")
 HEADER_PHASE = re.compile(r"^//\s+(\d+)\. ([a-z][a-z ]*[a-z])\s*[:;(]")
 TABLE_PHASE = re.compile(r'\{Phase::(\w+),\s*"([^"]+)",\s*"(\w+)"\}')
+HEX = re.compile(r"\b[0-9a-f]{7,40}\b")
 WEB = ("http://", "https://", "mailto:")
 OUTSIDE = re.compile(r"\.\./shared|/work/")
+
+
+def is_commit(word, commits):
+    """A commit is named by 7 or more leading hex digits of it."""
+    return len(word) >= 7 and any(c.startswith(word) for c in commits)
+
+
+def device_model(name):
+    """'NVIDIA H100 80GB HBM3' -> 'H100': the first word with a digit, as people name the card."""
+    words = [w for w in re.split(r"[\s-]+", name) if w not in ("NVIDIA", "GeForce", "Tesla")]
+    return next((w for w in words if re.search(r"\d", w)), name)
+
+
+def gpu_report():
+    """bench/gpu_report.py of this checkout: it pairs each GPU run with its reference, and its
+    rows are what the GPU pictures draw, so they are what a caption may quote."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    sys.dont_write_bytecode = True
+    import gpu_report as report  # noqa: E402
+    return report
+
+
+def run_facts(path, doc, allowed):
+    """Adds to allowed what a Google Benchmark JSON or bench/gpu_peers.py's JSON gives, with
+    the build-info.txt of its folder (the commit) and its device (gpu_report.run_info):
+    each row's % and ratio to its reference (the percentages to the unit, the ratios to two
+    decimals), times in us (one decimal) and ms (three), images/s and GB/s to the unit,
+    TB/s to one decimal, the ratios between the rows of one batch, and the integers of the
+    benchmarks' names. Returns a problem, or None."""
+    report = gpu_report()
+    info = report.run_info(os.path.dirname(path))
+    if not info["commit"]:
+        return "no build-info.txt beside it names the commit"
+    allowed["commit"].add(info["commit"])
+    if info["device"]:
+        allowed["device"].add(device_model(info["device"]))
+    elif doc.get("context", {}).get("load_avg"):
+        allowed["one"].add(f"{doc['context']['load_avg'][0]:.1f}")
+    for run in doc.get("benchmarks", []):
+        allowed["int"].update(re.findall(r"\d{3,}", run["name"]))
+        if "items_per_second" in run:
+            allowed["int"].add(f"{run['items_per_second']:.0f}")
+    if "torch" in doc:
+        allowed["ratio"].add(".".join(doc["torch"].split(".")[:2]))
+    rows = report.rows_of(path)
+    for r in rows:
+        if hasattr(r, "ratio"):
+            allowed["pct"].add(f"{100 * r.ratio:.0f}")
+            allowed["ratio"].add(f"{r.ratio:.2f}")
+        if isinstance(r, report.Pair):
+            allowed["one"].update({f"{r.us:.1f}", f"{r.ref_us:.1f}"})
+            if r.target:
+                allowed["pct"].add(f"{100 * r.target:.0f}")
+        elif isinstance(r, report.Ring):
+            allowed["pct"].add("80")
+            allowed["int"].update({f"{r.mem / 1e9:.0f}", f"{r.copy_mem / 1e9:.0f}"})
+            allowed["one"].update({f"{r.mem / 1e12:.1f}", f"{r.copy_mem / 1e12:.1f}"})
+            allowed["int"].add(str(r.size >> 20))
+        else:  # a training step: trainer_bench's or gpu_peers.py's
+            allowed["three"].add(f"{r.ms:.3f}")
+            allowed["int"].update({str(r.batch), f"{r.images_per_second:.0f}"})
+            allowed["int"].update(f"{v:.0f}" for v in getattr(r, "rounds", []))
+            for o in rows:
+                if o.batch == r.batch and o is not r:
+                    allowed["ratio"].add(f"{r.images_per_second / o.images_per_second:.2f}")
+    return None
 
 
 def pages(root):
@@ -155,12 +227,16 @@ class Checker:
         tree = ast.parse(open(path, encoding="utf-8").read())
         for node in tree.body:
             if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "PICTURES" for t in node.targets):
-                return {name: files for name, files in ast.literal_eval(node.value)}
+                # Only the list's expression runs, without builtins: a picture's files may be
+                # written as a comprehension over one results folder, so that redrawing it
+                # from a newer folder changes one line.
+                value = eval(compile(ast.Expression(node.value), path, "eval"), {"__builtins__": {}})
+                return {name: files for name, files in value}
         return {}
 
     def facts(self, page, n, files):
         """What the results files allow a text to quote, or None after reporting a problem."""
-        allowed = {"ratio": set(), "one": set(), "int": set(), "commit": set()}
+        allowed = {k: set() for k in ("ratio", "one", "three", "int", "pct", "commit", "device")}
         for rel in files:
             path = os.path.normpath(os.path.join(os.path.dirname(page), rel))
             if not self.inside(path) or not os.path.exists(path):
@@ -175,10 +251,17 @@ class Checker:
                     allowed["int"].update(re.findall(r"\d{3,}", doc["date"]))
                     allowed["int"].update(re.findall(r"\d{3,}", doc["command"]))
                     continue
+                if "benchmarks" in doc or "seconds_per_step" in doc:  # Google Benchmark's, gpu_peers.py's
+                    problem = run_facts(path, doc, allowed)
+                    if problem:
+                        self.fail(page, n, f"results file {rel}: {problem}")
+                        return None
+                    continue
                 summary, rounds = doc["summary"], doc["rounds"]
             except (ValueError, KeyError, TypeError) as e:
-                self.fail(page, n, f"results file {rel}: not bench/compare_peers.py's or "
-                                   f"scripts/record_trace.py's JSON ({e!r})")
+                self.fail(page, n, f"results file {rel}: not bench/compare_peers.py's, "
+                                   f"scripts/record_trace.py's, Google Benchmark's or bench/gpu_peers.py's "
+                                   f"JSON ({e!r})")
                 return None
             allowed["commit"].add(doc["towerlab_commit"])
             for row in summary:
@@ -207,16 +290,20 @@ class Checker:
         return allowed
 
     def check_numbers(self, page, start, lines, allowed, what):
-        token = re.compile(r"(?<![\w.\-/])(\d+(?:\.\d+)?)(x?)(?![\w\-/]|\.\d)")
+        token = re.compile(r"(?<![\w.\-/])(\d+(?:\.\d+)?)(x|%)?(?![\w\-/]|\.\d)")
         for n, line in lines:
-            for m in re.finditer(r"\b[0-9a-f]{7,40}\b", line):
-                word = m.group(0)
-                if re.search(r"[a-f]", word) and re.search(r"\d", word) and word not in allowed["commit"]:
+            for word in HEX.findall(line):
+                if re.search(r"[a-f]", word) and re.search(r"\d", word) and not is_commit(word, allowed["commit"]):
                     self.fail(page, n, f"{what}: commit {word} is not the results' ({', '.join(sorted(allowed['commit']))})")
             for m in token.finditer(line):
-                number, x = m.group(1), m.group(2)
+                number, x = m.group(1), m.group(2) or ""
                 decimals = len(number.split(".")[1]) if "." in number else 0
-                if decimals == 2 and number not in allowed["ratio"]:
+                if x == "%" and decimals == 0:
+                    if number not in allowed["pct"]:
+                        self.fail(page, n, f"{what}: {number}% is not a percentage of the results files")
+                elif decimals == 3 and number not in allowed["three"]:
+                    self.fail(page, n, f"{what}: {number} is not a time in ms of the results files")
+                elif decimals == 2 and number not in allowed["ratio"]:
                     self.fail(page, n, f"{what}: {number}{x} is not a ratio of the results files")
                 elif decimals == 1 and number not in allowed["one"]:
                     self.fail(page, n, f"{what}: {number} is not a load or version of the results files")
@@ -255,8 +342,9 @@ class Checker:
                 script = os.path.normpath(os.path.join(os.path.dirname(page), comment.group(3)))
                 if not os.path.exists(script):
                     self.fail(page, n - 1, f"picture {name}: script {comment.group(3)} not in the repository")
-                if sorted(os.path.basename(r) for r in results) != sorted(plotted.get(name, [])):
-                    self.fail(page, n - 1, f"picture {name}: drawn from {plotted.get(name)} by "
+                drawn_from = sorted(os.path.join(self.root, "bench", "results", f) for f in plotted.get(name, []))
+                if sorted(os.path.normpath(os.path.join(os.path.dirname(page), r)) for r in results) != drawn_from:
+                    self.fail(page, n - 1, f"picture {name}: drawn from {plotted.get(name)} (in bench/results) by "
                                            f"scripts/plots.py (PICTURES), but the comment names {results}")
                 allowed = self.facts(page, n - 1, results)
                 caption = self.block_after(lines, i, skip_images=True)
@@ -266,10 +354,13 @@ class Checker:
                     self.fail(page, n, f"picture {name}: no caption after it")
                     continue
                 said = " ".join(l for _, l in caption)
-                for need in ("load",):
-                    if need not in said:
-                        self.fail(page, caption[0][0], f"picture {name}: the caption does not state the {need}")
-                if not any(c in said for c in allowed["commit"]):
+                if allowed["device"]:  # on a GPU the machine's load says nothing of the kernels' speed
+                    if not any(d in said for d in allowed["device"]):
+                        self.fail(page, caption[0][0], f"picture {name}: the caption does not name the device "
+                                                       f"({', '.join(sorted(allowed['device']))})")
+                elif "load" not in said:
+                    self.fail(page, caption[0][0], f"picture {name}: the caption does not state the load")
+                if not any(is_commit(word, allowed["commit"]) for word in HEX.findall(said)):
                     self.fail(page, caption[0][0], f"picture {name}: the caption does not name the commit "
                                                    f"{', '.join(sorted(allowed['commit']))}")
                 self.check_numbers(page, caption[0][0], caption, allowed, f"caption of {name}")
@@ -446,6 +537,44 @@ def self_test():
         print("self-test: planted picture no page shows: " + (f"caught ({hit[0]})" if hit else "NOT caught"))
         ok = ok and bool(hit)
         os.remove(picture)
+        # A GPU picture: Google Benchmark JSON, its folder's build-info.txt (the commit) and
+        # summary (the device); a caption must name both, and quote only the run's numbers.
+        gpu = os.path.join(root, "bench", "results", "gpu_t")
+        os.makedirs(gpu)
+        os.makedirs(os.path.join(root, "scripts"))
+        with open(os.path.join(root, "scripts", "plots.py"), "w") as f:
+            f.write('PICTURES = [("g.png", [f"gpu_t/{b}.json" for b in ("trainer_bench",)])]\n')
+        with open(os.path.join(gpu, "build-info.txt"), "w") as f:
+            f.write("commit: abc1234" + "0" * 33 + "\nbuilt: 2026-11-26\n")
+        with open(os.path.join(gpu, "lease-summary.txt"), "w") as f:
+            f.write("    cuda:0 (NVIDIA H100 80GB HBM3, 79 GiB, sm_90) ok\n")
+        with open(os.path.join(gpu, "trainer_bench.json"), "w") as f:
+            json.dump({"context": {"load_avg": [0.3]}, "benchmarks": [
+                {"name": f"BM_FashionNetStep/cuda_local/{t}/128/real_time", "real_time": ms, "time_unit": "ms",
+                 "items_per_second": 128e3 / ms} for t, ms in ((1, 1.016), (2, 1.123))]}, f)
+        shown = "<!-- picture: docs/img/g.png from bench/results/gpu_t/trainer_bench.json by scripts/plots.py -->\n" \
+                "![g](docs/img/g.png)\n\n"
+        good = "*NVIDIA H100, towerlab abc1234: 1.016 ms on one tower, 1.123 ms on two, 0.90x the images/s.*\n"
+        open(os.path.join(root, "docs", "img", "g.png"), "wb").write(b"\x89PNG")
+        gpu_cases = [  # (what, caption, a word the report must contain; None: no problem)
+            ("clean GPU caption", good, None),
+            ("GPU caption with another commit", good.replace("abc1234", "def5678"), "commit def5678 is not"),
+            ("GPU caption with a time the run did not give", good.replace("1.123", "1.234"), "1.234 is not a time"),
+            ("GPU caption with a ratio the run did not give", good.replace("0.90x", "0.95x"), "0.95x is not a ratio"),
+            ("GPU caption without the device", good.replace("NVIDIA H100, ", ""), "does not name the device"),
+        ]
+        for what, caption, expected in gpu_cases:
+            with open(readme, "w") as f:
+                f.write(CLEAN_README + "\n" + shown + caption)
+            found = Checker(root).run()
+            hit = [p for p in found if expected and expected in p]
+            caught = not found if expected is None else bool(hit)
+            print(f"self-test: {what}: " + ("accepted" if expected is None and caught else
+                  f"caught ({hit[0]})" if caught else f"NOT as expected {found}"))
+            ok = ok and caught
+        os.remove(os.path.join(root, "docs", "img", "g.png"))
+        with open(readme, "w") as f:
+            f.write(CLEAN_README)
         # The header's list drifts from the table.
         with open(trainer_h, "w") as f:
             f.write("// The trainer.\n//   1. split: the batch;\n//   2. check: the loss;\n#pragma once\n")

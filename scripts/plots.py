@@ -11,16 +11,24 @@ caption and the numbers beside it agree with those files. Today:
                             machine, CPU flags, load and commit of each run written below it
   trace.png                 three steps of the sample on two CPU towers, from
                             scripts/record_trace.py's JSON (trace_400fa09.json)
+  gpu_kernels.png           each kernel's % of its reference on a GPU (SGEMM against cuBLAS,
+                            conv2d against cuDNN, the memory-bound kernels against the copy),
+                            the targets marked, from scripts/gpu.sh's benches' JSON
+  ring_bandwidth_gpu.png    the ring's bytes read + written per second against size, per
+                            tower count, beside the copy's (allreduce_bench.json)
+  towers_speed_gpu.png      FashionNet's step time against towers on one GPU (trainer_bench.json)
+  gpu_peers.png             FashionNet's step against PyTorch eager and CUDA graph, from
+                            bench/gpu_peers.py's JSON (gpu_peers.json)
+The GPU pictures pair the runs as bench/gpu_report.py's tables do (its *_rows functions),
+and name the device and commit of their results folder (its build-info.txt and summaries).
 
 --bench-plots also draws, from Google Benchmark JSON in --results (each file optional):
   trainer_bench.json        -> towers_speed.png: FashionNet images/s against towers
   matmul_bench.json         -> gemm_cpu.png: towerlab's SGEMM against OpenBLAS
   allreduce_bench.json      -> ring_bandwidth_cpu.png: ring bus bandwidth against size
-  gpu/*.json                -> gemm_gpu.png, ring_bandwidth_gpu.png, towers_speed_gpu.png
 No page shows these: the committed JSON was measured at load 16-18 on a 2-CPU machine.
 Measure again on a quiet machine, add the picture to PICTURES with its caption, and
-show it. The JSON comes from (CPU; on a GPU machine the same with build/gpu/bench and
---benchmark_filter=cuda, written under gpu/):
+show it. The JSON comes from:
   build/cpu/bench/trainer_bench --benchmark_filter=cpu_local --benchmark_format=json > trainer_bench.json
   OPENBLAS_CORETYPE=Haswell OPENBLAS_NUM_THREADS=2 build/cpu/bench/matmul_bench \
     --benchmark_filter='Cpu.*cpu_NN' --benchmark_repetitions=3 --benchmark_format=json > matmul_bench.json
@@ -40,8 +48,11 @@ from collections import defaultdict
 import matplotlib
 
 matplotlib.use("Agg")
+import matplotlib.lines  # noqa: E402
+import matplotlib.patches  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
+from PIL import Image  # noqa: E402  (Pillow comes with matplotlib)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DPI = 100
@@ -91,11 +102,15 @@ def args_of(name):
     return [int(p) for p in name.split("/")[1:] if re.fullmatch(r"\d+", p)]
 
 
-def save(fig, out, name):
+def save(fig, out, name, layout=True):
     path = os.path.join(out, name)
-    fig.tight_layout()
+    if layout:
+        fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
+    # A palette of 64 colours keeps a picture of flat bars and lines under a third of its
+    # size, with nothing lost to the eye.
+    Image.open(path).convert("RGB").quantize(64).save(path, optimize=True)
     note(f"wrote {os.path.relpath(path, ROOT)}")
 
 
@@ -201,10 +216,11 @@ def peers_facts(doc):
     }
 
 
-def plot_peers(docs, out, name="cpu_peers.png"):
+def plot_peers(paths, out, name="cpu_peers.png"):
     """images/s per contender, one bar per run (median of its rounds, min-max whiskers),
     labelled with the median of the per-round ratio to the best peer; the machine, its
     CPU flags, the load and the commit of each run below."""
+    docs = [load(p) for p in paths]
     contenders = [row["contender"] for row in docs[0]["summary"]]
     labels = [row["label"].split(" (`")[0] for row in docs[0]["summary"]]
     runs = len(docs)
@@ -245,13 +261,10 @@ def plot_peers(docs, out, name="cpu_peers.png"):
     note(f"wrote {os.path.relpath(path, ROOT)}")
 
 
-# The pictures docs/ shows, each from committed results: (picture, results files);
-# DRAW says how each is drawn.
-# scripts/check_docs.py reads this list too, and checks that the captions and the
-# numbers beside each picture agree with these files.
-def plot_trace(docs, out, name="trace.png"):
+def plot_trace(paths, out, name="trace.png"):
     """scripts/trace_png.py's timeline of scripts/record_trace.py's trace: each tower's
     layers, the master's update and, below, the first step's ring."""
+    docs = [load(p) for p in paths]
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     sys.dont_write_bytecode = True
     import trace_png  # noqa: E402  (the timeline's one drawing)
@@ -266,12 +279,189 @@ def plot_trace(docs, out, name="trace.png"):
     note(f"wrote {os.path.relpath(path, ROOT)}")
 
 
-# The pictures the pages show: (picture, its results files, how it is drawn).
+def gpu_report():
+    """bench/gpu_report.py: it pairs each GPU run with its reference; the pictures draw its
+    rows, so that they show what its tables say."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    sys.dont_write_bytecode = True
+    import gpu_report as report  # noqa: E402
+    return report
+
+
+def gpu_run(paths):
+    """'NVIDIA H100 80GB HBM3, towerlab 80982fc': the device and the commit of the results
+    folder (its build-info.txt and summaries)."""
+    info = gpu_report().run_info(os.path.dirname(paths[0]))
+    return f"{info['device'] or 'an unnamed GPU'}, towerlab {(info['commit'] or '?')[:7]}"
+
+
+MET, NOT_MET = "tab:blue", "tab:orange"
+CUT = 150  # % of the reference; longer bars are cut there, their value written beside
+
+
+def short_shape(shape):
+    """N:32/C:64/H:56/W:56 -> 32x64x56x56, 16777216 -> 16M (elements), 4096/1000 -> 4096x1000."""
+    numbers = [int(n) for n in re.findall(r"\d+", shape)]
+    if len(numbers) == 1 and numbers[0] >= 2**20:
+        return f"{numbers[0] / 2**20:g}M"
+    return "x".join(str(n) for n in numbers)
+
+
+def ratio_bars(ax, labels, ratios, targets, title):
+    """One bar per kernel: % of its reference, coloured by whether it meets its target,
+    the target a red mark across the bar."""
+    y = range(len(labels))
+    pct = [100 * r for r in ratios]
+    colors = [MET if r >= t else NOT_MET for r, t in zip(ratios, targets)]
+    ax.barh(y, [min(p, CUT) for p in pct], 0.75, color=colors)
+    ax.vlines([100 * t for t in targets], [i - 0.45 for i in y], [i + 0.45 for i in y], color="crimson", lw=1.5)
+    ax.axvline(100, color="gray", lw=0.8)
+    for i, p, t in zip(y, pct, targets):
+        ax.text(max(min(p, CUT), 100 * t) + 1.5, i, f"{p:.0f}%", va="center", fontsize=6.5)
+    ax.set_yticks(list(y), labels, fontsize=7)
+    ax.set_ylim(len(labels) - 0.5, -0.5)
+    ax.set_xlim(0, CUT + 15)
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("% of the reference's speed", fontsize=7.5)
+    ax.tick_params(axis="x", labelsize=7)
+    ax.grid(axis="x", alpha=0.3)
+
+
+def plot_gpu_kernels(paths, out, name="gpu_kernels.png"):
+    """% of the reference per kernel, from bench/gpu_report.py's rows: SGEMM against cuBLAS
+    per layout and shape, conv2d against cuDNN per layer and pass, and each memory-bound
+    kernel against the copy of the same tensor on its large shapes (the copy moves 30 MB
+    or more, where the target applies)."""
+    report = gpu_report()
+    rows = {os.path.basename(p): report.rows_of(p) for p in paths}
+    gemm = rows.get("matmul_bench.json", [])
+    conv = rows.get("conv2d_bench.json", [])
+    memory = [r for f in paths if os.path.basename(f)[:-5] in report.MEMORY_BENCHES
+              for r in rows[os.path.basename(f)] if r.target]
+    fig = plt.figure(figsize=(12, 9.5))
+    grid = fig.add_gridspec(2, 2, height_ratios=[len(gemm) + 3, len(memory) + 3])
+    passes = {"forward": "forward", "backward_data": "bwd data", "backward_weight": "bwd weight"}
+    ratio_bars(fig.add_subplot(grid[0, 0]), [f"{r.kernel} {r.shape}" for r in gemm],
+               [r.ratio for r in gemm], [r.target for r in gemm],
+               "SGEMM against cuBLAS (FP32, TF32 off); target 90% at 4096, else 75%")
+    ratio_bars(fig.add_subplot(grid[1, 0]), [f"{r.kernel} {short_shape(r.shape)}" for r in memory],
+               [r.ratio for r in memory], [r.target for r in memory],
+               "memory-bound kernels against the copy (large tensors); target 85%")
+    ratio_bars(fig.add_subplot(grid[:, 1]), [f"{r.shape} {passes.get(r.kernel, r.kernel)}" for r in conv],
+               [r.ratio for r in conv], [r.target for r in conv],
+               "conv2d against cuDNN (FP32 FMA math); target 80%")
+    legend = [matplotlib.patches.Patch(color=MET, label="meets its target"),
+              matplotlib.patches.Patch(color=NOT_MET, label="below its target"),
+              matplotlib.lines.Line2D([], [], color="crimson", label="target")]
+    fig.legend(handles=legend, loc="lower right", ncol=3, fontsize=8, frameon=False)
+    fig.suptitle(f"towerlab's kernels as % of the reference's speed (same shape, same run): {gpu_run(paths)}",
+                 fontsize=11)
+    fig.text(0.01, 0.012, f"bars cut at {CUT}%, their value written beside; runs paired as bench/gpu_report.py "
+             "pairs them", fontsize=7.5)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    save(fig, out, name, layout=False)
+
+
+def plot_ring_gpu(paths, out, name="ring_bandwidth_gpu.png"):
+    """The ring's bytes read + written per second against the size each member reduces, one
+    line per tower count (virtual towers of one GPU), the copy of the same size dashed (the
+    bound any schedule has on one GPU); below, the ring as % of the copy, target 80%."""
+    rows = [r for r in gpu_report().rows_of(paths[0]) if r.variant == "cuda"]
+    fig, (ax, below) = plt.subplots(2, 1, figsize=(7, 6), sharex=True, height_ratios=[3, 2])
+    for towers in sorted({r.towers for r in rows}):
+        line = sorted((r for r in rows if r.towers == towers), key=lambda r: r.size)
+        xs = [r.size / 2**20 for r in line]
+        ax.plot(xs, [r.mem / 1e12 for r in line], marker="o", label=f"ring, {towers} towers")
+        below.plot(xs, [100 * r.ratio for r in line], marker="o")
+    copy = sorted({r.size: r.copy_mem for r in rows}.items())
+    ax.plot([s / 2**20 for s, _ in copy], [m / 1e12 for _, m in copy], "k--", label="device copy, same size")
+    below.axhline(80, color="crimson", lw=1, label="target 80%")
+    ax.set_xscale("log", base=2)
+    below.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
+    below.set_xlabel("bytes each member reduces (MiB)")
+    ax.set_ylabel("bytes read + written\nper second (TB/s)")
+    below.set_ylabel("% of the copy")
+    ax.set_ylim(bottom=0)
+    below.set_ylim(0, 110)
+    ax.set_title(f"Ring all-reduce on virtual towers of one GPU\n{gpu_run(paths)}", fontsize=10)
+    for a in (ax, below):
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
+    save(fig, out, name)
+
+
+def plot_towers_gpu(paths, out, name="towers_speed_gpu.png"):
+    """FashionNet's step time against towers (virtual towers of one GPU sharing the batch),
+    one line per batch-norm mode and batch."""
+    rows = gpu_report().rows_of(paths[0])
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for mode, batch in sorted({(r.mode, r.batch) for r in rows}):
+        line = [r for r in rows if (r.mode, r.batch) == (mode, batch)]
+        ax.plot([r.towers for r in line], [r.ms for r in line], marker="o",
+                label=f"batch {batch}, {mode} batch norm")
+        for r in line:
+            # a value goes below its point where another line's point is just above it
+            below = any(0 < o.ms - r.ms < 0.15 for o in rows if o.towers == r.towers)
+            ax.annotate(f"{r.ms:.3f}", (r.towers, r.ms), fontsize=7, textcoords="offset points",
+                        xytext=(4, -11 if below else 4))
+    ax.set_xticks(sorted({r.towers for r in rows}))
+    ax.set_xlabel("towers (virtual, on one GPU; the batch is split among them)")
+    ax.set_ylabel("ms per training step")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"FashionNet training step against towers\n{gpu_run(paths)}", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    save(fig, out, name)
+
+
+def plot_gpu_peers(paths, out, name="gpu_peers.png"):
+    """images/s per contender at each batch (median of the alternated rounds, min-max
+    whiskers), towerlab's bars labelled with their ratio to each PyTorch contender."""
+    rows = gpu_report().rows_of(paths[0])
+    torch = load(paths[0]).get("torch", "?")
+    batches = sorted({r.batch for r in rows})
+    fig, axes = plt.subplots(len(batches), 1, figsize=(9, 1.2 + 1.5 * len(batches)), squeeze=False)
+    top = max(max(r.rounds) for r in rows)
+    for ax, batch in zip(axes[:, 0], batches):
+        line = [r for r in rows if r.batch == batch]
+        peers = [r for r in line if not r.contender.startswith("towerlab")]
+        for i, r in enumerate(line):
+            ax.barh(i, r.images_per_second, 0.7, color="tab:gray" if r in peers else "tab:blue",
+                    xerr=[[r.images_per_second - min(r.rounds)], [max(r.rounds) - r.images_per_second]],
+                    capsize=2)
+            text = f" {r.images_per_second:.0f}"
+            if r not in peers:
+                text += " (" + ", ".join(f"{r.images_per_second / p.images_per_second:.2f}x "
+                                         f"{p.contender.replace('PyTorch ', '')}" for p in peers) + ")"
+            ax.text(max(r.rounds), i, text, va="center", fontsize=7.5)
+        ax.set_yticks(range(len(line)), [r.contender for r in line], fontsize=8)
+        ax.set_ylim(len(line) - 0.5, -0.5)
+        ax.set_xlim(0, top * 1.35)
+        ax.set_title(f"batch {batch}", fontsize=9)
+        ax.tick_params(axis="x", labelsize=7)
+    axes[-1, 0].set_xlabel("images/s, median of the alternated rounds (min-max)")
+    fig.suptitle(f"FashionNet training step, towerlab against PyTorch {torch.split('+')[0]} eager and "
+                 f"CUDA graph\n{gpu_run(paths)}", fontsize=10)
+    fig.tight_layout()
+    save(fig, out, name)
+
+
+# The pictures the pages show: (picture, its results files, relative to bench/results).
+# scripts/check_docs.py reads this list too, and checks that each picture's comment names
+# these files and that its caption agrees with them. To redraw a picture from newer
+# results, change its line here, then its comment and caption in the pages.
 PICTURES = [
     ("cpu_peers.png", ["cpu_peers_avx512_400fa09.json"]),
     ("trace.png", ["trace_400fa09.json"]),
+    ("gpu_kernels.png", [f"gpu_h100_80982fc/{b}_bench.json" for b in ("matmul", "conv2d", "batchnorm", "pool2d", "bias", "loss", "elementwise", "optimizer")]),
+    ("ring_bandwidth_gpu.png", ["gpu_h100_80982fc/allreduce_bench.json"]),
+    ("towers_speed_gpu.png", ["gpu_h100_80982fc/trainer_bench.json"]),
+    ("gpu_peers.png", ["gpu_h100_8b830bb/gpu_peers.json"]),
 ]
-DRAW = {"cpu_peers.png": plot_peers, "trace.png": plot_trace}
+# How each is drawn, from the paths of its results files.
+DRAW = {"cpu_peers.png": plot_peers, "trace.png": plot_trace, "gpu_kernels.png": plot_gpu_kernels,
+        "ring_bandwidth_gpu.png": plot_ring_gpu, "towers_speed_gpu.png": plot_towers_gpu,
+        "gpu_peers.png": plot_gpu_peers}
 
 
 def main():
@@ -285,12 +475,14 @@ def main():
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     res = args.results
-    gpu = os.path.join(res, "gpu")
 
     for name, files in PICTURES:
-        docs = [load(os.path.join(res, f)) for f in files]
-        if all(docs):
-            DRAW[name](docs, args.out, name)
+        paths = [os.path.join(res, f) for f in files]
+        if all(os.path.exists(p) for p in paths):
+            DRAW[name](paths, args.out, name)
+        else:
+            note(f"{name}: {', '.join(f for f, p in zip(files, paths) if not os.path.exists(p))} "
+                 "not found: it is not drawn")
     if not args.bench_plots:
         return
     if doc := load(os.path.join(res, "trainer_bench.json")):
@@ -301,14 +493,6 @@ def main():
                   "SGEMM on the CPU")
     if doc := load(os.path.join(res, "allreduce_bench.json")):
         plot_ring(doc, args.out, "ring_bandwidth_cpu.png", "BM_RingAllReduce/cpu", "Ring all-reduce, CPU towers")
-    if doc := load(os.path.join(gpu, "trainer_bench.json")):
-        plot_towers(doc, args.out, "towers_speed_gpu.png", "cuda", "FashionNet step on GPU towers")
-    if doc := load(os.path.join(gpu, "matmul_bench.json")):
-        plot_gemm(doc, args.out, "gemm_gpu.png",
-                  [("BM_Cuda/cuda_NN", "towerlab"), ("BM_Cuda/cublas_NN", "cuBLAS")],
-                  "SGEMM on the GPU")
-    if doc := load(os.path.join(gpu, "allreduce_bench.json")):
-        plot_ring(doc, args.out, "ring_bandwidth_gpu.png", "BM_RingAllReduce/cuda", "Ring all-reduce, GPU towers")
 
 
 if __name__ == "__main__":
