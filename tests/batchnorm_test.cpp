@@ -583,7 +583,9 @@ TEST(BatchNormGradient, SplitBackwardMatchesCentralDifferences) {
 // CUDA against the CPU on larger odd shapes (skips without a GPU).
 TEST(BatchNormCudaVsCpu, TrainingForwardAndBackward) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  for (const Shape& shape : std::vector<Shape>{{128, 32, 28, 28}, {31, 7, 13, 17}, {1000, 37}}) {
+  // Planes in float4s (S % 4 == 0) and in floats.
+  for (const Shape& shape :
+       std::vector<Shape>{{128, 32, 28, 28}, {9, 5, 4, 6}, {31, 7, 13, 17}, {1000, 37}}) {
     const std::int64_t C = shape[1];
     const auto n = static_cast<std::size_t>(numel_of(shape));
     auto xv = random_values(n, 50, 100.0f, 104.0f), gyv = random_values(n, 51);

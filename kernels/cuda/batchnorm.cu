@@ -4,6 +4,14 @@
 // (C, splits) blocks writes float partial sums, then one thread per channel adds
 // a channel's partials in double. Elementwise steps read one float4 of
 // per-channel coefficients, prepared by a C-thread kernel, and the element.
+// Every data-sized kernel is templated on its unit V (per_channel.cuh): float4
+// loads and stores where the plane size allows, floats otherwise. The reduction
+// grid is at most four 256-thread blocks per SM (splits_for), all resident at
+// once.
+//
+// Status: the scalar kernels ran on an H100 (main 80982fc, 40-68% of the copy's
+// bytes/s); the float4 units and the resident-grid split have run only on the
+// emulated GPUs so far.
 //
 // The statistics sum deviations from a per-channel shift K = x[0,c,0] (the
 // "shifted data" algorithm): sum(x - K) and sum((x - K)^2) in float lose nothing
@@ -27,16 +35,22 @@ namespace {
 
 // partial_sum, partial_sq: [C, splits]; block (c, j) covers range j of channel c
 // (ChannelSplit).
-__global__ void batchnorm_stats_partial_kernel(ChannelSplit split, float* partial_sum,
-                                               float* partial_sq, const float* __restrict__ x) {
-  const float shift = x[split.channel() * split.S];
+template <typename V>
+__global__ void __launch_bounds__(kReduceBlock, kReduceBlocksPerSm)
+    batchnorm_stats_partial_kernel(ChannelSplit split, float* partial_sum, float* partial_sq,
+                                   const float* __restrict__ x) {
+  const float shift = x[split.channel() * split.S * kWidth<V>];
   float sum = 0.0f, sq = 0.0f;
   for_each_in_split(
-      split, [&](std::int64_t offset) { return x[offset]; },
-      [&](float v) {
-        const float d = v - shift;
-        sum += d;
-        sq += d * d;
+      split, [&](std::int64_t offset) { return unit<V>(x, offset); },
+      [&](V v) {
+        each(
+            [&](float e) {
+              const float d = e - shift;
+              sum += d;
+              sq += d * d;
+            },
+            v);
       });
   sum = block_sum<kReduceBlock>(sum);
   sq = block_sum<kReduceBlock>(sq);
@@ -109,16 +123,21 @@ __global__ void batchnorm_prepare_inference_kernel(std::int64_t C, float4* coeff
 
 // y = batchnorm_affine(x, center, scale, shift), then ReLU when Relu ("z < 0 ? 0 :
 // z", not fmaxf, which drops a NaN); y may alias x.
-template <bool Relu>
+// n and S count units V.
+template <bool Relu, typename V>
 __global__ void batchnorm_apply_kernel(std::int64_t n, float* y, const float* x,
                                        const float4* __restrict__ coeff, std::int64_t C,
                                        std::int64_t S) {
   for_each_with_channel(
-      n, C, S, [&](std::int64_t i) { return x[i]; },
-      [&](std::int64_t i, float v, std::int64_t c) {
+      n, C, S, [&](std::int64_t i) { return unit<V>(x, i); },
+      [&](std::int64_t i, V v, std::int64_t c) {
         const float4 k = coeff[c];
-        const float z = batchnorm_affine(v, k.x, k.y, k.z);
-        y[i] = Relu && z < 0.0f ? 0.0f : z;
+        unit<V>(y, i) = map(
+            [&](float e) {
+              const float z = batchnorm_affine(e, k.x, k.y, k.z);
+              return Relu && z < 0.0f ? 0.0f : z;
+            },
+            v);
       });
 }
 
@@ -133,36 +152,56 @@ struct ReluSource {
   const float* beta;
 };
 
-// grad_y masked by the forward's y > 0 (y recomputed from x in channel c, with the
-// forward's scale gamma * inv_std in float) when Relu; else grad_y.
+// The forward's y = batchnorm_affine(x, center, scale, shift) of channel c, with
+// its scale gamma * inv_std in float, read once per channel (zeros, unused,
+// without Relu).
+struct ReluMask {
+  float center, scale, shift;
+};
+
 template <bool Relu>
-__device__ float masked_grad(float grad_y, float x, const ReluSource& r, std::int64_t c) {
+__device__ ReluMask relu_mask(const ReluSource& r, std::int64_t c) {
   if constexpr (Relu) {
-    const float y = batchnorm_affine(x, r.mean[c], r.gamma[c] * r.inv_std[c], r.beta[c]);
-    return y > 0.0f ? grad_y : 0.0f;
+    return {r.mean[c], r.gamma[c] * r.inv_std[c], r.beta[c]};
+  } else {
+    return {0.0f, 0.0f, 0.0f};
+  }
+}
+
+// grad_y masked by the forward's y > 0 (y recomputed from x) when Relu; else grad_y.
+template <bool Relu>
+__device__ float masked_grad(float grad_y, float x, const ReluMask& m) {
+  if constexpr (Relu) {
+    return batchnorm_affine(x, m.center, m.scale, m.shift) > 0.0f ? grad_y : 0.0f;
   } else {
     return grad_y;
   }
 }
 
-template <bool Relu>
-__global__ void batchnorm_backward_partial_kernel(ChannelSplit split, float* partial_gy,
-                                                  float* partial_gy_dev,
-                                                  const float* __restrict__ grad_y,
-                                                  const float* __restrict__ x,
-                                                  const float* __restrict__ mean, ReluSource relu) {
+template <bool Relu, typename V>
+__global__ void __launch_bounds__(kReduceBlock, kReduceBlocksPerSm)
+    batchnorm_backward_partial_kernel(ChannelSplit split, float* partial_gy, float* partial_gy_dev,
+                                      const float* __restrict__ grad_y, const float* __restrict__ x,
+                                      const float* __restrict__ mean, ReluSource relu) {
   const std::int64_t c = split.channel();
   const float mu = mean[c];
+  const ReluMask mask = relu_mask<Relu>(relu, c);
   float sum = 0.0f, sum_dev = 0.0f;
   for_each_in_split(
       split,
       [&](std::int64_t offset) {
-        const float v = x[offset];
-        return make_float2(masked_grad<Relu>(grad_y[offset], v, relu, c), v);
+        const V v = unit<V>(x, offset);
+        const V g = map([&](float gy, float e) { return masked_grad<Relu>(gy, e, mask); },
+                        unit<V>(grad_y, offset), v);
+        return Units2<V>{g, v};
       },
-      [&](float2 gy_x) {
-        sum += gy_x.x;
-        sum_dev += gy_x.x * (gy_x.y - mu);
+      [&](Units2<V> gy_x) {
+        each(
+            [&](float gy, float e) {
+              sum += gy;
+              sum_dev += gy * (e - mu);
+            },
+            gy_x.a, gy_x.b);
       });
   sum = block_sum<kReduceBlock>(sum);
   sum_dev = block_sum<kReduceBlock>(sum_dev);
@@ -203,7 +242,8 @@ __global__ void batchnorm_prepare_backward_kernel(std::int64_t C, float4* coeff,
   }
 }
 
-template <bool Relu>
+// n and S count units V.
+template <bool Relu, typename V>
 __global__ void batchnorm_backward_apply_kernel(std::int64_t n, float* grad_x,
                                                 const float* __restrict__ grad_y,
                                                 const float* __restrict__ x,
@@ -212,11 +252,18 @@ __global__ void batchnorm_backward_apply_kernel(std::int64_t n, float* grad_x,
   // assign: grad_x is overwritten and never read (0 + g is g, as in a zeroed buffer).
   for_each_with_channel(
       n, C, S,
-      [&](std::int64_t i) { return make_float3(grad_y[i], x[i], assign ? 0.0f : grad_x[i]); },
-      [&](std::int64_t i, float3 v, std::int64_t c) {
+      [&](std::int64_t i) {
+        return Units3<V>{unit<V>(grad_y, i), unit<V>(x, i), assign ? V{} : unit<V>(grad_x, i)};
+      },
+      [&](std::int64_t i, Units3<V> v, std::int64_t c) {
         const float4 k = coeff[c];
-        const float gy = masked_grad<Relu>(v.x, v.y, relu, c);
-        grad_x[i] = v.z + k.y * gy - k.z - (v.y - k.x) * k.w;
+        const ReluMask mask = relu_mask<Relu>(relu, c);
+        unit<V>(grad_x, i) = map(
+            [&](float g, float e, float acc) {
+              const float gy = masked_grad<Relu>(g, e, mask);
+              return acc + k.y * gy - k.z - (e - k.x) * k.w;
+            },
+            v.a, v.b, v.c);
       });
 }
 
@@ -227,11 +274,21 @@ __global__ void batchnorm_backward_apply_kernel(std::int64_t n, float* grad_x,
 namespace {
 
 // y = (x - coeff.x) * coeff.y + coeff.z over a.x, with a.activation.
+template <typename V>
+void apply_in(const BatchNormArgs& a, const float4* coeff, const Stream& stream) {
+  const auto kernel = a.activation == Activation::ReLU ? batchnorm_apply_kernel<true, V>
+                                                       : batchnorm_apply_kernel<false, V>;
+  const std::int64_t S = a.S / kWidth<V>;
+  launch_grid_stride(kernel, a.N * a.C * S, stream, a.y.data<float>(), a.x.data<float>(), coeff,
+                     a.C, S);
+}
+
 void apply(const BatchNormArgs& a, const float4* coeff, const Stream& stream) {
-  const auto kernel = a.activation == Activation::ReLU ? batchnorm_apply_kernel<true>
-                                                       : batchnorm_apply_kernel<false>;
-  launch_grid_stride(kernel, a.N * a.C * a.S, stream, a.y.data<float>(), a.x.data<float>(), coeff,
-                     a.C, a.S);
+  if (use_float4(a.S, {a.y.data<float>(), a.x.data<float>()})) {
+    apply_in<float4>(a, coeff, stream);
+  } else {
+    apply_in<float>(a, coeff, stream);
+  }
 }
 
 // The forward's coefficients for a ReLU backward's mask; null pointers otherwise.
@@ -245,15 +302,17 @@ ReluSource relu_source(const BatchNormArgs& a) {
 
 void batchnorm_stats(const BatchNormArgs& a, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
-  const ChannelSplit split = channel_split(a.N, a.C, a.S, stream);
+  const bool vector = use_float4(a.S, {a.x.data<float>()});
+  const ChannelSplit split = channel_split(a.N, a.C, vector ? a.S / 4 : a.S, stream);
   Scratch partial(stream, 2 * a.C * split.splits * sizeof(float));
   float* partial_sum = partial.as<float>();
   float* partial_sq = partial_sum + a.C * split.splits;
-  launch_channel_split(batchnorm_stats_partial_kernel, split, stream, partial_sum, partial_sq,
-                       a.x.data<float>());
+  launch_channel_split(
+      vector ? batchnorm_stats_partial_kernel<float4> : batchnorm_stats_partial_kernel<float>,
+      split, stream, partial_sum, partial_sq, a.x.data<float>());
   launch_grid_stride(batchnorm_stats_finish_kernel, a.C, stream, a.mean.data<float>(),
                      a.m2.data<float>(), partial_sum, partial_sq, a.x.data<float>(), a.S,
-                     split.splits, split.per_channel);
+                     split.splits, a.N * a.S);
 }
 
 void batchnorm_merge_stats(const BatchNormMergeStats& a, const Stream& stream) {
@@ -283,14 +342,27 @@ void batchnorm_forward_inference(const BatchNormArgs& a, const Stream& stream) {
   apply(a, coeff.as<float4>(), stream);
 }
 
+template <typename V>
+auto backward_partial_kernel(const BatchNormArgs& a) {
+  return a.activation == Activation::ReLU ? batchnorm_backward_partial_kernel<true, V>
+                                          : batchnorm_backward_partial_kernel<false, V>;
+}
+
+template <typename V>
+auto backward_apply_kernel(const BatchNormArgs& a) {
+  return a.activation == Activation::ReLU ? batchnorm_backward_apply_kernel<true, V>
+                                          : batchnorm_backward_apply_kernel<false, V>;
+}
+
 void batchnorm_backward_reduce(const BatchNormArgs& a, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
-  const ChannelSplit split = channel_split(a.N, a.C, a.S, stream);
+  const bool vector = use_float4(a.S, {a.grad_y.data<float>(), a.x.data<float>()});
+  const ChannelSplit split = channel_split(a.N, a.C, vector ? a.S / 4 : a.S, stream);
   Scratch partial(stream, 2 * a.C * split.splits * sizeof(float));
   float* partial_gy = partial.as<float>();
   float* partial_gy_dev = partial_gy + a.C * split.splits;
-  const auto kernel = a.activation == Activation::ReLU ? batchnorm_backward_partial_kernel<true>
-                                                       : batchnorm_backward_partial_kernel<false>;
+  const auto kernel =
+      vector ? backward_partial_kernel<float4>(a) : backward_partial_kernel<float>(a);
   launch_channel_split(kernel, split, stream, partial_gy, partial_gy_dev, a.grad_y.data<float>(),
                        a.x.data<float>(), a.mean.data<float>(), relu_source(a));
   launch_grid_stride(batchnorm_backward_finish_kernel, a.C, stream, a.sum_grad_y.data<float>(),
@@ -304,11 +376,13 @@ void batchnorm_backward_apply(const BatchNormArgs& a, const Stream& stream) {
   launch_grid_stride(batchnorm_prepare_backward_kernel, a.C, stream, coeff.as<float4>(),
                      a.gamma.data<float>(), a.mean.data<float>(), a.inv_std.data<float>(),
                      a.sum_grad_y.data<float>(), a.sum_grad_y_xhat.data<float>(), a.count);
-  const auto kernel = a.activation == Activation::ReLU ? batchnorm_backward_apply_kernel<true>
-                                                       : batchnorm_backward_apply_kernel<false>;
-  launch_grid_stride(kernel, a.N * a.C * a.S, stream, a.grad_x.data<float>(),
-                     a.grad_y.data<float>(), a.x.data<float>(), coeff.as<float4>(), relu_source(a),
-                     a.C, a.S, a.grad_x_write == GradWrite::Assign);
+  const bool vector =
+      use_float4(a.S, {a.grad_x.data<float>(), a.grad_y.data<float>(), a.x.data<float>()});
+  const auto kernel = vector ? backward_apply_kernel<float4>(a) : backward_apply_kernel<float>(a);
+  const std::int64_t S = vector ? a.S / 4 : a.S;
+  launch_grid_stride(kernel, a.N * a.C * S, stream, a.grad_x.data<float>(), a.grad_y.data<float>(),
+                     a.x.data<float>(), coeff.as<float4>(), relu_source(a), a.C, S,
+                     a.grad_x_write == GradWrite::Assign);
 }
 
 }  // namespace towerlab::cuda

@@ -6,12 +6,18 @@
 //     the j-th contiguous range of channel c's N*S values (ChannelRange), the
 //     block partials combined by a second, tiny kernel in a fixed order (so the
 //     result is the same bits run after run, no atomics).
+// Both walk x in units of V, float or float4: when S % 4 == 0 and every buffer is
+// 16-byte aligned (use_float4), a float4 never straddles two channel rows, so the
+// kernels run on x viewed as [N,C,S/4] float4s (one 128-bit load or store per
+// four values, a quarter of the index arithmetic) and apply their per-value
+// operation to each component (map, each below); otherwise V = float.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 
 #include "engine/allocator.h"
@@ -129,12 +135,20 @@ __device__ void for_each_in_channel_range(std::int64_t begin, std::int64_t end, 
 // block_sum<kReduceBlock> (launch.cuh).
 constexpr int kReduceBlock = 256;
 
-// How many blocks to split each channel's `per_channel` values over: enough for
-// about eight blocks (full occupancy) per SM over all C channels, but at least
-// two unrolled steps (8 values) per thread.
+// Blocks per SM the reduction grid is sized for (splits_for); the partial kernels
+// declare it in __launch_bounds__, which holds them to 64 registers a thread so
+// that this many fit.
+constexpr int kReduceBlocksPerSm = 4;
+
+// How many blocks to split each channel's `per_channel` units over: at most
+// kReduceBlocksPerSm blocks per SM over all C channels (rounded down), so that the
+// whole grid is resident at once and no SM runs a lone second wave; four blocks of
+// threads with kUnroll float4 loads each keep 64 KiB in flight per SM, several
+// times what DRAM latency asks. At least one unrolled step (kUnroll units) per
+// thread.
 inline std::int64_t splits_for(std::int64_t C, std::int64_t per_channel, int device) {
-  const std::int64_t wanted = (8 * std::int64_t{sm_count(device)} + C - 1) / C;
-  const std::int64_t most = (per_channel + 8 * kReduceBlock - 1) / (8 * kReduceBlock);
+  const std::int64_t wanted = kReduceBlocksPerSm * std::int64_t{sm_count(device)} / C;
+  const std::int64_t most = (per_channel + kUnroll * kReduceBlock - 1) / (kUnroll * kReduceBlock);
   return std::clamp<std::int64_t>(std::min(wanted, most), 1, 65535);
 }
 
@@ -182,5 +196,93 @@ void launch_channel_split(void (*kernel)(ChannelSplit, Params...), const Channel
   kernel<<<grid, kReduceBlock, 0, native(stream)>>>(split, args...);
   TL_CUDA_CHECK_LAUNCH();
 }
+
+// --- float or float4 units ------------------------------------------------------
+
+// Whether x [N,C,S] and the buffers walked with it can be taken in float4s: S a
+// multiple of 4 (a float4 stays within one channel row) and every buffer 16-byte
+// aligned (views may start at any element). Null buffers do not count.
+inline bool use_float4(std::int64_t S, std::initializer_list<const void*> buffers) {
+  if (S % 4 != 0) return false;
+  for (const void* p : buffers) {
+    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
+}
+
+// Floats per unit V.
+template <typename V>
+constexpr std::int64_t kWidth = sizeof(V) / sizeof(float);
+
+// Unit i of a float buffer viewed as V.
+template <typename V>
+__device__ __forceinline__ const V& unit(const float* p, std::int64_t i) {
+  return reinterpret_cast<const V*>(p)[i];
+}
+template <typename V>
+__device__ __forceinline__ V& unit(float* p, std::int64_t i) {
+  return reinterpret_cast<V*>(p)[i];
+}
+
+// f applied to each component of one, two or three units (component-wise map).
+template <typename F>
+__device__ __forceinline__ float map(F f, float a) {
+  return f(a);
+}
+template <typename F>
+__device__ __forceinline__ float4 map(F f, float4 a) {
+  return make_float4(f(a.x), f(a.y), f(a.z), f(a.w));
+}
+template <typename F>
+__device__ __forceinline__ float map(F f, float a, float b) {
+  return f(a, b);
+}
+template <typename F>
+__device__ __forceinline__ float4 map(F f, float4 a, float4 b) {
+  return make_float4(f(a.x, b.x), f(a.y, b.y), f(a.z, b.z), f(a.w, b.w));
+}
+template <typename F>
+__device__ __forceinline__ float map(F f, float a, float b, float c) {
+  return f(a, b, c);
+}
+template <typename F>
+__device__ __forceinline__ float4 map(F f, float4 a, float4 b, float4 c) {
+  return make_float4(f(a.x, b.x, c.x), f(a.y, b.y, c.y), f(a.z, b.z, c.z), f(a.w, b.w, c.w));
+}
+
+// f called on each component of one or two units, in the order x, y, z, w (a
+// reduction adding them keeps a fixed order).
+template <typename F>
+__device__ __forceinline__ void each(F f, float a) {
+  f(a);
+}
+template <typename F>
+__device__ __forceinline__ void each(F f, float4 a) {
+  f(a.x);
+  f(a.y);
+  f(a.z);
+  f(a.w);
+}
+template <typename F>
+__device__ __forceinline__ void each(F f, float a, float b) {
+  f(a, b);
+}
+template <typename F>
+__device__ __forceinline__ void each(F f, float4 a, float4 b) {
+  f(a.x, b.x);
+  f(a.y, b.y);
+  f(a.z, b.z);
+  f(a.w, b.w);
+}
+
+// Two and three units loaded together (a load step's value).
+template <typename V>
+struct Units2 {
+  V a, b;
+};
+template <typename V>
+struct Units3 {
+  V a, b, c;
+};
 
 }  // namespace towerlab::cuda
