@@ -97,7 +97,10 @@ TEST(BiasGradient, MatchesCentralDifferences) {
 // CUDA against the CPU on larger odd shapes (skips without a GPU).
 TEST(BiasCudaVsCpu, ForwardAndBackward) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  for (const Shape& shape : std::vector<Shape>{{128, 64, 14, 14}, {33, 7, 13, 17}, {1000, 37}}) {
+  // float4 planes, odd planes, and [N, C] matrices with few rows (the column
+  // kernel) and with many (the per-channel split).
+  for (const Shape& shape : std::vector<Shape>{
+           {128, 64, 14, 14}, {5, 3, 4, 6}, {33, 7, 13, 17}, {1000, 37}, {128, 1024}, {3000, 10}}) {
     const std::int64_t C = shape[1];
     const auto xv = random_values(static_cast<std::size_t>(numel_of(shape)), 70);
     const auto bv = random_values(static_cast<std::size_t>(C), 71);

@@ -4,7 +4,11 @@
 // one thread per channel adding them in double and into grad_bias), so the
 // result does not depend on scheduling. The fused bias + ReLU kernels are the same
 // two patterns, the backward's blocks also adding the masked gradient into grad_x
-// as they read it.
+// as they read it. All kernels are templated on their unit V (per_channel.cuh):
+// float4 loads and stores where the plane size and alignment allow.
+//
+// Status: the scalar kernels ran on an H100 (main 80982fc); the float4 units and
+// the column kernel have run only on the emulated GPUs so far.
 #include "kernels/cuda/bias.h"
 #include "kernels/cuda/per_channel.cuh"
 
@@ -12,57 +16,68 @@ namespace towerlab::cuda {
 
 namespace {
 
-// y may alias x (in-place bias add).
+// y = x + bias, then ReLU when Relu ("z < 0 ? 0 : z", not fmaxf, which drops a
+// NaN: kernels/relu.h). y may alias x (in-place bias add). n and S count units V.
+template <bool Relu, typename V>
 __global__ void bias_add_forward_kernel(std::int64_t n, float* y, const float* x,
                                         const float* __restrict__ bias, std::int64_t C,
                                         std::int64_t S) {
   for_each_with_channel(
-      n, C, S, [&](std::int64_t i) { return x[i]; },
-      [&](std::int64_t i, float v, std::int64_t c) { y[i] = v + bias[c]; });
-}
-
-// y may alias x. "v < 0 ? 0 : v", not fmaxf, which drops a NaN (kernels/relu.h).
-__global__ void bias_add_relu_forward_kernel(std::int64_t n, float* y, const float* x,
-                                             const float* __restrict__ bias, std::int64_t C,
-                                             std::int64_t S) {
-  for_each_with_channel(
-      n, C, S, [&](std::int64_t i) { return x[i]; },
-      [&](std::int64_t i, float v, std::int64_t c) {
-        const float z = v + bias[c];
-        y[i] = z < 0.0f ? 0.0f : z;
+      n, C, S, [&](std::int64_t i) { return unit<V>(x, i); },
+      [&](std::int64_t i, V v, std::int64_t c) {
+        const float b = bias[c];
+        unit<V>(y, i) = map(
+            [&](float e) {
+              const float z = e + b;
+              return Relu && z < 0.0f ? 0.0f : z;
+            },
+            v);
       });
 }
 
 // partial: [C, splits]; block (c, j) sums range j of channel c (ChannelSplit).
-__global__ void bias_backward_partial_kernel(ChannelSplit split, float* partial,
-                                             const float* __restrict__ grad_y) {
+template <typename V>
+__global__ void __launch_bounds__(kReduceBlock, kReduceBlocksPerSm)
+    bias_backward_partial_kernel(ChannelSplit split, float* partial,
+                                 const float* __restrict__ grad_y) {
   float sum = 0.0f;
   for_each_in_split(
-      split, [&](std::int64_t offset) { return grad_y[offset]; }, [&](float v) { sum += v; });
+      split, [&](std::int64_t offset) { return unit<V>(grad_y, offset); },
+      [&](V v) { each([&](float e) { sum += e; }, v); });
   sum = block_sum<kReduceBlock>(sum);
   if (threadIdx.x == 0) partial[split.partial_index()] = sum;
 }
 
-// A masked gradient value and where it goes in grad_x.
+// A masked gradient unit and where it goes in grad_x. (Loading grad_x's unit here
+// too, with the step's other loads, would put them in flight together, but costs
+// 140 bytes of spills a thread at the 64 registers of four blocks per SM.)
+template <typename V>
 struct MaskedGrad {
   std::int64_t offset;
-  float g;
+  V g;
 };
 
 // As bias_backward_partial_kernel on g = grad_y * (y > 0), adding each g into
 // grad_x (when not null): every element belongs to exactly one block's range.
-__global__ void bias_relu_backward_partial_kernel(ChannelSplit split, float* partial, float* grad_x,
-                                                  const float* __restrict__ grad_y,
-                                                  const float* __restrict__ y) {
+template <typename V>
+__global__ void __launch_bounds__(kReduceBlock, kReduceBlocksPerSm)
+    bias_relu_backward_partial_kernel(ChannelSplit split, float* partial, float* grad_x,
+                                      const float* __restrict__ grad_y,
+                                      const float* __restrict__ y) {
   float sum = 0.0f;
   for_each_in_split(
       split,
       [&](std::int64_t offset) {
-        return MaskedGrad{offset, y[offset] > 0.0f ? grad_y[offset] : 0.0f};
+        const V g = map([](float gy, float out) { return out > 0.0f ? gy : 0.0f; },
+                        unit<V>(grad_y, offset), unit<V>(y, offset));
+        return MaskedGrad<V>{offset, g};
       },
-      [&](MaskedGrad m) {
-        if (grad_x != nullptr) grad_x[m.offset] += m.g;
-        sum += m.g;
+      [&](MaskedGrad<V> m) {
+        if (grad_x != nullptr) {
+          unit<V>(grad_x, m.offset) =
+              map([](float acc, float g) { return acc + g; }, unit<V>(grad_x, m.offset), m.g);
+        }
+        each([&](float g) { sum += g; }, m.g);
       });
   sum = block_sum<kReduceBlock>(sum);
   if (threadIdx.x == 0) partial[split.partial_index()] = sum;
@@ -77,29 +92,89 @@ __global__ void bias_backward_finish_kernel(std::int64_t C, float* grad_bias, co
   }
 }
 
+// A fully connected layer's bias gradient, grad_y [N, C] (S = 1) with few rows:
+// the per-channel reduction above would have each block read one column with a
+// stride of C floats (a sector per value) and leave most of its threads idle, in
+// two launches. Here block x takes 32 columns and kColumnRows row-threads per
+// column: thread (lane, r) adds rows r, r + kColumnRows, ... of column 32x + lane
+// (each row a coalesced 128-byte read across the lanes), then thread (lane, 0)
+// adds the kColumnRows sums in order and adds the total into grad_bias: one
+// launch, a fixed order.
+constexpr int kColumnRows = 8;
+constexpr std::int64_t kMostColumnRows = 2048;  // rows per thread stay <= 256
+
+__global__ void __launch_bounds__(kWarpSize* kColumnRows)
+    bias_backward_columns_kernel(float* grad_bias, float* grad_x, const float* __restrict__ grad_y,
+                                 const float* __restrict__ y, std::int64_t N, std::int64_t C) {
+  __shared__ float sums[kColumnRows][kWarpSize];
+  const std::int64_t c = blockIdx.x * std::int64_t{kWarpSize} + threadIdx.x;
+  float sum = 0.0f;
+  if (c < C) {
+    for (std::int64_t n = threadIdx.y; n < N; n += kColumnRows) {
+      const std::int64_t i = n * C + c;
+      float g = grad_y[i];
+      if (y != nullptr) {
+        g = y[i] > 0.0f ? g : 0.0f;
+        if (grad_x != nullptr) grad_x[i] += g;
+      }
+      sum += g;
+    }
+  }
+  sums[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float total = 0.0f;
+    for (int r = 0; r < kColumnRows; ++r) total += sums[r][threadIdx.x];
+    grad_bias[c] = static_cast<float>(grad_bias[c] + static_cast<double>(total));
+  }
+}
+
 // The per-channel sum of grad_y (masked by y > 0 when y is not null, then also
 // added into grad_x when that is not null) added into grad_bias.
 void bias_backward(float* grad_bias, float* grad_x, const float* grad_y, const float* y,
                    std::int64_t N, std::int64_t C, std::int64_t S, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
-  const ChannelSplit split = channel_split(N, C, S, stream);
+  if (N * C == 0) return;
+  if (S == 1 && N <= kMostColumnRows) {
+    const auto blocks = static_cast<unsigned>((C + kWarpSize - 1) / kWarpSize);
+    bias_backward_columns_kernel<<<blocks, dim3(kWarpSize, kColumnRows), 0, native(stream)>>>(
+        grad_bias, grad_x, grad_y, y, N, C);
+    TL_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const bool vector = use_float4(S, {grad_x, grad_y, y});
+  const ChannelSplit split = channel_split(N, C, vector ? S / 4 : S, stream);
   Scratch partial(stream, C * split.splits * sizeof(float));
   if (y == nullptr) {
-    launch_channel_split(bias_backward_partial_kernel, split, stream, partial.as<float>(), grad_y);
+    launch_channel_split(
+        vector ? bias_backward_partial_kernel<float4> : bias_backward_partial_kernel<float>, split,
+        stream, partial.as<float>(), grad_y);
   } else {
-    launch_channel_split(bias_relu_backward_partial_kernel, split, stream, partial.as<float>(),
-                         grad_x, grad_y, y);
+    launch_channel_split(vector ? bias_relu_backward_partial_kernel<float4>
+                                : bias_relu_backward_partial_kernel<float>,
+                         split, stream, partial.as<float>(), grad_x, grad_y, y);
   }
   launch_grid_stride(bias_backward_finish_kernel, C, stream, grad_bias, partial.as<float>(),
                      split.splits);
+}
+
+// y = x + bias (then ReLU when Relu) over x [N,C,S].
+template <bool Relu>
+void bias_forward(float* y, const float* x, const float* bias, std::int64_t N, std::int64_t C,
+                  std::int64_t S, const Stream& stream) {
+  if (use_float4(S, {y, x})) {
+    launch_grid_stride(bias_add_forward_kernel<Relu, float4>, N * C * (S / 4), stream, y, x, bias,
+                       C, S / 4);
+  } else {
+    launch_grid_stride(bias_add_forward_kernel<Relu, float>, N * C * S, stream, y, x, bias, C, S);
+  }
 }
 
 }  // namespace
 
 void bias_add_forward(const Tensor& y, const Tensor& x, const Tensor& bias, std::int64_t N,
                       std::int64_t C, std::int64_t S, const Stream& stream) {
-  launch_grid_stride(bias_add_forward_kernel, N * C * S, stream, y.data<float>(), x.data<float>(),
-                     bias.data<float>(), C, S);
+  bias_forward<false>(y.data<float>(), x.data<float>(), bias.data<float>(), N, C, S, stream);
 }
 
 void bias_add_backward(const Tensor& grad_bias, const Tensor& grad_y, std::int64_t N,
@@ -109,8 +184,7 @@ void bias_add_backward(const Tensor& grad_bias, const Tensor& grad_y, std::int64
 
 void bias_add_relu_forward(const Tensor& y, const Tensor& x, const Tensor& bias, std::int64_t N,
                            std::int64_t C, std::int64_t S, const Stream& stream) {
-  launch_grid_stride(bias_add_relu_forward_kernel, N * C * S, stream, y.data<float>(),
-                     x.data<float>(), bias.data<float>(), C, S);
+  bias_forward<true>(y.data<float>(), x.data<float>(), bias.data<float>(), N, C, S, stream);
 }
 
 void bias_add_relu_backward(const Tensor& grad_x, const Tensor& grad_bias, const Tensor& grad_y,
