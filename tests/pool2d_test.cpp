@@ -310,8 +310,10 @@ TEST(Pool2dTwoByTwoCpu, EveryIsaMakesWindowArgmaxsChoices) {
   EXPECT_GE(isas, 1);
 }
 
-// CUDA against the CPU on FashionNet's first pooling layer and an odd one, with
-// ties (values rounded to a coarse grid) that both must break the same way.
+// CUDA against the CPU on FashionNet's first pooling layer, 2x2 windows on an odd
+// output width and on odd planes (the general kernels), and an overlapping padded
+// window, with ties (values rounded to a coarse grid) that both must break the
+// same way; the argmax forms too.
 TEST(Pool2dCudaVsCpu, ForwardAndBackward) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   struct Case {
@@ -319,6 +321,8 @@ TEST(Pool2dCudaVsCpu, ForwardAndBackward) {
     Pool2dParams p;
   };
   for (const Case& c : std::vector<Case>{{{128, 32, 28, 28}, Pool2dParams::square(2, 2)},
+                                         {{2, 3, 6, 10}, Pool2dParams::square(2, 2)},
+                                         {{3, 5, 7, 9}, Pool2dParams::square(2, 2)},
                                          {{3, 5, 31, 29}, Pool2dParams::square(3, 2, 1)}}) {
     const Shape ys = pool2d_output_shape(c.x, c.p);
     auto xv = random_values(static_cast<std::size_t>(numel_of(c.x)), 60);
@@ -338,6 +342,14 @@ TEST(Pool2dCudaVsCpu, ForwardAndBackward) {
       avg_pool2d_forward(y, x, c.p, stream);
       avg_pool2d_backward(grad_x, grad_y, c.p, stream);
       results[k].push_back(y.to_host<float>(stream));
+      results[k].push_back(grad_x.to_host<float>(stream));
+      Tensor argmax = Tensor::empty(ys, stream);
+      max_pool2d_forward_with_argmax(y, argmax, x, c.p, stream);
+      max_pool2d_backward_from_argmax(grad_x, grad_y, argmax, c.p, stream);
+      results[k].push_back(y.to_host<float>(stream));
+      results[k].push_back(argmax.to_host<float>(stream));
+      results[k].push_back(grad_x.to_host<float>(stream));
+      max_pool2d_backward_from_argmax(grad_x, grad_y, argmax, c.p, stream, GradWrite::Assign);
       results[k].push_back(grad_x.to_host<float>(stream));
     }
     for (std::size_t i = 0; i < results[0].size(); ++i) {

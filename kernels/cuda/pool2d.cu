@@ -8,8 +8,24 @@
 // argmax (with 2x2 stride 2 there is exactly one covering window of 4 values,
 // already in L1 from the neighbouring threads), or reads it where the forward
 // recorded it (the from_argmax backward).
+//
+// The 2x2 stride-2 unpadded window on even planes (FashionNet's pooling, and the
+// common case) has its own kernels: the windows tile the plane exactly, so every
+// input belongs to one window and each thread owns one output and its window:
+// two float2 loads (rows 2r and 2r+1 of x viewed as [planes*H, W], coalesced
+// across the warp), and for the backwards two float2 stores of grad_x, written by
+// this thread alone (no gather, no atomics). 32-bit indices, one division per
+// output instead of the general kernels' three 64-bit ones. Each value is the
+// same expression in the same order as the general kernels, so both give the
+// same bits.
+//
+// Status: the general kernels ran on an H100 (main 80982fc, 13-36% of the copy's
+// bytes/s); the 2x2 kernels have run only on the emulated GPUs so far.
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/pool2d.h"
+
+#include <cstdint>
+#include <limits>
 
 namespace towerlab::cuda {
 
@@ -162,16 +178,176 @@ __global__ void avg_pool2d_backward_kernel(std::int64_t n, float* __restrict__ g
   }
 }
 
+// --- 2x2 stride 2, even planes ------------------------------------------------------
+
+// Output i of y viewed as [rows, Wo] (rows = planes*Ho): the top-left input of its
+// window in x viewed as [2*rows, W = 2*Wo], and its row within the plane.
+struct Tile {
+  unsigned top;   // offset of x[2r, 2wo]
+  unsigned h, w;  // the window's top-left (2*ho, 2*wo) within its plane
+};
+
+__device__ __forceinline__ Tile tile_of(unsigned i, unsigned Wo, unsigned Ho) {
+  const unsigned r = i / Wo, wo = i - r * Wo;
+  return {2 * r * (2 * Wo) + 2 * wo, 2 * (r % Ho), 2 * wo};
+}
+
+// The window's four values in row-major order.
+struct Quad {
+  float2 top, bottom;
+};
+
+__device__ __forceinline__ Quad load_quad(const float* x, unsigned top, unsigned W) {
+  return {*reinterpret_cast<const float2*>(x + top), *reinterpret_cast<const float2*>(x + top + W)};
+}
+
+__device__ __forceinline__ void store_quad(float* x, unsigned top, unsigned W, const Quad& q) {
+  *reinterpret_cast<float2*>(x + top) = q.top;
+  *reinterpret_cast<float2*>(x + top + W) = q.bottom;
+}
+
+// Which of the four (0..3, row-major) is the window's first maximum, a NaN winning
+// (the first NaN): window_argmax's scan.
+__device__ __forceinline__ int quad_argmax(const Quad& q) {
+  const float v[4] = {q.top.x, q.top.y, q.bottom.x, q.bottom.y};
+  int best = 0;
+#pragma unroll
+  for (int k = 1; k < 4; ++k) {
+    if (v[k] > v[best] || (isnan(v[k]) && !isnan(v[best]))) best = k;
+  }
+  return best;
+}
+
+__device__ __forceinline__ float quad_value(const Quad& q, int k) {
+  return k == 0 ? q.top.x : k == 1 ? q.top.y : k == 2 ? q.bottom.x : q.bottom.y;
+}
+
+// g at position k of the four, zero elsewhere (each as 0.0f + term, the gather's sum
+// over one covering window, so the bits match the general kernels).
+__device__ __forceinline__ Quad quad_one_hot(int k, float g) {
+  const auto at = [&](int j) { return 0.0f + (j == k ? g : 0.0f); };
+  return {make_float2(at(0), at(1)), make_float2(at(2), at(3))};
+}
+
+__device__ __forceinline__ Quad quad_add(const Quad& a, const Quad& b) {
+  return {make_float2(a.top.x + b.top.x, a.top.y + b.top.y),
+          make_float2(a.bottom.x + b.bottom.x, a.bottom.y + b.bottom.y)};
+}
+
+// The grid-stride loop over n < 2^31 outputs in 32-bit indices.
+#define TL_FOR_EACH_OUTPUT(i, n) \
+  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += gridDim.x * blockDim.x)
+
+__global__ void max_pool_2x2_forward_kernel(std::int64_t n, float* __restrict__ y,
+                                            float* __restrict__ argmax, const float* __restrict__ x,
+                                            unsigned Ho, unsigned Wo) {
+  TL_FOR_EACH_OUTPUT(i, static_cast<unsigned>(n)) {
+    const Tile t = tile_of(i, Wo, Ho);
+    const Quad q = load_quad(x, t.top, 2 * Wo);
+    const int k = quad_argmax(q);
+    y[i] = quad_value(q, k);
+    if (argmax != nullptr) {
+      argmax[i] = static_cast<float>((t.h + k / 2) * (2 * Wo) + t.w + k % 2);
+    }
+  }
+}
+
+__global__ void max_pool_2x2_backward_kernel(std::int64_t n, float* __restrict__ grad_x,
+                                             const float* __restrict__ grad_y,
+                                             const float* __restrict__ x, unsigned Ho,
+                                             unsigned Wo) {
+  TL_FOR_EACH_OUTPUT(i, static_cast<unsigned>(n)) {
+    const Tile t = tile_of(i, Wo, Ho);
+    const Quad q = load_quad(x, t.top, 2 * Wo);
+    const Quad acc = load_quad(grad_x, t.top, 2 * Wo);
+    store_quad(grad_x, t.top, 2 * Wo, quad_add(acc, quad_one_hot(quad_argmax(q), grad_y[i])));
+  }
+}
+
+// The recorded argmax (a plane index) as a position 0..3 in the window at (h, w);
+// one that is not in the window (no valid record) takes none.
+__global__ void max_pool_2x2_backward_from_argmax_kernel(std::int64_t n, float* __restrict__ grad_x,
+                                                         const float* __restrict__ grad_y,
+                                                         const float* __restrict__ argmax,
+                                                         unsigned Ho, unsigned Wo, bool assign) {
+  TL_FOR_EACH_OUTPUT(i, static_cast<unsigned>(n)) {
+    const Tile t = tile_of(i, Wo, Ho);
+    const unsigned W = 2 * Wo;
+    const float where = argmax[i];
+    int k = -1;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (where == static_cast<float>((t.h + j / 2) * W + t.w + j % 2)) k = j;
+    }
+    const Quad g = quad_one_hot(k, grad_y[i]);
+    store_quad(grad_x, t.top, W, assign ? g : quad_add(load_quad(grad_x, t.top, W), g));
+  }
+}
+
+__global__ void avg_pool_2x2_forward_kernel(std::int64_t n, float* __restrict__ y,
+                                            const float* __restrict__ x, unsigned Ho, unsigned Wo) {
+  TL_FOR_EACH_OUTPUT(i, static_cast<unsigned>(n)) {
+    const Quad q = load_quad(x, tile_of(i, Wo, Ho).top, 2 * Wo);
+    float sum = 0.0f;
+    sum += q.top.x;
+    sum += q.top.y;
+    sum += q.bottom.x;
+    sum += q.bottom.y;
+    y[i] = sum / 4.0f;
+  }
+}
+
+__global__ void avg_pool_2x2_backward_kernel(std::int64_t n, float* __restrict__ grad_x,
+                                             const float* __restrict__ grad_y, unsigned Ho,
+                                             unsigned Wo) {
+  TL_FOR_EACH_OUTPUT(i, static_cast<unsigned>(n)) {
+    const unsigned top = tile_of(i, Wo, Ho).top;
+    const float g = 0.0f + grad_y[i] / 4.0f;
+    const Quad acc = load_quad(grad_x, top, 2 * Wo);
+    store_quad(grad_x, top, 2 * Wo,
+               {make_float2(acc.top.x + g, acc.top.y + g),
+                make_float2(acc.bottom.x + g, acc.bottom.y + g)});
+  }
+}
+
+#undef TL_FOR_EACH_OUTPUT
+
+// Whether the 2x2 kernels apply: a 2x2 stride-2 unpadded window tiling even planes
+// exactly, every buffer 8-byte aligned (float2), x small enough for 32-bit indices.
+bool two_by_two(const Geometry& g, std::int64_t x_numel,
+                std::initializer_list<const void*> buffers) {
+  if (g.KH != 2 || g.KW != 2 || g.SH != 2 || g.SW != 2 || g.PH != 0 || g.PW != 0) return false;
+  if (g.H != 2 * g.Ho || g.W != 2 * g.Wo) return false;
+  if (x_numel >= std::int64_t{std::numeric_limits<int>::max()}) return false;
+  for (const void* p : buffers) {
+    if (reinterpret_cast<std::uintptr_t>(p) % 8 != 0) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 void max_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params,
                         const Stream& stream) {
+  const Geometry g = geometry(x.shape(), y.shape(), params);
+  if (two_by_two(g, x.numel(), {y.data<float>(), x.data<float>()})) {
+    launch_grid_stride(max_pool_2x2_forward_kernel, y.numel(), stream, y.data<float>(), nullptr,
+                       x.data<float>(), static_cast<unsigned>(g.Ho), static_cast<unsigned>(g.Wo));
+    return;
+  }
   launch_grid_stride(max_pool2d_forward_kernel, y.numel(), stream, y.data<float>(), x.data<float>(),
                      geometry(x.shape(), y.shape(), params));
 }
 
 void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
                          const Pool2dParams& params, const Stream& stream) {
+  const Geometry g = geometry(x.shape(), grad_y.shape(), params);
+  if (two_by_two(g, x.numel(), {grad_x.data<float>(), grad_y.data<float>(), x.data<float>()})) {
+    launch_grid_stride(max_pool_2x2_backward_kernel, grad_y.numel(), stream, grad_x.data<float>(),
+                       grad_y.data<float>(), x.data<float>(), static_cast<unsigned>(g.Ho),
+                       static_cast<unsigned>(g.Wo));
+    return;
+  }
   launch_grid_stride(max_pool2d_backward_kernel, x.numel(), stream, grad_x.data<float>(),
                      grad_y.data<float>(), x.data<float>(),
                      geometry(x.shape(), grad_y.shape(), params));
@@ -179,6 +355,13 @@ void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Tenso
 
 void max_pool2d_forward_with_argmax(const Tensor& y, const Tensor& argmax, const Tensor& x,
                                     const Pool2dParams& params, const Stream& stream) {
+  const Geometry g = geometry(x.shape(), y.shape(), params);
+  if (two_by_two(g, x.numel(), {y.data<float>(), x.data<float>()})) {
+    launch_grid_stride(max_pool_2x2_forward_kernel, y.numel(), stream, y.data<float>(),
+                       argmax.data<float>(), x.data<float>(), static_cast<unsigned>(g.Ho),
+                       static_cast<unsigned>(g.Wo));
+    return;
+  }
   launch_grid_stride(max_pool2d_forward_with_argmax_kernel, y.numel(), stream, y.data<float>(),
                      argmax.data<float>(), x.data<float>(), geometry(x.shape(), y.shape(), params));
 }
@@ -186,6 +369,14 @@ void max_pool2d_forward_with_argmax(const Tensor& y, const Tensor& argmax, const
 void max_pool2d_backward_from_argmax(const Tensor& grad_x, const Tensor& grad_y,
                                      const Tensor& argmax, const Pool2dParams& params,
                                      const Stream& stream, GradWrite write) {
+  const Geometry g = geometry(grad_x.shape(), grad_y.shape(), params);
+  if (two_by_two(g, grad_x.numel(), {grad_x.data<float>()})) {
+    launch_grid_stride(max_pool_2x2_backward_from_argmax_kernel, grad_y.numel(), stream,
+                       grad_x.data<float>(), grad_y.data<float>(), argmax.data<float>(),
+                       static_cast<unsigned>(g.Ho), static_cast<unsigned>(g.Wo),
+                       write == GradWrite::Assign);
+    return;
+  }
   launch_grid_stride(max_pool2d_backward_from_argmax_kernel, grad_x.numel(), stream,
                      grad_x.data<float>(), grad_y.data<float>(), argmax.data<float>(),
                      geometry(grad_x.shape(), grad_y.shape(), params), write == GradWrite::Assign);
@@ -193,12 +384,25 @@ void max_pool2d_backward_from_argmax(const Tensor& grad_x, const Tensor& grad_y,
 
 void avg_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params,
                         const Stream& stream) {
+  const Geometry g = geometry(x.shape(), y.shape(), params);
+  if (two_by_two(g, x.numel(), {x.data<float>()})) {
+    launch_grid_stride(avg_pool_2x2_forward_kernel, y.numel(), stream, y.data<float>(),
+                       x.data<float>(), static_cast<unsigned>(g.Ho), static_cast<unsigned>(g.Wo));
+    return;
+  }
   launch_grid_stride(avg_pool2d_forward_kernel, y.numel(), stream, y.data<float>(), x.data<float>(),
                      geometry(x.shape(), y.shape(), params));
 }
 
 void avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Pool2dParams& params,
                          const Stream& stream) {
+  const Geometry g = geometry(grad_x.shape(), grad_y.shape(), params);
+  if (two_by_two(g, grad_x.numel(), {grad_x.data<float>()})) {
+    launch_grid_stride(avg_pool_2x2_backward_kernel, grad_y.numel(), stream, grad_x.data<float>(),
+                       grad_y.data<float>(), static_cast<unsigned>(g.Ho),
+                       static_cast<unsigned>(g.Wo));
+    return;
+  }
   launch_grid_stride(avg_pool2d_backward_kernel, grad_x.numel(), stream, grad_x.data<float>(),
                      grad_y.data<float>(), geometry(grad_x.shape(), grad_y.shape(), params));
 }
