@@ -180,6 +180,41 @@ TEST_P(Pool2dTest, MatchesReferenceOnOddShapes) {
   }
 }
 
+// Views may start at any element: x, y and the gradients one float past an
+// aligned start take CUDA's general kernels instead of the 2x2 ones (float2
+// loads), with the same results.
+TEST_P(Pool2dTest, MisalignedViewsMatchAligned) {
+  const Shape xs = {2, 3, 4, 6}, ys = {2, 3, 2, 3};
+  const std::int64_t n = numel_of(xs), m = numel_of(ys);
+  const auto p = Pool2dParams::square(2, 2);
+  const auto xv = random_values(static_cast<std::size_t>(n), 91);
+  const auto gv = random_values(static_cast<std::size_t>(m), 92);
+  const auto shifted = [&](const std::vector<float>& v, const Shape& shape) {
+    std::vector<float> padded(v);
+    padded.insert(padded.begin(), 0.0f);
+    return make(padded, {numel_of(shape) + 1}).view(1, shape);
+  };
+  const auto zeros_view = [&](const Shape& shape) {
+    return Tensor::zeros({numel_of(shape) + 1}, stream()).view(1, shape);
+  };
+  Tensor x = make(xv, xs), x_view = shifted(xv, xs);
+  Tensor grad_y = make(gv, ys), grad_y_view = shifted(gv, ys);
+  Tensor y = Tensor::zeros(ys, stream()), y_view = zeros_view(ys);
+  Tensor grad_x = Tensor::zeros(xs, stream()), grad_x_view = zeros_view(xs);
+  max_pool2d_forward(y, x, p, stream());
+  max_pool2d_forward(y_view, x_view, p, stream());
+  EXPECT_EQ(host(y_view), host(y));
+  max_pool2d_backward(grad_x, grad_y, x, p, stream());
+  max_pool2d_backward(grad_x_view, grad_y_view, x_view, p, stream());
+  EXPECT_EQ(host(grad_x_view), host(grad_x));
+  avg_pool2d_forward(y, x, p, stream());
+  avg_pool2d_forward(y_view, x_view, p, stream());
+  EXPECT_EQ(host(y_view), host(y));
+  avg_pool2d_backward(grad_x, grad_y, p, stream());
+  avg_pool2d_backward(grad_x_view, grad_y_view, p, stream());
+  EXPECT_EQ(host(grad_x_view), host(grad_x));
+}
+
 TEST_P(Pool2dTest, EmptyBatchIsANoOp) {
   Tensor x = Tensor::zeros({0, 3, 4, 4}, stream());
   Tensor y = Tensor::zeros({0, 3, 2, 2}, stream());
