@@ -611,9 +611,10 @@ TEST(BatchNormGradient, SplitBackwardMatchesCentralDifferences) {
 // CUDA against the CPU on larger odd shapes (skips without a GPU).
 TEST(BatchNormCudaVsCpu, TrainingForwardAndBackward) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  // Planes in float4s (S % 4 == 0) and in floats.
-  for (const Shape& shape :
-       std::vector<Shape>{{128, 32, 28, 28}, {9, 5, 4, 6}, {31, 7, 13, 17}, {1000, 37}}) {
+  // Planes in float4s (S % 4 == 0) and in floats; more channels (1100) than a block
+  // of the elementwise kernels keeps coefficients for.
+  for (const Shape& shape : std::vector<Shape>{
+           {128, 32, 28, 28}, {9, 5, 4, 6}, {31, 7, 13, 17}, {1000, 37}, {6, 1100, 2, 2}}) {
     const std::int64_t C = shape[1];
     const auto n = static_cast<std::size_t>(numel_of(shape));
     auto xv = random_values(n, 50, 100.0f, 104.0f), gyv = random_values(n, 51);
@@ -634,13 +635,22 @@ TEST(BatchNormCudaVsCpu, TrainingForwardAndBackward) {
       Tensor grad_x = Tensor::zeros(shape, stream), grad_gamma = Tensor::zeros({C}, stream),
              grad_beta = Tensor::zeros({C}, stream);
       batchnorm_backward(backward_of(f, grad_y, grad_x, grad_gamma, grad_beta), stream);
+      Tensor inferred = Tensor::empty(shape, stream);
+      batchnorm_forward_inference({.y = inferred,
+                                   .x = x,
+                                   .gamma = gamma,
+                                   .beta = beta,
+                                   .moving_mean = f.moving_mean,
+                                   .moving_var = f.moving_var,
+                                   .eps = 1e-5},
+                                  stream);
       for (const Tensor* t : {&f.y, &f.save_mean, &f.save_inv_std, &f.moving_mean, &f.moving_var,
-                              &grad_x, &grad_gamma, &grad_beta}) {
+                              &grad_x, &grad_gamma, &grad_beta, &inferred}) {
         results[k].push_back(t->to_host<float>(stream));
       }
     }
-    const char* names[] = {"y",          "mean",   "inv_std",    "moving_mean",
-                           "moving_var", "grad_x", "grad_gamma", "grad_beta"};
+    const char* names[] = {"y",      "mean",       "inv_std",   "moving_mean", "moving_var",
+                           "grad_x", "grad_gamma", "grad_beta", "inference y"};
     for (std::size_t i = 0; i < results[0].size(); ++i) {
       EXPECT_TRUE(all_close(results[1][i], results[0][i], 1e-3, 1e-3))
           << names[i] << " on " << to_string(shape);

@@ -111,23 +111,82 @@ __global__ void batchnorm_prepare_training_kernel(std::int64_t C, float4* coeff,
   }
 }
 
-__global__ void batchnorm_prepare_inference_kernel(std::int64_t C, float4* coeff,
-                                                   const float* gamma, const float* beta,
-                                                   const float* moving_mean,
-                                                   const float* moving_var, double eps) {
-  for (const std::int64_t c : grid_stride(C)) {
+// --- coefficients of the elementwise kernels ---------------------------------------
+//
+// A source gives channel c's float4 of coefficients, reading only inputs (no
+// writes, so any thread may ask for any channel): Precomputed reads them from a
+// buffer a C-thread kernel filled; the others compute them. With at most
+// kBlockChannels channels each block of an elementwise kernel first puts all C
+// into shared memory (BlockCoefficients) and the computing sources need no
+// C-thread kernel before it: one launch fewer, which counts on small tensors.
+
+constexpr std::int64_t kBlockChannels = 1024;  // 16 KiB of float4s
+
+// The elementwise kernels run a resident grid (launch_resident): blocks that fit
+// on the SMs at once, each filling its coefficients once and then streaming,
+// rather than thousands of short blocks each starting with that fill. Their
+// __launch_bounds__ hold them to the registers this many 256-thread blocks per SM
+// allow; four blocks of kUnroll float4 loads a thread keep 64 KiB a SM in flight.
+constexpr int kApplyBlocksPerSm = 4;
+constexpr int kBackwardApplyBlocksPerSm = 2;  // three float4 streams in, ~100 registers
+
+struct Precomputed {
+  const float4* coeff;
+  __device__ float4 operator()(std::int64_t c) const { return coeff[c]; }
+};
+
+// (moving_mean, gamma * inv_std, beta, 0) with inv_std from the moving variance.
+struct InferenceCoeff {
+  const float* gamma;
+  const float* beta;
+  const float* moving_mean;
+  const float* moving_var;
+  double eps;
+  __device__ float4 operator()(std::int64_t c) const {
     const float istd = static_cast<float>(1.0 / sqrt(static_cast<double>(moving_var[c]) + eps));
-    coeff[c] = make_float4(moving_mean[c], gamma[c] * istd, beta[c], 0.0f);
+    return make_float4(moving_mean[c], gamma[c] * istd, beta[c], 0.0f);
   }
+};
+
+// coeff[c] = source(c): the C-thread kernel for more than kBlockChannels channels.
+template <typename Source>
+__global__ void batchnorm_prepare_kernel(std::int64_t C, float4* coeff, Source source) {
+  for (const std::int64_t c : grid_stride(C)) coeff[c] = source(c);
 }
+
+// The block's view of the coefficients: all C in shared memory when C <=
+// kBlockChannels (filled by the whole block, then a barrier: every thread of the
+// block must construct it), else source(c) itself, which the launcher makes a
+// Precomputed.
+template <typename Source>
+class BlockCoefficients {
+ public:
+  __device__ BlockCoefficients(float4* shared, std::int64_t C, const Source& source)
+      : shared_(shared), source_(source), in_shared_(C <= kBlockChannels) {
+    if (in_shared_) {
+      for (std::int64_t c = threadIdx.x; c < C; c += blockDim.x) shared_[c] = source_(c);
+    }
+    __syncthreads();
+  }
+  __device__ float4 operator[](std::int64_t c) const {
+    return in_shared_ ? shared_[c] : source_(c);
+  }
+
+ private:
+  float4* shared_;
+  Source source_;
+  bool in_shared_;
+};
 
 // y = batchnorm_affine(x, center, scale, shift), then ReLU when Relu ("z < 0 ? 0 :
 // z", not fmaxf, which drops a NaN); y may alias x.
 // n and S count units V.
-template <bool Relu, typename V>
-__global__ void batchnorm_apply_kernel(std::int64_t n, float* y, const float* x,
-                                       const float4* __restrict__ coeff, std::int64_t C,
-                                       std::int64_t S) {
+template <bool Relu, typename V, typename Source>
+__global__ void __launch_bounds__(kBlockSize, kApplyBlocksPerSm)
+    batchnorm_apply_kernel(std::int64_t n, float* y, const float* x, Source source, std::int64_t C,
+                           std::int64_t S) {
+  __shared__ float4 shared[kBlockChannels];
+  const BlockCoefficients<Source> coeff(shared, C, source);
   for_each_with_channel(
       n, C, S, [&](std::int64_t i) { return unit<V>(x, i); },
       [&](std::int64_t i, V v, std::int64_t c) {
@@ -226,29 +285,31 @@ __global__ void batchnorm_backward_finish_kernel(std::int64_t C, float* sum_grad
   }
 }
 
-// coeff[c] = (mean, k, k * mean(grad_y), k * inv_std * mean(grad_y * x_hat)) with
-// k = gamma * inv_std, so that grad_x += k*grad_y - coeff.z - (x - mean) * coeff.w.
-__global__ void batchnorm_prepare_backward_kernel(std::int64_t C, float4* coeff, const float* gamma,
-                                                  const float* mean, const float* inv_std,
-                                                  const float* sum_grad_y,
-                                                  const float* sum_grad_y_xhat,
-                                                  std::int64_t count) {
-  for (const std::int64_t c : grid_stride(C)) {
+// (mean, k, k * mean(grad_y), k * inv_std * mean(grad_y * x_hat)) with k = gamma *
+// inv_std, so that grad_x += k*grad_y - coeff.z - (x - mean) * coeff.w.
+struct BackwardCoeff {
+  const float* gamma;
+  const float* mean;
+  const float* inv_std;
+  const float* sum_grad_y;
+  const float* sum_grad_y_xhat;
+  std::int64_t count;
+  __device__ float4 operator()(std::int64_t c) const {
     const double k = static_cast<double>(gamma[c]) * inv_std[c];
     const double n = static_cast<double>(count);
-    coeff[c] =
-        make_float4(mean[c], static_cast<float>(k), static_cast<float>(k * sum_grad_y[c] / n),
-                    static_cast<float>(k * inv_std[c] * sum_grad_y_xhat[c] / n));
+    return make_float4(mean[c], static_cast<float>(k), static_cast<float>(k * sum_grad_y[c] / n),
+                       static_cast<float>(k * inv_std[c] * sum_grad_y_xhat[c] / n));
   }
-}
+};
 
 // n and S count units V.
-template <bool Relu, typename V>
-__global__ void batchnorm_backward_apply_kernel(std::int64_t n, float* grad_x,
-                                                const float* __restrict__ grad_y,
-                                                const float* __restrict__ x,
-                                                const float4* __restrict__ coeff, ReluSource relu,
-                                                std::int64_t C, std::int64_t S, bool assign) {
+template <bool Relu, typename V, typename Source>
+__global__ void __launch_bounds__(kBlockSize, kBackwardApplyBlocksPerSm)
+    batchnorm_backward_apply_kernel(std::int64_t n, float* grad_x, const float* __restrict__ grad_y,
+                                    const float* __restrict__ x, Source source, ReluSource relu,
+                                    std::int64_t C, std::int64_t S, bool assign) {
+  __shared__ float4 shared[kBlockChannels];
+  const BlockCoefficients<Source> coeff(shared, C, source);
   // assign: grad_x is overwritten and never read (0 + g is g, as in a zeroed buffer).
   for_each_with_channel(
       n, C, S,
@@ -273,22 +334,49 @@ __global__ void batchnorm_backward_apply_kernel(std::int64_t n, float* grad_x,
 
 namespace {
 
-// y = (x - coeff.x) * coeff.y + coeff.z over a.x, with a.activation.
-template <typename V>
-void apply_in(const BatchNormArgs& a, const float4* coeff, const Stream& stream) {
-  const auto kernel = a.activation == Activation::ReLU ? batchnorm_apply_kernel<true, V>
-                                                       : batchnorm_apply_kernel<false, V>;
-  const std::int64_t S = a.S / kWidth<V>;
-  launch_grid_stride(kernel, a.N * a.C * S, stream, a.y.data<float>(), a.x.data<float>(), coeff,
-                     a.C, S);
+// kernel<<<blocks, kBlockSize>>>(n, args...) with blocks = grid_for(n), at most
+// blocks_per_sm per SM (see kApplyBlocksPerSm); nothing for n == 0.
+template <typename... Params>
+void launch_resident(void (*kernel)(std::int64_t, Params...), int blocks_per_sm, std::int64_t n,
+                     const Stream& stream, std::type_identity_t<Params>... args) {
+  if (n == 0) return;
+  CudaDeviceGuard guard(stream.device().index);
+  const std::int64_t most = std::int64_t{blocks_per_sm} * sm_count(stream.device().index);
+  const auto blocks = static_cast<unsigned>(std::min<std::int64_t>(grid_for(n, stream), most));
+  kernel<<<blocks, kBlockSize, 0, native(stream)>>>(n, args...);
+  TL_CUDA_CHECK_LAUNCH();
 }
 
-void apply(const BatchNormArgs& a, const float4* coeff, const Stream& stream) {
+// y = (x - coeff.x) * coeff.y + coeff.z over a.x, with a.activation.
+template <typename V, typename Source>
+void apply_in(const BatchNormArgs& a, const Source& source, const Stream& stream) {
+  const auto kernel = a.activation == Activation::ReLU ? batchnorm_apply_kernel<true, V, Source>
+                                                       : batchnorm_apply_kernel<false, V, Source>;
+  const std::int64_t S = a.S / kWidth<V>;
+  launch_resident(kernel, kApplyBlocksPerSm, a.N * a.C * S, stream, a.y.data<float>(),
+                  a.x.data<float>(), source, a.C, S);
+}
+
+template <typename Source>
+void apply(const BatchNormArgs& a, const Source& source, const Stream& stream) {
   if (use_float4(a.S, {a.y.data<float>(), a.x.data<float>()})) {
-    apply_in<float4>(a, coeff, stream);
+    apply_in<float4>(a, source, stream);
   } else {
-    apply_in<float>(a, coeff, stream);
+    apply_in<float>(a, source, stream);
   }
+}
+
+// f(source) for a source the blocks of an elementwise kernel evaluate themselves,
+// or, past kBlockChannels channels, f(Precomputed) from a C-thread kernel first.
+template <typename Source, typename F>
+void with_coefficients(std::int64_t C, const Source& source, const Stream& stream, F f) {
+  if (C <= kBlockChannels) {
+    f(source);
+    return;
+  }
+  Scratch coeff(stream, C * sizeof(float4));
+  launch_grid_stride(batchnorm_prepare_kernel<Source>, C, stream, coeff.as<float4>(), source);
+  f(Precomputed{coeff.as<float4>()});
 }
 
 // The forward's coefficients for a ReLU backward's mask; null pointers otherwise.
@@ -330,16 +418,14 @@ void batchnorm_forward_from_stats(const BatchNormArgs& a, const Stream& stream) 
                      moving ? a.moving_var.data<float>() : nullptr, a.gamma.data<float>(),
                      a.beta.data<float>(), a.mean.data<float>(), a.m2.data<float>(), a.count, a.eps,
                      a.momentum);
-  apply(a, coeff.as<float4>(), stream);
+  apply(a, Precomputed{coeff.as<float4>()}, stream);
 }
 
 void batchnorm_forward_inference(const BatchNormArgs& a, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
-  Scratch coeff(stream, a.C * sizeof(float4));
-  launch_grid_stride(batchnorm_prepare_inference_kernel, a.C, stream, coeff.as<float4>(),
-                     a.gamma.data<float>(), a.beta.data<float>(), a.moving_mean.data<float>(),
-                     a.moving_var.data<float>(), a.eps);
-  apply(a, coeff.as<float4>(), stream);
+  const InferenceCoeff source{a.gamma.data<float>(), a.beta.data<float>(),
+                              a.moving_mean.data<float>(), a.moving_var.data<float>(), a.eps};
+  with_coefficients(a.C, source, stream, [&](const auto& s) { apply(a, s, stream); });
 }
 
 template <typename V>
@@ -348,10 +434,10 @@ auto backward_partial_kernel(const BatchNormArgs& a) {
                                           : batchnorm_backward_partial_kernel<false, V>;
 }
 
-template <typename V>
+template <typename V, typename Source>
 auto backward_apply_kernel(const BatchNormArgs& a) {
-  return a.activation == Activation::ReLU ? batchnorm_backward_apply_kernel<true, V>
-                                          : batchnorm_backward_apply_kernel<false, V>;
+  return a.activation == Activation::ReLU ? batchnorm_backward_apply_kernel<true, V, Source>
+                                          : batchnorm_backward_apply_kernel<false, V, Source>;
 }
 
 void batchnorm_backward_reduce(const BatchNormArgs& a, const Stream& stream) {
@@ -372,17 +458,20 @@ void batchnorm_backward_reduce(const BatchNormArgs& a, const Stream& stream) {
 
 void batchnorm_backward_apply(const BatchNormArgs& a, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
-  Scratch coeff(stream, a.C * sizeof(float4));
-  launch_grid_stride(batchnorm_prepare_backward_kernel, a.C, stream, coeff.as<float4>(),
-                     a.gamma.data<float>(), a.mean.data<float>(), a.inv_std.data<float>(),
-                     a.sum_grad_y.data<float>(), a.sum_grad_y_xhat.data<float>(), a.count);
+  const BackwardCoeff source{a.gamma.data<float>(),           a.mean.data<float>(),
+                             a.inv_std.data<float>(),         a.sum_grad_y.data<float>(),
+                             a.sum_grad_y_xhat.data<float>(), a.count};
   const bool vector =
       use_float4(a.S, {a.grad_x.data<float>(), a.grad_y.data<float>(), a.x.data<float>()});
-  const auto kernel = vector ? backward_apply_kernel<float4>(a) : backward_apply_kernel<float>(a);
   const std::int64_t S = vector ? a.S / 4 : a.S;
-  launch_grid_stride(kernel, a.N * a.C * S, stream, a.grad_x.data<float>(), a.grad_y.data<float>(),
-                     a.x.data<float>(), coeff.as<float4>(), relu_source(a), a.C, S,
-                     a.grad_x_write == GradWrite::Assign);
+  with_coefficients(a.C, source, stream, [&](const auto& s) {
+    using Source = std::decay_t<decltype(s)>;
+    const auto kernel =
+        vector ? backward_apply_kernel<float4, Source>(a) : backward_apply_kernel<float, Source>(a);
+    launch_resident(kernel, kBackwardApplyBlocksPerSm, a.N * a.C * S, stream,
+                    a.grad_x.data<float>(), a.grad_y.data<float>(), a.x.data<float>(), s,
+                    relu_source(a), a.C, S, a.grad_x_write == GradWrite::Assign);
+  });
 }
 
 }  // namespace towerlab::cuda
