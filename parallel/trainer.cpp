@@ -172,6 +172,7 @@ StepResult Trainer::run(const std::vector<Tensor>& batch, bool training) {
     reduce_gradients();                 // 3
     average_moving_statistics(result);  // 4
   }
+  read_losses(result.slices);  // the end of 2, read once 3 and 4 are queued behind it
   if (options_.process_group != nullptr) reduce_across_processes(result, training);  // 5
   result.loss = mean_loss(result.samples);
   if (training && guard(result)) update_and_broadcast();  // 6, 7
@@ -270,6 +271,13 @@ void Trainer::run_towers(const std::vector<Tensor>& batch, const std::vector<Tow
     towers_[0]->outputs.clear();
     towers_[0]->logs.clear();
   }
+}
+
+// Reading a loss waits for its tower's stream. run() calls this after phases 3 and
+// 4 are queued on those streams, so that on GPUs the host waits once the ring's
+// launches are already in line behind the backward, not before: the GPU goes from
+// the backward to the ring without waiting for the host to issue it.
+void Trainer::read_losses(const std::vector<TowerSlice>& slices) {
   const std::size_t first = std::size_t(rank_) * towers_.size();
   losses_.assign(std::size_t(ranks_) * towers_.size(), 0.0f);
   for (std::size_t i = 0; i < towers_.size(); ++i) {

@@ -286,10 +286,11 @@ class Trainer {
   StepResult run(const std::vector<Tensor>& batch, bool training);
   // 1. The batch checked and split among the ranks and this rank's towers.
   StepResult split(const std::vector<Tensor>& batch) const;
-  // 2. Every tower's forward (and backward) on its own thread; their losses into
-  // losses_.
+  // 2. Every tower's forward (and backward) on its own thread; then (read_losses,
+  // called after 3 and 4 are queued) their losses into losses_.
   void run_towers(const std::vector<Tensor>& batch, const std::vector<TowerSlice>& slices,
                   bool training);
+  void read_losses(const std::vector<TowerSlice>& slices);
   // The sample-weighted mean of every rank's towers' losses (losses_).
   double mean_loss(std::int64_t samples) const;
   // 3. The towers' flat gradients summed (options_.reduction).
