@@ -249,25 +249,28 @@ TEST_P(MatmulTest, RawGemmHonoursLeadingDimensions) {
 #if TOWERLAB_WITH_CUDA
 TEST_P(MatmulTest, CudaMisalignedOperandsAndCublasAgree) {
   if (device().is_cpu()) GTEST_SKIP() << "CUDA-only: float4 fallback and the cuBLAS path";
-  // Offsets of one element make every pointer 4 bytes off a float4 boundary.
-  const Dims d{130, 131, 67};
-  for (bool ta : {false, true}) {
-    for (bool tb : {false, true}) {
-      const Shape as = a_shape(d, ta), bs = b_shape(d, tb);
-      const auto av = random_values(static_cast<std::size_t>(d.m * d.k + 1), 41);
-      const auto bv = random_values(static_cast<std::size_t>(d.k * d.n + 1), 42);
-      Tensor a = make(av, {d.m * d.k + 1}).view(1, as);
-      Tensor b = make(bv, {d.k * d.n + 1}).view(1, bs);
-      Tensor c_ours = Tensor::empty({d.m * d.n + 1}, stream()).view(1, {d.m, d.n});
-      Tensor c_cublas = Tensor::empty({d.m, d.n}, stream());
-      matmul(c_ours, a, b, ta, tb, 1.0f, 0.0f, stream());
-      set_gemm_backend(GemmBackend::Cublas);
-      matmul(c_cublas, a, b, ta, tb, 1.0f, 0.0f, stream());
-      set_gemm_backend(GemmBackend::Towerlab);
-      const std::vector<float> a_host(av.begin() + 1, av.end()), b_host(bv.begin() + 1, bv.end());
-      const auto expected = reference(a_host, b_host, {}, d, ta, tb, 1.0, 0.0);
-      EXPECT_TRUE(close_for_k(host(c_ours), expected, d.k)) << layout(ta, tb);
-      EXPECT_TRUE(close_for_k(host(c_cublas), expected, d.k)) << "cuBLAS " << layout(ta, tb);
+  // Offsets of one element make every pointer 4 bytes off a float4 boundary. Two
+  // sizes, so that both tile shapes of the kernel meet them (with 8 SMs, 300x260
+  // runs on 128x128 tiles and 130x131 on 64x64 ones).
+  for (const Dims& d : {Dims{130, 131, 67}, Dims{300, 260, 67}}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        const Shape as = a_shape(d, ta), bs = b_shape(d, tb);
+        const auto av = random_values(static_cast<std::size_t>(d.m * d.k + 1), 41);
+        const auto bv = random_values(static_cast<std::size_t>(d.k * d.n + 1), 42);
+        Tensor a = make(av, {d.m * d.k + 1}).view(1, as);
+        Tensor b = make(bv, {d.k * d.n + 1}).view(1, bs);
+        Tensor c_ours = Tensor::empty({d.m * d.n + 1}, stream()).view(1, {d.m, d.n});
+        Tensor c_cublas = Tensor::empty({d.m, d.n}, stream());
+        matmul(c_ours, a, b, ta, tb, 1.0f, 0.0f, stream());
+        set_gemm_backend(GemmBackend::Cublas);
+        matmul(c_cublas, a, b, ta, tb, 1.0f, 0.0f, stream());
+        set_gemm_backend(GemmBackend::Towerlab);
+        const std::vector<float> a_host(av.begin() + 1, av.end()), b_host(bv.begin() + 1, bv.end());
+        const auto expected = reference(a_host, b_host, {}, d, ta, tb, 1.0, 0.0);
+        EXPECT_TRUE(close_for_k(host(c_ours), expected, d.k)) << layout(ta, tb);
+        EXPECT_TRUE(close_for_k(host(c_cublas), expected, d.k)) << "cuBLAS " << layout(ta, tb);
+      }
     }
   }
 }
@@ -275,7 +278,10 @@ TEST_P(MatmulTest, CudaMisalignedOperandsAndCublasAgree) {
 // Few tiles of C and a long K, which the CUDA kernel splits along K on a GPU with
 // many SMs (FashionNet's fc1 forward is one 128x128 tile with K = 3136), plus its
 // backward products and a K that no split count divides: against the reference,
-// beta = 0 over NaN in C and beta != 0, and the same bits when run again.
+// beta = 0 over NaN in C and beta != 0, and the same bits when run again. With
+// 132 SMs the plans cover 64x64 tiles split (fc1 forward, 100x70, 5x3) and
+// unsplit (the backward products, 720x780), 128x128 tiles split (256x512x640);
+// with 8 SMs, 128x128 unsplit (256x512, 720x780) and split (5x3).
 TEST_P(MatmulTest, CudaSplitKMatchesReferenceAndRepeatsTheBits) {
   if (device().is_cpu()) GTEST_SKIP() << "CUDA-only: the split-K path";
   const struct {
@@ -286,6 +292,7 @@ TEST_P(MatmulTest, CudaSplitKMatchesReferenceAndRepeatsTheBits) {
       {{128, 128, 3136}, false, true, 0.0f},  {{64, 128, 3136}, false, true, 0.0f},
       {{128, 3136, 128}, false, false, 1.0f}, {{128, 3136, 128}, true, false, 1.0f},
       {{100, 70, 1001}, true, true, -0.5f},   {{5, 3, 4099}, false, false, 0.0f},
+      {{256, 512, 640}, true, false, 0.5f},   {{720, 780, 40}, false, true, 0.0f},
   };
   unsigned seed = 600;
   for (const auto& t : cases) {

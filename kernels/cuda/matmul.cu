@@ -2,27 +2,34 @@
 // GEMM. towerlab's own kernel is the default; cuBLAS (TF32 off) is the reference
 // and a selectable alternative (set_gemm_backend).
 //
-// The kernel is the classic SIMT tiling: a block of 256 threads computes a
-// 128x128 tile of C, stepping through K 8 at a time. Each step, the block stages
-// an [8 x 128] slice of op(A) and of op(B) in shared memory, k-major, so that a
-// thread reads its 8 values of A and 8 of B for one k with four float4 loads and
-// does 64 FMAs with them (an 8x8 micro-tile of C in registers). The next slice is
-// loaded from global memory into registers while the current one is computed on
-// (double buffering: two shared buffers, one __syncthreads per step). The four
-// transpose cases differ only in how a slice is read from global memory.
-// ptxas for sm_90: 128 registers per thread, no spills, 16.5 KiB of shared memory
-// per block, so two blocks share an SM.
+// The kernel is the classic SIMT tiling, in two tile shapes (TileShape). A block
+// of 256 threads computes a 128x128 tile of C stepping through K 8 at a time, or
+// a 64x64 tile stepping 16 at a time. Each step, the block stages a [step x tile]
+// slice of op(A) and of op(B) in shared memory, k-major, so that a thread reads
+// its values of A and B for one k with float4 loads and does 64 FMAs (an 8x8
+// micro-tile of C in registers) or 16 (4x4). The next slice is loaded from
+// global memory into registers while the current one is computed on (double
+// buffering: two shared buffers, one __syncthreads per step). The four transpose
+// cases differ only in how a slice is read from global memory.
+// ptxas for sm_90: 128x128: 127-128 registers per thread, no spills, 16.5 KiB of
+// shared memory per block, two blocks per SM; 64x64: 63 registers, no spills,
+// 17 KiB, four blocks per SM.
 //
-// Split-K: a product with few tiles of C and a long K (a linear layer's forward,
-// [batch,3136] x [3136,128]: one tile) would run on one SM of 132. plan_gemm cuts
-// K into splits of whole K-slices so that tiles x splits gives every SM a block;
-// each block writes its split's raw sum into a partial buffer, and split_reduce
+// The tile plan (plan_gemm) fills the SMs: 128x128 tiles where they alone give
+// every SM a block (4096^3), 64x64 tiles where they give at least half the SMs
+// one (1024^3: 256 tiles against 64 of 128x128 for 132 SMs), and otherwise a
+// split along K. Split-K: a product with few tiles of C and a long K (a linear
+// layer's forward, [batch,3136] x [3136,128]) cuts K into splits of whole
+// K-steps so that tiles x splits gives every SM work; each block writes its
+// split's raw sum into a partial buffer, and split_reduce
 // (kernels/cuda/split_reduce.cuh) adds the partials in a fixed tree and applies
 // alpha and beta once. The same plan gives the same bits every run.
 //
-// Status: written without a GPU at hand. The CUDA tests run it on the emulated GPUs
-// (emulator/; every layout, ragged edges, misaligned operands, split and unsplit
-// plans for 132 SMs and, in CI, 8); on a GPU and against cuBLAS it has yet to run.
+// Status: the 128x128-only version (main) ran on an H100 and against cuBLAS
+// (every CUDA test passed; 78-86 % of cuBLAS at 4096^3, 68-71 % at 1024^3 and on
+// FashionNet's shapes). The 64x64 tiles and the plan above have run only on the
+// emulated GPUs (emulator/; every layout, ragged edges, misaligned operands,
+// split and unsplit plans of both tiles for 132 SMs and 8).
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -40,13 +47,23 @@ namespace towerlab::cuda {
 
 namespace {
 
-constexpr int kTileM = 128;  // rows of C per block
-constexpr int kTileN = 128;  // columns of C per block
-constexpr int kTileK = 8;    // K per shared-memory step
+// Two tile shapes, both 256 threads, each thread loading one float4 of op(A) and
+// one of op(B) per K-step (tile x K-step = 1024 floats):
+//   128x128, K-step 8:  8x8 micro-tile per thread, for products with enough
+//                       tiles to fill the SMs (4096^3: 1024 tiles);
+//   64x64,   K-step 16: 4x4 micro-tile, four times the tiles, for mid and small
+//                       products (1024^3: 256 tiles where 128x128 gives 64 for
+//                       132 SMs; FashionNet's [128,3136] products: 98 tiles).
+template <int kTile>
+struct TileShape {
+  static_assert(kTile == 128 || kTile == 64);
+  static constexpr int kK = 1024 / kTile;    // K per shared-memory step
+  static constexpr int kMicro = kTile / 16;  // rows (and columns) of C per thread
+};
 constexpr int kGemmThreads = 256;
 // Rows of the shared slices are padded by 4 floats: the transposing stores (A
-// without transpose, B with) then hit distinct banks, and float4 reads stay
-// 16-byte aligned (132 * 4 bytes = 33 * 16).
+// without transpose, B with) then hit distinct banks (at 64 wide, two-way), and
+// float4 reads stay 16-byte aligned (132 * 4 = 33 * 16, 68 * 4 = 17 * 16 bytes).
 constexpr int kPad = 4;
 
 // One thread's share of a slice: 4 consecutive floats of global memory.
@@ -91,104 +108,119 @@ struct GemmParams {
   bool vector_a, vector_b, vector_c;
 };
 
-// Slice of op(X) for k in [k0, k0+8) and the block's 128 rows (A) or columns (B),
-// zero at and past k_end. `contiguous_k` is true when X is stored with k along
-// its rows (A without transpose, B with): the thread reads 4 consecutive k of one
-// row/column, and the store to shared memory transposes. Otherwise it reads 4
-// consecutive rows/columns of one k.
-template <bool kContiguousK>
+// Slice of op(X) for k in [k0, k0 + kK) and the block's kTile rows (A) or columns
+// (B), zero at and past k_end. `contiguous_k` is true when X is stored with k
+// along its rows (A without transpose, B with): kK / 4 threads share a row, each
+// reading 4 consecutive k, and the store to shared memory transposes. Otherwise
+// kTile / 4 threads share a k, each reading 4 consecutive rows/columns.
+template <bool kContiguousK, int kTile>
 __device__ __forceinline__ Fragment load_slice(const float* x, std::int64_t ld, int extent,
                                                int k_end, int base, int k0, bool vector) {
   const int t = threadIdx.x;
   if constexpr (kContiguousK) {
-    const int r = base + t / 2, p = k0 + (t % 2) * 4;
+    constexpr int kLanes = TileShape<kTile>::kK / 4;
+    const int r = base + t / kLanes, p = k0 + (t % kLanes) * 4;
     const int count = r < extent ? k_end - p : 0;
     return load4(x + static_cast<std::int64_t>(r) * ld + p, count, vector);
   } else {
-    const int p = k0 + t / 32, r = base + (t % 32) * 4;
+    constexpr int kLanes = kTile / 4;
+    const int p = k0 + t / kLanes, r = base + (t % kLanes) * 4;
     const int count = p < k_end ? extent - r : 0;
     return load4(x + static_cast<std::int64_t>(p) * ld + r, count, vector);
   }
 }
 
-template <bool kContiguousK>
-__device__ __forceinline__ void store_slice(float (*slice)[kTileM + kPad], const Fragment& f) {
+template <bool kContiguousK, int kTile>
+__device__ __forceinline__ void store_slice(float (*slice)[kTile + kPad], const Fragment& f) {
   const int t = threadIdx.x;
   if constexpr (kContiguousK) {
+    constexpr int kLanes = TileShape<kTile>::kK / 4;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) slice[(t % 2) * 4 + e][t / 2] = f.v[e];
+    for (int e = 0; e < 4; ++e) slice[(t % kLanes) * 4 + e][t / kLanes] = f.v[e];
   } else {
-    *reinterpret_cast<float4*>(&slice[t / 32][(t % 32) * 4]) =
+    constexpr int kLanes = kTile / 4;
+    *reinterpret_cast<float4*>(&slice[t / kLanes][(t % kLanes) * 4]) =
         make_float4(f.v[0], f.v[1], f.v[2], f.v[3]);
   }
 }
 
-// C[m0:m0+128, n0:n0+128] = alpha * op(A) op(B) + beta * C for one block and its
-// split of K. Thread (ty, tx) of 16x16 owns rows ty*4 + {0..3, 64..67} and
-// columns tx*4 + {0..3, 64..67}: split in two halves so that a warp's float4
-// reads of a shared slice cover contiguous addresses.
-template <bool kTransposeA, bool kTransposeB>
-__global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(const GemmParams p) {
-  __shared__ __align__(16) float slice_a[2][kTileK][kTileM + kPad];  // [k][m]
-  __shared__ __align__(16) float slice_b[2][kTileK][kTileN + kPad];  // [k][n]
-  constexpr bool kAContiguousK = !kTransposeA;                       // A [M,K]: k runs along rows
-  constexpr bool kBContiguousK = kTransposeB;                        // B [N,K]: k runs along rows
-  const int m0 = blockIdx.y * kTileM, n0 = blockIdx.x * kTileN;
-  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+// C[m0:m0+kTile, n0:n0+kTile] = alpha * op(A) op(B) + beta * C for one block and
+// its split of K. Thread (ty, tx) of 16x16 owns rows ty*4 + {0..3} + 64h and
+// columns tx*4 + {0..3} + 64h (h < kMicro / 4): split in 64-wide halves so that a
+// warp's float4 reads of a shared slice cover contiguous addresses. A warp is a
+// 4x8 patch of the thread grid (the 8 warps tile it 4 down, 2 across): per k,
+// its float4 reads of the A slice are 4 addresses and those of the B slice 8,
+// consecutive, each read one shared-memory wavefront of 64 and 128 bytes with
+// the lanes that share an address served by broadcast. (A 2x16 patch needs 1 + 2
+// wavefronts; at the 64 tile's 16 FMAs per pair of reads that is the difference
+// between 50 % and 75 % of the SM's shared-memory bandwidth.)
+// The 64 tile's smaller register need (4x4 accumulators) allows 4 blocks per SM.
+template <bool kTransposeA, bool kTransposeB, int kTile>
+__global__ void __launch_bounds__(kGemmThreads, kTile == 128 ? 2 : 4)
+    gemm_kernel(const GemmParams p) {
+  constexpr int kK = TileShape<kTile>::kK, kMicro = TileShape<kTile>::kMicro;
+  __shared__ __align__(16) float slice_a[2][kK][kTile + kPad];  // [k][m]
+  __shared__ __align__(16) float slice_b[2][kK][kTile + kPad];  // [k][n]
+  constexpr bool kAContiguousK = !kTransposeA;                  // A [M,K]: k runs along rows
+  constexpr bool kBContiguousK = kTransposeB;                   // B [N,K]: k runs along rows
+  const int m0 = blockIdx.y * kTile, n0 = blockIdx.x * kTile;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int ty = (warp / 2) * 4 + lane / 8, tx = (warp % 2) * 8 + lane % 8;
   // An empty split (k_begin >= k) loads only zeros and stores a zero partial.
   const int k_begin = blockIdx.z * p.k_per_split;
   const int k_end = k_begin + max(0, min(p.k_per_split, p.k - k_begin));
   float* c = p.c + blockIdx.z * p.split_stride;
 
-  float acc[8][8] = {};
-  Fragment next_a = load_slice<kAContiguousK>(p.a, p.lda, p.m, k_end, m0, k_begin, p.vector_a);
-  Fragment next_b = load_slice<kBContiguousK>(p.b, p.ldb, p.n, k_end, n0, k_begin, p.vector_b);
-  store_slice<kAContiguousK>(slice_a[0], next_a);
-  store_slice<kBContiguousK>(slice_b[0], next_b);
+  float acc[kMicro][kMicro] = {};
+  Fragment next_a =
+      load_slice<kAContiguousK, kTile>(p.a, p.lda, p.m, k_end, m0, k_begin, p.vector_a);
+  Fragment next_b =
+      load_slice<kBContiguousK, kTile>(p.b, p.ldb, p.n, k_end, n0, k_begin, p.vector_b);
+  store_slice<kAContiguousK, kTile>(slice_a[0], next_a);
+  store_slice<kBContiguousK, kTile>(slice_b[0], next_b);
   __syncthreads();
 
-  const int steps = (k_end - k_begin + kTileK - 1) / kTileK;
+  const int steps = (k_end - k_begin + kK - 1) / kK;
   for (int step = 0; step < steps; ++step) {
     const int buf = step & 1;
     const bool more = step + 1 < steps;
     if (more) {  // global loads in flight while this step computes
-      const int k0 = k_begin + (step + 1) * kTileK;
-      next_a = load_slice<kAContiguousK>(p.a, p.lda, p.m, k_end, m0, k0, p.vector_a);
-      next_b = load_slice<kBContiguousK>(p.b, p.ldb, p.n, k_end, n0, k0, p.vector_b);
+      const int k0 = k_begin + (step + 1) * kK;
+      next_a = load_slice<kAContiguousK, kTile>(p.a, p.lda, p.m, k_end, m0, k0, p.vector_a);
+      next_b = load_slice<kBContiguousK, kTile>(p.b, p.ldb, p.n, k_end, n0, k0, p.vector_b);
     }
 #pragma unroll
-    for (int kk = 0; kk < kTileK; ++kk) {
-      float av[8], bv[8];
-      const float4 a_lo = *reinterpret_cast<const float4*>(&slice_a[buf][kk][ty * 4]);
-      const float4 a_hi = *reinterpret_cast<const float4*>(&slice_a[buf][kk][ty * 4 + 64]);
-      const float4 b_lo = *reinterpret_cast<const float4*>(&slice_b[buf][kk][tx * 4]);
-      const float4 b_hi = *reinterpret_cast<const float4*>(&slice_b[buf][kk][tx * 4 + 64]);
-      av[0] = a_lo.x, av[1] = a_lo.y, av[2] = a_lo.z, av[3] = a_lo.w;
-      av[4] = a_hi.x, av[5] = a_hi.y, av[6] = a_hi.z, av[7] = a_hi.w;
-      bv[0] = b_lo.x, bv[1] = b_lo.y, bv[2] = b_lo.z, bv[3] = b_lo.w;
-      bv[4] = b_hi.x, bv[5] = b_hi.y, bv[6] = b_hi.z, bv[7] = b_hi.w;
+    for (int kk = 0; kk < kK; ++kk) {
+      float av[kMicro], bv[kMicro];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
+      for (int h = 0; h < kMicro / 4; ++h) {
+        const float4 a4 = *reinterpret_cast<const float4*>(&slice_a[buf][kk][ty * 4 + h * 64]);
+        const float4 b4 = *reinterpret_cast<const float4*>(&slice_b[buf][kk][tx * 4 + h * 64]);
+        av[h * 4] = a4.x, av[h * 4 + 1] = a4.y, av[h * 4 + 2] = a4.z, av[h * 4 + 3] = a4.w;
+        bv[h * 4] = b4.x, bv[h * 4 + 1] = b4.y, bv[h * 4 + 2] = b4.z, bv[h * 4 + 3] = b4.w;
+      }
 #pragma unroll
-        for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+      for (int i = 0; i < kMicro; ++i) {
+#pragma unroll
+        for (int j = 0; j < kMicro; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
       }
     }
     if (more) {
       // The other buffer was last read in step - 1, which every thread has
       // finished: it passed the __syncthreads at the end of that step.
-      store_slice<kAContiguousK>(slice_a[buf ^ 1], next_a);
-      store_slice<kBContiguousK>(slice_b[buf ^ 1], next_b);
+      store_slice<kAContiguousK, kTile>(slice_a[buf ^ 1], next_a);
+      store_slice<kBContiguousK, kTile>(slice_b[buf ^ 1], next_b);
     }
     __syncthreads();
   }
 
   const float alpha = p.alpha, beta = p.beta;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < kMicro; ++i) {
     const int row = m0 + ty * 4 + (i % 4) + (i / 4) * 64;
     if (row >= p.m) continue;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
+    for (int half = 0; half < kMicro / 4; ++half) {
       const int col = n0 + tx * 4 + half * 64;
       float* out = c + static_cast<std::int64_t>(row) * p.ldc + col;
       const float* v = &acc[i][half * 4];
@@ -223,54 +255,88 @@ struct GemmSplitEpilogue {
   }
 };
 
-// How a product is cut along K: `splits` ranges of k_per_split (a multiple of
-// kTileK, so that every split's slices start where the unsplit kernel's would:
-// 16-byte aligned). splits == 1 runs the kernel alone, epilogue in place.
+// How a product is run: the tile (128 or 64), and how K is cut: `splits` ranges
+// of k_per_split (a multiple of the tile's K-step, so that every split's slices
+// start where the unsplit kernel's would: 16-byte aligned). splits == 1 runs the
+// kernel alone, epilogue in place.
 struct GemmPlan {
+  int tile;
   int splits;
   int k_per_split;
 };
 
-// Each split keeps at least 8 K-slices: the double-buffered loop reaches its
-// stride, and the split's 64 KiB partial tile costs far less than its
-// 128x128x64 FMAs.
+// Each split keeps at least 64 of K: 8 steps of the 128 tile (the double-
+// buffered loop reaches its stride, and the split's 64 KiB partial tile costs far
+// less than its 128x128x64 FMAs), 4 of the 64 tile.
 constexpr int kMinSplitK = 64;
 
-// Splits so that tiles x splits is about one block per SM (ceil rounding can
-// reach two, which the kernel's two resident blocks per SM still run as one
-// wave); none when the tiles already give every SM a block. A pure function of
-// the shape and the SM count: the emulated GPUs plan for 8 and 132 SMs with it.
+int k_step(int tile) {
+  return tile == 128 ? TileShape<128>::kK : TileShape<64>::kK;
+}
+
+std::int64_t tile_count(int m, int n, int tile) {
+  return std::int64_t{(m + tile - 1) / tile} * ((n + tile - 1) / tile);
+}
+
+GemmPlan split_plan(int tile, std::int64_t tiles, int k, std::int64_t wanted_blocks) {
+  const int splits = split_count(tiles, wanted_blocks, k, kMinSplitK);
+  if (splits == 1) return {tile, 1, k};
+  const int step = k_step(tile);
+  const int k_per_split = ((k + splits - 1) / splits + step - 1) / step * step;
+  return {tile, (k + k_per_split - 1) / k_per_split, k_per_split};  // rounding may leave fewer
+}
+
+// The plan, in order of preference:
+// 1. 128x128 tiles, unsplit, when they give every SM a block (large products);
+// 2. 64x64 tiles, unsplit, when they give at least half the SMs a block: two to
+//    four of them share an SM, and no partials or second launch are needed
+//    (1024^3: 256 blocks; FashionNet's backward [128,3136] products: 98);
+// 3. 128x128 tiles split along K when that reaches half the SMs (512^3: 16
+//    tiles x 8 splits);
+// 4. otherwise 64x64 tiles split along K for about two blocks per SM (a linear
+//    layer's forward, [128,3136] x [3136,128]: 4 tiles x 49 splits).
+// A pure function of the shape and the SM count: the emulated GPUs plan for 8 and
+// 132 SMs with it.
 GemmPlan plan_gemm(int m, int n, int k, int sms) {
-  const std::int64_t tiles = std::int64_t{(m + kTileM - 1) / kTileM} * ((n + kTileN - 1) / kTileN);
-  const int splits = split_count(tiles, sms, k, kMinSplitK);
-  if (splits == 1) return {1, k};
-  const int k_per_split = ((k + splits - 1) / splits + kTileK - 1) / kTileK * kTileK;
-  return {(k + k_per_split - 1) / k_per_split, k_per_split};  // rounding may leave fewer
+  const std::int64_t tiles128 = tile_count(m, n, 128), tiles64 = tile_count(m, n, 64);
+  if (tiles128 >= sms) return {128, 1, k};
+  if (2 * tiles64 >= sms) return {64, 1, k};
+  const GemmPlan big = split_plan(128, tiles128, k, sms);
+  if (2 * tiles128 * big.splits >= sms) return big;
+  return split_plan(64, tiles64, k, 2 * std::int64_t{sms});
 }
 
 bool aligned16(const void* p, std::int64_t ld) {
   return reinterpret_cast<std::uintptr_t>(p) % 16 == 0 && ld % 4 == 0;
 }
 
+using GemmKernel = void (*)(GemmParams);
+
+template <int kTile>
+GemmKernel pick_kernel(bool transpose_a, bool transpose_b) {
+  return transpose_a
+             ? (transpose_b ? gemm_kernel<true, true, kTile> : gemm_kernel<true, false, kTile>)
+             : (transpose_b ? gemm_kernel<false, true, kTile> : gemm_kernel<false, false, kTile>);
+}
+
 // Runs `product` (everything up to ldc set) with `plan`: in place, or split into
 // scratch partials [splits, M, N] that split_reduce adds into C.
 void gemm_towerlab(bool transpose_a, bool transpose_b, GemmParams product, const GemmPlan& plan,
                    const Stream& stream) {
-  TL_CHECK(plan.splits == 1 ||
-               (plan.splits > 1 && plan.splits <= kMaxSplits && plan.k_per_split % kTileK == 0 &&
-                std::int64_t{plan.splits} * plan.k_per_split >= product.k),
+  const int tile = plan.tile, step = k_step(tile);
+  TL_CHECK((tile == 128 || tile == 64) &&
+               (plan.splits == 1 ||
+                (plan.splits > 1 && plan.splits <= kMaxSplits && plan.k_per_split % step == 0 &&
+                 std::int64_t{plan.splits} * plan.k_per_split >= product.k)),
            InvalidArgument,
-           "gemm: split plan of " << plan.splits << " x " << plan.k_per_split
-                                  << " does not cover K = " << product.k << " in whole K-slices");
-  const dim3 grid((product.n + kTileN - 1) / kTileN, (product.m + kTileM - 1) / kTileM,
-                  plan.splits);
+           "gemm: split plan of " << plan.splits << " x " << plan.k_per_split << " (tile " << tile
+                                  << ") does not cover K = " << product.k << " in whole K-steps");
+  const dim3 grid((product.n + tile - 1) / tile, (product.m + tile - 1) / tile, plan.splits);
   TL_CHECK(grid.y <= 65535, InvalidArgument,
            "gemm: M = " << product.m << " needs more than 65535 row tiles; split the product");
   cudaStream_t s = native(stream);
-  using Kernel = void (*)(GemmParams);
-  const Kernel kernel = transpose_a
-                            ? (transpose_b ? gemm_kernel<true, true> : gemm_kernel<true, false>)
-                            : (transpose_b ? gemm_kernel<false, true> : gemm_kernel<false, false>);
+  const GemmKernel kernel = tile == 128 ? pick_kernel<128>(transpose_a, transpose_b)
+                                        : pick_kernel<64>(transpose_a, transpose_b);
   GemmParams p = product;
   p.vector_a = aligned16(p.a, p.lda), p.vector_b = aligned16(p.b, p.ldb);
   if (plan.splits == 1) {
