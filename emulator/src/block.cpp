@@ -34,7 +34,9 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "cuda_pipeline.h"
 #include "internal.h"
 
 #ifdef TLEMU_TSAN
@@ -114,6 +116,15 @@ enum class ThreadState { NotStarted, Running, AtBarrier, AtWarp, Exited };
 
 struct Fiber;
 
+// One asynchronous copy (cuda_pipeline.h) not yet waited for: its bytes, read at
+// issue, and the batch it belongs to (the thread's count of commits at issue).
+struct PendingCopy {
+  char* dst;
+  unsigned char bytes[16];
+  std::size_t size;
+  std::uint64_t batch;
+};
+
 // One CUDA thread of the running block (reused by the same index of every block).
 struct Thread {
   unsigned tid = 0;  // linear index in the block
@@ -123,6 +134,8 @@ struct Thread {
   std::source_location waiting_at;  // a copy: the caller's lives on the fiber's stack
   const char* waiting_for = "";
   void* tsan = new_tsan_context();
+  std::vector<PendingCopy> pending;  // its asynchronous copies, oldest first
+  std::uint64_t commits = 0;         // batches it committed
 };
 
 struct Fiber {
@@ -441,6 +454,8 @@ void run_block(Scheduler& s, uint3 block_index) {
       t.index = {i % b.x, i / b.x % b.y, i / (b.x * b.y)};
       t.state = ThreadState::NotStarted;
       t.fiber = nullptr;
+      t.pending.clear();  // copies its previous block never waited for are dropped
+      t.commits = 0;
     }
     s.ready.clear();
     if (kFiberPerThread) {
@@ -611,6 +626,72 @@ void* shared_storage(const void* key, std::size_t bytes, std::size_t alignment) 
     std::memset(b.memory.get(), 0xff, bytes);
   }
   return b.memory.get();
+}
+
+// --- asynchronous copies (cuda_pipeline.h) --------------------------------------------------
+
+void pipeline_copy(void* dst_shared, const void* src_global, std::size_t size_and_align,
+                   std::size_t zfill) {
+  Scheduler& s = scheduler();
+  Thread& t = running_thread("__pipeline_memcpy_async");
+  PendingCopy copy{static_cast<char*>(dst_shared), {}, size_and_align, 0};
+  {
+    Hidden hidden;
+    if (size_and_align != 4 && size_and_align != 8 && size_and_align != 16) {
+      kernel_bug("%s, thread %u: __pipeline_memcpy_async of %zu bytes (4, 8 or 16 may be copied)",
+                 block_name(s).c_str(), t.tid, size_and_align);
+    }
+    if (zfill > size_and_align) {
+      kernel_bug("%s, thread %u: __pipeline_memcpy_async zero-fills %zu of %zu bytes",
+                 block_name(s).c_str(), t.tid, zfill, size_and_align);
+    }
+    if (reinterpret_cast<std::uintptr_t>(dst_shared) % size_and_align != 0 ||
+        reinterpret_cast<std::uintptr_t>(src_global) % size_and_align != 0) {
+      kernel_bug(
+          "%s, thread %u: __pipeline_memcpy_async of %zu bytes from %p to %p: both must be "
+          "aligned to the size",
+          block_name(s).c_str(), t.tid, size_and_align, src_global, dst_shared);
+    }
+    bool in_shared = false;
+    for (const auto& [key, b] : s.shared) {
+      const char* base = b.memory.get();
+      in_shared |= b.block_serial == s.block_serial && copy.dst >= base &&
+                   copy.dst + size_and_align <= base + b.bytes;
+    }
+    if (!in_shared) {
+      kernel_bug("%s, thread %u: __pipeline_memcpy_async to %p, not this block's __shared__ memory",
+                 block_name(s).c_str(), t.tid, dst_shared);
+    }
+    copy.batch = t.commits;
+  }
+  // The thread's own accesses: the source is read now, the destination is undefined
+  // (NaN) until the wait.
+  std::memcpy(copy.bytes, src_global, size_and_align - zfill);
+  std::memset(copy.bytes + (size_and_align - zfill), 0, zfill);
+  std::memset(copy.dst, 0xff, size_and_align);
+  Hidden hidden;
+  t.pending.push_back(copy);
+}
+
+void pipeline_commit() {
+  Thread& t = running_thread("__pipeline_commit");
+  Hidden hidden;
+  ++t.commits;
+}
+
+void pipeline_wait_prior(std::size_t prior) {
+  Thread& t = running_thread("__pipeline_wait_prior");
+  std::vector<PendingCopy> done;
+  {
+    Hidden hidden;
+    // Batches [0, commits - prior) complete; uncommitted copies stay pending.
+    const std::uint64_t complete = t.commits > prior ? t.commits - prior : 0;
+    auto still = std::stable_partition(t.pending.begin(), t.pending.end(),
+                                       [&](const PendingCopy& c) { return c.batch >= complete; });
+    done.assign(still, t.pending.end());
+    t.pending.erase(still, t.pending.end());
+  }
+  for (const PendingCopy& c : done) std::memcpy(c.dst, c.bytes, c.size);
 }
 
 // --- launches ------------------------------------------------------------------------------

@@ -16,9 +16,11 @@
 // Under AddressSanitizer (exit status 1):
 //   write-past-end         a kernel writes one element past its tensor
 // In every build (the emulator's own checks, exit status 86):
-//   divergent-barrier, shuffle-exited-lane, shuffle-divergent, shuffle-outside-mask
+//   divergent-barrier, shuffle-exited-lane, shuffle-divergent, shuffle-outside-mask,
+//   async-copy-misaligned  a 16-byte __pipeline_memcpy_async from a 4-byte aligned source
 // Correct twins, which must exit 0 with no report: syncthreads, syncwarp,
 // host-read-after-sync, ring, handover, write-within.
+#include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -235,6 +237,16 @@ void handover(bool planted) {
   cudaStreamDestroy(b);
 }
 
+// --- an asynchronous copy that hardware would fault on --------------------------------------
+
+__global__ void async_copy_misaligned_kernel(float* y) {
+  __shared__ __align__(16) float s[4];
+  __pipeline_memcpy_async(s, y + 1, 16);  // cp.async of 16 bytes needs a 16-byte aligned source
+  __pipeline_commit();
+  __pipeline_wait_prior(0);
+  y[0] = s[0];
+}
+
 // --- a kernel past its tensor's end ------------------------------------------------------
 
 __global__ void write_n_kernel(int n, float* y) {
@@ -275,6 +287,8 @@ int main(int argc, char** argv) {
        [] { run_kernel_bug([](float* y) { shuffle_divergent_kernel<<<1, 32>>>(y); }); }},
       {"shuffle-outside-mask",
        [] { run_kernel_bug([](float* y) { shuffle_outside_mask_kernel<<<1, 32>>>(y); }); }},
+      {"async-copy-misaligned",
+       [] { run_kernel_bug([](float* y) { async_copy_misaligned_kernel<<<1, 1>>>(y); }); }},
   };
   auto it = argc == 2 ? controls.find(argv[1]) : controls.end();
   if (it == controls.end()) {

@@ -3,6 +3,7 @@
 // they do and do not give, kernels (barriers, warps, shared memory, launch
 // configurations) and the fault injection the towerlab tests use. Written in CUDA
 // syntax, so the launches go through the same rewrite as towerlab's kernels.
+#include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -326,6 +327,105 @@ TEST_F(Emulator, SharedMemoryStartsEachBlockAsNaN) {
   const std::vector<float> h = to_host(y, 2);
   EXPECT_TRUE(std::isnan(h[0]));
   EXPECT_TRUE(std::isnan(h[1])) << "the second block saw the first block's shared memory";
+  cudaFree(y);
+}
+
+// --- asynchronous copies (cuda_pipeline.h) ----------------------------------------------
+
+// A three-stage pipeline as a GEMM uses it: chunk c of x (32 threads x 4 floats,
+// 16-byte copies) goes to buffer c % 3 two chunks ahead of its use, and each thread
+// reads what its neighbour copied (so the barrier after the wait is needed too).
+__global__ void pipelined_copy_kernel(const float* x, float* y, int chunks) {
+  __shared__ __align__(16) float buffer[3][128];
+  const int t = threadIdx.x;
+  for (int c = 0; c < 2; ++c) {
+    if (c < chunks) __pipeline_memcpy_async(&buffer[c][t * 4], x + c * 128 + t * 4, 16);
+    __pipeline_commit();
+  }
+  for (int c = 0; c < chunks; ++c) {
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    if (c + 2 < chunks)
+      __pipeline_memcpy_async(&buffer[(c + 2) % 3][t * 4], x + (c + 2) * 128 + t * 4, 16);
+    __pipeline_commit();
+    const int from = (t + 1) % 32;
+    for (int e = 0; e < 4; ++e) y[c * 128 + t * 4 + e] = buffer[c % 3][from * 4 + e];
+  }
+}
+
+TEST_F(Emulator, PipelinedAsyncCopiesArriveByTheirWait) {
+  constexpr int kChunks = 7;
+  std::vector<float> h(kChunks * 128);
+  std::iota(h.begin(), h.end(), 1.0f);
+  float* x = device_floats(kChunks * 128);
+  float* y = device_floats(kChunks * 128);
+  ASSERT_EQ(cudaMemcpy(x, h.data(), sizeof(float) * h.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  pipelined_copy_kernel<<<1, 32>>>(x, y, kChunks);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> out = to_host(y, kChunks * 128);
+  for (int c = 0; c < kChunks; ++c) {
+    for (int i = 0; i < 128; ++i)
+      ASSERT_EQ(out[c * 128 + i], h[c * 128 + (i + 4) % 128]) << "chunk " << c << " float " << i;
+  }
+  cudaFree(x);
+  cudaFree(y);
+}
+
+// y[0..3]: a 16-byte copy zero-filling its last 8; y[4]: a 4-byte copy of nothing.
+__global__ void zero_fill_kernel(const float* x, float* y) {
+  __shared__ __align__(16) float s[8];
+  __pipeline_memcpy_async(&s[0], x, 16, 8);
+  __pipeline_memcpy_async(&s[4], x, 4, 4);
+  __pipeline_commit();
+  __pipeline_wait_prior(0);
+  for (int e = 0; e < 5; ++e) y[e] = s[e];
+}
+
+TEST_F(Emulator, AnAsyncCopyZeroFillsItsTail) {
+  const float h[4] = {1, 2, 3, 4};
+  float* x = device_floats(4);
+  float* y = device_floats(5);
+  ASSERT_EQ(cudaMemcpy(x, h, sizeof h, cudaMemcpyHostToDevice), cudaSuccess);
+  zero_fill_kernel<<<1, 1>>>(x, y);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(to_host(y, 5), (std::vector<float>{1, 2, 0, 0, 0}));
+  cudaFree(x);
+  cudaFree(y);
+}
+
+// y[0]: the destination before any wait; y[1], y[2]: batches 0 and 1 after waiting
+// for all but the newest; y[3]: batch 1 after waiting for all; y[4]: an uncommitted
+// copy after waiting for all.
+__global__ void read_before_wait_kernel(const float* x, float* y) {
+  __shared__ float s[3];
+  __pipeline_memcpy_async(&s[0], x, 4);
+  __pipeline_commit();
+  y[0] = s[0];
+  __pipeline_memcpy_async(&s[1], x + 1, 4);
+  __pipeline_commit();
+  __pipeline_wait_prior(1);
+  y[1] = s[0];
+  y[2] = s[1];
+  __pipeline_memcpy_async(&s[2], x + 2, 4);
+  __pipeline_wait_prior(0);
+  y[3] = s[1];
+  y[4] = s[2];
+}
+
+TEST_F(Emulator, AnAsyncCopysDestinationIsNaNUntilItsBatchIsWaitedFor) {
+  const float h[3] = {5, 6, 7};
+  float* x = device_floats(3);
+  float* y = device_floats(5);
+  ASSERT_EQ(cudaMemcpy(x, h, sizeof h, cudaMemcpyHostToDevice), cudaSuccess);
+  read_before_wait_kernel<<<1, 1>>>(x, y);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> out = to_host(y, 5);
+  EXPECT_TRUE(std::isnan(out[0])) << "read before its wait";
+  EXPECT_EQ(out[1], 5.0f);
+  EXPECT_TRUE(std::isnan(out[2])) << "the newest batch completed by wait_prior(1)";
+  EXPECT_EQ(out[3], 6.0f);
+  EXPECT_TRUE(std::isnan(out[4])) << "an uncommitted copy completed by a wait";
+  cudaFree(x);
   cudaFree(y);
 }
 
