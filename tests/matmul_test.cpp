@@ -275,6 +275,51 @@ TEST_P(MatmulTest, CudaMisalignedOperandsAndCublasAgree) {
   }
 }
 
+// The 128x128 tile's operand paths, in every layout: cp.async (A transposed, B
+// not) in 16-byte copies, zero-filled 16-byte copies past the edge, 4-byte copies
+// at a ragged edge and on misaligned rows; registers (A not transposed, B
+// transposed) with and without float4 loads. 130x250 is 2x2 tiles of 128 with
+// ragged rows and columns, split 19 ways along K on 132 SMs (K = 1301: the last
+// split is 5, less than a step); its leading dimensions are either the dense ones
+// (130, 250, 1301: no row is 16-byte aligned) or padded to a multiple of 4
+// (aligned rows, with 2 of the last 4 floats of a 250-wide row past the edge). With 8 SMs it runs on 64x64 tiles,
+// and 384x520x67 on 128x128 unsplit (520 = 4 x 128 + 8: a column tile of 8).
+TEST_P(MatmulTest, CudaPipelinedTileCoversEveryLayoutEdgeAndAlignment) {
+  if (device().is_cpu()) GTEST_SKIP() << "CUDA-only: the kernel's operand paths";
+  for (const Dims& d : {Dims{130, 250, 1301}, Dims{384, 520, 67}}) {
+    for (const std::int64_t round_to : {1, 4}) {
+      for (bool ta : {false, true}) {
+        for (bool tb : {false, true}) {
+          const Shape as = a_shape(d, ta), bs = b_shape(d, tb);
+          auto padded = [&](std::int64_t cols) { return (cols + round_to - 1) / round_to * round_to; };
+          const std::int64_t lda = padded(as[1]), ldb = padded(bs[1]), ldc = padded(d.n);
+          const auto a_wide = random_values(static_cast<std::size_t>(as[0] * lda), 51);
+          const auto b_wide = random_values(static_cast<std::size_t>(bs[0] * ldb), 52);
+          std::vector<float> av, bv;
+          for (std::int64_t r = 0; r < as[0]; ++r)
+            for (std::int64_t s = 0; s < as[1]; ++s) av.push_back(a_wide[r * lda + s]);
+          for (std::int64_t r = 0; r < bs[0]; ++r)
+            for (std::int64_t s = 0; s < bs[1]; ++s) bv.push_back(b_wide[r * ldb + s]);
+          const auto expected = reference(av, bv, {}, d, ta, tb, 1.0, 0.0);
+          Tensor a = make(a_wide, {as[0], lda}), b = make(b_wide, {bs[0], ldb});
+          Tensor c = make(std::vector<float>(static_cast<std::size_t>(d.m * ldc),
+                                             std::numeric_limits<float>::quiet_NaN()),
+                          {d.m, ldc});
+          cuda::gemm(ta, tb, d.m, d.n, d.k, 1.0f, a.data<float>(), lda, b.data<float>(), ldb, 0.0f,
+                     c.data<float>(), ldc, stream());
+          const auto out = host(c);
+          std::vector<float> inside;
+          for (std::int64_t r = 0; r < d.m; ++r)
+            for (std::int64_t s = 0; s < d.n; ++s) inside.push_back(out[r * ldc + s]);
+          EXPECT_TRUE(close_for_k(inside, expected, d.k))
+              << layout(ta, tb) << " " << d.m << "x" << d.n << "x" << d.k << ", rows rounded to "
+              << round_to;
+        }
+      }
+    }
+  }
+}
+
 // Few tiles of C and a long K, which the CUDA kernel splits along K on a GPU with
 // many SMs (FashionNet's fc1 forward is one 128x128 tile with K = 3136), plus its
 // backward products and a K that no split count divides: against the reference,

@@ -7,13 +7,28 @@
 // a 64x64 tile stepping 16 at a time. Each step, the block stages a [step x tile]
 // slice of op(A) and of op(B) in shared memory, k-major, so that a thread reads
 // its values of A and B for one k with float4 loads and does 64 FMAs (an 8x8
-// micro-tile of C in registers) or 16 (4x4). The next slice is loaded from
-// global memory into registers while the current one is computed on (double
-// buffering: two shared buffers, one __syncthreads per step). The four transpose
-// cases differ only in how a slice is read from global memory.
-// ptxas for sm_90: 128x128: 127-128 registers per thread, no spills, 16.5 KiB of
-// shared memory per block, two blocks per SM; 64x64: 63 registers, no spills,
-// 17 KiB, four blocks per SM.
+// micro-tile of C in registers) or 16 (4x4).
+// How the slices get there:
+//   - 128x128 (gemm_pipelined_kernel): a ring of shared buffers with the next
+//     slices in flight while one is computed on. An operand whose global layout
+//     already is the slice's (A transposed, B not: 4 consecutive floats of a
+//     tile row per thread) is copied global -> shared with cp.async
+//     (cuda_pipeline.h), 16 bytes a thread, 4-byte copies at a ragged edge or on
+//     a misaligned operand; it costs no registers and no shared stores. An
+//     operand that must be transposed into the k-major slice (A not transposed,
+//     B transposed) cannot be: cp.async copies bytes as they lie. It is loaded
+//     into registers a step ahead and stored transposed. (Keeping it untransposed
+//     in shared memory would need 4 k of it in registers at once, 32 more
+//     registers than the 128 that two blocks per SM allow.) TN, both operands
+//     asynchronous, runs three stages; NN, NT and TT two, as one register
+//     operand and a third stage exceed 128 registers.
+//   - 64x64 (gemm_kernel): the next slice goes through registers while the
+//     current one is computed on (double buffering: two shared buffers, one
+//     __syncthreads per step); 63 registers leave room for four blocks per SM,
+//     whose warps hide the loads.
+// ptxas for sm_90: 128x128: 127-128 registers per thread, no spills, 24.75 KiB
+// of shared memory per block for TN (three stages), 16.5 KiB for the others, two
+// blocks per SM; 64x64: 63-64 registers, no spills, 17 KiB, four blocks per SM.
 //
 // The tile plan (plan_gemm) fills the SMs: 128x128 tiles where they alone give
 // every SM a block (4096^3), 64x64 tiles where they give at least half the SMs
@@ -25,12 +40,15 @@
 // (kernels/cuda/split_reduce.cuh) adds the partials in a fixed tree and applies
 // alpha and beta once. The same plan gives the same bits every run.
 //
-// Status: the 128x128-only version (main) ran on an H100 and against cuBLAS
-// (every CUDA test passed; 78-86 % of cuBLAS at 4096^3, 68-71 % at 1024^3 and on
-// FashionNet's shapes). The 64x64 tiles and the plan above have run only on the
-// emulated GPUs (emulator/; every layout, ragged edges, misaligned operands,
-// split and unsplit plans of both tiles for 132 SMs and 8).
+// Status: the 128x128-only, register-double-buffered version (main) ran on an
+// H100 and against cuBLAS (every CUDA test passed; 78-86 % of cuBLAS at 4096^3,
+// 68-71 % at 1024^3 and on FashionNet's shapes). The 64x64 tiles, the plan above
+// and the cp.async pipeline of the 128x128 tile have run only on the emulated
+// GPUs (emulator/, whose asynchronous copies land only at their wait; every
+// layout, ragged edges, misaligned operands, split and unsplit plans of both
+// tiles for 132 SMs and 8).
 #include <cublas_v2.h>
+#include <cuda_pipeline.h>
 
 #include <algorithm>
 #include <climits>
@@ -144,6 +162,102 @@ __device__ __forceinline__ void store_slice(float (*slice)[kTile + kPad], const 
   }
 }
 
+// The slice of load_slice<false, kTile> (X stored with its rows/columns
+// contiguous: A transposed, B not), copied into shared memory with cp.async
+// instead of through registers; zero at and past k_end and the extent. A 16-byte
+// copy per thread where X allows 16-byte accesses and the 4 floats are in range
+// or all out (zero-filled); 4-byte copies at a ragged edge or on a misaligned
+// operand. A fully zero-filled copy reads nothing, so its source is X's base.
+template <int kTile>
+__device__ __forceinline__ void copy_slice_async(float (*slice)[kTile + kPad], const float* x,
+                                                 std::int64_t ld, int extent, int k_end, int base,
+                                                 int k0, bool vector) {
+  constexpr int kLanes = kTile / 4;
+  const int t = threadIdx.x;
+  const int p = k0 + t / kLanes, r = base + (t % kLanes) * 4;
+  const int count = p < k_end ? extent - r : 0;
+  float* dst = &slice[t / kLanes][(t % kLanes) * 4];
+  const float* src = x + static_cast<std::int64_t>(p) * ld + r;
+  if (vector && count >= 4) {
+    __pipeline_memcpy_async(dst, src, 16);
+  } else if (vector && count <= 0) {
+    __pipeline_memcpy_async(dst, x, 16, 16);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (e < count) {
+        __pipeline_memcpy_async(dst + e, src + e, 4);
+      } else {
+        __pipeline_memcpy_async(dst + e, x, 4, 4);
+      }
+    }
+  }
+}
+
+// acc += the product of one pair of shared slices ([kK][kTile] each, k-major):
+// per k, a thread's kMicro values of A and of B in float4 reads, then kMicro^2
+// FMAs. Thread (ty, tx) owns rows ty*4 + {0..3} + 64h and columns tx*4 + {0..3}
+// + 64h (see gemm_kernel).
+template <int kTile>
+__device__ __forceinline__ void multiply_slices(float (&acc)[TileShape<kTile>::kMicro]
+                                                           [TileShape<kTile>::kMicro],
+                                                const float (*slice_a)[kTile + kPad],
+                                                const float (*slice_b)[kTile + kPad], int ty,
+                                                int tx) {
+  constexpr int kK = TileShape<kTile>::kK, kMicro = TileShape<kTile>::kMicro;
+#pragma unroll
+  for (int kk = 0; kk < kK; ++kk) {
+    float av[kMicro], bv[kMicro];
+#pragma unroll
+    for (int h = 0; h < kMicro / 4; ++h) {
+      const float4 a4 = *reinterpret_cast<const float4*>(&slice_a[kk][ty * 4 + h * 64]);
+      const float4 b4 = *reinterpret_cast<const float4*>(&slice_b[kk][tx * 4 + h * 64]);
+      av[h * 4] = a4.x, av[h * 4 + 1] = a4.y, av[h * 4 + 2] = a4.z, av[h * 4 + 3] = a4.w;
+      bv[h * 4] = b4.x, bv[h * 4 + 1] = b4.y, bv[h * 4 + 2] = b4.z, bv[h * 4 + 3] = b4.w;
+    }
+#pragma unroll
+    for (int i = 0; i < kMicro; ++i) {
+#pragma unroll
+      for (int j = 0; j < kMicro; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+  }
+}
+
+// C = alpha * acc + beta * C for the thread's micro-tile of the block's tile at
+// (m0, n0), clipped to [M, N]; float4 stores where C allows them.
+template <int kTile>
+__device__ __forceinline__ void store_tile(const GemmParams& p, float* c,
+                                           const float (&acc)[TileShape<kTile>::kMicro]
+                                                             [TileShape<kTile>::kMicro],
+                                           int m0, int n0, int ty, int tx) {
+  constexpr int kMicro = TileShape<kTile>::kMicro;
+  const float alpha = p.alpha, beta = p.beta;
+#pragma unroll
+  for (int i = 0; i < kMicro; ++i) {
+    const int row = m0 + ty * 4 + (i % 4) + (i / 4) * 64;
+    if (row >= p.m) continue;
+#pragma unroll
+    for (int half = 0; half < kMicro / 4; ++half) {
+      const int col = n0 + tx * 4 + half * 64;
+      float* out = c + static_cast<std::int64_t>(row) * p.ldc + col;
+      const float* v = &acc[i][half * 4];
+      if (p.vector_c && col + 4 <= p.n) {
+        float4 r = make_float4(alpha * v[0], alpha * v[1], alpha * v[2], alpha * v[3]);
+        if (beta != 0.0f) {  // beta == 0 must not read C (it may hold NaN)
+          const float4 old = *reinterpret_cast<const float4*>(out);
+          r.x += beta * old.x, r.y += beta * old.y, r.z += beta * old.z, r.w += beta * old.w;
+        }
+        *reinterpret_cast<float4*>(out) = r;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (col + e < p.n) out[e] = beta == 0.0f ? alpha * v[e] : alpha * v[e] + beta * out[e];
+        }
+      }
+    }
+  }
+}
+
 // C[m0:m0+kTile, n0:n0+kTile] = alpha * op(A) op(B) + beta * C for one block and
 // its split of K. Thread (ty, tx) of 16x16 owns rows ty*4 + {0..3} + 64h and
 // columns tx*4 + {0..3} + 64h (h < kMicro / 4): split in 64-wide halves so that a
@@ -189,22 +303,7 @@ __global__ void __launch_bounds__(kGemmThreads, kTile == 128 ? 2 : 4)
       next_a = load_slice<kAContiguousK, kTile>(p.a, p.lda, p.m, k_end, m0, k0, p.vector_a);
       next_b = load_slice<kBContiguousK, kTile>(p.b, p.ldb, p.n, k_end, n0, k0, p.vector_b);
     }
-#pragma unroll
-    for (int kk = 0; kk < kK; ++kk) {
-      float av[kMicro], bv[kMicro];
-#pragma unroll
-      for (int h = 0; h < kMicro / 4; ++h) {
-        const float4 a4 = *reinterpret_cast<const float4*>(&slice_a[buf][kk][ty * 4 + h * 64]);
-        const float4 b4 = *reinterpret_cast<const float4*>(&slice_b[buf][kk][tx * 4 + h * 64]);
-        av[h * 4] = a4.x, av[h * 4 + 1] = a4.y, av[h * 4 + 2] = a4.z, av[h * 4 + 3] = a4.w;
-        bv[h * 4] = b4.x, bv[h * 4 + 1] = b4.y, bv[h * 4 + 2] = b4.z, bv[h * 4 + 3] = b4.w;
-      }
-#pragma unroll
-      for (int i = 0; i < kMicro; ++i) {
-#pragma unroll
-        for (int j = 0; j < kMicro; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
-      }
-    }
+    multiply_slices<kTile>(acc, slice_a[buf], slice_b[buf], ty, tx);
     if (more) {
       // The other buffer was last read in step - 1, which every thread has
       // finished: it passed the __syncthreads at the end of that step.
@@ -214,31 +313,87 @@ __global__ void __launch_bounds__(kGemmThreads, kTile == 128 ? 2 : 4)
     __syncthreads();
   }
 
-  const float alpha = p.alpha, beta = p.beta;
-#pragma unroll
-  for (int i = 0; i < kMicro; ++i) {
-    const int row = m0 + ty * 4 + (i % 4) + (i / 4) * 64;
-    if (row >= p.m) continue;
-#pragma unroll
-    for (int half = 0; half < kMicro / 4; ++half) {
-      const int col = n0 + tx * 4 + half * 64;
-      float* out = c + static_cast<std::int64_t>(row) * p.ldc + col;
-      const float* v = &acc[i][half * 4];
-      if (p.vector_c && col + 4 <= p.n) {
-        float4 r = make_float4(alpha * v[0], alpha * v[1], alpha * v[2], alpha * v[3]);
-        if (beta != 0.0f) {  // beta == 0 must not read C (it may hold NaN)
-          const float4 old = *reinterpret_cast<const float4*>(out);
-          r.x += beta * old.x, r.y += beta * old.y, r.z += beta * old.z, r.w += beta * old.w;
-        }
-        *reinterpret_cast<float4*>(out) = r;
-      } else {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (col + e < p.n) out[e] = beta == 0.0f ? alpha * v[e] : alpha * v[e] + beta * out[e];
-        }
-      }
+  store_tile<kTile>(p, c, acc, m0, n0, ty, tx);
+}
+
+// The 128x128 tile with a kStages-deep shared-memory pipeline: slices for steps
+// step+1 .. step+kStages-1 are in flight while step is computed on. An operand
+// stored with its tile's rows/columns contiguous (A transposed, B not) goes
+// global -> shared by cp.async, never through registers, committed as one batch
+// per step; an operand that must be transposed on its way into the k-major slice
+// (A not transposed, B transposed) cannot be copied by cp.async, so it keeps the
+// register path: loaded kStages-1 steps ahead into registers at the top of a
+// step, stored into its slice at the bottom. One __syncthreads per step: after
+// it, every thread's copies for this step have landed (each waited for its own
+// batch before it), and every thread has finished the previous step, whose
+// buffer is the one this step refills.
+template <bool kTransposeA, bool kTransposeB>
+__global__ void __launch_bounds__(kGemmThreads, 2) gemm_pipelined_kernel(const GemmParams p) {
+  constexpr int kTile = 128, kK = TileShape<kTile>::kK, kMicro = TileShape<kTile>::kMicro;
+  constexpr bool kAContiguousK = !kTransposeA;  // A [M,K]: transposed on its way in
+  constexpr bool kBContiguousK = kTransposeB;   // B [N,K]: transposed on its way in
+  // Three stages where both operands are copied asynchronously; two where one
+  // goes through registers (its 4 registers in flight across the multiply leave
+  // no room for a third stage's bookkeeping under the 128-register cap: ptxas
+  // spills 20-36 bytes with three, none with two).
+  constexpr int kStages = kAContiguousK || kBContiguousK ? 2 : 3;
+  __shared__ __align__(16) float slice_a[kStages][kK][kTile + kPad];  // [k][m]
+  __shared__ __align__(16) float slice_b[kStages][kK][kTile + kPad];  // [k][n]
+  const int m0 = blockIdx.y * kTile, n0 = blockIdx.x * kTile;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int ty = (warp / 2) * 4 + lane / 8, tx = (warp % 2) * 8 + lane % 8;
+  const int k_begin = blockIdx.z * p.k_per_split;
+  const int k_end = k_begin + max(0, min(p.k_per_split, p.k - k_begin));
+  float* c = p.c + blockIdx.z * p.split_stride;
+  const int steps = (k_end - k_begin + kK - 1) / kK;
+
+  // Starts slice `step` on its way into buffer `stage`: cp.async, or a register
+  // load into `reg` that store_registers puts in place.
+  Fragment reg_a, reg_b;
+  auto start_slice = [&](int step, int stage) {
+    const int k0 = k_begin + step * kK;
+    if constexpr (kAContiguousK) {
+      reg_a = load_slice<true, kTile>(p.a, p.lda, p.m, k_end, m0, k0, p.vector_a);
+    } else {
+      copy_slice_async<kTile>(slice_a[stage], p.a, p.lda, p.m, k_end, m0, k0, p.vector_a);
     }
+    if constexpr (kBContiguousK) {
+      reg_b = load_slice<true, kTile>(p.b, p.ldb, p.n, k_end, n0, k0, p.vector_b);
+    } else {
+      copy_slice_async<kTile>(slice_b[stage], p.b, p.ldb, p.n, k_end, n0, k0, p.vector_b);
+    }
+  };
+  auto store_registers = [&](int stage) {
+    if constexpr (kAContiguousK) store_slice<true, kTile>(slice_a[stage], reg_a);
+    if constexpr (kBContiguousK) store_slice<true, kTile>(slice_b[stage], reg_b);
+  };
+
+  // Batch s holds slice s's copies (empty past the last step), so that waiting for
+  // all but the newest kStages - 2 batches completes exactly the slice to compute.
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps) {
+      start_slice(s, s);
+      store_registers(s);
+    }
+    __pipeline_commit();
   }
+
+  float acc[kMicro][kMicro] = {};
+  int read = 0;  // the buffer of slice `step`
+  for (int step = 0; step < steps; ++step) {
+    __pipeline_wait_prior(kStages - 2);
+    __syncthreads();
+    // The buffer of slice step + kStages - 1: the one read in step - 1.
+    const int write = read == 0 ? kStages - 1 : read - 1;
+    const bool more = step + kStages - 1 < steps;
+    if (more) start_slice(step + kStages - 1, write);
+    __pipeline_commit();
+    multiply_slices<kTile>(acc, slice_a[read], slice_b[read], ty, tx);
+    if (more) store_registers(write);
+    read = read + 1 == kStages ? 0 : read + 1;
+  }
+  store_tile<kTile>(p, c, acc, m0, n0, ty, tx);
 }
 
 // The split-K epilogue: C[i / n, i % n] = alpha * sum + beta * C, where sum is
@@ -312,11 +467,16 @@ bool aligned16(const void* p, std::int64_t ld) {
 
 using GemmKernel = void (*)(GemmParams);
 
-template <int kTile>
-GemmKernel pick_kernel(bool transpose_a, bool transpose_b) {
+GemmKernel pick_kernel(int tile, bool transpose_a, bool transpose_b) {
+  if (tile == 128) {
+    return transpose_a ? (transpose_b ? gemm_pipelined_kernel<true, true>
+                                      : gemm_pipelined_kernel<true, false>)
+                       : (transpose_b ? gemm_pipelined_kernel<false, true>
+                                      : gemm_pipelined_kernel<false, false>);
+  }
   return transpose_a
-             ? (transpose_b ? gemm_kernel<true, true, kTile> : gemm_kernel<true, false, kTile>)
-             : (transpose_b ? gemm_kernel<false, true, kTile> : gemm_kernel<false, false, kTile>);
+             ? (transpose_b ? gemm_kernel<true, true, 64> : gemm_kernel<true, false, 64>)
+             : (transpose_b ? gemm_kernel<false, true, 64> : gemm_kernel<false, false, 64>);
 }
 
 // Runs `product` (everything up to ldc set) with `plan`: in place, or split into
@@ -335,8 +495,7 @@ void gemm_towerlab(bool transpose_a, bool transpose_b, GemmParams product, const
   TL_CHECK(grid.y <= 65535, InvalidArgument,
            "gemm: M = " << product.m << " needs more than 65535 row tiles; split the product");
   cudaStream_t s = native(stream);
-  const GemmKernel kernel = tile == 128 ? pick_kernel<128>(transpose_a, transpose_b)
-                                        : pick_kernel<64>(transpose_a, transpose_b);
+  const GemmKernel kernel = pick_kernel(tile, transpose_a, transpose_b);
   GemmParams p = product;
   p.vector_a = aligned16(p.a, p.lda), p.vector_b = aligned16(p.b, p.ldb);
   if (plan.splits == 1) {
