@@ -275,23 +275,26 @@ TEST_P(MatmulTest, CudaMisalignedOperandsAndCublasAgree) {
   }
 }
 
-// The 128x128 tile's operand paths, in every layout: cp.async (A transposed, B
-// not) in 16-byte copies, zero-filled 16-byte copies past the edge, 4-byte copies
-// at a ragged edge and on misaligned rows; registers (A not transposed, B
-// transposed) with and without float4 loads. 130x250 is 2x2 tiles of 128 with
-// ragged rows and columns, split 19 ways along K on 132 SMs (K = 1301: the last
-// split is 5, less than a step); its leading dimensions are either the dense ones
-// (130, 250, 1301: no row is 16-byte aligned) or padded to a multiple of 4
-// (aligned rows, with 2 of the last 4 floats of a 250-wide row past the edge). With 8 SMs it runs on 64x64 tiles,
-// and 384x520x67 on 128x128 unsplit (520 = 4 x 128 + 8: a column tile of 8).
-TEST_P(MatmulTest, CudaPipelinedTileCoversEveryLayoutEdgeAndAlignment) {
+// The kernel's operand paths on both tiles, in every layout: cp.async (A
+// transposed, B not) in 16-byte copies, zero-filled 16-byte copies past the
+// edge, 4-byte copies at a ragged edge and on misaligned rows; registers (A not
+// transposed, B transposed) with and without float4 loads. The leading
+// dimensions are either the dense ones (no row 16-byte aligned) or padded to a
+// multiple of 4 (aligned rows, with 2 of the last 4 floats of a 250-wide row past
+// the edge). 130x250x1301 is 2x2 tiles of 128 with ragged rows and columns,
+// split 19 ways along K on 132 SMs (the last split is 5, less than a step), and
+// 3x4 tiles of 64 unsplit on 8; 384x520x67 is 3x5 tiles of 128 unsplit on 8 SMs
+// (a column tile of 8) and 6x9 tiles of 64 on 132.
+TEST_P(MatmulTest, CudaOperandPathsCoverEveryLayoutEdgeAndAlignment) {
   if (device().is_cpu()) GTEST_SKIP() << "CUDA-only: the kernel's operand paths";
   for (const Dims& d : {Dims{130, 250, 1301}, Dims{384, 520, 67}}) {
     for (const std::int64_t round_to : {1, 4}) {
       for (bool ta : {false, true}) {
         for (bool tb : {false, true}) {
           const Shape as = a_shape(d, ta), bs = b_shape(d, tb);
-          auto padded = [&](std::int64_t cols) { return (cols + round_to - 1) / round_to * round_to; };
+          auto padded = [&](std::int64_t cols) {
+            return (cols + round_to - 1) / round_to * round_to;
+          };
           const std::int64_t lda = padded(as[1]), ldb = padded(bs[1]), ldc = padded(d.n);
           const auto a_wide = random_values(static_cast<std::size_t>(as[0] * lda), 51);
           const auto b_wide = random_values(static_cast<std::size_t>(bs[0] * ldb), 52);

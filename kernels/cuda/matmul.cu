@@ -8,27 +8,22 @@
 // slice of op(A) and of op(B) in shared memory, k-major, so that a thread reads
 // its values of A and B for one k with float4 loads and does 64 FMAs (an 8x8
 // micro-tile of C in registers) or 16 (4x4).
-// How the slices get there:
-//   - 128x128 (gemm_pipelined_kernel): a ring of shared buffers with the next
-//     slices in flight while one is computed on. An operand whose global layout
-//     already is the slice's (A transposed, B not: 4 consecutive floats of a
-//     tile row per thread) is copied global -> shared with cp.async
-//     (cuda_pipeline.h), 16 bytes a thread, 4-byte copies at a ragged edge or on
-//     a misaligned operand; it costs no registers and no shared stores. An
-//     operand that must be transposed into the k-major slice (A not transposed,
-//     B transposed) cannot be: cp.async copies bytes as they lie. It is loaded
-//     into registers a step ahead and stored transposed. (Keeping it untransposed
-//     in shared memory would need 4 k of it in registers at once, 32 more
-//     registers than the 128 that two blocks per SM allow.) TN, both operands
-//     asynchronous, runs three stages; NN, NT and TT two, as one register
-//     operand and a third stage exceed 128 registers.
-//   - 64x64 (gemm_kernel): the next slice goes through registers while the
-//     current one is computed on (double buffering: two shared buffers, one
-//     __syncthreads per step); 63 registers leave room for four blocks per SM,
-//     whose warps hide the loads.
+// How the slices get there (gemm_kernel): a ring of shared buffers, with the
+// next slices in flight while one is computed on. An operand whose global layout
+// already is the slice's (A transposed, B not: 4 consecutive floats of a tile
+// row per thread) is copied global -> shared with cp.async (cuda_pipeline.h),
+// 16 bytes a thread, 4-byte copies at a ragged edge or on a misaligned operand;
+// it costs no registers and no shared stores. An operand that must be transposed
+// into the k-major slice (A not transposed, B transposed) cannot be: cp.async
+// copies bytes as they lie. It is loaded into registers at the top of a step and
+// stored transposed at the bottom. (Keeping it untransposed in shared memory
+// would need 4 k of it in registers at once: 32 more registers than the 128 that
+// two blocks of the 128 tile per SM allow.) Three stages (two slices ahead),
+// except the 128 tile with a register operand (NN, NT, TT): two stages, as a
+// third one there made ptxas spill.
 // ptxas for sm_90: 128x128: 127-128 registers per thread, no spills, 24.75 KiB
 // of shared memory per block for TN (three stages), 16.5 KiB for the others, two
-// blocks per SM; 64x64: 63-64 registers, no spills, 17 KiB, four blocks per SM.
+// blocks per SM; 64x64: 63-64 registers, no spills, 25.5 KiB, four blocks per SM.
 //
 // The tile plan (plan_gemm) fills the SMs: 128x128 tiles where they alone give
 // every SM a block (4096^3), 64x64 tiles where they give at least half the SMs
@@ -43,10 +38,10 @@
 // Status: the 128x128-only, register-double-buffered version (main) ran on an
 // H100 and against cuBLAS (every CUDA test passed; 78-86 % of cuBLAS at 4096^3,
 // 68-71 % at 1024^3 and on FashionNet's shapes). The 64x64 tiles, the plan above
-// and the cp.async pipeline of the 128x128 tile have run only on the emulated
-// GPUs (emulator/, whose asynchronous copies land only at their wait; every
-// layout, ragged edges, misaligned operands, split and unsplit plans of both
-// tiles for 132 SMs and 8).
+// and the cp.async pipeline of both tiles have run only on the emulated GPUs
+// (emulator/, whose asynchronous copies land only at their wait; every layout,
+// ragged edges, misaligned operands, split and unsplit plans of both tiles for
+// 132 SMs and 8).
 #include <cublas_v2.h>
 #include <cuda_pipeline.h>
 
@@ -199,11 +194,9 @@ __device__ __forceinline__ void copy_slice_async(float (*slice)[kTile + kPad], c
 // FMAs. Thread (ty, tx) owns rows ty*4 + {0..3} + 64h and columns tx*4 + {0..3}
 // + 64h (see gemm_kernel).
 template <int kTile>
-__device__ __forceinline__ void multiply_slices(float (&acc)[TileShape<kTile>::kMicro]
-                                                           [TileShape<kTile>::kMicro],
-                                                const float (*slice_a)[kTile + kPad],
-                                                const float (*slice_b)[kTile + kPad], int ty,
-                                                int tx) {
+__device__ __forceinline__ void multiply_slices(
+    float (&acc)[TileShape<kTile>::kMicro][TileShape<kTile>::kMicro],
+    const float (*slice_a)[kTile + kPad], const float (*slice_b)[kTile + kPad], int ty, int tx) {
   constexpr int kK = TileShape<kTile>::kK, kMicro = TileShape<kTile>::kMicro;
 #pragma unroll
   for (int kk = 0; kk < kK; ++kk) {
@@ -226,10 +219,10 @@ __device__ __forceinline__ void multiply_slices(float (&acc)[TileShape<kTile>::k
 // C = alpha * acc + beta * C for the thread's micro-tile of the block's tile at
 // (m0, n0), clipped to [M, N]; float4 stores where C allows them.
 template <int kTile>
-__device__ __forceinline__ void store_tile(const GemmParams& p, float* c,
-                                           const float (&acc)[TileShape<kTile>::kMicro]
-                                                             [TileShape<kTile>::kMicro],
-                                           int m0, int n0, int ty, int tx) {
+__device__ __forceinline__ void store_tile(
+    const GemmParams& p, float* c,
+    const float (&acc)[TileShape<kTile>::kMicro][TileShape<kTile>::kMicro], int m0, int n0, int ty,
+    int tx) {
   constexpr int kMicro = TileShape<kTile>::kMicro;
   const float alpha = p.alpha, beta = p.beta;
 #pragma unroll
@@ -259,89 +252,44 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, float* c,
 }
 
 // C[m0:m0+kTile, n0:n0+kTile] = alpha * op(A) op(B) + beta * C for one block and
-// its split of K. Thread (ty, tx) of 16x16 owns rows ty*4 + {0..3} + 64h and
-// columns tx*4 + {0..3} + 64h (h < kMicro / 4): split in 64-wide halves so that a
-// warp's float4 reads of a shared slice cover contiguous addresses. A warp is a
-// 4x8 patch of the thread grid (the 8 warps tile it 4 down, 2 across): per k,
-// its float4 reads of the A slice are 4 addresses and those of the B slice 8,
-// consecutive, each read one shared-memory wavefront of 64 and 128 bytes with
-// the lanes that share an address served by broadcast. (A 2x16 patch needs 1 + 2
-// wavefronts; at the 64 tile's 16 FMAs per pair of reads that is the difference
-// between 50 % and 75 % of the SM's shared-memory bandwidth.)
+// its split of K, through a kStages-deep ring of shared slices: the slices of
+// steps step+1 .. step+kStages-1 are on their way while step is computed on.
+// An operand stored with its tile's rows/columns contiguous (A transposed, B
+// not) goes global -> shared by cp.async, never through registers, one batch of
+// copies per step; an operand that must be transposed on its way into the
+// k-major slice (A not transposed, B transposed) cannot be copied by cp.async,
+// so it keeps the register path: loaded at the top of a step, stored into the
+// buffer of slice step+kStages-1 at the bottom. One __syncthreads per step:
+// after it, every thread's copies for this step have landed (each waited for
+// its own batch before it), and every thread has finished the previous step,
+// whose buffer is the one this step refills.
+// Thread (ty, tx) of 16x16 owns rows ty*4 + {0..3} + 64h and columns tx*4 +
+// {0..3} + 64h (h < kMicro / 4): split in 64-wide halves so that a warp's float4
+// reads of a shared slice cover contiguous addresses. A warp is a 4x8 patch of
+// the thread grid (the 8 warps tile it 4 down, 2 across): per k, its float4
+// reads of the A slice are 4 addresses and those of the B slice 8, consecutive,
+// each read one shared-memory wavefront of 64 and 128 bytes with the lanes that
+// share an address served by broadcast. (A 2x16 patch needs 1 + 2 wavefronts; at
+// the 64 tile's 16 FMAs per pair of reads that is the difference between 50 %
+// and 75 % of the SM's shared-memory bandwidth.)
 // The 64 tile's smaller register need (4x4 accumulators) allows 4 blocks per SM.
 template <bool kTransposeA, bool kTransposeB, int kTile>
 __global__ void __launch_bounds__(kGemmThreads, kTile == 128 ? 2 : 4)
     gemm_kernel(const GemmParams p) {
   constexpr int kK = TileShape<kTile>::kK, kMicro = TileShape<kTile>::kMicro;
-  __shared__ __align__(16) float slice_a[2][kK][kTile + kPad];  // [k][m]
-  __shared__ __align__(16) float slice_b[2][kK][kTile + kPad];  // [k][n]
-  constexpr bool kAContiguousK = !kTransposeA;                  // A [M,K]: k runs along rows
-  constexpr bool kBContiguousK = kTransposeB;                   // B [N,K]: k runs along rows
-  const int m0 = blockIdx.y * kTile, n0 = blockIdx.x * kTile;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int ty = (warp / 2) * 4 + lane / 8, tx = (warp % 2) * 8 + lane % 8;
-  // An empty split (k_begin >= k) loads only zeros and stores a zero partial.
-  const int k_begin = blockIdx.z * p.k_per_split;
-  const int k_end = k_begin + max(0, min(p.k_per_split, p.k - k_begin));
-  float* c = p.c + blockIdx.z * p.split_stride;
-
-  float acc[kMicro][kMicro] = {};
-  Fragment next_a =
-      load_slice<kAContiguousK, kTile>(p.a, p.lda, p.m, k_end, m0, k_begin, p.vector_a);
-  Fragment next_b =
-      load_slice<kBContiguousK, kTile>(p.b, p.ldb, p.n, k_end, n0, k_begin, p.vector_b);
-  store_slice<kAContiguousK, kTile>(slice_a[0], next_a);
-  store_slice<kBContiguousK, kTile>(slice_b[0], next_b);
-  __syncthreads();
-
-  const int steps = (k_end - k_begin + kK - 1) / kK;
-  for (int step = 0; step < steps; ++step) {
-    const int buf = step & 1;
-    const bool more = step + 1 < steps;
-    if (more) {  // global loads in flight while this step computes
-      const int k0 = k_begin + (step + 1) * kK;
-      next_a = load_slice<kAContiguousK, kTile>(p.a, p.lda, p.m, k_end, m0, k0, p.vector_a);
-      next_b = load_slice<kBContiguousK, kTile>(p.b, p.ldb, p.n, k_end, n0, k0, p.vector_b);
-    }
-    multiply_slices<kTile>(acc, slice_a[buf], slice_b[buf], ty, tx);
-    if (more) {
-      // The other buffer was last read in step - 1, which every thread has
-      // finished: it passed the __syncthreads at the end of that step.
-      store_slice<kAContiguousK, kTile>(slice_a[buf ^ 1], next_a);
-      store_slice<kBContiguousK, kTile>(slice_b[buf ^ 1], next_b);
-    }
-    __syncthreads();
-  }
-
-  store_tile<kTile>(p, c, acc, m0, n0, ty, tx);
-}
-
-// The 128x128 tile with a kStages-deep shared-memory pipeline: slices for steps
-// step+1 .. step+kStages-1 are in flight while step is computed on. An operand
-// stored with its tile's rows/columns contiguous (A transposed, B not) goes
-// global -> shared by cp.async, never through registers, committed as one batch
-// per step; an operand that must be transposed on its way into the k-major slice
-// (A not transposed, B transposed) cannot be copied by cp.async, so it keeps the
-// register path: loaded kStages-1 steps ahead into registers at the top of a
-// step, stored into its slice at the bottom. One __syncthreads per step: after
-// it, every thread's copies for this step have landed (each waited for its own
-// batch before it), and every thread has finished the previous step, whose
-// buffer is the one this step refills.
-template <bool kTransposeA, bool kTransposeB>
-__global__ void __launch_bounds__(kGemmThreads, 2) gemm_pipelined_kernel(const GemmParams p) {
-  constexpr int kTile = 128, kK = TileShape<kTile>::kK, kMicro = TileShape<kTile>::kMicro;
   constexpr bool kAContiguousK = !kTransposeA;  // A [M,K]: transposed on its way in
   constexpr bool kBContiguousK = kTransposeB;   // B [N,K]: transposed on its way in
-  // Three stages where both operands are copied asynchronously; two where one
-  // goes through registers (its 4 registers in flight across the multiply leave
-  // no room for a third stage's bookkeeping under the 128-register cap: ptxas
-  // spills 20-36 bytes with three, none with two).
-  constexpr int kStages = kAContiguousK || kBContiguousK ? 2 : 3;
+  // Three stages, but two for the 128 tile with an operand in registers: there
+  // its 4 registers in flight across the multiply and a third stage's
+  // bookkeeping exceed the 128-register cap (ptxas spills 20-36 bytes with
+  // three, none with two). The 64 tile fits three stages in 64 registers.
+  constexpr int kStages = kTile == 64 || !(kAContiguousK || kBContiguousK) ? 3 : 2;
   __shared__ __align__(16) float slice_a[kStages][kK][kTile + kPad];  // [k][m]
   __shared__ __align__(16) float slice_b[kStages][kK][kTile + kPad];  // [k][n]
   const int m0 = blockIdx.y * kTile, n0 = blockIdx.x * kTile;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int ty = (warp / 2) * 4 + lane / 8, tx = (warp % 2) * 8 + lane % 8;
+  // An empty split (k_begin >= k) has no steps and stores a zero partial.
   const int k_begin = blockIdx.z * p.k_per_split;
   const int k_end = k_begin + max(0, min(p.k_per_split, p.k - k_begin));
   float* c = p.c + blockIdx.z * p.split_stride;
@@ -467,16 +415,16 @@ bool aligned16(const void* p, std::int64_t ld) {
 
 using GemmKernel = void (*)(GemmParams);
 
-GemmKernel pick_kernel(int tile, bool transpose_a, bool transpose_b) {
-  if (tile == 128) {
-    return transpose_a ? (transpose_b ? gemm_pipelined_kernel<true, true>
-                                      : gemm_pipelined_kernel<true, false>)
-                       : (transpose_b ? gemm_pipelined_kernel<false, true>
-                                      : gemm_pipelined_kernel<false, false>);
-  }
+template <int kTile>
+GemmKernel pick_kernel(bool transpose_a, bool transpose_b) {
   return transpose_a
-             ? (transpose_b ? gemm_kernel<true, true, 64> : gemm_kernel<true, false, 64>)
-             : (transpose_b ? gemm_kernel<false, true, 64> : gemm_kernel<false, false, 64>);
+             ? (transpose_b ? gemm_kernel<true, true, kTile> : gemm_kernel<true, false, kTile>)
+             : (transpose_b ? gemm_kernel<false, true, kTile> : gemm_kernel<false, false, kTile>);
+}
+
+GemmKernel pick_kernel(int tile, bool transpose_a, bool transpose_b) {
+  if (tile == 128) return pick_kernel<128>(transpose_a, transpose_b);
+  return pick_kernel<64>(transpose_a, transpose_b);
 }
 
 // Runs `product` (everything up to ldc set) with `plan`: in place, or split into
