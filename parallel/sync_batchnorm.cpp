@@ -56,6 +56,8 @@ std::int64_t TowerBatchNormSync::merge_stats(int tower, const Tensor& mean, cons
     fill(m2, 0.0, stream);
     count = 0;
   }
+  // Alone in one process: the merge of one tower's partials is those partials.
+  if (alone()) return count;
   std::size_t index = 0;
   const std::vector<Published> all = exchange(true, tower, mean, m2, count, stream, index);
   // mean, m2 := the first participant's partials, then merge the others in order.
@@ -90,6 +92,7 @@ void TowerBatchNormSync::sum(int tower, const Tensor& a, const Tensor& b, const 
     fill(a, 0.0, stream);
     fill(b, 0.0, stream);
   }
+  if (alone()) return;  // the sum of one tower's sums
   std::size_t index = 0;
   const std::vector<Published> all = exchange(false, tower, a, b, 0, stream, index);
   Tensor other_a = Tensor::empty(a.shape(), stream, a.dtype());

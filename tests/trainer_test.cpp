@@ -108,6 +108,23 @@ TEST(Trainer, SynchronizedBatchNormMatchesOneDevice) {
   }
 }
 
+// One tower alone: synchronized batch norm has no one to synchronize with and
+// gives local batch norm's bits.
+TEST(Trainer, OneTowerWithSynchronizedBatchNormIsLocalBatchNorm) {
+  BnModel model;
+  TrainerOptions sync = on_cpu_towers(1);
+  sync.batchnorm = BatchNormMode::Sync;
+  Trainer local(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), on_cpu_towers(1));
+  Trainer synced(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), sync);
+  for (int s = 0; s < 3; ++s) {
+    EXPECT_EQ(synced.step(make_batch(8, 90 + s)).loss, local.step(make_batch(8, 90 + s)).loss);
+  }
+  EXPECT_EQ(synced.master().flat_values().to_host<float>(),
+            local.master().flat_values().to_host<float>());
+  EXPECT_EQ(synced.master().flat_state().to_host<float>(),
+            local.master().flat_state().to_host<float>());
+}
+
 TEST(Trainer, UpdatedVariablesAreTheMovingStatistics) {
   BnModel model;
   Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1), on_cpu_towers(1));
