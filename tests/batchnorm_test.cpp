@@ -612,9 +612,16 @@ TEST(BatchNormGradient, SplitBackwardMatchesCentralDifferences) {
 TEST(BatchNormCudaVsCpu, TrainingForwardAndBackward) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   // Planes in float4s (S % 4 == 0) and in floats; more channels (1100) than a block
-  // of the elementwise kernels keeps coefficients for.
-  for (const Shape& shape : std::vector<Shape>{
-           {128, 32, 28, 28}, {9, 5, 4, 6}, {31, 7, 13, 17}, {1000, 37}, {6, 1100, 2, 2}}) {
+  // of the elementwise kernels keeps coefficients for; planes of a warp's worth of
+  // units or more (the elementwise passes on the reduction's split, walked
+  // backwards) whose channel ranges end mid-row: 7*320/4 and 5*143 units.
+  for (const Shape& shape : std::vector<Shape>{{128, 32, 28, 28},
+                                               {9, 5, 4, 6},
+                                               {31, 7, 13, 17},
+                                               {1000, 37},
+                                               {6, 1100, 2, 2},
+                                               {7, 3, 16, 20},
+                                               {5, 2, 11, 13}}) {
     const std::int64_t C = shape[1];
     const auto n = static_cast<std::size_t>(numel_of(shape));
     auto xv = random_values(n, 50, 100.0f, 104.0f), gyv = random_values(n, 51);

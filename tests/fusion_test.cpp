@@ -39,7 +39,8 @@ double zero_share(const std::vector<float>& v) {
 }
 
 TEST_P(FusionTest, BatchNormReluMatchesBatchNormThenRelu) {
-  for (const Shape& shape : std::vector<Shape>{{3, 4, 5, 3}, {6, 5}, {2, 3, 17, 9}}) {
+  for (const Shape& shape :
+       std::vector<Shape>{{3, 4, 5, 3}, {6, 5}, {2, 3, 17, 9}, {4, 3, 16, 12}}) {
     const std::int64_t C = shape[1];
     const auto n = static_cast<std::size_t>(numel_of(shape));
     Tensor x = make(random_values(n, 1, -2.0f, 3.0f), shape);

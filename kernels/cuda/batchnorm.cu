@@ -2,16 +2,22 @@
 //
 // Per-channel reductions are two-level (kernels/cuda/per_channel.cuh): a grid of
 // (C, splits) blocks writes float partial sums, then one thread per channel adds
-// a channel's partials in double. Elementwise steps read one float4 of
-// per-channel coefficients, prepared by a C-thread kernel, and the element.
+// a channel's partials in double. The elementwise pass after a reduction (the
+// training forward's normalize, the backward's grad_x) runs on the reduction's own
+// (C, splits) grid with each block walking its range backwards, so that it starts
+// on what the reduction read last, still in L2, and each block computes its one
+// channel's coefficients itself (no C-thread kernel between the two: the training
+// forward is three launches, the backward three). Planes of less than a warp of
+// units ([N,C] of a dense layer) and the inference forward use a flat resident
+// grid whose blocks keep all C coefficients in shared memory.
 // Every data-sized kernel is templated on its unit V (per_channel.cuh): float4
 // loads and stores where the plane size allows, floats otherwise. The reduction
-// grid is at most four 256-thread blocks per SM (splits_for), all resident at
-// once.
+// grid is at most four 256-thread blocks per SM (splits_for; two for the
+// backward, whose apply needs ~110 registers), all resident at once.
 //
-// Status: the scalar kernels ran on an H100 (main 80982fc, 40-68% of the copy's
-// bytes/s); the float4 units and the resident-grid split have run only on the
-// emulated GPUs so far.
+// Status: main 207cbe5 ran on an H100 (inference forward 94% of the copy's
+// bytes/s; training forward 50%, backward 56% counting 2|x| and 4|x|); the
+// reversed split passes have run only on the emulated GPUs so far.
 //
 // The statistics sum deviations from a per-channel shift K = x[0,c,0] (the
 // "shifted data" algorithm): sum(x - K) and sum((x - K)^2) in float lose nothing
@@ -90,25 +96,80 @@ __global__ void batchnorm_merge_stats_kernel(std::int64_t C, float* mean_a, floa
 
 // --- forward -------------------------------------------------------------------
 
-// coeff[c] = (center, scale, shift, 0) for y = (x - center) * scale + shift. The
-// training form also writes inv_std and updates the moving statistics (when
-// moving_mean is not null): the "fused" update, one thread per channel.
-__global__ void batchnorm_prepare_training_kernel(std::int64_t C, float4* coeff, float* inv_std,
-                                                  float* moving_mean, float* moving_var,
-                                                  const float* gamma, const float* beta,
-                                                  const float* mean, const float* m2,
-                                                  std::int64_t count, double eps, double momentum) {
-  for (const std::int64_t c : grid_stride(C)) {
+// The training forward's coefficients of channel c, (center, scale, shift, 0) for
+// y = (x - center) * scale + shift, from the batch statistics; any thread may
+// evaluate any channel (it reads inputs only).
+struct TrainingCoeff {
+  const float* mean;
+  const float* m2;
+  const float* gamma;
+  const float* beta;
+  std::int64_t count;
+  double eps;
+  __device__ float inv_std(std::int64_t c) const {
     const double var = static_cast<double>(m2[c]) / static_cast<double>(count);
-    const float istd = static_cast<float>(1.0 / sqrt(var + eps));
-    inv_std[c] = istd;
-    coeff[c] = make_float4(mean[c], gamma[c] * istd, beta[c], 0.0f);
-    if (moving_mean != nullptr) {
-      const double unbiased = static_cast<double>(m2[c]) / static_cast<double>(count - 1);
-      moving_mean[c] = static_cast<float>(momentum * moving_mean[c] + (1.0 - momentum) * mean[c]);
-      moving_var[c] = static_cast<float>(momentum * moving_var[c] + (1.0 - momentum) * unbiased);
-    }
+    return static_cast<float>(1.0 / sqrt(var + eps));
   }
+  __device__ float4 operator()(std::int64_t c) const {
+    return make_float4(mean[c], gamma[c] * inv_std(c), beta[c], 0.0f);
+  }
+};
+
+// What the training forward writes besides y: inv_std and, when moving_mean is not
+// null, the "fused" update of the moving statistics. One thread per channel.
+struct TrainingOutputs {
+  float* inv_std;
+  float* moving_mean;
+  float* moving_var;
+  double momentum;
+};
+
+__device__ void write_training_outputs(const TrainingCoeff& t, const TrainingOutputs& o,
+                                       std::int64_t c) {
+  o.inv_std[c] = t.inv_std(c);
+  if (o.moving_mean != nullptr) {
+    const double unbiased = static_cast<double>(t.m2[c]) / static_cast<double>(t.count - 1);
+    o.moving_mean[c] =
+        static_cast<float>(o.momentum * o.moving_mean[c] + (1.0 - o.momentum) * t.mean[c]);
+    o.moving_var[c] =
+        static_cast<float>(o.momentum * o.moving_var[c] + (1.0 - o.momentum) * unbiased);
+  }
+}
+
+// coeff[c] = t(c) and the outputs, one thread per channel: ahead of the flat
+// elementwise kernel (planes of fewer than kSplitRow units).
+__global__ void batchnorm_prepare_training_kernel(std::int64_t C, float4* coeff, TrainingCoeff t,
+                                                  TrainingOutputs o) {
+  for (const std::int64_t c : grid_stride(C)) {
+    write_training_outputs(t, o, c);
+    coeff[c] = t(c);
+  }
+}
+
+// y = batchnorm_affine(x) (then ReLU when Relu) on the reduction's own (C, splits)
+// grid, each block walking its range backwards (for_each_in_split_reversed): the
+// statistics pass just read the same ranges forwards, so each block starts on what
+// is still in L2 (x, 26 MB at [32,64,56,56], fits the H100's 50 MB only for the part
+// read last). A block has one channel: every thread computes its coefficients
+// (no C-thread kernel before it, no shared table), and block (c, 0) writes
+// channel c's outputs. Two launches after the statistics' partials become one.
+template <bool Relu, typename V>
+__global__ void __launch_bounds__(kReduceBlock, kReduceBlocksPerSm)
+    batchnorm_training_apply_kernel(ChannelSplit split, float* y, const float* x, TrainingCoeff t,
+                                    TrainingOutputs o) {
+  const std::int64_t c = split.channel();
+  if (split.split() == 0 && threadIdx.x == 0) write_training_outputs(t, o, c);
+  const float4 k = t(c);
+  for_each_in_split_reversed(
+      split, [&](std::int64_t offset) { return unit<V>(x, offset); },
+      [&](std::int64_t offset, V v) {
+        unit<V>(y, offset) = map(
+            [&](float e) {
+              const float z = batchnorm_affine(e, k.x, k.y, k.z);
+              return Relu && z < 0.0f ? 0.0f : z;
+            },
+            v);
+      });
 }
 
 // --- coefficients of the elementwise kernels ---------------------------------------
@@ -129,6 +190,12 @@ constexpr std::int64_t kBlockChannels = 1024;  // 16 KiB of float4s
 // allow; four blocks of kUnroll float4 loads a thread keep 64 KiB a SM in flight.
 constexpr int kApplyBlocksPerSm = 4;
 constexpr int kBackwardApplyBlocksPerSm = 2;  // three float4 streams in, ~100 registers
+
+// Planes of at least this many units (a warp's worth) run the training forward's
+// and the backward's elementwise pass on the reduction's (C, splits) grid, whose
+// blocks walk one channel's rows (coalesced only when a row fills a warp); smaller
+// planes ([N,C] of a dense layer: strided rows of one value) keep the flat grid.
+constexpr std::int64_t kSplitRow = 32;
 
 struct Precomputed {
   const float4* coeff;
@@ -328,6 +395,36 @@ __global__ void __launch_bounds__(kBlockSize, kBackwardApplyBlocksPerSm)
       });
 }
 
+// The backward's grad_x on the reduction's (C, splits) grid, each block walking its
+// range backwards to start on the grad_y and x the reduction read last (as
+// batchnorm_training_apply_kernel); one channel a block, its coefficients computed
+// by every thread. Two blocks per SM: three float4 streams of kUnroll loads want
+// ~100 registers, and the reduction runs on the same split.
+template <bool Relu, typename V>
+__global__ void __launch_bounds__(kReduceBlock, kBackwardApplyBlocksPerSm)
+    batchnorm_backward_split_apply_kernel(ChannelSplit split, float* grad_x,
+                                          const float* __restrict__ grad_y,
+                                          const float* __restrict__ x, BackwardCoeff source,
+                                          ReluSource relu, bool assign) {
+  const std::int64_t c = split.channel();
+  const float4 k = source(c);
+  const ReluMask mask = relu_mask<Relu>(relu, c);
+  for_each_in_split_reversed(
+      split,
+      [&](std::int64_t offset) {
+        return Units3<V>{unit<V>(grad_y, offset), unit<V>(x, offset),
+                         assign ? V{} : unit<V>(grad_x, offset)};
+      },
+      [&](std::int64_t offset, Units3<V> v) {
+        unit<V>(grad_x, offset) = map(
+            [&](float g, float e, float acc) {
+              const float gy = masked_grad<Relu>(g, e, mask);
+              return acc + k.y * gy - k.z - (e - k.x) * k.w;
+            },
+            v.a, v.b, v.c);
+      });
+}
+
 }  // namespace
 
 // --- launchers -------------------------------------------------------------------
@@ -411,13 +508,30 @@ void batchnorm_merge_stats(const BatchNormMergeStats& a, const Stream& stream) {
 
 void batchnorm_forward_from_stats(const BatchNormArgs& a, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
-  Scratch coeff(stream, a.C * sizeof(float4));
   const bool moving = a.moving_mean.defined();
-  launch_grid_stride(batchnorm_prepare_training_kernel, a.C, stream, coeff.as<float4>(),
-                     a.inv_std.data<float>(), moving ? a.moving_mean.data<float>() : nullptr,
-                     moving ? a.moving_var.data<float>() : nullptr, a.gamma.data<float>(),
-                     a.beta.data<float>(), a.mean.data<float>(), a.m2.data<float>(), a.count, a.eps,
-                     a.momentum);
+  const TrainingCoeff t{a.mean.data<float>(),
+                        a.m2.data<float>(),
+                        a.gamma.data<float>(),
+                        a.beta.data<float>(),
+                        a.count,
+                        a.eps};
+  const TrainingOutputs o{a.inv_std.data<float>(), moving ? a.moving_mean.data<float>() : nullptr,
+                          moving ? a.moving_var.data<float>() : nullptr, a.momentum};
+  const bool vector = use_float4(a.S, {a.y.data<float>(), a.x.data<float>()});
+  const std::int64_t S = vector ? a.S / 4 : a.S;
+  if (S >= kSplitRow) {
+    // The statistics' split (batchnorm_stats), so that each block reverses its walk.
+    const ChannelSplit split = channel_split(a.N, a.C, S, stream);
+    const bool relu = a.activation == Activation::ReLU;
+    const auto kernel = vector ? (relu ? batchnorm_training_apply_kernel<true, float4>
+                                       : batchnorm_training_apply_kernel<false, float4>)
+                               : (relu ? batchnorm_training_apply_kernel<true, float>
+                                       : batchnorm_training_apply_kernel<false, float>);
+    launch_channel_split(kernel, split, stream, a.y.data<float>(), a.x.data<float>(), t, o);
+    return;
+  }
+  Scratch coeff(stream, a.C * sizeof(float4));
+  launch_grid_stride(batchnorm_prepare_training_kernel, a.C, stream, coeff.as<float4>(), t, o);
   apply(a, Precomputed{coeff.as<float4>()}, stream);
 }
 
@@ -440,10 +554,20 @@ auto backward_apply_kernel(const BatchNormArgs& a) {
                                           : batchnorm_backward_apply_kernel<false, V, Source>;
 }
 
+// The backward's split: that of batchnorm_backward_split_apply_kernel (two blocks
+// per SM) where the apply runs on it, so that it reverses the reduction's walk.
+namespace {
+ChannelSplit backward_split(const BatchNormArgs& a, bool vector, const Stream& stream) {
+  const std::int64_t S = vector ? a.S / 4 : a.S;
+  return channel_split(a.N, a.C, S, stream,
+                       S >= kSplitRow ? kBackwardApplyBlocksPerSm : kReduceBlocksPerSm);
+}
+}  // namespace
+
 void batchnorm_backward_reduce(const BatchNormArgs& a, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
   const bool vector = use_float4(a.S, {a.grad_y.data<float>(), a.x.data<float>()});
-  const ChannelSplit split = channel_split(a.N, a.C, vector ? a.S / 4 : a.S, stream);
+  const ChannelSplit split = backward_split(a, vector, stream);
   Scratch partial(stream, 2 * a.C * split.splits * sizeof(float));
   float* partial_gy = partial.as<float>();
   float* partial_gy_dev = partial_gy + a.C * split.splits;
@@ -464,13 +588,24 @@ void batchnorm_backward_apply(const BatchNormArgs& a, const Stream& stream) {
   const bool vector =
       use_float4(a.S, {a.grad_x.data<float>(), a.grad_y.data<float>(), a.x.data<float>()});
   const std::int64_t S = vector ? a.S / 4 : a.S;
+  const bool assign = a.grad_x_write == GradWrite::Assign;
+  if (S >= kSplitRow) {
+    const bool relu = a.activation == Activation::ReLU;
+    const auto kernel = vector ? (relu ? batchnorm_backward_split_apply_kernel<true, float4>
+                                       : batchnorm_backward_split_apply_kernel<false, float4>)
+                               : (relu ? batchnorm_backward_split_apply_kernel<true, float>
+                                       : batchnorm_backward_split_apply_kernel<false, float>);
+    launch_channel_split(kernel, backward_split(a, vector, stream), stream, a.grad_x.data<float>(),
+                         a.grad_y.data<float>(), a.x.data<float>(), source, relu_source(a), assign);
+    return;
+  }
   with_coefficients(a.C, source, stream, [&](const auto& s) {
     using Source = std::decay_t<decltype(s)>;
     const auto kernel =
         vector ? backward_apply_kernel<float4, Source>(a) : backward_apply_kernel<float, Source>(a);
     launch_resident(kernel, kBackwardApplyBlocksPerSm, a.N * a.C * S, stream,
                     a.grad_x.data<float>(), a.grad_y.data<float>(), a.x.data<float>(), s,
-                    relu_source(a), a.C, S, a.grad_x_write == GradWrite::Assign);
+                    relu_source(a), a.C, S, assign);
   });
 }
 

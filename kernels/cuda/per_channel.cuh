@@ -74,6 +74,16 @@ struct ChannelRange {
       offset += CS - S;
     }
   }
+
+  // The inverse of advance(): the offset of k - step.
+  __host__ __device__ void retreat() {
+    offset -= d_offset;
+    s -= ds;
+    if (s < 0) {  // crossed back into the previous sample's row
+      s += S;
+      offset -= CS - S;
+    }
+  }
 };
 
 // Loads in flight per thread. A grid-stride loop that loads one value, uses it
@@ -131,6 +141,40 @@ __device__ void for_each_in_channel_range(std::int64_t begin, std::int64_t end, 
   }
 }
 
+// The block's share of channel c's values k in [begin, end), last step first:
+// value = load(offset) for kUnroll values of this thread, then store(offset,
+// value) for each. Thread t takes k = begin + t + m*blockDim.x for m from the
+// last row down to 0, every thread of a warp on the same row m (coalesced).
+// An elementwise pass after a reduction over the same split walks each range
+// this way so that it starts on the values the reduction read last, the ones
+// still in L2.
+template <typename Load, typename Store>
+__device__ void for_each_in_channel_range_reversed(std::int64_t begin, std::int64_t end,
+                                                   std::int64_t c, std::int64_t C, std::int64_t S,
+                                                   Load load, Store store) {
+  const std::int64_t step = blockDim.x;
+  const std::int64_t rows = (end - begin + step - 1) / step;
+  if (rows <= 0) return;
+  const std::int64_t last = begin + threadIdx.x + (rows - 1) * step;
+  ChannelRange r(last, step, c, C, S);
+  for (std::int64_t k = last; k >= begin; k -= kUnroll * step) {
+    decltype(load(r.offset)) value[kUnroll];
+    std::int64_t offset[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const std::int64_t j = k - u * step;
+      offset[u] = r.offset;
+      if (j >= begin && j < end) value[u] = load(r.offset);
+      r.retreat();
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const std::int64_t j = k - u * step;
+      if (j >= begin && j < end) store(offset[u], value[u]);
+    }
+  }
+}
+
 // Threads per block of the per-channel reduction kernels; their block sums are
 // block_sum<kReduceBlock> (launch.cuh).
 constexpr int kReduceBlock = 256;
@@ -141,13 +185,16 @@ constexpr int kReduceBlock = 256;
 constexpr int kReduceBlocksPerSm = 4;
 
 // How many blocks to split each channel's `per_channel` units over: at most
-// kReduceBlocksPerSm blocks per SM over all C channels (rounded down), so that the
+// blocks_per_sm (kReduceBlocksPerSm unless a kernel of more registers, two
+// streams or more, shares the split) blocks per SM over all C channels (rounded
+// down), so that the
 // whole grid is resident at once and no SM runs a lone second wave; four blocks of
 // threads with kUnroll float4 loads each keep 64 KiB in flight per SM, several
 // times what DRAM latency asks. At least one unrolled step (kUnroll units) per
 // thread.
-inline std::int64_t splits_for(std::int64_t C, std::int64_t per_channel, int device) {
-  const std::int64_t wanted = kReduceBlocksPerSm * std::int64_t{sm_count(device)} / C;
+inline std::int64_t splits_for(std::int64_t C, std::int64_t per_channel, int device,
+                               int blocks_per_sm = kReduceBlocksPerSm) {
+  const std::int64_t wanted = blocks_per_sm * std::int64_t{sm_count(device)} / C;
   const std::int64_t most = (per_channel + kUnroll * kReduceBlock - 1) / (kUnroll * kReduceBlock);
   return std::clamp<std::int64_t>(std::min(wanted, most), 1, 65535);
 }
@@ -171,9 +218,9 @@ struct ChannelSplit {
 };
 
 inline ChannelSplit channel_split(std::int64_t N, std::int64_t C, std::int64_t S,
-                                  const Stream& stream) {
+                                  const Stream& stream, int blocks_per_sm = kReduceBlocksPerSm) {
   const std::int64_t per_channel = N * S;
-  const std::int64_t splits = splits_for(C, per_channel, stream.device().index);
+  const std::int64_t splits = splits_for(C, per_channel, stream.device().index, blocks_per_sm);
   return {C, S, per_channel, splits, (per_channel + splits - 1) / splits};
 }
 
@@ -183,6 +230,13 @@ template <typename Load, typename Add>
 __device__ void for_each_in_split(const ChannelSplit& split, Load load, Add add) {
   for_each_in_channel_range(split.begin(), split.end(), split.channel(), split.C, split.S, load,
                             add);
+}
+
+// for_each_in_channel_range_reversed over the block's share under `split`.
+template <typename Load, typename Store>
+__device__ void for_each_in_split_reversed(const ChannelSplit& split, Load load, Store store) {
+  for_each_in_channel_range_reversed(split.begin(), split.end(), split.channel(), split.C, split.S,
+                                     load, store);
 }
 
 // Launches kernel(split, args...) on the (C, splits) grid of kReduceBlock threads.
