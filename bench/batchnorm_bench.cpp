@@ -2,18 +2,18 @@
 // shapes (batch 128: [128,32,28,28] after conv1, [128,64,14,14] after conv2) and a
 // ResNet-like [32,64,56,56] layer.
 //
-// "bytes" counts the unavoidable traffic of each op: the training and inference
-// forwards read x and write y (2 x |x|); the backward reads x and grad_y and
-// reads and writes grad_x (4 x |x|). The reference is a copy of |x| (2 x |x|
-// bytes): memcpy on the CPU, cudaMemcpy device-to-device on CUDA, where the
-// target is >= 85% of the copy's bytes/s; and, when TOWERLAB_HAVE_CUDNN, cuDNN's
-// cudnnBatchNormalizationForwardTraining / Backward (spatial mode) on the same
-// tensors, counted with the same bytes.
-//
-// towerlab's training forward makes two passes over x (statistics, then
-// normalize), so it moves 3|x| from DRAM unless x is still in L2 for the second
-// pass (FashionNet's tensors, 6-13 MB, fit in an H100's 50 MB L2; the 26 MB
-// [32,64,56,56] one only just); likewise its backward reads x and grad_y twice.
+// "bytes" counts the traffic each op's algorithm must move at least: the
+// training forward reads x once for the statistics and once to normalize, and
+// writes y (3 x |x|: no kernel keeps a channel's values on chip between the two
+// passes); the inference forward reads x and writes y (2 x |x|); the backward
+// reads grad_y and x for its sums, then grad_y and x again and reads and writes
+// grad_x (accumulated) for grad_x (6 x |x|). The reference is a copy of |x|
+// (2 x |x| bytes): memcpy on the CPU, cudaMemcpy device-to-device on CUDA, where
+// the target is >= 85% of the copy's bytes/s; and, when TOWERLAB_HAVE_CUDNN,
+// cuDNN's cudnnBatchNormalizationForwardTraining / Backward (spatial mode) on the
+// same tensors, counted with the same bytes. A second read that hits L2 (the
+// elementwise passes walk the reduction's ranges backwards) counts all the same,
+// so bytes/s above the copy's means L2 served part of it.
 //
 // Batch norm with its ReLU and FashionNet's 2x2 stride-2 max pool fused (CPU
 // only) is measured against the unfused ops it replaces, on FashionNet's two
@@ -92,7 +92,7 @@ void BM_BatchNormForwardTraining(benchmark::State& state, Device device) {
   const Shape shape = bench::nchw_shape(state);
   const BatchNormLayer layer(shape, stream);
   bench::time_calls(state, stream, [&] { batchnorm_forward_training(layer.forward, stream); });
-  set_bytes(state, shape, 2);
+  set_bytes(state, shape, 3);  // x twice, y
 }
 
 void BM_BatchNormForwardInference(benchmark::State& state, Device device) {
@@ -123,7 +123,7 @@ void BM_BatchNormBackward(benchmark::State& state, Device device) {
   const BatchNormLayer layer(shape, stream);
   batchnorm_forward_training(layer.forward, stream);  // the statistics the backward reads
   bench::time_calls(state, stream, [&] { batchnorm_backward(layer.backward, stream); });
-  set_bytes(state, shape, 4);
+  set_bytes(state, shape, 6);  // grad_y and x twice, grad_x read and written
 }
 
 // Batch norm and the ReLU after it, forward and backward (a training step of the
@@ -152,7 +152,7 @@ void BM_BatchNormReluStep(benchmark::State& state, Device device, bool fused) {
     }
     batchnorm_backward(layer.backward, stream);
   });
-  set_bytes(state, shape, 6);  // forward 2|x| + backward 4|x| (x, grad_y, grad_x twice)
+  set_bytes(state, shape, 9);  // forward 3|x| + backward 6|x|
 }
 
 // FashionNet's two batch-norm layers, each followed by a 2x2 stride-2 max pool
@@ -383,7 +383,7 @@ void BM_CudnnBatchNormForwardTraining(benchmark::State& state) {
                     0.01, mm.raw_data(), mv.raw_data(), 1e-3, mean.raw_data(), inv_std.raw_data()),
                 "cudnnBatchNormalizationForwardTraining");
   });
-  set_bytes(state, shape, 2);
+  set_bytes(state, shape, 3);  // as BM_BatchNormForwardTraining
 }
 
 void BM_CudnnBatchNormBackward(benchmark::State& state) {
@@ -409,7 +409,7 @@ void BM_CudnnBatchNormBackward(benchmark::State& state) {
                     1e-3, mean.raw_data(), inv_std.raw_data()),
                 "cudnnBatchNormalizationBackward");
   });
-  set_bytes(state, shape, 4);
+  set_bytes(state, shape, 6);  // as BM_BatchNormBackward
 }
 
 #pragma GCC diagnostic pop
