@@ -204,101 +204,106 @@ TEST_P(BatchNormTest, StableForLargeMean) {
 // The synchronized-batch-norm recipe on two "towers" (uneven halves of a batch,
 // plus an empty one) gives exactly what the single call gives on the whole batch.
 TEST_P(BatchNormTest, SplitApiOnHalvesMatchesSingleCall) {
-  const Shape shape = {7, 3, 4, 5};
-  const std::int64_t N = 7, C = 3, S = 20;
-  const auto n = static_cast<std::size_t>(numel_of(shape));
-  Tensor x = make(random_values(n, 6, 1.0f, 4.0f), shape);
-  Tensor grad_y = make(random_values(n, 7), shape);
-  Tensor gamma = make(random_values(C, 8, 0.5f, 1.5f), {C}), beta = make(random_values(C, 9), {C});
-  const std::vector<float> mm0 = {0.5f, -0.5f, 1.0f}, mv0 = {1.0f, 2.0f, 0.5f};
+  // Planes of 20 floats (the flat elementwise grid) and of 32 float4s (the
+  // reduction's split, walked backwards; an empty tower's block still writes).
+  for (const std::int64_t W : {5, 32}) {
+    const std::int64_t N = 7, C = 3, S = 4 * W;
+    const Shape shape = {N, C, 4, W};
+    const auto n = static_cast<std::size_t>(numel_of(shape));
+    Tensor x = make(random_values(n, 6, 1.0f, 4.0f), shape);
+    Tensor grad_y = make(random_values(n, 7), shape);
+    Tensor gamma = make(random_values(C, 8, 0.5f, 1.5f), {C}),
+           beta = make(random_values(C, 9), {C});
+    const std::vector<float> mm0 = {0.5f, -0.5f, 1.0f}, mv0 = {1.0f, 2.0f, 0.5f};
 
-  // Single call.
-  BatchNormForwardTraining f = training_forward(x, gamma, beta, stream());
-  f.moving_mean = make(mm0, {C});
-  f.moving_var = make(mv0, {C});
-  f.momentum = 0.9;
-  batchnorm_forward_training(f, stream());
-  Tensor grad_x = Tensor::zeros(shape, stream());
-  Tensor grad_gamma = Tensor::zeros({C}, stream()), grad_beta = Tensor::zeros({C}, stream());
-  batchnorm_backward(backward_of(f, grad_y, grad_x, grad_gamma, grad_beta), stream());
+    // Single call.
+    BatchNormForwardTraining f = training_forward(x, gamma, beta, stream());
+    f.moving_mean = make(mm0, {C});
+    f.moving_var = make(mv0, {C});
+    f.momentum = 0.9;
+    batchnorm_forward_training(f, stream());
+    Tensor grad_x = Tensor::zeros(shape, stream());
+    Tensor grad_gamma = Tensor::zeros({C}, stream()), grad_beta = Tensor::zeros({C}, stream());
+    batchnorm_backward(backward_of(f, grad_y, grad_x, grad_gamma, grad_beta), stream());
 
-  // Towers: rows [0, 3), [3, 7) and an empty one.
-  const std::vector<std::pair<std::int64_t, std::int64_t>> towers = {{0, 3}, {3, 7}, {7, 7}};
-  Tensor t_mean = Tensor::empty({C}, stream()), t_m2 = Tensor::empty({C}, stream());
-  std::int64_t count = 0;
-  for (auto [begin, end] : towers) {
-    Tensor part_mean = Tensor::empty({C}, stream()), part_m2 = Tensor::empty({C}, stream());
-    batchnorm_stats({.mean = part_mean, .m2 = part_m2, .x = x.slice(begin, end)}, stream());
-    if (count == 0) {
-      copy(t_mean, part_mean, stream());
-      copy(t_m2, part_m2, stream());
-    } else {
-      batchnorm_merge_stats({.mean_a = t_mean,
-                             .m2_a = t_m2,
-                             .count_a = count,
-                             .mean_b = part_mean,
-                             .m2_b = part_m2,
-                             .count_b = (end - begin) * S},
-                            stream());
-    }
-    count += (end - begin) * S;
-  }
-  ASSERT_EQ(count, N * S);
-  Tensor t_y = Tensor::empty(shape, stream()), t_inv_std = Tensor::empty({C}, stream());
-  Tensor t_mm = make(mm0, {C}), t_mv = make(mv0, {C});
-  for (auto [begin, end] : towers) {
-    // Only the first tower updates the moving statistics (one policy of DESIGN.md).
-    const bool first = begin == 0;
-    batchnorm_forward_from_stats({.y = t_y.slice(begin, end),
-                                  .inv_std = t_inv_std,
-                                  .moving_mean = first ? t_mm : Tensor(),
-                                  .moving_var = first ? t_mv : Tensor(),
-                                  .x = x.slice(begin, end),
-                                  .gamma = gamma,
-                                  .beta = beta,
-                                  .mean = t_mean,
-                                  .m2 = t_m2,
-                                  .count = count,
-                                  .eps = 1e-3,
-                                  .momentum = 0.9},
-                                 stream());
-  }
-  EXPECT_TRUE(all_close(host(t_mean), host(f.save_mean), 1e-6, 1e-5));
-  EXPECT_TRUE(all_close(host(t_inv_std), host(f.save_inv_std), 1e-6, 1e-5));
-  EXPECT_TRUE(all_close(host(t_y), host(f.y), 1e-5, 1e-5));
-  EXPECT_TRUE(all_close(host(t_mm), host(f.moving_mean), 1e-6, 1e-5));
-  EXPECT_TRUE(all_close(host(t_mv), host(f.moving_var), 1e-6, 1e-5));
-
-  // Backward: per-tower sums, "all-reduced" by adding, then applied per tower.
-  Tensor sum_gy = Tensor::zeros({C}, stream()), sum_gy_xhat = Tensor::zeros({C}, stream());
-  for (auto [begin, end] : towers) {
-    Tensor a = Tensor::empty({C}, stream()), b = Tensor::empty({C}, stream());
-    batchnorm_backward_reduce({.sum_grad_y = a,
-                               .sum_grad_y_xhat = b,
-                               .grad_y = grad_y.slice(begin, end),
-                               .x = x.slice(begin, end),
-                               .mean = t_mean,
-                               .inv_std = t_inv_std},
+    // Towers: rows [0, 3), [3, 7) and an empty one.
+    const std::vector<std::pair<std::int64_t, std::int64_t>> towers = {{0, 3}, {3, 7}, {7, 7}};
+    Tensor t_mean = Tensor::empty({C}, stream()), t_m2 = Tensor::empty({C}, stream());
+    std::int64_t count = 0;
+    for (auto [begin, end] : towers) {
+      Tensor part_mean = Tensor::empty({C}, stream()), part_m2 = Tensor::empty({C}, stream());
+      batchnorm_stats({.mean = part_mean, .m2 = part_m2, .x = x.slice(begin, end)}, stream());
+      if (count == 0) {
+        copy(t_mean, part_mean, stream());
+        copy(t_m2, part_m2, stream());
+      } else {
+        batchnorm_merge_stats({.mean_a = t_mean,
+                               .m2_a = t_m2,
+                               .count_a = count,
+                               .mean_b = part_mean,
+                               .m2_b = part_m2,
+                               .count_b = (end - begin) * S},
                               stream());
-    add(sum_gy, sum_gy, a, stream());
-    add(sum_gy_xhat, sum_gy_xhat, b, stream());
+      }
+      count += (end - begin) * S;
+    }
+    ASSERT_EQ(count, N * S);
+    Tensor t_y = Tensor::empty(shape, stream()), t_inv_std = Tensor::empty({C}, stream());
+    Tensor t_mm = make(mm0, {C}), t_mv = make(mv0, {C});
+    for (auto [begin, end] : towers) {
+      // Only the first tower updates the moving statistics (one policy of DESIGN.md).
+      const bool first = begin == 0;
+      batchnorm_forward_from_stats({.y = t_y.slice(begin, end),
+                                    .inv_std = t_inv_std,
+                                    .moving_mean = first ? t_mm : Tensor(),
+                                    .moving_var = first ? t_mv : Tensor(),
+                                    .x = x.slice(begin, end),
+                                    .gamma = gamma,
+                                    .beta = beta,
+                                    .mean = t_mean,
+                                    .m2 = t_m2,
+                                    .count = count,
+                                    .eps = 1e-3,
+                                    .momentum = 0.9},
+                                   stream());
+    }
+    EXPECT_TRUE(all_close(host(t_mean), host(f.save_mean), 1e-6, 1e-5));
+    EXPECT_TRUE(all_close(host(t_inv_std), host(f.save_inv_std), 1e-6, 1e-5));
+    EXPECT_TRUE(all_close(host(t_y), host(f.y), 1e-5, 1e-5));
+    EXPECT_TRUE(all_close(host(t_mm), host(f.moving_mean), 1e-6, 1e-5));
+    EXPECT_TRUE(all_close(host(t_mv), host(f.moving_var), 1e-6, 1e-5));
+
+    // Backward: per-tower sums, "all-reduced" by adding, then applied per tower.
+    Tensor sum_gy = Tensor::zeros({C}, stream()), sum_gy_xhat = Tensor::zeros({C}, stream());
+    for (auto [begin, end] : towers) {
+      Tensor a = Tensor::empty({C}, stream()), b = Tensor::empty({C}, stream());
+      batchnorm_backward_reduce({.sum_grad_y = a,
+                                 .sum_grad_y_xhat = b,
+                                 .grad_y = grad_y.slice(begin, end),
+                                 .x = x.slice(begin, end),
+                                 .mean = t_mean,
+                                 .inv_std = t_inv_std},
+                                stream());
+      add(sum_gy, sum_gy, a, stream());
+      add(sum_gy_xhat, sum_gy_xhat, b, stream());
+    }
+    Tensor t_grad_x = Tensor::zeros(shape, stream());
+    for (auto [begin, end] : towers) {
+      batchnorm_backward_apply({.grad_x = t_grad_x.slice(begin, end),
+                                .grad_y = grad_y.slice(begin, end),
+                                .x = x.slice(begin, end),
+                                .gamma = gamma,
+                                .mean = t_mean,
+                                .inv_std = t_inv_std,
+                                .sum_grad_y = sum_gy,
+                                .sum_grad_y_xhat = sum_gy_xhat,
+                                .count = count},
+                               stream());
+    }
+    EXPECT_TRUE(all_close(host(t_grad_x), host(grad_x), 1e-5, 1e-4));
+    EXPECT_TRUE(all_close(host(sum_gy_xhat), host(grad_gamma), 1e-5, 1e-4));
+    EXPECT_TRUE(all_close(host(sum_gy), host(grad_beta), 1e-5, 1e-4));
   }
-  Tensor t_grad_x = Tensor::zeros(shape, stream());
-  for (auto [begin, end] : towers) {
-    batchnorm_backward_apply({.grad_x = t_grad_x.slice(begin, end),
-                              .grad_y = grad_y.slice(begin, end),
-                              .x = x.slice(begin, end),
-                              .gamma = gamma,
-                              .mean = t_mean,
-                              .inv_std = t_inv_std,
-                              .sum_grad_y = sum_gy,
-                              .sum_grad_y_xhat = sum_gy_xhat,
-                              .count = count},
-                             stream());
-  }
-  EXPECT_TRUE(all_close(host(t_grad_x), host(grad_x), 1e-5, 1e-4));
-  EXPECT_TRUE(all_close(host(sum_gy_xhat), host(grad_gamma), 1e-5, 1e-4));
-  EXPECT_TRUE(all_close(host(sum_gy), host(grad_beta), 1e-5, 1e-4));
 }
 
 TEST_P(BatchNormTest, ForwardMayRunInPlace) {
