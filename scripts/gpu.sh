@@ -76,6 +76,8 @@
 #   TOWERLAB_GPU_JOBS=N       prepare's build jobs (default: nproc)
 #   TOWERLAB_GPU_DEADLINE=S   a command's deadline in seconds (default 540), for a
 #                             call that must end sooner (what is left of a lease)
+#   TOWERLAB_GPU_BENCHES="A B" the benches to run (default: every bench with CUDA
+#                             cases), e.g. only those whose kernels changed
 #
 # Results the project relies on go into bench/results/ with the commit, the device
 # name and the date (build-info.txt and each summary hold them).
@@ -701,7 +703,7 @@ sanitizers() {
 # copy), one after another, until $1 seconds before the deadline.
 benches() {
   local keep=$1 name seconds
-  for name in $(bench_names); do
+  for name in ${TOWERLAB_GPU_BENCHES:-$(bench_names)}; do
     seconds=$((deadline - keep - SECONDS))
     ((seconds < 60)) || seconds=60
     if ((seconds < 10)); then
