@@ -11,9 +11,11 @@
 // padding and, for backward-data with stride > 1, where no output pixel lands)
 // and how to write the result (assign y plus bias; add to grad_x; add to
 // grad_weight). Backward-weight's reduction is long and its output small: when
-// its tiles leave SMs idle it is split over contiguous ranges of images into
-// partials that split_reduce (kernels/cuda/split_reduce.cuh) adds in a fixed
-// tree and accumulates into grad_weight (deterministic, unlike atomics). The
+// its tiles leave SMs idle it is split over contiguous ranges of (image, pixel)
+// pairs, as many as fill the resident block slots in one wave
+// (plan_weight_split), into partials that split_reduce
+// (kernels/cuda/split_reduce.cuh) adds in a fixed tree and accumulates into
+// grad_weight (deterministic, unlike atomics). The
 // grad_bias sums per (channel, group of images) and reduces the groups the same
 // way. Forward and backward-data reduce channel-inner (tap-major) when the
 // reduced channels are a multiple of the tile's step, so that each row's pixel
@@ -22,9 +24,10 @@
 // backward-data and backward-weight instead of GEMM tiles that would be mostly
 // padding.
 //
-// Status: main's version ran on an H100 (every test passed; 15-112 % of cuDNN's
-// time). The one-channel kernels, the channel-inner order and the two-block
-// 128x128 tiles have run only on the emulated GPUs so far.
+// Status: the one-channel kernels, the channel-inner order and the two-block
+// 128x128 tiles ran on an H100 (every test passed; 29-477 % of cuDNN's time).
+// The one-wave weight split, the three-block 64x64 weight tiles and the 8x4
+// micro-tiles of the 128x32 pixel tiles have run only on the emulated GPUs.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -791,22 +794,38 @@ void one_channel_backward_weight(const Dims& d, float* grad_weight, const float*
 }
 
 // How backward-weight's reduction over the N*P*Q (image, pixel) pairs is cut:
-// `splits` contiguous ranges of `images_per_split` whole images, in image order.
+// `splits` contiguous ranges of `k_per_split` pairs (a multiple of the step BK;
+// the last range may be shorter), in order.
 struct WeightSplitPlan {
   int splits;
-  int images_per_split;
+  int k_per_split;
 };
 
-// Splits so that tiles x splits is about two blocks per SM (the blocks are
-// small, 64 or 256 threads, and wait mostly on their gathers: a second block
-// per SM hides that), at most kMaxSplits, and each split at least 8 reduction
-// steps of BK long. None when the tiles alone give every SM two blocks.
-WeightSplitPlan plan_weight_split(const Dims& d, std::int64_t tiles, int bk, int sms) {
-  const std::int64_t length = std::int64_t{d.N} * d.PQ;
-  const int splits = split_count(tiles, 2 * std::int64_t{sms}, length, 8 * bk);
-  if (splits == 1) return {1, d.N};
-  const int images_per_split = ceil_div(d.N, splits);
-  return {ceil_div(d.N, images_per_split), images_per_split};  // rounding may leave fewer
+// The blocks of one launch all run about as long (same tile, same reduction
+// length), so the time goes as the blocks on the busiest SM: ceil(blocks / sms)
+// of them, each doing 1/blocks of the work. Among the split counts whose blocks
+// are all resident at once (at most `resident` per SM, from the kernel's
+// __launch_bounds__ and its ptxas registers) the plan takes the one with the
+// least work on the busiest SM, the most blocks on a tie (more warps to hide the
+// gathers). Rounding the count up past the resident slots (tiles x splits just
+// over 2 x 132) would leave a second wave of a few blocks that doubles the time.
+// At most kMaxSplits (split_reduce's tree), each split at least 8 steps long.
+WeightSplitPlan plan_weight_split(std::int64_t length, std::int64_t tiles, int bk, int sms,
+                                  int resident) {
+  const std::int64_t slots = std::int64_t{sms} * resident;
+  if (tiles >= slots) return {1, static_cast<int>(length)};
+  const std::int64_t most = std::clamp<std::int64_t>(
+      std::min<std::int64_t>(slots / tiles, length / (8 * bk)), 1, kMaxSplits);
+  std::int64_t best = 1;
+  double best_time = 2.0;  // busiest SM's share of the work; 1 is a whole launch on one SM
+  for (std::int64_t splits = 1; splits <= most; ++splits) {
+    const std::int64_t blocks = tiles * splits;
+    const double time = static_cast<double>((blocks + sms - 1) / sms) / static_cast<double>(blocks);
+    if (time <= best_time * 1.0001) best = splits, best_time = time;
+  }
+  const std::int64_t per_split = (length + best - 1) / best;
+  const int k_per_split = static_cast<int>((per_split + bk - 1) / bk * bk);
+  return {ceil_div(length, k_per_split), k_per_split};  // rounding may leave fewer
 }
 
 void backward_weight(const Dims& d, float* grad_weight, const float* grad_y, const float* x,
@@ -821,7 +840,8 @@ void backward_weight(const Dims& d, float* grad_weight, const float* grad_y, con
   problem.M = d.K, problem.Ncols = d.CRS, problem.Kred = d.N * d.PQ;
   auto run = [&]<class T>() {
     const std::int64_t tiles = std::int64_t{ceil_div(d.K, T::BM)} * ceil_div(d.CRS, T::BN);
-    const WeightSplitPlan plan = plan_weight_split(d, tiles, T::BK, sms);
+    const WeightSplitPlan plan =
+        plan_weight_split(problem.Kred, tiles, T::BK, sms, std::max(1, T::kMinBlocks));
     if (plan.splits == 1) {
       launch_gemm<BackwardWeightProblem, T, false>(problem, 1, problem.Kred, s);
       return;
@@ -829,14 +849,16 @@ void backward_weight(const Dims& d, float* grad_weight, const float* grad_y, con
     const std::int64_t count = std::int64_t{d.K} * d.CRS;
     Scratch partial(stream, static_cast<std::size_t>(plan.splits * count) * sizeof(float));
     problem.partial = partial.as<float>();
-    launch_gemm<BackwardWeightProblem, T, false>(problem, plan.splits, plan.images_per_split * d.PQ,
-                                                 s);
+    launch_gemm<BackwardWeightProblem, T, false>(problem, plan.splits, plan.k_per_split, s);
     split_reduce(partial.as<float>(), count, plan.splits, AccumulateInto{grad_weight}, stream);
   };
+  // Residency (the Tile's MIN_BLOCKS, ptxas for sm_90): 32x32x16 64 threads, 141
+  // registers: 7 per SM, planned as 4; 64x64x16 256 threads capped at 80
+  // registers (99 uncapped), no spills: 3 per SM; 128x128x8 256 threads, 128: 2.
   if (d.K <= 32) {
-    run.template operator()<Tile<32, 32, 16, 4, 4>>();
+    run.template operator()<Tile<32, 32, 16, 4, 4, 4>>();
   } else if (d.K <= 64) {
-    run.template operator()<Tile<64, 64, 16, 4, 4>>();
+    run.template operator()<Tile<64, 64, 16, 4, 4, 3>>();
   } else {
     // BK 8 rather than 16: half the staged loads and gather columns per thread,
     // so that 128 registers hold the rest and two blocks share an SM.
