@@ -739,7 +739,12 @@ void launch_pixel_rows(const Problem& problem, int channels, int sms, cudaStream
   using T128x128 = Tile<128, 128, 8, 8, 8, 2>;
   using T128x64 = Tile<128, 64, 8, 8, 4>;
   using T64x64 = Tile<64, 64, 8, 4, 4>;
-  using T128x32 = Tile<128, 32, 8, 4, 4>;
+  // 128x32: 8x4 per thread, 128 threads. With 4x4 (256 threads) a warp's 32
+  // distinct A float4 reads per step cost four shared-memory wavefronts for 16
+  // FMAs per thread, past what the SM's one wavefront per clock feeds; 8x4 reads
+  // the same four for 32. ptxas: 103 registers channel-inner (127 natural), no
+  // spills, 4 blocks per SM; capped at 96 (5 blocks) it spills.
+  using T128x32 = Tile<128, 32, 8, 8, 4>;
   using T64x32 = Tile<64, 32, 8, 4, 4>;
   if (problem.Ncols <= 8) {
     launch.template operator()<T128x8>();
