@@ -690,6 +690,12 @@ struct AccumulateInto {
   __device__ void operator()(std::int64_t i, float sum) const { out[i] += sum; }
 };
 
+// The first stage of a two-stage split reduction: out[i] = sum.
+struct StoreInto {
+  float* out;
+  __device__ void operator()(std::int64_t i, float sum) const { out[i] = sum; }
+};
+
 }  // namespace
 
 // ---- launchers ------------------------------------------------------------------
@@ -814,13 +820,16 @@ struct WeightSplitPlan {
 // least work on the busiest SM, the most blocks on a tie (more warps to hide the
 // gathers). Rounding the count up past the resident slots (tiles x splits just
 // over 2 x 132) would leave a second wave of a few blocks that doubles the time.
-// At most kMaxSplits (split_reduce's tree), each split at least 8 steps long.
+// At most kMaxWeightSplits (reduce_weight_splits), each split at least 8 steps
+// long.
+constexpr int kMaxWeightSplits = 2 * kMaxSplits;
+
 WeightSplitPlan plan_weight_split(std::int64_t length, std::int64_t tiles, int bk, int sms,
                                   int resident) {
   const std::int64_t slots = std::int64_t{sms} * resident;
   if (tiles >= slots) return {1, static_cast<int>(length)};
   const std::int64_t most = std::clamp<std::int64_t>(
-      std::min<std::int64_t>(slots / tiles, length / (8 * bk)), 1, kMaxSplits);
+      std::min<std::int64_t>(slots / tiles, length / (8 * bk)), 1, kMaxWeightSplits);
   std::int64_t best = 1;
   double best_time = 2.0;  // busiest SM's share of the work; 1 is a whole launch on one SM
   for (std::int64_t splits = 1; splits <= most; ++splits) {
@@ -831,6 +840,28 @@ WeightSplitPlan plan_weight_split(std::int64_t length, std::int64_t tiles, int b
   const std::int64_t per_split = (length + best - 1) / best;
   const int k_per_split = static_cast<int>((per_split + bk - 1) / bk * bk);
   return {ceil_div(length, k_per_split), k_per_split};  // rounding may leave fewer
+}
+
+// grad_weight[i] += the fixed-order sum of partial[s, i] over the plan's splits.
+// Up to kMaxSplits: split_reduce's tree. Past it (up to twice as many) two
+// stages, still one fixed tree: the splits are paired s with s + half (half =
+// ceil(splits / 2), the odd count's missing partner a zeroed slot that the
+// caller allocated), each pair added into `pairs` [half, count], then the halves
+// through split_reduce.
+void reduce_weight_splits(float* grad_weight, float* partial, std::int64_t count, int splits,
+                          const Stream& stream) {
+  if (splits <= kMaxSplits) {
+    split_reduce(partial, count, splits, AccumulateInto{grad_weight}, stream);
+    return;
+  }
+  const int half = (splits + 1) / 2;
+  if (splits % 2 != 0) {
+    TL_CUDA_CHECK(cudaMemsetAsync(partial + splits * count, 0, count * sizeof(float),
+                                  native(stream)));
+  }
+  Scratch pairs(stream, static_cast<std::size_t>(half * count) * sizeof(float));
+  split_reduce(partial, half * count, 2, StoreInto{pairs.as<float>()}, stream);
+  split_reduce(pairs.as<float>(), count, half, AccumulateInto{grad_weight}, stream);
 }
 
 void backward_weight(const Dims& d, float* grad_weight, const float* grad_y, const float* x,
@@ -852,10 +883,11 @@ void backward_weight(const Dims& d, float* grad_weight, const float* grad_y, con
       return;
     }
     const std::int64_t count = std::int64_t{d.K} * d.CRS;
-    Scratch partial(stream, static_cast<std::size_t>(plan.splits * count) * sizeof(float));
+    const std::int64_t slots = plan.splits + plan.splits % 2;  // an odd count's zeroed slot
+    Scratch partial(stream, static_cast<std::size_t>(slots * count) * sizeof(float));
     problem.partial = partial.as<float>();
     launch_gemm<BackwardWeightProblem, T, false>(problem, plan.splits, plan.k_per_split, s);
-    split_reduce(partial.as<float>(), count, plan.splits, AccumulateInto{grad_weight}, stream);
+    reduce_weight_splits(grad_weight, partial.as<float>(), count, plan.splits, stream);
   };
   // Residency (the Tile's MIN_BLOCKS, ptxas for sm_90): 32x32x16 64 threads, 141
   // registers: 7 per SM, planned as 4; 64x64x16 256 threads capped at 80
