@@ -18,8 +18,9 @@
 // those registers: the row is read from memory once, in 128-bit loads, and written
 // (probs, grad) in 128-bit stores.
 //
-// Status: the general kernels ran on an H100 (main 80982fc); the cached kernels
-// have run only on the emulated GPUs so far.
+// Status: ran on an H100 (every CUDA test, memcheck and racecheck clean; at
+// 207cbe5 cross-entropy's backward at 98% of the copy's bytes/s, its forward at
+// 42%; bench/results/gpu_h100.md).
 #include <cuda_runtime.h>
 
 #include <algorithm>
