@@ -81,8 +81,8 @@
 #include <functional>
 #include <iosfwd>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 

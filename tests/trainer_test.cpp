@@ -215,8 +215,8 @@ TEST_P(TrainerBackendTest, CheckpointFromVirtualTowersPredictsTheSameOnTheCpu) {
   const auto test = make_batch(9, 88);
   const auto on_cpu = host.evaluate(test).outputs[0].to_host<float>();
   const auto on_towers = trained.evaluate(test).outputs[0].to_host<float>();
-  EXPECT_TRUE(all_close(on_cpu, on_towers, 1e-5, 1e-4)) << "logits on the CPU against "
-                                                        << device().str();
+  EXPECT_TRUE(all_close(on_cpu, on_towers, 1e-5, 1e-4))
+      << "logits on the CPU against " << device().str();
   const std::size_t classes = on_cpu.size() / 9;
   for (std::size_t row = 0; row < 9; ++row) {
     const auto argmax = [&](const std::vector<float>& logits) {
