@@ -81,6 +81,20 @@ struct RowStats {
   float sum_exp;
 };
 
+// Every lane's (max, argmax) becomes the warp's: the largest value, and of equal
+// ones the first class, whatever order the lanes saw them in.
+__device__ __forceinline__ void warp_max_argmax(float& max, std::int64_t& argmax) {
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    const float other_max = __shfl_xor_sync(kFullMask, max, offset);
+    const auto other_arg = static_cast<std::int64_t>(
+        __shfl_xor_sync(kFullMask, static_cast<long long>(argmax), offset));
+    if (other_max > max || (other_max == max && other_arg < argmax)) {
+      max = other_max;
+      argmax = other_arg;
+    }
+  }
+}
+
 __device__ RowStats row_stats(const float* row, std::int64_t num_classes, int lane) {
   float max = -INFINITY;
   std::int64_t argmax = INT64_MAX;
@@ -94,15 +108,7 @@ __device__ RowStats row_stats(const float* row, std::int64_t num_classes, int la
       argmax = k;
     }
   }
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    const float other_max = __shfl_xor_sync(kFullMask, max, offset);
-    const auto other_arg = static_cast<std::int64_t>(
-        __shfl_xor_sync(kFullMask, static_cast<long long>(argmax), offset));
-    if (other_max > max || (other_max == max && other_arg < argmax)) {
-      max = other_max;
-      argmax = other_arg;
-    }
-  }
+  warp_max_argmax(max, argmax);
   float sum_exp = 0.0f;
   for (std::int64_t k = lane; k < num_classes; k += kWarpSize) sum_exp += expf(row[k] - max);
   return {max, argmax, warp_sum(sum_exp)};
@@ -151,15 +157,7 @@ __device__ RowStats cached_row_stats(const CachedRow& r, int k4, int lane) {
       }
     }
   }
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    const float other_max = __shfl_xor_sync(kFullMask, max, offset);
-    const auto other_arg = static_cast<std::int64_t>(
-        __shfl_xor_sync(kFullMask, static_cast<long long>(argmax), offset));
-    if (other_max > max || (other_max == max && other_arg < argmax)) {
-      max = other_max;
-      argmax = other_arg;
-    }
-  }
+  warp_max_argmax(max, argmax);
   float sum_exp = 0.0f;
 #pragma unroll
   for (int t = 0; t < kRowChunks; ++t) {
