@@ -160,7 +160,13 @@ TEST_P(TrainerBackendTest, VirtualTowersMatchOneTowerWithMasterAnywhere) {
   Trainer reference(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), one);
   for (int s = 0; s < 3; ++s) reference.step(make_batch(7, 50 + s));
   const auto expected = reference.master().flat_values().to_host<float>(default_stream(device()));
-  for (int towers : {2, 3, 4}) {
+  // Under ThreadSanitizer the emulated GPUs' streams and their CUDA threads are
+  // host threads it shadows: six trainers of them outgrow its memory, so three
+  // towers stand for two to four there.
+  const bool sanitized_gpu = kThreadSanitizer && kEmulatedGpus && device().is_cuda();
+  const std::vector<int> tower_counts =
+      sanitized_gpu ? std::vector<int>{3} : std::vector<int>{2, 3, 4};
+  for (int towers : tower_counts) {
     for (Device master : {Device::cpu(), device()}) {
       TrainerOptions options;
       options.devices.assign(std::size_t(towers), device());
