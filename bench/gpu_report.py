@@ -178,75 +178,71 @@ def verdict(ratio, target):
     return "met" if ratio >= target else "**not met**"
 
 
+def table(title, header, cells, intro=""):
+    """One section of the page: its title, an optional paragraph, a markdown table of
+    the rows' cells (nothing when there are no rows)."""
+    if not cells:
+        return
+    print(f"\n## {title}\n")
+    if intro:
+        print(intro + "\n")
+    print("| " + " | ".join(header).rstrip() + " |")
+    print("|" + "---|" * len(header))
+    for row in cells:
+        print("| " + " | ".join(row) + " |")
+
+
+def percent(value):
+    return f"{100 * value:.0f}%"
+
+
 def matmul(folder):
-    rows = matmul_rows(folder)
-    if rows:
-        print("\n## SGEMM against cuBLAS (FP32, TF32 off)\n")
-        print("| layout | M x N x K | towerlab us | cuBLAS us | % of cuBLAS | target | |")
-        print("|---|---|---|---|---|---|---|")
-        for r in rows:
-            print(f"| {r.kernel} | {r.shape} | {r.us:.1f} | {r.ref_us:.1f} | {100 * r.ratio:.0f}% | "
-                  f"{100 * r.target:.0f}% | {verdict(r.ratio, r.target)} |")
+    table("SGEMM against cuBLAS (FP32, TF32 off)",
+          ["layout", "M x N x K", "towerlab us", "cuBLAS us", "% of cuBLAS", "target", ""],
+          [[r.kernel, r.shape, f"{r.us:.1f}", f"{r.ref_us:.1f}", percent(r.ratio), percent(r.target),
+            verdict(r.ratio, r.target)] for r in matmul_rows(folder)])
 
 
 def conv2d(folder):
-    rows = conv2d_rows(folder)
-    if rows:
-        print("\n## conv2d against cuDNN (FP32 FMA math, the fastest algorithm cudnnFind returns)\n")
-        print("| layer | pass | towerlab us | cuDNN us | % of cuDNN | target 80% |")
-        print("|---|---|---|---|---|---|")
-        for r in rows:
-            print(f"| {r.shape} | {r.kernel.replace('_', ' ')} | {r.us:.1f} | {r.ref_us:.1f} | "
-                  f"{100 * r.ratio:.0f}% | {verdict(r.ratio, r.target)} |")
+    table("conv2d against cuDNN (FP32 FMA math, the fastest algorithm cudnnFind returns)",
+          ["layer", "pass", "towerlab us", "cuDNN us", "% of cuDNN", "target 80%"],
+          [[r.shape, r.kernel.replace("_", " "), f"{r.us:.1f}", f"{r.ref_us:.1f}", percent(r.ratio),
+            verdict(r.ratio, r.target)] for r in conv2d_rows(folder)])
 
 
 def memory_bound(folder):
-    rows = memory_bound_rows(folder)
-    if not rows:
-        return
-    print("\n## Memory-bound kernels against the device-to-device copy of the same tensor\n")
-    print("Bytes read + written per second, each kernel beside `BM_CopyReference` on the same "
+    table("Memory-bound kernels against the device-to-device copy of the same tensor",
+          ["kernel", "shape", "towerlab us", "copy us", "% of the copy", "target"],
+          [[r.kernel, r.shape, f"{r.us:.1f}", f"{r.ref_us:.1f}", percent(r.ratio),
+            verdict(r.ratio, r.target) if r.target else "small tensor"]
+           for r in memory_bound_rows(folder)],
+          "Bytes read + written per second, each kernel beside `BM_CopyReference` on the same "
           "shape in the same run; the target (85%) is for large tensors (the copy moves 30 MB or "
-          "more, read + written).\n")
-    print("| kernel | shape | towerlab us | copy us | % of the copy | target |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r.kernel} | {r.shape} | {r.us:.1f} | {r.ref_us:.1f} | {100 * r.ratio:.0f}% | "
-              f"{verdict(r.ratio, r.target) if r.target else 'small tensor'} |")
+          "more, read + written).")
 
 
 def allreduce(folder):
-    rows = allreduce_rows(folder)
-    if rows:
-        print("\n## Ring all-reduce on virtual devices of one GPU against the copy\n")
-        print("Bytes read + written per second by the ring's kernels, against the copy's "
-              "(the bound any schedule has on one GPU); target 80%.\n")
-        print("| variant | towers | bytes per member | % of the copy | target |")
-        print("|---|---|---|---|---|")
-        for r in rows:
-            print(f"| {r.variant} | {r.towers} | {r.size >> 20} MiB | {100 * r.ratio:.0f}% | "
-                  f"{verdict(r.ratio, 0.80)} |")
+    table("Ring all-reduce on virtual devices of one GPU against the copy",
+          ["variant", "towers", "bytes per member", "% of the copy", "target"],
+          [[r.variant, str(r.towers), f"{r.size >> 20} MiB", percent(r.ratio), verdict(r.ratio, 0.80)]
+           for r in allreduce_rows(folder)],
+          "Bytes read + written per second by the ring's kernels, against the copy's "
+          "(the bound any schedule has on one GPU); target 80%.")
 
 
 def trainer(folder):
-    rows = trainer_rows(folder)
-    if rows:
-        print("\n## FashionNet's training step on virtual towers of one GPU\n")
-        print("| batch norm | towers | batch | ms per step | images/s |")
-        print("|---|---|---|---|---|")
-        for r in rows:
-            print(f"| {r.mode} | {r.towers} | {r.batch} | {r.ms:.3f} | {r.images_per_second:.0f} |")
+    table("FashionNet's training step on virtual towers of one GPU",
+          ["batch norm", "towers", "batch", "ms per step", "images/s"],
+          [[r.mode, str(r.towers), str(r.batch), f"{r.ms:.3f}", f"{r.images_per_second:.0f}"]
+           for r in trainer_rows(folder)])
 
 
 def peers(folder):
-    rows = peers_rows(folder)
-    if rows:
-        print("\n## FashionNet's training step against PyTorch\n")
-        print("| batch | contender | images/s (median) | rounds | ms per step |")
-        print("|---|---|---|---|---|")
-        for r in sorted(rows, key=lambda r: r.batch):
-            print(f"| {r.batch} | {r.contender} | {r.images_per_second:.0f} | "
-                  f"{' / '.join(f'{v:.0f}' for v in r.rounds)} | {r.ms:.3f} |")
+    table("FashionNet's training step against PyTorch",
+          ["batch", "contender", "images/s (median)", "rounds", "ms per step"],
+          [[str(r.batch), r.contender, f"{r.images_per_second:.0f}",
+            " / ".join(f"{v:.0f}" for v in r.rounds), f"{r.ms:.3f}"]
+           for r in sorted(peers_rows(folder), key=lambda r: r.batch)])
 
 
 def main():

@@ -31,6 +31,13 @@ __attribute__((target("avx512f"))) inline __m256 half_of(__m512 v) {
   return _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xFF, _mm512_castps_pd(v), Half));
 }
 
+// The last four float lanes of a sum, added in double in the portable code's order.
+inline double sum_in_double(__m128 q) {
+  alignas(16) float l[4];
+  _mm_store_ps(l, q);
+  return (double(l[0]) + double(l[1])) + (double(l[2]) + double(l[3]));
+}
+
 #endif  // TL_CPU_X86
 
 // Sums of a float32 row of S values in 32 float lanes: value s goes to lane s % 32
@@ -108,17 +115,10 @@ __attribute__((target("avx512f"))) std::array<double, Sums> float_lane_sums_avx5
   for (int i = 0; i < Sums; ++i) {
     const __m512 m = _mm512_add_ps(lo.v[i], hi.v[i]);
     const __m256 p = _mm256_add_ps(half_of<0>(m), half_of<1>(m));
-    const __m128 q = _mm_add_ps(_mm256_castps256_ps128(p), _mm256_extractf128_ps(p, 1));
-    alignas(16) float l[4];
-    _mm_store_ps(l, q);
-    out[i] = (double(l[0]) + double(l[1])) + (double(l[2]) + double(l[3]));
+    out[i] = sum_in_double(_mm_add_ps(_mm256_castps256_ps128(p), _mm256_extractf128_ps(p, 1)));
   }
   return out;
 }
-
-#endif  // TL_CPU_X86
-
-#if TL_CPU_X86
 
 // The AVX2 form of float_lane_sums (machines without AVX-512, where eight Vec4 per
 // sum would not fit the registers): lanes 8k .. 8k + 7 of each sum in vector k of
@@ -159,10 +159,7 @@ __attribute__((target("avx2"))) std::array<double, Sums> float_lane_sums_avx2(st
   for (int i = 0; i < Sums; ++i) {
     const __m256 p = _mm256_add_ps(_mm256_add_ps(lanes[0].v[i], lanes[2].v[i]),
                                    _mm256_add_ps(lanes[1].v[i], lanes[3].v[i]));
-    const __m128 q = _mm_add_ps(_mm256_castps256_ps128(p), _mm256_extractf128_ps(p, 1));
-    alignas(16) float l[4];
-    _mm_store_ps(l, q);
-    out[i] = (double(l[0]) + double(l[1])) + (double(l[2]) + double(l[3]));
+    out[i] = sum_in_double(_mm_add_ps(_mm256_castps256_ps128(p), _mm256_extractf128_ps(p, 1)));
   }
   return out;
 }

@@ -81,6 +81,15 @@ struct RowStats {
   float sum_exp;
 };
 
+// A row's cross-entropy from its statistics, log(sum exp(x - max)) - (x[label] - max);
+// NaN for a label that is not a class id, which the trainer's guard then reports.
+__device__ __forceinline__ float row_loss(const float* row, float label, const RowStats& s,
+                                          std::int64_t num_classes) {
+  return is_class_id(label, num_classes)
+             ? logf(s.sum_exp) - (row[static_cast<std::int64_t>(label)] - s.max)
+             : NAN;
+}
+
 // Every lane's (max, argmax) becomes the warp's: the largest value, and of equal
 // ones the first class, whatever order the lanes saw them in.
 __device__ __forceinline__ void warp_max_argmax(float& max, std::int64_t& argmax) {
@@ -184,10 +193,7 @@ __global__ void __launch_bounds__(kBlockSize, 4)
     const CachedRow r = load_row(row, k4, lane);
     const RowStats s = cached_row_stats(r, k4, lane);
     if (lane == 0) {
-      const float label = labels[n];
-      loss_sum += is_class_id(label, num_classes)
-                      ? logf(s.sum_exp) - (row[static_cast<std::int64_t>(label)] - s.max)
-                      : NAN;
+      loss_sum += row_loss(row, labels[n], s, num_classes);
       if (predictions != nullptr) predictions[n] = static_cast<float>(s.argmax);
     }
     if (probs != nullptr) {
@@ -265,10 +271,7 @@ __global__ void cross_entropy_forward_kernel(float* partials, float* probs, floa
     const float* row = logits + n * num_classes;  // [K]
     const RowStats s = row_stats(row, num_classes, lane);
     if (lane == 0) {
-      const float label = labels[n];
-      loss_sum += is_class_id(label, num_classes)
-                      ? logf(s.sum_exp) - (row[static_cast<std::int64_t>(label)] - s.max)
-                      : NAN;
+      loss_sum += row_loss(row, labels[n], s, num_classes);
       if (predictions != nullptr) predictions[n] = static_cast<float>(s.argmax);
     }
     if (probs != nullptr) {
