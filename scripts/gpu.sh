@@ -44,6 +44,8 @@
 #   train OUT           the check and FashionNet
 #   peers OUT           the check and FashionNet's step against PyTorch eager and with
 #                       CUDA graphs (bench/gpu_peers.py)
+#   profile OUT         the check and Nsight Compute (ncu --set full) on the bench
+#                       cases TOWERLAB_GPU_PROFILE names: where a kernel's time goes
 #   lease OUT           for a lease of 15 minutes (one call): the check, the GPU test
 #                       shards, memcheck (90 s), the benches, FashionNet on cuda:0
 #                       with the master on cuda:0
@@ -78,6 +80,11 @@
 #                             call that must end sooner (what is left of a lease)
 #   TOWERLAB_GPU_BENCHES="A B" the benches to run (default: every bench with CUDA
 #                             cases), e.g. only those whose kernels changed
+#   TOWERLAB_GPU_PROFILE      what profile measures, one case per line: BENCH FILTER
+#                             [SKIP [COUNT]], e.g. 'matmul_bench BM_Cuda/cuda_NN/4096 20 1':
+#                             ncu skips the first SKIP kernel launches of BENCH run with
+#                             --benchmark_filter=FILTER (past set-up and cudnnFind's
+#                             trials), then profiles COUNT of them (default 1)
 #
 # Results the project relies on go into bench/results/ with the commit, the device
 # name and the date (build-info.txt and each summary hold them).
@@ -728,6 +735,30 @@ PY
   done
 }
 
+# Nsight Compute on the cases TOWERLAB_GPU_PROFILE names, one report each
+# (profile-N-BENCH.log); the summary keeps each kernel's name, time, throughputs,
+# registers and occupancy.
+profile_kernels() {
+  local ncu tool bench filter skip count i=0
+  ncu=$(command -v ncu || true)
+  for tool in /usr/local/cuda/bin/ncu /usr/local/cuda/nsight-compute*/ncu; do
+    [ -n "$ncu" ] || [ ! -x "$tool" ] || ncu=$tool
+  done
+  [ -n "$ncu" ] || { note "ncu is not on the PATH nor in /usr/local/cuda: FAILED"; status=1; return 0; }
+  [ -n "${TOWERLAB_GPU_PROFILE:-}" ] || die "profile: TOWERLAB_GPU_PROFILE names no case"
+  while read -r bench filter skip count; do
+    [ -n "$bench" ] || continue
+    i=$((i + 1))
+    [ -x "$bin/$bench" ] || { note "profile $i: no bench '$bench' in the carry: FAILED"; status=1; continue; }
+    step "profile-$i-$bench" 90 "$ncu" --set full --launch-skip "${skip:-20}" \
+      --launch-count "${count:-1}" "$bin/$bench" --benchmark_filter="$filter" \
+      --benchmark_min_time=0.05 || status=1
+    note "  $bench $filter:"
+    grep -E '^  [^ ].*\(([0-9]+, ){2}[0-9]+\)x\(|^ +(Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per Thread|Achieved Occupancy|Theoretical Occupancy|Dynamic Shared Memory Per Block|Static Shared Memory Per Block) ' \
+      "$work/profile-$i-$bench.log" | sed 's/^ */    /' | tee -a "$summary" || true
+  done <<<"$TOWERLAB_GPU_PROFILE"
+}
+
 # FashionNet's training step: towerlab (trainer_bench) against PyTorch eager and
 # PyTorch with CUDA graphs, alternated in one process tree (bench/gpu_peers.py).
 peers() {
@@ -805,8 +836,13 @@ case $command in
     peers 480
     pack
     ;;
+  profile)
+    begin "${1:-}" 540
+    profile_kernels
+    pack
+    ;;
   *)
-    echo "usage: scripts/gpu.sh prepare | check | verify OUT | measure OUT | lease OUT | tests OUT | sanitize OUT [memcheck|racecheck|synccheck] | bench OUT | train OUT | peers OUT" >&2
+    echo "usage: scripts/gpu.sh prepare | check | verify OUT | measure OUT | lease OUT | tests OUT | sanitize OUT [memcheck|racecheck|synccheck] | bench OUT | train OUT | peers OUT | profile OUT" >&2
     exit 2
     ;;
 esac
