@@ -453,30 +453,30 @@ BENCHMARK_CAPTURE(BM_CopyReference, cpu_batch64, Device::cpu())
     ->ArgNames({"N", "C", "H", "W"})
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_BatchNormForwardTraining, cuda, Device::cuda(0))
-    ->Apply(bench::activation_shapes)
+    ->Apply(bench::gpu_activation_shapes)
     ->UseManualTime();
 BENCHMARK_CAPTURE(BM_BatchNormForwardInference, cuda, Device::cuda(0))
-    ->Apply(bench::activation_shapes)
+    ->Apply(bench::gpu_activation_shapes)
     ->UseManualTime();
 BENCHMARK_CAPTURE(BM_BatchNormBackward, cuda, Device::cuda(0))
-    ->Apply(bench::activation_shapes)
+    ->Apply(bench::gpu_activation_shapes)
     ->UseManualTime();
 BENCHMARK_CAPTURE(BM_BatchNormReluStep, cuda_fused, Device::cuda(0), true)
-    ->Apply(bench::activation_shapes)
+    ->Apply(bench::gpu_activation_shapes)
     ->UseManualTime();
 BENCHMARK_CAPTURE(BM_BatchNormReluStep, cuda_unfused, Device::cuda(0), false)
-    ->Apply(bench::activation_shapes)
+    ->Apply(bench::gpu_activation_shapes)
     ->UseManualTime();
 BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))
-    ->Apply(bench::activation_shapes)
+    ->Apply(bench::gpu_activation_shapes)
     ->UseManualTime();
 #if TOWERLAB_WITH_CUDA && TOWERLAB_HAVE_CUDNN
 BENCHMARK(BM_CudnnBatchNormForwardTraining)
     ->Name("BM_CudnnBatchNormForwardTraining/cuda")
-    ->Apply(bench::activation_shapes)
+    ->Apply(bench::gpu_activation_shapes)
     ->UseManualTime();
 BENCHMARK(BM_CudnnBatchNormBackward)
     ->Name("BM_CudnnBatchNormBackward/cuda")
-    ->Apply(bench::activation_shapes)
+    ->Apply(bench::gpu_activation_shapes)
     ->UseManualTime();
 #endif

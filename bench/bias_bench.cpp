@@ -86,6 +86,12 @@ void shapes(benchmark::internal::Benchmark* b) {
   b->Args({128, 128, 0, 0});  // FashionNet's fc1 output
 }
 
+// The GPU's: the same, and the large activation (bench::gpu_activation_shapes).
+void gpu_shapes(benchmark::internal::Benchmark* b) {
+  shapes(b);
+  b->Args({128, 64, 56, 56});
+}
+
 }  // namespace
 
 BENCHMARK_CAPTURE(BM_BiasAddForward, cpu, Device::cpu())->Apply(shapes)->UseRealTime();
@@ -95,12 +101,12 @@ BENCHMARK_CAPTURE(BM_BiasAddReluStep, cpu_unfused, Device::cpu(), false)
     ->Apply(shapes)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())->Apply(shapes)->UseRealTime();
-BENCHMARK_CAPTURE(BM_BiasAddForward, cuda, Device::cuda(0))->Apply(shapes)->UseManualTime();
-BENCHMARK_CAPTURE(BM_BiasAddBackward, cuda, Device::cuda(0))->Apply(shapes)->UseManualTime();
+BENCHMARK_CAPTURE(BM_BiasAddForward, cuda, Device::cuda(0))->Apply(gpu_shapes)->UseManualTime();
+BENCHMARK_CAPTURE(BM_BiasAddBackward, cuda, Device::cuda(0))->Apply(gpu_shapes)->UseManualTime();
 BENCHMARK_CAPTURE(BM_BiasAddReluStep, cuda_fused, Device::cuda(0), true)
-    ->Apply(shapes)
+    ->Apply(gpu_shapes)
     ->UseManualTime();
 BENCHMARK_CAPTURE(BM_BiasAddReluStep, cuda_unfused, Device::cuda(0), false)
-    ->Apply(shapes)
+    ->Apply(gpu_shapes)
     ->UseManualTime();
-BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))->Apply(shapes)->UseManualTime();
+BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))->Apply(gpu_shapes)->UseManualTime();

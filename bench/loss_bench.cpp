@@ -140,23 +140,28 @@ BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())
 BENCHMARK_CAPTURE(BM_CrossEntropyForward, cuda, Device::cuda(0))
     ->Args({128, 10})
     ->Args({4096, 1000})
+    ->Args({32768, 1000})
     ->UseManualTime();
 BENCHMARK_CAPTURE(BM_CrossEntropyBackward, cuda, Device::cuda(0))
     ->Args({128, 10})
     ->Args({4096, 1000})
+    ->Args({32768, 1000})
     ->UseManualTime();
 BENCHMARK_CAPTURE(BM_CrossEntropyStep, cuda_from_probs, Device::cuda(0), true)
     ->Args({128, 10})
     ->Args({4096, 1000})
+    ->Args({32768, 1000})
     ->UseManualTime();
 BENCHMARK_CAPTURE(BM_CrossEntropyStep, cuda_recompute, Device::cuda(0), false)
     ->Args({128, 10})
     ->Args({4096, 1000})
+    ->Args({32768, 1000})
     ->UseManualTime();
 BENCHMARK_CAPTURE(BM_MseForward, cuda, Device::cuda(0))->Arg(1 << 24)->UseManualTime();
 BENCHMARK_CAPTURE(BM_MseBackward, cuda, Device::cuda(0))->Arg(1 << 24)->UseManualTime();
 BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))
     ->Args({128, 10})
     ->Args({4096, 1000})
+    ->Args({32768, 1000})
     ->Args({1 << 24, 1})
     ->UseManualTime();

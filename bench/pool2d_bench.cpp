@@ -228,33 +228,33 @@ BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())
     ->Apply(bench::activation_shapes)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_MaxPoolForward, cuda, Device::cuda(0))
-    ->Apply(bench::activation_shapes)
+    ->Apply(bench::gpu_activation_shapes)
     ->UseManualTime();
 BENCHMARK_CAPTURE(BM_MaxPoolBackward, cuda, Device::cuda(0))
-    ->Apply(bench::activation_shapes)
+    ->Apply(bench::gpu_activation_shapes)
     ->UseManualTime();
 BENCHMARK_CAPTURE(BM_MaxPoolStep, cuda_argmax, Device::cuda(0), true)
-    ->Apply(bench::activation_shapes)
+    ->Apply(bench::gpu_activation_shapes)
     ->UseManualTime();
 BENCHMARK_CAPTURE(BM_MaxPoolStep, cuda_recompute, Device::cuda(0), false)
-    ->Apply(bench::activation_shapes)
+    ->Apply(bench::gpu_activation_shapes)
     ->UseManualTime();
 BENCHMARK_CAPTURE(BM_AvgPoolForward, cuda, Device::cuda(0))
-    ->Apply(bench::activation_shapes)
+    ->Apply(bench::gpu_activation_shapes)
     ->UseManualTime();
 BENCHMARK_CAPTURE(BM_AvgPoolBackward, cuda, Device::cuda(0))
-    ->Apply(bench::activation_shapes)
+    ->Apply(bench::gpu_activation_shapes)
     ->UseManualTime();
 BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))
-    ->Apply(bench::activation_shapes)
+    ->Apply(bench::gpu_activation_shapes)
     ->UseManualTime();
 #if TOWERLAB_WITH_CUDA && TOWERLAB_HAVE_CUDNN
 BENCHMARK(BM_CudnnMaxPoolForward)
     ->Name("BM_CudnnMaxPoolForward/cuda")
-    ->Apply(bench::activation_shapes)
+    ->Apply(bench::gpu_activation_shapes)
     ->UseManualTime();
 BENCHMARK(BM_CudnnMaxPoolBackward)
     ->Name("BM_CudnnMaxPoolBackward/cuda")
-    ->Apply(bench::activation_shapes)
+    ->Apply(bench::gpu_activation_shapes)
     ->UseManualTime();
 #endif

@@ -330,8 +330,8 @@ def ratio_bars(ax, labels, ratios, targets, title):
 def plot_gpu_kernels(paths, out, name="gpu_kernels.png"):
     """% of the reference per kernel, from bench/gpu_report.py's rows: SGEMM against cuBLAS
     per layout and shape, conv2d against cuDNN per layer and pass, and each memory-bound
-    kernel against the copy of the same tensor on its large shapes (the copy moves 30 MB
-    or more, where the target applies)."""
+    kernel against the copy of the same tensor on its large shapes (the copy moves 100 MB
+    or more, twice the L2, where the target applies)."""
     report = gpu_report()
     rows = {os.path.basename(p): report.rows_of(p) for p in paths}
     gemm = rows.get("matmul_bench.json", [])
