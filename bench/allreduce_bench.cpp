@@ -55,21 +55,28 @@ void report(benchmark::State& state, std::int64_t bytes, int n) {
 }
 
 // Bytes the ring reads and writes in one all-reduce of `bytes` per member when all
-// members share one memory (the passes in the opening comment).
-double ring_traffic(std::int64_t bytes, int n, RingReads reads) {
+// members share one memory (the passes in parallel/ring_allreduce.h's opening
+// comment): one launch reads every member once and writes every member once; the
+// steps take 5 passes per member and step in place (3 to add, 2 to copy), 7 through
+// a receive buffer.
+double ring_traffic(std::int64_t bytes, int n, Device device, RingReads reads,
+                    RingOnOneGpu one_gpu) {
+  if (device.is_cuda() && reads == RingReads::InPlace && one_gpu == RingOnOneGpu::OneLaunch)
+    return double(bytes) * 2 * n;
   const int reduce_scatter = reads == RingReads::InPlace ? 3 : 5, all_gather = 2;
   return double(bytes) * (n - 1) * (reduce_scatter + all_gather);
 }
 
-void BM_RingAllReduce(benchmark::State& state, Device device, RingReads reads) {
+void BM_RingAllReduce(benchmark::State& state, Device device, RingReads reads,
+                      RingOnOneGpu one_gpu) {
   if (bench::skip_without(device, state)) return;
   const int n = int(state.range(0));
   const std::int64_t bytes = state.range(1);
   Members m(device, n, bytes / 4);
-  Ring ring(m.raw, reads);
+  Ring ring(m.raw, reads, one_gpu);
   bench::time_calls(state, m.raw, [&] { ring.allreduce(m.buffers); });
   report(state, bytes, n);
-  state.counters["mem"] = benchmark::Counter(ring_traffic(bytes, n, reads),
+  state.counters["mem"] = benchmark::Counter(ring_traffic(bytes, n, device, reads, one_gpu),
                                              benchmark::Counter::kIsIterationInvariantRate);
 }
 
@@ -110,15 +117,21 @@ void cuda_args(benchmark::internal::Benchmark* b) {
 
 }  // namespace
 
-BENCHMARK_CAPTURE(BM_RingAllReduce, cpu, Device::cpu(), RingReads::InPlace)->Apply(cpu_args);
+BENCHMARK_CAPTURE(BM_RingAllReduce, cpu, Device::cpu(), RingReads::InPlace, RingOnOneGpu::OneLaunch)
+    ->Apply(cpu_args);
 BENCHMARK_CAPTURE(BM_RingAllReduce, cpu_receive_buffer, Device::cpu(),
-                  RingReads::ThroughReceiveBuffer)
+                  RingReads::ThroughReceiveBuffer, RingOnOneGpu::Steps)
     ->Apply(cpu_args);
 BENCHMARK_CAPTURE(BM_ReduceAndBroadcast, cpu, Device::cpu())->Apply(cpu_args);
 BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())->Apply(cpu_args);
-BENCHMARK_CAPTURE(BM_RingAllReduce, cuda, Device::cuda(0), RingReads::InPlace)->Apply(cuda_args);
+BENCHMARK_CAPTURE(BM_RingAllReduce, cuda, Device::cuda(0), RingReads::InPlace,
+                  RingOnOneGpu::OneLaunch)
+    ->Apply(cuda_args);
+BENCHMARK_CAPTURE(BM_RingAllReduce, cuda_steps, Device::cuda(0), RingReads::InPlace,
+                  RingOnOneGpu::Steps)
+    ->Apply(cuda_args);
 BENCHMARK_CAPTURE(BM_RingAllReduce, cuda_receive_buffer, Device::cuda(0),
-                  RingReads::ThroughReceiveBuffer)
+                  RingReads::ThroughReceiveBuffer, RingOnOneGpu::Steps)
     ->Apply(cuda_args);
 BENCHMARK_CAPTURE(BM_ReduceAndBroadcast, cuda, Device::cuda(0))->Apply(cuda_args);
 BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))->Apply(cuda_args);

@@ -31,7 +31,8 @@ void accumulate(const Tensor& mine, const Tensor& theirs, bool in_place, const T
 
 }  // namespace
 
-Ring::Ring(std::vector<const Stream*> streams, RingReads reads) : streams_(std::move(streams)) {
+Ring::Ring(std::vector<const Stream*> streams, RingReads reads, RingOnOneGpu one_gpu)
+    : streams_(std::move(streams)) {
   TL_CHECK(!streams_.empty(), InvalidArgument, "Ring: no members");
   const std::size_t n = streams_.size();
   for (std::size_t i = 0; i < n; ++i) {
@@ -43,6 +44,11 @@ Ring::Ring(std::vector<const Stream*> streams, RingReads reads) : streams_(std::
     in_place_.push_back(reads == RingReads::InPlace && peer_readable(device, sender));
   }
   if (all_host_ && n > 1) team_ = std::make_unique<ThreadTeam>(n);
+  const Device first = streams_[0]->device();
+  one_launch_ = one_gpu == RingOnOneGpu::OneLaunch && reads == RingReads::InPlace &&
+                first.is_cuda() && n > 1 && n <= kPeerSumMembers &&
+                std::all_of(streams_.begin(), streams_.end(),
+                            [&](const Stream* s) { return s->device() == first; });
 }
 
 Ring::~Ring() = default;
@@ -134,6 +140,26 @@ void Ring::allreduce_range(const std::vector<Tensor>& buffers, std::int64_t begi
 
   // Every member's buffer is ready on its own stream (its backward ran there).
   for (std::int64_t i = 0; i < n; ++i) done_[std::size_t(i)].record(member(i));
+  if (one_launch_) {
+    // Member 0 sums every chunk once every buffer is ready; the others wait for it.
+    std::vector<Tensor> range;
+    std::vector<std::int64_t> first{0};
+    for (std::int64_t j = 0; j < n; ++j) {
+      range.push_back(buffers[std::size_t(j)].view(begin, {end - begin}));
+      first.push_back(schedule.chunk(j).end - begin);
+      if (j > 0) member(0).wait(done_[std::size_t(j)]);
+    }
+    const auto start = Clock::now();
+    peer_sum(range, first, member(0));
+    done_[0].record(member(0));
+    for (std::int64_t j = 1; j < n; ++j) member(j).wait(done_[0]);
+    if (trace != nullptr) {
+      member(0).synchronize();
+      trace->span(first_row, "all-reduce (one launch)", start, "ring",
+                  {{"members", n}, {"bytes", (end - begin) * std::int64_t(sizeof(float))}});
+    }
+    return;
+  }
   for (RingPhase phase : {RingPhase::ReduceScatter, RingPhase::AllGather}) {
     const bool gather = phase == RingPhase::AllGather;
     for (std::int64_t s = 0; s < schedule.steps_per_phase(); ++s) {

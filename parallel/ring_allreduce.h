@@ -42,6 +42,14 @@
 // members of one step run side by side, each step on its own core where there are
 // enough), and a barrier after each step gives both orders. The schedule, and so
 // every sum and its bits, is the one above.
+//
+// Members that share one GPU (virtual devices) have nothing to send: every chunk is
+// in the one memory. There the ring is one launch (kernels/peer_add.h's peer_sum,
+// on member 0's stream, after every member's buffer is ready): each element is
+// summed in its chunk's ring order, so the bits are the steps', and read once from
+// and written once to every member, 2n memory passes where the steps take 5(n-1)
+// and 2n(n-1) launches with their events. RingOnOneGpu::Steps keeps the steps there,
+// for the trace that shows them and for comparison in tests and benchmarks.
 #pragma once
 
 #include <memory>
@@ -62,13 +70,21 @@ enum class RingReads {
   ThroughReceiveBuffer,  // always a copy into a receive buffer, then an add
 };
 
+// How members that share one GPU reduce (see "Members that share one GPU" above).
+enum class RingOnOneGpu {
+  OneLaunch,  // one kernel sums every chunk in the ring's order (up to kPeerSumMembers)
+  Steps,      // the ring's steps, as between GPUs
+};
+
 class Ring {
  public:
   // One member per stream (repeats of a device are fine: virtual devices). Turns on
   // peer access between neighbouring GPUs where the hardware has it.
   // RingReads::ThroughReceiveBuffer makes every member copy before it adds, as
-  // members without peer access must: for comparison in tests and benchmarks.
-  explicit Ring(std::vector<const Stream*> streams, RingReads reads = RingReads::InPlace);
+  // members without peer access must: for comparison in tests and benchmarks (it
+  // takes the steps on one GPU too).
+  explicit Ring(std::vector<const Stream*> streams, RingReads reads = RingReads::InPlace,
+                RingOnOneGpu one_gpu = RingOnOneGpu::OneLaunch);
   ~Ring();
   Ring(const Ring&) = delete;
   Ring& operator=(const Ring&) = delete;
@@ -93,6 +109,7 @@ class Ring {
   // in_place_[i]: member i reads member i-1's chunks in place (else through a copy).
   std::vector<bool> in_place_;
   bool all_host_ = true;
+  bool one_launch_ = false;           // every member on one GPU, summed by peer_sum
   std::unique_ptr<ThreadTeam> team_;  // one thread per member when every member is on the host
 };
 

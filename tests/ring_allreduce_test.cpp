@@ -1,6 +1,7 @@
 // The ring all-reduce over a matrix of member counts and buffer lengths, on
 // virtual CPU devices (and virtual CUDA devices where a GPU is), reading the
-// sender's chunks in place and through a receive buffer, its determinism and its
+// sender's chunks in place and through a receive buffer, in one launch and in steps
+// where the members share a GPU, its determinism and its
 // ordering (bit-equality with the fixed-order sum, run after run), the seeds'
 // reduction to one device and broadcast, and the batch split.
 #include "parallel/ring_allreduce.h"
@@ -29,12 +30,20 @@ std::vector<Tensor> make_buffers(std::vector<std::unique_ptr<Stream>>& streams,
   return buffers;
 }
 
-const char* reads_name(RingReads reads) {
-  return reads == RingReads::InPlace ? "in place" : "through a receive buffer";
-}
+// The ways a ring can reduce; on the host the first two are the same (host threads).
+struct RingVariant {
+  RingReads reads;
+  RingOnOneGpu one_gpu;
+  const char* name;
+};
+constexpr RingVariant kVariants[] = {
+    {RingReads::InPlace, RingOnOneGpu::OneLaunch, "in place, one launch on one GPU"},
+    {RingReads::InPlace, RingOnOneGpu::Steps, "in place, in steps"},
+    {RingReads::ThroughReceiveBuffer, RingOnOneGpu::Steps, "through a receive buffer"},
+};
 
 TEST_P(RingTest, SumsEveryBufferForAnyMembersAndLength) {
-  for (RingReads reads : {RingReads::InPlace, RingReads::ThroughReceiveBuffer}) {
+  for (const RingVariant& variant : kVariants) {
     for (int members : {1, 2, 3, 4, 5, 8}) {
       for (std::int64_t length : {1, 2, 3, 7, 8, 64, 1001, 65537}) {
         std::vector<std::unique_ptr<Stream>> streams;
@@ -44,15 +53,15 @@ TEST_P(RingTest, SumsEveryBufferForAnyMembersAndLength) {
           raw.push_back(streams.back().get());
         }
         auto buffers = make_buffers(streams, length);
-        Ring ring(raw, reads);
+        Ring ring(raw, variant.reads, variant.one_gpu);
         ring.allreduce(buffers);
         const float base = float(1000 * members * (members - 1) / 2);
         for (int i = 0; i < members; ++i) {
           const auto got = buffers[std::size_t(i)].to_host<float>(*streams[std::size_t(i)]);
           for (std::int64_t p = 0; p < length; ++p) {
             ASSERT_EQ(got[std::size_t(p)], base + float(members * (p % 1000)))
-                << reads_name(reads) << ", " << members << " members, length " << length
-                << ", member " << i << ", element " << p;
+                << variant.name << ", " << members << " members, length " << length << ", member "
+                << i << ", element " << p;
           }
         }
       }
@@ -93,7 +102,7 @@ TEST_P(RingTest, EqualsTheFixedOrderSumBitForBitRunAfterRun) {
     Threads() { set_num_threads(6); }
     ~Threads() { set_num_threads(saved); }
   } threads;
-  for (RingReads reads : {RingReads::InPlace, RingReads::ThroughReceiveBuffer}) {
+  for (const RingVariant& variant : kVariants) {
     for (int members : {4, 5}) {
       // Uneven chunks; on a GPU long enough that a step's kernels overlap (on the
       // emulated GPUs streams are host threads, which overlap at any length).
@@ -115,7 +124,7 @@ TEST_P(RingTest, EqualsTheFixedOrderSumBitForBitRunAfterRun) {
       // or repeated term), not only the rough sum.
       ASSERT_NE(fixed_order_sum(values, false), expected);
 
-      Ring ring(raw, reads);
+      Ring ring(raw, variant.reads, variant.one_gpu);
       std::vector<Tensor> buffers;
       for (int i = 0; i < members; ++i) {
         buffers.push_back(Tensor::empty({length}, *streams[std::size_t(i)]));
@@ -131,8 +140,7 @@ TEST_P(RingTest, EqualsTheFixedOrderSumBitForBitRunAfterRun) {
         ring.allreduce(buffers);
         for (int i = 0; i < members; ++i) {
           ASSERT_EQ(buffers[std::size_t(i)].to_host<float>(*streams[std::size_t(i)]), expected)
-              << reads_name(reads) << ", " << members << " members, run " << run << ", member "
-              << i;
+              << variant.name << ", " << members << " members, run " << run << ", member " << i;
         }
       }
     }
@@ -194,7 +202,7 @@ TEST_P(RingTest, TraceRecordsEachRingStep) {
   }
   auto buffers = make_buffers(streams, 300);
   Trace trace;
-  Ring ring(raw);
+  Ring ring(raw, RingReads::InPlace, RingOnOneGpu::Steps);
   ring.allreduce(buffers, &trace);
   EXPECT_EQ(trace.size(), 3u * 2u * 2u);  // 3 members x 2 phases x (n-1 = 2) steps
   // Each span: on its member's row, the chunk of the schedule (member j receives
@@ -213,6 +221,57 @@ TEST_P(RingTest, TraceRecordsEachRingStep) {
     ++seen;
   }
   EXPECT_EQ(seen, 12);
+}
+
+// Members that share a GPU reduce in one launch: the same bits as the steps (the
+// ring's order per chunk), for the whole buffers and for a range (a bucket), with
+// the rest of the buffers untouched; the trace shows the one launch on member 0's row.
+TEST_P(RingTest, OneLaunchOnOneGpuGivesTheStepsBits) {
+  if (!device().is_cuda()) GTEST_SKIP() << "CUDA-only: one launch is for members that share a GPU";
+  for (int members : {2, 3, 5, 8}) {
+    const std::int64_t length = 4099;
+    std::vector<std::unique_ptr<Stream>> streams;
+    std::vector<const Stream*> raw;
+    std::vector<std::vector<float>> values;
+    for (int i = 0; i < members; ++i) {
+      streams.push_back(std::make_unique<Stream>(device()));
+      raw.push_back(streams.back().get());
+      values.push_back(random_values(std::size_t(length), 70 + i));
+    }
+    auto load = [&] {
+      std::vector<Tensor> buffers;
+      for (int i = 0; i < members; ++i)
+        buffers.push_back(
+            Tensor::from_host<float>(values[std::size_t(i)], {length}, *streams[std::size_t(i)]));
+      return buffers;
+    };
+    for (const auto& [begin, end] :
+         {std::pair<std::int64_t, std::int64_t>{0, length}, {1000, 3001}, {17, 18}}) {
+      auto one = load(), steps = load();
+      Trace trace;
+      Ring(raw).allreduce_range(one, begin, end, &trace, 0);
+      Ring(raw, RingReads::InPlace, RingOnOneGpu::Steps).allreduce_range(steps, begin, end);
+      EXPECT_EQ(trace.size(), 1u) << members << " members: one span, the launch";
+      for (int i = 0; i < members; ++i) {
+        const auto got = one[std::size_t(i)].to_host<float>(*streams[std::size_t(i)]);
+        ASSERT_EQ(got, steps[std::size_t(i)].to_host<float>(*streams[std::size_t(i)]))
+            << members << " members, range [" << begin << ", " << end << "), member " << i;
+        // Outside the range: the member's own values.
+        for (std::int64_t p : {begin - 1, end}) {
+          if (p >= 0 && p < length)
+            ASSERT_EQ(got[std::size_t(p)], values[std::size_t(i)][std::size_t(p)])
+                << "element " << p << " outside the range, member " << i;
+        }
+      }
+      const auto parsed = nlohmann::json::parse(trace.json());
+      for (const auto& e : parsed["traceEvents"]) {
+        if (e["ph"] != "X") continue;
+        EXPECT_EQ(e["name"], "all-reduce (one launch)");
+        EXPECT_EQ(e["tid"], 0);
+        EXPECT_EQ(e["args"]["bytes"], (end - begin) * 4);
+      }
+    }
+  }
 }
 
 TEST_P(RingTest, MismatchedBuffersAreRejected) {

@@ -9,5 +9,6 @@ namespace towerlab::cpu {
 
 // Arguments already checked by peer_add.
 void peer_add(const Tensor& dst, const Tensor& src);
+void peer_sum(const std::vector<Tensor>& buffers, const std::vector<std::int64_t>& first);
 
 }  // namespace towerlab::cpu

@@ -10,5 +10,7 @@ namespace towerlab::cuda {
 
 // Arguments already checked by peer_add.
 void peer_add(const Tensor& dst, const Tensor& src, const Stream& stream);
+void peer_sum(const std::vector<Tensor>& buffers, const std::vector<std::int64_t>& first,
+              const Stream& stream);
 
 }  // namespace towerlab::cuda
