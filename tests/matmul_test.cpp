@@ -249,10 +249,10 @@ TEST_P(MatmulTest, RawGemmHonoursLeadingDimensions) {
 #if TOWERLAB_WITH_CUDA
 TEST_P(MatmulTest, CudaMisalignedOperandsAndCublasAgree) {
   if (device().is_cpu()) GTEST_SKIP() << "CUDA-only: float4 fallback and the cuBLAS path";
-  // Offsets of one element make every pointer 4 bytes off a float4 boundary. Two
-  // sizes, so that both tile shapes of the kernel meet them (with 8 SMs, 300x260
-  // runs on 128x128 tiles and 130x131 on 64x64 ones).
-  for (const Dims& d : {Dims{130, 131, 67}, Dims{300, 260, 67}}) {
+  // Offsets of one element make every pointer 4 bytes off a float4 boundary. Three
+  // sizes, so that every tile shape of the kernel meets them (with 8 SMs, 300x600
+  // runs on 128x256 tiles, 300x260 on 128x128 tiles and 130x131 on 64x64 ones).
+  for (const Dims& d : {Dims{130, 131, 67}, Dims{300, 260, 67}, Dims{300, 600, 67}}) {
     for (bool ta : {false, true}) {
       for (bool tb : {false, true}) {
         const Shape as = a_shape(d, ta), bs = b_shape(d, tb);
@@ -283,11 +283,14 @@ TEST_P(MatmulTest, CudaMisalignedOperandsAndCublasAgree) {
 // multiple of 4 (aligned rows, with 2 of the last 4 floats of a 250-wide row past
 // the edge). 130x250x1301 is 2x2 tiles of 128 with ragged rows and columns,
 // split 19 ways along K on 132 SMs (the last split is 5, less than a step), and
-// 3x4 tiles of 64 unsplit on 8; 384x520x67 is 3x5 tiles of 128 unsplit on 8 SMs
-// (a column tile of 8) and 6x9 tiles of 64 on 132.
+// 3x4 tiles of 64 unsplit on 8; 300x260x67 is 3x3 tiles of 128 unsplit on 8
+// SMs (ragged rows and columns); 384x520x67 is 3x3 tiles of 128x256 on 8 SMs (a
+// column tile of 8) and 6x9 tiles of 64 on 132; 270x600x33 is 3x3 tiles of
+// 128x256 on 8 SMs with ragged rows, columns and K.
 TEST_P(MatmulTest, CudaOperandPathsCoverEveryLayoutEdgeAndAlignment) {
   if (device().is_cpu()) GTEST_SKIP() << "CUDA-only: the kernel's operand paths";
-  for (const Dims& d : {Dims{130, 250, 1301}, Dims{384, 520, 67}}) {
+  for (const Dims& d :
+       {Dims{130, 250, 1301}, Dims{300, 260, 67}, Dims{384, 520, 67}, Dims{270, 600, 33}}) {
     for (const std::int64_t round_to : {1, 4}) {
       for (bool ta : {false, true}) {
         for (bool tb : {false, true}) {
@@ -329,7 +332,8 @@ TEST_P(MatmulTest, CudaOperandPathsCoverEveryLayoutEdgeAndAlignment) {
 // beta = 0 over NaN in C and beta != 0, and the same bits when run again. With
 // 132 SMs the plans cover 64x64 tiles split (fc1 forward, 100x70, 5x3) and
 // unsplit (the backward products, 720x780), 128x128 tiles split (256x512x640);
-// with 8 SMs, 128x128 unsplit (256x512, 720x780) and split (5x3).
+// with 8 SMs, 128x256 unsplit (the backward products, 720x780), 128x128 unsplit
+// (256x512) and split (5x3).
 TEST_P(MatmulTest, CudaSplitKMatchesReferenceAndRepeatsTheBits) {
   if (device().is_cpu()) GTEST_SKIP() << "CUDA-only: the split-K path";
   const struct {

@@ -2,7 +2,10 @@
 // GEMM. towerlab's own kernel is the default; cuBLAS (TF32 off) is the reference
 // and a selectable alternative (set_gemm_backend).
 //
-// The kernel is the classic SIMT tiling, in two tile shapes (TileShape). A block
+// Large products run gemm_wide_kernel (kernels/cuda/matmul_wide.cuh): 128x256
+// tiles, 8x16 outputs a thread, one block per SM, the shape of cuBLAS's own FP32
+// kernel on Hopper. The rest run gemm_kernel, below.
+// gemm_kernel is the classic SIMT tiling, in two tile shapes (TileShape). A block
 // of 256 threads computes a 128x128 tile of C stepping through K 8 at a time, or
 // a 64x64 tile stepping 16 at a time. Each step, the block stages a [step x tile]
 // slice of op(A) and of op(B) in shared memory, k-major, so that a thread reads
@@ -25,10 +28,10 @@
 // of shared memory per block for TN (three stages), 16.5 KiB for the others, two
 // blocks per SM; 64x64: 63-64 registers, no spills, 25.5 KiB, four blocks per SM.
 //
-// The tile plan (plan_gemm) fills the SMs: 128x128 tiles where they alone give
-// every SM a block (4096^3), 64x64 tiles where they give at least half the SMs
-// one (1024^3: 256 tiles against 64 of 128x128 for 132 SMs), and otherwise a
-// split along K. Split-K: a product with few tiles of C and a long K (a linear
+// The tile plan (plan_gemm) fills the SMs: 128x256 tiles where they alone give
+// every SM a block (4096^3), 128x128 tiles where those do, 64x64 tiles where
+// they give at least half the SMs one (1024^3: 256 tiles against 64 of 128x128
+// for 132 SMs), and otherwise a split along K. Split-K: a product with few tiles of C and a long K (a linear
 // layer's forward, [batch,3136] x [3136,128]) cuts K into splits of whole
 // K-steps so that tiles x splits gives every SM work; each block writes its
 // split's raw sum into a partial buffer, and split_reduce
@@ -39,7 +42,8 @@
 // racecheck clean; 140-145 % of cuBLAS on fc1's gradients, 72-76 % at 1024^3,
 // 75-78 % at 4096^3, where the register-double-buffered 128x128 tile without
 // cp.async had given 78-86 % at 207cbe5: the next lever to measure;
-// bench/results/gpu_h100.md).
+// bench/results/gpu_h100.md). gemm_wide_kernel has run only on the emulated
+// GPUs so far.
 #include <cublas_v2.h>
 #include <cuda_pipeline.h>
 
@@ -52,11 +56,16 @@
 
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/matmul.h"
+#include "kernels/cuda/matmul_wide.cuh"
 #include "kernels/cuda/split_reduce.cuh"
 
 namespace towerlab::cuda {
 
 namespace {
+
+using gemm_detail::Fragment;
+using gemm_detail::GemmParams;
+using gemm_detail::load4;
 
 // Two tile shapes, both 256 threads, each thread loading one float4 of op(A) and
 // one of op(B) per K-step (tile x K-step = 1024 floats):
@@ -72,52 +81,11 @@ struct TileShape {
   static constexpr int kMicro = kTile / 16;  // rows (and columns) of C per thread
 };
 constexpr int kGemmThreads = 256;
+static_assert(gemm_detail::WideTile::kThreads == kGemmThreads);
 // Rows of the shared slices are padded by 4 floats: the transposing stores (A
 // without transpose, B with) then hit distinct banks (at 64 wide, two-way), and
 // float4 reads stay 16-byte aligned (132 * 4 = 33 * 16, 68 * 4 = 17 * 16 bytes).
 constexpr int kPad = 4;
-
-// One thread's share of a slice: 4 consecutive floats of global memory.
-struct Fragment {
-  float v[4];
-};
-
-// Reads 4 floats at src[0..3] that are valid while `count` > index, zero past it.
-// `vector` says that src is 16-byte aligned (checked by the launcher via the
-// leading dimension and the base pointer) so one float4 load does.
-__device__ __forceinline__ Fragment load4(const float* src, int count, bool vector) {
-  Fragment f;
-  if (vector && count >= 4) {
-    const float4 q = __ldg(reinterpret_cast<const float4*>(src));
-    f.v[0] = q.x;
-    f.v[1] = q.y;
-    f.v[2] = q.z;
-    f.v[3] = q.w;
-  } else {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) f.v[e] = e < count ? __ldg(src + e) : 0.0f;
-  }
-  return f;
-}
-
-// One launch: C = alpha * op(A) op(B) + beta * C over the K range of each block's
-// split. Block z sums k in [z * k_per_split, min(k, (z + 1) * k_per_split)) and
-// writes to c + z * split_stride (split_stride 0 and k_per_split >= k: no split).
-// vector_x says that X and its leading dimension allow 16-byte accesses.
-struct GemmParams {
-  int m, n, k;
-  float alpha;
-  const float* a;
-  std::int64_t lda;
-  const float* b;
-  std::int64_t ldb;
-  float beta;
-  float* c;
-  std::int64_t ldc;
-  int k_per_split;
-  std::int64_t split_stride;
-  bool vector_a, vector_b, vector_c;
-};
 
 // Slice of op(X) for k in [k0, k0 + kK) and the block's kTile rows (A) or columns
 // (B), zero at and past k_end. `contiguous_k` is true when X is stored with k
@@ -356,7 +324,8 @@ struct GemmSplitEpilogue {
   }
 };
 
-// How a product is run: the tile (128 or 64), and how K is cut: `splits` ranges
+// How a product is run: the tile (64, 128, or kWideTile for gemm_wide_kernel's
+// 128x256), and how K is cut: `splits` ranges
 // of k_per_split (a multiple of the tile's K-step, so that every split's slices
 // start where the unsplit kernel's would: 16-byte aligned). splits == 1 runs the
 // kernel alone, epilogue in place.
@@ -371,12 +340,23 @@ struct GemmPlan {
 // less than its 128x128x64 FMAs), 4 of the 64 tile.
 constexpr int kMinSplitK = 64;
 
+// The plan's name for gemm_wide_kernel's 128x256 (M x N) tile.
+constexpr int kWideTile = 256;
+
 int k_step(int tile) {
+  if (tile == kWideTile) return gemm_detail::WideTile::kK;
   return tile == 128 ? TileShape<128>::kK : TileShape<64>::kK;
+}
+int tile_rows(int tile) {
+  return tile == kWideTile ? gemm_detail::WideTile::kM : tile;
+}
+int tile_cols(int tile) {
+  return tile == kWideTile ? gemm_detail::WideTile::kN : tile;
 }
 
 std::int64_t tile_count(int m, int n, int tile) {
-  return std::int64_t{(m + tile - 1) / tile} * ((n + tile - 1) / tile);
+  const int rows = tile_rows(tile), cols = tile_cols(tile);
+  return std::int64_t{(m + rows - 1) / rows} * ((n + cols - 1) / cols);
 }
 
 GemmPlan split_plan(int tile, std::int64_t tiles, int k, std::int64_t wanted_blocks) {
@@ -388,6 +368,8 @@ GemmPlan split_plan(int tile, std::int64_t tiles, int k, std::int64_t wanted_blo
 }
 
 // The plan, in order of preference:
+// 0. 128x256 tiles (gemm_wide_kernel, one block per SM), unsplit, when they give
+//    every SM a block (4096^3: 512 tiles, 3.9 waves of 132);
 // 1. 128x128 tiles, unsplit, when they give every SM a block (large products);
 // 2. 64x64 tiles, unsplit, when they give at least half the SMs a block: two to
 //    four of them share an SM, and no partials or second launch are needed
@@ -400,6 +382,7 @@ GemmPlan split_plan(int tile, std::int64_t tiles, int k, std::int64_t wanted_blo
 // 132 SMs with it.
 GemmPlan plan_gemm(int m, int n, int k, int sms) {
   const std::int64_t tiles128 = tile_count(m, n, 128), tiles64 = tile_count(m, n, 64);
+  if (tile_count(m, n, kWideTile) >= sms) return {kWideTile, 1, k};
   if (tiles128 >= sms) return {128, 1, k};
   if (2 * tiles64 >= sms) return {64, 1, k};
   const GemmPlan big = split_plan(128, tiles128, k, sms);
@@ -421,6 +404,12 @@ GemmKernel pick_kernel(bool transpose_a, bool transpose_b) {
 }
 
 GemmKernel pick_kernel(int tile, bool transpose_a, bool transpose_b) {
+  if (tile == kWideTile) {
+    using gemm_detail::gemm_wide_kernel;
+    return transpose_a ? (transpose_b ? gemm_wide_kernel<true, true> : gemm_wide_kernel<true, false>)
+                       : (transpose_b ? gemm_wide_kernel<false, true>
+                                      : gemm_wide_kernel<false, false>);
+  }
   if (tile == 128) return pick_kernel<128>(transpose_a, transpose_b);
   return pick_kernel<64>(transpose_a, transpose_b);
 }
@@ -430,14 +419,15 @@ GemmKernel pick_kernel(int tile, bool transpose_a, bool transpose_b) {
 void gemm_towerlab(bool transpose_a, bool transpose_b, GemmParams product, const GemmPlan& plan,
                    const Stream& stream) {
   const int tile = plan.tile, step = k_step(tile);
-  TL_CHECK((tile == 128 || tile == 64) &&
+  TL_CHECK((tile == kWideTile || tile == 128 || tile == 64) &&
                (plan.splits == 1 ||
                 (plan.splits > 1 && plan.splits <= kMaxSplits && plan.k_per_split % step == 0 &&
                  std::int64_t{plan.splits} * plan.k_per_split >= product.k)),
            InvalidArgument,
            "gemm: split plan of " << plan.splits << " x " << plan.k_per_split << " (tile " << tile
                                   << ") does not cover K = " << product.k << " in whole K-steps");
-  const dim3 grid((product.n + tile - 1) / tile, (product.m + tile - 1) / tile, plan.splits);
+  const int rows = tile_rows(tile), cols = tile_cols(tile);
+  const dim3 grid((product.n + cols - 1) / cols, (product.m + rows - 1) / rows, plan.splits);
   TL_CHECK(grid.y <= 65535, InvalidArgument,
            "gemm: M = " << product.m << " needs more than 65535 row tiles; split the product");
   cudaStream_t s = native(stream);

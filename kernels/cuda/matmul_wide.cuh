@@ -1,0 +1,262 @@
+// The pieces every CUDA GEMM launch of kernels/cuda/matmul.cu shares (GemmParams,
+// the guarded float4 load) and the wide-tile kernel for large products.
+//
+// gemm_wide_kernel: a block of 256 threads computes a 128x256 tile of C (M x N),
+// stepping through K 8 at a time, one block per SM (__launch_bounds__(256, 1):
+// ptxas may use up to 255 registers). The shape is the one cuBLAS's FP32 SIMT
+// kernel picks on Hopper for 4096^3 (256x128x8 tile, 3 stages, 4x2 warps of 64x64,
+// 128 accumulators per thread), and for the same reason: per k, a thread reads 8
+// values of op(A) and 16 of op(B) in 6 float4 shared loads and does 128 FMAs
+// (21 FMAs per load, against 16 for the 128x128 tile's 8x8 micro-tile), so the
+// FMA pipe, not shared memory or issue slots, limits it.
+// Warps: 8 as 2 (M) x 4 (N), each 64x64. A lane (ly, lx) = (lane / 4, lane % 4)
+// owns rows ly*4 + {0..3} + {0, 32} and columns lx*4 + {0..3} + {0, 16, 32, 48}
+// of its warp's 64x64: per k, the warp's float4 reads of the A slice are 8
+// consecutive addresses (128 bytes) and of the B slice 4 (64 bytes), each one
+// shared-memory wavefront, the lanes sharing an address served by broadcast.
+// Operands reach the shared slices ([k][row], k-major) as in gemm_kernel: by
+// cp.async where the global layout already is k-major (A transposed, B not),
+// through registers and a transposing store where it is not (A not transposed:
+// one float4 a thread, B transposed: two). Three stages, the slices of steps
+// step+1 and step+2 in flight while step is computed on. The transposing scalar
+// stores are conflict-free: the two k-groups of a warp's 16 rows lie 4 * (row
+// length + 4) floats apart, 16 banks.
+// ptxas for sm_90 (CUDA 13): 200 (TN), 222 (NN), 232 (TT), 244 (NT) registers,
+// no spills, 36.75 KiB of static shared memory: one block (8 warps) per SM, as
+// cuBLAS's; its 128 independent accumulators per thread keep the FMA pipe fed
+// from 2 warps per scheduler.
+#pragma once
+
+#include <cuda_pipeline.h>
+
+#include <cstdint>
+
+namespace towerlab::cuda::gemm_detail {
+
+// One launch: C = alpha * op(A) op(B) + beta * C over the K range of each block's
+// split. Block z sums k in [z * k_per_split, min(k, (z + 1) * k_per_split)) and
+// writes to c + z * split_stride (split_stride 0 and k_per_split >= k: no split).
+// vector_x says that X and its leading dimension allow 16-byte accesses.
+struct GemmParams {
+  int m, n, k;
+  float alpha;
+  const float* a;
+  std::int64_t lda;
+  const float* b;
+  std::int64_t ldb;
+  float beta;
+  float* c;
+  std::int64_t ldc;
+  int k_per_split;
+  std::int64_t split_stride;
+  bool vector_a, vector_b, vector_c;
+};
+
+// One thread's share of a slice: 4 consecutive floats of global memory.
+struct Fragment {
+  float v[4];
+};
+
+// Reads 4 floats at src[0..3] that are valid while `count` > index, zero past it.
+// `vector` says that src is 16-byte aligned (checked by the launcher via the
+// leading dimension and the base pointer) so one float4 load does.
+__device__ __forceinline__ Fragment load4(const float* src, int count, bool vector) {
+  Fragment f;
+  if (vector && count >= 4) {
+    const float4 q = __ldg(reinterpret_cast<const float4*>(src));
+    f.v[0] = q.x;
+    f.v[1] = q.y;
+    f.v[2] = q.z;
+    f.v[3] = q.w;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f.v[e] = e < count ? __ldg(src + e) : 0.0f;
+  }
+  return f;
+}
+
+// Copies 4 floats src[0..3] (valid while `count` > index) to shared dst with
+// cp.async, zero-filling past the edge: one 16-byte copy where allowed, else
+// four 4-byte ones. A fully zero-filled copy reads nothing; its source is `base`.
+__device__ __forceinline__ void copy4_async(float* dst, const float* src, const float* base,
+                                            int count, bool vector) {
+  if (vector && count >= 4) {
+    __pipeline_memcpy_async(dst, src, 16);
+  } else if (vector && count <= 0) {
+    __pipeline_memcpy_async(dst, base, 16, 16);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (e < count) {
+        __pipeline_memcpy_async(dst + e, src + e, 4);
+      } else {
+        __pipeline_memcpy_async(dst + e, base, 4, 4);
+      }
+    }
+  }
+}
+
+struct WideTile {
+  static constexpr int kM = 128, kN = 256, kK = 8;
+  static constexpr int kThreads = 256;
+  static constexpr int kStages = 3;
+  // Slice rows padded by 4 floats: float4 reads stay aligned, and the transposing
+  // stores' two k-groups fall 16 banks apart (see the header).
+  static constexpr int kPad = 4;
+};
+
+// A [kK x kRows] slice of X stored [row][k] (k contiguous), loaded for a
+// transposing store: two threads a row, each 4 consecutive k; kRows / 128
+// fragments a thread. Zero at and past k_end and the extent.
+template <int kRows>
+__device__ __forceinline__ void load_rows_by_k(Fragment (&f)[kRows / 128], const float* x,
+                                               std::int64_t ld, int extent, int k_end, int base,
+                                               int k0, bool vector) {
+  const int t = threadIdx.x;
+#pragma unroll
+  for (int i = 0; i < kRows / 128; ++i) {
+    const int r = base + i * 128 + t / 2, q = k0 + (t % 2) * 4;
+    const int count = r < extent ? k_end - q : 0;
+    f[i] = load4(x + static_cast<std::int64_t>(r) * ld + q, count, vector);
+  }
+}
+
+template <int kRows>
+__device__ __forceinline__ void store_rows_by_k(float (*slice)[kRows + WideTile::kPad],
+                                                const Fragment (&f)[kRows / 128]) {
+  const int t = threadIdx.x;
+#pragma unroll
+  for (int i = 0; i < kRows / 128; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) slice[(t % 2) * 4 + e][i * 128 + t / 2] = f[i].v[e];
+  }
+}
+
+// A [kK x kRows] slice of X stored [k][row] (rows contiguous), copied by cp.async:
+// kRows / 4 threads a k, each 4 consecutive rows. Zero at and past k_end and the
+// extent.
+template <int kRows>
+__device__ __forceinline__ void copy_k_by_rows_async(float (*slice)[kRows + WideTile::kPad],
+                                                     const float* x, std::int64_t ld, int extent,
+                                                     int k_end, int base, int k0, bool vector) {
+  constexpr int kLanes = kRows / 4, kPerPass = WideTile::kThreads / kLanes;
+  const int t = threadIdx.x;
+#pragma unroll
+  for (int i = 0; i < WideTile::kK / kPerPass; ++i) {
+    const int kk = i * kPerPass + t / kLanes, q = k0 + kk, r = base + (t % kLanes) * 4;
+    const int count = q < k_end ? extent - r : 0;
+    copy4_async(&slice[kk][(t % kLanes) * 4], x + static_cast<std::int64_t>(q) * ld + r, x,
+                count, vector);
+  }
+}
+
+// C[m0:m0+128, n0:n0+256] = alpha * op(A) op(B) + beta * C for one block and its
+// split of K (see the header for the design; the loop is gemm_kernel's).
+template <bool kTransposeA, bool kTransposeB>
+__global__ void __launch_bounds__(WideTile::kThreads, 1) gemm_wide_kernel(const GemmParams p) {
+  constexpr int kM = WideTile::kM, kN = WideTile::kN, kK = WideTile::kK;
+  constexpr int kStages = WideTile::kStages, kPad = WideTile::kPad;
+  constexpr bool kAContiguousK = !kTransposeA;  // A [M,K]: transposed on its way in
+  constexpr bool kBContiguousK = kTransposeB;   // B [N,K]: transposed on its way in
+  __shared__ __align__(16) float slice_a[kStages][kK][kM + kPad];  // [k][m]
+  __shared__ __align__(16) float slice_b[kStages][kK][kN + kPad];  // [k][n]
+  const int m0 = blockIdx.y * kM, n0 = blockIdx.x * kN;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  // The thread's first row and column in the block's tile.
+  const int row0 = (warp / 4) * 64 + (lane / 4) * 4;
+  const int col0 = (warp % 4) * 64 + (lane % 4) * 4;
+  // An empty split (k_begin >= k) has no steps and stores a zero partial.
+  const int k_begin = blockIdx.z * p.k_per_split;
+  const int k_end = k_begin + max(0, min(p.k_per_split, p.k - k_begin));
+  float* c = p.c + blockIdx.z * p.split_stride;
+  const int steps = (k_end - k_begin + kK - 1) / kK;
+
+  Fragment reg_a[kM / 128], reg_b[kN / 128];
+  auto start_slice = [&](int step, int stage) {
+    const int k0 = k_begin + step * kK;
+    if constexpr (kAContiguousK) {
+      load_rows_by_k<kM>(reg_a, p.a, p.lda, p.m, k_end, m0, k0, p.vector_a);
+    } else {
+      copy_k_by_rows_async<kM>(slice_a[stage], p.a, p.lda, p.m, k_end, m0, k0, p.vector_a);
+    }
+    if constexpr (kBContiguousK) {
+      load_rows_by_k<kN>(reg_b, p.b, p.ldb, p.n, k_end, n0, k0, p.vector_b);
+    } else {
+      copy_k_by_rows_async<kN>(slice_b[stage], p.b, p.ldb, p.n, k_end, n0, k0, p.vector_b);
+    }
+  };
+  auto store_registers = [&](int stage) {
+    if constexpr (kAContiguousK) store_rows_by_k<kM>(slice_a[stage], reg_a);
+    if constexpr (kBContiguousK) store_rows_by_k<kN>(slice_b[stage], reg_b);
+  };
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps) {
+      start_slice(s, s);
+      store_registers(s);
+    }
+    __pipeline_commit();
+  }
+
+  float acc[8][16] = {};
+  int read = 0;
+  for (int step = 0; step < steps; ++step) {
+    __pipeline_wait_prior(kStages - 2);
+    __syncthreads();
+    const int write = read == 0 ? kStages - 1 : read - 1;
+    const bool more = step + kStages - 1 < steps;
+    if (more) start_slice(step + kStages - 1, write);
+    __pipeline_commit();
+#pragma unroll
+    for (int kk = 0; kk < kK; ++kk) {
+      float av[8], bv[16];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float4 q = *reinterpret_cast<const float4*>(&slice_a[read][kk][row0 + h * 32]);
+        av[h * 4] = q.x, av[h * 4 + 1] = q.y, av[h * 4 + 2] = q.z, av[h * 4 + 3] = q.w;
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float4 q = *reinterpret_cast<const float4*>(&slice_b[read][kk][col0 + j * 16]);
+        bv[j * 4] = q.x, bv[j * 4 + 1] = q.y, bv[j * 4 + 2] = q.z, bv[j * 4 + 3] = q.w;
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+      }
+    }
+    if (more) store_registers(write);
+    read = read + 1 == kStages ? 0 : read + 1;
+  }
+
+  // C = alpha * acc + beta * C, clipped to [M, N]; float4 stores where C allows.
+  const float alpha = p.alpha, beta = p.beta;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int row = m0 + row0 + (i % 4) + (i / 4) * 32;
+    if (row >= p.m) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int col = n0 + col0 + j * 16;
+      float* out = c + static_cast<std::int64_t>(row) * p.ldc + col;
+      const float* v = &acc[i][j * 4];
+      if (p.vector_c && col + 4 <= p.n) {
+        float4 r = make_float4(alpha * v[0], alpha * v[1], alpha * v[2], alpha * v[3]);
+        if (beta != 0.0f) {  // beta == 0 must not read C (it may hold NaN)
+          const float4 old = *reinterpret_cast<const float4*>(out);
+          r.x += beta * old.x, r.y += beta * old.y, r.z += beta * old.z, r.w += beta * old.w;
+        }
+        *reinterpret_cast<float4*>(out) = r;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (col + e < p.n) out[e] = beta == 0.0f ? alpha * v[e] : alpha * v[e] + beta * out[e];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace towerlab::cuda::gemm_detail
