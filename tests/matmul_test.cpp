@@ -283,7 +283,7 @@ TEST_P(MatmulTest, CudaMisalignedOperandsAndCublasAgree) {
 // multiple of 4 (aligned rows, with 2 of the last 4 floats of a 250-wide row past
 // the edge). 130x250x1301 is 2x2 tiles of 128 with ragged rows and columns,
 // split 19 ways along K on 132 SMs (the last split is 5, less than a step), and
-// 3x4 tiles of 64 unsplit on 8; 300x260x67 is 3x3 tiles of 128 unsplit on 8
+// 2x1 tiles of 128x256 split 4 ways on 8; 300x260x67 is 3x3 tiles of 128 unsplit on 8
 // SMs (ragged rows and columns); 384x520x67 is 3x3 tiles of 128x256 on 8 SMs (a
 // column tile of 8) and 6x9 tiles of 64 on 132; 270x600x33 is 3x3 tiles of
 // 128x256 on 8 SMs with ragged rows, columns and K.
@@ -332,8 +332,8 @@ TEST_P(MatmulTest, CudaOperandPathsCoverEveryLayoutEdgeAndAlignment) {
 // beta = 0 over NaN in C and beta != 0, and the same bits when run again. With
 // 132 SMs the plans cover 64x64 tiles split (fc1 forward, 100x70, 5x3) and
 // unsplit (the backward products, 720x780), 128x128 tiles split (256x512x640);
-// with 8 SMs, 128x256 unsplit (the backward products, 720x780), 128x128 unsplit
-// (256x512) and split (5x3).
+// with 8 SMs, 128x256 tiles unsplit (the backward products, 720x780) and split
+// (fc1 forward, 256x512x640, 5x3), 64x64 unsplit (100x70).
 TEST_P(MatmulTest, CudaSplitKMatchesReferenceAndRepeatsTheBits) {
   if (device().is_cpu()) GTEST_SKIP() << "CUDA-only: the split-K path";
   const struct {

@@ -29,9 +29,9 @@
 // blocks per SM; 64x64: 63-64 registers, no spills, 25.5 KiB, four blocks per SM.
 //
 // The tile plan (plan_gemm) fills the SMs: 128x256 tiles where they alone give
-// every SM a block (4096^3), 128x128 tiles where those do, 64x64 tiles where
-// they give at least half the SMs one (1024^3: 256 tiles against 64 of 128x128
-// for 132 SMs), and otherwise a split along K. Split-K: a product with few tiles of C and a long K (a linear
+// every SM a block (4096^3) or do so split along K in one wave (1024^3: 32 tiles
+// x 4 splits), 128x128 tiles where those give every SM a block, 64x64 tiles
+// where they give at least half the SMs one, and otherwise a split along K. Split-K: a product with few tiles of C and a long K (a linear
 // layer's forward, [batch,3136] x [3136,128]) cuts K into splits of whole
 // K-steps so that tiles x splits gives every SM work; each block writes its
 // split's raw sum into a partial buffer, and split_reduce
@@ -342,6 +342,10 @@ constexpr int kMinSplitK = 64;
 
 // The plan's name for gemm_wide_kernel's 128x256 (M x N) tile.
 constexpr int kWideTile = 256;
+// A split of the wide tile keeps at least 256 of K: 32 steps, so that the
+// pipeline's fill and the partial tile (128 KiB written, read back) stay small
+// beside the split's 128x256x256 FMAs.
+constexpr int kMinWideSplitK = 256;
 
 int k_step(int tile) {
   if (tile == kWideTile) return gemm_detail::WideTile::kK;
@@ -369,7 +373,11 @@ GemmPlan split_plan(int tile, std::int64_t tiles, int k, std::int64_t wanted_blo
 
 // The plan, in order of preference:
 // 0. 128x256 tiles (gemm_wide_kernel, one block per SM), unsplit, when they give
-//    every SM a block (4096^3: 512 tiles, 3.9 waves of 132);
+//    every SM a block (4096^3: 512 tiles, 3.9 waves of 132), else split along K
+//    into as many splits as fit one wave when that gives at least three
+//    quarters of the SMs a block (1024^3: 32 tiles x 4 splits of 256 = 128
+//    blocks, each at the wide tile's FMA rate, against 256 64x64 blocks at the
+//    4x4 micro-tile's);
 // 1. 128x128 tiles, unsplit, when they give every SM a block (large products);
 // 2. 64x64 tiles, unsplit, when they give at least half the SMs a block: two to
 //    four of them share an SM, and no partials or second launch are needed
@@ -382,7 +390,16 @@ GemmPlan split_plan(int tile, std::int64_t tiles, int k, std::int64_t wanted_blo
 // 132 SMs with it.
 GemmPlan plan_gemm(int m, int n, int k, int sms) {
   const std::int64_t tiles128 = tile_count(m, n, 128), tiles64 = tile_count(m, n, 64);
-  if (tile_count(m, n, kWideTile) >= sms) return {kWideTile, 1, k};
+  const std::int64_t wide = tile_count(m, n, kWideTile);
+  if (wide >= sms) return {kWideTile, 1, k};
+  const std::int64_t wide_splits = std::min<std::int64_t>(
+      {sms / wide, k / kMinWideSplitK, kMaxSplits});
+  if (wide_splits >= 2 && 4 * wide * wide_splits >= 3 * std::int64_t{sms}) {
+    const int step = gemm_detail::WideTile::kK;
+    const int k_per_split =
+        static_cast<int>(((k + wide_splits - 1) / wide_splits + step - 1) / step * step);
+    return {kWideTile, (k + k_per_split - 1) / k_per_split, k_per_split};
+  }
   if (tiles128 >= sms) return {128, 1, k};
   if (2 * tiles64 >= sms) return {64, 1, k};
   const GemmPlan big = split_plan(128, tiles128, k, sms);
