@@ -37,10 +37,15 @@ Peer = namedtuple("Peer", "contender batch images_per_second rounds ms")
 
 
 def load(folder, bench):
+    """A bench's runs; where it ran repetitions (trainer_bench, interleaved at random), the
+    median of each case's repetitions, under the case's name."""
     path = os.path.join(folder, f"{bench}.json")
     if not os.path.exists(path):
         return []
-    return [r for r in json.load(open(path))["benchmarks"] if not r.get("error_occurred")]
+    runs = [r for r in json.load(open(path))["benchmarks"] if not r.get("error_occurred")]
+    if not any(r.get("run_type") == "aggregate" for r in runs):
+        return runs
+    return [dict(r, name=r["run_name"]) for r in runs if r.get("aggregate_name") == "median"]
 
 
 def us(run):
