@@ -31,7 +31,7 @@ MEMORY_BENCHES = ("batchnorm_bench", "pool2d_bench", "bias_bench", "loss_bench",
 # (or towerlab rate / reference rate), target None where none applies (a small tensor,
 # or the unfused sequence a fused kernel is measured beside).
 Pair = namedtuple("Pair", "kernel shape us ref_us ratio target")
-Ring = namedtuple("Ring", "variant towers size mem copy_mem ratio")
+Ring = namedtuple("Ring", "variant towers size mem copy_mem ratio us copy_us")
 Step = namedtuple("Step", "mode towers batch ms images_per_second")
 Peer = namedtuple("Peer", "contender batch images_per_second rounds ms")
 
@@ -145,7 +145,7 @@ def allreduce_rows(folder):
         if m and m.group(3) in copies and "mem" in r:
             copy_mem = copies[m.group(3)]["mem"]
             rows.append(Ring(m.group(1), int(m.group(2)), int(m.group(3)), r["mem"], copy_mem,
-                             r["mem"] / copy_mem))
+                             r["mem"] / copy_mem, us(r), us(copies[m.group(3)])))
     return rows
 
 

@@ -363,30 +363,41 @@ def plot_gpu_kernels(paths, out, name="gpu_kernels.png"):
 
 
 def plot_ring_gpu(paths, out, name="ring_bandwidth_gpu.png"):
-    """The ring's bytes read + written per second against the size each member reduces, one
-    line per tower count (virtual towers of one GPU), the copy of the same size dashed (the
-    bound any schedule has on one GPU); below, the ring as % of the copy, target 80%."""
-    rows = [r for r in gpu_report().rows_of(paths[0]) if r.variant == "cuda"]
-    fig, (ax, below) = plt.subplots(2, 1, figsize=(7, 6), sharex=True, height_ratios=[3, 2])
-    for towers in sorted({r.towers for r in rows}):
-        line = sorted((r for r in rows if r.towers == towers), key=lambda r: r.size)
-        xs = [r.size / 2**20 for r in line]
-        ax.plot(xs, [r.mem / 1e12 for r in line], marker="o", label=f"ring, {towers} towers")
-        below.plot(xs, [100 * r.ratio for r in line], marker="o")
-    copy = sorted({r.size: r.copy_mem for r in rows}.items())
-    ax.plot([s / 2**20 for s, _ in copy], [m / 1e12 for _, m in copy], "k--", label="device copy, same size")
+    """The all-reduce on virtual towers of one GPU against the size each member reduces: above,
+    microseconds per all-reduce, one colour per tower count, the one launch (the default
+    there) solid and the ring's steps dashed, the copy of the same size dotted; below, the one
+    launch's bytes read + written per second as % of the copy's (the bound any schedule has on
+    one GPU), target 80%."""
+    rows = gpu_report().rows_of(paths[0])
+    fig, (ax, below) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True, height_ratios=[3, 2])
+    colours = {}
+    for variant, style, label in (("cuda", "-", "one launch"), ("cuda_steps", "--", "steps")):
+        for towers in sorted({r.towers for r in rows}):
+            line = sorted((r for r in rows if r.variant == variant and r.towers == towers),
+                          key=lambda r: r.size)
+            if not line:
+                continue
+            xs = [r.size / 2**20 for r in line]
+            drawn = ax.plot(xs, [r.us for r in line], style, marker="o", ms=3,
+                            color=colours.get(towers), label=f"{towers} towers, {label}")
+            colours[towers] = drawn[0].get_color()
+            if variant == "cuda":
+                below.plot(xs, [100 * r.ratio for r in line], marker="o", ms=3,
+                           color=colours[towers], label=f"{towers} towers")
+    copy = sorted({r.size: r.copy_us for r in rows}.items())
+    ax.plot([s / 2**20 for s, _ in copy], [t for _, t in copy], "k:", label="device copy, same size")
     below.axhline(80, color="crimson", lw=1, label="target 80%")
     ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
     below.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
     below.set_xlabel("bytes each member reduces (MiB)")
-    ax.set_ylabel("bytes read + written\nper second (TB/s)")
-    below.set_ylabel("% of the copy")
-    ax.set_ylim(bottom=0)
-    below.set_ylim(0, 110)
-    ax.set_title(f"Ring all-reduce on virtual towers of one GPU\n{gpu_run(paths)}", fontsize=10)
+    ax.set_ylabel("microseconds per all-reduce")
+    below.set_ylabel("one launch, % of the\ncopy's bytes per second")
+    below.set_ylim(bottom=0)
+    ax.set_title(f"All-reduce on virtual towers of one GPU\n{gpu_run(paths)}", fontsize=10)
     for a in (ax, below):
         a.grid(alpha=0.3)
-        a.legend(fontsize=8)
+        a.legend(fontsize=7, ncol=2 if a is ax else 1)
     save(fig, out, name)
 
 
