@@ -13,11 +13,17 @@
 // Every data-sized kernel is templated on its unit V (per_channel.cuh): float4
 // loads and stores where the plane size allows, floats otherwise. The reduction
 // grid is at most four 256-thread blocks per SM (splits_for; two for the
-// backward, whose apply needs ~110 registers), all resident at once.
+// backward, whose apply needs ~110 registers), all resident at once. With the
+// whole grid one wave, each thread of the statistics pass has only a few steps
+// of loads (three of four float4s at [32,64,56,56]), so it keeps two steps in
+// flight (for_each_in_split_pipelined) instead of waiting out a memory round
+// trip per step; the finishing kernels load eight partials a channel before
+// adding any (add_partials), one round trip instead of eight.
 //
 // Status: ran on an H100 (616a5c2: every CUDA test, memcheck and racecheck
 // clean; the large shape's training forward 84% of the copy's bytes/s, backward
-// 97%, inference 93%; bench/results/gpu_h100.md).
+// 97%, inference 93%; bench/results/gpu_h100.md). The pipelined statistics pass
+// and the finishing kernels' loads have run only on the emulated GPUs.
 //
 // The statistics sum deviations from a per-channel shift K = x[0,c,0] (the
 // "shifted data" algorithm): sum(x - K) and sum((x - K)^2) in float lose nothing
@@ -47,7 +53,7 @@ __global__ void __launch_bounds__(kReduceBlock, kReduceBlocksPerSm)
                                    const float* __restrict__ x) {
   const float shift = x[split.channel() * split.S * kWidth<V>];
   float sum = 0.0f, sq = 0.0f;
-  for_each_in_split(
+  for_each_in_split_pipelined(
       split, [&](std::int64_t offset) { return unit<V>(x, offset); },
       [&](V v) {
         each(
@@ -66,18 +72,42 @@ __global__ void __launch_bounds__(kReduceBlock, kReduceBlocksPerSm)
   }
 }
 
+// a += pa[0..splits), b += pb[0..splits) in double, in the order j = 0, 1, ...
+// (the finishing kernels' per-channel sums). kChunk partials of each are loaded
+// before the first add: one memory round trip per kChunk partials rather than
+// one per partial, which is what a one-block finishing kernel's time is.
+__device__ void add_partials(double& a, double& b, const float* pa, const float* pb,
+                             std::int64_t splits) {
+  constexpr int kChunk = 8;
+  for (std::int64_t j0 = 0; j0 < splits; j0 += kChunk) {
+    float va[kChunk], vb[kChunk];
+#pragma unroll
+    for (int u = 0; u < kChunk; ++u) {
+      if (j0 + u < splits) {
+        va[u] = pa[j0 + u];
+        vb[u] = pb[j0 + u];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kChunk; ++u) {
+      if (j0 + u < splits) {
+        a += va[u];
+        b += vb[u];
+      }
+    }
+  }
+}
+
 __global__ void batchnorm_stats_finish_kernel(std::int64_t C, float* mean, float* m2,
                                               const float* partial_sum, const float* partial_sq,
                                               const float* x, std::int64_t S, std::int64_t splits,
                                               std::int64_t count) {
   for (const std::int64_t c : grid_stride(C)) {
+    const float shift = x[c * S];
     double sum = 0.0, sq = 0.0;
-    for (std::int64_t j = 0; j < splits; ++j) {
-      sum += partial_sum[c * splits + j];
-      sq += partial_sq[c * splits + j];
-    }
+    add_partials(sum, sq, partial_sum + c * splits, partial_sq + c * splits, splits);
     const double n = static_cast<double>(count);
-    mean[c] = static_cast<float>(x[c * S] + sum / n);
+    mean[c] = static_cast<float>(shift + sum / n);
     m2[c] = static_cast<float>(fmax(sq - sum * sum / n, 0.0));
   }
 }
@@ -343,10 +373,7 @@ __global__ void batchnorm_backward_finish_kernel(std::int64_t C, float* sum_grad
                                                  std::int64_t splits) {
   for (const std::int64_t c : grid_stride(C)) {
     double sum = 0.0, sum_dev = 0.0;
-    for (std::int64_t j = 0; j < splits; ++j) {
-      sum += partial_gy[c * splits + j];
-      sum_dev += partial_gy_dev[c * splits + j];
-    }
+    add_partials(sum, sum_dev, partial_gy + c * splits, partial_gy_dev + c * splits, splits);
     sum_grad_y[c] = static_cast<float>(sum);
     sum_grad_y_xhat[c] = static_cast<float>(sum_dev * inv_std[c]);
   }

@@ -141,6 +141,52 @@ __device__ void for_each_in_channel_range(std::int64_t begin, std::int64_t end, 
   }
 }
 
+// As for_each_in_channel_range, with two steps of kUnroll loads in flight: the
+// loads of step m + 1 are issued before the values of step m are used. The
+// plain walk waits for each step's loads to come back before it issues the
+// next, so a short range (a dozen float4s a thread when the whole grid is one
+// resident wave) spends a full memory round trip per step with nothing in
+// flight behind it; here each wait overlaps the next step's transfer. Two
+// buffers a and b alternate (no copy between them: a copy would wait for the
+// loads). The values are added in the same order as the plain walk.
+template <typename Load, typename Add>
+__device__ void for_each_in_channel_range_pipelined(std::int64_t begin, std::int64_t end,
+                                                    std::int64_t c, std::int64_t C, std::int64_t S,
+                                                    Load load, Add add) {
+  const std::int64_t step = blockDim.x;
+  ChannelRange r(begin + threadIdx.x, step, c, C, S);
+  using V = decltype(load(r.offset));
+  V a[kUnroll], b[kUnroll];
+  // Loads step k (its first value k) into buffer v, leaving r at step k + kUnroll * step.
+  const auto fetch = [&](V* v, std::int64_t k) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (k + u * step < end) v[u] = load(r.offset);
+      r.advance();
+    }
+  };
+  const auto use = [&](const V* v, std::int64_t k) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (k + u * step < end) add(v[u]);
+    }
+  };
+  const std::int64_t stride = kUnroll * step;
+  std::int64_t k = begin + threadIdx.x;
+  if (k >= end) return;
+  fetch(a, k);
+  while (true) {
+    if (k + stride < end) fetch(b, k + stride);
+    use(a, k);
+    k += stride;
+    if (k >= end) return;
+    if (k + stride < end) fetch(a, k + stride);
+    use(b, k);
+    k += stride;
+    if (k >= end) return;
+  }
+}
+
 // The block's share of channel c's values k in [begin, end), last step first:
 // value = load(offset) for kUnroll values of this thread, then store(offset,
 // value) for each. Thread t takes k = begin + t + m*blockDim.x for m from the
@@ -230,6 +276,13 @@ template <typename Load, typename Add>
 __device__ void for_each_in_split(const ChannelSplit& split, Load load, Add add) {
   for_each_in_channel_range(split.begin(), split.end(), split.channel(), split.C, split.S, load,
                             add);
+}
+
+// for_each_in_channel_range_pipelined over the block's share under `split`.
+template <typename Load, typename Add>
+__device__ void for_each_in_split_pipelined(const ChannelSplit& split, Load load, Add add) {
+  for_each_in_channel_range_pipelined(split.begin(), split.end(), split.channel(), split.C,
+                                      split.S, load, add);
 }
 
 // for_each_in_channel_range_reversed over the block's share under `split`.
