@@ -174,6 +174,15 @@ TEST_P(LossTest, CrossEntropyMatchesDoubleReferenceOnOddShapes) {
     EXPECT_NEAR(scalar(loss), total / N, 1e-5 * (1 + total / N)) << N << "x" << K;
     EXPECT_TRUE(all_close(host(p), probs)) << N << "x" << K;
     EXPECT_EQ(host(pred), argmax) << N << "x" << K;
+    // Without predictions (CUDA's cached rows then take the maximum alone), and
+    // with neither output: the same loss and probabilities.
+    Tensor loss2 = Tensor::zeros({1}, stream()), p2 = Tensor::zeros({N, K}, stream());
+    softmax_cross_entropy_forward(loss2, p2, Tensor(), logits, labels, Reduction::Mean, stream());
+    EXPECT_NEAR(scalar(loss2), total / N, 1e-5 * (1 + total / N)) << N << "x" << K;
+    EXPECT_TRUE(all_close(host(p2), probs)) << N << "x" << K;
+    softmax_cross_entropy_forward(loss2, Tensor(), Tensor(), logits, labels, Reduction::Mean,
+                                  stream());
+    EXPECT_NEAR(scalar(loss2), total / N, 1e-5 * (1 + total / N)) << N << "x" << K;
     Tensor g = make(std::vector<float>(x.size(), 0.5f), {N, K});
     softmax_cross_entropy_backward(g, make({1.5f}, {1}), logits, labels, Reduction::Mean, stream());
     EXPECT_TRUE(all_close(host(g), grad)) << N << "x" << K;

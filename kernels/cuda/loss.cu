@@ -16,11 +16,15 @@
 // float4s of the row (float4 j = lane + 32 t) into registers with all loads issued
 // at once, and the maximum, the sum of exponentials and the outputs all come from
 // those registers: the row is read from memory once, in 128-bit loads, and written
-// (probs, grad) in 128-bit stores.
+// (probs, grad) in 128-bit stores. The cached forward is bound by the warp's
+// instructions once its row has arrived (see cross_entropy_forward_cached_kernel),
+// so it takes the maximum alone unless predictions are asked for, and e^(x - max)
+// by ex2.approx (exp_shifted).
 //
 // Status: ran on an H100 (every CUDA test, memcheck and racecheck clean; at
 // 207cbe5 cross-entropy's backward at 98% of the copy's bytes/s, its forward at
-// 42%; bench/results/gpu_h100.md).
+// 42%; bench/results/gpu_h100.md). The cached forward's max-only and ex2 form has
+// run only on the emulated GPUs.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -81,13 +85,18 @@ struct RowStats {
   float sum_exp;
 };
 
-// A row's cross-entropy from its statistics, log(sum exp(x - max)) - (x[label] - max);
-// NaN for a label that is not a class id, which the trainer's guard then reports.
-__device__ __forceinline__ float row_loss(const float* row, float label, const RowStats& s,
+// A row's cross-entropy from its label, its logit x_label = x[label] and its
+// statistics: log(sum exp(x - max)) - (x_label - max); NaN for a label that is not
+// a class id (x_label then unused), which the trainer's guard then reports.
+__device__ __forceinline__ float row_loss(float label, float x_label, float max, float sum_exp,
                                           std::int64_t num_classes) {
-  return is_class_id(label, num_classes)
-             ? logf(s.sum_exp) - (row[static_cast<std::int64_t>(label)] - s.max)
-             : NAN;
+  return is_class_id(label, num_classes) ? logf(sum_exp) - (x_label - max) : NAN;
+}
+
+// x[label] of a row, or 0 for a label that is not a class id (never an index then).
+__device__ __forceinline__ float label_logit(const float* row, float label,
+                                             std::int64_t num_classes) {
+  return is_class_id(label, num_classes) ? row[static_cast<std::int64_t>(label)] : 0.0f;
 }
 
 // Every lane's (max, argmax) becomes the warp's: the largest value, and of equal
@@ -178,7 +187,57 @@ __device__ RowStats cached_row_stats(const CachedRow& r, int k4, int lane) {
   return {max, argmax, warp_sum(sum_exp)};
 }
 
-// cross_entropy_forward_kernel on cached rows; k4 = num_classes / 4.
+// e^d for d = x - max <= 0 in the cached forward: ex2.approx of d * log2(e)
+// (__expf), two instructions where expf takes about eight. Its relative error,
+// about 2 ulp + |d| * 2^-24, is far inside the tests' 1e-5 on the loss and the
+// probabilities; for d below about -87 it flushes to 0, which adds nothing next
+// to the row maximum's term of 1.
+__device__ __forceinline__ float exp_shifted(float d) { return __expf(d); }
+
+// The row maximum alone (no argmax, when predictions are not asked for): one
+// fmaxf a value. The maximum is the same value whatever order the values are
+// compared in; a NaN in the row makes the row's sum, loss and probabilities NaN
+// either way.
+__device__ __forceinline__ float cached_row_max(const CachedRow& r, int k4, int lane) {
+  float max = -INFINITY;
+#pragma unroll
+  for (int t = 0; t < kRowChunks; ++t) {
+    if (lane + kWarpSize * t < k4) {
+      max = fmaxf(max, fmaxf(fmaxf(r.v[t].x, r.v[t].y), fmaxf(r.v[t].z, r.v[t].w)));
+    }
+  }
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    max = fmaxf(max, __shfl_xor_sync(kFullMask, max, offset));
+  }
+  return max;
+}
+
+// The warp's sum of exp_shifted(x - max) over a cached row, in every lane.
+__device__ __forceinline__ float cached_sum_exp(const CachedRow& r, int k4, int lane, float max) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int t = 0; t < kRowChunks; ++t) {
+    if (lane + kWarpSize * t < k4) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) sum += exp_shifted(component(r.v[t], c) - max);
+    }
+  }
+  return warp_sum(sum);
+}
+
+// cross_entropy_forward_kernel on cached rows; k4 = num_classes / 4; kArgmax when
+// predictions is not null.
+//
+// Its one wave of 4096 warps at [4096,1000] (one row each, 64 registers: 32 warps
+// a SM) is bound by instruction issue once the rows arrive, not by memory: each
+// warp's work after its loads is what the kernel takes. So that work is cut to
+// about five instructions a value: fmaxf for the maximum (the argmax's compares
+// and 64-bit selects only when predictions are asked for), then a subtract, the
+// ex2 pair and an add. Lane 0 loads the row's label and its logit together with
+// the row, so that their latency hides under the row's rather than following
+// the reduction.
+template <bool kArgmax>
 __global__ void __launch_bounds__(kBlockSize, 4)
     cross_entropy_forward_cached_kernel(float* partials, float* probs, float* predictions,
                                         const float* logits, const float* labels, std::int64_t rows,
@@ -191,20 +250,35 @@ __global__ void __launch_bounds__(kBlockSize, 4)
        n += gridDim.x * warps_per_block) {
     const float* row = logits + n * num_classes;  // [K]
     const CachedRow r = load_row(row, k4, lane);
-    const RowStats s = cached_row_stats(r, k4, lane);
+    float label = 0.0f, x_label = 0.0f;
     if (lane == 0) {
-      loss_sum += row_loss(row, labels[n], s, num_classes);
-      if (predictions != nullptr) predictions[n] = static_cast<float>(s.argmax);
+      label = labels[n];
+      x_label = label_logit(row, label, num_classes);
+    }
+    float max;
+    std::int64_t argmax = 0;
+    if constexpr (kArgmax) {
+      const RowStats s = cached_row_stats(r, k4, lane);
+      max = s.max;
+      argmax = s.argmax;
+    } else {
+      max = cached_row_max(r, k4, lane);
+    }
+    const float sum_exp = cached_sum_exp(r, k4, lane, max);
+    if (lane == 0) {
+      loss_sum += row_loss(label, x_label, max, sum_exp, num_classes);
+      if constexpr (kArgmax) predictions[n] = static_cast<float>(argmax);
     }
     if (probs != nullptr) {
+      const float inv_sum = 1.0f / sum_exp;
 #pragma unroll
       for (int t = 0; t < kRowChunks; ++t) {
         const int j = lane + kWarpSize * t;
         if (j < k4) {
           const float4 v = r.v[t];
-          reinterpret_cast<float4*>(probs + n * num_classes)[j] =
-              make_float4(expf(v.x - s.max) / s.sum_exp, expf(v.y - s.max) / s.sum_exp,
-                          expf(v.z - s.max) / s.sum_exp, expf(v.w - s.max) / s.sum_exp);
+          reinterpret_cast<float4*>(probs + n * num_classes)[j] = make_float4(
+              exp_shifted(v.x - max) * inv_sum, exp_shifted(v.y - max) * inv_sum,
+              exp_shifted(v.z - max) * inv_sum, exp_shifted(v.w - max) * inv_sum);
         }
       }
     }
@@ -271,7 +345,9 @@ __global__ void cross_entropy_forward_kernel(float* partials, float* probs, floa
     const float* row = logits + n * num_classes;  // [K]
     const RowStats s = row_stats(row, num_classes, lane);
     if (lane == 0) {
-      loss_sum += row_loss(row, labels[n], s, num_classes);
+      const float label = labels[n];
+      loss_sum += row_loss(label, label_logit(row, label, num_classes), s.max, s.sum_exp,
+                           num_classes);
       if (predictions != nullptr) predictions[n] = static_cast<float>(s.argmax);
     }
     if (probs != nullptr) {
@@ -396,9 +472,11 @@ void softmax_cross_entropy_forward(const Tensor& loss, const Tensor& probs,
   float* probs_ptr = probs.defined() ? probs.data<float>() : nullptr;
   float* predictions_ptr = predictions.defined() ? predictions.data<float>() : nullptr;
   if (cached_rows(num_classes, {probs_ptr, logits.data<float>()})) {
-    cross_entropy_forward_cached_kernel<<<blocks, kBlockSize, 0, s>>>(
-        partials.as<float>(), probs_ptr, predictions_ptr, logits.data<float>(),
-        labels.data<float>(), rows, static_cast<int>(num_classes / 4));
+    const auto kernel = predictions_ptr != nullptr ? cross_entropy_forward_cached_kernel<true>
+                                                   : cross_entropy_forward_cached_kernel<false>;
+    kernel<<<blocks, kBlockSize, 0, s>>>(partials.as<float>(), probs_ptr, predictions_ptr,
+                                         logits.data<float>(), labels.data<float>(), rows,
+                                         static_cast<int>(num_classes / 4));
   } else {
     cross_entropy_forward_kernel<<<blocks, kBlockSize, 0, s>>>(
         partials.as<float>(), probs_ptr, predictions_ptr, logits.data<float>(),
