@@ -189,6 +189,49 @@ TEST_P(LossTest, CrossEntropyMatchesDoubleReferenceOnOddShapes) {
   }
 }
 
+// The backward from given probabilities against a double reference, on rows CUDA
+// takes in float4s (K % 4 == 0, aligned), a misaligned view of them, and rows of
+// odd K; a bad label makes its row NaN (on CUDA; the CPU throws) and no other.
+TEST_P(LossTest, CrossEntropyBackwardFromProbsMatchesReference) {
+  for (std::int64_t K : {12, 1000, 10}) {
+    for (std::int64_t offset : {0, 1}) {
+      const std::int64_t N = 37;
+      const auto p = random_values(static_cast<std::size_t>(N * K), 41, 0.0f, 1.0f);
+      const auto sentinel = random_values(static_cast<std::size_t>(N * K), 42);
+      std::vector<float> y;
+      for (std::int64_t n = 0; n < N; ++n) y.push_back(static_cast<float>((n * 7) % K));
+      std::vector<float> expected(sentinel.size());
+      const double factor = 1.5 / N;
+      for (std::int64_t n = 0; n < N; ++n) {
+        for (std::int64_t k = 0; k < K; ++k) {
+          const std::size_t i = static_cast<std::size_t>(n * K + k);
+          expected[i] = static_cast<float>(sentinel[i] + factor * (p[i] - (k == y[n] ? 1 : 0)));
+        }
+      }
+      std::vector<float> p_padded(static_cast<std::size_t>(offset), 0.0f),
+          g_padded(static_cast<std::size_t>(offset), 0.0f);
+      p_padded.insert(p_padded.end(), p.begin(), p.end());
+      g_padded.insert(g_padded.end(), sentinel.begin(), sentinel.end());
+      const std::int64_t size = offset + N * K;
+      Tensor probs = make(p_padded, {size}).view(offset, {N, K});
+      Tensor grad = make(g_padded, {size}).view(offset, {N, K});
+      softmax_cross_entropy_backward_from_probs(grad, make({1.5f}, {1}), probs, make(y, {N}),
+                                                Reduction::Mean, stream());
+      EXPECT_TRUE(all_close(host(grad), expected)) << "K " << K << ", offset " << offset;
+      if (device().is_cpu()) continue;
+      y[3] = static_cast<float>(K);  // not a class id: row 3 becomes NaN
+      Tensor bad = make(sentinel, {N, K});
+      softmax_cross_entropy_backward_from_probs(bad, make({1.5f}, {1}), make(p, {N, K}),
+                                                make(y, {N}), Reduction::Mean, stream());
+      const auto b = host(bad);
+      for (std::int64_t i = 0; i < N * K; ++i) {
+        EXPECT_EQ(std::isnan(b[static_cast<std::size_t>(i)]), i / K == 3)
+            << "K " << K << ", element " << i;
+      }
+    }
+  }
+}
+
 TEST_P(LossTest, CrossEntropyBadLabel) {
   Tensor logits = make({1, 2, 3, 0, 0, 0}, {2, 3});
   Tensor labels = make({0, 3}, {2});

@@ -323,13 +323,19 @@ __global__ void __launch_bounds__(kBlockSize, 4)
   }
 }
 
-// Whether rows of num_classes take the cached kernels (buffers null or aligned).
-bool cached_rows(std::int64_t num_classes, std::initializer_list<const void*> buffers) {
-  if (num_classes % 4 != 0 || num_classes > 4 * kWarpSize * kRowChunks) return false;
+// Whether rows of num_classes can be taken in float4s: K % 4 == 0 and the
+// buffers null or 16-byte aligned.
+bool float4_rows(std::int64_t num_classes, std::initializer_list<const void*> buffers) {
+  if (num_classes % 4 != 0) return false;
   for (const void* p : buffers) {
     if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
   }
   return true;
+}
+
+// Whether rows of num_classes take the cached kernels (float4 rows that fit).
+bool cached_rows(std::int64_t num_classes, std::initializer_list<const void*> buffers) {
+  return float4_rows(num_classes, buffers) && num_classes <= 4 * kWarpSize * kRowChunks;
 }
 
 // One warp per row, kBlockSize threads. partials[block] = sum of the block's row losses (NaN for a
@@ -395,6 +401,36 @@ __global__ void cross_entropy_backward_from_probs_kernel(std::int64_t n, float* 
     const bool valid = is_class_id(label, num_classes);
     const std::int64_t target = valid ? static_cast<std::int64_t>(label) : -1;
     grad_logits[i] += valid ? factor * (probs[i] - (k == target ? 1.0f : 0.0f)) : NAN;
+  }
+}
+
+// cross_entropy_backward_from_probs_kernel in float4 units, for num_classes % 4
+// == 0, 16-byte aligned buffers and fewer than 2^32 units: a float4 lies within
+// one row, whose index is one 32-bit division per four values. The general
+// kernel's 64-bit division per value is a software routine of dozens of
+// instructions, enough to make that elementwise pass instruction-bound.
+__global__ void cross_entropy_backward_from_probs4_kernel(std::int64_t n4, float4* grad_logits,
+                                                          const float* grad_loss,
+                                                          const float4* probs, const float* labels,
+                                                          unsigned k4, float scale) {
+  const float factor = scale * *grad_loss;
+  const std::int64_t num_classes = 4 * std::int64_t{k4};
+  for (const std::int64_t i : grid_stride(n4)) {
+    const unsigned row = static_cast<unsigned>(i) / k4;
+    const std::int64_t k = 4 * std::int64_t{static_cast<unsigned>(i) - row * k4};
+    const float label = labels[row];
+    const bool valid = is_class_id(label, num_classes);
+    const std::int64_t target = valid ? static_cast<std::int64_t>(label) : -1;
+    const float4 p = probs[i];
+    const auto term = [&](float pc, int c) {
+      return valid ? factor * (pc - (k + c == target ? 1.0f : 0.0f)) : NAN;
+    };
+    float4 g = grad_logits[i];
+    g.x += term(p.x, 0);
+    g.y += term(p.y, 1);
+    g.z += term(p.z, 2);
+    g.w += term(p.w, 3);
+    grad_logits[i] = g;
   }
 }
 
@@ -509,9 +545,18 @@ void softmax_cross_entropy_backward(const Tensor& grad_logits, const Tensor& gra
 void softmax_cross_entropy_backward_from_probs(const Tensor& grad_logits, const Tensor& grad_loss,
                                                const Tensor& probs, const Tensor& labels,
                                                float scale, const Stream& stream) {
+  const std::int64_t num_classes = probs.size(1);
+  if (float4_rows(num_classes, {grad_logits.data<float>(), probs.data<float>()}) &&
+      probs.numel() / 4 <= std::int64_t{UINT32_MAX}) {
+    launch_grid_stride(cross_entropy_backward_from_probs4_kernel, probs.numel() / 4, stream,
+                       reinterpret_cast<float4*>(grad_logits.data<float>()),
+                       grad_loss.data<float>(), reinterpret_cast<const float4*>(probs.data<float>()),
+                       labels.data<float>(), static_cast<unsigned>(num_classes / 4), scale);
+    return;
+  }
   launch_grid_stride(cross_entropy_backward_from_probs_kernel, probs.numel(), stream,
                      grad_logits.data<float>(), grad_loss.data<float>(), probs.data<float>(),
-                     labels.data<float>(), probs.size(1), scale);
+                     labels.data<float>(), num_classes, scale);
 }
 
 // A functor rather than a lambda: nvcc needs --extended-lambda for device lambdas.
