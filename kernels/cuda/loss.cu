@@ -23,8 +23,8 @@
 //
 // Status: ran on an H100 (every CUDA test, memcheck and racecheck clean; at
 // 207cbe5 cross-entropy's backward at 98% of the copy's bytes/s, its forward at
-// 42%; bench/results/gpu_h100.md). The cached forward's max-only and ex2 form has
-// run only on the emulated GPUs.
+// 42%; bench/results/gpu_h100.md). The cached forward's max-only and ex2 form and
+// the float4 backward from probabilities have run only on the emulated GPUs.
 #include <cuda_runtime.h>
 
 #include <algorithm>
