@@ -17,13 +17,15 @@
 // whole grid one wave, each thread of the statistics pass has only a few steps
 // of loads (three of four float4s at [32,64,56,56]), so it keeps two steps in
 // flight (for_each_in_split_pipelined) instead of waiting out a memory round
-// trip per step; the finishing kernels load eight partials a channel before
-// adding any (add_partials), one round trip instead of eight.
+// trip per step; the training forward's elementwise pass does the same with
+// steps of three (kApplySteps); the finishing kernels load eight partials a
+// channel before adding any (add_partials), one round trip instead of eight.
 //
 // Status: ran on an H100 (616a5c2: every CUDA test, memcheck and racecheck
 // clean; the large shape's training forward 84% of the copy's bytes/s, backward
-// 97%, inference 93%; bench/results/gpu_h100.md). The pipelined statistics pass
-// and the finishing kernels' loads have run only on the emulated GPUs.
+// 97%, inference 93%; bench/results/gpu_h100.md). The pipelined statistics and
+// training elementwise passes and the finishing kernels' loads have run only on
+// the emulated GPUs.
 //
 // The statistics sum deviations from a per-channel shift K = x[0,c,0] (the
 // "shifted data" algorithm): sum(x - K) and sum((x - K)^2) in float lose nothing
@@ -176,13 +178,18 @@ __global__ void batchnorm_prepare_training_kernel(std::int64_t C, float4* coeff,
   }
 }
 
+// Units a step of the training forward's elementwise pass, two steps in flight:
+// two buffers of three float4s fit the 64 registers of four blocks a SM (62);
+// of four, they spill.
+constexpr int kApplySteps = 3;
+
 // y = batchnorm_affine(x) (then ReLU when Relu) on the reduction's own (C, splits)
-// grid, each block walking its range backwards (for_each_in_split_reversed): the
-// statistics pass just read the same ranges forwards, so each block starts on what
-// is still in L2 (x, 26 MB at [32,64,56,56], fits the H100's 50 MB only for the part
-// read last). A block has one channel: every thread computes its coefficients
-// (no C-thread kernel before it, no shared table), and block (c, 0) writes
-// channel c's outputs. Two launches after the statistics' partials become one.
+// grid, each block walking its range backwards
+// (for_each_in_split_reversed_pipelined): the statistics pass just read the same ranges forwards,
+// so each block starts on what is still in L2 (x, 26 MB at [32,64,56,56], fits the H100's 50 MB
+// only for the part read last). A block has one channel: every thread computes its coefficients (no
+// C-thread kernel before it, no shared table), and block (c, 0) writes channel c's outputs. Two
+// launches after the statistics' partials become one.
 template <bool Relu, typename V>
 __global__ void __launch_bounds__(kReduceBlock, kReduceBlocksPerSm)
     batchnorm_training_apply_kernel(ChannelSplit split, float* y, const float* x, TrainingCoeff t,
@@ -190,7 +197,7 @@ __global__ void __launch_bounds__(kReduceBlock, kReduceBlocksPerSm)
   const std::int64_t c = split.channel();
   if (split.split() == 0 && threadIdx.x == 0) write_training_outputs(t, o, c);
   const float4 k = t(c);
-  for_each_in_split_reversed(
+  for_each_in_split_reversed_pipelined<kApplySteps>(
       split, [&](std::int64_t offset) { return unit<V>(x, offset); },
       [&](std::int64_t offset, V v) {
         unit<V>(y, offset) = map(

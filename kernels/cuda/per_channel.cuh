@@ -221,6 +221,56 @@ __device__ void for_each_in_channel_range_reversed(std::int64_t begin, std::int6
   }
 }
 
+// As for_each_in_channel_range_reversed, with two steps of kSteps loads in
+// flight (as for_each_in_channel_range_pipelined): step m + 1's loads are issued
+// before step m's stores. A second cursor w retraces r's walk one step behind it
+// for the stores' offsets (the two share their increments, so it costs two
+// registers of position where a table of kUnroll offsets a buffer would cost
+// sixteen). Each value is stored by the thread that loaded it and every load of
+// a value precedes its store, so y may alias x.
+template <int kSteps, typename Load, typename Store>
+__device__ void for_each_in_channel_range_reversed_pipelined(std::int64_t begin, std::int64_t end,
+                                                             std::int64_t c, std::int64_t C,
+                                                             std::int64_t S, Load load,
+                                                             Store store) {
+  const std::int64_t step = blockDim.x;
+  const std::int64_t rows = (end - begin + step - 1) / step;
+  if (rows <= 0) return;
+  std::int64_t k = begin + threadIdx.x + (rows - 1) * step;
+  ChannelRange r(k, step, c, C, S);
+  ChannelRange w = r;
+  using V = decltype(load(r.offset));
+  V a[kSteps], b[kSteps];
+  const auto fetch = [&](V* v, std::int64_t first) {
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) {
+      const std::int64_t j = first - u * step;
+      if (j >= begin && j < end) v[u] = load(r.offset);
+      r.retreat();
+    }
+  };
+  const auto put = [&](const V* v, std::int64_t first) {
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) {
+      const std::int64_t j = first - u * step;
+      if (j >= begin && j < end) store(w.offset, v[u]);
+      w.retreat();
+    }
+  };
+  const std::int64_t stride = kSteps * step;
+  fetch(a, k);
+  while (true) {
+    if (k - stride >= begin) fetch(b, k - stride);
+    put(a, k);
+    k -= stride;
+    if (k < begin) return;
+    if (k - stride >= begin) fetch(a, k - stride);
+    put(b, k);
+    k -= stride;
+    if (k < begin) return;
+  }
+}
+
 // Threads per block of the per-channel reduction kernels; their block sums are
 // block_sum<kReduceBlock> (launch.cuh).
 constexpr int kReduceBlock = 256;
@@ -281,8 +331,8 @@ __device__ void for_each_in_split(const ChannelSplit& split, Load load, Add add)
 // for_each_in_channel_range_pipelined over the block's share under `split`.
 template <typename Load, typename Add>
 __device__ void for_each_in_split_pipelined(const ChannelSplit& split, Load load, Add add) {
-  for_each_in_channel_range_pipelined(split.begin(), split.end(), split.channel(), split.C,
-                                      split.S, load, add);
+  for_each_in_channel_range_pipelined(split.begin(), split.end(), split.channel(), split.C, split.S,
+                                      load, add);
 }
 
 // for_each_in_channel_range_reversed over the block's share under `split`.
@@ -290,6 +340,14 @@ template <typename Load, typename Store>
 __device__ void for_each_in_split_reversed(const ChannelSplit& split, Load load, Store store) {
   for_each_in_channel_range_reversed(split.begin(), split.end(), split.channel(), split.C, split.S,
                                      load, store);
+}
+
+// for_each_in_channel_range_reversed_pipelined over the block's share under `split`.
+template <int kSteps, typename Load, typename Store>
+__device__ void for_each_in_split_reversed_pipelined(const ChannelSplit& split, Load load,
+                                                     Store store) {
+  for_each_in_channel_range_reversed_pipelined<kSteps>(split.begin(), split.end(), split.channel(),
+                                                       split.C, split.S, load, store);
 }
 
 // Launches kernel(split, args...) on the (C, splits) grid of kReduceBlock threads.
