@@ -192,7 +192,9 @@ __device__ RowStats cached_row_stats(const CachedRow& r, int k4, int lane) {
 // about 2 ulp + |d| * 2^-24, is far inside the tests' 1e-5 on the loss and the
 // probabilities; for d below about -87 it flushes to 0, which adds nothing next
 // to the row maximum's term of 1.
-__device__ __forceinline__ float exp_shifted(float d) { return __expf(d); }
+__device__ __forceinline__ float exp_shifted(float d) {
+  return __expf(d);
+}
 
 // The row maximum alone (no argmax, when predictions are not asked for): one
 // fmaxf a value. The maximum is the same value whatever order the values are
@@ -276,9 +278,9 @@ __global__ void __launch_bounds__(kBlockSize, 4)
         const int j = lane + kWarpSize * t;
         if (j < k4) {
           const float4 v = r.v[t];
-          reinterpret_cast<float4*>(probs + n * num_classes)[j] = make_float4(
-              exp_shifted(v.x - max) * inv_sum, exp_shifted(v.y - max) * inv_sum,
-              exp_shifted(v.z - max) * inv_sum, exp_shifted(v.w - max) * inv_sum);
+          reinterpret_cast<float4*>(probs + n * num_classes)[j] =
+              make_float4(exp_shifted(v.x - max) * inv_sum, exp_shifted(v.y - max) * inv_sum,
+                          exp_shifted(v.z - max) * inv_sum, exp_shifted(v.w - max) * inv_sum);
         }
       }
     }
@@ -352,8 +354,8 @@ __global__ void cross_entropy_forward_kernel(float* partials, float* probs, floa
     const RowStats s = row_stats(row, num_classes, lane);
     if (lane == 0) {
       const float label = labels[n];
-      loss_sum += row_loss(label, label_logit(row, label, num_classes), s.max, s.sum_exp,
-                           num_classes);
+      loss_sum +=
+          row_loss(label, label_logit(row, label, num_classes), s.max, s.sum_exp, num_classes);
       if (predictions != nullptr) predictions[n] = static_cast<float>(s.argmax);
     }
     if (probs != nullptr) {
@@ -550,8 +552,9 @@ void softmax_cross_entropy_backward_from_probs(const Tensor& grad_logits, const 
       probs.numel() / 4 <= std::int64_t{UINT32_MAX}) {
     launch_grid_stride(cross_entropy_backward_from_probs4_kernel, probs.numel() / 4, stream,
                        reinterpret_cast<float4*>(grad_logits.data<float>()),
-                       grad_loss.data<float>(), reinterpret_cast<const float4*>(probs.data<float>()),
-                       labels.data<float>(), static_cast<unsigned>(num_classes / 4), scale);
+                       grad_loss.data<float>(),
+                       reinterpret_cast<const float4*>(probs.data<float>()), labels.data<float>(),
+                       static_cast<unsigned>(num_classes / 4), scale);
     return;
   }
   launch_grid_stride(cross_entropy_backward_from_probs_kernel, probs.numel(), stream,
