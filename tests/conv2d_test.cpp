@@ -65,6 +65,10 @@ std::vector<ConvCase> odd_cases() {
       {"batch1_odd", 1, 5, 13, 15, 11, 3, 3, make_params(1, 1, 1, 1), false},
       {"tiles_ragged", 5, 19, 17, 17, 67, 3, 3, make_params(1, 1, 1, 1)},
       {"C32_K64_14x14", 2, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)},
+      // CUDA's pipelined channel-inner kernel on ragged row and column tiles through a
+      // stride (40 forward columns, 24 backward-data), and FashionNet's 5x5 layer.
+      {"C24_K40_stride2_ragged", 3, 24, 11, 13, 40, 3, 3, make_params(2, 2, 1, 1)},
+      {"C32_K64_5x5_pad2", 2, 32, 14, 14, 64, 5, 5, make_params(1, 1, 2, 2)},
       // 3x3, unit stride, K a multiple of 32: the implicit weight gradient on AVX-512
       // (no padding; 784 pixels, more than one block of the GEMM's inner dimension).
       {"3x3_pad0_K32", 2, 3, 7, 9, 32, 3, 3, make_params(1, 1, 0, 0)},

@@ -1,6 +1,6 @@
 // CUDA conv2d (contracts and dimension letters in kernels/conv2d.h), float32.
 //
-// All three passes are implicit GEMMs: one tiled matrix-product kernel whose
+// All three passes are implicit GEMMs: tiled matrix-product kernels whose
 // operands are gathered straight from the NCHW tensors, so no im2col matrix is
 // ever written to memory.
 //   pass             rows (m)        columns (n)    reduction (kk)   A[m,kk]        B[kk,n]
@@ -19,26 +19,34 @@
 // grad_bias sums per (channel, group of images) and reduces the groups the same
 // way. Forward and backward-data reduce channel-inner (tap-major) when the
 // reduced channels are a multiple of the tile's step, so that each row's pixel
-// is located once per step rather than once per element (implicit_gemm_kernel).
+// is located once per step rather than once per element, and copy their
+// operands global -> shared by cp.async in a three-stage ring
+// (pipelined_gemm_kernel, kernels/cuda/conv2d_implicit_gemm.cuh).
 // One input channel (FashionNet's conv1) has direct, memory-bound kernels for
 // backward-data and backward-weight instead of GEMM tiles that would be mostly
 // padding.
 //
 // Status: ran on an H100 (616a5c2: every CUDA test, memcheck and racecheck
 // clean; 23-564 % of cuDNN's speed, the wide 3x3 layers lowest, where cuDNN runs
-// Winograd; bench/results/gpu_h100.md).
+// Winograd; bench/results/gpu_h100.md). The cp.async pipeline has run only on the
+// emulated GPUs.
 #include <algorithm>
 #include <array>
 #include <atomic>
 
 #include "engine/allocator.h"
 #include "kernels/cuda/conv2d.h"
+#include "kernels/cuda/conv2d_implicit_gemm.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/split_reduce.cuh"
 
 namespace towerlab::cuda {
 
 namespace {
+
+using conv2d_gemm::implicit_gemm_kernel;
+using conv2d_gemm::pipelined_gemm_kernel;
+using conv2d_gemm::Tile;
 
 // Integer division by a divisor fixed for the whole launch, as a multiply-high
 // and a shift (CUTLASS's FastDivmod): the gathers divide every index by C*R*S,
@@ -157,9 +165,13 @@ struct ForwardProblem {
     }
     return row.image_offset + st.c0 * d.HW + h * d.W + w;
   }
-  __device__ float a_at(int base, int dc) const { return __ldg(x + base + dc * d.HW); }
+  __device__ const float* a_src(int base, int dc) const { return x + base + dc * d.HW; }
+  __device__ const float* b_src(const Step& st, int dc, const Col& col) const {
+    return weight + col.offset + (st.c0 + dc) * d.RS + st.rs;
+  }
+  __device__ float a_at(int base, int dc) const { return __ldg(a_src(base, dc)); }
   __device__ float b_at(const Step& st, int dc, const Col& col) const {
-    return __ldg(weight + col.offset + (st.c0 + dc) * d.RS + st.rs);
+    return __ldg(b_src(st, dc, col));
   }
   struct Out {
     int offset;
@@ -241,9 +253,13 @@ struct BackwardDataProblem {
     if ((rem_h | rem_w) != 0 || p >= d.P || q >= d.Q) return -1;
     return row.image_offset + st.k0 * d.PQ + p * d.Q + q;
   }
-  __device__ float a_at(int base, int dk) const { return __ldg(grad_y + base + dk * d.PQ); }
+  __device__ const float* a_src(int base, int dk) const { return grad_y + base + dk * d.PQ; }
+  __device__ const float* b_src(const Step& st, int dk, const Col& col) const {
+    return weight + (st.k0 + dk) * d.CRS + col.offset + st.rs;
+  }
+  __device__ float a_at(int base, int dk) const { return __ldg(a_src(base, dk)); }
   __device__ float b_at(const Step& st, int dk, const Col& col) const {
-    return __ldg(weight + (st.k0 + dk) * d.CRS + col.offset + st.rs);
+    return __ldg(b_src(st, dk, col));
   }
   struct Out {
     int offset;
@@ -316,198 +332,6 @@ struct BackwardWeightProblem {
   static constexpr bool vector_rows = false;
   __device__ void store4(const Out&, int, float4, int) const {}
 };
-
-// ---- the implicit-GEMM kernel -----------------------------------------------
-
-// Block tile BM x BN, reduction step BK, TM x TN outputs per thread (multiples of
-// 4, read from shared memory as float4). MIN_BLOCKS: the blocks per SM that
-// __launch_bounds__ asks registers for (the 8x8 tiles would otherwise take ~150
-// to 190 registers, one block of 8 warps per SM, too few to hide the latency of
-// the gathers and of the barrier; capped at 128 they fit two).
-template <int BM_, int BN_, int BK_, int TM_, int TN_, int MIN_BLOCKS_ = 0>
-struct Tile {
-  static constexpr int BM = BM_, BN = BN_, BK = BK_, TM = TM_, TN = TN_;
-  static constexpr int kThreads = (BM / TM) * (BN / TN);
-  static constexpr int kMinBlocks = MIN_BLOCKS_;
-};
-
-// C[m,n] = sum over kk in this block's split of A[m,kk] * B[kk,n], stored through
-// the problem. A_ROWS_FAST: consecutive threads load consecutive m (A is
-// contiguous along m: x and grad_y patches along q); otherwise consecutive kk
-// (grad_y rows in backward-weight). B is always loaded kk-fastest.
-//
-// CHANNEL_INNER (forward and backward-data, when the reduced channels are a
-// multiple of BK): the reduction runs tap-major, kk = rs * channels + channel,
-// so the BK values of one step share one tap (r, s). The problem's step(k0)
-// decodes the tap once per step and a_base finds each row's pixel once per step
-// (bounds, strides); each element is then one load at base + channel * plane.
-// In the natural order every element needed its own two or four divisions and
-// bounds checks, which cost more issue slots than the FMAs they fed (A is
-// reused only BN times). Any summation order is as deterministic as another.
-//
-// Shared memory holds A as [BK][BM] and B as [BK][BN] so that each step of the
-// reduction is an outer product of a column of A and a row of B; rows are padded
-// by 4 floats so that kk-fastest stores do not all hit one bank and float4 reads
-// stay aligned. Two buffers: the next tile's global loads are issued into
-// registers before the current tile is multiplied, hiding their latency, with
-// one barrier per step.
-template <class Problem, class T, bool A_ROWS_FAST, bool CHANNEL_INNER>
-__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
-    implicit_gemm_kernel(const Problem problem, int k_per_split) {
-  constexpr int BM = T::BM, BN = T::BN, BK = T::BK, TM = T::TM, TN = T::TN;
-  constexpr int kThreads = T::kThreads;
-  constexpr int kALoads = BM * BK / kThreads, kBLoads = BN * BK / kThreads;
-  static_assert(TM % 4 == 0 && TN % 4 == 0 && BM % TM == 0 && BN % TN == 0);
-  static_assert(BM * BK % kThreads == 0 && BN * BK % kThreads == 0);
-  static_assert(!A_ROWS_FAST || kThreads % BM == 0 || BM % kThreads == 0);
-  // Distinct A rows a thread loads: with m fastest the row repeats every BM/threads loads.
-  constexpr int kARows = A_ROWS_FAST ? (BM > kThreads ? BM / kThreads : 1) : kALoads;
-
-  __shared__ __align__(16) float As[2][BK][BM + 4];
-  __shared__ __align__(16) float Bs[2][BK][BN + 4];
-
-  const int tid = static_cast<int>(threadIdx.x);
-  const int m0 = static_cast<int>(blockIdx.x) * BM, n0 = static_cast<int>(blockIdx.y) * BN;
-  const int split = static_cast<int>(blockIdx.z);
-  const int k_begin = split * k_per_split;
-  const int k_end = min(problem.Kred, k_begin + k_per_split);
-
-  // Element e of this thread's share of a tile: flat index tid + e*threads, laid
-  // out m-fastest (A_ROWS_FAST) or kk-fastest.
-  auto a_m = [&](int e) {
-    const int i = tid + e * kThreads;
-    return A_ROWS_FAST ? i % BM : i / BK;
-  };
-  auto a_k = [&](int e) {
-    const int i = tid + e * kThreads;
-    return A_ROWS_FAST ? i / BM : i % BK;
-  };
-  auto b_n = [&](int e) { return (tid + e * kThreads) / BK; };
-  auto b_k = [&](int e) { return (tid + e * kThreads) % BK; };
-
-  typename Problem::Row a_rows[kARows];
-  bool a_valid[kARows];
-#pragma unroll
-  for (int j = 0; j < kARows; ++j) {
-    const int m = m0 + a_m(j);  // e = j gives the j-th distinct row in both layouts
-    a_valid[j] = m < problem.M;
-    a_rows[j] = problem.row(a_valid[j] ? m : 0);
-  }
-  typename Problem::Col b_cols[kBLoads];
-  bool b_valid[kBLoads];
-#pragma unroll
-  for (int e = 0; e < kBLoads; ++e) {
-    const int n = n0 + b_n(e);
-    b_valid[e] = n < problem.Ncols;
-    b_cols[e] = problem.col(b_valid[e] ? n : 0);
-  }
-
-  float a_next[kALoads], b_next[kBLoads];
-  auto load_global = [&](int k0) {
-    if constexpr (CHANNEL_INNER) {  // the launcher made Kred a multiple of BK: no k_end checks
-      const typename Problem::Step step = problem.step(k0);
-      int base[kARows];
-#pragma unroll
-      for (int j = 0; j < kARows; ++j) base[j] = a_valid[j] ? problem.a_base(a_rows[j], step) : -1;
-#pragma unroll
-      for (int e = 0; e < kALoads; ++e) {
-        const int j = e % kARows;
-        a_next[e] = base[j] >= 0 ? problem.a_at(base[j], a_k(e)) : 0.0f;
-      }
-#pragma unroll
-      for (int e = 0; e < kBLoads; ++e) {
-        b_next[e] = b_valid[e] ? problem.b_at(step, b_k(e), b_cols[e]) : 0.0f;
-      }
-      return;
-    }
-#pragma unroll
-    for (int e = 0; e < kALoads; ++e) {
-      const int kk = k0 + a_k(e);
-      const int j = e % kARows;
-      a_next[e] = (a_valid[j] && kk < k_end) ? problem.a(a_rows[j], kk) : 0.0f;
-    }
-#pragma unroll
-    for (int e = 0; e < kBLoads; ++e) {
-      const int kk = k0 + b_k(e);
-      b_next[e] = (b_valid[e] && kk < k_end) ? problem.b(kk, b_cols[e]) : 0.0f;
-    }
-  };
-  auto store_shared = [&](int buffer) {
-#pragma unroll
-    for (int e = 0; e < kALoads; ++e) As[buffer][a_k(e)][a_m(e)] = a_next[e];
-#pragma unroll
-    for (int e = 0; e < kBLoads; ++e) Bs[buffer][b_k(e)][b_n(e)] = b_next[e];
-  };
-
-  // This thread's outputs: rows tm*4 + {0..3} in each of TM/4 groups spaced BM/(TM/4)
-  // apart (likewise columns), so that neighbouring threads store neighbouring m.
-  const int tm = tid % (BM / TM), tn = tid / (BM / TM);
-  float acc[TM][TN] = {};
-
-  load_global(k_begin);
-  store_shared(0);
-  __syncthreads();
-  int buffer = 0;
-  for (int k0 = k_begin; k0 < k_end; k0 += BK) {
-    const bool has_next = k0 + BK < k_end;
-    if (has_next) load_global(k0 + BK);
-#pragma unroll
-    for (int kk = 0; kk < BK; ++kk) {
-      float a_frag[TM], b_frag[TN];
-#pragma unroll
-      for (int g = 0; g < TM / 4; ++g) {
-        const float4 v =
-            *reinterpret_cast<const float4*>(&As[buffer][kk][g * (BM / (TM / 4)) + tm * 4]);
-        a_frag[g * 4 + 0] = v.x, a_frag[g * 4 + 1] = v.y, a_frag[g * 4 + 2] = v.z,
-                       a_frag[g * 4 + 3] = v.w;
-      }
-#pragma unroll
-      for (int g = 0; g < TN / 4; ++g) {
-        const float4 v =
-            *reinterpret_cast<const float4*>(&Bs[buffer][kk][g * (BN / (TN / 4)) + tn * 4]);
-        b_frag[g * 4 + 0] = v.x, b_frag[g * 4 + 1] = v.y, b_frag[g * 4 + 2] = v.z,
-                       b_frag[g * 4 + 3] = v.w;
-      }
-#pragma unroll
-      for (int i = 0; i < TM; ++i) {
-#pragma unroll
-        for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a_frag[i], b_frag[j], acc[i][j]);
-      }
-    }
-    if (has_next) {
-      store_shared(buffer ^ 1);
-      __syncthreads();
-      buffer ^= 1;
-    }
-  }
-
-#pragma unroll
-  for (int g = 0; g < TM / 4; ++g) {
-    const int m4 = m0 + g * (BM / (TM / 4)) + tm * 4;  // rows m4..m4+3: acc[g*4 .. g*4+3]
-    if (problem.vector_rows && m4 + 3 < problem.M) {
-      const typename Problem::Out out = problem.out(m4);
-#pragma unroll
-      for (int j = 0; j < TN; ++j) {
-        const int n = n0 + (j / 4) * (BN / (TN / 4)) + tn * 4 + j % 4;
-        const float4 v =
-            make_float4(acc[g * 4][j], acc[g * 4 + 1][j], acc[g * 4 + 2][j], acc[g * 4 + 3][j]);
-        if (n < problem.Ncols) problem.store4(out, n, v, split);
-      }
-      continue;
-    }
-#pragma unroll
-    for (int i = g * 4; i < g * 4 + 4; ++i) {
-      const int m = m4 + i % 4;
-      if (m >= problem.M) continue;
-      const typename Problem::Out out = problem.out(m);
-#pragma unroll
-      for (int j = 0; j < TN; ++j) {
-        const int n = n0 + (j / 4) * (BN / (TN / 4)) + tn * 4 + j % 4;
-        if (n < problem.Ncols) problem.store(out, n, acc[i][j], split);
-      }
-    }
-  }
-}
 
 // ---- grad_bias ---------------------------------------------------------------
 
@@ -721,6 +545,20 @@ void launch_gemm(const Problem& problem, int splits, int k_per_split, cudaStream
   TL_CUDA_CHECK_LAUNCH();
 }
 
+// Steps in flight in pipelined_gemm_kernel's ring: 3, as cuDNN's FP32 implicit
+// GEMMs on this layer; a fourth would cost shared memory that more blocks use better.
+constexpr int kStages = 3;
+
+template <class Problem, class T>
+void launch_pipelined(const Problem& problem, cudaStream_t stream) {
+  const dim3 grid(ceil_div(problem.M, T::BM), ceil_div(problem.Ncols, T::BN));
+  TL_CHECK(grid.y <= 65535, NotSupported,
+           "conv2d: " << problem.Ncols << " GEMM columns need " << grid.y
+                      << " column tiles; the CUDA kernels handle at most 65535");
+  pipelined_gemm_kernel<Problem, T, kStages><<<grid, T::kThreads, 0, stream>>>(problem);
+  TL_CUDA_CHECK_LAUNCH();
+}
+
 // Forward and backward-data: many rows (pixels), few columns (channels). Tiles
 // are tried from the largest (most reuse of each loaded value) down, no wider than
 // the channels need; the first that gives every SM two blocks is taken, else the
@@ -733,9 +571,13 @@ void launch_pixel_rows(const Problem& problem, int channels, int sms, cudaStream
   auto enough = [&]<class T>() {
     return std::int64_t{ceil_div(problem.M, T::BM)} * ceil_div(problem.Ncols, T::BN) >= 2 * sms;
   };
-  auto launch = [&]<class T>() {
+  // Channel-inner goes to pipelined_gemm_kernel, with PIPELINED_BLOCKS its
+  // MIN_BLOCKS (without implicit_gemm_kernel's staging registers it fits more
+  // blocks per SM than the natural order does).
+  auto launch = [&]<class T, int PIPELINED_BLOCKS = T::kMinBlocks>() {
     if (channels % T::BK == 0) {
-      launch_gemm<Problem, T, true, true>(problem, 1, k_all, stream);
+      using Pipelined = Tile<T::BM, T::BN, T::BK, T::TM, T::TN, PIPELINED_BLOCKS>;
+      launch_pipelined<Problem, Pipelined>(problem, stream);
     } else {
       launch_gemm<Problem, T, true, false>(problem, 1, k_all, stream);
     }
@@ -747,8 +589,10 @@ void launch_pixel_rows(const Problem& problem, int channels, int sms, cudaStream
   // 128x32: 8x4 per thread, 128 threads. With 4x4 (256 threads) a warp's 32
   // distinct A float4 reads per step cost four shared-memory wavefronts for 16
   // FMAs per thread, past what the SM's one wavefront per clock feeds; 8x4 reads
-  // the same four for 32. ptxas: 103 registers channel-inner (127 natural), no
-  // spills, 4 blocks per SM; capped at 96 (5 blocks) it spills.
+  // the same four for 32. ptxas: 127 registers in the natural order, 4 blocks
+  // per SM; pipelined, 96 uncapped and 80 capped at 6 blocks per SM, no spills:
+  // 792 slots, so FashionNet's conv2 at batch 512 (784 blocks of grad_x rows)
+  // runs in one wave rather than 528 and a tail of 256.
   using T128x32 = Tile<128, 32, 8, 8, 4>;
   using T64x32 = Tile<64, 32, 8, 4, 4>;
   if (problem.Ncols <= 8) {
@@ -760,7 +604,7 @@ void launch_pixel_rows(const Problem& problem, int channels, int sms, cudaStream
   } else if (problem.Ncols > 32 && enough.template operator()<T64x64>()) {
     launch.template operator()<T64x64>();
   } else if (problem.Ncols <= 32 && enough.template operator()<T128x32>()) {
-    launch.template operator()<T128x32>();
+    launch.template operator()<T128x32, 6>();
   } else {
     launch.template operator()<T64x32>();
   }

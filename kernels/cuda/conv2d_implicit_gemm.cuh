@@ -1,0 +1,330 @@
+// The implicit-GEMM kernels of conv2d (kernels/cuda/conv2d.cu): templates over a
+// "problem" (how one pass of the convolution gathers its GEMM operands and stores
+// its result; the problems and their launch plans are in conv2d.cu) and a Tile.
+//
+// implicit_gemm_kernel: any problem, any reduction order, register-staged double
+// buffer. pipelined_gemm_kernel: the channel-inner order of forward and
+// backward-data, copied global -> shared by cp.async in a ring of stages.
+//
+// Status: implicit_gemm_kernel ran on an H100 (616a5c2, bench/results/gpu_h100.md);
+// pipelined_gemm_kernel has run only on the emulated GPUs.
+#pragma once
+
+#include <cuda_pipeline.h>
+
+#include "kernels/cuda/launch.cuh"
+
+namespace towerlab::cuda::conv2d_gemm {
+
+// Block tile BM x BN, reduction step BK, TM x TN outputs per thread (multiples of
+// 4, read from shared memory as float4). MIN_BLOCKS: the blocks per SM that
+// __launch_bounds__ asks registers for (the 8x8 tiles would otherwise take ~150
+// to 190 registers, one block of 8 warps per SM, too few to hide the latency of
+// the gathers and of the barrier; capped at 128 they fit two).
+template <int BM_, int BN_, int BK_, int TM_, int TN_, int MIN_BLOCKS_ = 0>
+struct Tile {
+  static constexpr int BM = BM_, BN = BN_, BK = BK_, TM = TM_, TN = TN_;
+  static constexpr int kThreads = (BM / TM) * (BN / TN);
+  static constexpr int kMinBlocks = MIN_BLOCKS_;
+};
+
+// acc += the outer products of one stage's BK columns of A ([BK][BM + 4]) and
+// rows of B ([BK][BN + 4]). This thread's outputs: rows tm*4 + {0..3} in each of
+// TM/4 groups spaced BM/(TM/4) apart (likewise columns), so that neighbouring
+// threads store neighbouring m and a warp's float4 reads are conflict-free.
+template <class T>
+__device__ __forceinline__ void multiply_stage(float (&acc)[T::TM][T::TN],
+                                               const float (*As)[T::BM + 4],
+                                               const float (*Bs)[T::BN + 4], int tm, int tn) {
+  constexpr int BM = T::BM, BN = T::BN, BK = T::BK, TM = T::TM, TN = T::TN;
+#pragma unroll
+  for (int kk = 0; kk < BK; ++kk) {
+    float a_frag[TM], b_frag[TN];
+#pragma unroll
+    for (int g = 0; g < TM / 4; ++g) {
+      const float4 v =
+          *reinterpret_cast<const float4*>(&As[kk][g * (BM / (TM / 4)) + tm * 4]);
+      a_frag[g * 4 + 0] = v.x, a_frag[g * 4 + 1] = v.y, a_frag[g * 4 + 2] = v.z,
+                     a_frag[g * 4 + 3] = v.w;
+    }
+#pragma unroll
+    for (int g = 0; g < TN / 4; ++g) {
+      const float4 v =
+          *reinterpret_cast<const float4*>(&Bs[kk][g * (BN / (TN / 4)) + tn * 4]);
+      b_frag[g * 4 + 0] = v.x, b_frag[g * 4 + 1] = v.y, b_frag[g * 4 + 2] = v.z,
+                     b_frag[g * 4 + 3] = v.w;
+    }
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+#pragma unroll
+      for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a_frag[i], b_frag[j], acc[i][j]);
+    }
+  }
+}
+
+// Stores this thread's TM x TN outputs through the problem: rows four at a time
+// with store4 where the problem's rows allow it, else one by one.
+template <class T, class Problem>
+__device__ __forceinline__ void store_tile(const Problem& problem, const float (&acc)[T::TM][T::TN],
+                                           int m0, int n0, int tm, int tn, int split) {
+  constexpr int BM = T::BM, BN = T::BN, TM = T::TM, TN = T::TN;
+#pragma unroll
+  for (int g = 0; g < TM / 4; ++g) {
+    const int m4 = m0 + g * (BM / (TM / 4)) + tm * 4;  // rows m4..m4+3: acc[g*4 .. g*4+3]
+    if (problem.vector_rows && m4 + 3 < problem.M) {
+      const typename Problem::Out out = problem.out(m4);
+#pragma unroll
+      for (int j = 0; j < TN; ++j) {
+        const int n = n0 + (j / 4) * (BN / (TN / 4)) + tn * 4 + j % 4;
+        const float4 v =
+            make_float4(acc[g * 4][j], acc[g * 4 + 1][j], acc[g * 4 + 2][j], acc[g * 4 + 3][j]);
+        if (n < problem.Ncols) problem.store4(out, n, v, split);
+      }
+      continue;
+    }
+#pragma unroll
+    for (int i = g * 4; i < g * 4 + 4; ++i) {
+      const int m = m4 + i % 4;
+      if (m >= problem.M) continue;
+      const typename Problem::Out out = problem.out(m);
+#pragma unroll
+      for (int j = 0; j < TN; ++j) {
+        const int n = n0 + (j / 4) * (BN / (TN / 4)) + tn * 4 + j % 4;
+        if (n < problem.Ncols) problem.store(out, n, acc[i][j], split);
+      }
+    }
+  }
+}
+
+// C[m,n] = sum over kk in this block's split of A[m,kk] * B[kk,n], stored through
+// the problem. A_ROWS_FAST: consecutive threads load consecutive m (A is
+// contiguous along m: x and grad_y patches along q); otherwise consecutive kk
+// (grad_y rows in backward-weight). B is always loaded kk-fastest.
+//
+// CHANNEL_INNER (forward and backward-data, when the reduced channels are a
+// multiple of BK): the reduction runs tap-major, kk = rs * channels + channel,
+// so the BK values of one step share one tap (r, s). The problem's step(k0)
+// decodes the tap once per step and a_base finds each row's pixel once per step
+// (bounds, strides); each element is then one load at base + channel * plane.
+// In the natural order every element needed its own two or four divisions and
+// bounds checks, which cost more issue slots than the FMAs they fed (A is
+// reused only BN times). Any summation order is as deterministic as another.
+//
+// Shared memory holds A as [BK][BM] and B as [BK][BN] so that each step of the
+// reduction is an outer product of a column of A and a row of B; rows are padded
+// by 4 floats so that kk-fastest stores do not all hit one bank and float4 reads
+// stay aligned. Two buffers: the next tile's global loads are issued into
+// registers before the current tile is multiplied, hiding their latency, with
+// one barrier per step.
+template <class Problem, class T, bool A_ROWS_FAST, bool CHANNEL_INNER>
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
+    implicit_gemm_kernel(const Problem problem, int k_per_split) {
+  constexpr int BM = T::BM, BN = T::BN, BK = T::BK, TM = T::TM, TN = T::TN;
+  constexpr int kThreads = T::kThreads;
+  constexpr int kALoads = BM * BK / kThreads, kBLoads = BN * BK / kThreads;
+  static_assert(TM % 4 == 0 && TN % 4 == 0 && BM % TM == 0 && BN % TN == 0);
+  static_assert(BM * BK % kThreads == 0 && BN * BK % kThreads == 0);
+  static_assert(!A_ROWS_FAST || kThreads % BM == 0 || BM % kThreads == 0);
+  // Distinct A rows a thread loads: with m fastest the row repeats every BM/threads loads.
+  constexpr int kARows = A_ROWS_FAST ? (BM > kThreads ? BM / kThreads : 1) : kALoads;
+
+  __shared__ __align__(16) float As[2][BK][BM + 4];
+  __shared__ __align__(16) float Bs[2][BK][BN + 4];
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int m0 = static_cast<int>(blockIdx.x) * BM, n0 = static_cast<int>(blockIdx.y) * BN;
+  const int split = static_cast<int>(blockIdx.z);
+  const int k_begin = split * k_per_split;
+  const int k_end = min(problem.Kred, k_begin + k_per_split);
+
+  // Element e of this thread's share of a tile: flat index tid + e*threads, laid
+  // out m-fastest (A_ROWS_FAST) or kk-fastest.
+  auto a_m = [&](int e) {
+    const int i = tid + e * kThreads;
+    return A_ROWS_FAST ? i % BM : i / BK;
+  };
+  auto a_k = [&](int e) {
+    const int i = tid + e * kThreads;
+    return A_ROWS_FAST ? i / BM : i % BK;
+  };
+  auto b_n = [&](int e) { return (tid + e * kThreads) / BK; };
+  auto b_k = [&](int e) { return (tid + e * kThreads) % BK; };
+
+  typename Problem::Row a_rows[kARows];
+  bool a_valid[kARows];
+#pragma unroll
+  for (int j = 0; j < kARows; ++j) {
+    const int m = m0 + a_m(j);  // e = j gives the j-th distinct row in both layouts
+    a_valid[j] = m < problem.M;
+    a_rows[j] = problem.row(a_valid[j] ? m : 0);
+  }
+  typename Problem::Col b_cols[kBLoads];
+  bool b_valid[kBLoads];
+#pragma unroll
+  for (int e = 0; e < kBLoads; ++e) {
+    const int n = n0 + b_n(e);
+    b_valid[e] = n < problem.Ncols;
+    b_cols[e] = problem.col(b_valid[e] ? n : 0);
+  }
+
+  float a_next[kALoads], b_next[kBLoads];
+  auto load_global = [&](int k0) {
+    if constexpr (CHANNEL_INNER) {  // the launcher made Kred a multiple of BK: no k_end checks
+      const typename Problem::Step step = problem.step(k0);
+      int base[kARows];
+#pragma unroll
+      for (int j = 0; j < kARows; ++j) base[j] = a_valid[j] ? problem.a_base(a_rows[j], step) : -1;
+#pragma unroll
+      for (int e = 0; e < kALoads; ++e) {
+        const int j = e % kARows;
+        a_next[e] = base[j] >= 0 ? problem.a_at(base[j], a_k(e)) : 0.0f;
+      }
+#pragma unroll
+      for (int e = 0; e < kBLoads; ++e) {
+        b_next[e] = b_valid[e] ? problem.b_at(step, b_k(e), b_cols[e]) : 0.0f;
+      }
+      return;
+    }
+#pragma unroll
+    for (int e = 0; e < kALoads; ++e) {
+      const int kk = k0 + a_k(e);
+      const int j = e % kARows;
+      a_next[e] = (a_valid[j] && kk < k_end) ? problem.a(a_rows[j], kk) : 0.0f;
+    }
+#pragma unroll
+    for (int e = 0; e < kBLoads; ++e) {
+      const int kk = k0 + b_k(e);
+      b_next[e] = (b_valid[e] && kk < k_end) ? problem.b(kk, b_cols[e]) : 0.0f;
+    }
+  };
+  auto store_shared = [&](int buffer) {
+#pragma unroll
+    for (int e = 0; e < kALoads; ++e) As[buffer][a_k(e)][a_m(e)] = a_next[e];
+#pragma unroll
+    for (int e = 0; e < kBLoads; ++e) Bs[buffer][b_k(e)][b_n(e)] = b_next[e];
+  };
+
+  // This thread's outputs: rows tm*4 + {0..3} in each of TM/4 groups spaced BM/(TM/4)
+  // apart (likewise columns), so that neighbouring threads store neighbouring m.
+  const int tm = tid % (BM / TM), tn = tid / (BM / TM);
+  float acc[TM][TN] = {};
+
+  load_global(k_begin);
+  store_shared(0);
+  __syncthreads();
+  int buffer = 0;
+  for (int k0 = k_begin; k0 < k_end; k0 += BK) {
+    const bool has_next = k0 + BK < k_end;
+    if (has_next) load_global(k0 + BK);
+    multiply_stage<T>(acc, As[buffer], Bs[buffer], tm, tn);
+    if (has_next) {
+      store_shared(buffer ^ 1);
+      __syncthreads();
+      buffer ^= 1;
+    }
+  }
+
+  store_tile<T>(problem, acc, m0, n0, tm, tn, split);
+}
+
+// The channel-inner reduction of implicit_gemm_kernel (forward and
+// backward-data, reduced channels a multiple of BK, one split) with its operands
+// copied global -> shared by cp.async (4 bytes each: a gathered element, or a
+// zero fill where the tap falls in the padding) into a ring of STAGES buffers,
+// never through registers. STAGES - 1 steps are in flight while one is
+// multiplied, where the register-staged double buffer had one: the gathers'
+// latency is hidden by the pipeline rather than by more warps. Dropping the
+// staging registers (BM*BK + BN*BK over the threads) and their shared stores
+// lets more blocks share an SM (the Tile's MIN_BLOCKS), which also rounds a
+// launch of a few hundred blocks into one wave instead of one and a half.
+//
+// Copies of step s form batch s (empty past the last step), so waiting for all
+// but the newest STAGES - 2 batches completes exactly the step to multiply; the
+// barrier that follows also guarantees that every thread is done with the
+// buffer the next copies overwrite (the one multiplied a step before). The
+// summation order is implicit_gemm_kernel's: the same bits.
+//
+// The problem gives a_src/b_src (the addresses a_at/b_at read) for the copies.
+template <class Problem, class T, int STAGES>
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
+    pipelined_gemm_kernel(const Problem problem) {
+  constexpr int BM = T::BM, BN = T::BN, BK = T::BK, TM = T::TM, TN = T::TN;
+  constexpr int kThreads = T::kThreads;
+  constexpr int kALoads = BM * BK / kThreads, kBLoads = BN * BK / kThreads;
+  static_assert(STAGES >= 2);
+  static_assert(TM % 4 == 0 && TN % 4 == 0 && BM % TM == 0 && BN % TN == 0);
+  static_assert(BM * BK % kThreads == 0 && BN * BK % kThreads == 0);
+  static_assert(kThreads % BM == 0 || BM % kThreads == 0);
+  constexpr int kARows = BM > kThreads ? BM / kThreads : 1;  // m fastest: rows repeat
+
+  __shared__ __align__(16) float As[STAGES][BK][BM + 4];
+  __shared__ __align__(16) float Bs[STAGES][BK][BN + 4];
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int m0 = static_cast<int>(blockIdx.x) * BM, n0 = static_cast<int>(blockIdx.y) * BN;
+  const int steps = problem.Kred / BK;
+
+  // Element e of this thread's share of a step: flat index tid + e*threads, A
+  // laid out m-fastest (consecutive threads read consecutive pixels), B kk-fastest.
+  auto a_m = [&](int e) { return (tid + e * kThreads) % BM; };
+  auto a_k = [&](int e) { return (tid + e * kThreads) / BM; };
+  auto b_n = [&](int e) { return (tid + e * kThreads) / BK; };
+  auto b_k = [&](int e) { return (tid + e * kThreads) % BK; };
+
+  typename Problem::Row a_rows[kARows];
+  bool a_valid[kARows];
+#pragma unroll
+  for (int j = 0; j < kARows; ++j) {
+    const int m = m0 + a_m(j);
+    a_valid[j] = m < problem.M;
+    a_rows[j] = problem.row(a_valid[j] ? m : 0);
+  }
+
+  // Starts step `step`'s copies into buffer `stage`. A zero fill reads nothing;
+  // its source is the operand's first element.
+  auto start_step = [&](int step, int stage) {
+    const typename Problem::Step st = problem.step(step * BK);
+    int base[kARows];
+#pragma unroll
+    for (int j = 0; j < kARows; ++j) base[j] = a_valid[j] ? problem.a_base(a_rows[j], st) : -1;
+#pragma unroll
+    for (int e = 0; e < kALoads; ++e) {
+      const int j = e % kARows;
+      float* dst = &As[stage][a_k(e)][a_m(e)];
+      if (base[j] >= 0) {
+        __pipeline_memcpy_async(dst, problem.a_src(base[j], a_k(e)), 4);
+      } else {
+        __pipeline_memcpy_async(dst, problem.a_src(0, 0), 4, 4);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < kBLoads; ++e) {  // columns located anew: fewer live registers
+      const int n = n0 + b_n(e);
+      const bool valid = n < problem.Ncols;
+      const float* src = problem.b_src(st, b_k(e), problem.col(valid ? n : 0));
+      __pipeline_memcpy_async(&Bs[stage][b_k(e)][b_n(e)], src, 4, valid ? 0 : 4);
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < steps) start_step(s, s);
+    __pipeline_commit();
+  }
+
+  const int tm = tid % (BM / TM), tn = tid / (BM / TM);
+  float acc[TM][TN] = {};
+  int read = 0;  // the buffer of step `step`
+  for (int step = 0; step < steps; ++step) {
+    __pipeline_wait_prior(STAGES - 2);
+    __syncthreads();
+    const int write = read == 0 ? STAGES - 1 : read - 1;  // multiplied in step - 1
+    if (step + STAGES - 1 < steps) start_step(step + STAGES - 1, write);
+    __pipeline_commit();
+    multiply_stage<T>(acc, As[read], Bs[read], tm, tn);
+    read = read + 1 == STAGES ? 0 : read + 1;
+  }
+  store_tile<T>(problem, acc, m0, n0, tm, tn, 0);
+}
+
+}  // namespace towerlab::cuda::conv2d_gemm
