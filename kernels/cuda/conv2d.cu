@@ -15,7 +15,8 @@
 // pairs, as many as fill the resident block slots in one wave
 // (plan_weight_split), into partials that split_reduce
 // (kernels/cuda/split_reduce.cuh) adds in a fixed tree and accumulates into
-// grad_weight (deterministic, unlike atomics). The
+// grad_weight (deterministic, unlike atomics); each thread decodes one (image,
+// pixel) pair per step for all of its loads (implicit_gemm_kernel's PIXEL_STEP). The
 // grad_bias sums per (channel, group of images) and reduces the groups the same
 // way. Forward and backward-data reduce channel-inner (tap-major) when the
 // reduced channels are a multiple of the tile's step, so that each row's pixel
@@ -28,8 +29,8 @@
 //
 // Status: ran on an H100 (616a5c2: every CUDA test, memcheck and racecheck
 // clean; 23-564 % of cuDNN's speed, the wide 3x3 layers lowest, where cuDNN runs
-// Winograd; bench/results/gpu_h100.md). The cp.async pipeline has run only on the
-// emulated GPUs.
+// Winograd; bench/results/gpu_h100.md). The cp.async pipeline and backward-weight's
+// per-step pixel decode have run only on the emulated GPUs.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -297,14 +298,17 @@ struct BackwardWeightProblem {
     d.by_PQ.divmod(npq, n, pq);
     return __ldg(grad_y + n * d.K * d.PQ + row.offset + pq);
   }
+  // The tap's offset from an output pixel's corner (p*stride_h, q*stride_w) and
+  // its x index relative to that corner: (c, h0, w0) as c*H*W + h0*W + w0.
   struct Col {
-    int channel_offset, h0, w0;
+    int offset, h0, w0;
   };
   __device__ Col col(int crs) const {
     int c, rs, r, s;
     d.by_RS.divmod(crs, c, rs);
     d.by_S.divmod(rs, r, s);
-    return {c * d.HW, r * d.dilation_h - d.pad_h, s * d.dilation_w - d.pad_w};
+    const int h0 = r * d.dilation_h - d.pad_h, w0 = s * d.dilation_w - d.pad_w;
+    return {c * d.HW + h0 * d.W + w0, h0, w0};
   }
   __device__ float b(int npq, const Col& col) const {
     int n, pq, p, q;
@@ -315,7 +319,35 @@ struct BackwardWeightProblem {
         static_cast<unsigned>(w) >= static_cast<unsigned>(d.W)) {
       return 0.0f;
     }
-    return __ldg(x + n * d.C * d.HW + col.channel_offset + h * d.W + w);
+    return __ldg(x + n * d.C * d.HW + col.offset + p * d.stride_h * d.W + q * d.stride_w);
+  }
+  // a and b for one (image, pixel) pair decoded once: implicit_gemm_kernel gives
+  // each thread one pair per step (see its PIXEL_STEP), shared by all its loads.
+  // The output pixel's corner (h, w) = (p*stride_h, q*stride_w), the grad_y index
+  // of (n, 0, p, q) and the x index of (n, 0, h, w): each load is then one add
+  // and a bounds check.
+  struct Pixel {
+    int grad_y_offset, x_offset, h, w;
+    bool valid;  // inside the block's split
+  };
+  __device__ Pixel pixel(int npq, int k_end) const {
+    const bool valid = npq < k_end;
+    int n, pq, p, q;
+    d.by_PQ.divmod(valid ? npq : 0, n, pq);
+    d.by_Q.divmod(pq, p, q);
+    const int h = p * d.stride_h, w = q * d.stride_w;
+    return {n * d.K * d.PQ + pq, n * d.C * d.HW + h * d.W + w, h, w, valid};
+  }
+  __device__ float a_px(const Row& row, const Pixel& px) const {
+    return px.valid ? __ldg(grad_y + px.grad_y_offset + row.offset) : 0.0f;
+  }
+  __device__ float b_px(const Pixel& px, const Col& col) const {
+    const int h = px.h + col.h0, w = px.w + col.w0;
+    if (!px.valid || static_cast<unsigned>(h) >= static_cast<unsigned>(d.H) ||
+        static_cast<unsigned>(w) >= static_cast<unsigned>(d.W)) {
+      return 0.0f;
+    }
+    return __ldg(x + px.x_offset + col.offset);
   }
   struct Out {
     int offset;

@@ -6,8 +6,9 @@
 // buffer. pipelined_gemm_kernel: the channel-inner order of forward and
 // backward-data, copied global -> shared by cp.async in a ring of stages.
 //
-// Status: implicit_gemm_kernel ran on an H100 (616a5c2, bench/results/gpu_h100.md);
-// pipelined_gemm_kernel has run only on the emulated GPUs.
+// Status: implicit_gemm_kernel ran on an H100 (616a5c2, bench/results/gpu_h100.md)
+// but for its PIXEL_STEP loads; those and pipelined_gemm_kernel have run only on
+// the emulated GPUs.
 #pragma once
 
 #include <cuda_pipeline.h>
@@ -127,6 +128,14 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
   static_assert(!A_ROWS_FAST || kThreads % BM == 0 || BM % kThreads == 0);
   // Distinct A rows a thread loads: with m fastest the row repeats every BM/threads loads.
   constexpr int kARows = A_ROWS_FAST ? (BM > kThreads ? BM / kThreads : 1) : kALoads;
+  // PIXEL_STEP (backward-weight: kk is an (image, pixel) pair, the problem has
+  // pixel/a_px/b_px): both operands loaded kk-fastest with the threads a multiple
+  // of BK, so every load of a thread in one step has the same kk = k0 + tid % BK.
+  // The pair is decoded once per step (two divisions, the image's offsets) for
+  // all of them instead of once or twice per element: the per-element divisions
+  // and offsets had cost more issue slots than the FMAs.
+  constexpr bool kPixelStep = !A_ROWS_FAST && !CHANNEL_INNER && kThreads % BK == 0 &&
+                              requires(const Problem& p) { p.pixel(0, 0); };
 
   __shared__ __align__(16) float As[2][BK][BM + 4];
   __shared__ __align__(16) float Bs[2][BK][BN + 4];
@@ -182,6 +191,19 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
 #pragma unroll
       for (int e = 0; e < kBLoads; ++e) {
         b_next[e] = b_valid[e] ? problem.b_at(step, b_k(e), b_cols[e]) : 0.0f;
+      }
+      return;
+    }
+    if constexpr (kPixelStep) {
+      const typename Problem::Pixel px = problem.pixel(k0 + tid % BK, k_end);
+#pragma unroll
+      for (int e = 0; e < kALoads; ++e) {
+        const int j = e % kARows;
+        a_next[e] = a_valid[j] ? problem.a_px(a_rows[j], px) : 0.0f;
+      }
+#pragma unroll
+      for (int e = 0; e < kBLoads; ++e) {
+        b_next[e] = b_valid[e] ? problem.b_px(px, b_cols[e]) : 0.0f;
       }
       return;
     }
