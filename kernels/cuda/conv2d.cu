@@ -764,10 +764,10 @@ void backward_weight(const Dims& d, float* grad_weight, const float* grad_y, con
     launch_gemm<BackwardWeightProblem, T, false>(problem, plan.splits, plan.k_per_split, s);
     reduce_weight_splits(grad_weight, partial.as<float>(), count, plan.splits, stream);
   };
-  // Residency (the Tile's MIN_BLOCKS, ptxas for sm_90): 32x32x16 64 threads, 149
+  // Residency (the Tile's MIN_BLOCKS, ptxas for sm_90): 32x32x16 64 threads, 145
   // registers: 6 per SM, planned as 4; 64x64x16 256 threads capped at 80
-  // registers (99 uncapped), no spills: 3 per SM; 128x128x8 256 threads capped at
-  // 128 registers (44 bytes spilled): 2 per SM.
+  // registers, no spills: 3 per SM (capped at 64 for 4 it spills); 128x128x8 256
+  // threads capped at 128 registers (32 bytes spilled): 2 per SM.
   if (d.K <= 32) {
     run.template operator()<Tile<32, 32, 16, 4, 4, 4>>();
   } else if (d.K <= 64) {
