@@ -129,12 +129,17 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
   // Distinct A rows a thread loads: with m fastest the row repeats every BM/threads loads.
   constexpr int kARows = A_ROWS_FAST ? (BM > kThreads ? BM / kThreads : 1) : kALoads;
   // PIXEL_STEP (backward-weight: kk is an (image, pixel) pair, the problem has
-  // pixel/a_px/b_px): both operands loaded kk-fastest with the threads a multiple
-  // of BK, so every load of a thread in one step has the same kk = k0 + tid % BK.
-  // The pair is decoded once per step (two divisions, the image's offsets) for
-  // all of them instead of once or twice per element: the per-element divisions
-  // and offsets had cost more issue slots than the FMAs.
-  constexpr bool kPixelStep = !A_ROWS_FAST && !CHANNEL_INNER && kThreads % BK == 0 &&
+  // pixel/a_px/b_px): every load of a thread in one step has the same kk, so the
+  // pair is decoded once per step (two divisions, the image's offsets) for all of
+  // them instead of once or twice per element: the per-element divisions and
+  // offsets had cost more issue slots than the FMAs. A warp loads 8 consecutive
+  // kk of 4 rows (A) or columns (B): its stores into [kk][m + 4] then hit 32
+  // distinct banks (rows 4 apart mod 32), where 16 kk of 2 rows (BK 16) were
+  // two-way conflicts. Thread t: kk = t % 8 + 8 * (warp % (BK / 8)), row
+  // (t / 8) % 4 + 4 * (warp / (BK / 8)), the next row of its share
+  // threads / BK further; a one-to-one map of the threads onto BK x threads/BK.
+  constexpr bool kPixelStep = !A_ROWS_FAST && !CHANNEL_INNER && BK % 8 == 0 &&
+                              kThreads % 32 == 0 && kThreads / BK % 4 == 0 &&
                               requires(const Problem& p) { p.pixel(0, 0); };
 
   __shared__ __align__(16) float As[2][BK][BM + 4];
@@ -147,17 +152,28 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
   const int k_end = min(problem.Kred, k_begin + k_per_split);
 
   // Element e of this thread's share of a tile: flat index tid + e*threads, laid
-  // out m-fastest (A_ROWS_FAST) or kk-fastest.
+  // out m-fastest (A_ROWS_FAST) or kk-fastest; PIXEL_STEP's layout above.
+  constexpr int kKkGroups = BK >= 8 ? BK / 8 : 1;  // warps side by side along kk
+  const int pixel_kk = tid % 8 + 8 * (tid / 32 % kKkGroups);
+  const int pixel_row = tid / 8 % 4 + 4 * (tid / 32 / kKkGroups);
   auto a_m = [&](int e) {
     const int i = tid + e * kThreads;
+    if constexpr (kPixelStep) return pixel_row + e * (kThreads / BK);
     return A_ROWS_FAST ? i % BM : i / BK;
   };
   auto a_k = [&](int e) {
     const int i = tid + e * kThreads;
+    if constexpr (kPixelStep) return pixel_kk;
     return A_ROWS_FAST ? i / BM : i % BK;
   };
-  auto b_n = [&](int e) { return (tid + e * kThreads) / BK; };
-  auto b_k = [&](int e) { return (tid + e * kThreads) % BK; };
+  auto b_n = [&](int e) {
+    if constexpr (kPixelStep) return pixel_row + e * (kThreads / BK);
+    return (tid + e * kThreads) / BK;
+  };
+  auto b_k = [&](int e) {
+    if constexpr (kPixelStep) return pixel_kk;
+    return (tid + e * kThreads) % BK;
+  };
 
   typename Problem::Row a_rows[kARows];
   bool a_valid[kARows];
@@ -195,7 +211,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
       return;
     }
     if constexpr (kPixelStep) {
-      const typename Problem::Pixel px = problem.pixel(k0 + tid % BK, k_end);
+      const typename Problem::Pixel px = problem.pixel(k0 + pixel_kk, k_end);
 #pragma unroll
       for (int e = 0; e < kALoads; ++e) {
         const int j = e % kARows;
