@@ -15,8 +15,9 @@
 // pairs, as many as fill the resident block slots in one wave
 // (plan_weight_split), into partials that split_reduce
 // (kernels/cuda/split_reduce.cuh) adds in a fixed tree and accumulates into
-// grad_weight (deterministic, unlike atomics); each thread decodes one (image,
-// pixel) pair per step for all of its loads (implicit_gemm_kernel's PIXEL_STEP). The
+// grad_weight (deterministic, unlike atomics); its operands are copied by
+// cp.async, each thread decoding one (image, pixel) pair per step for all of
+// its copies (pipelined_pixel_kernel). The
 // grad_bias sums per (channel, group of images) and reduces the groups the same
 // way. Forward and backward-data reduce channel-inner (tap-major) when the
 // reduced channels are a multiple of the tile's step, so that each row's pixel
@@ -29,8 +30,8 @@
 //
 // Status: ran on an H100 (616a5c2: every CUDA test, memcheck and racecheck
 // clean; 23-564 % of cuDNN's speed, the wide 3x3 layers lowest, where cuDNN runs
-// Winograd; bench/results/gpu_h100.md). The cp.async pipeline and backward-weight's
-// per-step pixel decode have run only on the emulated GPUs.
+// Winograd; bench/results/gpu_h100.md). The cp.async pipelines have run only on
+// the emulated GPUs.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -47,6 +48,7 @@ namespace {
 
 using conv2d_gemm::implicit_gemm_kernel;
 using conv2d_gemm::pipelined_gemm_kernel;
+using conv2d_gemm::pipelined_pixel_kernel;
 using conv2d_gemm::Tile;
 
 // Integer division by a divisor fixed for the whole launch, as a multiply-high
@@ -289,17 +291,15 @@ struct BackwardWeightProblem {
   float* partial;       // [splits, K, C*R*S] when the reduction is split, else nullptr
   int M, Ncols, Kred;
 
+  // pipelined_pixel_kernel's interface: a row (output channel k), a column (tap
+  // (c, r, s)) and one (image, pixel) pair npq per thread and step, decoded once
+  // for all of the thread's copies; each address is then one add and a bounds check.
   struct Row {
-    int offset;
+    int offset;  // grad_y index of (0, k, 0, 0)
   };
   __device__ Row row(int k) const { return {k * d.PQ}; }
-  __device__ float a(const Row& row, int npq) const {
-    int n, pq;
-    d.by_PQ.divmod(npq, n, pq);
-    return __ldg(grad_y + n * d.K * d.PQ + row.offset + pq);
-  }
-  // The tap's offset from an output pixel's corner (p*stride_h, q*stride_w) and
-  // its x index relative to that corner: (c, h0, w0) as c*H*W + h0*W + w0.
+  // The tap's offset (h0, w0) from an output pixel's corner (p*stride_h,
+  // q*stride_w) and its x index relative to that corner, c*H*W + h0*W + w0.
   struct Col {
     int offset, h0, w0;
   };
@@ -310,22 +310,8 @@ struct BackwardWeightProblem {
     const int h0 = r * d.dilation_h - d.pad_h, w0 = s * d.dilation_w - d.pad_w;
     return {c * d.HW + h0 * d.W + w0, h0, w0};
   }
-  __device__ float b(int npq, const Col& col) const {
-    int n, pq, p, q;
-    d.by_PQ.divmod(npq, n, pq);
-    d.by_Q.divmod(pq, p, q);
-    const int h = p * d.stride_h + col.h0, w = q * d.stride_w + col.w0;
-    if (static_cast<unsigned>(h) >= static_cast<unsigned>(d.H) ||
-        static_cast<unsigned>(w) >= static_cast<unsigned>(d.W)) {
-      return 0.0f;
-    }
-    return __ldg(x + n * d.C * d.HW + col.offset + p * d.stride_h * d.W + q * d.stride_w);
-  }
-  // a and b for one (image, pixel) pair decoded once: implicit_gemm_kernel gives
-  // each thread one pair per step (see its PIXEL_STEP), shared by all its loads.
-  // The output pixel's corner (h, w) = (p*stride_h, q*stride_w), the grad_y index
-  // of (n, 0, p, q) and the x index of (n, 0, h, w): each load is then one add
-  // and a bounds check.
+  // The pair's corner (h, w) = (p*stride_h, q*stride_w), the grad_y index of
+  // (n, 0, p, q) and the x index of (n, 0, h, w).
   struct Pixel {
     int grad_y_offset, x_offset, h, w;
     bool valid;  // inside the block's split
@@ -338,16 +324,18 @@ struct BackwardWeightProblem {
     const int h = p * d.stride_h, w = q * d.stride_w;
     return {n * d.K * d.PQ + pq, n * d.C * d.HW + h * d.W + w, h, w, valid};
   }
-  __device__ float a_px(const Row& row, const Pixel& px) const {
-    return px.valid ? __ldg(grad_y + px.grad_y_offset + row.offset) : 0.0f;
+  // Where A[k, npq] and B[npq, crs] are: false (src the operand's first element)
+  // where the value is 0, past the split or in the padding.
+  __device__ bool a_src(const Row& row, const Pixel& px, const float*& src) const {
+    src = px.valid ? grad_y + px.grad_y_offset + row.offset : grad_y;
+    return px.valid;
   }
-  __device__ float b_px(const Pixel& px, const Col& col) const {
+  __device__ bool b_src(const Pixel& px, const Col& col, const float*& src) const {
     const int h = px.h + col.h0, w = px.w + col.w0;
-    if (!px.valid || static_cast<unsigned>(h) >= static_cast<unsigned>(d.H) ||
-        static_cast<unsigned>(w) >= static_cast<unsigned>(d.W)) {
-      return 0.0f;
-    }
-    return __ldg(x + px.x_offset + col.offset);
+    const bool inside = px.valid && static_cast<unsigned>(h) < static_cast<unsigned>(d.H) &&
+                        static_cast<unsigned>(w) < static_cast<unsigned>(d.W);
+    src = inside ? x + px.x_offset + col.offset : x;
+    return inside;
   }
   struct Out {
     int offset;
@@ -591,6 +579,18 @@ void launch_pipelined(const Problem& problem, cudaStream_t stream) {
   TL_CUDA_CHECK_LAUNCH();
 }
 
+template <class T>
+void launch_weight(const BackwardWeightProblem& problem, int splits, int k_per_split,
+                   cudaStream_t stream) {
+  const dim3 grid(ceil_div(problem.M, T::BM), ceil_div(problem.Ncols, T::BN), splits);
+  TL_CHECK(grid.y <= 65535 && grid.z <= 65535, NotSupported,
+           "conv2d: " << problem.Ncols << " GEMM columns need " << grid.y
+                      << " column tiles; the CUDA kernels handle at most 65535");
+  pipelined_pixel_kernel<BackwardWeightProblem, T, kStages>
+      <<<grid, T::kThreads, 0, stream>>>(problem, k_per_split);
+  TL_CUDA_CHECK_LAUNCH();
+}
+
 // Forward and backward-data: many rows (pixels), few columns (channels). Tiles
 // are tried from the largest (most reuse of each loaded value) down, no wider than
 // the channels need; the first that gives every SM two blocks is taken, else the
@@ -754,27 +754,28 @@ void backward_weight(const Dims& d, float* grad_weight, const float* grad_y, con
     const WeightSplitPlan plan =
         plan_weight_split(problem.Kred, tiles, T::BK, sms, std::max(1, T::kMinBlocks));
     if (plan.splits == 1) {
-      launch_gemm<BackwardWeightProblem, T, false>(problem, 1, problem.Kred, s);
+      launch_weight<T>(problem, 1, problem.Kred, s);
       return;
     }
     const std::int64_t count = std::int64_t{d.K} * d.CRS;
     const std::int64_t slots = plan.splits + plan.splits % 2;  // an odd count's zeroed slot
     Scratch partial(stream, static_cast<std::size_t>(slots * count) * sizeof(float));
     problem.partial = partial.as<float>();
-    launch_gemm<BackwardWeightProblem, T, false>(problem, plan.splits, plan.k_per_split, s);
+    launch_weight<T>(problem, plan.splits, plan.k_per_split, s);
     reduce_weight_splits(grad_weight, partial.as<float>(), count, plan.splits, stream);
   };
-  // Residency (the Tile's MIN_BLOCKS, ptxas for sm_90): 32x32x16 64 threads, 145
-  // registers: 6 per SM, planned as 4; 64x64x16 256 threads capped at 80
-  // registers, no spills: 3 per SM (capped at 64 for 4 it spills); 128x128x8 256
-  // threads capped at 128 registers (32 bytes spilled): 2 per SM.
+  // Residency (the Tile's MIN_BLOCKS, ptxas for sm_90, pipelined_pixel_kernel):
+  // 32x32x16 64 threads, 121 registers: 8 per SM, planned as 4; 64x64x16 256
+  // threads capped at 80 registers (79), no spills, 25.5 KB shared: 3 per SM;
+  // 128x128x8 256 threads capped at 128 registers, no spills: 2 per SM.
   if (d.K <= 32) {
     run.template operator()<Tile<32, 32, 16, 4, 4, 4>>();
   } else if (d.K <= 64) {
     run.template operator()<Tile<64, 64, 16, 4, 4, 3>>();
   } else {
-    // BK 8 rather than 16: half the staged loads and gather columns per thread,
-    // so that 128 registers hold the rest and two blocks share an SM.
+    // BK 8 rather than 16: half the gathered columns per thread (their offsets
+    // live in registers), so that 128 registers hold the rest and two blocks
+    // share an SM.
     run.template operator()<Tile<128, 128, 8, 8, 8, 2>>();
   }
 }

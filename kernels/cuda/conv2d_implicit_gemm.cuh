@@ -3,12 +3,13 @@
 // its result; the problems and their launch plans are in conv2d.cu) and a Tile.
 //
 // implicit_gemm_kernel: any problem, any reduction order, register-staged double
-// buffer. pipelined_gemm_kernel: the channel-inner order of forward and
-// backward-data, copied global -> shared by cp.async in a ring of stages.
+// buffer (forward and backward-data when their channels are not a multiple of
+// the step). pipelined_gemm_kernel: the channel-inner order of forward and
+// backward-data, and pipelined_pixel_kernel: backward-weight, both copied
+// global -> shared by cp.async in a ring of stages.
 //
-// Status: implicit_gemm_kernel ran on an H100 (616a5c2, bench/results/gpu_h100.md)
-// but for its PIXEL_STEP loads; those and pipelined_gemm_kernel have run only on
-// the emulated GPUs.
+// Status: implicit_gemm_kernel ran on an H100 (616a5c2, bench/results/gpu_h100.md);
+// the two pipelined kernels have run only on the emulated GPUs.
 #pragma once
 
 #include <cuda_pipeline.h>
@@ -43,15 +44,13 @@ __device__ __forceinline__ void multiply_stage(float (&acc)[T::TM][T::TN],
     float a_frag[TM], b_frag[TN];
 #pragma unroll
     for (int g = 0; g < TM / 4; ++g) {
-      const float4 v =
-          *reinterpret_cast<const float4*>(&As[kk][g * (BM / (TM / 4)) + tm * 4]);
+      const float4 v = *reinterpret_cast<const float4*>(&As[kk][g * (BM / (TM / 4)) + tm * 4]);
       a_frag[g * 4 + 0] = v.x, a_frag[g * 4 + 1] = v.y, a_frag[g * 4 + 2] = v.z,
                      a_frag[g * 4 + 3] = v.w;
     }
 #pragma unroll
     for (int g = 0; g < TN / 4; ++g) {
-      const float4 v =
-          *reinterpret_cast<const float4*>(&Bs[kk][g * (BN / (TN / 4)) + tn * 4]);
+      const float4 v = *reinterpret_cast<const float4*>(&Bs[kk][g * (BN / (TN / 4)) + tn * 4]);
       b_frag[g * 4 + 0] = v.x, b_frag[g * 4 + 1] = v.y, b_frag[g * 4 + 2] = v.z,
                      b_frag[g * 4 + 3] = v.w;
     }
@@ -128,19 +127,6 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
   static_assert(!A_ROWS_FAST || kThreads % BM == 0 || BM % kThreads == 0);
   // Distinct A rows a thread loads: with m fastest the row repeats every BM/threads loads.
   constexpr int kARows = A_ROWS_FAST ? (BM > kThreads ? BM / kThreads : 1) : kALoads;
-  // PIXEL_STEP (backward-weight: kk is an (image, pixel) pair, the problem has
-  // pixel/a_px/b_px): every load of a thread in one step has the same kk, so the
-  // pair is decoded once per step (two divisions, the image's offsets) for all of
-  // them instead of once or twice per element: the per-element divisions and
-  // offsets had cost more issue slots than the FMAs. A warp loads 8 consecutive
-  // kk of 4 rows (A) or columns (B): its stores into [kk][m + 4] then hit 32
-  // distinct banks (rows 4 apart mod 32), where 16 kk of 2 rows (BK 16) were
-  // two-way conflicts. Thread t: kk = t % 8 + 8 * (warp % (BK / 8)), row
-  // (t / 8) % 4 + 4 * (warp / (BK / 8)), the next row of its share
-  // threads / BK further; a one-to-one map of the threads onto BK x threads/BK.
-  constexpr bool kPixelStep = !A_ROWS_FAST && !CHANNEL_INNER && BK % 8 == 0 &&
-                              kThreads % 32 == 0 && kThreads / BK % 4 == 0 &&
-                              requires(const Problem& p) { p.pixel(0, 0); };
 
   __shared__ __align__(16) float As[2][BK][BM + 4];
   __shared__ __align__(16) float Bs[2][BK][BN + 4];
@@ -152,28 +138,17 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
   const int k_end = min(problem.Kred, k_begin + k_per_split);
 
   // Element e of this thread's share of a tile: flat index tid + e*threads, laid
-  // out m-fastest (A_ROWS_FAST) or kk-fastest; PIXEL_STEP's layout above.
-  constexpr int kKkGroups = BK >= 8 ? BK / 8 : 1;  // warps side by side along kk
-  const int pixel_kk = tid % 8 + 8 * (tid / 32 % kKkGroups);
-  const int pixel_row = tid / 8 % 4 + 4 * (tid / 32 / kKkGroups);
+  // out m-fastest (A_ROWS_FAST) or kk-fastest.
   auto a_m = [&](int e) {
     const int i = tid + e * kThreads;
-    if constexpr (kPixelStep) return pixel_row + e * (kThreads / BK);
     return A_ROWS_FAST ? i % BM : i / BK;
   };
   auto a_k = [&](int e) {
     const int i = tid + e * kThreads;
-    if constexpr (kPixelStep) return pixel_kk;
     return A_ROWS_FAST ? i / BM : i % BK;
   };
-  auto b_n = [&](int e) {
-    if constexpr (kPixelStep) return pixel_row + e * (kThreads / BK);
-    return (tid + e * kThreads) / BK;
-  };
-  auto b_k = [&](int e) {
-    if constexpr (kPixelStep) return pixel_kk;
-    return (tid + e * kThreads) % BK;
-  };
+  auto b_n = [&](int e) { return (tid + e * kThreads) / BK; };
+  auto b_k = [&](int e) { return (tid + e * kThreads) % BK; };
 
   typename Problem::Row a_rows[kARows];
   bool a_valid[kARows];
@@ -207,19 +182,6 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
 #pragma unroll
       for (int e = 0; e < kBLoads; ++e) {
         b_next[e] = b_valid[e] ? problem.b_at(step, b_k(e), b_cols[e]) : 0.0f;
-      }
-      return;
-    }
-    if constexpr (kPixelStep) {
-      const typename Problem::Pixel px = problem.pixel(k0 + pixel_kk, k_end);
-#pragma unroll
-      for (int e = 0; e < kALoads; ++e) {
-        const int j = e % kARows;
-        a_next[e] = a_valid[j] ? problem.a_px(a_rows[j], px) : 0.0f;
-      }
-#pragma unroll
-      for (int e = 0; e < kBLoads; ++e) {
-        b_next[e] = b_valid[e] ? problem.b_px(px, b_cols[e]) : 0.0f;
       }
       return;
     }
@@ -363,6 +325,103 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
     read = read + 1 == STAGES ? 0 : read + 1;
   }
   store_tile<T>(problem, acc, m0, n0, tm, tn, 0);
+}
+
+// Backward-weight: C[k, crs] = sum over this block's split of the (image,
+// pixel) pairs npq of grad_y[n, k, pq] * x patch[npq, crs], the operands copied
+// global -> shared by cp.async (4 bytes each, zero-filled past the split and in
+// the padding) into a ring of STAGES buffers as in pipelined_gemm_kernel:
+// STAGES - 1 steps in flight, no staging registers.
+//
+// All of a thread's copies in one step have the same kk, so its (image, pixel)
+// pair is decoded once per step (two divisions, the image's offsets; the
+// problem's pixel) for all of them: decoded per element, as in
+// implicit_gemm_kernel's natural order, the divisions and offsets had issued
+// more instructions than the FMAs (H100, batch 512: 147M issued, 44 % FFMA). A
+// warp copies 8 consecutive kk of 4 rows (A) or columns (B), so its stores into
+// [kk][m + 4] hit 32 distinct banks (rows 4 apart mod 32) where 16 kk of 2 rows
+// (BK 16) were two-way conflicts. Thread t: kk = t % 8 + 8 * (warp % (BK / 8)),
+// row (t / 8) % 4 + 4 * (warp / (BK / 8)), its next rows threads / BK further:
+// a one-to-one map of the threads onto BK x threads / BK. The summation order is
+// implicit_gemm_kernel's: kk ascending per split, the same bits.
+template <class Problem, class T, int STAGES>
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
+    pipelined_pixel_kernel(const Problem problem, int k_per_split) {
+  constexpr int BM = T::BM, BN = T::BN, BK = T::BK, TM = T::TM, TN = T::TN;
+  constexpr int kThreads = T::kThreads;
+  constexpr int kALoads = BM * BK / kThreads, kBLoads = BN * BK / kThreads;
+  constexpr int kRowsApart = kThreads / BK;  // between the rows (columns) of a thread's share
+  static_assert(STAGES >= 2);
+  static_assert(TM % 4 == 0 && TN % 4 == 0 && BM % TM == 0 && BN % TN == 0);
+  static_assert(BM * BK % kThreads == 0 && BN * BK % kThreads == 0);
+  static_assert(BK % 8 == 0 && kThreads % 32 == 0 && kRowsApart % 4 == 0);
+
+  __shared__ __align__(16) float As[STAGES][BK][BM + 4];
+  __shared__ __align__(16) float Bs[STAGES][BK][BN + 4];
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int m0 = static_cast<int>(blockIdx.x) * BM, n0 = static_cast<int>(blockIdx.y) * BN;
+  const int split = static_cast<int>(blockIdx.z);
+  const int k_begin = split * k_per_split;
+  const int k_end = min(problem.Kred, k_begin + k_per_split);
+  const int steps = max(0, k_end - k_begin + BK - 1) / BK;
+
+  // The layout above: 8 kk by 4 rows per warp.
+  const int kk = tid % 8 + 8 * (tid / 32 % (BK / 8));
+  const int row = tid / 8 % 4 + 4 * (tid / 32 / (BK / 8));
+
+  typename Problem::Row a_rows[kALoads];
+  bool a_valid[kALoads];
+#pragma unroll
+  for (int e = 0; e < kALoads; ++e) {
+    const int m = m0 + row + e * kRowsApart;
+    a_valid[e] = m < problem.M;
+    a_rows[e] = problem.row(a_valid[e] ? m : 0);
+  }
+  typename Problem::Col b_cols[kBLoads];
+  bool b_valid[kBLoads];
+#pragma unroll
+  for (int e = 0; e < kBLoads; ++e) {
+    const int n = n0 + row + e * kRowsApart;
+    b_valid[e] = n < problem.Ncols;
+    b_cols[e] = problem.col(b_valid[e] ? n : 0);
+  }
+
+  auto start_step = [&](int step, int stage) {
+    const typename Problem::Pixel px = problem.pixel(k_begin + step * BK + kk, k_end);
+#pragma unroll
+    for (int e = 0; e < kALoads; ++e) {
+      const float* src;
+      const bool copy = problem.a_src(a_rows[e], px, src) && a_valid[e];
+      __pipeline_memcpy_async(&As[stage][kk][row + e * kRowsApart], src, 4, copy ? 0 : 4);
+    }
+#pragma unroll
+    for (int e = 0; e < kBLoads; ++e) {
+      const float* src;
+      const bool copy = problem.b_src(px, b_cols[e], src) && b_valid[e];
+      __pipeline_memcpy_async(&Bs[stage][kk][row + e * kRowsApart], src, 4, copy ? 0 : 4);
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < steps) start_step(s, s);
+    __pipeline_commit();
+  }
+
+  const int tm = tid % (BM / TM), tn = tid / (BM / TM);
+  float acc[TM][TN] = {};
+  int read = 0;  // the buffer of step `step`
+  for (int step = 0; step < steps; ++step) {
+    __pipeline_wait_prior(STAGES - 2);
+    __syncthreads();
+    const int write = read == 0 ? STAGES - 1 : read - 1;  // multiplied in step - 1
+    if (step + STAGES - 1 < steps) start_step(step + STAGES - 1, write);
+    __pipeline_commit();
+    multiply_stage<T>(acc, As[read], Bs[read], tm, tn);
+    read = read + 1 == STAGES ? 0 : read + 1;
+  }
+  store_tile<T>(problem, acc, m0, n0, tm, tn, split);
 }
 
 }  // namespace towerlab::cuda::conv2d_gemm
