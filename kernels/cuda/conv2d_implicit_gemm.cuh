@@ -30,14 +30,16 @@ struct Tile {
   static constexpr int kMinBlocks = MIN_BLOCKS_;
 };
 
-// acc += the outer products of one stage's BK columns of A ([BK][BM + 4]) and
-// rows of B ([BK][BN + 4]). This thread's outputs: rows tm*4 + {0..3} in each of
-// TM/4 groups spaced BM/(TM/4) apart (likewise columns), so that neighbouring
-// threads store neighbouring m and a warp's float4 reads are conflict-free.
-template <class T>
+// acc += the outer products of one stage's BK columns of A ([BK][A_PITCH], A_PITCH
+// >= BM) and rows of B ([BK][B_PITCH]). This thread's outputs: rows tm*4 + {0..3}
+// in each of TM/4 groups spaced BM/(TM/4) apart (likewise columns), so that
+// neighbouring threads store neighbouring m and a warp's float4 reads are
+// conflict-free.
+template <class T, int A_PITCH, int B_PITCH>
 __device__ __forceinline__ void multiply_stage(float (&acc)[T::TM][T::TN],
-                                               const float (*As)[T::BM + 4],
-                                               const float (*Bs)[T::BN + 4], int tm, int tn) {
+                                               const float (*As)[A_PITCH],
+                                               const float (*Bs)[B_PITCH], int tm, int tn) {
+  static_assert(A_PITCH >= T::BM && B_PITCH >= T::BN && A_PITCH % 4 == 0 && B_PITCH % 4 == 0);
   constexpr int BM = T::BM, BN = T::BN, BK = T::BK, TM = T::TM, TN = T::TN;
 #pragma unroll
   for (int kk = 0; kk < BK; ++kk) {
@@ -257,7 +259,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
   static_assert(kThreads % BM == 0 || BM % kThreads == 0);
   constexpr int kARows = BM > kThreads ? BM / kThreads : 1;  // m fastest: rows repeat
 
-  __shared__ __align__(16) float As[STAGES][BK][BM + 4];
+  // A's rows unpadded: its copies go m-fastest, conflict-free without (and 6
+  // blocks of the 128x32 tile fit the SM's 100 KB shared-memory carveout).
+  __shared__ __align__(16) float As[STAGES][BK][BM];
   __shared__ __align__(16) float Bs[STAGES][BK][BN + 4];
 
   const int tid = static_cast<int>(threadIdx.x);
