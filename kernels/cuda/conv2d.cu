@@ -149,7 +149,7 @@ struct ForwardProblem {
   __device__ Col col(int k) const { return {k * d.CRS}; }
   __device__ float b(int crs, const Col& col) const { return __ldg(weight + col.offset + crs); }
 
-  // The channel-inner order (see implicit_gemm_kernel): kk = rs*C + c, one tap per step.
+  // The channel-inner order (see pipelined_gemm_kernel): kk = rs*C + c, one tap per step.
   struct Step {
     int rs, c0, dh, dw;  // the step's tap, its first channel, the tap's pixel offset
   };
@@ -171,10 +171,6 @@ struct ForwardProblem {
   __device__ const float* a_src(int base, int dc) const { return x + base + dc * d.HW; }
   __device__ const float* b_src(const Step& st, int dc, const Col& col) const {
     return weight + col.offset + (st.c0 + dc) * d.RS + st.rs;
-  }
-  __device__ float a_at(int base, int dc) const { return __ldg(a_src(base, dc)); }
-  __device__ float b_at(const Step& st, int dc, const Col& col) const {
-    return __ldg(b_src(st, dc, col));
   }
   struct Out {
     int offset;
@@ -236,7 +232,7 @@ struct BackwardDataProblem {
     return __ldg(weight + k * d.CRS + col.offset + rs);
   }
 
-  // The channel-inner order (see implicit_gemm_kernel): kk = rs*K + k, one tap per step.
+  // The channel-inner order (see pipelined_gemm_kernel): kk = rs*K + k, one tap per step.
   struct Step {
     int rs, k0, dh, dw;  // the step's tap, its first channel, the tap's pixel offset
   };
@@ -259,10 +255,6 @@ struct BackwardDataProblem {
   __device__ const float* a_src(int base, int dk) const { return grad_y + base + dk * d.PQ; }
   __device__ const float* b_src(const Step& st, int dk, const Col& col) const {
     return weight + (st.k0 + dk) * d.CRS + col.offset + st.rs;
-  }
-  __device__ float a_at(int base, int dk) const { return __ldg(a_src(base, dk)); }
-  __device__ float b_at(const Step& st, int dk, const Col& col) const {
-    return __ldg(b_src(st, dk, col));
   }
   struct Out {
     int offset;
@@ -554,14 +546,13 @@ int ceil_div(std::int64_t a, std::int64_t b) {
   return static_cast<int>((a + b - 1) / b);
 }
 
-template <class Problem, class T, bool A_ROWS_FAST, bool CHANNEL_INNER = false>
-void launch_gemm(const Problem& problem, int splits, int k_per_split, cudaStream_t stream) {
-  const dim3 grid(ceil_div(problem.M, T::BM), ceil_div(problem.Ncols, T::BN), splits);
-  TL_CHECK(grid.y <= 65535 && grid.z <= 65535, NotSupported,
+template <class Problem, class T>
+void launch_gemm(const Problem& problem, cudaStream_t stream) {
+  const dim3 grid(ceil_div(problem.M, T::BM), ceil_div(problem.Ncols, T::BN));
+  TL_CHECK(grid.y <= 65535, NotSupported,
            "conv2d: " << problem.Ncols << " GEMM columns need " << grid.y
                       << " column tiles; the CUDA kernels handle at most 65535");
-  implicit_gemm_kernel<Problem, T, A_ROWS_FAST, CHANNEL_INNER>
-      <<<grid, T::kThreads, 0, stream>>>(problem, k_per_split);
+  implicit_gemm_kernel<Problem, T><<<grid, T::kThreads, 0, stream>>>(problem);
   TL_CUDA_CHECK_LAUNCH();
 }
 
@@ -599,7 +590,6 @@ void launch_weight(const BackwardWeightProblem& problem, int splits, int k_per_s
 // K backward-data) are a multiple of the step BK.
 template <class Problem>
 void launch_pixel_rows(const Problem& problem, int channels, int sms, cudaStream_t stream) {
-  const int k_all = problem.Kred;
   auto enough = [&]<class T>() {
     return std::int64_t{ceil_div(problem.M, T::BM)} * ceil_div(problem.Ncols, T::BN) >= 2 * sms;
   };
@@ -611,7 +601,7 @@ void launch_pixel_rows(const Problem& problem, int channels, int sms, cudaStream
       using Pipelined = Tile<T::BM, T::BN, T::BK, T::TM, T::TN, PIPELINED_BLOCKS>;
       launch_pipelined<Problem, Pipelined>(problem, stream);
     } else {
-      launch_gemm<Problem, T, true, false>(problem, 1, k_all, stream);
+      launch_gemm<Problem, T>(problem, stream);
     }
   };
   using T128x8 = Tile<128, 8, 8, 4, 4>;

@@ -2,11 +2,11 @@
 // "problem" (how one pass of the convolution gathers its GEMM operands and stores
 // its result; the problems and their launch plans are in conv2d.cu) and a Tile.
 //
-// implicit_gemm_kernel: any problem, any reduction order, register-staged double
+// implicit_gemm_kernel: the natural reduction order, a register-staged double
 // buffer (forward and backward-data when their channels are not a multiple of
 // the step). pipelined_gemm_kernel: the channel-inner order of forward and
-// backward-data, and pipelined_pixel_kernel: backward-weight, both copied
-// global -> shared by cp.async in a ring of stages.
+// backward-data; pipelined_pixel_kernel: backward-weight; both copy global ->
+// shared by cp.async into a ring of stages.
 //
 // Status: implicit_gemm_kernel ran on an H100 (616a5c2, bench/results/gpu_h100.md);
 // the two pipelined kernels have run only on the emulated GPUs.
@@ -98,19 +98,12 @@ __device__ __forceinline__ void store_tile(const Problem& problem, const float (
   }
 }
 
-// C[m,n] = sum over kk in this block's split of A[m,kk] * B[kk,n], stored through
-// the problem. A_ROWS_FAST: consecutive threads load consecutive m (A is
-// contiguous along m: x and grad_y patches along q); otherwise consecutive kk
-// (grad_y rows in backward-weight). B is always loaded kk-fastest.
-//
-// CHANNEL_INNER (forward and backward-data, when the reduced channels are a
-// multiple of BK): the reduction runs tap-major, kk = rs * channels + channel,
-// so the BK values of one step share one tap (r, s). The problem's step(k0)
-// decodes the tap once per step and a_base finds each row's pixel once per step
-// (bounds, strides); each element is then one load at base + channel * plane.
-// In the natural order every element needed its own two or four divisions and
-// bounds checks, which cost more issue slots than the FMAs they fed (A is
-// reused only BN times). Any summation order is as deterministic as another.
+// C[m,n] = sum over kk of A[m,kk] * B[kk,n] in the natural order kk = (channel,
+// r, s), stored through the problem: forward and backward-data when their
+// reduced channels are not a multiple of BK (RGB input layers). Every element
+// is gathered on its own (the problem's a and b: two or four divisions and the
+// bounds). Consecutive threads load consecutive m (A is contiguous along m: x
+// and grad_y patches along q), B kk-fastest.
 //
 // Shared memory holds A as [BK][BM] and B as [BK][BN] so that each step of the
 // reduction is an outer product of a column of A and a row of B; rows are padded
@@ -118,37 +111,28 @@ __device__ __forceinline__ void store_tile(const Problem& problem, const float (
 // stay aligned. Two buffers: the next tile's global loads are issued into
 // registers before the current tile is multiplied, hiding their latency, with
 // one barrier per step.
-template <class Problem, class T, bool A_ROWS_FAST, bool CHANNEL_INNER>
+template <class Problem, class T>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
-    implicit_gemm_kernel(const Problem problem, int k_per_split) {
+    implicit_gemm_kernel(const Problem problem) {
   constexpr int BM = T::BM, BN = T::BN, BK = T::BK, TM = T::TM, TN = T::TN;
   constexpr int kThreads = T::kThreads;
   constexpr int kALoads = BM * BK / kThreads, kBLoads = BN * BK / kThreads;
   static_assert(TM % 4 == 0 && TN % 4 == 0 && BM % TM == 0 && BN % TN == 0);
   static_assert(BM * BK % kThreads == 0 && BN * BK % kThreads == 0);
-  static_assert(!A_ROWS_FAST || kThreads % BM == 0 || BM % kThreads == 0);
-  // Distinct A rows a thread loads: with m fastest the row repeats every BM/threads loads.
-  constexpr int kARows = A_ROWS_FAST ? (BM > kThreads ? BM / kThreads : 1) : kALoads;
+  static_assert(kThreads % BM == 0 || BM % kThreads == 0);
+  constexpr int kARows = BM > kThreads ? BM / kThreads : 1;  // m fastest: rows repeat
 
   __shared__ __align__(16) float As[2][BK][BM + 4];
   __shared__ __align__(16) float Bs[2][BK][BN + 4];
 
   const int tid = static_cast<int>(threadIdx.x);
   const int m0 = static_cast<int>(blockIdx.x) * BM, n0 = static_cast<int>(blockIdx.y) * BN;
-  const int split = static_cast<int>(blockIdx.z);
-  const int k_begin = split * k_per_split;
-  const int k_end = min(problem.Kred, k_begin + k_per_split);
+  const int k_end = problem.Kred;
 
-  // Element e of this thread's share of a tile: flat index tid + e*threads, laid
-  // out m-fastest (A_ROWS_FAST) or kk-fastest.
-  auto a_m = [&](int e) {
-    const int i = tid + e * kThreads;
-    return A_ROWS_FAST ? i % BM : i / BK;
-  };
-  auto a_k = [&](int e) {
-    const int i = tid + e * kThreads;
-    return A_ROWS_FAST ? i / BM : i % BK;
-  };
+  // Element e of this thread's share of a tile: flat index tid + e*threads, A laid
+  // out m-fastest, B kk-fastest.
+  auto a_m = [&](int e) { return (tid + e * kThreads) % BM; };
+  auto a_k = [&](int e) { return (tid + e * kThreads) / BM; };
   auto b_n = [&](int e) { return (tid + e * kThreads) / BK; };
   auto b_k = [&](int e) { return (tid + e * kThreads) % BK; };
 
@@ -156,7 +140,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
   bool a_valid[kARows];
 #pragma unroll
   for (int j = 0; j < kARows; ++j) {
-    const int m = m0 + a_m(j);  // e = j gives the j-th distinct row in both layouts
+    const int m = m0 + a_m(j);
     a_valid[j] = m < problem.M;
     a_rows[j] = problem.row(a_valid[j] ? m : 0);
   }
@@ -171,22 +155,6 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
 
   float a_next[kALoads], b_next[kBLoads];
   auto load_global = [&](int k0) {
-    if constexpr (CHANNEL_INNER) {  // the launcher made Kred a multiple of BK: no k_end checks
-      const typename Problem::Step step = problem.step(k0);
-      int base[kARows];
-#pragma unroll
-      for (int j = 0; j < kARows; ++j) base[j] = a_valid[j] ? problem.a_base(a_rows[j], step) : -1;
-#pragma unroll
-      for (int e = 0; e < kALoads; ++e) {
-        const int j = e % kARows;
-        a_next[e] = base[j] >= 0 ? problem.a_at(base[j], a_k(e)) : 0.0f;
-      }
-#pragma unroll
-      for (int e = 0; e < kBLoads; ++e) {
-        b_next[e] = b_valid[e] ? problem.b_at(step, b_k(e), b_cols[e]) : 0.0f;
-      }
-      return;
-    }
 #pragma unroll
     for (int e = 0; e < kALoads; ++e) {
       const int kk = k0 + a_k(e);
@@ -206,16 +174,14 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
     for (int e = 0; e < kBLoads; ++e) Bs[buffer][b_k(e)][b_n(e)] = b_next[e];
   };
 
-  // This thread's outputs: rows tm*4 + {0..3} in each of TM/4 groups spaced BM/(TM/4)
-  // apart (likewise columns), so that neighbouring threads store neighbouring m.
   const int tm = tid % (BM / TM), tn = tid / (BM / TM);
   float acc[TM][TN] = {};
 
-  load_global(k_begin);
+  load_global(0);
   store_shared(0);
   __syncthreads();
   int buffer = 0;
-  for (int k0 = k_begin; k0 < k_end; k0 += BK) {
+  for (int k0 = 0; k0 < k_end; k0 += BK) {
     const bool has_next = k0 + BK < k_end;
     if (has_next) load_global(k0 + BK);
     multiply_stage<T>(acc, As[buffer], Bs[buffer], tm, tn);
@@ -226,27 +192,33 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
     }
   }
 
-  store_tile<T>(problem, acc, m0, n0, tm, tn, split);
+  store_tile<T>(problem, acc, m0, n0, tm, tn, 0);
 }
 
-// The channel-inner reduction of implicit_gemm_kernel (forward and
-// backward-data, reduced channels a multiple of BK, one split) with its operands
-// copied global -> shared by cp.async (4 bytes each: a gathered element, or a
-// zero fill where the tap falls in the padding) into a ring of STAGES buffers,
-// never through registers. STAGES - 1 steps are in flight while one is
-// multiplied, where the register-staged double buffer had one: the gathers'
-// latency is hidden by the pipeline rather than by more warps. Dropping the
+// Forward and backward-data when the reduced channels (C forward, K
+// backward-data) are a multiple of BK: the reduction runs channel-inner
+// (tap-major), kk = rs * channels + channel, so the BK values of one step share
+// one tap (r, s). The problem's step(k0) decodes the tap once per step and
+// a_base finds each row's pixel once per step (bounds, strides); each element is
+// then one address, base + channel * plane. In the natural order
+// (implicit_gemm_kernel) every element needs its own two or four divisions and
+// bounds checks, which cost more issue slots than the FMAs they feed (A is
+// reused only BN times). Any summation order is as deterministic as another.
+//
+// The operands go global -> shared by cp.async (4 bytes each: a gathered
+// element, or a zero fill where the tap falls in the padding) into a ring of
+// STAGES buffers, never through registers. STAGES - 1 steps are in flight while
+// one is multiplied, where a register-staged double buffer has one: the
+// gathers' latency is hidden by the pipeline rather than by more warps. Without
 // staging registers (BM*BK + BN*BK over the threads) and their shared stores
-// lets more blocks share an SM (the Tile's MIN_BLOCKS), which also rounds a
-// launch of a few hundred blocks into one wave instead of one and a half.
+// more blocks share an SM (the Tile's MIN_BLOCKS), which also rounds a launch
+// of a few hundred blocks into one wave instead of one and a half.
 //
 // Copies of step s form batch s (empty past the last step), so waiting for all
 // but the newest STAGES - 2 batches completes exactly the step to multiply; the
 // barrier that follows also guarantees that every thread is done with the
 // buffer the next copies overwrite (the one multiplied a step before). The
-// summation order is implicit_gemm_kernel's: the same bits.
-//
-// The problem gives a_src/b_src (the addresses a_at/b_at read) for the copies.
+// problem gives a_src/b_src, the addresses of a step's elements.
 template <class Problem, class T, int STAGES>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
     pipelined_gemm_kernel(const Problem problem) {
@@ -339,15 +311,15 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
 //
 // All of a thread's copies in one step have the same kk, so its (image, pixel)
 // pair is decoded once per step (two divisions, the image's offsets; the
-// problem's pixel) for all of them: decoded per element, as in
-// implicit_gemm_kernel's natural order, the divisions and offsets had issued
-// more instructions than the FMAs (H100, batch 512: 147M issued, 44 % FFMA). A
+// problem's pixel) for all of them: decoded per element, the divisions and
+// offsets issue more instructions than the FMAs (H100, FashionNet's conv2 at
+// batch 512: 147M issued, 44 % of them FFMA). A
 // warp copies 8 consecutive kk of 4 rows (A) or columns (B), so its stores into
 // [kk][m + 4] hit 32 distinct banks (rows 4 apart mod 32) where 16 kk of 2 rows
-// (BK 16) were two-way conflicts. Thread t: kk = t % 8 + 8 * (warp % (BK / 8)),
+// (BK 16) would conflict two-way. Thread t: kk = t % 8 + 8 * (warp % (BK / 8)),
 // row (t / 8) % 4 + 4 * (warp / (BK / 8)), its next rows threads / BK further:
-// a one-to-one map of the threads onto BK x threads / BK. The summation order is
-// implicit_gemm_kernel's: kk ascending per split, the same bits.
+// a one-to-one map of the threads onto BK x threads / BK. Each split sums kk
+// in ascending order: the same bits every run.
 template <class Problem, class T, int STAGES>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
     pipelined_pixel_kernel(const Problem problem, int k_per_split) {
