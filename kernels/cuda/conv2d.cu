@@ -611,10 +611,11 @@ void launch_pixel_rows(const Problem& problem, int channels, int sms, cudaStream
   // 128x32: 8x4 per thread, 128 threads. With 4x4 (256 threads) a warp's 32
   // distinct A float4 reads per step cost four shared-memory wavefronts for 16
   // FMAs per thread, past what the SM's one wavefront per clock feeds; 8x4 reads
-  // the same four for 32. ptxas: 127 registers in the natural order, 4 blocks
-  // per SM; pipelined, 96 uncapped and 80 capped at 6 blocks per SM, no spills,
-  // 15.4 KB shared (6 blocks fit the 100 KB carveout): 792 slots, so FashionNet's conv2 at batch
-  // 512 (784 blocks of grad_x rows) runs in one wave rather than 528 and a tail of 256.
+  // the same four for 32. ptxas: 125 registers in the natural order (forward),
+  // 4 blocks per SM; pipelined, 96 uncapped and 80 capped at 6 blocks per SM, no
+  // spills, 15.4 KB shared (6 blocks fit the 100 KB carveout): 792 slots, so
+  // FashionNet's conv2 at batch 512 (784 blocks of grad_x rows) runs in one wave
+  // rather than 528 and a tail of 256.
   using T128x32 = Tile<128, 32, 8, 8, 4>;
   using T64x32 = Tile<64, 32, 8, 4, 4>;
   if (problem.Ncols <= 8) {
