@@ -39,6 +39,7 @@
 #include "engine/allocator.h"
 #include "kernels/cuda/conv2d.h"
 #include "kernels/cuda/conv2d_implicit_gemm.cuh"
+#include "kernels/cuda/conv2d_winograd.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/split_reduce.cuh"
 
@@ -789,6 +790,11 @@ void backward_bias(const Dims& d, float* grad_bias, const float* grad_y, int sms
 
 void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
                     const Conv2dShape& shape, const Stream& stream) {
+  if (winograd_chosen(shape)) {  // wide 3x3 layers: kernels/cuda/conv2d_winograd.h
+    winograd_forward(y.data<float>(), x.data<float>(), weight.data<float>(),
+                     bias.defined() ? bias.data<float>() : nullptr, shape, stream);
+    return;
+  }
   CudaDeviceGuard guard(stream.device().index);
   const Dims d = make_dims(shape);
   ForwardProblem problem{};
@@ -805,6 +811,12 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
 void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
                      const Tensor& grad_y, const Tensor& x, const Tensor& weight,
                      const Conv2dShape& shape, const Stream& stream) {
+  if (grad_x.defined() && winograd_chosen(shape)) {  // kernels/cuda/conv2d_winograd.h
+    winograd_backward_data(grad_x.data<float>(), grad_y.data<float>(), weight.data<float>(), shape,
+                           stream);
+    conv2d_backward(Tensor(), grad_weight, grad_bias, grad_y, x, weight, shape, stream);
+    return;
+  }
   CudaDeviceGuard guard(stream.device().index);
   const Dims d = make_dims(shape);
   const int sms = sm_count(stream.device().index);

@@ -1,0 +1,475 @@
+// Winograd F(4x4, 3x3) conv2d on CUDA, float32: the forward and backward-data of
+// 3x3 layers with stride 1, dilation 1, padding 0 or 1 (Lavin & Gray, "Fast
+// Algorithms for Convolutional Neural Networks", 2015). The weight gradient stays
+// on the implicit GEMM (kernels/cuda/conv2d.cu).
+//
+// Why: on wide 3x3 layers (64-256 channels) the implicit GEMM runs at about half
+// the H100's FP32 peak, and cuDNN's FFT reaches an effective 120 TFLOP/s, which no
+// direct method can. F(4x4,3x3) computes each 4x4 block of output pixels (a tile)
+// from a 6x6 block of input with 36 products per channel pair instead of 144: 4x
+// fewer multiplications. (F(2x2,3x3), the CPU's, saves 2.25x: not enough here.)
+//
+// With (interpolation points 0, +-1, +-2, infinity)
+//   Bᵀ = [4  0 -5  0  1  0]   G = [ 1/4     0     0 ]   Aᵀ = [1  1  1  1  1  0]
+//        [0 -4 -4  1  1  0]       [-1/6  -1/6  -1/6 ]        [0  1 -1  2 -2  0]
+//        [0  4 -4 -1  1  0]       [-1/6   1/6  -1/6 ]        [0  1  1  4  4  0]
+//        [0 -2 -1  2  1  0]       [1/24  1/12   1/6 ]        [0  1 -1  8 -8  1]
+//        [0  2 -1 -2  1  0]       [1/24 -1/12   1/6 ]
+//        [0  4  0 -5  0  1]       [ 0      0     1  ]
+// the tile of output channel o is Aᵀ [ sum_c (G g[o,c] Gᵀ) ⊙ (Bᵀ d[c] B) ] A. Each of
+// the 36 elements e of the 6x6 product sums over c on its own, so the whole layer
+// is 36 independent matrix products. Four kernels, not fused:
+//   1. weight transform  U[e][c][o] = (G g[o,c] Gᵀ)[e]           [36][Cr][ldCo]
+//   2. input transform   V[e][c][t] = (Bᵀ d[t,c] B)[e]           [36][Cr][ldT]
+//   3. batched GEMM      M[e][o][t] = sum_c U[e][c][o] V[e][c][t] [36][Co][ldT]
+//   4. output transform  out tile (t, o) = Aᵀ m[t,o] A (+ bias; += for grad_x),
+//                        clipped at the image's ragged edge
+// Cr and Co are the correlation's input (reduced) and output channels: the layer's
+// C and K forward; its K and C for backward-data, which is the correlation of grad_y
+// padded by 2 - pad with the kernel turned 180 degrees (as kernels/cpu/winograd.h).
+// t runs over every tile of every image, T = N * ceil(P/4) * ceil(Q/4); ldT and
+// ldCo round T and Co up to 4 (zeros in the padding) so that the GEMM loads and
+// stores whole float4s. The workspace (U, V and M: 36 * (Cr*ldCo + (Cr + Co)*ldT)
+// floats) comes from the device's caching allocator, ordered on the stream.
+//
+// The GEMM (winograd_gemm_kernel): both operands are stored reduction-major and
+// contiguous along their own dimension ([c][o] and [c][t]), so each 8-deep step of
+// the reduction is loaded with float4s straight into shared memory as rows, no
+// transpose and no gather: the classic SIMT SGEMM (a BMx128 block tile, BK = 8, 8x8
+// outputs per thread as two 4x4 quarters BM/2 and 64 apart, double-buffered
+// shared memory filled from registers one step ahead, one barrier per step).
+// A warp's 32 threads cover 8 output rows x 4 output columns (of 4-wide groups),
+// so each float4 read of a fragment from shared memory is 8 or 4 distinct
+// addresses: one wavefront. blockIdx.z is the element e. BM is 128 for more than
+// 64 output channels, else 64 (the 64-channel layers would waste half of a 128
+// tile).
+// ptxas (sm_90): 128x128: 256 threads, <= 128 registers (__launch_bounds__ asks
+// two blocks per SM), 16 KiB shared; 64x128: 128 threads, 8 KiB.
+//
+// Cost on c256_28x28_b64 (forward): the GEMMs are 14.8 GFLOP (the implicit GEMM's
+// 59), the workspace traffic about 0.4 GB (V and M written and read once each).
+//
+// Numerics: the transforms have entries up to 8 (Aᵀ) and 5 (Bᵀ) and fractions
+// down to 1/24 (G), so F(4x4) rounds looser than F(2x2) and the direct methods:
+// measured against a double-precision reference (tests/conv2d_winograd_test.cpp),
+// relative to the sum of the magnitudes of each result's terms, sum |w||x|, the
+// worst error is 0.1 to 2.7e-6 (up to about 45 units of float32 rounding
+// u = 2^-24; the implicit GEMM's, on the same cases: under 4 u); the tests allow
+// 256 u. Every output pixel is
+// written by one thread in a fixed order, no atomics: the same bits every run.
+//
+// Status: ran only on the emulated GPUs (the tests above); not yet on a GPU.
+#include "kernels/cuda/conv2d_winograd.h"
+
+#include <cstdint>
+
+#include "engine/allocator.h"
+#include "kernels/cpu/winograd.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace towerlab::cuda {
+
+namespace {
+
+constexpr int kElements = 36;  // a 6x6 transformed tile
+
+// Auto takes Winograd from this many input and output channels on: below, the
+// transforms and the workspace traffic (linear in Cr + Co per tile) cost more than
+// the GEMM saves (linear in Cr * Co), and FashionNet's 32 -> 64 layer keeps the
+// implicit GEMM that already meets its target.
+constexpr std::int64_t kMinAutoChannels = 64;
+
+// One correlation with a 3x3 kernel, stride 1: out [N,Co,P,Q] from in [N,Cr,H,W]
+// zero-padded by pad_h, pad_w (0 to 2), P = H + 2*pad_h - 2, Q likewise.
+struct Geometry {
+  int N, Cr, Co, H, W, P, Q, pad_h, pad_w;
+  int tiles_h, tiles_w;  // ceil(P/4), ceil(Q/4) per image
+  int T, ldT, ldCo;      // tiles of the batch; T and Co rounded up to 4
+};
+
+std::int64_t round_up4(std::int64_t v) {
+  return (v + 3) / 4 * 4;
+}
+
+// The geometry, in 64-bit arithmetic; its int fields fit when fits(g) holds.
+struct Sizes {
+  std::int64_t N, Cr, Co, H, W, pad_h, pad_w, P, Q, tiles_h, tiles_w, T, ldT, ldCo;
+};
+
+Sizes sizes(std::int64_t N, std::int64_t Cr, std::int64_t Co, std::int64_t H, std::int64_t W,
+            std::int64_t pad_h, std::int64_t pad_w) {
+  Sizes z{N, Cr, Co, H, W, pad_h, pad_w, 0, 0, 0, 0, 0, 0, 0};
+  z.P = H + 2 * pad_h - 2, z.Q = W + 2 * pad_w - 2;
+  z.tiles_h = (z.P + 3) / 4, z.tiles_w = (z.Q + 3) / 4;
+  z.T = N * z.tiles_h * z.tiles_w;
+  z.ldT = round_up4(z.T), z.ldCo = round_up4(Co);
+  return z;
+}
+
+// The kernels index one element's matrix (and the whole workspace, in 64 bits) with
+// 32-bit ints: every matrix of the 36 must hold fewer than 2^31 floats.
+bool fits(const Sizes& z) {
+  constexpr std::int64_t kLimit = std::int64_t{1} << 31;
+  return z.Cr * z.ldT < kLimit && z.Co * z.ldT < kLimit && z.Cr * z.ldCo < kLimit;
+}
+
+Geometry geometry(const Sizes& z) {
+  auto i = [](std::int64_t v) { return static_cast<int>(v); };
+  return {i(z.N),     i(z.Cr),      i(z.Co),      i(z.H), i(z.W),   i(z.P),   i(z.Q),
+          i(z.pad_h), i(z.pad_w),   i(z.tiles_h), i(z.tiles_w),     i(z.T),   i(z.ldT),
+          i(z.ldCo)};
+}
+
+// ---- the transforms (one 6-vector, or one column of 6; v may alias out for A/B) --
+
+// out = Bᵀ d for a column d of 6 values, `stride` apart.
+__device__ __forceinline__ void input_column(float* out, const float* d, int stride) {
+  const float d0 = d[0], d1 = d[stride], d2 = d[2 * stride], d3 = d[3 * stride];
+  const float d4 = d[4 * stride], d5 = d[5 * stride];
+  out[0] = 4.0f * d0 - 5.0f * d2 + d4;
+  out[stride] = -4.0f * (d1 + d2) + (d3 + d4);
+  out[2 * stride] = 4.0f * (d1 - d2) + (d4 - d3);
+  out[3 * stride] = 2.0f * (d3 - d1) + (d4 - d2);
+  out[4 * stride] = 2.0f * (d1 - d3) + (d4 - d2);
+  out[5 * stride] = 4.0f * d1 - 5.0f * d3 + d5;
+}
+
+// out (6 values, `stride` apart) = G g for a column g of 3 values, `stride` apart.
+__device__ __forceinline__ void weight_column(float* out, const float* g, int stride) {
+  const float g0 = g[0], g1 = g[stride], g2 = g[2 * stride];
+  out[0] = 0.25f * g0;
+  out[stride] = (-1.0f / 6.0f) * (g0 + g1 + g2);
+  out[2 * stride] = (-1.0f / 6.0f) * (g0 - g1 + g2);
+  out[3 * stride] = (1.0f / 24.0f) * g0 + (1.0f / 12.0f) * g1 + (1.0f / 6.0f) * g2;
+  out[4 * stride] = (1.0f / 24.0f) * g0 - (1.0f / 12.0f) * g1 + (1.0f / 6.0f) * g2;
+  out[5 * stride] = g2;
+}
+
+// out (4 values, `out_stride` apart) = Aᵀ m for a column m of 6, `stride` apart.
+__device__ __forceinline__ void output_column(float* out, int out_stride, const float* m,
+                                              int stride) {
+  const float m0 = m[0], m1 = m[stride], m2 = m[2 * stride], m3 = m[3 * stride];
+  const float m4 = m[4 * stride], m5 = m[5 * stride];
+  const float s12 = m1 + m2, d12 = m1 - m2, s34 = m3 + m4, d34 = m3 - m4;
+  out[0] = m0 + s12 + s34;
+  out[out_stride] = d12 + 2.0f * d34;
+  out[2 * out_stride] = s12 + 4.0f * s34;
+  out[3 * out_stride] = d12 + 8.0f * d34 + m5;
+}
+
+// u[e][c][o] for every c < Cr, o < ldCo (zero for o >= Co): G g Gᵀ of the 3x3 kernel
+// g that takes input channel c to output channel o. Forward (flip false): g =
+// weight[o,c]. Backward-data (flip true): the layer's weight is [Cr,Co,3,3] (K = Cr,
+// C = Co) and g(r,s) = weight[c,o,2-r,2-s]. Consecutive threads take consecutive o:
+// coalesced stores (the weight reads are small and cached).
+__global__ void winograd_weight_kernel(std::int64_t count, float* u, const float* weight,
+                                       Geometry g, bool flip) {
+  for (const std::int64_t i : grid_stride(count)) {
+    const int c = static_cast<int>(i / g.ldCo), o = static_cast<int>(i % g.ldCo);
+    float t[kElements];  // [6][6]
+    if (o < g.Co) {
+      float k[9];
+      const float* w = weight + (flip ? (std::int64_t{c} * g.Co + o) : (std::int64_t{o} * g.Cr + c)) * 9;
+#pragma unroll
+      for (int tap = 0; tap < 9; ++tap) k[tap] = __ldg(w + (flip ? 8 - tap : tap));
+      float gk[18];  // [6][3] = G g
+#pragma unroll
+      for (int s = 0; s < 3; ++s) weight_column(gk + s, k + s, 3);
+#pragma unroll
+      for (int r = 0; r < 6; ++r) weight_column(t + r * 6, gk + r * 3, 1);  // (G g) Gᵀ, rows
+    } else {
+#pragma unroll
+      for (int e = 0; e < kElements; ++e) t[e] = 0.0f;
+    }
+    const std::int64_t plane = std::int64_t{g.Cr} * g.ldCo;
+#pragma unroll
+    for (int e = 0; e < kElements; ++e) u[e * plane + i] = t[e];
+  }
+}
+
+// v[e][c][t] for every c < Cr, t < ldT (zero for t >= T): Bᵀ d B of the 6x6 input
+// block of tile t in channel c, zero outside the image. Consecutive threads take
+// consecutive tiles: coalesced stores; their input blocks overlap by 2 columns
+// (L1 hits).
+__global__ void winograd_input_kernel(std::int64_t count, float* v, const float* in, Geometry g) {
+  for (const std::int64_t i : grid_stride(count)) {
+    const int c = static_cast<int>(i / g.ldT), t = static_cast<int>(i % g.ldT);
+    float d[kElements];  // [6][6]
+    if (t < g.T) {
+      const int per_image = g.tiles_h * g.tiles_w;
+      const int n = t / per_image, in_image = t - n * per_image;
+      const int th = in_image / g.tiles_w, tw = in_image - th * g.tiles_w;
+      const int h0 = th * 4 - g.pad_h, w0 = tw * 4 - g.pad_w;
+      const float* plane = in + (std::int64_t{n} * g.Cr + c) * g.H * g.W;
+#pragma unroll
+      for (int r = 0; r < 6; ++r) {
+        const int h = h0 + r;
+        const bool row_in = static_cast<unsigned>(h) < static_cast<unsigned>(g.H);
+#pragma unroll
+        for (int s = 0; s < 6; ++s) {
+          const int w = w0 + s;
+          d[r * 6 + s] = row_in && static_cast<unsigned>(w) < static_cast<unsigned>(g.W)
+                             ? __ldg(plane + h * g.W + w)
+                             : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int s = 0; s < 6; ++s) input_column(d + s, d + s, 6);  // Bᵀ d, in place
+#pragma unroll
+      for (int r = 0; r < 6; ++r) input_column(d + r * 6, d + r * 6, 1);  // (Bᵀ d) B
+    } else {
+#pragma unroll
+      for (int e = 0; e < kElements; ++e) d[e] = 0.0f;
+    }
+    const std::int64_t plane = std::int64_t{g.Cr} * g.ldT;
+#pragma unroll
+    for (int e = 0; e < kElements; ++e) v[e * plane + i] = d[e];
+  }
+}
+
+// out tile (t, o) for every o < Co, t < T from m[e][o][t]: Aᵀ m A, clipped to the
+// P x Q image; forward assigns it plus bias[o] (bias may be null), backward-data
+// (accumulate) adds it. Consecutive threads take consecutive tiles: coalesced
+// loads of m; where Q is a multiple of 4 and the rows 16-byte aligned (vector),
+// each tile row is one float4.
+__global__ void winograd_output_kernel(std::int64_t count, float* out, const float* m,
+                                       const float* bias, Geometry g, bool accumulate,
+                                       bool vector) {
+  for (const std::int64_t i : grid_stride(count)) {
+    const int o = static_cast<int>(i / g.T), t = static_cast<int>(i % g.T);
+    const std::int64_t plane = std::int64_t{g.Co} * g.ldT;
+    const float* src = m + std::int64_t{o} * g.ldT + t;
+    float x[kElements];  // [6][6]
+#pragma unroll
+    for (int e = 0; e < kElements; ++e) x[e] = src[e * plane];
+    float y[16];  // [4][4]
+    float col[24];  // [4][6] = Aᵀ x
+#pragma unroll
+    for (int s = 0; s < 6; ++s) output_column(col + s, 6, x + s, 6);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) output_column(y + r * 4, 1, col + r * 6, 1);  // (Aᵀ x) A
+
+    const int per_image = g.tiles_h * g.tiles_w;
+    const int n = t / per_image, in_image = t - n * per_image;
+    const int th = in_image / g.tiles_w, tw = in_image - th * g.tiles_w;
+    const int p0 = th * 4, q0 = tw * 4;
+    const float b = bias != nullptr ? __ldg(bias + o) : 0.0f;
+    float* dst = out + (std::int64_t{n} * g.Co + o) * g.P * g.Q;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int p = p0 + r;
+      if (p >= g.P) break;
+      float* row = dst + std::int64_t{p} * g.Q + q0;
+      if (vector) {  // q0 + 3 < Q
+        float4 value = make_float4(y[r * 4] + b, y[r * 4 + 1] + b, y[r * 4 + 2] + b, y[r * 4 + 3] + b);
+        if (accumulate) {
+          const float4 old = *reinterpret_cast<const float4*>(row);
+          value = make_float4(old.x + y[r * 4], old.y + y[r * 4 + 1], old.z + y[r * 4 + 2],
+                              old.w + y[r * 4 + 3]);
+        }
+        *reinterpret_cast<float4*>(row) = value;
+        continue;
+      }
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        if (q0 + s >= g.Q) break;
+        if (accumulate) {
+          row[s] += y[r * 4 + s];
+        } else {
+          row[s] = y[r * 4 + s] + b;
+        }
+      }
+    }
+  }
+}
+
+// ---- the batched GEMM ------------------------------------------------------------
+
+// c[e][o][t] = sum over k < red of a[e][k][o] * b[e][k][t] for o < rows, t < ld_b
+// (e = blockIdx.z); a rows are ld_a apart, b and c rows ld_b apart, both multiples of
+// 4 with zero padding: whole float4s everywhere. Block tile BM (o) x BN (t).
+template <int BM, int BN>
+struct GemmTile {
+  static constexpr int BK = 8;
+  static constexpr int kThreads = BM * BN / 64;  // 8x8 outputs each
+  static constexpr int kMinBlocks = kThreads == 256 ? 2 : 3;  // <= 128 or 168 registers
+  static constexpr int kWarpsM = BM / 64;  // a warp covers 8 x 4 threads: 64 x 32 outputs
+  static_assert(BM % 64 == 0 && BN % 32 == 0 && kThreads % 32 == 0);
+  static_assert(kThreads / 32 == kWarpsM * (BN / 32));
+  static constexpr int kALoads = BK * BM / 4 / kThreads;  // float4s per thread per step
+  static constexpr int kBLoads = BK * BN / 4 / kThreads;
+  static_assert(kALoads >= 1 && kBLoads >= 1);
+};
+
+template <int BM, int BN>
+__global__ void __launch_bounds__(GemmTile<BM, BN>::kThreads, GemmTile<BM, BN>::kMinBlocks)
+    winograd_gemm_kernel(const float* __restrict__ a, const float* __restrict__ b,
+                         float* __restrict__ c, int rows, int ld_a, int ld_b, int red) {
+  using T = GemmTile<BM, BN>;
+  constexpr int BK = T::BK, kThreads = T::kThreads;
+  __shared__ __align__(16) float As[2][BK][BM];
+  __shared__ __align__(16) float Bs[2][BK][BN];
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int e = static_cast<int>(blockIdx.z);
+  const int t0 = static_cast<int>(blockIdx.x) * BN, o0 = static_cast<int>(blockIdx.y) * BM;
+  a += static_cast<std::int64_t>(e) * red * ld_a;
+  b += static_cast<std::int64_t>(e) * red * ld_b;
+  c += static_cast<std::int64_t>(e) * rows * ld_b;
+
+  // Load j of this thread: float4 number tid + j*threads of the BK x BM (BN) step,
+  // rows of BM/4 (BN/4) float4s.
+  float4 a_next[T::kALoads], b_next[T::kBLoads];
+  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  auto load_global = [&](int k0) {
+#pragma unroll
+    for (int j = 0; j < T::kALoads; ++j) {
+      const int f = tid + j * kThreads, k = k0 + f / (BM / 4), o = o0 + f % (BM / 4) * 4;
+      a_next[j] = k < red && o < ld_a
+                      ? *reinterpret_cast<const float4*>(a + std::int64_t{k} * ld_a + o)
+                      : zero;
+    }
+#pragma unroll
+    for (int j = 0; j < T::kBLoads; ++j) {
+      const int f = tid + j * kThreads, k = k0 + f / (BN / 4), t = t0 + f % (BN / 4) * 4;
+      b_next[j] = k < red && t < ld_b
+                      ? *reinterpret_cast<const float4*>(b + std::int64_t{k} * ld_b + t)
+                      : zero;
+    }
+  };
+  auto store_shared = [&](int buffer) {
+#pragma unroll
+    for (int j = 0; j < T::kALoads; ++j) {
+      const int f = tid + j * kThreads;
+      *reinterpret_cast<float4*>(&As[buffer][f / (BM / 4)][f % (BM / 4) * 4]) = a_next[j];
+    }
+#pragma unroll
+    for (int j = 0; j < T::kBLoads; ++j) {
+      const int f = tid + j * kThreads;
+      *reinterpret_cast<float4*>(&Bs[buffer][f / (BN / 4)][f % (BN / 4) * 4]) = b_next[j];
+    }
+  };
+
+  // This thread's rows: tm*4 + {0..3} and BM/2 further; columns tn*4 + {0..3} and
+  // BN/2 further. Lanes: 8 rows x 4 columns; warps: kWarpsM x (BN/32).
+  const int lane = tid % 32, warp = tid / 32;
+  const int tm = (warp % T::kWarpsM) * 8 + lane % 8;
+  const int tn = (warp / T::kWarpsM) * 4 + lane / 8;
+  float acc[8][8] = {};
+
+  load_global(0);
+  store_shared(0);
+  __syncthreads();
+  int buffer = 0;
+  for (int k0 = 0; k0 < red; k0 += BK) {
+    const bool has_next = k0 + BK < red;
+    if (has_next) load_global(k0 + BK);
+#pragma unroll
+    for (int kk = 0; kk < BK; ++kk) {
+      float af[8], bf[8];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float4 va = *reinterpret_cast<const float4*>(&As[buffer][kk][h * (BM / 2) + tm * 4]);
+        const float4 vb = *reinterpret_cast<const float4*>(&Bs[buffer][kk][h * (BN / 2) + tn * 4]);
+        af[h * 4] = va.x, af[h * 4 + 1] = va.y, af[h * 4 + 2] = va.z, af[h * 4 + 3] = va.w;
+        bf[h * 4] = vb.x, bf[h * 4 + 1] = vb.y, bf[h * 4 + 2] = vb.z, bf[h * 4 + 3] = vb.w;
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(af[i], bf[j], acc[i][j]);
+      }
+    }
+    if (has_next) {
+      store_shared(buffer ^ 1);
+      __syncthreads();
+      buffer ^= 1;
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int o = o0 + (i / 4) * (BM / 2) + tm * 4 + i % 4;
+    if (o >= rows) continue;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int t = t0 + h * (BN / 2) + tn * 4;
+      if (t < ld_b) {
+        *reinterpret_cast<float4*>(c + std::int64_t{o} * ld_b + t) =
+            make_float4(acc[i][h * 4], acc[i][h * 4 + 1], acc[i][h * 4 + 2], acc[i][h * 4 + 3]);
+      }
+    }
+  }
+}
+
+template <int BM, int BN>
+void launch_gemm(const float* u, const float* v, float* m, const Geometry& g,
+                 cudaStream_t stream) {
+  const dim3 grid((g.ldT + BN - 1) / BN, (g.Co + BM - 1) / BM, kElements);
+  TL_CHECK(grid.y <= 65535, NotSupported,
+           "conv2d (Winograd): " << g.Co << " output channels need more than 65535 tiles");
+  winograd_gemm_kernel<BM, BN>
+      <<<grid, GemmTile<BM, BN>::kThreads, 0, stream>>>(u, v, m, g.Co, g.ldCo, g.ldT, g.Cr);
+  TL_CUDA_CHECK_LAUNCH();
+}
+
+// The four steps for out [N,Co,P,Q] (+)= the correlation of in [N,Cr,H,W] with the
+// kernels in `weight` (flip: backward-data's layout and rotation).
+void run(float* out, const float* in, const float* weight, const float* bias, const Sizes& z,
+         bool flip, bool accumulate, const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  const Geometry g = geometry(z);
+  const std::int64_t u_count = z.Cr * z.ldCo, v_count = z.Cr * z.ldT, m_count = z.Co * z.ldT;
+  Scratch u(stream, static_cast<std::size_t>(kElements * u_count) * sizeof(float));
+  Scratch v(stream, static_cast<std::size_t>(kElements * v_count) * sizeof(float));
+  Scratch m(stream, static_cast<std::size_t>(kElements * m_count) * sizeof(float));
+  launch_grid_stride(winograd_weight_kernel, u_count, stream, u.as<float>(), weight, g, flip);
+  launch_grid_stride(winograd_input_kernel, v_count, stream, v.as<float>(), in, g);
+  if (g.Co > 64) {
+    launch_gemm<128, 128>(u.as<float>(), v.as<float>(), m.as<float>(), g, native(stream));
+  } else {
+    launch_gemm<64, 128>(u.as<float>(), v.as<float>(), m.as<float>(), g, native(stream));
+  }
+  const bool vector = g.Q % 4 == 0 && reinterpret_cast<std::uintptr_t>(out) % 16 == 0;
+  launch_grid_stride(winograd_output_kernel, z.Co * z.T, stream, out, m.as<float>(), bias, g,
+                     accumulate, vector);
+}
+
+Sizes forward_sizes(const Conv2dShape& s) {
+  return sizes(s.N, s.C, s.K, s.H, s.W, s.params.pad_h, s.params.pad_w);
+}
+
+// grad_x[n,c,h,w] += sum_{k,r,s} grad_y[n,k,h+pad_h-r,w+pad_w-s] weight[k,c,r,s]: the
+// correlation of grad_y, padded by 2 - pad, with weight[k,c] turned 180 degrees.
+Sizes backward_data_sizes(const Conv2dShape& s) {
+  return sizes(s.N, s.K, s.C, s.P, s.Q, 2 - s.params.pad_h, 2 - s.params.pad_w);
+}
+
+}  // namespace
+
+bool winograd_chosen(const Conv2dShape& s) {
+  if (!cpu::winograd_applies(s) || !fits(forward_sizes(s)) || !fits(backward_data_sizes(s))) {
+    return false;
+  }
+  switch (conv2d_algorithm()) {
+    case Conv2dAlgorithm::Im2col:
+      return false;
+    case Conv2dAlgorithm::Winograd:
+      return true;
+    case Conv2dAlgorithm::Auto:
+      break;
+  }
+  return s.C >= kMinAutoChannels && s.K >= kMinAutoChannels;
+}
+
+void winograd_forward(float* y, const float* x, const float* weight, const float* bias,
+                      const Conv2dShape& s, const Stream& stream) {
+  run(y, x, weight, bias, forward_sizes(s), false, false, stream);
+}
+
+void winograd_backward_data(float* grad_x, const float* grad_y, const float* weight,
+                            const Conv2dShape& s, const Stream& stream) {
+  run(grad_x, grad_y, weight, nullptr, backward_data_sizes(s), true, true, stream);
+}
+
+}  // namespace towerlab::cuda
