@@ -112,8 +112,8 @@ struct Problem {
     compute_reference();
   }
   void compute_reference() {
-    const Reference ref = reference(k, widen(xv, false), widen(wv, false), widen(bv, false),
-                                    widen(gv, false));
+    const Reference ref =
+        reference(k, widen(xv, false), widen(wv, false), widen(bv, false), widen(gv, false));
     const Reference abs =
         reference(k, widen(xv, true), widen(wv, true), widen(bv, true), widen(gv, true));
     y = ref.y;
@@ -268,9 +268,9 @@ TEST_F(Conv2dWinogradCuda, WritesThroughUnalignedViewsAndAssigns) {
   conv2d_forward(y, x, w, b, c.k.params(), stream());
   EXPECT_LE(worst_error(y.to_host<float>(stream()), c.y, c.y_scale), kTolerance);
 
-  Tensor gx_storage = Tensor::from_host<float>(
-      std::vector<float>(std::size_t(numel_of(xs)) + 1, std::nanf("")), {numel_of(xs) + 1},
-      stream());
+  Tensor gx_storage =
+      Tensor::from_host<float>(std::vector<float>(std::size_t(numel_of(xs)) + 1, std::nanf("")),
+                               {numel_of(xs) + 1}, stream());
   Tensor grad_x = gx_storage.view(1, xs);
   conv2d_backward(grad_x, Tensor(), Tensor(), gy, x, w, c.k.params(), stream(), GradWrite::Assign);
   std::vector<double> want(c.grad_x.size());

@@ -36,15 +36,17 @@
 // contiguous along their own dimension ([c][o] and [c][t]), so each 8-deep step of
 // the reduction is loaded with float4s straight into shared memory as rows, no
 // transpose and no gather: the classic SIMT SGEMM (a BMx128 block tile, BK = 8, 8x8
-// outputs per thread as two 4x4 quarters BM/2 and 64 apart, double-buffered
+// outputs per thread as four 4x4 quarters BM/2 rows and 64 columns apart, double-buffered
 // shared memory filled from registers one step ahead, one barrier per step).
 // A warp's 32 threads cover 8 output rows x 4 output columns (of 4-wide groups),
 // so each float4 read of a fragment from shared memory is 8 or 4 distinct
 // addresses: one wavefront. blockIdx.z is the element e. BM is 128 for more than
 // 64 output channels, else 64 (the 64-channel layers would waste half of a 128
 // tile).
-// ptxas (sm_90): 128x128: 256 threads, <= 128 registers (__launch_bounds__ asks
-// two blocks per SM), 16 KiB shared; 64x128: 128 threads, 8 KiB.
+// ptxas (sm_90, no spills): 128x128: 256 threads, 128 registers (the cap of
+// __launch_bounds__' two blocks per SM: 16 warps), 16 KiB shared; 64x128: 128
+// threads, 143 registers, 12 KiB, three blocks per SM. The transforms: 48 to 56
+// registers, four blocks of 256 threads per SM.
 //
 // Cost on c256_28x28_b64 (forward): the GEMMs are 14.8 GFLOP (the implicit GEMM's
 // 59), the workspace traffic about 0.4 GB (V and M written and read once each).
@@ -115,12 +117,11 @@ bool fits(const Sizes& z) {
 
 Geometry geometry(const Sizes& z) {
   auto i = [](std::int64_t v) { return static_cast<int>(v); };
-  return {i(z.N),     i(z.Cr),      i(z.Co),      i(z.H), i(z.W),   i(z.P),   i(z.Q),
-          i(z.pad_h), i(z.pad_w),   i(z.tiles_h), i(z.tiles_w),     i(z.T),   i(z.ldT),
-          i(z.ldCo)};
+  return {i(z.N),     i(z.Cr),    i(z.Co),      i(z.H),       i(z.W), i(z.P),   i(z.Q),
+          i(z.pad_h), i(z.pad_w), i(z.tiles_h), i(z.tiles_w), i(z.T), i(z.ldT), i(z.ldCo)};
 }
 
-// ---- the transforms (one 6-vector, or one column of 6; v may alias out for A/B) --
+// ---- the transforms, one column at a time (out may alias the input column) ----
 
 // out = Bᵀ d for a column d of 6 values, `stride` apart.
 __device__ __forceinline__ void input_column(float* out, const float* d, int stride) {
@@ -169,7 +170,8 @@ __global__ void winograd_weight_kernel(std::int64_t count, float* u, const float
     float t[kElements];  // [6][6]
     if (o < g.Co) {
       float k[9];
-      const float* w = weight + (flip ? (std::int64_t{c} * g.Co + o) : (std::int64_t{o} * g.Cr + c)) * 9;
+      const float* w =
+          weight + (flip ? (std::int64_t{c} * g.Co + o) : (std::int64_t{o} * g.Cr + c)) * 9;
 #pragma unroll
       for (int tap = 0; tap < 9; ++tap) k[tap] = __ldg(w + (flip ? 8 - tap : tap));
       float gk[18];  // [6][3] = G g
@@ -242,7 +244,7 @@ __global__ void winograd_output_kernel(std::int64_t count, float* out, const flo
     float x[kElements];  // [6][6]
 #pragma unroll
     for (int e = 0; e < kElements; ++e) x[e] = src[e * plane];
-    float y[16];  // [4][4]
+    float y[16];    // [4][4]
     float col[24];  // [4][6] = Aᵀ x
 #pragma unroll
     for (int s = 0; s < 6; ++s) output_column(col + s, 6, x + s, 6);
@@ -261,23 +263,16 @@ __global__ void winograd_output_kernel(std::int64_t count, float* out, const flo
       if (p >= g.P) break;
       float* row = dst + std::int64_t{p} * g.Q + q0;
       if (vector) {  // q0 + 3 < Q
-        float4 value = make_float4(y[r * 4] + b, y[r * 4 + 1] + b, y[r * 4 + 2] + b, y[r * 4 + 3] + b);
-        if (accumulate) {
-          const float4 old = *reinterpret_cast<const float4*>(row);
-          value = make_float4(old.x + y[r * 4], old.y + y[r * 4 + 1], old.z + y[r * 4 + 2],
-                              old.w + y[r * 4 + 3]);
-        }
+        float4 value = accumulate ? *reinterpret_cast<const float4*>(row) : make_float4(b, b, b, b);
+        value.x += y[r * 4], value.y += y[r * 4 + 1], value.z += y[r * 4 + 2];
+        value.w += y[r * 4 + 3];
         *reinterpret_cast<float4*>(row) = value;
         continue;
       }
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         if (q0 + s >= g.Q) break;
-        if (accumulate) {
-          row[s] += y[r * 4 + s];
-        } else {
-          row[s] = y[r * 4 + s] + b;
-        }
+        row[s] = (accumulate ? row[s] : b) + y[r * 4 + s];
       }
     }
   }
@@ -291,7 +286,7 @@ __global__ void winograd_output_kernel(std::int64_t count, float* out, const flo
 template <int BM, int BN>
 struct GemmTile {
   static constexpr int BK = 8;
-  static constexpr int kThreads = BM * BN / 64;  // 8x8 outputs each
+  static constexpr int kThreads = BM * BN / 64;               // 8x8 outputs each
   static constexpr int kMinBlocks = kThreads == 256 ? 2 : 3;  // <= 128 or 168 registers
   static constexpr int kWarpsM = BM / 64;  // a warp covers 8 x 4 threads: 64 x 32 outputs
   static_assert(BM % 64 == 0 && BN % 32 == 0 && kThreads % 32 == 0);
@@ -403,8 +398,7 @@ __global__ void __launch_bounds__(GemmTile<BM, BN>::kThreads, GemmTile<BM, BN>::
 }
 
 template <int BM, int BN>
-void launch_gemm(const float* u, const float* v, float* m, const Geometry& g,
-                 cudaStream_t stream) {
+void launch_gemm(const float* u, const float* v, float* m, const Geometry& g, cudaStream_t stream) {
   const dim3 grid((g.ldT + BN - 1) / BN, (g.Co + BM - 1) / BM, kElements);
   TL_CHECK(grid.y <= 65535, NotSupported,
            "conv2d (Winograd): " << g.Co << " output channels need more than 65535 tiles");
