@@ -65,7 +65,6 @@
 
 #include <cstdint>
 
-#include "engine/allocator.h"
 #include "kernels/cpu/winograd.h"
 #include "kernels/cuda/launch.cuh"
 
@@ -93,7 +92,7 @@ std::int64_t round_up4(std::int64_t v) {
   return (v + 3) / 4 * 4;
 }
 
-// The geometry, in 64-bit arithmetic; its int fields fit when fits(g) holds.
+// The geometry in 64-bit arithmetic; Geometry's ints hold it when fits(z).
 struct Sizes {
   std::int64_t N, Cr, Co, H, W, pad_h, pad_w, P, Q, tiles_h, tiles_w, T, ldT, ldCo;
 };
@@ -243,7 +242,7 @@ __global__ void winograd_output_kernel(std::int64_t count, float* out, const flo
     const float* src = m + std::int64_t{o} * g.ldT + t;
     float x[kElements];  // [6][6]
 #pragma unroll
-    for (int e = 0; e < kElements; ++e) x[e] = src[e * plane];
+    for (int e = 0; e < kElements; ++e) x[e] = __ldg(src + e * plane);
     float y[16];    // [4][4]
     float col[24];  // [4][6] = Aᵀ x
 #pragma unroll
