@@ -152,6 +152,9 @@ std::vector<Case> cases() {
       // More than 64 output channels: the GEMM's 128-row tile, two of them, ragged
       // in both channel counts (and backward-data's 67 output channels on the 128 tile).
       {"C67_K130", 2, 67, 9, 9, 130, 1, 1},
+      // A wide layer as Auto takes it: two column tiles of the GEMM (147 tiles), the
+      // output's float4 rows (Q = 28).
+      {"C64_K64_28x28", 3, 64, 28, 28, 64, 1, 1},
       // The smallest image padding 0 allows, and one row with padding 1.
       {"one_partial_tile", 1, 3, 3, 3, 4, 0, 0},
       {"one_row_pad1", 2, 4, 1, 5, 3, 1, 1},
