@@ -21,10 +21,18 @@
 // step+1 and step+2 in flight while step is computed on. The transposing scalar
 // stores are conflict-free: the two k-groups of a warp's 16 rows lie 4 * (row
 // length + 4) floats apart, 16 banks.
-// ptxas for sm_90 (CUDA 13): 200 (TN), 222 (NN), 232 (TT), 244 (NT) registers,
-// no spills, 36.75 KiB of static shared memory: one block (8 warps) per SM, as
-// cuBLAS's; its 128 independent accumulators per thread keep the FMA pipe fed
-// from 2 warps per scheduler.
+// Fragments are double-buffered in registers (as in CUTLASS's SIMT mainloop):
+// while one k's 128 FMAs issue, the next k's 6 shared loads fill a second set
+// of 24 registers, so a k never waits on its loads' latency; the step's barrier
+// sits before its last k's FMAs, so the next step's first loads hide behind
+// them too. With one block (2 warps a scheduler) there is no other warp to
+// cover that latency.
+// ptxas for sm_90 (CUDA 13): 241 (NN), 243 (TN), 255 (NT, TT) registers, no
+// spills, 36.75 KiB of static shared memory: one block (8 warps) per SM, as
+// cuBLAS's (254 registers); its 128 independent accumulators per thread keep
+// the FMA pipe fed from 2 warps per scheduler.
+// Status: main's version (single-buffered fragments) ran on an H100 at 80-85 %
+// of cuBLAS at 4096^3; the double-buffered one has run only on the emulated GPUs.
 #pragma once
 
 #include <cuda_pipeline.h>
@@ -199,36 +207,60 @@ __global__ void __launch_bounds__(WideTile::kThreads, 1) gemm_wide_kernel(const 
     __pipeline_commit();
   }
 
+  // One k's values of op(A) (8) and op(B) (16) for the thread, from a stage.
+  auto load_fragments = [&](int stage, int kk, float (&av)[8], float (&bv)[16]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float4 q = *reinterpret_cast<const float4*>(&slice_a[stage][kk][row0 + h * 32]);
+      av[h * 4] = q.x, av[h * 4 + 1] = q.y, av[h * 4 + 2] = q.z, av[h * 4 + 3] = q.w;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float4 q = *reinterpret_cast<const float4*>(&slice_b[stage][kk][col0 + j * 16]);
+      bv[j * 4] = q.x, bv[j * 4 + 1] = q.y, bv[j * 4 + 2] = q.z, bv[j * 4 + 3] = q.w;
+    }
+  };
+
+  // Fragment double buffering: k's FMAs run on one register set while the next
+  // k's shared loads fill the other, so no k waits on its loads' latency. The
+  // step's barrier sits before its last k's FMAs, not at the top of the next
+  // step: the next step's first loads then overlap those 128 FMAs too.
+  // Ring safety: step s writes (cp.async at its top, register stores at its last
+  // k) the stage that step s - 1 read, whose last shared loads precede step
+  // s - 1's barrier; it reads stage s % kStages only after its own predecessor's
+  // barrier, which follows the wait for that stage's copies.
   float acc[8][16] = {};
+  float av[2][8], bv[2][16];
   int read = 0;
-  for (int step = 0; step < steps; ++step) {
+  if (steps > 0) {
     __pipeline_wait_prior(kStages - 2);
     __syncthreads();
+    load_fragments(0, 0, av[0], bv[0]);
+  }
+  for (int step = 0; step < steps; ++step) {
     const int write = read == 0 ? kStages - 1 : read - 1;
     const bool more = step + kStages - 1 < steps;
     if (more) start_slice(step + kStages - 1, write);
     __pipeline_commit();
 #pragma unroll
     for (int kk = 0; kk < kK; ++kk) {
-      float av[8], bv[16];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float4 q = *reinterpret_cast<const float4*>(&slice_a[read][kk][row0 + h * 32]);
-        av[h * 4] = q.x, av[h * 4 + 1] = q.y, av[h * 4 + 2] = q.z, av[h * 4 + 3] = q.w;
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float4 q = *reinterpret_cast<const float4*>(&slice_b[read][kk][col0 + j * 16]);
-        bv[j * 4] = q.x, bv[j * 4 + 1] = q.y, bv[j * 4 + 2] = q.z, bv[j * 4 + 3] = q.w;
+      if (kk == kK - 1) {
+        // Step step + 1's slices: its registers stored two steps ago, its copies
+        // waited for here; after the barrier every thread may read them.
+        if (more) store_registers(write);
+        __pipeline_wait_prior(kStages - 2);
+        __syncthreads();
+        read = read + 1 == kStages ? 0 : read + 1;
+        if (step + 1 < steps) load_fragments(read, 0, av[0], bv[0]);
+      } else {
+        load_fragments(read, kk + 1, av[(kk + 1) % 2], bv[(kk + 1) % 2]);
       }
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
 #pragma unroll
-        for (int j = 0; j < 16; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+        for (int j = 0; j < 16; ++j) acc[i][j] = fmaf(av[kk % 2][i], bv[kk % 2][j], acc[i][j]);
       }
     }
-    if (more) store_registers(write);
-    read = read + 1 == kStages ? 0 : read + 1;
   }
 
   // C = alpha * acc + beta * C, clipped to [M, N]; float4 stores where C allows.
