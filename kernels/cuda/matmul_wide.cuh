@@ -38,7 +38,6 @@
 #include <cuda_pipeline.h>
 
 #include <cstdint>
-#include <type_traits>
 
 namespace towerlab::cuda::gemm_detail {
 
@@ -116,9 +115,8 @@ struct WideTile {
 
 // A [kK x kRows] slice of X stored [row][k] (k contiguous), loaded for a
 // transposing store: two threads a row, each 4 consecutive k; kRows / 128
-// fragments a thread. Zero at and past k_end and the extent. kInside: the
-// slice lies wholly inside X and X allows float4 loads (no checks).
-template <int kRows, bool kInside>
+// fragments a thread. Zero at and past k_end and the extent.
+template <int kRows>
 __device__ __forceinline__ void load_rows_by_k(Fragment (&f)[kRows / 128], const float* x,
                                                std::int64_t ld, int extent, int k_end, int base,
                                                int k0, bool vector) {
@@ -126,13 +124,25 @@ __device__ __forceinline__ void load_rows_by_k(Fragment (&f)[kRows / 128], const
 #pragma unroll
   for (int i = 0; i < kRows / 128; ++i) {
     const int r = base + i * 128 + t / 2, q = k0 + (t % 2) * 4;
-    const float* src = x + static_cast<std::int64_t>(r) * ld + q;
-    if constexpr (kInside) {
-      const float4 v = __ldg(reinterpret_cast<const float4*>(src));
-      f[i] = Fragment{{v.x, v.y, v.z, v.w}};
-    } else {
-      f[i] = load4(src, r < extent ? k_end - q : 0, vector);
-    }
+    f[i] = load4(x + static_cast<std::int64_t>(r) * ld + q, r < extent ? k_end - q : 0, vector);
+  }
+}
+
+// load_rows_by_k for a slice wholly inside X with 16-byte rows: `src` is the
+// thread's first fragment's source (rows_by_k_source), no checks.
+template <int kRows>
+__device__ __forceinline__ const float* rows_by_k_source(const float* x, std::int64_t ld,
+                                                         int base, int k0) {
+  const int t = threadIdx.x;
+  return x + static_cast<std::int64_t>(base + t / 2) * ld + k0 + (t % 2) * 4;
+}
+template <int kRows>
+__device__ __forceinline__ void load_rows_by_k_inside(Fragment (&f)[kRows / 128],
+                                                      const float* src, std::int64_t ld) {
+#pragma unroll
+  for (int i = 0; i < kRows / 128; ++i) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(src + i * 128 * ld));
+    f[i] = Fragment{{v.x, v.y, v.z, v.w}};
   }
 }
 
@@ -149,8 +159,8 @@ __device__ __forceinline__ void store_rows_by_k(float (*slice)[kRows + WideTile:
 
 // A [kK x kRows] slice of X stored [k][row] (rows contiguous), copied by cp.async:
 // kRows / 4 threads a k, each 4 consecutive rows. Zero at and past k_end and the
-// extent. kInside as for load_rows_by_k: one 16-byte copy each, no checks.
-template <int kRows, bool kInside>
+// extent.
+template <int kRows>
 __device__ __forceinline__ void copy_k_by_rows_async(float (*slice)[kRows + WideTile::kPad],
                                                      const float* x, std::int64_t ld, int extent,
                                                      int k_end, int base, int k0, bool vector) {
@@ -159,13 +169,29 @@ __device__ __forceinline__ void copy_k_by_rows_async(float (*slice)[kRows + Wide
 #pragma unroll
   for (int i = 0; i < WideTile::kK / kPerPass; ++i) {
     const int kk = i * kPerPass + t / kLanes, q = k0 + kk, r = base + (t % kLanes) * 4;
-    float* dst = &slice[kk][(t % kLanes) * 4];
-    const float* src = x + static_cast<std::int64_t>(q) * ld + r;
-    if constexpr (kInside) {
-      __pipeline_memcpy_async(dst, src, 16);
-    } else {
-      copy4_async(dst, src, x, q < k_end ? extent - r : 0, vector);
-    }
+    copy4_async(&slice[kk][(t % kLanes) * 4], x + static_cast<std::int64_t>(q) * ld + r, x,
+                q < k_end ? extent - r : 0, vector);
+  }
+}
+
+// copy_k_by_rows_async for a slice wholly inside X with 16-byte rows: `src` is
+// the thread's first copy's source (k_by_rows_source), one 16-byte copy each.
+template <int kRows>
+__device__ __forceinline__ const float* k_by_rows_source(const float* x, std::int64_t ld,
+                                                         int base, int k0) {
+  constexpr int kLanes = kRows / 4;
+  const int t = threadIdx.x;
+  return x + static_cast<std::int64_t>(k0 + t / kLanes) * ld + base + (t % kLanes) * 4;
+}
+template <int kRows>
+__device__ __forceinline__ void copy_k_by_rows_inside(float (*slice)[kRows + WideTile::kPad],
+                                                      const float* src, std::int64_t ld) {
+  constexpr int kLanes = kRows / 4, kPerPass = WideTile::kThreads / kLanes;
+  const int t = threadIdx.x;
+#pragma unroll
+  for (int i = 0; i < WideTile::kK / kPerPass; ++i) {
+    __pipeline_memcpy_async(&slice[i * kPerPass + t / kLanes][(t % kLanes) * 4],
+                            src + i * kPerPass * ld, 16);
   }
 }
 
@@ -192,33 +218,45 @@ __global__ void __launch_bounds__(WideTile::kThreads, 1) gemm_wide_kernel(const 
 
   Fragment reg_a[kM / 128], reg_b[kN / 128];
   // A block whose tile lies inside C, on 16-byte operands, loads its full
-  // K-steps without the edge checks: the per-step address and bounds arithmetic
-  // of the checked loads costs about a tenth of a step's 1024 FMAs in issue
-  // slots, which one block per SM cannot hide behind another block.
+  // K-steps without the edge checks, from sources that advance by one step's
+  // stride: the checked loads' per-step address and bounds arithmetic costs
+  // about a tenth of a step's 1024 FMAs in issue slots, which one block per SM
+  // cannot hide behind another block.
   const bool interior =
       p.vector_a && p.vector_b && m0 + kM <= p.m && n0 + kN <= p.n;
-  auto start_slice_as = [&](auto inside, int k0, int stage) {
-    constexpr bool kInside = decltype(inside)::value;
-    if constexpr (kAContiguousK) {
-      load_rows_by_k<kM, kInside>(reg_a, p.a, p.lda, p.m, k_end, m0, k0, p.vector_a);
-    } else {
-      copy_k_by_rows_async<kM, kInside>(slice_a[stage], p.a, p.lda, p.m, k_end, m0, k0,
-                                        p.vector_a);
-    }
-    if constexpr (kBContiguousK) {
-      load_rows_by_k<kN, kInside>(reg_b, p.b, p.ldb, p.n, k_end, n0, k0, p.vector_b);
-    } else {
-      copy_k_by_rows_async<kN, kInside>(slice_b[stage], p.b, p.ldb, p.n, k_end, n0, k0,
-                                        p.vector_b);
-    }
-  };
+  const float* src_a = kAContiguousK ? rows_by_k_source<kM>(p.a, p.lda, m0, k_begin)
+                                     : k_by_rows_source<kM>(p.a, p.lda, m0, k_begin);
+  const float* src_b = kBContiguousK ? rows_by_k_source<kN>(p.b, p.ldb, n0, k_begin)
+                                     : k_by_rows_source<kN>(p.b, p.ldb, n0, k_begin);
+  const std::int64_t stride_a = kAContiguousK ? kK : kK * p.lda;
+  const std::int64_t stride_b = kBContiguousK ? kK : kK * p.ldb;
+  // Called for steps 0, 1, 2, ... in order: the sources advance once a call.
   auto start_slice = [&](int step, int stage) {
     const int k0 = k_begin + step * kK;
     if (interior && k0 + kK <= k_end) {
-      start_slice_as(std::true_type{}, k0, stage);
+      if constexpr (kAContiguousK) {
+        load_rows_by_k_inside<kM>(reg_a, src_a, p.lda);
+      } else {
+        copy_k_by_rows_inside<kM>(slice_a[stage], src_a, p.lda);
+      }
+      if constexpr (kBContiguousK) {
+        load_rows_by_k_inside<kN>(reg_b, src_b, p.ldb);
+      } else {
+        copy_k_by_rows_inside<kN>(slice_b[stage], src_b, p.ldb);
+      }
     } else {
-      start_slice_as(std::false_type{}, k0, stage);
+      if constexpr (kAContiguousK) {
+        load_rows_by_k<kM>(reg_a, p.a, p.lda, p.m, k_end, m0, k0, p.vector_a);
+      } else {
+        copy_k_by_rows_async<kM>(slice_a[stage], p.a, p.lda, p.m, k_end, m0, k0, p.vector_a);
+      }
+      if constexpr (kBContiguousK) {
+        load_rows_by_k<kN>(reg_b, p.b, p.ldb, p.n, k_end, n0, k0, p.vector_b);
+      } else {
+        copy_k_by_rows_async<kN>(slice_b[stage], p.b, p.ldb, p.n, k_end, n0, k0, p.vector_b);
+      }
     }
+    src_a += stride_a, src_b += stride_b;
   };
   auto store_registers = [&](int stage) {
     if constexpr (kAContiguousK) store_rows_by_k<kM>(slice_a[stage], reg_a);
