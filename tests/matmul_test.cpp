@@ -288,12 +288,13 @@ TEST_P(MatmulTest, CudaMisalignedOperandsAndCublasAgree) {
 // column tile of 8) and 6x9 tiles of 64 on 132; 270x600x33 is 3x3 tiles of
 // 128x256 on 8 SMs with ragged rows, columns and K; 270x600x5 and
 // 384x520x13 are those tiles with one K-step and with two (the wide kernel's
-// prologue alone, and one step past it).
+// prologue alone, and one step past it); 384x520x24 has whole K-steps, so its
+// six tiles inside C (with 16-byte rows) take the wide kernel's unchecked loop.
 TEST_P(MatmulTest, CudaOperandPathsCoverEveryLayoutEdgeAndAlignment) {
   if (device().is_cpu()) GTEST_SKIP() << "CUDA-only: the kernel's operand paths";
   for (const Dims& d :
        {Dims{130, 250, 1301}, Dims{300, 260, 67}, Dims{384, 520, 67}, Dims{270, 600, 33},
-        Dims{270, 600, 5}, Dims{384, 520, 13}}) {
+        Dims{270, 600, 5}, Dims{384, 520, 13}, Dims{384, 520, 24}}) {
     for (const std::int64_t round_to : {1, 4}) {
       for (bool ta : {false, true}) {
         for (bool tb : {false, true}) {

@@ -27,17 +27,23 @@
 // sits before its last k's FMAs, so the next step's first loads hide behind
 // them too. With one block (2 warps a scheduler) there is no other warp to
 // cover that latency.
-// ptxas for sm_90 (CUDA 13): 241 (NN), 243 (TN), 255 (NT, TT) registers, no
+// A block whose tile lies inside C, on 16-byte operands, with whole K-steps
+// (4096^3: every block) runs a copy of the main loop without edge checks, its
+// global sources advanced by a step's stride: about 100 issued instructions a
+// step beside the 1024 FMAs (48 of them shared loads), where the checked loop
+// issues up to 290.
+// ptxas for sm_90 (CUDA 13): 253 (NN), 247 (TN), 255 (NT, TT) registers, no
 // spills, 36.75 KiB of static shared memory: one block (8 warps) per SM, as
 // cuBLAS's (254 registers); its 128 independent accumulators per thread keep
 // the FMA pipe fed from 2 warps per scheduler.
 // Status: main's version (single-buffered fragments) ran on an H100 at 80-85 %
-// of cuBLAS at 4096^3; the double-buffered one has run only on the emulated GPUs.
+// of cuBLAS at 4096^3; this one has run only on the emulated GPUs.
 #pragma once
 
 #include <cuda_pipeline.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace towerlab::cuda::gemm_detail {
 
@@ -131,14 +137,14 @@ __device__ __forceinline__ void load_rows_by_k(Fragment (&f)[kRows / 128], const
 // load_rows_by_k for a slice wholly inside X with 16-byte rows: `src` is the
 // thread's first fragment's source (rows_by_k_source), no checks.
 template <int kRows>
-__device__ __forceinline__ const float* rows_by_k_source(const float* x, std::int64_t ld,
-                                                         int base, int k0) {
+__device__ __forceinline__ const float* rows_by_k_source(const float* x, std::int64_t ld, int base,
+                                                         int k0) {
   const int t = threadIdx.x;
   return x + static_cast<std::int64_t>(base + t / 2) * ld + k0 + (t % 2) * 4;
 }
 template <int kRows>
-__device__ __forceinline__ void load_rows_by_k_inside(Fragment (&f)[kRows / 128],
-                                                      const float* src, std::int64_t ld) {
+__device__ __forceinline__ void load_rows_by_k_inside(Fragment (&f)[kRows / 128], const float* src,
+                                                      std::int64_t ld) {
 #pragma unroll
   for (int i = 0; i < kRows / 128; ++i) {
     const float4 v = __ldg(reinterpret_cast<const float4*>(src + i * 128 * ld));
@@ -177,8 +183,8 @@ __device__ __forceinline__ void copy_k_by_rows_async(float (*slice)[kRows + Wide
 // copy_k_by_rows_async for a slice wholly inside X with 16-byte rows: `src` is
 // the thread's first copy's source (k_by_rows_source), one 16-byte copy each.
 template <int kRows>
-__device__ __forceinline__ const float* k_by_rows_source(const float* x, std::int64_t ld,
-                                                         int base, int k0) {
+__device__ __forceinline__ const float* k_by_rows_source(const float* x, std::int64_t ld, int base,
+                                                         int k0) {
   constexpr int kLanes = kRows / 4;
   const int t = threadIdx.x;
   return x + static_cast<std::int64_t>(k0 + t / kLanes) * ld + base + (t % kLanes) * 4;
@@ -217,115 +223,124 @@ __global__ void __launch_bounds__(WideTile::kThreads, 1) gemm_wide_kernel(const 
   const int steps = (k_end - k_begin + kK - 1) / kK;
 
   Fragment reg_a[kM / 128], reg_b[kN / 128];
-  // A block whose tile lies inside C, on 16-byte operands, loads its full
-  // K-steps without the edge checks, from sources that advance by one step's
-  // stride: the checked loads' per-step address and bounds arithmetic costs
-  // about a tenth of a step's 1024 FMAs in issue slots, which one block per SM
-  // cannot hide behind another block.
+  // A block whose tile lies inside C, on 16-byte operands, with whole K-steps
+  // runs the main loop compiled without the edge checks, loading from sources
+  // that advance by one step's stride: the checked loads' per-step address and
+  // bounds arithmetic costs about a tenth of a step's 1024 FMAs in issue slots,
+  // which one block per SM cannot hide behind another block (4096^3: every block).
   const bool interior =
-      p.vector_a && p.vector_b && m0 + kM <= p.m && n0 + kN <= p.n;
+      p.vector_a && p.vector_b && m0 + kM <= p.m && n0 + kN <= p.n && (k_end - k_begin) % kK == 0;
   const float* src_a = kAContiguousK ? rows_by_k_source<kM>(p.a, p.lda, m0, k_begin)
                                      : k_by_rows_source<kM>(p.a, p.lda, m0, k_begin);
   const float* src_b = kBContiguousK ? rows_by_k_source<kN>(p.b, p.ldb, n0, k_begin)
                                      : k_by_rows_source<kN>(p.b, p.ldb, n0, k_begin);
   const std::int64_t stride_a = kAContiguousK ? kK : kK * p.lda;
   const std::int64_t stride_b = kBContiguousK ? kK : kK * p.ldb;
-  // Called for steps 0, 1, 2, ... in order: the sources advance once a call.
-  auto start_slice = [&](int step, int stage) {
-    const int k0 = k_begin + step * kK;
-    if (interior && k0 + kK <= k_end) {
-      if constexpr (kAContiguousK) {
-        load_rows_by_k_inside<kM>(reg_a, src_a, p.lda);
-      } else {
-        copy_k_by_rows_inside<kM>(slice_a[stage], src_a, p.lda);
-      }
-      if constexpr (kBContiguousK) {
-        load_rows_by_k_inside<kN>(reg_b, src_b, p.ldb);
-      } else {
-        copy_k_by_rows_inside<kN>(slice_b[stage], src_b, p.ldb);
-      }
-    } else {
-      if constexpr (kAContiguousK) {
-        load_rows_by_k<kM>(reg_a, p.a, p.lda, p.m, k_end, m0, k0, p.vector_a);
-      } else {
-        copy_k_by_rows_async<kM>(slice_a[stage], p.a, p.lda, p.m, k_end, m0, k0, p.vector_a);
-      }
-      if constexpr (kBContiguousK) {
-        load_rows_by_k<kN>(reg_b, p.b, p.ldb, p.n, k_end, n0, k0, p.vector_b);
-      } else {
-        copy_k_by_rows_async<kN>(slice_b[stage], p.b, p.ldb, p.n, k_end, n0, k0, p.vector_b);
-      }
-    }
-    src_a += stride_a, src_b += stride_b;
-  };
-  auto store_registers = [&](int stage) {
-    if constexpr (kAContiguousK) store_rows_by_k<kM>(slice_a[stage], reg_a);
-    if constexpr (kBContiguousK) store_rows_by_k<kN>(slice_b[stage], reg_b);
-  };
-
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < steps) {
-      start_slice(s, s);
-      store_registers(s);
-    }
-    __pipeline_commit();
-  }
-
-  // One k's values of op(A) (8) and op(B) (16) for the thread, from a stage.
-  auto load_fragments = [&](int stage, int kk, float (&av)[8], float (&bv)[16]) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float4 q = *reinterpret_cast<const float4*>(&slice_a[stage][kk][row0 + h * 32]);
-      av[h * 4] = q.x, av[h * 4 + 1] = q.y, av[h * 4 + 2] = q.z, av[h * 4 + 3] = q.w;
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float4 q = *reinterpret_cast<const float4*>(&slice_b[stage][kk][col0 + j * 16]);
-      bv[j * 4] = q.x, bv[j * 4 + 1] = q.y, bv[j * 4 + 2] = q.z, bv[j * 4 + 3] = q.w;
-    }
-  };
-
-  // Fragment double buffering: k's FMAs run on one register set while the next
-  // k's shared loads fill the other, so no k waits on its loads' latency. The
-  // step's barrier sits before its last k's FMAs, not at the top of the next
-  // step: the next step's first loads then overlap those 128 FMAs too.
-  // Ring safety: step s writes (cp.async at its top, register stores at its last
-  // k) the stage that step s - 1 read, whose last shared loads precede step
-  // s - 1's barrier; it reads stage s % kStages only after its own predecessor's
-  // barrier, which follows the wait for that stage's copies.
   float acc[8][16] = {};
-  float av[2][8], bv[2][16];
-  int read = 0;
-  if (steps > 0) {
-    __pipeline_wait_prior(kStages - 2);
-    __syncthreads();
-    load_fragments(0, 0, av[0], bv[0]);
-  }
-  for (int step = 0; step < steps; ++step) {
-    const int write = read == 0 ? kStages - 1 : read - 1;
-    const bool more = step + kStages - 1 < steps;
-    if (more) start_slice(step + kStages - 1, write);
-    __pipeline_commit();
-#pragma unroll
-    for (int kk = 0; kk < kK; ++kk) {
-      if (kk == kK - 1) {
-        // Step step + 1's slices: its registers stored two steps ago, its copies
-        // waited for here; after the barrier every thread may read them.
-        if (more) store_registers(write);
-        __pipeline_wait_prior(kStages - 2);
-        __syncthreads();
-        read = read + 1 == kStages ? 0 : read + 1;
-        if (step + 1 < steps) load_fragments(read, 0, av[0], bv[0]);
+
+  auto main_loop = [&](auto inside) {
+    constexpr bool kInside = decltype(inside)::value;
+    // Called for steps 0, 1, 2, ... in order: the sources advance once a call.
+    auto start_slice = [&](int step, int stage) {
+      if constexpr (kInside) {
+        if constexpr (kAContiguousK) {
+          load_rows_by_k_inside<kM>(reg_a, src_a, p.lda);
+        } else {
+          copy_k_by_rows_inside<kM>(slice_a[stage], src_a, p.lda);
+        }
+        if constexpr (kBContiguousK) {
+          load_rows_by_k_inside<kN>(reg_b, src_b, p.ldb);
+        } else {
+          copy_k_by_rows_inside<kN>(slice_b[stage], src_b, p.ldb);
+        }
+        src_a += stride_a, src_b += stride_b;
       } else {
-        load_fragments(read, kk + 1, av[(kk + 1) % 2], bv[(kk + 1) % 2]);
+        const int k0 = k_begin + step * kK;
+        if constexpr (kAContiguousK) {
+          load_rows_by_k<kM>(reg_a, p.a, p.lda, p.m, k_end, m0, k0, p.vector_a);
+        } else {
+          copy_k_by_rows_async<kM>(slice_a[stage], p.a, p.lda, p.m, k_end, m0, k0, p.vector_a);
+        }
+        if constexpr (kBContiguousK) {
+          load_rows_by_k<kN>(reg_b, p.b, p.ldb, p.n, k_end, n0, k0, p.vector_b);
+        } else {
+          copy_k_by_rows_async<kN>(slice_b[stage], p.b, p.ldb, p.n, k_end, n0, k0, p.vector_b);
+        }
+      }
+    };
+    auto store_registers = [&](int stage) {
+      if constexpr (kAContiguousK) store_rows_by_k<kM>(slice_a[stage], reg_a);
+      if constexpr (kBContiguousK) store_rows_by_k<kN>(slice_b[stage], reg_b);
+    };
+
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < steps) {
+        start_slice(s, s);
+        store_registers(s);
+      }
+      __pipeline_commit();
+    }
+
+    // One k's values of op(A) (8) and op(B) (16) for the thread, from a stage.
+    auto load_fragments = [&](int stage, int kk, float(&av)[8], float(&bv)[16]) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float4 q = *reinterpret_cast<const float4*>(&slice_a[stage][kk][row0 + h * 32]);
+        av[h * 4] = q.x, av[h * 4 + 1] = q.y, av[h * 4 + 2] = q.z, av[h * 4 + 3] = q.w;
       }
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
+      for (int j = 0; j < 4; ++j) {
+        const float4 q = *reinterpret_cast<const float4*>(&slice_b[stage][kk][col0 + j * 16]);
+        bv[j * 4] = q.x, bv[j * 4 + 1] = q.y, bv[j * 4 + 2] = q.z, bv[j * 4 + 3] = q.w;
+      }
+    };
+
+    // Fragment double buffering: k's FMAs run on one register set while the next
+    // k's shared loads fill the other, so no k waits on its loads' latency. The
+    // step's barrier sits before its last k's FMAs, not at the top of the next
+    // step: the next step's first loads then overlap those 128 FMAs too.
+    // Ring safety: step s writes (cp.async at its top, register stores at its last
+    // k) the stage that step s - 1 read, whose last shared loads precede step
+    // s - 1's barrier; it reads stage s % kStages only after its own predecessor's
+    // barrier, which follows the wait for that stage's copies.
+    float av[2][8], bv[2][16];
+    int read = 0;
+    if (steps > 0) {
+      __pipeline_wait_prior(kStages - 2);
+      __syncthreads();
+      load_fragments(0, 0, av[0], bv[0]);
+    }
+    for (int step = 0; step < steps; ++step) {
+      const int write = read == 0 ? kStages - 1 : read - 1;
+      const bool more = step + kStages - 1 < steps;
+      if (more) start_slice(step + kStages - 1, write);
+      __pipeline_commit();
 #pragma unroll
-        for (int j = 0; j < 16; ++j) acc[i][j] = fmaf(av[kk % 2][i], bv[kk % 2][j], acc[i][j]);
+      for (int kk = 0; kk < kK; ++kk) {
+        if (kk == kK - 1) {
+          // Step step + 1's slices: its registers stored two steps ago, its copies
+          // waited for here; after the barrier every thread may read them.
+          if (more) store_registers(write);
+          __pipeline_wait_prior(kStages - 2);
+          __syncthreads();
+          read = read + 1 == kStages ? 0 : read + 1;
+          if (step + 1 < steps) load_fragments(read, 0, av[0], bv[0]);
+        } else {
+          load_fragments(read, kk + 1, av[(kk + 1) % 2], bv[(kk + 1) % 2]);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+#pragma unroll
+          for (int j = 0; j < 16; ++j) acc[i][j] = fmaf(av[kk % 2][i], bv[kk % 2][j], acc[i][j]);
+        }
       }
     }
+  };
+  if (interior) {
+    main_loop(std::true_type{});
+  } else {
+    main_loop(std::false_type{});
   }
 
   // C = alpha * acc + beta * C, clipped to [M, N]; float4 stores where C allows.
