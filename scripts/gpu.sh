@@ -167,7 +167,9 @@ prepare() {
 
   # The gpu preset links NCCL (from the toolkit here, from PyTorch's wheels there):
   # without it the one-GPU NCCL cases would skip, which the judge calls a failure.
-  if [ "$build" = build/gpu ] && ! ldd "$stage/bin/towerlab_tests" | grep -q 'libnccl\.so\.2'; then
+  # (grep reads a here-string, not a pipe: under pipefail `ldd | grep -q` fails
+  # whenever grep's early exit kills ldd with SIGPIPE.)
+  if [ "$build" = build/gpu ] && ! grep -q 'libnccl\.so\.2' <<<"$(ldd "$stage/bin/towerlab_tests")"; then
     die "towerlab_tests does not link libnccl.so.2: CMake did not find NCCL in the toolkit"
   fi
 
@@ -348,7 +350,7 @@ check() {
   for b in "$bin"/*; do
     # -r: also the symbols, so that a library too old for what was linked here
     # (NCCL from the wheels, say) shows now and not as a crash in a test.
-    if ldd -r "$b" 2>&1 | grep -q -E 'not found|undefined symbol'; then
+    if grep -q -E 'not found|undefined symbol' <<<"$(ldd -r "$b" 2>&1)"; then
       echo "gpu.sh: $(basename "$b"): $(ldd -r "$b" 2>&1 | grep -E 'not found|undefined symbol' |
         tr -s ' \t' ' ' | sort -u | head -20 | tr '\n' ';')" >&2
       missing=1

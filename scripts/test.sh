@@ -94,7 +94,7 @@ if grep -rqs 'CUDA::cublas' build/install-release --include=towerlabTargets.cmak
   cmake -S samples/embed -B build/embed-release -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build/install-release" >/dev/null
   cmake --build build/embed-release >/dev/null
   (cd build/embed-release && ./embed)
-  if ! ldd build/embed-release/embed | grep -q libcublas; then
+  if ! grep -q libcublas <<<"$(ldd build/embed-release/embed)"; then
     echo "build/embed-release/embed, built against the CUDA package, does not link cuBLAS: the ldd check above proves nothing"
     exit 1
   fi
