@@ -112,6 +112,7 @@ def run_facts(path, doc, allowed):
             allowed["int"].update({f"{r.mem / 1e9:.0f}", f"{r.copy_mem / 1e9:.0f}"})
             allowed["one"].update({f"{r.mem / 1e12:.1f}", f"{r.copy_mem / 1e12:.1f}"})
             allowed["int"].add(str(r.size >> 20))
+            allowed["one"].update({f"{r.us:.1f}", f"{r.copy_us:.1f}"})
         else:  # a training step: trainer_bench's or gpu_peers.py's
             allowed["three"].add(f"{r.ms:.3f}")
             allowed["int"].update({str(r.batch), f"{r.images_per_second:.0f}"})

@@ -464,10 +464,11 @@ def plot_gpu_peers(paths, out, name="gpu_peers.png"):
 PICTURES = [
     ("cpu_peers.png", ["cpu_peers_avx512_400fa09.json"]),
     ("trace.png", ["trace_400fa09.json"]),
-    ("gpu_kernels.png", [f"gpu_h100_616a5c2/{b}_bench.json" for b in ("matmul", "conv2d", "batchnorm", "pool2d")]),
-    ("ring_bandwidth_gpu.png", ["gpu_h100_207cbe5/allreduce_bench.json"]),
-    ("towers_speed_gpu.png", ["gpu_h100_616a5c2/trainer_bench.json"]),
-    ("gpu_peers.png", ["gpu_h100_207cbe5/gpu_peers.json"]),
+    ("gpu_kernels.png", [f"gpu_h100_c66a6c2/{b}_bench.json"
+                         for b in ("matmul", "conv2d", "batchnorm", "pool2d", "bias", "loss")]),
+    ("ring_bandwidth_gpu.png", ["gpu_h100_c66a6c2/allreduce_bench.json"]),
+    ("towers_speed_gpu.png", ["gpu_h100_c66a6c2/trainer_bench.json"]),
+    ("gpu_peers.png", ["gpu_h100_c66a6c2/gpu_peers.json"]),
 ]
 # How each is drawn, from the paths of its results files.
 DRAW = {"cpu_peers.png": plot_peers, "trace.png": plot_trace, "gpu_kernels.png": plot_gpu_kernels,
