@@ -30,11 +30,14 @@
 // with stride 1, dilation 1, padding 0 or 1 and at least 16 input and output
 // channels with Winograd F(2x2,3x3) (kernels/cpu/winograd.h), the weight gradient of
 // 3x3 stride-1 layers on AVX-512 with an implicit GEMM (im2col's bits), one input
-// channel directly, everything else with im2col + GEMM; CUDA with implicit GEMMs. The algorithms
-// round differently (each within a few float32 roundings of sum |weight*x|), so the CPU
-// specification is met within a tolerance: comparisons of CUDA with the CPU, or of the two CPU
-// algorithms, never expect equal bits. An empty batch (N = 0) or K = 0 is a no-op. Bad shapes, a
-// kernel larger than the padded input and non-positive strides throw ShapeError / InvalidArgument.
+// channel directly, everything else with im2col + GEMM; CUDA with implicit GEMMs, and the forward
+// and input gradient of 3x3 stride-1 layers with at least 64 input and output channels with
+// Winograd F(4x4,3x3) (kernels/cuda/conv2d_winograd.h; Conv2dAlgorithm forces or forbids it). The
+// algorithms round differently (within a few float32 roundings of sum |weight*x|, F(4x4,3x3) within
+// some tens), so the CPU specification is met within a tolerance: comparisons of CUDA with the CPU,
+// or of the two CPU algorithms, never expect equal bits. An empty batch (N = 0) or K = 0 is a
+// no-op. Bad shapes, a kernel larger than the padded input and non-positive strides throw
+// ShapeError / InvalidArgument.
 #pragma once
 
 #include <cstdint>

@@ -2,7 +2,9 @@
 //
 // All three passes are implicit GEMMs: tiled matrix-product kernels whose
 // operands are gathered straight from the NCHW tensors, so no im2col matrix is
-// ever written to memory.
+// ever written to memory. The exception: wide 3x3 stride-1 layers take Winograd
+// F(4x4,3x3) for the forward and backward-data where winograd_chosen says so
+// (kernels/cuda/conv2d_winograd.h), dispatched at the top of the entry points.
 //   pass             rows (m)        columns (n)    reduction (kk)   A[m,kk]        B[kk,n]
 //   forward          N*P*Q (n,p,q)   K              C*R*S (c,r,s)    x patch        weight
 //   backward-data    N*H*W (n,h,w)   C              K*R*S (k,r,s)    grad_y patch   weight
@@ -547,13 +549,20 @@ int ceil_div(std::int64_t a, std::int64_t b) {
   return static_cast<int>((a + b - 1) / b);
 }
 
+// One block per BM x BN tile of the problem's GEMM.
 template <class Problem, class T>
-void launch_gemm(const Problem& problem, cudaStream_t stream) {
+dim3 tile_grid(const Problem& problem) {
   const dim3 grid(ceil_div(problem.M, T::BM), ceil_div(problem.Ncols, T::BN));
   TL_CHECK(grid.y <= 65535, NotSupported,
            "conv2d: " << problem.Ncols << " GEMM columns need " << grid.y
                       << " column tiles; the CUDA kernels handle at most 65535");
-  implicit_gemm_kernel<Problem, T><<<grid, T::kThreads, 0, stream>>>(problem);
+  return grid;
+}
+
+template <class Problem, class T>
+void launch_gemm(const Problem& problem, cudaStream_t stream) {
+  implicit_gemm_kernel<Problem, T>
+      <<<tile_grid<Problem, T>(problem), T::kThreads, 0, stream>>>(problem);
   TL_CUDA_CHECK_LAUNCH();
 }
 
@@ -563,11 +572,8 @@ constexpr int kStages = 3;
 
 template <class Problem, class T>
 void launch_pipelined(const Problem& problem, cudaStream_t stream) {
-  const dim3 grid(ceil_div(problem.M, T::BM), ceil_div(problem.Ncols, T::BN));
-  TL_CHECK(grid.y <= 65535, NotSupported,
-           "conv2d: " << problem.Ncols << " GEMM columns need " << grid.y
-                      << " column tiles; the CUDA kernels handle at most 65535");
-  pipelined_gemm_kernel<Problem, T, kStages><<<grid, T::kThreads, 0, stream>>>(problem);
+  pipelined_gemm_kernel<Problem, T, kStages>
+      <<<tile_grid<Problem, T>(problem), T::kThreads, 0, stream>>>(problem);
   TL_CUDA_CHECK_LAUNCH();
 }
 

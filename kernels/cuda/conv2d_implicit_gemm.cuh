@@ -195,6 +195,33 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
   store_tile<T>(problem, acc, m0, n0, tm, tn, 0);
 }
 
+// The cp.async ring both pipelined kernels run: STAGES - 1 steps in flight. Step
+// `step` is multiplied from buffer step % STAGES while step + STAGES - 1 is copied
+// into the buffer step - 1 was multiplied from. start_step(step, buffer) issues a
+// step's copies, multiply(buffer) multiplies a landed buffer into the
+// accumulators. Copies of step s form batch s (empty past the last step), so
+// waiting for all but the newest STAGES - 2 batches completes exactly the step to
+// multiply; the barrier that follows also guarantees that every thread is done
+// with the buffer the next copies overwrite.
+template <int STAGES, class Start, class Multiply>
+__device__ __forceinline__ void run_stages(int steps, Start& start_step, Multiply&& multiply) {
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < steps) start_step(s, s);
+    __pipeline_commit();
+  }
+  int read = 0;  // the buffer of step `step`
+  for (int step = 0; step < steps; ++step) {
+    __pipeline_wait_prior(STAGES - 2);
+    __syncthreads();
+    const int write = read == 0 ? STAGES - 1 : read - 1;  // multiplied in step - 1
+    if (step + STAGES - 1 < steps) start_step(step + STAGES - 1, write);
+    __pipeline_commit();
+    multiply(read);
+    read = read + 1 == STAGES ? 0 : read + 1;
+  }
+}
+
 // Forward and backward-data when the reduced channels (C forward, K
 // backward-data) are a multiple of BK: the reduction runs channel-inner
 // (tap-major), kk = rs * channels + channel, so the BK values of one step share
@@ -213,12 +240,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
 // staging registers (BM*BK + BN*BK over the threads) and their shared stores
 // more blocks share an SM (the Tile's MIN_BLOCKS), which also rounds a launch
 // of a few hundred blocks into one wave instead of one and a half.
-//
-// Copies of step s form batch s (empty past the last step), so waiting for all
-// but the newest STAGES - 2 batches completes exactly the step to multiply; the
-// barrier that follows also guarantees that every thread is done with the
-// buffer the next copies overwrite (the one multiplied a step before). The
-// problem gives a_src/b_src, the addresses of a step's elements.
+// The ring is run_stages'; the problem gives a_src/b_src, the addresses of a
+// step's elements.
 template <class Problem, class T, int STAGES>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
     pipelined_gemm_kernel(const Problem problem) {
@@ -282,24 +305,10 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
     }
   };
 
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < steps) start_step(s, s);
-    __pipeline_commit();
-  }
-
   const int tm = tid % (BM / TM), tn = tid / (BM / TM);
   float acc[TM][TN] = {};
-  int read = 0;  // the buffer of step `step`
-  for (int step = 0; step < steps; ++step) {
-    __pipeline_wait_prior(STAGES - 2);
-    __syncthreads();
-    const int write = read == 0 ? STAGES - 1 : read - 1;  // multiplied in step - 1
-    if (step + STAGES - 1 < steps) start_step(step + STAGES - 1, write);
-    __pipeline_commit();
-    multiply_stage<T>(acc, As[read], Bs[read], tm, tn);
-    read = read + 1 == STAGES ? 0 : read + 1;
-  }
+  run_stages<STAGES>(steps, start_step,
+                     [&](int read) { multiply_stage<T>(acc, As[read], Bs[read], tm, tn); });
   store_tile<T>(problem, acc, m0, n0, tm, tn, 0);
 }
 
@@ -379,24 +388,10 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
     }
   };
 
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < steps) start_step(s, s);
-    __pipeline_commit();
-  }
-
   const int tm = tid % (BM / TM), tn = tid / (BM / TM);
   float acc[TM][TN] = {};
-  int read = 0;  // the buffer of step `step`
-  for (int step = 0; step < steps; ++step) {
-    __pipeline_wait_prior(STAGES - 2);
-    __syncthreads();
-    const int write = read == 0 ? STAGES - 1 : read - 1;  // multiplied in step - 1
-    if (step + STAGES - 1 < steps) start_step(step + STAGES - 1, write);
-    __pipeline_commit();
-    multiply_stage<T>(acc, As[read], Bs[read], tm, tn);
-    read = read + 1 == STAGES ? 0 : read + 1;
-  }
+  run_stages<STAGES>(steps, start_step,
+                     [&](int read) { multiply_stage<T>(acc, As[read], Bs[read], tm, tn); });
   store_tile<T>(problem, acc, m0, n0, tm, tn, split);
 }
 
