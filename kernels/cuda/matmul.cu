@@ -31,20 +31,18 @@
 // The tile plan (plan_gemm) fills the SMs: 128x256 tiles where they alone give
 // every SM a block (4096^3) or do so split along K in one wave (1024^3: 32 tiles
 // x 4 splits), 128x128 tiles where those give every SM a block, 64x64 tiles
-// where they give at least half the SMs one, and otherwise a split along K. Split-K: a product with few tiles of C and a long K (a linear
-// layer's forward, [batch,3136] x [3136,128]) cuts K into splits of whole
-// K-steps so that tiles x splits gives every SM work; each block writes its
-// split's raw sum into a partial buffer, and split_reduce
-// (kernels/cuda/split_reduce.cuh) adds the partials in a fixed tree and applies
-// alpha and beta once. The same plan gives the same bits every run.
+// where they give at least half the SMs one, and otherwise a split along K.
+// Split-K: a product with few tiles of C and a long K (a linear layer's forward,
+// [batch,3136] x [3136,128]) cuts K into splits of whole K-steps so that tiles x
+// splits gives every SM work; each block writes its split's raw sum into a
+// partial buffer, and split_reduce (kernels/cuda/split_reduce.cuh) adds the
+// partials in a fixed tree and applies alpha and beta once. The same plan gives
+// the same bits every run.
 //
-// Status: ran on an H100 against cuBLAS (616a5c2: every CUDA test, memcheck and
-// racecheck clean; 140-145 % of cuBLAS on fc1's gradients, 72-76 % at 1024^3,
-// 75-78 % at 4096^3, where the register-double-buffered 128x128 tile without
-// cp.async had given 78-86 % at 207cbe5: the next lever to measure;
-// bench/results/gpu_h100.md). gemm_wide_kernel (1624a18) ran there at 80-85 %
-// of cuBLAS at 4096^3; its double-buffered fragments have run only on the
-// emulated GPUs.
+// Status: ran on an H100 against cuBLAS (c66a6c2: every CUDA test, memcheck,
+// racecheck and synccheck clean; 82 / 86 / 91 % of cuBLAS at 4096^3 NN / NT /
+// TN, 85-90 % at 1024^3, 88-118 % at 512^3, 88-144 % on fc1's shapes;
+// bench/results/gpu_h100.md).
 #include <cublas_v2.h>
 #include <cuda_pipeline.h>
 
@@ -393,8 +391,8 @@ GemmPlan plan_gemm(int m, int n, int k, int sms) {
   const std::int64_t tiles128 = tile_count(m, n, 128), tiles64 = tile_count(m, n, 64);
   const std::int64_t wide = tile_count(m, n, kWideTile);
   if (wide >= sms) return {kWideTile, 1, k};
-  const std::int64_t wide_splits = std::min<std::int64_t>(
-      {sms / wide, k / kMinWideSplitK, kMaxSplits});
+  const std::int64_t wide_splits =
+      std::min<std::int64_t>({sms / wide, k / kMinWideSplitK, kMaxSplits});
   if (wide_splits >= 2 && 4 * wide * wide_splits >= 3 * std::int64_t{sms}) {
     const int step = gemm_detail::WideTile::kK;
     const int k_per_split =
@@ -424,9 +422,9 @@ GemmKernel pick_kernel(bool transpose_a, bool transpose_b) {
 GemmKernel pick_kernel(int tile, bool transpose_a, bool transpose_b) {
   if (tile == kWideTile) {
     using gemm_detail::gemm_wide_kernel;
-    return transpose_a ? (transpose_b ? gemm_wide_kernel<true, true> : gemm_wide_kernel<true, false>)
-                       : (transpose_b ? gemm_wide_kernel<false, true>
-                                      : gemm_wide_kernel<false, false>);
+    return transpose_a
+               ? (transpose_b ? gemm_wide_kernel<true, true> : gemm_wide_kernel<true, false>)
+               : (transpose_b ? gemm_wide_kernel<false, true> : gemm_wide_kernel<false, false>);
   }
   if (tile == 128) return pick_kernel<128>(transpose_a, transpose_b);
   return pick_kernel<64>(transpose_a, transpose_b);
