@@ -60,7 +60,9 @@
 // 256 u. Every output pixel is
 // written by one thread in a fixed order, no atomics: the same bits every run.
 //
-// Status: ran only on the emulated GPUs (the tests above); not yet on a GPU.
+// Status: ran on an H100 (c66a6c2 and b3c0528: every CUDA test, memcheck and
+// racecheck clean): the wide 3x3 layers' forward 96-116 % of cuDNN's speed and
+// backward data 94-129 % (bench/results/gpu_h100.md).
 #include "kernels/cuda/conv2d_winograd.h"
 
 #include <cstdint>
