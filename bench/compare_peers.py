@@ -5,6 +5,14 @@ run alternately in one call so that the ratios hold on a machine shared with oth
 
   bench/compare_peers.py                       # 4 rounds of 120 timed steps each
   bench/compare_peers.py --markdown bench/results/cpu_peers.md
+  bench/compare_peers.py --isa avx2            # every contender held to AVX2 code
+
+--isa avx2 holds every contender to AVX2 + FMA code on a machine that has AVX-512:
+towerlab by TOWERLAB_GEMM_ISA, oneDNN (PyTorch's and TensorFlow's convolutions and
+matrix products) by ONEDNN_MAX_CPU_ISA, PyTorch's own kernels by ATEN_CPU_CAPABILITY,
+XLA (JAX, TensorFlow's XLA) by --xla_cpu_max_isa. It compares the AVX2 code of
+all of them on the same run, not an AVX2 machine: the caches, clocks and memory stay
+this machine's, so its table stands beside, never in place of, one from an AVX2 CPU.
 
 Each round runs every contender once, as a fresh process, for the same warm-up and timed
 steps of FashionNet (batch 128, Adam, the real Fashion-MNIST of Debian's
@@ -39,6 +47,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REQUIREMENTS = os.path.join(ROOT, "bench", "peers", "requirements.txt")
 RUN_PEER = os.path.join(ROOT, "bench", "peers", "run_peer.py")
 PEER_NAMES = {"torch": "PyTorch", "tensorflow": "TensorFlow", "jax": "JAX"}
+# What --isa sets so that every contender runs only code of that instruction set.
+ISA_CAPS = {
+    "native": {},
+    "avx2": {"TOWERLAB_GEMM_ISA": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
+             "XLA_FLAGS": "--xla_cpu_max_isa=AVX2"},
+}
 # Debian's package of the data set the sample reads by default.
 DATA_PACKAGE = "dataset-fashion-mnist"
 
@@ -264,6 +278,7 @@ def markdown(doc, json_path):
     notes = [
         f"- Command: `{doc.get('command', 'bench/compare_peers.py')}`.",
         f"- CPU: {m['cpu_model']}, {m['cpus']} CPUs, flags {' '.join(m['flags'])}; Linux {m['kernel']}.",
+        *isa_note(doc.get("isa", "native")),
         f"- Load average (1 minute) before each run: {min(loads):.1f} to {max(loads):.1f} "
         f"(median {statistics.median(loads):.1f}).",
         f"- Peers from PyPI (`bench/peers/requirements.txt`): torch {v['torch']}, tensorflow-cpu "
@@ -281,6 +296,16 @@ def markdown(doc, json_path):
         table(doc), notes)
 
 
+def isa_note(isa):
+    """The results page's line on --isa: what held every contender to which code."""
+    if isa == "native":
+        return ["- Instruction set: each contender's own choice for this CPU (`--isa native`)."]
+    caps = ", ".join(f"`{k}={v}`" for k, v in ISA_CAPS[isa].items())
+    return [f"- Instruction set: every contender held to {isa.upper()} code (`--isa {isa}`: {caps}). "
+            "This machine's caches, clocks and memory stay its own: the table compares AVX2 code, "
+            "it does not stand in for an AVX2 machine."]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -296,6 +321,9 @@ def main():
                    help="OMP_WAIT_POLICY for the contenders. auto: passive when the 1-minute load "
                         "average exceeds --threads at the start (spinning OpenMP threads then lose "
                         "their time slices to the other processes), else OpenMP's default (active)")
+    p.add_argument("--isa", choices=sorted(ISA_CAPS), default="native",
+                   help="native: each contender picks its code for this CPU; avx2: every one is held "
+                        "to AVX2 + FMA code (see above)")
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--venv", default=os.path.join(ROOT, "build", "peers-venv"))
     p.add_argument("--preset", default="cpu", help="CMake preset that builds the sample")
@@ -335,7 +363,10 @@ def main():
     pin = (["taskset", "-c", ",".join(map(str, cpus[:args.threads]))]
            if len(cpus) > args.threads and shutil.which("taskset") else [])
     n = str(args.threads)
-    env = {**os.environ, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n}
+    env = {**os.environ, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n,
+           **ISA_CAPS[args.isa]}
+    if args.isa == "avx2" and "avx2" not in machine()["flags"]:
+        p.error("--isa avx2: this CPU has no AVX2")
     wait = args.omp_wait_policy
     if wait == "auto":
         wait = "passive" if os.getloadavg()[0] > args.threads else "active"
@@ -361,7 +392,7 @@ def main():
            "versions": versions,
            "settings": {k: getattr(args, k) for k in ("rounds", "steps", "warmup", "batch", "threads")},
            "pinned_cpus": pin[2] if pin else "all (the machine has no more than --threads)",
-           "omp_wait_policy": wait, "rounds": rounds, "summary": summarize(contenders, rounds, versions)}
+           "omp_wait_policy": wait, "isa": args.isa, "rounds": rounds, "summary": summarize(contenders, rounds, versions)}
     results_page.write(doc, args.json, args.markdown, table, markdown)
 
 
