@@ -51,7 +51,10 @@ PEER_NAMES = {"torch": "PyTorch", "tensorflow": "TensorFlow", "jax": "JAX"}
 ISA_CAPS = {
     "native": {},
     "avx2": {"TOWERLAB_GEMM_ISA": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
-             "XLA_FLAGS": "--xla_cpu_max_isa=AVX2"},
+             "XLA_FLAGS": "--xla_cpu_max_isa=AVX2",
+             # torch.compile's cache does not tell its AVX-512 code from its AVX2 code
+             # (the AVX2 process ran the cached AVX-512 backward and failed): one of its own.
+             "TORCHINDUCTOR_CACHE_DIR": os.path.join(tempfile.gettempdir(), "towerlab-peers-inductor-avx2")},
 }
 # Debian's package of the data set the sample reads by default.
 DATA_PACKAGE = "dataset-fashion-mnist"
@@ -300,7 +303,7 @@ def isa_note(isa):
     """The results page's line on --isa: what held every contender to which code."""
     if isa == "native":
         return ["- Instruction set: each contender's own choice for this CPU (`--isa native`)."]
-    caps = ", ".join(f"`{k}={v}`" for k, v in ISA_CAPS[isa].items())
+    caps = ", ".join(f"`{k}={v}`" for k, v in ISA_CAPS[isa].items() if k != "TORCHINDUCTOR_CACHE_DIR")
     return [f"- Instruction set: every contender held to {isa.upper()} code (`--isa {isa}`: {caps}). "
             "This machine's caches, clocks and memory stay its own: the table compares AVX2 code, "
             "it does not stand in for an AVX2 machine."]
