@@ -1,5 +1,6 @@
 #include "engine/tensor.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -8,6 +9,7 @@
 
 #include "engine/allocator.h"
 #include "engine/error.h"
+#include "engine/thread_pool.h"
 
 #if TOWERLAB_WITH_CUDA
 #include "engine/cuda_check.h"
@@ -307,6 +309,35 @@ bool enable_peer_access(int from, int to) {
 #endif
 }
 
+namespace {
+
+// A copy on the host. From kParallelCopyBytes on it splits over the calling
+// thread's share of the pool (engine/thread_pool.h): the trainer's master copies
+// the whole model's gradient in and its values out to every replica each step,
+// about 80 us per 1.7 MB copy of FashionNet on one core of the 2-core machines.
+// Inside a tower's pass the share is one thread and the copy stays whole. Ranges
+// that overlap keep memmove's one pass, which copies them as if through a buffer.
+constexpr std::size_t kParallelCopyBytes = std::size_t(256) << 10;
+constexpr std::size_t kCopyBlockBytes = std::size_t(64) << 10;
+
+void host_copy(void* dst, const void* src, std::size_t bytes) {
+  auto* to = static_cast<unsigned char*>(dst);
+  const auto* from = static_cast<const unsigned char*>(src);
+  const bool overlap = to < from + bytes && from < to + bytes;
+  if (bytes < kParallelCopyBytes || overlap) {
+    std::memmove(dst, src, bytes);
+    return;
+  }
+  const auto blocks = std::int64_t((bytes + kCopyBlockBytes - 1) / kCopyBlockBytes);
+  parallel_for(0, blocks, [&](std::int64_t first, std::int64_t last) {
+    const std::size_t begin = std::size_t(first) * kCopyBlockBytes;
+    const std::size_t end = std::min(bytes, std::size_t(last) * kCopyBlockBytes);
+    std::memcpy(to + begin, from + begin, end - begin);
+  });
+}
+
+}  // namespace
+
 void copy_tensor(const Tensor& dst, const Tensor& src, const Stream& stream) {
   TL_CHECK(dst.defined() && src.defined(), InvalidArgument, "copy_tensor: undefined tensor");
   TL_CHECK(dst.numel() == src.numel() && dst.dtype() == src.dtype(), ShapeError,
@@ -317,7 +348,7 @@ void copy_tensor(const Tensor& dst, const Tensor& src, const Stream& stream) {
   const std::size_t bytes = src.nbytes();
   if (bytes == 0 || dst.raw_data() == src.raw_data()) return;
   if (dst.device().is_cpu() && src.device().is_cpu()) {
-    std::memmove(dst.raw_data(), src.raw_data(), bytes);
+    host_copy(dst.raw_data(), src.raw_data(), bytes);
     return;
   }
 #if TOWERLAB_WITH_CUDA

@@ -119,6 +119,8 @@ class Tensor {
 // `stream`, which belongs to one of the two devices. Host to device and device to
 // host go through page-locked staging memory; between two GPUs the copy is
 // peer-to-peer when the hardware allows it, and staged through the host when not.
+// On the host, src and dst may overlap (the copy is as if through a buffer), and a
+// copy of 256 KiB or more splits over the calling thread's share of the pool.
 void copy_tensor(const Tensor& dst, const Tensor& src, const Stream& stream);
 
 // Turns on peer access from device `from` to device `to` once; false when the

@@ -15,6 +15,13 @@ namespace towerlab {
 
 namespace {
 
+// Host members take their steps on threads of their own from chunks of this many
+// values on (64 KiB of float32), and below it all on the caller's thread: waking
+// the team costs about what one core needs to add such a chunk (the thread pool's
+// rule, kernels/cpu/parallel.h). The moving statistics' ring (a few hundred values)
+// took 33-142 us a step on threads, most of it waking them.
+constexpr std::int64_t kHostThreadsFromValues = 16384;
+
 // mine += theirs, ordered on `stream` (mine's device): in place, or through
 // `received` (on mine's device, at least as long as theirs) when the devices do
 // not allow that. One float32 addition per element either way.
@@ -119,6 +126,16 @@ void Ring::allreduce_range(const std::vector<Tensor>& buffers, std::int64_t begi
     }
   };
 
+  if (all_host_ && schedule.largest_chunk() < kHostThreadsFromValues) {
+    // Small chunks: every member's steps on this thread, step by step, in member
+    // order within a step (no member writes what another reads in the same step).
+    for (RingPhase phase : {RingPhase::ReduceScatter, RingPhase::AllGather}) {
+      for (std::int64_t s = 0; s < schedule.steps_per_phase(); ++s) {
+        for (std::int64_t j = 0; j < n; ++j) step(j, schedule.step(j, phase, s));
+      }
+    }
+    return;
+  }
   if (all_host_) {
     // Each member on its own thread; a barrier between steps gives both orders
     // (read after write, write after read) that the events give on streams.

@@ -40,8 +40,9 @@
 // overwritten) at once. No device-wide synchronize. On the CPU a member's stream is
 // the host: every member runs its steps on its own thread of the ring (so the
 // members of one step run side by side, each step on its own core where there are
-// enough), and a barrier after each step gives both orders. The schedule, and so
-// every sum and its bits, is the one above.
+// enough), and a barrier after each step gives both orders; chunks under 64 KiB
+// are added on the caller's thread alone, step by step, which costs less than
+// waking the others. The schedule, and so every sum and its bits, is the one above.
 //
 // Members that share one GPU (virtual devices) have nothing to send: every chunk is
 // in the one memory. There the ring is one launch (kernels/peer_add.h's peer_sum,

@@ -102,13 +102,21 @@ TEST_P(RingTest, EqualsTheFixedOrderSumBitForBitRunAfterRun) {
     Threads() { set_num_threads(6); }
     ~Threads() { set_num_threads(saved); }
   } threads;
+  // Uneven chunks; on a GPU long enough that a step's kernels overlap (on the
+  // emulated GPUs streams are host threads, which overlap at any length). On the
+  // host, chunks of 64 KiB and more are added by the members' threads side by side,
+  // smaller ones by the caller alone (parallel/ring_allreduce.h): both.
+  const std::vector<std::int64_t> per_member_lengths =
+      !device().is_cuda() ? std::vector<std::int64_t>{2048, (1 << 14) + 1}
+      : kEmulatedGpus     ? std::vector<std::int64_t>{1 << 14}
+                          : std::vector<std::int64_t>{1 << 20};
+  std::vector<std::pair<int, std::int64_t>> members_and_lengths;
+  for (int members : {4, 5}) {
+    for (std::int64_t per_member : per_member_lengths)
+      members_and_lengths.emplace_back(members, per_member);
+  }
   for (const RingVariant& variant : kVariants) {
-    for (int members : {4, 5}) {
-      // Uneven chunks; on a GPU long enough that a step's kernels overlap (on the
-      // emulated GPUs streams are host threads, which overlap at any length).
-      const std::int64_t per_member = !device().is_cuda() ? 2048
-                                      : kEmulatedGpus     ? 1 << 14
-                                                          : 1 << 20;
+    for (const auto& [members, per_member] : members_and_lengths) {
       const std::int64_t length = members * per_member + 3;
       std::vector<std::unique_ptr<Stream>> streams;
       std::vector<const Stream*> raw;
@@ -140,7 +148,8 @@ TEST_P(RingTest, EqualsTheFixedOrderSumBitForBitRunAfterRun) {
         ring.allreduce(buffers);
         for (int i = 0; i < members; ++i) {
           ASSERT_EQ(buffers[std::size_t(i)].to_host<float>(*streams[std::size_t(i)]), expected)
-              << variant.name << ", " << members << " members, run " << run << ", member " << i;
+              << variant.name << ", " << members << " members of " << per_member << " values, run "
+              << run << ", member " << i;
         }
       }
     }

@@ -110,6 +110,33 @@ TEST(TensorCpu, Float64LivesOnTheCpu) {
   }
 }
 
+// Host copies of 256 KiB and more split over the caller's share of the pool: every
+// byte arrives on any thread count, for a length that ends inside a block; ranges
+// that overlap (views of one tensor) copy as if through a buffer, either way round.
+TEST(TensorCpu, LargeAndOverlappingHostCopiesAreExact) {
+  const int saved = num_threads();
+  const Stream& stream = default_stream(Device::cpu());
+  const std::int64_t n = (std::int64_t(1) << 18) + 7;  // 1 MiB and 28 bytes of float32
+  const auto values = random_values(std::size_t(n), 21);
+  for (int threads : {1, 2, 3}) {
+    set_num_threads(threads);
+    Tensor src = Tensor::from_host<float>(values, {n}, stream);
+    Tensor dst = Tensor::from_host<float>(std::vector<float>(std::size_t(n), -1.0f), {n}, stream);
+    copy_tensor(dst, src, stream);
+    EXPECT_EQ(dst.to_host<float>(stream), values) << threads << " threads";
+
+    const std::int64_t shift = 1000;  // forward and backward overlaps of 1 MiB ranges
+    copy_tensor(src.slice(shift, n), src.slice(0, n - shift), stream);
+    std::vector<float> expected(values.begin(), values.begin() + shift);
+    expected.insert(expected.end(), values.begin(), values.end() - shift);
+    EXPECT_EQ(src.to_host<float>(stream), expected) << threads << " threads, copied forward";
+    copy_tensor(src.slice(0, n - shift), src.slice(shift, n), stream);
+    std::copy(expected.begin() + shift, expected.end(), expected.begin());
+    EXPECT_EQ(src.to_host<float>(stream), expected) << threads << " threads, copied back";
+  }
+  set_num_threads(saved);
+}
+
 TEST(TensorCpu, ToDtypeConvertsEveryElement) {
   const Stream& cpu = default_stream(Device::cpu());
   Tensor f = Tensor::from_host<float>({0.1f, -2.5f, 3e38f, 7.0f}, {2, 2}, cpu);
