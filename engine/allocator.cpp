@@ -456,6 +456,7 @@ Registry& registry() {
   return *r;
 }
 
+#if TOWERLAB_WITH_CUDA
 // The options a GPU's allocator starts with: the defaults, and exact blocks where
 // the environment asks for them (a sanitizer run; the host's allocator keeps its
 // cache, which tests of the CPU's steady state rely on).
@@ -465,6 +466,7 @@ MemoryOptions initial_cuda_options() {
       detail::environment_choice("TOWERLAB_EXACT_ALLOCATIONS", {"0", "1"}) == "1";
   return options;
 }
+#endif
 
 }  // namespace
 
