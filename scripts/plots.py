@@ -10,7 +10,7 @@ caption and the numbers beside it agree with those files. Today:
                             bench/compare_peers.py's JSON (cpu_peers_avx512_d57fa64.json), the
                             machine, CPU flags, load and commit of each run written below it
   trace.png                 three steps of the sample on two CPU towers, from
-                            scripts/record_trace.py's JSON (trace_400fa09.json)
+                            scripts/record_trace.py's JSON (trace_1121a16.json)
   gpu_kernels.png           each kernel's % of its reference on a GPU (SGEMM against cuBLAS,
                             conv2d against cuDNN, the memory-bound kernels against the copy),
                             the targets marked, from scripts/gpu.sh's benches' JSON
@@ -463,7 +463,7 @@ def plot_gpu_peers(paths, out, name="gpu_peers.png"):
 # results, change its line here, then its comment and caption in the pages.
 PICTURES = [
     ("cpu_peers.png", ["cpu_peers_avx512_d57fa64.json"]),
-    ("trace.png", ["trace_400fa09.json"]),
+    ("trace.png", ["trace_1121a16.json"]),
     ("gpu_kernels.png", [f"gpu_h100_c66a6c2/{b}_bench.json"
                          for b in ("matmul", "conv2d", "batchnorm", "pool2d", "bias", "loss")]),
     ("ring_bandwidth_gpu.png", ["gpu_h100_c66a6c2/allreduce_bench.json"]),
