@@ -52,8 +52,9 @@ ISA_CAPS = {
     "native": {},
     "avx2": {"TOWERLAB_GEMM_ISA": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
              "XLA_FLAGS": "--xla_cpu_max_isa=AVX2",
-             # torch.compile's cache does not tell its AVX-512 code from its AVX2 code
-             # (the AVX2 process ran the cached AVX-512 backward and failed): one of its own.
+             # torch.compile gets a cache of its own: given the one the native runs had
+             # filled, its AVX2 process failed in the backward (an index of -1 out of
+             # bounds); with a fresh cache it ran.
              "TORCHINDUCTOR_CACHE_DIR": os.path.join(tempfile.gettempdir(), "towerlab-peers-inductor-avx2")},
 }
 # Debian's package of the data set the sample reads by default.
@@ -355,6 +356,8 @@ def main():
         contenders = [Contender(s) for s in args.contenders.split(";") if s]
     except ValueError as e:
         p.error(str(e))
+    if args.isa != "native" and args.isa not in machine()["flags"]:
+        p.error(f"--isa {args.isa}: this CPU has no {args.isa.upper()}")
 
     ensure_data(args.data)
     python = ensure_venv(args.venv) if any(c.is_peer for c in contenders) else None
@@ -368,8 +371,6 @@ def main():
     n = str(args.threads)
     env = {**os.environ, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n,
            **ISA_CAPS[args.isa]}
-    if args.isa == "avx2" and "avx2" not in machine()["flags"]:
-        p.error("--isa avx2: this CPU has no AVX2")
     wait = args.omp_wait_policy
     if wait == "auto":
         wait = "passive" if os.getloadavg()[0] > args.threads else "active"
