@@ -306,8 +306,8 @@ def isa_note(isa):
         return ["- Instruction set: each contender's own choice for this CPU (`--isa native`)."]
     caps = ", ".join(f"`{k}={v}`" for k, v in ISA_CAPS[isa].items() if k != "TORCHINDUCTOR_CACHE_DIR")
     return [f"- Instruction set: every contender held to {isa.upper()} code (`--isa {isa}`: {caps}). "
-            "This machine's caches, clocks and memory stay its own: the table compares AVX2 code, "
-            "it does not stand in for an AVX2 machine."]
+            f"This machine's caches, clocks and memory stay its own: the table compares {isa.upper()} "
+            f"code, it does not stand in for an {isa.upper()} machine."]
 
 
 def main():

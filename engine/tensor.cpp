@@ -1,6 +1,5 @@
 #include "engine/tensor.h"
 
-#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -318,7 +317,6 @@ namespace {
 // Inside a tower's pass the share is one thread and the copy stays whole. Ranges
 // that overlap keep memmove's one pass, which copies them as if through a buffer.
 constexpr std::size_t kParallelCopyBytes = std::size_t(256) << 10;
-constexpr std::size_t kCopyBlockBytes = std::size_t(64) << 10;
 
 void host_copy(void* dst, const void* src, std::size_t bytes) {
   auto* to = static_cast<unsigned char*>(dst);
@@ -328,11 +326,8 @@ void host_copy(void* dst, const void* src, std::size_t bytes) {
     std::memmove(dst, src, bytes);
     return;
   }
-  const auto blocks = std::int64_t((bytes + kCopyBlockBytes - 1) / kCopyBlockBytes);
-  parallel_for(0, blocks, [&](std::int64_t first, std::int64_t last) {
-    const std::size_t begin = std::size_t(first) * kCopyBlockBytes;
-    const std::size_t end = std::min(bytes, std::size_t(last) * kCopyBlockBytes);
-    std::memcpy(to + begin, from + begin, end - begin);
+  parallel_for(0, std::int64_t(bytes), [&](std::int64_t first, std::int64_t last) {
+    std::memcpy(to + first, from + first, std::size_t(last - first));
   });
 }
 

@@ -126,17 +126,17 @@ void Ring::allreduce_range(const std::vector<Tensor>& buffers, std::int64_t begi
     }
   };
 
-  if (all_host_ && schedule.largest_chunk() < kHostThreadsFromValues) {
-    // Small chunks: every member's steps on this thread, step by step, in member
-    // order within a step (no member writes what another reads in the same step).
-    for (RingPhase phase : {RingPhase::ReduceScatter, RingPhase::AllGather}) {
-      for (std::int64_t s = 0; s < schedule.steps_per_phase(); ++s) {
-        for (std::int64_t j = 0; j < n; ++j) step(j, schedule.step(j, phase, s));
-      }
-    }
-    return;
-  }
   if (all_host_) {
+    if (schedule.largest_chunk() < kHostThreadsFromValues) {
+      // Small chunks: every member's steps on this thread, step by step, in member
+      // order within a step (no member writes what another reads in the same step).
+      for (RingPhase phase : {RingPhase::ReduceScatter, RingPhase::AllGather}) {
+        for (std::int64_t s = 0; s < schedule.steps_per_phase(); ++s) {
+          for (std::int64_t j = 0; j < n; ++j) step(j, schedule.step(j, phase, s));
+        }
+      }
+      return;
+    }
     // Each member on its own thread; a barrier between steps gives both orders
     // (read after write, write after read) that the events give on streams.
     std::barrier step_done(n);

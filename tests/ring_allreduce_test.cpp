@@ -110,46 +110,43 @@ TEST_P(RingTest, EqualsTheFixedOrderSumBitForBitRunAfterRun) {
       !device().is_cuda() ? std::vector<std::int64_t>{2048, (1 << 14) + 1}
       : kEmulatedGpus     ? std::vector<std::int64_t>{1 << 14}
                           : std::vector<std::int64_t>{1 << 20};
-  std::vector<std::pair<int, std::int64_t>> members_and_lengths;
-  for (int members : {4, 5}) {
-    for (std::int64_t per_member : per_member_lengths)
-      members_and_lengths.emplace_back(members, per_member);
-  }
   for (const RingVariant& variant : kVariants) {
-    for (const auto& [members, per_member] : members_and_lengths) {
-      const std::int64_t length = members * per_member + 3;
-      std::vector<std::unique_ptr<Stream>> streams;
-      std::vector<const Stream*> raw;
-      for (int i = 0; i < members; ++i) {
-        streams.push_back(std::make_unique<Stream>(device()));
-        raw.push_back(streams.back().get());
-      }
-      std::vector<std::vector<float>> values;
-      for (int i = 0; i < members; ++i)
-        values.push_back(random_values(std::size_t(length), 40 + i));
-      const auto expected = fixed_order_sum(values, true);
-      // Control: the comparison sees the order of the additions (and so a missing
-      // or repeated term), not only the rough sum.
-      ASSERT_NE(fixed_order_sum(values, false), expected);
-
-      Ring ring(raw, variant.reads, variant.one_gpu);
-      std::vector<Tensor> buffers;
-      for (int i = 0; i < members; ++i) {
-        buffers.push_back(Tensor::empty({length}, *streams[std::size_t(i)]));
-      }
-      const int runs = !device().is_cuda() ? 25 : kEmulatedGpus ? 4 : 10;
-      for (int run = 0; run < runs; ++run) {
+    for (int members : {4, 5}) {
+      for (std::int64_t per_member : per_member_lengths) {
+        const std::int64_t length = members * per_member + 3;
+        std::vector<std::unique_ptr<Stream>> streams;
+        std::vector<const Stream*> raw;
         for (int i = 0; i < members; ++i) {
-          copy_tensor(
-              buffers[std::size_t(i)],
-              Tensor::from_host<float>(values[std::size_t(i)], {length}, *streams[std::size_t(i)]),
-              *streams[std::size_t(i)]);
+          streams.push_back(std::make_unique<Stream>(device()));
+          raw.push_back(streams.back().get());
         }
-        ring.allreduce(buffers);
+        std::vector<std::vector<float>> values;
+        for (int i = 0; i < members; ++i)
+          values.push_back(random_values(std::size_t(length), 40 + i));
+        const auto expected = fixed_order_sum(values, true);
+        // Control: the comparison sees the order of the additions (and so a missing
+        // or repeated term), not only the rough sum.
+        ASSERT_NE(fixed_order_sum(values, false), expected);
+
+        Ring ring(raw, variant.reads, variant.one_gpu);
+        std::vector<Tensor> buffers;
         for (int i = 0; i < members; ++i) {
-          ASSERT_EQ(buffers[std::size_t(i)].to_host<float>(*streams[std::size_t(i)]), expected)
-              << variant.name << ", " << members << " members of " << per_member << " values, run "
-              << run << ", member " << i;
+          buffers.push_back(Tensor::empty({length}, *streams[std::size_t(i)]));
+        }
+        const int runs = !device().is_cuda() ? 25 : kEmulatedGpus ? 4 : 10;
+        for (int run = 0; run < runs; ++run) {
+          for (int i = 0; i < members; ++i) {
+            copy_tensor(buffers[std::size_t(i)],
+                        Tensor::from_host<float>(values[std::size_t(i)], {length},
+                                                 *streams[std::size_t(i)]),
+                        *streams[std::size_t(i)]);
+          }
+          ring.allreduce(buffers);
+          for (int i = 0; i < members; ++i) {
+            ASSERT_EQ(buffers[std::size_t(i)].to_host<float>(*streams[std::size_t(i)]), expected)
+                << variant.name << ", " << members << " members of " << per_member
+                << " values, run " << run << ", member " << i;
+          }
         }
       }
     }

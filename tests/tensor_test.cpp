@@ -111,8 +111,9 @@ TEST(TensorCpu, Float64LivesOnTheCpu) {
 }
 
 // Host copies of 256 KiB and more split over the caller's share of the pool: every
-// byte arrives on any thread count, for a length that ends inside a block; ranges
-// that overlap (views of one tensor) copy as if through a buffer, either way round.
+// byte arrives on any thread count, for a length no thread count divides evenly;
+// ranges that overlap (views of one tensor) copy as if through a buffer, either way
+// round.
 TEST(TensorCpu, LargeAndOverlappingHostCopiesAreExact) {
   const int saved = num_threads();
   const Stream& stream = default_stream(Device::cpu());
