@@ -49,6 +49,11 @@
 #   lease OUT           for a lease of 15 minutes (one call): the check, the GPU test
 #                       shards, memcheck (90 s), the benches, FashionNet on cuda:0
 #                       with the master on cuda:0
+#   triage OUT          the first of two calls in a 15-minute lease that will change
+#                       kernels (~2-3 min): the check, the GPU test shards, memcheck
+#                       (60 s) and the profile of the cases TOWERLAB_GPU_PROFILE names;
+#                       the second call measures the changed kernels (bench with
+#                       TOWERLAB_GPU_BENCHES)
 #
 # Every command that takes OUT writes two files there (of the 8 allowed):
 # OUT/<command>.tar.gz (every log, the gtest XML of each shard and sanitizer, the
@@ -818,6 +823,13 @@ case $command in
     training cuda:0
     pack
     ;;
+  triage)
+    begin "${1:-}" 540
+    test_shards cuda
+    sanitizers memcheck 60
+    profile_kernels
+    pack
+    ;;
   tests)
     begin "${1:-}" 540
     test_shards
@@ -849,7 +861,7 @@ case $command in
     pack
     ;;
   *)
-    echo "usage: scripts/gpu.sh prepare | check | verify OUT | measure OUT | lease OUT | tests OUT | sanitize OUT [memcheck|racecheck|synccheck] | bench OUT | train OUT | peers OUT | profile OUT" >&2
+    echo "usage: scripts/gpu.sh prepare | check | verify OUT | measure OUT | lease OUT | triage OUT | tests OUT | sanitize OUT [memcheck|racecheck|synccheck] | bench OUT | train OUT | peers OUT | profile OUT" >&2
     exit 2
     ;;
 esac
