@@ -49,21 +49,32 @@ Var softmax_cross_entropy(const Var& logits, const Var& labels, Reduction reduct
   if (predictions != nullptr) {
     preds = Tensor::empty({logits.shape()[0]}, tape.stream(), logits.value().dtype());
   }
-  // The probabilities for the backward come out of the forward's pass over the
-  // logits (kernels/loss.h), when a backward will run.
+  // Where the backward's probabilities come from depends on what is scarce. On the
+  // CPU the exps are: the forward's pass over the logits writes the probabilities
+  // (kernels/loss.h) and the backward reads them. On a GPU memory bandwidth is,
+  // and the exps are nearly free: the backward recomputes the softmax from the
+  // logits, and [N,K] is neither written nor read once more (an H100, logits of
+  // 32768 x 1000: the step 195 us recomputing, 234 us through the probabilities;
+  // bench/results/gpu_h100.md). The two agree to float rounding (kernels/loss.h).
   const bool backward = logits.requires_grad() && tape.grad_enabled();
+  const bool reuse_probs = backward && !logits.value().device().is_cuda();
   Tensor probs =
-      backward ? Tensor::empty(logits.shape(), tape.stream(), logits.value().dtype()) : Tensor();
+      reuse_probs ? Tensor::empty(logits.shape(), tape.stream(), logits.value().dtype()) : Tensor();
   softmax_cross_entropy_forward(loss, probs, preds, logits.value(), labels.value(), reduction,
                                 tape.stream());
   if (predictions != nullptr) *predictions = preds;
-  return tape.record(loss, "softmax_cross_entropy", {logits, labels},
-                     [logits, labels, probs, reduction](const Var& out) {
-                       Tape& t = out.tape();
-                       softmax_cross_entropy_backward_from_probs(t.grad_for(logits), out.grad(),
-                                                                 probs, labels.value(), reduction,
-                                                                 t.stream());
-                     });
+  return tape.record(
+      loss, "softmax_cross_entropy", {logits, labels},
+      [logits, labels, probs, reduction](const Var& out) {
+        Tape& t = out.tape();
+        if (probs.defined()) {
+          softmax_cross_entropy_backward_from_probs(t.grad_for(logits), out.grad(), probs,
+                                                    labels.value(), reduction, t.stream());
+        } else {
+          softmax_cross_entropy_backward(t.grad_for(logits), out.grad(), logits.value(),
+                                         labels.value(), reduction, t.stream());
+        }
+      });
 }
 
 Var l2_loss(const Var& w, double coeff) {

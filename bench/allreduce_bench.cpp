@@ -2,9 +2,9 @@
 // beside the device-to-device copy bandwidth of the same device measured in the same
 // run: the ring moves 2(n-1)/n of the buffer through every member, so its bus
 // bandwidth (nccl-tests' definition: busbw = algbw * 2(n-1)/n, algbw = bytes / time)
-// is compared with one copy's bandwidth. Also the seeds' reduction to one device,
-// and the ring with every chunk copied into a receive buffer before the add (the
-// path of members without peer access), for comparison.
+// is compared with the bandwidth of a copy of all the members' bytes. Also the seeds' reduction to
+// one device, and the ring with every chunk copied into a receive buffer before the add (the path
+// of members without peer access), for comparison.
 //
 // Virtual devices share one memory, so the ring's time is bounded by the bytes it
 // reads and writes there: per step the n members together touch one buffer length
@@ -89,10 +89,15 @@ void BM_ReduceAndBroadcast(benchmark::State& state, Device device) {
   report(state, bytes, n);
 }
 
-// The reference: one copy of the buffer within the device.
+// The reference: one copy within the device of all the members' bytes together
+// (n x bytes). The ring in one launch reads and writes every member once, as the
+// copy reads and writes its buffer once, so on one memory this copy is the bound of
+// any schedule, with the ring's footprint in the cache: a copy of one member's
+// 16 MiB stays in an H100's 50 MB L2, where four members' 64 MiB do not, and
+// would set a bound faster than the memory the ring has to use.
 void BM_CopyReference(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
-  const std::int64_t bytes = state.range(1);
+  const std::int64_t bytes = state.range(0) * state.range(1);
   Stream stream(device);
   Tensor a = Tensor::zeros({bytes / 4}, stream), b = Tensor::zeros({bytes / 4}, stream);
   bench::time_copy_reference(state, b, a, stream);
