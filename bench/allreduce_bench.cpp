@@ -42,6 +42,9 @@ struct Members {
     for (int i = 0; i < n; ++i) {
       streams.push_back(std::make_unique<Stream>(device));
       raw.push_back(streams.back().get());
+      // Zeros, unlike the other benches' random values: the ring sums the members in
+      // place, so any other values would grow n-fold a call, to infinity within a
+      // few hundred calls.
       buffers.push_back(Tensor::zeros({floats}, *streams.back()));
     }
   }

@@ -103,11 +103,24 @@ void time_calls(benchmark::State& state, const Stream& stream, Fn&& fn) {
   time_calls(state, std::vector<const Stream*>{&stream}, std::forward<Fn>(fn));
 }
 
+// A tensor of the values a bench times a kernel on: uniform in [low, high), drawn
+// from `seed`. Never zeros: a kernel can run at another speed on zeros than on
+// real data (hardware that compresses or skips zeros, branches that all go one
+// way, max-pool windows that are all ties), and a zero output hides a kernel
+// that wrote nothing.
+inline Tensor random_tensor(const Shape& shape, const Stream& stream, std::uint64_t seed,
+                            float low = -1.0f, float high = 1.0f) {
+  Tensor t = Tensor::empty(shape, stream);
+  random_uniform(t, seed, 0, low, high, stream);
+  return t;
+}
+
 // The reference of the memory-bound kernels: copies of src into dst within the
 // device (cudaMemcpyAsync device-to-device on a GPU, memmove on the CPU), timed
-// as time_calls times the kernels.
+// as time_calls times the kernels. src is filled with random_tensor's values first.
 inline void time_copy_reference(benchmark::State& state, const Tensor& dst, const Tensor& src,
                                 const Stream& stream) {
+  random_uniform(src, 0x5eed, 0, -1.0f, 1.0f, stream);
   time_calls(state, stream, [&] { copy_tensor(dst, src, stream); });
 }
 

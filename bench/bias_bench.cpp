@@ -26,7 +26,8 @@ void BM_BiasAddForward(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape = bench::nchw_shape(state);
-  Tensor x = Tensor::zeros(shape, stream), bias = Tensor::zeros({shape[1]}, stream);
+  Tensor x = bench::random_tensor(shape, stream, 1);
+  Tensor bias = bench::random_tensor({shape[1]}, stream, 2, -1e-3f, 1e-3f);  // x drifts slowly
   bench::time_calls(state, stream, [&] { bias_add_forward(x, x, bias, stream); });
   set_bytes(state, shape, 2);
 }
@@ -35,7 +36,8 @@ void BM_BiasAddBackward(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape = bench::nchw_shape(state);
-  Tensor grad_y = Tensor::zeros(shape, stream), grad_bias = Tensor::zeros({shape[1]}, stream);
+  Tensor grad_y = bench::random_tensor(shape, stream, 1);
+  Tensor grad_bias = Tensor::zeros({shape[1]}, stream);
   bench::time_calls(state, stream, [&] { bias_add_backward(grad_bias, grad_y, stream); });
   set_bytes(state, shape, 1);
 }
@@ -48,11 +50,11 @@ void BM_BiasAddReluStep(benchmark::State& state, Device device, bool fused) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape = bench::nchw_shape(state);
-  Tensor x = Tensor::empty(shape, stream), grad_y = Tensor::empty(shape, stream);
-  random_normal(x, 1, 0, 0.0f, 1.0f, stream);
-  random_normal(grad_y, 1, 1, 0.0f, 1.0f, stream);
+  Tensor x = bench::random_tensor(shape, stream, 1),
+         grad_y = bench::random_tensor(shape, stream, 2);
   Tensor y = Tensor::empty(shape, stream), grad_z = Tensor::zeros(shape, stream);
-  Tensor grad_x = Tensor::zeros(shape, stream), bias = Tensor::zeros({shape[1]}, stream);
+  Tensor grad_x = bench::random_tensor(shape, stream, 3);
+  Tensor bias = bench::random_tensor({shape[1]}, stream, 4);
   Tensor grad_bias = Tensor::zeros({shape[1]}, stream);
   bench::time_calls(state, stream, [&] {
     if (fused) {

@@ -16,8 +16,8 @@ void BM_Add(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const std::int64_t n = state.range(0);
-  Tensor a = Tensor::zeros({n}, stream), b = Tensor::zeros({n}, stream),
-         c = Tensor::zeros({n}, stream);
+  Tensor a = bench::random_tensor({n}, stream, 1), b = bench::random_tensor({n}, stream, 2),
+         c = Tensor::empty({n}, stream);
   bench::time_calls(state, stream, [&] { add(c, a, b, stream); });
   state.SetBytesProcessed(state.iterations() * n * 12);
 }
@@ -36,7 +36,7 @@ void BM_Sum(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const std::int64_t n = state.range(0);
-  Tensor a = Tensor::zeros({n}, stream), out = Tensor::zeros({1}, stream);
+  Tensor a = bench::random_tensor({n}, stream, 1), out = Tensor::zeros({1}, stream);
   bench::time_calls(state, stream, [&] { sum(out, a, stream); });
   state.SetBytesProcessed(state.iterations() * n * 4);
 }

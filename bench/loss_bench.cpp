@@ -55,7 +55,7 @@ void BM_CrossEntropyBackward(benchmark::State& state, Device device) {
   Stream stream(device);
   const std::int64_t rows = state.range(0), classes = state.range(1);
   Batch batch(rows, classes, stream);
-  Tensor grad = Tensor::zeros({rows, classes}, stream);
+  Tensor grad = bench::random_tensor({rows, classes}, stream, 3);
   Tensor grad_loss = Tensor::from_host<float>(std::vector<float>{1.0f}, {1}, stream);
   run(state, stream, 12 * rows * classes + 4 * rows, [&] {
     softmax_cross_entropy_backward(grad, grad_loss, batch.logits, batch.labels, Reduction::Mean,
@@ -72,8 +72,8 @@ void BM_CrossEntropyStep(benchmark::State& state, Device device, bool from_probs
   Stream stream(device);
   const std::int64_t rows = state.range(0), classes = state.range(1);
   Batch batch(rows, classes, stream);
-  Tensor loss = Tensor::zeros({1}, stream), probs = Tensor::zeros({rows, classes}, stream);
-  Tensor grad = Tensor::zeros({rows, classes}, stream);
+  Tensor loss = Tensor::zeros({1}, stream), probs = Tensor::empty({rows, classes}, stream);
+  Tensor grad = bench::random_tensor({rows, classes}, stream, 3);
   Tensor grad_loss = Tensor::from_host<float>(std::vector<float>{1.0f}, {1}, stream);
   run(state, stream, 16 * rows * classes + 8 * rows, [&] {
     if (from_probs) {
@@ -94,7 +94,7 @@ void BM_MseForward(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const std::int64_t n = state.range(0);
-  Tensor pred = Tensor::zeros({n}, stream), target = Tensor::zeros({n}, stream);
+  Tensor pred = bench::random_tensor({n}, stream, 1), target = bench::random_tensor({n}, stream, 2);
   Tensor loss = Tensor::zeros({1}, stream);
   run(state, stream, 8 * n, [&] { mse_forward(loss, pred, target, Reduction::Mean, stream); });
 }
@@ -103,8 +103,8 @@ void BM_MseBackward(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const std::int64_t n = state.range(0);
-  Tensor pred = Tensor::zeros({n}, stream), target = Tensor::zeros({n}, stream);
-  Tensor grad = Tensor::zeros({n}, stream);
+  Tensor pred = bench::random_tensor({n}, stream, 1), target = bench::random_tensor({n}, stream, 2);
+  Tensor grad = bench::random_tensor({n}, stream, 3);
   Tensor grad_loss = Tensor::from_host<float>(std::vector<float>{1.0f}, {1}, stream);
   run(state, stream, 16 * n,
       [&] { mse_backward(grad, Tensor(), grad_loss, pred, target, Reduction::Mean, stream); });

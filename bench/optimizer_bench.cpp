@@ -28,8 +28,8 @@ void BM_SgdMomentum(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape{state.range(0)};
-  Tensor p = Tensor::zeros(shape, stream), g = Tensor::zeros(shape, stream);
-  Tensor v = Tensor::zeros(shape, stream);
+  Tensor p = bench::random_tensor(shape, stream, 1), g = bench::random_tensor(shape, stream, 2);
+  Tensor v = bench::random_tensor(shape, stream, 3);
   const SgdParams h{.lr = 0.01, .momentum = 0.9, .weight_decay = 5e-4, .nesterov = true};
   run(state, stream, 20, [&] { sgd_update(p, g, v, h, stream); });
 }
@@ -38,10 +38,11 @@ void BM_Rmsprop(benchmark::State& state, Device device, bool centered) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape{state.range(0)};
-  Tensor p = Tensor::zeros(shape, stream), g = Tensor::zeros(shape, stream);
-  Tensor ms = Tensor::zeros(shape, stream), mom = Tensor::zeros(shape, stream);
-  Tensor mg = centered ? Tensor::zeros(shape, stream) : Tensor();
-  fill(ms, 1.0, stream);
+  Tensor p = bench::random_tensor(shape, stream, 1), g = bench::random_tensor(shape, stream, 2);
+  // The mean square is positive, and above the centered form's squared mean gradient.
+  Tensor ms = bench::random_tensor(shape, stream, 3, 1.0f, 2.0f);
+  Tensor mom = bench::random_tensor(shape, stream, 4);
+  Tensor mg = centered ? bench::random_tensor(shape, stream, 5, -0.5f, 0.5f) : Tensor();
   const RmspropParams h{.lr = 0.01, .momentum = 0.9, .epsilon = 1.0, .centered = centered};
   run(state, stream, centered ? 36 : 28, [&] { rmsprop_update(p, g, ms, mom, mg, h, stream); });
 }
@@ -50,8 +51,9 @@ void BM_Adam(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape{state.range(0)};
-  Tensor p = Tensor::zeros(shape, stream), g = Tensor::zeros(shape, stream);
-  Tensor m = Tensor::zeros(shape, stream), v = Tensor::zeros(shape, stream);
+  Tensor p = bench::random_tensor(shape, stream, 1), g = bench::random_tensor(shape, stream, 2);
+  Tensor m = bench::random_tensor(shape, stream, 3);
+  Tensor v = bench::random_tensor(shape, stream, 4, 0.0f, 1.0f);  // a second moment: >= 0
   std::int64_t step = 0;
   run(state, stream, 28, [&] { adamw_update(p, g, m, v, ++step, {.weight_decay = 0.01}, stream); });
 }

@@ -46,9 +46,8 @@ void BM_MaxPoolForward(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape = bench::nchw_shape(state);
-  Tensor x = Tensor::empty(shape, stream),
+  Tensor x = bench::random_tensor(shape, stream, 1),
          y = Tensor::empty(pool2d_output_shape(shape, kPool), stream);
-  random_uniform(x, 1, 0, -1.0f, 1.0f, stream);
   bench::time_calls(state, stream, [&] { max_pool2d_forward(y, x, kPool, stream); });
   set_bytes(state, shape, kForwardQuarters);
 }
@@ -57,9 +56,9 @@ void BM_MaxPoolBackward(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape = bench::nchw_shape(state);
-  Tensor x = Tensor::empty(shape, stream), grad_x = Tensor::zeros(shape, stream);
-  Tensor grad_y = Tensor::zeros(pool2d_output_shape(shape, kPool), stream);
-  random_uniform(x, 1, 0, -1.0f, 1.0f, stream);
+  Tensor x = bench::random_tensor(shape, stream, 1),
+         grad_x = bench::random_tensor(shape, stream, 2);
+  Tensor grad_y = bench::random_tensor(pool2d_output_shape(shape, kPool), stream, 3);
   bench::time_calls(state, stream, [&] { max_pool2d_backward(grad_x, grad_y, x, kPool, stream); });
   set_bytes(state, shape, kMaxBackwardQuarters);
 }
@@ -73,10 +72,10 @@ void BM_MaxPoolStep(benchmark::State& state, Device device, bool argmax) {
   Stream stream(device);
   const Shape shape = bench::nchw_shape(state);
   const Shape ys = pool2d_output_shape(shape, kPool);
-  Tensor x = Tensor::empty(shape, stream), grad_x = Tensor::zeros(shape, stream);
+  Tensor x = bench::random_tensor(shape, stream, 1),
+         grad_x = bench::random_tensor(shape, stream, 2);
   Tensor y = Tensor::empty(ys, stream), where = Tensor::empty(ys, stream);
-  Tensor grad_y = Tensor::zeros(ys, stream);
-  random_uniform(x, 1, 0, -1.0f, 1.0f, stream);
+  Tensor grad_y = bench::random_tensor(ys, stream, 3);
   bench::time_calls(state, stream, [&] {
     if (argmax) {
       max_pool2d_forward_with_argmax(y, where, x, kPool, stream);
@@ -93,7 +92,7 @@ void BM_AvgPoolForward(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape = bench::nchw_shape(state);
-  Tensor x = Tensor::zeros(shape, stream),
+  Tensor x = bench::random_tensor(shape, stream, 1),
          y = Tensor::empty(pool2d_output_shape(shape, kPool), stream);
   bench::time_calls(state, stream, [&] { avg_pool2d_forward(y, x, kPool, stream); });
   set_bytes(state, shape, kForwardQuarters);
@@ -103,8 +102,8 @@ void BM_AvgPoolBackward(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape = bench::nchw_shape(state);
-  Tensor grad_x = Tensor::zeros(shape, stream);
-  Tensor grad_y = Tensor::zeros(pool2d_output_shape(shape, kPool), stream);
+  Tensor grad_x = bench::random_tensor(shape, stream, 2);
+  Tensor grad_y = bench::random_tensor(pool2d_output_shape(shape, kPool), stream, 3);
   bench::time_calls(state, stream, [&] { avg_pool2d_backward(grad_x, grad_y, kPool, stream); });
   set_bytes(state, shape, kAvgBackwardQuarters);
 }
@@ -168,8 +167,7 @@ void BM_CudnnMaxPoolForward(benchmark::State& state) {
   Stream stream(Device::cuda(0));
   const Shape shape = bench::nchw_shape(state), out = pool2d_output_shape(shape, kPool);
   CudnnPool p(shape, out, stream);
-  Tensor x = Tensor::empty(shape, stream), y = Tensor::empty(out, stream);
-  random_uniform(x, 1, 0, -1.0f, 1.0f, stream);
+  Tensor x = bench::random_tensor(shape, stream, 1), y = Tensor::empty(out, stream);
   const float one = 1.0f, zero = 0.0f;
   bench::time_calls(state, stream, [&] {
     cudnn_check(cudnnPoolingForward(p.handle, p.pool, &one, p.x_desc, x.raw_data(), &zero, p.y_desc,
@@ -184,11 +182,11 @@ void BM_CudnnMaxPoolBackward(benchmark::State& state) {
   Stream stream(Device::cuda(0));
   const Shape shape = bench::nchw_shape(state), out = pool2d_output_shape(shape, kPool);
   CudnnPool p(shape, out, stream);
-  Tensor x = Tensor::empty(shape, stream), y = Tensor::empty(out, stream);
-  Tensor grad_x = Tensor::zeros(shape, stream), grad_y = Tensor::zeros(out, stream);
-  random_uniform(x, 1, 0, -1.0f, 1.0f, stream);
-  const float one = 1.0f;
-  cudnn_check(cudnnPoolingForward(p.handle, p.pool, &one, p.x_desc, x.raw_data(), &one, p.y_desc,
+  Tensor x = bench::random_tensor(shape, stream, 1), y = Tensor::empty(out, stream);
+  Tensor grad_x = bench::random_tensor(shape, stream, 2);
+  Tensor grad_y = bench::random_tensor(out, stream, 3);
+  const float one = 1.0f, zero = 0.0f;
+  cudnn_check(cudnnPoolingForward(p.handle, p.pool, &one, p.x_desc, x.raw_data(), &zero, p.y_desc,
                                   y.raw_data()),
               "cudnnPoolingForward");
   bench::time_calls(state, stream, [&] {
