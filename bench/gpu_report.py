@@ -6,7 +6,11 @@ fastest algorithm), the memory-bound kernels and the ring against the device-to-
 copy of the same tensor, the training step per tower count, and (gpu_peers.json,
 bench/gpu_peers.py's) the step against PyTorch.
 
-  gpu_report.py RESULTS_DIR [--title "..."] > page.md
+  gpu_report.py RESULTS_DIR [RESULTS_DIR ...] [--title "..."] > page.md
+
+With several folders (the newest first), each table comes from the first folder that
+holds its bench's JSON, and says which commit and device it measured: a lease that
+re-measures only the kernels it changed keeps the other tables of an earlier one.
 
 The *_rows functions pair each run with its reference and return the rows; the tables
 here, the pictures of scripts/plots.py and the numbers scripts/check_docs.py allows in
@@ -188,12 +192,19 @@ def verdict(ratio, target):
     return "met" if ratio >= target else "**not met**"
 
 
+# Where the table being printed was measured, when the page draws on several folders.
+source = ""
+
+
 def table(title, header, cells, intro=""):
-    """One section of the page: its title, an optional paragraph, a markdown table of
-    the rows' cells (nothing when there are no rows)."""
+    """One section of the page: its title, where it was measured (with several folders),
+    an optional paragraph, a markdown table of the rows' cells (nothing when there are no
+    rows)."""
     if not cells:
         return
     print(f"\n## {title}\n")
+    if source:
+        print(source + "\n")
     if intro:
         print(intro + "\n")
     print("| " + " | ".join(header).rstrip() + " |")
@@ -235,11 +246,15 @@ def memory_bound(folder):
 def allreduce(folder):
     table("Ring all-reduce on virtual devices of one GPU against the copy",
           ["variant", "towers", "bytes per member", "% of the copy", "target"],
-          [[r.variant, str(r.towers), f"{r.size >> 20} MiB", percent(r.ratio), verdict(r.ratio, 0.80)]
+          [[r.variant, str(r.towers), f"{r.size >> 20} MiB", percent(r.ratio),
+            verdict(r.ratio, 0.80) if 2 * r.towers * r.size >= LARGE_BYTES else "in the L2"]
            for r in allreduce_rows(folder)],
           "Bytes read + written per second by the ring's kernels, against those of a copy of "
           "all the members' bytes (the bound any schedule has on one GPU, with the ring's "
-          "footprint in the L2 cache); target 80%.")
+          "footprint in the L2 cache); target 80% where that copy moves 100 MB or more, read + "
+          "written, as for the memory-bound kernels. Below, members and copy stay in the 50 MB "
+          "L2 in part or whole, and the ring's launches and events between the members' "
+          "streams weigh.")
 
 
 def trainer(folder):
@@ -257,14 +272,30 @@ def peers(folder):
            for r in sorted(peers_rows(folder), key=lambda r: r.batch)])
 
 
+# Each table and the results it is made of.
+SECTIONS = ((matmul, ("matmul_bench",)), (conv2d, ("conv2d_bench",)),
+            (memory_bound, MEMORY_BENCHES), (allreduce, ("allreduce_bench",)),
+            (trainer, ("trainer_bench",)), (peers, ("gpu_peers",)))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("folder")
+    p.add_argument("folders", nargs="+", metavar="folder")
     p.add_argument("--title", default="towerlab's kernels on a GPU")
     args = p.parse_args()
     print(f"# {args.title}")
-    for section in (matmul, conv2d, memory_bound, allreduce, trainer, peers):
-        section(args.folder)
+    for section, benches in SECTIONS:
+        folder = next((f for f in args.folders
+                       if any(os.path.exists(os.path.join(f, b + ".json")) for b in benches)), None)
+        if folder is None:
+            continue
+        global source
+        if len(args.folders) > 1:
+            info = run_info(folder)
+            source = (f"Measured at {(info['commit'] or 'an unrecorded commit')[:7]} on "
+                      f"{info['device'] or 'a device not recorded'} "
+                      f"({os.path.basename(os.path.normpath(folder))}/).")
+        section(folder)
 
 
 if __name__ == "__main__":

@@ -290,9 +290,11 @@ def gpu_report():
 
 def gpu_run(paths):
     """'NVIDIA H100 80GB HBM3, towerlab 80982fc': the device and the commit of the results
-    folder (its build-info.txt and summaries)."""
-    info = gpu_report().run_info(os.path.dirname(paths[0]))
-    return f"{info['device'] or 'an unnamed GPU'}, towerlab {(info['commit'] or '?')[:7]}"
+    folders (their build-info.txt and summaries), every commit where they are several
+    ('towerlab c66a6c2 and ea44967')."""
+    infos = [gpu_report().run_info(folder) for folder in dict.fromkeys(map(os.path.dirname, paths))]
+    commits = list(dict.fromkeys((i["commit"] or "?")[:7] for i in infos))
+    return f"{infos[0]['device'] or 'an unnamed GPU'}, towerlab {' and '.join(commits)}"
 
 
 MET, NOT_MET = "tab:blue", "tab:orange"
@@ -365,9 +367,9 @@ def plot_gpu_kernels(paths, out, name="gpu_kernels.png"):
 def plot_ring_gpu(paths, out, name="ring_bandwidth_gpu.png"):
     """The all-reduce on virtual towers of one GPU against the size each member reduces: above,
     microseconds per all-reduce, one colour per tower count, the one launch (the default
-    there) solid and the ring's steps dashed, the copy of the same size dotted; below, the one
-    launch's bytes read + written per second as % of the copy's (the bound any schedule has on
-    one GPU), target 80%."""
+    there) solid, the ring's steps dashed and the copy of all the members' bytes dotted; below,
+    the one launch's bytes read + written per second as % of that copy's (the bound any
+    schedule has on one GPU), target 80% where the copy moves 100 MB or more."""
     rows = gpu_report().rows_of(paths[0])
     fig, (ax, below) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True, height_ratios=[3, 2])
     colours = {}
@@ -382,10 +384,10 @@ def plot_ring_gpu(paths, out, name="ring_bandwidth_gpu.png"):
                             color=colours.get(towers), label=f"{towers} towers, {label}")
             colours[towers] = drawn[0].get_color()
             if variant == "cuda":
+                ax.plot(xs, [r.copy_us for r in line], ":", color=colours[towers],
+                        label=f"copy of {towers} members' bytes")
                 below.plot(xs, [100 * r.ratio for r in line], marker="o", ms=3,
                            color=colours[towers], label=f"{towers} towers")
-    copy = sorted({r.size: r.copy_us for r in rows}.items())
-    ax.plot([s / 2**20 for s, _ in copy], [t for _, t in copy], "k:", label="device copy, same size")
     below.axhline(80, color="crimson", lw=1, label="target 80%")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -464,11 +466,11 @@ def plot_gpu_peers(paths, out, name="gpu_peers.png"):
 PICTURES = [
     ("cpu_peers.png", ["cpu_peers_avx512_d57fa64.json"]),
     ("trace.png", ["trace_1121a16.json"]),
-    ("gpu_kernels.png", [f"gpu_h100_c66a6c2/{b}_bench.json"
-                         for b in ("matmul", "conv2d", "batchnorm", "pool2d", "bias", "loss")]),
-    ("ring_bandwidth_gpu.png", ["gpu_h100_c66a6c2/allreduce_bench.json"]),
-    ("towers_speed_gpu.png", ["gpu_h100_c66a6c2/trainer_bench.json"]),
-    ("gpu_peers.png", ["gpu_h100_c66a6c2/gpu_peers.json"]),
+    ("gpu_kernels.png", [f"gpu_h100_c66a6c2/{b}_bench.json" for b in ("matmul", "conv2d")]
+     + [f"gpu_h100_ea44967/{b}_bench.json" for b in ("batchnorm", "pool2d", "bias", "loss")]),
+    ("ring_bandwidth_gpu.png", ["gpu_h100_80480da/allreduce_bench.json"]),
+    ("towers_speed_gpu.png", ["gpu_h100_80480da/trainer_bench.json"]),
+    ("gpu_peers.png", ["gpu_h100_80480da/gpu_peers.json"]),
 ]
 # How each is drawn, from the paths of its results files.
 DRAW = {"cpu_peers.png": plot_peers, "trace.png": plot_trace, "gpu_kernels.png": plot_gpu_kernels,

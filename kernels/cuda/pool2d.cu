@@ -21,10 +21,10 @@
 // both outputs' loads before either's stores (for_output_pairs): with one output's
 // three or four loads per trip the warps waited on memory nine cycles in ten.
 //
-// Status: ran on an H100 (c66a6c2: every CUDA test, memcheck, racecheck and
+// Status: ran on an H100 (ea44967: every CUDA test, memcheck, racecheck and
 // synccheck clean; on 103 MB tensors, past the 50 MB L2, max pool forward 97% of
-// the copy's bytes/s, backward 96%, average pool forward 99%, backward 83%;
-// bench/results/gpu_h100.md).
+// the copy's bytes/s, backward 98%, the training step through the recorded argmax
+// 103%, average pool forward 99%, backward 84%; bench/results/gpu_h100.md).
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/pool2d.h"
 
