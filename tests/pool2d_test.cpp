@@ -15,7 +15,10 @@
 namespace towerlab::testing {
 namespace {
 
-class Pool2dTest : public BackendTest {};
+class Pool2dTest : public BackendTest {
+ protected:
+  void check_misaligned_views(std::int64_t shift, const Shape& xs);
+};
 TL_INSTANTIATE_BACKENDS(Pool2dTest);
 
 // The reference: padding spelled out as -infinity (max) or skipped (average), one
@@ -182,21 +185,31 @@ TEST_P(Pool2dTest, MatchesReferenceOnOddShapes) {
 
 // Views may start at any element: x, y and the gradients one float past an
 // aligned start take CUDA's general kernels instead of the 2x2 ones (float2
-// loads), with the same results.
+// loads), two floats past it the 2x2 ones but not average pooling's backward with
+// float4 rows (Wo even), with the same results. Wo = 4 and 3: both 2x2 backwards.
 TEST_P(Pool2dTest, MisalignedViewsMatchAligned) {
-  const Shape xs = {2, 3, 4, 6}, ys = {2, 3, 2, 3};
+  for (const std::int64_t shift : {1, 2}) {
+    for (const std::int64_t wo : {4, 3}) {
+      check_misaligned_views(shift, {2, 3, 4, 2 * wo});
+    }
+  }
+}
+
+void Pool2dTest::check_misaligned_views(std::int64_t shift, const Shape& xs) {
+  const Shape ys = {xs[0], xs[1], xs[2] / 2, xs[3] / 2};
   const std::int64_t n = numel_of(xs), m = numel_of(ys);
   const auto p = Pool2dParams::square(2, 2);
   const auto xv = random_values(static_cast<std::size_t>(n), 91);
   const auto gv = random_values(static_cast<std::size_t>(m), 92);
   const auto shifted = [&](const std::vector<float>& v, const Shape& shape) {
     std::vector<float> padded(v);
-    padded.insert(padded.begin(), 0.0f);
-    return make(padded, {numel_of(shape) + 1}).view(1, shape);
+    padded.insert(padded.begin(), static_cast<std::size_t>(shift), 0.0f);
+    return make(padded, {numel_of(shape) + shift}).view(shift, shape);
   };
   const auto zeros_view = [&](const Shape& shape) {
-    return Tensor::zeros({numel_of(shape) + 1}, stream()).view(1, shape);
+    return Tensor::zeros({numel_of(shape) + shift}, stream()).view(shift, shape);
   };
+  SCOPED_TRACE("views " + std::to_string(shift) + " floats past the start, x " + to_string(xs));
   Tensor x = make(xv, xs), x_view = shifted(xv, xs);
   Tensor grad_y = make(gv, ys), grad_y_view = shifted(gv, ys);
   Tensor y = Tensor::zeros(ys, stream()), y_view = zeros_view(ys);
