@@ -130,7 +130,12 @@ def memory_bound_rows(folder, benches=MEMORY_BENCHES):
                 continue
             large = rate(copy) * us(copy) * 1e-6 >= LARGE_BYTES
             kernel = m.group(1) + ("" if m.group(2) == "cuda" else f" ({m.group(2)[5:]})")
-            target = 0.85 if large and "unfused" not in m.group(2) else None
+            # Not held to the target: the unfused sequence a fused kernel is measured
+            # beside, and cross-entropy through stored probabilities, the CPU's path (a
+            # GPU recomputes the softmax), which moves a third more bytes than it is
+            # credited with.
+            alternative = "unfused" in m.group(2) or "from_probs" in m.group(2)
+            target = 0.85 if large and not alternative else None
             rows.append(Pair(kernel, shape, us(r), us(copy), rate(r) / rate(copy), target))
     return rows
 
@@ -217,33 +222,37 @@ def percent(value):
     return f"{100 * value:.0f}%"
 
 
-def matmul(folder):
+def matmul(sources):
+    (folder, _), = sources
     table("SGEMM against cuBLAS (FP32, TF32 off)",
           ["layout", "M x N x K", "towerlab us", "cuBLAS us", "% of cuBLAS", "target", ""],
           [[r.kernel, r.shape, f"{r.us:.1f}", f"{r.ref_us:.1f}", percent(r.ratio), percent(r.target),
             verdict(r.ratio, r.target)] for r in matmul_rows(folder)])
 
 
-def conv2d(folder):
+def conv2d(sources):
+    (folder, _), = sources
     table("conv2d against cuDNN (FP32 FMA math, the fastest algorithm cudnnFind returns)",
           ["layer", "pass", "towerlab us", "cuDNN us", "% of cuDNN", "target 80%"],
           [[r.shape, r.kernel.replace("_", " "), f"{r.us:.1f}", f"{r.ref_us:.1f}", percent(r.ratio),
             verdict(r.ratio, r.target)] for r in conv2d_rows(folder)])
 
 
-def memory_bound(folder):
+def memory_bound(sources):
     table("Memory-bound kernels against the device-to-device copy of the same tensor",
           ["kernel", "shape", "towerlab us", "copy us", "% of the copy", "target"],
           [[r.kernel, r.shape, f"{r.us:.1f}", f"{r.ref_us:.1f}", percent(r.ratio),
             verdict(r.ratio, r.target) if r.target else
-            "the fused kernel's reference" if "unfused" in r.kernel else "small tensor"]
-           for r in memory_bound_rows(folder)],
+            "the fused kernel's reference" if "unfused" in r.kernel else
+            "the CPU's path" if "from_probs" in r.kernel else "small tensor"]
+           for folder, bench in sources for r in memory_bound_rows(folder, [bench])],
           "Bytes read + written per second, each kernel beside `BM_CopyReference` on the same "
           "shape in the same run; the target (85%) is for large tensors (the copy moves 100 MB or "
           "more, read + written: twice the 50 MB L2, so both stream through HBM).")
 
 
-def allreduce(folder):
+def allreduce(sources):
+    (folder, _), = sources
     table("Ring all-reduce on virtual devices of one GPU against the copy",
           ["variant", "towers", "bytes per member", "% of the copy", "target"],
           [[r.variant, str(r.towers), f"{r.size >> 20} MiB", percent(r.ratio),
@@ -257,14 +266,16 @@ def allreduce(folder):
           "streams weigh.")
 
 
-def trainer(folder):
+def trainer(sources):
+    (folder, _), = sources
     table("FashionNet's training step on virtual towers of one GPU",
           ["batch norm", "towers", "batch", "ms per step", "images/s"],
           [[r.mode, str(r.towers), str(r.batch), f"{r.ms:.3f}", f"{r.images_per_second:.0f}"]
            for r in trainer_rows(folder)])
 
 
-def peers(folder):
+def peers(sources):
+    (folder, _), = sources
     table("FashionNet's training step against PyTorch",
           ["batch", "contender", "images/s (median)", "rounds", "ms per step"],
           [[str(r.batch), r.contender, f"{r.images_per_second:.0f}",
@@ -284,18 +295,29 @@ def main():
     p.add_argument("--title", default="towerlab's kernels on a GPU")
     args = p.parse_args()
     print(f"# {args.title}")
+    global source
     for section, benches in SECTIONS:
-        folder = next((f for f in args.folders
-                       if any(os.path.exists(os.path.join(f, b + ".json")) for b in benches)), None)
-        if folder is None:
+        sources = []  # (folder, bench): each bench from the first folder that has it
+        for bench in benches:
+            folder = next((f for f in args.folders
+                           if os.path.exists(os.path.join(f, bench + ".json"))), None)
+            if folder:
+                sources.append((folder, bench))
+        if not sources:
             continue
-        global source
         if len(args.folders) > 1:
-            info = run_info(folder)
-            source = (f"Measured at {(info['commit'] or 'an unrecorded commit')[:7]} on "
-                      f"{info['device'] or 'a device not recorded'} "
-                      f"({os.path.basename(os.path.normpath(folder))}/).")
-        section(folder)
+            source = "Measured on " + "; ".join(
+                describe(f, [b for g, b in sources if g == f])
+                for f in dict.fromkeys(f for f, _ in sources)) + "."
+        section(sources)
+
+
+def describe(folder, benches):
+    """'NVIDIA H100 80GB HBM3 at 3a386af (pool2d_bench; gpu_h100_3a386af/)'."""
+    info = run_info(folder)
+    return (f"{info['device'] or 'a device not recorded'} at "
+            f"{(info['commit'] or 'an unrecorded commit')[:7]} ({', '.join(benches)}; "
+            f"{os.path.basename(os.path.normpath(folder))}/)")
 
 
 if __name__ == "__main__":

@@ -467,7 +467,8 @@ PICTURES = [
     ("cpu_peers.png", ["cpu_peers_avx512_d57fa64.json"]),
     ("trace.png", ["trace_1121a16.json"]),
     ("gpu_kernels.png", [f"gpu_h100_c66a6c2/{b}_bench.json" for b in ("matmul", "conv2d")]
-     + [f"gpu_h100_ea44967/{b}_bench.json" for b in ("batchnorm", "pool2d", "bias", "loss")]),
+     + [f"gpu_h100_ea44967/{b}_bench.json" for b in ("batchnorm", "bias", "loss")]
+     + ["gpu_h100_3a386af/pool2d_bench.json"]),
     ("ring_bandwidth_gpu.png", ["gpu_h100_80480da/allreduce_bench.json"]),
     ("towers_speed_gpu.png", ["gpu_h100_80480da/trainer_bench.json"]),
     ("gpu_peers.png", ["gpu_h100_80480da/gpu_peers.json"]),

@@ -23,10 +23,11 @@
 // Average pooling's backward, which reads nothing but the gradients, takes two
 // neighbouring windows a thread in float4 rows where Wo is even.
 //
-// Status: ran on an H100 (ea44967: every CUDA test, memcheck, racecheck and
-// synccheck clean; on 103 MB tensors, past the 50 MB L2, max pool forward 97% of
-// the copy's bytes/s, backward 98%, the training step through the recorded argmax
-// 103%, average pool forward 99%, backward 84%; bench/results/gpu_h100.md).
+// Status: ran on an H100 (3a386af: every CUDA test and memcheck clean; ea44967:
+// racecheck and synccheck clean; on 103 MB tensors, past the 50 MB L2, max pool
+// forward 97% of the copy's bytes/s, backward 98%, the training step through the
+// recorded argmax 104%, average pool forward 99%, backward 90%;
+// bench/results/gpu_h100.md).
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/pool2d.h"
 
