@@ -18,8 +18,7 @@
 // output instead of the general kernels' three 64-bit ones. Each value is the
 // same expression in the same order as the general kernels, so both give the
 // same bits. The 2x2 backwards take two outputs per thread and trip and issue
-// both outputs' loads before either's stores (for_output_pairs): with one output's
-// three or four loads per trip the warps waited on memory nine cycles in ten.
+// both outputs' loads before either's stores (for_output_pairs).
 // Average pooling's backward, which reads nothing but the gradients, takes two
 // neighbouring windows a thread in float4 rows where Wo is even.
 //
@@ -254,7 +253,11 @@ __device__ __forceinline__ Quad quad_add(const Quad& a, const Quad& b) {
 // store. The windows of two outputs never overlap, so the order of the stores does
 // not matter. Why: ncu on an H100 (103 MB planes) found the warps of the
 // one-output loop waiting on memory nine cycles in ten (0.14 eligible warps per
-// scheduler) at 38-68% of DRAM bandwidth, three or four loads in flight per thread.
+// scheduler) at 38-68% of DRAM bandwidth. With this loop, and the argmax
+// backward's assign made a template parameter in the same change, the max-pool
+// step through the argmax went from 65% to 103% of the copy. Which of the two did
+// it was not measured apart; on average pooling's backward alone the pairs changed
+// nothing (83% either way), where 16-byte accesses did (the wide kernel below).
 // Where n is odd the last thread's partner would be output n: it loads output
 // n - 1 instead (in bounds, its twin's) and stores nothing for it.
 template <typename Load, typename Store>
