@@ -44,6 +44,10 @@
 #   train OUT           the check and FashionNet
 #   peers OUT           the check and FashionNet's step against PyTorch eager and with
 #                       CUDA graphs (bench/gpu_peers.py)
+#   experiment OUT NAME [ARGS...]
+#                       the check and one of bench/experiments/ (a standalone program
+#                       timing a kernel's variants beside the vendor library), its
+#                       output in the summary
 #   profile OUT         the check and Nsight Compute (ncu --set full) on the bench
 #                       cases TOWERLAB_GPU_PROFILE names: where a kernel's time goes
 #   lease OUT           for a lease of 15 minutes (one call): the check, the GPU test
@@ -128,6 +132,11 @@ bench_names() {
 binaries() {
   echo towerlab_tests fashion_mnist towerlab_devices
   bench_names
+  experiment_names
+}
+# The GPU experiments (bench/experiments/*.cu, `experiment OUT NAME [ARGS]`).
+experiment_names() {
+  ls bench/experiments/*.cu 2>/dev/null | xargs -rn1 basename | sed 's/\.cu$//'
 }
 source_of() {
   case $1 in
@@ -860,8 +869,17 @@ case $command in
     profile_kernels
     pack
     ;;
+  experiment)
+    begin "${1:-}" 540
+    name=${2:?usage: scripts/gpu.sh experiment OUT NAME [ARGS...]}
+    shift 2
+    [ -x "$bin/$name" ] || die "experiment: no '$name' in the carry (bench/experiments/$name.cu)"
+    step "experiment-$name" 300 "$bin/$name" "$@" || status=1
+    sed 's/^/  /' "$work/experiment-$name.log" | tee -a "$summary"
+    pack
+    ;;
   *)
-    echo "usage: scripts/gpu.sh prepare | check | verify OUT | measure OUT | lease OUT | triage OUT | tests OUT | sanitize OUT [memcheck|racecheck|synccheck] | bench OUT | train OUT | peers OUT | profile OUT" >&2
+    echo "usage: scripts/gpu.sh prepare | check | verify OUT | measure OUT | lease OUT | triage OUT | tests OUT | sanitize OUT [memcheck|racecheck|synccheck] | bench OUT | train OUT | peers OUT | profile OUT | experiment OUT NAME [ARGS...]" >&2
     exit 2
     ;;
 esac
