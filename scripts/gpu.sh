@@ -139,6 +139,10 @@ experiment_names() {
   ls bench/experiments/*.cu 2>/dev/null | xargs -rn1 basename | sed 's/\.cu$//'
 }
 source_of() {
+  if grep -qx -F "$1" <<<"$(experiment_names)"; then
+    echo "$build/bench/experiments/$1"
+    return
+  fi
   case $1 in
     towerlab_tests) echo "$build/tests/$1" ;;
     fashion_mnist | towerlab_devices) echo "$build/samples/$1" ;;

@@ -15,7 +15,7 @@
 // prints, per layout, the direct kernel, the staged one and cuBLAS (TF32 off): the
 // best and median of ROUNDS alternated rounds of CALLS calls, % of cuBLAS, and
 // whether staged and direct agree bit for bit; exit status 1 if they do not, 2 on a
-// CUDA or cuBLAS error. The benches' build makes it (build/<preset>/bench/
+// CUDA or cuBLAS error. The benches' build makes it (build/<preset>/bench/experiments/
 // sgemm_staging; scripts/gpu.sh carries it); CI runs it on the emulated GPUs as
 // `sgemm_staging 128 1 1`, which checks the bits and the program, not the speed.
 #include <cublas_v2.h>
