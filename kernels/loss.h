@@ -48,8 +48,9 @@
 //   The same gradient from the forward's probs: with them the loss and its gradient
 //   cost one pass over the logits (the exps are not taken twice), which is what the
 //   autograd op does on the CPU. On a GPU, where the exps cost next to nothing and
-//   memory bandwidth is what counts, it recomputes instead (autograd/losses.cpp). CUDA's forward writes each probability with the float
-//   expression its recomputing backward uses, so the two agree to float rounding.
+//   memory bandwidth is what counts, it recomputes instead (autograd/losses.cpp).
+//   CUDA's forward writes each probability with the float expression its
+//   recomputing backward uses, so the two agree to float rounding.
 //   On the CPU they agree bit for bit in float64; in float32 each value differs by
 //   at most |grad_loss * r| * 2^-24 plus one rounding of the result (probs holds
 //   each probability rounded to float, where the recomputing backward keeps it in
