@@ -17,9 +17,9 @@
 // this thread alone (no gather, no atomics). 32-bit indices, one division per
 // output instead of the general kernels' three 64-bit ones. Each value is the
 // same expression in the same order as the general kernels, so both give the
-// same bits. The 2x2 backwards take two outputs per thread and trip and issue
-// both outputs' loads before either's stores (for_output_pairs).
-// Average pooling's backward, which reads nothing but the gradients, takes two
+// same bits. Max pooling's 2x2 backwards take two outputs per thread and trip and
+// issue both outputs' loads before either's stores (for_output_pairs). Average
+// pooling's backward, which reads nothing but the gradients, takes two
 // neighbouring windows a thread in float4 rows where Wo is even.
 //
 // Status: ran on an H100 (3a386af: every CUDA test and memcheck clean; ea44967:
@@ -247,7 +247,7 @@ __device__ __forceinline__ Quad quad_add(const Quad& a, const Quad& b) {
 #define TL_FOR_EACH_OUTPUT(i, n) \
   for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += gridDim.x * blockDim.x)
 
-// The backwards' loop over n outputs: store(o, load(o)) for each, two outputs per
+// The max-pool backwards' loop over n outputs: store(o, load(o)) for each, two outputs per
 // thread and trip, i and i + half (half = ceil(n / 2), the count the grid is sized
 // for; both coalesced across the warp), with both loads issued before either
 // store. The windows of two outputs never overlap, so the order of the stores does
@@ -352,27 +352,19 @@ __global__ void avg_pool_2x2_forward_kernel(std::int64_t n, float* __restrict__ 
   }
 }
 
-__global__ void avg_pool_2x2_backward_kernel(std::int64_t half, float* __restrict__ grad_x,
-                                             const float* __restrict__ grad_y, unsigned n,
-                                             unsigned Ho, unsigned Wo) {
-  const unsigned W = 2 * Wo;
-  struct Loaded {
-    unsigned top;
-    Quad acc;
-    float g;
-  };
-  for_output_pairs(
-      static_cast<unsigned>(half), n,
-      [&](unsigned i) {
-        const unsigned top = tile_of(i, Wo, Ho).top;
-        return Loaded{top, load_quad(grad_x, top, W), grad_y[i]};
-      },
-      [&](unsigned, const Loaded& l) {
-        const float g = 0.0f + l.g / 4.0f;
-        store_quad(grad_x, l.top, W,
-                   {make_float2(l.acc.top.x + g, l.acc.top.y + g),
-                    make_float2(l.acc.bottom.x + g, l.acc.bottom.y + g)});
-      });
+// One window a thread: odd Wo, or grad_x not 16-byte aligned (the wide kernel below
+// otherwise). Two outputs a thread (for_output_pairs) did not speed it up.
+__global__ void avg_pool_2x2_backward_kernel(std::int64_t n, float* __restrict__ grad_x,
+                                             const float* __restrict__ grad_y, unsigned Ho,
+                                             unsigned Wo) {
+  TL_FOR_EACH_OUTPUT(i, static_cast<unsigned>(n)) {
+    const unsigned top = tile_of(i, Wo, Ho).top;
+    const float g = 0.0f + grad_y[i] / 4.0f;
+    const Quad acc = load_quad(grad_x, top, 2 * Wo);
+    store_quad(grad_x, top, 2 * Wo,
+               {make_float2(acc.top.x + g, acc.top.y + g),
+                make_float2(acc.bottom.x + g, acc.bottom.y + g)});
+  }
 }
 
 // Average pooling's backward where Wo is even and grad_x 16-byte aligned: two
@@ -505,9 +497,8 @@ void avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Pool2
                          static_cast<unsigned>(g.Wo));
       return;
     }
-    launch_grid_stride(avg_pool_2x2_backward_kernel, pairs(grad_y.numel()), stream,
-                       grad_x.data<float>(), grad_y.data<float>(),
-                       static_cast<unsigned>(grad_y.numel()), static_cast<unsigned>(g.Ho),
+    launch_grid_stride(avg_pool_2x2_backward_kernel, grad_y.numel(), stream, grad_x.data<float>(),
+                       grad_y.data<float>(), static_cast<unsigned>(g.Ho),
                        static_cast<unsigned>(g.Wo));
     return;
   }
