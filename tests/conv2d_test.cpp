@@ -17,6 +17,8 @@
 #include "gradcheck.h"
 #include "kernels/conv2d.h"
 #include "kernels/cpu/conv2d.h"
+#include "kernels/cpu/conv2d_implicit.h"
+#include "kernels/cpu/matmul.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -600,43 +602,93 @@ TEST(Conv2dCol2im, VectorPathGivesTheTapByTapBits) {
 
 // --- the implicit weight gradient --------------------------------------------------
 //
-// On AVX-512, the weight gradient of a 3x3 stride-1 convolution with K a multiple
-// of 32 broadcasts the patches from the padded image instead of im2col + GEMM; it
-// must give the GEMM's bits, which the AVX2 selection computes (the AVX2 and
-// AVX-512 GEMMs agree bit for bit): padded and not, one block of the GEMM's inner
-// dimension and several (784 pixels), a 1x1 output, added onto a random gradient.
+// On AVX2 and AVX-512, the weight gradient of a 3x3 stride-1 convolution with K a
+// multiple of 32 broadcasts the patches from the padded image instead of im2col +
+// GEMM; each ISA's kernel must give the bits of im2col (here by plain loops) and that
+// ISA's GEMM: padded and not, one block of the GEMM's inner dimension and several
+// (784 pixels), a 1x1 output, assigned (an image group's first image) and added onto
+// a random partial. Then the whole weight gradient: the AVX2 and AVX-512 paths agree.
+
+// col [C*9, P*Q] of one image x [C,H,W]: the patches, zeros in the padding.
+std::vector<float> patch_matrix(const std::vector<float>& x, const Conv2dShape& s) {
+  std::vector<float> col(std::size_t(s.C * 9 * s.P * s.Q));
+  for (std::int64_t c = 0; c < s.C; ++c) {
+    for (std::int64_t r = 0; r < 3; ++r) {
+      for (std::int64_t t = 0; t < 3; ++t) {
+        for (std::int64_t h = 0; h < s.P; ++h) {
+          for (std::int64_t w = 0; w < s.Q; ++w) {
+            const std::int64_t ih = h + r - s.params.pad_h, iw = w + t - s.params.pad_w;
+            const bool inside = ih >= 0 && ih < s.H && iw >= 0 && iw < s.W;
+            col[std::size_t(((c * 9 + r * 3 + t) * s.P + h) * s.Q + w)] =
+                inside ? x[std::size_t((c * s.H + ih) * s.W + iw)] : 0.0f;
+          }
+        }
+      }
+    }
+  }
+  return col;
+}
+
 TEST(Conv2dImplicitWeightGrad, GivesTheGemmBits) {
+  const RestoreGemmIsa restore;
+  int isas_run = 0;
+  for (GemmIsa isa : {GemmIsa::Avx2, GemmIsa::Avx512}) {
+    if (!gemm_isa_supported(isa)) continue;
+    set_gemm_isa(isa);
+    ++isas_run;
+    for (const ConvCase& k :
+         {ConvCase{"14x14_K64", 1, 5, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)},
+          ConvCase{"28x28_K32", 1, 2, 28, 28, 32, 3, 3, make_params(1, 1, 1, 1)},
+          ConvCase{"pad0_5x9_K96", 1, 3, 5, 9, 96, 3, 3, make_params(1, 1, 0, 0)},
+          ConvCase{"pad1x0_K32", 1, 2, 6, 11, 32, 3, 3, make_params(1, 1, 1, 0)},
+          ConvCase{"1x1_output", 1, 3, 3, 3, 32, 3, 3, make_params(1, 1, 0, 0)}}) {
+      SCOPED_TRACE(k.name + (isa == GemmIsa::Avx2 ? " on AVX2" : " on AVX-512"));
+      const Shape ys = k.y_shape();
+      const Conv2dShape s{1, k.C, k.H, k.W, k.K, 3, 3, ys[2], ys[3], k.params};
+      ASSERT_TRUE(cpu::implicit_weight_grad_applies(s));
+      const std::int64_t crs = s.C * 9, pq = s.P * s.Q;
+      const auto x = random_values(std::size_t(numel_of(k.x_shape())), 1501);
+      const auto gy = random_values(std::size_t(s.K * pq), 1503);
+      const auto start = random_values(std::size_t(crs * s.K), 1504);
+      const std::vector<float> col = patch_matrix(x, s);
+      std::vector<float> scratch(std::size_t(cpu::implicit_weight_grad_scratch(s)));
+      for (bool first : {true, false}) {
+        SCOPED_TRACE(first ? "assigned" : "added");
+        std::vector<float> gemm = start, implicit = start;  // [C*9, K]
+        cpu::gemm<float>(false, true, crs, s.K, pq, 1.0f, col.data(), pq, gy.data(), pq,
+                         first ? 0.0f : 1.0f, gemm.data(), s.K);
+        cpu::implicit_weight_grad(x.data(), gy.data(), implicit.data(), first, scratch.data(), s);
+        EXPECT_EQ(std::memcmp(implicit.data(), gemm.data(), gemm.size() * sizeof(float)), 0);
+        // Control: the last gradient value 0.1% off changes the bits the comparison sees.
+        std::vector<float> nudged = gy, off = start;
+        nudged.back() *= 1.001f;
+        cpu::implicit_weight_grad(x.data(), nudged.data(), off.data(), first, scratch.data(), s);
+        EXPECT_NE(std::memcmp(off.data(), gemm.data(), gemm.size() * sizeof(float)), 0)
+            << "control";
+      }
+    }
+  }
+  if (isas_run == 0) GTEST_SKIP() << "this CPU has neither AVX2 nor AVX-512";
+}
+
+TEST(Conv2dImplicitWeightGrad, Avx512GivesTheAvx2Bits) {
   if (!gemm_isa_supported(GemmIsa::Avx512)) GTEST_SKIP() << "this CPU has no AVX-512";
   const RestoreGemmIsa restore;
-  for (const ConvCase& k :
-       {ConvCase{"14x14_K64", 3, 5, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)},
-        ConvCase{"28x28_K32", 2, 2, 28, 28, 32, 3, 3, make_params(1, 1, 1, 1)},
-        ConvCase{"pad0_5x9_K96", 2, 3, 5, 9, 96, 3, 3, make_params(1, 1, 0, 0)},
-        ConvCase{"pad1x0_K32", 1, 2, 6, 11, 32, 3, 3, make_params(1, 1, 1, 0)},
-        ConvCase{"1x1_output", 4, 3, 3, 3, 32, 3, 3, make_params(1, 1, 0, 0)}}) {
-    SCOPED_TRACE(k.name);
-    const auto xv = random_values(std::size_t(numel_of(k.x_shape())), 1501);
-    const auto wv = random_values(std::size_t(numel_of(k.w_shape())), 1502);
-    const auto gyv = random_values(std::size_t(numel_of(k.y_shape())), 1503);
-    const auto sw = random_values(wv.size(), 1504);
-    auto grad_weight = [&](GemmIsa isa, const std::vector<float>& gy) {
-      set_gemm_isa(isa);
-      Tensor gw = Tensor::from_host<float>(sw, k.w_shape(), cpu());
-      conv2d_backward(Tensor(), gw, Tensor(), Tensor::from_host<float>(gy, k.y_shape(), cpu()),
-                      Tensor::from_host<float>(xv, k.x_shape(), cpu()),
-                      Tensor::from_host<float>(wv, k.w_shape(), cpu()), k.params, cpu());
-      return gw.to_host<float>(cpu());
-    };
-    const std::vector<float> gemm = grad_weight(GemmIsa::Avx2, gyv);
-    const std::vector<float> implicit = grad_weight(GemmIsa::Avx512, gyv);
-    ASSERT_EQ(implicit.size(), gemm.size());
-    EXPECT_EQ(std::memcmp(implicit.data(), gemm.data(), gemm.size() * sizeof(float)), 0);
-    // Control: the last gradient value 0.1% off changes the bits the comparison sees.
-    std::vector<float> nudged = gyv;
-    nudged.back() *= 1.001f;
-    const std::vector<float> off = grad_weight(GemmIsa::Avx512, nudged);
-    EXPECT_NE(std::memcmp(off.data(), gemm.data(), gemm.size() * sizeof(float)), 0) << "control";
-  }
+  const ConvCase k{"C32_K64_14x14", 3, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)};
+  const auto xv = random_values(std::size_t(numel_of(k.x_shape())), 1511);
+  const auto wv = random_values(std::size_t(numel_of(k.w_shape())), 1512);
+  const auto gyv = random_values(std::size_t(numel_of(k.y_shape())), 1513);
+  auto grad_weight = [&](GemmIsa isa) {
+    set_gemm_isa(isa);
+    Tensor gw = Tensor::zeros(k.w_shape(), cpu());
+    conv2d_backward(Tensor(), gw, Tensor(), Tensor::from_host<float>(gyv, k.y_shape(), cpu()),
+                    Tensor::from_host<float>(xv, k.x_shape(), cpu()),
+                    Tensor::from_host<float>(wv, k.w_shape(), cpu()), k.params, cpu());
+    return gw.to_host<float>(cpu());
+  };
+  const std::vector<float> avx2 = grad_weight(GemmIsa::Avx2);
+  const std::vector<float> avx512 = grad_weight(GemmIsa::Avx512);
+  EXPECT_EQ(std::memcmp(avx2.data(), avx512.data(), avx2.size() * sizeof(float)), 0);
 }
 
 // --- the CPU backward's image groups -------------------------------------------

@@ -10,7 +10,7 @@
 //   backward-data    grad_col     = weightᵀ · grad_y[n]         [CRS,P*Q], then col2im adds
 //                    each patch element back onto the input pixel it came from.
 // A 1x1 kernel with stride 1 and no padding needs no lowering: col is x[n] itself.
-// On AVX-512, the weight gradient of 3x3 stride-1 layers skips col altogether
+// On AVX2 and AVX-512, the weight gradient of 3x3 stride-1 layers skips col altogether
 // (kernels/cpu/conv2d_implicit.h), with the same sums in the same order.
 //
 // One input channel with a 3x3 kernel, unit stride and dilation (a first layer on
@@ -428,8 +428,8 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     const bool direct = grad_weight.defined() && direct_single_channel(s, grad_y.dtype());
     const bool weight_by_gemm = grad_weight.defined() && !direct;
     const bool data_by_gemm = grad_x.defined() && !winograd;
-    // conv2's weight gradient on AVX-512: the implicit GEMM (kernels/cpu/conv2d_implicit.h),
-    // the GEMM's bits without im2col.
+    // conv2's weight gradient on AVX2 and AVX-512: the implicit GEMM
+    // (kernels/cpu/conv2d_implicit.h), the GEMM's bits without im2col.
     const bool implicit =
         weight_by_gemm && std::is_same_v<T, float> && implicit_weight_grad_applies(s);
     HostScratch<T> partials(grad_weight.defined() ? chunks * crs * s.K : 0);  // [chunks, CRS, K]

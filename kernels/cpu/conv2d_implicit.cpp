@@ -11,7 +11,7 @@ namespace towerlab::cpu {
 namespace {
 
 constexpr std::int64_t kTaps = 9;      // 3 x 3
-constexpr std::int64_t kFilters = 32;  // a tile's filters: two vectors of sixteen
+constexpr std::int64_t kFilters = 32;  // a panel's filters: the AVX-512 tile's two vectors
 
 struct Padded {
   std::int64_t rows, cols;
@@ -25,12 +25,13 @@ Padded padded(const Conv2dShape& s) {
 // Floats past the padded planes that pad_planes may write (zeros).
 constexpr std::int64_t kPadSlack = 16;
 
-// planes [C, rows, cols] <- x [C,H,W] with its zero border. Sixteen floats a vector:
-// a row's last vector is loaded under a mask (zeros past the row) and stored whole,
+// planes [C, rows, cols] <- x [C,H,W] with its zero border, a vector at a time: a
+// row's last vector is loaded under a mask (zeros past the row) and stored whole,
 // zeros over the border and over what the next row writes after it (AMD's masked
-// store is slow; a row of 14 floats was a library call to copy).
-__attribute__((target("avx512f"))) void pad_planes(float* planes, const float* x,
-                                                   const Conv2dShape& s) {
+// store is slow; a row of 14 floats was a library call to copy). Sixteen floats a
+// vector on AVX-512, eight on AVX2.
+__attribute__((target("avx512f"))) void pad_planes_avx512(float* planes, const float* x,
+                                                          const Conv2dShape& s) {
   const Padded z = padded(s);
   std::fill(planes, planes + s.C * z.rows * z.cols + kPadSlack, 0.0f);
   for (std::int64_t c = 0; c < s.C; ++c) {
@@ -44,14 +45,34 @@ __attribute__((target("avx512f"))) void pad_planes(float* planes, const float* x
   }
 }
 
+__attribute__((target("avx2,fma"))) void pad_planes_avx2(float* planes, const float* x,
+                                                         const Conv2dShape& s) {
+  const Padded z = padded(s);
+  std::fill(planes, planes + s.C * z.rows * z.cols + kPadSlack, 0.0f);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (std::int64_t c = 0; c < s.C; ++c) {
+    for (std::int64_t h = 0; h < s.H; ++h) {
+      const float* row = x + (c * s.H + h) * s.W;
+      float* out = planes + (c * z.rows + h + s.params.pad_h) * z.cols + s.params.pad_w;
+      for (std::int64_t w = 0; w < s.W; w += 8) {
+        // Lanes at or past the row's end read as zeros (and cannot fault).
+        const int valid = int(std::min<std::int64_t>(s.W - w, 8));
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), lane);
+        _mm256_storeu_ps(out + w, _mm256_maskload_ps(row + w, mask));
+      }
+    }
+  }
+}
+
 // sum[t, 0..31] (t = r*3 + s, rows `ld` apart) = (assign) or += Σ over the pixels
 // [p0, p1) of plane[h + r, w + s] · panel[p, 0..31], each output's products in pixel
 // order, as micro_kernel_avx512 sums a block (then stores alpha * acc, or
 // alpha * acc + beta * C with alpha = beta = 1: the same roundings).
-__attribute__((target("avx512f"))) void taps_by_filters(const float* plane, std::int64_t cols,
-                                                        std::int64_t Q, const float* panel,
-                                                        std::int64_t p0, std::int64_t p1,
-                                                        float* sum, std::int64_t ld, bool assign) {
+__attribute__((target("avx512f"))) void taps_by_filters_avx512(const float* plane,
+                                                               std::int64_t cols, std::int64_t Q,
+                                                               const float* panel, std::int64_t p0,
+                                                               std::int64_t p1, float* sum,
+                                                               std::int64_t ld, bool assign) {
   __m512 acc[kTaps][2];
   for (auto& row : acc) row[0] = row[1] = _mm512_setzero_ps();
   std::int64_t h = p0 / Q, w = p0 % Q;
@@ -85,13 +106,60 @@ __attribute__((target("avx512f"))) void taps_by_filters(const float* plane, std:
   }
 }
 
+// The AVX2 tile: kRows consecutive rows of the partial (rows (c, r, s) = c*9 + r*3 + s,
+// which may cross channels) by 16 filters of the panel's 32 (`panel` and `sum` point
+// at them), 2 * kRows sums in registers. At kRows = 6 each pixel costs 6 broadcasts
+// and 2 loads for 12 multiply-adds, as micro_kernel_avx2's 6 x 16 tile: nine taps of
+// one channel by 8 filters (one broadcast per multiply-add) ran at two thirds of its
+// speed. Row i's patch element at pixel (h, w) lies offset[i] floats past
+// planes[0, h, w]: every channel's padded plane is the same size.
+template <int kRows>
+__attribute__((target("avx2,fma"))) void rows_by_filters_avx2(const float* planes,
+                                                              const std::int64_t* offset,
+                                                              std::int64_t cols, std::int64_t Q,
+                                                              const float* panel, std::int64_t p0,
+                                                              std::int64_t p1, float* sum,
+                                                              std::int64_t ld, bool assign) {
+  __m256 acc[kRows][2];
+#pragma GCC unroll 6
+  for (int i = 0; i < kRows; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  // `top` walks plane 0 (a pixel index divided into (h, w) cost more than the FMAs).
+  const float* top = planes + (p0 / Q) * cols + p0 % Q;
+  for (std::int64_t p = p0, w = p0 % Q; p < p1; ++p, ++top) {
+    const __m256 b0 = _mm256_loadu_ps(panel + p * kFilters);
+    const __m256 b1 = _mm256_loadu_ps(panel + p * kFilters + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < kRows; ++i) {
+      const __m256 a = _mm256_broadcast_ss(top + offset[i]);
+      acc[i][0] = _mm256_fmadd_ps(a, b0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(a, b1, acc[i][1]);
+    }
+    if (++w == Q) {
+      w = 0;
+      top += cols - Q;
+    }
+  }
+  const __m256 one = _mm256_set1_ps(1.0f);
+#pragma GCC unroll 6
+  for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 2
+    for (int v = 0; v < 2; ++v) {
+      float* out = sum + i * ld + 8 * v;
+      const __m256 c =
+          assign ? _mm256_mul_ps(one, acc[i][v])
+                 : _mm256_fmadd_ps(one, acc[i][v], _mm256_mul_ps(one, _mm256_loadu_ps(out)));
+      _mm256_storeu_ps(out, c);
+    }
+  }
+}
+
 #endif  // TL_CPU_X86
 
 }  // namespace
 
 bool implicit_weight_grad_applies(const Conv2dShape& s) {
   const Conv2dParams& p = s.params;
-  return TL_CPU_X86 && avx512_selected() && s.R == 3 && s.S == 3 && p.stride_h == 1 &&
+  return TL_CPU_X86 && avx2_selected() && s.R == 3 && s.S == 3 && p.stride_h == 1 &&
          p.stride_w == 1 && p.dilation_h == 1 && p.dilation_w == 1 && p.pad_h >= 0 &&
          p.pad_h <= 1 && p.pad_w >= 0 && p.pad_w <= 1 && s.K % kFilters == 0 && s.P > 0 && s.Q > 0;
 }
@@ -108,7 +176,12 @@ void implicit_weight_grad(const float* x, const float* grad_y, float* partial, b
   const std::int64_t pixels = s.P * s.Q;
   float* planes = scratch;                                      // [C, rows, cols]
   float* panels = scratch + s.C * z.rows * z.cols + kPadSlack;  // [K/32, P*Q, 32]
-  pad_planes(planes, x, s);
+  const std::int64_t plane_size = z.rows * z.cols;
+  if (avx512_selected()) {
+    pad_planes_avx512(planes, x, s);
+  } else {
+    pad_planes_avx2(planes, x, s);
+  }
   for (std::int64_t kb = 0; kb < s.K / kFilters; ++kb) {
     pack_32_rows_avx2(grad_y + kb * kFilters * pixels, pixels, pixels,
                       panels + kb * pixels * kFilters);
@@ -116,11 +189,39 @@ void implicit_weight_grad(const float* x, const float* grad_y, float* partial, b
   // The panel of 32 filters stays in L1 while every channel's plane passes by.
   for (std::int64_t kb = 0; kb < s.K / kFilters; ++kb) {
     const float* panel = panels + kb * pixels * kFilters;
-    for (std::int64_t c = 0; c < s.C; ++c) {
-      float* sum = partial + c * kTaps * s.K + kb * kFilters;  // [9, 32] of [C*9, K]
-      for (std::int64_t p0 = 0; p0 < pixels; p0 += kGemmKc) {
-        taps_by_filters(planes + c * z.rows * z.cols, z.cols, s.Q, panel, p0,
-                        std::min(pixels, p0 + kGemmKc), sum, s.K, first && p0 == 0);
+    float* sums = partial + kb * kFilters;  // [C*9, 32] of [C*9, K]
+    if (avx512_selected()) {
+      for (std::int64_t c = 0; c < s.C; ++c) {
+        for (std::int64_t p0 = 0; p0 < pixels; p0 += kGemmKc) {
+          taps_by_filters_avx512(planes + c * plane_size, z.cols, s.Q, panel, p0,
+                                 std::min(pixels, p0 + kGemmKc), sums + c * kTaps * s.K, s.K,
+                                 first && p0 == 0);
+        }
+      }
+      continue;
+    }
+    // On AVX2, tiles of six rows (C*9 is a multiple of three: a last tile of three
+    // where C is odd) by 16 filters.
+    for (std::int64_t row = 0; row < s.C * kTaps; row += 6) {
+      std::int64_t offset[6];
+      for (std::int64_t i = 0; i < 6; ++i) {
+        const std::int64_t c = (row + i) / kTaps, tap = (row + i) % kTaps;
+        offset[i] = c * plane_size + (tap / 3) * z.cols + tap % 3;
+      }
+      const bool full = row + 6 <= s.C * kTaps;
+      for (std::int64_t v = 0; v < kFilters; v += 16) {
+        for (std::int64_t p0 = 0; p0 < pixels; p0 += kGemmKc) {
+          const std::int64_t p1 = std::min(pixels, p0 + kGemmKc);
+          float* out = sums + row * s.K + v;
+          const bool assign = first && p0 == 0;
+          if (full) {
+            rows_by_filters_avx2<6>(planes, offset, z.cols, s.Q, panel + v, p0, p1, out, s.K,
+                                    assign);
+          } else {
+            rows_by_filters_avx2<3>(planes, offset, z.cols, s.Q, panel + v, p0, p1, out, s.K,
+                                    assign);
+          }
+        }
       }
     }
   }

@@ -1,5 +1,5 @@
 // The weight gradient of a 3x3, stride-1 convolution as an implicit GEMM on
-// AVX-512 (internal: kernels/cpu/conv2d.cpp calls it; contracts in kernels/conv2d.h).
+// AVX-512 and AVX2 (internal: kernels/cpu/conv2d.cpp calls it; contracts in kernels/conv2d.h).
 //
 // im2col + GEMM computes, per image, the partial
 //   sum[(c,r,s), k] (+)= Σ_p col[(c,r,s), p] · grad_y[k, p]      p = (h, w), P*Q of them
@@ -8,8 +8,10 @@
 // broadcasts col's elements straight from the zero-padded image instead, since
 // col[(c,r,s), (h,w)] = padded[c, h + r, w + s]: the nine taps of channel c at pixel
 // (h, w) are three runs of three floats in three rows of the padded plane. A tile is
-// one channel's nine taps by 32 filters (18 accumulators); grad_y's 32 rows are
-// packed once per image as the GEMM packs them ([P*Q][32]).
+// one channel's nine taps by 32 filters (18 accumulators) on AVX-512; on AVX2, with
+// half the registers, six consecutive rows (c, r, s) by 16 filters (12), as the
+// AVX2 GEMM's 6 x 16 tile. grad_y's rows are packed 32 at a time, once per image,
+// as the AVX-512 GEMM packs its B ([P*Q][32]).
 //
 // Bits: each output sums its products in pixel order, kGemmKc pixels at a time in
 // registers and the blocks onto the partial in order, with the GEMM micro-kernel's
@@ -23,7 +25,8 @@
 namespace towerlab::cpu {
 
 // Whether the implicit weight gradient runs for this float32 problem: 3x3 kernel,
-// unit stride and dilation, padding 0 or 1, K a multiple of 32, the AVX-512 kernels.
+// unit stride and dilation, padding 0 or 1, K a multiple of 32, the AVX2 or AVX-512
+// kernels.
 bool implicit_weight_grad_applies(const Conv2dShape& s);
 
 // The scratch one image needs, in floats: its padded planes and grad_y's panels.
