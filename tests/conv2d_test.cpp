@@ -891,10 +891,11 @@ TEST(Conv2dWinograd, ToleranceCatchesOneWrongTile) {
 
 // The tile blocks depend on the shape alone: 1, 2 and 3 threads, a tower's share of
 // the pool, and a second run give the same bits.
-// The output transform's scatter has AVX-512 code (sixteen pixels a vector, the
-// last group masked); it must write the portable loop's bits, forward (bias + the
-// tile) and backward-data (added into grad_x), with an odd P and Q (a last tile
-// row and column cut in half) and rows of more than sixteen pixels.
+// The transforms have AVX-512 code (sixteen tiles a vector across tile rows, the
+// last group masked) and AVX2 code (eight tiles of one tile row a vector, a row's
+// last pixels stored 4, 2 and 1 at a time); both must give the same bits, forward
+// (bias + the tile) and backward-data (added into grad_x), with an odd P and Q (a
+// last tile row and column cut in half) and rows of more than sixteen pixels.
 TEST(Conv2dWinograd, Avx512GivesTheAvx2Bits) {
   if (!gemm_isa_supported(GemmIsa::Avx512)) GTEST_SKIP() << "this CPU has no AVX-512";
   const RestoreGemmIsa restore;

@@ -49,16 +49,13 @@ __attribute__((target("avx2,fma"))) void pad_planes_avx2(float* planes, const fl
                                                          const Conv2dShape& s) {
   const Padded z = padded(s);
   std::fill(planes, planes + s.C * z.rows * z.cols + kPadSlack, 0.0f);
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   for (std::int64_t c = 0; c < s.C; ++c) {
     for (std::int64_t h = 0; h < s.H; ++h) {
       const float* row = x + (c * s.H + h) * s.W;
       float* out = planes + (c * z.rows + h + s.params.pad_h) * z.cols + s.params.pad_w;
       for (std::int64_t w = 0; w < s.W; w += 8) {
         // Lanes at or past the row's end read as zeros (and cannot fault).
-        const int valid = int(std::min<std::int64_t>(s.W - w, 8));
-        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), lane);
-        _mm256_storeu_ps(out + w, _mm256_maskload_ps(row + w, mask));
+        _mm256_storeu_ps(out + w, _mm256_maskload_ps(row + w, first_lanes8(s.W - w)));
       }
     }
   }

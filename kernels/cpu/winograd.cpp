@@ -152,10 +152,11 @@ std::int64_t rows_per_block(const Problem& p) {
   return std::max<std::int64_t>(1, tiles / p.tiles_w);
 }
 
-// The tiles of a tile row rounded up to whole groups of four, and the padded input
-// columns they read (tile tw reads 2*tw .. 2*tw + 3).
+// The tiles of a tile row rounded up to whole groups of eight (the AVX2 transforms'
+// vector; two of the portable code's), and the padded input columns they read (tile
+// tw reads 2*tw .. 2*tw + 3).
 std::int64_t vector_tiles(const Problem& p) {
-  return (p.tiles_w + 3) / 4 * 4;
+  return (p.tiles_w + 7) / 8 * 8;
 }
 std::int64_t row_width(const Problem& p) {
   return 2 * vector_tiles(p) + 2;
@@ -209,31 +210,41 @@ constexpr std::int64_t kPrefetchPlanes = 4;
   __builtin_prefetch(plane + h1 * p.W - 1);
 }
 
+// ws.rows[i][x] = x[n, c, 2*th - pad_h + i, x - pad_w] for i < 4: the input rows
+// that tile row (n, th) reads of channel c, zeros in the padding; and the prefetch
+// of channel c + kPrefetchPlanes's. Inlined into each ISA's transform.
+[[gnu::always_inline]] inline void copy_input_rows(const Workspace& ws, const float* in,
+                                                   const Problem& p, std::int64_t n,
+                                                   std::int64_t th, std::int64_t c) {
+  const std::int64_t width = row_width(p);
+  // Valid input columns w = x - pad_w lie at x in [x0, x1) of a padded row.
+  const std::int64_t x0 = std::min(width, p.pad_w), x1 = std::min(width, p.W + p.pad_w);
+  const float* plane = in + (n * p.C + c) * p.H * p.W;  // [H,W]
+  prefetch_rows(in, p, n, th, c);
+  for (int i = 0; i < 4; ++i) {
+    // Columns outside [x0, x1) stay zero from run(): only the image's are written.
+    float* row = ws.rows + i * width;
+    const std::int64_t h = 2 * th - p.pad_h + i;
+    if (h < 0 || h >= p.H) {
+      for (std::int64_t x = x0; x < x1; ++x) row[x] = 0.0f;
+      continue;
+    }
+    const float* src = plane + h * p.W;  // [W]: input column x - pad_w
+    for (std::int64_t x = x0; x < x1; ++x) row[x] = src[x - p.pad_w];
+  }
+}
+
 // V[c][e][first + tw] = (Bᵀ d B)[e] for the tiles tw of tile row (n, th), d their
 // 4x4 inputs (zero outside the image). Four tiles at a time in vector lanes: tile
 // tw's column j is row element 2*tw + j, so the lanes are the even or odd elements
 // of two loads. A last group past tiles_w writes up to 3 columns past the row's
 // tiles: the next tile row overwrites them, or they lie past the block's tiles
-// (run_block leaves room).
+// (run() leaves room).
 void transform_input_row(const Workspace& ws, const float* in, const Problem& p, std::int64_t n,
                          std::int64_t th, std::int64_t first) {
   const std::int64_t width = row_width(p);
-  // Valid input columns w = x - pad_w lie at x in [x0, x1) of a padded row.
-  const std::int64_t x0 = std::min(width, p.pad_w), x1 = std::min(width, p.W + p.pad_w);
   for (std::int64_t c = 0; c < p.C; ++c) {
-    const float* plane = in + (n * p.C + c) * p.H * p.W;  // [H,W]
-    prefetch_rows(in, p, n, th, c);
-    for (int i = 0; i < 4; ++i) {  // rows[i][x] = x[n, c, 2*th - pad_h + i, x - pad_w]
-      // Columns outside [x0, x1) stay zero from run(): only the image's are written.
-      float* row = ws.rows + i * width;
-      const std::int64_t h = 2 * th - p.pad_h + i;
-      if (h < 0 || h >= p.H) {
-        for (std::int64_t x = x0; x < x1; ++x) row[x] = 0.0f;
-        continue;
-      }
-      const float* src = plane + h * p.W;  // [W]: input column x - pad_w
-      for (std::int64_t x = x0; x < x1; ++x) row[x] = src[x - p.pad_w];
-    }
+    copy_input_rows(ws, in, p, n, th, c);
     float* v = ws.v_at(c, 0) + first;
     for (std::int64_t tw = 0; tw < p.tiles_w; tw += 4) {
       Vec4 d[4][4];  // d[i][j]: element (i, j) of tiles tw..tw+3
@@ -255,6 +266,65 @@ void transform_input_row(const Workspace& ws, const float* in, const Problem& p,
 }
 
 #if TL_CPU_X86
+// Lanes 0, 2, .., 14 (even_lanes) or 1, 3, .., 15 (odd_lanes) of a and b end to end.
+__attribute__((target("avx2"))) inline __m256 even_lanes(__m256 a, __m256 b) {
+  const __m256 t = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));  // a0 a2 b0 b2 | a4 a6 b4 b6
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+__attribute__((target("avx2"))) inline __m256 odd_lanes(__m256 a, __m256 b) {
+  const __m256 t = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));  // a1 a3 b1 b3 | a5 a7 b5 b7
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
+// The tile rows [row0, row1) of transform_input_row on AVX2: eight tiles a vector
+// (a row of FashionNet's 7 tiles is one group), a last group past tiles_w writing
+// up to 7 columns past the row's tiles (run() leaves room). The 18 input columns a
+// group reads come straight from the image as four masked loads (columns outside
+// the image read as the padding's zeros), not through a copy of the rows: the copy
+// took about as long as the transform.
+__attribute__((target("avx2,fma"))) void transform_input_avx2(const Workspace& ws, const float* in,
+                                                              const Problem& p, std::int64_t row0,
+                                                              std::int64_t row1) {
+  // The loads start at columns x0 + kOffset[l] of the group's first input column x0.
+  constexpr std::int64_t kOffset[4] = {0, 8, 2, 10};
+  for (std::int64_t row = row0; row < row1; ++row) {
+    const std::int64_t n = row / p.tiles_h, th = row % p.tiles_h;
+    for (std::int64_t tw = 0; tw < p.tiles_w; tw += 8) {
+      const std::int64_t x0 = 2 * tw - p.pad_w;  // may be -1: the padding
+      __m256i mask[4];                           // the lanes whose column lies in [0, W)
+      for (int l = 0; l < 4; ++l) {
+        const std::int64_t x = x0 + kOffset[l];
+        mask[l] = _mm256_andnot_si256(first_lanes8(-x), first_lanes8(p.W - x));
+      }
+      float* v = ws.v_at(0, 0) + (row - row0) * p.tiles_w + tw;
+      for (std::int64_t c = 0; c < p.C; ++c, v += 16 * ws.block) {
+        if (tw == 0) prefetch_rows(in, p, n, th, c);
+        const float* plane = in + (n * p.C + c) * p.H * p.W;  // [H,W]
+        __m256 d[4][4];  // d[i][j]: element (i, j) of tiles tw..tw+7
+        for (int i = 0; i < 4; ++i) {
+          const std::int64_t h = 2 * th - p.pad_h + i;
+          if (h < 0 || h >= p.H) {
+            for (int j = 0; j < 4; ++j) d[i][j] = _mm256_setzero_ps();
+            continue;
+          }
+          const float* src = plane + h * p.W + x0;
+          __m256 r[4];
+          for (int l = 0; l < 4; ++l) r[l] = _mm256_maskload_ps(src + kOffset[l], mask[l]);
+          d[i][0] = even_lanes(r[0], r[1]);
+          d[i][1] = odd_lanes(r[0], r[1]);
+          d[i][2] = even_lanes(r[2], r[3]);
+          d[i][3] = odd_lanes(r[2], r[3]);
+        }
+        for (int j = 0; j < 4; ++j) apply_b(d[0][j], d[1][j], d[2][j], d[3][j]);
+        for (int i = 0; i < 4; ++i) {
+          apply_b(d[i][0], d[i][1], d[i][2], d[i][3]);
+          for (int j = 0; j < 4; ++j) _mm256_storeu_ps(v + (4 * i + j) * ws.block, d[i][j]);
+        }
+      }
+    }
+  }
+}
+
 // The tile rows [row0, row1) of transform_input_row on AVX-512, sixteen tiles a
 // vector taken from the block's run of tiles regardless of the tile rows (as
 // transform_output_avx512 does), channel by channel: each tile row's share of the
@@ -324,6 +394,10 @@ void transform_input(const Workspace& ws, const float* in, const Problem& p, std
     transform_input_avx512(ws, in, p, row0, row1);
     return;
   }
+  if (avx2_selected()) {
+    transform_input_avx2(ws, in, p, row0, row1);
+    return;
+  }
 #endif
   for (std::int64_t row = row0; row < row1; ++row) {
     transform_input_row(ws, in, p, row / p.tiles_h, row % p.tiles_h, (row - row0) * p.tiles_w);
@@ -382,6 +456,50 @@ void transform_output(const Workspace& ws, float* out, const float* bias, bool a
 }
 
 #if TL_CPU_X86
+// y[0 .. count) = base + v, base = y (accumulate) or b, for count <= 8: a row's
+// pixels past the output are neither read nor written.
+__attribute__((target("avx2,fma"))) inline void add_pixels(float* y, __m256 v, __m256 b,
+                                                           bool accumulate, std::int64_t count) {
+  if (count >= 8) {
+    _mm256_storeu_ps(y, _mm256_add_ps(accumulate ? _mm256_loadu_ps(y) : b, v));
+  } else if (count > 0) {
+    const __m256 base = accumulate ? _mm256_maskload_ps(y, first_lanes8(count)) : b;
+    store_first_lanes(y, _mm256_add_ps(base, v), count);
+  }
+}
+
+// transform_output on AVX2: eight tiles (sixteen output columns) a vector, the
+// tiles of one tile row, as the portable code takes four.
+__attribute__((target("avx2,fma"))) void transform_output_avx2(const Workspace& ws, float* out,
+                                                               const float* bias, bool accumulate,
+                                                               const Problem& p, std::int64_t row0,
+                                                               std::int64_t row1) {
+  for (std::int64_t k = 0; k < p.K; ++k) {
+    const __m256 b = _mm256_set1_ps(bias != nullptr ? bias[k] : 0.0f);
+    for (std::int64_t row = row0; row < row1; ++row) {
+      const std::int64_t n = row / p.tiles_h, th = row % p.tiles_h;
+      const std::int64_t rows = std::min<std::int64_t>(2, p.P - 2 * th);
+      float* plane = out + (n * p.K + k) * p.P * p.Q;  // [P,Q]
+      const float* mk = ws.m_at(k, 0) + (row - row0) * p.tiles_w;
+      for (std::int64_t tw = 0; tw < p.tiles_w; tw += 8) {
+        __m256 m[16];
+        for (int e = 0; e < 16; ++e) m[e] = _mm256_loadu_ps(mk + e * ws.block + tw);
+        const std::int64_t pixels = p.Q - 2 * tw;  // of the row, from column 2*tw
+        for (int i = 0; i < rows; ++i) {
+          __m256 left, right;
+          output_row(m, i, left, right);
+          // Pixels 2t and 2t + 1 from lane t of left and of right.
+          const __m256 lo = _mm256_unpacklo_ps(left, right);  // l0 r0 l1 r1 | l4 r4 l5 r5
+          const __m256 hi = _mm256_unpackhi_ps(left, right);  // l2 r2 l3 r3 | l6 r6 l7 r7
+          float* y = plane + (2 * th + i) * p.Q + 2 * tw;
+          add_pixels(y, _mm256_permute2f128_ps(lo, hi, 0x20), b, accumulate, pixels);
+          add_pixels(y + 8, _mm256_permute2f128_ps(lo, hi, 0x31), b, accumulate, pixels - 8);
+        }
+      }
+    }
+  }
+}
+
 // transform_output on AVX-512: sixteen tiles a vector, taken from the block's run
 // of tiles regardless of the tile rows (a row of FashionNet's 7 tiles would fill
 // fewer than half the lanes), then each tile row's share of the lanes, at most
@@ -445,7 +563,7 @@ void run_block(float* out, const float* in, const std::vector<PackedA>& u, const
   transform_input(ws, in, p, row0, row1);
   // Whole 16-column panels of the GEMM (block is a multiple of 16): the columns
   // past the block's tiles hold finite leftovers (zeros at first, then what an
-  // earlier block or a last group of four left) whose products are never read; a
+  // earlier block or a tile row's last group left) whose products are never read; a
   // column of M depends on its column of V alone.
   const std::int64_t tiles = std::min(ws.block, ((row1 - row0) * p.tiles_w + 15) / 16 * 16);
   for (int e = 0; e < 16; ++e) {
@@ -456,6 +574,10 @@ void run_block(float* out, const float* in, const std::vector<PackedA>& u, const
     transform_output_avx512(ws, out, bias, accumulate, p, row0, row1);
     return;
   }
+  if (avx2_selected()) {
+    transform_output_avx2(ws, out, bias, accumulate, p, row0, row1);
+    return;
+  }
 #endif
   transform_output(ws, out, bias, accumulate, p, row0, row1);
 }
@@ -464,10 +586,10 @@ void run_block(float* out, const float* in, const std::vector<PackedA>& u, const
 // writes its own output rows).
 void run(float* out, const float* in, const std::vector<PackedA>& u, const float* bias,
          bool accumulate, const Problem& p) {
-  // Columns of V and M: the tiles, the 3 a last group of four may write past them,
+  // Columns of V and M: the tiles, the 7 a last group of eight may write past them,
   // rounded up to whole panels.
   const std::int64_t per_block = rows_per_block(p),
-                     block = (per_block * p.tiles_w + 3 + 15) / 16 * 16;
+                     block = (per_block * p.tiles_w + 7 + 15) / 16 * 16;
   const std::int64_t all_rows = p.N * p.tiles_h, blocks = (all_rows + per_block - 1) / per_block;
   parallel_rows(blocks, block * 16 * (p.C + p.K), [&](std::int64_t first, std::int64_t last) {
     HostScratch<float> scratch(16 * (p.C + p.K) * block + 4 * row_width(p));

@@ -42,6 +42,32 @@ __attribute__((target("avx512f"))) inline __mmask16 first_lanes(std::int64_t cou
   return count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
 }
 
+// The AVX2 counterpart: lanes 0 .. count - 1 of eight as a mask vector (all bits set
+// in a chosen lane), for _mm256_maskload_ps and _mm256_maskstore_ps.
+__attribute__((target("avx2"))) inline __m256i first_lanes8(std::int64_t count) {
+  const int n = static_cast<int>(std::clamp<std::int64_t>(count, 0, 8));
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// The first `count` (0 to 7) lanes of v to out, by a 4-, a 2- and a 1-lane store as
+// count needs: nothing is written past them. AMD's masked store (vmaskmovps) is slow:
+// it took a third of Winograd's output transform where this takes a few percent.
+__attribute__((target("avx2"))) inline void store_first_lanes(float* out, __m256 v,
+                                                              std::int64_t count) {
+  __m128 part = _mm256_castps256_ps128(v);
+  if (count & 4) {
+    _mm_storeu_ps(out, part);
+    part = _mm256_extractf128_ps(v, 1);
+    out += 4;
+  }
+  if (count & 2) {
+    _mm_storel_pi(reinterpret_cast<__m64*>(out), part);
+    part = _mm_movehl_ps(part, part);
+    out += 2;
+  }
+  if (count & 1) _mm_store_ss(out, part);
+}
+
 // 8x8 transpose in registers: rows r[0..7] in, columns out.
 __attribute__((target("avx2,fma"))) inline void transpose8x8(__m256 r[8]) {
   __m256 t[8], u[8];
