@@ -299,13 +299,14 @@ TEST(Pool2dGradient, MatchesCentralDifferences) {
   }
 }
 
-// The CPU's 2x2 stride-2 max pooling runs four windows a vector (SSE), or sixteen
-// with AVX-512 (the forward; a row's last group masked). Every ISA this CPU has must make
-// window_argmax's choice in every window: the first maximum, the first NaN when
-// the window holds one, ties to the earlier position; and the gradient puts each
-// window's grad_y at that position, zeros elsewhere. Rows of 1 to 33 windows cover
-// a single masked group, whole groups and a masked tail; the NaNs sit in every
-// window position and in lanes 0, 7, 15 and 16 of a group.
+// The CPU's 2x2 stride-2 max pooling runs four windows a vector (SSE), or eight with
+// AVX2 and sixteen with AVX-512 (the forward; a row's last group cut to the row).
+// Every ISA this CPU has must make window_argmax's choice in every window: the
+// first maximum, the first NaN when the window holds one, ties to the earlier
+// position; and the gradient puts each window's grad_y at that position, zeros
+// elsewhere. Rows of 1 to 33 windows cover a single short group, whole groups and
+// a short tail; the NaNs sit in every window position and in windows 0, 7, 8, 15
+// and 16 (the first and last lanes of groups of eight and sixteen).
 TEST(Pool2dTwoByTwoCpu, EveryIsaMakesWindowArgmaxsChoices) {
   const RestoreGemmIsa restore;
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -321,7 +322,7 @@ TEST(Pool2dTwoByTwoCpu, EveryIsaMakesWindowArgmaxsChoices) {
       // Coarse values make ties; then a NaN in window w at position w % 4 (rows 0-1).
       std::vector<float> x = random_values(std::size_t(z.H * z.W), unsigned(Wo));
       for (float& v : x) v = std::round(v * 3.0f);
-      for (std::int64_t w : {0, 7, 15, 16}) {
+      for (std::int64_t w : {0, 7, 8, 15, 16}) {
         if (w >= Wo) continue;
         const std::int64_t k = w % 4;
         x[std::size_t((k / 2) * z.W + 2 * w + k % 2)] = nan;

@@ -266,16 +266,6 @@ void transform_input_row(const Workspace& ws, const float* in, const Problem& p,
 }
 
 #if TL_CPU_X86
-// Lanes 0, 2, .., 14 (even_lanes) or 1, 3, .., 15 (odd_lanes) of a and b end to end.
-__attribute__((target("avx2"))) inline __m256 even_lanes(__m256 a, __m256 b) {
-  const __m256 t = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));  // a0 a2 b0 b2 | a4 a6 b4 b6
-  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t), _MM_SHUFFLE(3, 1, 2, 0)));
-}
-__attribute__((target("avx2"))) inline __m256 odd_lanes(__m256 a, __m256 b) {
-  const __m256 t = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));  // a1 a3 b1 b3 | a5 a7 b5 b7
-  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t), _MM_SHUFFLE(3, 1, 2, 0)));
-}
-
 // The tile rows [row0, row1) of transform_input_row on AVX2: eight tiles a vector
 // (a row of FashionNet's 7 tiles is one group), a last group past tiles_w writing
 // up to 7 columns past the row's tiles (run() leaves room). The 18 input columns a

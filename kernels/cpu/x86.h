@@ -68,6 +68,17 @@ __attribute__((target("avx2"))) inline void store_first_lanes(float* out, __m256
   if (count & 1) _mm_store_ss(out, part);
 }
 
+// Lanes 0, 2, .., 14 (even_lanes) or 1, 3, .., 15 (odd_lanes) of a and b end to end:
+// the even and odd columns of a row of sixteen floats.
+__attribute__((target("avx2"))) inline __m256 even_lanes(__m256 a, __m256 b) {
+  const __m256 t = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));  // a0 a2 b0 b2 | a4 a6 b4 b6
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+__attribute__((target("avx2"))) inline __m256 odd_lanes(__m256 a, __m256 b) {
+  const __m256 t = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));  // a1 a3 b1 b3 | a5 a7 b5 b7
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
 // 8x8 transpose in registers: rows r[0..7] in, columns out.
 __attribute__((target("avx2,fma"))) inline void transpose8x8(__m256 r[8]) {
   __m256 t[8], u[8];
