@@ -114,24 +114,32 @@ void micro_kernel_portable(std::int64_t kc, const float* a, const float* b, floa
 // 4-cycle FMA latency on two FMA ports.
 constexpr int kAvx2Mr = 6, kAvx2Nr = 16;
 
+// The first Rows rows and 8 * Vecs columns of the 6 x 16 tile, from panels packed
+// for the full tile (a [kc][6], b [kc][16]). The full tile is <6, 2>; an edge tile
+// (Winograd's M = 32 = 5 x 6 + 2 in FashionNet's input gradient, M = 64 = 10 x 6 +
+// 4 in its forward) takes the smallest that covers it instead of computing padding.
+// Every variant runs each output's k-loop in the same order with the same FMAs: the
+// same bits.
+template <int Rows, int Vecs>
 __attribute__((target("avx2,fma"))) void micro_kernel_avx2(std::int64_t kc, const float* a,
                                                            const float* b, float* c,
                                                            std::int64_t ldc, float alpha,
                                                            float beta) {
-  __m256 acc[kAvx2Mr][2];
+  __m256 acc[Rows][Vecs];
 #pragma GCC unroll 6
-  for (int i = 0; i < kAvx2Mr; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-  for (int i = 0; i < kAvx2Mr; ++i)
+  for (int i = 0; i < Rows; ++i) {
+    for (int v = 0; v < Vecs; ++v) acc[i][v] = _mm256_setzero_ps();
+  }
+  for (int i = 0; i < Rows; ++i)
     _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
 #pragma GCC unroll 4
   for (std::int64_t p = 0; p < kc; ++p) {
-    const __m256 b0 = _mm256_loadu_ps(b);
-    const __m256 b1 = _mm256_loadu_ps(b + 8);
+    __m256 bv[Vecs];
+    for (int v = 0; v < Vecs; ++v) bv[v] = _mm256_loadu_ps(b + 8 * v);
 #pragma GCC unroll 6
-    for (int i = 0; i < kAvx2Mr; ++i) {
+    for (int i = 0; i < Rows; ++i) {
       const __m256 a_i = _mm256_broadcast_ss(a + i);
-      acc[i][0] = _mm256_fmadd_ps(a_i, b0, acc[i][0]);
-      acc[i][1] = _mm256_fmadd_ps(a_i, b1, acc[i][1]);
+      for (int v = 0; v < Vecs; ++v) acc[i][v] = _mm256_fmadd_ps(a_i, bv[v], acc[i][v]);
     }
     a += kAvx2Mr;
     b += kAvx2Nr;
@@ -139,21 +147,32 @@ __attribute__((target("avx2,fma"))) void micro_kernel_avx2(std::int64_t kc, cons
   const __m256 va = _mm256_set1_ps(alpha);
   if (beta == 0.0f) {
 #pragma GCC unroll 6
-    for (int i = 0; i < kAvx2Mr; ++i) {
-      _mm256_storeu_ps(c + i * ldc, _mm256_mul_ps(va, acc[i][0]));
-      _mm256_storeu_ps(c + i * ldc + 8, _mm256_mul_ps(va, acc[i][1]));
+    for (int i = 0; i < Rows; ++i) {
+      for (int v = 0; v < Vecs; ++v) {
+        _mm256_storeu_ps(c + i * ldc + 8 * v, _mm256_mul_ps(va, acc[i][v]));
+      }
     }
   } else {
     const __m256 vb = _mm256_set1_ps(beta);
 #pragma GCC unroll 6
-    for (int i = 0; i < kAvx2Mr; ++i) {
-      float* row = c + i * ldc;
-      _mm256_storeu_ps(row,
-                       _mm256_fmadd_ps(va, acc[i][0], _mm256_mul_ps(vb, _mm256_loadu_ps(row))));
-      _mm256_storeu_ps(row + 8,
-                       _mm256_fmadd_ps(va, acc[i][1], _mm256_mul_ps(vb, _mm256_loadu_ps(row + 8))));
+    for (int i = 0; i < Rows; ++i) {
+      for (int v = 0; v < Vecs; ++v) {
+        float* out = c + i * ldc + 8 * v;
+        _mm256_storeu_ps(out,
+                         _mm256_fmadd_ps(va, acc[i][v], _mm256_mul_ps(vb, _mm256_loadu_ps(out))));
+      }
     }
   }
+}
+
+// The AVX2 kernel for an edge tile of rows x cols.
+MicroKernel avx2_edge_kernel(std::int64_t rows, std::int64_t cols) {
+  if (cols <= 8) {
+    if (rows <= 2) return micro_kernel_avx2<2, 1>;
+    return rows <= 4 ? micro_kernel_avx2<4, 1> : micro_kernel_avx2<6, 1>;
+  }
+  if (rows <= 2) return micro_kernel_avx2<2, 2>;
+  return rows <= 4 ? micro_kernel_avx2<4, 2> : micro_kernel_avx2<6, 2>;
 }
 
 // The first `count` (1 to 8) lanes of v to out; nothing is written past them.
@@ -593,8 +612,9 @@ void with_blocked(GemmIsa isa, const Fn& fn) {
                   pack_rows_avx2<kAvx512Nr>, avx512_edge_kernel});
       return;
     case GemmIsa::Avx2:
-      fn.template operator()<kAvx2Mr, kAvx2Nr>(
-          Kernels{micro_kernel_avx2, pack_rows_avx2<kAvx2Mr>, pack_rows_avx2<kAvx2Nr>});
+      fn.template operator()<kAvx2Mr, kAvx2Nr>(Kernels{micro_kernel_avx2<kAvx2Mr, 2>,
+                                                       pack_rows_avx2<kAvx2Mr>,
+                                                       pack_rows_avx2<kAvx2Nr>, avx2_edge_kernel});
       return;
 #endif
     default:
