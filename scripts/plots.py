@@ -7,8 +7,10 @@ The pictures the pages show are listed in PICTURES below, each with the results 
 is drawn from; scripts/check_docs.py reads the same list and checks that each picture's
 caption and the numbers beside it agree with those files. Today:
   cpu_peers.png             towerlab against PyTorch, TensorFlow and JAX on the CPU, from
-                            bench/compare_peers.py's JSON (cpu_peers_avx512_d57fa64.json), the
-                            machine, CPU flags, load and commit of each run written below it
+                            bench/compare_peers.py's JSON, one run on an AVX2 machine and one
+                            on an AVX-512 machine (cpu_peers_avx2_5a22002.json,
+                            cpu_peers_avx512_d57fa64.json), the machine, CPU flags, load and
+                            commit of each run written below it
   trace.png                 three steps of the sample on two CPU towers, from
                             scripts/record_trace.py's JSON (trace_1121a16.json)
   gpu_kernels.png           each kernel's % of its reference on a GPU (SGEMM against cuBLAS,
@@ -464,7 +466,7 @@ def plot_gpu_peers(paths, out, name="gpu_peers.png"):
 # these files and that its caption agrees with them. To redraw a picture from newer
 # results, change its line here, then its comment and caption in the pages.
 PICTURES = [
-    ("cpu_peers.png", ["cpu_peers_avx512_d57fa64.json"]),
+    ("cpu_peers.png", ["cpu_peers_avx2_5a22002.json", "cpu_peers_avx512_d57fa64.json"]),
     ("trace.png", ["trace_1121a16.json"]),
     ("gpu_kernels.png", [f"gpu_h100_c66a6c2/{b}_bench.json" for b in ("matmul", "conv2d")]
      + [f"gpu_h100_ea44967/{b}_bench.json" for b in ("batchnorm", "bias", "loss")]
