@@ -25,40 +25,41 @@ Padded padded(const Conv2dShape& s) {
 // Floats past the padded planes that pad_planes may write (zeros).
 constexpr std::int64_t kPadSlack = 16;
 
-// planes [C, rows, cols] <- x [C,H,W] with its zero border, a vector at a time: a
-// row's last vector is loaded under a mask (zeros past the row) and stored whole,
-// zeros over the border and over what the next row writes after it (AMD's masked
-// store is slow; a row of 14 floats was a library call to copy). Sixteen floats a
-// vector on AVX-512, eight on AVX2.
-__attribute__((target("avx512f"))) void pad_planes_avx512(float* planes, const float* x,
-                                                          const Conv2dShape& s) {
+// planes [C, rows, cols] <- x [C,H,W] with its zero border, a vector at a time:
+// copy(out, in, count) moves one vector of `width` floats, its lanes past count
+// loaded as zeros under a mask and stored whole, zeros over the border and over
+// what the next row writes after it (AMD's masked store is slow; a row of 14 floats
+// was a library call to copy). Sixteen floats a vector on AVX-512, eight on AVX2.
+template <typename Copy>
+[[gnu::always_inline]] inline void pad_planes(float* planes, const float* x, const Conv2dShape& s,
+                                              std::int64_t width, const Copy& copy) {
   const Padded z = padded(s);
   std::fill(planes, planes + s.C * z.rows * z.cols + kPadSlack, 0.0f);
   for (std::int64_t c = 0; c < s.C; ++c) {
     for (std::int64_t h = 0; h < s.H; ++h) {
       const float* row = x + (c * s.H + h) * s.W;
       float* out = planes + (c * z.rows + h + s.params.pad_h) * z.cols + s.params.pad_w;
-      for (std::int64_t w = 0; w < s.W; w += 16) {
-        _mm512_storeu_ps(out + w, _mm512_maskz_loadu_ps(first_lanes(s.W - w), row + w));
-      }
+      for (std::int64_t w = 0; w < s.W; w += width) copy(out + w, row + w, s.W - w);
     }
   }
 }
 
+__attribute__((target("avx512f"))) void pad_planes_avx512(float* planes, const float* x,
+                                                          const Conv2dShape& s) {
+  pad_planes(
+      planes, x, s, 16,
+      [](float* out, const float* in, std::int64_t count) __attribute__((target("avx512f"))) {
+        _mm512_storeu_ps(out, _mm512_maskz_loadu_ps(first_lanes(count), in));
+      });
+}
+
 __attribute__((target("avx2,fma"))) void pad_planes_avx2(float* planes, const float* x,
                                                          const Conv2dShape& s) {
-  const Padded z = padded(s);
-  std::fill(planes, planes + s.C * z.rows * z.cols + kPadSlack, 0.0f);
-  for (std::int64_t c = 0; c < s.C; ++c) {
-    for (std::int64_t h = 0; h < s.H; ++h) {
-      const float* row = x + (c * s.H + h) * s.W;
-      float* out = planes + (c * z.rows + h + s.params.pad_h) * z.cols + s.params.pad_w;
-      for (std::int64_t w = 0; w < s.W; w += 8) {
-        // Lanes at or past the row's end read as zeros (and cannot fault).
-        _mm256_storeu_ps(out + w, _mm256_maskload_ps(row + w, first_lanes8(s.W - w)));
-      }
-    }
-  }
+  pad_planes(
+      planes, x, s, 8,
+      [](float* out, const float* in, std::int64_t count) __attribute__((target("avx2"))) {
+        _mm256_storeu_ps(out, _mm256_maskload_ps(in, first_lanes8(count)));
+      });
 }
 
 // sum[t, 0..31] (t = r*3 + s, rows `ld` apart) = (assign) or += Σ over the pixels
