@@ -152,11 +152,10 @@ std::int64_t rows_per_block(const Problem& p) {
   return std::max<std::int64_t>(1, tiles / p.tiles_w);
 }
 
-// The tiles of a tile row rounded up to whole groups of eight (the AVX2 transforms'
-// vector; two of the portable code's), and the padded input columns they read (tile
-// tw reads 2*tw .. 2*tw + 3).
+// The tiles of a tile row rounded up to whole groups of four, and the padded input
+// columns they read (tile tw reads 2*tw .. 2*tw + 3).
 std::int64_t vector_tiles(const Problem& p) {
-  return (p.tiles_w + 7) / 8 * 8;
+  return (p.tiles_w + 3) / 4 * 4;
 }
 std::int64_t row_width(const Problem& p) {
   return 2 * vector_tiles(p) + 2;
@@ -210,30 +209,6 @@ constexpr std::int64_t kPrefetchPlanes = 4;
   __builtin_prefetch(plane + h1 * p.W - 1);
 }
 
-// ws.rows[i][x] = x[n, c, 2*th - pad_h + i, x - pad_w] for i < 4: the input rows
-// that tile row (n, th) reads of channel c, zeros in the padding; and the prefetch
-// of channel c + kPrefetchPlanes's. Inlined into each ISA's transform.
-[[gnu::always_inline]] inline void copy_input_rows(const Workspace& ws, const float* in,
-                                                   const Problem& p, std::int64_t n,
-                                                   std::int64_t th, std::int64_t c) {
-  const std::int64_t width = row_width(p);
-  // Valid input columns w = x - pad_w lie at x in [x0, x1) of a padded row.
-  const std::int64_t x0 = std::min(width, p.pad_w), x1 = std::min(width, p.W + p.pad_w);
-  const float* plane = in + (n * p.C + c) * p.H * p.W;  // [H,W]
-  prefetch_rows(in, p, n, th, c);
-  for (int i = 0; i < 4; ++i) {
-    // Columns outside [x0, x1) stay zero from run(): only the image's are written.
-    float* row = ws.rows + i * width;
-    const std::int64_t h = 2 * th - p.pad_h + i;
-    if (h < 0 || h >= p.H) {
-      for (std::int64_t x = x0; x < x1; ++x) row[x] = 0.0f;
-      continue;
-    }
-    const float* src = plane + h * p.W;  // [W]: input column x - pad_w
-    for (std::int64_t x = x0; x < x1; ++x) row[x] = src[x - p.pad_w];
-  }
-}
-
 // V[c][e][first + tw] = (Bᵀ d B)[e] for the tiles tw of tile row (n, th), d their
 // 4x4 inputs (zero outside the image). Four tiles at a time in vector lanes: tile
 // tw's column j is row element 2*tw + j, so the lanes are the even or odd elements
@@ -243,8 +218,22 @@ constexpr std::int64_t kPrefetchPlanes = 4;
 void transform_input_row(const Workspace& ws, const float* in, const Problem& p, std::int64_t n,
                          std::int64_t th, std::int64_t first) {
   const std::int64_t width = row_width(p);
+  // Valid input columns w = x - pad_w lie at x in [x0, x1) of a padded row.
+  const std::int64_t x0 = std::min(width, p.pad_w), x1 = std::min(width, p.W + p.pad_w);
   for (std::int64_t c = 0; c < p.C; ++c) {
-    copy_input_rows(ws, in, p, n, th, c);
+    const float* plane = in + (n * p.C + c) * p.H * p.W;  // [H,W]
+    prefetch_rows(in, p, n, th, c);
+    for (int i = 0; i < 4; ++i) {  // rows[i][x] = x[n, c, 2*th - pad_h + i, x - pad_w]
+      // Columns outside [x0, x1) stay zero from run(): only the image's are written.
+      float* row = ws.rows + i * width;
+      const std::int64_t h = 2 * th - p.pad_h + i;
+      if (h < 0 || h >= p.H) {
+        for (std::int64_t x = x0; x < x1; ++x) row[x] = 0.0f;
+        continue;
+      }
+      const float* src = plane + h * p.W;  // [W]: input column x - pad_w
+      for (std::int64_t x = x0; x < x1; ++x) row[x] = src[x - p.pad_w];
+    }
     float* v = ws.v_at(c, 0) + first;
     for (std::int64_t tw = 0; tw < p.tiles_w; tw += 4) {
       Vec4 d[4][4];  // d[i][j]: element (i, j) of tiles tw..tw+3
@@ -280,7 +269,7 @@ __attribute__((target("avx2,fma"))) void transform_input_avx2(const Workspace& w
   for (std::int64_t row = row0; row < row1; ++row) {
     const std::int64_t n = row / p.tiles_h, th = row % p.tiles_h;
     for (std::int64_t tw = 0; tw < p.tiles_w; tw += 8) {
-      const std::int64_t x0 = 2 * tw - p.pad_w;  // may be -1: the padding
+      const std::int64_t x0 = 2 * tw - p.pad_w;  // negative in the padding
       __m256i mask[4];                           // the lanes whose column lies in [0, W)
       for (int l = 0; l < 4; ++l) {
         const std::int64_t x = x0 + kOffset[l];
