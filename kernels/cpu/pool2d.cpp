@@ -375,7 +375,7 @@ template <typename T>
 void max_pool_plane(const T* x, T* y, T* where, const PoolPlane& z, const Pool2dParams& p) {
   if constexpr (std::is_same_v<T, float>) {
     if (is_2x2_stride_2(p)) {
-      // Else the Vec4 code (kernels/cpu/x86.h).
+      // The selected ISA's rows (kernels/cpu/x86.h), else the Vec4 code's.
       const bool avx512 = avx512_selected(), avx2 = avx2_selected();
       for (std::int64_t ho = 0; ho < z.Ho; ++ho) {
 #if TL_CPU_X86
