@@ -175,7 +175,8 @@ void implicit_weight_grad(const float* x, const float* grad_y, float* partial, b
   float* planes = scratch;                                      // [C, rows, cols]
   float* panels = scratch + s.C * z.rows * z.cols + kPadSlack;  // [K/32, P*Q, 32]
   const std::int64_t plane_size = z.rows * z.cols;
-  if (avx512_selected()) {
+  const bool avx512 = avx512_selected();  // else AVX2 (implicit_weight_grad_applies)
+  if (avx512) {
     pad_planes_avx512(planes, x, s);
   } else {
     pad_planes_avx2(planes, x, s);
@@ -188,7 +189,7 @@ void implicit_weight_grad(const float* x, const float* grad_y, float* partial, b
   for (std::int64_t kb = 0; kb < s.K / kFilters; ++kb) {
     const float* panel = panels + kb * pixels * kFilters;
     float* sums = partial + kb * kFilters;  // [C*9, 32] of [C*9, K]
-    if (avx512_selected()) {
+    if (avx512) {
       for (std::int64_t c = 0; c < s.C; ++c) {
         for (std::int64_t p0 = 0; p0 < pixels; p0 += kGemmKc) {
           taps_by_filters_avx512(planes + c * plane_size, z.cols, s.Q, panel, p0,
@@ -201,12 +202,12 @@ void implicit_weight_grad(const float* x, const float* grad_y, float* partial, b
     // On AVX2, tiles of six rows (C*9 is a multiple of three: a last tile of three
     // where C is odd) by 16 filters.
     for (std::int64_t row = 0; row < s.C * kTaps; row += 6) {
+      const bool full = row + 6 <= s.C * kTaps;
       std::int64_t offset[6];
-      for (std::int64_t i = 0; i < 6; ++i) {
+      for (std::int64_t i = 0; i < (full ? 6 : 3); ++i) {
         const std::int64_t c = (row + i) / kTaps, tap = (row + i) % kTaps;
         offset[i] = c * plane_size + (tap / 3) * z.cols + tap % 3;
       }
-      const bool full = row + 6 <= s.C * kTaps;
       for (std::int64_t v = 0; v < kFilters; v += 16) {
         for (std::int64_t p0 = 0; p0 < pixels; p0 += kGemmKc) {
           const std::int64_t p1 = std::min(pixels, p0 + kGemmKc);
