@@ -35,7 +35,9 @@ target_include_directories(towerlab_emulator PUBLIC
   $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/emulator/include>
   $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/towerlab/emulator>)
 target_compile_definitions(towerlab_emulator PUBLIC TOWERLAB_EMULATED_CUDA=1)
-target_link_libraries(towerlab_emulator PUBLIC Threads::Threads)
+# Boost.Context switches the stacks of a block's threads (src/block.cpp).
+find_package(Boost 1.74 REQUIRED COMPONENTS context)
+target_link_libraries(towerlab_emulator PUBLIC Threads::Threads PRIVATE Boost::context)
 target_compile_options(towerlab_emulator PRIVATE -Wall -Wextra)
 set_target_properties(towerlab_emulator PROPERTIES POSITION_INDEPENDENT_CODE ON)
 install(TARGETS towerlab_emulator EXPORT towerlabTargets

@@ -8,6 +8,7 @@ packages=(
   cmake ninja-build g++ ccache pkg-config
   googletest libgtest-dev libbenchmark-dev
   zlib1g-dev nlohmann-json3-dev libcli11-dev libyaml-cpp-dev
+  libboost-context-dev  # the emulated GPUs' fiber switches
   libopenblas-dev python3-numpy dataset-fashion-mnist
   clang libclang-rt-dev
   openmpi-bin libopenmpi-dev

@@ -2,12 +2,13 @@
 //
 // A launch is one operation on its stream (src/streams.cpp); the stream's worker
 // thread runs its blocks one after another. The threads of a block run on fibers
-// (ucontext stacks) owned by that worker, never by another stream's. A fiber runs
-// one CUDA thread after another, each to its end, and leaves the worker only when
-// its thread must wait (a barrier, a warp operation); the worker then gives a fresh
-// fiber the threads not yet started, and resumes a waiting one once what it waits
-// for has happened. A kernel without barriers thus runs all its threads on one
-// stack with no switch at all, and one with barriers gets a fiber per thread.
+// (stacks switched with Boost.Context's fcontext) owned by that worker, never by
+// another stream's. A fiber runs one CUDA thread after another, each to its end,
+// and leaves the worker only when its thread must wait (a barrier, a warp
+// operation); the worker then gives a fresh fiber the threads not yet started, and
+// resumes a waiting one once what it waits for has happened. A kernel without
+// barriers thus runs all its threads on one stack with no switch at all, and one
+// with barriers gets a fiber per thread.
 //
 // Ordering, as ThreadSanitizer is told it. Every CUDA thread has its own TSan
 // context, whatever fiber runs it, so TSan sees the threads of a block as threads:
@@ -21,8 +22,9 @@
 // turns on one host thread. The scheduler's own state is touched in Hidden scopes
 // (internal.h): it is bookkeeping, not kernel memory.
 #include <sys/mman.h>
-#include <ucontext.h>
 #include <unistd.h>
+
+#include <boost/context/detail/fcontext.hpp>
 
 #include <algorithm>
 #include <cstdarg>
@@ -43,6 +45,7 @@
 #include <sanitizer/tsan_interface.h>
 #endif
 #ifdef TLEMU_ASAN
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 
@@ -135,13 +138,16 @@ struct Thread {
   const char* waiting_for = "";
   void* tsan = new_tsan_context();
   std::vector<PendingCopy> pending;  // its asynchronous copies, oldest first
+  std::vector<PendingCopy> landing;  // those a wait completes (kept to reuse its storage)
   std::uint64_t commits = 0;         // batches it committed
 };
 
+namespace fcontext = boost::context::detail;
+
 struct Fiber {
-  ucontext_t context{};
-  char* stack = nullptr;  // below it, one guard page
-  void* tsan = nullptr;   // the context of the thread it runs (under TSan, set per block)
+  fcontext::fcontext_t context = nullptr;  // where it resumes
+  char* stack = nullptr;                   // below it, one guard page
+  void* tsan = nullptr;  // the context of the thread it runs (under TSan, set per block)
   void* asan_fake_stack = nullptr;
   Thread* thread = nullptr;    // the CUDA thread it runs, or none between threads
   Thread* assigned = nullptr;  // kFiberPerThread: the thread it runs next
@@ -173,7 +179,7 @@ struct Scheduler {
   std::vector<std::unique_ptr<Fiber>> fibers;
   std::vector<Fiber*> idle;  // fibers with no thread, ready to start the next ones
   std::vector<std::unique_ptr<Thread>> thread_slots;
-  ucontext_t main_context;
+  fcontext::fcontext_t main_context = nullptr;  // the worker, while a fiber runs
   void* main_tsan = nullptr;
   void* main_fake_stack = nullptr;
   const void* main_stack_bottom = nullptr;
@@ -212,7 +218,8 @@ struct Scheduler {
 
   // Frees every fiber (its stack) and every thread slot (its TSan context); the next
   // block makes new ones. Called between launches, when every fiber is suspended for
-  // good (munmap clears the stacks' shadow too).
+  // good (munmap clears the stacks' TSan shadow too; ASan's is cleared when a stack is
+  // mapped, idle_fiber).
   void release_fibers() {
     // The fibers' and threads' state was read in their own TSan contexts, which never
     // hand anything back to the worker: freeing it is bookkeeping too.
@@ -239,6 +246,16 @@ std::string block_name(const Scheduler& s) {
 
 // --- switching ---------------------------------------------------------------------------
 
+// The switches are Boost.Context's fcontext (make_fcontext, jump_fcontext), the
+// low-level layer under its fibers: a few instructions that save and restore the
+// callee-saved registers and the stack pointer. glibc's swapcontext also makes a
+// sigprocmask system call at every switch, and under AddressSanitizer it is
+// intercepted to clear the shadow of the whole stack it switches to; with a switch
+// at every barrier and warp operation those were most of an emulated test's time.
+// The sanitizers are told of every switch here (ASan: __sanitizer_start/
+// finish_switch_fiber; TSan: __tsan_switch_to_fiber), as they need for any
+// hand-made stack switch.
+
 // From the worker into fiber f, as its thread (or as itself, between threads).
 void resume(Scheduler& s, Fiber& f) {
   void* tsan;
@@ -261,11 +278,12 @@ void resume(Scheduler& s, Fiber& f) {
 #ifdef TLEMU_ASAN
   __sanitizer_start_switch_fiber(&s.main_fake_stack, f.stack, kStackBytes);
 #endif
-  swapcontext(&s.main_context, &f.context);
+  const fcontext::fcontext_t stopped = fcontext::jump_fcontext(f.context, nullptr).fctx;
 #ifdef TLEMU_ASAN
   __sanitizer_finish_switch_fiber(s.main_fake_stack, nullptr, nullptr);
 #endif
   Hidden hidden;
+  f.context = stopped;  // it jumped back from there
   s.running = nullptr;
 }
 
@@ -282,10 +300,12 @@ void suspend(Scheduler& s, Fiber& f) {
 #ifdef TLEMU_ASAN
   __sanitizer_start_switch_fiber(&f.asan_fake_stack, s.main_stack_bottom, s.main_stack_size);
 #endif
-  swapcontext(&f.context, &s.main_context);
+  const fcontext::fcontext_t worker = fcontext::jump_fcontext(s.main_context, nullptr).fctx;
 #ifdef TLEMU_ASAN
   __sanitizer_finish_switch_fiber(f.asan_fake_stack, &s.main_stack_bottom, &s.main_stack_size);
 #endif
+  Hidden hidden;
+  s.main_context = worker;  // the worker jumped here from there
 }
 
 void thread_exited(Scheduler& s, Thread& t);
@@ -314,12 +334,13 @@ Thread* take_unstarted(Scheduler& s, Fiber& f) {
 // end (or suspended and resumed in between), until none is left; then it waits for
 // the next block. The TSan context switches stay in this frame, so every context's
 // function entries and exits pair up.
-void fiber_main() {
+void fiber_main(fcontext::transfer_t from_worker) {
   Scheduler& s = scheduler();
   Fiber* self;
   {
     Hidden hidden;
     self = s.starting;
+    s.main_context = from_worker.fctx;
   }
   Fiber& f = *self;
 #ifdef TLEMU_ASAN
@@ -356,12 +377,13 @@ Fiber& idle_fiber(Scheduler& s) {
                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (region == MAP_FAILED) kernel_bug("cannot map a %zu-byte fiber stack", kStackBytes);
   mprotect(region, page, PROT_NONE);  // a stack overflow faults instead of corrupting
+#ifdef TLEMU_ASAN
+  // The region may have been a fiber stack that was unmapped while suspended: its
+  // frames' redzones are still poisoned in ASan's shadow, which munmap leaves as is.
+  __asan_unpoison_memory_region(region, kStackBytes + page);
+#endif
   f->stack = static_cast<char*>(region) + page;
-  getcontext(&f->context);
-  f->context.uc_stack.ss_sp = f->stack;
-  f->context.uc_stack.ss_size = kStackBytes;
-  f->context.uc_link = nullptr;
-  makecontext(&f->context, fiber_main, 0);
+  f->context = fcontext::make_fcontext(f->stack + kStackBytes, kStackBytes, fiber_main);
   s.fibers.push_back(std::move(f));
   return *s.fibers.back();
 }
@@ -681,15 +703,18 @@ void pipeline_commit() {
 
 void pipeline_wait_prior(std::size_t prior) {
   Thread& t = running_thread("__pipeline_wait_prior");
-  std::vector<PendingCopy> done;
+  std::vector<PendingCopy>& done = t.landing;
   {
     Hidden hidden;
-    // Batches [0, commits - prior) complete; uncommitted copies stay pending.
+    // Batches [0, commits - prior) complete; uncommitted copies stay pending. Copies
+    // are queued in issue order, so their batches never decrease: the complete ones
+    // are a prefix.
     const std::uint64_t complete = t.commits > prior ? t.commits - prior : 0;
-    auto still = std::stable_partition(t.pending.begin(), t.pending.end(),
-                                       [&](const PendingCopy& c) { return c.batch >= complete; });
-    done.assign(still, t.pending.end());
-    t.pending.erase(still, t.pending.end());
+    const auto still =
+        std::partition_point(t.pending.begin(), t.pending.end(),
+                             [&](const PendingCopy& c) { return c.batch < complete; });
+    done.assign(t.pending.begin(), still);
+    t.pending.erase(t.pending.begin(), still);
   }
   for (const PendingCopy& c : done) std::memcpy(c.dst, c.bytes, c.size);
 }
