@@ -1,0 +1,530 @@
+// The CPU's own conv2d paths, each checked on every ISA the machine has: the
+// direct path for one input channel, col2im's vector path, the implicit weight
+// gradient, the backward's image groups (the same bits for any thread count), and
+// Winograd F(2x2,3x3) (kernels/cpu/winograd.h), forced on: against the reference
+// within a tolerance scaled to each result's terms, with controls, and the same
+// bits for any thread count and ISA.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <iomanip>
+#include <sstream>
+#include <string>
+
+#include "conv2d_reference.h"
+#include "kernels/conv2d.h"
+#include "kernels/cpu/conv2d.h"
+#include "kernels/cpu/conv2d_implicit.h"
+#include "kernels/cpu/matmul.h"
+#include "test_util.h"
+
+namespace towerlab::testing {
+namespace {
+
+// --- the CPU's direct path on every ISA -----------------------------------------
+//
+// One input channel, 3x3, unit stride runs a direct convolution (no im2col,
+// kernels/cpu/conv2d_direct.h): eight pixels a vector with AVX2, sixteen with
+// AVX-512. Each output is the same chain of nine fused multiply-adds either way, and
+// the weight gradient's sixteen lane sums are the AVX-512 vector's lanes or two AVX2
+// vectors' halves, so the two give the same bits. The shapes cover P*Q a multiple of
+// sixteen (Q = 16, 28), a last group of 11, 14 and 1 pixels (in AVX2's terms: a
+// half partly full, or empty), P*Q = 8 (the forward's AVX2 code on both), an odd
+// K (a filter without a partner), and groups of several images (N = 35).
+std::vector<ConvCase> direct_cases() {
+  return {
+      {"Q16", 2, 1, 18, 18, 5, 3, 3, make_params(1, 1, 0, 0)},
+      {"Q19_pad1x0", 2, 1, 9, 21, 4, 3, 3, make_params(1, 1, 1, 0), false},
+      {"Q28_K32", 3, 1, 28, 28, 32, 3, 3, make_params(1, 1, 1, 1)},
+      {"Q70", 1, 1, 5, 70, 3, 3, 3, make_params(1, 1, 1, 1)},
+      {"PQ33", 2, 1, 5, 13, 6, 3, 3, make_params(1, 1, 0, 0)},
+      {"PQ8", 2, 1, 3, 10, 3, 3, 3, make_params(1, 1, 0, 0)},
+      {"N35_groups", 35, 1, 12, 12, 7, 3, 3, make_params(1, 1, 1, 1)},
+  };
+}
+
+// y, then grad_weight added to a sentinel, of one direct case on the CPU.
+std::vector<float> direct_outputs(const ConvCase& k, const std::vector<float>& xv, unsigned seed) {
+  const auto wv = random_values(std::size_t(numel_of(k.w_shape())), seed);
+  const auto bv = random_values(std::size_t(k.K), seed + 1);
+  const auto gv = random_values(std::size_t(numel_of(k.y_shape())), seed + 2);
+  const auto sentinel = random_values(wv.size(), seed + 3);
+  auto put = [](const std::vector<float>& v, const Shape& shape) {
+    return Tensor::from_host<float>(v, shape, cpu());
+  };
+  const Tensor x = put(xv, k.x_shape()), w = put(wv, k.w_shape());
+  Tensor y = Tensor::empty(k.y_shape(), cpu());
+  conv2d_forward(y, x, w, k.bias ? put(bv, {k.K}) : Tensor(), k.params, cpu());
+  Tensor grad_w = put(sentinel, k.w_shape());
+  conv2d_backward(Tensor(), grad_w, Tensor(), put(gv, k.y_shape()), x, w, k.params, cpu());
+  std::vector<float> all = y.to_host<float>(cpu());
+  const std::vector<float> gw = grad_w.to_host<float>(cpu());
+  all.insert(all.end(), gw.begin(), gw.end());
+  return all;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST(Conv2dDirect, Avx512GivesTheAvx2Bits) {
+  if (!gemm_isa_supported(GemmIsa::Avx512)) GTEST_SKIP() << "this CPU has no AVX-512";
+  const RestoreGemmIsa restore;
+  for (const ConvCase& k : direct_cases()) {
+    SCOPED_TRACE(k.name);
+    const auto xv = random_values(std::size_t(numel_of(k.x_shape())), 1201);
+    auto run = [&](GemmIsa isa, const std::vector<float>& x) {
+      set_gemm_isa(isa);
+      return direct_outputs(k, x, 1202);
+    };
+    const std::vector<float> avx2 = run(GemmIsa::Avx2, xv);
+    EXPECT_TRUE(same_bits(run(GemmIsa::Avx512, xv), avx2));
+    // Control: the last input value 0.1% off changes bits of y and of grad_weight,
+    // and the comparison sees both.
+    std::vector<float> nudged = xv;
+    nudged.back() *= 1.001f;
+    const std::vector<float> off = run(GemmIsa::Avx512, nudged);
+    const auto y_size = std::ptrdiff_t(numel_of(k.y_shape()));
+    EXPECT_FALSE(
+        same_bits({off.begin(), off.begin() + y_size}, {avx2.begin(), avx2.begin() + y_size}))
+        << "the control's y";
+    EXPECT_FALSE(same_bits({off.begin() + y_size, off.end()}, {avx2.begin() + y_size, avx2.end()}))
+        << "the control's grad_weight";
+  }
+}
+
+// The direct path's images are split over threads in fixed groups: 1, 2 and 3
+// threads and a tower's share of the pool give the same bits, on the ISA this CPU
+// runs.
+TEST(Conv2dDirect, SameBitsForAnyThreadCount) {
+  const int saved = num_threads();
+  for (const ConvCase& k : direct_cases()) {
+    SCOPED_TRACE(k.name);
+    const auto xv = random_values(std::size_t(numel_of(k.x_shape())), 1301);
+    set_num_threads(1);
+    const std::vector<float> one = direct_outputs(k, xv, 1302);
+    set_num_threads(2);
+    EXPECT_TRUE(same_bits(direct_outputs(k, xv, 1302), one)) << "2 threads";
+    set_num_threads(3);
+    EXPECT_TRUE(same_bits(direct_outputs(k, xv, 1302), one)) << "3 threads";
+    const ThreadShare share(0, 2);
+    EXPECT_TRUE(same_bits(direct_outputs(k, xv, 1302), one)) << "a tower's share of 2 of 3";
+  }
+  set_num_threads(saved);
+}
+
+// --- col2im's vector path ---------------------------------------------------------
+//
+// With unit strides and Q == W, col2im sums each input pixel's taps eight pixels at
+// a time (AVX2, whenever the GEMM runs AVX2 or AVX-512) instead of tap by tap over
+// the plane; each pixel must still add its taps in the same order. With one output
+// channel every element of the patch gradient is a single product, the same bits on
+// every GEMM, so the input gradients of the portable build (the tap-by-tap loop)
+// and of the vector path must agree bit for bit, added onto a random grad_x (the
+// accumulation is part of the order).
+TEST(Conv2dCol2im, VectorPathGivesTheTapByTapBits) {
+  if (!gemm_isa_supported(GemmIsa::Avx2)) GTEST_SKIP() << "this CPU has no AVX2";
+  const RestoreGemmIsa restore;
+  for (const ConvCase& k :
+       {ConvCase{"14x14", 3, 5, 14, 14, 1, 3, 3, make_params(1, 1, 1, 1)},
+        ConvCase{"5x7", 2, 3, 5, 7, 1, 3, 3, make_params(1, 1, 1, 1)},
+        ConvCase{"1x1_plane", 2, 2, 1, 1, 1, 3, 3, make_params(1, 1, 1, 1)},
+        ConvCase{"9x22", 1, 2, 9, 22, 1, 3, 3, make_params(1, 1, 1, 1)},
+        ConvCase{"3x5_kernel", 2, 2, 6, 11, 1, 3, 5, make_params(1, 1, 1, 2)},
+        ConvCase{"dilation2", 2, 2, 9, 8, 1, 3, 3, make_params(1, 1, 2, 2, 2, 2)}}) {
+    SCOPED_TRACE(k.name);
+    const auto gyv = random_values(std::size_t(numel_of(k.y_shape())), 1301);
+    const auto wv = random_values(std::size_t(numel_of(k.w_shape())), 1302);
+    const auto gxv = random_values(std::size_t(numel_of(k.x_shape())), 1303);
+    auto grad_x = [&](GemmIsa isa, const std::vector<float>& gy) {
+      set_gemm_isa(isa);
+      Tensor gx = Tensor::from_host<float>(gxv, k.x_shape(), cpu());
+      conv2d_backward(gx, Tensor(), Tensor(), Tensor::from_host<float>(gy, k.y_shape(), cpu()),
+                      Tensor::zeros(k.x_shape(), cpu()),
+                      Tensor::from_host<float>(wv, k.w_shape(), cpu()), k.params, cpu());
+      return gx.to_host<float>(cpu());
+    };
+    const std::vector<float> tap_by_tap = grad_x(GemmIsa::Portable, gyv);
+    const std::vector<float> vector = grad_x(GemmIsa::Avx2, gyv);
+    ASSERT_EQ(vector.size(), tap_by_tap.size());
+    EXPECT_EQ(std::memcmp(vector.data(), tap_by_tap.data(), vector.size() * sizeof(float)), 0);
+    // Control: the last gradient value 0.1% off changes the bits the comparison sees.
+    std::vector<float> nudged = gyv;
+    nudged.back() *= 1.001f;
+    const std::vector<float> off = grad_x(GemmIsa::Avx2, nudged);
+    EXPECT_NE(std::memcmp(off.data(), tap_by_tap.data(), off.size() * sizeof(float)), 0)
+        << "control";
+  }
+}
+
+// --- the implicit weight gradient --------------------------------------------------
+//
+// On AVX2 and AVX-512, the weight gradient of a 3x3 stride-1 convolution with K a
+// multiple of 32 broadcasts the patches from the padded image instead of im2col +
+// GEMM; each ISA's kernel must give the bits of im2col (here by plain loops) and that
+// ISA's GEMM: padded and not, one block of the GEMM's inner dimension and several
+// (784 pixels), a 1x1 output, assigned (an image group's first image) and added onto
+// a random partial. Then the whole weight gradient: the AVX2 and AVX-512 paths agree.
+
+// col [C*9, P*Q] of one image x [C,H,W]: the patches, zeros in the padding.
+std::vector<float> patch_matrix(const std::vector<float>& x, const Conv2dShape& s) {
+  std::vector<float> col(std::size_t(s.C * 9 * s.P * s.Q));
+  for (std::int64_t c = 0; c < s.C; ++c) {
+    for (std::int64_t r = 0; r < 3; ++r) {
+      for (std::int64_t t = 0; t < 3; ++t) {
+        for (std::int64_t h = 0; h < s.P; ++h) {
+          for (std::int64_t w = 0; w < s.Q; ++w) {
+            const std::int64_t ih = h + r - s.params.pad_h, iw = w + t - s.params.pad_w;
+            const bool inside = ih >= 0 && ih < s.H && iw >= 0 && iw < s.W;
+            col[std::size_t(((c * 9 + r * 3 + t) * s.P + h) * s.Q + w)] =
+                inside ? x[std::size_t((c * s.H + ih) * s.W + iw)] : 0.0f;
+          }
+        }
+      }
+    }
+  }
+  return col;
+}
+
+TEST(Conv2dImplicitWeightGrad, GivesTheGemmBits) {
+  const RestoreGemmIsa restore;
+  int isas_run = 0;
+  for (GemmIsa isa : {GemmIsa::Avx2, GemmIsa::Avx512}) {
+    if (!gemm_isa_supported(isa)) continue;
+    set_gemm_isa(isa);
+    ++isas_run;
+    for (const ConvCase& k :
+         {ConvCase{"14x14_K64", 1, 5, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)},
+          ConvCase{"28x28_K32", 1, 2, 28, 28, 32, 3, 3, make_params(1, 1, 1, 1)},
+          ConvCase{"pad0_5x9_K96", 1, 3, 5, 9, 96, 3, 3, make_params(1, 1, 0, 0)},
+          ConvCase{"pad1x0_K32", 1, 2, 6, 11, 32, 3, 3, make_params(1, 1, 1, 0)},
+          ConvCase{"1x1_output", 1, 3, 3, 3, 32, 3, 3, make_params(1, 1, 0, 0)}}) {
+      SCOPED_TRACE(k.name + (isa == GemmIsa::Avx2 ? " on AVX2" : " on AVX-512"));
+      const Shape ys = k.y_shape();
+      const Conv2dShape s{1, k.C, k.H, k.W, k.K, 3, 3, ys[2], ys[3], k.params};
+      ASSERT_TRUE(cpu::implicit_weight_grad_applies(s));
+      const std::int64_t crs = s.C * 9, pq = s.P * s.Q;
+      const auto x = random_values(std::size_t(numel_of(k.x_shape())), 1501);
+      const auto gy = random_values(std::size_t(s.K * pq), 1503);
+      const auto start = random_values(std::size_t(crs * s.K), 1504);
+      const std::vector<float> col = patch_matrix(x, s);
+      std::vector<float> scratch(std::size_t(cpu::implicit_weight_grad_scratch(s)));
+      for (bool first : {true, false}) {
+        SCOPED_TRACE(first ? "assigned" : "added");
+        std::vector<float> gemm = start, implicit = start;  // [C*9, K]
+        cpu::gemm<float>(false, true, crs, s.K, pq, 1.0f, col.data(), pq, gy.data(), pq,
+                         first ? 0.0f : 1.0f, gemm.data(), s.K);
+        cpu::implicit_weight_grad(x.data(), gy.data(), implicit.data(), first, scratch.data(), s);
+        EXPECT_EQ(std::memcmp(implicit.data(), gemm.data(), gemm.size() * sizeof(float)), 0);
+        // Control: the last gradient value 0.1% off changes the bits the comparison sees.
+        std::vector<float> nudged = gy, off = start;
+        nudged.back() *= 1.001f;
+        cpu::implicit_weight_grad(x.data(), nudged.data(), off.data(), first, scratch.data(), s);
+        EXPECT_NE(std::memcmp(off.data(), gemm.data(), gemm.size() * sizeof(float)), 0)
+            << "control";
+      }
+    }
+  }
+  if (isas_run == 0) GTEST_SKIP() << "this CPU has neither AVX2 nor AVX-512";
+}
+
+TEST(Conv2dImplicitWeightGrad, Avx512GivesTheAvx2Bits) {
+  if (!gemm_isa_supported(GemmIsa::Avx512)) GTEST_SKIP() << "this CPU has no AVX-512";
+  const RestoreGemmIsa restore;
+  const ConvCase k{"C32_K64_14x14", 3, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)};
+  const auto xv = random_values(std::size_t(numel_of(k.x_shape())), 1511);
+  const auto wv = random_values(std::size_t(numel_of(k.w_shape())), 1512);
+  const auto gyv = random_values(std::size_t(numel_of(k.y_shape())), 1513);
+  auto grad_weight = [&](GemmIsa isa) {
+    set_gemm_isa(isa);
+    Tensor gw = Tensor::zeros(k.w_shape(), cpu());
+    conv2d_backward(Tensor(), gw, Tensor(), Tensor::from_host<float>(gyv, k.y_shape(), cpu()),
+                    Tensor::from_host<float>(xv, k.x_shape(), cpu()),
+                    Tensor::from_host<float>(wv, k.w_shape(), cpu()), k.params, cpu());
+    return gw.to_host<float>(cpu());
+  };
+  const std::vector<float> avx2 = grad_weight(GemmIsa::Avx2);
+  const std::vector<float> avx512 = grad_weight(GemmIsa::Avx512);
+  EXPECT_EQ(std::memcmp(avx2.data(), avx512.data(), avx2.size() * sizeof(float)), 0);
+}
+
+// --- the CPU backward's image groups -------------------------------------------
+//
+// The CPU backward sums the weight gradient over fixed groups of images whatever
+// the thread count, and each image's input gradient does not depend on its group:
+// 1, 2 and 3 threads, a tower's share of the pool, and a second run give the same
+// bits, for batches that leave uneven groups.
+TEST(Conv2dBackwardGroups, SameBitsForAnyThreadCount) {
+  for (const ConvCase& k :
+       {ConvCase{"3x3_batch150", 150, 8, 9, 9, 12, 3, 3, make_params(1, 1, 1, 1)},
+        ConvCase{"3x3_K32_batch37", 37, 3, 7, 7, 32, 3, 3, make_params(1, 1, 1, 1)},
+        ConvCase{"1x1_batch37", 37, 16, 6, 6, 20, 1, 1, make_params(1, 1, 0, 0)}}) {
+    SCOPED_TRACE(k.name);
+    const Shape ys = k.y_shape();
+    const auto xv = random_values(std::size_t(numel_of(k.x_shape())), 1101);
+    const auto wv = random_values(std::size_t(numel_of(k.w_shape())), 1102);
+    const auto gv = random_values(std::size_t(numel_of(ys)), 1103);
+    const auto sx = random_values(xv.size(), 1104), sw = random_values(wv.size(), 1105);
+    // grad_x then grad_weight, both added to sentinels.
+    auto run = [&](const std::vector<float>& grad_y) {
+      const cpu::ScopedConv2dAlgorithm im2col(cpu::Conv2dAlgorithm::Im2col);
+      auto put = [](const std::vector<float>& v, const Shape& shape) {
+        return Tensor::from_host<float>(v, shape, cpu());
+      };
+      Tensor grad_x = put(sx, k.x_shape()), grad_w = put(sw, k.w_shape());
+      conv2d_backward(grad_x, grad_w, Tensor(), put(grad_y, ys), put(xv, k.x_shape()),
+                      put(wv, k.w_shape()), k.params, cpu());
+      std::vector<float> all = grad_x.to_host<float>(cpu());
+      const std::vector<float> gw = grad_w.to_host<float>(cpu());
+      all.insert(all.end(), gw.begin(), gw.end());
+      return all;
+    };
+    const int saved = num_threads();
+    set_num_threads(1);
+    const std::vector<float> one = run(gv);
+    auto same_bits = [&](const std::vector<float>& many) {
+      return many.size() == one.size() &&
+             std::memcmp(many.data(), one.data(), one.size() * sizeof(float)) == 0;
+    };
+    EXPECT_TRUE(same_bits(run(gv))) << "one thread, run again";
+    // Control: one grad_y value of the last image 0.1% off changes bits of both
+    // gradients, and the comparison sees it.
+    std::vector<float> nudged = gv;
+    nudged.back() *= 1.001f;
+    const std::vector<float> off = run(nudged);
+    EXPECT_FALSE(same_bits(off)) << "the control";
+    EXPECT_NE(std::vector<float>(off.begin(), off.begin() + std::ptrdiff_t(sx.size())),
+              std::vector<float>(one.begin(), one.begin() + std::ptrdiff_t(sx.size())))
+        << "the control's grad_x";
+    EXPECT_NE(std::vector<float>(off.begin() + std::ptrdiff_t(sx.size()), off.end()),
+              std::vector<float>(one.begin() + std::ptrdiff_t(sx.size()), one.end()))
+        << "the control's grad_weight";
+    set_num_threads(2);
+    EXPECT_TRUE(same_bits(run(gv))) << "2 threads";
+    set_num_threads(3);
+    EXPECT_TRUE(same_bits(run(gv))) << "3 threads";
+    {
+      const ThreadShare share(0, 2);
+      EXPECT_TRUE(same_bits(run(gv))) << "a tower's share of 2 of 3 threads";
+    }
+    set_num_threads(saved);
+  }
+}
+
+// --- Winograd F(2x2, 3x3) on the CPU -------------------------------------------
+//
+// Winograd rounds differently from im2col: its transforms add and subtract inputs
+// before the products (Bᵀ d B sums up to 4 of them, G g Gᵀ up to 9, Aᵀ m A up to 9
+// products), so its error is bounded not by the result but by the sum of the
+// magnitudes of the result's terms, sum |w||x| (+ |b|, + |sentinel|), times a few
+// unit roundoffs u = 2^-24 (F(2,3) is the Winograd tile with the smallest
+// transforms: about 2x to 4x the direct convolution's error). The cases below stay
+// under 5 u (im2col: under 4 u); the tolerance is 32 u. One input 1% off in one
+// tile (a tile that read a wrong pixel, a transform coefficient off) moves a result
+// by more than that (the controls below), so the check would catch a wrong tile.
+constexpr double kWinogradTolerance = 32.0 / (1 << 24);
+
+std::vector<ConvCase> winograd_cases() {
+  return {
+      {"even_pad1", 2, 16, 14, 14, 32, 3, 3, make_params(1, 1, 1, 1)},
+      {"odd_pad1", 3, 5, 13, 11, 7, 3, 3, make_params(1, 1, 1, 1)},
+      {"odd_pad0_no_bias", 1, 3, 9, 12, 4, 3, 3, make_params(1, 1, 0, 0), false},
+      {"even_pad0", 2, 20, 10, 8, 17, 3, 3, make_params(1, 1, 0, 0)},
+      {"pad1x0", 1, 4, 7, 6, 5, 3, 3, make_params(1, 1, 1, 0)},
+      {"one_partial_tile", 1, 2, 3, 3, 3, 3, 3, make_params(1, 1, 0, 0)},
+      {"one_row_pad1", 3, 3, 1, 2, 2, 3, 3, make_params(1, 1, 1, 1)},
+      {"fashion2_two_blocks", 2, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)},
+      {"C67_K130_two_blocks", 2, 67, 9, 9, 130, 3, 3, make_params(1, 1, 1, 1)},
+  };
+}
+
+std::vector<double> magnitudes(const std::vector<float>& v) {
+  std::vector<double> m(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) m[i] = std::fabs(double(v[i]));
+  return m;
+}
+
+// The largest |actual - expected| / scale.
+double worst_error(const std::vector<float>& actual, const std::vector<double>& expected,
+                   const std::vector<double>& scale) {
+  EXPECT_EQ(actual.size(), expected.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    worst = std::max(worst, std::fabs(double(actual[i]) - expected[i]) / scale[i]);
+  }
+  return worst;
+}
+
+// y from the forward and grad_x from the backward-data (added to `sentinel`) on the
+// CPU, under `algorithm`.
+struct ConvOutputs {
+  std::vector<float> y, grad_x;
+};
+ConvOutputs run_cpu(const ConvCase& k, const std::vector<float>& xv, const std::vector<float>& wv,
+                    const std::vector<float>& bv, const std::vector<float>& gv,
+                    const std::vector<float>& sentinel, cpu::Conv2dAlgorithm algorithm) {
+  const cpu::ScopedConv2dAlgorithm scoped(algorithm);
+  auto put = [](const std::vector<float>& v, const Shape& shape) {
+    return Tensor::from_host<float>(v, shape, cpu());
+  };
+  const Shape ys = k.y_shape();
+  Tensor y = put(std::vector<float>(std::size_t(numel_of(ys)), 7.0f), ys);
+  conv2d_forward(y, put(xv, k.x_shape()), put(wv, k.w_shape()), k.bias ? put(bv, {k.K}) : Tensor(),
+                 k.params, cpu());
+  Tensor grad_x = put(sentinel, k.x_shape());
+  conv2d_backward(grad_x, Tensor(), Tensor(), put(gv, ys), put(xv, k.x_shape()),
+                  put(wv, k.w_shape()), k.params, cpu());
+  return {y.to_host<float>(cpu()), grad_x.to_host<float>(cpu())};
+}
+
+// The reference values of one case and the magnitude sums that scale its tolerance.
+struct WinogradCase {
+  ConvCase k;
+  std::vector<float> xv, wv, bv, gv, sentinel;
+  std::vector<double> y, grad_x, y_scale, grad_x_scale;
+
+  WinogradCase(const ConvCase& c, unsigned seed) : k(c) {
+    xv = random_values(std::size_t(numel_of(k.x_shape())), seed);
+    wv = random_values(std::size_t(numel_of(k.w_shape())), seed + 1);
+    bv = random_values(std::size_t(k.K), seed + 2);
+    gv = random_values(std::size_t(numel_of(k.y_shape())), seed + 3);
+    sentinel = random_values(xv.size(), seed + 4);
+    const Reference ref = reference(k, widen(xv), widen(wv), widen(bv), widen(gv));
+    const Reference abs =
+        reference(k, magnitudes(xv), magnitudes(wv), magnitudes(bv), magnitudes(gv));
+    y = ref.y;
+    y_scale = abs.y;
+    for (std::size_t i = 0; i < xv.size(); ++i) {
+      grad_x.push_back(double(sentinel[i]) + ref.grad_x[i]);
+      grad_x_scale.push_back(std::fabs(double(sentinel[i])) + abs.grad_x[i]);
+    }
+  }
+  ConvOutputs run(cpu::Conv2dAlgorithm algorithm) const {
+    return run_cpu(k, xv, wv, bv, gv, sentinel, algorithm);
+  }
+};
+
+TEST(Conv2dWinograd, MatchesReferenceWithinTheTermMagnitudes) {
+  unsigned seed = 900;
+  for (const ConvCase& k : winograd_cases()) {
+    SCOPED_TRACE(k.name);
+    const WinogradCase c(k, seed += 10);
+    const ConvOutputs winograd = c.run(cpu::Conv2dAlgorithm::Winograd);
+    const double y_error = worst_error(winograd.y, c.y, c.y_scale);
+    const double gx_error = worst_error(winograd.grad_x, c.grad_x, c.grad_x_scale);
+    EXPECT_LE(y_error, kWinogradTolerance) << "y";
+    EXPECT_LE(gx_error, kWinogradTolerance) << "grad_x";
+    // The Winograd path really ran: its bits differ from im2col's somewhere.
+    const ConvOutputs im2col = c.run(cpu::Conv2dAlgorithm::Im2col);
+    if (k.C * k.K >= 64) {
+      EXPECT_NE(winograd.y, im2col.y);
+      EXPECT_NE(winograd.grad_x, im2col.grad_x);
+    }
+    // The errors go into the test's XML record (--gtest_output=xml), not the log.
+    std::ostringstream errors;
+    errors << std::scientific << std::setprecision(2) << "y " << y_error << ", grad_x " << gx_error
+           << " (im2col: " << worst_error(im2col.y, c.y, c.y_scale) << ", "
+           << worst_error(im2col.grad_x, c.grad_x, c.grad_x_scale) << ")";
+    RecordProperty("worst_error_" + k.name, errors.str());
+  }
+}
+
+// Controls: one input value 1% off in one tile fails the same check.
+TEST(Conv2dWinograd, ToleranceCatchesOneWrongTile) {
+  const WinogradCase c({"fashion2", 2, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)}, 990);
+  WinogradCase wrong_x = c, wrong_g = c;
+  const std::size_t pixel = (1 * 32 + 7) * 14 * 14 + 5 * 14 + 9;  // n 1, c 7, (5, 9)
+  wrong_x.xv[pixel] *= 1.01f;
+  wrong_g.gv[pixel] *= 1.01f;  // grad_y [2,64,14,14]: n 0, k 39, (5, 9)
+  const ConvOutputs right = c.run(cpu::Conv2dAlgorithm::Winograd);
+  EXPECT_LE(worst_error(right.y, c.y, c.y_scale), kWinogradTolerance);
+  EXPECT_LE(worst_error(right.grad_x, c.grad_x, c.grad_x_scale), kWinogradTolerance);
+  EXPECT_GT(worst_error(wrong_x.run(cpu::Conv2dAlgorithm::Winograd).y, c.y, c.y_scale),
+            kWinogradTolerance);
+  EXPECT_GT(
+      worst_error(wrong_g.run(cpu::Conv2dAlgorithm::Winograd).grad_x, c.grad_x, c.grad_x_scale),
+      kWinogradTolerance);
+}
+
+// The tile blocks depend on the shape alone: 1, 2 and 3 threads, a tower's share of
+// the pool, and a second run give the same bits.
+// The transforms have AVX-512 code (sixteen tiles a vector across tile rows, the
+// last group masked) and AVX2 code (eight tiles of one tile row a vector, a row's
+// last pixels stored 4, 2 and 1 at a time); both must give the same bits, forward
+// (bias + the tile) and backward-data (added into grad_x), with an odd P and Q (a
+// last tile row and column cut in half) and rows of more than sixteen pixels.
+TEST(Conv2dWinograd, Avx512GivesTheAvx2Bits) {
+  if (!gemm_isa_supported(GemmIsa::Avx512)) GTEST_SKIP() << "this CPU has no AVX-512";
+  const RestoreGemmIsa restore;
+  for (const WinogradCase& c :
+       {WinogradCase({"fashion2_b3", 3, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)}, 997),
+        WinogradCase({"odd_wide", 2, 16, 9, 37, 17, 3, 3, make_params(1, 1, 0, 1)}, 998),
+        // Padding 0 across: backward-data's correlation pads 2 columns, masked off
+        // from the AVX-512 input transform's loads.
+        WinogradCase({"pad_w0", 2, 24, 10, 19, 20, 3, 3, make_params(1, 1, 1, 0)}, 999)}) {
+    auto run = [&](GemmIsa isa) {
+      set_gemm_isa(isa);
+      const ConvOutputs out = c.run(cpu::Conv2dAlgorithm::Winograd);
+      std::vector<float> all = out.y;
+      all.insert(all.end(), out.grad_x.begin(), out.grad_x.end());
+      return all;
+    };
+    const std::vector<float> avx2 = run(GemmIsa::Avx2), avx512 = run(GemmIsa::Avx512);
+    ASSERT_EQ(avx512.size(), avx2.size());
+    EXPECT_EQ(std::memcmp(avx512.data(), avx2.data(), avx2.size() * sizeof(float)), 0);
+  }
+}
+
+TEST(Conv2dWinograd, SameBitsForAnyThreadCount) {
+  const WinogradCase c({"fashion2_b5", 5, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)}, 995);
+  const int saved = num_threads();
+  auto run = [&] {
+    const ConvOutputs out = c.run(cpu::Conv2dAlgorithm::Winograd);
+    std::vector<float> all = out.y;
+    all.insert(all.end(), out.grad_x.begin(), out.grad_x.end());
+    return all;
+  };
+  set_num_threads(1);
+  const std::vector<float> one = run();
+  auto expect_as_one = [&](const std::vector<float>& many, const char* how) {
+    ASSERT_EQ(many.size(), one.size());
+    EXPECT_EQ(std::memcmp(many.data(), one.data(), one.size() * sizeof(float)), 0)
+        << "results with " << how << " differ from one thread";
+  };
+  expect_as_one(run(), "one thread, run again");
+  set_num_threads(2);
+  expect_as_one(run(), "2 threads");
+  set_num_threads(3);
+  expect_as_one(run(), "3 threads");
+  {
+    const ThreadShare share(0, 2);
+    expect_as_one(run(), "a tower's share of 2 of 3 threads");
+  }
+  set_num_threads(saved);
+}
+
+// Auto takes Winograd for the forward of FashionNet's second layer and im2col for
+// its backward-data, for its first layer (C = 1) and for shapes Winograd cannot do;
+// a forced Winograd lowers those shapes too.
+TEST(Conv2dWinograd, AutoPicksByShape) {
+  const WinogradCase conv2({"fashion2", 1, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)}, 1001);
+  const ConvOutputs automatic = conv2.run(cpu::Conv2dAlgorithm::Auto);
+  const ConvOutputs winograd = conv2.run(cpu::Conv2dAlgorithm::Winograd);
+  const ConvOutputs im2col = conv2.run(cpu::Conv2dAlgorithm::Im2col);
+  EXPECT_EQ(automatic.y, winograd.y);
+  EXPECT_NE(automatic.y, im2col.y);
+  EXPECT_EQ(automatic.grad_x, winograd.grad_x);
+  EXPECT_NE(automatic.grad_x, im2col.grad_x);
+  for (const ConvCase& k : {ConvCase{"fashion1", 2, 1, 28, 28, 32, 3, 3, make_params(1, 1, 1, 1)},
+                            ConvCase{"stride2", 1, 32, 9, 9, 32, 3, 3, make_params(2, 2, 1, 1)},
+                            ConvCase{"pad2", 1, 32, 9, 9, 32, 3, 3, make_params(1, 1, 2, 2)}}) {
+    SCOPED_TRACE(k.name);
+    const WinogradCase c(k, 1002);
+    const ConvOutputs im2col = c.run(cpu::Conv2dAlgorithm::Im2col);
+    EXPECT_EQ(c.run(cpu::Conv2dAlgorithm::Auto).y, im2col.y);
+    if (k.C > 1) EXPECT_EQ(c.run(cpu::Conv2dAlgorithm::Winograd).y, im2col.y);
+  }
+}
+
+}  // namespace
+}  // namespace towerlab::testing
