@@ -128,6 +128,8 @@ struct PendingCopy {
   std::uint64_t batch;
 };
 
+struct SharedBlock;
+
 // One CUDA thread of the running block (reused by the same index of every block).
 struct Thread {
   unsigned tid = 0;  // linear index in the block
@@ -137,9 +139,10 @@ struct Thread {
   std::source_location waiting_at;  // a copy: the caller's lives on the fiber's stack
   const char* waiting_for = "";
   void* tsan = new_tsan_context();
-  std::vector<PendingCopy> pending;  // its asynchronous copies, oldest first
-  std::vector<PendingCopy> landing;  // those a wait completes (kept to reuse its storage)
-  std::uint64_t commits = 0;         // batches it committed
+  std::vector<PendingCopy> pending;          // its asynchronous copies, oldest first
+  std::vector<PendingCopy> landing;          // those a wait completes (kept to reuse its storage)
+  const SharedBlock* copy_target = nullptr;  // the array its last copy went to
+  std::uint64_t commits = 0;                 // batches it committed
 };
 
 namespace fcontext = boost::context::detail;
@@ -546,7 +549,8 @@ void block_barrier(const std::source_location& where) {
     if (s.at_barrier == 0) {
       s.barrier_site = where;
     } else if (s.barrier_site.line() != where.line() ||
-               std::strcmp(s.barrier_site.file_name(), where.file_name()) != 0) {
+               (s.barrier_site.file_name() != where.file_name() &&
+                std::strcmp(s.barrier_site.file_name(), where.file_name()) != 0)) {
       kernel_bug(
           "%s: threads of one phase reached different __syncthreads (%s:%u and %s:%u, "
           "thread %u): a barrier in divergent code",
@@ -652,6 +656,60 @@ void* shared_storage(const void* key, std::size_t bytes, std::size_t alignment) 
 
 // --- asynchronous copies (cuda_pipeline.h) --------------------------------------------------
 
+namespace {
+
+// memcpy of 4, 8 or 16 bytes, each size a constant: compiled to one load and one store
+// (a call to memcpy's sanitizer interceptor otherwise, for every copy of every thread).
+[[gnu::always_inline]] inline void copy_small(void* dst, const void* src, std::size_t bytes) {
+  switch (bytes) {
+    case 4:
+      std::memcpy(dst, src, 4);
+      break;
+    case 8:
+      std::memcpy(dst, src, 8);
+      break;
+    case 16:
+      std::memcpy(dst, src, 16);
+      break;
+    default:
+      std::memcpy(dst, src, bytes);
+  }
+}
+
+// Whether `b` is an array of the running block that holds [dst, dst + bytes).
+bool holds(const Scheduler& s, const SharedBlock* b, const char* dst, std::size_t bytes) {
+  return b != nullptr && b->block_serial == s.block_serial && dst >= b->memory.get() &&
+         dst + bytes <= b->memory.get() + b->bytes;
+}
+
+// What is wrong with a copy that pipeline_copy refused. A function of its own, kept
+// out of line, so that the copy's frame stays small: under AddressSanitizer every
+// local of it gets redzones poisoned and cleared at every call.
+[[noreturn, gnu::cold, gnu::noinline]] void reject_copy(const Scheduler& s, const Thread& t,
+                                                        const void* dst, const void* src,
+                                                        std::size_t size, std::size_t zfill) {
+  const std::string block = block_name(s);
+  if (size != 4 && size != 8 && size != 16) {
+    kernel_bug("%s, thread %u: __pipeline_memcpy_async of %zu bytes (4, 8 or 16 may be copied)",
+               block.c_str(), t.tid, size);
+  }
+  if (zfill > size) {
+    kernel_bug("%s, thread %u: __pipeline_memcpy_async zero-fills %zu of %zu bytes", block.c_str(),
+               t.tid, zfill, size);
+  }
+  if (reinterpret_cast<std::uintptr_t>(dst) % size != 0 ||
+      reinterpret_cast<std::uintptr_t>(src) % size != 0) {
+    kernel_bug(
+        "%s, thread %u: __pipeline_memcpy_async of %zu bytes from %p to %p: both must be "
+        "aligned to the size",
+        block.c_str(), t.tid, size, src, dst);
+  }
+  kernel_bug("%s, thread %u: __pipeline_memcpy_async to %p, not this block's __shared__ memory",
+             block.c_str(), t.tid, dst);
+}
+
+}  // namespace
+
 void pipeline_copy(void* dst_shared, const void* src_global, std::size_t size_and_align,
                    std::size_t zfill) {
   Scheduler& s = scheduler();
@@ -659,38 +717,34 @@ void pipeline_copy(void* dst_shared, const void* src_global, std::size_t size_an
   PendingCopy copy{static_cast<char*>(dst_shared), {}, size_and_align, 0};
   {
     Hidden hidden;
-    if (size_and_align != 4 && size_and_align != 8 && size_and_align != 16) {
-      kernel_bug("%s, thread %u: __pipeline_memcpy_async of %zu bytes (4, 8 or 16 may be copied)",
-                 block_name(s).c_str(), t.tid, size_and_align);
+    const std::size_t size = size_and_align;
+    bool valid = (size == 4 || size == 8 || size == 16) && zfill <= size &&
+                 reinterpret_cast<std::uintptr_t>(dst_shared) % size == 0 &&
+                 reinterpret_cast<std::uintptr_t>(src_global) % size == 0;
+    // Within the running block's __shared__ memory: the array the thread's last copy
+    // went to first (a kernel stages into one or two), then every array this worker
+    // has made.
+    if (valid && !holds(s, t.copy_target, copy.dst, size)) {
+      t.copy_target = nullptr;
+      for (const auto& [key, b] : s.shared) {
+        if (holds(s, &b, copy.dst, size)) t.copy_target = &b;
+      }
+      valid = t.copy_target != nullptr;
     }
-    if (zfill > size_and_align) {
-      kernel_bug("%s, thread %u: __pipeline_memcpy_async zero-fills %zu of %zu bytes",
-                 block_name(s).c_str(), t.tid, zfill, size_and_align);
-    }
-    if (reinterpret_cast<std::uintptr_t>(dst_shared) % size_and_align != 0 ||
-        reinterpret_cast<std::uintptr_t>(src_global) % size_and_align != 0) {
-      kernel_bug(
-          "%s, thread %u: __pipeline_memcpy_async of %zu bytes from %p to %p: both must be "
-          "aligned to the size",
-          block_name(s).c_str(), t.tid, size_and_align, src_global, dst_shared);
-    }
-    bool in_shared = false;
-    for (const auto& [key, b] : s.shared) {
-      const char* base = b.memory.get();
-      in_shared |= b.block_serial == s.block_serial && copy.dst >= base &&
-                   copy.dst + size_and_align <= base + b.bytes;
-    }
-    if (!in_shared) {
-      kernel_bug("%s, thread %u: __pipeline_memcpy_async to %p, not this block's __shared__ memory",
-                 block_name(s).c_str(), t.tid, dst_shared);
-    }
+    if (!valid) reject_copy(s, t, dst_shared, src_global, size, zfill);
     copy.batch = t.commits;
   }
   // The thread's own accesses: the source is read now, the destination is undefined
   // (NaN) until the wait.
-  std::memcpy(copy.bytes, src_global, size_and_align - zfill);
-  std::memset(copy.bytes + (size_and_align - zfill), 0, zfill);
-  std::memset(copy.dst, 0xff, size_and_align);
+  if (zfill == 0) {
+    copy_small(copy.bytes, src_global, size_and_align);
+  } else {
+    std::memcpy(copy.bytes, src_global, size_and_align - zfill);
+    std::memset(copy.bytes + (size_and_align - zfill), 0, zfill);
+  }
+  static constexpr unsigned char kNaN[16] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                             0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+  copy_small(copy.dst, kNaN, size_and_align);
   Hidden hidden;
   t.pending.push_back(copy);
 }
@@ -716,7 +770,7 @@ void pipeline_wait_prior(std::size_t prior) {
     done.assign(t.pending.begin(), still);
     t.pending.erase(t.pending.begin(), still);
   }
-  for (const PendingCopy& c : done) std::memcpy(c.dst, c.bytes, c.size);
+  for (const PendingCopy& c : done) copy_small(c.dst, c.bytes, c.size);
 }
 
 // --- launches ------------------------------------------------------------------------------
