@@ -22,8 +22,8 @@
 // Numerics: the transforms add and subtract up to 16 inputs with weights of 1 and
 // 1/2 before the products, so a result's rounding error is bounded by the sum of
 // the magnitudes of its terms, sum |w||x|, rather than by the result: in the tests
-// (tests/conv2d_test.cpp) under 5 units of float32 rounding of that sum, im2col's
-// under 4. The tile blocks depend on the shape alone and each output pixel is
+// (tests/conv2d_cpu_paths_test.cpp) under 5 units of float32 rounding of that sum,
+// im2col's under 4. The tile blocks depend on the shape alone and each output pixel is
 // written by one tile, so the result is the same bits for any thread count.
 #pragma once
 
