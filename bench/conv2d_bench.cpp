@@ -15,7 +15,9 @@
 //         The end-to-end CPU target is PyTorch's speed on FashionNet, measured elsewhere.
 //         The forward and backward-data also run with im2col and with Winograd
 //         F(2x2,3x3) forced (cpu_im2col, cpu_winograd): the plain "cpu" case is what
-//         the dispatch picks (bench/results/winograd.md).
+//         the dispatch picks (bench/results/winograd.md). On CUDA, the layers where
+//         Auto takes Winograd F(4x4,3x3) also run with the implicit GEMM forced
+//         (cuda_implicit).
 #include <benchmark/benchmark.h>
 
 #include "bench_util.h"
@@ -132,6 +134,13 @@ void BM_Towerlab(benchmark::State& state, Device device, Pass pass, Layer l) {
   Operands o(l, stream);
   bench::time_calls(state, stream, [&] { run_towerlab(pass, o, stream); });
   set_counters(state, l, pass);
+}
+
+// The CUDA passes with the implicit GEMM forced, on the layers where Auto takes
+// Winograd F(4x4,3x3) (64 channels and more): what Winograd gains there.
+void BM_CudaImplicitGemm(benchmark::State& state, Pass pass, Layer l) {
+  const cpu::ScopedConv2dAlgorithm scoped(cpu::Conv2dAlgorithm::Im2col);
+  BM_Towerlab(state, Device::cuda(0), pass, l);
 }
 
 // The CPU passes with one algorithm forced (the plain "cpu" case takes what Auto
@@ -352,6 +361,11 @@ const bool registered = [] {
       benchmark::RegisterBenchmark((base + "cuda").c_str(), BM_Towerlab, Device::cuda(0), pass, l)
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond);
+      if (l.C >= 64 && l.K >= 64) {
+        benchmark::RegisterBenchmark((base + "cuda_implicit").c_str(), BM_CudaImplicitGemm, pass, l)
+            ->UseManualTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
 #if TOWERLAB_HAVE_CUDNN
       benchmark::RegisterBenchmark((base + "cudnn").c_str(), BM_Cudnn, pass, l)
           ->UseManualTime()

@@ -637,7 +637,7 @@ shard_cases() {
   list_cases >"$work/cases-all.txt"
   local cuda='/cuda0$|Cuda|CUDA|Gpu|GPU|^Nccl|\.Nccl|^(Trainer|CheckpointTest|Cluster|TensorCpu|RequireGpu|Device)\.'
   local nccl='^Nccl|\.Nccl'
-  local kernels='^Backends/(BatchNorm|Bias|Conv2d|Elementwise|Fusion|Loss|Matmul|Optimizer|Pool2d|Random|Reduce|Relu|Tensor|Stream|PeerAdd)Test\.|CudaVsCpu\.|^(Conv2dShape|TensorCuda|BatchNormMaxPoolTest)\.'
+  local kernels='^Backends/(BatchNorm|Bias|Conv2d|Elementwise|Fusion|Loss|Matmul|Optimizer|Pool2d|Random|Reduce|Relu|Tensor|Stream|PeerAdd)Test\.|CudaVsCpu\.|^(Conv2dShape|Conv2dWinogradCuda|TensorCuda|BatchNormMaxPoolTest)\.'
   grep -E "$cuda" "$work/cases-all.txt" | grep -v '/cpu$' >"$work/cases-cuda.txt" || true
   grep -v -x -F -f "$work/cases-cuda.txt" "$work/cases-all.txt" >"$work/cases-cpu.txt" || true
   grep -E "$nccl" "$work/cases-cuda.txt" >"$work/cases-cuda-nccl.txt" || true
@@ -647,9 +647,10 @@ shard_cases() {
   # The sanitizers' cases: the kernels' CUDA cases on their small shapes (not the
   # FashionNet-sized layers); racecheck and synccheck only those with shared memory
   # (matmul, conv2d, batch norm, losses, pooling, bias, reductions).
-  grep -E '/cuda0$|CudaVsCpu\.' "$work/cases-cuda-kernels.txt" | grep -v -E 'OnLargeLayers' \
+  grep -E '/cuda0$|CudaVsCpu\.|^Conv2dWinogradCuda\.' "$work/cases-cuda-kernels.txt" |
+    grep -v -E 'OnLargeLayers' \
     >"$work/cases-memcheck.txt" || true
-  grep -E '^(Backends/)?(BatchNorm|Bias|Conv2d|Loss|Matmul|Pool2d|Reduce)(Test|CudaVsCpu)\.' \
+  grep -E '^(Backends/)?(BatchNorm|Bias|Conv2d|Loss|Matmul|Pool2d|Reduce)(Test|CudaVsCpu)\.|^Conv2dWinogradCuda\.' \
     "$work/cases-memcheck.txt" >"$work/cases-shared-memory.txt" || true
   cp "$work/cases-shared-memory.txt" "$work/cases-racecheck.txt"
   cp "$work/cases-shared-memory.txt" "$work/cases-synccheck.txt"

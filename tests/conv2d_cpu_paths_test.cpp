@@ -338,23 +338,6 @@ std::vector<ConvCase> winograd_cases() {
   };
 }
 
-std::vector<double> magnitudes(const std::vector<float>& v) {
-  std::vector<double> m(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) m[i] = std::fabs(double(v[i]));
-  return m;
-}
-
-// The largest |actual - expected| / scale.
-double worst_error(const std::vector<float>& actual, const std::vector<double>& expected,
-                   const std::vector<double>& scale) {
-  EXPECT_EQ(actual.size(), expected.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < actual.size(); ++i) {
-    worst = std::max(worst, std::fabs(double(actual[i]) - expected[i]) / scale[i]);
-  }
-  return worst;
-}
-
 // y from the forward and grad_x from the backward-data (added to `sentinel`) on the
 // CPU, under `algorithm`.
 struct ConvOutputs {

@@ -1,8 +1,10 @@
-// What the conv2d tests share: a case (shapes, parameters, bias or not), and the
-// naive seven-loop reference in double that the backends' results and the CPU's own
-// paths are checked against.
+// What the conv2d tests share: a case (shapes, parameters, bias or not), the naive
+// seven-loop reference in double that the backends' results and the CPU's own paths
+// are checked against, and the error measure of the Winograd paths.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -93,6 +95,25 @@ inline std::vector<float> narrow(const std::vector<double>& v) {
 inline std::vector<float> plus(std::vector<float> a, const std::vector<double>& b) {
   for (std::size_t i = 0; i < a.size(); ++i) a[i] += static_cast<float>(b[i]);
   return a;
+}
+
+// |v|, in double: the reference run on these gives each result's sum of the
+// magnitudes of its terms (sum |w||x|), the scale of the Winograd paths' rounding.
+inline std::vector<double> magnitudes(const std::vector<float>& v) {
+  std::vector<double> m(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) m[i] = std::fabs(double(v[i]));
+  return m;
+}
+
+// The largest |actual - expected| / scale.
+inline double worst_error(const std::vector<float>& actual, const std::vector<double>& expected,
+                          const std::vector<double>& scale) {
+  EXPECT_EQ(actual.size(), expected.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < actual.size() && i < expected.size(); ++i) {
+    worst = std::max(worst, std::fabs(double(actual[i]) - expected[i]) / scale[i]);
+  }
+  return worst;
 }
 
 }  // namespace towerlab::testing

@@ -1,10 +1,10 @@
-// CUDA's Winograd F(4x4,3x3) conv2d (kernels/cuda/conv2d_winograd.h): the forward
-// and backward-data against a double-precision reference within a tolerance scaled
-// to each result's terms, on both paddings, ragged tiles (P, Q not multiples of 4),
-// channels that are not multiples of the GEMM tiles, one image and several; with a
-// control that the tolerance catches one wrong input, the choice Auto makes, and the
-// same bits run after run.
-#include <algorithm>
+// CUDA's Winograd F(4x4,3x3) conv2d (kernels/cuda/conv2d_winograd.h): the forward,
+// backward-data and backward-weight against a double-precision reference within a
+// tolerance scaled to each result's terms, on both paddings, ragged tiles (P, Q not
+// multiples of 4), channels that are not multiples of the GEMM tiles, one image and
+// several, a weight gradient split along its tiles; with a control that the
+// tolerance catches one wrong input, the choice Auto makes, and the same bits run
+// after run.
 #include <cmath>
 #include <cstring>
 #include <iomanip>
@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "conv2d_reference.h"
 #include "kernels/conv2d.h"
 #include "kernels/cpu/conv2d.h"
 #include "test_util.h"
@@ -20,70 +21,10 @@
 namespace towerlab::testing {
 namespace {
 
-struct Case {
-  std::string name;
-  std::int64_t N, C, H, W, K, pad_h, pad_w;
-  bool bias = true;
-
-  Conv2dParams params() const { return {1, 1, pad_h, pad_w, 1, 1}; }
-  Shape x_shape() const { return {N, C, H, W}; }
-  Shape w_shape() const { return {K, C, 3, 3}; }
-  Shape y_shape() const { return {N, K, H + 2 * pad_h - 2, W + 2 * pad_w - 2}; }
-};
-
-// The forward (plus bias) and backward-data of a 3x3 stride-1 layer in double.
-struct Reference {
-  std::vector<double> y, grad_x;
-};
-
-Reference reference(const Case& k, const std::vector<double>& x, const std::vector<double>& w,
-                    const std::vector<double>& b, const std::vector<double>& gy) {
-  const Shape ys = k.y_shape();
-  const std::int64_t P = ys[2], Q = ys[3];
-  Reference ref;
-  ref.y.assign(static_cast<std::size_t>(numel_of(ys)), 0.0);
-  ref.grad_x.assign(x.size(), 0.0);
-  for (std::int64_t n = 0; n < k.N; ++n) {
-    for (std::int64_t o = 0; o < k.K; ++o) {
-      for (std::int64_t p = 0; p < P; ++p) {
-        for (std::int64_t q = 0; q < Q; ++q) {
-          const auto yi = static_cast<std::size_t>(((n * k.K + o) * P + p) * Q + q);
-          double acc = k.bias ? b[static_cast<std::size_t>(o)] : 0.0;
-          for (std::int64_t c = 0; c < k.C; ++c) {
-            for (std::int64_t r = 0; r < 3; ++r) {
-              for (std::int64_t s = 0; s < 3; ++s) {
-                const std::int64_t h = p - k.pad_h + r, ww = q - k.pad_w + s;
-                if (h < 0 || h >= k.H || ww < 0 || ww >= k.W) continue;
-                const auto xi = static_cast<std::size_t>(((n * k.C + c) * k.H + h) * k.W + ww);
-                const auto wi = static_cast<std::size_t>(((o * k.C + c) * 3 + r) * 3 + s);
-                acc += w[wi] * x[xi];
-                ref.grad_x[xi] += gy[yi] * w[wi];
-              }
-            }
-          }
-          ref.y[yi] = acc;
-        }
-      }
-    }
-  }
-  return ref;
-}
-
-std::vector<double> widen(const std::vector<float>& v, bool magnitude) {
-  std::vector<double> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = magnitude ? std::fabs(v[i]) : v[i];
-  return out;
-}
-
-// The largest |actual - expected| / scale.
-double worst_error(const std::vector<float>& actual, const std::vector<double>& expected,
-                   const std::vector<double>& scale) {
-  EXPECT_EQ(actual.size(), expected.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < actual.size() && i < expected.size(); ++i) {
-    worst = std::max(worst, std::fabs(double(actual[i]) - expected[i]) / scale[i]);
-  }
-  return worst;
+// A 3x3 stride-1 layer with padding pad_h, pad_w.
+ConvCase layer(std::string name, std::int64_t N, std::int64_t C, std::int64_t H, std::int64_t W,
+               std::int64_t K, std::int64_t pad_h, std::int64_t pad_w, bool bias = true) {
+  return {std::move(name), N, C, H, W, K, 3, 3, make_params(1, 1, pad_h, pad_w), bias};
 }
 
 // F(4x4,3x3)'s transforms (entries up to 8, fractions down to 1/24) round a result
@@ -94,38 +35,47 @@ double worst_error(const std::vector<float>& actual, const std::vector<double>& 
 constexpr double kTolerance = 256.0 / (1 << 24);
 
 struct Outputs {
-  std::vector<float> y, grad_x;
+  std::vector<float> y, grad_x, grad_w;
 };
 
-// One case's inputs, its reference results and their magnitude scales.
+// One case's inputs, its reference results and their magnitude scales. The
+// gradients accumulate onto sentinels (grad_x's and grad_w's), which the expected
+// values and the scales include.
 struct Problem {
-  Case k;
-  std::vector<float> xv, wv, bv, gv, sentinel;
-  std::vector<double> y, grad_x, y_scale, grad_x_scale;
+  ConvCase k;
+  std::vector<float> xv, wv, bv, gv, sentinel, w_sentinel;
+  std::vector<double> y, grad_x, grad_w, y_scale, grad_x_scale, grad_w_scale;
 
-  Problem(const Case& c, unsigned seed) : k(c) {
+  Problem(const ConvCase& c, unsigned seed) : k(c) {
     xv = random_values(std::size_t(numel_of(k.x_shape())), seed);
     wv = random_values(std::size_t(numel_of(k.w_shape())), seed + 1);
     bv = random_values(std::size_t(k.K), seed + 2);
     gv = random_values(std::size_t(numel_of(k.y_shape())), seed + 3);
     sentinel = random_values(xv.size(), seed + 4);
+    w_sentinel = random_values(wv.size(), seed + 5);
     compute_reference();
   }
   void compute_reference() {
-    const Reference ref =
-        reference(k, widen(xv, false), widen(wv, false), widen(bv, false), widen(gv, false));
+    const Reference ref = reference(k, widen(xv), widen(wv), widen(bv), widen(gv));
     const Reference abs =
-        reference(k, widen(xv, true), widen(wv, true), widen(bv, true), widen(gv, true));
+        reference(k, magnitudes(xv), magnitudes(wv), magnitudes(bv), magnitudes(gv));
     y = ref.y;
     y_scale = abs.y;
-    grad_x.clear(), grad_x_scale.clear();
-    for (std::size_t i = 0; i < xv.size(); ++i) {
-      grad_x.push_back(double(sentinel[i]) + ref.grad_x[i]);
-      grad_x_scale.push_back(std::fabs(double(sentinel[i])) + abs.grad_x[i]);
-    }
+    auto onto = [](const std::vector<float>& start, const std::vector<double>& sum,
+                   const std::vector<double>& magnitude, std::vector<double>& value,
+                   std::vector<double>& scale) {
+      value.clear(), scale.clear();
+      for (std::size_t i = 0; i < start.size(); ++i) {
+        value.push_back(double(start[i]) + sum[i]);
+        scale.push_back(std::fabs(double(start[i])) + magnitude[i]);
+      }
+    };
+    onto(sentinel, ref.grad_x, abs.grad_x, grad_x, grad_x_scale);
+    onto(w_sentinel, ref.grad_w, abs.grad_w, grad_w, grad_w_scale);
   }
 
-  // y, and grad_x accumulated onto the sentinel, on `stream` under `algorithm`.
+  // y, and both gradients (one conv2d_backward) accumulated onto their sentinels, on
+  // `stream` under `algorithm`.
   Outputs run(const Stream& stream, Conv2dAlgorithm algorithm) const {
     const cpu::ScopedConv2dAlgorithm scoped(algorithm);
     auto put = [&](const std::vector<float>& v, const Shape& shape) {
@@ -134,30 +84,34 @@ struct Problem {
     const Shape ys = k.y_shape();
     Tensor x = put(xv, k.x_shape()), w = put(wv, k.w_shape());
     Tensor y_out = put(std::vector<float>(std::size_t(numel_of(ys)), 7.0f), ys);
-    conv2d_forward(y_out, x, w, k.bias ? put(bv, {k.K}) : Tensor(), k.params(), stream);
-    Tensor gx = put(sentinel, k.x_shape());
-    conv2d_backward(gx, Tensor(), Tensor(), put(gv, ys), x, w, k.params(), stream);
-    return {y_out.to_host<float>(stream), gx.to_host<float>(stream)};
+    conv2d_forward(y_out, x, w, k.bias ? put(bv, {k.K}) : Tensor(), k.params, stream);
+    Tensor gx = put(sentinel, k.x_shape()), gw = put(w_sentinel, k.w_shape());
+    conv2d_backward(gx, gw, Tensor(), put(gv, ys), x, w, k.params, stream);
+    return {y_out.to_host<float>(stream), gx.to_host<float>(stream), gw.to_host<float>(stream)};
   }
 };
 
-std::vector<Case> cases() {
+std::vector<ConvCase> cases() {
   return {
       // P, Q multiples of 4 (whole tiles, the output's float4 stores), one image.
-      {"whole_tiles_pad1_batch1", 1, 16, 8, 12, 24, 1, 1},
+      layer("whole_tiles_pad1_batch1", 1, 16, 8, 12, 24, 1, 1),
       // Ragged tiles both ways, padding 0, no bias, channels off every tile size.
-      {"ragged_pad0_no_bias", 3, 5, 11, 9, 7, 0, 0, false},
-      {"ragged_pad1", 2, 13, 7, 10, 9, 1, 1},
-      {"pad1x0", 2, 6, 9, 6, 5, 1, 0},
+      layer("ragged_pad0_no_bias", 3, 5, 11, 9, 7, 0, 0, false),
+      layer("ragged_pad1", 2, 13, 7, 10, 9, 1, 1),
+      layer("pad1x0", 2, 6, 9, 6, 5, 1, 0),
       // More than 64 output channels: the GEMM's 128-row tile, two of them, ragged
-      // in both channel counts (and backward-data's 67 output channels on the 128 tile).
-      {"C67_K130", 2, 67, 9, 9, 130, 1, 1},
+      // in both channel counts (and backward-data's 67 output channels on the 128
+      // tile); the weight gradient's 128x128 tile, 2 x 1 of them.
+      layer("C67_K130", 2, 67, 9, 9, 130, 1, 1),
       // A wide layer as Auto takes it: two column tiles of the GEMM (147 tiles), the
       // output's float4 rows (Q = 28).
-      {"C64_K64_28x28", 3, 64, 28, 28, 64, 1, 1},
+      layer("C64_K64_28x28", 3, 64, 28, 28, 64, 1, 1),
+      // 540 tiles (15 images of 6 x 6, P = Q = 22): the weight gradient's reduction
+      // cut in two splits of 272 and 268 tiles (the last with half a K-step).
+      layer("weight_gradient_split", 15, 5, 24, 24, 7, 0, 0),
       // The smallest image padding 0 allows, and one row with padding 1.
-      {"one_partial_tile", 1, 3, 3, 3, 4, 0, 0},
-      {"one_row_pad1", 2, 4, 1, 5, 3, 1, 1},
+      layer("one_partial_tile", 1, 3, 3, 3, 4, 0, 0),
+      layer("one_row_pad1", 2, 4, 1, 5, 3, 1, 1),
   };
 }
 
@@ -176,29 +130,34 @@ class Conv2dWinogradCuda : public ::testing::Test {
 
 TEST_F(Conv2dWinogradCuda, MatchesReferenceWithinTheTermMagnitudes) {
   unsigned seed = 3000;
-  for (const Case& k : cases()) {
+  for (const ConvCase& k : cases()) {
     SCOPED_TRACE(k.name);
     const Problem c(k, seed += 10);
     const Outputs winograd = c.run(stream(), Conv2dAlgorithm::Winograd);
     const double y_error = worst_error(winograd.y, c.y, c.y_scale);
     const double gx_error = worst_error(winograd.grad_x, c.grad_x, c.grad_x_scale);
+    const double gw_error = worst_error(winograd.grad_w, c.grad_w, c.grad_w_scale);
     EXPECT_LE(y_error, kTolerance) << "y";
     EXPECT_LE(gx_error, kTolerance) << "grad_x";
+    EXPECT_LE(gw_error, kTolerance) << "grad_w";
     // Winograd really ran: its bits differ from the implicit GEMM's somewhere.
     const Outputs gemm = c.run(stream(), Conv2dAlgorithm::Im2col);
     EXPECT_NE(winograd.y, gemm.y);
     EXPECT_NE(winograd.grad_x, gemm.grad_x);
+    EXPECT_NE(winograd.grad_w, gemm.grad_w);
     std::ostringstream errors;
     errors << std::scientific << std::setprecision(2) << "y " << y_error << ", grad_x " << gx_error
-           << " (implicit GEMM: " << worst_error(gemm.y, c.y, c.y_scale) << ", "
-           << worst_error(gemm.grad_x, c.grad_x, c.grad_x_scale) << ")";
+           << ", grad_w " << gw_error << " (implicit GEMM: " << worst_error(gemm.y, c.y, c.y_scale)
+           << ", " << worst_error(gemm.grad_x, c.grad_x, c.grad_x_scale) << ", "
+           << worst_error(gemm.grad_w, c.grad_w, c.grad_w_scale) << ")";
     RecordProperty("worst_error_" + k.name, errors.str());
   }
 }
 
-// Controls: one input (of x, then of grad_y) off by 0.25 in one tile fails the check.
+// Controls: one input (of x, then of grad_y) off by 0.25 in one tile fails the check
+// of each result it enters.
 TEST_F(Conv2dWinogradCuda, ToleranceCatchesOneWrongInput) {
-  const Problem c({"ragged", 2, 8, 9, 10, 8, 1, 1}, 3100);
+  const Problem c(layer("ragged", 2, 8, 9, 10, 8, 1, 1), 3100);
   Problem wrong_x = c, wrong_g = c;
   const std::size_t pixel = (1 * 8 + 3) * 9 * 10 + 5 * 10 + 6;  // n 1, channel 3, (5, 6)
   wrong_x.xv[pixel] += 0.25f;
@@ -206,35 +165,40 @@ TEST_F(Conv2dWinogradCuda, ToleranceCatchesOneWrongInput) {
   const Outputs right = c.run(stream(), Conv2dAlgorithm::Winograd);
   EXPECT_LE(worst_error(right.y, c.y, c.y_scale), kTolerance);
   EXPECT_LE(worst_error(right.grad_x, c.grad_x, c.grad_x_scale), kTolerance);
-  EXPECT_GT(worst_error(wrong_x.run(stream(), Conv2dAlgorithm::Winograd).y, c.y, c.y_scale),
-            kTolerance);
-  EXPECT_GT(worst_error(wrong_g.run(stream(), Conv2dAlgorithm::Winograd).grad_x, c.grad_x,
-                        c.grad_x_scale),
-            kTolerance);
+  EXPECT_LE(worst_error(right.grad_w, c.grad_w, c.grad_w_scale), kTolerance);
+  const Outputs off_x = wrong_x.run(stream(), Conv2dAlgorithm::Winograd);
+  const Outputs off_g = wrong_g.run(stream(), Conv2dAlgorithm::Winograd);
+  EXPECT_GT(worst_error(off_x.y, c.y, c.y_scale), kTolerance);
+  EXPECT_GT(worst_error(off_x.grad_w, c.grad_w, c.grad_w_scale), kTolerance);
+  EXPECT_GT(worst_error(off_g.grad_x, c.grad_x, c.grad_x_scale), kTolerance);
+  EXPECT_GT(worst_error(off_g.grad_w, c.grad_w, c.grad_w_scale), kTolerance);
 }
 
 TEST_F(Conv2dWinogradCuda, RepeatsTheBits) {
-  const Problem c({"C67_K70", 2, 67, 6, 7, 70, 1, 1}, 3200);
+  const Problem c(layer("C67_K70", 2, 67, 6, 7, 70, 1, 1), 3200);
   const Outputs first = c.run(stream(), Conv2dAlgorithm::Winograd);
   const Outputs second = c.run(stream(), Conv2dAlgorithm::Winograd);
-  EXPECT_EQ(std::memcmp(first.y.data(), second.y.data(), first.y.size() * sizeof(float)), 0);
-  EXPECT_EQ(
-      std::memcmp(first.grad_x.data(), second.grad_x.data(), first.grad_x.size() * sizeof(float)),
-      0);
+  auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  EXPECT_TRUE(same_bits(first.y, second.y));
+  EXPECT_TRUE(same_bits(first.grad_x, second.grad_x));
+  EXPECT_TRUE(same_bits(first.grad_w, second.grad_w));
 }
 
-// Auto takes Winograd from 64 input and output channels on (both passes), the
+// Auto takes Winograd from 64 input and output channels on (all three passes), the
 // implicit GEMM below (FashionNet's 32 -> 64 layer); a forced Winograd leaves the
 // shapes it cannot do (stride 2, padding 2) to the implicit GEMM.
 TEST_F(Conv2dWinogradCuda, AutoPicksByShape) {
-  const Problem wide({"wide", 1, 64, 5, 6, 64, 1, 1}, 3300);
+  const Problem wide(layer("wide", 1, 64, 5, 6, 64, 1, 1), 3300);
   const Outputs automatic = wide.run(stream(), Conv2dAlgorithm::Auto);
   const Outputs winograd = wide.run(stream(), Conv2dAlgorithm::Winograd);
   const Outputs gemm = wide.run(stream(), Conv2dAlgorithm::Im2col);
   EXPECT_EQ(automatic.y, winograd.y);
   EXPECT_EQ(automatic.grad_x, winograd.grad_x);
+  EXPECT_EQ(automatic.grad_w, winograd.grad_w);
   EXPECT_NE(automatic.y, gemm.y);
-  const Problem narrow({"narrow", 1, 32, 5, 6, 64, 1, 1}, 3301);
+  const Problem narrow(layer("narrow", 1, 32, 5, 6, 64, 1, 1), 3301);
   EXPECT_EQ(narrow.run(stream(), Conv2dAlgorithm::Auto).y,
             narrow.run(stream(), Conv2dAlgorithm::Im2col).y);
 
@@ -257,9 +221,9 @@ TEST_F(Conv2dWinogradCuda, AutoPicksByShape) {
 }
 
 // An output view that starts one float into its storage (no float4 stores), with Q
-// a multiple of 4 (where aligned rows take them), and an assigned grad_x.
+// a multiple of 4 (where aligned rows take them), and assigned gradients.
 TEST_F(Conv2dWinogradCuda, WritesThroughUnalignedViewsAndAssigns) {
-  const Problem c({"unaligned", 2, 6, 8, 8, 5, 1, 1}, 3400);
+  const Problem c(layer("unaligned", 2, 6, 8, 8, 5, 1, 1), 3400);
   const cpu::ScopedConv2dAlgorithm forced(Conv2dAlgorithm::Winograd);
   const Shape ys = c.k.y_shape(), xs = c.k.x_shape();
   Tensor x = Tensor::from_host<float>(c.xv, xs, stream());
@@ -268,17 +232,33 @@ TEST_F(Conv2dWinogradCuda, WritesThroughUnalignedViewsAndAssigns) {
   Tensor gy = Tensor::from_host<float>(c.gv, ys, stream());
   Tensor y_storage = Tensor::zeros({numel_of(ys) + 1}, stream());
   Tensor y = y_storage.view(1, ys);
-  conv2d_forward(y, x, w, b, c.k.params(), stream());
+  conv2d_forward(y, x, w, b, c.k.params, stream());
   EXPECT_LE(worst_error(y.to_host<float>(stream()), c.y, c.y_scale), kTolerance);
 
   Tensor gx_storage =
       Tensor::from_host<float>(std::vector<float>(std::size_t(numel_of(xs)) + 1, std::nanf("")),
                                {numel_of(xs) + 1}, stream());
   Tensor grad_x = gx_storage.view(1, xs);
-  conv2d_backward(grad_x, Tensor(), Tensor(), gy, x, w, c.k.params(), stream(), GradWrite::Assign);
+  conv2d_backward(grad_x, Tensor(), Tensor(), gy, x, w, c.k.params, stream(), GradWrite::Assign);
   std::vector<double> want(c.grad_x.size());
   for (std::size_t i = 0; i < want.size(); ++i) want[i] = c.grad_x[i] - c.sentinel[i];
   EXPECT_LE(worst_error(grad_x.to_host<float>(stream()), want, c.grad_x_scale), kTolerance);
+
+  // The weight gradient from a grad_y view one float into its storage (Q = 8, yet no
+  // float4 loads), assigned into a view one float into its storage.
+  std::vector<float> shifted_gy(1, 5.0f);
+  shifted_gy.insert(shifted_gy.end(), c.gv.begin(), c.gv.end());
+  Tensor gy_storage = Tensor::from_host<float>(shifted_gy, {numel_of(ys) + 1}, stream());
+  const Shape ws = c.k.w_shape();
+  Tensor gw_storage =
+      Tensor::from_host<float>(std::vector<float>(std::size_t(numel_of(ws)) + 1, std::nanf("")),
+                               {numel_of(ws) + 1}, stream());
+  Tensor grad_w = gw_storage.view(1, ws);
+  conv2d_backward(Tensor(), grad_w, Tensor(), gy_storage.view(1, ys), x, w, c.k.params, stream(),
+                  GradWrite::Assign);
+  std::vector<double> want_w(c.grad_w.size());
+  for (std::size_t i = 0; i < want_w.size(); ++i) want_w[i] = c.grad_w[i] - c.w_sentinel[i];
+  EXPECT_LE(worst_error(grad_w.to_host<float>(stream()), want_w, c.grad_w_scale), kTolerance);
 }
 
 }  // namespace

@@ -371,6 +371,53 @@ TEST_P(MatmulTest, CudaSplitKMatchesReferenceAndRepeatsTheBits) {
     EXPECT_EQ(run(), first);
   }
 }
+
+// Staging (kernels/cuda/matmul.cu): on the wide tile, unsplit, an operand that the
+// kernel would transpose on its way into shared memory is transposed into scratch
+// first where the other side of C is at least 2048. 270x2048x13 stages A (NN, NT)
+// with M not a multiple of 4 (the staged rows padded with zeros), 2050x262x13 stages
+// B (NT, TT) with N not a multiple of 4; both have a ragged last K-step. Those are
+// the plans on 8 SMs (scripts/test.sh's rerun); on 132 the same products take
+// unstaged plans. Either way: against the reference, with beta != 0, and the same
+// bits as the product of the same operands stored k-major (A transposed, B not),
+// which is the kernel a staged product runs.
+TEST_P(MatmulTest, CudaStagedOperandsGiveTheKMajorProductsBits) {
+  if (device().is_cpu()) GTEST_SKIP() << "CUDA-only: staging";
+  unsigned seed = 700;
+  for (const Dims& d : {Dims{270, 2048, 13}, Dims{2050, 262, 13}}) {
+    const auto cv = random_values(static_cast<std::size_t>(d.m * d.n), ++seed);
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        const auto av = random_values(static_cast<std::size_t>(d.m * d.k), ++seed);
+        const auto bv = random_values(static_cast<std::size_t>(d.k * d.n), ++seed);
+        // The same values stored k-major: A^T [k,m] and B [k,n].
+        std::vector<float> a_kmajor(av.size()), b_kmajor(bv.size());
+        for (std::int64_t i = 0; i < d.m; ++i) {
+          for (std::int64_t p = 0; p < d.k; ++p) {
+            a_kmajor[p * d.m + i] = ta ? av[p * d.m + i] : av[i * d.k + p];
+          }
+        }
+        for (std::int64_t j = 0; j < d.n; ++j) {
+          for (std::int64_t p = 0; p < d.k; ++p) {
+            b_kmajor[p * d.n + j] = tb ? bv[j * d.k + p] : bv[p * d.n + j];
+          }
+        }
+        auto run = [&](const std::vector<float>& a, const std::vector<float>& b, bool t_a,
+                       bool t_b) {
+          Tensor c = make(cv, {d.m, d.n});
+          matmul(c, make(a, a_shape(d, t_a)), make(b, b_shape(d, t_b)), t_a, t_b, 1.0f, 0.5f,
+                 stream());
+          return host(c);
+        };
+        SCOPED_TRACE(layout(ta, tb) + " " + std::to_string(d.m) + "x" + std::to_string(d.n) + "x" +
+                     std::to_string(d.k));
+        const auto c = run(av, bv, ta, tb);
+        EXPECT_TRUE(close_for_k(c, reference(av, bv, cv, d, ta, tb, 1.0, 0.5), d.k));
+        EXPECT_EQ(c, run(a_kmajor, b_kmajor, true, false));
+      }
+    }
+  }
+}
 #endif
 
 // The CPU GEMM's result may not depend on the thread count: each element of C is

@@ -3,7 +3,7 @@
 // All three passes are implicit GEMMs: tiled matrix-product kernels whose
 // operands are gathered straight from the NCHW tensors, so no im2col matrix is
 // ever written to memory. The exception: wide 3x3 stride-1 layers take Winograd
-// F(4x4,3x3) for the forward and backward-data where winograd_chosen says so
+// F(4x4,3x3) for all three passes where winograd_chosen says so
 // (kernels/cuda/conv2d_winograd.h), dispatched at the top of the entry points.
 //   pass             rows (m)        columns (n)    reduction (kk)   A[m,kk]        B[kk,n]
 //   forward          N*P*Q (n,p,q)   K              C*R*S (c,r,s)    x patch        weight
@@ -817,10 +817,17 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
 void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
                      const Tensor& grad_y, const Tensor& x, const Tensor& weight,
                      const Conv2dShape& shape, const Stream& stream) {
-  if (grad_x.defined() && winograd_chosen(shape)) {  // kernels/cuda/conv2d_winograd.h
-    winograd_backward_data(grad_x.data<float>(), grad_y.data<float>(), weight.data<float>(), shape,
-                           stream);
-    conv2d_backward(Tensor(), grad_weight, grad_bias, grad_y, x, weight, shape, stream);
+  if ((grad_x.defined() || grad_weight.defined()) && winograd_chosen(shape)) {
+    // wide 3x3 layers: kernels/cuda/conv2d_winograd.h
+    if (grad_x.defined()) {
+      winograd_backward_data(grad_x.data<float>(), grad_y.data<float>(), weight.data<float>(),
+                             shape, stream);
+    }
+    if (grad_weight.defined()) {
+      winograd_backward_weight(grad_weight.data<float>(), grad_y.data<float>(), x.data<float>(),
+                               shape, stream);
+    }
+    conv2d_backward(Tensor(), Tensor(), grad_bias, grad_y, x, weight, shape, stream);
     return;
   }
   CudaDeviceGuard guard(stream.device().index);

@@ -1,11 +1,10 @@
-// Winograd F(4x4, 3x3) conv2d on CUDA, float32: the forward and backward-data of
-// 3x3 layers with stride 1, dilation 1, padding 0 or 1 (Lavin & Gray, "Fast
-// Algorithms for Convolutional Neural Networks", 2015). The weight gradient stays
-// on the implicit GEMM (kernels/cuda/conv2d.cu).
+// Winograd F(4x4, 3x3) conv2d on CUDA, float32: the forward, backward-data and
+// backward-weight of 3x3 layers with stride 1, dilation 1, padding 0 or 1 (Lavin &
+// Gray, "Fast Algorithms for Convolutional Neural Networks", 2015).
 //
 // Why: on wide 3x3 layers (64-256 channels) the implicit GEMM runs at about half
-// the H100's FP32 peak, and cuDNN's FFT reaches an effective 120 TFLOP/s, which no
-// direct method can. F(4x4,3x3) computes each 4x4 block of output pixels (a tile)
+// the H100's FP32 peak, and cuDNN's FFT and Winograd reach an effective 110-120
+// TFLOP/s, which no direct method can. F(4x4,3x3) computes each 4x4 block of output pixels (a tile)
 // from a 6x6 block of input with 36 products per channel pair instead of 144: 4x
 // fewer multiplications. (F(2x2,3x3), the CPU's, saves 2.25x: not enough here.)
 //
@@ -32,21 +31,39 @@
 // stores whole float4s. The workspace (U, V and M: 36 * (Cr*ldCo + (Cr + Co)*ldT)
 // floats) comes from the device's caching allocator, ordered on the stream.
 //
-// The GEMM (winograd_gemm_kernel): both operands are stored reduction-major and
-// contiguous along their own dimension ([c][o] and [c][t]), so each 8-deep step of
-// the reduction is loaded with float4s straight into shared memory as rows, no
-// transpose and no gather: the classic SIMT SGEMM (a BMx128 block tile, BK = 8, 8x8
-// outputs per thread as four 4x4 quarters BM/2 rows and 64 columns apart, double-buffered
-// shared memory filled from registers one step ahead, one barrier per step).
-// A warp's 32 threads cover 8 output rows x 4 output columns (of 4-wide groups),
-// so each float4 read of a fragment from shared memory is 8 or 4 distinct
-// addresses: one wavefront. blockIdx.z is the element e. BM is 128 for more than
-// 64 output channels, else 64 (the 64-channel layers would waste half of a 128
-// tile).
+// The weight gradient is the same algebra read backwards. The forward's tile is
+// linear in g, y = Aᵀ[(G g Gᵀ) ⊙ (Bᵀ d B)]A, so the gradient of a loss with respect to
+// g, summed over the tiles, is
+//   grad g[o,c] = Gᵀ [ sum_t (A dy[t,o] Aᵀ) ⊙ (Bᵀ d[t,c] B) ] G
+// with dy the tile's 4x4 block of grad_y (zero past the image). Four kernels:
+//   1. input transform   V[e][c][t] as above (the forward's own kernel)
+//   2. grad_y transform  Y[e][o][t] = (A dy[t,o] Aᵀ)[e]            [36][Co][ldT]
+//   3. batched GEMM      M[s][e][o][c] = sum_{t in split s} Y[e][o][t] V[e][c][t]
+//   4. weight transform  grad_weight[o,c] += Gᵀ (sum_s M[s][e][o][c]) G
+// Its reduction runs over the T tiles, long beside the channels (c256_28x28_b64: 3136
+// tiles, 256 x 256 outputs per element), so it is cut into splits (weight_splits)
+// that the last kernel sums in a fixed order.
+//
+// The GEMM (winograd_gemm_kernel): forward and backward-data's operands are stored
+// reduction-major and contiguous along their own dimension ([c][o] and [c][t]), so
+// each 8-deep step of the reduction is loaded with float4s straight into shared
+// memory as rows, no transpose and no gather; the weight gradient's are
+// reduction-minor ([o][t] and [c][t], reduced over t), loaded as float4s along t
+// and stored transposed (Operands, OperandTile). Either way: the classic SIMT
+// SGEMM (a BM x BN block tile, BK = 8, 8x8 outputs per thread as four 4x4 quarters
+// BM/2 rows and BN/2 columns apart, double-buffered shared memory filled from
+// registers one step ahead, one barrier per step). A warp's 32 threads cover 8
+// output rows x 4 output columns (of 4-wide groups), so each float4 read of a
+// fragment from shared memory is 8 or 4 distinct addresses: one wavefront.
+// blockIdx.z is the element e (and the split). Forward and backward-data: BM is 128
+// for more than 64 output channels, else 64 (the 64-channel layers would waste half
+// of a 128 tile), BN 128 tiles. Weight gradient: 128x128 where both channel counts
+// exceed 64, else 64x64.
 // ptxas (sm_90, no spills): 128x128: 256 threads, 128 registers (the cap of
-// __launch_bounds__' two blocks per SM: 16 warps), 16 KiB shared; 64x128: 128
-// threads, 143 registers, 12 KiB, three blocks per SM. The transforms: 48 to 56
-// registers, four blocks of 256 threads per SM.
+// __launch_bounds__' two blocks per SM: 16 warps; reduction-minor 126), 16 KiB
+// shared (16.5); 64x128: 128 threads, 155 registers, 12 KiB, three blocks per SM;
+// 64x64 reduction-minor: 64 threads, 161 registers, 8.5 KiB. The transforms: 40 to
+// 56 registers, four blocks of 256 threads per SM.
 //
 // Cost on c256_28x28_b64 (forward): the GEMMs are 14.8 GFLOP (the implicit GEMM's
 // 59), the workspace traffic about 0.4 GB (V and M written and read once each).
@@ -57,14 +74,15 @@
 // relative to the sum of the magnitudes of each result's terms, sum |w||x|, the
 // worst error is 0.1 to 2.7e-6 (up to about 45 units of float32 rounding
 // u = 2^-24; the implicit GEMM's, on the same cases: under 4 u); the tests allow
-// 256 u. Every output pixel is
-// written by one thread in a fixed order, no atomics: the same bits every run.
+// 256 u. Every output pixel and every weight is written by one thread in a fixed
+// order, no atomics: the same bits every run.
 //
 // Status: ran on an H100 (c66a6c2 and b3c0528: every CUDA test, memcheck and
 // racecheck clean): the wide 3x3 layers' forward 96-116 % of cuDNN's speed and
 // backward data 94-129 % (bench/results/gpu_h100.md).
 #include "kernels/cuda/conv2d_winograd.h"
 
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/cpu/winograd.h"
@@ -157,6 +175,33 @@ __device__ __forceinline__ void output_column(float* out, int out_stride, const 
   out[out_stride] = d12 + 2.0f * d34;
   out[2 * out_stride] = s12 + 4.0f * s34;
   out[3 * out_stride] = d12 + 8.0f * d34 + m5;
+}
+
+// The weight gradient's two transforms are those of the forward read backwards
+// (the gradient of Aᵀ[(G g Gᵀ) ⊙ v]A with respect to g is Gᵀ[(A dy Aᵀ) ⊙ v]G):
+
+// out (6 values, `out_stride` apart) = A dy for a column dy of 4, `stride` apart.
+__device__ __forceinline__ void grad_output_column(float* out, int out_stride, const float* dy,
+                                                   int stride) {
+  const float d0 = dy[0], d1 = dy[stride], d2 = dy[2 * stride], d3 = dy[3 * stride];
+  const float s02 = d0 + d2, s13 = d1 + d3, e02 = d0 + 4.0f * d2, e13 = 2.0f * d1 + 8.0f * d3;
+  out[0] = d0;
+  out[out_stride] = s02 + s13;
+  out[2 * out_stride] = s02 - s13;
+  out[3 * out_stride] = e02 + e13;
+  out[4 * out_stride] = e02 - e13;
+  out[5 * out_stride] = d3;
+}
+
+// out (3 values, `out_stride` apart) = Gᵀ m for a column m of 6, `stride` apart.
+__device__ __forceinline__ void weight_grad_column(float* out, int out_stride, const float* m,
+                                                   int stride) {
+  const float m0 = m[0], m1 = m[stride], m2 = m[2 * stride], m3 = m[3 * stride];
+  const float m4 = m[4 * stride], m5 = m[5 * stride];
+  const float s12 = m1 + m2, d12 = m2 - m1, s34 = m3 + m4, d34 = m3 - m4;
+  out[0] = 0.25f * m0 - (1.0f / 6.0f) * s12 + (1.0f / 24.0f) * s34;
+  out[out_stride] = (1.0f / 6.0f) * d12 + (1.0f / 12.0f) * d34;
+  out[2 * out_stride] = (1.0f / 6.0f) * (s34 - s12) + m5;
 }
 
 // u[e][c][o] for every c < Cr, o < ldCo (zero for o >= Co): G g Gᵀ of the 3x3 kernel
@@ -279,11 +324,103 @@ __global__ void winograd_output_kernel(std::int64_t count, float* out, const flo
   }
 }
 
+// y[e][o][t] for every o < Co, t < ldT (zero for t >= T): A dy Aᵀ of the 4x4 block of
+// grad_y that tile t covers in output channel o, zero past the P x Q image (the
+// forward's tile, clipped there, had no output to take a gradient from).
+// Consecutive threads take consecutive tiles: coalesced stores, and loads of
+// neighbouring 4-wide rows; where Q is a multiple of 4 and the rows 16-byte aligned
+// (vector), each tile row is one float4.
+__global__ void winograd_grad_output_kernel(std::int64_t count, float* y, const float* grad_y,
+                                            Geometry g, bool vector) {
+  for (const std::int64_t i : grid_stride(count)) {
+    const int o = static_cast<int>(i / g.ldT), t = static_cast<int>(i % g.ldT);
+    float d[16] = {};  // [4][4]
+    if (t < g.T) {
+      const int per_image = g.tiles_h * g.tiles_w;
+      const int n = t / per_image, in_image = t - n * per_image;
+      const int th = in_image / g.tiles_w, tw = in_image - th * g.tiles_w;
+      const int p0 = th * 4, q0 = tw * 4;
+      const float* plane = grad_y + (std::int64_t{n} * g.Co + o) * g.P * g.Q;
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int p = p0 + r;
+        if (p >= g.P) break;
+        const float* row = plane + std::int64_t{p} * g.Q + q0;
+        if (vector) {  // q0 + 3 < Q
+          const float4 v = __ldg(reinterpret_cast<const float4*>(row));
+          d[r * 4] = v.x, d[r * 4 + 1] = v.y, d[r * 4 + 2] = v.z, d[r * 4 + 3] = v.w;
+          continue;
+        }
+#pragma unroll
+        for (int s = 0; s < 4; ++s) d[r * 4 + s] = q0 + s < g.Q ? __ldg(row + s) : 0.0f;
+      }
+    }
+    float col[24];  // [6][4] = A d
+#pragma unroll
+    for (int s = 0; s < 4; ++s) grad_output_column(col + s, 4, d + s, 4);
+    float x[kElements];  // [6][6] = (A d) Aᵀ
+#pragma unroll
+    for (int r = 0; r < 6; ++r) grad_output_column(x + r * 6, 1, col + r * 4, 1);
+    const std::int64_t plane = std::int64_t{g.Co} * g.ldT;
+#pragma unroll
+    for (int e = 0; e < kElements; ++e) y[e * plane + i] = x[e];
+  }
+}
+
+// grad_weight[o, c] += Gᵀ m G for every o < Co, c < Cr, where m[e] sums the splits'
+// m[split][e][o][c] (rows ldCr apart) in split order: the same bits every run.
+// Consecutive threads take consecutive c: coalesced loads of m.
+__global__ void winograd_weight_grad_kernel(std::int64_t count, float* grad_weight, const float* m,
+                                            int Co, int Cr, int ldCr, int splits) {
+  for (const std::int64_t i : grid_stride(count)) {
+    const int o = static_cast<int>(i / Cr), c = static_cast<int>(i % Cr);
+    const std::int64_t plane = std::int64_t{Co} * ldCr, at = std::int64_t{o} * ldCr + c;
+    float x[kElements];  // [6][6]
+#pragma unroll
+    for (int e = 0; e < kElements; ++e) x[e] = __ldg(m + e * plane + at);
+    for (int split = 1; split < splits; ++split) {
+      const float* part = m + split * kElements * plane + at;
+#pragma unroll
+      for (int e = 0; e < kElements; ++e) x[e] += __ldg(part + e * plane);
+    }
+    float col[18];  // [3][6] = Gᵀ x
+#pragma unroll
+    for (int s = 0; s < 6; ++s) weight_grad_column(col + s, 6, x + s, 6);
+    float w[9];  // [3][3] = (Gᵀ x) G
+#pragma unroll
+    for (int r = 0; r < 3; ++r) weight_grad_column(w + r * 3, 1, col + r * 6, 1);
+    float* out = grad_weight + i * 9;
+#pragma unroll
+    for (int tap = 0; tap < 9; ++tap) out[tap] += w[tap];
+  }
+}
+
 // ---- the batched GEMM ------------------------------------------------------------
 
-// c[e][o][t] = sum over k < red of a[e][k][o] * b[e][k][t] for o < rows, t < ld_b
-// (e = blockIdx.z); a rows are ld_a apart, b and c rows ld_b apart, both multiples of
-// 4 with zero padding: whole float4s everywhere. Block tile BM (o) x BN (t).
+// How the GEMM's operands lie, for c[o][t] = sum over k of A(o, k) B(t, k):
+//   ReductionMajor (forward, backward-data): a [k][o] and b [k][t], rows ld_a and
+//     ld_b apart, the transforms' [e][c][o] and [e][c][t], reduced over c;
+//   ReductionMinor (the weight gradient): a [o][k] and b [t][k], rows ld_a and ld_b
+//     apart, grad_y's and x's transforms [e][k][t] and [e][c][t], reduced over the
+//     tiles t (o is then the layer's output channel, t its input channel).
+// Either way the block stages each BK-deep step k-major in shared memory, so the
+// multiply below is one loop for both.
+enum class Operands { ReductionMajor, ReductionMinor };
+
+// One batched GEMM: the element e and the split of the reduction are blockIdx.z =
+// split * 36 + e; each (split, e) writes its own c matrix, planes apart.
+struct GemmArgs {
+  const float* a;
+  const float* b;
+  float* c;
+  std::int64_t a_plane, b_plane, c_plane;  // floats between consecutive e (c: (split, e))
+  int rows;                                // o < rows are computed and stored
+  int cols;                                // t < cols are read (ReductionMinor's b rows)
+  int ld_a, ld_b, ld_c;                    // row pitches, multiples of 4
+  int red, red_per_split;                  // the reduction, and each split's share of it
+};
+
+// Block tile BM (o) x BN (t), BK-deep steps; 8x8 outputs per thread.
 template <int BM, int BN>
 struct GemmTile {
   static constexpr int BK = 8;
@@ -297,68 +434,101 @@ struct GemmTile {
   static_assert(kALoads >= 1 && kBLoads >= 1);
 };
 
-template <int BM, int BN>
+// Load j of this thread (f = tid + j * threads, float4 number f of the step's tile
+// of ROWS rows) and its place in the k-major shared tile [BK][pitch].
+// ReductionMajor: the step is BK rows of ROWS/4 float4s; f's float4 is row f / (ROWS/4)
+// at column f % (ROWS/4) * 4, stored as it lies.
+// ReductionMinor: the step is ROWS rows of two float4s (BK = 8 values of k); f's float4 is
+// half f % 2 of row f / 2, so a warp reads 16 rows' whole 32-byte sectors, stored
+// transposed: its 4 values go to k rows half*4 + 0..3 of column f / 2. The pitch
+// ROWS + 4 puts the two halves' columns 16 banks apart: conflict-free stores.
+template <Operands kForm, int ROWS, int BK, int kLoads, int kThreads>
+struct OperandTile {
+  static constexpr int kPitch = kForm == Operands::ReductionMinor ? ROWS + 4 : ROWS;
+  float4 next[kLoads];
+
+  // From rows of `src` `ld` apart; rows (ReductionMajor: columns) >= bound and k >= k_end
+  // read as zeros.
+  __device__ __forceinline__ void load(const float* src, int ld, int row0, int bound, int k0,
+                                       int k_end, int tid) {
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+      const int f = tid + j * kThreads;
+      int row, k;
+      if constexpr (kForm == Operands::ReductionMajor) {
+        k = k0 + f / (ROWS / 4), row = row0 + f % (ROWS / 4) * 4;
+      } else {
+        row = row0 + f / 2, k = k0 + f % 2 * 4;
+      }
+      const std::int64_t at = kForm == Operands::ReductionMajor ? std::int64_t{k} * ld + row
+                                                                : std::int64_t{row} * ld + k;
+      next[j] = k < k_end && row < bound ? *reinterpret_cast<const float4*>(src + at) : zero;
+    }
+  }
+  __device__ __forceinline__ void store(float (*tile)[kPitch], int tid) const {
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+      const int f = tid + j * kThreads;
+      if constexpr (kForm == Operands::ReductionMajor) {
+        *reinterpret_cast<float4*>(&tile[f / (ROWS / 4)][f % (ROWS / 4) * 4]) = next[j];
+      } else {
+        const int row = f / 2, k = f % 2 * 4;
+        tile[k][row] = next[j].x, tile[k + 1][row] = next[j].y;
+        tile[k + 2][row] = next[j].z, tile[k + 3][row] = next[j].w;
+      }
+    }
+  }
+};
+
+template <int BM, int BN, Operands kForm>
 __global__ void __launch_bounds__(GemmTile<BM, BN>::kThreads, GemmTile<BM, BN>::kMinBlocks)
-    winograd_gemm_kernel(const float* __restrict__ a, const float* __restrict__ b,
-                         float* __restrict__ c, int rows, int ld_a, int ld_b, int red) {
+    winograd_gemm_kernel(GemmArgs args) {
   using T = GemmTile<BM, BN>;
   constexpr int BK = T::BK, kThreads = T::kThreads;
-  __shared__ __align__(16) float As[2][BK][BM];
-  __shared__ __align__(16) float Bs[2][BK][BN];
+  using ATile = OperandTile<kForm, BM, BK, T::kALoads, kThreads>;
+  using BTile = OperandTile<kForm, BN, BK, T::kBLoads, kThreads>;
+  __shared__ __align__(16) float As[2][BK][ATile::kPitch];
+  __shared__ __align__(16) float Bs[2][BK][BTile::kPitch];
 
   const int tid = static_cast<int>(threadIdx.x);
-  const int e = static_cast<int>(blockIdx.z);
+  const int z = static_cast<int>(blockIdx.z), e = z % kElements, split = z / kElements;
   const int t0 = static_cast<int>(blockIdx.x) * BN, o0 = static_cast<int>(blockIdx.y) * BM;
-  a += static_cast<std::int64_t>(e) * red * ld_a;
-  b += static_cast<std::int64_t>(e) * red * ld_b;
-  c += static_cast<std::int64_t>(e) * rows * ld_b;
+  const float* a = args.a + e * args.a_plane;
+  const float* b = args.b + e * args.b_plane;
+  float* c = args.c + z * args.c_plane;
+  const int k_begin = split * args.red_per_split;
+  const int k_end = min(args.red, k_begin + args.red_per_split);
+  // ReductionMajor reads the padded rows whole (zeros past rows and cols); ReductionMinor
+  // stops at the last real row of each operand.
+  const bool major = kForm == Operands::ReductionMajor;
+  const int a_bound = major ? args.ld_a : args.rows, b_bound = major ? args.ld_b : args.cols;
 
-  // Load j of this thread: float4 number tid + j*threads of the BK x BM (BN) step,
-  // rows of BM/4 (BN/4) float4s.
-  float4 a_next[T::kALoads], b_next[T::kBLoads];
-  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  ATile a_next;
+  BTile b_next;
   auto load_global = [&](int k0) {
-#pragma unroll
-    for (int j = 0; j < T::kALoads; ++j) {
-      const int f = tid + j * kThreads, k = k0 + f / (BM / 4), o = o0 + f % (BM / 4) * 4;
-      a_next[j] = k < red && o < ld_a
-                      ? *reinterpret_cast<const float4*>(a + std::int64_t{k} * ld_a + o)
-                      : zero;
-    }
-#pragma unroll
-    for (int j = 0; j < T::kBLoads; ++j) {
-      const int f = tid + j * kThreads, k = k0 + f / (BN / 4), t = t0 + f % (BN / 4) * 4;
-      b_next[j] = k < red && t < ld_b
-                      ? *reinterpret_cast<const float4*>(b + std::int64_t{k} * ld_b + t)
-                      : zero;
-    }
+    a_next.load(a, args.ld_a, o0, a_bound, k0, k_end, tid);
+    b_next.load(b, args.ld_b, t0, b_bound, k0, k_end, tid);
   };
   auto store_shared = [&](int buffer) {
-#pragma unroll
-    for (int j = 0; j < T::kALoads; ++j) {
-      const int f = tid + j * kThreads;
-      *reinterpret_cast<float4*>(&As[buffer][f / (BM / 4)][f % (BM / 4) * 4]) = a_next[j];
-    }
-#pragma unroll
-    for (int j = 0; j < T::kBLoads; ++j) {
-      const int f = tid + j * kThreads;
-      *reinterpret_cast<float4*>(&Bs[buffer][f / (BN / 4)][f % (BN / 4) * 4]) = b_next[j];
-    }
+    a_next.store(As[buffer], tid);
+    b_next.store(Bs[buffer], tid);
   };
 
   // This thread's rows: tm*4 + {0..3} and BM/2 further; columns tn*4 + {0..3} and
-  // BN/2 further. Lanes: 8 rows x 4 columns; warps: kWarpsM x (BN/32).
+  // BN/2 further. Lanes: 8 rows x 4 columns; warps: kWarpsM x (BN/32). A warp's
+  // float4 reads of a fragment are then 8 or 4 distinct addresses: one wavefront.
   const int lane = tid % 32, warp = tid / 32;
   const int tm = (warp % T::kWarpsM) * 8 + lane % 8;
   const int tn = (warp / T::kWarpsM) * 4 + lane / 8;
   float acc[8][8] = {};
 
-  load_global(0);
+  load_global(k_begin);
   store_shared(0);
   __syncthreads();
   int buffer = 0;
-  for (int k0 = 0; k0 < red; k0 += BK) {
-    const bool has_next = k0 + BK < red;
+  for (int k0 = k_begin; k0 < k_end; k0 += BK) {
+    const bool has_next = k0 + BK < k_end;
     if (has_next) load_global(k0 + BK);
 #pragma unroll
     for (int kk = 0; kk < BK; ++kk) {
@@ -386,25 +556,25 @@ __global__ void __launch_bounds__(GemmTile<BM, BN>::kThreads, GemmTile<BM, BN>::
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int o = o0 + (i / 4) * (BM / 2) + tm * 4 + i % 4;
-    if (o >= rows) continue;
+    if (o >= args.rows) continue;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int t = t0 + h * (BN / 2) + tn * 4;
-      if (t < ld_b) {
-        *reinterpret_cast<float4*>(c + std::int64_t{o} * ld_b + t) =
+      if (t < args.ld_c) {
+        *reinterpret_cast<float4*>(c + std::int64_t{o} * args.ld_c + t) =
             make_float4(acc[i][h * 4], acc[i][h * 4 + 1], acc[i][h * 4 + 2], acc[i][h * 4 + 3]);
       }
     }
   }
 }
 
-template <int BM, int BN>
-void launch_gemm(const float* u, const float* v, float* m, const Geometry& g, cudaStream_t stream) {
-  const dim3 grid((g.ldT + BN - 1) / BN, (g.Co + BM - 1) / BM, kElements);
-  TL_CHECK(grid.y <= 65535, NotSupported,
-           "conv2d (Winograd): " << g.Co << " output channels need more than 65535 tiles");
-  winograd_gemm_kernel<BM, BN>
-      <<<grid, GemmTile<BM, BN>::kThreads, 0, stream>>>(u, v, m, g.Co, g.ldCo, g.ldT, g.Cr);
+template <int BM, int BN, Operands kForm>
+void launch_gemm(const GemmArgs& args, int splits, cudaStream_t stream) {
+  const int cols = kForm == Operands::ReductionMajor ? args.ld_b : args.cols;
+  const dim3 grid((cols + BN - 1) / BN, (args.rows + BM - 1) / BM, kElements * splits);
+  TL_CHECK(grid.y <= 65535 && grid.z <= 65535, NotSupported,
+           "conv2d (Winograd): " << args.rows << " output channels need more than 65535 tiles");
+  winograd_gemm_kernel<BM, BN, kForm><<<grid, GemmTile<BM, BN>::kThreads, 0, stream>>>(args);
   TL_CUDA_CHECK_LAUNCH();
 }
 
@@ -420,14 +590,84 @@ void run(float* out, const float* in, const float* weight, const float* bias, co
   Scratch m(stream, static_cast<std::size_t>(kElements * m_count) * sizeof(float));
   launch_grid_stride(winograd_weight_kernel, u_count, stream, u.as<float>(), weight, g, flip);
   launch_grid_stride(winograd_input_kernel, v_count, stream, v.as<float>(), in, g);
+  GemmArgs args{};
+  args.a = u.as<float>(), args.b = v.as<float>(), args.c = m.as<float>();
+  args.a_plane = u_count, args.b_plane = v_count, args.c_plane = m_count;
+  args.rows = g.Co, args.cols = g.ldT, args.ld_a = g.ldCo, args.ld_b = g.ldT, args.ld_c = g.ldT;
+  args.red = args.red_per_split = g.Cr;
+  constexpr Operands kMajor = Operands::ReductionMajor;
   if (g.Co > 64) {
-    launch_gemm<128, 128>(u.as<float>(), v.as<float>(), m.as<float>(), g, native(stream));
+    launch_gemm<128, 128, kMajor>(args, 1, native(stream));
   } else {
-    launch_gemm<64, 128>(u.as<float>(), v.as<float>(), m.as<float>(), g, native(stream));
+    launch_gemm<64, 128, kMajor>(args, 1, native(stream));
   }
   const bool vector = g.Q % 4 == 0 && reinterpret_cast<std::uintptr_t>(out) % 16 == 0;
   launch_grid_stride(winograd_output_kernel, z.Co * z.T, stream, out, m.as<float>(), bias, g,
                      accumulate, vector);
+}
+
+// The weight gradient's GEMMs have only 36 x ceil(Co/BM) x ceil(Cr/BN) blocks
+// (c256_28x28_b64: 144, on 132 SMs of two slots each) and a long reduction over the
+// tiles, so the reduction is cut into splits, each writing its own partial m (36 Co
+// Cr floats, read once by the last step): the fewest splits whose last wave fills at
+// least 85 % of the SMs' slots (sms x kMinBlocks), each at least 256 tiles long, at
+// most 32. A pure function of the shape and the SM count, like the bits it gives.
+int weight_splits(std::int64_t base_blocks, std::int64_t ldT, std::int64_t slots) {
+  constexpr int kMaxWeightSplits = 32;
+  constexpr std::int64_t kMinTilesPerSplit = 256;
+  int best = 1;
+  double best_fill = 0.0;
+  for (int splits = 1; splits <= kMaxWeightSplits; ++splits) {
+    if (splits > 1 && ldT / splits < kMinTilesPerSplit) break;
+    const double waves = static_cast<double>(base_blocks * splits) / static_cast<double>(slots);
+    const double fill = waves / std::ceil(waves);
+    if (fill >= 0.85) return splits;
+    if (fill > best_fill) best = splits, best_fill = fill;
+  }
+  return best;
+}
+
+// grad_weight [Co,Cr,3,3] += the weight gradient of the correlation of in [N,Cr,H,W]
+// giving out [N,Co,P,Q], for grad_out: x's and grad_out's transforms, the GEMMs over
+// the tiles (split), then Gᵀ m G summed over the splits.
+void run_weight_gradient(float* grad_weight, const float* grad_out, const float* in, const Sizes& z,
+                         const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  const Geometry g = geometry(z);
+  const int ldCr = static_cast<int>(round_up4(z.Cr));
+  const std::int64_t v_count = z.Cr * z.ldT, y_count = z.Co * z.ldT, m_count = z.Co * ldCr;
+  Scratch v(stream, static_cast<std::size_t>(kElements * v_count) * sizeof(float));
+  Scratch y(stream, static_cast<std::size_t>(kElements * y_count) * sizeof(float));
+  launch_grid_stride(winograd_input_kernel, v_count, stream, v.as<float>(), in, g);
+  const bool vector = g.Q % 4 == 0 && reinterpret_cast<std::uintptr_t>(grad_out) % 16 == 0;
+  launch_grid_stride(winograd_grad_output_kernel, y_count, stream, y.as<float>(), grad_out, g,
+                     vector);
+  GemmArgs args{};
+  args.a = y.as<float>(), args.b = v.as<float>();
+  args.a_plane = y_count, args.b_plane = v_count, args.c_plane = m_count;
+  args.rows = g.Co, args.cols = g.Cr, args.ld_a = g.ldT, args.ld_b = g.ldT, args.ld_c = ldCr;
+  args.red = g.ldT;
+  const int sms = sm_count(stream.device().index);
+  auto gemm = [&]<int BM, int BN>() {
+    using T = GemmTile<BM, BN>;
+    const std::int64_t base =
+        std::int64_t{kElements} * ((g.Co + BM - 1) / BM) * ((g.Cr + BN - 1) / BN);
+    const int wanted = weight_splits(base, g.ldT, std::int64_t{sms} * T::kMinBlocks);
+    const int per_split = ((g.ldT + wanted - 1) / wanted + T::BK - 1) / T::BK * T::BK;
+    const int splits = (g.ldT + per_split - 1) / per_split;
+    Scratch m(stream, static_cast<std::size_t>(splits * kElements * m_count) * sizeof(float));
+    args.c = m.as<float>(), args.red_per_split = per_split;
+    launch_gemm<BM, BN, Operands::ReductionMinor>(args, splits, native(stream));
+    launch_grid_stride(winograd_weight_grad_kernel, z.Co * z.Cr, stream, grad_weight, m.as<float>(),
+                       g.Co, g.Cr, ldCr, splits);
+  };
+  // 64x64 tiles unless both channel counts fill the 128 tile (each a multiple of
+  // neither is rare in wide layers; 64 x 64 wastes nothing on 64-channel layers).
+  if (g.Co > 64 && g.Cr > 64) {
+    gemm.template operator()<128, 128>();
+  } else {
+    gemm.template operator()<64, 64>();
+  }
 }
 
 Sizes forward_sizes(const Conv2dShape& s) {
@@ -465,6 +705,11 @@ void winograd_forward(float* y, const float* x, const float* weight, const float
 void winograd_backward_data(float* grad_x, const float* grad_y, const float* weight,
                             const Conv2dShape& s, const Stream& stream) {
   run(grad_x, grad_y, weight, nullptr, backward_data_sizes(s), true, true, stream);
+}
+
+void winograd_backward_weight(float* grad_weight, const float* grad_y, const float* x,
+                              const Conv2dShape& s, const Stream& stream) {
+  run_weight_gradient(grad_weight, grad_y, x, forward_sizes(s), stream);
 }
 
 }  // namespace towerlab::cuda

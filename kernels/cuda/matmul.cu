@@ -4,7 +4,9 @@
 //
 // Large products run gemm_wide_kernel (kernels/cuda/matmul_wide.cuh): 128x256
 // tiles, 8x16 outputs a thread, one block per SM, the shape of cuBLAS's own FP32
-// kernel on Hopper. The rest run gemm_kernel, below.
+// kernel on Hopper. An operand that kernel would have to transpose on its way
+// into shared memory is transposed into scratch first where that pays (staging,
+// below). The rest run gemm_kernel, below.
 // gemm_kernel is the classic SIMT tiling, in two tile shapes (TileShape). A block
 // of 256 threads computes a 128x128 tile of C stepping through K 8 at a time, or
 // a 64x64 tile stepping 16 at a time. Each step, the block stages a [step x tile]
@@ -42,7 +44,7 @@
 // Status: ran on an H100 against cuBLAS (c66a6c2: every CUDA test, memcheck,
 // racecheck and synccheck clean; 82 / 86 / 91 % of cuBLAS at 4096^3 NN / NT /
 // TN, 85-90 % at 1024^3, 88-118 % at 512^3, 88-144 % on fc1's shapes;
-// bench/results/gpu_h100.md).
+// bench/results/gpu_h100.md). Staging measured as an experiment (3891b00, below).
 #include <cublas_v2.h>
 #include <cuda_pipeline.h>
 
@@ -51,6 +53,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "kernels/cuda/launch.cuh"
@@ -406,6 +409,66 @@ GemmPlan plan_gemm(int m, int n, int k, int sms) {
   return split_plan(64, tiles64, k, 2 * std::int64_t{sms});
 }
 
+// ---- Staging ---------------------------------------------------------------
+// gemm_wide_kernel copies an operand stored k-major (A transposed, B not) into
+// shared memory with cp.async; one stored the other way goes through registers
+// and a transposing store, which costs issue slots its one block per SM cannot
+// hide: NN and NT ran at 82 % and 86 % of cuBLAS at 4096^3 where TN ran at 91 %
+// (H100, c66a6c2). Staged, such an operand is transposed into k-major scratch by
+// transpose_kernel and the product runs as if it were stored that way: the same
+// sums in the same order (the same bits), at 90.0 % (NN) and 90.6 % (NT) of cuBLAS
+// at 4096^3 and 89 % and 88 % at 2048^3, the transposes included
+// (bench/experiments/sgemm_staging.cu on an H100 at 3891b00;
+// bench/results/gpu_h100_3891b00_staging/).
+// The transpose reads and writes the operand once: for A [M,K], 8 M K bytes
+// against the product's 2 M N K FLOPs, about 80 / N of the product's time at the
+// H100's 3 TB/s and 60 TFLOP/s. So an operand is staged only where the other side
+// of C is at least kStageMinOther (the smallest size measured), and only up to
+// kStageMaxBytes of scratch (the caching allocator's, ordered on the stream).
+constexpr int kStageMinOther = 2048;
+constexpr std::int64_t kStageMaxBytes = std::int64_t{256} << 20;
+
+// out [cols, ld_out] = in [rows, cols] transposed (in's rows ld_in apart), with
+// zeros in out's columns rows..ld_out-1; through a 32x33 shared tile (the odd
+// pitch keeps the transposed reads off one bank), 32x8 threads moving 4 values
+// each. blockIdx.x runs over out's columns (in's rows), blockIdx.y over in's columns.
+__global__ void transpose_kernel(float* __restrict__ out, int ld_out, const float* __restrict__ in,
+                                 std::int64_t ld_in, int rows, int cols) {
+  __shared__ float tile[32][33];
+  const int r0 = static_cast<int>(blockIdx.x) * 32, c0 = static_cast<int>(blockIdx.y) * 32;
+  const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
+  for (int j = ty; j < 32; j += 8) {
+    const int r = r0 + j, c = c0 + tx;
+    if (c < cols) tile[j][tx] = r < rows ? in[r * ld_in + c] : 0.0f;
+  }
+  __syncthreads();
+  for (int j = ty; j < 32; j += 8) {
+    const int r = r0 + tx, c = c0 + j;
+    if (c < cols && r < ld_out) out[std::int64_t{c} * ld_out + r] = tile[tx][j];
+  }
+}
+
+// Where staging an operand with `rows` rows of length k pays (the other side of C
+// being `other`), the staged operand's row pitch (rows rounded up to 4: 16-byte
+// rows for cp.async); else 0.
+int staged_pitch(int rows, int k, int other) {
+  const std::int64_t pitch = (std::int64_t{rows} + 3) / 4 * 4;
+  const bool pays = other >= kStageMinOther && k > 0 && pitch * k * 4 <= kStageMaxBytes;
+  return pays && pitch <= INT_MAX && (k + 31) / 32 <= 65535 ? static_cast<int>(pitch) : 0;
+}
+
+// A scratch copy of the operand [rows, k] (rows ld apart), k-major with row pitch
+// `pitch`.
+const float* stage(std::optional<Scratch>& staged, const float* operand, std::int64_t ld, int rows,
+                   int k, int pitch, const Stream& stream) {
+  staged.emplace(stream, static_cast<std::size_t>(k) * pitch * sizeof(float));
+  const dim3 grid((pitch + 31) / 32, (k + 31) / 32);
+  transpose_kernel<<<grid, dim3(32, 8), 0, native(stream)>>>(staged->as<float>(), pitch, operand,
+                                                             ld, rows, k);
+  TL_CUDA_CHECK_LAUNCH();
+  return staged->as<float>();
+}
+
 bool aligned16(const void* p, std::int64_t ld) {
   return reinterpret_cast<std::uintptr_t>(p) % 16 == 0 && ld % 4 == 0;
 }
@@ -447,8 +510,19 @@ void gemm_towerlab(bool transpose_a, bool transpose_b, GemmParams product, const
   TL_CHECK(grid.y <= 65535, InvalidArgument,
            "gemm: M = " << product.m << " needs more than 65535 row tiles; split the product");
   cudaStream_t s = native(stream);
-  const GemmKernel kernel = pick_kernel(tile, transpose_a, transpose_b);
   GemmParams p = product;
+  std::optional<Scratch> staged_a, staged_b;  // live until the product is enqueued
+  if (tile == kWideTile && plan.splits == 1) {
+    if (const int pitch = transpose_a ? 0 : staged_pitch(p.m, p.k, p.n); pitch > 0) {
+      p.a = stage(staged_a, p.a, p.lda, p.m, p.k, pitch, stream), p.lda = pitch;
+      transpose_a = true;  // A [M,K] now lies as A^T [K,M]
+    }
+    if (const int pitch = transpose_b ? staged_pitch(p.n, p.k, p.m) : 0; pitch > 0) {
+      p.b = stage(staged_b, p.b, p.ldb, p.n, p.k, pitch, stream), p.ldb = pitch;
+      transpose_b = false;  // B^T [N,K] now lies as B [K,N]
+    }
+  }
+  const GemmKernel kernel = pick_kernel(tile, transpose_a, transpose_b);
   p.vector_a = aligned16(p.a, p.lda), p.vector_b = aligned16(p.b, p.ldb);
   if (plan.splits == 1) {
     p.k_per_split = p.k, p.split_stride = 0, p.vector_c = aligned16(p.c, p.ldc);
