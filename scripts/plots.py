@@ -293,10 +293,10 @@ def gpu_report():
 def gpu_run(paths):
     """'NVIDIA H100 80GB HBM3, towerlab 80982fc': the device and the commit of the results
     folders (their build-info.txt and summaries), every commit where they are several
-    ('towerlab c66a6c2 and ea44967')."""
+    ('towerlab c66a6c2, ea44967')."""
     infos = [gpu_report().run_info(folder) for folder in dict.fromkeys(map(os.path.dirname, paths))]
     commits = list(dict.fromkeys((i["commit"] or "?")[:7] for i in infos))
-    return f"{infos[0]['device'] or 'an unnamed GPU'}, towerlab {' and '.join(commits)}"
+    return f"{infos[0]['device'] or 'an unnamed GPU'}, towerlab {', '.join(commits)}"
 
 
 MET, NOT_MET = "tab:blue", "tab:orange"
@@ -358,7 +358,7 @@ def plot_gpu_kernels(paths, out, name="gpu_kernels.png"):
               matplotlib.patches.Patch(color=NOT_MET, label="below its target"),
               matplotlib.lines.Line2D([], [], color="crimson", label="target")]
     fig.legend(handles=legend, loc="lower right", ncol=3, fontsize=8, frameon=False)
-    fig.suptitle(f"towerlab's kernels as % of the reference's speed (same shape, same run): {gpu_run(paths)}",
+    fig.suptitle(f"towerlab's kernels as % of the reference's speed (same shape, same run),\n{gpu_run(paths)}",
                  fontsize=11)
     fig.text(0.01, 0.012, f"bars cut at {CUT}%, their value written beside; runs paired as bench/gpu_report.py "
              "pairs them", fontsize=7.5)
@@ -468,7 +468,7 @@ def plot_gpu_peers(paths, out, name="gpu_peers.png"):
 PICTURES = [
     ("cpu_peers.png", ["cpu_peers_avx2_5a22002.json", "cpu_peers_avx512_d57fa64.json"]),
     ("trace.png", ["trace_1121a16.json"]),
-    ("gpu_kernels.png", [f"gpu_h100_c66a6c2/{b}_bench.json" for b in ("matmul", "conv2d")]
+    ("gpu_kernels.png", ["gpu_h100_86a45f7/matmul_bench.json", "gpu_h100_3dfcf77/conv2d_bench.json"]
      + [f"gpu_h100_ea44967/{b}_bench.json" for b in ("batchnorm", "bias", "loss")]
      + ["gpu_h100_3a386af/pool2d_bench.json"]),
     ("ring_bandwidth_gpu.png", ["gpu_h100_80480da/allreduce_bench.json"]),

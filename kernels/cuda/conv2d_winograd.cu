@@ -70,16 +70,18 @@
 //
 // Numerics: the transforms have entries up to 8 (Aᵀ) and 5 (Bᵀ) and fractions
 // down to 1/24 (G), so F(4x4) rounds looser than F(2x2) and the direct methods:
-// measured against a double-precision reference (tests/conv2d_winograd_test.cpp),
-// relative to the sum of the magnitudes of each result's terms, sum |w||x|, the
-// worst error is 0.1 to 2.7e-6 (up to about 45 units of float32 rounding
-// u = 2^-24; the implicit GEMM's, on the same cases: under 4 u); the tests allow
-// 256 u. Every output pixel and every weight is written by one thread in a fixed
-// order, no atomics: the same bits every run.
+// measured against a double-precision reference (tests/conv2d_winograd_test.cpp,
+// on the emulated GPUs), relative to the sum of the magnitudes of each result's
+// terms, sum |w||x|, the worst error is 0.08 to 8.8e-6 (up to about 150 units of
+// float32 rounding u = 2^-24, backward-data with padding 0 on 15 images; the weight
+// gradient's up to 1.3e-6, 21 u; the implicit GEMM's, on the same cases: under 5 u);
+// the tests allow 256 u. Every output pixel and every weight is written by one
+// thread in a fixed order, no atomics: the same bits every run.
 //
-// Status: ran on an H100 (c66a6c2 and b3c0528: every CUDA test, memcheck and
-// racecheck clean): the wide 3x3 layers' forward 96-116 % of cuDNN's speed and
-// backward data 94-129 % (bench/results/gpu_h100.md).
+// Status: ran on an H100 (c66a6c2, b3c0528 and 3dfcf77: every CUDA test, memcheck,
+// racecheck and synccheck clean): on the wide 3x3 layers at 3dfcf77 the forward
+// 96-122 % of cuDNN's speed, backward data 93-124 %, the weight gradient 100-179 %
+// (bench/results/gpu_h100.md).
 #include "kernels/cuda/conv2d_winograd.h"
 
 #include <cmath>
