@@ -465,10 +465,8 @@ struct OperandTile {
       }
       const std::int64_t at = kForm == Operands::ReductionMajor ? std::int64_t{k} * ld + row
                                                                 : std::int64_t{row} * ld + k;
-      // __ldg: the read-only path, which the operands' const __restrict__ kernel
-      // parameters gave the loads before they moved into GemmArgs (ptxas then emits
-      // LDG.E.128.CONSTANT; without it LDG.E.128, and the forward ran about 10 %
-      // slower on the H100).
+      // __ldg: the read-only path (LDG.E.128.CONSTANT), which the operands' const
+      // __restrict__ kernel parameters gave these loads before GemmArgs held them.
       next[j] = k < k_end && row < bound ? __ldg(reinterpret_cast<const float4*>(src + at)) : zero;
     }
   }
