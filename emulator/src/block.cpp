@@ -128,8 +128,6 @@ struct PendingCopy {
   std::uint64_t batch;
 };
 
-struct SharedBlock;
-
 // One CUDA thread of the running block (reused by the same index of every block).
 struct Thread {
   unsigned tid = 0;  // linear index in the block
@@ -139,10 +137,9 @@ struct Thread {
   std::source_location waiting_at;  // a copy: the caller's lives on the fiber's stack
   const char* waiting_for = "";
   void* tsan = new_tsan_context();
-  std::vector<PendingCopy> pending;          // its asynchronous copies, oldest first
-  std::vector<PendingCopy> landing;          // those a wait completes (kept to reuse its storage)
-  const SharedBlock* copy_target = nullptr;  // the array its last copy went to
-  std::uint64_t commits = 0;                 // batches it committed
+  std::vector<PendingCopy> pending;  // its asynchronous copies, oldest first
+  std::vector<PendingCopy> landing;  // those a wait completes (kept to reuse its storage)
+  std::uint64_t commits = 0;         // batches it committed
 };
 
 namespace fcontext = boost::context::detail;
@@ -298,7 +295,7 @@ void take_coordinates(const Thread& t) {
 
 // From fiber f back to the worker; returns when the worker resumes f. Called as the
 // context the fiber is in (its thread's, or its own between threads).
-void suspend(Scheduler& s, Fiber& f) {
+void suspend(Scheduler& s, [[maybe_unused]] Fiber& f) {
   TLEMU_BECOME(s.main_tsan);
 #ifdef TLEMU_ASAN
   __sanitizer_start_switch_fiber(&f.asan_fake_stack, s.main_stack_bottom, s.main_stack_size);
@@ -658,28 +655,10 @@ void* shared_storage(const void* key, std::size_t bytes, std::size_t alignment) 
 
 namespace {
 
-// memcpy of 4, 8 or 16 bytes, each size a constant: compiled to one load and one store
-// (a call to memcpy's sanitizer interceptor otherwise, for every copy of every thread).
-[[gnu::always_inline]] inline void copy_small(void* dst, const void* src, std::size_t bytes) {
-  switch (bytes) {
-    case 4:
-      std::memcpy(dst, src, 4);
-      break;
-    case 8:
-      std::memcpy(dst, src, 8);
-      break;
-    case 16:
-      std::memcpy(dst, src, 16);
-      break;
-    default:
-      std::memcpy(dst, src, bytes);
-  }
-}
-
 // Whether `b` is an array of the running block that holds [dst, dst + bytes).
-bool holds(const Scheduler& s, const SharedBlock* b, const char* dst, std::size_t bytes) {
-  return b != nullptr && b->block_serial == s.block_serial && dst >= b->memory.get() &&
-         dst + bytes <= b->memory.get() + b->bytes;
+bool holds(const Scheduler& s, const SharedBlock& b, const char* dst, std::size_t bytes) {
+  return b.block_serial == s.block_serial && dst >= b.memory.get() &&
+         dst + bytes <= b.memory.get() + b.bytes;
 }
 
 // What is wrong with a copy that pipeline_copy refused. A function of its own, kept
@@ -721,30 +700,20 @@ void pipeline_copy(void* dst_shared, const void* src_global, std::size_t size_an
     bool valid = (size == 4 || size == 8 || size == 16) && zfill <= size &&
                  reinterpret_cast<std::uintptr_t>(dst_shared) % size == 0 &&
                  reinterpret_cast<std::uintptr_t>(src_global) % size == 0;
-    // Within the running block's __shared__ memory: the array the thread's last copy
-    // went to first (a kernel stages into one or two), then every array this worker
-    // has made.
-    if (valid && !holds(s, t.copy_target, copy.dst, size)) {
-      t.copy_target = nullptr;
-      for (const auto& [key, b] : s.shared) {
-        if (holds(s, &b, copy.dst, size)) t.copy_target = &b;
-      }
-      valid = t.copy_target != nullptr;
+    // Within one of the running block's __shared__ arrays.
+    if (valid) {
+      valid = std::any_of(s.shared.begin(), s.shared.end(), [&](const auto& entry) {
+        return holds(s, entry.second, copy.dst, size);
+      });
     }
     if (!valid) reject_copy(s, t, dst_shared, src_global, size, zfill);
     copy.batch = t.commits;
   }
   // The thread's own accesses: the source is read now, the destination is undefined
   // (NaN) until the wait.
-  if (zfill == 0) {
-    copy_small(copy.bytes, src_global, size_and_align);
-  } else {
-    std::memcpy(copy.bytes, src_global, size_and_align - zfill);
-    std::memset(copy.bytes + (size_and_align - zfill), 0, zfill);
-  }
-  static constexpr unsigned char kNaN[16] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
-                                             0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
-  copy_small(copy.dst, kNaN, size_and_align);
+  std::memcpy(copy.bytes, src_global, size_and_align - zfill);
+  std::memset(copy.bytes + (size_and_align - zfill), 0, zfill);
+  std::memset(copy.dst, 0xff, size_and_align);
   Hidden hidden;
   t.pending.push_back(copy);
 }
@@ -770,7 +739,7 @@ void pipeline_wait_prior(std::size_t prior) {
     done.assign(t.pending.begin(), still);
     t.pending.erase(t.pending.begin(), still);
   }
-  for (const PendingCopy& c : done) copy_small(c.dst, c.bytes, c.size);
+  for (const PendingCopy& c : done) std::memcpy(c.dst, c.bytes, c.size);
 }
 
 // --- launches ------------------------------------------------------------------------------
