@@ -5,13 +5,14 @@
 //
 // References, measured in the same run:
 //   CUDA: cuDNN (when TOWERLAB_HAVE_CUDNN) with the fastest algorithm cudnnFind*
-//         returns under CUDNN_FMA_MATH, i.e. FP32 without TF32 tensor cores. Target:
+//         returns under CUDNN_FMA_MATH, i.e. FP32 without TF32 tensor cores (the
+//         case's label names it). Target:
 //         towerlab >= 80% of cuDNN on every layer here. GPU time is taken with CUDA
 //         events around back-to-back calls (bench::time_calls), for both.
 //   CPU:  OpenBLAS (when TOWERLAB_HAVE_CBLAS) doing the same im2col + SGEMM per image
 //         for the forward: the best the im2col lowering can do with a tuned GEMM.
-//         Run with OPENBLAS_NUM_THREADS=2 and OPENBLAS_CORETYPE set to the host (shared/PEERS.md
-//         says SkylakeX; on AVX2-only hosts that dies with SIGILL: use Haswell or Zen).
+//         Run with OPENBLAS_NUM_THREADS=2 and OPENBLAS_CORETYPE set to the host
+//         (SkylakeX on AVX-512; on AVX2-only hosts that dies with SIGILL: Haswell or Zen).
 //         The end-to-end CPU target is PyTorch's speed on FashionNet, measured elsewhere.
 //         The forward and backward-data also run with im2col and with Winograd
 //         F(2x2,3x3) forced (cpu_im2col, cpu_winograd): the plain "cpu" case is what
@@ -22,6 +23,8 @@
 
 #include "bench_util.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <utility>
@@ -137,7 +140,8 @@ void BM_Towerlab(benchmark::State& state, Device device, Pass pass, Layer l) {
 }
 
 // The CUDA passes with the implicit GEMM forced, on the layers where Auto takes
-// Winograd F(4x4,3x3) (64 channels and more): what Winograd gains there.
+// Winograd F(4x4,3x3) for a pass (kernels/cuda/conv2d_winograd.h: 32 channels one
+// side and 64 the other, or more): what Winograd gains there.
 void BM_CudaImplicitGemm(benchmark::State& state, Pass pass, Layer l) {
   const cpu::ScopedConv2dAlgorithm scoped(cpu::Conv2dAlgorithm::Im2col);
   BM_Towerlab(state, Device::cuda(0), pass, l);
@@ -244,6 +248,28 @@ bool fma_only(cudnnMathType_t math) {
   return math == CUDNN_FMA_MATH || math == CUDNN_DEFAULT_MATH;
 }
 
+// cuDNN's names of its algorithms, for the label of its cases.
+template <std::size_t N>
+const char* name_in(int algorithm, const char* const (&names)[N]) {
+  return algorithm >= 0 && static_cast<std::size_t>(algorithm) < N ? names[algorithm] : "other";
+}
+const char* algorithm_name(cudnnConvolutionFwdAlgo_t a) {
+  constexpr const char* kNames[] = {
+      "implicit_gemm", "implicit_precomp_gemm", "gemm", "direct", "fft", "fft_tiling",
+      "winograd",      "winograd_nonfused"};
+  return name_in(a, kNames);
+}
+const char* algorithm_name(cudnnConvolutionBwdDataAlgo_t a) {
+  constexpr const char* kNames[] = {"algo_0",     "algo_1",   "fft",
+                                    "fft_tiling", "winograd", "winograd_nonfused"};
+  return name_in(a, kNames);
+}
+const char* algorithm_name(cudnnConvolutionBwdFilterAlgo_t a) {
+  constexpr const char* kNames[] = {
+      "algo_0", "algo_1", "fft", "algo_3", "winograd", "winograd_nonfused", "fft_tiling"};
+  return name_in(a, kNames);
+}
+
 // The fastest successful FMA-math algorithm among cudnnFind*'s results (sorted by time).
 template <typename Perf>
 Perf pick(const Perf* results, int count, const char* what) {
@@ -276,6 +302,7 @@ void BM_Cudnn(benchmark::State& state, Pass pass, Layer l) {
                                                        c.y_desc, kMax, &found, perf));
       const auto best = pick(perf, found, "forward");
       fwd_algo = best.algo, workspace_bytes = best.memory;
+      state.SetLabel(algorithm_name(best.algo));
       break;
     }
     case Pass::BackwardData: {
@@ -284,6 +311,7 @@ void BM_Cudnn(benchmark::State& state, Pass pass, Layer l) {
                                                             c.x_desc, kMax, &found, perf));
       const auto best = pick(perf, found, "backward data");
       data_algo = best.algo, workspace_bytes = best.memory;
+      state.SetLabel(algorithm_name(best.algo));
       break;
     }
     case Pass::BackwardWeight: {
@@ -292,6 +320,7 @@ void BM_Cudnn(benchmark::State& state, Pass pass, Layer l) {
                                                               c.w_desc, kMax, &found, perf));
       const auto best = pick(perf, found, "backward filter");
       filter_algo = best.algo, workspace_bytes = best.memory;
+      state.SetLabel(algorithm_name(best.algo));
       break;
     }
     case Pass::Backward:  // registered on the CPU only
@@ -361,7 +390,7 @@ const bool registered = [] {
       benchmark::RegisterBenchmark((base + "cuda").c_str(), BM_Towerlab, Device::cuda(0), pass, l)
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond);
-      if (l.C >= 64 && l.K >= 64) {
+      if (std::min(l.C, l.K) >= 32 && std::max(l.C, l.K) >= 64) {
         benchmark::RegisterBenchmark((base + "cuda_implicit").c_str(), BM_CudaImplicitGemm, pass, l)
             ->UseManualTime()
             ->Unit(benchmark::kMicrosecond);

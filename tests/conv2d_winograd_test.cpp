@@ -186,21 +186,34 @@ TEST_F(Conv2dWinogradCuda, RepeatsTheBits) {
   EXPECT_TRUE(same_bits(first.grad_w, second.grad_w));
 }
 
-// Auto takes Winograd from 64 input and output channels on (all three passes), the
-// implicit GEMM below (FashionNet's 32 -> 64 layer); a forced Winograd leaves the
-// shapes it cannot do (stride 2, padding 2) to the implicit GEMM.
-TEST_F(Conv2dWinogradCuda, AutoPicksByShape) {
-  const Problem wide(layer("wide", 1, 64, 5, 6, 64, 1, 1), 3300);
-  const Outputs automatic = wide.run(stream(), Conv2dAlgorithm::Auto);
-  const Outputs winograd = wide.run(stream(), Conv2dAlgorithm::Winograd);
-  const Outputs gemm = wide.run(stream(), Conv2dAlgorithm::Im2col);
-  EXPECT_EQ(automatic.y, winograd.y);
-  EXPECT_EQ(automatic.grad_x, winograd.grad_x);
-  EXPECT_EQ(automatic.grad_w, winograd.grad_w);
-  EXPECT_NE(automatic.y, gemm.y);
-  const Problem narrow(layer("narrow", 1, 32, 5, 6, 64, 1, 1), 3301);
-  EXPECT_EQ(narrow.run(stream(), Conv2dAlgorithm::Auto).y,
-            narrow.run(stream(), Conv2dAlgorithm::Im2col).y);
+// Auto chooses each pass on its own (kernels/cuda/conv2d_winograd.h): forward and
+// backward-data where the correlation reduces >= 64 channels into >= 32, the weight
+// gradient where one channel count is >= 64 and the other >= 32. Each pass's bits
+// are those of the algorithm the rule names; a forced Winograd leaves the shapes it
+// cannot do (stride 2, padding 2) to the implicit GEMM.
+TEST_F(Conv2dWinogradCuda, AutoPicksEachPassByShape) {
+  struct Expected {
+    std::int64_t C, K;
+    bool forward, backward_data, backward_weight;  // Winograd's
+  };
+  for (const Expected& e :
+       {Expected{64, 64, true, true, true},
+        // FashionNet's conv2: 32 reduced into 64 forward, 64 into 32
+        // backward.
+        Expected{32, 64, false, true, true}, Expected{64, 32, true, false, true},
+        Expected{16, 64, false, false, false}, Expected{32, 32, false, false, false}}) {
+    SCOPED_TRACE(::testing::Message() << e.C << " -> " << e.K);
+    const Problem c(layer("auto", 1, e.C, 5, 6, e.K, 1, 1), 3300 + unsigned(e.C + e.K));
+    const Outputs automatic = c.run(stream(), Conv2dAlgorithm::Auto);
+    const Outputs winograd = c.run(stream(), Conv2dAlgorithm::Winograd);
+    const Outputs gemm = c.run(stream(), Conv2dAlgorithm::Im2col);
+    ASSERT_NE(winograd.y, gemm.y);
+    ASSERT_NE(winograd.grad_x, gemm.grad_x);
+    ASSERT_NE(winograd.grad_w, gemm.grad_w);
+    EXPECT_EQ(automatic.y, e.forward ? winograd.y : gemm.y);
+    EXPECT_EQ(automatic.grad_x, e.backward_data ? winograd.grad_x : gemm.grad_x);
+    EXPECT_EQ(automatic.grad_w, e.backward_weight ? winograd.grad_w : gemm.grad_w);
+  }
 
   const cpu::ScopedConv2dAlgorithm forced(Conv2dAlgorithm::Winograd);
   for (const Conv2dParams& params :

@@ -2,9 +2,9 @@
 //
 // All three passes are implicit GEMMs: tiled matrix-product kernels whose
 // operands are gathered straight from the NCHW tensors, so no im2col matrix is
-// ever written to memory. The exception: wide 3x3 stride-1 layers take Winograd
-// F(4x4,3x3) for all three passes where winograd_chosen says so
-// (kernels/cuda/conv2d_winograd.h), dispatched at the top of the entry points.
+// ever written to memory. The exception: 3x3 stride-1 layers wide enough take
+// Winograd F(4x4,3x3), each pass where winograd_chosen says so
+// (kernels/cuda/conv2d_winograd.h), dispatched in the entry points.
 //   pass             rows (m)        columns (n)    reduction (kk)   A[m,kk]        B[kk,n]
 //   forward          N*P*Q (n,p,q)   K              C*R*S (c,r,s)    x patch        weight
 //   backward-data    N*H*W (n,h,w)   C              K*R*S (k,r,s)    grad_y patch   weight
@@ -796,7 +796,7 @@ void backward_bias(const Dims& d, float* grad_bias, const float* grad_y, int sms
 
 void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
                     const Conv2dShape& shape, const Stream& stream) {
-  if (winograd_chosen(shape)) {  // wide 3x3 layers: kernels/cuda/conv2d_winograd.h
+  if (winograd_chosen(shape, WinogradPass::Forward)) {
     winograd_forward(y.data<float>(), x.data<float>(), weight.data<float>(),
                      bias.defined() ? bias.data<float>() : nullptr, shape, stream);
     return;
@@ -817,41 +817,38 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
 void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
                      const Tensor& grad_y, const Tensor& x, const Tensor& weight,
                      const Conv2dShape& shape, const Stream& stream) {
-  if ((grad_x.defined() || grad_weight.defined()) && winograd_chosen(shape)) {
-    // wide 3x3 layers: kernels/cuda/conv2d_winograd.h
-    if (grad_x.defined()) {
-      winograd_backward_data(grad_x.data<float>(), grad_y.data<float>(), weight.data<float>(),
-                             shape, stream);
-    }
-    if (grad_weight.defined()) {
-      winograd_backward_weight(grad_weight.data<float>(), grad_y.data<float>(), x.data<float>(),
-                               shape, stream);
-    }
-    conv2d_backward(Tensor(), Tensor(), grad_bias, grad_y, x, weight, shape, stream);
-    return;
-  }
   CudaDeviceGuard guard(stream.device().index);
   const Dims d = make_dims(shape);
   const int sms = sm_count(stream.device().index);
-  if (grad_x.defined() && one_channel(d)) {
-    one_channel_backward_data(d, grad_x.data<float>(), grad_y.data<float>(), weight.data<float>(),
-                              stream);
-  } else if (grad_x.defined()) {
-    BackwardDataProblem problem{};
-    problem.d = d;
-    problem.grad_y = grad_y.data<float>();
-    problem.weight = weight.data<float>();
-    problem.grad_x = grad_x.data<float>();
-    problem.M = d.N * d.HW, problem.Ncols = d.C, problem.Kred = d.K * d.RS;
-    problem.vector_rows = vector_rows_ok(problem.grad_x, d.HW);
-    launch_pixel_rows(problem, d.K, sms, native(stream));
+  if (grad_x.defined()) {
+    if (winograd_chosen(shape, WinogradPass::BackwardData)) {
+      winograd_backward_data(grad_x.data<float>(), grad_y.data<float>(), weight.data<float>(),
+                             shape, stream);
+    } else if (one_channel(d)) {
+      one_channel_backward_data(d, grad_x.data<float>(), grad_y.data<float>(), weight.data<float>(),
+                                stream);
+    } else {
+      BackwardDataProblem problem{};
+      problem.d = d;
+      problem.grad_y = grad_y.data<float>();
+      problem.weight = weight.data<float>();
+      problem.grad_x = grad_x.data<float>();
+      problem.M = d.N * d.HW, problem.Ncols = d.C, problem.Kred = d.K * d.RS;
+      problem.vector_rows = vector_rows_ok(problem.grad_x, d.HW);
+      launch_pixel_rows(problem, d.K, sms, native(stream));
+    }
   }
-  if (grad_weight.defined() && one_channel(d)) {
-    one_channel_backward_weight(d, grad_weight.data<float>(), grad_y.data<float>(), x.data<float>(),
-                                sms, stream);
-  } else if (grad_weight.defined()) {
-    backward_weight(d, grad_weight.data<float>(), grad_y.data<float>(), x.data<float>(), sms,
-                    stream);
+  if (grad_weight.defined()) {
+    if (winograd_chosen(shape, WinogradPass::BackwardWeight)) {
+      winograd_backward_weight(grad_weight.data<float>(), grad_y.data<float>(), x.data<float>(),
+                               shape, stream);
+    } else if (one_channel(d)) {
+      one_channel_backward_weight(d, grad_weight.data<float>(), grad_y.data<float>(),
+                                  x.data<float>(), sms, stream);
+    } else {
+      backward_weight(d, grad_weight.data<float>(), grad_y.data<float>(), x.data<float>(), sms,
+                      stream);
+    }
   }
   if (grad_bias.defined()) {
     backward_bias(d, grad_bias.data<float>(), grad_y.data<float>(), sms, stream);

@@ -84,6 +84,7 @@
 // (bench/results/gpu_h100.md).
 #include "kernels/cuda/conv2d_winograd.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -96,11 +97,17 @@ namespace {
 
 constexpr int kElements = 36;  // a 6x6 transformed tile
 
-// Auto takes Winograd from this many input and output channels on: below, the
-// transforms and the workspace traffic (linear in Cr + Co per tile) cost more than
-// the GEMM saves (linear in Cr * Co), and FashionNet's 32 -> 64 layer keeps the
-// implicit GEMM that already meets its target.
-constexpr std::int64_t kMinAutoChannels = 64;
+// Auto's thresholds (winograd_chosen). The transforms and the workspace traffic
+// grow with Cr + Co per tile, the GEMM's saving with Cr * Co; and the implicit
+// GEMM is at its weakest on few output columns. FashionNet's conv2 (32 -> 64,
+// 14x14; H100, bench/results/gpu_h100_winograd_gate/) decided the rule: its forward
+// (reducing 32 channels into 64) took 15-24 % more time on Winograd at batch 64,
+// 128 and 512, its backward-data (64 into 32) 37 % less at batch 64, 15 % less at
+// 128 and 2 % more at 512, its weight gradient 2-13 % less at each.
+constexpr std::int64_t kMinAutoReduced = 64;   // forward, backward-data: Cr
+constexpr std::int64_t kMinAutoProduced = 32;  // forward, backward-data: Co
+constexpr std::int64_t kMinAutoWide = 64;      // weight gradient: the larger of C, K
+constexpr std::int64_t kMinAutoNarrow = 32;    // weight gradient: the smaller
 
 // One correlation with a 3x3 kernel, stride 1: out [N,Co,P,Q] from in [N,Cr,H,W]
 // zero-padded by pad_h, pad_w (0 to 2), P = H + 2*pad_h - 2, Q likewise.
@@ -690,10 +697,9 @@ Sizes backward_data_sizes(const Conv2dShape& s) {
 
 }  // namespace
 
-bool winograd_chosen(const Conv2dShape& s) {
-  if (!cpu::winograd_applies(s) || !fits(forward_sizes(s)) || !fits(backward_data_sizes(s))) {
-    return false;
-  }
+bool winograd_chosen(const Conv2dShape& s, WinogradPass pass) {
+  const Sizes z = pass == WinogradPass::BackwardData ? backward_data_sizes(s) : forward_sizes(s);
+  if (!cpu::winograd_applies(s) || !fits(z)) return false;
   switch (conv2d_algorithm()) {
     case Conv2dAlgorithm::Im2col:
       return false;
@@ -702,7 +708,10 @@ bool winograd_chosen(const Conv2dShape& s) {
     case Conv2dAlgorithm::Auto:
       break;
   }
-  return s.C >= kMinAutoChannels && s.K >= kMinAutoChannels;
+  if (pass == WinogradPass::BackwardWeight) {
+    return std::max(s.C, s.K) >= kMinAutoWide && std::min(s.C, s.K) >= kMinAutoNarrow;
+  }
+  return z.Cr >= kMinAutoReduced && z.Co >= kMinAutoProduced;
 }
 
 void winograd_forward(float* y, const float* x, const float* weight, const float* bias,

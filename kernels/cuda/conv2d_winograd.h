@@ -8,12 +8,17 @@
 
 namespace towerlab::cuda {
 
-// Whether the float32 forward and backward-data of `s` take Winograd under the
-// process-wide Conv2dAlgorithm: Winograd forces it wherever it applies (3x3, stride
-// 1, dilation 1, padding 0 or 1, as on the CPU), Im2col never takes it, Auto takes
-// it from 64 input and 64 output channels on. The weight gradient follows the same
-// choice.
-bool winograd_chosen(const Conv2dShape& s);
+// The three passes of a convolution, each chosen on its own.
+enum class WinogradPass { Forward, BackwardData, BackwardWeight };
+
+// Whether `pass` of the float32 conv2d `s` takes Winograd under the process-wide
+// Conv2dAlgorithm: Winograd forces it wherever it applies (3x3, stride 1, dilation
+// 1, padding 0 or 1, as on the CPU), Im2col never takes it. Auto takes it where the
+// pass's GEMMs are wide enough to pay for the transforms: forward and backward-data
+// where the correlation reduces at least 64 channels into at least 32 (the forward
+// C into K, backward-data K into C), the weight gradient where one channel count is
+// at least 64 and the other at least 32.
+bool winograd_chosen(const Conv2dShape& s, WinogradPass pass);
 
 // y [N,K,P,Q] = bias + conv2d(x, weight): ASSIGNS y. bias [K] may be null.
 void winograd_forward(float* y, const float* x, const float* weight, const float* bias,
