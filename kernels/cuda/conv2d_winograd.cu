@@ -677,9 +677,13 @@ void run_weight_gradient(float* grad_weight, const float* grad_out, const float*
                        g.Co, g.Cr, ldCr, splits);
   };
   // 64x64 tiles unless both channel counts fill the 128 tile (each a multiple of
-  // neither is rare in wide layers; 64 x 64 wastes nothing on 64-channel layers).
+  // neither is rare in wide layers; 64 x 64 wastes nothing on 64-channel layers),
+  // 64x32 (one warp) where the reduced side has at most 32 channels, as FashionNet's
+  // conv2 (a 64x64 tile would compute 32 columns of padding).
   if (g.Co > 64 && g.Cr > 64) {
     gemm.template operator()<128, 128>();
+  } else if (g.Cr <= 32) {
+    gemm.template operator()<64, 32>();
   } else {
     gemm.template operator()<64, 64>();
   }
