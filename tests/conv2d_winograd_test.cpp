@@ -107,9 +107,10 @@ std::vector<ConvCase> cases() {
       // output's float4 rows (Q = 28).
       layer("C64_K64_28x28", 3, 64, 28, 28, 64, 1, 1),
       // 540 tiles (15 images of 6 x 6, P = Q = 22): the weight gradient's reduction
-      // cut in two splits of 272 and 268 tiles (the last with half a K-step), on its
-      // 64x32 tile (at most 32 input channels, as every case above but two) and, with
-      // padding 1 on 22 x 22 images, on its 64x64 tile (33 to 64).
+      // cut into splits whose last has half a K-step (132 SMs: 7 x 72 + 36 tiles; 8
+      // SMs: 4 x 112 + 92), on its 64x32 tile (at most 32 input channels, as every
+      // case above but two) and, with padding 1 on 22 x 22 images, on its 64x64 tile
+      // (33 to 64).
       layer("weight_gradient_split", 15, 5, 24, 24, 7, 0, 0),
       layer("weight_gradient_split_64x64", 15, 33, 22, 22, 7, 1, 1),
       // The smallest image padding 0 allows, and one row with padding 1.

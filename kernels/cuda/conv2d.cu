@@ -522,18 +522,6 @@ __global__ void __launch_bounds__(kBlockSize)
   }
 }
 
-// The epilogue of both split reductions: out[i] += sum (gradients accumulate).
-struct AccumulateInto {
-  float* out;
-  __device__ void operator()(std::int64_t i, float sum) const { out[i] += sum; }
-};
-
-// The first stage of a two-stage split reduction: out[i] = sum.
-struct StoreInto {
-  float* out;
-  __device__ void operator()(std::int64_t i, float sum) const { out[i] = sum; }
-};
-
 }  // namespace
 
 // ---- launchers ------------------------------------------------------------------

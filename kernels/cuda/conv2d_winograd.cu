@@ -42,7 +42,7 @@
 //   4. weight transform  grad_weight[o,c] += Gᵀ (sum_s M[s][e][o][c]) G
 // Its reduction runs over the T tiles, long beside the channels (c256_28x28_b64: 3136
 // tiles, 256 x 256 outputs per element), so it is cut into splits (weight_splits)
-// that the last kernel sums in a fixed order.
+// that split_reduce sums in a fixed tree.
 //
 // The GEMM (winograd_gemm_kernel): forward and backward-data's operands are stored
 // reduction-major and contiguous along their own dimension ([c][o] and [c][t]), so
@@ -90,6 +90,7 @@
 
 #include "kernels/cpu/winograd.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/split_reduce.cuh"
 
 namespace towerlab::cuda {
 
@@ -376,22 +377,17 @@ __global__ void winograd_grad_output_kernel(std::int64_t count, float* y, const 
   }
 }
 
-// grad_weight[o, c] += Gᵀ m G for every o < Co, c < Cr, where m[e] sums the splits'
-// m[split][e][o][c] (rows ldCr apart) in split order: the same bits every run.
-// Consecutive threads take consecutive c: coalesced loads of m.
+// grad_weight[o, c] += Gᵀ m G for every o < Co, c < Cr, m[e][o][c] the GEMM's sum over
+// all the tiles (the splits already summed; rows ldCr apart). Consecutive threads take
+// consecutive c: coalesced loads of m.
 __global__ void winograd_weight_grad_kernel(std::int64_t count, float* grad_weight, const float* m,
-                                            int Co, int Cr, int ldCr, int splits) {
+                                            int Co, int Cr, int ldCr) {
   for (const std::int64_t i : grid_stride(count)) {
     const int o = static_cast<int>(i / Cr), c = static_cast<int>(i % Cr);
     const std::int64_t plane = std::int64_t{Co} * ldCr, at = std::int64_t{o} * ldCr + c;
     float x[kElements];  // [6][6]
 #pragma unroll
     for (int e = 0; e < kElements; ++e) x[e] = __ldg(m + e * plane + at);
-    for (int split = 1; split < splits; ++split) {
-      const float* part = m + split * kElements * plane + at;
-#pragma unroll
-      for (int e = 0; e < kElements; ++e) x[e] += __ldg(part + e * plane);
-    }
     float col[18];  // [3][6] = Gᵀ x
 #pragma unroll
     for (int s = 0; s < 6; ++s) weight_grad_column(col + s, 6, x + s, 6);
@@ -435,6 +431,11 @@ struct GemmTile {
   static constexpr int BK = 8;
   static constexpr int kThreads = BM * BN / 64;               // 8x8 outputs each
   static constexpr int kMinBlocks = kThreads == 256 ? 2 : 3;  // <= 128 or 168 registers
+  // Blocks of this tile one SM holds, its 65536 registers at the cap above (ptxas for
+  // sm_90 uses 126-128 and 147-165): 128x128 2, 64x128 3, 64x64 6, 64x32 12. The
+  // weight gradient's split plan counts these slots; a constant, so that the plan
+  // and the bits it gives are a pure function of the shape and the SM count.
+  static constexpr int kResidentBlocks = kThreads == 256 ? 2 : 65536 / (168 * kThreads);
   static constexpr int kWarpsM = BM / 64;  // a warp covers 8 x 4 threads: 64 x 32 outputs
   static_assert(BM % 64 == 0 && BN % 32 == 0 && kThreads % 32 == 0);
   static_assert(kThreads / 32 == kWarpsM * (BN / 32));
@@ -622,17 +623,18 @@ void run(float* out, const float* in, const float* weight, const float* bias, co
 }
 
 // The weight gradient's GEMMs have only 36 x ceil(Co/BM) x ceil(Cr/BN) blocks
-// (c256_28x28_b64: 144, on 132 SMs of two slots each) and a long reduction over the
-// tiles, so the reduction is cut into splits, each writing its own partial m (36 Co
-// Cr floats, read once by the last step): the fewest splits whose last wave fills at
-// least 85 % of the SMs' slots (sms x kMinBlocks), each at least 256 tiles long, at
-// most 32. A pure function of the shape and the SM count, like the bits it gives.
+// (c256_28x28_b64: 144, on 132 SMs of two slots each; FashionNet's conv2: 36 blocks
+// of one warp, on 132 SMs of twelve slots) and a long reduction over the tiles, so
+// the reduction is cut into splits, each writing its own partial m (36 Co Cr floats,
+// summed by split_reduce): the fewest splits whose last wave fills at least 85 % of
+// the SMs' slots (sms x kResidentBlocks), each at least 64 tiles (8 steps) long, at
+// most split_reduce's kMaxSplits. A pure function of the shape and the SM count,
+// like the bits it gives.
 int weight_splits(std::int64_t base_blocks, std::int64_t ldT, std::int64_t slots) {
-  constexpr int kMaxWeightSplits = 32;
-  constexpr std::int64_t kMinTilesPerSplit = 256;
+  constexpr std::int64_t kMinTilesPerSplit = 64;
   int best = 1;
   double best_fill = 0.0;
-  for (int splits = 1; splits <= kMaxWeightSplits; ++splits) {
+  for (int splits = 1; splits <= kMaxSplits; ++splits) {
     if (splits > 1 && ldT / splits < kMinTilesPerSplit) break;
     const double waves = static_cast<double>(base_blocks * splits) / static_cast<double>(slots);
     const double fill = waves / std::ceil(waves);
@@ -667,14 +669,22 @@ void run_weight_gradient(float* grad_weight, const float* grad_out, const float*
     using T = GemmTile<BM, BN>;
     const std::int64_t base =
         std::int64_t{kElements} * ((g.Co + BM - 1) / BM) * ((g.Cr + BN - 1) / BN);
-    const int wanted = weight_splits(base, g.ldT, std::int64_t{sms} * T::kMinBlocks);
+    const int wanted = weight_splits(base, g.ldT, std::int64_t{sms} * T::kResidentBlocks);
     const int per_split = ((g.ldT + wanted - 1) / wanted + T::BK - 1) / T::BK * T::BK;
     const int splits = (g.ldT + per_split - 1) / per_split;
     Scratch m(stream, static_cast<std::size_t>(splits * kElements * m_count) * sizeof(float));
     args.c = m.as<float>(), args.red_per_split = per_split;
     launch_gemm<BM, BN, Operands::ReductionMinor>(args, splits, native(stream));
-    launch_grid_stride(winograd_weight_grad_kernel, z.Co * z.Cr, stream, grad_weight, m.as<float>(),
-                       g.Co, g.Cr, ldCr, splits);
+    // The splits' partials summed in split_reduce's fixed tree, then Gᵀ m G.
+    Scratch summed(stream, static_cast<std::size_t>(kElements * m_count) * sizeof(float));
+    const float* sum = m.as<float>();
+    if (splits > 1) {
+      split_reduce(m.as<float>(), kElements * m_count, splits, StoreInto{summed.as<float>()},
+                   stream);
+      sum = summed.as<float>();
+    }
+    launch_grid_stride(winograd_weight_grad_kernel, z.Co * z.Cr, stream, grad_weight, sum, g.Co,
+                       g.Cr, ldCr);
   };
   // 64x64 tiles unless both channel counts fill the 128 tile (each a multiple of
   // neither is rare in wide layers; 64 x 64 wastes nothing on 64-channel layers),

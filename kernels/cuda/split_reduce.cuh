@@ -63,6 +63,18 @@ __global__ void split_reduce_kernel(const float* __restrict__ partial, std::int6
   }
 }
 
+// Two epilogues: out[i] += sum (a gradient accumulates), out[i] = sum (a sum that a
+// later kernel reads, e.g. the first stage of a two-stage reduction). `out` must not
+// be the partials themselves.
+struct AccumulateInto {
+  float* out;
+  __device__ void operator()(std::int64_t i, float sum) const { out[i] += sum; }
+};
+struct StoreInto {
+  float* out;
+  __device__ void operator()(std::int64_t i, float sum) const { out[i] = sum; }
+};
+
 // Reduces partial [splits, count] with the tree above and hands each element's
 // sum to epilogue(i, sum) on the device, in one launch on `stream`.
 template <class Epilogue>
