@@ -468,12 +468,12 @@ def plot_gpu_peers(paths, out, name="gpu_peers.png"):
 PICTURES = [
     ("cpu_peers.png", ["cpu_peers_avx2_5a22002.json", "cpu_peers_avx512_d57fa64.json"]),
     ("trace.png", ["trace_1121a16.json"]),
-    ("gpu_kernels.png", ["gpu_h100_86a45f7/matmul_bench.json", "gpu_h100_3dfcf77/conv2d_bench.json"]
+    ("gpu_kernels.png", ["gpu_h100_86a45f7/matmul_bench.json", "gpu_h100_63c29d0/conv2d_bench.json"]
      + [f"gpu_h100_ea44967/{b}_bench.json" for b in ("batchnorm", "bias", "loss")]
      + ["gpu_h100_3a386af/pool2d_bench.json"]),
     ("ring_bandwidth_gpu.png", ["gpu_h100_80480da/allreduce_bench.json"]),
-    ("towers_speed_gpu.png", ["gpu_h100_80480da/trainer_bench.json"]),
-    ("gpu_peers.png", ["gpu_h100_80480da/gpu_peers.json"]),
+    ("towers_speed_gpu.png", ["gpu_h100_63c29d0/trainer_bench.json"]),
+    ("gpu_peers.png", ["gpu_h100_63c29d0/gpu_peers.json"]),
 ]
 # How each is drawn, from the paths of its results files.
 DRAW = {"cpu_peers.png": plot_peers, "trace.png": plot_trace, "gpu_kernels.png": plot_gpu_kernels,

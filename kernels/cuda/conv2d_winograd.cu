@@ -58,11 +58,12 @@
 // blockIdx.z is the element e (and the split). Forward and backward-data: BM is 128
 // for more than 64 output channels, else 64 (the 64-channel layers would waste half
 // of a 128 tile), BN 128 tiles. Weight gradient: 128x128 where both channel counts
-// exceed 64, else 64x64.
+// exceed 64, 64x32 (one warp) where the input's are at most 32, else 64x64.
 // ptxas (sm_90, no spills): 128x128: 256 threads, 128 registers (the cap of
 // __launch_bounds__' two blocks per SM: 16 warps; reduction-minor 126), 16 KiB
 // shared (16.5); 64x128: 128 threads, 155 registers, 12 KiB, three blocks per SM;
-// 64x64 reduction-minor: 64 threads, 161 registers, 8.5 KiB. The transforms: 40 to
+// 64x64 reduction-minor: 64 threads, 161 registers, 8.5 KiB; 64x32: 32 threads, 165
+// registers (Nsight Compute on the H100), 6.7 KiB. The transforms: 40 to
 // 56 registers, four blocks of 256 threads per SM.
 //
 // Cost on c256_28x28_b64 (forward): the GEMMs are 14.8 GFLOP (the implicit GEMM's
@@ -78,10 +79,11 @@
 // the tests allow 256 u. Every output pixel and every weight is written by one
 // thread in a fixed order, no atomics: the same bits every run.
 //
-// Status: ran on an H100 (c66a6c2, b3c0528 and 3dfcf77: every CUDA test, memcheck,
-// racecheck and synccheck clean): on the wide 3x3 layers at 3dfcf77 the forward
-// 96-122 % of cuDNN's speed, backward data 93-124 %, the weight gradient 100-179 %
-// (bench/results/gpu_h100.md).
+// Status: ran on an H100 (c66a6c2, b3c0528, 3dfcf77, 3b30cdf and 63c29d0: every CUDA
+// test, memcheck, racecheck and synccheck clean): on the wide 3x3 layers at 63c29d0 the
+// forward 96-113 % of cuDNN's speed, backward data 93-123 %, the weight gradient
+// 100-202 %; FashionNet's conv2, gradients only, 101-156 % up to batch 128, at 512 the
+// weight gradient 88 % and backward data 60 % (bench/results/gpu_h100.md).
 #include "kernels/cuda/conv2d_winograd.h"
 
 #include <algorithm>
