@@ -17,9 +17,10 @@
 //   set_gemm_isa(isa)                     the CPU GEMM's vector micro-kernel;
 //       TOWERLAB_GEMM_ISA=portable|avx2|avx512 in the environment sets the initial
 //       one.
-//   set_conv2d_algorithm(algorithm)       how the CPU's float32 conv2d computes
-//       (im2col or Winograd); TOWERLAB_CONV2D_ALGORITHM=auto|im2col|winograd in the
-//       environment sets the initial one.
+//   set_conv2d_algorithm(algorithm)       how float32 conv2d computes (im2col or
+//       Winograd on the CPU, the implicit GEMM or Winograd on CUDA);
+//       TOWERLAB_CONV2D_ALGORITHM=auto|im2col|winograd in the environment sets the
+//       initial one.
 //
 // Each has a getter, may be called from any thread, and takes effect for work
 // submitted after it returns. Set them once, before the trainers are made: a
@@ -96,7 +97,9 @@ GemmIsa gemm_isa();              // the one in use (never Auto)
 // layers with 16 or more input and output channels), im2col elsewhere; Im2col and
 // Winograd force one for both passes, for tests and benchmarks (a forced Winograd
 // still lowers the shapes it cannot do). kernels/cpu/conv2d.h's
-// ScopedConv2dAlgorithm sets it for a scope.
+// ScopedConv2dAlgorithm sets it for a scope. On CUDA devices the same setting
+// chooses between the implicit GEMM (Im2col) and Winograd F(4x4,3x3) for all three
+// passes; there Auto chooses each pass on its own (kernels/cuda/conv2d_winograd.h).
 enum class Conv2dAlgorithm { Auto, Im2col, Winograd };
 void set_conv2d_algorithm(Conv2dAlgorithm algorithm);
 Conv2dAlgorithm conv2d_algorithm();
