@@ -58,6 +58,12 @@
 #                       (60 s) and the profile of the cases TOWERLAB_GPU_PROFILE names;
 #                       the second call measures the changed kernels (bench with
 #                       TOWERLAB_GPU_BENCHES)
+#   ab OUT FILTER [ROUNDS]
+#                       the check, then an A/B of commits in one process tree: the
+#                       bench cases FILTER selects, of the carry's own build and of
+#                       each build prepare made for TOWERLAB_GPU_AB, run alternately
+#                       ROUNDS times (default 2); the summary gives each case's times
+#                       per build and each build's median against the carry's own
 #
 # Every command that takes OUT writes two files there (of the 8 allowed):
 # OUT/<command>.tar.gz (every log, the gtest XML of each shard and sanitizer, the
@@ -88,7 +94,14 @@
 #   TOWERLAB_GPU_DEADLINE=S   a command's deadline in seconds (default 540), for a
 #                             call that must end sooner (what is left of a lease)
 #   TOWERLAB_GPU_BENCHES="A B" the benches to run (default: every bench with CUDA
-#                             cases), e.g. only those whose kernels changed
+#                             cases), e.g. only those whose kernels changed; for ab
+#                             and for prepare's TOWERLAB_GPU_AB builds, default
+#                             conv2d_bench
+#   TOWERLAB_GPU_AB="REF ..."  prepare also builds those benches at each commit REF (a
+#                             branch, a tag, a hash: a lever not yet on main, or main
+#                             before a change), each in a git worktree of its own
+#                             under DIR-ab/ (DIR: the build folder), and carries them
+#                             as bin/ab/<short hash>/ for the ab command
 #   TOWERLAB_GPU_PROFILE      what profile measures, one case per line: BENCH FILTER
 #                             [SKIP [COUNT]], e.g. 'matmul_bench BM_Cuda/cuda_NN/4096 20 1':
 #                             ncu skips the first SKIP kernel launches of BENCH run with
@@ -182,6 +195,7 @@ prepare() {
   for name in $(binaries); do
     strip -o "$stage/bin/$name" "$(source_of "$name")"
   done
+  ab_builds
 
   # The gpu preset links NCCL (from the toolkit here, from PyTorch's wheels there):
   # without it the one-GPU NCCL cases would skip, which the judge calls a failure.
@@ -229,6 +243,9 @@ prepare() {
     echo "built: $(date -u +%FT%TZ) on $(uname -n), $build ($(grep -o 'CMAKE_BUILD_TYPE:STRING=.*' \
       "$build/CMakeCache.txt" | cut -d= -f2)), $(/usr/local/cuda/bin/nvcc --version 2>/dev/null | tail -1)"
     echo "dataset: $(cat "$carry/data/contents.txt")"
+    [ -z "${TOWERLAB_GPU_AB:-}" ] || echo "ab builds: $(for ref in $TOWERLAB_GPU_AB; do
+      echo -n "$ref=$(git rev-parse --short=7 "$ref^{commit}") "
+    done)($(ab_bench_names))"
     echo "carried libraries: $(find "$stage/lib" -type f -printf '%f ' | sort)"
     echo "from the GPU machine: $system_libs"
     echo "newest glibc symbol version needed: $(objdump -T "$stage"/bin/* "$stage"/lib/* 2>/dev/null |
@@ -251,6 +268,35 @@ prepare() {
   echo "device tool calls, two, each with carry=['$carry'] and timeout_s=600:"
   for command in verify measure; do
     echo "  ${env}bash scripts/gpu.sh $command \"\$OUT\""
+  done
+}
+
+# The benches of an A/B (ab, and prepare's TOWERLAB_GPU_AB builds).
+ab_bench_names() { echo "${TOWERLAB_GPU_BENCHES:-conv2d_bench}"; }
+
+# For each commit of TOWERLAB_GPU_AB: a worktree at DIR-ab/<short hash> (made once,
+# then checked out again), the same preset as DIR, its A/B benches built (ccache
+# shares every unchanged object with DIR's build) and staged, stripped, as
+# bin/ab/<short hash>/.
+ab_builds() {
+  local ref sha short tree preset name
+  preset=$(basename "$build")
+  for ref in ${TOWERLAB_GPU_AB:-}; do
+    sha=$(git rev-parse --verify --quiet "$ref^{commit}") || die "TOWERLAB_GPU_AB: '$ref' is not a commit"
+    short=$(git rev-parse --short=7 "$sha")
+    tree=$build-ab/$short
+    [ -e "$tree/.git" ] || git worktree add --detach "$tree" "$sha" >/dev/null ||
+      die "TOWERLAB_GPU_AB: no worktree for $ref at $tree"
+    git -C "$tree" checkout --quiet --detach "$sha"
+    (cd "$tree" && cmake --preset "$preset" >/dev/null) || die "TOWERLAB_GPU_AB: $ref does not configure"
+    # shellcheck disable=SC2046
+    cmake --build "$tree/build/$preset" -j "${TOWERLAB_GPU_JOBS:-$(nproc)}" --target $(ab_bench_names) ||
+      die "TOWERLAB_GPU_AB: $ref does not build"
+    mkdir -p "$stage/bin/ab/$short"
+    for name in $(ab_bench_names); do
+      strip -o "$stage/bin/ab/$short/$name" "$tree/build/$preset/bench/$name"
+    done
+    echo "ab: $ref = $short ($(git log -1 --format=%s "$sha" | cut -c1-100))"
   done
 }
 
@@ -806,6 +852,56 @@ training() {
   done
 }
 
+# ab_runs FILTER ROUNDS: the A/B benches' cases FILTER selects, for the carry's own
+# build ("head") and each of bin/ab/*, one after the other in every round; then the
+# table of times (us or ms, as the bench reports) and each build's median against
+# head's, case by case.
+ab_runs() {
+  local filter=$1 rounds=$2 name r label binary builds=()
+  [ -d "$bin/ab" ] || die "ab: the carry has no A/B builds (prepare with TOWERLAB_GPU_AB)"
+  mapfile -t builds < <(cd "$bin/ab" && ls)
+  builds=(head "${builds[@]}")
+  for name in $(ab_bench_names); do
+    for ((r = 1; r <= rounds; r++)); do
+      for label in "${builds[@]}"; do
+        binary=$bin/$name
+        [ "$label" = head ] || binary=$bin/ab/$label/$name
+        step "ab-$name-$label-$r" 120 "$binary" --benchmark_filter="$filter" \
+          --benchmark_min_time=0.1 --benchmark_format=json \
+          --benchmark_out="$work/ab-$name-$label-$r.json" || status=1
+      done
+    done
+  done
+  "$python" - "$work" "${builds[@]}" <<'PY' | tee -a "$summary" || status=1
+import collections, glob, json, os, re, statistics, sys
+work, builds = sys.argv[1], sys.argv[2:]
+times = collections.defaultdict(list)  # (case, build) -> times
+unit = {}
+for path in sorted(glob.glob(os.path.join(work, "ab-*.json"))):
+    m = re.match(r"ab-(.+)-([^-]+)-(\d+)\.json$", os.path.basename(path))
+    try:
+        runs = json.load(open(path))["benchmarks"]
+    except (OSError, ValueError, KeyError):
+        print(f"  {os.path.basename(path)}: no readable results: FAILED"); sys.exit(1)
+    for run in runs:
+        if run.get("error_occurred"):
+            print(f"  {run['name']}: {run.get('error_message', 'error')}: FAILED"); sys.exit(1)
+        case = run["name"].replace("/manual_time", "").replace("/real_time", "")
+        times[(case, m.group(2))].append(run["real_time"])
+        unit[case] = run.get("time_unit", "")
+cases = sorted({c for c, _ in times})
+if not cases:
+    print("  no case matched the filter: FAILED"); sys.exit(1)
+print("  " + " | ".join(["case"] + builds + [f"{b} / head" for b in builds[1:]]))
+for case in cases:
+    cells = [" / ".join(f"{t:.1f}" for t in times[(case, b)]) or "-" for b in builds]
+    head = times[(case, "head")]
+    ratios = [f"{statistics.median(times[(case, b)]) / statistics.median(head):.3f}"
+              if head and times[(case, b)] else "-" for b in builds[1:]]
+    print(f"  {case} ({unit[case]}) | " + " | ".join(cells + ratios))
+PY
+}
+
 command=${1:-}
 [ $# -gt 0 ] && shift
 case $command in
@@ -874,6 +970,11 @@ case $command in
     profile_kernels
     pack
     ;;
+  ab)
+    begin "${1:-}" 540
+    ab_runs "${2:?usage: scripts/gpu.sh ab OUT FILTER [ROUNDS]}" "${3:-2}"
+    pack
+    ;;
   experiment)
     begin "${1:-}" 540
     name=${2:?usage: scripts/gpu.sh experiment OUT NAME [ARGS...]}
@@ -884,7 +985,7 @@ case $command in
     pack
     ;;
   *)
-    echo "usage: scripts/gpu.sh prepare | check | verify OUT | measure OUT | lease OUT | triage OUT | tests OUT | sanitize OUT [memcheck|racecheck|synccheck] | bench OUT | train OUT | peers OUT | profile OUT | experiment OUT NAME [ARGS...]" >&2
+    echo "usage: scripts/gpu.sh prepare | check | verify OUT | measure OUT | lease OUT | triage OUT | tests OUT | sanitize OUT [memcheck|racecheck|synccheck] | bench OUT | train OUT | peers OUT | profile OUT | ab OUT FILTER [ROUNDS] | experiment OUT NAME [ARGS...]" >&2
     exit 2
     ;;
 esac
