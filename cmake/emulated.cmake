@@ -70,8 +70,14 @@ function(towerlab_emulated_source var source)
       list(APPEND depends ${PROJECT_SOURCE_DIR}/${header})
     endif()
   endforeach()
+  # The #line directive names the source from the build folder where Ninja runs the
+  # compiler: the same text in every clone ("paths in the objects", CMakeLists.txt).
+  set(line_name ${source})
+  if(TOWERLAB_TREE_FROM_BUILD)
+    file(RELATIVE_PATH line_name ${CMAKE_BINARY_DIR} ${source})
+  endif()
   add_custom_command(OUTPUT ${out}
-    COMMAND Python3::Interpreter ${TOWERLAB_REWRITE} ${source} ${out}
+    COMMAND Python3::Interpreter ${TOWERLAB_REWRITE} ${source} ${out} ${line_name}
     DEPENDS ${depends}
     COMMENT "Rewriting ${rel} for the emulated GPUs"
     VERBATIM)

@@ -31,9 +31,12 @@ it cannot read, a launch or __shared__ inside a preprocessor directive) stops it
 with "FILE:LINE: error: ..." and exit status 1: the emulated build must not compile
 something other than what the GPU build compiles.
 
-  rewrite.py INPUT OUTPUT
-The output is written only when its text changes (so an unchanged rewrite does not
-recompile what includes it).
+  rewrite.py INPUT OUTPUT [LINE_NAME]
+LINE_NAME is the input's name in the #line directive (default: its absolute path).
+The build passes the path from the build folder, where the compiler runs, so that
+the rewritten text is the same in every clone of the repository (ccache shares
+what includes it). The output is written only when its text changes (so an
+unchanged rewrite does not recompile what includes it).
 """
 import os
 import re
@@ -381,15 +384,16 @@ def rewrite(src, path):
 
 
 def main(argv):
-    if len(argv) != 3:
-        sys.stderr.write("usage: rewrite.py INPUT OUTPUT\n")
+    if len(argv) not in (3, 4):
+        sys.stderr.write("usage: rewrite.py INPUT OUTPUT [LINE_NAME]\n")
         return 2
     source, target = argv[1], argv[2]
     path = os.path.abspath(source)
+    line_name = argv[3] if len(argv) == 4 else path
     with open(source, encoding="utf-8") as f:
         src = f.read()
     try:
-        text = rewrite(src, path)
+        text = rewrite(src, line_name)
     except RewriteError as e:
         line = src.count("\n", 0, e.pos) + 1
         sys.stderr.write("%s:%d: error: emulator/rewrite.py: %s\n" % (path, line, e))

@@ -20,6 +20,7 @@
 
 #if TOWERLAB_EMULATED_CUDA
 #include <chrono>
+#include <regex>
 
 #include "tlemu/emulator.h"
 
@@ -127,8 +128,17 @@ TEST_F(EmulatedFaults, AFaultedKernelIsACudaErrorNamingTheDeviceAtThisStepAndEve
                     "on cuda:1 with cudaErrorIllegalAddress");
   EXPECT_EQ(tlemu::sticky_error(1), cudaErrorIllegalAddress);
   // As on hardware, the device stays faulted: the next step fails too, it neither
-  // hangs nor trains on.
+  // hangs nor trains on. Its message names the call's file from the source tree, a
+  // rewritten kernel's included (CMakeLists.txt, "paths in the objects").
   EXPECT_THROW_WITH(trainer.step(small_image_batch(4, 3, 7)), CudaError, "cudaErrorIllegalAddress");
+  try {
+    trainer.step(small_image_batch(4, 4, 7));
+    ADD_FAILURE() << "a step on the faulted device did not throw";
+  } catch (const CudaError& e) {
+    const std::string what = e.what();
+    EXPECT_TRUE(std::regex_search(what, std::regex(R"( at (engine|kernels|parallel)/\S+:\d+)")))
+        << what;
+  }
 }
 
 TEST_F(EmulatedFaults, ATowerWhoseStreamIsHeldBackIsWaitedForBitForBit) {

@@ -37,5 +37,12 @@ TEST(Error, CudaErrorsNameTheCallDeviceFileAndLine) {
                     CudaError, "cudaGetDevice(&d) failed with cudaErrorNoDevice at");
 }
 
+// The FILE of a CUDA error's "at FILE:LINE" is __FILE__, which the build maps to the
+// path in the source tree whatever the build folder and whether ccache named the
+// source from there (CMakeLists.txt, "paths in the objects").
+TEST(Error, SourceFilesAreNamedFromTheTree) {
+  EXPECT_STREQ(__FILE__, "tests/error_test.cpp");
+}
+
 }  // namespace
 }  // namespace towerlab::testing

@@ -89,6 +89,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 
 #include "kernels/cpu/winograd.h"
 #include "kernels/cuda/launch.cuh"
@@ -678,12 +679,13 @@ void run_weight_gradient(float* grad_weight, const float* grad_out, const float*
     args.c = m.as<float>(), args.red_per_split = per_split;
     launch_gemm<BM, BN, Operands::ReductionMinor>(args, splits, native(stream));
     // The splits' partials summed in split_reduce's fixed tree, then Gᵀ m G.
-    Scratch summed(stream, static_cast<std::size_t>(kElements * m_count) * sizeof(float));
+    std::optional<Scratch> summed;
     const float* sum = m.as<float>();
     if (splits > 1) {
-      split_reduce(m.as<float>(), kElements * m_count, splits, StoreInto{summed.as<float>()},
+      summed.emplace(stream, static_cast<std::size_t>(kElements * m_count) * sizeof(float));
+      split_reduce(m.as<float>(), kElements * m_count, splits, StoreInto{summed->as<float>()},
                    stream);
-      sum = summed.as<float>();
+      sum = summed->as<float>();
     }
     launch_grid_stride(winograd_weight_grad_kernel, z.Co * z.Cr, stream, grad_weight, sum, g.Co,
                        g.Cr, ldCr);
