@@ -128,8 +128,8 @@ TEST_F(EmulatedFaults, AFaultedKernelIsACudaErrorNamingTheDeviceAtThisStepAndEve
                     "on cuda:1 with cudaErrorIllegalAddress");
   EXPECT_EQ(tlemu::sticky_error(1), cudaErrorIllegalAddress);
   // As on hardware, the device stays faulted: the next step fails too, it neither
-  // hangs nor trains on. Its message names the call's file from the source tree, a
-  // rewritten kernel's included (CMakeLists.txt, "paths in the objects").
+  // hangs nor trains on. Its message names the checked call's file by its path in
+  // the source tree (CMakeLists.txt, "paths in the objects").
   EXPECT_THROW_WITH(trainer.step(small_image_batch(4, 3, 7)), CudaError, "cudaErrorIllegalAddress");
   try {
     trainer.step(small_image_batch(4, 4, 7));
