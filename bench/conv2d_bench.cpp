@@ -14,9 +14,9 @@
 //         Run with OPENBLAS_NUM_THREADS=2 and OPENBLAS_CORETYPE set to the host
 //         (SkylakeX on AVX-512; on AVX2-only hosts that dies with SIGILL: Haswell or Zen).
 //         The end-to-end CPU target is PyTorch's speed on FashionNet, measured elsewhere.
-//         The forward and backward-data also run with im2col and with Winograd
-//         F(2x2,3x3) forced (cpu_im2col, cpu_winograd): the plain "cpu" case is what
-//         the dispatch picks (bench/results/winograd.md). On CUDA, the layers where
+//         Every pass also runs with im2col (the weight gradient's implicit GEMM where
+//         it applies) and with Winograd forced (cpu_im2col, cpu_winograd): the plain
+//         "cpu" case is what the dispatch picks (bench/results/winograd.md). On CUDA, the layers where
 //         Auto takes Winograd F(4x4,3x3) also run with the implicit GEMM forced
 //         (cuda_implicit).
 #include <benchmark/benchmark.h>
@@ -366,16 +366,12 @@ const bool registered = [] {
             ->Unit(benchmark::kMillisecond);
         for (auto [name, algorithm] : {std::pair{"cpu_im2col", cpu::Conv2dAlgorithm::Im2col},
                                        std::pair{"cpu_winograd", cpu::Conv2dAlgorithm::Winograd}}) {
-          // The weight gradient has no Winograd path: its im2col case alone, for the
-          // one-thread CPU time.
-          if (pass != Pass::BackwardWeight || algorithm == cpu::Conv2dAlgorithm::Im2col) {
-            benchmark::RegisterBenchmark((base + name).c_str(), BM_CpuAlgorithm, pass, l, algorithm)
-                ->ArgName("threads")
-                ->Arg(1)
-                ->Arg(0)
-                ->UseRealTime()
-                ->Unit(benchmark::kMillisecond);
-          }
+          benchmark::RegisterBenchmark((base + name).c_str(), BM_CpuAlgorithm, pass, l, algorithm)
+              ->ArgName("threads")
+              ->Arg(1)
+              ->Arg(0)
+              ->UseRealTime()
+              ->Unit(benchmark::kMillisecond);
         }
 #if TOWERLAB_HAVE_CBLAS
         if (pass == Pass::Forward) {

@@ -91,12 +91,13 @@ void set_gemm_isa(GemmIsa isa);  // throws NotSupported for an ISA this CPU lack
 GemmIsa gemm_isa();              // the one in use (never Auto)
 
 // --- conv2d -----------------------------------------------------------------
-// How the CPU's float32 conv2d forward and backward-data compute (float64 always
-// lowers with im2col: it serves the gradient checks). Auto takes Winograd
-// F(2x2,3x3) (kernels/cpu/winograd.h) where it applies and pays (both passes of 3x3
-// layers with 16 or more input and output channels), im2col elsewhere; Im2col and
-// Winograd force one for both passes, for tests and benchmarks (a forced Winograd
-// still lowers the shapes it cannot do). kernels/cpu/conv2d.h's
+// How the CPU's float32 conv2d computes its three passes (float64 always lowers
+// with im2col: it serves the gradient checks). Auto takes Winograd (F(2x2,3x3), the
+// weight gradient F(3x3,2x2); kernels/cpu/winograd.h) where it applies and pays (all
+// three passes of 3x3 layers with 16 or more input and output channels), im2col or
+// the implicit weight gradient elsewhere; Im2col and Winograd force one for all
+// three, for tests and benchmarks (a forced Winograd still lowers the shapes it
+// cannot do). kernels/cpu/conv2d.h's
 // ScopedConv2dAlgorithm sets it for a scope. On CUDA devices the same setting
 // chooses between the implicit GEMM (Im2col) and Winograd F(4x4,3x3) for all three
 // passes; there Auto chooses each pass on its own (kernels/cuda/conv2d_winograd.h).

@@ -315,8 +315,9 @@ TEST(Conv2dBackwardGroups, SameBitsForAnyThreadCount) {
 //
 // Winograd rounds differently from im2col: its transforms add and subtract inputs
 // before the products (Bᵀ d B sums up to 4 of them, G g Gᵀ up to 9, Aᵀ m A up to 9
-// products), so its error is bounded not by the result but by the sum of the
-// magnitudes of the result's terms, sum |w||x| (+ |b|, + |sentinel|), times a few
+// products; the weight gradient's G₂ dy G₂ᵀ up to 4, A₂ᵀ S A₂ up to 9 sums), so its
+// error is bounded not by the result but by the sum of the magnitudes of the
+// result's terms, sum |w||x| or sum |grad_y||x| (+ |b|, + |sentinel|), times a few
 // unit roundoffs u = 2^-24 (F(2,3) is the Winograd tile with the smallest
 // transforms: about 2x to 4x the direct convolution's error). The cases below stay
 // under 5 u (im2col: under 4 u); the tolerance is 32 u. One input 1% off in one
@@ -335,17 +336,31 @@ std::vector<ConvCase> winograd_cases() {
       {"one_row_pad1", 3, 3, 1, 2, 2, 3, 3, make_params(1, 1, 1, 1)},
       {"fashion2_two_blocks", 2, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)},
       {"C67_K130_two_blocks", 2, 67, 9, 9, 130, 3, 3, make_params(1, 1, 1, 1)},
+      // Channel counts that are multiples of 8 run the weight gradient's vector
+      // transforms (eight channels a vector): rows of more than eight tiles, an odd
+      // P and Q without padding, and rows narrower than one vector.
+      {"C8_K16_wide_rows", 2, 8, 6, 37, 16, 3, 3, make_params(1, 1, 1, 1)},
+      {"C16_K8_odd_pad0", 3, 16, 9, 12, 8, 3, 3, make_params(1, 1, 0, 0)},
+      {"C8_K8_narrow", 2, 8, 5, 5, 8, 3, 3, make_params(1, 1, 1, 1), false},
   };
 }
 
-// y from the forward and grad_x from the backward-data (added to `sentinel`) on the
-// CPU, under `algorithm`.
+// y from the forward, then grad_x and grad_weight from one backward (added to the
+// sentinels) on the CPU, under `algorithm`.
 struct ConvOutputs {
-  std::vector<float> y, grad_x;
+  std::vector<float> y, grad_x, grad_w;
+
+  std::vector<float> all() const {
+    std::vector<float> joined = y;
+    joined.insert(joined.end(), grad_x.begin(), grad_x.end());
+    joined.insert(joined.end(), grad_w.begin(), grad_w.end());
+    return joined;
+  }
 };
 ConvOutputs run_cpu(const ConvCase& k, const std::vector<float>& xv, const std::vector<float>& wv,
                     const std::vector<float>& bv, const std::vector<float>& gv,
-                    const std::vector<float>& sentinel, cpu::Conv2dAlgorithm algorithm) {
+                    const std::vector<float>& sentinel, const std::vector<float>& w_sentinel,
+                    cpu::Conv2dAlgorithm algorithm) {
   const cpu::ScopedConv2dAlgorithm scoped(algorithm);
   auto put = [](const std::vector<float>& v, const Shape& shape) {
     return Tensor::from_host<float>(v, shape, cpu());
@@ -354,17 +369,17 @@ ConvOutputs run_cpu(const ConvCase& k, const std::vector<float>& xv, const std::
   Tensor y = put(std::vector<float>(std::size_t(numel_of(ys)), 7.0f), ys);
   conv2d_forward(y, put(xv, k.x_shape()), put(wv, k.w_shape()), k.bias ? put(bv, {k.K}) : Tensor(),
                  k.params, cpu());
-  Tensor grad_x = put(sentinel, k.x_shape());
-  conv2d_backward(grad_x, Tensor(), Tensor(), put(gv, ys), put(xv, k.x_shape()),
-                  put(wv, k.w_shape()), k.params, cpu());
-  return {y.to_host<float>(cpu()), grad_x.to_host<float>(cpu())};
+  Tensor grad_x = put(sentinel, k.x_shape()), grad_w = put(w_sentinel, k.w_shape());
+  conv2d_backward(grad_x, grad_w, Tensor(), put(gv, ys), put(xv, k.x_shape()), put(wv, k.w_shape()),
+                  k.params, cpu());
+  return {y.to_host<float>(cpu()), grad_x.to_host<float>(cpu()), grad_w.to_host<float>(cpu())};
 }
 
 // The reference values of one case and the magnitude sums that scale its tolerance.
 struct WinogradCase {
   ConvCase k;
-  std::vector<float> xv, wv, bv, gv, sentinel;
-  std::vector<double> y, grad_x, y_scale, grad_x_scale;
+  std::vector<float> xv, wv, bv, gv, sentinel, w_sentinel;
+  std::vector<double> y, grad_x, grad_w, y_scale, grad_x_scale, grad_w_scale;
 
   WinogradCase(const ConvCase& c, unsigned seed) : k(c) {
     xv = random_values(std::size_t(numel_of(k.x_shape())), seed);
@@ -372,6 +387,7 @@ struct WinogradCase {
     bv = random_values(std::size_t(k.K), seed + 2);
     gv = random_values(std::size_t(numel_of(k.y_shape())), seed + 3);
     sentinel = random_values(xv.size(), seed + 4);
+    w_sentinel = random_values(wv.size(), seed + 5);
     const Reference ref = reference(k, widen(xv), widen(wv), widen(bv), widen(gv));
     const Reference abs =
         reference(k, magnitudes(xv), magnitudes(wv), magnitudes(bv), magnitudes(gv));
@@ -381,9 +397,13 @@ struct WinogradCase {
       grad_x.push_back(double(sentinel[i]) + ref.grad_x[i]);
       grad_x_scale.push_back(std::fabs(double(sentinel[i])) + abs.grad_x[i]);
     }
+    for (std::size_t i = 0; i < wv.size(); ++i) {
+      grad_w.push_back(double(w_sentinel[i]) + ref.grad_w[i]);
+      grad_w_scale.push_back(std::fabs(double(w_sentinel[i])) + abs.grad_w[i]);
+    }
   }
   ConvOutputs run(cpu::Conv2dAlgorithm algorithm) const {
-    return run_cpu(k, xv, wv, bv, gv, sentinel, algorithm);
+    return run_cpu(k, xv, wv, bv, gv, sentinel, w_sentinel, algorithm);
   }
 };
 
@@ -395,19 +415,23 @@ TEST(Conv2dWinograd, MatchesReferenceWithinTheTermMagnitudes) {
     const ConvOutputs winograd = c.run(cpu::Conv2dAlgorithm::Winograd);
     const double y_error = worst_error(winograd.y, c.y, c.y_scale);
     const double gx_error = worst_error(winograd.grad_x, c.grad_x, c.grad_x_scale);
+    const double gw_error = worst_error(winograd.grad_w, c.grad_w, c.grad_w_scale);
     EXPECT_LE(y_error, kWinogradTolerance) << "y";
     EXPECT_LE(gx_error, kWinogradTolerance) << "grad_x";
+    EXPECT_LE(gw_error, kWinogradTolerance) << "grad_weight";
     // The Winograd path really ran: its bits differ from im2col's somewhere.
     const ConvOutputs im2col = c.run(cpu::Conv2dAlgorithm::Im2col);
     if (k.C * k.K >= 64) {
       EXPECT_NE(winograd.y, im2col.y);
       EXPECT_NE(winograd.grad_x, im2col.grad_x);
+      EXPECT_NE(winograd.grad_w, im2col.grad_w);
     }
     // The errors go into the test's XML record (--gtest_output=xml), not the log.
     std::ostringstream errors;
     errors << std::scientific << std::setprecision(2) << "y " << y_error << ", grad_x " << gx_error
-           << " (im2col: " << worst_error(im2col.y, c.y, c.y_scale) << ", "
-           << worst_error(im2col.grad_x, c.grad_x, c.grad_x_scale) << ")";
+           << ", grad_weight " << gw_error << " (im2col: " << worst_error(im2col.y, c.y, c.y_scale)
+           << ", " << worst_error(im2col.grad_x, c.grad_x, c.grad_x_scale) << ", "
+           << worst_error(im2col.grad_w, c.grad_w, c.grad_w_scale) << ")";
     RecordProperty("worst_error_" + k.name, errors.str());
   }
 }
@@ -422,20 +446,24 @@ TEST(Conv2dWinograd, ToleranceCatchesOneWrongTile) {
   const ConvOutputs right = c.run(cpu::Conv2dAlgorithm::Winograd);
   EXPECT_LE(worst_error(right.y, c.y, c.y_scale), kWinogradTolerance);
   EXPECT_LE(worst_error(right.grad_x, c.grad_x, c.grad_x_scale), kWinogradTolerance);
-  EXPECT_GT(worst_error(wrong_x.run(cpu::Conv2dAlgorithm::Winograd).y, c.y, c.y_scale),
-            kWinogradTolerance);
-  EXPECT_GT(
-      worst_error(wrong_g.run(cpu::Conv2dAlgorithm::Winograd).grad_x, c.grad_x, c.grad_x_scale),
-      kWinogradTolerance);
+  EXPECT_LE(worst_error(right.grad_w, c.grad_w, c.grad_w_scale), kWinogradTolerance);
+  const ConvOutputs off_x = wrong_x.run(cpu::Conv2dAlgorithm::Winograd);
+  const ConvOutputs off_g = wrong_g.run(cpu::Conv2dAlgorithm::Winograd);
+  EXPECT_GT(worst_error(off_x.y, c.y, c.y_scale), kWinogradTolerance);
+  EXPECT_GT(worst_error(off_g.grad_x, c.grad_x, c.grad_x_scale), kWinogradTolerance);
+  // The weight gradient sums over every tile of the batch: one tile's input or
+  // grad_y 1% off still moves its 3x3 results past the tolerance.
+  EXPECT_GT(worst_error(off_x.grad_w, c.grad_w, c.grad_w_scale), kWinogradTolerance);
+  EXPECT_GT(worst_error(off_g.grad_w, c.grad_w, c.grad_w_scale), kWinogradTolerance);
 }
 
-// The tile blocks depend on the shape alone: 1, 2 and 3 threads, a tower's share of
-// the pool, and a second run give the same bits.
 // The transforms have AVX-512 code (sixteen tiles a vector across tile rows, the
 // last group masked) and AVX2 code (eight tiles of one tile row a vector, a row's
 // last pixels stored 4, 2 and 1 at a time); both must give the same bits, forward
 // (bias + the tile) and backward-data (added into grad_x), with an odd P and Q (a
-// last tile row and column cut in half) and rows of more than sixteen pixels.
+// last tile row and column cut in half) and rows of more than sixteen pixels. The
+// weight gradient (added into grad_weight) runs the same transforms on both and each
+// ISA's GEMM, whose products sum in the same order.
 TEST(Conv2dWinograd, Avx512GivesTheAvx2Bits) {
   if (!gemm_isa_supported(GemmIsa::Avx512)) GTEST_SKIP() << "this CPU has no AVX-512";
   const RestoreGemmIsa restore;
@@ -447,10 +475,7 @@ TEST(Conv2dWinograd, Avx512GivesTheAvx2Bits) {
         WinogradCase({"pad_w0", 2, 24, 10, 19, 20, 3, 3, make_params(1, 1, 1, 0)}, 999)}) {
     auto run = [&](GemmIsa isa) {
       set_gemm_isa(isa);
-      const ConvOutputs out = c.run(cpu::Conv2dAlgorithm::Winograd);
-      std::vector<float> all = out.y;
-      all.insert(all.end(), out.grad_x.begin(), out.grad_x.end());
-      return all;
+      return c.run(cpu::Conv2dAlgorithm::Winograd).all();
     };
     const std::vector<float> avx2 = run(GemmIsa::Avx2), avx512 = run(GemmIsa::Avx512);
     ASSERT_EQ(avx512.size(), avx2.size());
@@ -458,15 +483,14 @@ TEST(Conv2dWinograd, Avx512GivesTheAvx2Bits) {
   }
 }
 
+// The tile blocks depend on the shape alone, and the weight gradient's groups of
+// images (2 and 3 images for a batch of 37, a group's tile blocks crossing images)
+// on the batch: 1, 2 and 3 threads, a tower's share of the pool, and a second run
+// give the same bits.
 TEST(Conv2dWinograd, SameBitsForAnyThreadCount) {
-  const WinogradCase c({"fashion2_b5", 5, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)}, 995);
+  const WinogradCase c({"fashion2_b37", 37, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)}, 995);
   const int saved = num_threads();
-  auto run = [&] {
-    const ConvOutputs out = c.run(cpu::Conv2dAlgorithm::Winograd);
-    std::vector<float> all = out.y;
-    all.insert(all.end(), out.grad_x.begin(), out.grad_x.end());
-    return all;
-  };
+  auto run = [&] { return c.run(cpu::Conv2dAlgorithm::Winograd).all(); };
   set_num_threads(1);
   const std::vector<float> one = run();
   auto expect_as_one = [&](const std::vector<float>& many, const char* how) {
@@ -486,9 +510,9 @@ TEST(Conv2dWinograd, SameBitsForAnyThreadCount) {
   set_num_threads(saved);
 }
 
-// Auto takes Winograd for the forward of FashionNet's second layer and im2col for
-// its backward-data, for its first layer (C = 1) and for shapes Winograd cannot do;
-// a forced Winograd lowers those shapes too.
+// Auto takes Winograd for all three passes of FashionNet's second layer, and im2col
+// for its first layer (C = 1) and for shapes Winograd cannot do; a forced Winograd
+// lowers those shapes too.
 TEST(Conv2dWinograd, AutoPicksByShape) {
   const WinogradCase conv2({"fashion2", 1, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)}, 1001);
   const ConvOutputs automatic = conv2.run(cpu::Conv2dAlgorithm::Auto);
@@ -498,15 +522,33 @@ TEST(Conv2dWinograd, AutoPicksByShape) {
   EXPECT_NE(automatic.y, im2col.y);
   EXPECT_EQ(automatic.grad_x, winograd.grad_x);
   EXPECT_NE(automatic.grad_x, im2col.grad_x);
+  EXPECT_EQ(automatic.grad_w, winograd.grad_w);
+  EXPECT_NE(automatic.grad_w, im2col.grad_w);
   for (const ConvCase& k : {ConvCase{"fashion1", 2, 1, 28, 28, 32, 3, 3, make_params(1, 1, 1, 1)},
                             ConvCase{"stride2", 1, 32, 9, 9, 32, 3, 3, make_params(2, 2, 1, 1)},
                             ConvCase{"pad2", 1, 32, 9, 9, 32, 3, 3, make_params(1, 1, 2, 2)}}) {
     SCOPED_TRACE(k.name);
     const WinogradCase c(k, 1002);
     const ConvOutputs im2col = c.run(cpu::Conv2dAlgorithm::Im2col);
-    EXPECT_EQ(c.run(cpu::Conv2dAlgorithm::Auto).y, im2col.y);
-    if (k.C > 1) EXPECT_EQ(c.run(cpu::Conv2dAlgorithm::Winograd).y, im2col.y);
+    EXPECT_EQ(c.run(cpu::Conv2dAlgorithm::Auto).all(), im2col.all());
+    if (k.C > 1) EXPECT_EQ(c.run(cpu::Conv2dAlgorithm::Winograd).all(), im2col.all());
   }
+}
+
+// The weight gradient asked for alone is the one computed beside grad_x, bit for
+// bit: the two passes share the backward's image groups, not its arithmetic.
+TEST(Conv2dWinograd, WeightGradientAloneHasTheSameBits) {
+  const WinogradCase c({"fashion2_b7", 7, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)}, 1003);
+  const cpu::ScopedConv2dAlgorithm winograd(cpu::Conv2dAlgorithm::Winograd);
+  auto put = [](const std::vector<float>& v, const Shape& shape) {
+    return Tensor::from_host<float>(v, shape, cpu());
+  };
+  Tensor grad_w = put(c.w_sentinel, c.k.w_shape());
+  conv2d_backward(Tensor(), grad_w, Tensor(), put(c.gv, c.k.y_shape()), put(c.xv, c.k.x_shape()),
+                  put(c.wv, c.k.w_shape()), c.k.params, cpu());
+  const std::vector<float> alone = grad_w.to_host<float>(cpu());
+  EXPECT_LE(worst_error(alone, c.grad_w, c.grad_w_scale), kWinogradTolerance);
+  EXPECT_EQ(alone, c.run(cpu::Conv2dAlgorithm::Winograd).grad_w);
 }
 
 }  // namespace

@@ -13,6 +13,10 @@
 // On AVX2 and AVX-512, the weight gradient of 3x3 stride-1 layers skips col altogether
 // (kernels/cpu/conv2d_implicit.h), with the same sums in the same order.
 //
+// Where Winograd F(2x2,3x3) is chosen (kernels/cpu/winograd.h: 3x3, stride 1, at
+// least 16 channels in and out under Auto), it takes all three passes, the weight
+// gradient per group of images into the same partials.
+//
 // One input channel with a 3x3 kernel, unit stride and dilation (a first layer on
 // gray images, FashionNet's conv1) skips the lowering where the GEMM has its AVX2
 // kernel: its forward and weight gradient run the direct convolution of
@@ -343,7 +347,7 @@ void for_image_chunks(std::int64_t images, std::int64_t chunks, bool parallel, c
 
 void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
                     const Conv2dShape& s) {
-  if (y.dtype() == DType::Float32 && winograd_chosen(s, false)) {
+  if (y.dtype() == DType::Float32 && winograd_chosen(s)) {
     winograd_forward(y.data<float>(), x.data<float>(), weight.data<float>(),
                      bias.defined() ? bias.data<float>() : nullptr, s);
     return;
@@ -391,10 +395,9 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
   // output transform, by the GEMM (beta 0) or by col2im onto zeros, as accumulating
   // onto a zeroed grad_x would.
   const bool assign = grad_x.defined() && grad_x_write == GradWrite::Assign;
-  // Winograd takes the input gradient where chosen; the weight gradient stays below.
-  const bool winograd =
-      grad_x.defined() && grad_y.dtype() == DType::Float32 && winograd_chosen(s, true);
-  if (winograd) {
+  // Winograd takes the input gradient where chosen, and the weight gradient below.
+  const bool winograd = grad_y.dtype() == DType::Float32 && winograd_chosen(s);
+  if (winograd && grad_x.defined()) {
     winograd_backward_data(grad_x.data<float>(), grad_y.data<float>(), weight.data<float>(), s,
                            !assign);
   }
@@ -426,10 +429,12 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     // through register transposes.
     const std::int64_t chunks = std::min(s.N, kWeightGroups);
     const bool direct = grad_weight.defined() && direct_single_channel(s, grad_y.dtype());
-    const bool weight_by_gemm = grad_weight.defined() && !direct;
+    const bool weight_by_winograd = grad_weight.defined() && !direct && winograd;
+    const bool weight_by_gemm = grad_weight.defined() && !direct && !winograd;
     const bool data_by_gemm = grad_x.defined() && !winograd;
-    // conv2's weight gradient on AVX2 and AVX-512: the implicit GEMM
-    // (kernels/cpu/conv2d_implicit.h), the GEMM's bits without im2col.
+    // The weight gradient of 3x3 stride-1 layers where Winograd is not chosen, on
+    // AVX2 and AVX-512: the implicit GEMM (kernels/cpu/conv2d_implicit.h), the
+    // GEMM's bits without im2col.
     const bool implicit =
         weight_by_gemm && std::is_same_v<T, float> && implicit_weight_grad_applies(s);
     HostScratch<T> partials(grad_weight.defined() ? chunks * crs * s.K : 0);  // [chunks, CRS, K]
@@ -439,6 +444,14 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
                          [&](std::int64_t chunk, std::int64_t first, std::int64_t last) {
                            direct_weight_grad(partials.get() + chunk * crs * s.K, in + first * chw,
                                               gy + first * s.K * pq, last - first, s);
+                         });
+      }
+      if (weight_by_winograd) {
+        for_image_chunks(s.N, chunks, chunks >= thread_share(),
+                         [&](std::int64_t chunk, std::int64_t first, std::int64_t last) {
+                           winograd_weight_grad(partials.get() + chunk * crs * s.K,
+                                                in + first * chw, gy + first * s.K * pq,
+                                                last - first, s);
                          });
       }
     }

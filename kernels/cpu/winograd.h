@@ -18,14 +18,21 @@
 //
 // Backward-data is the same algorithm: grad_x is the correlation of grad_y (padded
 // by 2 - pad) with the kernel turned 180 degrees, input and output channels swapped.
+// The weight gradient is F(3x3, 2x2), the same input transform against G₂ dy G₂ᵀ of
+// each 2x2 tile of grad_y, 16 products reducing over the tiles, [C, K] = [C, tiles] ·
+// [tiles, K], then A₂ᵀ . A₂ to 3x3 (kernels/cpu/winograd.cpp).
 //
 // Numerics: the transforms add and subtract up to 16 inputs with weights of 1 and
 // 1/2 before the products, so a result's rounding error is bounded by the sum of
-// the magnitudes of its terms, sum |w||x|, rather than by the result: in the tests
-// (tests/conv2d_cpu_paths_test.cpp) under 5 units of float32 rounding of that sum,
-// im2col's under 4. The tile blocks depend on the shape alone and each output pixel is
-// written by one tile, so the result is the same bits for any thread count.
+// the magnitudes of its terms, sum |w||x| (sum |grad_y||x| for the weight gradient),
+// rather than by the result: in the tests (tests/conv2d_cpu_paths_test.cpp) under 5
+// units of float32 rounding of that sum, im2col's under 4. The tile blocks depend on
+// the shape alone and each output pixel is written by one tile, so the result is the
+// same bits for any thread count; the weight gradient sums a caller's group of
+// images in blocks fixed by the shape too.
 #pragma once
+
+#include <cstdint>
 
 #include "kernels/cpu/conv2d.h"
 
@@ -34,9 +41,9 @@ namespace towerlab::cpu {
 // Whether Winograd can compute `s`: 3x3, stride 1, dilation 1, padding 0 or 1.
 bool winograd_applies(const Conv2dShape& s);
 
-// Whether conv2d's float32 forward (backward_data false) or backward-data takes
-// Winograd for `s` under the current Conv2dAlgorithm.
-bool winograd_chosen(const Conv2dShape& s, bool backward_data);
+// Whether conv2d's float32 passes take Winograd for `s` under the current
+// Conv2dAlgorithm: the forward, backward-data and weight gradient choose alike.
+bool winograd_chosen(const Conv2dShape& s);
 
 // y [N,K,P,Q] = bias + conv2d(x [N,C,H,W], weight [K,C,3,3]): ASSIGNS y. bias [K]
 // may be null.
@@ -47,5 +54,11 @@ void winograd_forward(float* y, const float* x, const float* weight, const float
 // or with accumulate false ASSIGNS it (grad_x not read; the bits of adding onto zeros).
 void winograd_backward_data(float* grad_x, const float* grad_y, const float* weight,
                             const Conv2dShape& s, bool accumulate);
+
+// partial [C*9, K] = the weight gradient of `images` images, x [images,C,H,W] and
+// grad_y [images,K,P,Q], ASSIGNED (transposed, as conv2d.cpp's partials of a group
+// of images are): partial[(c*9 + r*3 + s) * K + k] is grad_weight[k,c,r,s]'s share.
+void winograd_weight_grad(float* partial, const float* x, const float* grad_y, std::int64_t images,
+                          const Conv2dShape& s);
 
 }  // namespace towerlab::cpu
