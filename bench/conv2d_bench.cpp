@@ -16,9 +16,9 @@
 //         The end-to-end CPU target is PyTorch's speed on FashionNet, measured elsewhere.
 //         Every pass also runs with im2col (the weight gradient's implicit GEMM where
 //         it applies) and with Winograd forced (cpu_im2col, cpu_winograd): the plain
-//         "cpu" case is what the dispatch picks (bench/results/winograd.md). On CUDA, the layers where
-//         Auto takes Winograd F(4x4,3x3) also run with the implicit GEMM forced
-//         (cuda_implicit).
+//         "cpu" case is what the dispatch picks (bench/results/winograd.md). On CUDA,
+//         the layers where Auto takes Winograd F(4x4,3x3) also run with the implicit
+//         GEMM forced (cuda_implicit).
 #include <benchmark/benchmark.h>
 
 #include "bench_util.h"
