@@ -494,6 +494,51 @@ TEST(MatmulCpu, EdgeTilesHaveTheFullTilesBits) {
   EXPECT_GE(isas, 1);
 }
 
+// B written straight into the GEMM's panels (GemmBPanels::at) gives the bits of the
+// GEMM packing B itself, op(A) transposed or not, beta 0 and 1, on every ISA: a K of
+// two blocks (300 = 256 + 44), an N that ends in a partial panel on every width (37),
+// the padding's columns left as zeros.
+TEST(MatmulCpu, PackedBHasTheGemmsBits) {
+  const RestoreGemmIsa restore;
+  const std::int64_t M = 29, N = 37, K = 300;
+  const auto a = random_values(std::size_t(M * K), 811), b = random_values(std::size_t(K * N), 812);
+  const auto c0 = random_values(std::size_t(M * N), 813);
+  int isas = 0;
+  for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
+    if (!gemm_isa_supported(isa)) continue;
+    set_gemm_isa(isa);
+    ++isas;
+    const cpu::GemmBPanels panels = cpu::gemm_b_panels(K, N);
+    EXPECT_EQ(panels.isa, isa);
+    std::vector<float> packed(std::size_t(panels.floats()), 0.0f);
+    for (std::int64_t p = 0; p < K; ++p) {
+      for (std::int64_t j = 0; j < N; ++j) {
+        packed[std::size_t(panels.at(p, j))] = b[std::size_t(p * N + j)];
+      }
+    }
+    for (bool ta : {false, true}) {
+      for (float beta : {0.0f, 1.0f}) {
+        // op(A) [M,K]: A stored [M,K], or [K,M] when transposed (the same values, moved).
+        std::vector<float> stored = a;
+        if (ta) {
+          for (std::int64_t i = 0; i < M; ++i) {
+            for (std::int64_t p = 0; p < K; ++p)
+              stored[std::size_t(p * M + i)] = a[std::size_t(i * K + p)];
+          }
+        }
+        const std::int64_t lda = ta ? M : K;
+        std::vector<float> want = c0, got = c0;
+        cpu::gemm<float>(ta, false, M, N, K, 1.0f, stored.data(), lda, b.data(), N, beta,
+                         want.data(), N);
+        cpu::gemm_packed_b(ta, M, stored.data(), lda, panels, packed.data(), beta, got.data(), N);
+        EXPECT_EQ(got, want) << "isa " << int(isa) << (ta ? ", A transposed" : "") << ", beta "
+                             << beta;
+      }
+    }
+  }
+  EXPECT_GE(isas, 1);
+}
+
 // Every micro-kernel this CPU can run (the portable one always) against the reference.
 TEST(MatmulCpu, EveryMicroKernelMatchesReference) {
   const Stream& cpu = default_stream(Device::cpu());

@@ -327,20 +327,41 @@ std::int64_t image_chunks(std::int64_t images) {
 // thread count or tower share.
 constexpr std::int64_t kWeightGroups = 16;
 
+// The threads to run `chunks` chunks on: the caller's share (at most one a chunk)
+// when `parallel`, else one.
+int chunk_workers(std::int64_t chunks, bool parallel) {
+  return parallel ? static_cast<int>(std::min<std::int64_t>(chunks, thread_share())) : 1;
+}
+
+// Runs body(worker, chunk, first_image, end_image) for each of `chunks` even chunks
+// of the images, split into `workers` runs of chunks that may run at once: worker w
+// runs its run of chunks on one thread, so the caller can allocate a workspace for
+// each worker before the loop (the count it passes here, not a thread count read
+// again, which may have grown meanwhile when towers lend each other cores).
+template <typename Body>
+void for_worker_chunks(std::int64_t images, std::int64_t chunks, int workers, const Body& body) {
+  auto run = [&](std::int64_t first_worker, std::int64_t end_worker) {
+    for (std::int64_t w = first_worker; w < end_worker; ++w) {
+      for (std::int64_t chunk = w * chunks / workers; chunk < (w + 1) * chunks / workers; ++chunk) {
+        body(static_cast<int>(w), chunk, chunk * images / chunks, (chunk + 1) * images / chunks);
+      }
+    }
+  };
+  if (workers == 1) {
+    run(0, 1);
+  } else {
+    parallel_for(0, workers, run);
+  }
+}
+
 // Runs body(chunk, first_image, end_image) for each of `chunks` even chunks of the
 // images, in parallel when `parallel`.
 template <typename Body>
 void for_image_chunks(std::int64_t images, std::int64_t chunks, bool parallel, const Body& body) {
-  auto run = [&](std::int64_t first, std::int64_t last) {
-    for (std::int64_t chunk = first; chunk < last; ++chunk) {
-      body(chunk, chunk * images / chunks, (chunk + 1) * images / chunks);
-    }
-  };
-  if (!parallel || chunks == 1) {
-    run(0, chunks);
-  } else {
-    parallel_for(0, chunks, run);
-  }
+  for_worker_chunks(images, chunks, chunk_workers(chunks, parallel),
+                    [&](int, std::int64_t chunk, std::int64_t first, std::int64_t last) {
+                      body(chunk, first, last);
+                    });
 }
 
 }  // namespace
@@ -447,12 +468,21 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
                          });
       }
       if (weight_by_winograd) {
-        for_image_chunks(s.N, chunks, chunks >= thread_share(),
-                         [&](std::int64_t chunk, std::int64_t first, std::int64_t last) {
-                           winograd_weight_grad(partials.get() + chunk * crs * s.K,
-                                                in + first * chw, gy + first * s.K * pq,
-                                                last - first, s);
-                         });
+        // Each thread's workspace comes from here, the caller, before the loop: the
+        // same allocations every step whichever threads run the groups, which the
+        // caching allocator then serves from its blocks (allocated by the threads
+        // themselves, two at once or one after the other as they happened to run,
+        // a steady step could need a new segment).
+        const int workers = chunk_workers(chunks, chunks >= thread_share());
+        const std::int64_t each = winograd_weight_grad_scratch(s);
+        HostScratch<float> workspaces(workers * each);
+        for_worker_chunks(
+            s.N, chunks, workers,
+            [&](int worker, std::int64_t chunk, std::int64_t first, std::int64_t last) {
+              winograd_weight_grad(partials.get() + chunk * crs * s.K, in + first * chw,
+                                   gy + first * s.K * pq, last - first, s,
+                                   workspaces.get() + worker * each);
+            });
       }
     }
     if (weight_by_gemm || data_by_gemm) {

@@ -393,11 +393,15 @@ struct Blocked {
   static void run(const Kernels& isa, bool transpose_a, bool transpose_b, std::int64_t m,
                   std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
                   const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc,
-                  const float* prepacked = nullptr) {
+                  const float* prepacked = nullptr, const float* prepacked_b = nullptr) {
     const std::int64_t m_panels = (m + MR - 1) / MR;
     const std::int64_t mc_panels = std::max<std::int64_t>(1, kMc / MR);
     const int threads = static_cast<double>(m) * n * k >= kMinParallelWork ? thread_share() : 1;
-    float* packed_b = t_packed_b.get(kKc * ((std::min(n, kNc) + NR - 1) / NR) * NR);
+    // With `prepacked_b` (GemmBPanels' layout) B's panels are read from there.
+    float* packing = prepacked_b != nullptr
+                         ? nullptr
+                         : t_packed_b.get(kKc * ((std::min(n, kNc) + NR - 1) / NR) * NR);
+    const std::int64_t all_n_panels = (n + NR - 1) / NR;
 
     for (std::int64_t jc = 0; jc < n; jc += kNc) {
       const std::int64_t nc = std::min(kNc, n - jc);
@@ -405,11 +409,14 @@ struct Blocked {
       for (std::int64_t pc = 0; pc < k; pc += kKc) {
         const std::int64_t kc = std::min(kKc, k - pc);
         const float beta_block = pc == 0 ? beta : 1.0f;  // later K blocks add to C
+        const float* packed_b =
+            prepacked_b != nullptr ? prepacked_b + pc * all_n_panels * NR + jc * kc : packing;
 
         auto pack_b_panels = [&](std::int64_t q0, std::int64_t q1) {
+          if (prepacked_b != nullptr) return;
           for (std::int64_t q = q0; q < q1; ++q) {
             pack_b(isa, transpose_b, b, ldb, jc + q * NR, std::min<std::int64_t>(NR, nc - q * NR),
-                   pc, kc, packed_b + q * NR * kc);
+                   pc, kc, packing + q * NR * kc);
           }
         };
 
@@ -643,6 +650,26 @@ void gemm_packed_a(const PackedA& a, std::int64_t n, const float* b, std::int64_
   with_blocked(a.isa_, [&]<int MR, int NR>(const Kernels& kernels) {
     Blocked<MR, NR>::run(kernels, false, false, a.m_, n, a.k_, 1.0f, nullptr, 0, b, ldb, beta, c,
                          ldc, a.panels_.data());
+  });
+}
+
+GemmBPanels gemm_b_panels(std::int64_t k, std::int64_t n) {
+  GemmBPanels panels{selected_isa().load(std::memory_order_relaxed), 0, k, n};
+  with_blocked(panels.isa, [&]<int MR, int NR>(const Kernels&) { panels.width = NR; });
+  return panels;
+}
+
+void gemm_packed_b(bool transpose_a, std::int64_t m, const float* a, std::int64_t lda,
+                   const GemmBPanels& b, const float* packed, float beta, float* c,
+                   std::int64_t ldc) {
+  if (m <= 0 || b.n <= 0) return;
+  if (b.k <= 0) {
+    scale_c(m, b.n, beta, c, ldc);
+    return;
+  }
+  with_blocked(b.isa, [&]<int MR, int NR>(const Kernels& kernels) {
+    Blocked<MR, NR>::run(kernels, transpose_a, false, m, b.n, b.k, 1.0f, a, lda, nullptr, 0, beta,
+                         c, ldc, nullptr, packed);
   });
 }
 

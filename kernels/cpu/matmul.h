@@ -2,6 +2,7 @@
 // contract and dispatch in kernels/matmul.h.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -43,6 +44,32 @@ void gemm_packed_a(const PackedA& a, std::int64_t n, const float* b, std::int64_
 // a time in registers, and the blocks' sums onto C in order. A kernel that must give
 // the GEMM's bits (conv2d's implicit weight gradient) blocks its sums the same way.
 constexpr std::int64_t kGemmKc = 256;
+
+// B [k,n] as the GEMM packs it for the ISA in use when asked, for a producer that
+// writes it there itself instead of into a matrix the GEMM would copy (Winograd's
+// weight gradient, as its transform computes B): column panels `width` wide (16 on
+// AVX2, 32 on AVX-512), [kc][width] each, zeros (or any finite values) past n; the
+// rows in blocks of kGemmKc, each block's panels one after another.
+struct GemmBPanels {
+  GemmIsa isa;
+  std::int64_t width, k, n;
+
+  std::int64_t panels() const { return (n + width - 1) / width; }
+  std::int64_t floats() const { return panels() * width * k; }
+  // Where element (p, j) of B lies.
+  std::int64_t at(std::int64_t p, std::int64_t j) const {
+    const std::int64_t block = p / kGemmKc * kGemmKc, kc = std::min(kGemmKc, k - block);
+    return block * panels() * width + j / width * width * kc + (p - block) * width + j % width;
+  }
+};
+GemmBPanels gemm_b_panels(std::int64_t k, std::int64_t n);
+
+// C [m,n] = op(A) · B + beta * C for B written into `packed` as `b` lays it out:
+// gemm<float>(transpose_a, false, m, b.n, b.k, 1, a, lda, B, ldb, beta, c, ldc) without
+// B's packing, the same bits, on the ISA `b` was asked for.
+void gemm_packed_b(bool transpose_a, std::int64_t m, const float* a, std::int64_t lda,
+                   const GemmBPanels& b, const float* packed, float beta, float* c,
+                   std::int64_t ldc);
 
 #if defined(__x86_64__)
 // dst [k][32] <- 32 rows of src, `ld` apart, each contiguous along k: the GEMM's

@@ -11,7 +11,8 @@
 // The weight gradient, F(3x3, 2x2), for a group of images (its algebra at "the weight
 // gradient" below):
 //   for each block of tiles, in order:
-//      transforms        V[e][t][c] = (Bᵀ d[t,c] B)[e],  Y[e][t][k] = (G₂ dy[t,k] G₂ᵀ)[e]
+//      transforms        V[e][t][c] = (Bᵀ d[t,c] B)[e],  Y[e](t, k) = (G₂ dy[t,k] G₂ᵀ)[e]
+//                        (Y in the GEMM's panels of B)
 //      16 GEMMs          S[e] (+)= V[e]ᵀ · Y[e]                  [16][C][K]
 //   then                 partial[c,r,s][k] = (A₂ᵀ S[c,k] A₂)[r][s]
 #include "kernels/cpu/winograd.h"
@@ -617,10 +618,11 @@ void run(float* out, const float* in, const std::vector<PackedA>& u, const float
 //   S[e] (+)= V[e]ᵀ · Y[e]      [C, K] = [C, tiles] · [tiles, K]
 // with V = Bᵀ d B as the forward's and Y = G₂ dy G₂ᵀ: 16 multiplications per tile and
 // (c, k) pair where im2col takes 36. Here the reduction runs over the tiles, so V and
-// Y keep a tile's channels together, [16][tiles][C] and [16][tiles][K]: the GEMM then
-// packs both operands by copying runs of channels, and the transforms write whole
-// cache lines (the forward's layout, tiles contiguous, cost this pass about as much
-// in packing as in products).
+// Y keep a tile's channels together: V [16][tiles][C], which the GEMM packs by copying
+// runs of channels, and Y written straight into the GEMM's panels of B (GemmBPanels,
+// runs of 16 or 32 filters by tile), which it reads without packing. The transforms
+// write whole cache lines (the forward's layout, tiles contiguous, cost this pass
+// about as much in packing as in products).
 
 // u [4][4] = G₂ d G₂ᵀ for a 2x2 tile d of grad_y, one tile a lane of V (or V = float).
 // Halving and negating are exact: the rounding is the adds'.
@@ -654,8 +656,14 @@ template <typename V>
 // the block is tile tw of tile row row0 + t / tiles_w.
 struct GradientBlock {
   float* v;  // [16][tiles][C]: Bᵀ d B of x
-  float* y;  // [16][tiles][K]: G₂ dy G₂ᵀ of grad_y
+  float* y;  // [16][y_panels.floats()]: G₂ dy G₂ᵀ of grad_y, B [tiles, K] of the products
   std::int64_t tiles;
+  GemmBPanels y_panels;
+
+  // Y[e]'s element (t, k).
+  float* y_at(int e, std::int64_t t, std::int64_t k) const {
+    return y + e * y_panels.floats() + y_panels.at(t, k);
+  }
 };
 
 // The block's V and Y one tile and channel at a time (zero outside the image and
@@ -688,7 +696,7 @@ void transform_block(const GradientBlock& b, const float* x, const float* grad_y
           }
         }
         transform_gradient_tile(u, d);
-        for (int e = 0; e < 16; ++e) b.y[(e * b.tiles + t) * p.K + k] = u[e];
+        for (int e = 0; e < 16; ++e) *b.y_at(e, t, k) = u[e];
       }
     }
   }
@@ -826,14 +834,16 @@ __attribute__((target("avx2,fma"))) void transform_block_avx2(const GradientBloc
           load_channel_columns(dy_cols[i], grad_y + ((n * p.K + k0) * p.P + h) * p.Q, p.P * p.Q,
                                2 * tw0, p.Q, count);
         }
-        float* y = b.y + ((row - row0) * p.tiles_w + tw0) * p.K + k0;
-        for (std::int64_t u = 0; u < tiles; ++u, y += p.K) {
+        const std::int64_t t0 = (row - row0) * p.tiles_w + tw0;
+        for (std::int64_t u = 0; u < tiles; ++u) {
           __m256 d[2][2], g[16];
           for (int i = 0; i < 2; ++i) {
             for (int j = 0; j < 2; ++j) d[i][j] = _mm256_load_ps(dy_cols[i][2 * u + j]);
           }
           transform_gradient_tile(g, d);
-          for (int e = 0; e < 16; ++e) _mm256_storeu_ps(y + e * b.tiles * p.K, g[e]);
+          // Filters k0 .. k0 + 7 lie together in a panel (8 divides its width).
+          float* y = b.y_at(0, t0 + u, k0);
+          for (int e = 0; e < 16; ++e) _mm256_storeu_ps(y + e * b.y_panels.floats(), g[e]);
         }
       }
     }
@@ -958,22 +968,55 @@ void winograd_backward_data(float* grad_x, const float* grad_y, const float* wei
   run(grad_x, grad_y, packed_weights(u.get(), s.C, s.K), nullptr, accumulate, p);
 }
 
+namespace {
+
+// The sizes of the weight gradient's workspace: V and Y of a whole block of tile
+// rows (Y in the GEMM's panels), then S.
+struct GradientWorkspace {
+  std::int64_t per_block;  // tile rows a block
+  GemmBPanels whole;       // a whole block's Y[e]
+  std::int64_t v_floats, y_floats, sum_floats;
+
+  explicit GradientWorkspace(const Problem& p)
+      : per_block(rows_per_block(p)),
+        whole(gemm_b_panels(per_block * p.tiles_w, p.K)),
+        v_floats(16 * per_block * p.tiles_w * p.C),
+        y_floats(16 * whole.floats()),
+        sum_floats(16 * p.C * p.K) {}
+  std::int64_t floats() const { return v_floats + y_floats + sum_floats; }
+};
+
+Problem weight_problem(std::int64_t images, const Conv2dShape& s) {
+  return make_problem(images, s.C, s.H, s.W, s.K, s.params.pad_h, s.params.pad_w);
+}
+
+}  // namespace
+
+std::int64_t winograd_weight_grad_scratch(const Conv2dShape& s) {
+  return GradientWorkspace(weight_problem(1, s)).floats();
+}
+
 void winograd_weight_grad(float* partial, const float* x, const float* grad_y, std::int64_t images,
-                          const Conv2dShape& s) {
-  const Problem p = make_problem(images, s.C, s.H, s.W, s.K, s.params.pad_h, s.params.pad_w);
-  const std::int64_t per_block = rows_per_block(p), all_rows = p.N * p.tiles_h;
-  const std::int64_t block_floats = 16 * (p.C + p.K) * per_block * p.tiles_w;
-  HostScratch<float> scratch(block_floats + 16 * p.C * p.K);
-  float* sums = scratch.get() + block_floats;  // S [16][C][K]
-  if (all_rows == 0) std::fill(sums, sums + 16 * p.C * p.K, 0.0f);
-  for (std::int64_t row0 = 0; row0 < all_rows; row0 += per_block) {
-    const std::int64_t row1 = std::min(all_rows, row0 + per_block);
+                          const Conv2dShape& s, float* workspace) {
+  const Problem p = weight_problem(images, s);
+  const GradientWorkspace sizes(p);
+  const std::int64_t all_rows = p.N * p.tiles_h;
+  float* v = workspace;
+  float* y = v + sizes.v_floats;
+  float* sums = y + sizes.y_floats;  // S [16][C][K]
+  if (all_rows == 0) std::fill(sums, sums + sizes.sum_floats, 0.0f);
+  // The panels' columns past K are read (their products are not): zeros.
+  if (p.K % sizes.whole.width != 0) std::fill(y, sums, 0.0f);
+  for (std::int64_t row0 = 0; row0 < all_rows; row0 += sizes.per_block) {
+    const std::int64_t row1 = std::min(all_rows, row0 + sizes.per_block);
     const std::int64_t tiles = (row1 - row0) * p.tiles_w;
-    const GradientBlock b{scratch.get(), scratch.get() + 16 * tiles * p.C, tiles};
+    GemmBPanels y_panels = sizes.whole;
+    y_panels.k = tiles;
+    const GradientBlock b{v, y, tiles, y_panels};
     transform_gradient_block(b, x, grad_y, p, row0, row1);
     for (int e = 0; e < 16; ++e) {
-      gemm<float>(true, false, p.C, p.K, tiles, 1.0f, b.v + e * tiles * p.C, p.C,
-                  b.y + e * tiles * p.K, p.K, row0 == 0 ? 0.0f : 1.0f, sums + e * p.C * p.K, p.K);
+      gemm_packed_b(true, p.C, b.v + e * tiles * p.C, p.C, y_panels, b.y + e * y_panels.floats(),
+                    row0 == 0 ? 0.0f : 1.0f, sums + e * p.C * p.K, p.K);
     }
   }
   transform_weight_gradient(partial, sums, p);

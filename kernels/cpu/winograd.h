@@ -55,10 +55,14 @@ void winograd_forward(float* y, const float* x, const float* weight, const float
 void winograd_backward_data(float* grad_x, const float* grad_y, const float* weight,
                             const Conv2dShape& s, bool accumulate);
 
+// The floats of winograd_weight_grad's workspace for `s` (any number of images).
+std::int64_t winograd_weight_grad_scratch(const Conv2dShape& s);
+
 // partial [C*9, K] = the weight gradient of `images` images, x [images,C,H,W] and
 // grad_y [images,K,P,Q], ASSIGNED (transposed, as conv2d.cpp's partials of a group
 // of images are): partial[(c*9 + r*3 + s) * K + k] is grad_weight[k,c,r,s]'s share.
+// `workspace` holds winograd_weight_grad_scratch(s) floats.
 void winograd_weight_grad(float* partial, const float* x, const float* grad_y, std::int64_t images,
-                          const Conv2dShape& s);
+                          const Conv2dShape& s, float* workspace);
 
 }  // namespace towerlab::cpu
