@@ -413,7 +413,6 @@ struct Blocked {
             prepacked_b != nullptr ? prepacked_b + pc * all_n_panels * NR + jc * kc : packing;
 
         auto pack_b_panels = [&](std::int64_t q0, std::int64_t q1) {
-          if (prepacked_b != nullptr) return;
           for (std::int64_t q = q0; q < q1; ++q) {
             pack_b(isa, transpose_b, b, ldb, jc + q * NR, std::min<std::int64_t>(NR, nc - q * NR),
                    pc, kc, packing + q * NR * kc);
@@ -469,7 +468,7 @@ struct Blocked {
         };
 
         if (threads == 1) {
-          pack_b_panels(0, n_panels);
+          if (prepacked_b == nullptr) pack_b_panels(0, n_panels);
           compute(0, m_panels, 0, n_panels);
           continue;
         }
@@ -491,11 +490,13 @@ struct Blocked {
         const std::int64_t tasks = m_tasks * n_groups;
         const std::int64_t b_tasks = std::min(n_panels, wanted);
         std::atomic<std::int64_t> next_b{0}, next_task{0};
-        parallel_for(0, threads, [&](std::int64_t, std::int64_t) {
-          for (std::int64_t t; (t = next_b.fetch_add(1)) < b_tasks;) {
-            pack_b_panels(n_panels * t / b_tasks, n_panels * (t + 1) / b_tasks);
-          }
-        });
+        if (prepacked_b == nullptr) {
+          parallel_for(0, threads, [&](std::int64_t, std::int64_t) {
+            for (std::int64_t t; (t = next_b.fetch_add(1)) < b_tasks;) {
+              pack_b_panels(n_panels * t / b_tasks, n_panels * (t + 1) / b_tasks);
+            }
+          });
+        }
         parallel_for(0, threads, [&](std::int64_t, std::int64_t) {
           for (std::int64_t t; (t = next_task.fetch_add(1)) < tasks;) {
             const std::int64_t mp = (t / n_groups) * rows_per_task;

@@ -657,9 +657,9 @@ template <typename V>
 struct GradientBlock {
   float* v;  // [16][tiles][C]: Bᵀ d B of x
   float* y;  // [16][y_panels.floats()]: G₂ dy G₂ᵀ of grad_y, B [tiles, K] of the products
-  std::int64_t tiles;
-  GemmBPanels y_panels;
+  GemmBPanels y_panels;  // k: the block's tiles
 
+  std::int64_t tiles() const { return y_panels.k; }
   // Y[e]'s element (t, k).
   float* y_at(int e, std::int64_t t, std::int64_t k) const {
     return y + e * y_panels.floats() + y_panels.at(t, k);
@@ -684,7 +684,7 @@ void transform_block(const GradientBlock& b, const float* x, const float* grad_y
           }
         }
         transform_input_tile(d);
-        for (int e = 0; e < 16; ++e) b.v[(e * b.tiles + t) * p.C + c] = d[e / 4][e % 4];
+        for (int e = 0; e < 16; ++e) b.v[(e * b.tiles() + t) * p.C + c] = d[e / 4][e % 4];
       }
       for (std::int64_t k = 0; k < p.K; ++k) {
         const float* plane = grad_y + (n * p.K + k) * p.P * p.Q;  // [P,Q]
@@ -807,7 +807,7 @@ __attribute__((target("avx2,fma"))) void transform_block_avx2(const GradientBloc
             for (int j = 0; j < 4; ++j) d[i][j] = _mm256_load_ps(in_cols[i][2 * u + j]);
           }
           transform_input_tile(d);
-          for (int e = 0; e < 16; ++e) _mm256_storeu_ps(v + e * b.tiles * p.C, d[e / 4][e % 4]);
+          for (int e = 0; e < 16; ++e) _mm256_storeu_ps(v + e * b.tiles() * p.C, d[e / 4][e % 4]);
         }
       }
     }
@@ -1012,7 +1012,7 @@ void winograd_weight_grad(float* partial, const float* x, const float* grad_y, s
     const std::int64_t tiles = (row1 - row0) * p.tiles_w;
     GemmBPanels y_panels = sizes.whole;
     y_panels.k = tiles;
-    const GradientBlock b{v, y, tiles, y_panels};
+    const GradientBlock b{v, y, y_panels};
     transform_gradient_block(b, x, grad_y, p, row0, row1);
     for (int e = 0; e < 16; ++e) {
       gemm_packed_b(true, p.C, b.v + e * tiles * p.C, p.C, y_panels, b.y + e * y_panels.floats(),
