@@ -336,6 +336,9 @@ std::vector<ConvCase> winograd_cases() {
       {"one_row_pad1", 3, 3, 1, 2, 2, 3, 3, make_params(1, 1, 1, 1)},
       {"fashion2_two_blocks", 2, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)},
       {"C67_K130_two_blocks", 2, 67, 9, 9, 130, 3, 3, make_params(1, 1, 1, 1)},
+      // More than kGemmKc = 256 channels on each side: V's panels (forward and
+      // backward-data) in two blocks of rows.
+      {"C260_K258_two_row_blocks", 1, 260, 6, 5, 258, 3, 3, make_params(1, 1, 1, 1)},
       // Channel counts that are multiples of 8 run the weight gradient's vector
       // transforms (eight channels a vector): rows of more than eight tiles, an odd
       // P and Q without padding, and rows narrower than one vector.
@@ -407,18 +410,32 @@ struct WinogradCase {
   }
 };
 
+// On every ISA this CPU has: the transforms' portable, AVX2 and AVX-512 code each
+// write V into the panels of their own GEMM's B.
 TEST(Conv2dWinograd, MatchesReferenceWithinTheTermMagnitudes) {
+  const RestoreGemmIsa restore;
   unsigned seed = 900;
   for (const ConvCase& k : winograd_cases()) {
     SCOPED_TRACE(k.name);
     const WinogradCase c(k, seed += 10);
+    for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
+      if (!gemm_isa_supported(isa)) continue;
+      SCOPED_TRACE(isa == GemmIsa::Portable ? "portable"
+                   : isa == GemmIsa::Avx2   ? "AVX2"
+                                            : "AVX-512");
+      set_gemm_isa(isa);
+      const ConvOutputs on_isa = c.run(cpu::Conv2dAlgorithm::Winograd);
+      EXPECT_LE(worst_error(on_isa.y, c.y, c.y_scale), kWinogradTolerance) << "y";
+      EXPECT_LE(worst_error(on_isa.grad_x, c.grad_x, c.grad_x_scale), kWinogradTolerance)
+          << "grad_x";
+      EXPECT_LE(worst_error(on_isa.grad_w, c.grad_w, c.grad_w_scale), kWinogradTolerance)
+          << "grad_weight";
+    }
+    set_gemm_isa(GemmIsa::Auto);
     const ConvOutputs winograd = c.run(cpu::Conv2dAlgorithm::Winograd);
     const double y_error = worst_error(winograd.y, c.y, c.y_scale);
     const double gx_error = worst_error(winograd.grad_x, c.grad_x, c.grad_x_scale);
     const double gw_error = worst_error(winograd.grad_w, c.grad_w, c.grad_w_scale);
-    EXPECT_LE(y_error, kWinogradTolerance) << "y";
-    EXPECT_LE(gx_error, kWinogradTolerance) << "grad_x";
-    EXPECT_LE(gw_error, kWinogradTolerance) << "grad_weight";
     // The Winograd path really ran: its bits differ from im2col's somewhere.
     const ConvOutputs im2col = c.run(cpu::Conv2dAlgorithm::Im2col);
     if (k.C * k.K >= 64) {

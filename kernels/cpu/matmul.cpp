@@ -631,6 +631,13 @@ void with_blocked(GemmIsa isa, const Fn& fn) {
   }
 }
 
+// The layout of B for `isa`'s kernels.
+GemmBPanels b_panels_for(GemmIsa isa, std::int64_t k, std::int64_t n) {
+  GemmBPanels panels{isa, 0, k, n};
+  with_blocked(isa, [&]<int MR, int NR>(const Kernels&) { panels.width = NR; });
+  return panels;
+}
+
 }  // namespace
 
 PackedA::PackedA(const float* a, std::int64_t lda, std::int64_t m, std::int64_t k)
@@ -641,23 +648,28 @@ PackedA::PackedA(const float* a, std::int64_t lda, std::int64_t m, std::int64_t 
   });
 }
 
-void gemm_packed_a(const PackedA& a, std::int64_t n, const float* b, std::int64_t ldb, float beta,
-                   float* c, std::int64_t ldc) {
-  if (a.m_ <= 0 || n <= 0) return;
-  if (a.k_ <= 0) {
-    scale_c(a.m_, n, beta, c, ldc);
-    return;
-  }
-  with_blocked(a.isa_, [&]<int MR, int NR>(const Kernels& kernels) {
-    Blocked<MR, NR>::run(kernels, false, false, a.m_, n, a.k_, 1.0f, nullptr, 0, b, ldb, beta, c,
-                         ldc, a.panels_.data());
-  });
+GemmBPanels PackedA::b_panels(std::int64_t n) const {
+  return b_panels_for(isa_, k_, n);
 }
 
 GemmBPanels gemm_b_panels(std::int64_t k, std::int64_t n) {
-  GemmBPanels panels{selected_isa().load(std::memory_order_relaxed), 0, k, n};
-  with_blocked(panels.isa, [&]<int MR, int NR>(const Kernels&) { panels.width = NR; });
-  return panels;
+  return b_panels_for(selected_isa().load(std::memory_order_relaxed), k, n);
+}
+
+void gemm_packed(const PackedA& a, const GemmBPanels& b, const float* packed, float beta, float* c,
+                 std::int64_t ldc) {
+  TL_CHECK(a.isa_ == b.isa && a.k_ == b.k, InvalidArgument,
+           "gemm_packed: A packed with K = " << a.k_ << ", B's panels with K = " << b.k
+                                             << (a.isa_ == b.isa ? "" : ", for another ISA"));
+  if (a.m_ <= 0 || b.n <= 0) return;
+  if (b.k <= 0) {
+    scale_c(a.m_, b.n, beta, c, ldc);
+    return;
+  }
+  with_blocked(b.isa, [&]<int MR, int NR>(const Kernels& kernels) {
+    Blocked<MR, NR>::run(kernels, false, false, a.m_, b.n, b.k, 1.0f, nullptr, 0, nullptr, 0, beta,
+                         c, ldc, a.panels_.data(), packed);
+  });
 }
 
 void gemm_packed_b(bool transpose_a, std::int64_t m, const float* a, std::int64_t lda,

@@ -18,28 +18,6 @@ void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, st
           T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
           std::int64_t ldc);
 
-// A [m,k] (stored row-major with stride lda, not transposed) packed once into the
-// GEMM's panels, for many products with the same A: Winograd's transformed weights
-// against every block of tiles, which gemm would pack again each time. Packed for
-// the ISA in use when it is built; gemm_packed_a then runs that ISA's kernels.
-class PackedA {
- public:
-  PackedA(const float* a, std::int64_t lda, std::int64_t m, std::int64_t k);
-
- private:
-  friend void gemm_packed_a(const PackedA&, std::int64_t, const float*, std::int64_t, float, float*,
-                            std::int64_t);
-  GemmIsa isa_;
-  std::int64_t m_, k_;
-  std::vector<float> panels_;
-};
-
-// C [m,n] = A · B + beta * C for B [k,n] (row stride ldb, not transposed):
-// gemm<float>(false, false, m, n, k, 1, a, lda, b, ldb, beta, c, ldc) with A's
-// packing done once, the same bits.
-void gemm_packed_a(const PackedA& a, std::int64_t n, const float* b, std::int64_t ldb, float beta,
-                   float* c, std::int64_t ldc);
-
 // The GEMM's block of the inner dimension: each output sums its products kGemmKc at
 // a time in registers, and the blocks' sums onto C in order. A kernel that must give
 // the GEMM's bits (conv2d's implicit weight gradient) blocks its sums the same way.
@@ -70,6 +48,33 @@ GemmBPanels gemm_b_panels(std::int64_t k, std::int64_t n);
 void gemm_packed_b(bool transpose_a, std::int64_t m, const float* a, std::int64_t lda,
                    const GemmBPanels& b, const float* packed, float beta, float* c,
                    std::int64_t ldc);
+
+// A [m,k] (stored row-major with stride lda, not transposed) packed once into the
+// GEMM's panels, for many products with the same A: Winograd's transformed weights
+// against every block of tiles, which gemm would pack again each time. Packed for
+// the ISA in use when it is built; B's producer asks b_panels for the layout of B
+// that this A multiplies (that ISA's), and gemm_packed runs that ISA's kernels.
+class PackedA {
+ public:
+  PackedA(const float* a, std::int64_t lda, std::int64_t m, std::int64_t k);
+
+  // The layout of a B [k,n] for gemm_packed with this A.
+  GemmBPanels b_panels(std::int64_t n) const;
+
+ private:
+  friend void gemm_packed(const PackedA&, const GemmBPanels&, const float*, float, float*,
+                          std::int64_t);
+  GemmIsa isa_;
+  std::int64_t m_, k_;
+  std::vector<float> panels_;
+};
+
+// C [m,n] = A · B + beta * C with both operands packed: A once (PackedA), B written
+// by its producer into `packed` as a.b_panels(n) lays it out (Winograd's input
+// transform, block by block): gemm<float>(false, false, m, n, k, 1, A, lda, B, ldb,
+// beta, c, ldc) without packing either, the same bits.
+void gemm_packed(const PackedA& a, const GemmBPanels& b, const float* packed, float beta, float* c,
+                 std::int64_t ldc);
 
 #if defined(__x86_64__)
 // dst [k][32] <- 32 rows of src, `ld` apart, each contiguous along k: the GEMM's

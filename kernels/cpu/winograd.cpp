@@ -3,7 +3,8 @@
 //   1. weight transform  U[e] = (G g Gᵀ)[e]                      [16][K][C], per call,
 //                        each U[e] packed once into the GEMM's panels (PackedA)
 //   2. for each block of tiles (in parallel, blocks fixed by the shape):
-//      input transform   V[c][e][t] = (Bᵀ d[t,c] B)[e]          [C][16][tiles]
+//      input transform   V[e](c, t) = (Bᵀ d[t,c] B)[e]          [16][C, tiles],
+//                        each V[e] written in the GEMM's panels of B
 //      16 GEMMs          M[e] = U[e] · V[e]                      [K][16][tiles]
 //      output transform  out tile (t, k) (+)= Aᵀ m[t,k] A        2x2, clipped at the edge
 // Inside this file C and K are the correlation's input and output channels: for
@@ -168,38 +169,67 @@ std::int64_t row_width(const Problem& p) {
   return 2 * vector_tiles(p) + 2;
 }
 
-// The scratch of one thread, for a block of tiles `block` columns wide (a multiple
-// of 16). V and M keep each channel's 16 elements together, so that the
-// transforms, which go channel by channel, walk them from start to end, where with
-// the elements outermost they would jump between 16 arrays. The GEMM of element e
-// reads V[e] and writes M[e] as matrices whose rows lie ld() apart.
+// How far apart to keep 16 arrays of `floats` each that a transform writes side by
+// side (V[e] or Y[e], one vector into each in turn): an odd number of 64-byte lines,
+// so that their rows at equal offsets fall into 16 different sets of the L1 cache.
+// With V[e] 16 KiB apart (FashionNet's conv2 backward-data) all 16 fell into one
+// 8-way set and the input transform took twice as long.
+std::int64_t spread_stride(std::int64_t floats) {
+  constexpr std::int64_t kLine = 16;  // floats
+  const std::int64_t lines = (floats + kLine - 1) / kLine;
+  return (lines | 1) * kLine;
+}
+
+// The input transform of one block of tiles: V[e] [C, tiles] written where the
+// GEMM reads its B (PackedA::b_panels), so that the 16 GEMMs pack nothing (the
+// copy into panels was a tenth of FashionNet's conv2 forward).
+struct BlockInput {
+  float* v;             // [16][stride]
+  GemmBPanels panels;   // k: C, n: the block's tiles
+  std::int64_t stride;  // V[e] to V[e + 1]: spread_stride of the largest block's
+
+  float* of(int e) const { return v + e * stride; }
+  // V[e]'s element (c, t).
+  float* at(int e, std::int64_t c, std::int64_t t) const { return of(e) + panels.at(c, t); }
+};
+
+// The scratch of one thread, for blocks of tiles up to `block` columns (a multiple
+// of 16). M keeps each channel's 16 elements together, so that the output
+// transform, which goes channel by channel, walks it from start to end; the GEMM of
+// element e writes M[e] as a matrix whose rows lie ld() apart.
 struct Workspace {
-  float* v;     // [C][16][block]: the input transform
+  float* v;     // a BlockInput's V, up to `block` tiles: [16][v_stride]
   float* m;     // [K][16][block]: the 16 products
   float* rows;  // [4][row_width]: the padded input rows one tile row reads
-  std::int64_t block;
+  std::int64_t block, v_stride;
 
-  float* v_at(std::int64_t c, int e) const { return v + (c * 16 + e) * block; }
   float* m_at(std::int64_t k, int e) const { return m + (k * 16 + e) * block; }
   std::int64_t ld() const { return 16 * block; }
 };
 
-// The floats of one Workspace, and the Workspace laid out in them, with V's columns
-// and the rows' padding zeroed as the transforms expect.
-std::int64_t workspace_floats(const Problem& p, std::int64_t block) {
-  return 16 * (p.C + p.K) * block + 4 * row_width(p);
+// The floats of one Workspace for blocks of up to `whole.n` tiles, and the Workspace
+// laid out in them, with V (see whole_panels) and the rows' padding zeroed.
+std::int64_t workspace_floats(const Problem& p, const GemmBPanels& whole) {
+  return 16 * spread_stride(whole.floats()) + 16 * p.K * whole.n + 4 * row_width(p);
 }
-Workspace workspace_in(float* base, const Problem& p, std::int64_t block) {
-  const Workspace ws{base, base + 16 * p.C * block, base + 16 * (p.C + p.K) * block, block};
-  std::fill(ws.v, ws.v + 16 * p.C * block, 0.0f);        // the padding columns
+Workspace workspace_in(float* base, const Problem& p, const GemmBPanels& whole) {
+  const std::int64_t v_stride = spread_stride(whole.floats());
+  float* m = base + 16 * v_stride;
+  const Workspace ws{base, m, m + 16 * p.K * whole.n, whole.n, v_stride};
+  std::fill(ws.v, ws.m, 0.0f);
   std::fill(ws.rows, ws.rows + 4 * row_width(p), 0.0f);  // the padding
   return ws;
 }
 
-// The columns of V and M for blocks of `rows` tile rows: their tiles, the 7 that an
-// AVX2 transform's last group of eight may write past them, in whole 16-column panels.
-std::int64_t block_columns(const Problem& p, std::int64_t rows) {
-  return (rows * p.tiles_w + 7 + 15) / 16 * 16;
+// The layout of V for `columns` tiles rounded up to whole panels of the GEMM, which
+// then multiplies its last panel whole, without a ragged edge: the columns past the
+// tiles hold finite leftovers (zeros at first, then what an earlier block or a tile
+// row's last group left), whose products are never read, since a column of M
+// depends on its column of V alone.
+GemmBPanels whole_panels(const PackedA& u, std::int64_t columns) {
+  GemmBPanels panels = u.b_panels(columns);
+  panels.n = panels.panels() * panels.width;
+  return panels;
 }
 
 // (a, b, c, d) <- (a - c, b + c, c - b, b - d): Bᵀ on a column of 4, or B on a row
@@ -234,14 +264,12 @@ constexpr std::int64_t kPrefetchPlanes = 4;
   __builtin_prefetch(plane + h1 * p.W - 1);
 }
 
-// V[c][e][first + tw] = (Bᵀ d B)[e] for the tiles tw of tile row (n, th), d their
+// V[e](c, first + tw) = (Bᵀ d B)[e] for the tiles tw of tile row (n, th), d their
 // 4x4 inputs (zero outside the image). Four tiles at a time in vector lanes: tile
 // tw's column j is row element 2*tw + j, so the lanes are the even or odd elements
-// of two loads. A last group past tiles_w writes up to 3 columns past the row's
-// tiles: the next tile row overwrites them, or they lie past the block's tiles
-// (run() leaves room).
-void transform_input_row(const Workspace& ws, const float* in, const Problem& p, std::int64_t n,
-                         std::int64_t th, std::int64_t first) {
+// of two loads; each tile's values are stored one by one.
+void transform_input_row(const Workspace& ws, const BlockInput& v, const float* in,
+                         const Problem& p, std::int64_t n, std::int64_t th, std::int64_t first) {
   const std::int64_t width = row_width(p);
   // Valid input columns w = x - pad_w lie at x in [x0, x1) of a padded row.
   const std::int64_t x0 = std::min(width, p.pad_w), x1 = std::min(width, p.W + p.pad_w);
@@ -259,7 +287,6 @@ void transform_input_row(const Workspace& ws, const float* in, const Problem& p,
       const float* src = plane + h * p.W;  // [W]: input column x - pad_w
       for (std::int64_t x = x0; x < x1; ++x) row[x] = src[x - p.pad_w];
     }
-    float* v = ws.v_at(c, 0) + first;
     for (std::int64_t tw = 0; tw < p.tiles_w; tw += 4) {
       Vec4 d[4][4];  // d[i][j]: element (i, j) of tiles tw..tw+3
       for (int i = 0; i < 4; ++i) {
@@ -273,7 +300,11 @@ void transform_input_row(const Workspace& ws, const float* in, const Problem& p,
       for (int j = 0; j < 4; ++j) apply_b(d[0][j], d[1][j], d[2][j], d[3][j]);
       for (int i = 0; i < 4; ++i) {
         apply_b(d[i][0], d[i][1], d[i][2], d[i][3]);
-        for (int j = 0; j < 4; ++j) store4(v + (4 * i + j) * ws.block + tw, d[i][j]);
+        for (int j = 0; j < 4; ++j) {
+          for (std::int64_t l = 0; l < std::min<std::int64_t>(4, p.tiles_w - tw); ++l) {
+            *v.at(4 * i + j, c, first + tw + l) = d[i][j][l];
+          }
+        }
       }
     }
   }
@@ -281,16 +312,23 @@ void transform_input_row(const Workspace& ws, const float* in, const Problem& p,
 
 #if TL_CPU_X86
 // The tile rows [row0, row1) of transform_input_row on AVX2: eight tiles a vector
-// (a row of FashionNet's 7 tiles is one group), a last group past tiles_w writing
-// up to 7 columns past the row's tiles (run() leaves room). The 18 input columns a
-// group reads come straight from the image as four masked loads (columns outside
-// the image read as the padding's zeros), not through a copy of the rows: the copy
-// took about as long as the transform.
-__attribute__((target("avx2,fma"))) void transform_input_avx2(const Workspace& ws, const float* in,
+// (a row of FashionNet's 7 tiles is one group). The 18 input columns a group reads
+// come straight from the image as four masked loads (columns outside the image read
+// as the padding's zeros), not through a copy of the rows: the copy took about as
+// long as the transform.
+//
+// A group's eight tiles go to a row of V's panels as one store, unless they run
+// past the panel's end (FashionNet's 7 tiles a row start at every column of a
+// 16-wide panel in turn): then the lanes that fit go by store_first_lanes (a
+// masked store would be slow) and the rest, turned to lanes 0.., as a whole vector
+// at the start of the next panel's row. Lanes past the group's tiles (a row's last
+// group) land on later tiles, which later groups overwrite, or past the block's.
+__attribute__((target("avx2,fma"))) void transform_input_avx2(const BlockInput& v, const float* in,
                                                               const Problem& p, std::int64_t row0,
                                                               std::int64_t row1) {
   // The loads start at columns x0 + kOffset[l] of the group's first input column x0.
   constexpr std::int64_t kOffset[4] = {0, 8, 2, 10};
+  const std::int64_t next_e = v.stride;  // V[e] to V[e + 1]
   for (std::int64_t row = row0; row < row1; ++row) {
     const std::int64_t n = row / p.tiles_h, th = row % p.tiles_h;
     for (std::int64_t tw = 0; tw < p.tiles_w; tw += 8) {
@@ -300,9 +338,18 @@ __attribute__((target("avx2,fma"))) void transform_input_avx2(const Workspace& w
         const std::int64_t x = x0 + kOffset[l];
         mask[l] = _mm256_andnot_si256(first_lanes8(-x), first_lanes8(p.W - x));
       }
-      float* v = ws.v_at(0, 0) + (row - row0) * p.tiles_w + tw;
-      for (std::int64_t c = 0; c < p.C; ++c, v += 16 * ws.block) {
+      const std::int64_t t = (row - row0) * p.tiles_w + tw;  // the group's first tile
+      const std::int64_t tiles = std::min<std::int64_t>(8, p.tiles_w - tw);
+      const std::int64_t fit = v.panels.width - t % v.panels.width;  // lanes in t's panel
+      const bool split = fit<8, spill = tiles> fit;
+      const __m256i turn = _mm256_and_si256(  // lane l <- lane l + fit
+          _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                           _mm256_set1_epi32(static_cast<int>(fit))),
+          _mm256_set1_epi32(7));
+      for (std::int64_t c = 0; c < p.C; ++c) {
         if (tw == 0) prefetch_rows(in, p, n, th, c);
+        float* here = v.v + v.panels.at(c, t);
+        float* next = split && spill ? v.v + v.panels.at(c, t + fit) : nullptr;
         const float* plane = in + (n * p.C + c) * p.H * p.W;  // [H,W]
         __m256 d[4][4];  // d[i][j]: element (i, j) of tiles tw..tw+7
         for (int i = 0; i < 4; ++i) {
@@ -320,9 +367,19 @@ __attribute__((target("avx2,fma"))) void transform_input_avx2(const Workspace& w
           d[i][3] = odd_lanes(r[2], r[3]);
         }
         for (int j = 0; j < 4; ++j) apply_b(d[0][j], d[1][j], d[2][j], d[3][j]);
-        for (int i = 0; i < 4; ++i) {
-          apply_b(d[i][0], d[i][1], d[i][2], d[i][3]);
-          for (int j = 0; j < 4; ++j) _mm256_storeu_ps(v + (4 * i + j) * ws.block, d[i][j]);
+        for (int i = 0; i < 4; ++i) apply_b(d[i][0], d[i][1], d[i][2], d[i][3]);
+        // The two ways to store kept apart, each unrolled: with the test inside the
+        // loop, the compiler kept d in memory and the transform took twice as long.
+        if (!split) {
+#pragma GCC unroll 16
+          for (int e = 0; e < 16; ++e) _mm256_storeu_ps(here + e * next_e, d[e / 4][e % 4]);
+          continue;
+        }
+        for (int e = 0; e < 16; ++e) store_first_lanes(here + e * next_e, d[e / 4][e % 4], fit);
+        if (spill) {
+          for (int e = 0; e < 16; ++e) {
+            _mm256_storeu_ps(next + e * next_e, _mm256_permutevar8x32_ps(d[e / 4][e % 4], turn));
+          }
         }
       }
     }
@@ -334,8 +391,8 @@ __attribute__((target("avx2,fma"))) void transform_input_avx2(const Workspace& w
 // transform_output_avx512 does), channel by channel: each tile row's share of the
 // lanes, at most eight tiles, picked from two masked loads of each input row (the
 // mask stands for the padding), so V's rows are written sixteen tiles, a cache
-// line, at a time.
-__attribute__((target("avx512f"))) void transform_input_avx512(const Workspace& ws, const float* in,
+// line, at a time, never across a panel's end (its width is a multiple of 16).
+__attribute__((target("avx512f"))) void transform_input_avx512(const BlockInput& v, const float* in,
                                                                const Problem& p, std::int64_t row0,
                                                                std::int64_t row1) {
   // Lane t: column 2t of the two loads end to end (16 to 31: the second). A tile
@@ -383,28 +440,29 @@ __attribute__((target("avx512f"))) void transform_input_avx512(const Workspace& 
       for (int j = 0; j < 4; ++j) apply_b(d[0][j], d[1][j], d[2][j], d[3][j]);
       for (int i = 0; i < 4; ++i) {
         apply_b(d[i][0], d[i][1], d[i][2], d[i][3]);
-        for (int j = 0; j < 4; ++j) _mm512_storeu_ps(ws.v_at(c, 4 * i + j) + t0, d[i][j]);
+        for (int j = 0; j < 4; ++j) _mm512_storeu_ps(v.at(4 * i + j, c, t0), d[i][j]);
       }
     }
   }
 }
 #endif
 
-// V for the tile rows [row0, row1) (row = n * tiles_h + th), on the selected ISA.
-void transform_input(const Workspace& ws, const float* in, const Problem& p, std::int64_t row0,
-                     std::int64_t row1) {
+// V for the tile rows [row0, row1) (row = n * tiles_h + th), on the ISA whose GEMM
+// reads it (its panels' width is that ISA's).
+void transform_input(const Workspace& ws, const BlockInput& v, const float* in, const Problem& p,
+                     std::int64_t row0, std::int64_t row1) {
 #if TL_CPU_X86
-  if (avx512_selected()) {  // kernels/cpu/x86.h
-    transform_input_avx512(ws, in, p, row0, row1);
+  if (v.panels.isa == GemmIsa::Avx512) {  // kernels/cpu/x86.h
+    transform_input_avx512(v, in, p, row0, row1);
     return;
   }
-  if (avx2_selected()) {
-    transform_input_avx2(ws, in, p, row0, row1);
+  if (v.panels.isa == GemmIsa::Avx2) {
+    transform_input_avx2(v, in, p, row0, row1);
     return;
   }
 #endif
   for (std::int64_t row = row0; row < row1; ++row) {
-    transform_input_row(ws, in, p, row / p.tiles_h, row % p.tiles_h, (row - row0) * p.tiles_w);
+    transform_input_row(ws, v, in, p, row / p.tiles_h, row % p.tiles_h, (row - row0) * p.tiles_w);
   }
 }
 
@@ -564,15 +622,9 @@ __attribute__((target("avx512f"))) void transform_output_avx512(const Workspace&
 void run_block(float* out, const float* in, const std::vector<PackedA>& u, const float* bias,
                bool accumulate, const Problem& p, std::int64_t row0, std::int64_t row1,
                const Workspace& ws) {
-  transform_input(ws, in, p, row0, row1);
-  // Whole 16-column panels of the GEMM (block is a multiple of 16): the columns
-  // past the block's tiles hold finite leftovers (zeros at first, then what an
-  // earlier block or a tile row's last group left) whose products are never read; a
-  // column of M depends on its column of V alone.
-  const std::int64_t tiles = std::min(ws.block, ((row1 - row0) * p.tiles_w + 15) / 16 * 16);
-  for (int e = 0; e < 16; ++e) {
-    gemm_packed_a(u[e], tiles, ws.v_at(0, e), ws.ld(), 0.0f, ws.m_at(0, e), ws.ld());
-  }
+  const BlockInput v{ws.v, whole_panels(u[0], (row1 - row0) * p.tiles_w), ws.v_stride};
+  transform_input(ws, v, in, p, row0, row1);
+  for (int e = 0; e < 16; ++e) gemm_packed(u[e], v.panels, v.of(e), 0.0f, ws.m_at(0, e), ws.ld());
 #if TL_CPU_X86
   if (avx512_selected()) {  // kernels/cpu/x86.h
     transform_output_avx512(ws, out, bias, accumulate, p, row0, row1);
@@ -590,11 +642,14 @@ void run_block(float* out, const float* in, const std::vector<PackedA>& u, const
 // writes its own output rows).
 void run(float* out, const float* in, const std::vector<PackedA>& u, const float* bias,
          bool accumulate, const Problem& p) {
-  const std::int64_t per_block = rows_per_block(p), block = block_columns(p, per_block);
+  const std::int64_t per_block = rows_per_block(p);
+  // M's columns: a block's tiles and the 7 past them that the AVX2 output
+  // transform's last group of eight reads.
+  const GemmBPanels whole = whole_panels(u[0], per_block * p.tiles_w + 7);
   const std::int64_t all_rows = p.N * p.tiles_h, blocks = (all_rows + per_block - 1) / per_block;
-  parallel_rows(blocks, block * 16 * (p.C + p.K), [&](std::int64_t first, std::int64_t last) {
-    HostScratch<float> scratch(workspace_floats(p, block));
-    const Workspace ws = workspace_in(scratch.get(), p, block);
+  parallel_rows(blocks, whole.n * 16 * (p.C + p.K), [&](std::int64_t first, std::int64_t last) {
+    HostScratch<float> scratch(workspace_floats(p, whole));
+    const Workspace ws = workspace_in(scratch.get(), p, whole);
     for (std::int64_t b = first; b < last; ++b) {
       run_block(out, in, u, bias, accumulate, p, b * per_block,
                 std::min(all_rows, (b + 1) * per_block), ws);
@@ -655,15 +710,15 @@ template <typename V>
 // The weight gradient's transforms of one block of tile rows [row0, row1): tile t of
 // the block is tile tw of tile row row0 + t / tiles_w.
 struct GradientBlock {
-  float* v;  // [16][tiles][C]: Bᵀ d B of x
-  float* y;  // [16][y_panels.floats()]: G₂ dy G₂ᵀ of grad_y, B [tiles, K] of the products
-  GemmBPanels y_panels;  // k: the block's tiles
+  float* v;  // [16][v_stride]: Bᵀ d B of x, V[e] [tiles][C]
+  float* y;  // [16][y_stride]: G₂ dy G₂ᵀ of grad_y, Y[e] B [tiles, K] of the products
+  GemmBPanels y_panels;             // k: the block's tiles
+  std::int64_t v_stride, y_stride;  // spread_stride of a whole block's V[e] and Y[e]
 
-  std::int64_t tiles() const { return y_panels.k; }
+  float* v_of(int e) const { return v + e * v_stride; }
+  float* y_of(int e) const { return y + e * y_stride; }
   // Y[e]'s element (t, k).
-  float* y_at(int e, std::int64_t t, std::int64_t k) const {
-    return y + e * y_panels.floats() + y_panels.at(t, k);
-  }
+  float* y_at(int e, std::int64_t t, std::int64_t k) const { return y_of(e) + y_panels.at(t, k); }
 };
 
 // The block's V and Y one tile and channel at a time (zero outside the image and
@@ -684,7 +739,7 @@ void transform_block(const GradientBlock& b, const float* x, const float* grad_y
           }
         }
         transform_input_tile(d);
-        for (int e = 0; e < 16; ++e) b.v[(e * b.tiles() + t) * p.C + c] = d[e / 4][e % 4];
+        for (int e = 0; e < 16; ++e) b.v_of(e)[t * p.C + c] = d[e / 4][e % 4];
       }
       for (std::int64_t k = 0; k < p.K; ++k) {
         const float* plane = grad_y + (n * p.K + k) * p.P * p.Q;  // [P,Q]
@@ -807,7 +862,7 @@ __attribute__((target("avx2,fma"))) void transform_block_avx2(const GradientBloc
             for (int j = 0; j < 4; ++j) d[i][j] = _mm256_load_ps(in_cols[i][2 * u + j]);
           }
           transform_input_tile(d);
-          for (int e = 0; e < 16; ++e) _mm256_storeu_ps(v + e * b.tiles() * p.C, d[e / 4][e % 4]);
+          for (int e = 0; e < 16; ++e) _mm256_storeu_ps(v + e * b.v_stride, d[e / 4][e % 4]);
         }
       }
     }
@@ -843,7 +898,7 @@ __attribute__((target("avx2,fma"))) void transform_block_avx2(const GradientBloc
           transform_gradient_tile(g, d);
           // Filters k0 .. k0 + 7 lie together in a panel (8 divides its width).
           float* y = b.y_at(0, t0 + u, k0);
-          for (int e = 0; e < 16; ++e) _mm256_storeu_ps(y + e * b.y_panels.floats(), g[e]);
+          for (int e = 0; e < 16; ++e) _mm256_storeu_ps(y + e * b.y_stride, g[e]);
         }
       }
     }
@@ -975,15 +1030,15 @@ namespace {
 struct GradientWorkspace {
   std::int64_t per_block;  // tile rows a block
   GemmBPanels whole;       // a whole block's Y[e]
-  std::int64_t v_floats, y_floats, sum_floats;
+  std::int64_t v_stride, y_stride, sum_floats;
 
   explicit GradientWorkspace(const Problem& p)
       : per_block(rows_per_block(p)),
         whole(gemm_b_panels(per_block * p.tiles_w, p.K)),
-        v_floats(16 * per_block * p.tiles_w * p.C),
-        y_floats(16 * whole.floats()),
+        v_stride(spread_stride(per_block * p.tiles_w * p.C)),
+        y_stride(spread_stride(whole.floats())),
         sum_floats(16 * p.C * p.K) {}
-  std::int64_t floats() const { return v_floats + y_floats + sum_floats; }
+  std::int64_t floats() const { return 16 * (v_stride + y_stride) + sum_floats; }
 };
 
 Problem weight_problem(std::int64_t images, const Conv2dShape& s) {
@@ -1002,8 +1057,8 @@ void winograd_weight_grad(float* partial, const float* x, const float* grad_y, s
   const GradientWorkspace sizes(p);
   const std::int64_t all_rows = p.N * p.tiles_h;
   float* v = workspace;
-  float* y = v + sizes.v_floats;
-  float* sums = y + sizes.y_floats;  // S [16][C][K]
+  float* y = v + 16 * sizes.v_stride;
+  float* sums = y + 16 * sizes.y_stride;  // S [16][C][K]
   if (all_rows == 0) std::fill(sums, sums + sizes.sum_floats, 0.0f);
   // The panels' columns past K are read (their products are not): zeros.
   if (p.K % sizes.whole.width != 0) std::fill(y, sums, 0.0f);
@@ -1012,11 +1067,11 @@ void winograd_weight_grad(float* partial, const float* x, const float* grad_y, s
     const std::int64_t tiles = (row1 - row0) * p.tiles_w;
     GemmBPanels y_panels = sizes.whole;
     y_panels.k = tiles;
-    const GradientBlock b{v, y, y_panels};
+    const GradientBlock b{v, y, y_panels, sizes.v_stride, sizes.y_stride};
     transform_gradient_block(b, x, grad_y, p, row0, row1);
     for (int e = 0; e < 16; ++e) {
-      gemm_packed_b(true, p.C, b.v + e * tiles * p.C, p.C, y_panels, b.y + e * y_panels.floats(),
-                    row0 == 0 ? 0.0f : 1.0f, sums + e * p.C * p.K, p.K);
+      gemm_packed_b(true, p.C, b.v_of(e), p.C, y_panels, b.y_of(e), row0 == 0 ? 0.0f : 1.0f,
+                    sums + e * p.C * p.K, p.K);
     }
   }
   transform_weight_gradient(partial, sums, p);
