@@ -23,11 +23,12 @@ void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, st
 // the GEMM's bits (conv2d's implicit weight gradient) blocks its sums the same way.
 constexpr std::int64_t kGemmKc = 256;
 
-// B [k,n] as the GEMM packs it for the ISA in use when asked, for a producer that
-// writes it there itself instead of into a matrix the GEMM would copy (Winograd's
-// weight gradient, as its transform computes B): column panels `width` wide (16 on
-// AVX2, 32 on AVX-512), [kc][width] each, zeros (or any finite values) past n; the
-// rows in blocks of kGemmKc, each block's panels one after another.
+// B [k,n] as the GEMM packs it for one ISA (gemm_b_panels: the one in use when
+// asked; PackedA::b_panels: its own), for a producer that writes it there itself
+// instead of into a matrix the GEMM would copy (Winograd's transforms, as they
+// compute B): column panels `width` wide (16 on AVX2, 32 on AVX-512), [kc][width]
+// each, zeros (or any finite values) past n; the rows in blocks of kGemmKc, each
+// block's panels one after another.
 struct GemmBPanels {
   GemmIsa isa;
   std::int64_t width, k, n;
