@@ -8,14 +8,9 @@
 //      16 GEMMs          M[e] = U[e] · V[e]                      [K][16][tiles]
 //      output transform  out tile (t, k) (+)= Aᵀ m[t,k] A        2x2, clipped at the edge
 // Inside this file C and K are the correlation's input and output channels: for
-// backward-data they are the layer's K and C, and the input is grad_y.
-// The weight gradient, F(3x3, 2x2), for a group of images (its algebra at "the weight
-// gradient" below):
-//   for each block of tiles, in order:
-//      transforms        V[e][t][c] = (Bᵀ d[t,c] B)[e],  Y[e](t, k) = (G₂ dy[t,k] G₂ᵀ)[e]
-//                        (Y in the GEMM's panels of B)
-//      16 GEMMs          S[e] (+)= V[e]ᵀ · Y[e]                  [16][C][K]
-//   then                 partial[c,r,s][k] = (A₂ᵀ S[c,k] A₂)[r][s]
+// backward-data they are the layer's K and C, and the input is grad_y. The weight
+// gradient is in kernels/cpu/winograd_weight_grad.cpp; this file also keeps the
+// algorithm's selection (set_conv2d_algorithm) and whether Winograd takes a shape.
 #include "kernels/cpu/winograd.h"
 
 #include <algorithm>
@@ -29,11 +24,18 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/cpu/winograd_tiles.h"
 #include "kernels/cpu/x86.h"
 
 namespace towerlab::cpu {
 
 namespace {
+
+using winograd::make_problem;
+using winograd::Problem;
+using winograd::rows_per_block;
+using winograd::spread_stride;
+using winograd::transform_input_tile;
 
 // The environment may pin the algorithm (TOWERLAB_CONV2D_ALGORITHM=auto|im2col|
 // winograd); an unknown name warns once and leaves Auto (engine/settings.h).
@@ -58,21 +60,6 @@ std::atomic<Conv2dAlgorithm>& selected_algorithm() {
 // the weight gradient shares (bench/results/winograd.md). The choice depends on
 // the shape alone, never on the ISA, so that every ISA gives the same bits.
 constexpr std::int64_t kMinAutoChannels = 16;
-
-// One correlation with a 3x3 kernel, stride 1: out [N,K,P,Q] from in [N,C,H,W]
-// padded by pad_h, pad_w (0 to 2), P = H + 2*pad_h - 2, Q likewise.
-struct Problem {
-  std::int64_t N, C, H, W;
-  std::int64_t K, P, Q;
-  std::int64_t pad_h, pad_w;
-  std::int64_t tiles_h, tiles_w;  // ceil(P/2), ceil(Q/2): 2x2 output tiles per image
-};
-
-Problem make_problem(std::int64_t N, std::int64_t C, std::int64_t H, std::int64_t W, std::int64_t K,
-                     std::int64_t pad_h, std::int64_t pad_w) {
-  const std::int64_t P = H + 2 * pad_h - 2, Q = W + 2 * pad_w - 2;
-  return {N, C, H, W, K, P, Q, pad_h, pad_w, (P + 1) / 2, (Q + 1) / 2};
-}
 
 // u [4][4] = G g Gᵀ for g [3][3], one kernel a lane of V (or V = float: one kernel).
 template <typename V>
@@ -148,18 +135,6 @@ void transform_weight(float* u, std::int64_t ldu, const float* g, std::int64_t s
   transform_kernels(u, ldu, g, stride, row, col, count);
 }
 
-// Tile blocks are runs of whole tile rows (one image's tiles th, all tw), so that
-// the transforms walk input and output rows contiguously: about enough rows that V
-// and M of one block (16 (C + K) floats a tile) take three quarters of a 512 KiB L2
-// (larger and smaller blocks measured no faster on FashionNet's second layer). A
-// function of the shape alone, so the blocks, and with them the bits, do not
-// depend on the threads.
-std::int64_t rows_per_block(const Problem& p) {
-  constexpr std::int64_t kBlockBytes = 384 * 1024;
-  const std::int64_t tiles = kBlockBytes / (16 * (p.C + p.K) * std::int64_t{sizeof(float)});
-  return std::max<std::int64_t>(1, tiles / p.tiles_w);
-}
-
 // The tiles of a tile row rounded up to whole groups of four, and the padded input
 // columns they read (tile tw reads 2*tw .. 2*tw + 3).
 std::int64_t vector_tiles(const Problem& p) {
@@ -167,17 +142,6 @@ std::int64_t vector_tiles(const Problem& p) {
 }
 std::int64_t row_width(const Problem& p) {
   return 2 * vector_tiles(p) + 2;
-}
-
-// How far apart to keep 16 arrays of `floats` each that a transform writes side by
-// side (V[e] or Y[e], one vector into each in turn): an odd number of 64-byte lines,
-// so that their rows at equal offsets fall into 16 different sets of the L1 cache.
-// With V[e] 16 KiB apart (FashionNet's conv2 backward-data) all 16 fell into one
-// 8-way set and the input transform took twice as long.
-std::int64_t spread_stride(std::int64_t floats) {
-  constexpr std::int64_t kLine = 16;  // floats
-  const std::int64_t lines = (floats + kLine - 1) / kLine;
-  return (lines | 1) * kLine;
 }
 
 // The input transform of one block of tiles: V[e] [C, tiles] written where the
@@ -230,18 +194,6 @@ GemmBPanels whole_panels(const PackedA& u, std::int64_t columns) {
   GemmBPanels panels = u.b_panels(columns);
   panels.n = panels.panels() * panels.width;
   return panels;
-}
-
-// (a, b, c, d) <- (a - c, b + c, c - b, b - d): Bᵀ on a column of 4, or B on a row
-// of 4, one tile per lane. The same operations whatever the vector width: the same
-// bits.
-template <typename V>
-[[gnu::always_inline]] inline void apply_b(V& a, V& b, V& c, V& d) {
-  const V a0 = a, b0 = b, c0 = c, d0 = d;
-  a = a0 - c0;
-  b = b0 + c0;
-  c = c0 - b0;
-  d = b0 - d0;
 }
 
 // The transforms ask for the input rows they will read, and the AVX-512 output
@@ -297,9 +249,8 @@ void transform_input_row(const Workspace& ws, const BlockInput& v, const float* 
         d[i][2] = __builtin_shufflevector(r2, r6, 0, 2, 4, 6);
         d[i][3] = __builtin_shufflevector(r2, r6, 1, 3, 5, 7);
       }
-      for (int j = 0; j < 4; ++j) apply_b(d[0][j], d[1][j], d[2][j], d[3][j]);
+      transform_input_tile(d);
       for (int i = 0; i < 4; ++i) {
-        apply_b(d[i][0], d[i][1], d[i][2], d[i][3]);
         for (int j = 0; j < 4; ++j) {
           for (std::int64_t l = 0; l < std::min<std::int64_t>(4, p.tiles_w - tw); ++l) {
             *v.at(4 * i + j, c, first + tw + l) = d[i][j][l];
@@ -366,8 +317,7 @@ __attribute__((target("avx2,fma"))) void transform_input_avx2(const BlockInput& 
           d[i][2] = even_lanes(r[2], r[3]);
           d[i][3] = odd_lanes(r[2], r[3]);
         }
-        for (int j = 0; j < 4; ++j) apply_b(d[0][j], d[1][j], d[2][j], d[3][j]);
-        for (int i = 0; i < 4; ++i) apply_b(d[i][0], d[i][1], d[i][2], d[i][3]);
+        transform_input_tile(d);
         // The two ways to store kept apart, each unrolled: with the test inside the
         // loop, the compiler kept d in memory and the transform took twice as long.
         if (!split) {
@@ -437,11 +387,8 @@ __attribute__((target("avx512f"))) void transform_input_avx512(const BlockInput&
           }
         }
       }
-      for (int j = 0; j < 4; ++j) apply_b(d[0][j], d[1][j], d[2][j], d[3][j]);
-      for (int i = 0; i < 4; ++i) {
-        apply_b(d[i][0], d[i][1], d[i][2], d[i][3]);
-        for (int j = 0; j < 4; ++j) _mm512_storeu_ps(v.at(4 * i + j, c, t0), d[i][j]);
-      }
+      transform_input_tile(d);
+      for (int e = 0; e < 16; ++e) _mm512_storeu_ps(v.at(e, c, t0), d[e / 4][e % 4]);
     }
   }
 }
@@ -657,310 +604,6 @@ void run(float* out, const float* in, const std::vector<PackedA>& u, const float
   });
 }
 
-// --- the weight gradient: F(3x3, 2x2) ---------------------------------------------
-//
-// The weight gradient is a correlation too: grad_weight[k,c] (3x3) sums over the
-// images and output pixels grad_y[n,k,p,q] · x[n,c,p+r-pad,q+s-pad]. Over one 2x2
-// tile of grad_y it is a 3x3 result from a 2x2 "kernel" (the tile) and the tile's
-// 4x4 input, Winograd F(3x3, 2x2): with the forward's Bᵀ and
-//   G₂ = [1    0  ]    A₂ᵀ = [1  1  1  0]
-//        [1/2  1/2]          [0  1 -1  0]
-//        [1/2 -1/2]          [0  1  1  1]
-//        [0   -1  ]
-// the tile adds A₂ᵀ [ (G₂ dy G₂ᵀ) ⊙ (Bᵀ d B) ] A₂ (G₂'s last row is the usual one's
-// negative, as this Bᵀ's is). The sum over tiles comes before A₂ᵀ . A₂, so it is 16
-// matrix products again, now reducing over the tiles:
-//   S[e] (+)= V[e]ᵀ · Y[e]      [C, K] = [C, tiles] · [tiles, K]
-// with V = Bᵀ d B as the forward's and Y = G₂ dy G₂ᵀ: 16 multiplications per tile and
-// (c, k) pair where im2col takes 36. Here the reduction runs over the tiles, so V and
-// Y keep a tile's channels together: V [16][tiles][C], which the GEMM packs by copying
-// runs of channels, and Y written straight into the GEMM's panels of B (GemmBPanels,
-// runs of 16 or 32 filters by tile), which it reads without packing. The transforms
-// write whole cache lines (the forward's layout, tiles contiguous, cost this pass
-// about as much in packing as in products).
-
-// u [4][4] = G₂ d G₂ᵀ for a 2x2 tile d of grad_y, one tile a lane of V (or V = float).
-// Halving and negating are exact: the rounding is the adds'.
-template <typename V>
-[[gnu::always_inline]] inline void transform_gradient_tile(V (&u)[16], const V (&d)[2][2]) {
-  V gd[4][2];  // G₂ d
-  for (int s = 0; s < 2; ++s) {
-    const V d0 = d[0][s], d1 = d[1][s];
-    gd[0][s] = d0;
-    gd[1][s] = 0.5f * (d0 + d1);
-    gd[2][s] = 0.5f * (d0 - d1);
-    gd[3][s] = -d1;
-  }
-  for (int i = 0; i < 4; ++i) {
-    const V g0 = gd[i][0], g1 = gd[i][1];
-    u[i * 4 + 0] = g0;
-    u[i * 4 + 1] = 0.5f * (g0 + g1);
-    u[i * 4 + 2] = 0.5f * (g0 - g1);
-    u[i * 4 + 3] = -g1;
-  }
-}
-
-// d [4][4] <- Bᵀ d B: columns first, then rows, as the forward's input transform.
-template <typename V>
-[[gnu::always_inline]] inline void transform_input_tile(V (&d)[4][4]) {
-  for (int j = 0; j < 4; ++j) apply_b(d[0][j], d[1][j], d[2][j], d[3][j]);
-  for (int i = 0; i < 4; ++i) apply_b(d[i][0], d[i][1], d[i][2], d[i][3]);
-}
-
-// The weight gradient's transforms of one block of tile rows [row0, row1): tile t of
-// the block is tile tw of tile row row0 + t / tiles_w.
-struct GradientBlock {
-  float* v;  // [16][v_stride]: Bᵀ d B of x, V[e] [tiles][C]
-  float* y;  // [16][y_stride]: G₂ dy G₂ᵀ of grad_y, Y[e] B [tiles, K] of the products
-  GemmBPanels y_panels;             // k: the block's tiles
-  std::int64_t v_stride, y_stride;  // spread_stride of a whole block's V[e] and Y[e]
-
-  float* v_of(int e) const { return v + e * v_stride; }
-  float* y_of(int e) const { return y + e * y_stride; }
-  // Y[e]'s element (t, k).
-  float* y_at(int e, std::int64_t t, std::int64_t k) const { return y_of(e) + y_panels.at(t, k); }
-};
-
-// The block's V and Y one tile and channel at a time (zero outside the image and
-// past P, Q), for any channel counts.
-void transform_block(const GradientBlock& b, const float* x, const float* grad_y, const Problem& p,
-                     std::int64_t row0, std::int64_t row1) {
-  for (std::int64_t row = row0; row < row1; ++row) {
-    const std::int64_t n = row / p.tiles_h, th = row % p.tiles_h;
-    for (std::int64_t tw = 0; tw < p.tiles_w; ++tw) {
-      const std::int64_t t = (row - row0) * p.tiles_w + tw;
-      for (std::int64_t c = 0; c < p.C; ++c) {
-        const float* plane = x + (n * p.C + c) * p.H * p.W;  // [H,W]
-        float d[4][4];
-        for (int i = 0; i < 4; ++i) {
-          for (int j = 0; j < 4; ++j) {
-            const std::int64_t h = 2 * th - p.pad_h + i, w = 2 * tw - p.pad_w + j;
-            d[i][j] = h >= 0 && h < p.H && w >= 0 && w < p.W ? plane[h * p.W + w] : 0.0f;
-          }
-        }
-        transform_input_tile(d);
-        for (int e = 0; e < 16; ++e) b.v_of(e)[t * p.C + c] = d[e / 4][e % 4];
-      }
-      for (std::int64_t k = 0; k < p.K; ++k) {
-        const float* plane = grad_y + (n * p.K + k) * p.P * p.Q;  // [P,Q]
-        float d[2][2], u[16];
-        for (int i = 0; i < 2; ++i) {
-          for (int j = 0; j < 2; ++j) {
-            const std::int64_t h = 2 * th + i, w = 2 * tw + j;
-            d[i][j] = h < p.P && w < p.Q ? plane[h * p.Q + w] : 0.0f;
-          }
-        }
-        transform_gradient_tile(u, d);
-        for (int e = 0; e < 16; ++e) *b.y_at(e, t, k) = u[e];
-      }
-    }
-  }
-}
-
-#if TL_CPU_X86
-// cols[x][lane] = plane_lane[x0 + x] for x < 8 * loads, lane the 8 planes
-// `plane_stride` apart from `row` (columns outside [0, width) read as zeros): eight
-// rows of a tile row's input turned into vectors of eight channels, an 8x8
-// transpose per eight columns. A load that would cross the row's ends reads the
-// eight columns inside it instead and the transposed columns are renamed (masked
-// loads, vmaskmovps, were the transforms' hottest instructions on the AVX2 machine);
-// rows narrower than eight columns take masked loads.
-__attribute__((target("avx2,fma"))) inline void load_channel_columns(
-    float (*cols)[8], const float* row, std::int64_t plane_stride, std::int64_t x0,
-    std::int64_t width, int loads) {
-  for (int l = 0; l < loads; ++l) {
-    const std::int64_t x = x0 + 8 * l;
-    float(*out)[8] = cols + 8 * l;
-    if (x >= width || x + 8 <= 0) {
-      std::fill(&out[0][0], &out[0][0] + 64, 0.0f);
-      continue;
-    }
-    __m256 r[8];
-    if (width < 8) {
-      const __m256i mask = _mm256_andnot_si256(first_lanes8(-x), first_lanes8(width - x));
-      for (int lane = 0; lane < 8; ++lane) {
-        r[lane] = _mm256_maskload_ps(row + lane * plane_stride + x, mask);
-      }
-      transpose8x8(r);
-      for (int q = 0; q < 8; ++q) _mm256_store_ps(out[q], r[q]);
-      continue;
-    }
-    const std::int64_t base = std::clamp<std::int64_t>(x, 0, width - 8);
-    for (int lane = 0; lane < 8; ++lane) {
-      r[lane] = _mm256_loadu_ps(row + lane * plane_stride + base);
-    }
-    transpose8x8(r);  // r[q]: column base + q
-    for (std::int64_t q = 0; q < 8; ++q) {
-      const std::int64_t column = x + q;
-      _mm256_store_ps(out[q],
-                      column >= 0 && column < width ? r[column - base] : _mm256_setzero_ps());
-    }
-  }
-}
-
-// Asks for row h of the eight planes `plane_stride` apart from `plane` (a row of
-// `width` floats): each plane is a short stretch of memory (FashionNet's 14x14, twelve
-// cache lines) whose rows the hardware prefetcher does not see coming. Asking one
-// tile row ahead took the weight gradient of FashionNet's conv2 (64 images, one
-// thread) from 8.3 to 6.8 ms.
-inline void prefetch_channel_row(const float* plane, std::int64_t plane_stride, std::int64_t h,
-                                 std::int64_t width) {
-  for (int lane = 0; lane < 8; ++lane) {
-    const float* row = plane + lane * plane_stride + h * width;
-    __builtin_prefetch(row);
-    __builtin_prefetch(row + width - 1);
-  }
-}
-
-// transform_block on AVX2 for C and K multiples of 8: eight channels a vector, their
-// input columns turned into channel vectors by load_channel_columns, eight tiles of
-// a tile row at a time. Eight channels go through all the block's tile rows before
-// the next eight, so that their planes are read from start to end, the next tile
-// row's rows asked for ahead (prefetch_channel_row).
-__attribute__((target("avx2,fma"))) void transform_block_avx2(const GradientBlock& block,
-                                                              const float* x, const float* grad_y,
-                                                              const Problem& problem,
-                                                              std::int64_t row0,
-                                                              std::int64_t row1) {
-  // Copies the stores cannot reach: through the references, the compiler read the
-  // sizes from memory again after every store of a tile.
-  const GradientBlock b = block;
-  const Problem p = problem;
-  // Tile tw0 + u of a group of eight reads input columns 2u .. 2u + 3 and grad_y
-  // columns 2u, 2u + 1 from the group's first: how many loads of eight columns a
-  // group of `tiles` needs.
-  auto loads = [](std::int64_t columns) { return static_cast<int>((columns + 7) / 8); };
-  alignas(32) float in_cols[4][24][8];  // input rows 2*th - pad_h + i, columns x0 + x
-  for (std::int64_t c0 = 0; c0 < p.C; c0 += 8) {
-    for (std::int64_t row = row0; row < row1; ++row) {
-      const std::int64_t n = row / p.tiles_h, th = row % p.tiles_h;
-      if (row + 1 < row1) {  // the rows the next tile row reads first
-        const std::int64_t next_n = (row + 1) / p.tiles_h, next_th = (row + 1) % p.tiles_h;
-        for (int i = next_th == 0 ? 0 : 2; i < 4; ++i) {
-          const std::int64_t h = 2 * next_th - p.pad_h + i;
-          if (h >= 0 && h < p.H) {
-            prefetch_channel_row(x + (next_n * p.C + c0) * p.H * p.W, p.H * p.W, h, p.W);
-          }
-        }
-      }
-      for (std::int64_t tw0 = 0; tw0 < p.tiles_w; tw0 += 8) {
-        const std::int64_t tiles = std::min<std::int64_t>(8, p.tiles_w - tw0);
-        const int count = loads(2 * tiles + 2);
-        for (int i = 0; i < 4; ++i) {
-          const std::int64_t h = 2 * th - p.pad_h + i;
-          if (h < 0 || h >= p.H) {
-            std::fill(&in_cols[i][0][0], &in_cols[i][0][0] + 64 * count, 0.0f);
-            continue;
-          }
-          load_channel_columns(in_cols[i], x + ((n * p.C + c0) * p.H + h) * p.W, p.H * p.W,
-                               2 * tw0 - p.pad_w, p.W, count);
-        }
-        float* v = b.v + ((row - row0) * p.tiles_w + tw0) * p.C + c0;
-        for (std::int64_t u = 0; u < tiles; ++u, v += p.C) {
-          __m256 d[4][4];
-          for (int i = 0; i < 4; ++i) {
-            for (int j = 0; j < 4; ++j) d[i][j] = _mm256_load_ps(in_cols[i][2 * u + j]);
-          }
-          transform_input_tile(d);
-          for (int e = 0; e < 16; ++e) _mm256_storeu_ps(v + e * b.v_stride, d[e / 4][e % 4]);
-        }
-      }
-    }
-  }
-  alignas(32) float dy_cols[2][16][8];  // grad_y rows 2*th + i, columns 2*tw0 + x
-  for (std::int64_t k0 = 0; k0 < p.K; k0 += 8) {
-    for (std::int64_t row = row0; row < row1; ++row) {
-      const std::int64_t n = row / p.tiles_h, th = row % p.tiles_h;
-      if (row + 1 < row1) {
-        const std::int64_t next_n = (row + 1) / p.tiles_h, next_th = (row + 1) % p.tiles_h;
-        for (std::int64_t h = 2 * next_th; h < std::min(p.P, 2 * next_th + 2); ++h) {
-          prefetch_channel_row(grad_y + (next_n * p.K + k0) * p.P * p.Q, p.P * p.Q, h, p.Q);
-        }
-      }
-      for (std::int64_t tw0 = 0; tw0 < p.tiles_w; tw0 += 8) {
-        const std::int64_t tiles = std::min<std::int64_t>(8, p.tiles_w - tw0);
-        const int count = loads(2 * tiles);
-        for (int i = 0; i < 2; ++i) {
-          const std::int64_t h = 2 * th + i;
-          if (h >= p.P) {
-            std::fill(&dy_cols[i][0][0], &dy_cols[i][0][0] + 64 * count, 0.0f);
-            continue;
-          }
-          load_channel_columns(dy_cols[i], grad_y + ((n * p.K + k0) * p.P + h) * p.Q, p.P * p.Q,
-                               2 * tw0, p.Q, count);
-        }
-        const std::int64_t t0 = (row - row0) * p.tiles_w + tw0;
-        for (std::int64_t u = 0; u < tiles; ++u) {
-          __m256 d[2][2], g[16];
-          for (int i = 0; i < 2; ++i) {
-            for (int j = 0; j < 2; ++j) d[i][j] = _mm256_load_ps(dy_cols[i][2 * u + j]);
-          }
-          transform_gradient_tile(g, d);
-          // Filters k0 .. k0 + 7 lie together in a panel (8 divides its width).
-          float* y = b.y_at(0, t0 + u, k0);
-          for (int e = 0; e < 16; ++e) _mm256_storeu_ps(y + e * b.y_stride, g[e]);
-        }
-      }
-    }
-  }
-}
-#endif
-
-// The block's V and Y on the selected ISA: eight channels a vector where AVX2 runs
-// and both channel counts are multiples of 8, one at a time otherwise (the same
-// operations, so the same bits).
-void transform_gradient_block(const GradientBlock& b, const float* x, const float* grad_y,
-                              const Problem& p, std::int64_t row0, std::int64_t row1) {
-#if TL_CPU_X86
-  if (avx2_selected() && p.C % 8 == 0 && p.K % 8 == 0) {
-    transform_block_avx2(b, x, grad_y, p, row0, row1);
-    return;
-  }
-#endif
-  transform_block(b, x, grad_y, p, row0, row1);
-}
-
-// w [3][3] = A₂ᵀ m A₂ for the 16 sums m of one (c, k) pair, one pair a lane of V (or
-// V = float). Adds only: the same bits whatever the vector width.
-template <typename V>
-[[gnu::always_inline]] inline void transform_sums(V (&w)[9], const V (&m)[16]) {
-  V t[3][4];  // A₂ᵀ m
-  for (int j = 0; j < 4; ++j) {
-    t[0][j] = m[j] + m[4 + j] + m[8 + j];
-    t[1][j] = m[4 + j] - m[8 + j];
-    t[2][j] = m[4 + j] + m[8 + j] + m[12 + j];
-  }
-  for (int r = 0; r < 3; ++r) {  // (A₂ᵀ m) A₂
-    w[r * 3 + 0] = t[r][0] + t[r][1] + t[r][2];
-    w[r * 3 + 1] = t[r][1] - t[r][2];
-    w[r * 3 + 2] = t[r][1] + t[r][2] + t[r][3];
-  }
-}
-
-// partial[(c*9 + r*3 + s) * K + k] = (A₂ᵀ S[c,k] A₂)[r][s] from S [16][C][K]: the
-// weight gradient in the transposed layout of conv2d.cpp's partials, four filters a
-// vector.
-void transform_weight_gradient(float* partial, const float* sums, const Problem& p) {
-  const std::int64_t plane = p.C * p.K;  // S[e]'s size
-  for (std::int64_t c = 0; c < p.C; ++c) {
-    const float* m_c = sums + c * p.K;
-    float* out = partial + c * 9 * p.K;
-    std::int64_t k = 0;
-    for (; k + 4 <= p.K; k += 4) {
-      Vec4 m[16], w[9];
-      for (int e = 0; e < 16; ++e) m[e] = load4(m_c + e * plane + k);
-      transform_sums(w, m);
-      for (int i = 0; i < 9; ++i) store4(out + i * p.K + k, w[i]);
-    }
-    for (; k < p.K; ++k) {
-      float m[16], w[9];
-      for (int e = 0; e < 16; ++e) m[e] = m_c[e * plane + k];
-      transform_sums(w, m);
-      for (int i = 0; i < 9; ++i) out[i * p.K + k] = w[i];
-    }
-  }
-}
-
 }  // namespace
 
 ScopedConv2dAlgorithm::ScopedConv2dAlgorithm(Conv2dAlgorithm algorithm)
@@ -1021,60 +664,6 @@ void winograd_backward_data(float* grad_x, const float* grad_y, const float* wei
     transform_weight(u.get() + c * s.K, s.C * s.K, weight + c * 9 + 8, s.C * 9, -3, -1, s.K);
   }
   run(grad_x, grad_y, packed_weights(u.get(), s.C, s.K), nullptr, accumulate, p);
-}
-
-namespace {
-
-// The sizes of the weight gradient's workspace: V and Y of a whole block of tile
-// rows (Y in the GEMM's panels), then S.
-struct GradientWorkspace {
-  std::int64_t per_block;  // tile rows a block
-  GemmBPanels whole;       // a whole block's Y[e]
-  std::int64_t v_stride, y_stride, sum_floats;
-
-  explicit GradientWorkspace(const Problem& p)
-      : per_block(rows_per_block(p)),
-        whole(gemm_b_panels(per_block * p.tiles_w, p.K)),
-        v_stride(spread_stride(per_block * p.tiles_w * p.C)),
-        y_stride(spread_stride(whole.floats())),
-        sum_floats(16 * p.C * p.K) {}
-  std::int64_t floats() const { return 16 * (v_stride + y_stride) + sum_floats; }
-};
-
-Problem weight_problem(std::int64_t images, const Conv2dShape& s) {
-  return make_problem(images, s.C, s.H, s.W, s.K, s.params.pad_h, s.params.pad_w);
-}
-
-}  // namespace
-
-std::int64_t winograd_weight_grad_scratch(const Conv2dShape& s) {
-  return GradientWorkspace(weight_problem(1, s)).floats();
-}
-
-void winograd_weight_grad(float* partial, const float* x, const float* grad_y, std::int64_t images,
-                          const Conv2dShape& s, float* workspace) {
-  const Problem p = weight_problem(images, s);
-  const GradientWorkspace sizes(p);
-  const std::int64_t all_rows = p.N * p.tiles_h;
-  float* v = workspace;
-  float* y = v + 16 * sizes.v_stride;
-  float* sums = y + 16 * sizes.y_stride;  // S [16][C][K]
-  if (all_rows == 0) std::fill(sums, sums + sizes.sum_floats, 0.0f);
-  // The panels' columns past K are read (their products are not): zeros.
-  if (p.K % sizes.whole.width != 0) std::fill(y, sums, 0.0f);
-  for (std::int64_t row0 = 0; row0 < all_rows; row0 += sizes.per_block) {
-    const std::int64_t row1 = std::min(all_rows, row0 + sizes.per_block);
-    const std::int64_t tiles = (row1 - row0) * p.tiles_w;
-    GemmBPanels y_panels = sizes.whole;
-    y_panels.k = tiles;
-    const GradientBlock b{v, y, y_panels, sizes.v_stride, sizes.y_stride};
-    transform_gradient_block(b, x, grad_y, p, row0, row1);
-    for (int e = 0; e < 16; ++e) {
-      gemm_packed_b(true, p.C, b.v_of(e), p.C, y_panels, b.y_of(e), row0 == 0 ? 0.0f : 1.0f,
-                    sums + e * p.C * p.K, p.K);
-    }
-  }
-  transform_weight_gradient(partial, sums, p);
 }
 
 }  // namespace towerlab::cpu

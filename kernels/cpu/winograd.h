@@ -20,7 +20,7 @@
 // by 2 - pad) with the kernel turned 180 degrees, input and output channels swapped.
 // The weight gradient is F(3x3, 2x2), the same input transform against G₂ dy G₂ᵀ of
 // each 2x2 tile of grad_y, 16 products reducing over the tiles, [C, K] = [C, tiles] ·
-// [tiles, K], then A₂ᵀ . A₂ to 3x3 (kernels/cpu/winograd.cpp).
+// [tiles, K], then A₂ᵀ . A₂ to 3x3 (kernels/cpu/winograd_weight_grad.cpp).
 //
 // Numerics: the transforms add and subtract up to 16 inputs with weights of 1 and
 // 1/2 before the products, so a result's rounding error is bounded by the sum of
