@@ -17,11 +17,17 @@
 // mask is recomputed from x (batchnorm_affine, as the forward computed y), so a
 // ReLU backward reads what the plain one reads.
 //
-// The fused max pool (a.max_pool) works a plane (n, c) at a time in a thread's
-// scratch (PoolScratch): the forward computes the plane's activation there and
-// pools it into y and argmax; the backwards write the plane's gradient there
-// from grad_y and argmax (with the ReLU's mask, folded into argmax by the
-// forward) and run the plain per-row code on it, as if read from memory.
+// The fused max pool (a.max_pool) works a plane (n, c) at a time: the forward
+// pools the plane's activation into y and argmax, computing it as the windows are
+// read where AVX2 runs 2x2 windows (max_pool_affine_plane, kernels/cpu/pool2d.h),
+// else into a thread's scratch first (PoolScratch); the backwards write the plane's
+// gradient into that scratch from grad_y and argmax (with the ReLU's mask, folded
+// into argmax by the forward) and run the plain per-row code on it, as if read from
+// memory. Either way the bits of the batch norm followed by the pool.
+//
+// Every pass over x asks for the plane two ahead of the one it reads
+// (prefetch_plane): x is the size of the previous layer's output, beyond the L2,
+// and the passes stalled on their loads.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -150,8 +156,14 @@ class PoolScratch {
   // relu_mask stops its gradient).
   template <bool Relu>
   void forward(T* y, T* where, const T* x, const Affine<T>& k, bool avx512, bool avx2) {
-    activate<Relu>(plane_.data(), x, z_.H * z_.W, k, avx512, avx2);
-    max_pool_plane(plane_.data(), y, where, z_, pool_);
+    bool pooled = false;
+    if constexpr (std::is_same_v<T, float>) {
+      pooled = max_pool_affine_plane(x, y, where, z_, pool_, {k.center, k.scale, k.shift, Relu});
+    }
+    if (!pooled) {
+      activate<Relu>(plane_.data(), x, z_.H * z_.W, k, avx512, avx2);
+      max_pool_plane(plane_.data(), y, where, z_, pool_);
+    }
     if constexpr (Relu) {
       for (std::int64_t o = 0; o < z_.Ho * z_.Wo; ++o) where[o] = y[o] > T(0) ? where[o] : T(-1);
     }
@@ -178,6 +190,17 @@ void with_activation(Activation activation, const Fn& fn) {
   } else {
     fn.template operator()<false>();
   }
+}
+
+// Asks for the plane of S values two after `plane`, where x's planes lie one after
+// another (FashionNet's 28 x 28 planes are 49 cache lines): the hardware prefetcher
+// left the passes over x stalled on their loads. With it, and the pool fused into
+// the forward, bn1's forward in the training step went from 2.59 to 1.97 CPU-ms (64
+// images), bn2's backward from 1.89 to 1.56 (bench/results/cpu_levers_avx2.md).
+template <typename T>
+void prefetch_plane(const T* plane, std::int64_t S) {
+  const char* ahead = reinterpret_cast<const char*>(plane + 2 * S);
+  for (std::int64_t b = 0; b < S * std::int64_t{sizeof(T)}; b += 64) __builtin_prefetch(ahead + b);
 }
 
 }  // namespace
@@ -275,6 +298,7 @@ void batchnorm_stats(const BatchNormArgs& a) {
       for (std::int64_t n = 0; S > 0 && n < N; ++n) {
         const double rows = static_cast<double>(n);
         for (std::int64_t c = first; c < last; ++c) {
+          prefetch_plane(in + (n * C + c) * S, S);
           const RowMoments row = row_moments(in + (n * C + c) * S, S, avx512, avx2);
           auto& [mean, m2] = channels[c - first];
           const double delta = row.mean - mean;
@@ -328,6 +352,7 @@ void normalize(const BatchNormArgs& a, const std::vector<T>& center, const std::
         for (std::int64_t c = 0; c < C; ++c) {
           const Affine<T> k{center[c], scale[c], shift[c]};
           const T* in = x + (n * C + c) * S;
+          prefetch_plane(in, S);
           T* out = y + (n * C + c) * y_plane;
           if (a.max_pool) {
             pool.template forward<Relu>(out, where + (n * C + c) * y_plane, in, k, avx512, avx2);
@@ -486,6 +511,7 @@ void batchnorm_backward_reduce(const BatchNormArgs& a) {
           for (std::int64_t c = first; c < last; ++c) {
             const std::int64_t base = (n * C + c) * S;
             const T* g = gy + (n * C + c) * gy_plane;
+            prefetch_plane(in + base, S);
             if (a.max_pool) g = pool.gradient(g, where + (n * C + c) * gy_plane);
             const auto [row_gy, row_gy_xhat] =
                 row_sums<Relu>(g, in + base, S, ks[c - first], mu[c], avx512, avx2);
@@ -568,6 +594,7 @@ void batchnorm_backward_apply(const BatchNormArgs& a) {
             const ApplyCoefficients<T> k{g[c] * istd[c], sa[c] * inv_count, sb[c] * inv_count,
                                          mu[c],          istd[c],           affine_of<T>(a, c)};
             const T* gy_row = gy + y_base;
+            prefetch_plane(in + base, S);
             if (a.max_pool) gy_row = pool.gradient(gy_row, where + y_base);
 #if TL_CPU_X86
             if constexpr (std::is_same_v<T, float>) {

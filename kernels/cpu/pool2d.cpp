@@ -313,15 +313,37 @@ __attribute__((target("avx2"))) void max_pool_2x2_row_gradient_avx2(const float*
   }
 }
 
+// The input of the plain pool: the plane's values as they are.
+struct AsRead {
+  __attribute__((target("avx2"))) __m256 operator()(__m256 v) const { return v; }
+};
+
+// The input of a batch norm's fused pool: clamp(batchnorm_affine(x)), the ReLU's
+// clamp when relu, the operations of the batch norm's AVX2 activation (no FMA on
+// this target), so the bits of the plane it would have written.
+struct Affine8 {
+  __m256 center, scale, shift;
+  bool relu;
+  __attribute__((target("avx2"))) __m256 operator()(__m256 v) const {
+    v = _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(v, center), scale), shift);
+    if (!relu) return v;
+    const __m256 zero = _mm256_setzero_ps();
+    return _mm256_blendv_ps(v, zero, _mm256_cmp_ps(v, zero, _CMP_LT_OQ));  // a NaN stays
+  }
+};
+
 // AVX2: the same with eight windows a vector, a row's last group read and written
 // only inside the plane and the row (masked loads where the plane ends; the first
 // lanes stored 4, 2 and 1 at a time, AMD's masked store being slow): FashionNet's
 // rows of 14 windows are two groups, its rows of 7 one. The choices are the Vec4
-// code's, lane for lane: the same bits.
+// code's, lane for lane: the same bits. `input` maps each value read (AsRead, or a
+// batch norm's Affine8: the pool of the activation without writing it).
+template <typename Input>
 __attribute__((target("avx2"))) void max_pool_2x2_row_avx2(const float* plane, std::int64_t top,
                                                            std::int64_t W, std::int64_t Wo,
                                                            float* out, float* where,
-                                                           std::int64_t size) {
+                                                           std::int64_t size,
+                                                           const Input& input = {}) {
   const float* r0 = plane + top;
   const float* r1 = r0 + W;
   const __m256 offsets[4] = {_mm256_set1_ps(0.0f), _mm256_set1_ps(1.0f), _mm256_set1_ps(float(W)),
@@ -334,9 +356,9 @@ __attribute__((target("avx2"))) void max_pool_2x2_row_avx2(const float* plane, s
     for (int r = 0; r < 2; ++r) {
       const float* row = (r == 0 ? r0 : r1) + 2 * wo;
       const __m256 lo =
-          whole ? _mm256_loadu_ps(row) : _mm256_maskload_ps(row, first_lanes8(2 * count));
-      const __m256 hi = whole ? _mm256_loadu_ps(row + 8)
-                              : _mm256_maskload_ps(row + 8, first_lanes8(2 * count - 8));
+          input(whole ? _mm256_loadu_ps(row) : _mm256_maskload_ps(row, first_lanes8(2 * count)));
+      const __m256 hi = input(whole ? _mm256_loadu_ps(row + 8)
+                                    : _mm256_maskload_ps(row + 8, first_lanes8(2 * count - 8)));
       v[2 * r] = even_lanes(lo, hi);
       v[2 * r + 1] = odd_lanes(lo, hi);
     }
@@ -386,7 +408,7 @@ void max_pool_plane(const T* x, T* y, T* where, const PoolPlane& z, const Pool2d
         }
         if (avx2) {
           max_pool_2x2_row_avx2(x, 2 * ho * z.W, z.W, z.Wo, y + ho * z.Wo, where + ho * z.Wo,
-                                z.H * z.W);
+                                z.H * z.W, AsRead{});
           continue;
         }
 #endif
@@ -400,6 +422,35 @@ void max_pool_plane(const T* x, T* y, T* where, const PoolPlane& z, const Pool2d
     y[o] = x[i];
     where[o] = static_cast<T>(i);
   });
+}
+
+#if TL_CPU_X86
+namespace {
+
+__attribute__((target("avx2"))) void max_pool_affine_plane_avx2(const float* x, float* y,
+                                                                float* where, const PoolPlane& z,
+                                                                const PoolInputAffine& a) {
+  const Affine8 input{_mm256_set1_ps(a.center), _mm256_set1_ps(a.scale), _mm256_set1_ps(a.shift),
+                      a.relu};
+  for (std::int64_t ho = 0; ho < z.Ho; ++ho) {
+    max_pool_2x2_row_avx2(x, 2 * ho * z.W, z.W, z.Wo, y + ho * z.Wo, where + ho * z.Wo, z.H * z.W,
+                          input);
+  }
+}
+
+}  // namespace
+#endif
+
+bool max_pool_affine_plane(const float* x, float* y, float* where, const PoolPlane& z,
+                           const Pool2dParams& p, const PoolInputAffine& a) {
+#if TL_CPU_X86
+  if (!is_2x2_stride_2(p) || avx512_selected() || !avx2_selected()) return false;
+  max_pool_affine_plane_avx2(x, y, where, z, a);
+  return true;
+#else
+  (void)x, (void)y, (void)where, (void)z, (void)p, (void)a;
+  return false;
+#endif
 }
 
 template <typename T>

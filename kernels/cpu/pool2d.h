@@ -27,6 +27,18 @@ struct PoolPlane {
 };
 template <typename T>
 void max_pool_plane(const T* x, T* y, T* where, const PoolPlane& z, const Pool2dParams& params);
+// max_pool_plane of a float32 plane mapped value by value to
+// clamp(batchnorm_affine(x, center, scale, shift)) (the clamp when relu), with the
+// bits of pooling the mapped plane, computed as the windows are read: the batch
+// norm's fused pool writes no activation plane. False, with nothing written, where
+// this path does not apply (not 2x2 windows of stride 2, or AVX2 not the selected
+// ISA's code); the caller then maps the plane and pools it.
+struct PoolInputAffine {
+  float center, scale, shift;
+  bool relu;
+};
+bool max_pool_affine_plane(const float* x, float* y, float* where, const PoolPlane& z,
+                           const Pool2dParams& params, const PoolInputAffine& a);
 // One plane of max_pool2d_backward_from_argmax with Assign, except that a position
 // of -1 in `where` gives nothing (a window whose gradient a fused ReLU stops),
 // written with its zeros in one pass where the window allows.
