@@ -31,11 +31,7 @@ namespace towerlab::cpu {
 
 namespace {
 
-using winograd::make_problem;
-using winograd::Problem;
-using winograd::rows_per_block;
-using winograd::spread_stride;
-using winograd::transform_input_tile;
+using namespace winograd;  // kernels/cpu/winograd_tiles.h
 
 // The environment may pin the algorithm (TOWERLAB_CONV2D_ALGORITHM=auto|im2col|
 // winograd); an unknown name warns once and leaves Auto (engine/settings.h).

@@ -41,11 +41,7 @@ namespace towerlab::cpu {
 
 namespace {
 
-using winograd::make_problem;
-using winograd::Problem;
-using winograd::rows_per_block;
-using winograd::spread_stride;
-using winograd::transform_input_tile;
+using namespace winograd;  // kernels/cpu/winograd_tiles.h
 
 // u [4][4] = G₂ d G₂ᵀ for a 2x2 tile d of grad_y, one tile a lane of V (or V = float).
 // Halving and negating are exact: the rounding is the adds'.
