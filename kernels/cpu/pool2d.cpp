@@ -342,8 +342,7 @@ template <typename Input>
 __attribute__((target("avx2"))) void max_pool_2x2_row_avx2(const float* plane, std::int64_t top,
                                                            std::int64_t W, std::int64_t Wo,
                                                            float* out, float* where,
-                                                           std::int64_t size,
-                                                           const Input& input = {}) {
+                                                           std::int64_t size, const Input& input) {
   const float* r0 = plane + top;
   const float* r1 = r0 + W;
   const __m256 offsets[4] = {_mm256_set1_ps(0.0f), _mm256_set1_ps(1.0f), _mm256_set1_ps(float(W)),
