@@ -288,7 +288,8 @@ __attribute__((target("avx2,fma"))) void transform_input_avx2(const BlockInput& 
       const std::int64_t t = (row - row0) * p.tiles_w + tw;  // the group's first tile
       const std::int64_t tiles = std::min<std::int64_t>(8, p.tiles_w - tw);
       const std::int64_t fit = v.panels.width - t % v.panels.width;  // lanes in t's panel
-      const bool split = fit<8, spill = tiles> fit;
+      const bool split = fit < 8;             // the group runs past its panel's end
+      const bool spill = tiles > fit;         // and some of its tiles lie past it
       const __m256i turn = _mm256_and_si256(  // lane l <- lane l + fit
           _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                            _mm256_set1_epi32(static_cast<int>(fit))),
