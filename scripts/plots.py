@@ -9,7 +9,7 @@ caption and the numbers beside it agree with those files. Today:
   cpu_peers.png             towerlab against PyTorch, TensorFlow and JAX on the CPU, from
                             bench/compare_peers.py's JSON, one run on an AVX2 machine and one
                             on an AVX-512 machine (cpu_peers_avx2_66d322b.json,
-                            cpu_peers_avx512_d57fa64.json), the machine, CPU flags, load and
+                            cpu_peers_avx512_486e878.json), the machine, CPU flags, load and
                             commit of each run written below it
   trace.png                 three steps of the sample on two CPU towers, from
                             scripts/record_trace.py's JSON (trace_1121a16.json)
@@ -466,7 +466,7 @@ def plot_gpu_peers(paths, out, name="gpu_peers.png"):
 # these files and that its caption agrees with them. To redraw a picture from newer
 # results, change its line here, then its comment and caption in the pages.
 PICTURES = [
-    ("cpu_peers.png", ["cpu_peers_avx2_66d322b.json", "cpu_peers_avx512_d57fa64.json"]),
+    ("cpu_peers.png", ["cpu_peers_avx2_66d322b.json", "cpu_peers_avx512_486e878.json"]),
     ("trace.png", ["trace_1121a16.json"]),
     ("gpu_kernels.png", ["gpu_h100_86a45f7/matmul_bench.json", "gpu_h100_63c29d0/conv2d_bench.json"]
      + [f"gpu_h100_ea44967/{b}_bench.json" for b in ("batchnorm", "bias", "loss")]
