@@ -25,10 +25,10 @@
 // into argmax by the forward) and run the plain per-row code on it, as if read from
 // memory. Either way the bits of the batch norm followed by the pool.
 //
-// Every pass over x asks for the plane two ahead of the one it reads
-// (prefetch_plane): x is the size of the previous layer's output, beyond the L2,
-// and the passes stalled on their loads; all but the AVX-512 forward's, which
-// measured slower with it.
+// Every pass over x but the AVX-512 forward asks for the plane two ahead of the
+// one it reads (prefetch_plane): x is the size of the previous layer's output,
+// beyond the L2, and the passes stalled on their loads (the AVX-512 forward
+// measured slower with it).
 #include <algorithm>
 #include <array>
 #include <cmath>
