@@ -346,7 +346,7 @@ __attribute__((target("avx512f"))) void transform_input_avx512(const BlockInput&
   // row whose tiles start at lane s adds 2 * -s + j for its tiles' column j.
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const std::int64_t count = (row1 - row0) * p.tiles_w;  // the block's tiles
-  const std::int64_t next_e = v.stride;                   // V[e] to V[e + 1]
+  const std::int64_t next_e = v.stride;                  // V[e] to V[e + 1]
   for (std::int64_t c = 0; c < p.C; ++c) {
     for (std::int64_t row = row0; row < row1; ++row) {
       prefetch_rows(in, p, row / p.tiles_h, row % p.tiles_h, c);
