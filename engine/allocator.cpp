@@ -46,16 +46,20 @@ class CudaBackend final : public MemoryBackend {
   ~CudaBackend() override {
     if (event_ != nullptr) TL_CUDA_CHECK_PRINT(cudaEventDestroy(event_));
   }
-  void* raw_allocate(std::size_t bytes) noexcept override {
-    int previous = 0;
-    if (cudaGetDevice(&previous) != cudaSuccess) return nullptr;
-    cudaSetDevice(index_);
+  void* raw_allocate(std::size_t bytes) override {
+    CudaDeviceGuard guard(index_);
     void* ptr = nullptr;
-    if (cudaMalloc(&ptr, bytes) != cudaSuccess) {
+    const cudaError_t status = cudaMalloc(&ptr, bytes);
+    if (status == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
-      ptr = nullptr;
+      return nullptr;
     }
-    cudaSetDevice(previous);
+    // Any other failure is the device's, not the memory's: a kernel that faulted
+    // earlier leaves its sticky error, which cudaMalloc returns like every call.
+    if (status != cudaSuccess) {
+      detail::throw_cuda_error("cudaMalloc(&ptr, bytes)", cudaGetErrorName(status), index_,
+                               __FILE__, __LINE__);
+    }
     return ptr;
   }
   void raw_free(void* ptr) noexcept override { TL_CUDA_CHECK_PRINT(cudaFree(ptr)); }
@@ -92,11 +96,17 @@ class CudaBackend final : public MemoryBackend {
 
 class PinnedBackend final : public MemoryBackend {
  public:
-  void* raw_allocate(std::size_t bytes) noexcept override {
+  void* raw_allocate(std::size_t bytes) override {
     void* ptr = nullptr;
-    if (cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable) != cudaSuccess) {
+    const cudaError_t status = cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable);
+    if (status == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
       return nullptr;
+    }
+    if (status != cudaSuccess) {
+      detail::throw_cuda_error("cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable)",
+                               cudaGetErrorName(status), detail::current_cuda_device(), __FILE__,
+                               __LINE__);
     }
     return ptr;
   }

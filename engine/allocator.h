@@ -68,7 +68,9 @@ struct MemoryStats {
 class MemoryBackend {
  public:
   virtual ~MemoryBackend() = default;
-  virtual void* raw_allocate(std::size_t bytes) noexcept = 0;  // nullptr when it fails
+  // nullptr when the memory is not there; a CudaError for a device's other failures
+  // (a sticky error from a kernel that faulted, which must not read as out of memory).
+  virtual void* raw_allocate(std::size_t bytes) = 0;
   virtual void raw_free(void* ptr) noexcept = 0;
   virtual std::size_t total_memory() const = 0;
   // Waits for all work that may still use cached blocks (cudaDeviceSynchronize).

@@ -10,7 +10,8 @@
 //   through the host and takes the same steps;
 // - a kernel that faults: a CudaError naming the device and the sticky error, at
 //   this step and every later one (a faulted CUDA context is lost until the process
-//   ends: the trainer must not go on as if nothing happened);
+//   ends: the trainer must not go on as if nothing happened), and so is an
+//   allocation on the faulted device, never an OutOfMemory;
 // - a tower's stream held back: the ring waits for the tower's event, and the step
 //   is the same, bit for bit.
 // Each case starts and ends with no fault pending and no device faulted
@@ -22,6 +23,7 @@
 #include <chrono>
 #include <regex>
 
+#include "kernels/relu.h"
 #include "tlemu/emulator.h"
 
 namespace towerlab::testing {
@@ -139,6 +141,30 @@ TEST_F(EmulatedFaults, AFaultedKernelIsACudaErrorNamingTheDeviceAtThisStepAndEve
     EXPECT_TRUE(std::regex_search(what, std::regex(R"( at (engine|kernels|parallel)/\S+:\d+)")))
         << what;
   }
+}
+
+// A faulted device's cudaMalloc returns its sticky error: the allocator must say
+// so, not report an out-of-memory (a step whose tower allocated after its kernel
+// had faulted once read "out of memory on cuda:1: cannot allocate 512 B").
+TEST_F(EmulatedFaults, AFaultedDevicesAllocationIsItsCudaErrorNotOutOfMemory) {
+  const Device gpu = Device::cuda(1);
+  const MemoryOptions before = device_allocator(gpu).options();
+  set_memory_options(gpu, {});  // caching, growing: a larger tensor takes a new segment
+  {
+    Tensor x = Tensor::zeros({1 << 10}, default_stream(gpu));
+    tlemu::fault_kernel(1, 1);
+    const auto fault = [&] {  // its launch or the synchronize sees the fault
+      relu_forward(x, x, default_stream(gpu));
+      default_stream(gpu).synchronize();
+    };
+    EXPECT_THROW_WITH(fault(), CudaError, "cudaErrorIllegalAddress");
+    ASSERT_EQ(tlemu::sticky_error(1), cudaErrorIllegalAddress);
+  }
+  EXPECT_THROW_WITH(Tensor::zeros({1 << 23}, default_stream(gpu)), CudaError,
+                    "cudaMalloc(&ptr, bytes) failed on cuda:1 with cudaErrorIllegalAddress");
+  tlemu::clear_faults();
+  EXPECT_NO_THROW(Tensor::zeros({1 << 23}, default_stream(gpu)));  // the control
+  set_memory_options(gpu, before);
 }
 
 TEST_F(EmulatedFaults, ATowerWhoseStreamIsHeldBackIsWaitedForBitForBit) {
