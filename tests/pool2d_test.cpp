@@ -316,7 +316,7 @@ TEST(Pool2dTwoByTwoCpu, EveryIsaMakesWindowArgmaxsChoices) {
     if (!gemm_isa_supported(isa)) continue;
     set_gemm_isa(isa);
     ++isas;
-    for (std::int64_t Wo : {1, 3, 4, 7, 14, 16, 17, 33}) {
+    for (std::int64_t Wo : {1, 3, 4, 5, 6, 7, 14, 16, 17, 33}) {
       const cpu::PoolPlane z{5, 2 * Wo + 1, 2, Wo};  // an odd H and W: a row and column left out
       SCOPED_TRACE("isa " + std::to_string(int(isa)) + ", Wo " + std::to_string(Wo));
       // Coarse values make ties; then a NaN in window w at position w % 4 (rows 0-1).
