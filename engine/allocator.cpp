@@ -40,6 +40,22 @@ class HostBackend final : public MemoryBackend {
 };
 
 #if TOWERLAB_WITH_CUDA
+// What an allocation call (`call`, its text) that returned `status` gives: `ptr`,
+// nullptr where there is no memory to give, and a CudaError for any other failure,
+// which is the device's, not the memory's: a kernel that faulted earlier leaves its
+// sticky error, which the allocation returns like every call.
+void* allocated(cudaError_t status, void* ptr, const char* call) {
+  if (status == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  if (status != cudaSuccess) {
+    detail::throw_cuda_error(call, cudaGetErrorName(status), detail::current_cuda_device(),
+                             __FILE__, __LINE__);
+  }
+  return ptr;
+}
+
 class CudaBackend final : public MemoryBackend {
  public:
   explicit CudaBackend(int index) : index_(index) {}
@@ -50,17 +66,7 @@ class CudaBackend final : public MemoryBackend {
     CudaDeviceGuard guard(index_);
     void* ptr = nullptr;
     const cudaError_t status = cudaMalloc(&ptr, bytes);
-    if (status == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();
-      return nullptr;
-    }
-    // Any other failure is the device's, not the memory's: a kernel that faulted
-    // earlier leaves its sticky error, which cudaMalloc returns like every call.
-    if (status != cudaSuccess) {
-      detail::throw_cuda_error("cudaMalloc(&ptr, bytes)", cudaGetErrorName(status), index_,
-                               __FILE__, __LINE__);
-    }
-    return ptr;
+    return allocated(status, ptr, "cudaMalloc(&ptr, bytes)");
   }
   void raw_free(void* ptr) noexcept override { TL_CUDA_CHECK_PRINT(cudaFree(ptr)); }
   std::size_t total_memory() const override {
@@ -99,16 +105,7 @@ class PinnedBackend final : public MemoryBackend {
   void* raw_allocate(std::size_t bytes) override {
     void* ptr = nullptr;
     const cudaError_t status = cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable);
-    if (status == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();
-      return nullptr;
-    }
-    if (status != cudaSuccess) {
-      detail::throw_cuda_error("cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable)",
-                               cudaGetErrorName(status), detail::current_cuda_device(), __FILE__,
-                               __LINE__);
-    }
-    return ptr;
+    return allocated(status, ptr, "cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable)");
   }
   void raw_free(void* ptr) noexcept override { TL_CUDA_CHECK_PRINT(cudaFreeHost(ptr)); }
   std::size_t total_memory() const override { return HostBackend().total_memory(); }
