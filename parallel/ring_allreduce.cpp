@@ -15,12 +15,12 @@ namespace towerlab {
 
 namespace {
 
-// Host members take their steps on threads of their own from chunks of this many
-// values on (64 KiB of float32), and below it all on the caller's thread: waking
-// the team costs about what one core needs to add such a chunk (the thread pool's
-// rule, kernels/cpu/parallel.h). The moving statistics' ring (a few hundred values)
-// took 33-142 us a step on threads, most of it waking them.
-constexpr std::int64_t kHostThreadsFromValues = 16384;
+// Host members take their steps on threads of their own only when the largest chunk
+// has at least this many values (64 KiB of float32); smaller rings run all on the
+// caller's thread: waking the team costs about what one core needs to add such a
+// chunk (the thread pool's rule, kernels/cpu/parallel.h), and the moving
+// statistics' ring (a few hundred values) would spend most of its time waking them.
+constexpr std::int64_t kMinChunkValuesForThreads = 16384;
 
 // mine += theirs, ordered on `stream` (mine's device): in place, or through
 // `received` (on mine's device, at least as long as theirs) when the devices do
@@ -127,7 +127,7 @@ void Ring::allreduce_range(const std::vector<Tensor>& buffers, std::int64_t begi
   };
 
   if (all_host_) {
-    if (schedule.largest_chunk() < kHostThreadsFromValues) {
+    if (schedule.largest_chunk() < kMinChunkValuesForThreads) {
       // Small chunks: every member's steps on this thread, step by step, in member
       // order within a step (no member writes what another reads in the same step).
       for (RingPhase phase : {RingPhase::ReduceScatter, RingPhase::AllGather}) {

@@ -220,17 +220,17 @@ void Trainer::run_towers(const std::vector<Tensor>& batch, const std::vector<Tow
   // them through a stand-in: its tower 0 runs the batch's first row with weight 0
   // (no gradient, no loss, no output) and joins the statistics with a zero count,
   // as an empty tower would.
-  bool stand_in = false;
+  bool needs_stand_in = false;
   if (training && options_.batchnorm == BatchNormMode::Sync) {
     std::vector<int> participants;
     for (std::size_t i = 0; i < slices.size(); ++i) {
       if (slices[i].size() > 0) participants.push_back(int(i));
     }
-    stand_in = participants.empty() && ranks_ > 1;
-    if (stand_in) participants.push_back(0);
+    needs_stand_in = participants.empty() && ranks_ > 1;
+    if (needs_stand_in) participants.push_back(0);
     sync = std::make_unique<TowerBatchNormSync>(participants, options_.process_group,
                                                 "step " + std::to_string(optimizer_.steps()),
-                                                stand_in ? 0 : -1);
+                                                needs_stand_in ? 0 : -1);
   }
   const TowerSlice stand_in_slice{0, 1, 0.0};
   const bool bucketed_step = training && bucketed();
@@ -243,10 +243,10 @@ void Trainer::run_towers(const std::vector<Tensor>& batch, const std::vector<Tow
       if (bucketed_step) reduce_buckets();
       return;
     }
-    const bool stands_in = stand_in && i == 0;
-    const TowerSlice& slice = stands_in ? stand_in_slice : slices[i];
+    const bool is_stand_in = needs_stand_in && i == 0;
+    const TowerSlice& slice = is_stand_in ? stand_in_slice : slices[i];
     try {
-      run_tower(i, batch, slice, training, sync.get(), stands_in);
+      run_tower(i, batch, slice, training, sync.get(), is_stand_in);
       if (bucketed_step) buckets_->tower_done(i);
       if (sync != nullptr) sync->finish(int(i), false);
     } catch (...) {
@@ -255,10 +255,10 @@ void Trainer::run_towers(const std::vector<Tensor>& batch, const std::vector<Tow
       // An error about one sample names its row of the batch, not of the slice.
       rethrow_with_context(
           "Trainer: tower " + std::to_string(i) + " on " + towers_[i]->device.str() +
-              (stands_in ? std::string(" (standing in for a process without samples "
-                                       "in synchronized batch norm): ")
-                         : " (samples " + std::to_string(slice.begin) + " to " +
-                               std::to_string(slice.end - 1) + " of the batch): "),
+              (is_stand_in ? std::string(" (standing in for a process without samples "
+                                         "in synchronized batch norm): ")
+                           : " (samples " + std::to_string(slice.begin) + " to " +
+                                 std::to_string(slice.end - 1) + " of the batch): "),
           slice.begin);
     }
   };
@@ -267,7 +267,7 @@ void Trainer::run_towers(const std::vector<Tensor>& batch, const std::vector<Tow
     if (bucketed_step) buckets_->join();
   });
   workers_->run(job);
-  if (stand_in) {
+  if (needs_stand_in) {
     towers_[0]->outputs.clear();
     towers_[0]->logs.clear();
   }
@@ -287,7 +287,7 @@ void Trainer::read_losses(const std::vector<TowerSlice>& slices) {
 }
 
 void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const TowerSlice& slice,
-                        bool training, BatchNormSync* sync, bool stand_in) {
+                        bool training, BatchNormSync* sync, bool is_stand_in) {
   TowerState& t = *towers_[i];
   t.loss = Tensor();
   t.outputs.clear();
@@ -324,7 +324,7 @@ void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const T
   // Each bucket reported ready as the backward completes it. A stand-in is not
   // watched: its gradient is discarded below, and its buckets complete when it is
   // done.
-  if (training && bucketed() && !stand_in) buckets_->watch(i, *t.tape);
+  if (training && bucketed() && !is_stand_in) buckets_->watch(i, *t.tape);
   // Errors from here on get the tower and its samples put before them (run()).
   TL_CHECK(r.loss.defined(), InvalidArgument, "the tower function returned no loss");
   TL_CHECK(r.loss.value().numel() == 1, ShapeError,
@@ -338,7 +338,7 @@ void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const T
     t.tape->backward(r.loss, slice.weight);
     // Synchronized batch norm gives the stand-in's rows, which are not in the batch,
     // a gradient through the batch's sums: it must not count.
-    if (stand_in) t.store->zero_grad(*t.stream);
+    if (is_stand_in) t.store->zero_grad(*t.stream);
     if (trace_ != nullptr) {
       t.stream->synchronize();
       trace_->span(int(i), "backward", start, "tower", args);

@@ -1,80 +1,33 @@
 // The multi-device trainer: tower parallelism as TensorFlow 1.x's multi-GPU
-// examples build it in a graph (cifar10_multi_gpu_train.py), done natively.
+// examples build it in a graph (cifar10_multi_gpu_train.py), done natively. The
+// user writes one tower function: given a Tower (its index, device, tape and its
+// replica of the shared variables) and its slice of the batch, it builds the
+// forward pass and returns the loss, the outputs and values to log. A step runs
+// these phases, one private function each, in this order (Trainer::run):
+//   1. split: the batch among the towers (sizes differ by at most one; nothing dropped);
+//   2. run towers: each on its own thread and stream with its own tape: forward, and
+//      backward with the loss weighted by the tower's share of the samples;
+//   3. reduce gradients: ring all-reduce of the flat gradient buffers (with gradient
+//      buckets, during phase 2 instead: the same bits);
+//   4. average moving statistics: by the batch-norm policy;
+//   5. reduce across processes: with a ProcessGroup only;
+//   6. guard: NaN and infinity in the loss and the gradient (NumericGuard);
+//   7. update and broadcast: the optimizer on the master, new values to every replica;
+//   8. gather outputs: outputs in the input's order, the mean loss, the logs.
+// So N towers, and P processes of M towers, take the same step as one device on
+// the whole batch, to float rounding. docs/trainer.md tells the whole story,
+// docs/processes.md what changes across processes (step() and evaluate() are then
+// collective: every rank calls them in the same order with the same global batch).
 //
-// The user writes one tower function (their tower_loss): given a Tower (its
-// index, device, tape and its copy of the shared variables) and its slice of the
-// batch, it builds the model's forward pass and returns the total loss, the
-// outputs, and values to log. A training step runs these phases, one private
-// function each (Trainer::run calls them in order):
-//   1. split: the batch among the towers (sizes differ by at most one; a tower with
-//      no samples sits the step out; nothing is dropped);
-//   2. run towers: each on its own host thread and stream with its own tape: copy
-//      its slice to its device, forward, backward with the loss weighted by the
-//      tower's share of the samples, into the tower's flat gradient buffer;
-//   3. reduce gradients: all-reduce the flat gradient buffers with the ring
-//      (parallel/ring_allreduce.h): the sum of the weighted gradients is the
-//      gradient of the whole batch's mean loss. With gradient buckets
-//      (TrainerOptions::bucket_bytes, parallel/buckets.h) this happens during
-//      phase 2 instead: a reducer thread takes the buckets in their fixed order,
-//      waits until every tower's backward has completed one, and ring-reduces that
-//      range (on GPUs on a stream of its own per tower, ordered by events) while the
-//      towers' backward goes on; the result is the same bits;
-//   4. average moving statistics: batch-norm moving statistics follow the policy
-//      (the sample-weighted average of all towers, or tower 0's);
-//   5. reduce across processes (with a ProcessGroup only, see below);
-//   6. guard: the numerical guard checks the loss and the averaged gradient for
-//      NaN and infinity (see NumericGuard);
-//   7. update and broadcast: the optimizer updates the master variables on the
-//      master device, and the new values are copied to every replica;
-//   8. gather outputs: the towers' outputs concatenated in the input's order and
-//      the log values of the last non-empty tower, with the sample-weighted mean
-//      loss.
-// So N towers take the same step as one device on the whole batch (to float
-// rounding), whatever N and however unevenly the batch divides.
+// Memory ordering: the master is updated on the trainer's master stream, and the
+// constructor, step() and broadcast() return only once that stream has finished,
+// so the master's values, gradients and optimizer slots may then be read or written
+// from any stream of their device with no event to wait for; writes from outside
+// must be complete before the next step() or broadcast().
 //
-// Across processes (TrainerOptions::process_group), every process ("rank") builds
-// its own Trainer with the same model, optimizer and options (the constructor
-// compares fingerprints, parallel/fingerprint.h, and every rank throws
-// InvalidArgument naming the first difference), and every rank's step() receives
-// the same global batch. The batch is split among the ranks, then each rank's share
-// among its towers (split_batch), each tower weighted by its share of the global
-// batch; a rank or tower without samples sits out the compute but takes part in
-// every collective. Phase 5 is one allreduce_sum per step carrying the rank's
-// reduced gradient, its moving statistics, every tower's loss and the batch size
-// each rank saw. With gradient buckets the reducer thread makes one call per bucket
-// during phase 2 instead, right after the bucket's ring, each call a ReduceFrame of
-// phase 5's buffer [gradient | moving statistics | losses | batch sizes], and phase
-// 5's call carries the rest of it: the same sums of the same elements in the same
-// order, so the same bits. (The gradient stays in phase 5, and buckets overlap only
-// the ring within the process, with synchronized batch norm across processes,
-// whose collectives the towers' threads make during the backward while every rank
-// must make its calls in one order, and with NCCL between processes, below.) Every
-// rank then holds the same bits, reaches the same guard verdict (a NaN on one rank is reported on
-// all of them) and applies the same update: N ranks x M towers take the same step as one device.
-// When every rank's towers are all on GPUs and no two ranks share tower 0's GPU, the gradient and
-// moving statistics go instead through NCCL on tower 0's device buffers, after the
-// host call (TrainerOptions::cross_process, parallel/nccl_communicator.h, which
-// says what stays bitwise). Regularization in
-// the tower function counts once per step, as the weights sum to one over all
-// ranks. Synchronized batch norm spans the ranks too (parallel/sync_batchnorm.h).
-// step() and evaluate() are collective: every rank calls them in the same order.
-// The loss is the global batch's; outputs and logs are the rank's own (its rows of
-// the batch, its last non-empty tower's logs).
-//
-// The master variables are updated on the trainer's own master stream. The
-// constructor, step() and broadcast() return only once that stream has finished
-// (one host wait, at the end of the broadcast), so the master's values, gradients
-// and the optimizer's slots may then be read or written on any stream of their
-// device, or by save_checkpoint and load_checkpoint, with no event to wait for.
-// Writes to the master from outside must in turn be complete before the next step
-// or broadcast() (load_checkpoint returns with its copy done).
-//
-// Every tower is on the host or every tower is on GPUs: a list that mixes the two
-// is refused (NotSupported), the ring copying between neighbours on one tower's
-// stream. The master may be on either; by default it is on the first tower's
-// device (on an H100, FashionNet's 5 epochs ran at 87k images/s with the master
-// on cuda:0 and 60k with it on the host: the gradient and the values crossed PCIe
-// every step).
+// Every tower is on the host or every tower is on GPUs (a mix is NotSupported: the
+// ring copies between neighbours on one tower's stream). The master may be on
+// either; by default it is on the first tower's device.
 #pragma once
 
 #include <cstdint>
@@ -312,11 +265,11 @@ class Trainer {
   void update_and_broadcast();
   // 8. The outputs in input order and the last non-empty tower's logs.
   void gather_outputs(StepResult& result) const;
-  // Tower i's forward (and backward) on its own thread. A `stand_in` runs its rows
+  // Tower i's forward (and backward) on its own thread. A stand-in (`is_stand_in`) runs its rows
   // only to make the synchronized batch-norm calls of a rank without samples: its
   // loss, gradient and outputs count for nothing (run_towers).
   void run_tower(std::size_t i, const std::vector<Tensor>& batch, const TowerSlice& slice,
-                 bool training, BatchNormSync* sync, bool stand_in);
+                 bool training, BatchNormSync* sync, bool is_stand_in);
   void check_batch(const std::vector<Tensor>& batch) const;
   // The reduced loss and gradient against NumericGuard: "" when both are finite,
   // else what is not (the tower losses, the first variable and element).
