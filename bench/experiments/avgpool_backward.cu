@@ -1,5 +1,21 @@
-// Throwaway experiment: variants of the 2x2 average-pool backward (accumulate) on
-// [128,64,56,56], against a device copy of the same bytes.
+// A GPU experiment, standalone (the CUDA runtime alone, nothing of towerlab): which
+// form of average pooling's 2x2 backward, accumulating into grad_x [128,64,56,56]
+// (twice the H100's L2), moves its bytes fastest? Five forms, each checked bit for
+// bit against the first, then timed with CUDA events beside a device copy of the
+// same bytes (pool2d_bench's reference):
+//   v1      one output a thread, float2 rows of grad_x;
+//   v2      two outputs a thread, both loads issued before either store (the
+//           for_output_pairs loop of kernels/cuda/pool2d.cu), with and without
+//           streaming cache hints (__ldcs/__stcs);
+//   v3      two neighbouring windows a thread in float4 rows (Wo even), with and
+//           without the hints.
+// It decided avg_pool_2x2_backward_wide_kernel in kernels/cuda/pool2d.cu (the float4
+// form, no hints); its output on an H100 is bench/results/gpu_h100_avgpool_experiment/.
+//
+// It is not built by CMake (a decided question; the library's tests cover the kernel
+// it chose). On a GPU machine:  nvcc -O3 -arch=sm_90 avgpool_backward.cu && ./a.out
+// prints, per form, how many values differ from v1, each round's time and the best
+// round against the copy's bytes/s.
 #include <cuda_runtime.h>
 #include <cstdio>
 #include <cstdlib>
