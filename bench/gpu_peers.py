@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """FashionNet's training step on one GPU: towerlab's Trainer (bench/trainer_bench, the
 cuda_local cases) against PyTorch eager and PyTorch with the whole step captured in a CUDA
-graph, alternated round by round in one call on the GPU machine (scripts/gpu.sh runs it).
+graph, alternated round by round in one call on the GPU machine (scripts/gpu.py runs it).
 
   gpu_peers.py --trainer-bench BIN [--rounds 3] [--steps 200] [--json OUT.json]
 

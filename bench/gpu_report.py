@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The GPU benches' JSON (scripts/gpu.sh measure, one folder of <bench>.json) as markdown
+"""The GPU benches' JSON (scripts/gpu.py measure, one folder of <bench>.json) as markdown
 tables of ratios against each kernel's reference in the same run, with issue 23's
 targets: towerlab's SGEMM against cuBLAS (TF32 off), conv2d against cuDNN (FMA math, the
 fastest algorithm), the memory-bound kernels and the ring against the device-to-device
@@ -66,7 +66,7 @@ def rate(run):
 
 def run_info(folder):
     """{"commit", "device"} of a results folder: the commit from its build-info.txt, the
-    device from gpu_peers.json or from the line scripts/gpu.sh's summaries print for
+    device from gpu_peers.json or from the line scripts/gpu.py's summaries print for
     cuda:0; None for what the folder does not say."""
     info = {"commit": None, "device": None}
     path = os.path.join(folder, "build-info.txt")

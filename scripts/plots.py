@@ -15,7 +15,7 @@ caption and the numbers beside it agree with those files. Today:
                             scripts/record_trace.py's JSON (trace_1121a16.json)
   gpu_kernels.png           each kernel's % of its reference on a GPU (SGEMM against cuBLAS,
                             conv2d against cuDNN, the memory-bound kernels against the copy),
-                            the targets marked, from scripts/gpu.sh's benches' JSON
+                            the targets marked, from scripts/gpu.py's benches' JSON
   ring_bandwidth_gpu.png    the ring's bytes read + written per second against size, per
                             tower count, beside the copy's (allreduce_bench.json)
   towers_speed_gpu.png      FashionNet's step time against towers on one GPU (trainer_bench.json)

@@ -63,7 +63,7 @@ inline constexpr bool kThreadSanitizer = false;
 // on it can fail on a GPU (emulated or real) only.
 void hold_back(const Stream& stream);
 
-// True when TOWERLAB_REQUIRE_GPU is "1" (scripts/gpu.sh sets it on the GPU machine):
+// True when TOWERLAB_REQUIRE_GPU is "1" (scripts/gpu.py sets it on the GPU machine):
 // then no visible GPU fails the suite instead of skipping its CUDA cases, because
 // there a skipped CUDA case would read as a pass. Any other value, or none, is off.
 bool gpu_required();

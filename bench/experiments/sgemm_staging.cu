@@ -16,7 +16,7 @@
 // best and median of ROUNDS alternated rounds of CALLS calls, % of cuBLAS, and
 // whether staged and direct agree bit for bit; exit status 1 if they do not, 2 on a
 // CUDA or cuBLAS error. The benches' build makes it (build/<preset>/bench/experiments/
-// sgemm_staging; scripts/gpu.sh carries it); CI runs it on the emulated GPUs as
+// sgemm_staging; scripts/gpu.py carries it); CI runs it on the emulated GPUs as
 // `sgemm_staging 128 1 1`, which checks the bits and the program, not the speed.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
