@@ -313,7 +313,8 @@ namespace {
 // A copy on the host. From kParallelCopyBytes on it splits over the calling
 // thread's share of the pool (engine/thread_pool.h): the trainer's master copies
 // the whole model's gradient in and its values out to every replica each step,
-// about 80 us per 1.7 MB copy of FashionNet on one core of the 2-core machines.
+// and on one core of a 2-core machine those copies were a visible part of the
+// step's serial time (docs/kernels.md, "Measured choices").
 // Inside a tower's pass the share is one thread and the copy stays whole. Ranges
 // that overlap keep memmove's one pass, which copies them as if through a buffer.
 constexpr std::size_t kParallelCopyBytes = std::size_t(256) << 10;

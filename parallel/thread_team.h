@@ -15,11 +15,11 @@
 // them: the trainer's main thread is tower 0's, and the ring's caller its first
 // member. The threads sleep and are woken through std::atomic::wait and notify
 // (one futex each way), never spinning. On the 2-core machines an empty run of a
-// team of two took 4-19 us this way, against 26-75 us with a condition variable
-// and the caller waiting beside two members, and 134-227 us when members and
-// caller spun up to 100 us before sleeping (as the pool's workers do between the
-// GEMM's back-to-back loops, engine/thread_pool.cpp): a spinning thread held the
-// core the woken one needed.
+// team of two was fastest this way, slower with a condition variable and the
+// caller waiting beside two members, and slowest when members and caller spun
+// before sleeping (as the pool's workers do between the GEMM's back-to-back loops,
+// engine/thread_pool.cpp): a spinning thread held the core the woken one needed
+// (docs/kernels.md, "Measured choices").
 #pragma once
 
 #include <atomic>

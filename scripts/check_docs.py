@@ -33,6 +33,18 @@ What it checks, in every page (text inside code blocks and `code spans` is not a
      The list at the top of parallel/trainer.h ("//   1. split: ...") and every numbered
      list of phases in a page ("1. **split** (`Trainer::split`)") match it, number, name and
      function, and each function is defined in parallel/trainer.cpp.
+  5. Results: bench/results/ holds only what is cited, and its index lists it. Every file
+     there is named by its path (bench/results/... in README.md or docs/, relative in a
+     results page, the index bench/results/README.md among them) or drawn by scripts/plots.py
+     (PICTURES); a folder's build-info.txt, *-summary.txt and README.md are cited with their
+     folder (named as FOLDER/, or through a cited file in it). The index names every entry of
+     bench/results/ and its links resolve; every bench/results/... path a page or results
+     page mentions (in prose or code) exists.
+  6. Sources: no comment in kernels/, engine/, autograd/ or parallel/ (*.cu, *.cuh, *.h,
+     *.cpp) carries a measurement: a "Status:" paragraph, a percentage of cuBLAS, cuDNN,
+     OpenBLAS, a peer, the copy or DRAM, a "% faster/slower", a time (us, ms, CPU-ms), a rate
+     (GB/s, TB/s, TFLOP/s, images/s) or a commit hash. The comment says why the code is
+     built so and points to the results (bench/results/README.md, docs/gpu.md, docs/kernels.md).
 Exits 1 with one line per problem (file:line: what), 0 when the pages are clean.
 """
 import argparse
@@ -54,6 +66,15 @@ TABLE_PHASE = re.compile(r'\{Phase::(\w+),\s*"([^"]+)",\s*"(\w+)"\}')
 HEX = re.compile(r"\b[0-9a-f]{7,40}\b")
 WEB = ("http://", "https://", "mailto:")
 OUTSIDE = re.compile(r"\.\./shared|/work/")
+RESULTS_PATH = re.compile(r"bench/results/[\w./-]*")
+SOURCE_DIRS = ("kernels", "engine", "autograd", "parallel")
+COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+MEASUREMENT = re.compile(
+    r"\bStatus:"
+    r"|\d+(?:\.\d+)?\s?%\s+of\s+(?:cuBLAS|cuDNN|OpenBLAS|PyTorch|TensorFlow|JAX|(?:the |a )?(?:device )?copy|DRAM|HBM)"
+    r"|\d+(?:\.\d+)?\s?%\s+(?:faster|slower)"
+    r"|\d+(?:\.\d+)?\s?(?:us|µs|ms|CPU-ms|GB/s|TB/s|GFLOP/s|TFLOP/s|images/s)(?![\w/])"
+    r"|\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
 
 
 def is_commit(word, commits):
@@ -439,6 +460,86 @@ class Checker:
             if not re.search(rf"\bTrainer::{function}\(", code):
                 self.fail(page, n, f"Trainer::{function} is not in parallel/trainer.cpp")
 
+    # --- 5. the results folder ---------------------------------------------------
+    def results_files(self, results):
+        """The files in bench/results (tracked by git where the tree is a git work tree)."""
+        found = []
+        for top, dirs, files in os.walk(results):
+            dirs.sort()
+            found += [os.path.join(top, f) for f in sorted(files)
+                      if self.tracked is None or os.path.join(top, f) in self.tracked]
+        return found
+
+    def check_results(self):
+        results = os.path.join(self.root, "bench", "results")
+        if not os.path.isdir(results):
+            return
+        index = os.path.join(results, "README.md")
+        files = [f for f in self.results_files(results) if f != index]
+        result_pages = [f for f in self.results_files(results) if f.endswith(".md")]
+        texts = {page: open(page, encoding="utf-8").read() for page in pages(self.root) + result_pages}
+        for page, text in texts.items():  # every bench/results/... a page names exists
+            for n, line in enumerate(text.split("\n"), 1):
+                for m in RESULTS_PATH.finditer(line):
+                    named = m.group(0).rstrip(".")
+                    if line[m.end():m.end() + 1] in ("<", "{", "*") or re.search(r"[A-Z]{2,}", named):
+                        continue  # a pattern (gpu_h100_<commit>/, trace_COMMIT.json), not a file
+                    if not os.path.exists(os.path.join(self.root, named)):
+                        self.fail(page, n, f"names {named}: not in the repository (a dropped result? "
+                                           f"cite one that holds the number, or name the commit)")
+
+        def named(path, page, text):
+            """Whether text names path: from the root (bench/results/...) or, in a results
+            page, relative to the page's folder."""
+            names = [os.path.relpath(path, self.root)]
+            if page.startswith(results + os.sep):
+                names.append(os.path.relpath(path, os.path.dirname(page)))
+            return any(re.search(r"(?<![\w.-])" + re.escape(name) + r"(?![\w-])", text) for name in names)
+
+        drawn = {os.path.join(results, f) for fs in self.plotted().values() for f in fs}
+        cited = {f for f in files if f in drawn or any(named(f, p, t) for p, t in texts.items())}
+        folders = {os.path.dirname(f) for f in cited}
+        folders |= {d for d in {os.path.dirname(f) for f in files}
+                    if any(named(d + "/", p, t) for p, t in texts.items())}
+        for f in files:
+            base = os.path.basename(f)
+            tie = base in ("build-info.txt", "README.md") or base.endswith("-summary.txt")
+            if f not in cited and not (tie and os.path.dirname(f) in folders):
+                self.fail(f, 1, "no page cites it (by its path, in README.md, docs/, a results page "
+                                "or bench/results/README.md, or in scripts/plots.py's PICTURES): git rm "
+                                "it (the history keeps it), or cite it")
+        if not os.path.exists(index):
+            self.fail(results, 1, "no index page (bench/results/README.md listing each result: "
+                                  "commit, machine, date, the page that cites it)")
+            return
+        text = texts.get(index) or open(index, encoding="utf-8").read()
+        self.check_links(index, text)
+        for entry in sorted(os.listdir(results)):
+            path = os.path.join(results, entry)
+            if path == index or (self.tracked is not None and path not in self.tracked):
+                continue
+            if not re.search(r"(?<![\w.-])" + re.escape(entry) + r"(?![\w-])", text):
+                self.fail(index, 1, f"does not list {entry}" + ("/" if os.path.isdir(path) else "") +
+                                    ": the index names every file and folder of bench/results")
+
+    # --- 6. no measurements in source comments -------------------------------------
+    def check_sources(self):
+        for top in SOURCE_DIRS:
+            for folder, dirs, files in os.walk(os.path.join(self.root, top)):
+                dirs.sort()
+                for name in sorted(files):
+                    path = os.path.join(folder, name)
+                    if not name.endswith((".cu", ".cuh", ".h", ".cpp")) or \
+                            (self.tracked is not None and path not in self.tracked):
+                        continue
+                    text = open(path, encoding="utf-8").read()
+                    for comment in COMMENT.finditer(text):
+                        for m in MEASUREMENT.finditer(comment.group(0)):
+                            n = text.count("\n", 0, comment.start() + m.start()) + 1
+                            self.fail(path, n, f"a measurement in a comment ('{m.group(0)}'): say why the "
+                                               f"code is built so and point to the results "
+                                               f"(bench/results/README.md, docs/gpu.md, docs/kernels.md)")
+
     def run(self):
         shown = set()
         for page in pages(self.root):
@@ -446,6 +547,8 @@ class Checker:
             self.check_links(page, text)
             self.check_pictures(page, text, shown)
             self.check_phases(page, text)
+        self.check_results()
+        self.check_sources()
         img = os.path.join(self.root, "docs", "img")
         if os.path.isdir(img):
             for f in sorted(os.listdir(img)):
@@ -547,6 +650,9 @@ def self_test():
             f.write('PICTURES = [("g.png", [f"gpu_t/{b}.json" for b in ("trainer_bench",)])]\n')
         with open(os.path.join(gpu, "build-info.txt"), "w") as f:
             f.write("commit: abc1234" + "0" * 33 + "\nbuilt: 2026-11-26\n")
+        index = os.path.join(root, "bench", "results", "README.md")
+        with open(index, "w") as f:  # the index; the folder's summaries are cited with its JSON
+            f.write("# Results\n\n| [gpu_t/](gpu_t/) | the step, abc1234, H100 |\n")
         with open(os.path.join(gpu, "lease-summary.txt"), "w") as f:
             f.write("    cuda:0 (NVIDIA H100 80GB HBM3, 79 GiB, sm_90) ok\n")
         with open(os.path.join(gpu, "trainer_bench.json"), "w") as f:
@@ -583,6 +689,55 @@ def self_test():
         hit = [p for p in found if "phase 2 is 'check' here but 'guard'" in p]
         print("self-test: planted trainer.h phase renamed: " + (f"caught ({hit[0]})" if hit else f"NOT caught {found}"))
         ok = ok and bool(hit)
+        with open(trainer_h, "w") as f:
+            f.write("// The trainer.\n//   1. split: the batch;\n//   2. guard: the loss;\n#pragma once\n")
+        # The results folder and the sources' comments. A design number in a comment (a
+        # threshold, a tile, a hash constant) is not a measurement: the clean kernel has them.
+        kernel = os.path.join(root, "kernels", "cuda", "k.cu")
+        os.makedirs(os.path.dirname(kernel))
+        clean_kernel = ("// A 128x128 tile; splits fill at least 85 % of the SMs' slots, and 0x9e3779b9\n"
+                        "// mixes the seed. Its speed: bench/results/README.md.\n__global__ void k_kernel() {}\n")
+        results = os.path.join(root, "bench", "results")
+        planted_files = {"orphan result": ("gpu_t/raw.log", "", "gpu_t/raw.log:1: no page cites it"),
+                         "result the index does not list": ("new.json", "`bench/results/new.json`\n",
+                                                            "does not list new.json"),
+                         "cited result that is missing": (None, "`bench/results/gone.json` has it.\n",
+                                                          "names bench/results/gone.json: not in")}
+        source_cases = [("Status paragraph", "// Status: ran on an H100 (abc1234: memcheck clean).\n", "'Status:'"),
+                        ("percentage of cuBLAS", "/* It runs at 91 % of cuBLAS at 4096. */\n", "'91 % of cuBLAS'"),
+                        ("a % slower", "// As a call it measured 8% slower.\n", "'8% slower'"),
+                        ("a time", "// the step took 0.616 ms on one tower\n", "'0.616 ms'"),
+                        ("a commit", "// (measured at c66a6c2)\n", "'c66a6c2'")]
+        with open(kernel, "w") as f:
+            f.write(clean_kernel)
+        found = Checker(root).run()
+        print("self-test: clean results folder and kernel comments: " + ("accepted" if not found else f"NOT accepted {found}"))
+        ok = ok and not found
+        for what, (planted, cite, expected) in planted_files.items():
+            if planted:
+                open(os.path.join(results, planted), "w").write("{}")
+            with open(readme, "w") as f:
+                f.write(CLEAN_README + "\n" + cite)
+            found = Checker(root).run()
+            hit = [p for p in found if expected in p]
+            print(f"self-test: planted {what}: " + (f"caught ({hit[0]})" if hit else f"NOT caught {found}"))
+            ok = ok and bool(hit)
+            if planted:
+                os.remove(os.path.join(results, planted))
+        with open(readme, "w") as f:
+            f.write(CLEAN_README)
+        os.remove(index)
+        found = Checker(root).run()
+        hit = [p for p in found if "no index page" in p]
+        print("self-test: planted results folder without its index: " + (f"caught ({hit[0]})" if hit else f"NOT caught {found}"))
+        ok = ok and bool(hit)
+        for what, comment, expected in source_cases:
+            with open(kernel, "w") as f:
+                f.write(comment + clean_kernel)
+            found = Checker(root).run()
+            hit = [p for p in found if "a measurement in a comment" in p and expected in p]
+            print(f"self-test: planted {what} in a kernel's comment: " + (f"caught ({hit[0]})" if hit else f"NOT caught {found}"))
+            ok = ok and bool(hit)
     print("self-test: " + ("passed" if ok else "FAILED"))
     return 0 if ok else 1
 

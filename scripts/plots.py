@@ -28,9 +28,9 @@ and name the device and commit of their results folder (its build-info.txt and s
   trainer_bench.json        -> towers_speed.png: FashionNet images/s against towers
   matmul_bench.json         -> gemm_cpu.png: towerlab's SGEMM against OpenBLAS
   allreduce_bench.json      -> ring_bandwidth_cpu.png: ring bus bandwidth against size
-No page shows these: the committed JSON was measured at load 16-18 on a 2-CPU machine.
-Measure again on a quiet machine, add the picture to PICTURES with its caption, and
-show it. The JSON comes from:
+No page shows these and no such JSON is committed (the last was measured at load 16-18
+on a 2-CPU machine). Measure on a quiet machine, add the picture to PICTURES with its
+caption, and show it. The JSON comes from:
   build/cpu/bench/trainer_bench --benchmark_filter=cpu_local --benchmark_format=json > trainer_bench.json
   OPENBLAS_CORETYPE=Haswell OPENBLAS_NUM_THREADS=2 build/cpu/bench/matmul_bench \
     --benchmark_filter='Cpu.*cpu_NN' --benchmark_repetitions=3 --benchmark_format=json > matmul_bench.json
@@ -487,8 +487,8 @@ def main():
     p.add_argument("--out", default=os.path.join(ROOT, "docs", "img"))
     p.add_argument("--bench-plots", action="store_true",
                    help="also draw the Google Benchmark plots (towers, GEMM, ring) from "
-                        "trainer_bench.json, matmul_bench.json and allreduce_bench.json; docs/ "
-                        "shows none of them, as the committed JSON was measured at load 16-18")
+                        "trainer_bench.json, matmul_bench.json and allreduce_bench.json in --results; "
+                        "docs/ shows none of them and none is committed")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     res = args.results

@@ -5,11 +5,11 @@
 // gemm_wide_kernel reads op(A) and op(B) as k-major slices. TN's operands already
 // are (A stored [K,M], B stored [K,N]) and reach shared memory by cp.async; NN's A
 // ([M,K]) and NT's A and B ([N,K]) go through registers and a transposing store,
-// and ran at 82% and 86% of cuBLAS where TN ran at 91% (H100, c66a6c2). Staged:
+// and ran behind TN on an H100 (bench/results/gpu_h100.md). Staged:
 // one transpose kernel writes the operand k-major into scratch, then the TN kernel
 // runs. The product's sums are the same in the same order, so the staged C must
 // have the direct kernel's bits; the transpose costs a copy of the operand
-// (64 MiB read + written at 4096^2: about 45 us at 3 TB/s beside 2.9 ms).
+// (64 MiB read + written at 4096^2, small beside the product's time).
 //
 //   sgemm_staging [SIZE [ROUNDS [CALLS]]]      (defaults 4096 5 10)
 // prints, per layout, the direct kernel, the staged one and cuBLAS (TF32 off): the

@@ -196,8 +196,8 @@ void with_activation(Activation activation, const Fn& fn) {
 // Asks for the plane of S values two after `plane`, where x's planes lie one after
 // another (FashionNet's 28 x 28 planes are 49 cache lines): the hardware prefetcher
 // left the passes over x stalled on their loads. With it, and the pool fused into
-// the forward, bn1's forward in the training step went from 2.59 to 1.97 CPU-ms (64
-// images), bn2's backward from 1.89 to 1.56 (bench/results/cpu_levers_avx2.md).
+// the forward, bn1's forward and bn2's backward in the training step took less CPU
+// time (docs/kernels.md, "Measured choices").
 template <typename T>
 void prefetch_plane(const T* plane, std::int64_t S) {
   const char* ahead = reinterpret_cast<const char*>(plane + 2 * S);
@@ -355,7 +355,7 @@ void normalize(const BatchNormArgs& a, const std::vector<T>& center, const std::
           const T* in = x + (n * C + c) * S;
           // Not where AVX-512 runs: its activation reads the plane from start to end
           // into the pool's scratch, which the hardware prefetcher follows, and asking
-          // as well made bn1's forward 0.45 -> 0.54 CPU-ms on a Zen 5 EPYC.
+          // as well made bn1's forward slower (docs/kernels.md, "Measured choices").
           if (!avx512) prefetch_plane(in, S);
           T* out = y + (n * C + c) * y_plane;
           if (a.max_pool) {
@@ -559,8 +559,8 @@ __attribute__((always_inline)) inline void apply_row(T* gx, const T* gy, const T
 // apply_row compiled for AVX2, which the compiler vectorizes eight values a
 // vector: the same operations (the target has no FMA to fuse them), so the same
 // bits. AVX-512 machines run it too: a sixteen-lane form of this loop measured
-// slower in the training step (bn1's backward 1.49 -> 1.60 CPU-ms for 128 images),
-// though faster on data left in L3.
+// slower in the training step, though faster on data left in L3
+// (docs/kernels.md, "Measured choices").
 template <bool Relu>
 __attribute__((target("avx2"))) void apply_row_avx2(float* gx, const float* gy, const float* x,
                                                     std::int64_t S,

@@ -219,8 +219,8 @@ void max_pool_2x2_row_gradient(const float* where, const float* grad_y, std::int
 // value (top-left or bottom-left, top-right or bottom-right) of each window. With
 // `whole`, the 32 values at row are read with plain loads (the lanes past 2*count
 // hold whatever follows, for the caller to ignore); else only the row's values, with
-// masked loads, which cost more (FashionNet's bn1 forward 0.99 -> 0.85 CPU-ms for
-// 128 images with plain loads wherever the plane allows).
+// masked loads, which cost more (FashionNet's bn1 forward was faster with plain
+// loads wherever the plane allows; docs/kernels.md, "Measured choices").
 struct EvenOdd {
   __m512 even, odd;
 };
@@ -279,7 +279,7 @@ __attribute__((target("avx512f"))) void max_pool_2x2_row_avx512(const float* pla
 // values per row interleave into sixteen columns. Unmasked full stores: an AVX-512
 // version with masked stores measured slower (FashionNet's batch norm backward
 // reads the plane right after, and a masked store does not forward to those
-// loads): bn2's backward 0.51 -> 0.66 CPU-ms.
+// loads; docs/kernels.md, "Measured choices").
 __attribute__((target("avx2"))) void max_pool_2x2_row_gradient_avx2(const float* where,
                                                                     const float* grad_y,
                                                                     std::int64_t top,

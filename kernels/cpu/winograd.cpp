@@ -52,8 +52,9 @@ std::atomic<Conv2dAlgorithm>& selected_algorithm() {
 // and output channels on. Below, the transforms (linear in C + K per tile) cost
 // more than the GEMM saves (linear in C * K): FashionNet's first layer (C = 1)
 // runs several times faster with im2col. On FashionNet's second layer the
-// backward-data measured about 3% faster than im2col + col2im, whose columns of x
-// the weight gradient shares (bench/results/winograd.md). The choice depends on
+// backward-data measured faster than im2col + col2im, whose columns of x the weight
+// gradient shares (bench/results/winograd.md; docs/kernels.md, "Measured choices").
+// The choice depends on
 // the shape alone, never on the ISA, so that every ISA gives the same bits.
 constexpr std::int64_t kMinAutoChannels = 16;
 
@@ -200,7 +201,8 @@ GemmBPanels whole_panels(const PackedA& u, std::int64_t columns) {
 constexpr std::int64_t kPrefetchPlanes = 4;
 
 // Asks for the input rows that tile row (n, th) reads of channel c + kPrefetchPlanes.
-// Inlined always: as a call from the AVX-512 transform it measured 8% slower.
+// Inlined always: as a call from the AVX-512 transform it measured slower
+// (docs/kernels.md, "Measured choices").
 [[gnu::always_inline]] inline void prefetch_rows(const float* in, const Problem& p, std::int64_t n,
                                                  std::int64_t th, std::int64_t c) {
   if (c + kPrefetchPlanes >= p.C) return;

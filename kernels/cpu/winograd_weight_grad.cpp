@@ -158,8 +158,8 @@ __attribute__((target("avx2,fma"))) inline void load_channel_columns(
 // Asks for row h of the eight planes `plane_stride` apart from `plane` (a row of
 // `width` floats): each plane is a short stretch of memory (FashionNet's 14x14, twelve
 // cache lines) whose rows the hardware prefetcher does not see coming. Asking one
-// tile row ahead took the weight gradient of FashionNet's conv2 (64 images, one
-// thread) from 8.3 to 6.8 ms.
+// tile row ahead made the weight gradient of FashionNet's conv2 faster
+// (bench/results/cpu_levers_avx2.md).
 inline void prefetch_channel_row(const float* plane, std::int64_t plane_stride, std::int64_t h,
                                  std::int64_t width) {
   for (int lane = 0; lane < 8; ++lane) {

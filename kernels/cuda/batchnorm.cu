@@ -21,10 +21,8 @@
 // steps of three (kApplySteps); the finishing kernels load eight partials a
 // channel before adding any (add_partials), one round trip instead of eight.
 //
-// Status: ran on an H100 (c66a6c2: every CUDA test, memcheck, racecheck and
-// synccheck clean; on 103 MB tensors, past the 50 MB L2, the training forward
-// 94% of the copy's bytes/s, backward 102%, inference 91%, the fused batch norm +
-// ReLU step 94%; bench/results/gpu_h100.md).
+// Each pass is memory-bound: its speed on a GPU, beside a device copy of the same
+// bytes, is in bench/results/gpu_h100.md.
 //
 // The statistics sum deviations from a per-channel shift K = x[0,c,0] (the
 // "shifted data" algorithm): sum(x - K) and sum((x - K)^2) in float lose nothing

@@ -7,10 +7,8 @@
 // as they read it. All kernels are templated on their unit V (per_channel.cuh):
 // float4 loads and stores where the plane size and alignment allow.
 //
-// Status: ran on an H100 (c66a6c2: every CUDA test, memcheck, racecheck and
-// synccheck clean; on 103 MB tensors, past the 50 MB L2, the forward 96% of the
-// copy's bytes/s, the backward 88%, the fused bias + ReLU step 96%;
-// bench/results/gpu_h100.md).
+// Each pass is memory-bound: its speed on a GPU, beside a device copy of the same
+// bytes, is in bench/results/gpu_h100.md.
 #include "kernels/cuda/bias.h"
 #include "kernels/cuda/per_channel.cuh"
 

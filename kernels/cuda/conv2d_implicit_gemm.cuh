@@ -8,8 +8,7 @@
 // backward-data; pipelined_pixel_kernel: backward-weight; both copy global ->
 // shared by cp.async into a ring of stages.
 //
-// Status: ran on an H100 (c66a6c2: every CUDA test, memcheck, racecheck and
-// synccheck clean; bench/results/gpu_h100.md has each layer's % of cuDNN).
+// Each layer's speed on a GPU beside cuDNN: bench/results/gpu_h100.md.
 #pragma once
 
 #include <cuda_pipeline.h>
@@ -321,8 +320,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
 // All of a thread's copies in one step have the same kk, so its (image, pixel)
 // pair is decoded once per step (two divisions, the image's offsets; the
 // problem's pixel) for all of them: decoded per element, the divisions and
-// offsets issue more instructions than the FMAs (H100, FashionNet's conv2 at
-// batch 512: 147M issued, 44 % of them FFMA). A
+// offsets issue more instructions than the FMAs (Nsight Compute on FashionNet's
+// conv2; docs/kernels.md, "Measured choices"). A
 // warp copies 8 consecutive kk of 4 rows (A) or columns (B), so its stores into
 // [kk][m + 4] hit 32 distinct banks (rows 4 apart mod 32) where 16 kk of 2 rows
 // (BK 16) would conflict two-way. Thread t: kk = t % 8 + 8 * (warp % (BK / 8)),

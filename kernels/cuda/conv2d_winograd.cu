@@ -79,11 +79,7 @@
 // the tests allow 256 u. Every output pixel and every weight is written by one
 // thread in a fixed order, no atomics: the same bits every run.
 //
-// Status: ran on an H100 (c66a6c2, b3c0528, 3dfcf77, 3b30cdf and 63c29d0: every CUDA
-// test, memcheck, racecheck and synccheck clean): on the wide 3x3 layers at 63c29d0 the
-// forward 96-113 % of cuDNN's speed, backward data 93-123 %, the weight gradient
-// 100-202 %; FashionNet's conv2, gradients only, 101-156 % up to batch 128, at 512 the
-// weight gradient 88 % and backward data 60 % (bench/results/gpu_h100.md).
+// Each layer's speed on a GPU, pass by pass beside cuDNN: bench/results/gpu_h100.md.
 #include "kernels/cuda/conv2d_winograd.h"
 
 #include <algorithm>
@@ -104,10 +100,10 @@ constexpr int kElements = 36;  // a 6x6 transformed tile
 // Auto's thresholds (winograd_chosen). The transforms and the workspace traffic
 // grow with Cr + Co per tile, the GEMM's saving with Cr * Co; and the implicit
 // GEMM is at its weakest on few output columns. FashionNet's conv2 (32 -> 64,
-// 14x14; H100, bench/results/gpu_h100_winograd_gate/) decided the rule: its forward
-// (reducing 32 channels into 64) took 15-24 % more time on Winograd at batch 64,
-// 128 and 512, its backward-data (64 into 32) 37 % less at batch 64, 15 % less at
-// 128 and 2 % more at 512, its weight gradient 2-13 % less at each.
+// 14x14) decided the rule on a GPU: its forward (reducing 32 channels into 64) was
+// slower on Winograd at every batch, its backward-data (64 into 32) faster at the
+// batches of one and two towers, its weight gradient faster at each (docs/kernels.md,
+// "Winograd on CUDA"; bench/results/gpu_h100_winograd_gate/).
 constexpr std::int64_t kMinAutoReduced = 64;   // forward, backward-data: Cr
 constexpr std::int64_t kMinAutoProduced = 32;  // forward, backward-data: Co
 constexpr std::int64_t kMinAutoWide = 64;      // weight gradient: the larger of C, K
@@ -546,7 +542,7 @@ __global__ void __launch_bounds__(GemmTile<BM, BN>::kThreads, GemmTile<BM, BN>::
     // The next step's loads, issued whether or not there is one (past k_end they
     // read nothing and give zeros): behind `if (has_next)` ptxas sank them to the end
     // of the loop, after the 512 FMAs that should hide their latency, and the
-    // forward ran 10 % slower on the H100 (517 -> 569 us on c256_28x28_b64).
+    // forward ran slower on a GPU (bench/results/gpu_h100_winograd_ab/).
     const bool has_next = k0 + BK < k_end;
     load_global(k0 + BK);
 #pragma unroll

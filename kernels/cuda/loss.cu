@@ -21,11 +21,10 @@
 // so it takes the maximum alone unless predictions are asked for, and e^(x - max)
 // by ex2.approx (exp_shifted).
 //
-// Status: ran on an H100 (ea44967: every CUDA test, memcheck, racecheck and
-// synccheck clean; over 32768 rows of 1000 classes cross-entropy's forward 88% of
-// the copy's bytes/s, backward 95%, the step that recomputes the softmax (what the
-// autograd op runs on a GPU) 92%, the one from probabilities, which moves a third
-// more bytes, 77%; bench/results/gpu_h100.md).
+// Each pass is memory-bound: its speed on a GPU, beside a device copy of the same
+// bytes, is in bench/results/gpu_h100.md (the step from probabilities moves a third
+// more bytes than the one that recomputes the softmax, which the autograd op runs
+// on a GPU).
 #include <cuda_runtime.h>
 
 #include <algorithm>

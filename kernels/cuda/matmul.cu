@@ -41,12 +41,8 @@
 // partials in a fixed tree and applies alpha and beta once. The same plan gives
 // the same bits every run.
 //
-// Status: ran on an H100 against cuBLAS (c66a6c2: every CUDA test, memcheck,
-// racecheck and synccheck clean; 82 / 86 / 91 % of cuBLAS at 4096^3 NN / NT /
-// TN, 85-90 % at 1024^3, 88-118 % at 512^3, 88-144 % on fc1's shapes;
-// bench/results/gpu_h100.md). With staging: 89.7 / 90.3 / 91.4 % at 4096^3 NN /
-// NT / TN (86a45f7), every CUDA test, memcheck, racecheck and synccheck clean
-// (7e4edeb and 3dfcf77, the same matmul.cu).
+// Its speed on a GPU, each layout and size beside cuBLAS (TF32 off):
+// bench/results/gpu_h100.md.
 #include <cublas_v2.h>
 #include <cuda_pipeline.h>
 
@@ -415,16 +411,15 @@ GemmPlan plan_gemm(int m, int n, int k, int sms) {
 // gemm_wide_kernel copies an operand stored k-major (A transposed, B not) into
 // shared memory with cp.async; one stored the other way goes through registers
 // and a transposing store, which costs issue slots its one block per SM cannot
-// hide: NN and NT ran at 82 % and 86 % of cuBLAS at 4096^3 where TN ran at 91 %
-// (H100, c66a6c2). Staged, such an operand is transposed into k-major scratch by
-// transpose_kernel and the product runs as if it were stored that way: the same
-// sums in the same order (the same bits), at 90.0 % (NN) and 90.6 % (NT) of cuBLAS
-// at 4096^3 and 89 % and 88 % at 2048^3, the transposes included
-// (bench/experiments/sgemm_staging.cu on an H100 at 3891b00;
+// hide: on a GPU, NN and NT ran behind TN at 4096^3. Staged, such an operand is
+// transposed into k-major scratch by transpose_kernel and the product runs as if it
+// were stored that way: the same sums in the same order (the same bits), and NN and
+// NT came up to TN's speed at 4096^3 and 2048^3, the transposes included
+// (bench/experiments/sgemm_staging.cu; its runs in
 // bench/results/gpu_h100_3891b00_staging/).
 // The transpose reads and writes the operand once: for A [M,K], 8 M K bytes
-// against the product's 2 M N K FLOPs, about 80 / N of the product's time at the
-// H100's 3 TB/s and 60 TFLOP/s. So an operand is staged only where the other side
+// against the product's 2 M N K FLOPs, about 80 / N of the product's time at an
+// H100's memory bandwidth and FP32 rate. So an operand is staged only where the other side
 // of C is at least kStageMinOther (the smallest size measured), and only up to
 // kStageMaxBytes of scratch (the caching allocator's, ordered on the stream).
 constexpr int kStageMinOther = 2048;

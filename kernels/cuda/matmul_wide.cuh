@@ -36,9 +36,9 @@
 // spills, 36.75 KiB of static shared memory: one block (8 warps) per SM, as
 // cuBLAS's (254 registers); its 128 independent accumulators per thread keep
 // the FMA pipe fed from 2 warps per scheduler.
-// Status: ran on an H100 (c66a6c2: every CUDA test, memcheck and racecheck
-// clean) at 82 / 86 / 91 % of cuBLAS at 4096^3 NN / NT / TN: the operand that is
-// not k-major (NN's A, NT's B^T) goes through registers, TN's both by cp.async.
+// The operand that is not k-major (NN's A, NT's B^T) goes through registers, TN's
+// both by cp.async, which is why NN and NT trail TN and matmul.cu may stage that
+// operand first (its "Staging"). Speed beside cuBLAS: bench/results/gpu_h100.md.
 #pragma once
 
 #include <cuda_pipeline.h>

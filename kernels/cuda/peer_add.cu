@@ -5,10 +5,10 @@
 // members that share a GPU: one row of blocks per span (blockIdx.y = k), each
 // element read once from every member, summed from member k on, and written to all.
 //
-// Status: ran on an H100 (c66a6c2: every CUDA test, memcheck clean). peer_sum on
-// 2-8 virtual devices: 91-99 % of the copy's bytes/s from 64 MiB a member, 5.6-20
-// us for 1-4 MiB where the ring's steps took 20-722 us (bench/results/gpu_h100.md).
-// peer_add between two GPUs (peer access) has run only on the emulated GPUs.
+// peer_sum's speed on virtual devices of one GPU, beside a copy of all the members'
+// bytes and beside the ring's steps: bench/results/gpu_h100.md and the README's
+// ring picture. peer_add between two GPUs (peer access) has run only on the
+// emulated GPUs (docs/gpu.md).
 #include <algorithm>
 
 #include "kernels/cuda/launch.cuh"

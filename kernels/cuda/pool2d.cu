@@ -22,11 +22,8 @@
 // pooling's backward, which reads nothing but the gradients, takes two
 // neighbouring windows a thread in float4 rows where Wo is even.
 //
-// Status: ran on an H100 (3a386af: every CUDA test and memcheck clean; ea44967:
-// racecheck and synccheck clean; on 103 MB tensors, past the 50 MB L2, max pool
-// forward 97% of the copy's bytes/s, backward 98%, the training step through the
-// recorded argmax 104%, average pool forward 99%, backward 90%;
-// bench/results/gpu_h100.md).
+// Each pass is memory-bound: its speed on a GPU, beside a device copy of the same
+// bytes, is in bench/results/gpu_h100.md.
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/pool2d.h"
 
@@ -251,13 +248,13 @@ __device__ __forceinline__ Quad quad_add(const Quad& a, const Quad& b) {
 // thread and trip, i and i + half (half = ceil(n / 2), the count the grid is sized
 // for; both coalesced across the warp), with both loads issued before either
 // store. The windows of two outputs never overlap, so the order of the stores does
-// not matter. Why: ncu on an H100 (103 MB planes) found the warps of the
-// one-output loop waiting on memory nine cycles in ten (0.14 eligible warps per
-// scheduler) at 38-68% of DRAM bandwidth. With this loop, and the argmax
-// backward's assign made a template parameter in the same change, the max-pool
-// step through the argmax went from 65% to 103% of the copy. Which of the two did
-// it was not measured apart; on average pooling's backward alone the pairs changed
-// nothing (83% either way), where 16-byte accesses did (the wide kernel below).
+// not matter. Why: Nsight Compute on a GPU (planes twice the L2) found the warps
+// of the one-output loop waiting on memory nearly every cycle, far from DRAM's
+// bandwidth. With this loop, and the argmax backward's assign made a template
+// parameter in the same change, the max-pool step through the argmax came up to the
+// copy's speed. Which of the two did it was not measured apart; on average pooling's
+// backward alone the pairs changed nothing, where 16-byte accesses did (the wide
+// kernel below; docs/kernels.md, "Measured choices").
 // Where n is odd the last thread's partner would be output n: it loads output
 // n - 1 instead (in bounds, its twin's) and stores nothing for it.
 template <typename Load, typename Store>
@@ -369,10 +366,10 @@ __global__ void avg_pool_2x2_backward_kernel(std::int64_t n, float* __restrict__
 
 // Average pooling's backward where Wo is even and grad_x 16-byte aligned: two
 // neighbouring windows a thread (outputs 2p and 2p + 1, one row of grad_x's
-// float4 above the other), the same values as avg_pool_2x2_backward_kernel. On an
-// H100 this ran at 89% of the copy's bytes/s where the float2 kernel, with one or
-// two outputs a thread, ran at 83%: 16-byte accesses, not more of them in flight,
-// were what it lacked.
+// float4 above the other), the same values as avg_pool_2x2_backward_kernel. On a
+// GPU this beat the float2 kernel, with one or two outputs a thread: 16-byte
+// accesses, not more of them in flight, were what that lacked
+// (bench/experiments/avgpool_backward.cu; bench/results/gpu_h100_avgpool_experiment/).
 __global__ void avg_pool_2x2_backward_wide_kernel(std::int64_t pairs, float* __restrict__ grad_x,
                                                   const float* __restrict__ grad_y, unsigned Ho,
                                                   unsigned Wo) {
