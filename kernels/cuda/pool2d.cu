@@ -369,7 +369,7 @@ __global__ void avg_pool_2x2_backward_kernel(std::int64_t n, float* __restrict__
 // float4 above the other), the same values as avg_pool_2x2_backward_kernel. On a
 // GPU this beat the float2 kernel, with one or two outputs a thread: 16-byte
 // accesses, not more of them in flight, were what that lacked
-// (bench/experiments/avgpool_backward.cu; bench/results/gpu_h100_avgpool_experiment/).
+// (bench/experiments/decided/avgpool_backward.cu; bench/results/gpu_h100_avgpool_experiment/).
 __global__ void avg_pool_2x2_backward_wide_kernel(std::int64_t pairs, float* __restrict__ grad_x,
                                                   const float* __restrict__ grad_y, unsigned Ho,
                                                   unsigned Wo) {

@@ -12,8 +12,9 @@
 // It decided avg_pool_2x2_backward_wide_kernel in kernels/cuda/pool2d.cu (the float4
 // form, no hints); its output on an H100 is bench/results/gpu_h100_avgpool_experiment/.
 //
-// It is not built by CMake (a decided question; the library's tests cover the kernel
-// it chose). On a GPU machine:  nvcc -O3 -arch=sm_90 avgpool_backward.cu && ./a.out
+// It is not built by CMake nor carried by scripts/gpu.py (a decided question; the
+// library's tests cover the kernel it chose). On a GPU machine:
+//   nvcc -O3 -arch=sm_90 bench/experiments/decided/avgpool_backward.cu && ./a.out
 // prints, per form, how many values differ from v1, each round's time and the best
 // round against the copy's bytes/s.
 #include <cuda_runtime.h>
