@@ -6,6 +6,7 @@
 #include "batchnorm_args.h"
 #include "gradcheck.h"
 #include "kernels/batchnorm.h"
+#include "kernels/reference/batchnorm.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -14,8 +15,8 @@ namespace {
 class BatchNormTest : public BackendTest {};
 TL_INSTANTIATE_BACKENDS(BatchNormTest);
 
-// x viewed as [N,C,S]; the reference computes everything in double, per channel,
-// straight from the definitions in kernels/batchnorm.h.
+// x viewed as [N,C,S]: the library's plain reference (kernels/reference/batchnorm.h)
+// in double, the gradients from zeros.
 struct Reference {
   std::vector<double> mean, m2, inv_std, y, grad_x, grad_gamma, grad_beta;
 };
@@ -23,42 +24,19 @@ struct Reference {
 Reference reference(const std::vector<float>& x, const std::vector<float>& gamma,
                     const std::vector<float>& beta, const std::vector<float>& grad_y,
                     std::int64_t N, std::int64_t C, std::int64_t S, double eps) {
-  Reference r;
-  const double M = static_cast<double>(N * S);
-  auto at = [&](std::int64_t n, std::int64_t c, std::int64_t s) { return (n * C + c) * S + s; };
-  r.y.resize(x.size());
-  r.grad_x.resize(x.size());
-  for (std::int64_t c = 0; c < C; ++c) {
-    double sum = 0.0;
-    for (std::int64_t n = 0; n < N; ++n)
-      for (std::int64_t s = 0; s < S; ++s) sum += x[at(n, c, s)];
-    const double mean = sum / M;
-    double m2 = 0.0;
-    for (std::int64_t n = 0; n < N; ++n)
-      for (std::int64_t s = 0; s < S; ++s) m2 += (x[at(n, c, s)] - mean) * (x[at(n, c, s)] - mean);
-    const double istd = 1.0 / std::sqrt(m2 / M + eps);
-    double sum_gy = 0.0, sum_gy_xhat = 0.0;
-    for (std::int64_t n = 0; n < N; ++n) {
-      for (std::int64_t s = 0; s < S; ++s) {
-        const double xhat = (x[at(n, c, s)] - mean) * istd;
-        r.y[at(n, c, s)] = gamma[c] * xhat + beta[c];
-        sum_gy += grad_y[at(n, c, s)];
-        sum_gy_xhat += grad_y[at(n, c, s)] * xhat;
-      }
-    }
-    for (std::int64_t n = 0; n < N; ++n) {
-      for (std::int64_t s = 0; s < S; ++s) {
-        const double xhat = (x[at(n, c, s)] - mean) * istd;
-        r.grad_x[at(n, c, s)] =
-            gamma[c] * istd * (grad_y[at(n, c, s)] - sum_gy / M - xhat * sum_gy_xhat / M);
-      }
-    }
-    r.mean.push_back(mean);
-    r.m2.push_back(m2);
-    r.inv_std.push_back(istd);
-    r.grad_gamma.push_back(sum_gy_xhat);
-    r.grad_beta.push_back(sum_gy);
-  }
+  const std::vector<double> x64(x.begin(), x.end()), gamma64(gamma.begin(), gamma.end()),
+      beta64(beta.begin(), beta.end()), grad_y64(grad_y.begin(), grad_y.end());
+  const auto c = static_cast<std::size_t>(C);
+  Reference r{std::vector<double>(c),        std::vector<double>(c),        std::vector<double>(c),
+              std::vector<double>(x.size()), std::vector<double>(x.size()), std::vector<double>(c),
+              std::vector<double>(c)};
+  reference::batchnorm_stats(r.mean.data(), r.m2.data(), x64.data(), N, C, S);
+  reference::batchnorm_forward_training(r.y.data(), r.mean.data(), r.inv_std.data(), nullptr,
+                                        nullptr, x64.data(), gamma64.data(), beta64.data(), N, C, S,
+                                        eps, 0.0);
+  reference::batchnorm_backward(r.grad_x.data(), r.grad_gamma.data(), r.grad_beta.data(),
+                                grad_y64.data(), x64.data(), gamma64.data(), r.mean.data(),
+                                r.inv_std.data(), N, C, S);
   return r;
 }
 

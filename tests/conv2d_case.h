@@ -1,6 +1,7 @@
-// What the conv2d tests share: a case (shapes, parameters, bias or not), the naive
-// seven-loop reference in double that the backends' results and the CPU's own paths
-// are checked against, and the error measure of the Winograd paths.
+// What the conv2d tests share: a case (shapes, parameters, bias or not), its
+// results from the library's plain reference (kernels/reference/conv2d.h) that the
+// backends' results and the CPU's own paths are checked against, and the error
+// measure of the Winograd paths.
 #pragma once
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "kernels/conv2d.h"
+#include "kernels/reference/conv2d.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -31,15 +33,7 @@ inline Conv2dParams make_params(std::int64_t stride_h, std::int64_t stride_w, st
   return {stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w};
 }
 
-// x at (n, c, h, w), zero in the padding.
-inline double at(const std::vector<double>& x, const ConvCase& k, std::int64_t n, std::int64_t c,
-                 std::int64_t h, std::int64_t w) {
-  if (h < 0 || h >= k.H || w < 0 || w >= k.W) return 0.0;
-  return x[static_cast<std::size_t>(((n * k.C + c) * k.H + h) * k.W + w)];
-}
-
-// The naive seven-loop convolution, in double. Also gives the three gradients of
-// L = sum(grad_y * y) by walking the same loops (scattering instead of gathering).
+// The reference's y, and the three gradients of L = sum(grad_y * y) (from zeros).
 struct Reference {
   std::vector<double> y, grad_x, grad_w, grad_b;
 };
@@ -47,41 +41,17 @@ struct Reference {
 inline Reference reference(const ConvCase& k, const std::vector<double>& x,
                            const std::vector<double>& w, const std::vector<double>& b,
                            const std::vector<double>& grad_y) {
-  const Shape ys = k.y_shape();
-  const std::int64_t P = ys[2], Q = ys[3];
-  const Conv2dParams& p = k.params;
   Reference ref;
-  ref.y.assign(static_cast<std::size_t>(numel_of(ys)), 0.0);
+  ref.y.assign(static_cast<std::size_t>(numel_of(k.y_shape())), 0.0);
   ref.grad_x.assign(x.size(), 0.0);
   ref.grad_w.assign(w.size(), 0.0);
   ref.grad_b.assign(static_cast<std::size_t>(k.K), 0.0);
-  for (std::int64_t n = 0; n < k.N; ++n) {
-    for (std::int64_t o = 0; o < k.K; ++o) {
-      for (std::int64_t op = 0; op < P; ++op) {
-        for (std::int64_t oq = 0; oq < Q; ++oq) {
-          const auto yi = static_cast<std::size_t>(((n * k.K + o) * P + op) * Q + oq);
-          double acc = k.bias ? b[static_cast<std::size_t>(o)] : 0.0;
-          const double g = grad_y.empty() ? 0.0 : grad_y[yi];
-          ref.grad_b[static_cast<std::size_t>(o)] += g;
-          for (std::int64_t c = 0; c < k.C; ++c) {
-            for (std::int64_t r = 0; r < k.R; ++r) {
-              for (std::int64_t s = 0; s < k.S; ++s) {
-                const std::int64_t h = op * p.stride_h - p.pad_h + r * p.dilation_h;
-                const std::int64_t ww = oq * p.stride_w - p.pad_w + s * p.dilation_w;
-                const auto wi = static_cast<std::size_t>(((o * k.C + c) * k.R + r) * k.S + s);
-                acc += w[wi] * at(x, k, n, c, h, ww);
-                ref.grad_w[wi] += g * at(x, k, n, c, h, ww);
-                if (h >= 0 && h < k.H && ww >= 0 && ww < k.W) {
-                  ref.grad_x[static_cast<std::size_t>(((n * k.C + c) * k.H + h) * k.W + ww)] +=
-                      g * w[wi];
-                }
-              }
-            }
-          }
-          ref.y[yi] = acc;
-        }
-      }
-    }
+  reference::conv2d_forward(ref.y.data(), x.data(), w.data(), k.bias ? b.data() : nullptr,
+                            k.x_shape(), k.w_shape(), k.params);
+  if (!grad_y.empty()) {
+    reference::conv2d_backward(ref.grad_x.data(), ref.grad_w.data(), ref.grad_b.data(),
+                               grad_y.data(), x.data(), w.data(), k.x_shape(), k.w_shape(),
+                               k.params);
   }
   return ref;
 }

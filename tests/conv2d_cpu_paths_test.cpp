@@ -11,7 +11,7 @@
 #include <sstream>
 #include <string>
 
-#include "conv2d_reference.h"
+#include "conv2d_case.h"
 #include "kernels/conv2d.h"
 #include "kernels/cpu/conv2d.h"
 #include "kernels/cpu/conv2d_implicit.h"

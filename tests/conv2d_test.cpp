@@ -10,7 +10,7 @@
 #include <cstring>
 #include <string>
 
-#include "conv2d_reference.h"
+#include "conv2d_case.h"
 #include "gradcheck.h"
 #include "kernels/conv2d.h"
 #include "kernels/cpu/conv2d.h"

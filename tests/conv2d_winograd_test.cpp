@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "conv2d_reference.h"
+#include "conv2d_case.h"
 #include "kernels/conv2d.h"
 #include "kernels/cpu/conv2d.h"
 #include "test_util.h"

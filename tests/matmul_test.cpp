@@ -13,6 +13,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/matmul.h"
+#include "kernels/reference/matmul.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -30,24 +31,18 @@ Shape b_shape(const Dims& d, bool transpose_b) {
   return transpose_b ? Shape{d.n, d.k} : Shape{d.k, d.n};
 }
 
-// C = alpha op(A) op(B) + beta C with a triple loop in double (beta == 0 ignores C).
+// C = alpha op(A) op(B) + beta C from the library's plain reference
+// (kernels/reference/matmul.h), in double (beta == 0 ignores C).
 std::vector<float> reference(const std::vector<float>& a, const std::vector<float>& b,
                              const std::vector<float>& c, const Dims& d, bool transpose_a,
                              bool transpose_b, double alpha, double beta) {
-  std::vector<float> out(static_cast<std::size_t>(d.m * d.n));
-  for (std::int64_t i = 0; i < d.m; ++i) {
-    for (std::int64_t j = 0; j < d.n; ++j) {
-      double sum = 0.0;
-      for (std::int64_t p = 0; p < d.k; ++p) {
-        const double x = transpose_a ? a[p * d.m + i] : a[i * d.k + p];
-        const double y = transpose_b ? b[j * d.k + p] : b[p * d.n + j];
-        sum += x * y;
-      }
-      const double old = beta == 0.0 ? 0.0 : beta * c[i * d.n + j];
-      out[i * d.n + j] = static_cast<float>(alpha * sum + old);
-    }
-  }
-  return out;
+  const std::vector<double> a64(a.begin(), a.end()), b64(b.begin(), b.end());
+  std::vector<double> c64(static_cast<std::size_t>(d.m * d.n));
+  if (beta != 0.0) c64.assign(c.begin(), c.end());
+  reference::matmul(transpose_a, transpose_b, d.m, d.n, d.k, alpha, a64.data(),
+                    transpose_a ? d.m : d.k, b64.data(), transpose_b ? d.k : d.n, beta, c64.data(),
+                    d.n);
+  return {c64.begin(), c64.end()};
 }
 
 // Float32 rounding grows with K; values are in [-1, 1).

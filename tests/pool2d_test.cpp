@@ -10,6 +10,7 @@
 #include "gradcheck.h"
 #include "kernels/cpu/pool2d.h"
 #include "kernels/pool2d.h"
+#include "kernels/reference/pool2d.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -21,50 +22,25 @@ class Pool2dTest : public BackendTest {
 };
 TL_INSTANTIATE_BACKENDS(Pool2dTest);
 
-// The reference: padding spelled out as -infinity (max) or skipped (average), one
-// output at a time. grad_x accumulates the backward of grad_y.
+// The library's plain reference (kernels/reference/pool2d.h) in double: y, and
+// grad_x accumulated from zeros by the backward of grad_y.
 struct PoolReference {
   std::vector<float> y, grad_x;
 };
 
 PoolReference reference(bool is_max, const std::vector<float>& x, const std::vector<float>& grad_y,
                         const Shape& xs, const Shape& ys, const Pool2dParams& p) {
-  const std::int64_t planes = xs[0] * xs[1], H = xs[2], W = xs[3], Ho = ys[2], Wo = ys[3];
-  PoolReference r{std::vector<float>(static_cast<std::size_t>(planes * Ho * Wo)),
-                  std::vector<float>(x.size(), 0.0f)};
-  for (std::int64_t pl = 0; pl < planes; ++pl) {
-    for (std::int64_t ho = 0; ho < Ho; ++ho) {
-      for (std::int64_t wo = 0; wo < Wo; ++wo) {
-        double best = -std::numeric_limits<double>::infinity(), sum = 0.0;
-        std::int64_t arg = -1, count = 0;
-        for (std::int64_t i = 0; i < p.kernel_h; ++i) {
-          for (std::int64_t j = 0; j < p.kernel_w; ++j) {
-            const std::int64_t h = ho * p.stride_h - p.pad_h + i, w = wo * p.stride_w - p.pad_w + j;
-            if (h < 0 || h >= H || w < 0 || w >= W) continue;
-            const std::int64_t idx = (pl * H + h) * W + w;
-            if (x[idx] > best) {
-              best = x[idx];
-              arg = idx;
-            }
-            sum += x[idx];
-            ++count;
-          }
-        }
-        const std::int64_t out = (pl * Ho + ho) * Wo + wo;
-        r.y[out] = static_cast<float>(is_max ? best : sum / count);
-        for (std::int64_t i = 0; i < p.kernel_h; ++i) {
-          for (std::int64_t j = 0; j < p.kernel_w; ++j) {
-            const std::int64_t h = ho * p.stride_h - p.pad_h + i, w = wo * p.stride_w - p.pad_w + j;
-            if (h < 0 || h >= H || w < 0 || w >= W) continue;
-            const std::int64_t idx = (pl * H + h) * W + w;
-            if (!is_max) r.grad_x[idx] += grad_y[out] / static_cast<float>(count);
-            if (is_max && idx == arg) r.grad_x[idx] += grad_y[out];
-          }
-        }
-      }
-    }
+  const std::vector<double> x64(x.begin(), x.end()), grad_y64(grad_y.begin(), grad_y.end());
+  std::vector<double> y(static_cast<std::size_t>(numel_of(ys))), argmax(y.size()),
+      grad_x(x.size(), 0.0);
+  if (is_max) {
+    reference::max_pool2d_forward(y.data(), argmax.data(), x64.data(), xs, p);
+    reference::max_pool2d_backward(grad_x.data(), grad_y64.data(), argmax.data(), xs, p);
+  } else {
+    reference::avg_pool2d_forward(y.data(), x64.data(), xs, p);
+    reference::avg_pool2d_backward(grad_x.data(), grad_y64.data(), xs, p);
   }
-  return r;
+  return {{y.begin(), y.end()}, {grad_x.begin(), grad_x.end()}};
 }
 
 // Distinct values (a shuffled ramp), so that no max-pool window has a tie.
@@ -332,28 +308,21 @@ TEST(Pool2dTwoByTwoCpu, EveryIsaMakesWindowArgmaxsChoices) {
       const std::vector<float> grad_y = random_values(y.size(), unsigned(Wo) + 100);
       std::vector<float> grad_x(x.size(), 0.5f);  // sentinel: every value must be written
       cpu::max_pool_plane_gradient(where.data(), grad_y.data(), grad_x.data(), z, p);
-      std::vector<float> expected_grad_x(x.size(), 0.0f);
+      // The reference's choices on the same plane, and its gradient from zeros.
+      const Shape plane = {1, 1, z.H, z.W};
+      const std::vector<double> x64(x.begin(), x.end()), grad_y64(grad_y.begin(), grad_y.end());
+      std::vector<double> expected_y(y.size()), expected_where(y.size()), expected_grad_x(x.size());
+      reference::max_pool2d_forward(expected_y.data(), expected_where.data(), x64.data(), plane, p);
+      reference::max_pool2d_backward(expected_grad_x.data(), grad_y64.data(), expected_where.data(),
+                                     plane, p);
       for (std::int64_t ho = 0; ho < z.Ho; ++ho) {
         for (std::int64_t wo = 0; wo < Wo; ++wo) {
-          // window_argmax, spelled out.
-          std::int64_t best = -1;
-          for (std::int64_t i : {0, 1, 2, 3}) {
-            const std::int64_t at = (2 * ho + i / 2) * z.W + 2 * wo + i % 2;
-            const float v = x[std::size_t(at)];
-            if (std::isnan(v)) {
-              best = at;
-              break;
-            }
-            if (best < 0 || v > x[std::size_t(best)]) best = at;
-          }
           const std::size_t o = std::size_t(ho * Wo + wo);
-          ASSERT_EQ(where[o], float(best)) << "window (" << ho << ", " << wo << ")";
-          const float chosen = x[std::size_t(best)];
-          EXPECT_TRUE(std::isnan(chosen) ? std::isnan(y[o]) : y[o] == chosen);
-          expected_grad_x[std::size_t(best)] = grad_y[o];
+          ASSERT_EQ(where[o], float(expected_where[o])) << "window (" << ho << ", " << wo << ")";
+          EXPECT_TRUE(std::isnan(expected_y[o]) ? std::isnan(y[o]) : y[o] == expected_y[o]);
         }
       }
-      EXPECT_EQ(grad_x, expected_grad_x);
+      EXPECT_EQ(grad_x, std::vector<float>(expected_grad_x.begin(), expected_grad_x.end()));
     }
   }
   EXPECT_GE(isas, 1);

@@ -1,4 +1,5 @@
-// CPU bias add: the specification for kernels/cuda/bias.cu. Tensors viewed as [N,C,S].
+// CPU bias add (contracts in kernels/bias.h, the plain reference in
+// kernels/reference/bias.h, which the forward runs). Tensors viewed as [N,C,S].
 // Every loop splits over the thread pool (kernels/cpu/parallel.h): the forwards over
 // the N images, the backwards over the channels, each channel summing its rows in
 // order n = 0, 1, ... whichever thread runs it.
@@ -10,42 +11,24 @@
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/per_channel.h"
 #include "kernels/cpu/relu.h"
+#include "kernels/reference/bias.h"
 
 namespace towerlab::cpu {
 
-namespace {
-
-// y = x + bias[c], then the activation (ReLU's NaN rule, kernels/cpu/relu.cpp): one
-// loop for the plain and the fused forward, the activation a compile-time choice.
-template <bool kRelu>
-void bias_add_then(const Tensor& y, const Tensor& x, const Tensor& bias, std::int64_t N,
-                   std::int64_t C, std::int64_t S) {
+void bias_add_forward(const Tensor& y, const Tensor& x, const Tensor& bias, std::int64_t N,
+                      std::int64_t C, std::int64_t S) {
   with_dtype(x.dtype(), [&]<typename T>() {
     T* out = y.data<T>();         // [N,C,S]
     const T* in = x.data<T>();    // [N,C,S]
     const T* b = bias.data<T>();  // [C]
     parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
-      for (std::int64_t n = first; n < last; ++n) {
-        for (std::int64_t c = 0; c < C; ++c) {
-          const std::int64_t base = (n * C + c) * S;
-          for (std::int64_t s = 0; s < S; ++s) {
-            const T v = in[base + s] + b[c];
-            out[base + s] = kRelu && v < T(0) ? T(0) : v;
-          }
-        }
-      }
+      reference::bias_add_forward(out + first * C * S, in + first * C * S, b, last - first, C, S);
     });
   });
 }
 
-}  // namespace
-
-void bias_add_forward(const Tensor& y, const Tensor& x, const Tensor& bias, std::int64_t N,
-                      std::int64_t C, std::int64_t S) {
-  bias_add_then<false>(y, x, bias, N, C, S);
-}
-
-// Sums in double whatever the dtype, then adds once into grad_bias.
+// Sums in double whatever the dtype, a row's S values in sum_over's four running
+// sums (the reference's one running sum within a rounding), then adds once.
 void bias_add_backward(const Tensor& grad_bias, const Tensor& grad_y, std::int64_t N,
                        std::int64_t C, std::int64_t S) {
   with_dtype(grad_y.dtype(), [&]<typename T>() {
@@ -64,9 +47,25 @@ void bias_add_backward(const Tensor& grad_bias, const Tensor& grad_y, std::int64
   });
 }
 
+// y = x + bias[c], then ReLU's NaN rule (kernels/reference/relu.h), in one pass.
 void bias_add_relu_forward(const Tensor& y, const Tensor& x, const Tensor& bias, std::int64_t N,
                            std::int64_t C, std::int64_t S) {
-  bias_add_then<true>(y, x, bias, N, C, S);
+  with_dtype(x.dtype(), [&]<typename T>() {
+    T* out = y.data<T>();         // [N,C,S]
+    const T* in = x.data<T>();    // [N,C,S]
+    const T* b = bias.data<T>();  // [C]
+    parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t n = first; n < last; ++n) {
+        for (std::int64_t c = 0; c < C; ++c) {
+          const std::int64_t base = (n * C + c) * S;
+          for (std::int64_t s = 0; s < S; ++s) {
+            const T v = in[base + s] + b[c];
+            out[base + s] = v < T(0) ? T(0) : v;
+          }
+        }
+      }
+    });
+  });
 }
 
 // One pass: each masked gradient value is added to grad_x (when it is wanted) and

@@ -1,13 +1,13 @@
-// CPU elementwise kernels: the specification the CUDA kernels are tested against.
-// Plain loops over n elements, which the compiler vectorizes. Element i depends on
-// element i alone, so the loops split over the thread pool at any boundary
-// (kernels/cpu/parallel.h).
+// CPU elementwise kernels: the plain reference (kernels/reference/elementwise.h)
+// on each thread's range. Element i depends on element i alone, so the loops split
+// over the thread pool at any boundary (kernels/cpu/parallel.h).
 #include "kernels/cpu/elementwise.h"
 
 #include <cstdint>
 
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/reference/elementwise.h"
 
 namespace towerlab::cpu {
 
@@ -15,9 +15,8 @@ void fill(const Tensor& x, double value) {
   with_dtype(x.dtype(), [&]<typename T>() {
     T* p = x.data<T>();  // [n]
     const auto v = static_cast<T>(value);
-    parallel_rows(x.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
-      for (std::int64_t i = lo; i < hi; ++i) p[i] = v;
-    });
+    parallel_rows(x.numel(), 1,
+                  [&](std::int64_t lo, std::int64_t hi) { reference::fill(p + lo, v, hi - lo); });
   });
 }
 
@@ -27,7 +26,7 @@ void copy(const Tensor& dst, const Tensor& src) {
       D* out = dst.data<D>();       // [n]
       const S* in = src.data<S>();  // [n]
       parallel_rows(dst.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
-        for (std::int64_t i = lo; i < hi; ++i) out[i] = static_cast<D>(in[i]);
+        reference::copy(out + lo, in + lo, hi - lo);
       });
     });
   });
@@ -41,13 +40,13 @@ void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
     parallel_rows(out.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
       switch (op) {
         case BinaryOp::Add:
-          for (std::int64_t i = lo; i < hi; ++i) o[i] = x[i] + y[i];
+          reference::add(o + lo, x + lo, y + lo, hi - lo);
           break;
         case BinaryOp::Sub:
-          for (std::int64_t i = lo; i < hi; ++i) o[i] = x[i] - y[i];
+          reference::sub(o + lo, x + lo, y + lo, hi - lo);
           break;
         case BinaryOp::Mul:
-          for (std::int64_t i = lo; i < hi; ++i) o[i] = x[i] * y[i];
+          reference::mul(o + lo, x + lo, y + lo, hi - lo);
           break;
       }
     });
@@ -60,7 +59,7 @@ void scale(const Tensor& out, const Tensor& x, double alpha) {
     const T* in = x.data<T>();  // [n]
     const auto a = static_cast<T>(alpha);
     parallel_rows(out.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
-      for (std::int64_t i = lo; i < hi; ++i) o[i] = a * in[i];
+      reference::scale(o + lo, in + lo, a, hi - lo);
     });
   });
 }
@@ -71,7 +70,7 @@ void axpy(const Tensor& y, double alpha, const Tensor& x) {
     const T* in = x.data<T>();  // [n]
     const auto a = static_cast<T>(alpha);
     parallel_rows(y.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
-      for (std::int64_t i = lo; i < hi; ++i) out[i] += a * in[i];
+      reference::axpy(out + lo, a, in + lo, hi - lo);
     });
   });
 }
@@ -81,7 +80,7 @@ void axpy_scalar(const Tensor& y, double alpha, const Tensor& s) {
     T* out = y.data<T>();  // [n]
     const T v = static_cast<T>(alpha) * s.data<T>()[0];
     parallel_rows(y.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
-      for (std::int64_t i = lo; i < hi; ++i) out[i] += v;
+      reference::add_scalar(out + lo, v, hi - lo);
     });
   });
 }

@@ -1,9 +1,8 @@
-// CPU GEMM (contracts in kernels/matmul.h): the specification for
-// kernels/cuda/matmul.cu, and the fast float32 path that linear layers and conv2d
-// (via im2col) spend most of their CPU time in.
+// CPU GEMM (contracts in kernels/matmul.h): the fast float32 path that linear
+// layers and conv2d (via im2col) spend most of their CPU time in.
 //
-// gemm_reference is the specification: plain loops, used for float64 (gradient
-// checks) and as the readable statement of what every other path computes.
+// The specification is kernels/reference/matmul.h: plain loops, which this file
+// runs for float64 (gradient checks) and every other path is tested against.
 //
 // The float32 path is the usual cache-blocked GEMM (Goto/BLIS):
 //   for each [kKc x kNc] block of op(B): pack it into NR-wide column panels
@@ -29,34 +28,11 @@
 #include "engine/thread_pool.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/x86.h"
+#include "kernels/reference/matmul.h"
 
 namespace towerlab::cpu {
 
 namespace {
-
-// ---------------------------------------------------------------------------
-// The specification.
-
-template <typename T>
-void gemm_reference(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n,
-                    std::int64_t k, T alpha, const T* a, std::int64_t lda, const T* b,
-                    std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
-  // a: [m,k] (or [k,m] transposed), b: [k,n] (or [n,k] transposed), c: [m,n]
-  auto a_at = [&](std::int64_t i, std::int64_t p) {
-    return transpose_a ? a[p * lda + i] : a[i * lda + p];
-  };
-  auto b_at = [&](std::int64_t p, std::int64_t j) {
-    return transpose_b ? b[j * ldb + p] : b[p * ldb + j];
-  };
-  for (std::int64_t i = 0; i < m; ++i) {
-    T* c_row = c + i * ldc;  // [n]
-    for (std::int64_t j = 0; j < n; ++j) c_row[j] = beta == T(0) ? T(0) : beta * c_row[j];
-    for (std::int64_t p = 0; p < k; ++p) {
-      const T a_ip = alpha * a_at(i, p);
-      for (std::int64_t j = 0; j < n; ++j) c_row[j] += a_ip * b_at(p, j);
-    }
-  }
-}
 
 // ---------------------------------------------------------------------------
 // Micro-kernels: c[MR,NR] = alpha * a_panel * b_panel + beta * c (c not read
@@ -697,7 +673,7 @@ void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, st
   }
   if constexpr (std::is_same_v<T, double>) {
     // float64 serves the gradient checks: small problems, where plain loops do.
-    gemm_reference(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    reference::matmul(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   } else {
     with_blocked(selected_isa().load(std::memory_order_relaxed),
                  [&]<int MR, int NR>(const Kernels& kernels) {

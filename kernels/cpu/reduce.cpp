@@ -1,6 +1,5 @@
-// CPU reductions: accumulate in double whatever the dtype, the reference the
-// CUDA tree reduction is compared with. The sum is one running sum in index order
-// on one thread (its rounding is the specification); the search for the first
+// CPU reductions: the sum is the plain reference (kernels/reference/reduce.h), one
+// running sum in double in index order on one thread; the search for the first
 // non-finite value splits over the thread pool (kernels/cpu/parallel.h) and keeps
 // the smallest index any range found, the same answer for any split.
 #include <algorithm>
@@ -11,6 +10,7 @@
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/reduce.h"
+#include "kernels/reference/reduce.h"
 
 namespace towerlab::cpu {
 
@@ -33,9 +33,7 @@ constexpr std::int64_t kFiniteBlock = 256;
 void sum(const Tensor& out, const Tensor& x, double scale) {
   with_dtype(x.dtype(), [&]<typename T>() {
     const T* in = x.data<T>();  // [n]
-    double total = 0.0;
-    for (std::int64_t i = 0; i < x.numel(); ++i) total += static_cast<double>(in[i]);
-    out.data<T>()[0] = static_cast<T>(total * scale);
+    out.data<T>()[0] = static_cast<T>(reference::sum(in, x.numel()) * scale);
   });
 }
 

@@ -1,5 +1,6 @@
-// CPU ReLU: the specification for kernels/cuda/relu.cu. Elementwise, so the loops
-// split over the thread pool at any boundary (kernels/cpu/parallel.h).
+// CPU ReLU: the plain reference (kernels/reference/relu.h) on each thread's range.
+// Elementwise, so the loops split over the thread pool at any boundary
+// (kernels/cpu/parallel.h).
 // The files an op takes, in order: the top of kernels/relu.h.
 #include <cstdint>
 
@@ -14,8 +15,7 @@ void relu_forward(const Tensor& y, const Tensor& x) {
     T* out = y.data<T>();       // [n]
     const T* in = x.data<T>();  // [n]
     parallel_rows(y.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
-      // "x < 0 ? 0 : x", not "x > 0 ? x : 0": a NaN fails both tests and must come out.
-      for (std::int64_t i = lo; i < hi; ++i) out[i] = in[i] < T(0) ? T(0) : in[i];
+      reference::relu_forward(out + lo, in + lo, hi - lo);
     });
   });
 }
@@ -25,13 +25,8 @@ void relu_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& y, 
     T* gx = grad_x.data<T>();        // [n]
     const T* gy = grad_y.data<T>();  // [n]
     const T* out = y.data<T>();      // [n]
-    const bool assign = write == GradWrite::Assign;
     parallel_rows(grad_x.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
-      if (assign) {
-        for (std::int64_t i = lo; i < hi; ++i) gx[i] = relu_mask(gy[i], out[i]);
-      } else {
-        for (std::int64_t i = lo; i < hi; ++i) gx[i] += relu_mask(gy[i], out[i]);
-      }
+      reference::relu_backward(gx + lo, gy + lo, out + lo, hi - lo, write);
     });
   });
 }

@@ -1,0 +1,34 @@
+// matmul's plain reference (contract in kernels/reference/matmul.h): the i-p-j
+// loop order, so that the innermost loop walks a row of C.
+#include "kernels/reference/matmul.h"
+
+namespace towerlab::reference {
+
+template <typename T>
+void matmul(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k,
+            T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
+            std::int64_t ldc) {
+  auto a_at = [&](std::int64_t i, std::int64_t p) {  // op(A)[i,p]
+    return transpose_a ? a[p * lda + i] : a[i * lda + p];
+  };
+  auto b_at = [&](std::int64_t p, std::int64_t j) {  // op(B)[p,j]
+    return transpose_b ? b[j * ldb + p] : b[p * ldb + j];
+  };
+  for (std::int64_t i = 0; i < m; ++i) {
+    T* c_row = c + i * ldc;  // [N]
+    for (std::int64_t j = 0; j < n; ++j) c_row[j] = beta == T(0) ? T(0) : beta * c_row[j];
+    for (std::int64_t p = 0; p < k; ++p) {
+      const T a_ip = alpha * a_at(i, p);
+      for (std::int64_t j = 0; j < n; ++j) c_row[j] += a_ip * b_at(p, j);
+    }
+  }
+}
+
+template void matmul<float>(bool, bool, std::int64_t, std::int64_t, std::int64_t, float,
+                            const float*, std::int64_t, const float*, std::int64_t, float, float*,
+                            std::int64_t);
+template void matmul<double>(bool, bool, std::int64_t, std::int64_t, std::int64_t, double,
+                             const double*, std::int64_t, const double*, std::int64_t, double,
+                             double*, std::int64_t);
+
+}  // namespace towerlab::reference

@@ -1,0 +1,25 @@
+// The plain reference of matmul (GEMM): the specification that the CPU's blocked
+// micro-kernels, the CUDA kernels and the emulated cuBLAS are tested against, and
+// the CPU's float64 path itself (the gradient checks' problems are small).
+//
+// Dimension letters, as in kernels/matmul.h: M rows of C, N columns of C, K the
+// inner (summed) dimension. Matrices are row-major with leading dimensions
+// lda, ldb, ldc (the distance between rows); op(X) is X or its transpose.
+#pragma once
+
+#include <cstdint>
+
+namespace towerlab::reference {
+
+// C = alpha * op(A) * op(B) + beta * C, for T float or double.
+//   op(A) [M,K]: a stored [M,K] (transpose_a false) or [K,M] (true)
+//   op(B) [K,N]: b stored [K,N] (transpose_b false) or [N,K] (true)
+//   c [M,N]
+// beta == 0 assigns (C not read: a NaN there does not leak); beta == 1 accumulates.
+// Each product is added in order p = 0, 1, ..., K-1, in T.
+template <typename T>
+void matmul(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k,
+            T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
+            std::int64_t ldc);
+
+}  // namespace towerlab::reference
