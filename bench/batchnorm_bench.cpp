@@ -40,12 +40,6 @@ using namespace towerlab;
 
 namespace {
 
-void set_bytes(benchmark::State& state, const Shape& shape, double passes) {
-  state.counters["bytes/s"] =
-      benchmark::Counter(static_cast<double>(numel_of(shape)) * sizeof(float) * passes,
-                         benchmark::Counter::kIsIterationInvariantRate);
-}
-
 // Inputs with a non-trivial mean and spread, as a real activation has.
 Tensor input(const Shape& shape, const Stream& stream, std::uint64_t subsequence = 0) {
   Tensor x = Tensor::empty(shape, stream);
@@ -92,7 +86,7 @@ void BM_BatchNormForwardTraining(benchmark::State& state, Device device) {
   const Shape shape = bench::nchw_shape(state);
   const BatchNormLayer layer(shape, stream);
   bench::time_calls(state, stream, [&] { batchnorm_forward_training(layer.forward, stream); });
-  set_bytes(state, shape, 3);  // x twice, y
+  bench::set_bytes(state, shape, 3);  // x twice, y
 }
 
 void BM_BatchNormForwardInference(benchmark::State& state, Device device) {
@@ -113,7 +107,7 @@ void BM_BatchNormForwardInference(benchmark::State& state, Device device) {
                                  .eps = 1e-3},
                                 stream);
   });
-  set_bytes(state, shape, 2);
+  bench::set_bytes(state, shape, 2);
 }
 
 void BM_BatchNormBackward(benchmark::State& state, Device device) {
@@ -123,7 +117,7 @@ void BM_BatchNormBackward(benchmark::State& state, Device device) {
   const BatchNormLayer layer(shape, stream);
   batchnorm_forward_training(layer.forward, stream);  // the statistics the backward reads
   bench::time_calls(state, stream, [&] { batchnorm_backward(layer.backward, stream); });
-  set_bytes(state, shape, 6);  // grad_y and x twice, grad_x read and written
+  bench::set_bytes(state, shape, 6);  // grad_y and x twice, grad_x read and written
 }
 
 // Batch norm and the ReLU after it, forward and backward (a training step of the
@@ -152,7 +146,7 @@ void BM_BatchNormReluStep(benchmark::State& state, Device device, bool fused) {
     }
     batchnorm_backward(layer.backward, stream);
   });
-  set_bytes(state, shape, 9);  // forward 3|x| + backward 6|x|
+  bench::set_bytes(state, shape, 9);  // forward 3|x| + backward 6|x|
 }
 
 // FashionNet's two batch-norm layers, each followed by a 2x2 stride-2 max pool
@@ -305,7 +299,7 @@ void BM_BatchNormMaxPoolForward(benchmark::State& state, bool fused) {
   if (fused && !fused_matches_unfused(state, shape, stream)) return;
   BatchNormMaxPool op(shape, stream);
   bench::time_calls(state, stream, [&] { op.forward(fused); });
-  set_bytes(state, shape, 1.5);  // x, then y and argmax (|x|/4 each)
+  bench::set_bytes(state, shape, 1.5);  // x, then y and argmax (|x|/4 each)
 }
 
 void BM_BatchNormMaxPoolBackward(benchmark::State& state, bool fused) {
@@ -315,7 +309,7 @@ void BM_BatchNormMaxPoolBackward(benchmark::State& state, bool fused) {
   BatchNormMaxPool op(shape, stream);
   op.forward(fused);
   bench::time_calls(state, stream, [&] { op.backward(fused); });
-  set_bytes(state, shape, 2.5);  // x and grad_x, then grad_y and argmax (|x|/4 each)
+  bench::set_bytes(state, shape, 2.5);  // x and grad_x, then grad_y and argmax (|x|/4 each)
 }
 
 // The bandwidth reference: one copy of x (reads and writes |x|).
@@ -325,7 +319,7 @@ void BM_CopyReference(benchmark::State& state, Device device) {
   const Shape shape = bench::nchw_shape(state);
   Tensor a = Tensor::zeros(shape, stream), b = Tensor::zeros(shape, stream);
   bench::time_copy_reference(state, b, a, stream);
-  set_bytes(state, shape, 2);
+  bench::set_bytes(state, shape, 2);
 }
 
 #if TOWERLAB_WITH_CUDA && TOWERLAB_HAVE_CUDNN
@@ -383,7 +377,7 @@ void BM_CudnnBatchNormForwardTraining(benchmark::State& state) {
                     0.01, mm.raw_data(), mv.raw_data(), 1e-3, mean.raw_data(), inv_std.raw_data()),
                 "cudnnBatchNormalizationForwardTraining");
   });
-  set_bytes(state, shape, 3);  // as BM_BatchNormForwardTraining
+  bench::set_bytes(state, shape, 3);  // as BM_BatchNormForwardTraining
 }
 
 void BM_CudnnBatchNormBackward(benchmark::State& state) {
@@ -409,7 +403,7 @@ void BM_CudnnBatchNormBackward(benchmark::State& state) {
                     1e-3, mean.raw_data(), inv_std.raw_data()),
                 "cudnnBatchNormalizationBackward");
   });
-  set_bytes(state, shape, 6);  // as BM_BatchNormBackward
+  bench::set_bytes(state, shape, 6);  // as BM_BatchNormBackward
 }
 
 #pragma GCC diagnostic pop
@@ -417,59 +411,48 @@ void BM_CudnnBatchNormBackward(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK_CAPTURE(BM_BatchNormForwardTraining, cpu, Device::cpu())
-    ->Apply(bench::activation_shapes)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_BatchNormForwardInference, cpu, Device::cpu())
-    ->Apply(bench::activation_shapes)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_BatchNormBackward, cpu, Device::cpu())
-    ->Apply(bench::activation_shapes)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_BatchNormReluStep, cpu_fused, Device::cpu(), true)
-    ->Apply(bench::activation_shapes)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_BatchNormReluStep, cpu_unfused, Device::cpu(), false)
-    ->Apply(bench::activation_shapes)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())
-    ->Apply(bench::activation_shapes)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_BatchNormMaxPoolForward, cpu_fused, true)
-    ->Apply(fashionnet_pooled_shapes)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_BatchNormMaxPoolForward, cpu_unfused, false)
-    ->Apply(fashionnet_pooled_shapes)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_BatchNormMaxPoolBackward, cpu_fused, true)
-    ->Apply(fashionnet_pooled_shapes)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_BatchNormMaxPoolBackward, cpu_unfused, false)
-    ->Apply(fashionnet_pooled_shapes)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_CopyReference, cpu_batch64, Device::cpu())
-    ->Args({64, 32, 28, 28})
-    ->Args({64, 64, 14, 14})
-    ->ArgNames({"N", "C", "H", "W"})
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_BatchNormForwardTraining, cuda, Device::cuda(0))
-    ->Apply(bench::gpu_activation_shapes)
-    ->UseManualTime();
-BENCHMARK_CAPTURE(BM_BatchNormForwardInference, cuda, Device::cuda(0))
-    ->Apply(bench::gpu_activation_shapes)
-    ->UseManualTime();
-BENCHMARK_CAPTURE(BM_BatchNormBackward, cuda, Device::cuda(0))
-    ->Apply(bench::gpu_activation_shapes)
-    ->UseManualTime();
-BENCHMARK_CAPTURE(BM_BatchNormReluStep, cuda_fused, Device::cuda(0), true)
-    ->Apply(bench::gpu_activation_shapes)
-    ->UseManualTime();
-BENCHMARK_CAPTURE(BM_BatchNormReluStep, cuda_unfused, Device::cuda(0), false)
-    ->Apply(bench::gpu_activation_shapes)
-    ->UseManualTime();
-BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))
-    ->Apply(bench::gpu_activation_shapes)
-    ->UseManualTime();
+namespace {
+
+// The cases of both devices, on one: the listing (and the results' JSON) has the
+// CPU's, then the CPU-only fused max pool's, then cuda:0's.
+void register_on(Device device) {
+  const std::string on = bench::device_label(device);
+  const bench::ShapesOf shapes;
+  bench::register_memory_bound("BM_BatchNormForwardTraining/" + on, shapes,
+                               BM_BatchNormForwardTraining, device);
+  bench::register_memory_bound("BM_BatchNormForwardInference/" + on, shapes,
+                               BM_BatchNormForwardInference, device);
+  bench::register_memory_bound("BM_BatchNormBackward/" + on, shapes, BM_BatchNormBackward, device);
+  for (bool fused : {true, false}) {
+    bench::register_memory_bound("BM_BatchNormReluStep/" + on + (fused ? "_fused" : "_unfused"),
+                                 shapes, BM_BatchNormReluStep, device, fused);
+  }
+  bench::register_memory_bound("BM_CopyReference/" + on, shapes, BM_CopyReference, device);
+}
+
+const bool registered = [] {
+  register_on(Device::cpu());
+  auto fused_and_unfused = [](const std::string& name, void (*bm)(benchmark::State&, bool)) {
+    for (bool fused : {true, false}) {
+      benchmark::RegisterBenchmark((name + (fused ? "/cpu_fused" : "/cpu_unfused")).c_str(), bm,
+                                   fused)
+          ->Apply(fashionnet_pooled_shapes)
+          ->UseRealTime();
+    }
+  };
+  fused_and_unfused("BM_BatchNormMaxPoolForward", BM_BatchNormMaxPoolForward);
+  fused_and_unfused("BM_BatchNormMaxPoolBackward", BM_BatchNormMaxPoolBackward);
+  benchmark::RegisterBenchmark("BM_CopyReference/cpu_batch64", BM_CopyReference, Device::cpu())
+      ->Args({64, 32, 28, 28})
+      ->Args({64, 64, 14, 14})
+      ->ArgNames({"N", "C", "H", "W"})
+      ->UseRealTime();
+  register_on(Device::cuda(0));
+  return true;
+}();
+
+}  // namespace
+
 #if TOWERLAB_WITH_CUDA && TOWERLAB_HAVE_CUDNN
 BENCHMARK(BM_CudnnBatchNormForwardTraining)
     ->Name("BM_CudnnBatchNormForwardTraining/cuda")

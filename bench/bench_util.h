@@ -1,10 +1,11 @@
 // Helpers every bench program shares: skipping CUDA cases where there is no GPU,
-// the one timing loop (time_calls) and the copy that memory-bound kernels are
-// measured against.
+// the one timing loop (time_calls), the copy that memory-bound kernels are
+// measured against, their bytes/s counter and their registration on both devices.
 #pragma once
 
 #include <benchmark/benchmark.h>
 
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -39,6 +40,40 @@ inline void activation_shapes(benchmark::internal::Benchmark* b) {
 inline void gpu_activation_shapes(benchmark::internal::Benchmark* b) {
   activation_shapes(b);
   b->Args({128, 64, 56, 56});
+}
+
+// The arguments a memory-bound kernel is measured on, per device (a function that
+// adds them to a registration, as Benchmark::Apply takes).
+struct ShapesOf {
+  void (*cpu)(benchmark::internal::Benchmark*) = activation_shapes;
+  void (*gpu)(benchmark::internal::Benchmark*) = gpu_activation_shapes;
+};
+
+// Registers fn(state, device, extra...) as `name` ("BM_Op/cpu", "BM_Op/cuda_fused":
+// the names BENCHMARK_CAPTURE gives) with the device's shapes and clock:
+// UseRealTime() on the CPU (the kernels use the thread pool), UseManualTime() on a
+// GPU (time_calls' events).
+template <typename Fn, typename... Extra>
+benchmark::internal::Benchmark* register_memory_bound(const std::string& name,
+                                                      const ShapesOf& shapes, Fn fn, Device device,
+                                                      Extra... extra) {
+  benchmark::internal::Benchmark* b =
+      benchmark::RegisterBenchmark(name.c_str(), fn, device, extra...);
+  if (device.is_cpu()) return b->Apply(shapes.cpu)->UseRealTime();
+  return b->Apply(shapes.gpu)->UseManualTime();
+}
+
+// "cpu" or "cuda": the device part of a bench's name.
+inline std::string device_label(Device device) {
+  return device.is_cpu() ? "cpu" : "cuda";
+}
+
+// The "bytes/s" counter of a memory-bound kernel that moves `passes` times the
+// float tensor of `shape` per call.
+inline void set_bytes(benchmark::State& state, const Shape& shape, double passes) {
+  state.counters["bytes/s"] =
+      benchmark::Counter(static_cast<double>(numel_of(shape)) * sizeof(float) * passes,
+                         benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // [N,C,H,W] from the benchmark's four arguments; H = 0 marks a fully connected [N,C].

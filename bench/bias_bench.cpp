@@ -9,18 +9,14 @@
 
 #include "bench_util.h"
 
+#include <string>
+
 #include "kernels/bias.h"
 #include "towerlab.h"
 
 using namespace towerlab;
 
 namespace {
-
-void set_bytes(benchmark::State& state, const Shape& shape, int passes) {
-  state.counters["bytes/s"] =
-      benchmark::Counter(static_cast<double>(numel_of(shape)) * sizeof(float) * passes,
-                         benchmark::Counter::kIsIterationInvariantRate);
-}
 
 void BM_BiasAddForward(benchmark::State& state, Device device) {
   if (bench::skip_without(device, state)) return;
@@ -29,7 +25,7 @@ void BM_BiasAddForward(benchmark::State& state, Device device) {
   Tensor x = bench::random_tensor(shape, stream, 1);
   Tensor bias = bench::random_tensor({shape[1]}, stream, 2, -1e-3f, 1e-3f);  // x drifts slowly
   bench::time_calls(state, stream, [&] { bias_add_forward(x, x, bias, stream); });
-  set_bytes(state, shape, 2);
+  bench::set_bytes(state, shape, 2);
 }
 
 void BM_BiasAddBackward(benchmark::State& state, Device device) {
@@ -39,7 +35,7 @@ void BM_BiasAddBackward(benchmark::State& state, Device device) {
   Tensor grad_y = bench::random_tensor(shape, stream, 1);
   Tensor grad_bias = Tensor::zeros({shape[1]}, stream);
   bench::time_calls(state, stream, [&] { bias_add_backward(grad_bias, grad_y, stream); });
-  set_bytes(state, shape, 1);
+  bench::set_bytes(state, shape, 1);
 }
 
 // Bias add and the ReLU after it, forward and backward, fused or as two ops (the
@@ -69,7 +65,7 @@ void BM_BiasAddReluStep(benchmark::State& state, Device device, bool fused) {
       bias_add_backward(grad_bias, grad_z, stream);
     }
   });
-  set_bytes(state, shape, 6);
+  bench::set_bytes(state, shape, 6);
 }
 
 void BM_CopyReference(benchmark::State& state, Device device) {
@@ -78,7 +74,7 @@ void BM_CopyReference(benchmark::State& state, Device device) {
   const Shape shape = bench::nchw_shape(state);
   Tensor a = Tensor::zeros(shape, stream), b = Tensor::zeros(shape, stream);
   bench::time_copy_reference(state, b, a, stream);
-  set_bytes(state, shape, 2);
+  bench::set_bytes(state, shape, 2);
 }
 
 // The activation shapes, and a fully connected layer's [128,1024].
@@ -96,19 +92,22 @@ void gpu_shapes(benchmark::internal::Benchmark* b) {
 
 }  // namespace
 
-BENCHMARK_CAPTURE(BM_BiasAddForward, cpu, Device::cpu())->Apply(shapes)->UseRealTime();
-BENCHMARK_CAPTURE(BM_BiasAddBackward, cpu, Device::cpu())->Apply(shapes)->UseRealTime();
-BENCHMARK_CAPTURE(BM_BiasAddReluStep, cpu_fused, Device::cpu(), true)->Apply(shapes)->UseRealTime();
-BENCHMARK_CAPTURE(BM_BiasAddReluStep, cpu_unfused, Device::cpu(), false)
-    ->Apply(shapes)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())->Apply(shapes)->UseRealTime();
-BENCHMARK_CAPTURE(BM_BiasAddForward, cuda, Device::cuda(0))->Apply(gpu_shapes)->UseManualTime();
-BENCHMARK_CAPTURE(BM_BiasAddBackward, cuda, Device::cuda(0))->Apply(gpu_shapes)->UseManualTime();
-BENCHMARK_CAPTURE(BM_BiasAddReluStep, cuda_fused, Device::cuda(0), true)
-    ->Apply(gpu_shapes)
-    ->UseManualTime();
-BENCHMARK_CAPTURE(BM_BiasAddReluStep, cuda_unfused, Device::cuda(0), false)
-    ->Apply(gpu_shapes)
-    ->UseManualTime();
-BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))->Apply(gpu_shapes)->UseManualTime();
+namespace {
+
+// The CPU's cases, then cuda:0's: the order of the listing and of the results' JSON.
+const bool registered = [] {
+  for (Device device : {Device::cpu(), Device::cuda(0)}) {
+    const std::string on = bench::device_label(device);
+    const bench::ShapesOf both{.cpu = shapes, .gpu = gpu_shapes};
+    bench::register_memory_bound("BM_BiasAddForward/" + on, both, BM_BiasAddForward, device);
+    bench::register_memory_bound("BM_BiasAddBackward/" + on, both, BM_BiasAddBackward, device);
+    for (bool fused : {true, false}) {
+      bench::register_memory_bound("BM_BiasAddReluStep/" + on + (fused ? "_fused" : "_unfused"),
+                                   both, BM_BiasAddReluStep, device, fused);
+    }
+    bench::register_memory_bound("BM_CopyReference/" + on, both, BM_CopyReference, device);
+  }
+  return true;
+}();
+
+}  // namespace

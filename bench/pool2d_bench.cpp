@@ -33,9 +33,7 @@ const Pool2dParams kPool = Pool2dParams::square(2, 2);
 
 // Bytes moved, as multiples of |x| in quarters (the output is a quarter of x).
 void set_bytes(benchmark::State& state, const Shape& shape, int quarters) {
-  state.counters["bytes/s"] =
-      benchmark::Counter(static_cast<double>(numel_of(shape)) * sizeof(float) * quarters / 4.0,
-                         benchmark::Counter::kIsIterationInvariantRate);
+  bench::set_bytes(state, shape, quarters / 4.0);
 }
 
 constexpr int kForwardQuarters = 5;       // x + y
@@ -204,48 +202,28 @@ void BM_CudnnMaxPoolBackward(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK_CAPTURE(BM_MaxPoolForward, cpu, Device::cpu())
-    ->Apply(bench::activation_shapes)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_MaxPoolBackward, cpu, Device::cpu())
-    ->Apply(bench::activation_shapes)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_MaxPoolStep, cpu_argmax, Device::cpu(), true)
-    ->Apply(bench::activation_shapes)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_MaxPoolStep, cpu_recompute, Device::cpu(), false)
-    ->Apply(bench::activation_shapes)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_AvgPoolForward, cpu, Device::cpu())
-    ->Apply(bench::activation_shapes)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_AvgPoolBackward, cpu, Device::cpu())
-    ->Apply(bench::activation_shapes)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())
-    ->Apply(bench::activation_shapes)
-    ->UseRealTime();
-BENCHMARK_CAPTURE(BM_MaxPoolForward, cuda, Device::cuda(0))
-    ->Apply(bench::gpu_activation_shapes)
-    ->UseManualTime();
-BENCHMARK_CAPTURE(BM_MaxPoolBackward, cuda, Device::cuda(0))
-    ->Apply(bench::gpu_activation_shapes)
-    ->UseManualTime();
-BENCHMARK_CAPTURE(BM_MaxPoolStep, cuda_argmax, Device::cuda(0), true)
-    ->Apply(bench::gpu_activation_shapes)
-    ->UseManualTime();
-BENCHMARK_CAPTURE(BM_MaxPoolStep, cuda_recompute, Device::cuda(0), false)
-    ->Apply(bench::gpu_activation_shapes)
-    ->UseManualTime();
-BENCHMARK_CAPTURE(BM_AvgPoolForward, cuda, Device::cuda(0))
-    ->Apply(bench::gpu_activation_shapes)
-    ->UseManualTime();
-BENCHMARK_CAPTURE(BM_AvgPoolBackward, cuda, Device::cuda(0))
-    ->Apply(bench::gpu_activation_shapes)
-    ->UseManualTime();
-BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))
-    ->Apply(bench::gpu_activation_shapes)
-    ->UseManualTime();
+namespace {
+
+// The CPU's cases, then cuda:0's: the order of the listing and of the results' JSON.
+const bool registered = [] {
+  for (Device device : {Device::cpu(), Device::cuda(0)}) {
+    const std::string on = bench::device_label(device);
+    const bench::ShapesOf shapes;
+    bench::register_memory_bound("BM_MaxPoolForward/" + on, shapes, BM_MaxPoolForward, device);
+    bench::register_memory_bound("BM_MaxPoolBackward/" + on, shapes, BM_MaxPoolBackward, device);
+    for (bool argmax : {true, false}) {
+      bench::register_memory_bound("BM_MaxPoolStep/" + on + (argmax ? "_argmax" : "_recompute"),
+                                   shapes, BM_MaxPoolStep, device, argmax);
+    }
+    bench::register_memory_bound("BM_AvgPoolForward/" + on, shapes, BM_AvgPoolForward, device);
+    bench::register_memory_bound("BM_AvgPoolBackward/" + on, shapes, BM_AvgPoolBackward, device);
+    bench::register_memory_bound("BM_CopyReference/" + on, shapes, BM_CopyReference, device);
+  }
+  return true;
+}();
+
+}  // namespace
+
 #if TOWERLAB_WITH_CUDA && TOWERLAB_HAVE_CUDNN
 BENCHMARK(BM_CudnnMaxPoolForward)
     ->Name("BM_CudnnMaxPoolForward/cuda")
