@@ -1,6 +1,6 @@
 // conv2d's plain reference (contracts in kernels/reference/conv2d.h): the forward
-// gathers each output from its taps, the backward walks the same loops and
-// scatters each output's gradient back to the taps it read.
+// gathers each output from its taps, and the backward walks the same taps in the
+// same order and scatters each output's gradient back to the values it read.
 #include "kernels/reference/conv2d.h"
 
 #include <cstdint>
@@ -20,62 +20,58 @@ Sizes sizes_of(const Shape& x_shape, const Shape& weight_shape, const Conv2dPara
           weight_shape[2], weight_shape[3], y_shape[2], y_shape[3]};
 }
 
-}  // namespace
-
-void conv2d_forward(double* y, const double* x, const double* weight, const double* bias,
-                    const Shape& x_shape, const Shape& weight_shape, const Conv2dParams& params) {
-  const auto [N, C, H, W, K, R, S, P, Q] = sizes_of(x_shape, weight_shape, params);
-  const Conv2dParams& d = params;
-  for (std::int64_t n = 0; n < N; ++n) {
-    for (std::int64_t k = 0; k < K; ++k) {
-      for (std::int64_t p = 0; p < P; ++p) {
-        for (std::int64_t q = 0; q < Q; ++q) {
-          double acc = bias != nullptr ? bias[k] : 0.0;
-          for (std::int64_t c = 0; c < C; ++c) {
-            for (std::int64_t r = 0; r < R; ++r) {
-              for (std::int64_t s = 0; s < S; ++s) {
+// Calls tap(yi, wi, xi) for every output y[n,k,p,q] (index yi) and every tap
+// (c, r, s) of it that reads x inside the plane (weight index wi, x index xi), in
+// order n, k, p, q, then c, r, s: a tap in the zero padding adds nothing.
+template <typename Tap>
+void for_each_tap(const Sizes& z, const Conv2dParams& d, Tap tap) {
+  for (std::int64_t n = 0; n < z.N; ++n) {
+    for (std::int64_t k = 0; k < z.K; ++k) {
+      for (std::int64_t p = 0; p < z.P; ++p) {
+        for (std::int64_t q = 0; q < z.Q; ++q) {
+          const std::int64_t yi = ((n * z.K + k) * z.P + p) * z.Q + q;
+          for (std::int64_t c = 0; c < z.C; ++c) {
+            for (std::int64_t r = 0; r < z.R; ++r) {
+              for (std::int64_t s = 0; s < z.S; ++s) {
                 const std::int64_t h = p * d.stride_h - d.pad_h + r * d.dilation_h;
                 const std::int64_t w = q * d.stride_w - d.pad_w + s * d.dilation_w;
-                if (h < 0 || h >= H || w < 0 || w >= W) continue;  // zero padding
-                acc += weight[((k * C + c) * R + r) * S + s] * x[((n * C + c) * H + h) * W + w];
+                if (h < 0 || h >= z.H || w < 0 || w >= z.W) continue;
+                tap(yi, ((k * z.C + c) * z.R + r) * z.S + s, ((n * z.C + c) * z.H + h) * z.W + w);
               }
             }
           }
-          y[((n * K + k) * P + p) * Q + q] = acc;
         }
       }
     }
   }
 }
 
+}  // namespace
+
+void conv2d_forward(double* y, const double* x, const double* weight, const double* bias,
+                    const Shape& x_shape, const Shape& weight_shape, const Conv2dParams& params) {
+  const Sizes z = sizes_of(x_shape, weight_shape, params);
+  const std::int64_t plane = z.P * z.Q;
+  for (std::int64_t i = 0; i < z.N * z.K * plane; ++i) {
+    y[i] = bias != nullptr ? bias[(i / plane) % z.K] : 0.0;
+  }
+  for_each_tap(z, params, [&](std::int64_t yi, std::int64_t wi, std::int64_t xi) {
+    y[yi] += weight[wi] * x[xi];
+  });
+}
+
 void conv2d_backward(double* grad_x, double* grad_weight, double* grad_bias, const double* grad_y,
                      const double* x, const double* weight, const Shape& x_shape,
                      const Shape& weight_shape, const Conv2dParams& params) {
-  const auto [N, C, H, W, K, R, S, P, Q] = sizes_of(x_shape, weight_shape, params);
-  const Conv2dParams& d = params;
-  for (std::int64_t n = 0; n < N; ++n) {
-    for (std::int64_t k = 0; k < K; ++k) {
-      for (std::int64_t p = 0; p < P; ++p) {
-        for (std::int64_t q = 0; q < Q; ++q) {
-          const double g = grad_y[((n * K + k) * P + p) * Q + q];
-          if (grad_bias != nullptr) grad_bias[k] += g;
-          for (std::int64_t c = 0; c < C; ++c) {
-            for (std::int64_t r = 0; r < R; ++r) {
-              for (std::int64_t s = 0; s < S; ++s) {
-                const std::int64_t h = p * d.stride_h - d.pad_h + r * d.dilation_h;
-                const std::int64_t w = q * d.stride_w - d.pad_w + s * d.dilation_w;
-                if (h < 0 || h >= H || w < 0 || w >= W) continue;  // a tap in the padding
-                const std::int64_t wi = ((k * C + c) * R + r) * S + s;
-                const std::int64_t xi = ((n * C + c) * H + h) * W + w;
-                if (grad_x != nullptr) grad_x[xi] += g * weight[wi];
-                if (grad_weight != nullptr) grad_weight[wi] += g * x[xi];
-              }
-            }
-          }
-        }
-      }
-    }
+  const Sizes z = sizes_of(x_shape, weight_shape, params);
+  const std::int64_t plane = z.P * z.Q;
+  if (grad_bias != nullptr) {
+    for (std::int64_t i = 0; i < z.N * z.K * plane; ++i) grad_bias[(i / plane) % z.K] += grad_y[i];
   }
+  for_each_tap(z, params, [&](std::int64_t yi, std::int64_t wi, std::int64_t xi) {
+    if (grad_x != nullptr) grad_x[xi] += grad_y[yi] * weight[wi];
+    if (grad_weight != nullptr) grad_weight[wi] += grad_y[yi] * x[xi];
+  });
 }
 
 }  // namespace towerlab::reference
