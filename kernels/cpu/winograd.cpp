@@ -9,18 +9,14 @@
 //      output transform  out tile (t, k) (+)= Aᵀ m[t,k] A        2x2, clipped at the edge
 // Inside this file C and K are the correlation's input and output channels: for
 // backward-data they are the layer's K and C, and the input is grad_y. The weight
-// gradient is in kernels/cpu/winograd_weight_grad.cpp; this file also keeps the
-// algorithm's selection (set_conv2d_algorithm) and whether Winograd takes a shape.
+// gradient is in kernels/cpu/winograd_weight_grad.cpp, the choice of Winograd or
+// im2col (set_conv2d_algorithm, winograd_chosen) in kernels/cpu/winograd_choice.cpp.
 #include "kernels/cpu/winograd.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 #include <vector>
 
-#include "engine/settings.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/simd.h"
@@ -32,31 +28,6 @@ namespace towerlab::cpu {
 namespace {
 
 using namespace winograd;  // kernels/cpu/winograd_tiles.h
-
-// The environment may pin the algorithm (TOWERLAB_CONV2D_ALGORITHM=auto|im2col|
-// winograd); an unknown name warns once and leaves Auto (engine/settings.h).
-Conv2dAlgorithm initial_algorithm() {
-  const auto wanted =
-      detail::environment_choice("TOWERLAB_CONV2D_ALGORITHM", {"auto", "im2col", "winograd"});
-  if (wanted == "im2col") return Conv2dAlgorithm::Im2col;
-  if (wanted == "winograd") return Conv2dAlgorithm::Winograd;
-  return Conv2dAlgorithm::Auto;
-}
-
-std::atomic<Conv2dAlgorithm>& selected_algorithm() {
-  static std::atomic<Conv2dAlgorithm> algorithm{initial_algorithm()};
-  return algorithm;
-}
-
-// Auto takes Winograd for the forward and the backward-data from this many input
-// and output channels on. Below, the transforms (linear in C + K per tile) cost
-// more than the GEMM saves (linear in C * K): FashionNet's first layer (C = 1)
-// runs several times faster with im2col. On FashionNet's second layer the
-// backward-data measured faster than im2col + col2im, whose columns of x the weight
-// gradient shares (bench/results/winograd.md; docs/kernels.md, "Measured choices").
-// The choice depends on
-// the shape alone, never on the ISA, so that every ISA gives the same bits.
-constexpr std::int64_t kMinAutoChannels = 16;
 
 // u [4][4] = G g Gᵀ for g [3][3], one kernel a lane of V (or V = float: one kernel).
 template <typename V>
@@ -609,35 +580,6 @@ void run(float* out, const float* in, const std::vector<PackedA>& u, const float
   });
 }
 
-}  // namespace
-
-ScopedConv2dAlgorithm::ScopedConv2dAlgorithm(Conv2dAlgorithm algorithm)
-    : previous_(selected_algorithm().exchange(algorithm)) {}
-
-ScopedConv2dAlgorithm::~ScopedConv2dAlgorithm() {
-  selected_algorithm().store(previous_);
-}
-
-bool winograd_applies(const Conv2dShape& s) {
-  const Conv2dParams& p = s.params;
-  return s.R == 3 && s.S == 3 && p.stride_h == 1 && p.stride_w == 1 && p.dilation_h == 1 &&
-         p.dilation_w == 1 && p.pad_h >= 0 && p.pad_h <= 1 && p.pad_w >= 0 && p.pad_w <= 1;
-}
-
-bool winograd_chosen(const Conv2dShape& s) {
-  switch (conv2d_algorithm()) {
-    case Conv2dAlgorithm::Im2col:
-      return false;
-    case Conv2dAlgorithm::Winograd:
-      return winograd_applies(s);
-    case Conv2dAlgorithm::Auto:
-      break;
-  }
-  return winograd_applies(s) && s.C >= kMinAutoChannels && s.K >= kMinAutoChannels;
-}
-
-namespace {
-
 // U [16][rows][cols] as 16 packed GEMM operands, packed once for all the blocks.
 std::vector<PackedA> packed_weights(const float* u, std::int64_t rows, std::int64_t cols) {
   std::vector<PackedA> packed;
@@ -672,15 +614,3 @@ void winograd_backward_data(float* grad_x, const float* grad_y, const float* wei
 }
 
 }  // namespace towerlab::cpu
-
-namespace towerlab {
-
-void set_conv2d_algorithm(Conv2dAlgorithm algorithm) {
-  cpu::selected_algorithm().store(algorithm);
-}
-
-Conv2dAlgorithm conv2d_algorithm() {
-  return cpu::selected_algorithm().load();
-}
-
-}  // namespace towerlab

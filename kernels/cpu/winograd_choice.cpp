@@ -1,0 +1,81 @@
+// The process-wide choice between Winograd and im2col for the CPU's float32 conv2d
+// (Conv2dAlgorithm, engine/settings.h): the setting, read first from the
+// environment, the scope that sets it for tests and benchmarks, and which shapes
+// Winograd takes (kernels/cpu/winograd.h). CUDA's Winograd reads the same setting
+// and winograd_applies (kernels/cuda/conv2d_winograd.cu).
+#include <atomic>
+#include <cstdint>
+
+#include "engine/settings.h"
+#include "kernels/cpu/conv2d.h"
+#include "kernels/cpu/winograd.h"
+
+namespace towerlab::cpu {
+
+namespace {
+
+// The environment may pin the algorithm (TOWERLAB_CONV2D_ALGORITHM=auto|im2col|
+// winograd); an unknown name warns once and leaves Auto (engine/settings.h).
+Conv2dAlgorithm initial_algorithm() {
+  const auto wanted =
+      detail::environment_choice("TOWERLAB_CONV2D_ALGORITHM", {"auto", "im2col", "winograd"});
+  if (wanted == "im2col") return Conv2dAlgorithm::Im2col;
+  if (wanted == "winograd") return Conv2dAlgorithm::Winograd;
+  return Conv2dAlgorithm::Auto;
+}
+
+std::atomic<Conv2dAlgorithm>& selected_algorithm() {
+  static std::atomic<Conv2dAlgorithm> algorithm{initial_algorithm()};
+  return algorithm;
+}
+
+// Auto takes Winograd for the forward and the backward-data from this many input
+// and output channels on. Below, the transforms (linear in C + K per tile) cost
+// more than the GEMM saves (linear in C * K): FashionNet's first layer (C = 1)
+// runs several times faster with im2col. On FashionNet's second layer the
+// backward-data measured faster than im2col + col2im, whose columns of x the weight
+// gradient shares (bench/results/winograd.md; docs/kernels.md, "Measured choices").
+// The choice depends on
+// the shape alone, never on the ISA, so that every ISA gives the same bits.
+constexpr std::int64_t kMinAutoChannels = 16;
+
+}  // namespace
+
+ScopedConv2dAlgorithm::ScopedConv2dAlgorithm(Conv2dAlgorithm algorithm)
+    : previous_(selected_algorithm().exchange(algorithm)) {}
+
+ScopedConv2dAlgorithm::~ScopedConv2dAlgorithm() {
+  selected_algorithm().store(previous_);
+}
+
+bool winograd_applies(const Conv2dShape& s) {
+  const Conv2dParams& p = s.params;
+  return s.R == 3 && s.S == 3 && p.stride_h == 1 && p.stride_w == 1 && p.dilation_h == 1 &&
+         p.dilation_w == 1 && p.pad_h >= 0 && p.pad_h <= 1 && p.pad_w >= 0 && p.pad_w <= 1;
+}
+
+bool winograd_chosen(const Conv2dShape& s) {
+  switch (conv2d_algorithm()) {
+    case Conv2dAlgorithm::Im2col:
+      return false;
+    case Conv2dAlgorithm::Winograd:
+      return winograd_applies(s);
+    case Conv2dAlgorithm::Auto:
+      break;
+  }
+  return winograd_applies(s) && s.C >= kMinAutoChannels && s.K >= kMinAutoChannels;
+}
+
+}  // namespace towerlab::cpu
+
+namespace towerlab {
+
+void set_conv2d_algorithm(Conv2dAlgorithm algorithm) {
+  cpu::selected_algorithm().store(algorithm);
+}
+
+Conv2dAlgorithm conv2d_algorithm() {
+  return cpu::selected_algorithm().load();
+}
+
+}  // namespace towerlab
