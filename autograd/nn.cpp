@@ -25,6 +25,16 @@ Tensor grad_if_needed(Tape& tape, const Var& v) {
   return v.requires_grad() ? tape.grad_for(v) : Tensor();
 }
 
+// The gradient of `v` for a kernel that writes every element of it: assigned where the
+// tape allows (no zero-fill first), added into otherwise; undefined when `v` needs none.
+Tape::GradTarget written_whole(Tape& tape, const Var& v) {
+  return v.requires_grad() ? tape.grad_target(v) : Tape::GradTarget{Tensor(), false};
+}
+
+GradWrite write_of(const Tape::GradTarget& target) {
+  return target.assign ? GradWrite::Assign : GradWrite::Accumulate;
+}
+
 }  // namespace
 
 Var matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_b) {
@@ -119,13 +129,10 @@ Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams&
                  tape.stream());
   return tape.record(y, "conv2d", inputs, [x, weight, bias, params](const Var& out) {
     Tape& t = out.tape();
-    // grad_x is written whole (assigned where the tape allows: no zero-fill first).
-    const Tape::GradTarget gx =
-        x.requires_grad() ? t.grad_target(x) : Tape::GradTarget{Tensor(), false};
+    const Tape::GradTarget gx = written_whole(t, x);
     conv2d_backward(gx.grad, grad_if_needed(t, weight),
                     bias.defined() ? grad_if_needed(t, bias) : Tensor(), out.grad(), x.value(),
-                    weight.value(), params, t.stream(),
-                    gx.assign ? GradWrite::Assign : GradWrite::Accumulate);
+                    weight.value(), params, t.stream(), write_of(gx));
   });
 }
 
@@ -142,8 +149,7 @@ Var max_pool2d(const Var& x, const Pool2dParams& params) {
   return tape.record(y, "max_pool2d", {x}, [x, argmax, params](const Var& out) {
     Tape& t = out.tape();
     const Tape::GradTarget gx = t.grad_target(x);  // every element of grad_x is written
-    max_pool2d_backward_from_argmax(gx.grad, out.grad(), argmax, params, t.stream(),
-                                    gx.assign ? GradWrite::Assign : GradWrite::Accumulate);
+    max_pool2d_backward_from_argmax(gx.grad, out.grad(), argmax, params, t.stream(), write_of(gx));
   });
 }
 
@@ -205,22 +211,19 @@ Var batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& mov
   return tape.record(y, relu ? "batchnorm_relu" : "batchnorm", {x, gamma, beta},
                      [x, gamma, beta, save_mean, save_inv_std, activation](const Var& out) {
                        Tape& t = out.tape();
-                       // Every element of grad_x is written.
-                       const Tape::GradTarget gx =
-                           x.requires_grad() ? t.grad_target(x) : Tape::GradTarget{Tensor(), false};
-                       batchnorm_backward(
-                           {.grad_x = gx.grad,
-                            .grad_gamma = grad_if_needed(t, gamma),
-                            .grad_beta = grad_if_needed(t, beta),
-                            .grad_y = out.grad(),
-                            .x = x.value(),
-                            .gamma = gamma.value(),
-                            .beta = beta.value(),
-                            .save_mean = save_mean,
-                            .save_inv_std = save_inv_std,
-                            .activation = activation,
-                            .grad_x_write = gx.assign ? GradWrite::Assign : GradWrite::Accumulate},
-                           t.stream());
+                       const Tape::GradTarget gx = written_whole(t, x);
+                       batchnorm_backward({.grad_x = gx.grad,
+                                           .grad_gamma = grad_if_needed(t, gamma),
+                                           .grad_beta = grad_if_needed(t, beta),
+                                           .grad_y = out.grad(),
+                                           .x = x.value(),
+                                           .gamma = gamma.value(),
+                                           .beta = beta.value(),
+                                           .save_mean = save_mean,
+                                           .save_inv_std = save_inv_std,
+                                           .activation = activation,
+                                           .grad_x_write = write_of(gx)},
+                                          t.stream());
                      });
 }
 
@@ -262,22 +265,19 @@ Var batchnorm_max_pool2d(const Var& x, const Var& gamma, const Var& beta, const 
   return tape.record(y, relu ? "batchnorm_relu_max_pool2d" : op, {x, gamma, beta},
                      [x, gamma, beta, argmax, save_mean, save_inv_std, pool](const Var& out) {
                        Tape& t = out.tape();
-                       // Every element of grad_x is written.
-                       const Tape::GradTarget gx =
-                           x.requires_grad() ? t.grad_target(x) : Tape::GradTarget{Tensor(), false};
-                       batchnorm_max_pool_backward(
-                           {.grad_x = gx.grad,
-                            .grad_gamma = grad_if_needed(t, gamma),
-                            .grad_beta = grad_if_needed(t, beta),
-                            .grad_y = out.grad(),
-                            .argmax = argmax,
-                            .x = x.value(),
-                            .gamma = gamma.value(),
-                            .save_mean = save_mean,
-                            .save_inv_std = save_inv_std,
-                            .pool = pool,
-                            .grad_x_write = gx.assign ? GradWrite::Assign : GradWrite::Accumulate},
-                           t.stream());
+                       const Tape::GradTarget gx = written_whole(t, x);
+                       batchnorm_max_pool_backward({.grad_x = gx.grad,
+                                                    .grad_gamma = grad_if_needed(t, gamma),
+                                                    .grad_beta = grad_if_needed(t, beta),
+                                                    .grad_y = out.grad(),
+                                                    .argmax = argmax,
+                                                    .x = x.value(),
+                                                    .gamma = gamma.value(),
+                                                    .save_mean = save_mean,
+                                                    .save_inv_std = save_inv_std,
+                                                    .pool = pool,
+                                                    .grad_x_write = write_of(gx)},
+                                                   t.stream());
                      });
 }
 
@@ -340,20 +340,19 @@ Var sync_batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor
         sync.sum(tower, sum_grad_y, sum_grad_y_xhat, s);
         if (x.requires_grad()) {
           const Tape::GradTarget gx = t.grad_target(x);  // every element is written
-          batchnorm_backward_apply(
-              {.grad_x = gx.grad,
-               .grad_y = out.grad(),
-               .x = x.value(),
-               .gamma = gamma.value(),
-               .beta = beta.value(),
-               .mean = mean,
-               .inv_std = inv_std,
-               .sum_grad_y = sum_grad_y,
-               .sum_grad_y_xhat = sum_grad_y_xhat,
-               .count = total,
-               .activation = activation,
-               .grad_x_write = gx.assign ? GradWrite::Assign : GradWrite::Accumulate},
-              s);
+          batchnorm_backward_apply({.grad_x = gx.grad,
+                                    .grad_y = out.grad(),
+                                    .x = x.value(),
+                                    .gamma = gamma.value(),
+                                    .beta = beta.value(),
+                                    .mean = mean,
+                                    .inv_std = inv_std,
+                                    .sum_grad_y = sum_grad_y,
+                                    .sum_grad_y_xhat = sum_grad_y_xhat,
+                                    .count = total,
+                                    .activation = activation,
+                                    .grad_x_write = write_of(gx)},
+                                   s);
         }
       });
 }

@@ -184,6 +184,35 @@ void run_backward_apply(const BatchNormArgs& a, const Stream& stream) {
   TL_DISPATCH(stream, cpu::batchnorm_backward_apply(a), cuda::batchnorm_backward_apply(a, stream));
 }
 
+// The fields a forward's arguments (BatchNormForwardFromStats, BatchNormForwardInference)
+// pass through unchanged once checked: y and the affine transform with its ReLU.
+template <typename Args>
+void take_affine(BatchNormArgs& a, const Args& args) {
+  a.y = args.y;
+  a.gamma = args.gamma;
+  a.beta = args.beta;
+  a.eps = args.eps;
+  a.activation = args.activation;
+}
+
+// The fields both steps of the split backward (BatchNormBackwardReduce,
+// BatchNormBackwardApply) pass through once checked: grad_y, the statistics and the sums.
+template <typename Args>
+void take_reduction(BatchNormArgs& a, const Args& args) {
+  a.grad_y = args.grad_y;
+  a.mean = args.mean;
+  a.inv_std = args.inv_std;
+  a.sum_grad_y = args.sum_grad_y;
+  a.sum_grad_y_xhat = args.sum_grad_y_xhat;
+}
+
+// grad_x and how it is written, from a backward's arguments.
+template <typename Args>
+void take_grad_x(BatchNormArgs& a, const Args& args) {
+  a.grad_x = args.grad_x;
+  a.grad_x_write = args.grad_x_write;
+}
+
 // The [C] sums of a backward's reduction, in `a`.
 void make_sums(BatchNormArgs& a, const Stream& stream) {
   a.sum_grad_y = Tensor::empty({a.C}, stream, a.x.dtype());
@@ -238,16 +267,12 @@ void batchnorm_forward_from_stats(const BatchNormForwardFromStats& args, const S
   if (d.C == 0) return;
   // Not "return on empty x": a tower with no samples still takes its share of the
   // per-channel outputs (inv_std, moving statistics) in synchronized batch norm.
-  d.y = args.y;
-  d.gamma = args.gamma;
-  d.beta = args.beta;
+  take_affine(d, args);
   d.mean = args.mean;
   d.m2 = args.m2;
   d.inv_std = args.inv_std;
   d.count = args.count;
-  d.eps = args.eps;
   d.momentum = args.momentum;
-  d.activation = args.activation;
   run_forward_from_stats(d, stream);
 }
 
@@ -264,11 +289,7 @@ void batchnorm_backward_reduce(const BatchNormBackwardReduce& args, const Stream
                      {"mean", &args.mean},
                      {"inv_std", &args.inv_std}});
   if (d.C == 0) return;
-  d.grad_y = args.grad_y;
-  d.mean = args.mean;
-  d.inv_std = args.inv_std;
-  d.sum_grad_y = args.sum_grad_y;
-  d.sum_grad_y_xhat = args.sum_grad_y_xhat;
+  take_reduction(d, args);
   run_backward_reduce(d, stream);
 }
 
@@ -288,14 +309,9 @@ void batchnorm_backward_apply(const BatchNormBackwardApply& args, const Stream& 
       args.count >= 1, InvalidArgument,
       op << ": count must be >= 1 (values per channel over the whole batch), got " << args.count);
   if (args.x.numel() == 0) return;
-  d.grad_x = args.grad_x;
-  d.grad_x_write = args.grad_x_write;
-  d.grad_y = args.grad_y;
+  take_reduction(d, args);
+  take_grad_x(d, args);
   d.gamma = args.gamma;
-  d.mean = args.mean;
-  d.inv_std = args.inv_std;
-  d.sum_grad_y = args.sum_grad_y;
-  d.sum_grad_y_xhat = args.sum_grad_y_xhat;
   d.count = args.count;
   run_backward_apply(d, stream);
 }
@@ -325,13 +341,9 @@ void batchnorm_forward_inference(const BatchNormForwardInference& args, const St
                      {"moving_var", &args.moving_var}});
   check_eps_momentum(op, args.eps, 0.0);
   if (args.x.numel() == 0) return;
-  d.y = args.y;
-  d.gamma = args.gamma;
-  d.beta = args.beta;
+  take_affine(d, args);
   d.moving_mean = args.moving_mean;
   d.moving_var = args.moving_var;
-  d.eps = args.eps;
-  d.activation = args.activation;
   TL_DISPATCH(stream, cpu::batchnorm_forward_inference(d),
               cuda::batchnorm_forward_inference(d, stream));
 }
@@ -346,8 +358,7 @@ void batchnorm_backward(const BatchNormBackward& args, const Stream& stream) {
   make_sums(d, stream);
   run_backward_reduce(d, stream);
   if (args.grad_x.defined() && args.x.numel() > 0) {
-    d.grad_x = args.grad_x;
-    d.grad_x_write = args.grad_x_write;
+    take_grad_x(d, args);
     run_backward_apply(d, stream);
   }
   add_parameter_gradients(args, d, stream);
@@ -412,8 +423,7 @@ void batchnorm_max_pool_backward(const BatchNormMaxPoolBackward& args, const Str
   make_sums(d, stream);
   cpu::batchnorm_backward_reduce(d);
   if (args.grad_x.defined()) {
-    d.grad_x = args.grad_x;
-    d.grad_x_write = args.grad_x_write;
+    take_grad_x(d, args);
     cpu::batchnorm_backward_apply(d);
   }
   add_parameter_gradients(args, d, stream);
