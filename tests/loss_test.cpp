@@ -6,6 +6,7 @@
 
 #include "gradcheck.h"
 #include "kernels/loss.h"
+#include "kernels/reference/loss.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -50,15 +51,15 @@ TEST_P(LossTest, MseMatchesDoubleReferenceOnOddSizes) {
   for (std::int64_t n : {1, 7, 257, 1000003}) {
     auto p = random_values(static_cast<std::size_t>(n), 21);
     auto t = random_values(static_cast<std::size_t>(n), 22);
-    double total = 0;
-    for (std::int64_t i = 0; i < n; ++i) total += (double{p[i]} - t[i]) * (double{p[i]} - t[i]);
+    const double total = reference::squared_error_sum(p.data(), t.data(), n);
     Tensor pred = make(p, {n}), target = make(t, {n}), loss = make({0}, {1});
     mse_forward(loss, pred, target, Reduction::Mean, stream());
     EXPECT_NEAR(scalar(loss), total / static_cast<double>(n), 1e-5 * total / n) << "n = " << n;
     Tensor grad_pred = Tensor::zeros({n}, stream());
     mse_backward(grad_pred, Tensor(), make({1.0f}, {1}), pred, target, Reduction::Sum, stream());
     std::vector<float> expected(p.size());
-    for (std::size_t i = 0; i < p.size(); ++i) expected[i] = 2.0f * (p[i] - t[i]);
+    reference::mse_backward(expected.data(), static_cast<float*>(nullptr), p.data(), t.data(), 2.0f,
+                            n);
     EXPECT_TRUE(all_close(host(grad_pred), expected)) << "n = " << n;
   }
 }
@@ -147,27 +148,15 @@ TEST_P(LossTest, CrossEntropyMatchesDoubleReferenceOnOddShapes) {
     for (std::size_t n = 0; n < u.size(); ++n) {
       y[n] = std::min(std::floor(u[n] * static_cast<float>(K)), static_cast<float>(K - 1));
     }
-    // The reference, in double: loss, probs, argmax and the gradient for grad_loss 1.5.
-    double total = 0;
-    std::vector<float> probs(x.size()), argmax(y.size()), grad(x.size());
-    for (std::int64_t n = 0; n < N; ++n) {
-      const float* row = &x[n * K];
-      double max = row[0];
-      std::int64_t best = 0;
-      for (std::int64_t k = 1; k < K; ++k) {
-        if (row[k] > max) max = row[k], best = k;
-      }
-      double sum = 0;
-      for (std::int64_t k = 0; k < K; ++k) sum += std::exp(row[k] - max);
-      const auto label = static_cast<std::int64_t>(y[n]);
-      total += std::log(sum) + max - row[label];
-      argmax[n] = static_cast<float>(best);
-      for (std::int64_t k = 0; k < K; ++k) {
-        const double p = std::exp(row[k] - max) / sum;
-        probs[n * K + k] = static_cast<float>(p);
-        grad[n * K + k] = static_cast<float>(0.5 + 1.5 / N * (p - (k == label)));
-      }
-    }
+    // The reference (kernels/reference/loss.h), in double: loss, probs, argmax and
+    // the gradient for grad_loss 1.5 onto the sentinel 0.5.
+    const std::vector<double> x64(x.begin(), x.end()), y64(y.begin(), y.end());
+    std::vector<double> probs64(x.size()), argmax64(y.size()), grad64(x.size(), 0.5);
+    const double total = reference::softmax_cross_entropy_forward(probs64.data(), argmax64.data(),
+                                                                  x64.data(), y64.data(), N, K);
+    reference::softmax_cross_entropy_backward(grad64.data(), x64.data(), y64.data(), 1.5 / N, N, K);
+    const std::vector<float> probs(probs64.begin(), probs64.end()),
+        argmax(argmax64.begin(), argmax64.end()), grad(grad64.begin(), grad64.end());
     Tensor logits = make(x, {N, K}), labels = make(y, {N}), loss = Tensor::zeros({1}, stream());
     Tensor p = Tensor::zeros({N, K}, stream()), pred = Tensor::zeros({N}, stream());
     softmax_cross_entropy_forward(loss, p, pred, logits, labels, Reduction::Mean, stream());
@@ -200,14 +189,11 @@ TEST_P(LossTest, CrossEntropyBackwardFromProbsMatchesReference) {
       const auto sentinel = random_values(static_cast<std::size_t>(N * K), 42);
       std::vector<float> y;
       for (std::int64_t n = 0; n < N; ++n) y.push_back(static_cast<float>((n * 7) % K));
-      std::vector<float> expected(sentinel.size());
-      const double factor = 1.5 / N;
-      for (std::int64_t n = 0; n < N; ++n) {
-        for (std::int64_t k = 0; k < K; ++k) {
-          const std::size_t i = static_cast<std::size_t>(n * K + k);
-          expected[i] = static_cast<float>(sentinel[i] + factor * (p[i] - (k == y[n] ? 1 : 0)));
-        }
-      }
+      const std::vector<double> p64(p.begin(), p.end()), y64(y.begin(), y.end());
+      std::vector<double> expected64(sentinel.begin(), sentinel.end());
+      reference::softmax_cross_entropy_backward_from_probs(expected64.data(), p64.data(),
+                                                           y64.data(), 1.5 / N, N, K);
+      const std::vector<float> expected(expected64.begin(), expected64.end());
       std::vector<float> p_padded(static_cast<std::size_t>(offset), 0.0f),
           g_padded(static_cast<std::size_t>(offset), 0.0f);
       p_padded.insert(p_padded.end(), p.begin(), p.end());
@@ -321,8 +307,7 @@ TEST_P(LossTest, L2ForwardAndBackwardByHand) {
 TEST_P(LossTest, L2MatchesDoubleReferenceOnOddSizes) {
   for (std::int64_t n : {0, 1, 7, 1000003}) {
     auto v = random_values(static_cast<std::size_t>(n), 41);
-    double total = 0;
-    for (float x : v) total += double{x} * x;
+    const double total = reference::square_sum(v.data(), n);
     Tensor loss = make({7}, {1});
     l2_loss_forward(loss, make(v, {n}), 2.0, stream());
     EXPECT_NEAR(scalar(loss), total, 1e-5 * total) << "n = " << n;
