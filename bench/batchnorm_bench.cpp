@@ -312,16 +312,6 @@ void BM_BatchNormMaxPoolBackward(benchmark::State& state, bool fused) {
   bench::set_bytes(state, shape, 2.5);  // x and grad_x, then grad_y and argmax (|x|/4 each)
 }
 
-// The bandwidth reference: one copy of x (reads and writes |x|).
-void BM_CopyReference(benchmark::State& state, Device device) {
-  if (bench::skip_without(device, state)) return;
-  Stream stream(device);
-  const Shape shape = bench::nchw_shape(state);
-  Tensor a = Tensor::zeros(shape, stream), b = Tensor::zeros(shape, stream);
-  bench::time_copy_reference(state, b, a, stream);
-  bench::set_bytes(state, shape, 2);
-}
-
 #if TOWERLAB_WITH_CUDA && TOWERLAB_HAVE_CUDNN
 // The legacy batch-norm calls are deprecated in cuDNN 9 but remain the plain,
 // fastest-to-set-up reference; silence the warning for them only.
@@ -427,7 +417,7 @@ void register_on(Device device) {
     bench::register_memory_bound("BM_BatchNormReluStep/" + on + (fused ? "_fused" : "_unfused"),
                                  shapes, BM_BatchNormReluStep, device, fused);
   }
-  bench::register_memory_bound("BM_CopyReference/" + on, shapes, BM_CopyReference, device);
+  bench::register_memory_bound("BM_CopyReference/" + on, shapes, bench::copy_reference, device);
 }
 
 const bool registered = [] {
@@ -442,7 +432,7 @@ const bool registered = [] {
   };
   fused_and_unfused("BM_BatchNormMaxPoolForward", BM_BatchNormMaxPoolForward);
   fused_and_unfused("BM_BatchNormMaxPoolBackward", BM_BatchNormMaxPoolBackward);
-  benchmark::RegisterBenchmark("BM_CopyReference/cpu_batch64", BM_CopyReference, Device::cpu())
+  benchmark::RegisterBenchmark("BM_CopyReference/cpu_batch64", bench::copy_reference, Device::cpu())
       ->Args({64, 32, 28, 28})
       ->Args({64, 64, 14, 14})
       ->ArgNames({"N", "C", "H", "W"})

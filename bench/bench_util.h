@@ -159,4 +159,15 @@ inline void time_copy_reference(benchmark::State& state, const Tensor& dst, cons
   time_calls(state, stream, [&] { copy_tensor(dst, src, stream); });
 }
 
+// The bench of that reference on the benchmark's [N,C,H,W]: a copy of one such
+// tensor, 2 |x| bytes, registered as BM_CopyReference beside the kernels it bounds.
+inline void copy_reference(benchmark::State& state, Device device) {
+  if (skip_without(device, state)) return;
+  Stream stream(device);
+  const Shape shape = nchw_shape(state);
+  Tensor a = Tensor::zeros(shape, stream), b = Tensor::zeros(shape, stream);
+  time_copy_reference(state, b, a, stream);
+  set_bytes(state, shape, 2);
+}
+
 }  // namespace towerlab::bench

@@ -68,15 +68,6 @@ void BM_BiasAddReluStep(benchmark::State& state, Device device, bool fused) {
   bench::set_bytes(state, shape, 6);
 }
 
-void BM_CopyReference(benchmark::State& state, Device device) {
-  if (bench::skip_without(device, state)) return;
-  Stream stream(device);
-  const Shape shape = bench::nchw_shape(state);
-  Tensor a = Tensor::zeros(shape, stream), b = Tensor::zeros(shape, stream);
-  bench::time_copy_reference(state, b, a, stream);
-  bench::set_bytes(state, shape, 2);
-}
-
 // The activation shapes, and a fully connected layer's [128,1024].
 void shapes(benchmark::internal::Benchmark* b) {
   bench::activation_shapes(b);
@@ -105,7 +96,7 @@ const bool registered = [] {
       bench::register_memory_bound("BM_BiasAddReluStep/" + on + (fused ? "_fused" : "_unfused"),
                                    both, BM_BiasAddReluStep, device, fused);
     }
-    bench::register_memory_bound("BM_CopyReference/" + on, both, BM_CopyReference, device);
+    bench::register_memory_bound("BM_CopyReference/" + on, both, bench::copy_reference, device);
   }
   return true;
 }();
