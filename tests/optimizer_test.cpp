@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kernels/optimizer.h"
+#include "kernels/reference/optimizer.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -33,48 +34,22 @@ class OptimizerTest : public BackendTest {
 };
 TL_INSTANTIATE_BACKENDS(OptimizerTest);
 
-// The references: one element at a time, in double, straight from the formulas.
+// The references (kernels/reference/optimizer.h): one element at a time, in double,
+// straight from the formulas.
 void sgd_reference(Values& p, const Values& g, Values& v, const SgdParams& h) {
-  for (std::size_t i = 0; i < p.size(); ++i) {
-    const double d = g[i] + h.weight_decay * p[i];
-    if (h.momentum == 0) {
-      p[i] -= h.lr * d;
-      continue;
-    }
-    v[i] = h.momentum * v[i] + d;
-    p[i] -= h.lr * (h.nesterov ? d + h.momentum * v[i] : v[i]);
-  }
+  reference::sgd_update(p.data(), g.data(), v.data(), std::int64_t(p.size()), h);
 }
 
 void rmsprop_reference(Values& p, const Values& g, Values& ms, Values& mom, Values& mg,
                        const RmspropParams& h) {
-  for (std::size_t i = 0; i < p.size(); ++i) {
-    ms[i] = h.decay * ms[i] + (1 - h.decay) * g[i] * g[i];
-    double denom = ms[i] + h.epsilon;
-    if (h.centered) {
-      mg[i] = h.decay * mg[i] + (1 - h.decay) * g[i];
-      denom -= mg[i] * mg[i];
-    }
-    mom[i] = h.momentum * mom[i] + h.lr * g[i] / std::sqrt(denom);
-    p[i] -= mom[i];
-  }
+  reference::rmsprop_update(p.data(), g.data(), ms.data(), mom.data(), mg.data(),
+                            std::int64_t(p.size()), h);
 }
 
 void adam_reference(Values& p, const Values& grad, Values& m, Values& v, int t, const AdamParams& h,
                     bool decoupled) {
-  for (std::size_t i = 0; i < p.size(); ++i) {
-    double g = grad[i];
-    if (decoupled) {
-      p[i] *= 1 - h.lr * h.weight_decay;
-    } else {
-      g += h.weight_decay * p[i];
-    }
-    m[i] = h.beta1 * m[i] + (1 - h.beta1) * g;
-    v[i] = h.beta2 * v[i] + (1 - h.beta2) * g * g;
-    const double m_hat = m[i] / (1 - std::pow(h.beta1, t));
-    const double v_hat = v[i] / (1 - std::pow(h.beta2, t));
-    p[i] -= h.lr * m_hat / (std::sqrt(v_hat) + h.epsilon);
-  }
+  const auto update = decoupled ? reference::adamw_update : reference::adam_update;
+  update(p.data(), grad.data(), m.data(), v.data(), std::int64_t(p.size()), t, h);
 }
 
 Values random_doubles(std::size_t n, unsigned seed, float low = -1, float high = 1) {

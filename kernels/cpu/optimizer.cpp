@@ -1,4 +1,5 @@
-// CPU optimizer updates: the specification for kernels/cuda/optimizer.cu. One loop
+// CPU optimizer updates, tested against the plain reference
+// (kernels/reference/optimizer.h), as kernels/cuda/optimizer.cu is. One loop
 // per update over the n elements of the flat buffers, in the buffers' dtype; the
 // loops carry no dependence between elements, so the compiler vectorizes them and
 // they split over the thread pool at any boundary (kernels/cpu/parallel.h). The
@@ -47,7 +48,8 @@ AdamScalars<T> adam_scalars(const AdamStep& step) {
   };
 }
 
-// One Adam step of p[lo, hi), m1 and m2 the moments: the specification.
+// One Adam step of p[lo, hi), m1 and m2 the moments: the scalar loop every ISA's
+// version gives the bits of.
 template <typename T>
 void adam_range(T* __restrict p, const T* __restrict g, T* __restrict m1, T* __restrict m2,
                 std::int64_t lo, std::int64_t hi, AdamScalars<T> a) {
