@@ -1,4 +1,5 @@
-// CPU batch normalization: the specification for kernels/cuda/batchnorm.cu.
+// CPU batch normalization, tested against kernels/reference/batchnorm.h as
+// kernels/cuda/batchnorm.cu is.
 // x is viewed as [N,C,S] (S = H*W). The per-channel sums go row by row: a float32
 // row of S values is summed in float, in 32 lanes (float_lane_sums), and the rows'
 // totals in double, as the CUDA kernels sum blocks in float and the blocks'

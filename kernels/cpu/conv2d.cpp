@@ -1,5 +1,5 @@
-// CPU conv2d: the specification for kernels/cuda/conv2d.cu (contracts and
-// dimension letters in kernels/conv2d.h).
+// CPU conv2d, tested against the plain reference kernels/reference/conv2d.h as
+// kernels/cuda/conv2d.cu is (contracts and dimension letters in kernels/conv2d.h).
 //
 // Each image is lowered to a matrix product ("im2col"): the patch matrix
 //   col[(c,r,s), (p,q)] = x[n, c, h(p,r), w(q,s)]            [C*R*S, P*Q]

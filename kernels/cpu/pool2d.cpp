@@ -1,5 +1,6 @@
-// CPU 2-D pooling: the specification for kernels/cuda/pool2d.cu. One loop nest per
-// op over (plane, ho, wo); each output visits its window clipped to the plane.
+// CPU 2-D pooling, tested against kernels/reference/pool2d.h as
+// kernels/cuda/pool2d.cu is. One loop nest per op over (plane, ho, wo); each output
+// visits its window clipped to the plane.
 // The float32 max-pooling forward with argmax (training's) has a second form for
 // the 2x2 stride-2 unpadded window (FashionNet's): the same choice, made for four
 // outputs at once in vector lanes over a pair of input rows, instead of walking a
