@@ -17,8 +17,11 @@
 //                                backend
 //   3. kernels/cpu/<op>.h        the backends' entry points, arguments already
 //      kernels/cuda/<op>.h       checked (internal: not installed, not in towerlab.h)
-//   4. kernels/cpu/<op>.cpp      the specification: plain loops, split over the
-//                                thread pool (kernels/cpu/parallel.h)
+//   4. kernels/reference/<op>.{h,cpp}  the specification: plain loops, a shape
+//                                comment on each array (docs/kernels.md)
+//      kernels/cpu/<op>.cpp      the reference run on each thread's range
+//                                (kernels/cpu/parallel.h), or a fast path tested
+//                                against it
 //   5. kernels/cuda/<op>.cu      kernels in an anonymous namespace, launchers on the
 //                                caller's stream (kernels/cuda/launch.cuh)
 //   6. autograd/ops.{h,cpp}      ag::<op>: the forward on the tape, its backward
