@@ -183,36 +183,20 @@ __device__ __forceinline__ void multiply_slices(
 }
 
 // C = alpha * acc + beta * C for the thread's micro-tile of the block's tile at
-// (m0, n0), clipped to [M, N]; float4 stores where C allows them.
+// (m0, n0), clipped to [M, N] (store4, matmul_wide.cuh).
 template <int kTile>
 __device__ __forceinline__ void store_tile(
     const GemmParams& p, float* c,
     const float (&acc)[TileShape<kTile>::kMicro][TileShape<kTile>::kMicro], int m0, int n0, int ty,
     int tx) {
   constexpr int kMicro = TileShape<kTile>::kMicro;
-  const float alpha = p.alpha, beta = p.beta;
 #pragma unroll
   for (int i = 0; i < kMicro; ++i) {
     const int row = m0 + ty * 4 + (i % 4) + (i / 4) * 64;
     if (row >= p.m) continue;
 #pragma unroll
     for (int half = 0; half < kMicro / 4; ++half) {
-      const int col = n0 + tx * 4 + half * 64;
-      float* out = c + static_cast<std::int64_t>(row) * p.ldc + col;
-      const float* v = &acc[i][half * 4];
-      if (p.vector_c && col + 4 <= p.n) {
-        float4 r = make_float4(alpha * v[0], alpha * v[1], alpha * v[2], alpha * v[3]);
-        if (beta != 0.0f) {  // beta == 0 must not read C (it may hold NaN)
-          const float4 old = *reinterpret_cast<const float4*>(out);
-          r.x += beta * old.x, r.y += beta * old.y, r.z += beta * old.z, r.w += beta * old.w;
-        }
-        *reinterpret_cast<float4*>(out) = r;
-      } else {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (col + e < p.n) out[e] = beta == 0.0f ? alpha * v[e] : alpha * v[e] + beta * out[e];
-        }
-      }
+      store4(p, c, row, n0 + tx * 4 + half * 64, &acc[i][half * 4]);
     }
   }
 }

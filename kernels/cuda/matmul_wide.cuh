@@ -1,5 +1,5 @@
 // The pieces every CUDA GEMM launch of kernels/cuda/matmul.cu shares (GemmParams,
-// the guarded float4 load) and the wide-tile kernel for large products.
+// the guarded float4 load and store) and the wide-tile kernel for large products.
 //
 // gemm_wide_kernel: a block of 256 threads computes a 128x256 tile of C (M x N),
 // stepping through K 8 at a time, one block per SM (__launch_bounds__(256, 1):
@@ -107,6 +107,28 @@ __device__ __forceinline__ void copy4_async(float* dst, const float* src, const 
       } else {
         __pipeline_memcpy_async(dst + e, base, 4, 4);
       }
+    }
+  }
+}
+
+// C[row, col..col+3] = alpha * v[0..3] + beta * C[row, col..col+3], the columns at
+// and past N skipped: one float4 store where C allows it. beta == 0 does not read C
+// (it may hold NaN). `c` is the block's split's C.
+__device__ __forceinline__ void store4(const GemmParams& p, float* c, int row, int col,
+                                       const float* v) {
+  const float alpha = p.alpha, beta = p.beta;
+  float* out = c + static_cast<std::int64_t>(row) * p.ldc + col;
+  if (p.vector_c && col + 4 <= p.n) {
+    float4 r = make_float4(alpha * v[0], alpha * v[1], alpha * v[2], alpha * v[3]);
+    if (beta != 0.0f) {
+      const float4 old = *reinterpret_cast<const float4*>(out);
+      r.x += beta * old.x, r.y += beta * old.y, r.z += beta * old.z, r.w += beta * old.w;
+    }
+    *reinterpret_cast<float4*>(out) = r;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (col + e < p.n) out[e] = beta == 0.0f ? alpha * v[e] : alpha * v[e] + beta * out[e];
     }
   }
 }
@@ -344,31 +366,13 @@ __global__ void __launch_bounds__(WideTile::kThreads, 1) gemm_wide_kernel(const 
     main_loop(std::false_type{});
   }
 
-  // C = alpha * acc + beta * C, clipped to [M, N]; float4 stores where C allows.
-  const float alpha = p.alpha, beta = p.beta;
+  // C = alpha * acc + beta * C, clipped to [M, N].
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int row = m0 + row0 + (i % 4) + (i / 4) * 32;
     if (row >= p.m) continue;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int col = n0 + col0 + j * 16;
-      float* out = c + static_cast<std::int64_t>(row) * p.ldc + col;
-      const float* v = &acc[i][j * 4];
-      if (p.vector_c && col + 4 <= p.n) {
-        float4 r = make_float4(alpha * v[0], alpha * v[1], alpha * v[2], alpha * v[3]);
-        if (beta != 0.0f) {  // beta == 0 must not read C (it may hold NaN)
-          const float4 old = *reinterpret_cast<const float4*>(out);
-          r.x += beta * old.x, r.y += beta * old.y, r.z += beta * old.z, r.w += beta * old.w;
-        }
-        *reinterpret_cast<float4*>(out) = r;
-      } else {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (col + e < p.n) out[e] = beta == 0.0f ? alpha * v[e] : alpha * v[e] + beta * out[e];
-        }
-      }
-    }
+    for (int j = 0; j < 4; ++j) store4(p, c, row, n0 + col0 + j * 16, &acc[i][j * 4]);
   }
 }
 
