@@ -34,6 +34,8 @@
 #endif
 #if TOWERLAB_WITH_CUDA && TOWERLAB_HAVE_CUDNN
 #include <cudnn.h>
+
+#include "cudnn_check.h"
 #endif
 
 using namespace towerlab;
@@ -318,28 +320,19 @@ void BM_BatchNormMaxPoolBackward(benchmark::State& state, bool fused) {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 
-void cudnn_check(cudnnStatus_t status, const char* what) {
-  if (status != CUDNN_STATUS_SUCCESS) {
-    throw std::runtime_error(std::string(what) + ": " + cudnnGetErrorString(status));
-  }
-}
-
 // A cuDNN handle and the two descriptors spatial batch norm needs.
 struct CudnnBatchNorm {
   cudnnHandle_t handle{};
   cudnnTensorDescriptor_t x_desc{}, channel_desc{};
   CudnnBatchNorm(const Shape& s, const Stream& stream) {
-    cudnn_check(cudnnCreate(&handle), "cudnnCreate");
-    cudnn_check(cudnnSetStream(handle, static_cast<cudaStream_t>(stream.native_handle())),
-                "cudnnSetStream");
-    cudnn_check(cudnnCreateTensorDescriptor(&x_desc), "descriptor");
-    cudnn_check(cudnnCreateTensorDescriptor(&channel_desc), "descriptor");
-    cudnn_check(cudnnSetTensor4dDescriptor(x_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+    CUDNN_CHECK(cudnnCreate(&handle));
+    CUDNN_CHECK(cudnnSetStream(handle, static_cast<cudaStream_t>(stream.native_handle())));
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&x_desc));
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&channel_desc));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
                                            static_cast<int>(s[0]), static_cast<int>(s[1]),
-                                           static_cast<int>(s[2]), static_cast<int>(s[3])),
-                "x descriptor");
-    cudnn_check(cudnnDeriveBNTensorDescriptor(channel_desc, x_desc, CUDNN_BATCHNORM_SPATIAL),
-                "channel descriptor");
+                                           static_cast<int>(s[2]), static_cast<int>(s[3])));
+    CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(channel_desc, x_desc, CUDNN_BATCHNORM_SPATIAL));
   }
   ~CudnnBatchNorm() {
     cudnnDestroyTensorDescriptor(channel_desc);
@@ -361,11 +354,10 @@ void BM_CudnnBatchNormForwardTraining(benchmark::State& state) {
   fill(gamma, 1.0, stream);
   const float one = 1.0f, zero = 0.0f;
   bench::time_calls(state, stream, [&] {
-    cudnn_check(cudnnBatchNormalizationForwardTraining(
-                    bn.handle, CUDNN_BATCHNORM_SPATIAL, &one, &zero, bn.x_desc, x.raw_data(),
-                    bn.x_desc, y.raw_data(), bn.channel_desc, gamma.raw_data(), beta.raw_data(),
-                    0.01, mm.raw_data(), mv.raw_data(), 1e-3, mean.raw_data(), inv_std.raw_data()),
-                "cudnnBatchNormalizationForwardTraining");
+    CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
+        bn.handle, CUDNN_BATCHNORM_SPATIAL, &one, &zero, bn.x_desc, x.raw_data(), bn.x_desc,
+        y.raw_data(), bn.channel_desc, gamma.raw_data(), beta.raw_data(), 0.01, mm.raw_data(),
+        mv.raw_data(), 1e-3, mean.raw_data(), inv_std.raw_data()));
   });
   bench::set_bytes(state, shape, 3);  // as BM_BatchNormForwardTraining
 }
@@ -386,12 +378,11 @@ void BM_CudnnBatchNormBackward(benchmark::State& state) {
   // Blend factors 1, 1: accumulate like towerlab's backward (same bytes).
   const float one = 1.0f;
   bench::time_calls(state, stream, [&] {
-    cudnn_check(cudnnBatchNormalizationBackward(
-                    bn.handle, CUDNN_BATCHNORM_SPATIAL, &one, &one, &one, &one, bn.x_desc,
-                    x.raw_data(), bn.x_desc, grad_y.raw_data(), bn.x_desc, grad_x.raw_data(),
-                    bn.channel_desc, gamma.raw_data(), grad_gamma.raw_data(), grad_beta.raw_data(),
-                    1e-3, mean.raw_data(), inv_std.raw_data()),
-                "cudnnBatchNormalizationBackward");
+    CUDNN_CHECK(cudnnBatchNormalizationBackward(
+        bn.handle, CUDNN_BATCHNORM_SPATIAL, &one, &one, &one, &one, bn.x_desc, x.raw_data(),
+        bn.x_desc, grad_y.raw_data(), bn.x_desc, grad_x.raw_data(), bn.channel_desc,
+        gamma.raw_data(), grad_gamma.raw_data(), grad_beta.raw_data(), 1e-3, mean.raw_data(),
+        inv_std.raw_data()));
   });
   bench::set_bytes(state, shape, 6);  // as BM_BatchNormBackward
 }

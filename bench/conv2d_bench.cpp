@@ -42,6 +42,8 @@
 #endif
 #if TOWERLAB_HAVE_CUDNN
 #include <cudnn.h>
+
+#include "cudnn_check.h"
 #endif
 
 using namespace towerlab;
@@ -198,13 +200,6 @@ void BM_OpenBlasForward(benchmark::State& state, Layer l) {
 #if TOWERLAB_HAVE_CUDNN
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-
-#define CUDNN_CHECK(expr)                                                        \
-  do {                                                                           \
-    cudnnStatus_t status_ = (expr);                                              \
-    if (status_ != CUDNN_STATUS_SUCCESS)                                         \
-      TL_THROW(CudaError, #expr << " failed: " << cudnnGetErrorString(status_)); \
-  } while (0)
 
 // cuDNN descriptors for one layer, FP32 with FMA math only (no TF32).
 struct CudnnLayer {

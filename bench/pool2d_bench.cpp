@@ -23,6 +23,8 @@
 #endif
 #if TOWERLAB_WITH_CUDA && TOWERLAB_HAVE_CUDNN
 #include <cudnn.h>
+
+#include "cudnn_check.h"
 #endif
 
 using namespace towerlab;
@@ -123,34 +125,25 @@ void BM_CopyReference(benchmark::State& state, Device device) {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 
-void cudnn_check(cudnnStatus_t status, const char* what) {
-  if (status != CUDNN_STATUS_SUCCESS) {
-    throw std::runtime_error(std::string(what) + ": " + cudnnGetErrorString(status));
-  }
-}
-
 struct CudnnPool {
   cudnnHandle_t handle{};
   cudnnTensorDescriptor_t x_desc{}, y_desc{};
   cudnnPoolingDescriptor_t pool{};
   CudnnPool(const Shape& x, const Shape& y, const Stream& stream) {
-    cudnn_check(cudnnCreate(&handle), "cudnnCreate");
-    cudnn_check(cudnnSetStream(handle, static_cast<cudaStream_t>(stream.native_handle())),
-                "cudnnSetStream");
-    cudnn_check(cudnnCreateTensorDescriptor(&x_desc), "descriptor");
-    cudnn_check(cudnnCreateTensorDescriptor(&y_desc), "descriptor");
-    cudnn_check(cudnnCreatePoolingDescriptor(&pool), "pooling descriptor");
+    CUDNN_CHECK(cudnnCreate(&handle));
+    CUDNN_CHECK(cudnnSetStream(handle, static_cast<cudaStream_t>(stream.native_handle())));
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&x_desc));
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&y_desc));
+    CUDNN_CHECK(cudnnCreatePoolingDescriptor(&pool));
     auto set = [](cudnnTensorDescriptor_t d, const Shape& s) {
-      cudnn_check(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+      CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
                                              static_cast<int>(s[0]), static_cast<int>(s[1]),
-                                             static_cast<int>(s[2]), static_cast<int>(s[3])),
-                  "tensor descriptor");
+                                             static_cast<int>(s[2]), static_cast<int>(s[3])));
     };
     set(x_desc, x);
     set(y_desc, y);
-    cudnn_check(cudnnSetPooling2dDescriptor(pool, CUDNN_POOLING_MAX, CUDNN_NOT_PROPAGATE_NAN, 2, 2,
-                                            0, 0, 2, 2),
-                "cudnnSetPooling2dDescriptor");
+    CUDNN_CHECK(cudnnSetPooling2dDescriptor(pool, CUDNN_POOLING_MAX, CUDNN_NOT_PROPAGATE_NAN, 2, 2,
+                                            0, 0, 2, 2));
   }
   ~CudnnPool() {
     cudnnDestroyPoolingDescriptor(pool);
@@ -168,9 +161,8 @@ void BM_CudnnMaxPoolForward(benchmark::State& state) {
   Tensor x = bench::random_tensor(shape, stream, 1), y = Tensor::empty(out, stream);
   const float one = 1.0f, zero = 0.0f;
   bench::time_calls(state, stream, [&] {
-    cudnn_check(cudnnPoolingForward(p.handle, p.pool, &one, p.x_desc, x.raw_data(), &zero, p.y_desc,
-                                    y.raw_data()),
-                "cudnnPoolingForward");
+    CUDNN_CHECK(cudnnPoolingForward(p.handle, p.pool, &one, p.x_desc, x.raw_data(), &zero, p.y_desc,
+                                    y.raw_data()));
   });
   set_bytes(state, shape, kForwardQuarters);
 }
@@ -184,15 +176,13 @@ void BM_CudnnMaxPoolBackward(benchmark::State& state) {
   Tensor grad_x = bench::random_tensor(shape, stream, 2);
   Tensor grad_y = bench::random_tensor(out, stream, 3);
   const float one = 1.0f, zero = 0.0f;
-  cudnn_check(cudnnPoolingForward(p.handle, p.pool, &one, p.x_desc, x.raw_data(), &zero, p.y_desc,
-                                  y.raw_data()),
-              "cudnnPoolingForward");
+  CUDNN_CHECK(cudnnPoolingForward(p.handle, p.pool, &one, p.x_desc, x.raw_data(), &zero, p.y_desc,
+                                  y.raw_data()));
   bench::time_calls(state, stream, [&] {
     // cuDNN also reads y to find the argmax; beta = 1 accumulates like towerlab.
-    cudnn_check(cudnnPoolingBackward(p.handle, p.pool, &one, p.y_desc, y.raw_data(), p.y_desc,
+    CUDNN_CHECK(cudnnPoolingBackward(p.handle, p.pool, &one, p.y_desc, y.raw_data(), p.y_desc,
                                      grad_y.raw_data(), p.x_desc, x.raw_data(), &one, p.x_desc,
-                                     grad_x.raw_data()),
-                "cudnnPoolingBackward");
+                                     grad_x.raw_data()));
   });
   set_bytes(state, shape, kMaxBackwardQuarters);
 }

@@ -63,6 +63,7 @@ namespace towerlab::cuda {
 
 namespace {
 
+using gemm_detail::copy4_async;
 using gemm_detail::Fragment;
 using gemm_detail::GemmParams;
 using gemm_detail::load4;
@@ -128,7 +129,7 @@ __device__ __forceinline__ void store_slice(float (*slice)[kTile + kPad], const 
 // instead of through registers; zero at and past k_end and the extent. A 16-byte
 // copy per thread where X allows 16-byte accesses and the 4 floats are in range
 // or all out (zero-filled); 4-byte copies at a ragged edge or on a misaligned
-// operand. A fully zero-filled copy reads nothing, so its source is X's base.
+// operand (copy4_async, matmul_wide.cuh).
 template <int kTile>
 __device__ __forceinline__ void copy_slice_async(float (*slice)[kTile + kPad], const float* x,
                                                  std::int64_t ld, int extent, int k_end, int base,
@@ -138,21 +139,7 @@ __device__ __forceinline__ void copy_slice_async(float (*slice)[kTile + kPad], c
   const int p = k0 + t / kLanes, r = base + (t % kLanes) * 4;
   const int count = p < k_end ? extent - r : 0;
   float* dst = &slice[t / kLanes][(t % kLanes) * 4];
-  const float* src = x + static_cast<std::int64_t>(p) * ld + r;
-  if (vector && count >= 4) {
-    __pipeline_memcpy_async(dst, src, 16);
-  } else if (vector && count <= 0) {
-    __pipeline_memcpy_async(dst, x, 16, 16);
-  } else {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (e < count) {
-        __pipeline_memcpy_async(dst + e, src + e, 4);
-      } else {
-        __pipeline_memcpy_async(dst + e, x, 4, 4);
-      }
-    }
-  }
+  copy4_async(dst, x + static_cast<std::int64_t>(p) * ld + r, x, count, vector);
 }
 
 // acc += the product of one pair of shared slices ([kK][kTile] each, k-major):
