@@ -89,6 +89,7 @@ import time
 import xml.etree.ElementTree as ET
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STARTED = time.monotonic()  # a command's deadline and its "took" count from here
 LIMIT = 64 * 1024 * 1024  # what the device tool carries to the GPU machine
 DATA_MARGIN = 2 * 1024 * 1024  # kept free when the dataset is added
 FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
@@ -276,7 +277,7 @@ def shard_cases(cases):
         "all": list(cases), "cuda": cuda, "cpu": [c for c in cases if c not in cuda_set],
         "cuda-nccl": nccl, "cuda-kernels": kernels,
         "cuda-training": [c for c in cuda if c not in apart],
-        "memcheck": memcheck, "racecheck": shared, "synccheck": shared,
+        "memcheck": memcheck, "shared-memory": shared, "racecheck": shared, "synccheck": shared,
     }
 
 
@@ -323,10 +324,13 @@ def step_line(name, rc, seconds, elapsed):
 
 
 def bench_summary(json_text):
-    """One bench's JSON (Google Benchmark's) as (passed, lines): the count, the errors."""
+    """One bench's JSON (Google Benchmark's; None when it wrote none) as (passed, lines): the
+    count, the errors."""
     try:
+        if json_text is None:
+            raise FileNotFoundError
         runs = json.loads(json_text)["benchmarks"]
-    except (TypeError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError) as e:
         return False, [f"  no readable results ({e.__class__.__name__}): FAILED"]
     errors = [r["name"] + ": " + r.get("error_message", "") for r in runs if r.get("error_occurred")]
     lines = [f"  {len(runs)} benchmarks, {len(errors)} with an error"]
@@ -858,8 +862,7 @@ class Command:
 
     def __init__(self, name, out, carry):
         self.name, self.out, self.carry = name, out, carry
-        self.started = time.monotonic()
-        self.deadline = self.started + int(os.environ.get("TOWERLAB_GPU_DEADLINE") or DEFAULT_DEADLINE)
+        self.deadline = STARTED + int(os.environ.get("TOWERLAB_GPU_DEADLINE") or DEFAULT_DEADLINE)
         self.rehearsal = os.environ.get("TOWERLAB_GPU_REHEARSAL") == "1"
         os.makedirs(out, exist_ok=True)
         self.work = tempfile.mkdtemp(prefix=f"towerlab-gpu-{name}.", dir=os.environ.get("TMPDIR"))
@@ -869,10 +872,11 @@ class Command:
         self.shards = None
 
     def elapsed(self):
-        return int(time.monotonic() - self.started)
+        return int(time.monotonic() - STARTED)
 
     def left(self):
-        return self.deadline - time.monotonic()
+        """Whole seconds left before the deadline."""
+        return int(self.deadline - time.monotonic())
 
     def note(self, *lines):
         with open(self.summary, "a") as f:

@@ -191,7 +191,8 @@ class Summaries(unittest.TestCase):
         self.assertFalse(ok)
         self.assertEqual(lines, ["  2 benchmarks, 1 with an error", "  error: b: out of memory"])
         self.assertFalse(gpu.bench_summary(json.dumps({"benchmarks": []}))[0])
-        self.assertEqual(gpu.bench_summary(None), (False, ["  no readable results (TypeError): FAILED"]))
+        self.assertEqual(gpu.bench_summary(None), (False, ["  no readable results (FileNotFoundError): FAILED"]))
+        self.assertEqual(gpu.bench_summary('{"context": {}}'), (False, ["  no readable results (KeyError): FAILED"]))
         self.assertEqual(gpu.bench_summary('{"bench'), (False, ["  no readable results (JSONDecodeError): FAILED"]))
 
     def test_ab_table(self):
