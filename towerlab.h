@@ -48,6 +48,7 @@
 #include "engine/thread_pool.h"
 #include "kernels/batchnorm.h"
 #include "kernels/bias.h"
+#include "kernels/cast.h"
 #include "kernels/conv2d.h"
 #include "kernels/elementwise.h"
 #include "kernels/loss.h"

@@ -1,6 +1,8 @@
 #include "engine/tensor.h"
 
+#include <algorithm>
 #include <cstring>
+#include <ostream>
 #include <limits>
 #include <mutex>
 #include <set>
@@ -17,11 +19,46 @@
 namespace towerlab {
 
 std::size_t dtype_size(DType dtype) {
-  return dtype == DType::Float64 ? 8 : 4;
+  switch (dtype) {
+    case DType::Float32:
+      return 4;
+    case DType::Float64:
+      return 8;
+    case DType::BFloat16:
+    case DType::Float16:
+      return 2;
+  }
+  TL_THROW(InvalidArgument, "dtype_size: unknown dtype " << static_cast<int>(dtype));
 }
 
 const char* dtype_name(DType dtype) {
-  return dtype == DType::Float64 ? "float64" : "float32";
+  switch (dtype) {
+    case DType::Float32:
+      return "float32";
+    case DType::Float64:
+      return "float64";
+    case DType::BFloat16:
+      return "bfloat16";
+    case DType::Float16:
+      return "float16";
+  }
+  TL_THROW(InvalidArgument, "dtype_name: unknown dtype " << static_cast<int>(dtype));
+}
+
+DType dtype_from_name(std::string_view name) {
+  for (DType dtype : {DType::Float32, DType::Float64, DType::BFloat16, DType::Float16}) {
+    if (name == dtype_name(dtype)) return dtype;
+  }
+  TL_THROW(InvalidArgument,
+           "unknown dtype '" << name << "' (float32, float64, bfloat16 or float16)");
+}
+
+std::ostream& operator<<(std::ostream& os, bfloat16 value) {
+  return os << static_cast<float>(value);
+}
+
+std::ostream& operator<<(std::ostream& os, float16 value) {
+  return os << static_cast<float>(value);
 }
 
 std::int64_t numel_of(const Shape& shape) {
@@ -43,6 +80,26 @@ std::string to_string(const Shape& shape) {
   return os.str();
 }
 
+namespace {
+
+// fn.template operator()<T>() with T the C++ type of `dtype` (all four).
+template <typename Fn>
+void with_each_dtype(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::Float32:
+      return fn.template operator()<float>();
+    case DType::Float64:
+      return fn.template operator()<double>();
+    case DType::BFloat16:
+      return fn.template operator()<bfloat16>();
+    case DType::Float16:
+      return fn.template operator()<float16>();
+  }
+  TL_THROW(InvalidArgument, "unknown dtype " << static_cast<int>(dtype));
+}
+
+}  // namespace
+
 struct Tensor::Storage {
   Allocator* allocator = nullptr;
   void* data = nullptr;
@@ -51,7 +108,8 @@ struct Tensor::Storage {
 
 Tensor Tensor::empty(const Shape& shape, const Stream& stream, DType dtype) {
   const Device device = stream.device();
-  TL_CHECK(dtype == DType::Float32 || device.is_cpu(), NotSupported,
+  (void)dtype_size(dtype);  // an out-of-range enum value throws here, not in the allocator
+  TL_CHECK(dtype != DType::Float64 || device.is_cpu(), NotSupported,
            "float64 tensors live on the CPU only (asked for " << to_string(shape) << " on "
                                                               << device.str() << ")");
   Tensor t;
@@ -157,12 +215,15 @@ std::vector<T> Tensor::to_host() const {
   return to_host<T>(default_stream(device_));
 }
 
-template Tensor Tensor::from_host<float>(std::span<const float>, const Shape&, const Stream&);
-template Tensor Tensor::from_host<double>(std::span<const double>, const Shape&, const Stream&);
-template std::vector<float> Tensor::to_host<float>(const Stream&) const;
-template std::vector<double> Tensor::to_host<double>(const Stream&) const;
-template std::vector<float> Tensor::to_host<float>() const;
-template std::vector<double> Tensor::to_host<double>() const;
+#define TL_INSTANTIATE_HOST_IO(T)                                                        \
+  template Tensor Tensor::from_host<T>(std::span<const T>, const Shape&, const Stream&); \
+  template std::vector<T> Tensor::to_host<T>(const Stream&) const;                       \
+  template std::vector<T> Tensor::to_host<T>() const;
+TL_INSTANTIATE_HOST_IO(float)
+TL_INSTANTIATE_HOST_IO(double)
+TL_INSTANTIATE_HOST_IO(bfloat16)
+TL_INSTANTIATE_HOST_IO(float16)
+#undef TL_INSTANTIATE_HOST_IO
 
 Tensor Tensor::to(Device device, const Stream& stream) const {
   TL_CHECK(defined(), InvalidArgument, "Tensor::to: the tensor is undefined");
@@ -183,19 +244,18 @@ Tensor Tensor::to(DType dtype, const Stream& stream) const {
   if (dtype == dtype_) return clone(stream);
   TL_CHECK(device_.is_cpu(), NotSupported,
            "Tensor::to(" << dtype_name(dtype) << "): " << describe()
-                         << ": float64 exists on the CPU only; convert after to(Device::cpu())");
+                         << ": a GPU tensor converts with cast() (kernels/cast.h), and to "
+                            "float64 after to(Device::cpu())");
   // Host memory: the work that wrote this tensor finished when its call returned.
+  // The conversions are engine/half.h's, as in cast() (kernels/cast.h).
   Tensor out = empty(shape_, stream, dtype);
-  auto convert = [&]<typename To, typename From>() {
-    const From* in = data<From>();  // [n]
-    To* o = out.data<To>();         // [n]
-    for (std::int64_t i = 0; i < numel_; ++i) o[i] = static_cast<To>(in[i]);
-  };
-  if (dtype == DType::Float64) {
-    convert.operator()<double, float>();
-  } else {
-    convert.operator()<float, double>();
-  }
+  with_each_dtype(dtype_, [&]<typename From>() {
+    with_each_dtype(dtype, [&]<typename To>() {
+      const From* in = data<From>();  // [n]
+      To* o = out.data<To>();         // [n]
+      for (std::int64_t i = 0; i < numel_; ++i) o[i] = cast_value<To>(in[i]);
+    });
+  });
   return out;
 }
 
@@ -277,6 +337,23 @@ T* Tensor::data() const {
 }
 template float* Tensor::data<float>() const;
 template double* Tensor::data<double>() const;
+template bfloat16* Tensor::data<bfloat16>() const;
+template float16* Tensor::data<float16>() const;
+
+std::string Tensor::str(std::int64_t limit) const {
+  std::ostringstream os;
+  os << describe();
+  if (!defined()) return os.str();
+  os << " {";
+  const Tensor head = view(0, {std::min(numel_, std::max<std::int64_t>(limit, 0))});
+  with_each_dtype(dtype_, [&]<typename T>() {
+    const std::vector<T> values = head.to_host<T>();
+    for (std::size_t i = 0; i < values.size(); ++i) os << (i ? ", " : "") << values[i];
+  });
+  if (head.numel() < numel_) os << ", ... (" << numel_ << " values)";
+  os << '}';
+  return os.str();
+}
 
 bool enable_peer_access(int from, int to) {
 #if TOWERLAB_WITH_CUDA

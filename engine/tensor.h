@@ -1,5 +1,8 @@
-// Tensor: a contiguous, row-major array of float32 (any device) or float64 (CPU
-// only, for gradient checks) with a shape and a device.
+// Tensor: a contiguous, row-major array of float32, bfloat16 or float16 (any
+// device) or float64 (CPU only, for gradient checks) with a shape and a device.
+// bfloat16 and float16 (engine/half.h, with their rounding rule) are storage
+// types: casts and copies take them, and each op's contract says whether it does;
+// an op that does not throws NotSupported naming itself and the dtype.
 //
 // A Tensor holds a reference to its storage: copying a Tensor makes another view
 // of the same memory (as in PyTorch), clone() makes new memory. Views (reshape,
@@ -14,18 +17,28 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <iosfwd>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "device.h"
+#include "half.h"
 #include "stream.h"
 
 namespace towerlab {
 
-enum class DType : std::uint8_t { Float32, Float64 };
+enum class DType : std::uint8_t { Float32, Float64, BFloat16, Float16 };
 
-std::size_t dtype_size(DType dtype);
-const char* dtype_name(DType dtype);  // "float32", "float64"
+std::size_t dtype_size(DType dtype);  // 4, 8, 2, 2
+// "float32", "float64", "bfloat16", "float16"
+const char* dtype_name(DType dtype);
+// The dtype dtype_name() names; InvalidArgument listing the four names otherwise.
+DType dtype_from_name(std::string_view name);
+// The 16-bit dtypes, which only casts, copies and the ops that say so take.
+constexpr bool is_16bit(DType dtype) {
+  return dtype == DType::BFloat16 || dtype == DType::Float16;
+}
 template <typename T>
 constexpr DType dtype_of();
 template <>
@@ -36,6 +49,18 @@ template <>
 constexpr DType dtype_of<double>() {
   return DType::Float64;
 }
+template <>
+constexpr DType dtype_of<bfloat16>() {
+  return DType::BFloat16;
+}
+template <>
+constexpr DType dtype_of<float16>() {
+  return DType::Float16;
+}
+
+// A 16-bit value printed as the float it holds ("0.333984", "nan", "-inf").
+std::ostream& operator<<(std::ostream& os, bfloat16 value);
+std::ostream& operator<<(std::ostream& os, float16 value);
 
 using Shape = std::vector<std::int64_t>;
 std::int64_t numel_of(const Shape& shape);
@@ -76,10 +101,11 @@ class Tensor {
   // which belongs to the source or the destination device.
   Tensor to(Device device, const Stream& stream) const;
   Tensor clone(const Stream& stream) const { return to(device_, stream); }
-  // A copy with the elements converted to `dtype` (float64 to float32 rounds to
-  // nearest), on this tensor's device, ordered on `stream`, a stream of that
-  // device. The same dtype gives a clone. float64 exists on the CPU only, so a GPU
-  // tensor converts to it after to(Device::cpu(), stream).
+  // A copy with the elements converted to `dtype` (rounded to nearest even, NaN
+  // and infinities kept: engine/half.h), on this tensor's device, ordered on
+  // `stream`, a stream of that device. The same dtype gives a clone. A CPU tensor
+  // converts between all four dtypes; a GPU tensor converts with cast()
+  // (kernels/cast.h), and to float64 after to(Device::cpu(), stream).
   Tensor to(DType dtype, const Stream& stream) const;
 
   // Views sharing this tensor's storage.
@@ -98,6 +124,10 @@ class Tensor {
   std::string shape_str() const { return to_string(shape_); }
   // "float32[32,1,3,3] on cuda:0"
   std::string describe() const;
+  // describe() and the first `limit` values (all of them when there are no more),
+  // copied to the host after all work on the device (as to_host()):
+  // "bfloat16[2,2] on cpu {1, 0.333984, nan, -inf}".
+  std::string str(std::int64_t limit = 16) const;
 
   void* raw_data() const;
   template <typename T>

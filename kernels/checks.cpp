@@ -10,6 +10,7 @@ void check_on_stream(const char* op, const Stream& stream,
     TL_CHECK(t.second->device() == stream.device(), InvalidArgument,
              op << ": " << t.first << " is " << t.second->describe() << " but the stream is on "
                 << stream.device().str());
+    check_dtype_supported(op, t.first, *t.second);
     if (first == nullptr) {
       first = &t;
     } else {
@@ -29,6 +30,13 @@ void check_same_shape(const char* op, const Stream& stream,
              op << ": " << t.first << " is " << t.second->describe() << " but " << first.first
                 << " is " << first.second->describe());
   }
+}
+
+void check_dtype_supported(const char* op, const char* name, const Tensor& t) {
+  TL_CHECK(!is_16bit(t.dtype()), NotSupported,
+           op << ": " << dtype_name(t.dtype()) << " is not supported ("
+              << (t.device().is_cpu() ? "float32, float64 on cpu" : "float32 on cuda") << "; "
+              << name << " is " << t.describe() << "; cast() converts)");
 }
 
 void check_float32(const char* op, const char* name, const Tensor& t) {

@@ -36,12 +36,19 @@ namespace towerlab::kernels {
 
 using NamedTensor = std::pair<const char*, const Tensor*>;
 
-// Every tensor is defined, on the stream's device, and of one dtype.
+// Every tensor is defined, on the stream's device, of one dtype, and of a dtype
+// the ops compute in (check_dtype_supported).
 void check_on_stream(const char* op, const Stream& stream,
                      std::initializer_list<NamedTensor> tensors);
 // As check_on_stream, and every tensor has the shape of the first.
 void check_same_shape(const char* op, const Stream& stream,
                       std::initializer_list<NamedTensor> tensors);
+// The tensor is not bfloat16 or float16, which only casts and copies take today:
+// NotSupported naming the op, the dtype and what the op takes, e.g.
+// "relu_forward: bfloat16 is not supported (float32, float64 on cpu; x is
+// bfloat16[4] on cpu; cast() converts)". check_on_stream calls it for every
+// tensor, so each op that checks its arguments there rejects them early.
+void check_dtype_supported(const char* op, const char* name, const Tensor& t);
 // The tensor is float32 (for ops that have no float64 kernel).
 void check_float32(const char* op, const char* name, const Tensor& t);
 

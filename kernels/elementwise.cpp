@@ -1,6 +1,7 @@
 // Checks and backend dispatch for the elementwise family (kernels/elementwise.h).
 #include "kernels/elementwise.h"
 
+#include "kernels/cast.h"
 #include "kernels/checks.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cuda/elementwise.h"
@@ -33,6 +34,10 @@ void copy(const Tensor& dst, const Tensor& src, const Stream& stream) {
            "copy: src " << src.describe() << " has " << src.numel() << " elements but dst "
                         << dst.describe() << " has " << dst.numel());
   if (dst.numel() == 0) return;
+  if (is_16bit(dst.dtype()) || is_16bit(src.dtype())) {
+    cast(dst, src, stream);  // the 16-bit dtypes convert by cast's rounding rule
+    return;
+  }
   TL_DISPATCH(stream, cpu::copy(dst, src), cuda::copy(dst, src, stream));
 }
 

@@ -3,7 +3,8 @@
 // Contracts (n = number of elements; every tensor on the stream's device):
 //   fill(x, value)          x[i] = value
 //   copy(dst, src)          dst[i] = src[i]; same element count, dtypes may differ
-//                           (float32 <-> float64 on the CPU); shapes need not match
+//                           (float32 <-> float64 on the CPU; bfloat16 and float16
+//                           on every device, converted by cast()); shapes need not match
 //   add(out, a, b)          out[i] = a[i] + b[i]
 //   sub(out, a, b)          out[i] = a[i] - b[i]
 //   mul(out, a, b)          out[i] = a[i] * b[i]
@@ -12,6 +13,7 @@
 //   axpy_scalar(y, alpha, s) y[i] += alpha * s[0]     (s has one element, read on the
 //                           device: broadcasts a reduction's gradient without a host trip)
 // add/sub/mul/scale need equal shapes and dtypes; `out` may alias any input.
+// Only copy takes bfloat16 and float16; the others throw NotSupported for them.
 // Empty tensors are a no-op. All run asynchronously on `stream`.
 #pragma once
 
