@@ -33,6 +33,11 @@ PyTorch model used: another value than 1e-3 is refused, unless --fold-eps rescal
 gamma by sqrt((var + 1e-3) / (var + eps)), which is exact for inference (moving
 statistics) but not for further training (batch statistics).
 
+Dtypes: a state_dict in bfloat16 or float16 (torch tensors, or BF16 and F16 in a
+safetensors file) is widened exactly to the checkpoint's float32; to-torch --dtype
+bfloat16|float16 writes the state_dict in that dtype, rounded to nearest even (NaN and
+infinities kept), as towerlab's cast does.
+
 The towerlab file is a checkpoint (format "towerlab-checkpoint-1", optimizer
 "none", step = num_batches_tracked); going out, optimizer slots are dropped and
 num_batches_tracked is the checkpoint's step. Bad input exits 2 with one line.
@@ -128,13 +133,33 @@ def read_safetensors(path):
     return tensors, metadata
 
 
+def bfloat16_bits(array):
+    """float32 values rounded to bfloat16 (to nearest, ties to even; a NaN stays a quiet
+    NaN of its sign; past the range, an infinity), as uint16 bit patterns: the rule of
+    towerlab's engine/half.h and PyTorch's."""
+    bits = np.ascontiguousarray(array, dtype="<f4").view("<u4").astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, (bits >> 16) | 0x0040, rounded).astype("<u2")
+
+
+class BFloat16Array:
+    """bfloat16 values for write_safetensors (numpy has no bfloat16): their bit patterns."""
+
+    def __init__(self, array):
+        self.bits = bfloat16_bits(array)
+        self.shape, self.nbytes = self.bits.shape, self.bits.nbytes
+
+
 def write_safetensors(path, tensors, metadata):
-    """Writes float32 and int64 arrays, in the given order, data 8-byte aligned."""
-    names = {np.dtype("<f4"): "F32", np.dtype("<i8"): "I64"}
+    """Writes float32, float16, BFloat16Array and int64 arrays, in the given order, data
+    8-byte aligned."""
+    names = {np.dtype("<f4"): "F32", np.dtype("<f2"): "F16", np.dtype("<i8"): "I64"}
     header = {"__metadata__": metadata}
     offset = 0
     for name, array in tensors.items():
-        header[name] = {"dtype": names[array.dtype], "shape": list(array.shape),
+        dtype = "BF16" if isinstance(array, BFloat16Array) else names[array.dtype]
+        header[name] = {"dtype": dtype, "shape": list(array.shape),
                         "data_offsets": [offset, offset + array.nbytes]}
         offset += array.nbytes
     text = json.dumps(header).encode()
@@ -143,7 +168,8 @@ def write_safetensors(path, tensors, metadata):
     def write(f):
         f.write(struct.pack("<Q", len(text)) + text)
         for array in tensors.values():
-            f.write(np.ascontiguousarray(array).tobytes())
+            bits = array.bits if isinstance(array, BFloat16Array) else array
+            f.write(np.ascontiguousarray(bits).tobytes())
     write_atomically(path, write)
 
 
@@ -201,9 +227,14 @@ def read_torch(path):
     return out
 
 
-def write_torch(path, tensors):
+def write_torch(path, tensors, dtype="float32"):
+    """torch.save of the arrays; floating ones in `dtype` (torch rounds to nearest even)."""
     torch = import_torch(path)
-    state = collections.OrderedDict((k, torch.from_numpy(v.copy())) for k, v in tensors.items())
+
+    def tensor(v):
+        t = torch.from_numpy(v.copy())
+        return t.to(getattr(torch, dtype)) if t.is_floating_point() else t
+    state = collections.OrderedDict((k, tensor(v)) for k, v in tensors.items())
     write_atomically(path, lambda f: torch.save(state, f))
 
 
@@ -301,6 +332,15 @@ def to_torch(path, tensors, metadata):
     return state, notes
 
 
+def narrow(state, dtype):
+    """The float32 arrays of `state` in `dtype` for a safetensors file; the rest as is."""
+    def one(array):
+        if array.dtype != np.float32 or dtype == "float32":
+            return array
+        return BFloat16Array(array) if dtype == "bfloat16" else array.astype("<f2")
+    return collections.OrderedDict((name, one(a)) for name, a in state.items())
+
+
 class OneLineParser(argparse.ArgumentParser):
     """Bad arguments also exit 2 with one line, rather than argparse's usage block."""
 
@@ -325,6 +365,9 @@ def main(argv):
     out = sub.add_parser("to-torch", help="towerlab checkpoint -> PyTorch state_dict")
     out.add_argument("input", help="towerlab checkpoint or plain weights (.safetensors)")
     out.add_argument("output", help="state_dict: .pt/.pth (torch.save) or .safetensors")
+    out.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                     help="the state_dict's floating-point dtype (default float32, the "
+                          "checkpoint's own; the others round to nearest even)")
     args = parser.parse_args(argv)
 
     try:
@@ -343,9 +386,11 @@ def main(argv):
             tensors, metadata = read_safetensors(args.input)
             state, notes = to_torch(args.input, tensors, metadata)
             if is_torch_file(args.output):
-                write_torch(args.output, state)
+                write_torch(args.output, state, args.dtype)
             else:
-                write_safetensors(args.output, state, {"format": "pt"})
+                write_safetensors(args.output, narrow(state, args.dtype), {"format": "pt"})
+            if args.dtype != "float32":
+                notes.append(f"weights rounded to {args.dtype}")
     except ConvertError as e:
         print(f"torch_convert: {e}", file=sys.stderr)
         return 2
