@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
-#include <ostream>
 #include <limits>
 #include <mutex>
+#include <ostream>
 #include <set>
 #include <sstream>
 
@@ -242,10 +242,12 @@ Tensor Tensor::to(DType dtype, const Stream& stream) const {
            "Tensor::to(" << dtype_name(dtype) << "): " << describe() << " on a stream of "
                          << stream.device().str() << " (use a stream of its device)");
   if (dtype == dtype_) return clone(stream);
+  TL_CHECK(device_.is_cpu() || dtype != DType::Float64, NotSupported,
+           "Tensor::to(" << dtype_name(dtype) << "): " << describe()
+                         << ": float64 exists on the CPU only; convert after to(Device::cpu())");
   TL_CHECK(device_.is_cpu(), NotSupported,
            "Tensor::to(" << dtype_name(dtype) << "): " << describe()
-                         << ": a GPU tensor converts with cast() (kernels/cast.h), and to "
-                            "float64 after to(Device::cpu())");
+                         << ": a GPU tensor converts with cast() (kernels/cast.h)");
   // Host memory: the work that wrote this tensor finished when its call returned.
   // The conversions are engine/half.h's, as in cast() (kernels/cast.h).
   Tensor out = empty(shape_, stream, dtype);

@@ -23,7 +23,8 @@ void with_dtype(DType dtype, Fn&& fn) {
     case DType::Float16:
       break;
   }
-  TL_THROW(NotSupported, "cpu kernel: " << dtype_name(dtype) << " is not supported (float32, float64)");
+  TL_THROW(NotSupported,
+           "cpu kernel: " << dtype_name(dtype) << " is not supported (float32, float64)");
 }
 
 }  // namespace towerlab::cpu
