@@ -23,17 +23,25 @@ namespace {
 // refuse it before allocating, so that a corrupt length cannot ask for terabytes.
 constexpr std::uint64_t kMaxHeaderBytes = 100u * 1000u * 1000u;
 
+// The format's names of towerlab's dtypes, both ways.
+constexpr std::pair<DType, const char*> kDTypeNames[] = {{DType::Float32, "F32"},
+                                                         {DType::Float64, "F64"},
+                                                         {DType::BFloat16, "BF16"},
+                                                         {DType::Float16, "F16"}};
+
 const char* safetensors_dtype(DType dtype) {
-  return dtype == DType::Float64 ? "F64" : "F32";
+  for (const auto& [d, name] : kDTypeNames) {
+    if (d == dtype) return name;
+  }
+  TL_THROW(InvalidArgument, "save_safetensors: no safetensors name for " << dtype_name(dtype));
 }
 
 // A tensor's bytes on the host: CPU tensors are written from their own memory,
-// device tensors from a host copy.
+// device tensors from a host copy (kept alive in `copy`).
 struct HostBytes {
   const void* data = nullptr;
   std::size_t bytes = 0;
-  std::vector<float> f32;
-  std::vector<double> f64;
+  Tensor copy;
 };
 
 HostBytes host_bytes(const Tensor& t) {
@@ -43,12 +51,9 @@ HostBytes host_bytes(const Tensor& t) {
   if (t.device().is_cpu()) {
     stream.synchronize();
     out.data = t.raw_data();
-  } else if (t.dtype() == DType::Float64) {
-    out.f64 = t.to_host<double>(stream);
-    out.data = out.f64.data();
   } else {
-    out.f32 = t.to_host<float>(stream);
-    out.data = out.f32.data();
+    out.copy = t.to(Device::cpu(), stream);  // waits: a host copy ends with a synchronize
+    out.data = out.copy.raw_data();
   }
   return out;
 }
@@ -119,10 +124,11 @@ std::string brief(const nlohmann::json& value) {
 DType parse_dtype(const std::string& path, const std::string& name, const nlohmann::json& value) {
   if (!value.is_string()) TL_BAD_FILE("tensor '" << name << "': dtype is not a string");
   const auto& text = value.get_ref<const std::string&>();
-  if (text == "F32") return DType::Float32;
-  if (text == "F64") return DType::Float64;
+  for (const auto& [dtype, known] : kDTypeNames) {
+    if (text == known) return dtype;
+  }
   TL_BAD_FILE("tensor '" << name << "' has unsupported dtype " << text
-                         << " (towerlab reads F32 and F64)");
+                         << " (towerlab reads F32, F64, BF16 and F16)");
 }
 
 Shape parse_shape(const std::string& path, const std::string& name, const nlohmann::json& value) {
@@ -278,19 +284,11 @@ SafetensorsFile load_safetensors(const std::string& path, Device device) {
   for (const SafetensorsEntry& e : header.entries) {
     const std::uint64_t offset = header.data_offset + e.data_begin;
     const std::size_t bytes = e.data_end - e.data_begin;
-    if (device.is_cpu()) {
-      Tensor t = Tensor::empty(e.shape, device, e.dtype);
-      if (bytes > 0) file.read_at(offset, t.raw_data(), bytes);
-      tensors.emplace(e.name, t);
-    } else if (e.dtype == DType::Float64) {
-      std::vector<double> host(bytes / sizeof(double));
-      if (bytes > 0) file.read_at(offset, host.data(), bytes);
-      tensors.emplace(e.name, Tensor::from_host<double>(host, e.shape, default_stream(device)));
-    } else {
-      std::vector<float> host(bytes / sizeof(float));
-      if (bytes > 0) file.read_at(offset, host.data(), bytes);
-      tensors.emplace(e.name, Tensor::from_host<float>(host, e.shape, default_stream(device)));
-    }
+    // float64 is refused on a GPU before the read (Tensor::empty's message).
+    if (!device.is_cpu()) (void)Tensor::empty({0}, device, e.dtype);
+    Tensor t = Tensor::empty(e.shape, Device::cpu(), e.dtype);
+    if (bytes > 0) file.read_at(offset, t.raw_data(), bytes);
+    tensors.emplace(e.name, device.is_cpu() ? t : t.to(device, default_stream(device)));
   }
   return out;
 }

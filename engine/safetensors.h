@@ -4,8 +4,8 @@
 //
 // The format:
 //   bytes [0, 8)        N, the header length: an unsigned 64-bit little-endian integer
-//   bytes [8, 8 + N)    a JSON object: for each tensor, "name": {"dtype": "F32" | "F64",
-//                       "shape": [d0, d1, ...], "data_offsets": [begin, end]}, plus an
+//   bytes [8, 8 + N)    a JSON object: for each tensor, "name": {"dtype": "F32" | "F64" |
+//                       "BF16" | "F16", "shape": [d0, ...], "data_offsets": [begin, end]}, plus an
 //                       optional "__metadata__": {string: string}. towerlab pads the
 //                       header with spaces so that the data starts on an 8-byte boundary.
 //   bytes [8 + N, end)  the data section: each tensor's values, row-major, little-endian,
@@ -36,7 +36,7 @@ namespace towerlab {
 
 // Writes `tensors` to `path`. The tensors may live on any device (device tensors are
 // copied to the host on default_stream(device), so the work that produced them on
-// other streams must have finished); they are stored as "F32" or "F64".
+// other streams must have finished); stored as "F32", "F64", "BF16" or "F16", bits as they are.
 // The header lists the tensors in the given order and the data section holds them in
 // the same order; read_safetensors_header() gives them back in that order.
 // Throws InvalidArgument for an empty, repeated or reserved ("__metadata__") name or an

@@ -61,6 +61,36 @@ TEST_P(SafetensorsTest, RoundTripsFloat32BitExact) {
   EXPECT_TRUE(same_bits(host(tensors.at("large")), large));
 }
 
+// Every bfloat16 and float16 pattern (NaNs with payloads, infinities, subnormals)
+// comes back bit for bit, under the format's names BF16 and F16.
+TEST_P(SafetensorsTest, RoundTripsBFloat16AndFloat16BitExact) {
+  ScratchDir dir;
+  const std::string path = dir.file("half.safetensors");
+  std::vector<bfloat16> b(0x10000);
+  std::vector<float16> h(0x10000);
+  for (std::uint32_t p = 0; p < 0x10000; ++p) {
+    b[p] = bfloat16::from_bits(static_cast<std::uint16_t>(p));
+    h[p] = float16::from_bits(static_cast<std::uint16_t>(0xffff - p));
+  }
+  save_safetensors(path, {{"b", Tensor::from_host<bfloat16>(b, {256, 256}, stream())},
+                          {"h", Tensor::from_host<float16>(h, {0x10000}, stream())},
+                          {"after", make({1.5f}, {1})}});
+  const SafetensorsHeader header = read_safetensors_header(path);
+  ASSERT_EQ(header.entries.size(), 3u);
+  EXPECT_EQ(header.entries[0].dtype, DType::BFloat16);
+  EXPECT_EQ(header.entries[1].dtype, DType::Float16);
+  const auto tensors = load_safetensors(path, device()).tensors;
+  const Tensor& tb = tensors.at("b");
+  EXPECT_EQ(tb.describe(), "bfloat16[256,256] on " + device().str());
+  EXPECT_TRUE(same_bits(tb.to_host<bfloat16>(stream()), b));
+  EXPECT_TRUE(same_bits(tensors.at("h").to_host<float16>(stream()), h));
+  EXPECT_EQ(host(tensors.at("after")), std::vector<float>{1.5f});
+  // The header names them as numpy and PyTorch do.
+  const std::string bytes = read_file(path);
+  EXPECT_NE(bytes.find(R"("b":{"dtype":"BF16","shape":[256,256])"), std::string::npos);
+  EXPECT_NE(bytes.find(R"("h":{"dtype":"F16")"), std::string::npos);
+}
+
 TEST_P(SafetensorsTest, SavesDeviceTensorsThatLoadOnTheCpu) {
   ScratchDir dir;
   const std::string path = dir.file("m.safetensors");
@@ -238,11 +268,12 @@ TEST_F(MalformedSafetensors, RejectsHeadersThatAreNotJsonObjects) {
 }
 
 TEST_F(MalformedSafetensors, RejectsUnsupportedDtypes) {
-  for (const char* dtype : {"F16", "BF16", "I64", "U8", "BOOL", "F8_E4M3", "float32"}) {
+  for (const char* dtype : {"I64", "U8", "BOOL", "F8_E4M3", "float32", "bf16"}) {
     expect_rejected(
         craft(std::string(R"({"a":{"dtype":")") + dtype + R"(","shape":[2],"data_offsets":[0,4]}})",
               "abcd"),
-        std::string("tensor 'a' has unsupported dtype ") + dtype + " (towerlab reads F32 and F64)");
+        std::string("tensor 'a' has unsupported dtype ") + dtype +
+            " (towerlab reads F32, F64, BF16 and F16)");
   }
   expect_rejected(craft(R"({"a":{"dtype":32,"shape":[1],"data_offsets":[0,4]}})", "abcd"),
                   "tensor 'a': dtype is not a string");
