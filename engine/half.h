@@ -118,7 +118,7 @@ TL_HOST_DEVICE inline float float16_bits_to_float(std::uint16_t h) {
 // float64 to float32 rounded to odd: truncated toward zero, with the lowest bit set
 // when anything was dropped. Host only (float64 tensors live on the CPU).
 inline float round_to_odd(double d) {
-  float f = static_cast<float>(d);  // to nearest
+  float f = static_cast<float>(d);                      // to nearest
   if (d != d || static_cast<double>(f) == d) return f;  // NaN, or exact (infinities too)
   std::uint32_t bits = std::bit_cast<std::uint32_t>(f);
   // Rounded away from zero (an overflow to infinity too): one ulp back toward 0.
@@ -153,7 +153,9 @@ struct float16 {
   float16() = default;
   TL_HOST_DEVICE explicit float16(float f) : bits(half_detail::float_to_float16_bits(f)) {}
   explicit float16(double d) : float16(half_detail::round_to_odd(d)) {}
-  TL_HOST_DEVICE explicit operator float() const { return half_detail::float16_bits_to_float(bits); }
+  TL_HOST_DEVICE explicit operator float() const {
+    return half_detail::float16_bits_to_float(bits);
+  }
   explicit operator double() const { return static_cast<double>(static_cast<float>(*this)); }
   TL_HOST_DEVICE static float16 from_bits(std::uint16_t b) {
     float16 v;

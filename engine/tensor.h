@@ -15,9 +15,9 @@
 #pragma once
 
 #include <cstdint>
+#include <iosfwd>
 #include <memory>
 #include <span>
-#include <iosfwd>
 #include <string>
 #include <string_view>
 #include <vector>
