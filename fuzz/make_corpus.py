@@ -45,6 +45,9 @@ write("safetensors", "two_tensors", safetensors(
     {"step": "7", "model": "FashionNet"}))
 write("safetensors", "float64_and_scalar", safetensors(
     [("x", "F64", [3], f64(1, 2, 3)), ("s", "F32", [], f32(2))]))
+write("safetensors", "bfloat16_and_float16", safetensors(
+    [("b", "BF16", [2, 2], struct.pack("<4H", 0x3F80, 0x7FC0, 0xFF80, 0x0001)),
+     ("h", "F16", [3], struct.pack("<3H", 0x3C00, 0x7E00, 0x8001))]))
 write("safetensors", "empty_tensor", safetensors([("e", "F32", [0, 4], b"")]))
 write("safetensors", "empty_header", safetensors([]))
 write("safetensors", "unpadded", safetensors([("w", "F32", [1], f32(1))], pad=False))
