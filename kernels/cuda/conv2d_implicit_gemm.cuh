@@ -97,6 +97,32 @@ __device__ __forceinline__ void store_tile(const Problem& problem, const float (
   }
 }
 
+// Element e of a thread's share of a step's tiles, in the two kernels that load
+// them in flat order: flat index tid + e*threads, A laid out m-fastest
+// (consecutive threads read consecutive pixels), B kk-fastest.
+template <class T>
+struct FlatShare {
+  int tid;
+  __device__ __forceinline__ int a_m(int e) const { return (tid + e * T::kThreads) % T::BM; }
+  __device__ __forceinline__ int a_k(int e) const { return (tid + e * T::kThreads) / T::BM; }
+  __device__ __forceinline__ int b_n(int e) const { return (tid + e * T::kThreads) / T::BK; }
+  __device__ __forceinline__ int b_k(int e) const { return (tid + e * T::kThreads) % T::BK; }
+};
+
+// Decodes, once per block, the rows of A (or columns of B) a thread's elements
+// read: index(e) for each, valid where it is below `extent`, decoded as index 0
+// (a harmless address, never read as data) where it is not.
+template <int N, class Index, class Decode, class Decoded>
+__device__ __forceinline__ void decode_share(int extent, Index index, Decode decode,
+                                             Decoded (&decoded)[N], bool (&valid)[N]) {
+#pragma unroll
+  for (int e = 0; e < N; ++e) {
+    const int i = index(e);
+    valid[e] = i < extent;
+    decoded[e] = decode(valid[e] ? i : 0);
+  }
+}
+
 // C[m,n] = sum over kk of A[m,kk] * B[kk,n] in the natural order kk = (channel,
 // r, s), stored through the problem: forward and backward-data when their
 // reduced channels are not a multiple of BK (RGB input layers). Every element
@@ -128,49 +154,37 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
   const int m0 = static_cast<int>(blockIdx.x) * BM, n0 = static_cast<int>(blockIdx.y) * BN;
   const int k_end = problem.Kred;
 
-  // Element e of this thread's share of a tile: flat index tid + e*threads, A laid
-  // out m-fastest, B kk-fastest.
-  auto a_m = [&](int e) { return (tid + e * kThreads) % BM; };
-  auto a_k = [&](int e) { return (tid + e * kThreads) / BM; };
-  auto b_n = [&](int e) { return (tid + e * kThreads) / BK; };
-  auto b_k = [&](int e) { return (tid + e * kThreads) % BK; };
-
+  const FlatShare<T> share{tid};
   typename Problem::Row a_rows[kARows];
   bool a_valid[kARows];
-#pragma unroll
-  for (int j = 0; j < kARows; ++j) {
-    const int m = m0 + a_m(j);
-    a_valid[j] = m < problem.M;
-    a_rows[j] = problem.row(a_valid[j] ? m : 0);
-  }
+  decode_share(
+      problem.M, [&](int j) { return m0 + share.a_m(j); }, [&](int m) { return problem.row(m); },
+      a_rows, a_valid);
   typename Problem::Col b_cols[kBLoads];
   bool b_valid[kBLoads];
-#pragma unroll
-  for (int e = 0; e < kBLoads; ++e) {
-    const int n = n0 + b_n(e);
-    b_valid[e] = n < problem.Ncols;
-    b_cols[e] = problem.col(b_valid[e] ? n : 0);
-  }
+  decode_share(
+      problem.Ncols, [&](int e) { return n0 + share.b_n(e); },
+      [&](int n) { return problem.col(n); }, b_cols, b_valid);
 
   float a_next[kALoads], b_next[kBLoads];
   auto load_global = [&](int k0) {
 #pragma unroll
     for (int e = 0; e < kALoads; ++e) {
-      const int kk = k0 + a_k(e);
+      const int kk = k0 + share.a_k(e);
       const int j = e % kARows;
       a_next[e] = (a_valid[j] && kk < k_end) ? problem.a(a_rows[j], kk) : 0.0f;
     }
 #pragma unroll
     for (int e = 0; e < kBLoads; ++e) {
-      const int kk = k0 + b_k(e);
+      const int kk = k0 + share.b_k(e);
       b_next[e] = (b_valid[e] && kk < k_end) ? problem.b(kk, b_cols[e]) : 0.0f;
     }
   };
   auto store_shared = [&](int buffer) {
 #pragma unroll
-    for (int e = 0; e < kALoads; ++e) As[buffer][a_k(e)][a_m(e)] = a_next[e];
+    for (int e = 0; e < kALoads; ++e) As[buffer][share.a_k(e)][share.a_m(e)] = a_next[e];
 #pragma unroll
-    for (int e = 0; e < kBLoads; ++e) Bs[buffer][b_k(e)][b_n(e)] = b_next[e];
+    for (int e = 0; e < kBLoads; ++e) Bs[buffer][share.b_k(e)][share.b_n(e)] = b_next[e];
   };
 
   const int tm = tid % (BM / TM), tn = tid / (BM / TM);
@@ -262,21 +276,12 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
   const int m0 = static_cast<int>(blockIdx.x) * BM, n0 = static_cast<int>(blockIdx.y) * BN;
   const int steps = problem.Kred / BK;
 
-  // Element e of this thread's share of a step: flat index tid + e*threads, A
-  // laid out m-fastest (consecutive threads read consecutive pixels), B kk-fastest.
-  auto a_m = [&](int e) { return (tid + e * kThreads) % BM; };
-  auto a_k = [&](int e) { return (tid + e * kThreads) / BM; };
-  auto b_n = [&](int e) { return (tid + e * kThreads) / BK; };
-  auto b_k = [&](int e) { return (tid + e * kThreads) % BK; };
-
+  const FlatShare<T> share{tid};
   typename Problem::Row a_rows[kARows];
   bool a_valid[kARows];
-#pragma unroll
-  for (int j = 0; j < kARows; ++j) {
-    const int m = m0 + a_m(j);
-    a_valid[j] = m < problem.M;
-    a_rows[j] = problem.row(a_valid[j] ? m : 0);
-  }
+  decode_share(
+      problem.M, [&](int j) { return m0 + share.a_m(j); }, [&](int m) { return problem.row(m); },
+      a_rows, a_valid);
 
   // Starts step `step`'s copies into buffer `stage`. A zero fill reads nothing;
   // its source is the operand's first element.
@@ -288,19 +293,19 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
 #pragma unroll
     for (int e = 0; e < kALoads; ++e) {
       const int j = e % kARows;
-      float* dst = &As[stage][a_k(e)][a_m(e)];
+      float* dst = &As[stage][share.a_k(e)][share.a_m(e)];
       if (base[j] >= 0) {
-        __pipeline_memcpy_async(dst, problem.a_src(base[j], a_k(e)), 4);
+        __pipeline_memcpy_async(dst, problem.a_src(base[j], share.a_k(e)), 4);
       } else {
         __pipeline_memcpy_async(dst, problem.a_src(0, 0), 4, 4);
       }
     }
 #pragma unroll
     for (int e = 0; e < kBLoads; ++e) {  // columns located anew: fewer live registers
-      const int n = n0 + b_n(e);
+      const int n = n0 + share.b_n(e);
       const bool valid = n < problem.Ncols;
-      const float* src = problem.b_src(st, b_k(e), problem.col(valid ? n : 0));
-      __pipeline_memcpy_async(&Bs[stage][b_k(e)][b_n(e)], src, 4, valid ? 0 : 4);
+      const float* src = problem.b_src(st, share.b_k(e), problem.col(valid ? n : 0));
+      __pipeline_memcpy_async(&Bs[stage][share.b_k(e)][share.b_n(e)], src, 4, valid ? 0 : 4);
     }
   };
 
@@ -356,20 +361,14 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
 
   typename Problem::Row a_rows[kALoads];
   bool a_valid[kALoads];
-#pragma unroll
-  for (int e = 0; e < kALoads; ++e) {
-    const int m = m0 + row + e * kRowsApart;
-    a_valid[e] = m < problem.M;
-    a_rows[e] = problem.row(a_valid[e] ? m : 0);
-  }
+  decode_share(
+      problem.M, [&](int e) { return m0 + row + e * kRowsApart; },
+      [&](int m) { return problem.row(m); }, a_rows, a_valid);
   typename Problem::Col b_cols[kBLoads];
   bool b_valid[kBLoads];
-#pragma unroll
-  for (int e = 0; e < kBLoads; ++e) {
-    const int n = n0 + row + e * kRowsApart;
-    b_valid[e] = n < problem.Ncols;
-    b_cols[e] = problem.col(b_valid[e] ? n : 0);
-  }
+  decode_share(
+      problem.Ncols, [&](int e) { return n0 + row + e * kRowsApart; },
+      [&](int n) { return problem.col(n); }, b_cols, b_valid);
 
   auto start_step = [&](int step, int stage) {
     const typename Problem::Pixel px = problem.pixel(k_begin + step * BK + kk, k_end);
