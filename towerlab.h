@@ -46,6 +46,7 @@
 #include "engine/stream.h"
 #include "engine/tensor.h"
 #include "engine/thread_pool.h"
+#include "kernels/activation.h"
 #include "kernels/batchnorm.h"
 #include "kernels/bias.h"
 #include "kernels/cast.h"

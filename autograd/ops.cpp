@@ -1,7 +1,8 @@
-// Elementwise, ReLU, reduction and view ops of autograd/ops.h.
+// Elementwise, ReLU and the other activations, reduction and view ops of autograd/ops.h.
 #include "autograd/ops.h"
 
 #include "engine/error.h"
+#include "kernels/activation.h"
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
 #include "kernels/relu.h"
@@ -87,6 +88,45 @@ Var relu(const Var& x) {
     relu_backward(gx.grad, out.grad(), out.value(), t.stream(),
                   gx.assign ? GradWrite::Assign : GradWrite::Accumulate);
   });
+}
+
+namespace {
+
+// An activation of kernels/activation.h on the tape: the backward reads the
+// forward's input x, kept alive by the record.
+Var activation(const char* op, const Var& x, const ActivationOp& act) {
+  x.tape().check_owns(op, {x});
+  Tape& tape = x.tape();
+  Tensor y = like(x);
+  activation_forward(y, x.value(), act, tape.stream());
+  return tape.record(y, op, {x}, [x, act](const Var& out) {
+    Tape& t = out.tape();
+    const Tape::GradTarget gx = t.grad_target(x);
+    activation_backward(gx.grad, out.grad(), x.value(), act, t.stream(),
+                        gx.assign ? GradWrite::Assign : GradWrite::Accumulate);
+  });
+}
+
+}  // namespace
+
+Var sigmoid(const Var& x) {
+  return activation("sigmoid", x, ActivationOp::sigmoid());
+}
+
+Var tanh(const Var& x) {
+  return activation("tanh", x, ActivationOp::tanh());
+}
+
+Var gelu(const Var& x, GeluApproximate approximate) {
+  return activation("gelu", x, ActivationOp::gelu(approximate));
+}
+
+Var silu(const Var& x) {
+  return activation("silu", x, ActivationOp::silu());
+}
+
+Var leaky_relu(const Var& x, double negative_slope) {
+  return activation("leaky_relu", x, ActivationOp::leaky_relu(negative_slope));
 }
 
 namespace {

@@ -4,6 +4,7 @@
 // and skip float32[8,32,14,14] differ in shape").
 #pragma once
 
+#include "../kernels/activation.h"
 #include "tape.h"
 
 namespace towerlab::ag {
@@ -13,6 +14,13 @@ Var sub(const Var& a, const Var& b);    // a - b
 Var mul(const Var& a, const Var& b);    // a * b, elementwise
 Var scale(const Var& x, double alpha);  // alpha * x
 Var relu(const Var& x);
+// The activations of kernels/activation.h (formulas and the NaN rule there); each
+// backward takes the forward's input.
+Var sigmoid(const Var& x);
+Var tanh(const Var& x);
+Var gelu(const Var& x, GeluApproximate approximate = GeluApproximate::None);
+Var silu(const Var& x);
+Var leaky_relu(const Var& x, double negative_slope = 0.01);
 Var sum(const Var& x);   // [1]: the sum of every element
 Var mean(const Var& x);  // [1]: the mean of every element
 // A view with another shape (flatten is reshape({N, -1})); the gradient flows back unchanged.
