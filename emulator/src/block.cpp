@@ -169,6 +169,19 @@ struct Warp {
   std::uint64_t slot[2][32] = {};
   unsigned ballot[2] = {};
   char token[2] = {};  // what __syncwarp releases to and acquires from
+  // The round under way is a warp-collective instruction (warp_collective): which one,
+  // and where its first lane called it; null for a shuffle, vote or __syncwarp.
+  Combine collective = nullptr;
+  const char* collective_what = "";
+  std::source_location collective_site;
+};
+
+// A warp's operands and results of warp_collective, double-buffered like Warp::slot.
+// Kept apart from Warp (which every block resets) and made on a warp's first
+// collective instruction only: 8 KiB a warp that most kernels never touch.
+struct WarpExchange {
+  WarpWords in[2];
+  WarpWords out[2];
 };
 
 struct SharedBlock {
@@ -203,6 +216,7 @@ struct Scheduler {
   char barrier_token[2] = {};
   char block_start = 0, block_end = 0;  // tokens: the worker's view in, the threads' out
   std::vector<Warp> warps;
+  std::vector<std::unique_ptr<WarpExchange>> exchange;  // by warp, made when first needed
   std::deque<Fiber*> ready;
   std::uint64_t block_serial = 0;
   std::size_t shared_bytes = 0;
@@ -597,6 +611,12 @@ WarpResult warp_round(unsigned mask, std::uint64_t value, bool vote, int source,
     if ((mask >> lane & 1u) == 0) bug("the calling lane is not in the mask");
     if ((mask & ~w.members) != 0) bug("the mask names lanes that do not exist in this block");
     if ((mask & w.exited) != 0) bug("the mask names a lane that has already exited");
+    if (w.arrived != 0 && w.collective != nullptr) {
+      bug((std::string("other lanes of the warp wait in ") + w.collective_what + " at " +
+           short_name(w.collective_site.file_name()) + ":" +
+           std::to_string(w.collective_site.line()) + ": lanes in divergent code")
+              .c_str());
+    }
     if (w.arrived != 0 && w.mask != mask) bug("lanes of the warp disagree on the mask");
     if (source >= 0 && (mask >> source & 1u) == 0)
       bug("the lane reads a lane that is not in the mask: the value is undefined");
@@ -628,6 +648,88 @@ WarpResult warp_round(unsigned mask, std::uint64_t value, bool vote, int source,
   if (orders_memory) tsan_acquire(&w.token[buffer]);
   Hidden hidden;
   return {source >= 0 ? w.slot[buffer][source] : value, w.ballot[buffer]};
+}
+
+void warp_instruction_bug(const char* what, const std::source_location& where,
+                          const std::string& problem) {
+  Scheduler& s = scheduler();
+  const Thread& f = running_thread(what);
+  kernel_bug("%s at %s:%u, %s, warp %u lane %u: %s", what, short_name(where.file_name()),
+             where.line(), block_name(s).c_str(), f.tid / 32, f.tid % 32, problem.c_str());
+}
+
+void warp_collective(Combine combine, const std::uint32_t* in, std::uint32_t* out, const char* what,
+                     const std::source_location& where) {
+  Scheduler& s = scheduler();
+  Thread& f = running_thread(what);
+  const unsigned lane = f.tid % 32;
+  const unsigned warp = f.tid / 32;
+  Warp& w = s.warps[warp];
+  auto site = [](const std::source_location& at) {
+    return std::string(short_name(at.file_name())) + ":" + std::to_string(at.line());
+  };
+  unsigned long generation;
+  int buffer;
+  WarpExchange* x;
+  {
+    Hidden hidden;
+    if (w.members != 0xffffffffu) {
+      warp_instruction_bug(what, where,
+                           "the warp has fewer than 32 threads (the block's size is not a "
+                           "multiple of 32): all 32 lanes must execute a .aligned instruction");
+    }
+    if (w.exited != 0) {
+      char lanes[16];
+      std::snprintf(lanes, sizeof lanes, "0x%08x", w.exited);
+      warp_instruction_bug(what, where,
+                           std::string("lanes ") + lanes +
+                               " of the warp have already exited: all 32 lanes must execute "
+                               "a .aligned instruction");
+    }
+    if (w.arrived != 0 && w.collective == nullptr) {
+      warp_instruction_bug(what, where,
+                           "other lanes of the warp wait in a shuffle, vote or __syncwarp: "
+                           "lanes in divergent code");
+    }
+    if (w.arrived != 0 && (w.collective != combine || w.collective_site.line() != where.line() ||
+                           std::strcmp(w.collective_site.file_name(), where.file_name()) != 0)) {
+      warp_instruction_bug(what, where,
+                           std::string("other lanes of the warp wait in ") + w.collective_what +
+                               " at " + site(w.collective_site) +
+                               ": all 32 lanes must execute the same instruction (lanes in "
+                               "divergent code)");
+    }
+    if (s.exchange.size() < s.warps.size()) s.exchange.resize(s.warps.size());
+    if (!s.exchange[warp]) s.exchange[warp] = std::make_unique<WarpExchange>();
+    x = s.exchange[warp].get();
+    generation = w.generation;
+    buffer = static_cast<int>(generation & 1);
+    if (w.arrived == 0) {
+      w.collective = combine;
+      w.collective_what = what;
+      w.collective_site = where;
+      w.mask = 0xffffffffu;  // what thread_exited checks a returning lane against
+    }
+    std::memcpy(x->in[buffer].lane[lane], in, sizeof x->in[buffer].lane[lane]);
+    w.arrived |= 1u << lane;
+    if (w.arrived == 0xffffffffu) {
+      combine(x->in[buffer], x->out[buffer]);
+      w.arrived = 0;
+      w.collective = nullptr;
+      ++w.generation;
+      for (unsigned t = 32 * warp; t < 32 * warp + 32; ++t) {
+        Thread& other = *s.thread_slots[t];
+        if (other.state == ThreadState::AtWarp) wake(s, other);
+      }
+    } else {
+      f.state = ThreadState::AtWarp;
+      f.waiting_at = where;
+      f.waiting_for = what;
+    }
+  }
+  wait_until(s, f, [&] { return w.generation != generation; });
+  Hidden hidden;
+  std::memcpy(out, x->out[buffer].lane[lane], sizeof x->out[buffer].lane[lane]);
 }
 
 void* shared_storage(const void* key, std::size_t bytes, std::size_t alignment) {
@@ -704,6 +806,15 @@ bool holds(const Scheduler& s, const SharedBlock& b, const char* dst, std::size_
 }
 
 }  // namespace
+
+bool in_block_shared(const void* p, std::size_t bytes) {
+  Scheduler& s = scheduler();
+  running_thread("a __shared__ memory access");
+  Hidden hidden;
+  const char* c = static_cast<const char*>(p);
+  return std::any_of(s.shared.begin(), s.shared.end(),
+                     [&](const auto& entry) { return holds(s, entry.second, c, bytes); });
+}
 
 void pipeline_copy(void* dst_shared, const void* src_global, std::size_t size_and_align,
                    std::size_t zfill) {

@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <source_location>
 #include <string>
 #include <thread>
 #include <vector>
@@ -120,5 +121,29 @@ void set_stream_delay(cudaStream_t stream, std::chrono::milliseconds delay);
 // --- kernels ------------------------------------------------------------------------------
 // Runs every block of `launch` on the calling (worker) thread.
 void run_kernel(const KernelLaunch& launch, int device);
+
+// --- warp-collective instructions (src/block.cpp; used by src/tensor_core.cpp) -------------
+// The .sync.aligned instructions (mma.sync, ldmatrix) are executed by the whole warp at
+// once: every lane leaves its operand registers, and every lane's results depend on the
+// other lanes' operands. warp_collective is that meeting, on the warp's meeting point
+// of shuffles and votes (so the same lanes are counted and the same misuse reported):
+// all 32 lanes must exist and arrive, none may have exited, and all must arrive from
+// the same call site with the same instruction (`combine`); a lane waiting elsewhere
+// (a barrier, a shuffle) is reported as divergent code. Once the last lane arrives,
+// `combine` runs once, on every lane's input words, and writes every lane's output
+// words; each lane then leaves with its own. Like a shuffle it orders no memory.
+constexpr unsigned kCollectiveWords = 16;
+struct WarpWords {
+  std::uint32_t lane[32][kCollectiveWords];
+};
+using Combine = void (*)(const WarpWords& in, WarpWords& out);
+void warp_collective(Combine combine, const std::uint32_t* in, std::uint32_t* out, const char* what,
+                     const std::source_location& where);
+// Whether [p, p + bytes) lies in one __shared__ array of the running block.
+bool in_block_shared(const void* p, std::size_t bytes);
+// A misuse of a warp instruction by the running thread: printed with the kernel, block,
+// warp and lane, and the process exits with status 86.
+[[noreturn]] void warp_instruction_bug(const char* what, const std::source_location& where,
+                                       const std::string& problem);
 
 }  // namespace tlemu::detail

@@ -18,8 +18,15 @@
 // In every build (the emulator's own checks, exit status 86):
 //   divergent-barrier, shuffle-exited-lane, shuffle-divergent, shuffle-outside-mask,
 //   async-copy-misaligned  a 16-byte __pipeline_memcpy_async from a 4-byte aligned source
+//   mma-divergent          half the warp in mma.sync, the other half at a barrier
+//   mma-exited-lane        mma.sync after a lane of the warp returned
+//   mma-two-call-sites     the two halves of the warp in mma.sync at different lines
+//   mma-beside-shuffle     half the warp in mma.sync, the other half in a shuffle
+//   mma-partial-warp       mma.sync in a block of 16 threads
+//   ldmatrix-misaligned    ldmatrix row addresses 2 bytes past a 16-byte boundary
+//   ldmatrix-outside-shared  ldmatrix row addresses in global memory
 // Correct twins, which must exit 0 with no report: syncthreads, syncwarp,
-// host-read-after-sync, ring, handover, write-within.
+// host-read-after-sync, ring, handover, write-within, mma, ldmatrix.
 #include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 
@@ -34,6 +41,7 @@
 #include "engine/allocator.h"
 #include "engine/stream.h"
 #include "engine/tensor.h"
+#include "kernels/cuda/tensor_core.cuh"
 #include "kernels/elementwise.h"
 #include "parallel/ring_allreduce.h"
 #include "tlemu/emulator.h"
@@ -130,6 +138,16 @@ void run_kernel_bug(Launch launch) {
   launch(y);
   cudaDeviceSynchronize();
   std::fprintf(stderr, "controls: the kernel bug went unreported\n");
+}
+
+// A correct twin's kernel: it must run, and report nothing.
+template <typename Launch>
+void run_kernel(Launch launch) {
+  float* y = nullptr;
+  check(cudaMalloc(&y, 32 * sizeof(float)), "cudaMalloc");
+  launch(y);
+  check(cudaDeviceSynchronize(), "the kernel");
+  cudaFree(y);
 }
 
 // --- the host and a stream --------------------------------------------------------------
@@ -247,6 +265,42 @@ __global__ void async_copy_misaligned_kernel(float* y) {
   y[0] = s[0];
 }
 
+// --- tensor-core instructions that hardware leaves undefined --------------------------------
+
+enum class MmaMisuse { none, divergent, exited_lane, two_call_sites, beside_shuffle };
+
+// One mma.sync of zeros by the warp, or the planted misuse.
+__global__ void mma_kernel(float* y, MmaMisuse misuse) {
+  const std::uint32_t a[4] = {}, b[2] = {};
+  const float c[4] = {};
+  float d[4] = {};
+  const unsigned lane = threadIdx.x % 32;
+  if (misuse == MmaMisuse::exited_lane && lane == 5) return;
+  if (misuse == MmaMisuse::divergent && lane >= 16) {
+    __syncthreads();
+  } else if (misuse == MmaMisuse::beside_shuffle && lane >= 16) {
+    d[0] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+  } else if (misuse == MmaMisuse::two_call_sites && lane >= 16) {
+    towerlab::cuda::mma_m16n8k16_bf16(d, a, b, c);
+  } else {
+    towerlab::cuda::mma_m16n8k16_bf16(d, a, b, c);
+  }
+  y[threadIdx.x] = d[0];
+}
+
+// ldmatrix.x4 of rows in shared memory, `offset` bytes past their 16-byte boundary, or
+// of rows in global memory.
+__global__ void ldmatrix_kernel(float* y, int offset, bool global_rows) {
+  __shared__ __align__(16) std::uint16_t rows[32 * 16];
+  for (int e = threadIdx.x; e < 32 * 16; e += blockDim.x) rows[e] = 0;
+  __syncthreads();
+  const char* row = global_rows ? reinterpret_cast<const char*>(y + threadIdx.x % 8 * 4)
+                                : reinterpret_cast<const char*>(&rows[threadIdx.x * 16]) + offset;
+  std::uint32_t r[4];
+  towerlab::cuda::ldmatrix_x4(r, row);
+  y[threadIdx.x] = static_cast<float>(r[0] + r[3]);
+}
+
 // --- a kernel past its tensor's end ------------------------------------------------------
 
 __global__ void write_n_kernel(int n, float* y) {
@@ -289,6 +343,26 @@ int main(int argc, char** argv) {
        [] { run_kernel_bug([](float* y) { shuffle_outside_mask_kernel<<<1, 32>>>(y); }); }},
       {"async-copy-misaligned",
        [] { run_kernel_bug([](float* y) { async_copy_misaligned_kernel<<<1, 1>>>(y); }); }},
+      {"mma", [] { run_kernel([](float* y) { mma_kernel<<<1, 32>>>(y, MmaMisuse::none); }); }},
+      {"mma-divergent",
+       [] { run_kernel_bug([](float* y) { mma_kernel<<<1, 32>>>(y, MmaMisuse::divergent); }); }},
+      {"mma-exited-lane",
+       [] { run_kernel_bug([](float* y) { mma_kernel<<<1, 32>>>(y, MmaMisuse::exited_lane); }); }},
+      {"mma-two-call-sites",
+       [] {
+         run_kernel_bug([](float* y) { mma_kernel<<<1, 32>>>(y, MmaMisuse::two_call_sites); });
+       }},
+      {"mma-beside-shuffle",
+       [] {
+         run_kernel_bug([](float* y) { mma_kernel<<<1, 32>>>(y, MmaMisuse::beside_shuffle); });
+       }},
+      {"mma-partial-warp",
+       [] { run_kernel_bug([](float* y) { mma_kernel<<<1, 16>>>(y, MmaMisuse::none); }); }},
+      {"ldmatrix", [] { run_kernel([](float* y) { ldmatrix_kernel<<<1, 32>>>(y, 0, false); }); }},
+      {"ldmatrix-misaligned",
+       [] { run_kernel_bug([](float* y) { ldmatrix_kernel<<<1, 32>>>(y, 2, false); }); }},
+      {"ldmatrix-outside-shared",
+       [] { run_kernel_bug([](float* y) { ldmatrix_kernel<<<1, 32>>>(y, 0, true); }); }},
   };
   auto it = argc == 2 ? controls.find(argv[1]) : controls.end();
   if (it == controls.end()) {
