@@ -55,6 +55,7 @@
 #include "kernels/loss.h"
 #include "kernels/matmul.h"
 #include "kernels/optimizer.h"
+#include "kernels/pointwise_loss.h"
 #include "kernels/pool2d.h"
 #include "kernels/random.h"
 #include "kernels/reduce.h"

@@ -16,7 +16,36 @@ Tensor grad_or_none(Tape& tape, const Var& v) {
   return v.requires_grad() ? tape.grad_for(v) : Tensor();
 }
 
+// The pointwise loss `op` of pred and target, recorded with its backward.
+Var pointwise(const Var& pred, const Var& target, PointwiseLossOp op, Reduction reduction) {
+  const char* name = pointwise_loss_name(op.kind);
+  Tape& tape = pred.tape();
+  tape.check_owns(name, {pred, target});
+  TL_CHECK(pred.shape() == target.shape(), ShapeError,
+           name << ": prediction " << pred.describe() << " and target " << target.describe()
+                << " differ in shape");
+  Tensor loss = scalar(tape, pred.value().dtype());
+  pointwise_loss_forward(loss, pred.value(), target.value(), op, reduction, tape.stream());
+  return tape.record(loss, name, {pred, target}, [pred, target, op, reduction](const Var& out) {
+    Tape& t = out.tape();
+    pointwise_loss_backward(grad_or_none(t, pred), grad_or_none(t, target), out.grad(),
+                            pred.value(), target.value(), op, reduction, t.stream());
+  });
+}
+
 }  // namespace
+
+Var binary_cross_entropy_with_logits(const Var& logits, const Var& target, Reduction reduction) {
+  return pointwise(logits, target, {PointwiseLossKind::BinaryCrossEntropyWithLogits}, reduction);
+}
+
+Var l1_loss(const Var& pred, const Var& target, Reduction reduction) {
+  return pointwise(pred, target, {PointwiseLossKind::L1}, reduction);
+}
+
+Var huber_loss(const Var& pred, const Var& target, double delta, Reduction reduction) {
+  return pointwise(pred, target, {PointwiseLossKind::Huber, delta}, reduction);
+}
 
 Var mse(const Var& pred, const Var& target, Reduction reduction) {
   Tape& tape = pred.tape();

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "../kernels/loss.h"
+#include "../kernels/pointwise_loss.h"
 #include "tape.h"
 
 namespace towerlab::ag {
@@ -17,6 +18,19 @@ Var mse(const Var& pred, const Var& target, Reduction reduction = Reduction::Mea
 // kernels/loss.h). If `predictions` is given it receives argmax_k logits [N].
 Var softmax_cross_entropy(const Var& logits, const Var& labels,
                           Reduction reduction = Reduction::Mean, Tensor* predictions = nullptr);
+
+// The pointwise losses of kernels/pointwise_loss.h, PyTorch's names and defaults.
+// pred and target have one shape; target may need a gradient too.
+// binary_cross_entropy_with_logits: logits against target probabilities in [0, 1]
+// (torch.nn.functional.binary_cross_entropy_with_logits), for multi-label heads.
+Var binary_cross_entropy_with_logits(const Var& logits, const Var& target,
+                                     Reduction reduction = Reduction::Mean);
+// mean(|pred - target|) (torch.nn.functional.l1_loss).
+Var l1_loss(const Var& pred, const Var& target, Reduction reduction = Reduction::Mean);
+// d^2/2 within delta of the target, delta (|d| - delta/2) beyond it
+// (torch.nn.functional.huber_loss; delta 1 is smooth_l1_loss).
+Var huber_loss(const Var& pred, const Var& target, double delta = 1.0,
+               Reduction reduction = Reduction::Mean);
 
 // coeff * sum(w^2) / 2: tf.nn.l2_loss(w) * coeff.
 Var l2_loss(const Var& w, double coeff);

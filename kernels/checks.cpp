@@ -39,6 +39,11 @@ void check_dtype_supported(const char* op, const char* name, const Tensor& t) {
               << name << " is " << t.describe() << "; cast() converts)");
 }
 
+void check_one_element(const char* op, const char* name, const Tensor& t) {
+  TL_CHECK(t.numel() == 1, ShapeError,
+           op << ": " << name << " must have one element, got " << t.describe());
+}
+
 void check_float32(const char* op, const char* name, const Tensor& t) {
   TL_CHECK(t.dtype() == DType::Float32, NotSupported,
            op << ": " << name << " is " << t.describe() << "; this op has float32 kernels only");

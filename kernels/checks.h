@@ -49,6 +49,10 @@ void check_same_shape(const char* op, const Stream& stream,
 // bfloat16[4] on cpu; cast() converts)". check_on_stream calls it for every
 // tensor, so each op that checks its arguments there rejects them early.
 void check_dtype_supported(const char* op, const char* name, const Tensor& t);
+// The tensor has one element (a loss, or the dL/dloss a loss's backward reads):
+// ShapeError "mse_forward: loss must have one element, got float32[2]".
+void check_one_element(const char* op, const char* name, const Tensor& t);
+
 // The tensor is float32 (for ops that have no float64 kernel).
 void check_float32(const char* op, const char* name, const Tensor& t);
 

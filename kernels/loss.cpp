@@ -11,16 +11,6 @@ namespace towerlab {
 
 namespace {
 
-void check_scalar(const char* op, const char* name, const Tensor& t) {
-  TL_CHECK(t.numel() == 1, ShapeError,
-           op << ": " << name << " must have one element, got " << t.describe());
-}
-
-// r in loss.h: 1/count for a mean (1 when there is nothing to average), 1 for a sum.
-double reduction_scale(Reduction reduction, std::int64_t count) {
-  return reduction == Reduction::Mean && count > 0 ? 1.0 / static_cast<double>(count) : 1.0;
-}
-
 // The value of labels[index] for a message (a one-element copy on CUDA).
 double label_at(const Tensor& labels, std::int64_t index, const Stream& stream) {
   Tensor one = labels.reshape({-1}).view(index, {1});
@@ -70,7 +60,7 @@ void mse_forward(const Tensor& loss, const Tensor& pred, const Tensor& target, R
                  const Stream& stream) {
   kernels::check_on_stream("mse_forward", stream, {{"loss", &loss}, {"pred", &pred}});
   kernels::check_same_shape("mse_forward", stream, {{"pred", &pred}, {"target", &target}});
-  check_scalar("mse_forward", "loss", loss);
+  kernels::check_one_element("mse_forward", "loss", loss);
   const double scale = reduction_scale(reduction, pred.numel());
   TL_DISPATCH(stream, cpu::squared_error_sum(loss, pred, target, scale),
               cuda::squared_error_sum(loss, pred, target, static_cast<float>(scale), stream));
@@ -82,7 +72,7 @@ void mse_backward(const Tensor& grad_pred, const Tensor& grad_target, const Tens
   const char* op = "mse_backward";
   kernels::check_same_shape(op, stream, {{"pred", &pred}, {"target", &target}});
   kernels::check_on_stream(op, stream, {{"pred", &pred}, {"grad_loss", &grad_loss}});
-  check_scalar(op, "grad_loss", grad_loss);
+  kernels::check_one_element(op, "grad_loss", grad_loss);
   if (grad_pred.defined()) {
     kernels::check_same_shape(op, stream, {{"pred", &pred}, {"grad_pred", &grad_pred}});
   }
@@ -103,7 +93,7 @@ void softmax_cross_entropy_forward(const Tensor& loss, const Tensor& probs,
   const char* op = "softmax_cross_entropy_forward";
   check_cross_entropy_inputs(op, logits, labels, stream);
   kernels::check_on_stream(op, stream, {{"logits", &logits}, {"loss", &loss}});
-  check_scalar(op, "loss", loss);
+  kernels::check_one_element(op, "loss", loss);
   if (probs.defined()) {
     kernels::check_same_shape(op, stream, {{"logits", &logits}, {"probs", &probs}});
   }
@@ -125,7 +115,7 @@ void softmax_cross_entropy_backward(const Tensor& grad_logits, const Tensor& gra
   const char* op = "softmax_cross_entropy_backward";
   check_cross_entropy_inputs(op, logits, labels, stream);
   kernels::check_on_stream(op, stream, {{"logits", &logits}, {"grad_loss", &grad_loss}});
-  check_scalar(op, "grad_loss", grad_loss);
+  kernels::check_one_element(op, "grad_loss", grad_loss);
   if (!grad_logits.defined()) return;
   kernels::check_same_shape(op, stream, {{"logits", &logits}, {"grad_logits", &grad_logits}});
   if (logits.numel() == 0) return;
@@ -143,7 +133,7 @@ void softmax_cross_entropy_backward_from_probs(const Tensor& grad_logits, const 
   const char* op = "softmax_cross_entropy_backward_from_probs";
   check_cross_entropy_inputs(op, probs, labels, stream);
   kernels::check_on_stream(op, stream, {{"probs", &probs}, {"grad_loss", &grad_loss}});
-  check_scalar(op, "grad_loss", grad_loss);
+  kernels::check_one_element(op, "grad_loss", grad_loss);
   if (!grad_logits.defined()) return;
   kernels::check_same_shape(op, stream, {{"probs", &probs}, {"grad_logits", &grad_logits}});
   if (probs.numel() == 0) return;
@@ -169,7 +159,7 @@ void validate_labels(const Tensor& labels, std::int64_t num_classes, const Strea
 
 void l2_loss_forward(const Tensor& loss, const Tensor& w, double coeff, const Stream& stream) {
   kernels::check_on_stream("l2_loss_forward", stream, {{"loss", &loss}, {"w", &w}});
-  check_scalar("l2_loss_forward", "loss", loss);
+  kernels::check_one_element("l2_loss_forward", "loss", loss);
   check_coeff("l2_loss_forward", coeff);
   TL_DISPATCH(stream, cpu::square_sum(loss, w, coeff / 2),
               cuda::square_sum(loss, w, static_cast<float>(coeff / 2), stream));
@@ -178,7 +168,7 @@ void l2_loss_forward(const Tensor& loss, const Tensor& w, double coeff, const St
 void l2_loss_backward(const Tensor& grad_w, const Tensor& grad_loss, const Tensor& w, double coeff,
                       const Stream& stream) {
   kernels::check_on_stream("l2_loss_backward", stream, {{"w", &w}, {"grad_loss", &grad_loss}});
-  check_scalar("l2_loss_backward", "grad_loss", grad_loss);
+  kernels::check_one_element("l2_loss_backward", "grad_loss", grad_loss);
   check_coeff("l2_loss_backward", coeff);
   if (!grad_w.defined()) return;
   kernels::check_same_shape("l2_loss_backward", stream, {{"w", &w}, {"grad_w", &grad_w}});

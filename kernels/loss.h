@@ -86,6 +86,11 @@ namespace towerlab {
 
 enum class Reduction { Mean, Sum };
 
+// r above: 1/count for Mean (1 when there is nothing to average), 1 for Sum.
+inline double reduction_scale(Reduction reduction, std::int64_t count) {
+  return reduction == Reduction::Mean && count > 0 ? 1.0 / static_cast<double>(count) : 1.0;
+}
+
 void mse_forward(const Tensor& loss, const Tensor& pred, const Tensor& target, Reduction reduction,
                  const Stream& stream);
 void mse_backward(const Tensor& grad_pred, const Tensor& grad_target, const Tensor& grad_loss,

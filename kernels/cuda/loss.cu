@@ -1,10 +1,8 @@
 // CUDA losses (contracts in kernels/loss.h), float32.
 //
-// Every loss is a sum of terms reduced in two fixed stages: a grid of at most
-// kMaxPartials blocks writes one partial sum per block into scratch memory, then
-// one block adds the partials in a fixed order, scales them and writes loss[0].
-// The grid depends only on the size of the input, so the same inputs give the
-// same bits every run (no atomics), and nothing goes back to the host.
+// Every loss is a sum of terms reduced in the two fixed stages of
+// kernels/cuda/sum_terms.cuh (the same bits every run, nothing back to the host);
+// cross-entropy's first stage is its own row kernel.
 //
 // Cross-entropy gives each row to one warp: the row's maximum, then the sum of
 // exp(x - max) (the second read of a row hits L1, the warp has just read it), then
@@ -34,12 +32,15 @@
 #include "engine/allocator.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/loss.h"
+#include "kernels/cuda/sum_terms.cuh"
 
 namespace towerlab::cuda {
 
 namespace {
 
-constexpr unsigned kMaxPartials = 1024;  // the finishing block has one thread per partial
+using losses::finish_sum_kernel;
+using losses::kMaxPartials;
+using losses::sum_terms;
 
 __device__ bool is_class_id(float label, std::int64_t num_classes) {
   return label >= 0.0f && label < static_cast<float>(num_classes) && floorf(label) == label;
@@ -58,24 +59,6 @@ struct Square {
   const float* w;
   __device__ float operator()(std::int64_t i) const { return w[i] * w[i]; }
 };
-
-// partials[block] = sum of term(i) over the block's share of [0, n); kBlockSize threads.
-template <typename Term>
-__global__ void partial_sums_kernel(float* partials, std::int64_t n, Term term) {
-  float sum = 0.0f;
-  for (const std::int64_t i : grid_stride(n)) {
-    sum += term(i);
-  }
-  sum = block_sum<kBlockSize>(sum);
-  if (threadIdx.x == 0) partials[blockIdx.x] = sum;
-}
-
-// loss[0] = scale * sum(partials[0..count)); one block of kMaxPartials threads.
-__global__ void finish_sum_kernel(float* loss, const float* partials, unsigned count, float scale) {
-  float sum = threadIdx.x < count ? partials[threadIdx.x] : 0.0f;
-  sum = block_sum<kMaxPartials>(sum);
-  if (threadIdx.x == 0) *loss = sum * scale;
-}
 
 // The row statistics every lane of the warp ends with: max and argmax (the first
 // index on ties), then sum_k exp(x[k] - max).
@@ -453,22 +436,6 @@ __global__ void l2_loss_backward_kernel(std::int64_t n, float* grad_w, const flo
   for (const std::int64_t i : grid_stride(n)) {
     grad_w[i] += factor * w[i];
   }
-}
-
-// loss[0] = scale * sum over i < n of term(i), in the two stages described above.
-template <typename Term>
-void sum_terms(float* loss, std::int64_t n, Term term, float scale, const Stream& stream) {
-  cudaStream_t s = native(stream);
-  if (n == 0) {
-    TL_CUDA_CHECK(cudaMemsetAsync(loss, 0, sizeof(float), s));
-    return;
-  }
-  const unsigned blocks = std::min(grid_for(n, stream), kMaxPartials);
-  Scratch partials(stream, blocks * sizeof(float));
-  partial_sums_kernel<<<blocks, kBlockSize, 0, s>>>(partials.as<float>(), n, term);
-  TL_CUDA_CHECK_LAUNCH();
-  finish_sum_kernel<<<1, kMaxPartials, 0, s>>>(loss, partials.as<float>(), blocks, scale);
-  TL_CUDA_CHECK_LAUNCH();
 }
 
 // Blocks for one warp per row, at most kMaxPartials (extra rows loop).
