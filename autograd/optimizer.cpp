@@ -132,9 +132,8 @@ Tensor in_dtype(const Tensor& slot, DType dtype) {
 
 }  // namespace
 
-void Optimizer::ensure_slots(const VariableStore& store, const Stream& stream) {
+void Optimizer::ensure_slots(const Tensor& values, const Stream& stream) {
   // Slots take the variables' dtype: the update kernels see one dtype throughout.
-  const Tensor& values = store.flat_values();
   for (const std::string& name : slot_names()) {
     auto it = slots_.find(name);
     if (it != slots_.end() && it->second.shape() == values.shape() &&
@@ -150,12 +149,15 @@ void Optimizer::ensure_slots(const VariableStore& store, const Stream& stream) {
 }
 
 void Optimizer::step(VariableStore& store, const Tensor& grad, const Stream& stream) {
-  TL_CHECK(grad.shape() == store.flat_values().shape(), ShapeError,
+  step(store.flat_values(), grad, stream);
+}
+
+void Optimizer::step(const Tensor& p, const Tensor& grad, const Stream& stream) {
+  TL_CHECK(grad.shape() == p.shape(), ShapeError,
            "optimizer " << name() << ": gradient " << grad.describe() << " does not match the "
-                        << store.flat_values().describe() << " of trainable values");
-  ensure_slots(store, stream);
+                        << p.describe() << " of trainable values");
+  ensure_slots(p, stream);
   const double lr = lr_.at(steps_);
-  const Tensor& p = store.flat_values();
   switch (kind_) {
     case Kind::Sgd: {
       SgdParams params = sgd_;
@@ -186,6 +188,11 @@ void Optimizer::step(VariableStore& store, const Tensor& grad, const Stream& str
 
 void Optimizer::restore(const std::map<std::string, Tensor>& slots, std::int64_t steps,
                         const VariableStore& store, const Stream& stream) {
+  restore(slots, steps, store.flat_values(), stream);
+}
+
+void Optimizer::restore(const std::map<std::string, Tensor>& slots, std::int64_t steps,
+                        const Tensor& values, const Stream& stream) {
   TL_CHECK(steps >= 0, InvalidArgument,
            "optimizer " << name() << ": negative step count " << steps);
   if (slots.empty() && steps == 0) {  // the state before the first step
@@ -197,14 +204,12 @@ void Optimizer::restore(const std::map<std::string, Tensor>& slots, std::int64_t
     auto it = slots.find(slot);
     TL_CHECK(it != slots.end(), InvalidArgument,
              "optimizer " << name() << ": the checkpoint has no '" << slot << "' slot");
-    TL_CHECK(it->second.shape() == store.flat_values().shape(), ShapeError,
+    TL_CHECK(it->second.shape() == values.shape(), ShapeError,
              "optimizer " << name() << ": slot '" << slot << "' is " << it->second.describe()
-                          << " but the model has " << store.flat_values().numel()
-                          << " trainable values");
+                          << " but the model has " << values.numel() << " trainable values");
   }
   slots_.clear();
   for (const std::string& slot : slot_names()) {
-    const Tensor& values = store.flat_values();
     Tensor copy = Tensor::empty(values.shape(), stream, values.dtype());
     copy_tensor(copy, in_dtype(slots.at(slot), values.dtype()), stream);
     slots_[slot] = copy;

@@ -66,6 +66,11 @@ class Optimizer {
   // copy), on the store's device. Slots are created (and initialized as each
   // optimizer's semantics say) on the first call.
   void step(VariableStore& store, const Tensor& grad, const Stream& stream);
+  // The same on flat trainable values of any length (a slice of the flat buffer, as
+  // a sharded master's tower updates: parallel/sharded_master.h); the slots are
+  // laid out like `values`. The update is element-wise, so a slice is updated to
+  // the bits the whole buffer's update gives it.
+  void step(const Tensor& values, const Tensor& grad, const Stream& stream);
 
   Kind kind() const { return kind_; }
   const char* name() const;
@@ -86,10 +91,13 @@ class Optimizer {
   // count. No slots and 0 steps is the fresh state before the first step.
   void restore(const std::map<std::string, Tensor>& slots, std::int64_t steps,
                const VariableStore& store, const Stream& stream);
+  // The same for slots laid out like `values` (flat, any length: a slice).
+  void restore(const std::map<std::string, Tensor>& slots, std::int64_t steps, const Tensor& values,
+               const Stream& stream);
 
  private:
   Optimizer(Kind kind, LearningRate lr) : kind_(kind), lr_(lr) {}
-  void ensure_slots(const VariableStore& store, const Stream& stream);
+  void ensure_slots(const Tensor& values, const Stream& stream);
   Kind kind_;
   LearningRate lr_;
   SgdParams sgd_;

@@ -105,8 +105,10 @@ struct BucketReducer::Listener final : GradientListener {
 };
 
 BucketReducer::BucketReducer(std::vector<Bucket> buckets,
-                             const std::vector<const Stream*>& tower_streams)
+                             const std::vector<const Stream*>& tower_streams,
+                             BucketReduction reduction)
     : buckets_(std::move(buckets)),
+      reduction_(reduction),
       tower_streams_(tower_streams),
       readiness_(buckets_, tower_streams.size()) {
   std::vector<const Stream*> comm;
@@ -168,7 +170,11 @@ void BucketReducer::reduce(const std::vector<Tensor>& grads, const std::string& 
       for (std::size_t i = 0; i < comm_streams_.size(); ++i) {
         comm_streams_[i]->wait(ready_events_[i][b]);
       }
-      ring_->allreduce_range(grads, bucket.begin, bucket.end);
+      if (reduction_ == BucketReduction::ReduceScatter) {
+        ring_->reduce_scatter_range(grads, bucket.begin, bucket.end);
+      } else {
+        ring_->allreduce_range(grads, bucket.begin, bucket.end);
+      }
       if (group != nullptr) {
         // Staged through the host buffer, at the bucket's place in it.
         const Stream& stream = *comm_streams_[0];

@@ -95,10 +95,16 @@ class Trace;
 // On a GPU a bucket's ring runs on the towers' communication streams, each waiting
 // for the event its tower recorded when the bucket's gradients were written, so
 // the reduction overlaps the rest of the backward on the towers' own streams.
+// What a bucket's ring does: the whole all-reduce, or its reduce-scatter alone,
+// which leaves each tower its own slice's sum for a sharded master
+// (parallel/sharded_master.h; whole-buffer chunks, so the same bits).
+enum class BucketReduction { AllReduce, ReduceScatter };
+
 class BucketReducer {
  public:
   // `buckets` (more than one) over the flat gradients of towers on `tower_streams`.
-  BucketReducer(std::vector<Bucket> buckets, const std::vector<const Stream*>& tower_streams);
+  BucketReducer(std::vector<Bucket> buckets, const std::vector<const Stream*>& tower_streams,
+                BucketReduction reduction = BucketReduction::AllReduce);
   ~BucketReducer();
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
@@ -132,6 +138,7 @@ class BucketReducer {
 
   struct Listener;
   std::vector<Bucket> buckets_;
+  BucketReduction reduction_;
   std::vector<const Stream*> tower_streams_;
   BucketReadiness readiness_;
   std::vector<std::unique_ptr<Stream>> comm_streams_;  // per tower: the buckets' ring

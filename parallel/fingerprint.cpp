@@ -130,7 +130,9 @@ std::string trainer_fingerprint(const VariableSet& variables, DType dtype,
     if (kinds.find(kind_name(d)) == std::string::npos) kinds += std::string(" ") + kind_name(d);
   }
   line("towers per process", std::to_string(options.devices.size()) + " on" + kinds);
-  line("master", options.master ? kind_name(*options.master) : "first tower's");
+  line("master", options.master_placement == MasterPlacement::Sharded ? "sharded"
+                 : options.master                                     ? kind_name(*options.master)
+                                                                      : "first tower's");
   line("reduction", options.reduction == AllReduce::Ring          ? "ring"
                     : options.reduction == AllReduce::ReduceToOne ? "reduce_to_one"
                                                                   : "nccl");

@@ -68,6 +68,23 @@ void Ring::allreduce(const std::vector<Tensor>& buffers, Trace* trace, int first
 
 void Ring::allreduce_range(const std::vector<Tensor>& buffers, std::int64_t begin, std::int64_t end,
                            Trace* trace, int first_row) {
+  run(buffers, begin, end, {RingPhase::ReduceScatter, RingPhase::AllGather}, trace, first_row);
+}
+
+void Ring::reduce_scatter_range(const std::vector<Tensor>& buffers, std::int64_t begin,
+                                std::int64_t end, Trace* trace, int first_row) {
+  run(buffers, begin, end, {RingPhase::ReduceScatter}, trace, first_row);
+}
+
+void Ring::all_gather(const std::vector<Tensor>& buffers, Trace* trace, int first_row) {
+  TL_CHECK(!buffers.empty(), InvalidArgument,
+           "ring all-gather: 0 buffers for " << streams_.size() << " members");
+  run(buffers, 0, buffers[0].numel(), {RingPhase::AllGather}, trace, first_row);
+}
+
+void Ring::run(const std::vector<Tensor>& buffers, std::int64_t begin, std::int64_t end,
+               const std::vector<RingPhase>& phases, Trace* trace, int first_row) {
+  const bool scatters = std::ranges::find(phases, RingPhase::ReduceScatter) != phases.end();
   const auto n = static_cast<std::int64_t>(streams_.size());
   TL_CHECK(static_cast<std::int64_t>(buffers.size()) == n, InvalidArgument,
            "ring all-reduce: " << buffers.size() << " buffers for " << n << " members");
@@ -130,7 +147,7 @@ void Ring::allreduce_range(const std::vector<Tensor>& buffers, std::int64_t begi
     if (schedule.largest_chunk() < kMinChunkValuesForThreads) {
       // Small chunks: every member's steps on this thread, step by step, in member
       // order within a step (no member writes what another reads in the same step).
-      for (RingPhase phase : {RingPhase::ReduceScatter, RingPhase::AllGather}) {
+      for (RingPhase phase : phases) {
         for (std::int64_t s = 0; s < schedule.steps_per_phase(); ++s) {
           for (std::int64_t j = 0; j < n; ++j) step(j, schedule.step(j, phase, s));
         }
@@ -144,6 +161,7 @@ void Ring::allreduce_range(const std::vector<Tensor>& buffers, std::int64_t begi
       const auto j = std::int64_t(index);
       try {
         for (const RingStep& at : schedule.steps(j)) {
+          if (std::ranges::find(phases, at.phase) == phases.end()) continue;
           step(j, at);
           step_done.arrive_and_wait();
         }
@@ -157,7 +175,9 @@ void Ring::allreduce_range(const std::vector<Tensor>& buffers, std::int64_t begi
 
   // Every member's buffer is ready on its own stream (its backward ran there).
   for (std::int64_t i = 0; i < n; ++i) done_[std::size_t(i)].record(member(i));
-  if (one_launch_) {
+  // The one launch sums every chunk everywhere: an all-reduce, and a reduce-scatter
+  // whose other chunks hold the full sums too (an all-gather alone takes the steps).
+  if (one_launch_ && scatters) {
     // Member 0 sums every chunk once every buffer is ready; the others wait for it.
     std::vector<Tensor> range;
     std::vector<std::int64_t> first{0};
@@ -177,7 +197,7 @@ void Ring::allreduce_range(const std::vector<Tensor>& buffers, std::int64_t begi
     }
     return;
   }
-  for (RingPhase phase : {RingPhase::ReduceScatter, RingPhase::AllGather}) {
+  for (RingPhase phase : phases) {
     const bool gather = phase == RingPhase::AllGather;
     for (std::int64_t s = 0; s < schedule.steps_per_phase(); ++s) {
       // Member j reads from its predecessor what that member's previous step wrote.

@@ -102,9 +102,26 @@ class Ring {
   void allreduce_range(const std::vector<Tensor>& buffers, std::int64_t begin, std::int64_t end,
                        Trace* trace = nullptr, int first_row = 0);
 
+  // The ring's two halves alone, for a sharded master (parallel/sharded_master.h):
+  // reduce_scatter_range leaves member j with the sum of chunk
+  // RingSchedule::summed_at(j) within [begin, end), in the order and to the bits
+  // that allreduce() gives it (the other chunks hold partial sums); all_gather
+  // copies each member's chunk summed_at(j) to every other member. The same
+  // schedule, steps and ordering as the all-reduce's, one half each; at the end
+  // every stream waits for every member, as after allreduce(). On one GPU the
+  // reduce-scatter is the all-reduce's one launch (every member then holds every
+  // sum, which includes its own chunk's).
+  void reduce_scatter_range(const std::vector<Tensor>& buffers, std::int64_t begin,
+                            std::int64_t end, Trace* trace = nullptr, int first_row = 0);
+  void all_gather(const std::vector<Tensor>& buffers, Trace* trace = nullptr, int first_row = 0);
+
   std::size_t size() const { return streams_.size(); }
 
  private:
+  // The steps of `phases` (both, or one of the two) over [begin, end) of buffers.
+  void run(const std::vector<Tensor>& buffers, std::int64_t begin, std::int64_t end,
+           const std::vector<RingPhase>& phases, Trace* trace, int first_row);
+
   std::vector<const Stream*> streams_;
   std::vector<Event> done_;  // one per member, recorded after each of its steps
   // in_place_[i]: member i reads member i-1's chunks in place (else through a copy).

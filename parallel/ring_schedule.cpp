@@ -42,6 +42,11 @@ RingRange RingSchedule::chunk(std::int64_t k) const {
   return {from, std::clamp(last, from, end_)};
 }
 
+std::int64_t RingSchedule::summed_at(std::int64_t member) const {
+  // The last reduce-scatter step adds chunk (member - 1 - (n - 2)) = member + 1 - n.
+  return step(member, RingPhase::ReduceScatter, members_ - 2).receive;
+}
+
 std::int64_t RingSchedule::largest_chunk() const {
   std::int64_t largest = 0;
   for (std::int64_t k = 0; k < members_; ++k) largest = std::max(largest, chunk(k).size());

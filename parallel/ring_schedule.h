@@ -15,6 +15,9 @@
 //     fixed order member k's, plus member k+1's, ..., plus member k-1's (chunk k).
 //   all-gather, steps s = 0..n-2: member j receives chunk (j-s) from member j-1
 //     and copies it over its own, and sends its chunk (j+1-s).
+// The reduce-scatter alone leaves member j with the sum of one chunk, j+1: that
+// chunk is member j's slice of a sharded master (parallel/sharded_master.h), so
+// the shards follow this schedule and a slice's sum has the all-reduce's bits.
 // A range [begin, end) of the buffer (a gradient bucket) keeps the whole buffer's
 // chunks, each cut to the range: chunk k of the range is chunk k of the buffer
 // within [begin, end), so every element is summed in the same order, and to the
@@ -66,6 +69,9 @@ class RingSchedule {
   // Chunk k (taken mod n) of the whole buffer, cut to the range: absolute indices
   // into the buffer, possibly empty.
   RingRange chunk(std::int64_t k) const;
+  // The chunk whose complete sum the reduce-scatter leaves at `member` (any
+  // integer: taken mod n): chunk member+1, mod n.
+  std::int64_t summed_at(std::int64_t member) const;
   // The size of the largest chunk() (a receive buffer's).
   std::int64_t largest_chunk() const;
 

@@ -20,10 +20,12 @@
 #include "parallel/process_exchange.h"
 #include "parallel/process_group.h"
 #include "parallel/ring_allreduce.h"
+#include "parallel/sharded_master.h"
 #include "parallel/sync_batchnorm.h"
 #include "parallel/thread_team.h"
 #include "parallel/trace.h"
 #include "parallel/trainer_phases.h"
+#include "parallel/transfer.h"
 
 namespace towerlab {
 
@@ -39,26 +41,6 @@ struct Trainer::TowerState {
 };
 
 namespace {
-
-// Copies src (ready on src_stream) into dst (used on dst_stream), ordering both
-// streams around the copy; the copy runs on a GPU stream when either side is a GPU.
-void transfer(const Tensor& dst, const Stream& dst_stream, const Tensor& src,
-              const Stream& src_stream) {
-  if (&dst_stream == &src_stream) {
-    copy_tensor(dst, src, dst_stream);
-    return;
-  }
-  const bool on_dst = dst_stream.device().is_cuda() || !src_stream.device().is_cuda();
-  const Stream& copier = on_dst ? dst_stream : src_stream;
-  const Stream& other = on_dst ? src_stream : dst_stream;
-  Event other_ready(other.device());
-  other_ready.record(other);
-  copier.wait(other_ready);
-  copy_tensor(dst, src, copier);
-  Event copied(copier.device());
-  copied.record(copier);
-  other.wait(copied);
-}
 
 // Refuses towers on the host and on GPUs together. The ring copies between
 // neighbouring towers on one tower's stream, and a host tower's stream cannot issue
@@ -80,6 +62,24 @@ void check_tower_kinds(const std::vector<Device>& requested) {
                                 "on GPUs (the master may be on either)");
 }
 
+// A sharded master is the ring's two halves around the update, in one process.
+void check_sharding(const TrainerOptions& options) {
+  TL_CHECK(!options.master.has_value(), InvalidArgument,
+           "Trainer: MasterPlacement::Sharded puts the master on every tower, but "
+           "TrainerOptions::master names "
+               << options.master->str()
+               << "; leave master unset, or use MasterPlacement::OneDevice");
+  TL_CHECK(options.reduction == AllReduce::Ring, InvalidArgument,
+           "Trainer: MasterPlacement::Sharded needs AllReduce::Ring (its reduce-scatter and "
+           "all-gather are the ring's two halves); use AllReduce::Ring, or a master on one device");
+  // A group of one process adds nothing to shard across.
+  TL_CHECK(options.process_group == nullptr || options.process_group->size() == 1, NotSupported,
+           "Trainer: MasterPlacement::Sharded across processes is not supported yet (the "
+           "master is sharded among one process's towers only; this group has "
+               << options.process_group->size()
+               << " processes); use MasterPlacement::OneDevice with a process group");
+}
+
 }  // namespace
 
 Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optimizer,
@@ -96,9 +96,15 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
   for (Device d : options_.devices)
     devices_.push_back(place_device(d, options_.soft_placement, log()));
   check_tower_kinds(options_.devices);
-  master_device_ = options_.master ? place_device(*options_.master, options_.soft_placement, log())
-                                   : devices_.front();
-  options_.master = master_device_;  // what the fingerprints and the placement log say
+  const bool sharded_master = options_.master_placement == MasterPlacement::Sharded;
+  if (sharded_master) check_sharding(options_);
+  // Sharded, the master is a host copy that the towers' slices are gathered into.
+  master_device_ = sharded_master ? Device::cpu()
+                   : options_.master
+                       ? place_device(*options_.master, options_.soft_placement, log())
+                       : devices_.front();
+  // What the fingerprints and the placement log say.
+  if (!sharded_master) options_.master = master_device_;
   if (options_.process_group != nullptr) {
     rank_ = options_.process_group->rank();
     ranks_ = options_.process_group->size();
@@ -124,7 +130,14 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
   if (options_.reduction == AllReduce::Nccl) nccl_ = std::make_unique<NcclAllReduce>(streams);
   if (options_.reduction == AllReduce::Ring) {
     std::vector<Bucket> buckets = make_buckets(variables_, options_.bucket_bytes);
-    if (buckets.size() > 1) buckets_ = std::make_unique<BucketReducer>(std::move(buckets), streams);
+    if (buckets.size() > 1) {
+      buckets_ = std::make_unique<BucketReducer>(
+          std::move(buckets), streams,
+          sharded_master ? BucketReduction::ReduceScatter : BucketReduction::AllReduce);
+    }
+  }
+  if (sharded_master) {
+    shards_ = std::make_unique<ShardedMaster>(variables_.trainable_numel(), optimizer_, streams);
   }
   if (options_.process_group != nullptr) {
     const NcclChoice choice =
@@ -229,7 +242,7 @@ void Trainer::run_towers(const std::vector<Tensor>& batch, const std::vector<Tow
     needs_stand_in = participants.empty() && ranks_ > 1;
     if (needs_stand_in) participants.push_back(0);
     sync = std::make_unique<TowerBatchNormSync>(participants, options_.process_group,
-                                                "step " + std::to_string(optimizer_.steps()),
+                                                "step " + std::to_string(steps_taken()),
                                                 needs_stand_in ? 0 : -1);
   }
   const TowerSlice stand_in_slice{0, 1, 0.0};
@@ -362,7 +375,12 @@ void Trainer::reduce_gradients() {
   }
   switch (options_.reduction) {
     case AllReduce::Ring:
-      ring_->allreduce(grads, trace_, 0);
+      // Sharded: each tower needs the sum of its own slice only (phase 7).
+      if (sharded()) {
+        ring_->reduce_scatter_range(grads, 0, grads[0].numel(), trace_, 0);
+      } else {
+        ring_->allreduce(grads, trace_, 0);
+      }
       break;
     case AllReduce::ReduceToOne:
       reduce_and_broadcast(streams, grads, 0);
@@ -377,7 +395,7 @@ void Trainer::reduce_buckets() {
   std::vector<Tensor> grads;
   for (const auto& t : towers_) grads.push_back(t->store->flat_grads());
   ProcessGroup* group = buckets_across_processes_ ? options_.process_group : nullptr;
-  buckets_->reduce(grads, "step " + std::to_string(optimizer_.steps()), group,
+  buckets_->reduce(grads, "step " + std::to_string(steps_taken()), group,
                    group != nullptr ? exchange_->buffer(true) : Tensor(), trace_,
                    int(towers_.size()) + 1);
 }
@@ -436,7 +454,7 @@ void Trainer::reduce_across_processes(const StepResult& result, bool training) {
   sizes[std::size_t(rank_)] = float(result.samples);
 
   const std::string step =
-      training ? "step " + std::to_string(optimizer_.steps()) : std::string("evaluation");
+      training ? "step " + std::to_string(steps_taken()) : std::string("evaluation");
   const auto start = Clock::now();
   options_.process_group->allreduce_sum(
       at(layout.summed), step + ": " + layout.carries,
@@ -490,7 +508,7 @@ bool Trainer::guard(StepResult& result) {
   // the master's did not. Put every replica back to the master's state.
   broadcast();
   const std::string what =
-      "non-finite values at global step " + std::to_string(optimizer_.steps()) + ": " + problem;
+      "non-finite values at global step " + std::to_string(steps_taken()) + ": " + problem;
   if (options_.numeric_guard == NumericGuard::Stop) {
     TL_THROW(NumericError, "Trainer: " << what
                                        << "; nothing was updated (NumericGuard::Stop; "
@@ -527,13 +545,8 @@ std::string Trainer::find_nonfinite(const StepResult& result) const {
     problem << "; the usual causes: NaN or infinite inputs, labels outside the classes on CUDA "
                "(whose loss kernels do not stop to check them), a learning rate too high)";
   }
-  // After the all-reduce (or the reduction to one device) tower 0 holds the sum
-  // (over the processes too, after phase 5).
-  const TowerState& first = *towers_[0];
-  const Tensor& grads = first.store->flat_grads();
-  const std::int64_t at = first_nonfinite(grads, *first.stream);
+  const auto [at, value] = first_nonfinite_gradient();
   if (at >= 0) {
-    const float value = grads.slice(at, at + 1).to_host<float>(*first.stream)[0];
     for (const VariableSpec& v : variables_.specs()) {
       if (!v.trainable || at < v.offset || at >= v.offset + v.numel()) continue;
       if (problem.tellp() > 0) problem << "; ";
@@ -546,9 +559,40 @@ std::string Trainer::find_nonfinite(const StepResult& result) const {
   return problem.str();
 }
 
+std::pair<std::int64_t, float> Trainer::first_nonfinite_gradient() const {
+  if (!sharded()) {
+    // After the all-reduce (or the reduction to one device) tower 0 holds the sum
+    // (over the processes too, after phase 5).
+    const TowerState& first = *towers_[0];
+    const Tensor& grads = first.store->flat_grads();
+    const std::int64_t at = first_nonfinite(grads, *first.stream);
+    if (at < 0) return {-1, 0.0f};
+    return {at, grads.slice(at, at + 1).to_host<float>(*first.stream)[0]};
+  }
+  // Each tower checks the slice it alone holds the sum of, on its own thread; the
+  // smallest index found is the whole gradient's first, so every tower's update
+  // waits for one verdict and the message is the one-device master's.
+  std::vector<std::int64_t> found(towers_.size(), -1);
+  workers_->run([&](std::size_t i) {
+    if (i < towers_.size()) found[i] = shards_->first_nonfinite(i, towers_[i]->store->flat_grads());
+  });
+  std::size_t owner = towers_.size();
+  for (std::size_t i = 0; i < towers_.size(); ++i) {
+    if (found[i] >= 0 && (owner == towers_.size() || found[i] < found[owner])) owner = i;
+  }
+  if (owner == towers_.size()) return {-1, 0.0f};
+  const std::int64_t at = found[owner];
+  const TowerState& t = *towers_[owner];
+  return {at, t.store->flat_grads().slice(at, at + 1).to_host<float>(*t.stream)[0]};
+}
+
 // --- 7. update and broadcast -------------------------------------------------
 
 void Trainer::update_and_broadcast() {
+  if (sharded()) {
+    update_slices_and_gather();
+    return;
+  }
   const auto start = Clock::now();
   TowerState& first = *towers_[0];
   transfer(master_->flat_grads(), *master_stream_, first.store->flat_grads(), *first.stream);
@@ -561,7 +605,47 @@ void Trainer::update_and_broadcast() {
   }
 }
 
+void Trainer::update_slices_and_gather() {
+  TowerState& first = *towers_[0];
+  // The moving statistics keep a whole master on the host (the guard puts the
+  // replicas back to it), and every replica takes it, as broadcast() gives it.
+  transfer(master_->flat_state(), *master_stream_, first.store->flat_state(), *first.stream);
+  for (auto& t : towers_) {
+    transfer(t->store->flat_state(), *t->stream, master_->flat_state(), *master_stream_);
+  }
+  const std::string phase = phase_label(Phase::UpdateAndBroadcast);
+  workers_->run([&](std::size_t i) {
+    if (i >= towers_.size()) return;
+    TowerState& t = *towers_[i];
+    const auto start = Clock::now();
+    shards_->update(i, t.store->flat_grads(), t.store->flat_values());
+    if (trace_ != nullptr) {
+      t.stream->synchronize();
+      const RingRange slice = shards_->slice(i);
+      trace_->span(int(i), "update slice", start, "master",
+                   {{"phase", phase}, {"begin", slice.begin}, {"end", slice.end}});
+    }
+  });
+  std::vector<Tensor> values;
+  for (auto& t : towers_) values.push_back(t->store->flat_values());
+  ring_->all_gather(values, trace_, 0);
+  // As broadcast(): the step returns with the new values in every replica (the
+  // all-gather's end makes tower 0's stream wait for every member).
+  master_stream_->synchronize();
+  first.stream->synchronize();
+  values_gathered_ = false;
+  slots_gathered_ = false;
+  // The host copy's slots (after an optimizer() call) would now be stale: freed.
+  optimizer_.restore({}, 0, *master_, *master_stream_);
+}
+
 void Trainer::broadcast() {
+  if (sharded()) {
+    // The host copy, up to date or written by the caller since, into the slices.
+    gather_values();
+    gather_slots();
+    shards_->scatter(master_->flat_values(), optimizer_, *master_stream_);
+  }
   for (auto& t : towers_) {
     transfer(t->store->flat_values(), *t->stream, master_->flat_values(), *master_stream_);
     transfer(t->store->flat_state(), *t->stream, master_->flat_state(), *master_stream_);
@@ -619,11 +703,70 @@ const VariableStore& Trainer::replica(std::size_t i) const {
 }
 
 const Tensor& Trainer::gradients() const {
-  return master_->flat_grads();
+  return master().flat_grads();
 }
 
 Tensor Trainer::gradient(const std::string& name) const {
-  return master_->grad(name);
+  return master().grad(name);
+}
+
+VariableStore& Trainer::master() {
+  gather_values();
+  return *master_;
+}
+
+const VariableStore& Trainer::master() const {
+  gather_values();
+  return *master_;
+}
+
+Optimizer& Trainer::optimizer() {
+  gather_slots();
+  return optimizer_;
+}
+
+std::int64_t Trainer::steps_taken() const {
+  return sharded() ? shards_->steps() : optimizer_.steps();
+}
+
+void Trainer::gather_values() const {
+  if (!sharded() || values_gathered_) return;
+  shards_->gather_values(master_->flat_values(), *master_stream_);
+  // Tower k's flat gradient holds the sum of its slice (phase 3's reduce-scatter).
+  for (std::size_t i = 0; i < towers_.size(); ++i) {
+    const RingRange r = shards_->slice(i);
+    transfer(master_->flat_grads().slice(r.begin, r.end), *master_stream_,
+             towers_[i]->store->flat_grads().slice(r.begin, r.end), *towers_[i]->stream);
+  }
+  master_stream_->synchronize();
+  values_gathered_ = true;
+}
+
+void Trainer::gather_slots() {
+  if (!sharded() || slots_gathered_) return;
+  optimizer_.restore(shards_->gather_slots(*master_stream_), shards_->steps(), *master_,
+                     *master_stream_);
+  master_stream_->synchronize();
+  slots_gathered_ = true;
+}
+
+std::vector<Trainer::MasterMemory> Trainer::master_memory() const {
+  const auto slot_bytes = [](const Optimizer& o) {
+    std::int64_t bytes = 0;
+    for (const auto& [name, slot] : o.slots()) bytes += std::int64_t(slot.nbytes());
+    return bytes;
+  };
+  const std::int64_t values = master_->flat_values().numel() * std::int64_t(sizeof(float));
+  if (!sharded()) return {{"master", master_device_, values, slot_bytes(optimizer_)}};
+  std::vector<MasterMemory> all;
+  for (std::size_t i = 0; i < towers_.size(); ++i) {
+    all.push_back({"tower " + std::to_string(i), towers_[i]->device, shards_->value_bytes(i),
+                   shards_->slot_bytes(i)});
+  }
+  // The copy that master() and optimizer() read: values always, slots only from
+  // an optimizer() call to the next step.
+  all.push_back({"host copy", master_device_, values, slot_bytes(optimizer_)});
+  return all;
 }
 
 std::vector<std::string> Trainer::updated_variables() const {

@@ -27,7 +27,10 @@
 //
 // Every tower is on the host or every tower is on GPUs (a mix is NotSupported: the
 // ring copies between neighbours on one tower's stream). The master may be on
-// either; by default it is on the first tower's device.
+// either; by default it is on the first tower's device. Or it is sharded across
+// the towers (MasterPlacement::Sharded, docs/master_placement.md): phase 3 is then
+// the ring's reduce-scatter, and phase 7 each tower's update of its slice followed
+// by the ring's all-gather; the same bits as a master on one device.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +40,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../autograd/checkpoint.h"
@@ -57,6 +61,7 @@ class NcclCommunicator;
 class ProcessExchange;
 class ProcessGroup;
 class Ring;
+class ShardedMaster;
 class ThreadTeam;
 class Trace;
 
@@ -115,12 +120,25 @@ enum class BatchNormMode { Local, Sync };
 //        Trainer::skipped_steps() counts it. Training goes on with the next batch.
 //   Off:  no check; non-finite values flow into the variables.
 enum class NumericGuard { Stop, Skip, Off };
+// Where the master variables and the optimizer's slots live (docs/master_placement.md).
+//   OneDevice: all of them on TrainerOptions::master.
+//   Sharded: tower k holds the FP32 master values and the optimizer's slots of one
+//     slice of the flat buffer (the chunk the ring's reduce-scatter sums at tower
+//     k, parallel/sharded_master.h) on its own device, and updates it on its own
+//     stream; the ring's all-gather carries the new values to every tower. Each
+//     device holds 1/N of the slots, the traffic is an all-reduce's, and the bits
+//     are OneDevice's. Needs AllReduce::Ring and TrainerOptions::master unset
+//     (InvalidArgument), and one process: with a process group of more than one
+//     it is NotSupported for now. master(), optimizer() and the checkpoints see a host copy
+//     gathered on demand (see Trainer::master()).
+enum class MasterPlacement { OneDevice, Sharded };
 
 struct TrainerOptions {
   std::vector<Device> devices{Device::cpu()};  // one tower each; repeats are virtual devices
   // Where the master variables live; by default the first tower's device (as
   // placed), so GPU towers keep the update and the broadcast on the GPU.
   std::optional<Device> master;
+  MasterPlacement master_placement = MasterPlacement::OneDevice;
   AllReduce reduction = AllReduce::Ring;
   BatchNormStats batchnorm_stats = BatchNormStats::Average;
   BatchNormMode batchnorm = BatchNormMode::Local;
@@ -189,14 +207,32 @@ class Trainer {
   std::int64_t skipped_steps() const { return skipped_steps_; }
 
   // The master variables; complete whenever no trainer call is running (see the top).
-  VariableStore& master() { return *master_; }
+  // Sharded (MasterPlacement::Sharded): a copy on the host, gathered from the
+  // towers' slices on the first call after a step (values and the averaged
+  // gradient; the moving statistics are kept there whole); writes to it reach the
+  // slices and the replicas at broadcast() (restore_state and a checkpoint load
+  // followed by broadcast(), as always), and are lost at the next step without it.
+  VariableStore& master();
+  const VariableStore& master() const;
   // Tower i's copy of the variables (equal to the master's after every step).
   const VariableStore& replica(std::size_t i) const;
-  const VariableStore& master() const { return *master_; }
   // The stream the master's initialization, gradient copy, update and broadcast run
-  // on. Work a caller submits to it runs before the next update.
+  // on. Work a caller submits to it runs before the next update. Sharded: the host
+  // copy's stream (the updates run on the towers' streams).
   const Stream& master_stream() const { return *master_stream_; }
-  Optimizer& optimizer() { return optimizer_; }
+  // The optimizer: its hyper-parameters, step count and slots. Sharded: its slots
+  // are gathered from the towers on the first call after a step, into the host
+  // copy (released at the next step), and reach the towers at broadcast().
+  Optimizer& optimizer();
+  MasterPlacement master_placement() const { return options_.master_placement; }
+  // What holds master values and optimizer slots, and how many bytes of each.
+  struct MasterMemory {
+    std::string holder;  // "master", "tower 0", ..., "host copy" (sharded)
+    Device device;
+    std::int64_t value_bytes = 0;  // FP32 master values
+    std::int64_t slot_bytes = 0;   // the optimizer's slots (none before the first step)
+  };
+  std::vector<MasterMemory> master_memory() const;
   const std::vector<Device>& devices() const { return devices_; }
   std::size_t num_towers() const { return devices_.size(); }
 
@@ -262,7 +298,19 @@ class Trainer {
   // `result` skipped and puts the replicas back to the master's state.
   bool guard(StepResult& result);
   // 7. The optimizer on the master, then the master copied to every replica.
+  // Sharded: each tower's slice updated on its stream, then the ring's all-gather.
   void update_and_broadcast();
+  void update_slices_and_gather();
+  bool sharded() const { return shards_ != nullptr; }
+  // Updates applied so far (the optimizer's, or the shards').
+  std::int64_t steps_taken() const;
+  // Sharded: the host copy's values and averaged gradient, and the optimizer's
+  // slots, brought up to date with the slices when a step has moved them.
+  void gather_values() const;
+  void gather_slots();
+  // The first non-finite element of the averaged flat gradient and its value, or
+  // {-1, 0}: tower 0's whole gradient, or (sharded) each tower's slice.
+  std::pair<std::int64_t, float> first_nonfinite_gradient() const;
   // 8. The outputs in input order and the last non-empty tower's logs.
   void gather_outputs(StepResult& result) const;
   // Tower i's forward (and backward) on its own thread. A stand-in (`is_stand_in`) runs its rows
@@ -309,6 +357,12 @@ class Trainer {
   // Phase 5's device-buffer path between processes; null: staged on the host.
   std::unique_ptr<NcclCommunicator> nccl_processes_;
   std::string cross_process_path_;  // why phase 5 takes its path (placement log)
+  // MasterPlacement::Sharded: the towers' slices; master_ is then the host copy,
+  // and these say whether it (values, gradient) and optimizer_'s slots hold the
+  // slices' state or a step has moved them since.
+  std::unique_ptr<ShardedMaster> shards_;
+  mutable bool values_gathered_ = true;
+  bool slots_gathered_ = true;
 };
 
 // Resolves a requested device: itself when present; with soft placement, the

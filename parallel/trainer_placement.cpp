@@ -9,6 +9,7 @@
 #include "parallel/buckets.h"
 #include "parallel/fingerprint.h"
 #include "parallel/process_group.h"
+#include "parallel/sharded_master.h"
 #include "parallel/trainer.h"
 
 namespace towerlab {
@@ -57,8 +58,19 @@ void Trainer::log_placement() const {
         << " (" << cross_process_path_ << ")\n";
   }
   // devices_: each tower's device, as placed.
-  log << "placement: master variables on " << master_device_.str() << "; " << devices_.size()
-      << " tower(s)\n";
+  if (sharded()) {
+    log << "placement: master variables and optimizer slots sharded across the " << devices_.size()
+        << " tower(s) (a host copy for master() on " << master_device_.str()
+        << ", gathered on demand)\n";
+    for (std::size_t i = 0; i < devices_.size(); ++i) {
+      const RingRange r = shards_->slice(i);
+      log << "placement: tower " << i << " owns and updates elements [" << r.begin << ", " << r.end
+          << ") of the flat master on " << devices_[i].str() << "\n";
+    }
+  } else {
+    log << "placement: master variables on " << master_device_.str() << "; " << devices_.size()
+        << " tower(s)\n";
+  }
   for (std::size_t i = 0; i < devices_.size(); ++i) {
     log << "placement: tower " << i << " runs forward and backward on " << devices_[i].str()
         << " (its own " << (devices_[i].is_cpu() ? "host thread" : "CUDA stream and host thread")
@@ -66,7 +78,11 @@ void Trainer::log_placement() const {
   }
   for (const VariableSpec& v : variables_.specs()) {
     log << "placement: variable " << v.name << " " << to_string(v.shape)
-        << (v.trainable ? "" : " (state)") << ": master on " << master_device_.str()
+        << (v.trainable ? "" : " (state)") << ": master "
+        << (sharded() && v.trainable
+                ? "sharded (elements [" + std::to_string(v.offset) + ", " +
+                      std::to_string(v.offset + v.numel()) + ") of the flat master)"
+                : "on " + master_device_.str())
         << ", replicas on";
     for (Device d : devices_) log << " " << d.str();
     log << "\n";
@@ -75,7 +91,9 @@ void Trainer::log_placement() const {
       << (options_.reduction == AllReduce::Ring          ? "ring"
           : options_.reduction == AllReduce::ReduceToOne ? "reduction to one device"
                                                          : "NCCL")
-      << "; optimizer " << optimizer_.name() << " runs on " << master_device_.str() << "\n";
+      << (sharded() ? " (reduce-scatter and all-gather around the update)" : "") << "; optimizer "
+      << optimizer_.name() << " runs on "
+      << (sharded() ? "every tower, on its slice" : master_device_.str()) << "\n";
   if (bucketed()) {
     log << "placement: the gradient is reduced in " << buckets_->buckets().size()
         << " buckets (bucket_bytes " << options_.bucket_bytes

@@ -122,6 +122,9 @@ std::string Trainer::state_fingerprint() const {
 
 void Trainer::save_state(const std::string& path,
                          const std::map<std::string, std::string>& metadata) {
+  // A sharded master is written whole, as any other: its slices gathered first.
+  master();
+  optimizer();
   std::map<std::string, std::string> all = metadata;
   all[kFingerprintKey] = state_fingerprint();
   all[kSkippedKey] = std::to_string(skipped_steps_);
@@ -137,6 +140,10 @@ CheckpointInfo Trainer::restore_state(const std::string& path,
                                       const std::map<std::string, std::string>& expected) {
   ProcessGroup* group = options_.process_group;
   check_resumable(group, path, state_fingerprint(), expected);
+  // Sharded: the host copy made whole before the load writes it (a load refused
+  // part way leaves the slices as they were until broadcast()).
+  master();
+  optimizer();
   const Stream& stream = default_stream(master_device_);
   CheckpointInfo info = group != nullptr
                             ? load_checkpoint(*group, path, *master_, &optimizer_, stream)

@@ -122,6 +122,19 @@ TEST(FashionMnistOptions, GoodFlagsAreAccepted) {
   EXPECT_EQ(defaults.options.cross_process, "auto");
 }
 
+// --master takes a device or "sharded" (MasterPlacement::Sharded).
+TEST(FashionMnistOptions, MasterTakesADeviceOrSharded) {
+  for (const char* master : {"sharded", "cpu", "cuda:1"}) {
+    const Parsed parsed = parse({"--master", master});
+    ASSERT_EQ(parsed.code, std::nullopt) << parsed.printed;
+    EXPECT_EQ(parsed.options.master, master);
+  }
+  const Parsed bad = parse({"--master", "shard"});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.printed.find("--master: cannot parse device 'shard'"), std::string::npos)
+      << bad.printed;
+}
+
 TEST(FashionMnistOptions, HelpExitsZero) {
   const Parsed parsed = parse({"--help"});
   EXPECT_EQ(parsed.code, 0);

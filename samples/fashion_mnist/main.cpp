@@ -72,6 +72,7 @@ void forget_for_a_control(Trainer& trainer, sample::Position& at) {
     Optimizer& optimizer = trainer.optimizer();
     const std::map<std::string, Tensor> slots = optimizer.slots();  // restore() replaces them
     optimizer.restore(slots, 0, trainer.master(), default_stream(trainer.master().device()));
+    trainer.broadcast();  // a sharded master's slices take it from the host copy
   }
 }
 
@@ -128,7 +129,11 @@ int run(const sample::Options& o) {
   TrainerOptions options;
   options.devices = choose_devices(o, cluster);
   options.process_group = &cluster;
-  if (!o.master.empty()) options.master = Device::parse(o.master);
+  if (o.master == "sharded") {
+    options.master_placement = MasterPlacement::Sharded;
+  } else if (!o.master.empty()) {
+    options.master = Device::parse(o.master);
+  }
   options.batchnorm_stats =
       o.batchnorm_stats == "tower0" ? BatchNormStats::Tower0 : BatchNormStats::Average;
   options.batchnorm = o.batchnorm == "sync" ? BatchNormMode::Sync : BatchNormMode::Local;
@@ -168,7 +173,10 @@ int run(const sample::Options& o) {
   Trainer trainer(vars, tower_fn, Optimizer::by_name(o.optimizer, lr), options);
   std::printf("FashionNet: %lld parameters; %zu tower(s) on %s; master on %s; batch %lld\n",
               static_cast<long long>(vars.trainable_numel()), trainer.num_towers(),
-              join(trainer.devices()).c_str(), trainer.master().device().str().c_str(),
+              join(trainer.devices()).c_str(),
+              trainer.master_placement() == MasterPlacement::Sharded
+                  ? "every tower (sharded)"
+                  : trainer.master().device().str().c_str(),
               static_cast<long long>(o.batch));
   if (!o.load.empty()) {
     const CheckpointInfo info = load_checkpoint(
@@ -327,6 +335,12 @@ int run(const sample::Options& o) {
     metrics["train_loss"] = train_loss;
     metrics["test_accuracy"] = test_acc;
     metrics["images_per_second"] = images_per_second;
+    // What holds the master's values and the optimizer's slots (docs/master_placement.md).
+    for (const Trainer::MasterMemory& m : trainer.master_memory()) {
+      std::printf("master memory: %s on %s: %lld bytes of values, %lld bytes of slots\n",
+                  m.holder.c_str(), m.device.str().c_str(), static_cast<long long>(m.value_bytes),
+                  static_cast<long long>(m.slot_bytes));
+    }
   }
   if (!o.metrics.empty() && reporting) {
     const std::string text = metrics.dump(2) + "\n";

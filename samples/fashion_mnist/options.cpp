@@ -210,6 +210,26 @@ Field devices(std::string key, std::string& target, std::string type, std::strin
           }};
 }
 
+// A device, or "sharded": the master split across the towers (MasterPlacement::Sharded).
+Field master(std::string& target) {
+  return {"master",
+          "Device of the master variables, or sharded: each tower holds and updates one slice "
+          "of them and of the optimizer's slots (default: the first tower's device)",
+          "DEVICE|sharded",
+          "a device name or sharded",
+          target,
+          [&target](const std::string& name, const std::string& text) {
+            if (text != "sharded") {
+              try {
+                towerlab::Device::parse(text);
+              } catch (const towerlab::Error&) {
+                towerlab::rethrow_with_context(name + ": ");
+              }
+            }
+            target = text;
+          }};
+}
+
 // FIRST:LAST, or one step N (N:N); steps count from 1.
 Field step_range(std::string key, std::optional<std::pair<std::int64_t, std::int64_t>>& target,
                  std::string help) {
@@ -260,8 +280,7 @@ std::vector<Field> fields(Options& o) {
               "cpu,cpu)",
               true),
       number("n_gpus", o.n_gpus, kPositiveInt, "Towers on cuda:0 .. cuda:N-1 (the seeds' n_gpus)"),
-      devices("master", o.master, "DEVICE",
-              "Device of the master variables (default: the first tower's)", false),
+      master(o.master),
       choice("batchnorm", o.batchnorm, {"local", "sync"}, "Batch norm across towers"),
       choice("batchnorm_stats", o.batchnorm_stats, {"average", "tower0"},
              "Moving statistics: average (sample-weighted) or tower0"),
