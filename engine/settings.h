@@ -17,6 +17,8 @@
 //   set_gemm_isa(isa)                     the CPU GEMM's vector micro-kernel;
 //       TOWERLAB_GEMM_ISA=portable|avx2|avx512 in the environment sets the initial
 //       one.
+//   set_bf16_gemm_kernel(kernel)          the CPU's bfloat16 GEMM: vdpbf16ps, or
+//       the values widened to float32 for the float32 kernel.
 //   set_conv2d_algorithm(algorithm)       how float32 conv2d computes (im2col or
 //       Winograd on the CPU, the implicit GEMM or Winograd on CUDA);
 //       TOWERLAB_CONV2D_ALGORITHM=auto|im2col|winograd in the environment sets the
@@ -89,6 +91,17 @@ enum class GemmIsa { Auto, Portable, Avx2, Avx512 };
 bool gemm_isa_supported(GemmIsa isa);
 void set_gemm_isa(GemmIsa isa);  // throws NotSupported for an ISA this CPU lacks
 GemmIsa gemm_isa();              // the one in use (never Auto)
+
+// The CPU's bfloat16 GEMM (matmul with bfloat16 A and B; kernels/matmul.h):
+// Widen converts the values to float32 while packing for gemm_isa()'s float32
+// kernel (float16 always takes it); Avx512Bf16 runs the vdpbf16ps kernel, and
+// throws NotSupported on a CPU without avx512_bf16. Auto is Widen: on the one
+// AVX-512 BF16 CPU measured, vdpbf16ps ran at half the multiply-adds per cycle of
+// the float32 FMAs (docs/kernels.md), so it is chosen only on request.
+enum class Bf16GemmKernel { Auto, Widen, Avx512Bf16 };
+bool bf16_gemm_kernel_supported(Bf16GemmKernel kernel);
+void set_bf16_gemm_kernel(Bf16GemmKernel kernel);
+Bf16GemmKernel bf16_gemm_kernel();  // the setting, Auto included
 
 // --- conv2d -----------------------------------------------------------------
 // How the CPU's float32 conv2d computes its three passes (float64 always lowers

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "kernels/checks.h"
 #include "kernels/cpu/dtype_dispatch.h"
@@ -33,6 +34,48 @@ bool overlaps(const Tensor& x, const Tensor& y) {
   return x0 < y0 + y.nbytes() && y0 < x0 + x.nbytes();
 }
 
+// The 16-bit product's operands (kernels/matmul.h): defined, on the stream's
+// device, which is the CPU, a and b both bfloat16 or both float16, c float32 or
+// their dtype. check_on_stream's counterpart, which refuses every 16-bit tensor.
+void check_16bit_operands(const Stream& stream, const Tensor& c, const Tensor& a, const Tensor& b) {
+  for (const auto& [name, t] : {std::pair{"c", &c}, std::pair{"a", &a}, std::pair{"b", &b}}) {
+    TL_CHECK(t->defined(), InvalidArgument, "matmul: " << name << " is undefined");
+    TL_CHECK(t->device() == stream.device(), InvalidArgument,
+             "matmul: " << name << " is " << t->describe() << " but the stream is on "
+                        << stream.device().str());
+  }
+  const Tensor& low = is_16bit(a.dtype()) ? a : is_16bit(b.dtype()) ? b : c;
+  TL_CHECK(stream.device().is_cpu(), NotSupported,
+           "matmul: " << dtype_name(low.dtype()) << " is not supported on " << stream.device().str()
+                      << " (float32 only; the 16-bit GEMM runs on the "
+                      << "cpu; a is " << a.describe() << ", b " << b.describe() << ", c "
+                      << c.describe() << "; cast() converts)");
+  const bool inputs_ok = is_16bit(a.dtype()) && b.dtype() == a.dtype();
+  const bool output_ok = c.dtype() == DType::Float32 || c.dtype() == a.dtype();
+  TL_CHECK(inputs_ok && output_ok, NotSupported,
+           "matmul: a " << dtype_name(a.dtype()) << ", b " << dtype_name(b.dtype()) << ", c "
+                        << dtype_name(c.dtype())
+                        << " is not a supported combination (a and b both bfloat16 or both "
+                           "float16, c float32 or their dtype; a is "
+                        << a.describe() << ", b " << b.describe() << ", c " << c.describe()
+                        << "; cast() converts)");
+}
+
+// The CPU's 16-bit GEMM, its input and output types chosen from the dtypes.
+template <typename In>
+void host_gemm_16bit(const Tensor& c, const Tensor& a, const Tensor& b, bool transpose_a,
+                     bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                     float beta) {
+  const std::int64_t lda = a.size(1), ldb = b.size(1), ldc = c.size(1);
+  if (c.dtype() == DType::Float32) {
+    cpu::gemm_mixed(transpose_a, transpose_b, m, n, k, alpha, a.data<In>(), lda, b.data<In>(), ldb,
+                    beta, c.data<float>(), ldc);
+  } else {
+    cpu::gemm_mixed(transpose_a, transpose_b, m, n, k, alpha, a.data<In>(), lda, b.data<In>(), ldb,
+                    beta, c.data<In>(), ldc);
+  }
+}
+
 }  // namespace
 
 void set_gemm_backend(GemmBackend backend) {
@@ -44,7 +87,12 @@ GemmBackend gemm_backend() {
 
 void matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b,
             float alpha, float beta, const Stream& stream) {
-  kernels::check_on_stream("matmul", stream, {{"c", &c}, {"a", &a}, {"b", &b}});
+  const bool low_precision = is_16bit(a.dtype()) || is_16bit(b.dtype()) || is_16bit(c.dtype());
+  if (low_precision) {
+    check_16bit_operands(stream, c, a, b);
+  } else {
+    kernels::check_on_stream("matmul", stream, {{"c", &c}, {"a", &a}, {"b", &b}});
+  }
   check_2d("a", a);
   check_2d("b", b);
   check_2d("c", c);
@@ -65,6 +113,14 @@ void matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool transpose_a,
                         << " in memory; write the product to a separate tensor");
   if (stream.device().is_cuda()) kernels::check_float32("matmul", "c", c);
   if (m == 0 || n == 0) return;
+  if (low_precision) {  // the CPU's (check_16bit_operands)
+    if (a.dtype() == DType::BFloat16) {
+      host_gemm_16bit<bfloat16>(c, a, b, transpose_a, transpose_b, m, n, k, alpha, beta);
+    } else {
+      host_gemm_16bit<float16>(c, a, b, transpose_a, transpose_b, m, n, k, alpha, beta);
+    }
+    return;
+  }
 
   const std::int64_t lda = a.size(1), ldb = b.size(1), ldc = c.size(1);
   // The host's GEMM runs in c's dtype (float64 for the gradient checks).

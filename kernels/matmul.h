@@ -21,6 +21,38 @@
 // The CPU backend runs float32 and float64 (the latter with plain loops, for the
 // gradient checks); CUDA runs float32 with towerlab's own kernel, or with cuBLAS
 // (TF32 off) when set_gemm_backend(GemmBackend::Cublas) asks, for comparison.
+//
+// Mixed precision, on the CPU only. The accepted dtypes:
+//   a and b               c
+//   float32               float32        (every device)
+//   float64               float64        (CPU)
+//   bfloat16              float32 or bfloat16
+//   float16               float32 or float16
+// Any other combination (a and b of different dtypes, a float64 c with bfloat16
+// inputs, ...) throws NotSupported naming the three dtypes; a 16-bit operand on a
+// CUDA device throws NotSupported naming the dtype and the device (there is no GPU
+// kernel for them yet; cast() to float32 there). The 16-bit values are widened
+// exactly, their products (exact in float32) are summed in float32, alpha and beta
+// are applied in float32 with the same beta == 0 rule, and a 16-bit c is rounded
+// once from that float32 value (to nearest even, engine/half.h). The values are
+// widened while packing for the float32 kernel (as fast as float32 inputs, no
+// faster), or for bfloat16, on request where the CPU has AVX-512 BF16, multiplied
+// by vdpbf16ps (engine/settings.h: set_bf16_gemm_kernel; docs/kernels.md).
+//
+// Tolerance of the 16-bit products against kernels/reference/matmul.h's
+// matmul_mixed (which sums in double and rounds once), for each output of C:
+//   |c - c_ref| <= E = 2 (K + 2) 2^-24 (|alpha| S + |beta c0|),
+//   S = sum_p |op(A)[i,p] op(B)[p,j]|, c0 the value c held before,
+// and for a 16-bit c, E + u (|c_ref| + E) with u = 2^-8 (bfloat16) or 2^-11
+// (float16), the half ulp of its rounding (float16 adds 2^-25 where the result is
+// subnormal). Why: a product enters the float32 sum exactly and passes through at
+// most d = K + ceil(K / 256) + 2 <= 2K + 2 roundings on its way to C (the k-loop's
+// additions, each K block's sum added onto C, alpha, beta c0), and the summation
+// bound d 2^-24 / (1 - d 2^-24) is below 2 (K + 2) 2^-24 for K < 2^20. The paths
+// add in different orders (the float32 kernels k by k, vdpbf16ps k = 2s + 1 before
+// k = 2s), so they agree within E, not bit for bit. vdpbf16ps reads bfloat16
+// subnormals as zero and flushes float32 subnormal sums to zero whatever MXCSR
+// says: the bound assumes no product or partial sum below 2^-126 in magnitude.
 #pragma once
 
 #include <cstdint>

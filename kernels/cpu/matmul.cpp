@@ -22,10 +22,12 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "engine/error.h"
 #include "engine/settings.h"
 #include "engine/thread_pool.h"
+#include "kernels/cpu/gemm_bf16.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/x86.h"
 #include "kernels/reference/matmul.h"
@@ -37,24 +39,39 @@ namespace {
 // ---------------------------------------------------------------------------
 // Micro-kernels: c[MR,NR] = alpha * a_panel * b_panel + beta * c (c not read
 // when beta == 0), where a_panel is [kc][MR] and b_panel [kc][NR], packed.
+//
+// A panel's element is a Word: a float (one k; the float32 kernels, which the
+// 16-bit inputs reach widened while packing) or a uint32_t holding a pair of
+// bfloat16 (two k; the vdpbf16ps kernel, kernels/cpu/gemm_bf16.h), so a panel of
+// kc values of k is [ceil(kc / kPerWord)][MR] words.
+template <typename Word>
+constexpr std::int64_t kPerWord = std::is_same_v<Word, float> ? 1 : 2;
 
-using MicroKernel = void (*)(std::int64_t kc, const float* a, const float* b, float* c,
+template <typename Word>
+using MicroKernel = void (*)(std::int64_t kc, const Word* a, const Word* b, float* c,
                              std::int64_t ldc, float alpha, float beta);
-// Packs a full panel whose source runs along k: dst [kc][width] <- src rows
-// (width of them, `ld` apart), each contiguous along k. This is the transposing
-// case (A without transpose, B with), the one worth vector code.
-using TransposingPack = void (*)(const float* src, std::int64_t ld, std::int64_t kc, float* dst,
-                                 std::int64_t valid);
+// Packs a full panel from source values Src: dst [kc][width] <- src rows (width of
+// them, `ld` apart), each contiguous along k (A without transpose, B with: the
+// transposing case, the one worth vector code for float), or, for the pair
+// layout, source rows of k holding width values each (A with transpose, B without).
+template <typename Src, typename Word>
+using PanelPack = void (*)(const Src* src, std::int64_t ld, std::int64_t kc, Word* dst,
+                           std::int64_t valid);
 
-// What one ISA brings: the micro-kernel and, optionally, transposing packers for
-// full MR-row panels of A and full NR-column panels of B.
+// What one ISA brings for source values Src packed into Words: the micro-kernel
+// and, optionally, packers for full MR-row panels of A and full NR-column panels of
+// B. Float words may leave any packer nullptr (the generic loops pack, widening a
+// 16-bit Src); pair words have all four.
+template <typename Src, typename Word>
 struct Kernels {
-  MicroKernel micro_kernel;
-  TransposingPack pack_a_rows;  // may be nullptr: the generic loop packs
-  TransposingPack pack_b_rows;  // may be nullptr
+  MicroKernel<Word> micro_kernel;
+  PanelPack<Src, Word> pack_a_rows;  // A stored [M,K]
+  PanelPack<Src, Word> pack_b_rows;  // B stored [N,K]
   // The kernel for an edge tile of rows x cols (< MR x NR), writing at least that
   // much of the tile; nullptr: the full micro_kernel.
-  MicroKernel (*edge_kernel)(std::int64_t rows, std::int64_t cols) = nullptr;
+  MicroKernel<Word> (*edge_kernel)(std::int64_t rows, std::int64_t cols) = nullptr;
+  PanelPack<Src, Word> pack_a_cols = nullptr;  // A stored [K,M]
+  PanelPack<Src, Word> pack_b_cols = nullptr;  // B stored [K,N]
 };
 
 // Portable: GCC/Clang vector extensions (SSE on x86-64, NEON on ARM).
@@ -142,7 +159,7 @@ __attribute__((target("avx2,fma"))) void micro_kernel_avx2(std::int64_t kc, cons
 }
 
 // The AVX2 kernel for an edge tile of rows x cols.
-MicroKernel avx2_edge_kernel(std::int64_t rows, std::int64_t cols) {
+MicroKernel<float> avx2_edge_kernel(std::int64_t rows, std::int64_t cols) {
   if (cols <= 8) {
     if (rows <= 2) return micro_kernel_avx2<2, 1>;
     return rows <= 4 ? micro_kernel_avx2<4, 1> : micro_kernel_avx2<6, 1>;
@@ -247,7 +264,7 @@ __attribute__((target("avx512f"))) void micro_kernel_avx512(std::int64_t kc, con
 }
 
 // The AVX-512 kernel for an edge tile of rows x cols.
-MicroKernel avx512_edge_kernel(std::int64_t rows, std::int64_t cols) {
+MicroKernel<float> avx512_edge_kernel(std::int64_t rows, std::int64_t cols) {
   if (cols <= 16) {
     if (rows <= 4) return micro_kernel_avx512<4, 1>;
     return rows <= 8 ? micro_kernel_avx512<8, 1> : micro_kernel_avx512<12, 1>;
@@ -275,21 +292,24 @@ constexpr double kMinParallelWork = 48.0 * 48.0 * 48.0;
 class PackingBuffer {
  public:
   ~PackingBuffer() { std::free(data_); }
-  float* get(std::int64_t count) {
+  // Room for `count` words (float or uint32_t, both four bytes).
+  template <typename Word>
+  Word* get(std::int64_t count) {
+    static_assert(sizeof(Word) == 4);
     if (count > size_) {
       std::free(data_);
       data_ = nullptr;
       size_ = 0;
-      const std::size_t bytes = (static_cast<std::size_t>(count) * sizeof(float) + 63) / 64 * 64;
-      data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
+      const std::size_t bytes = (static_cast<std::size_t>(count) * 4 + 63) / 64 * 64;
+      data_ = std::aligned_alloc(64, bytes);
       TL_CHECK(data_ != nullptr, OutOfMemory, "gemm: cannot allocate " << bytes << " bytes");
       size_ = count;
     }
-    return data_;
+    return static_cast<Word*>(data_);
   }
 
  private:
-  float* data_ = nullptr;
+  void* data_ = nullptr;
   std::int64_t size_ = 0;
 };
 
@@ -298,26 +318,35 @@ thread_local PackingBuffer t_packed_b;
 
 template <int MR, int NR>
 struct Blocked {
-  // dst [kc][MR] <- op(A)[i0 : i0+rows, p0 : p0+kc], zero rows past `rows`.
-  static void pack_a(const Kernels& isa, bool transpose_a, const float* a, std::int64_t lda,
-                     std::int64_t i0, std::int64_t rows, std::int64_t p0, std::int64_t kc,
-                     float* dst) {
-    if (!transpose_a && isa.pack_a_rows != nullptr) {
+  // dst [kc][MR] <- op(A)[i0 : i0+rows, p0 : p0+kc], zero rows past `rows`; a
+  // 16-bit Src is widened exactly, a float copied.
+  template <typename Src, typename Word>
+  static void pack_a(const Kernels<Src, Word>& isa, bool transpose_a, const Src* a,
+                     std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
+                     std::int64_t kc, Word* dst) {
+    constexpr bool kFloat = std::is_same_v<Src, float>;
+    if constexpr (!std::is_same_v<Word, float>) {  // pairs: the ISA packs every case
+      if (transpose_a) {
+        isa.pack_a_cols(a + p0 * lda + i0, lda, kc, dst, rows);
+      } else {
+        isa.pack_a_rows(a + i0 * lda + p0, lda, kc, dst, rows);
+      }
+    } else if (!transpose_a && isa.pack_a_rows != nullptr) {
       isa.pack_a_rows(a + i0 * lda + p0, lda, kc, dst, rows);
-    } else if (transpose_a && rows == MR) {  // A stored [K,M]: MR contiguous floats per k
+    } else if (kFloat && transpose_a && rows == MR) {  // A stored [K,M]: MR floats per k
       for (std::int64_t p = 0; p < kc; ++p) {
         std::memcpy(dst + p * MR, a + (p0 + p) * lda + i0, MR * sizeof(float));
       }
     } else if (transpose_a) {
       for (std::int64_t p = 0; p < kc; ++p) {
-        const float* src = a + (p0 + p) * lda + i0;
-        for (int i = 0; i < MR; ++i) dst[p * MR + i] = i < rows ? src[i] : 0.0f;
+        const Src* src = a + (p0 + p) * lda + i0;
+        for (int i = 0; i < MR; ++i) dst[p * MR + i] = i < rows ? static_cast<float>(src[i]) : 0.0f;
       }
     } else {  // A stored [M,K]: MR rows, each contiguous along k
       for (int i = 0; i < MR; ++i) {
         if (i < rows) {
-          const float* src = a + (i0 + i) * lda + p0;
-          for (std::int64_t p = 0; p < kc; ++p) dst[p * MR + i] = src[p];
+          const Src* src = a + (i0 + i) * lda + p0;
+          for (std::int64_t p = 0; p < kc; ++p) dst[p * MR + i] = static_cast<float>(src[p]);
         } else {
           for (std::int64_t p = 0; p < kc; ++p) dst[p * MR + i] = 0.0f;
         }
@@ -326,35 +355,43 @@ struct Blocked {
   }
 
   // dst [kc][NR] <- op(B)[p0 : p0+kc, j0 : j0+cols], zero columns past `cols`.
-  static void pack_b(const Kernels& isa, bool transpose_b, const float* b, std::int64_t ldb,
-                     std::int64_t j0, std::int64_t cols, std::int64_t p0, std::int64_t kc,
-                     float* dst) {
-    if (transpose_b && isa.pack_b_rows != nullptr) {
+  template <typename Src, typename Word>
+  static void pack_b(const Kernels<Src, Word>& isa, bool transpose_b, const Src* b,
+                     std::int64_t ldb, std::int64_t j0, std::int64_t cols, std::int64_t p0,
+                     std::int64_t kc, Word* dst) {
+    constexpr bool kFloat = std::is_same_v<Src, float>;
+    if constexpr (!std::is_same_v<Word, float>) {
+      if (transpose_b) {
+        isa.pack_b_rows(b + j0 * ldb + p0, ldb, kc, dst, cols);
+      } else {
+        isa.pack_b_cols(b + p0 * ldb + j0, ldb, kc, dst, cols);
+      }
+    } else if (transpose_b && isa.pack_b_rows != nullptr) {
       isa.pack_b_rows(b + j0 * ldb + p0, ldb, kc, dst, cols);
     } else if (transpose_b) {  // B stored [N,K]: NR rows, each contiguous along k
       for (int j = 0; j < NR; ++j) {
         if (j < cols) {
-          const float* src = b + (j0 + j) * ldb + p0;
-          for (std::int64_t p = 0; p < kc; ++p) dst[p * NR + j] = src[p];
+          const Src* src = b + (j0 + j) * ldb + p0;
+          for (std::int64_t p = 0; p < kc; ++p) dst[p * NR + j] = static_cast<float>(src[p]);
         } else {
           for (std::int64_t p = 0; p < kc; ++p) dst[p * NR + j] = 0.0f;
         }
       }
-    } else if (cols == NR) {  // B stored [K,N]: NR contiguous floats per k
+    } else if (kFloat && cols == NR) {  // B stored [K,N]: NR contiguous floats per k
       for (std::int64_t p = 0; p < kc; ++p) {
         std::memcpy(dst + p * NR, b + (p0 + p) * ldb + j0, NR * sizeof(float));
       }
     } else {
       for (std::int64_t p = 0; p < kc; ++p) {
-        const float* src = b + (p0 + p) * ldb + j0;
-        for (int j = 0; j < NR; ++j) dst[p * NR + j] = j < cols ? src[j] : 0.0f;
+        const Src* src = b + (p0 + p) * ldb + j0;
+        for (int j = 0; j < NR; ++j) dst[p * NR + j] = j < cols ? static_cast<float>(src[j]) : 0.0f;
       }
     }
   }
 
   // op(A) packed whole for every K block: [K blocks][M panels][kc][MR] (PackedA).
-  static void pack_all_a(const Kernels& isa, const float* a, std::int64_t lda, std::int64_t m,
-                         std::int64_t k, float* dst) {
+  static void pack_all_a(const Kernels<float, float>& isa, const float* a, std::int64_t lda,
+                         std::int64_t m, std::int64_t k, float* dst) {
     const std::int64_t m_panels = (m + MR - 1) / MR;
     for (std::int64_t pc = 0; pc < k; pc += kKc) {
       const std::int64_t kc = std::min(kKc, k - pc);
@@ -366,17 +403,21 @@ struct Blocked {
   }
 
   // With `prepacked` (pack_all_a's layout) A's panels are read from there, not packed.
-  static void run(const Kernels& isa, bool transpose_a, bool transpose_b, std::int64_t m,
-                  std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
-                  const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc,
-                  const float* prepacked = nullptr, const float* prepacked_b = nullptr) {
+  template <typename Src, typename Word>
+  // (Src and Word come from `isa`: a, b and the packed panels may be nullptr.)
+  static void run(const Kernels<Src, Word>& isa, bool transpose_a, bool transpose_b, std::int64_t m,
+                  std::int64_t n, std::int64_t k, float alpha, const std::type_identity_t<Src>* a,
+                  std::int64_t lda, const std::type_identity_t<Src>* b, std::int64_t ldb,
+                  float beta, float* c, std::int64_t ldc,
+                  const std::type_identity_t<Word>* prepacked = nullptr,
+                  const std::type_identity_t<Word>* prepacked_b = nullptr) {
     const std::int64_t m_panels = (m + MR - 1) / MR;
     const std::int64_t mc_panels = std::max<std::int64_t>(1, kMc / MR);
     const int threads = static_cast<double>(m) * n * k >= kMinParallelWork ? thread_share() : 1;
     // With `prepacked_b` (GemmBPanels' layout) B's panels are read from there.
-    float* packing = prepacked_b != nullptr
-                         ? nullptr
-                         : t_packed_b.get(kKc * ((std::min(n, kNc) + NR - 1) / NR) * NR);
+    Word* packing = prepacked_b != nullptr
+                        ? nullptr
+                        : t_packed_b.get<Word>(kKc * ((std::min(n, kNc) + NR - 1) / NR) * NR);
     const std::int64_t all_n_panels = (n + NR - 1) / NR;
 
     for (std::int64_t jc = 0; jc < n; jc += kNc) {
@@ -384,38 +425,40 @@ struct Blocked {
       const std::int64_t n_panels = (nc + NR - 1) / NR;
       for (std::int64_t pc = 0; pc < k; pc += kKc) {
         const std::int64_t kc = std::min(kKc, k - pc);
+        const std::int64_t kw = (kc + kPerWord<Word> - 1) / kPerWord<Word>;  // a panel's rows
         const float beta_block = pc == 0 ? beta : 1.0f;  // later K blocks add to C
-        const float* packed_b =
-            prepacked_b != nullptr ? prepacked_b + pc * all_n_panels * NR + jc * kc : packing;
+        const Word* packed_b =
+            prepacked_b != nullptr ? prepacked_b + pc * all_n_panels * NR + jc * kw : packing;
 
         auto pack_b_panels = [&](std::int64_t q0, std::int64_t q1) {
           for (std::int64_t q = q0; q < q1; ++q) {
             pack_b(isa, transpose_b, b, ldb, jc + q * NR, std::min<std::int64_t>(NR, nc - q * NR),
-                   pc, kc, packing + q * NR * kc);
+                   pc, kc, packing + q * NR * kw);
           }
         };
 
         // C rows [mp0*MR, mp1*MR) x columns of B panels [np0, np1) of this block.
         auto compute = [&](std::int64_t mp0, std::int64_t mp1, std::int64_t np0, std::int64_t np1) {
-          float* scratch = prepacked != nullptr ? nullptr : t_packed_a.get(mc_panels * MR * kc);
+          Word* scratch =
+              prepacked != nullptr ? nullptr : t_packed_a.get<Word>(mc_panels * MR * kw);
           alignas(64) float tile[MR * NR];
           for (std::int64_t mb = mp0; mb < mp1; mb += mc_panels) {
             const std::int64_t mb1 = std::min(mb + mc_panels, mp1);
-            const float* packed_a = scratch;
+            const Word* packed_a = scratch;
             if (prepacked != nullptr) {
-              packed_a = prepacked + pc * m_panels * MR + mb * MR * kc;
+              packed_a = prepacked + pc * m_panels * MR + mb * MR * kw;
             } else {
               for (std::int64_t q = mb; q < mb1; ++q) {
                 pack_a(isa, transpose_a, a, lda, q * MR, std::min<std::int64_t>(MR, m - q * MR), pc,
-                       kc, scratch + (q - mb) * MR * kc);
+                       kc, scratch + (q - mb) * MR * kw);
               }
             }
             for (std::int64_t jp = np0; jp < np1; ++jp) {
-              const float* b_panel = packed_b + jp * NR * kc;
+              const Word* b_panel = packed_b + jp * NR * kw;
               const std::int64_t j = jc + jp * NR;
               const std::int64_t cols = std::min<std::int64_t>(NR, jc + nc - j);
               for (std::int64_t q = mb; q < mb1; ++q) {
-                const float* a_panel = packed_a + (q - mb) * MR * kc;
+                const Word* a_panel = packed_a + (q - mb) * MR * kw;
                 const std::int64_t i = q * MR;
                 const std::int64_t rows = std::min<std::int64_t>(MR, m - i);
                 float* c_tile = c + i * ldc + j;
@@ -424,7 +467,7 @@ struct Blocked {
                   continue;
                 }
                 // A ragged edge: compute the tile aside, then write the valid part.
-                const MicroKernel edge =
+                const MicroKernel<Word> edge =
                     isa.edge_kernel != nullptr ? isa.edge_kernel(rows, cols) : isa.micro_kernel;
                 edge(kc, a_panel, b_panel, tile, NR, alpha, 0.0f);
                 // Row by row, beta tested once: per element, the test was most of
@@ -550,6 +593,14 @@ std::atomic<GemmIsa>& selected_isa() {
   return isa;
 }
 
+std::atomic<Bf16GemmKernel> g_bf16_kernel{Bf16GemmKernel::Auto};
+
+// Whether a bfloat16 product runs the vdpbf16ps kernel now: only on request (set
+// only where the CPU has it). Auto widens, for the reason engine/settings.h gives.
+bool bf16_dot_selected() {
+  return g_bf16_kernel.load(std::memory_order_relaxed) == Bf16GemmKernel::Avx512Bf16;
+}
+
 // C = beta * C, for K == 0 (no products to add).
 template <typename T>
 void scale_c(std::int64_t m, std::int64_t n, T beta, T* c, std::int64_t ldc) {
@@ -579,38 +630,67 @@ GemmIsa gemm_isa() {
   return cpu::selected_isa().load();
 }
 
+bool bf16_gemm_kernel_supported(Bf16GemmKernel kernel) {
+  return kernel != Bf16GemmKernel::Avx512Bf16 || cpu::cpu_has_avx512_bf16();
+}
+
+void set_bf16_gemm_kernel(Bf16GemmKernel kernel) {
+  TL_CHECK(bf16_gemm_kernel_supported(kernel), NotSupported,
+           "set_bf16_gemm_kernel: this CPU does not report avx512_bf16 (vdpbf16ps); Widen and "
+           "Auto run everywhere");
+  cpu::g_bf16_kernel.store(kernel);
+}
+
+Bf16GemmKernel bf16_gemm_kernel() {
+  return cpu::g_bf16_kernel.load();
+}
+
 }  // namespace towerlab
 
 namespace towerlab::cpu {
 
 namespace {
 
-// fn.template operator()<MR, NR>(kernels) with the blocked GEMM of `isa`.
-template <typename Fn>
+#if TL_CPU_X86
+// The vector packer of a panel `Width` wide from Src values: floats only (it moves
+// them without looking); nullptr for a 16-bit Src, which the generic loops widen.
+template <typename Src, int Width>
+constexpr PanelPack<Src, float> rows_packer() {
+  if constexpr (std::is_same_v<Src, float>) {
+    return pack_rows_avx2<Width>;
+  } else {
+    return nullptr;
+  }
+}
+#endif
+
+// fn.template operator()<MR, NR>(kernels) with the blocked float32 GEMM of `isa`,
+// for source values Src: float, or a 16-bit type widened while packing.
+template <typename Src = float, typename Fn>
 void with_blocked(GemmIsa isa, const Fn& fn) {
   switch (isa) {
 #if TL_CPU_X86
     case GemmIsa::Avx512:
       fn.template operator()<kAvx512Mr, kAvx512Nr>(
-          Kernels{micro_kernel_avx512<kAvx512Mr, 2>, pack_rows_avx2<kAvx512Mr>,
-                  pack_rows_avx2<kAvx512Nr>, avx512_edge_kernel});
+          Kernels<Src, float>{micro_kernel_avx512<kAvx512Mr, 2>, rows_packer<Src, kAvx512Mr>(),
+                              rows_packer<Src, kAvx512Nr>(), avx512_edge_kernel});
       return;
     case GemmIsa::Avx2:
-      fn.template operator()<kAvx2Mr, kAvx2Nr>(Kernels{micro_kernel_avx2<kAvx2Mr, 2>,
-                                                       pack_rows_avx2<kAvx2Mr>,
-                                                       pack_rows_avx2<kAvx2Nr>, avx2_edge_kernel});
+      fn.template operator()<kAvx2Mr, kAvx2Nr>(
+          Kernels<Src, float>{micro_kernel_avx2<kAvx2Mr, 2>, rows_packer<Src, kAvx2Mr>(),
+                              rows_packer<Src, kAvx2Nr>(), avx2_edge_kernel});
       return;
 #endif
     default:
       fn.template operator()<kPortableMr, kPortableNr>(
-          Kernels{micro_kernel_portable, nullptr, nullptr});
+          Kernels<Src, float>{micro_kernel_portable, nullptr, nullptr});
   }
 }
 
 // The layout of B for `isa`'s kernels.
 GemmBPanels b_panels_for(GemmIsa isa, std::int64_t k, std::int64_t n) {
   GemmBPanels panels{isa, 0, k, n};
-  with_blocked(isa, [&]<int MR, int NR>(const Kernels&) { panels.width = NR; });
+  with_blocked(isa, [&]<int MR, int NR>(const auto&) { panels.width = NR; });
   return panels;
 }
 
@@ -618,7 +698,7 @@ GemmBPanels b_panels_for(GemmIsa isa, std::int64_t k, std::int64_t n) {
 
 PackedA::PackedA(const float* a, std::int64_t lda, std::int64_t m, std::int64_t k)
     : isa_(selected_isa().load(std::memory_order_relaxed)), m_(m), k_(k) {
-  with_blocked(isa_, [&]<int MR, int NR>(const Kernels& kernels) {
+  with_blocked(isa_, [&]<int MR, int NR>(const auto& kernels) {
     panels_.resize(static_cast<std::size_t>((m + MR - 1) / MR * MR * k));
     Blocked<MR, NR>::pack_all_a(kernels, a, lda, m, k, panels_.data());
   });
@@ -642,7 +722,7 @@ void gemm_packed(const PackedA& a, const GemmBPanels& b, const float* packed, fl
     scale_c(a.m_, b.n, beta, c, ldc);
     return;
   }
-  with_blocked(b.isa, [&]<int MR, int NR>(const Kernels& kernels) {
+  with_blocked(b.isa, [&]<int MR, int NR>(const auto& kernels) {
     Blocked<MR, NR>::run(kernels, false, false, a.m_, b.n, b.k, 1.0f, nullptr, 0, nullptr, 0, beta,
                          c, ldc, a.panels_.data(), packed);
   });
@@ -656,7 +736,7 @@ void gemm_packed_b(bool transpose_a, std::int64_t m, const float* a, std::int64_
     scale_c(m, b.n, beta, c, ldc);
     return;
   }
-  with_blocked(b.isa, [&]<int MR, int NR>(const Kernels& kernels) {
+  with_blocked(b.isa, [&]<int MR, int NR>(const auto& kernels) {
     Blocked<MR, NR>::run(kernels, transpose_a, false, m, b.n, b.k, 1.0f, a, lda, nullptr, 0, beta,
                          c, ldc, nullptr, packed);
   });
@@ -676,10 +756,58 @@ void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, st
     reference::matmul(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   } else {
     with_blocked(selected_isa().load(std::memory_order_relaxed),
-                 [&]<int MR, int NR>(const Kernels& kernels) {
+                 [&]<int MR, int NR>(const auto& kernels) {
                    Blocked<MR, NR>::run(kernels, transpose_a, transpose_b, m, n, k, alpha, a, lda,
                                         b, ldb, beta, c, ldc);
                  });
+  }
+}
+
+template <typename In, typename Out>
+void gemm_mixed(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                float alpha, const In* a, std::int64_t lda, const In* b, std::int64_t ldb,
+                float beta, Out* c, std::int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if constexpr (!std::is_same_v<Out, float>) {
+    // The driver adds each K block onto C, so C is float32 until the last block: a
+    // 16-bit C goes through a float32 copy, rounded once at the end.
+    std::vector<float> acc(static_cast<std::size_t>(m * n));  // [M,N]
+    if (beta != 0.0f) {
+      for (std::int64_t i = 0; i < m; ++i) {
+        for (std::int64_t j = 0; j < n; ++j) acc[i * n + j] = static_cast<float>(c[i * ldc + j]);
+      }
+    }
+    gemm_mixed<In, float>(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta,
+                          acc.data(), n);
+    for (std::int64_t i = 0; i < m; ++i) {
+      for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] = Out(acc[i * n + j]);
+    }
+    return;
+  } else {
+    if (k <= 0) {
+      scale_c(m, n, beta, c, ldc);
+      return;
+    }
+    if constexpr (std::is_same_v<In, bfloat16>) {
+      if (bf16_dot_selected()) {
+        const Kernels<bfloat16, std::uint32_t> kernels{bf16_kernel_for(kBf16Mr, kBf16Nr),
+                                                       pack_bf16_a_along_k,
+                                                       pack_bf16_b_along_k,
+                                                       bf16_kernel_for,
+                                                       pack_bf16_a_across_k,
+                                                       pack_bf16_b_across_k};
+        Blocked<kBf16Mr, kBf16Nr>::run(kernels, transpose_a, transpose_b, m, n, k, alpha, a, lda, b,
+                                       ldb, beta, c, ldc);
+        return;
+      }
+    }
+    // Widened while packing, then gemm_isa()'s float32 kernel: correct everywhere,
+    // no faster than float32 inputs.
+    with_blocked<In>(selected_isa().load(std::memory_order_relaxed),
+                     [&]<int MR, int NR>(const auto& kernels) {
+                       Blocked<MR, NR>::run(kernels, transpose_a, transpose_b, m, n, k, alpha, a,
+                                            lda, b, ldb, beta, c, ldc);
+                     });
   }
 }
 
@@ -694,5 +822,14 @@ template void gemm<float>(bool, bool, std::int64_t, std::int64_t, std::int64_t, 
 template void gemm<double>(bool, bool, std::int64_t, std::int64_t, std::int64_t, double,
                            const double*, std::int64_t, const double*, std::int64_t, double,
                            double*, std::int64_t);
+#define TL_GEMM_MIXED(In, Out)                                                                     \
+  template void gemm_mixed<In, Out>(bool, bool, std::int64_t, std::int64_t, std::int64_t, float,   \
+                                    const In*, std::int64_t, const In*, std::int64_t, float, Out*, \
+                                    std::int64_t)
+TL_GEMM_MIXED(bfloat16, float);
+TL_GEMM_MIXED(bfloat16, bfloat16);
+TL_GEMM_MIXED(float16, float);
+TL_GEMM_MIXED(float16, float16);
+#undef TL_GEMM_MIXED
 
 }  // namespace towerlab::cpu

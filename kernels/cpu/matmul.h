@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/half.h"
 #include "kernels/matmul.h"
 
 namespace towerlab::cpu {
@@ -17,6 +18,16 @@ template <typename T>
 void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k,
           T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
           std::int64_t ldc);
+
+// The mixed-precision GEMM (kernels/matmul.h's 16-bit contract): In is bfloat16 or
+// float16 for both A and B, the sums are float32, Out is float or In (rounded once
+// at the end). bfloat16 runs the vdpbf16ps kernel where set_bf16_gemm_kernel
+// (engine/settings.h) asks for it; otherwise the values are widened to float32
+// while packing for gemm_isa()'s float32 kernel.
+template <typename In, typename Out>
+void gemm_mixed(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                float alpha, const In* a, std::int64_t lda, const In* b, std::int64_t ldb,
+                float beta, Out* c, std::int64_t ldc);
 
 // The GEMM's block of the inner dimension: each output sums its products kGemmKc at
 // a time in registers, and the blocks' sums onto C in order. A kernel that must give

@@ -1,5 +1,6 @@
 // matmul's plain reference (contract in kernels/reference/matmul.h): the i-p-j
-// loop order, so that the innermost loop walks a row of C.
+// loop order, so that the innermost loop walks a row of C; the mixed-precision
+// one sums each output on its own, in double.
 #include "kernels/reference/matmul.h"
 
 namespace towerlab::reference {
@@ -30,5 +31,41 @@ template void matmul<float>(bool, bool, std::int64_t, std::int64_t, std::int64_t
 template void matmul<double>(bool, bool, std::int64_t, std::int64_t, std::int64_t, double,
                              const double*, std::int64_t, const double*, std::int64_t, double,
                              double*, std::int64_t);
+
+template <typename In, typename Out>
+void matmul_mixed(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n,
+                  std::int64_t k, float alpha, const In* a, std::int64_t lda, const In* b,
+                  std::int64_t ldb, float beta, Out* c, std::int64_t ldc) {
+  auto a_at = [&](std::int64_t i, std::int64_t p) {  // op(A)[i,p], exact in double
+    return static_cast<double>(transpose_a ? a[p * lda + i] : a[i * lda + p]);
+  };
+  auto b_at = [&](std::int64_t p, std::int64_t j) {  // op(B)[p,j]
+    return static_cast<double>(transpose_b ? b[j * ldb + p] : b[p * ldb + j]);
+  };
+  for (std::int64_t i = 0; i < m; ++i) {
+    Out* c_row = c + i * ldc;  // [N]
+    for (std::int64_t j = 0; j < n; ++j) {
+      double sum = 0.0;
+      for (std::int64_t p = 0; p < k; ++p) sum += a_at(i, p) * b_at(p, j);
+      double value = static_cast<double>(alpha) * sum;
+      if (beta != 0.0f) value += static_cast<double>(beta) * static_cast<double>(c_row[j]);
+      c_row[j] = static_cast<Out>(value);
+    }
+  }
+}
+
+template void matmul_mixed<bfloat16, float>(bool, bool, std::int64_t, std::int64_t, std::int64_t,
+                                            float, const bfloat16*, std::int64_t, const bfloat16*,
+                                            std::int64_t, float, float*, std::int64_t);
+template void matmul_mixed<bfloat16, bfloat16>(bool, bool, std::int64_t, std::int64_t, std::int64_t,
+                                               float, const bfloat16*, std::int64_t,
+                                               const bfloat16*, std::int64_t, float, bfloat16*,
+                                               std::int64_t);
+template void matmul_mixed<float16, float>(bool, bool, std::int64_t, std::int64_t, std::int64_t,
+                                           float, const float16*, std::int64_t, const float16*,
+                                           std::int64_t, float, float*, std::int64_t);
+template void matmul_mixed<float16, float16>(bool, bool, std::int64_t, std::int64_t, std::int64_t,
+                                             float, const float16*, std::int64_t, const float16*,
+                                             std::int64_t, float, float16*, std::int64_t);
 
 }  // namespace towerlab::reference

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "engine/half.h"
+
 namespace towerlab::reference {
 
 // C = alpha * op(A) * op(B) + beta * C, for T float or double.
@@ -21,5 +23,16 @@ template <typename T>
 void matmul(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k,
             T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
             std::int64_t ldc);
+
+// The mixed-precision product: In is bfloat16 or float16 (engine/half.h), Out is
+// float or In. Each a and b value is widened exactly to double, the products are
+// summed in double in order p = 0 .. K-1, and
+//   c = round_Out(alpha * sum + beta * c)     (beta == 0: c not read)
+// is rounded once, to nearest even (a 16-bit Out from the double directly). The
+// fast paths round more often (kernels/matmul.h states by how much).
+template <typename In, typename Out>
+void matmul_mixed(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n,
+                  std::int64_t k, float alpha, const In* a, std::int64_t lda, const In* b,
+                  std::int64_t ldb, float beta, Out* c, std::int64_t ldc);
 
 }  // namespace towerlab::reference
