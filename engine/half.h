@@ -27,12 +27,7 @@
 #include <bit>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define TL_HOST_DEVICE __host__ __device__
-#else
-// Host compilers, and the emulated GPUs, which compile the .cu files as C++.
-#define TL_HOST_DEVICE
-#endif
+#include "host_device.h"
 
 namespace towerlab {
 

@@ -10,11 +10,7 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define TL_HOST_DEVICE __host__ __device__
-#else
-#define TL_HOST_DEVICE
-#endif
+#include "host_device.h"
 
 namespace towerlab::philox {
 
