@@ -2,9 +2,12 @@
 // loops: each mma shape and each ldmatrix form on random fragments, every lane's
 // registers checked against the elements the PTX ISA's layout names, and a 64x64x64
 // GEMM through cp.async, ldmatrix and mma. The same file compiles with nvcc for
-// sm_90 (nothing in it is the emulator's), so that on an H100 the same kernels
-// measure the hardware against the same layouts:
-//   nvcc -std=c++20 -arch=sm_90 -I. -c emulator/tests/tensor_core_test.cu
+// sm_90 (only the missing-wait control is the emulator's alone), so that on an H100
+// the same kernels measure the hardware against the same layouts (from the
+// repository's root):
+//   nvcc -std=c++20 -arch=sm_90 -I. -o tensor_core_test emulator/tests/tensor_core_test.cu
+//        -lgtest -lgtest_main
+//   ./tensor_core_test
 //
 // Exact and bounded checks. With small integers as inputs every product and every
 // partial sum is exact in float32, so any order of accumulation gives the same bits:
