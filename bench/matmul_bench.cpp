@@ -12,6 +12,15 @@
 // --benchmark_enable_random_interleaving=true and compare the "max" rows.
 // Results with their machine and commit: bench/results/matmul_cpu.md.
 //
+// BF16 (issue 46): A and B bfloat16, C float32 (kernels/matmul.h's mixed
+// precision; the vdpbf16ps kernel where the CPU has AVX-512 BF16), beside
+// towerlab's own float32 GEMM of the same size, in the same layouts, at 512 and
+// 1024. Target: >= 1.7x the float32 GEMM's FLOP/s on 2 threads. Run them alone,
+// alternated:
+//   TOWERLAB_NUM_THREADS=2 ./matmul_bench --benchmark_filter='cpu_(fp32|bf16)' \
+//     --benchmark_repetitions=10 --benchmark_enable_random_interleaving=true
+// and compare the "max" rows. Results: bench/results/matmul_bf16_*.json.
+//
 // CUDA: towerlab's kernel beside cuBLAS SGEMM (TF32 off), both through matmul()
 // with set_gemm_backend, timed with CUDA events around back-to-back launches
 // (bench::time_calls).
@@ -78,6 +87,32 @@ void BM_CpuTowerlab(benchmark::State& state, Layout layout) {
   state.SetLabel(std::to_string(num_threads()) + " threads");
 }
 
+// The same product from bfloat16 A and B (rounded from the float32 operands), into
+// a float32 C, or a bfloat16 one with `bf16_out`, with `kernel` (the vdpbf16ps
+// kernel, or the values widened for the float32 one).
+void BM_CpuTowerlabBf16(benchmark::State& state, Layout layout, bool bf16_out,
+                        Bf16GemmKernel kernel) {
+  const std::int64_t n = state.range(0);
+  if (!bf16_gemm_kernel_supported(kernel)) {
+    state.SkipWithError("this CPU does not report avx512_bf16");
+    return;
+  }
+  const Bf16GemmKernel saved = bf16_gemm_kernel();
+  set_bf16_gemm_kernel(kernel);
+  const Stream& stream = default_stream(Device::cpu());
+  Operands x(n, n, n, layout, stream);
+  const Tensor a = cast(x.a, DType::BFloat16, stream), b = cast(x.b, DType::BFloat16, stream);
+  const Tensor c = bf16_out ? cast(x.c, DType::BFloat16, stream) : x.c;
+  for (auto _ : state) {
+    matmul(c, a, b, transpose_a(layout), transpose_b(layout), 1.0f, 0.0f, stream);
+    benchmark::ClobberMemory();
+  }
+  set_bf16_gemm_kernel(saved);
+  set_flops(state, n, n, n);
+  state.SetLabel(std::to_string(num_threads()) + " threads, " +
+                 (kernel == Bf16GemmKernel::Avx512Bf16 ? "vdpbf16ps" : "widened to float32"));
+}
+
 #if TOWERLAB_HAVE_CBLAS
 void BM_CpuOpenblas(benchmark::State& state, Layout layout) {
   const int n = static_cast<int>(state.range(0));
@@ -122,6 +157,10 @@ void cpu_sizes(benchmark::internal::Benchmark* b) {
   for (int n : {256, 512, 1024, 2048}) b->Arg(n);
   b->Unit(benchmark::kMillisecond)->UseRealTime()->ComputeStatistics("max", max_of);
 }
+void lowp_sizes(benchmark::internal::Benchmark* b) {
+  for (int n : {512, 1024}) b->Arg(n);
+  b->Unit(benchmark::kMillisecond)->UseRealTime()->ComputeStatistics("max", max_of);
+}
 void cuda_sizes(benchmark::internal::Benchmark* b) {
   for (int n : {512, 1024, 4096}) b->Args({n, n, n});
   b->UseManualTime()->Unit(benchmark::kMillisecond)->ComputeStatistics("max", max_of);
@@ -154,6 +193,23 @@ const bool threads_from_env = [] {
 TL_CPU_PAIR(NN);
 TL_CPU_PAIR(NT);
 TL_CPU_PAIR(TN);
+
+// BF16 beside towerlab's float32 GEMM, each layout: vdpbf16ps into float32 and
+// into bfloat16, and the widening path.
+#define TL_CPU_BF16(L)                                                           \
+  BENCHMARK_CAPTURE(BM_CpuTowerlab, cpu_fp32_##L, Layout::L)->Apply(lowp_sizes); \
+  BENCHMARK_CAPTURE(BM_CpuTowerlabBf16, cpu_bf16_##L, Layout::L, false,          \
+                    Bf16GemmKernel::Avx512Bf16)                                  \
+      ->Apply(lowp_sizes);                                                       \
+  BENCHMARK_CAPTURE(BM_CpuTowerlabBf16, cpu_bf16_out_bf16_##L, Layout::L, true,  \
+                    Bf16GemmKernel::Avx512Bf16)                                  \
+      ->Apply(lowp_sizes);                                                       \
+  BENCHMARK_CAPTURE(BM_CpuTowerlabBf16, cpu_bf16_widen_##L, Layout::L, false,    \
+                    Bf16GemmKernel::Widen)                                       \
+      ->Apply(lowp_sizes)
+TL_CPU_BF16(NN);
+TL_CPU_BF16(NT);
+TL_CPU_BF16(TN);
 
 #define TL_CUDA_PAIR(L)                                                                      \
   BENCHMARK_CAPTURE(BM_Cuda, cublas_##L, Layout::L, GemmBackend::Cublas)->Apply(cuda_sizes); \
