@@ -14,6 +14,11 @@
 // of C in vector registers and does one broadcast-FMA per element of A. Threads
 // (engine/thread_pool.h) share the packed B and take tasks from a counter: row
 // blocks of A, cut into column groups of B as well when A is short.
+//
+// The 16-bit inputs (gemm_mixed) go through the same driver: widened to float32
+// by the generic packing loops for the float32 kernels, or packed as bfloat16
+// pairs for the vdpbf16ps kernel (kernels/cpu/gemm_bf16.h), whose panels hold two
+// k per 32-bit word; the driver sizes panels in words, so both layouts share it.
 #include <algorithm>
 #include <atomic>
 #include <cctype>
