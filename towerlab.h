@@ -51,6 +51,7 @@
 #include "kernels/bias.h"
 #include "kernels/cast.h"
 #include "kernels/conv2d.h"
+#include "kernels/dropout.h"
 #include "kernels/elementwise.h"
 #include "kernels/loss.h"
 #include "kernels/matmul.h"

@@ -3,6 +3,7 @@
 
 #include "engine/error.h"
 #include "kernels/activation.h"
+#include "kernels/dropout.h"
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
 #include "kernels/relu.h"
@@ -127,6 +128,22 @@ Var silu(const Var& x) {
 
 Var leaky_relu(const Var& x, double negative_slope) {
   return activation("leaky_relu", x, ActivationOp::leaky_relu(negative_slope));
+}
+
+Var dropout(const Var& x, double p, const DropoutKey& key, bool training) {
+  x.tape().check_owns("dropout", {x});
+  TL_CHECK(p >= 0.0 && p <= 1.0, InvalidArgument,
+           "dropout: p is " << p << " for " << x.describe() << "; it must be in [0, 1]");
+  if (!training) return x;
+  Tape& tape = x.tape();
+  Tensor y = like(x);
+  dropout_forward(y, x.value(), p, key, tape.stream());
+  return tape.record(y, "dropout", {x}, [x, p, key](const Var& out) {
+    Tape& t = out.tape();
+    const Tape::GradTarget gx = t.grad_target(x);
+    dropout_backward(gx.grad, out.grad(), p, key, t.stream(),
+                     gx.assign ? GradWrite::Assign : GradWrite::Accumulate);
+  });
 }
 
 namespace {

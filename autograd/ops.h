@@ -5,6 +5,7 @@
 #pragma once
 
 #include "../kernels/activation.h"
+#include "../kernels/dropout.h"
 #include "tape.h"
 
 namespace towerlab::ag {
@@ -21,6 +22,10 @@ Var tanh(const Var& x);
 Var gelu(const Var& x, GeluApproximate approximate = GeluApproximate::None);
 Var silu(const Var& x);
 Var leaky_relu(const Var& x, double negative_slope = 0.01);
+// Dropout with drop probability p (kernels/dropout.h): the mask of each element comes
+// from `key` and the element's sample in the whole batch, and the backward draws it
+// again. With `training` false (evaluation) x itself is returned.
+Var dropout(const Var& x, double p, const DropoutKey& key, bool training = true);
 Var sum(const Var& x);   // [1]: the sum of every element
 Var mean(const Var& x);  // [1]: the mean of every element
 // A view with another shape (flatten is reshape({N, -1})); the gradient flows back unchanged.

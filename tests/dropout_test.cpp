@@ -1,0 +1,190 @@
+// Dropout (kernels/dropout.h) on every backend: the reference's masks bit for bit,
+// the same mask for a sample wherever the batch is split, the kept fraction, the
+// backward's mask equal to the forward's, add-versus-assign, in place, the limits
+// p = 0 and p = 1, typed errors, and float64 gradient checks through the tape.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "gradcheck.h"
+#include "kernels/dropout.h"
+#include "kernels/reference/dropout.h"
+#include "test_util.h"
+
+namespace towerlab::testing {
+namespace {
+
+class DropoutTest : public BackendTest {};
+TL_INSTANTIATE_BACKENDS(DropoutTest);
+
+DropoutKey key_for(std::int64_t first_row = 0) {
+  return {1234, dropout_subsequence(7, "block1/dropout"), first_row};
+}
+
+// What the reference gives for x [rows, D] whose first row is sample first_row.
+std::vector<float> reference_forward(const std::vector<float>& x, std::int64_t row_size, double p,
+                                     const DropoutKey& key) {
+  std::vector<float> y(x.size(), -7.0f);
+  reference::dropout_forward(y.data(), x.data(), p, key.seed, key.subsequence,
+                             static_cast<std::uint64_t>(key.first_row * row_size),
+                             static_cast<std::int64_t>(x.size()));
+  return y;
+}
+
+TEST_P(DropoutTest, ForwardIsTheReferenceBitForBit) {
+  for (double p : {0.0, 0.1, 0.5, 0.9, 1.0}) {
+    for (std::int64_t rows : {1, 3, 129}) {
+      const std::int64_t row_size = 37;
+      const auto x = random_values(static_cast<std::size_t>(rows * row_size), 3, -2.0f, 2.0f);
+      Tensor y = make(std::vector<float>(x.size(), -7.0f), {rows, row_size});
+      dropout_forward(y, make(x, {rows, row_size}), p, key_for(5), stream());
+      EXPECT_EQ(host(y), reference_forward(x, row_size, p, key_for(5)))
+          << "p = " << p << ", rows = " << rows;
+    }
+  }
+}
+
+// The tower guarantee: rows [0, a) on one tower and [a, R) on another, each with its
+// own first_row, give the whole batch's output, for every split.
+TEST_P(DropoutTest, ASampleHasOneMaskWhereverTheBatchIsSplit) {
+  const std::int64_t rows = 11, row_size = 6;
+  const auto x = random_values(rows * row_size, 4, 0.5f, 2.0f);
+  Tensor whole = Tensor::empty({rows, row_size}, stream());
+  dropout_forward(whole, make(x, {rows, row_size}), 0.5, key_for(), stream());
+  const auto expected = host(whole);
+  for (std::int64_t split : {0, 1, 4, 10, 11}) {
+    std::vector<float> joined;
+    for (const auto& [begin, end] : {std::pair{std::int64_t{0}, split}, std::pair{split, rows}}) {
+      if (begin == end) continue;
+      std::vector<float> part(x.begin() + begin * row_size, x.begin() + end * row_size);
+      Tensor y = Tensor::empty({end - begin, row_size}, stream());
+      dropout_forward(y, make(part, {end - begin, row_size}), 0.5, key_for(begin), stream());
+      const auto got = host(y);
+      joined.insert(joined.end(), got.begin(), got.end());
+    }
+    EXPECT_EQ(joined, expected) << "split at row " << split;
+  }
+  // Control: a slice keyed as if it were the batch's first rows gets another mask.
+  std::vector<float> tail(x.begin() + 4 * row_size, x.end());
+  Tensor y = Tensor::empty({rows - 4, row_size}, stream());
+  dropout_forward(y, make(tail, {rows - 4, row_size}), 0.5, key_for(0), stream());
+  EXPECT_NE(host(y), std::vector<float>(expected.begin() + 4 * row_size, expected.end()));
+}
+
+TEST_P(DropoutTest, KeepsAboutOneMinusPAndScalesTheKept) {
+  const std::int64_t n = 1 << 20;
+  const double p = 0.3;
+  Tensor y = Tensor::empty({n}, stream());
+  dropout_forward(y, make(std::vector<float>(n, 1.0f), {n}), p, key_for(), stream());
+  const float scale = reference::dropout_scale<float>(p);
+  std::int64_t kept = 0;
+  for (float v : host(y)) {
+    ASSERT_TRUE(v == 0.0f || v == scale) << v;
+    kept += v != 0.0f;
+  }
+  // Binomial(n, 0.7): the standard deviation is about 469; allow five of them.
+  EXPECT_NEAR(static_cast<double>(kept), 0.7 * n, 5 * std::sqrt(n * p * (1 - p)));
+}
+
+TEST_P(DropoutTest, StreamsDifferByStepAndName) {
+  const std::int64_t n = 256;
+  Tensor x = make(std::vector<float>(n, 1.0f), {n});
+  auto mask = [&](std::uint64_t step, const char* name) {
+    Tensor y = Tensor::empty({n}, stream());
+    dropout_forward(y, x, 0.5, {9, dropout_subsequence(step, name), 0}, stream());
+    return host(y);
+  };
+  EXPECT_EQ(mask(3, "a/dropout"), mask(3, "a/dropout"));
+  EXPECT_NE(mask(3, "a/dropout"), mask(4, "a/dropout"));
+  EXPECT_NE(mask(3, "a/dropout"), mask(3, "b/dropout"));
+}
+
+TEST_P(DropoutTest, BackwardUsesTheForwardsMaskAndAccumulatesOrAssigns) {
+  const std::int64_t rows = 5, row_size = 33;
+  const auto x = random_values(rows * row_size, 6, 0.5f, 2.0f);  // no zeros: y == 0 means dropped
+  Tensor y = Tensor::empty({rows, row_size}, stream());
+  dropout_forward(y, make(x, {rows, row_size}), 0.4, key_for(2), stream());
+  const auto forward = host(y);
+  const auto grad_y = random_values(x.size(), 7);
+  Tensor grad_x = make(std::vector<float>(x.size(), 1.0f), {rows, row_size});  // sentinel
+  dropout_backward(grad_x, make(grad_y, {rows, row_size}), 0.4, key_for(2), stream());
+  const float scale = reference::dropout_scale<float>(0.4);
+  const auto accumulated = host(grad_x);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const float m = forward[i] == 0.0f ? 0.0f : scale;
+    ASSERT_EQ(accumulated[i], 1.0f + grad_y[i] * m) << "element " << i;
+  }
+  Tensor assigned = make(std::vector<float>(x.size(), std::nanf("")), {rows, row_size});
+  dropout_backward(assigned, make(grad_y, {rows, row_size}), 0.4, key_for(2), stream(),
+                   GradWrite::Assign);
+  const auto got = host(assigned);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(got[i], grad_y[i] * (forward[i] == 0.0f ? 0.0f : scale)) << "element " << i;
+  }
+}
+
+TEST_P(DropoutTest, InPlaceTheLimitsAndNaN) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor x = make({1, -2, nan, 4}, {4});
+  dropout_forward(x, x, 0.0, key_for(), stream());  // in place, p = 0: the identity
+  auto v = host(x);
+  EXPECT_TRUE(v[0] == 1 && v[1] == -2 && std::isnan(v[2]) && v[3] == 4);
+  dropout_forward(x, x, 1.0, key_for(), stream());  // p = 1: all dropped; NaN * 0 stays NaN
+  v = host(x);
+  EXPECT_TRUE(v[0] == 0 && v[1] == 0 && std::signbit(v[1]) && std::isnan(v[2]) && v[3] == 0);
+  Tensor empty = Tensor::zeros({0, 3}, stream());
+  dropout_forward(empty, empty, 0.5, key_for(), stream());
+  dropout_backward(empty, empty, 0.5, key_for(), stream());
+}
+
+TEST_P(DropoutTest, RejectsBadArguments) {
+  Tensor x = Tensor::zeros({2, 3}, stream());
+  for (double p : {-0.1, 1.5, std::nan("")}) {
+    EXPECT_THROW_WITH(dropout_forward(x, x, p, key_for(), stream()), InvalidArgument,
+                      "dropout_forward: p is");
+  }
+  EXPECT_THROW_WITH(dropout_backward(x, x, 0.5, key_for(-1), stream()), InvalidArgument,
+                    "dropout_backward: key.first_row is -1");
+  EXPECT_THROW_WITH(dropout_forward(Tensor::zeros({3, 2}, stream()), x, 0.5, key_for(), stream()),
+                    ShapeError, "dropout_forward: y is float32[3,2]");
+  Tensor half = Tensor::zeros({2, 3}, stream(), DType::Float16);
+  EXPECT_THROW_WITH(dropout_forward(half, half, 0.5, key_for(), stream()), NotSupported,
+                    "dropout_forward: float16 is not supported");
+}
+
+// --- float64 on the CPU --------------------------------------------------------
+
+TEST(DropoutGradient, ThroughTheTape) {
+  Tensor x = random_double_tensor({4, 6}, 71);
+  Tensor grad = Tensor::zeros({4, 6}, cpu(), DType::Float64);
+  const DropoutKey key = key_for(3);
+  // x used twice, once through dropout: the two contributions must add up.
+  auto loss_fn = [&](const std::vector<Tensor>& in) {
+    Tape tape(cpu());
+    Var v = tape.constant(in[0]);
+    return ag::sum(ag::mul(ag::dropout(v, 0.25, key), v)).value().to_host<double>()[0];
+  };
+  Tape tape(cpu());
+  Var v = tape.variable(x, grad, "x");
+  tape.backward(ag::sum(ag::mul(ag::dropout(v, 0.25, key), v)));
+  EXPECT_TRUE(check_gradient(loss_fn, {x}, {grad}));
+  // The float64 mask is the float32 mask: the same draws decide.
+  Tensor y64 = Tensor::empty({4, 6}, cpu(), DType::Float64);
+  dropout_forward(y64, x, 0.25, key, cpu());
+  Tensor y32 = Tensor::empty({4, 6}, cpu());
+  dropout_forward(y32, x.to(DType::Float32, cpu()), 0.25, key, cpu());
+  const std::vector<double> a = y64.to_host<double>();
+  const std::vector<float> b = y32.to_host<float>();
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i] == 0.0, b[i] == 0.0f) << i;
+}
+
+TEST(DropoutGradient, EvaluationReturnsTheInput) {
+  Tape tape(cpu());
+  Var v = tape.constant(random_double_tensor({2, 3}, 72));
+  Var out = ag::dropout(v, 0.5, key_for(), false);
+  EXPECT_EQ(out.value().data<double>(), v.value().data<double>());
+  EXPECT_THROW_WITH(ag::dropout(v, 2.0, key_for(), false), InvalidArgument, "dropout: p is 2");
+}
+
+}  // namespace
+}  // namespace towerlab::testing
