@@ -129,8 +129,9 @@ __attribute__((target("avx512f,avx512bw"))) void pack_across_k(const bfloat16* s
 // The first Rows rows and 16 * Vecs columns of the 12 x 32 tile, from panels packed
 // for the full tile. Per pair of k: two loads of B (32 columns, each lane a pair),
 // and for each row one broadcast of A's pair word and Vecs vdpbf16ps, each doing
-// 32 multiply-adds where the float32 kernel's FMA does 16. As in that kernel, the
-// 24 independent accumulators cover the instruction's latency on two ports.
+// 32 multiply-adds where the float32 kernel's FMA does 16. As in that kernel, 24
+// independent accumulators keep the instruction's latency off the critical path;
+// what bounds the kernel is how often the CPU issues vdpbf16ps (docs/kernels.md).
 template <int Rows, int Vecs>
 __attribute__((target("avx512f,avx512bf16"))) void micro_kernel_bf16(std::int64_t kc,
                                                                      const std::uint32_t* a,
