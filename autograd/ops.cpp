@@ -1,12 +1,15 @@
-// Elementwise, ReLU and the other activations, reduction and view ops of autograd/ops.h.
+// Elementwise, ReLU and the other activations, reduction, view, softmax and layer-norm
+// ops of autograd/ops.h.
 #include "autograd/ops.h"
 
 #include "engine/error.h"
 #include "kernels/activation.h"
 #include "kernels/dropout.h"
 #include "kernels/elementwise.h"
+#include "kernels/layer_norm.h"
 #include "kernels/reduce.h"
 #include "kernels/relu.h"
+#include "kernels/softmax.h"
 
 namespace towerlab::ag {
 
@@ -182,6 +185,87 @@ Var flatten(const Var& x) {
   TL_CHECK(x.value().dim() >= 1, ShapeError,
            "flatten: " << x.describe() << " has no batch dimension");
   return reshape(x, {x.shape()[0], x.shape()[0] == 0 ? 0 : -1});
+}
+
+// --- softmax, log-softmax, layer norm ---------------------------------------------
+
+namespace {
+
+GradWrite write_of(const Tape::GradTarget& target) {
+  return target.assign ? GradWrite::Assign : GradWrite::Accumulate;
+}
+
+// Softmax or log-softmax on the tape: the backward reads the forward's output.
+Var softmax_op(const char* op, const Var& x, SoftmaxKind kind, SoftmaxMask mask) {
+  x.tape().check_owns(op, {x});
+  Tape& tape = x.tape();
+  Tensor y = like(x);
+  if (kind == SoftmaxKind::Softmax) {
+    softmax_forward(y, x.value(), mask, tape.stream());
+  } else {
+    log_softmax_forward(y, x.value(), mask, tape.stream());
+  }
+  return tape.record(y, op, {x}, [x, kind, mask](const Var& out) {
+    Tape& t = out.tape();
+    const Tape::GradTarget gx = t.grad_target(x);
+    if (kind == SoftmaxKind::Softmax) {
+      softmax_backward(gx.grad, out.grad(), out.value(), mask, t.stream(), write_of(gx));
+    } else {
+      log_softmax_backward(gx.grad, out.grad(), out.value(), mask, t.stream(), write_of(gx));
+    }
+  });
+}
+
+}  // namespace
+
+Var softmax(const Var& x, SoftmaxMask mask) {
+  return softmax_op("softmax", x, SoftmaxKind::Softmax, mask);
+}
+
+Var log_softmax(const Var& x, SoftmaxMask mask) {
+  return softmax_op("log_softmax", x, SoftmaxKind::LogSoftmax, mask);
+}
+
+Var layer_norm(const Var& x, const Var& weight, const Var& bias, double eps) {
+  std::vector<Var> inputs = {x};
+  if (weight.defined()) inputs.push_back(weight);
+  if (bias.defined()) inputs.push_back(bias);
+  x.tape().check_owns("layer_norm", inputs);
+  Tape& tape = x.tape();
+  TL_CHECK(x.value().dim() >= 1, ShapeError,
+           "layer_norm: " << x.describe() << " has no last dimension to normalize over");
+  std::int64_t rows = 1;  // R: every dimension but the last
+  for (std::size_t i = 0; i + 1 < x.shape().size(); ++i) rows *= x.shape()[i];
+  const DType dtype = x.value().dtype();
+  LayerNormForward forward;
+  forward.y = like(x);
+  forward.mean = Tensor::empty({rows}, tape.stream(), dtype);
+  forward.rstd = Tensor::empty({rows}, tape.stream(), dtype);
+  forward.x = x.value();
+  if (weight.defined()) forward.weight = weight.value();
+  if (bias.defined()) forward.bias = bias.value();
+  forward.eps = eps;
+  layer_norm_forward(forward, tape.stream());
+  return tape.record(forward.y, "layer_norm", inputs,
+                     [x, weight, bias, mean = forward.mean, rstd = forward.rstd](const Var& out) {
+                       Tape& t = out.tape();
+                       LayerNormBackward args;
+                       if (x.requires_grad()) {
+                         const Tape::GradTarget gx = t.grad_target(x);
+                         args.grad_x = gx.grad;
+                         args.grad_x_write = write_of(gx);
+                       }
+                       if (weight.defined() && weight.requires_grad())
+                         args.grad_weight = t.grad_for(weight);
+                       if (bias.defined() && bias.requires_grad())
+                         args.grad_bias = t.grad_for(bias);
+                       args.grad_y = out.grad();
+                       args.x = x.value();
+                       if (weight.defined()) args.weight = weight.value();
+                       args.mean = mean;
+                       args.rstd = rstd;
+                       layer_norm_backward(args, t.stream());
+                     });
 }
 
 }  // namespace towerlab::ag

@@ -6,6 +6,8 @@
 
 #include "../kernels/activation.h"
 #include "../kernels/dropout.h"
+#include "../kernels/layer_norm.h"
+#include "../kernels/softmax.h"
 #include "tape.h"
 
 namespace towerlab::ag {
@@ -31,5 +33,16 @@ Var mean(const Var& x);  // [1]: the mean of every element
 // A view with another shape (flatten is reshape({N, -1})); the gradient flows back unchanged.
 Var reshape(const Var& x, const Shape& shape);
 Var flatten(const Var& x);  // [N, ...] -> [N, rest]
+
+// Softmax, log-softmax and layer normalization over the last dimension
+// (kernels/softmax.h, kernels/layer_norm.h: formulas, the NaN rule, stability).
+// x is [..., D]; with SoftmaxMask::Causal, [..., T, T] (attention scores, queries by
+// keys), keys after the query get probability 0 (log-softmax: -inf) and gradient 0.
+// The softmax backwards read the forward's output.
+Var softmax(const Var& x, SoftmaxMask mask = SoftmaxMask::None);
+Var log_softmax(const Var& x, SoftmaxMask mask = SoftmaxMask::None);
+// weight and bias are [D] and optional (an undefined Var: 1 and 0); the row means and
+// reciprocal standard deviations are kept by the record for the backward.
+Var layer_norm(const Var& x, const Var& weight = {}, const Var& bias = {}, double eps = 1e-5);
 
 }  // namespace towerlab::ag
