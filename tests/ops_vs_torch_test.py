@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""softmax, log-softmax (with and without the causal mask) and layer norm, forward and
+backward, against PyTorch on the same inputs. The test binary writes towerlab's
+inputs and results (SoftmaxVsTorch.WritesCases, LayerNormVsTorch.WritesCases) into a
+scratch directory; this script computes PyTorch's in float64 from those inputs and
+compares: float64 results within 1e-10 relative, float32 within the tolerances that
+kernels/softmax.h and kernels/layer_norm.h state. Exits 77 (ctest's skip) without
+PyTorch, non-zero on the first mismatch.
+
+usage: ops_vs_torch_test.py path/to/towerlab_tests"""
+
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tools"))
+import torch_convert  # noqa: E402  (after the path: its numpy safetensors reader)
+
+try:
+    import torch
+except ImportError:
+    print("ops_vs_torch: no PyTorch in this Python; skipped")
+    sys.exit(77)
+
+# (atol, rtol) by dtype; float32 is the tolerance each header states for its backends
+# against the reference. (Layer norm's row around 100 stays within it; a row around 1e4
+# would not in float32: the saved float32 mean's rounding reaches grad_x and
+# grad_weight, as kernels/layer_norm.h says, where PyTorch here has float64 statistics.)
+TOLERANCE = {
+    "softmax": {"float64": (1e-12, 1e-10), "float32": (1e-6, 1e-5)},
+    "layer_norm": {"float64": (1e-11, 1e-10), "float32": (1e-5, 1e-4)},
+}
+
+
+def run_cases(binary, directory):
+    env = dict(os.environ, TOWERLAB_OPS_VS_TORCH_DIR=directory)
+    subprocess.run([binary, "--gtest_filter=SoftmaxVsTorch.*:LayerNormVsTorch.*"], env=env,
+                   check=True, stdout=subprocess.DEVNULL)
+
+
+def prefixes(tensors):
+    return sorted({name.split("/")[0] for name in tensors})
+
+
+def compare(family, what, actual, expected, dtype):
+    atol, rtol = TOLERANCE[family][dtype]
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = expected.detach().numpy().astype(np.float64).reshape(actual.shape)
+    same_nonfinite = np.array_equal(np.isfinite(actual), np.isfinite(expected)) and np.array_equal(
+        actual[~np.isfinite(actual)], expected[~np.isfinite(expected)])
+    finite = np.isfinite(expected)
+    close = np.all(np.abs(actual[finite] - expected[finite]) <=
+                   atol + rtol * np.abs(expected[finite]))
+    if not (same_nonfinite and close):
+        worst = np.nanmax(np.abs(np.where(finite, actual - expected, 0.0)))
+        raise AssertionError(f"{what}: differs from PyTorch (largest difference {worst:g}; "
+                             f"tolerance {atol:g} + {rtol:g} |torch|)")
+    print(f"ok {what}")
+
+
+def check_softmax(tensors):
+    for prefix in prefixes(tensors):
+        dtype = prefix.split("_", 1)[1]
+        for causal in (False, True):
+            tail = "_causal" if causal else ""
+            x = torch.tensor(np.array(tensors[f"{prefix}/x{tail}"]), dtype=torch.float64,
+                             requires_grad=True)
+            grad_y = torch.tensor(np.array(tensors[f"{prefix}/grad_y{tail}"]), dtype=torch.float64)
+            for op, fn in (("softmax", torch.softmax), ("log_softmax", torch.log_softmax)):
+                inputs = x
+                if causal:
+                    t = x.shape[-1]
+                    later = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
+                    inputs = x.masked_fill(later, float("-inf"))
+                y = fn(inputs, -1)
+                (grad_x,) = torch.autograd.grad(y, x, grad_y)
+                name = f"{prefix}/{op}{tail}"
+                compare("softmax", f"{name}/y", tensors[f"{name}/y"], y, dtype)
+                compare("softmax", f"{name}/grad_x", tensors[f"{name}/grad_x"], grad_x, dtype)
+
+
+def check_layer_norm(tensors):
+    for prefix in prefixes(tensors):
+        dtype = prefix.split("_", 1)[1]
+        leaf = {name: torch.tensor(np.array(tensors[f"{prefix}/{name}"]), dtype=torch.float64,
+                                   requires_grad=True) for name in ("x", "weight", "bias")}
+        grad_y = torch.tensor(np.array(tensors[f"{prefix}/grad_y"]), dtype=torch.float64)
+        d = leaf["x"].shape[-1]
+        y, mean, rstd = torch.native_layer_norm(leaf["x"], [d], leaf["weight"], leaf["bias"], 1e-5)
+        grads = torch.autograd.grad(y, [leaf["x"], leaf["weight"], leaf["bias"]], grad_y)
+        expected = {"y": y, "mean": mean, "rstd": rstd, "grad_x": grads[0],
+                    "grad_weight": grads[1], "grad_bias": grads[2]}
+        for name, value in expected.items():
+            compare("layer_norm", f"{prefix}/{name}", tensors[f"{prefix}/{name}"], value, dtype)
+
+
+def check_control(tensors):
+    """The comparison can fail: towerlab's softmax with one probability nudged by 1e-4."""
+    name = "cpu_float32/softmax/y"
+    nudged = np.array(tensors[name], dtype=np.float64)
+    nudged[1, 2] += 1e-4
+    x = torch.tensor(np.array(tensors["cpu_float32/x"]), dtype=torch.float64)
+    try:
+        compare("softmax", "control", nudged, torch.softmax(x, -1), "float32")
+    except AssertionError:
+        print("ok control: a nudged probability is caught")
+        return
+    raise AssertionError("control: a probability nudged by 1e-4 passed the comparison")
+
+
+def main(argv):
+    if len(argv) != 2:
+        print(__doc__)
+        return 2
+    with tempfile.TemporaryDirectory() as directory:
+        run_cases(argv[1], directory)
+        softmax, _ = torch_convert.read_safetensors(os.path.join(directory, "softmax.safetensors"))
+        layer_norm, _ = torch_convert.read_safetensors(
+            os.path.join(directory, "layer_norm.safetensors"))
+    check_softmax(softmax)
+    check_layer_norm(layer_norm)
+    check_control(softmax)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
