@@ -126,6 +126,45 @@ std::string AvgPool2d::describe() const {
   return os.str();
 }
 
+Var ActivationLayer::forward(const Context&, const Var& x) const {
+  switch (op_.kind) {
+    case ActivationKind::Sigmoid:
+      return ag::sigmoid(x);
+    case ActivationKind::Tanh:
+      return ag::tanh(x);
+    case ActivationKind::Gelu:
+      return ag::gelu(x, GeluApproximate::None);
+    case ActivationKind::GeluTanh:
+      return ag::gelu(x, GeluApproximate::Tanh);
+    case ActivationKind::SiLU:
+      return ag::silu(x);
+    case ActivationKind::LeakyReLU:
+      return ag::leaky_relu(x, op_.negative_slope);
+  }
+  TL_THROW(InvalidArgument, "ActivationLayer: unknown activation kind");
+}
+
+std::string ActivationLayer::describe() const {
+  switch (op_.kind) {
+    case ActivationKind::Sigmoid:
+      return "Sigmoid";
+    case ActivationKind::Tanh:
+      return "Tanh";
+    case ActivationKind::Gelu:
+      return "GELU";
+    case ActivationKind::GeluTanh:
+      return "GELU (tanh)";
+    case ActivationKind::SiLU:
+      return "SiLU";
+    case ActivationKind::LeakyReLU: {
+      std::ostringstream os;
+      os << "LeakyReLU " << op_.negative_slope;
+      return os.str();
+    }
+  }
+  return "Activation";
+}
+
 Var Sequential::forward(const Context& ctx, const Var& x) const {
   Var h = x;
   for (const auto& layer : layers_) {

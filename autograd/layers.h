@@ -112,6 +112,25 @@ class AvgPool2d : public Layer {
   Pool2dParams params_;
 };
 
+// x [N,C,H,W] -> [N,C], each channel's mean (ag::global_avg_pool2d).
+class GlobalAvgPool2d : public Layer {
+ public:
+  Var forward(const Context&, const Var& x) const override { return ag::global_avg_pool2d(x); }
+  std::string describe() const override { return "GlobalAvgPool2d"; }
+};
+
+// One of kernels/activation.h's activations as a layer of a Sequential:
+//   net.add<ActivationLayer>(ActivationOp::gelu(GeluApproximate::Tanh));
+class ActivationLayer : public Layer {
+ public:
+  explicit ActivationLayer(ActivationOp op) : op_(op) {}
+  Var forward(const Context& ctx, const Var& x) const override;
+  std::string describe() const override;  // "GELU (tanh)", "LeakyReLU 0.1", ...
+
+ private:
+  ActivationOp op_;
+};
+
 class Flatten : public Layer {
  public:
   Var forward(const Context&, const Var& x) const override { return ag::flatten(x); }

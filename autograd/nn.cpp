@@ -164,6 +164,14 @@ Var avg_pool2d(const Var& x, const Pool2dParams& params) {
   });
 }
 
+Var global_avg_pool2d(const Var& x) {
+  TL_CHECK(x.value().dim() == 4 && x.shape()[2] > 0 && x.shape()[3] > 0, ShapeError,
+           "global_avg_pool2d: x " << x.describe() << " must be [N,C,H,W] with H, W >= 1");
+  const Shape& s = x.shape();
+  const Var pooled = avg_pool2d(x, {s[2], s[3], 1, 1, 0, 0});  // [N,C,1,1]
+  return ag::reshape(pooled, {s[0], s[1]});
+}
+
 Var batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& moving_mean,
               const Tensor& moving_var, bool training, double momentum, double eps,
               Activation activation) {

@@ -47,6 +47,9 @@ Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams&
 // backward scatters through it (kernels/pool2d.h); the values are the same.
 Var max_pool2d(const Var& x, const Pool2dParams& params);
 Var avg_pool2d(const Var& x, const Pool2dParams& params);
+// The mean of each channel's plane: x [N,C,H,W] -> [N,C] (a ResNet's head; PyTorch's
+// adaptive_avg_pool2d(x, 1) then flatten). An average pool whose window is the plane.
+Var global_avg_pool2d(const Var& x);
 
 // Batch normalization of x [N,C,H,W] or [N,C] with scale gamma and shift beta [C].
 // training: batch statistics, and moving_mean / moving_var [C] (plain tensors, the

@@ -135,5 +135,62 @@ TEST(Layers, FashionNetShapesAndSummary) {
   EXPECT_NE(net.describe().find("fc1: Linear 3136->128"), std::string::npos);
 }
 
+// A residual-free ResNet head: conv, an activation layer of each kind, a global
+// average pool and a linear layer; gradients against central differences in float64.
+TEST(Layers, ActivationLayersAndGlobalPoolGradients) {
+  const std::vector<ActivationOp> acts = {
+      ActivationOp::sigmoid(), ActivationOp::tanh(),
+      ActivationOp::gelu(),    ActivationOp::gelu(GeluApproximate::Tanh),
+      ActivationOp::silu(),    ActivationOp::leaky_relu(0.2)};
+  for (const ActivationOp& act : acts) {
+    VariableSet vars;
+    Sequential net;
+    net.add<Conv2d>(vars, "conv", 2, 3, 3, Conv2dParams{.pad_h = 1, .pad_w = 1});
+    net.add<ActivationLayer>(act);
+    net.add<GlobalAvgPool2d>();
+    net.add<Linear>(vars, "fc", 3, 4);
+    VariableStore store(vars, cpu(), true, DType::Float64);
+    store.initialize(7, cpu());
+    Tensor x = random_double_tensor({3, 2, 5, 4}, 8);
+    Tensor labels = labels_tensor({0, 3, 1}, DType::Float64);
+    auto forward = [&](Tape& tape) {
+      Var logits = net(Context{tape, store, true}, tape.constant(x, "images"));
+      EXPECT_EQ(logits.shape(), (Shape{3, 4}));
+      return ag::softmax_cross_entropy(logits, tape.constant(labels, "labels"));
+    };
+    auto loss_fn = [&](const std::vector<Tensor>&) {
+      Tape tape(cpu());
+      NoGradGuard no_grad(tape);
+      return forward(tape).value().to_host<double>()[0];
+    };
+    Tape tape(cpu());
+    store.zero_grad(cpu());
+    tape.backward(forward(tape));
+    GradcheckOptions options;
+    options.rtol = 1e-4;
+    EXPECT_TRUE(check_gradient(loss_fn, {store.flat_values()}, {store.flat_grads()}, options))
+        << net.layer(1).describe();
+  }
+}
+
+TEST(Layers, GlobalAvgPoolIsEachPlanesMean) {
+  Tape tape(cpu());
+  // [1,2,2,3]: planes {1..6} and {-6..-1}.
+  Var x = tape.constant(
+      Tensor::from_host<float>({1, 2, 3, 4, 5, 6, -6, -5, -4, -3, -2, -1}, {1, 2, 2, 3}, cpu()));
+  Var y = ag::global_avg_pool2d(x);
+  EXPECT_EQ(y.shape(), (Shape{1, 2}));
+  EXPECT_EQ(y.value().to_host<float>(), (std::vector<float>{3.5f, -3.5f}));
+  EXPECT_THROW_WITH(ag::global_avg_pool2d(tape.constant(Tensor::zeros({2, 3}, cpu()))), ShapeError,
+                    "global_avg_pool2d: x");
+}
+
+TEST(Layers, ActivationLayersDescribeThemselves) {
+  EXPECT_EQ(ActivationLayer(ActivationOp::gelu(GeluApproximate::Tanh)).describe(), "GELU (tanh)");
+  EXPECT_EQ(ActivationLayer(ActivationOp::leaky_relu(0.1)).describe(), "LeakyReLU 0.1");
+  EXPECT_EQ(ActivationLayer(ActivationOp::silu()).describe(), "SiLU");
+  EXPECT_EQ(GlobalAvgPool2d().describe(), "GlobalAvgPool2d");
+}
+
 }  // namespace
 }  // namespace towerlab::testing
