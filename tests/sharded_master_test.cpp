@@ -454,8 +454,15 @@ TEST_P(ShardedMasterBackendTest, VirtualTowersAndTwoDevicesTakeTheOneDeviceSteps
   if (device().is_cuda() && cuda_device_count() >= 2) {
     layouts.push_back({Device::cuda(0), Device::cuda(1)});
   }
+  // Under a sanitizer the emulated GPUs' streams are host threads it shadows (as in
+  // tests/trainer_test.cpp): two layouts and three optimizers stand for the rest.
+  const bool sanitized_gpu = kThreadSanitizer && kEmulatedGpus && device().is_cuda();
+  if (sanitized_gpu) layouts.erase(layouts.begin() + 1);
   for (const auto& devices : layouts) {
     for (const NamedOptimizer& optimizer : every_optimizer()) {
+      const std::string name = optimizer.name;
+      if (sanitized_gpu && name != "nesterov" && name != "rmsprop centered" && name != "adamw")
+        continue;
       for (std::int64_t batch : {7, 2}) {
         expect_sharded_is_one_device(model.vars, model.tower_fn(), optimizer, devices, devices[0],
                                      batches_of(batch, 80, 2));
