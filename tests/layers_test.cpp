@@ -17,6 +17,32 @@ Tensor labels_tensor(const std::vector<double>& ids, DType dtype) {
   return Tensor::from_host<float>(f, {std::int64_t(ids.size())}, cpu());
 }
 
+// The gradient of every variable of `store` (float64) for the cross-entropy of
+// net(x) against labels, plus l2 * the L2 regularization, against central
+// differences (rtol 1e-4: the loss passes through several layers).
+::testing::AssertionResult variable_gradients_match(const Layer& net, VariableStore& store,
+                                                    const Tensor& x, const Tensor& labels,
+                                                    double l2 = 0.0) {
+  auto forward = [&](Tape& tape) {
+    Context ctx{tape, store, true};
+    Var logits = net(ctx, tape.constant(x, "images"));
+    Var loss = ag::softmax_cross_entropy(logits, tape.constant(labels, "labels"));
+    return l2 == 0.0 ? loss : ag::add_n({loss, l2_regularization(ctx, l2)});
+  };
+  auto loss_fn = [&](const std::vector<Tensor>&) {
+    Tape tape(cpu());
+    NoGradGuard no_grad(tape);
+    return forward(tape).value().to_host<double>()[0];
+  };
+  Tape tape(cpu());
+  store.zero_grad(cpu());
+  tape.backward(forward(tape));
+  GradcheckOptions options;
+  options.rtol = 1e-4;
+  options.atol = 1e-6;
+  return check_gradient(loss_fn, {store.flat_values()}, {store.flat_grads()}, options);
+}
+
 TEST(Layers, SmallCnnGradientsMatchCentralDifferences) {
   VariableSet vars;
   Sequential net;
@@ -31,24 +57,7 @@ TEST(Layers, SmallCnnGradientsMatchCentralDifferences) {
   Tensor x = random_double_tensor({5, 2, 6, 6}, 6);
   Tensor labels = labels_tensor({0, 3, 1, 2, 3}, DType::Float64);
 
-  auto forward = [&](Tape& tape) {
-    Context ctx{tape, store, true};
-    Var logits = net(ctx, tape.constant(x, "images"));
-    Var loss = ag::softmax_cross_entropy(logits, tape.constant(labels, "labels"));
-    return ag::add_n({loss, l2_regularization(ctx, 0.01)});
-  };
-  auto loss_fn = [&](const std::vector<Tensor>&) {
-    Tape tape(cpu());
-    NoGradGuard no_grad(tape);
-    return forward(tape).value().to_host<double>()[0];
-  };
-  Tape tape(cpu());
-  store.zero_grad(cpu());
-  tape.backward(forward(tape));
-  GradcheckOptions options;
-  options.rtol = 1e-4;
-  options.atol = 1e-6;
-  EXPECT_TRUE(check_gradient(loss_fn, {store.flat_values()}, {store.flat_grads()}, options));
+  EXPECT_TRUE(variable_gradients_match(net, store, x, labels, /*l2=*/0.01));
   // The conv bias sits before batch norm, which cancels it: its gradient is ~0.
   for (double g : store.grad("conv/bias").to_host<double>()) EXPECT_NEAR(g, 0.0, 1e-9);
 }
@@ -153,23 +162,9 @@ TEST(Layers, ActivationLayersAndGlobalPoolGradients) {
     store.initialize(7, cpu());
     Tensor x = random_double_tensor({3, 2, 5, 4}, 8);
     Tensor labels = labels_tensor({0, 3, 1}, DType::Float64);
-    auto forward = [&](Tape& tape) {
-      Var logits = net(Context{tape, store, true}, tape.constant(x, "images"));
-      EXPECT_EQ(logits.shape(), (Shape{3, 4}));
-      return ag::softmax_cross_entropy(logits, tape.constant(labels, "labels"));
-    };
-    auto loss_fn = [&](const std::vector<Tensor>&) {
-      Tape tape(cpu());
-      NoGradGuard no_grad(tape);
-      return forward(tape).value().to_host<double>()[0];
-    };
+    EXPECT_TRUE(variable_gradients_match(net, store, x, labels)) << net.layer(1).describe();
     Tape tape(cpu());
-    store.zero_grad(cpu());
-    tape.backward(forward(tape));
-    GradcheckOptions options;
-    options.rtol = 1e-4;
-    EXPECT_TRUE(check_gradient(loss_fn, {store.flat_values()}, {store.flat_grads()}, options))
-        << net.layer(1).describe();
+    EXPECT_EQ(net(Context{tape, store, false}, tape.constant(x)).shape(), (Shape{3, 4}));
   }
 }
 
