@@ -43,16 +43,23 @@ __global__ void layer_norm_forward_kernel(std::int64_t rows, float* y, float* me
     const float shift = in[0];
     float sum = 0.0f;
     for (std::int64_t j = lane; j < cols; j += kWarpSize) sum += in[j] - shift;
-    const float mu = shift + warp_sum(sum) / static_cast<float>(cols);
+    // mean = shift + delta; deviations are (x - shift) - delta, never x - (shift +
+    // delta), whose rounding to float would lose delta's digits below the ulp of a
+    // large shift.
+    const float delta = warp_sum(sum) / static_cast<float>(cols);
+    const float mu = shift + delta;
     float m2 = 0.0f;
-    for (std::int64_t j = lane; j < cols; j += kWarpSize) m2 += (in[j] - mu) * (in[j] - mu);
+    for (std::int64_t j = lane; j < cols; j += kWarpSize) {
+      const float dev = (in[j] - shift) - delta;
+      m2 += dev * dev;
+    }
     const float r = 1.0f / sqrtf(warp_sum(m2) / static_cast<float>(cols) + eps);
     if (lane == 0) {
       mean[row] = mu;
       rstd[row] = r;
     }
     for (std::int64_t j = lane; j < cols; j += kWarpSize) {
-      float v = (in[j] - mu) * r;
+      float v = ((in[j] - shift) - delta) * r;
       if (weight != nullptr) v *= weight[j];
       if (bias != nullptr) v += bias[j];
       out[j] = v;
