@@ -11,6 +11,7 @@
 
 #include <string>
 
+#include "../kernels/dropout.h"
 #include "tape.h"
 #include "variables.h"
 
@@ -26,6 +27,12 @@ struct Context {
   // and this tower's index in it. Null: each tower normalizes its own slice.
   BatchNormSync* batchnorm_sync = nullptr;
   int tower = 0;
+  // Set by the trainer for ops that draw per sample (parallel/trainer.h's Tower):
+  // the index of this pass's first sample in the whole batch, the steps taken
+  // before this one, and the run's seed.
+  std::int64_t first_sample = 0;
+  std::int64_t step = 0;
+  std::uint64_t seed = 0;
 
   // The trainable variable `name` as a Var on this tape: a leaf whose gradient goes
   // into the flat buffer or, from a store without gradients in an inference pass,
@@ -36,6 +43,11 @@ struct Context {
   }
   // Non-trainable state (moving statistics): a view the forward pass may update.
   Tensor state(const std::string& name) const { return variables.value(name); }
+  // The key of the dropout op `name` in this pass: a sample gets the same mask on any
+  // tower of any layout, and a resumed run the same masks (kernels/dropout.h).
+  DropoutKey dropout_key(const std::string& name) const {
+    return {seed, dropout_subsequence(static_cast<std::uint64_t>(step), name), first_sample};
+  }
 };
 
 }  // namespace towerlab

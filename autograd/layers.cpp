@@ -126,6 +126,17 @@ std::string AvgPool2d::describe() const {
   return os.str();
 }
 
+Dropout::Dropout(std::string name, double p) : name_(std::move(name)), p_(p) {
+  TL_CHECK(p >= 0.0 && p <= 1.0, InvalidArgument,
+           "Dropout " << name_ << ": p is " << p << "; it must be in [0, 1]");
+}
+
+std::string Dropout::describe() const {
+  std::ostringstream os;
+  os << name_ << ": Dropout p " << p_;
+  return os.str();
+}
+
 Var ActivationLayer::forward(const Context&, const Var& x) const {
   switch (op_.kind) {
     case ActivationKind::Sigmoid:

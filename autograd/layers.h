@@ -112,6 +112,22 @@ class AvgPool2d : public Layer {
   Pool2dParams params_;
 };
 
+// Dropout with probability p in training, the identity in evaluation; the mask is
+// drawn from the pass's Context.dropout_key(name), so `name` must be unique in the
+// model (it is not a variable; a scope like "block1/dropout" reads best).
+class Dropout : public Layer {
+ public:
+  Dropout(std::string name, double p);
+  Var forward(const Context& ctx, const Var& x) const override {
+    return ag::dropout(x, p_, ctx.dropout_key(name_), ctx.training);
+  }
+  std::string describe() const override;  // "block1/dropout: Dropout p 0.1"
+
+ private:
+  std::string name_;
+  double p_;
+};
+
 // x [N,C,H,W] -> [N,C], each channel's mean (ag::global_avg_pool2d).
 class GlobalAvgPool2d : public Layer {
  public:

@@ -332,7 +332,8 @@ void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const T
   });
   const std::vector<TraceArg> args{{"samples", slice.size()},
                                    {"phase", phase_label(Phase::RunTowers)}};
-  const Tower tower{int(i), t.device, *t.stream, *t.tape, *t.store, training, slice.size(), sync};
+  const Tower tower{int(i),       t.device, *t.stream,   *t.tape,       *t.store,     training,
+                    slice.size(), sync,     slice.begin, steps_taken(), options_.seed};
   TowerResult r = tower_fn_(tower, feeds);
   // Each bucket reported ready as the backward completes it. A stand-in is not
   // watched: its gradient is discarded below, and its buckets complete when it is

@@ -75,8 +75,16 @@ struct Tower {
   bool training;
   std::int64_t batch_size;  // samples in this tower's slice (> 0: empty towers are not run)
   BatchNormSync* batchnorm_sync = nullptr;  // set when batch norm is synchronized
+  // Where this slice sits in the run, for ops that draw random numbers per sample
+  // (dropout, kernels/dropout.h): its first sample's index in the whole batch (of
+  // every process), the number of steps taken before this one, and the run's seed.
+  std::int64_t first_sample = 0;
+  std::int64_t step = 0;
+  std::uint64_t seed = 0;
 
-  Context context() const { return Context{tape, variables, training, batchnorm_sync, index}; }
+  Context context() const {
+    return Context{tape, variables, training, batchnorm_sync, index, first_sample, step, seed};
+  }
   Var variable(const std::string& name) const { return context().variable(name); }
   // A slice tensor as a constant on this tower's tape.
   Var input(const Tensor& t, std::string name = "input") const {
@@ -148,7 +156,7 @@ struct TrainerOptions {
   // Prints where every variable and each tower's work is placed.
   bool log_placement = false;
   std::ostream* log = nullptr;  // placement log and warnings; std::clog when null
-  std::uint64_t seed = 0;       // initial values of the variables
+  std::uint64_t seed = 0;       // initial values of the variables, and dropout's masks
   NumericGuard numeric_guard = NumericGuard::Stop;
   // The processes that train this model together (not owned; it must outlive the
   // trainer); nullptr: this process alone. See the top of this file.
