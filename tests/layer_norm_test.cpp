@@ -8,9 +8,9 @@
 #include <limits>
 #include <string>
 
-#include "file_test_util.h"
 #include "gradcheck.h"
 #include "kernels/reference/layer_norm.h"
+#include "ops_vs_torch.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -430,20 +430,13 @@ TEST(LayerNormVsTorch, WritesCases) {
   const auto b_values = random_values(33, 97);
   const auto gy_values = random_values(7 * 33, 98);
   std::vector<std::pair<std::string, Tensor>> out;
-  std::vector<std::pair<Device, DType>> cases = {{Device::cpu(), DType::Float32},
-                                                 {Device::cpu(), DType::Float64}};
-  if (cuda_device_count() > 0) cases.emplace_back(Device::cuda(0), DType::Float32);
-  for (const auto& [device, dtype] : cases) {
-    const Stream& stream = default_stream(device);
-    const std::string prefix =
-        std::string(device.is_cpu() ? "cpu_" : "cuda_") + dtype_name(dtype) + "/";
-    auto make = [&](const std::vector<float>& v, const Shape& shape) {
-      return Tensor::from_host<float>(v, shape, cpu()).to(dtype, cpu()).to(device, stream);
-    };
+  for (const TorchCaseBackend& backend : torch_case_backends()) {
+    const Stream& stream = backend.stream();
+    const DType dtype = backend.dtype;
     LayerNormForward f;
-    f.x = make(x_values, {7, 33});
-    f.weight = make(w_values, {33});
-    f.bias = make(b_values, {33});
+    f.x = backend.make(x_values, {7, 33});
+    f.weight = backend.make(w_values, {33});
+    f.bias = backend.make(b_values, {33});
     f.y = Tensor::empty({7, 33}, stream, dtype);
     f.mean = Tensor::empty({7}, stream, dtype);
     f.rstd = Tensor::empty({7}, stream, dtype);
@@ -452,7 +445,7 @@ TEST(LayerNormVsTorch, WritesCases) {
     b.grad_x = Tensor::zeros({7, 33}, stream, dtype);
     b.grad_weight = Tensor::zeros({33}, stream, dtype);
     b.grad_bias = Tensor::zeros({33}, stream, dtype);
-    b.grad_y = make(gy_values, {7, 33});
+    b.grad_y = backend.make(gy_values, {7, 33});
     b.x = f.x;
     b.weight = f.weight;
     b.mean = f.mean;
@@ -469,15 +462,10 @@ TEST(LayerNormVsTorch, WritesCases) {
                                                      {"grad_x", b.grad_x},
                                                      {"grad_weight", b.grad_weight},
                                                      {"grad_bias", b.grad_bias}}) {
-      out.emplace_back(prefix + name, t);
+      out.emplace_back(backend.prefix + name, t);
     }
   }
-  const char* dir = std::getenv("TOWERLAB_OPS_VS_TORCH_DIR");
-  ScratchDir scratch;
-  const std::string path = dir != nullptr ? std::string(dir) + "/layer_norm.safetensors"
-                                          : scratch.file("layer_norm.safetensors");
-  save_safetensors(path, out);
-  EXPECT_EQ(load_safetensors(path, Device::cpu()).tensors.size(), out.size());
+  write_torch_cases("layer_norm.safetensors", out);
 }
 
 }  // namespace

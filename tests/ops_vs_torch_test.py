@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""softmax, log-softmax (with and without the causal mask) and layer norm, forward and
-backward, against PyTorch on the same inputs. The test binary writes towerlab's
-inputs and results (SoftmaxVsTorch.WritesCases, LayerNormVsTorch.WritesCases) into a
-scratch directory; this script computes PyTorch's in float64 from those inputs and
-compares: float64 results within 1e-10 relative, float32 within the tolerances that
-kernels/softmax.h and kernels/layer_norm.h state. Exits 77 (ctest's skip) without
-PyTorch, non-zero on the first mismatch.
+"""Op families, forward and backward, against PyTorch on the same inputs. The test
+binary's <Op>VsTorch.WritesCases cases (tests/ops_vs_torch.h) write towerlab's inputs
+and results into a scratch directory, one <family>.safetensors each; this script
+computes PyTorch's in float64 from those inputs and compares: float64 results within
+about 1e-10 relative, float32 within the tolerances each family's header states. A
+file with no check here fails the test, so that no family goes unchecked. Exits 77
+(ctest's skip) without PyTorch, non-zero on the first mismatch.
+
+A family adds its tolerances to TOLERANCE and a check_<family>(tensors) to CHECKS.
 
 usage: ops_vs_torch_test.py path/to/towerlab_tests"""
 
@@ -38,7 +40,7 @@ TOLERANCE = {
 
 def run_cases(binary, directory):
     env = dict(os.environ, TOWERLAB_OPS_VS_TORCH_DIR=directory)
-    subprocess.run([binary, "--gtest_filter=SoftmaxVsTorch.*:LayerNormVsTorch.*"], env=env,
+    subprocess.run([binary, "--gtest_filter=*VsTorch.WritesCases"], env=env,
                    check=True, stdout=subprocess.DEVNULL)
 
 
@@ -112,18 +114,30 @@ def check_control(tensors):
     raise AssertionError("control: a probability nudged by 1e-4 passed the comparison")
 
 
+CHECKS = {
+    "softmax": check_softmax,
+    "layer_norm": check_layer_norm,
+}
+
+
 def main(argv):
     if len(argv) != 2:
         print(__doc__)
         return 2
     with tempfile.TemporaryDirectory() as directory:
         run_cases(argv[1], directory)
-        softmax, _ = torch_convert.read_safetensors(os.path.join(directory, "softmax.safetensors"))
-        layer_norm, _ = torch_convert.read_safetensors(
-            os.path.join(directory, "layer_norm.safetensors"))
-    check_softmax(softmax)
-    check_layer_norm(layer_norm)
-    check_control(softmax)
+        written = sorted(name[:-len(".safetensors")] for name in os.listdir(directory))
+        unchecked = [family for family in written if family not in CHECKS]
+        if unchecked:
+            raise AssertionError(f"no check for the cases of {', '.join(unchecked)}")
+        missing = [family for family in CHECKS if family not in written]
+        if missing:
+            raise AssertionError(f"no cases written for {', '.join(missing)}")
+        cases = {family: torch_convert.read_safetensors(
+            os.path.join(directory, family + ".safetensors"))[0] for family in written}
+    for family, check in CHECKS.items():
+        check(cases[family])
+    check_control(cases["softmax"])
     return 0
 
 

@@ -8,9 +8,9 @@
 #include <limits>
 #include <string>
 
-#include "file_test_util.h"
 #include "gradcheck.h"
 #include "kernels/reference/softmax.h"
+#include "ops_vs_torch.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -383,8 +383,8 @@ TEST(SoftmaxGradient, ThroughTheTape) {
 // the same inputs: per backend and dtype ("cpu_float32/", "cpu_float64/",
 // "cuda_float32/" where a GPU is), x and grad_y, then each op's y and grad_x
 // (assigned). The causal inputs are [2,6,6] with grad_y 0 at the masked keys, which
-// a PyTorch masked_fill(-inf) would otherwise add into log-softmax's sum. Without
-// the variable the file goes to a scratch directory and is read back.
+// a PyTorch masked_fill(-inf) would otherwise add into log-softmax's sum
+// (tests/ops_vs_torch.h).
 TEST(SoftmaxVsTorch, WritesCases) {
   std::vector<std::pair<std::string, Tensor>> out;
   auto x_values = random_values(5 * 17, 91, -6.0f, 6.0f);
@@ -397,18 +397,13 @@ TEST(SoftmaxVsTorch, WritesCases) {
   for (std::size_t i = 0; i < gyc_values.size(); ++i) {
     if (i % 6 > (i / 6) % 6) gyc_values[i] = 0.0f;
   }
-  std::vector<std::pair<Device, DType>> cases = {{Device::cpu(), DType::Float32},
-                                                 {Device::cpu(), DType::Float64}};
-  if (cuda_device_count() > 0) cases.emplace_back(Device::cuda(0), DType::Float32);
-  for (const auto& [device, dtype] : cases) {
-    const Stream& stream = default_stream(device);
-    const std::string prefix =
-        std::string(device.is_cpu() ? "cpu_" : "cuda_") + dtype_name(dtype) + "/";
-    auto make = [&](const std::vector<float>& v, const Shape& shape) {
-      return Tensor::from_host<float>(v, shape, cpu()).to(dtype, cpu()).to(device, stream);
-    };
-    const Tensor x = make(x_values, {5, 17}), gy = make(gy_values, {5, 17});
-    const Tensor xc = make(xc_values, {2, 6, 6}), gyc = make(gyc_values, {2, 6, 6});
+  for (const TorchCaseBackend& backend : torch_case_backends()) {
+    const Stream& stream = backend.stream();
+    const DType dtype = backend.dtype;
+    const std::string& prefix = backend.prefix;
+    const Tensor x = backend.make(x_values, {5, 17}), gy = backend.make(gy_values, {5, 17});
+    const Tensor xc = backend.make(xc_values, {2, 6, 6});
+    const Tensor gyc = backend.make(gyc_values, {2, 6, 6});
     out.insert(out.end(), {{prefix + "x", x},
                            {prefix + "grad_y", gy},
                            {prefix + "x_causal", xc},
@@ -426,12 +421,7 @@ TEST(SoftmaxVsTorch, WritesCases) {
       }
     }
   }
-  const char* dir = std::getenv("TOWERLAB_OPS_VS_TORCH_DIR");
-  ScratchDir scratch;
-  const std::string path = dir != nullptr ? std::string(dir) + "/softmax.safetensors"
-                                          : scratch.file("softmax.safetensors");
-  save_safetensors(path, out);
-  EXPECT_EQ(load_safetensors(path, Device::cpu()).tensors.size(), out.size());
+  write_torch_cases("softmax.safetensors", out);
 }
 
 }  // namespace
