@@ -1,5 +1,6 @@
 #include "autograd/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -8,7 +9,21 @@
 
 namespace towerlab {
 
+LearningRate LearningRate::with_warmup(std::int64_t steps) const {
+  TL_CHECK(steps >= 0, InvalidArgument,
+           "learning rate: the warmup's length must be >= 0 steps, not " << steps);
+  LearningRate warmed = *this;
+  warmed.warmup = steps;
+  return warmed;
+}
+
 double LearningRate::at(std::int64_t step) const {
+  if (step < warmup) {
+    LearningRate schedule = *this;
+    schedule.warmup = 0;
+    return schedule.at(0) * double(step + 1) / double(warmup);
+  }
+  step -= warmup;
   switch (kind) {
     case Kind::Constant:
       return base;
@@ -148,42 +163,83 @@ void Optimizer::ensure_slots(const Tensor& values, const Stream& stream) {
   }
 }
 
-void Optimizer::step(VariableStore& store, const Tensor& grad, const Stream& stream) {
-  step(store.flat_values(), grad, stream);
+Optimizer& Optimizer::decay(WeightDecayOn on) {
+  decay_on_ = on;
+  return *this;
 }
 
-void Optimizer::step(const Tensor& p, const Tensor& grad, const Stream& stream) {
+void Optimizer::step(VariableStore& store, const Tensor& grad, const Stream& stream) {
+  step(store.set(), 0, store.flat_values(), grad, stream);
+}
+
+void Optimizer::step(const VariableSet& layout, std::int64_t offset, const Tensor& p,
+                     const Tensor& grad, const Stream& stream) {
   TL_CHECK(grad.shape() == p.shape(), ShapeError,
            "optimizer " << name() << ": gradient " << grad.describe() << " does not match the "
                         << p.describe() << " of trainable values");
+  TL_CHECK(p.dim() == 1 && offset >= 0 && offset + p.numel() <= layout.trainable_numel(),
+           InvalidArgument,
+           "optimizer " << name() << ": " << p.describe() << " at element " << offset
+                        << " is not a flat slice of the model's " << layout.trainable_numel()
+                        << " trainable values");
   ensure_slots(p, stream);
   const double lr = lr_.at(steps_);
+  const std::int64_t end = offset + p.numel();
+  if (decay_on_ == WeightDecayOn::All || kind_ == Kind::Rmsprop) {  // RMSProp has no decay
+    update(p, grad, 0, p.numel(), true, lr, stream);
+  } else {
+    // Runs of consecutive variables with the same rule, clipped to [offset, end).
+    std::int64_t run_begin = offset;
+    bool run_decayed = false;
+    for (const VariableSpec& spec : layout.specs()) {
+      if (!spec.trainable || spec.offset + spec.numel() <= offset || spec.offset >= end) continue;
+      const bool decayed = spec.shape.size() >= 2;
+      const std::int64_t begin = std::max(spec.offset, offset);
+      if (decayed != run_decayed && begin > run_begin) {
+        update(p, grad, run_begin - offset, begin - offset, run_decayed, lr, stream);
+        run_begin = begin;
+      }
+      run_decayed = decayed;
+    }
+    if (end > run_begin) update(p, grad, run_begin - offset, end - offset, run_decayed, lr, stream);
+  }
+  ++steps_;
+}
+
+void Optimizer::update(const Tensor& p_all, const Tensor& grad_all, std::int64_t begin,
+                       std::int64_t end, bool decayed, double lr, const Stream& stream) {
+  const Shape shape{end - begin};
+  auto part = [&](const Tensor& t) { return t.defined() ? t.view(begin, shape) : Tensor(); };
+  auto slot = [&](const char* slot_name) {
+    auto it = slots_.find(slot_name);
+    return it == slots_.end() ? Tensor() : part(it->second);
+  };
+  const Tensor p = part(p_all), grad = part(grad_all);
   switch (kind_) {
     case Kind::Sgd: {
       SgdParams params = sgd_;
       params.lr = lr;
-      auto it = slots_.find("velocity");
-      sgd_update(p, grad, it == slots_.end() ? Tensor() : it->second, params, stream);
+      if (!decayed) params.weight_decay = 0.0;
+      sgd_update(p, grad, slot("velocity"), params, stream);
       break;
     }
-    case Kind::Rmsprop: {
+    case Kind::Rmsprop: {  // no weight decay in TensorFlow's RMSProp
       RmspropParams params = rmsprop_;
       params.lr = lr;
-      auto mg = slots_.find("mean_grad");
-      rmsprop_update(p, grad, slots_.at("mean_square"), slots_.at("moment"),
-                     mg == slots_.end() ? Tensor() : mg->second, params, stream);
+      rmsprop_update(p, grad, slot("mean_square"), slot("moment"), slot("mean_grad"), params,
+                     stream);
       break;
     }
     case Kind::Adam:
     case Kind::AdamW: {
       AdamParams params = adam_;
       params.lr = lr;
-      (kind_ == Kind::Adam ? adam_update : adamw_update)(p, grad, slots_.at("m"), slots_.at("v"),
+      if (!decayed) params.weight_decay = 0.0;
+      (kind_ == Kind::Adam ? adam_update : adamw_update)(p, grad, slot("m"), slot("v"),
                                                          steps_ + 1, params, stream);
       break;
     }
   }
-  ++steps_;
 }
 
 void Optimizer::restore(const std::map<std::string, Tensor>& slots, std::int64_t steps,

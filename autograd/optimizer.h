@@ -19,6 +19,11 @@ namespace towerlab {
 //   constant:  base
 //   step:      base * gamma^floor(step / every)
 //   cosine:    min + (base - min) * (1 + cos(pi * min(step, total) / total)) / 2
+// With a linear warmup of W steps (with_warmup(W)), the first W updates ramp up
+// and the schedule then starts from its own step 0 (PyTorch's SequentialLR of a
+// warmup and the schedule, so a cosine's `total` counts the steps after the warmup):
+//   step < W:  lr(0) * (step + 1) / W     (llm.c's ramp: lr(0) / W first, lr(0) last)
+//   else:      lr(step - W)
 struct LearningRate {
   enum class Kind { Constant, Step, Cosine };
   Kind kind = Kind::Constant;
@@ -27,6 +32,7 @@ struct LearningRate {
   double gamma = 1.0;      // Step
   std::int64_t total = 1;  // Cosine
   double min = 0.0;        // Cosine
+  std::int64_t warmup = 0;  // steps of the linear ramp before the schedule
 
   static LearningRate constant(double lr) { return {Kind::Constant, lr}; }
   static LearningRate step(double lr, std::int64_t every, double gamma) {
@@ -35,8 +41,21 @@ struct LearningRate {
   static LearningRate cosine(double lr, std::int64_t total, double min = 0.0) {
     return {Kind::Cosine, lr, 1, 1.0, total, min};
   }
+  // This schedule after `steps` of linear warmup (InvalidArgument when negative).
+  LearningRate with_warmup(std::int64_t steps) const;
   double at(std::int64_t step) const;
 };
+
+// Which trainable variables weight decay applies to (SGD's and Adam's L2 term
+// through the gradient, AdamW's decoupled decay):
+//   All:      every one (PyTorch's default with one parameter group; today's bits).
+//   Matrices: those of rank 2 or more, the weights of linear and conv layers and
+//             embedding tables, and not biases, batch-norm or layer-norm scales and
+//             offsets (the rule of nanoGPT and llm.c; PyTorch users write it as two
+//             parameter groups).
+// The update stays one element-wise pass; with Matrices it runs once per run of
+// consecutive variables with the same rule, over views of the flat buffers.
+enum class WeightDecayOn { All, Matrices };
 
 class Optimizer {
  public:
@@ -61,16 +80,24 @@ class Optimizer {
   static Optimizer by_name(const std::string& name, LearningRate lr);
   static Optimizer by_name(const std::string& name, double lr);
 
+  // Leaves the variables that `on` excludes out of weight decay (see WeightDecayOn).
+  // Returns *this, for Optimizer::adamw(params, lr).decay(WeightDecayOn::Matrices).
+  Optimizer& decay(WeightDecayOn on);
+  WeightDecayOn decays() const { return decay_on_; }
+
   // One update of every trainable variable of `store` from `grad` (a flat gradient
   // laid out like store.flat_values(), e.g. store.flat_grads() or an all-reduced
   // copy), on the store's device. Slots are created (and initialized as each
   // optimizer's semantics say) on the first call.
   void step(VariableStore& store, const Tensor& grad, const Stream& stream);
-  // The same on flat trainable values of any length (a slice of the flat buffer, as
-  // a sharded master's tower updates: parallel/sharded_master.h); the slots are
-  // laid out like `values`. The update is element-wise, so a slice is updated to
-  // the bits the whole buffer's update gives it.
-  void step(const Tensor& values, const Tensor& grad, const Stream& stream);
+  // The same on elements [offset, offset + n) of the flat trainable buffer of the
+  // variables `layout` declares (their shapes and offsets are read), held in
+  // `values` and `grad` of n elements each: a slice, as a sharded master's
+  // tower updates (parallel/sharded_master.h). The slots are laid out like
+  // `values`. The update is element-wise, so a slice is updated to the bits the
+  // whole buffer's update gives it.
+  void step(const VariableSet& layout, std::int64_t offset, const Tensor& values,
+            const Tensor& grad, const Stream& stream);
 
   Kind kind() const { return kind_; }
   const char* name() const;
@@ -98,8 +125,12 @@ class Optimizer {
  private:
   Optimizer(Kind kind, LearningRate lr) : kind_(kind), lr_(lr) {}
   void ensure_slots(const Tensor& values, const Stream& stream);
+  // One update of `p` (and the slots' elements [begin, end)) with weight decay or without.
+  void update(const Tensor& p, const Tensor& grad, std::int64_t begin, std::int64_t end,
+              bool decayed, double lr, const Stream& stream);
   Kind kind_;
   LearningRate lr_;
+  WeightDecayOn decay_on_ = WeightDecayOn::All;
   SgdParams sgd_;
   RmspropParams rmsprop_;
   AdamParams adam_;

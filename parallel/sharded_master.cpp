@@ -6,11 +6,12 @@
 
 namespace towerlab {
 
-ShardedMaster::ShardedMaster(std::int64_t length, const Optimizer& optimizer,
-                             std::vector<const Stream*> tower_streams) {
+ShardedMaster::ShardedMaster(const VariableSet& layout, const Optimizer& optimizer,
+                             std::vector<const Stream*> tower_streams)
+    : layout_(&layout) {
   TL_CHECK(!tower_streams.empty(), InvalidArgument, "sharded master: no towers");
   const auto n = std::int64_t(tower_streams.size());
-  const RingSchedule schedule(n, length);
+  const RingSchedule schedule(n, layout.trainable_numel());
   for (std::int64_t k = 0; k < n; ++k) {
     const Stream& stream = *tower_streams[std::size_t(k)];
     const RingRange range = schedule.chunk(schedule.summed_at(k));
@@ -25,7 +26,7 @@ void ShardedMaster::update(std::size_t k, const Tensor& flat_grads, const Tensor
   Shard& shard = shards_[k];
   const Stream& stream = *shard.stream;
   const Tensor grad = flat_grads.slice(shard.range.begin, shard.range.end);
-  shard.optimizer.step(shard.values, grad, stream);
+  shard.optimizer.step(*layout_, shard.range.begin, shard.values, grad, stream);
   copy_tensor(replica_values.slice(shard.range.begin, shard.range.end), shard.values, stream);
 }
 

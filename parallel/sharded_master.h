@@ -42,9 +42,11 @@ namespace towerlab {
 
 class ShardedMaster {
  public:
-  // Slices of `length` trainable values over towers on `tower_streams`, each with
-  // a copy of `optimizer`'s hyper-parameters (its slots and steps come from scatter()).
-  ShardedMaster(std::int64_t length, const Optimizer& optimizer,
+  // Slices of the trainable values `layout` declares over towers on `tower_streams`,
+  // each with a copy of `optimizer`'s hyper-parameters (its slots and steps come from
+  // scatter()). `layout` must outlive this object (the optimizer reads which
+  // variables a slice's elements belong to, for WeightDecayOn).
+  ShardedMaster(const VariableSet& layout, const Optimizer& optimizer,
                 std::vector<const Stream*> tower_streams);
 
   std::size_t size() const { return shards_.size(); }
@@ -81,6 +83,7 @@ class ShardedMaster {
     Tensor values;        // [range.size()] FP32 master values, on the tower's device
     Optimizer optimizer;  // its slots: [range.size()] each
   };
+  const VariableSet* layout_;
   std::vector<Shard> shards_;
 };
 

@@ -137,7 +137,7 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
     }
   }
   if (sharded_master) {
-    shards_ = std::make_unique<ShardedMaster>(variables_.trainable_numel(), optimizer_, streams);
+    shards_ = std::make_unique<ShardedMaster>(variables_, optimizer_, streams);
   }
   if (options_.process_group != nullptr) {
     const NcclChoice choice =

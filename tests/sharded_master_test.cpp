@@ -403,6 +403,8 @@ TEST(ShardedMaster, AMisSlicedUpdateIsSeenAsDifferent) {
   const std::int64_t length = 1001;
   const auto values = random_values(std::size_t(length), 5);
   const auto grads = random_values(std::size_t(length) + 1, 6);
+  VariableSet layout;
+  layout.get("w", {length}, Initializer::zeros());
   const auto update = [&](std::int64_t shift) {
     Tensor p = Tensor::from_host<float>(values, {length}, cpu());
     Tensor g = Tensor::from_host<float>(grads, {length + 1}, cpu());
@@ -411,13 +413,13 @@ TEST(ShardedMaster, AMisSlicedUpdateIsSeenAsDifferent) {
       const RingRange r = schedule.chunk(schedule.summed_at(k));
       Optimizer o = Optimizer::by_name("adam", 1e-2);
       const std::int64_t s = k == 1 ? shift : 0;  // tower 1 reads shifted
-      o.step(p.slice(r.begin, r.end), g.slice(r.begin + s, r.end + s), cpu());
+      o.step(layout, r.begin, p.slice(r.begin, r.end), g.slice(r.begin + s, r.end + s), cpu());
     }
     return bits(p);
   };
   Tensor p = Tensor::from_host<float>(values, {length}, cpu());
   Tensor g = Tensor::from_host<float>(grads, {length + 1}, cpu());
-  Optimizer::by_name("adam", 1e-2).step(p, g.slice(0, length), cpu());
+  Optimizer::by_name("adam", 1e-2).step(layout, 0, p, g.slice(0, length), cpu());
   EXPECT_EQ(update(0), bits(p)) << "slices in place: the whole update's bits";
   EXPECT_NE(update(1), bits(p)) << "mis-sliced by one: different bits";
 }
