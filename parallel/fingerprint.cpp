@@ -148,6 +148,7 @@ std::string trainer_fingerprint(const VariableSet& variables, DType dtype,
                         : options.numeric_guard == NumericGuard::Skip ? "skip"
                                                                       : "off");
   line("seed", std::to_string(options.seed));
+  line("clip_grad_norm", number(options.clip_grad_norm));
   return out.str();
 }
 

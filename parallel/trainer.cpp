@@ -98,6 +98,10 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
   check_tower_kinds(options_.devices);
   const bool sharded_master = options_.master_placement == MasterPlacement::Sharded;
   if (sharded_master) check_sharding(options_);
+  TL_CHECK(std::isfinite(options_.clip_grad_norm) && options_.clip_grad_norm >= 0.0,
+           InvalidArgument,
+           "Trainer: clip_grad_norm must be a finite number >= 0 (0 turns clipping off), got "
+               << options_.clip_grad_norm);
   // Sharded, the master is a host copy that the towers' slices are gathered into.
   master_device_ = sharded_master ? Device::cpu()
                    : options_.master
@@ -188,7 +192,10 @@ StepResult Trainer::run(const std::vector<Tensor>& batch, bool training) {
   read_losses(result.slices);  // the end of 2, read once 3 and 4 are queued behind it
   if (options_.process_group != nullptr) reduce_across_processes(result, training);  // 5
   result.loss = mean_loss(result.samples);
-  if (training && guard(result)) update_and_broadcast();  // 6, 7
+  if (training && guard(result)) {        // 6
+    result.grad_norm = clip_gradients();  // 7, which begins with the clipping
+    update_and_broadcast();
+  }
   gather_outputs(result);                                 // 8
   last_loss_ = result.loss;
   last_logs_ = result.logs;
@@ -588,6 +595,47 @@ std::pair<std::int64_t, float> Trainer::first_nonfinite_gradient() const {
 }
 
 // --- 7. update and broadcast -------------------------------------------------
+
+double Trainer::clip_gradients() {
+  const double limit = options_.clip_grad_norm;
+  if (limit == 0.0) return 0.0;
+  const auto start = Clock::now();
+  // The sum of squares of each of the ring's chunks, where the averaged gradient
+  // of that chunk is: all on tower 0, or (sharded) chunk summed_at(i) on tower i.
+  const auto n = std::int64_t(towers_.size());
+  const RingSchedule schedule(n, variables_.trainable_numel());
+  std::vector<std::size_t> holders(towers_.size(), 0);
+  if (sharded()) {
+    for (std::int64_t i = 0; i < n; ++i) holders[std::size_t(schedule.summed_at(i))] = std::size_t(i);
+  }
+  auto holder = [&](std::int64_t chunk) -> TowerState& { return *towers_[holders[std::size_t(chunk)]]; };
+  std::vector<Tensor> sums;
+  for (std::int64_t c = 0; c < n; ++c) {
+    TowerState& t = holder(c);
+    const RingRange r = schedule.chunk(c);
+    sums.push_back(Tensor::empty({1}, *t.stream));
+    sum_squares(sums.back(), t.store->flat_grads().slice(r.begin, r.end), *t.stream);
+  }
+  double total = 0.0;  // in chunk order, whoever holds each chunk
+  for (std::int64_t c = 0; c < n; ++c) {
+    total += double(sums[std::size_t(c)].to_host<float>(*holder(c).stream)[0]);
+  }
+  const double norm = std::sqrt(total);
+  if (norm > limit) {
+    const double coefficient = limit / (norm + 1e-6);
+    for (std::int64_t c = 0; c < n; ++c) {
+      TowerState& t = holder(c);
+      const RingRange r = schedule.chunk(c);
+      const Tensor chunk = t.store->flat_grads().slice(r.begin, r.end);
+      scale(chunk, chunk, coefficient, *t.stream);
+    }
+  }
+  if (trace_ != nullptr) {
+    trace_->span(int(towers_.size()), "clip", start, "master",
+                 {{"phase", phase_label(Phase::UpdateAndBroadcast)}});
+  }
+  return norm;
+}
 
 void Trainer::update_and_broadcast() {
   if (sharded()) {

@@ -176,6 +176,14 @@ struct TrainerOptions {
   // on tower 0's device buffers when it can (Auto), or always staged on the host.
   // Decided once, at construction; the placement log says which and why.
   CrossProcessPath cross_process = CrossProcessPath::Auto;
+  // Clipping by the global norm (PyTorch's clip_grad_norm_), at the start of phase
+  // 7: with c > 0, when the averaged gradient's norm |g| (over every trainable
+  // value) exceeds c, the whole gradient is scaled by c / (|g| + 1e-6) before the
+  // update. |g| is computed once per step, from the sums of squares of the ring's
+  // chunks added in chunk order on the host, so the master on one device, a sharded
+  // master (each tower its chunk) and every process see the same bits; the step
+  // reports it (StepResult::grad_norm). 0: off. Negative or not finite: InvalidArgument.
+  double clip_grad_norm = 0.0;
 };
 
 struct StepResult {
@@ -188,6 +196,9 @@ struct StepResult {
   std::int64_t samples = 0;            // in the (global) batch
   std::vector<TowerSlice> slices;      // this process's towers' slices of the batch
   bool skipped = false;  // NumericGuard::Skip found a NaN or infinity: nothing was updated
+  // The averaged gradient's global norm before clipping, with
+  // TrainerOptions::clip_grad_norm set (0 otherwise, and in evaluation).
+  double grad_norm = 0.0;
 };
 
 class Trainer {
@@ -309,6 +320,10 @@ class Trainer {
   // Sharded: each tower's slice updated on its stream, then the ring's all-gather.
   void update_and_broadcast();
   void update_slices_and_gather();
+  // 7 begins with clipping by the global norm (TrainerOptions::clip_grad_norm):
+  // returns the averaged gradient's norm, having scaled it where it is held (tower
+  // 0's flat gradient, or each tower's slice) when the norm exceeds the limit.
+  double clip_gradients();
   bool sharded() const { return shards_ != nullptr; }
   // Updates applied so far (the optimizer's, or the shards').
   std::int64_t steps_taken() const;

@@ -1,5 +1,6 @@
 // sum, mean and first_nonfinite on every backend.
 #include <limits>
+#include <vector>
 
 #include "kernels/reference/reduce.h"
 #include "test_util.h"
@@ -43,6 +44,24 @@ TEST_P(ReduceTest, RepeatedReductionsGiveTheSameBits) {
   }
 }
 
+TEST_P(ReduceTest, SumSquaresMatchesTheReferenceAndRepeatsItsBits) {
+  for (std::int64_t n : {0, 1, 3, 127, 129, 65537, 1000003}) {
+    const auto x = random_values(static_cast<std::size_t>(n), 23, -2.0f, 2.0f);
+    const double expected = reference::sum_squares(x.data(), n);
+    Tensor t = make(x, {n});
+    Tensor out = make({42}, {1});
+    sum_squares(out, t, stream());
+    const float first = host(out)[0];
+    EXPECT_NEAR(first, expected, 2e-6 * expected) << "n = " << n;
+    sum_squares(out, t, stream());
+    EXPECT_EQ(host(out)[0], first) << "n = " << n;
+  }
+  EXPECT_EQ(reference::sum_squares(std::vector<double>{3.0, -4.0}.data(), 2), 25.0);
+  Tensor out = Tensor::empty({1}, stream());
+  sum_squares(out, make({1, -2, 3, 0.5f}, {2, 2}), stream());
+  EXPECT_EQ(host(out)[0], 14.25f);
+}
+
 TEST_P(ReduceTest, EmptyInputGivesZero) {
   Tensor out = make({42}, {1});
   sum(out, Tensor::empty({0}, stream()), stream());
@@ -56,6 +75,8 @@ TEST_P(ReduceTest, OutputMustHaveOneElement) {
   Tensor x = Tensor::zeros({4}, stream());
   EXPECT_THROW_WITH(sum(Tensor::empty({2}, stream()), x, stream()), ShapeError,
                     "sum: out must have one element, got float32[2]");
+  EXPECT_THROW_WITH(sum_squares(Tensor::empty({0}, stream()), x, stream()), ShapeError,
+                    "sum_squares: out must have one element, got float32[0]");
 }
 
 TEST_P(ReduceTest, FirstNonFiniteFindsTheSmallestIndex) {

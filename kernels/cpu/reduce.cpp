@@ -37,6 +37,12 @@ void sum(const Tensor& out, const Tensor& x, double scale) {
   });
 }
 
+void sum_squares(const Tensor& out, const Tensor& x) {
+  with_dtype(x.dtype(), [&]<typename T>() {
+    out.data<T>()[0] = static_cast<T>(reference::sum_squares(x.data<T>(), x.numel()));
+  });
+}
+
 std::int64_t first_nonfinite(const Tensor& x) {
   const std::int64_t n = x.numel();
   std::atomic<std::int64_t> first{n};  // n: none found

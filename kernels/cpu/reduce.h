@@ -10,6 +10,7 @@
 namespace towerlab::cpu {
 
 void sum(const Tensor& out, const Tensor& x, double scale);  // out[0] = scale * sum(x)
+void sum_squares(const Tensor& out, const Tensor& x);
 std::int64_t first_nonfinite(const Tensor& x);
 
 }  // namespace towerlab::cpu

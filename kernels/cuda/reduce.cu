@@ -6,6 +6,7 @@
 #include "engine/allocator.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/reduce.h"
+#include "kernels/cuda/sum_terms.cuh"
 
 namespace towerlab::cuda {
 
@@ -16,12 +17,22 @@ __global__ void scale_scalar_kernel(float* value, float scale) {
   *value *= scale;
 }
 
+struct Square {
+  const float* x;
+  __device__ float operator()(std::int64_t i) const { return x[i] * x[i]; }
+};
+
 struct NonFinite {
   const float* x;
   __device__ bool operator()(std::int64_t i) const { return !isfinite(x[i]); }
 };
 
 }  // namespace
+
+void sum_squares(const Tensor& out, const Tensor& x, const Stream& stream) {
+  CudaDeviceGuard guard(stream.device().index);
+  losses::sum_terms(out.data<float>(), x.numel(), Square{x.data<float>()}, 1.0f, stream);
+}
 
 std::int64_t first_nonfinite(const Tensor& x, const Stream& stream) {
   return first_index_where(x.numel(), NonFinite{x.data<float>()}, stream);

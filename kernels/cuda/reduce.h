@@ -11,6 +11,7 @@
 namespace towerlab::cuda {
 
 void sum(const Tensor& out, const Tensor& x, float scale, const Stream& stream);  // scale * sum(x)
+void sum_squares(const Tensor& out, const Tensor& x, const Stream& stream);
 std::int64_t first_nonfinite(const Tensor& x, const Stream& stream);
 
 }  // namespace towerlab::cuda

@@ -12,4 +12,8 @@ namespace towerlab::reference {
 template <typename T>
 double sum(const T* x, std::int64_t n);
 
+// sum_i x[i]^2, each square and the running sum in double, in index order; x [n].
+template <typename T>
+double sum_squares(const T* x, std::int64_t n);
+
 }  // namespace towerlab::reference
