@@ -180,6 +180,9 @@ TEST_P(EmbeddingTest, BadIds) {
   EXPECT_NO_THROW(validate_embedding_ids(make({0, 2, 1, 7, 2, 5}, {2, 3}), 8, stream()));
   EXPECT_THROW_WITH(validate_embedding_ids(make({1, 2, 3.25f}, {3}), 8, stream()), SampleError,
                     "validate_embedding_ids: ids[2] = 3.25 is not a row id in [0, 8)");
+  // A rank-0 ids has no row to name: InvalidArgument with the value.
+  EXPECT_THROW_WITH(validate_embedding_ids(make({9}, {}), 8, stream()), InvalidArgument,
+                    "validate_embedding_ids: ids = 9 is not a row id in [0, 8) (ids float32[] on ");
 }
 
 TEST_P(EmbeddingTest, RejectsBadShapesAndDtypes) {
