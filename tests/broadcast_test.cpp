@@ -32,6 +32,7 @@ const std::vector<std::pair<Shape, Shape>> kPairs = {
     {{2, 3, 4, 5}, {2, 1, 4, 1}},    // every other dimension repeated
     {{7, 1}, {7, 9}},                // a column
     {{}, {2, 2}},                    // a rank-0 operand
+    {{1, 1}, {1}},                   // one value: no dimension is left to walk
 };
 
 std::string describe(const Shape& a, const Shape& b) {
