@@ -69,6 +69,25 @@ std::string Linear::describe() const {
   return os.str();
 }
 
+Embedding::Embedding(VariableSet& vars, std::string name, std::int64_t num_embeddings,
+                     std::int64_t dim)
+    : name_(std::move(name)), num_embeddings_(num_embeddings), dim_(dim) {
+  TL_CHECK(num_embeddings_ > 0 && dim_ > 0, InvalidArgument,
+           "Embedding " << name_ << ": sizes must be positive, got " << num_embeddings_ << "x"
+                        << dim_);
+  vars.get(name_ + "/weight", {num_embeddings_, dim_}, Initializer::normal(0.0f, 1.0f));
+}
+
+Var Embedding::forward(const Context& ctx, const Var& ids) const {
+  return ag::embedding(ids, ctx.variable(name_ + "/weight"));
+}
+
+std::string Embedding::describe() const {
+  std::ostringstream os;
+  os << name_ << ": Embedding " << num_embeddings_ << "x" << dim_;
+  return os.str();
+}
+
 BatchNorm::BatchNorm(VariableSet& vars, std::string name, std::int64_t channels, double momentum,
                      double eps, Activation activation, std::optional<Pool2dParams> max_pool)
     : name_(std::move(name)),

@@ -64,6 +64,20 @@ class Linear : public Layer {
   Activation activation_;
 };
 
+// Declares <name>/weight [V,D] (normal, mean 0 and standard deviation 1, as
+// torch.nn.Embedding). Its input is the ids [...] (a constant of integral values in
+// the weight's dtype, kernels/embedding.h); its output [..., D] their rows.
+class Embedding : public Layer {
+ public:
+  Embedding(VariableSet& vars, std::string name, std::int64_t num_embeddings, std::int64_t dim);
+  Var forward(const Context& ctx, const Var& ids) const override;
+  std::string describe() const override;  // "tok: Embedding 1000x64"
+
+ private:
+  std::string name_;
+  std::int64_t num_embeddings_, dim_;
+};
+
 // Declares <name>/gamma (ones) and <name>/beta (zeros), trainable, and the
 // non-trainable <name>/moving_mean (zeros) and <name>/moving_variance (ones).
 // momentum is TensorFlow's decay (the weight of the old moving value). The

@@ -4,7 +4,9 @@
 
 #include "engine/error.h"
 #include "kernels/activation.h"
+#include "kernels/broadcast.h"
 #include "kernels/dropout.h"
+#include "kernels/embedding.h"
 #include "kernels/elementwise.h"
 #include "kernels/layer_norm.h"
 #include "kernels/reduce.h"
@@ -25,17 +27,39 @@ void check_same_shape(const char* op, const Var& a, const Var& b) {
            op << ": " << a.describe() << " and " << b.describe() << " differ in shape");
 }
 
+// The broadcast shape of a and b (kernels/broadcast.h), or ShapeError naming the op
+// and the Vars.
+Shape broadcast_of(const char* op, const Var& a, const Var& b) {
+  a.tape().check_owns(op, {a, b});
+  const std::string conflict = broadcast_conflict(a.shape(), b.shape());
+  TL_CHECK(conflict.empty(), ShapeError,
+           op << ": " << a.describe() << " and " << b.describe() << " do not broadcast ("
+              << conflict << ")");
+  return broadcast_shape(op, a.shape(), b.shape());
+}
+
+// Adds g (the output's shape) into x's gradient: as it is where x has the output's
+// shape, summed over x's repeated dimensions otherwise.
+void add_broadcast_grad(Tape& t, const Var& x, const Tensor& g) {
+  if (x.shape() == g.shape()) {
+    t.add_to_grad(x, g);
+    return;
+  }
+  const Tape::GradTarget gx = t.grad_target(x);
+  sum_to_shape(gx.grad, g, t.stream(), gx.assign ? GradWrite::Assign : GradWrite::Accumulate);
+}
+
 }  // namespace
 
 Var add(const Var& a, const Var& b) {
-  check_same_shape("add", a, b);
+  const Shape shape = broadcast_of("add", a, b);
   Tape& tape = a.tape();
-  Tensor y = like(a);
-  towerlab::add(y, a.value(), b.value(), tape.stream());
+  Tensor y = Tensor::empty(shape, tape.stream(), a.value().dtype());
+  broadcast_add(y, a.value(), b.value(), tape.stream());
   return tape.record(y, "add", {a, b}, [a, b](const Var& out) {
     Tape& t = out.tape();
-    if (a.requires_grad()) t.add_to_grad(a, out.grad());
-    if (b.requires_grad()) t.add_to_grad(b, out.grad());
+    if (a.requires_grad()) add_broadcast_grad(t, a, out.grad());
+    if (b.requires_grad()) add_broadcast_grad(t, b, out.grad());
   });
 }
 
@@ -52,20 +76,20 @@ Var sub(const Var& a, const Var& b) {
 }
 
 Var mul(const Var& a, const Var& b) {
-  check_same_shape("mul", a, b);
+  const Shape shape = broadcast_of("mul", a, b);
   Tape& tape = a.tape();
-  Tensor y = like(a);
-  towerlab::mul(y, a.value(), b.value(), tape.stream());
+  Tensor y = Tensor::empty(shape, tape.stream(), a.value().dtype());
+  broadcast_mul(y, a.value(), b.value(), tape.stream());
   return tape.record(y, "mul", {a, b}, [a, b](const Var& out) {
     Tape& t = out.tape();
     Tensor product = like(out);
-    if (a.requires_grad()) {  // dL/da = dL/dy * b
-      towerlab::mul(product, out.grad(), b.value(), t.stream());
-      t.add_to_grad(a, product);
+    if (a.requires_grad()) {  // dL/da = dL/dy * b, summed over a's repeated dimensions
+      broadcast_mul(product, out.grad(), b.value(), t.stream());
+      add_broadcast_grad(t, a, product);
     }
     if (b.requires_grad()) {
-      towerlab::mul(product, out.grad(), a.value(), t.stream());
-      t.add_to_grad(b, product);
+      broadcast_mul(product, out.grad(), a.value(), t.stream());
+      add_broadcast_grad(t, b, product);
     }
   });
 }
@@ -266,6 +290,25 @@ Var layer_norm(const Var& x, const Var& weight, const Var& bias, double eps) {
                        args.rstd = rstd;
                        layer_norm_backward(args, t.stream());
                      });
+}
+
+// --- embedding ----------------------------------------------------------------------
+
+Var embedding(const Var& ids, const Var& table) {
+  ids.tape().check_owns("embedding", {ids, table});
+  Tape& tape = ids.tape();
+  TL_CHECK(table.value().dim() == 2, ShapeError,
+           "embedding: the table " << table.describe() << " must be [V, D] (rows, width)");
+  Shape shape = ids.shape();
+  shape.push_back(table.shape()[1]);
+  Tensor y = Tensor::empty(shape, tape.stream(), table.value().dtype());
+  embedding_forward(y, ids.value(), table.value(), tape.stream());
+  return tape.record(y, "embedding", {ids, table}, [ids, table](const Var& out) {
+    if (!table.requires_grad()) return;
+    Tape& t = out.tape();
+    const Tape::GradTarget grad = t.grad_target(table);
+    embedding_backward(grad.grad, out.grad(), ids.value(), t.stream(), write_of(grad));
+  });
 }
 
 }  // namespace towerlab::ag

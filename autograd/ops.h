@@ -1,20 +1,25 @@
 // Differentiable ops: each runs its kernel on the tape's stream and records a
 // backward that accumulates into the inputs' gradients. Inputs must belong to one
 // tape; shape errors name the op and the Vars ("add: conv1/out float32[8,32,28,28]
-// and skip float32[8,32,14,14] differ in shape").
+// and skip float32[8,32,14,14] do not broadcast (dimension -1: 28 against 14)").
 #pragma once
 
 #include "../kernels/activation.h"
+#include "../kernels/broadcast.h"
 #include "../kernels/dropout.h"
+#include "../kernels/embedding.h"
 #include "../kernels/layer_norm.h"
 #include "../kernels/softmax.h"
 #include "tape.h"
 
 namespace towerlab::ag {
 
-Var add(const Var& a, const Var& b);    // a + b, equal shapes
-Var sub(const Var& a, const Var& b);    // a - b
-Var mul(const Var& a, const Var& b);    // a * b, elementwise
+// a + b and a * b with NumPy broadcasting (kernels/broadcast.h): the output has the
+// broadcast shape, and the gradient of an operand that was repeated is summed over
+// the repeated dimensions. Equal shapes take the elementwise kernels.
+Var add(const Var& a, const Var& b);
+Var mul(const Var& a, const Var& b);
+Var sub(const Var& a, const Var& b);    // a - b, equal shapes
 Var scale(const Var& x, double alpha);  // alpha * x
 Var relu(const Var& x);
 // The activations of kernels/activation.h (formulas and the NaN rule there); each
@@ -44,5 +49,10 @@ Var log_softmax(const Var& x, SoftmaxMask mask = SoftmaxMask::None);
 // weight and bias are [D] and optional (an undefined Var: 1 and 0); the row means and
 // reciprocal standard deviations are kept by the record for the backward.
 Var layer_norm(const Var& x, const Var& weight = {}, const Var& bias = {}, double eps = 1e-5);
+
+// The rows of table [V, D] named by ids [...] (integral values in table's dtype):
+// [..., D] (kernels/embedding.h: the ids, the deterministic backward). The gradient
+// flows to the table only; ids get none.
+Var embedding(const Var& ids, const Var& table);
 
 }  // namespace towerlab::ag

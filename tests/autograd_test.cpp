@@ -98,7 +98,8 @@ TEST(Autograd, MisuseIsAClearError) {
                     "add: input float64[2,3] belongs to tower 1 (cpu), not to tower 0 (cpu)");
   Var z = tower0.constant(b.value, "input");
   EXPECT_THROW_WITH(ag::add(x, z), ShapeError,
-                    "add: conv1/weight float64[2,2] and input float64[2,3] differ in shape");
+                    "add: conv1/weight float64[2,2] and input float64[2,3] do not broadcast "
+                    "(dimension -1: 2 against 3)");
   Var loss = ag::sum(x);
   tower0.backward(loss);
   EXPECT_THROW_WITH(tower0.backward(loss), InvalidArgument, "backward() called twice");

@@ -35,6 +35,8 @@ except ImportError:
 TOLERANCE = {
     "softmax": {"float64": (1e-12, 1e-10), "float32": (1e-6, 1e-5)},
     "layer_norm": {"float64": (1e-11, 1e-10), "float32": (1e-5, 1e-4)},
+    "embedding": {"float64": (1e-12, 1e-10), "float32": (1e-6, 1e-5)},
+    "broadcast": {"float64": (1e-12, 1e-10), "float32": (1e-6, 1e-5)},
 }
 
 
@@ -100,6 +102,37 @@ def check_layer_norm(tensors):
             compare("layer_norm", f"{prefix}/{name}", tensors[f"{prefix}/{name}"], value, dtype)
 
 
+def check_embedding(tensors):
+    for prefix in prefixes(tensors):
+        dtype = prefix.split("_", 1)[1]
+        ids = torch.tensor(np.array(tensors[f"{prefix}/ids"]), dtype=torch.float64).long()
+        table = torch.tensor(np.array(tensors[f"{prefix}/table"]), dtype=torch.float64,
+                             requires_grad=True)
+        grad_y = torch.tensor(np.array(tensors[f"{prefix}/grad_y"]), dtype=torch.float64)
+        y = torch.nn.functional.embedding(ids, table)
+        (grad_table,) = torch.autograd.grad(y, table, grad_y)
+        compare("embedding", f"{prefix}/y", tensors[f"{prefix}/y"], y, dtype)
+        compare("embedding", f"{prefix}/grad_table", tensors[f"{prefix}/grad_table"], grad_table,
+                dtype)
+
+
+def check_broadcast(tensors):
+    for prefix in prefixes(tensors):
+        dtype = prefix.split("_", 1)[1]
+        cases = sorted({name.split("/")[1] for name in tensors if name.startswith(prefix + "/")})
+        for case in cases:
+            p = f"{prefix}/{case}"
+            leaf = {name: torch.tensor(np.array(tensors[f"{p}/{name}"]), dtype=torch.float64,
+                                       requires_grad=True) for name in ("a", "b")}
+            grad_y = torch.tensor(np.array(tensors[f"{p}/grad_y"]), dtype=torch.float64)
+            for op, fn in (("add", torch.add), ("mul", torch.mul)):
+                y = fn(leaf["a"], leaf["b"])
+                grad_a, grad_b = torch.autograd.grad(y, [leaf["a"], leaf["b"]], grad_y)
+                for name, value in (("y", y), ("grad_a", grad_a), ("grad_b", grad_b)):
+                    what = f"{p}/{op}/{name}"
+                    compare("broadcast", what, tensors[what], value, dtype)
+
+
 def check_control(tensors):
     """The comparison can fail: towerlab's softmax with one probability nudged by 1e-4."""
     name = "cpu_float32/softmax/y"
@@ -117,6 +150,8 @@ def check_control(tensors):
 CHECKS = {
     "softmax": check_softmax,
     "layer_norm": check_layer_norm,
+    "embedding": check_embedding,
+    "broadcast": check_broadcast,
 }
 
 

@@ -1,0 +1,17 @@
+// CUDA backend entry points of broadcasting add and mul and of sum_to_shape
+// (contracts in kernels/broadcast.h), called by their dispatch once the arguments
+// are checked. Internal: not installed, not included by towerlab.h.
+#pragma once
+
+#include "engine/stream.h"
+#include "engine/tensor.h"
+#include "kernels/broadcast.h"
+#include "kernels/grad_write.h"
+
+namespace towerlab::cuda {
+
+void broadcast_binary(const Tensor& out, const Tensor& a, const Tensor& b, BroadcastOp op,
+                      const Stream& stream);
+void sum_to_shape(const Tensor& out, const Tensor& x, GradWrite write, const Stream& stream);
+
+}  // namespace towerlab::cuda
