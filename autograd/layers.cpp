@@ -210,6 +210,37 @@ std::string Sequential::describe() const {
   return os.str();
 }
 
+Residual::Residual(std::string name, Sequential body, std::optional<Sequential> shortcut,
+                   Activation activation)
+    : name_(std::move(name)),
+      body_(std::move(body)),
+      shortcut_(std::move(shortcut)),
+      activation_(activation) {
+  TL_CHECK(body_.size() > 0, InvalidArgument, "Residual " << name_ << ": the body has no layers");
+}
+
+Var Residual::forward(const Context& ctx, const Var& x) const {
+  const Var sum = ag::add(body_(ctx, x), shortcut_ ? (*shortcut_)(ctx, x) : x);
+  return activation_ == Activation::ReLU ? ag::relu(sum) : sum;
+}
+
+std::string Residual::describe() const {
+  std::ostringstream os;
+  os << name_ << ": Residual" << activation_suffix(activation_);
+  const auto indented = [&os](const char* title, const Sequential& part) {
+    os << "\n  " << title;
+    std::istringstream lines(part.describe());
+    for (std::string line; std::getline(lines, line);) os << "\n    " << line;
+  };
+  indented("body:", body_);
+  if (shortcut_) {
+    indented("shortcut:", *shortcut_);
+  } else {
+    os << "\n  shortcut: identity";
+  }
+  return os.str();
+}
+
 Tensor infer(const Layer& model, VariableStore& store, const Tensor& input, const Stream& stream) {
   Tape tape(stream, "inference");
   const NoGradGuard no_grad(tape);

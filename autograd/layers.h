@@ -11,6 +11,43 @@
 //   ...
 //   Var logits = net(Context{tape, store, /*training=*/true}, input);
 //   Tensor predicted = infer(net, store, input, stream);  // inference, no tape kept
+//
+// Composition. A Sequential is a chain. A model that branches is a layer that calls
+// other layers: each op they run records its backward on the tape, so a composite
+// layer has no backward code of its own. Residual is the branch most models need,
+// y = relu(body(x) + shortcut(x)), with each part a Sequential:
+//
+//   const Conv2dParams down{.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
+//   const Conv2dParams same{.pad_h = 1, .pad_w = 1};
+//   Sequential body, projection;
+//   body.add<Conv2d>(vars, "block1/conv1", 16, 32, 3, down, /*bias=*/false);
+//   body.add<BatchNorm>(vars, "block1/bn1", 32, 0.99, 1e-3, Activation::ReLU);
+//   body.add<Conv2d>(vars, "block1/conv2", 32, 32, 3, same, false);
+//   body.add<BatchNorm>(vars, "block1/bn2", 32);
+//   projection.add<Conv2d>(vars, "block1/shortcut/conv", 16, 32, 1,
+//                          Conv2dParams{.stride_h = 2, .stride_w = 2}, false);
+//   projection.add<BatchNorm>(vars, "block1/shortcut/bn", 32);
+//   net.add<Residual>("block1", std::move(body), std::move(projection));
+//   // net.add<Residual>("block2", std::move(body2)) adds x itself: the identity shortcut.
+//
+// Any other graph (attention's three projections, a two-headed output) is a class
+// derived from Layer that holds its parts as members and calls them in forward():
+//
+//   class TwoHeads : public Layer {
+//     Linear a_, b_;
+//    public:
+//     TwoHeads(VariableSet& vars, const std::string& name)
+//         : a_(vars, name + "/a", 64, 10), b_(vars, name + "/b", 64, 10) {}
+//     Var forward(const Context& ctx, const Var& x) const override {
+//       return ag::add(a_(ctx, x), b_(ctx, x));
+//     }
+//     std::string describe() const override { return "TwoHeads"; }
+//   };
+//
+// Variables are named by the strings the layers are given: a scope is a prefix with
+// a slash ("stage2/block1/conv1/weight"), so that checkpoints, the placement log and
+// tools/torch_convert.py see one flat list of hierarchical names. A Dropout's name
+// keys its masks: give each one in a model its own (a scope reads best).
 #pragma once
 
 #include <memory>
@@ -182,6 +219,29 @@ class Sequential : public Layer {
 
  private:
   std::vector<std::unique_ptr<Layer>> layers_;
+};
+
+// y = body(x) + shortcut(x), then the activation (ReLU by default, as in ResNet's
+// basic block; Activation::None leaves the sum). Without a shortcut the sum takes x
+// itself, so the body must keep x's shape; with one, body(x) and shortcut(x) must
+// agree (ag::add's ShapeError names both shapes). `name` is the block's scope, for
+// summaries and traces ("stage2/block1"); its parts name their own variables.
+class Residual : public Layer {
+ public:
+  Residual(std::string name, Sequential body, std::optional<Sequential> shortcut = std::nullopt,
+           Activation activation = Activation::ReLU);
+  Var forward(const Context& ctx, const Var& x) const override;
+  // "stage2/block1: Residual + ReLU", then the body's layers and the shortcut's,
+  // one a line, indented.
+  std::string describe() const override;
+  const Sequential& body() const { return body_; }
+  const Sequential* shortcut() const { return shortcut_ ? &*shortcut_ : nullptr; }
+
+ private:
+  std::string name_;
+  Sequential body_;
+  std::optional<Sequential> shortcut_;
+  Activation activation_;
 };
 
 // Inference without a Trainer: runs `model` on `input` (on the store's device) in

@@ -67,4 +67,28 @@ Tensor random_double_tensor(const Shape& shape, unsigned seed, double low, doubl
   return Tensor::from_host<double>(v, shape, default_stream(Device::cpu()));
 }
 
+::testing::AssertionResult variable_gradients_match(const Layer& net, VariableStore& store,
+                                                    const Tensor& x, const Tensor& labels,
+                                                    double l2) {
+  const Stream& cpu = default_stream(Device::cpu());
+  auto forward = [&](Tape& tape) {
+    Context ctx{tape, store, true};
+    Var logits = net(ctx, tape.constant(x, "images"));
+    Var loss = ag::softmax_cross_entropy(logits, tape.constant(labels, "labels"));
+    return l2 == 0.0 ? loss : ag::add_n({loss, l2_regularization(ctx, l2)});
+  };
+  auto loss_fn = [&](const std::vector<Tensor>&) {
+    Tape tape(cpu);
+    NoGradGuard no_grad(tape);
+    return forward(tape).value().to_host<double>()[0];
+  };
+  Tape tape(cpu);
+  store.zero_grad(cpu);
+  tape.backward(forward(tape));
+  GradcheckOptions options;
+  options.rtol = 1e-4;
+  options.atol = 1e-6;
+  return check_gradient(loss_fn, {store.flat_values()}, {store.flat_grads()}, options);
+}
+
 }  // namespace towerlab::testing

@@ -43,4 +43,12 @@ double weighted_sum(const Tensor& g, const Tensor& y);
 Tensor random_double_tensor(const Shape& shape, unsigned seed, double low = -1.0,
                             double high = 1.0);
 
+// The gradient of every variable of `store` (float64) for the cross-entropy of
+// net(x) against labels, plus l2 * the L2 regularization (l2_regularization),
+// against central differences over the store's flat values (rtol 1e-4: the loss
+// passes through several layers). A training pass: batch norm uses batch statistics.
+::testing::AssertionResult variable_gradients_match(const Layer& net, VariableStore& store,
+                                                    const Tensor& x, const Tensor& labels,
+                                                    double l2 = 0.0);
+
 }  // namespace towerlab::testing

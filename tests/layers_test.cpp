@@ -17,32 +17,6 @@ Tensor labels_tensor(const std::vector<double>& ids, DType dtype) {
   return Tensor::from_host<float>(f, {std::int64_t(ids.size())}, cpu());
 }
 
-// The gradient of every variable of `store` (float64) for the cross-entropy of
-// net(x) against labels, plus l2 * the L2 regularization, against central
-// differences (rtol 1e-4: the loss passes through several layers).
-::testing::AssertionResult variable_gradients_match(const Layer& net, VariableStore& store,
-                                                    const Tensor& x, const Tensor& labels,
-                                                    double l2 = 0.0) {
-  auto forward = [&](Tape& tape) {
-    Context ctx{tape, store, true};
-    Var logits = net(ctx, tape.constant(x, "images"));
-    Var loss = ag::softmax_cross_entropy(logits, tape.constant(labels, "labels"));
-    return l2 == 0.0 ? loss : ag::add_n({loss, l2_regularization(ctx, l2)});
-  };
-  auto loss_fn = [&](const std::vector<Tensor>&) {
-    Tape tape(cpu());
-    NoGradGuard no_grad(tape);
-    return forward(tape).value().to_host<double>()[0];
-  };
-  Tape tape(cpu());
-  store.zero_grad(cpu());
-  tape.backward(forward(tape));
-  GradcheckOptions options;
-  options.rtol = 1e-4;
-  options.atol = 1e-6;
-  return check_gradient(loss_fn, {store.flat_values()}, {store.flat_grads()}, options);
-}
-
 TEST(Layers, SmallCnnGradientsMatchCentralDifferences) {
   VariableSet vars;
   Sequential net;

@@ -1,6 +1,8 @@
-// fashion_mnist: trains FashionNet on Fashion-MNIST with tower parallelism.
+// fashion_mnist: trains a model on Fashion-MNIST with tower parallelism: FashionNet
+// (the default), an MLP with dropout or ResNet-20 (--model; models/, docs/models.md).
 //
 //   fashion_mnist --devices cpu,cpu --epochs 5 --batch 128 --optimizer adam --lr 1e-3
+//   fashion_mnist --model resnet --batchnorm sync --epochs 10
 //
 // Each step splits the batch among the towers, runs every tower's forward and
 // backward on its own thread and stream, averages the gradients with the ring
@@ -24,6 +26,8 @@
 
 #include "engine/atomic_file.h"
 #include "models/fashion_net.h"
+#include "models/mlp.h"
+#include "models/resnet.h"
 #include "options.h"
 #include "resume.h"
 #include "towerlab.h"
@@ -76,6 +80,18 @@ void forget_for_a_control(Trainer& trainer, sample::Position& at) {
   }
 }
 
+// The model --model names (options.h checked the name), declaring its variables in
+// `vars`, and its name in messages and checkpoints.
+struct Model {
+  Sequential net;
+  std::string title;
+};
+Model make_model(const std::string& name, VariableSet& vars) {
+  if (name == "mlp") return {models::mlp(vars), "MLP"};
+  if (name == "resnet") return {models::resnet(vars), "ResNet-20"};
+  return {models::fashion_net(vars), "FashionNet"};
+}
+
 // The first n images of a data set (--test-samples), sharing its storage.
 FashionMnist first_images(const FashionMnist& data, std::int64_t n) {
   return {data.images.slice(0, n), data.labels.slice(0, n),
@@ -87,7 +103,7 @@ FashionMnist first_images(const FashionMnist& data, std::int64_t n) {
 // `predictions` (one process only), also writes the logits [N,10] and labels [N]
 // there (safetensors), for comparing with another framework's model on the same images.
 double accuracy(Trainer& trainer, const FashionMnist& data, std::int64_t batch_size,
-                ProcessGroup& group, const std::string& predictions = "") {
+                ProcessGroup& group, const std::string& model, const std::string& predictions = "") {
   Batcher batcher(data.images, data.labels, batch_size, 0, Order::Sequential);
   Batch batch;
   std::int64_t correct = 0;
@@ -110,7 +126,7 @@ double accuracy(Trainer& trainer, const FashionMnist& data, std::int64_t batch_s
     save_safetensors(predictions,
                      {{"logits", Tensor::from_host<float>(all_logits, {data.size(), 10}, cpu)},
                       {"labels", data.labels}},
-                     {{"model", "FashionNet"}});
+                     {{"model", model}});
   }
   double total = double(correct);
   group.allreduce_sum(std::span<double>(&total, 1), "test accuracy: correct predictions");
@@ -154,7 +170,8 @@ int run(const sample::Options& o) {
   if (o.test_samples) test = first_images(test, *o.test_samples);
 
   VariableSet vars;
-  Sequential net = models::fashion_net(vars);
+  const Model model = make_model(o.model, vars);
+  const Sequential& net = model.net;
   const double weight_decay = o.weight_decay;
   TowerFn tower_fn = [&net, weight_decay](const Tower& tower, const std::vector<Tensor>& batch) {
     Context ctx = tower.context();
@@ -171,8 +188,8 @@ int run(const sample::Options& o) {
                               ? LearningRate::cosine(o.lr, steps_per_epoch * o.epochs)
                               : LearningRate::constant(o.lr);
   Trainer trainer(vars, tower_fn, Optimizer::by_name(o.optimizer, lr), options);
-  std::printf("FashionNet: %lld parameters; %zu tower(s) on %s; master on %s; batch %lld\n",
-              static_cast<long long>(vars.trainable_numel()), trainer.num_towers(),
+  std::printf("%s: %lld parameters; %zu tower(s) on %s; master on %s; batch %lld\n",
+              model.title.c_str(), static_cast<long long>(vars.trainable_numel()), trainer.num_towers(),
               join(trainer.devices()).c_str(),
               trainer.master_placement() == MasterPlacement::Sharded
                   ? "every tower (sharded)"
@@ -188,10 +205,10 @@ int run(const sample::Options& o) {
   }
 
   nlohmann::json metrics{
-      {"devices", join(trainer.devices())}, {"epochs", 0}, {"batch", o.batch},
+      {"model", o.model}, {"devices", join(trainer.devices())}, {"epochs", 0}, {"batch", o.batch},
       {"optimizer", o.optimizer},           {"lr", o.lr},  {"schedule", o.schedule}};
   if (o.eval_only) {
-    const double acc = accuracy(trainer, test, 1000, cluster, o.predictions);
+    const double acc = accuracy(trainer, test, 1000, cluster, model.title, o.predictions);
     std::printf("test accuracy %.4f\n", acc);
     metrics["test_accuracy"] = acc;
   } else {
@@ -204,7 +221,8 @@ int run(const sample::Options& o) {
         {"run/batch", std::to_string(o.batch)},
         {"run/steps_per_epoch", std::to_string(steps_per_epoch)},
         {"run/weight_decay", exact(o.weight_decay)},
-        {"run/data", std::to_string(train.size()) + " training images"}};
+        {"run/data", std::to_string(train.size()) + " training images"},
+        {"model", model.title}};
     if (!o.checkpoint_dir.empty()) {
       checkpoints = std::make_unique<sample::CheckpointDir>(o.checkpoint_dir, o.keep, cluster);
       sample::pause_saves_if_asked(*checkpoints);
@@ -313,7 +331,8 @@ int run(const sample::Options& o) {
       images_per_second = double(epoch_images) / secs;
       train_loss = loss_sum / double(std::max<std::int64_t>(images, 1));
       const bool last_epoch = epoch + 1 == o.epochs;
-      test_acc = accuracy(trainer, test, 1000, cluster, last_epoch ? o.predictions : "");
+      test_acc =
+          accuracy(trainer, test, 1000, cluster, model.title, last_epoch ? o.predictions : "");
       std::printf(
           "epoch %lld: train loss %.4f, test accuracy %.4f, %.0f images/s (%lld steps, %.1f s)\n",
           static_cast<long long>(epoch + 1), train_loss, test_acc, images_per_second,
@@ -321,7 +340,7 @@ int run(const sample::Options& o) {
       std::fflush(stdout);
       if (!o.save.empty()) {
         save_checkpoint(cluster, o.save, trainer.master(), &trainer.optimizer(),
-                        {{"epoch", std::to_string(epoch + 1)}, {"model", "FashionNet"}});
+                        {{"epoch", std::to_string(epoch + 1)}, {"model", model.title}});
       }
       const std::int64_t global_step = (epoch + 1) * steps_per_epoch;
       sample::Position end{epoch + 1, 0, 0.0, 0, 0, train_loss, test_acc, global_step};

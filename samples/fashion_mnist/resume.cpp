@@ -152,8 +152,7 @@ std::optional<CheckpointDir::Restored> CheckpointDir::restore_newest(
 std::string CheckpointDir::save(Trainer& trainer, const Position& at,
                                 const std::map<std::string, std::string>& expected) {
   std::map<std::string, std::string> metadata = at.metadata();
-  metadata.insert(expected.begin(), expected.end());
-  metadata["model"] = "FashionNet";
+  metadata.insert(expected.begin(), expected.end());  // with the model's name
   const std::string path = path_of(at.global_step);
   trainer.save_state(path, metadata);
   on_rank0(group_, "checkpoint directory " + dir_ + ": old checkpoints", [this] {

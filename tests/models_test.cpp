@@ -1,0 +1,303 @@
+// The models of models/ (the MLP and the ResNet) and the Residual layer they compose:
+// forward shapes and variable names; a residual block's gradients against central
+// differences in float64; on CPU towers, 3 towers and uneven splits take one
+// device's steps (the MLP's dropout keyed by the sample, the ResNet's batch norm
+// synchronized), each with a control that must differ; a checkpoint restores on
+// another layout with the same predictions; and the same on two GPUs (the emulated
+// ones in CI) against one CPU device.
+#include <filesystem>
+#include <memory>
+
+#include "gradcheck.h"
+#include "models/mlp.h"
+#include "models/resnet.h"
+#include "test_util.h"
+
+namespace towerlab::testing {
+namespace {
+
+std::vector<std::string> names_of(const VariableSet& vars) {
+  std::vector<std::string> names;
+  for (const VariableSpec& spec : vars.specs()) names.push_back(spec.name);
+  return names;
+}
+
+Shape shape_of(const VariableSet& vars, const std::string& name) {
+  return vars.at(name).shape;
+}
+
+TEST(Models, MlpShapesAndNames) {
+  VariableSet vars;
+  const Sequential net = models::mlp(vars);
+  EXPECT_EQ(names_of(vars), (std::vector<std::string>{"fc1/weight", "fc1/bias", "fc2/weight",
+                                                      "fc2/bias", "fc3/weight", "fc3/bias"}));
+  EXPECT_EQ(shape_of(vars, "fc1/weight"), (Shape{512, 784}));
+  EXPECT_EQ(shape_of(vars, "fc3/weight"), (Shape{10, 256}));
+  EXPECT_EQ(vars.trainable_numel(), 784 * 512 + 512 + 512 * 256 + 256 + 256 * 10 + 10);
+  EXPECT_EQ(net.describe(),
+            "Flatten\nfc1: Linear 784->512 + ReLU\nfc1/dropout: Dropout p 0.2\n"
+            "fc2: Linear 512->256 + ReLU\nfc2/dropout: Dropout p 0.2\nfc3: Linear 256->10");
+  VariableStore store(vars, cpu());
+  store.initialize(1, cpu());
+  EXPECT_EQ(infer(net, store, Tensor::zeros({3, 1, 28, 28}, cpu()), cpu()).shape(), (Shape{3, 10}));
+  VariableSet no_dropout;
+  EXPECT_EQ(models::mlp(no_dropout, {.hidden = {8}, .dropout = 0.0}).size(), 3u);
+}
+
+TEST(Models, ResNetShapesAndNames) {
+  VariableSet vars;
+  const Sequential net = models::resnet(vars);
+  // ResNet-20: the stem, 18 convolutions in 9 blocks and 2 projections, each
+  // followed by batch norm, and the linear layer.
+  std::size_t convs = 0, batch_norms = 0;
+  for (const std::string& name : names_of(vars)) {
+    convs += name.ends_with("conv/weight") || name.ends_with("conv1/weight") ||
+             name.ends_with("conv2/weight");
+    batch_norms += name.ends_with("/moving_variance");
+  }
+  EXPECT_EQ(convs, 21u);
+  EXPECT_EQ(batch_norms, 21u);
+  EXPECT_EQ(vars.trainable_numel(), 272186);
+  EXPECT_EQ(shape_of(vars, "stem/conv/weight"), (Shape{16, 1, 3, 3}));
+  EXPECT_EQ(shape_of(vars, "stage1/block3/conv2/weight"), (Shape{16, 16, 3, 3}));
+  EXPECT_EQ(shape_of(vars, "stage2/block1/conv1/weight"), (Shape{32, 16, 3, 3}));
+  EXPECT_EQ(shape_of(vars, "stage2/block1/shortcut/conv/weight"), (Shape{32, 16, 1, 1}));
+  EXPECT_EQ(shape_of(vars, "stage3/block1/shortcut/bn/gamma"), (Shape{64}));
+  EXPECT_EQ(shape_of(vars, "fc/weight"), (Shape{10, 64}));
+  EXPECT_EQ(vars.find("stage1/block1/shortcut/conv/weight"), nullptr) << "identity shortcut";
+  EXPECT_EQ(vars.find("stage2/block2/shortcut/conv/weight"), nullptr) << "identity shortcut";
+  EXPECT_EQ(vars.find("stem/conv/bias"), nullptr) << "batch norm follows every convolution";
+  EXPECT_EQ(net.size(), 2u + 9u + 2u);
+  EXPECT_EQ(net.layer(5).describe(),
+            "stage2/block1: Residual + ReLU\n"
+            "  body:\n"
+            "    stage2/block1/conv1: Conv2d 16->32 3x3 stride 2 pad 1 no bias\n"
+            "    stage2/block1/bn1: BatchNorm 32 momentum 0.99 eps 0.001 + ReLU\n"
+            "    stage2/block1/conv2: Conv2d 32->32 3x3 stride 1 pad 1 no bias\n"
+            "    stage2/block1/bn2: BatchNorm 32 momentum 0.99 eps 0.001\n"
+            "  shortcut:\n"
+            "    stage2/block1/shortcut/conv: Conv2d 16->32 1x1 stride 2 pad 0 no bias\n"
+            "    stage2/block1/shortcut/bn: BatchNorm 32 momentum 0.99 eps 0.001");
+  EXPECT_NE(net.layer(3).describe().find("shortcut: identity"), std::string::npos);
+  VariableStore store(vars, cpu());
+  store.initialize(1, cpu());
+  EXPECT_EQ(infer(net, store, Tensor::zeros({2, 1, 28, 28}, cpu()), cpu()).shape(), (Shape{2, 10}));
+}
+
+TEST(Models, ResidualErrorsNameTheBlock) {
+  VariableSet vars;
+  EXPECT_THROW_WITH(Residual("stage1/block1", Sequential()), InvalidArgument,
+                    "Residual stage1/block1: the body has no layers");
+  EXPECT_THROW_WITH(models::resnet(vars, {.blocks_per_stage = 0}), InvalidArgument,
+                    "resnet: channels, width, blocks per stage and classes must be positive");
+  // A body that changes the shape needs a projection: ag::add's error says so.
+  Sequential body;
+  body.add<Conv2d>(vars, "b/conv", 2, 3, 3, Conv2dParams{.pad_h = 1, .pad_w = 1});
+  const Residual block("b", std::move(body));
+  VariableStore store(vars, cpu());
+  store.initialize(1, cpu());
+  EXPECT_THROW(infer(block, store, Tensor::zeros({1, 2, 4, 4}, cpu()), cpu()), ShapeError);
+}
+
+// A stem, a block with an identity shortcut and one with a projection, global
+// pooling and a linear layer, in float64: every variable's gradient, the two paths
+// into each block's input summed, against central differences.
+TEST(Models, ResidualBlocksGradientsMatchCentralDifferences) {
+  VariableSet vars;
+  Sequential net;
+  net.add<Conv2d>(vars, "stem/conv", 2, 3, 3, Conv2dParams{.pad_h = 1, .pad_w = 1});
+  net.add<Residual>(models::basic_block(vars, "block1", 3, 3, 1));
+  net.add<Residual>(models::basic_block(vars, "block2", 3, 4, 2));
+  net.add<GlobalAvgPool2d>();
+  net.add<Linear>(vars, "fc", 4, 3);
+  ASSERT_NE(vars.find("block2/shortcut/conv/weight"), nullptr);
+  ASSERT_EQ(vars.find("block1/shortcut/conv/weight"), nullptr);
+  VariableStore store(vars, cpu(), true, DType::Float64);
+  store.initialize(3, cpu());
+  const Tensor x = random_double_tensor({4, 2, 5, 5}, 9);
+  const Tensor labels = Tensor::from_host<double>({0, 2, 1, 2}, {4}, cpu());
+  EXPECT_TRUE(variable_gradients_match(net, store, x, labels));
+}
+
+// ---- training on towers ----
+
+// Runs a model with the Context of a tower whose slice starts at the batch's first
+// sample, whatever its slice: what a tower-local random stream would draw. The
+// control of the dropout equivalence.
+class AsIfFirstSlice : public Layer {
+ public:
+  explicit AsIfFirstSlice(const Layer& model) : model_(model) {}
+  Var forward(const Context& ctx, const Var& x) const override {
+    Context local = ctx;
+    local.first_sample = 0;
+    return model_(local, x);
+  }
+  std::string describe() const override { return "AsIfFirstSlice"; }
+
+ private:
+  const Layer& model_;
+};
+
+// A model of models/ with the cross-entropy loss; the images are
+// small_image_batch's [N,1,8,8] with 3 classes.
+struct ModelCase {
+  std::string name;
+  VariableSet vars;
+  Sequential net;
+  std::unique_ptr<Layer> control;  // set by slice_local_dropout()
+
+  const Layer& model() const {
+    if (control) return *control;
+    return net;
+  }
+  TowerFn tower_fn() const {
+    return [this](const Tower& tower, const std::vector<Tensor>& batch) {
+      Var logits = model()(tower.context(), tower.input(batch[0], "images"));
+      return TowerResult{ag::softmax_cross_entropy(logits, tower.input(batch[1], "labels")),
+                         {logits}};
+    };
+  }
+  void slice_local_dropout() { control = std::make_unique<AsIfFirstSlice>(net); }
+};
+
+std::unique_ptr<ModelCase> small_mlp() {
+  auto c = std::make_unique<ModelCase>();
+  c->name = "mlp";
+  c->net = models::mlp(c->vars, {.inputs = 64, .hidden = {16, 12}, .classes = 3, .dropout = 0.5});
+  return c;
+}
+
+std::unique_ptr<ModelCase> small_resnet() {
+  auto c = std::make_unique<ModelCase>();
+  c->name = "resnet";
+  c->net = models::resnet(c->vars, {.width = 4, .blocks_per_stage = 1, .classes = 3});
+  return c;
+}
+
+TrainerOptions layout(std::vector<Device> devices, BatchNormMode batchnorm = BatchNormMode::Sync) {
+  TrainerOptions o;
+  o.devices = std::move(devices);
+  o.master = Device::cpu();
+  o.batchnorm = batchnorm;
+  o.seed = 21;
+  return o;
+}
+
+std::vector<Device> cpu_towers(int n) {
+  return std::vector<Device>(std::size_t(n), Device::cpu());
+}
+
+// The losses of `steps` steps and the master's final values.
+struct TrainingRun {
+  std::vector<double> losses;
+  std::vector<float> values;
+};
+
+TrainingRun train(Trainer& trainer, std::int64_t batch, int steps) {
+  TrainingRun run;
+  for (int s = 0; s < steps; ++s) {
+    run.losses.push_back(trainer.step(small_image_batch(batch, 30 + unsigned(s), 5)).loss);
+  }
+  run.values = trainer.master().flat_values().to_host<float>();
+  return run;
+}
+
+TrainingRun train(const ModelCase& model, const TrainerOptions& options, std::int64_t batch,
+                  int steps = 3) {
+  Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("momentum", 0.05), options);
+  return train(trainer, batch, steps);
+}
+
+::testing::AssertionResult same_steps(const TrainingRun& a, const TrainingRun& b) {
+  for (std::size_t s = 0; s < a.losses.size(); ++s) {
+    if (std::abs(a.losses[s] - b.losses[s]) > 1e-5 * std::abs(b.losses[s])) {
+      return ::testing::AssertionFailure()
+             << "step " << s << ": loss " << a.losses[s] << " against " << b.losses[s];
+    }
+  }
+  return all_close(a.values, b.values, 2e-6, 1e-4);
+}
+
+// 3 towers on an even (9) and an uneven (8: 3, 3, 2) batch, and 2 towers on 7.
+TEST(ModelsOnTowers, MlpWithDropoutTakesOneDevicesSteps) {
+  const auto model = small_mlp();
+  for (auto [towers, batch] : {std::pair{3, 9}, std::pair{3, 8}, std::pair{2, 7}}) {
+    EXPECT_TRUE(same_steps(train(*model, layout(cpu_towers(towers)), batch),
+                           train(*model, layout(cpu_towers(1)), batch)))
+        << towers << " towers, batch " << batch;
+  }
+}
+
+TEST(ModelsOnTowers, ControlMlpWithSliceLocalDropoutDiffers) {
+  auto model = small_mlp();
+  model->slice_local_dropout();
+  EXPECT_TRUE(same_steps(train(*model, layout(cpu_towers(1)), 8),
+                         train(*model, layout(cpu_towers(1)), 8)));  // deterministic
+  EXPECT_FALSE(same_steps(train(*model, layout(cpu_towers(3)), 8),
+                          train(*model, layout(cpu_towers(1)), 8)));
+}
+
+TEST(ModelsOnTowers, ResNetWithSynchronizedBatchNormTakesOneDevicesSteps) {
+  const auto model = small_resnet();
+  for (auto [towers, batch] : {std::pair{3, 9}, std::pair{3, 8}, std::pair{2, 7}}) {
+    EXPECT_TRUE(same_steps(train(*model, layout(cpu_towers(towers)), batch),
+                           train(*model, layout(cpu_towers(1)), batch)))
+        << towers << " towers, batch " << batch;
+  }
+}
+
+// The control: each tower normalizing its own slice is not one device's batch norm.
+TEST(ModelsOnTowers, ControlResNetWithLocalBatchNormDiffers) {
+  const auto model = small_resnet();
+  EXPECT_FALSE(same_steps(train(*model, layout(cpu_towers(3), BatchNormMode::Local), 8),
+                          train(*model, layout(cpu_towers(1)), 8)));
+}
+
+// Trained on `trained_on`, saved, restored into a trainer on `restored_on`: the
+// restored master holds the saved bits and predicts what the trained one does.
+void expect_restores_on_another_layout(const ModelCase& model, const TrainerOptions& trained_on,
+                                       const TrainerOptions& restored_on) {
+  Trainer trained(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), trained_on);
+  train(trained, 8, 2);
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("towerlab-models-" + model.name + "-" + std::to_string(::getpid()) +
+                             ".safetensors"))
+                               .string();
+  save_checkpoint(path, trained.master(), &trained.optimizer());
+  Trainer restored(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), restored_on);
+  load_checkpoint(path, restored.master(), &restored.optimizer(), cpu());
+  restored.broadcast();
+  std::filesystem::remove(path);
+  EXPECT_EQ(restored.master().flat_values().to_host<float>(),
+            trained.master().flat_values().to_host<float>());
+  EXPECT_EQ(restored.master().flat_state().to_host<float>(),
+            trained.master().flat_state().to_host<float>())
+      << "moving statistics";
+  const auto test = small_image_batch(7, 99, 5);
+  EXPECT_TRUE(all_close(restored.evaluate(test).outputs[0].to_host<float>(),
+                        trained.evaluate(test).outputs[0].to_host<float>(), 1e-6, 1e-5))
+      << model.name;
+}
+
+TEST(ModelsOnTowers, CheckpointFromThreeTowersPredictsTheSameOnTwo) {
+  for (const auto& model : {small_mlp(), small_resnet()}) {
+    expect_restores_on_another_layout(*model, layout(cpu_towers(3)), layout(cpu_towers(2)));
+  }
+}
+
+// Two GPUs (TOWERLAB_EMULATED_GPUS=2 on the emulated ones): towers on cuda:0 and
+// cuda:1 take one CPU device's steps, dropout and synchronized batch norm
+// included, and their checkpoint restores on one CPU tower.
+TEST(ModelsOnTowers, TwoGpusTakeOneCpuDevicesStepsAndRestoreOnTheCpu) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  const std::vector<Device> gpus = {Device::cuda(0), Device::cuda(1)};
+  for (const auto& model : {small_mlp(), small_resnet()}) {
+    EXPECT_TRUE(same_steps(train(*model, layout(gpus), 7, 2),
+                           train(*model, layout(cpu_towers(1)), 7, 2)))
+        << model->name;
+    expect_restores_on_another_layout(*model, layout(gpus), layout(cpu_towers(1)));
+  }
+}
+
+}  // namespace
+}  // namespace towerlab::testing
