@@ -6,6 +6,7 @@
 
 #include "autograd/ops.h"
 #include "engine/error.h"
+#include "kernels/batched_matmul.h"
 #include "kernels/batchnorm.h"
 #include "kernels/bias.h"
 #include "kernels/elementwise.h"
@@ -70,6 +71,47 @@ Var matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_b) {
         towerlab::matmul(gb.grad, a.value(), gy, !transpose_a, false, 1.0f, beta, t.stream());
       } else {
         towerlab::matmul(gb.grad, gy, a.value(), true, transpose_a, 1.0f, beta, t.stream());
+      }
+    }
+  });
+}
+
+Var batched_matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_b) {
+  Tape& tape = a.tape();
+  tape.check_owns("batched_matmul", {a, b});
+  const auto rank_ok = [](const Var& v) { return v.value().dim() == 2 || v.value().dim() == 3; };
+  TL_CHECK(rank_ok(a) && rank_ok(b) && (a.value().dim() == 3 || b.value().dim() == 3), ShapeError,
+           "batched_matmul: " << a.describe() << " and " << b.describe()
+                              << " must be 3-D [B, rows, cols], or one of them 2-D");
+  const std::int64_t batch = (a.value().dim() == 3 ? a : b).shape()[0];
+  const std::int64_t m = a.value().size(transpose_a ? -1 : -2);
+  const std::int64_t n = b.value().size(transpose_b ? -2 : -1);
+  Tensor y = new_tensor(tape, {batch, m, n}, a);
+  towerlab::batched_matmul(y, a.value(), b.value(), transpose_a, transpose_b, 1.0f, 0.0f,
+                           tape.stream());
+  return tape.record(y, "batched_matmul", {a, b}, [a, b, transpose_a, transpose_b](const Var& out) {
+    // matmul's formulas entry by entry; a shared (2-D) operand's gradient is the
+    // 2-D c of batched_matmul, the sum over the batch.
+    Tape& t = out.tape();
+    const Tensor& gy = out.grad();  // [B,M,N]
+    if (a.requires_grad()) {
+      const Tape::GradTarget ga = t.grad_target(a);
+      const float beta = ga.assign ? 0.0f : 1.0f;
+      if (!transpose_a) {
+        towerlab::batched_matmul(ga.grad, gy, b.value(), false, !transpose_b, 1.0f, beta,
+                                 t.stream());
+      } else {
+        towerlab::batched_matmul(ga.grad, b.value(), gy, transpose_b, true, 1.0f, beta, t.stream());
+      }
+    }
+    if (b.requires_grad()) {
+      const Tape::GradTarget gb = t.grad_target(b);
+      const float beta = gb.assign ? 0.0f : 1.0f;
+      if (!transpose_b) {
+        towerlab::batched_matmul(gb.grad, a.value(), gy, !transpose_a, false, 1.0f, beta,
+                                 t.stream());
+      } else {
+        towerlab::batched_matmul(gb.grad, gy, a.value(), true, transpose_a, 1.0f, beta, t.stream());
       }
     }
   });

@@ -31,6 +31,11 @@ namespace towerlab::ag {
 // op(a) * op(b) for 2-D a, b (kernels/matmul.h).
 Var matmul(const Var& a, const Var& b, bool transpose_a = false, bool transpose_b = false);
 
+// op(a_i) * op(b_i) for each batch entry (kernels/batched_matmul.h): a [B,M,K] and b
+// [B,K,N] (or transposed) give [B,M,N]; either may be 2-D and shared by every entry
+// (its gradient then sums over the batch).
+Var batched_matmul(const Var& a, const Var& b, bool transpose_a = false, bool transpose_b = false);
+
 // x [N,I], weight [O,I], bias [O] (or undefined): y = x weight^T + bias, [N,O],
 // then the activation (with a bias, fused into the bias add: kernels/bias.h).
 Var linear(const Var& x, const Var& weight, const Var& bias,

@@ -1,5 +1,5 @@
-// Elementwise, ReLU and the other activations, reduction, view, softmax and layer-norm
-// ops of autograd/ops.h.
+// Elementwise, ReLU and the other activations, reduction, view, softmax, layer-norm
+// and shape ops of autograd/ops.h.
 #include "autograd/ops.h"
 
 #include "engine/error.h"
@@ -9,8 +9,10 @@
 #include "kernels/embedding.h"
 #include "kernels/elementwise.h"
 #include "kernels/layer_norm.h"
+#include "kernels/permute.h"
 #include "kernels/reduce.h"
 #include "kernels/relu.h"
+#include "kernels/slice_copy.h"
 #include "kernels/softmax.h"
 
 namespace towerlab::ag {
@@ -309,6 +311,106 @@ Var embedding(const Var& ids, const Var& table) {
     const Tape::GradTarget grad = t.grad_target(table);
     embedding_backward(grad.grad, out.grad(), ids.value(), t.stream(), write_of(grad));
   });
+}
+
+// --- permute, concat, split, slice ----------------------------------------------
+
+Var permute(const Var& x, const std::vector<std::int64_t>& dims) {
+  x.tape().check_owns("permute", {x});
+  Tape& tape = x.tape();
+  Tensor y =
+      Tensor::empty(permuted_shape("permute", x.shape(), dims), tape.stream(), x.value().dtype());
+  permute_forward(y, x.value(), dims, tape.stream());
+  return tape.record(y, "permute", {x}, [x, dims](const Var& out) {
+    Tape& t = out.tape();
+    const Tape::GradTarget gx = t.grad_target(x);
+    permute_backward(gx.grad, out.grad(), dims, t.stream(), write_of(gx));
+  });
+}
+
+Var transpose(const Var& x, std::int64_t d0, std::int64_t d1) {
+  return permute(x, transpose_dims("transpose", x.value().dim(), d0, d1));
+}
+
+Var concat(const std::vector<Var>& xs, std::int64_t dim) {
+  TL_CHECK(!xs.empty(), InvalidArgument, "concat: no inputs");
+  xs.front().tape().check_owns("concat", xs);
+  Tape& tape = xs.front().tape();
+  const Var& first = xs.front();
+  const std::int64_t d = resolve_dim("concat", dim, first.shape());
+  Shape shape = first.shape();
+  shape[static_cast<std::size_t>(d)] = 0;
+  for (const Var& x : xs) {
+    bool agree =
+        x.value().dim() == first.value().dim() && x.value().dtype() == first.value().dtype();
+    for (std::int64_t k = 0; agree && k < x.value().dim(); ++k) {
+      agree = k == d || x.value().size(k) == first.value().size(k);
+    }
+    TL_CHECK(agree, ShapeError,
+             "concat: " << x.describe() << " and " << first.describe()
+                        << " must have one dtype and rank and agree in every dimension but " << d);
+    shape[static_cast<std::size_t>(d)] += x.value().size(d);
+  }
+  Tensor y = Tensor::empty(shape, tape.stream(), first.value().dtype());
+  std::int64_t offset = 0;
+  for (const Var& x : xs) {
+    slice_copy(y, offset, x.value(), 0, x.value().size(d), d, GradWrite::Assign, tape.stream());
+    offset += x.value().size(d);
+  }
+  return tape.record(y, "concat", xs, [xs, d](const Var& out) {
+    Tape& t = out.tape();
+    std::int64_t at = 0;
+    for (const Var& x : xs) {
+      const std::int64_t size = x.value().size(d);
+      if (x.requires_grad()) {  // a Var given twice: assigned first, then added to
+        const Tape::GradTarget gx = t.grad_target(x);
+        slice_copy(gx.grad, 0, out.grad(), at, size, d, write_of(gx), t.stream());
+      }
+      at += size;
+    }
+  });
+}
+
+Var slice(const Var& x, std::int64_t dim, std::int64_t begin, std::int64_t end) {
+  x.tape().check_owns("slice", {x});
+  Tape& tape = x.tape();
+  const std::int64_t d = resolve_dim("slice", dim, x.shape());
+  const std::int64_t size = x.value().size(d);
+  TL_CHECK(0 <= begin && begin <= end && end <= size, InvalidArgument,
+           "slice: [" << begin << ", " << end << ") is not a range of dimension " << d << " of "
+                      << x.describe() << " (0 <= begin <= end <= " << size << ")");
+  Shape shape = x.shape();
+  shape[static_cast<std::size_t>(d)] = end - begin;
+  Tensor y = Tensor::empty(shape, tape.stream(), x.value().dtype());
+  slice_copy(y, 0, x.value(), begin, end - begin, d, GradWrite::Assign, tape.stream());
+  return tape.record(y, "slice", {x}, [x, d, begin](const Var& out) {
+    Tape& t = out.tape();
+    // Added into a zero-filled gradient: the entries outside the slice get 0.
+    slice_copy(t.grad_for(x), begin, out.grad(), 0, out.shape()[static_cast<std::size_t>(d)], d,
+               GradWrite::Accumulate, t.stream());
+  });
+}
+
+std::vector<Var> split(const Var& x, const std::vector<std::int64_t>& sizes, std::int64_t dim) {
+  x.tape().check_owns("split", {x});
+  const std::int64_t d = resolve_dim("split", dim, x.shape());
+  std::int64_t total = 0;
+  bool non_negative = true;
+  for (std::int64_t size : sizes) {
+    total += size;
+    non_negative = non_negative && size >= 0;
+  }
+  TL_CHECK(non_negative && total == x.value().size(d), ShapeError,
+           "split: sizes " << to_string(sizes) << " do not cut dimension " << d << " of "
+                           << x.describe() << " (non-negative, summing to " << x.value().size(d)
+                           << ")");
+  std::vector<Var> pieces;
+  std::int64_t begin = 0;
+  for (std::int64_t size : sizes) {
+    pieces.push_back(slice(x, d, begin, begin + size));
+    begin += size;
+  }
+  return pieces;
 }
 
 }  // namespace towerlab::ag

@@ -9,6 +9,8 @@
 #include "../kernels/dropout.h"
 #include "../kernels/embedding.h"
 #include "../kernels/layer_norm.h"
+#include "../kernels/permute.h"
+#include "../kernels/slice_copy.h"
 #include "../kernels/softmax.h"
 #include "tape.h"
 
@@ -54,5 +56,22 @@ Var layer_norm(const Var& x, const Var& weight = {}, const Var& bias = {}, doubl
 // [..., D] (kernels/embedding.h: the ids, the deterministic backward). The gradient
 // flows to the table only; ids get none.
 Var embedding(const Var& ids, const Var& table);
+// Shape ops (kernels/permute.h, kernels/slice_copy.h): each output is a new
+// contiguous tensor, and the gradient moves back the same way. A dimension may count
+// from the end (-1 is the last); an out-of-range one is InvalidArgument, shapes that
+// do not fit are ShapeError, each naming the op and the Vars.
+// y.shape[k] = x.shape[dims[k]]; the backward permutes by the inverse.
+Var permute(const Var& x, const std::vector<std::int64_t>& dims);
+// The permutation that swaps d0 and d1 (the last two: attention's K^T, a head split).
+Var transpose(const Var& x, std::int64_t d0, std::int64_t d1);
+// The inputs one after another along dim (every other size equal, one dtype); each
+// input's gradient is its piece of the output's. A Var may appear more than once.
+Var concat(const std::vector<Var>& xs, std::int64_t dim);
+// Pieces of x along dim of the given sizes (they sum to x's size there), in order;
+// the gradients of the pieces that get one add into x's.
+std::vector<Var> split(const Var& x, const std::vector<std::int64_t>& sizes, std::int64_t dim);
+// Entries [begin, end) of x along dim (0 <= begin <= end <= the size there); x's
+// gradient is the output's inside and 0 outside.
+Var slice(const Var& x, std::int64_t dim, std::int64_t begin, std::int64_t end);
 
 }  // namespace towerlab::ag

@@ -2,15 +2,18 @@
 
 namespace towerlab::kernels {
 
-void check_on_stream(const char* op, const Stream& stream,
-                     std::initializer_list<NamedTensor> tensors) {
+namespace {
+
+// Defined, on the stream's device, of one dtype; with computed_only, not 16-bit.
+void check_tensors(const char* op, const Stream& stream, std::initializer_list<NamedTensor> tensors,
+                   bool computed_only) {
   const NamedTensor* first = nullptr;
   for (const NamedTensor& t : tensors) {
     TL_CHECK(t.second->defined(), InvalidArgument, op << ": " << t.first << " is undefined");
     TL_CHECK(t.second->device() == stream.device(), InvalidArgument,
              op << ": " << t.first << " is " << t.second->describe() << " but the stream is on "
                 << stream.device().str());
-    check_dtype_supported(op, t.first, *t.second);
+    if (computed_only) check_dtype_supported(op, t.first, *t.second);
     if (first == nullptr) {
       first = &t;
     } else {
@@ -19,6 +22,25 @@ void check_on_stream(const char* op, const Stream& stream,
                   << " is " << first->second->describe());
     }
   }
+}
+
+}  // namespace
+
+void check_on_stream(const char* op, const Stream& stream,
+                     std::initializer_list<NamedTensor> tensors) {
+  check_tensors(op, stream, tensors, true);
+}
+
+void check_placed(const char* op, const Stream& stream,
+                  std::initializer_list<NamedTensor> tensors) {
+  check_tensors(op, stream, tensors, false);
+}
+
+bool overlap(const Tensor& x, const Tensor& y) {
+  if (x.numel() == 0 || y.numel() == 0) return false;
+  const auto* x0 = static_cast<const char*>(x.raw_data());
+  const auto* y0 = static_cast<const char*>(y.raw_data());
+  return x0 < y0 + y.nbytes() && y0 < x0 + x.nbytes();
 }
 
 void check_same_shape(const char* op, const Stream& stream,

@@ -40,6 +40,11 @@ using NamedTensor = std::pair<const char*, const Tensor*>;
 // the ops compute in (check_dtype_supported).
 void check_on_stream(const char* op, const Stream& stream,
                      std::initializer_list<NamedTensor> tensors);
+// As check_on_stream, for the ops that move values without computing in them
+// (permute, slice copy): any dtype the device holds, bfloat16 and float16 included.
+void check_placed(const char* op, const Stream& stream, std::initializer_list<NamedTensor> tensors);
+// Whether two tensors' memory overlaps (views of one storage may, or may not).
+bool overlap(const Tensor& x, const Tensor& y);
 // As check_on_stream, and every tensor has the shape of the first.
 void check_same_shape(const char* op, const Stream& stream,
                       std::initializer_list<NamedTensor> tensors);

@@ -27,13 +27,6 @@ void check_2d(const char* name, const Tensor& t) {
            "matmul: " << name << " is " << typed_shape(t) << " but must be 2-D (a matrix)");
 }
 
-bool overlaps(const Tensor& x, const Tensor& y) {
-  if (x.numel() == 0 || y.numel() == 0) return false;
-  const auto* x0 = static_cast<const char*>(x.raw_data());
-  const auto* y0 = static_cast<const char*>(y.raw_data());
-  return x0 < y0 + y.nbytes() && y0 < x0 + x.nbytes();
-}
-
 // The 16-bit product's operands (kernels/matmul.h): defined, on the stream's
 // device, which is the CPU, a and b both bfloat16 or both float16, c float32 or
 // their dtype. check_on_stream's counterpart, which refuses every 16-bit tensor.
@@ -108,8 +101,8 @@ void matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool transpose_a,
            "matmul: c is " << typed_shape(c) << " but op(a)*op(b) is " << m << "x" << n << " (a "
                            << typed_shape(a) << (transpose_a ? " transposed" : "") << ", b "
                            << typed_shape(b) << (transpose_b ? " transposed" : "") << ")");
-  TL_CHECK(!overlaps(c, a) && !overlaps(c, b), InvalidArgument,
-           "matmul: c " << typed_shape(c) << " overlaps " << (overlaps(c, a) ? "a" : "b")
+  TL_CHECK(!kernels::overlap(c, a) && !kernels::overlap(c, b), InvalidArgument,
+           "matmul: c " << typed_shape(c) << " overlaps " << (kernels::overlap(c, a) ? "a" : "b")
                         << " in memory; write the product to a separate tensor");
   if (stream.device().is_cuda()) kernels::check_float32("matmul", "c", c);
   if (m == 0 || n == 0) return;

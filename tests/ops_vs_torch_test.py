@@ -32,11 +32,17 @@ except ImportError:
 # against the reference. (Layer norm's row around 100 stays within it; a row around 1e4
 # would not in float32: the saved float32 mean's rounding reaches grad_x and
 # grad_weight, as kernels/layer_norm.h says, where PyTorch here has float64 statistics.)
+# Permute, concat, split and slice move values (exact); batched matmul's atol is a
+# coefficient, 2 u, of kernels/matmul.h's bound 2 (K + 2) u S (S the product of |a| and
+# |b|, u the unit roundoff), which compare's `scale` supplies element by element.
 TOLERANCE = {
     "softmax": {"float64": (1e-12, 1e-10), "float32": (1e-6, 1e-5)},
     "layer_norm": {"float64": (1e-11, 1e-10), "float32": (1e-5, 1e-4)},
     "embedding": {"float64": (1e-12, 1e-10), "float32": (1e-6, 1e-5)},
     "broadcast": {"float64": (1e-12, 1e-10), "float32": (1e-6, 1e-5)},
+    "permute": {"float64": (0.0, 0.0), "float32": (0.0, 0.0)},
+    "slice_copy": {"float64": (0.0, 0.0), "float32": (0.0, 0.0)},
+    "batched_matmul": {"float64": (2.0**-52, 0.0), "float32": (2.0**-23, 0.0)},
 }
 
 
@@ -50,19 +56,21 @@ def prefixes(tensors):
     return sorted({name.split("/")[0] for name in tensors})
 
 
-def compare(family, what, actual, expected, dtype):
+def compare(family, what, actual, expected, dtype, scale=1.0):
+    """Within atol * scale + rtol |torch| (scale: a number or an array of the shape)."""
     atol, rtol = TOLERANCE[family][dtype]
     actual = np.asarray(actual, dtype=np.float64)
     expected = expected.detach().numpy().astype(np.float64).reshape(actual.shape)
+    atol = atol * np.broadcast_to(np.asarray(scale, dtype=np.float64), actual.shape)
     same_nonfinite = np.array_equal(np.isfinite(actual), np.isfinite(expected)) and np.array_equal(
         actual[~np.isfinite(actual)], expected[~np.isfinite(expected)])
     finite = np.isfinite(expected)
     close = np.all(np.abs(actual[finite] - expected[finite]) <=
-                   atol + rtol * np.abs(expected[finite]))
+                   atol[finite] + rtol * np.abs(expected[finite]))
     if not (same_nonfinite and close):
         worst = np.nanmax(np.abs(np.where(finite, actual - expected, 0.0)))
         raise AssertionError(f"{what}: differs from PyTorch (largest difference {worst:g}; "
-                             f"tolerance {atol:g} + {rtol:g} |torch|)")
+                             f"tolerance {np.max(atol):g} + {rtol:g} |torch|)")
     print(f"ok {what}")
 
 
@@ -131,6 +139,74 @@ def check_broadcast(tensors):
                 for name, value in (("y", y), ("grad_a", grad_a), ("grad_b", grad_b)):
                     what = f"{p}/{op}/{name}"
                     compare("broadcast", what, tensors[what], value, dtype)
+def leaf(tensors, name):
+    return torch.tensor(np.array(tensors[name]), dtype=torch.float64, requires_grad=True)
+
+
+def check_permute(tensors):
+    cases = {"permute_0231": (0, 2, 3, 1), "permute_0213": (0, 2, 1, 3)}
+    for prefix in prefixes(tensors):
+        dtype = prefix.split("_", 1)[1]
+        x = leaf(tensors, f"{prefix}/x")
+        for name in ("permute_0231", "permute_0213", "transpose"):
+            y = x.transpose(-1, -2) if name == "transpose" else x.permute(*cases[name])
+            grad_y = torch.tensor(np.array(tensors[f"{prefix}/{name}/grad_y"]), dtype=torch.float64)
+            (grad_x,) = torch.autograd.grad(y, x, grad_y)
+            compare("permute", f"{prefix}/{name}/y", tensors[f"{prefix}/{name}/y"], y, dtype)
+            compare("permute", f"{prefix}/{name}/grad_x", tensors[f"{prefix}/{name}/grad_x"],
+                    grad_x, dtype)
+
+
+def check_slice_copy(tensors):
+    for prefix in prefixes(tensors):
+        dtype = prefix.split("_", 1)[1]
+        value = lambda name: torch.tensor(np.array(tensors[f"{prefix}/{name}"]),  # noqa: E731
+                                          dtype=torch.float64)
+        a, b = leaf(tensors, f"{prefix}/cat/a"), leaf(tensors, f"{prefix}/cat/b")
+        y = torch.cat([a, b], 1)
+        grads = torch.autograd.grad(y, [a, b], value("cat/grad_y"))
+        for name, expected in (("y", y), ("grad_a", grads[0]), ("grad_b", grads[1])):
+            compare("slice_copy", f"{prefix}/cat/{name}", tensors[f"{prefix}/cat/{name}"],
+                    expected, dtype)
+        x = leaf(tensors, f"{prefix}/split/x")
+        y0, y1 = torch.split(x, [3, 7], -1)
+        (grad_x,) = torch.autograd.grad([y0, y1], x, [value("split/grad_y0"), value("split/grad_y1")])
+        for name, expected in (("y0", y0), ("y1", y1), ("grad_x", grad_x)):
+            compare("slice_copy", f"{prefix}/split/{name}", tensors[f"{prefix}/split/{name}"],
+                    expected, dtype)
+        x = leaf(tensors, f"{prefix}/slice/x")
+        y = x.narrow(1, 1, 2)
+        (grad_x,) = torch.autograd.grad(y, x, value("slice/grad_y"))
+        assert torch.equal(y, x[:, 1:3])
+        for name, expected in (("y", y), ("grad_x", grad_x)):
+            compare("slice_copy", f"{prefix}/slice/{name}", tensors[f"{prefix}/slice/{name}"],
+                    expected, dtype)
+
+
+def check_batched_matmul(tensors):
+    """a [3,5,7] times b [3,7,4], b^T stored [3,4,7], or a shared b [7,4]. Each result's
+    bound is (K + 2) S for the K it sums over (7 for y, 4 for grad_a, 5 for grad_b, 15
+    for a shared b's, summed over the batch too), S the same result computed from the
+    absolute values of its operands."""
+    for prefix in prefixes(tensors):
+        dtype = prefix.split("_", 1)[1]
+        for name in ("bmm", "bmm_bt", "shared_b"):
+            def product(u, v):
+                return torch.bmm(u, v.transpose(-1, -2)) if name == "bmm_bt" else torch.matmul(u, v)
+            a, b = leaf(tensors, f"{prefix}/{name}/a"), leaf(tensors, f"{prefix}/{name}/b")
+            grad_y = torch.tensor(np.array(tensors[f"{prefix}/{name}/grad_y"]), dtype=torch.float64)
+            y = product(a, b)
+            grad_a, grad_b = torch.autograd.grad(y, [a, b], grad_y)
+            abs_a = a.detach().abs().requires_grad_()
+            abs_b = b.detach().abs().requires_grad_()
+            s_y = product(abs_a, abs_b)
+            s_a, s_b = torch.autograd.grad(s_y, [abs_a, abs_b], grad_y.abs())
+            sums = {"y": (7, s_y), "grad_a": (4, s_a), "grad_b": (15 if name == "shared_b" else 5, s_b)}
+            for what, expected in (("y", y), ("grad_a", grad_a), ("grad_b", grad_b)):
+                k, s = sums[what]
+                compare("batched_matmul", f"{prefix}/{name}/{what}",
+                        tensors[f"{prefix}/{name}/{what}"], expected, dtype,
+                        scale=(k + 2) * s.detach().numpy())
 
 
 def check_control(tensors):
@@ -147,11 +223,29 @@ def check_control(tensors):
     raise AssertionError("control: a probability nudged by 1e-4 passed the comparison")
 
 
+def check_bound_control(tensors):
+    """The batched matmul bound can fail: one product nudged by 1e-5 of its size."""
+    a = torch.tensor(np.array(tensors["cpu_float32/bmm/a"]), dtype=torch.float64)
+    b = torch.tensor(np.array(tensors["cpu_float32/bmm/b"]), dtype=torch.float64)
+    nudged = np.array(tensors["cpu_float32/bmm/y"], dtype=np.float64)
+    nudged[1, 2, 3] *= 1 + 1e-5
+    try:
+        compare("batched_matmul", "bound control", nudged, torch.bmm(a, b), "float32",
+                scale=(7 + 2) * torch.bmm(a.abs(), b.abs()).numpy())
+    except AssertionError:
+        print("ok bound control: a product nudged by 1e-5 is caught")
+        return
+    raise AssertionError("bound control: a product nudged by 1e-5 passed the comparison")
+
+
 CHECKS = {
     "softmax": check_softmax,
     "layer_norm": check_layer_norm,
     "embedding": check_embedding,
     "broadcast": check_broadcast,
+    "permute": check_permute,
+    "slice_copy": check_slice_copy,
+    "batched_matmul": check_batched_matmul,
 }
 
 
@@ -173,6 +267,7 @@ def main(argv):
     for family, check in CHECKS.items():
         check(cases[family])
     check_control(cases["softmax"])
+    check_bound_control(cases["batched_matmul"])
     return 0
 
 

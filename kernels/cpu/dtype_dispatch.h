@@ -1,5 +1,6 @@
 // with_dtype(dtype, fn): calls fn.template operator()<T>() with T the C++ type of
-// `dtype`, so one templated loop serves float32 and float64 (the gradient checks).
+// `dtype`, so one templated loop serves float32 and float64 (the gradient checks);
+// with_any_dtype also bfloat16 and float16.
 #pragma once
 
 #include "engine/error.h"
@@ -25,6 +26,22 @@ void with_dtype(DType dtype, Fn&& fn) {
   }
   TL_THROW(NotSupported,
            "cpu kernel: " << dtype_name(dtype) << " is not supported (float32, float64)");
+}
+
+// with_dtype for the ops that move values without computing in them (permute,
+// slice copy): all four dtypes, bfloat16 and float16 as engine/half.h's types.
+template <typename Fn>
+void with_any_dtype(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::BFloat16:
+      fn.template operator()<bfloat16>();
+      return;
+    case DType::Float16:
+      fn.template operator()<float16>();
+      return;
+    default:
+      with_dtype(dtype, fn);
+  }
 }
 
 }  // namespace towerlab::cpu

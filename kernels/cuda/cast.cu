@@ -4,6 +4,7 @@
 // conversions, the functions the CPU reference uses.
 #include "engine/half.h"
 #include "kernels/cuda/cast.h"
+#include "kernels/cuda/gpu_dtype.cuh"
 #include "kernels/cuda/launch.cuh"
 
 namespace towerlab::cuda {
@@ -17,30 +18,11 @@ __global__ void cast_kernel(std::int64_t n, D* __restrict__ dst, const S* __rest
   }
 }
 
-// fn.template operator()<T>() with T the C++ type of a dtype a GPU holds.
-template <typename Fn>
-void with_gpu_dtype(const Tensor& t, Fn&& fn) {
-  switch (t.dtype()) {
-    case DType::Float32:
-      fn.template operator()<float>();
-      return;
-    case DType::BFloat16:
-      fn.template operator()<bfloat16>();
-      return;
-    case DType::Float16:
-      fn.template operator()<float16>();
-      return;
-    case DType::Float64:
-      break;
-  }
-  TL_THROW(NotSupported, "cast: " << t.describe() << ": float64 exists on the CPU only");
-}
-
 }  // namespace
 
 void cast(const Tensor& dst, const Tensor& src, const Stream& stream) {
-  with_gpu_dtype(dst, [&]<typename D>() {
-    with_gpu_dtype(src, [&]<typename S>() {
+  with_gpu_dtype("cast", dst, [&]<typename D>() {
+    with_gpu_dtype("cast", src, [&]<typename S>() {
       launch_grid_stride(cast_kernel<D, S>, dst.numel(), stream, dst.data<D>(), src.data<S>());
     });
   });
