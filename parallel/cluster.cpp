@@ -146,7 +146,9 @@ enum class Call : std::uint64_t {
   AllreduceDouble,
   Broadcast,
   Allgather,
-  Barrier
+  Barrier,
+  ReduceScatterFloat,
+  AllgatherChunksFloat
 };
 
 std::string describe(Call call, std::uint64_t count, std::uint64_t root) {
@@ -161,6 +163,10 @@ std::string describe(Call call, std::uint64_t count, std::uint64_t root) {
       return "an allgather";
     case Call::Barrier:
       return "a barrier";
+    case Call::ReduceScatterFloat:
+      return "a reduce-scatter of " + std::to_string(count) + " floats";
+    case Call::AllgatherChunksFloat:
+      return "an allgather of the chunks of " + std::to_string(count) + " floats";
   }
   return "call kind " + std::to_string(std::uint64_t(call));
 }
@@ -435,8 +441,12 @@ Cluster::~Cluster() {
 }
 
 template <typename T>
-void Cluster::ring_allreduce(std::span<T> values, std::string_view what, ReduceFrame frame) {
-  const Call call = std::is_same_v<T, float> ? Call::AllreduceFloat : Call::AllreduceDouble;
+void Cluster::ring_allreduce(std::span<T> values, std::string_view what, ReduceFrame frame,
+                             RingHalves halves) {
+  const Call call = halves == RingHalves::ReduceScatter ? Call::ReduceScatterFloat
+                    : halves == RingHalves::AllGather   ? Call::AllgatherChunksFloat
+                    : std::is_same_v<T, float>          ? Call::AllreduceFloat
+                                                        : Call::AllreduceDouble;
   Mpi& m = *mpi_;
   m.begin(call, values.size(), 0, what);
   const int p = size_, r = rank_;
@@ -466,6 +476,10 @@ void Cluster::ring_allreduce(std::span<T> values, std::string_view what, ReduceF
     // The reduce-scatter receives into `incoming` and adds; the all-gather
     // receives the finished chunk straight over this rank's.
     const bool gather = step.phase == RingPhase::AllGather;
+    if ((gather && halves == RingHalves::ReduceScatter) ||
+        (!gather && halves == RingHalves::AllGather)) {
+      continue;
+    }
     m.check(MPI_Irecv(gather ? at(step.receive) : incoming, count(step.receive), type, left, 0,
                       m.data, &requests[0]),
             "MPI_Irecv");
@@ -483,11 +497,20 @@ void Cluster::ring_allreduce(std::span<T> values, std::string_view what, ReduceF
 }
 
 void Cluster::allreduce_sum(std::span<float> values, std::string_view what, ReduceFrame frame) {
-  if (mpi_) ring_allreduce(values, what, frame);
+  if (mpi_) ring_allreduce(values, what, frame, RingHalves::Both);
 }
 
 void Cluster::allreduce_sum(std::span<double> values, std::string_view what) {
-  if (mpi_) ring_allreduce(values, what, ReduceFrame{});
+  if (mpi_) ring_allreduce(values, what, ReduceFrame{}, RingHalves::Both);
+}
+
+void Cluster::reduce_scatter_sum(std::span<float> values, std::string_view what,
+                                 ReduceFrame frame) {
+  if (mpi_) ring_allreduce(values, what, frame, RingHalves::ReduceScatter);
+}
+
+void Cluster::allgather_chunks(std::span<float> values, std::string_view what, ReduceFrame frame) {
+  if (mpi_) ring_allreduce(values, what, frame, RingHalves::AllGather);
 }
 
 void Cluster::broadcast(std::span<std::byte> bytes, int root, std::string_view what) {
@@ -564,6 +587,8 @@ Cluster::~Cluster() = default;
 
 void Cluster::allreduce_sum(std::span<float>, std::string_view, ReduceFrame) {}
 void Cluster::allreduce_sum(std::span<double>, std::string_view) {}
+void Cluster::reduce_scatter_sum(std::span<float>, std::string_view, ReduceFrame) {}
+void Cluster::allgather_chunks(std::span<float>, std::string_view, ReduceFrame) {}
 
 void Cluster::broadcast(std::span<std::byte>, int root, std::string_view what) {
   TL_CHECK(root == 0, InvalidArgument,

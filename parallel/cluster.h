@@ -21,8 +21,10 @@
 // after run, for a given group size: the schedule of the in-process ring
 // (parallel/ring_allreduce.h), one schedule for both (parallel/ring_schedule.h). A call with a
 // ReduceFrame cuts its chunks where the whole buffer's chunks end, so a range summed on its own
-// gets the same bits. Its traffic is 2(size-1)/size of the buffer per rank, the optimum. Broadcast
-// and allgather carry no arithmetic and use MPI's own non-blocking collectives.
+// gets the same bits. Its traffic is 2(size-1)/size of the buffer per rank, the optimum.
+// reduce_scatter_sum and allgather_chunks are its two halves alone (a master sharded across
+// processes runs its update between them). Broadcast and allgather carry no arithmetic and use
+// MPI's own non-blocking collectives.
 //
 // No call waits forever. Every call is non-blocking and polled against a deadline
 // (ClusterOptions::deadline, 120 s by default; the environment variable
@@ -92,6 +94,10 @@ class Cluster final : public ProcessGroup {
   void allreduce_sum(std::span<float> values, std::string_view what,
                      ReduceFrame frame = {}) override;
   void allreduce_sum(std::span<double> values, std::string_view what) override;
+  void reduce_scatter_sum(std::span<float> values, std::string_view what,
+                          ReduceFrame frame = {}) override;
+  void allgather_chunks(std::span<float> values, std::string_view what,
+                        ReduceFrame frame = {}) override;
   void broadcast(std::span<std::byte> bytes, int root, std::string_view what) override;
   std::vector<std::string> allgather(std::string_view mine, std::string_view what) override;
   // Returns once every rank has called it (or throws as any call does).
@@ -99,8 +105,11 @@ class Cluster final : public ProcessGroup {
 
  private:
   struct Mpi;
+  // Which of the ring's two halves a call runs.
+  enum class RingHalves { Both, ReduceScatter, AllGather };
   template <typename T>
-  void ring_allreduce(std::span<T> values, std::string_view what, ReduceFrame frame);
+  void ring_allreduce(std::span<T> values, std::string_view what, ReduceFrame frame,
+                      RingHalves halves);
 
   std::unique_ptr<Mpi> mpi_;  // null: a group of this process alone
   int rank_ = 0;

@@ -58,6 +58,21 @@ class ProcessGroup {
                              ReduceFrame frame = {}) = 0;
   virtual void allreduce_sum(std::span<double> values, std::string_view what) = 0;
 
+  // The two halves of allreduce_sum, for a master sharded across processes
+  // (parallel/sharded_master.h). With S = RingSchedule(size(), total, offset,
+  // offset + values.size()), the frame's schedule (parallel/ring_schedule.h), rank
+  // r's chunk is S.chunk(S.summed_at(r)):
+  //   reduce_scatter_sum: this rank's chunk := the sum over processes, with the bits
+  //     allreduce_sum gives it; the rest of `values` is unspecified afterwards.
+  //   allgather_chunks: every rank's chunk, as that rank holds it, into every
+  //     rank's `values` (copies, no arithmetic).
+  // One after the other they are allreduce_sum, to the bits. Every process passes
+  // the same frame.
+  virtual void reduce_scatter_sum(std::span<float> values, std::string_view what,
+                                  ReduceFrame frame = {}) = 0;
+  virtual void allgather_chunks(std::span<float> values, std::string_view what,
+                                ReduceFrame frame = {}) = 0;
+
   // Copies root's bytes into every process's `bytes` (same size everywhere).
   virtual void broadcast(std::span<std::byte> bytes, int root, std::string_view what) = 0;
 

@@ -6,15 +6,42 @@
 
 namespace towerlab {
 
-ShardedMaster::ShardedMaster(const VariableSet& layout, const Optimizer& optimizer,
-                             std::vector<const Stream*> tower_streams)
-    : layout_(&layout) {
-  TL_CHECK(!tower_streams.empty(), InvalidArgument, "sharded master: no towers");
-  const auto n = std::int64_t(tower_streams.size());
-  const RingSchedule schedule(n, layout.trainable_numel());
-  for (std::int64_t k = 0; k < n; ++k) {
-    const Stream& stream = *tower_streams[std::size_t(k)];
-    const RingRange range = schedule.chunk(schedule.summed_at(k));
+std::vector<RingRange> sharded_slices(std::int64_t length, std::int64_t towers, int ranks, int rank,
+                                      std::int64_t exchange_length) {
+  TL_CHECK(towers >= 1 && ranks >= 1 && rank >= 0 && rank < ranks, InvalidArgument,
+           "sharded master: " << towers << " towers, rank " << rank << " of " << ranks);
+  std::vector<RingRange> slices;
+  if (ranks == 1) {
+    const RingSchedule schedule(towers, length);
+    for (std::int64_t k = 0; k < towers; ++k)
+      slices.push_back(schedule.chunk(schedule.summed_at(k)));
+    return slices;
+  }
+  TL_CHECK(exchange_length >= length, InvalidArgument,
+           "sharded master: an exchange buffer of " << exchange_length
+                                                    << " floats for a gradient of " << length);
+  // The gradient's part of the chunk the processes' ring finishes at this rank.
+  const RingSchedule processes(ranks, exchange_length, 0, length);
+  const RingRange mine = processes.chunk(processes.summed_at(rank));
+  for (std::int64_t k = 0; k < towers; ++k) {
+    const auto [begin, end] = ring_chunk(mine.size(), towers, k);
+    slices.push_back({mine.begin + begin, mine.begin + end});
+  }
+  return slices;
+}
+
+ShardedMaster::ShardedMaster(const VariableSet& layout, const std::vector<RingRange>& slices,
+                             const Optimizer& optimizer, std::vector<const Stream*> tower_streams)
+    : layout_(&layout), length_(layout.trainable_numel()) {
+  TL_CHECK(
+      !tower_streams.empty() && slices.size() == tower_streams.size(), InvalidArgument,
+      "sharded master: " << slices.size() << " slices for " << tower_streams.size() << " towers");
+  for (std::size_t k = 0; k < slices.size(); ++k) {
+    const Stream& stream = *tower_streams[k];
+    const RingRange range = slices[k];
+    TL_CHECK(range.begin >= 0 && range.begin <= range.end && range.end <= length_, InvalidArgument,
+             "sharded master: slice " << k << " [" << range.begin << ", " << range.end
+                                      << ") outside a buffer of " << length_);
     Optimizer own = optimizer;
     // Its slots are made for its slice by scatter(), never shared with the original's.
     own.restore({}, 0, Tensor::empty({range.size()}, stream), stream);
@@ -61,11 +88,9 @@ void ShardedMaster::gather_values(const Tensor& values, const Stream& stream) co
 
 std::map<std::string, Tensor> ShardedMaster::gather_slots(const Stream& stream) const {
   std::map<std::string, Tensor> whole;
-  std::int64_t length = 0;  // the slices cover the buffer
-  for (const Shard& shard : shards_) length += shard.range.size();
   for (const std::string& name : shards_.front().optimizer.slot_names()) {
     if (shards_.front().optimizer.slots().count(name) == 0) continue;  // before the first step
-    Tensor all = Tensor::empty({length}, stream);
+    Tensor all = Tensor::empty({length_}, stream);
     for (const Shard& shard : shards_) {
       transfer(all.slice(shard.range.begin, shard.range.end), stream,
                shard.optimizer.slots().at(name), *shard.stream);

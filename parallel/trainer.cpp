@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <numeric>
 #include <span>
 #include <sstream>
 
@@ -72,12 +74,14 @@ void check_sharding(const TrainerOptions& options) {
   TL_CHECK(options.reduction == AllReduce::Ring, InvalidArgument,
            "Trainer: MasterPlacement::Sharded needs AllReduce::Ring (its reduce-scatter and "
            "all-gather are the ring's two halves); use AllReduce::Ring, or a master on one device");
-  // A group of one process adds nothing to shard across.
-  TL_CHECK(options.process_group == nullptr || options.process_group->size() == 1, NotSupported,
-           "Trainer: MasterPlacement::Sharded across processes is not supported yet (the "
-           "master is sharded among one process's towers only; this group has "
-               << options.process_group->size()
-               << " processes); use MasterPlacement::OneDevice with a process group");
+  // Across processes the slices' sums travel through the host (sharded_master.h).
+  TL_CHECK(options.process_group == nullptr || options.process_group->size() == 1 ||
+               options.cross_process != CrossProcessPath::Nccl,
+           NotSupported,
+           "Trainer: MasterPlacement::Sharded across processes takes the host-staged path only; "
+           "CrossProcessPath::Nccl (ncclReduceScatter and ncclAllGather on the towers' buffers) "
+           "is not supported yet; use CrossProcessPath::Auto or HostStaged, or "
+           "MasterPlacement::OneDevice with NCCL");
 }
 
 }  // namespace
@@ -140,19 +144,19 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
           sharded_master ? BucketReduction::ReduceScatter : BucketReduction::AllReduce);
     }
   }
-  if (sharded_master) {
-    shards_ = std::make_unique<ShardedMaster>(variables_, optimizer_, streams);
-  }
   if (options_.process_group != nullptr) {
     const NcclChoice choice =
-        choose_cross_process_path(*options_.process_group, options_.cross_process, devices_);
+        sharded_master
+            ? NcclChoice{false, "host staging (a sharded master across processes)"}
+            : choose_cross_process_path(*options_.process_group, options_.cross_process, devices_);
     if (choice.nccl) {
       nccl_processes_ = std::make_unique<NcclCommunicator>(*options_.process_group, devices_[0]);
     }
     cross_process_path_ = choice.reason;
     // NCCL's call carries the whole gradient after the host call (phase 5).
-    buckets_across_processes_ =
-        bucketed() && options_.batchnorm != BatchNormMode::Sync && nccl_processes_ == nullptr;
+    // Sharded, phase 5 reduce-scatters the gradient instead.
+    buckets_across_processes_ = bucketed() && options_.batchnorm != BatchNormMode::Sync &&
+                                nccl_processes_ == nullptr && !sharded_master;
     const ExchangeContents training{.training = true,
                                     .through_host = nccl_processes_ == nullptr,
                                     .buckets_sum_gradient = buckets_across_processes_,
@@ -163,6 +167,14 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
     ExchangeContents evaluation = training;
     evaluation.training = false;
     exchange_ = std::make_unique<ProcessExchange>(training, evaluation);
+  }
+  if (sharded_master) {
+    const std::int64_t length = variables_.trainable_numel();
+    shards_ = std::make_unique<ShardedMaster>(
+        variables_,
+        sharded_slices(length, std::int64_t(towers_.size()), ranks_, rank_,
+                       exchange_ ? exchange_->layout(true).total() : 0),
+        optimizer_, streams);
   }
   // One thread per tower, and the reducer's when bucketed.
   workers_ = std::make_unique<ThreadTeam>(towers_.size() + (bucketed() ? 1 : 0), towers_.size());
@@ -448,8 +460,12 @@ void Trainer::reduce_across_processes(const StepResult& result, bool training) {
       options_.batchnorm_stats == BatchNormStats::Tower0 && rank_ > 0) {
     fill(stats, 0.0, *first.stream);
   }
-  const ExchangeRange grads_here = layout.gradient_summed();
+  // Sharded: each tower holds the sum of its ring chunk only (phase 3), and the
+  // processes reduce-scatter the gradient (parallel/sharded_master.h).
+  const bool slices = training && sharded();
+  const ExchangeRange grads_here = slices ? ExchangeRange{} : layout.gradient_summed();
   if (!grads_here.empty()) copy_tensor(grads_here.of(buffer), grads, *first.stream);
+  if (slices) stage_ring_chunks(layout.gradient.of(buffer));
   if (!layout.statistics.empty()) copy_tensor(layout.statistics.of(buffer), stats, *first.stream);
   first.stream->synchronize();
   const std::span<float> values(buffer.data<float>(), std::size_t(layout.total()));
@@ -464,11 +480,24 @@ void Trainer::reduce_across_processes(const StepResult& result, bool training) {
   const std::string step =
       training ? "step " + std::to_string(steps_taken()) : std::string("evaluation");
   const auto start = Clock::now();
-  options_.process_group->allreduce_sum(
-      at(layout.summed), step + ": " + layout.carries,
-      ReduceFrame{std::size_t(layout.summed.begin), std::size_t(layout.total())});
+  const auto frame = [&layout](ExchangeRange r) {
+    return ReduceFrame{std::size_t(r.begin), std::size_t(layout.total())};
+  };
+  if (slices) {
+    // The one call's two parts, each framed by the whole buffer: the same bits.
+    const ExchangeRange rest{layout.gradient.end, layout.total()};
+    options_.process_group->reduce_scatter_sum(
+        at(layout.gradient), step + ": gradient (reduce-scatter)", frame(layout.gradient));
+    options_.process_group->allreduce_sum(
+        at(rest), step + ": " + layout.carries + " (the gradient reduce-scattered)", frame(rest));
+  } else {
+    options_.process_group->allreduce_sum(at(layout.summed), step + ": " + layout.carries,
+                                          frame(layout.summed));
+  }
   if (trace_ != nullptr && ranks_ > 1) {
-    trace_->span(int(towers_.size()) + 2, "all-reduce: " + layout.carries, start, "processes",
+    trace_->span(int(towers_.size()) + 2,
+                 (slices ? "reduce-scatter + all-reduce: " : "all-reduce: ") + layout.carries,
+                 start, "processes",
                  {{"bytes", layout.summed.size() * std::int64_t(sizeof(float))},
                   {"processes", ranks_},
                   {"phase", phase_label(Phase::ReduceAcrossProcesses)}});
@@ -490,7 +519,27 @@ void Trainer::reduce_across_processes(const StepResult& result, bool training) {
   }
   std::ranges::copy(at(layout.losses), losses_.begin());
   if (!grads_here.empty()) copy_tensor(grads, grads_here.of(buffer), *first.stream);
+  if (slices) {
+    // Each tower reads the sums of the slice it owns.
+    for (std::size_t i = 0; i < towers_.size(); ++i) {
+      const RingRange r = shards_->slice(i);
+      copy_tensor(towers_[i]->store->flat_grads().slice(r.begin, r.end),
+                  layout.gradient.of(buffer).slice(r.begin, r.end), *towers_[i]->stream);
+    }
+  }
   if (!layout.statistics.empty()) copy_tensor(stats, layout.statistics.of(buffer), *first.stream);
+}
+
+void Trainer::stage_ring_chunks(const Tensor& gradient) const {
+  // Tower i holds the complete sum of the ring's chunk summed_at(i): together, the
+  // all-reduced gradient, bit for bit.
+  const RingSchedule schedule(std::int64_t(towers_.size()), gradient.numel());
+  for (std::size_t i = 0; i < towers_.size(); ++i) {
+    const RingRange r = schedule.chunk(schedule.summed_at(std::int64_t(i)));
+    copy_tensor(gradient.slice(r.begin, r.end),
+                towers_[i]->store->flat_grads().slice(r.begin, r.end), *towers_[i]->stream);
+  }
+  for (const auto& t : towers_) t->stream->synchronize();
 }
 
 // --- 6. guard, after the mean loss it checks ---------------------------------
@@ -588,10 +637,29 @@ std::pair<std::int64_t, float> Trainer::first_nonfinite_gradient() const {
   for (std::size_t i = 0; i < towers_.size(); ++i) {
     if (found[i] >= 0 && (owner == towers_.size() || found[i] < found[owner])) owner = i;
   }
-  if (owner == towers_.size()) return {-1, 0.0f};
-  const std::int64_t at = found[owner];
-  const TowerState& t = *towers_[owner];
-  return {at, t.store->flat_grads().slice(at, at + 1).to_host<float>(*t.stream)[0]};
+  std::pair<std::int64_t, float> first{-1, 0.0f};
+  if (owner < towers_.size()) {
+    const std::int64_t at = found[owner];
+    const TowerState& t = *towers_[owner];
+    first = {at, t.store->flat_grads().slice(at, at + 1).to_host<float>(*t.stream)[0]};
+  }
+  if (ranks_ == 1) return first;
+  // Every process's first, and the smallest of all: one verdict for the job.
+  std::ostringstream mine;
+  std::uint32_t value_bits = 0;
+  std::memcpy(&value_bits, &first.second, sizeof value_bits);
+  mine << first.first << ' ' << value_bits;
+  for (const std::string& theirs : options_.process_group->allgather(
+           mine.str(), "step " + std::to_string(steps_taken()) + ": numeric guard")) {
+    std::istringstream in(theirs);
+    std::pair<std::int64_t, float> found_there{-1, 0.0f};
+    in >> found_there.first >> value_bits;
+    std::memcpy(&found_there.second, &value_bits, sizeof value_bits);
+    if (found_there.first >= 0 && (first.first < 0 || found_there.first < first.first)) {
+      first = found_there;
+    }
+  }
+  return first;
 }
 
 // --- 7. update and broadcast -------------------------------------------------
@@ -600,34 +668,57 @@ double Trainer::clip_gradients() {
   const double limit = options_.clip_grad_norm;
   if (limit == 0.0) return 0.0;
   const auto start = Clock::now();
-  // The sum of squares of each of the ring's chunks, where the averaged gradient
-  // of that chunk is: all on tower 0, or (sharded) chunk summed_at(i) on tower i.
-  const auto n = std::int64_t(towers_.size());
-  const RingSchedule schedule(n, variables_.trainable_numel());
-  std::vector<std::size_t> holders(towers_.size(), 0);
-  if (sharded()) {
-    for (std::int64_t i = 0; i < n; ++i) holders[std::size_t(schedule.summed_at(i))] = std::size_t(i);
+  // The norm's parts are the sharded master's slices of every process
+  // (sharded_slices, [rank * towers + k]), whatever the placement: their sums of
+  // squares, added in the order of the slices' positions, give every placement and
+  // every process the same bits. A part's averaged gradient is held by tower 0, or
+  // (sharded) by the tower that owns it, on its process.
+  const auto towers = std::int64_t(towers_.size());
+  const std::int64_t length = variables_.trainable_numel();
+  const std::int64_t exchange_length = exchange_ ? exchange_->layout(true).total() : 0;
+  std::vector<RingRange> parts;
+  for (int r = 0; r < ranks_; ++r) {
+    for (const RingRange& slice : sharded_slices(length, towers, ranks_, r, exchange_length)) {
+      parts.push_back(slice);
+    }
   }
-  auto holder = [&](std::int64_t chunk) -> TowerState& { return *towers_[holders[std::size_t(chunk)]]; };
-  std::vector<Tensor> sums;
-  for (std::int64_t c = 0; c < n; ++c) {
-    TowerState& t = holder(c);
-    const RingRange r = schedule.chunk(c);
-    sums.push_back(Tensor::empty({1}, *t.stream));
-    sum_squares(sums.back(), t.store->flat_grads().slice(r.begin, r.end), *t.stream);
+  auto holder = [&](std::size_t part) -> TowerState* {
+    if (!sharded()) return towers_[0].get();
+    if (std::int64_t(part) / towers != rank_) return nullptr;  // another process's
+    return towers_[std::size_t(std::int64_t(part) % towers)].get();
+  };
+  std::vector<Tensor> sums(parts.size());
+  for (std::size_t p = 0; p < parts.size(); ++p) {
+    if (TowerState* t = holder(p)) {
+      sums[p] = Tensor::empty({1}, *t->stream);
+      sum_squares(sums[p], t->store->flat_grads().slice(parts[p].begin, parts[p].end), *t->stream);
+    }
   }
-  double total = 0.0;  // in chunk order, whoever holds each chunk
-  for (std::int64_t c = 0; c < n; ++c) {
-    total += double(sums[std::size_t(c)].to_host<float>(*holder(c).stream)[0]);
+  std::vector<float> squares(parts.size(), 0.0f);
+  for (std::size_t p = 0; p < parts.size(); ++p) {
+    if (TowerState* t = holder(p)) squares[p] = sums[p].to_host<float>(*t->stream)[0];
   }
+  if (sharded() && ranks_ > 1) {  // each part from its process; adding zeros keeps its bits
+    options_.process_group->allreduce_sum(
+        squares, "step " + std::to_string(steps_taken()) + ": the gradient norm's parts");
+  }
+  std::vector<std::size_t> order(parts.size());
+  std::iota(order.begin(), order.end(), std::size_t(0));
+  std::ranges::sort(order, {}, [&](std::size_t p) { return parts[p].begin; });
+  double total = 0.0;
+  for (std::size_t p : order) total += double(squares[p]);
   const double norm = std::sqrt(total);
   if (norm > limit) {
     const double coefficient = limit / (norm + 1e-6);
-    for (std::int64_t c = 0; c < n; ++c) {
-      TowerState& t = holder(c);
-      const RingRange r = schedule.chunk(c);
-      const Tensor chunk = t.store->flat_grads().slice(r.begin, r.end);
-      scale(chunk, chunk, coefficient, *t.stream);
+    if (!sharded()) {
+      const Tensor& grads = towers_[0]->store->flat_grads();
+      scale(grads, grads, coefficient, *towers_[0]->stream);
+    }
+    for (std::size_t p = 0; sharded() && p < parts.size(); ++p) {
+      if (TowerState* t = holder(p)) {
+        const Tensor slice = t->store->flat_grads().slice(parts[p].begin, parts[p].end);
+        scale(slice, slice, coefficient, *t->stream);
+      }
     }
   }
   if (trace_ != nullptr) {
@@ -675,9 +766,13 @@ void Trainer::update_slices_and_gather() {
                    {{"phase", phase}, {"begin", slice.begin}, {"end", slice.end}});
     }
   });
-  std::vector<Tensor> values;
-  for (auto& t : towers_) values.push_back(t->store->flat_values());
-  ring_->all_gather(values, trace_, 0);
+  if (ranks_ > 1) {
+    gather_across_processes();
+  } else {
+    std::vector<Tensor> values;
+    for (auto& t : towers_) values.push_back(t->store->flat_values());
+    ring_->all_gather(values, trace_, 0);
+  }
   // As broadcast(): the step returns with the new values in every replica (the
   // all-gather's end makes tower 0's stream wait for every member).
   master_stream_->synchronize();
@@ -686,6 +781,28 @@ void Trainer::update_slices_and_gather() {
   slots_gathered_ = false;
   // The host copy's slots (after an optimizer() call) would now be stale: freed.
   optimizer_.restore({}, 0, *master_, *master_stream_);
+}
+
+void Trainer::gather_across_processes() {
+  // Every process's slices meet in the host copy, framed as phase 5's gradient
+  // (parallel/sharded_master.h), and go from there to every replica.
+  const auto start = Clock::now();
+  const Tensor& values = master_->flat_values();
+  shards_->gather_values(values, *master_stream_);
+  options_.process_group->allgather_chunks(
+      std::span<float>(values.data<float>(), std::size_t(values.numel())),
+      "step " + std::to_string(steps_taken()) + ": new values (all-gather)",
+      ReduceFrame{0, std::size_t(exchange_->layout(true).total())});
+  for (auto& t : towers_) {
+    transfer(t->store->flat_values(), *t->stream, values, *master_stream_);
+  }
+  if (trace_ != nullptr) {
+    master_stream_->synchronize();
+    trace_->span(int(towers_.size()) + 2, "all-gather: new values", start, "processes",
+                 {{"bytes", values.numel() * std::int64_t(sizeof(float))},
+                  {"processes", ranks_},
+                  {"phase", phase_label(Phase::UpdateAndBroadcast)}});
+  }
 }
 
 void Trainer::broadcast() {
@@ -793,8 +910,16 @@ void Trainer::gather_values() const {
 
 void Trainer::gather_slots() {
   if (!sharded() || slots_gathered_) return;
-  optimizer_.restore(shards_->gather_slots(*master_stream_), shards_->steps(), *master_,
-                     *master_stream_);
+  std::map<std::string, Tensor> slots = shards_->gather_slots(*master_stream_);
+  // Across processes each holds its slices: every process's, framed as the values.
+  for (auto& [name, slot] : slots) {
+    if (ranks_ == 1) break;
+    options_.process_group->allgather_chunks(
+        std::span<float>(slot.data<float>(), std::size_t(slot.numel())),
+        "optimizer slot " + name + " (all-gather)",
+        ReduceFrame{0, std::size_t(exchange_->layout(true).total())});
+  }
+  optimizer_.restore(slots, shards_->steps(), *master_, *master_stream_);
   master_stream_->synchronize();
   slots_gathered_ = true;
 }

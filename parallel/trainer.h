@@ -136,9 +136,13 @@ enum class NumericGuard { Stop, Skip, Off };
 //     stream; the ring's all-gather carries the new values to every tower. Each
 //     device holds 1/N of the slots, the traffic is an all-reduce's, and the bits
 //     are OneDevice's. Needs AllReduce::Ring and TrainerOptions::master unset
-//     (InvalidArgument), and one process: with a process group of more than one
-//     it is NotSupported for now. master(), optimizer() and the checkpoints see a host copy
-//     gathered on demand (see Trainer::master()).
+//     (InvalidArgument). Across processes the job's towers own a slice each, and
+//     the slices' sums and new values travel through the host (the processes'
+//     reduce-scatter and all-gather; CrossProcessPath::Nccl is NotSupported for
+//     now). master(), optimizer() and the checkpoints see a host copy gathered on
+//     demand (see Trainer::master()); across processes optimizer() is then a
+//     collective call (every process makes it, as save_state), and gradients()
+//     holds the summed gradient in this process's slices only.
 enum class MasterPlacement { OneDevice, Sharded };
 
 struct TrainerOptions {
@@ -179,10 +183,11 @@ struct TrainerOptions {
   // Clipping by the global norm (PyTorch's clip_grad_norm_), at the start of phase
   // 7: with c > 0, when the averaged gradient's norm |g| (over every trainable
   // value) exceeds c, the whole gradient is scaled by c / (|g| + 1e-6) before the
-  // update. |g| is computed once per step, from the sums of squares of the ring's
-  // chunks added in chunk order on the host, so the master on one device, a sharded
-  // master (each tower its chunk) and every process see the same bits; the step
-  // reports it (StepResult::grad_norm). 0: off. Negative or not finite: InvalidArgument.
+  // update. |g| is computed once per step, from the sums of squares of the sharded
+  // master's slices (of every process) added in their order on the host, whatever
+  // the placement, so the master on one device, a sharded master and every process
+  // see the same bits; the step reports it (StepResult::grad_norm). 0: off.
+  // Negative or not finite: InvalidArgument.
   double clip_grad_norm = 0.0;
 };
 
@@ -307,8 +312,12 @@ class Trainer {
   void average_moving_statistics(const StepResult& result);
   // 5. One allreduce_sum over the processes of exchange_'s buffer (see
   // parallel/process_exchange.h); with nccl_processes_, the gradient and statistics
-  // go in an NCCL call after it.
+  // go in an NCCL call after it. Sharded: the gradient's part reduce-scattered, the
+  // rest all-reduced (parallel/sharded_master.h).
   void reduce_across_processes(const StepResult& result, bool training);
+  // Sharded: every tower's ring chunk of its flat gradient into `gradient` (host),
+  // which then holds the process's summed gradient.
+  void stage_ring_chunks(const Tensor& gradient) const;
   // More than one gradient bucket: phase 3 runs on the reducer thread.
   bool bucketed() const { return buckets_ != nullptr; }
   // The reducer thread of a bucketed step (see phase 3).
@@ -324,15 +333,20 @@ class Trainer {
   // returns the averaged gradient's norm, having scaled it where it is held (tower
   // 0's flat gradient, or each tower's slice) when the norm exceeds the limit.
   double clip_gradients();
+  // Sharded across processes: the towers' new slices into the host copy, every
+  // process's gathered into it (ProcessGroup::allgather_chunks), then to every replica.
+  void gather_across_processes();
   bool sharded() const { return shards_ != nullptr; }
   // Updates applied so far (the optimizer's, or the shards').
   std::int64_t steps_taken() const;
   // Sharded: the host copy's values and averaged gradient, and the optimizer's
   // slots, brought up to date with the slices when a step has moved them.
   void gather_values() const;
+  // Across processes a collective call: every process's slots are gathered.
   void gather_slots();
   // The first non-finite element of the averaged flat gradient and its value, or
-  // {-1, 0}: tower 0's whole gradient, or (sharded) each tower's slice.
+  // {-1, 0}: tower 0's whole gradient, or (sharded) each tower's slice, the
+  // smallest index of every process's (a collective call across processes).
   std::pair<std::int64_t, float> first_nonfinite_gradient() const;
   // 8. The outputs in input order and the last non-empty tower's logs.
   void gather_outputs(StepResult& result) const;

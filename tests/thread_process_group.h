@@ -7,6 +7,10 @@
 //    in the order Cluster's ring gives it: chunk c of the whole buffer (its
 //    ReduceFrame's) from rank c on, ranks c, c+1, ..., c-1, so that a range reduced
 //    with a wrong frame gets other bits here too;
+//  - reduce_scatter_sum: those sums in this rank's chunk (chunk rank+1 of the
+//    frame's), quiet NaN in the rest of the values (unspecified by the contract: a
+//    reader of them fails a test); allgather_chunks: each chunk from the rank that
+//    holds it after a reduce-scatter;
 //  - every wait has a deadline; a rank that does not arrive in time, a rank that
 //    stopped with an error, or calls that disagree (kind, size, root) make the
 //    waiting ranks throw CommunicationError naming the rank and `what`.
@@ -14,6 +18,7 @@
 // deadline, so a test cannot hang.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -22,6 +27,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -139,13 +145,25 @@ class ThreadProcessGroup final : public ProcessGroup {
 
   void allreduce_sum(std::span<float> values, std::string_view what,
                      ReduceFrame frame = {}) override {
-    sum(values,
-        "allreduce_sum(float x " + std::to_string(values.size()) + " at " +
-            std::to_string(frame.offset) + " of " + std::to_string(frame.total) + ")",
-        what, frame);
+    sum(values, "allreduce_sum", what, frame);
   }
   void allreduce_sum(std::span<double> values, std::string_view what) override {
-    sum(values, "allreduce_sum(double x " + std::to_string(values.size()) + ")", what, {});
+    sum(values, "allreduce_sum", what, {});
+  }
+
+  void reduce_scatter_sum(std::span<float> values, std::string_view what,
+                          ReduceFrame frame = {}) override {
+    const std::vector<float> sums = combine_chunks(values, "reduce_scatter_sum", what, frame, true);
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      values[i] = chunk_holder(i, values.size(), frame) == rank_
+                      ? sums[i]
+                      : std::numeric_limits<float>::quiet_NaN();
+    }
+  }
+  void allgather_chunks(std::span<float> values, std::string_view what,
+                        ReduceFrame frame = {}) override {
+    const std::vector<float> all = combine_chunks(values, "allgather_chunks", what, frame, false);
+    std::copy(all.begin(), all.end(), values.begin());
   }
 
   void broadcast(std::span<std::byte> bytes, int root, std::string_view what) override {
@@ -184,31 +202,61 @@ class ThreadProcessGroup final : public ProcessGroup {
   }
 
  private:
+  // The chunk of the frame's that holds values[i] (chunk c: [total c / p, total (c+1) / p)).
+  static std::size_t chunk_of(std::size_t i, std::size_t n, ReduceFrame frame, std::size_t p) {
+    const std::size_t total = frame.total == 0 ? n : frame.total;
+    std::size_t chunk = 0;
+    while (frame.offset + i >= total * (chunk + 1) / p) ++chunk;
+    return chunk;
+  }
+  // The rank whose chunk (after a reduce-scatter) holds values[i]: chunk c's, rank c-1.
+  int chunk_holder(std::size_t i, std::size_t n, ReduceFrame frame) const {
+    const auto p = std::size_t(size());
+    return int((chunk_of(i, n, frame, p) + p - 1) % p);
+  }
+
+  // Every rank's values combined element by element: summed in the ring's order
+  // (`add`), or taken from the element's chunk holder.
   template <typename T>
-  void sum(std::span<T> values, const std::string& kind, std::string_view what, ReduceFrame frame) {
+  std::vector<T> combine_chunks(std::span<T> values, const std::string& call, std::string_view what,
+                                ReduceFrame frame, bool add) {
     std::vector<std::byte> bytes(values.size_bytes());
     if (!bytes.empty()) std::memcpy(bytes.data(), values.data(), values.size_bytes());
-    const std::size_t n = values.size(), total = frame.total == 0 ? n : frame.total;
-    const auto result = world_.call(
-        rank_, kind, std::move(bytes), 0, what,
-        [n, total, offset = frame.offset](const std::vector<std::vector<std::byte>>& all) {
-          const std::size_t p = all.size();
-          std::vector<T> sums(n);
-          std::size_t chunk = 0;  // of element offset + i in the whole buffer
-          for (std::size_t i = 0; i < n; ++i) {
-            while (offset + i >= total * (chunk + 1) / p) ++chunk;
-            auto value = [&](std::size_t r) {
-              return reinterpret_cast<const T*>(all[(chunk + r) % p].data())[i];
-            };
-            T s = value(0);
-            for (std::size_t r = 1; r < p; ++r) s = s + value(r);
-            sums[i] = s;
-          }
-          std::vector<std::byte> out(n * sizeof(T));
-          std::memcpy(out.data(), sums.data(), out.size());
-          return out;
-        });
-    std::memcpy(values.data(), result.data(), values.size_bytes());
+    const std::size_t n = values.size();
+    const std::string kind = call + "(" + (sizeof(T) == 4 ? "float" : "double") + " x " +
+                             std::to_string(n) + " at " + std::to_string(frame.offset) + " of " +
+                             std::to_string(frame.total) + ")";
+    const auto result =
+        world_.call(rank_, kind, std::move(bytes), 0, what,
+                    [n, frame, add](const std::vector<std::vector<std::byte>>& all) {
+                      const std::size_t p = all.size();
+                      std::vector<T> out(n);
+                      for (std::size_t i = 0; i < n; ++i) {
+                        const std::size_t chunk = chunk_of(i, n, frame, p);
+                        auto value = [&](std::size_t r) {
+                          return reinterpret_cast<const T*>(all[(chunk + r) % p].data())[i];
+                        };
+                        if (!add) {
+                          out[i] = value(p - 1);  // rank chunk - 1's
+                          continue;
+                        }
+                        T s = value(0);
+                        for (std::size_t r = 1; r < p; ++r) s = s + value(r);
+                        out[i] = s;
+                      }
+                      std::vector<std::byte> out_bytes(n * sizeof(T));
+                      if (n > 0) std::memcpy(out_bytes.data(), out.data(), out_bytes.size());
+                      return out_bytes;
+                    });
+    std::vector<T> combined(n);
+    if (n > 0) std::memcpy(combined.data(), result.data(), values.size_bytes());
+    return combined;
+  }
+
+  template <typename T>
+  void sum(std::span<T> values, const std::string& call, std::string_view what, ReduceFrame frame) {
+    const std::vector<T> sums = combine_chunks(values, call, what, frame, true);
+    std::copy(sums.begin(), sums.end(), values.begin());
   }
 
   ThreadWorld& world_;

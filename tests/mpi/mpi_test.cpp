@@ -18,6 +18,7 @@
 #include <random>
 #include <thread>
 
+#include "parallel/ring_schedule.h"
 #include "towerlab.h"
 
 namespace towerlab::testing {
@@ -119,6 +120,31 @@ TEST(Collectives, FramedRangesGetTheBitsOfTheWholeBuffer) {
                         "test: a range", ReduceFrame{cuts[k], n});
   }
   EXPECT_EQ(bytes_of(buffer), bytes_of(ring_order_sum<float>(group.size(), n, 11)));
+}
+
+// The ring's two halves alone (a master sharded across processes runs its update
+// between them): reduce_scatter_sum leaves each rank's chunk of the frame with the
+// all-reduce's bits, and allgather_chunks then gives every rank all of them.
+TEST(Collectives, ReduceScatterThenAllgatherIsTheAllreduce) {
+  Cluster& group = cluster();
+  const std::size_t n = 1000;
+  const std::vector<float> expected = ring_order_sum<float>(group.size(), n, 13);
+  for (std::size_t total : {n, n + 301}) {
+    std::vector<float> buffer = values_of<float>(group.rank(), n, 13);
+    group.reduce_scatter_sum(std::span<float>(buffer), "test: reduce-scatter",
+                             ReduceFrame{0, total});
+    const RingSchedule schedule(group.size(), std::int64_t(total), 0, std::int64_t(n));
+    const RingRange mine = schedule.chunk(schedule.summed_at(group.rank()));
+    std::vector<float> framed = values_of<float>(group.rank(), n, 13);
+    group.allreduce_sum(std::span<float>(framed), "test: framed all-reduce", ReduceFrame{0, total});
+    for (std::int64_t i = mine.begin; i < mine.end; ++i) {
+      ASSERT_EQ(std::memcmp(&buffer[std::size_t(i)], &framed[std::size_t(i)], sizeof(float)), 0)
+          << "element " << i << " of a frame of " << total;
+    }
+    group.allgather_chunks(std::span<float>(buffer), "test: all-gather", ReduceFrame{0, total});
+    EXPECT_EQ(bytes_of(buffer), bytes_of(framed)) << "a frame of " << total;
+    if (total == n) EXPECT_EQ(bytes_of(buffer), bytes_of(expected));
+  }
 }
 
 TEST(Collectives, RepeatedAllreduceGivesTheSameBits) {
@@ -445,6 +471,45 @@ TEST(Buckets, ABucketedStepAcrossProcessesGivesTheBitsOfAnUnbucketedOne) {
           << optimizer << ", buckets of " << bytes << " bytes";
     }
     const auto all = cluster().allgather(reference, "test: compare trainings");
+    for (int r = 0; r < cluster().size(); ++r) {
+      EXPECT_EQ(all[std::size_t(r)], all[0]) << "rank " << r;
+    }
+  }
+}
+
+// --- a sharded master --------------------------------------------------------
+
+// Every rank's master values, moving statistics, slots and losses after three steps
+// of 2 CPU towers per rank with the master `placement`d, as bytes.
+std::string placed_training(MasterPlacement placement, const char* optimizer) {
+  Model m;
+  const std::int64_t n = 4 * cluster().size() + 1;  // uneven; two samples or more per tower
+  Tensor images = Tensor::empty({n, 1, 4, 4}, cpu());
+  random_normal(images, 22, 0, 0.0f, 1.0f, cpu());
+  std::vector<float> labels;
+  for (std::int64_t i = 0; i < n; ++i) labels.push_back(float(i % 3));
+  const std::vector<Tensor> batch{images, Tensor::from_host<float>(labels, {n}, cpu())};
+  TrainerOptions options;
+  options.devices = {Device::cpu(), Device::cpu()};
+  options.process_group = &cluster();
+  options.master_placement = placement;
+  options.seed = 5;
+  auto tower_fn = [&m](const Tower& tower, const std::vector<Tensor>& b) {
+    Var logits = m.net(tower.context(), tower.input(b[0]));
+    return TowerResult{ag::softmax_cross_entropy(logits, tower.input(b[1])), {}, {}};
+  };
+  Trainer trainer(m.vars, tower_fn, Optimizer::by_name(optimizer, 0.05), options);
+  std::vector<double> losses;
+  for (int step = 0; step < 3; ++step) losses.push_back(trainer.step(batch).loss);
+  // optimizer() gathers every rank's slots: every rank calls it.
+  return all_bytes(trainer.master()) + slot_bytes(trainer.optimizer()) + bytes_of(losses);
+}
+
+TEST(ShardedMaster, AcrossProcessesTakesTheHostMastersStepsBitForBit) {
+  for (const char* optimizer : {"sgd", "adam"}) {
+    const std::string host = placed_training(MasterPlacement::OneDevice, optimizer);
+    EXPECT_EQ(placed_training(MasterPlacement::Sharded, optimizer), host) << optimizer;
+    const auto all = cluster().allgather(host, "test: compare trainings");
     for (int r = 0; r < cluster().size(); ++r) {
       EXPECT_EQ(all[std::size_t(r)], all[0]) << "rank " << r;
     }
