@@ -145,6 +145,7 @@ std::string trainer_fingerprint(const VariableSet& variables, DType dtype,
                         : options.numeric_guard == NumericGuard::Skip ? "skip"
                                                                       : "off");
   line("seed", std::to_string(options.seed));
+  line("precision", precision_name(options.precision));
   return out.str();
 }
 
