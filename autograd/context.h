@@ -7,6 +7,10 @@
 // backward closure and the tape does not grow. A training pass on such a store
 // throws InvalidArgument naming the variable. infer() (autograd/layers.h) is the
 // whole inference path in one call.
+//
+// The precision policy reaches the layers through the tape (compute_dtype()): a
+// Context made by a mixed-precision trainer hands out variables that carry their
+// replica's 16-bit working copy, which the GEMM-class ops read (docs/precision.md).
 #pragma once
 
 #include <string>
@@ -37,10 +41,16 @@ struct Context {
   // The trainable variable `name` as a Var on this tape: a leaf whose gradient goes
   // into the flat buffer or, from a store without gradients in an inference pass,
   // a constant.
+  // Under a mixed-precision tape it carries the replica's working copy (Var::working).
   Var variable(const std::string& name) const {
     if (!training && !variables.has_grads()) return tape.constant(variables.value(name), name);
-    return tape.variable(variables.value(name), variables.grad(name), name);
+    return tape.variable(
+        variables.value(name), variables.grad(name), name,
+        tape.compute_dtype() == DType::Float32 ? Tensor() : variables.working(name));
   }
+  // The dtype the GEMM-class ops multiply in (Tape::compute_dtype): the run's
+  // precision policy as the layers see it (docs/precision.md).
+  DType compute_dtype() const { return tape.compute_dtype(); }
   // Non-trainable state (moving statistics): a view the forward pass may update.
   Tensor state(const std::string& name) const { return variables.value(name); }
   // The key of the dropout op `name` in this pass: a sample gets the same mask on any

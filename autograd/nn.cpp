@@ -1,5 +1,7 @@
 // The neural-network ops of autograd/nn.h: each runs its forward kernel and
-// records a backward that accumulates into the gradients its inputs need.
+// records a backward that accumulates into the gradients its inputs need. The
+// GEMM-class ops (matmul, and linear through it; conv2d) multiply in the tape's
+// compute dtype (gemm_operand below, docs/precision.md); the rest compute in float32.
 #include "autograd/nn.h"
 
 #include <algorithm>
@@ -9,6 +11,7 @@
 #include "kernels/batched_matmul.h"
 #include "kernels/batchnorm.h"
 #include "kernels/bias.h"
+#include "kernels/cast.h"
 #include "kernels/elementwise.h"
 #include "kernels/matmul.h"
 #include "kernels/relu.h"
@@ -36,6 +39,24 @@ GradWrite write_of(const Tape::GradTarget& target) {
   return target.assign ? GradWrite::Assign : GradWrite::Accumulate;
 }
 
+// The operand a GEMM-class op multiplies, in its tape's compute dtype
+// (docs/precision.md): the value itself in float32 (and float64, for gradient
+// checks), else a variable's working copy (rounded once per step by the trainer),
+// else the value rounded here, once per op (an activation).
+Tensor gemm_operand(const Var& v) {
+  const Tape& tape = v.tape();
+  const DType dtype = tape.compute_dtype();
+  if (dtype == DType::Float32 || v.value().dtype() != DType::Float32) return v.value();
+  if (v.working().defined()) return v.working();
+  return cast(v.value(), dtype, tape.stream());
+}
+
+// The output gradient a 16-bit GEMM's backward multiplies: rounded to the operands'
+// dtype, as autocast's bfloat16 matmul receives it; float32 operands take it as it is.
+Tensor gemm_grad_output(const Tensor& grad, DType operand_dtype, const Stream& stream) {
+  return is_16bit(operand_dtype) ? cast(grad, operand_dtype, stream) : grad;
+}
+
 }  // namespace
 
 Var matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_b) {
@@ -48,19 +69,22 @@ Var matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_b) {
   TL_CHECK(ka == kb, ShapeError,
            "matmul: " << a.describe() << " and " << b.describe() << ": inner dimensions " << ka
                       << " and " << kb << " differ");
+  // av, bv: the operands as multiplied (16-bit under a mixed-precision tape); y and
+  // the gradients are float32 from the GEMM's float32 sums.
+  const Tensor av = gemm_operand(a), bv = gemm_operand(b);
   Tensor y = new_tensor(tape, {m, n}, a);
-  towerlab::matmul(y, a.value(), b.value(), transpose_a, transpose_b, 1.0f, 0.0f, tape.stream());
-  return tape.record(y, "matmul", {a, b}, [a, b, transpose_a, transpose_b](const Var& out) {
+  towerlab::matmul(y, av, bv, transpose_a, transpose_b, 1.0f, 0.0f, tape.stream());
+  return tape.record(y, "matmul", {a, b}, [a, b, av, bv, transpose_a, transpose_b](const Var& out) {
     Tape& t = out.tape();
-    const Tensor& gy = out.grad();  // [M,N]
+    const Tensor gy = gemm_grad_output(out.grad(), av.dtype(), t.stream());  // [M,N]
     if (a.requires_grad()) {
       // op(A) = gy op(B)^T; A stored transposed gets the transpose of that.
       const Tape::GradTarget ga = t.grad_target(a);
       const float beta = ga.assign ? 0.0f : 1.0f;
       if (!transpose_a) {
-        towerlab::matmul(ga.grad, gy, b.value(), false, !transpose_b, 1.0f, beta, t.stream());
+        towerlab::matmul(ga.grad, gy, bv, false, !transpose_b, 1.0f, beta, t.stream());
       } else {
-        towerlab::matmul(ga.grad, b.value(), gy, transpose_b, true, 1.0f, beta, t.stream());
+        towerlab::matmul(ga.grad, bv, gy, transpose_b, true, 1.0f, beta, t.stream());
       }
     }
     if (b.requires_grad()) {
@@ -68,9 +92,9 @@ Var matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_b) {
       const Tape::GradTarget gb = t.grad_target(b);
       const float beta = gb.assign ? 0.0f : 1.0f;
       if (!transpose_b) {
-        towerlab::matmul(gb.grad, a.value(), gy, !transpose_a, false, 1.0f, beta, t.stream());
+        towerlab::matmul(gb.grad, av, gy, !transpose_a, false, 1.0f, beta, t.stream());
       } else {
-        towerlab::matmul(gb.grad, gy, a.value(), true, transpose_a, 1.0f, beta, t.stream());
+        towerlab::matmul(gb.grad, gy, av, true, transpose_a, 1.0f, beta, t.stream());
       }
     }
   });
@@ -166,15 +190,24 @@ Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams&
            "conv2d: input has " << x.shape()[1] << " channels but weight expects "
                                 << weight.shape()[1] << " (weight " << weight.describe()
                                 << ", input " << x.describe() << ")");
+  // xv, wv: as multiplied (16-bit under a mixed-precision tape, the bias float32).
+  const Tensor xv = gemm_operand(x), wv = gemm_operand(weight);
   Tensor y = new_tensor(tape, conv2d_output_shape(x.shape(), weight.shape(), params), x);
-  conv2d_forward(y, x.value(), weight.value(), bias.defined() ? bias.value() : Tensor(), params,
-                 tape.stream());
-  return tape.record(y, "conv2d", inputs, [x, weight, bias, params](const Var& out) {
+  conv2d_forward(y, xv, wv, bias.defined() ? bias.value() : Tensor(), params, tape.stream());
+  return tape.record(y, "conv2d", inputs, [x, weight, bias, xv, wv, params](const Var& out) {
     Tape& t = out.tape();
     const Tape::GradTarget gx = written_whole(t, x);
-    conv2d_backward(gx.grad, grad_if_needed(t, weight),
-                    bias.defined() ? grad_if_needed(t, bias) : Tensor(), out.grad(), x.value(),
-                    weight.value(), params, t.stream(), write_of(gx));
+    const Tensor grad_bias = bias.defined() ? grad_if_needed(t, bias) : Tensor();
+    if (!is_16bit(xv.dtype())) {
+      conv2d_backward(gx.grad, grad_if_needed(t, weight), grad_bias, out.grad(), xv, wv, params,
+                      t.stream(), write_of(gx));
+      return;
+    }
+    // The bias is float32: its gradient sums the float32 output gradient.
+    conv2d_backward(gx.grad, grad_if_needed(t, weight), Tensor(),
+                    gemm_grad_output(out.grad(), xv.dtype(), t.stream()), xv, wv, params,
+                    t.stream(), write_of(gx));
+    if (grad_bias.defined()) bias_add_backward(grad_bias, out.grad(), t.stream());
   });
 }
 

@@ -29,6 +29,11 @@ class BatchNormSync {
 namespace towerlab::ag {
 
 // op(a) * op(b) for 2-D a, b (kernels/matmul.h).
+// Under a 16-bit compute dtype (Tape::compute_dtype, docs/precision.md) matmul,
+// linear and conv2d multiply 16-bit operands (a variable's working copy, an
+// activation rounded at the op, and in the backward the output gradient rounded)
+// with float32 sums; their outputs and every gradient are float32 (a bias, and its
+// gradient, stay float32). Float32 tapes run exactly the float32 kernels.
 Var matmul(const Var& a, const Var& b, bool transpose_a = false, bool transpose_b = false);
 
 // op(a_i) * op(b_i) for each batch entry (kernels/batched_matmul.h): a [B,M,K] and b

@@ -16,6 +16,7 @@ struct Var::Node {
   Tape* tape = nullptr;
   std::string name;
   bool variable = false;  // made by Tape::variable
+  Tensor working;         // a variable's value in the tape's compute dtype, if given
   // A variable's: the index of the first record that reads it (-1: none yet).
   std::ptrdiff_t first_reader = -1;
 };
@@ -44,6 +45,11 @@ const std::string& Var::name() const {
   return node_->name;
 }
 
+const Tensor& Var::working() const {
+  TL_CHECK(defined(), InvalidArgument, "use of an undefined Var");
+  return node_->working;
+}
+
 std::string Var::describe() const {
   if (!defined()) return "undefined Var";
   return node_->name + " " + dtype_name(node_->value.dtype()) + node_->value.shape_str();
@@ -63,7 +69,14 @@ Var Tape::constant(Tensor value, std::string name) {
   return Var(std::move(node));
 }
 
-Var Tape::variable(Tensor value, Tensor grad, std::string name) {
+void Tape::set_compute_dtype(DType dtype) {
+  TL_CHECK(dtype == DType::Float32 || is_16bit(dtype), InvalidArgument,
+           label_ << ": compute dtype " << dtype_name(dtype)
+                  << " (float32, bfloat16 or float16: the dtype GEMMs multiply in)");
+  compute_dtype_ = dtype;
+}
+
+Var Tape::variable(Tensor value, Tensor grad, std::string name, Tensor working) {
   TL_CHECK(value.defined() && grad.defined(), InvalidArgument,
            label_ << ": variable '" << name << "' needs a value and a gradient tensor");
   TL_CHECK(value.device() == device() && grad.device() == device(), InvalidArgument,
@@ -79,6 +92,15 @@ Var Tape::variable(Tensor value, Tensor grad, std::string name) {
   node->tape = this;
   node->name = std::move(name);
   node->variable = true;
+  if (working.defined()) {
+    TL_CHECK(working.dtype() == compute_dtype_ && working.shape() == node->value.shape() &&
+                 working.device() == device(),
+             InvalidArgument,
+             label_ << ": variable '" << node->name << "' has a working copy " << working.describe()
+                    << " but the tape computes in " << dtype_name(compute_dtype_) << " on "
+                    << device().str());
+    node->working = std::move(working);
+  }
   variables_.push_back(node);
   variable_names_.insert(node->name);
   return Var(std::move(node));

@@ -88,6 +88,9 @@ class Var {
   const Shape& shape() const { return value().shape(); }
   // "conv1/weight float32[32,1,3,3]": for messages.
   std::string describe() const;
+  // A variable's value rounded to the tape's compute dtype (its replica's working
+  // copy, autograd/variables.h); undefined for every other Var and in float32.
+  const Tensor& working() const;
 
  private:
   friend class Tape;
@@ -110,7 +113,16 @@ class Tape {
   // A value that needs no gradient (inputs, labels).
   Var constant(Tensor value, std::string name = "constant");
   // A trainable leaf whose gradient accumulates into `grad` (same shape, on this device).
-  Var variable(Tensor value, Tensor grad, std::string name);
+  // `working`, when given, is its value rounded to compute_dtype() (Var::working).
+  Var variable(Tensor value, Tensor grad, std::string name, Tensor working = Tensor());
+
+  // The dtype the GEMM-class ops (ag::matmul, ag::linear, ag::conv2d) multiply in:
+  // float32 (the default), or bfloat16 / float16 under a mixed-precision policy
+  // (docs/precision.md): their float32 inputs are then rounded to it (a variable's
+  // from its working copy, once per step), the products are summed in float32, and
+  // every other op, and every gradient, stays float32.
+  DType compute_dtype() const { return compute_dtype_; }
+  void set_compute_dtype(DType dtype);
 
   // Output of a differentiable op: requires a gradient when any input does and
   // gradients are enabled. `backward` is recorded only then; it receives the
@@ -197,6 +209,7 @@ class Tape {
   bool grad_enabled_ = true;
   bool backward_done_ = false;
   FirstWrite first_write_ = FirstWrite::Assign;
+  DType compute_dtype_ = DType::Float32;
   TapeProfiler* profiler_ = nullptr;
   int scope_ = -1;
 };

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "engine/error.h"
+#include "kernels/cast.h"
 #include "kernels/elementwise.h"
 #include "kernels/random.h"
 
@@ -146,6 +147,24 @@ Tensor VariableStore::grad(const std::string& name) const {
                           "a model only in inference mode (infer(), or a Context with training = "
                           "false). To train, make the store with with_grads = true");
   return grads_.view(spec.offset, spec.shape);
+}
+
+void VariableStore::set_working_dtype(DType dtype, const Stream& stream) {
+  TL_CHECK(dtype == DType::Float32 || is_16bit(dtype), InvalidArgument,
+           "VariableStore::set_working_dtype: " << dtype_name(dtype)
+                                                << " (a working copy is bfloat16 or float16; "
+                                                   "float32 removes it)");
+  working_ = dtype == DType::Float32 ? Tensor() : Tensor::empty({values_.numel()}, stream, dtype);
+}
+
+void VariableStore::round_working(const Stream& stream) {
+  if (working_.defined() && working_.numel() > 0) cast(working_, values_, stream);
+}
+
+Tensor VariableStore::working(const std::string& name) const {
+  const VariableSpec& spec = set_->at(name);
+  if (!working_.defined() || !spec.trainable) return Tensor();
+  return working_.view(spec.offset, spec.shape);
 }
 
 }  // namespace towerlab

@@ -111,6 +111,20 @@ class VariableStore {
   // False for an inference copy (made with with_grads = false).
   bool has_grads() const { return grads_.defined(); }
 
+  // The working copy of a mixed-precision tower (docs/precision.md): the trainable
+  // values rounded to a 16-bit dtype, in a fourth flat buffer of the values' layout,
+  // which the GEMM-class ops (ag::matmul, ag::linear, ag::conv2d) read instead of
+  // the values when the tape computes in that dtype. set_working_dtype allocates it
+  // (float32: none, the default); round_working rounds every value into it, one cast
+  // kernel on `stream` (to nearest even, kernels/cast.h). The values stay as they
+  // are: batch norm's scale and offset, biases and the optimizer read them.
+  void set_working_dtype(DType dtype, const Stream& stream);
+  void round_working(const Stream& stream);
+  bool has_working() const { return working_.defined(); }
+  // One variable's rounded value (undefined without a working copy).
+  Tensor working(const std::string& name) const;
+  const Tensor& flat_working() const { return working_; }
+
   const Tensor& flat_values() const { return values_; }
   const Tensor& flat_grads() const { return grads_; }
   const Tensor& flat_state() const { return state_; }
@@ -123,6 +137,7 @@ class VariableStore {
   Tensor values_;
   Tensor grads_;
   Tensor state_;
+  Tensor working_;
 };
 
 // The 64-bit FNV-1a hash of a name: the Philox subsequence of a variable.

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "kernels/cast.h"
 #include "kernels/checks.h"
 #include "kernels/cpu/conv2d.h"
 #include "kernels/cuda/conv2d.h"
@@ -82,6 +83,35 @@ void check_operand(const char* op, const char* name, const Tensor& t, const Shap
               << " for input " << brief(x));
 }
 
+// The 16-bit operands of one call (kernels/conv2d.h, "Mixed precision"): every one
+// of them of one 16-bit dtype (the first's), and every other tensor float32.
+// Returns whether the call is a 16-bit one.
+bool check_16bit(const char* op, std::initializer_list<kernels::NamedTensor> low,
+                 std::initializer_list<kernels::NamedTensor> wide) {
+  const DType dtype = low.begin()->second->dtype();
+  bool any = false;
+  for (const auto& [name, t] : low) any = any || (t->defined() && is_16bit(t->dtype()));
+  if (!any) return false;
+  for (const auto& [name, t] : low) {
+    TL_CHECK(t->dtype() == dtype, NotSupported,
+             op << ": " << name << " is " << brief(*t) << " but " << low.begin()->first << " is "
+                << brief(*low.begin()->second)
+                << "; the 16-bit operands must share one dtype (bfloat16 or float16)");
+  }
+  for (const auto& [name, t] : wide) {
+    TL_CHECK(!t->defined() || t->dtype() == DType::Float32, NotSupported,
+             op << ": " << name << " is " << brief(*t) << " but with " << dtype_name(dtype)
+                << " operands the outputs, bias and gradients are float32");
+  }
+  return true;
+}
+
+// A 16-bit operand widened exactly into float32 scratch on the stream (undefined
+// stays undefined).
+Tensor widened(const Tensor& t, const Stream& stream) {
+  return t.defined() ? cast(t, DType::Float32, stream) : t;
+}
+
 }  // namespace
 
 Shape conv2d_output_shape(const Shape& input, const Shape& weight, const Conv2dParams& params) {
@@ -92,6 +122,10 @@ Shape conv2d_output_shape(const Shape& input, const Shape& weight, const Conv2dP
 void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
                     const Conv2dParams& params, const Stream& stream) {
   const char* op = "conv2d_forward";
+  if (check_16bit(op, {{"x", &x}, {"weight", &weight}}, {{"y", &y}, {"bias", &bias}})) {
+    conv2d_forward(y, widened(x, stream), widened(weight, stream), bias, params, stream);
+    return;
+  }
   const Conv2dShape s = checked_shape(op, x, weight, params, stream);
   check_operand(op, "y", y, {s.N, s.K, s.P, s.Q}, x, stream);
   if (bias.defined()) check_operand(op, "bias", bias, {s.K}, x, stream);
@@ -104,6 +138,17 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
                      const Tensor& grad_y, const Tensor& x, const Tensor& weight,
                      const Conv2dParams& params, const Stream& stream, GradWrite grad_x_write) {
   const char* op = "conv2d_backward";
+  if (check_16bit(
+          op, {{"grad_y", &grad_y}, {"x", &x}, {"weight", &weight}},
+          {{"grad_x", &grad_x}, {"grad_weight", &grad_weight}, {"grad_bias", &grad_bias}})) {
+    // x is read for grad_weight only, weight for grad_x only.
+    conv2d_backward(
+        grad_x, grad_weight, grad_bias, widened(grad_y, stream),
+        grad_weight.defined() ? widened(x, stream) : Tensor::empty(x.shape(), stream),
+        grad_x.defined() ? widened(weight, stream) : Tensor::empty(weight.shape(), stream), params,
+        stream, grad_x_write);
+    return;
+  }
   const Conv2dShape s = checked_shape(op, x, weight, params, stream);
   check_operand(op, "grad_y", grad_y, {s.N, s.K, s.P, s.Q}, x, stream);
   if (grad_x.defined()) check_operand(op, "grad_x", grad_x, x.shape(), x, stream);

@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "kernels/cast.h"
 #include "kernels/checks.h"
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/matmul.h"
@@ -37,12 +38,12 @@ void check_16bit_operands(const Stream& stream, const Tensor& c, const Tensor& a
              "matmul: " << name << " is " << t->describe() << " but the stream is on "
                         << stream.device().str());
   }
-  const Tensor& low = is_16bit(a.dtype()) ? a : is_16bit(b.dtype()) ? b : c;
-  TL_CHECK(stream.device().is_cpu(), NotSupported,
-           "matmul: " << dtype_name(low.dtype()) << " is not supported on " << stream.device().str()
-                      << " (float32 only; the 16-bit GEMM runs on the "
-                      << "cpu; a is " << a.describe() << ", b " << b.describe() << ", c "
-                      << c.describe() << "; cast() converts)");
+  // CUDA takes 16-bit a and b (widened, see matmul below) but writes float32 only.
+  TL_CHECK(stream.device().is_cpu() || !is_16bit(c.dtype()), NotSupported,
+           "matmul: " << dtype_name(c.dtype()) << " is not supported on " << stream.device().str()
+                      << " as c (16-bit a and b are summed into a float32 c there; a is "
+                      << a.describe() << ", b " << b.describe() << ", c " << c.describe()
+                      << "; cast() converts)");
   const bool inputs_ok = is_16bit(a.dtype()) && b.dtype() == a.dtype();
   const bool output_ok = c.dtype() == DType::Float32 || c.dtype() == a.dtype();
   TL_CHECK(inputs_ok && output_ok, NotSupported,
@@ -106,6 +107,13 @@ void matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool transpose_a,
                         << " in memory; write the product to a separate tensor");
   if (stream.device().is_cuda()) kernels::check_float32("matmul", "c", c);
   if (m == 0 || n == 0) return;
+  if (low_precision && stream.device().is_cuda()) {
+    // Until the tensor-core GEMM: a and b widened (exactly) into float32 scratch on
+    // the stream, then the float32 kernel, so the numbers are the CPU's, within E.
+    matmul(c, cast(a, DType::Float32, stream), cast(b, DType::Float32, stream), transpose_a,
+           transpose_b, alpha, beta, stream);
+    return;
+  }
   if (low_precision) {  // the CPU's (check_16bit_operands)
     if (a.dtype() == DType::BFloat16) {
       host_gemm_16bit<bfloat16>(c, a, b, transpose_a, transpose_b, m, n, k, alpha, beta);

@@ -22,16 +22,20 @@
 // gradient checks); CUDA runs float32 with towerlab's own kernel, or with cuBLAS
 // (TF32 off) when set_gemm_backend(GemmBackend::Cublas) asks, for comparison.
 //
-// Mixed precision, on the CPU only. The accepted dtypes:
+// Mixed precision. The accepted dtypes:
 //   a and b               c
 //   float32               float32        (every device)
 //   float64               float64        (CPU)
-//   bfloat16              float32 or bfloat16
-//   float16               float32 or float16
+//   bfloat16              float32 or bfloat16 (CPU), float32 (CUDA)
+//   float16               float32 or float16 (CPU), float32 (CUDA)
 // Any other combination (a and b of different dtypes, a float64 c with bfloat16
-// inputs, ...) throws NotSupported naming the three dtypes; a 16-bit operand on a
-// CUDA device throws NotSupported naming the dtype and the device (there is no GPU
-// kernel for them yet; cast() to float32 there). The 16-bit values are widened
+// inputs, ...) throws NotSupported naming the three dtypes; a 16-bit c on a CUDA
+// device throws NotSupported naming the dtype and the device. On CUDA, until the
+// tensor-core GEMM exists (issue 46, item 3), 16-bit a and b are widened exactly
+// into float32 scratch on the stream (kernels/cast.h) and multiplied by the float32
+// kernel: the numbers below, no speed (two extra passes and float32's bandwidth),
+// which is what mixed-precision training on the GPU runs today (docs/precision.md).
+// On the CPU the 16-bit values are widened
 // exactly, their products (exact in float32) are summed in float32, alpha and beta
 // are applied in float32 with the same beta == 0 rule, and a 16-bit c is rounded
 // once from that float32 value (to nearest even, engine/half.h). The values are
@@ -49,7 +53,7 @@
 // most d = K + ceil(K / 256) + 2 <= 2K + 2 roundings on its way to C (the k-loop's
 // additions, each K block's sum added onto C, alpha, beta c0), and the summation
 // bound d 2^-24 / (1 - d 2^-24) is below 2 (K + 2) 2^-24 for K < 2^20. The paths
-// add in different orders (the float32 kernels k by k, vdpbf16ps k = 2s + 1 before
+// add in different orders (the float32 kernels k by k, CUDA's too, vdpbf16ps k = 2s + 1 before
 // k = 2s), so they agree within E, not bit for bit. vdpbf16ps reads bfloat16
 // subnormals as zero and flushes float32 subnormal sums to zero whatever MXCSR
 // says: the bound assumes no product or partial sum below 2^-126 in magnitude.

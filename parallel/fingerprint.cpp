@@ -149,6 +149,7 @@ std::string trainer_fingerprint(const VariableSet& variables, DType dtype,
                                                                       : "off");
   line("seed", std::to_string(options.seed));
   line("clip_grad_norm", number(options.clip_grad_norm));
+  line("precision", precision_name(options.precision));
   return out.str();
 }
 

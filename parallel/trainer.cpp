@@ -123,6 +123,8 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
   master_ = std::make_unique<VariableStore>(variables_, *master_stream_);
   master_->initialize(options_.seed, *master_stream_);
 
+  // Checked on the request, as the tower kinds are.
+  const DType compute = compute_dtype(options_.precision, options_.devices);
   std::vector<const Stream*> streams;
   for (std::size_t i = 0; i < devices_.size(); ++i) {
     auto t = std::make_unique<TowerState>();
@@ -131,6 +133,8 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
     t->tape = std::make_unique<Tape>(*t->stream,
                                      "tower " + std::to_string(i) + " (" + t->device.str() + ")");
     t->store = std::make_unique<VariableStore>(variables_, *t->stream);
+    t->tape->set_compute_dtype(compute);
+    t->store->set_working_dtype(compute, *t->stream);
     streams.push_back(t->stream.get());
     towers_.push_back(std::move(t));
   }
@@ -327,6 +331,9 @@ void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const T
   t.tape->reset();
   if (training) t.store->zero_grad(*t.stream);
   if (slice.size() == 0) return;  // sits this step out (its weight is 0)
+  // A mixed-precision tower's 16-bit working copy: its replica rounded once, from
+  // the values the last broadcast wrote (parallel/precision.h).
+  t.store->round_working(*t.stream);
 
   auto start = Clock::now();
   std::vector<Tensor> feeds;

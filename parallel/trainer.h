@@ -50,6 +50,7 @@
 #include "../autograd/variables.h"
 #include "batch_split.h"
 #include "cross_process_path.h"
+#include "precision.h"
 
 namespace towerlab {
 
@@ -189,6 +190,13 @@ struct TrainerOptions {
   // see the same bits; the step reports it (StepResult::grad_norm). 0: off.
   // Negative or not finite: InvalidArgument.
   double clip_grad_norm = 0.0;
+  // The precision policy (parallel/precision.h, docs/precision.md). Fp32: today's
+  // float32, bit for bit. Bf16: the GEMM-class ops multiply bfloat16 with float32
+  // sums, each tower rounding its replica once per step; the master, the optimizer's
+  // slots, the gradients and everything between the towers stay float32. Tf32 on
+  // CPU towers is Fp32; on CUDA towers, and Fp16 anywhere, NotSupported for now.
+  // Every process must use the same; a checkpoint restores under any precision.
+  Precision precision = Precision::Fp32;
 };
 
 struct StepResult {
@@ -282,7 +290,7 @@ class Trainer {
   // a step (the variables, the optimizer and its schedule, batch norm, the numeric
   // guard, the seed) or its metadata differs from `expected` (the caller's
   // step-changing options, e.g. the global batch). The towers, the processes, the
-  // master's device, the reduction and the buckets may differ (with local batch norm
+  // master's device, the reduction, the buckets and the precision may differ (with local batch norm
   // not the job's tower count: each tower normalizes its own slice): the steps then
   // agree with the uninterrupted run's to float rounding instead of bit for bit.
   CheckpointInfo restore_state(const std::string& path,

@@ -38,11 +38,12 @@ std::string checksum(const VariableStore& store, const Optimizer& optimizer, con
   return std::to_string(hash);
 }
 
-// Fingerprint lines that a change of layout changes, and the step count, which a
-// resume changes by definition: the steps stay the same up to float rounding.
+// Fingerprint lines that a change of layout changes, the step count, which a
+// resume changes by definition, and the precision (the master is float32 under
+// each): the steps stay the same up to rounding.
 bool layout_line(std::string_view line) {
-  for (std::string_view key :
-       {"optimizer steps\t", "towers per process\t", "master\t", "reduction\t", "bucket_bytes\t"}) {
+  for (std::string_view key : {"optimizer steps\t", "towers per process\t", "master\t",
+                               "reduction\t", "bucket_bytes\t", "precision\t"}) {
     if (line.starts_with(key)) return true;
   }
   return false;

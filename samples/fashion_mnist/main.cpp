@@ -153,6 +153,9 @@ int run(const sample::Options& o) {
   options.batchnorm_stats =
       o.batchnorm_stats == "tower0" ? BatchNormStats::Tower0 : BatchNormStats::Average;
   options.batchnorm = o.batchnorm == "sync" ? BatchNormMode::Sync : BatchNormMode::Local;
+  options.precision = o.precision == "bf16"   ? Precision::Bf16
+                      : o.precision == "tf32" ? Precision::Tf32
+                                              : Precision::Fp32;
   options.soft_placement = o.soft_placement;
   options.log_placement = o.log_placement;
   options.seed = o.seed;
@@ -195,6 +198,13 @@ int run(const sample::Options& o) {
                   ? "every tower (sharded)"
                   : trainer.master().device().str().c_str(),
               static_cast<long long>(o.batch));
+  if (o.precision == "tf32") {
+    std::printf("precision tf32: the CPU has no TF32 arithmetic, so these CPU towers run fp32\n");
+  } else if (o.precision == "bf16") {
+    std::printf(
+        "precision bf16: bfloat16 GEMMs and convolutions; float32 sums, master and "
+        "gradients (docs/precision.md)\n");
+  }
   if (!o.load.empty()) {
     const CheckpointInfo info = load_checkpoint(
         cluster, o.load, trainer.master(), o.eval_only ? nullptr : &trainer.optimizer(),
@@ -207,6 +217,7 @@ int run(const sample::Options& o) {
   nlohmann::json metrics{
       {"model", o.model}, {"devices", join(trainer.devices())}, {"epochs", 0}, {"batch", o.batch},
       {"optimizer", o.optimizer},           {"lr", o.lr},  {"schedule", o.schedule}};
+  metrics["precision"] = o.precision;
   if (o.eval_only) {
     const double acc = accuracy(trainer, test, 1000, cluster, model.title, o.predictions);
     std::printf("test accuracy %.4f\n", acc);

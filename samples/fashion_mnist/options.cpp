@@ -230,6 +230,29 @@ Field master(std::string& target) {
           }};
 }
 
+// The precision policy (parallel/precision.h): fp32, tf32 or bf16; fp16 is named and
+// refused, saying why, rather than left out of the list.
+Field precision(std::string& target) {
+  static const std::string allowed = "one of fp32, tf32, bf16";
+  return {"precision",
+          "Precision policy: fp32; bf16 (bfloat16 GEMMs and convolutions with float32 sums, "
+          "float32 master and gradients; docs/precision.md); tf32 (fp32 on CPU towers, not yet "
+          "on GPUs); fp16 is not supported yet",
+          "{fp32,tf32,bf16}",
+          allowed,
+          target,
+          [&target](const std::string& name, const std::string& text) {
+            if (text == "fp16") {
+              refuse(name, allowed + " (fp16 needs dynamic loss scaling, not implemented yet)",
+                     quoted(text));
+            }
+            if (text != "fp32" && text != "tf32" && text != "bf16") {
+              refuse(name, allowed, quoted(text));
+            }
+            target = text;
+          }};
+}
+
 // FIRST:LAST, or one step N (N:N); steps count from 1.
 Field step_range(std::string key, std::optional<std::pair<std::int64_t, std::int64_t>>& target,
                  std::string help) {
@@ -284,6 +307,7 @@ std::vector<Field> fields(Options& o) {
       number("n_gpus", o.n_gpus, kPositiveInt, "Towers on cuda:0 .. cuda:N-1 (the seeds' n_gpus)"),
       master(o.master),
       choice("batchnorm", o.batchnorm, {"local", "sync"}, "Batch norm across towers"),
+      precision(o.precision),
       choice("batchnorm_stats", o.batchnorm_stats, {"average", "tower0"},
              "Moving statistics: average (sample-weighted) or tower0"),
       number("epochs", o.epochs, kEpochs, "Passes over the training set"),
