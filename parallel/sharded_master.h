@@ -108,6 +108,8 @@ class ShardedMaster {
   std::map<std::string, Tensor> gather_slots(const Stream& stream) const;
   // Updates applied so far (every shard's count is the same).
   std::int64_t steps() const { return shards_.front().optimizer.steps(); }
+  // The learning rate of the next update.
+  double current_lr() const { return shards_.front().optimizer.current_lr(); }
 
   // Bytes tower k holds: FP32 master values, and optimizer slots.
   std::int64_t value_bytes(std::size_t k) const;

@@ -898,6 +898,10 @@ Optimizer& Trainer::optimizer() {
   return optimizer_;
 }
 
+double Trainer::learning_rate() const {
+  return sharded() ? shards_->current_lr() : optimizer_.current_lr();
+}
+
 std::int64_t Trainer::steps_taken() const {
   return sharded() ? shards_->steps() : optimizer_.steps();
 }

@@ -254,8 +254,13 @@ class Trainer {
   const Stream& master_stream() const { return *master_stream_; }
   // The optimizer: its hyper-parameters, step count and slots. Sharded: its slots
   // are gathered from the towers on the first call after a step, into the host
-  // copy (released at the next step), and reach the towers at broadcast().
+  // copy (released at the next step), and reach the towers at broadcast(). Across
+  // processes that first call is collective (every process makes it); steps() and
+  // learning_rate() read the same without gathering anything.
   Optimizer& optimizer();
+  // Updates applied so far, and the learning rate of the next one.
+  std::int64_t steps() const { return steps_taken(); }
+  double learning_rate() const;
   MasterPlacement master_placement() const { return options_.master_placement; }
   // What holds master values and optimizer slots, and how many bytes of each.
   struct MasterMemory {

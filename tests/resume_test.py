@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Preemption-safe training of the fashion_mnist sample, end to end (README: Resuming).
 
-    resume_test.py CASE SAMPLE WORKDIR [--mpirun "mpirun args"] [--ranks N]
+    resume_test.py CASE SAMPLE WORKDIR [--mpirun "mpirun args"] [--ranks N] [--master M]
 
 Every case trains a short run (2 epochs of 5 steps of 32 images, a checkpoint every
 2 steps) uninterrupted once, then interrupts the same command and runs it again, and
@@ -24,6 +24,10 @@ summaries file and the metrics with the uninterrupted run's. Cases:
   layout    checkpointed on cpu,cpu, resumed on cpu (and under --mpirun on N ranks of
             one cpu tower): equal to float rounding (rtol 1e-4, atol 1e-5); the control
             (a resume without the data position) exceeds that tolerance.
+--master M passes the sample's --master M to every run (sharded: the master split
+across the towers). With --master sharded, layout also resumes the sharded run's
+checkpoint with the master on the host: on the same towers bit-identical (the
+placement changes no bit), and on one cpu tower to float rounding.
 Exits 0 when the case passes, 1 with what differed.
 """
 import argparse
@@ -46,16 +50,19 @@ TIMEOUT = 300
 
 
 class Runner:
-    def __init__(self, sample, workdir, mpirun, ranks):
+    def __init__(self, sample, workdir, mpirun, ranks, master):
         self.sample, self.workdir = sample, workdir
         self.extra = []  # more training options for every run of a case
         self.mpirun = mpirun.split() if mpirun else []
         self.ranks = ranks
+        self.master = master  # the sample's --master for every run ("": its default)
 
-    def command(self, name, devices="cpu,cpu", ranks=None):
+    def command(self, name, devices="cpu,cpu", ranks=None, master=None):
         d = os.path.join(self.workdir, name)
+        master = master if master is not None else self.master
         args = [self.sample, "--devices", devices, *TRAIN, *self.extra, "--checkpoint-dir", d,
                 "--summaries", d + ".csv", "--metrics", d + ".json"]
+        args += ["--master", master] if master else []
         n = ranks if ranks is not None else self.ranks
         return (self.mpirun + ["-np", str(n)] + args) if self.mpirun and n else args
 
@@ -64,8 +71,8 @@ class Runner:
         env.update({k: str(v) for k, v in hooks.items()})
         return env
 
-    def run(self, name, expect=0, devices="cpu,cpu", ranks=None, **hooks):
-        p = subprocess.run(self.command(name, devices, ranks), env=self.env(**hooks),
+    def run(self, name, expect=0, devices="cpu,cpu", ranks=None, master=None, **hooks):
+        p = subprocess.run(self.command(name, devices, ranks, master), env=self.env(**hooks),
                            capture_output=True, text=True, timeout=TIMEOUT)
         if expect == "killed":
             ok = p.returncode != 0
@@ -351,6 +358,19 @@ def case_layout(r):
             raise Failure(f"{name}: beyond float rounding: " + "; ".join(bad))
         print(f"{name}: equal to the uninterrupted run within rtol 1e-4, atol 1e-5")
         names.append(name)
+    if r.master == "sharded":
+        # The sharded run's checkpoint resumed with the master on the host: the same
+        # towers take the same steps, bit for bit; one tower, to float rounding.
+        for devices, exact in [("cpu,cpu", True), ("cpu", False)]:
+            name = r.fresh(f"layout_host_master_{devices.replace(',', '_')}")
+            r.run(name, expect="killed", ranks=0, TOWERLAB_TEST_KILL_AFTER_STEP=3)
+            resumed_from(r.run(name, devices=devices, ranks=0, master="cpu"), 2)
+            bad = differences(r.path(ref, FINAL), r.path(name, FINAL),
+                              **(dict(exact=True) if exact else tolerance))
+            if bad:
+                raise Failure(f"{name}: " + "; ".join(bad))
+            print(f"{name}: resumed with the master on the host on {devices}: " +
+                  ("bit-identical" if exact else "within rtol 1e-4, atol 1e-5"))
     name = r.fresh("layout_control")
     r.run(name, expect="killed", ranks=0, TOWERLAB_TEST_KILL_AFTER_STEP=3)
     r.run(name, devices="cpu", ranks=0, TOWERLAB_TEST_RESUME_WITHOUT="data_position")
@@ -366,10 +386,12 @@ def main():
     parser.add_argument("workdir")
     parser.add_argument("--mpirun", default="")
     parser.add_argument("--ranks", type=int, default=0)
+    parser.add_argument("--master", default="")
     args = parser.parse_args()
-    workdir = os.path.join(args.workdir, args.case + ("_mpi" if args.mpirun else ""))
+    workdir = os.path.join(args.workdir, args.case + ("_mpi" if args.mpirun else "") +
+                           ("_" + args.master.replace(":", "") if args.master else ""))
     os.makedirs(workdir, exist_ok=True)
-    r = Runner(args.sample, workdir, args.mpirun, args.ranks)
+    r = Runner(args.sample, workdir, args.mpirun, args.ranks, args.master)
     try:
         globals()["case_" + args.case](r)
     except Failure as e:

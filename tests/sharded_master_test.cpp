@@ -479,7 +479,12 @@ std::vector<JobBits> run_job(const VariableSet& vars, const TowerFn& tower_fn,
     JobBits& mine = job[std::size_t(rank)];
     for (const auto& batch : batches) {
       mine.steps.push_back(step_bits(t.step(batch)));
+      // Read before optimizer() gathers anything: what rank 0 alone may read.
+      const std::int64_t steps = t.steps();
+      const double rate = t.learning_rate();
       mine.states.push_back(state_bits(t, placement == MasterPlacement::OneDevice));
+      EXPECT_EQ(steps, mine.states.back().steps);
+      EXPECT_EQ(bits(rate), mine.states.back().lr);
     }
   });
   for (int r = 0; r < ranks; ++r) EXPECT_EQ(errors[std::size_t(r)], "") << "rank " << r;

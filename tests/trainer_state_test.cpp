@@ -5,11 +5,13 @@
 // difference, before anything changes; another tower count resumes to rounding.
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <sstream>
 
 #include "bn_model.h"
 #include "file_test_util.h"
 #include "test_util.h"
+#include "thread_process_group.h"
 
 namespace towerlab::testing {
 namespace {
@@ -89,6 +91,65 @@ TEST(TrainerState, AnotherTowerCountResumesToRounding) {
   for (int s = 2; s < 4; ++s) resumed.step(batch(s + 3));
   EXPECT_TRUE(all_close(resumed.master().flat_values().to_host<float>(),
                         first.master().flat_values().to_host<float>(), 1e-5, 1e-4));
+}
+
+// A master sharded across 2 processes of 2 towers (threads,
+// tests/thread_process_group.h) saves the one checkpoint any run saves: resumed
+// sharded, or with the master on the host on the same processes, it continues bit
+// for bit; in one process of one tower it restores the saved state.
+TEST(TrainerState, AMasterShardedAcrossProcessesResumesOnAnyPlacement) {
+  BnModel m;
+  ScratchDir dir;
+  const std::string path = dir.file("sharded.safetensors");
+  const auto options = [](MasterPlacement placement, ProcessGroup* group) {
+    TrainerOptions o = towers(2);
+    o.batchnorm = BatchNormMode::Sync;  // 7 images over 4 towers: one has a single image
+    o.master_placement = placement;
+    o.process_group = group;
+    return o;
+  };
+  // Each rank's state after steps 4..6: trained from the start, or resumed at step 4.
+  const auto job = [&](MasterPlacement placement, bool resume) {
+    std::vector<std::unique_ptr<State>> states(2);
+    std::unique_ptr<State> saved;
+    const auto errors = run_ranks(2, [&](int rank, ProcessGroup& group) {
+      Trainer t(m.vars, m.tower_fn(), Optimizer::by_name("adam", 1e-2), options(placement, &group));
+      if (resume) {
+        t.restore_state(path);
+      } else {
+        for (int s = 0; s < 4; ++s) t.step(batch(s));
+        t.save_state(path);
+        State here(t);
+        if (rank == 0) saved = std::make_unique<State>(here);
+      }
+      for (int s = 4; s < 7; ++s) t.step(batch(s));
+      states[std::size_t(rank)] = std::make_unique<State>(t);
+    });
+    EXPECT_EQ(errors, std::vector<std::string>(2, "")) << (resume ? "resumed" : "first");
+    return std::make_pair(std::move(states), std::move(saved));
+  };
+  auto [first, saved] = job(MasterPlacement::Sharded, false);
+  ASSERT_TRUE(first[0] && first[1] && saved);
+  EXPECT_EQ(saved->skipped, 1);
+  EXPECT_TRUE(*first[1] == *first[0]) << "every process holds the same state";
+  for (MasterPlacement placement : {MasterPlacement::Sharded, MasterPlacement::OneDevice}) {
+    auto [resumed, unused] = job(placement, true);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(resumed[std::size_t(r)]);
+      EXPECT_TRUE(*resumed[std::size_t(r)] == *first[0])
+          << "rank " << r << ", resumed "
+          << (placement == MasterPlacement::Sharded ? "sharded" : "with the master on the host");
+    }
+  }
+  TrainerOptions one = options(MasterPlacement::OneDevice, nullptr);
+  one.devices = {Device::cpu()};
+  Trainer alone(m.vars, m.tower_fn(), Optimizer::by_name("adam", 1e-2), one);
+  alone.restore_state(path);
+  EXPECT_TRUE(State(alone) == *saved) << "one process of one tower";
+  // The control: a run not resumed differs.
+  Trainer fresh(m.vars, m.tower_fn(), Optimizer::by_name("adam", 1e-2), towers(1));
+  fresh.step(batch(0));
+  EXPECT_FALSE(State(fresh) == *saved);
 }
 
 TEST(TrainerState, AnotherRunIsRefusedNamingTheFirstDifferenceAndNothingChanges) {

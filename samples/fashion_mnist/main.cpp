@@ -315,10 +315,11 @@ int run(const sample::Options& o) {
           epoch_images += r.samples;
           window_images += r.samples;
           if (summaries) {
-            summaries->write(trainer.optimizer().steps(),
-                             {{"loss", r.loss},
-                              {"cross_entropy", r.logs.at("cross_entropy")},
-                              {"lr", trainer.optimizer().current_lr()}});
+            // Rank 0 alone: steps() and learning_rate() gather nothing (optimizer()
+            // across processes with a sharded master would).
+            summaries->write(trainer.steps(), {{"loss", r.loss},
+                                               {"cross_entropy", r.logs.at("cross_entropy")},
+                                               {"lr", trainer.learning_rate()}});
           }
         }
         if (o.progress_every > 0 && step % o.progress_every == 0) {
