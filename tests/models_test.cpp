@@ -4,7 +4,10 @@
 // device's steps (the MLP's dropout keyed by the sample, the ResNet's batch norm
 // synchronized), each with a control that must differ; a checkpoint restores on
 // another layout with the same predictions; and the same on two GPUs (the emulated
-// ones in CI) against one CPU device.
+// ones in CI) against one CPU device. ModelsVsTorch.WritesSteps writes the steps
+// tests/models_vs_torch_test.py replays in PyTorch.
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 
@@ -296,6 +299,71 @@ TEST(ModelsOnTowers, TwoGpusTakeOneCpuDevicesStepsAndRestoreOnTheCpu) {
                            train(*model, layout(cpu_towers(1)), 7, 2)))
         << model->name;
     expect_restores_on_another_layout(*model, layout(gpus), layout(cpu_towers(1)));
+  }
+}
+
+// ---- against PyTorch ----
+
+// Writes what tests/models_vs_torch_test.py replays in PyTorch (ctest models_vs_torch):
+// for the MLP (dropout 0: PyTorch draws other masks) and ResNet-20, the initial
+// variables ("initial/<name>"), 20 batches of [B,1,28,28] images and their labels
+// ("batch<s>/images", "batch<s>/labels"), the 20 losses of towerlab's steps on two
+// CPU towers (synchronized batch norm, SGD lr 0.01 with momentum 0.9) and the final
+// variables ("final/<name>"), into $TOWERLAB_MODELS_VS_TORCH_DIR/<model>.safetensors.
+// Skipped without that variable: the script is what compares.
+TEST(ModelsVsTorch, WritesSteps) {
+  const char* dir = std::getenv("TOWERLAB_MODELS_VS_TORCH_DIR");
+  if (dir == nullptr) GTEST_SKIP() << "run by tests/models_vs_torch_test.py";
+  constexpr int kSteps = 20;
+  for (const std::string name : {"mlp", "resnet"}) {
+    VariableSet vars;
+    const Sequential net =
+        name == "mlp" ? models::mlp(vars, {.dropout = 0.0}) : models::resnet(vars);
+    const std::int64_t batch = name == "mlp" ? 32 : 16;
+    TowerFn fn = [&net](const Tower& tower, const std::vector<Tensor>& b) {
+      Var logits = net(tower.context(), tower.input(b[0], "images"));
+      return TowerResult{ag::softmax_cross_entropy(logits, tower.input(b[1], "labels")), {logits}};
+    };
+    Trainer trainer(vars, fn, Optimizer::sgd({.lr = 0.01, .momentum = 0.9}),
+                    layout(cpu_towers(2)));
+    std::vector<std::pair<std::string, Tensor>> out;
+    const auto variables = [&](const std::string& prefix) {
+      for (const VariableSpec& spec : vars.specs()) {
+        const Tensor value = trainer.master().value(spec.name);
+        out.emplace_back(prefix + spec.name,
+                         Tensor::from_host<float>(value.to_host<float>(), value.shape(), cpu()));
+      }
+    };
+    variables("initial/");
+    std::vector<double> losses;
+    // Each class a fixed random picture, each image its class's picture plus as much
+    // noise: a task the steps make progress on, where random labels would make the
+    // run chaotic (float rounding then grows step by step in any framework).
+    Tensor pictures = Tensor::empty({10, 28 * 28}, cpu());
+    random_normal(pictures, 499, 0, 0.0f, 1.0f, cpu());
+    const std::vector<float> picture = pictures.to_host<float>();
+    for (int s = 0; s < kSteps; ++s) {
+      Tensor noise = Tensor::empty({batch, 28 * 28}, cpu());
+      random_normal(noise, 500 + unsigned(s), 0, 0.0f, 1.0f, cpu());
+      std::vector<float> pixels = noise.to_host<float>(), labels;
+      for (std::int64_t i = 0; i < batch; ++i) {
+        const std::int64_t label = (i * 7 + s) % 10;
+        labels.push_back(float(label));
+        for (std::int64_t p = 0; p < 28 * 28; ++p) {
+          pixels[std::size_t(i * 28 * 28 + p)] += picture[std::size_t(label * 28 * 28 + p)];
+        }
+      }
+      const Tensor images = Tensor::from_host<float>(pixels, {batch, 1, 28, 28}, cpu());
+      const Tensor label_tensor = Tensor::from_host<float>(labels, {batch}, cpu());
+      losses.push_back(trainer.step({images, label_tensor}).loss);
+      const std::string prefix = "batch" + std::to_string(s) + "/";
+      out.emplace_back(prefix + "images", images);
+      out.emplace_back(prefix + "labels", label_tensor);
+    }
+    out.emplace_back("losses", Tensor::from_host<double>(losses, {kSteps}, cpu()));
+    variables("final/");
+    for (double loss : losses) EXPECT_TRUE(std::isfinite(loss)) << name;
+    save_safetensors(std::string(dir) + "/" + name + ".safetensors", out);
   }
 }
 

@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
-"""Converts FashionNet weights between PyTorch and towerlab.
+"""Converts the weights of towerlab's models (models/) between PyTorch and towerlab.
 
   torch_convert.py to-towerlab model.pt model.safetensors        # PyTorch state_dict -> towerlab
   torch_convert.py to-torch model.safetensors model.pt           # towerlab checkpoint -> PyTorch
+  torch_convert.py to-torch --model resnet resnet.safetensors resnet.pt
 
-IN and OUT are safetensors files (numpy only) or torch.save files (.pt, .pth; these
-need PyTorch). The PyTorch side is tools/fashion_net_torch.py's FashionNet, or any
-module whose state_dict has the same names (a "module." prefix, as
-nn.DataParallel adds, is accepted). Names and conversions:
+--model names the model as the fashion_mnist sample does: fashion_net (the default),
+mlp or resnet. IN and OUT are safetensors files (numpy only) or torch.save files
+(.pt, .pth; these need PyTorch). The PyTorch side is the model's twin in tools/
+(fashion_net_torch.py's FashionNet, mlp_torch.py's Mlp, resnet_torch.py's ResNet), or
+any module whose state_dict has the same names (a "module." prefix, as
+nn.DataParallel adds, is accepted). A PyTorch name is towerlab's with '.' for '/'
+(stage2.block1.conv1.weight is stage2/block1/conv1/weight), batch norm's entries
+renamed as below. FashionNet's names and conversions:
 
   PyTorch                   towerlab               shape        notes
   conv1.weight              conv1/weight           [32,1,3,3]   same layout [K,C,R,S]
@@ -27,6 +32,12 @@ is folded exactly: y = gamma*(x + b - mean)/sqrt(var + eps) + beta equals the sa
 with no bias and mean - b, and in training batch norm subtracts the batch mean,
 which cancels b. Going out, the convolutions get no bias (FashionNet(conv_bias=False)).
 
+The MLP's are fc1..fc3 .weight and .bias ([512,784], [256,512], [10,256]); the
+ResNet's are stem.conv, stem.bn, stage<s>.block<b>.{conv1,bn1,conv2,bn2} and the
+projections stage<s>.block1.shortcut.{conv,bn} of stages 2 and 3, and fc (ResNet-20,
+models/resnet.h). A convolution's bias, when the state_dict has one, is folded into
+the batch norm that follows it, as FashionNet's.
+
 Batch norm eps is not in a state_dict. towerlab uses 1e-3 (TensorFlow's), PyTorch
 defaults to 1e-5; tools/fashion_net_torch.py uses 1e-3. --bn-eps says which eps the
 PyTorch model used: another value than 1e-3 is refused, unless --fold-eps rescales
@@ -40,7 +51,9 @@ infinities kept), as towerlab's cast does.
 
 The towerlab file is a checkpoint (format "towerlab-checkpoint-1", optimizer
 "none", step = num_batches_tracked); going out, optimizer slots are dropped and
-num_batches_tracked is the checkpoint's step. Bad input exits 2 with one line.
+num_batches_tracked is the checkpoint's step (the step comes from the first batch
+norm's; the MLP has none, and its step is 0 in and dropped out). Bad input exits 2
+with one line.
 """
 
 import argparse
@@ -55,17 +68,54 @@ import numpy as np
 TOWERLAB_EPS = 1e-3
 TOWERLAB_FORMAT = "towerlab-checkpoint-1"
 
-# FashionNet's layers in state_dict order: (name, kind, weight shape).
-LAYERS = [
-    ("conv1", "conv", (32, 1, 3, 3)),
-    ("bn1", "bn", (32,)),
-    ("conv2", "conv", (64, 32, 3, 3)),
-    ("bn2", "bn", (64,)),
-    ("fc1", "linear", (128, 3136)),
-    ("fc2", "linear", (10, 128)),
-]
-# The batch norm after each convolution, which takes its bias.
-BN_AFTER = {"conv1": "bn1", "conv2": "bn2"}
+# A model's layers in state_dict order: (towerlab name, kind, weight shape), and the
+# batch norm after each convolution, which takes its bias when there is one.
+class Model:
+    def __init__(self, title, layers, bn_after):
+        self.title, self.layers, self.bn_after = title, layers, bn_after
+
+
+def fashion_net():
+    return Model("FashionNet", [
+        ("conv1", "conv", (32, 1, 3, 3)),
+        ("bn1", "bn", (32,)),
+        ("conv2", "conv", (64, 32, 3, 3)),
+        ("bn2", "bn", (64,)),
+        ("fc1", "linear", (128, 3136)),
+        ("fc2", "linear", (10, 128)),
+    ], {"conv1": "bn1", "conv2": "bn2"})
+
+
+def mlp(sizes=(784, 512, 256, 10)):
+    return Model("MLP", [(f"fc{i}", "linear", (n_out, n_in)) for i, (n_in, n_out) in
+                         enumerate(zip(sizes, sizes[1:]), start=1)], {})
+
+
+def resnet(width=16, blocks_per_stage=3, in_channels=1, classes=10):
+    """models::resnet()'s layers (models/resnet.cpp builds them in this order)."""
+    layers = [("stem/conv", "conv", (width, in_channels, 3, 3)), ("stem/bn", "bn", (width,))]
+    bn_after = {"stem/conv": "stem/bn"}
+    channels = width
+    for s in range(1, 4):
+        out = width << (s - 1)
+        for b in range(1, blocks_per_stage + 1):
+            block = f"stage{s}/block{b}"
+            stride = 2 if s > 1 and b == 1 else 1
+            layers += [(f"{block}/conv1", "conv", (out, channels, 3, 3)),
+                       (f"{block}/bn1", "bn", (out,)),
+                       (f"{block}/conv2", "conv", (out, out, 3, 3)),
+                       (f"{block}/bn2", "bn", (out,))]
+            bn_after.update({f"{block}/conv1": f"{block}/bn1", f"{block}/conv2": f"{block}/bn2"})
+            if stride != 1 or channels != out:
+                layers += [(f"{block}/shortcut/conv", "conv", (out, channels, 1, 1)),
+                           (f"{block}/shortcut/bn", "bn", (out,))]
+                bn_after[f"{block}/shortcut/conv"] = f"{block}/shortcut/bn"
+            channels = out
+    layers.append(("fc", "linear", (classes, channels)))
+    return Model("ResNet-20", layers, bn_after)
+
+
+MODELS = {"fashion_net": fashion_net, "mlp": mlp, "resnet": resnet}
 # PyTorch's batch-norm entries and towerlab's names for them.
 BN_NAMES = [("weight", "gamma"), ("bias", "beta"), ("running_mean", "moving_mean"),
             ("running_var", "moving_variance")]
@@ -75,18 +125,29 @@ class ConvertError(Exception):
     """Bad input: the message is the one line printed before exit code 2."""
 
 
-def name_table():
-    """[(pytorch name, towerlab name, shape)] for every float tensor both sides have."""
+def torch_name(layer):
+    return layer.replace("/", ".")
+
+
+def name_table(model=None):
+    """[(pytorch name, towerlab name, shape)] for every float tensor both sides have
+    (FashionNet's when no model is given)."""
+    model = model or fashion_net()
     table = []
-    for layer, kind, shape in LAYERS:
+    for layer, kind, shape in model.layers:
+        t = torch_name(layer)
         if kind == "bn":
-            table += [(f"{layer}.{t}", f"{layer}/{tl}", shape) for t, tl in BN_NAMES]
+            table += [(f"{t}.{n}", f"{layer}/{tl}", shape) for n, tl in BN_NAMES]
         elif kind == "conv":
-            table.append((f"{layer}.weight", f"{layer}/weight", shape))
+            table.append((f"{t}.weight", f"{layer}/weight", shape))
         else:
-            table.append((f"{layer}.weight", f"{layer}/weight", shape))
-            table.append((f"{layer}.bias", f"{layer}/bias", shape[:1]))
+            table.append((f"{t}.weight", f"{layer}/weight", shape))
+            table.append((f"{t}.bias", f"{layer}/bias", shape[:1]))
     return table
+
+
+def first_bn(model):
+    return next((layer for layer, kind, _ in model.layers if kind == "bn"), None)
 
 
 # ---- safetensors files, with numpy (the format: engine/safetensors.h) ----
@@ -254,7 +315,7 @@ def shape_text(shape):
     return "[" + ",".join(str(d) for d in shape) + "]"
 
 
-def check_names(path, have, expected, optional, side):
+def check_names(path, have, expected, optional, side, model):
     missing = [n for n in expected if n not in have]
     unknown = [n for n in have if n not in expected and n not in optional]
     if missing or unknown:
@@ -263,69 +324,74 @@ def check_names(path, have, expected, optional, side):
             parts.append("missing " + ", ".join(missing))
         if unknown:
             parts.append("unknown " + ", ".join(unknown))
-        raise ConvertError(f"{path}: not a {side} of FashionNet: {'; '.join(parts)}")
+        raise ConvertError(f"{path}: not a {side} of {model.title}: {'; '.join(parts)}")
 
 
-def as_float32(path, name, array, shape):
+def as_float32(path, name, array, shape, model):
     if tuple(array.shape) != tuple(shape):
-        raise ConvertError(f"{path}: {name} has shape {shape_text(array.shape)}, FashionNet's is "
-                           f"{shape_text(shape)}")
+        raise ConvertError(f"{path}: {name} has shape {shape_text(array.shape)}, {model.title}'s "
+                           f"is {shape_text(shape)}")
     if array.dtype.kind != "f":
         raise ConvertError(f"{path}: {name} is {array.dtype}, expected floating point")
     return array.astype(np.float32)
 
 
-def to_towerlab(path, state, bn_eps, fold_eps):
+def to_towerlab(path, state, bn_eps, fold_eps, model=None):
     """(tensors, metadata, notes) of a towerlab checkpoint from a PyTorch state_dict."""
+    model = model or fashion_net()
     if state and all(n.startswith("module.") for n in state):
         state = collections.OrderedDict((n[len("module."):], v) for n, v in state.items())
-    table = name_table()
-    optional = {f"{c}.bias" for c in BN_AFTER} | {f"{bn}.num_batches_tracked" for bn in
-                                                   BN_AFTER.values()}
-    check_names(path, state, [t for t, _, _ in table], optional, "PyTorch state_dict")
-    if bn_eps != TOWERLAB_EPS and not fold_eps:
+    table = name_table(model)
+    optional = ({f"{torch_name(c)}.bias" for c in model.bn_after} |
+                {f"{torch_name(bn)}.num_batches_tracked" for bn in model.bn_after.values()})
+    check_names(path, state, [t for t, _, _ in table], optional, "PyTorch state_dict", model)
+    if first_bn(model) and bn_eps != TOWERLAB_EPS and not fold_eps:
         raise ConvertError(f"batch norm eps {bn_eps:g} is not towerlab's {TOWERLAB_EPS:g}: the "
-                           "predictions would differ; train with tools/fashion_net_torch.py's "
-                           "FashionNet (eps=1e-3), or pass --fold-eps to rescale gamma (exact for "
+                           "predictions would differ; train with the model's twin in tools/ "
+                           "(eps=1e-3), or pass --fold-eps to rescale gamma (exact for "
                            "inference only)")
     tensors = collections.OrderedDict(
-        (tl, as_float32(path, t, state[t], shape)) for t, tl, shape in table)
+        (tl, as_float32(path, t, state[t], shape, model)) for t, tl, shape in table)
     notes = []
-    for conv, bn in BN_AFTER.items():
-        bias = state.get(f"{conv}.bias")
+    for conv, bn in model.bn_after.items():
+        bias = state.get(f"{torch_name(conv)}.bias")
         if bias is not None:
-            bias = as_float32(path, f"{conv}.bias", bias, tensors[f"{bn}/moving_mean"].shape)
+            bias = as_float32(path, f"{torch_name(conv)}.bias", bias,
+                              tensors[f"{bn}/moving_mean"].shape, model)
             tensors[f"{bn}/moving_mean"] = tensors[f"{bn}/moving_mean"] - bias
-            notes.append(f"folded {conv}.bias into {bn}/moving_mean")
+            notes.append(f"folded {torch_name(conv)}.bias into {bn}/moving_mean")
         if fold_eps and bn_eps != TOWERLAB_EPS:
             var = tensors[f"{bn}/moving_variance"].astype(np.float64)
             scale = np.sqrt((var + TOWERLAB_EPS) / (var + bn_eps))
             tensors[f"{bn}/gamma"] = (tensors[f"{bn}/gamma"] * scale).astype(np.float32)
             notes.append(f"rescaled {bn}/gamma for eps {bn_eps:g} (inference only)")
-    tracked = state.get("bn1.num_batches_tracked")
+    bn = first_bn(model)
+    tracked = state.get(f"{torch_name(bn)}.num_batches_tracked") if bn else None
     step = int(np.asarray(tracked).reshape(-1)[0]) if tracked is not None else 0
     if tracked is not None:
-        notes.append("step from bn1.num_batches_tracked")
+        notes.append(f"step from {torch_name(bn)}.num_batches_tracked")
     metadata = {"format": TOWERLAB_FORMAT, "optimizer": "none", "step": str(step),
-                "optimizer_slots": "0", "model": "FashionNet", "source": "pytorch"}
+                "optimizer_slots": "0", "model": model.title, "source": "pytorch"}
     return tensors, metadata, notes
 
 
-def to_torch(path, tensors, metadata):
-    """(state_dict, notes) of tools/fashion_net_torch.py's FashionNet from towerlab's file."""
-    table = name_table()
+def to_torch(path, tensors, metadata, model=None):
+    """(state_dict, notes) of the model's PyTorch twin (tools/) from towerlab's file."""
+    model = model or fashion_net()
+    table = name_table(model)
     slots = [n for n in tensors if n.startswith("optimizer/")]
-    check_names(path, tensors, [tl for _, tl, _ in table], set(slots), "towerlab checkpoint")
+    check_names(path, tensors, [tl for _, tl, _ in table], set(slots), "towerlab checkpoint",
+                model)
     step_text = metadata.get("step", "0")
     if not step_text.isdigit():
         raise ConvertError(f"{path}: malformed step count '{step_text}' in the metadata")
     step = np.array(int(step_text), dtype=np.int64)
     state = collections.OrderedDict()
     for t, tl, shape in table:
-        state[t] = as_float32(path, tl, tensors[tl], shape)
+        state[t] = as_float32(path, tl, tensors[tl], shape, model)
         if t.endswith(".running_var"):
             state[t.replace("running_var", "num_batches_tracked")] = step
-    notes = [f"num_batches_tracked = step {int(step)}"]
+    notes = [f"num_batches_tracked = step {int(step)}"] if first_bn(model) else []
     if slots:
         notes.append(f"dropped the {metadata.get('optimizer', 'optimizer')} state "
                      f"({len(slots)} slot tensors)")
@@ -351,10 +417,12 @@ class OneLineParser(argparse.ArgumentParser):
 
 def main(argv):
     parser = OneLineParser(
-        description="Converts FashionNet weights between PyTorch and towerlab.",
+        description="Converts the weights of towerlab's models between PyTorch and towerlab.",
         epilog="See the docstring of this file for the name mapping.")
     sub = parser.add_subparsers(dest="direction", required=True)
     into = sub.add_parser("to-towerlab", help="PyTorch state_dict -> towerlab checkpoint")
+    model_help = "the model: fashion_net (default), mlp or resnet (models/)"
+    into.add_argument("--model", choices=list(MODELS), default="fashion_net", help=model_help)
     into.add_argument("input", help="state_dict: .pt/.pth (torch.save) or .safetensors")
     into.add_argument("output", help="towerlab checkpoint (.safetensors)")
     into.add_argument("--bn-eps", type=float, default=TOWERLAB_EPS,
@@ -363,6 +431,7 @@ def main(argv):
     into.add_argument("--fold-eps", action="store_true",
                       help="accept another --bn-eps by rescaling gamma (exact for inference)")
     out = sub.add_parser("to-torch", help="towerlab checkpoint -> PyTorch state_dict")
+    out.add_argument("--model", choices=list(MODELS), default="fashion_net", help=model_help)
     out.add_argument("input", help="towerlab checkpoint or plain weights (.safetensors)")
     out.add_argument("output", help="state_dict: .pt/.pth (torch.save) or .safetensors")
     out.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
@@ -370,6 +439,7 @@ def main(argv):
                           "checkpoint's own; the others round to nearest even)")
     args = parser.parse_args(argv)
 
+    model = MODELS[args.model]()
     try:
         if args.direction == "to-towerlab":
             if is_torch_file(args.output):
@@ -378,13 +448,13 @@ def main(argv):
                 raise ConvertError(f"--bn-eps must be positive, got {args.bn_eps:g}")
             state, _ = read_any(args.input)
             tensors, metadata, notes = to_towerlab(args.input, state, args.bn_eps,
-                                                   args.fold_eps)
+                                                   args.fold_eps, model)
             write_safetensors(args.output, tensors, metadata)
         else:
             if is_torch_file(args.input):
                 raise ConvertError(f"{args.input}: a towerlab checkpoint is a .safetensors file")
             tensors, metadata = read_safetensors(args.input)
-            state, notes = to_torch(args.input, tensors, metadata)
+            state, notes = to_torch(args.input, tensors, metadata, model)
             if is_torch_file(args.output):
                 write_torch(args.output, state, args.dtype)
             else:
