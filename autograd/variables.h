@@ -116,8 +116,10 @@ class VariableStore {
   // which the GEMM-class ops (ag::matmul, ag::linear, ag::conv2d) read instead of
   // the values when the tape computes in that dtype. set_working_dtype allocates it
   // (float32: none, the default); round_working rounds every value into it, one cast
-  // kernel on `stream` (to nearest even, kernels/cast.h). The values stay as they
-  // are: batch norm's scale and offset, biases and the optimizer read them.
+  // kernel on `stream` (to nearest even, kernels/cast.h), and must run before a pass
+  // reads the copy (the Trainer does it at the start of each tower's pass). The
+  // values stay as they are: batch norm's scale and offset, biases and the
+  // optimizer read them.
   void set_working_dtype(DType dtype, const Stream& stream);
   void round_working(const Stream& stream);
   bool has_working() const { return working_.defined(); }

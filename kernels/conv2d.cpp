@@ -93,6 +93,7 @@ bool check_16bit(const char* op, std::initializer_list<kernels::NamedTensor> low
   for (const auto& [name, t] : low) any = any || (t->defined() && is_16bit(t->dtype()));
   if (!any) return false;
   for (const auto& [name, t] : low) {
+    TL_CHECK(t->defined(), InvalidArgument, op << ": " << name << " is undefined");
     TL_CHECK(t->dtype() == dtype, NotSupported,
              op << ": " << name << " is " << brief(*t) << " but " << low.begin()->first << " is "
                 << brief(*low.begin()->second)

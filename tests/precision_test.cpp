@@ -9,10 +9,11 @@
 // The trainer, on CPU towers: Fp32 (and Tf32 on the CPU) is a trainer without the
 // option, bit for bit; Bf16 on 2 and 3 towers, even and uneven batches, takes one
 // tower's steps to kTowerTolerance, and the fp32 run is further from it than that
-// (the control); the same run repeats its bits; a tower multiplies the master rounded
-// to bfloat16, once per step; the flat gradient is float32 from the sums, not
-// rounded; a bf16 checkpoint restores under fp32; fp16, and tf32 on CUDA towers, are
-// refused. With two CUDA devices, bf16 towers there take the CPU's bf16 step.
+// (the control); the same run repeats its bits, and a sharded master gives them
+// too; a tower multiplies the master rounded to bfloat16, once per step; the flat
+// gradient is float32 from the sums, not rounded; a bf16 checkpoint restores under
+// fp32; fp16, and tf32 on CUDA towers, are refused. With two CUDA devices, bf16
+// towers there take the CPU's bf16 step.
 #include <cmath>
 #include <mutex>
 #include <sstream>
@@ -225,6 +226,15 @@ TEST(Precision, Bf16RepeatsItsBits) {
   const Model model;
   EXPECT_EQ(three_steps(model, towers(3, Precision::Bf16), 7),
             three_steps(model, towers(3, Precision::Bf16), 7));
+}
+
+// A sharded master (docs/master_placement.md) gives the bits of one master under
+// bf16 too: the replicas' float32 values are the same, and so their rounding.
+TEST(Precision, Bf16WithAShardedMasterGivesTheOneMastersBits) {
+  const Model model;
+  TrainerOptions sharded = towers(3, Precision::Bf16);
+  sharded.master_placement = MasterPlacement::Sharded;
+  EXPECT_EQ(three_steps(model, sharded, 7), three_steps(model, towers(3, Precision::Bf16), 7));
 }
 
 // What a tower multiplies is the master rounded to bfloat16 (the values before the
