@@ -4,6 +4,7 @@
 // one device and a sharded one, and on every process.
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "cnn_model.h"
 #include "test_util.h"
@@ -113,23 +114,33 @@ TEST(ClipGradNorm, AShardedMasterClipsToTheHostMastersBits) {
   }
 }
 
-TEST(ClipGradNorm, EveryProcessSeesTheSameNorm) {
+// Two processes (threads, tests/thread_process_group.h) of two towers: every rank
+// gets the same norms and values, with the master on the host of each and sharded
+// across the four towers (each process's parts of the norm summed across them).
+TEST(ClipGradNorm, EveryProcessSeesTheSameNormSharded) {
   Model model;
-  std::vector<std::vector<double>> norms(2);
-  std::vector<std::vector<float>> values(2);
-  const auto errors = run_ranks(2, [&](int rank, ProcessGroup& group) {
-    TrainerOptions o = options(2, 0.05);
-    o.process_group = &group;
-    Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1), o);
-    for (unsigned s = 0; s < 3; ++s) {
-      norms[std::size_t(rank)].push_back(trainer.step(small_image_batch(9, 40 + s, 7)).grad_norm);
-    }
-    values[std::size_t(rank)] = trainer.master().flat_values().to_host<float>();
-  });
-  for (const std::string& e : errors) EXPECT_EQ(e, "");
-  EXPECT_EQ(norms[0], norms[1]);
-  EXPECT_GT(norms[0].front(), 0.05);
-  EXPECT_EQ(bits(values[0]), bits(values[1]));
+  std::map<MasterPlacement, std::vector<std::vector<double>>> norms;
+  std::map<MasterPlacement, std::vector<std::vector<float>>> values;
+  for (MasterPlacement placement : {MasterPlacement::OneDevice, MasterPlacement::Sharded}) {
+    norms[placement].resize(2);
+    values[placement].resize(2);
+    const auto errors = run_ranks(2, [&](int rank, ProcessGroup& group) {
+      TrainerOptions o = options(2, 0.05, placement);
+      o.process_group = &group;
+      Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), o);
+      for (unsigned s = 0; s < 3; ++s) {
+        norms[placement][std::size_t(rank)].push_back(
+            trainer.step(small_image_batch(9, 40 + s, 7)).grad_norm);
+      }
+      values[placement][std::size_t(rank)] = trainer.master().flat_values().to_host<float>();
+    });
+    for (const std::string& e : errors) EXPECT_EQ(e, "");
+    EXPECT_EQ(norms[placement][0], norms[placement][1]);
+    EXPECT_GT(norms[placement][0].front(), 0.05) << "the limit must bite";
+    EXPECT_EQ(bits(values[placement][0]), bits(values[placement][1]));
+  }
+  EXPECT_EQ(norms[MasterPlacement::Sharded][0], norms[MasterPlacement::OneDevice][0]);
+  EXPECT_EQ(bits(values[MasterPlacement::Sharded][0]), bits(values[MasterPlacement::OneDevice][0]));
 }
 
 TEST(ClipGradNorm, ANegativeOrNonFiniteLimitIsRefused) {

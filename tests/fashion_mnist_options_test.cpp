@@ -271,6 +271,8 @@ TEST(FashionMnistOptions, ConfigValuesAreCheckedLikeFlagsAndNameTheFileAndTheKey
       {"lr: .nan\n", in + "lr must be a positive number, got '.nan'"},
       {"lr: -0.1\n", in + "lr must be a positive number, got '-0.1'"},
       {"weight_decay: .inf\n", in + "weight_decay must be a non-negative number, got '.inf'"},
+      {"clip_grad_norm: -1\n", in + "clip_grad_norm must be a non-negative number, got '-1'"},
+      {"warmup: -5\n", in + "warmup must be a non-negative integer, got '-5'"},
       {"n_gpus: 0\n", in + "n_gpus must be a positive integer, got '0'"},
       {"test_samples: 0\n", in + "test_samples must be a positive integer"},
       {"seed: -2\n", in + "seed must be a non-negative integer, got '-2'"},

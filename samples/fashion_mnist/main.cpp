@@ -16,6 +16,7 @@
 // --devices cpu,cpu`. Rank 0 alone prints and writes summaries, metrics,
 // checkpoints and the trace (which holds every rank's rows); a checkpoint loads
 // through rank 0. Errors come from every rank.
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -159,6 +160,7 @@ int run(const sample::Options& o) {
   options.soft_placement = o.soft_placement;
   options.log_placement = o.log_placement;
   options.seed = o.seed;
+  options.clip_grad_norm = o.clip_grad_norm;
   options.numeric_guard = o.numeric_guard == "skip"  ? NumericGuard::Skip
                           : o.numeric_guard == "off" ? NumericGuard::Off
                                                      : NumericGuard::Stop;
@@ -187,9 +189,11 @@ int run(const sample::Options& o) {
   Batcher batcher(train.images, train.labels, o.batch, o.seed);
   const std::int64_t steps_per_epoch = sample::steps_per_epoch(o, train.size());
   const auto [trace_first, trace_last] = sample::trace_range(o, train.size());
-  const LearningRate lr = o.schedule == "cosine"
-                              ? LearningRate::cosine(o.lr, steps_per_epoch * o.epochs)
-                              : LearningRate::constant(o.lr);
+  // The cosine ends at 0 with the run: it counts the steps after the warmup.
+  const std::int64_t after_warmup = std::max<std::int64_t>(steps_per_epoch * o.epochs - o.warmup, 1);
+  const LearningRate lr = (o.schedule == "cosine" ? LearningRate::cosine(o.lr, after_warmup)
+                                                  : LearningRate::constant(o.lr))
+                              .with_warmup(o.warmup);
   Trainer trainer(vars, tower_fn, Optimizer::by_name(o.optimizer, lr), options);
   std::printf("%s: %lld parameters; %zu tower(s) on %s; master on %s; batch %lld\n",
               model.title.c_str(), static_cast<long long>(vars.trainable_numel()), trainer.num_towers(),

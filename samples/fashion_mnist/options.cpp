@@ -66,6 +66,8 @@ constexpr Rule<std::int64_t> kTestSamples{[](std::int64_t v) { return v > 0; },
                                           "a positive integer (default: the whole test set)"};
 constexpr Rule<std::int64_t> kSteps{[](std::int64_t v) { return v >= 0; },
                                     "a non-negative integer (0: whole epochs)"};
+constexpr Rule<std::int64_t> kWarmup{[](std::int64_t v) { return v >= 0; },
+                                     "a non-negative integer"};
 // Bytes are MiB << 20: the bound keeps them far inside int64.
 constexpr Rule<std::int64_t> kBucketMib{
     [](std::int64_t v) { return v >= 0 && v <= (std::int64_t(1) << 20); },
@@ -318,7 +320,11 @@ std::vector<Field> fields(Options& o) {
       number("lr", o.lr, kLr, "Learning rate"),
       choice("schedule", o.schedule, {"cosine", "constant"},
              "Learning rate: cosine from --lr down to 0 over the whole run, or constant"),
+      number("warmup", o.warmup, kWarmup,
+             "Steps of linear learning-rate warmup before the schedule (0: none)"),
       number("weight_decay", o.weight_decay, kWeightDecay, "L2 regularization coefficient"),
+      number("clip_grad_norm", o.clip_grad_norm, kWeightDecay,
+             "Clip the averaged gradient to this global norm (0: off)"),
       number("seed", o.seed, kSeed, "Seed of the initial weights and the batch order"),
       choice("numeric_guard", o.numeric_guard, {"stop", "skip", "off"},
              "NaN or infinity in the loss or gradient: stop (exit 3 naming the step and "

@@ -33,7 +33,9 @@ struct Options {
   std::string optimizer = "adam";
   double lr = 1e-3;
   std::string schedule = "cosine";  // cosine (from lr to 0 over every step of the run) | constant
+  std::int64_t warmup = 0;    // steps of linear warmup before the schedule (LearningRate)
   double weight_decay = 0.0;  // L2 regularization coefficient (seed 000's regularization losses)
+  double clip_grad_norm = 0.0;  // clipping by the global norm; 0: off (TrainerOptions)
   std::uint64_t seed = 1;
   std::string numeric_guard = "stop";  // stop | skip | off (parallel/trainer.h NumericGuard)
   std::int64_t steps = 0;              // cap on steps per epoch; 0 = the whole epoch

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -437,21 +438,24 @@ TEST(JobTrace, RankZeroWritesEveryRanksRowsWithAlignedTimes) {
 
 // --- gradient buckets -------------------------------------------------------
 
-// Every rank's master values, moving statistics and losses after three steps of
-// 2 CPU towers per rank, as bytes.
-std::string bucketed_training(std::int64_t bucket_bytes, const char* optimizer) {
+// Three steps of 2 CPU towers per rank on an uneven batch drawn from `seed`, with
+// `adjust` setting the options: every rank's master values, moving statistics and
+// losses as bytes, and with `slots` the optimizer's slots too (optimizer() gathers
+// every rank's slots under a sharded master: every rank calls it).
+std::string three_steps(unsigned seed, const char* optimizer,
+                        const std::function<void(TrainerOptions&)>& adjust, bool slots) {
   Model m;
   const std::int64_t n = 4 * cluster().size() + 1;  // uneven; two samples or more per tower
   Tensor images = Tensor::empty({n, 1, 4, 4}, cpu());
-  random_normal(images, 21, 0, 0.0f, 1.0f, cpu());
+  random_normal(images, seed, 0, 0.0f, 1.0f, cpu());
   std::vector<float> labels;
   for (std::int64_t i = 0; i < n; ++i) labels.push_back(float(i % 3));
   const std::vector<Tensor> batch{images, Tensor::from_host<float>(labels, {n}, cpu())};
   TrainerOptions options;
   options.devices = {Device::cpu(), Device::cpu()};
   options.process_group = &cluster();
-  options.bucket_bytes = bucket_bytes;
-  options.seed = 4;
+  options.seed = seed;
+  adjust(options);
   auto tower_fn = [&m](const Tower& tower, const std::vector<Tensor>& b) {
     Var logits = m.net(tower.context(), tower.input(b[0]));
     return TowerResult{ag::softmax_cross_entropy(logits, tower.input(b[1])), {}, {}};
@@ -459,7 +463,13 @@ std::string bucketed_training(std::int64_t bucket_bytes, const char* optimizer) 
   Trainer trainer(m.vars, tower_fn, Optimizer::by_name(optimizer, 0.05), options);
   std::vector<double> losses;
   for (int step = 0; step < 3; ++step) losses.push_back(trainer.step(batch).loss);
-  return all_bytes(trainer.master()) + bytes_of(losses);
+  return all_bytes(trainer.master()) + (slots ? slot_bytes(trainer.optimizer()) : "") +
+         bytes_of(losses);
+}
+
+std::string bucketed_training(std::int64_t bucket_bytes, const char* optimizer) {
+  return three_steps(21, optimizer, [&](TrainerOptions& o) { o.bucket_bytes = bucket_bytes; },
+                     false);
 }
 
 TEST(Buckets, ABucketedStepAcrossProcessesGivesTheBitsOfAnUnbucketedOne) {
@@ -479,30 +489,9 @@ TEST(Buckets, ABucketedStepAcrossProcessesGivesTheBitsOfAnUnbucketedOne) {
 
 // --- a sharded master --------------------------------------------------------
 
-// Every rank's master values, moving statistics, slots and losses after three steps
-// of 2 CPU towers per rank with the master `placement`d, as bytes.
 std::string placed_training(MasterPlacement placement, const char* optimizer) {
-  Model m;
-  const std::int64_t n = 4 * cluster().size() + 1;  // uneven; two samples or more per tower
-  Tensor images = Tensor::empty({n, 1, 4, 4}, cpu());
-  random_normal(images, 22, 0, 0.0f, 1.0f, cpu());
-  std::vector<float> labels;
-  for (std::int64_t i = 0; i < n; ++i) labels.push_back(float(i % 3));
-  const std::vector<Tensor> batch{images, Tensor::from_host<float>(labels, {n}, cpu())};
-  TrainerOptions options;
-  options.devices = {Device::cpu(), Device::cpu()};
-  options.process_group = &cluster();
-  options.master_placement = placement;
-  options.seed = 5;
-  auto tower_fn = [&m](const Tower& tower, const std::vector<Tensor>& b) {
-    Var logits = m.net(tower.context(), tower.input(b[0]));
-    return TowerResult{ag::softmax_cross_entropy(logits, tower.input(b[1])), {}, {}};
-  };
-  Trainer trainer(m.vars, tower_fn, Optimizer::by_name(optimizer, 0.05), options);
-  std::vector<double> losses;
-  for (int step = 0; step < 3; ++step) losses.push_back(trainer.step(batch).loss);
-  // optimizer() gathers every rank's slots: every rank calls it.
-  return all_bytes(trainer.master()) + slot_bytes(trainer.optimizer()) + bytes_of(losses);
+  return three_steps(22, optimizer, [&](TrainerOptions& o) { o.master_placement = placement; },
+                     true);
 }
 
 TEST(ShardedMaster, AcrossProcessesTakesTheHostMastersStepsBitForBit) {
