@@ -21,9 +21,9 @@
 // Each entry is matmul(C_i, A_i, B_i, ...) on views of the three tensors, so the
 // dtypes, devices, backends and speed are matmul's: float32 on every device (the
 // CPU's blocked driver, CUDA's SGEMM or cuBLAS as set_gemm_backend says), float64
-// on the CPU, and on the CPU bfloat16 / float16 a and b with a float32 or 16-bit c
-// (the 2-D sum takes a float32 or float64 c only: a 16-bit one would be rounded once
-// per entry). On the CPU the entries are shared among the threads when there are at
+// on the CPU, and bfloat16 / float16 a and b with a float32 c (on the CPU a 16-bit
+// c too; the 2-D sum takes a float32 or float64 c only: a 16-bit one would be rounded
+// once per entry). On the CPU the entries are shared among the threads when there are at
 // least as many entries as threads (each GEMM then runs on one thread, with the bits
 // it has on any number); otherwise one after another, each on every thread. On CUDA
 // they are one launch each on the stream, in order.
