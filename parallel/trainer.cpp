@@ -689,21 +689,29 @@ double Trainer::clip_gradients() {
       parts.push_back(slice);
     }
   }
-  auto holder = [&](std::size_t part) -> TowerState* {
-    if (!sharded()) return towers_[0].get();
-    if (std::int64_t(part) / towers != rank_) return nullptr;  // another process's
-    return towers_[std::size_t(std::int64_t(part) % towers)].get();
+  // The tower holding part p on this process, or -1 (another process's).
+  auto holder = [&](std::size_t part) -> std::int64_t {
+    if (!sharded()) return 0;
+    return std::int64_t(part) / towers == rank_ ? std::int64_t(part) % towers : -1;
   };
-  std::vector<Tensor> sums(parts.size());
+  // Each holding tower writes its parts' sums into one buffer, read back once.
+  std::vector<Tensor> sums(towers_.size());
   for (std::size_t p = 0; p < parts.size(); ++p) {
-    if (TowerState* t = holder(p)) {
-      sums[p] = Tensor::empty({1}, *t->stream);
-      sum_squares(sums[p], t->store->flat_grads().slice(parts[p].begin, parts[p].end), *t->stream);
-    }
+    const std::int64_t i = holder(p);
+    if (i < 0) continue;
+    TowerState& t = *towers_[std::size_t(i)];
+    Tensor& on_tower = sums[std::size_t(i)];
+    if (!on_tower.defined()) on_tower = Tensor::empty({std::int64_t(parts.size())}, *t.stream);
+    sum_squares(on_tower.slice(std::int64_t(p), std::int64_t(p) + 1),
+                t.store->flat_grads().slice(parts[p].begin, parts[p].end), *t.stream);
   }
   std::vector<float> squares(parts.size(), 0.0f);
-  for (std::size_t p = 0; p < parts.size(); ++p) {
-    if (TowerState* t = holder(p)) squares[p] = sums[p].to_host<float>(*t->stream)[0];
+  for (std::size_t i = 0; i < towers_.size(); ++i) {
+    if (!sums[i].defined()) continue;
+    const std::vector<float> held = sums[i].to_host<float>(*towers_[i]->stream);
+    for (std::size_t p = 0; p < parts.size(); ++p) {
+      if (holder(p) == std::int64_t(i)) squares[p] = held[p];
+    }
   }
   if (sharded() && ranks_ > 1) {  // each part from its process; adding zeros keeps its bits
     options_.process_group->allreduce_sum(
@@ -722,10 +730,11 @@ double Trainer::clip_gradients() {
       scale(grads, grads, coefficient, *towers_[0]->stream);
     }
     for (std::size_t p = 0; sharded() && p < parts.size(); ++p) {
-      if (TowerState* t = holder(p)) {
-        const Tensor slice = t->store->flat_grads().slice(parts[p].begin, parts[p].end);
-        scale(slice, slice, coefficient, *t->stream);
-      }
+      const std::int64_t i = holder(p);
+      if (i < 0) continue;
+      TowerState& t = *towers_[std::size_t(i)];
+      const Tensor slice = t.store->flat_grads().slice(parts[p].begin, parts[p].end);
+      scale(slice, slice, coefficient, *t.stream);
     }
   }
   if (trace_ != nullptr) {

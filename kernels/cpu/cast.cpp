@@ -4,36 +4,11 @@
 
 #include <cstdint>
 
-#include "engine/error.h"
+#include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/reference/cast.h"
 
 namespace towerlab::cpu {
-
-namespace {
-
-// fn.template operator()<T>() with T the C++ type of `dtype`: all four dtypes,
-// where kernels/cpu/dtype_dispatch.h has the two that ops compute in.
-template <typename Fn>
-void with_any_dtype(DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::Float32:
-      fn.template operator()<float>();
-      return;
-    case DType::Float64:
-      fn.template operator()<double>();
-      return;
-    case DType::BFloat16:
-      fn.template operator()<bfloat16>();
-      return;
-    case DType::Float16:
-      fn.template operator()<float16>();
-      return;
-  }
-  TL_THROW(InvalidArgument, "cast: unknown dtype " << static_cast<int>(dtype));
-}
-
-}  // namespace
 
 void cast(const Tensor& dst, const Tensor& src) {
   with_any_dtype(dst.dtype(), [&]<typename D>() {

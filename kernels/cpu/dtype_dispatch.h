@@ -28,8 +28,8 @@ void with_dtype(DType dtype, Fn&& fn) {
            "cpu kernel: " << dtype_name(dtype) << " is not supported (float32, float64)");
 }
 
-// with_dtype for the ops that move values without computing in them (permute,
-// slice copy): all four dtypes, bfloat16 and float16 as engine/half.h's types.
+// with_dtype for the ops that move values without computing in them (cast,
+// permute, slice copy): all four dtypes, bfloat16 and float16 as engine/half.h's types.
 template <typename Fn>
 void with_any_dtype(DType dtype, Fn&& fn) {
   switch (dtype) {
