@@ -72,9 +72,9 @@ std::string Linear::describe() const {
 Embedding::Embedding(VariableSet& vars, std::string name, std::int64_t num_embeddings,
                      std::int64_t dim)
     : name_(std::move(name)), num_embeddings_(num_embeddings), dim_(dim) {
-  TL_CHECK(num_embeddings_ > 0 && dim_ > 0, InvalidArgument,
-           "Embedding " << name_ << ": sizes must be positive, got " << num_embeddings_ << "x"
-                        << dim_);
+  TL_CHECK(
+      num_embeddings_ > 0 && dim_ > 0, InvalidArgument,
+      "Embedding " << name_ << ": sizes must be positive, got " << num_embeddings_ << "x" << dim_);
   vars.get(name_ + "/weight", {num_embeddings_, dim_}, Initializer::normal(0.0f, 1.0f));
 }
 

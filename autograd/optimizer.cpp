@@ -235,8 +235,8 @@ void Optimizer::update(const Tensor& p_all, const Tensor& grad_all, std::int64_t
       AdamParams params = adam_;
       params.lr = lr;
       if (!decayed) params.weight_decay = 0.0;
-      (kind_ == Kind::Adam ? adam_update : adamw_update)(p, grad, slot("m"), slot("v"),
-                                                         steps_ + 1, params, stream);
+      (kind_ == Kind::Adam ? adam_update : adamw_update)(p, grad, slot("m"), slot("v"), steps_ + 1,
+                                                         params, stream);
       break;
     }
   }

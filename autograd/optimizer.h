@@ -28,10 +28,10 @@ struct LearningRate {
   enum class Kind { Constant, Step, Cosine };
   Kind kind = Kind::Constant;
   double base = 1e-3;
-  std::int64_t every = 1;  // Step
-  double gamma = 1.0;      // Step
-  std::int64_t total = 1;  // Cosine
-  double min = 0.0;        // Cosine
+  std::int64_t every = 1;   // Step
+  double gamma = 1.0;       // Step
+  std::int64_t total = 1;   // Cosine
+  double min = 0.0;         // Cosine
   std::int64_t warmup = 0;  // steps of the linear ramp before the schedule
 
   static LearningRate constant(double lr) { return {Kind::Constant, lr}; }

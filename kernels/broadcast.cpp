@@ -83,8 +83,7 @@ void sum_to_shape(const Tensor& out, const Tensor& x, const Stream& stream, Grad
               << "; out must be x's shape with some dimensions 1 or left out in front");
   check_rank(op, "x", x);
   if (out.numel() == 0) return;
-  TL_DISPATCH(stream, cpu::sum_to_shape(out, x, write),
-              cuda::sum_to_shape(out, x, write, stream));
+  TL_DISPATCH(stream, cpu::sum_to_shape(out, x, write), cuda::sum_to_shape(out, x, write, stream));
 }
 
 }  // namespace towerlab

@@ -15,7 +15,7 @@
 namespace towerlab::models {
 
 struct MlpOptions {
-  std::int64_t inputs = 784;                 // the input's elements after flattening
+  std::int64_t inputs = 784;  // the input's elements after flattening
   std::vector<std::int64_t> hidden = {512, 256};
   std::int64_t classes = 10;
   double dropout = 0.2;  // after each hidden layer's ReLU, in training; 0: none

@@ -14,8 +14,8 @@ Conv2dParams conv3x3(std::int64_t stride) {
 
 }  // namespace
 
-Residual basic_block(VariableSet& vars, const std::string& name, std::int64_t in,
-                     std::int64_t out, std::int64_t stride) {
+Residual basic_block(VariableSet& vars, const std::string& name, std::int64_t in, std::int64_t out,
+                     std::int64_t stride) {
   Sequential body;
   body.add<Conv2d>(vars, name + "/conv1", in, out, 3, conv3x3(stride), false);
   body.add<BatchNorm>(vars, name + "/bn1", out, kMomentum, kEps, Activation::ReLU);

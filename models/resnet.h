@@ -27,7 +27,7 @@ namespace towerlab::models {
 
 struct ResNetOptions {
   std::int64_t in_channels = 1;
-  std::int64_t width = 16;  // stage 1's channels; stages 2 and 3 have twice and four times
+  std::int64_t width = 16;   // stage 1's channels; stages 2 and 3 have twice and four times
   int blocks_per_stage = 3;  // 3: ResNet-20 (6 B + 2 layers with weights)
   std::int64_t classes = 10;
 };
@@ -37,8 +37,8 @@ struct ResNetOptions {
 // <name>/bn2 and, when stride > 1 or in != out, the projection <name>/shortcut/conv
 // [out,in,1,1] and <name>/shortcut/bn. Convolutions have no bias (batch norm
 // follows each); batch norm has TensorFlow's constants, as FashionNet's.
-Residual basic_block(VariableSet& vars, const std::string& name, std::int64_t in,
-                     std::int64_t out, std::int64_t stride);
+Residual basic_block(VariableSet& vars, const std::string& name, std::int64_t in, std::int64_t out,
+                     std::int64_t stride);
 
 // Input [N,in_channels,H,W] (H and W any size the strides leave at least 1), output
 // logits [N,classes]. Declares stem/conv, stem/bn, stage<s>/block<b>/... (above) and

@@ -99,8 +99,7 @@ std::string trainer_fingerprint(const VariableSet& variables, DType dtype,
   line("optimizer", optimizer.name());
   line("optimizer learning rate", learning_rate(optimizer.learning_rate()));
   line("optimizer learning rate warmup", std::to_string(optimizer.learning_rate().warmup));
-  line("optimizer weight decay on",
-       optimizer.decays() == WeightDecayOn::All ? "all" : "matrices");
+  line("optimizer weight decay on", optimizer.decays() == WeightDecayOn::All ? "all" : "matrices");
   switch (optimizer.kind()) {
     case Optimizer::Kind::Sgd: {
       const SgdParams& p = optimizer.sgd_params();

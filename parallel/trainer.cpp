@@ -212,7 +212,7 @@ StepResult Trainer::run(const std::vector<Tensor>& batch, bool training) {
     result.grad_norm = clip_gradients();  // 7, which begins with the clipping
     update_and_broadcast();
   }
-  gather_outputs(result);                                 // 8
+  gather_outputs(result);  // 8
   last_loss_ = result.loss;
   last_logs_ = result.logs;
   return result;

@@ -21,18 +21,18 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // Pairs of shapes that broadcast, each with a repeated dimension somewhere.
 const std::vector<std::pair<Shape, Shape>> kPairs = {
-    {{1}, {5, 3}},                   // a scalar-like operand
-    {{3}, {4, 3}},                   // a bias: [D] against [N,D]
-    {{4, 1, 5}, {1, 3, 1}},          // [N,1,W] against [1,C,1]: both repeated
-    {{2, 3, 4}, {3, 1}},             // a rank difference and a repeated last dimension
-    {{6, 1}, {1, 7}},                // an outer product
-    {{2, 1, 3, 1}, {4, 1, 5}},       // rank 4 against rank 3
-    {{33, 1, 17}, {1, 19, 1}},       // odd sizes
-    {{5, 4, 3, 2, 1}, {1, 1}},       // rank 5 against ones
-    {{2, 3, 4, 5}, {2, 1, 4, 1}},    // every other dimension repeated
-    {{7, 1}, {7, 9}},                // a column
-    {{}, {2, 2}},                    // a rank-0 operand
-    {{1, 1}, {1}},                   // one value: no dimension is left to walk
+    {{1}, {5, 3}},                 // a scalar-like operand
+    {{3}, {4, 3}},                 // a bias: [D] against [N,D]
+    {{4, 1, 5}, {1, 3, 1}},        // [N,1,W] against [1,C,1]: both repeated
+    {{2, 3, 4}, {3, 1}},           // a rank difference and a repeated last dimension
+    {{6, 1}, {1, 7}},              // an outer product
+    {{2, 1, 3, 1}, {4, 1, 5}},     // rank 4 against rank 3
+    {{33, 1, 17}, {1, 19, 1}},     // odd sizes
+    {{5, 4, 3, 2, 1}, {1, 1}},     // rank 5 against ones
+    {{2, 3, 4, 5}, {2, 1, 4, 1}},  // every other dimension repeated
+    {{7, 1}, {7, 9}},              // a column
+    {{}, {2, 2}},                  // a rank-0 operand
+    {{1, 1}, {1}},                 // one value: no dimension is left to walk
 };
 
 std::string describe(const Shape& a, const Shape& b) {
@@ -62,8 +62,8 @@ TEST_P(BroadcastTest, ForwardMatchesReferenceBitForBit) {
         Tensor out = Tensor::empty(shape, stream());
         forward(op, out, make(a, first), make(b, second), stream());
         std::vector<float> expected(std::size_t(numel_of(shape)));
-        reference::broadcast_binary(expected.data(), shape, a.data(), first, b.data(), second, op, 0,
-                                    numel_of(shape));
+        reference::broadcast_binary(expected.data(), shape, a.data(), first, b.data(), second, op,
+                                    0, numel_of(shape));
         EXPECT_EQ(host(out), expected) << name(op) << " of " << describe(first, second);
       }
     }
@@ -142,20 +142,23 @@ TEST_P(BroadcastTest, SumsInDouble) {
 
 TEST_P(BroadcastTest, RejectsShapesThatDoNotBroadcast) {
   Tensor a = Tensor::zeros({2, 3}, stream()), b = Tensor::zeros({4}, stream());
-  EXPECT_THROW_WITH(broadcast_add(Tensor::empty({2, 3}, stream()), a, b, stream()), ShapeError,
-                    "broadcast_add: shapes [2,3] and [4] do not broadcast (dimension -1: 3 against 4)");
-  EXPECT_THROW_WITH(broadcast_mul(Tensor::empty({2, 4}, stream()), a, Tensor::zeros({3}, stream()),
-                                  stream()),
-                    ShapeError, "broadcast_mul: out is float32[2,4] on " + device().str() +
-                                    " but a float32[2,3] on " + device().str());
-  EXPECT_THROW_WITH(broadcast_add(Tensor::empty({5, 1, 2}, stream()),
-                                  Tensor::zeros({5, 1, 2}, stream()),
-                                  Tensor::zeros({3, 1, 1}, stream()), stream()),
-                    ShapeError, "(dimension -3: 5 against 3)");
-  EXPECT_THROW_WITH(sum_to_shape(Tensor::empty({2, 1}, stream()), Tensor::zeros({1, 3}, stream()),
-                                 stream()),
-                    ShapeError, "sum_to_shape: out float32[2,1] on " + device().str() +
-                                    " does not broadcast to x float32[1,3]");
+  EXPECT_THROW_WITH(
+      broadcast_add(Tensor::empty({2, 3}, stream()), a, b, stream()), ShapeError,
+      "broadcast_add: shapes [2,3] and [4] do not broadcast (dimension -1: 3 against 4)");
+  EXPECT_THROW_WITH(
+      broadcast_mul(Tensor::empty({2, 4}, stream()), a, Tensor::zeros({3}, stream()), stream()),
+      ShapeError,
+      "broadcast_mul: out is float32[2,4] on " + device().str() + " but a float32[2,3] on " +
+          device().str());
+  EXPECT_THROW_WITH(
+      broadcast_add(Tensor::empty({5, 1, 2}, stream()), Tensor::zeros({5, 1, 2}, stream()),
+                    Tensor::zeros({3, 1, 1}, stream()), stream()),
+      ShapeError, "(dimension -3: 5 against 3)");
+  EXPECT_THROW_WITH(
+      sum_to_shape(Tensor::empty({2, 1}, stream()), Tensor::zeros({1, 3}, stream()), stream()),
+      ShapeError,
+      "sum_to_shape: out float32[2,1] on " + device().str() +
+          " does not broadcast to x float32[1,3]");
   Tensor h = Tensor::zeros({2, 2}, stream(), DType::Float16);
   EXPECT_THROW_WITH(broadcast_add(h, h, Tensor::zeros({2}, stream(), DType::Float16), stream()),
                     NotSupported, "broadcast_add: float16 is not supported");
@@ -255,7 +258,8 @@ TEST(BroadcastVsTorch, WritesCases) {
         Var y = multiply ? ag::mul(va, vb) : ag::add(va, vb);
         tape.backward(y, gy);
         const std::string q = p + (multiply ? "mul" : "add");
-        out.insert(out.end(), {{q + "/y", y.value()}, {q + "/grad_a", grad_a}, {q + "/grad_b", grad_b}});
+        out.insert(out.end(),
+                   {{q + "/y", y.value()}, {q + "/grad_a", grad_a}, {q + "/grad_b", grad_b}});
       }
     }
   }

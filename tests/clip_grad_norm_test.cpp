@@ -22,7 +22,8 @@ struct Model : CnnModel {
   }
 };
 
-TrainerOptions options(int towers, double clip, MasterPlacement placement = MasterPlacement::OneDevice) {
+TrainerOptions options(int towers, double clip,
+                       MasterPlacement placement = MasterPlacement::OneDevice) {
   TrainerOptions o;
   o.devices = std::vector<Device>(std::size_t(towers), Device::cpu());
   o.seed = 5;
@@ -105,7 +106,8 @@ TEST(ClipGradNorm, AShardedMasterClipsToTheHostMastersBits) {
       const StepResult a = one.step(batch);
       const StepResult b = sharded.step(batch);
       control.step(batch);
-      EXPECT_GT(a.grad_norm, 0.05) << "step " << s << ": the limit must bite for the test to mean anything";
+      EXPECT_GT(a.grad_norm, 0.05)
+          << "step " << s << ": the limit must bite for the test to mean anything";
       EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << s;
     }
     const auto expected = bits(one.master().flat_values().to_host<float>());
@@ -146,9 +148,9 @@ TEST(ClipGradNorm, EveryProcessSeesTheSameNormSharded) {
 TEST(ClipGradNorm, ANegativeOrNonFiniteLimitIsRefused) {
   Model model;
   for (double bad : {-1.0, std::nan(""), double(INFINITY)}) {
-    EXPECT_THROW_WITH(Trainer(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1),
-                              options(1, bad)),
-                      InvalidArgument, "Trainer: clip_grad_norm must be a finite number >= 0");
+    EXPECT_THROW_WITH(
+        Trainer(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1), options(1, bad)),
+        InvalidArgument, "Trainer: clip_grad_norm must be a finite number >= 0");
   }
 }
 

@@ -92,9 +92,9 @@ TEST_P(EmbeddingTest, MatchesReferenceBitForBitOnOddSizes) {
   for (std::int64_t rows : {1, 7, 300}) {
     for (std::int64_t cols : {1, 3, 257}) {
       for (const Shape& ids_shape : {Shape{5}, Shape{3, 4}, Shape{2, 3, 5}, Shape{700}}) {
-        check_all(rows, cols, ids_shape,
-                  std::to_string(rows) + "x" + std::to_string(cols) + " by " +
-                      to_string(ids_shape));
+        check_all(
+            rows, cols, ids_shape,
+            std::to_string(rows) + "x" + std::to_string(cols) + " by " + to_string(ids_shape));
       }
     }
   }
@@ -145,7 +145,7 @@ TEST_P(EmbeddingTest, BackwardAddsInIndexOrderEveryRun) {
 }
 
 TEST_P(EmbeddingTest, BadIds) {
-  const std::vector<float> table = {1, 2, 3, 4, 5, 6};  // [3, 2]
+  const std::vector<float> table = {1, 2, 3, 4, 5, 6};    // [3, 2]
   const std::vector<float> ids = {0, 2, 1, 7.5f, 2, -1};  // [2, 3]: ids[1][0], ids[1][2] bad
   Tensor y = Tensor::empty({2, 3, 2}, stream());
   Tensor grad_table = make(std::vector<float>(6, 0.0f), {3, 2});
@@ -188,21 +188,20 @@ TEST_P(EmbeddingTest, BadIds) {
 TEST_P(EmbeddingTest, RejectsBadShapesAndDtypes) {
   Tensor table = Tensor::zeros({4, 3}, stream());
   Tensor ids = Tensor::zeros({2, 5}, stream());
-  EXPECT_THROW_WITH(embedding_forward(Tensor::empty({2, 5, 4}, stream()), ids, table, stream()),
-                    ShapeError,
-                    "embedding_forward: y is float32[2,5,4] on " + device().str() +
-                        " but ids float32[2,5] on " + device().str() + " and table float32[4,3] on " +
-                        device().str() + " need [2,5,3]");
+  EXPECT_THROW_WITH(
+      embedding_forward(Tensor::empty({2, 5, 4}, stream()), ids, table, stream()), ShapeError,
+      "embedding_forward: y is float32[2,5,4] on " + device().str() + " but ids float32[2,5] on " +
+          device().str() + " and table float32[4,3] on " + device().str() + " need [2,5,3]");
   EXPECT_THROW_WITH(embedding_forward(Tensor::empty({2, 5, 3}, stream()), ids,
                                       Tensor::zeros({12}, stream()), stream()),
                     ShapeError, "embedding_forward: table must be [V, D] (rows, width), got");
   EXPECT_THROW_WITH(embedding_backward(table, Tensor::zeros({2, 4, 3}, stream()), ids, stream()),
                     ShapeError, "embedding_backward: grad_y is float32[2,4,3]");
   Tensor h = Tensor::zeros({4, 3}, stream(), DType::BFloat16);
-  EXPECT_THROW_WITH(embedding_forward(Tensor::empty({2, 5, 3}, stream(), DType::BFloat16),
-                                      Tensor::zeros({2, 5}, stream(), DType::BFloat16), h,
-                                      stream()),
-                    NotSupported, "embedding_forward: bfloat16 is not supported");
+  EXPECT_THROW_WITH(
+      embedding_forward(Tensor::empty({2, 5, 3}, stream(), DType::BFloat16),
+                        Tensor::zeros({2, 5}, stream(), DType::BFloat16), h, stream()),
+      NotSupported, "embedding_forward: bfloat16 is not supported");
   // float32 ids name rows up to 2^24 exactly, no more.
   Tensor huge = Tensor::empty({(std::int64_t{1} << 24) + 1, 0}, stream());
   EXPECT_THROW_WITH(embedding_forward(Tensor::empty({2, 5, 0}, stream()), ids, huge, stream()),
@@ -271,8 +270,8 @@ TEST(EmbeddingGradient, ThroughTheTape) {
   Tensor ids_b = Tensor::from_host<double>({2, 2, 0}, {3}, cpu());
   Tensor table = random_double_tensor({3, 5}, 31);
   auto forward = [&](Tape& tape, const Var& t) {
-    return ag::sum(ag::mul(ag::embedding(tape.constant(ids_a), t),
-                           ag::embedding(tape.constant(ids_b), t)));
+    return ag::sum(
+        ag::mul(ag::embedding(tape.constant(ids_a), t), ag::embedding(tape.constant(ids_b), t)));
   };
   auto loss_fn = [&](const std::vector<Tensor>& in) {
     Tape tape(cpu());
@@ -294,7 +293,8 @@ TEST(EmbeddingLayer, DeclaresItsTableAndGathers) {
   VariableStore store(vars, cpu());
   store.initialize(7, cpu());
   Tape tape(cpu());
-  Var y = tok(Context{tape, store, true}, tape.constant(Tensor::from_host<float>({9, 0}, {2}, cpu())));
+  Var y =
+      tok(Context{tape, store, true}, tape.constant(Tensor::from_host<float>({9, 0}, {2}, cpu())));
   ASSERT_EQ(y.shape(), (Shape{2, 4}));
   const auto table = store.value("tok/weight").to_host<float>();
   const auto out = y.value().to_host<float>();

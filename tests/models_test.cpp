@@ -236,8 +236,8 @@ TEST(ModelsOnTowers, ControlMlpWithSliceLocalDropoutDiffers) {
   model->slice_local_dropout();
   EXPECT_TRUE(same_steps(train(*model, layout(cpu_towers(1)), 8),
                          train(*model, layout(cpu_towers(1)), 8)));  // deterministic
-  EXPECT_FALSE(same_steps(train(*model, layout(cpu_towers(3)), 8),
-                          train(*model, layout(cpu_towers(1)), 8)));
+  EXPECT_FALSE(
+      same_steps(train(*model, layout(cpu_towers(3)), 8), train(*model, layout(cpu_towers(1)), 8)));
 }
 
 TEST(ModelsOnTowers, ResNetWithSynchronizedBatchNormTakesOneDevicesSteps) {
@@ -262,10 +262,10 @@ void expect_restores_on_another_layout(const ModelCase& model, const TrainerOpti
                                        const TrainerOptions& restored_on) {
   Trainer trained(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), trained_on);
   train(trained, 8, 2);
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("towerlab-models-" + model.name + "-" + std::to_string(::getpid()) +
-                             ".safetensors"))
-                               .string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() /
+       ("towerlab-models-" + model.name + "-" + std::to_string(::getpid()) + ".safetensors"))
+          .string();
   save_checkpoint(path, trained.master(), &trained.optimizer());
   Trainer restored(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), restored_on);
   load_checkpoint(path, restored.master(), &restored.optimizer(), cpu());
@@ -295,8 +295,8 @@ TEST(ModelsOnTowers, TwoGpusTakeOneCpuDevicesStepsAndRestoreOnTheCpu) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
   const std::vector<Device> gpus = {Device::cuda(0), Device::cuda(1)};
   for (const auto& model : {small_mlp(), small_resnet()}) {
-    EXPECT_TRUE(same_steps(train(*model, layout(gpus), 7, 2),
-                           train(*model, layout(cpu_towers(1)), 7, 2)))
+    EXPECT_TRUE(
+        same_steps(train(*model, layout(gpus), 7, 2), train(*model, layout(cpu_towers(1)), 7, 2)))
         << model->name;
     expect_restores_on_another_layout(*model, layout(gpus), layout(cpu_towers(1)));
   }
@@ -324,8 +324,7 @@ TEST(ModelsVsTorch, WritesSteps) {
       Var logits = net(tower.context(), tower.input(b[0], "images"));
       return TowerResult{ag::softmax_cross_entropy(logits, tower.input(b[1], "labels")), {logits}};
     };
-    Trainer trainer(vars, fn, Optimizer::sgd({.lr = 0.01, .momentum = 0.9}),
-                    layout(cpu_towers(2)));
+    Trainer trainer(vars, fn, Optimizer::sgd({.lr = 0.01, .momentum = 0.9}), layout(cpu_towers(2)));
     std::vector<std::pair<std::string, Tensor>> out;
     const auto variables = [&](const std::string& prefix) {
       for (const VariableSpec& spec : vars.specs()) {

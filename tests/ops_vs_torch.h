@@ -47,8 +47,8 @@ inline std::vector<TorchCaseBackend> torch_case_backends() {
   if (cuda_device_count() > 0) cases.emplace_back(Device::cuda(0), DType::Float32);
   std::vector<TorchCaseBackend> backends;
   for (const auto& [device, dtype] : cases) {
-    backends.push_back({device, dtype,
-                        std::string(device.is_cpu() ? "cpu_" : "cuda_") + dtype_name(dtype) + "/"});
+    backends.push_back(
+        {device, dtype, std::string(device.is_cpu() ? "cpu_" : "cuda_") + dtype_name(dtype) + "/"});
   }
   return backends;
 }

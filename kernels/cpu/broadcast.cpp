@@ -95,40 +95,42 @@ void sum_to_shape(const Tensor& out, const Tensor& x, GradWrite write) {
   with_dtype(out.dtype(), [&]<typename T>() {
     T* y = out.data<T>();
     const T* px = x.data<T>();
-    parallel_rows(out.numel() / outputs, outputs * (plan.count + 1),
-                  [&](std::int64_t lo, std::int64_t hi) {
-      std::vector<double> sums(static_cast<std::size_t>(outputs));
-      for (std::int64_t q = lo; q < hi; ++q) {
-        std::int64_t base, unused;
-        offsets_of(q, kept, kept_last < 0 ? 0 : kept_last, base, unused);
-        std::fill(sums.begin(), sums.end(), 0.0);
-        for (std::int64_t s = 0; s < outer_steps; ++s) {
-          std::int64_t offset;
-          offsets_of(s, reduced, reduced_last < 0 ? 0 : reduced_last, offset, unused);
-          const T* from = px + base + offset;
-          // Each output's values in step order either way; the loop that walks
-          // memory contiguously goes inside.
-          if (out_step == 1) {
-            for (std::int64_t t = 0; t < steps; ++t) {
-              const T* step = from + t * x_step;
-              for (std::int64_t k = 0; k < outputs; ++k) sums[std::size_t(k)] += double(step[k]);
+    parallel_rows(
+        out.numel() / outputs, outputs * (plan.count + 1), [&](std::int64_t lo, std::int64_t hi) {
+          std::vector<double> sums(static_cast<std::size_t>(outputs));
+          for (std::int64_t q = lo; q < hi; ++q) {
+            std::int64_t base, unused;
+            offsets_of(q, kept, kept_last < 0 ? 0 : kept_last, base, unused);
+            std::fill(sums.begin(), sums.end(), 0.0);
+            for (std::int64_t s = 0; s < outer_steps; ++s) {
+              std::int64_t offset;
+              offsets_of(s, reduced, reduced_last < 0 ? 0 : reduced_last, offset, unused);
+              const T* from = px + base + offset;
+              // Each output's values in step order either way; the loop that walks
+              // memory contiguously goes inside.
+              if (out_step == 1) {
+                for (std::int64_t t = 0; t < steps; ++t) {
+                  const T* step = from + t * x_step;
+                  for (std::int64_t k = 0; k < outputs; ++k)
+                    sums[std::size_t(k)] += double(step[k]);
+                }
+              } else {
+                for (std::int64_t k = 0; k < outputs; ++k) {
+                  const T* values = from + k * out_step;
+                  double sum = sums[std::size_t(k)];
+                  for (std::int64_t t = 0; t < steps; ++t) sum += double(values[t * x_step]);
+                  sums[std::size_t(k)] = sum;
+                }
+              }
             }
-          } else {
+            T* to = y + q * outputs;
             for (std::int64_t k = 0; k < outputs; ++k) {
-              const T* values = from + k * out_step;
-              double sum = sums[std::size_t(k)];
-              for (std::int64_t t = 0; t < steps; ++t) sum += double(values[t * x_step]);
-              sums[std::size_t(k)] = sum;
+              const double sum = sums[std::size_t(k)];
+              to[k] =
+                  write == GradWrite::Assign ? static_cast<T>(sum) : static_cast<T>(to[k] + sum);
             }
           }
-        }
-        T* to = y + q * outputs;
-        for (std::int64_t k = 0; k < outputs; ++k) {
-          const double sum = sums[std::size_t(k)];
-          to[k] = write == GradWrite::Assign ? static_cast<T>(sum) : static_cast<T>(to[k] + sum);
-        }
-      }
-    });
+        });
   });
 }
 

@@ -18,8 +18,8 @@ namespace towerlab::cpu {
 void embedding_forward(const Tensor& y, const Tensor& ids, const Tensor& table) {
   const std::int64_t cols = table.size(1);
   with_dtype(table.dtype(), [&]<typename T>() {
-    T* out = y.data<T>();           // [M, D]
-    const T* id = ids.data<T>();    // [M]
+    T* out = y.data<T>();             // [M, D]
+    const T* id = ids.data<T>();      // [M]
     const T* rows = table.data<T>();  // [V, D]
     parallel_rows(ids.numel(), cols, [&](std::int64_t lo, std::int64_t hi) {
       reference::embedding_forward(out, id, rows, lo, hi, cols);

@@ -22,7 +22,8 @@ std::vector<std::int64_t> broadcast_strides(const Shape& shape, std::size_t rank
 }
 
 // The offset of flat index i of `shape` through `strides` (one per dimension).
-std::int64_t offset_of(std::int64_t i, const Shape& shape, const std::vector<std::int64_t>& strides) {
+std::int64_t offset_of(std::int64_t i, const Shape& shape,
+                       const std::vector<std::int64_t>& strides) {
   std::int64_t offset = 0;
   for (std::size_t d = shape.size(); d-- > 0;) {
     offset += (i % shape[d]) * strides[d];
@@ -68,13 +69,15 @@ void sum_to_shape(T* out, const Shape& out_shape, const T* x, const Shape& x_sha
   for (std::int64_t o = first; o < last; ++o) {
     const std::int64_t base = offset_of(o, aligned_out, kept_strides);
     double sum = 0;
-    for (std::int64_t r = 0; r < count; ++r) sum += double(x[base + offset_of(r, reduced, reduced_strides)]);
+    for (std::int64_t r = 0; r < count; ++r)
+      sum += double(x[base + offset_of(r, reduced, reduced_strides)]);
     out[o] = write == GradWrite::Assign ? static_cast<T>(sum) : static_cast<T>(out[o] + sum);
   }
 }
 
-template void broadcast_binary<float>(float*, const Shape&, const float*, const Shape&, const float*,
-                                      const Shape&, BroadcastOp, std::int64_t, std::int64_t);
+template void broadcast_binary<float>(float*, const Shape&, const float*, const Shape&,
+                                      const float*, const Shape&, BroadcastOp, std::int64_t,
+                                      std::int64_t);
 template void broadcast_binary<double>(double*, const Shape&, const double*, const Shape&,
                                        const double*, const Shape&, BroadcastOp, std::int64_t,
                                        std::int64_t);

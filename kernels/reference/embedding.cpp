@@ -16,7 +16,7 @@ void embedding_forward(T* y, const T* ids, const T* table, std::int64_t first, s
                        std::int64_t cols) {
   for (std::int64_t m = first; m < last; ++m) {
     const T* row = table + static_cast<std::int64_t>(ids[m]) * cols;  // [D]
-    T* out = y + m * cols;                                             // [D]
+    T* out = y + m * cols;                                            // [D]
     for (std::int64_t j = 0; j < cols; ++j) out[j] = row[j];
   }
 }
@@ -31,8 +31,8 @@ void embedding_backward(T* grad_table, const T* grad_y, const T* ids, std::int64
   for (std::int64_t m = 0; m < count; ++m) {
     const auto v = static_cast<std::int64_t>(ids[m]);
     if (v < first_row || v >= last_row) continue;
-    T* row = grad_table + v * cols;       // [D]
-    const T* gy = grad_y + m * cols;      // [D]
+    T* row = grad_table + v * cols;   // [D]
+    const T* gy = grad_y + m * cols;  // [D]
     for (std::int64_t j = 0; j < cols; ++j) row[j] += gy[j];
   }
 }

@@ -13,7 +13,8 @@ double sum(const T* x, std::int64_t n) {
 template <typename T>
 double sum_squares(const T* x, std::int64_t n) {
   double total = 0.0;
-  for (std::int64_t i = 0; i < n; ++i) total += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  for (std::int64_t i = 0; i < n; ++i)
+    total += static_cast<double>(x[i]) * static_cast<double>(x[i]);
   return total;
 }
 

@@ -104,7 +104,8 @@ FashionMnist first_images(const FashionMnist& data, std::int64_t n) {
 // `predictions` (one process only), also writes the logits [N,10] and labels [N]
 // there (safetensors), for comparing with another framework's model on the same images.
 double accuracy(Trainer& trainer, const FashionMnist& data, std::int64_t batch_size,
-                ProcessGroup& group, const std::string& model, const std::string& predictions = "") {
+                ProcessGroup& group, const std::string& model,
+                const std::string& predictions = "") {
   Batcher batcher(data.images, data.labels, batch_size, 0, Order::Sequential);
   Batch batch;
   std::int64_t correct = 0;
@@ -190,14 +191,15 @@ int run(const sample::Options& o) {
   const std::int64_t steps_per_epoch = sample::steps_per_epoch(o, train.size());
   const auto [trace_first, trace_last] = sample::trace_range(o, train.size());
   // The cosine ends at 0 with the run: it counts the steps after the warmup.
-  const std::int64_t after_warmup = std::max<std::int64_t>(steps_per_epoch * o.epochs - o.warmup, 1);
+  const std::int64_t after_warmup =
+      std::max<std::int64_t>(steps_per_epoch * o.epochs - o.warmup, 1);
   const LearningRate lr = (o.schedule == "cosine" ? LearningRate::cosine(o.lr, after_warmup)
                                                   : LearningRate::constant(o.lr))
                               .with_warmup(o.warmup);
   Trainer trainer(vars, tower_fn, Optimizer::by_name(o.optimizer, lr), options);
   std::printf("%s: %lld parameters; %zu tower(s) on %s; master on %s; batch %lld\n",
-              model.title.c_str(), static_cast<long long>(vars.trainable_numel()), trainer.num_towers(),
-              join(trainer.devices()).c_str(),
+              model.title.c_str(), static_cast<long long>(vars.trainable_numel()),
+              trainer.num_towers(), join(trainer.devices()).c_str(),
               trainer.master_placement() == MasterPlacement::Sharded
                   ? "every tower (sharded)"
                   : trainer.master().device().str().c_str(),
@@ -219,8 +221,9 @@ int run(const sample::Options& o) {
   }
 
   nlohmann::json metrics{
-      {"model", o.model}, {"devices", join(trainer.devices())}, {"epochs", 0}, {"batch", o.batch},
-      {"optimizer", o.optimizer},           {"lr", o.lr},  {"schedule", o.schedule}};
+      {"model", o.model},      {"devices", join(trainer.devices())}, {"epochs", 0},
+      {"batch", o.batch},      {"optimizer", o.optimizer},           {"lr", o.lr},
+      {"schedule", o.schedule}};
   metrics["precision"] = o.precision;
   if (o.eval_only) {
     const double acc = accuracy(trainer, test, 1000, cluster, model.title, o.predictions);

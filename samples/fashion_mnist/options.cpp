@@ -540,8 +540,9 @@ std::pair<std::int64_t, std::int64_t> trace_range(const Options& o, std::int64_t
 }
 
 std::optional<int> parse_options(int argc, char** argv, Options& o) {
-  CLI::App app{"Trains a model (FashionNet, an MLP or ResNet-20) on Fashion-MNIST with tower "
-               "parallelism."};
+  CLI::App app{
+      "Trains a model (FashionNet, an MLP or ResNet-20) on Fashion-MNIST with tower "
+      "parallelism."};
   app.footer(kFooter);
   std::string config;
   app.add_option("--config", config,

@@ -22,8 +22,8 @@ namespace sample {
 
 struct Options {
   std::string model = "fashion_net";  // fashion_net | mlp | resnet (docs/models.md)
-  std::string devices;              // "cpu,cpu", "cuda:0,cuda:1"; empty = the default
-  std::optional<int> n_gpus;        // the seeds' key: towers on cuda:0 .. cuda:n-1
+  std::string devices;                // "cpu,cpu", "cuda:0,cuda:1"; empty = the default
+  std::optional<int> n_gpus;          // the seeds' key: towers on cuda:0 .. cuda:n-1
   std::string master;               // empty: the first tower's device; "sharded": across the towers
   std::string batchnorm = "local";  // local | sync
   std::string precision = "fp32";   // fp32 | tf32 | bf16 (TrainerOptions::precision)
@@ -33,8 +33,8 @@ struct Options {
   std::string optimizer = "adam";
   double lr = 1e-3;
   std::string schedule = "cosine";  // cosine (from lr to 0 over every step of the run) | constant
-  std::int64_t warmup = 0;    // steps of linear warmup before the schedule (LearningRate)
-  double weight_decay = 0.0;  // L2 regularization coefficient (seed 000's regularization losses)
+  std::int64_t warmup = 0;          // steps of linear warmup before the schedule (LearningRate)
+  double weight_decay = 0.0;    // L2 regularization coefficient (seed 000's regularization losses)
   double clip_grad_norm = 0.0;  // clipping by the global norm; 0: off (TrainerOptions)
   std::uint64_t seed = 1;
   std::string numeric_guard = "stop";  // stop | skip | off (parallel/trainer.h NumericGuard)

@@ -468,8 +468,8 @@ std::string three_steps(unsigned seed, const char* optimizer,
 }
 
 std::string bucketed_training(std::int64_t bucket_bytes, const char* optimizer) {
-  return three_steps(21, optimizer, [&](TrainerOptions& o) { o.bucket_bytes = bucket_bytes; },
-                     false);
+  return three_steps(
+      21, optimizer, [&](TrainerOptions& o) { o.bucket_bytes = bucket_bytes; }, false);
 }
 
 TEST(Buckets, ABucketedStepAcrossProcessesGivesTheBitsOfAnUnbucketedOne) {
@@ -490,8 +490,8 @@ TEST(Buckets, ABucketedStepAcrossProcessesGivesTheBitsOfAnUnbucketedOne) {
 // --- a sharded master --------------------------------------------------------
 
 std::string placed_training(MasterPlacement placement, const char* optimizer) {
-  return three_steps(22, optimizer, [&](TrainerOptions& o) { o.master_placement = placement; },
-                     true);
+  return three_steps(
+      22, optimizer, [&](TrainerOptions& o) { o.master_placement = placement; }, true);
 }
 
 TEST(ShardedMaster, AcrossProcessesTakesTheHostMastersStepsBitForBit) {
