@@ -32,7 +32,8 @@ What it checks, in every page (text inside code blocks and `code spans` is not a
      ({Phase::Split, "split", "split"}: number by position, name, Trainer's function).
      The list at the top of parallel/trainer.h ("//   1. split: ...") and every numbered
      list of phases in a page ("1. **split** (`Trainer::split`)") match it, number, name and
-     function, and each function is defined in parallel/trainer.cpp.
+     function, and each function is defined in parallel/trainer.cpp or one of its siblings
+     (parallel/trainer_*.cpp).
   5. Results: bench/results/ holds only what is cited, and its index lists it. Every file
      there is named by its path (bench/results/... in README.md or docs/, relative in a
      results page, the index bench/results/README.md among them) or drawn by scripts/plots.py
@@ -49,6 +50,7 @@ Exits 1 with one line per problem (file:line: what), 0 when the pages are clean.
 """
 import argparse
 import ast
+import glob
 import json
 import os
 import re
@@ -439,11 +441,12 @@ class Checker:
             return
         phases = self.phase_table()
         source = os.path.join(self.root, "parallel", "trainer.cpp")
+        siblings = sorted(glob.glob(os.path.join(self.root, "parallel", "trainer_*.cpp")))
         if phases is None or not os.path.exists(source):
             self.fail(page, items[0][0], "names the trainer's phases, but parallel/trainer_phases.h, "
                                          "trainer.h or trainer.cpp is missing")
             return
-        code = open(source, encoding="utf-8").read()
+        code = "".join(open(f, encoding="utf-8").read() for f in [source] + siblings)
         numbers = [int(m.group(1)) for _, m in items]
         if sorted(numbers) != sorted(phases):
             self.fail(page, items[0][0], f"lists phases {numbers}; parallel/trainer_phases.h numbers {sorted(phases)}")
@@ -458,7 +461,7 @@ class Checker:
                 self.fail(page, n, f"phase {number} runs Trainer::{function} here but Trainer::{expected_function} "
                                    f"in parallel/trainer_phases.h")
             if not re.search(rf"\bTrainer::{function}\(", code):
-                self.fail(page, n, f"Trainer::{function} is not in parallel/trainer.cpp")
+                self.fail(page, n, f"Trainer::{function} is not in parallel/trainer.cpp or trainer_*.cpp")
 
     # --- 5. the results folder ---------------------------------------------------
     def results_files(self, results):

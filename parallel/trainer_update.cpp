@@ -1,0 +1,420 @@
+// The Trainer's phases 5 to 7 (parallel/trainer_phases.h), after every tower has
+// its gradient: the sum across processes, the numeric guard and clipping, and the
+// update with its broadcast (or, sharded, each tower's update of its slice and the
+// all-gather). trainer.cpp holds the construction and the other phases.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <span>
+#include <sstream>
+
+#include "engine/clock.h"
+#include "engine/error.h"
+#include "kernels/elementwise.h"
+#include "kernels/reduce.h"
+#include "parallel/nccl_allreduce.h"
+#include "parallel/nccl_communicator.h"
+#include "parallel/process_exchange.h"
+#include "parallel/process_group.h"
+#include "parallel/ring_allreduce.h"
+#include "parallel/sharded_master.h"
+#include "parallel/thread_team.h"
+#include "parallel/trace.h"
+#include "parallel/trainer.h"
+#include "parallel/trainer_phases.h"
+#include "parallel/trainer_tower.h"
+#include "parallel/transfer.h"
+
+namespace towerlab {
+
+// --- 5. reduce across processes ----------------------------------------------
+
+void Trainer::reduce_across_processes(const StepResult& result, bool training) {
+  // Every rank sums one host buffer laid out by exchange_ (parallel/process_exchange.h);
+  // when NCCL carries the gradient and statistics, it sums tower 0's device buffers
+  // after that call. After phases 3 and 4 every tower holds the same, so tower 0's
+  // values stand for the rank's.
+  const ExchangeLayout& layout = exchange_->layout(training);
+  const Tensor buffer = exchange_->buffer(training);
+  TowerState& first = *towers_[0];
+  const Tensor& grads = first.store->flat_grads();
+  const Tensor& stats = first.store->flat_state();
+  // BatchNormStats::Tower0 takes rank 0's tower 0: the other ranks add zeros.
+  if (training && variables_.state_numel() > 0 &&
+      options_.batchnorm_stats == BatchNormStats::Tower0 && rank_ > 0) {
+    fill(stats, 0.0, *first.stream);
+  }
+  // Sharded: each tower holds the sum of its ring chunk only (phase 3), and the
+  // processes reduce-scatter the gradient (parallel/sharded_master.h).
+  const bool slices = training && sharded();
+  const ExchangeRange grads_here = slices ? ExchangeRange{} : layout.gradient_summed();
+  if (!grads_here.empty()) copy_tensor(grads_here.of(buffer), grads, *first.stream);
+  if (slices) stage_ring_chunks(layout.gradient.of(buffer));
+  if (!layout.statistics.empty()) copy_tensor(layout.statistics.of(buffer), stats, *first.stream);
+  first.stream->synchronize();
+  const std::span<float> values(buffer.data<float>(), std::size_t(layout.total()));
+  const auto at = [&values](ExchangeRange r) {
+    return values.subspan(std::size_t(r.begin), std::size_t(r.size()));
+  };
+  std::ranges::copy(losses_, at(layout.losses).begin());
+  const std::span<float> sizes = at(layout.batch_sizes);
+  std::ranges::fill(sizes, 0.0f);
+  sizes[std::size_t(rank_)] = float(result.samples);
+
+  const std::string step =
+      training ? "step " + std::to_string(steps_taken()) : std::string("evaluation");
+  const auto start = Clock::now();
+  const auto frame = [&layout](ExchangeRange r) {
+    return ReduceFrame{std::size_t(r.begin), std::size_t(layout.total())};
+  };
+  if (slices) {
+    // The one call's two parts, each framed by the whole buffer: the same bits.
+    const ExchangeRange rest{layout.gradient.end, layout.total()};
+    options_.process_group->reduce_scatter_sum(
+        at(layout.gradient), step + ": gradient (reduce-scatter)", frame(layout.gradient));
+    options_.process_group->allreduce_sum(
+        at(rest), step + ": " + layout.carries + " (the gradient reduce-scattered)", frame(rest));
+  } else {
+    options_.process_group->allreduce_sum(at(layout.summed), step + ": " + layout.carries,
+                                          frame(layout.summed));
+  }
+  if (trace_ != nullptr && ranks_ > 1) {
+    trace_->span(int(towers_.size()) + 2,
+                 (slices ? "reduce-scatter + all-reduce: " : "all-reduce: ") + layout.carries,
+                 start, "processes",
+                 {{"bytes", layout.summed.size() * std::int64_t(sizeof(float))},
+                  {"processes", ranks_},
+                  {"phase", phase_label(Phase::ReduceAcrossProcesses)}});
+  }
+  for (int r = 1; r < ranks_; ++r) {
+    if (sizes[std::size_t(r)] == sizes[0]) continue;
+    if (training) broadcast();  // the replicas' moving statistics back to the master's
+    TL_THROW(InvalidArgument, "Trainer: the processes' batches differ: rank 0 has a batch of "
+                                  << std::int64_t(sizes[0]) << " samples, rank " << r << " of "
+                                  << std::int64_t(sizes[std::size_t(r)])
+                                  << "; every process's step() and evaluate() must receive the "
+                                     "same global batch (nothing was updated)");
+  }
+  if (training && nccl_processes_ != nullptr) {
+    std::vector<Tensor> buffers{grads};
+    if (variables_.state_numel() > 0) buffers.push_back(stats);
+    nccl_processes_->allreduce_sum(buffers, *first.stream,
+                                   step + ": gradients, moving statistics (NCCL)");
+  }
+  std::ranges::copy(at(layout.losses), losses_.begin());
+  if (!grads_here.empty()) copy_tensor(grads, grads_here.of(buffer), *first.stream);
+  if (slices) {
+    // Each tower reads the sums of the slice it owns.
+    for (std::size_t i = 0; i < towers_.size(); ++i) {
+      const RingRange r = shards_->slice(i);
+      copy_tensor(towers_[i]->store->flat_grads().slice(r.begin, r.end),
+                  layout.gradient.of(buffer).slice(r.begin, r.end), *towers_[i]->stream);
+    }
+  }
+  if (!layout.statistics.empty()) copy_tensor(stats, layout.statistics.of(buffer), *first.stream);
+}
+
+void Trainer::stage_ring_chunks(const Tensor& gradient) const {
+  // Tower i holds the complete sum of the ring's chunk summed_at(i): together, the
+  // all-reduced gradient, bit for bit.
+  const RingSchedule schedule(std::int64_t(towers_.size()), gradient.numel());
+  for (std::size_t i = 0; i < towers_.size(); ++i) {
+    const RingRange r = schedule.chunk(schedule.summed_at(std::int64_t(i)));
+    copy_tensor(gradient.slice(r.begin, r.end),
+                towers_[i]->store->flat_grads().slice(r.begin, r.end), *towers_[i]->stream);
+  }
+  for (const auto& t : towers_) t->stream->synchronize();
+}
+
+// --- 6. guard, after the mean loss it checks ---------------------------------
+
+double Trainer::mean_loss(std::int64_t samples) const {
+  const std::size_t towers = towers_.size();
+  double loss = 0.0;
+  for (int r = 0; r < ranks_; ++r) {
+    const auto slices = split_batch(samples, ranks_, r, std::int64_t(towers));
+    for (std::size_t i = 0; i < towers; ++i) {
+      if (slices[i].size() == 0) continue;
+      loss += slices[i].weight * double(losses_[std::size_t(r) * towers + i]);
+    }
+  }
+  return loss;
+}
+
+bool Trainer::guard(StepResult& result) {
+  if (options_.numeric_guard == NumericGuard::Off) return true;
+  const std::string problem = find_nonfinite(result);
+  if (problem.empty()) return true;
+  // The towers' moving statistics moved in the forward pass and were averaged;
+  // the master's did not. Put every replica back to the master's state.
+  broadcast();
+  const std::string what =
+      "non-finite values at global step " + std::to_string(steps_taken()) + ": " + problem;
+  if (options_.numeric_guard == NumericGuard::Stop) {
+    TL_THROW(NumericError, "Trainer: " << what
+                                       << "; nothing was updated (NumericGuard::Stop; "
+                                          "NumericGuard::Skip would skip the step)");
+  }
+  ++skipped_steps_;
+  result.skipped = true;
+  log() << "towerlab: warning: skipped the step: " << what << " (NumericGuard::Skip, "
+        << skipped_steps_ << " skipped so far)\n";
+  return false;
+}
+
+std::string Trainer::find_nonfinite(const StepResult& result) const {
+  std::ostringstream problem;
+  if (!std::isfinite(result.loss)) {
+    problem << "the loss is " << result.loss << " (";
+    const std::size_t towers = towers_.size();
+    for (int r = 0; r < ranks_; ++r) {
+      const auto slices = split_batch(result.samples, ranks_, r, std::int64_t(towers));
+      for (std::size_t i = 0; i < towers; ++i) {
+        if (r > 0 || i > 0) problem << ", ";
+        if (options_.process_group != nullptr) {
+          problem << "rank " << r << " tower " << i << ": ";
+        } else {
+          problem << "tower " << i << " on " << towers_[i]->device.str() << ": ";
+        }
+        if (slices[i].size() == 0) {
+          problem << "no samples";
+        } else {
+          problem << losses_[std::size_t(r) * towers + i];
+        }
+      }
+    }
+    problem << "; the usual causes: NaN or infinite inputs, labels outside the classes on CUDA "
+               "(whose loss kernels do not stop to check them), a learning rate too high)";
+  }
+  const auto [at, value] = first_nonfinite_gradient();
+  if (at >= 0) {
+    for (const VariableSpec& v : variables_.specs()) {
+      if (!v.trainable || at < v.offset || at >= v.offset + v.numel()) continue;
+      if (problem.tellp() > 0) problem << "; ";
+      problem << "the averaged gradient of " << v.name << " " << to_string(v.shape) << " is "
+              << value << " at element " << at - v.offset
+              << " (the first non-finite value of the flat gradient)";
+      break;
+    }
+  }
+  return problem.str();
+}
+
+std::pair<std::int64_t, float> Trainer::first_nonfinite_gradient() const {
+  if (!sharded()) {
+    // After the all-reduce (or the reduction to one device) tower 0 holds the sum
+    // (over the processes too, after phase 5).
+    const TowerState& first = *towers_[0];
+    const Tensor& grads = first.store->flat_grads();
+    const std::int64_t at = first_nonfinite(grads, *first.stream);
+    if (at < 0) return {-1, 0.0f};
+    return {at, grads.slice(at, at + 1).to_host<float>(*first.stream)[0]};
+  }
+  // Each tower checks the slice it alone holds the sum of, on its own thread; the
+  // smallest index found is the whole gradient's first, so every tower's update
+  // waits for one verdict and the message is the one-device master's.
+  std::vector<std::int64_t> found(towers_.size(), -1);
+  workers_->run([&](std::size_t i) {
+    if (i < towers_.size()) found[i] = shards_->first_nonfinite(i, towers_[i]->store->flat_grads());
+  });
+  std::size_t owner = towers_.size();
+  for (std::size_t i = 0; i < towers_.size(); ++i) {
+    if (found[i] >= 0 && (owner == towers_.size() || found[i] < found[owner])) owner = i;
+  }
+  std::pair<std::int64_t, float> first{-1, 0.0f};
+  if (owner < towers_.size()) {
+    const std::int64_t at = found[owner];
+    const TowerState& t = *towers_[owner];
+    first = {at, t.store->flat_grads().slice(at, at + 1).to_host<float>(*t.stream)[0]};
+  }
+  if (ranks_ == 1) return first;
+  // Every process's first, and the smallest of all: one verdict for the job.
+  std::ostringstream mine;
+  std::uint32_t value_bits = 0;
+  std::memcpy(&value_bits, &first.second, sizeof value_bits);
+  mine << first.first << ' ' << value_bits;
+  for (const std::string& theirs : options_.process_group->allgather(
+           mine.str(), "step " + std::to_string(steps_taken()) + ": numeric guard")) {
+    std::istringstream in(theirs);
+    std::pair<std::int64_t, float> found_there{-1, 0.0f};
+    in >> found_there.first >> value_bits;
+    std::memcpy(&found_there.second, &value_bits, sizeof value_bits);
+    if (found_there.first >= 0 && (first.first < 0 || found_there.first < first.first)) {
+      first = found_there;
+    }
+  }
+  return first;
+}
+
+// --- 7. update and broadcast -------------------------------------------------
+
+double Trainer::clip_gradients() {
+  const double limit = options_.clip_grad_norm;
+  if (limit == 0.0) return 0.0;
+  const auto start = Clock::now();
+  // The norm's parts are the sharded master's slices of every process
+  // (sharded_slices, [rank * towers + k]), whatever the placement: their sums of
+  // squares, added in the order of the slices' positions, give every placement and
+  // every process the same bits. A part's averaged gradient is held by tower 0, or
+  // (sharded) by the tower that owns it, on its process.
+  const auto towers = std::int64_t(towers_.size());
+  const std::int64_t length = variables_.trainable_numel();
+  const std::int64_t exchange_length = exchange_ ? exchange_->layout(true).total() : 0;
+  std::vector<RingRange> parts;
+  for (int r = 0; r < ranks_; ++r) {
+    for (const RingRange& slice : sharded_slices(length, towers, ranks_, r, exchange_length)) {
+      parts.push_back(slice);
+    }
+  }
+  // The tower holding part p on this process, or -1 (another process's).
+  auto holder = [&](std::size_t part) -> std::int64_t {
+    if (!sharded()) return 0;
+    return std::int64_t(part) / towers == rank_ ? std::int64_t(part) % towers : -1;
+  };
+  // Each holding tower writes its parts' sums into one buffer, read back once.
+  std::vector<Tensor> sums(towers_.size());
+  for (std::size_t p = 0; p < parts.size(); ++p) {
+    const std::int64_t i = holder(p);
+    if (i < 0) continue;
+    TowerState& t = *towers_[std::size_t(i)];
+    Tensor& on_tower = sums[std::size_t(i)];
+    if (!on_tower.defined()) on_tower = Tensor::empty({std::int64_t(parts.size())}, *t.stream);
+    sum_squares(on_tower.slice(std::int64_t(p), std::int64_t(p) + 1),
+                t.store->flat_grads().slice(parts[p].begin, parts[p].end), *t.stream);
+  }
+  std::vector<float> squares(parts.size(), 0.0f);
+  for (std::size_t i = 0; i < towers_.size(); ++i) {
+    if (!sums[i].defined()) continue;
+    const std::vector<float> held = sums[i].to_host<float>(*towers_[i]->stream);
+    for (std::size_t p = 0; p < parts.size(); ++p) {
+      if (holder(p) == std::int64_t(i)) squares[p] = held[p];
+    }
+  }
+  if (sharded() && ranks_ > 1) {  // each part from its process; adding zeros keeps its bits
+    options_.process_group->allreduce_sum(
+        squares, "step " + std::to_string(steps_taken()) + ": the gradient norm's parts");
+  }
+  std::vector<std::size_t> order(parts.size());
+  std::iota(order.begin(), order.end(), std::size_t(0));
+  std::ranges::sort(order, {}, [&](std::size_t p) { return parts[p].begin; });
+  double total = 0.0;
+  for (std::size_t p : order) total += double(squares[p]);
+  const double norm = std::sqrt(total);
+  if (norm > limit) {
+    const double coefficient = limit / (norm + 1e-6);
+    if (!sharded()) {
+      const Tensor& grads = towers_[0]->store->flat_grads();
+      scale(grads, grads, coefficient, *towers_[0]->stream);
+    }
+    for (std::size_t p = 0; sharded() && p < parts.size(); ++p) {
+      const std::int64_t i = holder(p);
+      if (i < 0) continue;
+      TowerState& t = *towers_[std::size_t(i)];
+      const Tensor slice = t.store->flat_grads().slice(parts[p].begin, parts[p].end);
+      scale(slice, slice, coefficient, *t.stream);
+    }
+  }
+  if (trace_ != nullptr) {
+    trace_->span(int(towers_.size()), "clip", start, "master",
+                 {{"phase", phase_label(Phase::UpdateAndBroadcast)}});
+  }
+  return norm;
+}
+
+void Trainer::update_and_broadcast() {
+  if (sharded()) {
+    update_slices_and_gather();
+    return;
+  }
+  const auto start = Clock::now();
+  TowerState& first = *towers_[0];
+  transfer(master_->flat_grads(), *master_stream_, first.store->flat_grads(), *first.stream);
+  transfer(master_->flat_state(), *master_stream_, first.store->flat_state(), *first.stream);
+  optimizer_.step(*master_, master_->flat_grads(), *master_stream_);
+  broadcast();  // returns with the master stream finished
+  if (trace_ != nullptr) {
+    trace_->span(int(towers_.size()), "update + broadcast", start, "master",
+                 {{"phase", phase_label(Phase::UpdateAndBroadcast)}});
+  }
+}
+
+void Trainer::update_slices_and_gather() {
+  TowerState& first = *towers_[0];
+  // The moving statistics keep a whole master on the host (the guard puts the
+  // replicas back to it), and every replica takes it, as broadcast() gives it.
+  transfer(master_->flat_state(), *master_stream_, first.store->flat_state(), *first.stream);
+  for (auto& t : towers_) {
+    transfer(t->store->flat_state(), *t->stream, master_->flat_state(), *master_stream_);
+  }
+  const std::string phase = phase_label(Phase::UpdateAndBroadcast);
+  workers_->run([&](std::size_t i) {
+    if (i >= towers_.size()) return;
+    TowerState& t = *towers_[i];
+    const auto start = Clock::now();
+    shards_->update(i, t.store->flat_grads(), t.store->flat_values());
+    if (trace_ != nullptr) {
+      t.stream->synchronize();
+      const RingRange slice = shards_->slice(i);
+      trace_->span(int(i), "update slice", start, "master",
+                   {{"phase", phase}, {"begin", slice.begin}, {"end", slice.end}});
+    }
+  });
+  if (ranks_ > 1) {
+    gather_across_processes();
+  } else {
+    std::vector<Tensor> values;
+    for (auto& t : towers_) values.push_back(t->store->flat_values());
+    ring_->all_gather(values, trace_, 0);
+  }
+  // As broadcast(): the step returns with the new values in every replica (the
+  // all-gather's end makes tower 0's stream wait for every member).
+  master_stream_->synchronize();
+  first.stream->synchronize();
+  values_gathered_ = false;
+  slots_gathered_ = false;
+  // The host copy's slots (after an optimizer() call) would now be stale: freed.
+  optimizer_.restore({}, 0, *master_, *master_stream_);
+}
+
+void Trainer::gather_across_processes() {
+  // Every process's slices meet in the host copy, framed as phase 5's gradient
+  // (parallel/sharded_master.h), and go from there to every replica.
+  const auto start = Clock::now();
+  const Tensor& values = master_->flat_values();
+  shards_->gather_values(values, *master_stream_);
+  options_.process_group->allgather_chunks(
+      std::span<float>(values.data<float>(), std::size_t(values.numel())),
+      "step " + std::to_string(steps_taken()) + ": new values (all-gather)",
+      ReduceFrame{0, std::size_t(exchange_->layout(true).total())});
+  for (auto& t : towers_) {
+    transfer(t->store->flat_values(), *t->stream, values, *master_stream_);
+  }
+  if (trace_ != nullptr) {
+    master_stream_->synchronize();
+    trace_->span(int(towers_.size()) + 2, "all-gather: new values", start, "processes",
+                 {{"bytes", values.numel() * std::int64_t(sizeof(float))},
+                  {"processes", ranks_},
+                  {"phase", phase_label(Phase::UpdateAndBroadcast)}});
+  }
+}
+
+void Trainer::broadcast() {
+  if (sharded()) {
+    // The host copy, up to date or written by the caller since, into the slices.
+    gather_values();
+    gather_slots();
+    shards_->scatter(master_->flat_values(), optimizer_, *master_stream_);
+  }
+  for (auto& t : towers_) {
+    transfer(t->store->flat_values(), *t->stream, master_->flat_values(), *master_stream_);
+    transfer(t->store->flat_state(), *t->stream, master_->flat_state(), *master_stream_);
+  }
+  // The one host wait of a step, and the reason a caller may read or write the
+  // master (to_host on any stream, save_checkpoint, load_checkpoint) without
+  // knowing master_stream_: the master stream has waited for every replica's copy,
+  // so this also covers the update, the initialization and the copies themselves.
+  master_stream_->synchronize();
+}
+
+}  // namespace towerlab
