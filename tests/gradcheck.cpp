@@ -1,8 +1,11 @@
 #include "gradcheck.h"
 
+#include "test_util.h"
+
 #include <cmath>
 #include <random>
 #include <sstream>
+#include <string>
 
 namespace towerlab::testing {
 
@@ -49,6 +52,34 @@ namespace towerlab::testing {
   if (mismatches == 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure()
          << mismatches << " of " << checked << " gradient elements differ:" << bad.str();
+}
+
+::testing::AssertionResult check_tape_gradient(
+    const std::function<Var(Tape&, const std::vector<Var>&)>& forward,
+    const std::vector<Tensor>& inputs, const GradcheckOptions& options) {
+  auto loss = [&](const std::vector<Tensor>& in) {
+    Tape tape(cpu());
+    std::vector<Var> constants;
+    for (const Tensor& t : in) constants.push_back(tape.constant(t));
+    return forward(tape, constants).value().to_host<double>()[0];
+  };
+  for (Tape::FirstWrite mode : {Tape::FirstWrite::Assign, Tape::FirstWrite::Poisoned}) {
+    Tape tape(cpu());
+    tape.set_first_write(mode);
+    std::vector<Tensor> grads;
+    std::vector<Var> vars;
+    for (std::size_t k = 0; k < inputs.size(); ++k) {
+      grads.push_back(Tensor::zeros(inputs[k].shape(), cpu(), DType::Float64));
+      vars.push_back(tape.variable(inputs[k], grads.back(), "x" + std::to_string(k)));
+    }
+    tape.backward(forward(tape, vars));
+    ::testing::AssertionResult result = check_gradient(loss, inputs, grads, options);
+    if (!result) {
+      return result << " (first write: "
+                    << (mode == Tape::FirstWrite::Assign ? "assign" : "poisoned") << ")";
+    }
+  }
+  return ::testing::AssertionSuccess();
 }
 
 double weighted_sum(const Tensor& g, const Tensor& y) {

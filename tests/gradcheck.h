@@ -36,6 +36,16 @@ struct GradcheckOptions {
     const std::vector<Tensor>& inputs, const std::vector<Tensor>& analytic,
     const GradcheckOptions& options = {});
 
+// An op's gradients through the tape, the way a model reaches them. `forward` builds
+// a scalar loss on `tape` from one Var per input; it runs once on constants as the
+// loss of the central differences, and once per first-write mode (the assigning
+// write, and the one that poisons a tape-made gradient with NaN before its first
+// write, so a first write that read it shows) with the inputs as variables whose
+// float64 gradients start at zero. The variables are named x0, x1, ...
+::testing::AssertionResult check_tape_gradient(
+    const std::function<Var(Tape&, const std::vector<Var>&)>& forward,
+    const std::vector<Tensor>& inputs, const GradcheckOptions& options = {});
+
 // sum_i g[i] * y[i] for two float64 CPU tensors of one size: the usual loss.
 double weighted_sum(const Tensor& g, const Tensor& y);
 
