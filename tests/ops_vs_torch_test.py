@@ -3,7 +3,9 @@
 binary's <Op>VsTorch.WritesCases cases (tests/ops_vs_torch.h) write towerlab's inputs
 and results into a scratch directory, one <family>.safetensors each; this script
 computes PyTorch's in float64 from those inputs and compares: float64 results within
-about 1e-10 relative, float32 within the tolerances each family's header states. A
+about 1e-10 relative, float32 within the tolerances each family's header states, and
+the bf16 policy's matmul, conv2d and batch norm against PyTorch's own bfloat16 ops
+(check_bf16: bounds per element, with a control). A
 file with no check here fails the test, so that no family goes unchecked. Exits 77
 (ctest's skip) without PyTorch, non-zero on the first mismatch.
 
@@ -43,6 +45,8 @@ TOLERANCE = {
     "permute": {"float64": (0.0, 0.0), "float32": (0.0, 0.0)},
     "slice_copy": {"float64": (0.0, 0.0), "float32": (0.0, 0.0)},
     "batched_matmul": {"float64": (2.0**-52, 0.0), "float32": (2.0**-23, 0.0)},
+    # The bf16 family passes each element's bound as compare's scale (check_bf16).
+    "bf16": {"float32": (1.0, 0.0)},
 }
 
 
@@ -60,7 +64,7 @@ def compare(family, what, actual, expected, dtype, scale=1.0):
     """Within atol * scale + rtol |torch| (scale: a number or an array of the shape)."""
     atol, rtol = TOLERANCE[family][dtype]
     actual = np.asarray(actual, dtype=np.float64)
-    expected = expected.detach().numpy().astype(np.float64).reshape(actual.shape)
+    expected = expected.detach().double().numpy().reshape(actual.shape)
     atol = atol * np.broadcast_to(np.asarray(scale, dtype=np.float64), actual.shape)
     same_nonfinite = np.array_equal(np.isfinite(actual), np.isfinite(expected)) and np.array_equal(
         actual[~np.isfinite(actual)], expected[~np.isfinite(expected)])
@@ -238,6 +242,114 @@ def check_bound_control(tensors):
     raise AssertionError("bound control: a product nudged by 1e-5 passed the comparison")
 
 
+def half_ulp_bf16(t):
+    """Half a bfloat16 ulp of each element of t: how far its rounding may move it."""
+    x = np.abs(t.detach().double().numpy())
+    exponent = np.floor(np.log2(np.where(x > 0, x, 2.0**-126)))
+    return 2.0 ** (np.maximum(exponent, -126) - 8)
+
+
+def gemm_bound(expected, k, s):
+    """|towerlab - torch| for a product torch rounds to bfloat16 and towerlab keeps in
+    float32, both summing the same bfloat16 operands in float32 in their own orders:
+    torch's rounding (half an ulp) plus both sums' error, 2 (k + 2) u S each
+    (kernels/matmul.h; u = 2^-24, S the sum of the products' magnitudes)."""
+    return half_ulp_bf16(expected) + 4 * (k + 2) * 2.0**-24 * s.detach().numpy()
+
+
+def bf16(tensors, name, grad=False):
+    return torch.tensor(np.array(tensors[name]), dtype=torch.float32).bfloat16().requires_grad_(grad)
+
+
+def check_bf16(tensors):
+    """The bf16 policy against PyTorch's own bfloat16 ops (tests/precision_vs_torch_test.cpp):
+    matmul and conv2d on bfloat16 operands with a bfloat16 output gradient (torch rounds
+    its outputs to bfloat16; towerlab keeps them in float32: gemm_bound), the bias added
+    in float32; batch norm on a bfloat16 input with float32 gamma and beta, as autocast
+    runs it after a bfloat16 convolution: torch rounds y and grad_x to bfloat16 and
+    takes grad_y in bfloat16 (towerlab keeps it float32), so each bound is half an ulp
+    of torch's output plus 2^-9 of the terms grad_y enters with."""
+    for prefix in sorted({name.split("/")[0] for name in tensors}):
+        for name in ("matmul_nn", "matmul_nt"):
+            p = f"{prefix}/{name}"
+            a, b = bf16(tensors, f"{p}/a", True), bf16(tensors, f"{p}/b", True)
+            grad_y = bf16(tensors, f"{p}/grad_y")
+            nt = name == "matmul_nt"
+            y = a @ (b.t() if nt else b)
+            grad_a, grad_b = torch.autograd.grad(y, [a, b], grad_y)
+            abs_a, abs_b = a.detach().double().abs(), b.detach().double().abs()
+            s_y = abs_a @ (abs_b.t() if nt else abs_b)
+            g = grad_y.double().abs()
+            s_a = g @ (abs_b if nt else abs_b.t())
+            s_b = (g.t() @ abs_a) if nt else (abs_a.t() @ g)
+            k_y, k_a, k_b = a.shape[1], y.shape[1], a.shape[0]
+            for what, expected, k, s in (("y", y, k_y, s_y), ("grad_a", grad_a, k_a, s_a),
+                                         ("grad_b", grad_b, k_b, s_b)):
+                compare("bf16", f"{p}/{what}", tensors[f"{p}/{what}"], expected, "float32",
+                        scale=gemm_bound(expected, k, s))
+            if prefix.startswith("cpu"):
+                check_bf16_control(tensors, p, nt, gemm_bound(y, k_y, s_y))
+        p = f"{prefix}/conv2d"
+        x, w = bf16(tensors, f"{p}/x", True), bf16(tensors, f"{p}/weight", True)
+        bias = leaf(tensors, f"{p}/bias")
+        grad_y = torch.tensor(np.array(tensors[f"{p}/grad_y"]), dtype=torch.float64)
+        product = torch.nn.functional.conv2d(x, w, padding=1)
+        y = product.double() + bias.view(1, -1, 1, 1)
+        grad_x, grad_w, grad_bias = torch.autograd.grad(y, [x, w, bias], grad_y)
+        abs_x = x.detach().double().abs().requires_grad_()
+        abs_w = w.detach().double().abs().requires_grad_()
+        s_y = torch.nn.functional.conv2d(abs_x, abs_w, padding=1)
+        s_x, s_w = torch.autograd.grad(s_y, [abs_x, abs_w], grad_y.bfloat16().double().abs())
+        c, r = w.shape[1], w.shape[2]
+        bounds = {"y": gemm_bound(product, c * r * r, s_y),
+                  "grad_x": gemm_bound(grad_x, w.shape[0] * r * r, s_x),
+                  "grad_weight": gemm_bound(grad_w, x.shape[0] * y.shape[2] * y.shape[3], s_w),
+                  "grad_bias": 4 * (x.shape[0] * y.shape[2] * y.shape[3] + 2) * 2.0**-24 *
+                  grad_y.abs().sum((0, 2, 3)).numpy()}
+        for what, expected in (("y", y), ("grad_x", grad_x), ("grad_weight", grad_w),
+                               ("grad_bias", grad_bias)):
+            compare("bf16", f"{p}/{what}", tensors[f"{p}/{what}"], expected, "float32",
+                    scale=bounds[what])
+        p = f"{prefix}/batchnorm"
+        x = bf16(tensors, f"{p}/x", True)
+        gamma = torch.tensor(np.array(tensors[f"{p}/gamma"]), requires_grad=True)
+        beta = torch.tensor(np.array(tensors[f"{p}/beta"]), requires_grad=True)
+        grad_y = torch.tensor(np.array(tensors[f"{p}/grad_y"]), dtype=torch.float32)
+        y = torch.nn.functional.batch_norm(x, None, None, gamma, beta, training=True, eps=1e-3)
+        grad_x, grad_gamma, grad_beta = torch.autograd.grad(y, [x, gamma, beta],
+                                                            grad_y.bfloat16())
+        xd = x.detach().double()
+        mean = xd.mean((0, 2, 3), keepdim=True)
+        rstd = 1 / torch.sqrt(xd.var((0, 2, 3), unbiased=False, keepdim=True) + 1e-3)
+        xhat, g = (xd - mean) * rstd, grad_y.double().abs()
+        gx = (g * xhat.abs()).mean((0, 2, 3), keepdim=True)
+        factor = gamma.detach().double().view(1, -1, 1, 1).abs() * rstd
+        bounds = {"y": half_ulp_bf16(y) + 1e-6 * (xhat.abs() + 1).numpy(),
+                  "grad_x": half_ulp_bf16(grad_x) + 2.0**-8 * (
+                      factor * (g + g.mean((0, 2, 3), keepdim=True) + xhat.abs() * gx)).numpy(),
+                  "grad_gamma": 2.0**-8 * (g * xhat.abs()).sum((0, 2, 3)).numpy(),
+                  "grad_beta": 2.0**-8 * g.sum((0, 2, 3)).numpy()}
+        for what, expected in (("y", y), ("grad_x", grad_x), ("grad_gamma", grad_gamma),
+                               ("grad_beta", grad_beta)):
+            compare("bf16", f"{p}/{what}", tensors[f"{p}/{what}"], expected, "float32",
+                    scale=bounds[what])
+
+
+def check_bf16_control(tensors, p, nt, bound):
+    """The bound can fail: the float32 product of the unrounded operands (a policy that
+    forgot to round them) falls outside it."""
+    a = torch.tensor(np.array(tensors[f"{p}/a"]), dtype=torch.float64)
+    b = torch.tensor(np.array(tensors[f"{p}/b"]), dtype=torch.float64)
+    unrounded = (a @ (b.t() if nt else b)).numpy()
+    expected = bf16(tensors, f"{p}/a") @ (bf16(tensors, f"{p}/b").t() if nt else bf16(tensors, f"{p}/b"))
+    try:
+        compare("bf16", f"{p}/control", unrounded, expected, "float32", scale=bound)
+    except AssertionError:
+        print(f"ok {p}/control: the product of unrounded operands is caught")
+        return
+    raise AssertionError(f"{p}/control: the product of unrounded operands passed the comparison")
+
+
 CHECKS = {
     "softmax": check_softmax,
     "layer_norm": check_layer_norm,
@@ -246,6 +358,7 @@ CHECKS = {
     "permute": check_permute,
     "slice_copy": check_slice_copy,
     "batched_matmul": check_batched_matmul,
+    "bf16": check_bf16,
 }
 
 
