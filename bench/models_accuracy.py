@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Each model of models/ trained to the end beside its PyTorch twin with the same recipe.
+
+towerlab: the sample, `fashion_mnist --model M --devices cpu,cpu --epochs E --seed S`
+(Adam at 1e-3 with epsilon 1e-8, a cosine schedule from the rate to 0 over every step,
+batch 128, synchronized batch norm where the model has it), its last "test accuracy".
+PyTorch: the twin in tools/ (tools/mlp_torch.py, tools/resnet_torch.py), its own
+initialization from torch.manual_seed(S), torch.optim.Adam with the same rate,
+betas and epsilon, the same cosine per step, batches of 128 drawn in an order seeded
+by S, on one device (which is what towerlab's towers compute), the inputs standardized
+as towerlab's loader does. The two draw different initial weights, batch orders and
+dropout masks: the comparison is of accuracy in distribution, which is why each is
+run with several seeds.
+
+Writes a JSON and a Markdown page (commit, machine, date, every run and the means).
+
+usage: bench/models_accuracy.py --sample build/release/samples/fashion_mnist
+           [--models mlp,resnet] [--epochs 10] [--seeds 1,2,3] [--out bench/results/NAME]
+"""
+
+import argparse
+import datetime
+import gzip
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+
+DATA = "/usr/share/datasets/fashion-mnist"
+BATCH = 128
+LR = 1e-3
+
+
+def load_split(prefix):
+    """Images [N,1,28,28] standardized exactly as towerlab's loader, labels [N]."""
+    with gzip.open(os.path.join(DATA, f"{prefix}-images-idx3-ubyte.gz")) as f:
+        pixels = np.frombuffer(f.read(), dtype=np.uint8, offset=16)
+    with gzip.open(os.path.join(DATA, f"{prefix}-labels-idx1-ubyte.gz")) as f:
+        labels = np.frombuffer(f.read(), dtype=np.uint8, offset=8).astype(np.int64)
+    unit = pixels.astype(np.float32) / np.float32(255)
+    images = (unit - np.float32(0.2860)) / np.float32(0.3530)
+    return images.reshape(-1, 1, 28, 28), labels
+
+
+def twin(model):
+    if model == "mlp":
+        from mlp_torch import Mlp
+        return Mlp()
+    if model == "resnet":
+        from resnet_torch import ResNet
+        return ResNet()
+    if model == "vit":
+        from vit_torch import ViT
+        return ViT()
+    raise SystemExit(f"models_accuracy: no PyTorch twin for {model}")
+
+
+def towerlab_run(sample, model, epochs, seed):
+    command = [sample, "--model", model, "--devices", "cpu,cpu", "--epochs", str(epochs),
+               "--seed", str(seed), "--batchnorm", "sync"]
+    start = time.time()
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    accuracy = [float(a) for a in re.findall(r"test accuracy ([0-9.]+)", out)]
+    return {"accuracy": accuracy[-1], "per_epoch": accuracy, "seconds": time.time() - start,
+            "command": " ".join(command[1:])}
+
+
+def torch_run(model, epochs, seed, train, test):
+    import torch
+    torch.set_num_threads(2)
+    torch.manual_seed(seed)
+    net = twin(model)
+    images, labels = torch.from_numpy(train[0]), torch.from_numpy(train[1])
+    steps_per_epoch = len(labels) // BATCH
+    total = steps_per_epoch * epochs
+    optimizer = torch.optim.Adam(net.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: 0.5 * (1 + np.cos(np.pi * min(step, total) / total)))
+    order = torch.Generator().manual_seed(seed)
+    accuracy = []
+    start = time.time()
+    for _ in range(epochs):
+        net.train()
+        permutation = torch.randperm(len(labels), generator=order)
+        for s in range(steps_per_epoch):
+            index = permutation[s * BATCH:(s + 1) * BATCH]
+            loss = torch.nn.functional.cross_entropy(net(images[index]), labels[index])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+        net.eval()
+        with torch.no_grad():
+            predicted = torch.cat([net(torch.from_numpy(test[0][i:i + 1000])).argmax(1)
+                                   for i in range(0, len(test[1]), 1000)])
+        accuracy.append(float((predicted.numpy() == test[1]).mean()))
+    return {"accuracy": accuracy[-1], "per_epoch": accuracy, "seconds": time.time() - start,
+            "torch": torch.__version__}
+
+
+def machine():
+    with open("/proc/cpuinfo") as f:
+        info = f.read()
+    name = re.search(r"model name\s*:\s*(.*)", info).group(1)
+    flags = re.search(r"flags\s*:\s*(.*)", info).group(1).split()
+    isa = "avx512_bf16" if "avx512_bf16" in flags else "avx512f" if "avx512f" in flags else "avx2"
+    return f"{name}, {os.cpu_count()} CPUs, {isa}, {platform.system()}"
+
+
+def markdown(doc):
+    lines = [f"# Models against PyTorch, trained to the end ({doc['commit']})", "",
+             f"Commit {doc['commit']}, {doc['machine']}, {doc['date']}. Made by "
+             f"`bench/models_accuracy.py` (its docstring gives the recipe); {doc['epochs']} "
+             f"epochs, seeds {', '.join(map(str, doc['seeds']))}. The machine was shared with "
+             "other builds: the seconds are for orientation only.", "",
+             "| model | towerlab test accuracy (per seed) | mean | PyTorch test accuracy "
+             "(per seed) | mean | towerlab - PyTorch (points) |", "|---|---|---|---|---|---|"]
+    for model, runs in doc["models"].items():
+        ours = [r["accuracy"] for r in runs["towerlab"]]
+        theirs = [r["accuracy"] for r in runs["torch"]]
+        lines.append(f"| {model} | {', '.join(f'{a:.4f}' for a in ours)} | {np.mean(ours):.4f} | "
+                     f"{', '.join(f'{a:.4f}' for a in theirs)} | {np.mean(theirs):.4f} | "
+                     f"{100 * (np.mean(ours) - np.mean(theirs)):+.2f} |")
+    lines += ["", "Seconds per run (towerlab on 2 CPU towers, PyTorch on 2 threads):", ""]
+    for model, runs in doc["models"].items():
+        lines.append(f"- {model}: towerlab "
+                     f"{', '.join(f'{r['seconds']:.0f}' for r in runs['towerlab'])}; PyTorch "
+                     f"{', '.join(f'{r['seconds']:.0f}' for r in runs['torch'])}")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sample", required=True, help="a built fashion_mnist")
+    p.add_argument("--models", default="mlp")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--out", help="bench/results/NAME: writes NAME.json and NAME.md")
+    args = p.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    commit = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()
+    doc = {"commit": commit, "machine": machine(), "epochs": args.epochs, "seeds": seeds,
+           "date": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"), "models": {}}
+    train, test = load_split("train"), load_split("t10k")
+    for model in args.models.split(","):
+        runs = {"towerlab": [], "torch": []}
+        for seed in seeds:  # alternated, so that a change in the machine's load hits both
+            runs["towerlab"].append(towerlab_run(args.sample, model, args.epochs, seed))
+            runs["torch"].append(torch_run(model, args.epochs, seed, train, test))
+            print(model, seed, runs["towerlab"][-1]["accuracy"], runs["torch"][-1]["accuracy"],
+                  flush=True)
+        doc["models"][model] = runs
+    page = markdown(doc)
+    print(page)
+    if args.out:
+        with open(args.out + ".json", "w") as f:
+            json.dump(doc, f, indent=1)
+        with open(args.out + ".md", "w") as f:
+            f.write(page)
+
+
+if __name__ == "__main__":
+    main()
