@@ -131,9 +131,8 @@ def markdown(doc):
                      f"{100 * (np.mean(ours) - np.mean(theirs)):+.2f} |")
     lines += ["", "Seconds per run (towerlab on 2 CPU towers, PyTorch on 2 threads):", ""]
     for model, runs in doc["models"].items():
-        lines.append(f"- {model}: towerlab "
-                     f"{', '.join(f'{r['seconds']:.0f}' for r in runs['towerlab'])}; PyTorch "
-                     f"{', '.join(f'{r['seconds']:.0f}' for r in runs['torch'])}")
+        seconds = {who: ", ".join(f"{r['seconds']:.0f}" for r in runs[who]) for who in runs}
+        lines.append(f"- {model}: towerlab {seconds['towerlab']}; PyTorch {seconds['torch']}")
     return "\n".join(lines) + "\n"
 
 
