@@ -31,10 +31,15 @@ std::vector<Tensor> synthetic_batch(std::int64_t n, std::mt19937& rng, const Str
 
 int main() {
   const Stream& cpu = default_stream(Device::cpu());
-  VariableSet vars;  // the model: conv, batch norm + ReLU + max pool, linear
+  VariableSet vars;  // the model: conv, batch norm + ReLU + max pool, a residual block, linear
   Sequential net;
   net.add<Conv2d>(vars, "conv1", 1, 8, 3, Conv2dParams{.pad_h = 1, .pad_w = 1}, false);
   net.add<BatchNorm>(vars, "bn1", 8, 0.9, 1e-3, Activation::ReLU, Pool2dParams::square(2, 2));
+  Sequential body;  // a residual block: ReLU(x + conv2(ReLU(conv1(x))))
+  body.add<Conv2d>(vars, "block/conv1", 8, 8, 3, Conv2dParams{.pad_h = 1, .pad_w = 1});
+  body.add<ReLU>();
+  body.add<Conv2d>(vars, "block/conv2", 8, 8, 3, Conv2dParams{.pad_h = 1, .pad_w = 1});
+  net.add<Residual>("block", std::move(body));
   net.add<Flatten>();
   net.add<Linear>(vars, "fc", 8 * 4 * 4, kClasses);
 
