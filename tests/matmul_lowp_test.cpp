@@ -460,8 +460,8 @@ TEST_F(MatmulLowpCuda, MisalignedOperandGivesTheAlignedBits) {
   const Case<bfloat16> x = make_case<bfloat16>({24, 40, 48}, false, false, 1.0f, 0.0f, 500);
   std::vector<bfloat16> shifted = {bfloat16(0.0f)};
   shifted.insert(shifted.end(), x.a.begin(), x.a.end());
-  const Tensor storage = Tensor::from_host<bfloat16>(
-      shifted, {static_cast<std::int64_t>(shifted.size())}, stream());
+  const Tensor storage =
+      Tensor::from_host<bfloat16>(shifted, {static_cast<std::int64_t>(shifted.size())}, stream());
   const Tensor a = storage.view(1, x.a_shape());
   const Tensor b = Tensor::from_host<bfloat16>(x.b, x.b_shape(), stream());
   Tensor c = Tensor::empty({x.d.m, x.d.n}, stream());

@@ -80,14 +80,14 @@ namespace towerlab::cuda {
 
 namespace {
 
-constexpr int kTile = 128;    // rows (M) and columns (N) of C per block
-constexpr int kStepK = 32;    // K per pipeline stage
-constexpr int kStages = 3;    // stages in the shared-memory ring
-constexpr int kThreads = 256;  // 8 warps, 2 (M) x 4 (N)
-constexpr int kWarpM = 64, kWarpN = 32;  // each warp's patch of C
-constexpr int kFragsM = kWarpM / 16;     // m16 tiles per warp
-constexpr int kFragsN = kWarpN / 8;      // n8 tiles per warp
-constexpr int kChunk = 8;                // 16-bit values per 16-byte copy
+constexpr int kTile = 128;                   // rows (M) and columns (N) of C per block
+constexpr int kStepK = 32;                   // K per pipeline stage
+constexpr int kStages = 3;                   // stages in the shared-memory ring
+constexpr int kThreads = 256;                // 8 warps, 2 (M) x 4 (N)
+constexpr int kWarpM = 64, kWarpN = 32;      // each warp's patch of C
+constexpr int kFragsM = kWarpM / 16;         // m16 tiles per warp
+constexpr int kFragsN = kWarpN / 8;          // n8 tiles per warp
+constexpr int kChunk = 8;                    // 16-bit values per 16-byte copy
 constexpr int kTileValues = kTile * kStepK;  // one operand's stage: 4096 values, 8 KiB
 static_assert((kTile / kWarpM) * (kTile / kWarpN) * 32 == kThreads, "one warp per patch");
 
@@ -174,8 +174,8 @@ __device__ __forceinline__ void load_a(std::uint32_t (&fa)[kFragsM][4], const st
     if constexpr (kKMajor) {  // tile [m][k]: matrix j's rows are m + 8 (j % 2) + r
       ldmatrix_x4(fa[i], tile + swizzled<true>(m + lane % 16, 2 * kk + lane / 16));
     } else {  // tile [k][m], transposed: matrix j's rows are k = 16 kk + 8 (j / 2) + r
-      ldmatrix_x4_trans(
-          fa[i], tile + swizzled<false>(16 * kk + lane % 8 + 8 * (lane / 16), m / 8 + (lane / 8) % 2));
+      ldmatrix_x4_trans(fa[i], tile + swizzled<false>(16 * kk + lane % 8 + 8 * (lane / 16),
+                                                      m / 8 + (lane / 8) % 2));
     }
   }
 }
@@ -191,7 +191,8 @@ __device__ __forceinline__ void load_b(std::uint32_t (&fb)[kFragsN][2], const st
     const int n = warp_col + pair * 16;
     std::uint32_t r[4];
     if constexpr (kKMajor) {  // tile [n][k]: matrix j's rows are n = 8 (j / 2) + r
-      ldmatrix_x4(r, tile + swizzled<true>(n + lane % 8 + 8 * (lane / 16), 2 * kk + (lane / 8) % 2));
+      ldmatrix_x4(r,
+                  tile + swizzled<true>(n + lane % 8 + 8 * (lane / 16), 2 * kk + (lane / 8) % 2));
     } else {  // tile [k][n], transposed: matrix j's rows are k = 16 kk + 8 (j % 2) + r
       ldmatrix_x4_trans(r, tile + swizzled<false>(16 * kk + lane % 16, n / 8 + lane / 16));
     }
@@ -420,8 +421,9 @@ void gemm_16bit(const Tensor& c, const Tensor& a, const Tensor& b, bool transpos
   std::optional<Scratch> padded_a, padded_b;  // live until the product is enqueued
   p.a = operand(a, padded_a, &p.lda, stream);
   p.b = operand(b, padded_b, &p.ldb, stream);
-  const TcKernel kernel = a.dtype() == DType::BFloat16 ? pick_kernel<true>(transpose_a, transpose_b)
-                                                        : pick_kernel<false>(transpose_a, transpose_b);
+  const TcKernel kernel = a.dtype() == DType::BFloat16
+                              ? pick_kernel<true>(transpose_a, transpose_b)
+                              : pick_kernel<false>(transpose_a, transpose_b);
   const OutType out = c.dtype() == DType::Float32    ? OutType::Float32
                       : c.dtype() == DType::BFloat16 ? OutType::BFloat16
                                                      : OutType::Float16;
@@ -432,7 +434,8 @@ void gemm_16bit(const Tensor& c, const Tensor& a, const Tensor& b, bool transpos
   cudaStream_t s = native(stream);
   if (plan.splits == 1) {
     p.c = c.raw_data(), p.ldc = n, p.out = out;
-    p.pair_c = reinterpret_cast<std::uintptr_t>(p.c) % (2 * dtype_size(c.dtype())) == 0 && n % 2 == 0;
+    p.pair_c =
+        reinterpret_cast<std::uintptr_t>(p.c) % (2 * dtype_size(c.dtype())) == 0 && n % 2 == 0;
     p.k_per_split = p.k, p.split_stride = 0;
     kernel<<<grid, kThreads, 0, s>>>(p);
     TL_CUDA_CHECK_LAUNCH();
