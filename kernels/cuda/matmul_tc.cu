@@ -47,13 +47,16 @@
 // and 2 x 256 threads at <= 128 registers: __launch_bounds__(256, 2)), so one
 // block's barrier wait hides behind the other's mma.
 //
-// Edges. Each 16-byte chunk is copied only as far as it lies inside the operand:
-// cp.async's zero fill (the src-size operand) completes the chunk with zeros, and
-// a chunk wholly outside copies nothing (its source is the operand's base). So a
-// block at the edge of C or of K multiplies zeros there, and every block runs the
-// same unconditional loop: no lane diverges around an mma or ldmatrix. Stores of
-// C are clipped to [M, N]. 16-byte chunks need 16-byte aligned rows; the launcher
-// pads an operand whose rows are not (matmul_tc.h states the rule).
+// Edges. A row of A or B as the kernel sees it is whole 16-byte chunks: 16-byte
+// aligned, its length a multiple of 8 values, and zero past the matrix's edge
+// (the launcher pads an operand that is not so; matmul_tc.h states the rule), so
+// a chunk is always copied whole. A block's lines past M or N are copies of its
+// last line inside (they only reach rows or columns of C that are not stored);
+// chunks at and past the end of K (of the split) are zero-filled by cp.async
+// itself (src-size 0: nothing is read). Both copies have a constant size and fill
+// (a run-time fill costs a branch table per copy in the CUDA header), and only the
+// step that reaches k_end checks K at all. Every warp runs the same loop: no lane
+// diverges around an mma or ldmatrix. Stores of C are clipped to [M, N].
 //
 // Split-K. A product whose 128x128 tiles number fewer than the SMs (512^3: 16;
 // a linear layer's [128,3136] x [3136,128]: 1) cuts K into splits of whole steps;
@@ -96,6 +99,10 @@ static_assert((kTile / kWarpM) * (kTile / kWarpN) * 32 == kThreads, "one warp pe
 // products at the tensor cores' rate (a guess until a GPU times it).
 constexpr int kMinSplitK = 256;
 
+// The longest row of an operand (its leading dimension): a stage tile's 128 lines
+// of it then span less than 2^31 values, so that the copies' offsets are 32-bit.
+constexpr std::int64_t kMaxLd = (std::int64_t{INT_MAX} - kTile) / kTile / kChunk * kChunk;
+
 enum class OutType { Float32, BFloat16, Float16 };
 
 // One launch: C = alpha * op(A) op(B) + beta * C over the K range of each block's
@@ -129,38 +136,71 @@ __device__ __forceinline__ int swizzled(int line, int chunk) {
   }
 }
 
-// Starts the copies of one stage's tile of X: the 128 lines from `base` (rows of
-// A or columns of B; `extent` is M or N) and k from k0, zero past `extent` and
-// k_end. 512 chunks, two a thread; consecutive threads take consecutive chunks,
-// so a warp reads whole 64- or 256-byte runs of a row of X.
+// The copies of one operand's stage tile that this thread issues: 512 chunks, two
+// a thread, consecutive threads taking consecutive chunks, so that a warp reads
+// whole 64- or 256-byte runs of a row of X. What does not change from step to step
+// (each chunk's place in the step's block of X and in the swizzled tile) is worked
+// out once, with 32-bit offsets (the launcher bounds ld so that a tile's span
+// fits), so a step costs a pointer increment and the copies.
+// Lines past M or N are not zero-filled but copied from the last line inside: they
+// only feed rows or columns of C that are never stored. Values past K must be
+// zero (0 * inf would reach the stored outputs), so the step that reaches k_end (the
+// last of a split, and only where K is not a multiple of 32) takes the checked copy,
+// zero-filling the chunks at and past k_end; the test on k0 is the same in every
+// thread, so no warp diverges.
 template <bool kKMajor>
-__device__ __forceinline__ void copy_tile_async(std::uint16_t* tile, const std::uint16_t* x,
-                                                std::int64_t ld, int extent, int base, int k0,
-                                                int k_end) {
-  constexpr int kChunksPerLine = kKMajor ? kStepK / kChunk : kTile / kChunk;
+struct TileCopier {
+  static constexpr int kChunksPerLine = kKMajor ? kStepK / kChunk : kTile / kChunk;
+  static constexpr int kPerThread = kTileValues / kChunk / kThreads;
+  const std::uint16_t* x;      // the operand's base: the source of a zero fill
+  const std::uint16_t* block;  // the current step's first value (line 0, chunk 0)
+  std::int64_t stride;         // from one step's block to the next
+  int src[kPerThread];         // chunk i's offset from `block`
+  int dst[kPerThread];         // chunk i's offset in a stage's tile
+  int k_offset[kPerThread];    // chunk i's first k, from the step's first
+
+  // X from its row or column `base` (A's m0 or B's n0; `extent` is M or N, which
+  // base is below), k from k_begin.
+  __device__ TileCopier(const std::uint16_t* operand, std::int64_t ld, int extent, int base,
+                        int k_begin)
+      : x(operand),
+        block(operand + (kKMajor ? base * ld + k_begin : k_begin * ld + base)),
+        stride(kKMajor ? kStepK : kStepK * ld) {
 #pragma unroll
-  for (int i = 0; i < kTileValues / kChunk / kThreads; ++i) {
-    const int q = static_cast<int>(threadIdx.x) + i * kThreads;
-    const int line = q / kChunksPerLine, chunk = q % kChunksPerLine;
-    // The chunk's row and column in X as stored, and how many of its values lie in X.
-    int row, col, inside;
-    if constexpr (kKMajor) {
-      row = base + line, col = k0 + chunk * kChunk;
-      inside = row < extent ? k_end - col : 0;
-    } else {
-      row = k0 + line, col = base + chunk * kChunk;
-      inside = row < k_end ? extent - col : 0;
-    }
-    inside = max(0, min(kChunk, inside));
-    std::uint16_t* dst = tile + swizzled<kKMajor>(line, chunk);
-    if (inside > 0) {
-      const std::uint16_t* src = x + static_cast<std::int64_t>(row) * ld + col;
-      __pipeline_memcpy_async(dst, src, 16, (kChunk - inside) * sizeof(std::uint16_t));
-    } else {
-      __pipeline_memcpy_async(dst, x, 16, 16);  // all zero fill: reads nothing
+    for (int i = 0; i < kPerThread; ++i) {
+      const int q = static_cast<int>(threadIdx.x) + i * kThreads;
+      const int line = q / kChunksPerLine, chunk = q % kChunksPerLine;
+      if constexpr (kKMajor) {  // line: a row of X past M or N reads the last one
+        src[i] = min(line, extent - 1 - base) * static_cast<int>(ld) + chunk * kChunk;
+      } else {  // chunk: a column past M or N reads the last chunk (rows are whole chunks)
+        src[i] = line * static_cast<int>(ld) +
+                 min(chunk * kChunk, (extent - 1 - base) / kChunk * kChunk);
+      }
+      dst[i] = swizzled<kKMajor>(line, chunk);
+      k_offset[i] = kKMajor ? chunk * kChunk : line;
     }
   }
-}
+
+  // Starts the copies of the step whose first k is k0 into `tile`, zero at and
+  // past k_end, and moves on to the next step.
+  __device__ __forceinline__ void start(std::uint16_t* tile, int k0, int k_end) {
+    if (k0 + kStepK <= k_end) {
+#pragma unroll
+      for (int i = 0; i < kPerThread; ++i)
+        __pipeline_memcpy_async(tile + dst[i], block + src[i], 16);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPerThread; ++i) {
+        if (k0 + k_offset[i] < k_end) {
+          __pipeline_memcpy_async(tile + dst[i], block + src[i], 16);
+        } else {
+          __pipeline_memcpy_async(tile + dst[i], x, 16, 16);  // all zero fill: reads nothing
+        }
+      }
+    }
+    block += stride;
+  }
+};
 
 // The A fragments of the warp's 4 m16 tiles (rows warp_row + 16 i) for the k16
 // step kk of a stage. Lane 8j + r gives row r of 8x8 matrix j, and matrix j must
@@ -268,10 +308,13 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_tc_kernel(const TcParams p) 
   const int k_end = k_begin + max(0, min(p.k_per_split, p.k - k_begin));
   const int steps = (k_end - k_begin + kStepK - 1) / kStepK;
 
+  // Steps start in order, so each copier's sources advance one step per call.
+  TileCopier<kAKMajor> copy_a(p.a, p.lda, p.m, m0, k_begin);
+  TileCopier<kBKMajor> copy_b(p.b, p.ldb, p.n, n0, k_begin);
   auto start_step = [&](int step, int stage) {
     const int k0 = k_begin + step * kStepK;
-    copy_tile_async<kAKMajor>(tile_a[stage], p.a, p.lda, p.m, m0, k0, k_end);
-    copy_tile_async<kBKMajor>(tile_b[stage], p.b, p.ldb, p.n, n0, k0, k_end);
+    copy_a.start(tile_a[stage], k0, k_end);
+    copy_b.start(tile_b[stage], k0, k_end);
   };
   // Commit group s holds step s's copies (empty past the last step), so waiting
   // for all but the newest kStages - 2 groups completes exactly the step to compute.
@@ -371,6 +414,9 @@ const std::uint16_t* operand(const Tensor& x, std::optional<Scratch>& padded, st
                              const Stream& stream) {
   const auto* data = static_cast<const std::uint16_t*>(x.raw_data());
   const std::int64_t rows = x.size(0), cols = x.size(1);
+  TL_CHECK(cols <= kMaxLd, InvalidArgument,
+           "matmul: " << x.describe() << " has rows of " << cols
+                      << " values; the tensor-core GEMM takes at most " << kMaxLd);
   *ld = cols;
   const bool aligned = reinterpret_cast<std::uintptr_t>(data) % 16 == 0 && cols % kChunk == 0;
   if (aligned || rows * cols == 0) return data;  // empty: K = 0, nothing is read

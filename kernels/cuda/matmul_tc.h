@@ -13,9 +13,10 @@
 // needs each operand's base address 16-byte aligned and its row length (lda, ldb) a
 // multiple of 8; an operand that is not (K = 9 in A [M,K], N = 70 in B [K,N], a view
 // at an odd offset) is first copied into scratch with rows padded to a multiple of
-// 8 (one pass over the operand's 16-bit bytes, zeros in the padding). Edges of the
-// tiles (M, N, K not multiples of 128, 128, 32) are zero-filled by the copies
-// themselves, so the kernel reads no byte outside A and B.
+// 8 (one pass over the operand's 16-bit bytes; the zeros in the padding are the
+// values the kernel multiplies past the edge of a ragged chunk). Chunks past the
+// edges of the tiles (M, N, K not multiples of 128, 128, 32) are zero-filled by the
+// copies themselves, so the kernel reads no byte outside A and B (or the copy).
 //
 // Sums: each output's products (exact in float32) are added in float32 by the
 // tensor cores' mma in k order, then alpha and beta are applied in float32
