@@ -28,6 +28,16 @@
 // (3136 -> 128) at a tower's batch of 128 in the three layouts of y = x w^T:
 // forward NT [128,128,3136] (one tile of C: the split-K path), grad_x NN
 // [128,3136,128] and grad_w TN [128,3136,128] (args M/N/K).
+//
+// CUDA, 16-bit (issue 46): towerlab's tensor-core GEMM (kernels/cuda/matmul_tc.cu)
+// beside cublasGemmEx, both with bfloat16 or float16 A and B, a float32 C and
+// float32 sums (CUBLAS_COMPUTE_32F), NN, NT and TN at 512, 1024 and 4096. Targets
+// (issue 44): >= 75 % of cuBLAS at 512-1024, >= 70 % at 4096, and >= 8x towerlab's
+// own SGEMM at 4096 (the cuda_* rows above). Compare the "max" FLOP/s rows:
+//   ./matmul_bench --benchmark_filter='(cublas|cuda)_(bf16|fp16)' --benchmark_repetitions=5
+// On the emulated GPUs only towerlab's side builds (the emulated cuBLAS has no
+// GemmEx); there `--benchmark_filter=cuda_bf16_NN/512` runs the kernel as a smoke
+// test (slowly: every thread on the CPU).
 #include <benchmark/benchmark.h>
 
 #include "bench_util.h"
@@ -43,6 +53,13 @@
 
 #if TOWERLAB_HAVE_CBLAS
 #include <cblas.h>
+#endif
+#if TOWERLAB_WITH_CUDA
+#include <cublas_v2.h>  // the emulator's defines TOWERLAB_EMULATED_CUDA
+#if !defined(TOWERLAB_EMULATED_CUDA)
+#include "engine/cuda_check.h"
+#define TL_BENCH_GEMM_EX 1
+#endif
 #endif
 
 using namespace towerlab;
@@ -144,6 +161,41 @@ void BM_Cuda(benchmark::State& state, Layout layout, GemmBackend backend) {
   set_flops(state, m, n, k);
 }
 
+// The 16-bit product, op(A) and op(B) in `dtype`, C float32: towerlab's matmul()
+// (the tensor cores), or cublasGemmEx with `cublas`.
+void BM_Cuda16(benchmark::State& state, Layout layout, DType dtype, bool cublas) {
+  if (bench::skip_without(Device::cuda(0), state)) return;
+  const std::int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  Stream stream(Device::cuda(0));
+  Operands x(m, n, k, layout, stream);
+  const Tensor a = cast(x.a, dtype, stream), b = cast(x.b, dtype, stream);
+  const bool ta = transpose_a(layout), tb = transpose_b(layout);
+  if (!cublas) {
+    bench::time_calls(state, stream, [&] { matmul(x.c, a, b, ta, tb, 1.0f, 0.0f, stream); });
+    set_flops(state, m, n, k);
+    return;
+  }
+#if TL_BENCH_GEMM_EX
+  cublasHandle_t handle = nullptr;
+  TL_CUBLAS_CHECK(cublasCreate(&handle));
+  TL_CUBLAS_CHECK(cublasSetStream(handle, static_cast<cudaStream_t>(stream.native_handle())));
+  const cudaDataType_t type = dtype == DType::BFloat16 ? CUDA_R_16BF : CUDA_R_16F;
+  const float alpha = 1.0f, beta = 0.0f;
+  // Column-major cuBLAS computes C^T = op(B)^T op(A)^T (kernels/cuda/matmul.cu).
+  bench::time_calls(state, stream, [&] {
+    TL_CUBLAS_CHECK(cublasGemmEx(
+        handle, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
+        static_cast<int>(m), static_cast<int>(k), &alpha, b.raw_data(), type,
+        static_cast<int>(b.size(1)), a.raw_data(), type, static_cast<int>(a.size(1)), &beta,
+        x.c.raw_data(), CUDA_R_32F, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  });
+  TL_CUBLAS_CHECK(cublasDestroy(handle));
+  set_flops(state, m, n, k);
+#else
+  state.SkipWithError("no cublasGemmEx in this build (the emulated cuBLAS has SGEMM only)");
+#endif
+}
+
 // The fastest repetition is the one least disturbed by other processes, for both
 // contenders: run with --benchmark_repetitions=N and compare FLOP/s in the "max"
 // rows (their time column is the slowest repetition's; ignore it).
@@ -226,3 +278,14 @@ TL_CUDA_PAIR(TN);
 TL_CUDA_FC1(forward, NT, fc1_forward);
 TL_CUDA_FC1(grad_x, NN, fc1_backward);
 TL_CUDA_FC1(grad_w, TN, fc1_backward);
+
+// 16-bit inputs on the tensor cores beside cublasGemmEx, each layout and dtype.
+#define TL_CUDA16_PAIR(L, NAME, DTYPE)                                                          \
+  BENCHMARK_CAPTURE(BM_Cuda16, cublas_##NAME##_##L, Layout::L, DTYPE, true)->Apply(cuda_sizes); \
+  BENCHMARK_CAPTURE(BM_Cuda16, cuda_##NAME##_##L, Layout::L, DTYPE, false)->Apply(cuda_sizes)
+TL_CUDA16_PAIR(NN, bf16, DType::BFloat16);
+TL_CUDA16_PAIR(NT, bf16, DType::BFloat16);
+TL_CUDA16_PAIR(TN, bf16, DType::BFloat16);
+TL_CUDA16_PAIR(NN, fp16, DType::Float16);
+TL_CUDA16_PAIR(NT, fp16, DType::Float16);
+TL_CUDA16_PAIR(TN, fp16, DType::Float16);

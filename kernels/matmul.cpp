@@ -6,11 +6,11 @@
 #include <string>
 #include <utility>
 
-#include "kernels/cast.h"
 #include "kernels/checks.h"
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cuda/matmul.h"
+#include "kernels/cuda/matmul_tc.h"
 
 namespace towerlab {
 
@@ -29,8 +29,8 @@ void check_2d(const char* name, const Tensor& t) {
 }
 
 // The 16-bit product's operands (kernels/matmul.h): defined, on the stream's
-// device, which is the CPU, a and b both bfloat16 or both float16, c float32 or
-// their dtype. check_on_stream's counterpart, which refuses every 16-bit tensor.
+// device, a and b both bfloat16 or both float16, c float32 or their dtype.
+// check_on_stream's counterpart, which refuses every 16-bit tensor.
 void check_16bit_operands(const Stream& stream, const Tensor& c, const Tensor& a, const Tensor& b) {
   for (const auto& [name, t] : {std::pair{"c", &c}, std::pair{"a", &a}, std::pair{"b", &b}}) {
     TL_CHECK(t->defined(), InvalidArgument, "matmul: " << name << " is undefined");
@@ -38,12 +38,6 @@ void check_16bit_operands(const Stream& stream, const Tensor& c, const Tensor& a
              "matmul: " << name << " is " << t->describe() << " but the stream is on "
                         << stream.device().str());
   }
-  // CUDA takes 16-bit a and b (widened, see matmul below) but writes float32 only.
-  TL_CHECK(stream.device().is_cpu() || !is_16bit(c.dtype()), NotSupported,
-           "matmul: " << dtype_name(c.dtype()) << " is not supported on " << stream.device().str()
-                      << " as c (16-bit a and b are summed into a float32 c there; a is "
-                      << a.describe() << ", b " << b.describe() << ", c " << c.describe()
-                      << "; cast() converts)");
   const bool inputs_ok = is_16bit(a.dtype()) && b.dtype() == a.dtype();
   const bool output_ok = c.dtype() == DType::Float32 || c.dtype() == a.dtype();
   TL_CHECK(inputs_ok && output_ok, NotSupported,
@@ -105,21 +99,18 @@ void matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool transpose_a,
   TL_CHECK(!kernels::overlap(c, a) && !kernels::overlap(c, b), InvalidArgument,
            "matmul: c " << typed_shape(c) << " overlaps " << (kernels::overlap(c, a) ? "a" : "b")
                         << " in memory; write the product to a separate tensor");
-  if (stream.device().is_cuda()) kernels::check_float32("matmul", "c", c);
+  if (stream.device().is_cuda() && !low_precision) kernels::check_float32("matmul", "c", c);
   if (m == 0 || n == 0) return;
-  if (low_precision && stream.device().is_cuda()) {
-    // Until the tensor-core GEMM: a and b widened (exactly) into float32 scratch on
-    // the stream, then the float32 kernel, so the numbers are the CPU's, within E.
-    matmul(c, cast(a, DType::Float32, stream), cast(b, DType::Float32, stream), transpose_a,
-           transpose_b, alpha, beta, stream);
-    return;
-  }
-  if (low_precision) {  // the CPU's (check_16bit_operands)
-    if (a.dtype() == DType::BFloat16) {
-      host_gemm_16bit<bfloat16>(c, a, b, transpose_a, transpose_b, m, n, k, alpha, beta);
-    } else {
-      host_gemm_16bit<float16>(c, a, b, transpose_a, transpose_b, m, n, k, alpha, beta);
-    }
+  if (low_precision) {  // the CPU's 16-bit GEMMs, or CUDA's tensor cores
+    const auto host = [&] {
+      if (a.dtype() == DType::BFloat16) {
+        host_gemm_16bit<bfloat16>(c, a, b, transpose_a, transpose_b, m, n, k, alpha, beta);
+      } else {
+        host_gemm_16bit<float16>(c, a, b, transpose_a, transpose_b, m, n, k, alpha, beta);
+      }
+    };
+    TL_DISPATCH(stream, host(),
+                cuda::gemm_16bit(c, a, b, transpose_a, transpose_b, alpha, beta, stream));
     return;
   }
 

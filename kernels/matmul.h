@@ -19,22 +19,26 @@
 //             grad_w += x^T grad_y   matmul(grad_w, x, grad_y, true, false, 1, 1)
 //
 // The CPU backend runs float32 and float64 (the latter with plain loops, for the
-// gradient checks); CUDA runs float32 with towerlab's own kernel, or with cuBLAS
+// gradient checks); CUDA runs float32 with towerlab's own SGEMM, or with cuBLAS
 // (TF32 off) when set_gemm_backend(GemmBackend::Cublas) asks, for comparison.
 //
 // Mixed precision. The accepted dtypes:
 //   a and b               c
 //   float32               float32        (every device)
 //   float64               float64        (CPU)
-//   bfloat16              float32 or bfloat16 (CPU), float32 (CUDA)
-//   float16               float32 or float16 (CPU), float32 (CUDA)
+//   bfloat16              float32 or bfloat16 (every device)
+//   float16               float32 or float16 (every device)
 // Any other combination (a and b of different dtypes, a float64 c with bfloat16
-// inputs, ...) throws NotSupported naming the three dtypes; a 16-bit c on a CUDA
-// device throws NotSupported naming the dtype and the device. On CUDA, until the
-// tensor-core GEMM exists (issue 46, item 3), 16-bit a and b are widened exactly
-// into float32 scratch on the stream (kernels/cast.h) and multiplied by the float32
-// kernel: the numbers below, no speed (two extra passes and float32's bandwidth),
-// which is what mixed-precision training on the GPU runs today (docs/precision.md).
+// inputs, ...) throws NotSupported naming the three dtypes. On CUDA, 16-bit a and
+// b run on the tensor cores (kernels/cuda/matmul_tc.h, towerlab's own kernel
+// whatever set_gemm_backend says): mma.sync adds the exact products in float32,
+// alpha and beta are applied in float32 with the same beta == 0 rule, and a 16-bit
+// c is rounded once (to nearest even) from that float32 value; where K is split,
+// the splits' float32 sums are added in a fixed tree before alpha and beta. On the
+// emulated GPUs the mma adds the products one at a time in k order
+// (docs/emulator.md), within E below; a real GPU's mma adds each k16 block in an
+// order and internal precision PTX does not state, so there the bound is to be
+// confirmed by these tests on the hardware (docs/gpu.md lists what ran where).
 // On the CPU the 16-bit values are widened
 // exactly, their products (exact in float32) are summed in float32, alpha and beta
 // are applied in float32 with the same beta == 0 rule, and a 16-bit c is rounded

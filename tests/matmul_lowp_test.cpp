@@ -4,13 +4,17 @@
 // tolerance the header states, in all four transpose layouts, on odd and large
 // shapes, with alpha and beta, float32 and 16-bit outputs; the beta == 0 and
 // beta == 1 sentinels; controls that show the tolerance check can fail; and the
-// typed errors, on the CPU and on a CUDA device.
+// typed errors, on the CPU and on a CUDA device. The same checks run the CUDA
+// tensor-core GEMM (kernels/cuda/matmul_tc.cu) on cuda:0: the emulated GPUs in CI,
+// a real one where present (MatmulLowpCuda, below).
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/half.h"
+#include "kernels/batched_matmul.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/matmul.h"
 #include "kernels/reference/matmul.h"
@@ -171,10 +175,10 @@ template <typename Out, typename In>
   return result;
 }
 
-// The product through matmul() on the CPU with a c of type Out holding c0.
+// The product through matmul() on `s` (the CPU by default) with a c of type Out
+// holding c0.
 template <typename Out, typename In>
-std::vector<float> run(const Case<In>& x) {
-  const Stream& s = cpu();
+std::vector<float> run(const Case<In>& x, const Stream& s = cpu()) {
   Tensor a = Tensor::from_host<In>(x.a, x.a_shape(), s);
   Tensor b = Tensor::from_host<In>(x.b, x.b_shape(), s);
   Tensor c = Tensor::from_host<Out>(convert<Out>(x.c0), {x.d.m, x.d.n}, s);
@@ -385,6 +389,162 @@ TEST(MatmulLowp, AutoWidensAndVdpbf16psRunsOnRequest) {
 }
 
 // ---------------------------------------------------------------------------
+// CUDA: the tensor-core GEMM (kernels/cuda/matmul_tc.cu), held to the same bound.
+// On the emulated GPUs (132 SMs unless TOWERLAB_EMULATED_SMS says fewer) the shapes
+// below take these paths: 128x128 tiles with M, N at and past a tile's edge; K
+// from 1 (one zero-filled step) to 511 (16 steps through the 3-stage ring in one
+// block) and 1000 (split in 3 along K, each split 11 steps, then split_reduce);
+// operands whose rows are not a multiple of 8 values (K = 9 in A [M,K], N = 33 in
+// B [K,N]) or that start off a 16-byte boundary (a view at an odd offset), which
+// the launcher pads into scratch first.
+
+class MatmulLowpCuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    skip_without_cuda_device();
+    if (IsSkipped() || HasFatalFailure()) return;
+    stream_ = std::make_unique<Stream>(Device::cuda(0));
+  }
+  const Stream& stream() const { return *stream_; }
+
+  // As MatmulLowpPath::check, on cuda:0.
+  template <typename In>
+  void check(const Dims& d, bool transpose_a, bool transpose_b, float alpha, float beta,
+             unsigned seed) {
+    const Case<In> x = make_case<In>(d, transpose_a, transpose_b, alpha, beta, seed);
+    const std::vector<float> c32 = run<float>(x, stream());
+    const std::vector<float> c16 = run<In>(x, stream());
+    EXPECT_TRUE(within_bound<float>(c32, x)) << describe(d, transpose_a, transpose_b);
+    EXPECT_TRUE(within_bound<In>(c16, x)) << describe(d, transpose_a, transpose_b) << " 16-bit c";
+    EXPECT_EQ(c16, widen(convert<In>(c32)))
+        << describe(d, transpose_a, transpose_b) << ": a 16-bit c is the float32 one rounded once";
+  }
+
+  // Every layout, both input dtypes.
+  void check_all(const Dims& d, float alpha, float beta, unsigned seed) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        check<bfloat16>(d, ta, tb, alpha, beta, seed += 3);
+        check<float16>(d, ta, tb, alpha, beta, seed += 3);
+      }
+    }
+  }
+
+ private:
+  std::unique_ptr<Stream> stream_;
+};
+
+TEST_F(MatmulLowpCuda, OddShapesEveryLayoutBothDtypes) {
+  unsigned seed = 100;
+  for (const Dims& d : std::vector<Dims>{
+           {1, 1, 1}, {17, 33, 9}, {3, 5, 40}, {24, 64, 64}, {130, 70, 257}, {129, 136, 33}}) {
+    check_all(d, 1.0f, 0.0f, seed += 50);
+  }
+}
+
+TEST_F(MatmulLowpCuda, AlphaAndBetaOverANonzeroC) {
+  check_all({67, 45, 131}, -1.5f, 0.5f, 200);
+  check_all({40, 136, 24}, 0.25f, 1.0f, 300);
+}
+
+TEST_F(MatmulLowpCuda, ManyStepsAndSplitK) {
+  check<bfloat16>({40, 48, 511}, false, false, 1.0f, 0.0f, 400);  // 16 steps, one block
+  check<float16>({33, 130, 511}, true, true, 1.0f, 1.0f, 401);
+  check<bfloat16>({20, 24, 1000}, true, false, 2.0f, 0.5f, 402);  // 3 splits of 11 steps
+  check<float16>({20, 24, 1000}, false, true, 1.0f, 0.0f, 403);
+}
+
+// An operand that starts off a 16-byte boundary (a view 1 value into its storage)
+// gives the bits of the same operand aligned: the padded copy changes no sum.
+TEST_F(MatmulLowpCuda, MisalignedOperandGivesTheAlignedBits) {
+  const Case<bfloat16> x = make_case<bfloat16>({24, 40, 48}, false, false, 1.0f, 0.0f, 500);
+  std::vector<bfloat16> shifted = {bfloat16(0.0f)};
+  shifted.insert(shifted.end(), x.a.begin(), x.a.end());
+  const Tensor storage =
+      Tensor::from_host<bfloat16>(shifted, {static_cast<std::int64_t>(shifted.size())}, stream());
+  const Tensor a = storage.view(1, x.a_shape());
+  const Tensor b = Tensor::from_host<bfloat16>(x.b, x.b_shape(), stream());
+  Tensor c = Tensor::empty({x.d.m, x.d.n}, stream());
+  matmul(c, a, b, false, false, 1.0f, 0.0f, stream());
+  const std::vector<float> got = c.to_host<float>(stream());
+  EXPECT_TRUE(within_bound<float>(got, x));
+  EXPECT_EQ(got, run<float>(x, stream()));
+}
+
+TEST_F(MatmulLowpCuda, BetaZeroIgnoresNanAndBetaOneAccumulates) {
+  const Dims d{13, 45, 33};
+  const Case<bfloat16> x = make_case<bfloat16>(d, false, true, 1.0f, 0.0f, 600);
+  Tensor a = Tensor::from_host<bfloat16>(x.a, x.a_shape(), stream());
+  Tensor b = Tensor::from_host<bfloat16>(x.b, x.b_shape(), stream());
+  const std::vector<float> nans(static_cast<std::size_t>(d.m * d.n),
+                                std::numeric_limits<float>::quiet_NaN());
+  Tensor c32 = Tensor::from_host<float>(nans, {d.m, d.n}, stream());
+  Tensor c16 = Tensor::from_host<bfloat16>(convert<bfloat16>(nans), {d.m, d.n}, stream());
+  matmul(c32, a, b, false, true, 1.0f, 0.0f, stream());
+  matmul(c16, a, b, false, true, 1.0f, 0.0f, stream());
+  EXPECT_TRUE(within_bound<float>(c32.to_host<float>(stream()), x));
+  EXPECT_TRUE(within_bound<bfloat16>(widen(c16.to_host<bfloat16>(stream())), x));
+
+  Case<bfloat16> sum = make_case<bfloat16>(d, true, false, 1.0f, 1.0f, 601);
+  sum.c0.assign(sum.c0.size(), 64.0f);
+  sum.expect();
+  const std::vector<float> got = run<float>(sum, stream());
+  EXPECT_TRUE(within_bound<float>(got, sum));
+  Case<bfloat16> assigned = sum;
+  assigned.beta = 0.0f;
+  assigned.expect();
+  EXPECT_FALSE(within_bound<float>(got, assigned)) << "the sentinel was not added";
+}
+
+// The check can fail on this path too: one value of A one ulp off moves its row of
+// C past the bound, and so does reading A and B unrounded (the reference on the
+// float32 values the 16-bit ones were rounded from).
+TEST_F(MatmulLowpCuda, ControlToleranceCatchesAWrongResult) {
+  for (bool ta : {false, true}) {
+    Case<bfloat16> x = make_case<bfloat16>({20, 30, 64}, ta, true, 1.0f, 0.0f, 700);
+    x.a[5].bits = static_cast<std::uint16_t>(x.a[5].bits + 1);
+    const std::vector<float> got = run<float>(x, stream());
+    x.a[5].bits = static_cast<std::uint16_t>(x.a[5].bits - 1);
+    x.expect();
+    EXPECT_FALSE(within_bound<float>(got, x)) << "a one-ulp change in A went unnoticed";
+  }
+  const Dims d{20, 30, 64};
+  const Case<float16> x = make_case<float16>(d, false, false, 1.0f, 0.0f, 701);
+  const std::vector<float> got = run<float>(x, stream());
+  Case<float16> unrounded = x;
+  const std::vector<float> a32 = random_values(static_cast<std::size_t>(d.m * d.k), 701);
+  const std::vector<float> b32 = random_values(static_cast<std::size_t>(d.k * d.n), 702);
+  reference::matmul<float>(false, false, d.m, d.n, d.k, 1.0f, a32.data(), d.k, b32.data(), d.n,
+                           0.0f, unrounded.want.data(), d.n);
+  EXPECT_TRUE(within_bound<float>(got, x));
+  EXPECT_FALSE(within_bound<float>(got, unrounded)) << "unrounded inputs went unnoticed";
+}
+
+// batched_matmul takes the same kernel entry by entry; entries of 5x7 and 7x9
+// values start off 16-byte boundaries, so this also runs the padded copies.
+TEST_F(MatmulLowpCuda, BatchedMatmulEntries) {
+  const Dims d{5, 9, 7};
+  const std::int64_t batch = 3;
+  std::vector<Case<bfloat16>> entries;
+  std::vector<bfloat16> a, b;
+  for (std::int64_t i = 0; i < batch; ++i) {
+    entries.push_back(make_case<bfloat16>(d, false, false, 1.0f, 0.0f, 800 + 10 * i));
+    a.insert(a.end(), entries.back().a.begin(), entries.back().a.end());
+    b.insert(b.end(), entries.back().b.begin(), entries.back().b.end());
+  }
+  Tensor ta = Tensor::from_host<bfloat16>(a, {batch, d.m, d.k}, stream());
+  Tensor tb = Tensor::from_host<bfloat16>(b, {batch, d.k, d.n}, stream());
+  Tensor c = Tensor::empty({batch, d.m, d.n}, stream(), DType::BFloat16);
+  batched_matmul(c, ta, tb, false, false, 1.0f, 0.0f, stream());
+  const std::vector<float> got = widen(c.to_host<bfloat16>(stream()));
+  const std::size_t per = static_cast<std::size_t>(d.m * d.n);
+  for (std::int64_t i = 0; i < batch; ++i) {
+    const std::vector<float> entry(got.begin() + i * per, got.begin() + (i + 1) * per);
+    EXPECT_TRUE(within_bound<bfloat16>(entry, entries[static_cast<std::size_t>(i)])) << i;
+  }
+}
+
+// ---------------------------------------------------------------------------
 // Errors.
 
 Tensor cpu_tensor(const Shape& shape, DType dtype) {
@@ -431,19 +591,17 @@ TEST(MatmulLowpErrors, RefusesOtherDtypeCombinations) {
   EXPECT_THROW(matmul(c, a, b, false, false, 1.0f, 0.0f, cpu()), ShapeError);
 }
 
-// CUDA takes 16-bit a and b into a float32 c (widened: precision_test.cpp checks
-// the values) and refuses a 16-bit c, naming the op, the dtype and the device (run
-// on the emulated GPUs in CI and on a real one where present).
-TEST(MatmulLowpErrors, A16BitCIsRefusedOnCuda) {
+// CUDA refuses the combinations the CPU refuses, naming the three dtypes (run on
+// the emulated GPUs in CI and on a real one where present).
+TEST(MatmulLowpErrors, RefusesOtherDtypeCombinationsOnCuda) {
   skip_without_cuda_device();
   if (::testing::Test::IsSkipped() || ::testing::Test::HasFatalFailure()) return;
   Stream stream(Device::cuda(0));
-  for (DType dtype : {DType::BFloat16, DType::Float16}) {
-    Tensor a = Tensor::empty({3, 4}, stream, dtype), b = Tensor::empty({4, 5}, stream, dtype);
-    Tensor c = Tensor::empty({3, 5}, stream, dtype);
-    expect_not_supported([&] { matmul(c, a, b, false, false, 1.0f, 0.0f, stream); },
-                         {"matmul", dtype_name(dtype), "cuda:0", "as c"});
-  }
+  Tensor a = Tensor::empty({3, 4}, stream, DType::BFloat16);
+  Tensor b = Tensor::empty({4, 5}, stream, DType::BFloat16);
+  Tensor c = Tensor::empty({3, 5}, stream, DType::Float16);
+  expect_not_supported([&] { matmul(c, a, b, false, false, 1.0f, 0.0f, stream); },
+                       {"matmul", "bfloat16", "float16"});
 }
 
 }  // namespace

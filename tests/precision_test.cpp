@@ -95,7 +95,7 @@ TEST_P(PrecisionKernelTest, Conv2dBf16MatchesTheReferenceOnRoundedInputs) {
 
 // The three products of a linear layer (kernels/matmul.h) with bfloat16 operands and
 // a float32 c, within E = 2 (K + 2) 2^-24 (S + |beta c0|) of the reference on the
-// rounded values; beta = 1 over a sentinel. On CUDA this is the widening path.
+// rounded values; beta = 1 over a sentinel. On CUDA this is the tensor-core GEMM.
 TEST_P(PrecisionKernelTest, MatmulBf16WithinTheHeadersBound) {
   const std::int64_t m = 13, n = 7, k = 29;
   struct Layout {
@@ -140,12 +140,6 @@ TEST_P(PrecisionKernelTest, MixedOperandsAreRefused) {
   Tensor y16 = Tensor::empty({2, 4, 3, 3}, stream(), DType::BFloat16);
   EXPECT_THROW_WITH(conv2d_forward(y16, x16, w16, Tensor(), {}, stream()), NotSupported,
                     "conv2d_forward: y is bfloat16[2,4,3,3] but with bfloat16 operands");
-  if (device().is_cuda()) {
-    Tensor a = bf16(random_values(6, 3), {2, 3}),
-           c16 = Tensor::empty({2, 2}, stream(), DType::BFloat16);
-    EXPECT_THROW_WITH(matmul(c16, a, a, false, true, 1.0f, 0.0f, stream()), NotSupported,
-                      "matmul: bfloat16 is not supported on cuda:0 as c");
-  }
 }
 
 // --- the trainer ---------------------------------------------------------------
