@@ -380,6 +380,8 @@ int run(const sample::Options& o) {
     }
     metrics["epochs"] = o.epochs;
     metrics["skipped_steps"] = trainer.skipped_steps();
+    // The next step's loss scale: in the training state, so a resumed run's is the same.
+    if (o.precision == "fp16") metrics["loss_scale"] = trainer.loss_scale().scale();
     metrics["train_loss"] = train_loss;
     metrics["test_accuracy"] = test_acc;
     metrics["images_per_second"] = images_per_second;
