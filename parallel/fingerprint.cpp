@@ -149,6 +149,9 @@ std::string trainer_fingerprint(const VariableSet& variables, DType dtype,
   line("seed", std::to_string(options.seed));
   line("clip_grad_norm", number(options.clip_grad_norm));
   line("precision", precision_name(options.precision));
+  if (options.precision == Precision::Fp16) {
+    line("loss_scale_growth_interval", std::to_string(options.loss_scale_growth_interval));
+  }
   return out.str();
 }
 

@@ -2,6 +2,7 @@
 #include "parallel/precision.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "engine/error.h"
 
@@ -36,11 +37,40 @@ DType compute_dtype(Precision precision, const std::vector<Device>& devices) {
     case Precision::Bf16:
       return DType::BFloat16;
     case Precision::Fp16:
-      TL_THROW(NotSupported,
-               "Trainer: precision fp16 is not supported yet (it needs dynamic loss "
-               "scaling, not implemented); use bf16, which needs none");
+      return DType::Float16;
   }
   return DType::Float32;
+}
+
+LossScale::LossScale(bool enabled, std::int64_t growth_interval)
+    : enabled_(enabled), growth_interval_(growth_interval), scale_(enabled ? kInitial : 1.0) {
+  TL_CHECK(growth_interval >= 1, InvalidArgument,
+           "Trainer: loss_scale_growth_interval must be at least 1 (clean steps before the "
+           "loss scale doubles; GradScaler's is 2000), got "
+               << growth_interval);
+}
+
+void LossScale::update(bool overflow) {
+  if (!enabled_) return;
+  if (overflow) {
+    scale_ /= 2;
+    clean_steps_ = 0;
+  } else if (++clean_steps_ >= growth_interval_) {
+    scale_ *= 2;
+    clean_steps_ = 0;
+  }
+}
+
+void LossScale::restore(double scale, std::int64_t clean_steps) {
+  int exponent = 0;
+  TL_CHECK(std::isfinite(scale) && scale > 0 && std::frexp(scale, &exponent) == 0.5 &&
+               clean_steps >= 0,
+           InvalidArgument,
+           "loss scale " << scale << " after " << clean_steps
+                         << " clean steps: the scale must be a positive power of two and the "
+                            "count at least 0");
+  scale_ = scale;
+  clean_steps_ = clean_steps;
 }
 
 }  // namespace towerlab

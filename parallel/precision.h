@@ -21,10 +21,16 @@
 //
 // Fp32 is today's float32 everywhere. Tf32 is float32 on CPU towers (the CPU has no
 // TF32 arithmetic; the same bits as Fp32) and NotSupported on CUDA towers until the
-// TF32 tensor-core GEMM exists. Fp16 (float16 with dynamic loss scaling) is
-// NotSupported for now. The Trainer's constructor throws both, naming the choice.
+// TF32 tensor-core GEMM exists; the Trainer's constructor throws it, naming the
+// choice. Fp16 is Bf16's policy with float16 as the working dtype, plus dynamic loss
+// scaling (LossScale below): float16 keeps 10 mantissa bits to bfloat16's 7 but
+// covers only 2^-24 to 65504, so small output gradients would flush to zero without
+// the scale, and a master value of magnitude 65520 or more rounds to an infinity in
+// the working copy (its forward then gives a non-finite loss, which the numeric
+// guard reports).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -39,8 +45,45 @@ enum class Precision { Fp32, Tf32, Bf16, Fp16 };
 const char* precision_name(Precision precision);
 
 // The dtype the GEMM-class ops multiply in (Tape::compute_dtype) for towers on
-// `devices`: float32 or bfloat16. Throws NotSupported for what does not run yet
-// (fp16 anywhere, tf32 on CUDA towers), naming the precision and what does run.
+// `devices`: float32, bfloat16 or float16. Throws NotSupported for what does not
+// run yet (tf32 on CUDA towers), naming the precision and what does run.
 DType compute_dtype(Precision precision, const std::vector<Device>& devices);
+
+// Dynamic loss scaling under Fp16, with PyTorch GradScaler's rules. Each tower seeds
+// its backward with its share of the batch times scale(), so the output gradients
+// the float16 GEMMs multiply are scale() times larger and stay above float16's
+// subnormals; the summed gradient is multiplied by 1 / scale() (exact: a power of
+// two) before clipping and the update. After each training step's check of the
+// summed gradient (the trainer's phase 6, the same on every tower and process):
+//   - overflow (an infinity or NaN anywhere in it): the step is skipped and the
+//     scale halves, and the count of clean steps restarts;
+//   - a clean step counts, and the growth_interval-th in a row doubles the scale
+//     (and restarts the count).
+// The scale starts at 2^16 and is always a power of two. Disabled (every other
+// precision), scale() is 1 and update() does nothing.
+class LossScale {
+ public:
+  static constexpr double kInitial = 65536.0;  // 2^16, GradScaler's init_scale
+  static constexpr std::int64_t kGrowthInterval = 2000;
+
+  LossScale() = default;
+  LossScale(bool enabled, std::int64_t growth_interval);
+  bool enabled() const { return enabled_; }
+  double scale() const { return scale_; }
+  // Clean steps since the last change of the scale.
+  std::int64_t clean_steps() const { return clean_steps_; }
+  std::int64_t growth_interval() const { return growth_interval_; }
+  void update(bool overflow);
+  // A checkpoint's position (Trainer::restore_state): a positive power of two and a
+  // count >= 0 (at or above the interval, under a smaller interval than the saving
+  // run's, the next clean step doubles the scale); InvalidArgument otherwise.
+  void restore(double scale, std::int64_t clean_steps);
+
+ private:
+  bool enabled_ = false;
+  std::int64_t growth_interval_ = kGrowthInterval;
+  double scale_ = 1.0;
+  std::int64_t clean_steps_ = 0;
+};
 
 }  // namespace towerlab

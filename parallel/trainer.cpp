@@ -116,6 +116,8 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
 
   // Checked on the request, as the tower kinds are.
   const DType compute = compute_dtype(options_.precision, options_.devices);
+  loss_scale_ =
+      LossScale(options_.precision == Precision::Fp16, options_.loss_scale_growth_interval);
   std::vector<const Stream*> streams;
   for (std::size_t i = 0; i < devices_.size(); ++i) {
     auto t = std::make_unique<TowerState>();
@@ -199,8 +201,8 @@ StepResult Trainer::run(const std::vector<Tensor>& batch, bool training) {
   read_losses(result.slices);  // the end of 2, read once 3 and 4 are queued behind it
   if (options_.process_group != nullptr) reduce_across_processes(result, training);  // 5
   result.loss = mean_loss(result.samples);
-  if (training && guard(result)) {        // 6
-    result.grad_norm = clip_gradients();  // 7, which begins with the clipping
+  if (training && guard(result)) {                      // 6
+    result.grad_norm = unscale_and_clip_gradients();  // 7, which begins with these
     update_and_broadcast();
   }
   gather_outputs(result);  // 8
@@ -366,7 +368,8 @@ void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const T
   }
   if (training) {
     start = Clock::now();
-    t.tape->backward(r.loss, slice.weight);
+    // Under fp16 the seed carries the loss scale (phase 7 divides it out).
+    t.tape->backward(r.loss, slice.weight * loss_scale_.scale());
     // Synchronized batch norm gives the stand-in's rows, which are not in the batch,
     // a gradient through the batch's sums: it must not count.
     if (is_stand_in) t.store->zero_grad(*t.stream);

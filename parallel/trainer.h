@@ -11,8 +11,10 @@
 //      buckets, during phase 2 instead: the same bits);
 //   4. average moving statistics: by the batch-norm policy;
 //   5. reduce across processes: with a ProcessGroup only;
-//   6. guard: NaN and infinity in the loss and the gradient (NumericGuard);
-//   7. update and broadcast: the optimizer on the master, new values to every replica;
+//   6. guard: NaN and infinity in the loss and the gradient (NumericGuard; under
+//      fp16 also the loss scale's overflow check, LossScale);
+//   7. update and broadcast: the gradient unscaled (fp16) and clipped, the optimizer
+//      on the master, new values to every replica;
 //   8. gather outputs: outputs in the input's order, the mean loss, the logs.
 // So N towers, and P processes of M towers, take the same step as one device on
 // the whole batch, to float rounding. docs/trainer.md tells the whole story,
@@ -193,10 +195,17 @@ struct TrainerOptions {
   // The precision policy (parallel/precision.h, docs/precision.md). Fp32: today's
   // float32, bit for bit. Bf16: the GEMM-class ops multiply bfloat16 with float32
   // sums, each tower rounding its replica once per step; the master, the optimizer's
-  // slots, the gradients and everything between the towers stay float32. Tf32 on
-  // CPU towers is Fp32; on CUDA towers, and Fp16 anywhere, NotSupported for now.
-  // Every process must use the same; a checkpoint restores under any precision.
+  // slots, the gradients and everything between the towers stay float32. Fp16: the
+  // same with float16, and dynamic loss scaling (LossScale, parallel/precision.h):
+  // a step whose scaled gradient overflows is skipped on every tower and process,
+  // whatever numeric_guard says (Off included: the loss scale needs the gradient's
+  // check; numeric_guard still decides what a non-finite loss does). Tf32 on CPU
+  // towers is Fp32; on CUDA towers NotSupported for now. Every process must use the
+  // same; a checkpoint restores under any precision.
   Precision precision = Precision::Fp32;
+  // Fp16: the clean steps in a row after which the loss scale doubles (GradScaler's
+  // growth_interval); at least 1.
+  std::int64_t loss_scale_growth_interval = LossScale::kGrowthInterval;
 };
 
 struct StepResult {
@@ -208,7 +217,14 @@ struct StepResult {
   std::map<std::string, double> logs;  // this process's last non-empty tower's log values
   std::int64_t samples = 0;            // in the (global) batch
   std::vector<TowerSlice> slices;      // this process's towers' slices of the batch
-  bool skipped = false;  // NumericGuard::Skip found a NaN or infinity: nothing was updated
+  // Nothing was updated: NumericGuard::Skip found a NaN or infinity, or (fp16) the
+  // scaled gradient overflowed.
+  bool skipped = false;
+  // Fp16: the factor this step's gradient seed was multiplied by, and whether the
+  // scaled gradient held an infinity or NaN (the step skipped, the scale halved for
+  // the next: Trainer::loss_scale()). 1 and false in other precisions and evaluation.
+  double loss_scale = 1.0;
+  bool overflow = false;
   // The averaged gradient's global norm before clipping, with
   // TrainerOptions::clip_grad_norm set (0 otherwise, and in evaluation).
   double grad_norm = 0.0;
@@ -235,8 +251,10 @@ class Trainer {
   // The non-trainable variables each step updates (batch-norm moving statistics).
   std::vector<std::string> updated_variables() const;
   const std::map<std::string, double>& tower_log() const { return last_logs_; }
-  // Steps that NumericGuard::Skip left out.
+  // Steps that NumericGuard::Skip left out (not the loss scale's overflow skips).
   std::int64_t skipped_steps() const { return skipped_steps_; }
+  // Fp16: the next step's loss scale and the clean steps since it last changed.
+  const LossScale& loss_scale() const { return loss_scale_; }
 
   // The master variables; complete whenever no trainer call is running (see the top).
   // Sharded (MasterPlacement::Sharded): a copy on the host, gathered from the
@@ -280,7 +298,8 @@ class Trainer {
   // The whole training state, for resuming a run exactly (parallel/trainer_state.cpp):
   // the master variables (moving statistics included), the optimizer's slots and
   // step count (so the learning-rate schedule's position), the numeric guard's
-  // skipped steps, and the fingerprint of what changes a step. Nothing else changes
+  // skipped steps, under fp16 the loss scale and its clean steps, and the
+  // fingerprint of what changes a step. Nothing else changes
   // between steps: the initial values are drawn once from the seed, and no op draws
   // random numbers after that. `metadata` is the caller's own position (epoch, batch
   // in the epoch, ...). Collective with a process group, like save_checkpoint
@@ -335,17 +354,21 @@ class Trainer {
   bool bucketed() const { return buckets_ != nullptr; }
   // The reducer thread of a bucketed step (see phase 3).
   void reduce_buckets();
-  // 6. NumericGuard: true when the update may go ahead; Stop throws, Skip marks
-  // `result` skipped and puts the replicas back to the master's state.
+  // 6. NumericGuard, and under fp16 the loss scale's check and update: true when
+  // the update may go ahead; Stop throws, Skip and an overflow mark `result`
+  // skipped and put the replicas back to the master's state.
   bool guard(StepResult& result);
   // 7. The optimizer on the master, then the master copied to every replica.
   // Sharded: each tower's slice updated on its stream, then the ring's all-gather.
   void update_and_broadcast();
   void update_slices_and_gather();
-  // 7 begins with clipping by the global norm (TrainerOptions::clip_grad_norm):
-  // returns the averaged gradient's norm, having scaled it where it is held (tower
-  // 0's flat gradient, or each tower's slice) when the norm exceeds the limit.
-  double clip_gradients();
+  // 7 begins with the gradient unscaled (fp16: times 1 / the loss scale) and
+  // clipped by the global norm (TrainerOptions::clip_grad_norm): returns the
+  // averaged gradient's norm, having scaled it when the norm exceeds the limit.
+  double unscale_and_clip_gradients();
+  // The averaged gradient times `coefficient` where it is held: tower 0's flat
+  // gradient, or (sharded) each tower's slice.
+  void scale_gradients(double coefficient);
   // Sharded across processes: the towers' new slices into the host copy, every
   // process's gathered into it (ProcessGroup::allgather_chunks), then to every replica.
   void gather_across_processes();
@@ -369,9 +392,10 @@ class Trainer {
   void run_tower(std::size_t i, const std::vector<Tensor>& batch, const TowerSlice& slice,
                  bool training, BatchNormSync* sync, bool is_stand_in);
   void check_batch(const std::vector<Tensor>& batch) const;
-  // The reduced loss and gradient against NumericGuard: "" when both are finite,
-  // else what is not (the tower losses, the first variable and element).
-  std::string find_nonfinite(const StepResult& result) const;
+  // The reduced loss, and the reduced gradient, against NumericGuard: "" when
+  // finite, else what is not (the tower losses; the first variable and element).
+  std::string nonfinite_loss(const StepResult& result) const;
+  std::string nonfinite_gradient() const;
   // The constructor's fingerprint comparison across the process group.
   void check_processes_agree() const;
   void log_placement() const;
@@ -393,6 +417,7 @@ class Trainer {
   double last_loss_ = 0.0;
   std::map<std::string, double> last_logs_;
   std::int64_t skipped_steps_ = 0;
+  LossScale loss_scale_;
   int rank_ = 0, ranks_ = 1;  // in options_.process_group
   // The last step's loss of every tower of every rank, [rank * towers + tower]; 0
   // for an empty tower. Filled by run_towers, summed over the ranks in phase 5.

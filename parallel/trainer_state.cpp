@@ -19,6 +19,9 @@ namespace {
 constexpr const char* kFingerprintKey = "trainer/fingerprint";
 constexpr const char* kSkippedKey = "trainer/skipped_steps";
 constexpr const char* kChecksumKey = "trainer/checksum";
+// Fp16 only (LossScale): the next step's scale, and the clean steps since it changed.
+constexpr const char* kLossScaleKey = "trainer/loss_scale";
+constexpr const char* kCleanStepsKey = "trainer/loss_scale_clean_steps";
 
 // FNV-1a (64 bits) of the state's bits: the variables, the moving statistics and
 // every slot, in a fixed order. The safetensors header checks the file's size, not
@@ -39,11 +42,12 @@ std::string checksum(const VariableStore& store, const Optimizer& optimizer, con
 }
 
 // Fingerprint lines that a change of layout changes, the step count, which a
-// resume changes by definition, and the precision (the master is float32 under
-// each): the steps stay the same up to rounding.
+// resume changes by definition, and the precision with fp16's loss-scale interval
+// (the master is float32 under each): the steps stay the same up to rounding.
 bool layout_line(std::string_view line) {
   for (std::string_view key : {"optimizer steps\t", "towers per process\t", "master\t",
-                               "reduction\t", "bucket_bytes\t", "precision\t"}) {
+                               "reduction\t", "bucket_bytes\t", "precision\t",
+                               "loss_scale_growth_interval\t"}) {
     if (line.starts_with(key)) return true;
   }
   return false;
@@ -129,6 +133,13 @@ void Trainer::save_state(const std::string& path,
   std::map<std::string, std::string> all = metadata;
   all[kFingerprintKey] = state_fingerprint();
   all[kSkippedKey] = std::to_string(skipped_steps_);
+  if (loss_scale_.enabled()) {
+    std::ostringstream scale;
+    scale.precision(17);  // a double round-trips through 17 digits
+    scale << loss_scale_.scale();
+    all[kLossScaleKey] = scale.str();
+    all[kCleanStepsKey] = std::to_string(loss_scale_.clean_steps());
+  }
   all[kChecksumKey] = checksum(*master_, optimizer_, default_stream(master_device_));
   if (options_.process_group != nullptr) {
     save_checkpoint(*options_.process_group, path, *master_, &optimizer_, all);
@@ -160,6 +171,23 @@ CheckpointInfo Trainer::restore_state(const std::string& path,
                                  << ": its data does not match its checksum (a corrupt file); the "
                                     "trainer's state is undefined until another restore");
   skipped_steps_ = std::stoll(info.metadata.at(kSkippedKey));
+  // A state saved under another precision (or before fp16 existed) has no loss
+  // scale: an fp16 run then starts from GradScaler's initial scale.
+  loss_scale_ = LossScale(loss_scale_.enabled(), loss_scale_.growth_interval());
+  const auto scale = info.metadata.find(kLossScaleKey);
+  const auto clean = info.metadata.find(kCleanStepsKey);
+  if (loss_scale_.enabled() && scale != info.metadata.end() && clean != info.metadata.end()) {
+    try {
+      loss_scale_.restore(std::stod(scale->second), std::stoll(clean->second));
+    } catch (const std::exception&) {  // std::stod's, std::stoll's, restore's
+      TL_THROW(IoError, "cannot resume from "
+                            << path << ": its loss scale '" << scale->second << "' after '"
+                            << clean->second
+                            << "' clean steps is not a positive power of two after a count "
+                               ">= 0 (a corrupt file); the trainer's state is undefined until "
+                               "another restore");
+    }
+  }
   broadcast();
   return info;
 }

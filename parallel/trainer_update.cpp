@@ -143,60 +143,74 @@ double Trainer::mean_loss(std::int64_t samples) const {
 }
 
 bool Trainer::guard(StepResult& result) {
-  if (options_.numeric_guard == NumericGuard::Off) return true;
-  const std::string problem = find_nonfinite(result);
-  if (problem.empty()) return true;
+  const bool scaled = loss_scale_.enabled();
+  if (options_.numeric_guard == NumericGuard::Off && !scaled) return true;
+  result.loss_scale = loss_scale_.scale();
+  // The loss is float32 and computed before any scaling: a non-finite loss is the
+  // numeric guard's to report, which a smaller scale would not cure. A non-finite
+  // gradient under fp16 (with a finite loss, or with the loss unchecked) is the
+  // scale's overflow: GradScaler's skip. Both verdicts read values summed over
+  // every tower and process, so every tower and process reaches the same one.
+  const std::string loss =
+      options_.numeric_guard == NumericGuard::Off ? std::string() : nonfinite_loss(result);
+  const std::string gradient = nonfinite_gradient();
+  result.overflow = scaled && loss.empty() && !gradient.empty();
+  if (scaled && loss.empty()) loss_scale_.update(result.overflow);
+  if (loss.empty() && gradient.empty()) return true;
   // The towers' moving statistics moved in the forward pass and were averaged;
   // the master's did not. Put every replica back to the master's state.
   broadcast();
-  const std::string what =
-      "non-finite values at global step " + std::to_string(steps_taken()) + ": " + problem;
+  result.skipped = true;
+  if (result.overflow) return false;
+  const std::string what = "non-finite values at global step " + std::to_string(steps_taken()) +
+                           ": " + loss + (loss.empty() || gradient.empty() ? "" : "; ") + gradient;
   if (options_.numeric_guard == NumericGuard::Stop) {
     TL_THROW(NumericError, "Trainer: " << what
                                        << "; nothing was updated (NumericGuard::Stop; "
                                           "NumericGuard::Skip would skip the step)");
   }
   ++skipped_steps_;
-  result.skipped = true;
   log() << "towerlab: warning: skipped the step: " << what << " (NumericGuard::Skip, "
         << skipped_steps_ << " skipped so far)\n";
   return false;
 }
 
-std::string Trainer::find_nonfinite(const StepResult& result) const {
+std::string Trainer::nonfinite_loss(const StepResult& result) const {
+  if (std::isfinite(result.loss)) return {};
   std::ostringstream problem;
-  if (!std::isfinite(result.loss)) {
-    problem << "the loss is " << result.loss << " (";
-    const std::size_t towers = towers_.size();
-    for (int r = 0; r < ranks_; ++r) {
-      const auto slices = split_batch(result.samples, ranks_, r, std::int64_t(towers));
-      for (std::size_t i = 0; i < towers; ++i) {
-        if (r > 0 || i > 0) problem << ", ";
-        if (options_.process_group != nullptr) {
-          problem << "rank " << r << " tower " << i << ": ";
-        } else {
-          problem << "tower " << i << " on " << towers_[i]->device.str() << ": ";
-        }
-        if (slices[i].size() == 0) {
-          problem << "no samples";
-        } else {
-          problem << losses_[std::size_t(r) * towers + i];
-        }
+  problem << "the loss is " << result.loss << " (";
+  const std::size_t towers = towers_.size();
+  for (int r = 0; r < ranks_; ++r) {
+    const auto slices = split_batch(result.samples, ranks_, r, std::int64_t(towers));
+    for (std::size_t i = 0; i < towers; ++i) {
+      if (r > 0 || i > 0) problem << ", ";
+      if (options_.process_group != nullptr) {
+        problem << "rank " << r << " tower " << i << ": ";
+      } else {
+        problem << "tower " << i << " on " << towers_[i]->device.str() << ": ";
+      }
+      if (slices[i].size() == 0) {
+        problem << "no samples";
+      } else {
+        problem << losses_[std::size_t(r) * towers + i];
       }
     }
-    problem << "; the usual causes: NaN or infinite inputs, labels outside the classes on CUDA "
-               "(whose loss kernels do not stop to check them), a learning rate too high)";
   }
+  problem << "; the usual causes: NaN or infinite inputs, labels outside the classes on CUDA "
+             "(whose loss kernels do not stop to check them), a learning rate too high)";
+  return problem.str();
+}
+
+std::string Trainer::nonfinite_gradient() const {
   const auto [at, value] = first_nonfinite_gradient();
-  if (at >= 0) {
-    for (const VariableSpec& v : variables_.specs()) {
-      if (!v.trainable || at < v.offset || at >= v.offset + v.numel()) continue;
-      if (problem.tellp() > 0) problem << "; ";
-      problem << "the averaged gradient of " << v.name << " " << to_string(v.shape) << " is "
-              << value << " at element " << at - v.offset
-              << " (the first non-finite value of the flat gradient)";
-      break;
-    }
+  if (at < 0) return {};
+  std::ostringstream problem;
+  for (const VariableSpec& v : variables_.specs()) {
+    if (!v.trainable || at < v.offset || at >= v.offset + v.numel()) continue;
+    problem << "the averaged gradient of " << v.name << " " << to_string(v.shape) << " is "
+            << value << " at element " << at - v.offset
+            << " (the first non-finite value of the flat gradient)";
+    break;
   }
   return problem.str();
 }
@@ -249,7 +263,9 @@ std::pair<std::int64_t, float> Trainer::first_nonfinite_gradient() const {
 
 // --- 7. update and broadcast -------------------------------------------------
 
-double Trainer::clip_gradients() {
+double Trainer::unscale_and_clip_gradients() {
+  // 1 / a power of two: exact, but where a value falls below float32's normal range.
+  if (loss_scale_.enabled()) scale_gradients(1.0 / loss_scale_.scale());
   const double limit = options_.clip_grad_norm;
   if (limit == 0.0) return 0.0;
   const auto start = Clock::now();
@@ -301,25 +317,26 @@ double Trainer::clip_gradients() {
   double total = 0.0;
   for (std::size_t p : order) total += double(squares[p]);
   const double norm = std::sqrt(total);
-  if (norm > limit) {
-    const double coefficient = limit / (norm + 1e-6);
-    if (!sharded()) {
-      const Tensor& grads = towers_[0]->store->flat_grads();
-      scale(grads, grads, coefficient, *towers_[0]->stream);
-    }
-    for (std::size_t p = 0; sharded() && p < parts.size(); ++p) {
-      const std::int64_t i = holder(p);
-      if (i < 0) continue;
-      TowerState& t = *towers_[std::size_t(i)];
-      const Tensor slice = t.store->flat_grads().slice(parts[p].begin, parts[p].end);
-      scale(slice, slice, coefficient, *t.stream);
-    }
-  }
+  if (norm > limit) scale_gradients(limit / (norm + 1e-6));
   if (trace_ != nullptr) {
     trace_->span(int(towers_.size()), "clip", start, "master",
                  {{"phase", phase_label(Phase::UpdateAndBroadcast)}});
   }
   return norm;
+}
+
+void Trainer::scale_gradients(double coefficient) {
+  if (!sharded()) {
+    const Tensor& grads = towers_[0]->store->flat_grads();
+    scale(grads, grads, coefficient, *towers_[0]->stream);
+    return;
+  }
+  for (std::size_t i = 0; i < towers_.size(); ++i) {
+    TowerState& t = *towers_[i];
+    const RingRange r = shards_->slice(i);
+    const Tensor slice = t.store->flat_grads().slice(r.begin, r.end);
+    scale(slice, slice, coefficient, *t.stream);
+  }
 }
 
 void Trainer::update_and_broadcast() {

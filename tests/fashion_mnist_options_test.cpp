@@ -150,20 +150,17 @@ TEST(FashionMnistOptions, MasterTakesADeviceOrSharded) {
       << bad.printed;
 }
 
-// --precision: fp32 (the default), tf32, bf16; fp16 refused saying why.
-TEST(FashionMnistOptions, PrecisionTakesFp32Tf32OrBf16) {
+// --precision: fp32 (the default), tf32, bf16, fp16.
+TEST(FashionMnistOptions, PrecisionTakesFp32Tf32Bf16OrFp16) {
   EXPECT_EQ(parse({}).options.precision, "fp32");
-  for (const char* precision : {"fp32", "tf32", "bf16"}) {
+  for (const char* precision : {"fp32", "tf32", "bf16", "fp16"}) {
     const Parsed parsed = parse({"--precision", precision});
     ASSERT_EQ(parsed.code, std::nullopt) << parsed.printed;
     EXPECT_EQ(parsed.options.precision, precision);
   }
-  expect_refused(parse({"--precision", "fp16"}),
-                 "--precision must be one of fp32, tf32, bf16 (fp16 needs dynamic loss scaling, "
-                 "not implemented yet), got 'fp16'",
-                 "--precision fp16");
   expect_refused(parse({"--precision", "half"}),
-                 "--precision must be one of fp32, tf32, bf16, got 'half'", "--precision half");
+                 "--precision must be one of fp32, tf32, bf16, fp16, got 'half'",
+                 "--precision half");
 }
 
 TEST(FashionMnistOptions, HelpExitsZero) {

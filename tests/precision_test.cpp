@@ -12,7 +12,7 @@
 // (the control); the same run repeats its bits, and a sharded master gives them
 // too; a tower multiplies the master rounded to bfloat16, once per step; the flat
 // gradient is float32 from the sums, not rounded; a bf16 checkpoint restores under
-// fp32; fp16, and tf32 on CUDA towers, are refused. With two CUDA devices, bf16
+// fp32; tf32 on CUDA towers is refused (fp16: tests/loss_scale_test.cpp). With two CUDA devices, bf16
 // towers there take the CPU's bf16 step.
 #include <cmath>
 #include <mutex>
@@ -294,11 +294,8 @@ TEST(Precision, ABf16CheckpointRestoresUnderFp32) {
   EXPECT_TRUE(std::isfinite(loss));
 }
 
-TEST(Precision, Fp16AndTf32OnCudaAreRefused) {
+TEST(Precision, Tf32OnCudaIsRefused) {
   const Model model;
-  EXPECT_THROW_WITH(Trainer(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1),
-                            towers(2, Precision::Fp16)),
-                    NotSupported, "precision fp16 is not supported yet");
   TrainerOptions gpu = towers(2, Precision::Tf32, Device::cuda(0));
   gpu.soft_placement = true;  // refused alike with and without a GPU
   std::ostringstream warnings;

@@ -2,6 +2,7 @@
 """Preemption-safe training of the fashion_mnist sample, end to end (README: Resuming).
 
     resume_test.py CASE SAMPLE WORKDIR [--mpirun "mpirun args"] [--ranks N] [--master M]
+                   [--precision P]
 
 Every case trains a short run (2 epochs of 5 steps of 32 images, a checkpoint every
 2 steps) uninterrupted once, then interrupts the same command and runs it again, and
@@ -25,7 +26,8 @@ summaries file and the metrics with the uninterrupted run's. Cases:
             one cpu tower): equal to float rounding (rtol 1e-4, atol 1e-5); the control
             (a resume without the data position) exceeds that tolerance.
 --master M passes the sample's --master M to every run (sharded: the master split
-across the towers). With --master sharded, layout also resumes the sharded run's
+across the towers). --precision P passes the sample's --precision P to every run (fp16: the
+loss scale is in the checkpoints). With --master sharded, layout also resumes the sharded run's
 checkpoint with the master on the host: on the same towers bit-identical (the
 placement changes no bit), and on one cpu tower to float rounding.
 Exits 0 when the case passes, 1 with what differed.
@@ -387,11 +389,15 @@ def main():
     parser.add_argument("--mpirun", default="")
     parser.add_argument("--ranks", type=int, default=0)
     parser.add_argument("--master", default="")
+    parser.add_argument("--precision", default="")
     args = parser.parse_args()
     workdir = os.path.join(args.workdir, args.case + ("_mpi" if args.mpirun else "") +
-                           ("_" + args.master.replace(":", "") if args.master else ""))
+                           ("_" + args.master.replace(":", "") if args.master else "") +
+                           ("_" + args.precision if args.precision else ""))
     os.makedirs(workdir, exist_ok=True)
     r = Runner(args.sample, workdir, args.mpirun, args.ranks, args.master)
+    if args.precision:
+        TRAIN.extend(["--precision", args.precision])
     try:
         globals()["case_" + args.case](r)
     except Failure as e:

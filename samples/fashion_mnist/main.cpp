@@ -156,6 +156,7 @@ int run(const sample::Options& o) {
       o.batchnorm_stats == "tower0" ? BatchNormStats::Tower0 : BatchNormStats::Average;
   options.batchnorm = o.batchnorm == "sync" ? BatchNormMode::Sync : BatchNormMode::Local;
   options.precision = o.precision == "bf16"   ? Precision::Bf16
+                      : o.precision == "fp16" ? Precision::Fp16
                       : o.precision == "tf32" ? Precision::Tf32
                                               : Precision::Fp32;
   options.soft_placement = o.soft_placement;
@@ -210,6 +211,10 @@ int run(const sample::Options& o) {
     std::printf(
         "precision bf16: bfloat16 GEMMs and convolutions; float32 sums, master and "
         "gradients (docs/precision.md)\n");
+  } else if (o.precision == "fp16") {
+    std::printf(
+        "precision fp16: float16 GEMMs and convolutions with dynamic loss scaling; float32 "
+        "sums, master and gradients (docs/precision.md)\n");
   }
   if (!o.load.empty()) {
     const CheckpointInfo info = load_checkpoint(
@@ -316,7 +321,8 @@ int run(const sample::Options& o) {
         ++step;
         sample::kill_if_asked(global_step, cluster.rank());
         sample::pause_if_asked(global_step, cluster.rank());
-        if (!r.skipped) {  // --numeric-guard skip: the trainer logged why
+        // --numeric-guard skip (the trainer logged why), or fp16's overflow.
+        if (!r.skipped) {
           loss_sum += r.loss * double(r.samples);
           images += r.samples;
           epoch_images += r.samples;
@@ -332,10 +338,14 @@ int run(const sample::Options& o) {
         if (o.progress_every > 0 && step % o.progress_every == 0) {
           const auto now = std::chrono::steady_clock::now();
           const double secs = std::chrono::duration<double>(now - window).count();
-          std::printf("  epoch %lld step %lld/%lld  loss %.4f  %.0f images/s\n",
+          std::printf("  epoch %lld step %lld/%lld  loss %.4f  %.0f images/s",
                       static_cast<long long>(epoch + 1), static_cast<long long>(step),
                       static_cast<long long>(steps_per_epoch), r.loss,
                       double(window_images) / secs);
+          if (o.precision == "fp16") {  // the scale this step used
+            std::printf("  loss scale %g%s", r.loss_scale, r.overflow ? " (overflow: skipped)" : "");
+          }
+          std::printf("\n");
           std::fflush(stdout);
           window = now;
           window_images = 0;
@@ -370,6 +380,8 @@ int run(const sample::Options& o) {
     }
     metrics["epochs"] = o.epochs;
     metrics["skipped_steps"] = trainer.skipped_steps();
+    // The next step's loss scale: in the training state, so a resumed run's is the same.
+    if (o.precision == "fp16") metrics["loss_scale"] = trainer.loss_scale().scale();
     metrics["train_loss"] = train_loss;
     metrics["test_accuracy"] = test_acc;
     metrics["images_per_second"] = images_per_second;

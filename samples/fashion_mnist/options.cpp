@@ -232,23 +232,18 @@ Field master(std::string& target) {
           }};
 }
 
-// The precision policy (parallel/precision.h): fp32, tf32 or bf16; fp16 is named and
-// refused, saying why, rather than left out of the list.
+// The precision policy (parallel/precision.h): fp32, tf32, bf16 or fp16.
 Field precision(std::string& target) {
-  static const std::string allowed = "one of fp32, tf32, bf16";
+  static const std::string allowed = "one of fp32, tf32, bf16, fp16";
   return {"precision",
           "Precision policy: fp32; bf16 (bfloat16 GEMMs and convolutions with float32 sums, "
-          "float32 master and gradients; docs/precision.md); tf32 (fp32 on CPU towers, not yet "
-          "on GPUs); fp16 is not supported yet",
-          "{fp32,tf32,bf16}",
+          "float32 master and gradients; docs/precision.md); fp16 (the same in float16, with "
+          "dynamic loss scaling); tf32 (fp32 on CPU towers, not yet on GPUs)",
+          "{fp32,tf32,bf16,fp16}",
           allowed,
           target,
           [&target](const std::string& name, const std::string& text) {
-            if (text == "fp16") {
-              refuse(name, allowed + " (fp16 needs dynamic loss scaling, not implemented yet)",
-                     quoted(text));
-            }
-            if (text != "fp32" && text != "tf32" && text != "bf16") {
+            if (text != "fp32" && text != "tf32" && text != "bf16" && text != "fp16") {
               refuse(name, allowed, quoted(text));
             }
             target = text;
