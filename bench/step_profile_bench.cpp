@@ -140,7 +140,9 @@ std::vector<LayerRow> layer_rows(const Sequential& net, const VariableSet& vars)
     h = net.layer(i)(ctx, h);
     const Shape& out = h.value().shape();
     const double spatial = out.size() > 2 ? double(h.value().numel()) / double(out[1]) : 1.0;
-    const std::string prefix = row.name + "/", suffix = "weight";  // <name>/weight, <name>/a/b/weight
+    // <name>/weight and <name>/.../weight
+    const std::string prefix = row.name + "/";
+    const std::string suffix = "weight";
     for (const VariableSpec& w : vars.specs()) {
       const std::string& n = w.name;
       if (w.shape.size() >= 2 && n.size() >= prefix.size() + suffix.size() &&
@@ -179,8 +181,10 @@ class LayerTimer : public TapeProfiler {
     const std::size_t id = std::size_t(next_scope_++);
     if (id == scopes_.size()) {
       const int depth = int(open_.size());
-      scopes_.push_back({short_name(description), kind_of(description),
-                         depth == 0 ? top_count_ : scopes_[open_.back().id].top, depth, {}, {}});
+      Scope scope{short_name(description), kind_of(description)};
+      scope.top = depth == 0 ? top_count_ : scopes_[open_.back().id].top;
+      scope.depth = depth;
+      scopes_.push_back(scope);
     }
     if (open_.empty()) ++top_count_;
     const Instant now;
@@ -451,17 +455,19 @@ int main(int argc, char** argv) {
       pass.wall, pass.cpu, step_ms - pass.wall);
 
   // The same pass by kind of layer, largest first, then the backward by op.
-  std::vector<std::pair<std::string, std::pair<Times, Times>>> kinds(by_kind.begin(), by_kind.end());
+  std::vector<std::pair<std::string, std::pair<Times, Times>>> kinds(by_kind.begin(),
+                                                                     by_kind.end());
   kinds.push_back({"loss", {loss_forward, loss_backward}});
   std::sort(kinds.begin(), kinds.end(), [](const auto& a, const auto& b) {
     return a.second.first.cpu + a.second.second.cpu > b.second.first.cpu + b.second.second.cpu;
   });
-  std::printf("\nby kind of layer (each scope's own time; a Residual's own is its add and ReLU):\n");
+  std::printf(
+      "\nby kind of layer (each scope's own time; a Residual's own is its add and ReLU):\n");
   for (const auto& [kind, t] : kinds) {
-    std::printf("%-16s forward %8.3f CPU ms %5.1f%%, backward %8.3f CPU ms %5.1f%%, together %5.1f%%\n",
-                kind.c_str(), t.first.cpu, 100.0 * t.first.cpu / pass.cpu, t.second.cpu,
-                100.0 * t.second.cpu / pass.cpu,
-                100.0 * (t.first.cpu + t.second.cpu) / pass.cpu);
+    std::printf(
+        "%-16s forward %8.3f CPU ms %5.1f%%, backward %8.3f CPU ms %5.1f%%, together %5.1f%%\n",
+        kind.c_str(), t.first.cpu, 100.0 * t.first.cpu / pass.cpu, t.second.cpu,
+        100.0 * t.second.cpu / pass.cpu, 100.0 * (t.first.cpu + t.second.cpu) / pass.cpu);
   }
   std::vector<std::pair<std::string, Times>> ops(timer.backward_by_op().begin(),
                                                  timer.backward_by_op().end());

@@ -12,7 +12,6 @@ has avx512_bf16).
 import os
 import sys
 
-import numpy as np
 import torch
 import torch.nn as nn
 
