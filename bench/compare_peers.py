@@ -1,11 +1,19 @@
 #!/usr/bin/env python3
-"""FashionNet training throughput on this machine's CPU: towerlab's fashion_mnist sample
-against PyTorch 2, TensorFlow 2 and JAX from PyPI, each at its best on the same threads,
-run alternately in one call so that the ratios hold on a machine shared with other work.
+"""Training throughput on this machine's CPU of FashionNet (or --model mlp, resnet):
+towerlab's fashion_mnist sample against PyTorch 2, TensorFlow 2 and JAX from PyPI, each
+at its best on the same threads, run alternately in one call so that the ratios hold on
+a machine shared with other work.
 
   bench/compare_peers.py                       # 4 rounds of 120 timed steps each
   bench/compare_peers.py --markdown bench/results/cpu_peers.md
   bench/compare_peers.py --isa avx2            # every contender held to AVX2 code
+  bench/compare_peers.py --model resnet --steps 20 --warmup 5 --json ... --markdown ...
+
+--model picks the model of models/ that every contender trains: fashion_net (the
+default), mlp (784-512-256-10, dropout 0.2) or resnet (ResNet-20, towerlab's towers with
+synchronized batch norm, `--batchnorm sync`, which is the peers' batch norm over the
+whole batch). The peers train the twins of tools/ (bench/peers/run_peer.py says how);
+each model has its own default contenders (MODELS).
 
 --isa avx2 holds every contender to AVX2 + FMA code on a machine that has AVX-512:
 towerlab by TOWERLAB_GEMM_ISA, oneDNN (PyTorch's and TensorFlow's convolutions and
@@ -56,6 +64,16 @@ ISA_CAPS = {
              # filled, its AVX2 process failed in the backward (an index of -1 out of
              # bounds); with a fresh cache it ran.
              "TORCHINDUCTOR_CACHE_DIR": os.path.join(tempfile.gettempdir(), "towerlab-peers-inductor-avx2")},
+}
+# Each model: its title on the page, what the sample adds to train it as the issue's
+# recipe says, and the contenders run when --contenders is not given. The MLP has no
+# convolution, so channels_last is eager NCHW there; JAX has no ResNet-20 here.
+MODELS = {
+    "fashion_net": ("FashionNet", [], "towerlab:cpu,cpu;towerlab:cpu;torch;tensorflow;jax"),
+    "mlp": ("MLP 784-512-256-10 (dropout 0.2)", ["--model", "mlp"],
+            "towerlab:cpu,cpu;torch;torch:compile;tensorflow;tensorflow:xla;jax"),
+    "resnet": ("ResNet-20", ["--model", "resnet", "--batchnorm", "sync"],
+               "towerlab:cpu,cpu;torch;torch:channels_last;torch:compile;tensorflow;tensorflow:xla"),
 }
 # Debian's package of the data set the sample reads by default.
 DATA_PACKAGE = "dataset-fashion-mnist"
@@ -201,7 +219,8 @@ def run_sample(cmd, env, warmup, steps, batch):
 def run_contender(c, args, sample, python, pin, env):
     load = os.getloadavg()[0]
     if c.is_peer:
-        cmd = [python, RUN_PEER, c.framework, "--steps", str(args.steps), "--warmup", str(args.warmup),
+        cmd = [python, RUN_PEER, c.framework] + (["--model", args.model] if args.model != "fashion_net" else [])
+        cmd += ["--steps", str(args.steps), "--warmup", str(args.warmup),
                "--batch", str(args.batch), "--threads", str(args.threads), "--data", args.data]
         if c.variant:
             cmd += ["--variant", c.variant]
@@ -212,10 +231,11 @@ def run_contender(c, args, sample, python, pin, env):
         ips, cpu, losses = result["images_per_second"], result["cpu_seconds"], result["losses"]
         config = result["config"]
     else:
-        cmd = [sample, "--devices", c.devices, "--epochs", "1", "--steps", str(args.warmup + args.steps),
+        cmd = [sample, *MODELS[args.model][1], "--devices", c.devices, "--epochs", "1", "--steps", str(args.warmup + args.steps),
                "--batch", str(args.batch), "--progress-every", "1", "--data", args.data]
         ips, cpu, losses = run_sample(pin + cmd, env, args.warmup, args.steps, args.batch)
-        config = f"{c.devices}, thread pool of {args.threads} (the machine's CPUs)"
+        config = (f"{' '.join(MODELS[args.model][1] + ['--devices', c.devices])}, thread pool of "
+                  f"{args.threads} (the machine's CPUs)")
     # Training, not idling: the last ten steps' mean loss well below the first step's.
     first, last = losses[0], statistics.mean(losses[-10:])
     if not last < 0.8 * first:
@@ -267,10 +287,11 @@ def markdown(doc, json_path):
         for spec, r in rnd.items():
             configs.setdefault(spec, r["config"])
     v = doc["versions"]
+    title = MODELS[doc.get("model", "fashion_net")][0]
     intro = [
         f"Written by `bench/compare_peers.py --markdown` ({doc['date']}, towerlab {doc['towerlab_commit']}); "
         f"its JSON is `{os.path.relpath(json_path, ROOT)}`.",
-        f"{s['rounds']} rounds; in each every contender, as a fresh process, trains FashionNet for "
+        f"{s['rounds']} rounds; in each every contender, as a fresh process, trains {title} for "
         f"{s['warmup']} warm-up and {s['steps']} timed steps (batch {s['batch']}, Adam, real "
         f"Fashion-MNIST), the order rotating from round to round, all on {s['threads']} threads. "
         "The ratio is the median over rounds of the contender's images/s over the best peer's "
@@ -295,8 +316,12 @@ def markdown(doc, json_path):
     notes += [f"  - {spec}: {config}" for spec, config in configs.items()]
     notes += ["", "Every run's loss must fall (the mean of its last ten steps below 0.8 times its "
               "first step's) or the comparison stops: nobody is measured doing less work."]
+    peers = [name for framework, name in PEER_NAMES.items()
+             if any(spec.partition(":")[0] == framework for spec in configs)]
+    against = "PyTorch, TensorFlow and JAX" if "model" not in doc else \
+        " and ".join([", ".join(peers[:-1]), peers[-1]] if len(peers) > 1 else peers)
     return results_page.page(
-        "FashionNet training on the CPU: towerlab against PyTorch, TensorFlow and JAX", intro,
+        f"{title} training on the CPU: towerlab against {against}", intro,
         table(doc), notes)
 
 
@@ -318,9 +343,12 @@ def main():
     p.add_argument("--warmup", type=int, default=10, help="untimed steps before them")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--contenders", default="towerlab:cpu,cpu;towerlab:cpu;torch;tensorflow;jax",
+    p.add_argument("--model", choices=sorted(MODELS), default="fashion_net",
+                   help="the model every contender trains (see above)")
+    p.add_argument("--contenders",
                    help="';'-separated: towerlab:DEVICES, or torch, tensorflow, jax with an optional "
-                        ":VARIANT (bench/peers/*_net.py list theirs)")
+                        ":VARIANT (bench/peers/*_net.py list theirs); default: the model's "
+                        "(MODELS above)")
     p.add_argument("--omp-wait-policy", choices=["auto", "active", "passive"], default="auto",
                    help="OMP_WAIT_POLICY for the contenders. auto: passive when the 1-minute load "
                         "average exceeds --threads at the start (spinning OpenMP threads then lose "
@@ -341,6 +369,7 @@ def main():
     if args.render:
         with open(args.json) as f:
             doc = json.load(f)
+        args.model = doc.get("model", "fashion_net")
         contenders = [Contender(spec) for spec in doc["rounds"][0]]
         doc["summary"] = summarize(contenders, doc["rounds"], doc["versions"])
         results_page.write(doc, args.json, args.markdown, table, markdown)
@@ -353,7 +382,7 @@ def main():
     if args.steps < 10:
         p.error("--steps must be at least 10: the loss check averages the last ten steps")
     try:
-        contenders = [Contender(s) for s in args.contenders.split(";") if s]
+        contenders = [Contender(s) for s in (args.contenders or MODELS[args.model][2]).split(";") if s]
     except ValueError as e:
         p.error(str(e))
     if args.isa != "native" and args.isa not in machine()["flags"]:
@@ -392,7 +421,8 @@ def main():
     versions = peer_versions(python) if python else {}
     doc = {"command": " ".join(["bench/compare_peers.py"] + sys.argv[1:]),
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-           "towerlab_commit": commit, "machine": machine(),
+           "towerlab_commit": commit, **({"model": args.model} if args.model != "fashion_net" else {}),
+           "machine": machine(),
            "versions": versions,
            "settings": {k: getattr(args, k) for k in ("rounds", "steps", "warmup", "batch", "threads")},
            "pinned_cpus": pin[2] if pin else "all (the machine has no more than --threads)",

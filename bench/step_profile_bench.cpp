@@ -1,5 +1,7 @@
-// Where a FashionNet training step spends its time on the CPU: each layer's forward
-// and backward and the loss, as shares of tower 0's pass; what the trainer's step
+// Where a training step of one of models/ (FashionNet by default, the MLP or ResNet-20)
+// spends its time on the CPU: each layer's forward and backward and the loss, as shares
+// of tower 0's pass, then the same time summed by kind of layer (Conv2d, BatchNorm,
+// Linear, ...) and the backward by op; what the trainer's step
 // adds beyond that pass (batch split, ring all-reduce, Adam update, copies to the
 // replicas, waiting for the other towers); the process CPU time per step (which a
 // loaded machine does not inflate the way it inflates wall time); and how far the
@@ -7,19 +9,26 @@
 // at the rate of one large GEMM: in wall time on all threads, and per thread in CPU
 // time).
 //
-//   step_profile_bench [--towers T] [--batch B] [--steps S] [--threads N] [--zero-fill 1]
+//   step_profile_bench [--model fashion_net|mlp|resnet] [--towers T] [--batch B] [--steps S]
+//                      [--threads N] [--zero-fill 1]
 //
+// --model resnet synchronizes batch norm across the towers (BatchNormMode::Sync), as
+// the sample's recipe for it (`--batchnorm sync`); the MLP's dropout is on (training).
 // --threads N sets the pool's size (default: the machine's CPUs). --zero-fill 1
 // makes every tape zero-fill its gradients and accumulate into them
 // (Tape::FirstWrite::Zeroed) instead of letting the first write assign: the
 // measure of what the first writes save.
 //
-// Method. The model is the sample's own (models/fashion_net.h's fashion_net, with its
+// Method. The model is the sample's own (models/: fashion_net, mlp or resnet, with their
 // fused batch norm + ReLU and bias + ReLU), trained by a Trainer with T CPU towers
 // and Adam, as samples/fashion_mnist trains it. Each tower's tape gets a profiler
 // (TapeProfiler, the hook the trainer's traces use) that sums the time of each
 // layer's forward scope and of each run of backward records a layer made; the
-// records made outside every layer (the loss) form the row "loss". The shares are
+// records made outside every layer (the loss) form the row "loss". Layers inside
+// layers (a Residual's body and shortcut) are scopes inside scopes: each scope's own
+// time excludes its inner scopes', a top-level layer's row sums its whole subtree,
+// and the table by kind sums each scope's own time under its kind, so that both
+// tables add up to the pass. The shares are
 // those of tower 0, in wall time and in the CPU time of tower 0's thread. A loaded
 // machine stretches wall time but hardly the thread's CPU time, which is the whole
 // of the tower's work when its share of the pool is one thread (2 towers on 2
@@ -34,7 +43,11 @@
 #include <string>
 #include <vector>
 
+#include <map>
+
 #include "models/fashion_net.h"
+#include "models/mlp.h"
+#include "models/resnet.h"
 #include "towerlab.h"
 
 using namespace towerlab;
@@ -80,8 +93,18 @@ struct Times {
 
 // "conv1: Conv2d 1->32 ..." is "conv1"; "MaxPool2d 2x2 stride 2" is "MaxPool2d".
 std::string short_name(const std::string& description) {
-  const std::size_t colon = description.find(':');
-  return description.substr(0, colon != std::string::npos ? colon : description.find(' '));
+  const std::string first = description.substr(0, description.find('\n'));
+  const std::size_t colon = first.find(':');
+  return first.substr(0, colon != std::string::npos ? colon : first.find(' '));
+}
+
+// The kind of layer: "conv1: Conv2d 1->32 ..." is "Conv2d"; "MaxPool2d 2x2 ..." is
+// "MaxPool2d".
+std::string kind_of(const std::string& description) {
+  const std::string first = description.substr(0, description.find('\n'));
+  const std::size_t colon = first.find(": ");
+  const std::string rest = colon != std::string::npos ? first.substr(colon + 2) : first;
+  return rest.substr(0, rest.find(' '));
 }
 
 // One row per layer of the model, in forward order, and its multiply-add FLOPs.
@@ -94,9 +117,10 @@ struct LayerRow {
 };
 
 // The rows of `net`, with the FLOPs of its convolutions and matrix products: a layer
-// with a variable <name>/weight [K,...] producing an output of shape [N,K,...] costs
-// 2 * weight elements * (output elements per sample / K) per sample forward. One
-// inference pass on a sample finds the shapes.
+// named <name> producing an output [N,K,H,W] (or [N,K]: H = W = 1) costs, per sample
+// forward, 2 * elements * H * W for each of its weights <name>/.../weight of rank 2 or
+// more (a Residual's convolutions all produce its output's H and W). One inference
+// pass on a sample finds the shapes.
 std::vector<LayerRow> layer_rows(const Sequential& net, const VariableSet& vars) {
   const Stream& s = default_stream(Device::cpu());
   VariableStore store(vars, s);
@@ -114,37 +138,74 @@ std::vector<LayerRow> layer_rows(const Sequential& net, const VariableSet& vars)
       if (r.name == row.name) row.name = row.name + " " + std::to_string(i);  // unique
     }
     h = net.layer(i)(ctx, h);
-    if (const VariableSpec* w = vars.find(row.name + "/weight")) {
-      const double per_output = double(w->numel()) / double(w->shape[0]);
-      row.forward_flops_per_sample = 2.0 * per_output * double(h.value().numel());
-      row.backward_flops_per_sample = (i == 0 ? 1.0 : 2.0) * row.forward_flops_per_sample;
+    const Shape& out = h.value().shape();
+    const double spatial = out.size() > 2 ? double(h.value().numel()) / double(out[1]) : 1.0;
+    // <name>/weight and <name>/.../weight
+    const std::string prefix = row.name + "/";
+    const std::string suffix = "weight";
+    for (const VariableSpec& w : vars.specs()) {
+      const std::string& n = w.name;
+      if (w.shape.size() >= 2 && n.size() >= prefix.size() + suffix.size() &&
+          n.compare(0, prefix.size(), prefix) == 0 &&
+          n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+          n[n.size() - suffix.size() - 1] == '/') {
+        row.forward_flops_per_sample += 2.0 * double(w.numel()) * spatial;
+      }
     }
+    row.backward_flops_per_sample = (i == 0 ? 1.0 : 2.0) * row.forward_flops_per_sample;
     rows.push_back(row);
   }
   return rows;
 }
 
-// Sums one tape's time per layer scope (forward) and per run of backward records
-// made in a scope (backward). Scopes are numbered in forward order within a pass,
-// so scope i of every pass is layer i; records outside every scope are the loss's.
+// Sums one tape's time per layer scope (forward: the scope's own time, its inner
+// scopes' excluded) and per run of backward records made in a scope (backward), and
+// the backward's time per op. Scopes are numbered in the order they open within a
+// pass, so scope i of every pass is the same layer; the first pass notes each scope's
+// name, kind and top-level layer. Records outside every scope are the loss's.
 class LayerTimer : public TapeProfiler {
  public:
-  explicit LayerTimer(std::size_t layers) : forward_(layers), backward_(layers) {}
+  struct Scope {
+    std::string name, kind;
+    std::size_t top = 0;  // the top-level layer (the row) it is in
+    int depth = 0;
+    Times forward, backward;
+  };
 
-  int begin_scope(const std::string&) override {
+  int begin_scope(const std::string& description) override {
     if (backward_seen_) {  // a new pass
       backward_seen_ = false;
       next_scope_ = 0;
+      top_count_ = 0;
     }
-    scope_start_ = Instant();
-    return next_scope_++;
+    const std::size_t id = std::size_t(next_scope_++);
+    if (id == scopes_.size()) {
+      const int depth = int(open_.size());
+      Scope scope{short_name(description), kind_of(description)};
+      scope.top = depth == 0 ? top_count_ : scopes_[open_.back().id].top;
+      scope.depth = depth;
+      scopes_.push_back(scope);
+    }
+    if (open_.empty()) ++top_count_;
+    const Instant now;
+    if (!open_.empty()) open_.back().own.add_since(open_.back().since);  // the parent pauses
+    open_.push_back({id, now, {}});
+    return int(id);
   }
-  void end_scope(int scope) noexcept override {
-    if (timing) forward_[std::size_t(scope)].add_since(scope_start_);
+  void end_scope(int) noexcept override {
+    Open done = open_.back();
+    open_.pop_back();
+    done.own.add_since(done.since);
+    if (timing) {
+      scopes_[done.id].forward.wall += done.own.wall;
+      scopes_[done.id].forward.cpu += done.own.cpu;
+    }
+    if (!open_.empty()) open_.back().since = Instant();  // the parent resumes
   }
-  void backward_record(int scope, const std::string&) override {
+  void backward_record(int scope, const std::string& op) override {
     close_run();
     run_scope_ = scope;
+    run_op_ = op;
     run_start_ = Instant();
     in_run_ = true;
     backward_seen_ = true;
@@ -152,25 +213,39 @@ class LayerTimer : public TapeProfiler {
   void backward_done() override { close_run(); }
 
   bool timing = false;
-  const std::vector<Times>& forward() const { return forward_; }
-  const std::vector<Times>& backward() const { return backward_; }
+  const std::vector<Scope>& scopes() const { return scopes_; }
   const Times& loss_backward() const { return loss_backward_; }
+  const std::map<std::string, Times>& backward_by_op() const { return by_op_; }
 
  private:
+  struct Open {
+    std::size_t id;
+    Instant since;  // when its own time last resumed
+    Times own;
+  };
+
   void close_run() {
     if (!in_run_) return;
     in_run_ = false;
-    if (timing)
-      (run_scope_ >= 0 ? backward_[std::size_t(run_scope_)] : loss_backward_).add_since(run_start_);
+    if (!timing) return;
+    Times t;
+    t.add_since(run_start_);
+    Times& into = run_scope_ >= 0 ? scopes_[std::size_t(run_scope_)].backward : loss_backward_;
+    into = into + t;
+    by_op_[run_op_] = by_op_[run_op_] + t;
   }
 
-  std::vector<Times> forward_, backward_;
+  std::vector<Scope> scopes_;
+  std::vector<Open> open_;
+  std::map<std::string, Times> by_op_;
   Times loss_backward_;
   int next_scope_ = 0;
+  std::size_t top_count_ = 0;
   bool backward_seen_ = false;
-  Instant scope_start_, run_start_;
+  Instant run_start_;
   bool in_run_ = false;
   int run_scope_ = -1;
+  std::string run_op_;
 };
 
 Tensor random_images(std::int64_t n, std::uint64_t seed) {
@@ -192,23 +267,45 @@ int arg(int argc, char** argv, const char* name, int fallback) {
   return fallback;
 }
 
+std::string string_arg(int argc, char** argv, const char* name, const char* fallback) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
+  }
+  return fallback;
+}
+
+// The model --model names, as the sample builds it, and its title.
+const char* model_title(const std::string& model) {
+  if (model == "fashion_net") return "FashionNet";
+  if (model == "mlp") return "MLP";
+  if (model == "resnet") return "ResNet-20";
+  return nullptr;
+}
+Sequential make_model(const std::string& model, VariableSet& vars) {
+  if (model == "mlp") return models::mlp(vars);
+  if (model == "resnet") return models::resnet(vars);
+  return models::fashion_net(vars);
+}
+
 // The sample's model in a Trainer: T towers, Adam, all on the CPU, each tower's
 // tape timed by its LayerTimer (and its whole pass, loss forward included).
 struct Training {
   VariableSet vars;
-  Sequential net = models::fashion_net(vars);
-  std::vector<LayerRow> rows = layer_rows(net, vars);
+  Sequential net;
+  std::vector<LayerRow> rows;
   Tape::FirstWrite first_write;
   std::vector<LayerTimer> timers;
   std::vector<Times> loss_forward;
   Trainer trainer;
   Tensor images, labels;
 
-  Training(int towers, std::int64_t batch, Tape::FirstWrite first_write)
-      : first_write(first_write),
-        timers(std::size_t(towers), LayerTimer(rows.size())),
+  Training(const std::string& model, int towers, std::int64_t batch, Tape::FirstWrite first_write)
+      : net(make_model(model, vars)),
+        rows(layer_rows(net, vars)),
+        first_write(first_write),
+        timers(std::size_t(towers)),
         loss_forward(std::size_t(towers)),
-        trainer(vars, tower_fn(), Optimizer::by_name("adam", 1e-3), options(towers)),
+        trainer(vars, tower_fn(), Optimizer::by_name("adam", 1e-3), options(model, towers)),
         images(random_images(batch, 1)),
         labels(labels_for(batch)) {}
 
@@ -224,10 +321,11 @@ struct Training {
       return TowerResult{loss, {}, {}};
     };
   }
-  static TrainerOptions options(int towers) {
+  static TrainerOptions options(const std::string& model, int towers) {
     TrainerOptions o;
     o.devices.assign(std::size_t(towers), Device::cpu());
     o.master = Device::cpu();
+    if (model == "resnet") o.batchnorm = BatchNormMode::Sync;  // the sample's recipe
     return o;
   }
   void step(bool timed) {
@@ -281,6 +379,12 @@ double load_average() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const std::string model = string_arg(argc, argv, "--model", "fashion_net");
+  if (model_title(model) == nullptr) {
+    std::fprintf(stderr, "step_profile_bench: --model is fashion_net, mlp or resnet, got '%s'\n",
+                 model.c_str());
+    return 2;
+  }
   const int towers = std::max(1, arg(argc, argv, "--towers", 1));
   const std::int64_t batch = arg(argc, argv, "--batch", 128);
   const int steps = std::max(1, arg(argc, argv, "--steps", 20));
@@ -290,7 +394,7 @@ int main(int argc, char** argv) {
 
   if (const int threads = arg(argc, argv, "--threads", 0); threads > 0) set_num_threads(threads);
   const double load_before = load_average();
-  Training training(towers, batch, first_write);
+  Training training(model, towers, batch, first_write);
   for (int w = 0; w < 3; ++w) training.step(false);  // warms caches and allocators
   const auto start = Clock::now();
   const double cpu_start = process_cpu_ms();
@@ -304,29 +408,37 @@ int main(int argc, char** argv) {
   const Times loss_backward = timer.loss_backward().per(steps);
   Times pass = loss_forward + loss_backward;
   double flops = 0;
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    rows[i].forward = timer.forward()[i].per(steps);
-    rows[i].backward = timer.backward()[i].per(steps);
-    pass = pass + rows[i].forward + rows[i].backward;
-    flops += (rows[i].forward_flops_per_sample + rows[i].backward_flops_per_sample) * double(batch);
+  std::map<std::string, std::pair<Times, Times>> by_kind;  // forward, backward
+  for (const LayerTimer::Scope& scope : timer.scopes()) {
+    LayerRow& r = rows[scope.top];
+    r.forward = r.forward + scope.forward.per(steps);
+    r.backward = r.backward + scope.backward.per(steps);
+    auto& kind = by_kind[scope.kind];
+    kind.first = kind.first + scope.forward.per(steps);
+    kind.second = kind.second + scope.backward.per(steps);
+  }
+  for (const LayerRow& r : rows) {
+    pass = pass + r.forward + r.backward;
+    flops += (r.forward_flops_per_sample + r.backward_flops_per_sample) * double(batch);
   }
   const GemmRate gemm = gemm_rate();
   const double limit_ms = flops / (gemm.wall_gflops * 1e6);
   const double limit_cpu_ms = flops / (gemm.thread_cpu_gflops * 1e6);  // CPU-ms of all threads
   std::printf(
-      "FashionNet step on the CPU (fused model, Adam): %d tower(s), batch %lld (%lld on tower "
+      "%s step on the CPU (fused model, Adam%s): %d tower(s), batch %lld (%lld on tower "
       "0), %d threads, gradients %s; load average %.2f before, %.2f after\n",
-      towers, static_cast<long long>(batch), static_cast<long long>(per_tower), num_threads(),
+      model_title(model), model == "resnet" ? ", synchronized batch norm" : "", towers,
+      static_cast<long long>(batch), static_cast<long long>(per_tower), num_threads(),
       first_write == Tape::FirstWrite::Zeroed ? "zero-filled" : "first write assigns", load_before,
       load_average());
   std::printf(
       "trainer step: %.2f ms wall (%.0f images/s), %.2f ms process CPU (%.0f images per "
       "CPU-second)\n\n",
       step_ms, double(batch) * 1000.0 / step_ms, step_cpu_ms, double(batch) * 1000.0 / step_cpu_ms);
-  std::printf("%-10s %29s %29s %8s\n", "", "forward: wall ms, CPU ms, share",
+  std::printf("%-14s %29s %29s %8s\n", "", "forward: wall ms, CPU ms, share",
               "backward: wall ms, CPU ms, share", "GFLOP/s");
   auto row = [&](const std::string& name, const Times& f, const Times& b, double row_flops) {
-    std::printf("%-10s %9.3f %9.3f %8.1f%% %9.3f %9.3f %8.1f%%", name.c_str(), f.wall, f.cpu,
+    std::printf("%-14s %9.3f %9.3f %8.1f%% %9.3f %9.3f %8.1f%%", name.c_str(), f.wall, f.cpu,
                 100.0 * f.cpu / pass.cpu, b.wall, b.cpu, 100.0 * b.cpu / pass.cpu);
     if (row_flops > 0) std::printf(" %8.1f", row_flops / ((f.wall + b.wall) * 1e6));
     std::printf("\n");
@@ -341,6 +453,31 @@ int main(int argc, char** argv) {
       "tower 0's pass: %.2f ms wall, %.2f ms CPU of its thread; the trainer step beyond it "
       "(split, ring, Adam, copies, waiting): %.2f ms wall\n",
       pass.wall, pass.cpu, step_ms - pass.wall);
+
+  // The same pass by kind of layer, largest first, then the backward by op.
+  std::vector<std::pair<std::string, std::pair<Times, Times>>> kinds(by_kind.begin(),
+                                                                     by_kind.end());
+  kinds.push_back({"loss", {loss_forward, loss_backward}});
+  std::sort(kinds.begin(), kinds.end(), [](const auto& a, const auto& b) {
+    return a.second.first.cpu + a.second.second.cpu > b.second.first.cpu + b.second.second.cpu;
+  });
+  std::printf(
+      "\nby kind of layer (each scope's own time; a Residual's own is its add and ReLU):\n");
+  for (const auto& [kind, t] : kinds) {
+    std::printf(
+        "%-16s forward %8.3f CPU ms %5.1f%%, backward %8.3f CPU ms %5.1f%%, together %5.1f%%\n",
+        kind.c_str(), t.first.cpu, 100.0 * t.first.cpu / pass.cpu, t.second.cpu,
+        100.0 * t.second.cpu / pass.cpu, 100.0 * (t.first.cpu + t.second.cpu) / pass.cpu);
+  }
+  std::vector<std::pair<std::string, Times>> ops(timer.backward_by_op().begin(),
+                                                 timer.backward_by_op().end());
+  std::sort(ops.begin(), ops.end(),
+            [](const auto& a, const auto& b) { return a.second.cpu > b.second.cpu; });
+  std::printf("\nbackward by op (the records' ops):\n");
+  for (const auto& [op, t] : ops) {
+    const Times per = t.per(steps);
+    std::printf("%-24s %8.3f CPU ms %5.1f%%\n", op.c_str(), per.cpu, 100.0 * per.cpu / pass.cpu);
+  }
   std::printf(
       "\nstep FLOPs %.2f G. GEMM rate (1024^3): %.1f GFLOP/s wall on %d threads, %.1f GFLOP/s "
       "per thread in CPU time.\nGEMM-bound limit: %.2f ms wall = %.1f%% of the step's wall "

@@ -1,8 +1,12 @@
-"""FashionNet in JAX (see run_peer.py for the model every peer trains), NHWC, the whole
-training step (forward, gradient, batch-norm statistics, Adam) one jit-compiled
-function whose buffers are donated, so a step allocates nothing new. Adam is written
-out here (optax's adam computes the same) to keep the peer to jax and jaxlib.
+"""FashionNet and the MLP of tools/mlp_torch.py in JAX (see run_peer.py for what every
+peer trains), NHWC, the whole training step (forward, gradient, batch-norm statistics or
+the dropout key, Adam) one jit-compiled function whose buffers are donated, so a step
+allocates nothing new. Adam is written out here (optax's adam computes the same) to keep
+the peer to jax and jaxlib. ResNet-20 is not written in JAX (PyTorch and TensorFlow are
+its peers).
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -48,14 +52,40 @@ def forward(params, state, x, training):
     return x @ params["fc2_w"] + params["fc2_b"], new_state
 
 
-def loss_fn(params, state, x, y):
+def mlp_init(key, sizes=(784, 512, 256, 10)):
+    """He-normal weights, zero biases; the state is the dropout's key."""
+    k = jax.random.split(key, len(sizes))
+    params = {}
+    for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:]), start=1):
+        params[f"fc{i}_w"] = jax.random.normal(k[i], (n_in, n_out), jnp.float32) * np.sqrt(2.0 / n_in)
+        params[f"fc{i}_b"] = jnp.zeros(n_out)
+    return params, {"key": k[0]}
+
+
+def mlp_forward(params, state, x, training, dropout=0.2):
+    """Flatten, Linear + ReLU + dropout per hidden layer, Linear (tools/mlp_torch.py)."""
+    layers = len(params) // 2
+    x = x.reshape(x.shape[0], -1)
+    key, new_key = jax.random.split(state["key"]) if training else (None, state["key"])
+    for i in range(1, layers):
+        x = jnp.maximum(x @ params[f"fc{i}_w"] + params[f"fc{i}_b"], 0.0)
+        if training:
+            keep = jax.random.bernoulli(jax.random.fold_in(key, i), 1.0 - dropout, x.shape)
+            x = jnp.where(keep, x / (1.0 - dropout), 0.0)
+    return x @ params[f"fc{layers}_w"] + params[f"fc{layers}_b"], {"key": new_key}
+
+
+MODELS = {"fashion_net": (init, forward), "mlp": (mlp_init, mlp_forward)}
+
+
+def loss_fn(params, state, x, y, forward=forward):
     logits, new_state = forward(params, state, x, True)
     picked = jnp.take_along_axis(logits, y[:, None], axis=1)[:, 0]
     return jnp.mean(jax.nn.logsumexp(logits, axis=1) - picked), new_state
 
 
-def train_step(params, state, adam, x, y, lr):
-    (loss, state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, state, x, y)
+def train_step(params, state, adam, x, y, lr, forward=forward):
+    (loss, state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, state, x, y, forward)
     t = adam["t"] + 1
     m = jax.tree.map(lambda m, g: BETA1 * m + (1 - BETA1) * g, adam["m"], grads)
     v = jax.tree.map(lambda v, g: BETA2 * v + (1 - BETA2) * g * g, adam["v"], grads)
@@ -65,16 +95,19 @@ def train_step(params, state, adam, x, y, lr):
 
 
 class Peer:
-    def __init__(self, threads, seed, variant):
+    def __init__(self, threads, seed, variant, model="fashion_net"):
         if variant not in VARIANTS:
             raise ValueError(f"jax variant {variant!r}; expected one of {VARIANTS}")
+        if model not in MODELS:
+            raise ValueError(f"jax model {model!r}: only {sorted(MODELS)} are written in JAX")
+        init, forward = MODELS[model]
         # XLA's CPU client sizes its thread pool by the CPUs this process may use:
         # compare_peers.py pins the process to `threads` of them.
         self.params, self.state = init(jax.random.PRNGKey(seed))
         zeros = jax.tree.map(jnp.zeros_like, self.params)
         self.adam = {"m": zeros, "v": jax.tree.map(jnp.zeros_like, self.params), "t": jnp.zeros((), jnp.float32)}
         self.lr = jnp.float32(1e-3)
-        self.train_step = jax.jit(train_step, donate_argnums=(0, 1, 2))
+        self.train_step = jax.jit(functools.partial(train_step, forward=forward), donate_argnums=(0, 1, 2))
         self.predict_fn = jax.jit(lambda p, s, x: forward(p, s, x, False)[0])
         self.version = jax.__version__
         self.config = f"whole step jit-compiled, NHWC, {threads} CPUs, backend {jax.default_backend()}"
@@ -91,5 +124,5 @@ class Peer:
         self.lr = jnp.float32(lr)
 
 
-def build(threads, seed, variant):
-    return Peer(threads, seed, variant)
+def build(threads, seed, variant, model="fashion_net"):
+    return Peer(threads, seed, variant, model)

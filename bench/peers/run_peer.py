@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Trains FashionNet with one peer framework for a fixed number of steps and prints one
-line of JSON: images/s and CPU seconds (all threads) over the timed steps, the losses,
+"""Trains a model (FashionNet by default; --model mlp or resnet) with one peer framework
+for a fixed number of steps and prints one line of JSON: images/s and CPU seconds (all threads) over the timed steps, the losses,
 the framework's version and configuration. bench/compare_peers.py runs it in the peers' virtual environment,
 alternating with towerlab's fashion_mnist sample.
 
@@ -14,7 +14,13 @@ shuffled and taken batch by batch like towerlab's Batcher. Each framework's file
 trains on one batch and returns the loss as a Python float, so each timed step ends
 with its work done, as towerlab's Trainer::step does.
 
-  run_peer.py torch|tensorflow|jax [--steps 120] [--warmup 10] [--batch 128] [--threads 2]
+--model mlp and --model resnet train the twins of towerlab's models::mlp() and
+models::resnet() (tools/mlp_torch.py and tools/resnet_torch.py: MLP 784-512-256-10
+with dropout 0.2; ResNet-20 with batch norm over the whole batch, which is what
+towerlab's synchronized batch norm computes on its towers) with the same data, loss
+and Adam. JAX has FashionNet and the MLP only.
+
+  run_peer.py torch|tensorflow|jax [--model fashion_net|mlp|resnet] [--steps 120] [--warmup 10] [--batch 128] [--threads 2]
   run_peer.py torch --epochs 5   # whole epochs, cosine rate, test accuracy per epoch
 """
 import argparse
@@ -54,6 +60,7 @@ def batches(n, batch, seed):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("framework", choices=sorted(FRAMEWORKS))
+    p.add_argument("--model", choices=["fashion_net", "mlp", "resnet"], default="fashion_net")
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--steps", type=int, default=120, help="timed steps")
@@ -74,7 +81,7 @@ def main():
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     net = importlib.import_module(FRAMEWORKS[args.framework])
-    peer = net.build(threads=args.threads, seed=args.seed, variant=args.variant)
+    peer = net.build(threads=args.threads, seed=args.seed, variant=args.variant, model=args.model)
     images, labels = load(args.data, "train")
     order = batches(len(labels), args.batch, args.seed)
 

@@ -1,5 +1,7 @@
-"""FashionNet in TensorFlow 2 with Keras 3 layers (see run_peer.py for the model every
-peer trains), NHWC, the whole training step one tf.function.
+"""The peers' models in TensorFlow 2 with Keras 3 layers (see run_peer.py for what every
+peer trains), NHWC, the whole training step one tf.function: FashionNet, the MLP of
+tools/mlp_torch.py and the ResNet-20 of tools/resnet_torch.py, layer for layer (batch
+norm with towerlab's constants, as FashionNet's).
 
 Variants (run_peer.py --variant): "" is the best configuration measured on the 2-core
 machines (bench/results/cpu_peers.md): a TensorFlow graph running oneDNN's kernels,
@@ -29,14 +31,49 @@ def fashion_net():
                              layers.Dense(128, activation="relu"), layers.Dense(10)])
 
 
+def mlp(hidden=(512, 256), classes=10, dropout=0.2):
+    # tools/mlp_torch.py: flatten, Linear + ReLU + Dropout per hidden layer, Linear.
+    body = [layer for n in hidden for layer in (layers.Dense(n, activation="relu"), layers.Dropout(dropout))]
+    return keras.Sequential([keras.Input((28, 28, 1)), layers.Flatten(), *body, layers.Dense(classes)])
+
+
+def resnet(width=16, blocks_per_stage=3, classes=10):
+    # tools/resnet_torch.py: stem conv 3x3 + BN + ReLU, 3 stages of basic blocks (the
+    # first of stages 2 and 3 with stride 2 and a 1x1 conv + BN projection), global
+    # average pooling, linear.
+    def conv(filters, kernel, stride=1):
+        return layers.Conv2D(filters, kernel, stride, padding="same", use_bias=False)
+
+    def bn():
+        return layers.BatchNormalization(momentum=0.99, epsilon=1e-3)
+
+    inputs = keras.Input((28, 28, 1))
+    x = layers.ReLU()(bn()(conv(width, 3)(inputs)))
+    channels = width
+    for s in range(3):
+        out = width << s
+        for b in range(blocks_per_stage):
+            stride = 2 if s > 0 and b == 0 else 1
+            y = layers.ReLU()(bn()(conv(out, 3, stride)(x)))
+            y = bn()(conv(out, 3)(y))
+            shortcut = bn()(conv(out, 1, stride)(x)) if stride != 1 or channels != out else x
+            x = layers.ReLU()(layers.Add()([y, shortcut]))
+            channels = out
+    x = layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, layers.Dense(classes)(x))
+
+
+MODELS = {"fashion_net": fashion_net, "mlp": mlp, "resnet": resnet}
+
+
 class Peer:
-    def __init__(self, threads, seed, variant):
+    def __init__(self, threads, seed, variant, model="fashion_net"):
         if variant not in VARIANTS:
             raise ValueError(f"tensorflow variant {variant!r}; expected one of {VARIANTS}")
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
         keras.utils.set_random_seed(seed)
-        self.model = fashion_net()
+        self.model = MODELS[model]()
         self.opt = keras.optimizers.Adam(learning_rate=1e-3, beta_1=0.9, beta_2=0.999, epsilon=1e-8)
         model, opt = self.model, self.opt
 
@@ -64,5 +101,5 @@ class Peer:
         self.opt.learning_rate.assign(lr)
 
 
-def build(threads, seed, variant):
-    return Peer(threads, seed, variant)
+def build(threads, seed, variant, model="fashion_net"):
+    return Peer(threads, seed, variant, model)

@@ -1,15 +1,22 @@
-"""FashionNet in PyTorch (see run_peer.py for the model every peer trains).
+"""The peers' models in PyTorch (see run_peer.py for what every peer trains): FashionNet
+written here, the MLP and ResNet-20 imported from their twins in tools/ (tools/mlp_torch.py,
+tools/resnet_torch.py), the very modules the converter and bench/models_accuracy.py use.
 
 Variants (run_peer.py --variant): "" is the best configuration measured on the 2-core
 machines (bench/results/cpu_peers.md): eager mode, NCHW. "channels_last" keeps the
 activations NHWC for oneDNN; "compile" wraps the model in torch.compile (inductor's C++
-kernels, compiled during the warm-up steps).
+kernels, compiled during the warm-up steps). Any of them with "+bf16" runs the forward
+pass under torch.autocast("cpu", torch.bfloat16) (oneDNN's BF16 kernels where the CPU
+has avx512_bf16).
 """
-import numpy as np
+import os
+import sys
+
 import torch
 import torch.nn as nn
 
 VARIANTS = ("", "channels_last", "compile")
+TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools")
 
 
 def fashion_net():
@@ -23,19 +30,32 @@ def fashion_net():
         nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
+def make_model(model):
+    if model == "fashion_net":
+        return fashion_net()
+    sys.path.insert(0, TOOLS)
+    if model == "mlp":
+        from mlp_torch import Mlp
+        return Mlp()
+    from resnet_torch import ResNet
+    return ResNet()
+
+
 class Peer:
-    def __init__(self, threads, seed, variant):
-        if variant not in VARIANTS:
-            raise ValueError(f"torch variant {variant!r}; expected one of {VARIANTS}")
+    def __init__(self, threads, seed, variant, model="fashion_net"):
+        base, bf16, rest = variant.partition("+bf16")
+        if base not in VARIANTS or rest:
+            raise ValueError(f"torch variant {variant!r}; expected one of {VARIANTS}, optionally +bf16")
         torch.set_num_threads(threads)
         torch.manual_seed(seed)
-        self.format = torch.channels_last if variant == "channels_last" else torch.contiguous_format
-        self.model = fashion_net().to(memory_format=self.format)
+        self.bf16 = bool(bf16)
+        self.format = torch.channels_last if base == "channels_last" else torch.contiguous_format
+        self.model = make_model(model).to(memory_format=self.format)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8)
-        self.forward = torch.compile(self.model) if variant == "compile" else self.model
+        self.forward = torch.compile(self.model) if base == "compile" else self.model
         self.loss_fn = nn.CrossEntropyLoss()
         self.version = torch.__version__
-        self.config = (f"{variant or 'eager NCHW'}, {threads} threads, MKL {torch.backends.mkl.is_available()}, "
+        self.config = (f"{base or 'eager NCHW'}{', bf16 autocast' if self.bf16 else ''}, {threads} threads, MKL {torch.backends.mkl.is_available()}, "
                        f"oneDNN {torch.backends.mkldnn.is_available()}, CPU capability "
                        f"{torch.backends.cpu.get_cpu_capability()}")
 
@@ -47,7 +67,9 @@ class Peer:
     def step(self, images, labels):
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
-        loss = self.loss_fn(self.forward(self._input(images)), torch.from_numpy(labels).long())
+        with torch.autocast("cpu", torch.bfloat16, enabled=self.bf16):
+            logits = self.forward(self._input(images))
+        loss = self.loss_fn(logits.float(), torch.from_numpy(labels).long())
         loss.backward()
         self.opt.step()
         return loss.item()
@@ -62,5 +84,5 @@ class Peer:
             group["lr"] = lr
 
 
-def build(threads, seed, variant):
-    return Peer(threads, seed, variant)
+def build(threads, seed, variant, model="fashion_net"):
+    return Peer(threads, seed, variant, model)
