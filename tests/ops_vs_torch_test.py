@@ -43,6 +43,7 @@ TOLERANCE = {
     "permute": {"float64": (0.0, 0.0), "float32": (0.0, 0.0)},
     "slice_copy": {"float64": (0.0, 0.0), "float32": (0.0, 0.0)},
     "batched_matmul": {"float64": (2.0**-52, 0.0), "float32": (2.0**-23, 0.0)},
+    "conv2d_grouped": {"float64": (1e-12, 1e-10), "float32": (1e-4, 1e-5)},
 }
 
 
@@ -209,6 +210,25 @@ def check_batched_matmul(tensors):
                         scale=(k + 2) * s.detach().numpy())
 
 
+def check_conv2d_grouped(tensors):
+    """Each case's parameters come with it: [stride_h, stride_w, pad_h, pad_w,
+    dilation_h, dilation_w, groups]."""
+    cases = sorted({tuple(name.split("/")[:2]) for name in tensors})
+    for prefix, case in cases:
+        dtype = prefix.split("_", 1)[1]
+        name = f"{prefix}/{case}"
+        leaf = {what: torch.tensor(np.array(tensors[f"{name}/{what}"]), dtype=torch.float64,
+                                   requires_grad=True) for what in ("x", "weight", "bias")}
+        grad_y = torch.tensor(np.array(tensors[f"{name}/grad_y"]), dtype=torch.float64)
+        sh, sw, ph, pw, dh, dw, groups = (int(v) for v in np.array(tensors[f"{name}/params"]))
+        y = torch.nn.functional.conv2d(leaf["x"], leaf["weight"], leaf["bias"], stride=(sh, sw),
+                                       padding=(ph, pw), dilation=(dh, dw), groups=groups)
+        grads = torch.autograd.grad(y, [leaf["x"], leaf["weight"], leaf["bias"]], grad_y)
+        expected = {"y": y, "grad_x": grads[0], "grad_weight": grads[1], "grad_bias": grads[2]}
+        for what, value in expected.items():
+            compare("conv2d_grouped", f"{name}/{what}", tensors[f"{name}/{what}"], value, dtype)
+
+
 def check_control(tensors):
     """The comparison can fail: towerlab's softmax with one probability nudged by 1e-4."""
     name = "cpu_float32/softmax/y"
@@ -246,6 +266,7 @@ CHECKS = {
     "permute": check_permute,
     "slice_copy": check_slice_copy,
     "batched_matmul": check_batched_matmul,
+    "conv2d_grouped": check_conv2d_grouped,
 }
 
 
