@@ -44,6 +44,7 @@ TOLERANCE = {
     "slice_copy": {"float64": (0.0, 0.0), "float32": (0.0, 0.0)},
     "batched_matmul": {"float64": (2.0**-52, 0.0), "float32": (2.0**-23, 0.0)},
     "conv2d_grouped": {"float64": (1e-12, 1e-10), "float32": (1e-4, 1e-5)},
+    "label_smoothing": {"float64": (1e-12, 1e-10), "float32": (1e-6, 1e-5)},
 }
 
 
@@ -229,6 +230,27 @@ def check_conv2d_grouped(tensors):
             compare("conv2d_grouped", f"{name}/{what}", tensors[f"{name}/{what}"], value, dtype)
 
 
+def check_label_smoothing(tensors):
+    """torch.nn.functional.cross_entropy(label_smoothing=eps), each case's eps and
+    reduction written with it."""
+    for prefix, case in sorted({tuple(name.split("/")[:2]) for name in tensors}):
+        dtype = prefix.split("_", 1)[1]
+        name = f"{prefix}/{case}"
+        logits = torch.tensor(np.array(tensors[f"{name}/logits"]), dtype=torch.float64,
+                              requires_grad=True)
+        labels = torch.tensor(np.array(tensors[f"{name}/labels"]), dtype=torch.float64).long()
+        eps = float(np.array(tensors[f"{name}/eps"])[0])
+        reduction = "sum" if float(np.array(tensors[f"{name}/sum"])[0]) == 1.0 else "mean"
+        grad_loss = torch.tensor(np.array(tensors[f"{name}/grad_loss"]), dtype=torch.float64)
+        loss = torch.nn.functional.cross_entropy(logits, labels, reduction=reduction,
+                                                 label_smoothing=eps)
+        (grad_logits,) = torch.autograd.grad(loss, logits, grad_loss.reshape(()))
+        compare("label_smoothing", f"{name}/loss (eps {eps}, {reduction})",
+                tensors[f"{name}/loss"], loss.reshape(1), dtype)
+        compare("label_smoothing", f"{name}/grad_logits", tensors[f"{name}/grad_logits"],
+                grad_logits, dtype)
+
+
 def check_control(tensors):
     """The comparison can fail: towerlab's softmax with one probability nudged by 1e-4."""
     name = "cpu_float32/softmax/y"
@@ -267,6 +289,7 @@ CHECKS = {
     "slice_copy": check_slice_copy,
     "batched_matmul": check_batched_matmul,
     "conv2d_grouped": check_conv2d_grouped,
+    "label_smoothing": check_label_smoothing,
 }
 
 
