@@ -135,7 +135,7 @@ def check_broadcast(tensors):
             leaf = {name: torch.tensor(np.array(tensors[f"{p}/{name}"]), dtype=torch.float64,
                                        requires_grad=True) for name in ("a", "b")}
             grad_y = torch.tensor(np.array(tensors[f"{p}/grad_y"]), dtype=torch.float64)
-            for op, fn in (("add", torch.add), ("mul", torch.mul)):
+            for op, fn in (("add", torch.add), ("sub", torch.sub), ("mul", torch.mul)):
                 y = fn(leaf["a"], leaf["b"])
                 grad_a, grad_b = torch.autograd.grad(y, [leaf["a"], leaf["b"]], grad_y)
                 for name, value in (("y", y), ("grad_a", grad_a), ("grad_b", grad_b)):
