@@ -19,7 +19,11 @@ Conv2d::Conv2d(VariableSet& vars, std::string name, std::int64_t in_channels,
   TL_CHECK(in_ > 0 && out_ > 0 && kernel_ > 0, InvalidArgument,
            "Conv2d " << name_ << ": channels and kernel size must be positive, got " << in_ << "->"
                      << out_ << " " << kernel_ << "x" << kernel_);
-  vars.get(name_ + "/weight", {out_, in_, kernel_, kernel_}, Initializer::he_normal());
+  const std::int64_t groups = params_.groups;
+  TL_CHECK(groups >= 1 && in_ % groups == 0 && out_ % groups == 0, InvalidArgument,
+           "Conv2d " << name_ << ": " << groups << " groups must divide both " << in_
+                     << " input and " << out_ << " output channels");
+  vars.get(name_ + "/weight", {out_, in_ / groups, kernel_, kernel_}, Initializer::he_normal());
   if (bias_) vars.get(name_ + "/bias", {out_}, Initializer::zeros());
 }
 
@@ -31,7 +35,9 @@ Var Conv2d::forward(const Context& ctx, const Var& x) const {
 std::string Conv2d::describe() const {
   std::ostringstream os;
   os << name_ << ": Conv2d " << in_ << "->" << out_ << " " << kernel_ << "x" << kernel_
-     << " stride " << params_.stride_h << " pad " << params_.pad_h << (bias_ ? "" : " no bias");
+     << " stride " << params_.stride_h << " pad " << params_.pad_h;
+  if (params_.groups > 1) os << " groups " << params_.groups;
+  if (!bias_) os << " no bias";
   return os.str();
 }
 

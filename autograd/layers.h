@@ -70,7 +70,9 @@ class Layer {
   Var operator()(const Context& ctx, const Var& x) const { return forward(ctx, x); }
 };
 
-// Declares <name>/weight [K,C,R,S] (He normal) and <name>/bias [K] (zeros).
+// Declares <name>/weight [K,C/G,R,S] (He normal) and <name>/bias [K] (zeros), with G =
+// params.groups (1: a dense convolution; in_channels: depthwise), which must divide
+// both channel counts (InvalidArgument otherwise).
 class Conv2d : public Layer {
  public:
   Conv2d(VariableSet& vars, std::string name, std::int64_t in_channels, std::int64_t out_channels,

@@ -63,7 +63,7 @@ Var mse(const Var& pred, const Var& target, Reduction reduction) {
 }
 
 Var softmax_cross_entropy(const Var& logits, const Var& labels, Reduction reduction,
-                          Tensor* predictions) {
+                          Tensor* predictions, double label_smoothing) {
   Tape& tape = logits.tape();
   tape.check_owns("softmax_cross_entropy", {logits, labels});
   TL_CHECK(logits.value().dim() == 2, ShapeError,
@@ -90,20 +90,21 @@ Var softmax_cross_entropy(const Var& logits, const Var& labels, Reduction reduct
   Tensor probs =
       reuse_probs ? Tensor::empty(logits.shape(), tape.stream(), logits.value().dtype()) : Tensor();
   softmax_cross_entropy_forward(loss, probs, preds, logits.value(), labels.value(), reduction,
-                                tape.stream());
+                                tape.stream(), label_smoothing);
   if (predictions != nullptr) *predictions = preds;
-  return tape.record(
-      loss, "softmax_cross_entropy", {logits, labels},
-      [logits, labels, probs, reduction](const Var& out) {
-        Tape& t = out.tape();
-        if (probs.defined()) {
-          softmax_cross_entropy_backward_from_probs(t.grad_for(logits), out.grad(), probs,
-                                                    labels.value(), reduction, t.stream());
-        } else {
-          softmax_cross_entropy_backward(t.grad_for(logits), out.grad(), logits.value(),
-                                         labels.value(), reduction, t.stream());
-        }
-      });
+  return tape.record(loss, "softmax_cross_entropy", {logits, labels},
+                     [logits, labels, probs, reduction, label_smoothing](const Var& out) {
+                       Tape& t = out.tape();
+                       if (probs.defined()) {
+                         softmax_cross_entropy_backward_from_probs(t.grad_for(logits), out.grad(),
+                                                                   probs, labels.value(), reduction,
+                                                                   t.stream(), label_smoothing);
+                       } else {
+                         softmax_cross_entropy_backward(t.grad_for(logits), out.grad(),
+                                                        logits.value(), labels.value(), reduction,
+                                                        t.stream(), label_smoothing);
+                       }
+                     });
 }
 
 Var l2_loss(const Var& w, double coeff) {

@@ -16,8 +16,10 @@ Var mse(const Var& pred, const Var& target, Reduction reduction = Reduction::Mea
 
 // Softmax cross-entropy of logits [N,K] against class ids [N] (float values, see
 // kernels/loss.h). If `predictions` is given it receives argmax_k logits [N].
+// label_smoothing eps in [0, 1] (PyTorch's): the target is (1 - eps) one-hot + eps / K.
 Var softmax_cross_entropy(const Var& logits, const Var& labels,
-                          Reduction reduction = Reduction::Mean, Tensor* predictions = nullptr);
+                          Reduction reduction = Reduction::Mean, Tensor* predictions = nullptr,
+                          double label_smoothing = 0.0);
 
 // The pointwise losses of kernels/pointwise_loss.h, PyTorch's names and defaults.
 // pred and target have one shape; target may need a gradient too.

@@ -186,10 +186,16 @@ Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams&
   TL_CHECK(x.value().dim() == 4 && weight.value().dim() == 4, ShapeError,
            "conv2d: input " << x.describe() << " and weight " << weight.describe()
                             << " must be [N,C,H,W] and [K,C,R,S]");
-  TL_CHECK(x.shape()[1] == weight.shape()[1], ShapeError,
+  // groups < 1 is left to the kernel's check, which names it.
+  const std::int64_t G = params.groups;
+  TL_CHECK(G < 1 || x.shape()[1] == weight.shape()[1] * G, ShapeError,
            "conv2d: input has " << x.shape()[1] << " channels but weight expects "
-                                << weight.shape()[1] << " (weight " << weight.describe()
-                                << ", input " << x.describe() << ")");
+                                << weight.shape()[1] * G
+                                << (G > 1 ? " (" + std::to_string(weight.shape()[1]) +
+                                                " per group x " + std::to_string(G) + " groups)"
+                                          : std::string())
+                                << " (weight " << weight.describe() << ", input " << x.describe()
+                                << ")");
   // xv, wv: as multiplied (16-bit under a mixed-precision tape, the bias float32).
   const Tensor xv = gemm_operand(x), wv = gemm_operand(weight);
   Tensor y = new_tensor(tape, conv2d_output_shape(x.shape(), weight.shape(), params), x);

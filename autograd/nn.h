@@ -50,7 +50,8 @@ Var linear(const Var& x, const Var& weight, const Var& bias,
 // each way (kernels/bias.h).
 Var bias_add(const Var& x, const Var& bias, Activation activation = Activation::None);
 
-// x [N,C,H,W], weight [K,C,R,S], bias [K] (or undefined) -> [N,K,P,Q].
+// x [N,C,H,W], weight [K,C/G,R,S], bias [K] (or undefined) -> [N,K,P,Q], with G =
+// params.groups (grouped and depthwise convolutions: kernels/conv2d.h).
 Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams& params);
 
 // When x needs a gradient, the forward records each window's argmax and the

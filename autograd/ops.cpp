@@ -66,14 +66,21 @@ Var add(const Var& a, const Var& b) {
 }
 
 Var sub(const Var& a, const Var& b) {
-  check_same_shape("sub", a, b);
+  const Shape shape = broadcast_of("sub", a, b);
   Tape& tape = a.tape();
-  Tensor y = like(a);
-  towerlab::sub(y, a.value(), b.value(), tape.stream());
+  Tensor y = Tensor::empty(shape, tape.stream(), a.value().dtype());
+  broadcast_sub(y, a.value(), b.value(), tape.stream());
   return tape.record(y, "sub", {a, b}, [a, b](const Var& out) {
     Tape& t = out.tape();
-    if (a.requires_grad()) t.add_to_grad(a, out.grad());
-    if (b.requires_grad()) t.add_to_grad(b, out.grad(), -1.0);
+    if (a.requires_grad()) add_broadcast_grad(t, a, out.grad());
+    if (!b.requires_grad()) return;
+    if (b.shape() == out.shape()) {
+      t.add_to_grad(b, out.grad(), -1.0);
+      return;
+    }
+    Tensor negated = like(out);  // -dL/dy, exact, then summed over b's repeated dimensions
+    towerlab::scale(negated, out.grad(), -1.0, t.stream());
+    add_broadcast_grad(t, b, negated);
   });
 }
 

@@ -16,12 +16,12 @@
 
 namespace towerlab::ag {
 
-// a + b and a * b with NumPy broadcasting (kernels/broadcast.h): the output has the
-// broadcast shape, and the gradient of an operand that was repeated is summed over
-// the repeated dimensions. Equal shapes take the elementwise kernels.
+// a + b, a - b and a * b with NumPy broadcasting (kernels/broadcast.h): the output
+// has the broadcast shape, and the gradient of an operand that was repeated is summed
+// over the repeated dimensions. Equal shapes take the elementwise kernels.
 Var add(const Var& a, const Var& b);
 Var mul(const Var& a, const Var& b);
-Var sub(const Var& a, const Var& b);    // a - b, equal shapes
+Var sub(const Var& a, const Var& b);
 Var scale(const Var& x, double alpha);  // alpha * x
 Var relu(const Var& x);
 // The activations of kernels/activation.h (formulas and the NaN rule there); each

@@ -28,7 +28,7 @@ void binary(const char* op, BroadcastOp kind, const Tensor& out, const Tensor& a
            op << ": out is " << out.describe() << " but a " << a.describe() << " and b "
               << b.describe() << " broadcast to " << to_string(shape));
   if (a.shape() == shape && b.shape() == shape) {  // no broadcast: the elementwise kernels
-    (kind == BroadcastOp::Add ? add : mul)(out, a, b, stream);
+    (kind == BroadcastOp::Add ? add : kind == BroadcastOp::Sub ? sub : mul)(out, a, b, stream);
     return;
   }
   check_rank(op, "out", out);
@@ -68,6 +68,10 @@ Shape broadcast_shape(const char* op, const Shape& a, const Shape& b) {
 
 void broadcast_add(const Tensor& out, const Tensor& a, const Tensor& b, const Stream& stream) {
   binary("broadcast_add", BroadcastOp::Add, out, a, b, stream);
+}
+
+void broadcast_sub(const Tensor& out, const Tensor& a, const Tensor& b, const Stream& stream) {
+  binary("broadcast_sub", BroadcastOp::Sub, out, a, b, stream);
 }
 
 void broadcast_mul(const Tensor& out, const Tensor& a, const Tensor& b, const Stream& stream) {

@@ -1,5 +1,5 @@
-// Add and multiply with NumPy broadcasting, and the sum that takes a gradient back
-// to an operand's shape.
+// Add, subtract and multiply with NumPy broadcasting, and the sum that takes a
+// gradient back to an operand's shape.
 //
 // Broadcasting (NumPy's rules): two shapes are aligned at their last dimensions,
 // the shorter one taken with leading 1s; in each dimension the two sizes are equal
@@ -13,10 +13,11 @@
 //                                       [2,3] and [4] do not broadcast (dimension -1:
 //                                       3 against 4)"
 //   broadcast_add(out, a, b)            out[i] = a[i_a] + b[i_b]
+//   broadcast_sub(out, a, b)            out[i] = a[i_a] - b[i_b]
 //   broadcast_mul(out, a, b)            out[i] = a[i_a] * b[i_b]
 //       out has the broadcast shape of a and b; i_a is out's index i with a's
 //       repeated dimensions at 0 (likewise i_b). Each value is one operation in the
-//       dtype, so equal shapes give add()'s and mul()'s bits (kernels/elementwise.h),
+//       dtype, so equal shapes give add()'s, sub()'s and mul()'s bits (kernels/elementwise.h),
 //       which they call. out may alias a or b only where that operand has out's shape.
 //   sum_to_shape(out, x, write)         out[o] += sum over x's indices i that reduce
 //                                       to o of x[i]
@@ -49,7 +50,7 @@ namespace towerlab {
 inline constexpr int kMaxBroadcastRank = 8;
 
 // Which operation broadcast_binary applies (the entry points below name it).
-enum class BroadcastOp { Add, Mul };
+enum class BroadcastOp { Add, Mul, Sub };
 
 Shape broadcast_shape(const char* op, const Shape& a, const Shape& b);
 // Why two shapes do not broadcast ("dimension -1: 3 against 4"), "" when they do:
@@ -57,6 +58,7 @@ Shape broadcast_shape(const char* op, const Shape& a, const Shape& b);
 std::string broadcast_conflict(const Shape& a, const Shape& b);
 
 void broadcast_add(const Tensor& out, const Tensor& a, const Tensor& b, const Stream& stream);
+void broadcast_sub(const Tensor& out, const Tensor& a, const Tensor& b, const Stream& stream);
 void broadcast_mul(const Tensor& out, const Tensor& a, const Tensor& b, const Stream& stream);
 
 void sum_to_shape(const Tensor& out, const Tensor& x, const Stream& stream,

@@ -3,11 +3,13 @@
 
 #include <string>
 
+#include "kernels/bias.h"
 #include "kernels/cast.h"
 #include "kernels/checks.h"
 #include "kernels/cpu/conv2d.h"
 #include "kernels/cuda/conv2d.h"
 #include "kernels/elementwise.h"
+#include "kernels/slice_copy.h"
 
 namespace towerlab {
 
@@ -30,15 +32,24 @@ Conv2dShape make_shape(const Shape& x, const Shape& w, const Conv2dParams& p,
            "conv2d: dilation must be positive, got " << p.dilation_h << "x" << p.dilation_w);
   TL_CHECK(p.pad_h >= 0 && p.pad_w >= 0, InvalidArgument,
            "conv2d: padding must not be negative, got " << p.pad_h << "x" << p.pad_w);
+  TL_CHECK(p.groups >= 1, InvalidArgument, "conv2d: groups must be positive, got " << p.groups);
   // The CUDA kernels index with 32-bit integers.
   constexpr std::int64_t kLimit = std::int64_t{1} << 31;
   TL_CHECK(p.stride_h < kLimit && p.stride_w < kLimit && p.pad_h < kLimit && p.pad_w < kLimit &&
                p.dilation_h < kLimit && p.dilation_w < kLimit,
            InvalidArgument, "conv2d: stride, padding and dilation must be below 2^31");
   Conv2dShape s{x[0], x[1], x[2], x[3], w[0], w[2], w[3], 0, 0, p};
-  TL_CHECK(x[1] == w[1], ShapeError,
-           "conv2d: input has " << x[1] << " channels but weight expects " << w[1] << " (input "
-                                << x_desc << ", weight " << w_desc << ")");
+  const std::int64_t G = p.groups;
+  TL_CHECK(x[1] % G == 0 && w[0] % G == 0, ShapeError,
+           "conv2d: " << G << " groups do not divide the input's " << x[1]
+                      << " channels and the weight's " << w[0] << " filters (input " << x_desc
+                      << ", weight " << w_desc << ")");
+  TL_CHECK(x[1] == w[1] * G, ShapeError,
+           "conv2d: input has " << x[1] << " channels but weight expects " << w[1] * G
+                                << (G > 1 ? " (" + std::to_string(w[1]) + " per group x " +
+                                                std::to_string(G) + " groups)"
+                                          : std::string())
+                                << " (input " << x_desc << ", weight " << w_desc << ")");
   TL_CHECK(s.C >= 1 && s.R >= 1 && s.S >= 1, ShapeError,
            "conv2d: weight " << w_desc
                              << " must have at least one channel and a kernel of at least 1x1");
@@ -60,7 +71,7 @@ Conv2dShape make_shape(const Shape& x, const Shape& w, const Conv2dParams& p,
            "conv2d: padded input " << padded_h << "x" << padded_w << " reaches 2^31");
   TL_CHECK(s.N * s.C * s.H * s.W < (std::int64_t{1} << 31) &&
                s.N * s.K * s.P * s.Q < (std::int64_t{1} << 31) &&
-               s.K * s.C * s.R * s.S < (std::int64_t{1} << 31),
+               s.K * w[1] * s.R * s.S < (std::int64_t{1} << 31),
            ShapeError,
            "conv2d: input " << x_desc << " with weight " << w_desc
                             << " has a tensor of 2^31 elements or more; split the batch");
@@ -113,6 +124,66 @@ Tensor widened(const Tensor& t, const Stream& stream) {
   return t.defined() ? cast(t, DType::Float32, stream) : t;
 }
 
+// Depthwise (kernels/conv2d.h, "Groups"): one group per input channel.
+bool depthwise(const Conv2dShape& s) {
+  return s.params.groups > 1 && s.params.groups == s.C;
+}
+
+// Channels [first, first + count) of t [N,*,H,W], copied into scratch [N,count,H,W].
+Tensor channel_slice(const Tensor& t, std::int64_t first, std::int64_t count,
+                     const Stream& stream) {
+  Shape shape = t.shape();
+  shape[1] = count;
+  Tensor slice = Tensor::empty(shape, stream, t.dtype());
+  slice_copy(slice, 0, t, first, count, 1, GradWrite::Assign, stream);
+  return slice;
+}
+
+// Rows [g*rows, (g+1)*rows) of t (a view), or undefined when t is.
+Tensor group_rows(const Tensor& t, std::int64_t g, std::int64_t rows) {
+  return t.defined() ? t.slice(g * rows, (g + 1) * rows) : t;
+}
+
+// The G = 1 problem each group of s is.
+Conv2dParams one_group(const Conv2dShape& s) {
+  Conv2dParams params = s.params;
+  params.groups = 1;
+  return params;
+}
+
+// A grouped forward (not depthwise) as G convolutions on channel slices.
+void grouped_forward(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                     const Conv2dShape& s, const Stream& stream) {
+  const std::int64_t G = s.params.groups, Cg = s.C / G, Kg = s.K / G;
+  for (std::int64_t g = 0; g < G; ++g) {
+    Tensor y_g = Tensor::empty({s.N, Kg, s.P, s.Q}, stream, y.dtype());  // [N,K/G,P,Q]
+    conv2d_forward(y_g, channel_slice(x, g * Cg, Cg, stream), group_rows(weight, g, Kg),
+                   group_rows(bias, g, Kg), one_group(s), stream);
+    slice_copy(y, g * Kg, y_g, 0, Kg, 1, GradWrite::Assign, stream);
+  }
+}
+
+// A grouped backward (not depthwise) as G backwards on channel slices: each group's
+// grad_x is assigned into scratch and then copied or added into grad_x; the weight
+// and bias gradients accumulate straight into their rows.
+void grouped_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                      const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                      const Conv2dShape& s, const Stream& stream, GradWrite grad_x_write) {
+  const std::int64_t G = s.params.groups, Cg = s.C / G, Kg = s.K / G;
+  const Shape x_g_shape{s.N, Cg, s.H, s.W};
+  for (std::int64_t g = 0; g < G; ++g) {
+    // x is read for grad_weight only; otherwise a view of the right shape stands in.
+    const Tensor x_g =
+        grad_weight.defined() ? channel_slice(x, g * Cg, Cg, stream) : x.view(0, x_g_shape);
+    const Tensor grad_x_g =
+        grad_x.defined() ? Tensor::empty(x_g_shape, stream, grad_x.dtype()) : Tensor();
+    conv2d_backward(grad_x_g, group_rows(grad_weight, g, Kg), group_rows(grad_bias, g, Kg),
+                    channel_slice(grad_y, g * Kg, Kg, stream), x_g, group_rows(weight, g, Kg),
+                    one_group(s), stream, GradWrite::Assign);
+    if (grad_x.defined()) slice_copy(grad_x, g * Cg, grad_x_g, 0, Cg, 1, grad_x_write, stream);
+  }
+}
+
 }  // namespace
 
 Shape conv2d_output_shape(const Shape& input, const Shape& weight, const Conv2dParams& params) {
@@ -131,8 +202,15 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
   check_operand(op, "y", y, {s.N, s.K, s.P, s.Q}, x, stream);
   if (bias.defined()) check_operand(op, "bias", bias, {s.K}, x, stream);
   if (y.numel() == 0) return;
-  TL_DISPATCH(stream, cpu::conv2d_forward(y, x, weight, bias, s),
-              cuda::conv2d_forward(y, x, weight, bias, s, stream));
+  if (depthwise(s)) {
+    TL_DISPATCH(stream, cpu::conv2d_depthwise_forward(y, x, weight, bias, s),
+                cuda::conv2d_depthwise_forward(y, x, weight, bias, s, stream));
+  } else if (s.params.groups > 1) {
+    grouped_forward(y, x, weight, bias, s, stream);
+  } else {
+    TL_DISPATCH(stream, cpu::conv2d_forward(y, x, weight, bias, s),
+                cuda::conv2d_forward(y, x, weight, bias, s, stream));
+  }
 }
 
 void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
@@ -164,6 +242,21 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     return;
   }
   if (!grad_x.defined() && !grad_weight.defined() && !grad_bias.defined()) return;
+  if (depthwise(s)) {
+    if (grad_x.defined() || grad_weight.defined()) {
+      TL_DISPATCH(
+          stream,
+          cpu::conv2d_depthwise_backward(grad_x, grad_weight, grad_y, x, weight, s, grad_x_write),
+          cuda::conv2d_depthwise_backward(grad_x, grad_weight, grad_y, x, weight, s, grad_x_write,
+                                          stream));
+    }
+    if (grad_bias.defined()) bias_add_backward(grad_bias, grad_y, stream);
+    return;
+  }
+  if (s.params.groups > 1) {
+    grouped_backward(grad_x, grad_weight, grad_bias, grad_y, x, weight, s, stream, grad_x_write);
+    return;
+  }
   // The CUDA kernels accumulate: an assigned grad_x is zeroed first on its stream.
   if (assign && stream.device().is_cuda()) fill(grad_x, 0.0, stream);
   TL_DISPATCH(

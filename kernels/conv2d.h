@@ -5,10 +5,16 @@
 // Dimension letters, used in every shape comment of the conv2d files:
 //   N images, C input channels, H x W input size, K output channels (filters),
 //   R x S kernel size, P x Q output size.
-// Shapes: x [N,C,H,W], weight [K,C,R,S], bias [K], y [N,K,P,Q], where
+// Shapes: x [N,C,H,W], weight [K,C/G,R,S], bias [K], y [N,K,P,Q], where
 //   P = (H + 2*pad_h - dilation_h*(R-1) - 1) / stride_h + 1   (and Q likewise with W, S)
+// and G = params.groups (1 unless set) divides both C and K.
 // Write h(p,r) = p*stride_h - pad_h + r*dilation_h and w(q,s) = q*stride_w - pad_w + s*dilation_w;
-// x is zero outside [0,H) x [0,W) (zero padding).
+// x is zero outside [0,H) x [0,W) (zero padding). The formulas below are those of
+// G = 1; with G groups each output channel k sees only the C/G input channels of its
+// group g = k / (K/G) (channels g*C/G .. (g+1)*C/G - 1), c in the formulas runs over
+// those and weight[k,c,r,s] is indexed by c - g*C/G (kernels/reference/conv2d.h states
+// it in full). Depthwise is G = C, each input channel convolved with its own K/C
+// filters (the channel multiplier; output channel k reads input channel k / (K/C)).
 //
 //   conv2d_forward(y, x, weight, bias)          ASSIGNS y:
 //     y[n,k,p,q] = bias[k] + sum_{c,r,s} weight[k,c,r,s] * x[n,c,h(p,r),w(q,s)]
@@ -48,7 +54,16 @@
 // some tens), so the CPU specification is met within a tolerance: comparisons of CUDA with the CPU,
 // or of the two CPU algorithms, never expect equal bits. An empty batch (N = 0) or K = 0 is a
 // no-op. Bad shapes, a kernel larger than the padded input and non-positive strides throw
-// ShapeError / InvalidArgument.
+// ShapeError / InvalidArgument; so do C or K not divisible by G (ShapeError, naming
+// both shapes) and G < 1 (InvalidArgument).
+// Groups: G = 1 takes the paths above unchanged. Depthwise (G = C > 1) is
+// memory-bound, a GEMM per channel would be a waste: a direct kernel on each backend
+// (kernels/conv2d_depthwise.h, on the CPU's threads and as CUDA kernels; float32, and
+// float64 on the CPU) gathers every output, input gradient and weight gradient from
+// its taps, so no value is written twice and nothing needs atomics. Any other G runs
+// group by group through the G = 1 paths: x's and grad_y's channel slices are copied
+// (kernels/slice_copy.h) into scratch, the weight's rows [g*K/G, (g+1)*K/G) are a
+// view, and y's and grad_x's slices are copied (or added) back.
 #pragma once
 
 #include <cstdint>
@@ -63,9 +78,10 @@ struct Conv2dParams {
   std::int64_t stride_h = 1, stride_w = 1;
   std::int64_t pad_h = 0, pad_w = 0;
   std::int64_t dilation_h = 1, dilation_w = 1;
+  std::int64_t groups = 1;  // G: channels in G independent groups (see above)
 };
 
-// [N,K,P,Q] for input [N,C,H,W] and weight [K,C,R,S]; throws as conv2d_forward
+// [N,K,P,Q] for input [N,C,H,W] and weight [K,C/G,R,S]; throws as conv2d_forward
 // does when the shapes or parameters cannot work.
 Shape conv2d_output_shape(const Shape& input, const Shape& weight, const Conv2dParams& params);
 

@@ -43,8 +43,10 @@ void check_coeff(const char* op, double coeff) {
 
 // logits [N,K], labels [N], K >= 1 unless N == 0.
 void check_cross_entropy_inputs(const char* op, const Tensor& logits, const Tensor& labels,
-                                const Stream& stream) {
+                                double label_smoothing, const Stream& stream) {
   kernels::check_on_stream(op, stream, {{"logits", &logits}, {"labels", &labels}});
+  TL_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, InvalidArgument,
+           op << ": label_smoothing must be in [0, 1], got " << label_smoothing);
   TL_CHECK(logits.dim() == 2, ShapeError,
            op << ": logits must be [N,K] (rows, classes), got " << logits.describe());
   TL_CHECK(labels.shape() == Shape{logits.size(0)}, ShapeError,
@@ -88,10 +90,10 @@ void mse_backward(const Tensor& grad_pred, const Tensor& grad_target, const Tens
 
 void softmax_cross_entropy_forward(const Tensor& loss, const Tensor& probs,
                                    const Tensor& predictions, const Tensor& logits,
-                                   const Tensor& labels, Reduction reduction,
-                                   const Stream& stream) {
+                                   const Tensor& labels, Reduction reduction, const Stream& stream,
+                                   double label_smoothing) {
   const char* op = "softmax_cross_entropy_forward";
-  check_cross_entropy_inputs(op, logits, labels, stream);
+  check_cross_entropy_inputs(op, logits, labels, label_smoothing, stream);
   kernels::check_on_stream(op, stream, {{"logits", &logits}, {"loss", &loss}});
   kernels::check_one_element(op, "loss", loss);
   if (probs.defined()) {
@@ -104,16 +106,18 @@ void softmax_cross_entropy_forward(const Tensor& loss, const Tensor& probs,
   const double scale = reduction_scale(reduction, rows);
   check_labels_on_cpu(op, labels, logits.size(1), stream);
   TL_DISPATCH(stream,
-              cpu::softmax_cross_entropy_forward(loss, probs, predictions, logits, labels, scale),
+              cpu::softmax_cross_entropy_forward(loss, probs, predictions, logits, labels, scale,
+                                                 label_smoothing),
               cuda::softmax_cross_entropy_forward(loss, probs, predictions, logits, labels,
-                                                  static_cast<float>(scale), stream));
+                                                  static_cast<float>(scale),
+                                                  static_cast<float>(label_smoothing), stream));
 }
 
 void softmax_cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
                                     const Tensor& logits, const Tensor& labels, Reduction reduction,
-                                    const Stream& stream) {
+                                    const Stream& stream, double label_smoothing) {
   const char* op = "softmax_cross_entropy_backward";
-  check_cross_entropy_inputs(op, logits, labels, stream);
+  check_cross_entropy_inputs(op, logits, labels, label_smoothing, stream);
   kernels::check_on_stream(op, stream, {{"logits", &logits}, {"grad_loss", &grad_loss}});
   kernels::check_one_element(op, "grad_loss", grad_loss);
   if (!grad_logits.defined()) return;
@@ -122,16 +126,19 @@ void softmax_cross_entropy_backward(const Tensor& grad_logits, const Tensor& gra
   const double scale = reduction_scale(reduction, logits.size(0));
   check_labels_on_cpu(op, labels, logits.size(1), stream);
   TL_DISPATCH(stream,
-              cpu::softmax_cross_entropy_backward(grad_logits, grad_loss, logits, labels, scale),
+              cpu::softmax_cross_entropy_backward(grad_logits, grad_loss, logits, labels, scale,
+                                                  label_smoothing),
               cuda::softmax_cross_entropy_backward(grad_logits, grad_loss, logits, labels,
-                                                   static_cast<float>(scale), stream));
+                                                   static_cast<float>(scale),
+                                                   static_cast<float>(label_smoothing), stream));
 }
 
 void softmax_cross_entropy_backward_from_probs(const Tensor& grad_logits, const Tensor& grad_loss,
                                                const Tensor& probs, const Tensor& labels,
-                                               Reduction reduction, const Stream& stream) {
+                                               Reduction reduction, const Stream& stream,
+                                               double label_smoothing) {
   const char* op = "softmax_cross_entropy_backward_from_probs";
-  check_cross_entropy_inputs(op, probs, labels, stream);
+  check_cross_entropy_inputs(op, probs, labels, label_smoothing, stream);
   kernels::check_on_stream(op, stream, {{"probs", &probs}, {"grad_loss", &grad_loss}});
   kernels::check_one_element(op, "grad_loss", grad_loss);
   if (!grad_logits.defined()) return;
@@ -139,11 +146,12 @@ void softmax_cross_entropy_backward_from_probs(const Tensor& grad_logits, const 
   if (probs.numel() == 0) return;
   const double scale = reduction_scale(reduction, probs.size(0));
   check_labels_on_cpu(op, labels, probs.size(1), stream);
-  TL_DISPATCH(
-      stream,
-      cpu::softmax_cross_entropy_backward_from_probs(grad_logits, grad_loss, probs, labels, scale),
-      cuda::softmax_cross_entropy_backward_from_probs(grad_logits, grad_loss, probs, labels,
-                                                      static_cast<float>(scale), stream));
+  TL_DISPATCH(stream,
+              cpu::softmax_cross_entropy_backward_from_probs(grad_logits, grad_loss, probs, labels,
+                                                             scale, label_smoothing),
+              cuda::softmax_cross_entropy_backward_from_probs(
+                  grad_logits, grad_loss, probs, labels, static_cast<float>(scale),
+                  static_cast<float>(label_smoothing), stream));
 }
 
 void validate_labels(const Tensor& labels, std::int64_t num_classes, const Stream& stream) {

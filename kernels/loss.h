@@ -28,7 +28,7 @@
 //   grad_pred[i]   += grad_loss[0] * r * 2 * (pred[i] - target[i])
 //   grad_target[i] -= grad_loss[0] * r * 2 * (pred[i] - target[i])
 //
-// softmax_cross_entropy_forward(loss, probs, predictions, logits, labels, reduction)
+// softmax_cross_entropy_forward(loss, probs, predictions, logits, labels, reduction, eps)
 //   logits      [N,K]  K >= 1
 //   labels      [N]    the class id of each row as an integral value in [0, K), in
 //                      the logits' dtype (the Tensor class holds floating point
@@ -38,13 +38,19 @@
 //   loss[0] = r * sum_n (logsumexp(logits[n,:]) - logits[n,labels[n]]),
 //             r = 1/N (Mean) or 1 (Sum); logsumexp subtracts the row's maximum
 //             first, so logits of any magnitude (1e4 and beyond) stay finite.
+//   eps         label smoothing in [0, 1] (PyTorch's label_smoothing; 0, the default,
+//               is the one-hot target): row n's target is the distribution
+//                 t[n,k] = (1 - eps) * (k == labels[n]) + eps / K
+//               and its loss sum_k t[n,k] * (logsumexp(logits[n,:]) - logits[n,k])
+//               = logsumexp - (1 - eps) * logits[n,labels[n]] - eps * mean_k logits[n,k].
+//               With eps = 0 every result has the bits it had before eps existed.
 //   probs       [N,K]  optional output: softmax(logits[n,:]) (assigned)
 //   predictions [N]    optional output: argmax_k logits[n,k], the first on ties
 //                      (assigned), for the accuracy without reading [N,K] back
-// softmax_cross_entropy_backward(grad_logits, grad_loss, logits, labels, reduction)
-//   grad_logits[n,k] += grad_loss[0] * r * (softmax(logits[n,:])[k] - (k == labels[n]))
+// softmax_cross_entropy_backward(grad_logits, grad_loss, logits, labels, reduction, eps)
+//   grad_logits[n,k] += grad_loss[0] * r * (softmax(logits[n,:])[k] - t[n,k])
 //   The softmax is recomputed from the logits (no state is kept from the forward).
-// softmax_cross_entropy_backward_from_probs(grad_logits, grad_loss, probs, labels, reduction)
+// softmax_cross_entropy_backward_from_probs(grad_logits, grad_loss, probs, labels, reduction, eps)
 //   The same gradient from the forward's probs: with them the loss and its gradient
 //   cost one pass over the logits (the exps are not taken twice), which is what the
 //   autograd op does on the CPU. On a GPU, where the exps cost next to nothing and
@@ -99,13 +105,15 @@ void mse_backward(const Tensor& grad_pred, const Tensor& grad_target, const Tens
 
 void softmax_cross_entropy_forward(const Tensor& loss, const Tensor& probs,
                                    const Tensor& predictions, const Tensor& logits,
-                                   const Tensor& labels, Reduction reduction, const Stream& stream);
+                                   const Tensor& labels, Reduction reduction, const Stream& stream,
+                                   double label_smoothing = 0.0);
 void softmax_cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
                                     const Tensor& logits, const Tensor& labels, Reduction reduction,
-                                    const Stream& stream);
+                                    const Stream& stream, double label_smoothing = 0.0);
 void softmax_cross_entropy_backward_from_probs(const Tensor& grad_logits, const Tensor& grad_loss,
                                                const Tensor& probs, const Tensor& labels,
-                                               Reduction reduction, const Stream& stream);
+                                               Reduction reduction, const Stream& stream,
+                                               double label_smoothing = 0.0);
 
 // Throws InvalidArgument naming the first label that is not an integral value in
 // [0, num_classes). Waits for `stream` (on CUDA: one small copy back to the host).

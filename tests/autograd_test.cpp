@@ -100,6 +100,8 @@ TEST(Autograd, MisuseIsAClearError) {
   EXPECT_THROW_WITH(ag::add(x, z), ShapeError,
                     "add: conv1/weight float64[2,2] and input float64[2,3] do not broadcast "
                     "(dimension -1: 2 against 3)");
+  EXPECT_THROW_WITH(ag::sub(x, z), ShapeError,
+                    "sub: conv1/weight float64[2,2] and input float64[2,3] do not broadcast");
   Var loss = ag::sum(x);
   tower0.backward(loss);
   EXPECT_THROW_WITH(tower0.backward(loss), InvalidArgument, "backward() called twice");

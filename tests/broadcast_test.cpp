@@ -1,8 +1,8 @@
-// Broadcasting add and mul and sum_to_shape on every backend against the reference,
+// Broadcasting add, sub and mul and sum_to_shape on every backend against the reference,
 // bit for bit, over many shape pairs (a [1] operand, [D] against [N,D], [N,1,W]
 // against [1,C,1], rank differences, odd sizes), add-versus-assign sentinels, equal
 // shapes keeping the elementwise kernels' bits, the errors, float64 gradient checks
-// of ag::add and ag::mul through the tape, and the cases tests/ops_vs_torch_test.py
+// of ag::add, ag::sub and ag::mul through the tape, and the cases tests/ops_vs_torch_test.py
 // compares with PyTorch.
 // The files an op takes, in order: the top of kernels/relu.h.
 #include <limits>
@@ -39,13 +39,24 @@ std::string describe(const Shape& a, const Shape& b) {
   return to_string(a) + " and " + to_string(b);
 }
 
+constexpr BroadcastOp kOps[] = {BroadcastOp::Add, BroadcastOp::Sub, BroadcastOp::Mul};
+
 const char* name(BroadcastOp op) {
-  return op == BroadcastOp::Add ? "add" : "mul";
+  return op == BroadcastOp::Add ? "add" : op == BroadcastOp::Sub ? "sub" : "mul";
 }
 
 void forward(BroadcastOp op, const Tensor& out, const Tensor& a, const Tensor& b,
              const Stream& stream) {
-  (op == BroadcastOp::Add ? broadcast_add : broadcast_mul)(out, a, b, stream);
+  (op == BroadcastOp::Add   ? broadcast_add
+   : op == BroadcastOp::Sub ? broadcast_sub
+                            : broadcast_mul)(out, a, b, stream);
+}
+
+// The op through the tape.
+Var through_tape(BroadcastOp op, const Var& a, const Var& b) {
+  return op == BroadcastOp::Add   ? ag::add(a, b)
+         : op == BroadcastOp::Sub ? ag::sub(a, b)
+                                  : ag::mul(a, b);
 }
 
 class BroadcastTest : public BackendTest {};
@@ -58,7 +69,7 @@ TEST_P(BroadcastTest, ForwardMatchesReferenceBitForBit) {
       const Shape shape = broadcast_shape("test", first, second);
       const auto a = random_values(std::size_t(numel_of(first)), ++seed, -2.0f, 2.0f);
       const auto b = random_values(std::size_t(numel_of(second)), ++seed, -2.0f, 2.0f);
-      for (BroadcastOp op : {BroadcastOp::Add, BroadcastOp::Mul}) {
+      for (BroadcastOp op : kOps) {
         Tensor out = Tensor::empty(shape, stream());
         forward(op, out, make(a, first), make(b, second), stream());
         std::vector<float> expected(std::size_t(numel_of(shape)));
@@ -77,14 +88,18 @@ TEST_P(BroadcastTest, RepeatsTheSmallerOperand) {
   EXPECT_EQ(host(out), (std::vector<float>{11, 22, 33, 41, 52, 63}));
   broadcast_mul(out, make({2, 3}, {2, 1}), make({1, 10, 100}, {1, 3}), stream());
   EXPECT_EQ(host(out), (std::vector<float>{2, 20, 200, 3, 30, 300}));
+  broadcast_sub(out, make({1, 2, 3}, {3}), make({10, 20, 30, 40, 50, 60}, {2, 3}), stream());
+  EXPECT_EQ(host(out), (std::vector<float>{-9, -18, -27, -39, -48, -57}));  // a - b, not b - a
 }
 
 TEST_P(BroadcastTest, EqualShapesAreTheElementwiseKernels) {
   const auto a = random_values(300, 3), b = random_values(300, 4);
-  for (BroadcastOp op : {BroadcastOp::Add, BroadcastOp::Mul}) {
+  for (BroadcastOp op : kOps) {
     Tensor out = Tensor::empty({10, 30}, stream()), plain = Tensor::empty({10, 30}, stream());
     forward(op, out, make(a, {10, 30}), make(b, {10, 30}), stream());
-    (op == BroadcastOp::Add ? add : mul)(plain, make(a, {10, 30}), make(b, {10, 30}), stream());
+    (op == BroadcastOp::Add   ? add
+     : op == BroadcastOp::Sub ? sub
+                              : mul)(plain, make(a, {10, 30}), make(b, {10, 30}), stream());
     EXPECT_EQ(host(out), host(plain)) << name(op);
   }
 }
@@ -146,6 +161,9 @@ TEST_P(BroadcastTest, RejectsShapesThatDoNotBroadcast) {
       broadcast_add(Tensor::empty({2, 3}, stream()), a, b, stream()), ShapeError,
       "broadcast_add: shapes [2,3] and [4] do not broadcast (dimension -1: 3 against 4)");
   EXPECT_THROW_WITH(
+      broadcast_sub(Tensor::empty({2, 3}, stream()), a, b, stream()), ShapeError,
+      "broadcast_sub: shapes [2,3] and [4] do not broadcast (dimension -1: 3 against 4)");
+  EXPECT_THROW_WITH(
       broadcast_mul(Tensor::empty({2, 4}, stream()), a, Tensor::zeros({3}, stream()), stream()),
       ShapeError,
       "broadcast_mul: out is float32[2,4] on " + device().str() + " but a float32[2,3] on " +
@@ -184,16 +202,14 @@ TEST(BroadcastCpu, Float64IsTheReference) {
   EXPECT_EQ(sum.to_host<double>(), sums);
 }
 
-// ag::add and ag::mul on every pair (and swapped), a and b both variables: the
-// gradients of the loss sum(g * op(a, b)) against central differences.
-TEST(BroadcastGradient, AddAndMulThroughTheTape) {
+// ag::add, ag::sub and ag::mul on every pair (and swapped), a and b both variables:
+// the gradients of the loss sum(g * op(a, b)) against central differences.
+TEST(BroadcastGradient, AddSubAndMulThroughTheTape) {
   unsigned seed = 200;
   for (const auto& [sa, sb] : kPairs) {
     if (numel_of(broadcast_shape("test", sa, sb)) > 200) continue;  // keep the check quick
-    for (bool multiply : {false, true}) {
-      auto op = [multiply](const Var& x, const Var& y) {
-        return multiply ? ag::mul(x, y) : ag::add(x, y);
-      };
+    for (BroadcastOp kind : kOps) {
+      auto op = [kind](const Var& x, const Var& y) { return through_tape(kind, x, y); };
       Tensor a = random_double_tensor(sa, ++seed), b = random_double_tensor(sb, ++seed);
       Tensor g = random_double_tensor(broadcast_shape("test", sa, sb), ++seed);
       auto loss_fn = [&](const std::vector<Tensor>& in) {
@@ -208,7 +224,7 @@ TEST(BroadcastGradient, AddAndMulThroughTheTape) {
       Var y = op(tape.variable(a, grad_a, "a"), tape.variable(b, grad_b, "b"));
       tape.backward(y, g);
       EXPECT_TRUE(check_gradient(loss_fn, {a, b}, {grad_a, grad_b}))
-          << (multiply ? "mul" : "add") << " of " << describe(sa, sb);
+          << name(kind) << " of " << describe(sa, sb);
     }
   }
 }
@@ -225,8 +241,8 @@ TEST(BroadcastGradient, IntermediateOperandUsedTwice) {
 }
 
 // Inputs and outputs for tests/ops_vs_torch_test.py (ctest ops_vs_torch): per
-// backend and dtype and per shape pair k, a<k>, b<k> and grad_y<k>, then for add
-// and mul through ag:: (the tape) y, grad_a and grad_b.
+// backend and dtype and per shape pair k, a<k>, b<k> and grad_y<k>, then for add,
+// sub and mul through ag:: (the tape) y, grad_a and grad_b.
 TEST(BroadcastVsTorch, WritesCases) {
   const std::vector<std::pair<Shape, Shape>> pairs = {
       {{1}, {5, 3}}, {{3}, {4, 3}}, {{4, 1, 5}, {1, 3, 1}}, {{2, 3, 4}, {3, 1}}, {{2, 3}, {2, 3}}};
@@ -240,15 +256,15 @@ TEST(BroadcastVsTorch, WritesCases) {
       const Tensor b = backend.make(random_values(std::size_t(numel_of(sb)), 500 + k), sb);
       const Tensor gy = backend.make(random_values(std::size_t(numel_of(shape)), 600 + k), shape);
       out.insert(out.end(), {{p + "a", a}, {p + "b", b}, {p + "grad_y", gy}});
-      for (bool multiply : {false, true}) {
+      for (BroadcastOp kind : kOps) {
         const Stream& stream = backend.stream();
         Tensor grad_a = Tensor::zeros(sa, stream, backend.dtype);
         Tensor grad_b = Tensor::zeros(sb, stream, backend.dtype);
         Tape tape(stream);
         Var va = tape.variable(a, grad_a, "a"), vb = tape.variable(b, grad_b, "b");
-        Var y = multiply ? ag::mul(va, vb) : ag::add(va, vb);
+        Var y = through_tape(kind, va, vb);
         tape.backward(y, gy);
-        const std::string q = p + (multiply ? "mul" : "add");
+        const std::string q = p + name(kind);
         out.insert(out.end(),
                    {{q + "/y", y.value()}, {q + "/grad_a", grad_a}, {q + "/grad_b", grad_b}});
       }

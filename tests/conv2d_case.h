@@ -23,14 +23,14 @@ struct ConvCase {
   bool bias = true;
 
   Shape x_shape() const { return {N, C, H, W}; }
-  Shape w_shape() const { return {K, C, R, S}; }
+  Shape w_shape() const { return {K, C / params.groups, R, S}; }
   Shape y_shape() const { return conv2d_output_shape(x_shape(), w_shape(), params); }
 };
 
 inline Conv2dParams make_params(std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_h,
                                 std::int64_t pad_w, std::int64_t dilation_h = 1,
-                                std::int64_t dilation_w = 1) {
-  return {stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w};
+                                std::int64_t dilation_w = 1, std::int64_t groups = 1) {
+  return {stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, groups};
 }
 
 // The reference's y, and the three gradients of L = sum(grad_y * y) (from zeros).

@@ -137,6 +137,22 @@ TEST(FashionMnistOptions, ModelIsFashionNetMlpOrResNet) {
                  "model must be one of fashion_net, mlp, resnet, got 'ResNet'", "model: ResNet");
 }
 
+// --label-smoothing E: the cross-entropy's, in [0, 1]; 0 (off) unless given.
+TEST(FashionMnistOptions, LabelSmoothingIsFromZeroToOne) {
+  EXPECT_EQ(parse({}).options.label_smoothing, 0.0);
+  for (const char* value : {"0", "0.1", "1"}) {
+    const Parsed parsed = parse({"--label-smoothing", value});
+    ASSERT_EQ(parsed.code, std::nullopt) << parsed.printed;
+    EXPECT_EQ(parsed.options.label_smoothing, std::stod(value));
+  }
+  EXPECT_EQ(parse_config("label_smoothing: 0.2\n").options.label_smoothing, 0.2);
+  for (const char* bad : {"-0.1", "1.01", "nan", "abc"}) {
+    expect_refused(parse({"--label-smoothing", bad}),
+                   std::string("--label-smoothing must be a number from 0 to 1, got '") + bad + "'",
+                   bad);
+  }
+}
+
 // --master takes a device or "sharded" (MasterPlacement::Sharded).
 TEST(FashionMnistOptions, MasterTakesADeviceOrSharded) {
   for (const char* master : {"sharded", "cpu", "cuda:1"}) {
@@ -269,6 +285,7 @@ TEST(FashionMnistOptions, ConfigValuesAreCheckedLikeFlagsAndNameTheFileAndTheKey
       {"lr: -0.1\n", in + "lr must be a positive number, got '-0.1'"},
       {"weight_decay: .inf\n", in + "weight_decay must be a non-negative number, got '.inf'"},
       {"clip_grad_norm: -1\n", in + "clip_grad_norm must be a non-negative number, got '-1'"},
+      {"label_smoothing: 1.5\n", in + "label_smoothing must be a number from 0 to 1, got '1.5'"},
       {"warmup: -5\n", in + "warmup must be a non-negative integer, got '-5'"},
       {"n_gpus: 0\n", in + "n_gpus must be a positive integer, got '0'"},
       {"test_samples: 0\n", in + "test_samples must be a positive integer"},

@@ -4,9 +4,11 @@
 #include <cmath>
 #include <limits>
 
+#include "autograd/losses.h"
 #include "gradcheck.h"
 #include "kernels/loss.h"
 #include "kernels/reference/loss.h"
+#include "ops_vs_torch.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -152,9 +154,10 @@ TEST_P(LossTest, CrossEntropyMatchesDoubleReferenceOnOddShapes) {
     // the gradient for grad_loss 1.5 onto the sentinel 0.5.
     const std::vector<double> x64(x.begin(), x.end()), y64(y.begin(), y.end());
     std::vector<double> probs64(x.size()), argmax64(y.size()), grad64(x.size(), 0.5);
-    const double total = reference::softmax_cross_entropy_forward(probs64.data(), argmax64.data(),
-                                                                  x64.data(), y64.data(), N, K);
-    reference::softmax_cross_entropy_backward(grad64.data(), x64.data(), y64.data(), 1.5 / N, N, K);
+    const double total = reference::softmax_cross_entropy_forward(
+        probs64.data(), argmax64.data(), x64.data(), y64.data(), N, K, 0.0);
+    reference::softmax_cross_entropy_backward(grad64.data(), x64.data(), y64.data(), 1.5 / N, N, K,
+                                              0.0);
     const std::vector<float> probs(probs64.begin(), probs64.end()),
         argmax(argmax64.begin(), argmax64.end()), grad(grad64.begin(), grad64.end());
     Tensor logits = make(x, {N, K}), labels = make(y, {N}), loss = Tensor::zeros({1}, stream());
@@ -192,7 +195,7 @@ TEST_P(LossTest, CrossEntropyBackwardFromProbsMatchesReference) {
       const std::vector<double> p64(p.begin(), p.end()), y64(y.begin(), y.end());
       std::vector<double> expected64(sentinel.begin(), sentinel.end());
       reference::softmax_cross_entropy_backward_from_probs(expected64.data(), p64.data(),
-                                                           y64.data(), 1.5 / N, N, K);
+                                                           y64.data(), 1.5 / N, N, K, 0.0);
       const std::vector<float> expected(expected64.begin(), expected64.end());
       std::vector<float> p_padded(static_cast<std::size_t>(offset), 0.0f),
           g_padded(static_cast<std::size_t>(offset), 0.0f);
@@ -215,6 +218,85 @@ TEST_P(LossTest, CrossEntropyBackwardFromProbsMatchesReference) {
             << "K " << K << ", element " << i;
       }
     }
+  }
+}
+
+// Label smoothing (kernels/loss.h, eps): the reference against the definition
+// sum_k t[n,k] * (logsumexp - x[n,k]) written out here, then every backend's forward
+// (with and without predictions), recomputing backward and backward from probs
+// against the reference, onto sentinels, on rows CUDA caches (K = 4, 12, 1024) and
+// rows it does not (7, 33, 1028). A control: eps moves the loss.
+TEST_P(LossTest, LabelSmoothingMatchesReference) {
+  struct Case {
+    std::int64_t rows, classes;
+  };
+  for (Case c : {Case{3, 7}, Case{37, 33}, Case{6, 4}, Case{9, 12}, Case{5, 1024}, Case{3, 1028}}) {
+    const std::int64_t N = c.rows, K = c.classes;
+    const auto x = random_values(static_cast<std::size_t>(N * K), 33, -5.0f, 5.0f);
+    std::vector<float> y;
+    for (std::int64_t n = 0; n < N; ++n) y.push_back(static_cast<float>((n * 5 + 2) % K));
+    const std::vector<double> x64(x.begin(), x.end()), y64(y.begin(), y.end());
+    for (const double eps : {0.1, 0.6, 1.0}) {
+      SCOPED_TRACE(::testing::Message() << N << "x" << K << " eps " << eps);
+      std::vector<double> probs64(x.size());
+      const double total = reference::softmax_cross_entropy_forward(
+          probs64.data(), static_cast<double*>(nullptr), x64.data(), y64.data(), N, K, eps);
+      double defined = 0.0;  // the definition, in long double
+      for (std::int64_t n = 0; n < N; ++n) {
+        long double max = x64[n * K], sum = 0;
+        for (std::int64_t k = 0; k < K; ++k) max = std::max<long double>(max, x64[n * K + k]);
+        for (std::int64_t k = 0; k < K; ++k) sum += std::exp(x64[n * K + k] - max);
+        for (std::int64_t k = 0; k < K; ++k) {
+          const long double t = (k == std::int64_t(y64[n]) ? 1 - eps : 0) + eps / K;
+          defined += double(t * (std::log(sum) + max - x64[n * K + k]));
+        }
+      }
+      EXPECT_NEAR(total, defined, 1e-9 * (1 + std::fabs(defined)));
+      const double unsmoothed = reference::softmax_cross_entropy_forward(
+          static_cast<double*>(nullptr), static_cast<double*>(nullptr), x64.data(), y64.data(), N,
+          K, 0.0);
+      EXPECT_GT(std::fabs(total - unsmoothed), 1e-3 * N) << "control: eps changes nothing";
+
+      Tensor logits = make(x, {N, K}), labels = make(y, {N});
+      for (const bool with_predictions : {true, false}) {
+        Tensor loss = Tensor::zeros({1}, stream()), p = Tensor::zeros({N, K}, stream());
+        softmax_cross_entropy_forward(loss, p,
+                                      with_predictions ? Tensor::zeros({N}, stream()) : Tensor(),
+                                      logits, labels, Reduction::Mean, stream(), eps);
+        EXPECT_NEAR(scalar(loss), total / N, 1e-5 * (1 + total / N));
+        EXPECT_TRUE(all_close(host(p), std::vector<float>(probs64.begin(), probs64.end())));
+      }
+      std::vector<double> grad64(x.size(), 0.5), from_probs64(x.size(), 0.5);
+      reference::softmax_cross_entropy_backward(grad64.data(), x64.data(), y64.data(), 1.5 / N, N,
+                                                K, eps);
+      reference::softmax_cross_entropy_backward_from_probs(from_probs64.data(), probs64.data(),
+                                                           y64.data(), 1.5 / N, N, K, eps);
+      Tensor g = make(std::vector<float>(x.size(), 0.5f), {N, K});
+      softmax_cross_entropy_backward(g, make({1.5f}, {1}), logits, labels, Reduction::Mean,
+                                     stream(), eps);
+      EXPECT_TRUE(all_close(host(g), std::vector<float>(grad64.begin(), grad64.end())));
+      const std::vector<float> pv(probs64.begin(), probs64.end());
+      Tensor g2 = make(std::vector<float>(x.size(), 0.5f), {N, K});
+      softmax_cross_entropy_backward_from_probs(g2, make({1.5f}, {1}), make(pv, {N, K}), labels,
+                                                Reduction::Mean, stream(), eps);
+      EXPECT_TRUE(
+          all_close(host(g2), std::vector<float>(from_probs64.begin(), from_probs64.end())));
+    }
+  }
+}
+
+TEST_P(LossTest, LabelSmoothingOutsideZeroToOneIsRefused) {
+  Tensor logits = make({1, 2, 3, 4}, {2, 2}), labels = make({0, 1}, {2});
+  Tensor loss = Tensor::zeros({1}, stream()), grad = Tensor::zeros({2, 2}, stream());
+  for (const double eps : {-0.1, 1.5, std::nan("")}) {
+    EXPECT_THROW_WITH(softmax_cross_entropy_forward(loss, Tensor(), Tensor(), logits, labels,
+                                                    Reduction::Mean, stream(), eps),
+                      InvalidArgument,
+                      "softmax_cross_entropy_forward: label_smoothing must be in [0, 1], got");
+    EXPECT_THROW_WITH(softmax_cross_entropy_backward(grad, make({1}, {1}), logits, labels,
+                                                     Reduction::Mean, stream(), eps),
+                      InvalidArgument,
+                      "softmax_cross_entropy_backward: label_smoothing must be in [0, 1]");
   }
 }
 
@@ -357,20 +439,22 @@ TEST(LossGradient, MseMatchesCentralDifferences) {
 
 TEST(LossGradient, CrossEntropyMatchesCentralDifferences) {
   for (Reduction reduction : {Reduction::Mean, Reduction::Sum}) {
-    Tensor logits = random_double_tensor({5, 7}, 61, -3.0, 3.0);
-    Tensor labels =
-        Tensor::from_host<double>(std::vector<double>{0, 6, 3, 3, 1}, {5}, cpu_stream());
-    const double upstream = 0.7;
-    auto loss = [&](const std::vector<Tensor>& in) {
-      Tensor out = double_scalar(0);
-      softmax_cross_entropy_forward(out, Tensor(), Tensor(), in[0], labels, reduction,
-                                    cpu_stream());
-      return upstream * value_of(out);
-    };
-    Tensor grad = Tensor::zeros({5, 7}, cpu_stream(), DType::Float64);
-    softmax_cross_entropy_backward(grad, double_scalar(upstream), logits, labels, reduction,
-                                   cpu_stream());
-    EXPECT_TRUE(check_gradient(loss, {logits}, {grad}));
+    for (const double eps : {0.0, 0.15}) {
+      Tensor logits = random_double_tensor({5, 7}, 61, -3.0, 3.0);
+      Tensor labels =
+          Tensor::from_host<double>(std::vector<double>{0, 6, 3, 3, 1}, {5}, cpu_stream());
+      const double upstream = 0.7;
+      auto loss = [&](const std::vector<Tensor>& in) {
+        Tensor out = double_scalar(0);
+        softmax_cross_entropy_forward(out, Tensor(), Tensor(), in[0], labels, reduction,
+                                      cpu_stream(), eps);
+        return upstream * value_of(out);
+      };
+      Tensor grad = Tensor::zeros({5, 7}, cpu_stream(), DType::Float64);
+      softmax_cross_entropy_backward(grad, double_scalar(upstream), logits, labels, reduction,
+                                     cpu_stream(), eps);
+      EXPECT_TRUE(check_gradient(loss, {logits}, {grad})) << "eps " << eps;
+    }
   }
 }
 
@@ -385,6 +469,47 @@ TEST(LossGradient, L2MatchesCentralDifferences) {
   Tensor grad_w = Tensor::zeros({4, 5}, cpu_stream(), DType::Float64);
   l2_loss_backward(grad_w, double_scalar(upstream), w, coeff, cpu_stream());
   EXPECT_TRUE(check_gradient(loss, {w}, {grad_w}));
+}
+
+// For tests/ops_vs_torch_test.py (family label_smoothing): through the tape
+// (ag::softmax_cross_entropy: the CPU's backward from probs, CUDA's recomputing one),
+// per backend and dtype, logits [5,7] and [4,12] (CUDA's general and cached rows),
+// labels, each eps and reduction: eps [1], sum [1] (1: Sum), grad_loss [1], loss and
+// grad_logits.
+TEST(LabelSmoothingVsTorch, WritesCases) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const TorchCaseBackend& backend : torch_case_backends()) {
+    const Stream& stream = backend.stream();
+    int index = 0;
+    for (const Shape& shape : {Shape{5, 7}, Shape{4, 12}}) {
+      const Tensor logits =
+          backend.make(random_values(std::size_t(numel_of(shape)), 80 + index, -4.0f, 4.0f), shape);
+      std::vector<float> y;
+      for (std::int64_t n = 0; n < shape[0]; ++n) y.push_back(float((3 * n + 1) % shape[1]));
+      const Tensor labels = backend.make(y, {shape[0]});
+      for (const double eps : {0.0, 0.125, 0.375, 1.0}) {  // exact in float32
+        for (const Reduction reduction : {Reduction::Mean, Reduction::Sum}) {
+          const std::string p = backend.prefix + std::to_string(index++) + "/";
+          Tensor grad_logits = Tensor::zeros(shape, stream, backend.dtype);
+          const Tensor grad_loss = backend.make({0.75f}, {1});
+          Tape tape(stream);
+          const Var x = tape.variable(logits, grad_logits, "logits");
+          const Var loss =
+              ag::softmax_cross_entropy(x, tape.constant(labels), reduction, nullptr, eps);
+          tape.backward(loss, grad_loss);
+          out.insert(out.end(),
+                     {{p + "logits", logits},
+                      {p + "labels", labels},
+                      {p + "eps", backend.make({float(eps)}, {1})},
+                      {p + "sum", backend.make({reduction == Reduction::Sum ? 1.0f : 0.0f}, {1})},
+                      {p + "grad_loss", grad_loss},
+                      {p + "loss", loss.value()},
+                      {p + "grad_logits", grad_logits}});
+        }
+      }
+    }
+  }
+  write_torch_cases("label_smoothing.safetensors", out);
 }
 
 }  // namespace

@@ -47,6 +47,8 @@ TOLERANCE = {
     "batched_matmul": {"float64": (2.0**-52, 0.0), "float32": (2.0**-23, 0.0)},
     # The bf16 family passes each element's bound as compare's scale (check_bf16).
     "bf16": {"float32": (1.0, 0.0)},
+    "conv2d_grouped": {"float64": (1e-12, 1e-10), "float32": (1e-4, 1e-5)},
+    "label_smoothing": {"float64": (1e-12, 1e-10), "float32": (1e-6, 1e-5)},
 }
 
 
@@ -137,7 +139,7 @@ def check_broadcast(tensors):
             leaf = {name: torch.tensor(np.array(tensors[f"{p}/{name}"]), dtype=torch.float64,
                                        requires_grad=True) for name in ("a", "b")}
             grad_y = torch.tensor(np.array(tensors[f"{p}/grad_y"]), dtype=torch.float64)
-            for op, fn in (("add", torch.add), ("mul", torch.mul)):
+            for op, fn in (("add", torch.add), ("sub", torch.sub), ("mul", torch.mul)):
                 y = fn(leaf["a"], leaf["b"])
                 grad_a, grad_b = torch.autograd.grad(y, [leaf["a"], leaf["b"]], grad_y)
                 for name, value in (("y", y), ("grad_a", grad_a), ("grad_b", grad_b)):
@@ -211,6 +213,46 @@ def check_batched_matmul(tensors):
                 compare("batched_matmul", f"{prefix}/{name}/{what}",
                         tensors[f"{prefix}/{name}/{what}"], expected, dtype,
                         scale=(k + 2) * s.detach().numpy())
+
+
+def check_conv2d_grouped(tensors):
+    """Each case's parameters come with it: [stride_h, stride_w, pad_h, pad_w,
+    dilation_h, dilation_w, groups]."""
+    cases = sorted({tuple(name.split("/")[:2]) for name in tensors})
+    for prefix, case in cases:
+        dtype = prefix.split("_", 1)[1]
+        name = f"{prefix}/{case}"
+        leaf = {what: torch.tensor(np.array(tensors[f"{name}/{what}"]), dtype=torch.float64,
+                                   requires_grad=True) for what in ("x", "weight", "bias")}
+        grad_y = torch.tensor(np.array(tensors[f"{name}/grad_y"]), dtype=torch.float64)
+        sh, sw, ph, pw, dh, dw, groups = (int(v) for v in np.array(tensors[f"{name}/params"]))
+        y = torch.nn.functional.conv2d(leaf["x"], leaf["weight"], leaf["bias"], stride=(sh, sw),
+                                       padding=(ph, pw), dilation=(dh, dw), groups=groups)
+        grads = torch.autograd.grad(y, [leaf["x"], leaf["weight"], leaf["bias"]], grad_y)
+        expected = {"y": y, "grad_x": grads[0], "grad_weight": grads[1], "grad_bias": grads[2]}
+        for what, value in expected.items():
+            compare("conv2d_grouped", f"{name}/{what}", tensors[f"{name}/{what}"], value, dtype)
+
+
+def check_label_smoothing(tensors):
+    """torch.nn.functional.cross_entropy(label_smoothing=eps), each case's eps and
+    reduction written with it."""
+    for prefix, case in sorted({tuple(name.split("/")[:2]) for name in tensors}):
+        dtype = prefix.split("_", 1)[1]
+        name = f"{prefix}/{case}"
+        logits = torch.tensor(np.array(tensors[f"{name}/logits"]), dtype=torch.float64,
+                              requires_grad=True)
+        labels = torch.tensor(np.array(tensors[f"{name}/labels"]), dtype=torch.float64).long()
+        eps = float(np.array(tensors[f"{name}/eps"])[0])
+        reduction = "sum" if float(np.array(tensors[f"{name}/sum"])[0]) == 1.0 else "mean"
+        grad_loss = torch.tensor(np.array(tensors[f"{name}/grad_loss"]), dtype=torch.float64)
+        loss = torch.nn.functional.cross_entropy(logits, labels, reduction=reduction,
+                                                 label_smoothing=eps)
+        (grad_logits,) = torch.autograd.grad(loss, logits, grad_loss.reshape(()))
+        compare("label_smoothing", f"{name}/loss (eps {eps}, {reduction})",
+                tensors[f"{name}/loss"], loss.reshape(1), dtype)
+        compare("label_smoothing", f"{name}/grad_logits", tensors[f"{name}/grad_logits"],
+                grad_logits, dtype)
 
 
 def check_control(tensors):
@@ -359,6 +401,8 @@ CHECKS = {
     "slice_copy": check_slice_copy,
     "batched_matmul": check_batched_matmul,
     "bf16": check_bf16,
+    "conv2d_grouped": check_conv2d_grouped,
+    "label_smoothing": check_label_smoothing,
 }
 
 

@@ -42,6 +42,8 @@ template <typename T, std::int64_t kSa, std::int64_t kSb>
 void run(T* out, const T* a, const T* b, std::int64_t n, BroadcastOp op) {
   if (op == BroadcastOp::Add) {
     for (std::int64_t j = 0; j < n; ++j) out[j] = a[j * kSa] + b[j * kSb];
+  } else if (op == BroadcastOp::Sub) {
+    for (std::int64_t j = 0; j < n; ++j) out[j] = a[j * kSa] - b[j * kSb];
   } else {
     for (std::int64_t j = 0; j < n; ++j) out[j] = a[j * kSa] * b[j * kSb];
   }

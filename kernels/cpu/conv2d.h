@@ -29,6 +29,16 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
                      const Tensor& grad_y, const Tensor& x, const Tensor& weight,
                      const Conv2dShape& shape, GradWrite grad_x_write);
 
+// Depthwise (groups == C, kernels/conv2d_depthwise.h), in kernels/cpu/conv2d_depthwise.cpp:
+// the forward with its bias; the backward's grad_x (written as grad_x_write says) and
+// grad_weight (accumulated), either undefined when not needed. The dispatch adds
+// grad_bias with bias_add_backward.
+void conv2d_depthwise_forward(const Tensor& y, const Tensor& x, const Tensor& weight,
+                              const Tensor& bias, const Conv2dShape& shape);
+void conv2d_depthwise_backward(const Tensor& grad_x, const Tensor& grad_weight,
+                               const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                               const Conv2dShape& shape, GradWrite grad_x_write);
+
 // How the float32 forward and backward-data compute: the process-wide setting
 // Conv2dAlgorithm (engine/settings.h), named here too for the CPU code.
 using towerlab::conv2d_algorithm;

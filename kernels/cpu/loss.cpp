@@ -50,18 +50,20 @@ void mse_backward(const Tensor& grad_pred, const Tensor& grad_target, const Tens
 
 void softmax_cross_entropy_forward(const Tensor& loss, const Tensor& probs,
                                    const Tensor& predictions, const Tensor& logits,
-                                   const Tensor& labels, double scale) {
+                                   const Tensor& labels, double scale, double label_smoothing) {
   with_dtype(logits.dtype(), [&]<typename T>() {
     T* prob = probs.defined() ? probs.data<T>() : nullptr;              // [N,K]
     T* pred = predictions.defined() ? predictions.data<T>() : nullptr;  // [N]
-    const double total = reference::softmax_cross_entropy_forward(
-        prob, pred, logits.data<T>(), labels.data<T>(), logits.size(0), logits.size(1));
+    const double total =
+        reference::softmax_cross_entropy_forward(prob, pred, logits.data<T>(), labels.data<T>(),
+                                                 logits.size(0), logits.size(1), label_smoothing);
     loss.data<T>()[0] = static_cast<T>(total * scale);
   });
 }
 
 void softmax_cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
-                                    const Tensor& logits, const Tensor& labels, double scale) {
+                                    const Tensor& logits, const Tensor& labels, double scale,
+                                    double label_smoothing) {
   with_dtype(logits.dtype(), [&]<typename T>() {
     const std::int64_t rows = logits.size(0), K = logits.size(1);
     const T* x = logits.data<T>();      // [N,K]
@@ -70,14 +72,14 @@ void softmax_cross_entropy_backward(const Tensor& grad_logits, const Tensor& gra
     const double factor = scale * static_cast<double>(grad_loss.data<T>()[0]);
     parallel_rows(rows, K, [&](std::int64_t first, std::int64_t last) {
       reference::softmax_cross_entropy_backward(grad + first * K, x + first * K, label + first,
-                                                factor, last - first, K);
+                                                factor, last - first, K, label_smoothing);
     });
   });
 }
 
 void softmax_cross_entropy_backward_from_probs(const Tensor& grad_logits, const Tensor& grad_loss,
                                                const Tensor& probs, const Tensor& labels,
-                                               double scale) {
+                                               double scale, double label_smoothing) {
   with_dtype(probs.dtype(), [&]<typename T>() {
     const std::int64_t rows = probs.size(0), K = probs.size(1);
     const T* prob = probs.data<T>();    // [N,K]
@@ -86,7 +88,8 @@ void softmax_cross_entropy_backward_from_probs(const Tensor& grad_logits, const 
     const double factor = scale * static_cast<double>(grad_loss.data<T>()[0]);
     parallel_rows(rows, K, [&](std::int64_t first, std::int64_t last) {
       reference::softmax_cross_entropy_backward_from_probs(grad + first * K, prob + first * K,
-                                                           label + first, factor, last - first, K);
+                                                           label + first, factor, last - first, K,
+                                                           label_smoothing);
     });
   });
 }

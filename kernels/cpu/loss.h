@@ -15,12 +15,13 @@ void mse_backward(const Tensor& grad_pred, const Tensor& grad_target, const Tens
                   const Tensor& pred, const Tensor& target, double scale);
 void softmax_cross_entropy_forward(const Tensor& loss, const Tensor& probs,
                                    const Tensor& predictions, const Tensor& logits,
-                                   const Tensor& labels, double scale);
+                                   const Tensor& labels, double scale, double label_smoothing);
 void softmax_cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
-                                    const Tensor& logits, const Tensor& labels, double scale);
+                                    const Tensor& logits, const Tensor& labels, double scale,
+                                    double label_smoothing);
 void softmax_cross_entropy_backward_from_probs(const Tensor& grad_logits, const Tensor& grad_loss,
                                                const Tensor& probs, const Tensor& labels,
-                                               double scale);
+                                               double scale, double label_smoothing);
 // The index of the first label that is not a class id in [0, num_classes), or -1.
 std::int64_t first_invalid_label(const Tensor& labels, std::int64_t num_classes);
 void square_sum(const Tensor& loss, const Tensor& w, double scale);

@@ -1,4 +1,4 @@
-// CUDA broadcasting add and mul and sum_to_shape (contracts in kernels/broadcast.h),
+// CUDA broadcasting add, sub and mul and sum_to_shape (contracts in kernels/broadcast.h),
 // float32.
 //
 // Both walk the index spaces of kernels/broadcast_plan.h (size-1 dimensions
@@ -38,10 +38,11 @@ __device__ Offsets offsets_of(std::int64_t i, const StridedDims& dims) {
 }
 
 __global__ void broadcast_binary_kernel(std::int64_t n, float* out, const float* a, const float* b,
-                                        StridedDims dims, bool mul) {
+                                        StridedDims dims, BroadcastOp op) {
   for (const std::int64_t i : grid_stride(n)) {
     const Offsets o = offsets_of(i, dims);
-    out[i] = mul ? a[o.first] * b[o.second] : a[o.first] + b[o.second];
+    const float va = a[o.first], vb = b[o.second];
+    out[i] = op == BroadcastOp::Mul ? va * vb : op == BroadcastOp::Sub ? va - vb : va + vb;
   }
 }
 
@@ -64,8 +65,7 @@ void broadcast_binary(const Tensor& out, const Tensor& a, const Tensor& b, Broad
                       const Stream& stream) {
   launch_grid_stride(broadcast_binary_kernel, out.numel(), stream, out.data<float>(),
                      a.data<float>(), b.data<float>(),
-                     kernels::binary_dims(out.shape(), a.shape(), b.shape()),
-                     op == BroadcastOp::Mul);
+                     kernels::binary_dims(out.shape(), a.shape(), b.shape()), op);
 }
 
 void sum_to_shape(const Tensor& out, const Tensor& x, GradWrite write, const Stream& stream) {

@@ -68,12 +68,23 @@ struct RowStats {
   float sum_exp;
 };
 
-// A row's cross-entropy from its label, its logit x_label = x[label] and its
-// statistics: log(sum exp(x - max)) - (x_label - max); NaN for a label that is not
-// a class id (x_label then unused), which the trainer's guard then reports.
+// A row's cross-entropy from its label, its logit x_label = x[label], its statistics
+// and, with label smoothing eps, mean_shifted = mean_k (x[k] - max) (0 when eps is 0):
+// log(sum exp(x - max)) - (1 - eps) (x_label - max) - eps mean_shifted (kernels/loss.h;
+// at eps = 0 the bits of log(sum exp(x - max)) - (x_label - max)); NaN for a label that
+// is not a class id (x_label then unused), which the trainer's guard then reports.
 __device__ __forceinline__ float row_loss(float label, float x_label, float max, float sum_exp,
-                                          std::int64_t num_classes) {
-  return is_class_id(label, num_classes) ? logf(sum_exp) - (x_label - max) : NAN;
+                                          std::int64_t num_classes, float eps, float mean_shifted) {
+  return is_class_id(label, num_classes)
+             ? logf(sum_exp) - (1.0f - eps) * (x_label - max) - eps * mean_shifted
+             : NAN;
+}
+
+// Class k's share of the smoothed target of a row labelled `target` (exactly 1 and 0
+// at eps = 0).
+__device__ __forceinline__ float smoothed_target(std::int64_t k, std::int64_t target,
+                                                 std::int64_t num_classes, float eps) {
+  return (k == target ? 1.0f - eps : 0.0f) + eps / static_cast<float>(num_classes);
 }
 
 // x[label] of a row, or 0 for a label that is not a class id (never an index then).
@@ -226,7 +237,7 @@ template <bool kArgmax>
 __global__ void __launch_bounds__(kBlockSize, 4)
     cross_entropy_forward_cached_kernel(float* partials, float* probs, float* predictions,
                                         const float* logits, const float* labels, std::int64_t rows,
-                                        int k4) {
+                                        int k4, float eps) {
   const int lane = threadIdx.x % kWarpSize;
   const std::int64_t warps_per_block = blockDim.x / kWarpSize;
   const std::int64_t num_classes = 4 * std::int64_t{k4};
@@ -250,8 +261,20 @@ __global__ void __launch_bounds__(kBlockSize, 4)
       max = cached_row_max(r, k4, lane);
     }
     const float sum_exp = cached_sum_exp(r, k4, lane, max);
+    float mean_shifted = 0.0f;
+    if (eps != 0.0f) {  // the same for every warp: all lanes reach the warp sum
+      float shifted = 0.0f;
+#pragma unroll
+      for (int t = 0; t < kRowChunks; ++t) {
+        if (lane + kWarpSize * t < k4) {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) shifted += component(r.v[t], c) - max;
+        }
+      }
+      mean_shifted = warp_sum(shifted) / static_cast<float>(num_classes);
+    }
     if (lane == 0) {
-      loss_sum += row_loss(label, x_label, max, sum_exp, num_classes);
+      loss_sum += row_loss(label, x_label, max, sum_exp, num_classes, eps, mean_shifted);
       if constexpr (kArgmax) predictions[n] = static_cast<float>(argmax);
     }
     if (probs != nullptr) {
@@ -276,7 +299,7 @@ __global__ void __launch_bounds__(kBlockSize, 4)
 __global__ void __launch_bounds__(kBlockSize, 4)
     cross_entropy_backward_cached_kernel(float* grad_logits, const float* grad_loss,
                                          const float* logits, const float* labels,
-                                         std::int64_t rows, int k4, float scale) {
+                                         std::int64_t rows, int k4, float scale, float eps) {
   const int lane = threadIdx.x % kWarpSize;
   const std::int64_t warps_per_block = blockDim.x / kWarpSize;
   const std::int64_t num_classes = 4 * std::int64_t{k4};
@@ -296,7 +319,7 @@ __global__ void __launch_bounds__(kBlockSize, 4)
         float4 g = grad[j];
         const auto term = [&](float v, int c) {
           const float p = expf(v - s.max) / s.sum_exp;
-          return valid ? factor * (p - (4 * j + c == target ? 1.0f : 0.0f)) : NAN;
+          return valid ? factor * (p - smoothed_target(4 * j + c, target, num_classes, eps)) : NAN;
         };
         g.x += term(r.v[t].x, 0);
         g.y += term(r.v[t].y, 1);
@@ -327,7 +350,8 @@ bool cached_rows(std::int64_t num_classes, std::initializer_list<const void*> bu
 // row whose label is not a class id; that label is never used as an index).
 __global__ void cross_entropy_forward_kernel(float* partials, float* probs, float* predictions,
                                              const float* logits, const float* labels,
-                                             std::int64_t rows, std::int64_t num_classes) {
+                                             std::int64_t rows, std::int64_t num_classes,
+                                             float eps) {
   const int lane = threadIdx.x % kWarpSize;
   const std::int64_t warps_per_block = blockDim.x / kWarpSize;
   float loss_sum = 0.0f;  // lane 0's rows
@@ -335,10 +359,16 @@ __global__ void cross_entropy_forward_kernel(float* partials, float* probs, floa
        n += gridDim.x * warps_per_block) {
     const float* row = logits + n * num_classes;  // [K]
     const RowStats s = row_stats(row, num_classes, lane);
+    float mean_shifted = 0.0f;
+    if (eps != 0.0f) {  // the same for every warp: all lanes reach the warp sum
+      float shifted = 0.0f;
+      for (std::int64_t k = lane; k < num_classes; k += kWarpSize) shifted += row[k] - s.max;
+      mean_shifted = warp_sum(shifted) / static_cast<float>(num_classes);
+    }
     if (lane == 0) {
       const float label = labels[n];
-      loss_sum +=
-          row_loss(label, label_logit(row, label, num_classes), s.max, s.sum_exp, num_classes);
+      loss_sum += row_loss(label, label_logit(row, label, num_classes), s.max, s.sum_exp,
+                           num_classes, eps, mean_shifted);
       if (predictions != nullptr) predictions[n] = static_cast<float>(s.argmax);
     }
     if (probs != nullptr) {
@@ -351,11 +381,12 @@ __global__ void cross_entropy_forward_kernel(float* partials, float* probs, floa
   if (threadIdx.x == 0) partials[blockIdx.x] = loss_sum;
 }
 
-// One warp per row: grad[n,k] += grad_loss[0] * scale * (softmax[k] - (k == label)).
+// One warp per row: grad[n,k] += grad_loss[0] * scale * (softmax[k] - target[k]), the
+// target smoothed by eps (smoothed_target).
 __global__ void cross_entropy_backward_kernel(float* grad_logits, const float* grad_loss,
                                               const float* logits, const float* labels,
                                               std::int64_t rows, std::int64_t num_classes,
-                                              float scale) {
+                                              float scale, float eps) {
   const int lane = threadIdx.x % kWarpSize;
   const std::int64_t warps_per_block = blockDim.x / kWarpSize;
   const float factor = scale * *grad_loss;
@@ -369,7 +400,7 @@ __global__ void cross_entropy_backward_kernel(float* grad_logits, const float* g
     const std::int64_t target = valid ? static_cast<std::int64_t>(label) : -1;
     for (std::int64_t k = lane; k < num_classes; k += kWarpSize) {
       const float p = expf(row[k] - s.max) / s.sum_exp;
-      grad[k] += valid ? factor * (p - (k == target ? 1.0f : 0.0f)) : NAN;
+      grad[k] += valid ? factor * (p - smoothed_target(k, target, num_classes, eps)) : NAN;
     }
   }
 }
@@ -378,14 +409,16 @@ __global__ void cross_entropy_backward_kernel(float* grad_logits, const float* g
 __global__ void cross_entropy_backward_from_probs_kernel(std::int64_t n, float* grad_logits,
                                                          const float* grad_loss, const float* probs,
                                                          const float* labels,
-                                                         std::int64_t num_classes, float scale) {
+                                                         std::int64_t num_classes, float scale,
+                                                         float eps) {
   const float factor = scale * *grad_loss;
   for (const std::int64_t i : grid_stride(n)) {
     const std::int64_t row = i / num_classes, k = i - row * num_classes;
     const float label = labels[row];
     const bool valid = is_class_id(label, num_classes);
     const std::int64_t target = valid ? static_cast<std::int64_t>(label) : -1;
-    grad_logits[i] += valid ? factor * (probs[i] - (k == target ? 1.0f : 0.0f)) : NAN;
+    grad_logits[i] +=
+        valid ? factor * (probs[i] - smoothed_target(k, target, num_classes, eps)) : NAN;
   }
 }
 
@@ -397,7 +430,7 @@ __global__ void cross_entropy_backward_from_probs_kernel(std::int64_t n, float* 
 __global__ void cross_entropy_backward_from_probs4_kernel(std::int64_t n4, float4* grad_logits,
                                                           const float* grad_loss,
                                                           const float4* probs, const float* labels,
-                                                          unsigned k4, float scale) {
+                                                          unsigned k4, float scale, float eps) {
   const float factor = scale * *grad_loss;
   const std::int64_t num_classes = 4 * std::int64_t{k4};
   for (const std::int64_t i : grid_stride(n4)) {
@@ -408,7 +441,7 @@ __global__ void cross_entropy_backward_from_probs4_kernel(std::int64_t n4, float
     const std::int64_t target = valid ? static_cast<std::int64_t>(label) : -1;
     const float4 p = probs[i];
     const auto term = [&](float pc, int c) {
-      return valid ? factor * (pc - (k + c == target ? 1.0f : 0.0f)) : NAN;
+      return valid ? factor * (pc - smoothed_target(k + c, target, num_classes, eps)) : NAN;
     };
     float4 g = grad_logits[i];
     g.x += term(p.x, 0);
@@ -464,7 +497,8 @@ void mse_backward(const Tensor& grad_pred, const Tensor& grad_target, const Tens
 
 void softmax_cross_entropy_forward(const Tensor& loss, const Tensor& probs,
                                    const Tensor& predictions, const Tensor& logits,
-                                   const Tensor& labels, float scale, const Stream& stream) {
+                                   const Tensor& labels, float scale, float label_smoothing,
+                                   const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
   cudaStream_t s = native(stream);
   const std::int64_t rows = logits.size(0), num_classes = logits.size(1);
@@ -481,11 +515,11 @@ void softmax_cross_entropy_forward(const Tensor& loss, const Tensor& probs,
                                                    : cross_entropy_forward_cached_kernel<false>;
     kernel<<<blocks, kBlockSize, 0, s>>>(partials.as<float>(), probs_ptr, predictions_ptr,
                                          logits.data<float>(), labels.data<float>(), rows,
-                                         static_cast<int>(num_classes / 4));
+                                         static_cast<int>(num_classes / 4), label_smoothing);
   } else {
     cross_entropy_forward_kernel<<<blocks, kBlockSize, 0, s>>>(
         partials.as<float>(), probs_ptr, predictions_ptr, logits.data<float>(),
-        labels.data<float>(), rows, num_classes);
+        labels.data<float>(), rows, num_classes, label_smoothing);
   }
   TL_CUDA_CHECK_LAUNCH();
   finish_sum_kernel<<<1, kMaxPartials, 0, s>>>(loss.data<float>(), partials.as<float>(), blocks,
@@ -495,25 +529,26 @@ void softmax_cross_entropy_forward(const Tensor& loss, const Tensor& probs,
 
 void softmax_cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
                                     const Tensor& logits, const Tensor& labels, float scale,
-                                    const Stream& stream) {
+                                    float label_smoothing, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
   const std::int64_t rows = logits.size(0), num_classes = logits.size(1);
   if (rows == 0) return;
   if (cached_rows(num_classes, {grad_logits.data<float>(), logits.data<float>()})) {
     cross_entropy_backward_cached_kernel<<<grid_for_rows(rows), kBlockSize, 0, native(stream)>>>(
         grad_logits.data<float>(), grad_loss.data<float>(), logits.data<float>(),
-        labels.data<float>(), rows, static_cast<int>(num_classes / 4), scale);
+        labels.data<float>(), rows, static_cast<int>(num_classes / 4), scale, label_smoothing);
   } else {
     cross_entropy_backward_kernel<<<grid_for_rows(rows), kBlockSize, 0, native(stream)>>>(
         grad_logits.data<float>(), grad_loss.data<float>(), logits.data<float>(),
-        labels.data<float>(), rows, num_classes, scale);
+        labels.data<float>(), rows, num_classes, scale, label_smoothing);
   }
   TL_CUDA_CHECK_LAUNCH();
 }
 
 void softmax_cross_entropy_backward_from_probs(const Tensor& grad_logits, const Tensor& grad_loss,
                                                const Tensor& probs, const Tensor& labels,
-                                               float scale, const Stream& stream) {
+                                               float scale, float label_smoothing,
+                                               const Stream& stream) {
   const std::int64_t num_classes = probs.size(1);
   if (float4_rows(num_classes, {grad_logits.data<float>(), probs.data<float>()}) &&
       probs.numel() / 4 <= std::int64_t{UINT32_MAX}) {
@@ -521,12 +556,12 @@ void softmax_cross_entropy_backward_from_probs(const Tensor& grad_logits, const 
                        reinterpret_cast<float4*>(grad_logits.data<float>()),
                        grad_loss.data<float>(),
                        reinterpret_cast<const float4*>(probs.data<float>()), labels.data<float>(),
-                       static_cast<unsigned>(num_classes / 4), scale);
+                       static_cast<unsigned>(num_classes / 4), scale, label_smoothing);
     return;
   }
   launch_grid_stride(cross_entropy_backward_from_probs_kernel, probs.numel(), stream,
                      grad_logits.data<float>(), grad_loss.data<float>(), probs.data<float>(),
-                     labels.data<float>(), num_classes, scale);
+                     labels.data<float>(), num_classes, scale, label_smoothing);
 }
 
 // A functor rather than a lambda: nvcc needs --extended-lambda for device lambdas.

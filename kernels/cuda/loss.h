@@ -16,13 +16,15 @@ void mse_backward(const Tensor& grad_pred, const Tensor& grad_target, const Tens
                   const Tensor& pred, const Tensor& target, float scale, const Stream& stream);
 void softmax_cross_entropy_forward(const Tensor& loss, const Tensor& probs,
                                    const Tensor& predictions, const Tensor& logits,
-                                   const Tensor& labels, float scale, const Stream& stream);
+                                   const Tensor& labels, float scale, float label_smoothing,
+                                   const Stream& stream);
 void softmax_cross_entropy_backward(const Tensor& grad_logits, const Tensor& grad_loss,
                                     const Tensor& logits, const Tensor& labels, float scale,
-                                    const Stream& stream);
+                                    float label_smoothing, const Stream& stream);
 void softmax_cross_entropy_backward_from_probs(const Tensor& grad_logits, const Tensor& grad_loss,
                                                const Tensor& probs, const Tensor& labels,
-                                               float scale, const Stream& stream);
+                                               float scale, float label_smoothing,
+                                               const Stream& stream);
 std::int64_t first_invalid_label(const Tensor& labels, std::int64_t num_classes,
                                  const Stream& stream);  // waits for the stream
 void square_sum(const Tensor& loss, const Tensor& w, float scale, const Stream& stream);

@@ -42,7 +42,7 @@ void broadcast_binary(T* out, const Shape& out_shape, const T* a, const Shape& a
   for (std::int64_t i = first; i < last; ++i) {
     const T va = a[offset_of(i, out_shape, a_strides)];
     const T vb = b[offset_of(i, out_shape, b_strides)];
-    out[i] = op == BroadcastOp::Add ? T(va + vb) : T(va * vb);
+    out[i] = op == BroadcastOp::Add ? T(va + vb) : op == BroadcastOp::Sub ? T(va - vb) : T(va * vb);
   }
 }
 

@@ -1,4 +1,4 @@
-// The plain reference of broadcasting add and mul and of sum_to_shape (contracts
+// The plain reference of broadcasting add, sub and mul and of sum_to_shape (contracts
 // in kernels/broadcast.h). The CPU backend runs it on each thread's range of
 // outputs (kernels/cpu/broadcast.cpp), and the CUDA kernels are tested against it,
 // bit for bit. T is float or double. Shapes are any rank; each operand's shape is

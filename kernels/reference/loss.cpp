@@ -47,7 +47,7 @@ void mse_backward(T* grad_pred, T* grad_target, const T* pred, const T* target, 
 
 template <typename T>
 double softmax_cross_entropy_forward(T* probs, T* predictions, const T* logits, const T* labels,
-                                     std::int64_t N, std::int64_t K) {
+                                     std::int64_t N, std::int64_t K, double eps) {
   double total = 0.0;
   for (std::int64_t n = 0; n < N; ++n) {
     const T* row = logits + n * K;  // [K]
@@ -55,7 +55,12 @@ double softmax_cross_entropy_forward(T* probs, T* predictions, const T* logits, 
     const auto target = static_cast<std::int64_t>(labels[n]);
     // log(sum exp(x - max)) + max - x[target], with the two large terms subtracted
     // first so that logits around 1e4 lose no precision to the cancellation.
-    total += std::log(s.sum_exp) - static_cast<double>(row[target] - s.max);
+    total += std::log(s.sum_exp) - (1.0 - eps) * static_cast<double>(row[target] - s.max);
+    if (eps != 0.0) {  // the uniform part of the target (skipped at 0: an inf logit stays finite)
+      double shifted = 0.0;
+      for (std::int64_t k = 0; k < K; ++k) shifted += static_cast<double>(row[k] - s.max);
+      total -= eps * shifted / static_cast<double>(K);
+    }
     if (probs != nullptr) {
       for (std::int64_t k = 0; k < K; ++k) {
         probs[n * K + k] =
@@ -73,26 +78,27 @@ double softmax_cross_entropy_forward(T* probs, T* predictions, const T* logits, 
 
 template <typename T>
 void softmax_cross_entropy_backward(T* grad_logits, const T* logits, const T* labels, double factor,
-                                    std::int64_t N, std::int64_t K) {
+                                    std::int64_t N, std::int64_t K, double eps) {
   for (std::int64_t n = 0; n < N; ++n) {
     const T* row = logits + n * K;  // [K]
     const RowSoftmax<T> s = row_softmax(row, K);
     const auto target = static_cast<std::int64_t>(labels[n]);
     for (std::int64_t k = 0; k < K; ++k) {
       const double p = std::exp(static_cast<double>(row[k] - s.max)) / s.sum_exp;
-      grad_logits[n * K + k] += static_cast<T>(factor * (p - (k == target ? 1.0 : 0.0)));
+      grad_logits[n * K + k] += static_cast<T>(factor * (p - smoothed_target(k, target, K, eps)));
     }
   }
 }
 
 template <typename T>
 void softmax_cross_entropy_backward_from_probs(T* grad_logits, const T* probs, const T* labels,
-                                               double factor, std::int64_t N, std::int64_t K) {
+                                               double factor, std::int64_t N, std::int64_t K,
+                                               double eps) {
   for (std::int64_t n = 0; n < N; ++n) {
     const auto target = static_cast<std::int64_t>(labels[n]);
     for (std::int64_t k = 0; k < K; ++k) {
       const double p = static_cast<double>(probs[n * K + k]);
-      grad_logits[n * K + k] += static_cast<T>(factor * (p - (k == target ? 1.0 : 0.0)));
+      grad_logits[n * K + k] += static_cast<T>(factor * (p - smoothed_target(k, target, K, eps)));
     }
   }
 }
@@ -110,16 +116,16 @@ void l2_loss_backward(T* grad_w, const T* w, T factor, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) grad_w[i] += factor * w[i];
 }
 
-#define TL_LOSS(T)                                                                              \
-  template double squared_error_sum<T>(const T*, const T*, std::int64_t);                       \
-  template void mse_backward<T>(T*, T*, const T*, const T*, T, std::int64_t);                   \
-  template double softmax_cross_entropy_forward<T>(T*, T*, const T*, const T*, std::int64_t,    \
-                                                   std::int64_t);                               \
-  template void softmax_cross_entropy_backward<T>(T*, const T*, const T*, double, std::int64_t, \
-                                                  std::int64_t);                                \
-  template void softmax_cross_entropy_backward_from_probs<T>(T*, const T*, const T*, double,    \
-                                                             std::int64_t, std::int64_t);       \
-  template double square_sum<T>(const T*, std::int64_t);                                        \
+#define TL_LOSS(T)                                                                                \
+  template double squared_error_sum<T>(const T*, const T*, std::int64_t);                         \
+  template void mse_backward<T>(T*, T*, const T*, const T*, T, std::int64_t);                     \
+  template double softmax_cross_entropy_forward<T>(T*, T*, const T*, const T*, std::int64_t,      \
+                                                   std::int64_t, double);                         \
+  template void softmax_cross_entropy_backward<T>(T*, const T*, const T*, double, std::int64_t,   \
+                                                  std::int64_t, double);                          \
+  template void softmax_cross_entropy_backward_from_probs<T>(T*, const T*, const T*, double,      \
+                                                             std::int64_t, std::int64_t, double); \
+  template double square_sum<T>(const T*, std::int64_t);                                          \
   template void l2_loss_backward<T>(T*, const T*, T, std::int64_t);
 TL_LOSS(float)
 TL_LOSS(double)

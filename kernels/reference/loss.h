@@ -23,23 +23,33 @@ template <typename T>
 void mse_backward(T* grad_pred, T* grad_target, const T* pred, const T* target, T factor,
                   std::int64_t n);
 
-// sum_n (logsumexp(logits[n,:]) - logits[n,labels[n]]), the row's maximum subtracted
-// first; and, where not nullptr, ASSIGNS probs [N,K] = softmax of each row and
-// predictions [N] = the first argmax of each row. logits [N,K].
+// With label smoothing eps (0: one-hot targets), the target of class k in row n is
+//   t[n,k] = (1 - eps) * (k == labels[n]) + eps / K      (smoothed_target)
+// sum_n sum_k t[n,k] * (logsumexp(logits[n,:]) - logits[n,k]), that is
+//   sum_n (lse_n - (1 - eps) * logits[n,labels[n]] - eps * mean_k logits[n,k]),
+// each logit taken less the row's maximum first; and, where not nullptr, ASSIGNS
+// probs [N,K] = softmax of each row and predictions [N] = the first argmax of each
+// row. logits [N,K].
 template <typename T>
 double softmax_cross_entropy_forward(T* probs, T* predictions, const T* logits, const T* labels,
-                                     std::int64_t N, std::int64_t K);
+                                     std::int64_t N, std::int64_t K, double eps);
 
-// grad_logits[n,k] += factor * (softmax(logits[n,:])[k] - (k == labels[n])), the softmax
+// t[n,k] above for label `target` (exactly 1 and 0 when eps is 0).
+inline double smoothed_target(std::int64_t k, std::int64_t target, std::int64_t K, double eps) {
+  return (k == target ? 1.0 - eps : 0.0) + eps / static_cast<double>(K);
+}
+
+// grad_logits[n,k] += factor * (softmax(logits[n,:])[k] - t[n,k]), the softmax
 // recomputed in double, factor = r * grad_loss (ACCUMULATED). logits, grad_logits [N,K].
 template <typename T>
 void softmax_cross_entropy_backward(T* grad_logits, const T* logits, const T* labels, double factor,
-                                    std::int64_t N, std::int64_t K);
+                                    std::int64_t N, std::int64_t K, double eps);
 
 // The same gradient from the forward's probs [N,K] (ACCUMULATED).
 template <typename T>
 void softmax_cross_entropy_backward_from_probs(T* grad_logits, const T* probs, const T* labels,
-                                               double factor, std::int64_t N, std::int64_t K);
+                                               double factor, std::int64_t N, std::int64_t K,
+                                               double eps);
 
 // sum_i w[i]^2; w [n].
 template <typename T>

@@ -179,11 +179,13 @@ int run(const sample::Options& o) {
   VariableSet vars;
   const Model model = make_model(o.model, vars);
   const Sequential& net = model.net;
-  const double weight_decay = o.weight_decay;
-  TowerFn tower_fn = [&net, weight_decay](const Tower& tower, const std::vector<Tensor>& batch) {
+  const double weight_decay = o.weight_decay, label_smoothing = o.label_smoothing;
+  TowerFn tower_fn = [&net, weight_decay, label_smoothing](const Tower& tower,
+                                                           const std::vector<Tensor>& batch) {
     Context ctx = tower.context();
     Var logits = net(ctx, tower.input(batch[0], "images"));
-    Var loss = ag::softmax_cross_entropy(logits, tower.input(batch[1], "labels"));
+    Var loss = ag::softmax_cross_entropy(logits, tower.input(batch[1], "labels"), Reduction::Mean,
+                                         nullptr, label_smoothing);
     Var reg = l2_regularization(ctx, weight_decay);
     Var total = reg.defined() ? ag::add_n({loss, reg}) : loss;
     return TowerResult{total, {logits}, {{"cross_entropy", loss}}};

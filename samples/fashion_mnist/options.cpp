@@ -79,6 +79,8 @@ constexpr Rule<double> kLr{[](double v) { return v > 0.0 && std::isfinite(v); },
                            "a positive number"};
 constexpr Rule<double> kWeightDecay{[](double v) { return v >= 0.0 && std::isfinite(v); },
                                     "a non-negative number"};
+constexpr Rule<double> kLabelSmoothing{[](double v) { return v >= 0.0 && v <= 1.0; },
+                                       "a number from 0 to 1"};
 
 // The whole of `text` as a T, or nothing. An integer may be written with an
 // exponent when its value is whole ("1e3"); nothing else is accepted, not even
@@ -320,6 +322,8 @@ std::vector<Field> fields(Options& o) {
       number("weight_decay", o.weight_decay, kWeightDecay, "L2 regularization coefficient"),
       number("clip_grad_norm", o.clip_grad_norm, kWeightDecay,
              "Clip the averaged gradient to this global norm (0: off)"),
+      number("label_smoothing", o.label_smoothing, kLabelSmoothing,
+             "Label smoothing E of the cross-entropy: targets (1-E) one-hot + E/10 (0: off)"),
       number("seed", o.seed, kSeed, "Seed of the initial weights and the batch order"),
       choice("numeric_guard", o.numeric_guard, {"stop", "skip", "off"},
              "NaN or infinity in the loss or gradient: stop (exit 3 naming the step and "
