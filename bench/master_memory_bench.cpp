@@ -10,9 +10,10 @@
 //                                peak_in_use_bytes, reset first): replicas,
 //                                gradients, activations and the master together
 // On CUDA towers the towers are cuda:0 .. cuda:N-1 (N devices needed; on the emulated
-// GPUs set TOWERLAB_EMULATED_GPUS=4). The emulated devices' allocations are the
-// caching allocator's own requests, so their peaks are the bytes a GPU would hold
-// (with TOWERLAB_EXACT_ALLOCATIONS=1 each segment is exactly what was asked for).
+// GPUs set TOWERLAB_EMULATED_GPUS=4). The peak is the allocator's own count, the code
+// that runs on a GPU; with TOWERLAB_EXACT_ALLOCATIONS=1 every tensor is its own
+// segment of exactly the requested bytes, so the peak is the bytes requested (a
+// caching run counts blocks rounded up), and every free waits for the device: slow.
 // same_loss is 1 when the last step's loss equals the first placement's of the same
 // model, towers and device kind bit for bit (the placements took the same steps).
 #include <benchmark/benchmark.h>
