@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -256,6 +257,32 @@ struct NcclCommunicator::Comm {
       fail(detail::nccl_error_text(what, call, state, comm, __FILE__, __LINE__));
     }
   }
+
+  // One call of NCCL's (`launch` makes it on the stream it is given) on `device`'s
+  // `stream`, in a group, waited for until its kernels have run (see the header).
+  void collective(const char* call, Device device, std::chrono::milliseconds deadline,
+                  const Stream& stream, std::string_view what,
+                  const std::function<ncclResult_t(cudaStream_t)>& launch) {
+    TL_CHECK(stream.device() == device, InvalidArgument,
+             what << ": " << call << " on a stream of " << stream.device().str()
+                  << " but the communicator is on " << device.str());
+    TL_CHECK(broken.empty(), CommunicationError, broken);
+    CudaDeviceGuard on_device(device.index);
+    const auto until = Clock::now() + deadline;
+    check(ncclGroupStart(), "ncclGroupStart", what);
+    const ncclResult_t r = launch(static_cast<cudaStream_t>(stream.native_handle()));
+    if (r != ncclSuccess && r != ncclInProgress) {
+      (void)ncclGroupEnd();
+      check(r, call, what);
+    }
+    check(ncclGroupEnd(), "ncclGroupEnd", what);
+    // A non-blocking group may still be launching its kernels: the event goes on the
+    // stream only after them.
+    wait(call, what, until, deadline, nullptr);
+    Event kernels(device);
+    kernels.record(stream);
+    wait(call, what, until, deadline, &kernels);
+  }
 };
 
 void NcclCommunicator::connect(ProcessGroup& group) {
@@ -333,35 +360,38 @@ NcclCommunicator::~NcclCommunicator() {
 
 void NcclCommunicator::allreduce_sum(const std::vector<Tensor>& buffers, const Stream& stream,
                                      std::string_view what) {
-  TL_CHECK(stream.device() == device_, InvalidArgument,
-           what << ": NCCL all-reduce on a stream of " << stream.device().str()
-                << " but the communicator is on " << device_.str());
-  for (std::size_t i = 0; i < buffers.size(); ++i) {
-    TL_CHECK(buffers[i].dtype() == DType::Float32 && buffers[i].device() == device_, ShapeError,
-             what << ": NCCL all-reduce buffer " << i << " is " << buffers[i].describe()
-                  << "; it takes float32 buffers on " << device_.str());
-  }
-  TL_CHECK(comm_->broken.empty(), CommunicationError, comm_->broken);
-  CudaDeviceGuard on_device(device_.index);
-  const auto until = Clock::now() + deadline_;
-  comm_->check(ncclGroupStart(), "ncclGroupStart", what);
-  for (const Tensor& b : buffers) {
-    if (b.numel() == 0) continue;
-    const ncclResult_t r =
-        ncclAllReduce(b.raw_data(), b.raw_data(), std::size_t(b.numel()), ncclFloat, ncclSum,
-                      comm_->comm, static_cast<cudaStream_t>(stream.native_handle()));
-    if (r != ncclSuccess && r != ncclInProgress) {
-      (void)ncclGroupEnd();
-      comm_->check(r, "ncclAllReduce", what);
+  for (std::size_t i = 0; i < buffers.size(); ++i) check_buffer(buffers[i], "all-reduce", what);
+  comm_->collective("ncclAllReduce", device_, deadline_, stream, what, [&](cudaStream_t s) {
+    for (const Tensor& b : buffers) {
+      if (b.numel() == 0) continue;
+      const ncclResult_t r = ncclAllReduce(b.raw_data(), b.raw_data(), std::size_t(b.numel()),
+                                           ncclFloat, ncclSum, comm_->comm, s);
+      if (r != ncclSuccess && r != ncclInProgress) return r;
     }
-  }
-  comm_->check(ncclGroupEnd(), "ncclGroupEnd", what);
-  // A non-blocking group may still be launching its kernels: the event goes on the
-  // stream only after them.
-  comm_->wait("ncclAllReduce", what, until, deadline_, nullptr);
-  Event kernels(device_);
-  kernels.record(stream);
-  comm_->wait("ncclAllReduce", what, until, deadline_, &kernels);
+    return ncclSuccess;
+  });
+}
+
+void NcclCommunicator::reduce_scatter_sum(const Tensor& blocks, const Stream& stream,
+                                          std::string_view what) {
+  const std::int64_t block = check_blocks(blocks, "reduce-scatter", what);
+  if (block == 0) return;
+  const Tensor mine = blocks.slice(rank_ * block, (rank_ + 1) * block);
+  comm_->collective("ncclReduceScatter", device_, deadline_, stream, what, [&](cudaStream_t s) {
+    return ncclReduceScatter(blocks.raw_data(), mine.raw_data(), std::size_t(block), ncclFloat,
+                             ncclSum, comm_->comm, s);
+  });
+}
+
+void NcclCommunicator::all_gather(const Tensor& blocks, const Stream& stream,
+                                  std::string_view what) {
+  const std::int64_t block = check_blocks(blocks, "all-gather", what);
+  if (block == 0) return;
+  const Tensor mine = blocks.slice(rank_ * block, (rank_ + 1) * block);
+  comm_->collective("ncclAllGather", device_, deadline_, stream, what, [&](cudaStream_t s) {
+    return ncclAllGather(mine.raw_data(), blocks.raw_data(), std::size_t(block), ncclFloat,
+                         comm_->comm, s);
+  });
 }
 
 #else  // no NCCL in this build
@@ -382,7 +412,32 @@ void NcclCommunicator::allreduce_sum(const std::vector<Tensor>&, const Stream&,
   TL_THROW(NotSupported, what << ": this build of towerlab has no NCCL");
 }
 
+void NcclCommunicator::reduce_scatter_sum(const Tensor&, const Stream&, std::string_view what) {
+  TL_THROW(NotSupported, what << ": this build of towerlab has no NCCL");
+}
+
+void NcclCommunicator::all_gather(const Tensor&, const Stream&, std::string_view what) {
+  TL_THROW(NotSupported, what << ": this build of towerlab has no NCCL");
+}
+
 #endif
+
+void NcclCommunicator::check_buffer(const Tensor& buffer, const char* call,
+                                    std::string_view what) const {
+  TL_CHECK(buffer.dtype() == DType::Float32 && buffer.device() == device_, ShapeError,
+           what << ": NCCL " << call << " buffer " << buffer.describe()
+                << " is not a float32 buffer on " << device_.str()
+                << ", the communicator's device");
+}
+
+std::int64_t NcclCommunicator::check_blocks(const Tensor& blocks, const char* call,
+                                            std::string_view what) const {
+  check_buffer(blocks, call, what);
+  TL_CHECK(blocks.numel() % size_ == 0, ShapeError,
+           what << ": NCCL " << call << " buffer " << blocks.describe() << " is not " << size_
+                << " blocks of one size (one per rank)");
+  return blocks.numel() / size_;
+}
 
 // Here Comm is complete in either build: a constructor that throws destroys comm_.
 NcclCommunicator::NcclCommunicator(ProcessGroup& group, Device device,

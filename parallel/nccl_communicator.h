@@ -112,6 +112,18 @@ class NcclCommunicator {
   void allreduce_sum(const std::vector<Tensor>& buffers, const Stream& stream,
                      std::string_view what);
 
+  // The all-reduce's halves, in place on `blocks` (float32 on this communicator's
+  // device, size() blocks of one length, block r rank r's), on `stream`, returning as
+  // allreduce_sum does. Every rank passes the same length.
+  //   reduce_scatter_sum: this rank's block := the sum over the ranks of that block
+  //     (the others are unspecified afterwards);
+  //   all_gather: every rank's block, as that rank holds it, into every rank's
+  //     `blocks` (copies, no arithmetic).
+  // Their sums' order is NCCL's (see the top): with two ranks one addition, a + b,
+  // which is every order's bits.
+  void reduce_scatter_sum(const Tensor& blocks, const Stream& stream, std::string_view what);
+  void all_gather(const Tensor& blocks, const Stream& stream, std::string_view what);
+
   Device device() const { return device_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -123,6 +135,10 @@ class NcclCommunicator {
   // The constructor's collective part, once the members are set: makes the NCCL
   // communicator with the other ranks (throws NotSupported in a build without NCCL).
   void connect(ProcessGroup& group);
+  // Throws ShapeError naming `call` unless `buffer` is float32 on device_; the
+  // blocks' length, once `blocks` is also size_ blocks of one length.
+  void check_buffer(const Tensor& buffer, const char* call, std::string_view what) const;
+  std::int64_t check_blocks(const Tensor& blocks, const char* call, std::string_view what) const;
 
   Device device_;
   int rank_ = 0;

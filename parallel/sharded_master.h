@@ -52,7 +52,9 @@
 // the host before any tower reads them); which process owns it is fixed by where
 // the ring finishes its sum. The exchange buffer's last chunk also holds the
 // statistics, losses and batch sizes, so the last process's slices are smaller by
-// those few elements.
+// those few elements. On NCCL (parallel/sharded_nccl.h) the slices are the same and
+// the two halves run on tower 0's device buffers; with three processes or more,
+// NCCL's order of the processes' terms replaces the host ring's.
 #pragma once
 
 #include <cstdint>

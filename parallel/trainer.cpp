@@ -24,6 +24,7 @@
 #include "parallel/process_group.h"
 #include "parallel/ring_allreduce.h"
 #include "parallel/sharded_master.h"
+#include "parallel/sharded_nccl.h"
 #include "parallel/sync_batchnorm.h"
 #include "parallel/thread_team.h"
 #include "parallel/trace.h"
@@ -65,14 +66,6 @@ void check_sharding(const TrainerOptions& options) {
   TL_CHECK(options.reduction == AllReduce::Ring, InvalidArgument,
            "Trainer: MasterPlacement::Sharded needs AllReduce::Ring (its reduce-scatter and "
            "all-gather are the ring's two halves); use AllReduce::Ring, or a master on one device");
-  // Across processes the slices' sums travel through the host (sharded_master.h).
-  TL_CHECK(options.process_group == nullptr || options.process_group->size() == 1 ||
-               options.cross_process != CrossProcessPath::Nccl,
-           NotSupported,
-           "Trainer: MasterPlacement::Sharded across processes takes the host-staged path only; "
-           "CrossProcessPath::Nccl (ncclReduceScatter and ncclAllGather on the towers' buffers) "
-           "is not supported yet; use CrossProcessPath::Auto or HostStaged, or "
-           "MasterPlacement::OneDevice with NCCL");
 }
 
 }  // namespace
@@ -143,9 +136,7 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
   }
   if (options_.process_group != nullptr) {
     const NcclChoice choice =
-        sharded_master
-            ? NcclChoice{false, "host staging (a sharded master across processes)"}
-            : choose_cross_process_path(*options_.process_group, options_.cross_process, devices_);
+        choose_cross_process_path(*options_.process_group, options_.cross_process, devices_);
     if (choice.nccl) {
       nccl_processes_ = std::make_unique<NcclCommunicator>(*options_.process_group, devices_[0]);
     }
@@ -164,14 +155,22 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
     ExchangeContents evaluation = training;
     evaluation.training = false;
     exchange_ = std::make_unique<ProcessExchange>(training, evaluation);
+    // The slices follow the host-staged buffer's ring on either path.
+    ExchangeContents staged = training;
+    staged.through_host = true;
+    slices_frame_ = exchange_layout(staged).total();
   }
   if (sharded_master) {
     const std::int64_t length = variables_.trainable_numel();
     shards_ = std::make_unique<ShardedMaster>(
         variables_,
-        sharded_slices(length, std::int64_t(towers_.size()), ranks_, rank_,
-                       exchange_ ? exchange_->layout(true).total() : 0),
+        sharded_slices(length, std::int64_t(towers_.size()), ranks_, rank_, slices_frame_),
         optimizer_, streams);
+    if (nccl_processes_ != nullptr) {
+      shards_nccl_ = std::make_unique<ShardedNccl>(
+          process_slices(length, std::int64_t(towers_.size()), ranks_, slices_frame_), rank_,
+          *towers_[0]->stream);
+    }
   }
   // One thread per tower, and the reducer's when bucketed.
   workers_ = std::make_unique<ThreadTeam>(towers_.size() + (bucketed() ? 1 : 0), towers_.size());
@@ -522,6 +521,11 @@ std::int64_t Trainer::steps_taken() const {
 
 void Trainer::gather_values() const {
   if (!sharded() || values_gathered_) return;
+  // On NCCL the other processes' slices reached tower 0's replica, not the host copy.
+  if (shards_nccl_ != nullptr) {
+    const TowerState& first = *towers_[0];
+    transfer(master_->flat_values(), *master_stream_, first.store->flat_values(), *first.stream);
+  }
   shards_->gather_values(master_->flat_values(), *master_stream_);
   // Tower k's flat gradient holds the sum of its slice (phase 3's reduce-scatter).
   for (std::size_t i = 0; i < towers_.size(); ++i) {
@@ -541,8 +545,7 @@ void Trainer::gather_slots() {
     if (ranks_ == 1) break;
     options_.process_group->allgather_chunks(
         std::span<float>(slot.data<float>(), std::size_t(slot.numel())),
-        "optimizer slot " + name + " (all-gather)",
-        ReduceFrame{0, std::size_t(exchange_->layout(true).total())});
+        "optimizer slot " + name + " (all-gather)", ReduceFrame{0, std::size_t(slices_frame_)});
   }
   optimizer_.restore(slots, shards_->steps(), *master_, *master_stream_);
   master_stream_->synchronize();

@@ -65,6 +65,7 @@ class ProcessExchange;
 class ProcessGroup;
 class Ring;
 class ShardedMaster;
+class ShardedNccl;
 class ThreadTeam;
 class Trace;
 
@@ -141,11 +142,12 @@ enum class NumericGuard { Stop, Skip, Off };
 //     are OneDevice's. Needs AllReduce::Ring and TrainerOptions::master unset
 //     (InvalidArgument). Across processes the job's towers own a slice each, and
 //     the slices' sums and new values travel through the host (the processes'
-//     reduce-scatter and all-gather; CrossProcessPath::Nccl is NotSupported for
-//     now). master(), optimizer() and the checkpoints see a host copy gathered on
-//     demand (see Trainer::master()); across processes optimizer() is then a
-//     collective call (every process makes it, as save_state), and gradients()
-//     holds the summed gradient in this process's slices only.
+//     reduce-scatter and all-gather) or, on NCCL, through tower 0's device buffers
+//     (ncclReduceScatter and ncclAllGather, parallel/sharded_nccl.h). master(),
+//     optimizer() and the checkpoints see a host copy gathered on demand (see
+//     Trainer::master()); across processes optimizer() is then a collective call
+//     (every process makes it, as save_state), and gradients() holds the summed
+//     gradient in this process's slices only.
 enum class MasterPlacement { OneDevice, Sharded };
 
 struct TrainerOptions {
@@ -347,9 +349,12 @@ class Trainer {
   // go in an NCCL call after it. Sharded: the gradient's part reduce-scattered, the
   // rest all-reduced (parallel/sharded_master.h).
   void reduce_across_processes(const StepResult& result, bool training);
-  // Sharded: every tower's ring chunk of its flat gradient into `gradient` (host),
-  // which then holds the process's summed gradient.
+  // Sharded: every tower's ring chunk of its flat gradient into `gradient` (host,
+  // or tower 0's), which then holds the process's summed gradient.
   void stage_ring_chunks(const Tensor& gradient) const;
+  // 5 on NCCL, after the host call: the gradient all-reduced, or (sharded)
+  // reduce-scattered with each tower's slice read back; the statistics all-reduced.
+  void reduce_on_nccl(const std::string& step);
   // More than one gradient bucket: phase 3 runs on the reducer thread.
   bool bucketed() const { return buckets_ != nullptr; }
   // The reducer thread of a bucketed step (see phase 3).
@@ -372,6 +377,8 @@ class Trainer {
   // Sharded across processes: the towers' new slices into the host copy, every
   // process's gathered into it (ProcessGroup::allgather_chunks), then to every replica.
   void gather_across_processes();
+  // Its twin on NCCL (parallel/sharded_nccl.h).
+  void gather_on_nccl();
   bool sharded() const { return shards_ != nullptr; }
   // Updates applied so far (the optimizer's, or the shards').
   std::int64_t steps_taken() const;
@@ -436,6 +443,11 @@ class Trainer {
   // and these say whether it (values, gradient) and optimizer_'s slots hold the
   // slices' state or a step has moved them since.
   std::unique_ptr<ShardedMaster> shards_;
+  // Sharded across processes on NCCL (parallel/sharded_nccl.h); null otherwise.
+  std::unique_ptr<ShardedNccl> shards_nccl_;
+  // The length of the host-staged exchange buffer, whose ring frames the slices
+  // across processes on either path (sharded_slices()); 0 for one process.
+  std::int64_t slices_frame_ = 0;
   mutable bool values_gathered_ = true;
   bool slots_gathered_ = true;
 };

@@ -19,6 +19,7 @@
 #include "parallel/process_group.h"
 #include "parallel/ring_allreduce.h"
 #include "parallel/sharded_master.h"
+#include "parallel/sharded_nccl.h"
 #include "parallel/thread_team.h"
 #include "parallel/trace.h"
 #include "parallel/trainer.h"
@@ -46,11 +47,13 @@ void Trainer::reduce_across_processes(const StepResult& result, bool training) {
     fill(stats, 0.0, *first.stream);
   }
   // Sharded: each tower holds the sum of its ring chunk only (phase 3), and the
-  // processes reduce-scatter the gradient (parallel/sharded_master.h).
+  // processes reduce-scatter the gradient (parallel/sharded_master.h), on the host
+  // or, on NCCL, from tower 0's flat gradient (parallel/sharded_nccl.h).
   const bool slices = training && sharded();
+  const bool host_slices = slices && shards_nccl_ == nullptr;
   const ExchangeRange grads_here = slices ? ExchangeRange{} : layout.gradient_summed();
   if (!grads_here.empty()) copy_tensor(grads_here.of(buffer), grads, *first.stream);
-  if (slices) stage_ring_chunks(layout.gradient.of(buffer));
+  if (slices) stage_ring_chunks(host_slices ? layout.gradient.of(buffer) : grads);
   if (!layout.statistics.empty()) copy_tensor(layout.statistics.of(buffer), stats, *first.stream);
   first.stream->synchronize();
   const std::span<float> values(buffer.data<float>(), std::size_t(layout.total()));
@@ -68,7 +71,7 @@ void Trainer::reduce_across_processes(const StepResult& result, bool training) {
   const auto frame = [&layout](ExchangeRange r) {
     return ReduceFrame{std::size_t(r.begin), std::size_t(layout.total())};
   };
-  if (slices) {
+  if (host_slices) {
     // The one call's two parts, each framed by the whole buffer: the same bits.
     const ExchangeRange rest{layout.gradient.end, layout.total()};
     options_.process_group->reduce_scatter_sum(
@@ -81,7 +84,7 @@ void Trainer::reduce_across_processes(const StepResult& result, bool training) {
   }
   if (trace_ != nullptr && ranks_ > 1) {
     trace_->span(int(towers_.size()) + 2,
-                 (slices ? "reduce-scatter + all-reduce: " : "all-reduce: ") + layout.carries,
+                 (host_slices ? "reduce-scatter + all-reduce: " : "all-reduce: ") + layout.carries,
                  start, "processes",
                  {{"bytes", layout.summed.size() * std::int64_t(sizeof(float))},
                   {"processes", ranks_},
@@ -96,15 +99,10 @@ void Trainer::reduce_across_processes(const StepResult& result, bool training) {
                                   << "; every process's step() and evaluate() must receive the "
                                      "same global batch (nothing was updated)");
   }
-  if (training && nccl_processes_ != nullptr) {
-    std::vector<Tensor> buffers{grads};
-    if (variables_.state_numel() > 0) buffers.push_back(stats);
-    nccl_processes_->allreduce_sum(buffers, *first.stream,
-                                   step + ": gradients, moving statistics (NCCL)");
-  }
+  if (training && nccl_processes_ != nullptr) reduce_on_nccl(step);
   std::ranges::copy(at(layout.losses), losses_.begin());
   if (!grads_here.empty()) copy_tensor(grads, grads_here.of(buffer), *first.stream);
-  if (slices) {
+  if (host_slices) {
     // Each tower reads the sums of the slice it owns.
     for (std::size_t i = 0; i < towers_.size(); ++i) {
       const RingRange r = shards_->slice(i);
@@ -115,12 +113,48 @@ void Trainer::reduce_across_processes(const StepResult& result, bool training) {
   if (!layout.statistics.empty()) copy_tensor(stats, layout.statistics.of(buffer), *first.stream);
 }
 
+void Trainer::reduce_on_nccl(const std::string& step) {
+  // After the host call, as phase 5's contract has it (a rank that never reached the
+  // step is named there). Sharded: tower 0's flat gradient holds the process's sum
+  // (staged), the processes reduce-scatter it, and each tower reads its slice.
+  TowerState& first = *towers_[0];
+  const Tensor& grads = first.store->flat_grads();
+  const Tensor& stats = first.store->flat_state();
+  std::vector<Tensor> buffers;
+  if (shards_nccl_ == nullptr) buffers.push_back(grads);
+  if (variables_.state_numel() > 0) buffers.push_back(stats);
+  if (shards_nccl_ != nullptr) {
+    const auto start = Clock::now();
+    shards_nccl_->reduce_scatter(*nccl_processes_, grads, *first.stream,
+                                 step + ": gradient (NCCL reduce-scatter)");
+    for (std::size_t i = 0; i < towers_.size(); ++i) {
+      const RingRange r = shards_->slice(i);
+      transfer(towers_[i]->store->flat_grads().slice(r.begin, r.end), *towers_[i]->stream,
+               shards_nccl_->mine(r), *first.stream);
+    }
+    if (trace_ != nullptr) {
+      trace_->span(int(towers_.size()) + 2, "reduce-scatter (NCCL): gradient", start, "processes",
+                   {{"bytes", shards_nccl_->block() * ranks_ * std::int64_t(sizeof(float))},
+                    {"processes", ranks_},
+                    {"phase", phase_label(Phase::ReduceAcrossProcesses)}});
+    }
+  }
+  if (!buffers.empty()) {
+    nccl_processes_->allreduce_sum(
+        buffers, *first.stream,
+        step + (shards_nccl_ == nullptr ? ": gradients, moving statistics (NCCL)"
+                                        : ": moving statistics (NCCL)"));
+  }
+}
+
 void Trainer::stage_ring_chunks(const Tensor& gradient) const {
   // Tower i holds the complete sum of the ring's chunk summed_at(i): together, the
-  // all-reduced gradient, bit for bit.
+  // all-reduced gradient, bit for bit. `gradient` may be tower 0's own, whose chunk
+  // is already in place.
   const RingSchedule schedule(std::int64_t(towers_.size()), gradient.numel());
   for (std::size_t i = 0; i < towers_.size(); ++i) {
     const RingRange r = schedule.chunk(schedule.summed_at(std::int64_t(i)));
+    if (gradient.raw_data() == towers_[i]->store->flat_grads().raw_data()) continue;
     copy_tensor(gradient.slice(r.begin, r.end),
                 towers_[i]->store->flat_grads().slice(r.begin, r.end), *towers_[i]->stream);
   }
@@ -276,10 +310,9 @@ double Trainer::unscale_and_clip_gradients() {
   // (sharded) by the tower that owns it, on its process.
   const auto towers = std::int64_t(towers_.size());
   const std::int64_t length = variables_.trainable_numel();
-  const std::int64_t exchange_length = exchange_ ? exchange_->layout(true).total() : 0;
   std::vector<RingRange> parts;
   for (int r = 0; r < ranks_; ++r) {
-    for (const RingRange& slice : sharded_slices(length, towers, ranks_, r, exchange_length)) {
+    for (const RingRange& slice : sharded_slices(length, towers, ranks_, r, slices_frame_)) {
       parts.push_back(slice);
     }
   }
@@ -395,6 +428,10 @@ void Trainer::update_slices_and_gather() {
 }
 
 void Trainer::gather_across_processes() {
+  if (shards_nccl_ != nullptr) {
+    gather_on_nccl();
+    return;
+  }
   // Every process's slices meet in the host copy, framed as phase 5's gradient
   // (parallel/sharded_master.h), and go from there to every replica.
   const auto start = Clock::now();
@@ -403,7 +440,7 @@ void Trainer::gather_across_processes() {
   options_.process_group->allgather_chunks(
       std::span<float>(values.data<float>(), std::size_t(values.numel())),
       "step " + std::to_string(steps_taken()) + ": new values (all-gather)",
-      ReduceFrame{0, std::size_t(exchange_->layout(true).total())});
+      ReduceFrame{0, std::size_t(slices_frame_)});
   for (auto& t : towers_) {
     transfer(t->store->flat_values(), *t->stream, values, *master_stream_);
   }
@@ -411,6 +448,32 @@ void Trainer::gather_across_processes() {
     master_stream_->synchronize();
     trace_->span(int(towers_.size()) + 2, "all-gather: new values", start, "processes",
                  {{"bytes", values.numel() * std::int64_t(sizeof(float))},
+                  {"processes", ranks_},
+                  {"phase", phase_label(Phase::UpdateAndBroadcast)}});
+  }
+}
+
+void Trainer::gather_on_nccl() {
+  // Each tower's new slice into this process's block on tower 0's device, the
+  // all-gather there (parallel/sharded_nccl.h), and tower 0's replica to the others.
+  const auto start = Clock::now();
+  TowerState& first = *towers_[0];
+  for (std::size_t i = 0; i < towers_.size(); ++i) {
+    const RingRange r = shards_->slice(i);
+    transfer(shards_nccl_->mine(r), *first.stream,
+             towers_[i]->store->flat_values().slice(r.begin, r.end), *towers_[i]->stream);
+  }
+  shards_nccl_->all_gather(
+      *nccl_processes_, first.store->flat_values(), *first.stream,
+      "step " + std::to_string(steps_taken()) + ": new values (NCCL all-gather)");
+  for (std::size_t i = 1; i < towers_.size(); ++i) {
+    transfer(towers_[i]->store->flat_values(), *towers_[i]->stream, first.store->flat_values(),
+             *first.stream);
+  }
+  if (trace_ != nullptr) {
+    first.stream->synchronize();
+    trace_->span(int(towers_.size()) + 2, "all-gather (NCCL): new values", start, "processes",
+                 {{"bytes", shards_nccl_->block() * ranks_ * std::int64_t(sizeof(float))},
                   {"processes", ranks_},
                   {"phase", phase_label(Phase::UpdateAndBroadcast)}});
   }

@@ -5,6 +5,10 @@
 // binary (tests/thread_process_group.h), each on its own GPU, and must hold the
 // same bits as each other and as the host-staged path. The two-rank cases need two
 // GPUs and skip with a message elsewhere.
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
 #include <sstream>
 
 #include "bn_model.h"
@@ -264,11 +268,18 @@ TEST(NcclCommunicator, OneRankKeepsItsBits) {
   EXPECT_EQ(errors[0], "");
 }
 
+// Where train_on_gpus keeps each rank's master.
+enum class Master { OnTheGpu, OnTheHost, Sharded };
+
 // Trains ranks x towers (each rank on GPU `rank`, its towers virtual devices of it)
-// with the given path and returns each rank's values and moving statistics.
+// with the given path, three steps of `batch` samples, and returns each rank's
+// values and moving statistics, then (Master given) its optimizer's slots and the
+// steps' losses.
 std::vector<std::vector<float>> train_on_gpus(int ranks, int towers, CrossProcessPath path,
                                               const std::string& expected_log,
-                                              BatchNormStats stats = BatchNormStats::Average) {
+                                              BatchNormStats stats = BatchNormStats::Average,
+                                              std::optional<Master> master = std::nullopt,
+                                              std::int64_t batch = 9) {
   BnModel model;
   std::vector<std::vector<float>> results(static_cast<std::size_t>(ranks));
   const auto errors = run_ranks(ranks, [&](int rank, ProcessGroup& group) {
@@ -276,6 +287,11 @@ std::vector<std::vector<float>> train_on_gpus(int ranks, int towers, CrossProces
     TrainerOptions options;
     options.devices.assign(std::size_t(towers), Device::cuda(rank));
     options.master = Device::cuda(rank);
+    if (master == Master::OnTheHost) options.master = Device::cpu();
+    if (master == Master::Sharded) {
+      options.master.reset();
+      options.master_placement = MasterPlacement::Sharded;
+    }
     options.seed = 7;
     options.process_group = &group;
     options.cross_process = path;
@@ -286,10 +302,20 @@ std::vector<std::vector<float>> train_on_gpus(int ranks, int towers, CrossProces
     EXPECT_NE(log.str().find(expected_log), std::string::npos) << log.str();
     // 9 samples: at least 2 for every tower's batch norm, with 2 ranks x 2 towers too
     // (7 left one tower a single sample; the case had never run before the emulated GPUs).
-    for (int s = 0; s < 3; ++s) trainer.step(make_batch(9, 40 + unsigned(s)));
+    std::vector<float> losses;
+    for (int s = 0; s < 3; ++s) {
+      losses.push_back(float(trainer.step(make_batch(batch, 40 + unsigned(s))).loss));
+    }
     auto values = trainer.master().flat_values().to_host<float>();
     const auto state = trainer.master().flat_state().to_host<float>();
     values.insert(values.end(), state.begin(), state.end());
+    if (master.has_value()) {
+      for (const auto& [name, slot] : trainer.optimizer().slots()) {
+        const auto held = slot.to_host<float>();
+        values.insert(values.end(), held.begin(), held.end());
+      }
+      values.insert(values.end(), losses.begin(), losses.end());
+    }
     results[std::size_t(rank)] = values;
   });
   for (int r = 0; r < ranks; ++r) EXPECT_EQ(errors[std::size_t(r)], "") << "rank " << r;
@@ -356,6 +382,128 @@ TEST(NcclTrainer, TwoRanksKeepRankZerosStatisticsOnNcclAndOnTheHost) {
   EXPECT_TRUE(all_close(host[0], one[0], 1e-5, 1e-5)) << "not rank 0's tower 0's statistics";
   EXPECT_FALSE(all_close(average[0], one[0], 1e-5, 1e-5))
       << "the policy changed nothing: the comparison cannot fail";
+}
+
+// --- a master sharded across processes on NCCL (parallel/sharded_nccl.h) -------
+
+TEST(NcclCommunicator, ReduceScatterThenAllGatherIsTheAllReduce) {
+  TL_NEED_NCCL_GPUS(2);  // and 3 ranks where there are 3 GPUs
+  for (int ranks : {2, 3}) {
+    if (cuda_device_count() < ranks) continue;
+    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+    const std::int64_t block = 1001;  // odd
+    const std::size_t n = std::size_t(ranks * block);
+    const auto n_ranks = std::size_t(ranks);
+    std::vector<std::vector<float>> halves(n_ranks), whole(n_ranks), scattered(n_ranks);
+    const auto errors = run_ranks(ranks, [&](int rank, ProcessGroup& group) {
+      NcclCommunicator comm(group, Device::cuda(rank), std::chrono::seconds(30));
+      Stream stream(Device::cuda(rank));
+      const auto mine = random_values(n, 10 + unsigned(rank));
+      Tensor x = Tensor::from_host<float>(mine, {std::int64_t(n)}, stream);
+      Tensor y = Tensor::from_host<float>(mine, {std::int64_t(n)}, stream);
+      comm.reduce_scatter_sum(x, stream, "test: reduce-scatter");
+      scattered[std::size_t(rank)] =
+          x.slice(rank * block, (rank + 1) * block).to_host<float>(stream);
+      comm.all_gather(x, stream, "test: all-gather");
+      halves[std::size_t(rank)] = x.to_host<float>(stream);
+      comm.allreduce_sum({y}, stream, "test: all-reduce");
+      whole[std::size_t(rank)] = y.to_host<float>(stream);
+      // Not `ranks` blocks of one length: refused before any rank calls NCCL.
+      EXPECT_THROW_WITH(comm.all_gather(x.slice(0, std::int64_t(n) - 1), stream, "test: odd"),
+                        ShapeError, "is not " + std::to_string(ranks) + " blocks of one size");
+    });
+    for (int r = 0; r < ranks; ++r) {
+      EXPECT_EQ(errors[std::size_t(r)], "") << "rank " << r;
+      EXPECT_EQ(halves[std::size_t(r)], whole[0]) << "rank " << r << ": not the all-reduce's bits";
+      const std::vector<float> block_r(whole[0].begin() + r * block,
+                                       whole[0].begin() + (r + 1) * block);
+      EXPECT_EQ(scattered[std::size_t(r)], block_r) << "rank " << r << "'s block";
+    }
+    EXPECT_NE(whole[0], random_values(n, 10)) << "nothing was reduced";
+  }
+}
+
+// Two processes: each element's sum across them is a + b on either path, so a master
+// sharded on NCCL takes the steps of the master on the host, staged through it, bit
+// for bit: values, moving statistics, Adam's slots and losses, on even and uneven
+// batches (8 and 9 samples), one and two towers per process.
+TEST(NcclTrainer, ShardedOnNcclTakesTheHostMastersStepsBitForBit) {
+  TL_NEED_NCCL_GPUS(2);
+  for (int towers : {1, 2}) {
+    for (std::int64_t batch : {8, 9}) {
+      SCOPED_TRACE(std::to_string(towers) + " tower(s) per rank, batch " + std::to_string(batch));
+      const auto sharded =
+          train_on_gpus(2, towers, CrossProcessPath::Auto,
+                        "by NCCL on cuda:", BatchNormStats::Average, Master::Sharded, batch);
+      const auto host =
+          train_on_gpus(2, towers, CrossProcessPath::HostStaged, "by the process group",
+                        BatchNormStats::Average, Master::OnTheHost, batch);
+      EXPECT_EQ(sharded[0], sharded[1]) << "the ranks' bits differ";
+      EXPECT_EQ(sharded[0], host[0]);
+      EXPECT_EQ(sharded[1], host[1]);
+      if (towers == 2 && batch == 9) {
+        const auto on_gpu =
+            train_on_gpus(2, towers, CrossProcessPath::Nccl,
+                          "by NCCL on cuda:", BatchNormStats::Average, Master::OnTheGpu, batch);
+        EXPECT_EQ(sharded[0], on_gpu[0]) << "the master on each rank's GPU, on NCCL";
+      }
+    }
+  }
+}
+
+// Three processes: NCCL adds an element's three terms in its own order (rank order on
+// the emulated GPUs), the host-staged ring starting each chunk at another rank. The
+// sharded run takes the unsharded NCCL run's bits here (both add in rank order), and
+// stays within the sums' rounding of the host-staged run. The control: the two
+// orders do give different bits, so an exact comparison with the host path would fail.
+TEST(NcclTrainer, ThreeRanksShardedOnNcclAddInNcclsOrder) {
+  TL_NEED_NCCL_GPUS(3);
+  const auto sharded =
+      train_on_gpus(3, 2, CrossProcessPath::Nccl, "by NCCL on cuda:", BatchNormStats::Average,
+                    Master::Sharded, 13);
+  const auto on_gpu =
+      train_on_gpus(3, 2, CrossProcessPath::Nccl, "by NCCL on cuda:", BatchNormStats::Average,
+                    Master::OnTheGpu, 13);
+  const auto host = train_on_gpus(3, 2, CrossProcessPath::HostStaged, "by the process group",
+                                  BatchNormStats::Average, Master::OnTheHost, 13);
+  EXPECT_EQ(sharded[0], sharded[2]) << "the ranks' bits differ";
+  EXPECT_EQ(sharded[0], on_gpu[0]);
+  EXPECT_TRUE(all_close(sharded[0], host[0], 1e-5, 1e-5));
+  EXPECT_NE(sharded[0], host[0]) << "the sums' order changed no bit: the control cannot fail";
+}
+
+// The trace shows the towers' reduce-scatter (one launch on virtual towers), each
+// tower's update and, across the processes, NCCL's two halves.
+TEST(NcclTrainer, ShardedOnNcclTracesBothHalvesAndEachUpdate) {
+  TL_NEED_NCCL_GPUS(2);
+  BnModel model;
+  std::vector<std::map<std::string, std::set<int>>> rows(2);  // span name: its rows
+  const auto errors = run_ranks(2, [&](int rank, ProcessGroup& group) {
+    TrainerOptions options;
+    options.devices.assign(2, Device::cuda(rank));
+    options.master_placement = MasterPlacement::Sharded;
+    options.process_group = &group;
+    Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), options);
+    Trace trace;
+    trainer.set_trace(&trace);
+    trainer.step(make_batch(8, 3));
+    const auto events = nlohmann::json::parse(trace.json())["traceEvents"];
+    for (const auto& e : events) {
+      if (e.value("ph", "") != "X") continue;
+      rows[std::size_t(rank)][e["name"].get<std::string>()].insert(e["tid"].get<int>());
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(errors[std::size_t(r)], "") << "rank " << r;
+    auto& seen = rows[std::size_t(r)];
+    // Virtual towers of one GPU reduce-scatter in one launch on tower 0's row.
+    EXPECT_EQ(seen["all-reduce (one launch)"], (std::set<int>{0})) << "rank " << r;
+    EXPECT_EQ(seen["update slice"], (std::set<int>{0, 1})) << "rank " << r;
+    for (const char* name : {"reduce-scatter (NCCL): gradient", "all-gather (NCCL): new values"}) {
+      EXPECT_EQ(seen[name], (std::set<int>{4})) << "rank " << r << ": " << name;
+    }
+    EXPECT_EQ(seen.count("update + broadcast"), 0u) << "no master's update";
+  }
 }
 
 TEST(NcclCommunicator, ARankThatNeverArrivesFailsTheOtherAfterTheDeadline) {

@@ -445,14 +445,6 @@ TEST(ShardedMaster, MisuseIsAClearError) {
   o.reduction = AllReduce::ReduceToOne;
   EXPECT_THROW_WITH(Trainer(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1), o),
                     InvalidArgument, "needs AllReduce::Ring");
-  // Across processes through NCCL: not yet, and said so rather than run otherwise.
-  ThreadWorld world(2, std::chrono::milliseconds(10000));
-  ThreadProcessGroup group(world, 0);
-  o.reduction = AllReduce::Ring;
-  o.process_group = &group;
-  o.cross_process = CrossProcessPath::Nccl;
-  EXPECT_THROW_WITH(Trainer(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1), o),
-                    NotSupported, "CrossProcessPath::Nccl (ncclReduceScatter and ncclAllGather");
 }
 
 // --- across processes (host-staged) -------------------------------------------

@@ -17,7 +17,23 @@
 // the datatype's own arithmetic; ncclAvg divides the sum by the rank count), and
 // every rank copies the result into its receive buffer (in place allowed). So every
 // rank holds the same bits, run to run; for two ranks they are a + b, as NCCL's ring
-// gives. ThreadSanitizer sees the all-to-all ordering a collective makes between the
+// gives.
+//
+// Reduce-scatter and all-gather, the all-reduce's two halves, with NCCL's buffer
+// shapes and the same machinery. ncclReduceScatter(send, recv, recvcount, ...): every
+// rank's send buffer holds nranks blocks of recvcount elements; they are combined
+// element by element in rank order (0, 1, ..., as the all-reduce combines them, so an
+// element's sum is the all-reduce's bits), and rank r receives block r.
+// ncclAllGather(send, recv, sendcount, ...): rank r's sendcount elements become block r
+// of every rank's receive buffer of nranks * sendcount elements (copies, no
+// arithmetic). In place means NCCL's one form, the rank's own block of the larger
+// buffer (reduce-scatter: recvbuff == sendbuff + rank * recvcount; all-gather:
+// sendbuff == recvbuff + rank * sendcount); any other overlap is refused
+// (ncclInvalidArgument), since NCCL would read values it has already overwritten.
+// A real NCCL ring may add a block's terms starting at another rank than 0: with
+// three ranks or more its bits can differ from these (with two, a + b either way).
+//
+// ThreadSanitizer sees the all-to-all ordering a collective makes between the
 // participants' streams (each rank's result depends on every rank's input), and no
 // other: the rendezvous table and the communicators' bookkeeping are invisible to it.
 //
@@ -25,7 +41,9 @@
 // asynchronous error (ncclCommGetAsyncError; later calls on the communicator return
 // it) with a message (ncclGetLastError, and a line "emulated NCCL: ..." on stderr):
 //   - the ranks' calls differ (count, datatype, operation): ncclInvalidUsage, e.g.
-//     "rank 1 called ncclAllReduce with count 10, rank 0 with count 12";
+//     "rank 1 called ncclAllReduce with count 10, rank 0 with count 12", or are
+//     different collectives: "rank 1 called ncclAllGather (count 8, ncclFloat32),
+//     rank 0 called ncclReduceScatter (count 8, ncclFloat32, ncclSum)";
 //   - a rank does not arrive within the timeout: ncclSystemError naming the ranks
 //     missing; the ranks that waited finish their operation, buffers unchanged;
 //   - a rank aborted or destroyed its communicator while others wait for it:
@@ -163,6 +181,16 @@ const char* ncclGetLastError(ncclComm_t comm);
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                            cudaStream_t stream);
+
+// Rank r receives block r (recvcount elements) of the ranks' send buffers (nranks *
+// recvcount elements each) combined in rank order.
+ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                               ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                               cudaStream_t stream);
+// Block r (sendcount elements) of every rank's recvbuff (nranks * sendcount) := rank r's
+// sendbuff.
+ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
 
 ncclResult_t ncclGroupStart();
 ncclResult_t ncclGroupEnd();

@@ -83,6 +83,18 @@ std::size_t type_size(ncclDataType_t t) {
   }
 }
 
+const char* kind_name(Kind kind) {
+  switch (kind) {
+    case Kind::AllReduce:
+      return "ncclAllReduce";
+    case Kind::ReduceScatter:
+      return "ncclReduceScatter";
+    case Kind::AllGather:
+      return "ncclAllGather";
+  }
+  return "an unknown collective";
+}
+
 const char* op_name(ncclRedOp_t op) {
   switch (op) {
     case ncclSum:
@@ -395,16 +407,22 @@ const char* ncclGetLastError(ncclComm_t comm) {
   return t_returned.c_str();
 }
 
-ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
-                           ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
-                           cudaStream_t stream) {
+namespace {
+
+// The three collectives' common entry: the communicator, the arguments and the
+// buffers checked (each error reported as ncclAllReduce's are), then the call queued,
+// or deferred to ncclGroupEnd inside a group.
+ncclResult_t collective(Kind kind, const void* sendbuff, void* recvbuff, size_t count,
+                        ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                        cudaStream_t stream) {
+  const char* name = kind_name(kind);
   const std::shared_ptr<ncclComm> c = live(comm);
   if (!c) {
-    return in_group(report(ncclInvalidArgument, nullptr,
-                           "ncclAllReduce: comm is not a live communicator (null, destroyed or "
-                           "aborted)"));
+    return in_group(report(
+        ncclInvalidArgument, nullptr,
+        std::string(name) + ": comm is not a live communicator (null, destroyed or aborted)"));
   }
-  const std::string head = "ncclAllReduce (rank " + std::to_string(c->rank) +
+  const std::string head = std::string(name) + " (rank " + std::to_string(c->rank) +
                            " on cuda:" + std::to_string(c->device) + ")";
   {
     Hidden hidden;
@@ -443,13 +461,32 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            head + ": op " + std::to_string(int(op)) + " is not an ncclRedOp_t"));
   }
   if (count == 0) return ncclSuccess;  // NCCL queues nothing for an empty collective
-  const std::size_t bytes = count * type_size(datatype);
-  if (bytes / type_size(datatype) != count) {
+  // The per-rank block and the whole: the reduce-scatter sends nranks blocks and
+  // receives one, the all-gather the reverse.
+  const std::size_t block = count * type_size(datatype);
+  const std::size_t ranks = std::size_t(c->nranks);
+  if (block / type_size(datatype) != count || block * ranks / ranks != block) {
     return in_group(report(ncclInvalidArgument, c.get(),
                            head + ": count " + std::to_string(count) + " overflows"));
   }
-  std::string problem = buffer_problem("sendbuff", sendbuff, bytes, c->device);
-  if (problem.empty()) problem = buffer_problem("recvbuff", recvbuff, bytes, c->device);
+  const std::size_t send_bytes = kind == Kind::ReduceScatter ? block * ranks : block;
+  const std::size_t recv_bytes = kind == Kind::AllGather ? block * ranks : block;
+  std::string problem = buffer_problem("sendbuff", sendbuff, send_bytes, c->device);
+  if (problem.empty()) problem = buffer_problem("recvbuff", recvbuff, recv_bytes, c->device);
+  if (problem.empty() && kind != Kind::AllReduce) {
+    // NCCL's one in-place form: the rank's own block of the larger buffer. Any other
+    // overlap reads values the collective has already overwritten.
+    const auto* s = static_cast<const unsigned char*>(sendbuff);
+    const auto* r = static_cast<const unsigned char*>(recvbuff);
+    const bool overlap = s < r + recv_bytes && r < s + send_bytes;
+    const std::size_t own = std::size_t(c->rank) * block;
+    const bool in_place = kind == Kind::ReduceScatter ? r == s + own : s == r + own;
+    if (overlap && !in_place) {
+      problem = std::string("sendbuff and recvbuff overlap, but not in place (in place, ") +
+                (kind == Kind::ReduceScatter ? "recvbuff is sendbuff" : "sendbuff is recvbuff") +
+                " + rank * count elements)";
+    }
+  }
   if (!problem.empty())
     return in_group(report(ncclInvalidArgument, c.get(), head + ": " + problem));
   const bool default_stream =
@@ -467,16 +504,37 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
     }
   }
   Call call;
+  call.kind = kind;
   call.count = count;
   call.type = datatype;
   call.op = op;
   call.send = sendbuff;
   call.recv = recvbuff;
   if (t_group.depth > 0) {
-    t_group.deferred.push_back([c, call, stream] { return queue_all_reduce(c, call, stream); });
+    t_group.deferred.push_back([c, call, stream] { return queue_collective(c, call, stream); });
     return ncclSuccess;
   }
-  return queue_all_reduce(c, call, stream);
+  return queue_collective(c, call, stream);
+}
+
+}  // namespace
+
+ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                           ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                           cudaStream_t stream) {
+  return collective(Kind::AllReduce, sendbuff, recvbuff, count, datatype, op, comm, stream);
+}
+
+ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                               ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                               cudaStream_t stream) {
+  return collective(Kind::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, comm, stream);
+}
+
+ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
+  return collective(Kind::AllGather, sendbuff, recvbuff, sendcount, datatype, ncclSum, comm,
+                    stream);
 }
 
 ncclResult_t ncclGroupStart() {

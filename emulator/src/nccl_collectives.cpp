@@ -1,9 +1,10 @@
 // NCCL on the emulated GPUs: the collectives, as the ranks' stream workers run them.
 // A rank's operation is queued on its stream; when the worker reaches it, it meets the
 // other ranks' in a Collective (nccl_internal.h): the last to arrive combines the send
-// buffers in rank order, each copies the result into its own receive buffer. A rank that
-// does not arrive within the timeout, or calls with other arguments, fails the collective
-// for all, with a message naming the ranks.
+// buffers in rank order (all-reduce, reduce-scatter) or lays them one after the other
+// (all-gather), each copies its part into its own receive buffer. A rank that does not
+// arrive within the timeout, or calls with other arguments or another collective, fails
+// the collective for all, with a message naming the ranks.
 #include <cstring>
 #include <type_traits>
 
@@ -40,20 +41,34 @@ T apply(ncclRedOp_t op, T a, T b) {
   return op == ncclMax ? (a < b ? b : a) : (b < a ? b : a);
 }
 
-// result := the calls' send buffers combined element by element in rank order.
+// Elements in each rank's send buffer.
+std::size_t send_elements(const Call& c, std::size_t nranks) {
+  return c.kind == Kind::ReduceScatter ? c.count * nranks : c.count;
+}
+
+// result := the calls' send buffers combined element by element in rank order, or,
+// for an all-gather, laid one after the other in rank order.
 template <typename T>
 void combine(const std::vector<Call>& calls, std::vector<unsigned char>& result) {
   const Call& c0 = calls[0];
-  result.resize(c0.count * sizeof(T));
+  const std::size_t n = send_elements(c0, calls.size());
+  if (c0.kind == Kind::AllGather) {
+    result.resize(n * calls.size() * sizeof(T));
+    for (std::size_t r = 0; r < calls.size(); ++r) {
+      std::memcpy(result.data() + r * n * sizeof(T), calls[r].send, n * sizeof(T));
+    }
+    return;
+  }
+  result.resize(n * sizeof(T));
   T* out = reinterpret_cast<T*>(result.data());
-  std::memcpy(out, c0.send, c0.count * sizeof(T));
+  std::memcpy(out, c0.send, n * sizeof(T));
   for (std::size_t r = 1; r < calls.size(); ++r) {
     const T* in = static_cast<const T*>(calls[r].send);
-    for (std::size_t i = 0; i < c0.count; ++i) out[i] = apply(c0.op, out[i], in[i]);
+    for (std::size_t i = 0; i < n; ++i) out[i] = apply(c0.op, out[i], in[i]);
   }
   if (c0.op == ncclAvg) {
-    const T n = static_cast<T>(calls.size());
-    for (std::size_t i = 0; i < c0.count; ++i) out[i] = static_cast<T>(out[i] / n);
+    const T count = static_cast<T>(calls.size());
+    for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<T>(out[i] / count);
   }
 }
 
@@ -81,17 +96,41 @@ void combine(const std::vector<Call>& calls, std::vector<unsigned char>& result)
 }
 
 std::string describe(const Call& c) {
-  return "count " + std::to_string(c.count) + ", " + type_name(c.type) + ", " + op_name(c.op);
+  std::string out = "count " + std::to_string(c.count) + ", " + type_name(c.type);
+  if (c.kind != Kind::AllGather) out += std::string(", ") + op_name(c.op);
+  return out;
 }
 
-// "count 10", "datatype ncclInt32, op ncclMax": what of `c` differs from `ref`.
+// "count 10", "datatype ncclInt32, op ncclMax": what of `c` differs from `ref` (a
+// call of the same kind).
 std::string differences(const Call& c, const Call& ref) {
   std::string out;
   auto add = [&](const std::string& part) { out += (out.empty() ? "" : ", ") + part; };
   if (c.count != ref.count) add("count " + std::to_string(c.count));
   if (c.type != ref.type) add(std::string("datatype ") + type_name(c.type));
-  if (c.op != ref.op) add(std::string("op ") + op_name(c.op));
+  if (c.op != ref.op && c.kind != Kind::AllGather) add(std::string("op ") + op_name(c.op));
   return out;
+}
+
+// Why two ranks' calls cannot meet, naming the higher rank first: "" when they match.
+std::string mismatch(int hi, const Call& hi_call, int lo, const Call& lo_call) {
+  const std::string h = "rank " + std::to_string(hi), l = "rank " + std::to_string(lo);
+  if (hi_call.kind != lo_call.kind) {
+    return h + " called " + kind_name(hi_call.kind) + " (" + describe(hi_call) + "), " + l +
+           " called " + kind_name(lo_call.kind) + " (" + describe(lo_call) + ")";
+  }
+  const std::string d = differences(hi_call, lo_call);
+  if (d.empty()) return "";
+  return h + " called " + kind_name(hi_call.kind) + " with " + d + ", " + l + " with " +
+         differences(lo_call, hi_call);
+}
+
+// Where rank `rank`'s receive buffer takes its bytes from the result.
+std::pair<std::size_t, std::size_t> received_part(const Call& c, int rank,
+                                                  const std::vector<unsigned char>& result) {
+  if (c.kind != Kind::ReduceScatter) return {0, result.size()};
+  const std::size_t bytes = c.count * type_size(c.type);
+  return {std::size_t(rank) * bytes, bytes};
 }
 
 // Fails `coll` unless it has already completed or failed. Under coll.m.
@@ -125,11 +164,12 @@ struct Outstanding {
 };
 
 // What rank `comm->rank`'s stream worker runs for collective `seq`.
-void run_all_reduce(const std::shared_ptr<ncclComm>& comm, std::uint64_t seq, const Call& call) {
+void run_collective(const std::shared_ptr<ncclComm>& comm, std::uint64_t seq, const Call& call) {
   Clique& q = *comm->clique;
   const int rank = comm->rank;
-  const std::string what = "ncclAllReduce #" + std::to_string(seq + 1) + " (" + describe(call) +
-                           ") on " + q.label() + " of " + std::to_string(q.nranks) + " ranks";
+  const std::string what = std::string(kind_name(call.kind)) + " #" + std::to_string(seq + 1) +
+                           " (" + describe(call) + ") on " + q.label() + " of " +
+                           std::to_string(q.nranks) + " ranks";
   std::shared_ptr<Collective> coll;
   bool aborted;
   {
@@ -152,17 +192,13 @@ void run_all_reduce(const std::shared_ptr<ncclComm>& comm, std::uint64_t seq, co
     }
     if (coll->state == Collective::State::Gathering && coll->first >= 0) {
       const Call& ref = coll->calls[std::size_t(coll->first)];
-      if (!differences(call, ref).empty()) {
-        // The higher rank first, whichever came first.
-        const bool later = rank > coll->first;
-        const int hi = later ? rank : coll->first, lo = later ? coll->first : rank;
-        const Call& hi_call = later ? call : ref;
-        const Call& lo_call = later ? ref : call;
+      // The higher rank first, whichever came first.
+      const bool later = rank > coll->first;
+      const std::string why =
+          later ? mismatch(rank, call, coll->first, ref) : mismatch(coll->first, ref, rank, call);
+      if (!why.empty()) {
         fail_collective(*coll, ncclInvalidUsage,
-                        what + ": rank " + std::to_string(hi) + " called ncclAllReduce with " +
-                            differences(hi_call, lo_call) + ", rank " + std::to_string(lo) +
-                            " with " + differences(lo_call, hi_call) +
-                            "; every rank must make the same calls");
+                        what + ": " + why + "; every rank must make the same calls");
       }
     }
     if (coll->state == Collective::State::Gathering) {
@@ -204,7 +240,8 @@ void run_all_reduce(const std::shared_ptr<ncclComm>& comm, std::uint64_t seq, co
   }
   if (outcome == ncclSuccess) {
     // The result is complete and no longer changes: copy it outside the lock.
-    std::memcpy(call.recv, coll->result.data(), coll->result.size());
+    const auto [offset, bytes] = received_part(call, rank, coll->result);
+    std::memcpy(call.recv, coll->result.data() + offset, bytes);
   } else {
     set_async(*comm, outcome, message);
   }
@@ -221,7 +258,7 @@ void run_all_reduce(const std::shared_ptr<ncclComm>& comm, std::uint64_t seq, co
 }  // namespace
 
 // Queues comm's next collective on `stream` (checked by the caller).
-ncclResult_t queue_all_reduce(const std::shared_ptr<ncclComm>& comm, const Call& call,
+ncclResult_t queue_collective(const std::shared_ptr<ncclComm>& comm, const Call& call,
                               cudaStream_t stream) {
   // NCCL makes the communicator's device current before it launches: the default
   // stream is that device's.
@@ -236,7 +273,8 @@ ncclResult_t queue_all_reduce(const std::shared_ptr<ncclComm>& comm, const Call&
   }
   auto token = std::make_shared<Outstanding>(comm);
   const cudaError_t e = tlemu::detail::enqueue(
-      stream, {"ncclAllReduce", [comm, seq, call, token] { run_all_reduce(comm, seq, call); }});
+      stream,
+      {kind_name(call.kind), [comm, seq, call, token] { run_collective(comm, seq, call); }});
   if (previous != comm->device) cudaSetDevice(previous);
   if (e != cudaSuccess) {
     {
@@ -245,7 +283,7 @@ ncclResult_t queue_all_reduce(const std::shared_ptr<ncclComm>& comm, const Call&
       --comm->issued;
     }
     return report(ncclUnhandledCudaError, comm.get(),
-                  "ncclAllReduce (rank " + std::to_string(comm->rank) +
+                  std::string(kind_name(call.kind)) + " (rank " + std::to_string(comm->rank) +
                       " on cuda:" + std::to_string(comm->device) +
                       "): queuing on the stream failed with " + cudaGetErrorName(e));
   }

@@ -3,7 +3,7 @@
 // call reports an error. nccl.cpp is the API (the nccl* entry points: arguments checked,
 // errors reported, groups); nccl_rendezvous.cpp is how ranks meet (unique ids,
 // communicators created, joined and left, the timeout); nccl_collectives.cpp is what
-// the ranks' stream workers run (the all-reduce).
+// the ranks' stream workers run (all-reduce, reduce-scatter, all-gather).
 //
 // Ranks must be threads of ONE process: a unique id is a number in this process's
 // rendezvous table, stamped with the process id and a random number drawn at
@@ -14,8 +14,9 @@
 //     ranks that left (aborted or destroyed), and the collectives under way, by their
 //     sequence number (the k-th collective each rank queues is the same collective);
 //   - a Collective is where the ranks' operations meet: each records its call, the
-//     last to arrive combines the send buffers into `result` and each copies it into
-//     its own receive buffer.
+//     last to arrive combines the send buffers into `result` (the whole combined
+//     buffer; the all-gather's: the send buffers one after the other) and each copies
+//     its part (the whole, or its block of a reduce-scatter) into its receive buffer.
 // ThreadSanitizer: everything but a Collective's own mutex is bookkeeping, touched
 // inside Hidden scopes under one process-wide mutex, so that host threads calling
 // NCCL, and the ranks' workers looking things up, order nothing. A Collective's
@@ -57,7 +58,15 @@ std::chrono::milliseconds timeout();
 
 // --- state --------------------------------------------------------------------------------------
 
+// Which collective a call is; the k-th call of every rank must be the same kind.
+enum class Kind { AllReduce, ReduceScatter, AllGather };
+const char* kind_name(Kind kind);  // "ncclAllReduce", ...
+
+// One rank's call. `count` is NCCL's: the all-reduce's length, the reduce-scatter's
+// recvcount (sendbuff holds nranks * count), the all-gather's sendcount (recvbuff
+// holds nranks * count). An all-gather has no operation (op is left ncclSum).
 struct Call {
+  Kind kind = Kind::AllReduce;
   std::size_t count = 0;
   ncclDataType_t type = ncclFloat32;
   ncclRedOp_t op = ncclSum;
@@ -186,8 +195,8 @@ void leave(const std::shared_ptr<ncclComm>& comm, const std::string& why);
 
 // --- the collectives (nccl_collectives.cpp) -------------------------------------------------
 
-// Queues comm's next all-reduce on `stream` (checked by the caller).
-ncclResult_t queue_all_reduce(const std::shared_ptr<ncclComm>& comm, const Call& call,
+// Queues comm's next collective (call.kind) on `stream` (checked by the caller).
+ncclResult_t queue_collective(const std::shared_ptr<ncclComm>& comm, const Call& call,
                               cudaStream_t stream);
 
 }  // namespace tlemu::detail::nccl

@@ -909,6 +909,224 @@ TEST_F(Libraries, AllReduceRefusesBadArguments) {
   EXPECT_EQ(ncclCommAbort(nullptr), ncclSuccess);
 }
 
+// --- the all-reduce's two halves ------------------------------------------------------------
+
+// n communicators (rank r on cuda:r), made by ncclCommInitAll and destroyed (or, after
+// a failure, aborted) at the end.
+struct Clique {
+  std::vector<ncclComm_t> comms;
+  explicit Clique(int n) : comms(std::size_t(n)) {
+    EXPECT_EQ(ncclCommInitAll(comms.data(), n, nullptr), ncclSuccess);
+  }
+  ~Clique() {
+    for (ncclComm_t c : comms) {
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(c, &async);
+      if (async == ncclSuccess) {
+        EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+      } else {
+        EXPECT_EQ(ncclCommAbort(c), ncclSuccess);
+      }
+    }
+  }
+  ncclComm_t operator[](int r) const { return comms[std::size_t(r)]; }
+  int size() const { return int(comms.size()); }
+  // Waits for every device; then the async error of each rank.
+  std::vector<ncclResult_t> finish() const {
+    std::vector<ncclResult_t> out;
+    for (int r = 0; r < size(); ++r) {
+      EXPECT_EQ(cudaSetDevice(r), cudaSuccess);
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      ncclResult_t async = ncclInternalError;
+      EXPECT_EQ(ncclCommGetAsyncError(comms[std::size_t(r)], &async), ncclSuccess);
+      out.push_back(async);
+    }
+    EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
+    return out;
+  }
+};
+
+// Elements [begin, begin + n) of v.
+std::vector<float> block_of(const std::vector<float>& v, std::size_t begin, std::size_t n) {
+  return {v.begin() + std::ptrdiff_t(begin), v.begin() + std::ptrdiff_t(begin + n)};
+}
+
+TEST_F(Libraries, ReduceScatterAndAllGatherAreTheAllReducesHalvesInRankOrder) {
+  NEED_DEVICES(2);               // and 3 and 4 ranks where there are devices for them
+  const std::size_t count = 37;  // per rank's block: odd, so no block is aligned to 8
+  for (int ranks : {2, 3, 4}) {
+    if (devices() < ranks) continue;
+    const std::size_t n = std::size_t(ranks) * count;
+    std::vector<std::vector<float>> sent;
+    for (int r = 0; r < ranks; ++r) sent.push_back(rank_values(r, n));
+    const std::vector<float> expected = combined(sent, ncclSum);  // rank order: 0, 1, ...
+    if (ranks >= 3) {
+      // Control: the same sums started at rank 1 (as a ring may start a block) differ
+      // somewhere, so the bit comparisons below could fail.
+      std::vector<std::vector<float>> rotated(sent.begin() + 1, sent.end());
+      rotated.push_back(sent[0]);
+      EXPECT_FALSE(same_bits(combined(rotated, ncclSum), expected)) << ranks << " ranks";
+    }
+    for (bool in_place : {false, true}) {
+      Clique clique(ranks);
+      // Out of place: send [n], recv [count], gathered [n]. In place: one buffer [n],
+      // the rank's block its reduce-scatter's receive and its all-gather's send.
+      const auto n_ranks = std::size_t(ranks);
+      std::vector<float*> send(n_ranks), recv(n_ranks), gathered(n_ranks), reduced(n_ranks);
+      for (int r = 0; r < ranks; ++r) {
+        const std::size_t i = std::size_t(r);
+        ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
+        send[i] = device_copy(sent[i]);
+        recv[i] = in_place ? send[i] + i * count : device_copy(std::vector<float>(count, -7.0f));
+        gathered[i] = in_place ? send[i] : device_copy(std::vector<float>(n, -7.0f));
+        reduced[i] = device_copy(sent[i]);  // for the all-reduce beside them
+      }
+      ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+      ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+      for (int r = 0; r < ranks; ++r) {
+        const std::size_t i = std::size_t(r);
+        ASSERT_EQ(
+            ncclReduceScatter(send[i], recv[i], count, ncclFloat, ncclSum, clique[r], nullptr),
+            ncclSuccess);
+      }
+      ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+      for (int r = 0; r < ranks; ++r) {
+        ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
+        EXPECT_TRUE(same_bits(host_copy(recv[std::size_t(r)], count),
+                              block_of(expected, std::size_t(r) * count, count)))
+            << ranks << " ranks, rank " << r << (in_place ? ", in place" : "");
+      }
+      ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+      for (int r = 0; r < ranks; ++r) {
+        const std::size_t i = std::size_t(r);
+        ASSERT_EQ(ncclAllGather(recv[i], gathered[i], count, ncclFloat, clique[r], nullptr),
+                  ncclSuccess);
+        ASSERT_EQ(ncclAllReduce(reduced[i], reduced[i], n, ncclFloat, ncclSum, clique[r], nullptr),
+                  ncclSuccess);
+      }
+      ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+      for (ncclResult_t async : clique.finish()) EXPECT_EQ(async, ncclSuccess);
+      for (int r = 0; r < ranks; ++r) {
+        const std::size_t i = std::size_t(r);
+        ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
+        const std::vector<float> all = host_copy(gathered[i], n);
+        EXPECT_TRUE(same_bits(all, expected)) << ranks << " ranks, rank " << r;
+        EXPECT_TRUE(same_bits(all, host_copy(reduced[i], n))) << "the all-reduce's bits";
+        cudaFree(send[i]);
+        cudaFree(reduced[i]);
+        if (!in_place) cudaFree(recv[i]), cudaFree(gathered[i]);
+      }
+      ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    }
+  }
+}
+
+// Rank 0 and rank 1 each queue their own call; both must see `message`, and rank 1's
+// receive buffer (filled with -7) must be unchanged.
+void expect_mismatch(const std::function<ncclResult_t(int, float*, float*, ncclComm_t)>& call,
+                     const std::string& message) {
+  Clique clique(2);
+  std::vector<float*> send(2), recv(2);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(cudaSetDevice(r), cudaSuccess);
+    send[std::size_t(r)] = device_copy(rank_values(r, 16));
+    recv[std::size_t(r)] = device_copy(std::vector<float>(16, -7.0f));
+  }
+  EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
+  EXPECT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(call(r, send[std::size_t(r)], recv[std::size_t(r)], clique[r]), ncclSuccess);
+  }
+  EXPECT_EQ(ncclGroupEnd(), ncclSuccess);
+  for (ncclResult_t async : clique.finish()) EXPECT_EQ(async, ncclInvalidUsage);
+  for (int r = 0; r < 2; ++r) {
+    const std::string last = ncclGetLastError(clique[r]);
+    EXPECT_NE(last.find(message), std::string::npos) << "rank " << r << ": " << last;
+    EXPECT_EQ(tlemu::sticky_error(r), cudaSuccess);
+    EXPECT_EQ(cudaSetDevice(r), cudaSuccess);
+    EXPECT_EQ(host_copy(recv[std::size_t(r)], 16), std::vector<float>(16, -7.0f));
+    cudaFree(send[std::size_t(r)]);
+    cudaFree(recv[std::size_t(r)]);
+  }
+  EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
+}
+
+TEST_F(Libraries, MismatchedHalvesFailOnEveryRankNamingTheCallsAndRanks) {
+  NEED_DEVICES(2);
+  expect_mismatch(
+      [](int r, float* send, float* recv, ncclComm_t c) {
+        return ncclReduceScatter(send, recv, r == 0 ? 8 : 6, ncclFloat, ncclSum, c, nullptr);
+      },
+      "rank 1 called ncclReduceScatter with count 6, rank 0 with count 8");
+  expect_mismatch(
+      [](int r, float* send, float* recv, ncclComm_t c) {
+        return ncclReduceScatter(send, recv, 8, ncclFloat, r == 0 ? ncclSum : ncclMax, c, nullptr);
+      },
+      "rank 1 called ncclReduceScatter with op ncclMax, rank 0 with op ncclSum");
+  expect_mismatch(
+      [](int r, float* send, float* recv, ncclComm_t c) {
+        return ncclAllGather(send, recv, 8, r == 0 ? ncclFloat : ncclInt32, c, nullptr);
+      },
+      "rank 1 called ncclAllGather with datatype ncclInt32, rank 0 with datatype ncclFloat32");
+  expect_mismatch(
+      [](int r, float* send, float* recv, ncclComm_t c) {
+        return r == 0 ? ncclReduceScatter(send, recv, 8, ncclFloat, ncclSum, c, nullptr)
+                      : ncclAllGather(send, recv, 8, ncclFloat, c, nullptr);
+      },
+      "rank 1 called ncclAllGather (count 8, ncclFloat32), rank 0 called ncclReduceScatter "
+      "(count 8, ncclFloat32, ncclSum)");
+  expect_mismatch(
+      [](int r, float* send, float* recv, ncclComm_t c) {
+        return r == 0 ? ncclAllReduce(send, recv, 16, ncclFloat, ncclSum, c, nullptr)
+                      : ncclReduceScatter(send, recv, 8, ncclFloat, ncclSum, c, nullptr);
+      },
+      "rank 1 called ncclReduceScatter (count 8, ncclFloat32, ncclSum), rank 0 called "
+      "ncclAllReduce (count 16, ncclFloat32, ncclSum)");
+}
+
+TEST_F(Libraries, HalvesRefuseBuffersOfTheWrongSizeOrOverlap) {
+  NEED_DEVICES(2);
+  Clique clique(2);
+  float* big = device_copy(std::vector<float>(16, 1.0f));  // on cuda:0, rank 0's device
+  float* small = device_copy(std::vector<float>(8, 1.0f));
+  const auto refused = [&](ncclResult_t r, const std::string& message) {
+    EXPECT_EQ(r, ncclInvalidArgument);
+    const std::string last = ncclGetLastError(clique[0]);
+    EXPECT_NE(last.find(message), std::string::npos) << last;
+  };
+  // The reduce-scatter sends nranks blocks; the all-gather receives them.
+  refused(ncclReduceScatter(small, big, 8, ncclFloat, ncclSum, clique[0], nullptr),
+          "ncclReduceScatter (rank 0 on cuda:0): sendbuff (64 bytes) runs past the end");
+  refused(ncclAllGather(big, small, 8, ncclFloat, clique[0], nullptr),
+          "ncclAllGather (rank 0 on cuda:0): recvbuff (64 bytes) runs past the end");
+  // In place is the rank's own block only: rank 0's is the first.
+  refused(ncclReduceScatter(big, big + 4, 8, ncclFloat, ncclSum, clique[0], nullptr),
+          "sendbuff and recvbuff overlap, but not in place (in place, recvbuff is sendbuff + "
+          "rank * count elements)");
+  refused(ncclAllGather(big + 8, big, 8, ncclFloat, clique[0], nullptr),
+          "sendbuff and recvbuff overlap, but not in place (in place, sendbuff is recvbuff + "
+          "rank * count elements)");
+  refused(ncclAllGather(big, big, 8, ncclHalf, clique[0], nullptr), "does not implement");
+  // Nothing was queued: the in-place forms still meet and give the sums.
+  float* on1 = nullptr;
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  on1 = device_copy(std::vector<float>(16, 2.0f));
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  ASSERT_EQ(ncclReduceScatter(big, big, 8, ncclFloat, ncclSum, clique[0], nullptr), ncclSuccess);
+  ASSERT_EQ(ncclReduceScatter(on1, on1 + 8, 8, ncclFloat, ncclSum, clique[1], nullptr),
+            ncclSuccess);
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  for (ncclResult_t async : clique.finish()) EXPECT_EQ(async, ncclSuccess);
+  EXPECT_EQ(host_copy(big, 8), std::vector<float>(8, 3.0f));
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  EXPECT_EQ(host_copy(on1 + 8, 8), std::vector<float>(8, 3.0f));
+  cudaFree(on1);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  cudaFree(big);
+  cudaFree(small);
+}
+
 TEST_F(Libraries, InitRankWaitsForTheOthersOnlyUntilTheTimeout) {
   NEED_DEVICES(2);
   tlemu::set_nccl_timeout(std::chrono::milliseconds(200));
