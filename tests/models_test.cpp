@@ -17,6 +17,7 @@
 #include "models/resnet.h"
 #include "models/vit.h"
 #include "test_util.h"
+#include "thread_process_group.h"
 
 namespace towerlab::testing {
 namespace {
@@ -364,6 +365,32 @@ TEST(ModelsOnTowers, ControlVitWithSliceLocalDropoutDiffers) {
     EXPECT_FALSE(same_steps(train(*model, layout(cpu_towers(3)), 8),
                             train(*model, layout(cpu_towers(1)), 8)));
   }
+}
+
+// Two processes (threads, tests/thread_process_group.h) of two towers each: 9 samples
+// split 3, 2, 2, 2 over the job's four towers, every rank's steps those of one device,
+// dropout included; the slice-local control differs there too.
+std::vector<TrainingRun> train_on_two_processes(const ModelCase& model, std::int64_t batch) {
+  std::vector<TrainingRun> runs(2);
+  const auto errors = run_ranks(2, [&](int rank, ProcessGroup& group) {
+    TrainerOptions o = layout(cpu_towers(2));
+    o.process_group = &group;
+    Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("momentum", 0.05), o);
+    runs[std::size_t(rank)] = train(trainer, batch, 3);
+  });
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  return runs;
+}
+
+TEST(ModelsOnTowers, VitOnTwoProcessesTakesOneDevicesSteps) {
+  auto model = small_vit();
+  const TrainingRun one = train(*model, layout(cpu_towers(1)), 9);
+  for (const TrainingRun& run : train_on_two_processes(*model, 9)) {
+    EXPECT_TRUE(same_steps(run, one));
+  }
+  model->slice_local_dropout();
+  EXPECT_FALSE(same_steps(train_on_two_processes(*model, 9)[0],
+                          train(*model, layout(cpu_towers(1)), 9)));
 }
 
 TEST(ModelsOnTowers, ResNetWithSynchronizedBatchNormTakesOneDevicesSteps) {
