@@ -108,8 +108,8 @@ Var MultiHeadSelfAttention::forward(const Context& ctx, const Var& x) const {
 
 std::string MultiHeadSelfAttention::describe() const {
   std::ostringstream os;
-  os << name_ << ": MultiHeadSelfAttention " << dim_ << " " << heads_ << " heads";
-  if (attention_dropout_ > 0.0) os << " attention dropout " << attention_dropout_;
+  os << name_ << ": MultiHeadSelfAttention " << dim_ << ", " << heads_ << " heads";
+  if (attention_dropout_ > 0.0) os << ", attention dropout " << attention_dropout_;
   return os.str();
 }
 

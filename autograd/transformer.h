@@ -71,7 +71,7 @@ class MultiHeadSelfAttention : public Layer {
   MultiHeadSelfAttention(VariableSet& vars, std::string name, std::int64_t dim, std::int64_t heads,
                          double attention_dropout = 0.0);
   Var forward(const Context& ctx, const Var& x) const override;
-  // "block1/attn: MultiHeadSelfAttention 64 4 heads attention dropout 0.1"
+  // "block1/attn: MultiHeadSelfAttention 64, 4 heads, attention dropout 0.1"
   std::string describe() const override;
 
  private:

@@ -153,7 +153,7 @@ TEST(Models, VitShapesAndNames) {
             "block1/attention: Residual\n"
             "  body:\n"
             "    block1/ln1: LayerNorm 64 eps 1e-05\n"
-            "    block1/attn: MultiHeadSelfAttention 64 4 heads\n"
+            "    block1/attn: MultiHeadSelfAttention 64, 4 heads\n"
             "    block1/dropout1: Dropout p 0.1\n"
             "  shortcut: identity");
   EXPECT_EQ(net.layer(3).describe(),
@@ -181,12 +181,18 @@ TEST(Models, VitErrorsNameTheProblem) {
   EXPECT_THROW_WITH(MultiHeadSelfAttention(vars, "attn", 10, 4), InvalidArgument,
                     "MultiHeadSelfAttention attn: the width 10 must be a positive multiple of "
                     "the heads 4");
-  const MultiHeadSelfAttention attention(vars, "a", 8, 2);
+  const MultiHeadSelfAttention attention(vars, "a", 8, 2, 0.1);
+  EXPECT_EQ(attention.describe(), "a: MultiHeadSelfAttention 8, 2 heads, attention dropout 0.1");
+  const TokenLinear token_linear(vars, "t", 8, 3);
   const Sequential net = models::vit(vars, {.image = 8, .dim = 8, .heads = 2, .blocks = 1});
   VariableStore store(vars, cpu());
   store.initialize(1, cpu());
   EXPECT_THROW_WITH(infer(attention, store, Tensor::zeros({2, 3, 6}, cpu()), cpu()), ShapeError,
                     "MultiHeadSelfAttention a: x");
+  EXPECT_THROW_WITH(infer(token_linear, store, Tensor::zeros({2, 5}, cpu()), cpu()), ShapeError,
+                    "TokenLinear t: x");
+  EXPECT_EQ(infer(token_linear, store, Tensor::zeros({2, 5, 8}, cpu()), cpu()).shape(),
+            (Shape{2, 5, 3}));
   EXPECT_THROW_WITH(infer(net, store, Tensor::zeros({2, 1, 12, 12}, cpu()), cpu()), ShapeError,
                     "PatchEmbedding patch: x");
 }
