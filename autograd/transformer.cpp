@@ -90,8 +90,8 @@ Var MultiHeadSelfAttention::merge_heads(const Var& x) const {
 
 Var MultiHeadSelfAttention::forward(const Context& ctx, const Var& x) const {
   TL_CHECK(x.value().dim() == 3 && x.shape()[2] == dim_, ShapeError,
-           "MultiHeadSelfAttention " << name_ << ": x " << x.describe() << " must be [N,T,"
-                                     << dim_ << "]");
+           "MultiHeadSelfAttention " << name_ << ": x " << x.describe() << " must be [N,T," << dim_
+                                     << "]");
   const std::int64_t n = x.shape()[0], t = x.shape()[1];
   const double scale = 1.0 / std::sqrt(double(dim_ / heads_));
   const Var q = split_heads(ag::scale(q_(ctx, x), scale));

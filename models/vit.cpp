@@ -9,7 +9,8 @@ namespace towerlab::models {
 
 PatchEmbedding::PatchEmbedding(VariableSet& vars, const std::string& name, std::int64_t image,
                                std::int64_t in_channels, std::int64_t patch, std::int64_t dim)
-    : conv_(vars, name, in_channels, dim, patch, Conv2dParams{.stride_h = patch, .stride_w = patch}),
+    : conv_(vars, name, in_channels, dim, patch,
+            Conv2dParams{.stride_h = patch, .stride_w = patch}),
       name_(name),
       in_channels_(in_channels),
       patch_(patch),
@@ -23,9 +24,8 @@ Var PatchEmbedding::forward(const Context& ctx, const Var& x) const {
   const std::int64_t n = patches.shape()[0];
   TL_CHECK(patches.shape()[2] * patches.shape()[3] == tokens_, ShapeError,
            "PatchEmbedding " << name_ << ": x " << x.describe() << " gives "
-                             << patches.shape()[2] * patches.shape()[3] << " patches of "
-                             << patch_ << "x" << patch_ << " but " << name_
-                             << "/position has " << tokens_);
+                             << patches.shape()[2] * patches.shape()[3] << " patches of " << patch_
+                             << "x" << patch_ << " but " << name_ << "/position has " << tokens_);
   const Var tokens = ag::transpose(ag::reshape(patches, {n, dim_, tokens_}), 1, 2);
   return ag::add(tokens, ctx.variable(name_ + "/position"));  // [N,T,D] + [T,D]
 }
@@ -47,8 +47,7 @@ void add_dropout(Sequential& seq, const std::string& name, double p) {
 void add_block(Sequential& net, VariableSet& vars, const std::string& name, const VitOptions& o) {
   Sequential attention;
   attention.add<LayerNorm>(vars, name + "/ln1", o.dim);
-  attention.add<MultiHeadSelfAttention>(vars, name + "/attn", o.dim, o.heads,
-                                        o.attention_dropout);
+  attention.add<MultiHeadSelfAttention>(vars, name + "/attn", o.dim, o.heads, o.attention_dropout);
   add_dropout(attention, name + "/dropout1", o.dropout);
   net.add<Residual>(name + "/attention", std::move(attention), std::nullopt, Activation::None);
   Sequential mlp;
@@ -64,9 +63,9 @@ void add_block(Sequential& net, VariableSet& vars, const std::string& name, cons
 }  // namespace
 
 Sequential vit(VariableSet& vars, const VitOptions& o) {
-  TL_CHECK(o.image > 0 && o.in_channels > 0 && o.patch > 0 && o.image % o.patch == 0 &&
-               o.dim > 0 && o.heads > 0 && o.dim % o.heads == 0 && o.blocks > 0 &&
-               o.mlp_ratio > 0 && o.classes > 0,
+  TL_CHECK(o.image > 0 && o.in_channels > 0 && o.patch > 0 && o.image % o.patch == 0 && o.dim > 0 &&
+               o.heads > 0 && o.dim % o.heads == 0 && o.blocks > 0 && o.mlp_ratio > 0 &&
+               o.classes > 0,
            InvalidArgument,
            "vit: sizes must be positive, the patch must divide the image and the heads the "
            "width, got image "

@@ -395,8 +395,8 @@ TEST(ModelsOnTowers, VitOnTwoProcessesTakesOneDevicesSteps) {
     EXPECT_TRUE(same_steps(run, one));
   }
   model->slice_local_dropout();
-  EXPECT_FALSE(same_steps(train_on_two_processes(*model, 9)[0],
-                          train(*model, layout(cpu_towers(1)), 9)));
+  EXPECT_FALSE(
+      same_steps(train_on_two_processes(*model, 9)[0], train(*model, layout(cpu_towers(1)), 9)));
 }
 
 TEST(ModelsOnTowers, ResNetWithSynchronizedBatchNormTakesOneDevicesSteps) {
