@@ -36,6 +36,7 @@
 #include "autograd/ops.h"
 #include "autograd/optimizer.h"
 #include "autograd/tape.h"
+#include "autograd/transformer.h"
 #include "autograd/variables.h"
 #include "engine/allocator.h"
 #include "engine/dataset.h"

@@ -123,18 +123,19 @@ TEST(FashionMnistOptions, GoodFlagsAreAccepted) {
 }
 
 // --model picks one of models/ (default FashionNet); the config file's key too.
-TEST(FashionMnistOptions, ModelIsFashionNetMlpOrResNet) {
+TEST(FashionMnistOptions, ModelIsFashionNetMlpResNetOrVit) {
   EXPECT_EQ(parse({}).options.model, "fashion_net");
-  for (const char* model : {"fashion_net", "mlp", "resnet"}) {
+  for (const char* model : {"fashion_net", "mlp", "resnet", "vit"}) {
     const Parsed parsed = parse({"--model", model});
     ASSERT_EQ(parsed.code, std::nullopt) << parsed.printed;
     EXPECT_EQ(parsed.options.model, model);
   }
   EXPECT_EQ(parse_config("model: resnet\n").options.model, "resnet");
-  expect_refused(parse({"--model", "vit"}),
-                 "--model must be one of fashion_net, mlp, resnet, got 'vit'", "--model vit");
+  expect_refused(parse({"--model", "vgg"}),
+                 "--model must be one of fashion_net, mlp, resnet, vit, got 'vgg'", "--model vgg");
   expect_refused(parse_config("model: ResNet\n"),
-                 "model must be one of fashion_net, mlp, resnet, got 'ResNet'", "model: ResNet");
+                 "model must be one of fashion_net, mlp, resnet, vit, got 'ResNet'",
+                 "model: ResNet");
 }
 
 // --label-smoothing E: the cross-entropy's, in [0, 1]; 0 (off) unless given.

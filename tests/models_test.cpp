@@ -1,8 +1,9 @@
-// The models of models/ (the MLP and the ResNet) and the Residual layer they compose:
-// forward shapes and variable names; a residual block's gradients against central
-// differences in float64; on CPU towers, 3 towers and uneven splits take one
-// device's steps (the MLP's dropout keyed by the sample, the ResNet's batch norm
-// synchronized), each with a control that must differ; a checkpoint restores on
+// The models of models/ (the MLP, the ResNet and the ViT) and the layers they compose
+// (Residual; LayerNorm, TokenLinear, MultiHeadSelfAttention, MeanTokens): forward
+// shapes and variable names; a residual block's and a small ViT's gradients against
+// central differences in float64; on CPU towers, 3 towers and uneven splits take one
+// device's steps (the MLP's and the ViT's dropout keyed by the sample, the ResNet's
+// batch norm synchronized), each with a control that must differ; a checkpoint restores on
 // another layout with the same predictions; and the same on two GPUs (the emulated
 // ones in CI) against one CPU device. ModelsVsTorch.WritesSteps writes the steps
 // tests/models_vs_torch_test.py replays in PyTorch.
@@ -14,7 +15,9 @@
 #include "gradcheck.h"
 #include "models/mlp.h"
 #include "models/resnet.h"
+#include "models/vit.h"
 #include "test_util.h"
+#include "thread_process_group.h"
 
 namespace towerlab::testing {
 namespace {
@@ -122,6 +125,99 @@ TEST(Models, ResidualBlocksGradientsMatchCentralDifferences) {
   EXPECT_TRUE(variable_gradients_match(net, store, x, labels));
 }
 
+TEST(Models, VitShapesAndNames) {
+  VariableSet vars;
+  const Sequential net = models::vit(vars);
+  const std::vector<std::string> names = names_of(vars);
+  ASSERT_EQ(names.size(), 3u + 4u * 16u + 4u);
+  EXPECT_EQ(std::vector<std::string>(names.begin(), names.begin() + 19),
+            (std::vector<std::string>{
+                "patch/weight", "patch/bias", "patch/position", "block1/ln1/gamma",
+                "block1/ln1/beta", "block1/attn/q/weight", "block1/attn/q/bias",
+                "block1/attn/k/weight", "block1/attn/k/bias", "block1/attn/v/weight",
+                "block1/attn/v/bias", "block1/attn/out/weight", "block1/attn/out/bias",
+                "block1/ln2/gamma", "block1/ln2/beta", "block1/mlp/fc1/weight",
+                "block1/mlp/fc1/bias", "block1/mlp/fc2/weight", "block1/mlp/fc2/bias"}));
+  EXPECT_EQ(std::vector<std::string>(names.end() - 4, names.end()),
+            (std::vector<std::string>{"ln/gamma", "ln/beta", "head/weight", "head/bias"}));
+  EXPECT_EQ(shape_of(vars, "patch/weight"), (Shape{64, 1, 4, 4}));
+  EXPECT_EQ(shape_of(vars, "patch/position"), (Shape{49, 64}));
+  EXPECT_EQ(shape_of(vars, "block4/mlp/fc1/weight"), (Shape{128, 64}));
+  EXPECT_EQ(shape_of(vars, "head/weight"), (Shape{10, 64}));
+  const std::int64_t block = 4 * (64 * 64 + 64) + 2 * (64 * 128) + 128 + 64 + 4 * 64;
+  EXPECT_EQ(vars.trainable_numel(), 64 * 16 + 64 + 49 * 64 + 4 * block + 2 * 64 + 64 * 10 + 10);
+  EXPECT_EQ(vars.state_numel(), 0);
+  // The patch embedding and its dropout, two residual branches a block, the head.
+  EXPECT_EQ(net.size(), 2u + 2u * 4u + 3u);
+  EXPECT_EQ(net.layer(2).describe(),
+            "block1/attention: Residual\n"
+            "  body:\n"
+            "    block1/ln1: LayerNorm 64 eps 1e-05\n"
+            "    block1/attn: MultiHeadSelfAttention 64, 4 heads\n"
+            "    block1/dropout1: Dropout p 0.1\n"
+            "  shortcut: identity");
+  EXPECT_EQ(net.layer(3).describe(),
+            "block1/mlp: Residual\n"
+            "  body:\n"
+            "    block1/ln2: LayerNorm 64 eps 1e-05\n"
+            "    block1/mlp/fc1: TokenLinear 64->128\n"
+            "    GELU\n"
+            "    block1/mlp/dropout: Dropout p 0.1\n"
+            "    block1/mlp/fc2: TokenLinear 128->64\n"
+            "    block1/dropout2: Dropout p 0.1\n"
+            "  shortcut: identity");
+  VariableStore store(vars, cpu());
+  store.initialize(1, cpu());
+  EXPECT_EQ(infer(net, store, Tensor::zeros({3, 1, 28, 28}, cpu()), cpu()).shape(), (Shape{3, 10}));
+  VariableSet no_dropout;
+  EXPECT_EQ(models::vit(no_dropout, {.blocks = 1, .dropout = 0.0}).size(), 1u + 2u + 3u);
+}
+
+TEST(Models, VitErrorsNameTheProblem) {
+  VariableSet vars;
+  EXPECT_THROW_WITH(models::vit(vars, {.patch = 5}), InvalidArgument,
+                    "vit: sizes must be positive, the patch must divide the image and the heads "
+                    "the width, got image 28, channels 1, patch 5, width 64, heads 4");
+  EXPECT_THROW_WITH(MultiHeadSelfAttention(vars, "attn", 10, 4), InvalidArgument,
+                    "MultiHeadSelfAttention attn: the width 10 must be a positive multiple of "
+                    "the heads 4");
+  const MultiHeadSelfAttention attention(vars, "a", 8, 2, 0.1);
+  EXPECT_EQ(attention.describe(), "a: MultiHeadSelfAttention 8, 2 heads, attention dropout 0.1");
+  const TokenLinear token_linear(vars, "t", 8, 3);
+  const Sequential net = models::vit(vars, {.image = 8, .dim = 8, .heads = 2, .blocks = 1});
+  VariableStore store(vars, cpu());
+  store.initialize(1, cpu());
+  EXPECT_THROW_WITH(infer(attention, store, Tensor::zeros({2, 3, 6}, cpu()), cpu()), ShapeError,
+                    "MultiHeadSelfAttention a: x");
+  EXPECT_THROW_WITH(infer(token_linear, store, Tensor::zeros({2, 5}, cpu()), cpu()), ShapeError,
+                    "TokenLinear t: x");
+  EXPECT_EQ(infer(token_linear, store, Tensor::zeros({2, 5, 8}, cpu()), cpu()).shape(),
+            (Shape{2, 5, 3}));
+  EXPECT_THROW_WITH(infer(net, store, Tensor::zeros({2, 1, 12, 12}, cpu()), cpu()), ShapeError,
+                    "PatchEmbedding patch: x");
+}
+
+// A two-block ViT on 4 tokens in float64, every dropout on: each variable's gradient
+// (through attention's heads, both residual branches and the mean over the tokens)
+// against central differences, which see the same masks (they are keyed, not drawn).
+TEST(Models, VitGradientsMatchCentralDifferences) {
+  VariableSet vars;
+  const Sequential net = models::vit(vars, {.image = 4,
+                                            .in_channels = 2,
+                                            .patch = 2,
+                                            .dim = 4,
+                                            .heads = 2,
+                                            .blocks = 2,
+                                            .classes = 3,
+                                            .dropout = 0.2,
+                                            .attention_dropout = 0.3});
+  VariableStore store(vars, cpu(), true, DType::Float64);
+  store.initialize(3, cpu());
+  const Tensor x = random_double_tensor({3, 2, 4, 4}, 9);
+  const Tensor labels = Tensor::from_host<double>({0, 2, 1}, {3}, cpu());
+  EXPECT_TRUE(variable_gradients_match(net, store, x, labels));
+}
+
 // ---- training on towers ----
 
 // Runs a model with the Context of a tower whose slice starts at the batch's first
@@ -174,6 +270,21 @@ std::unique_ptr<ModelCase> small_resnet() {
   auto c = std::make_unique<ModelCase>();
   c->name = "resnet";
   c->net = models::resnet(c->vars, {.width = 4, .blocks_per_stage = 1, .classes = 3});
+  return c;
+}
+
+// 4 tokens of width 8, two heads, two blocks; dropout and attention dropout as given.
+std::unique_ptr<ModelCase> small_vit(double dropout = 0.3, double attention_dropout = 0.3) {
+  auto c = std::make_unique<ModelCase>();
+  c->name = "vit";
+  c->net = models::vit(c->vars, {.image = 8,
+                                 .patch = 4,
+                                 .dim = 8,
+                                 .heads = 2,
+                                 .blocks = 2,
+                                 .classes = 3,
+                                 .dropout = dropout,
+                                 .attention_dropout = attention_dropout});
   return c;
 }
 
@@ -240,6 +351,54 @@ TEST(ModelsOnTowers, ControlMlpWithSliceLocalDropoutDiffers) {
       same_steps(train(*model, layout(cpu_towers(3)), 8), train(*model, layout(cpu_towers(1)), 8)));
 }
 
+// Both dropouts, and attention dropout alone (its mask is drawn on [N,H,T,T]).
+TEST(ModelsOnTowers, VitWithDropoutTakesOneDevicesSteps) {
+  for (const auto& model : {small_vit(), small_vit(0.0, 0.5)}) {
+    for (auto [towers, batch] : {std::pair{3, 9}, std::pair{3, 8}, std::pair{2, 7}}) {
+      EXPECT_TRUE(same_steps(train(*model, layout(cpu_towers(towers)), batch),
+                             train(*model, layout(cpu_towers(1)), batch)))
+          << towers << " towers, batch " << batch;
+    }
+  }
+}
+
+TEST(ModelsOnTowers, ControlVitWithSliceLocalDropoutDiffers) {
+  for (auto [dropout, attention_dropout] : {std::pair{0.3, 0.3}, std::pair{0.0, 0.5}}) {
+    const auto model = small_vit(dropout, attention_dropout);
+    model->slice_local_dropout();
+    EXPECT_TRUE(same_steps(train(*model, layout(cpu_towers(1)), 8),
+                           train(*model, layout(cpu_towers(1)), 8)));  // deterministic
+    EXPECT_FALSE(same_steps(train(*model, layout(cpu_towers(3)), 8),
+                            train(*model, layout(cpu_towers(1)), 8)));
+  }
+}
+
+// Two processes (threads, tests/thread_process_group.h) of two towers each: 9 samples
+// split 3, 2, 2, 2 over the job's four towers, every rank's steps those of one device,
+// dropout included; the slice-local control differs there too.
+std::vector<TrainingRun> train_on_two_processes(const ModelCase& model, std::int64_t batch) {
+  std::vector<TrainingRun> runs(2);
+  const auto errors = run_ranks(2, [&](int rank, ProcessGroup& group) {
+    TrainerOptions o = layout(cpu_towers(2));
+    o.process_group = &group;
+    Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("momentum", 0.05), o);
+    runs[std::size_t(rank)] = train(trainer, batch, 3);
+  });
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  return runs;
+}
+
+TEST(ModelsOnTowers, VitOnTwoProcessesTakesOneDevicesSteps) {
+  auto model = small_vit();
+  const TrainingRun one = train(*model, layout(cpu_towers(1)), 9);
+  for (const TrainingRun& run : train_on_two_processes(*model, 9)) {
+    EXPECT_TRUE(same_steps(run, one));
+  }
+  model->slice_local_dropout();
+  EXPECT_FALSE(
+      same_steps(train_on_two_processes(*model, 9)[0], train(*model, layout(cpu_towers(1)), 9)));
+}
+
 TEST(ModelsOnTowers, ResNetWithSynchronizedBatchNormTakesOneDevicesSteps) {
   const auto model = small_resnet();
   for (auto [towers, batch] : {std::pair{3, 9}, std::pair{3, 8}, std::pair{2, 7}}) {
@@ -283,7 +442,7 @@ void expect_restores_on_another_layout(const ModelCase& model, const TrainerOpti
 }
 
 TEST(ModelsOnTowers, CheckpointFromThreeTowersPredictsTheSameOnTwo) {
-  for (const auto& model : {small_mlp(), small_resnet()}) {
+  for (const auto& model : {small_mlp(), small_resnet(), small_vit()}) {
     expect_restores_on_another_layout(*model, layout(cpu_towers(3)), layout(cpu_towers(2)));
   }
 }
@@ -294,7 +453,7 @@ TEST(ModelsOnTowers, CheckpointFromThreeTowersPredictsTheSameOnTwo) {
 TEST(ModelsOnTowers, TwoGpusTakeOneCpuDevicesStepsAndRestoreOnTheCpu) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
   const std::vector<Device> gpus = {Device::cuda(0), Device::cuda(1)};
-  for (const auto& model : {small_mlp(), small_resnet()}) {
+  for (const auto& model : {small_mlp(), small_resnet(), small_vit()}) {
     EXPECT_TRUE(
         same_steps(train(*model, layout(gpus), 7, 2), train(*model, layout(cpu_towers(1)), 7, 2)))
         << model->name;
@@ -305,7 +464,7 @@ TEST(ModelsOnTowers, TwoGpusTakeOneCpuDevicesStepsAndRestoreOnTheCpu) {
 // ---- against PyTorch ----
 
 // Writes what tests/models_vs_torch_test.py replays in PyTorch (ctest models_vs_torch):
-// for the MLP (dropout 0: PyTorch draws other masks) and ResNet-20, the initial
+// for the MLP and the ViT (dropout 0: PyTorch draws other masks) and ResNet-20, the initial
 // variables ("initial/<name>"), 20 batches of [B,1,28,28] images and their labels
 // ("batch<s>/images", "batch<s>/labels"), the 20 losses of towerlab's steps on two
 // CPU towers (synchronized batch norm, SGD lr 0.01 with momentum 0.9) and the final
@@ -315,10 +474,11 @@ TEST(ModelsVsTorch, WritesSteps) {
   const char* dir = std::getenv("TOWERLAB_MODELS_VS_TORCH_DIR");
   if (dir == nullptr) GTEST_SKIP() << "run by tests/models_vs_torch_test.py";
   constexpr int kSteps = 20;
-  for (const std::string name : {"mlp", "resnet"}) {
+  for (const std::string name : {"mlp", "resnet", "vit"}) {
     VariableSet vars;
-    const Sequential net =
-        name == "mlp" ? models::mlp(vars, {.dropout = 0.0}) : models::resnet(vars);
+    const Sequential net = name == "mlp"      ? models::mlp(vars, {.dropout = 0.0})
+                           : name == "resnet" ? models::resnet(vars)
+                                              : models::vit(vars, {.dropout = 0.0});
     const std::int64_t batch = name == "mlp" ? 32 : 16;
     TowerFn fn = [&net](const Tower& tower, const std::vector<Tensor>& b) {
       Var logits = net(tower.context(), tower.input(b[0], "images"));

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""The first 20 training steps of the MLP and ResNet-20 (models/) against PyTorch from
+"""The first 20 training steps of the MLP, ResNet-20 and the ViT (models/) against PyTorch from
 the same initial weights on the same batches. The test binary's
 ModelsVsTorch.WritesSteps trains each model on two CPU towers (synchronized batch
-norm, SGD with momentum 0.9, lr 0.01; the MLP without dropout, whose masks PyTorch
-draws otherwise) and writes the initial variables, the batches, its losses and its
+norm, SGD with momentum 0.9, lr 0.01; the MLP and the ViT without dropout, whose masks
+PyTorch draws otherwise) and writes the initial variables, the batches, its losses and its
 final variables; this script loads the initial variables into the PyTorch twin
-(tools/mlp_torch.py, tools/resnet_torch.py) through tools/torch_convert.py's name
+(tools/mlp_torch.py, tools/resnet_torch.py, tools/vit_torch.py) through tools/torch_convert.py's name
 table, takes the same 20 steps with torch.optim.SGD in float64 and float32, and
 compares towerlab's losses (1e-5 relative) on the steps where PyTorch's float32 run
 still matches its float64 run, at least 3; where all 20 do, the final weights too
@@ -33,6 +33,7 @@ except ImportError:
 
 from mlp_torch import Mlp  # noqa: E402
 from resnet_torch import ResNet  # noqa: E402
+from vit_torch import ViT  # noqa: E402
 
 STEPS = 20
 LR, MOMENTUM = 0.01, 0.9
@@ -43,7 +44,8 @@ WEIGHT_ATOL, WEIGHT_RTOL = 1e-5, 1e-4
 # leave the float64 ones after 4 to 5 steps, PyTorch's as towerlab's).
 MIN_STEPS = 3
 MODELS = {"mlp": (lambda: Mlp(dropout=0.0), torch_convert.mlp()),
-          "resnet": (ResNet, torch_convert.resnet())}
+          "resnet": (ResNet, torch_convert.resnet()),
+          "vit": (lambda: ViT(dropout=0.0), torch_convert.vit())}
 
 
 def torch_steps(name, tensors, lr, dtype=torch.float32):

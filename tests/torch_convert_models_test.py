@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The MLP and ResNet-20 of models/ cross between PyTorch and towerlab and predict the
+"""The MLP, ResNet-20 and the ViT of models/ cross between PyTorch and towerlab and predict the
 same on the first images of the Fashion-MNIST test set, both ways, through
 tools/torch_convert.py --model (tests/torch_convert_test.py does FashionNet, and its
 helpers and tolerance serve here).
@@ -7,7 +7,8 @@ helpers and tolerance serve here).
   torch_convert_models_test.py FASHION_MNIST_BINARY DATA_DIR WORK_DIR
 
 For each model:
-1. PyTorch trains its twin (tools/mlp_torch.py, tools/resnet_torch.py) a few steps,
+1. PyTorch trains its twin (tools/mlp_torch.py, tools/resnet_torch.py,
+   tools/vit_torch.py) a few steps,
    the ResNet with convolution biases (folded into batch norm by the converter) and
    faster moving statistics; the converted checkpoint, evaluated by the sample
    (--model --eval-only --predictions), gives PyTorch's logits.
@@ -38,6 +39,7 @@ import torch_convert  # noqa: E402  (after the path and the skip)
 import torch_convert_test as base  # noqa: E402  (check, run, the data, the tolerance)
 from mlp_torch import Mlp  # noqa: E402
 from resnet_torch import ResNet  # noqa: E402
+from vit_torch import ViT  # noqa: E402
 
 STEPS = 20
 BATCH = 64
@@ -145,8 +147,10 @@ def main():
     test = images[:TEST_IMAGES], labels[:TEST_IMAGES]
     pytorch_to_towerlab(binary, data, work, "mlp", Mlp(), train, test)
     pytorch_to_towerlab(binary, data, work, "resnet", with_conv_biases(ResNet()), train, test)
+    pytorch_to_towerlab(binary, data, work, "vit", ViT(), train, test)
     mlp_pt = towerlab_to_pytorch(binary, data, work, "mlp", Mlp(), test)
     resnet_pt = towerlab_to_pytorch(binary, data, work, "resnet", ResNet(), test)
+    vit_pt = towerlab_to_pytorch(binary, data, work, "vit", ViT(), test)
     out = os.path.join(work, "wrong.safetensors")
     base.expect_refusal("an MLP as a ResNet", CONVERT + ["to-towerlab", "--model", "resnet",
                                                          mlp_pt, out],
@@ -154,6 +158,9 @@ def main():
     base.expect_refusal("a ResNet as an MLP", CONVERT + ["to-towerlab", "--model", "mlp",
                                                          resnet_pt, out],
                         "not a PyTorch state_dict of MLP: missing fc1.weight")
+    base.expect_refusal("a ViT as a ResNet", CONVERT + ["to-towerlab", "--model", "resnet",
+                                                        vit_pt, out],
+                        "not a PyTorch state_dict of ResNet-20: missing stem.conv.weight")
     base.expect_refusal("a model the converter does not know",
                         CONVERT + ["to-torch", "--model", "vgg", out, out], "invalid choice: 'vgg'")
     print(f"{len(base.failures)} failed" if base.failures else "all checks passed")

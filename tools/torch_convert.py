@@ -6,9 +6,10 @@
   torch_convert.py to-torch --model resnet resnet.safetensors resnet.pt
 
 --model names the model as the fashion_mnist sample does: fashion_net (the default),
-mlp or resnet. IN and OUT are safetensors files (numpy only) or torch.save files
+mlp, resnet or vit. IN and OUT are safetensors files (numpy only) or torch.save files
 (.pt, .pth; these need PyTorch). The PyTorch side is the model's twin in tools/
-(fashion_net_torch.py's FashionNet, mlp_torch.py's Mlp, resnet_torch.py's ResNet), or
+(fashion_net_torch.py's FashionNet, mlp_torch.py's Mlp, resnet_torch.py's ResNet,
+vit_torch.py's ViT), or
 any module whose state_dict has the same names (a "module." prefix, as
 nn.DataParallel adds, is accepted). A PyTorch name is towerlab's with '.' for '/'
 (stage2.block1.conv1.weight is stage2/block1/conv1/weight), batch norm's entries
@@ -36,7 +37,9 @@ The MLP's are fc1..fc3 .weight and .bias ([512,784], [256,512], [10,256]); the
 ResNet's are stem.conv, stem.bn, stage<s>.block<b>.{conv1,bn1,conv2,bn2} and the
 projections stage<s>.block1.shortcut.{conv,bn} of stages 2 and 3, and fc (ResNet-20,
 models/resnet.h). A convolution's bias, when the state_dict has one, is folded into
-the batch norm that follows it, as FashionNet's.
+the batch norm that follows it, as FashionNet's. The ViT's are patch.{weight,bias,
+position}, block<b>.ln1, block<b>.attn.{q,k,v,out}, block<b>.ln2, block<b>.mlp.{fc1,fc2},
+ln and head (models/vit.h); a layer norm's weight and bias are towerlab's gamma and beta.
 
 Batch norm eps is not in a state_dict. towerlab uses 1e-3 (TensorFlow's), PyTorch
 defaults to 1e-5; tools/fashion_net_torch.py uses 1e-3. --bn-eps says which eps the
@@ -69,7 +72,9 @@ TOWERLAB_EPS = 1e-3
 TOWERLAB_FORMAT = "towerlab-checkpoint-1"
 
 # A model's layers in state_dict order: (towerlab name, kind, weight shape), and the
-# batch norm after each convolution, which takes its bias when there is one.
+# batch norm after each convolution, which takes its bias when there is one. Kinds:
+# conv (weight only), conv_bias and linear (weight and bias), bn, ln (layer norm) and
+# param (a single tensor, e.g. the ViT's positions).
 class Model:
     def __init__(self, title, layers, bn_after):
         self.title, self.layers, self.bn_after = title, layers, bn_after
@@ -115,7 +120,21 @@ def resnet(width=16, blocks_per_stage=3, in_channels=1, classes=10):
     return Model("ResNet-20", layers, bn_after)
 
 
-MODELS = {"fashion_net": fashion_net, "mlp": mlp, "resnet": resnet}
+def vit(image=28, in_channels=1, patch=4, dim=64, blocks=4, mlp_ratio=2, classes=10):
+    """models::vit()'s variables (models/vit.cpp declares them in this order)."""
+    layers = [("patch", "conv_bias", (dim, in_channels, patch, patch)),
+              ("patch/position", "param", ((image // patch) ** 2, dim))]
+    for b in range(1, blocks + 1):
+        layers += [(f"block{b}/ln1", "ln", (dim,))]
+        layers += [(f"block{b}/attn/{p}", "linear", (dim, dim)) for p in ("q", "k", "v", "out")]
+        layers += [(f"block{b}/ln2", "ln", (dim,)),
+                   (f"block{b}/mlp/fc1", "linear", (mlp_ratio * dim, dim)),
+                   (f"block{b}/mlp/fc2", "linear", (dim, mlp_ratio * dim))]
+    layers += [("ln", "ln", (dim,)), ("head", "linear", (classes, dim))]
+    return Model("ViT", layers, {})
+
+
+MODELS = {"fashion_net": fashion_net, "mlp": mlp, "resnet": resnet, "vit": vit}
 # PyTorch's batch-norm entries and towerlab's names for them.
 BN_NAMES = [("weight", "gamma"), ("bias", "beta"), ("running_mean", "moving_mean"),
             ("running_var", "moving_variance")]
@@ -140,7 +159,11 @@ def name_table(model=None):
             table += [(f"{t}.{n}", f"{layer}/{tl}", shape) for n, tl in BN_NAMES]
         elif kind == "conv":
             table.append((f"{t}.weight", f"{layer}/weight", shape))
-        else:
+        elif kind == "ln":  # layer norm: PyTorch's weight and bias are gamma and beta
+            table += [(f"{t}.weight", f"{layer}/gamma", shape), (f"{t}.bias", f"{layer}/beta", shape)]
+        elif kind == "param":  # one tensor, named as it is
+            table.append((t, layer, shape))
+        else:  # linear, conv_bias: a weight and a bias
             table.append((f"{t}.weight", f"{layer}/weight", shape))
             table.append((f"{t}.bias", f"{layer}/bias", shape[:1]))
     return table
@@ -421,7 +444,7 @@ def main(argv):
         epilog="See the docstring of this file for the name mapping.")
     sub = parser.add_subparsers(dest="direction", required=True)
     into = sub.add_parser("to-towerlab", help="PyTorch state_dict -> towerlab checkpoint")
-    model_help = "the model: fashion_net (default), mlp or resnet (models/)"
+    model_help = "the model: fashion_net (default), mlp, resnet or vit (models/)"
     into.add_argument("--model", choices=list(MODELS), default="fashion_net", help=model_help)
     into.add_argument("input", help="state_dict: .pt/.pth (torch.save) or .safetensors")
     into.add_argument("output", help="towerlab checkpoint (.safetensors)")

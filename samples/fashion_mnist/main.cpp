@@ -1,5 +1,6 @@
 // fashion_mnist: trains a model on Fashion-MNIST with tower parallelism: FashionNet
-// (the default), an MLP with dropout or ResNet-20 (--model; models/, docs/models.md).
+// (the default), an MLP with dropout, ResNet-20 or a small vision transformer (--model;
+// models/, docs/models.md).
 //
 //   fashion_mnist --devices cpu,cpu --epochs 5 --batch 128 --optimizer adam --lr 1e-3
 //   fashion_mnist --model resnet --batchnorm sync --epochs 10
@@ -29,6 +30,7 @@
 #include "models/fashion_net.h"
 #include "models/mlp.h"
 #include "models/resnet.h"
+#include "models/vit.h"
 #include "options.h"
 #include "resume.h"
 #include "towerlab.h"
@@ -90,6 +92,7 @@ struct Model {
 Model make_model(const std::string& name, VariableSet& vars) {
   if (name == "mlp") return {models::mlp(vars), "MLP"};
   if (name == "resnet") return {models::resnet(vars), "ResNet-20"};
+  if (name == "vit") return {models::vit(vars), "ViT"};
   return {models::fashion_net(vars), "FashionNet"};
 }
 

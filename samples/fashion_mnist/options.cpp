@@ -297,8 +297,9 @@ Field on_off(std::string key, bool& target, std::string help) {
 
 std::vector<Field> fields(Options& o) {
   return {
-      choice("model", o.model, {"fashion_net", "mlp", "resnet"},
-             "Model: FashionNet (the CNN), an MLP with dropout, or ResNet-20 (docs/models.md)"),
+      choice("model", o.model, {"fashion_net", "mlp", "resnet", "vit"},
+             "Model: FashionNet (the CNN), an MLP with dropout, ResNet-20 or a small vision "
+             "transformer (docs/models.md)"),
       devices("devices", o.devices, "LIST",
               "Towers, comma-separated: cpu,cpu or cuda:0,cuda:1 (default: every GPU, else "
               "cpu,cpu)",
@@ -540,7 +541,7 @@ std::pair<std::int64_t, std::int64_t> trace_range(const Options& o, std::int64_t
 
 std::optional<int> parse_options(int argc, char** argv, Options& o) {
   CLI::App app{
-      "Trains a model (FashionNet, an MLP or ResNet-20) on Fashion-MNIST with tower "
+      "Trains a model (FashionNet, an MLP, ResNet-20 or a ViT) on Fashion-MNIST with tower "
       "parallelism."};
   app.footer(kFooter);
   std::string config;

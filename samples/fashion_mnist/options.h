@@ -21,7 +21,7 @@
 namespace sample {
 
 struct Options {
-  std::string model = "fashion_net";  // fashion_net | mlp | resnet (docs/models.md)
+  std::string model = "fashion_net";  // fashion_net | mlp | resnet | vit (docs/models.md)
   std::string devices;                // "cpu,cpu", "cuda:0,cuda:1"; empty = the default
   std::optional<int> n_gpus;          // the seeds' key: towers on cuda:0 .. cuda:n-1
   std::string master;               // empty: the first tower's device; "sharded": across the towers
