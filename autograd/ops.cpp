@@ -23,12 +23,6 @@ Tensor like(const Var& x) {
   return Tensor::empty(x.shape(), x.tape().stream(), x.value().dtype());
 }
 
-void check_same_shape(const char* op, const Var& a, const Var& b) {
-  a.tape().check_owns(op, {a, b});
-  TL_CHECK(a.shape() == b.shape(), ShapeError,
-           op << ": " << a.describe() << " and " << b.describe() << " differ in shape");
-}
-
 // The broadcast shape of a and b (kernels/broadcast.h), or ShapeError naming the op
 // and the Vars.
 Shape broadcast_of(const char* op, const Var& a, const Var& b) {
