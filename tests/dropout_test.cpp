@@ -8,6 +8,7 @@
 
 #include "gradcheck.h"
 #include "kernels/dropout.h"
+#include "kernels/dropout_unit.h"
 #include "kernels/reference/dropout.h"
 #include "test_util.h"
 
@@ -41,6 +42,25 @@ TEST_P(DropoutTest, ForwardIsTheReferenceBitForBit) {
       EXPECT_EQ(host(y), reference_forward(x, row_size, p, key_for(5)))
           << "p = " << p << ", rows = " << rows;
     }
+  }
+}
+
+// p equal to one element's own uniform draw keeps it, a hair above drops it: the
+// line between kept and dropped is exactly the reference's (the CPU tests it on
+// integers, kernels/cpu/dropout.cpp), checked where an element sits on it.
+TEST_P(DropoutTest, AnElementOnTheKeepLineFollowsTheReference) {
+  const std::int64_t rows = 3, row_size = 37;
+  const DropoutKey key = key_for(5);
+  const std::int64_t on_line = 50;  // global element 5 * 37 + 50
+  const double u = dropout_unit(key.seed, key.subsequence,
+                                static_cast<std::uint64_t>(key.first_row * row_size + on_line));
+  const auto x = random_values(static_cast<std::size_t>(rows * row_size), 5, 0.5f, 2.0f);
+  for (double p : {u, std::nextafter(u, 0.0), std::nextafter(u, 1.0)}) {
+    Tensor y = make(std::vector<float>(x.size(), -7.0f), {rows, row_size});
+    dropout_forward(y, make(x, {rows, row_size}), p, key, stream());
+    const auto got = host(y);
+    EXPECT_EQ(got, reference_forward(x, row_size, p, key)) << "p = " << p;
+    EXPECT_EQ(got[on_line] != 0.0f, p <= u) << "p = " << p;
   }
 }
 
