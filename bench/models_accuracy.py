@@ -20,7 +20,6 @@ usage: bench/models_accuracy.py --sample build/release/samples/fashion_mnist
 
 import argparse
 import datetime
-import gzip
 import json
 import os
 import platform
@@ -33,21 +32,11 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
+from fashion_mnist_data import load_split  # noqa: E402
 
 DATA = "/usr/share/datasets/fashion-mnist"
 BATCH = 128
 LR = 1e-3
-
-
-def load_split(prefix):
-    """Images [N,1,28,28] standardized exactly as towerlab's loader, labels [N]."""
-    with gzip.open(os.path.join(DATA, f"{prefix}-images-idx3-ubyte.gz")) as f:
-        pixels = np.frombuffer(f.read(), dtype=np.uint8, offset=16)
-    with gzip.open(os.path.join(DATA, f"{prefix}-labels-idx1-ubyte.gz")) as f:
-        labels = np.frombuffer(f.read(), dtype=np.uint8, offset=8).astype(np.int64)
-    unit = pixels.astype(np.float32) / np.float32(255)
-    images = (unit - np.float32(0.2860)) / np.float32(0.3530)
-    return images.reshape(-1, 1, 28, 28), labels
 
 
 def twin(model):
@@ -149,7 +138,7 @@ def main():
                             capture_output=True, text=True).stdout.strip()
     doc = {"commit": commit, "machine": machine(), "epochs": args.epochs, "seeds": seeds,
            "date": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"), "models": {}}
-    train, test = load_split("train"), load_split("t10k")
+    train, test = load_split(DATA, "train"), load_split(DATA, "t10k")
     for model in args.models.split(","):
         runs = {"towerlab": [], "torch": []}
         for seed in seeds:  # alternated, so that a change in the machine's load hits both

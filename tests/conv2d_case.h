@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "gradcheck.h"
 #include "kernels/conv2d.h"
 #include "kernels/reference/conv2d.h"
 #include "test_util.h"
@@ -84,6 +85,27 @@ inline double worst_error(const std::vector<float>& actual, const std::vector<do
     worst = std::max(worst, std::fabs(double(actual[i]) - expected[i]) / scale[i]);
   }
   return worst;
+}
+
+// Central differences of L = sum(g * conv2d(x, w, b)) against the backward, in float64.
+inline void expect_gradients_match(const ConvCase& k) {
+  SCOPED_TRACE(k.name);
+  const Stream& cpu = default_stream(Device::cpu());
+  const Shape ys = k.y_shape();
+  Tensor x = random_double_tensor(k.x_shape(), 21);
+  Tensor w = random_double_tensor(k.w_shape(), 22);
+  Tensor b = random_double_tensor({k.K}, 23);
+  Tensor g = random_double_tensor(ys, 24);
+  auto loss = [&](const std::vector<Tensor>& in) {
+    Tensor y = Tensor::empty(ys, cpu, DType::Float64);
+    conv2d_forward(y, in[0], in[1], in[2], k.params, cpu);
+    return weighted_sum(g, y);
+  };
+  Tensor grad_x = Tensor::zeros(k.x_shape(), cpu, DType::Float64);
+  Tensor grad_w = Tensor::zeros(k.w_shape(), cpu, DType::Float64);
+  Tensor grad_b = Tensor::zeros({k.K}, cpu, DType::Float64);
+  conv2d_backward(grad_x, grad_w, grad_b, g, x, w, k.params, cpu);
+  EXPECT_TRUE(check_gradient(loss, {x, w, b}, {grad_x, grad_w, grad_b}));
 }
 
 }  // namespace towerlab::testing

@@ -211,29 +211,13 @@ TEST(Conv2dGroupedFloat64, MatchesTheReference) {
 
 // Central differences of L = sum(g * conv2d(x, w, b)) against the backward, in float64.
 TEST(Conv2dGroupedGradient, MatchesCentralDifferences) {
-  const Stream& cpu = default_stream(Device::cpu());
   for (const ConvCase& k :
        {ConvCase{"g2", 2, 4, 5, 6, 4, 3, 3, make_params(1, 1, 1, 1, 1, 1, 2)},
         ConvCase{"g4_stride2", 1, 4, 7, 6, 8, 3, 3, make_params(2, 2, 1, 0, 1, 1, 4)},
         ConvCase{"depthwise", 2, 3, 6, 5, 3, 3, 3, make_params(1, 1, 1, 1, 1, 1, 3)},
         ConvCase{"depthwise_x2_dilation2", 1, 2, 8, 7, 4, 3, 2,
                  make_params(2, 1, 1, 1, 2, 2, 2)}}) {
-    SCOPED_TRACE(k.name);
-    const Shape ys = k.y_shape();
-    Tensor x = random_double_tensor(k.x_shape(), 21);
-    Tensor w = random_double_tensor(k.w_shape(), 22);
-    Tensor b = random_double_tensor({k.K}, 23);
-    Tensor g = random_double_tensor(ys, 24);
-    auto loss = [&](const std::vector<Tensor>& in) {
-      Tensor y = Tensor::empty(ys, cpu, DType::Float64);
-      conv2d_forward(y, in[0], in[1], in[2], k.params, cpu);
-      return weighted_sum(g, y);
-    };
-    Tensor grad_x = Tensor::zeros(k.x_shape(), cpu, DType::Float64);
-    Tensor grad_w = Tensor::zeros(k.w_shape(), cpu, DType::Float64);
-    Tensor grad_b = Tensor::zeros({k.K}, cpu, DType::Float64);
-    conv2d_backward(grad_x, grad_w, grad_b, g, x, w, k.params, cpu);
-    EXPECT_TRUE(check_gradient(loss, {x, w, b}, {grad_x, grad_w, grad_b}));
+    expect_gradients_match(k);
   }
 }
 

@@ -354,27 +354,6 @@ TEST(Conv2dShape, CudaHasNoFloat64Tensors) {
                     "float64 tensors live on the CPU only (asked for [1,1,4,4] on cuda:0)");
 }
 
-// Central differences of L = sum(g * conv2d(x, w, b)) against the backward, in float64.
-void expect_gradients_match(const ConvCase& k) {
-  SCOPED_TRACE(k.name);
-  const Stream& cpu = default_stream(Device::cpu());
-  const Shape ys = k.y_shape();
-  Tensor x = random_double_tensor(k.x_shape(), 21);
-  Tensor w = random_double_tensor(k.w_shape(), 22);
-  Tensor b = random_double_tensor({k.K}, 23);
-  Tensor g = random_double_tensor(ys, 24);
-  auto loss = [&](const std::vector<Tensor>& in) {
-    Tensor y = Tensor::empty(ys, cpu, DType::Float64);
-    conv2d_forward(y, in[0], in[1], in[2], k.params, cpu);
-    return weighted_sum(g, y);
-  };
-  Tensor grad_x = Tensor::zeros(k.x_shape(), cpu, DType::Float64);
-  Tensor grad_w = Tensor::zeros(k.w_shape(), cpu, DType::Float64);
-  Tensor grad_b = Tensor::zeros({k.K}, cpu, DType::Float64);
-  conv2d_backward(grad_x, grad_w, grad_b, g, x, w, k.params, cpu);
-  EXPECT_TRUE(check_gradient(loss, {x, w, b}, {grad_x, grad_w, grad_b}));
-}
-
 TEST(Conv2dGradient, MatchesCentralDifferences) {
   expect_gradients_match({"3x3_pad1", 2, 3, 5, 6, 4, 3, 3, make_params(1, 1, 1, 1)});
   expect_gradients_match({"3x3_stride2_ragged", 2, 2, 8, 7, 3, 3, 3, make_params(2, 2, 1, 1)});

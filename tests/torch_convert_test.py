@@ -26,7 +26,6 @@ tolerance may legitimately flip them).
 Exits 77 (ctest's skip) when PyTorch is not installed (Debian: python3-torch).
 """
 
-import gzip
 import os
 import subprocess
 import sys
@@ -44,6 +43,7 @@ except ImportError:
     sys.exit(77)
 
 import torch_convert  # noqa: E402  (after the path and the skip)
+from fashion_mnist_data import load_split  # noqa: E402
 from fashion_net_torch import FashionNet  # noqa: E402
 
 RELATIVE_TOLERANCE = 1e-5
@@ -56,17 +56,6 @@ def check(condition, message):
     print(("ok   " if condition else "FAIL ") + message)
     if not condition:
         failures.append(message)
-
-
-def load_split(data, prefix):
-    """Images [N,1,28,28] standardized exactly as towerlab's loader, labels [N]."""
-    with gzip.open(os.path.join(data, f"{prefix}-images-idx3-ubyte.gz")) as f:
-        pixels = np.frombuffer(f.read(), dtype=np.uint8, offset=16)
-    with gzip.open(os.path.join(data, f"{prefix}-labels-idx1-ubyte.gz")) as f:
-        labels = np.frombuffer(f.read(), dtype=np.uint8, offset=8).astype(np.int64)
-    unit = pixels.astype(np.float32) / np.float32(255)
-    images = (unit - np.float32(0.2860)) / np.float32(0.3530)
-    return images.reshape(-1, 1, 28, 28), labels
 
 
 def torch_logits(model, images):
