@@ -3,7 +3,8 @@
 (fashion_mnist --trace), written as a results file with the facts its caption states.
 
   scripts/record_trace.py [--sample build/cpu/samples/fashion_mnist] [--devices cpu,cpu,cpu]
-                          [--steps 20:22] [--out bench/results/trace_COMMIT.json]
+                          [--master cpu|sharded|cuda:N] [--steps 20:22]
+                          [--out bench/results/trace_COMMIT.json]
 
 The file is the sample's Chrome trace (open it in https://ui.perfetto.dev) with these keys
 beside traceEvents: towerlab_commit, date, machine (CPU model, its vector extensions, the
@@ -43,6 +44,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sample", default=os.path.join(ROOT, "build", "cpu", "samples", "fashion_mnist"))
     p.add_argument("--devices", default="cpu,cpu,cpu")
+    p.add_argument("--master", help="the sample's --master (default: its own default)")
     p.add_argument("--steps", default="20:22", help="FIRST:LAST, the traced steps (1-based)")
     p.add_argument("--out", help="default: bench/results/trace_COMMIT.json")
     args = p.parse_args()
@@ -52,8 +54,9 @@ def main():
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         raw = os.path.join(tmp, "trace.json")
-        cmd = [args.sample, "--devices", args.devices, "--epochs", "1", "--steps", str(last + 2),
-               "--test-samples", "256", "--trace", raw, "--trace-steps", args.steps]
+        cmd = [args.sample, "--devices", args.devices] + (["--master", args.master] if args.master else [])
+        cmd += ["--epochs", "1", "--steps", str(last + 2), "--test-samples", "256", "--trace", raw,
+                "--trace-steps", args.steps]
         print("+", " ".join(cmd), file=sys.stderr)
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         with open(raw) as f:

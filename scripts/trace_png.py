@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Renders a towerlab Chrome trace (Trainer::set_trace, fashion_mnist --trace) as a
 PNG timeline: for each tower a lane of its layers (forward solid, backward
-hatched, one colour per layer), a lane for the master's update and, in a job of
+hatched, one colour per layer), a lane for the master's update (with the master
+sharded, each tower's update of its slice sits on the tower's lane) and, in a job of
 several processes, a lane for each rank's all-reduce between processes, with
 dashed lines where each traced step starts; below, a zoom on the first traced
 step's ring (a lane per member: reduce-scatter and all-gather, each labelled with
-its chunk), too short to see beside the layers. A trace of several ranks (mpirun)
+its chunk, and a sharded tower's update between them), too short to see beside the
+layers. A trace of several ranks (mpirun)
 shows every rank's lanes, labelled with the rank.
 
     python3 scripts/trace_png.py step.json docs/img/trace.png [--title TEXT]
@@ -75,7 +77,8 @@ def layer_colours(spans):
 
 
 def draw_ring(ax, spans, lanes, origin_ms):
-    """Ring steps on their members' lanes, labelled with their chunk."""
+    """Ring steps on their members' lanes, labelled with their chunk, and a sharded
+    tower's update of its slice (a "master" span on a tower's row) between them."""
     index = {key: i for i, key in enumerate(lanes)}
     end_ms = max(s["ts"] + s["dur"] for s in spans) / 1000.0 - origin_ms
     for s in spans:
@@ -89,12 +92,18 @@ def draw_ring(ax, spans, lanes, origin_ms):
             if chunk is not None and w > end_ms / 60:
                 ax.text(x + w / 2, y, f"chunk {chunk}", ha="center", va="center", fontsize=7,
                         color="white")
+        elif s.get("cat") == "master" and (s["row"], "ring") in index:
+            ax.broken_barh([(x, w)], (index[(s["row"], "ring")] - 0.35, 0.7),
+                           facecolors=MASTER_COLOUR, edgecolor="white", linewidth=0.5)
 
 
 def render(names, spans, out, title):
     colours = layer_colours(spans)
+    # A master row without spans (the master sharded over the towers) gets no lane.
     rows = sorted({s["row"] for s in spans} | set(names))
-    master_rows = [r for r in rows if names.get(r, "").split(": ")[-1].startswith("master")]
+    is_master = {r: names.get(r, "").split(": ")[-1].startswith("master") for r in rows}
+    rows = [r for r in rows if not is_master[r] or any(s["row"] == r for s in spans)]
+    master_rows = [r for r in rows if is_master[r]]
     processes_rows = [r for r in rows if names.get(r, "").split(": ")[-1] == "processes"]
     buckets_rows = [r for r in rows if names.get(r, "").split(": ")[-1] == "gradient buckets"]
     tower_rows = [r for r in rows
@@ -125,6 +134,10 @@ def render(names, spans, out, title):
             # The tower's whole forward or backward: a thin bar under its layers.
             y = index[(s["row"], "layers")]
             ax.broken_barh([(x, w)], (y + 0.42, 0.08), facecolors="black")
+        elif cat == "master" and (s["row"], "layers") in index:
+            # Sharded: the tower's update of its own slice, widened to be seen.
+            ax.broken_barh([(x, max(w, end_ms / 300))], (index[(s["row"], "layers")] - 0.4, 0.8),
+                           facecolors=MASTER_COLOUR)
         else:
             # Widened to be seen beside the layers.
             for kind, colour in (("master", MASTER_COLOUR), ("processes", PROCESSES_COLOUR),
@@ -152,6 +165,8 @@ def render(names, spans, out, title):
     legend += [Patch(facecolor=c, label=n) for n, c in RING_COLOURS.items()]
     if master_rows:
         legend.append(Patch(facecolor=MASTER_COLOUR, label="update + broadcast"))
+    elif any(s.get("cat") == "master" for s in spans):
+        legend.append(Patch(facecolor=MASTER_COLOUR, label="update of the tower's slice"))
     if processes_rows:
         legend.append(Patch(facecolor=PROCESSES_COLOUR, label="all-reduce between processes"))
     if buckets_rows:
@@ -163,7 +178,8 @@ def render(names, spans, out, title):
 
     if ring:
         first_step = min((s.get("args", {}).get("step", 0) for s in ring))
-        window = [s for s in ring if s.get("args", {}).get("step", 0) == first_step]
+        updates = [s for s in spans if s.get("cat") == "master" and s["row"] in tower_rows]
+        window = [s for s in ring + updates if s.get("args", {}).get("step", 0) == first_step]
         origin_ms = min(s["ts"] for s in window) / 1000.0
         zoom_lanes = [(r, "ring") for r in tower_rows]
         zoom = axes[1][0]
