@@ -13,6 +13,8 @@ caption and the numbers beside it agree with those files. Today:
                             commit of each run written below it
   trace.png                 three steps of the sample on two CPU towers, from
                             scripts/record_trace.py's JSON (trace_1121a16.json)
+  trace_sharded.png         the same with the master sharded over the two towers
+                            (trace_fa3dc11.json)
   gpu_kernels.png           each kernel's % of its reference on a GPU (SGEMM against cuBLAS,
                             conv2d against cuDNN, the memory-bound kernels against the copy),
                             the targets marked, from scripts/gpu.py's benches' JSON
@@ -273,6 +275,8 @@ def plot_trace(paths, out, name="trace.png"):
     doc = docs[0]
     names, spans = trace_png.parse(doc, "trace")
     towers = doc["command"].split("--devices ")[1].split()[0]
+    if "--master " in doc["command"]:
+        towers += f", master {doc['command'].split('--master ')[1].split()[0]}"
     title = (f"FashionNet on {towers} (steps {', '.join(doc['steps'])}), towerlab "
              f"{doc['towerlab_commit']}, {doc['machine']['cpu_model']}, "
              f"load {doc['load_average_1min']:.1f}")
@@ -468,6 +472,7 @@ def plot_gpu_peers(paths, out, name="gpu_peers.png"):
 PICTURES = [
     ("cpu_peers.png", ["cpu_peers_avx2_66d322b.json", "cpu_peers_avx512_486e878.json"]),
     ("trace.png", ["trace_1121a16.json"]),
+    ("trace_sharded.png", ["trace_fa3dc11.json"]),
     ("gpu_kernels.png", ["gpu_h100_86a45f7/matmul_bench.json", "gpu_h100_63c29d0/conv2d_bench.json"]
      + [f"gpu_h100_ea44967/{b}_bench.json" for b in ("batchnorm", "bias", "loss")]
      + ["gpu_h100_3a386af/pool2d_bench.json"]),
@@ -476,7 +481,9 @@ PICTURES = [
     ("gpu_peers.png", ["gpu_h100_63c29d0/gpu_peers.json"]),
 ]
 # How each is drawn, from the paths of its results files.
-DRAW = {"cpu_peers.png": plot_peers, "trace.png": plot_trace, "gpu_kernels.png": plot_gpu_kernels,
+DRAW = {"cpu_peers.png": plot_peers, "trace.png": plot_trace,
+        "trace_sharded.png": plot_trace,
+        "gpu_kernels.png": plot_gpu_kernels,
         "ring_bandwidth_gpu.png": plot_ring_gpu, "towers_speed_gpu.png": plot_towers_gpu,
         "gpu_peers.png": plot_gpu_peers}
 
