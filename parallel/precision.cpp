@@ -63,12 +63,12 @@ void LossScale::update(bool overflow) {
 
 void LossScale::restore(double scale, std::int64_t clean_steps) {
   int exponent = 0;
-  TL_CHECK(std::isfinite(scale) && scale > 0 && std::frexp(scale, &exponent) == 0.5 &&
-               clean_steps >= 0,
-           InvalidArgument,
-           "loss scale " << scale << " after " << clean_steps
-                         << " clean steps: the scale must be a positive power of two and the "
-                            "count at least 0");
+  TL_CHECK(
+      std::isfinite(scale) && scale > 0 && std::frexp(scale, &exponent) == 0.5 && clean_steps >= 0,
+      InvalidArgument,
+      "loss scale " << scale << " after " << clean_steps
+                    << " clean steps: the scale must be a positive power of two and the "
+                       "count at least 0");
   scale_ = scale;
   clean_steps_ = clean_steps;
 }

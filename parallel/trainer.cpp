@@ -200,7 +200,7 @@ StepResult Trainer::run(const std::vector<Tensor>& batch, bool training) {
   read_losses(result.slices);  // the end of 2, read once 3 and 4 are queued behind it
   if (options_.process_group != nullptr) reduce_across_processes(result, training);  // 5
   result.loss = mean_loss(result.samples);
-  if (training && guard(result)) {                      // 6
+  if (training && guard(result)) {                    // 6
     result.grad_norm = unscale_and_clip_gradients();  // 7, which begins with these
     update_and_broadcast();
   }

@@ -45,9 +45,9 @@ std::string checksum(const VariableStore& store, const Optimizer& optimizer, con
 // resume changes by definition, and the precision with fp16's loss-scale interval
 // (the master is float32 under each): the steps stay the same up to rounding.
 bool layout_line(std::string_view line) {
-  for (std::string_view key : {"optimizer steps\t", "towers per process\t", "master\t",
-                               "reduction\t", "bucket_bytes\t", "precision\t",
-                               "loss_scale_growth_interval\t"}) {
+  for (std::string_view key :
+       {"optimizer steps\t", "towers per process\t", "master\t", "reduction\t", "bucket_bytes\t",
+        "precision\t", "loss_scale_growth_interval\t"}) {
     if (line.starts_with(key)) return true;
   }
   return false;

@@ -241,8 +241,8 @@ std::string Trainer::nonfinite_gradient() const {
   std::ostringstream problem;
   for (const VariableSpec& v : variables_.specs()) {
     if (!v.trainable || at < v.offset || at >= v.offset + v.numel()) continue;
-    problem << "the averaged gradient of " << v.name << " " << to_string(v.shape) << " is "
-            << value << " at element " << at - v.offset
+    problem << "the averaged gradient of " << v.name << " " << to_string(v.shape) << " is " << value
+            << " at element " << at - v.offset
             << " (the first non-finite value of the flat gradient)";
     break;
   }

@@ -320,8 +320,8 @@ TEST(LossScale, TheGradientIsUnscaledBeforeClippingAndTheUpdate) {
 
 // The scale and its clean steps are in the training state: a run saved after a
 // growth and an overflow and resumed continues bit for bit, scale included (the
-// control: the same steps without the restore end elsewhere); a state without them (saved under bf16) restores
-// into fp16 at the initial scale, and an fp16 state restores under fp32.
+// control: the same steps without the restore end elsewhere); a state without them (saved under
+// bf16) restores into fp16 at the initial scale, and an fp16 state restores under fp32.
 TEST(LossScale, TheScaleIsInTheStateAndAResumedRunContinuesBitForBit) {
   Model model;
   int now = 0;
@@ -402,8 +402,9 @@ TEST(LossScale, Fp16OnTwoGpusTakesTheCpusSteps) {
     for (unsigned s = 0; s < 2; ++s) trainer.step(small_image_batch(5, 40 + s, 7));
     return trainer.master().flat_values().to_host<float>();
   };
-  EXPECT_LE(max_difference(two_steps({Device::cuda(0), Device::cuda(1)}), two_steps({Device::cpu()})),
-            kFp16Tolerance);
+  EXPECT_LE(
+      max_difference(two_steps({Device::cuda(0), Device::cuda(1)}), two_steps({Device::cpu()})),
+      kFp16Tolerance);
 }
 
 }  // namespace

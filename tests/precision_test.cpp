@@ -12,8 +12,8 @@
 // (the control); the same run repeats its bits, and a sharded master gives them
 // too; a tower multiplies the master rounded to bfloat16, once per step; the flat
 // gradient is float32 from the sums, not rounded; a bf16 checkpoint restores under
-// fp32; tf32 on CUDA towers is refused (fp16: tests/loss_scale_test.cpp). With two CUDA devices, bf16
-// towers there take the CPU's bf16 step.
+// fp32; tf32 on CUDA towers is refused (fp16: tests/loss_scale_test.cpp). With two CUDA devices,
+// bf16 towers there take the CPU's bf16 step.
 #include <cmath>
 #include <mutex>
 #include <sstream>

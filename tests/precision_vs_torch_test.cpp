@@ -46,8 +46,12 @@ void matmul_case(const TorchCaseBackend& b, bool transpose_b, Cases& out) {
   const Tensor grad_y = b.make(random_values(13 * 11, 203), {13, 11});
   const Var y = ag::matmul(a.var, w.var, false, transpose_b);
   tape.backward(y, grad_y);
-  for (auto [name, t] : {std::pair{"a", a.value}, {"b", w.value}, {"grad_y", grad_y},
-                         {"y", y.value()}, {"grad_a", a.grad}, {"grad_b", w.grad}}) {
+  for (auto [name, t] : {std::pair{"a", a.value},
+                         {"b", w.value},
+                         {"grad_y", grad_y},
+                         {"y", y.value()},
+                         {"grad_a", a.grad},
+                         {"grad_b", w.grad}}) {
     out.emplace_back(p + name, t);
   }
 }
@@ -63,9 +67,14 @@ void conv2d_case(const TorchCaseBackend& b, Cases& out) {
   const Tensor grad_y = b.make(random_values(2 * 5 * 9 * 9, 214), {2, 5, 9, 9});
   const Var y = ag::conv2d(x.var, w.var, bias.var, params);
   tape.backward(y, grad_y);
-  for (auto [name, t] : {std::pair{"x", x.value}, {"weight", w.value}, {"bias", bias.value},
-                         {"grad_y", grad_y}, {"y", y.value()}, {"grad_x", x.grad},
-                         {"grad_weight", w.grad}, {"grad_bias", bias.grad}}) {
+  for (auto [name, t] : {std::pair{"x", x.value},
+                         {"weight", w.value},
+                         {"bias", bias.value},
+                         {"grad_y", grad_y},
+                         {"y", y.value()},
+                         {"grad_x", x.grad},
+                         {"grad_weight", w.grad},
+                         {"grad_bias", bias.grad}}) {
     out.emplace_back(p + name, t);
   }
 }
@@ -83,9 +92,14 @@ void batchnorm_case(const TorchCaseBackend& b, Cases& out) {
   const Tensor grad_y = b.make(random_values(300, 224), shape);
   const Var y = ag::batchnorm(x.var, gamma.var, beta.var, moving_mean, moving_var, true);
   tape.backward(y, grad_y);
-  for (auto [name, t] : {std::pair{"x", x.value}, {"gamma", gamma.value}, {"beta", beta.value},
-                         {"grad_y", grad_y}, {"y", y.value()}, {"grad_x", x.grad},
-                         {"grad_gamma", gamma.grad}, {"grad_beta", beta.grad}}) {
+  for (auto [name, t] : {std::pair{"x", x.value},
+                         {"gamma", gamma.value},
+                         {"beta", beta.value},
+                         {"grad_y", grad_y},
+                         {"y", y.value()},
+                         {"grad_x", x.grad},
+                         {"grad_gamma", gamma.grad},
+                         {"grad_beta", beta.grad}}) {
     out.emplace_back(p + name, t);
   }
 }

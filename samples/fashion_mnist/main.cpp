@@ -348,7 +348,8 @@ int run(const sample::Options& o) {
                       static_cast<long long>(steps_per_epoch), r.loss,
                       double(window_images) / secs);
           if (o.precision == "fp16") {  // the scale this step used
-            std::printf("  loss scale %g%s", r.loss_scale, r.overflow ? " (overflow: skipped)" : "");
+            std::printf("  loss scale %g%s", r.loss_scale,
+                        r.overflow ? " (overflow: skipped)" : "");
           }
           std::printf("\n");
           std::fflush(stdout);
