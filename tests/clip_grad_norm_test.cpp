@@ -32,12 +32,6 @@ TrainerOptions options(int towers, double clip,
   return o;
 }
 
-std::vector<std::uint32_t> bits(const std::vector<float>& values) {
-  std::vector<std::uint32_t> out(values.size());
-  std::memcpy(out.data(), values.data(), values.size() * sizeof(float));
-  return out;
-}
-
 double host_norm(const Tensor& grad) {
   double total = 0.0;
   for (float g : grad.to_host<float>()) total += double(g) * double(g);

@@ -56,21 +56,6 @@ TrainerOptions towers(int n, Precision precision = Precision::Fp16,
   return o;
 }
 
-std::vector<std::uint32_t> bits(const std::vector<float>& values) {
-  std::vector<std::uint32_t> out(values.size());
-  std::memcpy(out.data(), values.data(), values.size() * sizeof(float));
-  return out;
-}
-
-double max_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    worst = std::max(worst, std::fabs(double(a[i]) - double(b[i])));
-  }
-  return worst;
-}
-
 // What a skipped step must leave alone.
 struct Snapshot {
   std::vector<float> values, slots;

@@ -179,15 +179,6 @@ std::vector<float> three_steps(const Model& model, const TrainerOptions& options
   return trainer.master().flat_values().to_host<float>();
 }
 
-double max_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    worst = std::max(worst, std::fabs(double(a[i]) - double(b[i])));
-  }
-  return worst;
-}
-
 TEST(Precision, Fp32IsATrainerWithoutTheOptionBitForBit) {
   const Model model;
   TrainerOptions plain;

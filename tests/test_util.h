@@ -4,6 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -120,6 +124,23 @@ std::vector<float> random_values(std::size_t n, unsigned seed, float low = -1.0f
 ::testing::AssertionResult all_close(const std::vector<float>& actual,
                                      const std::vector<float>& expected, double atol = 1e-6,
                                      double rtol = 1e-5);
+
+// The bit patterns of float values: what "the same bits" compares.
+inline std::vector<std::uint32_t> bits(const std::vector<float>& values) {
+  std::vector<std::uint32_t> out(values.size());
+  std::memcpy(out.data(), values.data(), values.size() * sizeof(float));
+  return out;
+}
+
+// The largest |a[i] - b[i]| (and a failure when the sizes differ).
+inline double max_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    worst = std::max(worst, std::fabs(double(a[i]) - double(b[i])));
+  }
+  return worst;
+}
 
 }  // namespace towerlab::testing
 
