@@ -7,10 +7,10 @@
 // the variables, each GEMM-class op's activation and output gradient rounded to 16
 // bits, and the widening of conv2d's operands into float32 scratch. Run element by
 // element (engine/half.h's branchy conversions, which the compiler does not
-// vectorize) they took 21 % of a bf16 FashionNet step and 51 % of an fp16 one
-// (perf, 2 CPU towers). The vector code gives the reference's bits for every input,
-// NaN payloads, infinities, subnormals and ties included
-// (CastTest.EveryIsaGivesTheReferenceBits), by these means:
+// vectorize) they were, after the GEMMs, the largest cost of a 16-bit step
+// (bench/results/precision_cpu_f488152.md). The vector code gives the reference's
+// bits for every input, NaN payloads, infinities, subnormals and ties included
+// (CastCpu.EveryIsaGivesTheReferenceBits), by these means:
 //   float32 -> bfloat16  integer round to nearest even on the 32-bit pattern, NaNs
 //                        quieted with their top payload bits, as the reference;
 //   bfloat16 -> float32  the pattern shifted up 16 bits (exact);
