@@ -1,0 +1,258 @@
+// A master sharded across processes (parallel/sharded_master.h): across 2 and 3
+// processes (threads, tests/thread_process_group.h) of 1 or 2 towers, the job's
+// towers own a slice each and take the host master's steps across the same
+// processes bit for bit; another layout is seen as different (the control). One
+// process: tests/sharded_master_test.cpp.
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <sstream>
+
+#include "bn_model.h"
+#include "parallel/ring_schedule.h"
+#include "parallel/sharded_master.h"
+#include "sharded_master_case.h"
+#include "test_util.h"
+#include "thread_process_group.h"
+
+namespace towerlab::testing {
+namespace {
+
+// What each rank's steps returned and its state after each step.
+struct JobBits {
+  std::vector<StepBits> steps;
+  std::vector<StateBits> states;
+};
+
+// A job of `ranks` processes (threads, tests/thread_process_group.h) of `towers`
+// CPU towers each, every process given the same global batches.
+std::vector<JobBits> run_job(const VariableSet& vars, const TowerFn& tower_fn,
+                             const NamedOptimizer& optimizer, int ranks, int towers,
+                             MasterPlacement placement,
+                             const std::vector<std::vector<Tensor>>& batches,
+                             const std::function<void(TrainerOptions&)>& adjust = {}) {
+  std::vector<JobBits> job(static_cast<std::size_t>(ranks));
+  const auto errors = run_ranks(ranks, [&](int rank, ProcessGroup& group) {
+    TrainerOptions o = towers_on(repeat(Device::cpu(), towers), placement, Device::cpu());
+    o.process_group = &group;
+    if (adjust) adjust(o);
+    Trainer t(vars, tower_fn, optimizer.make(), o);
+    JobBits& mine = job[std::size_t(rank)];
+    for (const auto& batch : batches) {
+      mine.steps.push_back(step_bits(t.step(batch)));
+      // Read before optimizer() gathers anything: what rank 0 alone may read.
+      const std::int64_t steps = t.steps();
+      const double rate = t.learning_rate();
+      mine.states.push_back(state_bits(t, placement == MasterPlacement::OneDevice));
+      EXPECT_EQ(steps, mine.states.back().steps);
+      EXPECT_EQ(bits(rate), mine.states.back().lr);
+    }
+  });
+  for (int r = 0; r < ranks; ++r) EXPECT_EQ(errors[std::size_t(r)], "") << "rank " << r;
+  return job;
+}
+
+// The same job with the master on the host and sharded: every rank's every step
+// and state, bit for bit.
+void expect_sharded_job_is_host_job(const VariableSet& vars, const TowerFn& tower_fn,
+                                    const NamedOptimizer& optimizer, int ranks, int towers,
+                                    const std::vector<std::vector<Tensor>>& batches,
+                                    const std::function<void(TrainerOptions&)>& adjust = {}) {
+  const auto host = run_job(vars, tower_fn, optimizer, ranks, towers, MasterPlacement::OneDevice,
+                            batches, adjust);
+  const auto sharded =
+      run_job(vars, tower_fn, optimizer, ranks, towers, MasterPlacement::Sharded, batches, adjust);
+  for (int r = 0; r < ranks; ++r) {
+    const JobBits &h = host[std::size_t(r)], &s = sharded[std::size_t(r)];
+    ASSERT_EQ(s.steps.size(), h.steps.size());
+    for (std::size_t k = 0; k < h.steps.size(); ++k) {
+      const std::string where = std::string(optimizer.name) + ", " + std::to_string(ranks) +
+                                " processes of " + std::to_string(towers) + " towers, batch of " +
+                                std::to_string(batches[k][0].size(0)) + ", rank " +
+                                std::to_string(r) + ", step " + std::to_string(k);
+      EXPECT_TRUE(s.steps[k] == h.steps[k]) << where << ": loss, outputs or logs differ";
+      StateBits expected = h.states[k];
+      expected.gradient.clear();
+      EXPECT_TRUE(s.states[k] == expected)
+          << where << ": values, statistics, slots or counts differ";
+    }
+  }
+}
+
+TEST(ShardedMasterAcrossProcesses, EveryOptimizerTakesTheHostMastersStepsBitForBit) {
+  Model model;
+  for (const NamedOptimizer& optimizer : every_optimizer()) {
+    for (int ranks : {2, 3}) {
+      for (int towers : {1, 2}) {
+        // Even, uneven, and one sample fewer than processes (the last has none).
+        for (std::int64_t batch : {std::int64_t(12), std::int64_t(7), std::int64_t(ranks - 1)}) {
+          expect_sharded_job_is_host_job(model.vars, model.tower_fn(), optimizer, ranks, towers,
+                                         batches_of(batch, 70));
+        }
+      }
+    }
+  }
+}
+
+TEST(ShardedMasterAcrossProcesses, SynchronizedBatchNormAndGradientBucketsKeepTheBits) {
+  BnModel model;
+  const NamedOptimizer adamw = every_optimizer()[6];
+  for (int ranks : {2, 3}) {
+    expect_sharded_job_is_host_job(model.vars, model.tower_fn(), adamw, ranks, 2,
+                                   batches_of(13, 80), [](TrainerOptions& o) {
+                                     o.batchnorm = BatchNormMode::Sync;
+                                     o.bucket_bytes = 64;
+                                   });
+    // Local batch norm and buckets: the host master's buckets cross the processes
+    // during the backward, the sharded one's in phase 5; the same bits.
+    expect_sharded_job_is_host_job(model.vars, model.tower_fn(), adamw, ranks, 2,
+                                   batches_of(13, 90),
+                                   [](TrainerOptions& o) { o.bucket_bytes = 64; });
+  }
+}
+
+// The job's towers each hold one slice, where the processes' reduce-scatter
+// finishes its sum: together they cover the buffer once.
+TEST(ShardedMasterAcrossProcesses, TheJobsTowersHoldOneSliceEach) {
+  const std::int64_t length = 1001, exchange = 1001 + 40;
+  for (int ranks : {2, 3}) {
+    for (int towers : {1, 2, 4}) {
+      std::vector<int> owners(std::size_t(length), 0);
+      for (int r = 0; r < ranks; ++r) {
+        const RingSchedule processes(ranks, exchange, 0, length);
+        const RingRange chunk = processes.chunk(processes.summed_at(r));
+        const auto slices = sharded_slices(length, towers, ranks, r, exchange);
+        ASSERT_EQ(slices.size(), std::size_t(towers));
+        for (const RingRange& slice : slices) {
+          EXPECT_GE(slice.begin, chunk.begin);
+          EXPECT_LE(slice.end, chunk.end);
+          EXPECT_LE(slice.size(), chunk.size() / towers + 1) << "balanced";
+          for (std::int64_t i = slice.begin; i < slice.end; ++i) ++owners[std::size_t(i)];
+        }
+      }
+      EXPECT_EQ(std::count(owners.begin(), owners.end(), 1), length)
+          << ranks << " processes of " << towers << " towers";
+    }
+  }
+  EXPECT_THROW_WITH(sharded_slices(10, 2, 2, 0, 5), InvalidArgument, "exchange buffer of 5");
+}
+
+// The guard's verdict is the job's: a NaN in one process's samples makes every
+// process skip (or stop) alike, with the host master's message.
+TEST(ShardedMasterAcrossProcesses, TheNumericGuardDecidesForTheJob) {
+  Model model;
+  for (int ranks : {2, 3}) {
+    std::vector<std::vector<Tensor>> batches = batches_of(9, 100, 4);
+    // Sample 8: the last process's.
+    batches[1][0].data<float>()[8 * 64 + 3] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<std::string> logs[2];
+    for (MasterPlacement placement : {MasterPlacement::OneDevice, MasterPlacement::Sharded}) {
+      std::vector<std::ostringstream> streams(static_cast<std::size_t>(ranks));
+      const auto job = run_job(model.vars, model.tower_fn(), every_optimizer()[5], ranks, 2,
+                               placement, batches, [&](TrainerOptions& o) {
+                                 o.numeric_guard = NumericGuard::Skip;
+                                 o.log = &streams[std::size_t(o.process_group->rank())];
+                               });
+      for (int r = 0; r < ranks; ++r) {
+        EXPECT_TRUE(job[std::size_t(r)].steps[1].skipped) << "rank " << r;
+        EXPECT_FALSE(job[std::size_t(r)].steps[2].skipped) << "rank " << r;
+        logs[placement == MasterPlacement::Sharded].push_back(streams[std::size_t(r)].str());
+      }
+    }
+    for (int r = 0; r < ranks; ++r) {
+      EXPECT_NE(logs[0][std::size_t(r)].find("skipped the step"), std::string::npos);
+      EXPECT_EQ(logs[1][std::size_t(r)], logs[0][std::size_t(r)]) << "rank " << r;
+    }
+    expect_sharded_job_is_host_job(model.vars, model.tower_fn(), every_optimizer()[5], ranks, 2,
+                                   batches,
+                                   [](TrainerOptions& o) { o.numeric_guard = NumericGuard::Skip; });
+    // Stop: every process throws the host master's NumericError.
+    std::vector<std::string> messages[2];
+    for (MasterPlacement placement : {MasterPlacement::OneDevice, MasterPlacement::Sharded}) {
+      std::vector<std::string>& mine = messages[placement == MasterPlacement::Sharded];
+      mine.resize(std::size_t(ranks));
+      run_ranks(ranks, [&](int rank, ProcessGroup& group) {
+        TrainerOptions o = towers_on(repeat(Device::cpu(), 2), placement, Device::cpu());
+        o.process_group = &group;
+        Trainer t(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), o);
+        t.step(batches[0]);
+        try {
+          t.step(batches[1]);
+        } catch (const NumericError& e) {
+          mine[std::size_t(rank)] = e.what();
+        }
+      });
+    }
+    for (int r = 0; r < ranks; ++r) {
+      EXPECT_NE(messages[0][std::size_t(r)].find("averaged gradient of"), std::string::npos)
+          << messages[0][std::size_t(r)];
+      EXPECT_EQ(messages[1][std::size_t(r)], messages[0][std::size_t(r)]) << "rank " << r;
+    }
+  }
+}
+
+// The processes' two halves are their all-reduce: reduce_scatter_sum leaves each
+// rank's chunk with allreduce_sum's bits, and allgather_chunks then gives every
+// rank all of them. The control: the same values reduce-scattered without the
+// whole buffer's frame are summed in another order, and the comparison sees it.
+TEST(ShardedMasterAcrossProcesses, TheProcessesHalvesGiveTheAllReducesBits) {
+  const std::size_t n = 1000, total = 1300;
+  for (int ranks : {2, 3}) {
+    const auto r_count = static_cast<std::size_t>(ranks);
+    std::vector<std::vector<float>> summed(r_count), halves(r_count), unframed(r_count);
+    run_ranks(ranks, [&](int rank, ProcessGroup& group) {
+      const auto values = random_values(n, 30 + unsigned(rank));
+      std::vector<float>& all = summed[std::size_t(rank)];
+      all.assign(values.begin(), values.end());
+      group.allreduce_sum(all, "all-reduce", ReduceFrame{0, total});
+      std::vector<float>& two = halves[std::size_t(rank)];
+      two.assign(values.begin(), values.end());
+      group.reduce_scatter_sum(two, "reduce-scatter", ReduceFrame{0, total});
+      const RingSchedule schedule(ranks, std::int64_t(total), 0, std::int64_t(n));
+      const RingRange mine = schedule.chunk(schedule.summed_at(rank));
+      for (std::int64_t i = mine.begin; i < mine.end; ++i) {
+        EXPECT_EQ(std::memcmp(&two[std::size_t(i)], &all[std::size_t(i)], sizeof(float)), 0)
+            << "rank " << rank << ", element " << i;
+      }
+      group.allgather_chunks(two, "all-gather", ReduceFrame{0, total});
+      std::vector<float>& other = unframed[std::size_t(rank)];
+      other.assign(values.begin(), values.end());
+      group.allreduce_sum(other, "all-reduce without the frame");
+    });
+    for (int r = 0; r < ranks; ++r) {
+      EXPECT_EQ(std::memcmp(halves[std::size_t(r)].data(), summed[std::size_t(r)].data(),
+                            n * sizeof(float)),
+                0)
+          << ranks << " ranks, rank " << r;
+      EXPECT_EQ(std::memcmp(summed[std::size_t(r)].data(), summed[0].data(), n * sizeof(float)), 0);
+    }
+    if (ranks > 2) {  // two addends sum alike in either order
+      EXPECT_NE(std::memcmp(unframed[0].data(), summed[0].data(), n * sizeof(float)), 0)
+          << "another frame, another order: the comparison must see it";
+    }
+  }
+}
+
+// The control of the trainer's comparison: the same global batches over another
+// layout (one process of four towers against two of two) sum in another order,
+// and the comparison sees other bits.
+TEST(ShardedMasterAcrossProcesses, AnotherLayoutIsSeenAsDifferent) {
+  Model model;
+  const NamedOptimizer adam = every_optimizer()[5];
+  const auto batches = batches_of(12, 110);
+  const auto sharded =
+      run_job(model.vars, model.tower_fn(), adam, 2, 2, MasterPlacement::Sharded, batches);
+  Trainer one(model.vars, model.tower_fn(), adam.make(),
+              towers_on(repeat(Device::cpu(), 4), MasterPlacement::OneDevice, Device::cpu()));
+  bool differs = false;
+  for (std::size_t k = 0; k < batches.size(); ++k) {
+    one.step(batches[k]);
+    differs = differs || state_bits(one).values != sharded[0].states[k].values;
+  }
+  EXPECT_TRUE(differs) << "four towers in one process and two in each of two processes round "
+                          "alike: the bit-for-bit comparisons above could not fail";
+}
+
+}  // namespace
+}  // namespace towerlab::testing
