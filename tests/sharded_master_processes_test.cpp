@@ -1,8 +1,12 @@
 // A master sharded across processes (parallel/sharded_master.h): across 2 and 3
 // processes (threads, tests/thread_process_group.h) of 1 or 2 towers, the job's
 // towers own a slice each and take the host master's steps across the same
-// processes bit for bit; another layout is seen as different (the control). One
-// process: tests/sharded_master_test.cpp.
+// processes bit for bit; another layout is seen as different (the control). On
+// NCCL, two processes of one tower each on a GPU of its own take the steps of one
+// process of those two GPUs, sharded against the master on the host, and so does
+// clipping by the global norm with the master on each process's GPU (controls:
+// other rounding, and no clipping, are seen as different). One process:
+// tests/sharded_master_test.cpp.
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -10,6 +14,7 @@
 #include <sstream>
 
 #include "bn_model.h"
+#include "parallel/nccl_communicator.h"
 #include "parallel/ring_schedule.h"
 #include "parallel/sharded_master.h"
 #include "sharded_master_case.h"
@@ -252,6 +257,182 @@ TEST(ShardedMasterAcrossProcesses, AnotherLayoutIsSeenAsDifferent) {
   }
   EXPECT_TRUE(differs) << "four towers in one process and two in each of two processes round "
                           "alike: the bit-for-bit comparisons above could not fail";
+}
+
+// --- one tower per GPU across processes, on NCCL ------------------------------
+
+// Why a job of two processes, each on a GPU of its own, cannot meet on NCCL in this
+// build, or "" (the emulated GPUs can).
+std::string two_nccl_gpus_missing() {
+  if (!NcclCommunicator::available()) return "this build of towerlab has no NCCL";
+  if (cuda_device_count() < 2) {
+    return "needs 2 GPUs for as many NCCL ranks; " + std::to_string(cuda_device_count()) +
+           " visible";
+  }
+  return {};
+}
+
+// What a trainer gave over some steps: each step's loss and gradient norm, and its
+// state after the last.
+struct RunBits {
+  std::vector<std::uint64_t> losses, norms;
+  StateBits state;
+};
+
+RunBits train(Trainer& t, const std::vector<std::vector<Tensor>>& batches, bool with_gradient) {
+  RunBits run;
+  for (const auto& batch : batches) {
+    const StepResult r = t.step(batch);
+    run.losses.push_back(bits(r.loss));
+    run.norms.push_back(bits(r.grad_norm));
+  }
+  run.state = state_bits(t, with_gradient);
+  return run;
+}
+
+// Two processes (threads) of one tower each, rank r's on cuda:r, with the master
+// where `placement` puts it (OneDevice: on the rank's GPU) and phase 5 on `path`,
+// which each rank's placement log must name: each rank's run. `adjust` sets the
+// options further.
+std::vector<RunBits> one_tower_per_gpu(const VariableSet& vars, const TowerFn& tower_fn,
+                                       const NamedOptimizer& optimizer, MasterPlacement placement,
+                                       const std::vector<std::vector<Tensor>>& batches,
+                                       const std::function<void(TrainerOptions&)>& adjust = {},
+                                       CrossProcessPath path = CrossProcessPath::Nccl) {
+  std::vector<RunBits> job(2);
+  const auto errors = run_ranks(2, [&](int rank, ProcessGroup& group) {
+    std::ostringstream log;
+    TrainerOptions o = towers_on({Device::cuda(rank)}, placement, Device::cuda(rank));
+    o.process_group = &group;
+    o.cross_process = path;
+    o.log_placement = true;
+    o.log = &log;
+    if (adjust) adjust(o);
+    Trainer t(vars, tower_fn, optimizer.make(), o);
+    const std::string named = path == CrossProcessPath::Nccl
+                                  ? "by NCCL on cuda:" + std::to_string(rank)
+                                  : "by the process group (host staging";
+    EXPECT_NE(log.str().find(named), std::string::npos) << log.str();
+    // Across processes a sharded trainer's gradients() holds its own slices only.
+    job[std::size_t(rank)] = train(t, batches, placement == MasterPlacement::OneDevice);
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[std::size_t(r)], "") << "rank " << r;
+  return job;
+}
+
+// Two processes of one tower, each on a GPU of its own, with the master sharded and
+// the processes' halves on NCCL (parallel/sharded_nccl.h), take the steps of one
+// process whose two towers are those GPUs with the master on the host, bit for bit:
+// each element's sum is one addition, a + b, in the towers' ring or in NCCL, and
+// the batch is split and weighted alike; the update runs on the GPUs, whose kernel
+// gives the host's bits on the emulated GPUs (as
+// NcclTrainer.ShardedOnNcclTakesTheHostMastersStepsBitForBit has it). Losses,
+// values, slots and counts for every optimizer on an uneven batch, and an even one,
+// and moving statistics with batch norm. The control: one tower on the whole batch, the same
+// steps to float rounding, is seen as different.
+TEST(ShardedMasterOnNccl, OneTowerPerGpuTakesTheOneProcessHostMastersStepsBitForBit) {
+  if (const std::string missing = two_nccl_gpus_missing(); !missing.empty()) {
+    GTEST_SKIP() << missing;
+  }
+  const auto expect_job_is_one_process = [](const VariableSet& vars, const TowerFn& tower_fn,
+                                            const NamedOptimizer& optimizer, std::int64_t batch) {
+    SCOPED_TRACE(std::string(optimizer.name) + ", batch of " + std::to_string(batch));
+    const auto batches = batches_of(batch, 120);
+    const auto job =
+        one_tower_per_gpu(vars, tower_fn, optimizer, MasterPlacement::Sharded, batches);
+    Trainer one(
+        vars, tower_fn, optimizer.make(),
+        towers_on({Device::cuda(0), Device::cuda(1)}, MasterPlacement::OneDevice, Device::cpu()));
+    const RunBits expected = train(one, batches, false);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(job[std::size_t(r)].losses, expected.losses) << "rank " << r;
+      EXPECT_TRUE(job[std::size_t(r)].state == expected.state)
+          << "rank " << r << ": values, statistics, slots or counts differ";
+    }
+    return job;
+  };
+  Model model;
+  for (const NamedOptimizer& optimizer : every_optimizer()) {
+    // Under ThreadSanitizer the emulated GPUs' streams are host threads it shadows
+    // (as in ShardedMasterBackendTest): three optimizers stand for the rest.
+    const std::string name = optimizer.name;
+    if (kThreadSanitizer && name != "nesterov" && name != "rmsprop centered" && name != "adamw")
+      continue;
+    expect_job_is_one_process(model.vars, model.tower_fn(), optimizer, 9);  // 5 + 4 samples
+  }
+  expect_job_is_one_process(model.vars, model.tower_fn(), every_optimizer()[6], 8);
+  BnModel bn_model;
+  expect_job_is_one_process(bn_model.vars, bn_model.tower_fn(), every_optimizer()[6], 9);
+
+  const NamedOptimizer adam = every_optimizer()[5];
+  const auto job = expect_job_is_one_process(model.vars, model.tower_fn(), adam, 9);
+  Trainer alone(model.vars, model.tower_fn(), adam.make(),
+                towers_on({Device::cuda(0)}, MasterPlacement::OneDevice, Device::cpu()));
+  EXPECT_NE(train(alone, batches_of(9, 120), false).state.values, job[0].state.values)
+      << "one tower on the whole batch rounds as two processes do: the comparison could not fail";
+}
+
+// Clipping by the global norm with the master on each process's GPU, not sharded,
+// and phase 5 on NCCL. The norm's parts are the sharded master's slices of the
+// host-staged exchange buffer on either path (Trainer::unscale_and_clip_gradients),
+// each part's sum of squares read from tower 0's whole gradient, so every rank gets
+// one norm, and the job clips to the bits of the same processes staged on the host
+// and of the same job sharded on NCCL. One process of the same two GPUs cuts its
+// parts at its towers' ring chunks, so its norm rounds otherwise (a float's
+// rounding of a part's sum), and the test allows that; on these steps the
+// coefficient, rounded to float before it scales the gradient, comes out the same,
+// so the values and the clipped gradient are the job's, bit for bit (a norm nearer
+// a rounding boundary could move the coefficient by one float step). The control:
+// that process without clipping (the limit bites at every step) is seen as
+// different.
+TEST(ClipGradNormOnNccl, UnshardedAcrossProcessesClipsAsOneProcess) {
+  if (const std::string missing = two_nccl_gpus_missing(); !missing.empty()) {
+    GTEST_SKIP() << missing;
+  }
+  Model model;
+  const NamedOptimizer adam = every_optimizer()[5];
+  const auto batches = batches_of(9, 130);
+  const double limit = 0.05;
+  const auto clip = [&](TrainerOptions& o) { o.clip_grad_norm = limit; };
+  const auto nccl = one_tower_per_gpu(model.vars, model.tower_fn(), adam,
+                                      MasterPlacement::OneDevice, batches, clip);
+  const auto staged =
+      one_tower_per_gpu(model.vars, model.tower_fn(), adam, MasterPlacement::OneDevice, batches,
+                        clip, CrossProcessPath::HostStaged);
+  const auto sharded = one_tower_per_gpu(model.vars, model.tower_fn(), adam,
+                                         MasterPlacement::Sharded, batches, clip);
+  TrainerOptions o =
+      towers_on({Device::cuda(0), Device::cuda(1)}, MasterPlacement::OneDevice, Device::cuda(0));
+  o.clip_grad_norm = limit;
+  Trainer one(model.vars, model.tower_fn(), adam.make(), o);
+  const RunBits alone = train(one, batches, true);
+  o.clip_grad_norm = 0.0;
+  Trainer unclipped(model.vars, model.tower_fn(), adam.make(), o);
+  EXPECT_NE(train(unclipped, batches, true).state.values, alone.state.values)
+      << "clipping changed no bit: the comparison with one process could not fail";
+  for (int r = 0; r < 2; ++r) {
+    const RunBits &mine = nccl[std::size_t(r)], &theirs = staged[std::size_t(r)];
+    for (std::uint64_t norm : mine.norms) {
+      double value;
+      std::memcpy(&value, &norm, sizeof value);
+      EXPECT_GT(value, limit) << "rank " << r << ": the limit must bite";
+    }
+    EXPECT_EQ(mine.norms, nccl[0].norms) << "rank " << r << ": one norm for the job";
+    EXPECT_EQ(mine.norms, theirs.norms) << "rank " << r << ": staged on the host";
+    EXPECT_TRUE(mine.state == theirs.state) << "rank " << r << ": staged on the host";
+    EXPECT_EQ(mine.norms, sharded[std::size_t(r)].norms) << "rank " << r << ": sharded on NCCL";
+    StateBits unsharded = mine.state;
+    unsharded.gradient.clear();
+    EXPECT_TRUE(unsharded == sharded[std::size_t(r)].state) << "rank " << r << ": sharded on NCCL";
+    EXPECT_EQ(mine.state.values, alone.state.values) << "rank " << r << ": one process";
+    EXPECT_EQ(mine.state.gradient, alone.state.gradient) << "rank " << r << ": one process";
+    for (std::size_t k = 0; k < alone.norms.size(); ++k) {
+      double job_norm, one_norm;
+      std::memcpy(&job_norm, &mine.norms[k], sizeof job_norm);
+      std::memcpy(&one_norm, &alone.norms[k], sizeof one_norm);
+      EXPECT_NEAR(job_norm, one_norm, 1e-6 * one_norm) << "rank " << r << ", step " << k;
+    }
+  }
 }
 
 }  // namespace
