@@ -2,7 +2,6 @@
 // reference, the ring's reduce-scatter of contributions, and the processes' exchange.
 #include "parallel/ring_contributions.h"
 
-#include <barrier>
 #include <cstring>
 #include <string>
 
@@ -51,81 +50,56 @@ void Ring::reduce_scatter_contributions(const std::vector<Tensor>& buffers, std:
   if (begin == end) return;
   auto member = [&](std::int64_t i) -> const Stream& { return *streams_[std::size_t(i)]; };
   const RingSchedule schedule(n, buffers[0].numel(), begin, end);
-  // contribution[m]: member m's range rounded once, [end - begin] bfloat16 on its
-  // device; widened[j] and received[j]: owner j's widened term and, where it reads
-  // another device's contribution, its copy.
+  // Owner j's chunk (what it receives, counted as the schedule carries it: a
+  // bfloat16 chunk from every other member) and its trace span.
+  auto received_by = [&](std::int64_t j) {
+    const RingRange r = schedule.chunk(schedule.summed_at(j));
+    bytes_received_ += (n - 1) * r.size() * std::int64_t(sizeof(bfloat16));
+    return r;
+  };
+  auto trace_sum = [&](std::int64_t j, const RingRange& r, Clock::time_point start) {
+    if (trace == nullptr) return;
+    member(j).synchronize();
+    trace->span(first_row + int(j), "reduce-scatter (bfloat16 contributions)", start, "ring",
+                {{"chunk", schedule.summed_at(j)},
+                 {"members", n},
+                 {"bytes", (n - 1) * r.size() * std::int64_t(sizeof(bfloat16))}});
+  };
+
+  if (all_host_) {
+    // One memory: owner j rounds every member's values of its chunk as it reads
+    // them and adds them in member order, one pass, no bfloat16 copies (rounding
+    // is a function of the value: the copies' bits). The owners' chunks are
+    // disjoint, and each reads its own values before it writes them.
+    auto sum_on_host = [&](std::int64_t j) {
+      const RingRange r = received_by(j);
+      const auto start = Clock::now();
+      std::vector<const float*> from;  // [n] members' chunk r
+      for (const Tensor& b : buffers) from.push_back(b.data<float>() + r.begin);
+      float* mine = buffers[std::size_t(j)].data<float>() + r.begin;  // [r.size()]
+      for (std::int64_t i = 0; i < r.size(); ++i) {
+        float total = rounded(from[0][i]);
+        for (std::int64_t m = 1; m < n; ++m) total += rounded(from[std::size_t(m)][i]);
+        mine[i] = total;
+      }
+      trace_sum(j, r, start);
+    };
+    if (team_ == nullptr || schedule.largest_chunk() < kMinChunkValuesForThreads) {
+      for (std::int64_t j = 0; j < n; ++j) sum_on_host(j);
+    } else {
+      team_->run([&](std::size_t j) { sum_on_host(std::int64_t(j)); });
+    }
+    return;
+  }
+
+  // GPUs. contribution[m]: member m's range rounded once, [end - begin] bfloat16 on
+  // its device; widened[j] and received[j]: owner j's widened term and, where it
+  // reads another device's contribution, its copy.
   std::vector<Tensor> contribution, widened(static_cast<std::size_t>(n)),
       received(static_cast<std::size_t>(n));
   for (std::int64_t m = 0; m < n; ++m) {
     contribution.push_back(Tensor::empty({end - begin}, member(m), DType::BFloat16));
-  }
-  auto round_own = [&](std::int64_t m) {
-    cast(contribution[std::size_t(m)], buffers[std::size_t(m)].view(begin, {end - begin}),
-         member(m));
-  };
-  // Owner j's chunk := its members' contributions, widened and added in member order.
-  auto sum_owned = [&](std::int64_t j) {
-    const RingRange r = schedule.chunk(schedule.summed_at(j));
-    if (r.size() == 0) return;
-    const auto start = Clock::now();
-    const Stream& stream = member(j);
-    const Tensor mine = buffers[std::size_t(j)].view(r.begin, {r.size()});
-    Tensor& term = widened[std::size_t(j)];
-    if (n > 1 && !term.defined()) term = Tensor::empty({r.size()}, stream);
-    for (std::int64_t m = 0; m < n; ++m) {
-      Tensor theirs = contribution[std::size_t(m)].view(r.begin - begin, {r.size()});
-      // The cast reads its own device's memory only: another device's bfloat16
-      // chunk (or every other member's, through a receive buffer) is copied first.
-      const bool copy =
-          m != j && (!in_place_[std::size_t(j)] || theirs.device() != stream.device());
-      if (copy) {
-        Tensor& into = received[std::size_t(j)];
-        if (!into.defined()) into = Tensor::empty({r.size()}, stream, DType::BFloat16);
-        copy_tensor(into, theirs, stream);
-        theirs = into;
-      }
-      if (m != j) bytes_received_ += r.size() * std::int64_t(sizeof(bfloat16));
-      if (m == 0) {
-        cast(mine, theirs, stream);
-      } else {
-        cast(term, theirs, stream);
-        add(mine, mine, term, stream);
-      }
-    }
-    if (trace != nullptr) {
-      stream.synchronize();
-      trace->span(first_row + int(j), "reduce-scatter (bfloat16 contributions)", start, "ring",
-                  {{"chunk", schedule.summed_at(j)},
-                   {"members", n},
-                   {"bytes", (n - 1) * r.size() * std::int64_t(sizeof(bfloat16))}});
-    }
-  };
-
-  if (all_host_) {
-    if (team_ == nullptr || schedule.largest_chunk() < kMinChunkValuesForThreads) {
-      for (std::int64_t m = 0; m < n; ++m) round_own(m);
-      for (std::int64_t j = 0; j < n; ++j) sum_owned(j);
-      return;
-    }
-    // Every member rounds its own range, then (after the barrier: every
-    // contribution is complete) sums the chunk it owns.
-    std::barrier rounded_all(n);
-    team_->run([&](std::size_t index) {
-      const auto j = std::int64_t(index);
-      try {
-        round_own(j);
-      } catch (...) {
-        rounded_all.arrive_and_drop();
-        throw;
-      }
-      rounded_all.arrive_and_wait();
-      sum_owned(j);
-    });
-    return;
-  }
-
-  for (std::int64_t m = 0; m < n; ++m) {
-    round_own(m);
+    cast(contribution.back(), buffers[std::size_t(m)].view(begin, {end - begin}), member(m));
     done_[std::size_t(m)].record(member(m));
   }
   for (std::int64_t j = 0; j < n; ++j) {
@@ -133,7 +107,34 @@ void Ring::reduce_scatter_contributions(const std::vector<Tensor>& buffers, std:
       if (m != j) member(j).wait(done_[std::size_t(m)]);
     }
   }
-  for (std::int64_t j = 0; j < n; ++j) sum_owned(j);
+  // Owner j's chunk := the members' contributions, widened and added in member order.
+  for (std::int64_t j = 0; j < n; ++j) {
+    const RingRange r = received_by(j);
+    if (r.size() == 0) continue;
+    const auto start = Clock::now();
+    const Stream& stream = member(j);
+    const Tensor mine = buffers[std::size_t(j)].view(r.begin, {r.size()});
+    for (std::int64_t m = 0; m < n; ++m) {
+      Tensor theirs = contribution[std::size_t(m)].view(r.begin - begin, {r.size()});
+      // The cast reads its own device's memory only: another device's bfloat16
+      // chunk (or every other member's, through a receive buffer) is copied first.
+      if (m != j && (!in_place_[std::size_t(j)] || theirs.device() != stream.device())) {
+        Tensor& into = received[std::size_t(j)];
+        if (!into.defined()) into = Tensor::empty({r.size()}, stream, DType::BFloat16);
+        copy_tensor(into, theirs, stream);
+        theirs = into;
+      }
+      if (m == 0) {
+        cast(mine, theirs, stream);
+        continue;
+      }
+      Tensor& term = widened[std::size_t(j)];
+      if (!term.defined()) term = Tensor::empty({r.size()}, stream);
+      cast(term, theirs, stream);
+      add(mine, mine, term, stream);
+    }
+    trace_sum(j, r, start);
+  }
   for (std::int64_t j = 0; j < n; ++j) done_[std::size_t(j)].record(member(j));
   // Every member's contribution is read by every owner: none is freed (nor its
   // buffer written by the all-gather) before all have read.

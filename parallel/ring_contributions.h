@@ -45,11 +45,14 @@
 // a second rounding of every result. Bytes per member and element of the range:
 // the float32 all-reduce 8(n-1)/n, this one 2(n-1)/n + 4(n-1)/n = 6(n-1)/n (3/4);
 // a reduce-scatter alone (a sharded master) 4(n-1)/n against 2(n-1)/n (1/2).
-// Ordering on GPUs: each member records an event after its rounding; each owner
-// waits for every member's before it reads; at the end every stream waits for
-// every member (no member's bfloat16 copy is freed while another reads it). On the
-// host every member works on its own thread of the ring, with a barrier between
-// the rounding and the sums (small ranges: all on the caller's thread).
+// On GPUs the three steps are kernels and copies on the members' streams: each
+// member records an event after its rounding, each owner waits for every member's
+// before it reads, and at the end every stream waits for every member (no
+// member's bfloat16 copy is freed while another reads it). On the host, in one
+// memory, owner j rounds every member's values as it reads them and adds them, one
+// pass over its chunk and no bfloat16 copies (the same bits: rounding is a function
+// of the value), each owner on its own thread of the ring (small ranges: all on
+// the caller's thread); the bytes counted are still what the schedule carries.
 //
 // Across processes (allreduce_contributions): each process's contribution is its
 // towers' float32 sum (above), rounded to bfloat16 once; every process receives
