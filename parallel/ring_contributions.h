@@ -17,9 +17,9 @@
 //     |sum - float32 sum| <= (2^-8 + 3 (n-1) 2^-24) sum_m |g_m[i]|,
 // the second term being the two float32 sums' own rounding. Where the terms share a
 // sign that is 2^-8 of the result; where they cancel it can be all of a small one.
-// Where the contributions' magnitudes lie within 2^16 of one another their float32
-// sum is exact (8 significant bits each), so the order of the sum matters only for
-// terms far apart.
+// A float32 sum of a few contributions of similar magnitude is exact (8 significant
+// bits each against float32's 24; two within 2^15 of each other, for instance), so
+// the order of the sum matters only where the terms lie far apart.
 //
 // Why the ring's reduce-scatter cannot simply carry bfloat16: it moves partial
 // sums (member k's, then k's + k+1's, ...), and each would be rounded again at

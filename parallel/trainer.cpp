@@ -191,8 +191,7 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
     const ExchangeContents training{
         .training = true,
         .through_host = nccl_processes_ == nullptr,
-        // another call sums the gradient: the buckets' or
-        // the contributions' (allreduce_contributions)
+        // The gradient summed by another call: the buckets', or allreduce_contributions.
         .buckets_sum_gradient = buckets_across_processes_ || contributions,
         .gradient = variables_.trainable_numel(),
         .statistics = variables_.state_numel(),

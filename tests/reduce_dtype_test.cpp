@@ -8,19 +8,23 @@
 // (the float32 ring, the unrounded contributions, another order) differ from it;
 // its bytes are counted: half of the float32 reduce-scatter's, 3/4 of the
 // all-reduce's. The processes' exchange (threads as processes): the same reference
-// in rank order on every rank. The trainer, on CPU towers: the summed gradient is
-// each tower's gradient rounded once, summed in tower order (1 to 4 towers, even and
-// uneven batches), with its controls; float32 is a trainer without the option; a
+// in rank order on every rank. The trainer: the summed gradient is each tower's
+// gradient rounded once, summed in tower order (CPU: 1 to 4 towers, even and uneven
+// batches; the emulated GPUs: towers sharing cuda:0, and on cuda:0 and cuda:1), with
+// its controls and within the bound; float32 is a trainer without the option; a
 // sharded master and gradient buckets give the same bits; two processes of one
-// tower give one process of two towers; the refused combinations.
+// tower give one process of two towers; the refused combinations (NCCL between
+// processes asked for; on Auto the host stages instead, with two emulated GPUs).
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <span>
+#include <sstream>
 #include <vector>
 
 #include "cnn_model.h"
 #include "engine/half.h"
+#include "parallel/nccl_communicator.h"
 #include "parallel/ring_allreduce.h"
 #include "parallel/ring_contributions.h"
 #include "parallel/ring_schedule.h"
@@ -33,7 +37,7 @@ namespace {
 // Member m's buffer: values of magnitudes from 2^-20 to 2^20, both signs, so that
 // each one's rounding to bfloat16 matters and sums cancel and carry; the members'
 // magnitudes at one element lie up to 2^40 apart, so that the order of a float32
-// sum of bfloat16 values matters (within 2^16 of one another it is exact).
+// sum of bfloat16 values matters (close together, such sums are exact).
 std::vector<float> member_values(std::int64_t length, int member) {
   std::vector<float> v = random_values(std::size_t(length), 300 + unsigned(member));
   for (std::size_t i = 0; i < v.size(); ++i)
@@ -279,9 +283,9 @@ struct Model : CnnModel {
   }
 };
 
-TrainerOptions towers(int n, DType reduce_dtype) {
+TrainerOptions towers(int n, DType reduce_dtype, Device device = Device::cpu()) {
   TrainerOptions o;
-  o.devices.assign(std::size_t(n), Device::cpu());
+  o.devices.assign(std::size_t(n), device);
   o.seed = 5;
   o.reduce_dtype = reduce_dtype;
   return o;
@@ -310,33 +314,92 @@ std::int64_t unequal(const std::vector<float>& a, const std::vector<float>& b) {
   return count;
 }
 
+// The summed gradient of n towers on `devices` (one per tower) against the reference
+// on each tower's own float32 gradient, with its controls and the bound.
+void expect_the_reference(const Model& model, const std::vector<Device>& devices,
+                          std::int64_t batch) {
+  const int n = int(devices.size());
+  const auto on = [&](DType dtype) {
+    TrainerOptions o = towers(n, dtype);
+    o.devices = devices;
+    return o;
+  };
+  // Tower i's own float32 gradient: the others contribute zeros (float32 ring).
+  std::vector<std::vector<float>> own;
+  for (int i = 0; i < n; ++i) own.push_back(first_gradient(model, on(DType::Float32), batch, i));
+  const std::vector<float> got = first_gradient(model, on(DType::BFloat16), batch);
+  const std::vector<float> expected = reference(own);
+  EXPECT_EQ(unequal(got, expected), 0);
+  // Controls: the float32 reduction, and the unrounded towers' sum, differ.
+  const std::vector<std::size_t> order = member_order(n);
+  EXPECT_GT(unequal(first_gradient(model, on(DType::Float32), batch), got), 0);
+  EXPECT_GT(unequal(ordered_sum(own, order, false), got), 0);
+  // Within the bound against the float32 sum of the same towers: 2^-8 of each
+  // term, plus the two float32 sums' own rounding (n - 1 additions each).
+  const std::vector<float> float32_sum = ordered_sum(own, order, false);
+  for (std::size_t e = 0; e < got.size(); ++e) {
+    double terms = 0;
+    for (const auto& g : own) terms += std::fabs(double(g[e]));
+    const double bound = (std::ldexp(1.0, -8) + 3 * (n - 1) * std::ldexp(1.0, -24)) * terms;
+    ASSERT_LE(std::fabs(double(got[e]) - double(float32_sum[e])), bound) << "element " << e;
+  }
+}
+
 TEST(ReduceDtype, TheGradientIsEachTowersContributionRoundedOnceSummedInTowerOrder) {
   const Model model;
   for (int n : {1, 2, 3, 4}) {
     for (std::int64_t batch : {7, 8}) {
       SCOPED_TRACE(std::to_string(n) + " towers, batch " + std::to_string(batch));
-      // Tower i's own float32 gradient: the others contribute zeros (float32 ring).
-      std::vector<std::vector<float>> own;
-      for (int i = 0; i < n; ++i) {
-        own.push_back(first_gradient(model, towers(n, DType::Float32), batch, i));
-      }
-      const std::vector<float> got = first_gradient(model, towers(n, DType::BFloat16), batch);
-      const std::vector<float> expected = reference(own);
-      EXPECT_EQ(unequal(got, expected), 0);
-      // Controls: the float32 reduction, and the unrounded towers' sum, differ.
-      const std::vector<std::size_t> order = member_order(n);
-      EXPECT_GT(unequal(first_gradient(model, towers(n, DType::Float32), batch), got), 0);
-      EXPECT_GT(unequal(ordered_sum(own, order, false), got), 0);
-      // Within the bound against the float32 sum of the same towers: 2^-8 of each
-      // term, plus the two float32 sums' own rounding (n - 1 additions each).
-      const std::vector<float> float32_sum = ordered_sum(own, order, false);
-      for (std::size_t e = 0; e < got.size(); ++e) {
-        double terms = 0;
-        for (const auto& g : own) terms += std::fabs(double(g[e]));
-        const double bound = (std::ldexp(1.0, -8) + 3 * (n - 1) * std::ldexp(1.0, -24)) * terms;
-        ASSERT_LE(std::fabs(double(got[e]) - double(float32_sum[e])), bound) << "element " << e;
-      }
+      expect_the_reference(model, std::vector<Device>(std::size_t(n), Device::cpu()), batch);
     }
+  }
+}
+
+// On the emulated GPUs: towers sharing cuda:0, and on two GPUs where there are.
+TEST(ReduceDtype, GpuTowersSumTheReferenceToo) {
+  skip_without_cuda_device();
+  if (IsSkipped() || HasFatalFailure()) return;
+  const Model model;
+  std::vector<std::vector<Device>> layouts{{Device::cuda(0), Device::cuda(0)},
+                                           {Device::cuda(0), Device::cuda(0), Device::cuda(0)}};
+  if (cuda_device_count() >= 2) layouts.push_back({Device::cuda(0), Device::cuda(1)});
+  for (const auto& devices : layouts) {
+    SCOPED_TRACE(std::to_string(devices.size()) + " towers, the last on " + devices.back().str());
+    expect_the_reference(model, devices, 7);
+  }
+}
+
+// NCCL would add partial sums in bfloat16 in its own order: asked for, it is refused;
+// on Auto the processes stage the contributions through the host and say why.
+TEST(ReduceDtype, NcclBetweenProcessesIsRefusedAndAutoStagesOnTheHost) {
+  if (!NcclCommunicator::available()) GTEST_SKIP() << "this build of towerlab has no NCCL";
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs for 2 NCCL ranks";
+  const Model model;
+  for (CrossProcessPath path : {CrossProcessPath::Nccl, CrossProcessPath::Auto}) {
+    std::vector<std::string> logs(2);
+    std::vector<std::vector<float>> values(2);
+    const auto errors = run_ranks(2, [&](int rank, ProcessGroup& group) {
+      std::ostringstream log;
+      TrainerOptions o = towers(1, DType::BFloat16, Device::cuda(rank));
+      o.process_group = &group;
+      o.cross_process = path;
+      o.log_placement = true;
+      o.log = &log;
+      values[std::size_t(rank)] = three_steps(model, o, 7);
+      logs[std::size_t(rank)] = log.str();
+    });
+    for (int r = 0; r < 2; ++r) {
+      if (path == CrossProcessPath::Nccl) {
+        EXPECT_NE(errors[std::size_t(r)].find("reduce_dtype bfloat16 with NCCL between processes"),
+                  std::string::npos)
+            << errors[std::size_t(r)];
+        continue;
+      }
+      EXPECT_EQ(errors[std::size_t(r)], "");
+      EXPECT_NE(logs[std::size_t(r)].find("host staging: reduce_dtype bfloat16"), std::string::npos)
+          << logs[std::size_t(r)];
+    }
+    if (path == CrossProcessPath::Auto) EXPECT_EQ(bits(values[0]), bits(values[1]));
   }
 }
 
