@@ -151,5 +151,39 @@ TEST(ShardedMaster, AcrossProcessesTakesTheHostMastersStepsBitForBit) {
     }
   }
 }
+
+// --- the gradient's reduction in bfloat16 contributions ------------------------
+
+// One CPU tower per rank: each process contributes its tower's gradient rounded to
+// bfloat16 once, summed in float32 in rank order (parallel/ring_contributions.h),
+// which is what one process with a tower per rank sums: every rank computes that
+// alone and compares. Sharded across the processes: the same bits. Control: the
+// float32 reduction differs.
+TEST(ReduceDtype, ProcessesOfOneTowerTakeTheStepsOfOneProcessBitForBit) {
+  const auto job = [](DType dtype, MasterPlacement placement) {
+    return three_steps(
+        23, "adam",
+        [&](TrainerOptions& o) {
+          o.devices = {Device::cpu()};
+          o.reduce_dtype = dtype;
+          o.master_placement = placement;
+        },
+        false);
+  };
+  const std::string bf16 = job(DType::BFloat16, MasterPlacement::OneDevice);
+  const std::string alone = three_steps(
+      23, "adam",
+      [](TrainerOptions& o) {
+        o.devices.assign(std::size_t(cluster().size()), Device::cpu());
+        o.process_group = nullptr;
+        o.reduce_dtype = DType::BFloat16;
+      },
+      false);
+  EXPECT_EQ(bf16, alone);
+  EXPECT_EQ(job(DType::BFloat16, MasterPlacement::Sharded), bf16);
+  EXPECT_NE(job(DType::Float32, MasterPlacement::OneDevice), bf16) << "control: float32";
+  const auto all = cluster().allgather(bf16, "test: compare trainings");
+  for (int r = 0; r < cluster().size(); ++r) EXPECT_EQ(all[std::size_t(r)], all[0]) << "rank " << r;
+}
 }  // namespace
 }  // namespace towerlab::testing
