@@ -19,8 +19,9 @@
 // out + in * m with the product and the sum rounded apart, as the reference does
 // (TL_NO_CONTRACTION). Same masks and values as the reference on every ISA, bit for
 // bit (tests/dropout_test.cpp). An element's mask depends on its global index
-// alone, so the threads' split changes nothing. The backward draws the mask again:
-// in vector lanes that costs about what reading a stored mask would save.
+// alone, so the threads' split changes nothing. The backward draws the mask again
+// rather than reading one the forward kept: in vector lanes the draws cost little
+// beside the pass over the gradients (measured: bench/results/README.md).
 #include "kernels/cpu/dropout.h"
 
 #include <algorithm>
