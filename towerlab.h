@@ -48,6 +48,7 @@
 #include "engine/tensor.h"
 #include "engine/thread_pool.h"
 #include "kernels/activation.h"
+#include "kernels/add_relu.h"
 #include "kernels/batched_matmul.h"
 #include "kernels/batchnorm.h"
 #include "kernels/bias.h"

@@ -226,8 +226,10 @@ Residual::Residual(std::string name, Sequential body, std::optional<Sequential> 
 }
 
 Var Residual::forward(const Context& ctx, const Var& x) const {
-  const Var sum = ag::add(body_(ctx, x), shortcut_ ? (*shortcut_)(ctx, x) : x);
-  return activation_ == Activation::ReLU ? ag::relu(sum) : sum;
+  const Var body = body_(ctx, x);
+  const Var skip = shortcut_ ? (*shortcut_)(ctx, x) : x;
+  // The sum and the ReLU as one op (kernels/add_relu.h): the same values, one pass.
+  return activation_ == Activation::ReLU ? ag::add_relu(body, skip) : ag::add(body, skip);
 }
 
 std::string Residual::describe() const {

@@ -4,6 +4,7 @@
 
 #include "engine/error.h"
 #include "kernels/activation.h"
+#include "kernels/add_relu.h"
 #include "kernels/broadcast.h"
 #include "kernels/dropout.h"
 #include "kernels/elementwise.h"
@@ -118,6 +119,33 @@ Var relu(const Var& x) {
     const Tape::GradTarget gx = t.grad_target(x);
     relu_backward(gx.grad, out.grad(), out.value(), t.stream(),
                   gx.assign ? GradWrite::Assign : GradWrite::Accumulate);
+  });
+}
+
+Var add_relu(const Var& a, const Var& b) {
+  a.tape().check_owns("add_relu", {a, b});
+  TL_CHECK(a.shape() == b.shape(), ShapeError,
+           "add_relu: " << a.describe() << " and " << b.describe()
+                        << " differ in shape (a residual's branches must agree)");
+  Tape& tape = a.tape();
+  Tensor y = like(a);
+  add_relu_forward(y, a.value(), b.value(), tape.stream());
+  return tape.record(y, "add_relu", {a, b}, [a, b](const Var& out) {
+    Tape& t = out.tape();
+    AddReluBackward args;
+    args.grad_y = out.grad();
+    args.y = out.value();
+    if (a.requires_grad()) {  // a first: the order of add's two contributions
+      const Tape::GradTarget ga = t.grad_target(a);
+      args.grad_a = ga.grad;
+      args.grad_a_write = ga.assign ? GradWrite::Assign : GradWrite::Accumulate;
+    }
+    if (b.requires_grad()) {
+      const Tape::GradTarget gb = t.grad_target(b);
+      args.grad_b = gb.grad;
+      args.grad_b_write = gb.assign ? GradWrite::Assign : GradWrite::Accumulate;
+    }
+    add_relu_backward(args, t.stream());
   });
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "../kernels/activation.h"
+#include "../kernels/add_relu.h"
 #include "../kernels/broadcast.h"
 #include "../kernels/dropout.h"
 #include "../kernels/embedding.h"
@@ -24,6 +25,10 @@ Var mul(const Var& a, const Var& b);
 Var sub(const Var& a, const Var& b);
 Var scale(const Var& x, double alpha);  // alpha * x
 Var relu(const Var& x);
+// relu(a + b) in one op each way (kernels/add_relu.h), a residual block's end: the
+// values of relu(add(a, b)) bit for bit on the CPU, without the sum's gradient. a and
+// b have one shape (no broadcasting); the backward reads the output.
+Var add_relu(const Var& a, const Var& b);
 // The activations of kernels/activation.h (formulas and the NaN rule there); each
 // backward takes the forward's input.
 Var sigmoid(const Var& x);

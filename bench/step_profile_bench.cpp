@@ -1,4 +1,4 @@
-// Where a training step of one of models/ (FashionNet by default, the MLP or ResNet-20)
+// Where a training step of one of models/ (FashionNet by default, the MLP, ResNet-20 or the ViT)
 // spends its time on the CPU: each layer's forward and backward and the loss, as shares
 // of tower 0's pass, then the same time summed by kind of layer (Conv2d, BatchNorm,
 // Linear, ...) and the backward by op; what the trainer's step
@@ -9,17 +9,20 @@
 // at the rate of one large GEMM: in wall time on all threads, and per thread in CPU
 // time).
 //
-//   step_profile_bench [--model fashion_net|mlp|resnet] [--towers T] [--batch B] [--steps S]
-//                      [--threads N] [--zero-fill 1]
+//   step_profile_bench [--model fashion_net|mlp|resnet|vit] [--towers T] [--batch B]
+//                      [--steps S] [--threads N] [--zero-fill 1] [--master host|sharded]
 //
 // --model resnet synchronizes batch norm across the towers (BatchNormMode::Sync), as
-// the sample's recipe for it (`--batchnorm sync`); the MLP's dropout is on (training).
+// the sample's recipe for it (`--batchnorm sync`); the MLP's and the ViT's dropout is
+// on (training). --master sharded shards the master variables and Adam's slots
+// across the towers (MasterPlacement::Sharded, the sample's `--master sharded`)
+// instead of keeping them on the host.
 // --threads N sets the pool's size (default: the machine's CPUs). --zero-fill 1
 // makes every tape zero-fill its gradients and accumulate into them
 // (Tape::FirstWrite::Zeroed) instead of letting the first write assign: the
 // measure of what the first writes save.
 //
-// Method. The model is the sample's own (models/: fashion_net, mlp or resnet, with their
+// Method. The model is the sample's own (models/: fashion_net, mlp, resnet or vit, with their
 // fused batch norm + ReLU and bias + ReLU), trained by a Trainer with T CPU towers
 // and Adam, as samples/fashion_mnist trains it. Each tower's tape gets a profiler
 // (TapeProfiler, the hook the trainer's traces use) that sums the time of each
@@ -48,6 +51,7 @@
 #include "models/fashion_net.h"
 #include "models/mlp.h"
 #include "models/resnet.h"
+#include "models/vit.h"
 #include "towerlab.h"
 
 using namespace towerlab;
@@ -116,11 +120,26 @@ struct LayerRow {
   Times forward, backward;               // per step
 };
 
+// The multiply-add FLOPs of a sample's attention products in a layer (the ViT's
+// blocks): per MultiHeadSelfAttention of width D on T tokens, q k^T and p v cost
+// 2 T T D each (all heads together). `description` is the layer's describe().
+double attention_flops_per_sample(const std::string& description, double tokens) {
+  const std::string kind = "MultiHeadSelfAttention ";
+  double flops = 0;
+  for (std::size_t at = description.find(kind); at != std::string::npos;
+       at = description.find(kind, at + kind.size())) {
+    flops += 2 * 2.0 * tokens * tokens * std::atof(description.c_str() + at + kind.size());
+  }
+  return flops;
+}
+
 // The rows of `net`, with the FLOPs of its convolutions and matrix products: a layer
-// named <name> producing an output [N,K,H,W] (or [N,K]: H = W = 1) costs, per sample
-// forward, 2 * elements * H * W for each of its weights <name>/.../weight of rank 2 or
-// more (a Residual's convolutions all produce its output's H and W). One inference
-// pass on a sample finds the shapes.
+// whose output is [N,K,H,W] (or [N,T,K] or [N,K]: H W is T, or 1) costs, per sample
+// forward, 2 * elements * H * W for each weight (a variable named .../weight of rank 2
+// or more) its forward reads (a Residual's convolutions all produce its output's H
+// and W; a ViT's layers work on every token), plus its attention products. One
+// inference pass on a sample finds the shapes, and the variables each layer reads
+// (those its forward put on the tape).
 std::vector<LayerRow> layer_rows(const Sequential& net, const VariableSet& vars) {
   const Stream& s = default_stream(Device::cpu());
   VariableStore store(vars, s);
@@ -137,20 +156,22 @@ std::vector<LayerRow> layer_rows(const Sequential& net, const VariableSet& vars)
     for (const LayerRow& r : rows) {
       if (r.name == row.name) row.name = row.name + " " + std::to_string(i);  // unique
     }
+    tape.reset();  // Tape::has_variable: the variables this layer reads
     h = net.layer(i)(ctx, h);
     const Shape& out = h.value().shape();
-    const double spatial = out.size() > 2 ? double(h.value().numel()) / double(out[1]) : 1.0;
-    // <name>/weight and <name>/.../weight
-    const std::string prefix = row.name + "/";
-    const std::string suffix = "weight";
+    const std::size_t channels = out.size() == 4 ? 1 : out.size() - 1;
+    const double spatial = double(h.value().numel()) / double(out[channels]);
+    const std::string suffix = "/weight";
     for (const VariableSpec& w : vars.specs()) {
       const std::string& n = w.name;
-      if (w.shape.size() >= 2 && n.size() >= prefix.size() + suffix.size() &&
-          n.compare(0, prefix.size(), prefix) == 0 &&
-          n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0 &&
-          n[n.size() - suffix.size() - 1] == '/') {
+      if (w.shape.size() >= 2 && tape.has_variable(n) && n.size() > suffix.size() &&
+          n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0) {
         row.forward_flops_per_sample += 2.0 * double(w.numel()) * spatial;
       }
+    }
+    if (out.size() == 3) {
+      row.forward_flops_per_sample +=
+          attention_flops_per_sample(net.layer(i).describe(), double(out[1]));
     }
     row.backward_flops_per_sample = (i == 0 ? 1.0 : 2.0) * row.forward_flops_per_sample;
     rows.push_back(row);
@@ -279,11 +300,13 @@ const char* model_title(const std::string& model) {
   if (model == "fashion_net") return "FashionNet";
   if (model == "mlp") return "MLP";
   if (model == "resnet") return "ResNet-20";
+  if (model == "vit") return "ViT";
   return nullptr;
 }
 Sequential make_model(const std::string& model, VariableSet& vars) {
   if (model == "mlp") return models::mlp(vars);
   if (model == "resnet") return models::resnet(vars);
+  if (model == "vit") return models::vit(vars);
   return models::fashion_net(vars);
 }
 
@@ -299,13 +322,14 @@ struct Training {
   Trainer trainer;
   Tensor images, labels;
 
-  Training(const std::string& model, int towers, std::int64_t batch, Tape::FirstWrite first_write)
+  Training(const std::string& model, int towers, std::int64_t batch, Tape::FirstWrite first_write,
+           bool sharded)
       : net(make_model(model, vars)),
         rows(layer_rows(net, vars)),
         first_write(first_write),
         timers(std::size_t(towers)),
         loss_forward(std::size_t(towers)),
-        trainer(vars, tower_fn(), Optimizer::by_name("adam", 1e-3), options(model, towers)),
+        trainer(vars, tower_fn(), Optimizer::by_name("adam", 1e-3), options(model, towers, sharded)),
         images(random_images(batch, 1)),
         labels(labels_for(batch)) {}
 
@@ -321,10 +345,14 @@ struct Training {
       return TowerResult{loss, {}, {}};
     };
   }
-  static TrainerOptions options(const std::string& model, int towers) {
+  static TrainerOptions options(const std::string& model, int towers, bool sharded) {
     TrainerOptions o;
     o.devices.assign(std::size_t(towers), Device::cpu());
-    o.master = Device::cpu();
+    if (sharded) {
+      o.master_placement = MasterPlacement::Sharded;
+    } else {
+      o.master = Device::cpu();
+    }
     if (model == "resnet") o.batchnorm = BatchNormMode::Sync;  // the sample's recipe
     return o;
   }
@@ -381,8 +409,15 @@ double load_average() {
 int main(int argc, char** argv) {
   const std::string model = string_arg(argc, argv, "--model", "fashion_net");
   if (model_title(model) == nullptr) {
-    std::fprintf(stderr, "step_profile_bench: --model is fashion_net, mlp or resnet, got '%s'\n",
+    std::fprintf(stderr,
+                 "step_profile_bench: --model is fashion_net, mlp, resnet or vit, got '%s'\n",
                  model.c_str());
+    return 2;
+  }
+  const std::string master = string_arg(argc, argv, "--master", "host");
+  if (master != "host" && master != "sharded") {
+    std::fprintf(stderr, "step_profile_bench: --master is host or sharded, got '%s'\n",
+                 master.c_str());
     return 2;
   }
   const int towers = std::max(1, arg(argc, argv, "--towers", 1));
@@ -394,7 +429,7 @@ int main(int argc, char** argv) {
 
   if (const int threads = arg(argc, argv, "--threads", 0); threads > 0) set_num_threads(threads);
   const double load_before = load_average();
-  Training training(model, towers, batch, first_write);
+  Training training(model, towers, batch, first_write, master == "sharded");
   for (int w = 0; w < 3; ++w) training.step(false);  // warms caches and allocators
   const auto start = Clock::now();
   const double cpu_start = process_cpu_ms();
@@ -425,9 +460,10 @@ int main(int argc, char** argv) {
   const double limit_ms = flops / (gemm.wall_gflops * 1e6);
   const double limit_cpu_ms = flops / (gemm.thread_cpu_gflops * 1e6);  // CPU-ms of all threads
   std::printf(
-      "%s step on the CPU (fused model, Adam%s): %d tower(s), batch %lld (%lld on tower "
+      "%s step on the CPU (fused model, Adam%s%s): %d tower(s), batch %lld (%lld on tower "
       "0), %d threads, gradients %s; load average %.2f before, %.2f after\n",
-      model_title(model), model == "resnet" ? ", synchronized batch norm" : "", towers,
+      model_title(model), model == "resnet" ? ", synchronized batch norm" : "",
+      master == "sharded" ? ", sharded master" : ", master on the host", towers,
       static_cast<long long>(batch), static_cast<long long>(per_tower), num_threads(),
       first_write == Tape::FirstWrite::Zeroed ? "zero-filled" : "first write assigns", load_before,
       load_average());

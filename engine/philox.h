@@ -24,10 +24,14 @@ TL_HOST_DEVICE inline std::uint32_t mulhilo(std::uint32_t a, std::uint32_t b, st
   return static_cast<std::uint32_t>(product);
 }
 
-// Ten rounds of Philox4x32 on `counter` under `key` (the constants of the paper).
+// The round constants of the paper: the multipliers of words x and z, and the
+// increments of the key's two words after each round (kernels/cpu/dropout.cpp runs
+// the same rounds in vector lanes).
+inline constexpr std::uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
+inline constexpr std::uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
+
+// Ten rounds of Philox4x32 on `counter` under `key`.
 TL_HOST_DEVICE inline Uint4 philox4x32_10(Uint4 counter, std::uint32_t key0, std::uint32_t key1) {
-  constexpr std::uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
-  constexpr std::uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
   for (int round = 0; round < 10; ++round) {
     std::uint32_t hi0, hi1;
     const std::uint32_t lo0 = mulhilo(kMul0, counter.x, &hi0);

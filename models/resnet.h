@@ -12,7 +12,8 @@
 // With the defaults (W = 16, B = 3) that is ResNet-20: 19 convolutions and the
 // linear layer, 272 thousand parameters. Each block is a Residual
 // (autograd/layers.h): conv 3x3 (stride) BN + ReLU, conv 3x3 BN, plus the input, or
-// where the shape changes a projection (conv 1x1 with the stride, BN), then ReLU.
+// where the shape changes a projection (conv 1x1 with the stride, BN), then ReLU,
+// the sum and the ReLU one fused op (ag::add_relu).
 //
 //   VariableSet vars;
 //   Sequential net = models::resnet(vars);                  // ResNet-20

@@ -55,6 +55,27 @@ TEST_P(BiasTest, MatchesReferenceOnOddShapes) {
   }
 }
 
+// A linear layer's [N,C] (S = 1): the CPU sums each channel's rows in order, as the
+// reference does, reading along the rows sixteen channels at a time: the reference's
+// bits, on channel counts below, at and past one group of sixteen and over threads'
+// ranges, with a control that leaves a row out.
+TEST(BiasCpu, LinearRowsGiveTheReferenceBits) {
+  for (const Shape& shape : std::vector<Shape>{{1, 1}, {7, 13}, {5, 16}, {9, 17}, {3136, 128}}) {
+    const std::int64_t N = shape[0], C = shape[1];
+    const auto values = random_values(static_cast<std::size_t>(N * C), 4);
+    std::vector<float> expected(C, 0.5f);
+    reference::bias_add_backward(expected.data(), values.data(), N, C, 1);
+    Tensor grad_bias = Tensor::from_host<float>(std::vector<float>(C, 0.5f), {C}, cpu());
+    bias_add_backward(grad_bias, Tensor::from_host<float>(values, shape, cpu()), cpu());
+    EXPECT_EQ(bits(grad_bias.to_host<float>(cpu())), bits(expected)) << to_string(shape);
+    if (N > 1000) {  // control: without the last row the sums differ
+      std::vector<float> control(C, 0.5f);
+      reference::bias_add_backward(control.data(), values.data(), N - 1, C, 1);
+      EXPECT_NE(bits(control), bits(expected));
+    }
+  }
+}
+
 // Views may start at any element: x and y one float past an aligned start take
 // CUDA's float path on planes that would go in float4s, with the same results.
 TEST_P(BiasTest, MisalignedViewsMatchAligned) {

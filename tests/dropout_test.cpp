@@ -206,5 +206,66 @@ TEST(DropoutGradient, EvaluationReturnsTheInput) {
   EXPECT_THROW_WITH(ag::dropout(v, 2.0, key_for(), false), InvalidArgument, "dropout: p is 2");
 }
 
+// --- every ISA of the CPU -------------------------------------------------------
+
+// The CPU draws sixteen (AVX-512) or eight (AVX2) Philox counters a vector
+// (kernels/cpu/dropout.cpp): every ISA this CPU runs must give the reference's bits,
+// forward and backward (assigned, and accumulated into a sentinel), for ranges that
+// start on every word of a draw, are shorter than a block, end inside one, span a
+// thread's range, and cross the 2^32nd draw (the counter's carry into its high
+// word); p on an element's own draw among them.
+TEST(DropoutCpu, EveryIsaGivesTheReferenceBits) {
+  const RestoreGemmIsa restore;
+  const std::int64_t row_size = 4;
+  // (first row, rows): element 4 * first_row onward. 2^32 - 5 rows of 4 start at draw
+  // 2^32 - 5, so the first vector of draws wraps the counter's low word.
+  const std::vector<std::pair<std::int64_t, std::int64_t>> ranges = {
+      {0, 1}, {3, 15}, {1, 16}, {2, 17}, {7, 50}, {5, 25001}, {(std::int64_t{1} << 32) - 5, 40}};
+  const DropoutKey base = key_for();
+  const double on_line = dropout_unit(base.seed, base.subsequence, 4 * 7 + 9);
+  int isas = 0;
+  for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
+    if (!gemm_isa_supported(isa)) continue;
+    set_gemm_isa(isa);
+    ++isas;
+    for (const auto& [first_row, rows] : ranges) {
+      for (double p : {0.0, 0.2, 0.5, on_line, 1.0}) {
+        // A shift of one element (an odd row size) starts the range on each word of a draw.
+        for (std::int64_t size : {row_size, row_size + 1, row_size + 2, row_size + 3}) {
+          const DropoutKey key{base.seed, base.subsequence, first_row};
+          const auto n = static_cast<std::size_t>(rows * size);
+          const auto x = random_values(n, 9, -2.0f, 2.0f);
+          const std::string where = "ISA " + std::to_string(int(isa)) + ", first row " +
+                                    std::to_string(first_row) + ", rows " + std::to_string(rows) +
+                                    " of " + std::to_string(size) + ", p " + std::to_string(p);
+          Tensor y = Tensor::empty({rows, size}, cpu());
+          dropout_forward(y, Tensor::from_host<float>(x, {rows, size}, cpu()), p, key, cpu());
+          const auto expected = reference_forward(x, size, p, key);
+          ASSERT_EQ(bits(y.to_host<float>(cpu())), bits(expected)) << where;
+
+          std::vector<float> accumulated(n, 0.75f), assigned(n);
+          const auto e0 = static_cast<std::uint64_t>(first_row * size);
+          reference::dropout_backward(accumulated.data(), x.data(), p, key.seed, key.subsequence,
+                                      e0, static_cast<std::int64_t>(n), GradWrite::Accumulate);
+          reference::dropout_backward(assigned.data(), x.data(), p, key.seed, key.subsequence, e0,
+                                      static_cast<std::int64_t>(n), GradWrite::Assign);
+          Tensor grad_y = Tensor::from_host<float>(x, {rows, size}, cpu());
+          Tensor grad_x = Tensor::from_host<float>(std::vector<float>(n, 0.75f), {rows, size}, cpu());
+          dropout_backward(grad_x, grad_y, p, key, cpu());
+          ASSERT_EQ(bits(grad_x.to_host<float>(cpu())), bits(accumulated)) << where;
+          dropout_backward(grad_x, grad_y, p, key, cpu(), GradWrite::Assign);
+          ASSERT_EQ(bits(grad_x.to_host<float>(cpu())), bits(assigned)) << where;
+          if (p == 0.5 && n >= 64) {  // control: the rows keyed one row later differ
+            EXPECT_NE(bits(expected), bits(reference_forward(x, size, p, {key.seed, key.subsequence,
+                                                                          first_row + 1})))
+                << where;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GE(isas, 1);
+}
+
 }  // namespace
 }  // namespace towerlab::testing

@@ -11,7 +11,8 @@
 // (kernels/cpu/x86.h). They make the same IEEE operations in the same order, one
 // rounding each, so every ISA gives the same bits: no fused multiply-add, which
 // would round a product and a sum once (the baseline x86-64 build has none to use;
-// the vector versions turn GCC's contraction off, TL_NO_CONTRACTION below).
+// the vector versions turn GCC's contraction off, TL_NO_CONTRACTION in
+// kernels/cpu/x86.h).
 // OptimizerAdam.EveryIsaGivesTheSameBits checks.
 #include <cmath>
 #include <cstdint>
@@ -63,15 +64,6 @@ void adam_range(T* __restrict p, const T* __restrict g, T* __restrict m1, T* __r
 }
 
 #if TL_CPU_X86
-// GCC contracts a product and a sum into a fused multiply-add by default in C++
-// (-ffp-contract=fast, ISO mode or not), and AVX-512 has one for any target. Clang
-// fuses only within one expression, which intrinsics never are.
-#if defined(__clang__)
-#define TL_NO_CONTRACTION
-#else
-#define TL_NO_CONTRACTION __attribute__((optimize("fp-contract=off")))
-#endif
-
 // adam_range in vectors of eight, the last few elements by the scalar loop: its
 // operations in its order, one rounding each.
 TL_NO_CONTRACTION __attribute__((target("avx2"))) void adam_range_avx2(float* p, const float* g,

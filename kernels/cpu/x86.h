@@ -35,6 +35,16 @@ inline bool avx2_selected() {
 }
 
 #if TL_CPU_X86
+// On a vector function that must round a product and a sum apart, as the scalar
+// code it gives the bits of does: GCC contracts them into a fused multiply-add by
+// default in C++ (-ffp-contract=fast, ISO mode or not), and AVX-512 has one for any
+// target. Clang fuses only within one expression, which intrinsics never are.
+#if defined(__clang__)
+#define TL_NO_CONTRACTION
+#else
+#define TL_NO_CONTRACTION __attribute__((optimize("fp-contract=off")))
+#endif
+
 // Lanes 0 .. count - 1 of sixteen: none for count <= 0, all for count >= 16 (the
 // mask of a row's last, partial group).
 __attribute__((target("avx512f"))) inline __mmask16 first_lanes(std::int64_t count) {
