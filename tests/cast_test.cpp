@@ -285,17 +285,19 @@ TEST_P(CastTest, OpsWithoutSixteenBitKernelsThrowTypedErrors) {
   const std::string takes = device().is_cpu() ? "(float32, float64 on cpu" : "(float32 on cuda";
   Tensor x = Tensor::zeros({4}, stream(), DType::BFloat16);
   Tensor y = Tensor::zeros({4}, stream(), DType::BFloat16);
-  EXPECT_THROW_WITH(relu_forward(y, x, stream()), NotSupported,
-                    "relu_forward: bfloat16 is not supported " + takes);
+  EXPECT_THROW_WITH(softmax_forward(y, x, SoftmaxMask::None, stream()), NotSupported,
+                    "softmax_forward: bfloat16 is not supported " + takes);
   EXPECT_THROW_WITH(add(y, x, x, stream()), NotSupported, "add: bfloat16 is not supported");
-  // (matmul takes 16-bit operands on every device: tests/matmul_lowp_test.cpp.)
+  // (matmul takes 16-bit operands on every device, tests/matmul_lowp_test.cpp; so do
+  // ReLU, bias add and the activations, their tests' SixteenBit cases.)
   Tensor h = Tensor::zeros({2, 2}, stream(), DType::Float16);
   EXPECT_THROW_WITH(fill(h, 1.0, stream()), NotSupported, "fill: float16 is not supported");
   Tensor s = Tensor::zeros({1}, stream());
   EXPECT_THROW_WITH(sum(s, h, stream()), NotSupported, "sum: float16 is not supported");
   // Control: the same ops take float32.
   Tensor f = Tensor::zeros({4}, stream());
-  EXPECT_NO_THROW(relu_forward(f, f, stream()));
+  Tensor g = Tensor::zeros({4}, stream());
+  EXPECT_NO_THROW(softmax_forward(g, f, SoftmaxMask::None, stream()));
 }
 
 TEST_P(CastTest, RejectsMismatchedSizesAndFloat64OnAGpu) {
