@@ -363,6 +363,7 @@ struct BackwardWeightProblem {
   }
   // Rows are output channels, CRS apart: no vector stores.
   static constexpr bool vector_rows = false;
+  static_assert(!vector_rows);  // referenced where no kernel stores rows (the tensor cores')
   __device__ void store4(const Out&, int, float4, int) const {}
 };
 
