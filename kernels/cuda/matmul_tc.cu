@@ -173,7 +173,7 @@ struct TcParams {
 // (k-major: 128 lines of 4 chunks; mn-major: kStepK lines of 16 or 32), swizzled as
 // the file's opening comment explains.
 template <bool kKMajor, class Op>
-__device__ __forceinline__ int swizzled(int line, int chunk) {
+__host__ __device__ constexpr int swizzled(int line, int chunk) {
   if constexpr (kKMajor) {
     return line * Op::kStepK + (chunk ^ ((line >> 1) & 3)) * Op::kChunk;
   } else {
@@ -255,20 +255,46 @@ __device__ __forceinline__ std::uint32_t tf32_from_bits(std::uint32_t bits) {
   return to_tf32(x);
 }
 
-// Value (k, mn) of an mn-major float32 tile, rounded to tf32: the plain load that
-// stands in for ldmatrix's .trans. The fragments ask for k = 8 kk + 4 h + t and
-// mn = c0 + 8 q + g (c0 a multiple of 32, t and g the lane's, kk, h and q
+// The offset of value (k, mn) of an mn-major float32 tile, for the plain loads
+// that stand in for ldmatrix's .trans. The fragments ask for k = 8 kk + 4 h + t
+// and mn = c0 + 8 q + g (c0 a multiple of 32, t and g the lane's, kk, h and q
 // constants of the unrolled loops), and for those swizzled(k, mn / 4) + mn % 4 is
 //   (8 kk + 4 h) kTile + 32 ((c0 / 32 + q / 4) ^ h)  +  t kTile + g + 8 ((q % 4) ^ t)
 // (the chunk's bits from 3 up are c0 / 32 + q / 4, XORed with h; its bits 0-2 are
 // g / 4 and q % 4, XORed with t). Written so, the lane's part takes four values
 // (one per q % 4) that stay in registers across the loop, and each load adds
-// constants to one of them.
+// constants to one of them; the static_assert below checks it against swizzled().
+__host__ __device__ constexpr int tf32_offset(int kk, int h, int c0, int q, int lane) {
+  const int g = lane / 4, t = lane % 4;
+  return (8 * kk + 4 * h) * kTile + 32 * ((c0 / 32 + q / 4) ^ h) + t * kTile + g +
+         8 * ((q % 4) ^ t);
+}
+
+// tf32_offset is swizzled()'s offset for every lane and every argument the
+// fragment loaders pass (kk < 2, h < 2, c0 a warp's first row or column, q < 8).
+constexpr bool tf32_offsets_agree() {
+  using Op = TcOperand<TcInput::Tf32>;
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int kk = 0; kk < Op::kStepK / Op::kMmaK; ++kk) {
+      for (int h = 0; h < 2; ++h) {
+        for (int c0 = 0; c0 < kTile; c0 += 32) {
+          for (int q = 0; q < 8; ++q) {
+            const int k = 8 * kk + 4 * h + lane % 4, mn = c0 + 8 * q + lane / 4;
+            const int want = swizzled<false, Op>(k, mn / Op::kChunk) + mn % Op::kChunk;
+            if (tf32_offset(kk, h, c0, q, lane) != want) return false;
+          }
+        }
+      }
+    }
+  }
+  return true;
+}
+static_assert(tf32_offsets_agree(), "tf32_offset must follow the mn-major swizzle");
+
+// Value (k, mn) of an mn-major float32 tile (tf32_offset's arguments), rounded to tf32.
 __device__ __forceinline__ std::uint32_t tf32_element(const float* tile, int kk, int h, int c0,
                                                       int q, int lane) {
-  const int g = lane / 4, t = lane % 4;
-  const int fixed = (8 * kk + 4 * h) * kTile + 32 * ((c0 / 32 + q / 4) ^ h);
-  return to_tf32(tile[fixed + t * kTile + g + 8 * ((q % 4) ^ t)]);
+  return to_tf32(tile[tf32_offset(kk, h, c0, q, lane)]);
 }
 
 // The A fragments of the warp's 4 m16 tiles (rows warp_row + 16 i) for mma step kk
