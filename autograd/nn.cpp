@@ -1,7 +1,9 @@
 // The neural-network ops of autograd/nn.h: each runs its forward kernel and
 // records a backward that accumulates into the gradients its inputs need. The
 // GEMM-class ops (matmul, and linear through it; conv2d) multiply in the tape's
-// compute dtype (gemm_operand below, docs/precision.md); the rest compute in float32.
+// compute dtype (gemm_operand below, docs/precision.md), and the float32 GEMMs
+// (matmul, batched_matmul) pass on the tape's Float32Math (TF32 under the tf32
+// precision); the rest compute in float32.
 #include "autograd/nn.h"
 
 #include <algorithm>
@@ -73,18 +75,20 @@ Var matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_b) {
   // the gradients are float32 from the GEMM's float32 sums.
   const Tensor av = gemm_operand(a), bv = gemm_operand(b);
   Tensor y = new_tensor(tape, {m, n}, a);
-  towerlab::matmul(y, av, bv, transpose_a, transpose_b, 1.0f, 0.0f, tape.stream());
+  towerlab::matmul(y, av, bv, transpose_a, transpose_b, 1.0f, 0.0f, tape.stream(),
+                   tape.float32_math());
   return tape.record(y, "matmul", {a, b}, [a, b, av, bv, transpose_a, transpose_b](const Var& out) {
     Tape& t = out.tape();
     const Tensor gy = gemm_grad_output(out.grad(), av.dtype(), t.stream());  // [M,N]
+    const Float32Math math = t.float32_math();
     if (a.requires_grad()) {
       // op(A) = gy op(B)^T; A stored transposed gets the transpose of that.
       const Tape::GradTarget ga = t.grad_target(a);
       const float beta = ga.assign ? 0.0f : 1.0f;
       if (!transpose_a) {
-        towerlab::matmul(ga.grad, gy, bv, false, !transpose_b, 1.0f, beta, t.stream());
+        towerlab::matmul(ga.grad, gy, bv, false, !transpose_b, 1.0f, beta, t.stream(), math);
       } else {
-        towerlab::matmul(ga.grad, bv, gy, transpose_b, true, 1.0f, beta, t.stream());
+        towerlab::matmul(ga.grad, bv, gy, transpose_b, true, 1.0f, beta, t.stream(), math);
       }
     }
     if (b.requires_grad()) {
@@ -92,9 +96,9 @@ Var matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_b) {
       const Tape::GradTarget gb = t.grad_target(b);
       const float beta = gb.assign ? 0.0f : 1.0f;
       if (!transpose_b) {
-        towerlab::matmul(gb.grad, av, gy, !transpose_a, false, 1.0f, beta, t.stream());
+        towerlab::matmul(gb.grad, av, gy, !transpose_a, false, 1.0f, beta, t.stream(), math);
       } else {
-        towerlab::matmul(gb.grad, gy, av, true, transpose_a, 1.0f, beta, t.stream());
+        towerlab::matmul(gb.grad, gy, av, true, transpose_a, 1.0f, beta, t.stream(), math);
       }
     }
   });
@@ -114,29 +118,35 @@ Var batched_matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_
   // and the gradients float32.
   const Tensor av = gemm_operand(a), bv = gemm_operand(b);
   Tensor y = new_tensor(tape, {batch, m, n}, a);
-  towerlab::batched_matmul(y, av, bv, transpose_a, transpose_b, 1.0f, 0.0f, tape.stream());
+  towerlab::batched_matmul(y, av, bv, transpose_a, transpose_b, 1.0f, 0.0f, tape.stream(),
+                           tape.float32_math());
   return tape.record(
       y, "batched_matmul", {a, b}, [a, b, av, bv, transpose_a, transpose_b](const Var& out) {
         // matmul's formulas entry by entry; a shared (2-D) operand's gradient is the
         // 2-D c of batched_matmul, the sum over the batch.
         Tape& t = out.tape();
         const Tensor gy = gemm_grad_output(out.grad(), av.dtype(), t.stream());  // [B,M,N]
+        const Float32Math math = t.float32_math();
         if (a.requires_grad()) {
           const Tape::GradTarget ga = t.grad_target(a);
           const float beta = ga.assign ? 0.0f : 1.0f;
           if (!transpose_a) {
-            towerlab::batched_matmul(ga.grad, gy, bv, false, !transpose_b, 1.0f, beta, t.stream());
+            towerlab::batched_matmul(ga.grad, gy, bv, false, !transpose_b, 1.0f, beta, t.stream(),
+                                     math);
           } else {
-            towerlab::batched_matmul(ga.grad, bv, gy, transpose_b, true, 1.0f, beta, t.stream());
+            towerlab::batched_matmul(ga.grad, bv, gy, transpose_b, true, 1.0f, beta, t.stream(),
+                                     math);
           }
         }
         if (b.requires_grad()) {
           const Tape::GradTarget gb = t.grad_target(b);
           const float beta = gb.assign ? 0.0f : 1.0f;
           if (!transpose_b) {
-            towerlab::batched_matmul(gb.grad, av, gy, !transpose_a, false, 1.0f, beta, t.stream());
+            towerlab::batched_matmul(gb.grad, av, gy, !transpose_a, false, 1.0f, beta, t.stream(),
+                                     math);
           } else {
-            towerlab::batched_matmul(gb.grad, gy, av, true, transpose_a, 1.0f, beta, t.stream());
+            towerlab::batched_matmul(gb.grad, gy, av, true, transpose_a, 1.0f, beta, t.stream(),
+                                     math);
           }
         }
       });

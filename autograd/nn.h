@@ -33,7 +33,9 @@ namespace towerlab::ag {
 // linear and conv2d multiply 16-bit operands (a variable's working copy, an
 // activation rounded at the op, and in the backward the output gradient rounded)
 // with float32 sums; their outputs and every gradient are float32 (a bias, and its
-// gradient, stay float32). Float32 tapes run exactly the float32 kernels.
+// gradient, stay float32). Float32 tapes run exactly the float32 kernels, with
+// the tape's Float32Math (Tape::float32_math: TF32 on CUDA under the tf32
+// precision), as does batched_matmul.
 Var matmul(const Var& a, const Var& b, bool transpose_a = false, bool transpose_b = false);
 
 // op(a_i) * op(b_i) for each batch entry (kernels/batched_matmul.h): a [B,M,K] and b

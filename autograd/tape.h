@@ -36,6 +36,7 @@
 
 #include "../engine/stream.h"
 #include "../engine/tensor.h"
+#include "../kernels/matmul.h"
 
 namespace towerlab {
 
@@ -124,6 +125,13 @@ class Tape {
   DType compute_dtype() const { return compute_dtype_; }
   void set_compute_dtype(DType dtype);
 
+  // How the float32 GEMMs recorded here may multiply (kernels/matmul.h's
+  // Float32Math): Ieee by default; Tf32 under the tf32 precision lets ag::matmul,
+  // ag::linear and ag::batched_matmul, forward and backward, run on CUDA's TF32
+  // tensor cores (a CPU tape computes float32 either way). conv2d does not read it.
+  Float32Math float32_math() const { return float32_math_; }
+  void set_float32_math(Float32Math math) { float32_math_ = math; }
+
   // Output of a differentiable op: requires a gradient when any input does and
   // gradients are enabled. `backward` is recorded only then; it receives the
   // output Var and must add into its inputs' grad_for() (or grad_target()) tensors.
@@ -210,6 +218,7 @@ class Tape {
   bool backward_done_ = false;
   FirstWrite first_write_ = FirstWrite::Assign;
   DType compute_dtype_ = DType::Float32;
+  Float32Math float32_math_ = Float32Math::Ieee;
   TapeProfiler* profiler_ = nullptr;
   int scope_ = -1;
 };

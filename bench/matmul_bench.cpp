@@ -38,11 +38,20 @@
 // On the emulated GPUs only towerlab's side builds (the emulated cuBLAS has no
 // GemmEx); there `--benchmark_filter=cuda_bf16_NN/512` runs the kernel as a smoke
 // test (slowly: every thread on the CPU).
+//
+// CUDA, TF32 (issue 46): the same kernel on float32 A, B and C with
+// Float32Math::Tf32 (operands rounded to TF32, mma.sync m16n8k8, float32 sums)
+// beside cublasSgemm under CUBLAS_TF32_TENSOR_OP_MATH, NN, NT and TN at 512, 1024
+// and 4096; the cuda_* float32 rows above are the same products without TF32:
+//   ./matmul_bench --benchmark_filter='(cublas|cuda)_tf32' --benchmark_repetitions=5
+// Both sides build on the emulated GPUs (the emulated cuBLAS rounds to TF32 under
+// that math mode), where they are smoke tests only.
 #include <benchmark/benchmark.h>
 
 #include "bench_util.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -56,8 +65,9 @@
 #endif
 #if TOWERLAB_WITH_CUDA
 #include <cublas_v2.h>  // the emulator's defines TOWERLAB_EMULATED_CUDA
-#if !defined(TOWERLAB_EMULATED_CUDA)
+
 #include "engine/cuda_check.h"
+#if !defined(TOWERLAB_EMULATED_CUDA)
 #define TL_BENCH_GEMM_EX 1
 #endif
 #endif
@@ -161,6 +171,28 @@ void BM_Cuda(benchmark::State& state, Layout layout, GemmBackend backend) {
   set_flops(state, m, n, k);
 }
 
+#if TOWERLAB_WITH_CUDA
+// A cuBLAS handle for the peer rows: on `stream`, in math mode `math`.
+class BenchCublas {
+ public:
+  BenchCublas(const Stream& stream, cublasMath_t math) {
+    TL_CUBLAS_CHECK(cublasCreate(&handle_));
+    TL_CUBLAS_CHECK(cublasSetMathMode(handle_, math));
+    TL_CUBLAS_CHECK(cublasSetStream(handle_, static_cast<cudaStream_t>(stream.native_handle())));
+  }
+  ~BenchCublas() {
+    if (cublasDestroy(handle_) != CUBLAS_STATUS_SUCCESS)
+      std::fprintf(stderr, "cublasDestroy failed\n");
+  }
+  BenchCublas(const BenchCublas&) = delete;
+  BenchCublas& operator=(const BenchCublas&) = delete;
+  cublasHandle_t get() const { return handle_; }
+
+ private:
+  cublasHandle_t handle_ = nullptr;
+};
+#endif
+
 // The 16-bit product, op(A) and op(B) in `dtype`, C float32: towerlab's matmul()
 // (the tensor cores), or cublasGemmEx with `cublas`.
 void BM_Cuda16(benchmark::State& state, Layout layout, DType dtype, bool cublas) {
@@ -176,23 +208,50 @@ void BM_Cuda16(benchmark::State& state, Layout layout, DType dtype, bool cublas)
     return;
   }
 #if TL_BENCH_GEMM_EX
-  cublasHandle_t handle = nullptr;
-  TL_CUBLAS_CHECK(cublasCreate(&handle));
-  TL_CUBLAS_CHECK(cublasSetStream(handle, static_cast<cudaStream_t>(stream.native_handle())));
+  const BenchCublas handle(stream, CUBLAS_DEFAULT_MATH);
   const cudaDataType_t type = dtype == DType::BFloat16 ? CUDA_R_16BF : CUDA_R_16F;
   const float alpha = 1.0f, beta = 0.0f;
   // Column-major cuBLAS computes C^T = op(B)^T op(A)^T (kernels/cuda/matmul.cu).
   bench::time_calls(state, stream, [&] {
     TL_CUBLAS_CHECK(cublasGemmEx(
-        handle, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
-        static_cast<int>(m), static_cast<int>(k), &alpha, b.raw_data(), type,
+        handle.get(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+        static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b.raw_data(), type,
         static_cast<int>(b.size(1)), a.raw_data(), type, static_cast<int>(a.size(1)), &beta,
         x.c.raw_data(), CUDA_R_32F, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   });
-  TL_CUBLAS_CHECK(cublasDestroy(handle));
   set_flops(state, m, n, k);
 #else
   state.SkipWithError("no cublasGemmEx in this build (the emulated cuBLAS has SGEMM only)");
+#endif
+}
+
+// The float32 product on TF32 tensor cores: towerlab's matmul() with
+// Float32Math::Tf32, or cublasSgemm under CUBLAS_TF32_TENSOR_OP_MATH with `cublas`.
+void BM_CudaTf32(benchmark::State& state, Layout layout, bool cublas) {
+  if (bench::skip_without(Device::cuda(0), state)) return;
+  const std::int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  Stream stream(Device::cuda(0));
+  Operands x(m, n, k, layout, stream);
+  const bool ta = transpose_a(layout), tb = transpose_b(layout);
+  if (!cublas) {
+    bench::time_calls(state, stream, [&] {
+      matmul(x.c, x.a, x.b, ta, tb, 1.0f, 0.0f, stream, Float32Math::Tf32);
+    });
+    set_flops(state, m, n, k);
+    return;
+  }
+#if TOWERLAB_WITH_CUDA
+  const BenchCublas handle(stream, CUBLAS_TF32_TENSOR_OP_MATH);
+  const float alpha = 1.0f, beta = 0.0f;
+  // Column-major cuBLAS computes C^T = op(B)^T op(A)^T (kernels/cuda/matmul.cu).
+  bench::time_calls(state, stream, [&] {
+    TL_CUBLAS_CHECK(
+        cublasSgemm(handle.get(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                    static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha,
+                    x.b.data<float>(), static_cast<int>(x.b.size(1)), x.a.data<float>(),
+                    static_cast<int>(x.a.size(1)), &beta, x.c.data<float>(), static_cast<int>(n)));
+  });
+  set_flops(state, m, n, k);
 #endif
 }
 
@@ -289,3 +348,11 @@ TL_CUDA16_PAIR(TN, bf16, DType::BFloat16);
 TL_CUDA16_PAIR(NN, fp16, DType::Float16);
 TL_CUDA16_PAIR(NT, fp16, DType::Float16);
 TL_CUDA16_PAIR(TN, fp16, DType::Float16);
+
+// float32 on TF32 tensor cores beside cublasSgemm in TF32 math mode, each layout.
+#define TL_CUDA_TF32_PAIR(L)                                                           \
+  BENCHMARK_CAPTURE(BM_CudaTf32, cublas_tf32_##L, Layout::L, true)->Apply(cuda_sizes); \
+  BENCHMARK_CAPTURE(BM_CudaTf32, cuda_tf32_##L, Layout::L, false)->Apply(cuda_sizes)
+TL_CUDA_TF32_PAIR(NN);
+TL_CUDA_TF32_PAIR(NT);
+TL_CUDA_TF32_PAIR(TN);

@@ -33,7 +33,8 @@ Tensor entry(const Tensor& x, std::int64_t i) {
 }  // namespace
 
 void batched_matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool transpose_a,
-                    bool transpose_b, float alpha, float beta, const Stream& stream) {
+                    bool transpose_b, float alpha, float beta, const Stream& stream,
+                    Float32Math math) {
   for (const auto& [name, t] : {std::pair{"a", &a}, std::pair{"b", &b}, std::pair{"c", &c}}) {
     TL_CHECK(t->defined(), InvalidArgument, "batched_matmul: " << name << " is undefined");
   }
@@ -66,17 +67,18 @@ void batched_matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool tran
     if (batch == 0) {  // an empty sum: matmul with K = 0 sets C = beta C
       const Tensor none_a = a.view(0, transpose_a ? Shape{0, m} : Shape{m, 0});
       const Tensor none_b = b.view(0, transpose_b ? Shape{n, 0} : Shape{0, n});
-      matmul(c, none_a, none_b, transpose_a, transpose_b, alpha, beta, stream);
+      matmul(c, none_a, none_b, transpose_a, transpose_b, alpha, beta, stream, math);
     }
     for (std::int64_t i = 0; i < batch; ++i) {
       matmul(c, entry(a, i), entry(b, i), transpose_a, transpose_b, alpha, i == 0 ? beta : 1.0f,
-             stream);
+             stream, math);
     }
     return;
   }
   const auto entries = [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t i = lo; i < hi; ++i) {
-      matmul(entry(c, i), entry(a, i), entry(b, i), transpose_a, transpose_b, alpha, beta, stream);
+      matmul(entry(c, i), entry(a, i), entry(b, i), transpose_a, transpose_b, alpha, beta, stream,
+             math);
     }
   };
   if (stream.device().is_cpu() && batch >= thread_share()) {

@@ -18,9 +18,10 @@
 // beta == 0 assigns (C not read), beta == 1 accumulates, as matmul. B == 0 leaves a
 // 3-D c empty and sets a 2-D c to beta C (0 when beta == 0).
 //
-// Each entry is matmul(C_i, A_i, B_i, ...) on views of the three tensors, so the
-// dtypes, devices, backends and speed are matmul's: float32 on every device (the
-// CPU's blocked driver, CUDA's SGEMM or cuBLAS as set_gemm_backend says), float64
+// Each entry is matmul(C_i, A_i, B_i, ..., math) on views of the three tensors, so
+// the dtypes, devices, backends, Float32Math and speed are matmul's: float32 on
+// every device (the CPU's blocked driver; CUDA's SGEMM or cuBLAS as
+// set_gemm_backend says, or its TF32 tensor cores under Float32Math::Tf32), float64
 // on the CPU, and bfloat16 / float16 a and b with a float32 c (on the CPU a 16-bit
 // c too; the 2-D sum takes a float32 or float64 c only: a 16-bit one would be rounded
 // once per entry). On the CPU the entries are shared among the threads when there are at
@@ -30,7 +31,8 @@
 //
 // Tolerance: each entry's is matmul's, against kernels/reference/batched_matmul.h
 // (the reference GEMM per entry): |c - c_ref| <= 2 (K + 2) 2^-24 (|alpha| S + |beta
-// c0|), S = sum_p |op(A_i)[m,p] op(B_i)[p,n]| (plus half an ulp of a 16-bit c). The
+// c0|), S = sum_p |op(A_i)[m,p] op(B_i)[p,n]| (plus half an ulp of a 16-bit c; under
+// Tf32 on CUDA, against the reference on the operands rounded to TF32). The
 // 2-D sum adds the entries onto C in order i = 0 .. B-1 (each entry's GEMM with beta
 // 1 after the first), at most B (K + ceil(K / 256) + 2) roundings: K becomes B K in
 // the bound and S sums over the entries too.
@@ -44,10 +46,12 @@
 
 #include "../engine/stream.h"
 #include "../engine/tensor.h"
+#include "matmul.h"
 
 namespace towerlab {
 
 void batched_matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool transpose_a,
-                    bool transpose_b, float alpha, float beta, const Stream& stream);
+                    bool transpose_b, float alpha, float beta, const Stream& stream,
+                    Float32Math math = Float32Math::Ieee);
 
 }  // namespace towerlab

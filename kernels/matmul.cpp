@@ -74,7 +74,7 @@ GemmBackend gemm_backend() {
 }
 
 void matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b,
-            float alpha, float beta, const Stream& stream) {
+            float alpha, float beta, const Stream& stream, Float32Math math) {
   const bool low_precision = is_16bit(a.dtype()) || is_16bit(b.dtype()) || is_16bit(c.dtype());
   if (low_precision) {
     check_16bit_operands(stream, c, a, b);
@@ -114,6 +114,11 @@ void matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool transpose_a,
     return;
   }
 
+  // TF32 on CUDA's tensor cores; the CPU has no TF32 arithmetic and computes in float32.
+  if (math == Float32Math::Tf32 && stream.device().is_cuda()) {
+    TL_ON_CUDA(cuda::gemm_tf32(c, a, b, transpose_a, transpose_b, alpha, beta, stream));
+    return;
+  }
   const std::int64_t lda = a.size(1), ldb = b.size(1), ldc = c.size(1);
   // The host's GEMM runs in c's dtype (float64 for the gradient checks).
   const auto host_gemm = [&]<typename T>() {

@@ -1,7 +1,6 @@
 // The precision policy's names and dtypes (parallel/precision.h).
 #include "parallel/precision.h"
 
-#include <algorithm>
 #include <cmath>
 
 #include "engine/error.h"
@@ -22,24 +21,21 @@ const char* precision_name(Precision precision) {
   return "?";
 }
 
-DType compute_dtype(Precision precision, const std::vector<Device>& devices) {
+DType compute_dtype(Precision precision) {
   switch (precision) {
     case Precision::Fp32:
+    case Precision::Tf32:  // float32 tensors; the GEMMs' TF32 is float32_math's
       return DType::Float32;
-    case Precision::Tf32: {
-      const bool gpu =
-          std::any_of(devices.begin(), devices.end(), [](Device d) { return d.is_cuda(); });
-      TL_CHECK(!gpu, NotSupported,
-               "Trainer: precision tf32 on CUDA towers is not supported yet (there is no TF32 "
-               "tensor-core GEMM yet, and float32 is not TF32); use fp32 or bf16");
-      return DType::Float32;  // the CPU has no TF32 arithmetic: float32
-    }
     case Precision::Bf16:
       return DType::BFloat16;
     case Precision::Fp16:
       return DType::Float16;
   }
   return DType::Float32;
+}
+
+Float32Math float32_math(Precision precision) {
+  return precision == Precision::Tf32 ? Float32Math::Tf32 : Float32Math::Ieee;
 }
 
 LossScale::LossScale(bool enabled, std::int64_t growth_interval)

@@ -19,10 +19,14 @@
 // parameter; a float32 tape takes exactly the code paths, and so the bits, of a
 // trainer without the option.
 //
-// Fp32 is today's float32 everywhere. Tf32 is float32 on CPU towers (the CPU has no
-// TF32 arithmetic; the same bits as Fp32) and NotSupported on CUDA towers until the
-// TF32 tensor-core GEMM exists; the Trainer's constructor throws it, naming the
-// choice. Fp16 is Bf16's policy with float16 as the working dtype, plus dynamic loss
+// Fp32 is today's float32 everywhere. Tf32 keeps every tensor float32 and lets the
+// float32 GEMMs (ag::matmul, ag::linear, ag::batched_matmul: forward, input and
+// weight gradients) multiply on TF32 tensor cores (Tape::float32_math,
+// kernels/matmul.h's Float32Math::Tf32): on CUDA towers their operands are rounded
+// to TF32 (10 mantissa bits, to nearest with ties away from zero) with float32
+// sums; conv2d stays float32 there (not TF32: its kernels take no Float32Math
+// yet); on CPU towers, which have no TF32 arithmetic, it is Fp32, bit for bit.
+// Fp16 is Bf16's policy with float16 as the working dtype, plus dynamic loss
 // scaling (LossScale below): float16 keeps 10 mantissa bits to bfloat16's 7 but
 // covers only 2^-24 to 65504, so small output gradients would flush to zero without
 // the scale, and a master value of magnitude 65520 or more rounds to an infinity in
@@ -36,6 +40,7 @@
 
 #include "../engine/device.h"
 #include "../engine/tensor.h"
+#include "../kernels/matmul.h"
 
 namespace towerlab {
 
@@ -44,10 +49,11 @@ enum class Precision { Fp32, Tf32, Bf16, Fp16 };
 // "fp32", "tf32", "bf16", "fp16": the sample's --precision values and the fingerprint's.
 const char* precision_name(Precision precision);
 
-// The dtype the GEMM-class ops multiply in (Tape::compute_dtype) for towers on
-// `devices`: float32, bfloat16 or float16. Throws NotSupported for what does not
-// run yet (tf32 on CUDA towers), naming the precision and what does run.
-DType compute_dtype(Precision precision, const std::vector<Device>& devices);
+// The dtype the GEMM-class ops multiply in (Tape::compute_dtype): float32 (Fp32,
+// Tf32), bfloat16 or float16.
+DType compute_dtype(Precision precision);
+// How the float32 GEMMs multiply (Tape::float32_math): Tf32 under Tf32, else Ieee.
+Float32Math float32_math(Precision precision);
 
 // Dynamic loss scaling under Fp16, with PyTorch GradScaler's rules. Each tower seeds
 // its backward with its share of the batch times scale(), so the output gradients

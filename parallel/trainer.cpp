@@ -131,8 +131,7 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
   master_ = std::make_unique<VariableStore>(variables_, *master_stream_);
   master_->initialize(options_.seed, *master_stream_);
 
-  // Checked on the request, as the tower kinds are.
-  const DType compute = compute_dtype(options_.precision, options_.devices);
+  const DType compute = compute_dtype(options_.precision);
   loss_scale_ =
       LossScale(options_.precision == Precision::Fp16, options_.loss_scale_growth_interval);
   std::vector<const Stream*> streams;
@@ -144,6 +143,7 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
                                      "tower " + std::to_string(i) + " (" + t->device.str() + ")");
     t->store = std::make_unique<VariableStore>(variables_, *t->stream);
     t->tape->set_compute_dtype(compute);
+    t->tape->set_float32_math(float32_math(options_.precision));
     t->store->set_working_dtype(compute, *t->stream);
     streams.push_back(t->stream.get());
     towers_.push_back(std::move(t));

@@ -212,7 +212,14 @@ int run(const sample::Options& o) {
                   : trainer.master().device().str().c_str(),
               static_cast<long long>(o.batch));
   if (o.precision == "tf32") {
-    std::printf("precision tf32: the CPU has no TF32 arithmetic, so these CPU towers run fp32\n");
+    const std::vector<Device>& devices = trainer.devices();
+    if (std::any_of(devices.begin(), devices.end(), [](Device d) { return d.is_cuda(); })) {
+      std::printf(
+          "precision tf32: matmul and linear on TF32 tensor cores on the CUDA towers (operands "
+          "rounded to 10 mantissa bits, float32 sums); convolutions float32; CPU towers fp32\n");
+    } else {
+      std::printf("precision tf32: the CPU has no TF32 arithmetic, so these CPU towers run fp32\n");
+    }
   } else if (o.precision == "bf16") {
     std::printf(
         "precision bf16: bfloat16 GEMMs and convolutions; float32 sums, master and "
