@@ -235,15 +235,14 @@ struct CudnnLayer {
     CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_desc));
     CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
     const auto i = [](std::int64_t v) { return static_cast<int>(v); };
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_desc, CUDNN_TENSOR_NCHW, data, i(l.N), i(l.C),
-                                           i(l.H), i(l.W)));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_desc, CUDNN_TENSOR_NCHW, data, i(l.N), i(l.K),
-                                           i(l.H), i(l.W)));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_desc, CUDNN_TENSOR_NCHW, data, i(l.N), i(l.C), i(l.H),
+                                           i(l.W)));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_desc, CUDNN_TENSOR_NCHW, data, i(l.N), i(l.K), i(l.H),
+                                           i(l.W)));
     CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_desc, data, CUDNN_TENSOR_NCHW, i(l.K), i(l.C), 3, 3));
     CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, 1, 1, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION,
                                                 CUDNN_DATA_FLOAT));
-    CUDNN_CHECK(
-        cudnnSetConvolutionMathType(conv, bf16 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(conv, bf16 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
   }
   ~CudnnLayer() {
     cudnnDestroyConvolutionDescriptor(conv);
@@ -292,8 +291,8 @@ Perf pick(const Perf* results, int count, bool bf16, const char* what) {
     if (results[i].status == CUDNN_STATUS_SUCCESS && (bf16 || fma_only(results[i].mathType)))
       return results[i];
   }
-  TL_THROW(CudaError, "cuDNN found no " << (bf16 ? "BF16" : "FP32 FMA") << " algorithm for "
-                                        << what);
+  TL_THROW(CudaError,
+           "cuDNN found no " << (bf16 ? "BF16" : "FP32 FMA") << " algorithm for " << what);
 }
 
 void BM_Cudnn(benchmark::State& state, Pass pass, Layer l, bool bf16) {
@@ -406,8 +405,8 @@ const bool registered = [] {
                                    DType::Float32)
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond);
-      benchmark::RegisterBenchmark((base + "cuda_bf16").c_str(), BM_Towerlab, Device::cuda(0),
-                                   pass, l, DType::BFloat16)
+      benchmark::RegisterBenchmark((base + "cuda_bf16").c_str(), BM_Towerlab, Device::cuda(0), pass,
+                                   l, DType::BFloat16)
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond);
       if (std::min(l.C, l.K) >= 32 && std::max(l.C, l.K) >= 64) {

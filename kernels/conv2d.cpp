@@ -237,9 +237,9 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
                      const Tensor& grad_y, const Tensor& x, const Tensor& weight,
                      const Conv2dParams& params, const Stream& stream, GradWrite grad_x_write) {
   const char* op = "conv2d_backward";
-  const bool low = check_16bit(
-      op, {{"grad_y", &grad_y}, {"x", &x}, {"weight", &weight}},
-      {{"grad_x", &grad_x}, {"grad_weight", &grad_weight}, {"grad_bias", &grad_bias}});
+  const bool low =
+      check_16bit(op, {{"grad_y", &grad_y}, {"x", &x}, {"weight", &weight}},
+                  {{"grad_x", &grad_x}, {"grad_weight", &grad_weight}, {"grad_bias", &grad_bias}});
   if (low && !on_tensor_cores(params, stream)) {
     // x is read for grad_weight only, weight for grad_x only.
     conv2d_backward(

@@ -109,13 +109,11 @@ class Conv2dTensorCores : public ::testing::Test {
     Tensor y = filled(nan, k.y_shape());
     conv2d_forward(y, upload<In>(x, k.x_shape()), upload<In>(w, k.w_shape()),
                    Tensor::from_host<float>(b, {k.K}, stream()), k.params, stream());
-    Tensor grad_x =
-        filled(grad_x_write == GradWrite::Assign ? nan : kDataSentinel, k.x_shape());
+    Tensor grad_x = filled(grad_x_write == GradWrite::Assign ? nan : kDataSentinel, k.x_shape());
     Tensor grad_w = filled(kWeightSentinel, k.w_shape());
     Tensor grad_b = filled(kBiasSentinel, {k.K});
-    conv2d_backward(grad_x, grad_w, grad_b, upload<In>(g, k.y_shape()),
-                    upload<In>(x, k.x_shape()), upload<In>(w, k.w_shape()), k.params, stream(),
-                    grad_x_write);
+    conv2d_backward(grad_x, grad_w, grad_b, upload<In>(g, k.y_shape()), upload<In>(x, k.x_shape()),
+                    upload<In>(w, k.w_shape()), k.params, stream(), grad_x_write);
     return {y.to_host<float>(stream()), grad_x.to_host<float>(stream()),
             grad_w.to_host<float>(stream()), grad_b.to_host<float>(stream())};
   }

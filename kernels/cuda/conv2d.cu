@@ -127,10 +127,10 @@ Dims make_dims(const Conv2dShape& s) {
 template <class V>
 struct ForwardProblem {
   Dims d;
-  const V* x;       // [N,C,H,W]
-  const V* weight;  // [K, C*R*S]
-  const float* bias;    // [K] or nullptr
-  float* y;             // [N,K,P,Q]
+  const V* x;         // [N,C,H,W]
+  const V* weight;    // [K, C*R*S]
+  const float* bias;  // [K] or nullptr
+  float* y;           // [N,K,P,Q]
   int M, Ncols, Kred;
 
   struct Row {
@@ -207,7 +207,7 @@ struct BackwardDataProblem {
   Dims d;
   const V* grad_y;  // [N,K,P,Q]
   const V* weight;  // [K,C,R,S]
-  float* grad_x;        // [N,C,H,W]
+  float* grad_x;    // [N,C,H,W]
   int M, Ncols, Kred;
 
   struct Row {
@@ -289,10 +289,10 @@ struct BackwardDataProblem {
 template <class V>
 struct BackwardWeightProblem {
   Dims d;
-  const V* grad_y;  // [N,K,P,Q]
-  const V* x;       // [N,C,H,W]
-  float* grad_weight;   // [K, C*R*S]
-  float* partial;       // [splits, K, C*R*S] when the reduction is split, else nullptr
+  const V* grad_y;     // [N,K,P,Q]
+  const V* x;          // [N,C,H,W]
+  float* grad_weight;  // [K, C*R*S]
+  float* partial;      // [splits, K, C*R*S] when the reduction is split, else nullptr
   int M, Ncols, Kred;
 
   // pipelined_pixel_kernel's interface: a row (output channel k), a column (tap
@@ -776,9 +776,11 @@ void backward_weight(const Dims& d, float* grad_weight, const float* grad_y, con
   problem.M = d.K, problem.Ncols = d.CRS, problem.Kred = d.N * d.PQ;
   auto run = [&]<class T>() {
     const std::int64_t tiles = std::int64_t{ceil_div(d.K, T::BM)} * ceil_div(d.CRS, T::BN);
-    split_weight_gemm(problem, tiles, T::BK, std::max(1, T::kMinBlocks), sms, stream,
-                      [&](const BackwardWeightProblem<float>& split_problem, int splits,
-                          int k_per_split) { launch_weight<T>(split_problem, splits, k_per_split, s); });
+    split_weight_gemm(
+        problem, tiles, T::BK, std::max(1, T::kMinBlocks), sms, stream,
+        [&](const BackwardWeightProblem<float>& split_problem, int splits, int k_per_split) {
+          launch_weight<T>(split_problem, splits, k_per_split, s);
+        });
   };
   // Residency (the Tile's MIN_BLOCKS, ptxas for sm_90, pipelined_pixel_kernel):
   // 32x32x16 64 threads, 121 registers: 8 per SM, planned as 4; 64x64x16 256
@@ -834,8 +836,7 @@ void launch_tc(const Problem& problem, bool bf16, int splits, int k_per_split,
   TL_CHECK(grid.y <= 65535 && grid.z <= 65535, NotSupported,
            "conv2d: " << problem.Ncols << " GEMM columns need " << grid.y
                       << " column tiles; the CUDA kernels handle at most 65535");
-  const auto kernel =
-      bf16 ? tc_gemm_kernel<Problem, T, true> : tc_gemm_kernel<Problem, T, false>;
+  const auto kernel = bf16 ? tc_gemm_kernel<Problem, T, true> : tc_gemm_kernel<Problem, T, false>;
   kernel<<<grid, T::kThreads, 0, stream>>>(problem, k_per_split);
   TL_CUDA_CHECK_LAUNCH();
 }
@@ -886,12 +887,12 @@ void backward_weight_16bit(const Dims& d, float* grad_weight, const Bits* grad_y
   problem.M = d.K, problem.Ncols = d.CRS, problem.Kred = d.N * d.PQ;
   using T = TcSquare;
   const std::int64_t tiles = std::int64_t{ceil_div(d.K, T::BM)} * ceil_div(d.CRS, T::BN);
-  split_weight_gemm(problem, tiles, tc::kStepK, T::kMinBlocks, sms, stream,
-                    [&](const BackwardWeightProblem<Bits>& split_problem, int splits,
-                        int k_per_split) {
-                      launch_tc<BackwardWeightProblem<Bits>, T>(split_problem, bf16, splits,
-                                                                k_per_split, native(stream));
-                    });
+  split_weight_gemm(
+      problem, tiles, tc::kStepK, T::kMinBlocks, sms, stream,
+      [&](const BackwardWeightProblem<Bits>& split_problem, int splits, int k_per_split) {
+        launch_tc<BackwardWeightProblem<Bits>, T>(split_problem, bf16, splits, k_per_split,
+                                                  native(stream));
+      });
 }
 
 }  // namespace
@@ -938,8 +939,7 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
                           native(stream));
     }
     if (grad_weight.defined()) {
-      backward_weight_16bit(d, grad_weight.data<float>(), bits(grad_y), bits(x), bf16, sms,
-                            stream);
+      backward_weight_16bit(d, grad_weight.data<float>(), bits(grad_y), bits(x), bf16, sms, stream);
     }
     return;
   }

@@ -64,8 +64,8 @@ __device__ __forceinline__ void load_b(std::uint32_t (&fb)[kFragsN][2], const st
     const int n = warp_col + pair * 16;
     std::uint32_t r[4];
     if constexpr (kKMajor) {  // tile [n][k]: matrix j's rows are n = 8 (j / 2) + r
-      ldmatrix_x4(r, tile + swizzled<true, kLine>(n + lane % 8 + 8 * (lane / 16),
-                                                  2 * kk + (lane / 8) % 2));
+      ldmatrix_x4(
+          r, tile + swizzled<true, kLine>(n + lane % 8 + 8 * (lane / 16), 2 * kk + (lane / 8) % 2));
     } else {  // tile [k][n], transposed: matrix j's rows are k = 16 kk + 8 (j % 2) + r
       ldmatrix_x4_trans(r, tile + swizzled<false, kLine>(16 * kk + lane % 16, n / 8 + lane / 16));
     }
