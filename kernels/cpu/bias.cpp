@@ -41,17 +41,19 @@ void bias_add_backward(const Tensor& grad_bias, const Tensor& grad_y, std::int64
     T* gb = grad_bias.data<T>();     // [C]
     if (S == 1) {
       constexpr std::int64_t kLanes = 16;
-      parallel_rows((C + kLanes - 1) / kLanes, kLanes * N, [&](std::int64_t first, std::int64_t last) {
-        const std::int64_t c0 = first * kLanes, c1 = std::min(C, last * kLanes);
-        std::vector<double> sums(static_cast<std::size_t>(c1 - c0), 0.0);
-        for (std::int64_t n = 0; n < N; ++n) {
-          const T* row = gy + n * C;
-          for (std::int64_t c = c0; c < c1; ++c) sums[c - c0] += static_cast<double>(row[c]);
-        }
-        for (std::int64_t c = c0; c < c1; ++c) {
-          gb[c] = static_cast<T>(static_cast<double>(gb[c]) + sums[c - c0]);
-        }
-      });
+      parallel_rows((C + kLanes - 1) / kLanes, kLanes * N,
+                    [&](std::int64_t first, std::int64_t last) {
+                      const std::int64_t c0 = first * kLanes, c1 = std::min(C, last * kLanes);
+                      std::vector<double> sums(static_cast<std::size_t>(c1 - c0), 0.0);
+                      for (std::int64_t n = 0; n < N; ++n) {
+                        const T* row = gy + n * C;
+                        for (std::int64_t c = c0; c < c1; ++c)
+                          sums[c - c0] += static_cast<double>(row[c]);
+                      }
+                      for (std::int64_t c = c0; c < c1; ++c) {
+                        gb[c] = static_cast<T>(static_cast<double>(gb[c]) + sums[c - c0]);
+                      }
+                    });
       return;
     }
     parallel_rows(C, N * S, [&](std::int64_t first, std::int64_t last) {
