@@ -110,35 +110,36 @@ Var batched_matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_
   const std::int64_t batch = (a.value().dim() == 3 ? a : b).shape()[0];
   const std::int64_t m = a.value().size(transpose_a ? -1 : -2);
   const std::int64_t n = b.value().size(transpose_b ? -2 : -1);
+  // As matmul: the operands as multiplied (16-bit under a mixed-precision tape), y
+  // and the gradients float32.
+  const Tensor av = gemm_operand(a), bv = gemm_operand(b);
   Tensor y = new_tensor(tape, {batch, m, n}, a);
-  towerlab::batched_matmul(y, a.value(), b.value(), transpose_a, transpose_b, 1.0f, 0.0f,
-                           tape.stream());
-  return tape.record(y, "batched_matmul", {a, b}, [a, b, transpose_a, transpose_b](const Var& out) {
-    // matmul's formulas entry by entry; a shared (2-D) operand's gradient is the
-    // 2-D c of batched_matmul, the sum over the batch.
-    Tape& t = out.tape();
-    const Tensor& gy = out.grad();  // [B,M,N]
-    if (a.requires_grad()) {
-      const Tape::GradTarget ga = t.grad_target(a);
-      const float beta = ga.assign ? 0.0f : 1.0f;
-      if (!transpose_a) {
-        towerlab::batched_matmul(ga.grad, gy, b.value(), false, !transpose_b, 1.0f, beta,
-                                 t.stream());
-      } else {
-        towerlab::batched_matmul(ga.grad, b.value(), gy, transpose_b, true, 1.0f, beta, t.stream());
-      }
-    }
-    if (b.requires_grad()) {
-      const Tape::GradTarget gb = t.grad_target(b);
-      const float beta = gb.assign ? 0.0f : 1.0f;
-      if (!transpose_b) {
-        towerlab::batched_matmul(gb.grad, a.value(), gy, !transpose_a, false, 1.0f, beta,
-                                 t.stream());
-      } else {
-        towerlab::batched_matmul(gb.grad, gy, a.value(), true, transpose_a, 1.0f, beta, t.stream());
-      }
-    }
-  });
+  towerlab::batched_matmul(y, av, bv, transpose_a, transpose_b, 1.0f, 0.0f, tape.stream());
+  return tape.record(
+      y, "batched_matmul", {a, b}, [a, b, av, bv, transpose_a, transpose_b](const Var& out) {
+        // matmul's formulas entry by entry; a shared (2-D) operand's gradient is the
+        // 2-D c of batched_matmul, the sum over the batch.
+        Tape& t = out.tape();
+        const Tensor gy = gemm_grad_output(out.grad(), av.dtype(), t.stream());  // [B,M,N]
+        if (a.requires_grad()) {
+          const Tape::GradTarget ga = t.grad_target(a);
+          const float beta = ga.assign ? 0.0f : 1.0f;
+          if (!transpose_a) {
+            towerlab::batched_matmul(ga.grad, gy, bv, false, !transpose_b, 1.0f, beta, t.stream());
+          } else {
+            towerlab::batched_matmul(ga.grad, bv, gy, transpose_b, true, 1.0f, beta, t.stream());
+          }
+        }
+        if (b.requires_grad()) {
+          const Tape::GradTarget gb = t.grad_target(b);
+          const float beta = gb.assign ? 0.0f : 1.0f;
+          if (!transpose_b) {
+            towerlab::batched_matmul(gb.grad, av, gy, !transpose_a, false, 1.0f, beta, t.stream());
+          } else {
+            towerlab::batched_matmul(gb.grad, gy, av, true, transpose_a, 1.0f, beta, t.stream());
+          }
+        }
+      });
 }
 
 Var bias_add(const Var& x, const Var& bias, Activation activation) {

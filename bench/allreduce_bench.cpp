@@ -70,15 +70,20 @@ double ring_traffic(std::int64_t bytes, int n, Device device, RingReads reads,
   return double(bytes) * (n - 1) * (reduce_scatter + all_gather);
 }
 
-void BM_RingAllReduce(benchmark::State& state, Device device, RingReads reads,
-                      RingOnOneGpu one_gpu) {
+// `contributions`: the ring's reduce-scatter in float32, or in bfloat16 contributions
+// (parallel/ring_contributions.h: a rounding pass, each owner's widening and adds,
+// then the float32 all-gather), whose memory traffic is not the passes above: its
+// `mem` counter is left out.
+void BM_RingAllReduce(benchmark::State& state, Device device, RingReads reads, RingOnOneGpu one_gpu,
+                      DType contributions = DType::Float32) {
   if (bench::skip_without(device, state)) return;
   const int n = int(state.range(0));
   const std::int64_t bytes = state.range(1);
   Members m(device, n, bytes / 4);
-  Ring ring(m.raw, reads, one_gpu);
+  Ring ring(m.raw, reads, one_gpu, contributions);
   bench::time_calls(state, m.raw, [&] { ring.allreduce(m.buffers); });
   report(state, bytes, n);
+  if (contributions != DType::Float32) return;
   state.counters["mem"] = benchmark::Counter(ring_traffic(bytes, n, device, reads, one_gpu),
                                              benchmark::Counter::kIsIterationInvariantRate);
 }
@@ -130,6 +135,9 @@ BENCHMARK_CAPTURE(BM_RingAllReduce, cpu, Device::cpu(), RingReads::InPlace, Ring
 BENCHMARK_CAPTURE(BM_RingAllReduce, cpu_receive_buffer, Device::cpu(),
                   RingReads::ThroughReceiveBuffer, RingOnOneGpu::Steps)
     ->Apply(cpu_args);
+BENCHMARK_CAPTURE(BM_RingAllReduce, cpu_bf16_contributions, Device::cpu(), RingReads::InPlace,
+                  RingOnOneGpu::OneLaunch, DType::BFloat16)
+    ->Apply(cpu_args);
 BENCHMARK_CAPTURE(BM_ReduceAndBroadcast, cpu, Device::cpu())->Apply(cpu_args);
 BENCHMARK_CAPTURE(BM_CopyReference, cpu, Device::cpu())->Apply(cpu_args);
 BENCHMARK_CAPTURE(BM_RingAllReduce, cuda, Device::cuda(0), RingReads::InPlace,
@@ -137,6 +145,9 @@ BENCHMARK_CAPTURE(BM_RingAllReduce, cuda, Device::cuda(0), RingReads::InPlace,
     ->Apply(cuda_args);
 BENCHMARK_CAPTURE(BM_RingAllReduce, cuda_steps, Device::cuda(0), RingReads::InPlace,
                   RingOnOneGpu::Steps)
+    ->Apply(cuda_args);
+BENCHMARK_CAPTURE(BM_RingAllReduce, cuda_bf16_contributions, Device::cuda(0), RingReads::InPlace,
+                  RingOnOneGpu::OneLaunch, DType::BFloat16)
     ->Apply(cuda_args);
 BENCHMARK_CAPTURE(BM_RingAllReduce, cuda_receive_buffer, Device::cuda(0),
                   RingReads::ThroughReceiveBuffer, RingOnOneGpu::Steps)

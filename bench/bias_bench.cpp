@@ -4,7 +4,9 @@
 //
 // "bytes": the in-place forward reads and writes x (2|x|); the backward reads
 // grad_y (|x|). The reference is a copy of |x| (2|x| bytes: memcpy on the CPU,
-// cudaMemcpy device-to-device on CUDA, target >= 85% of its bytes/s).
+// cudaMemcpy device-to-device on CUDA, target >= 85% of its bytes/s). The
+// forward and backward also run on bfloat16 tensors (a float32 bias), with the
+// bytes of that dtype counted.
 #include <benchmark/benchmark.h>
 
 #include "bench_util.h"
@@ -18,24 +20,33 @@ using namespace towerlab;
 
 namespace {
 
-void BM_BiasAddForward(benchmark::State& state, Device device) {
-  if (bench::skip_without(device, state)) return;
-  Stream stream(device);
-  const Shape shape = bench::nchw_shape(state);
-  Tensor x = bench::random_tensor(shape, stream, 1);
-  Tensor bias = bench::random_tensor({shape[1]}, stream, 2, -1e-3f, 1e-3f);  // x drifts slowly
-  bench::time_calls(state, stream, [&] { bias_add_forward(x, x, bias, stream); });
-  bench::set_bytes(state, shape, 2);
+// x and grad_y in `dtype` (float32, or bfloat16 with a float32 bias: kernels/bias.h);
+// "bytes/s" counts the bytes of that dtype, and "items/s" the elements, which is
+// what a 16-bit kernel that keeps the bytes/s doubles.
+void set_counters(benchmark::State& state, const Shape& shape, double passes, DType dtype) {
+  bench::set_bytes(state, shape, passes * double(dtype_size(dtype)) / sizeof(float));
+  state.counters["items/s"] = benchmark::Counter(static_cast<double>(numel_of(shape)),
+                                                 benchmark::Counter::kIsIterationInvariantRate);
 }
 
-void BM_BiasAddBackward(benchmark::State& state, Device device) {
+void BM_BiasAddForward(benchmark::State& state, Device device, DType dtype) {
   if (bench::skip_without(device, state)) return;
   Stream stream(device);
   const Shape shape = bench::nchw_shape(state);
-  Tensor grad_y = bench::random_tensor(shape, stream, 1);
+  Tensor x = cast(bench::random_tensor(shape, stream, 1), dtype, stream);
+  Tensor bias = bench::random_tensor({shape[1]}, stream, 2, -1e-3f, 1e-3f);  // x drifts slowly
+  bench::time_calls(state, stream, [&] { bias_add_forward(x, x, bias, stream); });
+  set_counters(state, shape, 2, dtype);
+}
+
+void BM_BiasAddBackward(benchmark::State& state, Device device, DType dtype) {
+  if (bench::skip_without(device, state)) return;
+  Stream stream(device);
+  const Shape shape = bench::nchw_shape(state);
+  Tensor grad_y = cast(bench::random_tensor(shape, stream, 1), dtype, stream);
   Tensor grad_bias = Tensor::zeros({shape[1]}, stream);
   bench::time_calls(state, stream, [&] { bias_add_backward(grad_bias, grad_y, stream); });
-  bench::set_bytes(state, shape, 1);
+  set_counters(state, shape, 1, dtype);
 }
 
 // Bias add and the ReLU after it, forward and backward, fused or as two ops (the
@@ -90,8 +101,15 @@ const bool registered = [] {
   for (Device device : {Device::cpu(), Device::cuda(0)}) {
     const std::string on = bench::device_label(device);
     const bench::ShapesOf both{.cpu = shapes, .gpu = gpu_shapes};
-    bench::register_memory_bound("BM_BiasAddForward/" + on, both, BM_BiasAddForward, device);
-    bench::register_memory_bound("BM_BiasAddBackward/" + on, both, BM_BiasAddBackward, device);
+    for (DType dtype : {DType::Float32, DType::BFloat16}) {
+      // float32 keeps its names; the 16-bit rows are "..._bfloat16".
+      const std::string suffix =
+          dtype == DType::Float32 ? "" : std::string("_") + dtype_name(dtype);
+      bench::register_memory_bound("BM_BiasAddForward/" + on + suffix, both, BM_BiasAddForward,
+                                   device, dtype);
+      bench::register_memory_bound("BM_BiasAddBackward/" + on + suffix, both, BM_BiasAddBackward,
+                                   device, dtype);
+    }
     for (bool fused : {true, false}) {
       bench::register_memory_bound("BM_BiasAddReluStep/" + on + (fused ? "_fused" : "_unfused"),
                                    both, BM_BiasAddReluStep, device, fused);

@@ -1,6 +1,7 @@
 // conv2d forward, backward-data and backward-weight (and on the CPU both gradients
 // in one call) on the FashionNet layers (conv 1->32 and 32->64, 3x3, padding 1, on
-// 28x28 and 14x14) and on 3x3 layers of 64-256 channels at 56x56 / 28x28, counted in
+// 28x28 and 14x14), ResNet-20's three stride-1 layers (16, 32 and 64 channels on
+// 32x32, 16x16 and 8x8) and 3x3 layers of 64-256 channels at 56x56 / 28x28, counted in
 // FLOP/s (2*N*K*P*Q*C*R*S per pass).
 //
 // References, measured in the same run:
@@ -9,6 +10,10 @@
 //         case's label names it). Target:
 //         towerlab >= 80% of cuDNN on every layer here. GPU time is taken with CUDA
 //         events around back-to-back calls (bench::time_calls), for both.
+//         bfloat16 (cuda_bf16 beside cudnn_bf16): x, weight and grad_y in bfloat16 on
+//         the tensor cores; towerlab writes y and the gradients in float32 (its
+//         contract), cuDNN in bfloat16 (its BF16 convolutions' only output type),
+//         with float32 accumulation and the fastest algorithm of any math type.
 //   CPU:  OpenBLAS (when TOWERLAB_HAVE_CBLAS) doing the same im2col + SGEMM per image
 //         for the forward: the best the im2col lowering can do with a tuned GEMM.
 //         Run with OPENBLAS_NUM_THREADS=2 and OPENBLAS_CORETYPE set to the host
@@ -65,6 +70,9 @@ const Layer kLayers[] = {
     {"fashion2_b128", 128, 32, 14, 14, 64, true},
     {"fashion1_b512", 512, 1, 28, 28, 32, false},
     {"fashion2_b512", 512, 32, 14, 14, 64, false},
+    {"resnet16_b128", 128, 16, 32, 32, 16, false},  // ResNet-20's three stages
+    {"resnet32_b128", 128, 32, 16, 16, 32, false},
+    {"resnet64_b128", 128, 64, 8, 8, 64, false},
     {"c64_56x56_b32", 32, 64, 56, 56, 64, true},
     {"c128_28x28_b32", 32, 128, 28, 28, 128, false},
     {"c256_28x28_b64", 64, 256, 28, 28, 256, false},
@@ -93,18 +101,26 @@ double flops(const Layer& l, Pass pass) {
   return (pass == Pass::Backward ? 2 : 1) * 2.0 * l.N * l.K * l.H * l.W * l.C * 9;
 }  // P = H, Q = W
 
+// x, weight and grad_y in `inputs` (drawn in float32, then rounded), y and the
+// gradients in `outputs`.
 struct Operands {
   Tensor x, weight, y, grad_y, grad_x, grad_weight;
-  Operands(const Layer& l, const Stream& stream)
+  Operands(const Layer& l, const Stream& stream, DType inputs = DType::Float32,
+           DType outputs = DType::Float32)
       : x(Tensor::empty({l.N, l.C, l.H, l.W}, stream)),
         weight(Tensor::empty({l.K, l.C, 3, 3}, stream)),
-        y(Tensor::zeros({l.N, l.K, l.H, l.W}, stream)),
+        y(Tensor::zeros({l.N, l.K, l.H, l.W}, stream, outputs)),
         grad_y(Tensor::empty({l.N, l.K, l.H, l.W}, stream)),
-        grad_x(Tensor::zeros({l.N, l.C, l.H, l.W}, stream)),
-        grad_weight(Tensor::zeros({l.K, l.C, 3, 3}, stream)) {
+        grad_x(Tensor::zeros({l.N, l.C, l.H, l.W}, stream, outputs)),
+        grad_weight(Tensor::zeros({l.K, l.C, 3, 3}, stream, outputs)) {
     random_uniform(x, 1, 0, -1.0f, 1.0f, stream);
     random_uniform(weight, 2, 0, -0.1f, 0.1f, stream);
     random_uniform(grad_y, 3, 0, -1.0f, 1.0f, stream);
+    if (inputs != DType::Float32) {
+      x = cast(x, inputs, stream);
+      weight = cast(weight, inputs, stream);
+      grad_y = cast(grad_y, inputs, stream);
+    }
   }
 };
 
@@ -130,13 +146,14 @@ void set_counters(benchmark::State& state, const Layer& l, Pass pass) {
       benchmark::Counter(flops(l, pass), benchmark::Counter::kIsIterationInvariantRate);
 }
 
-void BM_Towerlab(benchmark::State& state, Device device, Pass pass, Layer l) {
+// `inputs`: the dtype of x, weight and grad_y (y and the gradients are float32).
+void BM_Towerlab(benchmark::State& state, Device device, Pass pass, Layer l, DType inputs) {
   if (device.is_cuda() && cuda_device_count() == 0) {
     state.SkipWithError("no CUDA device");
     return;
   }
   Stream stream(device);
-  Operands o(l, stream);
+  Operands o(l, stream, inputs);
   bench::time_calls(state, stream, [&] { run_towerlab(pass, o, stream); });
   set_counters(state, l, pass);
 }
@@ -146,7 +163,7 @@ void BM_Towerlab(benchmark::State& state, Device device, Pass pass, Layer l) {
 // side and 64 the other, or more): what Winograd gains there.
 void BM_CudaImplicitGemm(benchmark::State& state, Pass pass, Layer l) {
   const cpu::ScopedConv2dAlgorithm scoped(cpu::Conv2dAlgorithm::Im2col);
-  BM_Towerlab(state, Device::cuda(0), pass, l);
+  BM_Towerlab(state, Device::cuda(0), pass, l, DType::Float32);
 }
 
 // The CPU passes with one algorithm forced (the plain "cpu" case takes what Auto
@@ -201,14 +218,16 @@ void BM_OpenBlasForward(benchmark::State& state, Layer l) {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 
-// cuDNN descriptors for one layer, FP32 with FMA math only (no TF32).
+// cuDNN descriptors for one layer: FP32 with FMA math only (no TF32), or BF16
+// tensors with float32 accumulation and tensor-op math.
 struct CudnnLayer {
   cudnnHandle_t handle = nullptr;
   cudnnTensorDescriptor_t x_desc = nullptr, y_desc = nullptr;
   cudnnFilterDescriptor_t w_desc = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
 
-  CudnnLayer(const Layer& l, const Stream& stream) {
+  CudnnLayer(const Layer& l, const Stream& stream, bool bf16) {
+    const cudnnDataType_t data = bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
     CUDNN_CHECK(cudnnCreate(&handle));
     CUDNN_CHECK(cudnnSetStream(handle, static_cast<cudaStream_t>(stream.native_handle())));
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&x_desc));
@@ -216,15 +235,15 @@ struct CudnnLayer {
     CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_desc));
     CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
     const auto i = [](std::int64_t v) { return static_cast<int>(v); };
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(l.N),
-                                           i(l.C), i(l.H), i(l.W)));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(l.N),
-                                           i(l.K), i(l.H), i(l.W)));
-    CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_desc, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, i(l.K),
-                                           i(l.C), 3, 3));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_desc, CUDNN_TENSOR_NCHW, data, i(l.N), i(l.C),
+                                           i(l.H), i(l.W)));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_desc, CUDNN_TENSOR_NCHW, data, i(l.N), i(l.K),
+                                           i(l.H), i(l.W)));
+    CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_desc, data, CUDNN_TENSOR_NCHW, i(l.K), i(l.C), 3, 3));
     CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, 1, 1, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION,
                                                 CUDNN_DATA_FLOAT));
-    CUDNN_CHECK(cudnnSetConvolutionMathType(conv, CUDNN_FMA_MATH));
+    CUDNN_CHECK(
+        cudnnSetConvolutionMathType(conv, bf16 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
   }
   ~CudnnLayer() {
     cudnnDestroyConvolutionDescriptor(conv);
@@ -265,24 +284,27 @@ const char* algorithm_name(cudnnConvolutionBwdFilterAlgo_t a) {
   return name_in(a, kNames);
 }
 
-// The fastest successful FMA-math algorithm among cudnnFind*'s results (sorted by time).
+// The fastest successful algorithm among cudnnFind*'s results (sorted by time): of
+// FMA math in FP32, of any math in BF16.
 template <typename Perf>
-Perf pick(const Perf* results, int count, const char* what) {
+Perf pick(const Perf* results, int count, bool bf16, const char* what) {
   for (int i = 0; i < count; ++i) {
-    if (results[i].status == CUDNN_STATUS_SUCCESS && fma_only(results[i].mathType))
+    if (results[i].status == CUDNN_STATUS_SUCCESS && (bf16 || fma_only(results[i].mathType)))
       return results[i];
   }
-  TL_THROW(CudaError, "cuDNN found no FP32 FMA algorithm for " << what);
+  TL_THROW(CudaError, "cuDNN found no " << (bf16 ? "BF16" : "FP32 FMA") << " algorithm for "
+                                        << what);
 }
 
-void BM_Cudnn(benchmark::State& state, Pass pass, Layer l) {
+void BM_Cudnn(benchmark::State& state, Pass pass, Layer l, bool bf16) {
   if (cuda_device_count() == 0) {
     state.SkipWithError("no CUDA device");
     return;
   }
   Stream stream(Device::cuda(0));
-  Operands o(l, stream);
-  CudnnLayer c(l, stream);
+  const DType dtype = bf16 ? DType::BFloat16 : DType::Float32;
+  Operands o(l, stream, dtype, dtype);
+  CudnnLayer c(l, stream, bf16);
   constexpr int kMax = 16;
   int found = 0;
   std::size_t workspace_bytes = 0;
@@ -295,7 +317,7 @@ void BM_Cudnn(benchmark::State& state, Pass pass, Layer l) {
       cudnnConvolutionFwdAlgoPerf_t perf[kMax];
       CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(c.handle, c.x_desc, c.w_desc, c.conv,
                                                        c.y_desc, kMax, &found, perf));
-      const auto best = pick(perf, found, "forward");
+      const auto best = pick(perf, found, bf16, "forward");
       fwd_algo = best.algo, workspace_bytes = best.memory;
       state.SetLabel(algorithm_name(best.algo));
       break;
@@ -304,7 +326,7 @@ void BM_Cudnn(benchmark::State& state, Pass pass, Layer l) {
       cudnnConvolutionBwdDataAlgoPerf_t perf[kMax];
       CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(c.handle, c.w_desc, c.y_desc, c.conv,
                                                             c.x_desc, kMax, &found, perf));
-      const auto best = pick(perf, found, "backward data");
+      const auto best = pick(perf, found, bf16, "backward data");
       data_algo = best.algo, workspace_bytes = best.memory;
       state.SetLabel(algorithm_name(best.algo));
       break;
@@ -313,7 +335,7 @@ void BM_Cudnn(benchmark::State& state, Pass pass, Layer l) {
       cudnnConvolutionBwdFilterAlgoPerf_t perf[kMax];
       CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(c.handle, c.x_desc, c.y_desc, c.conv,
                                                               c.w_desc, kMax, &found, perf));
-      const auto best = pick(perf, found, "backward filter");
+      const auto best = pick(perf, found, bf16, "backward filter");
       filter_algo = best.algo, workspace_bytes = best.memory;
       state.SetLabel(algorithm_name(best.algo));
       break;
@@ -322,6 +344,7 @@ void BM_Cudnn(benchmark::State& state, Pass pass, Layer l) {
       break;
   }
   Tensor workspace = Tensor::empty({static_cast<std::int64_t>(workspace_bytes / 4 + 1)}, stream);
+  // Alpha and beta are float for both FP32 and BF16 data.
   void* ws = workspace.raw_data();
   // Backward passes accumulate (beta = 1), as towerlab's do.
   bench::time_calls(state, stream, [&] {
@@ -356,7 +379,8 @@ const bool registered = [] {
       const std::string base = std::string("conv2d_") + pass_name(pass) + "/" + l.name + "/";
       if (l.on_cpu) {
         // Real time: the work runs on the pool's threads too, not only the caller's.
-        benchmark::RegisterBenchmark((base + "cpu").c_str(), BM_Towerlab, Device::cpu(), pass, l)
+        benchmark::RegisterBenchmark((base + "cpu").c_str(), BM_Towerlab, Device::cpu(), pass, l,
+                                     DType::Float32)
             ->UseRealTime()
             ->Unit(benchmark::kMillisecond);
         for (auto [name, algorithm] : {std::pair{"cpu_im2col", cpu::Conv2dAlgorithm::Im2col},
@@ -378,7 +402,12 @@ const bool registered = [] {
 #endif
       }
       if (pass == Pass::Backward) continue;  // the CPU's combined call; CUDA has its passes
-      benchmark::RegisterBenchmark((base + "cuda").c_str(), BM_Towerlab, Device::cuda(0), pass, l)
+      benchmark::RegisterBenchmark((base + "cuda").c_str(), BM_Towerlab, Device::cuda(0), pass, l,
+                                   DType::Float32)
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark((base + "cuda_bf16").c_str(), BM_Towerlab, Device::cuda(0),
+                                   pass, l, DType::BFloat16)
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond);
       if (std::min(l.C, l.K) >= 32 && std::max(l.C, l.K) >= 64) {
@@ -387,9 +416,12 @@ const bool registered = [] {
             ->Unit(benchmark::kMicrosecond);
       }
 #if TOWERLAB_HAVE_CUDNN
-      benchmark::RegisterBenchmark((base + "cudnn").c_str(), BM_Cudnn, pass, l)
-          ->UseManualTime()
-          ->Unit(benchmark::kMicrosecond);
+      for (const bool bf16 : {false, true}) {
+        benchmark::RegisterBenchmark((base + (bf16 ? "cudnn_bf16" : "cudnn")).c_str(), BM_Cudnn,
+                                     pass, l, bf16)
+            ->UseManualTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
 #endif
     }
   }

@@ -1,6 +1,8 @@
 // Elementwise kernels against the memory bandwidth they are bound by: on the CPU
 // the bytes/s of a plain memcpy of the same size, on CUDA the device-to-device
-// cudaMemcpy (target: >= 85% of it, checked on a GPU in the GPU issue).
+// cudaMemcpy (target: >= 85% of it, checked on a GPU in the GPU issue). ReLU and
+// GELU run in float32 and in bfloat16 side by side (kernels/relu.h,
+// kernels/activation.h: 16-bit storage, float32 math).
 #include <benchmark/benchmark.h>
 
 #include "bench_util.h"
@@ -41,6 +43,39 @@ void BM_Sum(benchmark::State& state, Device device) {
   state.SetBytesProcessed(state.iterations() * n * 4);
 }
 
+// ReLU forward then its accumulating backward, in `dtype`: 6 tensor passes (x read,
+// y written; grad_y, y and grad_x read, grad_x written), so 24 bytes per element in
+// float32 and 12 in bfloat16 or float16. The 16-bit rows beside the
+// float32 ones: "items/s" is elements per second, which a 16-bit kernel that keeps
+// the memory's bytes/s doubles.
+void BM_ReluStep(benchmark::State& state, Device device, DType dtype) {
+  if (bench::skip_without(device, state)) return;
+  Stream stream(device);
+  const std::int64_t n = state.range(0);
+  Tensor x = cast(bench::random_tensor({n}, stream, 1), dtype, stream);
+  Tensor grad_y = cast(bench::random_tensor({n}, stream, 2), dtype, stream);
+  Tensor grad_x = cast(bench::random_tensor({n}, stream, 3), dtype, stream);
+  Tensor y = Tensor::empty({n}, stream, dtype);
+  bench::time_calls(state, stream, [&] {
+    relu_forward(y, x, stream);
+    relu_backward(grad_x, grad_y, y, stream);
+  });
+  state.SetBytesProcessed(state.iterations() * n * 6 * std::int64_t(dtype_size(dtype)));
+  state.SetItemsProcessed(state.iterations() * n);
+}
+
+// GELU (the erf form) forward, out of place, in `dtype`: compute as well as bytes.
+void BM_Gelu(benchmark::State& state, Device device, DType dtype) {
+  if (bench::skip_without(device, state)) return;
+  Stream stream(device);
+  const std::int64_t n = state.range(0);
+  Tensor x = cast(bench::random_tensor({n}, stream, 1), dtype, stream);
+  Tensor y = Tensor::empty({n}, stream, dtype);
+  bench::time_calls(state, stream, [&] { activation_forward(y, x, ActivationOp::gelu(), stream); });
+  state.SetBytesProcessed(state.iterations() * n * 2 * std::int64_t(dtype_size(dtype)));
+  state.SetItemsProcessed(state.iterations() * n);
+}
+
 }  // namespace
 
 BENCHMARK_CAPTURE(BM_Add, cpu, Device::cpu())->RangeMultiplier(16)->Range(1 << 12, 1 << 24);
@@ -57,6 +92,38 @@ BENCHMARK_CAPTURE(BM_CopyReference, cuda, Device::cuda(0))
     ->Range(1 << 16, 1 << 26)
     ->UseManualTime();
 BENCHMARK_CAPTURE(BM_Sum, cuda, Device::cuda(0))
+    ->RangeMultiplier(16)
+    ->Range(1 << 16, 1 << 26)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_ReluStep, cpu_float32, Device::cpu(), DType::Float32)
+    ->RangeMultiplier(16)
+    ->Range(1 << 12, 1 << 24)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_ReluStep, cpu_bfloat16, Device::cpu(), DType::BFloat16)
+    ->RangeMultiplier(16)
+    ->Range(1 << 12, 1 << 24)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_Gelu, cpu_float32, Device::cpu(), DType::Float32)
+    ->RangeMultiplier(16)
+    ->Range(1 << 12, 1 << 24)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_Gelu, cpu_bfloat16, Device::cpu(), DType::BFloat16)
+    ->RangeMultiplier(16)
+    ->Range(1 << 12, 1 << 24)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_ReluStep, cuda_float32, Device::cuda(0), DType::Float32)
+    ->RangeMultiplier(16)
+    ->Range(1 << 16, 1 << 26)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_ReluStep, cuda_bfloat16, Device::cuda(0), DType::BFloat16)
+    ->RangeMultiplier(16)
+    ->Range(1 << 16, 1 << 26)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_Gelu, cuda_float32, Device::cuda(0), DType::Float32)
+    ->RangeMultiplier(16)
+    ->Range(1 << 16, 1 << 26)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_Gelu, cuda_bfloat16, Device::cuda(0), DType::BFloat16)
     ->RangeMultiplier(16)
     ->Range(1 << 16, 1 << 26)
     ->UseManualTime();

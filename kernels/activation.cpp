@@ -41,7 +41,7 @@ const char* activation_name(ActivationKind kind) {
 
 void activation_forward(const Tensor& y, const Tensor& x, const ActivationOp& act,
                         const Stream& stream) {
-  kernels::check_same_shape("activation_forward", stream, {{"y", &y}, {"x", &x}});
+  kernels::check_same_shape_any_dtype("activation_forward", stream, {{"y", &y}, {"x", &x}});
   check_parameter("activation_forward", act);
   if (y.numel() == 0) return;
   TL_DISPATCH(stream, cpu::activation_forward(y, x, act),
@@ -50,8 +50,8 @@ void activation_forward(const Tensor& y, const Tensor& x, const ActivationOp& ac
 
 void activation_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
                          const ActivationOp& act, const Stream& stream, GradWrite write) {
-  kernels::check_same_shape("activation_backward", stream,
-                            {{"grad_x", &grad_x}, {"grad_y", &grad_y}, {"x", &x}});
+  kernels::check_same_shape_any_dtype("activation_backward", stream,
+                                      {{"grad_x", &grad_x}, {"grad_y", &grad_y}, {"x", &x}});
   check_parameter("activation_backward", act);
   if (grad_x.numel() == 0) return;
   TL_DISPATCH(stream, cpu::activation_backward(grad_x, grad_y, x, act, write),

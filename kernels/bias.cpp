@@ -14,11 +14,17 @@ struct Dims {
   std::int64_t N, C, S;
 };
 
-// `t` is [N,C,...] of rank >= 2 and bias-like `b` is [C].
+// `t` is [N,C,...] of rank >= 2 and bias-like `b` is [C], of t's dtype, or float32
+// when t is 16-bit.
 Dims dims_of(const char* op, const char* t_name, const Tensor& t, const char* b_name,
              const Tensor& b, const Stream& stream) {
-  kernels::check_on_stream(op, stream, {{t_name, &t}, {b_name, &b}});
-  if (stream.device().is_cuda()) kernels::check_float32(op, t_name, t);
+  kernels::check_placed(op, stream, {{t_name, &t}});
+  kernels::check_placed(op, stream, {{b_name, &b}});
+  const DType b_dtype = is_16bit(t.dtype()) ? DType::Float32 : t.dtype();
+  TL_CHECK(b.dtype() == b_dtype, ShapeError,
+           op << ": " << b_name << " is " << b.describe() << " but " << t_name << " is "
+              << t.describe() << ", whose " << b_name << " is " << dtype_name(b_dtype)
+              << (is_16bit(t.dtype()) ? " (a 16-bit tensor's bias stays float32)" : ""));
   TL_CHECK(t.dim() >= 2, ShapeError,
            op << ": " << t_name << " must be [N,C] or [N,C,H,W], got " << t.describe());
   const std::int64_t C = t.size(1);
@@ -34,7 +40,7 @@ Dims dims_of(const char* op, const char* t_name, const Tensor& t, const char* b_
 
 void bias_add_forward(const Tensor& y, const Tensor& x, const Tensor& bias, const Stream& stream) {
   const char* op = "bias_add_forward";
-  kernels::check_same_shape(op, stream, {{"x", &x}, {"y", &y}});
+  kernels::check_same_shape_any_dtype(op, stream, {{"x", &x}, {"y", &y}});
   const Dims d = dims_of(op, "x", x, "bias", bias, stream);
   if (x.numel() == 0) return;
   TL_DISPATCH(stream, cpu::bias_add_forward(y, x, bias, d.N, d.C, d.S),
@@ -51,7 +57,7 @@ void bias_add_backward(const Tensor& grad_bias, const Tensor& grad_y, const Stre
 void bias_add_relu_forward(const Tensor& y, const Tensor& x, const Tensor& bias,
                            const Stream& stream) {
   const char* op = "bias_add_relu_forward";
-  kernels::check_same_shape(op, stream, {{"x", &x}, {"y", &y}});
+  kernels::check_same_shape_any_dtype(op, stream, {{"x", &x}, {"y", &y}});
   const Dims d = dims_of(op, "x", x, "bias", bias, stream);
   if (x.numel() == 0) return;
   TL_DISPATCH(stream, cpu::bias_add_relu_forward(y, x, bias, d.N, d.C, d.S),
@@ -61,9 +67,9 @@ void bias_add_relu_forward(const Tensor& y, const Tensor& x, const Tensor& bias,
 void bias_add_relu_backward(const Tensor& grad_x, const Tensor& grad_bias, const Tensor& grad_y,
                             const Tensor& y, const Stream& stream) {
   const char* op = "bias_add_relu_backward";
-  kernels::check_same_shape(op, stream, {{"grad_y", &grad_y}, {"y", &y}});
+  kernels::check_same_shape_any_dtype(op, stream, {{"grad_y", &grad_y}, {"y", &y}});
   if (grad_x.defined()) {
-    kernels::check_same_shape(op, stream, {{"grad_y", &grad_y}, {"grad_x", &grad_x}});
+    kernels::check_same_shape_any_dtype(op, stream, {{"grad_y", &grad_y}, {"grad_x", &grad_x}});
   }
   if (!grad_bias.defined()) {  // only grad_x: the ReLU's own backward
     if (grad_x.defined()) relu_backward(grad_x, grad_y, y, stream);

@@ -24,7 +24,19 @@
 //                                      grad_x[n,c,s] += g[n,c,s]
 //                                      grad_bias[c]  += sum_{n,s} g[n,c,s]
 // grad_x and grad_bias are accumulated; either may be undefined (not computed).
-// Every tensor has one dtype (float32; float64 on the CPU) on the stream's device.
+//
+// Dtypes, on the stream's device: x, y, grad_y and grad_x are float32, bfloat16 or
+// float16 (float64 on the CPU), all of one dtype; bias and grad_bias are of that
+// dtype too, except beside 16-bit tensors, where they are float32 (the precision
+// policy keeps biases float32: docs/precision.md). A 16-bit value is read as its
+// exact float32 widening, the sums above are float32 adds, and every 16-bit value
+// written (y, grad_x) is rounded once to nearest even; the fused forward rounds
+// x + bias before its ReLU, so that it gives the unfused pair's bits. grad_bias
+// sums the 16-bit grad_y's float32 values in double on the CPU, as in float32.
+// Tolerances against the reference (kernels/reference/bias.h): y and grad_x are
+// its bits on every backend (the same float32 add, then one rounding); grad_bias
+// is the float32 tolerance of the sums (1e-4 absolute + 1e-5 relative in the
+// tests, CUDA summing block partials in float32).
 #pragma once
 
 #include "../engine/stream.h"

@@ -43,15 +43,29 @@ bool overlap(const Tensor& x, const Tensor& y) {
   return x0 < y0 + y.nbytes() && y0 < x0 + x.nbytes();
 }
 
-void check_same_shape(const char* op, const Stream& stream,
-                      std::initializer_list<NamedTensor> tensors) {
-  check_on_stream(op, stream, tensors);
+namespace {
+
+void check_shapes_equal(const char* op, std::initializer_list<NamedTensor> tensors) {
   const NamedTensor& first = *tensors.begin();
   for (const NamedTensor& t : tensors) {
     TL_CHECK(t.second->shape() == first.second->shape(), ShapeError,
              op << ": " << t.first << " is " << t.second->describe() << " but " << first.first
                 << " is " << first.second->describe());
   }
+}
+
+}  // namespace
+
+void check_same_shape(const char* op, const Stream& stream,
+                      std::initializer_list<NamedTensor> tensors) {
+  check_on_stream(op, stream, tensors);
+  check_shapes_equal(op, tensors);
+}
+
+void check_same_shape_any_dtype(const char* op, const Stream& stream,
+                                std::initializer_list<NamedTensor> tensors) {
+  check_placed(op, stream, tensors);
+  check_shapes_equal(op, tensors);
 }
 
 void check_dtype_supported(const char* op, const char* name, const Tensor& t) {

@@ -48,6 +48,10 @@ bool overlap(const Tensor& x, const Tensor& y);
 // As check_on_stream, and every tensor has the shape of the first.
 void check_same_shape(const char* op, const Stream& stream,
                       std::initializer_list<NamedTensor> tensors);
+// As check_same_shape, for the ops that also take bfloat16 and float16 (widened
+// to float32, computed on, rounded once: kernels/reference/math_type.h).
+void check_same_shape_any_dtype(const char* op, const Stream& stream,
+                                std::initializer_list<NamedTensor> tensors);
 // The tensor is not bfloat16 or float16, which only casts and copies take today:
 // NotSupported naming the op, the dtype and what the op takes, e.g.
 // "relu_forward: bfloat16 is not supported (float32, float64 on cpu; x is

@@ -78,17 +78,30 @@ Conv2dShape make_shape(const Shape& x, const Shape& w, const Conv2dParams& p,
   return s;
 }
 
+// x and weight: float32 or float64 (CPU), or the 16-bit operands check_16bit
+// accepted for the tensor cores.
 Conv2dShape checked_shape(const char* op, const Tensor& x, const Tensor& weight,
                           const Conv2dParams& params, const Stream& stream) {
-  kernels::check_on_stream(op, stream, {{"x", &x}, {"weight", &weight}});
-  if (stream.device().is_cuda()) kernels::check_float32(op, "x", x);
+  if (is_16bit(x.dtype())) {
+    kernels::check_placed(op, stream, {{"x", &x}, {"weight", &weight}});
+  } else {
+    kernels::check_on_stream(op, stream, {{"x", &x}, {"weight", &weight}});
+    if (stream.device().is_cuda()) kernels::check_float32(op, "x", x);
+  }
   return make_shape(x.shape(), weight.shape(), params, brief(x), brief(weight));
 }
 
-// `t` (one of the op's tensors, named `name`) is on the stream, of x's dtype and of `shape`.
+// `t` (one of the op's tensors, named `name`) is on the stream, of x's dtype (or, beside
+// 16-bit operands, float32 as check_16bit checked) and of `shape`.
 void check_operand(const char* op, const char* name, const Tensor& t, const Shape& shape,
                    const Tensor& x, const Stream& stream) {
-  kernels::check_on_stream(op, stream, {{"x", &x}, {name, &t}});
+  if (!is_16bit(x.dtype())) {
+    kernels::check_on_stream(op, stream, {{"x", &x}, {name, &t}});
+  } else if (is_16bit(t.dtype())) {
+    kernels::check_placed(op, stream, {{"x", &x}, {name, &t}});
+  } else {
+    kernels::check_on_stream(op, stream, {{name, &t}});
+  }
   TL_CHECK(t.shape() == shape, ShapeError,
            op << ": " << name << " is " << brief(t) << " but should be " << to_string(shape)
               << " for input " << brief(x));
@@ -116,6 +129,12 @@ bool check_16bit(const char* op, std::initializer_list<kernels::NamedTensor> low
                 << " operands the outputs, bias and gradients are float32");
   }
   return true;
+}
+
+// Whether a 16-bit call runs on the tensor cores (CUDA, one group: the implicit
+// GEMM of kernels/cuda/conv2d_tc.cuh) rather than widened into float32 scratch.
+bool on_tensor_cores(const Conv2dParams& params, const Stream& stream) {
+  return stream.device().is_cuda() && params.groups == 1;
 }
 
 // A 16-bit operand widened exactly into float32 scratch on the stream (undefined
@@ -194,7 +213,8 @@ Shape conv2d_output_shape(const Shape& input, const Shape& weight, const Conv2dP
 void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
                     const Conv2dParams& params, const Stream& stream) {
   const char* op = "conv2d_forward";
-  if (check_16bit(op, {{"x", &x}, {"weight", &weight}}, {{"y", &y}, {"bias", &bias}})) {
+  if (check_16bit(op, {{"x", &x}, {"weight", &weight}}, {{"y", &y}, {"bias", &bias}}) &&
+      !on_tensor_cores(params, stream)) {
     conv2d_forward(y, widened(x, stream), widened(weight, stream), bias, params, stream);
     return;
   }
@@ -217,9 +237,10 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
                      const Tensor& grad_y, const Tensor& x, const Tensor& weight,
                      const Conv2dParams& params, const Stream& stream, GradWrite grad_x_write) {
   const char* op = "conv2d_backward";
-  if (check_16bit(
-          op, {{"grad_y", &grad_y}, {"x", &x}, {"weight", &weight}},
-          {{"grad_x", &grad_x}, {"grad_weight", &grad_weight}, {"grad_bias", &grad_bias}})) {
+  const bool low = check_16bit(
+      op, {{"grad_y", &grad_y}, {"x", &x}, {"weight", &weight}},
+      {{"grad_x", &grad_x}, {"grad_weight", &grad_weight}, {"grad_bias", &grad_bias}});
+  if (low && !on_tensor_cores(params, stream)) {
     // x is read for grad_weight only, weight for grad_x only.
     conv2d_backward(
         grad_x, grad_weight, grad_bias, widened(grad_y, stream),
@@ -259,6 +280,13 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
   }
   // The CUDA kernels accumulate: an assigned grad_x is zeroed first on its stream.
   if (assign && stream.device().is_cuda()) fill(grad_x, 0.0, stream);
+  if (low) {
+    // The tensor cores take the two GEMM passes; the bias's gradient sums grad_y
+    // widened to float32, as on the widening path.
+    if (grad_bias.defined()) bias_add_backward(grad_bias, widened(grad_y, stream), stream);
+    TL_ON_CUDA(cuda::conv2d_backward(grad_x, grad_weight, Tensor(), grad_y, x, weight, s, stream));
+    return;
+  }
   TL_DISPATCH(
       stream,
       cpu::conv2d_backward(grad_x, grad_weight, grad_bias, grad_y, x, weight, s, grad_x_write),

@@ -32,14 +32,22 @@
 // No output may alias an input. float32 on every device, float64 on the CPU too.
 // Mixed precision, on every device: x and weight (forward), or grad_y, x and weight
 // (backward), all bfloat16 or all float16, with y, bias and the gradients float32.
-// The 16-bit operands are widened exactly into float32 scratch on the stream
-// (kernels/cast.h) and the float32 algorithms below run on them: the definition,
-// and the reference the tests compare with, is reference::conv2d_* in double on the
-// widened values, and the tolerance is the float32 paths' (a few float32 roundings of
-// sum |weight*x|, relative; F(4x4,3x3) some tens). Widening first costs a pass over
-// each operand and float32's bandwidth: correct, no faster than float32 (the
-// packers' widening and a GEMM in 16 bits are issue 46's items 3 and 4). Mixing a
-// 16-bit operand with a float32 one, or a 16-bit output, throws NotSupported.
+// The definition, and the reference the tests compare with, is reference::conv2d_*
+// in double on the widened (exact) values. On CUDA with G = 1 the forward, input
+// gradient and weight gradient are implicit GEMMs on the tensor cores
+// (kernels/cuda/conv2d_tc.cuh: mma.sync m16n8k16, the 16-bit values gathered
+// straight from x, weight and grad_y, products exact and summed in float32 in
+// reduction order, the weight gradient's splits added in a fixed tree); grad_bias
+// sums grad_y widened to float32. Their tolerance, element by element, with n the
+// pass's reduction length (C*R*S forward, K*R*S input gradient, N*P*Q weight
+// gradient) and S the sum of the magnitudes of its terms (|bias| included):
+//   |result - reference| <= 2 (n + 2) 2^-24 (S + |the value accumulated onto|)
+// (tests/conv2d_tc_test.cpp). Everywhere else (the CPU, and G > 1 on CUDA) the 16-bit
+// operands are widened exactly into float32 scratch on the stream (kernels/cast.h)
+// and the float32 algorithms below run on them, to their tolerance (a few float32
+// roundings of sum |weight*x|, relative; F(4x4,3x3) some tens): correct, no faster
+// than float32 (the CPU packers' widening is issue 46's item 4). Mixing a 16-bit
+// operand with a float32 one, or a 16-bit output, throws NotSupported.
 // Results are deterministic (no atomics): on CUDA always, on the CPU for a given
 // thread count (engine/thread_pool.h), which sets how the batch sums are split.
 // Algorithms: the CPU computes the float32 forward, input gradient and weight gradient

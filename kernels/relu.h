@@ -6,7 +6,12 @@
 // asked (kernels/grad_write.h). At x == 0 the gradient is taken as 0. A NaN stays a
 // NaN (as in PyTorch and TensorFlow): a max() that drops it would hide a broken
 // input from the loss and from the trainer's numerical guard. All tensors have one
-// shape.
+// shape and one dtype: float32, bfloat16 or float16 on every device, float64 on
+// the CPU. A 16-bit tensor is read as its exact float32 widening and every value
+// written is rounded once to nearest even (kernels/reference/math_type.h): the
+// forward and an assigned gradient are exact (a value or +0), an accumulated
+// 16-bit gradient is grad_x + g in float32, rounded once. Every backend gives the
+// reference's bits (kernels/reference/relu.h) in every dtype.
 //
 // Adding an op: ReLU's files are the model. An op <op> takes these, in this order
 // (the CMake globs pick up new files; there is no list to edit):

@@ -106,7 +106,7 @@ struct BucketReducer::Listener final : GradientListener {
 
 BucketReducer::BucketReducer(std::vector<Bucket> buckets,
                              const std::vector<const Stream*>& tower_streams,
-                             BucketReduction reduction)
+                             BucketReduction reduction, DType contributions)
     : buckets_(std::move(buckets)),
       reduction_(reduction),
       tower_streams_(tower_streams),
@@ -121,7 +121,7 @@ BucketReducer::BucketReducer(std::vector<Bucket> buckets,
     for (std::size_t b = 0; b < buckets_.size(); ++b) ready_events_.back().emplace_back(device);
     listeners_.push_back(std::make_unique<Listener>(*this, i));
   }
-  ring_ = std::make_unique<Ring>(comm);
+  ring_ = std::make_unique<Ring>(comm, RingReads::InPlace, RingOnOneGpu::OneLaunch, contributions);
 }
 
 BucketReducer::~BucketReducer() = default;

@@ -103,8 +103,10 @@ enum class BucketReduction { AllReduce, ReduceScatter };
 class BucketReducer {
  public:
   // `buckets` (more than one) over the flat gradients of towers on `tower_streams`.
+  // `contributions`: what the buckets' ring carries (Ring's, parallel/ring_allreduce.h).
   BucketReducer(std::vector<Bucket> buckets, const std::vector<const Stream*>& tower_streams,
-                BucketReduction reduction = BucketReduction::AllReduce);
+                BucketReduction reduction = BucketReduction::AllReduce,
+                DType contributions = DType::Float32);
   ~BucketReducer();
 
   const std::vector<Bucket>& buckets() const { return buckets_; }

@@ -152,6 +152,9 @@ std::string trainer_fingerprint(const VariableSet& variables, DType dtype,
   if (options.precision == Precision::Fp16) {
     line("loss_scale_growth_interval", std::to_string(options.loss_scale_growth_interval));
   }
+  // Only when not float32, so that the fingerprints of earlier states still match.
+  if (options.reduce_dtype != DType::Float32)
+    line("reduce_dtype", dtype_name(options.reduce_dtype));
   return out.str();
 }
 

@@ -38,9 +38,13 @@ void accumulate(const Tensor& mine, const Tensor& theirs, bool in_place, const T
 
 }  // namespace
 
-Ring::Ring(std::vector<const Stream*> streams, RingReads reads, RingOnOneGpu one_gpu)
-    : streams_(std::move(streams)) {
+Ring::Ring(std::vector<const Stream*> streams, RingReads reads, RingOnOneGpu one_gpu,
+           DType contributions)
+    : streams_(std::move(streams)), contributions_(contributions) {
   TL_CHECK(!streams_.empty(), InvalidArgument, "Ring: no members");
+  TL_CHECK(contributions == DType::Float32 || contributions == DType::BFloat16, NotSupported,
+           "Ring: contributions in " << dtype_name(contributions)
+                                     << "; the ring reduces float32, or bfloat16 contributions");
   const std::size_t n = streams_.size();
   for (std::size_t i = 0; i < n; ++i) {
     const Device device = streams_[i]->device();
@@ -82,9 +86,14 @@ void Ring::all_gather(const std::vector<Tensor>& buffers, Trace* trace, int firs
   run(buffers, 0, buffers[0].numel(), {RingPhase::AllGather}, trace, first_row);
 }
 
+void Ring::all_gather_range(const std::vector<Tensor>& buffers, std::int64_t begin,
+                            std::int64_t end, Trace* trace, int first_row) {
+  run(buffers, begin, end, {RingPhase::AllGather}, trace, first_row);
+}
+
 void Ring::run(const std::vector<Tensor>& buffers, std::int64_t begin, std::int64_t end,
-               const std::vector<RingPhase>& phases, Trace* trace, int first_row) {
-  const bool scatters = std::ranges::find(phases, RingPhase::ReduceScatter) != phases.end();
+               std::vector<RingPhase> phases, Trace* trace, int first_row) {
+  bool scatters = std::ranges::find(phases, RingPhase::ReduceScatter) != phases.end();
   const auto n = static_cast<std::int64_t>(streams_.size());
   TL_CHECK(static_cast<std::int64_t>(buffers.size()) == n, InvalidArgument,
            "ring all-reduce: " << buffers.size() << " buffers for " << n << " members");
@@ -101,7 +110,14 @@ void Ring::run(const std::vector<Tensor>& buffers, std::int64_t begin, std::int6
                                         << length << "] on "
                                         << streams_[std::size_t(i)]->device().str());
   }
-  if (n == 1 || begin == end) return;
+  // Contributions are rounded even where nothing moves (one member): the same
+  // contract for every member count.
+  if (contributions_ == DType::BFloat16 && scatters) {
+    reduce_scatter_contributions(buffers, begin, end, trace, first_row);
+    std::erase(phases, RingPhase::ReduceScatter);
+    scatters = false;
+  }
+  if (n == 1 || begin == end || phases.empty()) return;
 
   auto member = [&](std::int64_t i) -> const Stream& {
     return *streams_[std::size_t((i + n) % n)];
@@ -132,6 +148,7 @@ void Ring::run(const std::vector<Tensor>& buffers, std::int64_t begin, std::int6
     } else {
       accumulate(mine, theirs, in_place_[std::size_t(j)], received[std::size_t(j)], member(j));
     }
+    bytes_received_ += mine.numel() * std::int64_t(sizeof(float));
     if (trace != nullptr) {
       member(j).synchronize();
       trace->span(first_row + int(j),
@@ -188,6 +205,9 @@ void Ring::run(const std::vector<Tensor>& buffers, std::int64_t begin, std::int6
     }
     const auto start = Clock::now();
     peer_sum(range, first, member(0));
+    // What the steps of these phases would have moved (see bytes_received()).
+    bytes_received_ +=
+        std::int64_t(phases.size()) * (n - 1) * (end - begin) * std::int64_t(sizeof(float));
     done_[0].record(member(0));
     for (std::int64_t j = 1; j < n; ++j) member(j).wait(done_[0]);
     if (trace != nullptr) {

@@ -51,8 +51,20 @@
 // and written once to every member, 2n memory passes where the steps take 5(n-1)
 // and 2n(n-1) launches with their events. RingOnOneGpu::Steps keeps the steps there,
 // for the trace that shows them and for comparison in tests and benchmarks.
+//
+// Bfloat16 contributions (a Ring built with DType::BFloat16, TrainerOptions::
+// reduce_dtype): the reduce-scatter above moves partial sums, which bfloat16 would
+// round again at every step. Such a ring's reduce-scatter carries contributions
+// instead (parallel/ring_contributions.h): every member rounds its range to
+// bfloat16 once, and member j receives every member's bfloat16 chunk
+// summed_at(j) and sums them in float32, in member order, into its own buffer;
+// the all-gather is the one above, of those float32 sums. Every member then holds
+//     ((c_0 + c_1) + c_2) + ... + c_{n-1},   c_m = bfloat16(buffers[m]),
+// the same bits on every member and run after run; one member rounds its own.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -84,8 +96,11 @@ class Ring {
   // RingReads::ThroughReceiveBuffer makes every member copy before it adds, as
   // members without peer access must: for comparison in tests and benchmarks (it
   // takes the steps on one GPU too).
+  // `contributions`: Float32 (the ring above) or BFloat16 (contributions rounded
+  // once, see above); another dtype is NotSupported.
   explicit Ring(std::vector<const Stream*> streams, RingReads reads = RingReads::InPlace,
-                RingOnOneGpu one_gpu = RingOnOneGpu::OneLaunch);
+                RingOnOneGpu one_gpu = RingOnOneGpu::OneLaunch,
+                DType contributions = DType::Float32);
   ~Ring();
   Ring(const Ring&) = delete;
   Ring& operator=(const Ring&) = delete;
@@ -114,20 +129,39 @@ class Ring {
   void reduce_scatter_range(const std::vector<Tensor>& buffers, std::int64_t begin,
                             std::int64_t end, Trace* trace = nullptr, int first_row = 0);
   void all_gather(const std::vector<Tensor>& buffers, Trace* trace = nullptr, int first_row = 0);
+  // The all-gather of elements [begin, end) only, with the whole buffers' chunks.
+  void all_gather_range(const std::vector<Tensor>& buffers, std::int64_t begin, std::int64_t end,
+                        Trace* trace = nullptr, int first_row = 0);
 
   std::size_t size() const { return streams_.size(); }
+  // What the reduce-scatter carries between members: Float32 or BFloat16.
+  DType contributions() const { return contributions_; }
+  // The bytes the members have received from one another since the ring was built,
+  // by the schedule: per step of either phase the chunk's float32 (4 bytes an
+  // element); with bfloat16 contributions, in the reduce-scatter, each member's
+  // chunk from every other member (2 bytes an element). On one GPU, whose one launch
+  // reads the members' buffers in place, it counts what the steps would move, so
+  // that the count is the same on every path. Per element of a range over n
+  // members: a float32 all-reduce 8(n-1), a bfloat16 one 6(n-1); a reduce-scatter
+  // 4(n-1) against 2(n-1).
+  std::int64_t bytes_received() const { return bytes_received_.load(); }
 
  private:
   // The steps of `phases` (both, or one of the two) over [begin, end) of buffers.
   void run(const std::vector<Tensor>& buffers, std::int64_t begin, std::int64_t end,
-           const std::vector<RingPhase>& phases, Trace* trace, int first_row);
+           std::vector<RingPhase> phases, Trace* trace, int first_row);
+  // The reduce-scatter of bfloat16 contributions (parallel/ring_contributions.cpp).
+  void reduce_scatter_contributions(const std::vector<Tensor>& buffers, std::int64_t begin,
+                                    std::int64_t end, Trace* trace, int first_row);
 
   std::vector<const Stream*> streams_;
   std::vector<Event> done_;  // one per member, recorded after each of its steps
   // in_place_[i]: member i reads member i-1's chunks in place (else through a copy).
   std::vector<bool> in_place_;
   bool all_host_ = true;
-  bool one_launch_ = false;           // every member on one GPU, summed by peer_sum
+  bool one_launch_ = false;  // every member on one GPU, summed by peer_sum
+  DType contributions_ = DType::Float32;
+  std::atomic<std::int64_t> bytes_received_{0};
   std::unique_ptr<ThreadTeam> team_;  // one thread per member when every member is on the host
 };
 

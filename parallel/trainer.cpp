@@ -68,6 +68,28 @@ void check_sharding(const TrainerOptions& options) {
            "all-gather are the ring's two halves); use AllReduce::Ring, or a master on one device");
 }
 
+// The gradient's reduce dtype: float32, or bfloat16 contributions, which the
+// ring's reduce-scatter rounds once and sums in float32 in tower order
+// (parallel/ring_contributions.h).
+void check_reduce_dtype(const TrainerOptions& options) {
+  const DType dtype = options.reduce_dtype;
+  TL_CHECK(dtype == DType::Float32 || dtype == DType::BFloat16, NotSupported,
+           "Trainer: reduce_dtype " << dtype_name(dtype)
+                                    << "; the gradient is reduced in float32, or as bfloat16 "
+                                       "contributions (DType::BFloat16)");
+  if (dtype == DType::Float32) return;
+  TL_CHECK(options.reduction == AllReduce::Ring, NotSupported,
+           "Trainer: reduce_dtype bfloat16 with "
+               << (options.reduction == AllReduce::Nccl
+                       ? "AllReduce::Nccl: NCCL's all-reduce of bfloat16 sums partial sums in "
+                         "bfloat16, in an order of its own"
+                       : "AllReduce::ReduceToOne: the reduction to one device sums float32 "
+                         "buffers")
+               << "; bfloat16 contributions (each tower's gradient rounded once, summed in "
+                  "float32 in tower order) are the ring's: use AllReduce::Ring, or reduce_dtype "
+                  "float32");
+}
+
 }  // namespace
 
 Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optimizer,
@@ -86,6 +108,8 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
   check_tower_kinds(options_.devices);
   const bool sharded_master = options_.master_placement == MasterPlacement::Sharded;
   if (sharded_master) check_sharding(options_);
+  check_reduce_dtype(options_);
+  const bool contributions = options_.reduce_dtype == DType::BFloat16;
   TL_CHECK(std::isfinite(options_.clip_grad_norm) && options_.clip_grad_norm >= 0.0,
            InvalidArgument,
            "Trainer: clip_grad_norm must be a finite number >= 0 (0 turns clipping off), got "
@@ -125,33 +149,54 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
     towers_.push_back(std::move(t));
   }
   ring_ = std::make_unique<Ring>(streams);
+  if (contributions) {
+    contribution_ring_ = std::make_unique<Ring>(streams, RingReads::InPlace,
+                                                RingOnOneGpu::OneLaunch, DType::BFloat16);
+  }
   if (options_.reduction == AllReduce::Nccl) nccl_ = std::make_unique<NcclAllReduce>(streams);
   if (options_.reduction == AllReduce::Ring) {
     std::vector<Bucket> buckets = make_buckets(variables_, options_.bucket_bytes);
     if (buckets.size() > 1) {
       buckets_ = std::make_unique<BucketReducer>(
           std::move(buckets), streams,
-          sharded_master ? BucketReduction::ReduceScatter : BucketReduction::AllReduce);
+          sharded_master ? BucketReduction::ReduceScatter : BucketReduction::AllReduce,
+          options_.reduce_dtype);
     }
   }
   if (options_.process_group != nullptr) {
-    const NcclChoice choice =
+    NcclChoice choice =
         choose_cross_process_path(*options_.process_group, options_.cross_process, devices_);
+    if (choice.nccl && contributions) {
+      // Every rank decides alike: the choice and reduce_dtype (fingerprinted) agree.
+      TL_CHECK(options_.cross_process != CrossProcessPath::Nccl, NotSupported,
+               "Trainer: reduce_dtype bfloat16 with NCCL between processes "
+               "(CrossProcessPath::Nccl): NCCL's all-reduce and reduce-scatter of bfloat16 sum "
+               "partial sums in bfloat16, in an order of their own, not each process's "
+               "contribution in float32 in rank order; use CrossProcessPath::HostStaged or "
+               "Auto (which stage bfloat16 contributions through the host), or reduce_dtype "
+               "float32");
+      choice = {false,
+                "host staging: reduce_dtype bfloat16 (NCCL would sum partial sums in "
+                "bfloat16; the host sums each process's contribution in float32)"};
+    }
     if (choice.nccl) {
       nccl_processes_ = std::make_unique<NcclCommunicator>(*options_.process_group, devices_[0]);
     }
     cross_process_path_ = choice.reason;
     // NCCL's call carries the whole gradient after the host call (phase 5).
     // Sharded, phase 5 reduce-scatters the gradient instead.
+    // Bfloat16 contributions cross the processes in phase 5's call of their own.
     buckets_across_processes_ = bucketed() && options_.batchnorm != BatchNormMode::Sync &&
-                                nccl_processes_ == nullptr && !sharded_master;
-    const ExchangeContents training{.training = true,
-                                    .through_host = nccl_processes_ == nullptr,
-                                    .buckets_sum_gradient = buckets_across_processes_,
-                                    .gradient = variables_.trainable_numel(),
-                                    .statistics = variables_.state_numel(),
-                                    .ranks = ranks_,
-                                    .towers = std::int64_t(towers_.size())};
+                                nccl_processes_ == nullptr && !sharded_master && !contributions;
+    const ExchangeContents training{
+        .training = true,
+        .through_host = nccl_processes_ == nullptr,
+        // The gradient summed by another call: the buckets', or allreduce_contributions.
+        .buckets_sum_gradient = buckets_across_processes_ || contributions,
+        .gradient = variables_.trainable_numel(),
+        .statistics = variables_.state_numel(),
+        .ranks = ranks_,
+        .towers = std::int64_t(towers_.size())};
     ExchangeContents evaluation = training;
     evaluation.training = false;
     exchange_ = std::make_unique<ProcessExchange>(training, evaluation);
@@ -393,13 +438,14 @@ void Trainer::reduce_gradients() {
     grads.push_back(t->store->flat_grads());
     streams.push_back(t->stream.get());
   }
+  Ring& ring = contribution_ring_ != nullptr ? *contribution_ring_ : *ring_;
   switch (options_.reduction) {
     case AllReduce::Ring:
       // Sharded: each tower needs the sum of its own slice only (phase 7).
       if (sharded()) {
-        ring_->reduce_scatter_range(grads, 0, grads[0].numel(), trace_, 0);
+        ring.reduce_scatter_range(grads, 0, grads[0].numel(), trace_, 0);
       } else {
-        ring_->allreduce(grads, trace_, 0);
+        ring.allreduce(grads, trace_, 0);
       }
       break;
     case AllReduce::ReduceToOne:

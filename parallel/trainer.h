@@ -208,6 +208,16 @@ struct TrainerOptions {
   // Fp16: the clean steps in a row after which the loss scale doubles (GradScaler's
   // growth_interval); at least 1.
   std::int64_t loss_scale_growth_interval = LossScale::kGrowthInterval;
+  // What the gradient's reduction carries between towers and processes
+  // (parallel/ring_contributions.h, docs/precision.md). Float32: the ring's partial
+  // sums, as always. BFloat16: each tower's gradient rounded to bfloat16 once and
+  // the contributions summed in float32 in tower order (then, across processes,
+  // each process's sum rounded once and summed in rank order): half the bytes in
+  // the reduce-scatter, 3/4 in an all-reduce. Needs AllReduce::Ring and, across
+  // processes, host staging (NotSupported otherwise: NCCL's reductions sum
+  // partial sums in an order of their own). Moving statistics stay float32. Any
+  // other dtype: NotSupported. Every process must use the same.
+  DType reduce_dtype = DType::Float32;
 };
 
 struct StepResult {
@@ -418,6 +428,9 @@ class Trainer {
   std::unique_ptr<VariableStore> master_;
   std::vector<std::unique_ptr<TowerState>> towers_;
   std::unique_ptr<Ring> ring_;
+  // The gradient's ring when it carries bfloat16 contributions (reduce_dtype);
+  // null: ring_ (float32). Moving statistics and all-gathers of values take ring_.
+  std::unique_ptr<Ring> contribution_ring_;
   std::unique_ptr<NcclAllReduce> nccl_;
   std::unique_ptr<ThreadTeam> workers_;  // one thread per tower
   Trace* trace_ = nullptr;

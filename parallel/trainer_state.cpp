@@ -43,11 +43,12 @@ std::string checksum(const VariableStore& store, const Optimizer& optimizer, con
 
 // Fingerprint lines that a change of layout changes, the step count, which a
 // resume changes by definition, and the precision with fp16's loss-scale interval
-// (the master is float32 under each): the steps stay the same up to rounding.
+// and the gradient's reduce dtype (the master is float32 under each): the steps
+// stay the same up to rounding.
 bool layout_line(std::string_view line) {
   for (std::string_view key :
        {"optimizer steps\t", "towers per process\t", "master\t", "reduction\t", "bucket_bytes\t",
-        "precision\t", "loss_scale_growth_interval\t"}) {
+        "precision\t", "loss_scale_growth_interval\t", "reduce_dtype\t"}) {
     if (line.starts_with(key)) return true;
   }
   return false;

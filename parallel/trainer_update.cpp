@@ -18,6 +18,7 @@
 #include "parallel/process_exchange.h"
 #include "parallel/process_group.h"
 #include "parallel/ring_allreduce.h"
+#include "parallel/ring_contributions.h"
 #include "parallel/sharded_master.h"
 #include "parallel/sharded_nccl.h"
 #include "parallel/thread_team.h"
@@ -51,7 +52,13 @@ void Trainer::reduce_across_processes(const StepResult& result, bool training) {
   // or, on NCCL, from tower 0's flat gradient (parallel/sharded_nccl.h).
   const bool slices = training && sharded();
   const bool host_slices = slices && shards_nccl_ == nullptr;
-  const ExchangeRange grads_here = slices ? ExchangeRange{} : layout.gradient_summed();
+  // Bfloat16 contributions (reduce_dtype): the gradient staged in its range of the
+  // buffer and summed there by a call of its own (parallel/ring_contributions.h),
+  // the rest by the one allreduce_sum.
+  const bool contributions = training && contribution_ring_ != nullptr;
+  const ExchangeRange grads_here = slices          ? ExchangeRange{}
+                                   : contributions ? layout.gradient
+                                                   : layout.gradient_summed();
   if (!grads_here.empty()) copy_tensor(grads_here.of(buffer), grads, *first.stream);
   if (slices) stage_ring_chunks(host_slices ? layout.gradient.of(buffer) : grads);
   if (!layout.statistics.empty()) copy_tensor(layout.statistics.of(buffer), stats, *first.stream);
@@ -71,7 +78,12 @@ void Trainer::reduce_across_processes(const StepResult& result, bool training) {
   const auto frame = [&layout](ExchangeRange r) {
     return ReduceFrame{std::size_t(r.begin), std::size_t(layout.total())};
   };
-  if (host_slices) {
+  if (contributions) {
+    allreduce_contributions(*options_.process_group, at(layout.gradient),
+                            step + ": gradient (bfloat16 contributions)");
+    options_.process_group->allreduce_sum(at(layout.summed), step + ": " + layout.carries,
+                                          frame(layout.summed));
+  } else if (host_slices) {
     // The one call's two parts, each framed by the whole buffer: the same bits.
     const ExchangeRange rest{layout.gradient.end, layout.total()};
     options_.process_group->reduce_scatter_sum(

@@ -1,6 +1,8 @@
 // The activations (sigmoid, tanh, both GELUs, SiLU, leaky ReLU) forward and
 // backward on every backend against their reference, at the extremes, and their
-// gradients in float64, through the kernels and through the tape.
+// gradients in float64, through the kernels and through the tape; in bfloat16 and
+// float16 against the reference rounded once (its bits on the CPU, one unit in the
+// last place on CUDA, kernels/activation.h).
 // The files an op takes, in order: the top of kernels/relu.h.
 #include <cmath>
 #include <limits>
@@ -8,6 +10,7 @@
 
 #include "gradcheck.h"
 #include "kernels/reference/activation.h"
+#include "sixteen_bit.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -167,6 +170,76 @@ TEST_P(ActivationTest, RejectsMismatchedShapesAndABadSlope) {
 // The reference itself at a few points whose values are known in closed form or
 // from PyTorch (torch.nn.functional, float64), so that the specification the
 // backends are compared with is not wrong in the same way they are.
+class ActivationSixteenBitTest : public SixteenBitTest {};
+TL_INSTANTIATE_SIXTEEN_BIT(ActivationSixteenBitTest);
+
+// The elements of `actual` outside the 16-bit tolerance of kernels/activation.h:
+// one unit in the last place of T at the expected value, plus 1e-6 + 1e-5
+// |expected|; a NaN must meet a NaN and an infinity itself.
+template <typename T>
+std::size_t beyond_tolerance(const std::vector<float>& actual, const std::vector<float>& expected) {
+  std::size_t count = 0;
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    const float a = actual[i], e = expected[i];
+    if (std::isnan(e) || std::isinf(e)) {
+      count += (std::isnan(e) ? !std::isnan(a) : a != e) ? 1 : 0;
+      continue;
+    }
+    const T rounded(e);
+    const float ulp = static_cast<float>(T::from_bits(std::uint16_t((rounded.bits & 0x7fff) + 1))) -
+                      std::fabs(static_cast<float>(rounded));
+    count += std::fabs(a - e) <= ulp + 1e-6f + 1e-5f * std::fabs(e) ? 0 : 1;
+  }
+  return count;
+}
+
+// Forward, accumulated and assigned backward of every activation on odd sizes,
+// with NaN, infinities and signed zeros among the inputs and the gradients: on the
+// CPU the reference's bits, on CUDA within the tolerance. The control: the
+// activations of the inputs before their rounding to 16 bits fall outside that
+// tolerance somewhere, so it is tight enough to see one rounding.
+TEST_P(ActivationSixteenBitTest, TheReferenceRoundedOnce) {
+  for (const ActivationOp& act : all_activations()) {
+    for (std::int64_t n : {1, 7, 1029}) {
+      const auto size = static_cast<std::size_t>(n);
+      const auto xv = values_with_specials(size, 31, -6.0f, 6.0f);
+      const auto gyv = values_with_specials(size, 32);
+      const auto sentinel = random_values(size, 33, -4.0f, 4.0f);
+      Tensor x = make(xv, {n}), grad_y = make(gyv, {n});
+      Tensor y = Tensor::empty({n}, stream(), dtype());
+      activation_forward(y, x, act, stream());
+      Tensor added = make(sentinel, {n}), assigned = make(sentinel, {n});
+      activation_backward(added, grad_y, x, act, stream());
+      activation_backward(assigned, grad_y, x, act, stream(), GradWrite::Assign);
+      typed([&]<typename T>() {
+        const std::vector<T> x16 = narrow<T>(xv), gy16 = narrow<T>(gyv);
+        std::vector<T> ey(size), eadded = narrow<T>(sentinel), eassigned = eadded;
+        reference::activation_forward(ey.data(), x16.data(), n, act);
+        reference::activation_backward(eadded.data(), gy16.data(), x16.data(), n, act,
+                                       GradWrite::Accumulate);
+        reference::activation_backward(eassigned.data(), gy16.data(), x16.data(), n, act,
+                                       GradWrite::Assign);
+        const std::string where = name(act) + ", n = " + std::to_string(n);
+        if (device().is_cpu()) {
+          EXPECT_EQ(bits(host(y)), bits(widen(ey))) << where;
+          EXPECT_EQ(bits(host(added)), bits(widen(eadded))) << where;
+          EXPECT_EQ(bits(host(assigned)), bits(widen(eassigned))) << where;
+        } else {
+          EXPECT_EQ(beyond_tolerance<T>(host(y), widen(ey)), 0u) << where;
+          EXPECT_EQ(beyond_tolerance<T>(host(added), widen(eadded)), 0u) << where;
+          EXPECT_EQ(beyond_tolerance<T>(host(assigned), widen(eassigned)), 0u) << where;
+        }
+        if (n < 1029) return;  // the controls, on values past the specials
+        EXPECT_GT(beyond_tolerance<T>(widen(eassigned), widen(eadded)), 0u) << "control, " << where;
+        if (act.kind == ActivationKind::Sigmoid) {
+          const std::vector<T> unrounded = narrow<T>(reference_forward(xv, act));
+          EXPECT_GT(beyond_tolerance<T>(widen(unrounded), widen(ey)), 0u) << "control, " << where;
+        }
+      });
+    }
+  }
+}
+
 TEST(ActivationReference, KnownValues) {
   auto f = [](const ActivationOp& act, double x) { return reference::activation_value(act, x); };
   auto df = [](const ActivationOp& act, double x) {

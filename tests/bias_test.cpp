@@ -1,8 +1,12 @@
 // Bias add on every backend: by hand, in place, a reference on odd shapes and
-// ranks, accumulation into grad_bias, empty tensors, errors, and the gradient.
+// ranks, accumulation into grad_bias, empty tensors, errors, and the gradient; and
+// in bfloat16 and float16 (a float32 bias), plain and fused with ReLU, against the
+// reference bit for bit.
 #include "kernels/bias.h"
 #include "gradcheck.h"
 #include "kernels/reference/bias.h"
+#include "kernels/reference/relu.h"
+#include "sixteen_bit.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -117,6 +121,81 @@ TEST_P(BiasTest, RejectsBadShapes) {
   EXPECT_THROW_WITH(
       bias_add_backward(Tensor::zeros({3}, stream()), Tensor::zeros({6}, stream()), stream()),
       ShapeError, "bias_add_backward: grad_y must be [N,C] or [N,C,H,W]");
+}
+
+class BiasSixteenBitTest : public SixteenBitTest {};
+TL_INSTANTIATE_SIXTEEN_BIT(BiasSixteenBitTest);
+
+// The shapes of the 16-bit cases: a plane in float4 units ({2,3,4,4}), an odd one,
+// [N,C] with few rows (CUDA's column kernel) and with many (its per-channel split).
+const std::vector<Shape> kSixteenBitShapes = {{2, 3, 4, 4}, {3, 5, 7, 11}, {7, 13}, {2100, 3}};
+
+// y = round(x + bias), the float32 sum rounded once, and the fused ReLU of it: the
+// reference's bits. The control: a kernel that rounded the bias to 16 bits first
+// (a second rounding) would give other bits, and the comparison sees them.
+TEST_P(BiasSixteenBitTest, ForwardAndFusedReluAreTheReferenceBitForBit) {
+  for (const Shape& shape : kSixteenBitShapes) {
+    const std::int64_t N = shape[0], C = shape[1], S = numel_of(shape) / (N * C);
+    const auto xv = values_with_specials(static_cast<std::size_t>(numel_of(shape)), 21);
+    const auto bv = random_values(static_cast<std::size_t>(C), 22);
+    Tensor x = make(xv, shape), bias = make32(bv, {C});
+    Tensor y = Tensor::empty(shape, stream(), dtype()), z = Tensor::empty(shape, stream(), dtype());
+    bias_add_forward(y, x, bias, stream());
+    bias_add_relu_forward(z, x, bias, stream());
+    typed([&]<typename T>() {
+      const std::vector<T> x16 = narrow<T>(xv);
+      std::vector<T> expected(x16.size()), relu(x16.size()), twice(x16.size());
+      reference::bias_add_forward(expected.data(), x16.data(), bv.data(), N, C, S);
+      reference::relu_forward(relu.data(), expected.data(), numel_of(shape));
+      EXPECT_EQ(bits(host(y)), bits(widen(expected))) << to_string(shape);
+      EXPECT_EQ(bits(host(z)), bits(widen(relu))) << to_string(shape);
+      const std::vector<float> b16 = widen(narrow<T>(bv));
+      reference::bias_add_forward(twice.data(), x16.data(), b16.data(), N, C, S);
+      EXPECT_NE(bits(widen(twice)), bits(host(y))) << "control, " << to_string(shape);
+    });
+  }
+}
+
+// grad_bias (float32, a sentinel of 1) += the per-channel sums of the 16-bit grad_y;
+// fused with ReLU, grad_x (a 16-bit sentinel) += the masked gradient, rounded once,
+// the reference's bits, and grad_bias sums the masked values.
+TEST_P(BiasSixteenBitTest, BackwardAddsFloat32SumsAndRoundsGradXOnce) {
+  for (const Shape& shape : kSixteenBitShapes) {
+    const std::int64_t N = shape[0], C = shape[1], S = numel_of(shape) / (N * C),
+                       n = numel_of(shape);
+    const auto n_values = static_cast<std::size_t>(n);
+    const auto yv = random_values(n_values, 23), gyv = random_values(n_values, 24);
+    const auto sentinel = random_values(n_values, 25, -8.0f, 8.0f);
+    Tensor y = make(yv, shape), grad_y = make(gyv, shape), grad_x = make(sentinel, shape);
+    Tensor grad_bias = make32(std::vector<float>(C, 1.0f), {C});
+    Tensor fused_bias = make32(std::vector<float>(C, 1.0f), {C});
+    bias_add_backward(grad_bias, grad_y, stream());
+    bias_add_relu_backward(grad_x, fused_bias, grad_y, y, stream());
+    typed([&]<typename T>() {
+      const std::vector<T> y16 = narrow<T>(yv), gy16 = narrow<T>(gyv);
+      std::vector<float> sums(C, 1.0f), masked_sums(C, 1.0f);
+      reference::bias_add_backward(sums.data(), gy16.data(), N, C, S);
+      std::vector<T> masked(n_values), gx = narrow<T>(sentinel);
+      reference::relu_backward(masked.data(), gy16.data(), y16.data(), n, GradWrite::Assign);
+      reference::relu_backward(gx.data(), gy16.data(), y16.data(), n, GradWrite::Accumulate);
+      reference::bias_add_backward(masked_sums.data(), masked.data(), N, C, S);
+      EXPECT_TRUE(all_close(host(grad_bias), sums, 1e-4, 1e-5)) << to_string(shape);
+      EXPECT_TRUE(all_close(host(fused_bias), masked_sums, 1e-4, 1e-5)) << to_string(shape);
+      EXPECT_EQ(bits(host(grad_x)), bits(widen(gx))) << to_string(shape);
+      EXPECT_NE(bits(widen(gx)), bits(widen(masked))) << "control: added, not assigned";
+    });
+  }
+}
+
+TEST_P(BiasSixteenBitTest, ASixteenBitBiasIsAShapeError) {
+  Tensor x = make({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor bias16 = make({1, 2, 3}, {3});
+  EXPECT_THROW_WITH(bias_add_forward(x, x, bias16, stream()), ShapeError,
+                    std::string("bias_add_forward: bias is ") + dtype_name(dtype()) + "[3] on " +
+                        device().str() + " but x is " + dtype_name(dtype()) + "[2,3] on " +
+                        device().str() + ", whose bias is float32");
+  EXPECT_THROW_WITH(bias_add_backward(bias16, x, stream()), ShapeError,
+                    "a 16-bit tensor's bias stays float32");
 }
 
 TEST(BiasGradient, MatchesCentralDifferences) {

@@ -1,6 +1,6 @@
 // The bf16 policy (docs/precision.md) against PyTorch's own bfloat16 results: the
 // cases tests/ops_vs_torch_test.py (family "bf16") compares with torch's bfloat16
-// matmul, conv2d and batch norm on the same inputs. Through a tape whose compute
+// matmul, batched matmul, conv2d and batch norm on the same inputs. Through a tape whose compute
 // dtype is bfloat16, as a bf16 tower's pass runs them: float32 values, rounded to
 // bfloat16 at the GEMM-class ops (operands and output gradient), float32 sums and
 // outputs; batch norm in float32 on a bfloat16-rounded input (what it receives after
@@ -45,6 +45,26 @@ void matmul_case(const TorchCaseBackend& b, bool transpose_b, Cases& out) {
   Leaf w(tape, b, random_values(37 * 11, 202), b_shape, "b");
   const Tensor grad_y = b.make(random_values(13 * 11, 203), {13, 11});
   const Var y = ag::matmul(a.var, w.var, false, transpose_b);
+  tape.backward(y, grad_y);
+  for (auto [name, t] : {std::pair{"a", a.value},
+                         {"b", w.value},
+                         {"grad_y", grad_y},
+                         {"y", y.value()},
+                         {"grad_a", a.grad},
+                         {"grad_b", w.grad}}) {
+    out.emplace_back(p + name, t);
+  }
+}
+
+// ag::batched_matmul takes the matmul's policy: a [3,7,9] times b [3,9,5].
+void batched_matmul_case(const TorchCaseBackend& b, Cases& out) {
+  const std::string p = b.prefix + "batched_matmul_nn/";
+  Tape tape(b.stream());
+  tape.set_compute_dtype(DType::BFloat16);
+  Leaf a(tape, b, random_values(3 * 7 * 9, 231), {3, 7, 9}, "a");
+  Leaf w(tape, b, random_values(3 * 9 * 5, 232), {3, 9, 5}, "b");
+  const Tensor grad_y = b.make(random_values(3 * 7 * 5, 233), {3, 7, 5});
+  const Var y = ag::batched_matmul(a.var, w.var, false, false);
   tape.backward(y, grad_y);
   for (auto [name, t] : {std::pair{"a", a.value},
                          {"b", w.value},
@@ -105,14 +125,15 @@ void batchnorm_case(const TorchCaseBackend& b, Cases& out) {
 }
 
 // Per float32 backend (the policy's dtype; float64 tapes keep float64): matmul_nn,
-// matmul_nt, conv2d (3x3, padding 1, with a bias) and batchnorm, each its inputs,
-// grad_y and towerlab's results.
+// matmul_nt, batched_matmul_nn, conv2d (3x3, padding 1, with a bias) and batchnorm, each its
+// inputs, grad_y and towerlab's results.
 TEST(PrecisionVsTorch, WritesCases) {
   Cases out;
   for (const TorchCaseBackend& b : torch_case_backends()) {
     if (b.dtype != DType::Float32) continue;
     matmul_case(b, false, out);
     matmul_case(b, true, out);
+    batched_matmul_case(b, out);
     conv2d_case(b, out);
     batchnorm_case(b, out);
   }

@@ -1,10 +1,12 @@
-// ReLU forward and backward on every backend, and its gradient in float64.
+// ReLU forward and backward on every backend, in float32 and in bfloat16 and
+// float16 (bit for bit against the reference), and its gradient in float64.
 // The files an op takes, in order: the top of kernels/relu.h.
 #include <cmath>
 #include <limits>
 
 #include "gradcheck.h"
 #include "kernels/reference/relu.h"
+#include "sixteen_bit.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -55,6 +57,81 @@ TEST_P(ReluTest, RejectsMismatchedShapes) {
   Tensor x = Tensor::zeros({2, 3}, stream());
   Tensor y = Tensor::zeros({3, 2}, stream());
   EXPECT_THROW_WITH(relu_forward(y, x, stream()), ShapeError, "relu_forward: x is float32[2,3]");
+}
+
+class ReluSixteenBitTest : public SixteenBitTest {};
+TL_INSTANTIATE_SIXTEEN_BIT(ReluSixteenBitTest);
+
+// The forward keeps every value's bits (a NaN's too) or writes +0: the reference's
+// bits on odd sizes, with NaN, infinities and signed zeros among the inputs.
+TEST_P(ReluSixteenBitTest, ForwardIsTheReferenceBitForBit) {
+  for (std::int64_t n : {1, 7, 257, 4099}) {
+    const auto values = values_with_specials(static_cast<std::size_t>(n), 5);
+    Tensor x = make(values, {n});
+    Tensor y = Tensor::empty({n}, stream(), dtype());
+    relu_forward(y, x, stream());
+    typed([&]<typename T>() {
+      const std::vector<T> x16 = narrow<T>(values);
+      std::vector<T> expected(x16.size());
+      reference::relu_forward(expected.data(), x16.data(), n);
+      EXPECT_EQ(bits(host(y)), bits(widen(expected))) << "n = " << n;
+    });
+    EXPECT_TRUE(std::isnan(host(y)[0])) << "a ReLU that drops NaN hides a broken input";
+  }
+  // In place (y aliases x).
+  Tensor x = make({-1.5f, 2.5f}, {2});
+  relu_forward(x, x, stream());
+  EXPECT_EQ(host(x), (std::vector<float>{0.0f, 2.5f}));
+}
+
+// The gradient is accumulated onto a sentinel in float32 and rounded once, or
+// assigned: the reference's bits either way. The control: the two expectations
+// differ, so an add that assigns (or the reverse) fails.
+TEST_P(ReluSixteenBitTest, BackwardAccumulatesOrAssignsAsTheReference) {
+  for (std::int64_t n : {1, 9, 1031}) {
+    const auto xv = values_with_specials(static_cast<std::size_t>(n), 6);
+    const auto gyv = values_with_specials(static_cast<std::size_t>(n), 7);
+    const auto sentinel = random_values(static_cast<std::size_t>(n), 8, -100.0f, 100.0f);
+    Tensor y = make(xv, {n});
+    relu_forward(y, y, stream());
+    Tensor grad_y = make(gyv, {n});
+    for (GradWrite write : {GradWrite::Accumulate, GradWrite::Assign}) {
+      Tensor grad_x = make(sentinel, {n});
+      relu_backward(grad_x, grad_y, y, stream(), write);
+      typed([&]<typename T>() {
+        std::vector<T> y16 = narrow<T>(xv);
+        reference::relu_forward(y16.data(), y16.data(), n);
+        const std::vector<T> gy16 = narrow<T>(gyv);
+        std::vector<T> added = narrow<T>(sentinel), assigned = added;
+        reference::relu_backward(added.data(), gy16.data(), y16.data(), n, GradWrite::Accumulate);
+        reference::relu_backward(assigned.data(), gy16.data(), y16.data(), n, GradWrite::Assign);
+        const auto& expected = write == GradWrite::Assign ? assigned : added;
+        EXPECT_EQ(bits(host(grad_x)), bits(widen(expected))) << "n = " << n;
+        EXPECT_NE(bits(widen(added)), bits(widen(assigned))) << "control, n = " << n;
+      });
+    }
+  }
+}
+
+// By hand: the float32 sum rounded to nearest even. In bfloat16 (a step of 2 at
+// 256) 256 + 1 is a tie that goes to the even 256 and 256 + 1.0078125 rounds up to
+// 258; in float16 (a step of 0.25) both give 257.
+TEST_P(ReluSixteenBitTest, AnAccumulatedGradientIsRoundedOnce) {
+  Tensor y = make({1.0f, 1.0f}, {2});
+  Tensor grad_y = make({1.0f, 1.0078125f}, {2});
+  Tensor grad_x = make({256.0f, 256.0f}, {2});
+  relu_backward(grad_x, grad_y, y, stream());
+  const std::vector<float> expected = dtype() == DType::BFloat16
+                                          ? std::vector<float>{256.0f, 258.0f}
+                                          : std::vector<float>{257.0f, 257.0f};
+  EXPECT_EQ(host(grad_x), expected);
+}
+
+TEST_P(ReluSixteenBitTest, MixedDtypesAreShapeErrors) {
+  Tensor x = make({1.0f, 2.0f}, {2});
+  Tensor y = Tensor::empty({2}, stream());
+  EXPECT_THROW_WITH(relu_forward(y, x, stream()), ShapeError,
+                    std::string("relu_forward: x is ") + dtype_name(dtype()));
 }
 
 TEST(ReluGradient, MatchesCentralDifferences) {

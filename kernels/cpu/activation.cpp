@@ -1,7 +1,7 @@
 // CPU activations: the plain reference (kernels/reference/activation.h) on each
-// thread's range. Elementwise, so the loops split over the thread pool at any
-// boundary (kernels/cpu/parallel.h).
-// The files an op takes, in order: the top of kernels/relu.h.
+// thread's range, in each of the four dtypes. Elementwise, so the loops split over the thread pool
+// at any boundary (kernels/cpu/parallel.h). The files an op takes, in order: the top of
+// kernels/relu.h.
 #include "kernels/cpu/activation.h"
 
 #include <cstdint>
@@ -13,7 +13,7 @@
 namespace towerlab::cpu {
 
 void activation_forward(const Tensor& y, const Tensor& x, const ActivationOp& act) {
-  with_dtype(y.dtype(), [&]<typename T>() {
+  with_any_dtype(y.dtype(), [&]<typename T>() {
     T* out = y.data<T>();       // [n]
     const T* in = x.data<T>();  // [n]
     parallel_rows(y.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
@@ -24,7 +24,7 @@ void activation_forward(const Tensor& y, const Tensor& x, const ActivationOp& ac
 
 void activation_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
                          const ActivationOp& act, GradWrite write) {
-  with_dtype(grad_x.dtype(), [&]<typename T>() {
+  with_any_dtype(grad_x.dtype(), [&]<typename T>() {
     T* gx = grad_x.data<T>();        // [n]
     const T* gy = grad_y.data<T>();  // [n]
     const T* in = x.data<T>();       // [n]

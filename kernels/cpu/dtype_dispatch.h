@@ -29,7 +29,9 @@ void with_dtype(DType dtype, Fn&& fn) {
 }
 
 // with_dtype for the ops that move values without computing in them (cast,
-// permute, slice copy): all four dtypes, bfloat16 and float16 as engine/half.h's types.
+// permute, slice copy) and for those that compute on 16-bit values in float32
+// (kernels/reference/math_type.h: ReLU, bias add, the activations): all four
+// dtypes, bfloat16 and float16 as engine/half.h's types.
 template <typename Fn>
 void with_any_dtype(DType dtype, Fn&& fn) {
   switch (dtype) {

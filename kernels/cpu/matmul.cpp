@@ -247,25 +247,7 @@ __attribute__((target("avx512f"))) void micro_kernel_avx512(std::int64_t kc, con
     a += kAvx512Mr;
     b += kAvx512Nr;
   }
-  const __m512 va = _mm512_set1_ps(alpha);
-  if (beta == 0.0f) {
-#pragma GCC unroll 12
-    for (int i = 0; i < Rows; ++i) {
-      for (int v = 0; v < Vecs; ++v) {
-        _mm512_storeu_ps(c + i * ldc + 16 * v, _mm512_mul_ps(va, acc[i][v]));
-      }
-    }
-  } else {
-    const __m512 vb = _mm512_set1_ps(beta);
-#pragma GCC unroll 12
-    for (int i = 0; i < Rows; ++i) {
-      for (int v = 0; v < Vecs; ++v) {
-        float* out = c + i * ldc + 16 * v;
-        _mm512_storeu_ps(out,
-                         _mm512_fmadd_ps(va, acc[i][v], _mm512_mul_ps(vb, _mm512_loadu_ps(out))));
-      }
-    }
-  }
+  store_tile_avx512(acc, c, ldc, alpha, beta);
 }
 
 // The AVX-512 kernel for an edge tile of rows x cols.

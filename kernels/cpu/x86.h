@@ -107,6 +107,33 @@ __attribute__((target("avx2,fma"))) inline void transpose8x8(__m256 r[8]) {
     r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
   }
 }
+// The epilogue of the AVX-512 GEMM micro-kernels (float32 FMA and vdpbf16ps): the
+// Rows x 16 Vecs tile C = alpha acc + beta C, with C unread when beta is 0 (so a NaN
+// there does not survive), one rounding per output as a float32 FMA gives it.
+template <int Rows, int Vecs>
+__attribute__((target("avx512f"))) inline void store_tile_avx512(const __m512 (&acc)[Rows][Vecs],
+                                                                 float* c, std::int64_t ldc,
+                                                                 float alpha, float beta) {
+  const __m512 va = _mm512_set1_ps(alpha);
+  if (beta == 0.0f) {
+#pragma GCC unroll 12
+    for (int i = 0; i < Rows; ++i) {
+      for (int v = 0; v < Vecs; ++v) {
+        _mm512_storeu_ps(c + i * ldc + 16 * v, _mm512_mul_ps(va, acc[i][v]));
+      }
+    }
+    return;
+  }
+  const __m512 vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 12
+  for (int i = 0; i < Rows; ++i) {
+    for (int v = 0; v < Vecs; ++v) {
+      float* out = c + i * ldc + 16 * v;
+      _mm512_storeu_ps(out,
+                       _mm512_fmadd_ps(va, acc[i][v], _mm512_mul_ps(vb, _mm512_loadu_ps(out))));
+    }
+  }
+}
 #endif
 
 // Calls fn(first) for the groups of `width` consecutive outputs that cover a row of

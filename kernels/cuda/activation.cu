@@ -1,10 +1,13 @@
 // CUDA activations (contracts in kernels/activation.h): one grid-stride kernel per
 // direction, the activation chosen per element by a switch on its kind (uniform
-// across the grid, so every thread takes the same branch). float32; the formulas
-// and their guards at the saturated tails are the reference's
-// (kernels/reference/activation.cpp), in float.
+// across the grid, so every thread takes the same branch), templated on the
+// storage type (float, bfloat16, float16). The formulas and their guards at the
+// saturated tails are the reference's (kernels/reference/activation.cpp), in
+// float32 whatever the storage, a 16-bit result rounded once as it is stored.
 // The files an op takes, in order: the top of kernels/relu.h.
+#include "engine/half.h"
 #include "kernels/cuda/activation.h"
+#include "kernels/cuda/gpu_dtype.cuh"
 #include "kernels/cuda/launch.cuh"
 
 namespace towerlab::cuda {
@@ -82,17 +85,21 @@ __device__ float activation_derivative(ActivationKind kind, float slope, float x
   return 1.0f;
 }
 
-__global__ void activation_forward_kernel(std::int64_t n, float* y, const float* x,
-                                          ActivationKind kind, float slope) {
-  for (const std::int64_t i : grid_stride(n)) y[i] = activation_value(kind, slope, x[i]);
+template <typename T>
+__global__ void activation_forward_kernel(std::int64_t n, T* y, const T* x, ActivationKind kind,
+                                          float slope) {
+  for (const std::int64_t i : grid_stride(n)) {
+    y[i] = T(activation_value(kind, slope, static_cast<float>(x[i])));
+  }
 }
 
-__global__ void activation_backward_kernel(std::int64_t n, float* grad_x, const float* grad_y,
-                                           const float* x, ActivationKind kind, float slope,
-                                           bool assign) {
+template <typename T>
+__global__ void activation_backward_kernel(std::int64_t n, T* grad_x, const T* grad_y, const T* x,
+                                           ActivationKind kind, float slope, bool assign) {
   for (const std::int64_t i : grid_stride(n)) {
-    const float g = grad_y[i] * activation_derivative(kind, slope, x[i]);
-    grad_x[i] = assign ? g : grad_x[i] + g;
+    const float g = static_cast<float>(grad_y[i]) *
+                    activation_derivative(kind, slope, static_cast<float>(x[i]));
+    grad_x[i] = T(assign ? g : static_cast<float>(grad_x[i]) + g);
   }
 }
 
@@ -100,15 +107,19 @@ __global__ void activation_backward_kernel(std::int64_t n, float* grad_x, const 
 
 void activation_forward(const Tensor& y, const Tensor& x, const ActivationOp& act,
                         const Stream& stream) {
-  launch_grid_stride(activation_forward_kernel, y.numel(), stream, y.data<float>(), x.data<float>(),
-                     act.kind, static_cast<float>(act.negative_slope));
+  with_gpu_dtype("activation_forward", y, [&]<typename T>() {
+    launch_grid_stride(activation_forward_kernel<T>, y.numel(), stream, y.data<T>(), x.data<T>(),
+                       act.kind, static_cast<float>(act.negative_slope));
+  });
 }
 
 void activation_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
                          const ActivationOp& act, const Stream& stream, GradWrite write) {
-  launch_grid_stride(activation_backward_kernel, grad_x.numel(), stream, grad_x.data<float>(),
-                     grad_y.data<float>(), x.data<float>(), act.kind,
-                     static_cast<float>(act.negative_slope), write == GradWrite::Assign);
+  with_gpu_dtype("activation_backward", grad_x, [&]<typename T>() {
+    launch_grid_stride(activation_backward_kernel<T>, grad_x.numel(), stream, grad_x.data<T>(),
+                       grad_y.data<T>(), x.data<T>(), act.kind,
+                       static_cast<float>(act.negative_slope), write == GradWrite::Assign);
+  });
 }
 
 }  // namespace towerlab::cuda

@@ -1,4 +1,6 @@
-// CUDA conv2d (contracts and dimension letters in kernels/conv2d.h), float32.
+// CUDA conv2d (contracts and dimension letters in kernels/conv2d.h): float32, and
+// bfloat16 or float16 operands with float32 sums on the tensor cores (the three
+// problems below over 16-bit values, on tc_gemm_kernel: kernels/cuda/conv2d_tc.cuh).
 //
 // All three passes are implicit GEMMs: tiled matrix-product kernels whose
 // operands are gathered straight from the NCHW tensors, so no im2col matrix is
@@ -39,6 +41,7 @@
 #include "engine/allocator.h"
 #include "kernels/cuda/conv2d.h"
 #include "kernels/cuda/conv2d_implicit_gemm.cuh"
+#include "kernels/cuda/conv2d_tc.cuh"
 #include "kernels/cuda/conv2d_winograd.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/split_reduce.cuh"
@@ -50,6 +53,8 @@ namespace {
 using conv2d_gemm::implicit_gemm_kernel;
 using conv2d_gemm::pipelined_gemm_kernel;
 using conv2d_gemm::pipelined_pixel_kernel;
+using conv2d_gemm::tc_gemm_kernel;
+using conv2d_gemm::TcTile;
 using conv2d_gemm::Tile;
 
 // Integer division by a divisor fixed for the whole launch, as a multiply-high
@@ -114,12 +119,16 @@ Dims make_dims(const Conv2dShape& s) {
 // row/col/out are computed once per thread, a/b once per loaded element. Where
 // vector_rows is set, rows m..m+3 (m a multiple of 4) are neighbours in memory
 // with m 16-byte aligned, and store4 writes them at once: a warp then stores
-// whole sectors instead of every fourth float of 16 of them.
+// whole sectors instead of every fourth float of 16 of them. V is the operands'
+// type: float, or std::uint16_t, the bits of bfloat16 or float16 values, which
+// tc_gemm_kernel multiplies on the tensor cores (zero is 0 in both); results are
+// float32 either way.
 
+template <class V>
 struct ForwardProblem {
   Dims d;
-  const float* x;       // [N,C,H,W]
-  const float* weight;  // [K, C*R*S]
+  const V* x;       // [N,C,H,W]
+  const V* weight;  // [K, C*R*S]
   const float* bias;    // [K] or nullptr
   float* y;             // [N,K,P,Q]
   int M, Ncols, Kred;
@@ -133,14 +142,14 @@ struct ForwardProblem {
     d.by_Q.divmod(pq, p, q);
     return {n * d.C * d.HW, p * d.stride_h - d.pad_h, q * d.stride_w - d.pad_w};
   }
-  __device__ float a(const Row& row, int crs) const {
+  __device__ V a(const Row& row, int crs) const {
     int c, rs, r, s;
     d.by_RS.divmod(crs, c, rs);
     d.by_S.divmod(rs, r, s);
     const int h = row.h0 + r * d.dilation_h, w = row.w0 + s * d.dilation_w;
     if (static_cast<unsigned>(h) >= static_cast<unsigned>(d.H) ||
         static_cast<unsigned>(w) >= static_cast<unsigned>(d.W)) {
-      return 0.0f;
+      return V{};
     }
     return __ldg(x + row.image_offset + c * d.HW + h * d.W + w);
   }
@@ -148,7 +157,7 @@ struct ForwardProblem {
     int offset;
   };
   __device__ Col col(int k) const { return {k * d.CRS}; }
-  __device__ float b(int crs, const Col& col) const { return __ldg(weight + col.offset + crs); }
+  __device__ V b(int crs, const Col& col) const { return __ldg(weight + col.offset + crs); }
 
   // The channel-inner order (see pipelined_gemm_kernel): kk = rs*C + c, one tap per step.
   struct Step {
@@ -169,8 +178,8 @@ struct ForwardProblem {
     }
     return row.image_offset + st.c0 * d.HW + h * d.W + w;
   }
-  __device__ const float* a_src(int base, int dc) const { return x + base + dc * d.HW; }
-  __device__ const float* b_src(const Step& st, int dc, const Col& col) const {
+  __device__ const V* a_src(int base, int dc) const { return x + base + dc * d.HW; }
+  __device__ const V* b_src(const Step& st, int dc, const Col& col) const {
     return weight + col.offset + (st.c0 + dc) * d.RS + st.rs;
   }
   struct Out {
@@ -193,10 +202,11 @@ struct ForwardProblem {
   }
 };
 
+template <class V>
 struct BackwardDataProblem {
   Dims d;
-  const float* grad_y;  // [N,K,P,Q]
-  const float* weight;  // [K,C,R,S]
+  const V* grad_y;  // [N,K,P,Q]
+  const V* weight;  // [K,C,R,S]
   float* grad_x;        // [N,C,H,W]
   int M, Ncols, Kred;
 
@@ -211,23 +221,23 @@ struct BackwardDataProblem {
   }
   // grad_y[n,k,p,q] for the output pixel whose tap (r,s) lands on this row's
   // input pixel, or 0 when none does (off the output, or between strides).
-  __device__ float a(const Row& row, int krs) const {
+  __device__ V a(const Row& row, int krs) const {
     int k, rs, r, s;
     d.by_RS.divmod(krs, k, rs);
     d.by_S.divmod(rs, r, s);
     const int th = row.h - r * d.dilation_h, tw = row.w - s * d.dilation_w;
-    if (th < 0 || tw < 0) return 0.0f;
+    if (th < 0 || tw < 0) return V{};
     int p, q, rem_h, rem_w;
     d.by_stride_h.divmod(th, p, rem_h);
     d.by_stride_w.divmod(tw, q, rem_w);
-    if ((rem_h | rem_w) != 0 || p >= d.P || q >= d.Q) return 0.0f;
+    if ((rem_h | rem_w) != 0 || p >= d.P || q >= d.Q) return V{};
     return __ldg(grad_y + row.image_offset + k * d.PQ + p * d.Q + q);
   }
   struct Col {
     int offset;
   };
   __device__ Col col(int c) const { return {c * d.RS}; }
-  __device__ float b(int krs, const Col& col) const {
+  __device__ V b(int krs, const Col& col) const {
     int k, rs;
     d.by_RS.divmod(krs, k, rs);
     return __ldg(weight + k * d.CRS + col.offset + rs);
@@ -253,8 +263,8 @@ struct BackwardDataProblem {
     if ((rem_h | rem_w) != 0 || p >= d.P || q >= d.Q) return -1;
     return row.image_offset + st.k0 * d.PQ + p * d.Q + q;
   }
-  __device__ const float* a_src(int base, int dk) const { return grad_y + base + dk * d.PQ; }
-  __device__ const float* b_src(const Step& st, int dk, const Col& col) const {
+  __device__ const V* a_src(int base, int dk) const { return grad_y + base + dk * d.PQ; }
+  __device__ const V* b_src(const Step& st, int dk, const Col& col) const {
     return weight + (st.k0 + dk) * d.CRS + col.offset + st.rs;
   }
   struct Out {
@@ -276,10 +286,11 @@ struct BackwardDataProblem {
   }
 };
 
+template <class V>
 struct BackwardWeightProblem {
   Dims d;
-  const float* grad_y;  // [N,K,P,Q]
-  const float* x;       // [N,C,H,W]
+  const V* grad_y;  // [N,K,P,Q]
+  const V* x;       // [N,C,H,W]
   float* grad_weight;   // [K, C*R*S]
   float* partial;       // [splits, K, C*R*S] when the reduction is split, else nullptr
   int M, Ncols, Kred;
@@ -319,16 +330,25 @@ struct BackwardWeightProblem {
   }
   // Where A[k, npq] and B[npq, crs] are: false (src the operand's first element)
   // where the value is 0, past the split or in the padding.
-  __device__ bool a_src(const Row& row, const Pixel& px, const float*& src) const {
+  __device__ bool a_src(const Row& row, const Pixel& px, const V*& src) const {
     src = px.valid ? grad_y + px.grad_y_offset + row.offset : grad_y;
     return px.valid;
   }
-  __device__ bool b_src(const Pixel& px, const Col& col, const float*& src) const {
+  __device__ bool b_src(const Pixel& px, const Col& col, const V*& src) const {
     const int h = px.h + col.h0, w = px.w + col.w0;
     const bool inside = px.valid && static_cast<unsigned>(h) < static_cast<unsigned>(d.H) &&
                         static_cast<unsigned>(w) < static_cast<unsigned>(d.W);
     src = inside ? x + px.x_offset + col.offset : x;
     return inside;
+  }
+  // One element at a time (tc_gemm_kernel's interface): A[k, npq] and B[npq, crs].
+  __device__ V a(const Row& row, int npq) const {
+    const V* src;
+    return a_src(row, pixel(npq, Kred), src) ? __ldg(src) : V{};
+  }
+  __device__ V b(int npq, const Col& col) const {
+    const V* src;
+    return b_src(pixel(npq, Kred), col, src) ? __ldg(src) : V{};
   }
   struct Out {
     int offset;
@@ -343,6 +363,7 @@ struct BackwardWeightProblem {
   }
   // Rows are output channels, CRS apart: no vector stores.
   static constexpr bool vector_rows = false;
+  static_assert(!vector_rows);  // referenced where no kernel stores rows (the tensor cores')
   __device__ void store4(const Out&, int, float4, int) const {}
 };
 
@@ -564,13 +585,13 @@ void launch_pipelined(const Problem& problem, cudaStream_t stream) {
 }
 
 template <class T>
-void launch_weight(const BackwardWeightProblem& problem, int splits, int k_per_split,
+void launch_weight(const BackwardWeightProblem<float>& problem, int splits, int k_per_split,
                    cudaStream_t stream) {
   const dim3 grid(ceil_div(problem.M, T::BM), ceil_div(problem.Ncols, T::BN), splits);
   TL_CHECK(grid.y <= 65535 && grid.z <= 65535, NotSupported,
            "conv2d: " << problem.Ncols << " GEMM columns need " << grid.y
                       << " column tiles; the CUDA kernels handle at most 65535");
-  pipelined_pixel_kernel<BackwardWeightProblem, T, kStages>
+  pipelined_pixel_kernel<BackwardWeightProblem<float>, T, kStages>
       <<<grid, T::kThreads, 0, stream>>>(problem, k_per_split);
   TL_CUDA_CHECK_LAUNCH();
 }
@@ -723,10 +744,30 @@ void reduce_weight_splits(float* grad_weight, float* partial, std::int64_t count
   split_reduce(pairs.as<float>(), count, half, AccumulateInto{grad_weight}, stream);
 }
 
+// Backward-weight's GEMM over plan_weight_split's splits: launch(problem, splits,
+// k_per_split), with problem.partial set where the reduction is split, and then
+// the partials added into grad_weight by reduce_weight_splits. The float32 and the
+// tensor-core kernels both run through it.
+template <class Problem, class Launch>
+void split_weight_gemm(Problem problem, std::int64_t tiles, int bk, int resident, int sms,
+                       const Stream& stream, Launch launch) {
+  const WeightSplitPlan plan = plan_weight_split(problem.Kred, tiles, bk, sms, resident);
+  if (plan.splits == 1) {
+    launch(problem, 1, problem.Kred);
+    return;
+  }
+  const std::int64_t count = std::int64_t{problem.M} * problem.Ncols;
+  const std::int64_t slots = plan.splits + plan.splits % 2;  // an odd count's zeroed slot
+  Scratch partial(stream, static_cast<std::size_t>(slots * count) * sizeof(float));
+  problem.partial = partial.as<float>();
+  launch(problem, plan.splits, plan.k_per_split);
+  reduce_weight_splits(problem.grad_weight, partial.as<float>(), count, plan.splits, stream);
+}
+
 void backward_weight(const Dims& d, float* grad_weight, const float* grad_y, const float* x,
                      int sms, const Stream& stream) {
   cudaStream_t s = native(stream);
-  BackwardWeightProblem problem{};
+  BackwardWeightProblem<float> problem{};
   problem.d = d;
   problem.grad_y = grad_y;
   problem.x = x;
@@ -735,18 +776,9 @@ void backward_weight(const Dims& d, float* grad_weight, const float* grad_y, con
   problem.M = d.K, problem.Ncols = d.CRS, problem.Kred = d.N * d.PQ;
   auto run = [&]<class T>() {
     const std::int64_t tiles = std::int64_t{ceil_div(d.K, T::BM)} * ceil_div(d.CRS, T::BN);
-    const WeightSplitPlan plan =
-        plan_weight_split(problem.Kred, tiles, T::BK, sms, std::max(1, T::kMinBlocks));
-    if (plan.splits == 1) {
-      launch_weight<T>(problem, 1, problem.Kred, s);
-      return;
-    }
-    const std::int64_t count = std::int64_t{d.K} * d.CRS;
-    const std::int64_t slots = plan.splits + plan.splits % 2;  // an odd count's zeroed slot
-    Scratch partial(stream, static_cast<std::size_t>(slots * count) * sizeof(float));
-    problem.partial = partial.as<float>();
-    launch_weight<T>(problem, plan.splits, plan.k_per_split, s);
-    reduce_weight_splits(grad_weight, partial.as<float>(), count, plan.splits, stream);
+    split_weight_gemm(problem, tiles, T::BK, std::max(1, T::kMinBlocks), sms, stream,
+                      [&](const BackwardWeightProblem<float>& split_problem, int splits,
+                          int k_per_split) { launch_weight<T>(split_problem, splits, k_per_split, s); });
   };
   // Residency (the Tile's MIN_BLOCKS, ptxas for sm_90, pipelined_pixel_kernel):
   // 32x32x16 64 threads, 121 registers: 8 per SM, planned as 4; 64x64x16 256
@@ -778,10 +810,101 @@ void backward_bias(const Dims& d, float* grad_bias, const float* grad_y, int sms
   split_reduce(partial.as<float>(), d.K, used_groups, AccumulateInto{grad_bias}, stream);
 }
 
+// ---- 16-bit operands on tensor cores ---------------------------------------------
+// The three problems above over bfloat16 or float16 bits, on tc_gemm_kernel
+// (kernels/cuda/conv2d_tc.cuh): every shape, stride, padding and dilation, the
+// C = 1 layers included (no direct kernels, no Winograd).
+
+using Bits = std::uint16_t;
+
+// 128x32 (4 warps of 32x32) where the GEMM's columns are at most 32 (ResNet-20's
+// 16- and 32-channel layers, FashionNet's conv1), else 64x64 (4 warps of 32x32).
+// MIN_BLOCKS 4: 128 registers a thread at most, 20 or 16 KiB of shared memory a block.
+using TcNarrow = TcTile<4, 1, 2, 4, 4>;
+using TcSquare = TcTile<2, 2, 2, 4, 4>;
+
+const Bits* bits(const Tensor& t) {
+  return static_cast<const Bits*>(t.raw_data());
+}
+
+template <class Problem, class T>
+void launch_tc(const Problem& problem, bool bf16, int splits, int k_per_split,
+               cudaStream_t stream) {
+  const dim3 grid(ceil_div(problem.M, T::BM), ceil_div(problem.Ncols, T::BN), splits);
+  TL_CHECK(grid.y <= 65535 && grid.z <= 65535, NotSupported,
+           "conv2d: " << problem.Ncols << " GEMM columns need " << grid.y
+                      << " column tiles; the CUDA kernels handle at most 65535");
+  const auto kernel =
+      bf16 ? tc_gemm_kernel<Problem, T, true> : tc_gemm_kernel<Problem, T, false>;
+  kernel<<<grid, T::kThreads, 0, stream>>>(problem, k_per_split);
+  TL_CUDA_CHECK_LAUNCH();
+}
+
+// Forward and backward-data: rows are pixels, columns channels; one split.
+template <class Problem>
+void launch_tc_pixel_rows(const Problem& problem, bool bf16, cudaStream_t stream) {
+  if (problem.Ncols <= TcNarrow::BN) {
+    launch_tc<Problem, TcNarrow>(problem, bf16, 1, problem.Kred, stream);
+  } else {
+    launch_tc<Problem, TcSquare>(problem, bf16, 1, problem.Kred, stream);
+  }
+}
+
+void forward_16bit(const Dims& d, float* y, const Bits* x, const Bits* weight, const float* bias,
+                   bool bf16, cudaStream_t stream) {
+  ForwardProblem<Bits> problem{};
+  problem.d = d;
+  problem.x = x;
+  problem.weight = weight;
+  problem.bias = bias;
+  problem.y = y;
+  problem.M = d.N * d.PQ, problem.Ncols = d.K, problem.Kred = d.CRS;
+  launch_tc_pixel_rows(problem, bf16, stream);
+}
+
+void backward_data_16bit(const Dims& d, float* grad_x, const Bits* grad_y, const Bits* weight,
+                         bool bf16, cudaStream_t stream) {
+  BackwardDataProblem<Bits> problem{};
+  problem.d = d;
+  problem.grad_y = grad_y;
+  problem.weight = weight;
+  problem.grad_x = grad_x;
+  problem.M = d.N * d.HW, problem.Ncols = d.C, problem.Kred = d.K * d.RS;
+  launch_tc_pixel_rows(problem, bf16, stream);
+}
+
+// Rows are output channels (K), columns taps (C*R*S), the reduction every (image,
+// pixel): split as the float32 kernel's is.
+void backward_weight_16bit(const Dims& d, float* grad_weight, const Bits* grad_y, const Bits* x,
+                           bool bf16, int sms, const Stream& stream) {
+  BackwardWeightProblem<Bits> problem{};
+  problem.d = d;
+  problem.grad_y = grad_y;
+  problem.x = x;
+  problem.grad_weight = grad_weight;
+  problem.partial = nullptr;
+  problem.M = d.K, problem.Ncols = d.CRS, problem.Kred = d.N * d.PQ;
+  using T = TcSquare;
+  const std::int64_t tiles = std::int64_t{ceil_div(d.K, T::BM)} * ceil_div(d.CRS, T::BN);
+  split_weight_gemm(problem, tiles, tc::kStepK, T::kMinBlocks, sms, stream,
+                    [&](const BackwardWeightProblem<Bits>& split_problem, int splits,
+                        int k_per_split) {
+                      launch_tc<BackwardWeightProblem<Bits>, T>(split_problem, bf16, splits,
+                                                                k_per_split, native(stream));
+                    });
+}
+
 }  // namespace
 
 void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
                     const Conv2dShape& shape, const Stream& stream) {
+  if (is_16bit(x.dtype())) {
+    CudaDeviceGuard guard(stream.device().index);
+    forward_16bit(make_dims(shape), y.data<float>(), bits(x), bits(weight),
+                  bias.defined() ? bias.data<float>() : nullptr, x.dtype() == DType::BFloat16,
+                  native(stream));
+    return;
+  }
   if (winograd_chosen(shape, WinogradPass::Forward)) {
     winograd_forward(y.data<float>(), x.data<float>(), weight.data<float>(),
                      bias.defined() ? bias.data<float>() : nullptr, shape, stream);
@@ -789,7 +912,7 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
   }
   CudaDeviceGuard guard(stream.device().index);
   const Dims d = make_dims(shape);
-  ForwardProblem problem{};
+  ForwardProblem<float> problem{};
   problem.d = d;
   problem.x = x.data<float>();
   problem.weight = weight.data<float>();
@@ -806,6 +929,20 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
   CudaDeviceGuard guard(stream.device().index);
   const Dims d = make_dims(shape);
   const int sms = sm_count(stream.device().index);
+  if (is_16bit(grad_y.dtype())) {
+    TL_CHECK(!grad_bias.defined(), InvalidArgument,
+             "conv2d: the 16-bit backward takes no grad_bias (kernels/conv2d.cpp sums it)");
+    const bool bf16 = grad_y.dtype() == DType::BFloat16;
+    if (grad_x.defined()) {
+      backward_data_16bit(d, grad_x.data<float>(), bits(grad_y), bits(weight), bf16,
+                          native(stream));
+    }
+    if (grad_weight.defined()) {
+      backward_weight_16bit(d, grad_weight.data<float>(), bits(grad_y), bits(x), bf16, sms,
+                            stream);
+    }
+    return;
+  }
   if (grad_x.defined()) {
     if (winograd_chosen(shape, WinogradPass::BackwardData)) {
       winograd_backward_data(grad_x.data<float>(), grad_y.data<float>(), weight.data<float>(),
@@ -814,7 +951,7 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
       one_channel_backward_data(d, grad_x.data<float>(), grad_y.data<float>(), weight.data<float>(),
                                 stream);
     } else {
-      BackwardDataProblem problem{};
+      BackwardDataProblem<float> problem{};
       problem.d = d;
       problem.grad_y = grad_y.data<float>();
       problem.weight = weight.data<float>();

@@ -389,6 +389,38 @@ __device__ __forceinline__ V& unit(float* p, std::int64_t i) {
   return reinterpret_cast<V*>(p)[i];
 }
 
+// Unit i of a float, bfloat16 or float16 buffer as V (float or float4): a float
+// buffer is read and written as V directly (unit above); a 16-bit one is widened
+// exactly on load (the four values from 4i for a float4) and rounded once to
+// nearest even on store (engine/half.h), so a kernel templated on the storage type
+// computes in float32 whatever it stores.
+template <typename V, typename T>
+__device__ __forceinline__ V load_unit(const T* p, std::int64_t i) {
+  if constexpr (std::is_same_v<T, float>) {
+    return unit<V>(p, i);
+  } else if constexpr (std::is_same_v<V, float>) {
+    return static_cast<float>(p[i]);
+  } else {
+    const T* q = p + 4 * i;
+    return make_float4(static_cast<float>(q[0]), static_cast<float>(q[1]), static_cast<float>(q[2]),
+                       static_cast<float>(q[3]));
+  }
+}
+template <typename T, typename V>
+__device__ __forceinline__ void store_unit(T* p, std::int64_t i, V v) {
+  if constexpr (std::is_same_v<T, float>) {
+    unit<V>(p, i) = v;
+  } else if constexpr (std::is_same_v<V, float>) {
+    p[i] = T(v);
+  } else {
+    T* q = p + 4 * i;
+    q[0] = T(v.x);
+    q[1] = T(v.y);
+    q[2] = T(v.z);
+    q[3] = T(v.w);
+  }
+}
+
 // f applied to each component of one, two or three units (component-wise map).
 template <typename F>
 __device__ __forceinline__ float map(F f, float a) {

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numbers>
 
+#include "engine/half.h"
+
 namespace towerlab::reference {
 
 namespace {
@@ -90,23 +92,29 @@ double activation_derivative(const ActivationOp& act, double x) {
 
 template <typename T>
 void activation_forward(T* y, const T* x, std::int64_t n, const ActivationOp& act) {
-  for (std::int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(activation_value(act, x[i]));
+  for (std::int64_t i = 0; i < n; ++i) {
+    y[i] = static_cast<T>(activation_value(act, static_cast<double>(x[i])));
+  }
 }
 
 template <typename T>
 void activation_backward(T* grad_x, const T* grad_y, const T* x, std::int64_t n,
                          const ActivationOp& act, GradWrite write) {
   for (std::int64_t i = 0; i < n; ++i) {
-    const double g = double(grad_y[i]) * activation_derivative(act, x[i]);
-    grad_x[i] = write == GradWrite::Assign ? static_cast<T>(g) : static_cast<T>(grad_x[i] + g);
+    const double g =
+        static_cast<double>(grad_y[i]) * activation_derivative(act, static_cast<double>(x[i]));
+    grad_x[i] = static_cast<T>(write == GradWrite::Assign ? g : static_cast<double>(grad_x[i]) + g);
   }
 }
 
-template void activation_forward<float>(float*, const float*, std::int64_t, const ActivationOp&);
-template void activation_forward<double>(double*, const double*, std::int64_t, const ActivationOp&);
-template void activation_backward<float>(float*, const float*, const float*, std::int64_t,
-                                         const ActivationOp&, GradWrite);
-template void activation_backward<double>(double*, const double*, const double*, std::int64_t,
-                                          const ActivationOp&, GradWrite);
+#define TL_INSTANTIATE_ACTIVATION(T)                                                              \
+  template void activation_forward<T>(T*, const T*, std::int64_t, const ActivationOp&);           \
+  template void activation_backward<T>(T*, const T*, const T*, std::int64_t, const ActivationOp&, \
+                                       GradWrite);
+TL_INSTANTIATE_ACTIVATION(float)
+TL_INSTANTIATE_ACTIVATION(double)
+TL_INSTANTIATE_ACTIVATION(bfloat16)
+TL_INSTANTIATE_ACTIVATION(float16)
+#undef TL_INSTANTIATE_ACTIVATION
 
 }  // namespace towerlab::reference

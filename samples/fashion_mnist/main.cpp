@@ -162,6 +162,7 @@ int run(const sample::Options& o) {
                       : o.precision == "fp16" ? Precision::Fp16
                       : o.precision == "tf32" ? Precision::Tf32
                                               : Precision::Fp32;
+  options.reduce_dtype = o.reduce_dtype == "bf16" ? DType::BFloat16 : DType::Float32;
   options.soft_placement = o.soft_placement;
   options.log_placement = o.log_placement;
   options.seed = o.seed;
@@ -235,6 +236,7 @@ int run(const sample::Options& o) {
       {"batch", o.batch},      {"optimizer", o.optimizer},           {"lr", o.lr},
       {"schedule", o.schedule}};
   metrics["precision"] = o.precision;
+  metrics["reduce_dtype"] = o.reduce_dtype;
   if (o.eval_only) {
     const double acc = accuracy(trainer, test, 1000, cluster, model.title, o.predictions);
     std::printf("test accuracy %.4f\n", acc);

@@ -308,6 +308,10 @@ std::vector<Field> fields(Options& o) {
       master(o.master),
       choice("batchnorm", o.batchnorm, {"local", "sync"}, "Batch norm across towers"),
       precision(o.precision),
+      choice("reduce_dtype", o.reduce_dtype, {"fp32", "bf16"},
+             "What the gradient's reduction carries between towers and processes: fp32, or "
+             "bf16 (each tower's gradient rounded to bfloat16 once, summed in float32 in tower "
+             "order: half the bytes of the reduce-scatter; docs/precision.md)"),
       choice("batchnorm_stats", o.batchnorm_stats, {"average", "tower0"},
              "Moving statistics: average (sample-weighted) or tower0"),
       number("epochs", o.epochs, kEpochs, "Passes over the training set"),

@@ -27,6 +27,7 @@ struct Options {
   std::string master;               // empty: the first tower's device; "sharded": across the towers
   std::string batchnorm = "local";  // local | sync
   std::string precision = "fp32";   // fp32 | tf32 | bf16 | fp16 (TrainerOptions::precision)
+  std::string reduce_dtype = "fp32";        // fp32 | bf16 (TrainerOptions::reduce_dtype)
   std::string batchnorm_stats = "average";  // average | tower0
   int epochs = 5;                           // positive: --eval-only is the way to train nothing
   std::int64_t batch = 128;

@@ -1,35 +1,20 @@
 // The MPI process group and collective checkpoints, run by mpirun with several
 // ranks (tests/mpi/CMakeLists.txt starts each case; every rank runs the same
 // tests in the same order, so their collectives pair up). Run without mpirun, the
-// binary is a group of one and the same tests pass.
-//
-// Failure cases (Failure.*) break the group on purpose; each runs in an mpirun of
-// its own, and TOWERLAB_MPI_DEADLINE_S sets a short deadline for them.
+// binary is a group of one and the same tests pass. Training across the ranks:
+// mpi_training_test.cpp; failures: mpi_failure_test.cpp.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <chrono>
-#include <csignal>
+#include <cmath>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <functional>
-#include <map>
-#include <nlohmann/json.hpp>
 #include <random>
-#include <thread>
 
+#include "mpi_test.h"
 #include "parallel/ring_schedule.h"
 #include "towerlab.h"
 
 namespace towerlab::testing {
 namespace {
-
-Cluster* g_cluster = nullptr;
-
-Cluster& cluster() {
-  return *g_cluster;
-}
 
 // Rank r's values: magnitudes from 1e-3 to 1e5 and both signs, so that the order
 // of a float sum changes its rounding.
@@ -58,11 +43,6 @@ std::vector<T> ring_order_sum(int size, std::size_t n, unsigned salt) {
     }
   }
   return sum;
-}
-
-template <typename T>
-std::string bytes_of(const std::vector<T>& v) {
-  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
 }
 
 template <typename T>
@@ -206,73 +186,6 @@ TEST(Collectives, RankSizeAndLocalRankComeFromTheLauncher) {
 
 // --- collective checkpoints -------------------------------------------------
 
-const Stream& cpu() {
-  return default_stream(Device::cpu());
-}
-
-struct Model {
-  VariableSet vars;
-  Sequential net;
-  Tensor images, labels;
-  Model() {
-    net.add<Conv2d>(vars, "conv1", 1, 4, 3, Conv2dParams{.pad_h = 1, .pad_w = 1}, false);
-    net.add<BatchNorm>(vars, "bn1", 4);
-    net.add<ReLU>();
-    net.add<Flatten>();
-    net.add<Linear>(vars, "fc", 4 * 4 * 4, 3);
-    images = Tensor::empty({6, 1, 4, 4}, cpu());
-    random_normal(images, 9, 0, 0.0f, 1.0f, cpu());
-    labels = Tensor::from_host<float>({0, 1, 2, 0, 1, 2}, {6}, cpu());
-  }
-  void train(VariableStore& store, Optimizer& opt, int steps) {
-    for (int i = 0; i < steps; ++i) {
-      Tape tape(cpu());
-      Context ctx{tape, store, true};
-      Var loss = ag::softmax_cross_entropy(net(ctx, tape.constant(images)), tape.constant(labels));
-      store.zero_grad(cpu());
-      tape.backward(loss);
-      opt.step(store, store.flat_grads(), cpu());
-    }
-  }
-};
-
-std::string all_bytes(const VariableStore& store) {
-  std::string s;
-  for (const VariableSpec& v : store.set().specs())
-    s += bytes_of(store.value(v.name).to_host<float>(cpu()));
-  return s;
-}
-
-std::string slot_bytes(const Optimizer& opt) {
-  std::string s;
-  for (const auto& [name, flat] : opt.slots()) s += name + bytes_of(flat.to_host<float>(cpu()));
-  return s;
-}
-
-// A directory every rank names the same: rank 0 creates it and broadcasts its name.
-class SharedDir {
- public:
-  SharedDir() {
-    std::string name(200, '\0');
-    if (cluster().rank() == 0) {
-      std::string pattern =
-          (std::filesystem::temp_directory_path() / "towerlab-mpi-XXXXXX").string();
-      if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-      name.replace(0, pattern.size(), pattern);
-    }
-    cluster().broadcast(std::as_writable_bytes(std::span<char>(name)), 0, "test: directory");
-    path_ = name.c_str();
-  }
-  ~SharedDir() {
-    cluster().barrier("test: directory done");
-    if (cluster().rank() == 0) std::filesystem::remove_all(path_);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
-
 TEST(CollectiveCheckpoint, SavedByRankZeroLoadsInOneProcessOnTheCpu) {
   SharedDir dir;
   Model m;
@@ -368,238 +281,6 @@ TEST(CollectiveCheckpoint, FailingLoadFailsEveryRankWithRankZerosError) {
       [&] { load_checkpoint(cluster(), dir.file("other.safetensors"), store, nullptr, cpu()); },
       "other.safetensors");
   EXPECT_EQ(all_bytes(store), before);
-}
-
-// --- the trace of a job ------------------------------------------------------
-
-// Every rank traces two steps of 2 CPU towers and writes the trace collectively:
-// rank 0's file holds each rank as a process, named once, with its towers, master
-// and processes rows, and the ranks' times aligned (they leave each step's
-// all-reduce together). Without mpirun: one process, no processes row.
-TEST(JobTrace, RankZeroWritesEveryRanksRowsWithAlignedTimes) {
-  SharedDir dir;
-  Model m;
-  TrainerOptions options;
-  options.devices = {Device::cpu(), Device::cpu()};
-  options.process_group = &cluster();
-  Trainer trainer(
-      m.vars,
-      [&m](const Tower& tower, const std::vector<Tensor>& batch) {
-        Context ctx = tower.context();
-        Var logits = m.net(ctx, tower.input(batch[0], "images"));
-        return TowerResult{ag::softmax_cross_entropy(logits, tower.input(batch[1], "labels"))};
-      },
-      Optimizer::by_name("sgd", 0.1), options);
-  Trace trace;
-  trainer.set_trace(&trace);
-  for (int step = 1; step <= 2; ++step) {
-    trace.set_step(step);
-    trainer.step({m.images, m.labels});
-  }
-  trainer.set_trace(nullptr);
-  // The ranks arrive at the write at different times; their clocks are aligned
-  // where they leave it together.
-  std::this_thread::sleep_for(std::chrono::milliseconds(100 * cluster().rank()));
-  const std::string path = dir.file("trace.json");
-  trace.write(path, cluster());
-  if (cluster().rank() != 0) return;
-
-  std::ifstream in(path);
-  const nlohmann::json json = nlohmann::json::parse(in);
-  const int ranks = cluster().size();
-  std::map<int, int> process_names, rows;
-  std::map<std::int64_t, std::vector<double>> all_reduce_ends;  // step -> per rank, ms
-  for (const nlohmann::json& e : json["traceEvents"]) {
-    const int pid = e["pid"].get<int>();
-    if (e["name"] == "process_name") {
-      ++process_names[pid];
-      EXPECT_EQ(e["args"]["name"].get<std::string>().rfind("rank " + std::to_string(pid) + " (", 0),
-                0u);
-    }
-    if (e["name"] == "thread_name") ++rows[pid];
-    if (e["ph"] == "X" && e["cat"] == "processes") {
-      all_reduce_ends[e["args"]["step"].get<std::int64_t>()].push_back(
-          (e["ts"].get<double>() + e["dur"].get<double>()) / 1000.0);
-    }
-  }
-  for (int r = 0; r < ranks; ++r) {
-    EXPECT_EQ(process_names[r], 1) << "rank " << r;
-    // 2 towers, the master, and in a job of several ranks the processes.
-    EXPECT_EQ(rows[r], ranks > 1 ? 4 : 3) << "rank " << r;
-  }
-  EXPECT_EQ(process_names.size(), std::size_t(ranks));
-  ASSERT_EQ(all_reduce_ends.size(), ranks > 1 ? 2u : 0u);
-  for (const auto& [step, ends] : all_reduce_ends) {
-    ASSERT_EQ(ends.size(), std::size_t(ranks)) << "step " << step;
-    const auto [low, high] = std::minmax_element(ends.begin(), ends.end());
-    EXPECT_LT(*high - *low, 50.0) << "step " << step << ": the ranks' all-reduce ends (ms)";
-  }
-}
-
-// --- gradient buckets -------------------------------------------------------
-
-// Three steps of 2 CPU towers per rank on an uneven batch drawn from `seed`, with
-// `adjust` setting the options: every rank's master values, moving statistics and
-// losses as bytes, and with `slots` the optimizer's slots too (optimizer() gathers
-// every rank's slots under a sharded master: every rank calls it).
-std::string three_steps(unsigned seed, const char* optimizer,
-                        const std::function<void(TrainerOptions&)>& adjust, bool slots) {
-  Model m;
-  const std::int64_t n = 4 * cluster().size() + 1;  // uneven; two samples or more per tower
-  Tensor images = Tensor::empty({n, 1, 4, 4}, cpu());
-  random_normal(images, seed, 0, 0.0f, 1.0f, cpu());
-  std::vector<float> labels;
-  for (std::int64_t i = 0; i < n; ++i) labels.push_back(float(i % 3));
-  const std::vector<Tensor> batch{images, Tensor::from_host<float>(labels, {n}, cpu())};
-  TrainerOptions options;
-  options.devices = {Device::cpu(), Device::cpu()};
-  options.process_group = &cluster();
-  options.seed = seed;
-  adjust(options);
-  auto tower_fn = [&m](const Tower& tower, const std::vector<Tensor>& b) {
-    Var logits = m.net(tower.context(), tower.input(b[0]));
-    return TowerResult{ag::softmax_cross_entropy(logits, tower.input(b[1])), {}, {}};
-  };
-  Trainer trainer(m.vars, tower_fn, Optimizer::by_name(optimizer, 0.05), options);
-  std::vector<double> losses;
-  for (int step = 0; step < 3; ++step) losses.push_back(trainer.step(batch).loss);
-  return all_bytes(trainer.master()) + (slots ? slot_bytes(trainer.optimizer()) : "") +
-         bytes_of(losses);
-}
-
-std::string bucketed_training(std::int64_t bucket_bytes, const char* optimizer) {
-  return three_steps(
-      21, optimizer, [&](TrainerOptions& o) { o.bucket_bytes = bucket_bytes; }, false);
-}
-
-TEST(Buckets, ABucketedStepAcrossProcessesGivesTheBitsOfAnUnbucketedOne) {
-  for (const char* optimizer : {"sgd", "adam"}) {
-    const std::string reference = bucketed_training(0, optimizer);
-    // One variable per bucket, and buckets of one or two variables.
-    for (std::int64_t bytes : {std::int64_t(1), std::int64_t(64)}) {
-      EXPECT_EQ(bucketed_training(bytes, optimizer), reference)
-          << optimizer << ", buckets of " << bytes << " bytes";
-    }
-    const auto all = cluster().allgather(reference, "test: compare trainings");
-    for (int r = 0; r < cluster().size(); ++r) {
-      EXPECT_EQ(all[std::size_t(r)], all[0]) << "rank " << r;
-    }
-  }
-}
-
-// --- a sharded master --------------------------------------------------------
-
-std::string placed_training(MasterPlacement placement, const char* optimizer) {
-  return three_steps(
-      22, optimizer, [&](TrainerOptions& o) { o.master_placement = placement; }, true);
-}
-
-TEST(ShardedMaster, AcrossProcessesTakesTheHostMastersStepsBitForBit) {
-  for (const char* optimizer : {"sgd", "adam"}) {
-    const std::string host = placed_training(MasterPlacement::OneDevice, optimizer);
-    EXPECT_EQ(placed_training(MasterPlacement::Sharded, optimizer), host) << optimizer;
-    const auto all = cluster().allgather(host, "test: compare trainings");
-    for (int r = 0; r < cluster().size(); ++r) {
-      EXPECT_EQ(all[std::size_t(r)], all[0]) << "rank " << r;
-    }
-  }
-}
-
-// --- failures: each in an mpirun of its own -----------------------------------
-
-std::int64_t seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start)
-      .count();
-}
-
-// The last rank stalls for 3 deadlines before the all-reduce of step 7. The others
-// fail after one deadline, naming it and the call; the stalled rank, when it
-// comes, fails at once with their reason.
-TEST(Failure, StalledRankMakesTheOthersFailAfterTheDeadline) {
-  Cluster& group = cluster();
-  ASSERT_GE(group.size(), 2);
-  const int late = group.size() - 1;
-  const auto deadline = group.deadline();
-  std::vector<float> grads(1000, 1.0f);
-  group.allreduce_sum(std::span<float>(grads), "step 6: gradients");  // all healthy
-  if (group.rank() == late) std::this_thread::sleep_for(3 * deadline);
-  const auto start = std::chrono::steady_clock::now();
-  std::string message;
-  try {
-    group.allreduce_sum(std::span<float>(grads), "step 7: gradients");
-    ADD_FAILURE() << "expected CommunicationError";
-  } catch (const CommunicationError& e) {
-    message = e.what();
-  }
-  std::fprintf(stderr, "rank %d: %s\n", group.rank(), message.c_str());
-  EXPECT_NE(message.find("step 7: gradients"), std::string::npos) << message;
-  EXPECT_NE(message.find("rank " + std::to_string(late) + " did not arrive within"),
-            std::string::npos)
-      << message;
-  if (group.rank() == late) {
-    EXPECT_LE(seconds_since(start), 1);  // told by the others, not by its own deadline
-  } else {
-    EXPECT_LE(seconds_since(start), 2 * deadline.count() / 1000 + 2);
-  }
-  // Broken for good: the next call repeats the cause.
-  EXPECT_THROW(group.barrier("step 8: after"), CommunicationError);
-  // Stay until the late rank has seen the notice: over TCP, Open MPI ends a
-  // process whose peer has exited at its next call, before it could report.
-  if (group.rank() != late) std::this_thread::sleep_for(3 * deadline);
-}
-
-// Rank 1 calls an all-reduce of another size: every rank stops with one message
-// naming it, instead of a wrong sum or a hang.
-TEST(Failure, MismatchedCallIsNamedOnEveryRank) {
-  Cluster& group = cluster();
-  ASSERT_GE(group.size(), 2);
-  std::vector<float> grads(group.rank() == 1 ? 999 : 1000, 1.0f);
-  try {
-    group.allreduce_sum(std::span<float>(grads), "step 3: gradients");
-    ADD_FAILURE() << "expected CommunicationError";
-  } catch (const CommunicationError& e) {
-    std::fprintf(stderr, "rank %d: %s\n", group.rank(), e.what());
-    EXPECT_NE(std::string(e.what()).find("step 3: gradients"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("999 floats"), std::string::npos) << e.what();
-  }
-}
-
-// Rank 1 dies before step 5. Under `mpirun --enable-recovery` the others live on
-// and stop with a message naming rank 1 and the call (the ctest case checks the
-// output; without the option mpirun ends the job itself and names the rank).
-TEST(Failure, KilledRankMakesTheOthersStop) {
-  Cluster& group = cluster();
-  ASSERT_GE(group.size(), 2);
-  std::vector<float> grads(1000, 1.0f);
-  group.allreduce_sum(std::span<float>(grads), "step 4: gradients");
-  if (group.rank() == 1) std::raise(SIGKILL);
-  try {
-    group.allreduce_sum(std::span<float>(grads), "step 5: gradients");
-    ADD_FAILURE() << "expected CommunicationError";
-  } catch (const CommunicationError& e) {
-    std::fprintf(stderr, "rank %d: %s\n", group.rank(), e.what());
-    const std::string message = e.what();
-    EXPECT_NE(message.find("step 5: gradients"), std::string::npos) << message;
-    EXPECT_NE(message.find("rank 1"), std::string::npos) << message;
-  }
-}
-
-// Rank 1 is stopped by SIGTERM between two calls (as mpirun stops a rank when
-// another dies). It says which call it finished last and ends by SIGTERM; mpirun
-// then stops rank 0, which says which call it was waiting in (the ctest case
-// checks both lines).
-TEST(Failure, TerminatedRankSaysWhereItWas) {
-  Cluster& group = cluster();
-  ASSERT_GE(group.size(), 2);
-  std::vector<float> grads(1000, 1.0f);
-  group.allreduce_sum(std::span<float>(grads), "step 4: gradients");
-  if (group.rank() == 1) std::raise(SIGTERM);
-  try {
-    group.allreduce_sum(std::span<float>(grads), "step 5: gradients");
-    ADD_FAILURE() << "expected CommunicationError or SIGTERM";
-  } catch (const CommunicationError& e) {
-    std::fprintf(stderr, "rank %d: %s\n", group.rank(), e.what());
-  }
 }
 
 }  // namespace
