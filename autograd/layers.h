@@ -227,8 +227,8 @@ class Sequential : public Layer {
 // basic block, fused with the sum: ag::add_relu; Activation::None leaves the sum).
 // The body runs first, then the shortcut. Without a shortcut the sum takes x
 // itself, so the body must keep x's shape; with one, body(x) and shortcut(x) must
-// agree (ag::add_relu's or ag::add's ShapeError names both shapes). `name` is the block's scope, for
-// summaries and traces ("stage2/block1"); its parts name their own variables.
+// agree (ag::add_relu's or ag::add's ShapeError names both shapes). `name` is the block's scope,
+// for summaries and traces ("stage2/block1"); its parts name their own variables.
 class Residual : public Layer {
  public:
   Residual(std::string name, Sequential body, std::optional<Sequential> shortcut = std::nullopt,

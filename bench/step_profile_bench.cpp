@@ -329,7 +329,8 @@ struct Training {
         first_write(first_write),
         timers(std::size_t(towers)),
         loss_forward(std::size_t(towers)),
-        trainer(vars, tower_fn(), Optimizer::by_name("adam", 1e-3), options(model, towers, sharded)),
+        trainer(vars, tower_fn(), Optimizer::by_name("adam", 1e-3),
+                options(model, towers, sharded)),
         images(random_images(batch, 1)),
         labels(labels_for(batch)) {}
 

@@ -144,10 +144,10 @@ TEST_P(AddReluTest, RejectsMismatchedShapesAndSixteenBitDtypes) {
   EXPECT_THROW_WITH(add_relu_forward(half, half, half, stream()), NotSupported,
                     "add_relu_forward: float16 is not supported");
   Tape tape(stream());
-  EXPECT_THROW_WITH(ag::add_relu(tape.constant(a, "body"), tape.constant(Tensor::zeros({2, 1},
-                                                                                       stream()),
-                                                                         "skip")),
-                    ShapeError, "add_relu: body float32[2,3] and skip float32[2,1] differ in shape");
+  EXPECT_THROW_WITH(ag::add_relu(tape.constant(a, "body"),
+                                 tape.constant(Tensor::zeros({2, 1}, stream()), "skip")),
+                    ShapeError,
+                    "add_relu: body float32[2,3] and skip float32[2,1] differ in shape");
 }
 
 // --- float64 on the CPU --------------------------------------------------------

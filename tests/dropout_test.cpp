@@ -250,14 +250,15 @@ TEST(DropoutCpu, EveryIsaGivesTheReferenceBits) {
           reference::dropout_backward(assigned.data(), x.data(), p, key.seed, key.subsequence, e0,
                                       static_cast<std::int64_t>(n), GradWrite::Assign);
           Tensor grad_y = Tensor::from_host<float>(x, {rows, size}, cpu());
-          Tensor grad_x = Tensor::from_host<float>(std::vector<float>(n, 0.75f), {rows, size}, cpu());
+          Tensor grad_x =
+              Tensor::from_host<float>(std::vector<float>(n, 0.75f), {rows, size}, cpu());
           dropout_backward(grad_x, grad_y, p, key, cpu());
           ASSERT_EQ(bits(grad_x.to_host<float>(cpu())), bits(accumulated)) << where;
           dropout_backward(grad_x, grad_y, p, key, cpu(), GradWrite::Assign);
           ASSERT_EQ(bits(grad_x.to_host<float>(cpu())), bits(assigned)) << where;
           if (p == 0.5 && n >= 64) {  // control: the rows keyed one row later differ
-            EXPECT_NE(bits(expected), bits(reference_forward(x, size, p, {key.seed, key.subsequence,
-                                                                          first_row + 1})))
+            EXPECT_NE(bits(expected), bits(reference_forward(
+                                          x, size, p, {key.seed, key.subsequence, first_row + 1})))
                 << where;
           }
         }

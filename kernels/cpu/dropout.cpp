@@ -135,8 +135,10 @@ TL_NO_CONTRACTION __attribute__((target("avx512f"))) void apply_avx512(
     draw16(k, d, words);
     for (int v = 0; v < 4; ++v) {
       const __mmask16 kept = _mm512_cmpge_epu32_mask(_mm512_srli_epi32(words[v], 8), threshold);
-      __m512 value = _mm512_mul_ps(_mm512_loadu_ps(in + 16 * v), _mm512_maskz_mov_ps(kept, kept_scale));
-      if (write == GradWrite::Accumulate) value = _mm512_add_ps(_mm512_loadu_ps(out + 16 * v), value);
+      __m512 value =
+          _mm512_mul_ps(_mm512_loadu_ps(in + 16 * v), _mm512_maskz_mov_ps(kept, kept_scale));
+      if (write == GradWrite::Accumulate)
+        value = _mm512_add_ps(_mm512_loadu_ps(out + 16 * v), value);
       _mm512_storeu_ps(out + 16 * v, value);
     }
   }
@@ -161,7 +163,8 @@ __attribute__((target("avx2"))) inline void draw8(const MaskKey& k, std::uint64_
   // d's low word wrapped where x < offsets as unsigned: compared as signed with the
   // sign bits flipped, all ones there.
   const __m256i sign = _mm256_set1_epi32(std::int32_t(0x80000000u));
-  const __m256i carry = _mm256_cmpgt_epi32(_mm256_xor_si256(offsets, sign), _mm256_xor_si256(x, sign));
+  const __m256i carry =
+      _mm256_cmpgt_epi32(_mm256_xor_si256(offsets, sign), _mm256_xor_si256(x, sign));
   __m256i y = _mm256_sub_epi32(_mm256_set1_epi32(static_cast<std::int32_t>(d >> 32)), carry);
   __m256i z = _mm256_set1_epi32(static_cast<std::int32_t>(k.subsequence));
   __m256i w = _mm256_set1_epi32(static_cast<std::int32_t>(k.subsequence >> 32));
@@ -172,9 +175,11 @@ __attribute__((target("avx2"))) inline void draw8(const MaskKey& k, std::uint64_
     __m256i lo0, hi0, lo1, hi1;
     mulhilo8(x, mul0, lo0, hi0);
     mulhilo8(z, mul1, lo1, hi1);
-    x = _mm256_xor_si256(_mm256_xor_si256(hi1, y), _mm256_set1_epi32(static_cast<std::int32_t>(key0)));
+    x = _mm256_xor_si256(_mm256_xor_si256(hi1, y),
+                         _mm256_set1_epi32(static_cast<std::int32_t>(key0)));
     y = lo1;
-    z = _mm256_xor_si256(_mm256_xor_si256(hi0, w), _mm256_set1_epi32(static_cast<std::int32_t>(key1)));
+    z = _mm256_xor_si256(_mm256_xor_si256(hi0, w),
+                         _mm256_set1_epi32(static_cast<std::int32_t>(key1)));
     w = lo0;
     key0 += philox::kWeyl0;
     key1 += philox::kWeyl1;
@@ -203,7 +208,8 @@ TL_NO_CONTRACTION __attribute__((target("avx2"))) void apply_avx2(float* out, co
       const __m256i kept = _mm256_cmpgt_epi32(_mm256_srli_epi32(words[v], 8), below);
       const __m256 m = _mm256_and_ps(_mm256_castsi256_ps(kept), kept_scale);
       __m256 value = _mm256_mul_ps(_mm256_loadu_ps(in + 8 * v), m);
-      if (write == GradWrite::Accumulate) value = _mm256_add_ps(_mm256_loadu_ps(out + 8 * v), value);
+      if (write == GradWrite::Accumulate)
+        value = _mm256_add_ps(_mm256_loadu_ps(out + 8 * v), value);
       _mm256_storeu_ps(out + 8 * v, value);
     }
   }

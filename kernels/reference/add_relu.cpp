@@ -33,8 +33,8 @@ void add_relu_backward(T* grad_a, GradWrite grad_a_write, T* grad_b, GradWrite g
   }
 }
 
-#define TL_ADD_RELU(T)                                                                \
-  template void add_relu_forward<T>(T*, const T*, const T*, std::int64_t);            \
+#define TL_ADD_RELU(T)                                                                 \
+  template void add_relu_forward<T>(T*, const T*, const T*, std::int64_t);             \
   template void add_relu_backward<T>(T*, GradWrite, T*, GradWrite, const T*, const T*, \
                                      std::int64_t);
 TL_ADD_RELU(float)
