@@ -273,10 +273,21 @@ std::pair<std::int64_t, float> Trainer::first_nonfinite_gradient() const {
   }
   // Each tower checks the slice it alone holds the sum of, on its own thread; the
   // smallest index found is the whole gradient's first, so every tower's update
-  // waits for one verdict and the message is the one-device master's.
+  // waits for one verdict and the message is the one-device master's. A pass over
+  // the slice and a hand-off to the towers' threads in every step: the trace shows
+  // it as a "guard" span on each tower's row, between the reduce-scatter and the
+  // update.
   std::vector<std::int64_t> found(towers_.size(), -1);
   workers_->run([&](std::size_t i) {
-    if (i < towers_.size()) found[i] = shards_->first_nonfinite(i, towers_[i]->store->flat_grads());
+    if (i >= towers_.size()) return;
+    const auto start = Clock::now();
+    found[i] = shards_->first_nonfinite(i, towers_[i]->store->flat_grads());
+    if (trace_ != nullptr) {
+      const RingRange slice = shards_->slice(i);
+      trace_->span(
+          int(i), "guard", start, "guard",
+          {{"phase", phase_label(Phase::Guard)}, {"begin", slice.begin}, {"end", slice.end}});
+    }
   });
   std::size_t owner = towers_.size();
   for (std::size_t i = 0; i < towers_.size(); ++i) {

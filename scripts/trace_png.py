@@ -6,8 +6,8 @@ sharded, each tower's update of its slice sits on the tower's lane) and, in a jo
 several processes, a lane for each rank's all-reduce between processes, with
 dashed lines where each traced step starts; below, a zoom on the first traced
 step's ring (a lane per member: reduce-scatter and all-gather, each labelled with
-its chunk, and a sharded tower's update between them), too short to see beside the
-layers. A trace of several ranks (mpirun)
+its chunk, and a sharded tower's guard check and update between them), too short to
+see beside the layers. A trace of several ranks (mpirun)
 shows every rank's lanes, labelled with the rank.
 
     python3 scripts/trace_png.py step.json docs/img/trace.png [--title TEXT]
@@ -29,6 +29,7 @@ RING_COLOURS = {"reduce-scatter": "#4c72b0", "all-gather": "#55a868"}
 MASTER_COLOUR = "#c44e52"
 PROCESSES_COLOUR = "#8172b2"
 BUCKETS_COLOUR = "#937860"
+GUARD_COLOUR = "#dd8452"
 
 
 def fail(message):
@@ -78,7 +79,8 @@ def layer_colours(spans):
 
 def draw_ring(ax, spans, lanes, origin_ms):
     """Ring steps on their members' lanes, labelled with their chunk, and a sharded
-    tower's update of its slice (a "master" span on a tower's row) between them."""
+    tower's check of its slice (a "guard" span) and update of it (a "master" span on a
+    tower's row) between them."""
     index = {key: i for i, key in enumerate(lanes)}
     end_ms = max(s["ts"] + s["dur"] for s in spans) / 1000.0 - origin_ms
     for s in spans:
@@ -92,9 +94,10 @@ def draw_ring(ax, spans, lanes, origin_ms):
             if chunk is not None and w > end_ms / 60:
                 ax.text(x + w / 2, y, f"chunk {chunk}", ha="center", va="center", fontsize=7,
                         color="white")
-        elif s.get("cat") == "master" and (s["row"], "ring") in index:
+        elif s.get("cat") in ("master", "guard") and (s["row"], "ring") in index:
+            colour = GUARD_COLOUR if s["cat"] == "guard" else MASTER_COLOUR
             ax.broken_barh([(x, w)], (index[(s["row"], "ring")] - 0.35, 0.7),
-                           facecolors=MASTER_COLOUR, edgecolor="white", linewidth=0.5)
+                           facecolors=colour, edgecolor="white", linewidth=0.5)
 
 
 def render(names, spans, out, title):
@@ -134,10 +137,10 @@ def render(names, spans, out, title):
             # The tower's whole forward or backward: a thin bar under its layers.
             y = index[(s["row"], "layers")]
             ax.broken_barh([(x, w)], (y + 0.42, 0.08), facecolors="black")
-        elif cat == "master" and (s["row"], "layers") in index:
-            # Sharded: the tower's update of its own slice, widened to be seen.
+        elif cat in ("master", "guard") and (s["row"], "layers") in index:
+            # Sharded: the tower's check and update of its own slice, widened to be seen.
             ax.broken_barh([(x, max(w, end_ms / 300))], (index[(s["row"], "layers")] - 0.4, 0.8),
-                           facecolors=MASTER_COLOUR)
+                           facecolors=GUARD_COLOUR if cat == "guard" else MASTER_COLOUR)
         else:
             # Widened to be seen beside the layers.
             for kind, colour in (("master", MASTER_COLOUR), ("processes", PROCESSES_COLOUR),
@@ -167,6 +170,8 @@ def render(names, spans, out, title):
         legend.append(Patch(facecolor=MASTER_COLOUR, label="update + broadcast"))
     elif any(s.get("cat") == "master" for s in spans):
         legend.append(Patch(facecolor=MASTER_COLOUR, label="update of the tower's slice"))
+    if any(s.get("cat") == "guard" for s in spans):
+        legend.append(Patch(facecolor=GUARD_COLOUR, label="guard: the slice checked for NaN, inf"))
     if processes_rows:
         legend.append(Patch(facecolor=PROCESSES_COLOUR, label="all-reduce between processes"))
     if buckets_rows:
@@ -178,7 +183,8 @@ def render(names, spans, out, title):
 
     if ring:
         first_step = min((s.get("args", {}).get("step", 0) for s in ring))
-        updates = [s for s in spans if s.get("cat") == "master" and s["row"] in tower_rows]
+        updates = [s for s in spans
+                   if s.get("cat") in ("master", "guard") and s["row"] in tower_rows]
         window = [s for s in ring + updates if s.get("args", {}).get("step", 0) == first_step]
         origin_ms = min(s["ts"] for s in window) / 1000.0
         zoom_lanes = [(r, "ring") for r in tower_rows]

@@ -256,8 +256,8 @@ TEST(ShardedMaster, WritesToTheMasterReachTheSlicesAtBroadcast) {
   EXPECT_EQ(t.replica(2).flat_values().to_host<float>(), t.master().flat_values().to_host<float>());
 }
 
-// A trace shows each tower's reduce-scatter steps, its update and its all-gather
-// steps, on its own row.
+// A trace shows each tower's reduce-scatter steps, the guard's check of its slice,
+// its update and its all-gather steps, on its own row.
 TEST(ShardedMaster, TheTraceShowsEachTowersThreeParts) {
   Model model;
   Trainer t(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2),
@@ -270,8 +270,8 @@ TEST(ShardedMaster, TheTraceShowsEachTowersThreeParts) {
   for (const auto& e : events) {
     if (e.value("ph", "") == "X") rows[e["name"].get<std::string>()].insert(e["tid"].get<int>());
   }
-  for (const char* name :
-       {"reduce-scatter 0", "reduce-scatter 1", "update slice", "all-gather 0", "all-gather 1"}) {
+  for (const char* name : {"reduce-scatter 0", "reduce-scatter 1", "guard", "update slice",
+                           "all-gather 0", "all-gather 1"}) {
     EXPECT_EQ(rows[name], (std::set<int>{0, 1, 2})) << name;
   }
   EXPECT_EQ(rows.count("update + broadcast"), 0u) << "no master's update";
