@@ -9,8 +9,9 @@
 // schedule, the hyper-parameters of its family, steps taken); and the options that
 // change the step's numbers (towers per process and their device kind, the
 // master's device kind, reduction, batch-norm mode and statistics, numeric guard,
-// seed, precision and under fp16 its loss-scale interval, a reduce dtype other than float32). Device indices, placement and logging
-// options are left out: processes may use different GPUs of their hosts.
+// seed, precision and under fp16 its loss-scale interval, a reduce dtype other than float32).
+// Device indices, placement and logging options are left out: processes may use different GPUs of
+// their hosts.
 #pragma once
 
 #include <string>
