@@ -128,7 +128,7 @@ std::vector<float> random_values(std::size_t n, unsigned seed, float low = -1.0f
 // The bit patterns of float values: what "the same bits" compares.
 inline std::vector<std::uint32_t> bits(const std::vector<float>& values) {
   std::vector<std::uint32_t> out(values.size());
-  std::memcpy(out.data(), values.data(), values.size() * sizeof(float));
+  if (!values.empty()) std::memcpy(out.data(), values.data(), values.size() * sizeof(float));
   return out;
 }
 
