@@ -33,6 +33,10 @@
 #include "kernels/cpu/x86.h"
 #include "kernels/reference/cast.h"
 
+#if TL_CPU_X86
+#include <cpuid.h>
+#endif
+
 namespace towerlab::cpu {
 namespace {
 
@@ -112,8 +116,13 @@ __attribute__((target("avx2,f16c"))) void cast_avx2(D* dst, const S* src, std::i
   reference::cast(dst + i, src + i, n - i);
 }
 
+// CPUID leaf 1, ECX bit 29 (GCC's __builtin_cpu_supports knows "f16c", Clang's
+// does not).
 bool f16c_present() {
-  static const bool present = __builtin_cpu_supports("f16c");
+  static const bool present = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
+  }();
   return present;
 }
 
