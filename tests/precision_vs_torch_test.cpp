@@ -36,44 +36,42 @@ struct Leaf {
         var(tape.variable(value, grad, name)) {}
 };
 
-void matmul_case(const TorchCaseBackend& b, bool transpose_b, Cases& out) {
-  const std::string p = b.prefix + (transpose_b ? "matmul_nt/" : "matmul_nn/");
-  const Shape b_shape = transpose_b ? Shape{11, 37} : Shape{37, 11};
+// One product through a bfloat16 tape: a, b and grad_y drawn from seed, seed + 1 and
+// seed + 2; the inputs, grad_y and towerlab's y and gradients, under `name`/.
+template <typename Product>
+void product_case(const TorchCaseBackend& b, const std::string& name, const Shape& a_shape,
+                  const Shape& b_shape, const Shape& y_shape, unsigned seed, const Product& product,
+                  Cases& out) {
+  const std::string p = b.prefix + name + "/";
   Tape tape(b.stream());
   tape.set_compute_dtype(DType::BFloat16);
-  Leaf a(tape, b, random_values(13 * 37, 201), {13, 37}, "a");
-  Leaf w(tape, b, random_values(37 * 11, 202), b_shape, "b");
-  const Tensor grad_y = b.make(random_values(13 * 11, 203), {13, 11});
-  const Var y = ag::matmul(a.var, w.var, false, transpose_b);
+  Leaf a(tape, b, random_values(std::size_t(numel_of(a_shape)), seed), a_shape, "a");
+  Leaf w(tape, b, random_values(std::size_t(numel_of(b_shape)), seed + 1), b_shape, "b");
+  const Tensor grad_y = b.make(random_values(std::size_t(numel_of(y_shape)), seed + 2), y_shape);
+  const Var y = product(a.var, w.var);
   tape.backward(y, grad_y);
-  for (auto [name, t] : {std::pair{"a", a.value},
+  for (auto [what, t] : {std::pair{"a", a.value},
                          {"b", w.value},
                          {"grad_y", grad_y},
                          {"y", y.value()},
                          {"grad_a", a.grad},
                          {"grad_b", w.grad}}) {
-    out.emplace_back(p + name, t);
+    out.emplace_back(p + what, t);
   }
+}
+
+void matmul_case(const TorchCaseBackend& b, bool transpose_b, Cases& out) {
+  product_case(
+      b, transpose_b ? "matmul_nt" : "matmul_nn", {13, 37},
+      transpose_b ? Shape{11, 37} : Shape{37, 11}, {13, 11}, 201,
+      [&](const Var& x, const Var& w) { return ag::matmul(x, w, false, transpose_b); }, out);
 }
 
 // ag::batched_matmul takes the matmul's policy: a [3,7,9] times b [3,9,5].
 void batched_matmul_case(const TorchCaseBackend& b, Cases& out) {
-  const std::string p = b.prefix + "batched_matmul_nn/";
-  Tape tape(b.stream());
-  tape.set_compute_dtype(DType::BFloat16);
-  Leaf a(tape, b, random_values(3 * 7 * 9, 231), {3, 7, 9}, "a");
-  Leaf w(tape, b, random_values(3 * 9 * 5, 232), {3, 9, 5}, "b");
-  const Tensor grad_y = b.make(random_values(3 * 7 * 5, 233), {3, 7, 5});
-  const Var y = ag::batched_matmul(a.var, w.var, false, false);
-  tape.backward(y, grad_y);
-  for (auto [name, t] : {std::pair{"a", a.value},
-                         {"b", w.value},
-                         {"grad_y", grad_y},
-                         {"y", y.value()},
-                         {"grad_a", a.grad},
-                         {"grad_b", w.grad}}) {
-    out.emplace_back(p + name, t);
-  }
+  product_case(
+      b, "batched_matmul_nn", {3, 7, 9}, {3, 9, 5}, {3, 7, 5}, 231,
+      [](const Var& x, const Var& w) { return ag::batched_matmul(x, w, false, false); }, out);
 }
 
 void conv2d_case(const TorchCaseBackend& b, Cases& out) {
