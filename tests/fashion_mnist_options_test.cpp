@@ -40,8 +40,14 @@ Parsed parse(std::vector<std::string> args) {
   return parsed;
 }
 
+// A scratch file's path, unique to this process: ctest runs each case as its own
+// process, several at once, and two cases writing one file would read each other's.
+std::string scratch(const std::string& name) {
+  return ::testing::TempDir() + "/towerlab-options-" + std::to_string(::getpid()) + "-" + name;
+}
+
 const std::string& config_path() {
-  static const std::string path = ::testing::TempDir() + "/towerlab-options-config.yaml";
+  static const std::string path = scratch("config.yaml");
   return path;
 }
 
@@ -244,13 +250,13 @@ TEST(FashionMnistOptions, BadFlagValuesExit2NamingTheFlagTheValueAndWhatIsAllowe
 }
 
 TEST(FashionMnistOptions, EvalOnlyNeedsLoadAndTrainsNothing) {
-  const std::string checkpoint = ::testing::TempDir() + "/towerlab-options-checkpoint";
+  const std::string checkpoint = scratch("checkpoint");
   std::ofstream(checkpoint) << "not read by the parser";
   expect_refused(parse({"--eval-only"}),
                  "--eval-only needs --load FILE: without it the test set would be scored with "
                  "the random initial weights",
                  "--eval-only");
-  const std::string out = ::testing::TempDir() + "/towerlab-options-out";
+  const std::string out = scratch("out");
   for (const char* flag : {"--save", "--trace", "--summaries"}) {
     expect_refused(
         parse({"--eval-only", "--load", checkpoint, flag, out}),
@@ -318,8 +324,7 @@ TEST(FashionMnistOptions, ConfigValuesAreCheckedLikeFlagsAndNameTheFileAndTheKey
 class OutputPaths : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ =
-        fs::path(::testing::TempDir()) / ("towerlab-options-paths-" + std::to_string(::getpid()));
+    dir_ = scratch("paths");
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -455,7 +460,7 @@ TEST(FashionMnistOptions, TestSamplesAreAtMostTheTestSet) {
 // --trace-steps: a range of steps counted from 1, checked for its form at once and
 // against the run's steps once the data set's size is known.
 TEST(FashionMnistOptions, TraceStepsTakeARangeAndRefuseABadOne) {
-  const fs::path trace = fs::path(::testing::TempDir()) / "towerlab-options-trace.json";
+  const fs::path trace = fs::path(scratch("trace.json"));
   const Parsed range = parse({"--trace", trace.string(), "--trace-steps", "3:5"});
   ASSERT_EQ(range.code, std::nullopt) << range.printed;
   EXPECT_EQ(range.options.trace_steps, (std::pair<std::int64_t, std::int64_t>{3, 5}));
