@@ -236,7 +236,8 @@ Var max_pool2d(const Var& x, const Pool2dParams& params) {
     max_pool2d_forward(y, x.value(), params, tape.stream());
     return tape.record(y, "max_pool2d", {x}, nullptr);
   }
-  Tensor argmax = new_tensor(tape, y.shape(), x);
+  // float32 for a 16-bit x: bfloat16 cannot hold a plane's positions (kernels/pool2d.h).
+  Tensor argmax = Tensor::empty(y.shape(), tape.stream(), pool2d_argmax_dtype(x.value().dtype()));
   max_pool2d_forward_with_argmax(y, argmax, x.value(), params, tape.stream());
   return tape.record(y, "max_pool2d", {x}, [x, argmax, params](const Var& out) {
     Tape& t = out.tape();
@@ -259,9 +260,19 @@ Var avg_pool2d(const Var& x, const Pool2dParams& params) {
 Var global_avg_pool2d(const Var& x) {
   TL_CHECK(x.value().dim() == 4 && x.shape()[2] > 0 && x.shape()[3] > 0, ShapeError,
            "global_avg_pool2d: x " << x.describe() << " must be [N,C,H,W] with H, W >= 1");
+  Tape& tape = x.tape();
+  tape.check_owns("global_avg_pool2d", {x});
+  // One op rather than avg_pool2d then reshape: the same values, and no reshape's
+  // gradient copy (whose kernels take no 16-bit tensors).
   const Shape& s = x.shape();
-  const Var pooled = avg_pool2d(x, {s[2], s[3], 1, 1, 0, 0});  // [N,C,1,1]
-  return ag::reshape(pooled, {s[0], s[1]});
+  const Pool2dParams plane = {s[2], s[3], 1, 1, 0, 0};
+  Tensor y = new_tensor(tape, {s[0], s[1]}, x);
+  avg_pool2d_forward(y.reshape({s[0], s[1], 1, 1}), x.value(), plane, tape.stream());
+  return tape.record(y, "global_avg_pool2d", {x}, [x, plane](const Var& out) {
+    Tape& t = out.tape();
+    const Shape& g = out.grad().shape();
+    avg_pool2d_backward(t.grad_for(x), out.grad().reshape({g[0], g[1], 1, 1}), plane, t.stream());
+  });
 }
 
 Var batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& moving_mean,

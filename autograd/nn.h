@@ -57,7 +57,10 @@ Var bias_add(const Var& x, const Var& bias, Activation activation = Activation::
 Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams& params);
 
 // When x needs a gradient, the forward records each window's argmax and the
-// backward scatters through it (kernels/pool2d.h); the values are the same.
+// backward scatters through it (kernels/pool2d.h); the values are the same. The
+// pools take x in its own dtype, bfloat16 and float16 included (computed in float32,
+// rounded once: kernels/pool2d.h), and give y and x's gradient in it; the trainer's
+// mixed-precision policies keep activations float32 and so pool in float32.
 Var max_pool2d(const Var& x, const Pool2dParams& params);
 Var avg_pool2d(const Var& x, const Pool2dParams& params);
 // The mean of each channel's plane: x [N,C,H,W] -> [N,C] (a ResNet's head; PyTorch's
