@@ -52,7 +52,10 @@ void bias_add_16bit(T* y, const T* x, const float* bias, std::int64_t N, std::in
         for (std::int64_t k = 0; k < run; ++k) v[i + k] += b;
         i += run;
         s += run;
-        if (s == S) s = 0, ++c;
+        if (s == S) {
+          s = 0;
+          ++c;
+        }
       }
       if (c == C) c = 0;
     }
@@ -67,12 +70,16 @@ void bias_add_16bit(T* y, const T* x, const float* bias, std::int64_t N, std::in
 template <typename T>
 class MathRows {
  public:
-  const math_t<T>* read(const T* row, std::int64_t n) { return edit(const_cast<T*>(row), n); }
+  const math_t<T>* read(const T* row, std::int64_t n) {
+    if constexpr (kIs16Bit<T>) {
+      return widened(row, n);
+    } else {
+      return row;
+    }
+  }
   math_t<T>* edit(T* row, std::int64_t n) {
     if constexpr (kIs16Bit<T>) {
-      scratch_.resize(static_cast<std::size_t>(n));
-      widen_16bit(scratch_.data(), row, n);
-      return scratch_.data();
+      return widened(row, n);
     } else {
       return row;
     }
@@ -82,6 +89,12 @@ class MathRows {
   }
 
  private:
+  float* widened(const T* row, std::int64_t n) {
+    scratch_.resize(static_cast<std::size_t>(n));
+    widen_16bit(scratch_.data(), row, n);
+    return scratch_.data();
+  }
+
   std::vector<float> scratch_;
 };
 
