@@ -303,9 +303,10 @@ Var batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& mov
                                  << ") is not implemented; train in training mode");
     });
   }
+  // The statistics in gamma's dtype: x's, or float32 beside a 16-bit x (kernels/batchnorm.h).
   const std::int64_t channels = x.shape()[1];
-  Tensor save_mean = new_tensor(tape, {channels}, x);
-  Tensor save_inv_std = new_tensor(tape, {channels}, x);
+  Tensor save_mean = new_tensor(tape, {channels}, gamma);
+  Tensor save_inv_std = new_tensor(tape, {channels}, gamma);
   batchnorm_forward_training({.y = y,
                               .save_mean = save_mean,
                               .save_inv_std = save_inv_std,
@@ -342,7 +343,8 @@ Var batchnorm_max_pool2d(const Var& x, const Var& gamma, const Var& beta, const 
                          const Tensor& moving_var, bool training, const Pool2dParams& pool,
                          double momentum, double eps, Activation activation) {
   Tape& tape = x.tape();
-  if (!training || !tape.stream().device().is_cpu()) {
+  // The fused kernels are float32 and float64 (kernels/batchnorm.h): 16-bit x composes too.
+  if (!training || !tape.stream().device().is_cpu() || is_16bit(x.value().dtype())) {
     return max_pool2d(
         batchnorm(x, gamma, beta, moving_mean, moving_var, training, momentum, eps, activation),
         pool);
@@ -404,12 +406,13 @@ Var sync_batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor
       "sync_batchnorm: " << gamma.describe() << " does not match the channels of " << x.describe());
   const std::int64_t channels = x.shape()[1];
   const std::int64_t local_count = x.value().numel() / std::max<std::int64_t>(channels, 1);
-  Tensor mean = new_tensor(tape, {channels}, x);
-  Tensor m2 = new_tensor(tape, {channels}, x);
+  // The statistics in gamma's dtype: x's, or float32 beside a 16-bit x (kernels/batchnorm.h).
+  Tensor mean = new_tensor(tape, {channels}, gamma);
+  Tensor m2 = new_tensor(tape, {channels}, gamma);
   batchnorm_stats({.mean = mean, .m2 = m2, .x = x.value()}, tape.stream());
   const std::int64_t total = sync.merge_stats(tower, mean, m2, local_count, tape.stream());
   Tensor y = new_tensor(tape, x.shape(), x);
-  Tensor inv_std = new_tensor(tape, {channels}, x);
+  Tensor inv_std = new_tensor(tape, {channels}, gamma);
   batchnorm_forward_from_stats({.y = y,
                                 .inv_std = inv_std,
                                 .moving_mean = moving_mean,

@@ -72,15 +72,17 @@ Var global_avg_pool2d(const Var& x);
 // layer's non-trainable state) are updated in place with `momentum` (TensorFlow's
 // decay: the weight of the old value). Inference: the moving statistics normalize.
 // The activation is fused into batch norm's kernels, forward and backward
-// (kernels/batchnorm.h).
+// (kernels/batchnorm.h). A bfloat16 or float16 x gives y and x's gradient in its
+// dtype, with gamma, beta, the moving statistics and their gradients float32 (as
+// PyTorch's batch norm under autocast).
 Var batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& moving_mean,
               const Tensor& moving_var, bool training, double momentum = 0.99, double eps = 1e-3,
               Activation activation = Activation::None);
 
 // max_pool2d(batchnorm(x, ...), pool) for x [N,C,H,W] as one op. Training on the CPU
 // runs the fused kernels (kernels/batchnorm.h: the activation and its gradient are
-// never stored); inference, and other devices, compose the two ops. Either way the
-// values and gradients are the composition's, bit for bit.
+// never stored); inference, other devices and a 16-bit x compose the two ops. Either
+// way the values and gradients are the composition's, bit for bit.
 Var batchnorm_max_pool2d(const Var& x, const Var& gamma, const Var& beta, const Tensor& moving_mean,
                          const Tensor& moving_var, bool training, const Pool2dParams& pool,
                          double momentum = 0.99, double eps = 1e-3,
