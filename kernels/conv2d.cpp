@@ -227,6 +227,8 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
                 cuda::conv2d_depthwise_forward(y, x, weight, bias, s, stream));
   } else if (s.params.groups > 1) {
     grouped_forward(y, x, weight, bias, s, stream);
+  } else if (is_16bit(x.dtype())) {
+    TL_ON_CUDA(cuda::conv2d_tc_forward(y, x, weight, bias, s, stream));
   } else {
     TL_DISPATCH(stream, cpu::conv2d_forward(y, x, weight, bias, s),
                 cuda::conv2d_forward(y, x, weight, bias, s, stream));
@@ -284,7 +286,7 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     // The tensor cores take the two GEMM passes; the bias's gradient sums grad_y
     // widened to float32, as on the widening path.
     if (grad_bias.defined()) bias_add_backward(grad_bias, widened(grad_y, stream), stream);
-    TL_ON_CUDA(cuda::conv2d_backward(grad_x, grad_weight, Tensor(), grad_y, x, weight, s, stream));
+    TL_ON_CUDA(cuda::conv2d_tc_backward(grad_x, grad_weight, grad_y, x, weight, s, stream));
     return;
   }
   TL_DISPATCH(

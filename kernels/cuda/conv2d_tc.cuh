@@ -1,12 +1,12 @@
 // conv2d's implicit GEMM on tensor cores, for bfloat16 and float16 operands with
-// float32 sums (kernels/cuda/conv2d.cu launches it for the three passes). It is
+// float32 sums (kernels/cuda/conv2d_tc.cu launches it for the three passes). It is
 // the float32 kernels' GEMM (kernels/cuda/conv2d_implicit_gemm.cuh) with the
 // inner product done by mma.sync m16n8k16 on fragments that ldmatrix reads from
 // shared memory (kernels/cuda/tc_tile.cuh, shared with the tensor-core GEMM of
 // matmul).
 //
-// The problem is one of conv2d.cu's (ForwardProblem, BackwardDataProblem,
-// BackwardWeightProblem) over 16-bit bits (std::uint16_t): M, Ncols, Kred; Row
+// The problem is one of kernels/cuda/conv2d_problems.cuh's (ForwardProblem,
+// BackwardDataProblem, BackwardWeightProblem) over 16-bit bits (std::uint16_t): M, Ncols, Kred; Row
 // row(m) and a(row, kk) gather A[m, kk]; Col col(n) and b(kk, col) gather
 // B[kk, n]; out(m) and store(out, n, value, split) write the float32 result.
 //
@@ -30,7 +30,7 @@
 // Sums. Each block sums kk in ascending order, 16 at a time by the mma (exact
 // products added in float32), from its split's first kk to its last: values past
 // Kred (or past the split) are zeros. The weight gradient's splits are added in
-// conv2d.cu's fixed tree. No atomics: the same bits every run.
+// split_weight_gemm's fixed tree (conv2d_problems.cuh). No atomics: the same bits every run.
 #pragma once
 
 #include <cstdint>
