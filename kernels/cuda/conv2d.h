@@ -17,8 +17,9 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
                      const Conv2dShape& shape, const Stream& stream);
 
 // The same on the tensor cores, one group, in kernels/cuda/conv2d_tc.cu: x, weight
-// and grad_y all bfloat16 or all float16; y, bias and the gradients float32. The
-// backward computes grad_x and grad_weight only (the caller sums grad_bias).
+// and grad_y all bfloat16, all float16, or all float32 (multiplied in TF32:
+// Float32Math::Tf32); y, bias and the gradients float32. The backward computes
+// grad_x and grad_weight only (the caller sums grad_bias).
 void conv2d_tc_forward(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
                        const Conv2dShape& shape, const Stream& stream);
 void conv2d_tc_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_y,

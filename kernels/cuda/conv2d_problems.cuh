@@ -82,8 +82,9 @@ inline int ceil_div(std::int64_t a, std::int64_t b) {
 // vector_rows is set, rows m..m+3 (m a multiple of 4) are neighbours in memory
 // with m 16-byte aligned, and store4 writes them at once: a warp then stores
 // whole sectors instead of every fourth float of 16 of them. V is the operands'
-// type: float, or std::uint16_t, the bits of bfloat16 or float16 values, which
-// tc_gemm_kernel multiplies on the tensor cores (zero is 0 in both); results are
+// type: float (which the float32 kernels multiply as it is, and tc_gemm_kernel
+// rounded to TF32), or std::uint16_t, the bits of bfloat16 or float16 values, which
+// tc_gemm_kernel multiplies on the tensor cores (zero is 0 in all); results are
 // float32 either way.
 
 template <class V>
