@@ -2,8 +2,8 @@
 // records a backward that accumulates into the gradients its inputs need. The
 // GEMM-class ops (matmul, and linear through it; conv2d) multiply in the tape's
 // compute dtype (gemm_operand below, docs/precision.md), and the float32 GEMMs
-// (matmul, batched_matmul) pass on the tape's Float32Math (TF32 under the tf32
-// precision); the rest compute in float32.
+// (matmul, batched_matmul, conv2d) pass on the tape's Float32Math (TF32 under the
+// tf32 precision); the rest compute in float32.
 #include "autograd/nn.h"
 
 #include <algorithm>
@@ -210,20 +210,21 @@ Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams&
   // xv, wv: as multiplied (16-bit under a mixed-precision tape, the bias float32).
   const Tensor xv = gemm_operand(x), wv = gemm_operand(weight);
   Tensor y = new_tensor(tape, conv2d_output_shape(x.shape(), weight.shape(), params), x);
-  conv2d_forward(y, xv, wv, bias.defined() ? bias.value() : Tensor(), params, tape.stream());
+  conv2d_forward(y, xv, wv, bias.defined() ? bias.value() : Tensor(), params, tape.stream(),
+                 tape.float32_math());
   return tape.record(y, "conv2d", inputs, [x, weight, bias, xv, wv, params](const Var& out) {
     Tape& t = out.tape();
     const Tape::GradTarget gx = written_whole(t, x);
     const Tensor grad_bias = bias.defined() ? grad_if_needed(t, bias) : Tensor();
     if (!is_16bit(xv.dtype())) {
       conv2d_backward(gx.grad, grad_if_needed(t, weight), grad_bias, out.grad(), xv, wv, params,
-                      t.stream(), write_of(gx));
+                      t.stream(), write_of(gx), t.float32_math());
       return;
     }
     // The bias is float32: its gradient sums the float32 output gradient.
     conv2d_backward(gx.grad, grad_if_needed(t, weight), Tensor(),
                     gemm_grad_output(out.grad(), xv.dtype(), t.stream()), xv, wv, params,
-                    t.stream(), write_of(gx));
+                    t.stream(), write_of(gx), t.float32_math());
     if (grad_bias.defined()) bias_add_backward(grad_bias, out.grad(), t.stream());
   });
 }

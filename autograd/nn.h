@@ -35,7 +35,7 @@ namespace towerlab::ag {
 // with float32 sums; their outputs and every gradient are float32 (a bias, and its
 // gradient, stay float32). Float32 tapes run exactly the float32 kernels, with
 // the tape's Float32Math (Tape::float32_math: TF32 on CUDA under the tf32
-// precision), as does batched_matmul.
+// precision), as does batched_matmul; conv2d's three passes take it too.
 Var matmul(const Var& a, const Var& b, bool transpose_a = false, bool transpose_b = false);
 
 // op(a_i) * op(b_i) for each batch entry (kernels/batched_matmul.h): a [B,M,K] and b
