@@ -11,6 +11,7 @@
 #include "kernels/cast.h"
 #include "kernels/cpu/convert16.h"
 #include "kernels/elementwise.h"
+#include "parallel/nccl_communicator.h"
 #include "parallel/process_group.h"
 #include "parallel/ring_allreduce.h"
 #include "parallel/thread_team.h"
@@ -175,6 +176,24 @@ void allreduce_contributions(ProcessGroup& group, std::span<float> values, std::
       total = r == 0 ? term : total + term;
     }
     values[i] = total;
+  }
+}
+
+void allreduce_contributions(NcclCommunicator& nccl, const Tensor& values, const Stream& stream,
+                             std::string_view what) {
+  const std::int64_t n = values.numel();
+  const Tensor blocks = Tensor::empty({n * nccl.size()}, stream, DType::BFloat16);
+  const auto block = [&](std::int64_t r) { return blocks.slice(r * n, (r + 1) * n); };
+  cast(block(nccl.rank()), values, stream);
+  nccl.all_gather(blocks, stream, what);
+  // values := block 0 widened, then each next block widened and added (exact
+  // widening; float32 sums in rank order, as the host's loop).
+  cast(values, block(0), stream);
+  if (nccl.size() == 1) return;
+  const Tensor term = Tensor::empty({n}, stream);
+  for (std::int64_t r = 1; r < nccl.size(); ++r) {
+    cast(term, block(r), stream);
+    add(values, values, term, stream);
   }
 }
 
