@@ -18,14 +18,13 @@
 namespace towerlab::testing {
 namespace {
 
-class SixteenBitIsaTest : public SixteenBitTest {
- protected:
-  void SetUp() override {
-    SixteenBitTest::SetUp();
-    if (!device().is_cpu()) GTEST_SKIP() << "the ISAs are the CPU kernels'";
-  }
-};
-TL_INSTANTIATE_SIXTEEN_BIT(SixteenBitIsaTest);
+// The ISAs are the CPU kernels': the CPU instances only (a CUDA instance would
+// only skip, and every CUDA case must run on the emulated GPUs).
+class SixteenBitIsaTest : public SixteenBitTest {};
+INSTANTIATE_TEST_SUITE_P(SixteenBit, SixteenBitIsaTest,
+                         ::testing::Combine(::testing::Values(Device::cpu()),
+                                            ::testing::Values(DType::BFloat16, DType::Float16)),
+                         sixteen_bit_name);
 
 const std::vector<std::int64_t> kLengths = {5, 17, 1029, 4099};
 
