@@ -132,6 +132,19 @@ __global__ void batchnorm_merge_stats_kernel(std::int64_t C, float* mean_a, floa
 
 // --- forward -------------------------------------------------------------------
 
+// y of one unit from its channel's coefficients k = (center, scale, shift, 0):
+// batchnorm_affine, then ReLU when Relu ("z < 0 ? 0 : z", not fmaxf, which drops a
+// NaN). Both elementwise forwards (training and flat) store what it returns.
+template <bool Relu, typename V>
+__device__ __forceinline__ V forward_unit(V v, float4 k) {
+  return map(
+      [&](float e) {
+        const float z = batchnorm_affine(e, k.x, k.y, k.z);
+        return Relu && z < 0.0f ? 0.0f : z;
+      },
+      v);
+}
+
 // The training forward's coefficients of channel c, (center, scale, shift, 0) for
 // y = (x - center) * scale + shift, from the batch statistics; any thread may
 // evaluate any channel (it reads inputs only).
@@ -203,15 +216,7 @@ __global__ void __launch_bounds__(kReduceBlock, kReduceBlocksPerSm)
   const float4 k = t(c);
   for_each_in_split_reversed_pipelined<kApplySteps>(
       split, [&](std::int64_t offset) { return load_unit<V>(x, offset); },
-      [&](std::int64_t offset, V v) {
-        store_unit(y, offset,
-                   map(
-                       [&](float e) {
-                         const float z = batchnorm_affine(e, k.x, k.y, k.z);
-                         return Relu && z < 0.0f ? 0.0f : z;
-                       },
-                       v));
-      });
+      [&](std::int64_t offset, V v) { store_unit(y, offset, forward_unit<Relu>(v, k)); });
 }
 
 // --- coefficients of the elementwise kernels ---------------------------------------
@@ -287,8 +292,7 @@ class BlockCoefficients {
   bool in_shared_;
 };
 
-// y = batchnorm_affine(x, center, scale, shift), then ReLU when Relu ("z < 0 ? 0 :
-// z", not fmaxf, which drops a NaN); y may alias x.
+// y = forward_unit(x) with the coefficients of x's channel; y may alias x.
 // n and S count units V.
 template <bool Relu, typename T, typename V, typename Source>
 __global__ void __launch_bounds__(kBlockSize, kApplyBlocksPerSm)
@@ -300,13 +304,7 @@ __global__ void __launch_bounds__(kBlockSize, kApplyBlocksPerSm)
       n, C, S, [&](std::int64_t i) { return load_unit<V>(x, i); },
       [&](std::int64_t i, V v, std::int64_t c) {
         const float4 k = coeff[c];
-        store_unit(y, i,
-                   map(
-                       [&](float e) {
-                         const float z = batchnorm_affine(e, k.x, k.y, k.z);
-                         return Relu && z < 0.0f ? 0.0f : z;
-                       },
-                       v));
+        store_unit(y, i, forward_unit<Relu>(v, k));
       });
 }
 
