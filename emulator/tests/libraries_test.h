@@ -1,7 +1,7 @@
 // What the emulated libraries' tests share (libraries_cublas_test.cpp,
-// libraries_cub_test.cpp, libraries_nccl_test.cpp): four emulated devices, random
-// values, copies through pinned host memory, and the fixture that resets the
-// emulator around each test.
+// libraries_cub_test.cpp, libraries_nccl_test.cpp, libraries_nccl_communicator_test.cpp):
+// four emulated devices, random values, copies through pinned host memory, ranks as
+// threads, and the fixture that resets the emulator around each test.
 //
 // By hand (the emulator's sources and these files, nothing of towerlab), from the root:
 //   g++ -std=c++20 -O1 -g -fsanitize=thread -Iemulator/include emulator/src/*.cpp
@@ -16,7 +16,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "tlemu/emulator.h"
@@ -97,6 +99,20 @@ std::vector<T> host_copy(const T* p, std::size_t n) {
 inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
 }
+
+// Runs fn(rank) on one thread per rank and joins them.
+inline void run_threads(int ranks, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) threads.emplace_back(fn, r);
+  for (auto& t : threads) t.join();
+}
+
+// Skips the test where fewer than n emulated devices exist (one a rank).
+#define NEED_DEVICES(n)                                                      \
+  do {                                                                       \
+    if (libraries_test::devices() < (n))                                     \
+      GTEST_SKIP() << "needs " << (n) << " emulated devices (one per rank)"; \
+  } while (0)
 
 class Libraries : public ::testing::Test {
  protected:
