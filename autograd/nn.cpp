@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "autograd/mixed_precision.h"
 #include "autograd/ops.h"
 #include "engine/error.h"
 #include "kernels/batched_matmul.h"
@@ -53,6 +54,13 @@ Tensor gemm_operand(const Var& v) {
   return cast(v.value(), dtype, tape.stream());
 }
 
+// The output of a GEMM-class op: its float32 sums, rounded once to the operands'
+// dtype under a mixed-precision tape (the working dtype between ops, as autocast's
+// 16-bit GEMMs write it: docs/precision.md), as they are otherwise.
+Tensor gemm_output(const Tensor& sums, DType operand_dtype, const Stream& stream) {
+  return is_16bit(operand_dtype) ? cast(sums, operand_dtype, stream) : sums;
+}
+
 // The output gradient a 16-bit GEMM's backward multiplies: rounded to the operands'
 // dtype, as autocast's bfloat16 matmul receives it; float32 operands take it as it is.
 Tensor gemm_grad_output(const Tensor& grad, DType operand_dtype, const Stream& stream) {
@@ -71,12 +79,13 @@ Var matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_b) {
   TL_CHECK(ka == kb, ShapeError,
            "matmul: " << a.describe() << " and " << b.describe() << ": inner dimensions " << ka
                       << " and " << kb << " differ");
-  // av, bv: the operands as multiplied (16-bit under a mixed-precision tape); y and
-  // the gradients are float32 from the GEMM's float32 sums.
+  // av, bv: the operands as multiplied (16-bit under a mixed-precision tape); y is
+  // their float32 sums in the operands' dtype; the gradients are float32.
   const Tensor av = gemm_operand(a), bv = gemm_operand(b);
-  Tensor y = new_tensor(tape, {m, n}, a);
-  towerlab::matmul(y, av, bv, transpose_a, transpose_b, 1.0f, 0.0f, tape.stream(),
+  Tensor sums = Tensor::empty({m, n}, tape.stream(), Tape::grad_dtype(a.value().dtype()));
+  towerlab::matmul(sums, av, bv, transpose_a, transpose_b, 1.0f, 0.0f, tape.stream(),
                    tape.float32_math());
+  const Tensor y = gemm_output(sums, av.dtype(), tape.stream());
   return tape.record(y, "matmul", {a, b}, [a, b, av, bv, transpose_a, transpose_b](const Var& out) {
     Tape& t = out.tape();
     const Tensor gy = gemm_grad_output(out.grad(), av.dtype(), t.stream());  // [M,N]
@@ -115,11 +124,12 @@ Var batched_matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_
   const std::int64_t m = a.value().size(transpose_a ? -1 : -2);
   const std::int64_t n = b.value().size(transpose_b ? -2 : -1);
   // As matmul: the operands as multiplied (16-bit under a mixed-precision tape), y
-  // and the gradients float32.
+  // their float32 sums in the operands' dtype, the gradients float32.
   const Tensor av = gemm_operand(a), bv = gemm_operand(b);
-  Tensor y = new_tensor(tape, {batch, m, n}, a);
-  towerlab::batched_matmul(y, av, bv, transpose_a, transpose_b, 1.0f, 0.0f, tape.stream(),
+  Tensor sums = Tensor::empty({batch, m, n}, tape.stream(), Tape::grad_dtype(a.value().dtype()));
+  towerlab::batched_matmul(sums, av, bv, transpose_a, transpose_b, 1.0f, 0.0f, tape.stream(),
                            tape.float32_math());
+  const Tensor y = gemm_output(sums, av.dtype(), tape.stream());
   return tape.record(
       y, "batched_matmul", {a, b}, [a, b, av, bv, transpose_a, transpose_b](const Var& out) {
         // matmul's formulas entry by entry; a shared (2-D) operand's gradient is the
@@ -163,8 +173,8 @@ Var bias_add(const Var& x, const Var& bias, Activation activation) {
     bias_add_relu_forward(y, x.value(), bias.value(), tape.stream());
     return tape.record(y, "bias_add_relu", {x, bias}, [x, bias](const Var& out) {
       Tape& t = out.tape();
-      bias_add_relu_backward(grad_if_needed(t, x), grad_if_needed(t, bias), out.grad(), out.value(),
-                             t.stream());
+      bias_add_relu_backward(grad_if_needed(t, x), grad_if_needed(t, bias), out.grad(),
+                             widened(out.value(), t.stream()), t.stream());
     });
   }
   bias_add_forward(y, x.value(), bias.value(), tape.stream());
@@ -207,10 +217,13 @@ Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams&
                                           : std::string())
                                 << " (weight " << weight.describe() << ", input " << x.describe()
                                 << ")");
-  // xv, wv: as multiplied (16-bit under a mixed-precision tape, the bias float32).
+  // xv, wv: as multiplied (16-bit under a mixed-precision tape, the bias float32);
+  // y: their float32 sums (the bias added) in xv's dtype.
   const Tensor xv = gemm_operand(x), wv = gemm_operand(weight);
-  Tensor y = new_tensor(tape, conv2d_output_shape(x.shape(), weight.shape(), params), x);
-  conv2d_forward(y, xv, wv, bias.defined() ? bias.value() : Tensor(), params, tape.stream());
+  Tensor sums = Tensor::empty(conv2d_output_shape(x.shape(), weight.shape(), params), tape.stream(),
+                              Tape::grad_dtype(x.value().dtype()));
+  conv2d_forward(sums, xv, wv, bias.defined() ? bias.value() : Tensor(), params, tape.stream());
+  const Tensor y = gemm_output(sums, xv.dtype(), tape.stream());
   return tape.record(y, "conv2d", inputs, [x, weight, bias, xv, wv, params](const Var& out) {
     Tape& t = out.tape();
     const Tape::GradTarget gx = written_whole(t, x);
@@ -231,6 +244,10 @@ Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams&
 Var max_pool2d(const Var& x, const Pool2dParams& params) {
   Tape& tape = x.tape();
   tape.check_owns("max_pool2d", {x});
+  if (has_16bit({x})) {
+    return through_float32({x}, FallbackOutput::Working,
+                           [&](const std::vector<Var>& v) { return max_pool2d(v[0], params); });
+  }
   Tensor y = new_tensor(tape, pool2d_output_shape(x.shape(), params), x);
   if (!x.requires_grad() || !tape.grad_enabled()) {  // no backward will read an argmax
     max_pool2d_forward(y, x.value(), params, tape.stream());
@@ -248,6 +265,10 @@ Var max_pool2d(const Var& x, const Pool2dParams& params) {
 Var avg_pool2d(const Var& x, const Pool2dParams& params) {
   Tape& tape = x.tape();
   tape.check_owns("avg_pool2d", {x});
+  if (has_16bit({x})) {
+    return through_float32({x}, FallbackOutput::Working,
+                           [&](const std::vector<Var>& v) { return avg_pool2d(v[0], params); });
+  }
   Tensor y = new_tensor(tape, pool2d_output_shape(x.shape(), params), x);
   avg_pool2d_forward(y, x.value(), params, tape.stream());
   return tape.record(y, "avg_pool2d", {x}, [x, params](const Var& out) {
@@ -269,6 +290,13 @@ Var batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& mov
               Activation activation) {
   Tape& tape = x.tape();
   tape.check_owns("batchnorm", {x, gamma, beta});
+  if (has_16bit({x, gamma, beta})) {
+    return through_float32({x, gamma, beta}, FallbackOutput::Working,
+                           [&](const std::vector<Var>& v) {
+                             return batchnorm(v[0], v[1], v[2], moving_mean, moving_var, training,
+                                              momentum, eps, activation);
+                           });
+  }
   TL_CHECK((x.value().dim() == 2 || x.value().dim() == 4) && gamma.value().dim() == 1 &&
                gamma.shape()[0] == x.shape()[1],
            ShapeError,
@@ -331,6 +359,13 @@ Var batchnorm_max_pool2d(const Var& x, const Var& gamma, const Var& beta, const 
                          const Tensor& moving_var, bool training, const Pool2dParams& pool,
                          double momentum, double eps, Activation activation) {
   Tape& tape = x.tape();
+  if (has_16bit({x, gamma, beta})) {
+    return through_float32({x, gamma, beta}, FallbackOutput::Working,
+                           [&](const std::vector<Var>& v) {
+                             return batchnorm_max_pool2d(v[0], v[1], v[2], moving_mean, moving_var,
+                                                         training, pool, momentum, eps, activation);
+                           });
+  }
   if (!training || !tape.stream().device().is_cpu()) {
     return max_pool2d(
         batchnorm(x, gamma, beta, moving_mean, moving_var, training, momentum, eps, activation),
@@ -386,6 +421,13 @@ Var sync_batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor
                    double eps, Activation activation) {
   Tape& tape = x.tape();
   tape.check_owns("sync_batchnorm", {x, gamma, beta});
+  if (has_16bit({x, gamma, beta})) {
+    return through_float32({x, gamma, beta}, FallbackOutput::Working,
+                           [&](const std::vector<Var>& v) {
+                             return sync_batchnorm(v[0], v[1], v[2], moving_mean, moving_var, sync,
+                                                   tower, momentum, eps, activation);
+                           });
+  }
   TL_CHECK(
       (x.value().dim() == 2 || x.value().dim() == 4) && gamma.value().dim() == 1 &&
           gamma.shape()[0] == x.shape()[1],

@@ -30,10 +30,13 @@ namespace towerlab::ag {
 
 // op(a) * op(b) for 2-D a, b (kernels/matmul.h).
 // Under a 16-bit compute dtype (Tape::compute_dtype, docs/precision.md) matmul,
-// linear and conv2d multiply 16-bit operands (a variable's working copy, an
-// activation rounded at the op, and in the backward the output gradient rounded)
-// with float32 sums; their outputs and every gradient are float32 (a bias, and its
-// gradient, stay float32). Float32 tapes run exactly the float32 kernels, with
+// linear, batched_matmul and conv2d multiply 16-bit operands (a variable's working
+// copy, a 16-bit activation, a float32 one rounded at the op, and in the backward the
+// output gradient rounded) with float32 sums; their outputs are those sums rounded
+// once to the 16-bit dtype, and every gradient is float32 (a bias, and its gradient,
+// stay float32). The other ops here take a 16-bit x through their 16-bit kernels
+// (bias_add) or autograd/mixed_precision.h's float32 fallback (pooling, batch norm).
+// Float32 tapes run exactly the float32 kernels, with
 // the tape's Float32Math (Tape::float32_math: TF32 on CUDA under the tf32
 // precision), as does batched_matmul.
 Var matmul(const Var& a, const Var& b, bool transpose_a = false, bool transpose_b = false);
