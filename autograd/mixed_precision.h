@@ -3,8 +3,9 @@
 //
 // On a bf16 or fp16 tape (Tape::compute_dtype) the GEMM-class ops write their output
 // in the working dtype, rounded once from their float32 sums, and the element-wise
-// ops with 16-bit kernels (ReLU, bias add and bias add + ReLU, the activations) read
-// and write it. Every other op reaches a 16-bit input through through_float32():
+// ops with 16-bit kernels (ReLU, bias add and bias add + ReLU, the activations,
+// pooling, batch norm) read and write it. Every other op reaches a 16-bit input
+// through through_float32():
 //
 //   y = through_float32(inputs, output, op)
 //     1. every 16-bit input x becomes widen(x), float32 (exact);

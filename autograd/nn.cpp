@@ -2,8 +2,10 @@
 // records a backward that accumulates into the gradients its inputs need. The
 // GEMM-class ops (matmul, and linear through it; conv2d) multiply in the tape's
 // compute dtype (gemm_operand below, docs/precision.md), and the float32 GEMMs
-// (matmul, batched_matmul) pass on the tape's Float32Math (TF32 under the tf32
-// precision); the rest compute in float32.
+// (matmul, batched_matmul, conv2d) pass on the tape's Float32Math (TF32 under the
+// tf32 precision). The rest run their forward kernels in x's dtype (16-bit pooling
+// and batch norm too) and their backwards on the tape's float32 gradients with the
+// float32 kernels, batch norm's reading a 16-bit x widened (mixed_precision.h).
 #include "autograd/nn.h"
 
 #include <algorithm>
@@ -222,7 +224,8 @@ Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams&
   const Tensor xv = gemm_operand(x), wv = gemm_operand(weight);
   Tensor sums = Tensor::empty(conv2d_output_shape(x.shape(), weight.shape(), params), tape.stream(),
                               Tape::grad_dtype(x.value().dtype()));
-  conv2d_forward(sums, xv, wv, bias.defined() ? bias.value() : Tensor(), params, tape.stream());
+  conv2d_forward(sums, xv, wv, bias.defined() ? bias.value() : Tensor(), params, tape.stream(),
+                 tape.float32_math());
   const Tensor y = gemm_output(sums, xv.dtype(), tape.stream());
   return tape.record(y, "conv2d", inputs, [x, weight, bias, xv, wv, params](const Var& out) {
     Tape& t = out.tape();
@@ -230,13 +233,13 @@ Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams&
     const Tensor grad_bias = bias.defined() ? grad_if_needed(t, bias) : Tensor();
     if (!is_16bit(xv.dtype())) {
       conv2d_backward(gx.grad, grad_if_needed(t, weight), grad_bias, out.grad(), xv, wv, params,
-                      t.stream(), write_of(gx));
+                      t.stream(), write_of(gx), t.float32_math());
       return;
     }
     // The bias is float32: its gradient sums the float32 output gradient.
     conv2d_backward(gx.grad, grad_if_needed(t, weight), Tensor(),
                     gemm_grad_output(out.grad(), xv.dtype(), t.stream()), xv, wv, params,
-                    t.stream(), write_of(gx));
+                    t.stream(), write_of(gx), t.float32_math());
     if (grad_bias.defined()) bias_add_backward(grad_bias, out.grad(), t.stream());
   });
 }
@@ -244,16 +247,13 @@ Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams&
 Var max_pool2d(const Var& x, const Pool2dParams& params) {
   Tape& tape = x.tape();
   tape.check_owns("max_pool2d", {x});
-  if (has_16bit({x})) {
-    return through_float32({x}, FallbackOutput::Working,
-                           [&](const std::vector<Var>& v) { return max_pool2d(v[0], params); });
-  }
   Tensor y = new_tensor(tape, pool2d_output_shape(x.shape(), params), x);
   if (!x.requires_grad() || !tape.grad_enabled()) {  // no backward will read an argmax
     max_pool2d_forward(y, x.value(), params, tape.stream());
     return tape.record(y, "max_pool2d", {x}, nullptr);
   }
-  Tensor argmax = new_tensor(tape, y.shape(), x);
+  // float32 for a 16-bit x: bfloat16 cannot hold a plane's positions (kernels/pool2d.h).
+  Tensor argmax = Tensor::empty(y.shape(), tape.stream(), pool2d_argmax_dtype(x.value().dtype()));
   max_pool2d_forward_with_argmax(y, argmax, x.value(), params, tape.stream());
   return tape.record(y, "max_pool2d", {x}, [x, argmax, params](const Var& out) {
     Tape& t = out.tape();
@@ -265,10 +265,6 @@ Var max_pool2d(const Var& x, const Pool2dParams& params) {
 Var avg_pool2d(const Var& x, const Pool2dParams& params) {
   Tape& tape = x.tape();
   tape.check_owns("avg_pool2d", {x});
-  if (has_16bit({x})) {
-    return through_float32({x}, FallbackOutput::Working,
-                           [&](const std::vector<Var>& v) { return avg_pool2d(v[0], params); });
-  }
   Tensor y = new_tensor(tape, pool2d_output_shape(x.shape(), params), x);
   avg_pool2d_forward(y, x.value(), params, tape.stream());
   return tape.record(y, "avg_pool2d", {x}, [x, params](const Var& out) {
@@ -280,9 +276,19 @@ Var avg_pool2d(const Var& x, const Pool2dParams& params) {
 Var global_avg_pool2d(const Var& x) {
   TL_CHECK(x.value().dim() == 4 && x.shape()[2] > 0 && x.shape()[3] > 0, ShapeError,
            "global_avg_pool2d: x " << x.describe() << " must be [N,C,H,W] with H, W >= 1");
+  Tape& tape = x.tape();
+  tape.check_owns("global_avg_pool2d", {x});
+  // One op rather than avg_pool2d then reshape: the same values, and no reshape's
+  // gradient copy (whose kernels take no 16-bit tensors).
   const Shape& s = x.shape();
-  const Var pooled = avg_pool2d(x, {s[2], s[3], 1, 1, 0, 0});  // [N,C,1,1]
-  return ag::reshape(pooled, {s[0], s[1]});
+  const Pool2dParams plane = {s[2], s[3], 1, 1, 0, 0};
+  Tensor y = new_tensor(tape, {s[0], s[1]}, x);
+  avg_pool2d_forward(y.reshape({s[0], s[1], 1, 1}), x.value(), plane, tape.stream());
+  return tape.record(y, "global_avg_pool2d", {x}, [x, plane](const Var& out) {
+    Tape& t = out.tape();
+    const Shape& g = out.grad().shape();
+    avg_pool2d_backward(t.grad_for(x), out.grad().reshape({g[0], g[1], 1, 1}), plane, t.stream());
+  });
 }
 
 Var batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& moving_mean,
@@ -290,13 +296,6 @@ Var batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& mov
               Activation activation) {
   Tape& tape = x.tape();
   tape.check_owns("batchnorm", {x, gamma, beta});
-  if (has_16bit({x, gamma, beta})) {
-    return through_float32({x, gamma, beta}, FallbackOutput::Working,
-                           [&](const std::vector<Var>& v) {
-                             return batchnorm(v[0], v[1], v[2], moving_mean, moving_var, training,
-                                              momentum, eps, activation);
-                           });
-  }
   TL_CHECK((x.value().dim() == 2 || x.value().dim() == 4) && gamma.value().dim() == 1 &&
                gamma.shape()[0] == x.shape()[1],
            ShapeError,
@@ -320,9 +319,10 @@ Var batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& mov
                                  << ") is not implemented; train in training mode");
     });
   }
+  // The statistics in gamma's dtype: x's, or float32 beside a 16-bit x (kernels/batchnorm.h).
   const std::int64_t channels = x.shape()[1];
-  Tensor save_mean = new_tensor(tape, {channels}, x);
-  Tensor save_inv_std = new_tensor(tape, {channels}, x);
+  Tensor save_mean = new_tensor(tape, {channels}, gamma);
+  Tensor save_inv_std = new_tensor(tape, {channels}, gamma);
   batchnorm_forward_training({.y = y,
                               .save_mean = save_mean,
                               .save_inv_std = save_inv_std,
@@ -344,7 +344,7 @@ Var batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& mov
                                            .grad_gamma = grad_if_needed(t, gamma),
                                            .grad_beta = grad_if_needed(t, beta),
                                            .grad_y = out.grad(),
-                                           .x = x.value(),
+                                           .x = widened(x.value(), t.stream()),
                                            .gamma = gamma.value(),
                                            .beta = beta.value(),
                                            .save_mean = save_mean,
@@ -359,14 +359,8 @@ Var batchnorm_max_pool2d(const Var& x, const Var& gamma, const Var& beta, const 
                          const Tensor& moving_var, bool training, const Pool2dParams& pool,
                          double momentum, double eps, Activation activation) {
   Tape& tape = x.tape();
-  if (has_16bit({x, gamma, beta})) {
-    return through_float32({x, gamma, beta}, FallbackOutput::Working,
-                           [&](const std::vector<Var>& v) {
-                             return batchnorm_max_pool2d(v[0], v[1], v[2], moving_mean, moving_var,
-                                                         training, pool, momentum, eps, activation);
-                           });
-  }
-  if (!training || !tape.stream().device().is_cpu()) {
+  // The fused kernels are float32 and float64 (kernels/batchnorm.h): 16-bit x composes too.
+  if (!training || !tape.stream().device().is_cpu() || is_16bit(x.value().dtype())) {
     return max_pool2d(
         batchnorm(x, gamma, beta, moving_mean, moving_var, training, momentum, eps, activation),
         pool);
@@ -421,13 +415,6 @@ Var sync_batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor
                    double eps, Activation activation) {
   Tape& tape = x.tape();
   tape.check_owns("sync_batchnorm", {x, gamma, beta});
-  if (has_16bit({x, gamma, beta})) {
-    return through_float32({x, gamma, beta}, FallbackOutput::Working,
-                           [&](const std::vector<Var>& v) {
-                             return sync_batchnorm(v[0], v[1], v[2], moving_mean, moving_var, sync,
-                                                   tower, momentum, eps, activation);
-                           });
-  }
   TL_CHECK(
       (x.value().dim() == 2 || x.value().dim() == 4) && gamma.value().dim() == 1 &&
           gamma.shape()[0] == x.shape()[1],
@@ -435,12 +422,13 @@ Var sync_batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor
       "sync_batchnorm: " << gamma.describe() << " does not match the channels of " << x.describe());
   const std::int64_t channels = x.shape()[1];
   const std::int64_t local_count = x.value().numel() / std::max<std::int64_t>(channels, 1);
-  Tensor mean = new_tensor(tape, {channels}, x);
-  Tensor m2 = new_tensor(tape, {channels}, x);
+  // The statistics in gamma's dtype: x's, or float32 beside a 16-bit x (kernels/batchnorm.h).
+  Tensor mean = new_tensor(tape, {channels}, gamma);
+  Tensor m2 = new_tensor(tape, {channels}, gamma);
   batchnorm_stats({.mean = mean, .m2 = m2, .x = x.value()}, tape.stream());
   const std::int64_t total = sync.merge_stats(tower, mean, m2, local_count, tape.stream());
   Tensor y = new_tensor(tape, x.shape(), x);
-  Tensor inv_std = new_tensor(tape, {channels}, x);
+  Tensor inv_std = new_tensor(tape, {channels}, gamma);
   batchnorm_forward_from_stats({.y = y,
                                 .inv_std = inv_std,
                                 .moving_mean = moving_mean,
@@ -461,13 +449,14 @@ Var sync_batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor
       [x, gamma, beta, mean, inv_std, total, tower, &sync, activation](const Var& out) {
         Tape& t = out.tape();
         const Stream& s = t.stream();
+        const Tensor xw = widened(x.value(), s);  // the float32 backward beside float32 grads
         const std::int64_t c = mean.numel();
         Tensor sum_grad_y = Tensor::empty({c}, s, mean.dtype());
         Tensor sum_grad_y_xhat = Tensor::empty({c}, s, mean.dtype());
         batchnorm_backward_reduce({.sum_grad_y = sum_grad_y,
                                    .sum_grad_y_xhat = sum_grad_y_xhat,
                                    .grad_y = out.grad(),
-                                   .x = x.value(),
+                                   .x = xw,
                                    .gamma = gamma.value(),
                                    .beta = beta.value(),
                                    .mean = mean,
@@ -484,7 +473,7 @@ Var sync_batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor
           const Tape::GradTarget gx = t.grad_target(x);  // every element is written
           batchnorm_backward_apply({.grad_x = gx.grad,
                                     .grad_y = out.grad(),
-                                    .x = x.value(),
+                                    .x = xw,
                                     .gamma = gamma.value(),
                                     .beta = beta.value(),
                                     .mean = mean,

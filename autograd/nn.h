@@ -34,11 +34,12 @@ namespace towerlab::ag {
 // copy, a 16-bit activation, a float32 one rounded at the op, and in the backward the
 // output gradient rounded) with float32 sums; their outputs are those sums rounded
 // once to the 16-bit dtype, and every gradient is float32 (a bias, and its gradient,
-// stay float32). The other ops here take a 16-bit x through their 16-bit kernels
-// (bias_add) or autograd/mixed_precision.h's float32 fallback (pooling, batch norm).
+// stay float32). The other ops here take a 16-bit x through their 16-bit forward
+// kernels (bias_add, pooling, batch norm) and, beside the float32 gradients, their
+// float32 backward kernels (a saved 16-bit x widened first: batch norm).
 // Float32 tapes run exactly the float32 kernels, with
 // the tape's Float32Math (Tape::float32_math: TF32 on CUDA under the tf32
-// precision), as does batched_matmul.
+// precision), as does batched_matmul; conv2d's three passes take it too.
 Var matmul(const Var& a, const Var& b, bool transpose_a = false, bool transpose_b = false);
 
 // op(a_i) * op(b_i) for each batch entry (kernels/batched_matmul.h): a [B,M,K] and b
@@ -60,7 +61,10 @@ Var bias_add(const Var& x, const Var& bias, Activation activation = Activation::
 Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams& params);
 
 // When x needs a gradient, the forward records each window's argmax and the
-// backward scatters through it (kernels/pool2d.h); the values are the same.
+// backward scatters through it (kernels/pool2d.h); the values are the same. The
+// pools take x in its own dtype, bfloat16 and float16 included (computed in float32,
+// rounded once: kernels/pool2d.h), and give y in it; x's gradient is float32 for a
+// 16-bit x (Tape::grad_dtype), from the float32 backward kernels, which read no x.
 Var max_pool2d(const Var& x, const Pool2dParams& params);
 Var avg_pool2d(const Var& x, const Pool2dParams& params);
 // The mean of each channel's plane: x [N,C,H,W] -> [N,C] (a ResNet's head; PyTorch's
@@ -72,15 +76,18 @@ Var global_avg_pool2d(const Var& x);
 // layer's non-trainable state) are updated in place with `momentum` (TensorFlow's
 // decay: the weight of the old value). Inference: the moving statistics normalize.
 // The activation is fused into batch norm's kernels, forward and backward
-// (kernels/batchnorm.h).
+// (kernels/batchnorm.h). A bfloat16 or float16 x gives y in its dtype (the 16-bit
+// kernels), with gamma, beta, the moving statistics and their gradients float32 (as
+// PyTorch's batch norm under autocast); x's gradient is float32 (Tape::grad_dtype),
+// from the float32 backward kernel on x widened.
 Var batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& moving_mean,
               const Tensor& moving_var, bool training, double momentum = 0.99, double eps = 1e-3,
               Activation activation = Activation::None);
 
 // max_pool2d(batchnorm(x, ...), pool) for x [N,C,H,W] as one op. Training on the CPU
 // runs the fused kernels (kernels/batchnorm.h: the activation and its gradient are
-// never stored); inference, and other devices, compose the two ops. Either way the
-// values and gradients are the composition's, bit for bit.
+// never stored); inference, other devices and a 16-bit x compose the two ops. Either
+// way the values and gradients are the composition's, bit for bit.
 Var batchnorm_max_pool2d(const Var& x, const Var& gamma, const Var& beta, const Tensor& moving_mean,
                          const Tensor& moving_var, bool training, const Pool2dParams& pool,
                          double momentum = 0.99, double eps = 1e-3,

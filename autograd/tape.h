@@ -129,8 +129,9 @@ class Tape {
 
   // How the float32 GEMMs recorded here may multiply (kernels/matmul.h's
   // Float32Math): Ieee by default; Tf32 under the tf32 precision lets ag::matmul,
-  // ag::linear and ag::batched_matmul, forward and backward, run on CUDA's TF32
-  // tensor cores (a CPU tape computes float32 either way). conv2d does not read it.
+  // ag::linear, ag::batched_matmul and ag::conv2d (one group), forward and
+  // backward, run on CUDA's TF32 tensor cores (a CPU tape computes float32 either
+  // way).
   Float32Math float32_math() const { return float32_math_; }
   void set_float32_math(Float32Math math) { float32_math_ = math; }
 

@@ -40,8 +40,9 @@
 // Dtypes: float32, bfloat16 and float16 on every device, float64 on the CPU; all
 // tensors of one dtype. A 16-bit input is read as its exact widening and each
 // output (y, or grad_x with its old value added) is computed as above and rounded
-// once to nearest even. On the CPU that is the reference itself: double math,
-// one rounding, its bits. CUDA computes in float32, so a value that lies near a
+// once to nearest even. On the CPU that is the reference's arithmetic (its float64
+// loop, on blocks that vector code widens and rounds): double math, one rounding,
+// its bits on every ISA. CUDA computes in float32, so a value that lies near a
 // rounding boundary may round the other way: within one unit in the last place of
 // the 16-bit type (at the reference's value) plus the float32 tolerance above.
 //

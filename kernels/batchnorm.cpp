@@ -17,12 +17,16 @@ namespace {
 // --- checks ----------------------------------------------------------------------
 
 // The backend arguments with x and its view as [N,C,S] (S = H*W, 1 for [N,C]); each
-// entry point below fills in the rest once its checks pass.
+// entry point below fills in the rest once its checks pass. x may be float32,
+// bfloat16 or float16 on every device, float64 on the CPU.
 BatchNormArgs args_of(const char* op, const Tensor& x, const Stream& stream) {
   TL_CHECK(x.defined(), InvalidArgument, op << ": x is undefined");
+  kernels::check_placed(op, stream, {{"x", &x}});
   TL_CHECK(x.dim() == 2 || x.dim() == 4, ShapeError,
            op << ": x must be [N,C] or [N,C,H,W], got " << x.describe());
-  if (stream.device().is_cuda()) kernels::check_float32(op, "x", x);
+  TL_CHECK(!stream.device().is_cuda() || x.dtype() != DType::Float64, NotSupported,
+           op << ": x is " << x.describe()
+              << "; float64 runs on the CPU only (float32, bfloat16, float16 on cuda)");
   BatchNormArgs a;
   a.N = x.size(0);
   a.C = x.size(1);
@@ -40,11 +44,24 @@ void check_channels(const char* op, const Tensor& x, std::int64_t C,
   }
 }
 
-// Per-channel tensors: defined, on the stream with x's dtype, and [C].
+// The dtype of the per-channel tensors beside x: x's own, or float32 beside a
+// 16-bit x (the parameters and statistics stay float32).
+DType per_channel_dtype(const Tensor& x) {
+  return is_16bit(x.dtype()) ? DType::Float32 : x.dtype();
+}
+
+// Per-channel tensors: defined, on the stream, of per_channel_dtype(x), and [C].
 void check_per_channel(const char* op, const BatchNormArgs& a, const Stream& stream,
                        std::initializer_list<kernels::NamedTensor> tensors) {
+  const DType dtype = per_channel_dtype(a.x);
   for (const kernels::NamedTensor& t : tensors) {
-    kernels::check_on_stream(op, stream, {{"x", &a.x}, t});
+    kernels::check_placed(op, stream, {t});
+    TL_CHECK(t.second->dtype() == dtype, ShapeError,
+             op << ": " << t.first << " is " << t.second->describe() << " but x is "
+                << a.x.describe() << ", whose per-channel tensors are " << dtype_name(dtype)
+                << (is_16bit(a.x.dtype())
+                        ? " (beside 16-bit activations the parameters and statistics stay float32)"
+                        : ""));
   }
   check_channels(op, a.x, a.C, tensors);
 }
@@ -131,7 +148,7 @@ void set_backward(const char* op, BatchNormArgs& a, const Args& args, const Stre
                      {"save_mean", &args.save_mean},
                      {"save_inv_std", &args.save_inv_std}});
   if (args.grad_x.defined()) {
-    kernels::check_same_shape(op, stream, {{"x", &args.x}, {"grad_x", &args.grad_x}});
+    kernels::check_same_shape_any_dtype(op, stream, {{"x", &args.x}, {"grad_x", &args.grad_x}});
   }
   check_optional_per_channel(op, a, stream,
                              {{"grad_gamma", &args.grad_gamma}, {"grad_beta", &args.grad_beta}});
@@ -215,8 +232,8 @@ void take_grad_x(BatchNormArgs& a, const Args& args) {
 
 // The [C] sums of a backward's reduction, in `a`.
 void make_sums(BatchNormArgs& a, const Stream& stream) {
-  a.sum_grad_y = Tensor::empty({a.C}, stream, a.x.dtype());
-  a.sum_grad_y_xhat = Tensor::empty({a.C}, stream, a.x.dtype());
+  a.sum_grad_y = Tensor::empty({a.C}, stream, per_channel_dtype(a.x));
+  a.sum_grad_y_xhat = Tensor::empty({a.C}, stream, per_channel_dtype(a.x));
 }
 
 }  // namespace
@@ -252,7 +269,7 @@ void batchnorm_merge_stats(const BatchNormMergeStats& args, const Stream& stream
 void batchnorm_forward_from_stats(const BatchNormForwardFromStats& args, const Stream& stream) {
   const char* op = "batchnorm_forward_from_stats";
   BatchNormArgs d = args_of(op, args.x, stream);
-  kernels::check_same_shape(op, stream, {{"x", &args.x}, {"y", &args.y}});
+  kernels::check_same_shape_any_dtype(op, stream, {{"x", &args.x}, {"y", &args.y}});
   check_per_channel(op, d, stream,
                     {{"inv_std", &args.inv_std},
                      {"gamma", &args.gamma},
@@ -282,7 +299,7 @@ void batchnorm_backward_reduce(const BatchNormBackwardReduce& args, const Stream
   const char* op = "batchnorm_backward_reduce";
   BatchNormArgs d = args_of(op, args.x, stream);
   set_relu(op, d, args.activation, args.gamma, args.beta, stream);
-  kernels::check_same_shape(op, stream, {{"x", &args.x}, {"grad_y", &args.grad_y}});
+  kernels::check_same_shape_any_dtype(op, stream, {{"x", &args.x}, {"grad_y", &args.grad_y}});
   check_per_channel(op, d, stream,
                     {{"sum_grad_y", &args.sum_grad_y},
                      {"sum_grad_y_xhat", &args.sum_grad_y_xhat},
@@ -297,8 +314,8 @@ void batchnorm_backward_apply(const BatchNormBackwardApply& args, const Stream& 
   const char* op = "batchnorm_backward_apply";
   BatchNormArgs d = args_of(op, args.x, stream);
   set_relu(op, d, args.activation, args.gamma, args.beta, stream);
-  kernels::check_same_shape(op, stream,
-                            {{"x", &args.x}, {"grad_x", &args.grad_x}, {"grad_y", &args.grad_y}});
+  kernels::check_same_shape_any_dtype(
+      op, stream, {{"x", &args.x}, {"grad_x", &args.grad_x}, {"grad_y", &args.grad_y}});
   check_per_channel(op, d, stream,
                     {{"gamma", &args.gamma},
                      {"mean", &args.mean},
@@ -321,11 +338,11 @@ void batchnorm_backward_apply(const BatchNormBackwardApply& args, const Stream& 
 void batchnorm_forward_training(const BatchNormForwardTraining& args, const Stream& stream) {
   const char* op = "batchnorm_forward_training";
   BatchNormArgs d = args_of(op, args.x, stream);
-  kernels::check_same_shape(op, stream, {{"x", &args.x}, {"y", &args.y}});
+  kernels::check_same_shape_any_dtype(op, stream, {{"x", &args.x}, {"y", &args.y}});
   set_training_forward(op, d, args, stream);
   if (d.C == 0) return;
   d.y = args.y;
-  d.m2 = Tensor::empty({d.C}, stream, args.x.dtype());
+  d.m2 = Tensor::empty({d.C}, stream, per_channel_dtype(args.x));
   run_stats(d, stream);
   run_forward_from_stats(d, stream);
 }
@@ -333,7 +350,7 @@ void batchnorm_forward_training(const BatchNormForwardTraining& args, const Stre
 void batchnorm_forward_inference(const BatchNormForwardInference& args, const Stream& stream) {
   const char* op = "batchnorm_forward_inference";
   BatchNormArgs d = args_of(op, args.x, stream);
-  kernels::check_same_shape(op, stream, {{"x", &args.x}, {"y", &args.y}});
+  kernels::check_same_shape_any_dtype(op, stream, {{"x", &args.x}, {"y", &args.y}});
   check_per_channel(op, d, stream,
                     {{"gamma", &args.gamma},
                      {"beta", &args.beta},
@@ -352,7 +369,7 @@ void batchnorm_backward(const BatchNormBackward& args, const Stream& stream) {
   const char* op = "batchnorm_backward";
   BatchNormArgs d = args_of(op, args.x, stream);
   set_relu(op, d, args.activation, args.gamma, args.beta, stream);
-  kernels::check_same_shape(op, stream, {{"x", &args.x}, {"grad_y", &args.grad_y}});
+  kernels::check_same_shape_any_dtype(op, stream, {{"x", &args.x}, {"grad_y", &args.grad_y}});
   set_backward(op, d, args, stream);
   if (d.C == 0 || !wants_gradients(args)) return;
   make_sums(d, stream);
@@ -368,7 +385,8 @@ void batchnorm_backward(const BatchNormBackward& args, const Stream& stream) {
 
 namespace {
 
-// The checks the fused max pool adds to args_of: a CPU stream, x [N,C,H,W], and
+// The checks the fused max pool adds to args_of: a CPU stream, x [N,C,H,W] of
+// float32 or float64 (16-bit x is refused: NotSupported), and
 // `pooled` (y or grad_y, named `name`) and argmax of the pool's shape. Sets
 // max_pool, argmax, H, W, Ho, Wo in `a`.
 void set_max_pool(const char* op, BatchNormArgs& a, const Pool2dParams& pool, const char* name,
@@ -376,6 +394,10 @@ void set_max_pool(const char* op, BatchNormArgs& a, const Pool2dParams& pool, co
   TL_CHECK(stream.device().is_cpu(), NotSupported,
            op << ": the fused max pool runs on the CPU, not on " << stream.device().str()
               << " (compose batch norm and max_pool2d there, as ag::batchnorm_max_pool2d does)");
+  TL_CHECK(!is_16bit(a.x.dtype()), NotSupported,
+           op << ": x is " << a.x.describe() << "; the fused max pool takes float32 and float64 "
+              << "(compose batchnorm_forward_training and max_pool2d for "
+              << dtype_name(a.x.dtype()) << ")");
   TL_CHECK(a.x.dim() == 4, ShapeError, op << ": x must be [N,C,H,W], got " << a.x.describe());
   const Shape expected = pool2d_output_shape(a.x.shape(), pool, op);
   kernels::check_on_stream(op, stream, {{"x", &a.x}, {name, &pooled}, {"argmax", &argmax}});
@@ -408,7 +430,7 @@ void batchnorm_max_pool_forward_training(const BatchNormMaxPoolForwardTraining& 
   set_training_forward(op, d, args, stream);
   if (d.C == 0) return;
   d.y = args.y;
-  d.m2 = Tensor::empty({d.C}, stream, args.x.dtype());
+  d.m2 = Tensor::empty({d.C}, stream, per_channel_dtype(args.x));
   cpu::batchnorm_stats(d);
   cpu::batchnorm_forward_from_stats(d);
 }

@@ -3,8 +3,9 @@
 // Dimensions: N batch, C channels, H and W spatial; x is [N,C,H,W] for a
 // convolutional layer or [N,C] for a fully connected one (taken as H = W = 1).
 // M = N*H*W is the number of values of one channel that are normalized together.
-// Per-channel tensors (gamma, beta, mean, m2, inv_std, moving_*) are [C]. Every
-// tensor has x's dtype (float32; float64 on the CPU) and is on the stream's device.
+// Per-channel tensors (gamma, beta, mean, m2, inv_std, moving_*, the split
+// backward's sums, grad_gamma, grad_beta) are [C]. Every tensor is on the stream's
+// device; dtypes below.
 //
 // Training forward, with the batch statistics of each channel c:
 //   mean[c]    = sum_{n,h,w} x[n,c,h,w] / M
@@ -51,6 +52,34 @@
 // its distance from the mean, as E[x^2] - E[x]^2 does with the mean's distance
 // from zero; in practice the first value is an ordinary sample.)
 //
+// Dtypes. x, y, grad_y and grad_x are float32, bfloat16 or float16 on every device
+// (float64 on the CPU, for the gradient checks), all of one dtype. The per-channel
+// tensors have x's dtype, except beside 16-bit activations, where they are float32:
+// the parameters, the statistics, the moving statistics and grad_gamma, grad_beta
+// stay float32, as PyTorch's batch norm under autocast keeps them. A 16-bit value is
+// read as its exact float32 widening, every formula here is computed as the float32
+// path computes it, and each 16-bit value written (y, grad_x) is rounded once, to
+// nearest even; an accumulated 16-bit grad_x is added to in float32, then rounded.
+// The CPU widens a row at a time into float32 and runs its float32 code on it;
+// CUDA's kernels widen as they load and round as they store.
+// What is exact: on one backend, every result of a 16-bit call (the float32
+// statistics, sums and parameter gradients included) is the bits of the float32
+// call on the widened tensors, and each 16-bit output is that call's float32 output
+// rounded once: the float32 sums are the same sums in the same order (on CUDA a
+// 16-bit view walks as an aligned float32 tensor of its values). What is not:
+// against the plain reference (double, kernels/reference/batchnorm.h) a float32
+// result is within the float32 tolerances of tests/batchnorm_test.cpp, and a 16-bit
+// y or grad_x is the reference rounded to 16 bits except where that float32 error
+// carries it across a rounding boundary: within half a 16-bit ulp plus the float32
+// tolerance (the tests allow 2^-8 relative for bfloat16, 2^-11 for float16, on top of
+// it). CPU and CUDA sum in different orders, so their 16-bit outputs may differ by an
+// ulp. The merge takes only statistics' dtypes (never 16 bits: NotSupported), and
+// the fused max pool below float32 and float64 only: a 16-bit x is NotSupported
+// there (ag::batchnorm_max_pool2d composes the two ops for it). A per-channel tensor
+// of another dtype is a ShapeError naming the op, the tensor and both dtypes, e.g.
+// "batchnorm_forward_training: gamma is bfloat16[3] on cpu but x is
+// bfloat16[2,3,4,4] on cpu, whose per-channel tensors are float32 (...)".
+//
 // Split API (for synchronized batch norm across towers). The single-device
 // training forward and backward are compositions of these steps:
 //   forward:  batchnorm_stats          per-tower (mean, m2) partials, count = local M
@@ -70,7 +99,7 @@
 // Fields are declared outputs first, then inputs, then numbers and options, so a
 // designated initializer names them in that order; an undefined Tensor field is
 // "not given". The entry point checks the struct once (every tensor defined where
-// it is needed, on the stream's device, of x's dtype and shape) and throws
+// it is needed, on the stream's device, of its dtype and shape) and throws
 // ShapeError or InvalidArgument naming the field, e.g.
 // "batchnorm_forward_training: gamma is float32[4] on cpu but x float32[2,3,4,4]
 // on cpu has 3 channels (expected [3])".
@@ -219,8 +248,10 @@ void batchnorm_backward_apply(const BatchNormBackwardApply& args, const Stream& 
 // unfused ops bit for bit (batchnorm_forward_training, then
 // max_pool2d_forward_with_argmax; max_pool2d_backward_from_argmax with
 // GradWrite::Assign, then batchnorm_backward): the same operations in the same order.
-// CPU only: on a CUDA stream they throw NotSupported (ag::batchnorm_max_pool2d
-// composes the two ops there).
+// CPU only, float32 and float64 only: on a CUDA stream, or with a bfloat16 or
+// float16 x, they throw NotSupported (ag::batchnorm_max_pool2d composes the two ops
+// there). Extending the fused pool to 16 bits would take a 16-bit pool2d and argmax
+// first; it is left out.
 struct BatchNormMaxPoolForwardTraining {
   Tensor y, argmax;                // [N,C,Ho,Wo] assigned
   Tensor save_mean, save_inv_std;  // [C] assigned

@@ -137,6 +137,14 @@ bool on_tensor_cores(const Conv2dParams& params, const Stream& stream) {
   return stream.device().is_cuda() && params.groups == 1;
 }
 
+// Whether a G = 1 call whose operands are of `dtype` (16-bit ones on CUDA, the
+// others widened already) takes the tensor cores: 16-bit operands, or float32 ones
+// on CUDA under Float32Math::Tf32.
+bool tensor_core_call(DType dtype, Float32Math math, const Stream& stream) {
+  return is_16bit(dtype) ||
+         (dtype == DType::Float32 && math == Float32Math::Tf32 && stream.device().is_cuda());
+}
+
 // A 16-bit operand widened exactly into float32 scratch on the stream (undefined
 // stays undefined).
 Tensor widened(const Tensor& t, const Stream& stream) {
@@ -211,7 +219,7 @@ Shape conv2d_output_shape(const Shape& input, const Shape& weight, const Conv2dP
 }
 
 void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                    const Conv2dParams& params, const Stream& stream) {
+                    const Conv2dParams& params, const Stream& stream, Float32Math math) {
   const char* op = "conv2d_forward";
   if (check_16bit(op, {{"x", &x}, {"weight", &weight}}, {{"y", &y}, {"bias", &bias}}) &&
       !on_tensor_cores(params, stream)) {
@@ -227,6 +235,8 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
                 cuda::conv2d_depthwise_forward(y, x, weight, bias, s, stream));
   } else if (s.params.groups > 1) {
     grouped_forward(y, x, weight, bias, s, stream);
+  } else if (tensor_core_call(x.dtype(), math, stream)) {
+    TL_ON_CUDA(cuda::conv2d_tc_forward(y, x, weight, bias, s, stream));
   } else {
     TL_DISPATCH(stream, cpu::conv2d_forward(y, x, weight, bias, s),
                 cuda::conv2d_forward(y, x, weight, bias, s, stream));
@@ -235,7 +245,8 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
 
 void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
                      const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                     const Conv2dParams& params, const Stream& stream, GradWrite grad_x_write) {
+                     const Conv2dParams& params, const Stream& stream, GradWrite grad_x_write,
+                     Float32Math math) {
   const char* op = "conv2d_backward";
   const bool low =
       check_16bit(op, {{"grad_y", &grad_y}, {"x", &x}, {"weight", &weight}},
@@ -280,11 +291,12 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
   }
   // The CUDA kernels accumulate: an assigned grad_x is zeroed first on its stream.
   if (assign && stream.device().is_cuda()) fill(grad_x, 0.0, stream);
-  if (low) {
+  if (tensor_core_call(grad_y.dtype(), math, stream)) {
     // The tensor cores take the two GEMM passes; the bias's gradient sums grad_y
-    // widened to float32, as on the widening path.
-    if (grad_bias.defined()) bias_add_backward(grad_bias, widened(grad_y, stream), stream);
-    TL_ON_CUDA(cuda::conv2d_backward(grad_x, grad_weight, Tensor(), grad_y, x, weight, s, stream));
+    // (widened to float32, as on the widening path).
+    if (grad_bias.defined())
+      bias_add_backward(grad_bias, low ? widened(grad_y, stream) : grad_y, stream);
+    TL_ON_CUDA(cuda::conv2d_tc_backward(grad_x, grad_weight, grad_y, x, weight, s, stream));
     return;
   }
   TL_DISPATCH(

@@ -38,9 +38,10 @@
 // (kernels/cuda/conv2d_tc.cuh: mma.sync m16n8k16, the 16-bit values gathered
 // straight from x, weight and grad_y, products exact and summed in float32 in
 // reduction order, the weight gradient's splits added in a fixed tree); grad_bias
-// sums grad_y widened to float32. Their tolerance, element by element, with n the
-// pass's reduction length (C*R*S forward, K*R*S input gradient, N*P*Q weight
-// gradient) and S the sum of the magnitudes of its terms (|bias| included):
+// sums grad_y widened to float32. Their tolerance (and Tf32's, below), element by
+// element, with n the pass's reduction length (C*R*S forward, K*R*S input
+// gradient, N*P*Q weight gradient) and S the sum of the magnitudes of its terms
+// (|bias| included):
 //   |result - reference| <= 2 (n + 2) 2^-24 (S + |the value accumulated onto|)
 // (tests/conv2d_tc_test.cpp). Everywhere else (the CPU, and G > 1 on CUDA) the 16-bit
 // operands are widened exactly into float32 scratch on the stream (kernels/cast.h)
@@ -48,6 +49,20 @@
 // roundings of sum |weight*x|, relative; F(4x4,3x3) some tens): correct, no faster
 // than float32 (the CPU packers' widening is issue 46's item 4). Mixing a 16-bit
 // operand with a float32 one, or a 16-bit output, throws NotSupported.
+// TF32. Each call takes a Float32Math (kernels/matmul.h), as matmul does: Ieee (the
+// default) is the float32 paths below, their bits unchanged. Tf32 lets float32
+// x, weight and grad_y multiply on the TF32 tensor cores on CUDA with G = 1: the
+// same implicit GEMMs as the 16-bit operands' (kernels/cuda/conv2d_tc.cuh, with
+// mma.sync m16n8k8), each value rounded to TF32 as it is gathered (to nearest, ties
+// away from zero, 10 mantissa bits: cvt.rna.tf32.f32, reference::round_tf32; the
+// tensors unchanged), the products (11 x 11 significant bits: exact) summed in
+// float32 in reduction order, the weight gradient's splits added in the same fixed
+// tree; grad_bias sums grad_y in float32. The definition is reference::conv2d_* in
+// double on the operands rounded by reference::round_tf32, and the tolerance the
+// 16-bit one's above, S of the rounded values (checked on the emulated GPUs, whose
+// mma adds k by k; on a real GPU's mma, to be confirmed as for matmul). On the CPU
+// (no TF32 arithmetic), for G > 1 (grouped and depthwise layers stay float32) and
+// for float64, Tf32 gives Ieee's results; 16-bit operands ignore it.
 // Results are deterministic (no atomics): on CUDA always, on the CPU for a given
 // thread count (engine/thread_pool.h), which sets how the batch sums are split.
 // Algorithms: the CPU computes the float32 forward, input gradient and weight gradient
@@ -79,6 +94,7 @@
 #include "../engine/stream.h"
 #include "../engine/tensor.h"
 #include "grad_write.h"
+#include "matmul.h"  // Float32Math
 
 namespace towerlab {
 
@@ -94,10 +110,12 @@ struct Conv2dParams {
 Shape conv2d_output_shape(const Shape& input, const Shape& weight, const Conv2dParams& params);
 
 void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                    const Conv2dParams& params, const Stream& stream);
+                    const Conv2dParams& params, const Stream& stream,
+                    Float32Math math = Float32Math::Ieee);
 void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
                      const Tensor& grad_y, const Tensor& x, const Tensor& weight,
                      const Conv2dParams& params, const Stream& stream,
-                     GradWrite grad_x_write = GradWrite::Accumulate);
+                     GradWrite grad_x_write = GradWrite::Accumulate,
+                     Float32Math math = Float32Math::Ieee);
 
 }  // namespace towerlab

@@ -36,8 +36,8 @@
 //       (kernels/cuda/matmul_tc.h). On the CPU, which has no TF32 arithmetic,
 //       Ieee's bits. Operands of another dtype ignore it.
 // A tape under the tf32 precision passes Tf32 to every float32 GEMM it records
-// (Tape::float32_math, docs/precision.md); conv2d takes no Float32Math and stays
-// float32 under tf32.
+// (Tape::float32_math, docs/precision.md), and to conv2d, which takes a
+// Float32Math too (kernels/conv2d.h).
 //
 // Mixed precision. The accepted dtypes:
 //   a and b               c

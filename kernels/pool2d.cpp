@@ -32,11 +32,13 @@ Shape output_shape(const char* op, const Shape& x, const Pool2dParams& p) {
   return {x[0], x[1], (H - p.kernel_h) / p.stride_h + 1, (W - p.kernel_w) / p.stride_w + 1};
 }
 
-// The input and output tensors fit the window; returns false when there is no work.
+// The input and output tensors fit the window, in one dtype the device pools in
+// (float64 on the CPU only); returns false when there is no work.
 bool check_pool(const char* op, const Stream& stream, const char* in_name, const Tensor& in,
                 const char* out_name, const Tensor& out, const Pool2dParams& p) {
-  kernels::check_on_stream(op, stream, {{in_name, &in}, {out_name, &out}});
-  if (stream.device().is_cuda()) kernels::check_float32(op, in_name, in);
+  kernels::check_placed(op, stream, {{in_name, &in}, {out_name, &out}});
+  TL_CHECK(stream.device().is_cpu() || in.dtype() != DType::Float64, NotSupported,
+           op << ": " << in_name << " is " << in.describe() << "; float64 exists on the CPU only");
   const Shape expected = output_shape(op, in.shape(), p);
   TL_CHECK(out.shape() == expected, ShapeError,
            op << ": " << out_name << " is " << out.describe() << " but " << describe(p) << " on "
@@ -44,10 +46,21 @@ bool check_pool(const char* op, const Stream& stream, const char* in_name, const
   return in.numel() > 0;
 }
 
-// argmax has y's shape and dtype, and every position in x's plane is exact in that dtype.
+// argmax has y's shape and the argmax dtype of y's (pool2d_argmax_dtype), and every
+// position in x's plane is exact in that dtype.
 void check_argmax(const char* op, const Stream& stream, const Tensor& argmax, const char* y_name,
                   const Tensor& y, std::int64_t plane) {
-  kernels::check_same_shape(op, stream, {{y_name, &y}, {"argmax", &argmax}});
+  kernels::check_placed(op, stream, {{"argmax", &argmax}});
+  const DType expected = pool2d_argmax_dtype(y.dtype());
+  TL_CHECK(argmax.dtype() == expected, ShapeError,
+           op << ": argmax is " << argmax.describe() << " but " << y_name << " is " << y.describe()
+              << ", whose argmax is " << dtype_name(expected)
+              << (is_16bit(y.dtype()) ? " (a 16-bit tensor's argmax stays float32: bfloat16 "
+                                        "holds positions exactly only up to 256)"
+                                      : ""));
+  TL_CHECK(
+      argmax.shape() == y.shape(), ShapeError,
+      op << ": argmax is " << argmax.describe() << " but " << y_name << " is " << y.describe());
   constexpr std::int64_t kExactFloat32 = std::int64_t{1} << 24;
   TL_CHECK(argmax.dtype() != DType::Float32 || plane <= kExactFloat32, ShapeError,
            op << ": a plane of " << plane << " values has positions that float32 argmax "
@@ -61,6 +74,10 @@ Shape pool2d_output_shape(const Shape& x, const Pool2dParams& params, const char
   return output_shape(op, x, params);
 }
 
+DType pool2d_argmax_dtype(DType x) {
+  return is_16bit(x) ? DType::Float32 : x;
+}
+
 void max_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params,
                         const Stream& stream) {
   if (!check_pool("max_pool2d_forward", stream, "x", x, "y", y, params)) return;
@@ -71,7 +88,7 @@ void max_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& pa
 void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
                          const Pool2dParams& params, const Stream& stream) {
   const char* op = "max_pool2d_backward";
-  kernels::check_same_shape(op, stream, {{"x", &x}, {"grad_x", &grad_x}});
+  kernels::check_same_shape_any_dtype(op, stream, {{"x", &x}, {"grad_x", &grad_x}});
   if (!check_pool(op, stream, "x", x, "grad_y", grad_y, params)) return;
   TL_DISPATCH(stream, cpu::max_pool2d_backward(grad_x, grad_y, x, params),
               cuda::max_pool2d_backward(grad_x, grad_y, x, params, stream));
@@ -92,7 +109,7 @@ void max_pool2d_backward_from_argmax(const Tensor& grad_x, const Tensor& grad_y,
   const char* op = "max_pool2d_backward_from_argmax";
   if (!check_pool(op, stream, "grad_x", grad_x, "grad_y", grad_y, params)) return;
   check_argmax(op, stream, argmax, "grad_y", grad_y, grad_x.size(2) * grad_x.size(3));
-  TL_DISPATCH(stream, cpu::max_pool2d_backward_from_argmax(grad_x, grad_y, argmax, write),
+  TL_DISPATCH(stream, cpu::max_pool2d_backward_from_argmax(grad_x, grad_y, argmax, params, write),
               cuda::max_pool2d_backward_from_argmax(grad_x, grad_y, argmax, params, stream, write));
 }
 

@@ -35,18 +35,37 @@
 // pairs give the same y (a NaN either way) and the same grad_x, bit for bit on each
 // device: the same argmax, and each grad_x value the same sum in the same (ho, wo)
 // order.
-// argmax holds integral values in x's dtype (towerlab tensors are floating point,
-// as class labels are): exact up to 2^24 in float32, so planes of more than 2^24
-// values are refused.
+// argmax holds integral values in a floating-point dtype (towerlab tensors are
+// floating point, as class labels are): x's dtype for float32 and float64 x, and
+// float32 for bfloat16 and float16 x (pool2d_argmax_dtype), since bfloat16 holds
+// integers exactly only up to 256 and float16 up to 2048. Exact up to 2^24 in
+// float32, so planes of more than 2^24 values are refused. An argmax of another
+// dtype is a ShapeError naming the op and both dtypes.
 //
 // Average pooling divides by the number of REAL values in the window: padding is
 // not counted, as in TensorFlow's 'SAME' pooling (PyTorch's count_include_pad=False).
 // Without padding (the FashionNet case, 2x2 stride 2) both conventions agree.
 //
 // y is assigned; gradients are accumulated (+=) into grad_x unless a GradWrite
-// says Assign (kernels/grad_write.h). No output may alias
-// an input. Every tensor has one dtype (float32; float64 on the CPU for gradient
-// checks) and lives on the stream's device.
+// says Assign (kernels/grad_write.h). No output may alias an input. Every tensor
+// lives on the stream's device, and x, y, grad_y and grad_x have one dtype:
+// float32, bfloat16 or float16 on every device, float64 on the CPU (gradient
+// checks); mixing them is a ShapeError naming the op and the tensors.
+//
+// 16 bits (bfloat16, float16): the values are widened exactly to float32 and every
+// value stored is rounded once, to nearest even (kernels/reference/math_type.h).
+// Max pooling compares in float32 and copies the winner: y is exact (a NaN's
+// payload too). An average sums its window in float32 from +0 in row-major window
+// order, divides by the count and rounds once. A backward sums each grad_x
+// element's terms in float32 from +0 (the outputs that took it, or whose window
+// covers it, in row-major (ho, wo) order), adds the sum to the widened grad_x
+// and rounds once; with Assign it rounds the sum. On every device these are the
+// bits of the reference (kernels/reference/pool2d.h), whose 16-bit sums are in
+// that order: 16-bit results are compared bit for bit, not within a tolerance.
+// (The float32 paths sum in other orders on the CPU and on CUDA: within 1e-5.)
+// The CPU runs the reference for 16-bit tensors, on each thread's range of planes;
+// CUDA runs its general kernels (the 2x2 stride-2 kernels are float32's). The batch
+// norm with a fused max pool (kernels/batchnorm.h) stays float32.
 #pragma once
 
 #include <cstdint>
@@ -71,6 +90,10 @@ struct Pool2dParams {
 // The shape of y for x of shape [N,C,H,W]; throws ShapeError for a bad x or window
 // (InvalidArgument for a bad window), the message naming `op`.
 Shape pool2d_output_shape(const Shape& x, const Pool2dParams& params, const char* op = "pool2d");
+
+// The dtype of max pooling's argmax for x of dtype `x`: x's own for float32 and
+// float64, float32 for bfloat16 and float16.
+DType pool2d_argmax_dtype(DType x);
 
 void max_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params,
                         const Stream& stream);

@@ -385,12 +385,13 @@ void NcclCommunicator::reduce_scatter_sum(const Tensor& blocks, const Stream& st
 
 void NcclCommunicator::all_gather(const Tensor& blocks, const Stream& stream,
                                   std::string_view what) {
-  const std::int64_t block = check_blocks(blocks, "all-gather", what);
+  const std::int64_t block = check_blocks(blocks, "all-gather", what, /*copies=*/true);
   if (block == 0) return;
   const Tensor mine = blocks.slice(rank_ * block, (rank_ + 1) * block);
+  const ncclDataType_t type = blocks.dtype() == DType::BFloat16 ? ncclBfloat16 : ncclFloat;
   comm_->collective("ncclAllGather", device_, deadline_, stream, what, [&](cudaStream_t s) {
-    return ncclAllGather(mine.raw_data(), blocks.raw_data(), std::size_t(block), ncclFloat,
-                         comm_->comm, s);
+    return ncclAllGather(mine.raw_data(), blocks.raw_data(), std::size_t(block), type, comm_->comm,
+                         s);
   });
 }
 
@@ -422,17 +423,19 @@ void NcclCommunicator::all_gather(const Tensor&, const Stream&, std::string_view
 
 #endif
 
-void NcclCommunicator::check_buffer(const Tensor& buffer, const char* call,
-                                    std::string_view what) const {
-  TL_CHECK(buffer.dtype() == DType::Float32 && buffer.device() == device_, ShapeError,
-           what << ": NCCL " << call << " buffer " << buffer.describe()
-                << " is not a float32 buffer on " << device_.str()
+void NcclCommunicator::check_buffer(const Tensor& buffer, const char* call, std::string_view what,
+                                    bool copies) const {
+  const bool dtype =
+      buffer.dtype() == DType::Float32 || (copies && buffer.dtype() == DType::BFloat16);
+  TL_CHECK(dtype && buffer.device() == device_, ShapeError,
+           what << ": NCCL " << call << " buffer " << buffer.describe() << " is not a "
+                << (copies ? "float32 or bfloat16" : "float32") << " buffer on " << device_.str()
                 << ", the communicator's device");
 }
 
 std::int64_t NcclCommunicator::check_blocks(const Tensor& blocks, const char* call,
-                                            std::string_view what) const {
-  check_buffer(blocks, call, what);
+                                            std::string_view what, bool copies) const {
+  check_buffer(blocks, call, what, copies);
   TL_CHECK(blocks.numel() % size_ == 0, ShapeError,
            what << ": NCCL " << call << " buffer " << blocks.describe() << " is not " << size_
                 << " blocks of one size (one per rank)");

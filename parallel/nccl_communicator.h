@@ -118,7 +118,8 @@ class NcclCommunicator {
   //   reduce_scatter_sum: this rank's block := the sum over the ranks of that block
   //     (the others are unspecified afterwards);
   //   all_gather: every rank's block, as that rank holds it, into every rank's
-  //     `blocks` (copies, no arithmetic).
+  //     `blocks` (copies, no arithmetic; bfloat16 blocks too, which is how the
+  //     processes' bfloat16 contributions travel: parallel/ring_contributions.h).
   // Their sums' order is NCCL's (see the top): with two ranks one addition, a + b,
   // which is every order's bits.
   void reduce_scatter_sum(const Tensor& blocks, const Stream& stream, std::string_view what);
@@ -135,10 +136,13 @@ class NcclCommunicator {
   // The constructor's collective part, once the members are set: makes the NCCL
   // communicator with the other ranks (throws NotSupported in a build without NCCL).
   void connect(ProcessGroup& group);
-  // Throws ShapeError naming `call` unless `buffer` is float32 on device_; the
-  // blocks' length, once `blocks` is also size_ blocks of one length.
-  void check_buffer(const Tensor& buffer, const char* call, std::string_view what) const;
-  std::int64_t check_blocks(const Tensor& blocks, const char* call, std::string_view what) const;
+  // Throws ShapeError naming `call` unless `buffer` is float32 (or, for a call that
+  // only `copies`, bfloat16) on device_; the blocks' length, once `blocks` is also
+  // size_ blocks of one length.
+  void check_buffer(const Tensor& buffer, const char* call, std::string_view what,
+                    bool copies = false) const;
+  std::int64_t check_blocks(const Tensor& blocks, const char* call, std::string_view what,
+                            bool copies = false) const;
 
   Device device_;
   int rank_ = 0;

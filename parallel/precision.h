@@ -20,12 +20,12 @@
 // trainer without the option.
 //
 // Fp32 is today's float32 everywhere. Tf32 keeps every tensor float32 and lets the
-// float32 GEMMs (ag::matmul, ag::linear, ag::batched_matmul: forward, input and
-// weight gradients) multiply on TF32 tensor cores (Tape::float32_math,
-// kernels/matmul.h's Float32Math::Tf32): on CUDA towers their operands are rounded
-// to TF32 (10 mantissa bits, to nearest with ties away from zero) with float32
-// sums; conv2d stays float32 there (not TF32: its kernels take no Float32Math
-// yet); on CPU towers, which have no TF32 arithmetic, it is Fp32, bit for bit.
+// float32 GEMMs and convolutions (ag::matmul, ag::linear, ag::batched_matmul,
+// ag::conv2d: forward, input and weight gradients) multiply on TF32 tensor cores
+// (Tape::float32_math, Float32Math::Tf32 of kernels/matmul.h and kernels/conv2d.h):
+// on CUDA towers their operands are rounded to TF32 (10 mantissa bits, to nearest
+// with ties away from zero) with float32 sums (grouped convolutions stay float32);
+// on CPU towers, which have no TF32 arithmetic, it is Fp32, bit for bit.
 // Fp16 is Bf16's policy with float16 as the working dtype, plus dynamic loss
 // scaling (LossScale below): float16 keeps 10 mantissa bits to bfloat16's 7 but
 // covers only 2^-24 to 65504, so small output gradients would flush to zero without

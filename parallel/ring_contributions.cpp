@@ -9,7 +9,9 @@
 #include "engine/error.h"
 #include "engine/half.h"
 #include "kernels/cast.h"
+#include "kernels/cpu/convert16.h"
 #include "kernels/elementwise.h"
+#include "parallel/nccl_communicator.h"
 #include "parallel/process_group.h"
 #include "parallel/ring_allreduce.h"
 #include "parallel/thread_team.h"
@@ -68,20 +70,28 @@ void Ring::reduce_scatter_contributions(const std::vector<Tensor>& buffers, std:
 
   if (all_host_) {
     // One memory: owner j rounds every member's values of its chunk as it reads
-    // them and adds them in member order, one pass, no bfloat16 copies (rounding
-    // is a function of the value: the copies' bits). The owners' chunks are
-    // disjoint, and each reads its own values before it writes them.
+    // them and adds them in member order, one pass of blocks in L1, no bfloat16
+    // copies of the buffers (rounding is a function of the value: the copies'
+    // bits), the rounding and widening by the CPU kernels' vector conversions
+    // (kernels/cpu/convert16.h). The owners' chunks are disjoint, and each reads a
+    // block of its own values before it writes that block.
     auto sum_on_host = [&](std::int64_t j) {
       const RingRange r = received_by(j);
       const auto start = Clock::now();
       std::vector<const float*> from;  // [n] members' chunk r
       for (const Tensor& b : buffers) from.push_back(b.data<float>() + r.begin);
       float* mine = buffers[std::size_t(j)].data<float>() + r.begin;  // [r.size()]
-      for (std::int64_t i = 0; i < r.size(); ++i) {
-        float total = rounded(from[0][i]);
-        for (std::int64_t m = 1; m < n; ++m) total += rounded(from[std::size_t(m)][i]);
-        mine[i] = total;
-      }
+      cpu::for_each_block(r.size(), [&](std::int64_t first, std::int64_t count) {
+        bfloat16 contribution[cpu::kConvertBlock];
+        float total[cpu::kConvertBlock], term[cpu::kConvertBlock];
+        for (std::int64_t m = 0; m < n; ++m) {
+          cpu::round_to_16bit(contribution, from[std::size_t(m)] + first, count);
+          cpu::widen_16bit(m == 0 ? total : term, contribution, count);
+          if (m == 0) continue;
+          for (std::int64_t i = 0; i < count; ++i) total[i] += term[i];
+        }
+        std::memcpy(mine + first, total, std::size_t(count) * sizeof(float));
+      });
       trace_sum(j, r, start);
     };
     if (team_ == nullptr || schedule.largest_chunk() < kMinChunkValuesForThreads) {
@@ -146,11 +156,10 @@ void Ring::reduce_scatter_contributions(const std::vector<Tensor>& buffers, std:
 }
 
 void allreduce_contributions(ProcessGroup& group, std::span<float> values, std::string_view what) {
+  std::vector<bfloat16> contribution(values.size());
+  cpu::round_to_16bit(contribution.data(), values.data(), std::int64_t(values.size()));
   std::string mine(values.size() * sizeof(bfloat16), '\0');
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    const bfloat16 c(values[i]);
-    std::memcpy(mine.data() + i * sizeof(bfloat16), &c.bits, sizeof(bfloat16));
-  }
+  std::memcpy(mine.data(), contribution.data(), mine.size());
   const std::vector<std::string> all = group.allgather(mine, what);
   for (std::size_t r = 0; r < all.size(); ++r) {
     TL_CHECK(all[r].size() == mine.size(), CommunicationError,
@@ -167,6 +176,24 @@ void allreduce_contributions(ProcessGroup& group, std::span<float> values, std::
       total = r == 0 ? term : total + term;
     }
     values[i] = total;
+  }
+}
+
+void allreduce_contributions(NcclCommunicator& nccl, const Tensor& values, const Stream& stream,
+                             std::string_view what) {
+  const std::int64_t n = values.numel();
+  const Tensor blocks = Tensor::empty({n * nccl.size()}, stream, DType::BFloat16);
+  const auto block = [&](std::int64_t r) { return blocks.slice(r * n, (r + 1) * n); };
+  cast(block(nccl.rank()), values, stream);
+  nccl.all_gather(blocks, stream, what);
+  // values := block 0 widened, then each next block widened and added (exact
+  // widening; float32 sums in rank order, as the host's loop).
+  cast(values, block(0), stream);
+  if (nccl.size() == 1) return;
+  const Tensor term = Tensor::empty({n}, stream);
+  for (std::int64_t r = 1; r < nccl.size(); ++r) {
+    cast(term, block(r), stream);
+    add(values, values, term, stream);
   }
 }
 

@@ -65,6 +65,11 @@
 // receives 2(P-1), where the float32 ring sends and receives 8(P-1)/P: half for
 // two processes, 3/4 for three, the same for four, and more beyond (a
 // reduce-scatter of contributions, as inside a process, would keep it 3/4).
+// On NCCL the same exchange runs on the device: each process rounds its sum into
+// its block of a bfloat16 buffer, ncclAllGather copies every block to every
+// process, and each adds the widened blocks in rank order (the cast and add
+// kernels): the host exchange's bits. NCCL's own reductions of bfloat16 would add
+// partial sums in bfloat16, in an order of their own: another result.
 #pragma once
 
 #include <cstdint>
@@ -74,7 +79,10 @@
 
 namespace towerlab {
 
+class NcclCommunicator;
 class ProcessGroup;
+class Stream;
+class Tensor;
 
 // The specification above: sum[i] over the members' values, in member order, each
 // rounded to bfloat16 once. Every span has sum's length; at least one member.
@@ -85,5 +93,12 @@ void contribution_sum_reference(std::span<float> sum,
 // bfloat16 once: the same bits on every process. Every process passes the same
 // length; `what` names the call ("step 12: gradient (bfloat16 contributions)").
 void allreduce_contributions(ProcessGroup& group, std::span<float> values, std::string_view what);
+
+// The same on NCCL: `values` (float32, on the communicator's device) := the float32
+// sum, in rank order, of every process's `values` rounded to bfloat16 once, on
+// `stream` (of that device), with the host exchange's bits; the sums are queued on
+// `stream` when it returns.
+void allreduce_contributions(NcclCommunicator& nccl, const Tensor& values, const Stream& stream,
+                             std::string_view what);
 
 }  // namespace towerlab

@@ -165,28 +165,16 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
     }
   }
   if (options_.process_group != nullptr) {
-    NcclChoice choice =
+    const NcclChoice choice =
         choose_cross_process_path(*options_.process_group, options_.cross_process, devices_);
-    if (choice.nccl && contributions) {
-      // Every rank decides alike: the choice and reduce_dtype (fingerprinted) agree.
-      TL_CHECK(options_.cross_process != CrossProcessPath::Nccl, NotSupported,
-               "Trainer: reduce_dtype bfloat16 with NCCL between processes "
-               "(CrossProcessPath::Nccl): NCCL's all-reduce and reduce-scatter of bfloat16 sum "
-               "partial sums in bfloat16, in an order of their own, not each process's "
-               "contribution in float32 in rank order; use CrossProcessPath::HostStaged or "
-               "Auto (which stage bfloat16 contributions through the host), or reduce_dtype "
-               "float32");
-      choice = {false,
-                "host staging: reduce_dtype bfloat16 (NCCL would sum partial sums in "
-                "bfloat16; the host sums each process's contribution in float32)"};
-    }
     if (choice.nccl) {
       nccl_processes_ = std::make_unique<NcclCommunicator>(*options_.process_group, devices_[0]);
     }
     cross_process_path_ = choice.reason;
     // NCCL's call carries the whole gradient after the host call (phase 5).
     // Sharded, phase 5 reduce-scatters the gradient instead.
-    // Bfloat16 contributions cross the processes in phase 5's call of their own.
+    // Bfloat16 contributions cross the processes in a call of their own (phase 5's
+    // host call, or on NCCL an all-gather).
     buckets_across_processes_ = bucketed() && options_.batchnorm != BatchNormMode::Sync &&
                                 nccl_processes_ == nullptr && !sharded_master && !contributions;
     const ExchangeContents training{

@@ -202,8 +202,8 @@ struct TrainerOptions {
   // a step whose scaled gradient overflows is skipped on every tower and process,
   // whatever numeric_guard says (Off included: the loss scale needs the gradient's
   // check; numeric_guard still decides what a non-finite loss does). Tf32: float32
-  // tensors, the matmul/linear GEMMs on CUDA's TF32 tensor cores (conv2d stays
-  // float32), Fp32's bits on CPU towers. Every process must use the same; a
+  // tensors, the matmul/linear GEMMs and the convolutions (grouped ones excepted) on
+  // CUDA's TF32 tensor cores, Fp32's bits on CPU towers. Every process must use the same; a
   // checkpoint restores under any precision.
   Precision precision = Precision::Fp32;
   // Fp16: the clean steps in a row after which the loss scale doubles (GradScaler's

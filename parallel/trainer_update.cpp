@@ -54,8 +54,9 @@ void Trainer::reduce_across_processes(const StepResult& result, bool training) {
   const bool host_slices = slices && shards_nccl_ == nullptr;
   // Bfloat16 contributions (reduce_dtype): the gradient staged in its range of the
   // buffer and summed there by a call of its own (parallel/ring_contributions.h),
-  // the rest by the one allreduce_sum.
-  const bool contributions = training && contribution_ring_ != nullptr;
+  // the rest by the one allreduce_sum; on NCCL, reduce_on_nccl's.
+  const bool contributions =
+      training && contribution_ring_ != nullptr && nccl_processes_ == nullptr;
   const ExchangeRange grads_here = slices          ? ExchangeRange{}
                                    : contributions ? layout.gradient
                                                    : layout.gradient_summed();
@@ -129,13 +130,34 @@ void Trainer::reduce_on_nccl(const std::string& step) {
   // After the host call, as phase 5's contract has it (a rank that never reached the
   // step is named there). Sharded: tower 0's flat gradient holds the process's sum
   // (staged), the processes reduce-scatter it, and each tower reads its slice.
+  // Bfloat16 contributions: the processes all-gather them and each sums the whole
+  // gradient (parallel/ring_contributions.h); sharded, each tower reads its slice.
   TowerState& first = *towers_[0];
   const Tensor& grads = first.store->flat_grads();
   const Tensor& stats = first.store->flat_state();
+  const bool contributions = contribution_ring_ != nullptr;
   std::vector<Tensor> buffers;
-  if (shards_nccl_ == nullptr) buffers.push_back(grads);
+  if (shards_nccl_ == nullptr && !contributions) buffers.push_back(grads);
   if (variables_.state_numel() > 0) buffers.push_back(stats);
-  if (shards_nccl_ != nullptr) {
+  if (contributions) {
+    const auto start = Clock::now();
+    allreduce_contributions(*nccl_processes_, grads, *first.stream,
+                            step + ": gradient (bfloat16 contributions, NCCL all-gather)");
+    if (shards_nccl_ != nullptr) {
+      for (std::size_t i = 1; i < towers_.size(); ++i) {
+        const RingRange r = shards_->slice(i);
+        transfer(towers_[i]->store->flat_grads().slice(r.begin, r.end), *towers_[i]->stream,
+                 grads.slice(r.begin, r.end), *first.stream);
+      }
+    }
+    if (trace_ != nullptr) {
+      trace_->span(int(towers_.size()) + 2, "all-gather (NCCL): bfloat16 contributions", start,
+                   "processes",
+                   {{"bytes", grads.numel() * ranks_ * std::int64_t(sizeof(std::uint16_t))},
+                    {"processes", ranks_},
+                    {"phase", phase_label(Phase::ReduceAcrossProcesses)}});
+    }
+  } else if (shards_nccl_ != nullptr) {
     const auto start = Clock::now();
     shards_nccl_->reduce_scatter(*nccl_processes_, grads, *first.stream,
                                  step + ": gradient (NCCL reduce-scatter)");

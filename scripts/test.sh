@@ -30,13 +30,14 @@ if [ "${1:-}" = "--quick" ]; then
 fi
 run_preset release -E 'resume'
 
-# The PyTorch round trip (a minute of training in PyTorch) runs once, in the default build.
-run_preset cpu -E 'torch_convert'
+# The PyTorch round trips and the models' first steps against PyTorch (minutes of
+# training in PyTorch, on CPU towers in every build) run once, in the default build.
+run_preset cpu -E 'torch_convert|models_vs_torch'
 # Four emulated GPUs (the trainer on cuda:0,cuda:1,cuda:2, the two-GPU cases among
 # four; the controls and the sample set 2 themselves): every CUDA case runs, and the
 # run says how many did.
 export TOWERLAB_EXACT_ALLOCATIONS=1
-TOWERLAB_EMULATED_GPUS=4 run_preset emulated-asan -E 'torch_convert'
+TOWERLAB_EMULATED_GPUS=4 run_preset emulated-asan -E 'torch_convert|models_vs_torch'
 python3 scripts/count_cuda_cases.py build/emulated-asan-ctest.xml
 # The kernels' launch plans for a GPU of 8 SMs too (grids that wrap, other splits of
 # the GEMM's K and of the per-channel reductions).

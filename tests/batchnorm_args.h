@@ -8,15 +8,16 @@
 
 namespace towerlab::testing {
 
-// The training forward of x into fresh y, save_mean and save_inv_std (x's dtype,
-// on `stream`), without moving statistics: set moving_mean and moving_var to update
-// them, and eps, momentum or activation to change them.
+// The training forward of x into fresh y (x's dtype), save_mean and save_inv_std
+// (gamma's: x's, or float32 beside a 16-bit x), on `stream`, without moving
+// statistics: set moving_mean and moving_var to update them, and eps, momentum or
+// activation to change them.
 inline BatchNormForwardTraining training_forward(const Tensor& x, const Tensor& gamma,
                                                  const Tensor& beta, const Stream& stream) {
   const Shape channels{x.size(1)};
   return {.y = Tensor::empty(x.shape(), stream, x.dtype()),
-          .save_mean = Tensor::empty(channels, stream, x.dtype()),
-          .save_inv_std = Tensor::empty(channels, stream, x.dtype()),
+          .save_mean = Tensor::empty(channels, stream, gamma.dtype()),
+          .save_inv_std = Tensor::empty(channels, stream, gamma.dtype()),
           .x = x,
           .gamma = gamma,
           .beta = beta};

@@ -611,6 +611,19 @@ TEST(BatchNormMaxPoolTest, RejectsBadArguments) {
                   {backward_op, "grad_y is float32[2,3,4,4]"});
 }
 
+// The fused op is float32 and float64: a bfloat16 or float16 x is refused before
+// any other argument is looked at (ag::batchnorm_max_pool2d composes the two ops).
+TEST(BatchNormMaxPoolTest, SixteenBitXIsNotSupported) {
+  for (const DType dtype : {DType::BFloat16, DType::Float16}) {
+    const Tensor x = Tensor::zeros({2, 3, 4, 4}, cpu(), dtype);
+    const std::string is = std::string(": x is ") + dtype_name(dtype) + "[2,3,4,4]";
+    EXPECT_THROW_WITH(batchnorm_max_pool_forward_training({.x = x}, cpu()), NotSupported,
+                      "batchnorm_max_pool_forward_training" + is);
+    EXPECT_THROW_WITH(batchnorm_max_pool_backward({.x = x}, cpu()), NotSupported,
+                      "batchnorm_max_pool_backward" + is);
+  }
+}
+
 // On a GPU the fused op is not there: ag::batchnorm_max_pool2d composes the two
 // ops instead.
 TEST(BatchNormMaxPoolTest, CudaStreamIsNotSupported) {

@@ -9,6 +9,7 @@
 
 #include "engine/half.h"
 #include "kernels/cast.h"
+#include "kernels/cpu/convert16.h"
 #include "kernels/reference/cast.h"
 #include "test_util.h"
 
@@ -151,12 +152,13 @@ TEST(DTypeNames, ParseAndSize) {
   EXPECT_THROW_WITH(dtype_from_name("bf16"), InvalidArgument, "unknown dtype 'bf16'");
 }
 
-// The CPU cast runs the four float32 <-> 16-bit pairs eight values at a time where
-// the CPU kernels run AVX2 code (kernels/cpu/cast.cpp): under every ISA the CPU has,
-// every 16-bit pattern widens and floats of every exponent (each with mantissas at
-// and around both formats' ties, signaling and quiet NaN payloads, subnormals) round
-// to the reference's bits; the lengths leave tails of 1 to 7 values for the
-// reference to finish. (All 2^32 floats were checked once, outside the suite.)
+// The CPU cast runs the four float32 <-> 16-bit pairs through kernels/cpu/convert16.h,
+// sixteen values at a time under AVX-512 and eight under AVX2: under every ISA the
+// CPU has, every 16-bit pattern widens and floats of every exponent (each with
+// mantissas at and around both formats' ties, signaling and quiet NaN payloads,
+// subnormals) round to the reference's bits; the lengths leave tails of 1 to 15
+// values for the reference to finish. (All 2^32 floats were checked once, outside
+// the suite.)
 TEST(CastCpu, EveryIsaGivesTheReferenceBits) {
   const RestoreGemmIsa restore;
   std::vector<std::uint16_t> patterns(0x10000);
@@ -174,7 +176,7 @@ TEST(CastCpu, EveryIsaGivesTheReferenceBits) {
     if (!gemm_isa_supported(isa)) continue;
     set_gemm_isa(isa);
     ++runs;
-    for (std::int64_t tail : {0, 1, 7}) {
+    for (std::int64_t tail : {0, 1, 7, 15}) {
       const std::int64_t n = static_cast<std::int64_t>(floats.size()) - tail;
       const std::vector<float> in(floats.begin(), floats.begin() + n);
       const std::string where = "ISA " + std::to_string(int(isa)) + ", n " + std::to_string(n);
@@ -205,6 +207,50 @@ TEST(CastCpu, EveryIsaGivesTheReferenceBits) {
         ASSERT_EQ(bits_of(got_b[i]), bits_of(wb[i])) << where << ", bfloat16 " << std::hex << i;
         ASSERT_EQ(bits_of(got_h[i]), bits_of(wh[i])) << where << ", float16 " << std::hex << i;
       }
+    }
+  }
+  EXPECT_GE(runs, 1);
+}
+
+// The first of the two steps from float64 to a 16-bit type (kernels/cpu/convert16.h,
+// which the 16-bit activations take): under every ISA the CPU has, doubles of every
+// float32 exponent and beyond (overflow, float32 subnormals, underflow to zero), of
+// both signs, exact, halfway and just off, infinities and NaNs with payloads give
+// engine/half.h's round_to_odd bits; 1029 values leave tails for the scalar code.
+// The control: rounding to nearest differs from it on these values.
+TEST(CastCpu, RoundToOddIsEngineHalfsOnEveryIsa) {
+  const RestoreGemmIsa restore;
+  std::vector<double> in;
+  for (int e = -160; e <= 140; e += 3) {
+    for (double m : {1.0, 1.0 + 0x1p-24, 1.0 + 0x1p-23, 1.0 + 0x1p-23 + 0x1p-40, 1.5 + 0x1p-30,
+                     2.0 - 0x1p-52, 1.2345678901234}) {
+      in.push_back(std::ldexp(m, e));
+      in.push_back(-std::ldexp(m, e));
+    }
+  }
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double v : {0.0, -0.0, inf, -inf, std::numeric_limits<double>::quiet_NaN(),
+                   std::numeric_limits<double>::signaling_NaN(), -std::nan("0x12345"),
+                   double(std::numeric_limits<float>::max()), 0x1.fffffffp127}) {
+    in.push_back(v);
+  }
+  while (in.size() < 1029) in.push_back(std::ldexp(1.0 + double(in.size()) * 0x1p-35, -3));
+  const auto n = static_cast<std::int64_t>(in.size());
+  std::vector<std::uint32_t> expected, nearest;
+  for (double d : in) {
+    expected.push_back(bits_of(half_detail::round_to_odd(d)));
+    nearest.push_back(bits_of(static_cast<float>(d)));
+  }
+  EXPECT_NE(expected, nearest) << "control";
+  int runs = 0;
+  for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
+    if (!gemm_isa_supported(isa)) continue;
+    set_gemm_isa(isa);
+    ++runs;
+    std::vector<float> got(in.size());
+    cpu::round_to_odd_float(got.data(), in.data(), n);
+    for (std::int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(bits_of(got[i]), expected[i]) << "ISA " << int(isa) << ", double " << in[i];
     }
   }
   EXPECT_GE(runs, 1);

@@ -132,18 +132,27 @@ TEST_F(ThreadPoolKernelsTest, ReluForwardAndBackward) {
 
 TEST_F(ThreadPoolKernelsTest, PoolingForwardAndBackward) {
   // Overlapping 3x3 windows with stride 2 and padding: a plane's outputs share inputs.
+  // In float32 and in 16 bits (the reference on each thread's planes).
   const Pool2dParams params = Pool2dParams::square(3, 2, 1);
   const Shape out_shape = pool2d_output_shape(kImages, params);
-  const Tensor x = make(kImages, 1), grad_y = make(out_shape, 2), grad_x0 = make(kImages, 3);
-  expect_same_bits([&] {
-    Tensor max_y = Tensor::empty(out_shape, stream()), avg_y = Tensor::empty(out_shape, stream());
-    max_pool2d_forward(max_y, x, params, stream());
-    avg_pool2d_forward(avg_y, x, params, stream());
-    Tensor max_grad_x = clone(grad_x0), avg_grad_x = clone(grad_x0);
-    max_pool2d_backward(max_grad_x, grad_y, x, params, stream());
-    avg_pool2d_backward(avg_grad_x, grad_y, params, stream());
-    return concat({host(max_y), host(avg_y), host(max_grad_x), host(avg_grad_x)});
-  });
+  for (DType dtype : {DType::Float32, DType::BFloat16, DType::Float16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tensor x = cast(make(kImages, 1), dtype, stream());
+    const Tensor grad_y = cast(make(out_shape, 2), dtype, stream());
+    const Tensor grad_x0 = cast(make(kImages, 3), dtype, stream());
+    const auto wide = [&](const Tensor& t) { return host(cast(t, DType::Float32, stream())); };
+    expect_same_bits([&] {
+      Tensor max_y = Tensor::empty(out_shape, stream(), dtype);
+      Tensor avg_y = Tensor::empty(out_shape, stream(), dtype);
+      max_pool2d_forward(max_y, x, params, stream());
+      avg_pool2d_forward(avg_y, x, params, stream());
+      Tensor max_grad_x = cast(grad_x0, dtype, stream()),
+             avg_grad_x = cast(grad_x0, dtype, stream());
+      max_pool2d_backward(max_grad_x, grad_y, x, params, stream());
+      avg_pool2d_backward(avg_grad_x, grad_y, params, stream());
+      return concat({wide(max_y), wide(avg_y), wide(max_grad_x), wide(avg_grad_x)});
+    });
+  }
 }
 
 // The fused model's pooling: the maximum with its argmax, and the backward from it,

@@ -4,9 +4,12 @@
 //   (the control: some of those sums are not 16-bit values, so the rounding is there);
 // - ReLU, bias add (+ ReLU) and the activations keep it, and their gradients are
 //   float32 and those of the float32 op on the widened values, bit for bit;
-// - the fallback: pooling, batch norm, add, dropout and layer norm on a 16-bit input
-//   give the float32 op on the widened input, rounded once, and its gradients, bit for
-//   bit; softmax, the sum and the loss give the float32 op's float32 output;
+// - pooling and batch norm run their 16-bit forward kernels (one record, nothing
+//   widened around them) and their float32 backwards: the float32 op's gradients, bit
+//   for bit;
+// - the fallback: add, dropout and layer norm on a 16-bit input give the float32 op
+//   on the widened input, rounded once, and its gradients, bit for bit; softmax, the
+//   sum and the loss give the float32 op's float32 output;
 // - a trainer's bf16 towers carry bfloat16 logits and still return float32 outputs.
 #include <functional>
 #include <mutex>
@@ -18,6 +21,7 @@
 #include "kernels/cast.h"
 #include "kernels/conv2d.h"
 #include "kernels/matmul.h"
+#include "parallel/sync_batchnorm.h"
 #include "sixteen_bit.h"
 #include "test_util.h"
 
@@ -43,6 +47,29 @@ class MixedPrecisionTest : public SixteenBitTest {
     return tape.variable(value, Tensor::zeros(value.shape(), stream()), name);
   }
   std::vector<float> grad_of(const Var& v) { return v.grad().to_host<float>(stream()); }
+
+  // op on leaves of `values` on `tape` (reset first), backward from a float32
+  // upstream gradient: its output and each leaf's float32 gradient.
+  using Op = std::function<Var(const std::vector<Var>&)>;
+  struct Run {
+    Var y;
+    std::size_t records;
+    std::vector<std::vector<float>> grads;
+  };
+  Run run(Tape& tape, const std::vector<Tensor>& values, const Op& op) {
+    tape.reset();
+    std::vector<Var> v;
+    for (const Tensor& value : values) {
+      v.push_back(leaf(tape, value, "v" + std::to_string(v.size())));
+    }
+    Run r{op(v), tape.num_records(), {}};
+    const Tensor upstream =
+        make32(random_values(std::size_t(r.y.value().numel()), 14), r.y.shape());
+    tape.backward(r.y, upstream);
+    for (const Var& leaf : v) r.grads.push_back(grad_of(leaf));
+    EXPECT_NE(r.grads[0], std::vector<float>(r.grads[0].size(), 0.0f)) << "x got no gradient";
+    return r;
+  }
 
  private:
   std::unique_ptr<Tape> lowp_, fp32_;
@@ -114,31 +141,61 @@ TEST_P(MixedPrecisionTest, ElementwiseOpsKeepTheWorkingDtypeWithFloat32Gradients
       all_close(grad_of(b_lowp), grad_of(b_fp32), 1e-3, dtype() == DType::BFloat16 ? 3e-2 : 4e-3));
 }
 
+// Pooling and (sync) batch norm run their 16-bit forward kernels on a 16-bit x (one record:
+// nothing widened or rounded around them) and their float32 backwards beside the
+// policy's float32 gradients (batch norm's reading x widened): y is the float32 op's
+// output rounded once (max pooling, batch norm: kernels/pool2d.h, kernels/batchnorm.h)
+// or within a 16-bit ulp of it (an average, whose 16-bit sum has the reference's
+// order), and every gradient is the float32 op's on the widened x, bit for bit.
+// (ag::batchnorm_max_pool2d composes the two for a 16-bit x.)
+TEST_P(MixedPrecisionTest, PoolingAndBatchNormRunTheirSixteenBitKernels) {
+  const Tensor x16 = make(random_values(2 * 3 * 4 * 6, 10, -3.0f, 3.0f), {2, 3, 4, 6});
+  const Tensor gamma = make32(random_values(3, 12, 0.5f, 1.5f), {3});
+  const Tensor beta = make32(random_values(3, 13), {3});
+  const Pool2dParams pool = Pool2dParams::square(2, 2);
+  const auto bn = [&](const std::vector<Var>& v) {
+    const Tensor mean = Tensor::zeros({3}, stream()), var = make32({1, 1, 1}, {3});
+    return ag::batchnorm(v[0], v[1], v[2], mean, var, true, 0.9, 1e-3, Activation::ReLU);
+  };
+  TowerBatchNormSync one_tower({0});  // alone: its exchanges leave the partials as they are
+  const auto sync_bn = [&](const std::vector<Var>& v) {
+    const Tensor mean = Tensor::zeros({3}, stream()), var = make32({1, 1, 1}, {3});
+    return ag::sync_batchnorm(v[0], v[1], v[2], mean, var, one_tower, 0, 0.9, 1e-3,
+                              Activation::ReLU);
+  };
+  const double ulp = dtype() == DType::BFloat16 ? 0x1p-7 : 0x1p-10;
+  // name, op, whether y is the float32 output rounded once, bit for bit
+  const std::vector<std::tuple<const char*, Op, bool>> cases = {
+      {"max_pool2d", [&](const auto& v) { return ag::max_pool2d(v[0], pool); }, true},
+      {"avg_pool2d", [&](const auto& v) { return ag::avg_pool2d(v[0], pool); }, false},
+      {"global_avg_pool2d", [](const auto& v) { return ag::global_avg_pool2d(v[0]); }, false},
+      {"batchnorm", bn, true},
+      {"sync_batchnorm", sync_bn, true}};
+  for (const auto& [name, op, exact] : cases) {
+    SCOPED_TRACE(name);
+    const Run r16 = run(lowp(), {x16, gamma, beta}, op);
+    const Run r32 = run(fp32(), {cast(x16, DType::Float32, stream()), gamma, beta}, op);
+    ASSERT_EQ(r16.y.value().dtype(), dtype());
+    EXPECT_EQ(r16.records, 1u);
+    const Tensor rounded = cast(r32.y.value(), dtype(), stream());
+    if (exact) {
+      EXPECT_EQ(bits(host(r16.y.value())), bits(host(rounded)));
+    } else {
+      EXPECT_TRUE(all_close(host(r16.y.value()), host(rounded), 0.0, ulp));
+    }
+    for (std::size_t i = 0; i < r16.grads.size(); ++i) {
+      EXPECT_EQ(bits(r16.grads[i]), bits(r32.grads[i])) << "the gradient of input " << i;
+    }
+  }
+}
+
 // Each op without a 16-bit kernel is the float32 op on the widened inputs, its
 // output rounded once (or left float32), its gradients the float32 op's, bit for bit.
 TEST_P(MixedPrecisionTest, TheFallbackIsTheFloat32OpOnTheWidenedInputs) {
   const Tensor x16 = make(random_values(2 * 3 * 4 * 6, 10, -3.0f, 3.0f), {2, 3, 4, 6});
   const Tensor other16 = make(random_values(2 * 3 * 4 * 6, 11), {2, 3, 4, 6});
-  const Tensor gamma = make32(random_values(3, 12, 0.5f, 1.5f), {3});
-  const Tensor beta = make32(random_values(3, 13), {3});
-  const Pool2dParams pool = Pool2dParams::square(2, 2);
-  // x, other, gamma, beta -> the op's output. Batch norm's moving statistics are
-  // made for each run.
-  using Op = std::function<Var(const std::vector<Var>&)>;
-  const auto bn = [&](const std::vector<Var>& v, bool pooled) {
-    const Tensor mean = Tensor::zeros({3}, stream()), var = make32({1, 1, 1}, {3});
-    return pooled ? ag::batchnorm_max_pool2d(v[0], v[2], v[3], mean, var, true, pool, 0.9, 1e-3,
-                                             Activation::ReLU)
-                  : ag::batchnorm(v[0], v[2], v[3], mean, var, true, 0.9, 1e-3, Activation::ReLU);
-  };
+  // x, other -> the op's output.
   const std::vector<std::tuple<const char*, ag::FallbackOutput, Op>> cases = {
-      {"max_pool2d", ag::FallbackOutput::Working,
-       [&](const auto& v) { return ag::max_pool2d(v[0], pool); }},
-      {"avg_pool2d", ag::FallbackOutput::Working,
-       [&](const auto& v) { return ag::avg_pool2d(v[0], pool); }},
-      {"batchnorm", ag::FallbackOutput::Working, [&](const auto& v) { return bn(v, false); }},
-      {"batchnorm_max_pool2d", ag::FallbackOutput::Working,
-       [&](const auto& v) { return bn(v, true); }},
       {"add", ag::FallbackOutput::Working, [](const auto& v) { return ag::add(v[0], v[1]); }},
       {"mul", ag::FallbackOutput::Working, [](const auto& v) { return ag::mul(v[0], v[1]); }},
       {"add_relu", ag::FallbackOutput::Working,
@@ -162,30 +219,19 @@ TEST_P(MixedPrecisionTest, TheFallbackIsTheFloat32OpOnTheWidenedInputs) {
        }}};
   for (const auto& [name, output, op] : cases) {
     SCOPED_TRACE(name);
-    const auto run = [&](Tape& tape, const Tensor& x, const Tensor& other) {
-      tape.reset();
-      const std::vector<Var> v = {leaf(tape, x, "x"), leaf(tape, other, "other"),
-                                  leaf(tape, gamma, "gamma"), leaf(tape, beta, "beta")};
-      const Var y = op(v);
-      const Tensor upstream = make32(random_values(std::size_t(y.value().numel()), 14), y.shape());
-      tape.backward(y, upstream);
-      std::vector<std::vector<float>> grads;
-      for (const Var& leaf : v) grads.push_back(grad_of(leaf));
-      return std::pair{y, grads};
-    };
-    const auto [y16, grads16] = run(lowp(), x16, other16);
-    const auto [y32, grads32] =
-        run(fp32(), cast(x16, DType::Float32, stream()), cast(other16, DType::Float32, stream()));
+    const Run r16 = run(lowp(), {x16, other16}, op);
+    const Run r32 = run(
+        fp32(), {cast(x16, DType::Float32, stream()), cast(other16, DType::Float32, stream())}, op);
+    EXPECT_GT(r16.records, 1u) << "the widening is recorded (control for the count above)";
     if (output == ag::FallbackOutput::Working) {
-      ASSERT_EQ(y16.value().dtype(), dtype());
-      EXPECT_EQ(bits(host(y16.value())), bits(host(cast(y32.value(), dtype(), stream()))));
+      ASSERT_EQ(r16.y.value().dtype(), dtype());
+      EXPECT_EQ(bits(host(r16.y.value())), bits(host(cast(r32.y.value(), dtype(), stream()))));
     } else {
-      ASSERT_EQ(y16.value().dtype(), DType::Float32);
-      EXPECT_EQ(bits(host(y16.value())), bits(host(y32.value())));
+      ASSERT_EQ(r16.y.value().dtype(), DType::Float32);
+      EXPECT_EQ(bits(host(r16.y.value())), bits(host(r32.y.value())));
     }
-    EXPECT_NE(grads16[0], std::vector<float>(grads16[0].size(), 0.0f)) << "x got no gradient";
-    for (std::size_t i = 0; i < grads16.size(); ++i) {
-      EXPECT_EQ(bits(grads16[i]), bits(grads32[i])) << "the gradient of input " << i;
+    for (std::size_t i = 0; i < r16.grads.size(); ++i) {
+      EXPECT_EQ(bits(r16.grads[i]), bits(r32.grads[i])) << "the gradient of input " << i;
     }
   }
 }

@@ -412,6 +412,53 @@ def check_bf16(tensors):
                                ("grad_beta", grad_beta)):
             compare("bf16", f"{p}/{what}", tensors[f"{p}/{what}"], expected, "float32",
                     scale=bounds[what])
+        check_batchnorm_bf16(tensors, f"{prefix}/batchnorm_bf16")
+
+
+def check_batchnorm_bf16(tensors, p):
+    """Batch norm on bfloat16 activations (kernels/batchnorm.h) against torch's batch_norm
+    on bfloat16 tensors with float32 gamma and beta: y is bfloat16 on both sides, grad_x
+    bfloat16 in torch and float32 in towerlab (the policy's gradients, from a float32
+    grad_y holding torch's bfloat16 values), each computed in float32 and rounded at
+    most once, so they may differ by both roundings, an ulp of torch's value, plus the float32 sums' error (the statistics'
+    1e-6 of the normalized value's size for y, 2^-16 of the terms grad_y enters with
+    for grad_x); grad_gamma and grad_beta are float32 on both sides, within both
+    float32 sums' error, 2 (M + 2) u of their terms each. The control: y from the
+    statistics rounded to bfloat16 (what a batch norm that kept them in the activations'
+    dtype would give) falls outside the bound."""
+    x = bf16(tensors, f"{p}/x", True)
+    gamma = torch.tensor(np.array(tensors[f"{p}/gamma"]), requires_grad=True)
+    beta = torch.tensor(np.array(tensors[f"{p}/beta"]), requires_grad=True)
+    grad_y = bf16(tensors, f"{p}/grad_y")
+    y = torch.nn.functional.batch_norm(x, None, None, gamma, beta, training=True, eps=1e-3)
+    assert y.dtype == torch.bfloat16
+    grad_x, grad_gamma, grad_beta = torch.autograd.grad(y, [x, gamma, beta], grad_y)
+    xd = x.detach().double()
+    count = xd.numel() // xd.shape[1]
+    mean = xd.mean((0, 2, 3), keepdim=True)
+    rstd = 1 / torch.sqrt(xd.var((0, 2, 3), unbiased=False, keepdim=True) + 1e-3)
+    xhat, g = (xd - mean) * rstd, grad_y.double().abs()
+    gx = (g * xhat.abs()).mean((0, 2, 3), keepdim=True)
+    factor = gamma.detach().double().view(1, -1, 1, 1).abs() * rstd
+    bounds = {"y": 2 * half_ulp_bf16(y) + 1e-6 * (xhat.abs() + 1).numpy(),
+              "grad_x": 2 * half_ulp_bf16(grad_x) + 2.0**-16 * (
+                  factor * (g + g.mean((0, 2, 3), keepdim=True) + xhat.abs() * gx)).numpy(),
+              "grad_gamma": 4 * (count + 2) * 2.0**-24 * (g * xhat.abs()).sum((0, 2, 3)).numpy(),
+              "grad_beta": 4 * (count + 2) * 2.0**-24 * g.sum((0, 2, 3)).numpy()}
+    for what, expected in (("y", y), ("grad_x", grad_x), ("grad_gamma", grad_gamma),
+                           ("grad_beta", grad_beta)):
+        compare("bf16", f"{p}/{what}", tensors[f"{p}/{what}"], expected, "float32",
+                scale=bounds[what])
+    shift = beta.detach().double().view(1, -1, 1, 1)
+    scale = gamma.detach().double().view(1, -1, 1, 1)
+    control = ((xd - mean.bfloat16().double()) * rstd.bfloat16().double() * scale + shift).bfloat16()
+    try:
+        compare("bf16", f"{p}/control", control.float().numpy(), y, "float32",
+                scale=bounds["y"])
+    except AssertionError:
+        print(f"ok {p}/control: y from bfloat16 statistics is caught")
+        return
+    raise AssertionError(f"{p}/control: y from bfloat16 statistics passed the comparison")
 
 
 def check_bf16_control(tensors, p, nt, bound):

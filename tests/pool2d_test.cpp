@@ -1,7 +1,9 @@
 // Max and average pooling on every backend: hand-computed cases (ties, padding,
 // NaN), a plain reference on odd shapes and windows, accumulation, empty tensors,
-// errors, and gradients in float64.
+// errors, bfloat16 and float16 (bit for bit against the reference, and through the
+// autograd ops), and gradients in float64.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -11,6 +13,7 @@
 #include "kernels/cpu/pool2d.h"
 #include "kernels/pool2d.h"
 #include "kernels/reference/pool2d.h"
+#include "sixteen_bit.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -117,21 +120,23 @@ TEST_P(Pool2dTest, AveragePaddingIsNotCounted) {
   EXPECT_EQ(host(y), (std::vector<float>{-1, -2, -4, -5}));  // not 0 from the padding
 }
 
+// Shapes and windows that every reference comparison runs (float32 and 16 bits).
+struct PoolCase {
+  Shape x;
+  Pool2dParams p;
+};
+const std::vector<PoolCase> kOddCases = {
+    {{2, 3, 28, 28}, Pool2dParams::square(2, 2)},
+    {{3, 2, 7, 9}, Pool2dParams::square(2, 2)},       // odd plane: last row/column dropped
+    {{2, 3, 7, 9}, {3, 2, 2, 1, 1, 1}},               // rectangular window and stride, padding
+    {{1, 5, 13, 11}, Pool2dParams::square(3, 1, 1)},  // overlapping windows
+    {{2, 2, 5, 5}, Pool2dParams::square(5, 1)},       // one window per plane
+    {{1, 1, 1, 1}, Pool2dParams::square(1, 1)},
+    {{4, 3, 17, 19}, {4, 3, 3, 2, 2, 1}},
+};
+
 TEST_P(Pool2dTest, MatchesReferenceOnOddShapes) {
-  struct Case {
-    Shape x;
-    Pool2dParams p;
-  };
-  const std::vector<Case> cases = {
-      {{2, 3, 28, 28}, Pool2dParams::square(2, 2)},
-      {{3, 2, 7, 9}, Pool2dParams::square(2, 2)},       // odd plane: last row/column dropped
-      {{2, 3, 7, 9}, {3, 2, 2, 1, 1, 1}},               // rectangular window and stride, padding
-      {{1, 5, 13, 11}, Pool2dParams::square(3, 1, 1)},  // overlapping windows
-      {{2, 2, 5, 5}, Pool2dParams::square(5, 1)},       // one window per plane
-      {{1, 1, 1, 1}, Pool2dParams::square(1, 1)},
-      {{4, 3, 17, 19}, {4, 3, 3, 2, 2, 1}},
-  };
-  for (const Case& c : cases) {
+  for (const PoolCase& c : kOddCases) {
     const Shape ys = pool2d_output_shape(c.x, c.p);
     const auto nx = static_cast<std::size_t>(numel_of(c.x));
     const auto ny = static_cast<std::size_t>(numel_of(ys));
@@ -237,6 +242,242 @@ TEST_P(Pool2dTest, RejectsBadArguments) {
   EXPECT_THROW_WITH(avg_pool2d_backward(Tensor::zeros({2, 3, 4, 4}, stream()), y,
                                         Pool2dParams::square(2, 2), stream()),
                     ShapeError, "avg_pool2d_backward: grad_y is float32[2,3,3,3]");
+}
+
+// --- bfloat16 and float16 ---------------------------------------------------------
+
+class Pool2dSixteenBitTest : public SixteenBitTest {
+ protected:
+  // The backwards into a copy of `sentinel` each: max pooling recomputing the
+  // argmax from x, from the recorded argmax accumulated and assigned, then average
+  // pooling's.
+  std::vector<std::vector<float>> backwards(const Tensor& x, const Tensor& grad_y,
+                                            const std::vector<float>& sentinel, const PoolCase& c);
+};
+TL_INSTANTIATE_SIXTEEN_BIT(Pool2dSixteenBitTest);
+
+// The reference's bits, except that where the reference has a NaN any NaN will do:
+// a GPU's arithmetic makes its own canonical NaN, where the host keeps an operand's.
+::testing::AssertionResult same_bits(const std::vector<float>& actual,
+                                     const std::vector<float>& expected) {
+  if (actual.size() != expected.size()) return ::testing::AssertionFailure() << "sizes differ";
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    const bool nan = std::isnan(expected[i]) && std::isnan(actual[i]);
+    if (!nan &&
+        std::bit_cast<std::uint32_t>(actual[i]) != std::bit_cast<std::uint32_t>(expected[i])) {
+      return ::testing::AssertionFailure()
+             << "element " << i << ": " << actual[i] << " where the reference has " << expected[i];
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// values_with_specials on a grid of 0.5 (many ties in every window), NaN,
+// infinities, signed zeros and a float16 subnormal among them.
+std::vector<float> tied_values_with_specials(std::size_t n, unsigned seed) {
+  std::vector<float> v = values_with_specials(n, seed);
+  for (std::size_t i = 6; i < n; ++i) v[i] = std::round(v[i] * 2.0f) / 2.0f;
+  return v;
+}
+
+// y (max and average) and max pooling's float32 argmax are the reference's bits on
+// every case, with ties and NaN: the first maximum wins, a NaN propagates.
+TEST_P(Pool2dSixteenBitTest, ForwardsAreTheReferenceBitForBit) {
+  for (const PoolCase& c : kOddCases) {
+    SCOPED_TRACE(to_string(c.x));
+    const Shape ys = pool2d_output_shape(c.x, c.p);
+    const auto xv = tied_values_with_specials(static_cast<std::size_t>(numel_of(c.x)), 31);
+    Tensor x = make(xv, c.x);
+    Tensor y_max = Tensor::empty(ys, stream(), dtype()),
+           y_avg = Tensor::empty(ys, stream(), dtype());
+    Tensor y_argmax = Tensor::empty(ys, stream(), dtype());
+    Tensor argmax = Tensor::empty(ys, stream(), DType::Float32);
+    ASSERT_EQ(pool2d_argmax_dtype(dtype()), DType::Float32);
+    max_pool2d_forward(y_max, x, c.p, stream());
+    max_pool2d_forward_with_argmax(y_argmax, argmax, x, c.p, stream());
+    avg_pool2d_forward(y_avg, x, c.p, stream());
+    typed([&]<typename T>() {
+      const std::vector<T> x16 = narrow<T>(xv);
+      std::vector<T> expected_max(static_cast<std::size_t>(numel_of(ys))),
+          expected_avg = expected_max;
+      std::vector<float> expected_argmax(expected_max.size());
+      reference::max_pool2d_forward(expected_max.data(), expected_argmax.data(), x16.data(), c.x,
+                                    c.p);
+      reference::avg_pool2d_forward(expected_avg.data(), x16.data(), c.x, c.p);
+      EXPECT_EQ(bits(host(y_max)), bits(widen(expected_max))) << "a max copies its winner";
+      EXPECT_EQ(bits(host(y_argmax)), bits(widen(expected_max)));
+      EXPECT_EQ(argmax.to_host<float>(stream()), expected_argmax);
+      EXPECT_TRUE(same_bits(host(y_avg), widen(expected_avg)));
+    });
+    EXPECT_TRUE(std::isnan(host(y_max)[0]) && std::isnan(host(y_avg)[0]))
+        << "the window of x[0], a NaN, must give NaN";
+  }
+}
+
+std::vector<std::vector<float>> Pool2dSixteenBitTest::backwards(const Tensor& x,
+                                                                const Tensor& grad_y,
+                                                                const std::vector<float>& sentinel,
+                                                                const PoolCase& c) {
+  std::vector<std::vector<float>> out;
+  Tensor y = Tensor::empty(grad_y.shape(), stream(), dtype());
+  Tensor argmax = Tensor::empty(grad_y.shape(), stream(), DType::Float32);
+  max_pool2d_forward_with_argmax(y, argmax, x, c.p, stream());
+  Tensor grad_x = make(sentinel, c.x);
+  max_pool2d_backward(grad_x, grad_y, x, c.p, stream());
+  out.push_back(host(grad_x));
+  grad_x = make(sentinel, c.x);
+  max_pool2d_backward_from_argmax(grad_x, grad_y, argmax, c.p, stream());
+  out.push_back(host(grad_x));
+  grad_x = make(sentinel, c.x);
+  max_pool2d_backward_from_argmax(grad_x, grad_y, argmax, c.p, stream(), GradWrite::Assign);
+  out.push_back(host(grad_x));
+  grad_x = make(sentinel, c.x);
+  avg_pool2d_backward(grad_x, grad_y, c.p, stream());
+  out.push_back(host(grad_x));
+  return out;
+}
+
+// Each grad_x element's terms summed in float32 and added to the sentinel once
+// (kernels/pool2d.h), or assigned: the reference's bits, on overlapping windows too
+// (several terms per element). The control: accumulated and assigned differ.
+TEST_P(Pool2dSixteenBitTest, BackwardsAccumulateOrAssignAsTheReference) {
+  for (const PoolCase& c : kOddCases) {
+    SCOPED_TRACE(to_string(c.x));
+    const Shape ys = pool2d_output_shape(c.x, c.p);
+    const auto nx = static_cast<std::size_t>(numel_of(c.x));
+    const auto xv = tied_values_with_specials(nx, 32);
+    const auto gyv = values_with_specials(static_cast<std::size_t>(numel_of(ys)), 33);
+    const auto sentinel = random_values(nx, 34, -100.0f, 100.0f);
+    const auto results = backwards(make(xv, c.x), make(gyv, ys), sentinel, c);
+    typed([&]<typename T>() {
+      const std::vector<T> x16 = narrow<T>(xv), gy16 = narrow<T>(gyv);
+      std::vector<T> y(gy16.size());
+      std::vector<float> argmax(gy16.size());
+      reference::max_pool2d_forward(y.data(), argmax.data(), x16.data(), c.x, c.p);
+      std::vector<T> max_added = narrow<T>(sentinel), max_assigned(nx, T(0.0f));
+      std::vector<T> avg_added = narrow<T>(sentinel);
+      reference::max_pool2d_backward(max_added.data(), gy16.data(), argmax.data(), c.x, c.p);
+      reference::max_pool2d_backward(max_assigned.data(), gy16.data(), argmax.data(), c.x, c.p);
+      reference::avg_pool2d_backward(avg_added.data(), gy16.data(), c.x, c.p);
+      EXPECT_TRUE(same_bits(results[0], widen(max_added))) << "max, argmax recomputed";
+      EXPECT_TRUE(same_bits(results[1], widen(max_added))) << "max from argmax, accumulated";
+      EXPECT_TRUE(same_bits(results[2], widen(max_assigned))) << "max from argmax, assigned";
+      EXPECT_TRUE(same_bits(results[3], widen(avg_added))) << "average";
+      // (A single output's grad_y is the NaN of values_with_specials: no control there.)
+      if (nx > 1) EXPECT_NE(bits(widen(max_added)), bits(widen(max_assigned))) << "control";
+    });
+  }
+}
+
+// By hand: x = {0, 5, 0} under 1x2 windows of stride 1, whose two windows both
+// cover (and both take) the middle value. Max pooling with grad_y = {0.75, 0.75} and
+// average pooling with {1.5, 1.5} send the middle 0.75 + 0.75, the edges (average
+// pooling's) 0.75. Where the sentinel s's step is 2 (bfloat16 at 256, float16 at
+// 2048), s + 1.5 rounds once to s + 2 and s + 0.75 to s; adding and rounding twice
+// would leave the middle at s.
+TEST_P(Pool2dSixteenBitTest, AnAccumulatedGradientIsRoundedOnce) {
+  const float s = dtype() == DType::BFloat16 ? 256.0f : 2048.0f;
+  const Pool2dParams p = {1, 2, 1, 1, 0, 0};
+  Tensor x = make({0.0f, 5.0f, 0.0f}, {1, 1, 1, 3});
+  Tensor grad_x = make({s, s, s}, {1, 1, 1, 3});
+  max_pool2d_backward(grad_x, make({0.75f, 0.75f}, {1, 1, 1, 2}), x, p, stream());
+  EXPECT_EQ(host(grad_x), (std::vector<float>{s, s + 2.0f, s}));
+  grad_x = make({s, s, s}, {1, 1, 1, 3});
+  avg_pool2d_backward(grad_x, make({1.5f, 1.5f}, {1, 1, 1, 2}), p, stream());
+  EXPECT_EQ(host(grad_x), (std::vector<float>{s, s + 2.0f, s}));
+}
+
+// Ties and NaN by hand: window 0 is all 7 (the first wins), window 1 ties at its
+// 2nd and 4th positions; a NaN window's output is NaN and its argmax the NaN's.
+TEST_P(Pool2dSixteenBitTest, TiesGoToTheFirstMaximumAndNanWins) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor x = make({7, 7, 1, 5, 2, nan,  //
+                   7, 7, 2, 5, 3, 9},
+                  {1, 1, 2, 6});
+  Tensor y = Tensor::empty({1, 1, 1, 3}, stream(), dtype());
+  Tensor argmax = Tensor::empty({1, 1, 1, 3}, stream(), DType::Float32);
+  max_pool2d_forward_with_argmax(y, argmax, x, Pool2dParams::square(2, 2), stream());
+  const std::vector<float> values = host(y);
+  EXPECT_EQ(values[0], 7.0f);
+  EXPECT_EQ(values[1], 5.0f);
+  EXPECT_TRUE(std::isnan(values[2]));
+  EXPECT_EQ(argmax.to_host<float>(stream()), (std::vector<float>{0, 3, 5}));
+}
+
+// Mixed dtypes are ShapeErrors naming the op and both tensors; an argmax of x's
+// 16-bit dtype is one too, naming the dtype it must be.
+TEST_P(Pool2dSixteenBitTest, MixedDtypesAreTypedErrors) {
+  const Pool2dParams p = Pool2dParams::square(2, 2);
+  const std::string name = dtype_name(dtype()), on = " on " + device().str();
+  Tensor x = make(std::vector<float>(16, 1.0f), {1, 1, 4, 4});
+  Tensor y32 = Tensor::empty({1, 1, 2, 2}, stream());
+  EXPECT_THROW_WITH(max_pool2d_forward(y32, x, p, stream()), ShapeError,
+                    "max_pool2d_forward: y is float32[1,1,2,2]" + on + " but x is " + name);
+  EXPECT_THROW_WITH(avg_pool2d_forward(y32, x, p, stream()), ShapeError,
+                    "avg_pool2d_forward: y is float32[1,1,2,2]" + on + " but x is " + name);
+  EXPECT_THROW_WITH(
+      avg_pool2d_backward(make(std::vector<float>(16, 0.0f), {1, 1, 4, 4}), y32, p, stream()),
+      ShapeError,
+      "avg_pool2d_backward: grad_y is float32[1,1,2,2]" + on + " but grad_x is " + name);
+  Tensor y = Tensor::empty({1, 1, 2, 2}, stream(), dtype());
+  EXPECT_THROW_WITH(max_pool2d_backward(Tensor::zeros({1, 1, 4, 4}, stream()), y, x, p, stream()),
+                    ShapeError,
+                    "max_pool2d_backward: grad_x is float32[1,1,4,4]" + on + " but x is " + name);
+  Tensor argmax16 = Tensor::empty({1, 1, 2, 2}, stream(), dtype());
+  EXPECT_THROW_WITH(max_pool2d_forward_with_argmax(y, argmax16, x, p, stream()), ShapeError,
+                    "max_pool2d_forward_with_argmax: argmax is " + name + "[1,1,2,2]" + on +
+                        " but y is " + name + "[1,1,2,2]" + on + ", whose argmax is float32");
+  EXPECT_THROW_WITH(max_pool2d_backward_from_argmax(
+                        make(std::vector<float>(16, 0.0f), {1, 1, 4, 4}), y, argmax16, p, stream()),
+                    ShapeError, "max_pool2d_backward_from_argmax: argmax is " + name);
+  // The control: the float32 argmax that the message asks for is taken.
+  Tensor argmax = Tensor::empty({1, 1, 2, 2}, stream(), DType::Float32);
+  max_pool2d_forward_with_argmax(y, argmax, x, p, stream());
+}
+
+// The autograd ops pool a 16-bit Var in its dtype, as a bf16 or fp16 tape runs them
+// (docs/precision.md): y the 16-bit forward kernels' bits; x's gradient float32 (the
+// policy's, Tape::grad_dtype) from a float32 grad_y, the float32 backward kernels'
+// bits on the widened x, accumulated onto a sentinel (max pooling through its float32
+// argmax; the global average as one op, no reshape between).
+TEST_P(Pool2dSixteenBitTest, AutogradOpsPoolInTheInputsDtypeWithFloat32Gradients) {
+  const Shape xs = {2, 3, 5, 7};
+  const auto xv = tied_values_with_specials(static_cast<std::size_t>(numel_of(xs)), 41);
+  const auto sentinel = random_values(static_cast<std::size_t>(numel_of(xs)), 42, -4.0f, 4.0f);
+  const Pool2dParams p = Pool2dParams::square(3, 2, 1);
+  enum class Op { Max, Avg, Global };
+  for (Op op : {Op::Max, Op::Avg, Op::Global}) {
+    SCOPED_TRACE(int(op));
+    const Pool2dParams window = op == Op::Global ? Pool2dParams{5, 7, 1, 1, 0, 0} : p;
+    const Shape ys = pool2d_output_shape(xs, window);
+    const auto gyv = random_values(static_cast<std::size_t>(numel_of(ys)), 43);
+    Tape tape(stream());
+    tape.set_compute_dtype(dtype());
+    Tensor x = make(xv, xs), grad_x = make32(sentinel, xs);
+    Var v = tape.variable(x, grad_x, "x");
+    Var y = op == Op::Max   ? ag::max_pool2d(v, p)
+            : op == Op::Avg ? ag::avg_pool2d(v, p)
+                            : ag::global_avg_pool2d(v);
+    ASSERT_EQ(y.value().dtype(), dtype());
+    ASSERT_EQ(tape.num_records(), 1u) << "one op: no widening or rounding recorded around it";
+    Tensor grad_y = make32(gyv, y.shape());
+    tape.backward(y, grad_y);
+    // The kernels on their own: the 16-bit forward, the float32 backward.
+    Tensor expected_y = Tensor::empty(ys, stream(), dtype()),
+           expected_grad_x = make32(sentinel, xs);
+    const Tensor grad_y4 = grad_y.reshape(ys);
+    if (op == Op::Max) {
+      max_pool2d_forward(expected_y, x, window, stream());
+      max_pool2d_backward(expected_grad_x, grad_y4, cast(x, DType::Float32, stream()), window,
+                          stream());
+    } else {
+      avg_pool2d_forward(expected_y, x, window, stream());
+      avg_pool2d_backward(expected_grad_x, grad_y4, window, stream());
+    }
+    EXPECT_TRUE(same_bits(host(y.value()), host(expected_y)));
+    EXPECT_TRUE(same_bits(host(grad_x), host(expected_grad_x)));
+    EXPECT_NE(bits(host(grad_x)), bits(sentinel)) << "control: the gradient arrived";
+  }
 }
 
 // --- gradients in float64 ---------------------------------------------------------

@@ -14,7 +14,9 @@
 // gradient is float32 from the sums, not rounded; a bf16 checkpoint restores under
 // fp32 (fp16: tests/loss_scale_test.cpp). On cuda:0 (the emulated GPUs in CI), tf32
 // towers take one tf32 tower's steps to kTf32Tolerance, and fp32 there is further
-// (the control). With two CUDA devices, bf16 towers there take the CPU's bf16 step.
+// (the control), also on a model whose only product is a convolution (which tf32
+// multiplies in TF32). With two CUDA devices, bf16 towers there take the CPU's bf16
+// step.
 #include <cmath>
 #include <mutex>
 #include <vector>
@@ -153,14 +155,29 @@ TEST_P(PrecisionKernelTest, MixedOperandsAreRefused) {
 // float32 order alone, near 1e-7), and fp32 is about 1e-3 from bf16 (the control).
 constexpr double kTowerTolerance = 1e-4;
 
+// A tower of `net` classifying small_image_batch's images.
+TowerFn classifier(const Sequential& net) {
+  return [&net](const Tower& tower, const std::vector<Tensor>& batch) {
+    Var logits = net(tower.context(), tower.input(batch[0], "images"));
+    return TowerResult{
+        ag::softmax_cross_entropy(logits, tower.input(batch[1], "labels")), {logits}, {}};
+  };
+}
+
 struct Model : CnnModel {
-  TowerFn tower_fn() const {
-    return [this](const Tower& tower, const std::vector<Tensor>& batch) {
-      Var logits = net(tower.context(), tower.input(batch[0], "images"));
-      return TowerResult{
-          ag::softmax_cross_entropy(logits, tower.input(batch[1], "labels")), {logits}, {}};
-    };
+  TowerFn tower_fn() const { return classifier(net); }
+};
+
+// A classifier whose only product is a convolution: an 8x8 kernel over the whole
+// [N,1,8,8] image gives the 3 logits ([N,3,1,1], flattened).
+struct ConvOnlyModel {
+  VariableSet vars;
+  Sequential net;
+  ConvOnlyModel() {
+    net.add<Conv2d>(vars, "conv", 1, 3, 8);
+    net.add<Flatten>();
   }
+  TowerFn tower_fn() const { return classifier(net); }
 };
 
 TrainerOptions towers(int n, Precision precision, Device device = Device::cpu()) {
@@ -172,8 +189,8 @@ TrainerOptions towers(int n, Precision precision, Device device = Device::cpu())
 }
 
 // The master's values after three SGD steps on batches of `batch` samples.
-std::vector<float> three_steps(const Model& model, const TrainerOptions& options,
-                               std::int64_t batch) {
+template <class M>
+std::vector<float> three_steps(const M& model, const TrainerOptions& options, std::int64_t batch) {
   Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("sgd", 0.1), options);
   for (unsigned s = 0; s < 3; ++s) trainer.step(small_image_batch(batch, 40 + s, 7));
   return trainer.master().flat_values().to_host<float>();
@@ -287,8 +304,8 @@ TEST(Precision, ABf16CheckpointRestoresUnderFp32) {
 
 // How far N tf32 towers on cuda:0 may be from one tf32 tower there, as
 // kTowerTolerance: the towers' float32 sums differ in order (conv2d's weight
-// gradient, the ring), which can move a value of the linear layer's operands
-// across a TF32 rounding boundary; TF32 keeps float16's 10 mantissa bits, so the
+// gradient, the ring), which can move a value of a convolution's or the linear
+// layer's operands across a TF32 rounding boundary; TF32 keeps float16's 10 mantissa bits, so the
 // bound is fp16's (kTowerTolerance scaled by 2^-11 / 2^-8).
 constexpr double kTf32Tolerance = 1.25e-5;
 
@@ -309,6 +326,29 @@ TEST(Precision, Tf32CudaTowersTakeOneDevicesStepsToTheRoundingsTolerance) {
     EXPECT_GT(max_difference(three_steps(model, towers(1, Precision::Fp32, gpu), batch), one),
               4 * kTf32Tolerance)
         << "batch " << batch;
+  }
+}
+
+// A tf32 tower's convolutions multiply in TF32 (ag::conv2d passes the tape's
+// Float32Math): on a model whose only product is a convolution, one tf32 tower on
+// cuda:0 is further than two tolerances from fp32 there (so a tower whose
+// convolution ran in float32 would fail the comparison), and N tf32 towers still
+// take its steps to kTf32Tolerance.
+TEST(Precision, Tf32CudaTowersConvolveInTf32) {
+  skip_without_cuda_device();
+  if (::testing::Test::IsSkipped() || ::testing::Test::HasFatalFailure()) return;
+  const ConvOnlyModel model;
+  const Device gpu = Device::cuda(0);
+  for (std::int64_t batch : {7, 8}) {
+    const auto one = three_steps(model, towers(1, Precision::Tf32, gpu), batch);
+    EXPECT_GT(max_difference(three_steps(model, towers(1, Precision::Fp32, gpu), batch), one),
+              2 * kTf32Tolerance)
+        << "batch " << batch;
+    for (int n : {2, 3}) {
+      EXPECT_LE(max_difference(three_steps(model, towers(n, Precision::Tf32, gpu), batch), one),
+                kTf32Tolerance)
+          << n << " towers, batch " << batch;
+    }
   }
 }
 

@@ -4,7 +4,9 @@
 // dtype is bfloat16, as a bf16 tower's pass runs them: float32 values, rounded to
 // bfloat16 at the GEMM-class ops (operands and output gradient), float32 sums and
 // outputs; batch norm in float32 on a bfloat16-rounded input (what it receives after
-// a bf16 convolution under autocast, which runs it in the input's dtype).
+// a bf16 convolution under autocast, which runs it in the input's dtype). And batch
+// norm on bfloat16 activations itself (batchnorm_bf16: bfloat16 x, y, grad_y and
+// grad_x, float32 gamma and beta), against torch's batch_norm on bfloat16 tensors.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -122,9 +124,41 @@ void batchnorm_case(const TorchCaseBackend& b, Cases& out) {
   }
 }
 
+// ag::batchnorm on a bfloat16 x (kernels/batchnorm.h): y bfloat16; grad_y and grad_x
+// float32, as the policy keeps gradients (grad_y's values bfloat16 ones, which torch
+// takes in bfloat16); gamma, beta, their gradients and the statistics float32.
+void batchnorm_bf16_case(const TorchCaseBackend& b, Cases& out) {
+  const std::string p = b.prefix + "batchnorm_bf16/";
+  const Shape shape = {4, 3, 5, 5};
+  auto bf16 = [&](const std::vector<float>& values) {
+    return cast(b.make(values, shape), DType::BFloat16, b.stream());
+  };
+  Tape tape(b.stream());
+  const Tensor x = bf16(random_values(300, 225, -2.0f, 3.0f));
+  const Tensor grad_x = Tensor::zeros(shape, b.stream());
+  const Var xv = tape.variable(x, grad_x, "x");
+  Leaf gamma(tape, b, random_values(3, 226, 0.5f, 1.5f), {3}, "gamma");
+  Leaf beta(tape, b, random_values(3, 227), {3}, "beta");
+  const Tensor moving_mean = Tensor::zeros({3}, b.stream(), b.dtype);
+  const Tensor moving_var = b.make({1, 1, 1}, {3});
+  const Tensor grad_y = b.make(rounded_to_bf16(random_values(300, 228)), shape);
+  const Var y = ag::batchnorm(xv, gamma.var, beta.var, moving_mean, moving_var, true);
+  tape.backward(y, grad_y);
+  for (auto [name, t] : {std::pair{"x", x},
+                         {"gamma", gamma.value},
+                         {"beta", beta.value},
+                         {"grad_y", grad_y},
+                         {"y", y.value()},
+                         {"grad_x", grad_x},
+                         {"grad_gamma", gamma.grad},
+                         {"grad_beta", beta.grad}}) {
+    out.emplace_back(p + name, t);
+  }
+}
+
 // Per float32 backend (the policy's dtype; float64 tapes keep float64): matmul_nn,
-// matmul_nt, batched_matmul_nn, conv2d (3x3, padding 1, with a bias) and batchnorm, each its
-// inputs, grad_y and towerlab's results.
+// matmul_nt, batched_matmul_nn, conv2d (3x3, padding 1, with a bias), batchnorm and
+// batchnorm_bf16, each its inputs, grad_y and towerlab's results.
 TEST(PrecisionVsTorch, WritesCases) {
   Cases out;
   for (const TorchCaseBackend& b : torch_case_backends()) {
@@ -134,6 +168,7 @@ TEST(PrecisionVsTorch, WritesCases) {
     batched_matmul_case(b, out);
     conv2d_case(b, out);
     batchnorm_case(b, out);
+    batchnorm_bf16_case(b, out);
   }
   write_torch_cases("bf16.safetensors", out);
 }

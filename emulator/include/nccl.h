@@ -101,7 +101,8 @@ typedef enum {
   ncclMaxRedOp = 0x7fffffff
 } ncclRedOp_t;
 
-// ncclFloat16 and ncclBfloat16 are named but not emulated (ncclInvalidArgument).
+// ncclFloat16 and ncclBfloat16 are gathered (ncclAllGather copies them); their
+// reductions are not emulated (ncclInvalidArgument).
 typedef enum {
   ncclInt8 = 0,
   ncclChar = 0,

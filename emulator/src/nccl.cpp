@@ -70,6 +70,9 @@ std::size_t type_size(ncclDataType_t t) {
     case ncclInt8:
     case ncclUint8:
       return 1;
+    case ncclFloat16:
+    case ncclBfloat16:
+      return 2;
     case ncclInt32:
     case ncclUint32:
     case ncclFloat32:
@@ -446,10 +449,13 @@ ncclResult_t collective(Kind kind, const void* sendbuff, void* recvbuff, size_t 
       return in_group(report(ncclInvalidUsage, c.get(), head + ": after ncclCommFinalize"));
     }
   }
-  if (datatype == ncclFloat16 || datatype == ncclBfloat16) {
+  // 16-bit values are gathered (copies); their sums (real NCCL's partial sums in
+  // the 16-bit type, in its own order) are not emulated.
+  if ((datatype == ncclFloat16 || datatype == ncclBfloat16) && kind != Kind::AllGather) {
     return in_group(report(ncclInvalidArgument, c.get(),
                            head + ": " + type_name(datatype) +
-                               " is a valid NCCL datatype the emulated NCCL does not implement"));
+                               " is a valid NCCL datatype whose reductions the emulated NCCL "
+                               "does not implement (its all-gather copies them)"));
   }
   if (type_size(datatype) == 0) {
     return in_group(

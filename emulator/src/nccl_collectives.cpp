@@ -86,6 +86,9 @@ void combine(const std::vector<Call>& calls, std::vector<unsigned char>& result)
       return combine<std::int64_t>(calls, result);
     case ncclUint64:
       return combine<std::uint64_t>(calls, result);
+    case ncclFloat16:
+    case ncclBfloat16:  // gathered only (their reductions are refused when called)
+      return combine<std::uint16_t>(calls, result);
     case ncclFloat32:
       return combine<float>(calls, result);
     case ncclFloat64:

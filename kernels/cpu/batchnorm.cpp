@@ -30,6 +30,14 @@
 // one it reads (prefetch_plane): x is the size of the previous layer's output,
 // beyond the L2, and the passes stalled on their loads (the AVX-512 forward
 // measured slower with it).
+//
+// A 16-bit x, y, grad_y or grad_x (kernels/reference/math_type.h) runs the
+// float32 code above on float32 copies of its rows (MathRows): each row widened
+// exactly into a thread's buffer before it is read, and each row written there
+// rounded once, to nearest even, into the tensor; the per-channel tensors are
+// float32. So every result is the float32 path's on the widened values, each
+// 16-bit output that result rounded once. float32 and float64 rows are read and
+// written where they lie: their code is what it was.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -47,10 +55,67 @@
 #include "kernels/cpu/relu.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/x86.h"
+#include "kernels/reference/math_type.h"
 
 namespace towerlab::cpu {
 
 namespace {
+
+using reference::kIs16Bit;
+using reference::math_t;
+
+// A thread's float32 copies of the rows of 16-bit tensors, in up to three slots
+// (x, y or grad_y, grad_x), each allocated at first use; for float32 and float64
+// rows (T the math type) the rows themselves, and no buffer.
+template <typename T>
+class MathRows {
+ public:
+  using M = math_t<T>;
+
+  // row [n] as M: widened into `slot`, or the row itself.
+  const M* read(const T* row, std::int64_t n, int slot) {
+    if constexpr (kIs16Bit<T>) {
+      M* b = buffer(slot, n);
+      for (std::int64_t i = 0; i < n; ++i) b[i] = static_cast<M>(row[i]);
+      return b;
+    } else {
+      (void)n, (void)slot;
+      return row;
+    }
+  }
+
+  // Where the M code writes row [n]: `slot` (holding the row widened when
+  // `widened`, for an accumulation), to be rounded into the row by store(); or
+  // the row itself.
+  M* write(T* row, std::int64_t n, int slot, bool widened) {
+    if constexpr (kIs16Bit<T>) {
+      if (widened) read(row, n, slot);
+      return buffer(slot, n);
+    } else {
+      (void)n, (void)slot, (void)widened;
+      return row;
+    }
+  }
+
+  // Rounds `slot` once, to nearest even, into row [n] (nothing for an M row).
+  void store(T* row, std::int64_t n, int slot) const {
+    if constexpr (kIs16Bit<T>) {
+      const M* b = buffers_[slot].data();
+      for (std::int64_t i = 0; i < n; ++i) row[i] = static_cast<T>(b[i]);
+    } else {
+      (void)row, (void)n, (void)slot;
+    }
+  }
+
+ private:
+  M* buffer(int slot, std::int64_t n) {
+    std::vector<M>& b = buffers_[slot];
+    if (b.size() < static_cast<std::size_t>(n)) b.resize(static_cast<std::size_t>(n));
+    return b.data();
+  }
+
+  std::array<std::vector<M>, 3> buffers_;
+};
 
 // ReLU's forward when Relu (the NaN rule of kernels/cpu/relu.cpp), else v.
 template <bool Relu, typename T>
@@ -80,7 +145,7 @@ T masked(T grad_y, T x, const Affine<T>& k) {
 
 // Channel c's coefficients from gamma, beta, mean and inv_std (only a ReLU
 // backward reads them: zeros otherwise).
-template <typename T>
+template <typename T>  // the math type
 Affine<T> affine_of(const BatchNormArgs& a, std::int64_t c) {
   if (a.activation != Activation::ReLU) return {T(0), T(0), T(0)};
   const T istd = a.inv_std.data<T>()[c];
@@ -288,12 +353,14 @@ RowMoments row_moments(const T* row, std::int64_t S, bool avx512, bool avx2) {
 // next row's deviation from the running mean by n / (n + 1).
 void batchnorm_stats(const BatchNormArgs& a) {
   const std::int64_t N = a.N, C = a.C, S = a.S;
-  with_dtype(a.x.dtype(), [&]<typename T>() {
+  with_any_dtype(a.x.dtype(), [&]<typename T>() {
+    using M = math_t<T>;
     const T* in = a.x.data<T>();     // [N,C,S]
-    T* mean_out = a.mean.data<T>();  // [C]
-    T* m2_out = a.m2.data<T>();      // [C]
+    M* mean_out = a.mean.data<M>();  // [C]
+    M* m2_out = a.m2.data<M>();      // [C]
     const bool avx512 = avx512_selected(), avx2 = avx2_selected();
     parallel_rows(C, 2 * N * S, [&](std::int64_t first, std::int64_t last) {
+      MathRows<T> math;
       // Image by image over this thread's channels: their rows of one image are
       // contiguous, one stream the prefetcher follows (a channel's rows are C*S apart).
       std::vector<RowMoments> channels(last - first, RowMoments{0.0, 0.0});
@@ -301,7 +368,8 @@ void batchnorm_stats(const BatchNormArgs& a) {
         const double rows = static_cast<double>(n);
         for (std::int64_t c = first; c < last; ++c) {
           prefetch_plane(in + (n * C + c) * S, S);
-          const RowMoments row = row_moments(in + (n * C + c) * S, S, avx512, avx2);
+          const RowMoments row =
+              row_moments(math.read(in + (n * C + c) * S, S, 0), S, avx512, avx2);
           auto& [mean, m2] = channels[c - first];
           const double delta = row.mean - mean;
           mean += delta / (rows + 1.0);
@@ -309,8 +377,8 @@ void batchnorm_stats(const BatchNormArgs& a) {
         }
       }
       for (std::int64_t c = first; c < last; ++c) {
-        mean_out[c] = static_cast<T>(channels[c - first].mean);
-        m2_out[c] = static_cast<T>(channels[c - first].m2);
+        mean_out[c] = static_cast<M>(channels[c - first].mean);
+        m2_out[c] = static_cast<M>(channels[c - first].m2);
       }
     });
   });
@@ -336,34 +404,39 @@ void batchnorm_merge_stats(const BatchNormMergeStats& a) {
 namespace {
 
 // y[n,c,s] = batchnorm_affine(x[n,c,s], center[c], scale[c], shift[c]), then ReLU
-// when the activation asks (y may alias x); with a max pool, y[n,c] is the pool of
-// that plane.
+// when the activation asks (y may alias x); with a max pool (never with a 16-bit
+// T: kernels/batchnorm.cpp refuses it), y[n,c] is the pool of that plane.
 template <typename T>
-void normalize(const BatchNormArgs& a, const std::vector<T>& center, const std::vector<T>& scale) {
+void normalize(const BatchNormArgs& a, const std::vector<math_t<T>>& center,
+               const std::vector<math_t<T>>& scale) {
+  using M = math_t<T>;
   const std::int64_t N = a.N, C = a.C, S = a.S;
   const std::int64_t y_plane = a.max_pool ? a.Ho * a.Wo : S;
   T* y = a.y.data<T>();                                  // [N,C,S] or [N,C,Ho*Wo]
-  T* where = a.max_pool ? a.argmax.data<T>() : nullptr;  // [N,C,Ho*Wo]
+  M* where = a.max_pool ? a.argmax.data<M>() : nullptr;  // [N,C,Ho*Wo]
   const T* x = a.x.data<T>();                            // [N,C,S]
-  const T* shift = a.beta.data<T>();                     // [C]
+  const M* shift = a.beta.data<M>();                     // [C]
   const bool avx512 = avx512_selected(), avx2 = avx2_selected();
   with_activation(a.activation, [&]<bool Relu>() {
     parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
-      PoolScratch<T> pool(a);
+      PoolScratch<M> pool(a);
+      MathRows<T> math;
       for (std::int64_t n = first; n < last; ++n) {
         for (std::int64_t c = 0; c < C; ++c) {
-          const Affine<T> k{center[c], scale[c], shift[c]};
-          const T* in = x + (n * C + c) * S;
+          const Affine<M> k{center[c], scale[c], shift[c]};
           // Not where AVX-512 runs: its activation reads the plane from start to end
           // into the pool's scratch, which the hardware prefetcher follows, and asking
           // as well made bn1's forward slower (docs/kernels.md, "Measured choices").
-          if (!avx512) prefetch_plane(in, S);
-          T* out = y + (n * C + c) * y_plane;
+          if (!avx512) prefetch_plane(x + (n * C + c) * S, S);
+          const M* in = math.read(x + (n * C + c) * S, S, 0);
+          T* out_row = y + (n * C + c) * y_plane;
+          M* out = math.write(out_row, y_plane, 1, false);
           if (a.max_pool) {
             pool.template forward<Relu>(out, where + (n * C + c) * y_plane, in, k, avx512, avx2);
           } else {
             activate<Relu>(out, in, S, k, avx512, avx2);
           }
+          math.store(out_row, y_plane, 1);
         }
       }
     });
@@ -375,25 +448,26 @@ void normalize(const BatchNormArgs& a, const std::vector<T>& center, const std::
 void batchnorm_forward_from_stats(const BatchNormArgs& a) {
   const std::int64_t C = a.C, count = a.count;
   const double eps = a.eps, momentum = a.momentum;
-  with_dtype(a.x.dtype(), [&]<typename T>() {
-    const T* mu = a.mean.data<T>();      // [C]
-    const T* q = a.m2.data<T>();         // [C]
-    const T* g = a.gamma.data<T>();      // [C]
-    T* istd = a.inv_std.data<T>();       // [C]
-    std::vector<T> center(C), scale(C);  // [C]
+  with_any_dtype(a.x.dtype(), [&]<typename T>() {
+    using M = math_t<T>;
+    const M* mu = a.mean.data<M>();      // [C]
+    const M* q = a.m2.data<M>();         // [C]
+    const M* g = a.gamma.data<M>();      // [C]
+    M* istd = a.inv_std.data<M>();       // [C]
+    std::vector<M> center(C), scale(C);  // [C]
     for (std::int64_t c = 0; c < C; ++c) {
       const double var = static_cast<double>(q[c]) / static_cast<double>(count);  // biased
-      istd[c] = static_cast<T>(1.0 / std::sqrt(var + eps));
+      istd[c] = static_cast<M>(1.0 / std::sqrt(var + eps));
       center[c] = mu[c];
       scale[c] = g[c] * istd[c];
     }
     if (a.moving_mean.defined()) {
-      T* mm = a.moving_mean.data<T>();  // [C]
-      T* mv = a.moving_var.data<T>();   // [C]
+      M* mm = a.moving_mean.data<M>();  // [C]
+      M* mv = a.moving_var.data<M>();   // [C]
       for (std::int64_t c = 0; c < C; ++c) {
         const double unbiased = static_cast<double>(q[c]) / static_cast<double>(count - 1);
-        mm[c] = static_cast<T>(momentum * mm[c] + (1.0 - momentum) * mu[c]);
-        mv[c] = static_cast<T>(momentum * mv[c] + (1.0 - momentum) * unbiased);
+        mm[c] = static_cast<M>(momentum * mm[c] + (1.0 - momentum) * mu[c]);
+        mv[c] = static_cast<M>(momentum * mv[c] + (1.0 - momentum) * unbiased);
       }
     }
     normalize<T>(a, center, scale);
@@ -402,14 +476,15 @@ void batchnorm_forward_from_stats(const BatchNormArgs& a) {
 
 void batchnorm_forward_inference(const BatchNormArgs& a) {
   const std::int64_t C = a.C;
-  with_dtype(a.x.dtype(), [&]<typename T>() {
-    const T* g = a.gamma.data<T>();         // [C]
-    const T* mm = a.moving_mean.data<T>();  // [C]
-    const T* mv = a.moving_var.data<T>();   // [C]
-    std::vector<T> center(C), scale(C);     // [C]
+  with_any_dtype(a.x.dtype(), [&]<typename T>() {
+    using M = math_t<T>;
+    const M* g = a.gamma.data<M>();         // [C]
+    const M* mm = a.moving_mean.data<M>();  // [C]
+    const M* mv = a.moving_var.data<M>();   // [C]
+    std::vector<M> center(C), scale(C);     // [C]
     for (std::int64_t c = 0; c < C; ++c) {
       center[c] = mm[c];
-      scale[c] = static_cast<T>(g[c] / std::sqrt(static_cast<double>(mv[c]) + a.eps));
+      scale[c] = static_cast<M>(g[c] / std::sqrt(static_cast<double>(mv[c]) + a.eps));
     }
     normalize<T>(a, center, scale);
   });
@@ -495,38 +570,40 @@ std::pair<double, double> row_sums(const T* gy, const T* x, std::int64_t S, cons
 
 void batchnorm_backward_reduce(const BatchNormArgs& a) {
   const std::int64_t N = a.N, C = a.C, S = a.S;
-  with_dtype(a.x.dtype(), [&]<typename T>() {
+  with_any_dtype(a.x.dtype(), [&]<typename T>() {
+    using M = math_t<T>;
     const T* gy = a.grad_y.data<T>();                            // [N,C,S] or [N,C,Ho*Wo]
-    const T* where = a.max_pool ? a.argmax.data<T>() : nullptr;  // [N,C,Ho*Wo]
+    const M* where = a.max_pool ? a.argmax.data<M>() : nullptr;  // [N,C,Ho*Wo]
     const T* in = a.x.data<T>();                                 // [N,C,S]
-    const T* mu = a.mean.data<T>();                              // [C]
-    const T* istd = a.inv_std.data<T>();                         // [C]
-    T* out_a = a.sum_grad_y.data<T>();                           // [C]
-    T* out_b = a.sum_grad_y_xhat.data<T>();                      // [C]
+    const M* mu = a.mean.data<M>();                              // [C]
+    const M* istd = a.inv_std.data<M>();                         // [C]
+    M* out_a = a.sum_grad_y.data<M>();                           // [C]
+    M* out_b = a.sum_grad_y_xhat.data<M>();                      // [C]
     const std::int64_t gy_plane = a.max_pool ? a.Ho * a.Wo : S;
     const bool avx512 = avx512_selected(), avx2 = avx2_selected();
     with_activation(a.activation, [&]<bool Relu>() {
       parallel_rows(C, 2 * N * S, [&](std::int64_t first, std::int64_t last) {
-        PoolScratch<T> pool(a);
-        std::vector<Affine<T>> ks(last - first);
-        for (std::int64_t c = first; c < last; ++c) ks[c - first] = affine_of<T>(a, c);
+        PoolScratch<M> pool(a);
+        MathRows<T> math;
+        std::vector<Affine<M>> ks(last - first);
+        for (std::int64_t c = first; c < last; ++c) ks[c - first] = affine_of<M>(a, c);
         // Image by image over this thread's channels, as batchnorm_stats goes.
         std::vector<std::pair<double, double>> sums(last - first, {0.0, 0.0});
         for (std::int64_t n = 0; n < N; ++n) {
           for (std::int64_t c = first; c < last; ++c) {
             const std::int64_t base = (n * C + c) * S;
-            const T* g = gy + (n * C + c) * gy_plane;
+            const M* g = math.read(gy + (n * C + c) * gy_plane, gy_plane, 1);
             prefetch_plane(in + base, S);
             if (a.max_pool) g = pool.gradient(g, where + (n * C + c) * gy_plane);
-            const auto [row_gy, row_gy_xhat] =
-                row_sums<Relu>(g, in + base, S, ks[c - first], mu[c], avx512, avx2);
+            const auto [row_gy, row_gy_xhat] = row_sums<Relu>(g, math.read(in + base, S, 0), S,
+                                                              ks[c - first], mu[c], avx512, avx2);
             sums[c - first].first += row_gy;
             sums[c - first].second += row_gy_xhat;
           }
         }
         for (std::int64_t c = first; c < last; ++c) {
-          out_a[c] = static_cast<T>(sums[c - first].first);
-          out_b[c] = static_cast<T>(sums[c - first].second * static_cast<double>(istd[c]));
+          out_a[c] = static_cast<M>(sums[c - first].first);
+          out_b[c] = static_cast<M>(sums[c - first].second * static_cast<double>(istd[c]));
         }
       });
     });
@@ -576,40 +653,47 @@ __attribute__((target("avx2"))) void apply_row_avx2(float* gx, const float* gy, 
 
 void batchnorm_backward_apply(const BatchNormArgs& a) {
   const std::int64_t N = a.N, C = a.C, S = a.S;
-  with_dtype(a.x.dtype(), [&]<typename T>() {
+  with_any_dtype(a.x.dtype(), [&]<typename T>() {
+    using M = math_t<T>;
     T* gx = a.grad_x.data<T>();                                  // [N,C,S]
     const T* gy = a.grad_y.data<T>();                            // [N,C,S] or [N,C,Ho*Wo]
-    const T* where = a.max_pool ? a.argmax.data<T>() : nullptr;  // [N,C,Ho*Wo]
+    const M* where = a.max_pool ? a.argmax.data<M>() : nullptr;  // [N,C,Ho*Wo]
     const T* in = a.x.data<T>();                                 // [N,C,S]
-    const T* g = a.gamma.data<T>();                              // [C]
-    const T* mu = a.mean.data<T>();                              // [C]
-    const T* istd = a.inv_std.data<T>();                         // [C]
-    const T* sa = a.sum_grad_y.data<T>();                        // [C]
-    const T* sb = a.sum_grad_y_xhat.data<T>();                   // [C]
-    const T inv_count = static_cast<T>(1.0 / static_cast<double>(a.count));
+    const M* g = a.gamma.data<M>();                              // [C]
+    const M* mu = a.mean.data<M>();                              // [C]
+    const M* istd = a.inv_std.data<M>();                         // [C]
+    const M* sa = a.sum_grad_y.data<M>();                        // [C]
+    const M* sb = a.sum_grad_y_xhat.data<M>();                   // [C]
+    const M inv_count = static_cast<M>(1.0 / static_cast<double>(a.count));
     const bool assign = a.grad_x_write == GradWrite::Assign;
     const std::int64_t gy_plane = a.max_pool ? a.Ho * a.Wo : S;
     const bool avx2 = avx2_selected();
     with_activation(a.activation, [&]<bool Relu>() {
       parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
-        PoolScratch<T> pool(a);
+        PoolScratch<M> pool(a);
+        MathRows<T> math;
         for (std::int64_t n = first; n < last; ++n) {
           for (std::int64_t c = 0; c < C; ++c) {
             const std::int64_t base = (n * C + c) * S, y_base = (n * C + c) * gy_plane;
-            const ApplyCoefficients<T> k{g[c] * istd[c], sa[c] * inv_count, sb[c] * inv_count,
-                                         mu[c],          istd[c],           affine_of<T>(a, c)};
-            const T* gy_row = gy + y_base;
+            const ApplyCoefficients<M> k{g[c] * istd[c], sa[c] * inv_count, sb[c] * inv_count,
+                                         mu[c],          istd[c],           affine_of<M>(a, c)};
+            const M* gy_row = math.read(gy + y_base, gy_plane, 1);
             prefetch_plane(in + base, S);
             if (a.max_pool) gy_row = pool.gradient(gy_row, where + y_base);
+            const M* x_row = math.read(in + base, S, 0);
+            // A 16-bit grad_x is added to in float32 and rounded once.
+            M* gx_row = math.write(gx + base, S, 2, !assign);
 #if TL_CPU_X86
-            if constexpr (std::is_same_v<T, float>) {
+            if constexpr (std::is_same_v<M, float>) {
               if (avx2) {  // also where AVX-512 runs: see apply_row_avx2
-                apply_row_avx2<Relu>(gx + base, gy_row, in + base, S, k, assign);
+                apply_row_avx2<Relu>(gx_row, gy_row, x_row, S, k, assign);
+                math.store(gx + base, S, 2);
                 continue;
               }
             }
 #endif
-            apply_row<Relu>(gx + base, gy_row, in + base, S, k, assign);
+            apply_row<Relu>(gx_row, gy_row, x_row, S, k, assign);
+            math.store(gx + base, S, 2);
           }
         }
       });

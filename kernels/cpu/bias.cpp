@@ -4,12 +4,16 @@
 // the N images, the backwards over the channels, each channel summing its rows in
 // order n = 0, 1, ... whichever thread runs it. Every loop serves the four dtypes:
 // a 16-bit x, y, grad_y or grad_x is computed on in float32 and rounded once, with
-// bias and grad_bias in float32 (kernels/reference/math_type.h).
+// bias and grad_bias in float32 (kernels/reference/math_type.h). The 16-bit values
+// are widened and rounded by kernels/cpu/convert16.h's vector conversions, a block
+// or a row at a time into float32 scratch, and the float32 arithmetic on the
+// scratch is the same as on 16-bit values one at a time: the same bits.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include "kernels/cpu/bias.h"
+#include "kernels/cpu/convert16.h"
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/per_channel.h"
@@ -19,7 +23,82 @@
 
 namespace towerlab::cpu {
 
+using reference::kIs16Bit;
 using reference::math_t;
+
+namespace {
+
+// y = round(x + bias[c]) on the 16-bit values of whole images, [N,C,S] from an
+// image's start, and with `relu` then ReLU's forward on the rounded values (so a
+// sum that rounds to -0 stays -0, as the unfused pair gives). The values are
+// converted a block at a time; a block's bias is added in runs of one channel
+// (S > 1) or along the row of channels (S = 1), vectorizable loops either way.
+template <typename T>
+void bias_add_16bit(T* y, const T* x, const float* bias, std::int64_t N, std::int64_t C,
+                    std::int64_t S, bool relu) {
+  std::int64_t c = 0, s = 0;  // the channel and position in its row of the next value
+  for_each_block(N * C * S, [&](std::int64_t first, std::int64_t count) {
+    float v[kConvertBlock];
+    widen_16bit(v, x + first, count);
+    for (std::int64_t i = 0; i < count;) {
+      if (S == 1) {
+        const std::int64_t run = std::min(count - i, C - c);
+        for (std::int64_t k = 0; k < run; ++k) v[i + k] += bias[c + k];
+        i += run;
+        c += run;
+      } else {
+        const std::int64_t run = std::min(count - i, S - s);
+        const float b = bias[c];
+        for (std::int64_t k = 0; k < run; ++k) v[i + k] += b;
+        i += run;
+        s += run;
+        if (s == S) {
+          s = 0;
+          ++c;
+        }
+      }
+      if (c == C) c = 0;
+    }
+    round_to_16bit(y + first, v, count);
+    if (relu) relu_forward_16bit(y + first, y + first, count);
+  });
+}
+
+// Rows of a T tensor as math_t<T> values, for the backwards' loops: the row itself
+// in float32 and float64; in bfloat16 and float16 its widening into this reader's
+// scratch, which write_back rounds into the row (a no-op for the others).
+template <typename T>
+class MathRows {
+ public:
+  const math_t<T>* read(const T* row, std::int64_t n) {
+    if constexpr (kIs16Bit<T>) {
+      return widened(row, n);
+    } else {
+      return row;
+    }
+  }
+  math_t<T>* edit(T* row, std::int64_t n) {
+    if constexpr (kIs16Bit<T>) {
+      return widened(row, n);
+    } else {
+      return row;
+    }
+  }
+  void write_back(T* row, const math_t<T>* values, std::int64_t n) {
+    if constexpr (kIs16Bit<T>) round_to_16bit(row, values, n);
+  }
+
+ private:
+  float* widened(const T* row, std::int64_t n) {
+    scratch_.resize(static_cast<std::size_t>(n));
+    widen_16bit(scratch_.data(), row, n);
+    return scratch_.data();
+  }
+
+  std::vector<float> scratch_;
+};
+
+}  // namespace
 
 void bias_add_forward(const Tensor& y, const Tensor& x, const Tensor& bias, std::int64_t N,
                       std::int64_t C, std::int64_t S) {
@@ -29,7 +108,11 @@ void bias_add_forward(const Tensor& y, const Tensor& x, const Tensor& bias, std:
     const T* in = x.data<T>();    // [N,C,S]
     const M* b = bias.data<M>();  // [C]
     parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
-      reference::bias_add_forward(out + first * C * S, in + first * C * S, b, last - first, C, S);
+      if constexpr (kIs16Bit<T>) {
+        bias_add_16bit(out + first * C * S, in + first * C * S, b, last - first, C, S, false);
+      } else {
+        reference::bias_add_forward(out + first * C * S, in + first * C * S, b, last - first, C, S);
+      }
     });
   });
 }
@@ -52,10 +135,11 @@ void bias_add_backward(const Tensor& grad_bias, const Tensor& grad_y, std::int64
                     [&](std::int64_t first, std::int64_t last) {
                       const std::int64_t c0 = first * kLanes, c1 = std::min(C, last * kLanes);
                       std::vector<double> sums(static_cast<std::size_t>(c1 - c0), 0.0);
+                      MathRows<T> rows;
                       for (std::int64_t n = 0; n < N; ++n) {
-                        const T* row = gy + n * C;
+                        const M* row = rows.read(gy + n * C + c0, c1 - c0);  // channels c0..c1
                         for (std::int64_t c = c0; c < c1; ++c)
-                          sums[c - c0] += static_cast<double>(row[c]);
+                          sums[c - c0] += static_cast<double>(row[c - c0]);
                       }
                       for (std::int64_t c = c0; c < c1; ++c) {
                         gb[c] = static_cast<M>(static_cast<double>(gb[c]) + sums[c - c0]);
@@ -64,10 +148,11 @@ void bias_add_backward(const Tensor& grad_bias, const Tensor& grad_y, std::int64
       return;
     }
     parallel_rows(C, N * S, [&](std::int64_t first, std::int64_t last) {
+      MathRows<T> rows;
       for (std::int64_t c = first; c < last; ++c) {
         double sum = 0.0;
         for (std::int64_t n = 0; n < N; ++n) {
-          const T* row = gy + (n * C + c) * S;
+          const M* row = rows.read(gy + (n * C + c) * S, S);
           sum += sum_over(S, [&](std::int64_t s) { return static_cast<double>(row[s]); });
         }
         gb[c] = static_cast<M>(static_cast<double>(gb[c]) + sum);
@@ -87,12 +172,16 @@ void bias_add_relu_forward(const Tensor& y, const Tensor& x, const Tensor& bias,
     const T* in = x.data<T>();    // [N,C,S]
     const M* b = bias.data<M>();  // [C]
     parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
-      for (std::int64_t n = first; n < last; ++n) {
-        for (std::int64_t c = 0; c < C; ++c) {
-          const std::int64_t base = (n * C + c) * S;
-          for (std::int64_t s = 0; s < S; ++s) {
-            const T v = static_cast<T>(static_cast<M>(in[base + s]) + b[c]);
-            out[base + s] = static_cast<M>(v) < M(0) ? T(M(0)) : v;
+      if constexpr (kIs16Bit<T>) {
+        bias_add_16bit(out + first * C * S, in + first * C * S, b, last - first, C, S, true);
+      } else {
+        for (std::int64_t n = first; n < last; ++n) {
+          for (std::int64_t c = 0; c < C; ++c) {
+            const std::int64_t base = (n * C + c) * S;
+            for (std::int64_t s = 0; s < S; ++s) {
+              const T v = static_cast<T>(static_cast<M>(in[base + s]) + b[c]);
+              out[base + s] = static_cast<M>(v) < M(0) ? T(M(0)) : v;
+            }
           }
         }
       }
@@ -111,24 +200,34 @@ void bias_add_relu_backward(const Tensor& grad_x, const Tensor& grad_bias, const
     const T* out = y.data<T>();                             // [N,C,S]
     T* gx = grad_x.defined() ? grad_x.data<T>() : nullptr;  // [N,C,S]
     M* gb = grad_bias.data<M>();                            // [C]
-    // The masked gradient in M; a 16-bit grad_x is added to in float32 and rounded once.
-    const auto masked = [&](std::int64_t i) {
-      return relu_mask(static_cast<M>(gy[i]), static_cast<M>(out[i]));
+    // A row of `count` values from `first`: each masked gradient value in M, added
+    // to grad_x's row (a 16-bit one widened, added to in float32 and rounded once)
+    // and passed to `sum`, in order.
+    struct Rows {
+      MathRows<T> gy, y, gx;
     };
-    const auto add_to_grad_x = [&](std::int64_t i, M g) {
-      gx[i] = static_cast<T>(static_cast<M>(gx[i]) + g);
+    const auto masked_row = [&](Rows& rows, std::int64_t first, std::int64_t count,
+                                const auto& sum) {
+      const M* g = rows.gy.read(gy + first, count);
+      const M* o = rows.y.read(out + first, count);
+      M* x = gx != nullptr ? rows.gx.edit(gx + first, count) : nullptr;
+      sum(count, [&](std::int64_t k) {
+        const M m = relu_mask(g[k], o[k]);
+        if (x != nullptr) x[k] += m;
+        return static_cast<double>(m);
+      });
+      if (x != nullptr) rows.gx.write_back(gx + first, x, count);
     };
     if (S == 1) {
       // [N,C], a fully connected layer: a channel's values are C apart, so a thread
       // walks the rows for its block of channels, keeping one sum per channel.
       parallel_rows(C, N, [&](std::int64_t first, std::int64_t last) {
         std::vector<double> sum(static_cast<std::size_t>(last - first), 0.0);
+        Rows rows;
         for (std::int64_t n = 0; n < N; ++n) {
-          for (std::int64_t c = first; c < last; ++c) {
-            const M g = masked(n * C + c);
-            if (gx != nullptr) add_to_grad_x(n * C + c, g);
-            sum[static_cast<std::size_t>(c - first)] += static_cast<double>(g);
-          }
+          masked_row(rows, n * C + first, last - first, [&](std::int64_t count, const auto& term) {
+            for (std::int64_t k = 0; k < count; ++k) sum[static_cast<std::size_t>(k)] += term(k);
+          });
         }
         for (std::int64_t c = first; c < last; ++c) {
           gb[c] =
@@ -138,15 +237,12 @@ void bias_add_relu_backward(const Tensor& grad_x, const Tensor& grad_bias, const
       return;
     }
     parallel_rows(C, N * S, [&](std::int64_t first, std::int64_t last) {
+      Rows rows;
       for (std::int64_t c = first; c < last; ++c) {
         double sum = 0.0;
         for (std::int64_t n = 0; n < N; ++n) {
-          const std::int64_t base = (n * C + c) * S;
-          sum += sum_over(S, [&](std::int64_t s) {
-            const M g = masked(base + s);
-            if (gx != nullptr) add_to_grad_x(base + s, g);
-            return static_cast<double>(g);
-          });
+          masked_row(rows, (n * C + c) * S, S,
+                     [&](std::int64_t count, const auto& term) { sum += sum_over(count, term); });
         }
         gb[c] = static_cast<M>(static_cast<double>(gb[c]) + sum);
       }

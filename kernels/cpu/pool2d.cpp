@@ -1,6 +1,8 @@
 // CPU 2-D pooling, tested against kernels/reference/pool2d.h as
 // kernels/cuda/pool2d.cu is. One loop nest per op over (plane, ho, wo); each output
-// visits its window clipped to the plane.
+// visits its window clipped to the plane. bfloat16 and float16 tensors run the
+// reference itself on each thread's range of planes (its bits are their contract,
+// kernels/pool2d.h); float32 and float64 take the loops below.
 // The float32 max-pooling forward with argmax (training's) has a second form for
 // the 2x2 stride-2 unpadded window (FashionNet's): the same choice, made for four
 // outputs at once in vector lanes over a pair of input rows, instead of walking a
@@ -11,12 +13,14 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/pool2d.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/x86.h"
+#include "kernels/reference/pool2d.h"
 
 namespace towerlab::cpu {
 
@@ -519,83 +523,168 @@ void max_pool2d_forward_impl(const Tensor& y, const Tensor& argmax, const Tensor
   });
 }
 
+// --- 16 bits: the reference (kernels/reference/pool2d.h) on each thread's planes ---
+
+// Calls fn(first, part) for ranges of whole planes over the thread pool: `first`
+// the range's first plane, `part` = [planes in the range, 1, H, W], the shape the
+// reference is given for it (its windows never leave a plane).
+template <typename Fn>
+void for_plane_ranges(const Shape& x_shape, const Fn& fn) {
+  const std::int64_t H = x_shape[2], W = x_shape[3];
+  parallel_rows(x_shape[0] * x_shape[1], H * W, [&](std::int64_t first, std::int64_t last) {
+    fn(first, Shape{last - first, 1, H, W});
+  });
+}
+
+template <typename T>
+void sixteen_bit_max_forward(const Tensor& y, const Tensor& argmax, const Tensor& x,
+                             const Pool2dParams& params) {
+  for_plane_ranges(x.shape(), [&](std::int64_t first, const Shape& part) {
+    const std::int64_t o = first * y.size(2) * y.size(3);
+    reference::max_pool2d_forward(y.data<T>() + o,
+                                  argmax.defined() ? argmax.data<float>() + o : nullptr,
+                                  x.data<T>() + first * part[2] * part[3], part, params);
+  });
+}
+
+// The backward from a recorded argmax, or (x given) from the argmax recomputed
+// here, a range's planes at a time. Assign: grad_x zeroed first (the reference's
+// sums from +0 added to +0 are the sums themselves).
+template <typename T>
+void sixteen_bit_max_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& argmax,
+                              const Tensor* x, const Pool2dParams& params, GradWrite write) {
+  for_plane_ranges(grad_x.shape(), [&](std::int64_t first, const Shape& part) {
+    const std::int64_t plane = part[2] * part[3], o = first * grad_y.size(2) * grad_y.size(3);
+    T* gx = grad_x.data<T>() + first * plane;
+    std::vector<float> recomputed;  // [planes, Ho, Wo] where x is given
+    const float* where = nullptr;
+    if (x != nullptr) {
+      recomputed.resize(static_cast<std::size_t>(part[0] * grad_y.size(2) * grad_y.size(3)));
+      std::vector<T> y(recomputed.size());
+      reference::max_pool2d_forward(y.data(), recomputed.data(), x->data<T>() + first * plane, part,
+                                    params);
+      where = recomputed.data();
+    } else {
+      where = argmax.data<float>() + o;
+    }
+    if (write == GradWrite::Assign) std::fill(gx, gx + part[0] * plane, T(0.0f));
+    reference::max_pool2d_backward(gx, grad_y.data<T>() + o, where, part, params);
+  });
+}
+
 }  // namespace
 
 void max_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params) {
-  with_dtype(x.dtype(), [&]<typename T>() { max_pool2d_forward_impl<T>(y, Tensor(), x, params); });
+  with_any_dtype(x.dtype(), [&]<typename T>() {
+    if constexpr (reference::kIs16Bit<T>) {
+      sixteen_bit_max_forward<T>(y, Tensor(), x, params);
+    } else {
+      max_pool2d_forward_impl<T>(y, Tensor(), x, params);
+    }
+  });
 }
 
 void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
                          const Pool2dParams& params) {
-  with_dtype(x.dtype(), [&]<typename T>() {
-    const T* in = x.data<T>();       // [N,C,H,W]
-    const T* gy = grad_y.data<T>();  // [N,C,Ho,Wo]
-    T* gx = grad_x.data<T>();        // [N,C,H,W]
-    const Sizes z = sizes_of(x, grad_y);
-    for_each_output(z, params, [&](std::int64_t plane, std::int64_t o, const Window& win) {
-      const std::int64_t offset = plane * z.H * z.W;
-      gx[offset + window_argmax(in + offset, z.W, win)] += gy[plane * z.Ho * z.Wo + o];
-    });
+  with_any_dtype(x.dtype(), [&]<typename T>() {
+    if constexpr (reference::kIs16Bit<T>) {
+      sixteen_bit_max_backward<T>(grad_x, grad_y, Tensor(), &x, params, GradWrite::Accumulate);
+    } else {
+      const T* in = x.data<T>();       // [N,C,H,W]
+      const T* gy = grad_y.data<T>();  // [N,C,Ho,Wo]
+      T* gx = grad_x.data<T>();        // [N,C,H,W]
+      const Sizes z = sizes_of(x, grad_y);
+      for_each_output(z, params, [&](std::int64_t plane, std::int64_t o, const Window& win) {
+        const std::int64_t offset = plane * z.H * z.W;
+        gx[offset + window_argmax(in + offset, z.W, win)] += gy[plane * z.Ho * z.Wo + o];
+      });
+    }
   });
 }
 
 void max_pool2d_forward_with_argmax(const Tensor& y, const Tensor& argmax, const Tensor& x,
                                     const Pool2dParams& params) {
-  with_dtype(x.dtype(), [&]<typename T>() { max_pool2d_forward_impl<T>(y, argmax, x, params); });
+  with_any_dtype(x.dtype(), [&]<typename T>() {
+    if constexpr (reference::kIs16Bit<T>) {
+      sixteen_bit_max_forward<T>(y, argmax, x, params);
+    } else {
+      max_pool2d_forward_impl<T>(y, argmax, x, params);
+    }
+  });
 }
 
 // Each plane's outputs in order (ho, wo), as max_pool2d_backward adds them. To
 // assign, a plane is zeroed just before its outputs are added in, while it is in
 // cache: the same sums as accumulating into a zero-filled grad_x, one pass fewer.
 void max_pool2d_backward_from_argmax(const Tensor& grad_x, const Tensor& grad_y,
-                                     const Tensor& argmax, GradWrite write) {
-  with_dtype(grad_x.dtype(), [&]<typename T>() {
-    const T* gy = grad_y.data<T>();     // [N,C,Ho,Wo]
-    const T* where = argmax.data<T>();  // [N,C,Ho,Wo]
-    T* gx = grad_x.data<T>();           // [N,C,H,W]
-    const std::int64_t planes = grad_x.size(0) * grad_x.size(1);
-    const PoolPlane z{grad_x.size(2), grad_x.size(3), grad_y.size(2), grad_y.size(3)};
-    parallel_rows(planes, z.H * z.W, [&](std::int64_t first, std::int64_t last) {
-      for (std::int64_t plane = first; plane < last; ++plane) {
-        const std::int64_t o = plane * z.Ho * z.Wo;
-        T* p = gx + plane * z.H * z.W;
-        if (write == GradWrite::Assign) std::fill(p, p + z.H * z.W, T(0));
-        for (std::int64_t i = o; i < o + z.Ho * z.Wo; ++i) {
-          p[static_cast<std::int64_t>(where[i])] += gy[i];
+                                     const Tensor& argmax, const Pool2dParams& params,
+                                     GradWrite write) {
+  with_any_dtype(grad_x.dtype(), [&]<typename T>() {
+    if constexpr (reference::kIs16Bit<T>) {
+      sixteen_bit_max_backward<T>(grad_x, grad_y, argmax, nullptr, params, write);
+    } else {
+      const T* gy = grad_y.data<T>();     // [N,C,Ho,Wo]
+      const T* where = argmax.data<T>();  // [N,C,Ho,Wo]
+      T* gx = grad_x.data<T>();           // [N,C,H,W]
+      const std::int64_t planes = grad_x.size(0) * grad_x.size(1);
+      const PoolPlane z{grad_x.size(2), grad_x.size(3), grad_y.size(2), grad_y.size(3)};
+      parallel_rows(planes, z.H * z.W, [&](std::int64_t first, std::int64_t last) {
+        for (std::int64_t plane = first; plane < last; ++plane) {
+          const std::int64_t o = plane * z.Ho * z.Wo;
+          T* p = gx + plane * z.H * z.W;
+          if (write == GradWrite::Assign) std::fill(p, p + z.H * z.W, T(0));
+          for (std::int64_t i = o; i < o + z.Ho * z.Wo; ++i) {
+            p[static_cast<std::int64_t>(where[i])] += gy[i];
+          }
         }
-      }
-    });
+      });
+    }
   });
 }
 
 void avg_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params) {
-  with_dtype(x.dtype(), [&]<typename T>() {
-    const T* in = x.data<T>();  // [N,C,H,W]
-    T* out = y.data<T>();       // [N,C,Ho,Wo]
-    const Sizes z = sizes_of(x, y);
-    for_each_output(z, params, [&](std::int64_t plane, std::int64_t o, const Window& win) {
-      const T* p = in + plane * z.H * z.W;
-      T sum = 0;
-      for (std::int64_t h = win.h0; h < win.h1; ++h) {
-        for (std::int64_t w = win.w0; w < win.w1; ++w) sum += p[h * z.W + w];
-      }
-      out[plane * z.Ho * z.Wo + o] = sum / static_cast<T>(win.count());
-    });
+  with_any_dtype(x.dtype(), [&]<typename T>() {
+    if constexpr (reference::kIs16Bit<T>) {
+      for_plane_ranges(x.shape(), [&](std::int64_t first, const Shape& part) {
+        reference::avg_pool2d_forward(y.data<T>() + first * y.size(2) * y.size(3),
+                                      x.data<T>() + first * part[2] * part[3], part, params);
+      });
+    } else {
+      const T* in = x.data<T>();  // [N,C,H,W]
+      T* out = y.data<T>();       // [N,C,Ho,Wo]
+      const Sizes z = sizes_of(x, y);
+      for_each_output(z, params, [&](std::int64_t plane, std::int64_t o, const Window& win) {
+        const T* p = in + plane * z.H * z.W;
+        T sum = 0;
+        for (std::int64_t h = win.h0; h < win.h1; ++h) {
+          for (std::int64_t w = win.w0; w < win.w1; ++w) sum += p[h * z.W + w];
+        }
+        out[plane * z.Ho * z.Wo + o] = sum / static_cast<T>(win.count());
+      });
+    }
   });
 }
 
 void avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Pool2dParams& params) {
-  with_dtype(grad_x.dtype(), [&]<typename T>() {
-    const T* gy = grad_y.data<T>();  // [N,C,Ho,Wo]
-    T* gx = grad_x.data<T>();        // [N,C,H,W]
-    const Sizes z = sizes_of(grad_x, grad_y);
-    for_each_output(z, params, [&](std::int64_t plane, std::int64_t o, const Window& win) {
-      const T share = gy[plane * z.Ho * z.Wo + o] / static_cast<T>(win.count());
-      T* p = gx + plane * z.H * z.W;
-      for (std::int64_t h = win.h0; h < win.h1; ++h) {
-        for (std::int64_t w = win.w0; w < win.w1; ++w) p[h * z.W + w] += share;
-      }
-    });
+  with_any_dtype(grad_x.dtype(), [&]<typename T>() {
+    if constexpr (reference::kIs16Bit<T>) {
+      for_plane_ranges(grad_x.shape(), [&](std::int64_t first, const Shape& part) {
+        reference::avg_pool2d_backward(grad_x.data<T>() + first * part[2] * part[3],
+                                       grad_y.data<T>() + first * grad_y.size(2) * grad_y.size(3),
+                                       part, params);
+      });
+    } else {
+      const T* gy = grad_y.data<T>();  // [N,C,Ho,Wo]
+      T* gx = grad_x.data<T>();        // [N,C,H,W]
+      const Sizes z = sizes_of(grad_x, grad_y);
+      for_each_output(z, params, [&](std::int64_t plane, std::int64_t o, const Window& win) {
+        const T share = gy[plane * z.Ho * z.Wo + o] / static_cast<T>(win.count());
+        T* p = gx + plane * z.H * z.W;
+        for (std::int64_t h = win.h0; h < win.h1; ++h) {
+          for (std::int64_t w = win.w0; w < win.w1; ++w) p[h * z.W + w] += share;
+        }
+      });
+    }
   });
 }
 

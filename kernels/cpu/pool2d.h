@@ -17,7 +17,8 @@ void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Tenso
 void max_pool2d_forward_with_argmax(const Tensor& y, const Tensor& argmax, const Tensor& x,
                                     const Pool2dParams& params);
 void max_pool2d_backward_from_argmax(const Tensor& grad_x, const Tensor& grad_y,
-                                     const Tensor& argmax, GradWrite write);
+                                     const Tensor& argmax, const Pool2dParams& params,
+                                     GradWrite write);
 // One [H,W] plane of the with_argmax / from_argmax pair, for callers that pool a
 // plane at a time (the batch norm with a fused max pool, kernels/cpu/batchnorm.cpp):
 // the same code as the whole-tensor ops, so the same bits. y and where are [Ho,Wo],

@@ -1,4 +1,5 @@
-// CUDA batch normalization (contracts in kernels/batchnorm.h), float32.
+// CUDA batch normalization (contracts in kernels/batchnorm.h): x, y, grad_y and
+// grad_x float32, bfloat16 or float16, the per-channel tensors float32.
 //
 // Per-channel reductions are two-level (kernels/cuda/per_channel.cuh): a grid of
 // (C, splits) blocks writes float partial sums, then one thread per channel adds
@@ -10,8 +11,12 @@
 // forward is three launches, the backward three). Planes of less than a warp of
 // units ([N,C] of a dense layer) and the inference forward use a flat resident
 // grid whose blocks keep all C coefficients in shared memory.
-// Every data-sized kernel is templated on its unit V (per_channel.cuh): float4
-// loads and stores where the plane size allows, floats otherwise. The reduction
+// Every data-sized kernel is templated on the storage type T of x, y, grad_y and
+// grad_x and on its unit V (per_channel.cuh): float4 loads and stores where the
+// plane size allows, floats otherwise. A 16-bit T is widened exactly as it is
+// loaded and rounded once, to nearest even, as it is stored (load_unit,
+// store_unit), so the math is the float32 kernels' whatever T is, and a 16-bit
+// result is the float32 result on the widened values, rounded once. The reduction
 // grid is at most four 256-thread blocks per SM (splits_for; two for the
 // backward, whose apply needs ~110 registers), all resident at once. With the
 // whole grid one wave, each thread of the statistics pass has only a few steps
@@ -36,6 +41,7 @@
 // forward's own expression (batchnorm_affine, kernels/cpu/batchnorm.h), so it
 // reads no more than the plain backward.
 #include "kernels/cuda/batchnorm.h"
+#include "kernels/cuda/gpu_dtype.cuh"
 #include "kernels/cuda/per_channel.cuh"
 
 namespace towerlab::cuda {
@@ -46,14 +52,14 @@ namespace {
 
 // partial_sum, partial_sq: [C, splits]; block (c, j) covers range j of channel c
 // (ChannelSplit).
-template <typename V>
+template <typename T, typename V>
 __global__ void __launch_bounds__(kReduceBlock, kReduceBlocksPerSm)
     batchnorm_stats_partial_kernel(ChannelSplit split, float* partial_sum, float* partial_sq,
-                                   const float* __restrict__ x) {
-  const float shift = x[split.channel() * split.S * kWidth<V>];
+                                   const T* __restrict__ x) {
+  const float shift = static_cast<float>(x[split.channel() * split.S * kWidth<V>]);
   float sum = 0.0f, sq = 0.0f;
   for_each_in_split_pipelined(
-      split, [&](std::int64_t offset) { return unit<V>(x, offset); },
+      split, [&](std::int64_t offset) { return load_unit<V>(x, offset); },
       [&](V v) {
         each(
             [&](float e) {
@@ -97,12 +103,13 @@ __device__ void add_partials(double& a, double& b, const float* pa, const float*
   }
 }
 
+template <typename T>
 __global__ void batchnorm_stats_finish_kernel(std::int64_t C, float* mean, float* m2,
                                               const float* partial_sum, const float* partial_sq,
-                                              const float* x, std::int64_t S, std::int64_t splits,
+                                              const T* x, std::int64_t S, std::int64_t splits,
                                               std::int64_t count) {
   for (const std::int64_t c : grid_stride(C)) {
-    const float shift = x[c * S];
+    const float shift = static_cast<float>(x[c * S]);
     double sum = 0.0, sq = 0.0;
     add_partials(sum, sq, partial_sum + c * splits, partial_sq + c * splits, splits);
     const double n = static_cast<double>(count);
@@ -187,22 +194,23 @@ constexpr int kApplySteps = 3;
 // only for the part read last). A block has one channel: every thread computes its coefficients (no
 // C-thread kernel before it, no shared table), and block (c, 0) writes channel c's outputs. Two
 // launches after the statistics' partials become one.
-template <bool Relu, typename V>
+template <bool Relu, typename T, typename V>
 __global__ void __launch_bounds__(kReduceBlock, kReduceBlocksPerSm)
-    batchnorm_training_apply_kernel(ChannelSplit split, float* y, const float* x, TrainingCoeff t,
+    batchnorm_training_apply_kernel(ChannelSplit split, T* y, const T* x, TrainingCoeff t,
                                     TrainingOutputs o) {
   const std::int64_t c = split.channel();
   if (split.split() == 0 && threadIdx.x == 0) write_training_outputs(t, o, c);
   const float4 k = t(c);
   for_each_in_split_reversed_pipelined<kApplySteps>(
-      split, [&](std::int64_t offset) { return unit<V>(x, offset); },
+      split, [&](std::int64_t offset) { return load_unit<V>(x, offset); },
       [&](std::int64_t offset, V v) {
-        unit<V>(y, offset) = map(
-            [&](float e) {
-              const float z = batchnorm_affine(e, k.x, k.y, k.z);
-              return Relu && z < 0.0f ? 0.0f : z;
-            },
-            v);
+        store_unit(y, offset,
+                   map(
+                       [&](float e) {
+                         const float z = batchnorm_affine(e, k.x, k.y, k.z);
+                         return Relu && z < 0.0f ? 0.0f : z;
+                       },
+                       v));
       });
 }
 
@@ -282,22 +290,23 @@ class BlockCoefficients {
 // y = batchnorm_affine(x, center, scale, shift), then ReLU when Relu ("z < 0 ? 0 :
 // z", not fmaxf, which drops a NaN); y may alias x.
 // n and S count units V.
-template <bool Relu, typename V, typename Source>
+template <bool Relu, typename T, typename V, typename Source>
 __global__ void __launch_bounds__(kBlockSize, kApplyBlocksPerSm)
-    batchnorm_apply_kernel(std::int64_t n, float* y, const float* x, Source source, std::int64_t C,
+    batchnorm_apply_kernel(std::int64_t n, T* y, const T* x, Source source, std::int64_t C,
                            std::int64_t S) {
   __shared__ float4 shared[kBlockChannels];
   const BlockCoefficients<Source> coeff(shared, C, source);
   for_each_with_channel(
-      n, C, S, [&](std::int64_t i) { return unit<V>(x, i); },
+      n, C, S, [&](std::int64_t i) { return load_unit<V>(x, i); },
       [&](std::int64_t i, V v, std::int64_t c) {
         const float4 k = coeff[c];
-        unit<V>(y, i) = map(
-            [&](float e) {
-              const float z = batchnorm_affine(e, k.x, k.y, k.z);
-              return Relu && z < 0.0f ? 0.0f : z;
-            },
-            v);
+        store_unit(y, i,
+                   map(
+                       [&](float e) {
+                         const float z = batchnorm_affine(e, k.x, k.y, k.z);
+                         return Relu && z < 0.0f ? 0.0f : z;
+                       },
+                       v));
       });
 }
 
@@ -338,10 +347,10 @@ __device__ float masked_grad(float grad_y, float x, const ReluMask& m) {
   }
 }
 
-template <bool Relu, typename V>
+template <bool Relu, typename T, typename V>
 __global__ void __launch_bounds__(kReduceBlock, kReduceBlocksPerSm)
     batchnorm_backward_partial_kernel(ChannelSplit split, float* partial_gy, float* partial_gy_dev,
-                                      const float* __restrict__ grad_y, const float* __restrict__ x,
+                                      const T* __restrict__ grad_y, const T* __restrict__ x,
                                       const float* __restrict__ mean, ReluSource relu) {
   const std::int64_t c = split.channel();
   const float mu = mean[c];
@@ -350,9 +359,9 @@ __global__ void __launch_bounds__(kReduceBlock, kReduceBlocksPerSm)
   for_each_in_split(
       split,
       [&](std::int64_t offset) {
-        const V v = unit<V>(x, offset);
+        const V v = load_unit<V>(x, offset);
         const V g = map([&](float gy, float e) { return masked_grad<Relu>(gy, e, mask); },
-                        unit<V>(grad_y, offset), v);
+                        load_unit<V>(grad_y, offset), v);
         return Units2<V>{g, v};
       },
       [&](Units2<V> gy_x) {
@@ -401,28 +410,31 @@ struct BackwardCoeff {
 };
 
 // n and S count units V.
-template <bool Relu, typename V, typename Source>
+template <bool Relu, typename T, typename V, typename Source>
 __global__ void __launch_bounds__(kBlockSize, kBackwardApplyBlocksPerSm)
-    batchnorm_backward_apply_kernel(std::int64_t n, float* grad_x, const float* __restrict__ grad_y,
-                                    const float* __restrict__ x, Source source, ReluSource relu,
+    batchnorm_backward_apply_kernel(std::int64_t n, T* grad_x, const T* __restrict__ grad_y,
+                                    const T* __restrict__ x, Source source, ReluSource relu,
                                     std::int64_t C, std::int64_t S, bool assign) {
   __shared__ float4 shared[kBlockChannels];
   const BlockCoefficients<Source> coeff(shared, C, source);
   // assign: grad_x is overwritten and never read (0 + g is g, as in a zeroed buffer).
+  // A 16-bit grad_x is added to in float32 and rounded once.
   for_each_with_channel(
       n, C, S,
       [&](std::int64_t i) {
-        return Units3<V>{unit<V>(grad_y, i), unit<V>(x, i), assign ? V{} : unit<V>(grad_x, i)};
+        return Units3<V>{load_unit<V>(grad_y, i), load_unit<V>(x, i),
+                         assign ? V{} : load_unit<V>(grad_x, i)};
       },
       [&](std::int64_t i, Units3<V> v, std::int64_t c) {
         const float4 k = coeff[c];
         const ReluMask mask = relu_mask<Relu>(relu, c);
-        unit<V>(grad_x, i) = map(
-            [&](float g, float e, float acc) {
-              const float gy = masked_grad<Relu>(g, e, mask);
-              return acc + k.y * gy - k.z - (e - k.x) * k.w;
-            },
-            v.a, v.b, v.c);
+        store_unit(grad_x, i,
+                   map(
+                       [&](float g, float e, float acc) {
+                         const float gy = masked_grad<Relu>(g, e, mask);
+                         return acc + k.y * gy - k.z - (e - k.x) * k.w;
+                       },
+                       v.a, v.b, v.c));
       });
 }
 
@@ -431,28 +443,28 @@ __global__ void __launch_bounds__(kBlockSize, kBackwardApplyBlocksPerSm)
 // batchnorm_training_apply_kernel); one channel a block, its coefficients computed
 // by every thread. Two blocks per SM: three float4 streams of kUnroll loads want
 // ~100 registers, and the reduction runs on the same split.
-template <bool Relu, typename V>
+template <bool Relu, typename T, typename V>
 __global__ void __launch_bounds__(kReduceBlock, kBackwardApplyBlocksPerSm)
-    batchnorm_backward_split_apply_kernel(ChannelSplit split, float* grad_x,
-                                          const float* __restrict__ grad_y,
-                                          const float* __restrict__ x, BackwardCoeff source,
-                                          ReluSource relu, bool assign) {
+    batchnorm_backward_split_apply_kernel(ChannelSplit split, T* grad_x,
+                                          const T* __restrict__ grad_y, const T* __restrict__ x,
+                                          BackwardCoeff source, ReluSource relu, bool assign) {
   const std::int64_t c = split.channel();
   const float4 k = source(c);
   const ReluMask mask = relu_mask<Relu>(relu, c);
   for_each_in_split_reversed(
       split,
       [&](std::int64_t offset) {
-        return Units3<V>{unit<V>(grad_y, offset), unit<V>(x, offset),
-                         assign ? V{} : unit<V>(grad_x, offset)};
+        return Units3<V>{load_unit<V>(grad_y, offset), load_unit<V>(x, offset),
+                         assign ? V{} : load_unit<V>(grad_x, offset)};
       },
       [&](std::int64_t offset, Units3<V> v) {
-        unit<V>(grad_x, offset) = map(
-            [&](float g, float e, float acc) {
-              const float gy = masked_grad<Relu>(g, e, mask);
-              return acc + k.y * gy - k.z - (e - k.x) * k.w;
-            },
-            v.a, v.b, v.c);
+        store_unit(grad_x, offset,
+                   map(
+                       [&](float g, float e, float acc) {
+                         const float gy = masked_grad<Relu>(g, e, mask);
+                         return acc + k.y * gy - k.z - (e - k.x) * k.w;
+                       },
+                       v.a, v.b, v.c));
       });
 }
 
@@ -475,22 +487,41 @@ void launch_resident(void (*kernel)(std::int64_t, Params...), int blocks_per_sm,
   TL_CUDA_CHECK_LAUNCH();
 }
 
-// y = (x - coeff.x) * coeff.y + coeff.z over a.x, with a.activation.
-template <typename V, typename Source>
-void apply_in(const BatchNormArgs& a, const Source& source, const Stream& stream) {
-  const auto kernel = a.activation == Activation::ReLU ? batchnorm_apply_kernel<true, V, Source>
-                                                       : batchnorm_apply_kernel<false, V, Source>;
-  const std::int64_t S = a.S / kWidth<V>;
-  launch_resident(kernel, kApplyBlocksPerSm, a.N * a.C * S, stream, a.y.data<float>(),
-                  a.x.data<float>(), source, a.C, S);
+// Whether the kernels walk [N,C,S] in float4 units: use_float4's rule for float
+// buffers; a 16-bit buffer is loaded and stored value by value (load_unit,
+// store_unit), so there only S counts, and a 16-bit call walks (and so sums) as
+// the float32 call on its widened values does, whatever the view's alignment.
+template <typename T>
+bool in_float4(std::int64_t S, std::initializer_list<const void*> buffers) {
+  if constexpr (std::is_same_v<T, float>) {
+    return use_float4(S, buffers);
+  } else {
+    return S % 4 == 0;
+  }
 }
 
-template <typename Source>
+// The Relu instance of a kernel template, as the activation asks.
+template <typename Kernel>
+Kernel with_relu(const BatchNormArgs& a, Kernel relu, Kernel plain) {
+  return a.activation == Activation::ReLU ? relu : plain;
+}
+
+// y = (x - coeff.x) * coeff.y + coeff.z over a.x, with a.activation.
+template <typename T, typename V, typename Source>
+void apply_in(const BatchNormArgs& a, const Source& source, const Stream& stream) {
+  const auto kernel = with_relu(a, batchnorm_apply_kernel<true, T, V, Source>,
+                                batchnorm_apply_kernel<false, T, V, Source>);
+  const std::int64_t S = a.S / kWidth<V>;
+  launch_resident(kernel, kApplyBlocksPerSm, a.N * a.C * S, stream, a.y.data<T>(), a.x.data<T>(),
+                  source, a.C, S);
+}
+
+template <typename T, typename Source>
 void apply(const BatchNormArgs& a, const Source& source, const Stream& stream) {
-  if (use_float4(a.S, {a.y.data<float>(), a.x.data<float>()})) {
-    apply_in<float4>(a, source, stream);
+  if (in_float4<T>(a.S, {a.y.data<T>(), a.x.data<T>()})) {
+    apply_in<T, float4>(a, source, stream);
   } else {
-    apply_in<float>(a, source, stream);
+    apply_in<T, float>(a, source, stream);
   }
 }
 
@@ -518,17 +549,20 @@ ReluSource relu_source(const BatchNormArgs& a) {
 
 void batchnorm_stats(const BatchNormArgs& a, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
-  const bool vector = use_float4(a.S, {a.x.data<float>()});
-  const ChannelSplit split = channel_split(a.N, a.C, vector ? a.S / 4 : a.S, stream);
-  Scratch partial(stream, 2 * a.C * split.splits * sizeof(float));
-  float* partial_sum = partial.as<float>();
-  float* partial_sq = partial_sum + a.C * split.splits;
-  launch_channel_split(
-      vector ? batchnorm_stats_partial_kernel<float4> : batchnorm_stats_partial_kernel<float>,
-      split, stream, partial_sum, partial_sq, a.x.data<float>());
-  launch_grid_stride(batchnorm_stats_finish_kernel, a.C, stream, a.mean.data<float>(),
-                     a.m2.data<float>(), partial_sum, partial_sq, a.x.data<float>(), a.S,
-                     split.splits, a.N * a.S);
+  with_gpu_dtype("batchnorm_stats", a.x, [&]<typename T>() {
+    const T* x = a.x.data<T>();
+    const bool vector = in_float4<T>(a.S, {x});
+    const ChannelSplit split = channel_split(a.N, a.C, vector ? a.S / 4 : a.S, stream);
+    Scratch partial(stream, 2 * a.C * split.splits * sizeof(float));
+    float* partial_sum = partial.as<float>();
+    float* partial_sq = partial_sum + a.C * split.splits;
+    launch_channel_split(vector ? batchnorm_stats_partial_kernel<T, float4>
+                                : batchnorm_stats_partial_kernel<T, float>,
+                         split, stream, partial_sum, partial_sq, x);
+    launch_grid_stride(batchnorm_stats_finish_kernel<T>, a.C, stream, a.mean.data<float>(),
+                       a.m2.data<float>(), partial_sum, partial_sq, x, a.S, split.splits,
+                       a.N * a.S);
+  });
 }
 
 void batchnorm_merge_stats(const BatchNormMergeStats& a, const Stream& stream) {
@@ -548,67 +582,68 @@ void batchnorm_forward_from_stats(const BatchNormArgs& a, const Stream& stream) 
                         a.eps};
   const TrainingOutputs o{a.inv_std.data<float>(), moving ? a.moving_mean.data<float>() : nullptr,
                           moving ? a.moving_var.data<float>() : nullptr, a.momentum};
-  const bool vector = use_float4(a.S, {a.y.data<float>(), a.x.data<float>()});
-  const std::int64_t S = vector ? a.S / 4 : a.S;
-  if (S >= kSplitRow) {
-    // The statistics' split (batchnorm_stats), so that each block reverses its walk.
-    const ChannelSplit split = channel_split(a.N, a.C, S, stream);
-    const bool relu = a.activation == Activation::ReLU;
-    const auto kernel = vector ? (relu ? batchnorm_training_apply_kernel<true, float4>
-                                       : batchnorm_training_apply_kernel<false, float4>)
-                               : (relu ? batchnorm_training_apply_kernel<true, float>
-                                       : batchnorm_training_apply_kernel<false, float>);
-    launch_channel_split(kernel, split, stream, a.y.data<float>(), a.x.data<float>(), t, o);
-    return;
-  }
-  Scratch coeff(stream, a.C * sizeof(float4));
-  launch_grid_stride(batchnorm_prepare_training_kernel, a.C, stream, coeff.as<float4>(), t, o);
-  apply(a, Precomputed{coeff.as<float4>()}, stream);
+  with_gpu_dtype("batchnorm_forward_from_stats", a.x, [&]<typename T>() {
+    T* y = a.y.data<T>();
+    const T* x = a.x.data<T>();
+    const bool vector = in_float4<T>(a.S, {y, x});
+    const std::int64_t S = vector ? a.S / 4 : a.S;
+    if (S >= kSplitRow) {
+      // The statistics' split (batchnorm_stats), so that each block reverses its walk.
+      const ChannelSplit split = channel_split(a.N, a.C, S, stream);
+      const auto kernel = vector ? with_relu(a, batchnorm_training_apply_kernel<true, T, float4>,
+                                             batchnorm_training_apply_kernel<false, T, float4>)
+                                 : with_relu(a, batchnorm_training_apply_kernel<true, T, float>,
+                                             batchnorm_training_apply_kernel<false, T, float>);
+      launch_channel_split(kernel, split, stream, y, x, t, o);
+      return;
+    }
+    Scratch coeff(stream, a.C * sizeof(float4));
+    launch_grid_stride(batchnorm_prepare_training_kernel, a.C, stream, coeff.as<float4>(), t, o);
+    apply<T>(a, Precomputed{coeff.as<float4>()}, stream);
+  });
 }
 
 void batchnorm_forward_inference(const BatchNormArgs& a, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
   const InferenceCoeff source{a.gamma.data<float>(), a.beta.data<float>(),
                               a.moving_mean.data<float>(), a.moving_var.data<float>(), a.eps};
-  with_coefficients(a.C, source, stream, [&](const auto& s) { apply(a, s, stream); });
+  with_gpu_dtype("batchnorm_forward_inference", a.x, [&]<typename T>() {
+    with_coefficients(a.C, source, stream, [&](const auto& s) { apply<T>(a, s, stream); });
+  });
 }
 
-template <typename V>
-auto backward_partial_kernel(const BatchNormArgs& a) {
-  return a.activation == Activation::ReLU ? batchnorm_backward_partial_kernel<true, V>
-                                          : batchnorm_backward_partial_kernel<false, V>;
-}
-
-template <typename V, typename Source>
-auto backward_apply_kernel(const BatchNormArgs& a) {
-  return a.activation == Activation::ReLU ? batchnorm_backward_apply_kernel<true, V, Source>
-                                          : batchnorm_backward_apply_kernel<false, V, Source>;
-}
+namespace {
 
 // The backward's split: that of batchnorm_backward_split_apply_kernel (two blocks
 // per SM) where the apply runs on it, so that it reverses the reduction's walk.
-namespace {
 ChannelSplit backward_split(const BatchNormArgs& a, bool vector, const Stream& stream) {
   const std::int64_t S = vector ? a.S / 4 : a.S;
   return channel_split(a.N, a.C, S, stream,
                        S >= kSplitRow ? kBackwardApplyBlocksPerSm : kReduceBlocksPerSm);
 }
+
 }  // namespace
 
 void batchnorm_backward_reduce(const BatchNormArgs& a, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
-  const bool vector = use_float4(a.S, {a.grad_y.data<float>(), a.x.data<float>()});
-  const ChannelSplit split = backward_split(a, vector, stream);
-  Scratch partial(stream, 2 * a.C * split.splits * sizeof(float));
-  float* partial_gy = partial.as<float>();
-  float* partial_gy_dev = partial_gy + a.C * split.splits;
-  const auto kernel =
-      vector ? backward_partial_kernel<float4>(a) : backward_partial_kernel<float>(a);
-  launch_channel_split(kernel, split, stream, partial_gy, partial_gy_dev, a.grad_y.data<float>(),
-                       a.x.data<float>(), a.mean.data<float>(), relu_source(a));
-  launch_grid_stride(batchnorm_backward_finish_kernel, a.C, stream, a.sum_grad_y.data<float>(),
-                     a.sum_grad_y_xhat.data<float>(), partial_gy, partial_gy_dev,
-                     a.inv_std.data<float>(), split.splits);
+  with_gpu_dtype("batchnorm_backward_reduce", a.x, [&]<typename T>() {
+    const T* grad_y = a.grad_y.data<T>();
+    const T* x = a.x.data<T>();
+    const bool vector = in_float4<T>(a.S, {grad_y, x});
+    const ChannelSplit split = backward_split(a, vector, stream);
+    Scratch partial(stream, 2 * a.C * split.splits * sizeof(float));
+    float* partial_gy = partial.as<float>();
+    float* partial_gy_dev = partial_gy + a.C * split.splits;
+    const auto kernel = vector ? with_relu(a, batchnorm_backward_partial_kernel<true, T, float4>,
+                                           batchnorm_backward_partial_kernel<false, T, float4>)
+                               : with_relu(a, batchnorm_backward_partial_kernel<true, T, float>,
+                                           batchnorm_backward_partial_kernel<false, T, float>);
+    launch_channel_split(kernel, split, stream, partial_gy, partial_gy_dev, grad_y, x,
+                         a.mean.data<float>(), relu_source(a));
+    launch_grid_stride(batchnorm_backward_finish_kernel, a.C, stream, a.sum_grad_y.data<float>(),
+                       a.sum_grad_y_xhat.data<float>(), partial_gy, partial_gy_dev,
+                       a.inv_std.data<float>(), split.splits);
+  });
 }
 
 void batchnorm_backward_apply(const BatchNormArgs& a, const Stream& stream) {
@@ -616,27 +651,33 @@ void batchnorm_backward_apply(const BatchNormArgs& a, const Stream& stream) {
   const BackwardCoeff source{a.gamma.data<float>(),           a.mean.data<float>(),
                              a.inv_std.data<float>(),         a.sum_grad_y.data<float>(),
                              a.sum_grad_y_xhat.data<float>(), a.count};
-  const bool vector =
-      use_float4(a.S, {a.grad_x.data<float>(), a.grad_y.data<float>(), a.x.data<float>()});
-  const std::int64_t S = vector ? a.S / 4 : a.S;
   const bool assign = a.grad_x_write == GradWrite::Assign;
-  if (S >= kSplitRow) {
-    const bool relu = a.activation == Activation::ReLU;
-    const auto kernel = vector ? (relu ? batchnorm_backward_split_apply_kernel<true, float4>
-                                       : batchnorm_backward_split_apply_kernel<false, float4>)
-                               : (relu ? batchnorm_backward_split_apply_kernel<true, float>
-                                       : batchnorm_backward_split_apply_kernel<false, float>);
-    launch_channel_split(kernel, backward_split(a, vector, stream), stream, a.grad_x.data<float>(),
-                         a.grad_y.data<float>(), a.x.data<float>(), source, relu_source(a), assign);
-    return;
-  }
-  with_coefficients(a.C, source, stream, [&](const auto& s) {
-    using Source = std::decay_t<decltype(s)>;
-    const auto kernel =
-        vector ? backward_apply_kernel<float4, Source>(a) : backward_apply_kernel<float, Source>(a);
-    launch_resident(kernel, kBackwardApplyBlocksPerSm, a.N * a.C * S, stream,
-                    a.grad_x.data<float>(), a.grad_y.data<float>(), a.x.data<float>(), s,
-                    relu_source(a), a.C, S, assign);
+  with_gpu_dtype("batchnorm_backward_apply", a.x, [&]<typename T>() {
+    T* grad_x = a.grad_x.data<T>();
+    const T* grad_y = a.grad_y.data<T>();
+    const T* x = a.x.data<T>();
+    const bool vector = in_float4<T>(a.S, {grad_x, grad_y, x});
+    const std::int64_t S = vector ? a.S / 4 : a.S;
+    if (S >= kSplitRow) {
+      const auto kernel = vector
+                              ? with_relu(a, batchnorm_backward_split_apply_kernel<true, T, float4>,
+                                          batchnorm_backward_split_apply_kernel<false, T, float4>)
+                              : with_relu(a, batchnorm_backward_split_apply_kernel<true, T, float>,
+                                          batchnorm_backward_split_apply_kernel<false, T, float>);
+      launch_channel_split(kernel, backward_split(a, vector, stream), stream, grad_x, grad_y, x,
+                           source, relu_source(a), assign);
+      return;
+    }
+    with_coefficients(a.C, source, stream, [&](const auto& s) {
+      using Source = std::decay_t<decltype(s)>;
+      const auto kernel =
+          vector ? with_relu(a, batchnorm_backward_apply_kernel<true, T, float4, Source>,
+                             batchnorm_backward_apply_kernel<false, T, float4, Source>)
+                 : with_relu(a, batchnorm_backward_apply_kernel<true, T, float, Source>,
+                             batchnorm_backward_apply_kernel<false, T, float, Source>);
+      launch_resident(kernel, kBackwardApplyBlocksPerSm, a.N * a.C * S, stream, grad_x, grad_y, x,
+                      s, relu_source(a), a.C, S, assign);
+    });
   });
 }
 

@@ -1,6 +1,7 @@
 // The implicit-GEMM kernels of conv2d (kernels/cuda/conv2d.cu): templates over a
 // "problem" (how one pass of the convolution gathers its GEMM operands and stores
-// its result; the problems and their launch plans are in conv2d.cu) and a Tile.
+// its result; the problems are in conv2d_problems.cuh, their launch plans in
+// conv2d.cu) and a Tile.
 //
 // implicit_gemm_kernel: the natural reduction order, a register-staged double
 // buffer (forward and backward-data when their channels are not a multiple of

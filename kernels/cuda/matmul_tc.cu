@@ -3,8 +3,8 @@
 // TF32 on mma.sync m16n8k8, float32 sums for all three, operands staged through
 // shared memory by a cp.async pipeline and read into the mma's fragments by
 // ldmatrix (or, for one TF32 case, plain shared loads: below). It uses only
-// kernels/cuda/tensor_core.cuh and cuda_pipeline.h, so the same text runs under
-// nvcc and on the emulated GPUs.
+// kernels/cuda/tensor_core.cuh (with tc_tile.cuh's sizes of an operand type) and
+// cuda_pipeline.h, so the same text runs under nvcc and on the emulated GPUs.
 //
 // Tiling. A block of 256 threads (8 warps) computes a 128x128 tile of C, stepping
 // through K one stage at a time (32 16-bit values or 16 float32 ones: 64 bytes of
@@ -102,6 +102,7 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/matmul_tc.h"
 #include "kernels/cuda/split_reduce.cuh"
+#include "kernels/cuda/tc_tile.cuh"
 #include "kernels/cuda/tensor_core.cuh"
 
 namespace towerlab::cuda {
@@ -117,22 +118,16 @@ constexpr int kFragsN = kWarpN / 8;      // n8 tiles per warp
 constexpr int kStageBytes = kTile * 64;  // one operand's stage: 128 lines of 64 bytes of k
 static_assert((kTile / kWarpM) * (kTile / kWarpN) * 32 == kThreads, "one warp per patch");
 
-// What the kernel multiplies.
-enum class TcInput { BFloat16, Float16, Tf32 };
-
 // The numbers of the pipeline that depend on the operand type (the file's opening
-// comment: everything is sized in bytes).
+// comment: everything is sized in bytes). Stored (a 16-bit pattern, or a float32
+// that is rounded to tf32 when its fragment is loaded: as it lies in global and
+// shared memory), kChunk (values per 16-byte copy), kStepK (K per pipeline stage)
+// and kMmaK (K per mma) are conv2d's tensor-core kernel's too (tc_tile.cuh).
 template <TcInput kInput>
-struct TcOperand {
-  static constexpr bool kTf32 = kInput == TcInput::Tf32;
-  // A value as it lies in global and shared memory: a 16-bit pattern, or a float32
-  // that is rounded to tf32 when its fragment is loaded.
-  using Stored = std::conditional_t<kTf32, float, std::uint16_t>;
-  static constexpr int kChunk = 16 / sizeof(Stored);  // values per 16-byte copy
-  static constexpr int kStepK = 64 / sizeof(Stored);  // K per pipeline stage
-  static constexpr int kMmaK = kTf32 ? 8 : 16;        // K per mma
+struct TcOperand : tc::TcValues<kInput> {
+  using Stored = typename tc::TcValues<kInput>::Stored;
   static constexpr int kTileValues = kStageBytes / sizeof(Stored);
-  static constexpr int kMnXorShift = kTf32 ? 1 : 0;  // in the mn-major swizzle
+  static constexpr int kMnXorShift = tc::TcValues<kInput>::kTf32 ? 1 : 0;  // mn-major swizzle
 };
 
 // A split of K keeps at least this much (8 stages of 16-bit operands, 16 of
@@ -465,15 +460,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_tc_kernel(const TcParams p) 
 #pragma unroll
       for (int i = 0; i < kFragsM; ++i) {
 #pragma unroll
-        for (int j = 0; j < kFragsN; ++j) {
-          if constexpr (kInput == TcInput::BFloat16) {
-            mma_m16n8k16_bf16(acc[i][j], fa[i], fb[j], acc[i][j]);
-          } else if constexpr (kInput == TcInput::Float16) {
-            mma_m16n8k16_f16(acc[i][j], fa[i], fb[j], acc[i][j]);
-          } else {
-            mma_m16n8k8_tf32(acc[i][j], fa[i], fb[j], acc[i][j]);
-          }
-        }
+        for (int j = 0; j < kFragsN; ++j) mma_m16n8<kInput>(acc[i][j], fa[i], fb[j], acc[i][j]);
       }
     }
     read = read + 1 == kStages ? 0 : read + 1;

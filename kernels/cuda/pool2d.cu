@@ -1,4 +1,11 @@
-// CUDA 2-D pooling (contracts in kernels/pool2d.h), float32.
+// CUDA 2-D pooling (contracts in kernels/pool2d.h): float32, bfloat16 and float16.
+//
+// The general kernels are templated on the storage type T of x, y and the
+// gradients (float, bfloat16, float16; argmax float32 for every T,
+// pool2d_argmax_dtype): a 16-bit value is widened on load, compared and summed in
+// float32, and a result rounded once as it is stored, in the reference's order
+// (kernels/reference/pool2d.h), so 16-bit results are the reference's bits. For
+// float the widenings and roundings are no-ops: the float32 kernels as they were.
 //
 // Forwards: one thread per output. Backwards GATHER instead of scatter: one
 // thread per input value visits the outputs whose windows cover it and adds their
@@ -10,25 +17,28 @@
 // recorded it (the from_argmax backward).
 //
 // The 2x2 stride-2 unpadded window on even planes (FashionNet's pooling, and the
-// common case) has its own kernels: the windows tile the plane exactly, so every
-// input belongs to one window and each thread owns one output and its window:
-// two float2 loads (rows 2r and 2r+1 of x viewed as [planes*H, W], coalesced
-// across the warp), and for the backwards two float2 stores of grad_x, written by
-// this thread alone (no gather, no atomics). 32-bit indices, one division per
-// output instead of the general kernels' three 64-bit ones. Each value is the
-// same expression in the same order as the general kernels, so both give the
-// same bits. Max pooling's 2x2 backwards take two outputs per thread and trip and
-// issue both outputs' loads before either's stores (for_output_pairs). Average
-// pooling's backward, which reads nothing but the gradients, takes two
-// neighbouring windows a thread in float4 rows where Wo is even.
+// common case) has its own float32 kernels (16-bit tensors take the general
+// ones): the windows tile the plane exactly, so every input belongs to one window
+// and each thread owns one output and its window: two float2 loads (rows 2r and
+// 2r+1 of x viewed as [planes*H, W], coalesced across the warp), and for the
+// backwards two float2 stores of grad_x, written by this thread alone (no gather,
+// no atomics). 32-bit indices, one division per output instead of the general
+// kernels' three 64-bit ones. Each value is the same expression in the same order
+// as the general kernels, so both give the same bits. Max pooling's 2x2 backwards
+// take two outputs per thread and trip and issue both outputs' loads before
+// either's stores (for_output_pairs). Average pooling's backward, which reads
+// nothing but the gradients, takes two neighbouring windows a thread in float4
+// rows where Wo is even.
 //
 // Each pass is memory-bound: its speed on a GPU, beside a device copy of the same
 // bytes, is in bench/results/gpu_h100.md.
+#include "kernels/cuda/gpu_dtype.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/pool2d.h"
 
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 namespace towerlab::cuda {
 
@@ -54,12 +64,13 @@ __device__ Window window_of(std::int64_t ho, std::int64_t wo, const Geometry& g)
 }
 
 // Plane index of the window's first maximum (a NaN wins, the first NaN): as the CPU.
-__device__ std::int64_t window_argmax(const float* plane, std::int64_t W, const Window& win) {
+template <typename T>
+__device__ std::int64_t window_argmax(const T* plane, std::int64_t W, const Window& win) {
   std::int64_t best = win.h0 * W + win.w0;
-  float b = plane[best];
+  float b = static_cast<float>(plane[best]);
   for (std::int64_t h = win.h0; h < win.h1; ++h) {
     for (std::int64_t w = win.w0; w < win.w1; ++w) {
-      const float v = plane[h * W + w];
+      const float v = static_cast<float>(plane[h * W + w]);
       if (v > b || (isnan(v) && !isnan(b))) {
         best = h * W + w;
         b = v;
@@ -94,43 +105,47 @@ __device__ float sum_over_covering(std::int64_t h, std::int64_t w, const Geometr
 // The max-pool backward's gather: gy (this plane's grad_y) of the covering outputs
 // whose maximum took_it(ho, wo) says is the input. (Adding 0.0f for the others
 // leaves the sum's bits as skipping them would: it starts at +0.0f.)
-template <typename TookIt>
-__device__ float gather_max_grad(std::int64_t h, std::int64_t w, const float* gy, const Geometry& g,
+template <typename T, typename TookIt>
+__device__ float gather_max_grad(std::int64_t h, std::int64_t w, const T* gy, const Geometry& g,
                                  TookIt took_it) {
   return sum_over_covering(h, w, g, [&](std::int64_t ho, std::int64_t wo) {
-    return took_it(ho, wo) ? gy[ho * g.Wo + wo] : 0.0f;
+    return took_it(ho, wo) ? static_cast<float>(gy[ho * g.Wo + wo]) : 0.0f;
   });
 }
 
-__global__ void max_pool2d_forward_kernel(std::int64_t n, float* __restrict__ y,
-                                          const float* __restrict__ x, Geometry g) {
+template <typename T>
+__global__ void max_pool2d_forward_kernel(std::int64_t n, T* __restrict__ y,
+                                          const T* __restrict__ x, Geometry g) {
   for (const std::int64_t i : grid_stride(n)) {
     const std::int64_t wo = i % g.Wo, ho = (i / g.Wo) % g.Ho, plane = i / (g.Wo * g.Ho);
-    const float* p = x + plane * g.H * g.W;
+    const T* p = x + plane * g.H * g.W;
     y[i] = p[window_argmax(p, g.W, window_of(ho, wo, g))];
   }
 }
 
-__global__ void max_pool2d_backward_kernel(std::int64_t n, float* __restrict__ grad_x,
-                                           const float* __restrict__ grad_y,
-                                           const float* __restrict__ x, Geometry g) {
+template <typename T>
+__global__ void max_pool2d_backward_kernel(std::int64_t n, T* __restrict__ grad_x,
+                                           const T* __restrict__ grad_y, const T* __restrict__ x,
+                                           Geometry g) {
   for (const std::int64_t i : grid_stride(n)) {
     const std::int64_t w = i % g.W, h = (i / g.W) % g.H, plane = i / (g.W * g.H);
-    const float* p = x + plane * g.H * g.W;
+    const T* p = x + plane * g.H * g.W;
     const std::int64_t here = h * g.W + w;
-    grad_x[i] += gather_max_grad(h, w, grad_y + plane * g.Ho * g.Wo, g,
-                                 [&](std::int64_t ho, std::int64_t wo) {
-                                   return window_argmax(p, g.W, window_of(ho, wo, g)) == here;
-                                 });
+    const float sum = gather_max_grad(h, w, grad_y + plane * g.Ho * g.Wo, g,
+                                      [&](std::int64_t ho, std::int64_t wo) {
+                                        return window_argmax(p, g.W, window_of(ho, wo, g)) == here;
+                                      });
+    grad_x[i] = T(static_cast<float>(grad_x[i]) + sum);
   }
 }
 
-__global__ void max_pool2d_forward_with_argmax_kernel(std::int64_t n, float* __restrict__ y,
+template <typename T>
+__global__ void max_pool2d_forward_with_argmax_kernel(std::int64_t n, T* __restrict__ y,
                                                       float* __restrict__ argmax,
-                                                      const float* __restrict__ x, Geometry g) {
+                                                      const T* __restrict__ x, Geometry g) {
   for (const std::int64_t i : grid_stride(n)) {
     const std::int64_t wo = i % g.Wo, ho = (i / g.Wo) % g.Ho, plane = i / (g.Wo * g.Ho);
-    const float* p = x + plane * g.H * g.W;
+    const T* p = x + plane * g.H * g.W;
     const std::int64_t best = window_argmax(p, g.W, window_of(ho, wo, g));
     y[i] = p[best];
     argmax[i] = static_cast<float>(best);
@@ -142,9 +157,9 @@ __global__ void max_pool2d_forward_with_argmax_kernel(std::int64_t n, float* __r
 // overwrites it (zero where no output took it) without reading it. (A template
 // parameter, not a run-time flag: the accumulating instance then loads grad_x
 // unconditionally, alongside the other loads, instead of after a branch.)
-template <bool kAssign>
-__global__ void max_pool2d_backward_from_argmax_kernel(std::int64_t n, float* __restrict__ grad_x,
-                                                       const float* __restrict__ grad_y,
+template <bool kAssign, typename T>
+__global__ void max_pool2d_backward_from_argmax_kernel(std::int64_t n, T* __restrict__ grad_x,
+                                                       const T* __restrict__ grad_y,
                                                        const float* __restrict__ argmax,
                                                        Geometry g) {
   for (const std::int64_t i : grid_stride(n)) {
@@ -154,33 +169,37 @@ __global__ void max_pool2d_backward_from_argmax_kernel(std::int64_t n, float* __
     const float sum = gather_max_grad(
         h, w, grad_y + plane * g.Ho * g.Wo, g,
         [&](std::int64_t ho, std::int64_t wo) { return where[ho * g.Wo + wo] == here; });
-    grad_x[i] = kAssign ? sum : grad_x[i] + sum;
+    grad_x[i] = T(kAssign ? sum : static_cast<float>(grad_x[i]) + sum);
   }
 }
 
-__global__ void avg_pool2d_forward_kernel(std::int64_t n, float* __restrict__ y,
-                                          const float* __restrict__ x, Geometry g) {
+template <typename T>
+__global__ void avg_pool2d_forward_kernel(std::int64_t n, T* __restrict__ y,
+                                          const T* __restrict__ x, Geometry g) {
   for (const std::int64_t i : grid_stride(n)) {
     const std::int64_t wo = i % g.Wo, ho = (i / g.Wo) % g.Ho, plane = i / (g.Wo * g.Ho);
-    const float* p = x + plane * g.H * g.W;
+    const T* p = x + plane * g.H * g.W;
     const Window win = window_of(ho, wo, g);
     float sum = 0.0f;
     for (std::int64_t h = win.h0; h < win.h1; ++h) {
-      for (std::int64_t w = win.w0; w < win.w1; ++w) sum += p[h * g.W + w];
+      for (std::int64_t w = win.w0; w < win.w1; ++w) sum += static_cast<float>(p[h * g.W + w]);
     }
-    y[i] = sum / static_cast<float>((win.h1 - win.h0) * (win.w1 - win.w0));
+    y[i] = T(sum / static_cast<float>((win.h1 - win.h0) * (win.w1 - win.w0)));
   }
 }
 
-__global__ void avg_pool2d_backward_kernel(std::int64_t n, float* __restrict__ grad_x,
-                                           const float* __restrict__ grad_y, Geometry g) {
+template <typename T>
+__global__ void avg_pool2d_backward_kernel(std::int64_t n, T* __restrict__ grad_x,
+                                           const T* __restrict__ grad_y, Geometry g) {
   for (const std::int64_t i : grid_stride(n)) {
     const std::int64_t w = i % g.W, h = (i / g.W) % g.H, plane = i / (g.W * g.H);
-    const float* gy = grad_y + plane * g.Ho * g.Wo;
-    grad_x[i] += sum_over_covering(h, w, g, [&](std::int64_t ho, std::int64_t wo) {
+    const T* gy = grad_y + plane * g.Ho * g.Wo;
+    const float sum = sum_over_covering(h, w, g, [&](std::int64_t ho, std::int64_t wo) {
       const Window win = window_of(ho, wo, g);
-      return gy[ho * g.Wo + wo] / static_cast<float>((win.h1 - win.h0) * (win.w1 - win.w0));
+      return static_cast<float>(gy[ho * g.Wo + wo]) /
+             static_cast<float>((win.h1 - win.h0) * (win.w1 - win.w0));
     });
+    grad_x[i] = T(static_cast<float>(grad_x[i]) + sum);
   }
 }
 
@@ -413,44 +432,58 @@ std::int64_t pairs(std::int64_t n) {
 
 }  // namespace
 
+// Each launcher: the float32 2x2 kernels where they apply (two_by_two), else the
+// general kernel for the tensors' storage type (with_gpu_dtype).
 void max_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params,
                         const Stream& stream) {
   const Geometry g = geometry(x.shape(), y.shape(), params);
-  if (two_by_two(g, x.numel(), {y.data<float>(), x.data<float>()})) {
-    launch_grid_stride(max_pool_2x2_forward_kernel, y.numel(), stream, y.data<float>(), nullptr,
-                       x.data<float>(), static_cast<unsigned>(g.Ho), static_cast<unsigned>(g.Wo));
-    return;
-  }
-  launch_grid_stride(max_pool2d_forward_kernel, y.numel(), stream, y.data<float>(), x.data<float>(),
-                     geometry(x.shape(), y.shape(), params));
+  with_gpu_dtype("max_pool2d_forward", x, [&]<typename T>() {
+    if constexpr (std::is_same_v<T, float>) {
+      if (two_by_two(g, x.numel(), {y.data<float>(), x.data<float>()})) {
+        launch_grid_stride(max_pool_2x2_forward_kernel, y.numel(), stream, y.data<float>(), nullptr,
+                           x.data<float>(), static_cast<unsigned>(g.Ho),
+                           static_cast<unsigned>(g.Wo));
+        return;
+      }
+    }
+    launch_grid_stride(max_pool2d_forward_kernel<T>, y.numel(), stream, y.data<T>(), x.data<T>(),
+                       g);
+  });
 }
 
 void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Tensor& x,
                          const Pool2dParams& params, const Stream& stream) {
   const Geometry g = geometry(x.shape(), grad_y.shape(), params);
-  if (two_by_two(g, x.numel(), {grad_x.data<float>(), grad_y.data<float>(), x.data<float>()})) {
-    launch_grid_stride(max_pool_2x2_backward_kernel, pairs(grad_y.numel()), stream,
-                       grad_x.data<float>(), grad_y.data<float>(), x.data<float>(),
-                       static_cast<unsigned>(grad_y.numel()), static_cast<unsigned>(g.Ho),
-                       static_cast<unsigned>(g.Wo));
-    return;
-  }
-  launch_grid_stride(max_pool2d_backward_kernel, x.numel(), stream, grad_x.data<float>(),
-                     grad_y.data<float>(), x.data<float>(),
-                     geometry(x.shape(), grad_y.shape(), params));
+  with_gpu_dtype("max_pool2d_backward", x, [&]<typename T>() {
+    if constexpr (std::is_same_v<T, float>) {
+      if (two_by_two(g, x.numel(), {grad_x.data<float>(), grad_y.data<float>(), x.data<float>()})) {
+        launch_grid_stride(max_pool_2x2_backward_kernel, pairs(grad_y.numel()), stream,
+                           grad_x.data<float>(), grad_y.data<float>(), x.data<float>(),
+                           static_cast<unsigned>(grad_y.numel()), static_cast<unsigned>(g.Ho),
+                           static_cast<unsigned>(g.Wo));
+        return;
+      }
+    }
+    launch_grid_stride(max_pool2d_backward_kernel<T>, x.numel(), stream, grad_x.data<T>(),
+                       grad_y.data<T>(), x.data<T>(), g);
+  });
 }
 
 void max_pool2d_forward_with_argmax(const Tensor& y, const Tensor& argmax, const Tensor& x,
                                     const Pool2dParams& params, const Stream& stream) {
   const Geometry g = geometry(x.shape(), y.shape(), params);
-  if (two_by_two(g, x.numel(), {y.data<float>(), x.data<float>()})) {
-    launch_grid_stride(max_pool_2x2_forward_kernel, y.numel(), stream, y.data<float>(),
-                       argmax.data<float>(), x.data<float>(), static_cast<unsigned>(g.Ho),
-                       static_cast<unsigned>(g.Wo));
-    return;
-  }
-  launch_grid_stride(max_pool2d_forward_with_argmax_kernel, y.numel(), stream, y.data<float>(),
-                     argmax.data<float>(), x.data<float>(), geometry(x.shape(), y.shape(), params));
+  with_gpu_dtype("max_pool2d_forward_with_argmax", x, [&]<typename T>() {
+    if constexpr (std::is_same_v<T, float>) {
+      if (two_by_two(g, x.numel(), {y.data<float>(), x.data<float>()})) {
+        launch_grid_stride(max_pool_2x2_forward_kernel, y.numel(), stream, y.data<float>(),
+                           argmax.data<float>(), x.data<float>(), static_cast<unsigned>(g.Ho),
+                           static_cast<unsigned>(g.Wo));
+        return;
+      }
+    }
+    launch_grid_stride(max_pool2d_forward_with_argmax_kernel<T>, y.numel(), stream, y.data<T>(),
+                       argmax.data<float>(), x.data<T>(), g);
+  });
 }
 
 void max_pool2d_backward_from_argmax(const Tensor& grad_x, const Tensor& grad_y,
@@ -458,49 +491,64 @@ void max_pool2d_backward_from_argmax(const Tensor& grad_x, const Tensor& grad_y,
                                      const Stream& stream, GradWrite write) {
   const Geometry g = geometry(grad_x.shape(), grad_y.shape(), params);
   const bool assign = write == GradWrite::Assign;
-  if (two_by_two(g, grad_x.numel(), {grad_x.data<float>()})) {
-    launch_grid_stride(assign ? max_pool_2x2_backward_from_argmax_kernel<true>
-                              : max_pool_2x2_backward_from_argmax_kernel<false>,
-                       pairs(grad_y.numel()), stream, grad_x.data<float>(), grad_y.data<float>(),
-                       argmax.data<float>(), static_cast<unsigned>(grad_y.numel()),
-                       static_cast<unsigned>(g.Ho), static_cast<unsigned>(g.Wo));
-    return;
-  }
-  launch_grid_stride(assign ? max_pool2d_backward_from_argmax_kernel<true>
-                            : max_pool2d_backward_from_argmax_kernel<false>,
-                     grad_x.numel(), stream, grad_x.data<float>(), grad_y.data<float>(),
-                     argmax.data<float>(), g);
+  with_gpu_dtype("max_pool2d_backward_from_argmax", grad_x, [&]<typename T>() {
+    if constexpr (std::is_same_v<T, float>) {
+      if (two_by_two(g, grad_x.numel(), {grad_x.data<float>()})) {
+        launch_grid_stride(assign ? max_pool_2x2_backward_from_argmax_kernel<true>
+                                  : max_pool_2x2_backward_from_argmax_kernel<false>,
+                           pairs(grad_y.numel()), stream, grad_x.data<float>(),
+                           grad_y.data<float>(), argmax.data<float>(),
+                           static_cast<unsigned>(grad_y.numel()), static_cast<unsigned>(g.Ho),
+                           static_cast<unsigned>(g.Wo));
+        return;
+      }
+    }
+    launch_grid_stride(assign ? max_pool2d_backward_from_argmax_kernel<true, T>
+                              : max_pool2d_backward_from_argmax_kernel<false, T>,
+                       grad_x.numel(), stream, grad_x.data<T>(), grad_y.data<T>(),
+                       argmax.data<float>(), g);
+  });
 }
 
 void avg_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params,
                         const Stream& stream) {
   const Geometry g = geometry(x.shape(), y.shape(), params);
-  if (two_by_two(g, x.numel(), {x.data<float>()})) {
-    launch_grid_stride(avg_pool_2x2_forward_kernel, y.numel(), stream, y.data<float>(),
-                       x.data<float>(), static_cast<unsigned>(g.Ho), static_cast<unsigned>(g.Wo));
-    return;
-  }
-  launch_grid_stride(avg_pool2d_forward_kernel, y.numel(), stream, y.data<float>(), x.data<float>(),
-                     geometry(x.shape(), y.shape(), params));
+  with_gpu_dtype("avg_pool2d_forward", x, [&]<typename T>() {
+    if constexpr (std::is_same_v<T, float>) {
+      if (two_by_two(g, x.numel(), {x.data<float>()})) {
+        launch_grid_stride(avg_pool_2x2_forward_kernel, y.numel(), stream, y.data<float>(),
+                           x.data<float>(), static_cast<unsigned>(g.Ho),
+                           static_cast<unsigned>(g.Wo));
+        return;
+      }
+    }
+    launch_grid_stride(avg_pool2d_forward_kernel<T>, y.numel(), stream, y.data<T>(), x.data<T>(),
+                       g);
+  });
 }
 
 void avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_y, const Pool2dParams& params,
                          const Stream& stream) {
   const Geometry g = geometry(grad_x.shape(), grad_y.shape(), params);
-  if (two_by_two(g, grad_x.numel(), {grad_x.data<float>()})) {
-    if (g.Wo % 2 == 0 && aligned(grad_x.data<float>(), 16) && aligned(grad_y.data<float>(), 8)) {
-      launch_grid_stride(avg_pool_2x2_backward_wide_kernel, grad_y.numel() / 2, stream,
-                         grad_x.data<float>(), grad_y.data<float>(), static_cast<unsigned>(g.Ho),
-                         static_cast<unsigned>(g.Wo));
-      return;
+  with_gpu_dtype("avg_pool2d_backward", grad_x, [&]<typename T>() {
+    if constexpr (std::is_same_v<T, float>) {
+      if (two_by_two(g, grad_x.numel(), {grad_x.data<float>()})) {
+        if (g.Wo % 2 == 0 && aligned(grad_x.data<float>(), 16) &&
+            aligned(grad_y.data<float>(), 8)) {
+          launch_grid_stride(avg_pool_2x2_backward_wide_kernel, grad_y.numel() / 2, stream,
+                             grad_x.data<float>(), grad_y.data<float>(),
+                             static_cast<unsigned>(g.Ho), static_cast<unsigned>(g.Wo));
+          return;
+        }
+        launch_grid_stride(avg_pool_2x2_backward_kernel, grad_y.numel(), stream,
+                           grad_x.data<float>(), grad_y.data<float>(), static_cast<unsigned>(g.Ho),
+                           static_cast<unsigned>(g.Wo));
+        return;
+      }
     }
-    launch_grid_stride(avg_pool_2x2_backward_kernel, grad_y.numel(), stream, grad_x.data<float>(),
-                       grad_y.data<float>(), static_cast<unsigned>(g.Ho),
-                       static_cast<unsigned>(g.Wo));
-    return;
-  }
-  launch_grid_stride(avg_pool2d_backward_kernel, grad_x.numel(), stream, grad_x.data<float>(),
-                     grad_y.data<float>(), geometry(grad_x.shape(), grad_y.shape(), params));
+    launch_grid_stride(avg_pool2d_backward_kernel<T>, grad_x.numel(), stream, grad_x.data<T>(),
+                       grad_y.data<T>(), g);
+  });
 }
 
 }  // namespace towerlab::cuda

@@ -7,6 +7,7 @@
 //   ldmatrix_x1/x2/x4   1, 2 or 4 8x8 matrices of 16-bit elements from shared memory,
 //   ldmatrix_x*_trans   and the same transposed
 //   pack_bf16x2, pack_f16x2, to_tf32   building the operand registers
+//   mma_m16n8<TcInput>  the mma of an operand type, for kernels templated on it
 //
 // With nvcc each is inline PTX; in the emulated build (TOWERLAB_EMULATED_CUDA, from the
 // emulator's cuda_runtime.h) each calls the emulator's model of the instruction
@@ -46,8 +47,10 @@
 // The emulator reports a misuse at the kernel's line, not this header's: every
 // instruction takes its caller's location as a defaulted last parameter.
 #define TL_TC_WHERE , std::source_location where = std::source_location::current()
+#define TL_TC_PASS_WHERE , where  // a wrapper hands its caller's location on
 #else
 #define TL_TC_WHERE
+#define TL_TC_PASS_WHERE
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "kernels/cuda/tensor_core.cuh: mma.sync m16n8k16 and m16n8k8.tf32 need sm_80 or later"
 #endif
@@ -119,6 +122,24 @@ __device__ __forceinline__ void mma_m16n8k8_tf32(float (&d)[4], const std::uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]),
         "f"(c[2]), "f"(c[3]));
 #endif
+}
+
+// What a tensor-core kernel multiplies: bfloat16 or float16 operands on
+// m16n8k16, or float32 ones rounded to tf32 (to_tf32) on m16n8k8.
+enum class TcInput { BFloat16, Float16, Tf32 };
+
+// d = a b + c by kInput's mma (the fragments above: m16n8k16 or m16n8k8).
+template <TcInput kInput>
+__device__ __forceinline__ void mma_m16n8(float (&d)[4], const std::uint32_t (&a)[4],
+                                          const std::uint32_t (&b)[2],
+                                          const float (&c)[4] TL_TC_WHERE) {
+  if constexpr (kInput == TcInput::BFloat16) {
+    mma_m16n8k16_bf16(d, a, b, c TL_TC_PASS_WHERE);
+  } else if constexpr (kInput == TcInput::Float16) {
+    mma_m16n8k16_f16(d, a, b, c TL_TC_PASS_WHERE);
+  } else {
+    mma_m16n8k8_tf32(d, a, b, c TL_TC_PASS_WHERE);
+  }
 }
 
 #if !defined(TOWERLAB_EMULATED_CUDA)
@@ -204,3 +225,4 @@ __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4],
 }  // namespace towerlab::cuda
 
 #undef TL_TC_WHERE
+#undef TL_TC_PASS_WHERE

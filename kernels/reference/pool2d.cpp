@@ -1,10 +1,13 @@
 // 2-D pooling's plain reference (contracts in kernels/reference/pool2d.h): every
 // op walks (plane, ho, wo) and visits the window through one helper, so that the
-// four read the same clipping.
+// four read the same clipping. A backward sums each grad_x element's terms in a
+// buffer of math_t first and adds the buffer to grad_x at the end, so that a 16-bit
+// grad_x is rounded once.
 #include "kernels/reference/pool2d.h"
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 namespace towerlab::reference {
 
@@ -43,54 +46,87 @@ void for_each_output(const Sizes& z, Body body) {
         body(plane, ho, wo, (plane * z.Ho + ho) * z.Wo + wo);
 }
 
+// grad_x[i] += sum[i], in math_t and rounded once: grad_x [planes*H*W], sum [same].
+template <typename T>
+void add_sums(T* grad_x, const std::vector<math_t<T>>& sum) {
+  using M = math_t<T>;
+  for (std::size_t i = 0; i < sum.size(); ++i) grad_x[i] = T(static_cast<M>(grad_x[i]) + sum[i]);
+}
+
 }  // namespace
 
-void max_pool2d_forward(double* y, double* argmax, const double* x, const Shape& x_shape,
+template <typename T>
+void max_pool2d_forward(T* y, math_t<T>* argmax, const T* x, const Shape& x_shape,
                         const Pool2dParams& params) {
+  using M = math_t<T>;
   const Sizes z = sizes_of(x_shape, params);
   for_each_output(z, [&](std::int64_t plane, std::int64_t ho, std::int64_t wo, std::int64_t out) {
     std::int64_t best = -1;  // index into x of the winner so far
     for_each_in_window(z, params, plane, ho, wo, [&](std::int64_t i) {
-      if (best >= 0 && std::isnan(x[best])) return;  // the first NaN stays
-      if (best < 0 || std::isnan(x[i]) || x[i] > x[best]) best = i;
+      const M v = static_cast<M>(x[i]);
+      if (best >= 0 && std::isnan(static_cast<M>(x[best]))) return;  // the first NaN stays
+      if (best < 0 || std::isnan(v) || v > static_cast<M>(x[best])) best = i;
     });
     y[out] = x[best];
-    if (argmax != nullptr) argmax[out] = static_cast<double>(best - plane * z.H * z.W);
+    if (argmax != nullptr) argmax[out] = static_cast<M>(best - plane * z.H * z.W);
   });
 }
 
-void max_pool2d_backward(double* grad_x, const double* grad_y, const double* argmax,
-                         const Shape& x_shape, const Pool2dParams& params) {
+template <typename T>
+void max_pool2d_backward(T* grad_x, const T* grad_y, const math_t<T>* argmax, const Shape& x_shape,
+                         const Pool2dParams& params) {
+  using M = math_t<T>;
   const Sizes z = sizes_of(x_shape, params);
+  std::vector<M> sum(static_cast<std::size_t>(z.planes * z.H * z.W), M(0));  // [N,C,H,W]
   for_each_output(z, [&](std::int64_t plane, std::int64_t, std::int64_t, std::int64_t out) {
-    grad_x[plane * z.H * z.W + static_cast<std::int64_t>(argmax[out])] += grad_y[out];
+    const auto i =
+        static_cast<std::size_t>(plane * z.H * z.W + static_cast<std::int64_t>(argmax[out]));
+    sum[i] += static_cast<M>(grad_y[out]);
   });
+  add_sums(grad_x, sum);
 }
 
-void avg_pool2d_forward(double* y, const double* x, const Shape& x_shape,
-                        const Pool2dParams& params) {
+template <typename T>
+void avg_pool2d_forward(T* y, const T* x, const Shape& x_shape, const Pool2dParams& params) {
+  using M = math_t<T>;
   const Sizes z = sizes_of(x_shape, params);
   for_each_output(z, [&](std::int64_t plane, std::int64_t ho, std::int64_t wo, std::int64_t out) {
-    double sum = 0.0;
+    M sum = 0;
     std::int64_t count = 0;
     for_each_in_window(z, params, plane, ho, wo, [&](std::int64_t i) {
-      sum += x[i];
+      sum += static_cast<M>(x[i]);
       ++count;
     });
-    y[out] = sum / static_cast<double>(count);
+    y[out] = T(sum / static_cast<M>(count));
   });
 }
 
-void avg_pool2d_backward(double* grad_x, const double* grad_y, const Shape& x_shape,
+template <typename T>
+void avg_pool2d_backward(T* grad_x, const T* grad_y, const Shape& x_shape,
                          const Pool2dParams& params) {
+  using M = math_t<T>;
   const Sizes z = sizes_of(x_shape, params);
+  std::vector<M> sum(static_cast<std::size_t>(z.planes * z.H * z.W), M(0));  // [N,C,H,W]
   for_each_output(z, [&](std::int64_t plane, std::int64_t ho, std::int64_t wo, std::int64_t out) {
     std::int64_t count = 0;
     for_each_in_window(z, params, plane, ho, wo, [&](std::int64_t) { ++count; });
-    for_each_in_window(z, params, plane, ho, wo, [&](std::int64_t i) {
-      grad_x[i] += grad_y[out] / static_cast<double>(count);
-    });
+    const M share = static_cast<M>(grad_y[out]) / static_cast<M>(count);
+    for_each_in_window(z, params, plane, ho, wo,
+                       [&](std::int64_t i) { sum[static_cast<std::size_t>(i)] += share; });
   });
+  add_sums(grad_x, sum);
 }
+
+#define TL_INSTANTIATE_POOL2D(T)                                                        \
+  template void max_pool2d_forward<T>(T*, math_t<T>*, const T*, const Shape&,           \
+                                      const Pool2dParams&);                             \
+  template void max_pool2d_backward<T>(T*, const T*, const math_t<T>*, const Shape&,    \
+                                       const Pool2dParams&);                            \
+  template void avg_pool2d_forward<T>(T*, const T*, const Shape&, const Pool2dParams&); \
+  template void avg_pool2d_backward<T>(T*, const T*, const Shape&, const Pool2dParams&);
+TL_INSTANTIATE_POOL2D(double)
+TL_INSTANTIATE_POOL2D(bfloat16)
+TL_INSTANTIATE_POOL2D(float16)
+#undef TL_INSTANTIATE_POOL2D
 
 }  // namespace towerlab::reference

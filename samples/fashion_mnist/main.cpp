@@ -215,8 +215,8 @@ int run(const sample::Options& o) {
     const std::vector<Device>& devices = trainer.devices();
     if (std::any_of(devices.begin(), devices.end(), [](Device d) { return d.is_cuda(); })) {
       std::printf(
-          "precision tf32: matmul and linear on TF32 tensor cores on the CUDA towers (operands "
-          "rounded to 10 mantissa bits, float32 sums); convolutions float32; CPU towers fp32\n");
+          "precision tf32: matmul, linear and convolutions on TF32 tensor cores on the CUDA "
+          "towers (operands rounded to 10 mantissa bits, float32 sums); CPU towers fp32\n");
     } else {
       std::printf("precision tf32: the CPU has no TF32 arithmetic, so these CPU towers run fp32\n");
     }

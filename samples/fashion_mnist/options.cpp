@@ -240,8 +240,8 @@ Field precision(std::string& target) {
   return {"precision",
           "Precision policy: fp32; bf16 (bfloat16 GEMMs and convolutions with float32 sums, "
           "float32 master and gradients; docs/precision.md); fp16 (the same in float16, with "
-          "dynamic loss scaling); tf32 (float32 tensors, matmul and linear on TF32 tensor "
-          "cores on CUDA towers, convolutions float32; fp32 on CPU towers)",
+          "dynamic loss scaling); tf32 (float32 tensors, matmul, linear and convolutions on "
+          "TF32 tensor cores on CUDA towers; fp32 on CPU towers)",
           "{fp32,tf32,bf16,fp16}",
           allowed,
           target,
