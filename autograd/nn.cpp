@@ -359,11 +359,20 @@ Var batchnorm_max_pool2d(const Var& x, const Var& gamma, const Var& beta, const 
                          const Tensor& moving_var, bool training, const Pool2dParams& pool,
                          double momentum, double eps, Activation activation) {
   Tape& tape = x.tape();
-  // The fused kernels are float32 and float64 (kernels/batchnorm.h): 16-bit x composes too.
-  if (!training || !tape.stream().device().is_cpu() || is_16bit(x.value().dtype())) {
+  if (!training || !tape.stream().device().is_cpu()) {
     return max_pool2d(
         batchnorm(x, gamma, beta, moving_mean, moving_var, training, momentum, eps, activation),
         pool);
+  }
+  // The fused kernels are float32 and float64 (kernels/batchnorm.h): a 16-bit x takes
+  // them through the float32 fallback, which on the CPU is faster than the two 16-bit
+  // ops (docs/precision.md).
+  if (has_16bit({x, gamma, beta})) {
+    return through_float32({x, gamma, beta}, FallbackOutput::Working,
+                           [&](const std::vector<Var>& v) {
+                             return batchnorm_max_pool2d(v[0], v[1], v[2], moving_mean, moving_var,
+                                                         training, pool, momentum, eps, activation);
+                           });
   }
   const char* op = "batchnorm_max_pool2d";
   tape.check_owns(op, {x, gamma, beta});

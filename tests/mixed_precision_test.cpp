@@ -70,6 +70,13 @@ class MixedPrecisionTest : public SixteenBitTest {
     EXPECT_NE(r.grads[0], std::vector<float>(r.grads[0].size(), 0.0f)) << "x got no gradient";
     return r;
   }
+  // Every leaf's gradient, bit for bit.
+  static void expect_same_gradients(const Run& a, const Run& b) {
+    ASSERT_EQ(a.grads.size(), b.grads.size());
+    for (std::size_t i = 0; i < a.grads.size(); ++i) {
+      EXPECT_EQ(bits(a.grads[i]), bits(b.grads[i])) << "the gradient of input " << i;
+    }
+  }
 
  private:
   std::unique_ptr<Tape> lowp_, fp32_;
@@ -147,7 +154,8 @@ TEST_P(MixedPrecisionTest, ElementwiseOpsKeepTheWorkingDtypeWithFloat32Gradients
 // output rounded once (max pooling, batch norm: kernels/pool2d.h, kernels/batchnorm.h)
 // or within a 16-bit ulp of it (an average, whose 16-bit sum has the reference's
 // order), and every gradient is the float32 op's on the widened x, bit for bit.
-// (ag::batchnorm_max_pool2d composes the two for a 16-bit x.)
+// (ag::batchnorm_max_pool2d composes the two for a 16-bit x but in training on the
+// CPU: below.)
 TEST_P(MixedPrecisionTest, PoolingAndBatchNormRunTheirSixteenBitKernels) {
   const Tensor x16 = make(random_values(2 * 3 * 4 * 6, 10, -3.0f, 3.0f), {2, 3, 4, 6});
   const Tensor gamma = make32(random_values(3, 12, 0.5f, 1.5f), {3});
@@ -183,10 +191,31 @@ TEST_P(MixedPrecisionTest, PoolingAndBatchNormRunTheirSixteenBitKernels) {
     } else {
       EXPECT_TRUE(all_close(host(r16.y.value()), host(rounded), 0.0, ulp));
     }
-    for (std::size_t i = 0; i < r16.grads.size(); ++i) {
-      EXPECT_EQ(bits(r16.grads[i]), bits(r32.grads[i])) << "the gradient of input " << i;
-    }
+    expect_same_gradients(r16, r32);
   }
+}
+
+// Batch norm + max pool in training on the CPU: the fused kernels are float32, and a
+// 16-bit x takes them through the fallback (faster there than the two 16-bit ops):
+// y the float32 op's rounded once, every gradient the float32 op's, bit for bit.
+// (Elsewhere it composes the two ops above, as a float32 x does.)
+TEST_P(MixedPrecisionTest, BatchNormMaxPoolTakesTheFusedKernelsThroughTheFallbackOnTheCpu) {
+  if (!stream().device().is_cpu()) GTEST_SKIP() << "the fused kernels run on the CPU only";
+  const Tensor x16 = make(random_values(2 * 3 * 4 * 6, 10, -3.0f, 3.0f), {2, 3, 4, 6});
+  const Tensor gamma = make32(random_values(3, 12, 0.5f, 1.5f), {3});
+  const Tensor beta = make32(random_values(3, 13), {3});
+  const Op op = [&](const std::vector<Var>& v) {
+    const Tensor mean = Tensor::zeros({3}, stream()), var = make32({1, 1, 1}, {3});
+    return ag::batchnorm_max_pool2d(v[0], v[1], v[2], mean, var, true, Pool2dParams::square(2, 2),
+                                    0.9, 1e-3, Activation::ReLU);
+  };
+  const Run r16 = run(lowp(), {x16, gamma, beta}, op);
+  const Run r32 = run(fp32(), {cast(x16, DType::Float32, stream()), gamma, beta}, op);
+  ASSERT_EQ(r16.y.value().dtype(), dtype());
+  EXPECT_EQ(r32.records, 1u);  // fused
+  EXPECT_EQ(r16.records, 3u);  // widen, the fused op, round
+  EXPECT_EQ(bits(host(r16.y.value())), bits(host(cast(r32.y.value(), dtype(), stream()))));
+  expect_same_gradients(r16, r32);
 }
 
 // Each op without a 16-bit kernel is the float32 op on the widened inputs, its
@@ -230,9 +259,7 @@ TEST_P(MixedPrecisionTest, TheFallbackIsTheFloat32OpOnTheWidenedInputs) {
       ASSERT_EQ(r16.y.value().dtype(), DType::Float32);
       EXPECT_EQ(bits(host(r16.y.value())), bits(host(r32.y.value())));
     }
-    for (std::size_t i = 0; i < r16.grads.size(); ++i) {
-      EXPECT_EQ(bits(r16.grads[i]), bits(r32.grads[i])) << "the gradient of input " << i;
-    }
+    expect_same_gradients(r16, r32);
   }
 }
 
