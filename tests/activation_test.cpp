@@ -193,51 +193,55 @@ std::size_t beyond_tolerance(const std::vector<float>& actual, const std::vector
   return count;
 }
 
-// Forward, accumulated and assigned backward of every activation on odd sizes,
-// with NaN, infinities and signed zeros among the inputs and the gradients: on the
-// CPU the reference's bits, on CUDA within the tolerance. The control: the
+// Forward, accumulated and assigned backward of every activation on odd sizes (4099
+// crosses the CPU kernels' conversion blocks of 1024 values), with NaN, infinities
+// and signed zeros among the inputs and the gradients: on the CPU the reference's
+// bits under every ISA it has, on CUDA within the tolerance. The control: the
 // activations of the inputs before their rounding to 16 bits fall outside that
 // tolerance somewhere, so it is tight enough to see one rounding.
 TEST_P(ActivationSixteenBitTest, TheReferenceRoundedOnce) {
-  for (const ActivationOp& act : all_activations()) {
-    for (std::int64_t n : {1, 7, 1029}) {
-      const auto size = static_cast<std::size_t>(n);
-      const auto xv = values_with_specials(size, 31, -6.0f, 6.0f);
-      const auto gyv = values_with_specials(size, 32);
-      const auto sentinel = random_values(size, 33, -4.0f, 4.0f);
-      Tensor x = make(xv, {n}), grad_y = make(gyv, {n});
-      Tensor y = Tensor::empty({n}, stream(), dtype());
-      activation_forward(y, x, act, stream());
-      Tensor added = make(sentinel, {n}), assigned = make(sentinel, {n});
-      activation_backward(added, grad_y, x, act, stream());
-      activation_backward(assigned, grad_y, x, act, stream(), GradWrite::Assign);
-      typed([&]<typename T>() {
-        const std::vector<T> x16 = narrow<T>(xv), gy16 = narrow<T>(gyv);
-        std::vector<T> ey(size), eadded = narrow<T>(sentinel), eassigned = eadded;
-        reference::activation_forward(ey.data(), x16.data(), n, act);
-        reference::activation_backward(eadded.data(), gy16.data(), x16.data(), n, act,
-                                       GradWrite::Accumulate);
-        reference::activation_backward(eassigned.data(), gy16.data(), x16.data(), n, act,
-                                       GradWrite::Assign);
-        const std::string where = name(act) + ", n = " + std::to_string(n);
-        if (device().is_cpu()) {
-          EXPECT_EQ(bits(host(y)), bits(widen(ey))) << where;
-          EXPECT_EQ(bits(host(added)), bits(widen(eadded))) << where;
-          EXPECT_EQ(bits(host(assigned)), bits(widen(eassigned))) << where;
-        } else {
-          EXPECT_EQ(beyond_tolerance<T>(host(y), widen(ey)), 0u) << where;
-          EXPECT_EQ(beyond_tolerance<T>(host(added), widen(eadded)), 0u) << where;
-          EXPECT_EQ(beyond_tolerance<T>(host(assigned), widen(eassigned)), 0u) << where;
-        }
-        if (n < 1029) return;  // the controls, on values past the specials
-        EXPECT_GT(beyond_tolerance<T>(widen(eassigned), widen(eadded)), 0u) << "control, " << where;
-        if (act.kind == ActivationKind::Sigmoid) {
-          const std::vector<T> unrounded = narrow<T>(reference_forward(xv, act));
-          EXPECT_GT(beyond_tolerance<T>(widen(unrounded), widen(ey)), 0u) << "control, " << where;
-        }
-      });
+  for_each_cpu_isa([&](const std::string& isa) {
+    for (const ActivationOp& act : all_activations()) {
+      for (std::int64_t n : {1, 7, 1029, 4099}) {
+        const auto size = static_cast<std::size_t>(n);
+        const auto xv = values_with_specials(size, 31, -6.0f, 6.0f);
+        const auto gyv = values_with_specials(size, 32);
+        const auto sentinel = random_values(size, 33, -4.0f, 4.0f);
+        Tensor x = make(xv, {n}), grad_y = make(gyv, {n});
+        Tensor y = Tensor::empty({n}, stream(), dtype());
+        activation_forward(y, x, act, stream());
+        Tensor added = make(sentinel, {n}), assigned = make(sentinel, {n});
+        activation_backward(added, grad_y, x, act, stream());
+        activation_backward(assigned, grad_y, x, act, stream(), GradWrite::Assign);
+        typed([&]<typename T>() {
+          const std::vector<T> x16 = narrow<T>(xv), gy16 = narrow<T>(gyv);
+          std::vector<T> ey(size), eadded = narrow<T>(sentinel), eassigned = eadded;
+          reference::activation_forward(ey.data(), x16.data(), n, act);
+          reference::activation_backward(eadded.data(), gy16.data(), x16.data(), n, act,
+                                         GradWrite::Accumulate);
+          reference::activation_backward(eassigned.data(), gy16.data(), x16.data(), n, act,
+                                         GradWrite::Assign);
+          const std::string where = isa + ", " + name(act) + ", n = " + std::to_string(n);
+          if (device().is_cpu()) {
+            EXPECT_EQ(bits(host(y)), bits(widen(ey))) << where;
+            EXPECT_EQ(bits(host(added)), bits(widen(eadded))) << where;
+            EXPECT_EQ(bits(host(assigned)), bits(widen(eassigned))) << where;
+          } else {
+            EXPECT_EQ(beyond_tolerance<T>(host(y), widen(ey)), 0u) << where;
+            EXPECT_EQ(beyond_tolerance<T>(host(added), widen(eadded)), 0u) << where;
+            EXPECT_EQ(beyond_tolerance<T>(host(assigned), widen(eassigned)), 0u) << where;
+          }
+          if (n < 1029) return;  // the controls, on values past the specials
+          EXPECT_GT(beyond_tolerance<T>(widen(eassigned), widen(eadded)), 0u)
+              << "control, " << where;
+          if (act.kind == ActivationKind::Sigmoid) {
+            const std::vector<T> unrounded = narrow<T>(reference_forward(xv, act));
+            EXPECT_GT(beyond_tolerance<T>(widen(unrounded), widen(ey)), 0u) << "control, " << where;
+          }
+        });
+      }
     }
-  }
+  });
 }
 
 TEST(ActivationReference, KnownValues) {
