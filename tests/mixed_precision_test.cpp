@@ -83,6 +83,13 @@ class MixedPrecisionTest : public SixteenBitTest {
 };
 TL_INSTANTIATE_SIXTEEN_BIT(MixedPrecisionTest);
 
+// The cases of a choice the CPU makes alone (their CUDA instances could only skip).
+class MixedPrecisionCpuTest : public MixedPrecisionTest {};
+INSTANTIATE_TEST_SUITE_P(SixteenBit, MixedPrecisionCpuTest,
+                         ::testing::Combine(::testing::Values(Device::cpu()),
+                                            ::testing::Values(DType::BFloat16, DType::Float16)),
+                         sixteen_bit_name);
+
 // y of a 16-bit GEMM is its float32 sums (the kernel with a float32 output) rounded
 // once; the gradients are float32.
 TEST_P(MixedPrecisionTest, GemmsWriteTheirFloat32SumsRoundedOnce) {
@@ -199,8 +206,7 @@ TEST_P(MixedPrecisionTest, PoolingAndBatchNormRunTheirSixteenBitKernels) {
 // 16-bit x takes them through the fallback (faster there than the two 16-bit ops):
 // y the float32 op's rounded once, every gradient the float32 op's, bit for bit.
 // (Elsewhere it composes the two ops above, as a float32 x does.)
-TEST_P(MixedPrecisionTest, BatchNormMaxPoolTakesTheFusedKernelsThroughTheFallbackOnTheCpu) {
-  if (!stream().device().is_cpu()) GTEST_SKIP() << "the fused kernels run on the CPU only";
+TEST_P(MixedPrecisionCpuTest, BatchNormMaxPoolTakesTheFusedKernelsThroughTheFallback) {
   const Tensor x16 = make(random_values(2 * 3 * 4 * 6, 10, -3.0f, 3.0f), {2, 3, 4, 6});
   const Tensor gamma = make32(random_values(3, 12, 0.5f, 1.5f), {3});
   const Tensor beta = make32(random_values(3, 13), {3});
