@@ -1,5 +1,6 @@
 #include "autograd/losses.h"
 
+#include "autograd/mixed_precision.h"
 #include "autograd/ops.h"
 #include "engine/error.h"
 
@@ -21,6 +22,11 @@ Var pointwise(const Var& pred, const Var& target, PointwiseLossOp op, Reduction 
   const char* name = pointwise_loss_name(op.kind);
   Tape& tape = pred.tape();
   tape.check_owns(name, {pred, target});
+  if (has_16bit({pred, target})) {
+    return through_float32({pred, target}, FallbackOutput::Float32, [&](const std::vector<Var>& v) {
+      return pointwise(v[0], v[1], op, reduction);
+    });
+  }
   TL_CHECK(pred.shape() == target.shape(), ShapeError,
            name << ": prediction " << pred.describe() << " and target " << target.describe()
                 << " differ in shape");
@@ -50,6 +56,10 @@ Var huber_loss(const Var& pred, const Var& target, double delta, Reduction reduc
 Var mse(const Var& pred, const Var& target, Reduction reduction) {
   Tape& tape = pred.tape();
   tape.check_owns("mse", {pred, target});
+  if (has_16bit({pred, target})) {
+    return through_float32({pred, target}, FallbackOutput::Float32,
+                           [&](const std::vector<Var>& v) { return mse(v[0], v[1], reduction); });
+  }
   TL_CHECK(pred.shape() == target.shape(), ShapeError,
            "mse: prediction " << pred.describe() << " and target " << target.describe()
                               << " differ in shape");
@@ -66,6 +76,12 @@ Var softmax_cross_entropy(const Var& logits, const Var& labels, Reduction reduct
                           Tensor* predictions, double label_smoothing) {
   Tape& tape = logits.tape();
   tape.check_owns("softmax_cross_entropy", {logits, labels});
+  if (has_16bit({logits, labels})) {
+    return through_float32(
+        {logits, labels}, FallbackOutput::Float32, [&](const std::vector<Var>& v) {
+          return softmax_cross_entropy(v[0], v[1], reduction, predictions, label_smoothing);
+        });
+  }
   TL_CHECK(logits.value().dim() == 2, ShapeError,
            "softmax_cross_entropy: logits " << logits.describe() << " must be [N,K]");
   TL_CHECK(labels.value().dim() == 1 && labels.shape()[0] == logits.shape()[0], ShapeError,
@@ -110,6 +126,10 @@ Var softmax_cross_entropy(const Var& logits, const Var& labels, Reduction reduct
 Var l2_loss(const Var& w, double coeff) {
   Tape& tape = w.tape();
   tape.check_owns("l2_loss", {w});
+  if (has_16bit({w})) {
+    return through_float32({w}, FallbackOutput::Float32,
+                           [&](const std::vector<Var>& v) { return l2_loss(v[0], coeff); });
+  }
   Tensor loss = scalar(tape, w.value().dtype());
   l2_loss_forward(loss, w.value(), coeff, tape.stream());
   return tape.record(loss, "l2_loss", {w}, [w, coeff](const Var& out) {

@@ -3,11 +3,14 @@
 // GEMM-class ops (matmul, and linear through it; conv2d) multiply in the tape's
 // compute dtype (gemm_operand below, docs/precision.md), and the float32 GEMMs
 // (matmul, batched_matmul, conv2d) pass on the tape's Float32Math (TF32 under the
-// tf32 precision); the rest compute in float32.
+// tf32 precision). The rest run their forward kernels in x's dtype (16-bit pooling
+// and batch norm too) and their backwards on the tape's float32 gradients with the
+// float32 kernels, batch norm's reading a 16-bit x widened (mixed_precision.h).
 #include "autograd/nn.h"
 
 #include <algorithm>
 
+#include "autograd/mixed_precision.h"
 #include "autograd/ops.h"
 #include "engine/error.h"
 #include "kernels/batched_matmul.h"
@@ -53,6 +56,13 @@ Tensor gemm_operand(const Var& v) {
   return cast(v.value(), dtype, tape.stream());
 }
 
+// The output of a GEMM-class op: its float32 sums, rounded once to the operands'
+// dtype under a mixed-precision tape (the working dtype between ops, as autocast's
+// 16-bit GEMMs write it: docs/precision.md), as they are otherwise.
+Tensor gemm_output(const Tensor& sums, DType operand_dtype, const Stream& stream) {
+  return is_16bit(operand_dtype) ? cast(sums, operand_dtype, stream) : sums;
+}
+
 // The output gradient a 16-bit GEMM's backward multiplies: rounded to the operands'
 // dtype, as autocast's bfloat16 matmul receives it; float32 operands take it as it is.
 Tensor gemm_grad_output(const Tensor& grad, DType operand_dtype, const Stream& stream) {
@@ -71,12 +81,13 @@ Var matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_b) {
   TL_CHECK(ka == kb, ShapeError,
            "matmul: " << a.describe() << " and " << b.describe() << ": inner dimensions " << ka
                       << " and " << kb << " differ");
-  // av, bv: the operands as multiplied (16-bit under a mixed-precision tape); y and
-  // the gradients are float32 from the GEMM's float32 sums.
+  // av, bv: the operands as multiplied (16-bit under a mixed-precision tape); y is
+  // their float32 sums in the operands' dtype; the gradients are float32.
   const Tensor av = gemm_operand(a), bv = gemm_operand(b);
-  Tensor y = new_tensor(tape, {m, n}, a);
-  towerlab::matmul(y, av, bv, transpose_a, transpose_b, 1.0f, 0.0f, tape.stream(),
+  Tensor sums = Tensor::empty({m, n}, tape.stream(), Tape::grad_dtype(a.value().dtype()));
+  towerlab::matmul(sums, av, bv, transpose_a, transpose_b, 1.0f, 0.0f, tape.stream(),
                    tape.float32_math());
+  const Tensor y = gemm_output(sums, av.dtype(), tape.stream());
   return tape.record(y, "matmul", {a, b}, [a, b, av, bv, transpose_a, transpose_b](const Var& out) {
     Tape& t = out.tape();
     const Tensor gy = gemm_grad_output(out.grad(), av.dtype(), t.stream());  // [M,N]
@@ -115,11 +126,12 @@ Var batched_matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_
   const std::int64_t m = a.value().size(transpose_a ? -1 : -2);
   const std::int64_t n = b.value().size(transpose_b ? -2 : -1);
   // As matmul: the operands as multiplied (16-bit under a mixed-precision tape), y
-  // and the gradients float32.
+  // their float32 sums in the operands' dtype, the gradients float32.
   const Tensor av = gemm_operand(a), bv = gemm_operand(b);
-  Tensor y = new_tensor(tape, {batch, m, n}, a);
-  towerlab::batched_matmul(y, av, bv, transpose_a, transpose_b, 1.0f, 0.0f, tape.stream(),
+  Tensor sums = Tensor::empty({batch, m, n}, tape.stream(), Tape::grad_dtype(a.value().dtype()));
+  towerlab::batched_matmul(sums, av, bv, transpose_a, transpose_b, 1.0f, 0.0f, tape.stream(),
                            tape.float32_math());
+  const Tensor y = gemm_output(sums, av.dtype(), tape.stream());
   return tape.record(
       y, "batched_matmul", {a, b}, [a, b, av, bv, transpose_a, transpose_b](const Var& out) {
         // matmul's formulas entry by entry; a shared (2-D) operand's gradient is the
@@ -163,8 +175,8 @@ Var bias_add(const Var& x, const Var& bias, Activation activation) {
     bias_add_relu_forward(y, x.value(), bias.value(), tape.stream());
     return tape.record(y, "bias_add_relu", {x, bias}, [x, bias](const Var& out) {
       Tape& t = out.tape();
-      bias_add_relu_backward(grad_if_needed(t, x), grad_if_needed(t, bias), out.grad(), out.value(),
-                             t.stream());
+      bias_add_relu_backward(grad_if_needed(t, x), grad_if_needed(t, bias), out.grad(),
+                             widened(out.value(), t.stream()), t.stream());
     });
   }
   bias_add_forward(y, x.value(), bias.value(), tape.stream());
@@ -207,11 +219,14 @@ Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams&
                                           : std::string())
                                 << " (weight " << weight.describe() << ", input " << x.describe()
                                 << ")");
-  // xv, wv: as multiplied (16-bit under a mixed-precision tape, the bias float32).
+  // xv, wv: as multiplied (16-bit under a mixed-precision tape, the bias float32);
+  // y: their float32 sums (the bias added) in xv's dtype.
   const Tensor xv = gemm_operand(x), wv = gemm_operand(weight);
-  Tensor y = new_tensor(tape, conv2d_output_shape(x.shape(), weight.shape(), params), x);
-  conv2d_forward(y, xv, wv, bias.defined() ? bias.value() : Tensor(), params, tape.stream(),
+  Tensor sums = Tensor::empty(conv2d_output_shape(x.shape(), weight.shape(), params), tape.stream(),
+                              Tape::grad_dtype(x.value().dtype()));
+  conv2d_forward(sums, xv, wv, bias.defined() ? bias.value() : Tensor(), params, tape.stream(),
                  tape.float32_math());
+  const Tensor y = gemm_output(sums, xv.dtype(), tape.stream());
   return tape.record(y, "conv2d", inputs, [x, weight, bias, xv, wv, params](const Var& out) {
     Tape& t = out.tape();
     const Tape::GradTarget gx = written_whole(t, x);
@@ -329,7 +344,7 @@ Var batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& mov
                                            .grad_gamma = grad_if_needed(t, gamma),
                                            .grad_beta = grad_if_needed(t, beta),
                                            .grad_y = out.grad(),
-                                           .x = x.value(),
+                                           .x = widened(x.value(), t.stream()),
                                            .gamma = gamma.value(),
                                            .beta = beta.value(),
                                            .save_mean = save_mean,
@@ -344,11 +359,20 @@ Var batchnorm_max_pool2d(const Var& x, const Var& gamma, const Var& beta, const 
                          const Tensor& moving_var, bool training, const Pool2dParams& pool,
                          double momentum, double eps, Activation activation) {
   Tape& tape = x.tape();
-  // The fused kernels are float32 and float64 (kernels/batchnorm.h): 16-bit x composes too.
-  if (!training || !tape.stream().device().is_cpu() || is_16bit(x.value().dtype())) {
+  if (!training || !tape.stream().device().is_cpu()) {
     return max_pool2d(
         batchnorm(x, gamma, beta, moving_mean, moving_var, training, momentum, eps, activation),
         pool);
+  }
+  // The fused kernels are float32 and float64 (kernels/batchnorm.h): a 16-bit x takes
+  // them through the float32 fallback, which on the CPU is faster than the two 16-bit
+  // ops (docs/precision.md).
+  if (has_16bit({x, gamma, beta})) {
+    return through_float32({x, gamma, beta}, FallbackOutput::Working,
+                           [&](const std::vector<Var>& v) {
+                             return batchnorm_max_pool2d(v[0], v[1], v[2], moving_mean, moving_var,
+                                                         training, pool, momentum, eps, activation);
+                           });
   }
   const char* op = "batchnorm_max_pool2d";
   tape.check_owns(op, {x, gamma, beta});
@@ -434,13 +458,14 @@ Var sync_batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor
       [x, gamma, beta, mean, inv_std, total, tower, &sync, activation](const Var& out) {
         Tape& t = out.tape();
         const Stream& s = t.stream();
+        const Tensor xw = widened(x.value(), s);  // the float32 backward beside float32 grads
         const std::int64_t c = mean.numel();
         Tensor sum_grad_y = Tensor::empty({c}, s, mean.dtype());
         Tensor sum_grad_y_xhat = Tensor::empty({c}, s, mean.dtype());
         batchnorm_backward_reduce({.sum_grad_y = sum_grad_y,
                                    .sum_grad_y_xhat = sum_grad_y_xhat,
                                    .grad_y = out.grad(),
-                                   .x = x.value(),
+                                   .x = xw,
                                    .gamma = gamma.value(),
                                    .beta = beta.value(),
                                    .mean = mean,
@@ -457,7 +482,7 @@ Var sync_batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor
           const Tape::GradTarget gx = t.grad_target(x);  // every element is written
           batchnorm_backward_apply({.grad_x = gx.grad,
                                     .grad_y = out.grad(),
-                                    .x = x.value(),
+                                    .x = xw,
                                     .gamma = gamma.value(),
                                     .beta = beta.value(),
                                     .mean = mean,

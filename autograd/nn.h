@@ -30,10 +30,14 @@ namespace towerlab::ag {
 
 // op(a) * op(b) for 2-D a, b (kernels/matmul.h).
 // Under a 16-bit compute dtype (Tape::compute_dtype, docs/precision.md) matmul,
-// linear and conv2d multiply 16-bit operands (a variable's working copy, an
-// activation rounded at the op, and in the backward the output gradient rounded)
-// with float32 sums; their outputs and every gradient are float32 (a bias, and its
-// gradient, stay float32). Float32 tapes run exactly the float32 kernels, with
+// linear, batched_matmul and conv2d multiply 16-bit operands (a variable's working
+// copy, a 16-bit activation, a float32 one rounded at the op, and in the backward the
+// output gradient rounded) with float32 sums; their outputs are those sums rounded
+// once to the 16-bit dtype, and every gradient is float32 (a bias, and its gradient,
+// stay float32). The other ops here take a 16-bit x through their 16-bit forward
+// kernels (bias_add, pooling, batch norm) and, beside the float32 gradients, their
+// float32 backward kernels (a saved 16-bit x widened first: batch norm).
+// Float32 tapes run exactly the float32 kernels, with
 // the tape's Float32Math (Tape::float32_math: TF32 on CUDA under the tf32
 // precision), as does batched_matmul; conv2d's three passes take it too.
 Var matmul(const Var& a, const Var& b, bool transpose_a = false, bool transpose_b = false);
@@ -59,8 +63,8 @@ Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams&
 // When x needs a gradient, the forward records each window's argmax and the
 // backward scatters through it (kernels/pool2d.h); the values are the same. The
 // pools take x in its own dtype, bfloat16 and float16 included (computed in float32,
-// rounded once: kernels/pool2d.h), and give y and x's gradient in it; the trainer's
-// mixed-precision policies keep activations float32 and so pool in float32.
+// rounded once: kernels/pool2d.h), and give y in it; x's gradient is float32 for a
+// 16-bit x (Tape::grad_dtype), from the float32 backward kernels, which read no x.
 Var max_pool2d(const Var& x, const Pool2dParams& params);
 Var avg_pool2d(const Var& x, const Pool2dParams& params);
 // The mean of each channel's plane: x [N,C,H,W] -> [N,C] (a ResNet's head; PyTorch's
@@ -72,17 +76,20 @@ Var global_avg_pool2d(const Var& x);
 // layer's non-trainable state) are updated in place with `momentum` (TensorFlow's
 // decay: the weight of the old value). Inference: the moving statistics normalize.
 // The activation is fused into batch norm's kernels, forward and backward
-// (kernels/batchnorm.h). A bfloat16 or float16 x gives y and x's gradient in its
-// dtype, with gamma, beta, the moving statistics and their gradients float32 (as
-// PyTorch's batch norm under autocast).
+// (kernels/batchnorm.h). A bfloat16 or float16 x gives y in its dtype (the 16-bit
+// kernels), with gamma, beta, the moving statistics and their gradients float32 (as
+// PyTorch's batch norm under autocast); x's gradient is float32 (Tape::grad_dtype),
+// from the float32 backward kernel on x widened.
 Var batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& moving_mean,
               const Tensor& moving_var, bool training, double momentum = 0.99, double eps = 1e-3,
               Activation activation = Activation::None);
 
 // max_pool2d(batchnorm(x, ...), pool) for x [N,C,H,W] as one op. Training on the CPU
 // runs the fused kernels (kernels/batchnorm.h: the activation and its gradient are
-// never stored); inference, other devices and a 16-bit x compose the two ops. Either
-// way the values and gradients are the composition's, bit for bit.
+// never stored), a 16-bit x through autograd/mixed_precision.h's float32 fallback
+// (the fused kernels are float32 and float64); inference and other devices compose
+// the two ops. Either way the values and gradients are the composition's on x (a
+// 16-bit x widened, y rounded once), bit for bit.
 Var batchnorm_max_pool2d(const Var& x, const Var& gamma, const Var& beta, const Tensor& moving_mean,
                          const Tensor& moving_var, bool training, const Pool2dParams& pool,
                          double momentum = 0.99, double eps = 1e-3,

@@ -2,6 +2,7 @@
 // and shape ops of autograd/ops.h.
 #include "autograd/ops.h"
 
+#include "autograd/mixed_precision.h"
 #include "engine/error.h"
 #include "kernels/activation.h"
 #include "kernels/add_relu.h"
@@ -49,6 +50,10 @@ void add_broadcast_grad(Tape& t, const Var& x, const Tensor& g) {
 }  // namespace
 
 Var add(const Var& a, const Var& b) {
+  if (has_16bit({a, b})) {
+    return through_float32({a, b}, FallbackOutput::Working,
+                           [&](const std::vector<Var>& v) { return add(v[0], v[1]); });
+  }
   const Shape shape = broadcast_of("add", a, b);
   Tape& tape = a.tape();
   Tensor y = Tensor::empty(shape, tape.stream(), a.value().dtype());
@@ -61,6 +66,10 @@ Var add(const Var& a, const Var& b) {
 }
 
 Var sub(const Var& a, const Var& b) {
+  if (has_16bit({a, b})) {
+    return through_float32({a, b}, FallbackOutput::Working,
+                           [&](const std::vector<Var>& v) { return sub(v[0], v[1]); });
+  }
   const Shape shape = broadcast_of("sub", a, b);
   Tape& tape = a.tape();
   Tensor y = Tensor::empty(shape, tape.stream(), a.value().dtype());
@@ -80,6 +89,10 @@ Var sub(const Var& a, const Var& b) {
 }
 
 Var mul(const Var& a, const Var& b) {
+  if (has_16bit({a, b})) {
+    return through_float32({a, b}, FallbackOutput::Working,
+                           [&](const std::vector<Var>& v) { return mul(v[0], v[1]); });
+  }
   const Shape shape = broadcast_of("mul", a, b);
   Tape& tape = a.tape();
   Tensor y = Tensor::empty(shape, tape.stream(), a.value().dtype());
@@ -99,6 +112,10 @@ Var mul(const Var& a, const Var& b) {
 }
 
 Var scale(const Var& x, double alpha) {
+  if (has_16bit({x})) {
+    return through_float32({x}, FallbackOutput::Working,
+                           [&](const std::vector<Var>& v) { return scale(v[0], alpha); });
+  }
   x.tape().check_owns("scale", {x});
   Tape& tape = x.tape();
   Tensor y = like(x);
@@ -117,12 +134,16 @@ Var relu(const Var& x) {
   return tape.record(y, "relu", {x}, [x](const Var& out) {
     Tape& t = out.tape();
     const Tape::GradTarget gx = t.grad_target(x);
-    relu_backward(gx.grad, out.grad(), out.value(), t.stream(),
+    relu_backward(gx.grad, out.grad(), widened(out.value(), t.stream()), t.stream(),
                   gx.assign ? GradWrite::Assign : GradWrite::Accumulate);
   });
 }
 
 Var add_relu(const Var& a, const Var& b) {
+  if (has_16bit({a, b})) {
+    return through_float32({a, b}, FallbackOutput::Working,
+                           [&](const std::vector<Var>& v) { return add_relu(v[0], v[1]); });
+  }
   a.tape().check_owns("add_relu", {a, b});
   TL_CHECK(a.shape() == b.shape(), ShapeError,
            "add_relu: " << a.describe() << " and " << b.describe()
@@ -161,7 +182,7 @@ Var activation(const char* op, const Var& x, const ActivationOp& act) {
   return tape.record(y, op, {x}, [x, act](const Var& out) {
     Tape& t = out.tape();
     const Tape::GradTarget gx = t.grad_target(x);
-    activation_backward(gx.grad, out.grad(), x.value(), act, t.stream(),
+    activation_backward(gx.grad, out.grad(), widened(x.value(), t.stream()), act, t.stream(),
                         gx.assign ? GradWrite::Assign : GradWrite::Accumulate);
   });
 }
@@ -193,6 +214,11 @@ Var dropout(const Var& x, double p, const DropoutKey& key, bool training) {
   TL_CHECK(p >= 0.0 && p <= 1.0, InvalidArgument,
            "dropout: p is " << p << " for " << x.describe() << "; it must be in [0, 1]");
   if (!training) return x;
+  if (has_16bit({x})) {
+    return through_float32({x}, FallbackOutput::Working, [&](const std::vector<Var>& v) {
+      return dropout(v[0], p, key, training);
+    });
+  }
   Tape& tape = x.tape();
   Tensor y = like(x);
   dropout_forward(y, x.value(), p, key, tape.stream());
@@ -207,6 +233,10 @@ Var dropout(const Var& x, double p, const DropoutKey& key, bool training) {
 namespace {
 
 Var reduce(const char* op, const Var& x, bool average) {
+  if (has_16bit({x})) {
+    return through_float32({x}, FallbackOutput::Float32,
+                           [&](const std::vector<Var>& v) { return reduce(op, v[0], average); });
+  }
   x.tape().check_owns(op, {x});
   Tape& tape = x.tape();
   Tensor y = Tensor::empty({1}, tape.stream(), x.value().dtype());
@@ -252,6 +282,11 @@ GradWrite write_of(const Tape::GradTarget& target) {
 
 // Softmax or log-softmax on the tape: the backward reads the forward's output.
 Var softmax_op(const char* op, const Var& x, SoftmaxKind kind, SoftmaxMask mask) {
+  if (has_16bit({x})) {
+    return through_float32({x}, FallbackOutput::Float32, [&](const std::vector<Var>& v) {
+      return softmax_op(op, v[0], kind, mask);
+    });
+  }
   x.tape().check_owns(op, {x});
   Tape& tape = x.tape();
   Tensor y = like(x);
@@ -286,6 +321,11 @@ Var layer_norm(const Var& x, const Var& weight, const Var& bias, double eps) {
   if (weight.defined()) inputs.push_back(weight);
   if (bias.defined()) inputs.push_back(bias);
   x.tape().check_owns("layer_norm", inputs);
+  if (has_16bit(inputs)) {
+    return through_float32(
+        {x, weight, bias}, FallbackOutput::Working,
+        [&](const std::vector<Var>& v) { return layer_norm(v[0], v[1], v[2], eps); });
+  }
   Tape& tape = x.tape();
   TL_CHECK(x.value().dim() >= 1, ShapeError,
            "layer_norm: " << x.describe() << " has no last dimension to normalize over");
@@ -327,6 +367,10 @@ Var layer_norm(const Var& x, const Var& weight, const Var& bias, double eps) {
 
 Var embedding(const Var& ids, const Var& table) {
   ids.tape().check_owns("embedding", {ids, table});
+  if (has_16bit({ids, table})) {
+    return through_float32({ids, table}, FallbackOutput::Working,
+                           [](const std::vector<Var>& v) { return embedding(v[0], v[1]); });
+  }
   Tape& tape = ids.tape();
   TL_CHECK(table.value().dim() == 2, ShapeError,
            "embedding: the table " << table.describe() << " must be [V, D] (rows, width)");
@@ -346,6 +390,10 @@ Var embedding(const Var& ids, const Var& table) {
 
 Var permute(const Var& x, const std::vector<std::int64_t>& dims) {
   x.tape().check_owns("permute", {x});
+  if (has_16bit({x})) {
+    return through_float32({x}, FallbackOutput::Working,
+                           [&](const std::vector<Var>& v) { return permute(v[0], dims); });
+  }
   Tape& tape = x.tape();
   Tensor y =
       Tensor::empty(permuted_shape("permute", x.shape(), dims), tape.stream(), x.value().dtype());
@@ -364,6 +412,10 @@ Var transpose(const Var& x, std::int64_t d0, std::int64_t d1) {
 Var concat(const std::vector<Var>& xs, std::int64_t dim) {
   TL_CHECK(!xs.empty(), InvalidArgument, "concat: no inputs");
   xs.front().tape().check_owns("concat", xs);
+  if (has_16bit(xs)) {
+    return through_float32(xs, FallbackOutput::Working,
+                           [&](const std::vector<Var>& v) { return concat(v, dim); });
+  }
   Tape& tape = xs.front().tape();
   const Var& first = xs.front();
   const std::int64_t d = resolve_dim("concat", dim, first.shape());
@@ -402,6 +454,10 @@ Var concat(const std::vector<Var>& xs, std::int64_t dim) {
 
 Var slice(const Var& x, std::int64_t dim, std::int64_t begin, std::int64_t end) {
   x.tape().check_owns("slice", {x});
+  if (has_16bit({x})) {
+    return through_float32({x}, FallbackOutput::Working,
+                           [&](const std::vector<Var>& v) { return slice(v[0], dim, begin, end); });
+  }
   Tape& tape = x.tape();
   const std::int64_t d = resolve_dim("slice", dim, x.shape());
   const std::int64_t size = x.value().size(d);

@@ -143,7 +143,8 @@ const Tensor& Tape::grad_for(const Var& v) {
   TL_CHECK(v.requires_grad(), InvalidArgument,
            label_ << ": " << v.describe() << " does not require a gradient");
   if (!v.node_->grad.defined()) {
-    v.node_->grad = Tensor::zeros(v.node_->value.shape(), *stream_, v.node_->value.dtype());
+    v.node_->grad =
+        Tensor::zeros(v.node_->value.shape(), *stream_, grad_dtype(v.node_->value.dtype()));
   }
   return v.node_->grad;
 }
@@ -153,7 +154,7 @@ Tape::GradTarget Tape::grad_target(const Var& v) {
            label_ << ": " << v.describe() << " does not require a gradient");
   Tensor& grad = v.node_->grad;
   if (grad.defined() || first_write_ == FirstWrite::Zeroed) return {grad_for(v), false};
-  grad = Tensor::empty(v.node_->value.shape(), *stream_, v.node_->value.dtype());
+  grad = Tensor::empty(v.node_->value.shape(), *stream_, grad_dtype(v.node_->value.dtype()));
   if (first_write_ == FirstWrite::Poisoned) {
     fill(grad, std::numeric_limits<double>::quiet_NaN(), *stream_);
   }
@@ -193,10 +194,11 @@ void Tape::backward(const Var& output, const Tensor& grad_output) {
   TL_CHECK(grad_output.defined(), InvalidArgument,
            label_ << ": backward() from " << output.describe()
                   << ": the upstream gradient is undefined");
-  TL_CHECK(grad_output.shape() == output.shape() && grad_output.dtype() == output.value().dtype(),
-           ShapeError,
+  const DType dtype = grad_dtype(output.value().dtype());
+  TL_CHECK(grad_output.shape() == output.shape() && grad_output.dtype() == dtype, ShapeError,
            label_ << ": backward() from " << output.describe() << ": the upstream gradient is "
-                  << grad_output.describe() << "; it must match the output's shape and dtype");
+                  << grad_output.describe() << "; it must be " << dtype_name(dtype)
+                  << output.value().shape_str() << " (the output's shape, its gradient's dtype)");
   TL_CHECK(grad_output.device() == device(), InvalidArgument,
            label_ << ": backward() from " << output.describe() << ": the upstream gradient is "
                   << grad_output.describe() << " but the tape is on " << device().str());

@@ -117,11 +117,13 @@ class Tape {
   // `working`, when given, is its value rounded to compute_dtype() (Var::working).
   Var variable(Tensor value, Tensor grad, std::string name, Tensor working = Tensor());
 
-  // The dtype the GEMM-class ops (ag::matmul, ag::linear, ag::conv2d) multiply in:
-  // float32 (the default), or bfloat16 / float16 under a mixed-precision policy
-  // (docs/precision.md): their float32 inputs are then rounded to it (a variable's
-  // from its working copy, once per step), the products are summed in float32, and
-  // every other op, and every gradient, stays float32.
+  // The working dtype of a mixed-precision policy (docs/precision.md): float32 (the
+  // default), or bfloat16 / float16. On a 16-bit tape the GEMM-class ops
+  // (ag::matmul, ag::linear, ag::batched_matmul, ag::conv2d) multiply 16-bit
+  // operands (a variable's working copy, rounded once per step) with float32 sums
+  // and write their output in this dtype, rounded once; the element-wise ops keep it
+  // (16-bit kernels, or autograd/mixed_precision.h's float32 fallback); softmax,
+  // losses and reductions return float32. Every gradient is float32 (grad_dtype).
   DType compute_dtype() const { return compute_dtype_; }
   void set_compute_dtype(DType dtype);
 
@@ -139,8 +141,13 @@ class Tape {
   Var record(Tensor value, std::string name, const std::vector<Var>& inputs,
              std::function<void(const Var& output)> backward);
 
-  // The gradient tensor of `v` to accumulate into, allocated as zeros on first use.
-  // Only for Vars with requires_grad().
+  // The dtype of the gradient of a value of `value` dtype: float32 for a 16-bit
+  // value (gradients between ops stay float32 under every precision policy, so
+  // they accumulate without 16-bit roundings; docs/precision.md), else the value's.
+  static DType grad_dtype(DType value) { return is_16bit(value) ? DType::Float32 : value; }
+
+  // The gradient tensor of `v` to accumulate into, allocated as zeros on first use
+  // (in grad_dtype of its value). Only for Vars with requires_grad().
   const Tensor& grad_for(const Var& v);
 
   // The gradient of `v` for a backward that writes every element of it (see "First
@@ -169,7 +176,7 @@ class Tape {
   // already ran since the last reset(), or if `loss` is not on this tape.
   void backward(const Var& loss, double seed = 1.0);
   // The same from an output of any shape, seeding dL/doutput = grad_output (the
-  // upstream gradient: same shape and dtype as `output`, on this tape's device),
+  // upstream gradient: `output`'s shape and grad_dtype, on this tape's device),
   // as PyTorch's output.backward(gradient) and tf.gradients' grad_ys do.
   void backward(const Var& output, const Tensor& grad_output);
 

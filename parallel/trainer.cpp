@@ -12,6 +12,7 @@
 #include <span>
 #include <sstream>
 
+#include "autograd/mixed_precision.h"
 #include "engine/clock.h"
 #include "engine/error.h"
 #include "engine/scope_exit.h"
@@ -412,8 +413,10 @@ void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const T
   }
   t.tape->reset();
   t.loss = r.loss.value();
-  for (const Var& o : r.outputs) t.outputs.push_back(o.value());
-  for (const auto& [name, v] : r.logs) t.logs[name] = v.value();
+  // Outputs and logs are float32 whatever the working dtype (a bf16 tower's logits
+  // are bfloat16).
+  for (const Var& o : r.outputs) t.outputs.push_back(ag::widened(o.value(), *t.stream));
+  for (const auto& [name, v] : r.logs) t.logs[name] = ag::widened(v.value(), *t.stream);
 }
 
 // --- 3. reduce gradients -----------------------------------------------------

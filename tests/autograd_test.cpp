@@ -135,7 +135,7 @@ TEST(Autograd, BackwardFromAnOutputTakesTheUpstreamGradient) {
   Var y = ag::mul(other.variable(a.value, a.grad, "a"), other.constant(a.value, "b"));
   EXPECT_THROW_WITH(other.backward(y, Tensor::zeros({3, 2}, cpu(), DType::Float64)), ShapeError,
                     "backward() from mul float64[2,3]: the upstream gradient is float64[3,2] on "
-                    "cpu; it must match the output's shape and dtype");
+                    "cpu; it must be float64[2,3] (the output's shape, its gradient's dtype)");
   EXPECT_THROW_WITH(other.backward(y, Tensor::zeros({2, 3}, cpu())), ShapeError,
                     "the upstream gradient is float32[2,3] on cpu");
   EXPECT_THROW_WITH(other.backward(y, Tensor()), InvalidArgument,

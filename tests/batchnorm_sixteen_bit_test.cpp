@@ -172,27 +172,28 @@ TEST_P(BatchNormSixteenBitTest, SplitApiIsTheFloat32RecipeRoundedOnce) {
   }
 }
 
-// ag::batchnorm on a 16-bit x: y and x's gradient in x's dtype, gamma's and beta's
-// float32, each the kernels' bits (the trainer's policy is unchanged: it never
-// passes a 16-bit x today).
-TEST_P(BatchNormSixteenBitTest, AutogradOpKeepsTheActivationsDtype) {
+// ag::batchnorm on a 16-bit x, as a bf16 or fp16 tape runs it (docs/precision.md):
+// y in x's dtype, the 16-bit forward kernel's bits; every gradient float32 (the
+// policy's, Tape::grad_dtype), the float32 backward kernel's bits on the widened x.
+TEST_P(BatchNormSixteenBitTest, AutogradOpKeepsTheActivationsDtypeAndFloat32Gradients) {
   const Shape shape = {4, 3, 5, 5};
   const auto n = static_cast<std::size_t>(numel_of(shape));
   const Tensor x = make(random_values(n, 81, -2.0f, 3.0f), shape);
-  const Tensor grad_y = make(random_values(n, 82), shape);
+  const Tensor grad_y = make32(random_values(n, 82), shape);
   const Tensor gamma = make32(random_values(3, 83, 0.5f, 1.5f), {3});
   const Tensor beta = make32(random_values(3, 84), {3});
   Tape tape(stream());
-  Tensor grad_x = Tensor::zeros(shape, stream(), dtype());
+  tape.set_compute_dtype(dtype());
+  Tensor grad_x = Tensor::zeros(shape, stream());
   Tensor grad_gamma = Tensor::zeros({3}, stream()), grad_beta = Tensor::zeros({3}, stream());
   const Var xv = tape.variable(x, grad_x, "x");
   const Var gv = tape.variable(gamma, grad_gamma, "gamma");
   const Var bv = tape.variable(beta, grad_beta, "beta");
   const Tensor mm = Tensor::zeros({3}, stream()), mv = make32({1, 1, 1}, {3});
   const Var y = ag::batchnorm(xv, gv, bv, mm, mv, true, 0.9, 1e-3, Activation::ReLU);
+  ASSERT_EQ(tape.num_records(), 1u) << "one op: no widening or rounding recorded around it";
   tape.backward(y, grad_y);
   ASSERT_EQ(y.value().dtype(), dtype());
-  ASSERT_EQ(grad_x.dtype(), dtype());
 
   BatchNormForwardTraining f = training_forward(x, gamma, beta, stream());
   f.moving_mean = Tensor::zeros({3}, stream());
@@ -200,12 +201,14 @@ TEST_P(BatchNormSixteenBitTest, AutogradOpKeepsTheActivationsDtype) {
   f.momentum = 0.9;
   f.activation = Activation::ReLU;
   batchnorm_forward_training(f, stream());
-  Tensor expected_gx = Tensor::zeros(shape, stream(), dtype());
+  f.x = cast(x, DType::Float32, stream());  // the backward reads x widened
+  Tensor expected_gx = Tensor::zeros(shape, stream());
   Tensor expected_gg = Tensor::zeros({3}, stream()), expected_gb = Tensor::zeros({3}, stream());
   batchnorm_backward(backward_of(f, grad_y, expected_gx, expected_gg, expected_gb), stream());
   EXPECT_EQ(bits(host(y.value())), bits(host(f.y)));
   EXPECT_EQ(bits(host(mm)), bits(host(f.moving_mean)));
   EXPECT_EQ(bits(host(grad_x)), bits(host(expected_gx)));
+  EXPECT_NE(host(grad_x), std::vector<float>(n, 0.0f)) << "control: the gradient arrived";
   EXPECT_EQ(bits(host(grad_gamma)), bits(host(expected_gg)));
   EXPECT_EQ(bits(host(grad_beta)), bits(host(expected_gb)));
 }

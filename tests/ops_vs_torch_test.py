@@ -304,6 +304,13 @@ def gemm_bound(expected, k, s):
     return half_ulp_bf16(expected) + sums_bound(k, s)
 
 
+def rounded_output_bound(bound, result):
+    """A bound on a GEMM's output, which towerlab rounds to bfloat16 too (the working
+    dtype between ops, docs/precision.md): its own rounding, half an ulp of the result,
+    on top."""
+    return bound + half_ulp_bf16(result)
+
+
 def bf16(tensors, name, grad=False):
     return torch.tensor(np.array(tensors[name]), dtype=torch.float32).bfloat16().requires_grad_(grad)
 
@@ -311,8 +318,8 @@ def bf16(tensors, name, grad=False):
 def check_bf16(tensors):
     """The bf16 policy against PyTorch's own bfloat16 ops (tests/precision_vs_torch_test.cpp):
     matmul, batched matmul and conv2d on bfloat16 operands with a bfloat16 output gradient (torch rounds
-    its outputs to bfloat16; towerlab keeps them in float32: gemm_bound), the bias added
-    in float32; batch norm on a bfloat16 input with float32 gamma and beta, as autocast
+    its outputs and gradients to bfloat16, towerlab its outputs only, its gradients are
+    float32: gemm_bound, and rounded_output_bound for y), the bias added in float32; batch norm on a bfloat16 input with float32 gamma and beta, as autocast
     runs it after a bfloat16 convolution: torch rounds y and grad_x to bfloat16 and
     takes grad_y in bfloat16 (towerlab keeps it float32), so each bound is half an ulp
     of torch's output plus 2^-9 of the terms grad_y enters with."""
@@ -342,8 +349,11 @@ def check_bf16(tensors):
             batched = name.startswith("batched")
             for what, expected, k, s in (("y", y, k_y, s_y), ("grad_a", grad_a, k_a, s_a),
                                          ("grad_b", grad_b, k_b, s_b)):
-                # Against the float32 oracle, no output rounding: both sums' error only.
+                # Against the float32 oracle, no rounding of torch's: both sums' error
+                # only, and towerlab's rounding of y.
                 bound = sums_bound(k, s) if batched else gemm_bound(expected, k, s)
+                if what == "y":
+                    bound = rounded_output_bound(bound, expected)
                 compare("bf16", f"{p}/{what}", tensors[f"{p}/{what}"], expected, "float32",
                         scale=bound)
             if batched and prefix.startswith("cpu"):
@@ -370,7 +380,7 @@ def check_bf16(tensors):
         s_y = torch.nn.functional.conv2d(abs_x, abs_w, padding=1)
         s_x, s_w = torch.autograd.grad(s_y, [abs_x, abs_w], grad_y.bfloat16().double().abs())
         c, r = w.shape[1], w.shape[2]
-        bounds = {"y": gemm_bound(product, c * r * r, s_y),
+        bounds = {"y": rounded_output_bound(gemm_bound(product, c * r * r, s_y), y),
                   "grad_x": gemm_bound(grad_x, w.shape[0] * r * r, s_x),
                   "grad_weight": gemm_bound(grad_w, x.shape[0] * y.shape[2] * y.shape[3], s_w),
                   "grad_bias": 4 * (x.shape[0] * y.shape[2] * y.shape[3] + 2) * 2.0**-24 *
@@ -407,9 +417,10 @@ def check_bf16(tensors):
 
 def check_batchnorm_bf16(tensors, p):
     """Batch norm on bfloat16 activations (kernels/batchnorm.h) against torch's batch_norm
-    on bfloat16 tensors with float32 gamma and beta: y and grad_x are bfloat16 on both
-    sides, each computed in float32 and rounded once, so they may differ by both
-    roundings, an ulp of torch's value, plus the float32 sums' error (the statistics'
+    on bfloat16 tensors with float32 gamma and beta: y is bfloat16 on both sides, grad_x
+    bfloat16 in torch and float32 in towerlab (the policy's gradients, from a float32
+    grad_y holding torch's bfloat16 values), each computed in float32 and rounded at
+    most once, so they may differ by both roundings, an ulp of torch's value, plus the float32 sums' error (the statistics'
     1e-6 of the normalized value's size for y, 2^-16 of the terms grad_y enters with
     for grad_x); grad_gamma and grad_beta are float32 on both sides, within both
     float32 sums' error, 2 (M + 2) u of their terms each. The control: y from the

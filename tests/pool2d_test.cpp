@@ -435,10 +435,12 @@ TEST_P(Pool2dSixteenBitTest, MixedDtypesAreTypedErrors) {
   max_pool2d_forward_with_argmax(y, argmax, x, p, stream());
 }
 
-// The autograd ops pool a 16-bit Var in its dtype, with the kernels' bits: y, and x's
-// gradient accumulated onto a sentinel (max pooling through its float32 argmax;
-// the global average as one op, no reshape between).
-TEST_P(Pool2dSixteenBitTest, AutogradOpsPoolInTheInputsDtype) {
+// The autograd ops pool a 16-bit Var in its dtype, as a bf16 or fp16 tape runs them
+// (docs/precision.md): y the 16-bit forward kernels' bits; x's gradient float32 (the
+// policy's, Tape::grad_dtype) from a float32 grad_y, the float32 backward kernels'
+// bits on the widened x, accumulated onto a sentinel (max pooling through its float32
+// argmax; the global average as one op, no reshape between).
+TEST_P(Pool2dSixteenBitTest, AutogradOpsPoolInTheInputsDtypeWithFloat32Gradients) {
   const Shape xs = {2, 3, 5, 7};
   const auto xv = tied_values_with_specials(static_cast<std::size_t>(numel_of(xs)), 41);
   const auto sentinel = random_values(static_cast<std::size_t>(numel_of(xs)), 42, -4.0f, 4.0f);
@@ -450,20 +452,24 @@ TEST_P(Pool2dSixteenBitTest, AutogradOpsPoolInTheInputsDtype) {
     const Shape ys = pool2d_output_shape(xs, window);
     const auto gyv = random_values(static_cast<std::size_t>(numel_of(ys)), 43);
     Tape tape(stream());
-    Tensor x = make(xv, xs), grad_x = make(sentinel, xs);
+    tape.set_compute_dtype(dtype());
+    Tensor x = make(xv, xs), grad_x = make32(sentinel, xs);
     Var v = tape.variable(x, grad_x, "x");
     Var y = op == Op::Max   ? ag::max_pool2d(v, p)
             : op == Op::Avg ? ag::avg_pool2d(v, p)
                             : ag::global_avg_pool2d(v);
     ASSERT_EQ(y.value().dtype(), dtype());
-    Tensor grad_y = make(gyv, y.shape());
+    ASSERT_EQ(tape.num_records(), 1u) << "one op: no widening or rounding recorded around it";
+    Tensor grad_y = make32(gyv, y.shape());
     tape.backward(y, grad_y);
-    // The kernels on their own.
-    Tensor expected_y = Tensor::empty(ys, stream(), dtype()), expected_grad_x = make(sentinel, xs);
+    // The kernels on their own: the 16-bit forward, the float32 backward.
+    Tensor expected_y = Tensor::empty(ys, stream(), dtype()),
+           expected_grad_x = make32(sentinel, xs);
     const Tensor grad_y4 = grad_y.reshape(ys);
     if (op == Op::Max) {
       max_pool2d_forward(expected_y, x, window, stream());
-      max_pool2d_backward(expected_grad_x, grad_y4, x, window, stream());
+      max_pool2d_backward(expected_grad_x, grad_y4, cast(x, DType::Float32, stream()), window,
+                          stream());
     } else {
       avg_pool2d_forward(expected_y, x, window, stream());
       avg_pool2d_backward(expected_grad_x, grad_y4, window, stream());

@@ -124,8 +124,9 @@ void batchnorm_case(const TorchCaseBackend& b, Cases& out) {
   }
 }
 
-// ag::batchnorm on a bfloat16 x (kernels/batchnorm.h): y and grad_x bfloat16 from a
-// bfloat16 grad_y, gamma, beta and their gradients float32, the statistics float32.
+// ag::batchnorm on a bfloat16 x (kernels/batchnorm.h): y bfloat16; grad_y and grad_x
+// float32, as the policy keeps gradients (grad_y's values bfloat16 ones, which torch
+// takes in bfloat16); gamma, beta, their gradients and the statistics float32.
 void batchnorm_bf16_case(const TorchCaseBackend& b, Cases& out) {
   const std::string p = b.prefix + "batchnorm_bf16/";
   const Shape shape = {4, 3, 5, 5};
@@ -134,13 +135,13 @@ void batchnorm_bf16_case(const TorchCaseBackend& b, Cases& out) {
   };
   Tape tape(b.stream());
   const Tensor x = bf16(random_values(300, 225, -2.0f, 3.0f));
-  const Tensor grad_x = Tensor::zeros(shape, b.stream(), DType::BFloat16);
+  const Tensor grad_x = Tensor::zeros(shape, b.stream());
   const Var xv = tape.variable(x, grad_x, "x");
   Leaf gamma(tape, b, random_values(3, 226, 0.5f, 1.5f), {3}, "gamma");
   Leaf beta(tape, b, random_values(3, 227), {3}, "beta");
   const Tensor moving_mean = Tensor::zeros({3}, b.stream(), b.dtype);
   const Tensor moving_var = b.make({1, 1, 1}, {3});
-  const Tensor grad_y = bf16(random_values(300, 228));
+  const Tensor grad_y = b.make(rounded_to_bf16(random_values(300, 228)), shape);
   const Var y = ag::batchnorm(xv, gamma.var, beta.var, moving_mean, moving_var, true);
   tape.backward(y, grad_y);
   for (auto [name, t] : {std::pair{"x", x},
