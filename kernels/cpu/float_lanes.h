@@ -101,18 +101,78 @@ inline FloatLanes<W> times_unless_zero(FloatLanes<W> a, FloatLanes<W> b) {
   return select_lanes<W>(b == 0.0f, splat_lanes<W>(0.0f), a * b);
 }
 
-// `count` (1 to W) values from p, `fill` in the other lanes; reads only those.
+// Copies the first `count` (0 to 2W - 1) floats from src to dst in pieces of W, W / 2,
+// .., 1 as count's bits ask: each a copy of a constant size (a memcpy of a variable
+// size becomes `rep movsb`, whose start-up cost took most of a short row).
+template <int W>
+inline void copy_first(float* dst, const float* src, std::int64_t count) {
+  for (int piece = W; piece >= 1; piece /= 2) {
+    if (count & piece) {
+      std::memcpy(dst, src, piece * sizeof(float));
+      dst += piece;
+      src += piece;
+    }
+  }
+}
+
+#if TL_CPU_X86
+// The partial groups' masked loads and stores, compiled for their ISA (intrinsics
+// do not inline into the generic templates below, which run_float_lanes_* inline).
+__attribute__((target("avx512f"))) inline FloatLanes<16> load_partial(const float* p,
+                                                                      std::int64_t count,
+                                                                      float fill) {
+  return FloatLanes<16>(_mm512_mask_loadu_ps(_mm512_set1_ps(fill), first_lanes(count), p));
+}
+__attribute__((target("avx2"))) inline FloatLanes<8> load_partial8(const float* p,
+                                                                   std::int64_t count,
+                                                                   float fill) {
+  const __m256i mask = first_lanes8(count);
+  return FloatLanes<8>(_mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, mask),
+                                        _mm256_castsi256_ps(mask)));
+}
+__attribute__((target("avx512f"))) inline void store_partial(float* p, FloatLanes<16> v,
+                                                             std::int64_t count) {
+  _mm512_mask_storeu_ps(p, first_lanes(count), __m512(v));
+}
+#endif
+
+// `count` (1 to W) values from p, `fill` in the other lanes; reads only those. A
+// partial group is a masked load with AVX-512 and AVX2; the portable lanes go
+// through a copy on the stack.
 template <int W>
 inline FloatLanes<W> load_lanes(const float* p, std::int64_t count, float fill = 0.0f) {
-  FloatLanes<W> v = splat_lanes<W>(fill);
-  std::memcpy(&v, p, static_cast<std::size_t>(count) * sizeof(float));
+  FloatLanes<W> v;
+  if (count == W) {
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+#if TL_CPU_X86
+  if constexpr (W == 16) return load_partial(p, count, fill);
+  if constexpr (W == 8) return load_partial8(p, count, fill);
+#endif
+  v = splat_lanes<W>(fill);
+  float lanes[W];
+  std::memcpy(lanes, &v, sizeof lanes);
+  copy_first<W>(lanes, p, count);
+  std::memcpy(&v, lanes, sizeof v);
   return v;
 }
 
-// The first `count` lanes of v to p; writes nothing past them.
+// The first `count` (1 to W) lanes of v to p; writes nothing past them (AVX2's
+// masked store is slow on AMD: x86.h's store_first_lanes instead).
 template <int W>
 inline void store_lanes(float* p, FloatLanes<W> v, std::int64_t count) {
-  std::memcpy(p, &v, static_cast<std::size_t>(count) * sizeof(float));
+  if (count == W) {
+    std::memcpy(p, &v, sizeof v);
+    return;
+  }
+#if TL_CPU_X86
+  if constexpr (W == 16) return store_partial(p, v, count);
+  if constexpr (W == 8) return store_first_lanes(p, __m256(v), count);
+#endif
+  float lanes[W];
+  std::memcpy(lanes, &v, sizeof lanes);
+  copy_first<W>(p, lanes, count);
 }
 
 // fn(first, count) for the groups of W values that cover [0, n) in order, the last

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -32,11 +33,27 @@ namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
+// The lanes of v combined by op (max or +) as a tree, halves first: log2(W)
+// dependent steps rather than W. Lane order does not matter to max, and to a sum
+// in double of float terms hardly: the row's sum is in the tolerance either way.
+template <typename Lanes, typename T, int W, typename Op>
+T reduce_lanes(Lanes v, const Op& op) {
+  T lanes[W];
+  std::memcpy(lanes, &v, sizeof lanes);
+  for (int half = W / 2; half >= 1; half /= 2) {
+    for (int i = 0; i < half; ++i) lanes[i] = op(lanes[i], lanes[i + half]);
+  }
+  return lanes[0];
+}
+
 template <int W>
 double sum_of_lanes(DoubleLanes<W> v) {
-  double sum = 0;
-  for (int i = 0; i < W; ++i) sum += v[i];
-  return sum;
+  return reduce_lanes<DoubleLanes<W>, double, W>(v, [](double a, double b) { return a + b; });
+}
+
+template <int W>
+float max_of_lanes(FloatLanes<W> v) {
+  return reduce_lanes<FloatLanes<W>, float, W>(v, [](float a, float b) { return a > b ? a : b; });
 }
 
 // One row: y [D] from x [D], of which the first `kept` are kept; y may alias x.
@@ -48,8 +65,7 @@ void forward_row(float* y, const float* x, std::int64_t kept, std::int64_t cols,
     const FloatLanes<W> v = load_lanes<W>(x + j, count, -kInf);
     lanes_max = select_lanes<W>(v > lanes_max, v, lanes_max);  // a NaN is skipped
   });
-  float m = -kInf;
-  for (int i = 0; i < W; ++i) m = std::max(m, lanes_max[i]);
+  const float m = max_of_lanes<W>(lanes_max);  // no lane holds a NaN
 
   // exp(x - m), kept in y for softmax, and its sum.
   DoubleLanes<W> lanes_sum{};
