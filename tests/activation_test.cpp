@@ -4,8 +4,8 @@
 // float16 against the reference rounded once (its bits on the CPU, one unit in the
 // last place on CUDA, kernels/activation.h).
 // The files an op takes, in order: the top of kernels/relu.h.
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <random>
 #include <string>
@@ -183,8 +183,8 @@ std::vector<float> float32_edge_inputs() {
       if (std::isfinite(x)) v.insert(v.end(), {x, -x});
     }
   }
-  v.insert(v.end(), {-30.0f, -10.0f, 10.0f, 0.625f, -0.625f, std::nextafter(0.625f, 0.0f),
-                     0.0f, -0.0f, kInf, -kInf, kNaN, std::numeric_limits<float>::denorm_min(),
+  v.insert(v.end(), {-30.0f, -10.0f, 10.0f, 0.625f, -0.625f, std::nextafter(0.625f, 0.0f), 0.0f,
+                     -0.0f, kInf, -kInf, kNaN, std::numeric_limits<float>::denorm_min(),
                      std::numeric_limits<float>::max(), -std::numeric_limits<float>::max()});
   std::mt19937 shuffle(7);
   std::shuffle(v.begin(), v.end(), shuffle);
@@ -236,9 +236,10 @@ TEST(ActivationCpu, NegativeTailsAreAccurateRelativeToTheirValue) {
     float low;
   };
   for_each_cpu_isa(Device::cpu(), [&](const std::string& isa) {
-    for (const Tail& tail : {Tail{ActivationOp::gelu(), -12.5f}, Tail{ActivationOp::sigmoid(), -85.0f},
-                             Tail{ActivationOp::silu(), -80.0f},
-                             Tail{ActivationOp::gelu(GeluApproximate::Tanh), -6.0f}}) {
+    for (const Tail& tail :
+         {Tail{ActivationOp::gelu(), -12.5f}, Tail{ActivationOp::sigmoid(), -85.0f},
+          Tail{ActivationOp::silu(), -80.0f},
+          Tail{ActivationOp::gelu(GeluApproximate::Tanh), -6.0f}}) {
       const auto x = random_values(4099, 47, tail.low, -1.0f);
       const auto n = std::int64_t(x.size());
       const std::vector<float> ones(x.size(), 1.0f);

@@ -331,18 +331,22 @@ TEST(SoftmaxCpu, EveryIsaMatchesTheReferenceInFloat32) {
             const std::int64_t kept = reference::softmax_kept(r, cols, mask);
             for (std::int64_t j = 0; j < cols; ++j) {
               float& v = x[std::size_t(r * cols + j)];
-              if (j >= kept) v = kNaN;
-              else if (r % 5 == 1) v *= 1000.0f;
-              else if ((r % 5 == 2 && j % 3 == 1) || r % 5 == 3) v = -kInf;
-              else if (r % 5 == 4 && j == kept / 2) v = kNaN;
+              if (j >= kept)
+                v = kNaN;
+              else if (r % 5 == 1)
+                v *= 1000.0f;
+              else if ((r % 5 == 2 && j % 3 == 1) || r % 5 == 3)
+                v = -kInf;
+              else if (r % 5 == 4 && j == kept / 2)
+                v = kNaN;
             }
           }
           const auto grad_y = random_values(n, unsigned(cols + 1));
           const std::vector<float> sentinel(n, 0.5f);
           const std::string where =
               isa + ", " + name(kind) + ", " + name(mask) + ", D = " + std::to_string(cols);
-          const Shape shape = mask == SoftmaxMask::Causal ? Shape{rows / cols, cols, cols}
-                                                          : Shape{rows, cols};
+          const Shape shape =
+              mask == SoftmaxMask::Causal ? Shape{rows / cols, cols, cols} : Shape{rows, cols};
           Tensor y = Tensor::empty(shape, cpu());
           forward(kind, y, Tensor::from_host<float>(x, shape, cpu()), mask, cpu());
           const auto expected = reference_forward(x, cols, kind, mask);

@@ -7,12 +7,11 @@
 // within 1e-6 + 1e-5 |reference| of the double reference on every ISA
 // (tests/activation_test.cpp). float64 runs the reference itself. In bfloat16 and
 // float16 each value is still computed in double and rounded once, as the reference
-// does, but on blocks:
-// the inputs widened (exactly) by kernels/cpu/convert16.h into double scratch, the
-// reference's float64 loop run on the block (the 16-bit loop's arithmetic, in the
-// same order), and the results rounded by convert16.h's two vector steps, to odd
-// into float32 and from there to 16 bits (engine/half.h's T(double)): the
-// reference's bits. Elementwise, so the loops split over the thread pool at any
+// does, but on blocks: the inputs widened (exactly) by kernels/cpu/convert16.h into
+// double scratch, the reference's float64 loop run on the block (the 16-bit loop's
+// arithmetic, in the same order), and the results rounded by convert16.h's two
+// vector steps, to odd into float32 and from there to 16 bits (engine/half.h's
+// T(double)): the reference's bits. Elementwise, so the loops split over the thread pool at any
 // boundary (kernels/cpu/parallel.h). The files an op takes, in order: the top of
 // kernels/relu.h.
 #include "kernels/cpu/activation.h"
@@ -72,9 +71,20 @@ void activation_backward_16bit(T* grad_x, const T* grad_y, const T* x, std::int6
   });
 }
 
-// GELU's tanh form: u = sqrt(2/pi) (x + 0.044715 x^3) and du/dx.
+// GELU's tanh form: u = sqrt(2/pi) (x + 0.044715 x^3).
 constexpr float kSqrt2OverPi = 0.797884560802865356f;
 constexpr float kGeluTanhCubic = 0.044715f;
+
+template <int W>
+inline FloatLanes<W> gelu_tanh_u(FloatLanes<W> x) {
+  return kSqrt2OverPi * (x + kGeluTanhCubic * x * x * x);
+}
+
+// Phi(x) from Phi(-|x|): the tail itself for x < 0, 1 minus it above.
+template <int W>
+inline FloatLanes<W> normal_cdf(FloatLanes<W> x, FloatLanes<W> lower_tail) {
+  return select_lanes<W>(x < 0.0f, lower_tail, 1.0f - lower_tail);
+}
 
 // f(x) of kernels/activation.h's table on W lanes.
 template <ActivationKind K, int W>
@@ -84,11 +94,9 @@ inline FloatLanes<W> value_lanes(FloatLanes<W> x, float slope) {
   } else if constexpr (K == ActivationKind::Tanh) {
     return tanh_lanes<W>(x).value;
   } else if constexpr (K == ActivationKind::Gelu) {
-    const FloatLanes<W> tail = normal_tail<W>(x).lower_tail;  // Phi(-|x|)
-    return times_unless_zero<W>(x, select_lanes<W>(x < 0.0f, tail, 1.0f - tail));
+    return times_unless_zero<W>(x, normal_cdf<W>(x, normal_tail<W>(x).lower_tail));
   } else if constexpr (K == ActivationKind::GeluTanh) {
-    const FloatLanes<W> u = kSqrt2OverPi * (x + kGeluTanhCubic * x * x * x);
-    return times_unless_zero<W>(x, logistic_lanes<W>(2.0f * u).value);
+    return times_unless_zero<W>(x, logistic_lanes<W>(2.0f * gelu_tanh_u<W>(x)).value);
   } else if constexpr (K == ActivationKind::SiLU) {
     return times_unless_zero<W>(x, logistic_lanes<W>(x).value);
   } else {
@@ -105,12 +113,10 @@ inline FloatLanes<W> derivative_lanes(FloatLanes<W> x, float slope) {
     return tanh_lanes<W>(x).derivative;
   } else if constexpr (K == ActivationKind::Gelu) {
     const NormalTail<W> n = normal_tail<W>(x);
-    const FloatLanes<W> cdf = select_lanes<W>(x < 0.0f, n.lower_tail, 1.0f - n.lower_tail);
-    return cdf + times_unless_zero<W>(x, n.density);
+    return normal_cdf<W>(x, n.lower_tail) + times_unless_zero<W>(x, n.density);
   } else if constexpr (K == ActivationKind::GeluTanh) {
-    const FloatLanes<W> u = kSqrt2OverPi * (x + kGeluTanhCubic * x * x * x);
     const FloatLanes<W> du = kSqrt2OverPi * (1.0f + 3.0f * kGeluTanhCubic * x * x);
-    const Logistic<W> s = logistic_lanes<W>(2.0f * u);
+    const Logistic<W> s = logistic_lanes<W>(2.0f * gelu_tanh_u<W>(x));
     return s.value + times_unless_zero<W>(x * du, 2.0f * s.derivative);
   } else if constexpr (K == ActivationKind::SiLU) {
     const Logistic<W> s = logistic_lanes<W>(x);
@@ -125,12 +131,18 @@ inline FloatLanes<W> derivative_lanes(FloatLanes<W> x, float slope) {
 template <typename Fn>
 void with_kind(ActivationKind kind, const Fn& fn) {
   switch (kind) {
-    case ActivationKind::Sigmoid: return fn.template operator()<ActivationKind::Sigmoid>();
-    case ActivationKind::Tanh: return fn.template operator()<ActivationKind::Tanh>();
-    case ActivationKind::Gelu: return fn.template operator()<ActivationKind::Gelu>();
-    case ActivationKind::GeluTanh: return fn.template operator()<ActivationKind::GeluTanh>();
-    case ActivationKind::SiLU: return fn.template operator()<ActivationKind::SiLU>();
-    case ActivationKind::LeakyReLU: return fn.template operator()<ActivationKind::LeakyReLU>();
+    case ActivationKind::Sigmoid:
+      return fn.template operator()<ActivationKind::Sigmoid>();
+    case ActivationKind::Tanh:
+      return fn.template operator()<ActivationKind::Tanh>();
+    case ActivationKind::Gelu:
+      return fn.template operator()<ActivationKind::Gelu>();
+    case ActivationKind::GeluTanh:
+      return fn.template operator()<ActivationKind::GeluTanh>();
+    case ActivationKind::SiLU:
+      return fn.template operator()<ActivationKind::SiLU>();
+    case ActivationKind::LeakyReLU:
+      return fn.template operator()<ActivationKind::LeakyReLU>();
   }
 }
 
@@ -152,8 +164,8 @@ void activation_backward_float(float* grad_x, const float* grad_y, const float* 
   with_kind(act.kind, [&]<ActivationKind K>() {
     run_float_lanes([&]<int W>() {
       for_each_lane_group<W>(n, [&](std::int64_t i, std::int64_t count) {
-        FloatLanes<W> g =
-            load_lanes<W>(grad_y + i, count) * derivative_lanes<K, W>(load_lanes<W>(x + i, count), slope);
+        FloatLanes<W> g = load_lanes<W>(grad_y + i, count) *
+                          derivative_lanes<K, W>(load_lanes<W>(x + i, count), slope);
         if (write == GradWrite::Accumulate) g += load_lanes<W>(grad_x + i, count);
         store_lanes<W>(grad_x + i, g, count);
       });

@@ -13,20 +13,20 @@
 // kernels/softmax.h state), tested on every ISA (tests/activation_test.cpp,
 // tests/softmax_test.cpp). The approximations are our own fits, made with numpy
 // and mpmath (40 digits) by weighted least squares on Chebyshev nodes iterated
-// towards minimax (Lawson's reweighting), then evaluated in float32 over dense
-// grids against mpmath:
+// towards minimax (Lawson's reweighting); each error below is the fit's own over its
+// interval (tools/float_lanes_fit.py prints the fits and their errors again):
 //   exp_lanes        e^r = 1 + r + r^2 P(r), |r| <= ln2 / 2, P of degree 4: the fit's
-//                    relative error 1.1e-8; in float32 within 2 units in the last place.
+//                    relative error 1.1e-8, below float32's rounding.
 //   normal_tail      Phi(-a) exp(a^2 / 2) = t Q(t), t = 4 / (4 + a), a >= 0, Q of
-//                    degree 9: the fit 5.7e-8, evaluated in float32 (t rounded) 3.6e-7
+//                    degree 9: the fit 5.7e-8, evaluated in float32 (numpy, t rounded) 3.6e-7
 //                    relative, for every a, so Phi(-a) is accurate relative to its value
 //                    in the whole tail (Cody's idea of a rational in 1 / a for erfc,
 //                    here as a polynomial in a bounded variable).
 //   tanh_lanes       tanh(a) = a + a^3 R(a^2) for a < 0.625, R of degree 4: the fit
 //                    1.8e-8 relative; above, (1 - e) / (1 + e), e = exp(-2a), which
 //                    does not cancel there.
-// The worst errors measured against the double reference are in the tests' results
-// and bench/results (vit_cpu_activations_*.md), not here.
+// The worst errors of the kernels against the double reference, measured on every
+// ISA, are in bench/results (vit_cpu_activations_*.md).
 //
 // Special values follow the references: a NaN stays a NaN (no clamp swallows it:
 // clamps are selections on comparisons, false for a NaN), exp(-inf) = 0,
@@ -52,12 +52,12 @@ namespace towerlab::cpu {
 // per width: GCC drops vector_size from an alias template whose size depends on W.
 template <int W>
 struct LaneTypes;
-#define TL_LANE_TYPES(W)                                                    \
-  template <>                                                               \
-  struct LaneTypes<W> {                                                     \
-    typedef float Float __attribute__((vector_size(4 * W)));                \
-    typedef std::int32_t Int __attribute__((vector_size(4 * W)));           \
-    typedef double Double __attribute__((vector_size(8 * W)));              \
+#define TL_LANE_TYPES(W)                                          \
+  template <>                                                     \
+  struct LaneTypes<W> {                                           \
+    typedef float Float __attribute__((vector_size(4 * W)));      \
+    typedef std::int32_t Int __attribute__((vector_size(4 * W))); \
+    typedef double Double __attribute__((vector_size(8 * W)));    \
   };
 TL_LANE_TYPES(4)
 TL_LANE_TYPES(8)
@@ -116,29 +116,34 @@ inline void copy_first(float* dst, const float* src, std::int64_t count) {
 }
 
 #if TL_CPU_X86
-// The partial groups' masked loads and stores, compiled for their ISA (intrinsics
-// do not inline into the generic templates below, which run_float_lanes_* inline).
-__attribute__((target("avx512f"))) inline FloatLanes<16> load_partial(const float* p,
-                                                                      std::int64_t count,
-                                                                      float fill) {
-  return FloatLanes<16>(_mm512_mask_loadu_ps(_mm512_set1_ps(fill), first_lanes(count), p));
+// The partial groups' masked loads and stores, compiled for their ISA: lanes[16]
+// (or [8]) holds the group in memory, since a vector argument between functions of
+// different targets is refused (Clang) and intrinsics do not inline into the
+// generic templates below; run_float_lanes_* inline all of it.
+__attribute__((target("avx512f"))) inline void load_partial16(float* lanes, const float* p,
+                                                              std::int64_t count, float fill) {
+  _mm512_storeu_ps(lanes, _mm512_mask_loadu_ps(_mm512_set1_ps(fill), first_lanes(count), p));
 }
-__attribute__((target("avx2"))) inline FloatLanes<8> load_partial8(const float* p,
-                                                                   std::int64_t count,
-                                                                   float fill) {
+__attribute__((target("avx2"))) inline void load_partial8(float* lanes, const float* p,
+                                                          std::int64_t count, float fill) {
   const __m256i mask = first_lanes8(count);
-  return FloatLanes<8>(_mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, mask),
-                                        _mm256_castsi256_ps(mask)));
+  _mm256_storeu_ps(lanes, _mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, mask),
+                                           _mm256_castsi256_ps(mask)));
 }
-__attribute__((target("avx512f"))) inline void store_partial(float* p, FloatLanes<16> v,
-                                                             std::int64_t count) {
-  _mm512_mask_storeu_ps(p, first_lanes(count), __m512(v));
+__attribute__((target("avx512f"))) inline void store_partial16(float* p, const float* lanes,
+                                                               std::int64_t count) {
+  _mm512_mask_storeu_ps(p, first_lanes(count), _mm512_loadu_ps(lanes));
+}
+// x86.h's store_first_lanes: AVX2's masked store is slow on AMD.
+__attribute__((target("avx2"))) inline void store_partial8(float* p, const float* lanes,
+                                                           std::int64_t count) {
+  store_first_lanes(p, _mm256_loadu_ps(lanes), count);
 }
 #endif
 
 // `count` (1 to W) values from p, `fill` in the other lanes; reads only those. A
-// partial group is a masked load with AVX-512 and AVX2; the portable lanes go
-// through a copy on the stack.
+// partial group is a masked load with AVX-512 and AVX2, pieces of constant size in
+// the portable lanes.
 template <int W>
 inline FloatLanes<W> load_lanes(const float* p, std::int64_t count, float fill = 0.0f) {
   FloatLanes<W> v;
@@ -146,33 +151,41 @@ inline FloatLanes<W> load_lanes(const float* p, std::int64_t count, float fill =
     std::memcpy(&v, p, sizeof v);
     return v;
   }
-#if TL_CPU_X86
-  if constexpr (W == 16) return load_partial(p, count, fill);
-  if constexpr (W == 8) return load_partial8(p, count, fill);
-#endif
-  v = splat_lanes<W>(fill);
   float lanes[W];
-  std::memcpy(lanes, &v, sizeof lanes);
-  copy_first<W>(lanes, p, count);
+#if TL_CPU_X86
+  if constexpr (W == 16) {
+    load_partial16(lanes, p, count, fill);
+  } else if constexpr (W == 8) {
+    load_partial8(lanes, p, count, fill);
+  } else
+#endif
+  {
+    for (int i = 0; i < W; ++i) lanes[i] = fill;
+    copy_first<W>(lanes, p, count);
+  }
   std::memcpy(&v, lanes, sizeof v);
   return v;
 }
 
-// The first `count` (1 to W) lanes of v to p; writes nothing past them (AVX2's
-// masked store is slow on AMD: x86.h's store_first_lanes instead).
+// The first `count` (1 to W) lanes of v to p; writes nothing past them.
 template <int W>
 inline void store_lanes(float* p, FloatLanes<W> v, std::int64_t count) {
   if (count == W) {
     std::memcpy(p, &v, sizeof v);
     return;
   }
-#if TL_CPU_X86
-  if constexpr (W == 16) return store_partial(p, v, count);
-  if constexpr (W == 8) return store_first_lanes(p, __m256(v), count);
-#endif
   float lanes[W];
   std::memcpy(lanes, &v, sizeof lanes);
-  copy_first<W>(p, lanes, count);
+#if TL_CPU_X86
+  if constexpr (W == 16) {
+    store_partial16(p, lanes, count);
+  } else if constexpr (W == 8) {
+    store_partial8(p, lanes, count);
+  } else
+#endif
+  {
+    copy_first<W>(p, lanes, count);
+  }
 }
 
 // fn(first, count) for the groups of W values that cover [0, n) in order, the last
@@ -201,10 +214,10 @@ inline FloatLanes<W> exp_lanes(FloatLanes<W> hi, FloatLanes<W> lo = FloatLanes<W
   const F nf = shifted - kRound;
   const F r = (hi - nf * 0.693359375f) - nf * -2.12194440e-4f + lo;
   F p = splat_lanes<W>(0.00139411096f);
-  p = p * r + 0.00836317526f;
-  p = p * r + 0.0416663753f;
-  p = p * r + 0.166665770f;
-  p = p * r + 0.500000003f;
+  p = p * r + 0.00836317521f;
+  p = p * r + 0.0416663736f;
+  p = p * r + 0.166665763f;
+  p = p * r + 0.5f;
   p = (p * r) * r + r + 1.0f;
   const I half = n >> 1;
   const F scale_a = reinterpret_cast<F>((half + 127) << 23);

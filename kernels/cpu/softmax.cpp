@@ -58,8 +58,7 @@ float max_of_lanes(FloatLanes<W> v) {
 
 // One row: y [D] from x [D], of which the first `kept` are kept; y may alias x.
 template <int W>
-void forward_row(float* y, const float* x, std::int64_t kept, std::int64_t cols,
-                 SoftmaxKind kind) {
+void forward_row(float* y, const float* x, std::int64_t kept, std::int64_t cols, SoftmaxKind kind) {
   FloatLanes<W> lanes_max = splat_lanes<W>(-kInf);
   for_each_lane_group<W>(kept, [&](std::int64_t j, std::int64_t count) {
     const FloatLanes<W> v = load_lanes<W>(x + j, count, -kInf);
@@ -98,16 +97,15 @@ void backward_row(float* grad_x, const float* grad_y, const float* y, std::int64
   DoubleLanes<W> lanes_sum{};
   for_each_lane_group<W>(kept, [&](std::int64_t j, std::int64_t count) {
     const DoubleLanes<W> gy = widen_lanes<W>(load_lanes<W>(grad_y + j, count));
-    lanes_sum += kind == SoftmaxKind::LogSoftmax
-                     ? gy
-                     : gy * widen_lanes<W>(load_lanes<W>(y + j, count));
+    lanes_sum +=
+        kind == SoftmaxKind::LogSoftmax ? gy : gy * widen_lanes<W>(load_lanes<W>(y + j, count));
   });
   const auto sum = static_cast<float>(sum_of_lanes<W>(lanes_sum));
   for_each_lane_group<W>(kept, [&](std::int64_t j, std::int64_t count) {
     const FloatLanes<W> gy = load_lanes<W>(grad_y + j, count);
     const FloatLanes<W> out = load_lanes<W>(y + j, count);
-    FloatLanes<W> g = kind == SoftmaxKind::LogSoftmax ? gy - exp_lanes<W>(out) * sum
-                                                      : out * (gy - sum);
+    FloatLanes<W> g =
+        kind == SoftmaxKind::LogSoftmax ? gy - exp_lanes<W>(out) * sum : out * (gy - sum);
     if (write == GradWrite::Accumulate) g += load_lanes<W>(grad_x + j, count);
     store_lanes<W>(grad_x + j, g, count);
   });
