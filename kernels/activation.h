@@ -30,12 +30,15 @@
 // (x >= 0: 1 / (1 + exp(-x)); x < 0: e / (1 + e), e = exp(x)), so no |x|
 // overflows. 1 + erf(x / sqrt 2) and 1 + tanh(u) cancel to nothing in the
 // negative tail (in float at x = -5, GELU would keep one digit), so GELU takes
-// Phi from erfc (erfcf, std::erfc) and the tanh form from the sigmoid identity
-// 1 + tanh u = 2 s(2u); both are accurate relative to the value for every x.
-// x Phi(x), x s(x) and the derivative terms x pdf are taken as 0 where the
-// other factor is 0 (the saturated tails), which is what makes the infinities
+// Phi from erfc (erfcf, std::erfc; on the CPU in float32, a fit of Phi's tail
+// times exp(-x^2 / 2): kernels/cpu/float_lanes.h) and the tanh form from the
+// sigmoid identity 1 + tanh u = 2 s(2u); both are accurate relative to the value
+// for every x. x Phi(x), x s(x) and the derivative terms x pdf are taken as 0 where
+// the other factor is 0 (the saturated tails), which is what makes the infinities
 // come out as their limits. The references (kernels/reference/activation.h) are in
-// double; the CPU and CUDA results match them within 1e-6 + 1e-5 |reference|.
+// double; the float32 results, CPU (float math in vector lanes on every ISA) and
+// CUDA, match them within 1e-6 + 1e-5 |reference|; float64 on the CPU is the
+// reference.
 //
 // Dtypes: float32, bfloat16 and float16 on every device, float64 on the CPU; all
 // tensors of one dtype. A 16-bit input is read as its exact widening and each

@@ -36,8 +36,9 @@
 // (softmax) and grad_y (log-softmax, exp(-inf) = 0).
 //
 // Tolerance: the reference (kernels/reference/softmax.h) is in double; the CPU
-// runs it (float64 results are the reference's; float32 its rounding), and the
-// CUDA float32 kernels are held to 1e-6 + 1e-5 |reference| in the tests.
+// runs it in float64, and the float32 results, CPU (float math in vector lanes on
+// every ISA: kernels/cpu/softmax.cpp) and CUDA, are held to
+// 1e-6 + 1e-5 |reference| in the tests.
 //
 // Errors: bfloat16 / float16 get check_dtype_supported's NotSupported naming the
 // op and the dtype; shapes that differ, a scalar (rank 0), and a causal mask on a

@@ -4,8 +4,10 @@
 // float16 against the reference rounded once (its bits on the CPU, one unit in the
 // last place on CUDA, kernels/activation.h).
 // The files an op takes, in order: the top of kernels/relu.h.
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
 #include <string>
 
 #include "gradcheck.h"
@@ -165,6 +167,97 @@ TEST_P(ActivationTest, RejectsMismatchedShapesAndABadSlope) {
                     "activation_backward: x is float32[3,2]");
   EXPECT_THROW_WITH(activation_forward(x, x, ActivationOp::leaky_relu(std::nan("")), stream()),
                     InvalidArgument, "leaky_relu's negative_slope is nan; it must be finite");
+}
+
+// --- float32 on every ISA of the CPU ------------------------------------------------
+
+// Inputs for the CPU's float32 lanes (kernels/cpu/float_lanes.h): a dense grid over
+// [-14, 14] (both tails, the branch points of tanh at 0.625 and of exp's reduction),
+// +-10^k from the subnormals to the largest floats, the tails' points -30, -10 and
+// +10, and +-0, +-inf, NaN; shuffled so that special values fall in every lane.
+std::vector<float> float32_edge_inputs() {
+  std::vector<float> v = random_values(20000, 41, -14.0f, 14.0f);
+  for (int k = -45; k <= 38; ++k) {
+    for (float m : {1.0f, 3.0f}) {
+      const auto x = static_cast<float>(m * std::pow(10.0, k));
+      if (std::isfinite(x)) v.insert(v.end(), {x, -x});
+    }
+  }
+  v.insert(v.end(), {-30.0f, -10.0f, 10.0f, 0.625f, -0.625f, std::nextafter(0.625f, 0.0f), 0.0f,
+                     -0.0f, kInf, -kInf, kNaN, std::numeric_limits<float>::denorm_min(),
+                     std::numeric_limits<float>::max(), -std::numeric_limits<float>::max()});
+  std::mt19937 shuffle(7);
+  std::shuffle(v.begin(), v.end(), shuffle);
+  return v;
+}
+
+// The float32 CPU path is float math in vector lanes, not the reference: on every
+// ISA this CPU has, forward and backward (accumulated into a sentinel and
+// assigned) must stay within kernels/activation.h's 1e-6 + 1e-5 |reference| of the
+// double reference, with NaN exactly where it has one, over float32_edge_inputs
+// cut into rows of 1, 7, 17 and 1029 values (partial vector groups). The control
+// is the test run once with a planted error in the approximations (the report of
+// the commit that added this).
+TEST(ActivationCpu, EveryIsaMatchesTheReferenceInFloat32) {
+  const std::vector<float> all = float32_edge_inputs();
+  for_each_cpu_isa(Device::cpu(), [&](const std::string& isa) {
+    for (const ActivationOp& act : all_activations()) {
+      for (std::size_t n : {1, 7, 17, 1029, 0}) {
+        const std::vector<float> x = n == 0 ? all : std::vector<float>(all.end() - n, all.end());
+        const auto rows = std::int64_t(x.size());
+        const auto grad_y = random_values(x.size(), 43, -2.0f, 2.0f);
+        const std::vector<float> sentinel(x.size(), 0.5f);
+        const std::string where = isa + ", " + name(act) + ", n = " + std::to_string(rows);
+        Tensor tx = Tensor::from_host<float>(x, {rows}, cpu());
+        Tensor y = Tensor::empty({rows}, cpu());
+        activation_forward(y, tx, act, cpu());
+        EXPECT_TRUE(matches_reference(y.to_host<float>(cpu()), reference_forward(x, act))) << where;
+        Tensor gy = Tensor::from_host<float>(grad_y, {rows}, cpu());
+        for (GradWrite write : {GradWrite::Accumulate, GradWrite::Assign}) {
+          Tensor gx = Tensor::from_host<float>(sentinel, {rows}, cpu());
+          activation_backward(gx, gy, tx, act, cpu(), write);
+          EXPECT_TRUE(matches_reference(gx.to_host<float>(cpu()),
+                                        reference_backward(sentinel, grad_y, x, act, write)))
+              << where << (write == GradWrite::Assign ? ", assigned" : ", accumulated");
+        }
+      }
+    }
+  });
+}
+
+// GELU and the sigmoid family keep their value relative to itself in the negative
+// tail (kernels/activation.h), where the tolerance's 1e-6 would hide any error:
+// there the float32 path must hold 1e-5 relative alone, down to the smallest normal
+// results (GELU's tanh form to x = -6: its u is a float32 polynomial whose rounding
+// grows with |u|).
+TEST(ActivationCpu, NegativeTailsAreAccurateRelativeToTheirValue) {
+  struct Tail {
+    ActivationOp act;
+    float low;
+  };
+  for_each_cpu_isa(Device::cpu(), [&](const std::string& isa) {
+    for (const Tail& tail :
+         {Tail{ActivationOp::gelu(), -12.5f}, Tail{ActivationOp::sigmoid(), -85.0f},
+          Tail{ActivationOp::silu(), -80.0f},
+          Tail{ActivationOp::gelu(GeluApproximate::Tanh), -6.0f}}) {
+      const auto x = random_values(4099, 47, tail.low, -1.0f);
+      const auto n = std::int64_t(x.size());
+      const std::vector<float> ones(x.size(), 1.0f);
+      Tensor tx = Tensor::from_host<float>(x, {n}, cpu());
+      Tensor y = Tensor::empty({n}, cpu());
+      activation_forward(y, tx, tail.act, cpu());
+      Tensor g = Tensor::empty({n}, cpu());
+      activation_backward(g, Tensor::from_host<float>(ones, {n}, cpu()), tx, tail.act, cpu(),
+                          GradWrite::Assign);
+      const std::string where = isa + ", " + name(tail.act);
+      EXPECT_TRUE(all_close(y.to_host<float>(cpu()), reference_forward(x, tail.act), 0.0, 1e-5))
+          << where;
+      EXPECT_TRUE(all_close(g.to_host<float>(cpu()),
+                            reference_backward(ones, ones, x, tail.act, GradWrite::Assign), 0.0,
+                            1e-5))
+          << where << "'";
+    }
+  });
 }
 
 // The reference itself at a few points whose values are known in closed form or

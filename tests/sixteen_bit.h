@@ -61,21 +61,11 @@ class SixteenBitTest : public ::testing::TestWithParam<std::tuple<Device, DType>
   std::vector<float> host(const Tensor& t) {
     return cast(t, DType::Float32, stream()).to_host<float>(stream());
   }
-  // Calls fn(where) once per ISA this CPU has, with the ISA pinned (the CPU's
-  // 16-bit kernels convert with code chosen at run time: kernels/cpu/convert16.h),
-  // `where` naming it; on a GPU once, `where` naming the device.
+  // testing::for_each_cpu_isa on this test's device (the CPU's 16-bit kernels
+  // convert with code chosen at run time: kernels/cpu/convert16.h).
   template <typename Fn>
   void for_each_cpu_isa(Fn&& fn) {
-    if (!device().is_cpu()) return fn(device().str());
-    const RestoreGemmIsa restore;
-    int runs = 0;
-    for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
-      if (!gemm_isa_supported(isa)) continue;
-      set_gemm_isa(isa);
-      ++runs;
-      fn("ISA " + std::to_string(int(isa)));
-    }
-    EXPECT_GE(runs, 1);
+    testing::for_each_cpu_isa(device(), fn);
   }
   // fn.template operator()<T>() with T dtype()'s type (bfloat16 or float16), for
   // the references, which are templated on it.

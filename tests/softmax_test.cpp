@@ -310,6 +310,65 @@ TEST(SoftmaxCpu, Float64IsTheReference) {
   }
 }
 
+// The float32 CPU path is float math in vector lanes (kernels/cpu/softmax.cpp), not
+// the reference: on every ISA this CPU has, both kinds, with and without the causal
+// mask, rows of 1, 7, 17 and 1029 values (partial vector groups), forward and
+// backward (accumulated into a sentinel and assigned) must stay within
+// kernels/softmax.h's 1e-6 + 1e-5 |reference|, NaN exactly where the reference has
+// one. Row r of each matrix is, by r % 5: random logits, logits scaled to +-6000,
+// -inf at every third key, all -inf, a NaN; masked keys hold NaN (never read). The
+// control is the test run once with a planted error in the exp (the report of the
+// commit that added this).
+TEST(SoftmaxCpu, EveryIsaMatchesTheReferenceInFloat32) {
+  for_each_cpu_isa(Device::cpu(), [&](const std::string& isa) {
+    for (SoftmaxKind kind : kKinds) {
+      for (SoftmaxMask mask : {SoftmaxMask::None, SoftmaxMask::Causal}) {
+        for (std::int64_t cols : {1, 7, 17, 1029}) {
+          const std::int64_t rows = mask == SoftmaxMask::Causal ? cols * (cols > 17 ? 1 : 2) : 10;
+          const std::size_t n = std::size_t(rows * cols);
+          auto x = random_values(n, unsigned(cols), -6.0f, 6.0f);
+          for (std::int64_t r = 0; r < rows; ++r) {
+            const std::int64_t kept = reference::softmax_kept(r, cols, mask);
+            for (std::int64_t j = 0; j < cols; ++j) {
+              float& v = x[std::size_t(r * cols + j)];
+              if (j >= kept)
+                v = kNaN;
+              else if (r % 5 == 1)
+                v *= 1000.0f;
+              else if ((r % 5 == 2 && j % 3 == 1) || r % 5 == 3)
+                v = -kInf;
+              else if (r % 5 == 4 && j == kept / 2)
+                v = kNaN;
+            }
+          }
+          const auto grad_y = random_values(n, unsigned(cols + 1));
+          const std::vector<float> sentinel(n, 0.5f);
+          const std::string where =
+              isa + ", " + name(kind) + ", " + name(mask) + ", D = " + std::to_string(cols);
+          const Shape shape =
+              mask == SoftmaxMask::Causal ? Shape{rows / cols, cols, cols} : Shape{rows, cols};
+          Tensor y = Tensor::empty(shape, cpu());
+          forward(kind, y, Tensor::from_host<float>(x, shape, cpu()), mask, cpu());
+          const auto expected = reference_forward(x, cols, kind, mask);
+          EXPECT_TRUE(matches_reference(y.to_host<float>(cpu()), expected)) << where;
+          // The backward from the reference's output, so that the forward's rounding
+          // is not counted twice.
+          Tensor ey = Tensor::from_host<float>(expected, shape, cpu());
+          Tensor gy = Tensor::from_host<float>(grad_y, shape, cpu());
+          for (GradWrite write : {GradWrite::Accumulate, GradWrite::Assign}) {
+            Tensor gx = Tensor::from_host<float>(sentinel, shape, cpu());
+            backward(kind, gx, gy, ey, mask, cpu(), write);
+            EXPECT_TRUE(matches_reference(
+                gx.to_host<float>(cpu()),
+                reference_backward(sentinel, grad_y, expected, cols, kind, mask, write)))
+                << where << (write == GradWrite::Assign ? ", assigned" : ", accumulated");
+          }
+        }
+      }
+    }
+  });
+}
+
 // sum of g * y over the kept entries (the masked -inf of log-softmax left out).
 double kept_weighted_sum(const Tensor& g, const Tensor& y, SoftmaxMask mask) {
   const std::int64_t cols = y.shape().back();

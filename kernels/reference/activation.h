@@ -1,6 +1,7 @@
 // The plain reference of the activations (contracts in kernels/activation.h), on
 // n values, in double whatever T is. The CPU backend runs it on each thread's
-// range (kernels/cpu/activation.cpp), and the CUDA kernels are tested against it.
+// range in float64 and 16 bits (kernels/cpu/activation.cpp); the CPU's float32
+// lanes and the CUDA kernels are tested against it.
 // T is float, double, bfloat16 or float16: every value is computed in double and
 // rounded once to T (engine/half.h rounds double to a 16-bit type directly).
 #pragma once

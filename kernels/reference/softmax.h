@@ -1,7 +1,7 @@
 // The plain reference of softmax and log-softmax (contracts in kernels/softmax.h),
 // in double whatever T is. The CPU backend runs it on each thread's range of rows
-// (kernels/cpu/softmax.cpp), and the CUDA kernels are tested against it. T is
-// float or double.
+// in float64 (kernels/cpu/softmax.cpp); the CPU's float32 lanes and the CUDA
+// kernels are tested against it. T is float or double.
 //
 // The arrays are the whole tensors seen as [R, D]; a call computes rows
 // [first_row, last_row), so that a thread's range knows each row's query index
