@@ -237,9 +237,24 @@ Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams&
       return;
     }
     // The bias is float32: its gradient sums the float32 output gradient.
-    conv2d_backward(gx.grad, grad_if_needed(t, weight), Tensor(),
-                    gemm_grad_output(out.grad(), xv.dtype(), t.stream()), xv, wv, params,
-                    t.stream(), write_of(gx), t.float32_math());
+    const Tensor grad_weight = grad_if_needed(t, weight);
+    if (t.stream().device().is_cpu()) {
+      // The CPU widens 16-bit operands into float32 scratch (kernels/conv2d.h): here
+      // the output gradient is rounded and widened in one pass (round_through) and the
+      // float32 passes run on the operands widened as the kernel would widen them
+      // (x read for grad_weight only, weight for grad_x only): the same values and
+      // sums, one pass over the output gradient and one copy of it fewer.
+      const Stream& s = t.stream();
+      conv2d_backward(
+          gx.grad, grad_weight, Tensor(), round_through(out.grad(), xv.dtype(), s),
+          grad_weight.defined() ? widened(xv, s) : Tensor::empty(xv.shape(), s),
+          gx.grad.defined() ? widened(wv, s) : Tensor::empty(wv.shape(), s), params, s,
+          write_of(gx), t.float32_math());
+    } else {
+      conv2d_backward(gx.grad, grad_weight, Tensor(),
+                      gemm_grad_output(out.grad(), xv.dtype(), t.stream()), xv, wv, params,
+                      t.stream(), write_of(gx), t.float32_math());
+    }
     if (grad_bias.defined()) bias_add_backward(grad_bias, out.grad(), t.stream());
   });
 }

@@ -18,6 +18,7 @@
 
 #include "autograd/mixed_precision.h"
 #include "cnn_model.h"
+#include "kernels/bias.h"
 #include "kernels/cast.h"
 #include "kernels/conv2d.h"
 #include "kernels/matmul.h"
@@ -116,6 +117,39 @@ TEST_P(MixedPrecisionTest, GemmsWriteTheirFloat32SumsRoundedOnce) {
   EXPECT_EQ(x.grad().dtype(), DType::Float32);
   EXPECT_EQ(w.grad().dtype(), DType::Float32);
   EXPECT_NE(grad_of(x), std::vector<float>(35, 0.0f));
+}
+
+// conv2d's gradients on the CPU, where the tape rounds the output gradient and widens
+// the operands itself (round_through, autograd/nn.cpp), are the kernel's 16-bit call
+// on the output gradient rounded to the working dtype, bit for bit (on CUDA that is
+// the call the tape makes); the bias's gradient sums the float32 output gradient. An
+// odd shape with stride and padding; the control: the float32 call on the unrounded
+// output gradient gives other gradients.
+TEST_P(MixedPrecisionTest, Conv2dGradientsAreTheKernelsOnTheRoundedOutputGradient) {
+  const Tensor x16 = make(random_values(3 * 3 * 7 * 5, 21), {3, 3, 7, 5});
+  const Tensor w16 = make(random_values(5 * 3 * 3 * 3, 22), {5, 3, 3, 3});
+  const Tensor bias = make32(random_values(5, 23), {5});
+  const Conv2dParams params{.stride_h = 2, .pad_h = 1, .pad_w = 1};
+  const Var x = leaf(lowp(), x16, "x"), w = leaf(lowp(), w16, "w"), b = leaf(lowp(), bias, "b");
+  const Var y = ag::conv2d(x, w, b, params);
+  const Tensor upstream = make32(random_values(std::size_t(y.value().numel()), 24), y.shape());
+  lowp().backward(y, upstream);
+
+  Tensor grad_x = Tensor::zeros(x16.shape(), stream()), grad_w = Tensor::zeros(w16.shape(), stream());
+  Tensor grad_b = Tensor::zeros({5}, stream());
+  conv2d_backward(grad_x, grad_w, Tensor(), cast(upstream, dtype(), stream()), x16, w16, params,
+                  stream());
+  bias_add_backward(grad_b, upstream, stream());
+  EXPECT_EQ(bits(grad_of(x)), bits(grad_x.to_host<float>(stream())));
+  EXPECT_EQ(bits(grad_of(w)), bits(grad_w.to_host<float>(stream())));
+  EXPECT_EQ(bits(grad_of(b)), bits(grad_b.to_host<float>(stream())));
+
+  Tensor unrounded_x = Tensor::zeros(x16.shape(), stream());
+  Tensor unrounded_w = Tensor::zeros(w16.shape(), stream());
+  conv2d_backward(unrounded_x, unrounded_w, Tensor(), upstream, cast(x16, DType::Float32, stream()),
+                  cast(w16, DType::Float32, stream()), params, stream());
+  EXPECT_NE(bits(grad_of(x)), bits(unrounded_x.to_host<float>(stream()))) << "the control";
+  EXPECT_NE(bits(grad_of(w)), bits(unrounded_w.to_host<float>(stream()))) << "the control";
 }
 
 // ReLU, bias add + ReLU and an activation read and write the working dtype; the
