@@ -245,11 +245,10 @@ Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams&
       // (x read for grad_weight only, weight for grad_x only): the same values and
       // sums, one pass over the output gradient and one copy of it fewer.
       const Stream& s = t.stream();
-      conv2d_backward(
-          gx.grad, grad_weight, Tensor(), round_through(out.grad(), xv.dtype(), s),
-          grad_weight.defined() ? widened(xv, s) : Tensor::empty(xv.shape(), s),
-          gx.grad.defined() ? widened(wv, s) : Tensor::empty(wv.shape(), s), params, s,
-          write_of(gx), t.float32_math());
+      conv2d_backward(gx.grad, grad_weight, Tensor(), round_through(out.grad(), xv.dtype(), s),
+                      grad_weight.defined() ? widened(xv, s) : Tensor::empty(xv.shape(), s),
+                      gx.grad.defined() ? widened(wv, s) : Tensor::empty(wv.shape(), s), params, s,
+                      write_of(gx), t.float32_math());
     } else {
       conv2d_backward(gx.grad, grad_weight, Tensor(),
                       gemm_grad_output(out.grad(), xv.dtype(), t.stream()), xv, wv, params,

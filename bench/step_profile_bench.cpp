@@ -489,8 +489,7 @@ int main(int argc, char** argv) {
       "0), %d threads, gradients %s; load average %.2f before, %.2f after\n",
       model_title(model), model == "resnet" ? ", synchronized batch norm" : "",
       master == "sharded" ? ", sharded master" : ", master on the host", precision_name(precision),
-      towers,
-      static_cast<long long>(batch), static_cast<long long>(per_tower), num_threads(),
+      towers, static_cast<long long>(batch), static_cast<long long>(per_tower), num_threads(),
       first_write == Tape::FirstWrite::Zeroed ? "zero-filled" : "first write assigns", load_before,
       load_average());
   std::printf(
@@ -542,9 +541,9 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "\nstep FLOPs %.2f G. GEMM rate (1024^3, %s operands): %.1f GFLOP/s wall on %d threads, "
-      "%.1f GFLOP/s per thread in CPU time.\nGEMM-bound limit: %.2f ms wall = %.1f%% of the step's wall "
-      "time; %.2f CPU-ms = %.1f%% of the step's process CPU time\n",
-      flops / 1e9, dtype_name(gemm_dtype), gemm.wall_gflops, num_threads(), gemm.thread_cpu_gflops, limit_ms,
-      100.0 * limit_ms / step_ms, limit_cpu_ms, 100.0 * limit_cpu_ms / step_cpu_ms);
+      "%.1f GFLOP/s per thread in CPU time.\nGEMM-bound limit: %.2f ms wall = %.1f%% of the "
+      "step's wall time; %.2f CPU-ms = %.1f%% of the step's process CPU time\n",
+      flops / 1e9, dtype_name(gemm_dtype), gemm.wall_gflops, num_threads(), gemm.thread_cpu_gflops,
+      limit_ms, 100.0 * limit_ms / step_ms, limit_cpu_ms, 100.0 * limit_cpu_ms / step_cpu_ms);
   return 0;
 }

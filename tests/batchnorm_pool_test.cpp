@@ -647,8 +647,7 @@ TEST(BatchNormMaxPoolTest, SixteenBitIsTheFloat32OpOnTheWidenedTensors) {
   for (const DType dtype : {DType::BFloat16, DType::Float16}) {
     for (const Case& c : cases()) {
       for (Activation activation : {Activation::None, Activation::ReLU}) {
-        const Problem q =
-            rounded(make_problem(c.x, c.pool, activation, DType::Float32), dtype);
+        const Problem q = rounded(make_problem(c.x, c.pool, activation, DType::Float32), dtype);
         set_gemm_isa(GemmIsa::Portable);
         const Results expected = fused(widened(q));
         for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {

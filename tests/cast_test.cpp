@@ -235,8 +235,8 @@ TEST(CastCpu, RoundThroughIsTheTwoCastsOnEveryIsa) {
     for (DType through : {DType::BFloat16, DType::Float16}) {
       for (std::int64_t tail : {0, 1, 7, 15}) {
         const std::int64_t n = static_cast<std::int64_t>(floats.size()) - tail;
-        const std::string where = "ISA " + std::to_string(int(isa)) + ", " +
-                                  dtype_name(through) + ", n " + std::to_string(n);
+        const std::string where = "ISA " + std::to_string(int(isa)) + ", " + dtype_name(through) +
+                                  ", n " + std::to_string(n);
         const Tensor f = Tensor::from_host<float>(
             std::vector<float>(floats.begin(), floats.begin() + n), {n}, cpu());
         const auto got = round_through(f, through, cpu()).to_host<float>(cpu());

@@ -270,8 +270,7 @@ TEST_P(MatmulLowpPath, WideningIsTheFloat32ProductOfTheWidenedOperands) {
                                            const std::vector<float>& b) {
             Tensor c = Tensor::from_host<float>(x.c0, {d.m, d.n}, cpu());
             matmul(c, Tensor::from_host<float>(a, x.a_shape(), cpu()),
-                   Tensor::from_host<float>(b, x.b_shape(), cpu()), ta, tb, x.alpha, x.beta,
-                   cpu());
+                   Tensor::from_host<float>(b, x.b_shape(), cpu()), ta, tb, x.alpha, x.beta, cpu());
             return c.to_host<float>(cpu());
           };
           const std::vector<float> got = run<float>(x);

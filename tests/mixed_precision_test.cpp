@@ -135,7 +135,8 @@ TEST_P(MixedPrecisionTest, Conv2dGradientsAreTheKernelsOnTheRoundedOutputGradien
   const Tensor upstream = make32(random_values(std::size_t(y.value().numel()), 24), y.shape());
   lowp().backward(y, upstream);
 
-  Tensor grad_x = Tensor::zeros(x16.shape(), stream()), grad_w = Tensor::zeros(w16.shape(), stream());
+  Tensor grad_x = Tensor::zeros(x16.shape(), stream()),
+         grad_w = Tensor::zeros(w16.shape(), stream());
   Tensor grad_b = Tensor::zeros({5}, stream());
   conv2d_backward(grad_x, grad_w, Tensor(), cast(upstream, dtype(), stream()), x16, w16, params,
                   stream());
