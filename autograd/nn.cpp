@@ -237,9 +237,23 @@ Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams&
       return;
     }
     // The bias is float32: its gradient sums the float32 output gradient.
-    conv2d_backward(gx.grad, grad_if_needed(t, weight), Tensor(),
-                    gemm_grad_output(out.grad(), xv.dtype(), t.stream()), xv, wv, params,
-                    t.stream(), write_of(gx), t.float32_math());
+    const Tensor grad_weight = grad_if_needed(t, weight);
+    if (t.stream().device().is_cpu()) {
+      // The CPU widens 16-bit operands into float32 scratch (kernels/conv2d.h): here
+      // the output gradient is rounded and widened in one pass (round_through) and the
+      // float32 passes run on the operands widened as the kernel would widen them
+      // (x read for grad_weight only, weight for grad_x only): the same values and
+      // sums, one pass over the output gradient and one copy of it fewer.
+      const Stream& s = t.stream();
+      conv2d_backward(gx.grad, grad_weight, Tensor(), round_through(out.grad(), xv.dtype(), s),
+                      grad_weight.defined() ? widened(xv, s) : Tensor::empty(xv.shape(), s),
+                      gx.grad.defined() ? widened(wv, s) : Tensor::empty(wv.shape(), s), params, s,
+                      write_of(gx), t.float32_math());
+    } else {
+      conv2d_backward(gx.grad, grad_weight, Tensor(),
+                      gemm_grad_output(out.grad(), xv.dtype(), t.stream()), xv, wv, params,
+                      t.stream(), write_of(gx), t.float32_math());
+    }
     if (grad_bias.defined()) bias_add_backward(grad_bias, out.grad(), t.stream());
   });
 }
@@ -364,27 +378,20 @@ Var batchnorm_max_pool2d(const Var& x, const Var& gamma, const Var& beta, const 
         batchnorm(x, gamma, beta, moving_mean, moving_var, training, momentum, eps, activation),
         pool);
   }
-  // The fused kernels are float32 and float64 (kernels/batchnorm.h): a 16-bit x takes
-  // them through the float32 fallback, which on the CPU is faster than the two 16-bit
-  // ops (docs/precision.md).
-  if (has_16bit({x, gamma, beta})) {
-    return through_float32({x, gamma, beta}, FallbackOutput::Working,
-                           [&](const std::vector<Var>& v) {
-                             return batchnorm_max_pool2d(v[0], v[1], v[2], moving_mean, moving_var,
-                                                         training, pool, momentum, eps, activation);
-                           });
-  }
   const char* op = "batchnorm_max_pool2d";
   tape.check_owns(op, {x, gamma, beta});
   TL_CHECK(x.value().dim() == 4 && gamma.value().dim() == 1 && gamma.shape()[0] == x.shape()[1],
            ShapeError,
            op << ": " << gamma.describe() << " does not match the channels of " << x.describe()
               << " (expected [N,C,H,W] with C = " << gamma.shape()[0] << ")");
+  // A 16-bit x runs the fused kernels in its dtype (y too); the statistics are in
+  // gamma's dtype and the argmax float32 (kernels/batchnorm.h), and the backward,
+  // as batchnorm's, widens the saved x to meet the float32 gradients.
   Tensor y = new_tensor(tape, pool2d_output_shape(x.shape(), pool, op), x);
   const std::int64_t channels = x.shape()[1];
-  Tensor save_mean = new_tensor(tape, {channels}, x);
-  Tensor save_inv_std = new_tensor(tape, {channels}, x);
-  Tensor argmax = new_tensor(tape, y.shape(), x);
+  Tensor save_mean = new_tensor(tape, {channels}, gamma);
+  Tensor save_inv_std = new_tensor(tape, {channels}, gamma);
+  Tensor argmax = Tensor::empty(y.shape(), tape.stream(), pool2d_argmax_dtype(x.value().dtype()));
   batchnorm_max_pool_forward_training({.y = y,
                                        .argmax = argmax,
                                        .save_mean = save_mean,
@@ -409,7 +416,7 @@ Var batchnorm_max_pool2d(const Var& x, const Var& gamma, const Var& beta, const 
                                                     .grad_beta = grad_if_needed(t, beta),
                                                     .grad_y = out.grad(),
                                                     .argmax = argmax,
-                                                    .x = x.value(),
+                                                    .x = widened(x.value(), t.stream()),
                                                     .gamma = gamma.value(),
                                                     .save_mean = save_mean,
                                                     .save_inv_std = save_inv_std,

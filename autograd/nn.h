@@ -86,10 +86,10 @@ Var batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& mov
 
 // max_pool2d(batchnorm(x, ...), pool) for x [N,C,H,W] as one op. Training on the CPU
 // runs the fused kernels (kernels/batchnorm.h: the activation and its gradient are
-// never stored), a 16-bit x through autograd/mixed_precision.h's float32 fallback
-// (the fused kernels are float32 and float64); inference and other devices compose
-// the two ops. Either way the values and gradients are the composition's on x (a
-// 16-bit x widened, y rounded once), bit for bit.
+// never stored), a 16-bit x in its dtype (y too, the statistics and argmax float32;
+// the backward widens the saved x to meet the float32 gradients); inference and
+// other devices compose the two ops. Either way the values and gradients are the
+// composition's on x (a 16-bit x widened, y rounded once), bit for bit.
 Var batchnorm_max_pool2d(const Var& x, const Var& gamma, const Var& beta, const Tensor& moving_mean,
                          const Tensor& moving_var, bool training, const Pool2dParams& pool,
                          double momentum = 0.99, double eps = 1e-3,

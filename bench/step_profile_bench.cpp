@@ -11,12 +11,18 @@
 //
 //   step_profile_bench [--model fashion_net|mlp|resnet|vit] [--towers T] [--batch B]
 //                      [--steps S] [--threads N] [--zero-fill 1] [--master host|sharded]
+//                      [--precision fp32|bf16|fp16]
 //
 // --model resnet synchronizes batch norm across the towers (BatchNormMode::Sync), as
 // the sample's recipe for it (`--batchnorm sync`); the MLP's and the ViT's dropout is
 // on (training). --master sharded shards the master variables and Adam's slots
 // across the towers (MasterPlacement::Sharded, the sample's `--master sharded`)
-// instead of keeping them on the host.
+// instead of keeping them on the host. --precision sets TrainerOptions::precision
+// (the sample's --precision; docs/precision.md): under bf16 or fp16 the layers' rows
+// include the casts the policy records inside them (the float32 fallback's widen
+// and round, a GEMM's rounding of its sums), and the GEMM-bound limit is taken at
+// the rate of one large GEMM of that dtype's operands (float32 sums), the limit a
+// 16-bit step can reach on this CPU.
 // --threads N sets the pool's size (default: the machine's CPUs). --zero-fill 1
 // makes every tape zero-fill its gradients and accumulate into them
 // (Tape::FirstWrite::Zeroed) instead of letting the first write assign: the
@@ -323,14 +329,14 @@ struct Training {
   Tensor images, labels;
 
   Training(const std::string& model, int towers, std::int64_t batch, Tape::FirstWrite first_write,
-           bool sharded)
+           bool sharded, Precision precision)
       : net(make_model(model, vars)),
         rows(layer_rows(net, vars)),
         first_write(first_write),
         timers(std::size_t(towers)),
         loss_forward(std::size_t(towers)),
         trainer(vars, tower_fn(), Optimizer::by_name("adam", 1e-3),
-                options(model, towers, sharded)),
+                options(model, towers, sharded, precision)),
         images(random_images(batch, 1)),
         labels(labels_for(batch)) {}
 
@@ -346,8 +352,10 @@ struct Training {
       return TowerResult{loss, {}, {}};
     };
   }
-  static TrainerOptions options(const std::string& model, int towers, bool sharded) {
+  static TrainerOptions options(const std::string& model, int towers, bool sharded,
+                                Precision precision) {
     TrainerOptions o;
+    o.precision = precision;
     o.devices.assign(std::size_t(towers), Device::cpu());
     if (sharded) {
       o.master_placement = MasterPlacement::Sharded;
@@ -363,20 +371,25 @@ struct Training {
   }
 };
 
-// The GEMM rate the limit assumes: one 1024^3 float32 GEMM, best of five, in wall
+// The GEMM rate the limit assumes: one 1024^3 GEMM of `operands` (float32, or the
+// 16-bit working dtype with float32 sums into a float32 C), best of five, in wall
 // time on all threads and in CPU time on one thread (the calling thread's pool share
 // set to one). On a loaded machine the second times the number of threads is the
 // rate the cores give when they are not taken away.
 struct GemmRate {
   double wall_gflops, thread_cpu_gflops;
 };
-GemmRate gemm_rate() {
+GemmRate gemm_rate(DType operands) {
   const std::int64_t n = 1024;
   const Stream& s = default_stream(Device::cpu());
   Tensor a = Tensor::empty({n, n}, Device::cpu()), b = Tensor::empty({n, n}, Device::cpu());
   Tensor c = Tensor::empty({n, n}, Device::cpu());
   random_normal(a, 1, 0, 0.0f, 1.0f, s);
   random_normal(b, 2, 0, 0.0f, 1.0f, s);
+  if (operands != DType::Float32) {
+    a = cast(a, operands, s);
+    b = cast(b, operands, s);
+  }
   matmul(c, a, b, false, false, 1.0f, 0.0f, s);
   double best_wall = 1e30, best_cpu = 1e30;
   for (int r = 0; r < 5; ++r) {
@@ -428,9 +441,19 @@ int main(int argc, char** argv) {
   const Tape::FirstWrite first_write =
       arg(argc, argv, "--zero-fill", 0) != 0 ? Tape::FirstWrite::Zeroed : Tape::FirstWrite::Assign;
 
+  const std::string precision_arg = string_arg(argc, argv, "--precision", "fp32");
+  const Precision precision = precision_arg == "bf16"   ? Precision::Bf16
+                              : precision_arg == "fp16" ? Precision::Fp16
+                                                        : Precision::Fp32;
+  if (precision_name(precision) != precision_arg) {
+    std::fprintf(stderr, "step_profile_bench: --precision is fp32, bf16 or fp16, got '%s'\n",
+                 precision_arg.c_str());
+    return 2;
+  }
+
   if (const int threads = arg(argc, argv, "--threads", 0); threads > 0) set_num_threads(threads);
   const double load_before = load_average();
-  Training training(model, towers, batch, first_write, master == "sharded");
+  Training training(model, towers, batch, first_write, master == "sharded", precision);
   for (int w = 0; w < 3; ++w) training.step(false);  // warms caches and allocators
   const auto start = Clock::now();
   const double cpu_start = process_cpu_ms();
@@ -457,15 +480,16 @@ int main(int argc, char** argv) {
     pass = pass + r.forward + r.backward;
     flops += (r.forward_flops_per_sample + r.backward_flops_per_sample) * double(batch);
   }
-  const GemmRate gemm = gemm_rate();
+  const DType gemm_dtype = compute_dtype(precision);
+  const GemmRate gemm = gemm_rate(gemm_dtype);
   const double limit_ms = flops / (gemm.wall_gflops * 1e6);
   const double limit_cpu_ms = flops / (gemm.thread_cpu_gflops * 1e6);  // CPU-ms of all threads
   std::printf(
-      "%s step on the CPU (fused model, Adam%s%s): %d tower(s), batch %lld (%lld on tower "
+      "%s step on the CPU (fused model, Adam%s%s, %s): %d tower(s), batch %lld (%lld on tower "
       "0), %d threads, gradients %s; load average %.2f before, %.2f after\n",
       model_title(model), model == "resnet" ? ", synchronized batch norm" : "",
-      master == "sharded" ? ", sharded master" : ", master on the host", towers,
-      static_cast<long long>(batch), static_cast<long long>(per_tower), num_threads(),
+      master == "sharded" ? ", sharded master" : ", master on the host", precision_name(precision),
+      towers, static_cast<long long>(batch), static_cast<long long>(per_tower), num_threads(),
       first_write == Tape::FirstWrite::Zeroed ? "zero-filled" : "first write assigns", load_before,
       load_average());
   std::printf(
@@ -516,10 +540,10 @@ int main(int argc, char** argv) {
     std::printf("%-24s %8.3f CPU ms %5.1f%%\n", op.c_str(), per.cpu, 100.0 * per.cpu / pass.cpu);
   }
   std::printf(
-      "\nstep FLOPs %.2f G. GEMM rate (1024^3): %.1f GFLOP/s wall on %d threads, %.1f GFLOP/s "
-      "per thread in CPU time.\nGEMM-bound limit: %.2f ms wall = %.1f%% of the step's wall "
-      "time; %.2f CPU-ms = %.1f%% of the step's process CPU time\n",
-      flops / 1e9, gemm.wall_gflops, num_threads(), gemm.thread_cpu_gflops, limit_ms,
-      100.0 * limit_ms / step_ms, limit_cpu_ms, 100.0 * limit_cpu_ms / step_cpu_ms);
+      "\nstep FLOPs %.2f G. GEMM rate (1024^3, %s operands): %.1f GFLOP/s wall on %d threads, "
+      "%.1f GFLOP/s per thread in CPU time.\nGEMM-bound limit: %.2f ms wall = %.1f%% of the "
+      "step's wall time; %.2f CPU-ms = %.1f%% of the step's process CPU time\n",
+      flops / 1e9, dtype_name(gemm_dtype), gemm.wall_gflops, num_threads(), gemm.thread_cpu_gflops,
+      limit_ms, 100.0 * limit_ms / step_ms, limit_cpu_ms, 100.0 * limit_cpu_ms / step_cpu_ms);
   return 0;
 }

@@ -385,31 +385,35 @@ void batchnorm_backward(const BatchNormBackward& args, const Stream& stream) {
 
 namespace {
 
-// The checks the fused max pool adds to args_of: a CPU stream, x [N,C,H,W] of
-// float32 or float64 (16-bit x is refused: NotSupported), and
-// `pooled` (y or grad_y, named `name`) and argmax of the pool's shape. Sets
-// max_pool, argmax, H, W, Ho, Wo in `a`.
+// The checks the fused max pool adds to args_of: a CPU stream, x [N,C,H,W], and
+// `pooled` (y or grad_y, named `name`) of x's dtype and argmax of
+// pool2d_argmax_dtype(x) (float32 beside a 16-bit x), both of the pool's shape.
+// Sets max_pool, argmax, H, W, Ho, Wo in `a`.
 void set_max_pool(const char* op, BatchNormArgs& a, const Pool2dParams& pool, const char* name,
                   const Tensor& pooled, const Tensor& argmax, const Stream& stream) {
   TL_CHECK(stream.device().is_cpu(), NotSupported,
            op << ": the fused max pool runs on the CPU, not on " << stream.device().str()
               << " (compose batch norm and max_pool2d there, as ag::batchnorm_max_pool2d does)");
-  TL_CHECK(!is_16bit(a.x.dtype()), NotSupported,
-           op << ": x is " << a.x.describe() << "; the fused max pool takes float32 and float64 "
-              << "(compose batchnorm_forward_training and max_pool2d for "
-              << dtype_name(a.x.dtype()) << ")");
   TL_CHECK(a.x.dim() == 4, ShapeError, op << ": x must be [N,C,H,W], got " << a.x.describe());
   const Shape expected = pool2d_output_shape(a.x.shape(), pool, op);
-  kernels::check_on_stream(op, stream, {{"x", &a.x}, {name, &pooled}, {"argmax", &argmax}});
+  if (is_16bit(a.x.dtype())) {
+    kernels::check_placed(op, stream, {{"x", &a.x}, {name, &pooled}});
+    kernels::check_placed(op, stream, {{"argmax", &argmax}});
+    TL_CHECK(argmax.dtype() == DType::Float32, ShapeError,
+             op << ": argmax is " << argmax.describe() << " but x is " << a.x.describe()
+                << ", whose argmax is float32 (as max_pool2d's, kernels/pool2d.h)");
+  } else {
+    kernels::check_on_stream(op, stream, {{"x", &a.x}, {name, &pooled}, {"argmax", &argmax}});
+  }
   for (const kernels::NamedTensor& t :
        {kernels::NamedTensor{name, &pooled}, kernels::NamedTensor{"argmax", &argmax}}) {
     TL_CHECK(t.second->shape() == expected, ShapeError,
              op << ": " << t.first << " is " << t.second->describe() << " but the max pool of x "
                 << a.x.describe() << " is " << to_string(expected));
   }
-  // The argmax of a plane is held in x's dtype (kernels/pool2d.h).
+  // The argmax of a plane is held in pool2d_argmax_dtype(x) (kernels/pool2d.h).
   constexpr std::int64_t kExactFloat32 = std::int64_t{1} << 24;
-  TL_CHECK(a.x.dtype() != DType::Float32 || a.S <= kExactFloat32, ShapeError,
+  TL_CHECK(argmax.dtype() != DType::Float32 || a.S <= kExactFloat32, ShapeError,
            op << ": a plane of " << a.S << " values is larger than float32 positions can index ("
               << "at most 2^24), x " << a.x.describe());
   a.max_pool = pool;

@@ -73,9 +73,9 @@
 // carries it across a rounding boundary: within half a 16-bit ulp plus the float32
 // tolerance (the tests allow 2^-8 relative for bfloat16, 2^-11 for float16, on top of
 // it). CPU and CUDA sum in different orders, so their 16-bit outputs may differ by an
-// ulp. The merge takes only statistics' dtypes (never 16 bits: NotSupported), and
-// the fused max pool below float32 and float64 only: a 16-bit x is NotSupported
-// there (ag::batchnorm_max_pool2d composes the two ops for it). A per-channel tensor
+// ulp. The merge takes only statistics' dtypes (never 16 bits: NotSupported). The
+// fused max pool below takes a 16-bit x on the CPU under the same rule (its argmax
+// float32). A per-channel tensor
 // of another dtype is a ShapeError naming the op, the tensor and both dtypes, e.g.
 // "batchnorm_forward_training: gamma is bfloat16[3] on cpu but x is
 // bfloat16[2,3,4,4] on cpu, whose per-channel tensors are float32 (...)".
@@ -248,10 +248,13 @@ void batchnorm_backward_apply(const BatchNormBackwardApply& args, const Stream& 
 // unfused ops bit for bit (batchnorm_forward_training, then
 // max_pool2d_forward_with_argmax; max_pool2d_backward_from_argmax with
 // GradWrite::Assign, then batchnorm_backward): the same operations in the same order.
-// CPU only, float32 and float64 only: on a CUDA stream, or with a bfloat16 or
-// float16 x, they throw NotSupported (ag::batchnorm_max_pool2d composes the two ops
-// there). Extending the fused pool to 16 bits would take a 16-bit pool2d and argmax
-// first; it is left out.
+// CPU only: on a CUDA stream they throw NotSupported (ag::batchnorm_max_pool2d
+// composes the two ops there). x, y, grad_y and grad_x of one dtype: float32,
+// float64, or bfloat16 or float16, whose argmax is float32 (pool2d_argmax_dtype) and
+// whose results follow the 16-bit rule above: the float32 call's on the widened
+// tensors, each 16-bit output (y, grad_x) rounded once. The CPU reads each 16-bit
+// plane widened into a thread's row buffer and rounds y's pooled plane as it stores
+// it, so a 16-bit x is never widened whole.
 struct BatchNormMaxPoolForwardTraining {
   Tensor y, argmax;                // [N,C,Ho,Wo] assigned
   Tensor save_mean, save_inv_std;  // [C] assigned

@@ -28,4 +28,17 @@ Tensor cast(const Tensor& src, DType dtype, const Stream& stream) {
   return dst;
 }
 
+Tensor round_through(const Tensor& src, DType through, const Stream& stream) {
+  TL_CHECK(src.defined() && src.device() == stream.device(), InvalidArgument,
+           "round_through: " << (src.defined() ? src.describe() : std::string("undefined"))
+                             << " on a stream of " << stream.device().str());
+  TL_CHECK(src.dtype() == DType::Float32 && is_16bit(through), NotSupported,
+           "round_through: " << src.describe() << " through " << dtype_name(through)
+                             << "; it rounds float32 through bfloat16 or float16");
+  if (!stream.device().is_cpu()) return cast(cast(src, through, stream), DType::Float32, stream);
+  Tensor dst = Tensor::empty(src.shape(), stream, DType::Float32);
+  if (dst.numel() > 0) cpu::round_through(dst, src, through);
+  return dst;
+}
+
 }  // namespace towerlab

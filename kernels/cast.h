@@ -10,6 +10,13 @@
 // dst must not overlap src unless they are the same tensor of one dtype. Both are
 // on the stream's device; Tensor::to(dtype) does the same on the CPU, and
 // copy_tensor moves a 16-bit tensor between devices.
+//
+//   round_through(src, through) -> dst   float32 dst[i] = float32(round(src[i]))
+// A float32 tensor's values rounded once to the 16-bit `through` (bfloat16 or
+// float16) and held in float32: the bits of cast(cast(src, through), float32), in
+// one pass with no 16-bit copy. The CPU's 16-bit GEMM-class ops that widen their
+// operands into float32 scratch (kernels/conv2d.h) take an output gradient rounded
+// so (autograd/nn.cpp). On CUDA it is those two casts.
 #pragma once
 
 #include "../engine/stream.h"
@@ -19,5 +26,6 @@ namespace towerlab {
 
 void cast(const Tensor& dst, const Tensor& src, const Stream& stream);
 Tensor cast(const Tensor& src, DType dtype, const Stream& stream);
+Tensor round_through(const Tensor& src, DType through, const Stream& stream);
 
 }  // namespace towerlab

@@ -12,7 +12,8 @@
 // windows that the ReLU clamps entirely, where only the mask stops the gradient.
 // Then assignment against accumulation, optional gradients, 1 thread against 2,
 // every ISA against the portable code, a float64 gradient check of the fused op
-// alone, and the argument errors.
+// alone, the argument errors, and a 16-bit x against the float32 op on its widened
+// values.
 #include <functional>
 #include <limits>
 #include <sstream>
@@ -100,8 +101,9 @@ struct Results {
   Tensor argmax;
 };
 
+// Float32 beside a 16-bit x (kernels/batchnorm.h).
 Tensor per_channel(const Problem& p) {
-  return Tensor::empty({p.x_shape[1]}, cpu(), p.dtype);
+  return Tensor::empty({p.x_shape[1]}, cpu(), is_16bit(p.dtype) ? DType::Float32 : p.dtype);
 }
 
 // A tensor of NaN: an output that starts so shows every value left unwritten.
@@ -122,7 +124,7 @@ Results fresh_outputs(const Problem& p) {
           p.grad_x0.clone(cpu()),
           p.grad_gamma0.clone(cpu()),
           p.grad_beta0.clone(cpu()),
-          nans(p.y_shape, p.dtype)};
+          nans(p.y_shape, pool2d_argmax_dtype(p.dtype))};
 }
 
 // The fused forward of p into r's outputs.
@@ -204,10 +206,11 @@ Results fused(const Problem& p, GradWrite grad_x_write = GradWrite::Accumulate) 
   return r;
 }
 
-// The values of a float32 or float64 CPU tensor, widened to double (exactly, so
-// that == on them is == on the tensor's own values).
+// The values of a CPU tensor, widened to double (exactly, so that == on them is ==
+// on the tensor's own values).
 std::vector<double> values(const Tensor& t) {
   if (t.dtype() == DType::Float64) return t.to_host<double>(cpu());
+  if (is_16bit(t.dtype())) return values(cast(t, DType::Float32, cpu()));
   const std::vector<float> f = t.to_host<float>(cpu());
   return {f.begin(), f.end()};
 }
@@ -611,17 +614,95 @@ TEST(BatchNormMaxPoolTest, RejectsBadArguments) {
                   {backward_op, "grad_y is float32[2,3,4,4]"});
 }
 
-// The fused op is float32 and float64: a bfloat16 or float16 x is refused before
-// any other argument is looked at (ag::batchnorm_max_pool2d composes the two ops).
-TEST(BatchNormMaxPoolTest, SixteenBitXIsNotSupported) {
+// --- 16-bit x ----------------------------------------------------------------------
+
+// p with x, grad_y and grad_x's starting values rounded to the 16-bit `dtype` (the
+// per-channel tensors stay float32), and that problem's float32 twin: the same
+// values widened.
+Problem rounded(const Problem& p, DType dtype) {
+  Problem q = p;
+  q.dtype = dtype;
+  q.x = cast(p.x, dtype, cpu());
+  q.grad_y = cast(p.grad_y, dtype, cpu());
+  q.grad_x0 = cast(p.grad_x0, dtype, cpu());
+  return q;
+}
+Problem widened(const Problem& q) {
+  Problem p = q;
+  p.dtype = DType::Float32;
+  p.x = cast(q.x, DType::Float32, cpu());
+  p.grad_y = cast(q.grad_y, DType::Float32, cpu());
+  p.grad_x0 = cast(q.grad_x0, DType::Float32, cpu());
+  return p;
+}
+
+// A bfloat16 or float16 x, y, grad_y and grad_x (argmax and the per-channel tensors
+// float32): the float32 fused op's results on the widened tensors, y and the
+// accumulated grad_x rounded once, everything else those float32 bits, on every
+// ISA this CPU runs (the CPU widens and rounds each plane with convert16.h's code
+// for the ISA), on every case's windows, with and without the ReLU.
+TEST(BatchNormMaxPoolTest, SixteenBitIsTheFloat32OpOnTheWidenedTensors) {
+  const RestoreGemmIsa restore;
+  int runs = 0;
   for (const DType dtype : {DType::BFloat16, DType::Float16}) {
-    const Tensor x = Tensor::zeros({2, 3, 4, 4}, cpu(), dtype);
-    const std::string is = std::string(": x is ") + dtype_name(dtype) + "[2,3,4,4]";
-    EXPECT_THROW_WITH(batchnorm_max_pool_forward_training({.x = x}, cpu()), NotSupported,
-                      "batchnorm_max_pool_forward_training" + is);
-    EXPECT_THROW_WITH(batchnorm_max_pool_backward({.x = x}, cpu()), NotSupported,
-                      "batchnorm_max_pool_backward" + is);
+    for (const Case& c : cases()) {
+      for (Activation activation : {Activation::None, Activation::ReLU}) {
+        const Problem q = rounded(make_problem(c.x, c.pool, activation, DType::Float32), dtype);
+        set_gemm_isa(GemmIsa::Portable);
+        const Results expected = fused(widened(q));
+        for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
+          if (!gemm_isa_supported(isa)) continue;
+          set_gemm_isa(isa);
+          ++runs;
+          const std::string where = "ISA " + std::to_string(int(isa)) + "; " + describe(q);
+          const Results actual = fused(q);
+          ASSERT_EQ(actual.y.dtype(), dtype) << where;
+          EXPECT_TRUE(identical(actual.y, cast(expected.y, dtype, cpu()))) << "y; " << where;
+          EXPECT_TRUE(identical(actual.grad_x, cast(expected.grad_x, dtype, cpu())))
+              << "grad_x; " << where;
+          for (const auto& [name, a, e] :
+               {std::tuple{"save_mean", actual.save_mean, expected.save_mean},
+                {"save_inv_std", actual.save_inv_std, expected.save_inv_std},
+                {"moving_mean", actual.moving_mean, expected.moving_mean},
+                {"moving_var", actual.moving_var, expected.moving_var},
+                {"grad_gamma", actual.grad_gamma, expected.grad_gamma},
+                {"grad_beta", actual.grad_beta, expected.grad_beta},
+                {"argmax", actual.argmax, expected.argmax}}) {
+            EXPECT_TRUE(identical(a, e)) << name << "; " << where;
+          }
+          // Control: the 16-bit outputs were rounded (the float32 values are not all
+          // 16-bit ones), so comparing them unrounded would fail.
+          EXPECT_FALSE(identical(cast(actual.grad_x, DType::Float32, cpu()), expected.grad_x))
+              << where;
+        }
+      }
+    }
   }
+  EXPECT_GE(runs, 2 * int(cases().size()) * 2);
+}
+
+// Beside a 16-bit x, y (or grad_y) has x's dtype and argmax is float32.
+TEST(BatchNormMaxPoolTest, SixteenBitXTakesAFloat32ArgmaxAndItsOwnDtype) {
+  const Problem q = rounded(
+      make_problem({2, 3, 4, 4}, Pool2dParams::square(2, 2), Activation::None, DType::Float32),
+      DType::BFloat16);
+  Results r = fresh_outputs(q);
+  BatchNormMaxPoolForwardTraining forward = fused_forward_args(q, r);
+  forward.argmax = Tensor::empty(q.y_shape, cpu(), DType::BFloat16);
+  EXPECT_THROW_WITH(batchnorm_max_pool_forward_training(forward, cpu()), ShapeError,
+                    "batchnorm_max_pool_forward_training: argmax is bfloat16[2,3,2,2] on cpu "
+                    "but x is bfloat16[2,3,4,4] on cpu, whose argmax is float32");
+  forward = fused_forward_args(q, r);
+  forward.y = Tensor::empty(q.y_shape, cpu());
+  EXPECT_THROW_WITH(batchnorm_max_pool_forward_training(forward, cpu()), ShapeError,
+                    "batchnorm_max_pool_forward_training: y is float32[2,3,2,2] on cpu but x is "
+                    "bfloat16[2,3,4,4] on cpu");
+  batchnorm_max_pool_forward_training(fused_forward_args(q, r), cpu());
+  BatchNormMaxPoolBackward backward = fused_backward_args(q, fused_forward_args(q, r), r);
+  backward.grad_y = cast(q.grad_y, DType::Float32, cpu());
+  EXPECT_THROW_WITH(batchnorm_max_pool_backward(backward, cpu()), ShapeError,
+                    "batchnorm_max_pool_backward: grad_y is float32[2,3,2,2] on cpu but x is "
+                    "bfloat16[2,3,4,4] on cpu");
 }
 
 // On a GPU the fused op is not there: ag::batchnorm_max_pool2d composes the two

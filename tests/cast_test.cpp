@@ -212,6 +212,54 @@ TEST(CastCpu, EveryIsaGivesTheReferenceBits) {
   EXPECT_GE(runs, 1);
 }
 
+// round_through (kernels/cast.h) is the two casts, float32 to the 16-bit dtype and
+// back, bit for bit, under every ISA the CPU has, on the floats of the test above
+// (8704 of them: several of the CPU's blocks, ties, NaN payloads, subnormals), with
+// tails of 1 to 15 values; the control: its values are not all the floats it read.
+// float64 or a 16-bit source, or a float32 target, is NotSupported.
+TEST(CastCpu, RoundThroughIsTheTwoCastsOnEveryIsa) {
+  const RestoreGemmIsa restore;
+  std::vector<float> floats;
+  for (std::uint32_t e = 0; e < 0x200; ++e) {  // sign and exponent
+    for (std::uint32_t m : {0x000000u, 0x000001u, 0x000fffu, 0x001000u, 0x001001u, 0x002000u,
+                            0x003000u, 0x007fffu, 0x008000u, 0x008001u, 0x018000u, 0x3fffffu,
+                            0x400000u, 0x400001u, 0x7fe000u, 0x7ff000u, 0x7fffffu}) {
+      floats.push_back(from_bits((e << 23) | m));
+    }
+  }
+  int runs = 0;
+  for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
+    if (!gemm_isa_supported(isa)) continue;
+    set_gemm_isa(isa);
+    ++runs;
+    for (DType through : {DType::BFloat16, DType::Float16}) {
+      for (std::int64_t tail : {0, 1, 7, 15}) {
+        const std::int64_t n = static_cast<std::int64_t>(floats.size()) - tail;
+        const std::string where = "ISA " + std::to_string(int(isa)) + ", " + dtype_name(through) +
+                                  ", n " + std::to_string(n);
+        const Tensor f = Tensor::from_host<float>(
+            std::vector<float>(floats.begin(), floats.begin() + n), {n}, cpu());
+        const auto got = round_through(f, through, cpu()).to_host<float>(cpu());
+        const auto expected =
+            cast(cast(f, through, cpu()), DType::Float32, cpu()).to_host<float>(cpu());
+        std::int64_t moved = 0;
+        for (std::int64_t i = 0; i < n; ++i) {
+          ASSERT_EQ(bits_of(got[i]), bits_of(expected[i]))
+              << where << ", float " << std::hex << bits_of(floats[i]);
+          moved += bits_of(got[i]) != bits_of(floats[i]);
+        }
+        EXPECT_GT(moved, n / 4) << where;
+      }
+    }
+  }
+  EXPECT_GE(runs, 1);
+  const Tensor f = Tensor::zeros({3}, cpu());
+  EXPECT_THROW_WITH(round_through(f, DType::Float32, cpu()), NotSupported,
+                    "round_through: float32[3] on cpu through float32");
+  EXPECT_THROW_WITH(round_through(cast(f, DType::Float64, cpu()), DType::BFloat16, cpu()),
+                    NotSupported, "round_through: float64[3] on cpu through bfloat16");
+}
+
 // The first of the two steps from float64 to a 16-bit type (kernels/cpu/convert16.h,
 // which the 16-bit activations take): under every ISA the CPU has, doubles of every
 // float32 exponent and beyond (overflow, float32 subnormals, underflow to zero), of

@@ -250,6 +250,44 @@ TEST_P(MatmulLowpPath, Bfloat16AllLayoutsOnOddShapes) {
   }
 }
 
+// The widening paths are the float32 GEMM on the widened operands, bit for bit:
+// the bfloat16 panels the vector packers widen as they load (kernels/cpu/matmul.cpp)
+// and the float16 ones the generic loops widen hold the widened values, and the same
+// kernel sums them in the same order. Every layout, on the odd shapes (edge panels,
+// k tails past the packers' groups of eight), alpha and beta over a nonzero c. The
+// control: the float32 product of the operands before their rounding differs.
+TEST_P(MatmulLowpPath, WideningIsTheFloat32ProductOfTheWidenedOperands) {
+  if (GetParam() == Path::Avx512Bf16) GTEST_SKIP() << "vdpbf16ps sums pairs of k in its order";
+  unsigned seed = 40;
+  for (const Dims& d : odd_shapes()) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        const std::string where = describe(d, ta, tb);
+        const auto compare = [&]<typename In>() {
+          const Case<In> x = make_case<In>(d, ta, tb, 0.75f, 0.5f, seed += 3);
+          // op(A) op(B) alpha + beta c0 in float32 on float operands a and b.
+          const auto float32_product = [&](const std::vector<float>& a,
+                                           const std::vector<float>& b) {
+            Tensor c = Tensor::from_host<float>(x.c0, {d.m, d.n}, cpu());
+            matmul(c, Tensor::from_host<float>(a, x.a_shape(), cpu()),
+                   Tensor::from_host<float>(b, x.b_shape(), cpu()), ta, tb, x.alpha, x.beta, cpu());
+            return c.to_host<float>(cpu());
+          };
+          const std::vector<float> got = run<float>(x);
+          EXPECT_EQ(got, float32_product(widen(x.a), widen(x.b))) << where;
+          if (d.k >= 16) {  // make_case's operands before their rounding
+            EXPECT_NE(got, float32_product(random_values(std::size_t(d.m * d.k), seed),
+                                           random_values(std::size_t(d.k * d.n), seed + 1)))
+                << "the control; " << where;
+          }
+        };
+        compare.template operator()<bfloat16>();
+        compare.template operator()<float16>();
+      }
+    }
+  }
+}
+
 TEST_P(MatmulLowpPath, Float16AllLayoutsOnOddShapes) {
   unsigned seed = 20;
   for (const Dims& d : odd_shapes()) {

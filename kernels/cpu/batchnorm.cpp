@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "kernels/cpu/batchnorm.h"
+#include "kernels/cpu/convert16.h"
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/lane_sums.h"
 #include "kernels/cpu/parallel.h"
@@ -76,7 +77,7 @@ class MathRows {
   const M* read(const T* row, std::int64_t n, int slot) {
     if constexpr (kIs16Bit<T>) {
       M* b = buffer(slot, n);
-      for (std::int64_t i = 0; i < n; ++i) b[i] = static_cast<M>(row[i]);
+      widen_16bit(b, row, n);
       return b;
     } else {
       (void)n, (void)slot;
@@ -100,8 +101,7 @@ class MathRows {
   // Rounds `slot` once, to nearest even, into row [n] (nothing for an M row).
   void store(T* row, std::int64_t n, int slot) const {
     if constexpr (kIs16Bit<T>) {
-      const M* b = buffers_[slot].data();
-      for (std::int64_t i = 0; i < n; ++i) row[i] = static_cast<T>(b[i]);
+      round_to_16bit(row, buffers_[slot].data(), n);
     } else {
       (void)row, (void)n, (void)slot;
     }
@@ -404,8 +404,8 @@ void batchnorm_merge_stats(const BatchNormMergeStats& a) {
 namespace {
 
 // y[n,c,s] = batchnorm_affine(x[n,c,s], center[c], scale[c], shift[c]), then ReLU
-// when the activation asks (y may alias x); with a max pool (never with a 16-bit
-// T: kernels/batchnorm.cpp refuses it), y[n,c] is the pool of that plane.
+// when the activation asks (y may alias x); with a max pool, y[n,c] is the pool of
+// that plane (a 16-bit T's pooled plane rounded once as it is stored).
 template <typename T>
 void normalize(const BatchNormArgs& a, const std::vector<math_t<T>>& center,
                const std::vector<math_t<T>>& scale) {

@@ -129,4 +129,25 @@ void cast(const Tensor& dst, const Tensor& src) {
   });
 }
 
+// Block by block through a 16-bit buffer on the stack, in L1 between its two
+// conversions: one pass over the tensors.
+void round_through(const Tensor& dst, const Tensor& src, DType through) {
+  const auto rounded = [&]<typename T>() {
+    float* out = dst.data<float>();       // [n]
+    const float* in = src.data<float>();  // [n]
+    parallel_rows(dst.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
+      T block[kConvertBlock];
+      for_each_block(hi - lo, [&](std::int64_t first, std::int64_t count) {
+        round_to_16bit(block, in + lo + first, count);
+        widen_16bit(out + lo + first, block, count);
+      });
+    });
+  };
+  if (through == DType::BFloat16) {
+    rounded.template operator()<bfloat16>();
+  } else {
+    rounded.template operator()<float16>();
+  }
+}
+
 }  // namespace towerlab::cpu

@@ -8,5 +8,7 @@
 namespace towerlab::cpu {
 
 void cast(const Tensor& dst, const Tensor& src);
+// float32 dst = float32(round(float32 src to `through`)), through 16-bit.
+void round_through(const Tensor& dst, const Tensor& src, DType through);
 
 }  // namespace towerlab::cpu

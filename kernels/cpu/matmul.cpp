@@ -183,16 +183,27 @@ __attribute__((target("avx2,fma"))) inline void store_first(float* out, __m256 v
   _mm256_maskstore_ps(out, _mm256_cmpgt_epi32(_mm256_set1_epi32(count), lane), v);
 }
 
+// Eight consecutive source values as floats: a float's loaded, a bfloat16's
+// widened exactly (its pattern shifted up 16 bits, engine/half.h's widening).
+__attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+__attribute__((target("avx2,fma"))) inline __m256 load8(const bfloat16* p) {
+  const __m128i patterns = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(patterns), 16));
+}
+
 // The transposing packer of a panel `Width` wide (A's MR rows without transpose, or
 // B's NR rows with transpose): dst [kc][Width] <- the first `valid` of Width source
 // rows `ld` apart, each contiguous along k, and zeros for the rest (an edge panel's
 // padding; those rows are not read). Eight k at a time, the rows in groups of eight
 // transposed in registers (a last group of fewer rows padded with zero rows, its
-// columns stored as `Width % 8` floats). Only data moves: the bits are the
-// generic loop's. AVX2 is enough for the AVX-512 kernel's panels too (every
-// AVX-512 CPU has it); the 8 x 8 transpose, not the vector width, is the cost.
-template <int Width>
-__attribute__((target("avx2,fma"))) void pack_rows_avx2(const float* src, std::int64_t ld,
+// columns stored as `Width % 8` floats). Only data moves (a bfloat16 Src widened
+// exactly as it is loaded): the bits are the generic loop's. AVX2 is enough for
+// the AVX-512 kernel's panels too (every AVX-512 CPU has it); the 8 x 8 transpose,
+// not the vector width, is the cost.
+template <int Width, typename Src = float>
+__attribute__((target("avx2,fma"))) void pack_rows_avx2(const Src* src, std::int64_t ld,
                                                         std::int64_t kc, float* dst,
                                                         std::int64_t valid) {
   // Eight source rows at a time along the whole panel: eight streams for the
@@ -205,14 +216,16 @@ __attribute__((target("avx2,fma"))) void pack_rows_avx2(const float* src, std::i
     for (std::int64_t p = 0; p < whole; p += 8) {
       __m256 r[8];
       for (int i = 0; i < 8; ++i) {
-        r[i] = i < loaded ? _mm256_loadu_ps(src + (g + i) * ld + p) : _mm256_setzero_ps();
+        r[i] = i < loaded ? load8(src + (g + i) * ld + p) : _mm256_setzero_ps();
       }
       transpose8x8(r);
       for (int q = 0; q < 8; ++q) store_first(dst + (p + q) * Width + g, r[q], rows);
     }
   }
   for (std::int64_t p = whole; p < kc; ++p) {
-    for (int i = 0; i < Width; ++i) dst[p * Width + i] = i < valid ? src[i * ld + p] : 0.0f;
+    for (int i = 0; i < Width; ++i) {
+      dst[p * Width + i] = i < valid ? static_cast<float>(src[i * ld + p]) : 0.0f;
+    }
   }
 }
 
@@ -639,12 +652,13 @@ namespace towerlab::cpu {
 namespace {
 
 #if TL_CPU_X86
-// The vector packer of a panel `Width` wide from Src values: floats only (it moves
-// them without looking); nullptr for a 16-bit Src, which the generic loops widen.
+// The vector packer of a panel `Width` wide from Src values: floats (moved without
+// being looked at) and bfloat16 (widened as loaded); nullptr for float16, which the
+// generic loops widen.
 template <typename Src, int Width>
 constexpr PanelPack<Src, float> rows_packer() {
-  if constexpr (std::is_same_v<Src, float>) {
-    return pack_rows_avx2<Width>;
+  if constexpr (std::is_same_v<Src, float> || std::is_same_v<Src, bfloat16>) {
+    return pack_rows_avx2<Width, Src>;
   } else {
     return nullptr;
   }
