@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Training throughput on this machine's CPU of FashionNet (or --model mlp, resnet):
+"""Training throughput on this machine's CPU of FashionNet (or --model mlp, resnet, vit):
 towerlab's fashion_mnist sample against PyTorch 2, TensorFlow 2 and JAX from PyPI, each
 at its best on the same threads, run alternately in one call so that the ratios hold on
 a machine shared with other work.
@@ -10,10 +10,11 @@ a machine shared with other work.
   bench/compare_peers.py --model resnet --steps 20 --warmup 5 --json ... --markdown ...
 
 --model picks the model of models/ that every contender trains: fashion_net (the
-default), mlp (784-512-256-10, dropout 0.2) or resnet (ResNet-20, towerlab's towers with
+default), mlp (784-512-256-10, dropout 0.2), resnet (ResNet-20, towerlab's towers with
 synchronized batch norm, `--batchnorm sync`, which is the peers' batch norm over the
-whole batch). The peers train the twins of tools/ (bench/peers/run_peer.py says how);
-each model has its own default contenders (MODELS).
+whole batch) or vit (the small vision transformer of models/vit.h). The peers train the
+twins of tools/ (bench/peers/run_peer.py says how); each model has its own default
+contenders (MODELS).
 
 --isa avx2 holds every contender to AVX2 + FMA code on a machine that has AVX-512:
 towerlab by TOWERLAB_GEMM_ISA, oneDNN (PyTorch's and TensorFlow's convolutions and
@@ -67,13 +68,16 @@ ISA_CAPS = {
 }
 # Each model: its title on the page, what the sample adds to train it as the issue's
 # recipe says, and the contenders run when --contenders is not given. The MLP has no
-# convolution, so channels_last is eager NCHW there; JAX has no ResNet-20 here.
+# convolution, so channels_last is eager NCHW there; the ViT's one convolution (the
+# patches) is a sliver of its step; JAX has no ResNet-20 or ViT here.
 MODELS = {
     "fashion_net": ("FashionNet", [], "towerlab:cpu,cpu;towerlab:cpu;torch;tensorflow;jax"),
     "mlp": ("MLP 784-512-256-10 (dropout 0.2)", ["--model", "mlp"],
             "towerlab:cpu,cpu;torch;torch:compile;tensorflow;tensorflow:xla;jax"),
     "resnet": ("ResNet-20", ["--model", "resnet", "--batchnorm", "sync"],
                "towerlab:cpu,cpu;torch;torch:channels_last;torch:compile;tensorflow;tensorflow:xla"),
+    "vit": ("the small ViT", ["--model", "vit"],
+            "towerlab:cpu,cpu;torch;torch:compile;tensorflow;tensorflow:xla"),
 }
 # Debian's package of the data set the sample reads by default.
 DATA_PACKAGE = "dataset-fashion-mnist"

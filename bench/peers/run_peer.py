@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Trains a model (FashionNet by default; --model mlp or resnet) with one peer framework
+"""Trains a model (FashionNet by default; --model mlp, resnet or vit) with one peer framework
 for a fixed number of steps and prints one line of JSON: images/s and CPU seconds (all threads) over the timed steps, the losses,
 the framework's version and configuration. bench/compare_peers.py runs it in the peers' virtual environment,
 alternating with towerlab's fashion_mnist sample.
@@ -14,13 +14,14 @@ shuffled and taken batch by batch like towerlab's Batcher. Each framework's file
 trains on one batch and returns the loss as a Python float, so each timed step ends
 with its work done, as towerlab's Trainer::step does.
 
---model mlp and --model resnet train the twins of towerlab's models::mlp() and
-models::resnet() (tools/mlp_torch.py and tools/resnet_torch.py: MLP 784-512-256-10
-with dropout 0.2; ResNet-20 with batch norm over the whole batch, which is what
-towerlab's synchronized batch norm computes on its towers) with the same data, loss
-and Adam. JAX has FashionNet and the MLP only.
+--model mlp, --model resnet and --model vit train the twins of towerlab's models::mlp(),
+models::resnet() and models::vit() (tools/mlp_torch.py, tools/resnet_torch.py and
+tools/vit_torch.py: MLP 784-512-256-10 with dropout 0.2; ResNet-20 with batch norm over
+the whole batch, which is what towerlab's synchronized batch norm computes on its towers;
+the small ViT, patches of 4, width 64, 4 heads, 4 blocks, dropout 0.1) with the same data,
+loss and Adam. JAX has FashionNet and the MLP only.
 
-  run_peer.py torch|tensorflow|jax [--model fashion_net|mlp|resnet] [--steps 120] [--warmup 10] [--batch 128] [--threads 2]
+  run_peer.py torch|tensorflow|jax [--model fashion_net|mlp|resnet|vit] [--steps 120] [--warmup 10] [--batch 128] [--threads 2]
   run_peer.py torch --epochs 5   # whole epochs, cosine rate, test accuracy per epoch
 """
 import argparse
@@ -60,7 +61,7 @@ def batches(n, batch, seed):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("framework", choices=sorted(FRAMEWORKS))
-    p.add_argument("--model", choices=["fashion_net", "mlp", "resnet"], default="fashion_net")
+    p.add_argument("--model", choices=["fashion_net", "mlp", "resnet", "vit"], default="fashion_net")
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--steps", type=int, default=120, help="timed steps")

@@ -1,7 +1,7 @@
 """The peers' models in TensorFlow 2 with Keras 3 layers (see run_peer.py for what every
 peer trains), NHWC, the whole training step one tf.function: FashionNet, the MLP of
-tools/mlp_torch.py and the ResNet-20 of tools/resnet_torch.py, layer for layer (batch
-norm with towerlab's constants, as FashionNet's).
+tools/mlp_torch.py, the ResNet-20 of tools/resnet_torch.py and the small ViT of
+tools/vit_torch.py, layer for layer (batch norm with towerlab's constants, as FashionNet's).
 
 Variants (run_peer.py --variant): "" is the best configuration measured on the 2-core
 machines (bench/results/cpu_peers.md): a TensorFlow graph running oneDNN's kernels,
@@ -63,7 +63,42 @@ def resnet(width=16, blocks_per_stage=3, classes=10):
     return keras.Model(inputs, layers.Dense(classes)(x))
 
 
-MODELS = {"fashion_net": fashion_net, "mlp": mlp, "resnet": resnet}
+class Positions(layers.Layer):
+    """The learned positions, one [T, D] variable added to every sample's tokens."""
+
+    def build(self, shape):
+        self.position = self.add_weight(shape=tuple(shape[1:]), name="position",
+                                        initializer=keras.initializers.RandomNormal(stddev=0.02))
+
+    def call(self, x):
+        return x + self.position
+
+
+def vit(image=28, patch=4, dim=64, heads=4, blocks=4, mlp_ratio=2, classes=10, dropout=0.1):
+    # tools/vit_torch.py: the patches' convolution (stride = patch), learned positions,
+    # dropout, pre-norm blocks (layer norm, multi-head self-attention with its q, k, v and
+    # output projections, dropout, residual; layer norm, linear, GELU (erf), dropout,
+    # linear, dropout, residual), a final layer norm, the mean over the tokens, the head.
+    # Layer norm's epsilon is PyTorch's and towerlab's 1e-5 (Keras's default is 1e-3).
+    def norm():
+        return layers.LayerNormalization(epsilon=1e-5)
+
+    inputs = keras.Input((image, image, 1))
+    tokens = (image // patch) ** 2
+    x = layers.Reshape((tokens, dim))(layers.Conv2D(dim, patch, patch)(inputs))
+    x = layers.Dropout(dropout)(Positions()(x))
+    for _ in range(blocks):
+        y = norm()(x)
+        y = layers.MultiHeadAttention(heads, dim // heads)(y, y)
+        x = layers.Add()([x, layers.Dropout(dropout)(y)])
+        y = layers.Dense(mlp_ratio * dim, activation="gelu")(norm()(x))
+        y = layers.Dense(dim)(layers.Dropout(dropout)(y))
+        x = layers.Add()([x, layers.Dropout(dropout)(y)])
+    x = layers.GlobalAveragePooling1D()(norm()(x))
+    return keras.Model(inputs, layers.Dense(classes)(x))
+
+
+MODELS = {"fashion_net": fashion_net, "mlp": mlp, "resnet": resnet, "vit": vit}
 
 
 class Peer:

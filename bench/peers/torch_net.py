@@ -1,6 +1,7 @@
 """The peers' models in PyTorch (see run_peer.py for what every peer trains): FashionNet
-written here, the MLP and ResNet-20 imported from their twins in tools/ (tools/mlp_torch.py,
-tools/resnet_torch.py), the very modules the converter and bench/models_accuracy.py use.
+written here, the MLP, ResNet-20 and the small ViT imported from their twins in tools/
+(tools/mlp_torch.py, tools/resnet_torch.py, tools/vit_torch.py), the very modules the converter
+and bench/models_accuracy.py use.
 
 Variants (run_peer.py --variant): "" is the best configuration measured on the 2-core
 machines (bench/results/cpu_peers.md): eager mode, NCHW. "channels_last" keeps the
@@ -37,8 +38,11 @@ def make_model(model):
     if model == "mlp":
         from mlp_torch import Mlp
         return Mlp()
-    from resnet_torch import ResNet
-    return ResNet()
+    if model == "resnet":
+        from resnet_torch import ResNet
+        return ResNet()
+    from vit_torch import ViT
+    return ViT()
 
 
 class Peer:
