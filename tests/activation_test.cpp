@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 
+#include "cpu_isa.h"
 #include "gradcheck.h"
 #include "kernels/reference/activation.h"
 #include "sixteen_bit.h"

@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cpu_isa.h"
 #include "engine/half.h"
 #include "test_util.h"
 

@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "cpu_isa.h"
 #include "gradcheck.h"
 #include "kernels/reference/softmax.h"
 #include "ops_vs_torch.h"

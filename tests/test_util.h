@@ -28,23 +28,6 @@ struct RestoreGemmIsa {
   ~RestoreGemmIsa() { set_gemm_isa(saved); }
 };
 
-// Calls fn(where) once per ISA this CPU has, with the ISA pinned (the CPU's vector
-// code follows the GEMM's choice: kernels/cpu/x86.h), `where` naming it; on a GPU
-// once, `where` naming the device.
-template <typename Fn>
-void for_each_cpu_isa(const Device& device, Fn&& fn) {
-  if (!device.is_cpu()) return fn(device.str());
-  const RestoreGemmIsa restore;
-  int runs = 0;
-  for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
-    if (!gemm_isa_supported(isa)) continue;
-    set_gemm_isa(isa);
-    ++runs;
-    fn("ISA " + std::to_string(int(isa)));
-  }
-  EXPECT_GE(runs, 1);
-}
-
 // A batch for the small CNNs of the trainer tests: n normal [1,8,8] images from
 // `seed` and labels (i * label_stride + seed) % 3, on the CPU.
 inline std::vector<Tensor> small_image_batch(std::int64_t n, unsigned seed, int label_stride) {
