@@ -76,7 +76,7 @@ MODELS = {
             "towerlab:cpu,cpu;torch;torch:compile;tensorflow;tensorflow:xla;jax"),
     "resnet": ("ResNet-20", ["--model", "resnet", "--batchnorm", "sync"],
                "towerlab:cpu,cpu;torch;torch:channels_last;torch:compile;tensorflow;tensorflow:xla"),
-    "vit": ("the small ViT", ["--model", "vit"],
+    "vit": ("ViT (patches of 4, width 64, 4 blocks)", ["--model", "vit"],
             "towerlab:cpu,cpu;torch;torch:compile;tensorflow;tensorflow:xla"),
 }
 # Debian's package of the data set the sample reads by default.
