@@ -27,6 +27,20 @@ std::uint32_t bits_of(float f) {
   return b;
 }
 
+// Floats of every sign and exponent, each with mantissas at and around both 16-bit
+// formats' ties, signaling and quiet NaN payloads and subnormals: 8704 values.
+std::vector<float> floats_of_every_exponent() {
+  std::vector<float> floats;
+  for (std::uint32_t e = 0; e < 0x200; ++e) {  // sign and exponent
+    for (std::uint32_t m : {0x000000u, 0x000001u, 0x000fffu, 0x001000u, 0x001001u, 0x002000u,
+                            0x003000u, 0x007fffu, 0x008000u, 0x008001u, 0x018000u, 0x3fffffu,
+                            0x400000u, 0x400001u, 0x7fe000u, 0x7ff000u, 0x7fffffu}) {
+      floats.push_back(from_bits((e << 23) | m));
+    }
+  }
+  return floats;
+}
+
 // A 16-bit format described by its field widths, decoded with ldexp: the
 // definition, not half.h's bit tricks.
 struct Format {
@@ -163,14 +177,7 @@ TEST(CastCpu, EveryIsaGivesTheReferenceBits) {
   const RestoreGemmIsa restore;
   std::vector<std::uint16_t> patterns(0x10000);
   for (std::uint32_t p = 0; p < 0x10000; ++p) patterns[p] = static_cast<std::uint16_t>(p);
-  std::vector<float> floats;
-  for (std::uint32_t e = 0; e < 0x200; ++e) {  // sign and exponent
-    for (std::uint32_t m : {0x000000u, 0x000001u, 0x000fffu, 0x001000u, 0x001001u, 0x002000u,
-                            0x003000u, 0x007fffu, 0x008000u, 0x008001u, 0x018000u, 0x3fffffu,
-                            0x400000u, 0x400001u, 0x7fe000u, 0x7ff000u, 0x7fffffu}) {
-      floats.push_back(from_bits((e << 23) | m));
-    }
-  }
+  const std::vector<float> floats = floats_of_every_exponent();
   int runs = 0;
   for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
     if (!gemm_isa_supported(isa)) continue;
@@ -219,14 +226,7 @@ TEST(CastCpu, EveryIsaGivesTheReferenceBits) {
 // float64 or a 16-bit source, or a float32 target, is NotSupported.
 TEST(CastCpu, RoundThroughIsTheTwoCastsOnEveryIsa) {
   const RestoreGemmIsa restore;
-  std::vector<float> floats;
-  for (std::uint32_t e = 0; e < 0x200; ++e) {  // sign and exponent
-    for (std::uint32_t m : {0x000000u, 0x000001u, 0x000fffu, 0x001000u, 0x001001u, 0x002000u,
-                            0x003000u, 0x007fffu, 0x008000u, 0x008001u, 0x018000u, 0x3fffffu,
-                            0x400000u, 0x400001u, 0x7fe000u, 0x7ff000u, 0x7fffffu}) {
-      floats.push_back(from_bits((e << 23) | m));
-    }
-  }
+  const std::vector<float> floats = floats_of_every_exponent();
   int runs = 0;
   for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
     if (!gemm_isa_supported(isa)) continue;
