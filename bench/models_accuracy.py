@@ -140,18 +140,20 @@ def main():
            "date": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"), "models": {}}
     train, test = load_split(DATA, "train"), load_split(DATA, "t10k")
     for model in args.models.split(","):
-        runs = {"towerlab": [], "torch": []}
+        runs = doc["models"][model] = {"towerlab": [], "torch": []}
         for seed in seeds:  # alternated, so that a change in the machine's load hits both
-            runs["towerlab"].append(towerlab_run(args.sample, model, args.epochs, seed))
-            runs["torch"].append(torch_run(model, args.epochs, seed, train, test))
-            print(model, seed, runs["towerlab"][-1]["accuracy"], runs["torch"][-1]["accuracy"],
-                  flush=True)
-        doc["models"][model] = runs
+            for who, run in (("towerlab", lambda: towerlab_run(args.sample, model, args.epochs,
+                                                                seed)),
+                             ("torch", lambda: torch_run(model, args.epochs, seed, train, test))):
+                runs[who].append(dict(run(), seed=seed))
+                print(model, seed, who, runs[who][-1]["per_epoch"],
+                      f"{runs[who][-1]['seconds']:.0f} s", flush=True)
+                if args.out:  # after every run: hours of training survive an interrupted session
+                    with open(args.out + ".json", "w") as f:
+                        json.dump(doc, f, indent=1)
     page = markdown(doc)
     print(page)
     if args.out:
-        with open(args.out + ".json", "w") as f:
-            json.dump(doc, f, indent=1)
         with open(args.out + ".md", "w") as f:
             f.write(page)
 
