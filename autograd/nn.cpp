@@ -220,13 +220,14 @@ Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams&
                                 << " (weight " << weight.describe() << ", input " << x.describe()
                                 << ")");
   // xv, wv: as multiplied (16-bit under a mixed-precision tape, the bias float32);
-  // y: their float32 sums (the bias added) in xv's dtype.
+  // y: their float32 sums (the bias added) in xv's dtype, which the kernel rounds
+  // once as it stores them (kernels/conv2d.h): gemm_output's bits, no float32 copy.
   const Tensor xv = gemm_operand(x), wv = gemm_operand(weight);
-  Tensor sums = Tensor::empty(conv2d_output_shape(x.shape(), weight.shape(), params), tape.stream(),
-                              Tape::grad_dtype(x.value().dtype()));
-  conv2d_forward(sums, xv, wv, bias.defined() ? bias.value() : Tensor(), params, tape.stream(),
+  const Tensor y =
+      Tensor::empty(conv2d_output_shape(x.shape(), weight.shape(), params), tape.stream(),
+                    is_16bit(xv.dtype()) ? xv.dtype() : Tape::grad_dtype(x.value().dtype()));
+  conv2d_forward(y, xv, wv, bias.defined() ? bias.value() : Tensor(), params, tape.stream(),
                  tape.float32_math());
-  const Tensor y = gemm_output(sums, xv.dtype(), tape.stream());
   return tape.record(y, "conv2d", inputs, [x, weight, bias, xv, wv, params](const Var& out) {
     Tape& t = out.tape();
     const Tape::GradTarget gx = written_whole(t, x);
