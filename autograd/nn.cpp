@@ -5,7 +5,8 @@
 // (matmul, batched_matmul, conv2d) pass on the tape's Float32Math (TF32 under the
 // tf32 precision). The rest run their forward kernels in x's dtype (16-bit pooling
 // and batch norm too) and their backwards on the tape's float32 gradients with the
-// float32 kernels, batch norm's reading a 16-bit x widened (mixed_precision.h).
+// float32 kernels, batch norm's reading a 16-bit x widened (on the CPU row by row
+// inside the kernel, elsewhere whole: mixed_precision.h).
 #include "autograd/nn.h"
 
 #include <algorithm>
@@ -67,6 +68,13 @@ Tensor gemm_output(const Tensor& sums, DType operand_dtype, const Stream& stream
 // dtype, as autocast's bfloat16 matmul receives it; float32 operands take it as it is.
 Tensor gemm_grad_output(const Tensor& grad, DType operand_dtype, const Stream& stream) {
   return is_16bit(operand_dtype) ? cast(grad, operand_dtype, stream) : grad;
+}
+
+// The saved x as a batch-norm backward reads it beside the float32 gradients: as it
+// is on the CPU, whose kernels widen a 16-bit x row by row as they read it
+// (kernels/batchnorm.h), widened whole elsewhere.
+Tensor batchnorm_backward_x(const Tensor& x, const Stream& stream) {
+  return stream.device().is_cpu() ? x : widened(x, stream);
 }
 
 }  // namespace
@@ -359,7 +367,7 @@ Var batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& mov
                                            .grad_gamma = grad_if_needed(t, gamma),
                                            .grad_beta = grad_if_needed(t, beta),
                                            .grad_y = out.grad(),
-                                           .x = widened(x.value(), t.stream()),
+                                           .x = batchnorm_backward_x(x.value(), t.stream()),
                                            .gamma = gamma.value(),
                                            .beta = beta.value(),
                                            .save_mean = save_mean,
@@ -412,18 +420,19 @@ Var batchnorm_max_pool2d(const Var& x, const Var& gamma, const Var& beta, const 
                      [x, gamma, beta, argmax, save_mean, save_inv_std, pool](const Var& out) {
                        Tape& t = out.tape();
                        const Tape::GradTarget gx = written_whole(t, x);
-                       batchnorm_max_pool_backward({.grad_x = gx.grad,
-                                                    .grad_gamma = grad_if_needed(t, gamma),
-                                                    .grad_beta = grad_if_needed(t, beta),
-                                                    .grad_y = out.grad(),
-                                                    .argmax = argmax,
-                                                    .x = widened(x.value(), t.stream()),
-                                                    .gamma = gamma.value(),
-                                                    .save_mean = save_mean,
-                                                    .save_inv_std = save_inv_std,
-                                                    .pool = pool,
-                                                    .grad_x_write = write_of(gx)},
-                                                   t.stream());
+                       batchnorm_max_pool_backward(
+                           {.grad_x = gx.grad,
+                            .grad_gamma = grad_if_needed(t, gamma),
+                            .grad_beta = grad_if_needed(t, beta),
+                            .grad_y = out.grad(),
+                            .argmax = argmax,
+                            .x = batchnorm_backward_x(x.value(), t.stream()),
+                            .gamma = gamma.value(),
+                            .save_mean = save_mean,
+                            .save_inv_std = save_inv_std,
+                            .pool = pool,
+                            .grad_x_write = write_of(gx)},
+                           t.stream());
                      });
 }
 
@@ -466,7 +475,7 @@ Var sync_batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor
       [x, gamma, beta, mean, inv_std, total, tower, &sync, activation](const Var& out) {
         Tape& t = out.tape();
         const Stream& s = t.stream();
-        const Tensor xw = widened(x.value(), s);  // the float32 backward beside float32 grads
+        const Tensor xw = batchnorm_backward_x(x.value(), s);  // beside the float32 grads
         const std::int64_t c = mean.numel();
         Tensor sum_grad_y = Tensor::empty({c}, s, mean.dtype());
         Tensor sum_grad_y_xhat = Tensor::empty({c}, s, mean.dtype());
