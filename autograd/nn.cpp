@@ -5,7 +5,8 @@
 // (matmul, batched_matmul, conv2d) pass on the tape's Float32Math (TF32 under the
 // tf32 precision). The rest run their forward kernels in x's dtype (16-bit pooling
 // and batch norm too) and their backwards on the tape's float32 gradients with the
-// float32 kernels, batch norm's reading a 16-bit x widened (mixed_precision.h).
+// float32 kernels, batch norm's reading a 16-bit x widened (on the CPU row by row
+// inside the kernel, elsewhere whole: mixed_precision.h).
 #include "autograd/nn.h"
 
 #include <algorithm>
@@ -67,6 +68,15 @@ Tensor gemm_output(const Tensor& sums, DType operand_dtype, const Stream& stream
 // dtype, as autocast's bfloat16 matmul receives it; float32 operands take it as it is.
 Tensor gemm_grad_output(const Tensor& grad, DType operand_dtype, const Stream& stream) {
   return is_16bit(operand_dtype) ? cast(grad, operand_dtype, stream) : grad;
+}
+
+// The saved x as a batch-norm backward reads it beside the float32 gradients: a
+// bfloat16 x as it is on the CPU, whose kernels widen it row by row as they read it
+// (kernels/batchnorm.h); otherwise widened whole (float16's widening, an integer
+// rebias, measured slower done in each of the backward's two passes than once, where
+// bfloat16's shift is faster so).
+Tensor batchnorm_backward_x(const Tensor& x, const Stream& stream) {
+  return stream.device().is_cpu() && x.dtype() == DType::BFloat16 ? x : widened(x, stream);
 }
 
 }  // namespace
@@ -220,13 +230,14 @@ Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams&
                                 << " (weight " << weight.describe() << ", input " << x.describe()
                                 << ")");
   // xv, wv: as multiplied (16-bit under a mixed-precision tape, the bias float32);
-  // y: their float32 sums (the bias added) in xv's dtype.
+  // y: their float32 sums (the bias added) in xv's dtype, which the kernel rounds
+  // once as it stores them (kernels/conv2d.h): gemm_output's bits, no float32 copy.
   const Tensor xv = gemm_operand(x), wv = gemm_operand(weight);
-  Tensor sums = Tensor::empty(conv2d_output_shape(x.shape(), weight.shape(), params), tape.stream(),
-                              Tape::grad_dtype(x.value().dtype()));
-  conv2d_forward(sums, xv, wv, bias.defined() ? bias.value() : Tensor(), params, tape.stream(),
+  const Tensor y =
+      Tensor::empty(conv2d_output_shape(x.shape(), weight.shape(), params), tape.stream(),
+                    is_16bit(xv.dtype()) ? xv.dtype() : Tape::grad_dtype(x.value().dtype()));
+  conv2d_forward(y, xv, wv, bias.defined() ? bias.value() : Tensor(), params, tape.stream(),
                  tape.float32_math());
-  const Tensor y = gemm_output(sums, xv.dtype(), tape.stream());
   return tape.record(y, "conv2d", inputs, [x, weight, bias, xv, wv, params](const Var& out) {
     Tape& t = out.tape();
     const Tape::GradTarget gx = written_whole(t, x);
@@ -358,7 +369,7 @@ Var batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& mov
                                            .grad_gamma = grad_if_needed(t, gamma),
                                            .grad_beta = grad_if_needed(t, beta),
                                            .grad_y = out.grad(),
-                                           .x = widened(x.value(), t.stream()),
+                                           .x = batchnorm_backward_x(x.value(), t.stream()),
                                            .gamma = gamma.value(),
                                            .beta = beta.value(),
                                            .save_mean = save_mean,
@@ -411,18 +422,19 @@ Var batchnorm_max_pool2d(const Var& x, const Var& gamma, const Var& beta, const 
                      [x, gamma, beta, argmax, save_mean, save_inv_std, pool](const Var& out) {
                        Tape& t = out.tape();
                        const Tape::GradTarget gx = written_whole(t, x);
-                       batchnorm_max_pool_backward({.grad_x = gx.grad,
-                                                    .grad_gamma = grad_if_needed(t, gamma),
-                                                    .grad_beta = grad_if_needed(t, beta),
-                                                    .grad_y = out.grad(),
-                                                    .argmax = argmax,
-                                                    .x = widened(x.value(), t.stream()),
-                                                    .gamma = gamma.value(),
-                                                    .save_mean = save_mean,
-                                                    .save_inv_std = save_inv_std,
-                                                    .pool = pool,
-                                                    .grad_x_write = write_of(gx)},
-                                                   t.stream());
+                       batchnorm_max_pool_backward(
+                           {.grad_x = gx.grad,
+                            .grad_gamma = grad_if_needed(t, gamma),
+                            .grad_beta = grad_if_needed(t, beta),
+                            .grad_y = out.grad(),
+                            .argmax = argmax,
+                            .x = batchnorm_backward_x(x.value(), t.stream()),
+                            .gamma = gamma.value(),
+                            .save_mean = save_mean,
+                            .save_inv_std = save_inv_std,
+                            .pool = pool,
+                            .grad_x_write = write_of(gx)},
+                           t.stream());
                      });
 }
 
@@ -465,7 +477,7 @@ Var sync_batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor
       [x, gamma, beta, mean, inv_std, total, tower, &sync, activation](const Var& out) {
         Tape& t = out.tape();
         const Stream& s = t.stream();
-        const Tensor xw = widened(x.value(), s);  // the float32 backward beside float32 grads
+        const Tensor xw = batchnorm_backward_x(x.value(), s);  // beside the float32 grads
         const std::int64_t c = mean.numel();
         Tensor sum_grad_y = Tensor::empty({c}, s, mean.dtype());
         Tensor sum_grad_y_xhat = Tensor::empty({c}, s, mean.dtype());

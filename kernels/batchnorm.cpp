@@ -66,6 +66,34 @@ void check_per_channel(const char* op, const BatchNormArgs& a, const Stream& str
   check_channels(op, a.x, a.C, tensors);
 }
 
+// A backward's gradient t (grad_y or grad_x, named `name`): on the stream, of x's
+// dtype, or float32 beside a 16-bit x on the CPU (the policy's float32 gradients,
+// x read widened: kernels/batchnorm.h), and of x's shape unless `any_shape` (a
+// pooled grad_y, whose shape set_max_pool checks).
+void check_gradient(const char* op, const Tensor& x, const char* name, const Tensor& t,
+                    const Stream& stream, bool any_shape = false) {
+  if (is_16bit(x.dtype()) && t.defined() && t.dtype() == DType::Float32) {
+    TL_CHECK(stream.device().is_cpu(), NotSupported,
+             op << ": " << name << " is " << t.describe() << " beside x " << x.describe()
+                << ": float32 gradients beside a 16-bit x run on the CPU; on "
+                << stream.device().str() << " widen x to float32 first");
+    kernels::check_placed(op, stream, {{name, &t}});
+    TL_CHECK(any_shape || t.shape() == x.shape(), ShapeError,
+             op << ": " << name << " is " << t.describe() << " but x is " << x.describe());
+  } else if (any_shape) {
+    kernels::check_placed(op, stream, {{"x", &x}, {name, &t}});
+  } else {
+    kernels::check_same_shape_any_dtype(op, stream, {{"x", &x}, {name, &t}});
+  }
+}
+
+// grad_x, where given, is of grad_y's dtype (both x's, or both float32).
+void check_gradients_agree(const char* op, const Tensor& grad_y, const Tensor& grad_x) {
+  TL_CHECK(!grad_x.defined() || !grad_y.defined() || grad_x.dtype() == grad_y.dtype(), ShapeError,
+           op << ": grad_x is " << grad_x.describe() << " but grad_y is " << grad_y.describe()
+              << " (the gradients share one dtype: x's, or float32 beside a 16-bit x)");
+}
+
 // Per-channel tensors that may be undefined (not computed): checked where given.
 void check_optional_per_channel(const char* op, const BatchNormArgs& a, const Stream& stream,
                                 std::initializer_list<kernels::NamedTensor> tensors) {
@@ -147,9 +175,8 @@ void set_backward(const char* op, BatchNormArgs& a, const Args& args, const Stre
                     {{"gamma", &args.gamma},
                      {"save_mean", &args.save_mean},
                      {"save_inv_std", &args.save_inv_std}});
-  if (args.grad_x.defined()) {
-    kernels::check_same_shape_any_dtype(op, stream, {{"x", &args.x}, {"grad_x", &args.grad_x}});
-  }
+  check_gradients_agree(op, args.grad_y, args.grad_x);
+  if (args.grad_x.defined()) check_gradient(op, args.x, "grad_x", args.grad_x, stream);
   check_optional_per_channel(op, a, stream,
                              {{"grad_gamma", &args.grad_gamma}, {"grad_beta", &args.grad_beta}});
   a.grad_y = args.grad_y;
@@ -299,7 +326,7 @@ void batchnorm_backward_reduce(const BatchNormBackwardReduce& args, const Stream
   const char* op = "batchnorm_backward_reduce";
   BatchNormArgs d = args_of(op, args.x, stream);
   set_relu(op, d, args.activation, args.gamma, args.beta, stream);
-  kernels::check_same_shape_any_dtype(op, stream, {{"x", &args.x}, {"grad_y", &args.grad_y}});
+  check_gradient(op, args.x, "grad_y", args.grad_y, stream);
   check_per_channel(op, d, stream,
                     {{"sum_grad_y", &args.sum_grad_y},
                      {"sum_grad_y_xhat", &args.sum_grad_y_xhat},
@@ -314,8 +341,9 @@ void batchnorm_backward_apply(const BatchNormBackwardApply& args, const Stream& 
   const char* op = "batchnorm_backward_apply";
   BatchNormArgs d = args_of(op, args.x, stream);
   set_relu(op, d, args.activation, args.gamma, args.beta, stream);
-  kernels::check_same_shape_any_dtype(
-      op, stream, {{"x", &args.x}, {"grad_x", &args.grad_x}, {"grad_y", &args.grad_y}});
+  check_gradients_agree(op, args.grad_y, args.grad_x);
+  check_gradient(op, args.x, "grad_x", args.grad_x, stream);
+  check_gradient(op, args.x, "grad_y", args.grad_y, stream);
   check_per_channel(op, d, stream,
                     {{"gamma", &args.gamma},
                      {"mean", &args.mean},
@@ -369,7 +397,8 @@ void batchnorm_backward(const BatchNormBackward& args, const Stream& stream) {
   const char* op = "batchnorm_backward";
   BatchNormArgs d = args_of(op, args.x, stream);
   set_relu(op, d, args.activation, args.gamma, args.beta, stream);
-  kernels::check_same_shape_any_dtype(op, stream, {{"x", &args.x}, {"grad_y", &args.grad_y}});
+  check_gradients_agree(op, args.grad_y, args.grad_x);
+  check_gradient(op, args.x, "grad_y", args.grad_y, stream);
   set_backward(op, d, args, stream);
   if (d.C == 0 || !wants_gradients(args)) return;
   make_sums(d, stream);
@@ -386,18 +415,24 @@ void batchnorm_backward(const BatchNormBackward& args, const Stream& stream) {
 namespace {
 
 // The checks the fused max pool adds to args_of: a CPU stream, x [N,C,H,W], and
-// `pooled` (y or grad_y, named `name`) of x's dtype and argmax of
+// `pooled` (y, or grad_y when `gradient`, named `name`) of x's dtype (a grad_y may
+// be float32 beside a 16-bit x: check_gradient) and argmax of
 // pool2d_argmax_dtype(x) (float32 beside a 16-bit x), both of the pool's shape.
 // Sets max_pool, argmax, H, W, Ho, Wo in `a`.
 void set_max_pool(const char* op, BatchNormArgs& a, const Pool2dParams& pool, const char* name,
-                  const Tensor& pooled, const Tensor& argmax, const Stream& stream) {
+                  const Tensor& pooled, const Tensor& argmax, const Stream& stream,
+                  bool gradient = false) {
   TL_CHECK(stream.device().is_cpu(), NotSupported,
            op << ": the fused max pool runs on the CPU, not on " << stream.device().str()
               << " (compose batch norm and max_pool2d there, as ag::batchnorm_max_pool2d does)");
   TL_CHECK(a.x.dim() == 4, ShapeError, op << ": x must be [N,C,H,W], got " << a.x.describe());
   const Shape expected = pool2d_output_shape(a.x.shape(), pool, op);
   if (is_16bit(a.x.dtype())) {
-    kernels::check_placed(op, stream, {{"x", &a.x}, {name, &pooled}});
+    if (gradient) {
+      check_gradient(op, a.x, name, pooled, stream, true);
+    } else {
+      kernels::check_placed(op, stream, {{"x", &a.x}, {name, &pooled}});
+    }
     kernels::check_placed(op, stream, {{"argmax", &argmax}});
     TL_CHECK(argmax.dtype() == DType::Float32, ShapeError,
              op << ": argmax is " << argmax.describe() << " but x is " << a.x.describe()
@@ -442,7 +477,7 @@ void batchnorm_max_pool_forward_training(const BatchNormMaxPoolForwardTraining& 
 void batchnorm_max_pool_backward(const BatchNormMaxPoolBackward& args, const Stream& stream) {
   const char* op = "batchnorm_max_pool_backward";
   BatchNormArgs d = args_of(op, args.x, stream);
-  set_max_pool(op, d, args.pool, "grad_y", args.grad_y, args.argmax, stream);
+  set_max_pool(op, d, args.pool, "grad_y", args.grad_y, args.argmax, stream, true);
   set_backward(op, d, args, stream);
   if (d.C == 0 || !wants_gradients(args)) return;
   if (args.x.numel() == 0) return;

@@ -62,6 +62,12 @@
 // nearest even; an accumulated 16-bit grad_x is added to in float32, then rounded.
 // The CPU widens a row at a time into float32 and runs its float32 code on it;
 // CUDA's kernels widen as they load and round as they store.
+// Float32 gradients beside a 16-bit x (the mixed-precision policy's backward,
+// docs/precision.md): on the CPU the backwards (batchnorm_backward,
+// batchnorm_max_pool_backward, batchnorm_backward_reduce and _apply) also take a
+// 16-bit x with grad_y and grad_x both float32, and give the bits of the float32
+// call on x widened (each row of x widened as it is read, never the whole x). On
+// CUDA that is NotSupported: widen x first.
 // What is exact: on one backend, every result of a 16-bit call (the float32
 // statistics, sums and parameter gradients included) is the bits of the float32
 // call on the widened tensors, and each 16-bit output is that call's float32 output
@@ -249,7 +255,8 @@ void batchnorm_backward_apply(const BatchNormBackwardApply& args, const Stream& 
 // max_pool2d_forward_with_argmax; max_pool2d_backward_from_argmax with
 // GradWrite::Assign, then batchnorm_backward): the same operations in the same order.
 // CPU only: on a CUDA stream they throw NotSupported (ag::batchnorm_max_pool2d
-// composes the two ops there). x, y, grad_y and grad_x of one dtype: float32,
+// composes the two ops there). x, y, grad_y and grad_x of one dtype (or the float32
+// gradients beside a 16-bit x above): float32,
 // float64, or bfloat16 or float16, whose argmax is float32 (pool2d_argmax_dtype) and
 // whose results follow the 16-bit rule above: the float32 call's on the widened
 // tensors, each 16-bit output (y, grad_x) rounded once. The CPU reads each 16-bit

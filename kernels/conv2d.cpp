@@ -221,8 +221,31 @@ Shape conv2d_output_shape(const Shape& input, const Shape& weight, const Conv2dP
 void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
                     const Conv2dParams& params, const Stream& stream, Float32Math math) {
   const char* op = "conv2d_forward";
-  if (check_16bit(op, {{"x", &x}, {"weight", &weight}}, {{"y", &y}, {"bias", &bias}}) &&
-      !on_tensor_cores(params, stream)) {
+  // With 16-bit operands y is float32, or their dtype: the float32 sums rounded once.
+  const bool low = check_16bit(op, {{"x", &x}, {"weight", &weight}}, {{"bias", &bias}});
+  const bool low_y = low && y.defined() && is_16bit(y.dtype());
+  TL_CHECK(!low || !y.defined() || y.dtype() == DType::Float32 || y.dtype() == x.dtype(),
+           NotSupported,
+           op << ": y is " << brief(y) << " but with " << dtype_name(x.dtype())
+              << " operands y is float32 or " << dtype_name(x.dtype()));
+  if (low_y && stream.device().is_cpu() && params.groups == 1) {
+    // The float32 algorithms on the widened operands, y rounded from the float32
+    // sums as the kernel stores it (kernels/cpu/conv2d.cpp).
+    const Conv2dShape s = checked_shape(op, x, weight, params, stream);
+    check_operand(op, "y", y, {s.N, s.K, s.P, s.Q}, x, stream);
+    if (bias.defined()) check_operand(op, "bias", bias, {s.K}, x, stream);
+    if (y.numel() == 0) return;
+    cpu::conv2d_forward(y, widened(x, stream), widened(weight, stream), bias, s);
+    return;
+  }
+  if (low_y) {
+    // Elsewhere (CUDA, grouped layers) the float32 y of the path below, cast once.
+    Tensor sums = Tensor::empty(y.shape(), stream, DType::Float32);
+    conv2d_forward(sums, x, weight, bias, params, stream, math);
+    cast(y, sums, stream);
+    return;
+  }
+  if (low && !on_tensor_cores(params, stream)) {
     conv2d_forward(y, widened(x, stream), widened(weight, stream), bias, params, stream);
     return;
   }

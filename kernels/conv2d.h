@@ -31,7 +31,11 @@
 //   tap reaches gets 0): the values of accumulating into zeros, bit for bit.
 // No output may alias an input. float32 on every device, float64 on the CPU too.
 // Mixed precision, on every device: x and weight (forward), or grad_y, x and weight
-// (backward), all bfloat16 or all float16, with y, bias and the gradients float32.
+// (backward), all bfloat16 or all float16, with bias and the gradients float32, and y
+// float32 or of the operands' dtype: the float32 y rounded once, to nearest even, the
+// bias added before the rounding (a 16-bit layer's activation; on the CPU with G = 1
+// the rounding is in the forward's stores, with no float32 copy of y, elsewhere one
+// cast of the float32 y).
 // The definition, and the reference the tests compare with, is reference::conv2d_*
 // in double on the widened (exact) values. On CUDA with G = 1 the forward, input
 // gradient and weight gradient are implicit GEMMs on the tensor cores
@@ -48,7 +52,7 @@
 // and the float32 algorithms below run on them, to their tolerance (a few float32
 // roundings of sum |weight*x|, relative; F(4x4,3x3) some tens): correct, no faster
 // than float32 (the CPU packers' widening is issue 46's item 4). Mixing a 16-bit
-// operand with a float32 one, or a 16-bit output, throws NotSupported.
+// operand with a float32 one, or a 16-bit y of another dtype, throws NotSupported.
 // TF32. Each call takes a Float32Math (kernels/matmul.h), as matmul does: Ieee (the
 // default) is the float32 paths below, their bits unchanged. Tf32 lets float32
 // x, weight and grad_y multiply on the TF32 tensor cores on CUDA with G = 1: the

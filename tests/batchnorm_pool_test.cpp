@@ -699,10 +699,66 @@ TEST(BatchNormMaxPoolTest, SixteenBitXTakesAFloat32ArgmaxAndItsOwnDtype) {
                     "bfloat16[2,3,4,4] on cpu");
   batchnorm_max_pool_forward_training(fused_forward_args(q, r), cpu());
   BatchNormMaxPoolBackward backward = fused_backward_args(q, fused_forward_args(q, r), r);
+  backward.grad_y = Tensor::empty(q.y_shape, cpu(), DType::Float16);
+  EXPECT_THROW_WITH(batchnorm_max_pool_backward(backward, cpu()), ShapeError,
+                    "batchnorm_max_pool_backward: grad_y is float16[2,3,2,2] on cpu but x is "
+                    "bfloat16[2,3,4,4] on cpu");
+  // Float32 gradients beside the 16-bit x are the policy's backward (the test
+  // below), both of them: a float32 grad_y with a 16-bit grad_x is not.
   backward.grad_y = cast(q.grad_y, DType::Float32, cpu());
   EXPECT_THROW_WITH(batchnorm_max_pool_backward(backward, cpu()), ShapeError,
-                    "batchnorm_max_pool_backward: grad_y is float32[2,3,2,2] on cpu but x is "
-                    "bfloat16[2,3,4,4] on cpu");
+                    "batchnorm_max_pool_backward: grad_x is bfloat16[2,3,4,4] on cpu but grad_y "
+                    "is float32[2,3,2,2] on cpu");
+}
+
+// Float32 grad_y and grad_x beside a 16-bit x (kernels/batchnorm.h, the policy's
+// backward): the fused backward reads x's planes widened as it goes and gives the
+// bits of the float32 backward on the widened x, grad_x added to or assigned, the
+// parameter gradients added to, on every ISA this CPU runs. Control: the same
+// backward on the unrounded float32 x gives other bits, so a backward that read x
+// other than as its exact widening would fail.
+TEST(BatchNormMaxPoolTest, SixteenBitXBesideFloat32GradientsIsTheBackwardOnTheWidenedX) {
+  const RestoreGemmIsa restore;
+  int runs = 0;
+  for (const DType dtype : {DType::BFloat16, DType::Float16}) {
+    for (const Case& c : cases()) {
+      for (Activation activation : {Activation::None, Activation::ReLU}) {
+        const Problem p = make_problem(c.x, c.pool, activation, DType::Float32);
+        const Problem q = rounded(p, dtype), w = widened(q);
+        Results r = fresh_outputs(q);
+        const BatchNormMaxPoolForwardTraining forward = fused_forward_args(q, r);
+        batchnorm_max_pool_forward_training(forward, cpu());
+        // The backward of the 16-bit forward for x, into fresh float32 gradients
+        // (w's sentinels) from w's float32 grad_y.
+        auto backward = [&](const Tensor& x, GradWrite write) {
+          Results g = fresh_outputs(w);
+          BatchNormMaxPoolBackward args = fused_backward_args(w, forward, g);
+          args.x = x;
+          args.grad_x_write = write;
+          batchnorm_max_pool_backward(args, cpu());
+          return g;
+        };
+        for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
+          if (!gemm_isa_supported(isa)) continue;
+          set_gemm_isa(isa);
+          for (GradWrite write : {GradWrite::Accumulate, GradWrite::Assign}) {
+            ++runs;
+            const std::string where = "ISA " + std::to_string(int(isa)) + "; " + describe(q) +
+                                      (write == GradWrite::Assign ? ", assigned" : ", added");
+            const Results actual = backward(q.x, write), expected = backward(w.x, write);
+            ASSERT_EQ(actual.grad_x.dtype(), DType::Float32) << where;
+            EXPECT_TRUE(identical(actual.grad_x, expected.grad_x)) << "grad_x; " << where;
+            EXPECT_TRUE(identical(actual.grad_gamma, expected.grad_gamma))
+                << "grad_gamma; " << where;
+            EXPECT_TRUE(identical(actual.grad_beta, expected.grad_beta)) << "grad_beta; " << where;
+            EXPECT_FALSE(identical(actual.grad_x, backward(p.x, write).grad_x))
+                << "control; " << where;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GE(runs, 2 * int(cases().size()) * 2 * 2);
 }
 
 // On a GPU the fused op is not there: ag::batchnorm_max_pool2d composes the two

@@ -134,6 +134,96 @@ TEST_P(BatchNormSixteenBitTest, TrainingAndInferenceAreTheFloat32CallRoundedOnce
   }
 }
 
+// Float32 grad_y and grad_x beside a 16-bit x (kernels/batchnorm.h, the policy's
+// backward), on the CPU: batchnorm_backward and the split API's reduce and apply
+// read x's rows widened as they go and give the bits of the float32 calls on the
+// widened x, grad_x added to or assigned, with and without the ReLU, on every ISA.
+// Control: the same calls on the unrounded float32 x give other bits. On CUDA
+// such a call is NotSupported.
+TEST_P(BatchNormSixteenBitTest, Float32GradientsBesideA16BitXAreTheBackwardOnTheWidenedX) {
+  for_each_cpu_isa([&](const std::string& isa) {
+    for (const Shape& shape : kSixteenBitShapes) {
+      const std::int64_t C = shape[1];
+      const auto n = static_cast<std::size_t>(numel_of(shape));
+      const std::vector<float> xv = random_values(n, 91, -2.0f, 3.0f);
+      const auto [x16, x32] = pair(xv, shape);
+      const Tensor unrounded = make32(xv, shape), grad_y = make32(random_values(n, 92), shape);
+      const Tensor gamma = make32(random_values(C, 93, 0.5f, 1.5f), {C});
+      const Tensor beta = make32(random_values(C, 94), {C});
+      for (const Activation activation : {Activation::None, Activation::ReLU}) {
+        BatchNormForwardTraining f = training_forward(x16, gamma, beta, stream());
+        f.activation = activation;
+        batchnorm_forward_training(f, stream());
+        if (device().is_cuda()) {
+          EXPECT_THROW_WITH(
+              batchnorm_backward(
+                  backward_of(f, grad_y, Tensor(), make32(std::vector<float>(C, 0.0f), {C})),
+                  stream()),
+              NotSupported, "beside a 16-bit x run on the CPU");
+          return;
+        }
+        for (const GradWrite write : {GradWrite::Accumulate, GradWrite::Assign}) {
+          const std::string where = isa + ", " + to_string(shape) +
+                                    (activation == Activation::ReLU ? " relu" : "") +
+                                    (write == GradWrite::Assign ? ", assigned" : ", added");
+          // The backward of f for x into sentinels (grad_x 0.5, grad_gamma -1, grad_beta
+          // 2), then the split API's reduce and apply into a grad_x from 0.25.
+          struct Out {
+            Tensor grad_x, grad_gamma, grad_beta, sum_grad_y, sum_grad_y_xhat, split_grad_x;
+          };
+          auto run = [&](const Tensor& x) {
+            Out o{make32(std::vector<float>(n, 0.5f), shape),
+                  make32(std::vector<float>(C, -1.0f), {C}),
+                  make32(std::vector<float>(C, 2.0f), {C}),
+                  Tensor::empty({C}, stream()),
+                  Tensor::empty({C}, stream()),
+                  make32(std::vector<float>(n, 0.25f), shape)};
+            BatchNormBackward b = backward_of(f, grad_y, o.grad_x, o.grad_gamma, o.grad_beta);
+            b.x = x;
+            b.grad_x_write = write;
+            batchnorm_backward(b, stream());
+            batchnorm_backward_reduce({.sum_grad_y = o.sum_grad_y,
+                                       .sum_grad_y_xhat = o.sum_grad_y_xhat,
+                                       .grad_y = grad_y,
+                                       .x = x,
+                                       .gamma = gamma,
+                                       .beta = beta,
+                                       .mean = f.save_mean,
+                                       .inv_std = f.save_inv_std,
+                                       .activation = activation},
+                                      stream());
+            batchnorm_backward_apply({.grad_x = o.split_grad_x,
+                                      .grad_y = grad_y,
+                                      .x = x,
+                                      .gamma = gamma,
+                                      .beta = beta,
+                                      .mean = f.save_mean,
+                                      .inv_std = f.save_inv_std,
+                                      .sum_grad_y = o.sum_grad_y,
+                                      .sum_grad_y_xhat = o.sum_grad_y_xhat,
+                                      .count = numel_of(shape) / C,
+                                      .activation = activation,
+                                      .grad_x_write = write},
+                                     stream());
+            return o;
+          };
+          const Out got = run(x16), want = run(x32), control = run(unrounded);
+          ASSERT_EQ(got.grad_x.dtype(), DType::Float32) << where;
+          EXPECT_EQ(bits(host(got.grad_x)), bits(host(want.grad_x))) << where;
+          EXPECT_EQ(bits(host(got.grad_gamma)), bits(host(want.grad_gamma))) << where;
+          EXPECT_EQ(bits(host(got.grad_beta)), bits(host(want.grad_beta))) << where;
+          EXPECT_EQ(bits(host(got.sum_grad_y)), bits(host(want.sum_grad_y))) << where;
+          EXPECT_EQ(bits(host(got.sum_grad_y_xhat)), bits(host(want.sum_grad_y_xhat))) << where;
+          EXPECT_EQ(bits(host(got.split_grad_x)), bits(host(want.split_grad_x))) << where;
+          EXPECT_NE(bits(host(got.grad_x)), bits(host(control.grad_x))) << "control, " << where;
+          EXPECT_NE(bits(host(got.split_grad_x)), bits(host(control.split_grad_x)))
+              << "control, " << where;
+        }
+      }
+    }
+  });
+}
+
 // The split API (synchronized batch norm) on 16-bit towers, views into one batch:
 // the float32 recipe's bits on the widened values, 16-bit y and grad_x rounded once.
 TEST_P(BatchNormSixteenBitTest, SplitApiIsTheFloat32RecipeRoundedOnce) {
@@ -237,8 +327,16 @@ TEST_P(BatchNormSixteenBitTest, RejectsMixedDtypes) {
                     "but x is " + d + "[2,3,4,4]");
   EXPECT_THROW_WITH(batchnorm_backward(backward_of(forward, x, y32), stream()), ShapeError,
                     "batchnorm_backward: grad_x is float32[2,3,4,4]");
-  EXPECT_THROW_WITH(batchnorm_backward(backward_of(forward, y32, Tensor(), c3), stream()),
-                    ShapeError, "batchnorm_backward: grad_y is float32[2,3,4,4]");
+  // Float32 gradients beside a 16-bit x: the policy's backward on the CPU
+  // (Float32GradientsBesideA16BitXAreTheBackwardOnTheWidenedX), not on CUDA.
+  if (device().is_cuda()) {
+    EXPECT_THROW_WITH(batchnorm_backward(backward_of(forward, y32, Tensor(), c3), stream()),
+                      NotSupported, "batchnorm_backward: grad_y is float32[2,3,4,4]");
+  } else {
+    batchnorm_backward(backward_of(forward, y32, Tensor(), c3), stream());  // valid
+  }
+  EXPECT_THROW_WITH(batchnorm_backward(backward_of(forward, y32, x, c3), stream()), ShapeError,
+                    "batchnorm_backward: grad_x is " + d + "[2,3,4,4]");
   EXPECT_THROW_WITH((batchnorm_stats({.mean = c3_16, .m2 = c3, .x = x}, stream())), ShapeError,
                     "batchnorm_stats: mean is " + d + "[3]");
   // Statistics are never 16-bit: the merge does not take them.

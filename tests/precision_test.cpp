@@ -138,10 +138,12 @@ TEST_P(PrecisionKernelTest, MixedOperandsAreRefused) {
   Tensor y = Tensor::empty({2, 4, 3, 3}, stream());
   EXPECT_THROW_WITH(conv2d_forward(y, x16, w32, Tensor(), {}, stream()), NotSupported,
                     "conv2d_forward: weight is float32[4,3,3,3] but x is bfloat16[2,3,5,5]");
+  // y is float32 or the operands' dtype (tests/conv2d_sixteen_bit_output_test.cpp).
   Tensor w16 = cast(w32, DType::BFloat16, stream());
-  Tensor y16 = Tensor::empty({2, 4, 3, 3}, stream(), DType::BFloat16);
+  Tensor y16 = Tensor::empty({2, 4, 3, 3}, stream(), DType::Float16);
   EXPECT_THROW_WITH(conv2d_forward(y16, x16, w16, Tensor(), {}, stream()), NotSupported,
-                    "conv2d_forward: y is bfloat16[2,4,3,3] but with bfloat16 operands");
+                    "conv2d_forward: y is float16[2,4,3,3] but with bfloat16 operands y is "
+                    "float32 or bfloat16");
 }
 
 // --- the trainer ---------------------------------------------------------------

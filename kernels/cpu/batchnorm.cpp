@@ -37,7 +37,9 @@
 // rounded once, to nearest even, into the tensor; the per-channel tensors are
 // float32. So every result is the float32 path's on the widened values, each
 // 16-bit output that result rounded once. float32 and float64 rows are read and
-// written where they lie: their code is what it was.
+// written where they lie: their code is what it was. The backwards also take a
+// 16-bit x beside float32 grad_y and grad_x (with_backward_dtypes): x's rows
+// widened as they are read, the gradients' rows where they lie.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -116,6 +118,21 @@ class MathRows {
 
   std::array<std::vector<M>, 3> buffers_;
 };
+
+// Calls fn.template operator()<T, X>() for a backward: T the gradients' type
+// (grad_y's and grad_x's), X x's. The same type, or float beside a 16-bit x (the
+// policy's float32 gradients, kernels/batchnorm.h): x's rows are then widened as
+// they are read (MathRows<X>), the float32 code's bits on a widened copy of x.
+template <typename Fn>
+void with_backward_dtypes(const BatchNormArgs& a, Fn&& fn) {
+  if (a.grad_y.dtype() == DType::Float32 && a.x.dtype() == DType::BFloat16) {
+    fn.template operator()<float, bfloat16>();
+  } else if (a.grad_y.dtype() == DType::Float32 && a.x.dtype() == DType::Float16) {
+    fn.template operator()<float, float16>();
+  } else {
+    with_any_dtype(a.x.dtype(), [&]<typename T>() { fn.template operator()<T, T>(); });
+  }
+}
 
 // ReLU's forward when Relu (the NaN rule of kernels/cpu/relu.cpp), else v.
 template <bool Relu, typename T>
@@ -570,11 +587,12 @@ std::pair<double, double> row_sums(const T* gy, const T* x, std::int64_t S, cons
 
 void batchnorm_backward_reduce(const BatchNormArgs& a) {
   const std::int64_t N = a.N, C = a.C, S = a.S;
-  with_any_dtype(a.x.dtype(), [&]<typename T>() {
+  with_backward_dtypes(a, [&]<typename T, typename X>() {
     using M = math_t<T>;
+    static_assert(std::is_same_v<M, math_t<X>>);
     const T* gy = a.grad_y.data<T>();                            // [N,C,S] or [N,C,Ho*Wo]
     const M* where = a.max_pool ? a.argmax.data<M>() : nullptr;  // [N,C,Ho*Wo]
-    const T* in = a.x.data<T>();                                 // [N,C,S]
+    const X* in = a.x.data<X>();                                 // [N,C,S]
     const M* mu = a.mean.data<M>();                              // [C]
     const M* istd = a.inv_std.data<M>();                         // [C]
     M* out_a = a.sum_grad_y.data<M>();                           // [C]
@@ -585,6 +603,7 @@ void batchnorm_backward_reduce(const BatchNormArgs& a) {
       parallel_rows(C, 2 * N * S, [&](std::int64_t first, std::int64_t last) {
         PoolScratch<M> pool(a);
         MathRows<T> math;
+        MathRows<X> x_rows;
         std::vector<Affine<M>> ks(last - first);
         for (std::int64_t c = first; c < last; ++c) ks[c - first] = affine_of<M>(a, c);
         // Image by image over this thread's channels, as batchnorm_stats goes.
@@ -595,7 +614,7 @@ void batchnorm_backward_reduce(const BatchNormArgs& a) {
             const M* g = math.read(gy + (n * C + c) * gy_plane, gy_plane, 1);
             prefetch_plane(in + base, S);
             if (a.max_pool) g = pool.gradient(g, where + (n * C + c) * gy_plane);
-            const auto [row_gy, row_gy_xhat] = row_sums<Relu>(g, math.read(in + base, S, 0), S,
+            const auto [row_gy, row_gy_xhat] = row_sums<Relu>(g, x_rows.read(in + base, S, 0), S,
                                                               ks[c - first], mu[c], avx512, avx2);
             sums[c - first].first += row_gy;
             sums[c - first].second += row_gy_xhat;
@@ -653,12 +672,13 @@ __attribute__((target("avx2"))) void apply_row_avx2(float* gx, const float* gy, 
 
 void batchnorm_backward_apply(const BatchNormArgs& a) {
   const std::int64_t N = a.N, C = a.C, S = a.S;
-  with_any_dtype(a.x.dtype(), [&]<typename T>() {
+  with_backward_dtypes(a, [&]<typename T, typename X>() {
     using M = math_t<T>;
+    static_assert(std::is_same_v<M, math_t<X>>);
     T* gx = a.grad_x.data<T>();                                  // [N,C,S]
     const T* gy = a.grad_y.data<T>();                            // [N,C,S] or [N,C,Ho*Wo]
     const M* where = a.max_pool ? a.argmax.data<M>() : nullptr;  // [N,C,Ho*Wo]
-    const T* in = a.x.data<T>();                                 // [N,C,S]
+    const X* in = a.x.data<X>();                                 // [N,C,S]
     const M* g = a.gamma.data<M>();                              // [C]
     const M* mu = a.mean.data<M>();                              // [C]
     const M* istd = a.inv_std.data<M>();                         // [C]
@@ -672,6 +692,7 @@ void batchnorm_backward_apply(const BatchNormArgs& a) {
       parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
         PoolScratch<M> pool(a);
         MathRows<T> math;
+        MathRows<X> x_rows;
         for (std::int64_t n = first; n < last; ++n) {
           for (std::int64_t c = 0; c < C; ++c) {
             const std::int64_t base = (n * C + c) * S, y_base = (n * C + c) * gy_plane;
@@ -680,7 +701,7 @@ void batchnorm_backward_apply(const BatchNormArgs& a) {
             const M* gy_row = math.read(gy + y_base, gy_plane, 1);
             prefetch_plane(in + base, S);
             if (a.max_pool) gy_row = pool.gradient(gy_row, where + y_base);
-            const M* x_row = math.read(in + base, S, 0);
+            const M* x_row = x_rows.read(in + base, S, 0);
             // A 16-bit grad_x is added to in float32 and rounded once.
             M* gx_row = math.write(gx + base, S, 2, !assign);
 #if TL_CPU_X86

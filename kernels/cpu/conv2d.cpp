@@ -21,6 +21,12 @@
 // gray images, FashionNet's conv1) skips the lowering where the GEMM has its AVX2
 // kernel: its forward and weight gradient run the direct convolution of
 // kernels/cpu/conv2d_direct.h.
+//
+// A 16-bit layer's forward (bfloat16 or float16 y beside float32 operands, the
+// dispatch having widened x and the weight) writes y straight from the float32
+// sums, each rounded once as it is stored: by Winograd's output transform, by the
+// direct kernels' stores, and on the im2col path from each image's float32 block
+// just after its GEMM. The backward's outputs are float32.
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -30,6 +36,7 @@
 #include "kernels/cpu/conv2d.h"
 #include "kernels/cpu/conv2d_direct.h"
 #include "kernels/cpu/conv2d_implicit.h"
+#include "kernels/cpu/convert16.h"
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/winograd.h"
@@ -364,49 +371,97 @@ void for_image_chunks(std::int64_t images, std::int64_t chunks, bool parallel, c
                     });
 }
 
+// y = bias + weight · col, image by image (im2col's product; col is x itself when
+// nothing needs lowering), T the operands' type (float, or double for the gradient
+// checks), Out y's: T, or a 16-bit layer's bfloat16 or float16 beside float
+// operands, where each image's float32 sums are rounded from their block (in cache,
+// the GEMM just wrote it) before the next image's.
+template <typename T, typename Out>
+void forward_by_gemm(Out* out, const T* in, const T* w, const T* b, const Conv2dShape& s) {
+  constexpr bool rounded = !std::is_same_v<T, Out>;
+  const std::int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
+  const bool lower = needs_lowering(s);
+  auto per_chunk = [&](std::int64_t, std::int64_t first, std::int64_t last) {
+    HostScratch<T> col(lower ? crs * pq : 0);     // [C*R*S, P*Q]
+    HostScratch<T> sums(rounded ? s.K * pq : 0);  // [K, P*Q], a 16-bit y's
+    for (std::int64_t n = first; n < last; ++n) {
+      const T* patches = in + n * chw;
+      if (lower) {
+        im2col(col.get(), patches, s);
+        patches = col.get();
+      }
+      T* y_n;  // [K, P*Q]
+      if constexpr (rounded) {
+        y_n = sums.get();
+      } else {
+        y_n = out + n * s.K * pq;
+      }
+      if (b != nullptr) {
+        for (std::int64_t k = 0; k < s.K; ++k) std::fill(y_n + k * pq, y_n + (k + 1) * pq, b[k]);
+      }
+      gemm<T>(false, false, s.K, pq, crs, T(1), w, crs, patches, pq, b != nullptr ? T(1) : T(0),
+              y_n, pq);
+      if constexpr (rounded) round_to_16bit(out + n * s.K * pq, y_n, s.K * pq);
+    }
+  };
+  for_image_chunks(s.N, image_chunks(s.N), true, per_chunk);
+}
+
+// The float32 forward into y of type Out: float, or a 16-bit layer's bfloat16 or
+// float16, which Winograd's output transform, the direct kernels' stores and the
+// GEMM path round once from the float32 sums (the bits of the float32 y cast).
+template <typename Out>
+void forward_float32(Out* out, const float* in, const float* w, const float* b,
+                     const Conv2dShape& s) {
+#if TL_CPU_X86
+  if constexpr (std::is_same_v<Out, float16>) {
+    // The eight-lane stores round float16 with F16C (kernels/cpu/convert16.h):
+    // without it the sums go to float32 and then through the cast's own code.
+    if (avx2_selected() && !avx512_selected() && !f16c_present()) {
+      HostScratch<float> sums(s.N * s.K * s.P * s.Q);  // [N,K,P,Q]
+      forward_float32(sums.get(), in, w, b, s);
+      round_to_16bit(out, sums.get(), s.N * s.K * s.P * s.Q);
+      return;
+    }
+  }
+#endif
+  if (winograd_chosen(s)) {
+    winograd_forward(out, in, w, b, s);
+    return;
+  }
+  if (direct_single_channel(s, DType::Float32)) {
+    const std::int64_t pq = s.P * s.Q, chw = s.C * s.H * s.W;
+    for_image_chunks(
+        s.N, image_chunks(s.N), true, [&](std::int64_t, std::int64_t first, std::int64_t last) {
+          direct_forward(out + first * s.K * pq, in + first * chw, w, b, last - first, s);
+        });
+    return;
+  }
+  forward_by_gemm(out, in, w, b, s);
+}
+
 }  // namespace
 
 void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
                     const Conv2dShape& s) {
-  if (y.dtype() == DType::Float32 && winograd_chosen(s)) {
-    winograd_forward(y.data<float>(), x.data<float>(), weight.data<float>(),
-                     bias.defined() ? bias.data<float>() : nullptr, s);
+  if (x.dtype() == DType::Float64) {
+    forward_by_gemm(y.data<double>(), x.data<double>(), weight.data<double>(),
+                    bias.defined() ? bias.data<double>() : nullptr, s);
     return;
   }
-  with_dtype(y.dtype(), [&]<typename T>() {
-    T* out = y.data<T>();                                    // [N,K,P,Q]
-    const T* in = x.data<T>();                               // [N,C,H,W]
-    const T* w = weight.data<T>();                           // [K, C*R*S]
-    const T* b = bias.defined() ? bias.data<T>() : nullptr;  // [K]
-    const std::int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
-    if constexpr (std::is_same_v<T, float>) {
-      if (direct_single_channel(s, y.dtype())) {
-        for_image_chunks(
-            s.N, image_chunks(s.N), true, [&](std::int64_t, std::int64_t first, std::int64_t last) {
-              direct_forward(out + first * s.K * pq, in + first * chw, w, b, last - first, s);
-            });
-        return;
-      }
-    }
-    const bool lower = needs_lowering(s);
-    auto per_chunk = [&](std::int64_t, std::int64_t first, std::int64_t last) {
-      HostScratch<T> col(lower ? crs * pq : 0);  // [C*R*S, P*Q]
-      for (std::int64_t n = first; n < last; ++n) {
-        const T* patches = in + n * chw;
-        if (lower) {
-          im2col(col.get(), patches, s);
-          patches = col.get();
-        }
-        T* y_n = out + n * s.K * pq;  // [K, P*Q]
-        if (b != nullptr) {
-          for (std::int64_t k = 0; k < s.K; ++k) std::fill(y_n + k * pq, y_n + (k + 1) * pq, b[k]);
-        }
-        gemm<T>(false, false, s.K, pq, crs, T(1), w, crs, patches, pq, b != nullptr ? T(1) : T(0),
-                y_n, pq);
-      }
-    };
-    for_image_chunks(s.N, image_chunks(s.N), true, per_chunk);
-  });
+  const float* in = x.data<float>();                               // [N,C,H,W]
+  const float* w = weight.data<float>();                           // [K, C*R*S]
+  const float* b = bias.defined() ? bias.data<float>() : nullptr;  // [K]
+  switch (y.dtype()) {                                             // [N,K,P,Q]
+    case DType::BFloat16:
+      forward_float32(y.data<bfloat16>(), in, w, b, s);
+      return;
+    case DType::Float16:
+      forward_float32(y.data<float16>(), in, w, b, s);
+      return;
+    default:
+      forward_float32(y.data<float>(), in, w, b, s);
+  }
 }
 
 void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cpu/convert16.h"
 #include "kernels/cpu/x86.h"
 
 namespace towerlab::cpu {
@@ -73,6 +74,8 @@ void shift_planes(float* planes, const float* x, const Conv2dShape& s) {
 }
 
 #define TL_AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) inline
+// The forward's, whose float16 output rounds with F16C as it is stored.
+#define TL_AVX2_F16C_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
 #define TL_AVX512_INLINE __attribute__((target("avx512f"), always_inline)) inline
 
 // The sum of t's eight lanes, the end of add_lanes' tree: lanes l and l + 4, then l
@@ -95,10 +98,11 @@ __attribute__((target("avx512f"), always_inline)) inline void in_register(__m512
 // --- AVX2: eight pixels a vector ---------------------------------------------------
 
 // y[kb, i + 8g .. + 7] for KB filters and G vectors of outputs: each the chain of
-// the nine taps in order (r, s), from zero, then the bias. w [KB, R*S], y [KB, P*Q].
-template <int KB, int G>
-TL_AVX2_INLINE void forward_block8(float* y, const float* planes, const __m256* w,
-                                   const __m256* bias, std::int64_t i, Strides d) {
+// the nine taps in order (r, s), from zero, then the bias, stored as Out (a 16-bit
+// Out rounded once, in the store). w [KB, R*S], y [KB, P*Q].
+template <int KB, int G, typename Out>
+TL_AVX2_F16C_INLINE void forward_block8(Out* y, const float* planes, const __m256* w,
+                                        const __m256* bias, std::int64_t i, Strides d) {
   const std::int64_t pq = d.pixels, plane = d.plane;
   __m256 acc[KB][G];
   for (int kb = 0; kb < KB; ++kb)
@@ -116,7 +120,7 @@ TL_AVX2_INLINE void forward_block8(float* y, const float* planes, const __m256* 
   }
   for (int kb = 0; kb < KB; ++kb) {
     for (int g = 0; g < G; ++g) {
-      _mm256_storeu_ps(y + kb * pq + i + 8 * g, _mm256_add_ps(acc[kb][g], bias[kb]));
+      store8(y + kb * pq + i + 8 * g, _mm256_add_ps(acc[kb][g], bias[kb]));
     }
   }
 }
@@ -124,9 +128,9 @@ TL_AVX2_INLINE void forward_block8(float* y, const float* planes, const __m256* 
 // y [KB, P*Q] of one image from its planes, weight [KB, R*S], bias [KB] or null.
 // The last vector may overlap the one before it (for_each_group's rule): those
 // outputs are written twice with the same bits.
-template <int KB>
-TL_AVX2_INLINE void forward_filters8(float* y, const float* planes, const float* weight,
-                                     const float* bias, Strides d) {
+template <int KB, typename Out>
+TL_AVX2_F16C_INLINE void forward_filters8(Out* y, const float* planes, const float* weight,
+                                          const float* bias, Strides d) {
   __m256 w[KB * kTaps], b[KB];
   for (int j = 0; j < KB * kTaps; ++j) w[j] = _mm256_set1_ps(weight[j]);
   for (int kb = 0; kb < KB; ++kb) b[kb] = _mm256_set1_ps(bias != nullptr ? bias[kb] : 0.0f);
@@ -139,9 +143,11 @@ TL_AVX2_INLINE void forward_filters8(float* y, const float* planes, const float*
 
 // y [K, P*Q] of one image, P*Q >= 8. One filter at a time: AVX2's sixteen registers
 // hold one filter's nine weights and four sums, not two filters'.
-__attribute__((target("avx2,fma"))) void forward_image_avx2(float* y, const float* planes,
-                                                            const float* weight, const float* bias,
-                                                            const Conv2dShape& s) {
+template <typename Out>
+__attribute__((target("avx2,fma,f16c"))) void forward_image_avx2(Out* y, const float* planes,
+                                                                 const float* weight,
+                                                                 const float* bias,
+                                                                 const Conv2dShape& s) {
   const Strides d = strides(s);
   for (std::int64_t k = 0, filters = s.K; k < filters; ++k) {
     forward_filters8<1>(y + k * d.pixels, planes, weight + k * kTaps,
@@ -203,8 +209,8 @@ __attribute__((target("avx2,fma"))) void weight_grad_image_avx2(float* lanes, bo
 // --- AVX-512: sixteen pixels a vector ----------------------------------------------
 
 // forward_block8 with sixteen pixels a vector: the same chains, the same bits.
-template <int KB, int G>
-TL_AVX512_INLINE void forward_block16(float* y, const float* planes, const __m512* w,
+template <int KB, int G, typename Out>
+TL_AVX512_INLINE void forward_block16(Out* y, const float* planes, const __m512* w,
                                       const __m512* bias, std::int64_t i, Strides d) {
   const std::int64_t pq = d.pixels, plane = d.plane;
   __m512 acc[KB][G];
@@ -224,13 +230,13 @@ TL_AVX512_INLINE void forward_block16(float* y, const float* planes, const __m51
   }
   for (int kb = 0; kb < KB; ++kb) {
     for (int g = 0; g < G; ++g) {
-      _mm512_storeu_ps(y + kb * pq + i + 16 * g, _mm512_add_ps(acc[kb][g], bias[kb]));
+      store16(y + kb * pq + i + 16 * g, _mm512_add_ps(acc[kb][g], bias[kb]));
     }
   }
 }
 
-template <int KB>
-TL_AVX512_INLINE void forward_filters16(float* y, const float* planes, const float* weight,
+template <int KB, typename Out>
+TL_AVX512_INLINE void forward_filters16(Out* y, const float* planes, const float* weight,
                                         const float* bias, Strides d) {
   __m512 w[KB * kTaps], b[KB];
   for (int j = 0; j < KB * kTaps; ++j) w[j] = _mm512_set1_ps(weight[j]);
@@ -243,7 +249,8 @@ TL_AVX512_INLINE void forward_filters16(float* y, const float* planes, const flo
 }
 
 // y [K, P*Q] of one image, P*Q >= 16: filters in pairs (kFilters), an odd last alone.
-__attribute__((target("avx512f"))) void forward_image_avx512(float* y, const float* planes,
+template <typename Out>
+__attribute__((target("avx512f"))) void forward_image_avx512(Out* y, const float* planes,
                                                              const float* weight, const float* bias,
                                                              const Conv2dShape& s) {
   const Strides d = strides(s);
@@ -346,13 +353,14 @@ bool direct_single_channel(const Conv2dShape& s, DType dtype) {
 
 #if TL_CPU_X86
 
-void direct_forward(float* y, const float* x, const float* weight, const float* bias,
+template <typename Out>
+void direct_forward(Out* y, const float* x, const float* weight, const float* bias,
                     std::int64_t images, const Conv2dShape& s) {
   const bool wide = avx512_selected() && s.P * s.Q >= 16;
   HostScratch<float> planes(kS * plane_size(s));
   for (std::int64_t n = 0; n < images; ++n) {
     shift_planes(planes.get(), x + n * s.H * s.W, s);
-    float* y_n = y + n * s.K * s.P * s.Q;  // [K, P*Q]
+    Out* y_n = y + n * s.K * s.P * s.Q;  // [K, P*Q]
     if (wide) {
       forward_image_avx512(y_n, planes.get(), weight, bias, s);
     } else {
@@ -382,10 +390,18 @@ void direct_weight_grad(float* sum, const float* x, const float* grad_y, std::in
 #else
 
 // Never reached: direct_single_channel holds on x86 alone.
-void direct_forward(float*, const float*, const float*, const float*, std::int64_t,
+template <typename Out>
+void direct_forward(Out*, const float*, const float*, const float*, std::int64_t,
                     const Conv2dShape&) {}
 void direct_weight_grad(float*, const float*, const float*, std::int64_t, const Conv2dShape&) {}
 
 #endif
+
+template void direct_forward<float>(float*, const float*, const float*, const float*, std::int64_t,
+                                    const Conv2dShape&);
+template void direct_forward<bfloat16>(bfloat16*, const float*, const float*, const float*,
+                                       std::int64_t, const Conv2dShape&);
+template void direct_forward<float16>(float16*, const float*, const float*, const float*,
+                                      std::int64_t, const Conv2dShape&);
 
 }  // namespace towerlab::cpu

@@ -7,7 +7,8 @@
 // Its product has an inner dimension of R*S = 9, far too short for the GEMM's rate,
 // and im2col would copy each image nine times to feed it; here each image is copied
 // three times instead (one copy per kernel column, kernels/cpu/conv2d_direct.cpp)
-// and the taps are summed in registers.
+// and the taps are summed in registers. The forward writes float32, or a 16-bit
+// layer's bfloat16 or float16 y rounded from the sums in the store.
 //
 // Numerics: each output y[n,k,p,q] is the fused multiply-add chain of its nine taps
 // in the order (r, s), from zero, plus the bias: im2col's order. The weight gradient
@@ -27,8 +28,12 @@ namespace towerlab::cpu {
 bool direct_single_channel(const Conv2dShape& s, DType dtype);
 
 // y [images,K,P,Q] = bias + conv2d(x [images,1,H,W], weight [K,1,3,3]): ASSIGNS y.
-// bias [K] may be null.
-void direct_forward(float* y, const float* x, const float* weight, const float* bias,
+// bias [K] may be null. Out is float, or bfloat16 or float16 for a 16-bit layer's
+// output: each sum rounded once, to nearest even, as it is stored (the bits of the
+// float32 y cast; kernels/cpu/convert16.h's store8 and store16). A float16 Out needs
+// F16C beside AVX2 (kernels/cpu/conv2d.cpp asks).
+template <typename Out>
+void direct_forward(Out* y, const float* x, const float* weight, const float* bias,
                     std::int64_t images, const Conv2dShape& s);
 
 // sum [R*S, K] = the weight gradient, transposed, of the images [0, images):

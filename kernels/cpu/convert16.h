@@ -19,7 +19,9 @@
 // AVX-512BW's vcvtneps2bf16 is not used: it flushes float32 subnormals to zero.
 //
 // Two levels. In registers, per ISA: load_widen16 / round_store16 (sixteen lanes,
-// AVX-512 F) and load_widen8 / round_store8 (eight lanes, AVX2 with F16C). On
+// AVX-512 F) and load_widen8 / round_store8 (eight lanes, AVX2 with F16C), and
+// store8 / store16 for kernels whose output is float32 or 16-bit (conv2d's forward
+// stores, which round the float32 sums where they are written). On
 // arrays, whichever ISA runs (kernels/cpu/x86.h's rule: TOWERLAB_GEMM_ISA=avx2 or
 // set_gemm_isa pins the eight-lane code, Portable the reference's scalar code):
 // widen_16bit and round_to_16bit, which the element-wise kernels apply to blocks of
@@ -218,6 +220,61 @@ __attribute__((target("avx2,f16c"))) inline void round_store8(float16* p, __m256
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
                    _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
+
+// Stores for a kernel templated on its output type Out: float32 lanes stored as
+// they are, or as bfloat16 or float16 rounded once as they are stored (the bits of
+// storing float32 and then casting). The float16 ones need F16C beside AVX2: the
+// caller's target names it, and its dispatch asks f16c_present().
+__attribute__((target("avx2"))) inline void store8(float* p, __m256 v) {
+  _mm256_storeu_ps(p, v);
+}
+__attribute__((target("avx2"))) inline void store8(bfloat16* p, __m256 v) {
+  round_store8(p, v);
+}
+__attribute__((target("avx2,f16c"))) inline void store8(float16* p, __m256 v) {
+  round_store8(p, v);
+}
+
+// The first `count` (0 to 7) lanes of v to p, nothing past them.
+__attribute__((target("avx2"))) inline void store_first8(float* p, __m256 v, std::int64_t count) {
+  store_first_lanes(p, v, count);
+}
+template <typename T>
+__attribute__((target("avx2,f16c"))) inline void store_first8(T* p, __m256 v, std::int64_t count) {
+  T lanes[8];
+  round_store8(lanes, v);
+  for (std::int64_t l = 0; l < count; ++l) p[l] = lanes[l];
+}
+
+#if !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+__attribute__((target("avx512f"))) inline void store16(float* p, __m512 v) {
+  _mm512_storeu_ps(p, v);
+}
+template <typename T>
+__attribute__((target("avx512f"))) inline void store16(T* p, __m512 v) {
+  round_store16(p, v);
+}
+
+// The first `count` (0 to 16) lanes of v to p, nothing past them (AVX-512 F has no
+// 16-bit masked store: a 16-bit T goes through the stack).
+__attribute__((target("avx512f"))) inline void store_first16(float* p, __m512 v,
+                                                             std::int64_t count) {
+  _mm512_mask_storeu_ps(p, first_lanes(count), v);
+}
+template <typename T>
+__attribute__((target("avx512f"))) inline void store_first16(T* p, __m512 v, std::int64_t count) {
+  T lanes[16];
+  round_store16(lanes, v);
+  for (std::int64_t l = 0; l < count && l < 16; ++l) p[l] = lanes[l];
+}
+
+#if !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 // Four doubles rounded to odd, engine/half.h's way (AVX2 has no per-instruction
 // rounding mode): rounded to nearest, one ulp back toward zero where that went away

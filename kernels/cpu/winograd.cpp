@@ -15,8 +15,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/convert16.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/simd.h"
@@ -410,14 +412,16 @@ template <typename V>
 // output columns) a vector, channel by channel. A tile past the bottom or right
 // edge (P or Q odd) writes only its pixels inside the output. A group of four may
 // read up to 3 columns past the row's tiles (run() leaves room); their lanes are
-// not written.
-void transform_output(const Workspace& ws, float* out, const float* bias, bool accumulate,
+// not written. Out is float, or a forward's 16-bit y (assigned, never accumulated):
+// each value bias + Aᵀ m A rounded once as it is stored.
+template <typename Out>
+void transform_output(const Workspace& ws, Out* out, const float* bias, bool accumulate,
                       const Problem& p, std::int64_t row0, std::int64_t row1) {
   for (std::int64_t k = 0; k < p.K; ++k) {
     for (std::int64_t row = row0; row < row1; ++row) {
       const std::int64_t n = row / p.tiles_h, th = row % p.tiles_h;
       const std::int64_t rows = std::min<std::int64_t>(2, p.P - 2 * th);
-      float* plane = out + (n * p.K + k) * p.P * p.Q;  // [P,Q]
+      Out* plane = out + (n * p.K + k) * p.P * p.Q;  // [P,Q]
       const Vec4 b = splat(bias != nullptr ? bias[k] : 0.0f);
       const float* mk = ws.m_at(k, 0) + (row - row0) * p.tiles_w;
       for (std::int64_t tw = 0; tw < p.tiles_w; tw += 4) {
@@ -427,12 +431,16 @@ void transform_output(const Workspace& ws, float* out, const float* bias, bool a
         for (int i = 0; i < rows; ++i) {
           Vec4 left, right;
           output_row(m, i, left, right);
-          float* y = plane + (2 * th + i) * p.Q + 2 * tw;
+          Out* y = plane + (2 * th + i) * p.Q + 2 * tw;
           float values[8];  // pixels 2*tw .. 2*tw + 7 of the row
           store4(values, __builtin_shufflevector(left, right, 0, 4, 1, 5));
           store4(values + 4, __builtin_shufflevector(left, right, 2, 6, 3, 7));
           for (std::int64_t x = 0; x < pixels; ++x) {
-            y[x] = accumulate ? y[x] + values[x] : b[0] + values[x];
+            if constexpr (std::is_same_v<Out, float>) {
+              y[x] = accumulate ? y[x] + values[x] : b[0] + values[x];
+            } else {
+              y[x] = Out(b[0] + values[x]);
+            }
           }
         }
       }
@@ -453,18 +461,30 @@ __attribute__((target("avx2,fma"))) inline void add_pixels(float* y, __m256 v, _
   }
 }
 
+// A forward's 16-bit y[0 .. count) = b + v rounded once, for count <= 8 (a 16-bit y
+// is assigned, never accumulated).
+template <typename T>
+__attribute__((target("avx2,fma,f16c"))) inline void add_pixels(T* y, __m256 v, __m256 b, bool,
+                                                                std::int64_t count) {
+  if (count >= 8) {
+    store8(y, _mm256_add_ps(b, v));
+  } else if (count > 0) {
+    store_first8(y, _mm256_add_ps(b, v), count);
+  }
+}
+
 // transform_output on AVX2: eight tiles (sixteen output columns) a vector, the
 // tiles of one tile row, as the portable code takes four.
-__attribute__((target("avx2,fma"))) void transform_output_avx2(const Workspace& ws, float* out,
-                                                               const float* bias, bool accumulate,
-                                                               const Problem& p, std::int64_t row0,
-                                                               std::int64_t row1) {
+template <typename Out>
+__attribute__((target("avx2,fma,f16c"))) void transform_output_avx2(
+    const Workspace& ws, Out* out, const float* bias, bool accumulate, const Problem& p,
+    std::int64_t row0, std::int64_t row1) {
   for (std::int64_t k = 0; k < p.K; ++k) {
     const __m256 b = _mm256_set1_ps(bias != nullptr ? bias[k] : 0.0f);
     for (std::int64_t row = row0; row < row1; ++row) {
       const std::int64_t n = row / p.tiles_h, th = row % p.tiles_h;
       const std::int64_t rows = std::min<std::int64_t>(2, p.P - 2 * th);
-      float* plane = out + (n * p.K + k) * p.P * p.Q;  // [P,Q]
+      Out* plane = out + (n * p.K + k) * p.P * p.Q;  // [P,Q]
       const float* mk = ws.m_at(k, 0) + (row - row0) * p.tiles_w;
       for (std::int64_t tw = 0; tw < p.tiles_w; tw += 8) {
         __m256 m[16];
@@ -476,7 +496,7 @@ __attribute__((target("avx2,fma"))) void transform_output_avx2(const Workspace& 
           // Pixels 2t and 2t + 1 from lane t of left and of right.
           const __m256 lo = _mm256_unpacklo_ps(left, right);  // l0 r0 l1 r1 | l4 r4 l5 r5
           const __m256 hi = _mm256_unpackhi_ps(left, right);  // l2 r2 l3 r3 | l6 r6 l7 r7
-          float* y = plane + (2 * th + i) * p.Q + 2 * tw;
+          Out* y = plane + (2 * th + i) * p.Q + 2 * tw;
           add_pixels(y, _mm256_permute2f128_ps(lo, hi, 0x20), b, accumulate, pixels);
           add_pixels(y + 8, _mm256_permute2f128_ps(lo, hi, 0x31), b, accumulate, pixels - 8);
         }
@@ -489,8 +509,10 @@ __attribute__((target("avx2,fma"))) void transform_output_avx2(const Workspace& 
 // of tiles regardless of the tile rows (a row of FashionNet's 7 tiles would fill
 // fewer than half the lanes), then each tile row's share of the lanes, at most
 // eight tiles, interleaved into sixteen output pixels (masked to the row, an odd
-// Q's last column included).
-__attribute__((target("avx512f"))) void transform_output_avx512(const Workspace& ws, float* out,
+// Q's last column included). A 16-bit Out (a forward's y) rounds each value once as
+// it is stored.
+template <typename Out>
+__attribute__((target("avx512f"))) void transform_output_avx512(const Workspace& ws, Out* out,
                                                                 const float* bias, bool accumulate,
                                                                 const Problem& p, std::int64_t row0,
                                                                 std::int64_t row1) {
@@ -506,7 +528,7 @@ __attribute__((target("avx512f"))) void transform_output_avx512(const Workspace&
       for (std::int64_t row = row0; row < row1; ++row) {
         const std::int64_t n = row / p.tiles_h, th = row % p.tiles_h;
         const std::int64_t h0 = 2 * th, h1 = std::min<std::int64_t>(p.P, 2 * th + 2);
-        const float* plane = out + (n * p.K + k + kPrefetchPlanes) * p.P * p.Q;
+        const Out* plane = out + (n * p.K + k + kPrefetchPlanes) * p.P * p.Q;
         for (std::int64_t x = h0 * p.Q; x < h1 * p.Q; x += 16) __builtin_prefetch(plane + x, 1);
         __builtin_prefetch(plane + h1 * p.Q - 1, 1);
       }
@@ -525,14 +547,19 @@ __attribute__((target("avx512f"))) void transform_output_avx512(const Workspace&
         tiles = std::min({t1 - t, p.tiles_w - tw, std::int64_t{8}});
         const std::int64_t n = row / p.tiles_h, th = row % p.tiles_h;
         const std::int64_t rows = std::min<std::int64_t>(2, p.P - 2 * th);
-        const __mmask16 keep = first_lanes(std::min(2 * tiles, p.Q - 2 * tw));
+        const std::int64_t pixels = std::min(2 * tiles, p.Q - 2 * tw);
+        const __mmask16 keep = first_lanes(pixels);
         const __m512i from =
             _mm512_add_epi32(interleave, _mm512_set1_epi32(static_cast<int>(t - t0)));
-        float* y = out + ((n * p.K + k) * p.P + 2 * th) * p.Q + 2 * tw;
+        Out* y = out + ((n * p.K + k) * p.P + 2 * th) * p.Q + 2 * tw;
         for (int i = 0; i < rows; ++i, y += p.Q) {
           const __m512 v = _mm512_permutex2var_ps(left[i], from, right[i]);
-          const __m512 base = accumulate ? _mm512_maskz_loadu_ps(keep, y) : b;
-          _mm512_mask_storeu_ps(y, keep, _mm512_add_ps(base, v));
+          if constexpr (std::is_same_v<Out, float>) {
+            const __m512 base = accumulate ? _mm512_maskz_loadu_ps(keep, y) : b;
+            _mm512_mask_storeu_ps(y, keep, _mm512_add_ps(base, v));
+          } else {
+            store_first16(y, _mm512_add_ps(b, v), pixels);
+          }
         }
       }
     }
@@ -542,7 +569,8 @@ __attribute__((target("avx512f"))) void transform_output_avx512(const Workspace&
 
 // Steps 2 of the file comment for tile rows [row0, row1) (row = n * tiles_h + th),
 // with u the 16 matrices U[e] [K][C] of the transformed kernel, packed.
-void run_block(float* out, const float* in, const std::vector<PackedA>& u, const float* bias,
+template <typename Out>
+void run_block(Out* out, const float* in, const std::vector<PackedA>& u, const float* bias,
                bool accumulate, const Problem& p, std::int64_t row0, std::int64_t row1,
                const Workspace& ws) {
   const BlockInput v{ws.v, whole_panels(u[0], (row1 - row0) * p.tiles_w), ws.v_stride};
@@ -563,7 +591,8 @@ void run_block(float* out, const float* in, const std::vector<PackedA>& u, const
 
 // Steps 2 over all tile rows, blocks spread over the caller's threads (each block
 // writes its own output rows).
-void run(float* out, const float* in, const std::vector<PackedA>& u, const float* bias,
+template <typename Out>
+void run(Out* out, const float* in, const std::vector<PackedA>& u, const float* bias,
          bool accumulate, const Problem& p) {
   const std::int64_t per_block = rows_per_block(p);
   // M's columns: a block's tiles and the 7 past them that the AVX2 output
@@ -590,7 +619,8 @@ std::vector<PackedA> packed_weights(const float* u, std::int64_t rows, std::int6
 
 }  // namespace
 
-void winograd_forward(float* y, const float* x, const float* weight, const float* bias,
+template <typename Out>
+void winograd_forward(Out* y, const float* x, const float* weight, const float* bias,
                       const Conv2dShape& s) {
   const Problem p = make_problem(s.N, s.C, s.H, s.W, s.K, s.params.pad_h, s.params.pad_w);
   HostScratch<float> u(16 * s.K * s.C);     // [16][K][C]
@@ -612,5 +642,12 @@ void winograd_backward_data(float* grad_x, const float* grad_y, const float* wei
   }
   run(grad_x, grad_y, packed_weights(u.get(), s.C, s.K), nullptr, accumulate, p);
 }
+
+template void winograd_forward<float>(float*, const float*, const float*, const float*,
+                                      const Conv2dShape&);
+template void winograd_forward<bfloat16>(bfloat16*, const float*, const float*, const float*,
+                                         const Conv2dShape&);
+template void winograd_forward<float16>(float16*, const float*, const float*, const float*,
+                                        const Conv2dShape&);
 
 }  // namespace towerlab::cpu

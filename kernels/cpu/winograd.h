@@ -46,8 +46,12 @@ bool winograd_applies(const Conv2dShape& s);
 bool winograd_chosen(const Conv2dShape& s);
 
 // y [N,K,P,Q] = bias + conv2d(x [N,C,H,W], weight [K,C,3,3]): ASSIGNS y. bias [K]
-// may be null.
-void winograd_forward(float* y, const float* x, const float* weight, const float* bias,
+// may be null. Out is float, or bfloat16 or float16 for a 16-bit layer's output:
+// each value rounded once, to nearest even, as the output transform stores it (the
+// bits of the float32 y cast). A float16 Out needs F16C beside AVX2
+// (kernels/cpu/conv2d.cpp asks).
+template <typename Out>
+void winograd_forward(Out* y, const float* x, const float* weight, const float* bias,
                       const Conv2dShape& s);
 
 // grad_x [N,C,H,W] += the input gradient of conv2d for grad_y [N,K,P,Q]: ACCUMULATES,
