@@ -135,8 +135,8 @@ TEST(Conv2dCol2im, VectorPathGivesTheTapByTapBits) {
         ConvCase{"3x5_kernel", 2, 2, 6, 11, 1, 3, 5, make_params(1, 1, 1, 2)},
         ConvCase{"dilation2", 2, 2, 9, 8, 1, 3, 3, make_params(1, 1, 2, 2, 2, 2)},
         // Stride 2 across: the even lanes of a copy of each plane (any Q and H*W up
-        // to 4096); a last group of 6 (Q = 14), 7 (Q = 7) and 1 outputs, 1x1
-        // projections, padding 2, dilation and stride 3 down.
+        // to 4096); a last group of 6 (Q = 14), 7 (Q = 7) and 1 outputs, padding 2,
+        // dilation and stride 3 down, and a 1x1 kernel (the tap-by-tap loop on both).
         ConvCase{"stride2_28x28", 2, 3, 28, 28, 1, 3, 3, make_params(2, 2, 1, 1)},
         ConvCase{"stride2_14x14", 2, 3, 14, 14, 1, 3, 3, make_params(2, 2, 1, 1)},
         ConvCase{"stride2_1x1", 2, 4, 28, 28, 1, 1, 1, make_params(2, 2, 0, 0)},
@@ -594,18 +594,19 @@ TEST(Conv2dWinograd, WeightGradientAloneHasTheSameBits) {
 
 // --- stride 2 across --------------------------------------------------------------
 //
-// With stride_w == 2 on AVX2 and AVX-512, im2col takes eight outputs a vector (the
-// even lanes of two masked loads, padding as zeros) and col2im adds them to the even
-// lanes of a copy of the plane (its bits: Conv2dCol2im above). The forward of a
-// stride-2 layer sums the same terms in the same order as the stride-1 layer's at
-// the outputs (s*p, 2*q) (s the stride down; the GEMM's sums do not depend on the
-// column), so the two must agree bit for bit wherever im2col puts every patch
-// element where the plain loops do; and all three passes meet the reference within
-// a few roundings of their terms' magnitudes, grad_x added onto a sentinel and
-// assigned (onto NaNs, the bits of adding onto zeros), on every ISA. The shapes:
-// ResNet-20's downsampling layers on Fashion-MNIST (Q = 14: a last group overlapping
-// the one before; Q = 7: one partial group) and their 1x1 projections, Q = 22 and
-// 8, a row of one output, padding 2 and 0, dilation, stride 3 down, stride 2
+// With stride_w == 2 on AVX2 and AVX-512, col2im adds eight outputs a vector to the
+// even lanes of a copy of the plane (its bits: Conv2dCol2im above) and the weight
+// gradient of 3x3 layers with K a multiple of 32 is the implicit GEMM (its bits:
+// Conv2dImplicitWeightGrad above). The forward of a stride-2 layer sums the same
+// terms in the same order as the stride-1 layer's at the outputs (s*p, 2*q) (s the
+// stride down; the GEMM's sums do not depend on the column), so the two must agree
+// bit for bit wherever the strided im2col puts every patch element where the
+// stride-1 one does; and all three passes meet the reference within a few roundings
+// of their terms' magnitudes, grad_x added onto a sentinel and assigned (onto NaNs,
+// the bits of adding onto zeros), on every ISA. The shapes: ResNet-20's
+// downsampling layers on Fashion-MNIST (Q = 14 and 7: a group of eight and a last
+// partial one, or one partial group; K = 32 and 64) and their 1x1 projections, Q =
+// 22 and 8, a row of one output, padding 2 and 0, dilation, stride 3 down, stride 2
 // across only.
 std::vector<ConvCase> stride2_cases() {
   return {

@@ -92,50 +92,12 @@ void zero_edge_columns(T* row, std::int64_t first_row, std::int64_t last_row, st
 }
 
 #if TL_CPU_X86
-// Stride 2 across (stride_w == 2, ResNet's downsampling layers and their 1x1
-// projections): output column oq of kernel column kq reads input column 2*oq + offset,
-// offset = kq*dilation_w - pad_w, so eight outputs are the even lanes of sixteen
-// consecutive columns. The pixel-by-pixel loops below, with a library call or two a
-// row for the padding, took as long as the GEMM on these layers.
-
-// The lanes l of eight whose column x + l lies in [0, W).
-__attribute__((target("avx2"))) inline __m256i columns_inside(std::int64_t x, std::int64_t W) {
-  return _mm256_andnot_si256(first_lanes8(-x), first_lanes8(W - x));
-}
-
-// out[oq] = in[2*oq + offset] for the eight outputs from oq, zero for a column
-// outside [0, W) (`in` is an input row; its columns outside are never read).
-__attribute__((target("avx2"))) inline __m256 stride2_group(const float* in, std::int64_t oq,
-                                                            std::int64_t offset, std::int64_t W) {
-  const std::int64_t x = 2 * oq + offset;
-  const __m256 a = _mm256_maskload_ps(in + x, columns_inside(x, W));
-  const __m256 b = _mm256_maskload_ps(in + x + 8, columns_inside(x + 8, W));
-  return even_lanes(a, b);
-}
-
-// im2col's rows of kernel tap (r, kq) of one channel, plane [H,W], when stride_w is
-// 2: row [P,Q], eight outputs a vector (a row of Q >= 8 as groups of eight, the last
-// one overlapping the one before it, a shorter row by a partial store).
-__attribute__((target("avx2"))) void im2col_stride2_avx2(float* row, const float* plane,
-                                                         const Conv2dShape& s, std::int64_t r,
-                                                         std::int64_t kq) {
-  const Conv2dParams& p = s.params;
-  const std::int64_t offset = kq * p.dilation_w - p.pad_w;
-  for (std::int64_t op = 0; op < s.P; ++op) {
-    const std::int64_t h = op * p.stride_h - p.pad_h + r * p.dilation_h;
-    const bool inside = h >= 0 && h < s.H;
-    const float* in = plane + (inside ? h : 0) * s.W;
-    float* out = row + op * s.Q;
-    if (s.Q < 8) {
-      store_first_lanes(out, inside ? stride2_group(in, 0, offset, s.W) : _mm256_setzero_ps(), s.Q);
-      continue;
-    }
-    for (std::int64_t next = 0; next < s.Q; next += 8) {
-      const std::int64_t oq = std::min(next, s.Q - 8);
-      _mm256_storeu_ps(out + oq, inside ? stride2_group(in, oq, offset, s.W) : _mm256_setzero_ps());
-    }
-  }
-}
+// col2im with stride 2 across (stride_w == 2, ResNet's downsampling layers): output
+// column oq of kernel column kq lands on input column 2*oq + offset, offset =
+// kq*dilation_w - pad_w, so eight outputs go to the even lanes of sixteen consecutive
+// columns. The pixel-by-pixel loop below, a load, an add and a store a pixel, took
+// about as long as the GEMM of these layers' input gradient. (im2col's strided copy
+// in vectors measured no faster: its stores bound it.)
 
 // col2im_stride2_avx2's copy of a plane: up to this many pixels, with room for the
 // windows that run past its last row.
@@ -208,14 +170,6 @@ void im2col(T* col, const T* x, const Conv2dShape& s) {
     for (std::int64_t r = 0; r < s.R; ++r) {
       for (std::int64_t kq = 0; kq < s.S; ++kq) {
         T* row = col + ((c * s.R + r) * s.S + kq) * s.P * s.Q;
-#if TL_CPU_X86
-        if constexpr (std::is_same_v<T, float>) {
-          if (p.stride_w == 2 && avx2_selected()) {
-            im2col_stride2_avx2(row, x + c * s.H * s.W, s, r, kq);
-            continue;
-          }
-        }
-#endif
         const auto [first, last] = valid_columns(s, kq);
         if (flat_runs(s)) {
           const auto [first_row, last_row, shift] = flat_run(s, r, kq);
@@ -350,7 +304,10 @@ void col2im_add(T* x, T* col, const Conv2dShape& s, bool assign) {
       }
       return;
     }
-    if (p.stride_w == 2 && s.H * s.W <= kStride2Plane && avx2_selected()) {
+    // Only where the taps add at least as many values as the plane's copy moves (not
+    // a 1x1 kernel, whose taps reach a quarter of the pixels).
+    if (p.stride_w == 2 && s.H * s.W <= kStride2Plane && s.R * s.S * s.P * s.Q >= s.H * s.W &&
+        avx2_selected()) {
       for (std::int64_t c = 0; c < s.C; ++c) {
         col2im_stride2_avx2(x + c * s.H * s.W, col + c * s.R * s.S * s.P * s.Q, s, assign);
       }
