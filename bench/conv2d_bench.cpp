@@ -1,8 +1,10 @@
 // conv2d forward, backward-data and backward-weight (and on the CPU both gradients
 // in one call) on the FashionNet layers (conv 1->32 and 32->64, 3x3, padding 1, on
 // 28x28 and 14x14), ResNet-20's three stride-1 layers (16, 32 and 64 channels on
-// 32x32, 16x16 and 8x8) and 3x3 layers of 64-256 channels at 56x56 / 28x28, counted in
-// FLOP/s (2*N*K*P*Q*C*R*S per pass).
+// 32x32, 16x16 and 8x8), ResNet-20 on Fashion-MNIST as one of two CPU towers trains
+// it (batch 64: 16 channels at 28x28, 32 at 14x14, 64 at 7x7, the stride-2 3x3 layers
+// and 1x1 projections between the stages) and 3x3 layers of 64-256 channels at
+// 56x56 / 28x28, counted in FLOP/s (2*N*K*P*Q*C*R*S per pass).
 //
 // References, measured in the same run:
 //   CUDA: cuDNN (when TOWERLAB_HAVE_CUDNN) with the fastest algorithm cudnnFind*
@@ -57,8 +59,15 @@ namespace {
 
 struct Layer {
   const char* name;
-  std::int64_t N, C, H, W, K;  // 3x3 kernel, stride 1, padding 1
-  bool on_cpu;                 // small enough to time on the 2-core machines
+  std::int64_t N, C, H, W, K;
+  bool on_cpu;              // small enough to time on the 2-core machines
+  std::int64_t R = 3;       // an R x R kernel (3 or 1), padding R / 2
+  std::int64_t stride = 1;  // both ways
+
+  std::int64_t pad() const { return R / 2; }
+  std::int64_t P() const { return (H + 2 * pad() - R) / stride + 1; }
+  std::int64_t Q() const { return (W + 2 * pad() - R) / stride + 1; }
+  Conv2dParams params() const { return {stride, stride, pad(), pad(), 1, 1}; }
 };
 
 const Layer kLayers[] = {
@@ -73,6 +82,13 @@ const Layer kLayers[] = {
     {"resnet16_b128", 128, 16, 32, 32, 16, false},  // ResNet-20's three stages
     {"resnet32_b128", 128, 32, 16, 16, 32, false},
     {"resnet64_b128", 128, 64, 8, 8, 64, false},
+    {"resnet20_16_b64", 64, 16, 28, 28, 16, true},  // Fashion-MNIST, one of two CPU towers
+    {"resnet20_32_b64", 64, 32, 14, 14, 32, true},
+    {"resnet20_64_b64", 64, 64, 7, 7, 64, true},
+    {"resnet20_16to32_s2_b64", 64, 16, 28, 28, 32, true, 3, 2},
+    {"resnet20_16to32_1x1s2_b64", 64, 16, 28, 28, 32, true, 1, 2},
+    {"resnet20_32to64_s2_b64", 64, 32, 14, 14, 64, true, 3, 2},
+    {"resnet20_32to64_1x1s2_b64", 64, 32, 14, 14, 64, true, 1, 2},
     {"c64_56x56_b32", 32, 64, 56, 56, 64, true},
     {"c128_28x28_b32", 32, 128, 28, 28, 128, false},
     {"c256_28x28_b64", 64, 256, 28, 28, 256, false},
@@ -95,11 +111,9 @@ const char* pass_name(Pass pass) {
   return "?";
 }
 
-const Conv2dParams kParams{1, 1, 1, 1, 1, 1};
-
 double flops(const Layer& l, Pass pass) {
-  return (pass == Pass::Backward ? 2 : 1) * 2.0 * l.N * l.K * l.H * l.W * l.C * 9;
-}  // P = H, Q = W
+  return (pass == Pass::Backward ? 2 : 1) * 2.0 * l.N * l.K * l.P() * l.Q() * l.C * l.R * l.R;
+}
 
 // x, weight and grad_y in `inputs` (drawn in float32, then rounded), y and the
 // gradients in `outputs`.
@@ -108,11 +122,11 @@ struct Operands {
   Operands(const Layer& l, const Stream& stream, DType inputs = DType::Float32,
            DType outputs = DType::Float32)
       : x(Tensor::empty({l.N, l.C, l.H, l.W}, stream)),
-        weight(Tensor::empty({l.K, l.C, 3, 3}, stream)),
-        y(Tensor::zeros({l.N, l.K, l.H, l.W}, stream, outputs)),
-        grad_y(Tensor::empty({l.N, l.K, l.H, l.W}, stream)),
+        weight(Tensor::empty({l.K, l.C, l.R, l.R}, stream)),
+        y(Tensor::zeros({l.N, l.K, l.P(), l.Q()}, stream, outputs)),
+        grad_y(Tensor::empty({l.N, l.K, l.P(), l.Q()}, stream)),
         grad_x(Tensor::zeros({l.N, l.C, l.H, l.W}, stream, outputs)),
-        grad_weight(Tensor::zeros({l.K, l.C, 3, 3}, stream, outputs)) {
+        grad_weight(Tensor::zeros({l.K, l.C, l.R, l.R}, stream, outputs)) {
     random_uniform(x, 1, 0, -1.0f, 1.0f, stream);
     random_uniform(weight, 2, 0, -0.1f, 0.1f, stream);
     random_uniform(grad_y, 3, 0, -1.0f, 1.0f, stream);
@@ -124,7 +138,8 @@ struct Operands {
   }
 };
 
-void run_towerlab(Pass pass, const Operands& o, const Stream& stream) {
+void run_towerlab(Pass pass, const Layer& l, const Operands& o, const Stream& stream) {
+  const Conv2dParams kParams = l.params();
   switch (pass) {
     case Pass::Forward:
       conv2d_forward(o.y, o.x, o.weight, Tensor(), kParams, stream);
@@ -154,7 +169,7 @@ void BM_Towerlab(benchmark::State& state, Device device, Pass pass, Layer l, DTy
   }
   Stream stream(device);
   Operands o(l, stream, inputs);
-  bench::time_calls(state, stream, [&] { run_towerlab(pass, o, stream); });
+  bench::time_calls(state, stream, [&] { run_towerlab(pass, l, o, stream); });
   set_counters(state, l, pass);
 }
 
@@ -177,7 +192,7 @@ void BM_CpuAlgorithm(benchmark::State& state, Pass pass, Layer l, cpu::Conv2dAlg
   set_num_threads(static_cast<int>(state.range(0)));
   Stream stream(Device::cpu());
   Operands o(l, stream);
-  bench::time_calls(state, stream, [&] { run_towerlab(pass, o, stream); });
+  bench::time_calls(state, stream, [&] { run_towerlab(pass, l, o, stream); });
   set_counters(state, l, pass);
   set_num_threads(saved_threads);
 }
@@ -237,10 +252,12 @@ struct CudnnLayer {
     const auto i = [](std::int64_t v) { return static_cast<int>(v); };
     CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_desc, CUDNN_TENSOR_NCHW, data, i(l.N), i(l.C), i(l.H),
                                            i(l.W)));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_desc, CUDNN_TENSOR_NCHW, data, i(l.N), i(l.K), i(l.H),
-                                           i(l.W)));
-    CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_desc, data, CUDNN_TENSOR_NCHW, i(l.K), i(l.C), 3, 3));
-    CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, 1, 1, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION,
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_desc, CUDNN_TENSOR_NCHW, data, i(l.N), i(l.K),
+                                           i(l.P()), i(l.Q())));
+    CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_desc, data, CUDNN_TENSOR_NCHW, i(l.K), i(l.C), i(l.R),
+                                           i(l.R)));
+    CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, i(l.pad()), i(l.pad()), i(l.stride),
+                                                i(l.stride), 1, 1, CUDNN_CROSS_CORRELATION,
                                                 CUDNN_DATA_FLOAT));
     CUDNN_CHECK(cudnnSetConvolutionMathType(conv, bf16 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
   }
@@ -382,8 +399,10 @@ const bool registered = [] {
                                      DType::Float32)
             ->UseRealTime()
             ->Unit(benchmark::kMillisecond);
+        const bool winograd_applies = l.R == 3 && l.stride == 1;
         for (auto [name, algorithm] : {std::pair{"cpu_im2col", cpu::Conv2dAlgorithm::Im2col},
                                        std::pair{"cpu_winograd", cpu::Conv2dAlgorithm::Winograd}}) {
+          if (algorithm == cpu::Conv2dAlgorithm::Winograd && !winograd_applies) continue;
           benchmark::RegisterBenchmark((base + name).c_str(), BM_CpuAlgorithm, pass, l, algorithm)
               ->ArgName("threads")
               ->Arg(1)
@@ -392,7 +411,7 @@ const bool registered = [] {
               ->Unit(benchmark::kMillisecond);
         }
 #if TOWERLAB_HAVE_CBLAS
-        if (pass == Pass::Forward) {
+        if (pass == Pass::Forward && winograd_applies) {  // im2col_3x3's shapes
           benchmark::RegisterBenchmark((base + "cpu_openblas_im2col").c_str(), BM_OpenBlasForward,
                                        l)
               ->UseRealTime()

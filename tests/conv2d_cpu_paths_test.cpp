@@ -12,6 +12,7 @@
 #include <string>
 
 #include "conv2d_case.h"
+#include "cpu_isa.h"
 #include "kernels/conv2d.h"
 #include "kernels/cpu/conv2d.h"
 #include "kernels/cpu/conv2d_implicit.h"
@@ -115,9 +116,10 @@ TEST(Conv2dDirect, SameBitsForAnyThreadCount) {
 
 // --- col2im's vector path ---------------------------------------------------------
 //
-// With unit strides and Q == W, col2im sums each input pixel's taps eight pixels at
-// a time (AVX2, whenever the GEMM runs AVX2 or AVX-512) instead of tap by tap over
-// the plane; each pixel must still add its taps in the same order. With one output
+// With unit strides and Q == W, or with stride 2 across, col2im sums each input
+// pixel's taps eight pixels at a time (AVX2, whenever the GEMM runs AVX2 or AVX-512)
+// instead of tap by tap over the plane; each pixel must still add its taps in the
+// same order. With one output
 // channel every element of the patch gradient is a single product, the same bits on
 // every GEMM, so the input gradients of the portable build (the tap-by-tap loop)
 // and of the vector path must agree bit for bit, added onto a random grad_x (the
@@ -131,7 +133,16 @@ TEST(Conv2dCol2im, VectorPathGivesTheTapByTapBits) {
         ConvCase{"1x1_plane", 2, 2, 1, 1, 1, 3, 3, make_params(1, 1, 1, 1)},
         ConvCase{"9x22", 1, 2, 9, 22, 1, 3, 3, make_params(1, 1, 1, 1)},
         ConvCase{"3x5_kernel", 2, 2, 6, 11, 1, 3, 5, make_params(1, 1, 1, 2)},
-        ConvCase{"dilation2", 2, 2, 9, 8, 1, 3, 3, make_params(1, 1, 2, 2, 2, 2)}}) {
+        ConvCase{"dilation2", 2, 2, 9, 8, 1, 3, 3, make_params(1, 1, 2, 2, 2, 2)},
+        // Stride 2 across: the even lanes of a copy of each plane (any Q and H*W up
+        // to 4096); a last group of 6 (Q = 14), 7 (Q = 7) and 1 outputs, padding 2,
+        // dilation and stride 3 down, and a 1x1 kernel (the tap-by-tap loop on both).
+        ConvCase{"stride2_28x28", 2, 3, 28, 28, 1, 3, 3, make_params(2, 2, 1, 1)},
+        ConvCase{"stride2_14x14", 2, 3, 14, 14, 1, 3, 3, make_params(2, 2, 1, 1)},
+        ConvCase{"stride2_1x1", 2, 4, 28, 28, 1, 1, 1, make_params(2, 2, 0, 0)},
+        ConvCase{"stride2_W41_pad2", 1, 2, 9, 41, 1, 3, 3, make_params(2, 2, 2, 2)},
+        ConvCase{"stride3x2_dilation2", 2, 2, 13, 17, 1, 3, 3, make_params(3, 2, 1, 2, 2, 2)},
+        ConvCase{"stride2_W1", 2, 2, 5, 1, 1, 3, 3, make_params(2, 2, 1, 1)}}) {
     SCOPED_TRACE(k.name);
     const auto gyv = random_values(std::size_t(numel_of(k.y_shape())), 1301);
     const auto wv = random_values(std::size_t(numel_of(k.w_shape())), 1302);
@@ -159,8 +170,8 @@ TEST(Conv2dCol2im, VectorPathGivesTheTapByTapBits) {
 
 // --- the implicit weight gradient --------------------------------------------------
 //
-// On AVX2 and AVX-512, the weight gradient of a 3x3 stride-1 convolution with K a
-// multiple of 32 broadcasts the patches from the padded image instead of im2col +
+// On AVX2 and AVX-512, the weight gradient of a 3x3 convolution of stride 1 or 2 with
+// K a multiple of 32 broadcasts the patches from the padded image instead of im2col +
 // GEMM; each ISA's kernel must give the bits of im2col (here by plain loops) and that
 // ISA's GEMM: padded and not, one block of the GEMM's inner dimension and several
 // (784 pixels), a 1x1 output, assigned (an image group's first image) and added onto
@@ -174,7 +185,8 @@ std::vector<float> patch_matrix(const std::vector<float>& x, const Conv2dShape& 
       for (std::int64_t t = 0; t < 3; ++t) {
         for (std::int64_t h = 0; h < s.P; ++h) {
           for (std::int64_t w = 0; w < s.Q; ++w) {
-            const std::int64_t ih = h + r - s.params.pad_h, iw = w + t - s.params.pad_w;
+            const std::int64_t ih = h * s.params.stride_h + r - s.params.pad_h;
+            const std::int64_t iw = w * s.params.stride_w + t - s.params.pad_w;
             const bool inside = ih >= 0 && ih < s.H && iw >= 0 && iw < s.W;
             col[std::size_t(((c * 9 + r * 3 + t) * s.P + h) * s.Q + w)] =
                 inside ? x[std::size_t((c * s.H + ih) * s.W + iw)] : 0.0f;
@@ -198,7 +210,15 @@ TEST(Conv2dImplicitWeightGrad, GivesTheGemmBits) {
           ConvCase{"28x28_K32", 1, 2, 28, 28, 32, 3, 3, make_params(1, 1, 1, 1)},
           ConvCase{"pad0_5x9_K96", 1, 3, 5, 9, 96, 3, 3, make_params(1, 1, 0, 0)},
           ConvCase{"pad1x0_K32", 1, 2, 6, 11, 32, 3, 3, make_params(1, 1, 1, 0)},
-          ConvCase{"1x1_output", 1, 3, 3, 3, 32, 3, 3, make_params(1, 1, 0, 0)}}) {
+          ConvCase{"1x1_output", 1, 3, 3, 3, 32, 3, 3, make_params(1, 1, 0, 0)},
+          // Stride 2: ResNet-20's downsampling layers on Fashion-MNIST (784 pixels in,
+          // one block of the GEMM's inner dimension out), an odd width without
+          // padding, and stride 2 one way only.
+          ConvCase{"stride2_28x28_K32", 1, 16, 28, 28, 32, 3, 3, make_params(2, 2, 1, 1)},
+          ConvCase{"stride2_14x14_K64", 1, 5, 14, 14, 64, 3, 3, make_params(2, 2, 1, 1)},
+          ConvCase{"stride2_pad0_9x13_K32", 1, 3, 9, 13, 32, 3, 3, make_params(2, 2, 0, 0)},
+          ConvCase{"stride2x1_K32", 1, 2, 9, 8, 32, 3, 3, make_params(2, 1, 1, 0)},
+          ConvCase{"stride1x2_K32", 1, 2, 8, 9, 32, 3, 3, make_params(1, 2, 0, 1)}}) {
       SCOPED_TRACE(k.name + (isa == GemmIsa::Avx2 ? " on AVX2" : " on AVX-512"));
       const Shape ys = k.y_shape();
       const Conv2dShape s{1, k.C, k.H, k.W, k.K, 3, 3, ys[2], ys[3], k.params};
@@ -231,21 +251,25 @@ TEST(Conv2dImplicitWeightGrad, GivesTheGemmBits) {
 TEST(Conv2dImplicitWeightGrad, Avx512GivesTheAvx2Bits) {
   if (!gemm_isa_supported(GemmIsa::Avx512)) GTEST_SKIP() << "this CPU has no AVX-512";
   const RestoreGemmIsa restore;
-  const ConvCase k{"C32_K64_14x14", 3, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)};
-  const auto xv = random_values(std::size_t(numel_of(k.x_shape())), 1511);
-  const auto wv = random_values(std::size_t(numel_of(k.w_shape())), 1512);
-  const auto gyv = random_values(std::size_t(numel_of(k.y_shape())), 1513);
-  auto grad_weight = [&](GemmIsa isa) {
-    set_gemm_isa(isa);
-    Tensor gw = Tensor::zeros(k.w_shape(), cpu());
-    conv2d_backward(Tensor(), gw, Tensor(), Tensor::from_host<float>(gyv, k.y_shape(), cpu()),
-                    Tensor::from_host<float>(xv, k.x_shape(), cpu()),
-                    Tensor::from_host<float>(wv, k.w_shape(), cpu()), k.params, cpu());
-    return gw.to_host<float>(cpu());
-  };
-  const std::vector<float> avx2 = grad_weight(GemmIsa::Avx2);
-  const std::vector<float> avx512 = grad_weight(GemmIsa::Avx512);
-  EXPECT_EQ(std::memcmp(avx2.data(), avx512.data(), avx2.size() * sizeof(float)), 0);
+  for (const ConvCase& k :
+       {ConvCase{"C32_K64_14x14", 3, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)},
+        ConvCase{"C16_K32_28x28_stride2", 3, 16, 28, 28, 32, 3, 3, make_params(2, 2, 1, 1)}}) {
+    SCOPED_TRACE(k.name);
+    const auto xv = random_values(std::size_t(numel_of(k.x_shape())), 1511);
+    const auto wv = random_values(std::size_t(numel_of(k.w_shape())), 1512);
+    const auto gyv = random_values(std::size_t(numel_of(k.y_shape())), 1513);
+    auto grad_weight = [&](GemmIsa isa) {
+      set_gemm_isa(isa);
+      Tensor gw = Tensor::zeros(k.w_shape(), cpu());
+      conv2d_backward(Tensor(), gw, Tensor(), Tensor::from_host<float>(gyv, k.y_shape(), cpu()),
+                      Tensor::from_host<float>(xv, k.x_shape(), cpu()),
+                      Tensor::from_host<float>(wv, k.w_shape(), cpu()), k.params, cpu());
+      return gw.to_host<float>(cpu());
+    };
+    const std::vector<float> avx2 = grad_weight(GemmIsa::Avx2);
+    const std::vector<float> avx512 = grad_weight(GemmIsa::Avx512);
+    EXPECT_EQ(std::memcmp(avx2.data(), avx512.data(), avx2.size() * sizeof(float)), 0);
+  }
 }
 
 // --- the CPU backward's image groups -------------------------------------------
@@ -566,6 +590,153 @@ TEST(Conv2dWinograd, WeightGradientAloneHasTheSameBits) {
   const std::vector<float> alone = grad_w.to_host<float>(cpu());
   EXPECT_LE(worst_error(alone, c.grad_w, c.grad_w_scale), kWinogradTolerance);
   EXPECT_EQ(alone, c.run(cpu::Conv2dAlgorithm::Winograd).grad_w);
+}
+
+// --- stride 2 across --------------------------------------------------------------
+//
+// With stride_w == 2 on AVX2 and AVX-512, col2im adds eight outputs a vector to the
+// even lanes of a copy of the plane (its bits: Conv2dCol2im above) and the weight
+// gradient of 3x3 layers with K a multiple of 32 is the implicit GEMM (its bits:
+// Conv2dImplicitWeightGrad above). The forward of a stride-2 layer sums the same
+// terms in the same order as the stride-1 layer's at the outputs (s*p, 2*q) (s the
+// stride down; the GEMM's sums do not depend on the column), so the two must agree
+// bit for bit wherever the strided im2col puts every patch element where the
+// stride-1 one does; and all three passes meet the reference within a few roundings
+// of their terms' magnitudes, grad_x added onto a sentinel and assigned (onto NaNs,
+// the bits of adding onto zeros), on every ISA. The shapes: ResNet-20's
+// downsampling layers on Fashion-MNIST (Q = 14 and 7: a group of eight and a last
+// partial one, or one partial group; K = 32 and 64) and their 1x1 projections, Q =
+// 22 and 8, a row of one output, padding 2 and 0, dilation, stride 3 down, stride 2
+// across only.
+std::vector<ConvCase> stride2_cases() {
+  return {
+      {"resnet_16to32", 2, 16, 28, 28, 32, 3, 3, make_params(2, 2, 1, 1)},
+      {"resnet_32to64", 2, 32, 14, 14, 64, 3, 3, make_params(2, 2, 1, 1), false},
+      {"resnet_1x1_16to32", 2, 16, 28, 28, 32, 1, 1, make_params(2, 2, 0, 0), false},
+      {"W41_pad2", 1, 3, 9, 41, 5, 3, 3, make_params(2, 2, 2, 2)},
+      {"Q8_odd_H", 3, 2, 7, 16, 3, 3, 3, make_params(2, 2, 1, 1)},
+      {"W1", 2, 2, 5, 1, 3, 3, 3, make_params(2, 2, 1, 1)},
+      {"1x1_pad1", 2, 3, 6, 5, 4, 1, 1, make_params(2, 2, 1, 1)},
+      {"stride3x2_dilation2", 2, 3, 13, 17, 4, 3, 3, make_params(3, 2, 1, 2, 2, 2)},
+      {"stride1x2_3x5", 2, 2, 9, 7, 3, 3, 5, make_params(1, 2, 0, 2)},
+  };
+}
+
+// im2col + GEMM rounds each result a few times over its terms' magnitudes (under
+// 4 u in the Winograd cases above): "a few float32 roundings" (kernels/conv2d.h).
+constexpr double kIm2colTolerance = 8.0 / (1 << 24);
+
+// The flat indices (image 0, channel 0) of an input pixel and of an output that
+// reads it: the controls' values 1% off.
+struct ReadPixel {
+  std::size_t x, y;
+};
+ReadPixel read_pixel(const ConvCase& k) {
+  const Conv2dParams& p = k.params;
+  const Shape ys = k.y_shape();
+  for (std::int64_t op = 0; op < ys[2]; ++op) {
+    for (std::int64_t oq = 0; oq < ys[3]; ++oq) {
+      for (std::int64_t r = 0; r < k.R; ++r) {
+        for (std::int64_t t = 0; t < k.S; ++t) {
+          const std::int64_t h = op * p.stride_h - p.pad_h + r * p.dilation_h;
+          const std::int64_t w = oq * p.stride_w - p.pad_w + t * p.dilation_w;
+          if (h >= 0 && h < k.H && w >= 0 && w < k.W) {
+            return {std::size_t(h * k.W + w), std::size_t(op * ys[3] + oq)};
+          }
+        }
+      }
+    }
+  }
+  ADD_FAILURE() << k.name << ": no output reads an input pixel";
+  return {0, 0};
+}
+
+TEST(Conv2dStride2, ForwardIsTheStride1ForwardSubsampled) {
+  unsigned seed = 1400;
+  for (const ConvCase& k : stride2_cases()) {
+    SCOPED_TRACE(k.name);
+    ConvCase dense = k;
+    dense.params.stride_h = dense.params.stride_w = 1;
+    const auto xv = random_values(std::size_t(numel_of(k.x_shape())), ++seed);
+    const auto wv = random_values(std::size_t(numel_of(k.w_shape())), ++seed);
+    const auto bv = random_values(std::size_t(k.K), ++seed);
+    auto forward = [&](const ConvCase& c, const std::vector<float>& x) {
+      // im2col at stride 1 too (Auto would take Winograd for 16 channels or more).
+      const cpu::ScopedConv2dAlgorithm im2col(cpu::Conv2dAlgorithm::Im2col);
+      Tensor y = Tensor::empty(c.y_shape(), cpu());
+      conv2d_forward(y, Tensor::from_host<float>(x, c.x_shape(), cpu()),
+                     Tensor::from_host<float>(wv, c.w_shape(), cpu()),
+                     c.bias ? Tensor::from_host<float>(bv, {c.K}, cpu()) : Tensor(), c.params,
+                     cpu());
+      return y.to_host<float>(cpu());
+    };
+    // y's outputs (s*p, 2*q) of the stride-1 layer, in y's order.
+    auto subsampled = [&](const std::vector<float>& full) {
+      const Shape ys = k.y_shape(), fs = dense.y_shape();
+      std::vector<float> out;
+      for (std::int64_t nk = 0; nk < ys[0] * ys[1]; ++nk) {
+        for (std::int64_t p = 0; p < ys[2]; ++p) {
+          for (std::int64_t q = 0; q < ys[3]; ++q) {
+            const std::int64_t h = p * k.params.stride_h, w = q * k.params.stride_w;
+            out.push_back(full[std::size_t((nk * fs[2] + h) * fs[3] + w)]);
+          }
+        }
+      }
+      return out;
+    };
+    for_each_cpu_isa(Device::cpu(), [&](const std::string& where) {
+      SCOPED_TRACE(where);
+      const std::vector<float> want = subsampled(forward(dense, xv));
+      EXPECT_EQ(bits(forward(k, xv)), bits(want));
+      // Control: one input value that an output reads 1% off changes bits the
+      // comparison sees.
+      std::vector<float> nudged = xv;
+      nudged[read_pixel(k).x] *= 1.01f;
+      EXPECT_NE(bits(forward(k, nudged)), bits(want)) << "control";
+    });
+  }
+}
+
+TEST(Conv2dStride2, MatchesReferenceWithinTheTermMagnitudes) {
+  unsigned seed = 1500;
+  for (const ConvCase& k : stride2_cases()) {
+    SCOPED_TRACE(k.name);
+    const WinogradCase c(k, seed += 10);
+    WinogradCase wrong_x = c, wrong_g = c;  // the controls: one value 1% off
+    wrong_x.xv[read_pixel(k).x] *= 1.01f;
+    wrong_g.gv[read_pixel(k).y] *= 1.01f;
+    for_each_cpu_isa(Device::cpu(), [&](const std::string& where) {
+      SCOPED_TRACE(where);
+      const ConvOutputs got = c.run(cpu::Conv2dAlgorithm::Auto);
+      EXPECT_LE(worst_error(got.y, c.y, c.y_scale), kIm2colTolerance) << "y";
+      EXPECT_LE(worst_error(got.grad_x, c.grad_x, c.grad_x_scale), kIm2colTolerance) << "grad_x";
+      EXPECT_LE(worst_error(got.grad_w, c.grad_w, c.grad_w_scale), kIm2colTolerance)
+          << "grad_weight";
+      const ConvOutputs off_x = wrong_x.run(cpu::Conv2dAlgorithm::Auto);
+      const ConvOutputs off_g = wrong_g.run(cpu::Conv2dAlgorithm::Auto);
+      EXPECT_GT(worst_error(off_x.y, c.y, c.y_scale), kIm2colTolerance) << "control: y";
+      EXPECT_GT(worst_error(off_g.grad_x, c.grad_x, c.grad_x_scale), kIm2colTolerance)
+          << "control: grad_x";
+      EXPECT_GT(worst_error(off_x.grad_w, c.grad_w, c.grad_w_scale), kIm2colTolerance)
+          << "control: grad_weight";
+
+      // grad_x assigned onto NaNs: the bits of adding onto zeros, every pixel written
+      // (stride 2 with a 1x1 kernel leaves three in four that no tap reaches: zeros).
+      auto put = [](const std::vector<float>& v, const Shape& shape) {
+        return Tensor::from_host<float>(v, shape, cpu());
+      };
+      const auto n = std::size_t(numel_of(k.x_shape()));
+      Tensor onto_zeros = put(std::vector<float>(n, 0.0f), k.x_shape());
+      Tensor assigned = put(std::vector<float>(n, std::nanf("")), k.x_shape());
+      for (auto [grad_x, write] : {std::pair{&onto_zeros, GradWrite::Accumulate},
+                                   std::pair{&assigned, GradWrite::Assign}}) {
+        conv2d_backward(*grad_x, Tensor(), Tensor(), put(c.gv, k.y_shape()), put(c.xv, k.x_shape()),
+                        put(c.wv, k.w_shape()), k.params, cpu(), write);
+      }
+      EXPECT_EQ(bits(assigned.to_host<float>(cpu())), bits(onto_zeros.to_host<float>(cpu())))
+          << "assigned grad_x";
+    });
+  }
 }
 
 }  // namespace

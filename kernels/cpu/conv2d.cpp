@@ -10,7 +10,7 @@
 //   backward-data    grad_col     = weightᵀ · grad_y[n]         [CRS,P*Q], then col2im adds
 //                    each patch element back onto the input pixel it came from.
 // A 1x1 kernel with stride 1 and no padding needs no lowering: col is x[n] itself.
-// On AVX2 and AVX-512, the weight gradient of 3x3 stride-1 layers skips col altogether
+// On AVX2 and AVX-512, the weight gradient of 3x3 layers with stride 1 or 2 skips col altogether
 // (kernels/cpu/conv2d_implicit.h), with the same sums in the same order.
 //
 // Where Winograd F(2x2,3x3) is chosen (kernels/cpu/winograd.h: 3x3, stride 1, at
@@ -97,6 +97,76 @@ void zero_edge_columns(T* row, std::int64_t first_row, std::int64_t last_row, st
   for (std::int64_t q = 0; q < first; ++q) zero_column(q);
   for (std::int64_t q = last; q < Q; ++q) zero_column(q);
 }
+
+#if TL_CPU_X86
+// col2im with stride 2 across (stride_w == 2, ResNet's downsampling layers): output
+// column oq of kernel column kq lands on input column 2*oq + offset, offset =
+// kq*dilation_w - pad_w, so eight outputs go to the even lanes of sixteen consecutive
+// columns. The pixel-by-pixel loop below, a load, an add and a store a pixel, took
+// about as long as the GEMM of these layers' input gradient. (im2col's strided copy
+// in vectors measured no faster: its stores bound it.)
+
+// col2im_stride2_avx2's copy of a plane: up to this many pixels, with room for the
+// windows that run past its last row.
+constexpr std::int64_t kStride2Plane = 4096;
+constexpr std::int64_t kStride2Slack = 16;
+
+// The plane [H,W] of one channel += its taps' rows of col (`rows`: [R*S, P*Q]) when
+// stride_w is 2, onto zeros when `assign`: tap by tap, row by row, eight outputs a
+// vector, each added to the even lanes of the sixteen columns they land on by a
+// blend that leaves the other lanes' bits as they were. Each pixel adds its taps in
+// the order of the loop in col2im_add: the same bits. The windows run past the row
+// (into the plane's next row, or past its end), so the sums go to a copy of the plane
+// (at most kStride2Plane pixels), written back whole at the end.
+__attribute__((target("avx2"))) void col2im_stride2_avx2(float* plane, const float* rows,
+                                                         const Conv2dShape& s, bool assign) {
+  const Conv2dParams& p = s.params;
+  alignas(32) float copy[kStride2Plane + kStride2Slack];
+  const std::int64_t pixels = s.H * s.W;
+  if (assign) {
+    std::fill(copy, copy + pixels, 0.0f);
+  } else {
+    std::copy(plane, plane + pixels, copy);
+  }
+  std::fill(copy + pixels, copy + pixels + kStride2Slack, 0.0f);  // read and kept, never used
+  // Lane 2i of the window takes output i of the group (i < 4: the first eight
+  // columns, else the second): the lanes of the group's first `count` outputs.
+  const __m256i half = _mm256_setr_epi32(0, 8, 1, 8, 2, 8, 3, 8);  // 8: an odd lane, never
+  const __m256i second = _mm256_add_epi32(half, _mm256_setr_epi32(4, 0, 4, 0, 4, 0, 4, 0));
+  const __m256 zero = _mm256_setzero_ps();
+  for (std::int64_t r = 0; r < s.R; ++r) {
+    for (std::int64_t kq = 0; kq < s.S; ++kq) {
+      const float* row = rows + (r * s.S + kq) * s.P * s.Q;  // [P,Q]
+      const auto [first, last] = valid_columns(s, kq);
+      const std::int64_t offset = kq * p.dilation_w - p.pad_w;
+      for (std::int64_t op = 0; op < s.P; ++op) {
+        const std::int64_t h = op * p.stride_h - p.pad_h + r * p.dilation_h;
+        if (h < 0 || h >= s.H) continue;
+        const float* in = row + op * s.Q;
+        for (std::int64_t oq = first; oq < last; oq += 8) {
+          const std::int64_t count = std::min<std::int64_t>(8, last - oq);
+          const __m256 v = count == 8 ? _mm256_loadu_ps(in + oq)
+                                      : _mm256_maskload_ps(in + oq, first_lanes8(count));
+          const __m256 lo = _mm256_unpacklo_ps(v, zero);  // v0 0 v1 0 | v4 0 v5 0
+          const __m256 hi = _mm256_unpackhi_ps(v, zero);  // v2 0 v3 0 | v6 0 v7 0
+          const __m256 spread[2] = {_mm256_permute2f128_ps(lo, hi, 0x20),
+                                    _mm256_permute2f128_ps(lo, hi, 0x31)};
+          const __m256i n = _mm256_set1_epi32(static_cast<int>(count));
+          const __m256 take[2] = {_mm256_castsi256_ps(_mm256_cmpgt_epi32(n, half)),
+                                  _mm256_castsi256_ps(_mm256_cmpgt_epi32(n, second))};
+          float* out = copy + h * s.W + 2 * oq + offset;  // in [0, pixels)
+          for (int i = 0; i < 2; ++i) {
+            const __m256 old = _mm256_loadu_ps(out + 8 * i);
+            _mm256_storeu_ps(out + 8 * i,
+                             _mm256_blendv_ps(old, _mm256_add_ps(old, spread[i]), take[i]));
+          }
+        }
+      }
+    }
+  }
+  std::copy(copy, copy + pixels, plane);
+}
+#endif
 
 // col[(c,r,s), (p,q)] = x[c, h(p,r), w(q,s)], zero where (h, w) falls in the padding.
 template <typename T>
@@ -238,6 +308,15 @@ void col2im_add(T* x, T* col, const Conv2dShape& s, bool assign) {
           }
         }
         col2im_plane_avx2(x + c * s.H * s.W, s.H * s.W, taps, count, assign);
+      }
+      return;
+    }
+    // Only where the taps add at least as many values as the plane's copy moves (not
+    // a 1x1 kernel, whose taps reach a quarter of the pixels).
+    if (p.stride_w == 2 && s.H * s.W <= kStride2Plane && s.R * s.S * s.P * s.Q >= s.H * s.W &&
+        avx2_selected()) {
+      for (std::int64_t c = 0; c < s.C; ++c) {
+        col2im_stride2_avx2(x + c * s.H * s.W, col + c * s.R * s.S * s.P * s.Q, s, assign);
       }
       return;
     }
@@ -508,7 +587,7 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     const bool weight_by_winograd = grad_weight.defined() && !direct && winograd;
     const bool weight_by_gemm = grad_weight.defined() && !direct && !winograd;
     const bool data_by_gemm = grad_x.defined() && !winograd;
-    // The weight gradient of 3x3 stride-1 layers where Winograd is not chosen, on
+    // The weight gradient of 3x3 layers of stride 1 or 2 where Winograd is not chosen, on
     // AVX2 and AVX-512: the implicit GEMM (kernels/cpu/conv2d_implicit.h), the
     // GEMM's bits without im2col.
     const bool implicit =

@@ -1,4 +1,7 @@
 // The implicit-GEMM weight gradient of 3x3 convolutions (kernels/cpu/conv2d_implicit.h).
+// Output pixel (h, w) reads the padded plane from (h*stride_h, w*stride_w) on: the
+// kernels below walk it with those steps, the step across a template parameter (a
+// run-time one slowed the stride-1 kernel: one register too many).
 #include "kernels/cpu/conv2d_implicit.h"
 
 #include <algorithm>
@@ -63,21 +66,23 @@ __attribute__((target("avx2,fma"))) void pad_planes_avx2(float* planes, const fl
 }
 
 // sum[t, 0..31] (t = r*3 + s, rows `ld` apart) = (assign) or += Σ over the pixels
-// [p0, p1) of plane[h + r, w + s] · panel[p, 0..31], each output's products in pixel
-// order, as micro_kernel_avx512 sums a block (then stores alpha * acc, or
-// alpha * acc + beta * C with alpha = beta = 1: the same roundings).
-__attribute__((target("avx512f"))) void taps_by_filters_avx512(const float* plane,
-                                                               std::int64_t cols, std::int64_t Q,
-                                                               const float* panel, std::int64_t p0,
-                                                               std::int64_t p1, float* sum,
-                                                               std::int64_t ld, bool assign) {
+// [p0, p1) of plane[h*stride_h + r, w*kStrideW + s] · panel[p, 0..31] (`row_step` =
+// stride_h * cols), each output's products in pixel order, as micro_kernel_avx512
+// sums a block (then stores alpha * acc, or alpha * acc + beta * C with alpha = beta =
+// 1: the same roundings).
+template <int kStrideW>
+__attribute__((target("avx512f"))) void taps_by_filters_avx512(
+    const float* plane, std::int64_t cols, std::int64_t row_step, std::int64_t Q,
+    const float* panel, std::int64_t p0, std::int64_t p1, float* sum, std::int64_t ld,
+    bool assign) {
   __m512 acc[kTaps][2];
   for (auto& row : acc) row[0] = row[1] = _mm512_setzero_ps();
   std::int64_t h = p0 / Q, w = p0 % Q;
   for (std::int64_t p = p0; p < p1; ++p) {
     const __m512 b0 = _mm512_loadu_ps(panel + p * kFilters);
     const __m512 b1 = _mm512_loadu_ps(panel + p * kFilters + 16);
-    const float* top = plane + h * cols + w;  // the taps' rows: top, top + cols, top + 2*cols
+    // The taps' rows: top, top + cols, top + 2*cols.
+    const float* top = plane + h * row_step + w * kStrideW;
 #pragma GCC unroll 3
     for (int r = 0; r < 3; ++r) {
 #pragma GCC unroll 3
@@ -110,11 +115,12 @@ __attribute__((target("avx512f"))) void taps_by_filters_avx512(const float* plan
 // and 2 loads for 12 multiply-adds, as micro_kernel_avx2's 6 x 16 tile: nine taps of
 // one channel by 8 filters (one broadcast per multiply-add) ran at two thirds of its
 // speed. Row i's patch element at pixel (h, w) lies offset[i] floats past
-// planes[0, h, w]: every channel's padded plane is the same size.
-template <int kRows>
+// planes[0, h*stride_h, w*kStrideW] (`row_step` = stride_h * cols): every channel's
+// padded plane is the same size.
+template <int kRows, int kStrideW>
 __attribute__((target("avx2,fma"))) void rows_by_filters_avx2(const float* planes,
                                                               const std::int64_t* offset,
-                                                              std::int64_t cols, std::int64_t Q,
+                                                              std::int64_t row_step, std::int64_t Q,
                                                               const float* panel, std::int64_t p0,
                                                               std::int64_t p1, float* sum,
                                                               std::int64_t ld, bool assign) {
@@ -122,8 +128,8 @@ __attribute__((target("avx2,fma"))) void rows_by_filters_avx2(const float* plane
 #pragma GCC unroll 6
   for (int i = 0; i < kRows; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
   // `top` walks plane 0 (a pixel index divided into (h, w) cost more than the FMAs).
-  const float* top = planes + (p0 / Q) * cols + p0 % Q;
-  for (std::int64_t p = p0, w = p0 % Q; p < p1; ++p, ++top) {
+  const float* top = planes + (p0 / Q) * row_step + (p0 % Q) * kStrideW;
+  for (std::int64_t p = p0, w = p0 % Q; p < p1; ++p, top += kStrideW) {
     const __m256 b0 = _mm256_loadu_ps(panel + p * kFilters);
     const __m256 b1 = _mm256_loadu_ps(panel + p * kFilters + 8);
 #pragma GCC unroll 6
@@ -134,7 +140,7 @@ __attribute__((target("avx2,fma"))) void rows_by_filters_avx2(const float* plane
     }
     if (++w == Q) {
       w = 0;
-      top += cols - Q;
+      top += row_step - kStrideW * Q;
     }
   }
   const __m256 one = _mm256_set1_ps(1.0f);
@@ -157,9 +163,10 @@ __attribute__((target("avx2,fma"))) void rows_by_filters_avx2(const float* plane
 
 bool implicit_weight_grad_applies(const Conv2dShape& s) {
   const Conv2dParams& p = s.params;
-  return TL_CPU_X86 && avx2_selected() && s.R == 3 && s.S == 3 && p.stride_h == 1 &&
-         p.stride_w == 1 && p.dilation_h == 1 && p.dilation_w == 1 && p.pad_h >= 0 &&
-         p.pad_h <= 1 && p.pad_w >= 0 && p.pad_w <= 1 && s.K % kFilters == 0 && s.P > 0 && s.Q > 0;
+  return TL_CPU_X86 && avx2_selected() && s.R == 3 && s.S == 3 && p.stride_h >= 1 &&
+         p.stride_h <= 2 && p.stride_w >= 1 && p.stride_w <= 2 && p.dilation_h == 1 &&
+         p.dilation_w == 1 && p.pad_h >= 0 && p.pad_h <= 1 && p.pad_w >= 0 && p.pad_w <= 1 &&
+         s.K % kFilters == 0 && s.P > 0 && s.Q > 0;
 }
 
 std::int64_t implicit_weight_grad_scratch(const Conv2dShape& s) {
@@ -175,6 +182,7 @@ void implicit_weight_grad(const float* x, const float* grad_y, float* partial, b
   float* planes = scratch;                                      // [C, rows, cols]
   float* panels = scratch + s.C * z.rows * z.cols + kPadSlack;  // [K/32, P*Q, 32]
   const std::int64_t plane_size = z.rows * z.cols;
+  const std::int64_t row_step = s.params.stride_h * z.cols;  // output row to output row
   const bool avx512 = avx512_selected();  // else AVX2 (implicit_weight_grad_applies)
   if (avx512) {
     pad_planes_avx512(planes, x, s);
@@ -192,9 +200,10 @@ void implicit_weight_grad(const float* x, const float* grad_y, float* partial, b
     if (avx512) {
       for (std::int64_t c = 0; c < s.C; ++c) {
         for (std::int64_t p0 = 0; p0 < pixels; p0 += kGemmKc) {
-          taps_by_filters_avx512(planes + c * plane_size, z.cols, s.Q, panel, p0,
-                                 std::min(pixels, p0 + kGemmKc), sums + c * kTaps * s.K, s.K,
-                                 first && p0 == 0);
+          const auto taps =
+              s.params.stride_w == 1 ? taps_by_filters_avx512<1> : taps_by_filters_avx512<2>;
+          taps(planes + c * plane_size, z.cols, row_step, s.Q, panel, p0,
+               std::min(pixels, p0 + kGemmKc), sums + c * kTaps * s.K, s.K, first && p0 == 0);
         }
       }
       continue;
@@ -213,13 +222,10 @@ void implicit_weight_grad(const float* x, const float* grad_y, float* partial, b
           const std::int64_t p1 = std::min(pixels, p0 + kGemmKc);
           float* out = sums + row * s.K + v;
           const bool assign = first && p0 == 0;
-          if (full) {
-            rows_by_filters_avx2<6>(planes, offset, z.cols, s.Q, panel + v, p0, p1, out, s.K,
-                                    assign);
-          } else {
-            rows_by_filters_avx2<3>(planes, offset, z.cols, s.Q, panel + v, p0, p1, out, s.K,
-                                    assign);
-          }
+          const bool unit = s.params.stride_w == 1;
+          const auto rows = full ? (unit ? rows_by_filters_avx2<6, 1> : rows_by_filters_avx2<6, 2>)
+                                 : (unit ? rows_by_filters_avx2<3, 1> : rows_by_filters_avx2<3, 2>);
+          rows(planes, offset, row_step, s.Q, panel + v, p0, p1, out, s.K, assign);
         }
       }
     }

@@ -1,13 +1,15 @@
-// The weight gradient of a 3x3, stride-1 convolution as an implicit GEMM on
+// The weight gradient of a 3x3 convolution with stride 1 or 2 as an implicit GEMM on
 // AVX-512 and AVX2 (internal: kernels/cpu/conv2d.cpp calls it; contracts in kernels/conv2d.h).
 //
 // im2col + GEMM computes, per image, the partial
 //   sum[(c,r,s), k] (+)= Σ_p col[(c,r,s), p] · grad_y[k, p]      p = (h, w), P*Q of them
 // by first copying every patch into col [C*9, P*Q] and then packing col into the
-// GEMM's panels: two passes over a matrix nine times the image. Here the micro-kernel
-// broadcasts col's elements straight from the zero-padded image instead, since
-// col[(c,r,s), (h,w)] = padded[c, h + r, w + s]: the nine taps of channel c at pixel
-// (h, w) are three runs of three floats in three rows of the padded plane. A tile is
+// GEMM's panels: two passes over a matrix nine times the image (at stride 2, where
+// Winograd never takes the weight gradient, most of its time).
+// Here the micro-kernel broadcasts col's elements straight from the zero-padded image
+// instead, since col[(c,r,s), (h,w)] = padded[c, h*stride_h + r, w*stride_w + s]: the
+// nine taps of channel c at pixel (h, w) are three runs of three floats in three rows
+// of the padded plane. A tile is
 // one channel's nine taps by 32 filters (18 accumulators) on AVX-512; on AVX2, with
 // half the registers, six consecutive rows (c, r, s) by 16 filters (12), as the
 // AVX2 GEMM's 6 x 16 tile. grad_y's rows are packed 32 at a time, once per image,
@@ -25,8 +27,8 @@
 namespace towerlab::cpu {
 
 // Whether the implicit weight gradient runs for this float32 problem: 3x3 kernel,
-// unit stride and dilation, padding 0 or 1, K a multiple of 32, the AVX2 or AVX-512
-// kernels.
+// stride 1 or 2 each way, unit dilation, padding 0 or 1, K a multiple of 32, the
+// AVX2 or AVX-512 kernels.
 bool implicit_weight_grad_applies(const Conv2dShape& s);
 
 // The scratch one image needs, in floats: its padded planes and grad_y's panels.
