@@ -173,16 +173,6 @@ MicroKernel<float> avx2_edge_kernel(std::int64_t rows, std::int64_t cols) {
   return rows <= 4 ? micro_kernel_avx2<4, 2> : micro_kernel_avx2<6, 2>;
 }
 
-// The first `count` (1 to 8) lanes of v to out; nothing is written past them.
-__attribute__((target("avx2,fma"))) inline void store_first(float* out, __m256 v, int count) {
-  if (count == 8) {
-    _mm256_storeu_ps(out, v);
-    return;
-  }
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  _mm256_maskstore_ps(out, _mm256_cmpgt_epi32(_mm256_set1_epi32(count), lane), v);
-}
-
 // Eight consecutive source values as floats: a float's loaded, a bfloat16's
 // widened exactly (its pattern shifted up 16 bits, engine/half.h's widening).
 __attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) {
@@ -198,7 +188,9 @@ __attribute__((target("avx2,fma"))) inline __m256 load8(const bfloat16* p) {
 // rows `ld` apart, each contiguous along k, and zeros for the rest (an edge panel's
 // padding; those rows are not read). Eight k at a time, the rows in groups of eight
 // transposed in registers (a last group of fewer rows padded with zero rows, its
-// columns stored as `Width % 8` floats). Only data moves (a bfloat16 Src widened
+// columns stored as `Width % 8` floats by plain 4-, 2- and 1-lane stores, x86.h's
+// store_first_lanes: AMD's masked store, vmaskmovps, took most of the packing of
+// every A stored [M,K] at MR = 6). Only data moves (a bfloat16 Src widened
 // exactly as it is loaded): the bits are the generic loop's. AVX2 is enough for
 // the AVX-512 kernel's panels too (every AVX-512 CPU has it); the 8 x 8 transpose,
 // not the vector width, is the cost.
@@ -219,7 +211,13 @@ __attribute__((target("avx2,fma"))) void pack_rows_avx2(const Src* src, std::int
         r[i] = i < loaded ? load8(src + (g + i) * ld + p) : _mm256_setzero_ps();
       }
       transpose8x8(r);
-      for (int q = 0; q < 8; ++q) store_first(dst + (p + q) * Width + g, r[q], rows);
+      for (int q = 0; q < 8; ++q) {
+        if (rows == 8) {
+          _mm256_storeu_ps(dst + (p + q) * Width + g, r[q]);
+        } else {
+          store_first_lanes(dst + (p + q) * Width + g, r[q], rows);
+        }
+      }
     }
   }
   for (std::int64_t p = whole; p < kc; ++p) {
