@@ -34,6 +34,7 @@
 #include "engine/thread_pool.h"
 #include "kernels/cpu/gemm_bf16.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/x86.h"
 #include "kernels/reference/matmul.h"
 
@@ -810,6 +811,41 @@ void gemm_mixed(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t
   }
 }
 
+template <typename In, typename Out>
+void gemm_batched(bool transpose_a, bool transpose_b, std::int64_t batch, std::int64_t m,
+                  std::int64_t n, std::int64_t k, float alpha, const In* a, std::int64_t a_stride,
+                  const In* b, std::int64_t b_stride, float beta, Out* c, std::int64_t c_stride) {
+  const std::int64_t lda = transpose_a ? m : k, ldb = transpose_b ? k : n;
+  // Entry i with beta `entry_beta` and inner dimension `depth`: gemm's or
+  // gemm_mixed's call, as matmul makes it.
+  const auto product = [&](std::int64_t i, float entry_beta, std::int64_t depth) {
+    const In* a_i = a + i * a_stride;
+    const In* b_i = b + i * b_stride;
+    Out* c_i = c + i * c_stride;
+    if constexpr (std::is_same_v<In, float> || std::is_same_v<In, double>) {
+      gemm<In>(transpose_a, transpose_b, m, n, depth, alpha, a_i, lda, b_i, ldb, entry_beta, c_i,
+               n);
+    } else {
+      gemm_mixed<In, Out>(transpose_a, transpose_b, m, n, depth, alpha, a_i, lda, b_i, ldb,
+                          entry_beta, c_i, n);
+    }
+  };
+  if (c_stride == 0) {                    // the sum: every entry writes the one C, in order
+    if (batch == 0) product(0, beta, 0);  // an empty sum: C = beta C, no operand read
+    for (std::int64_t i = 0; i < batch; ++i) product(i, i == 0 ? beta : 1.0f, k);
+    return;
+  }
+  const auto entries = [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t i = lo; i < hi; ++i) product(i, beta, k);
+  };
+  if (batch >= thread_share()) {
+    // Inside a pool thread each GEMM runs inline (a nested parallel_for), on one thread.
+    parallel_rows(batch, m * n * std::max<std::int64_t>(k, 1), entries);
+  } else {
+    entries(0, batch);
+  }
+}
+
 #if TL_CPU_X86
 void pack_32_rows_avx2(const float* src, std::int64_t ld, std::int64_t k, float* dst) {
   pack_rows_avx2<32>(src, ld, k, dst, 32);
@@ -830,5 +866,16 @@ TL_GEMM_MIXED(bfloat16, bfloat16);
 TL_GEMM_MIXED(float16, float);
 TL_GEMM_MIXED(float16, float16);
 #undef TL_GEMM_MIXED
+#define TL_GEMM_BATCHED(In, Out)                                                               \
+  template void gemm_batched<In, Out>(bool, bool, std::int64_t, std::int64_t, std::int64_t,    \
+                                      std::int64_t, float, const In*, std::int64_t, const In*, \
+                                      std::int64_t, float, Out*, std::int64_t)
+TL_GEMM_BATCHED(float, float);
+TL_GEMM_BATCHED(double, double);
+TL_GEMM_BATCHED(bfloat16, float);
+TL_GEMM_BATCHED(bfloat16, bfloat16);
+TL_GEMM_BATCHED(float16, float);
+TL_GEMM_BATCHED(float16, float16);
+#undef TL_GEMM_BATCHED
 
 }  // namespace towerlab::cpu
