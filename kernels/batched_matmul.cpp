@@ -1,14 +1,16 @@
 // Checks and the per-entry products of batched_matmul (kernels/batched_matmul.h):
-// matmul on views of the entries, spread over the CPU's threads by entry where there
-// are enough entries.
+// on the CPU, the operands checked once as matmul checks them and the whole batch
+// handed to the host GEMM on raw pointers (cpu::gemm_batched, which spreads the
+// entries over the threads); on CUDA, matmul on views of the entries.
 #include "kernels/batched_matmul.h"
 
 #include <algorithm>
 #include <string>
 
 #include "kernels/checks.h"
-#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/matmul.h"
+#include "kernels/matmul_operands.h"
 
 namespace towerlab {
 
@@ -28,6 +30,17 @@ Tensor entry(const Tensor& x, std::int64_t i) {
   if (x.dim() == 2) return x;
   const std::int64_t rows = x.size(1), cols = x.size(2);
   return x.view(i * rows * cols, {rows, cols});
+}
+
+// The CPU's products: c, a and b as the pointers and strides of cpu::gemm_batched
+// (a 2-D operand shared, stride 0; a 2-D c the sum, stride 0).
+template <typename In, typename Out>
+void host_products(const Tensor& c, const Tensor& a, const Tensor& b, bool transpose_a,
+                   bool transpose_b, std::int64_t batch, std::int64_t m, std::int64_t n,
+                   std::int64_t k, float alpha, float beta) {
+  const auto stride = [](const Tensor& x) { return x.dim() == 2 ? 0 : x.size(1) * x.size(2); };
+  cpu::gemm_batched(transpose_a, transpose_b, batch, m, n, k, alpha, a.data<In>(), stride(a),
+                    b.data<In>(), stride(b), beta, c.data<Out>(), stride(c));
 }
 
 }  // namespace
@@ -63,6 +76,30 @@ void batched_matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool tran
            "batched_matmul: " << what << ": c overlaps an operand in memory");
   TL_CHECK(!(summed && is_16bit(c.dtype())), NotSupported,
            "batched_matmul: " << what << ": the sum over the batch takes a float32 or float64 c");
+  if (stream.device().is_cpu()) {
+    // One check and one dispatch for the batch: per entry, the checks, three views
+    // and the dispatch cost a noticeable share of a small product (an attention
+    // head's). The CPU has no TF32 arithmetic: math changes nothing here, as in matmul.
+    kernels::check_matmul_operands(stream, c, a, b);
+    const auto run = [&]<typename In, typename Out>() {
+      host_products<In, Out>(c, a, b, transpose_a, transpose_b, batch, m, n, ka, alpha, beta);
+    };
+    const bool float32_c = c.dtype() == DType::Float32;
+    switch (a.dtype()) {
+      case DType::BFloat16:
+        float32_c ? run.operator()<bfloat16, float>() : run.operator()<bfloat16, bfloat16>();
+        return;
+      case DType::Float16:
+        float32_c ? run.operator()<float16, float>() : run.operator()<float16, float16>();
+        return;
+      case DType::Float64:
+        run.operator()<double, double>();
+        return;
+      default:
+        run.operator()<float, float>();
+        return;
+    }
+  }
   if (summed) {
     if (batch == 0) {  // an empty sum: matmul with K = 0 sets C = beta C
       const Tensor none_a = a.view(0, transpose_a ? Shape{0, m} : Shape{m, 0});
@@ -75,17 +112,10 @@ void batched_matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool tran
     }
     return;
   }
-  const auto entries = [&](std::int64_t lo, std::int64_t hi) {
-    for (std::int64_t i = lo; i < hi; ++i) {
-      matmul(entry(c, i), entry(a, i), entry(b, i), transpose_a, transpose_b, alpha, beta, stream,
-             math);
-    }
-  };
-  if (stream.device().is_cpu() && batch >= thread_share()) {
-    // Inside a pool thread each GEMM runs inline (a nested parallel_for), on one thread.
-    cpu::parallel_rows(batch, m * n * std::max<std::int64_t>(ka, 1), entries);
-  } else {
-    entries(0, batch);
+  // One launch per entry on the stream, in order.
+  for (std::int64_t i = 0; i < batch; ++i) {
+    matmul(entry(c, i), entry(a, i), entry(b, i), transpose_a, transpose_b, alpha, beta, stream,
+           math);
   }
 }
 

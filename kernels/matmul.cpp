@@ -11,6 +11,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/matmul_tc.h"
+#include "kernels/matmul_operands.h"
 
 namespace towerlab {
 
@@ -66,6 +67,19 @@ void host_gemm_16bit(const Tensor& c, const Tensor& a, const Tensor& b, bool tra
 
 }  // namespace
 
+namespace kernels {
+
+void check_matmul_operands(const Stream& stream, const Tensor& c, const Tensor& a,
+                           const Tensor& b) {
+  if (is_16bit(a.dtype()) || is_16bit(b.dtype()) || is_16bit(c.dtype())) {
+    check_16bit_operands(stream, c, a, b);
+  } else {
+    check_on_stream("matmul", stream, {{"c", &c}, {"a", &a}, {"b", &b}});
+  }
+}
+
+}  // namespace kernels
+
 void set_gemm_backend(GemmBackend backend) {
   g_gemm_backend.store(backend);
 }
@@ -76,11 +90,7 @@ GemmBackend gemm_backend() {
 void matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b,
             float alpha, float beta, const Stream& stream, Float32Math math) {
   const bool low_precision = is_16bit(a.dtype()) || is_16bit(b.dtype()) || is_16bit(c.dtype());
-  if (low_precision) {
-    check_16bit_operands(stream, c, a, b);
-  } else {
-    kernels::check_on_stream("matmul", stream, {{"c", &c}, {"a", &a}, {"b", &b}});
-  }
+  kernels::check_matmul_operands(stream, c, a, b);
   check_2d("a", a);
   check_2d("b", b);
   check_2d("c", c);

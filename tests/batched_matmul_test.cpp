@@ -2,11 +2,13 @@
 // within matmul's stated tolerance: every layout, odd sizes, a shared 2-D operand on
 // either side, the 2-D sum over the batch, empty batches and K = 0, beta's assign and
 // accumulate (NaN and a sentinel in c), the CPU's entries on threads bit for bit,
+// the CPU's batch path against one matmul per entry on every ISA (float32, 16-bit, float64),
 // 16-bit inputs on the CPU, the errors, and float64 gradient checks through the tape.
 #include <cmath>
 #include <limits>
 #include <string>
 
+#include "cpu_isa.h"
 #include "gradcheck.h"
 #include "kernels/reference/batched_matmul.h"
 #include "ops_vs_torch.h"
@@ -194,6 +196,117 @@ TEST(BatchedMatmulCpu, EntriesOnThreadsGiveMatmulsBits) {
   EXPECT_EQ(results[0], one_by_one);
   EXPECT_EQ(results[1], one_by_one);
   EXPECT_EQ(results[2], one_by_one);
+}
+
+// The CPU hands the whole batch to its GEMM at once (cpu::gemm_batched): on every ISA,
+// every layout, a shared operand on either side and the sum, odd sizes and an attention
+// head's (49 keys, width 16), assigned over NaN and added onto c, in float32 and with
+// 16-bit operands into a float32 or 16-bit c, each entry gives the bits of matmul on its
+// views, which the tests above and kernels/matmul.h hold to the reference.
+TEST(BatchedMatmulCpu, EveryIsaGivesOneMatmulPerEntrysBits) {
+  const auto one_per_entry = [](const Product& p, const Tensor& a, const Tensor& b, Tensor c,
+                                float beta) {
+    for (std::int64_t i = 0; i < std::max<std::int64_t>(p.batch, p.summed ? 1 : 0); ++i) {
+      const auto entry = [&](const Tensor& x, bool shared, const Shape& matrix) {
+        return shared ? x : x.view(i * matrix[0] * matrix[1], matrix);
+      };
+      const Shape am = p.transpose_a ? Shape{p.k, p.m} : Shape{p.m, p.k};
+      const Shape bm = p.transpose_b ? Shape{p.n, p.k} : Shape{p.k, p.n};
+      const bool none = p.batch == 0;  // an empty sum: K = 0, C = beta C
+      const Tensor ai = none ? a.view(0, p.transpose_a ? Shape{0, p.m} : Shape{p.m, 0})
+                             : entry(a, p.shared_a, am);
+      const Tensor bi = none ? b.view(0, p.transpose_b ? Shape{p.n, 0} : Shape{0, p.n})
+                             : entry(b, p.shared_b, bm);
+      const Tensor ci = p.summed ? c : c.view(i * p.m * p.n, {p.m, p.n});
+      matmul(ci, ai, bi, p.transpose_a, p.transpose_b, 0.75f, p.summed && i > 0 ? 1.0f : beta,
+             cpu());
+    }
+    return c;
+  };
+  const auto bits = [](const Tensor& t) { return cast(t, DType::Float32, cpu()).to_host<float>(); };
+  for_each_cpu_isa(Device::cpu(), [&](const std::string& where) {
+    int compared = 0;
+    for (const Product& size : {Product{1, 1, 1, 1}, Product{5, 49, 49, 16}, Product{4, 49, 16, 49},
+                                Product{3, 13, 7, 300}, Product{0, 3, 4, 5}}) {
+      for (int layout = 0; layout < 4; ++layout) {
+        for (int form = 0; form < 4; ++form) {  // 3-D operands, shared b, shared a, the sum
+          Product p = size;
+          p.transpose_a = layout & 1, p.transpose_b = layout & 2;
+          p.shared_b = form == 1, p.shared_a = form == 2, p.summed = form == 3;
+          if (p.batch == 0 && form != 3) continue;
+          for (DType in : {DType::Float32, DType::BFloat16, DType::Float16}) {
+            // A 16-bit c beside 16-bit operands, never for the sum (refused).
+            std::vector<DType> outs{DType::Float32};
+            if (in != DType::Float32 && !p.summed) outs.push_back(in);
+            for (DType out : outs) {
+              const unsigned seed = unsigned(p.m * 7 + p.k * 3 + layout * 11 + form);
+              const Tensor a = cast(
+                  Tensor::from_host<float>(random_values(std::size_t(numel_of(p.a_shape())), seed),
+                                           p.a_shape(), cpu()),
+                  in, cpu());
+              const Tensor b = cast(Tensor::from_host<float>(
+                                        random_values(std::size_t(numel_of(p.b_shape())), seed + 1),
+                                        p.b_shape(), cpu()),
+                                    in, cpu());
+              const std::size_t nc = std::size_t(numel_of(p.c_shape()));
+              for (float beta : {0.0f, 1.0f}) {
+                const auto c0 = beta == 0.0f ? std::vector<float>(nc, kNaN) : random_values(nc, 9);
+                const Tensor start =
+                    cast(Tensor::from_host<float>(c0, p.c_shape(), cpu()), out, cpu());
+                Tensor batched = start.clone(cpu());
+                batched_matmul(batched, a, b, p.transpose_a, p.transpose_b, 0.75f, beta, cpu());
+                const Tensor expected = one_per_entry(p, a, b, start.clone(cpu()), beta);
+                EXPECT_EQ(bits(batched), bits(expected))
+                    << where << ", " << p.str() << ", " << dtype_name(in) << " into "
+                    << dtype_name(out) << ", beta " << beta;
+                ++compared;
+              }
+            }
+          }
+        }
+      }
+    }
+    EXPECT_GT(compared, 400) << where;
+  });
+}
+
+// The control: the comparison above sees a wrong entry. Entry 1 with beta 1 where the
+// batch assigns differs from the batch's bits (c held random values, not NaN).
+TEST(BatchedMatmulCpu, EveryIsaComparisonCanFail) {
+  const Product p{3, 49, 49, 16};
+  const Tensor a = Tensor::from_host<float>(random_values(std::size_t(numel_of(p.a_shape())), 1),
+                                            p.a_shape(), cpu());
+  const Tensor b = Tensor::from_host<float>(random_values(std::size_t(numel_of(p.b_shape())), 2),
+                                            p.b_shape(), cpu());
+  const Tensor start = Tensor::from_host<float>(
+      random_values(std::size_t(numel_of(p.c_shape())), 3), p.c_shape(), cpu());
+  Tensor batched = start.clone(cpu()), wrong = start.clone(cpu());
+  batched_matmul(batched, a, b, false, false, 1.0f, 0.0f, cpu());
+  for (std::int64_t i = 0; i < p.batch; ++i) {
+    const auto view = [&](const Tensor& x, std::int64_t rows, std::int64_t cols) {
+      return x.view(i * rows * cols, {rows, cols});
+    };
+    matmul(view(wrong, p.m, p.n), view(a, p.m, p.k), view(b, p.k, p.n), false, false, 1.0f,
+           i == 1 ? 1.0f : 0.0f, cpu());
+  }
+  EXPECT_NE(batched.to_host<float>(), wrong.to_host<float>());
+}
+
+TEST(BatchedMatmulCpu, Float64SumAndSharedOperandAreTheReference) {
+  Tensor a = random_double_tensor({3, 6, 4}, 13), b = random_double_tensor({6, 5}, 14);
+  Tensor c = Tensor::empty({3, 4, 5}, cpu(), DType::Float64);
+  batched_matmul(c, a, b, true, false, 1.0f, 0.0f, cpu());
+  std::vector<double> expected(60);
+  reference::batched_matmul(true, false, 3, 4, 5, 6, 1.0, a.data<double>(), 24, b.data<double>(), 0,
+                            0.0, expected.data(), 20);
+  EXPECT_EQ(c.to_host<double>(), expected);
+  Tensor b3 = random_double_tensor({3, 6, 5}, 15);
+  Tensor sum = random_double_tensor({4, 5}, 16);
+  std::vector<double> expected_sum = sum.to_host<double>();
+  batched_matmul(sum, a, b3, true, false, 1.0f, 1.0f, cpu());
+  reference::batched_matmul(true, false, 3, 4, 5, 6, 1.0, a.data<double>(), 24, b3.data<double>(),
+                            30, 1.0, expected_sum.data(), 0);
+  EXPECT_EQ(sum.to_host<double>(), expected_sum);
 }
 
 TEST(BatchedMatmulCpu, Float64IsTheReference) {

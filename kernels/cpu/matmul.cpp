@@ -34,6 +34,7 @@
 #include "engine/thread_pool.h"
 #include "kernels/cpu/gemm_bf16.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/x86.h"
 #include "kernels/reference/matmul.h"
 
@@ -173,16 +174,6 @@ MicroKernel<float> avx2_edge_kernel(std::int64_t rows, std::int64_t cols) {
   return rows <= 4 ? micro_kernel_avx2<4, 2> : micro_kernel_avx2<6, 2>;
 }
 
-// The first `count` (1 to 8) lanes of v to out; nothing is written past them.
-__attribute__((target("avx2,fma"))) inline void store_first(float* out, __m256 v, int count) {
-  if (count == 8) {
-    _mm256_storeu_ps(out, v);
-    return;
-  }
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  _mm256_maskstore_ps(out, _mm256_cmpgt_epi32(_mm256_set1_epi32(count), lane), v);
-}
-
 // Eight consecutive source values as floats: a float's loaded, a bfloat16's
 // widened exactly (its pattern shifted up 16 bits, engine/half.h's widening).
 __attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) {
@@ -198,7 +189,9 @@ __attribute__((target("avx2,fma"))) inline __m256 load8(const bfloat16* p) {
 // rows `ld` apart, each contiguous along k, and zeros for the rest (an edge panel's
 // padding; those rows are not read). Eight k at a time, the rows in groups of eight
 // transposed in registers (a last group of fewer rows padded with zero rows, its
-// columns stored as `Width % 8` floats). Only data moves (a bfloat16 Src widened
+// columns stored as `Width % 8` floats by plain 4-, 2- and 1-lane stores, x86.h's
+// store_first_lanes: AMD's masked store, vmaskmovps, took most of the packing of
+// every A stored [M,K] at MR = 6). Only data moves (a bfloat16 Src widened
 // exactly as it is loaded): the bits are the generic loop's. AVX2 is enough for
 // the AVX-512 kernel's panels too (every AVX-512 CPU has it); the 8 x 8 transpose,
 // not the vector width, is the cost.
@@ -219,7 +212,13 @@ __attribute__((target("avx2,fma"))) void pack_rows_avx2(const Src* src, std::int
         r[i] = i < loaded ? load8(src + (g + i) * ld + p) : _mm256_setzero_ps();
       }
       transpose8x8(r);
-      for (int q = 0; q < 8; ++q) store_first(dst + (p + q) * Width + g, r[q], rows);
+      for (int q = 0; q < 8; ++q) {
+        if (rows == 8) {
+          _mm256_storeu_ps(dst + (p + q) * Width + g, r[q]);
+        } else {
+          store_first_lanes(dst + (p + q) * Width + g, r[q], rows);
+        }
+      }
     }
   }
   for (std::int64_t p = whole; p < kc; ++p) {
@@ -812,6 +811,41 @@ void gemm_mixed(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t
   }
 }
 
+template <typename In, typename Out>
+void gemm_batched(bool transpose_a, bool transpose_b, std::int64_t batch, std::int64_t m,
+                  std::int64_t n, std::int64_t k, float alpha, const In* a, std::int64_t a_stride,
+                  const In* b, std::int64_t b_stride, float beta, Out* c, std::int64_t c_stride) {
+  const std::int64_t lda = transpose_a ? m : k, ldb = transpose_b ? k : n;
+  // Entry i with beta `entry_beta` and inner dimension `depth`: gemm's or
+  // gemm_mixed's call, as matmul makes it.
+  const auto product = [&](std::int64_t i, float entry_beta, std::int64_t depth) {
+    const In* a_i = a + i * a_stride;
+    const In* b_i = b + i * b_stride;
+    Out* c_i = c + i * c_stride;
+    if constexpr (std::is_same_v<In, float> || std::is_same_v<In, double>) {
+      gemm<In>(transpose_a, transpose_b, m, n, depth, alpha, a_i, lda, b_i, ldb, entry_beta, c_i,
+               n);
+    } else {
+      gemm_mixed<In, Out>(transpose_a, transpose_b, m, n, depth, alpha, a_i, lda, b_i, ldb,
+                          entry_beta, c_i, n);
+    }
+  };
+  if (c_stride == 0) {                    // the sum: every entry writes the one C, in order
+    if (batch == 0) product(0, beta, 0);  // an empty sum: C = beta C, no operand read
+    for (std::int64_t i = 0; i < batch; ++i) product(i, i == 0 ? beta : 1.0f, k);
+    return;
+  }
+  const auto entries = [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t i = lo; i < hi; ++i) product(i, beta, k);
+  };
+  if (batch >= thread_share()) {
+    // Inside a pool thread each GEMM runs inline (a nested parallel_for), on one thread.
+    parallel_rows(batch, m * n * std::max<std::int64_t>(k, 1), entries);
+  } else {
+    entries(0, batch);
+  }
+}
+
 #if TL_CPU_X86
 void pack_32_rows_avx2(const float* src, std::int64_t ld, std::int64_t k, float* dst) {
   pack_rows_avx2<32>(src, ld, k, dst, 32);
@@ -832,5 +866,16 @@ TL_GEMM_MIXED(bfloat16, bfloat16);
 TL_GEMM_MIXED(float16, float);
 TL_GEMM_MIXED(float16, float16);
 #undef TL_GEMM_MIXED
+#define TL_GEMM_BATCHED(In, Out)                                                               \
+  template void gemm_batched<In, Out>(bool, bool, std::int64_t, std::int64_t, std::int64_t,    \
+                                      std::int64_t, float, const In*, std::int64_t, const In*, \
+                                      std::int64_t, float, Out*, std::int64_t)
+TL_GEMM_BATCHED(float, float);
+TL_GEMM_BATCHED(double, double);
+TL_GEMM_BATCHED(bfloat16, float);
+TL_GEMM_BATCHED(bfloat16, bfloat16);
+TL_GEMM_BATCHED(float16, float);
+TL_GEMM_BATCHED(float16, float16);
+#undef TL_GEMM_BATCHED
 
 }  // namespace towerlab::cpu

@@ -29,6 +29,25 @@ void gemm_mixed(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t
                 float alpha, const In* a, std::int64_t lda, const In* b, std::int64_t ldb,
                 float beta, Out* c, std::int64_t ldc);
 
+// batched_matmul's products (kernels/batched_matmul.h) on raw pointers, arguments
+// already checked: for i < batch, C_i = alpha op(A_i) op(B_i) + beta C_i, where X_i
+// = x + i * x_stride (a stride of 0: one matrix that every entry shares), each
+// matrix stored whole (leading dimension its row's length: K or M for A, N or K for
+// B, N for C). c_stride 0 is the sum over the batch: the entries add onto the one C
+// in order, each after the first with beta 1 (batch 0 sets C = beta C). In and Out
+// are gemm's (float, double) or gemm_mixed's (16-bit In). Each entry is gemm's or
+// gemm_mixed's call on its matrices, so the bits are one matmul per entry's; the
+// caller checks the arguments and dispatches the dtype once for the batch, not per
+// entry, where that costs a noticeable share of a small product. The entries
+// are shared among the calling thread's share of the pool when there are at least
+// as many as threads (each GEMM then runs on one thread, with the bits it has on
+// any number); otherwise (and for the sum) they run one after another, each on
+// every thread.
+template <typename In, typename Out>
+void gemm_batched(bool transpose_a, bool transpose_b, std::int64_t batch, std::int64_t m,
+                  std::int64_t n, std::int64_t k, float alpha, const In* a, std::int64_t a_stride,
+                  const In* b, std::int64_t b_stride, float beta, Out* c, std::int64_t c_stride);
+
 // The GEMM's block of the inner dimension: each output sums its products kGemmKc at
 // a time in registers, and the blocks' sums onto C in order. A kernel that must give
 // the GEMM's bits (conv2d's implicit weight gradient) blocks its sums the same way.

@@ -51,6 +51,45 @@ double sum_of_lanes(DoubleLanes<W> v) {
   return reduce_lanes<DoubleLanes<W>, double, W>(v, [](double a, double b) { return a + b; });
 }
 
+// A row's sum in double lanes, added one group of W float lanes at a time. With AVX2
+// (W = 8) the W doubles are kept as two pieces of four, one register each: GCC holds
+// a 64-byte vector in an AVX2 function on the stack and moves it through general
+// registers at every addition, which took most of a short row's time. total() adds
+// the pieces lane by lane, then reduces the four as sum_of_lanes does: the first
+// step of sum_of_lanes<8>'s tree, so the same sum, bit for bit.
+template <int W>
+struct DoubleSum {
+  static constexpr int kWidth = W == 8 ? 4 : W;  // doubles a piece
+  DoubleLanes<kWidth> piece[W / kWidth]{};
+
+  void add(FloatLanes<W> v) {
+    if constexpr (kWidth == W) {
+      piece[0] += widen_lanes<W>(v);
+    } else {
+      piece[0] += widen_lanes<4>(__builtin_shufflevector(v, v, 0, 1, 2, 3));
+      piece[1] += widen_lanes<4>(__builtin_shufflevector(v, v, 4, 5, 6, 7));
+    }
+  }
+  // sum += a b, each product exact in double.
+  void add_products(FloatLanes<W> a, FloatLanes<W> b) {
+    if constexpr (kWidth == W) {
+      piece[0] += widen_lanes<W>(a) * widen_lanes<W>(b);
+    } else {
+      piece[0] += widen_lanes<4>(__builtin_shufflevector(a, a, 0, 1, 2, 3)) *
+                  widen_lanes<4>(__builtin_shufflevector(b, b, 0, 1, 2, 3));
+      piece[1] += widen_lanes<4>(__builtin_shufflevector(a, a, 4, 5, 6, 7)) *
+                  widen_lanes<4>(__builtin_shufflevector(b, b, 4, 5, 6, 7));
+    }
+  }
+  double total() const {
+    if constexpr (kWidth == W) {
+      return sum_of_lanes<W>(piece[0]);
+    } else {
+      return sum_of_lanes<4>(piece[0] + piece[1]);
+    }
+  }
+};
+
 template <int W>
 float max_of_lanes(FloatLanes<W> v) {
   return reduce_lanes<FloatLanes<W>, float, W>(v, [](float a, float b) { return a > b ? a : b; });
@@ -67,13 +106,13 @@ void forward_row(float* y, const float* x, std::int64_t kept, std::int64_t cols,
   const float m = max_of_lanes<W>(lanes_max);  // no lane holds a NaN
 
   // exp(x - m), kept in y for softmax, and its sum.
-  DoubleLanes<W> lanes_sum{};
+  DoubleSum<W> lanes_sum;
   for_each_lane_group<W>(kept, [&](std::int64_t j, std::int64_t count) {
     const FloatLanes<W> e = exp_lanes<W>(load_lanes<W>(x + j, count, -kInf) - m);
     if (kind == SoftmaxKind::Softmax) store_lanes<W>(y + j, e, count);
-    lanes_sum += widen_lanes<W>(e);
+    lanes_sum.add(e);
   });
-  const double sum = sum_of_lanes<W>(lanes_sum);
+  const double sum = lanes_sum.total();
 
   if (kind == SoftmaxKind::Softmax) {
     const auto inv_sum = static_cast<float>(1.0 / sum);
@@ -94,13 +133,16 @@ template <int W>
 void backward_row(float* grad_x, const float* grad_y, const float* y, std::int64_t kept,
                   std::int64_t cols, SoftmaxKind kind, GradWrite write) {
   // softmax: sum grad_y y (each product exact in double); log-softmax: sum grad_y.
-  DoubleLanes<W> lanes_sum{};
+  DoubleSum<W> lanes_sum;
   for_each_lane_group<W>(kept, [&](std::int64_t j, std::int64_t count) {
-    const DoubleLanes<W> gy = widen_lanes<W>(load_lanes<W>(grad_y + j, count));
-    lanes_sum +=
-        kind == SoftmaxKind::LogSoftmax ? gy : gy * widen_lanes<W>(load_lanes<W>(y + j, count));
+    const FloatLanes<W> gy = load_lanes<W>(grad_y + j, count);
+    if (kind == SoftmaxKind::LogSoftmax) {
+      lanes_sum.add(gy);
+    } else {
+      lanes_sum.add_products(gy, load_lanes<W>(y + j, count));
+    }
   });
-  const auto sum = static_cast<float>(sum_of_lanes<W>(lanes_sum));
+  const auto sum = static_cast<float>(lanes_sum.total());
   for_each_lane_group<W>(kept, [&](std::int64_t j, std::int64_t count) {
     const FloatLanes<W> gy = load_lanes<W>(grad_y + j, count);
     const FloatLanes<W> out = load_lanes<W>(y + j, count);
