@@ -18,8 +18,10 @@
 // beta == 0 assigns (C not read), beta == 1 accumulates, as matmul. B == 0 leaves a
 // 3-D c empty and sets a 2-D c to beta C (0 when beta == 0).
 //
-// Each entry is matmul(C_i, A_i, B_i, ..., math) on views of the three tensors, so
-// the dtypes, devices, backends, Float32Math and speed are matmul's: float32 on
+// Each entry is matmul(C_i, A_i, B_i, ..., math) on views of the three tensors (on
+// the CPU the operands are checked once and the whole batch goes to the GEMM, each
+// entry with one matmul's bits), so the dtypes, devices, backends and Float32Math are
+// matmul's: float32 on
 // every device (the CPU's blocked driver; CUDA's SGEMM or cuBLAS as
 // set_gemm_backend says, or its TF32 tensor cores under Float32Math::Tf32), float64
 // on the CPU, and bfloat16 / float16 a and b with a float32 c (on the CPU a 16-bit
