@@ -21,7 +21,9 @@ TrainerOptions towers(int n, NumericGuard guard = NumericGuard::Skip) {
   o.devices.assign(std::size_t(n), Device::cpu());
   o.seed = 7;
   o.numeric_guard = guard;
-  static std::ostringstream quiet;  // the skip warning is not the point here
+  // The skip warning is not the point here. One stream per thread: the ranks of
+  // run_ranks are threads, and both warn at the same step.
+  thread_local std::ostringstream quiet;
   o.log = &quiet;
   return o;
 }
