@@ -72,9 +72,9 @@ Tensor gemm_grad_output(const Tensor& grad, DType operand_dtype, const Stream& s
 
 // The saved x as a batch-norm backward reads it beside the float32 gradients: a
 // bfloat16 x as it is on the CPU, whose kernels widen it row by row as they read it
-// (kernels/batchnorm.h); otherwise widened whole (float16's widening, an integer
-// rebias, measured slower done in each of the backward's two passes than once, where
-// bfloat16's shift is faster so).
+// (kernels/batchnorm.h); otherwise widened whole, once (float16's widening, an
+// integer rebias, gained nothing done in each of the backward's two passes:
+// bench/results/precision_step_cpu_avx2_72bb2e1.md).
 Tensor batchnorm_backward_x(const Tensor& x, const Stream& stream) {
   return stream.device().is_cpu() && x.dtype() == DType::BFloat16 ? x : widened(x, stream);
 }

@@ -190,8 +190,8 @@ __attribute__((target("avx2,fma"))) inline __m256 load8(const bfloat16* p) {
 // padding; those rows are not read). Eight k at a time, the rows in groups of eight
 // transposed in registers (a last group of fewer rows padded with zero rows, its
 // columns stored as `Width % 8` floats by plain 4-, 2- and 1-lane stores, x86.h's
-// store_first_lanes: AMD's masked store, vmaskmovps, took most of the packing of
-// every A stored [M,K] at MR = 6). Only data moves (a bfloat16 Src widened
+// store_first_lanes, not the masked store vmaskmovps, which AMD runs slowly:
+// bench/results/vit_attention_cpu_6446012.md). Only data moves (a bfloat16 Src widened
 // exactly as it is loaded): the bits are the generic loop's. AVX2 is enough for
 // the AVX-512 kernel's panels too (every AVX-512 CPU has it); the 8 x 8 transpose,
 // not the vector width, is the cost.
