@@ -1,8 +1,11 @@
 // The argument structs of kernels/batchnorm.h as the batch-norm tests fill them
-// most often: a training forward into fresh outputs, and the backward of a given
-// forward, so that a test spells out only what it varies (the tests that check
+// most often: a training forward into fresh outputs, the backward of a given
+// forward, and the synchronized backward's two steps, so that a test spells out
+// only what it varies (the tests that check
 // the structs' fields themselves write them in full).
 #pragma once
+
+#include <cstdint>
 
 #include "kernels/batchnorm.h"
 
@@ -39,6 +42,40 @@ inline BatchNormBackward backward_of(const BatchNormForwardTraining& f, const Te
           .save_mean = f.save_mean,
           .save_inv_std = f.save_inv_std,
           .activation = f.activation};
+}
+
+// The synchronized backward's first step for forward f over grad_y: each channel's
+// sums of grad_y and grad_y * x_hat, assigned to sum_grad_y and sum_grad_y_xhat.
+inline BatchNormBackwardReduce reduce_of(const BatchNormForwardTraining& f, const Tensor& grad_y,
+                                         const Tensor& sum_grad_y, const Tensor& sum_grad_y_xhat) {
+  return {.sum_grad_y = sum_grad_y,
+          .sum_grad_y_xhat = sum_grad_y_xhat,
+          .grad_y = grad_y,
+          .x = f.x,
+          .gamma = f.gamma,
+          .beta = f.beta,
+          .mean = f.save_mean,
+          .inv_std = f.save_inv_std,
+          .activation = f.activation};
+}
+
+// Its second step: grad_x from the sums that `reduce` names (over `count` values a
+// channel in the whole batch), for the same grad_y, x and statistics.
+inline BatchNormBackwardApply apply_of(const BatchNormBackwardReduce& reduce, const Tensor& grad_x,
+                                       std::int64_t count,
+                                       GradWrite write = GradWrite::Accumulate) {
+  return {.grad_x = grad_x,
+          .grad_y = reduce.grad_y,
+          .x = reduce.x,
+          .gamma = reduce.gamma,
+          .beta = reduce.beta,
+          .mean = reduce.mean,
+          .inv_std = reduce.inv_std,
+          .sum_grad_y = reduce.sum_grad_y,
+          .sum_grad_y_xhat = reduce.sum_grad_y_xhat,
+          .count = count,
+          .activation = reduce.activation,
+          .grad_x_write = write};
 }
 
 }  // namespace towerlab::testing

@@ -182,28 +182,10 @@ TEST_P(BatchNormSixteenBitTest, Float32GradientsBesideA16BitXAreTheBackwardOnThe
             b.x = x;
             b.grad_x_write = write;
             batchnorm_backward(b, stream());
-            batchnorm_backward_reduce({.sum_grad_y = o.sum_grad_y,
-                                       .sum_grad_y_xhat = o.sum_grad_y_xhat,
-                                       .grad_y = grad_y,
-                                       .x = x,
-                                       .gamma = gamma,
-                                       .beta = beta,
-                                       .mean = f.save_mean,
-                                       .inv_std = f.save_inv_std,
-                                       .activation = activation},
-                                      stream());
-            batchnorm_backward_apply({.grad_x = o.split_grad_x,
-                                      .grad_y = grad_y,
-                                      .x = x,
-                                      .gamma = gamma,
-                                      .beta = beta,
-                                      .mean = f.save_mean,
-                                      .inv_std = f.save_inv_std,
-                                      .sum_grad_y = o.sum_grad_y,
-                                      .sum_grad_y_xhat = o.sum_grad_y_xhat,
-                                      .count = numel_of(shape) / C,
-                                      .activation = activation,
-                                      .grad_x_write = write},
+            BatchNormBackwardReduce reduce = reduce_of(f, grad_y, o.sum_grad_y, o.sum_grad_y_xhat);
+            reduce.x = x;
+            batchnorm_backward_reduce(reduce, stream());
+            batchnorm_backward_apply(apply_of(reduce, o.split_grad_x, numel_of(shape) / C, write),
                                      stream());
             return o;
           };

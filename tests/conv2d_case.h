@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -107,5 +108,73 @@ inline void expect_gradients_match(const ConvCase& k) {
   conv2d_backward(grad_x, grad_w, grad_b, g, x, w, k.params, cpu);
   EXPECT_TRUE(check_gradient(loss, {x, w, b}, {grad_x, grad_w, grad_b}));
 }
+
+// How near a backend's results must be to the reference's, per result (rtol, atol).
+struct ConvTolerances {
+  double y_rtol, y_atol, grad_x_rtol, grad_x_atol, grad_w_rtol, grad_w_atol, grad_b_rtol,
+      grad_b_atol;
+};
+
+// The backend tests' shared bodies, for any set of cases (conv2d_test.cpp's odd
+// shapes, conv2d_grouped_test.cpp's grouped and depthwise ones).
+class ConvBackendTest : public BackendTest {
+ protected:
+  // y against the reference over a sentinel-filled output (7s), and the three
+  // gradients added onto random sentinels: the backward must add, never assign.
+  void expect_reference_with_sentinels(const std::vector<ConvCase>& cases, unsigned seed,
+                                       const ConvTolerances& tol) {
+    for (const ConvCase& k : cases) {
+      SCOPED_TRACE(k.name);
+      const Shape ys = k.y_shape();
+      const auto xv = random_values(static_cast<std::size_t>(numel_of(k.x_shape())), ++seed);
+      const auto wv = random_values(static_cast<std::size_t>(numel_of(k.w_shape())), ++seed);
+      const auto bv = random_values(static_cast<std::size_t>(k.K), ++seed);
+      const auto gv = random_values(static_cast<std::size_t>(numel_of(ys)), ++seed);
+      const Reference ref = reference(k, widen(xv), widen(wv), widen(bv), widen(gv));
+
+      Tensor x = make(xv, k.x_shape()), w = make(wv, k.w_shape());
+      Tensor b = k.bias ? make(bv, {k.K}) : Tensor();
+      Tensor y = make(std::vector<float>(static_cast<std::size_t>(numel_of(ys)), 7.0f), ys);
+      conv2d_forward(y, x, w, b, k.params, stream());
+      EXPECT_TRUE(all_close(host(y), narrow(ref.y), tol.y_rtol, tol.y_atol)) << "y";
+
+      const auto sx = random_values(xv.size(), ++seed), sw = random_values(wv.size(), ++seed);
+      const auto sb = random_values(bv.size(), ++seed);
+      Tensor grad_x = make(sx, k.x_shape()), grad_w = make(sw, k.w_shape());
+      Tensor grad_b = make(sb, {k.K});
+      conv2d_backward(grad_x, grad_w, grad_b, make(gv, ys), x, w, k.params, stream());
+      EXPECT_TRUE(all_close(host(grad_x), plus(sx, ref.grad_x), tol.grad_x_rtol, tol.grad_x_atol))
+          << "grad_x";
+      EXPECT_TRUE(all_close(host(grad_w), plus(sw, ref.grad_w), tol.grad_w_rtol, tol.grad_w_atol))
+          << "grad_weight";
+      EXPECT_TRUE(all_close(host(grad_b), plus(sb, ref.grad_b), tol.grad_b_rtol, tol.grad_b_atol))
+          << "grad_bias";
+    }
+  }
+
+  // GradWrite::Assign: grad_x is written whole without being read, the bits of
+  // accumulating onto zeros. NaN-filled buffers show a read or an unwritten pixel
+  // (strides and ragged edges leave pixels that no tap reaches: they must be 0).
+  void expect_assign_is_accumulating_onto_zeros(const std::vector<ConvCase>& cases, unsigned seed) {
+    for (const ConvCase& k : cases) {
+      SCOPED_TRACE(k.name);
+      const Shape ys = k.y_shape();
+      Tensor x =
+          make(random_values(static_cast<std::size_t>(numel_of(k.x_shape())), ++seed), k.x_shape());
+      Tensor w =
+          make(random_values(static_cast<std::size_t>(numel_of(k.w_shape())), ++seed), k.w_shape());
+      Tensor gy = make(random_values(static_cast<std::size_t>(numel_of(ys)), ++seed), ys);
+      const auto n = static_cast<std::size_t>(numel_of(k.x_shape()));
+      Tensor accumulated = make(std::vector<float>(n, 0.0f), k.x_shape());
+      conv2d_backward(accumulated, Tensor(), Tensor(), gy, x, w, k.params, stream());
+      Tensor assigned = make(std::vector<float>(n, std::nanf("")), k.x_shape());
+      conv2d_backward(assigned, Tensor(), Tensor(), gy, x, w, k.params, stream(),
+                      GradWrite::Assign);
+      const std::vector<float> want = host(accumulated), got = host(assigned);
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0);
+      EXPECT_NE(std::count(want.begin(), want.end(), 0.0f), std::ptrdiff_t(n)) << "trivial";
+    }
+  }
+};
 
 }  // namespace towerlab::testing

@@ -82,58 +82,16 @@ TEST(Conv2dGroupedReference, IsADenseConvolutionWithABlockDiagonalWeight) {
   }
 }
 
-class Conv2dGroupedTest : public BackendTest {};
+class Conv2dGroupedTest : public ConvBackendTest {};
 TL_INSTANTIATE_BACKENDS(Conv2dGroupedTest);
 
 TEST_P(Conv2dGroupedTest, MatchesTheReferenceWithSentinels) {
-  unsigned seed = 300;
-  for (const ConvCase& k : grouped_cases()) {
-    SCOPED_TRACE(k.name);
-    const Shape ys = k.y_shape();
-    const auto xv = random_values(static_cast<std::size_t>(numel_of(k.x_shape())), ++seed);
-    const auto wv = random_values(static_cast<std::size_t>(numel_of(k.w_shape())), ++seed);
-    const auto bv = random_values(static_cast<std::size_t>(k.K), ++seed);
-    const auto gv = random_values(static_cast<std::size_t>(numel_of(ys)), ++seed);
-    const Reference ref = reference(k, widen(xv), widen(wv), widen(bv), widen(gv));
-
-    Tensor x = make(xv, k.x_shape()), w = make(wv, k.w_shape());
-    Tensor b = k.bias ? make(bv, {k.K}) : Tensor();
-    Tensor y = make(std::vector<float>(static_cast<std::size_t>(numel_of(ys)), 7.0f), ys);
-    conv2d_forward(y, x, w, b, k.params, stream());
-    EXPECT_TRUE(all_close(host(y), narrow(ref.y), 1e-5, 1e-5)) << "y";
-
-    const auto sx = random_values(xv.size(), ++seed), sw = random_values(wv.size(), ++seed);
-    const auto sb = random_values(bv.size(), ++seed);
-    Tensor grad_x = make(sx, k.x_shape()), grad_w = make(sw, k.w_shape());
-    Tensor grad_b = make(sb, {k.K});
-    conv2d_backward(grad_x, grad_w, grad_b, make(gv, ys), x, w, k.params, stream());
-    EXPECT_TRUE(all_close(host(grad_x), plus(sx, ref.grad_x), 1e-5, 1e-5)) << "grad_x";
-    EXPECT_TRUE(all_close(host(grad_w), plus(sw, ref.grad_w), 1e-4, 1e-5)) << "grad_weight";
-    EXPECT_TRUE(all_close(host(grad_b), plus(sb, ref.grad_b), 1e-4, 1e-5)) << "grad_bias";
-  }
+  expect_reference_with_sentinels(grouped_cases(), 300,
+                                  {1e-5, 1e-5, 1e-5, 1e-5, 1e-4, 1e-5, 1e-4, 1e-5});
 }
 
-// GradWrite::Assign: the bits of accumulating onto zeros, nothing read (NaN-filled),
-// every pixel written (strides leave pixels no tap reaches: 0).
 TEST_P(Conv2dGroupedTest, AssignedGradXIsAccumulatingOntoZeros) {
-  unsigned seed = 700;
-  for (const ConvCase& k : grouped_cases()) {
-    SCOPED_TRACE(k.name);
-    const Shape ys = k.y_shape();
-    Tensor x =
-        make(random_values(static_cast<std::size_t>(numel_of(k.x_shape())), ++seed), k.x_shape());
-    Tensor w =
-        make(random_values(static_cast<std::size_t>(numel_of(k.w_shape())), ++seed), k.w_shape());
-    Tensor gy = make(random_values(static_cast<std::size_t>(numel_of(ys)), ++seed), ys);
-    const auto n = static_cast<std::size_t>(numel_of(k.x_shape()));
-    Tensor accumulated = make(std::vector<float>(n, 0.0f), k.x_shape());
-    conv2d_backward(accumulated, Tensor(), Tensor(), gy, x, w, k.params, stream());
-    Tensor assigned = make(std::vector<float>(n, std::nanf("")), k.x_shape());
-    conv2d_backward(assigned, Tensor(), Tensor(), gy, x, w, k.params, stream(), GradWrite::Assign);
-    const std::vector<float> want = host(accumulated), got = host(assigned);
-    EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0);
-    EXPECT_NE(std::count(want.begin(), want.end(), 0.0f), std::ptrdiff_t(n)) << "trivial";
-  }
+  expect_assign_is_accumulating_onto_zeros(grouped_cases(), 700);
 }
 
 TEST_P(Conv2dGroupedTest, ComputesOnlyRequestedGradients) {

@@ -61,7 +61,7 @@ std::vector<ConvCase> odd_cases() {
   };
 }
 
-class Conv2dTest : public BackendTest {};
+class Conv2dTest : public ConvBackendTest {};
 TL_INSTANTIATE_BACKENDS(Conv2dTest);
 
 TEST_P(Conv2dTest, HandComputedPaddedForward) {
@@ -100,37 +100,11 @@ TEST_P(Conv2dTest, HandComputedBackwardAccumulates) {
 }
 
 TEST_P(Conv2dTest, MatchesNaiveReferenceOnOddShapes) {
-  unsigned seed = 100;
-  for (const ConvCase& k : odd_cases()) {
-    SCOPED_TRACE(k.name);
-    const Shape ys = k.y_shape();
-    const auto xv = random_values(static_cast<std::size_t>(numel_of(k.x_shape())), ++seed);
-    const auto wv = random_values(static_cast<std::size_t>(numel_of(k.w_shape())), ++seed);
-    const auto bv = random_values(static_cast<std::size_t>(k.K), ++seed);
-    const auto gv = random_values(static_cast<std::size_t>(numel_of(ys)), ++seed);
-    const Reference ref = reference(k, widen(xv), widen(wv), widen(bv), widen(gv));
-
-    Tensor x = make(xv, k.x_shape()), w = make(wv, k.w_shape());
-    Tensor b = k.bias ? make(bv, {k.K}) : Tensor();
-    Tensor y = make(std::vector<float>(static_cast<std::size_t>(numel_of(ys)), 7.0f), ys);
-    conv2d_forward(y, x, w, b, k.params, stream());
-    EXPECT_TRUE(all_close(host(y), narrow(ref.y), 1e-4, 1e-4));
-
-    // Sentinel-filled gradients: the backward must add to them.
-    const auto sx = random_values(xv.size(), ++seed), sw = random_values(wv.size(), ++seed);
-    const auto sb = random_values(bv.size(), ++seed);
-    Tensor grad_x = make(sx, k.x_shape()), grad_w = make(sw, k.w_shape());
-    Tensor grad_b = make(sb, {k.K});
-    conv2d_backward(grad_x, grad_w, grad_b, make(gv, ys), x, w, k.params, stream());
-    EXPECT_TRUE(all_close(host(grad_x), plus(sx, ref.grad_x), 1e-4, 1e-4)) << "grad_x";
-    EXPECT_TRUE(all_close(host(grad_w), plus(sw, ref.grad_w), 2e-4, 1e-4)) << "grad_weight";
-    EXPECT_TRUE(all_close(host(grad_b), plus(sb, ref.grad_b), 2e-4, 1e-4)) << "grad_bias";
-  }
+  expect_reference_with_sentinels(odd_cases(), 100,
+                                  {1e-4, 1e-4, 1e-4, 1e-4, 2e-4, 1e-4, 2e-4, 1e-4});
 }
 
-// GradWrite::Assign: grad_x is written whole without being read, the bits of
-// accumulating onto zeros. NaN-filled buffers show a read or an unwritten pixel
-// (strides and ragged edges leave pixels that no tap reaches: they must be 0).
+// GradWrite::Assign on the odd shapes and the CPU's 3x3, 1x1 and Winograd paths.
 TEST_P(Conv2dTest, AssignedGradXIsAccumulatingOntoZeros) {
   std::vector<ConvCase> cases = odd_cases();
   cases.push_back({"3x3_pad1_flat", 3, 5, 14, 14, 6, 3, 3, make_params(1, 1, 1, 1)});
@@ -138,23 +112,7 @@ TEST_P(Conv2dTest, AssignedGradXIsAccumulatingOntoZeros) {
   // Winograd's backward-data on the CPU (Auto: 16 channels or more), both paddings.
   cases.push_back({"winograd_pad0", 2, 16, 9, 11, 16, 3, 3, make_params(1, 1, 0, 0)});
   cases.push_back({"winograd_pad1", 2, 16, 7, 10, 17, 3, 3, make_params(1, 1, 1, 1)});
-  unsigned seed = 900;
-  for (const ConvCase& k : cases) {
-    SCOPED_TRACE(k.name);
-    const Shape ys = k.y_shape();
-    const auto xv = random_values(static_cast<std::size_t>(numel_of(k.x_shape())), ++seed);
-    const auto wv = random_values(static_cast<std::size_t>(numel_of(k.w_shape())), ++seed);
-    const auto gv = random_values(static_cast<std::size_t>(numel_of(ys)), ++seed);
-    Tensor x = make(xv, k.x_shape()), w = make(wv, k.w_shape()), gy = make(gv, ys);
-    const auto n = static_cast<std::size_t>(numel_of(k.x_shape()));
-    Tensor accumulated = make(std::vector<float>(n, 0.0f), k.x_shape());
-    conv2d_backward(accumulated, Tensor(), Tensor(), gy, x, w, k.params, stream());
-    Tensor assigned = make(std::vector<float>(n, std::nanf("")), k.x_shape());
-    conv2d_backward(assigned, Tensor(), Tensor(), gy, x, w, k.params, stream(), GradWrite::Assign);
-    const std::vector<float> want = host(accumulated), got = host(assigned);
-    EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0);
-    EXPECT_NE(std::count(want.begin(), want.end(), 0.0f), std::ptrdiff_t(n)) << "trivial";
-  }
+  expect_assign_is_accumulating_onto_zeros(cases, 900);
 }
 
 TEST_P(Conv2dTest, WritesThroughUnalignedViews) {

@@ -142,27 +142,10 @@ TEST_P(FusionTest, BatchNormSplitBackwardTakesTheReluOutput) {
   batchnorm_forward_training(f, stream());
   Tensor whole = Tensor::zeros(shape, stream());
   batchnorm_backward(backward_of(f, grad_y, whole), stream());
-  BatchNormBackwardReduce reduce{.sum_grad_y = Tensor::empty({2}, stream()),
-                                 .sum_grad_y_xhat = Tensor::empty({2}, stream()),
-                                 .grad_y = grad_y,
-                                 .x = x,
-                                 .gamma = gamma,
-                                 .beta = beta,
-                                 .mean = f.save_mean,
-                                 .inv_std = f.save_inv_std,
-                                 .activation = Activation::ReLU};
+  BatchNormBackwardReduce reduce =
+      reduce_of(f, grad_y, Tensor::empty({2}, stream()), Tensor::empty({2}, stream()));
   batchnorm_backward_reduce(reduce, stream());
-  BatchNormBackwardApply apply{.grad_x = Tensor::zeros(shape, stream()),
-                               .grad_y = grad_y,
-                               .x = x,
-                               .gamma = gamma,
-                               .beta = beta,
-                               .mean = f.save_mean,
-                               .inv_std = f.save_inv_std,
-                               .sum_grad_y = reduce.sum_grad_y,
-                               .sum_grad_y_xhat = reduce.sum_grad_y_xhat,
-                               .count = 45,
-                               .activation = Activation::ReLU};
+  BatchNormBackwardApply apply = apply_of(reduce, Tensor::zeros(shape, stream()), 45);
   batchnorm_backward_apply(apply, stream());
   expect_same(apply.grad_x, whole, "split backward");
   // The mask is the forward's: the ReLU backward of y's unfused pair gives the same.

@@ -18,6 +18,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/matmul.h"
 #include "kernels/reference/matmul.h"
+#include "sixteen_bit.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -78,23 +79,6 @@ bool select(Path path, std::string* why) {
   return true;
 }
 
-// The values in T (float, bfloat16 or float16), rounded to nearest even.
-template <typename T>
-std::vector<T> convert(const std::vector<float>& values) {
-  std::vector<T> out;
-  out.reserve(values.size());
-  for (float v : values) out.push_back(T(v));
-  return out;
-}
-
-template <typename T>
-std::vector<float> widen(const std::vector<T>& values) {
-  std::vector<float> out;
-  out.reserve(values.size());
-  for (T v : values) out.push_back(static_cast<float>(v));
-  return out;
-}
-
 // The unit roundoff of a c of type Out: 0 for float32 (its rounding is in E).
 template <typename Out>
 constexpr double output_roundoff() {
@@ -143,10 +127,10 @@ template <typename In>
 Case<In> make_case(const Dims& d, bool transpose_a, bool transpose_b, float alpha, float beta,
                    unsigned seed) {
   Case<In> x{d, transpose_a, transpose_b, alpha, beta, {}, {}, {}, {}, {}};
-  x.a = convert<In>(random_values(static_cast<std::size_t>(d.m * d.k), seed));
-  x.b = convert<In>(random_values(static_cast<std::size_t>(d.k * d.n), seed + 1));
+  x.a = narrow<In>(random_values(static_cast<std::size_t>(d.m * d.k), seed));
+  x.b = narrow<In>(random_values(static_cast<std::size_t>(d.k * d.n), seed + 1));
   // c0 representable in In too, so that a 16-bit c holds exactly these values.
-  x.c0 = widen(convert<In>(random_values(static_cast<std::size_t>(d.m * d.n), seed + 2)));
+  x.c0 = widen(narrow<In>(random_values(static_cast<std::size_t>(d.m * d.n), seed + 2)));
   x.expect();
   return x;
 }
@@ -181,7 +165,7 @@ template <typename Out, typename In>
 std::vector<float> run(const Case<In>& x, const Stream& s = cpu()) {
   Tensor a = Tensor::from_host<In>(x.a, x.a_shape(), s);
   Tensor b = Tensor::from_host<In>(x.b, x.b_shape(), s);
-  Tensor c = Tensor::from_host<Out>(convert<Out>(x.c0), {x.d.m, x.d.n}, s);
+  Tensor c = Tensor::from_host<Out>(narrow<Out>(x.c0), {x.d.m, x.d.n}, s);
   matmul(c, a, b, x.transpose_a, x.transpose_b, x.alpha, x.beta, s);
   if constexpr (std::is_same_v<Out, float>) {
     return c.to_host<float>(s);
@@ -216,7 +200,7 @@ class MatmulLowpPath : public ::testing::TestWithParam<Path> {
     const std::vector<float> c16 = run<In>(x);
     EXPECT_TRUE(within_bound<float>(c32, x)) << describe(d, transpose_a, transpose_b);
     EXPECT_TRUE(within_bound<In>(c16, x)) << describe(d, transpose_a, transpose_b) << " 16-bit c";
-    EXPECT_EQ(c16, widen(convert<In>(c32)))
+    EXPECT_EQ(c16, widen(narrow<In>(c32)))
         << describe(d, transpose_a, transpose_b) << ": a 16-bit c is the float32 one rounded once";
   }
 
@@ -325,7 +309,7 @@ TEST_P(MatmulLowpPath, BetaZeroIgnoresNanInC) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const std::vector<float> nans(static_cast<std::size_t>(d.m * d.n), nan);
   Tensor c32 = Tensor::from_host<float>(nans, {d.m, d.n}, s);
-  Tensor c16 = Tensor::from_host<bfloat16>(convert<bfloat16>(nans), {d.m, d.n}, s);
+  Tensor c16 = Tensor::from_host<bfloat16>(narrow<bfloat16>(nans), {d.m, d.n}, s);
   matmul(c32, a, b, false, false, 1.0f, 0.0f, s);
   matmul(c16, a, b, false, false, 1.0f, 0.0f, s);
   const std::vector<float> out32 = c32.to_host<float>(s);
@@ -454,7 +438,7 @@ class MatmulLowpCuda : public ::testing::Test {
     const std::vector<float> c16 = run<In>(x, stream());
     EXPECT_TRUE(within_bound<float>(c32, x)) << describe(d, transpose_a, transpose_b);
     EXPECT_TRUE(within_bound<In>(c16, x)) << describe(d, transpose_a, transpose_b) << " 16-bit c";
-    EXPECT_EQ(c16, widen(convert<In>(c32)))
+    EXPECT_EQ(c16, widen(narrow<In>(c32)))
         << describe(d, transpose_a, transpose_b) << ": a 16-bit c is the float32 one rounded once";
   }
 
@@ -517,7 +501,7 @@ TEST_F(MatmulLowpCuda, BetaZeroIgnoresNanAndBetaOneAccumulates) {
   const std::vector<float> nans(static_cast<std::size_t>(d.m * d.n),
                                 std::numeric_limits<float>::quiet_NaN());
   Tensor c32 = Tensor::from_host<float>(nans, {d.m, d.n}, stream());
-  Tensor c16 = Tensor::from_host<bfloat16>(convert<bfloat16>(nans), {d.m, d.n}, stream());
+  Tensor c16 = Tensor::from_host<bfloat16>(narrow<bfloat16>(nans), {d.m, d.n}, stream());
   matmul(c32, a, b, false, true, 1.0f, 0.0f, stream());
   matmul(c16, a, b, false, true, 1.0f, 0.0f, stream());
   EXPECT_TRUE(within_bound<float>(c32.to_host<float>(stream()), x));
