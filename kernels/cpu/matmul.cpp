@@ -389,13 +389,13 @@ struct Blocked {
   }
 
   // op(A) packed whole for every K block: [K blocks][M panels][kc][MR] (PackedA).
-  static void pack_all_a(const Kernels<float, float>& isa, const float* a, std::int64_t lda,
-                         std::int64_t m, std::int64_t k, float* dst) {
+  static void pack_all_a(const Kernels<float, float>& isa, bool transpose_a, const float* a,
+                         std::int64_t lda, std::int64_t m, std::int64_t k, float* dst) {
     const std::int64_t m_panels = (m + MR - 1) / MR;
     for (std::int64_t pc = 0; pc < k; pc += kKc) {
       const std::int64_t kc = std::min(kKc, k - pc);
       for (std::int64_t q = 0; q < m_panels; ++q) {
-        pack_a(isa, false, a, lda, q * MR, std::min<std::int64_t>(MR, m - q * MR), pc, kc,
+        pack_a(isa, transpose_a, a, lda, q * MR, std::min<std::int64_t>(MR, m - q * MR), pc, kc,
                dst + pc * m_panels * MR + q * MR * kc);
       }
     }
@@ -696,11 +696,11 @@ GemmBPanels b_panels_for(GemmIsa isa, std::int64_t k, std::int64_t n) {
 
 }  // namespace
 
-PackedA::PackedA(const float* a, std::int64_t lda, std::int64_t m, std::int64_t k)
+PackedA::PackedA(const float* a, std::int64_t lda, std::int64_t m, std::int64_t k, bool transpose_a)
     : isa_(selected_isa().load(std::memory_order_relaxed)), m_(m), k_(k) {
   with_blocked(isa_, [&]<int MR, int NR>(const auto& kernels) {
     panels_.resize(static_cast<std::size_t>((m + MR - 1) / MR * MR * k));
-    Blocked<MR, NR>::pack_all_a(kernels, a, lda, m, k, panels_.data());
+    Blocked<MR, NR>::pack_all_a(kernels, transpose_a, a, lda, m, k, panels_.data());
   });
 }
 
@@ -725,6 +725,19 @@ void gemm_packed(const PackedA& a, const GemmBPanels& b, const float* packed, fl
   with_blocked(b.isa, [&]<int MR, int NR>(const auto& kernels) {
     Blocked<MR, NR>::run(kernels, false, false, a.m_, b.n, b.k, 1.0f, nullptr, 0, nullptr, 0, beta,
                          c, ldc, a.panels_.data(), packed);
+  });
+}
+
+void gemm_packed_a(const PackedA& a, bool transpose_b, std::int64_t n, const float* b,
+                   std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+  if (a.m_ <= 0 || n <= 0) return;
+  if (a.k_ <= 0) {
+    scale_c(a.m_, n, beta, c, ldc);
+    return;
+  }
+  with_blocked(a.isa_, [&]<int MR, int NR>(const auto& kernels) {
+    Blocked<MR, NR>::run(kernels, false, transpose_b, a.m_, n, a.k_, 1.0f, nullptr, 0, b, ldb, beta,
+                         c, ldc, a.panels_.data());
   });
 }
 

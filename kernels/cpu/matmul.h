@@ -80,14 +80,17 @@ void gemm_packed_b(bool transpose_a, std::int64_t m, const float* a, std::int64_
                    const GemmBPanels& b, const float* packed, float beta, float* c,
                    std::int64_t ldc);
 
-// A [m,k] (stored row-major with stride lda, not transposed) packed once into the
-// GEMM's panels, for many products with the same A: Winograd's transformed weights
-// against every block of tiles, which gemm would pack again each time. Packed for
-// the ISA in use when it is built; B's producer asks b_panels for the layout of B
-// that this A multiplies (that ISA's), and gemm_packed runs that ISA's kernels.
+// op(A) [m,k] (A stored row-major with stride lda: [m,k], or [k,m] when
+// transpose_a) packed once into the GEMM's panels, for many products with the same A:
+// Winograd's transformed weights against every block of tiles, and im2col's weight
+// (or its transpose) against every image's patches, which gemm would pack again each
+// time. Packed for the ISA in use when it is built; B's producer asks b_panels for
+// the layout of B that this A multiplies (that ISA's), and gemm_packed and
+// gemm_packed_a run that ISA's kernels.
 class PackedA {
  public:
-  PackedA(const float* a, std::int64_t lda, std::int64_t m, std::int64_t k);
+  PackedA(const float* a, std::int64_t lda, std::int64_t m, std::int64_t k,
+          bool transpose_a = false);
 
   // The layout of a B [k,n] for gemm_packed with this A.
   GemmBPanels b_panels(std::int64_t n) const;
@@ -95,6 +98,8 @@ class PackedA {
  private:
   friend void gemm_packed(const PackedA&, const GemmBPanels&, const float*, float, float*,
                           std::int64_t);
+  friend void gemm_packed_a(const PackedA&, bool, std::int64_t, const float*, std::int64_t, float,
+                            float*, std::int64_t);
   GemmIsa isa_;
   std::int64_t m_, k_;
   std::vector<float> panels_;
@@ -106,6 +111,13 @@ class PackedA {
 // beta, c, ldc) without packing either, the same bits.
 void gemm_packed(const PackedA& a, const GemmBPanels& b, const float* packed, float beta, float* c,
                  std::int64_t ldc);
+
+// C [m,n] = op(A) · op(B) + beta * C with A packed once (PackedA) and B [k,n] (stored
+// [k,n] with stride ldb, or [n,k] when transpose_b) packed here as gemm packs it:
+// gemm<float>(transpose_a, transpose_b, m, n, k, 1, A, lda, B, ldb, beta, c, ldc)
+// without A's packing, the same bits, on the ISA `a` was packed for.
+void gemm_packed_a(const PackedA& a, bool transpose_b, std::int64_t n, const float* b,
+                   std::int64_t ldb, float beta, float* c, std::int64_t ldc);
 
 #if defined(__x86_64__)
 // dst [k][32] <- 32 rows of src, `ld` apart, each contiguous along k: the GEMM's
