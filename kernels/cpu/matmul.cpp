@@ -27,6 +27,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "engine/error.h"
@@ -332,9 +333,17 @@ struct Blocked {
       }
     } else if (!transpose_a && isa.pack_a_rows != nullptr) {
       isa.pack_a_rows(a + i0 * lda + p0, lda, kc, dst, rows);
-    } else if (kFloat && transpose_a && rows == MR) {  // A stored [K,M]: MR floats per k
-      for (std::int64_t p = 0; p < kc; ++p) {
-        std::memcpy(dst + p * MR, a + (p0 + p) * lda + i0, MR * sizeof(float));
+    } else if (kFloat && transpose_a) {  // A stored [K,M]: `rows` floats per k, zeros after
+      // The count a compile-time constant, for an edge panel too (Winograd's weight
+      // gradient with 16 channels: 16 = 6 + 6 + 4 rows): a few moves a k, where the
+      // element-by-element loop tested each element.
+      if constexpr (kFloat) {
+        [&]<std::size_t... R>(std::index_sequence<R...>) {
+          (void)((rows == std::int64_t(R) + 1 &&
+                  (pack_transposed_floats<R + 1>(a + p0 * lda + i0, lda, kc, dst), true)) ||
+                 ...);
+        }
+        (std::make_index_sequence<MR>());
       }
     } else if (transpose_a) {
       for (std::int64_t p = 0; p < kc; ++p) {
@@ -350,6 +359,17 @@ struct Blocked {
           for (std::int64_t p = 0; p < kc; ++p) dst[p * MR + i] = 0.0f;
         }
       }
+    }
+  }
+
+  // dst [kc][MR] <- the first Rows floats of kc rows `ld` apart, zeros after: a
+  // panel of a float A stored [K,M].
+  template <std::size_t Rows>
+  static void pack_transposed_floats(const float* src, std::int64_t ld, std::int64_t kc,
+                                     float* dst) {
+    for (std::int64_t p = 0; p < kc; ++p, src += ld, dst += MR) {
+      std::memcpy(dst, src, Rows * sizeof(float));
+      if constexpr (Rows < MR) std::memset(dst + Rows, 0, (MR - Rows) * sizeof(float));
     }
   }
 
