@@ -369,6 +369,9 @@ std::vector<ConvCase> winograd_cases() {
       {"C8_K16_wide_rows", 2, 8, 6, 37, 16, 3, 3, make_params(1, 1, 1, 1)},
       {"C16_K8_odd_pad0", 3, 16, 9, 12, 8, 3, 3, make_params(1, 1, 0, 0)},
       {"C8_K8_narrow", 2, 8, 5, 5, 8, 3, 3, make_params(1, 1, 1, 1), false},
+      // The weight gradient's V and Y written into the GEMM's panels of a block of
+      // more than kGemmKc tiles (800: four blocks of the GEMM's inner dimension).
+      {"C8_K16_tile_blocks", 2, 8, 40, 40, 16, 3, 3, make_params(1, 1, 1, 1)},
   };
 }
 

@@ -535,6 +535,51 @@ TEST(MatmulCpu, PackedBHasTheGemmsBits) {
   EXPECT_GE(isas, 1);
 }
 
+// A and B both written straight into the GEMM's panels (GemmAPanels::at,
+// GemmBPanels::at) give the bits of the GEMM packing both, beta 0 and 1, on every
+// ISA: a K of two blocks, an M and an N that end in partial panels on every height
+// and width, the padding left as zeros. Control: A's last value 0.1% off changes
+// bits the comparison sees.
+TEST(MatmulCpu, PackedAAndBHaveTheGemmsBits) {
+  const RestoreGemmIsa restore;
+  const std::int64_t M = 29, N = 37, K = 300;
+  const auto a = random_values(std::size_t(M * K), 831), b = random_values(std::size_t(K * N), 832);
+  const auto c0 = random_values(std::size_t(M * N), 833);
+  int isas = 0;
+  for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
+    if (!gemm_isa_supported(isa)) continue;
+    set_gemm_isa(isa);
+    ++isas;
+    const cpu::GemmAPanels a_panels = cpu::gemm_a_panels(M, K);
+    const cpu::GemmBPanels b_panels = cpu::gemm_b_panels(K, N);
+    EXPECT_EQ(a_panels.isa, isa);
+    std::vector<float> packed_a(std::size_t(a_panels.floats()), 0.0f);
+    std::vector<float> packed_b(std::size_t(b_panels.floats()), 0.0f);
+    for (std::int64_t p = 0; p < K; ++p) {
+      for (std::int64_t i = 0; i < M; ++i) {
+        packed_a[std::size_t(a_panels.at(i, p))] = a[std::size_t(i * K + p)];
+      }
+      for (std::int64_t j = 0; j < N; ++j) {
+        packed_b[std::size_t(b_panels.at(p, j))] = b[std::size_t(p * N + j)];
+      }
+    }
+    std::vector<float> off_a = packed_a;
+    off_a[std::size_t(a_panels.at(M - 1, K - 1))] *= 1.001f;
+    for (float beta : {0.0f, 1.0f}) {
+      SCOPED_TRACE(::testing::Message() << "isa " << int(isa) << ", beta " << beta);
+      std::vector<float> want = c0, got = c0, control = c0;
+      cpu::gemm<float>(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, beta, want.data(), N);
+      cpu::gemm_packed_ab(a_panels, packed_a.data(), b_panels, packed_b.data(), beta, got.data(),
+                          N);
+      EXPECT_EQ(bits(got), bits(want));
+      cpu::gemm_packed_ab(a_panels, off_a.data(), b_panels, packed_b.data(), beta, control.data(),
+                          N);
+      EXPECT_NE(bits(control), bits(want)) << "control";
+    }
+  }
+  EXPECT_GE(isas, 1);
+}
+
 // A packed once (PackedA), op(A) transposed or not, against op(B) that the GEMM packs,
 // transposed or not, gives the bits of gemm packing both, beta 0 and 1, on every
 // ISA: the same sizes as above (M = 29 ends in a partial panel on every MR), and a

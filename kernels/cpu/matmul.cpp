@@ -728,6 +728,28 @@ GemmBPanels PackedA::b_panels(std::int64_t n) const {
   return b_panels_for(isa_, k_, n);
 }
 
+GemmAPanels gemm_a_panels(std::int64_t m, std::int64_t k) {
+  GemmAPanels panels{selected_isa().load(std::memory_order_relaxed), 0, m, k};
+  with_blocked(panels.isa, [&]<int MR, int NR>(const auto&) { panels.height = MR; });
+  return panels;
+}
+
+void gemm_packed_ab(const GemmAPanels& a, const float* a_packed, const GemmBPanels& b,
+                    const float* b_packed, float beta, float* c, std::int64_t ldc) {
+  TL_CHECK(a.isa == b.isa && a.k == b.k, InvalidArgument,
+           "gemm_packed_ab: A's panels with K = " << a.k << ", B's with K = " << b.k
+                                                  << (a.isa == b.isa ? "" : ", for another ISA"));
+  if (a.m <= 0 || b.n <= 0) return;
+  if (b.k <= 0) {
+    scale_c(a.m, b.n, beta, c, ldc);
+    return;
+  }
+  with_blocked(b.isa, [&]<int MR, int NR>(const auto& kernels) {
+    Blocked<MR, NR>::run(kernels, false, false, a.m, b.n, b.k, 1.0f, nullptr, 0, nullptr, 0, beta,
+                         c, ldc, a_packed, b_packed);
+  });
+}
+
 GemmBPanels gemm_b_panels(std::int64_t k, std::int64_t n) {
   return b_panels_for(selected_isa().load(std::memory_order_relaxed), k, n);
 }

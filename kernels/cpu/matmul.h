@@ -73,6 +73,31 @@ struct GemmBPanels {
 };
 GemmBPanels gemm_b_panels(std::int64_t k, std::int64_t n);
 
+// A [m,k] as the GEMM packs it for one ISA (gemm_a_panels: the one in use when asked;
+// PackedA's layout), for a producer that writes it there itself (Winograd's weight
+// gradient, its input transform V): row panels `height` high (6 on AVX2, 12 on
+// AVX-512), [kc][height] each, zeros (or any finite values) past m; the columns in
+// blocks of kGemmKc, each block's panels one after another.
+struct GemmAPanels {
+  GemmIsa isa;
+  std::int64_t height, m, k;
+
+  std::int64_t panels() const { return (m + height - 1) / height; }
+  std::int64_t floats() const { return panels() * height * k; }
+  // Where element (i, p) of A lies.
+  std::int64_t at(std::int64_t i, std::int64_t p) const {
+    const std::int64_t block = p / kGemmKc * kGemmKc, kc = std::min(kGemmKc, k - block);
+    return block * panels() * height + i / height * height * kc + (p - block) * height + i % height;
+  }
+};
+GemmAPanels gemm_a_panels(std::int64_t m, std::int64_t k);
+
+// C [m,n] = A · B + beta * C with A and B written by their producers as `a` and `b`
+// lay them out (the same ISA, a.k == b.k): gemm<float>(false, false, a.m, b.n, b.k, 1,
+// A, lda, B, ldb, beta, c, ldc) without packing either, the same bits.
+void gemm_packed_ab(const GemmAPanels& a, const float* a_packed, const GemmBPanels& b,
+                    const float* b_packed, float beta, float* c, std::int64_t ldc);
+
 // C [m,n] = op(A) · B + beta * C for B written into `packed` as `b` lays it out:
 // gemm<float>(transpose_a, false, m, b.n, b.k, 1, a, lda, B, ldb, beta, c, ldc) without
 // B's packing, the same bits, on the ISA `b` was asked for.
