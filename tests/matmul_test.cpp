@@ -535,6 +535,49 @@ TEST(MatmulCpu, PackedBHasTheGemmsBits) {
   EXPECT_GE(isas, 1);
 }
 
+// Every tile of the AVX kernels, full or at an edge (M = 16 = 6 + 6 + 4 rows on AVX2,
+// 12 + 4 on AVX-512; N = 40 = 16 + 16 + 8 columns, 32 + 8), computed in place or aside,
+// has the bits of each output's scalar chain: fused multiply-adds in k order, kGemmKc
+// at a time, each block's sum then rounded onto beta * C (alpha 1, beta 0, 1 and -0.5;
+// the later blocks onto C). Control: the chain without its last product differs.
+TEST(MatmulCpu, EdgeTilesHaveTheScalarChainsBits) {
+  const RestoreGemmIsa restore;
+  const std::int64_t M = 16, N = 40, K = 300;
+  const auto a = random_values(std::size_t(M * K), 841), b = random_values(std::size_t(K * N), 842);
+  const auto c0 = random_values(std::size_t(M * N), 843);
+  auto chain = [&](float beta, std::int64_t depth) {
+    std::vector<float> c = c0;
+    for (std::int64_t i = 0; i < M; ++i) {
+      for (std::int64_t j = 0; j < N; ++j) {
+        float& out = c[std::size_t(i * N + j)];
+        for (std::int64_t p0 = 0; p0 < depth; p0 += cpu::kGemmKc) {
+          float acc = 0.0f;
+          for (std::int64_t p = p0; p < std::min(depth, p0 + cpu::kGemmKc); ++p) {
+            acc = std::fma(a[std::size_t(i * K + p)], b[std::size_t(p * N + j)], acc);
+          }
+          const float scaled = p0 == 0 ? beta * out : out;
+          out = p0 == 0 && beta == 0.0f ? acc : acc + scaled;
+        }
+      }
+    }
+    return c;
+  };
+  int isas = 0;
+  for (GemmIsa isa : {GemmIsa::Avx2, GemmIsa::Avx512}) {
+    if (!gemm_isa_supported(isa)) continue;
+    set_gemm_isa(isa);
+    ++isas;
+    for (float beta : {0.0f, 1.0f, -0.5f}) {
+      SCOPED_TRACE(::testing::Message() << "isa " << int(isa) << ", beta " << beta);
+      std::vector<float> got = c0;
+      cpu::gemm<float>(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, beta, got.data(), N);
+      EXPECT_EQ(bits(got), bits(chain(beta, K)));
+      EXPECT_NE(bits(got), bits(chain(beta, K - 1))) << "control";
+    }
+  }
+  if (isas == 0) GTEST_SKIP() << "this CPU has neither AVX2 nor AVX-512";
+}
+
 // A and B both written straight into the GEMM's panels (GemmAPanels::at,
 // GemmBPanels::at) give the bits of the GEMM packing both, beta 0 and 1, on every
 // ISA: a K of two blocks, an M and an N that end in partial panels on every height

@@ -79,6 +79,9 @@ struct Kernels {
   MicroKernel<Word> (*edge_kernel)(std::int64_t rows, std::int64_t cols) = nullptr;
   PanelPack<Src, Word> pack_a_cols = nullptr;  // A stored [K,M]
   PanelPack<Src, Word> pack_b_cols = nullptr;  // B stored [K,N]
+  // Whether edge_kernel(rows, cols) writes exactly rows x cols (nullptr: never), so
+  // that it may write C itself.
+  bool (*edge_fits)(std::int64_t rows, std::int64_t cols) = nullptr;
 };
 
 // Portable: GCC/Clang vector extensions (SSE on x86-64, NEON on ARM).
@@ -173,6 +176,10 @@ MicroKernel<float> avx2_edge_kernel(std::int64_t rows, std::int64_t cols) {
   }
   if (rows <= 2) return micro_kernel_avx2<2, 2>;
   return rows <= 4 ? micro_kernel_avx2<4, 2> : micro_kernel_avx2<6, 2>;
+}
+
+bool avx2_edge_fits(std::int64_t rows, std::int64_t cols) {
+  return (rows == 2 || rows == 4 || rows == 6) && (cols == 8 || cols == 16);
 }
 
 // Eight consecutive source values as floats: a float's loaded, a bfloat16's
@@ -271,6 +278,10 @@ MicroKernel<float> avx512_edge_kernel(std::int64_t rows, std::int64_t cols) {
   }
   if (rows <= 4) return micro_kernel_avx512<4, 2>;
   return rows <= 8 ? micro_kernel_avx512<8, 2> : micro_kernel_avx512<12, 2>;
+}
+
+bool avx512_edge_fits(std::int64_t rows, std::int64_t cols) {
+  return (rows == 4 || rows == 8 || rows == 12) && (cols == 16 || cols == 32);
 }
 
 #endif  // TL_CPU_X86
@@ -485,9 +496,18 @@ struct Blocked {
                   isa.micro_kernel(kc, a_panel, b_panel, c_tile, ldc, alpha, beta_block);
                   continue;
                 }
-                // A ragged edge: compute the tile aside, then write the valid part.
                 const MicroKernel<Word> edge =
                     isa.edge_kernel != nullptr ? isa.edge_kernel(rows, cols) : isa.micro_kernel;
+                // An edge that its kernel covers exactly (M = 16 = 6 + 6 + 4 on AVX2:
+                // Winograd's GEMMs with 16 channels) is written in place, as a full
+                // tile is: the same bits as below where alpha is 1 (alpha * acc
+                // exact) or beta 0.
+                if (isa.edge_fits != nullptr && isa.edge_fits(rows, cols) &&
+                    (alpha == 1.0f || beta_block == 0.0f)) {
+                  edge(kc, a_panel, b_panel, c_tile, ldc, alpha, beta_block);
+                  continue;
+                }
+                // A ragged edge: compute the tile aside, then write the valid part.
                 edge(kc, a_panel, b_panel, tile, NR, alpha, 0.0f);
                 // Row by row, beta tested once: per element, the test was most of
                 // the time of Winograd's GEMMs' 4-row edge (M = 64 = 5 x 12 + 4).
@@ -691,14 +711,14 @@ void with_blocked(GemmIsa isa, const Fn& fn) {
   switch (isa) {
 #if TL_CPU_X86
     case GemmIsa::Avx512:
-      fn.template operator()<kAvx512Mr, kAvx512Nr>(
-          Kernels<Src, float>{micro_kernel_avx512<kAvx512Mr, 2>, rows_packer<Src, kAvx512Mr>(),
-                              rows_packer<Src, kAvx512Nr>(), avx512_edge_kernel});
+      fn.template operator()<kAvx512Mr, kAvx512Nr>(Kernels<Src, float>{
+          micro_kernel_avx512<kAvx512Mr, 2>, rows_packer<Src, kAvx512Mr>(),
+          rows_packer<Src, kAvx512Nr>(), avx512_edge_kernel, nullptr, nullptr, avx512_edge_fits});
       return;
     case GemmIsa::Avx2:
-      fn.template operator()<kAvx2Mr, kAvx2Nr>(
-          Kernels<Src, float>{micro_kernel_avx2<kAvx2Mr, 2>, rows_packer<Src, kAvx2Mr>(),
-                              rows_packer<Src, kAvx2Nr>(), avx2_edge_kernel});
+      fn.template operator()<kAvx2Mr, kAvx2Nr>(Kernels<Src, float>{
+          micro_kernel_avx2<kAvx2Mr, 2>, rows_packer<Src, kAvx2Mr>(), rows_packer<Src, kAvx2Nr>(),
+          avx2_edge_kernel, nullptr, nullptr, avx2_edge_fits});
       return;
 #endif
     default:
