@@ -14,7 +14,8 @@
 // are packed into the GEMM's panels once a call (PackedA, gemm_packed_a: gemm's bits),
 // not once an image.
 // On AVX2 and AVX-512, the weight gradient of 3x3 layers with stride 1 or 2 skips col altogether
-// (kernels/cpu/conv2d_implicit.h), with the same sums in the same order.
+// (kernels/cpu/conv2d_implicit.h), with the same sums in the same order; on AVX2 the forward
+// of those layers, where Winograd does not take it, too.
 //
 // Where Winograd F(2x2,3x3) is chosen (kernels/cpu/winograd.h: 3x3, stride 1, at
 // least 16 channels in and out under Auto), it takes all three passes, the weight
@@ -466,13 +467,40 @@ void forward_by_gemm(Out* out, const T* in, const T* w, const T* b, const Conv2d
   const bool lower = needs_lowering(s);
   // The weight, the GEMM's A for every image, packed once for them all (float32; the
   // float64 gradient checks' gemm is plain loops, with nothing to pack).
+  // Where it applies, the implicit forward (kernels/cpu/conv2d_implicit.h) skips col,
+  // each thread on its own images (with fewer images than threads the GEMM, which
+  // spreads over them, keeps them).
+  bool implicit = false;
+  if constexpr (std::is_same_v<T, float>) {
+    implicit = implicit_forward_applies(s) && image_chunks(s.N) == thread_share();
+  }
   std::optional<PackedA> packed_w;
-  if constexpr (std::is_same_v<T, float>) packed_w.emplace(w, crs, s.K, crs);
+  HostScratch<float> panels(implicit ? implicit_forward_panels(s) : 0);
+  if constexpr (std::is_same_v<T, float>) {
+    if (implicit) {
+      implicit_forward_pack(w, panels.get(), s);
+    } else {
+      packed_w.emplace(w, crs, s.K, crs);
+    }
+  }
   auto per_chunk = [&](std::int64_t, std::int64_t first, std::int64_t last) {
-    HostScratch<T> col(lower ? crs * pq : 0);     // [C*R*S, P*Q]
+    HostScratch<T> col(lower && !implicit ? crs * pq : 0);  // [C*R*S, P*Q]
+    HostScratch<float> implicit_scratch(implicit ? implicit_forward_scratch(s) : 0);
     HostScratch<T> sums(rounded ? s.K * pq : 0);  // [K, P*Q], a 16-bit y's
     for (std::int64_t n = first; n < last; ++n) {
       const T* patches = in + n * chw;
+      if constexpr (std::is_same_v<T, float>) {
+        if (implicit) {
+          if constexpr (rounded) {
+            implicit_forward(patches, panels.get(), b, sums.get(), implicit_scratch.get(), s);
+            round_to_16bit(out + n * s.K * pq, sums.get(), s.K * pq);
+          } else {
+            implicit_forward(patches, panels.get(), b, out + n * s.K * pq, implicit_scratch.get(),
+                             s);
+          }
+          continue;
+        }
+      }
       if (lower) {
         im2col(col.get(), patches, s);
         patches = col.get();
