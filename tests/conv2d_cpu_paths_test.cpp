@@ -369,6 +369,9 @@ std::vector<ConvCase> winograd_cases() {
       {"C8_K16_wide_rows", 2, 8, 6, 37, 16, 3, 3, make_params(1, 1, 1, 1)},
       {"C16_K8_odd_pad0", 3, 16, 9, 12, 8, 3, 3, make_params(1, 1, 0, 0)},
       {"C8_K8_narrow", 2, 8, 5, 5, 8, 3, 3, make_params(1, 1, 1, 1), false},
+      // The weight gradient's V and Y written into the GEMM's panels of a block of
+      // more than kGemmKc tiles (800: four blocks of the GEMM's inner dimension).
+      {"C8_K16_tile_blocks", 2, 8, 40, 40, 16, 3, 3, make_params(1, 1, 1, 1)},
   };
 }
 
@@ -736,6 +739,59 @@ TEST(Conv2dStride2, MatchesReferenceWithinTheTermMagnitudes) {
       EXPECT_EQ(bits(assigned.to_host<float>(cpu())), bits(onto_zeros.to_host<float>(cpu())))
           << "assigned grad_x";
     });
+  }
+}
+
+// The implicit forward (AVX2) gives the bits of im2col (plain loops) + the GEMM: with
+// and without a bias, one block of the GEMM's inner dimension (C*9 = 144) and several
+// (576, 40 channels), a last group of fewer than six pixels, stride 2 both ways, one
+// way, and 1 (as im2col forced at stride 1 would run it). Control: one input value
+// 0.1% off changes bits the comparison sees.
+TEST(Conv2dImplicitForward, GivesTheGemmBits) {
+  const RestoreGemmIsa restore;
+  if (!gemm_isa_supported(GemmIsa::Avx2)) GTEST_SKIP() << "this CPU has no AVX2";
+  set_gemm_isa(GemmIsa::Avx2);
+  for (const ConvCase& k :
+       {ConvCase{"stride2_28x28_C16_K32", 1, 16, 28, 28, 32, 3, 3, make_params(2, 2, 1, 1)},
+        ConvCase{"stride2_14x14_C32_K64", 1, 32, 14, 14, 64, 3, 3, make_params(2, 2, 1, 1)},
+        ConvCase{"stride2_C64_K32_blocks", 1, 64, 9, 9, 32, 3, 3, make_params(2, 2, 1, 1)},
+        ConvCase{"stride2_pad0_9x13_K32", 1, 3, 9, 13, 32, 3, 3, make_params(2, 2, 0, 0)},
+        ConvCase{"stride2x1_K32", 1, 2, 9, 8, 32, 3, 3, make_params(2, 1, 1, 0)},
+        ConvCase{"stride1x2_K32", 1, 2, 8, 9, 32, 3, 3, make_params(1, 2, 0, 1)},
+        ConvCase{"stride1_K64", 1, 5, 7, 6, 64, 3, 3, make_params(1, 1, 1, 1)}}) {
+    SCOPED_TRACE(k.name);
+    const Shape ys = k.y_shape();
+    const Conv2dShape s{1, k.C, k.H, k.W, k.K, 3, 3, ys[2], ys[3], k.params};
+    ASSERT_TRUE(cpu::implicit_forward_applies(s));
+    const std::int64_t crs = s.C * 9, pq = s.P * s.Q;
+    const auto x = random_values(std::size_t(numel_of(k.x_shape())), 1601);
+    const auto w = random_values(std::size_t(s.K * crs), 1602);
+    const auto bias = random_values(std::size_t(s.K), 1603);
+    std::vector<float> panels(std::size_t(cpu::implicit_forward_panels(s)));
+    std::vector<float> scratch(std::size_t(cpu::implicit_forward_scratch(s)));
+    cpu::implicit_forward_pack(w.data(), panels.data(), s);
+    const std::vector<float> col = patch_matrix(x, s);
+    for (bool with_bias : {true, false}) {
+      SCOPED_TRACE(with_bias ? "bias" : "no bias");
+      // The im2col path's GEMM: y filled with the bias, beta 1 (or beta 0 without).
+      std::vector<float> want(std::size_t(s.K * pq), 0.0f);
+      if (with_bias) {
+        for (std::int64_t o = 0; o < s.K; ++o) {
+          std::fill(want.begin() + o * pq, want.begin() + (o + 1) * pq, bias[std::size_t(o)]);
+        }
+      }
+      cpu::gemm<float>(false, false, s.K, pq, crs, 1.0f, w.data(), crs, col.data(), pq,
+                       with_bias ? 1.0f : 0.0f, want.data(), pq);
+      std::vector<float> got(want.size(), std::nanf(""));
+      cpu::implicit_forward(x.data(), panels.data(), with_bias ? bias.data() : nullptr, got.data(),
+                            scratch.data(), s);
+      EXPECT_EQ(bits(got), bits(want));
+      std::vector<float> nudged = x, off(want.size());
+      nudged[std::size_t(read_pixel(k).x)] *= 1.001f;
+      cpu::implicit_forward(nudged.data(), panels.data(), with_bias ? bias.data() : nullptr,
+                            off.data(), scratch.data(), s);
+      EXPECT_NE(bits(off), bits(want)) << "control";
+    }
   }
 }
 

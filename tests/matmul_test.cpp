@@ -2,6 +2,7 @@
 // against a double-precision triple loop on odd and large shapes, alpha/beta
 // semantics, empty products, shape errors, the raw gemm entry points with padded
 // leading dimensions, every CPU micro-kernel, and the gradients in float64.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -530,6 +531,157 @@ TEST(MatmulCpu, PackedBHasTheGemmsBits) {
                              << beta;
       }
     }
+  }
+  EXPECT_GE(isas, 1);
+}
+
+// Every tile of the AVX kernels, full or at an edge (M = 16 = 6 + 6 + 4 rows on AVX2,
+// 12 + 4 on AVX-512; N = 40 = 16 + 16 + 8 columns, 32 + 8), computed in place or aside,
+// has the bits of each output's scalar chain: fused multiply-adds in k order, kGemmKc
+// at a time, each block's sum then rounded onto beta * C (alpha 1, beta 0, 1 and -0.5;
+// the later blocks onto C). Control: the chain without its last product differs.
+TEST(MatmulCpu, EdgeTilesHaveTheScalarChainsBits) {
+  const RestoreGemmIsa restore;
+  const std::int64_t M = 16, N = 40, K = 300;
+  const auto a = random_values(std::size_t(M * K), 841), b = random_values(std::size_t(K * N), 842);
+  const auto c0 = random_values(std::size_t(M * N), 843);
+  auto chain = [&](float beta, std::int64_t depth) {
+    std::vector<float> c = c0;
+    for (std::int64_t i = 0; i < M; ++i) {
+      for (std::int64_t j = 0; j < N; ++j) {
+        float& out = c[std::size_t(i * N + j)];
+        for (std::int64_t p0 = 0; p0 < depth; p0 += cpu::kGemmKc) {
+          float acc = 0.0f;
+          for (std::int64_t p = p0; p < std::min(depth, p0 + cpu::kGemmKc); ++p) {
+            acc = std::fma(a[std::size_t(i * K + p)], b[std::size_t(p * N + j)], acc);
+          }
+          const float scaled = p0 == 0 ? beta * out : out;
+          out = p0 == 0 && beta == 0.0f ? acc : acc + scaled;
+        }
+      }
+    }
+    return c;
+  };
+  int isas = 0;
+  for (GemmIsa isa : {GemmIsa::Avx2, GemmIsa::Avx512}) {
+    if (!gemm_isa_supported(isa)) continue;
+    set_gemm_isa(isa);
+    ++isas;
+    for (float beta : {0.0f, 1.0f, -0.5f}) {
+      SCOPED_TRACE(::testing::Message() << "isa " << int(isa) << ", beta " << beta);
+      std::vector<float> got = c0;
+      cpu::gemm<float>(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, beta, got.data(), N);
+      EXPECT_EQ(bits(got), bits(chain(beta, K)));
+      EXPECT_NE(bits(got), bits(chain(beta, K - 1))) << "control";
+    }
+  }
+  if (isas == 0) GTEST_SKIP() << "this CPU has neither AVX2 nor AVX-512";
+}
+
+// A and B both written straight into the GEMM's panels (GemmAPanels::at,
+// GemmBPanels::at) give the bits of the GEMM packing both, beta 0 and 1, on every
+// ISA: a K of two blocks, an M and an N that end in partial panels on every height
+// and width, the padding left as zeros. Control: A's last value 0.1% off changes
+// bits the comparison sees.
+TEST(MatmulCpu, PackedAAndBHaveTheGemmsBits) {
+  const RestoreGemmIsa restore;
+  const std::int64_t M = 29, N = 37, K = 300;
+  const auto a = random_values(std::size_t(M * K), 831), b = random_values(std::size_t(K * N), 832);
+  const auto c0 = random_values(std::size_t(M * N), 833);
+  int isas = 0;
+  for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
+    if (!gemm_isa_supported(isa)) continue;
+    set_gemm_isa(isa);
+    ++isas;
+    const cpu::GemmAPanels a_panels = cpu::gemm_a_panels(M, K);
+    const cpu::GemmBPanels b_panels = cpu::gemm_b_panels(K, N);
+    EXPECT_EQ(a_panels.isa, isa);
+    std::vector<float> packed_a(std::size_t(a_panels.floats()), 0.0f);
+    std::vector<float> packed_b(std::size_t(b_panels.floats()), 0.0f);
+    for (std::int64_t p = 0; p < K; ++p) {
+      for (std::int64_t i = 0; i < M; ++i) {
+        packed_a[std::size_t(a_panels.at(i, p))] = a[std::size_t(i * K + p)];
+      }
+      for (std::int64_t j = 0; j < N; ++j) {
+        packed_b[std::size_t(b_panels.at(p, j))] = b[std::size_t(p * N + j)];
+      }
+    }
+    std::vector<float> off_a = packed_a;
+    off_a[std::size_t(a_panels.at(M - 1, K - 1))] *= 1.001f;
+    for (float beta : {0.0f, 1.0f}) {
+      SCOPED_TRACE(::testing::Message() << "isa " << int(isa) << ", beta " << beta);
+      std::vector<float> want = c0, got = c0, control = c0;
+      cpu::gemm<float>(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, beta, want.data(), N);
+      cpu::gemm_packed_ab(a_panels, packed_a.data(), b_panels, packed_b.data(), beta, got.data(),
+                          N);
+      EXPECT_EQ(bits(got), bits(want));
+      cpu::gemm_packed_ab(a_panels, off_a.data(), b_panels, packed_b.data(), beta, control.data(),
+                          N);
+      EXPECT_NE(bits(control), bits(want)) << "control";
+    }
+  }
+  EXPECT_GE(isas, 1);
+}
+
+// A packed once (PackedA), op(A) transposed or not, against op(B) that the GEMM packs,
+// transposed or not, gives the bits of gemm packing both, beta 0 and 1, on every
+// ISA: the same sizes as above (M = 29 ends in a partial panel on every MR), and a
+// product large enough to be shared among the threads. The panels are a copy: A
+// overwritten after packing changes nothing. Control: A's last value 0.1% off before
+// packing changes bits the comparison sees.
+TEST(MatmulCpu, PackedAHasTheGemmsBits) {
+  const RestoreGemmIsa restore;
+  const std::int64_t M = 29, N = 37, K = 300;
+  const auto a = random_values(std::size_t(M * K), 821), b = random_values(std::size_t(K * N), 822);
+  const auto c0 = random_values(std::size_t(M * N), 823);
+  // op(X) [rows, cols] stored as is ([rows, cols]) or transposed ([cols, rows]).
+  auto stored = [](const std::vector<float>& x, std::int64_t rows, std::int64_t cols, bool t) {
+    std::vector<float> out = x;
+    if (t) {
+      for (std::int64_t i = 0; i < rows; ++i) {
+        for (std::int64_t p = 0; p < cols; ++p)
+          out[std::size_t(p * rows + i)] = x[std::size_t(i * cols + p)];
+      }
+    }
+    return out;
+  };
+  int isas = 0;
+  for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
+    if (!gemm_isa_supported(isa)) continue;
+    set_gemm_isa(isa);
+    ++isas;
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        const std::vector<float> sa = stored(a, M, K, ta), sb = stored(b, K, N, tb);
+        const std::int64_t lda = ta ? M : K, ldb = tb ? K : N;
+        std::vector<float> copy = sa;
+        const cpu::PackedA packed(copy.data(), lda, M, K, ta);
+        std::fill(copy.begin(), copy.end(), 7.0f);  // the panels are a copy
+        std::vector<float> off_a = sa;
+        off_a[ta ? std::size_t((K - 1) * M + M - 1) : std::size_t(M * K - 1)] *= 1.001f;
+        const cpu::PackedA off(off_a.data(), lda, M, K, ta);
+        for (float beta : {0.0f, 1.0f}) {
+          SCOPED_TRACE(::testing::Message() << "isa " << int(isa) << (ta ? ", A transposed" : "")
+                                            << (tb ? ", B transposed" : "") << ", beta " << beta);
+          std::vector<float> want = c0, got = c0, control = c0;
+          cpu::gemm<float>(ta, tb, M, N, K, 1.0f, sa.data(), lda, sb.data(), ldb, beta, want.data(),
+                           N);
+          cpu::gemm_packed_a(packed, tb, N, sb.data(), ldb, beta, got.data(), N);
+          EXPECT_EQ(bits(got), bits(want));
+          cpu::gemm_packed_a(off, tb, N, sb.data(), ldb, beta, control.data(), N);
+          EXPECT_NE(bits(control), bits(want)) << "control";
+        }
+      }
+    }
+    // A larger product, which gemm shares among the threads.
+    const std::int64_t m = 64, n = 196, k = 576;
+    const auto la = random_values(std::size_t(m * k), 824),
+               lb = random_values(std::size_t(k * n), 825);
+    std::vector<float> want(std::size_t(m * n)), got(std::size_t(m * n), 3.0f);
+    cpu::gemm<float>(false, false, m, n, k, 1.0f, la.data(), k, lb.data(), n, 0.0f, want.data(), n);
+    cpu::gemm_packed_a(cpu::PackedA(la.data(), k, m, k), false, n, lb.data(), n, 0.0f, got.data(),
+                       n);
+    EXPECT_EQ(bits(got), bits(want)) << "isa " << int(isa) << ", " << m << " x " << n << " x " << k;
   }
   EXPECT_GE(isas, 1);
 }

@@ -10,8 +10,12 @@
 //   backward-data    grad_col     = weightᵀ · grad_y[n]         [CRS,P*Q], then col2im adds
 //                    each patch element back onto the input pixel it came from.
 // A 1x1 kernel with stride 1 and no padding needs no lowering: col is x[n] itself.
+// The weight (forward) and its transpose (backward-data), the same A for every image,
+// are packed into the GEMM's panels once a call (PackedA, gemm_packed_a: gemm's bits),
+// not once an image.
 // On AVX2 and AVX-512, the weight gradient of 3x3 layers with stride 1 or 2 skips col altogether
-// (kernels/cpu/conv2d_implicit.h), with the same sums in the same order.
+// (kernels/cpu/conv2d_implicit.h), with the same sums in the same order; on AVX2 the forward
+// of those layers, where Winograd does not take it, too.
 //
 // Where Winograd F(2x2,3x3) is chosen (kernels/cpu/winograd.h: 3x3, stride 1, at
 // least 16 channels in and out under Auto), it takes all three passes, the weight
@@ -29,6 +33,7 @@
 // just after its GEMM. The backward's outputs are float32.
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <type_traits>
 
 #include "engine/settings.h"
@@ -460,11 +465,42 @@ void forward_by_gemm(Out* out, const T* in, const T* w, const T* b, const Conv2d
   constexpr bool rounded = !std::is_same_v<T, Out>;
   const std::int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
   const bool lower = needs_lowering(s);
+  // The weight, the GEMM's A for every image, packed once for them all (float32; the
+  // float64 gradient checks' gemm is plain loops, with nothing to pack).
+  // Where it applies, the implicit forward (kernels/cpu/conv2d_implicit.h) skips col,
+  // each thread on its own images (with fewer images than threads the GEMM, which
+  // spreads over them, keeps them).
+  bool implicit = false;
+  if constexpr (std::is_same_v<T, float>) {
+    implicit = implicit_forward_applies(s) && image_chunks(s.N) == thread_share();
+  }
+  std::optional<PackedA> packed_w;
+  HostScratch<float> panels(implicit ? implicit_forward_panels(s) : 0);
+  if constexpr (std::is_same_v<T, float>) {
+    if (implicit) {
+      implicit_forward_pack(w, panels.get(), s);
+    } else {
+      packed_w.emplace(w, crs, s.K, crs);
+    }
+  }
   auto per_chunk = [&](std::int64_t, std::int64_t first, std::int64_t last) {
-    HostScratch<T> col(lower ? crs * pq : 0);     // [C*R*S, P*Q]
+    HostScratch<T> col(lower && !implicit ? crs * pq : 0);  // [C*R*S, P*Q]
+    HostScratch<float> implicit_scratch(implicit ? implicit_forward_scratch(s) : 0);
     HostScratch<T> sums(rounded ? s.K * pq : 0);  // [K, P*Q], a 16-bit y's
     for (std::int64_t n = first; n < last; ++n) {
       const T* patches = in + n * chw;
+      if constexpr (std::is_same_v<T, float>) {
+        if (implicit) {
+          if constexpr (rounded) {
+            implicit_forward(patches, panels.get(), b, sums.get(), implicit_scratch.get(), s);
+            round_to_16bit(out + n * s.K * pq, sums.get(), s.K * pq);
+          } else {
+            implicit_forward(patches, panels.get(), b, out + n * s.K * pq, implicit_scratch.get(),
+                             s);
+          }
+          continue;
+        }
+      }
       if (lower) {
         im2col(col.get(), patches, s);
         patches = col.get();
@@ -478,8 +514,12 @@ void forward_by_gemm(Out* out, const T* in, const T* w, const T* b, const Conv2d
       if (b != nullptr) {
         for (std::int64_t k = 0; k < s.K; ++k) std::fill(y_n + k * pq, y_n + (k + 1) * pq, b[k]);
       }
-      gemm<T>(false, false, s.K, pq, crs, T(1), w, crs, patches, pq, b != nullptr ? T(1) : T(0),
-              y_n, pq);
+      const T beta = b != nullptr ? T(1) : T(0);
+      if constexpr (std::is_same_v<T, float>) {
+        gemm_packed_a(*packed_w, false, pq, patches, pq, beta, y_n, pq);
+      } else {
+        gemm<T>(false, false, s.K, pq, crs, T(1), w, crs, patches, pq, beta, y_n, pq);
+      }
       if constexpr (rounded) round_to_16bit(out + n * s.K * pq, y_n, s.K * pq);
     }
   };
@@ -622,6 +662,19 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     if (weight_by_gemm || data_by_gemm) {
       // Both gradients in one pass over each group's images, col reused.
       const bool lower = needs_lowering(s);
+      // grad_col = weightᵀ · grad_y[n]: weightᵀ [C*R*S, K], the GEMM's A for every
+      // image, packed once for them all (float32, as in the forward).
+      std::optional<PackedA> packed_wt;
+      if constexpr (std::is_same_v<T, float>) {
+        if (data_by_gemm) packed_wt.emplace(w, crs, crs, s.K, true);
+      }
+      auto data_gemm = [&](const T* gy_n, T beta, T* out) {  // out [C*R*S, P*Q]
+        if constexpr (std::is_same_v<T, float>) {
+          gemm_packed_a(*packed_wt, false, pq, gy_n, pq, beta, out, pq);
+        } else {
+          gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy_n, pq, beta, out, pq);
+        }
+      };
       auto per_group = [&](std::int64_t chunk, std::int64_t first, std::int64_t last) {
         // [C*R*S, P*Q], patches or their gradient
         HostScratch<T> col(lower && (data_by_gemm || !implicit) ? crs * pq : 0);
@@ -635,10 +688,9 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
           if (data_by_gemm) {
             T* gx_n = grad_x.data<T>() + n * chw;
             if (!lower) {  // grad_x[n] is the patch matrix's gradient itself: accumulate in place
-              gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy_n, pq, assign ? T(0) : T(1), gx_n,
-                      pq);
+              data_gemm(gy_n, assign ? T(0) : T(1), gx_n);
             } else {
-              gemm<T>(true, false, crs, pq, s.K, T(1), w, crs, gy_n, pq, T(0), col.get(), pq);
+              data_gemm(gy_n, T(0), col.get());
               col2im_add(gx_n, col.get(), s, assign);
             }
           }

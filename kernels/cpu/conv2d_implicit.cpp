@@ -157,9 +157,120 @@ __attribute__((target("avx2,fma"))) void rows_by_filters_avx2(const float* plane
   }
 }
 
+// The forward's tile: six pixels (their patch elements `pixel[i]` floats past a tap's
+// place in plane 0) by 16 filters (`panel`: [C*9][32], 16 of them here), the sums over
+// the rows [q0, q1) of col, row q's tap `tap[q]` floats into the planes: the GEMM
+// micro-kernel's 6 x 16 tile with the roles of A and B turned. sums [6][16] <- acc.
+__attribute__((target("avx2,fma"))) void pixels_by_filters_avx2(
+    const float* planes, const std::int64_t* tap, const std::int64_t (&pixel)[6],
+    const float* panel, std::int64_t q0, std::int64_t q1, float (&sums)[6][16]) {
+  __m256 acc[6][2];
+#pragma GCC unroll 6
+  for (int i = 0; i < 6; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  const std::int64_t p0 = pixel[0], p1 = pixel[1], p2 = pixel[2], p3 = pixel[3], p4 = pixel[4],
+                     p5 = pixel[5];
+  for (std::int64_t q = q0; q < q1; ++q) {
+    const __m256 b0 = _mm256_loadu_ps(panel + q * kFilters);
+    const __m256 b1 = _mm256_loadu_ps(panel + q * kFilters + 8);
+    const float* top = planes + tap[q];
+    // One broadcast live at a time (12 sums, 2 of B, 1 of A: 15 registers of 16).
+    const std::int64_t at[6] = {p0, p1, p2, p3, p4, p5};
+#pragma GCC unroll 6
+    for (int i = 0; i < 6; ++i) {
+      const __m256 a = _mm256_broadcast_ss(top + at[i]);
+      acc[i][0] = _mm256_fmadd_ps(a, b0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(a, b1, acc[i][1]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int i = 0; i < 6; ++i) {
+    _mm256_storeu_ps(sums[i], acc[i][0]);
+    _mm256_storeu_ps(sums[i] + 8, acc[i][1]);
+  }
+}
+
 #endif  // TL_CPU_X86
 
 }  // namespace
+
+bool implicit_forward_applies(const Conv2dShape& s) {
+  return implicit_weight_grad_applies(s) && !avx512_selected();
+}
+
+std::int64_t implicit_forward_panels(const Conv2dShape& s) {
+  return s.K * s.C * kTaps;
+}
+
+void implicit_forward_pack(const float* weight, float* panels, const Conv2dShape& s) {
+#if TL_CPU_X86
+  const std::int64_t crs = s.C * kTaps;
+  for (std::int64_t kb = 0; kb < s.K / kFilters; ++kb) {
+    pack_32_rows_avx2(weight + kb * kFilters * crs, crs, crs, panels + kb * crs * kFilters);
+  }
+#else
+  (void)weight, (void)panels, (void)s;
+#endif
+}
+
+// Where implicit_forward's scratch holds the taps' offsets (C*9 of 8 bytes), past
+// the planes, at an even float.
+std::int64_t taps_at(const Conv2dShape& s) {
+  const Padded z = padded(s);
+  return (s.C * z.rows * z.cols + kPadSlack + 1) / 2 * 2;
+}
+
+std::int64_t implicit_forward_scratch(const Conv2dShape& s) {
+  return taps_at(s) + 2 * s.C * kTaps;
+}
+
+void implicit_forward(const float* x, const float* panels, const float* bias, float* y,
+                      float* scratch, const Conv2dShape& s) {
+#if TL_CPU_X86
+  const Padded z = padded(s);
+  const std::int64_t pixels = s.P * s.Q, crs = s.C * kTaps;
+  float* planes = scratch;                                           // [C, rows, cols]
+  auto* tap = reinterpret_cast<std::int64_t*>(planes + taps_at(s));  // [C*9]
+  static_assert(sizeof(std::int64_t) == 2 * sizeof(float));
+  pad_planes_avx2(planes, x, s);
+  for (std::int64_t q = 0; q < crs; ++q) {  // row (c, r, s) of col: tap (r, s) of plane c
+    const std::int64_t c = q / kTaps, t = q % kTaps;
+    tap[q] = c * z.rows * z.cols + (t / 3) * z.cols + t % 3;
+  }
+  const std::int64_t row_step = s.params.stride_h * z.cols, step = s.params.stride_w;
+  alignas(32) float sums[6][16];
+  for (std::int64_t kb = 0; kb < s.K / kFilters; ++kb) {
+    for (std::int64_t v = 0; v < kFilters; v += 16) {
+      const float* panel = panels + kb * crs * kFilters + v;
+      const std::int64_t k0 = kb * kFilters + v;
+      for (std::int64_t p0 = 0; p0 < pixels; p0 += 6) {
+        const int count = static_cast<int>(std::min<std::int64_t>(6, pixels - p0));
+        std::int64_t pixel[6];  // past the last pixel: the last one again, not stored
+        for (int i = 0; i < 6; ++i) {
+          const std::int64_t p = p0 + std::min(i, count - 1);
+          pixel[i] = p / s.Q * row_step + p % s.Q * step;
+        }
+        for (std::int64_t q0 = 0; q0 < crs; q0 += kGemmKc) {
+          pixels_by_filters_avx2(planes, tap, pixel, panel, q0, std::min(crs, q0 + kGemmKc), sums);
+          // The GEMM's write of a block: 1 · acc + beta · C, its first block's beta 1
+          // onto the bias (or 0 without one), the later blocks' 1 onto the sum so far.
+          for (int j = 0; j < 16; ++j) {
+            float* out = y + (k0 + j) * pixels + p0;
+            if (q0 != 0) {
+              for (int i = 0; i < count; ++i) out[i] = sums[i][j] + out[i];
+            } else if (bias != nullptr) {
+              for (int i = 0; i < count; ++i) out[i] = sums[i][j] + bias[k0 + j];
+            } else {
+              for (int i = 0; i < count; ++i) out[i] = sums[i][j];
+            }
+          }
+        }
+      }
+    }
+  }
+#else
+  (void)x, (void)panels, (void)bias, (void)y, (void)scratch, (void)s;
+#endif
+}
 
 bool implicit_weight_grad_applies(const Conv2dShape& s) {
   const Conv2dParams& p = s.params;

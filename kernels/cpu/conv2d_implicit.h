@@ -39,4 +39,34 @@ std::int64_t implicit_weight_grad_scratch(const Conv2dShape& s);
 void implicit_weight_grad(const float* x, const float* grad_y, float* partial, bool first,
                           float* scratch, const Conv2dShape& s);
 
+// The forward of the same layers on AVX2 (not where AVX-512 is selected, whose GEMM
+// keeps im2col), one image at a time, as an implicit GEMM too: im2col + GEMM computes
+//   y[k, p] = (bias[k] +) Σ_(c,r,s) weight[k, (c,r,s)] · col[(c,r,s), p]
+// with the weight's rows broadcast and 16 pixels of col a vector. At stride 2 col's
+// copies (each a short strided run) were the forward's largest cost. Here the roles
+// turn: six pixels broadcast straight from the padded planes, as the weight gradient
+// broadcasts them, by 16 filters of the weight's transpose, packed once a call
+// (implicit_forward_pack), 12 sums in registers; each kGemmKc block of the sum written
+// into y turned back ([K, P*Q]), onto bias + or y as the GEMM's beta does. Each output
+// is the same chain of fused multiply-adds (a · b = b · a) in the same blocks: the bits
+// of im2col + gemm on any AVX kernel.
+
+// Whether the implicit forward runs for this float32 problem: the weight gradient's
+// shapes (implicit_weight_grad_applies), AVX2 selected and not AVX-512.
+bool implicit_forward_applies(const Conv2dShape& s);
+
+// The floats of the packed weight, implicit_forward_pack's `panels`.
+std::int64_t implicit_forward_panels(const Conv2dShape& s);
+// panels [K/32, C*9, 32] <- the weight [K, C*9] transposed in panels of 32 filters.
+void implicit_forward_pack(const float* weight, float* panels, const Conv2dShape& s);
+
+// The scratch one image needs, in floats: its padded planes.
+std::int64_t implicit_forward_scratch(const Conv2dShape& s);
+
+// y [K, P*Q] = bias (may be null) + the convolution of one image x [C,H,W] by the
+// weight packed by implicit_forward_pack: ASSIGNED. `scratch` holds
+// implicit_forward_scratch(s) floats.
+void implicit_forward(const float* x, const float* panels, const float* bias, float* y,
+                      float* scratch, const Conv2dShape& s);
+
 }  // namespace towerlab::cpu

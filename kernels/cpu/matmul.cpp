@@ -27,6 +27,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "engine/error.h"
@@ -78,6 +79,9 @@ struct Kernels {
   MicroKernel<Word> (*edge_kernel)(std::int64_t rows, std::int64_t cols) = nullptr;
   PanelPack<Src, Word> pack_a_cols = nullptr;  // A stored [K,M]
   PanelPack<Src, Word> pack_b_cols = nullptr;  // B stored [K,N]
+  // Whether edge_kernel(rows, cols) writes exactly rows x cols (nullptr: never), so
+  // that it may write C itself.
+  bool (*edge_fits)(std::int64_t rows, std::int64_t cols) = nullptr;
 };
 
 // Portable: GCC/Clang vector extensions (SSE on x86-64, NEON on ARM).
@@ -172,6 +176,10 @@ MicroKernel<float> avx2_edge_kernel(std::int64_t rows, std::int64_t cols) {
   }
   if (rows <= 2) return micro_kernel_avx2<2, 2>;
   return rows <= 4 ? micro_kernel_avx2<4, 2> : micro_kernel_avx2<6, 2>;
+}
+
+bool avx2_edge_fits(std::int64_t rows, std::int64_t cols) {
+  return (rows == 2 || rows == 4 || rows == 6) && (cols == 8 || cols == 16);
 }
 
 // Eight consecutive source values as floats: a float's loaded, a bfloat16's
@@ -272,6 +280,10 @@ MicroKernel<float> avx512_edge_kernel(std::int64_t rows, std::int64_t cols) {
   return rows <= 8 ? micro_kernel_avx512<8, 2> : micro_kernel_avx512<12, 2>;
 }
 
+bool avx512_edge_fits(std::int64_t rows, std::int64_t cols) {
+  return (rows == 4 || rows == 8 || rows == 12) && (cols == 16 || cols == 32);
+}
+
 #endif  // TL_CPU_X86
 
 // ---------------------------------------------------------------------------
@@ -332,9 +344,17 @@ struct Blocked {
       }
     } else if (!transpose_a && isa.pack_a_rows != nullptr) {
       isa.pack_a_rows(a + i0 * lda + p0, lda, kc, dst, rows);
-    } else if (kFloat && transpose_a && rows == MR) {  // A stored [K,M]: MR floats per k
-      for (std::int64_t p = 0; p < kc; ++p) {
-        std::memcpy(dst + p * MR, a + (p0 + p) * lda + i0, MR * sizeof(float));
+    } else if (kFloat && transpose_a) {  // A stored [K,M]: `rows` floats per k, zeros after
+      // The count a compile-time constant, for an edge panel too (Winograd's weight
+      // gradient with 16 channels: 16 = 6 + 6 + 4 rows): a few moves a k, where the
+      // element-by-element loop tested each element.
+      if constexpr (kFloat) {
+        [&]<std::size_t... R>(std::index_sequence<R...>) {
+          (void)((rows == std::int64_t(R) + 1 &&
+                  (pack_transposed_floats<R + 1>(a + p0 * lda + i0, lda, kc, dst), true)) ||
+                 ...);
+        }
+        (std::make_index_sequence<MR>());
       }
     } else if (transpose_a) {
       for (std::int64_t p = 0; p < kc; ++p) {
@@ -350,6 +370,17 @@ struct Blocked {
           for (std::int64_t p = 0; p < kc; ++p) dst[p * MR + i] = 0.0f;
         }
       }
+    }
+  }
+
+  // dst [kc][MR] <- the first Rows floats of kc rows `ld` apart, zeros after: a
+  // panel of a float A stored [K,M].
+  template <std::size_t Rows>
+  static void pack_transposed_floats(const float* src, std::int64_t ld, std::int64_t kc,
+                                     float* dst) {
+    for (std::int64_t p = 0; p < kc; ++p, src += ld, dst += MR) {
+      std::memcpy(dst, src, Rows * sizeof(float));
+      if constexpr (Rows < MR) std::memset(dst + Rows, 0, (MR - Rows) * sizeof(float));
     }
   }
 
@@ -389,13 +420,13 @@ struct Blocked {
   }
 
   // op(A) packed whole for every K block: [K blocks][M panels][kc][MR] (PackedA).
-  static void pack_all_a(const Kernels<float, float>& isa, const float* a, std::int64_t lda,
-                         std::int64_t m, std::int64_t k, float* dst) {
+  static void pack_all_a(const Kernels<float, float>& isa, bool transpose_a, const float* a,
+                         std::int64_t lda, std::int64_t m, std::int64_t k, float* dst) {
     const std::int64_t m_panels = (m + MR - 1) / MR;
     for (std::int64_t pc = 0; pc < k; pc += kKc) {
       const std::int64_t kc = std::min(kKc, k - pc);
       for (std::int64_t q = 0; q < m_panels; ++q) {
-        pack_a(isa, false, a, lda, q * MR, std::min<std::int64_t>(MR, m - q * MR), pc, kc,
+        pack_a(isa, transpose_a, a, lda, q * MR, std::min<std::int64_t>(MR, m - q * MR), pc, kc,
                dst + pc * m_panels * MR + q * MR * kc);
       }
     }
@@ -465,9 +496,18 @@ struct Blocked {
                   isa.micro_kernel(kc, a_panel, b_panel, c_tile, ldc, alpha, beta_block);
                   continue;
                 }
-                // A ragged edge: compute the tile aside, then write the valid part.
                 const MicroKernel<Word> edge =
                     isa.edge_kernel != nullptr ? isa.edge_kernel(rows, cols) : isa.micro_kernel;
+                // An edge that its kernel covers exactly (M = 16 = 6 + 6 + 4 on AVX2:
+                // Winograd's GEMMs with 16 channels) is written in place, as a full
+                // tile is: the same bits as below where alpha is 1 (alpha * acc
+                // exact) or beta 0.
+                if (isa.edge_fits != nullptr && isa.edge_fits(rows, cols) &&
+                    (alpha == 1.0f || beta_block == 0.0f)) {
+                  edge(kc, a_panel, b_panel, c_tile, ldc, alpha, beta_block);
+                  continue;
+                }
+                // A ragged edge: compute the tile aside, then write the valid part.
                 edge(kc, a_panel, b_panel, tile, NR, alpha, 0.0f);
                 // Row by row, beta tested once: per element, the test was most of
                 // the time of Winograd's GEMMs' 4-row edge (M = 64 = 5 x 12 + 4).
@@ -671,14 +711,14 @@ void with_blocked(GemmIsa isa, const Fn& fn) {
   switch (isa) {
 #if TL_CPU_X86
     case GemmIsa::Avx512:
-      fn.template operator()<kAvx512Mr, kAvx512Nr>(
-          Kernels<Src, float>{micro_kernel_avx512<kAvx512Mr, 2>, rows_packer<Src, kAvx512Mr>(),
-                              rows_packer<Src, kAvx512Nr>(), avx512_edge_kernel});
+      fn.template operator()<kAvx512Mr, kAvx512Nr>(Kernels<Src, float>{
+          micro_kernel_avx512<kAvx512Mr, 2>, rows_packer<Src, kAvx512Mr>(),
+          rows_packer<Src, kAvx512Nr>(), avx512_edge_kernel, nullptr, nullptr, avx512_edge_fits});
       return;
     case GemmIsa::Avx2:
-      fn.template operator()<kAvx2Mr, kAvx2Nr>(
-          Kernels<Src, float>{micro_kernel_avx2<kAvx2Mr, 2>, rows_packer<Src, kAvx2Mr>(),
-                              rows_packer<Src, kAvx2Nr>(), avx2_edge_kernel});
+      fn.template operator()<kAvx2Mr, kAvx2Nr>(Kernels<Src, float>{
+          micro_kernel_avx2<kAvx2Mr, 2>, rows_packer<Src, kAvx2Mr>(), rows_packer<Src, kAvx2Nr>(),
+          avx2_edge_kernel, nullptr, nullptr, avx2_edge_fits});
       return;
 #endif
     default:
@@ -696,16 +736,38 @@ GemmBPanels b_panels_for(GemmIsa isa, std::int64_t k, std::int64_t n) {
 
 }  // namespace
 
-PackedA::PackedA(const float* a, std::int64_t lda, std::int64_t m, std::int64_t k)
+PackedA::PackedA(const float* a, std::int64_t lda, std::int64_t m, std::int64_t k, bool transpose_a)
     : isa_(selected_isa().load(std::memory_order_relaxed)), m_(m), k_(k) {
   with_blocked(isa_, [&]<int MR, int NR>(const auto& kernels) {
     panels_.resize(static_cast<std::size_t>((m + MR - 1) / MR * MR * k));
-    Blocked<MR, NR>::pack_all_a(kernels, a, lda, m, k, panels_.data());
+    Blocked<MR, NR>::pack_all_a(kernels, transpose_a, a, lda, m, k, panels_.data());
   });
 }
 
 GemmBPanels PackedA::b_panels(std::int64_t n) const {
   return b_panels_for(isa_, k_, n);
+}
+
+GemmAPanels gemm_a_panels(std::int64_t m, std::int64_t k) {
+  GemmAPanels panels{selected_isa().load(std::memory_order_relaxed), 0, m, k};
+  with_blocked(panels.isa, [&]<int MR, int NR>(const auto&) { panels.height = MR; });
+  return panels;
+}
+
+void gemm_packed_ab(const GemmAPanels& a, const float* a_packed, const GemmBPanels& b,
+                    const float* b_packed, float beta, float* c, std::int64_t ldc) {
+  TL_CHECK(a.isa == b.isa && a.k == b.k, InvalidArgument,
+           "gemm_packed_ab: A's panels with K = " << a.k << ", B's with K = " << b.k
+                                                  << (a.isa == b.isa ? "" : ", for another ISA"));
+  if (a.m <= 0 || b.n <= 0) return;
+  if (b.k <= 0) {
+    scale_c(a.m, b.n, beta, c, ldc);
+    return;
+  }
+  with_blocked(b.isa, [&]<int MR, int NR>(const auto& kernels) {
+    Blocked<MR, NR>::run(kernels, false, false, a.m, b.n, b.k, 1.0f, nullptr, 0, nullptr, 0, beta,
+                         c, ldc, a_packed, b_packed);
+  });
 }
 
 GemmBPanels gemm_b_panels(std::int64_t k, std::int64_t n) {
@@ -725,6 +787,19 @@ void gemm_packed(const PackedA& a, const GemmBPanels& b, const float* packed, fl
   with_blocked(b.isa, [&]<int MR, int NR>(const auto& kernels) {
     Blocked<MR, NR>::run(kernels, false, false, a.m_, b.n, b.k, 1.0f, nullptr, 0, nullptr, 0, beta,
                          c, ldc, a.panels_.data(), packed);
+  });
+}
+
+void gemm_packed_a(const PackedA& a, bool transpose_b, std::int64_t n, const float* b,
+                   std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+  if (a.m_ <= 0 || n <= 0) return;
+  if (a.k_ <= 0) {
+    scale_c(a.m_, n, beta, c, ldc);
+    return;
+  }
+  with_blocked(a.isa_, [&]<int MR, int NR>(const auto& kernels) {
+    Blocked<MR, NR>::run(kernels, false, transpose_b, a.m_, n, a.k_, 1.0f, nullptr, 0, b, ldb, beta,
+                         c, ldc, a.panels_.data());
   });
 }
 

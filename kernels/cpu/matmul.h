@@ -73,6 +73,31 @@ struct GemmBPanels {
 };
 GemmBPanels gemm_b_panels(std::int64_t k, std::int64_t n);
 
+// A [m,k] as the GEMM packs it for one ISA (gemm_a_panels: the one in use when asked;
+// PackedA's layout), for a producer that writes it there itself (Winograd's weight
+// gradient, its input transform V): row panels `height` high (6 on AVX2, 12 on
+// AVX-512), [kc][height] each, zeros (or any finite values) past m; the columns in
+// blocks of kGemmKc, each block's panels one after another.
+struct GemmAPanels {
+  GemmIsa isa;
+  std::int64_t height, m, k;
+
+  std::int64_t panels() const { return (m + height - 1) / height; }
+  std::int64_t floats() const { return panels() * height * k; }
+  // Where element (i, p) of A lies.
+  std::int64_t at(std::int64_t i, std::int64_t p) const {
+    const std::int64_t block = p / kGemmKc * kGemmKc, kc = std::min(kGemmKc, k - block);
+    return block * panels() * height + i / height * height * kc + (p - block) * height + i % height;
+  }
+};
+GemmAPanels gemm_a_panels(std::int64_t m, std::int64_t k);
+
+// C [m,n] = A · B + beta * C with A and B written by their producers as `a` and `b`
+// lay them out (the same ISA, a.k == b.k): gemm<float>(false, false, a.m, b.n, b.k, 1,
+// A, lda, B, ldb, beta, c, ldc) without packing either, the same bits.
+void gemm_packed_ab(const GemmAPanels& a, const float* a_packed, const GemmBPanels& b,
+                    const float* b_packed, float beta, float* c, std::int64_t ldc);
+
 // C [m,n] = op(A) · B + beta * C for B written into `packed` as `b` lays it out:
 // gemm<float>(transpose_a, false, m, b.n, b.k, 1, a, lda, B, ldb, beta, c, ldc) without
 // B's packing, the same bits, on the ISA `b` was asked for.
@@ -80,14 +105,17 @@ void gemm_packed_b(bool transpose_a, std::int64_t m, const float* a, std::int64_
                    const GemmBPanels& b, const float* packed, float beta, float* c,
                    std::int64_t ldc);
 
-// A [m,k] (stored row-major with stride lda, not transposed) packed once into the
-// GEMM's panels, for many products with the same A: Winograd's transformed weights
-// against every block of tiles, which gemm would pack again each time. Packed for
-// the ISA in use when it is built; B's producer asks b_panels for the layout of B
-// that this A multiplies (that ISA's), and gemm_packed runs that ISA's kernels.
+// op(A) [m,k] (A stored row-major with stride lda: [m,k], or [k,m] when
+// transpose_a) packed once into the GEMM's panels, for many products with the same A:
+// Winograd's transformed weights against every block of tiles, and im2col's weight
+// (or its transpose) against every image's patches, which gemm would pack again each
+// time. Packed for the ISA in use when it is built; B's producer asks b_panels for
+// the layout of B that this A multiplies (that ISA's), and gemm_packed and
+// gemm_packed_a run that ISA's kernels.
 class PackedA {
  public:
-  PackedA(const float* a, std::int64_t lda, std::int64_t m, std::int64_t k);
+  PackedA(const float* a, std::int64_t lda, std::int64_t m, std::int64_t k,
+          bool transpose_a = false);
 
   // The layout of a B [k,n] for gemm_packed with this A.
   GemmBPanels b_panels(std::int64_t n) const;
@@ -95,6 +123,8 @@ class PackedA {
  private:
   friend void gemm_packed(const PackedA&, const GemmBPanels&, const float*, float, float*,
                           std::int64_t);
+  friend void gemm_packed_a(const PackedA&, bool, std::int64_t, const float*, std::int64_t, float,
+                            float*, std::int64_t);
   GemmIsa isa_;
   std::int64_t m_, k_;
   std::vector<float> panels_;
@@ -106,6 +136,13 @@ class PackedA {
 // beta, c, ldc) without packing either, the same bits.
 void gemm_packed(const PackedA& a, const GemmBPanels& b, const float* packed, float beta, float* c,
                  std::int64_t ldc);
+
+// C [m,n] = op(A) · op(B) + beta * C with A packed once (PackedA) and B [k,n] (stored
+// [k,n] with stride ldb, or [n,k] when transpose_b) packed here as gemm packs it:
+// gemm<float>(transpose_a, transpose_b, m, n, k, 1, A, lda, B, ldb, beta, c, ldc)
+// without A's packing, the same bits, on the ISA `a` was packed for.
+void gemm_packed_a(const PackedA& a, bool transpose_b, std::int64_t n, const float* b,
+                   std::int64_t ldb, float beta, float* c, std::int64_t ldc);
 
 #if defined(__x86_64__)
 // dst [k][32] <- 32 rows of src, `ld` apart, each contiguous along k: the GEMM's

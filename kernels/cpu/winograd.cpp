@@ -235,9 +235,9 @@ void transform_input_row(const Workspace& ws, const BlockInput& v, const float* 
 #if TL_CPU_X86
 // The tile rows [row0, row1) of transform_input_row on AVX2: eight tiles a vector
 // (a row of FashionNet's 7 tiles is one group). The 18 input columns a group reads
-// come straight from the image as four masked loads (columns outside the image read
-// as the padding's zeros), not through a copy of the rows: the copy took about as
-// long as the transform.
+// come straight from the image as four loads, masked where they reach past the image
+// (columns outside it read as the padding's zeros), not through a copy of the rows:
+// the copy took about as long as the transform.
 //
 // A group's eight tiles go to a row of V's panels as one store, unless they run
 // past the panel's end (FashionNet's 7 tiles a row start at every column of a
@@ -256,9 +256,11 @@ __attribute__((target("avx2,fma"))) void transform_input_avx2(const BlockInput& 
     for (std::int64_t tw = 0; tw < p.tiles_w; tw += 8) {
       const std::int64_t x0 = 2 * tw - p.pad_w;  // negative in the padding
       __m256i mask[4];                           // the lanes whose column lies in [0, W)
+      bool whole[4];  // all eight: a plain load (AMD runs the masked one slowly)
       for (int l = 0; l < 4; ++l) {
         const std::int64_t x = x0 + kOffset[l];
         mask[l] = _mm256_andnot_si256(first_lanes8(-x), first_lanes8(p.W - x));
+        whole[l] = x >= 0 && x + 8 <= p.W;
       }
       const std::int64_t t = (row - row0) * p.tiles_w + tw;  // the group's first tile
       const std::int64_t tiles = std::min<std::int64_t>(8, p.tiles_w - tw);
@@ -283,7 +285,10 @@ __attribute__((target("avx2,fma"))) void transform_input_avx2(const BlockInput& 
           }
           const float* src = plane + h * p.W + x0;
           __m256 r[4];
-          for (int l = 0; l < 4; ++l) r[l] = _mm256_maskload_ps(src + kOffset[l], mask[l]);
+          for (int l = 0; l < 4; ++l) {
+            r[l] = whole[l] ? _mm256_loadu_ps(src + kOffset[l])
+                            : _mm256_maskload_ps(src + kOffset[l], mask[l]);
+          }
           d[i][0] = even_lanes(r[0], r[1]);
           d[i][1] = odd_lanes(r[0], r[1]);
           d[i][2] = even_lanes(r[2], r[3]);

@@ -16,16 +16,17 @@
 //   S[e] (+)= V[e]ᵀ · Y[e]      [C, K] = [C, tiles] · [tiles, K]
 // with V = Bᵀ d B as the forward's and Y = G₂ dy G₂ᵀ: 16 multiplications per tile and
 // (c, k) pair where im2col takes 36. Here the reduction runs over the tiles, so V and
-// Y keep a tile's channels together: V [16][tiles][C], which the GEMM packs by copying
-// runs of channels, and Y written straight into the GEMM's panels of B (GemmBPanels,
-// runs of 16 or 32 filters by tile), which it reads without packing. The transforms
-// write whole cache lines (the forward's layout, tiles contiguous, cost this pass
-// about as much in packing as in products).
+// Y keep a tile's channels together, both written straight into the GEMM's panels,
+// which it reads without packing: V into its panels of A (GemmAPanels, runs of 6 or
+// 12 channels by tile), Y into its panels of B (GemmBPanels, runs of 16 or 32
+// filters by tile). (The forward's layout, tiles contiguous, cost this pass about as
+// much in packing as in products; V [tiles][C], which the GEMM packed by copying runs
+// of channels, still cost a share of the pass.)
 //
 // For a caller's group of images:
 //   for each block of tiles, in order:
-//      transforms        V[e][t][c] = (Bᵀ d[t,c] B)[e],  Y[e](t, k) = (G₂ dy[t,k] G₂ᵀ)[e]
-//                        (Y in the GEMM's panels of B)
+//      transforms        V[e](c, t) = (Bᵀ d[t,c] B)[e],  Y[e](t, k) = (G₂ dy[t,k] G₂ᵀ)[e]
+//                        (V in the GEMM's panels of A, Y in its panels of B)
 //      16 GEMMs          S[e] (+)= V[e]ᵀ · Y[e]                  [16][C][K]
 //   then                 partial[c,r,s][k] = (A₂ᵀ S[c,k] A₂)[r][s]
 #include <algorithm>
@@ -67,13 +68,16 @@ template <typename V>
 // The weight gradient's transforms of one block of tile rows [row0, row1): tile t of
 // the block is tile tw of tile row row0 + t / tiles_w.
 struct GradientBlock {
-  float* v;  // [16][v_stride]: Bᵀ d B of x, V[e] [tiles][C]
+  float* v;  // [16][v_stride]: Bᵀ d B of x, V[e] A [C, tiles] of the products
   float* y;  // [16][y_stride]: G₂ dy G₂ᵀ of grad_y, Y[e] B [tiles, K] of the products
+  GemmAPanels v_panels;             // k: the block's tiles
   GemmBPanels y_panels;             // k: the block's tiles
   std::int64_t v_stride, y_stride;  // spread_stride of a whole block's V[e] and Y[e]
 
   float* v_of(int e) const { return v + e * v_stride; }
   float* y_of(int e) const { return y + e * y_stride; }
+  // V[e]'s element (c, t).
+  float* v_at(int e, std::int64_t c, std::int64_t t) const { return v_of(e) + v_panels.at(c, t); }
   // Y[e]'s element (t, k).
   float* y_at(int e, std::int64_t t, std::int64_t k) const { return y_of(e) + y_panels.at(t, k); }
 };
@@ -96,7 +100,7 @@ void transform_block(const GradientBlock& b, const float* x, const float* grad_y
           }
         }
         transform_input_tile(d);
-        for (int e = 0; e < 16; ++e) b.v_of(e)[t * p.C + c] = d[e / 4][e % 4];
+        for (int e = 0; e < 16; ++e) *b.v_at(e, c, t) = d[e / 4][e % 4];
       }
       for (std::int64_t k = 0; k < p.K; ++k) {
         const float* plane = grad_y + (n * p.K + k) * p.P * p.Q;  // [P,Q]
@@ -169,6 +173,50 @@ inline void prefetch_channel_row(const float* plane, std::int64_t plane_stride, 
   }
 }
 
+// Eight channels' vector into V's panels of A: its first `First` lanes at `a` (the
+// rest of one panel's row), the others at `b` (the next panel's row). With an even
+// panel height of at least 6 (AVX2's 6, AVX-512's 12) and c0 a multiple of 8, the
+// eight channels c0 .. c0 + 7 leave 2, 4, 6 or all 8 in the first panel and the rest
+// fit in the next; each case its own stores, two or three halves and quarters.
+template <int First>
+[[gnu::always_inline]] __attribute__((target("avx2,fma"))) inline void store_channels(float* a,
+                                                                                      float* b,
+                                                                                      __m256 v) {
+  const __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  if constexpr (First == 8) {
+    _mm256_storeu_ps(a, v);
+  } else if constexpr (First == 6) {
+    _mm_storeu_ps(a, lo);
+    _mm_storel_pi(reinterpret_cast<__m64*>(a + 4), hi);
+    _mm_storeh_pi(reinterpret_cast<__m64*>(b), hi);
+  } else if constexpr (First == 4) {
+    _mm_storeu_ps(a, lo);
+    _mm_storeu_ps(b, hi);
+  } else {
+    static_assert(First == 2);
+    _mm_storel_pi(reinterpret_cast<__m64*>(a), lo);
+    _mm_storeh_pi(reinterpret_cast<__m64*>(b), lo);
+    _mm_storeu_ps(b + 2, hi);
+  }
+}
+
+// One tile's V (d, Bᵀ d B of eight channels) into the 16 V[e], at offsets at_a and
+// at_b of each (store_channels). A function with AVX2 as its target, not a lambda
+// (which would not inherit it, and took the vectors through memory).
+template <int First>
+[[gnu::always_inline]] __attribute__((target("avx2,fma"))) inline void store_tile(
+    float* v, std::int64_t v_stride, std::int64_t at_a, std::int64_t at_b,
+    const __m256 (&d)[4][4]) {
+  for (int e = 0; e < 16; ++e) {
+    store_channels<First>(v + e * v_stride + at_a, v + e * v_stride + at_b, d[e / 4][e % 4]);
+  }
+}
+
+// Whether transform_block_avx2 can write V's panels: store_channels' heights.
+bool avx2_v_panels(const GemmAPanels& a) {
+  return a.height >= 6 && a.height % 2 == 0;
+}
+
 // transform_block on AVX2 for C and K multiples of 8: eight channels a vector, their
 // input columns turned into channel vectors by load_channel_columns, eight tiles of
 // a tile row at a time. Eight channels go through all the block's tile rows before
@@ -188,7 +236,11 @@ __attribute__((target("avx2,fma"))) void transform_block_avx2(const GradientBloc
   // group of `tiles` needs.
   auto loads = [](std::int64_t columns) { return static_cast<int>((columns + 7) / 8); };
   alignas(32) float in_cols[4][24][8];  // input rows 2*th - pad_h + i, columns x0 + x
+  const std::int64_t height = b.v_panels.height, v_panels = b.v_panels.panels();
   for (std::int64_t c0 = 0; c0 < p.C; c0 += 8) {
+    // Channel c0's panel starts at channel panel_c0; `first` of c0 .. c0 + 7 lie in it.
+    const std::int64_t panel_c0 = c0 / height * height;
+    const int first = static_cast<int>(std::min<std::int64_t>(8, panel_c0 + height - c0));
     for (std::int64_t row = row0; row < row1; ++row) {
       const std::int64_t n = row / p.tiles_h, th = row % p.tiles_h;
       if (row + 1 < row1) {  // the rows the next tile row reads first
@@ -212,14 +264,33 @@ __attribute__((target("avx2,fma"))) void transform_block_avx2(const GradientBloc
           load_channel_columns(in_cols[i], x + ((n * p.C + c0) * p.H + h) * p.W, p.H * p.W,
                                2 * tw0 - p.pad_w, p.W, count);
         }
-        float* v = b.v + ((row - row0) * p.tiles_w + tw0) * p.C + c0;
-        for (std::int64_t u = 0; u < tiles; ++u, v += p.C) {
+        for (std::int64_t u = 0; u < tiles; ++u) {
           __m256 d[4][4];
           for (int i = 0; i < 4; ++i) {
             for (int j = 0; j < 4; ++j) d[i][j] = _mm256_load_ps(in_cols[i][2 * u + j]);
           }
           transform_input_tile(d);
-          for (int e = 0; e < 16; ++e) _mm256_storeu_ps(v + e * b.v_stride, d[e / 4][e % 4]);
+          // Tile t's channels c0 .. in V[e]'s panels (GemmAPanels::at without its
+          // divisions): `first` of them in the panel of c0, the rest in the next.
+          const std::int64_t t = (row - row0) * p.tiles_w + tw0 + u;
+          const std::int64_t block = t / kGemmKc * kGemmKc;
+          const std::int64_t kc = std::min(kGemmKc, b.v_panels.k - block);
+          const std::int64_t base = block * v_panels * height + (t - block) * height;
+          const std::int64_t at_a = base + panel_c0 * kc + c0 - panel_c0;
+          const std::int64_t at_b = base + (panel_c0 + height) * kc;
+          switch (first) {
+            case 8:
+              store_tile<8>(b.v, b.v_stride, at_a, at_b, d);
+              break;
+            case 6:
+              store_tile<6>(b.v, b.v_stride, at_a, at_b, d);
+              break;
+            case 4:
+              store_tile<4>(b.v, b.v_stride, at_a, at_b, d);
+              break;
+            default:
+              store_tile<2>(b.v, b.v_stride, at_a, at_b, d);
+          }
         }
       }
     }
@@ -269,7 +340,7 @@ __attribute__((target("avx2,fma"))) void transform_block_avx2(const GradientBloc
 void transform_gradient_block(const GradientBlock& b, const float* x, const float* grad_y,
                               const Problem& p, std::int64_t row0, std::int64_t row1) {
 #if TL_CPU_X86
-  if (avx2_selected() && p.C % 8 == 0 && p.K % 8 == 0) {
+  if (avx2_selected() && p.C % 8 == 0 && p.K % 8 == 0 && avx2_v_panels(b.v_panels)) {
     transform_block_avx2(b, x, grad_y, p, row0, row1);
     return;
   }
@@ -319,16 +390,18 @@ void transform_weight_gradient(float* partial, const float* sums, const Problem&
 }
 
 // The sizes of the weight gradient's workspace: V and Y of a whole block of tile
-// rows (Y in the GEMM's panels), then S.
+// rows (in the GEMM's panels), then S.
 struct GradientWorkspace {
   std::int64_t per_block;  // tile rows a block
+  GemmAPanels whole_v;     // a whole block's V[e]
   GemmBPanels whole;       // a whole block's Y[e]
   std::int64_t v_stride, y_stride, sum_floats;
 
   explicit GradientWorkspace(const Problem& p)
       : per_block(rows_per_block(p)),
+        whole_v(gemm_a_panels(p.C, per_block * p.tiles_w)),
         whole(gemm_b_panels(per_block * p.tiles_w, p.K)),
-        v_stride(spread_stride(per_block * p.tiles_w * p.C)),
+        v_stride(spread_stride(whole_v.floats())),
         y_stride(spread_stride(whole.floats())),
         sum_floats(16 * p.C * p.K) {}
   std::int64_t floats() const { return 16 * (v_stride + y_stride) + sum_floats; }
@@ -353,18 +426,22 @@ void winograd_weight_grad(float* partial, const float* x, const float* grad_y, s
   float* y = v + 16 * sizes.v_stride;
   float* sums = y + 16 * sizes.y_stride;  // S [16][C][K]
   if (all_rows == 0) std::fill(sums, sums + sizes.sum_floats, 0.0f);
-  // The panels' columns past K are read (their products are not): zeros.
+  // The panels' rows past C and columns past K may be read, their products never
+  // used: zeros to begin with (where a shorter last block's panels lie otherwise, an
+  // earlier block's values).
+  if (p.C % sizes.whole_v.height != 0) std::fill(v, y, 0.0f);
   if (p.K % sizes.whole.width != 0) std::fill(y, sums, 0.0f);
   for (std::int64_t row0 = 0; row0 < all_rows; row0 += sizes.per_block) {
     const std::int64_t row1 = std::min(all_rows, row0 + sizes.per_block);
     const std::int64_t tiles = (row1 - row0) * p.tiles_w;
+    GemmAPanels v_panels = sizes.whole_v;
     GemmBPanels y_panels = sizes.whole;
-    y_panels.k = tiles;
-    const GradientBlock b{v, y, y_panels, sizes.v_stride, sizes.y_stride};
+    v_panels.k = y_panels.k = tiles;
+    const GradientBlock b{v, y, v_panels, y_panels, sizes.v_stride, sizes.y_stride};
     transform_gradient_block(b, x, grad_y, p, row0, row1);
     for (int e = 0; e < 16; ++e) {
-      gemm_packed_b(true, p.C, b.v_of(e), p.C, y_panels, b.y_of(e), row0 == 0 ? 0.0f : 1.0f,
-                    sums + e * p.C * p.K, p.K);
+      gemm_packed_ab(v_panels, b.v_of(e), y_panels, b.y_of(e), row0 == 0 ? 0.0f : 1.0f,
+                     sums + e * p.C * p.K, p.K);
     }
   }
   transform_weight_gradient(partial, sums, p);
