@@ -192,8 +192,9 @@ Var bias_add(const Var& x, const Var& bias, Activation activation) {
   bias_add_forward(y, x.value(), bias.value(), tape.stream());
   return tape.record(y, "bias_add", {x, bias}, [x, bias](const Var& out) {
     Tape& t = out.tape();
-    if (x.requires_grad()) t.add_to_grad(x, out.grad());
+    // The bias's sum first: x may then take the output's gradient itself.
     if (bias.requires_grad()) bias_add_backward(t.grad_for(bias), out.grad(), t.stream());
+    if (x.requires_grad()) t.pass_grad(x, out.grad());
   });
 }
 
