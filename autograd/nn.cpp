@@ -174,13 +174,17 @@ Var batched_matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_
       });
 }
 
-Var bias_add(const Var& x, const Var& bias, Activation activation) {
+namespace {
+
+// bias_add with its output written into y: a new tensor of x's shape and dtype, or
+// x's own value where nothing else reads x (ag::linear's product, whose matmul
+// backward reads its inputs, never its output; the kernels allow y to alias x).
+Var bias_add_into(Tensor y, const Var& x, const Var& bias, Activation activation) {
   Tape& tape = x.tape();
   tape.check_owns("bias_add", {x, bias});
   TL_CHECK(x.value().dim() >= 2 && bias.value().dim() == 1 && bias.shape()[0] == x.shape()[1],
            ShapeError,
            "bias_add: " << bias.describe() << " does not match the channels of " << x.describe());
-  Tensor y = new_tensor(tape, x.shape(), x);
   if (activation == Activation::ReLU) {
     bias_add_relu_forward(y, x.value(), bias.value(), tape.stream());
     return tape.record(y, "bias_add_relu", {x, bias}, [x, bias](const Var& out) {
@@ -192,9 +196,16 @@ Var bias_add(const Var& x, const Var& bias, Activation activation) {
   bias_add_forward(y, x.value(), bias.value(), tape.stream());
   return tape.record(y, "bias_add", {x, bias}, [x, bias](const Var& out) {
     Tape& t = out.tape();
-    if (x.requires_grad()) t.add_to_grad(x, out.grad());
+    // The bias's sum first: x may then take the output's gradient itself.
     if (bias.requires_grad()) bias_add_backward(t.grad_for(bias), out.grad(), t.stream());
+    if (x.requires_grad()) t.pass_grad(x, out.grad());
   });
+}
+
+}  // namespace
+
+Var bias_add(const Var& x, const Var& bias, Activation activation) {
+  return bias_add_into(new_tensor(x.tape(), x.shape(), x), x, bias, activation);
 }
 
 Var linear(const Var& x, const Var& weight, const Var& bias, Activation activation) {
@@ -207,7 +218,7 @@ Var linear(const Var& x, const Var& weight, const Var& bias, Activation activati
                         << weight.describe() << " expects "
                         << (weight.value().dim() == 2 ? weight.shape()[1] : -1));
   Var y = matmul(x, weight, false, true);
-  if (bias.defined()) return bias_add(y, bias, activation);
+  if (bias.defined()) return bias_add_into(y.value(), y, bias, activation);  // in place
   return activation == Activation::ReLU ? relu(y) : y;
 }
 

@@ -60,8 +60,15 @@ Var add(const Var& a, const Var& b) {
   broadcast_add(y, a.value(), b.value(), tape.stream());
   return tape.record(y, "add", {a, b}, [a, b](const Var& out) {
     Tape& t = out.tape();
-    if (a.requires_grad()) add_broadcast_grad(t, a, out.grad());
+    // b's share is read before a's gradient can change: a may take the output's
+    // gradient itself (Tape::pass_grad), b a copy or a sum of it.
     if (b.requires_grad()) add_broadcast_grad(t, b, out.grad());
+    if (!a.requires_grad()) return;
+    if (a.shape() == out.shape()) {
+      t.pass_grad(a, out.grad());
+    } else {
+      add_broadcast_grad(t, a, out.grad());
+    }
   });
 }
 
@@ -262,7 +269,7 @@ Var reshape(const Var& x, const Shape& shape) {
   Tensor y = x.value().reshape(shape);
   return x.tape().record(y, x.name(), {x}, [x](const Var& out) {
     Tape& t = out.tape();
-    t.add_to_grad(x, out.grad().reshape(x.shape()));
+    t.pass_grad(x, out.grad().reshape(x.shape()));
   });
 }
 

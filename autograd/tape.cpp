@@ -170,6 +170,20 @@ void Tape::add_to_grad(const Var& v, const Tensor& g, double alpha) {
   }
 }
 
+void Tape::pass_grad(const Var& v, const Tensor& g) {
+  TL_CHECK(v.requires_grad(), InvalidArgument,
+           label_ << ": " << v.describe() << " does not require a gradient");
+  Var::Node& node = *v.node_;
+  const bool handed = !node.grad.defined() && !node.variable &&
+                      first_write_ != FirstWrite::Zeroed && g.shape() == node.value.shape() &&
+                      g.dtype() == grad_dtype(node.value.dtype()) && g.device() == device();
+  if (!handed) {
+    add_to_grad(v, g);
+    return;
+  }
+  node.grad = g;
+}
+
 void Tape::check_backward(const Var& output) const {
   check_owns("backward", {output});
   TL_CHECK(!backward_done_, InvalidArgument,

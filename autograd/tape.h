@@ -162,6 +162,16 @@ class Tape {
   // first contribution is a scaled copy instead of a zero-fill and an add.
   void add_to_grad(const Var& v, const Tensor& g, double alpha = 1.0);
 
+  // Adds g (v's shape, v's gradient dtype) to v's gradient as add_to_grad(v, g)
+  // does, without the copy where it can: when v's gradient is unwritten (a first
+  // write, FirstWrite::Assign or Poisoned) and v is not a variable, v's gradient
+  // becomes g itself, sharing its memory. For a backward whose input gradient is the
+  // output's unchanged (a reshape, the x of a bias add or an add): g must be the
+  // output's gradient (or a reshape of it) or a tensor the closure made, handed to
+  // one input only and not written after the call. Reading it afterwards in the same
+  // closure is fine; the output's gradient may later show what is added to v's.
+  void pass_grad(const Var& v, const Tensor& g);
+
   // How grad_target() hands out a gradient that nothing has written yet.
   enum class FirstWrite {
     Assign,    // unwritten, assign == true (the default)

@@ -23,8 +23,9 @@
 // (kernels/grad_write.h). grad_weight and grad_bias may be asked for whether or
 // not the forward had a weight and a bias (their sums do not read them).
 //
-// Determinism: every sum is in a fixed order. The CPU sums each row in index order
-// in double, and grad_weight / grad_bias over rows in row order, split over
+// Determinism: every sum is in a fixed order. The CPU sums each row in double, in
+// index order (float64) or in W lanes added at the row's end (float32, W fixed by
+// the ISA), and grad_weight / grad_bias over rows in row order, split over
 // columns between threads (kernels/cpu/parallel.h). CUDA gives each row to one warp
 // (launch.cuh's warp_sum), and sums grad_weight / grad_bias in two stages without
 // atomics: each of S row blocks sums its rows in row order, then the S partials of
@@ -48,9 +49,13 @@
 // that column's outputs NaN. An infinity in x does the same as a NaN (inf - inf in
 // the variance).
 //
-// Tolerance: the reference (kernels/reference/layer_norm.h) is in double; the CPU
-// runs it, and the CUDA float32 kernels are held to 1e-5 + 1e-4 |reference| in the
-// tests (the row sums of D float values, and the column sums of R, in float).
+// Tolerance: the reference (kernels/reference/layer_norm.h) is in double. The CPU
+// runs it for float64; for float32 it runs the same double arithmetic in vector
+// lanes (kernels/cpu/layer_norm.cpp), rounded to float32 once as the reference
+// rounds, so only the order of the row sums and fused multiply-adds differ: every
+// output within 2e-7 + 1e-6 |reference| of it on every ISA (a float32 ulp or so).
+// The CUDA float32 kernels are held to 1e-5 + 1e-4 |reference| in the tests (the
+// row sums of D float values, and the column sums of R, in float).
 //
 // Aliasing: y may alias x (a row is read whole before it is written); no other
 // output aliases an input, except grad_x and grad_y with GradWrite::Assign.

@@ -46,6 +46,36 @@ TEST(Autograd, ComposedOpsMatchCentralDifferences) {
   EXPECT_TRUE(check_gradient(loss_fn, {a.value, b.value}, {a.grad, b.grad}, options));
 }
 
+// ag::linear adds its bias in place on the product (nothing else reads it): its output
+// and every gradient are the bits of matmul then bias_add on a new tensor, with and
+// without the ReLU. The control: another bias gives other outputs.
+TEST(Autograd, LinearAddsItsBiasInPlaceWithTheSameBits) {
+  for (Activation activation : {Activation::None, Activation::ReLU}) {
+    SCOPED_TRACE(activation == Activation::ReLU ? "ReLU" : "none");
+    const Tensor x = Tensor::from_host<float>(random_values(7 * 5, 61), {7, 5}, cpu());
+    const Tensor w = Tensor::from_host<float>(random_values(3 * 5, 62), {3, 5}, cpu());
+    const std::vector<float> bias_values = random_values(3, 63);
+    const auto run = [&](bool fused, const std::vector<float>& b_values) {
+      Tape tape(cpu());
+      Tensor gx = Tensor::zeros({7, 5}, cpu()), gw = Tensor::zeros({3, 5}, cpu()),
+             gb = Tensor::zeros({3}, cpu());
+      Var xv = tape.variable(x, gx, "x"), wv = tape.variable(w, gw, "w");
+      Var bv = tape.variable(Tensor::from_host<float>(b_values, {3}, cpu()), gb, "b");
+      Var y = fused ? ag::linear(xv, wv, bv, activation)
+                    : ag::bias_add(ag::matmul(xv, wv, false, true), bv, activation);
+      const std::vector<float> out = y.value().to_host<float>();
+      tape.backward(ag::sum(ag::mul(y, y)));
+      return std::vector<std::vector<float>>{out, gx.to_host<float>(), gw.to_host<float>(),
+                                             gb.to_host<float>()};
+    };
+    const auto fused = run(true, bias_values), apart = run(false, bias_values);
+    for (std::size_t i = 0; i < fused.size(); ++i) EXPECT_EQ(bits(fused[i]), bits(apart[i])) << i;
+    std::vector<float> other = bias_values;
+    other[0] += 0.5f;
+    EXPECT_NE(bits(run(true, other)[0]), bits(fused[0]));
+  }
+}
+
 TEST(Autograd, ValueUsedTwiceGetsBothContributions) {
   Tape tape(cpu());
   Leaf a({4}, 5);

@@ -3,6 +3,7 @@
 // in bfloat16 and float16 (a float32 bias), plain and fused with ReLU, against the
 // reference bit for bit.
 #include "kernels/bias.h"
+#include "cpu_isa.h"
 #include "gradcheck.h"
 #include "kernels/reference/bias.h"
 #include "kernels/reference/relu.h"
@@ -78,6 +79,38 @@ TEST(BiasCpu, LinearRowsGiveTheReferenceBits) {
       EXPECT_NE(bits(control), bits(expected));
     }
   }
+}
+
+// The CPU's float32 forward runs in vector lanes along whichever dimension is
+// contiguous (the channels of a linear layer's [N,C], each channel's run of S
+// otherwise): the reference's bits on every ISA, at widths below, at and past a
+// group of lanes, out of place and in place. The control: a bias changed in its
+// last channel changes the bits.
+TEST(BiasCpu, Float32LanesGiveTheReferenceBits) {
+  const std::vector<Shape> shapes = {{1, 1},     {3, 7},     {5, 8},        {4, 17},
+                                     {6, 64},    {2, 3, 5},  {2, 9, 17},    {3, 16, 4, 4},
+                                     {3136, 64}, {2, 33, 1}, {7, 5, 31, 1}, {2, 3, 1, 9}};
+  for_each_cpu_isa(Device::cpu(), [&](const std::string& isa) {
+    for (const Shape& shape : shapes) {
+      const std::int64_t N = shape[0], C = shape[1], S = numel_of(shape) / (N * C);
+      const auto n = static_cast<std::size_t>(numel_of(shape));
+      const auto xv = random_values(n, unsigned(n), -100.0f, 100.0f);
+      auto bv = random_values(std::size_t(C), unsigned(C) + 7);
+      std::vector<float> expected(n);
+      reference::bias_add_forward(expected.data(), xv.data(), bv.data(), N, C, S);
+      Tensor x = Tensor::from_host<float>(xv, shape, cpu()), y = Tensor::empty(shape, cpu());
+      const Tensor bias = Tensor::from_host<float>(bv, {C}, cpu());
+      bias_add_forward(y, x, bias, cpu());
+      EXPECT_EQ(bits(y.to_host<float>(cpu())), bits(expected)) << isa << ", " << to_string(shape);
+      bias_add_forward(x, x, bias, cpu());  // in place
+      EXPECT_EQ(bits(x.to_host<float>(cpu())), bits(expected))
+          << isa << ", in place, " << to_string(shape);
+      bv.back() += 1.0f;  // control: the last channel's values move
+      std::vector<float> control(n);
+      reference::bias_add_forward(control.data(), xv.data(), bv.data(), N, C, S);
+      EXPECT_NE(bits(y.to_host<float>(cpu())), bits(control)) << isa << ", " << to_string(shape);
+    }
+  });
 }
 
 // Views may start at any element: x and y one float past an aligned start take

@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "cpu_isa.h"
 #include "gradcheck.h"
 #include "kernels/reference/layer_norm.h"
 #include "ops_vs_torch.h"
@@ -270,6 +271,72 @@ TEST_P(LayerNormTest, DeterministicAndInPlace) {
   f.rstd = Tensor::empty({300}, stream());
   layer_norm_forward(f, stream());
   EXPECT_EQ(host(f.y), a.y);
+}
+
+// The CPU's float32 path is the reference's double arithmetic in vector lanes
+// (kernels/cpu/layer_norm.cpp), held on every ISA to the tolerance kernels/layer_norm.h
+// states for it, 2e-7 + 1e-6 |reference|, much tighter than the backends' 1e-5 +
+// 1e-4: widths below, at and past a group of lanes and with a partial group, rows
+// around 1e4, gradients added onto a sentinel and assigned over NaN. The control
+// shows the check is not silent: the reference at another eps (a relative change
+// of a few 1e-6 in y) is outside it.
+TEST_P(LayerNormTest, CpuLanesWithinTheirTolerance) {
+  if (!device().is_cpu()) GTEST_SKIP() << "the CPU's float32 path";
+  const auto tight = [](const std::vector<float>& actual, const std::vector<float>& expected) {
+    return all_close(actual, expected, 2e-7, 1e-6);
+  };
+  for_each_cpu_isa(device(), [&](const std::string& isa) {
+    for (bool affine : {true, false}) {
+      for (std::int64_t cols : {1, 3, 4, 7, 8, 9, 16, 17, 33, 64, 67}) {
+        for (float offset : {0.0f, 1e4f}) {
+          const Case c = random_case(37, cols, affine, unsigned(cols * 3 + affine), offset);
+          const std::string what = isa + ", 37 x " + std::to_string(cols) +
+                                   (affine ? ", affine" : "") + ", offset " +
+                                   std::to_string(offset);
+          const Expected a = run(c, 0.5f), e = reference(c, 0.5f);
+          EXPECT_TRUE(tight(a.y, e.y)) << "y, " << what;
+          EXPECT_TRUE(tight(a.mean, e.mean)) << "mean, " << what;
+          EXPECT_TRUE(tight(a.rstd, e.rstd)) << "rstd, " << what;
+          EXPECT_TRUE(tight(a.grad_x, e.grad_x)) << "grad_x, " << what;
+          EXPECT_TRUE(tight(a.grad_weight, e.grad_weight)) << "grad_weight, " << what;
+          EXPECT_TRUE(tight(a.grad_bias, e.grad_bias)) << "grad_bias, " << what;
+        }
+      }
+    }
+    // grad_x assigned over NaN (never read), against the reference's assigned one.
+    const Case c = random_case(5, 19, true, 41);
+    LayerNormForward f;
+    f.x = make(c.x, {5, 19});
+    f.weight = make(c.weight, {19});
+    f.y = Tensor::empty({5, 19}, stream());
+    f.mean = Tensor::empty({5}, stream());
+    f.rstd = Tensor::empty({5}, stream());
+    layer_norm_forward(f, stream());
+    LayerNormBackward b;
+    b.grad_x = make(std::vector<float>(95, kNaN), {5, 19});
+    b.grad_y = make(c.grad_y, {5, 19});
+    b.x = f.x;
+    b.weight = f.weight;
+    b.mean = f.mean;
+    b.rstd = f.rstd;
+    b.grad_x_write = GradWrite::Assign;
+    layer_norm_backward(b, stream());
+    EXPECT_TRUE(tight(host(b.grad_x), reference(c, 0.0f).grad_x)) << "assigned, " << isa;
+  });
+  // Control: y from the reference at eps 2e-5 instead of 1e-5 fails the check.
+  const Case c = random_case(37, 64, true, 43);
+  std::vector<float> other_eps(c.x.size()), mean(37), rstd(37);
+  reference::layer_norm_forward(reference::LayerNormForwardData<float>{.y = other_eps.data(),
+                                                                       .mean = mean.data(),
+                                                                       .rstd = rstd.data(),
+                                                                       .x = c.x.data(),
+                                                                       .weight = c.weight.data(),
+                                                                       .bias = c.bias.data(),
+                                                                       .rows = 37,
+                                                                       .cols = 64,
+                                                                       .eps = 2e-5},
+                                0, 37);
+  EXPECT_FALSE(tight(run(c, 0.0f).y, other_eps));
 }
 
 TEST_P(LayerNormTest, RejectsBadShapesAndArguments) {

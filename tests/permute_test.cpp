@@ -81,9 +81,12 @@ TEST_P(PermuteTest, OddSizesAndTiles) {
   check({5, 7}, {1, 0});
   check({130, 257}, {1, 0});
   check({3, 33, 65}, {0, 2, 1});
-  check({2, 70, 31}, {1, 0, 2});      // keeps the last dimension: whole rows
-  check({7, 1, 9, 3}, {3, 1, 0, 2});  // a size-1 dimension dropped
-  check({4, 1}, {1, 0});              // a transpose that moves nothing
+  check({2, 70, 31}, {1, 0, 2});            // keeps the last dimension: whole rows
+  check({3, 49, 4, 16}, {0, 2, 1, 3});      // a multi-head split's rows (the ViT's)
+  check({3, 4, 49, 16}, {0, 2, 1, 3});      // and their merge
+  check({2, 5, 3, 7, 3}, {2, 0, 3, 1, 4});  // rows through an odometer of four dimensions
+  check({7, 1, 9, 3}, {3, 1, 0, 2});        // a size-1 dimension dropped
+  check({4, 1}, {1, 0});                    // a transpose that moves nothing
   check({2, 3, 4, 5, 6}, {4, 2, 0, 3, 1});
   check({2, 3, 4}, {-1, 0, -2});  // entries counted from the end
   // Not trivial: a transpose moves values.
@@ -199,6 +202,25 @@ TEST(PermuteCpu, SameBitsOnAnyNumberOfThreads) {
   }
   set_num_threads(saved);
   EXPECT_EQ(results[0], results[1]);
+}
+
+// Rows copied whole: each thread finds its first row's place in x by division and
+// the next ones by counting (kernels/cpu/permute.cpp); on 1, 2 and 3 threads, whose
+// ranges start at different places of the count, the reference's values.
+TEST(PermuteCpu, RowsOnAnyNumberOfThreads) {
+  const int saved = num_threads();
+  const Shape shape = {3, 7, 5, 9};
+  const std::vector<std::int64_t> dims = {2, 0, 1, 3};
+  const auto values = random_values(std::size_t(numel_of(shape)), 29);
+  const auto expected =
+      reference_permute(std::vector<float>(values.size()), values, shape, dims, GradWrite::Assign);
+  for (int threads : {1, 2, 3}) {
+    set_num_threads(threads);
+    Tensor y = Tensor::empty({5, 3, 7, 9}, cpu());
+    permute_forward(y, Tensor::from_host<float>(values, shape, cpu()), dims, cpu());
+    EXPECT_EQ(y.to_host<float>(), expected) << threads << " threads";
+  }
+  set_num_threads(saved);
 }
 
 TEST(PermuteGradient, ThroughTheTape) {

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "models/fashion_net.h"
+#include "models/vit.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -80,6 +81,59 @@ TEST(TapeFirstWrite, ElementwiseOpsAndValuesUsedTwiceGiveTheReferenceBits) {
   const std::vector<float> reference = gradients(store, FirstWrite::Zeroed, pass);
   expect_same_bits(gradients(store, FirstWrite::Assign, pass), reference, "assign");
   expect_same_bits(gradients(store, FirstWrite::Poisoned, pass), reference, "poisoned");
+}
+
+// The ViT's backward hands gradients on without copies (Tape::pass_grad: its
+// reshapes, its linear layers' bias adds, its residual adds) through permutes, layer
+// norms, attention and dropout: the zero-filled reference's bits all the same.
+TEST(TapeFirstWrite, VitGradientsAreTheZeroFilledReferenceBits) {
+  VariableSet vars;
+  Sequential net = models::vit(vars, {.image = 8, .dim = 16, .heads = 2, .blocks = 2});
+  VariableStore store(vars, cpu());
+  store.initialize(7, cpu());
+  Tensor images = Tensor::empty({5, 1, 8, 8}, cpu());
+  random_normal(images, 8, 0, 0.0f, 1.0f, cpu());
+  const Tensor labels = labels_for(5);
+  auto pass = [&](Tape& tape) {
+    Context ctx{tape, store, true};
+    return ag::softmax_cross_entropy(net(ctx, tape.constant(images)), tape.constant(labels));
+  };
+  const std::vector<float> reference = gradients(store, FirstWrite::Zeroed, pass);
+  expect_same_bits(gradients(store, FirstWrite::Assign, pass), reference, "assign");
+  expect_same_bits(gradients(store, FirstWrite::Poisoned, pass), reference, "poisoned");
+}
+
+// pass_grad: a first write to an intermediate takes the tensor itself (the same
+// memory), a second one adds; a variable's gradient is added to, never replaced;
+// under FirstWrite::Zeroed every contribution is added to zeros (the control: the
+// memory is not shared there, so the sharing seen under Assign is pass_grad's).
+TEST(TapeFirstWrite, PassGradSharesAFirstWriteAndAddsTheRest) {
+  VariableSet vars;
+  vars.get("w", {2, 3}, Initializer::normal(0.0f, 1.0f));
+  VariableStore store(vars, cpu());
+  store.initialize(3, cpu());
+  for (FirstWrite mode : {FirstWrite::Assign, FirstWrite::Poisoned, FirstWrite::Zeroed}) {
+    SCOPED_TRACE(int(mode));
+    Tape tape(cpu());
+    tape.set_first_write(mode);
+    store.zero_grad(cpu());
+    Context ctx{tape, store, true};
+    Var w = ctx.variable("w");
+    Var h = ag::scale(w, 2.0);
+    // A new tensor each time: a tensor handed on is not written by its giver.
+    const auto g = [] { return Tensor::from_host<float>({1, 2, 3, 4, 5, 6}, {2, 3}, cpu()); };
+    const Tensor first = g();
+    tape.pass_grad(h, first);
+    EXPECT_EQ(h.grad().data<float>() == first.data<float>(), mode != FirstWrite::Zeroed);
+    EXPECT_EQ(h.grad().to_host<float>(), (std::vector<float>{1, 2, 3, 4, 5, 6}));
+    tape.pass_grad(h, g());  // a second contribution adds
+    EXPECT_EQ(h.grad().to_host<float>(), (std::vector<float>{2, 4, 6, 8, 10, 12}));
+    fill(w.grad(), 0.5, cpu());  // sentinel: a variable's gradient is added to
+    const Tensor third = g();
+    tape.pass_grad(w, third);
+    EXPECT_NE(w.grad().data<float>(), third.data<float>());
+    EXPECT_EQ(w.grad().to_host<float>(), (std::vector<float>{1.5f, 2.5f, 3.5f, 4.5f, 5.5f, 6.5f}));
+  }
 }
 
 // An op that takes grad_target() and then adds into the gradient whatever `assign`

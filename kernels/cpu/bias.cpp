@@ -1,5 +1,8 @@
 // CPU bias add (contracts in kernels/bias.h, the plain reference in
-// kernels/reference/bias.h, which the forward runs). Tensors viewed as [N,C,S].
+// kernels/reference/bias.h). Tensors viewed as [N,C,S]. The float32 forward runs in
+// vector lanes (kernels/cpu/float_lanes.h: AVX-512, AVX2 or four portable lanes)
+// along the contiguous dimension, the reference's adds and so its bits; float64
+// runs the reference.
 // Every loop splits over the thread pool (kernels/cpu/parallel.h): the forwards over
 // the N images, the backwards over the channels, each channel summing its rows in
 // order n = 0, 1, ... whichever thread runs it. Every loop serves the four dtypes:
@@ -10,11 +13,13 @@
 // scratch is the same as on 16-bit values one at a time: the same bits.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/bias.h"
 #include "kernels/cpu/convert16.h"
 #include "kernels/cpu/dtype_dispatch.h"
+#include "kernels/cpu/float_lanes.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/per_channel.h"
 #include "kernels/cpu/relu.h"
@@ -64,6 +69,36 @@ void bias_add_16bit(T* y, const T* x, const float* bias, std::int64_t N, std::in
   });
 }
 
+// y = x + bias[c] on float32 [N,C,S] in groups of W lanes, each value's one float32
+// add as in the reference (its bits): with S = 1 (a linear layer's rows) a row of C
+// channels adds the bias vector, otherwise a channel's run of S values adds its
+// bias in every lane. The reference's inner loop runs over S, which is 1 for every
+// linear layer: the lanes run along whichever dimension is contiguous. y may alias
+// x (a group is read before it is written).
+template <int W>
+void bias_add_lanes(float* y, const float* x, const float* bias, std::int64_t N, std::int64_t C,
+                    std::int64_t S) {
+  if (S == 1) {
+    for (std::int64_t n = 0; n < N; ++n) {
+      float* y_row = y + n * C;        // [C]
+      const float* x_row = x + n * C;  // [C]
+      for_each_lane_group<W>(C, [&](std::int64_t i, std::int64_t count) {
+        store_lanes<W>(y_row + i, load_lanes<W>(x_row + i, count) + load_lanes<W>(bias + i, count),
+                       count);
+      });
+    }
+    return;
+  }
+  for (std::int64_t row = 0; row < N * C; ++row) {
+    const FloatLanes<W> b = splat_lanes<W>(bias[row % C]);
+    float* y_run = y + row * S;        // [S]
+    const float* x_run = x + row * S;  // [S]
+    for_each_lane_group<W>(S, [&](std::int64_t i, std::int64_t count) {
+      store_lanes<W>(y_run + i, load_lanes<W>(x_run + i, count) + b, count);
+    });
+  }
+}
+
 // Rows of a T tensor as math_t<T> values, for the backwards' loops: the row itself
 // in float32 and float64; in bfloat16 and float16 its widening into this reader's
 // scratch, which write_back rounds into the row (a no-op for the others).
@@ -110,6 +145,10 @@ void bias_add_forward(const Tensor& y, const Tensor& x, const Tensor& bias, std:
     parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
       if constexpr (kIs16Bit<T>) {
         bias_add_16bit(out + first * C * S, in + first * C * S, b, last - first, C, S, false);
+      } else if constexpr (std::is_same_v<T, float>) {
+        run_float_lanes([&]<int W>() {
+          bias_add_lanes<W>(out + first * C * S, in + first * C * S, b, last - first, C, S);
+        });
       } else {
         reference::bias_add_forward(out + first * C * S, in + first * C * S, b, last - first, C, S);
       }

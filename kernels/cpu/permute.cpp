@@ -45,20 +45,35 @@ Offsets outer_offsets(const PermutePlan& plan, const std::int64_t* y_stride, std
   return at;
 }
 
+// y's rows are consecutive (row r starts at r * length); x's start of row r+1 follows
+// from row r's by an odometer over the outer dimensions (one add, a carry now and
+// then), rather than a division per dimension for every row: a multi-head split's
+// rows are a few dozen values each, and the divisions cost more than the copy.
 template <typename T>
 void permute_rows(T* y, const T* x, const PermutePlan& plan, const std::int64_t* y_stride,
                   bool accumulate) {
   const int last = plan.rank - 1;
   const std::int64_t length = plan.shape[last];  // [rows, length]
   parallel_rows(plan.numel / length, length, [&](std::int64_t lo, std::int64_t hi) {
+    std::int64_t index[kMaxPermuteRank] = {};  // row lo's index along y's dimensions < last
+    for (std::int64_t k = last - 1, o = lo; k >= 0; --k) {
+      index[k] = o % plan.shape[k];
+      o /= plan.shape[k];
+    }
+    std::int64_t x_at = outer_offsets(plan, y_stride, lo, last, last).x;
     for (std::int64_t r = lo; r < hi; ++r) {
-      const Offsets at = outer_offsets(plan, y_stride, r, last, last);
-      T* out = y + at.y;
-      const T* in = x + at.x;
+      T* out = y + r * length;
+      const T* in = x + x_at;
       if (!accumulate) {
         std::memcpy(out, in, static_cast<std::size_t>(length) * sizeof(T));
       } else {
         for (std::int64_t j = 0; j < length; ++j) move_element(out[j], in[j], true);
+      }
+      for (int k = last - 1; k >= 0; --k) {  // the next row's index and offset in x
+        x_at += plan.x_stride[k];
+        if (++index[k] < plan.shape[k]) break;
+        x_at -= plan.x_stride[k] * plan.shape[k];
+        index[k] = 0;
       }
     }
   });

@@ -1,6 +1,7 @@
 // The plain reference of bias add (contracts in kernels/bias.h). The CPU backend
-// runs the forward on each thread's range of images (kernels/cpu/bias.cpp); its
-// backward (four running sums per row) and the fused ReLU forms, which are the
+// runs the float64 forward on each thread's range of images (kernels/cpu/bias.cpp);
+// its float32 forward (vector lanes, the same adds), its backward (four running
+// sums per row) and the fused ReLU forms, which are the
 // composition with kernels/reference/relu.h, are tested against it, as are the
 // CUDA kernels. T is float, double, bfloat16 or float16; bias and grad_bias are
 // math_t<T> (kernels/reference/math_type.h): T itself, or float32 for a 16-bit T,

@@ -1,7 +1,8 @@
 // The plain reference of layer normalization (contracts in kernels/layer_norm.h),
-// in double whatever T is. The CPU backend runs it on each thread's range of rows
-// (or of columns, for the weight and bias gradients: kernels/cpu/layer_norm.cpp),
-// and the CUDA kernels are tested against it. T is float or double.
+// in double whatever T is. The CPU backend runs it for double on each thread's
+// range of rows (or of columns, for the weight and bias gradients:
+// kernels/cpu/layer_norm.cpp); its float path (the same double arithmetic in vector
+// lanes) and the CUDA kernels are tested against it. T is float or double.
 //
 // The arrays are the whole tensors, x and its kin seen as [R, D]; a null pointer
 // is an absent tensor (weight, bias, a gradient not asked for).
