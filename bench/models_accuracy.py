@@ -91,6 +91,8 @@ def torch_run(model, epochs, seed, train, test):
             predicted = torch.cat([net(torch.from_numpy(test[0][i:i + 1000])).argmax(1)
                                    for i in range(0, len(test[1]), 1000)])
         accuracy.append(float((predicted.numpy() == test[1]).mean()))
+        print(f"  {model} seed {seed} PyTorch epoch {len(accuracy)}: test accuracy "
+              f"{accuracy[-1]:.4f}, {time.time() - start:.0f} s", flush=True)
     return {"accuracy": accuracy[-1], "per_epoch": accuracy, "seconds": time.time() - start,
             "torch": torch.__version__}
 
@@ -133,6 +135,9 @@ def main():
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--out", help="bench/results/NAME: writes NAME.json and NAME.md")
     args = p.parse_args()
+    # PyTorch's OpenMP threads wait passively: spinning, they take CPU from the
+    # towerlab runs and the machine's other work (compare_peers.py's --omp-wait-policy).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     seeds = [int(s) for s in args.seeds.split(",")]
     commit = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()
