@@ -16,6 +16,11 @@ Writes a JSON and a Markdown page (commit, machine, date, every run and the mean
 
 usage: bench/models_accuracy.py --sample build/release/samples/fashion_mnist
            [--models mlp,resnet] [--epochs 10] [--seeds 1,2,3] [--out bench/results/NAME]
+           [--add-to bench/results/OLD.json]
+
+--add-to starts from an earlier run's JSON (the same epochs) and runs only the
+(model, seed, engine) runs it lacks, so that a comparison of hours can be built up
+over several sessions; every run keeps its own commit, machine and date.
 """
 
 import argparse
@@ -120,6 +125,17 @@ def markdown(doc):
         lines.append(f"| {model} | {', '.join(f'{a:.4f}' for a in ours)} | {np.mean(ours):.4f} | "
                      f"{', '.join(f'{a:.4f}' for a in theirs)} | {np.mean(theirs):.4f} | "
                      f"{100 * (np.mean(ours) - np.mean(theirs)):+.2f} |")
+    where = sorted({(r.get("commit", doc["commit"]), r.get("machine", doc["machine"]))
+                    for runs in doc["models"].values() for who in runs for r in runs[who]})
+    if len(where) > 1:
+        lines += ["", "The runs came from more than one tree or machine (`--add-to`):", ""]
+        for model, runs in doc["models"].items():
+            for who in runs:
+                for r in runs[who]:
+                    lines.append(f"- {model}, {who}, seed {r['seed']}: "
+                                 f"{r.get('commit', doc['commit'])}, "
+                                 f"{r.get('machine', doc['machine'])}, "
+                                 f"{r.get('date', doc['date'])}")
     lines += ["", "Seconds per run (towerlab on 2 CPU towers, PyTorch on 2 threads):", ""]
     for model, runs in doc["models"].items():
         seconds = {who: ", ".join(f"{r['seconds']:.0f}" for r in runs[who]) for who in runs}
@@ -134,6 +150,7 @@ def main():
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--out", help="bench/results/NAME: writes NAME.json and NAME.md")
+    p.add_argument("--add-to", help="an earlier run's JSON: keep its runs, add the missing ones")
     args = p.parse_args()
     # PyTorch's OpenMP threads wait passively: spinning, they take CPU from the
     # towerlab runs and the machine's other work (compare_peers.py's --omp-wait-policy).
@@ -141,16 +158,34 @@ def main():
     seeds = [int(s) for s in args.seeds.split(",")]
     commit = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()
+    now = datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC")
     doc = {"commit": commit, "machine": machine(), "epochs": args.epochs, "seeds": seeds,
-           "date": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"), "models": {}}
+           "date": now, "models": {}}
+    if args.add_to:
+        with open(args.add_to) as f:
+            doc = json.load(f)
+        if doc["epochs"] != args.epochs:
+            raise SystemExit(f"models_accuracy: {args.add_to} has {doc['epochs']} epochs, "
+                             f"not {args.epochs}")
+        for runs in doc["models"].values():  # runs written before runs kept their own
+            for run in runs["towerlab"] + runs["torch"]:
+                run.setdefault("commit", doc["commit"])
+                run.setdefault("machine", doc["machine"])
+                run.setdefault("date", doc["date"])
+        doc["seeds"] = sorted(set(doc["seeds"]) | set(seeds))
+        doc["commit"], doc["date"] = commit, now
     train, test = load_split(DATA, "train"), load_split(DATA, "t10k")
     for model in args.models.split(","):
-        runs = doc["models"][model] = {"towerlab": [], "torch": []}
+        runs = doc["models"].setdefault(model, {"towerlab": [], "torch": []})
         for seed in seeds:  # alternated, so that a change in the machine's load hits both
             for who, run in (("towerlab", lambda: towerlab_run(args.sample, model, args.epochs,
                                                                 seed)),
                              ("torch", lambda: torch_run(model, args.epochs, seed, train, test))):
-                runs[who].append(dict(run(), seed=seed))
+                if any(r["seed"] == seed for r in runs[who]):
+                    continue
+                runs[who].append(dict(run(), seed=seed, commit=commit, machine=machine(),
+                                      date=datetime.datetime.utcnow().strftime(
+                                          "%Y-%m-%d %H:%M UTC")))
                 print(model, seed, who, runs[who][-1]["per_epoch"],
                       f"{runs[who][-1]['seconds']:.0f} s", flush=True)
                 if args.out:  # after every run: hours of training survive an interrupted session
