@@ -84,9 +84,8 @@ class LayerNormTest : public BackendTest {
     return e;
   }
 
-  // Forward and backward on the backend: every gradient accumulated onto a
-  // sentinel of 0.5, grad_x from the backend's own mean and rstd.
-  Expected run(const Case& c, float sentinel) {
+  // The forward of c on the backend (weight and bias where c has them).
+  LayerNormForward forward(const Case& c) {
     const Shape shape = {c.rows, c.cols};
     const Shape per_row = {c.rows}, per_col = {c.cols};
     LayerNormForward f;
@@ -97,6 +96,30 @@ class LayerNormTest : public BackendTest {
     if (!c.weight.empty()) f.weight = make(c.weight, per_col);
     if (!c.bias.empty()) f.bias = make(c.bias, per_col);
     layer_norm_forward(f, stream());
+    return f;
+  }
+
+  // grad_x alone for c's forward f, assigned over a NaN sentinel that must not be
+  // read (GradWrite::Assign); the gradients not asked for are not computed.
+  LayerNormBackward assigned_grad_x(const Case& c, const LayerNormForward& f) {
+    LayerNormBackward b;
+    b.grad_x = make(std::vector<float>(c.x.size(), kNaN), {c.rows, c.cols});
+    b.grad_y = make(c.grad_y, {c.rows, c.cols});
+    b.x = f.x;
+    b.weight = f.weight;
+    b.mean = f.mean;
+    b.rstd = f.rstd;
+    b.grad_x_write = GradWrite::Assign;
+    layer_norm_backward(b, stream());
+    return b;
+  }
+
+  // Forward and backward on the backend: every gradient accumulated onto a
+  // sentinel of 0.5, grad_x from the backend's own mean and rstd.
+  Expected run(const Case& c, float sentinel) {
+    const Shape shape = {c.rows, c.cols};
+    const Shape per_col = {c.cols};
+    const LayerNormForward f = forward(c);
     LayerNormBackward b;
     b.grad_x = make(std::vector<float>(c.x.size(), sentinel), shape);
     b.grad_weight = make(std::vector<float>(std::size_t(c.cols), sentinel), per_col);
@@ -224,23 +247,8 @@ TEST_P(LayerNormTest, GradientsAccumulateOrAssign) {
   EXPECT_TRUE(all_close(added.grad_bias, plus_one(once.grad_bias), 1e-5, 1e-4));
   // grad_x assigned over a NaN sentinel, which must not be read; the gradients not
   // asked for are not computed.
-  LayerNormForward f;
-  f.x = make(c.x, {4, 6});
-  f.weight = make(c.weight, {6});
-  f.bias = make(c.bias, {6});
-  f.y = Tensor::empty({4, 6}, stream());
-  f.mean = Tensor::empty({4}, stream());
-  f.rstd = Tensor::empty({4}, stream());
-  layer_norm_forward(f, stream());
-  LayerNormBackward b;
-  b.grad_x = make(std::vector<float>(24, kNaN), {4, 6});
-  b.grad_y = make(c.grad_y, {4, 6});
-  b.x = f.x;
-  b.weight = f.weight;
-  b.mean = f.mean;
-  b.rstd = f.rstd;
-  b.grad_x_write = GradWrite::Assign;
-  layer_norm_backward(b, stream());
+  const LayerNormForward f = forward(c);
+  const LayerNormBackward b = assigned_grad_x(c, f);
   EXPECT_TRUE(all_close(host(b.grad_x), once.grad_x, 1e-5, 1e-4));
   // grad_bias alone.
   LayerNormBackward only_bias;
@@ -309,22 +317,7 @@ TEST_P(LayerNormCpuTest, LanesWithinTheirTolerance) {
     }
     // grad_x assigned over NaN (never read), against the reference's assigned one.
     const Case c = random_case(5, 19, true, 41);
-    LayerNormForward f;
-    f.x = make(c.x, {5, 19});
-    f.weight = make(c.weight, {19});
-    f.y = Tensor::empty({5, 19}, stream());
-    f.mean = Tensor::empty({5}, stream());
-    f.rstd = Tensor::empty({5}, stream());
-    layer_norm_forward(f, stream());
-    LayerNormBackward b;
-    b.grad_x = make(std::vector<float>(95, kNaN), {5, 19});
-    b.grad_y = make(c.grad_y, {5, 19});
-    b.x = f.x;
-    b.weight = f.weight;
-    b.mean = f.mean;
-    b.rstd = f.rstd;
-    b.grad_x_write = GradWrite::Assign;
-    layer_norm_backward(b, stream());
+    const LayerNormBackward b = assigned_grad_x(c, forward(c));
     EXPECT_TRUE(tight(host(b.grad_x), reference(c, 0.0f).grad_x)) << "assigned, " << isa;
   });
   // Control: y from the reference at eps 2e-5 instead of 1e-5 fails the check.
