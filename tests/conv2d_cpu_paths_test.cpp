@@ -134,31 +134,49 @@ TEST(Conv2dCol2im, VectorPathGivesTheTapByTapBits) {
         ConvCase{"9x22", 1, 2, 9, 22, 1, 3, 3, make_params(1, 1, 1, 1)},
         ConvCase{"3x5_kernel", 2, 2, 6, 11, 1, 3, 5, make_params(1, 1, 1, 2)},
         ConvCase{"dilation2", 2, 2, 9, 8, 1, 3, 3, make_params(1, 1, 2, 2, 2, 2)},
-        // Stride 2 across: the even lanes of a copy of each plane (any Q and H*W up
-        // to 4096); a last group of 6 (Q = 14), 7 (Q = 7) and 1 outputs, padding 2,
-        // dilation and stride 3 down, and a 1x1 kernel (the tap-by-tap loop on both).
+        // Stride 2 across: 3x3 with padding 1 gathers each pixel's taps (the first
+        // two, a last group of 6 (Q = 14) and 7 (Q = 7) outputs, W = 1 and the last three
+        // cases); the even lanes of a copy of each plane for padding 2, dilation and
+        // stride 3 down; a 1x1 kernel (the tap-by-tap loop on both). Each case also
+        // assigned, onto a grad_x of NaNs.
         ConvCase{"stride2_28x28", 2, 3, 28, 28, 1, 3, 3, make_params(2, 2, 1, 1)},
         ConvCase{"stride2_14x14", 2, 3, 14, 14, 1, 3, 3, make_params(2, 2, 1, 1)},
         ConvCase{"stride2_1x1", 2, 4, 28, 28, 1, 1, 1, make_params(2, 2, 0, 0)},
         ConvCase{"stride2_W41_pad2", 1, 2, 9, 41, 1, 3, 3, make_params(2, 2, 2, 2)},
         ConvCase{"stride3x2_dilation2", 2, 2, 13, 17, 1, 3, 3, make_params(3, 2, 1, 2, 2, 2)},
-        ConvCase{"stride2_W1", 2, 2, 5, 1, 1, 3, 3, make_params(2, 2, 1, 1)}}) {
+        ConvCase{"stride2_W1", 2, 2, 5, 1, 1, 3, 3, make_params(2, 2, 1, 1)},
+        // 3x3, stride 2, padding 1 gathers each pixel's taps (col2im_gather_avx2):
+        // odd H and W (a last group of 11 pixels), a last group of 1 (W = 17), and a
+        // 2x3 plane.
+        ConvCase{"stride2_gather_27x13", 2, 3, 27, 13, 1, 3, 3, make_params(2, 2, 1, 1)},
+        ConvCase{"stride2_gather_6x17", 1, 2, 6, 17, 1, 3, 3, make_params(2, 2, 1, 1)},
+        ConvCase{"stride2_gather_2x3", 2, 2, 2, 3, 1, 3, 3, make_params(2, 2, 1, 1)}}) {
     SCOPED_TRACE(k.name);
     const auto gyv = random_values(std::size_t(numel_of(k.y_shape())), 1301);
     const auto wv = random_values(std::size_t(numel_of(k.w_shape())), 1302);
     const auto gxv = random_values(std::size_t(numel_of(k.x_shape())), 1303);
-    auto grad_x = [&](GemmIsa isa, const std::vector<float>& gy) {
+    auto grad_x = [&](GemmIsa isa, const std::vector<float>& gy,
+                      GradWrite write = GradWrite::Accumulate) {
       set_gemm_isa(isa);
-      Tensor gx = Tensor::from_host<float>(gxv, k.x_shape(), cpu());
+      // An assigned grad_x starts as NaN, which it must not read.
+      Tensor gx =
+          write == GradWrite::Assign
+              ? Tensor::from_host<float>(std::vector<float>(gxv.size(), NAN), k.x_shape(), cpu())
+              : Tensor::from_host<float>(gxv, k.x_shape(), cpu());
       conv2d_backward(gx, Tensor(), Tensor(), Tensor::from_host<float>(gy, k.y_shape(), cpu()),
                       Tensor::zeros(k.x_shape(), cpu()),
-                      Tensor::from_host<float>(wv, k.w_shape(), cpu()), k.params, cpu());
+                      Tensor::from_host<float>(wv, k.w_shape(), cpu()), k.params, cpu(), write);
       return gx.to_host<float>(cpu());
     };
     const std::vector<float> tap_by_tap = grad_x(GemmIsa::Portable, gyv);
     const std::vector<float> vector = grad_x(GemmIsa::Avx2, gyv);
     ASSERT_EQ(vector.size(), tap_by_tap.size());
     EXPECT_EQ(std::memcmp(vector.data(), tap_by_tap.data(), vector.size() * sizeof(float)), 0);
+    const std::vector<float> assigned = grad_x(GemmIsa::Avx2, gyv, GradWrite::Assign);
+    EXPECT_EQ(std::memcmp(assigned.data(), grad_x(GemmIsa::Portable, gyv, GradWrite::Assign).data(),
+                          assigned.size() * sizeof(float)),
+              0)
+        << "assigned";
     // Control: the last gradient value 0.1% off changes the bits the comparison sees.
     std::vector<float> nudged = gyv;
     nudged.back() *= 1.001f;
