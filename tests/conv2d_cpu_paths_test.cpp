@@ -597,6 +597,60 @@ TEST(Conv2dWinograd, AutoPicksByShape) {
   }
 }
 
+// The AVX2 input transform reads a group's input columns with plain loads where
+// all eight lie inside the row, and otherwise (at the padding) the eight inside it,
+// moved to their lanes, the others cleared (masked loads on rows under eight
+// columns). The same layer on the input embedded in zeros (the padding made real,
+// sixteen more columns on the right, padding 0) reads every tile of the original
+// output with plain loads, and each output column of Winograd depends on its tile's
+// inputs alone: the original output's pixels must have the same bits. Rows of 28
+// (ResNet-20's first stage), 13, 8 and 7 columns, both paddings.
+TEST(Conv2dWinograd, EdgeLoadsGiveTheEmbeddedBits) {
+  if (!gemm_isa_supported(GemmIsa::Avx2)) GTEST_SKIP() << "this CPU has no AVX2";
+  const RestoreGemmIsa restore;
+  set_gemm_isa(GemmIsa::Avx2);
+  const cpu::ScopedConv2dAlgorithm winograd(cpu::Conv2dAlgorithm::Winograd);
+  for (const ConvCase& k : {ConvCase{"resnet_16", 2, 16, 28, 28, 16, 3, 3, make_params(1, 1, 1, 1)},
+                            ConvCase{"odd_9x13", 1, 8, 9, 13, 8, 3, 3, make_params(1, 1, 1, 1)},
+                            ConvCase{"W8_pad_w0", 1, 8, 6, 8, 16, 3, 3, make_params(1, 1, 1, 0)},
+                            ConvCase{"W7", 2, 8, 7, 7, 8, 3, 3, make_params(1, 1, 1, 1)}}) {
+    SCOPED_TRACE(k.name);
+    const std::int64_t ph = k.params.pad_h, pw = k.params.pad_w;
+    const std::int64_t H2 = k.H + 2 * ph, W2 = k.W + 2 * pw + 16;
+    const ConvCase embedded{k.name, k.N, k.C, H2, W2, k.K, 3, 3, make_params(1, 1, 0, 0)};
+    const auto xv = random_values(std::size_t(numel_of(k.x_shape())), 1401);
+    const auto wv = random_values(std::size_t(numel_of(k.w_shape())), 1402);
+    std::vector<float> x2(std::size_t(numel_of(embedded.x_shape())), 0.0f);  // [N,C,H2,W2]
+    for (std::int64_t plane = 0; plane < k.N * k.C; ++plane) {
+      for (std::int64_t h = 0; h < k.H; ++h) {
+        std::copy_n(xv.begin() + (plane * k.H + h) * k.W, k.W,
+                    x2.begin() + (plane * H2 + h + ph) * W2 + pw);
+      }
+    }
+    auto forward = [&](const ConvCase& c, const std::vector<float>& x) {
+      Tensor y = Tensor::empty(c.y_shape(), cpu());
+      conv2d_forward(y, Tensor::from_host<float>(x, c.x_shape(), cpu()),
+                     Tensor::from_host<float>(wv, c.w_shape(), cpu()), Tensor(), c.params, cpu());
+      return y.to_host<float>(cpu());
+    };
+    const std::vector<float> y = forward(k, xv), y2 = forward(embedded, x2);
+    const std::int64_t P = k.y_shape()[2], Q = k.y_shape()[3], Q2 = embedded.y_shape()[3];
+    ASSERT_EQ(embedded.y_shape()[2], P);
+    std::int64_t differing = 0;
+    for (std::int64_t plane = 0; plane < k.N * k.K; ++plane) {
+      for (std::int64_t p = 0; p < P; ++p) {
+        differing += std::memcmp(y.data() + (plane * P + p) * Q, y2.data() + (plane * P + p) * Q2,
+                                 std::size_t(Q) * sizeof(float)) != 0;
+      }
+    }
+    EXPECT_EQ(differing, 0) << "output rows whose bits differ";
+    // Control: the last input value 0.1% off changes bits the comparison sees.
+    std::vector<float> nudged = xv;
+    nudged.back() *= 1.001f;
+    EXPECT_NE(forward(k, nudged), y) << "control";
+  }
+}
+
 // The weight gradient asked for alone is the one computed beside grad_x, bit for
 // bit: the two passes share the backward's image groups, not its arithmetic.
 TEST(Conv2dWinograd, WeightGradientAloneHasTheSameBits) {
