@@ -651,6 +651,62 @@ TEST(Conv2dWinograd, EdgeLoadsGiveTheEmbeddedBits) {
   }
 }
 
+// The weight gradient's last transform (A₂ᵀ S A₂, adds only) takes eight filters a
+// vector on AVX2, then four, then one: each lane the same adds. Each filter's
+// gradient depends on its own grad_y plane alone (the GEMM's columns are
+// independent), so a layer of 8 filters (eight a vector) must give the bits of two
+// layers of 4 (four a vector), and one of 13 filters (8 + 4 + 1) the bits of layers
+// of 8, 4 and 1 on its planes: each on the AVX2 GEMM, padded and not.
+TEST(Conv2dWinograd, WeightGradientFiltersHaveTheNarrowBits) {
+  if (!gemm_isa_supported(GemmIsa::Avx2)) GTEST_SKIP() << "this CPU has no AVX2";
+  const RestoreGemmIsa restore;
+  set_gemm_isa(GemmIsa::Avx2);
+  const cpu::ScopedConv2dAlgorithm winograd(cpu::Conv2dAlgorithm::Winograd);
+  struct Split {
+    ConvCase whole;
+    std::vector<std::int64_t> parts;  // filters of each narrower layer, in order
+  };
+  for (const Split& split :
+       {Split{{"K8", 3, 16, 14, 14, 8, 3, 3, make_params(1, 1, 1, 1)}, {4, 4}},
+        Split{{"K13_pad0", 2, 8, 9, 11, 13, 3, 3, make_params(1, 1, 0, 0)}, {8, 4, 1}}}) {
+    const ConvCase& k = split.whole;
+    SCOPED_TRACE(k.name);
+    const Shape ys = k.y_shape();
+    const std::int64_t pq = ys[2] * ys[3];
+    const auto xv = random_values(std::size_t(numel_of(k.x_shape())), 1501);
+    const auto gv = random_values(std::size_t(numel_of(ys)), 1502);  // [N,K,P,Q]
+    // grad_weight [filters, C, 3, 3] from filters [first, first + filters) of grad_y.
+    auto grad_w = [&](std::int64_t first, std::int64_t filters, const std::vector<float>& g) {
+      const ConvCase part{k.name, k.N, k.C, k.H, k.W, filters, 3, 3, k.params};
+      std::vector<float> gy;  // [N, filters, P, Q]
+      for (std::int64_t n = 0; n < k.N; ++n) {
+        gy.insert(gy.end(), g.begin() + (n * k.K + first) * pq,
+                  g.begin() + (n * k.K + first + filters) * pq);
+      }
+      Tensor gw = Tensor::zeros(part.w_shape(), cpu());
+      conv2d_backward(Tensor(), gw, Tensor(), Tensor::from_host<float>(gy, part.y_shape(), cpu()),
+                      Tensor::from_host<float>(xv, k.x_shape(), cpu()),
+                      Tensor::zeros(part.w_shape(), cpu()), k.params, cpu());
+      return gw.to_host<float>(cpu());
+    };
+    const std::vector<float> whole = grad_w(0, k.K, gv);
+    std::vector<float> parts;
+    std::int64_t first = 0;
+    for (std::int64_t filters : split.parts) {
+      const std::vector<float> part = grad_w(first, filters, gv);
+      parts.insert(parts.end(), part.begin(), part.end());
+      first += filters;
+    }
+    ASSERT_EQ(parts.size(), whole.size());
+    EXPECT_EQ(std::memcmp(parts.data(), whole.data(), whole.size() * sizeof(float)), 0);
+    // Control: the first grad_y value 0.1% off changes bits the comparison sees.
+    std::vector<float> nudged = gv;
+    nudged.front() *= 1.001f;
+    const std::vector<float> off = grad_w(0, k.K, nudged);
+    EXPECT_NE(std::memcmp(off.data(), whole.data(), whole.size() * sizeof(float)), 0) << "control";
+  }
+}
+
 // The weight gradient asked for alone is the one computed beside grad_x, bit for
 // bit: the two passes share the backward's image groups, not its arithmetic.
 TEST(Conv2dWinograd, WeightGradientAloneHasTheSameBits) {
