@@ -707,6 +707,50 @@ TEST(Conv2dWinograd, WeightGradientFiltersHaveTheNarrowBits) {
   }
 }
 
+// The weight gradient's AVX2 transforms (channel and filter counts multiples of 8)
+// write V into the GEMM's panels of 6 channels, eight channels a vector split over
+// two panels (6 + 2, 4 + 4, 2 + 6); with 9 filters the scalar transforms write the
+// same values one by one. Each filter's gradient depends on its own grad_y plane, and
+// these shapes keep the same tile blocks for 8 and 9 filters, so the 8 filters'
+// gradients must have the bits of the first 8 of 9: C = 8 (a block of 360 tiles,
+// past one of the GEMM's 256-tile steps), 16 (ResNet-20's first stage) and 32.
+TEST(Conv2dWinograd, WeightGradientPanelsHaveTheScalarBits) {
+  if (!gemm_isa_supported(GemmIsa::Avx2)) GTEST_SKIP() << "this CPU has no AVX2";
+  const RestoreGemmIsa restore;
+  set_gemm_isa(GemmIsa::Avx2);
+  const cpu::ScopedConv2dAlgorithm winograd(cpu::Conv2dAlgorithm::Winograd);
+  for (const ConvCase& k : {ConvCase{"C8_W60", 1, 8, 28, 60, 9, 3, 3, make_params(1, 1, 1, 1)},
+                            ConvCase{"C16_W40", 2, 16, 28, 40, 9, 3, 3, make_params(1, 1, 1, 1)},
+                            ConvCase{"C32_W28", 2, 32, 28, 28, 9, 3, 3, make_params(1, 1, 1, 1)}}) {
+    SCOPED_TRACE(k.name);
+    const Shape ys = k.y_shape();
+    const std::int64_t pq = ys[2] * ys[3];
+    const auto xv = random_values(std::size_t(numel_of(k.x_shape())), 1601);
+    const auto gv = random_values(std::size_t(numel_of(ys)), 1602);  // [N,9,P,Q]
+    // grad_weight [filters, C, 3, 3] from the first `filters` planes of grad_y.
+    auto grad_w = [&](std::int64_t filters, const std::vector<float>& x) {
+      const ConvCase part{k.name, k.N, k.C, k.H, k.W, filters, 3, 3, k.params};
+      std::vector<float> gy;  // [N, filters, P, Q]
+      for (std::int64_t n = 0; n < k.N; ++n) {
+        gy.insert(gy.end(), gv.begin() + n * k.K * pq, gv.begin() + (n * k.K + filters) * pq);
+      }
+      Tensor gw = Tensor::zeros(part.w_shape(), cpu());
+      conv2d_backward(Tensor(), gw, Tensor(), Tensor::from_host<float>(gy, part.y_shape(), cpu()),
+                      Tensor::from_host<float>(x, k.x_shape(), cpu()),
+                      Tensor::zeros(part.w_shape(), cpu()), k.params, cpu());
+      return gw.to_host<float>(cpu());
+    };
+    const std::vector<float> eight = grad_w(8, xv), nine = grad_w(9, xv);
+    ASSERT_EQ(nine.size(), eight.size() / 8 * 9);
+    EXPECT_EQ(std::memcmp(eight.data(), nine.data(), eight.size() * sizeof(float)), 0);
+    // Control: the last input value 0.1% off changes bits the comparison sees.
+    std::vector<float> nudged = xv;
+    nudged.back() *= 1.001f;
+    const std::vector<float> off = grad_w(8, nudged);
+    EXPECT_NE(std::memcmp(off.data(), nine.data(), off.size() * sizeof(float)), 0) << "control";
+  }
+}
+
 // The weight gradient asked for alone is the one computed beside grad_x, bit for
 // bit: the two passes share the backward's image groups, not its arithmetic.
 TEST(Conv2dWinograd, WeightGradientAloneHasTheSameBits) {
