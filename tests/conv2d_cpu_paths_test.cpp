@@ -604,16 +604,23 @@ TEST(Conv2dWinograd, AutoPicksByShape) {
 // sixteen more columns on the right, padding 0) reads every tile of the original
 // output with plain loads, and each output column of Winograd depends on its tile's
 // inputs alone: the original output's pixels must have the same bits. Rows of 28
-// (ResNet-20's first stage), 13, 8 and 7 columns, both paddings.
+// (ResNet-20's first stage), 13, 8 and 7 columns, both paddings. The embedded layer's
+// tile rows are longer than four tiles, so this also checks the output transform's
+// two tile rows a vector (rows of four tiles) against its one row a vector.
 TEST(Conv2dWinograd, EdgeLoadsGiveTheEmbeddedBits) {
   if (!gemm_isa_supported(GemmIsa::Avx2)) GTEST_SKIP() << "this CPU has no AVX2";
   const RestoreGemmIsa restore;
   set_gemm_isa(GemmIsa::Avx2);
   const cpu::ScopedConv2dAlgorithm winograd(cpu::Conv2dAlgorithm::Winograd);
-  for (const ConvCase& k : {ConvCase{"resnet_16", 2, 16, 28, 28, 16, 3, 3, make_params(1, 1, 1, 1)},
-                            ConvCase{"odd_9x13", 1, 8, 9, 13, 8, 3, 3, make_params(1, 1, 1, 1)},
-                            ConvCase{"W8_pad_w0", 1, 8, 6, 8, 16, 3, 3, make_params(1, 1, 1, 0)},
-                            ConvCase{"W7", 2, 8, 7, 7, 8, 3, 3, make_params(1, 1, 1, 1)}}) {
+  for (const ConvCase& k :
+       {ConvCase{"resnet_16", 2, 16, 28, 28, 16, 3, 3, make_params(1, 1, 1, 1)},
+        ConvCase{"odd_9x13", 1, 8, 9, 13, 8, 3, 3, make_params(1, 1, 1, 1)},
+        ConvCase{"W8_pad_w0", 1, 8, 6, 8, 16, 3, 3, make_params(1, 1, 1, 0)},
+        ConvCase{"W7", 2, 8, 7, 7, 8, 3, 3, make_params(1, 1, 1, 1)},
+        // Four tiles a row (Q of 7 or 8): the output transform takes two tile rows a
+        // vector; 3 tile rows (a last one alone) and 64 channels, ResNet-20's last stage.
+        ConvCase{"W7_three_tile_rows", 1, 8, 5, 7, 8, 3, 3, make_params(1, 1, 1, 1)},
+        ConvCase{"resnet_64", 3, 64, 7, 7, 64, 3, 3, make_params(1, 1, 1, 1)}}) {
     SCOPED_TRACE(k.name);
     const std::int64_t ph = k.params.pad_h, pw = k.params.pad_w;
     const std::int64_t H2 = k.H + 2 * ph, W2 = k.W + 2 * pw + 16;
@@ -648,6 +655,60 @@ TEST(Conv2dWinograd, EdgeLoadsGiveTheEmbeddedBits) {
     std::vector<float> nudged = xv;
     nudged.back() *= 1.001f;
     EXPECT_NE(forward(k, nudged), y) << "control";
+  }
+}
+
+// Winograd's input gradient is its forward on grad_y (padded by 2 - pad) with each
+// kernel turned 180 degrees and the channels swapped: the same transforms and
+// products on the same values, so grad_x added onto a sentinel must have the bits
+// of the sentinel plus that forward's y, on AVX2: 7x7 (the output transform's two
+// tile rows a vector, accumulating) and 28x28 with 16 channels.
+TEST(Conv2dWinograd, BackwardDataIsTheTurnedForward) {
+  if (!gemm_isa_supported(GemmIsa::Avx2)) GTEST_SKIP() << "this CPU has no AVX2";
+  const RestoreGemmIsa restore;
+  set_gemm_isa(GemmIsa::Avx2);
+  const cpu::ScopedConv2dAlgorithm winograd(cpu::Conv2dAlgorithm::Winograd);
+  for (const ConvCase& k :
+       {ConvCase{"7x7", 2, 16, 7, 7, 8, 3, 3, make_params(1, 1, 1, 1)},
+        ConvCase{"7x5_three_tile_rows", 1, 8, 5, 7, 16, 3, 3, make_params(1, 1, 1, 1)},
+        ConvCase{"28x28", 2, 16, 28, 28, 16, 3, 3, make_params(1, 1, 1, 1)}}) {
+    SCOPED_TRACE(k.name);
+    const Shape ys = k.y_shape();
+    const auto wv = random_values(std::size_t(numel_of(k.w_shape())), 1701);  // [K,C,3,3]
+    const auto gv = random_values(std::size_t(numel_of(ys)), 1702);
+    const auto sentinel = random_values(std::size_t(numel_of(k.x_shape())), 1703);
+    auto grad_x = [&](const std::vector<float>& g) {
+      Tensor gx = Tensor::from_host<float>(sentinel, k.x_shape(), cpu());
+      conv2d_backward(gx, Tensor(), Tensor(), Tensor::from_host<float>(g, ys, cpu()),
+                      Tensor::zeros(k.x_shape(), cpu()),
+                      Tensor::from_host<float>(wv, k.w_shape(), cpu()), k.params, cpu());
+      return gx.to_host<float>(cpu());
+    };
+    // The turned forward: C filters over K channels, turned[c,k,r,s] = weight[k,c,2-r,2-s].
+    std::vector<float> turned(wv.size());
+    for (std::int64_t f = 0; f < k.K; ++f) {
+      for (std::int64_t c = 0; c < k.C; ++c) {
+        for (int t = 0; t < 9; ++t) {
+          turned[std::size_t((c * k.K + f) * 9 + t)] = wv[std::size_t((f * k.C + c) * 9 + 8 - t)];
+        }
+      }
+    }
+    const ConvCase forward{k.name, k.N, k.K, ys[2], ys[3], k.C, 3, 3, make_params(1, 1, 1, 1)};
+    ASSERT_EQ(forward.y_shape(), k.x_shape());
+    Tensor y = Tensor::empty(k.x_shape(), cpu());
+    conv2d_forward(y, Tensor::from_host<float>(gv, ys, cpu()),
+                   Tensor::from_host<float>(turned, forward.w_shape(), cpu()), Tensor(),
+                   forward.params, cpu());
+    std::vector<float> want = y.to_host<float>(cpu());
+    for (std::size_t i = 0; i < want.size(); ++i) want[i] = sentinel[i] + want[i];
+    const std::vector<float> got = grad_x(gv);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+    // Control: the last grad_y value 0.1% off changes bits the comparison sees.
+    std::vector<float> nudged = gv;
+    nudged.back() *= 1.001f;
+    const std::vector<float> off = grad_x(nudged);
+    EXPECT_NE(std::memcmp(off.data(), want.data(), want.size() * sizeof(float)), 0) << "control";
   }
 }
 

@@ -478,6 +478,38 @@ __attribute__((target("avx2,fma,f16c"))) inline void add_pixels(T* y, __m256 v, 
   }
 }
 
+// transform_output_avx2's plane k where a tile row has four tiles (ResNet-20's 7x7
+// stage, P and Q of 7 or 8): two tile rows a vector, row's tiles in lanes 0 .. 3 and
+// row + 1's in lanes 4 .. 7 (M holds a block's tiles end to end), where one row a
+// vector left half the lanes unused. Each lane's arithmetic is output_row's, as
+// before: the same bits. The last row of an odd count reads four columns of M past
+// the block's tiles (run() leaves room) and writes only its own pixels.
+template <typename Out>
+__attribute__((target("avx2,fma,f16c"))) inline void transform_output_pairs_avx2(
+    const Workspace& ws, Out* out, __m256 b, bool accumulate, const Problem& p, std::int64_t k,
+    std::int64_t row0, std::int64_t row1) {
+  for (std::int64_t row = row0; row < row1; row += 2) {
+    const float* mk = ws.m_at(k, 0) + (row - row0) * 4;
+    __m256 m[16];
+    for (int e = 0; e < 16; ++e) m[e] = _mm256_loadu_ps(mk + e * ws.block);
+    __m256 half[2][2];  // [tile row][output row]: its eight pixels
+    for (int i = 0; i < 2; ++i) {
+      __m256 left, right;
+      output_row(m, i, left, right);
+      const __m256 lo = _mm256_unpacklo_ps(left, right);  // l0 r0 l1 r1 | l4 r4 l5 r5
+      const __m256 hi = _mm256_unpackhi_ps(left, right);  // l2 r2 l3 r3 | l6 r6 l7 r7
+      half[0][i] = _mm256_permute2f128_ps(lo, hi, 0x20);
+      half[1][i] = _mm256_permute2f128_ps(lo, hi, 0x31);
+    }
+    for (std::int64_t r = 0; r < 2 && row + r < row1; ++r) {
+      const std::int64_t n = (row + r) / p.tiles_h, th = (row + r) % p.tiles_h;
+      const std::int64_t rows = std::min<std::int64_t>(2, p.P - 2 * th);
+      Out* y = out + ((n * p.K + k) * p.P + 2 * th) * p.Q;  // output row 2*th
+      for (int i = 0; i < rows; ++i) add_pixels(y + i * p.Q, half[r][i], b, accumulate, p.Q);
+    }
+  }
+}
+
 // transform_output on AVX2: eight tiles (sixteen output columns) a vector, the
 // tiles of one tile row, as the portable code takes four.
 template <typename Out>
@@ -486,6 +518,10 @@ __attribute__((target("avx2,fma,f16c"))) void transform_output_avx2(
     std::int64_t row0, std::int64_t row1) {
   for (std::int64_t k = 0; k < p.K; ++k) {
     const __m256 b = _mm256_set1_ps(bias != nullptr ? bias[k] : 0.0f);
+    if (p.tiles_w == 4) {
+      transform_output_pairs_avx2(ws, out, b, accumulate, p, k, row0, row1);
+      continue;
+    }
     for (std::int64_t row = row0; row < row1; ++row) {
       const std::int64_t n = row / p.tiles_h, th = row % p.tiles_h;
       const std::int64_t rows = std::min<std::int64_t>(2, p.P - 2 * th);
