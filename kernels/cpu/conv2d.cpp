@@ -104,7 +104,8 @@ void zero_edge_columns(T* row, std::int64_t first_row, std::int64_t last_row, st
 }
 
 #if TL_CPU_X86
-// col2im with stride 2 across (stride_w == 2, ResNet's downsampling layers): output
+// col2im with stride 2 across (stride_w == 2, where col2im_gather_avx2 below does not
+// take the layer: another kernel size, padding or dilation): output
 // column oq of kernel column kq lands on input column 2*oq + offset, offset =
 // kq*dilation_w - pad_w, so eight outputs go to the even lanes of sixteen consecutive
 // columns. The pixel-by-pixel loop below, a load, an add and a store a pixel, took
@@ -170,6 +171,91 @@ __attribute__((target("avx2"))) void col2im_stride2_avx2(float* plane, const flo
     }
   }
   std::copy(copy, copy + pixels, plane);
+}
+
+// col2im of a 3x3 kernel with stride 2, padding 1 and no dilation both ways
+// (ResNet's downsampling layers) by gathering: each input pixel (h, w) takes its 1,
+// 2 or 4 taps straight from col's rows, sixteen pixels (a group of eight even and
+// eight odd columns) at a time, and the plane is written once. Row h gets kernel row
+// r from output row op = (h + 1 - r) / 2 where that is whole and inside [0, P): r = 1
+// for an even h, r = 0 then r = 2 for an odd one. Likewise an even column w = 2j
+// takes kernel column 1 at output column j, an odd one w = 2j + 1 takes column 0 at
+// j + 1, then column 2 at j. Each pixel so adds its taps in col2im_add's (r, kq)
+// order, onto +0 (assign) or the plane's value: the bits of the tap-by-tap loop and
+// of col2im_stride2_avx2, without its copy of the plane, whose tap-by-tap stores,
+// one column apart, each next tap's loads found unforwarded. A lane without a tap
+// adds -0, which leaves every value's bits as they were (+0 included).
+__attribute__((target("avx2"))) inline __m256 tap_lanes(const float* row, std::int64_t j0,
+                                                        std::int64_t valid) {
+  if (valid >= 8) return _mm256_loadu_ps(row + j0);
+  const __m256i m = first_lanes8(valid);
+  return _mm256_blendv_ps(_mm256_set1_ps(-0.0f), _mm256_maskload_ps(row + j0, m),
+                          _mm256_castsi256_ps(m));
+}
+
+bool col2im_gathers(const Conv2dShape& s) {
+  const Conv2dParams& p = s.params;
+  return s.R == 3 && s.S == 3 && p.stride_h == 2 && p.stride_w == 2 && p.pad_h == 1 &&
+         p.pad_w == 1 && p.dilation_h == 1 && p.dilation_w == 1;
+}
+
+// The plane [H,W] of one channel += its taps' rows of col (`rows`: [9, P*Q]), onto
+// zeros when `assign`, for col2im_gathers(s).
+__attribute__((target("avx2"))) void col2im_gather_avx2(float* plane, const float* rows,
+                                                        const Conv2dShape& s, bool assign) {
+  const std::int64_t pq = s.P * s.Q;
+  for (std::int64_t h = 0; h < s.H; ++h) {
+    // The kernel rows r that reach row h, in order, and their output rows.
+    std::int64_t taps = 0, r_of[2], op_of[2];
+    for (std::int64_t r = 0; r < 3; ++r) {
+      const std::int64_t twice = h + 1 - r;  // 2 * op
+      if (twice < 0 || twice % 2 != 0 || twice / 2 >= s.P) continue;
+      r_of[taps] = r;
+      op_of[taps++] = twice / 2;
+    }
+    float* out = plane + h * s.W;  // [W]
+    for (std::int64_t j0 = 0; 2 * j0 < s.W; j0 += 8) {
+      const std::int64_t pixels = std::min<std::int64_t>(16, s.W - 2 * j0);
+      // Lanes j - j0 with a tap: even columns and kernel column 2 need j < Q (and
+      // w < W), kernel column 0 needs j + 1 < Q.
+      const std::int64_t even_valid = std::min((pixels + 1) / 2, s.Q - j0);
+      const std::int64_t odd2_valid = std::min(pixels / 2, s.Q - j0);
+      const std::int64_t odd0_valid = std::min(pixels / 2, s.Q - j0 - 1);
+      __m256 even, odd;
+      if (assign) {
+        even = odd = _mm256_setzero_ps();
+      } else if (pixels == 16) {
+        even = even_lanes(_mm256_loadu_ps(out + 2 * j0), _mm256_loadu_ps(out + 2 * j0 + 8));
+        odd = odd_lanes(_mm256_loadu_ps(out + 2 * j0), _mm256_loadu_ps(out + 2 * j0 + 8));
+      } else {  // a row's last group: its pixels, and zeros for the lanes past W
+        const __m256 a = _mm256_maskload_ps(out + 2 * j0, first_lanes8(pixels));
+        const __m256 b = _mm256_maskload_ps(out + 2 * j0 + 8, first_lanes8(pixels - 8));
+        even = even_lanes(a, b);
+        odd = odd_lanes(a, b);
+      }
+      for (std::int64_t t = 0; t < taps; ++t) {
+        const float* tap = rows + r_of[t] * 3 * pq + op_of[t] * s.Q;  // kernel column 0's row
+        even = _mm256_add_ps(even, tap_lanes(tap + pq, j0, even_valid));
+        odd = _mm256_add_ps(odd, tap_lanes(tap + 1, j0, odd0_valid));
+        odd = _mm256_add_ps(odd, tap_lanes(tap + 2 * pq, j0, odd2_valid));
+      }
+      const __m256 lo = _mm256_unpacklo_ps(even, odd);  // e0 o0 e1 o1 | e4 o4 e5 o5
+      const __m256 hi = _mm256_unpackhi_ps(even, odd);  // e2 o2 e3 o3 | e6 o6 e7 o7
+      const __m256 first = _mm256_permute2f128_ps(lo, hi, 0x20);
+      const __m256 second = _mm256_permute2f128_ps(lo, hi, 0x31);
+      if (pixels == 16) {
+        _mm256_storeu_ps(out + 2 * j0, first);
+        _mm256_storeu_ps(out + 2 * j0 + 8, second);
+      } else if (pixels > 8) {
+        _mm256_storeu_ps(out + 2 * j0, first);
+        store_first_lanes(out + 2 * j0 + 8, second, pixels - 8);
+      } else if (pixels == 8) {
+        _mm256_storeu_ps(out + 2 * j0, first);
+      } else {
+        store_first_lanes(out + 2 * j0, first, pixels);
+      }
+    }
+  }
 }
 #endif
 
@@ -313,6 +399,12 @@ void col2im_add(T* x, T* col, const Conv2dShape& s, bool assign) {
           }
         }
         col2im_plane_avx2(x + c * s.H * s.W, s.H * s.W, taps, count, assign);
+      }
+      return;
+    }
+    if (col2im_gathers(s) && avx2_selected()) {
+      for (std::int64_t c = 0; c < s.C; ++c) {
+        col2im_gather_avx2(x + c * s.H * s.W, col + c * 9 * s.P * s.Q, s, assign);
       }
       return;
     }

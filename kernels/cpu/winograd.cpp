@@ -313,6 +313,79 @@ __attribute__((target("avx2,fma"))) void transform_input_avx2(const BlockInput& 
   }
 }
 
+// transform_input_avx2 where a tile row has four tiles (ResNet-20's 7x7 stage, Q of
+// 7 or 8): two tile rows a vector, row's tiles in lanes 0 .. 3 and row + 1's in lanes
+// 4 .. 7, which are the next tiles of the block in V as well; one row a vector left
+// half the lanes unused. The even or odd columns of one load of each row make a
+// tile column's lanes (where one row took them from two loads of its own). The
+// same values for each tile, the same transform: the same bits. A last tile row
+// alone fills the other lanes with the transform of zeros, on tiles past the block's
+// (as transform_input_avx2's last group of a row does).
+__attribute__((target("avx2,fma"))) void transform_input_pairs_avx2(
+    const BlockInput& v, const float* in, const Problem& p, std::int64_t row0, std::int64_t row1) {
+  // The loads start at columns x0 + kOffset[l] of the rows' first input column x0.
+  constexpr std::int64_t kOffset[2] = {0, 2};
+  const std::int64_t next_e = v.stride;  // V[e] to V[e + 1]
+  const std::int64_t x0 = -p.pad_w;      // negative in the padding
+  __m256i mask[2];                       // the lanes whose column lies in [0, W)
+  bool whole[2];                         // all eight: a plain load
+  for (int l = 0; l < 2; ++l) {
+    const std::int64_t x = x0 + kOffset[l];
+    mask[l] = _mm256_andnot_si256(first_lanes8(-x), first_lanes8(p.W - x));
+    whole[l] = x >= 0 && x + 8 <= p.W;
+  }
+  for (std::int64_t row = row0; row < row1; row += 2) {
+    const int pair = row + 1 < row1 ? 2 : 1;                       // tile rows in this vector
+    const std::int64_t t = (row - row0) * 4, tiles = 4 * pair;     // the first tile, tiles
+    const std::int64_t fit = v.panels.width - t % v.panels.width;  // lanes in t's panel
+    const bool split = fit < 8;             // the vector runs past its panel's end
+    const bool spill = tiles > fit;         // and some of its tiles lie past it
+    const __m256i turn = _mm256_and_si256(  // lane l <- lane l + fit
+        _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                         _mm256_set1_epi32(static_cast<int>(fit))),
+        _mm256_set1_epi32(7));
+    std::int64_t n[2], th[2];
+    for (int r = 0; r < pair; ++r) n[r] = (row + r) / p.tiles_h, th[r] = (row + r) % p.tiles_h;
+    for (std::int64_t c = 0; c < p.C; ++c) {
+      for (int r = 0; r < pair; ++r) prefetch_rows(in, p, n[r], th[r], c);
+      float* here = v.v + v.panels.at(c, t);
+      float* next = split && spill ? v.v + v.panels.at(c, t + fit) : nullptr;
+      __m256 d[4][4];  // d[i][j]: element (i, j) of the eight tiles
+      for (int i = 0; i < 4; ++i) {
+        __m256 cols[2][2];  // [tile row][load]: columns x0 + kOffset[l] .. + 7 of its row i
+        for (int r = 0; r < 2; ++r) {
+          const std::int64_t h = r < pair ? 2 * th[r] - p.pad_h + i : -1;
+          if (h < 0 || h >= p.H) {
+            cols[r][0] = cols[r][1] = _mm256_setzero_ps();
+            continue;
+          }
+          const float* src = in + ((n[r] * p.C + c) * p.H + h) * p.W + x0;
+          for (int l = 0; l < 2; ++l) {
+            cols[r][l] = whole[l] ? _mm256_loadu_ps(src + kOffset[l])
+                                  : _mm256_maskload_ps(src + kOffset[l], mask[l]);
+          }
+        }
+        d[i][0] = even_lanes(cols[0][0], cols[1][0]);
+        d[i][1] = odd_lanes(cols[0][0], cols[1][0]);
+        d[i][2] = even_lanes(cols[0][1], cols[1][1]);
+        d[i][3] = odd_lanes(cols[0][1], cols[1][1]);
+      }
+      transform_input_tile(d);
+      if (!split) {
+#pragma GCC unroll 16
+        for (int e = 0; e < 16; ++e) _mm256_storeu_ps(here + e * next_e, d[e / 4][e % 4]);
+        continue;
+      }
+      for (int e = 0; e < 16; ++e) store_first_lanes(here + e * next_e, d[e / 4][e % 4], fit);
+      if (spill) {
+        for (int e = 0; e < 16; ++e) {
+          _mm256_storeu_ps(next + e * next_e, _mm256_permutevar8x32_ps(d[e / 4][e % 4], turn));
+        }
+      }
+    }
+  }
+}
+
 // The tile rows [row0, row1) of transform_input_row on AVX-512, sixteen tiles a
 // vector taken from the block's run of tiles regardless of the tile rows (as
 // transform_output_avx512 does), channel by channel: each tile row's share of the
@@ -387,7 +460,11 @@ void transform_input(const Workspace& ws, const BlockInput& v, const float* in, 
     return;
   }
   if (v.panels.isa == GemmIsa::Avx2) {
-    transform_input_avx2(v, in, p, row0, row1);
+    if (p.tiles_w == 4) {
+      transform_input_pairs_avx2(v, in, p, row0, row1);
+    } else {
+      transform_input_avx2(v, in, p, row0, row1);
+    }
     return;
   }
 #endif
@@ -478,6 +555,38 @@ __attribute__((target("avx2,fma,f16c"))) inline void add_pixels(T* y, __m256 v, 
   }
 }
 
+// transform_output_avx2's plane k where a tile row has four tiles (ResNet-20's 7x7
+// stage, P and Q of 7 or 8): two tile rows a vector, row's tiles in lanes 0 .. 3 and
+// row + 1's in lanes 4 .. 7 (M holds a block's tiles end to end), where one row a
+// vector left half the lanes unused. Each lane's arithmetic is output_row's, as
+// before: the same bits. The last row of an odd count reads four columns of M past
+// the block's tiles (run() leaves room) and writes only its own pixels.
+template <typename Out>
+__attribute__((target("avx2,fma,f16c"))) inline void transform_output_pairs_avx2(
+    const Workspace& ws, Out* out, __m256 b, bool accumulate, const Problem& p, std::int64_t k,
+    std::int64_t row0, std::int64_t row1) {
+  for (std::int64_t row = row0; row < row1; row += 2) {
+    const float* mk = ws.m_at(k, 0) + (row - row0) * 4;
+    __m256 m[16];
+    for (int e = 0; e < 16; ++e) m[e] = _mm256_loadu_ps(mk + e * ws.block);
+    __m256 half[2][2];  // [tile row][output row]: its eight pixels
+    for (int i = 0; i < 2; ++i) {
+      __m256 left, right;
+      output_row(m, i, left, right);
+      const __m256 lo = _mm256_unpacklo_ps(left, right);  // l0 r0 l1 r1 | l4 r4 l5 r5
+      const __m256 hi = _mm256_unpackhi_ps(left, right);  // l2 r2 l3 r3 | l6 r6 l7 r7
+      half[0][i] = _mm256_permute2f128_ps(lo, hi, 0x20);
+      half[1][i] = _mm256_permute2f128_ps(lo, hi, 0x31);
+    }
+    for (std::int64_t r = 0; r < 2 && row + r < row1; ++r) {
+      const std::int64_t n = (row + r) / p.tiles_h, th = (row + r) % p.tiles_h;
+      const std::int64_t rows = std::min<std::int64_t>(2, p.P - 2 * th);
+      Out* y = out + ((n * p.K + k) * p.P + 2 * th) * p.Q;  // output row 2*th
+      for (int i = 0; i < rows; ++i) add_pixels(y + i * p.Q, half[r][i], b, accumulate, p.Q);
+    }
+  }
+}
+
 // transform_output on AVX2: eight tiles (sixteen output columns) a vector, the
 // tiles of one tile row, as the portable code takes four.
 template <typename Out>
@@ -486,6 +595,10 @@ __attribute__((target("avx2,fma,f16c"))) void transform_output_avx2(
     std::int64_t row0, std::int64_t row1) {
   for (std::int64_t k = 0; k < p.K; ++k) {
     const __m256 b = _mm256_set1_ps(bias != nullptr ? bias[k] : 0.0f);
+    if (p.tiles_w == 4) {
+      transform_output_pairs_avx2(ws, out, b, accumulate, p, k, row0, row1);
+      continue;
+    }
     for (std::int64_t row = row0; row < row1; ++row) {
       const std::int64_t n = row / p.tiles_h, th = row % p.tiles_h;
       const std::int64_t rows = std::min<std::int64_t>(2, p.P - 2 * th);
