@@ -221,7 +221,10 @@ __attribute__((target("avx2,fma"))) void pack_rows_avx2(const Src* src, std::int
       }
       transpose8x8(r);
       for (int q = 0; q < 8; ++q) {
-        if (rows == 8) {
+        // A panel narrower than eight (AVX2's A, six rows) stores whole vectors too,
+        // but the group's last: the lanes past `rows` (zeros) land on the start of
+        // the next k's row, which the next store writes. One store a k, not two.
+        if (rows == 8 || (Width < 8 && q < 7)) {
           _mm256_storeu_ps(dst + (p + q) * Width + g, r[q]);
         } else {
           store_first_lanes(dst + (p + q) * Width + g, r[q], rows);
