@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cpu_isa.h"
+#include "engine/thread_pool.h"
 #include "gradcheck.h"
 #include "kernels/reference/layer_norm.h"
 #include "ops_vs_torch.h"
@@ -334,6 +335,57 @@ TEST_P(LayerNormCpuTest, LanesWithinTheirTolerance) {
                                                                        .eps = 2e-5},
                                 0, 37);
   EXPECT_FALSE(tight(run(c, 0.0f).y, other_eps));
+}
+
+// The CPU's float32 forward and grad_x take rows four at a time (kernels/cpu/
+// layer_norm.cpp: their sums' chains side by side), the rest one at a time: each
+// row's y, mean, rstd and grad_x (assigned over NaN) are the bits it has alone, as a
+// [1, D] tensor, on every ISA, for widths with and without a partial group of lanes,
+// with and without weight and bias, on one thread and with three asked for (a range
+// may then start between blocks of four). Control: a row alone with one value of x
+// 1e-3 off differs from the row taken together.
+TEST_P(LayerNormCpuTest, RowsTakenTogetherHaveEachRowsBits) {
+  const int saved = num_threads();
+  for_each_cpu_isa(device(), [&](const std::string& isa) {
+    for (int threads : {1, 3}) {
+      set_num_threads(threads);
+      for (bool affine : {true, false}) {
+        for (std::int64_t cols : {7, 64, 67}) {
+          const std::int64_t rows = 11;
+          const Case c = random_case(rows, cols, affine, unsigned(cols * 5 + affine), 3.0f);
+          const LayerNormForward whole = forward(c);
+          const std::vector<float> y = host(whole.y), mean = host(whole.mean),
+                                   rstd = host(whole.rstd),
+                                   grad_x = host(assigned_grad_x(c, whole).grad_x);
+          for (std::int64_t r = 0; r < rows; ++r) {
+            SCOPED_TRACE(::testing::Message()
+                         << isa << ", " << threads << " threads, " << rows << " x " << cols
+                         << (affine ? ", affine" : "") << ", row " << r);
+            Case one{
+                1,
+                cols,
+                std::vector<float>(c.x.begin() + r * cols, c.x.begin() + (r + 1) * cols),
+                c.weight,
+                c.bias,
+                std::vector<float>(c.grad_y.begin() + r * cols, c.grad_y.begin() + (r + 1) * cols)};
+            const LayerNormForward alone = forward(one);
+            EXPECT_EQ(host(alone.y),
+                      std::vector<float>(y.begin() + r * cols, y.begin() + (r + 1) * cols));
+            EXPECT_EQ(
+                host(assigned_grad_x(one, alone).grad_x),
+                std::vector<float>(grad_x.begin() + r * cols, grad_x.begin() + (r + 1) * cols));
+            EXPECT_EQ(host(alone.mean)[0], mean[std::size_t(r)]);
+            EXPECT_EQ(host(alone.rstd)[0], rstd[std::size_t(r)]);
+            one.x.back() += 1e-3f;
+            EXPECT_NE(host(forward(one).y),
+                      std::vector<float>(y.begin() + r * cols, y.begin() + (r + 1) * cols))
+                << "control";
+          }
+        }
+      }
+    }
+  });
+  set_num_threads(saved);
 }
 
 TEST_P(LayerNormTest, RejectsBadShapesAndArguments) {

@@ -686,6 +686,58 @@ TEST(MatmulCpu, PackedAHasTheGemmsBits) {
   EXPECT_GE(isas, 1);
 }
 
+// A stored [K,M] and B stored [K,N], which gemm packs row by row across their panels
+// (eight at a time), give the bits of the same operands packed apart from gemm:
+// A by PackedA (panel by panel), B written at GemmBPanels::at. On every ISA, with
+// beta 0 and 1, on one thread and shared among three (B's panels then packed in
+// ranges that start past the first): a ViT's weight gradient (K = 3136 tokens, 64
+// features: a K of many blocks), more than eight panels of each (the groups, then
+// A's second row block) with partial last panels, and 49 tokens by 16 features.
+// Control: B's last value 0.1% off changes bits the comparison sees.
+TEST(MatmulCpu, PanelsPackedAcrossRowsHaveTheGemmsBits) {
+  const RestoreGemmIsa restore;
+  const int saved = num_threads();
+  int isas = 0;
+  for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
+    if (!gemm_isa_supported(isa)) continue;
+    set_gemm_isa(isa);
+    ++isas;
+    unsigned seed = 870;
+    for (const Dims& d : {Dims{64, 64, 3136}, Dims{160, 200, 300}, Dims{49, 16, 49}}) {
+      const auto a_t = random_values(std::size_t(d.k * d.m), seed += 3);  // A stored [K,M]
+      const auto b = random_values(std::size_t(d.k * d.n), seed + 1);     // B stored [K,N]
+      const auto c0 = random_values(std::size_t(d.m * d.n), seed + 2);
+      const cpu::PackedA packed_a(a_t.data(), d.m, d.m, d.k, /*transpose_a=*/true);
+      const cpu::GemmBPanels panels = packed_a.b_panels(d.n);
+      std::vector<float> packed_b(std::size_t(panels.floats()), 0.0f), off_b = b;
+      for (std::int64_t p = 0; p < d.k; ++p) {
+        for (std::int64_t j = 0; j < d.n; ++j) {
+          packed_b[std::size_t(panels.at(p, j))] = b[std::size_t(p * d.n + j)];
+        }
+      }
+      off_b.back() *= 1.001f;
+      for (int threads : {1, 3}) {
+        set_num_threads(threads);
+        for (float beta : {0.0f, 1.0f}) {
+          SCOPED_TRACE(::testing::Message()
+                       << "isa " << int(isa) << ", " << d.m << " x " << d.n << " x " << d.k << ", "
+                       << threads << " threads, beta " << beta);
+          std::vector<float> got = c0, want = c0, control = c0;
+          cpu::gemm<float>(true, false, d.m, d.n, d.k, 1.0f, a_t.data(), d.m, b.data(), d.n, beta,
+                           got.data(), d.n);
+          cpu::gemm_packed(packed_a, panels, packed_b.data(), beta, want.data(), d.n);
+          ASSERT_EQ(bits(got), bits(want));
+          cpu::gemm<float>(true, false, d.m, d.n, d.k, 1.0f, a_t.data(), d.m, off_b.data(), d.n,
+                           beta, control.data(), d.n);
+          EXPECT_NE(bits(control), bits(want)) << "control";
+        }
+      }
+    }
+  }
+  set_num_threads(saved);
+  EXPECT_GE(isas, 1);
+}
+
 // Every micro-kernel this CPU can run (the portable one always) against the reference.
 TEST(MatmulCpu, EveryMicroKernelMatchesReference) {
   const Stream& cpu = default_stream(Device::cpu());

@@ -7,8 +7,10 @@
 // Only the order of the row sums and the fused multiply-adds of the AVX2 and AVX-512
 // code differ from the reference, which keeps the results within the tolerance
 // kernels/layer_norm.h states (tests/layer_norm_test.cpp). A row's last D mod V
-// values are done one at a time, in double, as the reference does them. float64
-// runs the reference.
+// values are done one at a time, in double, as the reference does them. Each row's
+// sums are one chain of additions, so the forward takes four rows and grad_x two at
+// a time, their chains side by side; a row's arithmetic, and its bits, are those it
+// has alone. float64 runs the reference.
 //
 // Threads (kernels/cpu/parallel.h): the forward and grad_x split over rows;
 // grad_weight and grad_bias, sums over rows, split over their columns, so each
@@ -84,42 +86,52 @@ inline Doubles<V> splat_double(double v) {
   return Doubles<V>{} + v;
 }
 
-// Rows [first, last) of the forward: the reference's three passes over a row (its
+// Rows r0 .. r0 + R - 1 of the forward: the reference's three passes over a row (its
 // sum, its squared deviations from the mean, the output), the first V * (D / V)
-// values of each in lanes.
-template <int W>
-void forward_rows(const reference::LayerNormForwardData<float>& d, std::int64_t first,
-                  std::int64_t last) {
+// values of each in lanes. Each row's sums are one chain of additions in its own
+// lanes, so R rows taken together run R chains side by side, where one row alone
+// waits on each addition's latency; each row's arithmetic, and so its bits, is the
+// same for any R.
+template <int W, int R>
+void forward_block(const reference::LayerNormForwardData<float>& d, std::int64_t r0) {
   constexpr int V = W / 2;
   const std::int64_t D = d.cols, full = D - D % V;
-  for (std::int64_t r = first; r < last; ++r) {
-    const float* x = d.x + r * D;  // [D]
-    float* y = d.y + r * D;        // [D]
-    Doubles<V> lanes{};
-    for (std::int64_t j = 0; j < full; j += V) lanes += load_wide<V>(x + j);
-    double sum = sum_lanes<V>(lanes);
-    for (std::int64_t j = full; j < D; ++j) sum += x[j];
-    const double mean = sum / double(D);
-    const Doubles<V> mean_lanes = splat_double<V>(mean);
-    lanes = Doubles<V>{};
-    for (std::int64_t j = 0; j < full; j += V) {
-      const Doubles<V> dev = load_wide<V>(x + j) - mean_lanes;
-      lanes += dev * dev;
+  const float* x[R];  // [R][D]
+  for (int i = 0; i < R; ++i) x[i] = d.x + (r0 + i) * D;
+  Doubles<V> lanes[R] = {};
+  for (std::int64_t j = 0; j < full; j += V) {
+    for (int i = 0; i < R; ++i) lanes[i] += load_wide<V>(x[i] + j);
+  }
+  double mean[R];
+  for (int i = 0; i < R; ++i) {
+    double sum = sum_lanes<V>(lanes[i]);
+    for (std::int64_t j = full; j < D; ++j) sum += x[i][j];
+    mean[i] = sum / double(D);
+    lanes[i] = Doubles<V>{};
+  }
+  for (std::int64_t j = 0; j < full; j += V) {
+    for (int i = 0; i < R; ++i) {
+      const Doubles<V> dev = load_wide<V>(x[i] + j) - splat_double<V>(mean[i]);
+      lanes[i] += dev * dev;
     }
-    double m2 = sum_lanes<V>(lanes);
-    for (std::int64_t j = full; j < D; ++j) m2 += (x[j] - mean) * (x[j] - mean);
+  }
+  for (int i = 0; i < R; ++i) {
+    const std::int64_t r = r0 + i;
+    float* y = d.y + r * D;  // [D]
+    double m2 = sum_lanes<V>(lanes[i]);
+    for (std::int64_t j = full; j < D; ++j) m2 += (x[i][j] - mean[i]) * (x[i][j] - mean[i]);
     const double rstd = 1.0 / std::sqrt(m2 / double(D) + d.eps);
-    d.mean[r] = static_cast<float>(mean);
+    d.mean[r] = static_cast<float>(mean[i]);
     d.rstd[r] = static_cast<float>(rstd);
-    const Doubles<V> rstd_lanes = splat_double<V>(rstd);
+    const Doubles<V> mean_lanes = splat_double<V>(mean[i]), rstd_lanes = splat_double<V>(rstd);
     for (std::int64_t j = 0; j < full; j += V) {
-      Doubles<V> v = (load_wide<V>(x + j) - mean_lanes) * rstd_lanes;
+      Doubles<V> v = (load_wide<V>(x[i] + j) - mean_lanes) * rstd_lanes;
       if (d.weight != nullptr) v *= load_wide<V>(d.weight + j);
       if (d.bias != nullptr) v += load_wide<V>(d.bias + j);
       store_narrow<V>(y + j, v);
     }
     for (std::int64_t j = full; j < D; ++j) {
-      double v = (x[j] - mean) * rstd;
+      double v = (x[i][j] - mean[i]) * rstd;
       if (d.weight != nullptr) v *= d.weight[j];
       if (d.bias != nullptr) v += d.bias[j];
       y[j] = static_cast<float>(v);
@@ -127,53 +139,81 @@ void forward_rows(const reference::LayerNormForwardData<float>& d, std::int64_t 
   }
 }
 
-// grad_x of rows [first, last): the reference's two passes (the sums of g and of
-// g * x_hat, then the gradient), with g = grad_y * weight.
+// Rows [first, last) of the forward, four at a time, then one at a time.
 template <int W>
-void backward_x_rows(const reference::LayerNormBackwardData<float>& d, std::int64_t first,
-                     std::int64_t last) {
+void forward_rows(const reference::LayerNormForwardData<float>& d, std::int64_t first,
+                  std::int64_t last) {
+  constexpr int kRowsAtOnce = 4;
+  std::int64_t r = first;
+  for (; r + kRowsAtOnce <= last; r += kRowsAtOnce) forward_block<W, kRowsAtOnce>(d, r);
+  for (; r < last; ++r) forward_block<W, 1>(d, r);
+}
+
+// grad_x of rows r0 .. r0 + R - 1: the reference's two passes (the sums of g and
+// of g * x_hat, then the gradient), with g = grad_y * weight. As in the forward, R
+// rows' sums run side by side, each row's arithmetic the same for any R.
+template <int W, int R>
+void backward_x_block(const reference::LayerNormBackwardData<float>& d, std::int64_t r0) {
   constexpr int V = W / 2;
   const std::int64_t D = d.cols, full = D - D % V;
   const bool assign = d.grad_x_write == GradWrite::Assign;
-  for (std::int64_t r = first; r < last; ++r) {
-    const float* x = d.x + r * D;        // [D]
-    const float* gy = d.grad_y + r * D;  // [D]
-    float* gx = d.grad_x + r * D;        // [D]
-    const double mean = d.mean[r], rstd = d.rstd[r];
-    const Doubles<V> mean_lanes = splat_double<V>(mean), rstd_lanes = splat_double<V>(rstd);
-    const auto g_lanes = [&](std::int64_t j) {
-      const Doubles<V> g = load_wide<V>(gy + j);
-      return d.weight != nullptr ? g * load_wide<V>(d.weight + j) : g;
-    };
-    const auto g_one = [&](std::int64_t j) {
-      return d.weight != nullptr ? double(gy[j]) * double(d.weight[j]) : double(gy[j]);
-    };
-    Doubles<V> g_sums{}, g_xhat_sums{};
-    for (std::int64_t j = 0; j < full; j += V) {
-      const Doubles<V> g = g_lanes(j);
-      g_sums += g;
-      g_xhat_sums += g * ((load_wide<V>(x + j) - mean_lanes) * rstd_lanes);
+  const float *x[R], *gy[R];  // [R][D] each
+  Doubles<V> mean_lanes[R], rstd_lanes[R];
+  for (int i = 0; i < R; ++i) {
+    x[i] = d.x + (r0 + i) * D;
+    gy[i] = d.grad_y + (r0 + i) * D;
+    mean_lanes[i] = splat_double<V>(d.mean[r0 + i]);
+    rstd_lanes[i] = splat_double<V>(d.rstd[r0 + i]);
+  }
+  const auto g_lanes = [&](int i, std::int64_t j) {
+    const Doubles<V> g = load_wide<V>(gy[i] + j);
+    return d.weight != nullptr ? g * load_wide<V>(d.weight + j) : g;
+  };
+  const auto g_one = [&](int i, std::int64_t j) {
+    return d.weight != nullptr ? double(gy[i][j]) * double(d.weight[j]) : double(gy[i][j]);
+  };
+  Doubles<V> g_sums[R] = {}, g_xhat_sums[R] = {};
+  for (std::int64_t j = 0; j < full; j += V) {
+    for (int i = 0; i < R; ++i) {
+      const Doubles<V> g = g_lanes(i, j);
+      g_sums[i] += g;
+      g_xhat_sums[i] += g * ((load_wide<V>(x[i] + j) - mean_lanes[i]) * rstd_lanes[i]);
     }
-    double sum_g = sum_lanes<V>(g_sums), sum_g_xhat = sum_lanes<V>(g_xhat_sums);
+  }
+  for (int i = 0; i < R; ++i) {
+    float* gx = d.grad_x + (r0 + i) * D;  // [D]
+    const double mean = d.mean[r0 + i], rstd = d.rstd[r0 + i];
+    double sum_g = sum_lanes<V>(g_sums[i]), sum_g_xhat = sum_lanes<V>(g_xhat_sums[i]);
     for (std::int64_t j = full; j < D; ++j) {
-      sum_g += g_one(j);
-      sum_g_xhat += g_one(j) * (x[j] - mean) * rstd;
+      sum_g += g_one(i, j);
+      sum_g_xhat += g_one(i, j) * (x[i][j] - mean) * rstd;
     }
     const double mean_g = sum_g / double(D), mean_g_xhat = sum_g_xhat / double(D);
     const Doubles<V> mean_g_lanes = splat_double<V>(mean_g),
                      mean_g_xhat_lanes = splat_double<V>(mean_g_xhat);
     for (std::int64_t j = 0; j < full; j += V) {
-      const Doubles<V> x_hat = (load_wide<V>(x + j) - mean_lanes) * rstd_lanes;
-      Doubles<V> v = rstd_lanes * (g_lanes(j) - mean_g_lanes - x_hat * mean_g_xhat_lanes);
+      const Doubles<V> x_hat = (load_wide<V>(x[i] + j) - mean_lanes[i]) * rstd_lanes[i];
+      Doubles<V> v = rstd_lanes[i] * (g_lanes(i, j) - mean_g_lanes - x_hat * mean_g_xhat_lanes);
       if (!assign) v += load_wide<V>(gx + j);
       store_narrow<V>(gx + j, v);
     }
     for (std::int64_t j = full; j < D; ++j) {
-      const double x_hat = (x[j] - mean) * rstd;
-      const double v = rstd * (g_one(j) - mean_g - x_hat * mean_g_xhat);
+      const double x_hat = (x[i][j] - mean) * rstd;
+      const double v = rstd * (g_one(i, j) - mean_g - x_hat * mean_g_xhat);
       gx[j] = assign ? static_cast<float>(v) : static_cast<float>(gx[j] + v);
     }
   }
+}
+
+// grad_x of rows [first, last), two at a time (four rows' sums and constants are
+// more than the sixteen AVX2 registers hold), then one at a time.
+template <int W>
+void backward_x_rows(const reference::LayerNormBackwardData<float>& d, std::int64_t first,
+                     std::int64_t last) {
+  constexpr int kRowsAtOnce = 2;
+  std::int64_t r = first;
+  for (; r + kRowsAtOnce <= last; r += kRowsAtOnce) backward_x_block<W, kRowsAtOnce>(d, r);
+  for (; r < last; ++r) backward_x_block<W, 1>(d, r);
 }
 
 // grad_weight and grad_bias of columns [first, last): each column's sums over the

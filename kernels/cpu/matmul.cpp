@@ -221,7 +221,10 @@ __attribute__((target("avx2,fma"))) void pack_rows_avx2(const Src* src, std::int
       }
       transpose8x8(r);
       for (int q = 0; q < 8; ++q) {
-        if (rows == 8) {
+        // A panel narrower than eight (AVX2's A, six rows) stores whole vectors too,
+        // but the group's last: the lanes past `rows` (zeros) land on the start of
+        // the next k's row, which the next store writes. One store a k, not two.
+        if (rows == 8 || (Width < 8 && q < 7)) {
           _mm256_storeu_ps(dst + (p + q) * Width + g, r[q]);
         } else {
           store_first_lanes(dst + (p + q) * Width + g, r[q], rows);
@@ -384,6 +387,37 @@ struct Blocked {
     }
   }
 
+  // Consecutive panels of Width floats from a float matrix stored along them (A
+  // stored [K,M] for A's panels, B stored [K,N] for B's): panel q of dst, `stride`
+  // floats after panel q - 1, [kc][Width] <- src[p0 : p0+kc, x0 + q Width : ..] of
+  // the `count` values from x0 on, zeros past them. Row by row across eight panels
+  // at a time: each row's piece of them is read once, in order, where packing panel
+  // by panel read Width floats of every row for each panel, a new cache line each
+  // time when the rows are short (a ViT's 64 features, with K its 3136 tokens).
+  // Eight panels bound the streams written at once. Only data moves: the bits are
+  // pack_a's and pack_b's.
+  template <int Width>
+  static void pack_across(const float* src, std::int64_t ld, std::int64_t x0, std::int64_t count,
+                          std::int64_t p0, std::int64_t kc, float* dst, std::int64_t stride) {
+    constexpr std::int64_t kGroup = 8;
+    const std::int64_t panels = (count + Width - 1) / Width;
+    for (std::int64_t g = 0; g < panels; g += kGroup) {
+      const std::int64_t g_end = std::min(panels, g + kGroup);
+      for (std::int64_t p = 0; p < kc; ++p) {
+        const float* row = src + (p0 + p) * ld + x0;
+        for (std::int64_t q = g; q < g_end; ++q) {
+          float* out = dst + q * stride + p * Width;
+          const std::int64_t valid = count - q * Width;
+          if (valid >= Width) {
+            std::memcpy(out, row + q * Width, Width * sizeof(float));
+          } else {
+            for (std::int64_t i = 0; i < Width; ++i) out[i] = i < valid ? row[q * Width + i] : 0.0f;
+          }
+        }
+      }
+    }
+  }
+
   // dst [kc][NR] <- op(B)[p0 : p0+kc, j0 : j0+cols], zero columns past `cols`.
   template <typename Src, typename Word>
   static void pack_b(const Kernels<Src, Word>& isa, bool transpose_b, const Src* b,
@@ -461,6 +495,13 @@ struct Blocked {
             prepacked_b != nullptr ? prepacked_b + pc * all_n_panels * NR + jc * kw : packing;
 
         auto pack_b_panels = [&](std::int64_t q0, std::int64_t q1) {
+          if constexpr (std::is_same_v<Src, float> && std::is_same_v<Word, float>) {
+            if (!transpose_b && q1 > q0) {  // B stored [K,N]: its rows read once each
+              pack_across<NR>(b, ldb, jc + q0 * NR, std::min((q1 - q0) * NR, nc - q0 * NR), pc, kc,
+                              packing + q0 * NR * kw, NR * kw);
+              return;
+            }
+          }
           for (std::int64_t q = q0; q < q1; ++q) {
             pack_b(isa, transpose_b, b, ldb, jc + q * NR, std::min<std::int64_t>(NR, nc - q * NR),
                    pc, kc, packing + q * NR * kw);
@@ -478,7 +519,15 @@ struct Blocked {
             if (prepacked != nullptr) {
               packed_a = prepacked + pc * m_panels * MR + mb * MR * kw;
             } else {
-              for (std::int64_t q = mb; q < mb1; ++q) {
+              bool packed = false;
+              if constexpr (std::is_same_v<Src, float> && std::is_same_v<Word, float>) {
+                if (transpose_a) {  // A stored [K,M]: its rows read once each
+                  pack_across<MR>(a, lda, mb * MR, std::min((mb1 - mb) * MR, m - mb * MR), pc, kc,
+                                  scratch, MR * kw);
+                  packed = true;
+                }
+              }
+              for (std::int64_t q = mb; q < mb1 && !packed; ++q) {
                 pack_a(isa, transpose_a, a, lda, q * MR, std::min<std::int64_t>(MR, m - q * MR), pc,
                        kc, scratch + (q - mb) * MR * kw);
               }
