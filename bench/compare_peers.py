@@ -79,6 +79,8 @@ MODELS = {
     "vit": ("ViT (patches of 4, width 64, 4 blocks)", ["--model", "vit"],
             "towerlab:cpu,cpu;torch;torch:compile;tensorflow;tensorflow:xla"),
 }
+# The training set's size: a towerlab run is one epoch, so warm-up and timed steps fit in it.
+TRAIN_IMAGES = 60000
 # Debian's package of the data set the sample reads by default.
 DATA_PACKAGE = "dataset-fashion-mnist"
 
@@ -385,6 +387,9 @@ def main():
         p.error(f"--warmup is {args.warmup}; it must be 0 or more")
     if args.steps < 10:
         p.error("--steps must be at least 10: the loss check averages the last ten steps")
+    if args.warmup + args.steps > TRAIN_IMAGES // args.batch:
+        p.error(f"--warmup {args.warmup} + --steps {args.steps} exceed one epoch "
+                f"({TRAIN_IMAGES // args.batch} steps of {args.batch}): towerlab's run is one epoch")
     try:
         contenders = [Contender(s) for s in (args.contenders or MODELS[args.model][2]).split(";") if s]
     except ValueError as e:
