@@ -157,6 +157,7 @@ std::vector<LayerRow> layer_rows(const Sequential& net, const VariableSet& vars)
   random_normal(image, 1, 0, 0.0f, 1.0f, s);
   Var h = tape.constant(image);
   std::vector<LayerRow> rows;
+  bool input_needs_grad = false;  // the images need none: not until a layer reads a variable
   for (std::size_t i = 0; i < net.size(); ++i) {
     LayerRow row{short_name(net.layer(i).describe())};
     for (const LayerRow& r : rows) {
@@ -168,8 +169,10 @@ std::vector<LayerRow> layer_rows(const Sequential& net, const VariableSet& vars)
     const std::size_t channels = out.size() == 4 ? 1 : out.size() - 1;
     const double spatial = double(h.value().numel()) / double(out[channels]);
     const std::string suffix = "/weight";
+    bool reads_variable = false;
     for (const VariableSpec& w : vars.specs()) {
       const std::string& n = w.name;
+      reads_variable = reads_variable || tape.has_variable(n);
       if (w.shape.size() >= 2 && tape.has_variable(n) && n.size() > suffix.size() &&
           n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0) {
         row.forward_flops_per_sample += 2.0 * double(w.numel()) * spatial;
@@ -179,7 +182,8 @@ std::vector<LayerRow> layer_rows(const Sequential& net, const VariableSet& vars)
       row.forward_flops_per_sample +=
           attention_flops_per_sample(net.layer(i).describe(), double(out[1]));
     }
-    row.backward_flops_per_sample = (i == 0 ? 1.0 : 2.0) * row.forward_flops_per_sample;
+    row.backward_flops_per_sample = (input_needs_grad ? 2.0 : 1.0) * row.forward_flops_per_sample;
+    input_needs_grad = input_needs_grad || reads_variable;
     rows.push_back(row);
   }
   return rows;
