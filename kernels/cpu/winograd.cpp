@@ -233,24 +233,64 @@ void transform_input_row(const Workspace& ws, const BlockInput& v, const float* 
 }
 
 #if TL_CPU_X86
+// Where a vector of up to eight tiles, starting at the block's tile t, goes in V's
+// panels (transform_input_avx2 and _pairs_avx2 below). One store a row of V, unless
+// the vector runs past its panel's end: then the lanes that fit go by
+// store_first_lanes (a masked store would be slow) and the rest, turned to lanes 0..,
+// as a whole vector at the start of the next panel's row.
+struct TileVectorStore {
+  std::int64_t t;    // the vector's first tile
+  std::int64_t fit;  // lanes in t's panel
+  bool split;        // the vector runs past its panel's end
+  bool spill;        // and some of its tiles lie past it
+  __m256i turn;      // lane l <- lane l + fit
+
+  __attribute__((target("avx2")))
+  TileVectorStore(const BlockInput& v, std::int64_t first, std::int64_t tiles)
+      : t(first),
+        fit(v.panels.width - first % v.panels.width),
+        split(fit < 8),
+        spill(tiles > fit),
+        turn(_mm256_and_si256(_mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                               _mm256_set1_epi32(static_cast<int>(fit))),
+                              _mm256_set1_epi32(7))) {}
+
+  // The 16 elements d of the tiles' channel c to V[0..15]. Inlined into each caller,
+  // the two ways to store kept apart and each unrolled: with the test inside the loop,
+  // the compiler kept d in memory and the transform took twice as long.
+  __attribute__((target("avx2"), always_inline)) void store(const BlockInput& v, std::int64_t c,
+                                                            const __m256 (&d)[4][4]) const {
+    float* here = v.v + v.panels.at(c, t);
+    if (!split) {
+#pragma GCC unroll 16
+      for (int e = 0; e < 16; ++e) _mm256_storeu_ps(here + e * v.stride, d[e / 4][e % 4]);
+      return;
+    }
+    for (int e = 0; e < 16; ++e) store_first_lanes(here + e * v.stride, d[e / 4][e % 4], fit);
+    if (spill) {
+      float* next = v.v + v.panels.at(c, t + fit);
+      for (int e = 0; e < 16; ++e) {
+        _mm256_storeu_ps(next + e * v.stride, _mm256_permutevar8x32_ps(d[e / 4][e % 4], turn));
+      }
+    }
+  }
+};
+
 // The tile rows [row0, row1) of transform_input_row on AVX2: eight tiles a vector
 // (a row of FashionNet's 7 tiles is one group). The 18 input columns a group reads
 // come straight from the image as four loads, masked where they reach past the image
 // (columns outside it read as the padding's zeros), not through a copy of the rows:
 // the copy took about as long as the transform.
 //
-// A group's eight tiles go to a row of V's panels as one store, unless they run
-// past the panel's end (FashionNet's 7 tiles a row start at every column of a
-// 16-wide panel in turn): then the lanes that fit go by store_first_lanes (a
-// masked store would be slow) and the rest, turned to lanes 0.., as a whole vector
-// at the start of the next panel's row. Lanes past the group's tiles (a row's last
-// group) land on later tiles, which later groups overwrite, or past the block's.
+// A group's eight tiles go to V by TileVectorStore (FashionNet's 7 tiles a row start
+// at every column of a 16-wide panel in turn, so a group often runs past its
+// panel's end). Lanes past the group's tiles (a row's last group) land on later
+// tiles, which later groups overwrite, or past the block's.
 __attribute__((target("avx2,fma"))) void transform_input_avx2(const BlockInput& v, const float* in,
                                                               const Problem& p, std::int64_t row0,
                                                               std::int64_t row1) {
   // The loads start at columns x0 + kOffset[l] of the group's first input column x0.
   constexpr std::int64_t kOffset[4] = {0, 8, 2, 10};
-  const std::int64_t next_e = v.stride;  // V[e] to V[e + 1]
   for (std::int64_t row = row0; row < row1; ++row) {
     const std::int64_t n = row / p.tiles_h, th = row % p.tiles_h;
     for (std::int64_t tw = 0; tw < p.tiles_w; tw += 8) {
@@ -263,18 +303,9 @@ __attribute__((target("avx2,fma"))) void transform_input_avx2(const BlockInput& 
         whole[l] = x >= 0 && x + 8 <= p.W;
       }
       const std::int64_t t = (row - row0) * p.tiles_w + tw;  // the group's first tile
-      const std::int64_t tiles = std::min<std::int64_t>(8, p.tiles_w - tw);
-      const std::int64_t fit = v.panels.width - t % v.panels.width;  // lanes in t's panel
-      const bool split = fit < 8;             // the group runs past its panel's end
-      const bool spill = tiles > fit;         // and some of its tiles lie past it
-      const __m256i turn = _mm256_and_si256(  // lane l <- lane l + fit
-          _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                           _mm256_set1_epi32(static_cast<int>(fit))),
-          _mm256_set1_epi32(7));
+      const TileVectorStore to_v(v, t, std::min<std::int64_t>(8, p.tiles_w - tw));
       for (std::int64_t c = 0; c < p.C; ++c) {
         if (tw == 0) prefetch_rows(in, p, n, th, c);
-        float* here = v.v + v.panels.at(c, t);
-        float* next = split && spill ? v.v + v.panels.at(c, t + fit) : nullptr;
         const float* plane = in + (n * p.C + c) * p.H * p.W;  // [H,W]
         __m256 d[4][4];  // d[i][j]: element (i, j) of tiles tw..tw+7
         for (int i = 0; i < 4; ++i) {
@@ -295,19 +326,7 @@ __attribute__((target("avx2,fma"))) void transform_input_avx2(const BlockInput& 
           d[i][3] = odd_lanes(r[2], r[3]);
         }
         transform_input_tile(d);
-        // The two ways to store kept apart, each unrolled: with the test inside the
-        // loop, the compiler kept d in memory and the transform took twice as long.
-        if (!split) {
-#pragma GCC unroll 16
-          for (int e = 0; e < 16; ++e) _mm256_storeu_ps(here + e * next_e, d[e / 4][e % 4]);
-          continue;
-        }
-        for (int e = 0; e < 16; ++e) store_first_lanes(here + e * next_e, d[e / 4][e % 4], fit);
-        if (spill) {
-          for (int e = 0; e < 16; ++e) {
-            _mm256_storeu_ps(next + e * next_e, _mm256_permutevar8x32_ps(d[e / 4][e % 4], turn));
-          }
-        }
+        to_v.store(v, c, d);
       }
     }
   }
@@ -325,31 +344,22 @@ __attribute__((target("avx2,fma"))) void transform_input_pairs_avx2(
     const BlockInput& v, const float* in, const Problem& p, std::int64_t row0, std::int64_t row1) {
   // The loads start at columns x0 + kOffset[l] of the rows' first input column x0.
   constexpr std::int64_t kOffset[2] = {0, 2};
-  const std::int64_t next_e = v.stride;  // V[e] to V[e + 1]
-  const std::int64_t x0 = -p.pad_w;      // negative in the padding
-  __m256i mask[2];                       // the lanes whose column lies in [0, W)
-  bool whole[2];                         // all eight: a plain load
+  const std::int64_t x0 = -p.pad_w;  // negative in the padding
+  __m256i mask[2];                   // the lanes whose column lies in [0, W)
+  bool whole[2];                     // all eight: a plain load
   for (int l = 0; l < 2; ++l) {
     const std::int64_t x = x0 + kOffset[l];
     mask[l] = _mm256_andnot_si256(first_lanes8(-x), first_lanes8(p.W - x));
     whole[l] = x >= 0 && x + 8 <= p.W;
   }
   for (std::int64_t row = row0; row < row1; row += 2) {
-    const int pair = row + 1 < row1 ? 2 : 1;                       // tile rows in this vector
-    const std::int64_t t = (row - row0) * 4, tiles = 4 * pair;     // the first tile, tiles
-    const std::int64_t fit = v.panels.width - t % v.panels.width;  // lanes in t's panel
-    const bool split = fit < 8;             // the vector runs past its panel's end
-    const bool spill = tiles > fit;         // and some of its tiles lie past it
-    const __m256i turn = _mm256_and_si256(  // lane l <- lane l + fit
-        _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                         _mm256_set1_epi32(static_cast<int>(fit))),
-        _mm256_set1_epi32(7));
+    const int pair = row + 1 < row1 ? 2 : 1;  // tile rows in this vector
+    const std::int64_t t = (row - row0) * 4;  // the first tile
+    const TileVectorStore to_v(v, t, 4 * pair);
     std::int64_t n[2], th[2];
     for (int r = 0; r < pair; ++r) n[r] = (row + r) / p.tiles_h, th[r] = (row + r) % p.tiles_h;
     for (std::int64_t c = 0; c < p.C; ++c) {
       for (int r = 0; r < pair; ++r) prefetch_rows(in, p, n[r], th[r], c);
-      float* here = v.v + v.panels.at(c, t);
-      float* next = split && spill ? v.v + v.panels.at(c, t + fit) : nullptr;
       __m256 d[4][4];  // d[i][j]: element (i, j) of the eight tiles
       for (int i = 0; i < 4; ++i) {
         __m256 cols[2][2];  // [tile row][load]: columns x0 + kOffset[l] .. + 7 of its row i
@@ -371,17 +381,7 @@ __attribute__((target("avx2,fma"))) void transform_input_pairs_avx2(
         d[i][3] = odd_lanes(cols[0][1], cols[1][1]);
       }
       transform_input_tile(d);
-      if (!split) {
-#pragma GCC unroll 16
-        for (int e = 0; e < 16; ++e) _mm256_storeu_ps(here + e * next_e, d[e / 4][e % 4]);
-        continue;
-      }
-      for (int e = 0; e < 16; ++e) store_first_lanes(here + e * next_e, d[e / 4][e % 4], fit);
-      if (spill) {
-        for (int e = 0; e < 16; ++e) {
-          _mm256_storeu_ps(next + e * next_e, _mm256_permutevar8x32_ps(d[e / 4][e % 4], turn));
-        }
-      }
+      to_v.store(v, c, d);
     }
   }
 }
