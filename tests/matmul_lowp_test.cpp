@@ -235,7 +235,7 @@ TEST_P(MatmulLowpPath, Bfloat16AllLayoutsOnOddShapes) {
 }
 
 // The widening paths are the float32 GEMM on the widened operands, bit for bit:
-// the bfloat16 panels the vector packers widen as they load (kernels/cpu/matmul.cpp)
+// the bfloat16 panels the vector packers widen as they load (kernels/cpu/gemm_kernels.cpp)
 // and the float16 ones the generic loops widen hold the widened values, and the same
 // kernel sums them in the same order. Every layout, on the odd shapes (edge panels,
 // k tails past the packers' groups of eight), alpha and beta over a nonzero c. The

@@ -1,7 +1,7 @@
 // The AVX-512 BF16 micro-kernel and its packers (kernels/cpu/gemm_bf16.h): the
 // layout of the pairs is described there, the blocked driver that calls these is
-// kernels/cpu/matmul.cpp's, and kernels/reference/matmul.h's matmul_mixed is what
-// the results are tested against.
+// kernels/cpu/gemm_blocked.h's (run by kernels/cpu/matmul.cpp's gemm_mixed), and
+// kernels/reference/matmul.h's matmul_mixed is what the results are tested against.
 #include "kernels/cpu/gemm_bf16.h"
 
 #include <algorithm>

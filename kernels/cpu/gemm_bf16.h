@@ -1,8 +1,9 @@
 // The AVX-512 BF16 pieces of the CPU's bfloat16 GEMM (internal): the micro-kernel
 // on vdpbf16ps and the packers that lay its operands out, run when
 // set_bf16_gemm_kernel(Bf16GemmKernel::Avx512Bf16) asks (engine/settings.h says
-// why Auto does not). The blocked driver, the thread split and the choice of path
-// are kernels/cpu/matmul.cpp's; the contract and the tolerance kernels/matmul.h's.
+// why Auto does not). The blocked driver and the thread split are
+// kernels/cpu/gemm_blocked.h's, the choice of path kernels/cpu/matmul.cpp's
+// (gemm_mixed); the contract and the tolerance kernels/matmul.h's.
 //
 // vdpbf16ps multiplies pairs: lane j of the float32 accumulator gets
 //   acc[j] += a.bf16[2j+1] * b.bf16[2j+1];  acc[j] += a.bf16[2j] * b.bf16[2j]

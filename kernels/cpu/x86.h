@@ -1,7 +1,7 @@
 // The x86 vector code of the CPU kernels: one switch for whether it is compiled,
 // one rule for which of it runs, and the helpers more than one kernel uses.
 //
-// Which code runs is decided at run time from CPUID (kernels/cpu/matmul.cpp), never
+// Which code runs is decided at run time from CPUID (kernels/cpu/gemm_isa.cpp), never
 // from the build machine, and follows the GEMM's choice (gemm_isa()): the direct
 // convolution, the pooling and Winograd run AVX-512 code exactly where the GEMM
 // runs its AVX-512 kernel, so TOWERLAB_GEMM_ISA=avx2 (or set_gemm_isa) pins them

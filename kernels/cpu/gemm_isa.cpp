@@ -1,0 +1,128 @@
+// Which micro-kernel the CPU GEMM runs: the ISAs this CPU has (CPUID, at run time,
+// never the build machine's), the choice (the best one, or TOWERLAB_GEMM_ISA, or
+// set_gemm_isa) and the bfloat16 kernel's (set_bf16_gemm_kernel), behind
+// engine/settings.h's public functions. The kernels are kernels/cpu/gemm_kernels.cpp's
+// and kernels/cpu/gemm_bf16.cpp's; the entry points (kernels/cpu/matmul.cpp,
+// kernels/cpu/gemm_packed.cpp) read the choice once a call, and the other CPU
+// kernels' vector code follows it (kernels/cpu/x86.h).
+#include <atomic>
+#include <cctype>
+#include <string>
+
+#include "engine/error.h"
+#include "engine/settings.h"
+#include "kernels/cpu/gemm_bf16.h"
+#include "kernels/cpu/gemm_blocked.h"
+#include "kernels/cpu/x86.h"
+
+namespace towerlab::cpu {
+
+namespace {
+
+bool cpu_has(GemmIsa isa) {
+#if TL_CPU_X86
+  __builtin_cpu_init();  // safe to repeat; needed if we run before libgcc's constructors
+#endif
+  switch (isa) {
+    case GemmIsa::Auto:
+    case GemmIsa::Portable:
+      return true;
+#if TL_CPU_X86
+    case GemmIsa::Avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case GemmIsa::Avx512:
+      return __builtin_cpu_supports("avx512f");
+#endif
+    default:
+      return false;
+  }
+}
+
+GemmIsa best_isa() {
+  if (cpu_has(GemmIsa::Avx512)) return GemmIsa::Avx512;
+  if (cpu_has(GemmIsa::Avx2)) return GemmIsa::Avx2;
+  return GemmIsa::Portable;
+}
+
+const char* isa_name(GemmIsa isa) {
+  switch (isa) {
+    case GemmIsa::Auto:
+      return "Auto";
+    case GemmIsa::Portable:
+      return "Portable";
+    case GemmIsa::Avx2:
+      return "Avx2";
+    case GemmIsa::Avx512:
+      return "Avx512";
+  }
+  return "?";
+}
+
+// The environment may pin the kernel (TOWERLAB_GEMM_ISA=portable|avx2|avx512),
+// e.g. to rule one out on a new machine; an unknown name, or an ISA this CPU lacks,
+// warns once and leaves the automatic choice (engine/settings.h).
+GemmIsa initial_isa() {
+  const auto wanted =
+      detail::environment_choice("TOWERLAB_GEMM_ISA", {"portable", "avx2", "avx512"});
+  if (!wanted) return best_isa();
+  for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
+    std::string lower = isa_name(isa);
+    for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (*wanted != lower) continue;
+    if (cpu_has(isa)) return isa;
+    detail::warn_about_environment("TOWERLAB_GEMM_ISA", *wanted, "is not supported by this CPU");
+  }
+  return best_isa();
+}
+
+std::atomic<Bf16GemmKernel> g_bf16_kernel{Bf16GemmKernel::Auto};
+
+}  // namespace
+
+namespace gemm_detail {
+
+std::atomic<GemmIsa>& selected_isa() {
+  static std::atomic<GemmIsa> isa{initial_isa()};
+  return isa;
+}
+
+bool bf16_dot_selected() {
+  return g_bf16_kernel.load(std::memory_order_relaxed) == Bf16GemmKernel::Avx512Bf16;
+}
+
+}  // namespace gemm_detail
+
+}  // namespace towerlab::cpu
+
+namespace towerlab {
+
+bool gemm_isa_supported(GemmIsa isa) {
+  return cpu::cpu_has(isa);
+}
+
+void set_gemm_isa(GemmIsa isa) {
+  TL_CHECK(cpu::cpu_has(isa), NotSupported,
+           "set_gemm_isa: this CPU does not support the " << cpu::isa_name(isa) << " GEMM kernel");
+  cpu::gemm_detail::selected_isa().store(isa == GemmIsa::Auto ? cpu::best_isa() : isa);
+}
+
+GemmIsa gemm_isa() {
+  return cpu::gemm_detail::selected_isa().load();
+}
+
+bool bf16_gemm_kernel_supported(Bf16GemmKernel kernel) {
+  return kernel != Bf16GemmKernel::Avx512Bf16 || cpu::cpu_has_avx512_bf16();
+}
+
+void set_bf16_gemm_kernel(Bf16GemmKernel kernel) {
+  TL_CHECK(bf16_gemm_kernel_supported(kernel), NotSupported,
+           "set_bf16_gemm_kernel: this CPU does not report avx512_bf16 (vdpbf16ps); Widen and "
+           "Auto run everywhere");
+  cpu::g_bf16_kernel.store(kernel);
+}
+
+Bf16GemmKernel bf16_gemm_kernel() {
+  return cpu::g_bf16_kernel.load();
+}
+
+}  // namespace towerlab
