@@ -33,6 +33,14 @@ namespace towerlab {
 // --- 5. reduce across processes ----------------------------------------------
 
 void Trainer::reduce_across_processes(const StepResult& result, bool training) {
+  // A group of one process (the sample's, run without mpirun) has no one to sum
+  // with: the call would copy the gradient, the statistics and the losses out to
+  // the exchange buffer and back unchanged, so it returns, as a trainer without a
+  // group skips the phase. Two cases still change something and go on: bfloat16
+  // contributions, which this call rounds once more as the process's contribution
+  // (parallel/ring_contributions.h), and a sharded master, whose slices it hands
+  // to the towers (framed by the exchange buffer: parallel/sharded_master.h).
+  if (ranks_ == 1 && !(training && (sharded() || contribution_ring_ != nullptr))) return;
   // Every rank sums one host buffer laid out by exchange_ (parallel/process_exchange.h);
   // when NCCL carries the gradient and statistics, it sums tower 0's device buffers
   // after that call. After phases 3 and 4 every tower holds the same, so tower 0's

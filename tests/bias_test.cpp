@@ -113,6 +113,46 @@ TEST(BiasCpu, Float32LanesGiveTheReferenceBits) {
   });
 }
 
+// The fused bias add + ReLU's float32 forward runs in the same lanes, each sum then
+// through ReLU's "v < 0 ? +0 : v": the reference pair's bits (bias_add_forward, then
+// relu_forward) on every ISA, out of place and in place, with NaN, infinities and
+// -0 among the inputs and about half the sums negative; the plain bias add's sums
+// on the same inputs are the reference's too (a -0 bias kept in every lane). Two
+// controls: a ReLU that drops NaN (v > 0 ? v : 0) differs on these inputs, and so
+// do the sums without the ReLU.
+TEST(BiasCpu, FusedReluFloat32LanesGiveTheReferenceBits) {
+  const std::vector<Shape> shapes = {{1, 1},    {3, 7},     {5, 8},        {4, 17},
+                                     {64, 512}, {2, 9, 17}, {3, 16, 4, 4}, {7, 5, 31, 1}};
+  for_each_cpu_isa(Device::cpu(), [&](const std::string& isa) {
+    for (const Shape& shape : shapes) {
+      const std::int64_t N = shape[0], C = shape[1], S = numel_of(shape) / (N * C);
+      const auto n = static_cast<std::size_t>(numel_of(shape));
+      const auto xv = values_with_specials(n, unsigned(n) + 3);
+      auto bv = random_values(std::size_t(C), unsigned(C) + 5);
+      // x[3] is -0 (values_with_specials): with a bias of -0 in its channel the sum
+      // is -0, which ReLU keeps.
+      if (n > 3) bv[std::size_t((3 / S) % C)] = -0.0f;
+      std::vector<float> sums(n), expected(n);
+      reference::bias_add_forward(sums.data(), xv.data(), bv.data(), N, C, S);
+      reference::relu_forward(expected.data(), sums.data(), numel_of(shape));
+      Tensor x = Tensor::from_host<float>(xv, shape, cpu()), y = Tensor::empty(shape, cpu());
+      const Tensor bias = Tensor::from_host<float>(bv, {C}, cpu());
+      bias_add_forward(y, x, bias, cpu());  // the plain add keeps the -0 too
+      EXPECT_EQ(bits(y.to_host<float>(cpu())), bits(sums)) << isa << ", " << to_string(shape);
+      bias_add_relu_forward(y, x, bias, cpu());
+      EXPECT_EQ(bits(y.to_host<float>(cpu())), bits(expected)) << isa << ", " << to_string(shape);
+      bias_add_relu_forward(x, x, bias, cpu());  // in place
+      EXPECT_EQ(bits(x.to_host<float>(cpu())), bits(expected))
+          << isa << ", in place, " << to_string(shape);
+      if (n < 6) continue;  // the specials need six values
+      std::vector<float> drops_nan(n);
+      for (std::size_t i = 0; i < n; ++i) drops_nan[i] = sums[i] > 0.0f ? sums[i] : 0.0f;
+      EXPECT_NE(bits(drops_nan), bits(expected)) << "control, " << to_string(shape);
+      EXPECT_NE(bits(sums), bits(expected)) << "control, " << to_string(shape);
+    }
+  });
+}
+
 // Views may start at any element: x and y one float past an aligned start take
 // CUDA's float path on planes that would go in float4s, with the same results.
 TEST_P(BiasTest, MisalignedViewsMatchAligned) {

@@ -199,6 +199,68 @@ TEST(MultiRank, OneRankIsBitForBitTheTrainerWithoutAGroup) {
   }
 }
 
+// A group of one process, as the sample's without mpirun (parallel/cluster.h): every
+// call returns the values as they are, and the calls made are counted.
+class LoneProcess final : public ProcessGroup {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  int local_rank() const override { return 0; }
+  std::chrono::milliseconds deadline() const override { return std::chrono::seconds(30); }
+  void allreduce_sum(std::span<float>, std::string_view, ReduceFrame) override { ++calls; }
+  void allreduce_sum(std::span<double>, std::string_view) override { ++calls; }
+  void reduce_scatter_sum(std::span<float>, std::string_view, ReduceFrame) override { ++calls; }
+  void allgather_chunks(std::span<float>, std::string_view, ReduceFrame) override { ++calls; }
+  void broadcast(std::span<std::byte>, int, std::string_view) override { ++calls; }
+  std::vector<std::string> allgather(std::string_view mine, std::string_view) override {
+    ++calls;
+    return {std::string(mine)};
+  }
+  int calls = 0;
+};
+
+// The calls of `steps` steps of a trainer in a group of one (after its construction,
+// whose fingerprint check calls too), and its values; `alone` takes the trainer
+// without a group instead.
+struct LoneRun {
+  int calls = 0;
+  std::vector<float> values;
+};
+LoneRun train_lone(const Model& model, TrainerOptions o, bool alone) {
+  LoneProcess group;
+  o.process_group = alone ? nullptr : &group;
+  Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), o);
+  const int before = group.calls;
+  for (int s = 0; s < kSteps; ++s) {
+    trainer.step(make_batch(7, 20 + unsigned(s)));
+    trainer.evaluate(make_batch(5, 40 + unsigned(s)));
+  }
+  return {group.calls - before, trainer.master().flat_values().to_host<float>()};
+}
+
+TEST(MultiRank, AGroupOfOneSkipsTheSumAcrossProcessesWithTheSameBits) {
+  // Phase 5 over one process would copy the gradient out and back: the trainer
+  // makes no call, and its steps are the trainer's without a group, bit for bit.
+  Model model;
+  const TrainerOptions o = towers_of(2, nullptr);
+  const LoneRun lone = train_lone(model, o, false);
+  EXPECT_EQ(lone.calls, 0);
+  EXPECT_EQ(lone.values, train_lone(model, o, true).values);
+}
+
+TEST(MultiRank, AGroupOfOneStillSumsWhereThatChangesSomething) {
+  // The control: the count sees the calls where a group of one still makes them,
+  // bfloat16 contributions (whose call rounds the process's sum once more) and a
+  // sharded master (whose slices the call hands to the towers).
+  Model model;
+  TrainerOptions contributions = towers_of(2, nullptr);
+  contributions.reduce_dtype = DType::BFloat16;
+  EXPECT_GT(train_lone(model, contributions, false).calls, 0);
+  TrainerOptions sharded = towers_of(2, nullptr);
+  sharded.master_placement = MasterPlacement::Sharded;
+  EXPECT_GT(train_lone(model, sharded, false).calls, 0);
+}
+
 TEST(MultiRank, SplitAmongRanksThenTowers) {
   for (std::int64_t batch : {0, 1, 3, 7, 128}) {
     for (std::int64_t ranks = 1; ranks <= 4; ++ranks) {

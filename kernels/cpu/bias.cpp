@@ -1,8 +1,8 @@
 // CPU bias add (contracts in kernels/bias.h, the plain reference in
-// kernels/reference/bias.h). Tensors viewed as [N,C,S]. The float32 forward runs in
-// vector lanes (kernels/cpu/float_lanes.h: AVX-512, AVX2 or four portable lanes)
-// along the contiguous dimension, the reference's adds and so its bits; float64
-// runs the reference.
+// kernels/reference/bias.h). Tensors viewed as [N,C,S]. The float32 forwards (plain
+// and fused with ReLU) run in vector lanes (kernels/cpu/float_lanes.h: AVX-512, AVX2
+// or four portable lanes) along the contiguous dimension, the reference's adds and
+// ReLU's selection and so their bits; float64 runs the reference.
 // Every loop splits over the thread pool (kernels/cpu/parallel.h): the forwards over
 // the N images, the backwards over the channels, each channel summing its rows in
 // order n = 0, 1, ... whichever thread runs it. Every loop serves the four dtypes:
@@ -69,32 +69,47 @@ void bias_add_16bit(T* y, const T* x, const float* bias, std::int64_t N, std::in
   });
 }
 
+// v in every lane, a -0 kept: splat_lanes adds v to a zero vector, which turns a
+// bias of -0 into +0, and x = -0 plus it into +0 where the reference's sum is -0.
+template <int W>
+FloatLanes<W> bias_lanes(float v) {
+  FloatLanes<W> lanes;
+  for (int i = 0; i < W; ++i) lanes[i] = v;
+  return lanes;
+}
+
 // y = x + bias[c] on float32 [N,C,S] in groups of W lanes, each value's one float32
 // add as in the reference (its bits): with S = 1 (a linear layer's rows) a row of C
 // channels adds the bias vector, otherwise a channel's run of S values adds its
 // bias in every lane. The reference's inner loop runs over S, which is 1 for every
 // linear layer: the lanes run along whichever dimension is contiguous. y may alias
-// x (a group is read before it is written).
+// x (a group is read before it is written). With `relu`, each sum then goes through
+// ReLU's forward as the reference's "v < 0 ? +0 : v" (a selection on the comparison,
+// which is false for a NaN and for -0: both stay as they are).
 template <int W>
 void bias_add_lanes(float* y, const float* x, const float* bias, std::int64_t N, std::int64_t C,
-                    std::int64_t S) {
+                    std::int64_t S, bool relu) {
+  const auto activation = [relu](FloatLanes<W> v) {
+    return relu ? select_lanes<W>(v < 0.0f, splat_lanes<W>(0.0f), v) : v;
+  };
   if (S == 1) {
     for (std::int64_t n = 0; n < N; ++n) {
       float* y_row = y + n * C;        // [C]
       const float* x_row = x + n * C;  // [C]
       for_each_lane_group<W>(C, [&](std::int64_t i, std::int64_t count) {
-        store_lanes<W>(y_row + i, load_lanes<W>(x_row + i, count) + load_lanes<W>(bias + i, count),
+        store_lanes<W>(y_row + i,
+                       activation(load_lanes<W>(x_row + i, count) + load_lanes<W>(bias + i, count)),
                        count);
       });
     }
     return;
   }
   for (std::int64_t row = 0; row < N * C; ++row) {
-    const FloatLanes<W> b = splat_lanes<W>(bias[row % C]);
+    const FloatLanes<W> b = bias_lanes<W>(bias[row % C]);
     float* y_run = y + row * S;        // [S]
     const float* x_run = x + row * S;  // [S]
     for_each_lane_group<W>(S, [&](std::int64_t i, std::int64_t count) {
-      store_lanes<W>(y_run + i, load_lanes<W>(x_run + i, count) + b, count);
+      store_lanes<W>(y_run + i, activation(load_lanes<W>(x_run + i, count) + b), count);
     });
   }
 }
@@ -147,7 +162,7 @@ void bias_add_forward(const Tensor& y, const Tensor& x, const Tensor& bias, std:
         bias_add_16bit(out + first * C * S, in + first * C * S, b, last - first, C, S, false);
       } else if constexpr (std::is_same_v<T, float>) {
         run_float_lanes([&]<int W>() {
-          bias_add_lanes<W>(out + first * C * S, in + first * C * S, b, last - first, C, S);
+          bias_add_lanes<W>(out + first * C * S, in + first * C * S, b, last - first, C, S, false);
         });
       } else {
         reference::bias_add_forward(out + first * C * S, in + first * C * S, b, last - first, C, S);
@@ -202,7 +217,8 @@ void bias_add_backward(const Tensor& grad_bias, const Tensor& grad_y, std::int64
 
 // y = x + bias[c], rounded, then ReLU's NaN rule (kernels/reference/relu.h), in one
 // pass: rounding before the ReLU keeps a 16-bit sum that rounds to -0 a -0, as the
-// unfused pair does.
+// unfused pair does. Float32 runs in vector lanes (bias_add_lanes), float64 the
+// plain loop.
 void bias_add_relu_forward(const Tensor& y, const Tensor& x, const Tensor& bias, std::int64_t N,
                            std::int64_t C, std::int64_t S) {
   with_any_dtype(x.dtype(), [&]<typename T>() {
@@ -213,6 +229,10 @@ void bias_add_relu_forward(const Tensor& y, const Tensor& x, const Tensor& bias,
     parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
       if constexpr (kIs16Bit<T>) {
         bias_add_16bit(out + first * C * S, in + first * C * S, b, last - first, C, S, true);
+      } else if constexpr (std::is_same_v<T, float>) {
+        run_float_lanes([&]<int W>() {
+          bias_add_lanes<W>(out + first * C * S, in + first * C * S, b, last - first, C, S, true);
+        });
       } else {
         for (std::int64_t n = first; n < last; ++n) {
           for (std::int64_t c = 0; c < C; ++c) {
