@@ -69,15 +69,6 @@ void bias_add_16bit(T* y, const T* x, const float* bias, std::int64_t N, std::in
   });
 }
 
-// v in every lane, a -0 kept: splat_lanes adds v to a zero vector, which turns a
-// bias of -0 into +0, and x = -0 plus it into +0 where the reference's sum is -0.
-template <int W>
-FloatLanes<W> bias_lanes(float v) {
-  FloatLanes<W> lanes;
-  for (int i = 0; i < W; ++i) lanes[i] = v;
-  return lanes;
-}
-
 // y = x + bias[c] on float32 [N,C,S] in groups of W lanes, each value's one float32
 // add as in the reference (its bits): with S = 1 (a linear layer's rows) a row of C
 // channels adds the bias vector, otherwise a channel's run of S values adds its
@@ -105,7 +96,7 @@ void bias_add_lanes(float* y, const float* x, const float* bias, std::int64_t N,
     return;
   }
   for (std::int64_t row = 0; row < N * C; ++row) {
-    const FloatLanes<W> b = bias_lanes<W>(bias[row % C]);
+    const FloatLanes<W> b = splat_lanes<W>(bias[row % C]);
     float* y_run = y + row * S;        // [S]
     const float* x_run = x + row * S;  // [S]
     for_each_lane_group<W>(S, [&](std::int64_t i, std::int64_t count) {

@@ -76,9 +76,12 @@ inline DoubleLanes<W> widen_lanes(FloatLanes<W> v) {
   return __builtin_convertvector(v, DoubleLanes<W>);
 }
 
+// v in every lane, a -0 kept (adding v to a zero vector would make it +0).
 template <int W>
 inline FloatLanes<W> splat_lanes(float v) {
-  return FloatLanes<W>{} + v;
+  FloatLanes<W> lanes;
+  for (int i = 0; i < W; ++i) lanes[i] = v;
+  return lanes;
 }
 
 // m ? a : b, lane by lane (m all ones or zeros), as a bitwise blend: the same code
