@@ -69,8 +69,10 @@ void apply_scalar(T* out, const T* in, T scale, const MaskKey& k, std::uint64_t 
 #if TL_CPU_X86
 // GCC 12's AVX-512 intrinsics pass an uninitialized vector as the unused operand of
 // their masked builtins, and -Wmaybe-uninitialized then warns at every inlined call.
+#if !defined(__clang__)  // a GCC warning; Clang does not know it
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 // Lane j of a vector of counters holds draw d + kDrawOfLane[j] of a block starting
 // at draw d: the unpacks below take lanes (j, j + 4, j + 8, j + 12) of the four words
@@ -144,7 +146,9 @@ TL_NO_CONTRACTION __attribute__((target("avx512f"))) void apply_avx512(
   }
 }
 
+#if !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 
 // mulhilo16 for eight lanes.
 __attribute__((target("avx2"))) inline void mulhilo8(__m256i a, __m256i k, __m256i& lo,
