@@ -12,11 +12,18 @@ as towerlab's loader does. The two draw different initial weights, batch orders 
 dropout masks: the comparison is of accuracy in distribution, which is why each is
 run with several seeds.
 
+--init twin starts towerlab from the twin's initial weights instead of its own: the
+twin's state_dict right after torch.manual_seed(S), converted by tools/torch_convert.py
+and given to the sample as --load, so that both engines start from the same weights
+(the twins of the MLP and ResNet-20 keep PyTorch's default initialization, uniform in
++-1/sqrt(fan_in), where towerlab draws He normal; the ViT's twin draws towerlab's).
+Those runs are kept apart from towerlab's own ("towerlab_twin_init" in the JSON).
+
 Writes a JSON and a Markdown page (commit, machine, date, every run and the means).
 
 usage: bench/models_accuracy.py --sample build/release/samples/fashion_mnist
-           [--models mlp,resnet] [--epochs 10] [--seeds 1,2,3] [--out bench/results/NAME]
-           [--add-to bench/results/OLD.json]
+           [--models mlp,resnet] [--epochs 10] [--seeds 1,2,3] [--init own|twin]
+           [--out bench/results/NAME] [--add-to bench/results/OLD.json]
 
 --add-to starts from an earlier run's JSON (the same epochs) and runs only the
 (model, seed, engine) runs it lacks, so that a comparison of hours can be built up
@@ -31,6 +38,7 @@ import platform
 import re
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -42,6 +50,8 @@ from fashion_mnist_data import load_split  # noqa: E402
 DATA = "/usr/share/datasets/fashion-mnist"
 BATCH = 128
 LR = 1e-3
+# towerlab's runs by their initial weights (--init), as the JSON keys them and the page names them
+OURS = {"towerlab": "its own (He normal)", "towerlab_twin_init": "the twin's"}
 
 
 def twin(model):
@@ -57,9 +67,21 @@ def twin(model):
     raise SystemExit(f"models_accuracy: no PyTorch twin for {model}")
 
 
-def towerlab_run(sample, model, epochs, seed):
+def twin_weights(model, seed, directory):
+    """The twin's initial weights at `seed` (torch_run draws the same), as a towerlab file."""
+    import torch
+    torch.manual_seed(seed)
+    path = os.path.join(directory, f"{model}_twin_init_seed{seed}")
+    torch.save(twin(model).state_dict(), path + ".pt")
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "torch_convert.py"), "to-towerlab",
+                    "--model", model, path + ".pt", path + ".safetensors"],
+                   check=True, capture_output=True)
+    return path + ".safetensors"
+
+
+def towerlab_run(sample, model, epochs, seed, load=None):
     command = [sample, "--model", model, "--devices", "cpu,cpu", "--epochs", str(epochs),
-               "--seed", str(seed), "--batchnorm", "sync"]
+               "--seed", str(seed), "--batchnorm", "sync"] + (["--load", load] if load else [])
     start = time.time()
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     accuracy = [float(a) for a in re.findall(r"test accuracy ([0-9.]+)", out)]
@@ -117,14 +139,18 @@ def markdown(doc):
              f"`bench/models_accuracy.py` (its docstring gives the recipe); {doc['epochs']} "
              f"epochs, seeds {', '.join(map(str, doc['seeds']))}. The machine was shared with "
              "other builds: the seconds are for orientation only.", "",
-             "| model | towerlab test accuracy (per seed) | mean | PyTorch test accuracy "
-             "(per seed) | mean | towerlab - PyTorch (points) |", "|---|---|---|---|---|---|"]
+             "| model | towerlab's initial weights | towerlab test accuracy (per seed) | mean | "
+             "PyTorch test accuracy (per seed) | mean | towerlab - PyTorch (points) |",
+             "|---|---|---|---|---|---|---|"]
     for model, runs in doc["models"].items():
-        ours = [r["accuracy"] for r in runs["towerlab"]]
         theirs = [r["accuracy"] for r in runs["torch"]]
-        lines.append(f"| {model} | {', '.join(f'{a:.4f}' for a in ours)} | {np.mean(ours):.4f} | "
-                     f"{', '.join(f'{a:.4f}' for a in theirs)} | {np.mean(theirs):.4f} | "
-                     f"{100 * (np.mean(ours) - np.mean(theirs)):+.2f} |")
+        for who, weights in OURS.items():
+            ours = [r["accuracy"] for r in runs.get(who, [])]
+            if ours:
+                lines.append(f"| {model} | {weights} | {', '.join(f'{a:.4f}' for a in ours)} | "
+                             f"{np.mean(ours):.4f} | {', '.join(f'{a:.4f}' for a in theirs)} | "
+                             f"{np.mean(theirs):.4f} | "
+                             f"{100 * (np.mean(ours) - np.mean(theirs)):+.2f} |")
     where = sorted({(r.get("commit", doc["commit"]), r.get("machine", doc["machine"]))
                     for runs in doc["models"].values() for who in runs for r in runs[who]})
     if len(where) > 1:
@@ -139,7 +165,8 @@ def markdown(doc):
     lines += ["", "Seconds per run (towerlab on 2 CPU towers, PyTorch on 2 threads):", ""]
     for model, runs in doc["models"].items():
         seconds = {who: ", ".join(f"{r['seconds']:.0f}" for r in runs[who]) for who in runs}
-        lines.append(f"- {model}: towerlab {seconds['towerlab']}; PyTorch {seconds['torch']}")
+        ours = [f"towerlab from {OURS[who]} weights {seconds[who]}" for who in OURS if runs.get(who)]
+        lines.append(f"- {model}: {'; '.join(ours)}; PyTorch {seconds['torch']}")
     return "\n".join(lines) + "\n"
 
 
@@ -151,6 +178,8 @@ def main():
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--out", help="bench/results/NAME: writes NAME.json and NAME.md")
     p.add_argument("--add-to", help="an earlier run's JSON: keep its runs, add the missing ones")
+    p.add_argument("--init", choices=("own", "twin"), default="own",
+                   help="towerlab's initial weights: its own, or the twin's (the same as PyTorch's)")
     args = p.parse_args()
     # PyTorch's OpenMP threads wait passively: spinning, they take CPU from the
     # towerlab runs and the machine's other work (compare_peers.py's --omp-wait-policy).
@@ -168,18 +197,24 @@ def main():
             raise SystemExit(f"models_accuracy: {args.add_to} has {doc['epochs']} epochs, "
                              f"not {args.epochs}")
         for runs in doc["models"].values():  # runs written before runs kept their own
-            for run in runs["towerlab"] + runs["torch"]:
+            for run in (run for who in runs.values() for run in who):
                 run.setdefault("commit", doc["commit"])
                 run.setdefault("machine", doc["machine"])
                 run.setdefault("date", doc["date"])
         doc["seeds"] = sorted(set(doc["seeds"]) | set(seeds))
         doc["commit"], doc["date"] = commit, now
     train, test = load_split(DATA, "train"), load_split(DATA, "t10k")
+    ours = "towerlab_twin_init" if args.init == "twin" else "towerlab"
+    scratch = tempfile.mkdtemp(prefix="models_accuracy_")
     for model in args.models.split(","):
-        runs = doc["models"].setdefault(model, {"towerlab": [], "torch": []})
+        runs = doc["models"].setdefault(model, {"torch": []})
+        runs.setdefault(ours, [])
         for seed in seeds:  # alternated, so that a change in the machine's load hits both
-            for who, run in (("towerlab", lambda: towerlab_run(args.sample, model, args.epochs,
-                                                                seed)),
+            def towerlab():
+                load = twin_weights(model, seed, scratch) if args.init == "twin" else None
+                return towerlab_run(args.sample, model, args.epochs, seed, load)
+
+            for who, run in ((ours, towerlab),
                              ("torch", lambda: torch_run(model, args.epochs, seed, train, test))):
                 if any(r["seed"] == seed for r in runs[who]):
                     continue
