@@ -43,10 +43,6 @@
 #ifdef TLEMU_TSAN
 #include <sanitizer/tsan_interface.h>
 #endif
-#ifdef TLEMU_ASAN
-#include <sanitizer/asan_interface.h>
-#include <sanitizer/common_interface_defs.h>
-#endif
 
 namespace tlemu::detail {
 namespace {
@@ -105,14 +101,6 @@ void destroy_tsan_context(void* context) {
   (void)context;
 #endif
 }
-// Makes `context` the one TSan charges what runs next to. A macro, not a function:
-// TSan pairs every function's entry and exit within one context, and a call that
-// switched contexts would return into the other one.
-#ifdef TLEMU_TSAN
-#define TLEMU_BECOME(context) __tsan_switch_to_fiber((context), __tsan_switch_to_fiber_no_sync)
-#else
-#define TLEMU_BECOME(context) (void)(context)
-#endif
 
 Scheduler& scheduler() {
   thread_local Scheduler s;
@@ -136,28 +124,7 @@ std::string block_name(const Scheduler& s) {
 // at every barrier and warp operation those were most of an emulated test's time.
 // The sanitizers are told of every switch here (ASan: __sanitizer_start/
 // finish_switch_fiber; TSan: __tsan_switch_to_fiber), as they need for any
-// hand-made stack switch.
-
-// The running thread's coordinates, after it (re)gains its worker.
-void take_coordinates(const Thread& t) {
-  Hidden hidden;
-  threadIdx = t.index;
-}
-
-// From fiber f back to the worker; returns when the worker resumes f. Called as the
-// context the fiber is in (its thread's, or its own between threads).
-void suspend(Scheduler& s, [[maybe_unused]] Fiber& f) {
-  TLEMU_BECOME(s.main_tsan);
-#ifdef TLEMU_ASAN
-  __sanitizer_start_switch_fiber(&f.asan_fake_stack, s.main_stack_bottom, s.main_stack_size);
-#endif
-  const fcontext::fcontext_t worker = fcontext::jump_fcontext(s.main_context, nullptr).fctx;
-#ifdef TLEMU_ASAN
-  __sanitizer_finish_switch_fiber(f.asan_fake_stack, &s.main_stack_bottom, &s.main_stack_size);
-#endif
-  Hidden hidden;
-  s.main_context = worker;  // the worker jumped here from there
-}
+// hand-made stack switch (suspend, block_internal.h, is the way back).
 
 namespace {
 
@@ -381,13 +348,8 @@ void run_block(Scheduler& s, uint3 block_index) {
         block_name(s).c_str(), s.live, describe_waiters(s).c_str());
   }
 }
-}  // namespace
 
-// Makes the thread runnable again (its fiber resumes it).
-void wake(Scheduler& s, Thread& t) {
-  t.state = ThreadState::Running;
-  s.ready.push_back(t.fiber);
-}
+}  // namespace
 
 Thread& running_thread(const char* what) {
   Hidden hidden;

@@ -27,6 +27,10 @@
 #ifdef TLEMU_TSAN
 #include <sanitizer/tsan_interface.h>
 #endif
+#ifdef TLEMU_ASAN
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
 
 namespace tlemu::detail {
 
@@ -181,13 +185,47 @@ Scheduler& scheduler();
 // "kernel K on cuda:D, block (x,y,z)", for messages.
 std::string block_name(const Scheduler& s);
 
+// Makes `context` the one TSan charges what runs next to. A macro, not a function:
+// TSan pairs every function's entry and exit within one context, and a call that
+// switched contexts would return into the other one.
+#ifdef TLEMU_TSAN
+#define TLEMU_BECOME(context) __tsan_switch_to_fiber((context), __tsan_switch_to_fiber_no_sync)
+#else
+#define TLEMU_BECOME(context) (void)(context)
+#endif
+
+// A thread's wait, in an unnamed namespace as it was when the block was one file:
+// each file keeps its own copies, of internal linkage, which the compiler inlines
+// where they are called (it would not inline a function of external linkage there,
+// and the other files could only call it).
+namespace {
+
 // The running thread's coordinates, after it (re)gains its worker.
-void take_coordinates(const Thread& t);
+inline void take_coordinates(const Thread& t) {
+  Hidden hidden;
+  threadIdx = t.index;
+}
+
 // From fiber f back to the worker; returns when the worker resumes f. Called as the
 // context the fiber is in (its thread's, or its own between threads).
-void suspend(Scheduler& s, Fiber& f);
+inline void suspend(Scheduler& s, [[maybe_unused]] Fiber& f) {
+  TLEMU_BECOME(s.main_tsan);
+#ifdef TLEMU_ASAN
+  __sanitizer_start_switch_fiber(&f.asan_fake_stack, s.main_stack_bottom, s.main_stack_size);
+#endif
+  const fcontext::fcontext_t worker = fcontext::jump_fcontext(s.main_context, nullptr).fctx;
+#ifdef TLEMU_ASAN
+  __sanitizer_finish_switch_fiber(f.asan_fake_stack, &s.main_stack_bottom, &s.main_stack_size);
+#endif
+  Hidden hidden;
+  s.main_context = worker;  // the worker jumped here from there
+}
+
 // Makes the thread runnable again (its fiber resumes it).
-void wake(Scheduler& s, Thread& t);
+inline void wake(Scheduler& s, Thread& t) {
+  t.state = ThreadState::Running;
+  s.ready.push_back(t.fiber);
+}
 
 // Waits (giving the worker to the other threads) until `done()`.
 template <typename Done>
@@ -201,6 +239,8 @@ void wait_until(Scheduler& s, Thread& t, Done done) {
     take_coordinates(t);  // the threads that ran meanwhile left theirs
   }
 }
+
+}  // namespace
 
 // The CUDA thread the calling fiber runs; outside a kernel, a kernel_bug naming `what`.
 Thread& running_thread(const char* what);
