@@ -122,7 +122,7 @@ void set_stream_delay(cudaStream_t stream, std::chrono::milliseconds delay);
 // Runs every block of `launch` on the calling (worker) thread.
 void run_kernel(const KernelLaunch& launch, int device);
 
-// --- warp-collective instructions (src/block.cpp; used by src/tensor_core.cpp) -------------
+// --- warp-collective instructions (src/warp.cpp; used by src/tensor_core.cpp) --------------
 // The .sync.aligned instructions (mma.sync, ldmatrix) are executed by the whole warp at
 // once: every lane leaves its operand registers, and every lane's results depend on the
 // other lanes' operands. warp_collective is that meeting, on the warp's meeting point
@@ -139,7 +139,8 @@ struct WarpWords {
 using Combine = void (*)(const WarpWords& in, WarpWords& out);
 void warp_collective(Combine combine, const std::uint32_t* in, std::uint32_t* out, const char* what,
                      const std::source_location& where);
-// Whether [p, p + bytes) lies in one __shared__ array of the running block.
+// Whether [p, p + bytes) lies in one __shared__ array of the running block
+// (src/shared_memory.cpp).
 bool in_block_shared(const void* p, std::size_t bytes);
 // A misuse of a warp instruction by the running thread: printed with the kernel, block,
 // warp and lane, and the process exits with status 86.

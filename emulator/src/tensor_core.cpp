@@ -1,5 +1,5 @@
 // Tensor-core instructions on the emulated GPUs (tlemu/tensor_core.h): mma.sync and
-// ldmatrix as warp-collective meetings (warp_collective, src/block.cpp), whose
+// ldmatrix as warp-collective meetings (warp_collective, src/warp.cpp), whose
 // `combine` step sees every lane's registers at once.
 //
 // The layouts below are the PTX ISA's closed forms, with
