@@ -876,7 +876,8 @@ void fused_weights(float* out, const float* u, const Problem& p) {
 }
 
 // The fused steps 2 for tile rows [first, last) (row = n * tiles_h + th), two groups
-// of eight tiles of a row at a time (a missing second group's products are not read).
+// of eight tiles of a row at a time. V starts as zeros, so that a missing second
+// group's lanes, multiplied but never stored, hold finite values.
 template <typename Out>
 __attribute__((target("avx2,fma,f16c"))) void fused_rows_avx2(Out* out, const float* in,
                                                               const float* u, const float* bias,
@@ -892,7 +893,7 @@ __attribute__((target("avx2,fma,f16c"))) void fused_rows_avx2(Out* out, const fl
       const int groups = p.tiles_w - tw0 > 8 ? 2 : 1;
       for (int h = 0; h < groups; ++h) {
         GroupInput g = group_input(in, p, n, th, tw0 + 8 * h);
-        if (tw0 + h == 0 && row + 1 < last) {
+        if (tw0 + h == 0 && row + 1 < p.N * p.tiles_h) {
           // The rows the next tile row reads that this one does not, a row ahead.
           const std::int64_t next_n = (row + 1) / p.tiles_h, next_th = (row + 1) % p.tiles_h;
           for (int j = 0; j < 2; ++j) {
