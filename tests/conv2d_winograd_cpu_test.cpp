@@ -316,6 +316,101 @@ TEST(Conv2dWinograd, BackwardDataIsTheTurnedForward) {
   }
 }
 
+// With at most 16 channels in and out (an even count out, rows of at least 8) the
+// AVX2 forward and backward-data run each group of tiles through all three steps at
+// once (kernels/cpu/winograd.cpp, fused_applies), where more channels take the tile
+// blocks and the GEMM: the same sums in the same order, so the same bits. Each
+// output plane depends on its own filter alone, and each input-gradient plane on its
+// own channel's kernels, so a layer of K filters must give the bits of the first K of
+// a layer of 17 (blocked), and its input gradient, added onto a sentinel or assigned
+// over NaNs, those of the first C channels of a layer of 17 channels. ResNet-20's
+// first stage (16 and 16 on 28 x 28, bias), and odd sizes: 9 x 13 with padding only
+// down the rows, and 6 and 10 channels.
+TEST(Conv2dWinograd, FewChannelsGiveTheBlockedBits) {
+  if (!gemm_isa_supported(GemmIsa::Avx2)) GTEST_SKIP() << "this CPU has no AVX2";
+  const RestoreGemmIsa restore;
+  set_gemm_isa(GemmIsa::Avx2);
+  const cpu::ScopedConv2dAlgorithm winograd(cpu::Conv2dAlgorithm::Winograd);
+  constexpr std::int64_t kWide = 17;  // channels that the blocked path takes
+  for (const ConvCase& k : {ConvCase{"resnet_16", 2, 16, 28, 28, 16, 3, 3, make_params(1, 1, 1, 1)},
+                            ConvCase{"odd_9x13", 1, 6, 9, 13, 10, 3, 3, make_params(1, 1, 1, 0)}}) {
+    SCOPED_TRACE(k.name);
+    const Shape ys = k.y_shape(), xs = k.x_shape();
+    const std::int64_t pq = ys[2] * ys[3], hw = xs[2] * xs[3];
+    const auto xv = random_values(std::size_t(numel_of(xs)), 1801);
+    const auto gv = random_values(std::size_t(numel_of(ys)), 1802);
+    // The wide layers' weights and bias, the narrow layer's in their first filters
+    // (forward) or channels (backward).
+    const ConvCase wide_k{k.name, k.N, k.C, k.H, k.W, kWide, 3, 3, k.params};
+    const ConvCase wide_c{k.name, k.N, kWide, k.H, k.W, k.K, 3, 3, k.params};
+    const auto wide_kw = random_values(std::size_t(numel_of(wide_k.w_shape())), 1803);
+    const auto bias = random_values(std::size_t(kWide), 1804);
+    auto wide_cw = random_values(std::size_t(numel_of(wide_c.w_shape())), 1805);
+    // The narrow weight [K,C,3,3]: the first K filters of wide_kw.
+    const std::vector<float> wv(wide_kw.begin(), wide_kw.begin() + k.K * k.C * 9);
+    for (std::int64_t f = 0; f < k.K; ++f) {  // wide_cw[f, c] = wv[f, c] for c < C
+      std::copy_n(wv.begin() + f * k.C * 9, k.C * 9, wide_cw.begin() + f * kWide * 9);
+    }
+    // planes [first, first + count) of each image of `v` (planes of `size` floats, `of` an image)
+    auto planes = [](const std::vector<float>& v, std::int64_t images, std::int64_t of,
+                     std::int64_t count, std::int64_t size) {
+      std::vector<float> out;
+      for (std::int64_t n = 0; n < images; ++n) {
+        out.insert(out.end(), v.begin() + n * of * size, v.begin() + (n * of + count) * size);
+      }
+      return out;
+    };
+    auto put = [](const std::vector<float>& v, const Shape& shape) {
+      return Tensor::from_host<float>(v, shape, cpu());
+    };
+
+    auto forward = [&](const ConvCase& c, const std::vector<float>& w,
+                       const std::vector<float>& x) {
+      Tensor y = Tensor::empty(c.y_shape(), cpu());
+      const std::vector<float> b(bias.begin(), bias.begin() + c.K);
+      conv2d_forward(y, put(x, c.x_shape()), put(w, c.w_shape()), put(b, {c.K}), c.params, cpu());
+      return y.to_host<float>(cpu());
+    };
+    const std::vector<float> y = forward(k, wv, xv);
+    const std::vector<float> wide_y = planes(forward(wide_k, wide_kw, xv), k.N, kWide, k.K, pq);
+    ASSERT_EQ(y.size(), wide_y.size());
+    EXPECT_EQ(std::memcmp(y.data(), wide_y.data(), y.size() * sizeof(float)), 0) << "forward";
+    std::vector<float> nudged = xv;  // control: the last input 0.1% off
+    nudged.back() *= 1.001f;
+    EXPECT_NE(forward(k, wv, nudged), y) << "forward control";
+
+    // grad_x of layer c from gy onto `onto` (its image planes), added or assigned.
+    auto grad_x = [&](const ConvCase& c, const std::vector<float>& w, const std::vector<float>& gy,
+                      const std::vector<float>& onto, GradWrite write) {
+      Tensor gx = put(onto, c.x_shape());
+      conv2d_backward(gx, Tensor(), Tensor(), put(gy, ys), Tensor::zeros(c.x_shape(), cpu()),
+                      put(w, c.w_shape()), c.params, cpu(), write);
+      return gx.to_host<float>(cpu());
+    };
+    const auto wide_sentinel = random_values(std::size_t(numel_of(wide_c.x_shape())), 1806);
+    const std::vector<float> sentinel = planes(wide_sentinel, k.N, kWide, k.C, hw);
+    const std::vector<float> nans(wide_sentinel.size(), std::nanf(""));
+    for (GradWrite write : {GradWrite::Accumulate, GradWrite::Assign}) {
+      const bool added = write == GradWrite::Accumulate;
+      SCOPED_TRACE(added ? "grad_x added" : "grad_x assigned");
+      const std::vector<float> got =
+          grad_x(k, wv, gv, added ? sentinel : planes(nans, k.N, kWide, k.C, hw), write);
+      const std::vector<float> want = planes(
+          grad_x(wide_c, wide_cw, gv, added ? wide_sentinel : nans, write), k.N, kWide, k.C, hw);
+      ASSERT_EQ(got.size(), want.size());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+      EXPECT_EQ(std::count_if(got.begin(), got.end(), [](float v) { return std::isnan(v); }), 0)
+          << "control: a NaN left where grad_x was assigned";
+      std::vector<float> off = gv;  // control: the last grad_y value 0.1% off
+      off.back() *= 1.001f;
+      const std::vector<float> moved =
+          grad_x(k, wv, off, added ? sentinel : planes(nans, k.N, kWide, k.C, hw), write);
+      EXPECT_NE(std::memcmp(moved.data(), want.data(), want.size() * sizeof(float)), 0)
+          << "control";
+    }
+  }
+}
+
 // The weight gradient's last transform (A₂ᵀ S A₂, adds only) takes eight filters a
 // vector on AVX2, then four, then one: each lane the same adds. Each filter's
 // gradient depends on its own grad_y plane alone (the GEMM's columns are

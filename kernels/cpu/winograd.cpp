@@ -1,5 +1,7 @@
 // Winograd F(2x2, 3x3) convolution on the CPU: the algorithm, its matrices and its
-// numerics in kernels/cpu/winograd.h. The steps, for forward and backward-data alike:
+// numerics in kernels/cpu/winograd.h. The steps, for forward and backward-data alike
+// (with at most 16 channels each side on AVX2, steps 2 fused for each tile row
+// instead: fused_rows_avx2, the same bits):
 //   1. weight transform  U[e] = (G g Gᵀ)[e]                      [16][K][C], per call,
 //                        each U[e] packed once into the GEMM's panels (PackedA)
 //   2. for each block of tiles (in parallel, blocks fixed by the shape):
@@ -14,8 +16,10 @@
 #include "kernels/cpu/winograd.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/convert16.h"
@@ -255,26 +259,144 @@ struct TileVectorStore {
                                                _mm256_set1_epi32(static_cast<int>(fit))),
                               _mm256_set1_epi32(7))) {}
 
-  // The 16 elements d of the tiles' channel c to V[0..15]. Inlined into each caller,
-  // the two ways to store kept apart and each unrolled: with the test inside the loop,
-  // the compiler kept d in memory and the transform took twice as long.
-  __attribute__((target("avx2"), always_inline)) void store(const BlockInput& v, std::int64_t c,
+  // The 16 elements d of the tiles' channel c to V[0..15], `here` their place in V[0]
+  // (v.v + v.panels.at(c, t)) and, when split, `rest` floats on the next panel's
+  // (at(c, t + fit) - at(c, t), the same for the channels of one block of kGemmKc). Inlined
+  // into each caller, the two ways to store kept apart and each unrolled: with the
+  // test inside the loop, the compiler kept d in memory and the transform took twice
+  // as long. Split is `split`, which a caller whose loop stores many channels takes as
+  // a template argument.
+  template <bool Split>
+  __attribute__((target("avx2"), always_inline)) void store(const BlockInput& v, float* here,
+                                                            std::int64_t rest,
                                                             const __m256 (&d)[4][4]) const {
-    float* here = v.v + v.panels.at(c, t);
-    if (!split) {
+    if constexpr (!Split) {
 #pragma GCC unroll 16
       for (int e = 0; e < 16; ++e) _mm256_storeu_ps(here + e * v.stride, d[e / 4][e % 4]);
-      return;
-    }
-    for (int e = 0; e < 16; ++e) store_first_lanes(here + e * v.stride, d[e / 4][e % 4], fit);
-    if (spill) {
-      float* next = v.v + v.panels.at(c, t + fit);
-      for (int e = 0; e < 16; ++e) {
-        _mm256_storeu_ps(next + e * v.stride, _mm256_permutevar8x32_ps(d[e / 4][e % 4], turn));
+    } else {
+      for (int e = 0; e < 16; ++e) store_first_lanes(here + e * v.stride, d[e / 4][e % 4], fit);
+      if (spill) {
+        float* next = here + rest;
+        for (int e = 0; e < 16; ++e) {
+          _mm256_storeu_ps(next + e * v.stride, _mm256_permutevar8x32_ps(d[e / 4][e % 4], turn));
+        }
       }
     }
   }
+  __attribute__((target("avx2"), always_inline)) void store(const BlockInput& v, std::int64_t c,
+                                                            const __m256 (&d)[4][4]) const {
+    float* here = v.v + v.panels.at(c, t);
+    if (split) {
+      store<true>(v, here, spill ? v.panels.at(c, t + fit) - v.panels.at(c, t) : 0, d);
+    } else {
+      store<false>(v, here, 0, d);
+    }
+  }
 };
+
+// A row of zeros, the input row that transform_input_avx2 reads outside the image
+// (a group reads 18 columns, from up to 8 before its first: GroupInput::at).
+alignas(32) constexpr float kZeroRow[32] = {};
+
+// What one group of transform_input_avx2 reads, set up once for all its channels:
+// channel c's input row i (its column x0, the group's first) at rows[i] + c * step[i],
+// kZeroRow with step 0 for a row outside the image; load l takes columns
+// x0 + kGroupOffset[l] .. + 7, masked by mask[l] to those inside the image.
+constexpr std::int64_t kGroupOffset[4] = {0, 8, 2, 10};
+struct GroupInput {
+  const float* rows[4];
+  std::int64_t step[4];
+  __m256i mask[4];
+  int whole;  // bit l: load l lies inside the image, a plain load
+  // Where W >= 8, the other loads as eight columns inside the row, from rows[i] +
+  // at[l], their lanes moved by `index` and those outside the image cleared by `mask`
+  // (fused_input_avx2: faster so than with the masked load vmaskmovps).
+  std::int64_t at[4];
+  __m256i index[4];
+  // The fused path's prefetch, channel by channel: up to two input rows of a later
+  // tile row, channel c's ahead_width[j] floats at ahead[j] + c * ahead_step[j].
+  const float* ahead[2];
+  std::int64_t ahead_step[2], ahead_width[2];
+};
+
+// The GroupInput of the group of tiles tw .. tw + 7 of tile row (n, th).
+__attribute__((target("avx2"))) inline GroupInput group_input(const float* in, const Problem& p,
+                                                              std::int64_t n, std::int64_t th,
+                                                              std::int64_t tw) {
+  const std::int64_t x0 = 2 * tw - p.pad_w;  // negative in the padding
+  GroupInput g;
+  g.whole = 0;
+  for (int l = 0; l < 4; ++l) {
+    const std::int64_t x = x0 + kGroupOffset[l];
+    g.mask[l] = _mm256_andnot_si256(first_lanes8(-x), first_lanes8(p.W - x));
+    if (x >= 0 && x + 8 <= p.W) g.whole |= 1 << l;
+    const std::int64_t base = std::clamp<std::int64_t>(x, 0, std::max<std::int64_t>(0, p.W - 8));
+    g.at[l] = base - x0;
+    g.index[l] = _mm256_min_epi32(
+        _mm256_max_epi32(_mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                          _mm256_set1_epi32(static_cast<int>(x - base))),
+                         _mm256_setzero_si256()),
+        _mm256_set1_epi32(7));
+  }
+  for (int i = 0; i < 4; ++i) {
+    const std::int64_t h = 2 * th - p.pad_h + i;
+    const bool inside = h >= 0 && h < p.H;
+    // A row outside the image reads kZeroRow from 8 floats in (`at` may be negative).
+    g.rows[i] = inside ? in + (n * p.C * p.H + h) * p.W + x0 : kZeroRow + 8;
+    g.step[i] = inside ? p.H * p.W : 0;
+  }
+  for (int j = 0; j < 2; ++j) {  // nothing ahead
+    g.ahead[j] = nullptr;
+    g.ahead_step[j] = g.ahead_width[j] = 0;
+  }
+  return g;
+}
+
+// The channels of one group of transform_input_avx2: bit l of Whole set where load l
+// lies inside the image (a plain load: AMD runs the masked one slowly), Split the
+// group's TileVectorStore::split. Template arguments so that the loop over the
+// channels tests nothing: the tests on them and V's panel address (a division) were
+// in it for every channel, and the profile put much of the transform's time there.
+template <int Whole, bool Split>
+__attribute__((target("avx2,fma"))) void transform_group_avx2(const BlockInput& v,
+                                                              const TileVectorStore& to_v,
+                                                              const GroupInput& g, const float* in,
+                                                              const Problem& p, std::int64_t n,
+                                                              std::int64_t th, bool prefetch) {
+  for (std::int64_t c0 = 0; c0 < p.C; c0 += kGemmKc) {  // V's blocks of channels
+    const std::int64_t c1 = std::min(p.C, c0 + kGemmKc);
+    float* here = v.v + v.panels.at(c0, to_v.t);  // channel c's at here + (c - c0) * width
+    const std::int64_t rest =
+        Split && to_v.spill ? v.panels.at(c0, to_v.t + to_v.fit) - v.panels.at(c0, to_v.t) : 0;
+    for (std::int64_t c = c0; c < c1; ++c, here += v.panels.width) {
+      if (prefetch) prefetch_rows(in, p, n, th, c);
+      __m256 d[4][4];  // d[i][j]: element (i, j) of the group's tiles
+      for (int i = 0; i < 4; ++i) {
+        const float* src = g.rows[i] + c * g.step[i];
+        __m256 r[4];
+        for (int l = 0; l < 4; ++l) {
+          r[l] = (Whole >> l & 1) ? _mm256_loadu_ps(src + kGroupOffset[l])
+                                  : _mm256_maskload_ps(src + kGroupOffset[l], g.mask[l]);
+        }
+        d[i][0] = even_lanes(r[0], r[1]);
+        d[i][1] = odd_lanes(r[0], r[1]);
+        d[i][2] = even_lanes(r[2], r[3]);
+        d[i][3] = odd_lanes(r[2], r[3]);
+      }
+      transform_input_tile(d);
+      to_v.store<Split>(v, here, rest, d);
+    }
+  }
+}
+
+// transform_group_avx2 for each Whole (the index's low four bits) and Split (bit 4).
+using GroupKernel = void (*)(const BlockInput&, const TileVectorStore&, const GroupInput&,
+                             const float*, const Problem&, std::int64_t, std::int64_t, bool);
+template <std::size_t... I>
+constexpr std::array<GroupKernel, sizeof...(I)> group_kernels(std::index_sequence<I...>) {
+  return {&transform_group_avx2<static_cast<int>(I % 16), (I >= 16)>...};
+}
+constexpr std::array<GroupKernel, 32> kGroupKernels = group_kernels(std::make_index_sequence<32>());
 
 // The tile rows [row0, row1) of transform_input_row on AVX2: eight tiles a vector
 // (a row of FashionNet's 7 tiles is one group). The 18 input columns a group reads
@@ -289,45 +411,14 @@ struct TileVectorStore {
 __attribute__((target("avx2,fma"))) void transform_input_avx2(const BlockInput& v, const float* in,
                                                               const Problem& p, std::int64_t row0,
                                                               std::int64_t row1) {
-  // The loads start at columns x0 + kOffset[l] of the group's first input column x0.
-  constexpr std::int64_t kOffset[4] = {0, 8, 2, 10};
   for (std::int64_t row = row0; row < row1; ++row) {
     const std::int64_t n = row / p.tiles_h, th = row % p.tiles_h;
     for (std::int64_t tw = 0; tw < p.tiles_w; tw += 8) {
-      const std::int64_t x0 = 2 * tw - p.pad_w;  // negative in the padding
-      __m256i mask[4];                           // the lanes whose column lies in [0, W)
-      bool whole[4];  // all eight: a plain load (AMD runs the masked one slowly)
-      for (int l = 0; l < 4; ++l) {
-        const std::int64_t x = x0 + kOffset[l];
-        mask[l] = _mm256_andnot_si256(first_lanes8(-x), first_lanes8(p.W - x));
-        whole[l] = x >= 0 && x + 8 <= p.W;
-      }
+      const GroupInput g = group_input(in, p, n, th, tw);
       const std::int64_t t = (row - row0) * p.tiles_w + tw;  // the group's first tile
-      const TileVectorStore to_v(v, t, std::min<std::int64_t>(8, p.tiles_w - tw));
-      for (std::int64_t c = 0; c < p.C; ++c) {
-        if (tw == 0) prefetch_rows(in, p, n, th, c);
-        const float* plane = in + (n * p.C + c) * p.H * p.W;  // [H,W]
-        __m256 d[4][4];  // d[i][j]: element (i, j) of tiles tw..tw+7
-        for (int i = 0; i < 4; ++i) {
-          const std::int64_t h = 2 * th - p.pad_h + i;
-          if (h < 0 || h >= p.H) {
-            for (int j = 0; j < 4; ++j) d[i][j] = _mm256_setzero_ps();
-            continue;
-          }
-          const float* src = plane + h * p.W + x0;
-          __m256 r[4];
-          for (int l = 0; l < 4; ++l) {
-            r[l] = whole[l] ? _mm256_loadu_ps(src + kOffset[l])
-                            : _mm256_maskload_ps(src + kOffset[l], mask[l]);
-          }
-          d[i][0] = even_lanes(r[0], r[1]);
-          d[i][1] = odd_lanes(r[0], r[1]);
-          d[i][2] = even_lanes(r[2], r[3]);
-          d[i][3] = odd_lanes(r[2], r[3]);
-        }
-        transform_input_tile(d);
-        to_v.store(v, c, d);
-      }
+      const std::int64_t tiles = std::min<std::int64_t>(8, p.tiles_w - tw);
+      const TileVectorStore to_v(v, t, tiles);
+      kGroupKernels[g.whole + (to_v.split ? 16 : 0)](v, to_v, g, in, p, n, th, tw == 0);
     }
   }
 }
@@ -683,6 +774,177 @@ __attribute__((target("avx512f"))) void transform_output_avx512(const Workspace&
     }
   }
 }
+
+// Steps 2 for few channels on AVX2 (fused_applies): the sixteen tiles of a tile row,
+// two groups of eight, through all three steps at once, their V and M in arrays on
+// the stack (L1), the products in registers. The blocked path writes V into the
+// GEMM's panels (a group of eight tiles often split over two of them), multiplies
+// 16 x 16 matrices through the GEMM's driver and reads M back from the L2 cache: with
+// 16 channels in and out, where the products are few beside the transforms, that
+// handling cost more than the products. The products are the GEMM's sums
+// (kernels/cpu/gemm_kernels.cpp: one fused multiply-add per channel, in channel order,
+// from zero; a single block of kGemmKc), the transforms the blocked path's arithmetic,
+// so the bits are the blocked path's (tests/conv2d_winograd_cpu_test.cpp). A group's
+// tiles sit in its lanes in the order 0 1 4 5 2 3 6 7, which the in-lane shuffles of
+// the input transform leave and the output's unpacking turns back into pixel order,
+// so neither moves floats across the vectors' 128-bit halves.
+constexpr std::int64_t kFusedChannels = 16;
+
+bool fused_applies(const Problem& p) {
+  return gemm_isa() == GemmIsa::Avx2 && p.C <= kFusedChannels && p.K <= kFusedChannels &&
+         p.K % 2 == 0 && p.W >= 8;
+}
+
+// V of one group into its half of fused_rows_avx2's V, at v[((e * C + c) * 2) * 8]:
+// the eight tiles (in the order 0 1 4 5 2 3 6 7) of each element and channel, from
+// the input that `g` describes, with transform_group_avx2's arithmetic, Whole its.
+template <int Whole>
+__attribute__((target("avx2,fma"))) void fused_input_avx2(float* v, const GroupInput& g,
+                                                          std::int64_t channels) {
+  for (std::int64_t c = 0; c < channels; ++c) {
+    for (int j = 0; j < 2; ++j) {
+      if (g.ahead_width[j] == 0) continue;
+      const float* row = g.ahead[j] + c * g.ahead_step[j];
+      for (std::int64_t x = 0; x < g.ahead_width[j]; x += 16) __builtin_prefetch(row + x);
+      __builtin_prefetch(row + g.ahead_width[j] - 1);
+    }
+    __m256 d[4][4];
+    for (int i = 0; i < 4; ++i) {
+      const float* src = g.rows[i] + c * g.step[i];
+      __m256 r[4];
+      for (int l = 0; l < 4; ++l) {
+        r[l] = (Whole >> l & 1) ? _mm256_loadu_ps(src + kGroupOffset[l])
+                                : _mm256_and_ps(_mm256_permutevar8x32_ps(
+                                                    _mm256_loadu_ps(src + g.at[l]), g.index[l]),
+                                                _mm256_castsi256_ps(g.mask[l]));
+      }
+      d[i][0] = _mm256_shuffle_ps(r[0], r[1], _MM_SHUFFLE(2, 0, 2, 0));
+      d[i][1] = _mm256_shuffle_ps(r[0], r[1], _MM_SHUFFLE(3, 1, 3, 1));
+      d[i][2] = _mm256_shuffle_ps(r[2], r[3], _MM_SHUFFLE(2, 0, 2, 0));
+      d[i][3] = _mm256_shuffle_ps(r[2], r[3], _MM_SHUFFLE(3, 1, 3, 1));
+    }
+    transform_input_tile(d);
+    for (int e = 0; e < 16; ++e) _mm256_store_ps(v + (e * channels + c) * 16, d[e / 4][e % 4]);
+  }
+}
+
+using FusedInput = void (*)(float*, const GroupInput&, std::int64_t);
+template <std::size_t... I>
+constexpr std::array<FusedInput, sizeof...(I)> fused_inputs(std::index_sequence<I...>) {
+  return {&fused_input_avx2<static_cast<int>(I)>...};
+}
+constexpr std::array<FusedInput, 16> kFusedInputs = fused_inputs(std::make_index_sequence<16>());
+
+// M = U[e] · V[e] for filters k0 .. k0 + Rows - 1 of element e, two groups of eight
+// tiles: v_e [C][2][8] (V[e]), u_e [C][K] (U[e] transposed, fused_weights), m
+// [K][16][2][8]. Each sum in a register, twelve at once at most (the GEMM's
+// 6 x 16 micro-kernel, kernels/cpu/gemm_kernels.cpp, whose sums these are).
+template <int Rows>
+__attribute__((target("avx2,fma"))) inline void fused_products_avx2(float* m, const float* v_e,
+                                                                    const float* u_e,
+                                                                    const Problem& p, int e,
+                                                                    std::int64_t k0) {
+  __m256 sum[Rows][2];
+  for (auto& row : sum) row[0] = row[1] = _mm256_setzero_ps();
+  for (std::int64_t c = 0; c < p.C; ++c) {
+    const __m256 x0 = _mm256_load_ps(v_e + c * 16), x1 = _mm256_load_ps(v_e + c * 16 + 8);
+    const float* u = u_e + c * p.K + k0;
+#pragma GCC unroll 6
+    for (int r = 0; r < Rows; ++r) {
+      const __m256 weight = _mm256_broadcast_ss(u + r);
+      sum[r][0] = _mm256_fmadd_ps(weight, x0, sum[r][0]);
+      sum[r][1] = _mm256_fmadd_ps(weight, x1, sum[r][1]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < Rows; ++r) {
+    float* out = m + ((k0 + r) * 16 + e) * 16;
+    _mm256_store_ps(out, sum[r][0]);
+    _mm256_store_ps(out + 8, sum[r][1]);
+  }
+}
+
+// U [16][K][C] as fused_products_avx2 reads it, [16][C][K].
+void fused_weights(float* out, const float* u, const Problem& p) {
+  for (int e = 0; e < 16; ++e) {
+    for (std::int64_t k = 0; k < p.K; ++k) {
+      for (std::int64_t c = 0; c < p.C; ++c) {
+        out[(e * p.C + c) * p.K + k] = u[(e * p.K + k) * p.C + c];
+      }
+    }
+  }
+}
+
+// The fused steps 2 for tile rows [first, last) (row = n * tiles_h + th), two groups
+// of eight tiles of a row at a time. V starts as zeros, so that a missing second
+// group's lanes, multiplied but never stored, hold finite values.
+template <typename Out>
+__attribute__((target("avx2,fma,f16c"))) void fused_rows_avx2(Out* out, const float* in,
+                                                              const float* u, const float* bias,
+                                                              bool accumulate, const Problem& p,
+                                                              std::int64_t first,
+                                                              std::int64_t last) {
+  alignas(32) float v[16 * kFusedChannels * 16] = {};  // [16][C][2][8]
+  alignas(32) float m[kFusedChannels * 16 * 16];       // [K][16][2][8]
+  for (std::int64_t row = first; row < last; ++row) {
+    const std::int64_t n = row / p.tiles_h, th = row % p.tiles_h;
+    const std::int64_t rows = std::min<std::int64_t>(2, p.P - 2 * th);  // output rows
+    for (std::int64_t tw0 = 0; tw0 < p.tiles_w; tw0 += 16) {
+      const int groups = p.tiles_w - tw0 > 8 ? 2 : 1;
+      for (int h = 0; h < groups; ++h) {
+        GroupInput g = group_input(in, p, n, th, tw0 + 8 * h);
+        if (tw0 + h == 0 && row + 1 < p.N * p.tiles_h) {
+          // The rows the next tile row reads that this one does not, a row ahead.
+          const std::int64_t next_n = (row + 1) / p.tiles_h, next_th = (row + 1) % p.tiles_h;
+          for (int j = 0; j < 2; ++j) {
+            const std::int64_t h_next = 2 * next_th - p.pad_h + 2 + j;
+            if (h_next < 0 || h_next >= p.H) continue;
+            g.ahead[j] = in + (next_n * p.C * p.H + h_next) * p.W;
+            g.ahead_step[j] = p.H * p.W;
+            g.ahead_width[j] = p.W;
+          }
+        }
+        kFusedInputs[g.whole](v + 8 * h, g, p.C);
+      }
+      for (int e = 0; e < 16; ++e) {
+        const float* v_e = v + e * p.C * 16;
+        const float* u_e = u + e * p.C * p.K;
+        std::int64_t k0 = 0;
+        for (; k0 + 6 <= p.K; k0 += 6) fused_products_avx2<6>(m, v_e, u_e, p, e, k0);
+        if (p.K - k0 == 4) fused_products_avx2<4>(m, v_e, u_e, p, e, k0);
+        if (p.K - k0 == 2) fused_products_avx2<2>(m, v_e, u_e, p, e, k0);
+      }
+      for (int h = 0; h < groups; ++h) {
+        const std::int64_t tw = tw0 + 8 * h;
+        const std::int64_t pixels = p.Q - 2 * tw;  // of the row, from column 2*tw
+        for (std::int64_t k = 0; k < p.K; ++k) {
+          const __m256 b = _mm256_set1_ps(bias != nullptr ? bias[k] : 0.0f);
+          __m256 m_k[16];
+          for (int e = 0; e < 16; ++e) m_k[e] = _mm256_load_ps(m + (k * 16 + e) * 16 + 8 * h);
+          Out* y = out + ((n * p.K + k) * p.P + 2 * th) * p.Q + 2 * tw;
+          for (int i = 0; i < rows; ++i, y += p.Q) {
+            __m256 left, right;
+            output_row(m_k, i, left, right);
+            // Lanes 0 1 4 5 are tiles 0 .. 3, lanes 2 3 6 7 tiles 4 .. 7: pixels in order.
+            add_pixels(y, _mm256_unpacklo_ps(left, right), b, accumulate, pixels);
+            add_pixels(y + 8, _mm256_unpackhi_ps(left, right), b, accumulate, pixels - 8);
+          }
+        }
+      }
+    }
+  }
+}
+
+template <typename Out>
+void run_fused_avx2(Out* out, const float* in, const float* u_matrices, const float* bias,
+                    bool accumulate, const Problem& p) {
+  HostScratch<float> u(16 * p.K * p.C);
+  fused_weights(u.get(), u_matrices, p);
+  parallel_rows(p.N * p.tiles_h, p.tiles_w * 16 * (p.C + p.K),
+                [&](std::int64_t first, std::int64_t last) {
+                  fused_rows_avx2(out, in, u.get(), bias, accumulate, p, first, last);
+                });
+}
 #endif
 
 // Steps 2 of the file comment for tile rows [row0, row1) (row = n * tiles_h + th),
@@ -695,11 +957,13 @@ void run_block(Out* out, const float* in, const std::vector<PackedA>& u, const f
   transform_input(ws, v, in, p, row0, row1);
   for (int e = 0; e < 16; ++e) gemm_packed(u[e], v.panels, v.of(e), 0.0f, ws.m_at(0, e), ws.ld());
 #if TL_CPU_X86
-  if (avx512_selected()) {  // kernels/cpu/x86.h
+  // The output transform of the ISA that wrote V (transform_input), which reads M's
+  // columns in the order that one left its tiles in.
+  if (v.panels.isa == GemmIsa::Avx512) {  // kernels/cpu/x86.h
     transform_output_avx512(ws, out, bias, accumulate, p, row0, row1);
     return;
   }
-  if (avx2_selected()) {
+  if (v.panels.isa == GemmIsa::Avx2) {
     transform_output_avx2(ws, out, bias, accumulate, p, row0, row1);
     return;
   }
@@ -707,11 +971,27 @@ void run_block(Out* out, const float* in, const std::vector<PackedA>& u, const f
   transform_output(ws, out, bias, accumulate, p, row0, row1);
 }
 
-// Steps 2 over all tile rows, blocks spread over the caller's threads (each block
-// writes its own output rows).
+// U [16][rows][cols] as 16 packed GEMM operands, packed once for all the blocks.
+std::vector<PackedA> packed_weights(const float* u, std::int64_t rows, std::int64_t cols) {
+  std::vector<PackedA> packed;
+  packed.reserve(16);
+  for (int e = 0; e < 16; ++e) packed.emplace_back(u + e * rows * cols, cols, rows, cols);
+  return packed;
+}
+
+// Steps 2 over all tile rows, u the 16 matrices U[e] [K][C] of the transformed
+// kernel: fused for few channels on AVX2, else in blocks spread over the caller's
+// threads (each block writes its own output rows).
 template <typename Out>
-void run(Out* out, const float* in, const std::vector<PackedA>& u, const float* bias,
-         bool accumulate, const Problem& p) {
+void run(Out* out, const float* in, const float* u_matrices, const float* bias, bool accumulate,
+         const Problem& p) {
+#if TL_CPU_X86
+  if (fused_applies(p)) {
+    run_fused_avx2(out, in, u_matrices, bias, accumulate, p);
+    return;
+  }
+#endif
+  const std::vector<PackedA> u = packed_weights(u_matrices, p.K, p.C);
   const std::int64_t per_block = rows_per_block(p);
   // M's columns: a block's tiles and the 7 past them that the AVX2 output
   // transform's last group of eight reads.
@@ -727,14 +1007,6 @@ void run(Out* out, const float* in, const std::vector<PackedA>& u, const float* 
   });
 }
 
-// U [16][rows][cols] as 16 packed GEMM operands, packed once for all the blocks.
-std::vector<PackedA> packed_weights(const float* u, std::int64_t rows, std::int64_t cols) {
-  std::vector<PackedA> packed;
-  packed.reserve(16);
-  for (int e = 0; e < 16; ++e) packed.emplace_back(u + e * rows * cols, cols, rows, cols);
-  return packed;
-}
-
 }  // namespace
 
 template <typename Out>
@@ -745,7 +1017,7 @@ void winograd_forward(Out* y, const float* x, const float* weight, const float* 
   for (std::int64_t k = 0; k < s.K; ++k) {  // the kernels of weight[k], c a lane
     transform_weight(u.get() + k * s.C, s.K * s.C, weight + k * s.C * 9, 9, 3, 1, s.C);
   }
-  run(y, x, packed_weights(u.get(), s.K, s.C), bias, false, p);
+  run(y, x, u.get(), bias, false, p);
 }
 
 void winograd_backward_data(float* grad_x, const float* grad_y, const float* weight,
@@ -758,7 +1030,7 @@ void winograd_backward_data(float* grad_x, const float* grad_y, const float* wei
     // g(r,s) = weight[k,c,2-r,2-s]: start at the last tap, step backwards.
     transform_weight(u.get() + c * s.K, s.C * s.K, weight + c * 9 + 8, s.C * 9, -3, -1, s.K);
   }
-  run(grad_x, grad_y, packed_weights(u.get(), s.C, s.K), nullptr, accumulate, p);
+  run(grad_x, grad_y, u.get(), nullptr, accumulate, p);
 }
 
 template void winograd_forward<float>(float*, const float*, const float*, const float*,
