@@ -5,8 +5,9 @@ Flatten, then per hidden layer Linear + ReLU + Dropout, then Linear to the logit
 checkpoint and back with tools/torch_convert.py --model mlp (fc1.weight is
 fc1/weight, ...). Dropout draws other masks than towerlab's (counter-based, keyed by
 the sample), so the two train alike only in distribution; with dropout 0 (or in
-eval mode) they compute the same function. Input [N,1,28,28] standardized as
-towerlab's loader does, output logits [N,10].
+eval mode) they compute the same function. The weights start from PyTorch's default
+initialization (uniform in +-1/sqrt(fan_in)), not towerlab's He normal. Input
+[N,1,28,28] standardized as towerlab's loader does, output logits [N,10].
 """
 
 import torch

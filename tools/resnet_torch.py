@@ -6,6 +6,11 @@ converts with tools/torch_convert.py --model resnet: stage2.block1.conv1.weight 
 stage2/block1/conv1/weight, stage2.block1.shortcut.bn.running_mean is
 stage2/block1/shortcut/bn/moving_mean. Batch norm uses towerlab's constants, as
 tools/fashion_net_torch.py does (eps=1e-3; momentum=0.01 is towerlab's 0.99).
+Convolutions and the linear layer start from PyTorch's default initialization (uniform
+in +-1/sqrt(fan_in), the linear bias too), not towerlab's He normal, whose weights are
+about 2.4 times wider: with batch norm and Adam the narrower start trains to a higher
+accuracy in the same recipe (docs/models.md); bench/models_accuracy.py --init twin
+starts towerlab from these weights.
 Input [N,1,28,28], output logits [N,10].
 """
 
