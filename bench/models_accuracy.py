@@ -205,13 +205,13 @@ def main():
         doc["commit"], doc["date"] = commit, now
     train, test = load_split(DATA, "train"), load_split(DATA, "t10k")
     ours = "towerlab_twin_init" if args.init == "twin" else "towerlab"
-    scratch = tempfile.mkdtemp(prefix="models_accuracy_")
+    scratch = tempfile.TemporaryDirectory(prefix="models_accuracy_")  # --init twin's files
     for model in args.models.split(","):
         runs = doc["models"].setdefault(model, {"torch": []})
         runs.setdefault(ours, [])
         for seed in seeds:  # alternated, so that a change in the machine's load hits both
             def towerlab():
-                load = twin_weights(model, seed, scratch) if args.init == "twin" else None
+                load = twin_weights(model, seed, scratch.name) if args.init == "twin" else None
                 return towerlab_run(args.sample, model, args.epochs, seed, load)
 
             for who, run in ((ours, towerlab),
