@@ -318,7 +318,7 @@ TEST(Conv2dWinograd, BackwardDataIsTheTurnedForward) {
 
 // With at most 16 channels in and out (an even count out, rows of at least 8) the
 // AVX2 forward and backward-data run each group of tiles through all three steps at
-// once (kernels/cpu/winograd.cpp, fused_applies), where more channels take the tile
+// once (kernels/cpu/winograd_fused.cpp, fused_applies), where more channels take the tile
 // blocks and the GEMM: the same sums in the same order, so the same bits. Each
 // output plane depends on its own filter alone, and each input-gradient plane on its
 // own channel's kernels, so a layer of K filters must give the bits of the first K of

@@ -1,8 +1,9 @@
-// What the CPU Winograd kernels' two files share (internal): the forward and
-// backward-data, F(2x2, 3x3), in kernels/cpu/winograd.cpp, and the weight gradient,
-// F(3x3, 2x2), in kernels/cpu/winograd_weight_grad.cpp. Both cut a correlation into
-// the same blocks of tile rows and transform the input alike (Bᵀ d B); the algebra is
-// in kernels/cpu/winograd.h.
+// What all the CPU Winograd kernels share (internal): the forward and backward-data,
+// F(2x2, 3x3), in kernels/cpu/winograd.cpp and the files beside it
+// (kernels/cpu/winograd_steps.h), and the weight gradient, F(3x3, 2x2), in
+// kernels/cpu/winograd_weight_grad.cpp. Both cut a correlation into the same blocks
+// of tile rows and transform the input alike (Bᵀ d B); the algebra is in
+// kernels/cpu/winograd.h.
 #pragma once
 
 #include <algorithm>
