@@ -75,8 +75,9 @@ void run_fused_avx2(Out* out, const float* in, const float* u_matrices, const fl
                     bool accumulate, const Problem& p);
 #endif
 
-// In an unnamed namespace, as they were in the one Winograd file: each file's copies
-// keep internal linkage, so the compiler inlines them into their callers as before.
+// In an unnamed namespace: each file's copies keep internal linkage, so the compiler
+// inlines them into their callers (an inline function of external linkage it may
+// leave as one weak copy that every file calls).
 namespace {
 
 // The transforms ask for the input rows they will read, and the AVX-512 output
