@@ -139,10 +139,12 @@ class MathRows {
   std::vector<float> scratch_;
 };
 
-}  // namespace
-
-void bias_add_forward(const Tensor& y, const Tensor& x, const Tensor& bias, std::int64_t N,
-                      std::int64_t C, std::int64_t S) {
+// y = x + bias[c]; with `relu`, rounded, then ReLU's NaN rule (kernels/reference/relu.h),
+// in one pass: rounding before the ReLU keeps a 16-bit sum that rounds to -0 a -0, as
+// the unfused pair does. Float32 runs in vector lanes (bias_add_lanes), float64 the
+// reference or, with `relu`, the plain loop.
+void bias_add_rows(const Tensor& y, const Tensor& x, const Tensor& bias, std::int64_t N,
+                   std::int64_t C, std::int64_t S, bool relu) {
   with_any_dtype(x.dtype(), [&]<typename T>() {
     using M = math_t<T>;
     T* out = y.data<T>();         // [N,C,S]
@@ -150,16 +152,33 @@ void bias_add_forward(const Tensor& y, const Tensor& x, const Tensor& bias, std:
     const M* b = bias.data<M>();  // [C]
     parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
       if constexpr (kIs16Bit<T>) {
-        bias_add_16bit(out + first * C * S, in + first * C * S, b, last - first, C, S, false);
+        bias_add_16bit(out + first * C * S, in + first * C * S, b, last - first, C, S, relu);
       } else if constexpr (std::is_same_v<T, float>) {
         run_float_lanes([&]<int W>() {
-          bias_add_lanes<W>(out + first * C * S, in + first * C * S, b, last - first, C, S, false);
+          bias_add_lanes<W>(out + first * C * S, in + first * C * S, b, last - first, C, S, relu);
         });
-      } else {
+      } else if (!relu) {
         reference::bias_add_forward(out + first * C * S, in + first * C * S, b, last - first, C, S);
+      } else {
+        for (std::int64_t n = first; n < last; ++n) {
+          for (std::int64_t c = 0; c < C; ++c) {
+            const std::int64_t base = (n * C + c) * S;
+            for (std::int64_t s = 0; s < S; ++s) {
+              const T v = static_cast<T>(static_cast<M>(in[base + s]) + b[c]);
+              out[base + s] = static_cast<M>(v) < M(0) ? T(M(0)) : v;
+            }
+          }
+        }
       }
     });
   });
+}
+
+}  // namespace
+
+void bias_add_forward(const Tensor& y, const Tensor& x, const Tensor& bias, std::int64_t N,
+                      std::int64_t C, std::int64_t S) {
+  bias_add_rows(y, x, bias, N, C, S, false);
 }
 
 // Sums in double whatever the dtype, a row's S values in sum_over's four running
@@ -206,37 +225,9 @@ void bias_add_backward(const Tensor& grad_bias, const Tensor& grad_y, std::int64
   });
 }
 
-// y = x + bias[c], rounded, then ReLU's NaN rule (kernels/reference/relu.h), in one
-// pass: rounding before the ReLU keeps a 16-bit sum that rounds to -0 a -0, as the
-// unfused pair does. Float32 runs in vector lanes (bias_add_lanes), float64 the
-// plain loop.
 void bias_add_relu_forward(const Tensor& y, const Tensor& x, const Tensor& bias, std::int64_t N,
                            std::int64_t C, std::int64_t S) {
-  with_any_dtype(x.dtype(), [&]<typename T>() {
-    using M = math_t<T>;
-    T* out = y.data<T>();         // [N,C,S]
-    const T* in = x.data<T>();    // [N,C,S]
-    const M* b = bias.data<M>();  // [C]
-    parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
-      if constexpr (kIs16Bit<T>) {
-        bias_add_16bit(out + first * C * S, in + first * C * S, b, last - first, C, S, true);
-      } else if constexpr (std::is_same_v<T, float>) {
-        run_float_lanes([&]<int W>() {
-          bias_add_lanes<W>(out + first * C * S, in + first * C * S, b, last - first, C, S, true);
-        });
-      } else {
-        for (std::int64_t n = first; n < last; ++n) {
-          for (std::int64_t c = 0; c < C; ++c) {
-            const std::int64_t base = (n * C + c) * S;
-            for (std::int64_t s = 0; s < S; ++s) {
-              const T v = static_cast<T>(static_cast<M>(in[base + s]) + b[c]);
-              out[base + s] = static_cast<M>(v) < M(0) ? T(M(0)) : v;
-            }
-          }
-        }
-      }
-    });
-  });
+  bias_add_rows(y, x, bias, N, C, S, true);
 }
 
 // One pass: each masked gradient value is added to grad_x (when it is wanted) and
