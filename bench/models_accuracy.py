@@ -139,18 +139,36 @@ def markdown(doc):
              f"`bench/models_accuracy.py` (its docstring gives the recipe); {doc['epochs']} "
              f"epochs, seeds {', '.join(map(str, doc['seeds']))}. The machine was shared with "
              "other builds: the seconds are for orientation only.", "",
-             "| model | towerlab's initial weights | towerlab test accuracy (per seed) | mean | "
-             "PyTorch test accuracy (per seed) | mean | towerlab - PyTorch (points) |",
-             "|---|---|---|---|---|---|---|"]
+             "Each row pairs the seeds both engines ran; the mean difference is the mean "
+             "of the paired differences.", "",
+             "| model | towerlab's initial weights | seeds | towerlab test accuracy | mean | "
+             "PyTorch test accuracy | mean | towerlab - PyTorch per seed (points) | "
+             "mean (points) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    unpaired = []
     for model, runs in doc["models"].items():
-        theirs = [r["accuracy"] for r in runs["torch"]]
+        theirs = {r["seed"]: r["accuracy"] for r in runs["torch"]}
         for who, weights in OURS.items():
-            ours = [r["accuracy"] for r in runs.get(who, [])]
-            if ours:
-                lines.append(f"| {model} | {weights} | {', '.join(f'{a:.4f}' for a in ours)} | "
-                             f"{np.mean(ours):.4f} | {', '.join(f'{a:.4f}' for a in theirs)} | "
-                             f"{np.mean(theirs):.4f} | "
-                             f"{100 * (np.mean(ours) - np.mean(theirs)):+.2f} |")
+            ours = {r["seed"]: r["accuracy"] for r in runs.get(who, [])}
+            seeds = sorted(set(ours) & set(theirs))
+            if not ours:
+                continue
+            unpaired += [f"{model}, towerlab from {weights} weights, seed {s}"
+                         for s in sorted(set(ours) - set(seeds))]
+            unpaired += [f"{model}, PyTorch, seed {s} (beside towerlab from {weights} weights)"
+                         for s in sorted(set(theirs) - set(seeds))]
+            if not seeds:
+                continue
+            a = [ours[s] for s in seeds]
+            b = [theirs[s] for s in seeds]
+            d = [100 * (x - y) for x, y in zip(a, b)]
+            lines.append(f"| {model} | {weights} | {', '.join(map(str, seeds))} | "
+                         f"{', '.join(f'{x:.4f}' for x in a)} | {np.mean(a):.4f} | "
+                         f"{', '.join(f'{y:.4f}' for y in b)} | {np.mean(b):.4f} | "
+                         f"{', '.join(f'{x:+.2f}' for x in d)} | {np.mean(d):+.2f} |")
+    if unpaired:
+        lines += ["", "Runs without a partner of the same seed (not in the table): "
+                  + "; ".join(sorted(set(unpaired))) + "."]
     where = sorted({(r.get("commit", doc["commit"]), r.get("machine", doc["machine"]))
                     for runs in doc["models"].values() for who in runs for r in runs[who]})
     if len(where) > 1:
