@@ -2,7 +2,7 @@
 // (steps 2 of kernels/cpu/winograd.cpp's header, which chooses among them; what the
 // files share: kernels/cpu/winograd_steps.h). The input transforms write V straight
 // into the GEMM's panels of B, the output transforms read M once into the output
-// rows; every lane's arithmetic is the portable code's, so each ISA gives its bits.
+// rows; each lane does the portable transforms' arithmetic in their order.
 #include <algorithm>
 #include <array>
 #include <cstdint>
