@@ -150,13 +150,13 @@ def markdown(doc):
         theirs = {r["seed"]: r["accuracy"] for r in runs["torch"]}
         for who, weights in OURS.items():
             ours = {r["seed"]: r["accuracy"] for r in runs.get(who, [])}
-            seeds = sorted(set(ours) & set(theirs))
             if not ours:
                 continue
+            seeds = sorted(ours.keys() & theirs.keys())
             unpaired += [f"{model}, towerlab from {weights} weights, seed {s}"
-                         for s in sorted(set(ours) - set(seeds))]
+                         for s in sorted(ours.keys() - theirs.keys())]
             unpaired += [f"{model}, PyTorch, seed {s} (beside towerlab from {weights} weights)"
-                         for s in sorted(set(theirs) - set(seeds))]
+                         for s in sorted(theirs.keys() - ours.keys())]
             if not seeds:
                 continue
             a = [ours[s] for s in seeds]
