@@ -22,8 +22,9 @@
 //         (SkylakeX on AVX-512; on AVX2-only hosts that dies with SIGILL: Haswell or Zen).
 //         The end-to-end CPU target is PyTorch's speed on FashionNet, measured elsewhere.
 //         Every pass also runs with im2col (the weight gradient's implicit GEMM where
-//         it applies) and with Winograd forced (cpu_im2col, cpu_winograd): the plain
-//         "cpu" case is what the dispatch picks (bench/results/winograd.md). On CUDA,
+//         it applies) and with Winograd forced (cpu_im2col, cpu_winograd; the forward
+//         and backward-data in each tile, cpu_winograd_f2x2 and cpu_winograd_f4x4):
+//         the plain "cpu" case is what the dispatch picks (bench/results/winograd.md). On CUDA,
 //         the layers where Auto takes Winograd F(4x4,3x3) also run with the implicit
 //         GEMM forced (cuda_implicit).
 #include <benchmark/benchmark.h>
@@ -39,6 +40,7 @@
 
 #include "kernels/conv2d.h"
 #include "kernels/cpu/conv2d.h"
+#include "kernels/cpu/winograd.h"
 #include "towerlab.h"
 
 #if TOWERLAB_HAVE_CBLAS
@@ -182,12 +184,15 @@ void BM_CudaImplicitGemm(benchmark::State& state, Pass pass, Layer l) {
 }
 
 // The CPU passes with one algorithm forced (the plain "cpu" case takes what Auto
-// picks): im2col + GEMM against Winograd F(2x2,3x3), side by side.
+// picks): im2col + GEMM against Winograd (the tile Auto picks, and each tile forced
+// for the forward and backward-data), side by side.
 // FLOP/s counts the direct convolution's FLOPs for both, so it compares times.
 // Argument: the threads (0: the pool's default). With one thread the CPU time is
 // the whole work's, which a loaded machine disturbs less than the real time.
-void BM_CpuAlgorithm(benchmark::State& state, Pass pass, Layer l, cpu::Conv2dAlgorithm algorithm) {
+void BM_CpuAlgorithm(benchmark::State& state, Pass pass, Layer l, cpu::Conv2dAlgorithm algorithm,
+                     cpu::WinogradTile tile) {
   const cpu::ScopedConv2dAlgorithm scoped(algorithm);
+  const cpu::ScopedWinogradTile scoped_tile(tile);
   const int saved_threads = num_threads();
   set_num_threads(static_cast<int>(state.range(0)));
   Stream stream(Device::cpu());
@@ -400,10 +405,20 @@ const bool registered = [] {
             ->UseRealTime()
             ->Unit(benchmark::kMillisecond);
         const bool winograd_applies = l.R == 3 && l.stride == 1;
-        for (auto [name, algorithm] : {std::pair{"cpu_im2col", cpu::Conv2dAlgorithm::Im2col},
-                                       std::pair{"cpu_winograd", cpu::Conv2dAlgorithm::Winograd}}) {
-          if (algorithm == cpu::Conv2dAlgorithm::Winograd && !winograd_applies) continue;
-          benchmark::RegisterBenchmark((base + name).c_str(), BM_CpuAlgorithm, pass, l, algorithm)
+        struct Forced {
+          const char* name;
+          cpu::Conv2dAlgorithm algorithm;
+          cpu::WinogradTile tile;
+        };
+        for (const Forced& f :
+             {Forced{"cpu_im2col", cpu::Conv2dAlgorithm::Im2col, cpu::WinogradTile::Auto},
+              Forced{"cpu_winograd", cpu::Conv2dAlgorithm::Winograd, cpu::WinogradTile::Auto},
+              Forced{"cpu_winograd_f2x2", cpu::Conv2dAlgorithm::Winograd, cpu::WinogradTile::F2x2},
+              Forced{"cpu_winograd_f4x4", cpu::Conv2dAlgorithm::Winograd,
+                     cpu::WinogradTile::F4x4}}) {
+          if (f.algorithm == cpu::Conv2dAlgorithm::Winograd && !winograd_applies) continue;
+          benchmark::RegisterBenchmark((base + f.name).c_str(), BM_CpuAlgorithm, pass, l,
+                                       f.algorithm, f.tile)
               ->ArgName("threads")
               ->Arg(1)
               ->Arg(0)

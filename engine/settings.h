@@ -105,9 +105,10 @@ Bf16GemmKernel bf16_gemm_kernel();  // the setting, Auto included
 
 // --- conv2d -----------------------------------------------------------------
 // How the CPU's float32 conv2d computes its three passes (float64 always lowers
-// with im2col: it serves the gradient checks). Auto takes Winograd (F(2x2,3x3), the
-// weight gradient F(3x3,2x2); kernels/cpu/winograd.h) where it applies and pays (all
-// three passes of 3x3 layers with 16 or more input and output channels), im2col or
+// with im2col: it serves the gradient checks). Auto takes Winograd (the forward and
+// input gradient F(4x4,3x3) with 32 or more channels each side, F(2x2,3x3) below;
+// the weight gradient F(3x3,2x2); kernels/cpu/winograd.h) where it applies and pays
+// (all three passes of 3x3 layers with 16 or more input and output channels), im2col or
 // the implicit weight gradient elsewhere; Im2col and Winograd force one for all
 // three, for tests and benchmarks (a forced Winograd still lowers the shapes it
 // cannot do). kernels/cpu/conv2d.h's

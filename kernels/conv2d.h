@@ -71,10 +71,10 @@
 // thread count (engine/thread_pool.h), which sets how the batch sums are split.
 // Algorithms: the CPU computes the float32 forward, input gradient and weight gradient
 // of 3x3 layers with stride 1, dilation 1, padding 0 or 1 and at least 16 input and
-// output channels with Winograd (F(2x2,3x3), the weight gradient F(3x3,2x2);
-// kernels/cpu/winograd.h), the weight gradient of other 3x3 layers of stride 1 or 2
-// (padding 0 or 1, a multiple of 32 output channels) on AVX2 and AVX-512 with an
-// implicit GEMM (im2col's bits), on AVX2 their forward too, one input channel directly,
+// output channels with Winograd (F(4x4,3x3) from 32 channels each side, F(2x2,3x3)
+// below, the weight gradient F(3x3,2x2); kernels/cpu/winograd.h), the weight gradient of other 3x3
+// layers of stride 1 or 2 (padding 0 or 1, a multiple of 32 output channels) on AVX2 and AVX-512
+// with an implicit GEMM (im2col's bits), on AVX2 their forward too, one input channel directly,
 // everything else with im2col + GEMM; CUDA with implicit GEMMs, and the forward
 // and input gradient of 3x3 stride-1 layers with at least 64 input and output channels with
 // Winograd F(4x4,3x3) (kernels/cuda/conv2d_winograd.h; Conv2dAlgorithm forces or forbids it). The

@@ -109,10 +109,11 @@ inline void expect_gradients_match(const ConvCase& k) {
   EXPECT_TRUE(check_gradient(loss, {x, w, b}, {grad_x, grad_w, grad_b}));
 }
 
-// How near a backend's results must be to the reference's, per result (rtol, atol).
+// How near a backend's results must be to the reference's, per result (atol, rtol:
+// all_close's order).
 struct ConvTolerances {
-  double y_rtol, y_atol, grad_x_rtol, grad_x_atol, grad_w_rtol, grad_w_atol, grad_b_rtol,
-      grad_b_atol;
+  double y_atol, y_rtol, grad_x_atol, grad_x_rtol, grad_w_atol, grad_w_rtol, grad_b_atol,
+      grad_b_rtol;
 };
 
 // The backend tests' shared bodies, for any set of cases (conv2d_test.cpp's odd
@@ -136,18 +137,18 @@ class ConvBackendTest : public BackendTest {
       Tensor b = k.bias ? make(bv, {k.K}) : Tensor();
       Tensor y = make(std::vector<float>(static_cast<std::size_t>(numel_of(ys)), 7.0f), ys);
       conv2d_forward(y, x, w, b, k.params, stream());
-      EXPECT_TRUE(all_close(host(y), narrow(ref.y), tol.y_rtol, tol.y_atol)) << "y";
+      EXPECT_TRUE(all_close(host(y), narrow(ref.y), tol.y_atol, tol.y_rtol)) << "y";
 
       const auto sx = random_values(xv.size(), ++seed), sw = random_values(wv.size(), ++seed);
       const auto sb = random_values(bv.size(), ++seed);
       Tensor grad_x = make(sx, k.x_shape()), grad_w = make(sw, k.w_shape());
       Tensor grad_b = make(sb, {k.K});
       conv2d_backward(grad_x, grad_w, grad_b, make(gv, ys), x, w, k.params, stream());
-      EXPECT_TRUE(all_close(host(grad_x), plus(sx, ref.grad_x), tol.grad_x_rtol, tol.grad_x_atol))
+      EXPECT_TRUE(all_close(host(grad_x), plus(sx, ref.grad_x), tol.grad_x_atol, tol.grad_x_rtol))
           << "grad_x";
-      EXPECT_TRUE(all_close(host(grad_w), plus(sw, ref.grad_w), tol.grad_w_rtol, tol.grad_w_atol))
+      EXPECT_TRUE(all_close(host(grad_w), plus(sw, ref.grad_w), tol.grad_w_atol, tol.grad_w_rtol))
           << "grad_weight";
-      EXPECT_TRUE(all_close(host(grad_b), plus(sb, ref.grad_b), tol.grad_b_rtol, tol.grad_b_atol))
+      EXPECT_TRUE(all_close(host(grad_b), plus(sb, ref.grad_b), tol.grad_b_atol, tol.grad_b_rtol))
           << "grad_bias";
     }
   }

@@ -28,6 +28,7 @@
 #include "kernels/cast.h"
 #include "kernels/conv2d.h"
 #include "kernels/cpu/conv2d.h"
+#include "kernels/cpu/winograd.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -148,13 +149,21 @@ TEST_F(Conv2dSixteenBitOutput, EveryPathStoresTheFloat32SumsCastOnEveryIsa) {
 }
 
 // Each 3x3 stride-1 shape under both algorithms, whatever Auto picks: Winograd's
-// output transform and the GEMM path each take every shape.
+// output transforms (F(2x2,3x3) and F(4x4,3x3)) and the GEMM path each take every
+// shape.
 TEST_F(Conv2dSixteenBitOutput, WinogradAndIm2colEachStoreTheCastBits) {
+  struct Path {
+    Conv2dAlgorithm algorithm;
+    cpu::WinogradTile tile;
+    const char* name;
+  };
   for_each_cpu_isa(Device::cpu(), [&](const std::string& isa) {
-    for (Conv2dAlgorithm algorithm : {Conv2dAlgorithm::Winograd, Conv2dAlgorithm::Im2col}) {
-      const cpu::ScopedConv2dAlgorithm scoped(algorithm);
-      const std::string where =
-          isa + (algorithm == Conv2dAlgorithm::Winograd ? ", Winograd" : ", Im2col");
+    for (const Path& path : {Path{Conv2dAlgorithm::Winograd, cpu::WinogradTile::F2x2, ", F(2x2)"},
+                             Path{Conv2dAlgorithm::Winograd, cpu::WinogradTile::F4x4, ", F(4x4)"},
+                             Path{Conv2dAlgorithm::Im2col, cpu::WinogradTile::Auto, ", Im2col"}}) {
+      const cpu::ScopedConv2dAlgorithm scoped(path.algorithm);
+      const cpu::ScopedWinogradTile tile(path.tile);
+      const std::string where = isa + path.name;
       each_dtype([&]<typename T>() {
         for (const ConvCase& k : cases()) {
           if (k.R == 3 && k.S == 3 && k.params.stride_h == 1 && k.params.stride_w == 1 &&

@@ -18,9 +18,10 @@
 // (kernels/cpu/conv2d_implicit.h), with the same sums in the same order; on AVX2 the forward
 // of those layers, where Winograd does not take it, too.
 //
-// Where Winograd F(2x2,3x3) is chosen (kernels/cpu/winograd.h: 3x3, stride 1, at
-// least 16 channels in and out under Auto), it takes all three passes, the weight
-// gradient per group of images into the same partials.
+// Where Winograd is chosen (kernels/cpu/winograd.h: 3x3, stride 1, at least 16
+// channels in and out under Auto), it takes all three passes (the forward and
+// input gradient in F(2x2,3x3) or F(4x4,3x3), by shape), the weight gradient per
+// group of images into the same partials.
 //
 // One input channel with a 3x3 kernel, unit stride and dilation (a first layer on
 // gray images, FashionNet's conv1) skips the lowering where the GEMM has its AVX2

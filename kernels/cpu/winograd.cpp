@@ -321,6 +321,10 @@ void run(Out* out, const float* in, const float* u_matrices, const float* bias, 
 template <typename Out>
 void winograd_forward(Out* y, const float* x, const float* weight, const float* bias,
                       const Conv2dShape& s) {
+  if (f4x4_chosen(s)) {
+    winograd4_forward(y, x, weight, bias, s);
+    return;
+  }
   const Problem p = make_problem(s.N, s.C, s.H, s.W, s.K, s.params.pad_h, s.params.pad_w);
   HostScratch<float> u(16 * s.K * s.C);     // [16][K][C]
   for (std::int64_t k = 0; k < s.K; ++k) {  // the kernels of weight[k], c a lane
@@ -333,6 +337,10 @@ void winograd_backward_data(float* grad_x, const float* grad_y, const float* wei
                             const Conv2dShape& s, bool accumulate) {
   // grad_x[n,c,h,w] += sum_{k,r,s} grad_y[n,k,h+pad_h-r,w+pad_w-s] weight[k,c,r,s]: the
   // correlation of grad_y, padded by 2 - pad, with weight[k,c] turned 180 degrees.
+  if (f4x4_chosen(s)) {
+    winograd4_backward_data(grad_x, grad_y, weight, s, accumulate);
+    return;
+  }
   const Problem p = make_problem(s.N, s.K, s.P, s.Q, s.C, 2 - s.params.pad_h, 2 - s.params.pad_w);
   HostScratch<float> u(16 * s.C * s.K);     // [16][C][K]
   for (std::int64_t c = 0; c < s.C; ++c) {  // the kernels weight[., c], k a lane

@@ -39,6 +39,27 @@ std::atomic<Conv2dAlgorithm>& selected_algorithm() {
 // the shape alone, never on the ISA, so that every ISA gives the same bits.
 constexpr std::int64_t kMinAutoChannels = 16;
 
+// Auto's tile for the forward and backward-data: F(4x4, 3x3) from this many input
+// and output channels on, F(2x2, 3x3) below, where the fused steps of
+// kernels/cpu/winograd_fused.cpp run ResNet-20's 16-channel layers faster than the
+// larger tile's GEMMs of 16 deep (bench/results/winograd4_cpu_*.md).
+constexpr std::int64_t kMinF4x4Channels = 32;
+
+// The environment may pin the tile too (TOWERLAB_WINOGRAD_TILE=auto|f2x2|f4x4),
+// for comparing the two in a whole program.
+WinogradTile initial_tile() {
+  const auto wanted =
+      detail::environment_choice("TOWERLAB_WINOGRAD_TILE", {"auto", "f2x2", "f4x4"});
+  if (wanted == "f2x2") return WinogradTile::F2x2;
+  if (wanted == "f4x4") return WinogradTile::F4x4;
+  return WinogradTile::Auto;
+}
+
+std::atomic<WinogradTile>& selected_tile() {
+  static std::atomic<WinogradTile> tile{initial_tile()};
+  return tile;
+}
+
 }  // namespace
 
 ScopedConv2dAlgorithm::ScopedConv2dAlgorithm(Conv2dAlgorithm algorithm)
@@ -46,6 +67,25 @@ ScopedConv2dAlgorithm::ScopedConv2dAlgorithm(Conv2dAlgorithm algorithm)
 
 ScopedConv2dAlgorithm::~ScopedConv2dAlgorithm() {
   selected_algorithm().store(previous_);
+}
+
+ScopedWinogradTile::ScopedWinogradTile(WinogradTile tile)
+    : previous_(selected_tile().exchange(tile)) {}
+
+ScopedWinogradTile::~ScopedWinogradTile() {
+  selected_tile().store(previous_);
+}
+
+bool f4x4_chosen(const Conv2dShape& s) {
+  switch (selected_tile().load()) {
+    case WinogradTile::F2x2:
+      return false;
+    case WinogradTile::F4x4:
+      return true;
+    case WinogradTile::Auto:
+      break;
+  }
+  return s.C >= kMinF4x4Channels && s.K >= kMinF4x4Channels;
 }
 
 bool winograd_applies(const Conv2dShape& s) {

@@ -3,7 +3,8 @@
 // (kernels/cpu/winograd_steps.h), and the weight gradient, F(3x3, 2x2), in
 // kernels/cpu/winograd_weight_grad.cpp. Both cut a correlation into the same blocks
 // of tile rows and transform the input alike (Bᵀ d B); the algebra is in
-// kernels/cpu/winograd.h.
+// kernels/cpu/winograd.h. F(4x4, 3x3) (kernels/cpu/winograd4.cpp) takes the Problem
+// and spread_stride, with tiles of 4x4.
 #pragma once
 
 #include <algorithm>

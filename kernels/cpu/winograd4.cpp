@@ -1,0 +1,510 @@
+// Winograd F(4x4, 3x3) on the CPU: the forward and backward-data of the wide 3x3
+// layers (which ones: f4x4_chosen in kernels/cpu/winograd_choice.cpp), the
+// algorithm and its numerics in kernels/cpu/winograd.h. Each 4x4 tile of output
+// reads a 6x6 tile of input, and the layer becomes 36 matrix products
+//   M[e] = U[e] · V[e]      [K, tiles] = [K, C] · [C, tiles]
+// of 36 multiplications per tile and channel pair, 2.25 per output pixel against
+// F(2x2, 3x3)'s 4 and im2col's 9. The steps, as F(2x2)'s (kernels/cpu/winograd.cpp):
+//   1. weight transform  U[e] = (G g Gᵀ)[e]                 [36][K][C], per call,
+//                        each U[e] packed once into the GEMM's panels (PackedA)
+//   2. for each block of tile rows (in parallel, blocks fixed by the shape):
+//      input transform   channel by channel: the input rows the block reads copied
+//                        into padded planes (zeros around them), then
+//                        V[e](c, t) = (Bᵀ d[t,c] B)[e] eight tiles a vector, each
+//                        tile's six rows loaded from its own place and transposed
+//                        in registers into its columns, written into the GEMM's
+//                        panels
+//      36 GEMMs          M[e] = U[e] · V[e]                 [K][36][tiles]
+//      output transform  eight tiles a vector: Aᵀ m A, transposed back into each
+//                        tile's rows of 4 pixels, each written (or added) to its
+//                        own place, clipped at the edge
+// Eight consecutive tiles of a block share a vector whichever tile rows and images
+// they come from (a 7x7 layer has two tiles a tile row).
+//
+// Bits: every lane does the same operations in the same order, and the transforms
+// multiply only by powers of two (5 d is 4 d + d), so fused multiply-adds give the
+// bits of separate ones. The AVX2 code serves the AVX2 and AVX-512 GEMMs, whose
+// products sum in the same order: the same bits on both; the portable code is the
+// same templates in GCC vector extensions beside the portable GEMM, which sums in
+// its own order. The blocks depend on the shape alone: the same bits for any thread
+// count.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/cpu/convert16.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/winograd.h"
+#include "kernels/cpu/winograd_tiles.h"
+#include "kernels/cpu/x86.h"
+
+namespace towerlab::cpu {
+
+namespace {
+
+using winograd::Problem;
+
+constexpr int kElements = 36;                // of a 6x6 tile
+constexpr int kLanes = 8;                    // tiles a vector
+constexpr std::int64_t kPrefetchPlanes = 4;  // input channels ahead
+
+// Eight floats, whatever the target: AVX registers in the AVX2 code, SSE pairs in
+// the portable code. Every function that takes or returns one is inlined into its
+// caller, so no call passes one across the two codes' ABIs (which -Wpsabi warns of).
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef float Vec8 __attribute__((vector_size(32)));
+typedef float Half4 __attribute__((vector_size(16)));
+
+typedef float UnalignedVec8 __attribute__((vector_size(32), aligned(4), may_alias));
+
+[[gnu::always_inline]] inline Vec8 load8(const float* p) {
+  return *reinterpret_cast<const UnalignedVec8*>(p);
+}
+[[gnu::always_inline]] inline void store8(float* p, const Vec8& v) {
+  *reinterpret_cast<UnalignedVec8*>(p) = v;
+}
+// Lanes 0-3 from p, 4-7 from q.
+[[gnu::always_inline]] inline Vec8 load_halves(const float* p, const float* q) {
+  Half4 lo, hi;
+  std::memcpy(&lo, p, sizeof lo);
+  std::memcpy(&hi, q, sizeof hi);
+  return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7);
+}
+// Half `which` (0: lanes 0-3, 1: lanes 4-7) of v.
+[[gnu::always_inline]] inline Half4 half(const Vec8& v, int which) {
+  return which == 0 ? __builtin_shufflevector(v, v, 0, 1, 2, 3)
+                    : __builtin_shufflevector(v, v, 4, 5, 6, 7);
+}
+
+// The 4x4 transposes within each half of a vector (unpcklps, unpckhps, shufps).
+[[gnu::always_inline]] inline Vec8 unpack_lo(const Vec8& a, const Vec8& b) {
+  return __builtin_shufflevector(a, b, 0, 8, 1, 9, 4, 12, 5, 13);
+}
+[[gnu::always_inline]] inline Vec8 unpack_hi(const Vec8& a, const Vec8& b) {
+  return __builtin_shufflevector(a, b, 2, 10, 3, 11, 6, 14, 7, 15);
+}
+[[gnu::always_inline]] inline Vec8 low_pairs(const Vec8& a, const Vec8& b) {
+  return __builtin_shufflevector(a, b, 0, 1, 8, 9, 4, 5, 12, 13);
+}
+[[gnu::always_inline]] inline Vec8 high_pairs(const Vec8& a, const Vec8& b) {
+  return __builtin_shufflevector(a, b, 2, 3, 10, 11, 6, 7, 14, 15);
+}
+
+// col[j] lane l = p[l][at + j] for eight tiles' rows of four floats (p[l] any
+// address): tiles l and l + 4 loaded into one vector's halves, then transposed in
+// each half. Only the first `Cols` columns are made.
+template <int Cols>
+[[gnu::always_inline]] inline void tile_columns(const float* const (&p)[kLanes], std::int64_t at,
+                                                Vec8 (&col)[Cols]) {
+  const Vec8 r0 = load_halves(p[0] + at, p[4] + at), r1 = load_halves(p[1] + at, p[5] + at);
+  const Vec8 r2 = load_halves(p[2] + at, p[6] + at), r3 = load_halves(p[3] + at, p[7] + at);
+  const Vec8 a = unpack_lo(r0, r1), c = unpack_lo(r2, r3);
+  col[0] = low_pairs(a, c);
+  col[1] = high_pairs(a, c);
+  if constexpr (Cols > 2) {
+    const Vec8 b = unpack_hi(r0, r1), d = unpack_hi(r2, r3);
+    col[2] = low_pairs(b, d);
+    col[3] = high_pairs(b, d);
+  }
+}
+
+// The inverse: rows[l] holds lane l's four columns in its low half and lane l + 4's
+// in its high half.
+[[gnu::always_inline]] inline void tile_rows(const Vec8 (&col)[4], Vec8 (&rows)[4]) {
+  const Vec8 a = unpack_lo(col[0], col[1]), b = unpack_hi(col[0], col[1]);
+  const Vec8 c = unpack_lo(col[2], col[3]), d = unpack_hi(col[2], col[3]);
+  rows[0] = low_pairs(a, c);
+  rows[1] = high_pairs(a, c);
+  rows[2] = low_pairs(b, d);
+  rows[3] = high_pairs(b, d);
+}
+
+// d <- Bᵀ d on a column of 6 (or d B on a row), one tile per lane:
+//   Bᵀ = [4  0 -5  0  1  0]
+//        [0 -4 -4  1  1  0]
+//        [0  4 -4 -1  1  0]
+//        [0 -2 -1  2  1  0]
+//        [0  2 -1 -2  1  0]
+//        [0  4  0 -5  0  1]
+// Products by powers of two only (exact), so a contracted multiply-add rounds as
+// the separate add does.
+template <typename V>
+[[gnu::always_inline]] inline void apply_bt(V& d0, V& d1, V& d2, V& d3, V& d4, V& d5) {
+  const V s = d4 - 4.0f * d2, t = d3 - 4.0f * d1;
+  const V u = d4 - d2, w = 2.0f * (d3 - d1);
+  const V v0 = (s - d2) + 4.0f * d0;
+  const V v5 = ((d5 - 4.0f * d3) - d3) + 4.0f * d1;
+  d0 = v0;
+  d1 = s + t;
+  d2 = s - t;
+  d3 = u + w;
+  d4 = u - w;
+  d5 = v5;
+}
+
+// (o0..o3) = Aᵀ (m0..m5), one tile per lane:
+//   Aᵀ = [1  1  1  1  1  0]
+//        [0  1 -1  2 -2  0]
+//        [0  1  1  4  4  0]
+//        [0  1 -1  8 -8  1]
+template <typename V>
+[[gnu::always_inline]] inline void apply_at(const V& m0, const V& m1, const V& m2, const V& m3,
+                                            const V& m4, const V& m5, V& o0, V& o1, V& o2, V& o3) {
+  const V a = m1 + m2, b = m1 - m2, c = m3 + m4, d = m3 - m4;
+  o0 = (m0 + a) + c;
+  o1 = b + 2.0f * d;
+  o2 = a + 4.0f * c;
+  o3 = (b + 8.0f * d) + m5;
+}
+
+// u [6][6] = G g Gᵀ for one 3x3 kernel g (taps g[r * row + s * col]):
+//   G = [ 1/4     0     0 ]
+//       [-1/6  -1/6  -1/6 ]
+//       [-1/6   1/6  -1/6 ]
+//       [1/24  1/12   1/6 ]
+//       [1/24 -1/12   1/6 ]
+//       [ 0      0     1  ]
+// Plain scalar code, its products by 1/6 last (a contracted multiply-add would only
+// fold in an exact product by a power of two): the same bits on every ISA.
+void transform_kernel(float (&u)[kElements], const float* g, std::int64_t row, std::int64_t col) {
+  auto apply_g = [](float g0, float g1, float g2, float(&out)[6]) {
+    constexpr float kSixth = 1.0f / 6.0f;
+    out[0] = 0.25f * g0;
+    out[1] = -(g0 + g1 + g2) * kSixth;
+    out[2] = -(g0 - g1 + g2) * kSixth;
+    out[3] = (0.25f * g0 + 0.5f * g1 + g2) * kSixth;
+    out[4] = (0.25f * g0 - 0.5f * g1 + g2) * kSixth;
+    out[5] = g2;
+  };
+  float gg[6][3];  // G g, column by column
+  for (int s = 0; s < 3; ++s) {
+    float column[6];
+    apply_g(g[0 * row + s * col], g[1 * row + s * col], g[2 * row + s * col], column);
+    for (int i = 0; i < 6; ++i) gg[i][s] = column[i];
+  }
+  for (int i = 0; i < 6; ++i) {
+    float out[6];
+    apply_g(gg[i][0], gg[i][1], gg[i][2], out);
+    for (int j = 0; j < 6; ++j) u[i * 6 + j] = out[j];
+  }
+}
+
+// The tiles of the problem's 4x4 output tiles.
+std::int64_t tiles_along(std::int64_t pixels) {
+  return (pixels + 3) / 4;
+}
+
+// Tile blocks are runs of whole tile rows, about enough that V and M of one block
+// (36 (C + K) floats a tile) take three quarters of a 512 KiB L2, and at least 64
+// tiles (whole GEMM panels); a function of the shape alone.
+std::int64_t tile_rows_per_block(const Problem& p) {
+  constexpr std::int64_t kBlockBytes = 384 * 1024;
+  constexpr std::int64_t kMinBlockTiles = 64;
+  const std::int64_t tiles = std::max<std::int64_t>(
+      kMinBlockTiles, kBlockBytes / (kElements * (p.C + p.K) * std::int64_t{sizeof(float)}));
+  return std::max<std::int64_t>(1, tiles / p.tiles_w);
+}
+
+// Where one tile of a block reads and writes: its 6x6 input at planes + in (row i
+// at + i * width), its output pixel (i, j) at out + k * P * Q + i * Q + j for the
+// output channel k, of which rows x cols lie inside the output (0 x 0 for the
+// lanes past a block's last tile).
+struct TileAt {
+  std::int64_t in, out;
+  int rows, cols;
+};
+
+// One thread's scratch for blocks of up to `block` tiles (a multiple of kLanes) and
+// `slots` images. The padded planes hold one input channel of the block's images,
+// each at (pad_h, pad_w) in its [height][width], zeros around it.
+struct Workspace {
+  float* v;       // [36][v_stride]: V in the GEMM's panels
+  float* m;       // [K][36][block]: the 36 products
+  float* planes;  // [2][slots][height][width]: two channels' planes
+  TileAt* tiles;  // [block]
+  std::int64_t block, v_stride, slots, height, width;
+
+  float* m_at(std::int64_t k, int e) const { return m + (k * kElements + e) * block; }
+  std::int64_t ld() const { return kElements * block; }
+  // Channel c's padded planes (two channels' in turn).
+  float* planes_of(std::int64_t c) const { return planes + (c % 2) * slots * height * width; }
+};
+
+// dst[0 .. count) = src[0 .. count), inlined into the transform's code.
+[[gnu::always_inline]] inline void copy_row(float* dst, const float* src, std::int64_t count) {
+  std::int64_t x = 0;
+  for (; x + 8 <= count; x += 8) store8(dst + x, load8(src + x));
+  for (; x < count; ++x) dst[x] = src[x];
+}
+
+// The block of tile rows [row0, row1) (row = n * tiles_h + th): where each tile
+// reads and writes.
+void place_tiles(const Workspace& ws, const Problem& p, std::int64_t row0, std::int64_t row1) {
+  const std::int64_t tiles = (row1 - row0) * p.tiles_w, n0 = row0 / p.tiles_h;
+  for (std::int64_t t = 0; t < (tiles + kLanes - 1) / kLanes * kLanes; ++t) {
+    const std::int64_t last = std::min(t, tiles - 1);
+    const std::int64_t row = row0 + last / p.tiles_w, tw = last % p.tiles_w;
+    const std::int64_t n = row / p.tiles_h, th = row % p.tiles_h;
+    ws.tiles[t] = {(n - n0) * ws.height * ws.width + 4 * th * ws.width + 4 * tw,
+                   n * p.K * p.P * p.Q + 4 * th * p.Q + 4 * tw,
+                   t < tiles ? static_cast<int>(std::min<std::int64_t>(4, p.P - 4 * th)) : 0,
+                   t < tiles ? static_cast<int>(std::min<std::int64_t>(4, p.Q - 4 * tw)) : 0};
+  }
+}
+
+// The input rows that the tiles of tile rows [row0, row1) read of channel c,
+// copied into its padded planes.
+[[gnu::always_inline]] inline void copy_channel(const Workspace& ws, const float* in,
+                                                const Problem& p, std::int64_t row0,
+                                                std::int64_t row1, std::int64_t c) {
+  const std::int64_t n0 = row0 / p.tiles_h, n1 = (row1 - 1) / p.tiles_h;
+  float* planes = ws.planes_of(c);
+  for (std::int64_t n = n0; n <= n1; ++n) {
+    // The image's tile rows in the block, and the input rows they read.
+    const std::int64_t th0 = n == n0 ? row0 % p.tiles_h : 0;
+    const std::int64_t th1 = n == n1 ? (row1 - 1) % p.tiles_h : p.tiles_h - 1;
+    const std::int64_t h0 = std::max<std::int64_t>(0, 4 * th0 - p.pad_h);
+    const std::int64_t h1 = std::min<std::int64_t>(p.H, 4 * th1 + 6 - p.pad_h);
+    const float* plane = in + (n * p.C + c) * p.H * p.W;
+    float* padded = planes + ((n - n0) * ws.height + p.pad_h) * ws.width + p.pad_w;
+    for (std::int64_t h = h0; h < h1; ++h) copy_row(padded + h * ws.width, plane + h * p.W, p.W);
+    // The same rows kPrefetchPlanes channels on, asked for now: each plane is a new
+    // stretch of memory whose few short rows the hardware prefetcher does not see
+    // coming (as in F(2x2)'s transforms, kernels/cpu/winograd_steps.h).
+    if (c + kPrefetchPlanes < p.C && h1 > h0) {
+      const float* ahead = plane + kPrefetchPlanes * p.H * p.W;
+      for (std::int64_t x = h0 * p.W; x < h1 * p.W; x += 16) __builtin_prefetch(ahead + x);
+      __builtin_prefetch(ahead + h1 * p.W - 1);
+    }
+  }
+}
+
+// V of channel c for the tiles of tile rows [row0, row1) from its padded planes,
+// eight tiles a vector, each tile's rows loaded from its own place. Channel c + 1
+// is copied into the other planes first: the loads here then find the copy's
+// stores of channel c long done (a load of four floats that two of those stores
+// wrote, straight after them, waits for both: a fifth of the input transform's time
+// when each channel's copy came just before its loads).
+template <typename V>
+[[gnu::always_inline]] inline void transform_input_channel(const Workspace& ws,
+                                                           const GemmBPanels& panels,
+                                                           const float* in, const Problem& p,
+                                                           std::int64_t row0, std::int64_t row1,
+                                                           std::int64_t c) {
+  if (c + 1 < p.C) copy_channel(ws, in, p, row0, row1, c + 1);
+  const float* planes = ws.planes_of(c);
+  const std::int64_t tiles = (row1 - row0) * p.tiles_w;
+  for (std::int64_t t0 = 0; t0 < tiles; t0 += kLanes) {
+    const float* base[kLanes];
+    for (int l = 0; l < kLanes; ++l) base[l] = planes + ws.tiles[t0 + l].in;
+    V d[6][6];  // d[i][j]: element (i, j) of the eight tiles
+    for (int i = 0; i < 6; ++i) {
+      V left[4], right[2];
+      tile_columns(base, i * ws.width, left);
+      tile_columns(base, i * ws.width + 4, right);
+      V r[6] = {left[0], left[1], left[2], left[3], right[0], right[1]};
+      apply_bt(r[0], r[1], r[2], r[3], r[4], r[5]);  // the row: d B
+      for (int j = 0; j < 6; ++j) d[i][j] = r[j];
+    }
+    const std::int64_t at = panels.at(c, t0);  // eight tiles side by side in a panel
+    for (int j = 0; j < 6; ++j) {
+      apply_bt(d[0][j], d[1][j], d[2][j], d[3][j], d[4][j], d[5][j]);  // the column: Bᵀ .
+      for (int i = 0; i < 6; ++i) store8(ws.v + (6 * i + j) * ws.v_stride + at, d[i][j]);
+    }
+  }
+}
+
+// One tile's row of 4 output pixels, `cols` of them inside the output: y = b + v,
+// or y += v when `accumulate`; a 16-bit Out (a forward's y, assigned) rounds each
+// value once as it is stored.
+template <typename Out>
+[[gnu::always_inline]] inline void write_pixels(Out* y, const Half4& v, float b, bool accumulate,
+                                                int cols) {
+  if constexpr (std::is_same_v<Out, float>) {
+    if (cols == 4) {
+      Half4 base;
+      if (accumulate) {
+        std::memcpy(&base, y, sizeof base);
+      } else {
+        base = Half4{b, b, b, b};
+      }
+      const Half4 sum = base + v;
+      std::memcpy(y, &sum, sizeof sum);
+      return;
+    }
+    for (int x = 0; x < cols; ++x) y[x] = accumulate ? y[x] + v[x] : b + v[x];
+  } else {
+    for (int x = 0; x < cols; ++x) y[x] = Out(b + v[x]);
+  }
+}
+
+// The output of output channel k for the tiles of tile rows [row0, row1) from M:
+// out = bias + Aᵀ m A, or out += Aᵀ m A when `accumulate`, eight tiles a vector,
+// each tile's rows of four pixels written to its own place, clipped at the edge.
+template <typename Out, typename V>
+[[gnu::always_inline]] inline void transform_output_channel(const Workspace& ws, Out* out,
+                                                            const float* bias, bool accumulate,
+                                                            const Problem& p, std::int64_t row0,
+                                                            std::int64_t row1, std::int64_t k) {
+  const std::int64_t tiles = (row1 - row0) * p.tiles_w;
+  const float* mk = ws.m_at(k, 0);
+  const float b = bias != nullptr ? bias[k] : 0.0f;
+  Out* plane = out + k * p.P * p.Q;
+  for (std::int64_t t0 = 0; t0 < tiles; t0 += kLanes) {
+    V t[4][6];  // Aᵀ m: row i, column j
+    for (int j = 0; j < 6; ++j) {
+      V m[6];
+      for (int r = 0; r < 6; ++r) m[r] = load8(mk + (6 * r + j) * ws.block + t0);
+      apply_at(m[0], m[1], m[2], m[3], m[4], m[5], t[0][j], t[1][j], t[2][j], t[3][j]);
+    }
+    for (int i = 0; i < 4; ++i) {
+      V o[4], rows[4];  // (Aᵀ m A)[i][j]; lane l's row in rows[l % 4]'s half l / 4
+      apply_at(t[i][0], t[i][1], t[i][2], t[i][3], t[i][4], t[i][5], o[0], o[1], o[2], o[3]);
+      tile_rows(o, rows);
+      for (int l = 0; l < kLanes; ++l) {
+        const TileAt& at = ws.tiles[t0 + l];
+        if (i < at.rows) {
+          write_pixels(plane + at.out + i * p.Q, half(rows[l % 4], l / 4), b, accumulate, at.cols);
+        }
+      }
+    }
+  }
+}
+
+// Steps 2 for the tile rows [row0, row1), u the 36 packed U[e] [K][C].
+template <typename Out, typename V>
+[[gnu::always_inline]] inline void run_block(Out* out, const float* in,
+                                             const std::vector<PackedA>& u, const float* bias,
+                                             bool accumulate, const Problem& p, std::int64_t row0,
+                                             std::int64_t row1, const Workspace& ws) {
+  GemmBPanels panels = u[0].b_panels((row1 - row0) * p.tiles_w);
+  panels.n = panels.panels() * panels.width;  // whole panels: columns past the tiles unread
+  place_tiles(ws, p, row0, row1);
+  copy_channel(ws, in, p, row0, row1, 0);
+  for (std::int64_t c = 0; c < p.C; ++c) {
+    transform_input_channel<V>(ws, panels, in, p, row0, row1, c);
+  }
+  for (int e = 0; e < kElements; ++e) {
+    gemm_packed(u[e], panels, ws.v + e * ws.v_stride, 0.0f, ws.m_at(0, e), ws.ld());
+  }
+  for (std::int64_t k = 0; k < p.K; ++k) {
+    transform_output_channel<Out, V>(ws, out, bias, accumulate, p, row0, row1, k);
+  }
+}
+
+template <typename Out>
+void run_blocks_portable(Out* out, const float* in, const std::vector<PackedA>& u,
+                         const float* bias, bool accumulate, const Problem& p, std::int64_t row0,
+                         std::int64_t row1, const Workspace& ws) {
+  run_block<Out, Vec8>(out, in, u, bias, accumulate, p, row0, row1, ws);
+}
+
+#if TL_CPU_X86
+template <typename Out>
+__attribute__((target("avx2,fma,f16c"))) void run_blocks_avx2(
+    Out* out, const float* in, const std::vector<PackedA>& u, const float* bias, bool accumulate,
+    const Problem& p, std::int64_t row0, std::int64_t row1, const Workspace& ws) {
+  run_block<Out, Vec8>(out, in, u, bias, accumulate, p, row0, row1, ws);
+}
+#endif
+
+// Steps 2 over all tile rows, u_matrices the 36 U[e] [K][C] `stride` apart (36
+// arrays written side by side: spread_stride keeps them in different cache sets), in
+// blocks spread over the caller's threads (each block writes its own output rows).
+template <typename Out>
+void run(Out* out, const float* in, const float* u_matrices, std::int64_t stride, const float* bias,
+         bool accumulate, const Problem& p) {
+  std::vector<PackedA> u;
+  u.reserve(kElements);
+  for (int e = 0; e < kElements; ++e) u.emplace_back(u_matrices + e * stride, p.C, p.K, p.C);
+  const std::int64_t per_block = tile_rows_per_block(p);
+  GemmBPanels whole = u[0].b_panels(per_block * p.tiles_w);
+  whole.n = (whole.panels() * whole.width + kLanes - 1) / kLanes * kLanes;
+  const std::int64_t v_stride = winograd::spread_stride(whole.floats());
+  const std::int64_t height = 4 * p.tiles_h + 2, width = 4 * p.tiles_w + 4;
+  const std::int64_t slots = per_block / p.tiles_h + 2;  // images a block's rows touch
+  const std::int64_t v_floats = kElements * v_stride, m_floats = kElements * p.K * whole.n;
+  const std::int64_t plane_floats = 2 * slots * height * width;
+  const std::int64_t all_rows = p.N * p.tiles_h, blocks = (all_rows + per_block - 1) / per_block;
+  const bool portable = whole.isa == GemmIsa::Portable;
+  parallel_rows(
+      blocks, whole.n * kElements * (p.C + p.K), [&](std::int64_t first, std::int64_t last) {
+        HostScratch<float> scratch(v_floats + m_floats + plane_floats);
+        std::vector<TileAt> tiles(static_cast<std::size_t>(whole.n));
+        // V's columns past a block's tiles stay finite, and the planes' padding zero.
+        std::fill(scratch.get(), scratch.get() + v_floats, 0.0f);
+        float* planes = scratch.get() + v_floats + m_floats;
+        std::fill(planes, planes + plane_floats, 0.0f);
+        const Workspace ws{scratch.get(), scratch.get() + v_floats,
+                           planes,        tiles.data(),
+                           whole.n,       v_stride,
+                           slots,         height,
+                           width};
+        for (std::int64_t b = first; b < last; ++b) {
+          const std::int64_t row0 = b * per_block, row1 = std::min(all_rows, (b + 1) * per_block);
+#if TL_CPU_X86
+          if (!portable) {
+            run_blocks_avx2(out, in, u, bias, accumulate, p, row0, row1, ws);
+            continue;
+          }
+#endif
+          run_blocks_portable(out, in, u, bias, accumulate, p, row0, row1, ws);
+        }
+      });
+}
+
+Problem make_problem4(std::int64_t N, std::int64_t C, std::int64_t H, std::int64_t W,
+                      std::int64_t K, std::int64_t pad_h, std::int64_t pad_w) {
+  Problem p = winograd::make_problem(N, C, H, W, K, pad_h, pad_w);
+  p.tiles_h = tiles_along(p.P);
+  p.tiles_w = tiles_along(p.Q);
+  return p;
+}
+
+}  // namespace
+
+template <typename Out>
+void winograd4_forward(Out* y, const float* x, const float* weight, const float* bias,
+                       const Conv2dShape& s) {
+  const Problem p = make_problem4(s.N, s.C, s.H, s.W, s.K, s.params.pad_h, s.params.pad_w);
+  const std::int64_t stride = winograd::spread_stride(s.K * s.C);
+  HostScratch<float> u(kElements * stride);  // U[e] [K][C] at e * stride
+  for (std::int64_t k = 0; k < s.K; ++k) {
+    for (std::int64_t c = 0; c < s.C; ++c) {
+      float e[kElements];
+      transform_kernel(e, weight + (k * s.C + c) * 9, 3, 1);
+      for (int i = 0; i < kElements; ++i) u.get()[i * stride + k * s.C + c] = e[i];
+    }
+  }
+  run(y, x, u.get(), stride, bias, false, p);
+}
+
+void winograd4_backward_data(float* grad_x, const float* grad_y, const float* weight,
+                             const Conv2dShape& s, bool accumulate) {
+  // The correlation of grad_y, padded by 2 - pad, with weight[k,c] turned 180
+  // degrees, input and output channels swapped (kernels/cpu/winograd.h).
+  const Problem p = make_problem4(s.N, s.K, s.P, s.Q, s.C, 2 - s.params.pad_h, 2 - s.params.pad_w);
+  const std::int64_t stride = winograd::spread_stride(s.C * s.K);
+  HostScratch<float> u(kElements * stride);  // U[e] [C][K] at e * stride
+  for (std::int64_t c = 0; c < s.C; ++c) {
+    for (std::int64_t k = 0; k < s.K; ++k) {
+      float e[kElements];
+      // g(r,s) = weight[k,c,2-r,2-s]: start at the last tap, step backwards.
+      transform_kernel(e, weight + (k * s.C + c) * 9 + 8, -3, -1);
+      for (int i = 0; i < kElements; ++i) u.get()[i * stride + c * s.K + k] = e[i];
+    }
+  }
+  run(grad_x, grad_y, u.get(), stride, nullptr, accumulate, p);
+}
+
+template void winograd4_forward<float>(float*, const float*, const float*, const float*,
+                                       const Conv2dShape&);
+template void winograd4_forward<bfloat16>(bfloat16*, const float*, const float*, const float*,
+                                          const Conv2dShape&);
+template void winograd4_forward<float16>(float16*, const float*, const float*, const float*,
+                                         const Conv2dShape&);
+
+}  // namespace towerlab::cpu
