@@ -360,14 +360,21 @@ template <typename Out, typename V>
       for (int r = 0; r < 6; ++r) m[r] = load8(mk + (6 * r + j) * ws.block + t0);
       apply_at(m[0], m[1], m[2], m[3], m[4], m[5], t[0][j], t[1][j], t[2][j], t[3][j]);
     }
+    V rows[4][4];  // output row i of lane l in rows[i][l % 4]'s half l / 4
     for (int i = 0; i < 4; ++i) {
-      V o[4], rows[4];  // (Aᵀ m A)[i][j]; lane l's row in rows[l % 4]'s half l / 4
+      V o[4];  // (Aᵀ m A)[i][j]
       apply_at(t[i][0], t[i][1], t[i][2], t[i][3], t[i][4], t[i][5], o[0], o[1], o[2], o[3]);
-      tile_rows(o, rows);
-      for (int l = 0; l < kLanes; ++l) {
-        const TileAt& at = ws.tiles[t0 + l];
-        if (i < at.rows) {
-          write_pixels(plane + at.out + i * p.Q, half(rows[l % 4], l / 4), b, accumulate, at.cols);
+      tile_rows(o, rows[i]);
+    }
+    for (int l = 0; l < kLanes; ++l) {  // tile by tile: a whole one without a test a row
+      const TileAt& at = ws.tiles[t0 + l];
+      Out* y = plane + at.out;
+      if (at.rows == 4 && at.cols == 4) {
+        for (int i = 0; i < 4; ++i)
+          write_pixels(y + i * p.Q, half(rows[i][l % 4], l / 4), b, accumulate, 4);
+      } else {
+        for (int i = 0; i < at.rows; ++i) {
+          write_pixels(y + i * p.Q, half(rows[i][l % 4], l / 4), b, accumulate, at.cols);
         }
       }
     }
