@@ -160,36 +160,103 @@ template <typename V>
   o3 = (b + 8.0f * d) + m5;
 }
 
-// u [6][6] = G g Gᵀ for one 3x3 kernel g (taps g[r * row + s * col]):
+// (o0..o5) = G (g0, g1, g2), one kernel a lane of V (or V = float: one kernel):
 //   G = [ 1/4     0     0 ]
 //       [-1/6  -1/6  -1/6 ]
 //       [-1/6   1/6  -1/6 ]
 //       [1/24  1/12   1/6 ]
 //       [1/24 -1/12   1/6 ]
 //       [ 0      0     1  ]
-// Plain scalar code, its products by 1/6 last (a contracted multiply-add would only
-// fold in an exact product by a power of two): the same bits on every ISA.
-void transform_kernel(float (&u)[kElements], const float* g, std::int64_t row, std::int64_t col) {
-  auto apply_g = [](float g0, float g1, float g2, float(&out)[6]) {
-    constexpr float kSixth = 1.0f / 6.0f;
-    out[0] = 0.25f * g0;
-    out[1] = -(g0 + g1 + g2) * kSixth;
-    out[2] = -(g0 - g1 + g2) * kSixth;
-    out[3] = (0.25f * g0 + 0.5f * g1 + g2) * kSixth;
-    out[4] = (0.25f * g0 - 0.5f * g1 + g2) * kSixth;
-    out[5] = g2;
-  };
-  float gg[6][3];  // G g, column by column
+// The products by 1/6 come last, after no add (a contracted multiply-add can only
+// fold in an exact product by a power of two): the same bits in any lane width.
+template <typename V>
+[[gnu::always_inline]] inline void apply_g(const V& g0, const V& g1, const V& g2, V (&o)[6]) {
+  constexpr float kSixth = 1.0f / 6.0f;
+  o[0] = 0.25f * g0;
+  o[1] = -(g0 + g1 + g2) * kSixth;
+  o[2] = -(g0 - g1 + g2) * kSixth;
+  o[3] = (0.25f * g0 + 0.5f * g1 + g2) * kSixth;
+  o[4] = (0.25f * g0 - 0.5f * g1 + g2) * kSixth;
+  o[5] = g2;
+}
+
+// u[e] = (G g Gᵀ)[e] for a 3x3 kernel g, one a lane: G along the columns, then the rows.
+template <typename V>
+[[gnu::always_inline]] inline void transform_kernel(V (&u)[kElements], const V (&g)[3][3]) {
+  V gg[6][3];  // G g
   for (int s = 0; s < 3; ++s) {
-    float column[6];
-    apply_g(g[0 * row + s * col], g[1 * row + s * col], g[2 * row + s * col], column);
+    V column[6];
+    apply_g(g[0][s], g[1][s], g[2][s], column);
     for (int i = 0; i < 6; ++i) gg[i][s] = column[i];
   }
   for (int i = 0; i < 6; ++i) {
-    float out[6];
+    V out[6];
     apply_g(gg[i][0], gg[i][1], gg[i][2], out);
     for (int j = 0; j < 6; ++j) u[i * 6 + j] = out[j];
   }
+}
+
+// u[e * stride + l] = (G g_l Gᵀ)[e] for the kernels l < count, kernel l's tap (r, s)
+// at g[l * step + r * row + s * col]: eight kernels a vector, the rest one by one.
+template <typename V>
+[[gnu::always_inline]] inline void transform_kernels(float* u, std::int64_t stride, const float* g,
+                                                     std::int64_t step, std::int64_t row,
+                                                     std::int64_t col, std::int64_t count) {
+  std::int64_t l = 0;
+  for (; l + kLanes <= count; l += kLanes) {
+    V taps[3][3], out[kElements];
+    for (int r = 0; r < 3; ++r) {
+      for (int t = 0; t < 3; ++t) {
+        for (int lane = 0; lane < kLanes; ++lane) {
+          taps[r][t][lane] = g[(l + lane) * step + r * row + t * col];
+        }
+      }
+    }
+    transform_kernel(out, taps);
+    for (int e = 0; e < kElements; ++e) store8(u + e * stride + l, out[e]);
+  }
+  for (; l < count; ++l) {
+    float taps[3][3], out[kElements];
+    for (int r = 0; r < 3; ++r) {
+      for (int t = 0; t < 3; ++t) taps[r][t] = g[l * step + r * row + t * col];
+    }
+    transform_kernel(out, taps);
+    for (int e = 0; e < kElements; ++e) u[e * stride + l] = out[e];
+  }
+}
+
+void transform_kernels_portable(float* u, std::int64_t stride, const float* g, std::int64_t step,
+                                std::int64_t row, std::int64_t col, std::int64_t count) {
+  transform_kernels<Vec8>(u, stride, g, step, row, col, count);
+}
+
+#if TL_CPU_X86
+__attribute__((target("avx2,fma"))) void transform_kernels_avx2(float* u, std::int64_t stride,
+                                                                const float* g, std::int64_t step,
+                                                                std::int64_t row, std::int64_t col,
+                                                                std::int64_t count) {
+  transform_kernels<Vec8>(u, stride, g, step, row, col, count);
+}
+#endif
+
+// Step 1: U[e] [rows][count] `stride` apart, row q's kernels at g + q * row_step
+// (see transform_kernels), on the ISA whose GEMM multiplies them.
+void transform_weights(float* u, std::int64_t stride, const float* g, std::int64_t rows,
+                       std::int64_t row_step, std::int64_t step, std::int64_t row, std::int64_t col,
+                       std::int64_t count) {
+#if TL_CPU_X86
+  if (!avx2_selected() && !avx512_selected()) {
+#endif
+    for (std::int64_t q = 0; q < rows; ++q) {
+      transform_kernels_portable(u + q * count, stride, g + q * row_step, step, row, col, count);
+    }
+    return;
+#if TL_CPU_X86
+  }
+  for (std::int64_t q = 0; q < rows; ++q) {
+    transform_kernels_avx2(u + q * count, stride, g + q * row_step, step, row, col, count);
+  }
+#endif
 }
 
 // The tiles of the problem's 4x4 output tiles.
@@ -479,13 +546,8 @@ void winograd4_forward(Out* y, const float* x, const float* weight, const float*
   const Problem p = make_problem4(s.N, s.C, s.H, s.W, s.K, s.params.pad_h, s.params.pad_w);
   const std::int64_t stride = winograd::spread_stride(s.K * s.C);
   HostScratch<float> u(kElements * stride);  // U[e] [K][C] at e * stride
-  for (std::int64_t k = 0; k < s.K; ++k) {
-    for (std::int64_t c = 0; c < s.C; ++c) {
-      float e[kElements];
-      transform_kernel(e, weight + (k * s.C + c) * 9, 3, 1);
-      for (int i = 0; i < kElements; ++i) u.get()[i * stride + k * s.C + c] = e[i];
-    }
-  }
+  // Row k: the kernels weight[k, c], c a lane.
+  transform_weights(u.get(), stride, weight, s.K, s.C * 9, 9, 3, 1, s.C);
   run(y, x, u.get(), stride, bias, false, p);
 }
 
@@ -496,14 +558,9 @@ void winograd4_backward_data(float* grad_x, const float* grad_y, const float* we
   const Problem p = make_problem4(s.N, s.K, s.P, s.Q, s.C, 2 - s.params.pad_h, 2 - s.params.pad_w);
   const std::int64_t stride = winograd::spread_stride(s.C * s.K);
   HostScratch<float> u(kElements * stride);  // U[e] [C][K] at e * stride
-  for (std::int64_t c = 0; c < s.C; ++c) {
-    for (std::int64_t k = 0; k < s.K; ++k) {
-      float e[kElements];
-      // g(r,s) = weight[k,c,2-r,2-s]: start at the last tap, step backwards.
-      transform_kernel(e, weight + (k * s.C + c) * 9 + 8, -3, -1);
-      for (int i = 0; i < kElements; ++i) u.get()[i * stride + c * s.K + k] = e[i];
-    }
-  }
+  // Row c: the kernels weight[k, c], k a lane, turned: g(r,s) = weight[k,c,2-r,2-s]
+  // starts at the last tap and steps backwards.
+  transform_weights(u.get(), stride, weight + 8, s.C, 9, s.C * 9, -3, -1, s.K);
   run(grad_x, grad_y, u.get(), stride, nullptr, accumulate, p);
 }
 
