@@ -6,7 +6,8 @@
 // of 36 multiplications per tile and channel pair, 2.25 per output pixel against
 // F(2x2, 3x3)'s 4 and im2col's 9. The steps, as F(2x2)'s (kernels/cpu/winograd.cpp):
 //   1. weight transform  U[e] = (G g Gᵀ)[e]                 [36][K][C], per call,
-//                        each U[e] packed once into the GEMM's panels (PackedA)
+//                        eight kernels a vector, each U[e] packed once into the
+//                        GEMM's panels (PackedA)
 //   2. for each block of tile rows (in parallel, blocks fixed by the shape):
 //      input transform   channel by channel: the input rows the block reads copied
 //                        into padded planes (zeros around them), then
@@ -245,28 +246,27 @@ void transform_weights(float* u, std::int64_t stride, const float* g, std::int64
                        std::int64_t row_step, std::int64_t step, std::int64_t row, std::int64_t col,
                        std::int64_t count) {
 #if TL_CPU_X86
-  if (!avx2_selected() && !avx512_selected()) {
-#endif
+  if (avx2_selected()) {  // kernels/cpu/x86.h: the AVX2 or the AVX-512 GEMM
     for (std::int64_t q = 0; q < rows; ++q) {
-      transform_kernels_portable(u + q * count, stride, g + q * row_step, step, row, col, count);
+      transform_kernels_avx2(u + q * count, stride, g + q * row_step, step, row, col, count);
     }
     return;
-#if TL_CPU_X86
-  }
-  for (std::int64_t q = 0; q < rows; ++q) {
-    transform_kernels_avx2(u + q * count, stride, g + q * row_step, step, row, col, count);
   }
 #endif
+  for (std::int64_t q = 0; q < rows; ++q) {
+    transform_kernels_portable(u + q * count, stride, g + q * row_step, step, row, col, count);
+  }
 }
 
-// The tiles of the problem's 4x4 output tiles.
+// The 4x4 tiles that cover `pixels` of output, the last one clipped.
 std::int64_t tiles_along(std::int64_t pixels) {
   return (pixels + 3) / 4;
 }
 
 // Tile blocks are runs of whole tile rows, about enough that V and M of one block
-// (36 (C + K) floats a tile) take three quarters of a 512 KiB L2, and at least 64
-// tiles (whole GEMM panels); a function of the shape alone.
+// (36 (C + K) floats a tile) take three quarters of a 512 KiB L2, but at least 64
+// tiles: the 64-channel layers' 20 left the GEMMs narrow and ran slower. A function
+// of the shape alone.
 std::int64_t tile_rows_per_block(const Problem& p) {
   constexpr std::int64_t kBlockBytes = 384 * 1024;
   constexpr std::int64_t kMinBlockTiles = 64;
