@@ -41,8 +41,9 @@ constexpr std::int64_t kMinAutoChannels = 16;
 
 // Auto's tile for the forward and backward-data: F(4x4, 3x3) from this many input
 // and output channels on, F(2x2, 3x3) below, where the fused steps of
-// kernels/cpu/winograd_fused.cpp run ResNet-20's 16-channel layers faster than the
-// larger tile's GEMMs of 16 deep (bench/results/winograd4_cpu_5011002.md).
+// kernels/cpu/winograd_fused.cpp run ResNet-20's 16-channel layers about as fast as
+// the larger tile's GEMMs of 16 deep, with F(2x2)'s tighter rounding
+// (bench/results/winograd4_cpu_5011002.md).
 constexpr std::int64_t kMinF4x4Channels = 32;
 
 // The environment may pin the tile too (TOWERLAB_WINOGRAD_TILE=auto|f2x2|f4x4),
