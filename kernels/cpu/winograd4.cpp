@@ -245,22 +245,13 @@ __attribute__((target("avx2,fma"))) void transform_kernels_avx2(float* u, std::i
 void transform_weights(float* u, std::int64_t stride, const float* g, std::int64_t rows,
                        std::int64_t row_step, std::int64_t step, std::int64_t row, std::int64_t col,
                        std::int64_t count) {
+  auto* transform = &transform_kernels_portable;
 #if TL_CPU_X86
-  if (avx2_selected()) {  // kernels/cpu/x86.h: the AVX2 or the AVX-512 GEMM
-    for (std::int64_t q = 0; q < rows; ++q) {
-      transform_kernels_avx2(u + q * count, stride, g + q * row_step, step, row, col, count);
-    }
-    return;
-  }
+  if (avx2_selected()) transform = &transform_kernels_avx2;  // the AVX2 or AVX-512 GEMM
 #endif
   for (std::int64_t q = 0; q < rows; ++q) {
-    transform_kernels_portable(u + q * count, stride, g + q * row_step, step, row, col, count);
+    transform(u + q * count, stride, g + q * row_step, step, row, col, count);
   }
-}
-
-// The 4x4 tiles that cover `pixels` of output, the last one clipped.
-std::int64_t tiles_along(std::int64_t pixels) {
-  return (pixels + 3) / 4;
 }
 
 // Tile blocks are runs of whole tile rows, about enough that V and M of one block
@@ -530,20 +521,13 @@ void run(Out* out, const float* in, const float* u_matrices, std::int64_t stride
       });
 }
 
-Problem make_problem4(std::int64_t N, std::int64_t C, std::int64_t H, std::int64_t W,
-                      std::int64_t K, std::int64_t pad_h, std::int64_t pad_w) {
-  Problem p = winograd::make_problem(N, C, H, W, K, pad_h, pad_w);
-  p.tiles_h = tiles_along(p.P);
-  p.tiles_w = tiles_along(p.Q);
-  return p;
-}
-
 }  // namespace
 
 template <typename Out>
 void winograd4_forward(Out* y, const float* x, const float* weight, const float* bias,
                        const Conv2dShape& s) {
-  const Problem p = make_problem4(s.N, s.C, s.H, s.W, s.K, s.params.pad_h, s.params.pad_w);
+  const Problem p =
+      winograd::make_problem(s.N, s.C, s.H, s.W, s.K, s.params.pad_h, s.params.pad_w, 4);
   const std::int64_t stride = winograd::spread_stride(s.K * s.C);
   HostScratch<float> u(kElements * stride);  // U[e] [K][C] at e * stride
   // Row k: the kernels weight[k, c], c a lane.
@@ -555,7 +539,8 @@ void winograd4_backward_data(float* grad_x, const float* grad_y, const float* we
                              const Conv2dShape& s, bool accumulate) {
   // The correlation of grad_y, padded by 2 - pad, with weight[k,c] turned 180
   // degrees, input and output channels swapped (kernels/cpu/winograd.h).
-  const Problem p = make_problem4(s.N, s.K, s.P, s.Q, s.C, 2 - s.params.pad_h, 2 - s.params.pad_w);
+  const Problem p =
+      winograd::make_problem(s.N, s.K, s.P, s.Q, s.C, 2 - s.params.pad_h, 2 - s.params.pad_w, 4);
   const std::int64_t stride = winograd::spread_stride(s.C * s.K);
   HostScratch<float> u(kElements * stride);  // U[e] [C][K] at e * stride
   // Row c: the kernels weight[k, c], k a lane, turned: g(r,s) = weight[k,c,2-r,2-s]

@@ -4,7 +4,7 @@
 // kernels/cpu/winograd_weight_grad.cpp. Both cut a correlation into the same blocks
 // of tile rows and transform the input alike (Bᵀ d B); the algebra is in
 // kernels/cpu/winograd.h. F(4x4, 3x3) (kernels/cpu/winograd4.cpp) takes the Problem
-// and spread_stride, with tiles of 4x4.
+// (make_problem with tiles of 4) and spread_stride.
 #pragma once
 
 #include <algorithm>
@@ -18,13 +18,15 @@ struct Problem {
   std::int64_t N, C, H, W;
   std::int64_t K, P, Q;
   std::int64_t pad_h, pad_w;
-  std::int64_t tiles_h, tiles_w;  // ceil(P/2), ceil(Q/2): 2x2 output tiles per image
+  std::int64_t tiles_h, tiles_w;  // ceil(P/tile), ceil(Q/tile): output tiles per image
 };
 
+// `tile`: the output tile's side, 2 for F(2x2, 3x3), 4 for F(4x4, 3x3).
 inline Problem make_problem(std::int64_t N, std::int64_t C, std::int64_t H, std::int64_t W,
-                            std::int64_t K, std::int64_t pad_h, std::int64_t pad_w) {
+                            std::int64_t K, std::int64_t pad_h, std::int64_t pad_w,
+                            std::int64_t tile = 2) {
   const std::int64_t P = H + 2 * pad_h - 2, Q = W + 2 * pad_w - 2;
-  return {N, C, H, W, K, P, Q, pad_h, pad_w, (P + 1) / 2, (Q + 1) / 2};
+  return {N, C, H, W, K, P, Q, pad_h, pad_w, (P + tile - 1) / tile, (Q + tile - 1) / tile};
 }
 
 // Tile blocks are runs of whole tile rows (one image's tiles th, all tw), so that
