@@ -25,7 +25,7 @@ namespace {
 // by fractions down to 1/24 (G): it rounds looser than F(2x2,3x3), though still
 // within a few dozen units of float32 rounding u = 2^-24 of each result's terms,
 // sum |w||x| (+ |b|, + |sentinel|): the cases below stay under 64 u (the errors go
-// to the test's XML record); CUDA's F(4x4) measured up to about 150 u. The
+// to the test's XML record). The
 // tolerance is 256 u, as on CUDA (tests/conv2d_winograd_test.cpp); a pixel 1% off
 // in one tile moves a result by more (the control below).
 constexpr double kTolerance = 256.0 / (1 << 24);

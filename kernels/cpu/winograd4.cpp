@@ -344,8 +344,7 @@ void place_tiles(const Workspace& ws, const Problem& p, std::int64_t row0, std::
 // eight tiles a vector, each tile's rows loaded from its own place. Channel c + 1
 // is copied into the other planes first: the loads here then find the copy's
 // stores of channel c long done (a load of four floats that two of those stores
-// wrote, straight after them, waits for both: a fifth of the input transform's time
-// when each channel's copy came just before its loads).
+// wrote, straight after them, waits for both; bench/results/winograd4_cpu_5011002.md).
 template <typename V>
 [[gnu::always_inline]] inline void transform_input_channel(const Workspace& ws,
                                                            const GemmBPanels& panels,
