@@ -260,8 +260,9 @@ Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams&
     }
     // The bias is float32: its gradient sums the float32 output gradient.
     const Tensor grad_weight = grad_if_needed(t, weight);
-    if (t.stream().device().is_cpu()) {
-      // The CPU widens 16-bit operands into float32 scratch (kernels/conv2d.h): here
+    if (!conv2d_multiplies_16bit(xv.shape(), wv.shape(), xv.dtype(), params, t.stream())) {
+      // Where conv2d widens 16-bit operands into float32 scratch (the CPU, but for its
+      // bfloat16 GEMM path: kernels/conv2d.h): here
       // the output gradient is rounded and widened in one pass (round_through) and the
       // float32 passes run on the operands widened as the kernel would widen them
       // (x read for grad_weight only, weight for grad_x only): the same values and

@@ -24,7 +24,9 @@
 //         Every pass also runs with im2col (the weight gradient's implicit GEMM where
 //         it applies) and with Winograd forced (cpu_im2col, cpu_winograd; the forward
 //         and backward-data in each tile, cpu_winograd_f2x2 and cpu_winograd_f4x4):
-//         the plain "cpu" case is what the dispatch picks (bench/results/winograd.md). On CUDA,
+//         the plain "cpu" case is what the dispatch picks (bench/results/winograd.md).
+//         bfloat16 operands run as cpu_bf16 (the bfloat16 GEMM path where the CPU's
+//         bfloat16 GEMM runs vdpbf16ps) beside cpu_bf16_widen (widened to float32). On CUDA,
 //         the layers where Auto takes Winograd F(4x4,3x3) also run with the implicit
 //         GEMM forced (cuda_implicit).
 #include <benchmark/benchmark.h>
@@ -200,6 +202,27 @@ void BM_CpuAlgorithm(benchmark::State& state, Pass pass, Layer l, cpu::Conv2dAlg
   bench::time_calls(state, stream, [&] { run_towerlab(pass, l, o, stream); });
   set_counters(state, l, pass);
   set_num_threads(saved_threads);
+}
+
+// The CPU passes on bfloat16 x, weight and grad_y (y and the gradients float32),
+// with the bfloat16 GEMM kernel `kernel`: Auto (where it runs vdpbf16ps, the
+// bfloat16 GEMM path of kernels/cpu/conv2d.cpp) or Widen (the operands widened to
+// float32 and the float32 algorithms Auto picks). Argument: the threads.
+void BM_CpuBf16(benchmark::State& state, Pass pass, Layer l, Bf16GemmKernel kernel) {
+  const Bf16GemmKernel saved_kernel = bf16_gemm_kernel();
+  set_bf16_gemm_kernel(kernel);
+  const int saved_threads = num_threads();
+  set_num_threads(static_cast<int>(state.range(0)));
+  Stream stream(Device::cpu());
+  Operands o(l, stream, DType::BFloat16);
+  bench::time_calls(state, stream, [&] { run_towerlab(pass, l, o, stream); });
+  set_counters(state, l, pass);
+  state.SetLabel(
+      conv2d_multiplies_16bit(o.x.shape(), o.weight.shape(), DType::BFloat16, l.params(), stream)
+          ? "bfloat16 GEMM path"
+          : "widened to float32");
+  set_num_threads(saved_threads);
+  set_bf16_gemm_kernel(saved_kernel);
 }
 
 #if TOWERLAB_HAVE_CBLAS
@@ -419,6 +442,15 @@ const bool registered = [] {
           if (f.algorithm == cpu::Conv2dAlgorithm::Winograd && !winograd_applies) continue;
           benchmark::RegisterBenchmark((base + f.name).c_str(), BM_CpuAlgorithm, pass, l,
                                        f.algorithm, f.tile)
+              ->ArgName("threads")
+              ->Arg(1)
+              ->Arg(0)
+              ->UseRealTime()
+              ->Unit(benchmark::kMillisecond);
+        }
+        for (const auto& [name, kernel] : {std::pair{"cpu_bf16", Bf16GemmKernel::Auto},
+                                           std::pair{"cpu_bf16_widen", Bf16GemmKernel::Widen}}) {
+          benchmark::RegisterBenchmark((base + name).c_str(), BM_CpuBf16, pass, l, kernel)
               ->ArgName("threads")
               ->Arg(1)
               ->Arg(0)

@@ -18,7 +18,8 @@
 //       TOWERLAB_GEMM_ISA=portable|avx2|avx512 in the environment sets the initial
 //       one.
 //   set_bf16_gemm_kernel(kernel)          the CPU's bfloat16 GEMM: vdpbf16ps, or
-//       the values widened to float32 for the float32 kernel.
+//       the values widened to float32 for the float32 kernel;
+//       TOWERLAB_BF16_GEMM=auto|widen|avx512bf16 sets the initial one.
 //   set_conv2d_algorithm(algorithm)       how float32 conv2d computes (im2col or
 //       Winograd on the CPU, the implicit GEMM or Winograd on CUDA);
 //       TOWERLAB_CONV2D_ALGORITHM=auto|im2col|winograd in the environment sets the
@@ -28,7 +29,7 @@
 // submitted after it returns. Set them once, before the trainers are made: a
 // setting changed while another thread trains changes that training too.
 //
-// The environment. TOWERLAB_GEMM_ISA, TOWERLAB_CONV2D_ALGORITHM and
+// The environment. TOWERLAB_GEMM_ISA, TOWERLAB_BF16_GEMM, TOWERLAB_CONV2D_ALGORITHM and
 // TOWERLAB_EXACT_ALLOCATIONS (1 or 0) are read once, when the setting is first
 // used. A value that is not one of the variable's choices (a misspelling, an ISA
 // this CPU lacks) leaves the default in place and prints one line on stderr naming
@@ -95,13 +96,17 @@ GemmIsa gemm_isa();              // the one in use (never Auto)
 // The CPU's bfloat16 GEMM (matmul with bfloat16 A and B; kernels/matmul.h):
 // Widen converts the values to float32 while packing for gemm_isa()'s float32
 // kernel (float16 always takes it); Avx512Bf16 runs the vdpbf16ps kernel, and
-// throws NotSupported on a CPU without avx512_bf16. Auto is Widen: on the one
-// AVX-512 BF16 CPU measured, vdpbf16ps ran at half the multiply-adds per cycle of
-// the float32 FMAs (docs/kernels.md), so it is chosen only on request.
+// throws NotSupported on a CPU without avx512_bf16. Auto runs vdpbf16ps where it
+// pays: an AMD CPU with avx512_bf16 (Zen 4 and later issue it at the FMAs' rate,
+// twice their multiply-adds) while gemm_isa() is Avx512; it widens elsewhere (on the
+// Intel Xeon measured, vdpbf16ps issued at a quarter of the FMAs' rate;
+// docs/kernels.md). The two paths agree within matmul's tolerance, not bit for bit.
+// TOWERLAB_BF16_GEMM=auto|widen|avx512bf16 in the environment sets the initial one.
 enum class Bf16GemmKernel { Auto, Widen, Avx512Bf16 };
 bool bf16_gemm_kernel_supported(Bf16GemmKernel kernel);
 void set_bf16_gemm_kernel(Bf16GemmKernel kernel);
 Bf16GemmKernel bf16_gemm_kernel();  // the setting, Auto included
+bool bf16_gemm_runs_vdpbf16ps();    // what the setting runs now, on this CPU
 
 // --- conv2d -----------------------------------------------------------------
 // How the CPU's float32 conv2d computes its three passes (float64 always lowers

@@ -218,6 +218,14 @@ Shape conv2d_output_shape(const Shape& input, const Shape& weight, const Conv2dP
   return {s.N, s.K, s.P, s.Q};
 }
 
+bool conv2d_multiplies_16bit(const Shape& input, const Shape& weight, DType dtype,
+                             const Conv2dParams& params, const Stream& stream) {
+  if (!is_16bit(dtype)) return false;
+  if (stream.device().is_cuda()) return on_tensor_cores(params, stream);
+  return cpu::bf16_gemm_conv_chosen(
+      dtype, make_shape(input, weight, params, to_string(input), to_string(weight)));
+}
+
 void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
                     const Conv2dParams& params, const Stream& stream, Float32Math math) {
   const char* op = "conv2d_forward";
@@ -228,15 +236,23 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
            NotSupported,
            op << ": y is " << brief(y) << " but with " << dtype_name(x.dtype())
               << " operands y is float32 or " << dtype_name(x.dtype()));
-  if (low_y && stream.device().is_cpu() && params.groups == 1) {
-    // The float32 algorithms on the widened operands, y rounded from the float32
-    // sums as the kernel stores it (kernels/cpu/conv2d.cpp).
+  if (low && stream.device().is_cpu() && params.groups == 1) {
+    // The bfloat16 GEMM path where it runs, with y float32 or bfloat16; otherwise
+    // a 16-bit y comes from the float32 algorithms on the widened operands, rounded
+    // from the float32 sums as the kernel stores it (kernels/cpu/conv2d.cpp).
     const Conv2dShape s = checked_shape(op, x, weight, params, stream);
-    check_operand(op, "y", y, {s.N, s.K, s.P, s.Q}, x, stream);
-    if (bias.defined()) check_operand(op, "bias", bias, {s.K}, x, stream);
-    if (y.numel() == 0) return;
-    cpu::conv2d_forward(y, widened(x, stream), widened(weight, stream), bias, s);
-    return;
+    const bool bf16_gemm = cpu::bf16_gemm_conv_chosen(x.dtype(), s);
+    if (bf16_gemm || low_y) {
+      check_operand(op, "y", y, {s.N, s.K, s.P, s.Q}, x, stream);
+      if (bias.defined()) check_operand(op, "bias", bias, {s.K}, x, stream);
+      if (y.numel() == 0) return;
+      if (bf16_gemm) {
+        cpu::conv2d_forward_bf16(y, x, weight, bias, s);
+      } else {
+        cpu::conv2d_forward(y, widened(x, stream), widened(weight, stream), bias, s);
+      }
+      return;
+    }
   }
   if (low_y) {
     // Elsewhere (CUDA, grouped layers) the float32 y of the path below, cast once.
@@ -274,7 +290,10 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
   const bool low =
       check_16bit(op, {{"grad_y", &grad_y}, {"x", &x}, {"weight", &weight}},
                   {{"grad_x", &grad_x}, {"grad_weight", &grad_weight}, {"grad_bias", &grad_bias}});
-  if (low && !on_tensor_cores(params, stream)) {
+  const bool bf16_gemm =
+      low && stream.device().is_cpu() &&
+      conv2d_multiplies_16bit(x.shape(), weight.shape(), x.dtype(), params, stream);
+  if (low && !on_tensor_cores(params, stream) && !bf16_gemm) {
     // x is read for grad_weight only, weight for grad_x only.
     conv2d_backward(
         grad_x, grad_weight, grad_bias, widened(grad_y, stream),
@@ -310,6 +329,11 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
   }
   if (s.params.groups > 1) {
     grouped_backward(grad_x, grad_weight, grad_bias, grad_y, x, weight, s, stream, grad_x_write);
+    return;
+  }
+  if (bf16_gemm) {
+    if (grad_bias.defined()) bias_add_backward(grad_bias, widened(grad_y, stream), stream);
+    cpu::conv2d_backward_bf16(grad_x, grad_weight, grad_y, x, weight, s, grad_x_write);
     return;
   }
   // The CUDA kernels accumulate: an assigned grad_x is zeroed first on its stream.

@@ -47,11 +47,17 @@
 // gradient, N*P*Q weight gradient) and S the sum of the magnitudes of its terms
 // (|bias| included):
 //   |result - reference| <= 2 (n + 2) 2^-24 (S + |the value accumulated onto|)
-// (tests/conv2d_tc_test.cpp). Everywhere else (the CPU, and G > 1 on CUDA) the 16-bit
-// operands are widened exactly into float32 scratch on the stream (kernels/cast.h)
-// and the float32 algorithms below run on them, to their tolerance (a few float32
+// (tests/conv2d_tc_test.cpp). On the CPU with G = 1, bfloat16 operands, where the
+// bfloat16 GEMM runs vdpbf16ps (engine/settings.h: set_bf16_gemm_kernel), the three
+// passes lower to that GEMM with bfloat16 patches (im2col, kernels/cpu/conv2d.cpp):
+// products exact, summed in float32 (a pair of k at a time), within the same
+// tolerance (tests/conv2d_bf16_cpu_test.cpp): under Auto the layers that the float32
+// paths would lower too (1x1 layers, for instance), under a forced Im2col every layer,
+// under a forced Winograd none (kernels/cpu/conv2d.h). Everywhere else (the CPU otherwise, and G >
+// 1 on CUDA) the 16-bit operands are widened exactly into float32 scratch on the stream
+// (kernels/cast.h) and the float32 algorithms below run on them, to their tolerance (a few float32
 // roundings of sum |weight*x|, relative; F(4x4,3x3) some tens): correct, no faster
-// than float32 (the CPU packers' widening is issue 46's item 4). Mixing a 16-bit
+// than float32. conv2d_multiplies_16bit says which a call takes. Mixing a 16-bit
 // operand with a float32 one, or a 16-bit y of another dtype, throws NotSupported.
 // TF32. Each call takes a Float32Math (kernels/matmul.h), as matmul does: Ieee (the
 // default) is the float32 paths below, their bits unchanged. Tf32 lets float32
@@ -113,6 +119,13 @@ struct Conv2dParams {
 // [N,K,P,Q] for input [N,C,H,W] and weight [K,C/G,R,S]; throws as conv2d_forward
 // does when the shapes or parameters cannot work.
 Shape conv2d_output_shape(const Shape& input, const Shape& weight, const Conv2dParams& params);
+
+// Whether conv2d on `stream` multiplies 16-bit operands of `dtype` (x of shape
+// `input`, weight of shape `weight`) as they are: CUDA's tensor cores with G = 1, the
+// CPU's bfloat16 GEMM path where it runs (above). Otherwise they are widened to
+// float32 first, and a caller holding float32 copies may pass those instead.
+bool conv2d_multiplies_16bit(const Shape& input, const Shape& weight, DType dtype,
+                             const Conv2dParams& params, const Stream& stream);
 
 void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
                     const Conv2dParams& params, const Stream& stream,

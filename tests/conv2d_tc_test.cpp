@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "conv2d_case.h"
+#include "conv2d_gemm_bound.h"
 #include "engine/half.h"
 #include "kernels/reference/matmul.h"
 #include "test_util.h"
@@ -64,70 +65,6 @@ std::vector<float> rounded(std::vector<float> v) {
   return v;
 }
 
-template <typename In>
-std::vector<In> narrowed(const std::vector<float>& v) {
-  std::vector<In> out;
-  out.reserve(v.size());
-  for (float x : v) out.push_back(In(x));
-  return out;
-}
-
-// A case's float32 operands, unrounded: x, weight, bias and grad_y from seed,
-// seed + 1, seed + 2 and seed + 3.
-struct Operands {
-  std::vector<float> x, w, b, g;
-};
-
-Operands operands(const ConvCase& k, unsigned seed) {
-  return {random_values(std::size_t(numel_of(k.x_shape())), seed),
-          random_values(std::size_t(numel_of(k.w_shape())), seed + 1),
-          random_values(std::size_t(k.K), seed + 2),
-          random_values(std::size_t(numel_of(k.y_shape())), seed + 3)};
-}
-
-// The reference's grad_bias alone: the sum of g over (n, p, q) per channel.
-std::vector<double> bias_gradient(const ConvCase& k, const std::vector<double>& g) {
-  std::vector<double> grad_b(std::size_t(k.K), 0.0);
-  reference::conv2d_backward(nullptr, nullptr, grad_b.data(), g.data(), nullptr, nullptr,
-                             k.x_shape(), k.w_shape(), k.params);
-  return grad_b;
-}
-
-// The pass's results, as host vectors.
-struct Results {
-  std::vector<float> y, grad_x, grad_w, grad_b;
-};
-
-// The reduction lengths n of the bound, per pass.
-struct Lengths {
-  std::int64_t forward, data, weight;
-};
-
-Lengths lengths(const ConvCase& k) {
-  const Shape ys = k.y_shape();
-  return {k.C / k.params.groups * k.R * k.S, k.K / k.params.groups * k.R * k.S,
-          k.N * ys[2] * ys[3]};
-}
-
-// |got - (want + sentinel)| <= 2 (n + 2) 2^-24 (scale + |sentinel|), element by element.
-::testing::AssertionResult within_bound(const std::vector<float>& got,
-                                        const std::vector<double>& want,
-                                        const std::vector<double>& scale, std::int64_t n,
-                                        double sentinel) {
-  if (got.size() != want.size()) return ::testing::AssertionFailure() << "sizes differ";
-  const double unit = 2.0 * double(n + 2) * std::ldexp(1.0, -24);
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double expected = want[i] + sentinel;
-    const double bound = unit * (scale[i] + std::fabs(sentinel));
-    if (!(std::fabs(double(got[i]) - expected) <= bound)) {
-      return ::testing::AssertionFailure()
-             << "element " << i << ": " << got[i] << " against " << expected << ", off by "
-             << std::fabs(double(got[i]) - expected) << " > " << bound;
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
 class Conv2dTensorCores : public ::testing::Test {
  protected:
   static constexpr float kWeightSentinel = 0.5f, kBiasSentinel = -0.25f, kDataSentinel = 0.75f;
@@ -158,9 +95,9 @@ class Conv2dTensorCores : public ::testing::Test {
   // with `math`: y over NaN, grad_weight and grad_bias onto their sentinels,
   // grad_x assigned over NaN or accumulated onto its sentinel.
   template <typename In>
-  Results run(const ConvCase& k, const std::vector<float>& x, const std::vector<float>& w,
-              const std::vector<float>& b, const std::vector<float>& g, GradWrite grad_x_write,
-              Float32Math math = math_of<In>()) {
+  ConvResults run(const ConvCase& k, const std::vector<float>& x, const std::vector<float>& w,
+                  const std::vector<float>& b, const std::vector<float>& g, GradWrite grad_x_write,
+                  Float32Math math = math_of<In>()) {
     const float nan = std::numeric_limits<float>::quiet_NaN();
     Tensor y = filled(nan, k.y_shape());
     conv2d_forward(y, upload<In>(x, k.x_shape()), upload<In>(w, k.w_shape()),
@@ -179,8 +116,8 @@ class Conv2dTensorCores : public ::testing::Test {
   void check(const ConvCase& k, unsigned seed, GradWrite grad_x_write) {
     SCOPED_TRACE(k.name + " " + name_of<In>() +
                  (grad_x_write == GradWrite::Assign ? ", grad_x assigned" : ", grad_x added"));
-    const Operands v = operands(k, seed);
-    const Results got = run<In>(k, v.x, v.w, v.b, v.g, grad_x_write);
+    const ConvOperands v = operands(k, seed);
+    const ConvResults got = run<In>(k, v.x, v.w, v.b, v.g, grad_x_write);
     const auto x = rounded<In>(v.x), w = rounded<In>(v.w), g = rounded<In>(v.g);
     Reference want = reference(k, widen(x), widen(w), widen(v.b), widen(g));
     Reference scale = reference(k, magnitudes(x), magnitudes(w), magnitudes(v.b), magnitudes(g));
@@ -188,7 +125,7 @@ class Conv2dTensorCores : public ::testing::Test {
       want.grad_b = bias_gradient(k, widen(v.g));
       scale.grad_b = bias_gradient(k, magnitudes(v.g));
     }
-    const Lengths n = lengths(k);
+    const ConvLengths n = lengths(k);
     const double data_sentinel = grad_x_write == GradWrite::Assign ? 0.0 : kDataSentinel;
     EXPECT_TRUE(within_bound(got.y, want.y, scale.y, n.forward, 0.0)) << "y";
     EXPECT_TRUE(within_bound(got.grad_x, want.grad_x, scale.grad_x, n.data, data_sentinel))
@@ -204,12 +141,12 @@ class Conv2dTensorCores : public ::testing::Test {
   template <typename In>
   void expect_controls(const ConvCase& k, unsigned seed) {
     SCOPED_TRACE(k.name + " " + name_of<In>());
-    const Operands v = operands(k, seed);
-    const Results got = run<In>(k, v.x, v.w, v.b, v.g, GradWrite::Accumulate);
+    const ConvOperands v = operands(k, seed);
+    const ConvResults got = run<In>(k, v.x, v.w, v.b, v.g, GradWrite::Accumulate);
     const Reference unrounded = reference(k, widen(v.x), widen(v.w), widen(v.b), widen(v.g));
     const Reference scale =
         reference(k, magnitudes(v.x), magnitudes(v.w), magnitudes(v.b), magnitudes(v.g));
-    const Lengths n = lengths(k);
+    const ConvLengths n = lengths(k);
     EXPECT_FALSE(within_bound(got.y, unrounded.y, scale.y, n.forward, 0.0)) << "y";
     EXPECT_FALSE(within_bound(got.grad_x, unrounded.grad_x, scale.grad_x, n.data, kDataSentinel))
         << "grad_x";
@@ -307,14 +244,14 @@ TEST_F(Conv2dTensorCores, ControlsUnroundedOperandsAndMissingSentinels) {
 // operands, in all three passes: the check above sees which path ran.
 TEST_F(Conv2dTensorCores, Tf32ControlFloat32ResultsAreOutsideTheTf32Bound) {
   const ConvCase k{"odd", 3, 5, 7, 9, 6, 3, 2, make_params(2, 1, 1, 0, 1, 2)};
-  const Operands v = operands(k, 320);
-  const Results ieee = run<Tf32>(k, v.x, v.w, v.b, v.g, GradWrite::Assign, Float32Math::Ieee);
+  const ConvOperands v = operands(k, 320);
+  const ConvResults ieee = run<Tf32>(k, v.x, v.w, v.b, v.g, GradWrite::Assign, Float32Math::Ieee);
   const Reference want = reference(k, widen(rounded<Tf32>(v.x)), widen(rounded<Tf32>(v.w)),
                                    widen(v.b), widen(rounded<Tf32>(v.g)));
   const Reference scale =
       reference(k, magnitudes(rounded<Tf32>(v.x)), magnitudes(rounded<Tf32>(v.w)), magnitudes(v.b),
                 magnitudes(rounded<Tf32>(v.g)));
-  const Lengths n = lengths(k);
+  const ConvLengths n = lengths(k);
   EXPECT_FALSE(within_bound(ieee.y, want.y, scale.y, n.forward, 0.0)) << "y";
   EXPECT_FALSE(within_bound(ieee.grad_x, want.grad_x, scale.grad_x, n.data, 0.0)) << "grad_x";
   EXPECT_FALSE(within_bound(ieee.grad_w, want.grad_w, scale.grad_w, n.weight, kWeightSentinel))
@@ -327,19 +264,20 @@ TEST_F(Conv2dTensorCores, Tf32ControlFloat32ResultsAreOutsideTheTf32Bound) {
 TEST_F(Conv2dTensorCores, GroupedLayerAndRepeatedBits) {
   const ConvCase grouped{"grouped", 2, 8, 6, 5, 12, 3, 3, make_params(1, 1, 1, 1, 1, 1, 4)};
   check<bfloat16>(grouped, 400, GradWrite::Accumulate);
-  const Operands v = operands(grouped, 420);
-  const Results tf32 = run<Tf32>(grouped, v.x, v.w, v.b, v.g, GradWrite::Assign);
-  const Results ieee = run<Tf32>(grouped, v.x, v.w, v.b, v.g, GradWrite::Assign, Float32Math::Ieee);
+  const ConvOperands v = operands(grouped, 420);
+  const ConvResults tf32 = run<Tf32>(grouped, v.x, v.w, v.b, v.g, GradWrite::Assign);
+  const ConvResults ieee =
+      run<Tf32>(grouped, v.x, v.w, v.b, v.g, GradWrite::Assign, Float32Math::Ieee);
   EXPECT_EQ(bits(tf32.y), bits(ieee.y));
   EXPECT_EQ(bits(tf32.grad_x), bits(ieee.grad_x));
   EXPECT_EQ(bits(tf32.grad_w), bits(ieee.grad_w));
 
   const ConvCase k{"resnet_down_16_32", 1, 16, 9, 9, 32, 3, 3, make_params(2, 2, 1, 1)};
-  const Operands u = operands(k, 410);
+  const ConvOperands u = operands(k, 410);
   const auto expect_repeats = [&]<typename In>() {
     SCOPED_TRACE(name_of<In>());
-    const Results first = run<In>(k, u.x, u.w, u.b, u.g, GradWrite::Assign);
-    const Results second = run<In>(k, u.x, u.w, u.b, u.g, GradWrite::Assign);
+    const ConvResults first = run<In>(k, u.x, u.w, u.b, u.g, GradWrite::Assign);
+    const ConvResults second = run<In>(k, u.x, u.w, u.b, u.g, GradWrite::Assign);
     EXPECT_EQ(bits(first.y), bits(second.y));
     EXPECT_EQ(bits(first.grad_x), bits(second.grad_x));
     EXPECT_EQ(bits(first.grad_w), bits(second.grad_w));
@@ -351,7 +289,7 @@ TEST_F(Conv2dTensorCores, GroupedLayerAndRepeatedBits) {
 // The CPU has no TF32 arithmetic: Tf32 there gives Ieee's bits, in all three passes.
 TEST(Conv2dTf32, OnTheCpuIsFloat32) {
   const ConvCase k{"odd", 3, 5, 7, 9, 6, 3, 2, make_params(2, 1, 1, 0, 1, 2)};
-  const Operands v = operands(k, 500);
+  const ConvOperands v = operands(k, 500);
   const auto pass = [&](Float32Math math) {
     Tensor y = Tensor::empty(k.y_shape(), cpu());
     const Tensor x = Tensor::from_host<float>(v.x, k.x_shape(), cpu());
@@ -362,10 +300,10 @@ TEST(Conv2dTf32, OnTheCpuIsFloat32) {
     Tensor grad_b = Tensor::zeros({k.K}, cpu());
     conv2d_backward(grad_x, grad_w, grad_b, Tensor::from_host<float>(v.g, k.y_shape(), cpu()), x, w,
                     k.params, cpu(), GradWrite::Accumulate, math);
-    return Results{y.to_host<float>(), grad_x.to_host<float>(), grad_w.to_host<float>(),
-                   grad_b.to_host<float>()};
+    return ConvResults{y.to_host<float>(), grad_x.to_host<float>(), grad_w.to_host<float>(),
+                       grad_b.to_host<float>()};
   };
-  const Results tf32 = pass(Float32Math::Tf32), ieee = pass(Float32Math::Ieee);
+  const ConvResults tf32 = pass(Float32Math::Tf32), ieee = pass(Float32Math::Ieee);
   EXPECT_EQ(bits(tf32.y), bits(ieee.y));
   EXPECT_EQ(bits(tf32.grad_x), bits(ieee.grad_x));
   EXPECT_EQ(bits(tf32.grad_w), bits(ieee.grad_w));
@@ -378,7 +316,7 @@ TEST(Conv2dTf32, OnTheCpuIsFloat32) {
 // bits.
 TEST_F(Conv2dTensorCores, ATf32TapeRunsConv2dForwardAndBackwardOnTf32) {
   const ConvCase k{"resnet_down_16_32", 2, 16, 9, 9, 32, 3, 3, make_params(2, 2, 1, 1)};
-  const Operands v = operands(k, 600);
+  const ConvOperands v = operands(k, 600);
   const auto pass = [&](Float32Math math) {
     Tape tape(stream());
     tape.set_float32_math(math);
@@ -392,21 +330,21 @@ TEST_F(Conv2dTensorCores, ATf32TapeRunsConv2dForwardAndBackwardOnTf32) {
     const Var b = variable(v.b, {k.K}, "b");
     const Var y = ag::conv2d(x, w, b, k.params);
     tape.backward(y, Tensor::from_host<float>(v.g, k.y_shape(), stream()));
-    return Results{y.value().to_host<float>(stream()), x.grad().to_host<float>(stream()),
-                   w.grad().to_host<float>(stream()), b.grad().to_host<float>(stream())};
+    return ConvResults{y.value().to_host<float>(stream()), x.grad().to_host<float>(stream()),
+                       w.grad().to_host<float>(stream()), b.grad().to_host<float>(stream())};
   };
-  const Results tf32 = pass(Float32Math::Tf32);
+  const ConvResults tf32 = pass(Float32Math::Tf32);
   const auto x = rounded<Tf32>(v.x), w = rounded<Tf32>(v.w), g = rounded<Tf32>(v.g);
   Reference want = reference(k, widen(x), widen(w), widen(v.b), widen(g));
   Reference scale = reference(k, magnitudes(x), magnitudes(w), magnitudes(v.b), magnitudes(g));
   want.grad_b = bias_gradient(k, widen(v.g));  // grad_bias sums the float32 grad_y, unrounded
   scale.grad_b = bias_gradient(k, magnitudes(v.g));
-  const Lengths n = lengths(k);
+  const ConvLengths n = lengths(k);
   EXPECT_TRUE(within_bound(tf32.y, want.y, scale.y, n.forward, 0.0)) << "y";
   EXPECT_TRUE(within_bound(tf32.grad_x, want.grad_x, scale.grad_x, n.data, 0.0)) << "grad_x";
   EXPECT_TRUE(within_bound(tf32.grad_w, want.grad_w, scale.grad_w, n.weight, 0.0)) << "grad_w";
   EXPECT_TRUE(within_bound(tf32.grad_b, want.grad_b, scale.grad_b, n.weight, 0.0)) << "grad_b";
-  const Results ieee = pass(Float32Math::Ieee);
+  const ConvResults ieee = pass(Float32Math::Ieee);
   EXPECT_NE(bits(tf32.y), bits(ieee.y));
   EXPECT_NE(bits(tf32.grad_x), bits(ieee.grad_x));
   EXPECT_NE(bits(tf32.grad_w), bits(ieee.grad_w));

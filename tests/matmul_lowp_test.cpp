@@ -8,6 +8,8 @@
 // tensor-core GEMM (kernels/cuda/matmul_tc.cu) on cuda:0: the emulated GPUs in CI,
 // a real one where present (MatmulLowpCuda, below).
 #include <cmath>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <string>
@@ -388,26 +390,45 @@ TEST(MatmulLowp, Avx512Bf16IsNotTheWideningPath) {
   EXPECT_NE(dot, widened);
 }
 
-// Auto widens (engine/settings.h says why): it gives the widening path's bits on
-// every ISA, and vdpbf16ps runs only when asked for, where the CPU has it.
-TEST(MatmulLowp, AutoWidensAndVdpbf16psRunsOnRequest) {
+// Auto runs vdpbf16ps where it pays (engine/settings.h: an AMD CPU with avx512_bf16,
+// the float32 GEMM on AVX-512) and widens everywhere else; it gives exactly the bits
+// of the path bf16_gemm_runs_vdpbf16ps() names, and vdpbf16ps runs on request.
+TEST(MatmulLowp, AutoRunsVdpbf16psWhereItPaysAndWidensElsewhere) {
   RestoreSettings restore;
   const Case<bfloat16> x = make_case<bfloat16>({40, 48, 129}, false, false, 1.0f, 0.0f, 90);
   std::string why;
-  for (Path path : {Path::Portable, Path::Avx2, Path::Avx512}) {
+  for (Path path : {Path::Portable, Path::Avx2}) {
     if (!select(path, &why)) continue;
     const std::vector<float> widened = run<float>(x);
     set_bf16_gemm_kernel(Bf16GemmKernel::Auto);
+    EXPECT_FALSE(bf16_gemm_runs_vdpbf16ps()) << path_name(path);
     EXPECT_EQ(run<float>(x), widened) << path_name(path);
   }
   if (!bf16_gemm_kernel_supported(Bf16GemmKernel::Avx512Bf16)) {
     EXPECT_THROW(set_bf16_gemm_kernel(Bf16GemmKernel::Avx512Bf16), NotSupported);
-    GTEST_SKIP() << "this CPU does not report avx512_bf16: only the refusal is checked";
+    if (select(Path::Avx512, &why)) {
+      const std::vector<float> widened = run<float>(x);
+      set_bf16_gemm_kernel(Bf16GemmKernel::Auto);
+      EXPECT_FALSE(bf16_gemm_runs_vdpbf16ps());
+      EXPECT_EQ(run<float>(x), widened) << "Auto on AVX-512 without avx512_bf16";
+    }
+    GTEST_SKIP() << "this CPU does not report avx512_bf16: only the widening and the refusal "
+                    "are checked";
   }
   ASSERT_TRUE(select(Path::Avx512, &why));
   const std::vector<float> widened = run<float>(x);
-  set_bf16_gemm_kernel(Bf16GemmKernel::Avx512Bf16);
-  EXPECT_NE(run<float>(x), widened) << "Avx512Bf16 did not run vdpbf16ps";
+  ASSERT_TRUE(select(Path::Avx512Bf16, &why));
+  const std::vector<float> dot = run<float>(x);
+  EXPECT_NE(dot, widened) << "Avx512Bf16 did not run vdpbf16ps";
+  set_bf16_gemm_kernel(Bf16GemmKernel::Auto);
+  // CPUID's vendor, read here from /proc/cpuinfo rather than the library's check.
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  const std::string text{std::istreambuf_iterator<char>(cpuinfo), {}};
+  const bool amd = text.find("AuthenticAMD") != std::string::npos;
+  EXPECT_EQ(bf16_gemm_runs_vdpbf16ps(), amd) << "vendor AMD: " << amd;
+  EXPECT_EQ(run<float>(x), bf16_gemm_runs_vdpbf16ps() ? dot : widened);
+  set_gemm_isa(GemmIsa::Avx2);  // Auto follows a GEMM held to AVX2
+  EXPECT_FALSE(bf16_gemm_runs_vdpbf16ps());
 }
 
 // ---------------------------------------------------------------------------

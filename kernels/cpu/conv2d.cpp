@@ -33,6 +33,12 @@
 // sums, each rounded once as it is stored: by Winograd's output transform, by the
 // direct kernels' stores, and on the im2col path from each image's float32 block
 // just after its GEMM. The backward's outputs are float32.
+//
+// Where the CPU's bfloat16 GEMM runs vdpbf16ps (engine/settings.h), a bfloat16
+// layer's three passes take the same lowering with bfloat16 operands instead
+// (bf16_gemm_conv_chosen): im2col copies bfloat16 patches, and the products of
+// bfloat16 values are summed in float32 by the vdpbf16ps GEMM (gemm_mixed), at twice
+// the float32 FMAs' multiply-adds; nothing is widened.
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -253,7 +259,126 @@ void forward_float32(Out* out, const float* in, const float* w, const float* b,
   forward_by_gemm(out, in, w, b, s);
 }
 
+// The bfloat16 GEMM path's forward: y [N,K,P,Q] (float32, or bfloat16 rounded once
+// from each image's float32 block) = bias + weight · col, each image on its thread.
+template <typename Out>
+void forward_bf16(Out* out, const bfloat16* in, const bfloat16* w, const float* b,
+                  const Conv2dShape& s) {
+  constexpr bool rounded = !std::is_same_v<Out, float>;
+  const std::int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
+  const bool lower = needs_lowering(s);
+  auto per_chunk = [&](std::int64_t, std::int64_t first, std::int64_t last) {
+    HostScratch<bfloat16> col(lower ? crs * pq : 0);  // [C*R*S, P*Q]
+    HostScratch<float> sums(rounded ? s.K * pq : 0);  // [K, P*Q]
+    for (std::int64_t n = first; n < last; ++n) {
+      const bfloat16* patches = in + n * chw;
+      if (lower) {
+        im2col(col.get(), patches, s);
+        patches = col.get();
+      }
+      float* y_n;
+      if constexpr (rounded) {
+        y_n = sums.get();
+      } else {
+        y_n = out + n * s.K * pq;
+      }
+      if (b != nullptr) {
+        for (std::int64_t k = 0; k < s.K; ++k) std::fill(y_n + k * pq, y_n + (k + 1) * pq, b[k]);
+      }
+      gemm_mixed<bfloat16, float>(false, false, s.K, pq, crs, 1.0f, w, crs, patches, pq,
+                                  b != nullptr ? 1.0f : 0.0f, y_n, pq);
+      if constexpr (rounded) round_to_16bit(out + n * s.K * pq, y_n, s.K * pq);
+    }
+  };
+  for_image_chunks(s.N, image_chunks(s.N), true, per_chunk);
+}
+
+// The bfloat16 GEMM path's backward, float32 gradients from bfloat16 grad_y, x and
+// weight: grad_col = weightᵀ · grad_y[n] then col2im (grad_x), and the weight
+// gradient's partials col · grad_y[n]ᵀ in the float32 path's fixed groups of images.
+void backward_bf16(float* gx, float* gw, const bfloat16* gy, const bfloat16* in, const bfloat16* w,
+                   const Conv2dShape& s, bool assign) {
+  const std::int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
+  const bool lower = needs_lowering(s);
+  const std::int64_t chunks = std::min(s.N, kWeightGroups);
+  HostScratch<float> partials(gw != nullptr ? chunks * crs * s.K : 0);  // [chunks, CRS, K]
+  auto per_group = [&](std::int64_t chunk, std::int64_t first, std::int64_t last) {
+    HostScratch<float> grad_col(gx != nullptr && lower ? crs * pq : 0);  // [C*R*S, P*Q]
+    HostScratch<bfloat16> col(gw != nullptr && lower ? crs * pq : 0);    // [C*R*S, P*Q]
+    float* sum = gw != nullptr ? partials.get() + chunk * crs * s.K : nullptr;
+    for (std::int64_t n = first; n < last; ++n) {
+      const bfloat16* gy_n = gy + n * s.K * pq;  // [K, P*Q]
+      if (gx != nullptr) {
+        float* gx_n = gx + n * chw;
+        if (!lower) {
+          gemm_mixed<bfloat16, float>(true, false, crs, pq, s.K, 1.0f, w, crs, gy_n, pq,
+                                      assign ? 0.0f : 1.0f, gx_n, pq);
+        } else {
+          gemm_mixed<bfloat16, float>(true, false, crs, pq, s.K, 1.0f, w, crs, gy_n, pq, 0.0f,
+                                      grad_col.get(), pq);
+          col2im_add(gx_n, grad_col.get(), s, assign);
+        }
+      }
+      if (sum != nullptr) {
+        const bfloat16* patches = in + n * chw;
+        if (lower) {
+          im2col(col.get(), patches, s);
+          patches = col.get();
+        }
+        gemm_mixed<bfloat16, float>(false, true, crs, s.K, pq, 1.0f, patches, pq, gy_n, pq,
+                                    n == first ? 0.0f : 1.0f, sum, s.K);
+      }
+    }
+  };
+  for_image_chunks(s.N, chunks, chunks >= thread_share(), per_group);
+  if (gw != nullptr) {
+    for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
+      add_transposed(gw, partials.get() + chunk * crs * s.K, crs, s.K);  // [C*R*S, K]
+    }
+  }
+}
+
 }  // namespace
+
+bool bf16_gemm_conv_chosen(DType dtype, const Conv2dShape& s) {
+  if (dtype != DType::BFloat16 || s.params.groups != 1 || !bf16_gemm_runs_vdpbf16ps()) {
+    return false;
+  }
+  switch (conv2d_algorithm()) {
+    case Conv2dAlgorithm::Winograd:
+      return false;
+    case Conv2dAlgorithm::Im2col:  // the lowering, in bfloat16
+      return true;
+    default:
+      // Auto: where the float32 paths have nothing better than the lowering. Winograd's
+      // float32 transforms beat this per-image lowering on the models' 3x3 layers of 32
+      // and 64 channels, the implicit weight gradient on the stride-2 3x3 ones, and a
+      // single-channel first layer keeps its direct kernels (its 9 taps are too short a
+      // reduction for the GEMM); the 1x1 layers run here in 0.61-0.64 of the widened
+      // time (bench/results/conv2d_bf16_cpu_*.md).
+      return !winograd_chosen(s) && !implicit_weight_grad_applies(s) &&
+             !direct_single_channel(s, DType::Float32);
+  }
+}
+
+void conv2d_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                         const Conv2dShape& s) {
+  const float* b = bias.defined() ? bias.data<float>() : nullptr;
+  if (y.dtype() == DType::BFloat16) {
+    forward_bf16(y.data<bfloat16>(), x.data<bfloat16>(), weight.data<bfloat16>(), b, s);
+  } else {
+    forward_bf16(y.data<float>(), x.data<bfloat16>(), weight.data<bfloat16>(), b, s);
+  }
+}
+
+void conv2d_backward_bf16(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_y,
+                          const Tensor& x, const Tensor& weight, const Conv2dShape& s,
+                          GradWrite grad_x_write) {
+  backward_bf16(grad_x.defined() ? grad_x.data<float>() : nullptr,
+                grad_weight.defined() ? grad_weight.data<float>() : nullptr,
+                grad_y.data<bfloat16>(), x.data<bfloat16>(), weight.data<bfloat16>(), s,
+                grad_x.defined() && grad_x_write == GradWrite::Assign);
+}
 
 void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
                     const Conv2dShape& s) {

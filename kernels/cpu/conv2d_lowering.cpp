@@ -67,7 +67,7 @@ template <typename T>
 void zero_edge_columns(T* row, std::int64_t first_row, std::int64_t last_row, std::int64_t first,
                        std::int64_t last, std::int64_t Q) {
   auto zero_column = [&](std::int64_t q) {
-    for (std::int64_t op = first_row; op < last_row; ++op) row[op * Q + q] = T(0);
+    for (std::int64_t op = first_row; op < last_row; ++op) row[op * Q + q] = T{};
   };
   for (std::int64_t q = 0; q < first; ++q) zero_column(q);
   for (std::int64_t q = last; q < Q; ++q) zero_column(q);
@@ -312,11 +312,11 @@ void im2col(T* col, const T* x, const Conv2dShape& s) {
         if (flat_runs(s)) {
           const auto [first_row, last_row, shift] = flat_run(s, r, kq);
           if (first_row == last_row || first == last) {
-            std::fill(row, row + s.P * s.Q, T(0));
+            std::fill(row, row + s.P * s.Q, T{});
             continue;
           }
-          std::fill(row, row + first_row * s.Q, T(0));
-          std::fill(row + last_row * s.Q, row + s.P * s.Q, T(0));
+          std::fill(row, row + first_row * s.Q, T{});
+          std::fill(row + last_row * s.Q, row + s.P * s.Q, T{});
           const std::int64_t begin = first_row * s.Q + first, end = (last_row - 1) * s.Q + last;
           const T* in = x + c * s.H * s.W + begin + shift;
           std::copy(in, in + (end - begin), row + begin);
@@ -328,17 +328,17 @@ void im2col(T* col, const T* x, const Conv2dShape& s) {
           const std::int64_t h = op * p.stride_h - p.pad_h + r * p.dilation_h;
           T* out = row + op * s.Q;
           if (h < 0 || h >= s.H) {
-            std::fill(out, out + s.Q, T(0));
+            std::fill(out, out + s.Q, T{});
             continue;
           }
           const T* in = x + (c * s.H + h) * s.W + w_first;
-          std::fill(out, out + first, T(0));
+          std::fill(out, out + first, T{});
           if (p.stride_w == 1) {  // a contiguous run: a copy the compiler vectorizes
             std::copy(in, in + (last - first), out + first);
           } else {
             for (std::int64_t oq = first; oq < last; ++oq) out[oq] = in[(oq - first) * p.stride_w];
           }
-          std::fill(out + last, out + s.Q, T(0));
+          std::fill(out + last, out + s.Q, T{});
         }
       }
     }
@@ -426,6 +426,7 @@ void col2im_add(T* x, T* col, const Conv2dShape& s, bool assign) {
 
 template void im2col<float>(float*, const float*, const Conv2dShape&);
 template void im2col<double>(double*, const double*, const Conv2dShape&);
+template void im2col<bfloat16>(bfloat16*, const bfloat16*, const Conv2dShape&);
 template void col2im_add<float>(float*, float*, const Conv2dShape&, bool);
 template void col2im_add<double>(double*, double*, const Conv2dShape&, bool);
 

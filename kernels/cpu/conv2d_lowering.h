@@ -4,7 +4,8 @@
 // h(p,r) = p*stride_h - pad_h + r*dilation_h and w(q,s) likewise,
 //   col[(c,r,s), (p,q)] = x[c, h(p,r), w(q,s)]            [C*R*S, P*Q]
 // zero where (h, w) falls in the padding. T is float or double (the gradient
-// checks); both give the plain loop's bits on every ISA.
+// checks), and for im2col also bfloat16 (the 16-bit GEMM path,
+// kernels/cpu/conv2d_bf16.cpp); each gives the plain loop's bits on every ISA.
 #pragma once
 
 #include "kernels/cpu/conv2d.h"

@@ -103,9 +103,8 @@ Kernels<Src, float> avx512_kernels();
 #endif
 
 // The float32 micro-kernel in use (set_gemm_isa, TOWERLAB_GEMM_ISA), and whether a
-// bfloat16 product runs the vdpbf16ps kernel now: only on request (set only where
-// the CPU has it). Auto widens, for the reason engine/settings.h gives. Both
-// kernels/cpu/gemm_isa.cpp's.
+// bfloat16 product runs the vdpbf16ps kernel now: on request, or under Auto where
+// engine/settings.h says it pays. Both kernels/cpu/gemm_isa.cpp's.
 std::atomic<GemmIsa>& selected_isa();
 bool bf16_dot_selected();
 

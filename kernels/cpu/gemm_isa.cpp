@@ -1,6 +1,6 @@
 // Which micro-kernel the CPU GEMM runs: the ISAs this CPU has (CPUID, at run time,
 // never the build machine's), the choice (the best one, or TOWERLAB_GEMM_ISA, or
-// set_gemm_isa) and the bfloat16 kernel's (set_bf16_gemm_kernel), behind
+// set_gemm_isa) and the bfloat16 kernel's (set_bf16_gemm_kernel, TOWERLAB_BF16_GEMM), behind
 // engine/settings.h's public functions. The kernels are kernels/cpu/gemm_kernels.cpp's
 // and kernels/cpu/gemm_bf16.cpp's; the entry points (kernels/cpu/matmul.cpp,
 // kernels/cpu/gemm_packed.cpp) read the choice once a call, and the other CPU
@@ -75,7 +75,51 @@ GemmIsa initial_isa() {
   return best_isa();
 }
 
-std::atomic<Bf16GemmKernel> g_bf16_kernel{Bf16GemmKernel::Auto};
+// Whether Auto takes vdpbf16ps: where it issues at the float32 FMAs' rate, so that its
+// 32 multiply-adds an instruction against an FMA's 16 double the GEMM's peak. AMD's
+// cores with avx512_bf16 (Zen 4 and later) run it so; the Intel Xeon measured ran it
+// at a quarter of that rate, below the widening path (docs/kernels.md). The rule
+// reads CPUID only, never a timing, so one machine always gets the same bits.
+bool vdpbf16ps_pays() {
+#if TL_CPU_X86
+  return cpu_has_avx512_bf16() && __builtin_cpu_is("amd");
+#else
+  return false;
+#endif
+}
+
+const char* bf16_kernel_name(Bf16GemmKernel kernel) {
+  switch (kernel) {
+    case Bf16GemmKernel::Auto:
+      return "auto";
+    case Bf16GemmKernel::Widen:
+      return "widen";
+    case Bf16GemmKernel::Avx512Bf16:
+      return "avx512bf16";
+  }
+  return "?";
+}
+
+// TOWERLAB_BF16_GEMM=auto|widen|avx512bf16 sets the initial bfloat16 kernel, as
+// TOWERLAB_GEMM_ISA does the float32 one; avx512bf16 on a CPU without it warns once
+// and leaves Auto.
+Bf16GemmKernel initial_bf16_kernel() {
+  const auto wanted =
+      detail::environment_choice("TOWERLAB_BF16_GEMM", {"auto", "widen", "avx512bf16"});
+  if (!wanted) return Bf16GemmKernel::Auto;
+  for (Bf16GemmKernel kernel : {Bf16GemmKernel::Widen, Bf16GemmKernel::Avx512Bf16}) {
+    if (*wanted != bf16_kernel_name(kernel)) continue;
+    if (kernel != Bf16GemmKernel::Avx512Bf16 || cpu_has_avx512_bf16()) return kernel;
+    detail::warn_about_environment("TOWERLAB_BF16_GEMM", *wanted,
+                                   "is not supported by this CPU (no avx512_bf16)");
+  }
+  return Bf16GemmKernel::Auto;
+}
+
+std::atomic<Bf16GemmKernel>& selected_bf16_kernel() {
+  static std::atomic<Bf16GemmKernel> kernel{initial_bf16_kernel()};
+  return kernel;
+}
 
 }  // namespace
 
@@ -87,7 +131,16 @@ std::atomic<GemmIsa>& selected_isa() {
 }
 
 bool bf16_dot_selected() {
-  return g_bf16_kernel.load(std::memory_order_relaxed) == Bf16GemmKernel::Avx512Bf16;
+  switch (selected_bf16_kernel().load(std::memory_order_relaxed)) {
+    case Bf16GemmKernel::Avx512Bf16:
+      return true;
+    case Bf16GemmKernel::Auto:
+      // Auto follows the float32 ISA too: a GEMM held to AVX2 or portable code
+      // (set_gemm_isa, TOWERLAB_GEMM_ISA) widens.
+      return selected_isa().load(std::memory_order_relaxed) == GemmIsa::Avx512 && vdpbf16ps_pays();
+    default:
+      return false;
+  }
 }
 
 }  // namespace gemm_detail
@@ -118,11 +171,15 @@ void set_bf16_gemm_kernel(Bf16GemmKernel kernel) {
   TL_CHECK(bf16_gemm_kernel_supported(kernel), NotSupported,
            "set_bf16_gemm_kernel: this CPU does not report avx512_bf16 (vdpbf16ps); Widen and "
            "Auto run everywhere");
-  cpu::g_bf16_kernel.store(kernel);
+  cpu::selected_bf16_kernel().store(kernel);
 }
 
 Bf16GemmKernel bf16_gemm_kernel() {
-  return cpu::g_bf16_kernel.load();
+  return cpu::selected_bf16_kernel().load();
+}
+
+bool bf16_gemm_runs_vdpbf16ps() {
+  return cpu::gemm_detail::bf16_dot_selected();
 }
 
 }  // namespace towerlab

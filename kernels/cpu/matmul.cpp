@@ -16,11 +16,12 @@
 // k per 32-bit word; the driver sizes panels in words, so both layouts share it.
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <type_traits>
-#include <vector>
 
 #include "engine/settings.h"
 #include "engine/thread_pool.h"
+#include "kernels/cpu/convert16.h"
 #include "kernels/cpu/gemm_bf16.h"
 #include "kernels/cpu/gemm_blocked.h"
 #include "kernels/cpu/matmul.h"
@@ -64,18 +65,20 @@ void gemm_mixed(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t
   if (m <= 0 || n <= 0) return;
   if constexpr (!std::is_same_v<Out, float>) {
     // The driver adds each K block onto C, so C is float32 until the last block: a
-    // 16-bit C goes through a float32 copy, rounded once at the end.
-    std::vector<float> acc(static_cast<std::size_t>(m * n));  // [M,N]
+    // 16-bit C goes through a float32 copy (not zeroed: the GEMM's beta = 0 writes it
+    // whole), widened and rounded once at the end with the vector conversions, rows
+    // spread over the thread pool.
+    const std::unique_ptr<float[]> acc(new float[static_cast<std::size_t>(m * n)]);  // [M,N]
     if (beta != 0.0f) {
-      for (std::int64_t i = 0; i < m; ++i) {
-        for (std::int64_t j = 0; j < n; ++j) acc[i * n + j] = static_cast<float>(c[i * ldc + j]);
-      }
+      parallel_rows(m, n, [&](std::int64_t first, std::int64_t last) {
+        for (std::int64_t i = first; i < last; ++i) widen_16bit(&acc[i * n], &c[i * ldc], n);
+      });
     }
-    gemm_mixed<In, float>(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta,
-                          acc.data(), n);
-    for (std::int64_t i = 0; i < m; ++i) {
-      for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] = Out(acc[i * n + j]);
-    }
+    gemm_mixed<In, float>(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, acc.get(),
+                          n);
+    parallel_rows(m, n, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t i = first; i < last; ++i) round_to_16bit(&c[i * ldc], &acc[i * n], n);
+    });
     return;
   } else {
     if (k <= 0) {

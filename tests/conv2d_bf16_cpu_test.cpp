@@ -1,0 +1,242 @@
+// conv2d's bfloat16 GEMM path on the CPU (kernels/cpu/conv2d.cpp, chosen where the
+// bfloat16 GEMM runs vdpbf16ps): bfloat16 patches lowered by im2col and multiplied
+// by the vdpbf16ps GEMM, the products exact and summed in float32, for the forward,
+// the input gradient and the weight gradient. Each is held to the bound
+// kernels/conv2d.h states for exact products summed in float32,
+//   |got - want| <= 2 (n + 2) 2^-24 (sum of |terms| + |the sentinel|),
+// around the plain reference in double on the bfloat16 values (tests/conv2d_gemm_bound.h).
+// The tests select the vdpbf16ps kernel themselves (set_bf16_gemm_kernel), so they
+// run on every CPU with avx512_bf16, whichever kernel Auto takes there; elsewhere
+// they skip.
+//
+// Im2col is forced so that every layer takes the path (Auto takes it only where the
+// float32 paths would lower too: kernels/cpu/conv2d.h). Cases: FashionNet's conv2
+// and ResNet-20's layers (a 16-channel 3x3, the stride-2
+// 3x3, the 1x1 stride-2 shortcut, a 1x1 stride-1 layer that needs no lowering) and
+// odd shapes (unequal strides, padding and dilation, a 3x2 kernel, an odd C*R*S, a
+// K that fills no tile). y over NaN, in float32 and in bfloat16 (the float32 y
+// rounded once, bit for bit); grad_weight and grad_bias onto sentinels; grad_x
+// assigned over NaN or added onto a sentinel. Controls: the reference on the
+// unrounded operands and the expected values without the sentinels lie outside the
+// bound, and the widening path gives other bits (so the checks see which ran).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "conv2d_case.h"
+#include "conv2d_gemm_bound.h"
+#include "engine/half.h"
+#include "engine/settings.h"
+#include "kernels/conv2d.h"
+#include "kernels/cpu/conv2d.h"
+#include "test_util.h"
+
+namespace towerlab::testing {
+namespace {
+
+constexpr float kWeightSentinel = 0.5f, kBiasSentinel = -0.25f, kDataSentinel = 0.75f;
+
+std::vector<float> rounded_bf16(const std::vector<float>& v) {
+  std::vector<float> out;
+  for (bfloat16 x : narrowed<bfloat16>(v)) out.push_back(static_cast<float>(x));
+  return out;
+}
+
+class Conv2dBf16Cpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!bf16_gemm_kernel_supported(Bf16GemmKernel::Avx512Bf16)) {
+      GTEST_SKIP() << "this CPU does not report avx512_bf16: the vdpbf16ps path cannot run";
+    }
+    set_bf16_gemm_kernel(Bf16GemmKernel::Avx512Bf16);
+  }
+  void TearDown() override { set_bf16_gemm_kernel(saved_); }
+
+  // The lowering forced, so that every layer takes the path (Auto leaves the 3x3
+  // layers to the float32 algorithms).
+  cpu::ScopedConv2dAlgorithm lowering_{Conv2dAlgorithm::Im2col};
+
+  Tensor filled(float value, const Shape& shape) {
+    return Tensor::from_host<float>(std::vector<float>(std::size_t(numel_of(shape)), value), shape,
+                                    stream_);
+  }
+  Tensor bf16(const std::vector<float>& v, const Shape& shape) {
+    return Tensor::from_host<bfloat16>(narrowed<bfloat16>(v), shape, stream_);
+  }
+
+  // The three passes on bfloat16 x, w and g (b float32): y over NaN (float32, and
+  // a bfloat16 y alongside), grad_weight and grad_bias onto their sentinels, grad_x
+  // assigned over NaN or accumulated onto its sentinel. y16: the bfloat16 y widened.
+  ConvResults run(const ConvCase& k, const ConvOperands& v, GradWrite grad_x_write,
+                  std::vector<float>* y16 = nullptr) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const Tensor x = bf16(v.x, k.x_shape()), w = bf16(v.w, k.w_shape());
+    const Tensor b = k.bias ? Tensor::from_host<float>(v.b, {k.K}, stream_) : Tensor();
+    Tensor y = filled(nan, k.y_shape());
+    conv2d_forward(y, x, w, b, k.params, stream_);
+    if (y16 != nullptr) {
+      Tensor y_bf16 = Tensor::from_host<bfloat16>(
+          std::vector<bfloat16>(std::size_t(numel_of(k.y_shape())), bfloat16(nan)), k.y_shape(),
+          stream_);
+      conv2d_forward(y_bf16, x, w, b, k.params, stream_);
+      y16->clear();
+      for (bfloat16 value : y_bf16.to_host<bfloat16>(stream_)) {
+        y16->push_back(static_cast<float>(value));
+      }
+    }
+    Tensor grad_x = filled(grad_x_write == GradWrite::Assign ? nan : kDataSentinel, k.x_shape());
+    Tensor grad_w = filled(kWeightSentinel, k.w_shape());
+    Tensor grad_b = k.bias ? filled(kBiasSentinel, {k.K}) : Tensor();
+    conv2d_backward(grad_x, grad_w, grad_b, bf16(v.g, k.y_shape()), x, w, k.params, stream_,
+                    grad_x_write);
+    return {y.to_host<float>(stream_), grad_x.to_host<float>(stream_),
+            grad_w.to_host<float>(stream_),
+            k.bias ? grad_b.to_host<float>(stream_) : std::vector<float>()};
+  }
+
+  // One case against the reference on the bfloat16 values.
+  void check(const ConvCase& k, unsigned seed, GradWrite grad_x_write) {
+    SCOPED_TRACE(k.name +
+                 (grad_x_write == GradWrite::Assign ? ", grad_x assigned" : ", grad_x added"));
+    ASSERT_TRUE(
+        conv2d_multiplies_16bit(k.x_shape(), k.w_shape(), DType::BFloat16, k.params, stream_))
+        << "the case does not take the bfloat16 GEMM path";
+    const ConvOperands v = operands(k, seed);
+    std::vector<float> y16;
+    const ConvResults got = run(k, v, grad_x_write, &y16);
+    const auto x = rounded_bf16(v.x), w = rounded_bf16(v.w), g = rounded_bf16(v.g);
+    const Reference want = reference(k, widen(x), widen(w), widen(v.b), widen(g));
+    const Reference scale =
+        reference(k, magnitudes(x), magnitudes(w), magnitudes(v.b), magnitudes(g));
+    const ConvLengths n = lengths(k);
+    const double data_sentinel = grad_x_write == GradWrite::Assign ? 0.0 : kDataSentinel;
+    EXPECT_TRUE(within_bound(got.y, want.y, scale.y, n.forward, 0.0)) << "y";
+    EXPECT_EQ(y16, rounded_bf16(got.y)) << "the bfloat16 y is not the float32 y rounded once";
+    EXPECT_TRUE(within_bound(got.grad_x, want.grad_x, scale.grad_x, n.data, data_sentinel))
+        << "grad_x";
+    EXPECT_TRUE(within_bound(got.grad_w, want.grad_w, scale.grad_w, n.weight, kWeightSentinel))
+        << "grad_w";
+    if (k.bias) {
+      EXPECT_TRUE(within_bound(got.grad_b, want.grad_b, scale.grad_b, n.weight, kBiasSentinel))
+          << "grad_b";
+    }
+  }
+
+  Stream stream_{Device::cpu()};
+  Bf16GemmKernel saved_ = bf16_gemm_kernel();
+};
+
+TEST_F(Conv2dBf16Cpu, FashionNetAndResNet20Layers) {
+  const std::vector<ConvCase> cases = {
+      {"fashion_conv2", 3, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)},
+      {"resnet_16", 2, 16, 10, 10, 16, 3, 3, make_params(1, 1, 1, 1)},
+      {"resnet_down_16_32", 2, 16, 9, 9, 32, 3, 3, make_params(2, 2, 1, 1)},
+      {"resnet_shortcut_32_64", 2, 32, 7, 7, 64, 1, 1, make_params(2, 2, 0, 0)},
+      {"pointwise_64_48", 2, 64, 5, 6, 48, 1, 1, make_params(1, 1, 0, 0)},
+  };
+  unsigned seed = 10;
+  bool assign = true;
+  for (const ConvCase& k : cases) {
+    check(k, seed += 10, assign ? GradWrite::Assign : GradWrite::Accumulate);
+    assign = !assign;
+  }
+}
+
+TEST_F(Conv2dBf16Cpu, OddShapesStridesAndDilation) {
+  check({"odd", 3, 5, 7, 9, 6, 3, 2, make_params(2, 1, 1, 0, 1, 2)}, 200, GradWrite::Assign);
+  check({"stride3_5x5", 2, 7, 13, 11, 37, 5, 5, make_params(3, 3, 2, 1)}, 210,
+        GradWrite::Accumulate);
+  ConvCase no_bias{"no_bias_odd_crs", 17, 3, 6, 5, 13, 3, 3, make_params(1, 1, 1, 1)};
+  no_bias.bias = false;
+  check(no_bias, 220, GradWrite::Assign);
+}
+
+// The checks can fail: the reference on the unrounded operands, and the expected
+// values without the sentinels, lie outside the bound; the widening path (the
+// float32 algorithms on the same values) gives other bits.
+TEST_F(Conv2dBf16Cpu, ControlsUnroundedOperandsSentinelsAndTheWideningPath) {
+  const ConvCase k{"resnet_16", 2, 16, 6, 6, 16, 3, 3, make_params(1, 1, 1, 1)};
+  const ConvOperands v = operands(k, 300);
+  const ConvResults got = run(k, v, GradWrite::Accumulate);
+  const Reference unrounded = reference(k, widen(v.x), widen(v.w), widen(v.b), widen(v.g));
+  const Reference scale =
+      reference(k, magnitudes(v.x), magnitudes(v.w), magnitudes(v.b), magnitudes(v.g));
+  const ConvLengths n = lengths(k);
+  EXPECT_FALSE(within_bound(got.y, unrounded.y, scale.y, n.forward, 0.0)) << "y";
+  EXPECT_FALSE(within_bound(got.grad_x, unrounded.grad_x, scale.grad_x, n.data, kDataSentinel))
+      << "grad_x";
+  EXPECT_FALSE(within_bound(got.grad_w, unrounded.grad_w, scale.grad_w, n.weight, kWeightSentinel))
+      << "grad_w";
+  const Reference want = reference(k, widen(rounded_bf16(v.x)), widen(rounded_bf16(v.w)),
+                                   widen(v.b), widen(rounded_bf16(v.g)));
+  EXPECT_FALSE(within_bound(got.grad_x, want.grad_x, scale.grad_x, n.data, 0.0))
+      << "grad_x: the sentinel was not added";
+  EXPECT_FALSE(within_bound(got.grad_w, want.grad_w, scale.grad_w, n.weight, 0.0))
+      << "grad_w: the sentinel was not added";
+
+  set_bf16_gemm_kernel(Bf16GemmKernel::Widen);
+  ASSERT_FALSE(
+      conv2d_multiplies_16bit(k.x_shape(), k.w_shape(), DType::BFloat16, k.params, stream_));
+  const ConvResults widened = run(k, v, GradWrite::Accumulate);
+  EXPECT_NE(widened.y, got.y) << "the same bits as the widening path: which one ran?";
+  EXPECT_NE(widened.grad_x, got.grad_x);
+  EXPECT_NE(widened.grad_w, got.grad_w);
+}
+
+// The same bits whatever the threads: each image's products, and the weight
+// gradient's fixed groups of images, do not depend on who runs them.
+TEST_F(Conv2dBf16Cpu, SameBitsForAnyThreadCount) {
+  const ConvCase k{"fashion_conv2", 20, 32, 7, 7, 64, 3, 3, make_params(1, 1, 1, 1)};
+  const ConvOperands v = operands(k, 400);
+  const int saved = num_threads();
+  set_num_threads(1);
+  const ConvResults one = run(k, v, GradWrite::Assign);
+  for (int threads : {2, 3}) {
+    set_num_threads(threads);
+    const ConvResults many = run(k, v, GradWrite::Assign);
+    EXPECT_EQ(many.y, one.y) << threads << " threads";
+    EXPECT_EQ(many.grad_x, one.grad_x) << threads << " threads";
+    EXPECT_EQ(many.grad_w, one.grad_w) << threads << " threads";
+  }
+  set_num_threads(saved);
+}
+
+// Which layers take the path: bfloat16 with one group; under Auto the layers the
+// float32 paths would lower too (a 1x1 layer), not those Winograd, the implicit
+// weight gradient or the direct kernels take; under a forced Im2col every one but
+// for dtype and groups, under a forced Winograd none; float16 always widens.
+TEST_F(Conv2dBf16Cpu, WhichLayersTakeThePath) {
+  const Conv2dParams pad1 = make_params(1, 1, 1, 1), one = make_params(1, 1, 0, 0);
+  const Shape x{2, 32, 8, 8}, w{64, 32, 3, 3}, w1x1{64, 32, 1, 1};
+  const Shape first_x{2, 1, 28, 28}, first_w{32, 1, 3, 3};
+  EXPECT_TRUE(conv2d_multiplies_16bit(x, w, DType::BFloat16, pad1, stream_)) << "forced Im2col";
+  EXPECT_TRUE(conv2d_multiplies_16bit(first_x, first_w, DType::BFloat16, pad1, stream_));
+  EXPECT_FALSE(conv2d_multiplies_16bit(x, w, DType::Float16, pad1, stream_));
+  EXPECT_FALSE(conv2d_multiplies_16bit(x, w, DType::Float32, pad1, stream_));
+  EXPECT_FALSE(conv2d_multiplies_16bit(x, {64, 16, 3, 3}, DType::BFloat16,
+                                       make_params(1, 1, 1, 1, 1, 1, 2), stream_))
+      << "groups";
+  {
+    cpu::ScopedConv2dAlgorithm automatic(Conv2dAlgorithm::Auto);
+    EXPECT_TRUE(conv2d_multiplies_16bit(x, w1x1, DType::BFloat16, one, stream_)) << "1x1";
+    EXPECT_TRUE(conv2d_multiplies_16bit(x, w1x1, DType::BFloat16, make_params(2, 2, 0, 0), stream_))
+        << "1x1, stride 2";
+    EXPECT_FALSE(conv2d_multiplies_16bit(x, w, DType::BFloat16, pad1, stream_)) << "Winograd";
+    EXPECT_FALSE(conv2d_multiplies_16bit(x, w, DType::BFloat16, make_params(2, 2, 1, 1), stream_))
+        << "3x3 stride 2: the implicit weight gradient";
+    EXPECT_FALSE(conv2d_multiplies_16bit(first_x, first_w, DType::BFloat16, pad1, stream_))
+        << "a single-channel first layer keeps its direct kernels";
+  }
+  {
+    cpu::ScopedConv2dAlgorithm winograd(Conv2dAlgorithm::Winograd);
+    EXPECT_FALSE(conv2d_multiplies_16bit(x, w1x1, DType::BFloat16, one, stream_));
+  }
+  set_bf16_gemm_kernel(Bf16GemmKernel::Widen);
+  EXPECT_FALSE(conv2d_multiplies_16bit(x, w, DType::BFloat16, pad1, stream_));
+}
+
+}  // namespace
+}  // namespace towerlab::testing
