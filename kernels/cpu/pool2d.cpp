@@ -11,6 +11,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/convert16.h"
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/pool2d.h"
@@ -108,6 +109,27 @@ void sixteen_bit_max_forward(const Tensor& y, const Tensor& argmax, const Tensor
   });
 }
 
+// Without an argmax (inference): each plane widened once, exactly, into float32
+// scratch, window_argmax's choice made there (the reference's rule: the first NaN,
+// else the first of the largest values), and the 16-bit value it picks copied as it
+// is. The reference's bits, without its per-value widening and window walk.
+template <typename T>
+void sixteen_bit_max_values(const Tensor& y, const Tensor& x, const Pool2dParams& params) {
+  const T* in = x.data<T>();  // [N,C,H,W]
+  T* out = y.data<T>();       // [N,C,Ho,Wo]
+  const Sizes z = sizes_of(x, y);
+  parallel_rows(z.planes, z.H * z.W, [&](std::int64_t first, std::int64_t last) {
+    std::vector<float> widened(static_cast<std::size_t>(z.H * z.W));  // [H,W]
+    for (std::int64_t plane = first; plane < last; ++plane) {
+      const T* x_plane = in + plane * z.H * z.W;
+      widen_16bit(widened.data(), x_plane, z.H * z.W);
+      for_each_window(z.plane(), params, [&](std::int64_t o, const Window& win) {
+        out[plane * z.Ho * z.Wo + o] = x_plane[window_argmax(widened.data(), z.W, win)];
+      });
+    }
+  });
+}
+
 // The backward from a recorded argmax, or (x given) from the argmax recomputed
 // here, a range's planes at a time. Assign: grad_x zeroed first (the reference's
 // sums from +0 added to +0 are the sums themselves).
@@ -138,7 +160,7 @@ void sixteen_bit_max_backward(const Tensor& grad_x, const Tensor& grad_y, const 
 void max_pool2d_forward(const Tensor& y, const Tensor& x, const Pool2dParams& params) {
   with_any_dtype(x.dtype(), [&]<typename T>() {
     if constexpr (reference::kIs16Bit<T>) {
-      sixteen_bit_max_forward<T>(y, Tensor(), x, params);
+      sixteen_bit_max_values<T>(y, x, params);
     } else {
       max_pool2d_forward_impl<T>(y, Tensor(), x, params);
     }

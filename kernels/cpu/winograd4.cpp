@@ -393,6 +393,23 @@ template <typename Out>
       return;
     }
     for (int x = 0; x < cols; ++x) y[x] = accumulate ? y[x] + v[x] : b + v[x];
+  } else if constexpr (std::is_same_v<Out, bfloat16>) {
+    // engine/half.h's float_to_bfloat16_bits on the four lanes at once (the scalar
+    // conversion, a branch a value, took most of a bfloat16 layer's output
+    // transform): round to nearest even on the pattern, a NaN quieted with its top
+    // payload bits. The same bits.
+    typedef std::uint32_t Bits4 __attribute__((vector_size(16)));
+    const Half4 sum = Half4{b, b, b, b} + v;
+    Bits4 x;
+    std::memcpy(&x, &sum, sizeof x);
+    const Bits4 nan = reinterpret_cast<Bits4>((x & 0x7fffffffu) > 0x7f800000u);
+    const Bits4 rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+    const Bits4 quiet = (x >> 16) | 0x0040u;
+    const Bits4 bits = (nan & quiet) | (~nan & rounded);
+    const std::uint16_t halves[4] = {
+        static_cast<std::uint16_t>(bits[0]), static_cast<std::uint16_t>(bits[1]),
+        static_cast<std::uint16_t>(bits[2]), static_cast<std::uint16_t>(bits[3])};
+    std::memcpy(y, halves, sizeof(std::uint16_t) * static_cast<std::size_t>(cols));
   } else {
     for (int x = 0; x < cols; ++x) y[x] = Out(b + v[x]);
   }
