@@ -169,10 +169,14 @@ class Contender:
     def __init__(self, spec):
         self.spec = spec
         if spec.startswith("towerlab:"):
-            self.devices = spec.split(":", 1)[1]
+            self.devices, _, self.precision = spec.split(":", 1)[1].partition("+")
+            if self.precision not in ("", "fp32", "bf16", "fp16"):
+                raise ValueError(f"contender {spec!r}: expected towerlab:DEVICES[+fp32|bf16|fp16]")
             self.framework = None
             towers = len(self.devices.split(","))
-            self.label = f"towerlab, {towers} CPU tower{'s' if towers > 1 else ''} (`--devices {self.devices}`)"
+            precision = f" --precision {self.precision}" if self.precision else ""
+            self.label = (f"towerlab, {towers} CPU tower{'s' if towers > 1 else ''} "
+                          f"(`--devices {self.devices}{precision}`)")
         else:
             self.framework, _, self.variant = spec.partition(":")
             if self.framework not in PEER_NAMES:
@@ -239,8 +243,9 @@ def run_contender(c, args, sample, python, pin, env):
     else:
         cmd = [sample, *MODELS[args.model][1], "--devices", c.devices, "--epochs", "1", "--steps", str(args.warmup + args.steps),
                "--batch", str(args.batch), "--progress-every", "1", "--data", args.data]
-        ips, cpu, losses = run_sample(pin + cmd, env, args.warmup, args.steps, args.batch)
-        config = (f"{' '.join(MODELS[args.model][1] + ['--devices', c.devices])}, thread pool of "
+        precision = ["--precision", c.precision] if c.precision else []
+        ips, cpu, losses = run_sample(pin + cmd + precision, env, args.warmup, args.steps, args.batch)
+        config = (f"{' '.join(MODELS[args.model][1] + ['--devices', c.devices] + precision)}, thread pool of "
                   f"{args.threads} (the machine's CPUs)")
     # Training, not idling: the last ten steps' mean loss well below the first step's.
     first, last = losses[0], statistics.mean(losses[-10:])
@@ -352,8 +357,10 @@ def main():
     p.add_argument("--model", choices=sorted(MODELS), default="fashion_net",
                    help="the model every contender trains (see above)")
     p.add_argument("--contenders",
-                   help="';'-separated: towerlab:DEVICES, or torch, tensorflow, jax with an optional "
-                        ":VARIANT (bench/peers/*_net.py list theirs); default: the model's "
+                   help="';'-separated: towerlab:DEVICES with an optional +PRECISION (the sample's "
+                        "--precision: towerlab:cpu,cpu+bf16), or torch, tensorflow, jax with an optional "
+                        ":VARIANT (bench/peers/*_net.py list theirs: torch:channels_last+bf16, "
+                        "tensorflow:mixed_bfloat16); default: the model's "
                         "(MODELS above)")
     p.add_argument("--omp-wait-policy", choices=["auto", "active", "passive"], default="auto",
                    help="OMP_WAIT_POLICY for the contenders. auto: passive when the 1-minute load "

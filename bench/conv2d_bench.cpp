@@ -25,8 +25,10 @@
 //         it applies) and with Winograd forced (cpu_im2col, cpu_winograd; the forward
 //         and backward-data in each tile, cpu_winograd_f2x2 and cpu_winograd_f4x4):
 //         the plain "cpu" case is what the dispatch picks (bench/results/winograd.md).
-//         bfloat16 operands run as cpu_bf16 (the bfloat16 GEMM path where the CPU's
-//         bfloat16 GEMM runs vdpbf16ps) beside cpu_bf16_widen (widened to float32). On CUDA,
+//         bfloat16 operands run as cpu_bf16 (what the dispatch picks: the bfloat16 GEMM
+//         path where the CPU's bfloat16 GEMM runs vdpbf16ps and the float32 paths
+//         would lower), cpu_bf16_im2col (that path forced) and cpu_bf16_widen
+//         (widened to float32, the float32 algorithms). On CUDA,
 //         the layers where Auto takes Winograd F(4x4,3x3) also run with the implicit
 //         GEMM forced (cuda_implicit).
 #include <benchmark/benchmark.h>
@@ -206,9 +208,13 @@ void BM_CpuAlgorithm(benchmark::State& state, Pass pass, Layer l, cpu::Conv2dAlg
 
 // The CPU passes on bfloat16 x, weight and grad_y (y and the gradients float32),
 // with the bfloat16 GEMM kernel `kernel`: Auto (where it runs vdpbf16ps, the
-// bfloat16 GEMM path of kernels/cpu/conv2d.cpp) or Widen (the operands widened to
-// float32 and the float32 algorithms Auto picks). Argument: the threads.
-void BM_CpuBf16(benchmark::State& state, Pass pass, Layer l, Bf16GemmKernel kernel) {
+// bfloat16 GEMM path of kernels/cpu/conv2d.cpp where the dispatch takes it) or Widen
+// (the operands widened to float32 and the float32 algorithms Auto picks), under
+// `algorithm` (Im2col forces the bfloat16 GEMM path on every layer where it runs).
+// Argument: the threads.
+void BM_CpuBf16(benchmark::State& state, Pass pass, Layer l, Bf16GemmKernel kernel,
+                cpu::Conv2dAlgorithm algorithm) {
+  const cpu::ScopedConv2dAlgorithm scoped(algorithm);
   const Bf16GemmKernel saved_kernel = bf16_gemm_kernel();
   set_bf16_gemm_kernel(kernel);
   const int saved_threads = num_threads();
@@ -448,9 +454,17 @@ const bool registered = [] {
               ->UseRealTime()
               ->Unit(benchmark::kMillisecond);
         }
-        for (const auto& [name, kernel] : {std::pair{"cpu_bf16", Bf16GemmKernel::Auto},
-                                           std::pair{"cpu_bf16_widen", Bf16GemmKernel::Widen}}) {
-          benchmark::RegisterBenchmark((base + name).c_str(), BM_CpuBf16, pass, l, kernel)
+        struct Bf16Case {
+          const char* name;
+          Bf16GemmKernel kernel;
+          cpu::Conv2dAlgorithm algorithm;
+        };
+        for (const Bf16Case& c :
+             {Bf16Case{"cpu_bf16", Bf16GemmKernel::Auto, cpu::Conv2dAlgorithm::Auto},
+              Bf16Case{"cpu_bf16_im2col", Bf16GemmKernel::Auto, cpu::Conv2dAlgorithm::Im2col},
+              Bf16Case{"cpu_bf16_widen", Bf16GemmKernel::Widen, cpu::Conv2dAlgorithm::Auto}}) {
+          benchmark::RegisterBenchmark((base + c.name).c_str(), BM_CpuBf16, pass, l, c.kernel,
+                                       c.algorithm)
               ->ArgName("threads")
               ->Arg(1)
               ->Arg(0)

@@ -6,6 +6,8 @@ tools/vit_torch.py, layer for layer (batch norm with towerlab's constants, as Fa
 Variants (run_peer.py --variant): "" is the best configuration measured on the 2-core
 machines (bench/results/cpu_peers.md): a TensorFlow graph running oneDNN's kernels,
 about 2.5 times XLA's speed there. "xla" compiles the step with XLA (jit_compile=True).
+"mixed_bfloat16" runs the graph under Keras's mixed_bfloat16 policy (bfloat16 compute,
+float32 variables; the logits cast to float32 for the loss).
 """
 import os
 
@@ -18,7 +20,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from keras import layers  # noqa: E402
 
-VARIANTS = ("", "xla")
+VARIANTS = ("", "xla", "mixed_bfloat16")
 
 
 def fashion_net():
@@ -108,6 +110,8 @@ class Peer:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
         keras.utils.set_random_seed(seed)
+        keras.mixed_precision.set_global_policy(
+            "mixed_bfloat16" if variant == "mixed_bfloat16" else "float32")
         self.model = MODELS[model]()
         self.opt = keras.optimizers.Adam(learning_rate=1e-3, beta_1=0.9, beta_2=0.999, epsilon=1e-8)
         model, opt = self.model, self.opt
@@ -115,7 +119,7 @@ class Peer:
         @tf.function(jit_compile=variant == "xla")
         def train_step(x, y):
             with tf.GradientTape() as tape:
-                logits = model(x, training=True)
+                logits = tf.cast(model(x, training=True), tf.float32)
                 loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
             grads = tape.gradient(loss, model.trainable_variables)
             opt.apply_gradients(zip(grads, model.trainable_variables))
@@ -123,7 +127,8 @@ class Peer:
 
         self.train_step = train_step
         self.version = tf.__version__
-        self.config = (f"{'XLA' if variant == 'xla' else 'graph, oneDNN'}, NHWC, {threads} threads, "
+        self.config = (f"{'XLA' if variant == 'xla' else 'graph, oneDNN'}"
+                       f"{', mixed_bfloat16' if variant == 'mixed_bfloat16' else ''}, NHWC, {threads} threads, "
                        f"Keras {keras.__version__}")
 
     def step(self, images, labels):
