@@ -97,7 +97,7 @@ GemmIsa gemm_isa();              // the one in use (never Auto)
 // Widen converts the values to float32 while packing for gemm_isa()'s float32
 // kernel (float16 always takes it); Avx512Bf16 runs the vdpbf16ps kernel, and
 // throws NotSupported on a CPU without avx512_bf16. Auto runs vdpbf16ps where it
-// pays: an AMD CPU with avx512_bf16 (Zen 4 and later issue it at the FMAs' rate,
+// pays: an AMD CPU with avx512_bf16 (the Zen 5 measured issues it at the FMAs' rate,
 // twice their multiply-adds) while gemm_isa() is Avx512; it widens elsewhere (on the
 // Intel Xeon measured, vdpbf16ps issued at a quarter of the FMAs' rate;
 // docs/kernels.md). The two paths agree within matmul's tolerance, not bit for bit.

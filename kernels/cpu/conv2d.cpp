@@ -354,8 +354,7 @@ bool bf16_gemm_conv_chosen(DType dtype, const Conv2dShape& s) {
       // float32 transforms beat this per-image lowering on the models' 3x3 layers of 32
       // and 64 channels, the implicit weight gradient on the stride-2 3x3 ones, and a
       // single-channel first layer keeps its direct kernels (its 9 taps are too short a
-      // reduction for the GEMM); the 1x1 layers run here in 0.61-0.64 of the widened
-      // time (bench/results/conv2d_bf16_cpu_*.md).
+      // reduction for the GEMM); the 1x1 layers gain (bench/results/conv2d_bf16_cpu_*.md).
       return !winograd_chosen(s) && !implicit_weight_grad_applies(s) &&
              !direct_single_channel(s, DType::Float32);
   }

@@ -77,9 +77,10 @@ GemmIsa initial_isa() {
 
 // Whether Auto takes vdpbf16ps: where it issues at the float32 FMAs' rate, so that its
 // 32 multiply-adds an instruction against an FMA's 16 double the GEMM's peak. AMD's
-// cores with avx512_bf16 (Zen 4 and later) run it so; the Intel Xeon measured ran it
-// at a quarter of that rate, below the widening path (docs/kernels.md). The rule
-// reads CPUID only, never a timing, so one machine always gets the same bits.
+// cores with avx512_bf16 run it so (measured on Zen 5; Zen 4 is taken on the same
+// rule); the Intel Xeon measured ran it at a quarter of that rate, below the widening
+// path (docs/kernels.md). The rule reads CPUID only, never a timing, so one machine
+// always gets the same bits.
 bool vdpbf16ps_pays() {
 #if TL_CPU_X86
   return cpu_has_avx512_bf16() && __builtin_cpu_is("amd");
