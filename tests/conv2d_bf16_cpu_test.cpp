@@ -32,6 +32,7 @@
 #include "engine/settings.h"
 #include "kernels/conv2d.h"
 #include "kernels/cpu/conv2d.h"
+#include "sixteen_bit.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -40,9 +41,7 @@ namespace {
 constexpr float kWeightSentinel = 0.5f, kBiasSentinel = -0.25f, kDataSentinel = 0.75f;
 
 std::vector<float> rounded_bf16(const std::vector<float>& v) {
-  std::vector<float> out;
-  for (bfloat16 x : narrowed<bfloat16>(v)) out.push_back(static_cast<float>(x));
-  return out;
+  return widen(narrow<bfloat16>(v));
 }
 
 class Conv2dBf16Cpu : public ::testing::Test {
@@ -64,7 +63,7 @@ class Conv2dBf16Cpu : public ::testing::Test {
                                     stream_);
   }
   Tensor bf16(const std::vector<float>& v, const Shape& shape) {
-    return Tensor::from_host<bfloat16>(narrowed<bfloat16>(v), shape, stream_);
+    return Tensor::from_host<bfloat16>(narrow<bfloat16>(v), shape, stream_);
   }
 
   // The three passes on bfloat16 x, w and g (b float32): y over NaN (float32, and

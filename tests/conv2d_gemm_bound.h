@@ -16,14 +16,6 @@
 
 namespace towerlab::testing {
 
-template <typename In>
-std::vector<In> narrowed(const std::vector<float>& v) {
-  std::vector<In> out;
-  out.reserve(v.size());
-  for (float x : v) out.push_back(In(x));
-  return out;
-}
-
 // A case's float32 operands, unrounded: x, weight, bias and grad_y from seed,
 // seed + 1, seed + 2 and seed + 3.
 struct ConvOperands {

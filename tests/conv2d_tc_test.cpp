@@ -31,6 +31,7 @@
 #include "conv2d_gemm_bound.h"
 #include "engine/half.h"
 #include "kernels/reference/matmul.h"
+#include "sixteen_bit.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -83,7 +84,7 @@ class Conv2dTensorCores : public ::testing::Test {
     if constexpr (std::is_same_v<In, Tf32>) {
       return Tensor::from_host<float>(v, shape, stream());
     } else {
-      return Tensor::from_host<In>(narrowed<In>(v), shape, stream());
+      return Tensor::from_host<In>(narrow<In>(v), shape, stream());
     }
   }
   Tensor filled(float value, const Shape& shape) {

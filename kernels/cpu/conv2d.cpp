@@ -155,14 +155,21 @@ void for_image_chunks(std::int64_t images, std::int64_t chunks, bool parallel, c
                     });
 }
 
+// The type a product of T operands sums in: float for bfloat16 (the bfloat16 GEMM
+// path), T itself otherwise.
+template <typename T>
+using SumOf = std::conditional_t<std::is_same_v<T, bfloat16>, float, T>;
+
 // y = bias + weight · col, image by image (im2col's product; col is x itself when
-// nothing needs lowering), T the operands' type (float, or double for the gradient
-// checks), Out y's: T, or a 16-bit layer's bfloat16 or float16 beside float
-// operands, where each image's float32 sums are rounded from their block (in cache,
-// the GEMM just wrote it) before the next image's.
+// nothing needs lowering), T the operands' type (float, double for the gradient
+// checks, or bfloat16 on the bfloat16 GEMM path, whose sums and bias are float32),
+// Out y's: the sums' type, or a 16-bit layer's bfloat16 or float16, where each
+// image's float32 sums are rounded from their block (in cache, the GEMM just wrote
+// it) before the next image's.
 template <typename T, typename Out>
-void forward_by_gemm(Out* out, const T* in, const T* w, const T* b, const Conv2dShape& s) {
-  constexpr bool rounded = !std::is_same_v<T, Out>;
+void forward_by_gemm(Out* out, const T* in, const T* w, const SumOf<T>* b, const Conv2dShape& s) {
+  using Sum = SumOf<T>;
+  constexpr bool rounded = !std::is_same_v<Sum, Out>;
   const std::int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
   const bool lower = needs_lowering(s);
   // The weight, the GEMM's A for every image, packed once for them all (float32; the
@@ -186,7 +193,7 @@ void forward_by_gemm(Out* out, const T* in, const T* w, const T* b, const Conv2d
   auto per_chunk = [&](std::int64_t, std::int64_t first, std::int64_t last) {
     HostScratch<T> col(lower && !implicit ? crs * pq : 0);  // [C*R*S, P*Q]
     HostScratch<float> implicit_scratch(implicit ? implicit_forward_scratch(s) : 0);
-    HostScratch<T> sums(rounded ? s.K * pq : 0);  // [K, P*Q], a 16-bit y's
+    HostScratch<Sum> sums(rounded ? s.K * pq : 0);  // [K, P*Q], a 16-bit y's
     for (std::int64_t n = first; n < last; ++n) {
       const T* patches = in + n * chw;
       if constexpr (std::is_same_v<T, float>) {
@@ -205,7 +212,7 @@ void forward_by_gemm(Out* out, const T* in, const T* w, const T* b, const Conv2d
         im2col(col.get(), patches, s);
         patches = col.get();
       }
-      T* y_n;  // [K, P*Q]
+      Sum* y_n;  // [K, P*Q]
       if constexpr (rounded) {
         y_n = sums.get();
       } else {
@@ -214,9 +221,12 @@ void forward_by_gemm(Out* out, const T* in, const T* w, const T* b, const Conv2d
       if (b != nullptr) {
         for (std::int64_t k = 0; k < s.K; ++k) std::fill(y_n + k * pq, y_n + (k + 1) * pq, b[k]);
       }
-      const T beta = b != nullptr ? T(1) : T(0);
+      const Sum beta = b != nullptr ? Sum(1) : Sum(0);
       if constexpr (std::is_same_v<T, float>) {
         gemm_packed_a(*packed_w, false, pq, patches, pq, beta, y_n, pq);
+      } else if constexpr (std::is_same_v<T, bfloat16>) {
+        gemm_mixed<bfloat16, float>(false, false, s.K, pq, crs, 1.0f, w, crs, patches, pq, beta,
+                                    y_n, pq);
       } else {
         gemm<T>(false, false, s.K, pq, crs, T(1), w, crs, patches, pq, beta, y_n, pq);
       }
@@ -257,40 +267,6 @@ void forward_float32(Out* out, const float* in, const float* w, const float* b,
     return;
   }
   forward_by_gemm(out, in, w, b, s);
-}
-
-// The bfloat16 GEMM path's forward: y [N,K,P,Q] (float32, or bfloat16 rounded once
-// from each image's float32 block) = bias + weight · col, each image on its thread.
-template <typename Out>
-void forward_bf16(Out* out, const bfloat16* in, const bfloat16* w, const float* b,
-                  const Conv2dShape& s) {
-  constexpr bool rounded = !std::is_same_v<Out, float>;
-  const std::int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
-  const bool lower = needs_lowering(s);
-  auto per_chunk = [&](std::int64_t, std::int64_t first, std::int64_t last) {
-    HostScratch<bfloat16> col(lower ? crs * pq : 0);  // [C*R*S, P*Q]
-    HostScratch<float> sums(rounded ? s.K * pq : 0);  // [K, P*Q]
-    for (std::int64_t n = first; n < last; ++n) {
-      const bfloat16* patches = in + n * chw;
-      if (lower) {
-        im2col(col.get(), patches, s);
-        patches = col.get();
-      }
-      float* y_n;
-      if constexpr (rounded) {
-        y_n = sums.get();
-      } else {
-        y_n = out + n * s.K * pq;
-      }
-      if (b != nullptr) {
-        for (std::int64_t k = 0; k < s.K; ++k) std::fill(y_n + k * pq, y_n + (k + 1) * pq, b[k]);
-      }
-      gemm_mixed<bfloat16, float>(false, false, s.K, pq, crs, 1.0f, w, crs, patches, pq,
-                                  b != nullptr ? 1.0f : 0.0f, y_n, pq);
-      if constexpr (rounded) round_to_16bit(out + n * s.K * pq, y_n, s.K * pq);
-    }
-  };
-  for_image_chunks(s.N, image_chunks(s.N), true, per_chunk);
 }
 
 // The bfloat16 GEMM path's backward, float32 gradients from bfloat16 grad_y, x and
@@ -364,9 +340,9 @@ void conv2d_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& weight,
                          const Conv2dShape& s) {
   const float* b = bias.defined() ? bias.data<float>() : nullptr;
   if (y.dtype() == DType::BFloat16) {
-    forward_bf16(y.data<bfloat16>(), x.data<bfloat16>(), weight.data<bfloat16>(), b, s);
+    forward_by_gemm(y.data<bfloat16>(), x.data<bfloat16>(), weight.data<bfloat16>(), b, s);
   } else {
-    forward_bf16(y.data<float>(), x.data<bfloat16>(), weight.data<bfloat16>(), b, s);
+    forward_by_gemm(y.data<float>(), x.data<bfloat16>(), weight.data<bfloat16>(), b, s);
   }
 }
 
