@@ -119,5 +119,43 @@ TEST_F(SettingsEnvironment, AnIsaThisCpuLacksWarns) {
       std::string("towerlab: TOWERLAB_GEMM_ISA=") + name + " is not supported by this CPU");
 }
 
+TEST_F(SettingsEnvironment, TheBf16GemmKernelIsTakenFromTheEnvironment) {
+  EXPECT_EXIT(
+      {
+        ::setenv("TOWERLAB_BF16_GEMM", "widen", 1);
+        std::exit(bf16_gemm_kernel() == Bf16GemmKernel::Widen && !bf16_gemm_runs_vdpbf16ps() ? 0
+                                                                                             : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(
+      {
+        ::setenv("TOWERLAB_BF16_GEMM", "vdpbf16", 1);
+        std::exit(bf16_gemm_kernel() == Bf16GemmKernel::Auto ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0),
+      "towerlab: TOWERLAB_BF16_GEMM=vdpbf16 is not one of auto, widen, avx512bf16; the default "
+      "is used");
+  // avx512bf16: taken where the CPU has it (and then runs whatever the float32 ISA),
+  // refused with a warning where it does not.
+  if (bf16_gemm_kernel_supported(Bf16GemmKernel::Avx512Bf16)) {
+    EXPECT_EXIT(
+        {
+          ::setenv("TOWERLAB_BF16_GEMM", "avx512bf16", 1);
+          std::exit(bf16_gemm_kernel() == Bf16GemmKernel::Avx512Bf16 && bf16_gemm_runs_vdpbf16ps()
+                        ? 0
+                        : 1);
+        },
+        ::testing::ExitedWithCode(0), "");
+  } else {
+    EXPECT_EXIT(
+        {
+          ::setenv("TOWERLAB_BF16_GEMM", "avx512bf16", 1);
+          std::exit(bf16_gemm_kernel() == Bf16GemmKernel::Auto ? 0 : 1);
+        },
+        ::testing::ExitedWithCode(0),
+        "towerlab: TOWERLAB_BF16_GEMM=avx512bf16 is not supported by this CPU");
+  }
+}
+
 }  // namespace
 }  // namespace towerlab::testing
