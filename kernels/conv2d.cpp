@@ -137,10 +137,11 @@ bool on_tensor_cores(const Conv2dParams& params, const Stream& stream) {
   return stream.device().is_cuda() && params.groups == 1;
 }
 
-// Whether a G = 1 call whose operands are of `dtype` (16-bit ones on CUDA, the
-// others widened already) takes the tensor cores: 16-bit operands, or float32 ones
-// on CUDA under Float32Math::Tf32.
-bool tensor_core_call(DType dtype, Float32Math math, const Stream& stream) {
+// Whether a G = 1 call whose operands are of `dtype` (16-bit ones that
+// conv2d_multiplies_16bit takes as they are, the others widened already) multiplies
+// in low precision: 16-bit operands (CUDA's tensor cores, the CPU's bfloat16 GEMM
+// path), or float32 ones on CUDA's tensor cores under Float32Math::Tf32.
+bool low_precision_call(DType dtype, Float32Math math, const Stream& stream) {
   return is_16bit(dtype) ||
          (dtype == DType::Float32 && math == Float32Math::Tf32 && stream.device().is_cuda());
 }
@@ -222,6 +223,9 @@ bool conv2d_multiplies_16bit(const Shape& input, const Shape& weight, DType dtyp
                              const Conv2dParams& params, const Stream& stream) {
   if (!is_16bit(dtype)) return false;
   if (stream.device().is_cuda()) return on_tensor_cores(params, stream);
+  // What rules the layer out before its shape is worked out (and its shapes described
+  // for messages): float16, groups, and a bfloat16 GEMM that widens.
+  if (dtype != DType::BFloat16 || params.groups != 1 || !bf16_gemm_runs_vdpbf16ps()) return false;
   return cpu::bf16_gemm_conv_chosen(
       dtype, make_shape(input, weight, params, to_string(input), to_string(weight)));
 }
@@ -274,7 +278,7 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
                 cuda::conv2d_depthwise_forward(y, x, weight, bias, s, stream));
   } else if (s.params.groups > 1) {
     grouped_forward(y, x, weight, bias, s, stream);
-  } else if (tensor_core_call(x.dtype(), math, stream)) {
+  } else if (low_precision_call(x.dtype(), math, stream)) {
     TL_ON_CUDA(cuda::conv2d_tc_forward(y, x, weight, bias, s, stream));
   } else {
     TL_DISPATCH(stream, cpu::conv2d_forward(y, x, weight, bias, s),
@@ -290,11 +294,8 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
   const bool low =
       check_16bit(op, {{"grad_y", &grad_y}, {"x", &x}, {"weight", &weight}},
                   {{"grad_x", &grad_x}, {"grad_weight", &grad_weight}, {"grad_bias", &grad_bias}});
-  const bool bf16_gemm =
-      low && stream.device().is_cpu() &&
-      conv2d_multiplies_16bit(x.shape(), weight.shape(), x.dtype(), params, stream);
-  if (low && !on_tensor_cores(params, stream) && !bf16_gemm) {
-    // x is read for grad_weight only, weight for grad_x only.
+  if (low && !conv2d_multiplies_16bit(x.shape(), weight.shape(), x.dtype(), params, stream)) {
+    // Widened to float32; x is read for grad_weight only, weight for grad_x only.
     conv2d_backward(
         grad_x, grad_weight, grad_bias, widened(grad_y, stream),
         grad_weight.defined() ? widened(x, stream) : Tensor::empty(x.shape(), stream),
@@ -331,19 +332,17 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     grouped_backward(grad_x, grad_weight, grad_bias, grad_y, x, weight, s, stream, grad_x_write);
     return;
   }
-  if (bf16_gemm) {
-    if (grad_bias.defined()) bias_add_backward(grad_bias, widened(grad_y, stream), stream);
-    cpu::conv2d_backward_bf16(grad_x, grad_weight, grad_y, x, weight, s, grad_x_write);
-    return;
-  }
   // The CUDA kernels accumulate: an assigned grad_x is zeroed first on its stream.
   if (assign && stream.device().is_cuda()) fill(grad_x, 0.0, stream);
-  if (tensor_core_call(grad_y.dtype(), math, stream)) {
-    // The tensor cores take the two GEMM passes; the bias's gradient sums grad_y
-    // (widened to float32, as on the widening path).
+  if (low_precision_call(grad_y.dtype(), math, stream)) {
+    // The tensor cores (CUDA) or the bfloat16 GEMM path (CPU) take the two GEMM
+    // passes; the bias's gradient sums grad_y (widened to float32, as on the
+    // widening path).
     if (grad_bias.defined())
       bias_add_backward(grad_bias, low ? widened(grad_y, stream) : grad_y, stream);
-    TL_ON_CUDA(cuda::conv2d_tc_backward(grad_x, grad_weight, grad_y, x, weight, s, stream));
+    TL_DISPATCH(stream,
+                cpu::conv2d_backward_bf16(grad_x, grad_weight, grad_y, x, weight, s, grad_x_write),
+                cuda::conv2d_tc_backward(grad_x, grad_weight, grad_y, x, weight, s, stream));
     return;
   }
   TL_DISPATCH(

@@ -225,6 +225,26 @@ TEST(CastCpu, EveryIsaGivesTheReferenceBits) {
 // (8704 of them: several of the CPU's blocks, ties, NaN payloads, subnormals), with
 // tails of 1 to 15 values; the control: its values are not all the floats it read.
 // float64 or a 16-bit source, or a float32 target, is NotSupported.
+// The portable four-lane store (kernels/cpu/convert16.h, Winograd F(4x4)'s bfloat16
+// y) gives engine/half.h's bits on floats of every exponent, ties and NaNs among them,
+// and writes only its first `count` values.
+TEST(CastCpu, FourLaneBfloat16StoreGivesTheReferenceBits) {
+  const std::vector<float> floats = floats_of_every_exponent();
+  for (std::size_t i = 0; i + 4 <= floats.size(); i += 4) {
+    const cpu::Vec4 v{floats[i], floats[i + 1], floats[i + 2], floats[i + 3]};
+    for (int count : {4, 3}) {
+      bfloat16 out[4];
+      out[3] = bfloat16::from_bits(0x7777);  // a sentinel past a store of three
+      cpu::round_store_first4(out, v, count);
+      for (int lane = 0; lane < count; ++lane) {
+        ASSERT_EQ(out[lane].bits, bfloat16(floats[i + lane]).bits)
+            << "float " << std::hex << bits_of(floats[i + lane]);
+      }
+      if (count == 3) ASSERT_EQ(out[3].bits, 0x7777) << "a store of three wrote a fourth";
+    }
+  }
+}
+
 TEST(CastCpu, RoundThroughIsTheTwoCastsOnEveryIsa) {
   const std::vector<float> floats = floats_of_every_exponent();
   for_each_cpu_isa(Device::cpu(), [&](const std::string& isa) {

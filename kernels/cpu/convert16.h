@@ -18,7 +18,8 @@
 //                        would quiet a signaling NaN, which the reference keeps).
 // AVX-512BW's vcvtneps2bf16 is not used: it flushes float32 subnormals to zero.
 //
-// Two levels. In registers, per ISA: load_widen16 / round_store16 (sixteen lanes,
+// Two levels. In registers: round_store_first4 (four lanes, portable), and per ISA
+// load_widen16 / round_store16 (sixteen lanes,
 // AVX-512 F) and load_widen8 / round_store8 (eight lanes, AVX2 with F16C), and
 // store8 / store16 for kernels whose output is float32 or 16-bit (conv2d's forward
 // stores, which round the float32 sums where they are written). On
@@ -29,9 +30,12 @@
 // block as their float32 paths do.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "engine/half.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/cpu/x86.h"
 
 #if TL_CPU_X86
@@ -65,6 +69,25 @@ void for_each_block(std::int64_t n, const Fn& fn) {
   for (std::int64_t first = 0; first < n; first += kConvertBlock) {
     fn(first, n - first < kConvertBlock ? n - first : kConvertBlock);
   }
+}
+
+// Four lanes in portable vector arithmetic (kernels/cpu/simd.h's Vec4, any ISA): the
+// first `count` (0 to 4) of v rounded to bfloat16 as float_to_bfloat16_8 rounds (to
+// nearest even on the pattern, a NaN quieted with its top payload bits) and stored at
+// p, nothing past them. For kernels that hold their values four to a vector, in code
+// compiled for every ISA (Winograd F(4x4)'s rows of output pixels).
+inline void round_store_first4(bfloat16* p, Vec4 v, int count) {
+  typedef std::uint32_t Bits4 __attribute__((vector_size(16)));
+  Bits4 x;
+  std::memcpy(&x, &v, sizeof x);
+  const Bits4 nan = reinterpret_cast<Bits4>((x & 0x7fffffffu) > 0x7f800000u);
+  const Bits4 rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  const Bits4 quiet = (x >> 16) | 0x0040u;
+  const Bits4 bits = (nan & quiet) | (~nan & rounded);
+  const std::uint16_t halves[4] = {
+      static_cast<std::uint16_t>(bits[0]), static_cast<std::uint16_t>(bits[1]),
+      static_cast<std::uint16_t>(bits[2]), static_cast<std::uint16_t>(bits[3])};
+  std::memcpy(p, halves, sizeof(std::uint16_t) * static_cast<std::size_t>(count));
 }
 
 #if TL_CPU_X86

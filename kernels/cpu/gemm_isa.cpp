@@ -89,28 +89,15 @@ bool vdpbf16ps_pays() {
 #endif
 }
 
-const char* bf16_kernel_name(Bf16GemmKernel kernel) {
-  switch (kernel) {
-    case Bf16GemmKernel::Auto:
-      return "auto";
-    case Bf16GemmKernel::Widen:
-      return "widen";
-    case Bf16GemmKernel::Avx512Bf16:
-      return "avx512bf16";
-  }
-  return "?";
-}
-
 // TOWERLAB_BF16_GEMM=auto|widen|avx512bf16 sets the initial bfloat16 kernel, as
 // TOWERLAB_GEMM_ISA does the float32 one; avx512bf16 on a CPU without it warns once
 // and leaves Auto.
 Bf16GemmKernel initial_bf16_kernel() {
   const auto wanted =
       detail::environment_choice("TOWERLAB_BF16_GEMM", {"auto", "widen", "avx512bf16"});
-  if (!wanted) return Bf16GemmKernel::Auto;
-  for (Bf16GemmKernel kernel : {Bf16GemmKernel::Widen, Bf16GemmKernel::Avx512Bf16}) {
-    if (*wanted != bf16_kernel_name(kernel)) continue;
-    if (kernel != Bf16GemmKernel::Avx512Bf16 || cpu_has_avx512_bf16()) return kernel;
+  if (wanted == "widen") return Bf16GemmKernel::Widen;
+  if (wanted == "avx512bf16") {
+    if (cpu_has_avx512_bf16()) return Bf16GemmKernel::Avx512Bf16;
     detail::warn_about_environment("TOWERLAB_BF16_GEMM", *wanted,
                                    "is not supported by this CPU (no avx512_bf16)");
   }

@@ -38,6 +38,7 @@
 #include "kernels/cpu/convert16.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/cpu/winograd.h"
 #include "kernels/cpu/winograd_tiles.h"
 #include "kernels/cpu/x86.h"
@@ -57,7 +58,6 @@ constexpr std::int64_t kPrefetchPlanes = 4;  // input channels ahead
 // caller, so no call passes one across the two codes' ABIs (which -Wpsabi warns of).
 #pragma GCC diagnostic ignored "-Wpsabi"
 typedef float Vec8 __attribute__((vector_size(32)));
-typedef float Half4 __attribute__((vector_size(16)));
 
 typedef float UnalignedVec8 __attribute__((vector_size(32), aligned(4), may_alias));
 
@@ -69,13 +69,13 @@ typedef float UnalignedVec8 __attribute__((vector_size(32), aligned(4), may_alia
 }
 // Lanes 0-3 from p, 4-7 from q.
 [[gnu::always_inline]] inline Vec8 load_halves(const float* p, const float* q) {
-  Half4 lo, hi;
+  Vec4 lo, hi;
   std::memcpy(&lo, p, sizeof lo);
   std::memcpy(&hi, q, sizeof hi);
   return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7);
 }
 // Half `which` (0: lanes 0-3, 1: lanes 4-7) of v.
-[[gnu::always_inline]] inline Half4 half(const Vec8& v, int which) {
+[[gnu::always_inline]] inline Vec4 half(const Vec8& v, int which) {
   return which == 0 ? __builtin_shufflevector(v, v, 0, 1, 2, 3)
                     : __builtin_shufflevector(v, v, 4, 5, 6, 7);
 }
@@ -378,38 +378,25 @@ template <typename V>
 // or y += v when `accumulate`; a 16-bit Out (a forward's y, assigned) rounds each
 // value once as it is stored.
 template <typename Out>
-[[gnu::always_inline]] inline void write_pixels(Out* y, const Half4& v, float b, bool accumulate,
+[[gnu::always_inline]] inline void write_pixels(Out* y, const Vec4& v, float b, bool accumulate,
                                                 int cols) {
   if constexpr (std::is_same_v<Out, float>) {
     if (cols == 4) {
-      Half4 base;
+      Vec4 base;
       if (accumulate) {
         std::memcpy(&base, y, sizeof base);
       } else {
-        base = Half4{b, b, b, b};
+        base = Vec4{b, b, b, b};
       }
-      const Half4 sum = base + v;
+      const Vec4 sum = base + v;
       std::memcpy(y, &sum, sizeof sum);
       return;
     }
     for (int x = 0; x < cols; ++x) y[x] = accumulate ? y[x] + v[x] : b + v[x];
   } else if constexpr (std::is_same_v<Out, bfloat16>) {
-    // engine/half.h's float_to_bfloat16_bits on the four lanes at once (the scalar
-    // conversion, a branch a value, took most of a bfloat16 layer's output
-    // transform): round to nearest even on the pattern, a NaN quieted with its top
-    // payload bits. The same bits.
-    typedef std::uint32_t Bits4 __attribute__((vector_size(16)));
-    const Half4 sum = Half4{b, b, b, b} + v;
-    Bits4 x;
-    std::memcpy(&x, &sum, sizeof x);
-    const Bits4 nan = reinterpret_cast<Bits4>((x & 0x7fffffffu) > 0x7f800000u);
-    const Bits4 rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
-    const Bits4 quiet = (x >> 16) | 0x0040u;
-    const Bits4 bits = (nan & quiet) | (~nan & rounded);
-    const std::uint16_t halves[4] = {
-        static_cast<std::uint16_t>(bits[0]), static_cast<std::uint16_t>(bits[1]),
-        static_cast<std::uint16_t>(bits[2]), static_cast<std::uint16_t>(bits[3])};
-    std::memcpy(y, halves, sizeof(std::uint16_t) * static_cast<std::size_t>(cols));
+    // Four lanes at once (the scalar conversion, a branch a value, took most of a
+    // bfloat16 layer's output transform); the same bits.
+    round_store_first4(y, Vec4{b, b, b, b} + v, cols);
   } else {
     for (int x = 0; x < cols; ++x) y[x] = Out(b + v[x]);
   }
