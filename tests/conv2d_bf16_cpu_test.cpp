@@ -9,8 +9,8 @@
 // run on every CPU with avx512_bf16, whichever kernel Auto takes there; elsewhere
 // they skip.
 //
-// Im2col is forced so that every layer takes the path (Auto takes it only where the
-// float32 paths would lower too: kernels/cpu/conv2d.h). Cases: FashionNet's conv2
+// Im2col is forced so that every layer takes the path whatever Auto's rule
+// (kernels/cpu/conv2d.h; WhichLayersTakeThePath checks it). Cases: FashionNet's conv2
 // and ResNet-20's layers (a 16-channel 3x3, the stride-2
 // 3x3, the 1x1 stride-2 shortcut, a 1x1 stride-1 layer that needs no lowering) and
 // odd shapes (unequal strides, padding and dilation, a 3x2 kernel, an odd C*R*S, a
@@ -54,8 +54,7 @@ class Conv2dBf16Cpu : public ::testing::Test {
   }
   void TearDown() override { set_bf16_gemm_kernel(saved_); }
 
-  // The lowering forced, so that every layer takes the path (Auto leaves the 3x3
-  // layers to the float32 algorithms).
+  // The lowering forced, so that every layer takes the path whatever Auto's rule.
   cpu::ScopedConv2dAlgorithm lowering_{Conv2dAlgorithm::Im2col};
 
   Tensor filled(float value, const Shape& shape) {
@@ -203,10 +202,10 @@ TEST_F(Conv2dBf16Cpu, SameBitsForAnyThreadCount) {
   set_num_threads(saved);
 }
 
-// Which layers take the path: bfloat16 with one group; under Auto the layers the
-// float32 paths would lower too (a 1x1 layer), not those Winograd, the implicit
-// weight gradient or the direct kernels take; under a forced Im2col every one but
-// for dtype and groups, under a forced Winograd none; float16 always widens.
+// Which layers take the path: bfloat16 with one group, every one of them under Auto
+// and a forced Im2col (the 3x3 layers Winograd takes in float32, the stride-2 ones of
+// the implicit weight gradient and a single-channel first layer included), none
+// under a forced Winograd; float16 always widens.
 TEST_F(Conv2dBf16Cpu, WhichLayersTakeThePath) {
   const Conv2dParams pad1 = make_params(1, 1, 1, 1), one = make_params(1, 1, 0, 0);
   const Shape x{2, 32, 8, 8}, w{64, 32, 3, 3}, w1x1{64, 32, 1, 1};
@@ -223,15 +222,20 @@ TEST_F(Conv2dBf16Cpu, WhichLayersTakeThePath) {
     EXPECT_TRUE(conv2d_multiplies_16bit(x, w1x1, DType::BFloat16, one, stream_)) << "1x1";
     EXPECT_TRUE(conv2d_multiplies_16bit(x, w1x1, DType::BFloat16, make_params(2, 2, 0, 0), stream_))
         << "1x1, stride 2";
-    EXPECT_FALSE(conv2d_multiplies_16bit(x, w, DType::BFloat16, pad1, stream_)) << "Winograd";
-    EXPECT_FALSE(conv2d_multiplies_16bit(x, w, DType::BFloat16, make_params(2, 2, 1, 1), stream_))
-        << "3x3 stride 2: the implicit weight gradient";
-    EXPECT_FALSE(conv2d_multiplies_16bit(first_x, first_w, DType::BFloat16, pad1, stream_))
-        << "a single-channel first layer keeps its direct kernels";
+    EXPECT_TRUE(conv2d_multiplies_16bit(x, w, DType::BFloat16, pad1, stream_))
+        << "a 3x3 layer Winograd takes in float32";
+    EXPECT_TRUE(conv2d_multiplies_16bit(x, w, DType::BFloat16, make_params(2, 2, 1, 1), stream_))
+        << "3x3 stride 2 (the implicit weight gradient in float32)";
+    EXPECT_TRUE(conv2d_multiplies_16bit(first_x, first_w, DType::BFloat16, pad1, stream_))
+        << "a single-channel first layer (the direct kernels in float32)";
+    EXPECT_FALSE(conv2d_multiplies_16bit(x, {64, 16, 3, 3}, DType::BFloat16,
+                                         make_params(1, 1, 1, 1, 1, 1, 2), stream_))
+        << "groups";
   }
   {
     cpu::ScopedConv2dAlgorithm winograd(Conv2dAlgorithm::Winograd);
     EXPECT_FALSE(conv2d_multiplies_16bit(x, w1x1, DType::BFloat16, one, stream_));
+    EXPECT_FALSE(conv2d_multiplies_16bit(x, w, DType::BFloat16, pad1, stream_));
   }
   set_bf16_gemm_kernel(Bf16GemmKernel::Widen);
   EXPECT_FALSE(conv2d_multiplies_16bit(x, w, DType::BFloat16, pad1, stream_));

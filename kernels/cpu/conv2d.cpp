@@ -320,20 +320,14 @@ bool bf16_gemm_conv_chosen(DType dtype, const Conv2dShape& s) {
   if (dtype != DType::BFloat16 || s.params.groups != 1 || !bf16_gemm_runs_vdpbf16ps()) {
     return false;
   }
-  switch (conv2d_algorithm()) {
-    case Conv2dAlgorithm::Winograd:
-      return false;
-    case Conv2dAlgorithm::Im2col:  // the lowering, in bfloat16
-      return true;
-    default:
-      // Auto: where the float32 paths have nothing better than the lowering. Winograd's
-      // float32 transforms beat this per-image lowering on the models' 3x3 layers of 32
-      // and 64 channels, the implicit weight gradient on the stride-2 3x3 ones, and a
-      // single-channel first layer keeps its direct kernels (its 9 taps are too short a
-      // reduction for the GEMM); the 1x1 layers gain (bench/results/conv2d_bf16_cpu_*.md).
-      return !winograd_chosen(s) && !implicit_weight_grad_applies(s) &&
-             !direct_single_channel(s, DType::Float32);
-  }
+  // Auto and Im2col: every layer with one group. Measured in whole training steps on
+  // the Zen 5, this lowering beats the widened float32 paths on every layer of
+  // FashionNet and ResNet-20, the 3x3 layers Winograd F(4x4) takes included: the
+  // widening of x and the weight, the rounding of a bfloat16 y and the backward's
+  // round_through of grad_y cost the widened path more than Winograd's fewer
+  // multiplications gain it (bench/results/precision_cpu_zen5_*.md). A forced
+  // Winograd keeps the float32 algorithms on widened operands.
+  return conv2d_algorithm() != Conv2dAlgorithm::Winograd;
 }
 
 void conv2d_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
