@@ -51,9 +51,10 @@
 // bfloat16 GEMM runs vdpbf16ps (engine/settings.h: set_bf16_gemm_kernel), the three
 // passes lower to that GEMM with bfloat16 patches (im2col, kernels/cpu/conv2d.cpp):
 // products exact, summed in float32 (a pair of k at a time), within the same
-// tolerance (tests/conv2d_bf16_cpu_test.cpp): every such layer under Auto and a forced
-// Im2col, none under a forced Winograd (kernels/cpu/conv2d.h). Everywhere else (the CPU otherwise, and G >
-// 1 on CUDA) the 16-bit operands are widened exactly into float32 scratch on the stream
+// tolerance (tests/conv2d_bf16_cpu_test.cpp): every such layer under Auto and a
+// forced Im2col, none under a forced Winograd (kernels/cpu/conv2d.h). Everywhere else
+// (the CPU otherwise, and G > 1 on CUDA) the 16-bit operands are widened exactly into
+// float32 scratch on the stream
 // (kernels/cast.h) and the float32 algorithms below run on them, to their tolerance (a few float32
 // roundings of sum |weight*x|, relative; F(4x4,3x3) some tens): correct, no faster
 // than float32. conv2d_multiplies_16bit says which a call takes. Mixing a 16-bit
