@@ -147,7 +147,11 @@ Var relu(const Var& x) {
 }
 
 Var add_relu(const Var& a, const Var& b) {
-  if (has_16bit({a, b})) {
+  // 16-bit a and b of one dtype take the 16-bit kernel (y rounded once, no widened
+  // copies); a 16-bit operand beside a float32 one, the float32 fallback.
+  const bool one_16bit_dtype =
+      is_16bit(a.value().dtype()) && b.value().dtype() == a.value().dtype();
+  if (has_16bit({a, b}) && !one_16bit_dtype) {
     return through_float32({a, b}, FallbackOutput::Working,
                            [&](const std::vector<Var>& v) { return add_relu(v[0], v[1]); });
   }
@@ -162,8 +166,8 @@ Var add_relu(const Var& a, const Var& b) {
     Tape& t = out.tape();
     AddReluBackward args;
     args.grad_y = out.grad();
-    args.y = out.value();
-    if (a.requires_grad()) {  // a first: the order of add's two contributions
+    args.y = widened(out.value(), t.stream());  // the float32 kernel, as relu's backward
+    if (a.requires_grad()) {                    // a first: the order of add's two contributions
       const Tape::GradTarget ga = t.grad_target(a);
       args.grad_a = ga.grad;
       args.grad_a_write = ga.assign ? GradWrite::Assign : GradWrite::Accumulate;

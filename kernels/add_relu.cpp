@@ -8,19 +8,22 @@
 namespace towerlab {
 
 void add_relu_forward(const Tensor& y, const Tensor& a, const Tensor& b, const Stream& stream) {
-  kernels::check_same_shape("add_relu_forward", stream, {{"a", &a}, {"b", &b}, {"y", &y}});
+  kernels::check_same_shape_any_dtype("add_relu_forward", stream,
+                                      {{"a", &a}, {"b", &b}, {"y", &y}});
   if (y.numel() == 0) return;
   TL_DISPATCH(stream, cpu::add_relu_forward(y, a, b), cuda::add_relu_forward(y, a, b, stream));
 }
 
 void add_relu_backward(const AddReluBackward& args, const Stream& stream) {
   const char* op = "add_relu_backward";
-  kernels::check_same_shape(op, stream, {{"grad_y", &args.grad_y}, {"y", &args.y}});
+  kernels::check_same_shape_any_dtype(op, stream, {{"grad_y", &args.grad_y}, {"y", &args.y}});
   if (args.grad_a.defined()) {
-    kernels::check_same_shape(op, stream, {{"grad_y", &args.grad_y}, {"grad_a", &args.grad_a}});
+    kernels::check_same_shape_any_dtype(op, stream,
+                                        {{"grad_y", &args.grad_y}, {"grad_a", &args.grad_a}});
   }
   if (args.grad_b.defined()) {
-    kernels::check_same_shape(op, stream, {{"grad_y", &args.grad_y}, {"grad_b", &args.grad_b}});
+    kernels::check_same_shape_any_dtype(op, stream,
+                                        {{"grad_y", &args.grad_y}, {"grad_b", &args.grad_b}});
   }
   if (args.grad_y.numel() == 0 || (!args.grad_a.defined() && !args.grad_b.defined())) return;
   TL_DISPATCH(stream, cpu::add_relu_backward(args), cuda::add_relu_backward(args, stream));

@@ -15,8 +15,13 @@
 //                               = for the one whose write is GradWrite::Assign,
 //                               which never reads it: kernels/grad_write.h)
 // a, b, y, grad_y, grad_a and grad_b have one shape (no broadcasting: a residual's
-// branches agree) and one dtype: float32 on every device, float64 on the CPU; the
-// 16-bit dtypes get the typed error of kernels/checks.h. grad_a or grad_b may be
+// branches agree) and one dtype: float32, bfloat16 or float16 on every device,
+// float64 on the CPU. As ReLU's (kernels/relu.h), a 16-bit tensor is read as its
+// exact float32 widening and every value written is rounded once to nearest even:
+// a 16-bit y is the float32 sum's ReLU rounded once (the float32 op's y cast), an
+// accumulated 16-bit gradient grad + g in float32 rounded once. (ag::add_relu on
+// 16-bit a and b writes a 16-bit y and runs the float32 backward on the widened y,
+// the precision policy's gradients being float32.) grad_a or grad_b may be
 // undefined (that operand needs no gradient). grad_a and grad_b may be one tensor
 // (a and b one value, ag::add_relu(x, x)): grad_a is written first, then grad_b
 // added, element by element, as the tape's two contributions would be. Neither

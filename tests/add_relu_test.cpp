@@ -3,7 +3,9 @@
 // relu_backward into the sum's gradient then that gradient added into each operand's,
 // bit for bit, with add-versus-assign sentinels, an operand without a gradient, one
 // gradient for both operands, odd sizes and the typed errors; each comparison with a
-// control that would catch a missing mask. Then float64 gradients through the tape,
+// control that would catch a missing mask. In bfloat16 and float16, both directions
+// against the reference bit for bit, on every CPU instruction set and the emulated
+// GPUs. Then float64 gradients through the tape,
 // and a small ResNet whose blocks end in the fused op against the same blocks ending
 // in add and a ReLU layer: the same loss and gradients, bit for bit.
 #include <cmath>
@@ -11,6 +13,7 @@
 
 #include "gradcheck.h"
 #include "kernels/reference/add_relu.h"
+#include "sixteen_bit.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -133,7 +136,7 @@ TEST_P(AddReluTest, BackwardSkipsAMissingGradientAndSharesOne) {
   EXPECT_EQ(host(shared), expected);
 }
 
-TEST_P(AddReluTest, RejectsMismatchedShapesAndSixteenBitDtypes) {
+TEST_P(AddReluTest, RejectsMismatchedShapesAndDtypes) {
   Tensor a = Tensor::zeros({2, 3}, stream());
   EXPECT_THROW_WITH(add_relu_forward(a, a, Tensor::zeros({3, 2}, stream()), stream()), ShapeError,
                     "add_relu_forward: b is float32[3,2]");
@@ -141,13 +144,108 @@ TEST_P(AddReluTest, RejectsMismatchedShapesAndSixteenBitDtypes) {
       add_relu_backward({.grad_a = Tensor::zeros({6}, stream()), .grad_y = a, .y = a}, stream()),
       ShapeError, "add_relu_backward: grad_a is float32[6]");
   Tensor half = Tensor::zeros({2, 3}, stream(), DType::Float16);
-  EXPECT_THROW_WITH(add_relu_forward(half, half, half, stream()), NotSupported,
-                    "add_relu_forward: float16 is not supported");
+  EXPECT_THROW_WITH(add_relu_forward(half, half, a, stream()), ShapeError,
+                    "add_relu_forward: b is float32[2,3]");
+  EXPECT_THROW_WITH(add_relu_backward({.grad_a = a, .grad_y = half, .y = half}, stream()),
+                    ShapeError, "add_relu_backward: grad_a is float32[2,3]");
   Tape tape(stream());
   EXPECT_THROW_WITH(ag::add_relu(tape.constant(a, "body"),
                                  tape.constant(Tensor::zeros({2, 1}, stream()), "skip")),
                     ShapeError,
                     "add_relu: body float32[2,3] and skip float32[2,1] differ in shape");
+}
+
+// --- bfloat16 and float16 --------------------------------------------------------
+
+class AddReluSixteenBitTest : public SixteenBitTest {};
+TL_INSTANTIATE_SIXTEEN_BIT(AddReluSixteenBitTest);
+
+// The sum in float32 rounded once, NaN and infinities among the operands: the
+// reference's bits on odd sizes and in place; the control, the operands' own sum
+// rounded without the ReLU, differs.
+TEST_P(AddReluSixteenBitTest, ForwardIsTheReferenceBitForBit) {
+  for_each_cpu_isa([&](const std::string& isa) {
+    SCOPED_TRACE(isa);
+    for (std::int64_t n : {1, 7, 1025, 4099}) {
+      const auto av = values_with_specials(static_cast<std::size_t>(n), 21);
+      const auto bv = random_values(static_cast<std::size_t>(n), 22, -2.0f, 2.0f);
+      Tensor a = make(av, {n}), b = make(bv, {n});
+      Tensor y = make(std::vector<float>(av.size(), -7.0f), {n});
+      add_relu_forward(y, a, b, stream());
+      typed([&]<typename T>() {
+        const std::vector<T> a16 = narrow<T>(av), b16 = narrow<T>(bv);
+        std::vector<T> expected(a16.size());
+        reference::add_relu_forward(expected.data(), a16.data(), b16.data(), n);
+        EXPECT_EQ(bits(host(y)), bits(widen(expected))) << "n = " << n;
+        if (n > 1) {
+          std::vector<float> sums(a16.size());
+          for (std::size_t i = 0; i < sums.size(); ++i) {
+            sums[i] = static_cast<float>(T(float(a16[i]) + float(b16[i])));
+          }
+          EXPECT_NE(bits(host(y)), bits(sums)) << "control, n = " << n;
+        }
+      });
+      EXPECT_TRUE(std::isnan(host(y)[0])) << "a ReLU that drops NaN hides a broken input";
+      add_relu_forward(a, a, b, stream());  // y aliases a
+      EXPECT_EQ(bits(host(a)), bits(host(y))) << "in place, n = " << n;
+    }
+  });
+}
+
+// Both gradients accumulated onto sentinels in float32 and rounded once, or assigned
+// over NaN, and one gradient shared by both operands (assigned by a's write, then
+// b's added): the reference's bits. The control: accumulating and assigning differ.
+TEST_P(AddReluSixteenBitTest, BackwardAccumulatesOrAssignsAsTheReference) {
+  for_each_cpu_isa([&](const std::string& isa) {
+    SCOPED_TRACE(isa);
+    for (std::int64_t n : {1, 9, 1031, 3000}) {
+      const auto yv = values_with_specials(static_cast<std::size_t>(n), 23);
+      const auto gyv = random_values(static_cast<std::size_t>(n), 24, -3.0f, 3.0f);
+      const auto sentinel = random_values(static_cast<std::size_t>(n), 25, -100.0f, 100.0f);
+      const std::vector<float> poison(sentinel.size(), std::nanf(""));
+      Tensor y = make(yv, {n}), grad_y = make(gyv, {n});
+      typed([&]<typename T>() {
+        const std::vector<T> y16 = narrow<T>(yv), gy16 = narrow<T>(gyv);
+        for (GradWrite write : {GradWrite::Accumulate, GradWrite::Assign}) {
+          const bool assign = write == GradWrite::Assign;
+          const std::vector<float>& start = assign ? poison : sentinel;
+          Tensor grad_a = make(start, {n}), grad_b = make(start, {n});
+          add_relu_backward({.grad_a = grad_a,
+                             .grad_b = grad_b,
+                             .grad_y = grad_y,
+                             .y = y,
+                             .grad_a_write = write,
+                             .grad_b_write = GradWrite::Accumulate},
+                            stream());
+          std::vector<T> expected_a = narrow<T>(start), expected_b = expected_a;
+          reference::add_relu_backward(expected_a.data(), write, expected_b.data(),
+                                       GradWrite::Accumulate, gy16.data(), y16.data(), n);
+          const std::string where =
+              "n = " + std::to_string(n) + (assign ? ", assign" : ", accumulate");
+          EXPECT_EQ(bits(host(grad_a)), bits(widen(expected_a))) << where;
+          EXPECT_EQ(bits(host(grad_b)), bits(widen(expected_b))) << where;
+        }
+        // One gradient for both: a's assignment, then b's add, rounded each time.
+        Tensor shared = make(poison, {n});
+        add_relu_backward({.grad_a = shared,
+                           .grad_b = shared,
+                           .grad_y = grad_y,
+                           .y = y,
+                           .grad_a_write = GradWrite::Assign},
+                          stream());
+        std::vector<T> expected = narrow<T>(poison);
+        reference::add_relu_backward(expected.data(), GradWrite::Assign, expected.data(),
+                                     GradWrite::Accumulate, gy16.data(), y16.data(), n);
+        EXPECT_EQ(bits(host(shared)), bits(widen(expected))) << "shared, n = " << n;
+        std::vector<T> added = narrow<T>(sentinel), assigned = added;
+        reference::add_relu_backward(added.data(), GradWrite::Accumulate, static_cast<T*>(nullptr),
+                                     GradWrite::Accumulate, gy16.data(), y16.data(), n);
+        reference::add_relu_backward(assigned.data(), GradWrite::Assign, static_cast<T*>(nullptr),
+                                     GradWrite::Accumulate, gy16.data(), y16.data(), n);
+        EXPECT_NE(bits(widen(added)), bits(widen(assigned))) << "control, n = " << n;
+      });
+    }
+  });
 }
 
 // --- float64 on the CPU --------------------------------------------------------

@@ -4,6 +4,8 @@
 //   (the control: some of those sums are not 16-bit values, so the rounding is there);
 // - ReLU, bias add (+ ReLU) and the activations keep it, and their gradients are
 //   float32 and those of the float32 op on the widened values, bit for bit;
+// - a residual's add_relu on two 16-bit operands runs its 16-bit kernel: y the float32
+//   op's rounded once, the float32 op's gradients, bit for bit;
 // - pooling and batch norm run their 16-bit forward kernels (one record, nothing
 //   widened around them) and their float32 backwards: the float32 op's gradients, bit
 //   for bit;
@@ -259,6 +261,32 @@ TEST_P(MixedPrecisionCpuTest, BatchNormMaxPoolRunsTheFusedKernelsInSixteenBits) 
   expect_same_gradients(r16, r32);
 }
 
+// A residual's end, add_relu, on two 16-bit operands runs its 16-bit kernel (one
+// record: nothing widened or rounded around it): y is the float32 op's output on the
+// widened operands rounded once, and both gradients are the float32 op's, bit for bit.
+// A 16-bit operand beside a float32 one takes the fallback (widened first).
+TEST_P(MixedPrecisionTest, AddReluRunsItsSixteenBitKernel) {
+  const Tensor a16 = make(random_values(2 * 3 * 4 * 6, 15, -3.0f, 3.0f), {2, 3, 4, 6});
+  const Tensor b16 = make(random_values(2 * 3 * 4 * 6, 16, -3.0f, 3.0f), {2, 3, 4, 6});
+  const Op op = [](const auto& v) { return ag::add_relu(v[0], v[1]); };
+  const Run r16 = run(lowp(), {a16, b16}, op);
+  const Run r32 =
+      run(fp32(), {cast(a16, DType::Float32, stream()), cast(b16, DType::Float32, stream())}, op);
+  EXPECT_EQ(r16.records, 1u) << "nothing widened around the op";
+  ASSERT_EQ(r16.y.value().dtype(), dtype());
+  const std::vector<float> y32 = host(r32.y.value());
+  EXPECT_EQ(bits(host(r16.y.value())), bits(host(cast(r32.y.value(), dtype(), stream()))));
+  // Control: some float32 outputs are not 16-bit values, so the rounding is there.
+  EXPECT_NE(bits(host(r16.y.value())), bits(y32));
+  expect_same_gradients(r16, r32);
+  EXPECT_NE(r16.grads[0], std::vector<float>(r16.grads[0].size(), 0.0f));
+
+  const Run mixed = run(lowp(), {a16, cast(b16, DType::Float32, stream())}, op);
+  EXPECT_GT(mixed.records, 1u) << "a float32 operand: the fallback";
+  EXPECT_EQ(bits(host(mixed.y.value())), bits(host(r16.y.value())));
+  expect_same_gradients(mixed, r32);
+}
+
 // Each op without a 16-bit kernel is the float32 op on the widened inputs, its
 // output rounded once (or left float32), its gradients the float32 op's, bit for bit.
 TEST_P(MixedPrecisionTest, TheFallbackIsTheFloat32OpOnTheWidenedInputs) {
@@ -268,8 +296,6 @@ TEST_P(MixedPrecisionTest, TheFallbackIsTheFloat32OpOnTheWidenedInputs) {
   const std::vector<std::tuple<const char*, ag::FallbackOutput, Op>> cases = {
       {"add", ag::FallbackOutput::Working, [](const auto& v) { return ag::add(v[0], v[1]); }},
       {"mul", ag::FallbackOutput::Working, [](const auto& v) { return ag::mul(v[0], v[1]); }},
-      {"add_relu", ag::FallbackOutput::Working,
-       [](const auto& v) { return ag::add_relu(v[0], v[1]); }},
       {"dropout", ag::FallbackOutput::Working,
        [](const auto& v) {
          return ag::dropout(v[0], 0.3, DropoutKey{3, 5, 0});

@@ -1,38 +1,101 @@
 // CPU residual add + ReLU: the plain reference (kernels/reference/add_relu.h) on each
-// thread's range. Elementwise, so the loops split over the thread pool at any
-// boundary (kernels/cpu/parallel.h); the fusion saves a pass over memory each way and
-// the backward's gradient of the sum, not arithmetic.
+// thread's range in float32 and float64. In bfloat16 and float16 blocks of the
+// operands are widened to float32 (kernels/cpu/convert16.h), added and clamped (or
+// masked and added) there, and rounded once: the reference's bits. Elementwise, so
+// the loops split over the thread pool at any boundary (kernels/cpu/parallel.h); the
+// fusion saves a pass over memory each way and the backward's gradient of the sum,
+// not arithmetic.
 #include "kernels/cpu/add_relu.h"
 
 #include <cstdint>
 
+#include "kernels/cpu/convert16.h"
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/reference/add_relu.h"
+#include "kernels/reference/relu.h"
 
 namespace towerlab::cpu {
+namespace {
+
+using reference::kIs16Bit;
+
+// y = round(max(a + b, 0)) with the sum in float32, block by block (y may alias a or
+// b: each block is read whole before it is written).
+template <typename T>
+void add_relu_forward_16bit(T* y, const T* a, const T* b, std::int64_t n) {
+  for_each_block(n, [&](std::int64_t first, std::int64_t count) {
+    float lhs[kConvertBlock], rhs[kConvertBlock];
+    widen_16bit(lhs, a + first, count);
+    widen_16bit(rhs, b + first, count);
+    for (std::int64_t i = 0; i < count; ++i) {
+      const float sum = lhs[i] + rhs[i];
+      lhs[i] = sum < 0.0f ? 0.0f : sum;  // a NaN fails the test and stays
+    }
+    round_to_16bit(y + first, lhs, count);
+  });
+}
+
+// grad = round(grad + g) or round(g) (exact), g = relu_mask(grad_y, y) in float32.
+template <typename T>
+void add_masked_16bit(T* grad, GradWrite write, const float* g, std::int64_t count) {
+  float sum[kConvertBlock];
+  if (write == GradWrite::Assign) {
+    round_to_16bit(grad, g, count);
+    return;
+  }
+  widen_16bit(sum, grad, count);
+  for (std::int64_t i = 0; i < count; ++i) sum[i] += g[i];
+  round_to_16bit(grad, sum, count);
+}
+
+// grad_a first, then grad_b, each block: with grad_a == grad_b, b's add reads a's write.
+template <typename T>
+void add_relu_backward_16bit(T* grad_a, GradWrite grad_a_write, T* grad_b, GradWrite grad_b_write,
+                             const T* grad_y, const T* y, std::int64_t n) {
+  for_each_block(n, [&](std::int64_t first, std::int64_t count) {
+    float g[kConvertBlock], out[kConvertBlock];
+    widen_16bit(g, grad_y + first, count);
+    widen_16bit(out, y + first, count);
+    for (std::int64_t i = 0; i < count; ++i) g[i] = reference::relu_mask(g[i], out[i]);
+    if (grad_a != nullptr) add_masked_16bit(grad_a + first, grad_a_write, g, count);
+    if (grad_b != nullptr) add_masked_16bit(grad_b + first, grad_b_write, g, count);
+  });
+}
+
+}  // namespace
 
 void add_relu_forward(const Tensor& y, const Tensor& a, const Tensor& b) {
-  with_dtype(y.dtype(), [&]<typename T>() {
+  with_any_dtype(y.dtype(), [&]<typename T>() {
     T* out = y.data<T>();        // [n]
     const T* lhs = a.data<T>();  // [n]
     const T* rhs = b.data<T>();  // [n]
     parallel_rows(y.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
-      reference::add_relu_forward(out + lo, lhs + lo, rhs + lo, hi - lo);
+      if constexpr (kIs16Bit<T>) {
+        add_relu_forward_16bit(out + lo, lhs + lo, rhs + lo, hi - lo);
+      } else {
+        reference::add_relu_forward(out + lo, lhs + lo, rhs + lo, hi - lo);
+      }
     });
   });
 }
 
 void add_relu_backward(const AddReluBackward& args) {
-  with_dtype(args.grad_y.dtype(), [&]<typename T>() {
+  with_any_dtype(args.grad_y.dtype(), [&]<typename T>() {
     T* ga = args.grad_a.defined() ? args.grad_a.data<T>() : nullptr;  // [n] or none
     T* gb = args.grad_b.defined() ? args.grad_b.data<T>() : nullptr;  // [n] or none
     const T* gy = args.grad_y.data<T>();                              // [n]
     const T* out = args.y.data<T>();                                  // [n]
     parallel_rows(args.grad_y.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
-      reference::add_relu_backward(ga ? ga + lo : nullptr, args.grad_a_write,
-                                   gb ? gb + lo : nullptr, args.grad_b_write, gy + lo, out + lo,
-                                   hi - lo);
+      T* a = ga ? ga + lo : nullptr;
+      T* b = gb ? gb + lo : nullptr;
+      if constexpr (kIs16Bit<T>) {
+        add_relu_backward_16bit(a, args.grad_a_write, b, args.grad_b_write, gy + lo, out + lo,
+                                hi - lo);
+      } else {
+        reference::add_relu_backward(a, args.grad_a_write, b, args.grad_b_write, gy + lo, out + lo,
+                                     hi - lo);
+      }
     });
   });
 }

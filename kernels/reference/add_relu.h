@@ -1,12 +1,15 @@
 // The plain reference of the fused residual add + ReLU (contracts in
 // kernels/add_relu.h), on n values: the specification the CPU backend runs on each
 // thread's range and the CUDA kernels are tested against. It is add() followed by
-// ReLU's reference, one element at a time. T is float or double.
+// ReLU's reference, one element at a time. T is float, double, bfloat16 or float16,
+// computed in math_t<T> (kernels/reference/math_type.h): a 16-bit sum is float32's,
+// rounded once as it is stored, and so is a 16-bit gradient's add.
 #pragma once
 
 #include <cstdint>
 
 #include "kernels/grad_write.h"
+#include "kernels/reference/math_type.h"
 
 namespace towerlab::reference {
 
