@@ -4,6 +4,11 @@ the dropout key, Adam) one jit-compiled function whose buffers are donated, so a
 allocates nothing new. Adam is written out here (optax's adam computes the same) to keep
 the peer to jax and jaxlib. ResNet-20 is not written in JAX (PyTorch and TensorFlow are
 its peers).
+
+The variant "bf16" is mixed precision as JAX users write it (jmp's policy): the float32
+parameters and the images cast to bfloat16 inside the loss, the forward in bfloat16, the
+logits cast back to float32 for the loss; the gradients arrive float32 through the casts
+and Adam updates float32 parameters.
 """
 import functools
 
@@ -12,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-VARIANTS = ("",)
+VARIANTS = ("", "bf16")
 EPS, DECAY = 1e-3, 0.99
 BETA1, BETA2, ADAM_EPS = 0.9, 0.999, 1e-8
 
@@ -78,14 +83,19 @@ def mlp_forward(params, state, x, training, dropout=0.2):
 MODELS = {"fashion_net": (init, forward), "mlp": (mlp_init, mlp_forward)}
 
 
-def loss_fn(params, state, x, y, forward=forward):
+def loss_fn(params, state, x, y, forward=forward, compute=jnp.float32):
+    if compute != jnp.float32:
+        params = jax.tree.map(lambda p: p.astype(compute), params)
+        x = x.astype(compute)
     logits, new_state = forward(params, state, x, True)
+    logits = logits.astype(jnp.float32)
     picked = jnp.take_along_axis(logits, y[:, None], axis=1)[:, 0]
     return jnp.mean(jax.nn.logsumexp(logits, axis=1) - picked), new_state
 
 
-def train_step(params, state, adam, x, y, lr, forward=forward):
-    (loss, state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, state, x, y, forward)
+def train_step(params, state, adam, x, y, lr, forward=forward, compute=jnp.float32):
+    (loss, state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, state, x, y, forward,
+                                                                     compute)
     t = adam["t"] + 1
     m = jax.tree.map(lambda m, g: BETA1 * m + (1 - BETA1) * g, adam["m"], grads)
     v = jax.tree.map(lambda v, g: BETA2 * v + (1 - BETA2) * g * g, adam["v"], grads)
@@ -107,10 +117,13 @@ class Peer:
         zeros = jax.tree.map(jnp.zeros_like, self.params)
         self.adam = {"m": zeros, "v": jax.tree.map(jnp.zeros_like, self.params), "t": jnp.zeros((), jnp.float32)}
         self.lr = jnp.float32(1e-3)
-        self.train_step = jax.jit(functools.partial(train_step, forward=forward), donate_argnums=(0, 1, 2))
+        compute = jnp.bfloat16 if variant == "bf16" else jnp.float32
+        self.train_step = jax.jit(functools.partial(train_step, forward=forward, compute=compute),
+                                  donate_argnums=(0, 1, 2))
         self.predict_fn = jax.jit(lambda p, s, x: forward(p, s, x, False)[0])
         self.version = jax.__version__
-        self.config = f"whole step jit-compiled, NHWC, {threads} CPUs, backend {jax.default_backend()}"
+        self.config = (f"whole step jit-compiled{', bf16 compute' if variant == 'bf16' else ''}, NHWC, "
+                       f"{threads} CPUs, backend {jax.default_backend()}")
 
     def step(self, images, labels):
         self.params, self.state, self.adam, loss = self.train_step(

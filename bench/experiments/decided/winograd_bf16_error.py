@@ -18,9 +18,9 @@ output tile per input tile, computed
 Errors are relative to the root mean square of the exact outputs: their rms and their
 99.9th percentile.
 
-Decided (bench/results/winograd_bf16_error_*.md): F(4x4,3x3) on bfloat16 tiles is about
-15 times as far from the definition as a bfloat16 y's own rounding; F(2x2,3x3) about 3
-times, with 4 multiplications an output at twice the rate where float32 F(4x4) does
+Decided (bench/results/winograd_bf16_error_6e8f5f5.md): F(4x4,3x3) on bfloat16 tiles is
+12 to 14 times as far from the definition as a bfloat16 y's own rounding (rms); F(2x2,3x3)
+about twice, with 4 multiplications an output at twice the rate where float32 F(4x4) does
 2.25 at the float rate (no saving). The bfloat16 layers take the lowering.
 
 Run: python3 bench/experiments/decided/winograd_bf16_error.py  (numpy; about a minute)
