@@ -14,11 +14,12 @@
 // and ResNet-20's layers (a 16-channel 3x3, the stride-2
 // 3x3, the 1x1 stride-2 shortcut, a 1x1 stride-1 layer that needs no lowering) and
 // odd shapes (unequal strides, padding and dilation, a 3x2 kernel, an odd C*R*S, a
-// K that fills no tile). y over NaN, in float32 and in bfloat16 (the float32 y
-// rounded once, bit for bit); grad_weight and grad_bias onto sentinels; grad_x
-// assigned over NaN or added onto a sentinel. Controls: the reference on the
-// unrounded operands and the expected values without the sentinels lie outside the
-// bound, and the widening path gives other bits (so the checks see which ran).
+// K that fills no tile), and runs of several images lowered into one forward product
+// (37 and 38 images of 7x7 outputs, one and two threads). y over NaN, in float32 and in bfloat16
+// (the float32 y rounded once, bit for bit); grad_weight and grad_bias onto sentinels; grad_x
+// assigned over NaN or added onto a sentinel. Controls: the reference on the unrounded operands and
+// the expected values without the sentinels lie outside the bound, and the widening path gives
+// other bits (so the checks see which ran).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -150,6 +151,22 @@ TEST_F(Conv2dBf16Cpu, OddShapesStridesAndDilation) {
   ConvCase no_bias{"no_bias_odd_crs", 17, 3, 6, 5, 13, 3, 3, make_params(1, 1, 1, 1)};
   no_bias.bias = false;
   check(no_bias, 220, GradWrite::Assign);
+}
+
+// Layers with few output pixels lower several images into one forward product (as
+// many as fill 512 columns, eleven at 7x7); 37 and 38 images leave shorter last runs,
+// with one and two threads (whose chunks of images end the runs elsewhere).
+TEST_F(Conv2dBf16Cpu, SeveralImagesInOneProduct) {
+  const int saved = num_threads();
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    SCOPED_TRACE(std::to_string(threads) + " threads");
+    check({"runs_7x7", 37, 16, 7, 7, 24, 3, 3, make_params(1, 1, 1, 1)}, 500,
+          GradWrite::Accumulate);
+    check({"runs_stride2", 38, 8, 14, 13, 16, 3, 3, make_params(2, 2, 1, 1)}, 510,
+          GradWrite::Assign);
+  }
+  set_num_threads(saved);
 }
 
 // The checks can fail: the reference on the unrounded operands, and the expected

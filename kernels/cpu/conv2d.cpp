@@ -160,18 +160,41 @@ void for_image_chunks(std::int64_t images, std::int64_t chunks, bool parallel, c
 template <typename T>
 using SumOf = std::conditional_t<std::is_same_v<T, bfloat16>, float, T>;
 
-// y = bias + weight · col, image by image (im2col's product; col is x itself when
-// nothing needs lowering), T the operands' type (float, double for the gradient
-// checks, or bfloat16 on the bfloat16 GEMM path, whose sums and bias are float32),
-// Out y's: the sums' type, or a 16-bit layer's bfloat16 or float16, where each
-// image's float32 sums are rounded from their block (in cache, the GEMM just wrote
-// it) before the next image's.
+// Images the bfloat16 forward lowers side by side into one product: enough that its
+// columns (images x P*Q) fill the vdpbf16ps kernel's panels. A 7x7 layer's forward
+// then takes 0.83 of its time image by image, a 14x14 layer's 0.95 to 0.97
+// (bench/results/conv2d_bf16_runs_zen5_*.md); each output's sum is the same either
+// way. One image where the layer needs no lowering (col is x itself) and on the
+// float32 and float64 paths, which keep one product an image.
+constexpr std::int64_t kBatchColumns = 512;
+template <typename T>
+std::int64_t images_per_gemm(const Conv2dShape& s, bool lower) {
+  if (!std::is_same_v<T, bfloat16> || !lower) return 1;
+  const std::int64_t pq = s.P * s.Q;
+  return std::max<std::int64_t>(1, (kBatchColumns + pq - 1) / pq);
+}
+
+// col [C*R*S, count * P*Q]: the patch matrices of `count` images of x side by side.
+template <typename T>
+void lower_images(T* col, const T* x, std::int64_t count, const Conv2dShape& s) {
+  const std::int64_t pq = s.P * s.Q, chw = s.C * s.H * s.W;
+  for (std::int64_t i = 0; i < count; ++i) im2col(col + i * pq, x + i * chw, s, count * pq);
+}
+
+// y = bias + weight · col, a product for each run of images_per_gemm images
+// (im2col's product; col is x itself when nothing needs lowering), T the operands'
+// type (float, double for the gradient checks, or bfloat16 on the bfloat16 GEMM
+// path, whose sums and bias are float32), Out y's: the sums' type, or a 16-bit
+// layer's bfloat16 or float16. The sums of a run of several images, or of a 16-bit
+// layer, go through a block of scratch (in cache, the GEMM just wrote it) that is
+// copied or rounded into each image's y before the next run.
 template <typename T, typename Out>
 void forward_by_gemm(Out* out, const T* in, const T* w, const SumOf<T>* b, const Conv2dShape& s) {
   using Sum = SumOf<T>;
   constexpr bool rounded = !std::is_same_v<Sum, Out>;
   const std::int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
   const bool lower = needs_lowering(s);
+  const std::int64_t batch = images_per_gemm<T>(s, lower);
   // The weight, the GEMM's A for every image, packed once for them all (float32; the
   // float64 gradient checks' gemm is plain loops, with nothing to pack).
   // Where it applies, the implicit forward (kernels/cpu/conv2d_implicit.h) skips col,
@@ -191,10 +214,13 @@ void forward_by_gemm(Out* out, const T* in, const T* w, const SumOf<T>* b, const
     }
   }
   auto per_chunk = [&](std::int64_t, std::int64_t first, std::int64_t last) {
-    HostScratch<T> col(lower && !implicit ? crs * pq : 0);  // [C*R*S, P*Q]
+    const std::int64_t most = std::min(batch, last - first);
+    const bool staged = rounded || most > 1;
+    HostScratch<T> col(lower && !implicit ? crs * most * pq : 0);  // [C*R*S, images*P*Q]
     HostScratch<float> implicit_scratch(implicit ? implicit_forward_scratch(s) : 0);
-    HostScratch<Sum> sums(rounded ? s.K * pq : 0);  // [K, P*Q], a 16-bit y's
-    for (std::int64_t n = first; n < last; ++n) {
+    HostScratch<Sum> sums(staged ? s.K * most * pq : 0);  // [K, images*P*Q]
+    for (std::int64_t n = first; n < last; n += batch) {
+      const std::int64_t count = std::min(batch, last - n), cols = count * pq;
       const T* patches = in + n * chw;
       if constexpr (std::is_same_v<T, float>) {
         if (implicit) {
@@ -209,28 +235,39 @@ void forward_by_gemm(Out* out, const T* in, const T* w, const SumOf<T>* b, const
         }
       }
       if (lower) {
-        im2col(col.get(), patches, s);
+        lower_images(col.get(), patches, count, s);
         patches = col.get();
       }
-      Sum* y_n;  // [K, P*Q]
-      if constexpr (rounded) {
-        y_n = sums.get();
-      } else {
-        y_n = out + n * s.K * pq;
+      Sum* y_n = sums.get();  // [K, cols]
+      if constexpr (!rounded) {
+        if (!staged) y_n = out + n * s.K * pq;
       }
       if (b != nullptr) {
-        for (std::int64_t k = 0; k < s.K; ++k) std::fill(y_n + k * pq, y_n + (k + 1) * pq, b[k]);
+        for (std::int64_t k = 0; k < s.K; ++k) {
+          std::fill(y_n + k * cols, y_n + (k + 1) * cols, b[k]);
+        }
       }
       const Sum beta = b != nullptr ? Sum(1) : Sum(0);
       if constexpr (std::is_same_v<T, float>) {
-        gemm_packed_a(*packed_w, false, pq, patches, pq, beta, y_n, pq);
+        gemm_packed_a(*packed_w, false, cols, patches, cols, beta, y_n, cols);
       } else if constexpr (std::is_same_v<T, bfloat16>) {
-        gemm_mixed<bfloat16, float>(false, false, s.K, pq, crs, 1.0f, w, crs, patches, pq, beta,
-                                    y_n, pq);
+        gemm_mixed<bfloat16, float>(false, false, s.K, cols, crs, 1.0f, w, crs, patches, cols, beta,
+                                    y_n, cols);
       } else {
-        gemm<T>(false, false, s.K, pq, crs, T(1), w, crs, patches, pq, beta, y_n, pq);
+        gemm<T>(false, false, s.K, cols, crs, T(1), w, crs, patches, cols, beta, y_n, cols);
       }
-      if constexpr (rounded) round_to_16bit(out + n * s.K * pq, y_n, s.K * pq);
+      if (!staged) continue;
+      for (std::int64_t i = 0; i < count; ++i) {
+        for (std::int64_t k = 0; k < s.K; ++k) {
+          const Sum* from = y_n + k * cols + i * pq;  // [P*Q]
+          Out* to = out + ((n + i) * s.K + k) * pq;   // [P*Q]
+          if constexpr (rounded) {
+            round_to_16bit(to, from, pq);
+          } else {
+            std::copy(from, from + pq, to);
+          }
+        }
+      }
     }
   };
   for_image_chunks(s.N, image_chunks(s.N), true, per_chunk);
@@ -272,6 +309,9 @@ void forward_float32(Out* out, const float* in, const float* w, const float* b,
 // The bfloat16 GEMM path's backward, float32 gradients from bfloat16 grad_y, x and
 // weight: grad_col = weightᵀ · grad_y[n] then col2im (grad_x), and the weight
 // gradient's partials col · grad_y[n]ᵀ in the float32 path's fixed groups of images.
+// Image by image: several images' columns in one weight-gradient product (as the
+// forward lowers them) gained nothing measurable, their grad_y rows then needing a
+// copy side by side (bench/results/conv2d_bf16_runs_zen5_*.md).
 void backward_bf16(float* gx, float* gw, const bfloat16* gy, const bfloat16* in, const bfloat16* w,
                    const Conv2dShape& s, bool assign) {
   const std::int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
@@ -298,7 +338,7 @@ void backward_bf16(float* gx, float* gw, const bfloat16* gy, const bfloat16* in,
       if (sum != nullptr) {
         const bfloat16* patches = in + n * chw;
         if (lower) {
-          im2col(col.get(), patches, s);
+          im2col(col.get(), patches, s, pq);
           patches = col.get();
         }
         gemm_mixed<bfloat16, float>(false, true, crs, s.K, pq, 1.0f, patches, pq, gy_n, pq,
@@ -491,7 +531,7 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
               }
             }
             if (lower) {
-              im2col(col.get(), patches, s);
+              im2col(col.get(), patches, s, pq);
               patches = col.get();
             }
             gemm<T>(false, true, crs, s.K, pq, T(1), patches, pq, gy_n, pq,

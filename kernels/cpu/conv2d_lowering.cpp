@@ -301,13 +301,13 @@ __attribute__((target("avx2"))) void col2im_plane_avx2(float* plane, std::int64_
 
 // col[(c,r,s), (p,q)] = x[c, h(p,r), w(q,s)], zero where (h, w) falls in the padding.
 template <typename T>
-void im2col(T* col, const T* x, const Conv2dShape& s) {
+void im2col(T* col, const T* x, const Conv2dShape& s, std::int64_t ld) {
   const Conv2dParams& p = s.params;
   // x: [C,H,W], col: [C*R*S, P*Q]; (r, kq) is the kernel tap, (op, oq) the output pixel.
   for (std::int64_t c = 0; c < s.C; ++c) {
     for (std::int64_t r = 0; r < s.R; ++r) {
       for (std::int64_t kq = 0; kq < s.S; ++kq) {
-        T* row = col + ((c * s.R + r) * s.S + kq) * s.P * s.Q;
+        T* row = col + ((c * s.R + r) * s.S + kq) * ld;
         const auto [first, last] = valid_columns(s, kq);
         if (flat_runs(s)) {
           const auto [first_row, last_row, shift] = flat_run(s, r, kq);
@@ -424,9 +424,9 @@ void col2im_add(T* x, T* col, const Conv2dShape& s, bool assign) {
   }
 }
 
-template void im2col<float>(float*, const float*, const Conv2dShape&);
-template void im2col<double>(double*, const double*, const Conv2dShape&);
-template void im2col<bfloat16>(bfloat16*, const bfloat16*, const Conv2dShape&);
+template void im2col<float>(float*, const float*, const Conv2dShape&, std::int64_t);
+template void im2col<double>(double*, const double*, const Conv2dShape&, std::int64_t);
+template void im2col<bfloat16>(bfloat16*, const bfloat16*, const Conv2dShape&, std::int64_t);
 template void col2im_add<float>(float*, float*, const Conv2dShape&, bool);
 template void col2im_add<double>(double*, double*, const Conv2dShape&, bool);
 
