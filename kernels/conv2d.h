@@ -34,8 +34,9 @@
 // (backward), all bfloat16 or all float16, with bias and the gradients float32, and y
 // float32 or of the operands' dtype: the float32 y rounded once, to nearest even, the
 // bias added before the rounding (a 16-bit layer's activation; on the CPU with G = 1
-// the rounding is in the forward's stores, with no float32 copy of y, elsewhere one
-// cast of the float32 y).
+// the rounding is in the forward's stores, with no float32 copy of y, but for a
+// float16 y of Winograd F(4x4,3x3), rounded from float32 sums in one pass; elsewhere
+// one cast of the float32 y).
 // The definition, and the reference the tests compare with, is reference::conv2d_*
 // in double on the widened (exact) values. On CUDA with G = 1 the forward, input
 // gradient and weight gradient are implicit GEMMs on the tensor cores

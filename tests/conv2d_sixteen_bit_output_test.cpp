@@ -1,7 +1,8 @@
 // conv2d's forward into a 16-bit y (kernels/conv2d.h, "Mixed precision"): on the CPU
 // the float32 sums are rounded once, to nearest even, where the direct kernels,
 // Winograd's output transform and the GEMM path store them, with no float32 copy
-// of y. The specification is the float32 y of the same call (the widening path)
+// of y (but for a float16 y of Winograd F(4x4), rounded from float32 sums in one
+// pass). The specification is the float32 y of the same call (the widening path)
 // cast to y's dtype: every case must give its bits, on every ISA this CPU has
 // (tests/cpu_isa.h), in bfloat16 and in float16.
 //

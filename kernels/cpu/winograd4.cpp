@@ -393,12 +393,11 @@ template <typename Out>
       return;
     }
     for (int x = 0; x < cols; ++x) y[x] = accumulate ? y[x] + v[x] : b + v[x];
-  } else if constexpr (std::is_same_v<Out, bfloat16>) {
+  } else {
+    static_assert(std::is_same_v<Out, bfloat16>, "a float16 y goes through float32 sums");
     // Four lanes at once (the scalar conversion, a branch a value, took most of a
     // bfloat16 layer's output transform); the same bits.
     round_store_first4(y, Vec4{b, b, b, b} + v, cols);
-  } else {
-    for (int x = 0; x < cols; ++x) y[x] = Out(b + v[x]);
   }
 }
 
@@ -535,7 +534,18 @@ void winograd4_forward(Out* y, const float* x, const float* weight, const float*
   HostScratch<float> u(kElements * stride);  // U[e] [K][C] at e * stride
   // Row k: the kernels weight[k, c], c a lane.
   transform_weights(u.get(), stride, weight, s.K, s.C * 9, 9, 3, 1, s.C);
-  run(y, x, u.get(), stride, bias, false, p);
+  if constexpr (std::is_same_v<Out, float16>) {
+    // float16 has no four-lane rounding in portable vector arithmetic (bfloat16's is
+    // a shift): the float32 sums, then the vector conversions over the whole y, the
+    // same bits. Rounded one value at a time in the output transform, a float16 y
+    // had taken four times the float32 forward's time (bench/results/precision_fp16_zen5_*.md).
+    const std::int64_t n = s.N * s.K * s.P * s.Q;
+    HostScratch<float> sums(n);  // [N,K,P,Q]
+    run(sums.get(), x, u.get(), stride, bias, false, p);
+    round_to_16bit(y, sums.get(), n);
+  } else {
+    run(y, x, u.get(), stride, bias, false, p);
+  }
 }
 
 void winograd4_backward_data(float* grad_x, const float* grad_y, const float* weight,
