@@ -219,15 +219,12 @@ Shape conv2d_output_shape(const Shape& input, const Shape& weight, const Conv2dP
   return {s.N, s.K, s.P, s.Q};
 }
 
-bool conv2d_multiplies_16bit(const Shape& input, const Shape& weight, DType dtype,
+bool conv2d_multiplies_16bit(const Shape& /*input*/, const Shape& /*weight*/, DType dtype,
                              const Conv2dParams& params, const Stream& stream) {
   if (!is_16bit(dtype)) return false;
   if (stream.device().is_cuda()) return on_tensor_cores(params, stream);
-  // What rules the layer out before its shape is worked out (and its shapes described
-  // for messages): float16, groups, and a bfloat16 GEMM that widens.
-  if (dtype != DType::BFloat16 || params.groups != 1 || !bf16_gemm_runs_vdpbf16ps()) return false;
-  return cpu::bf16_gemm_conv_chosen(
-      dtype, make_shape(input, weight, params, to_string(input), to_string(weight)));
+  // The CPU's rule reads the dtype, the groups and the algorithm, no shape.
+  return cpu::bf16_gemm_conv_chosen(dtype, params);
 }
 
 void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
@@ -245,7 +242,7 @@ void conv2d_forward(const Tensor& y, const Tensor& x, const Tensor& weight, cons
     // a 16-bit y comes from the float32 algorithms on the widened operands, rounded
     // from the float32 sums as the kernel stores it (kernels/cpu/conv2d.cpp).
     const Conv2dShape s = checked_shape(op, x, weight, params, stream);
-    const bool bf16_gemm = cpu::bf16_gemm_conv_chosen(x.dtype(), s);
+    const bool bf16_gemm = cpu::bf16_gemm_conv_chosen(x.dtype(), s.params);
     if (bf16_gemm || low_y) {
       check_operand(op, "y", y, {s.N, s.K, s.P, s.Q}, x, stream);
       if (bias.defined()) check_operand(op, "bias", bias, {s.K}, x, stream);

@@ -161,11 +161,10 @@ template <typename T>
 using SumOf = std::conditional_t<std::is_same_v<T, bfloat16>, float, T>;
 
 // Images the bfloat16 forward lowers side by side into one product: enough that its
-// columns (images x P*Q) fill the vdpbf16ps kernel's panels. A 7x7 layer's forward
-// then takes 0.83 of its time image by image, a 14x14 layer's 0.95 to 0.97
-// (bench/results/conv2d_bf16_runs_zen5_*.md); each output's sum is the same either
-// way. One image where the layer needs no lowering (col is x itself) and on the
-// float32 and float64 paths, which keep one product an image.
+// columns (images x P*Q) fill the vdpbf16ps kernel's panels, which one image of a
+// 7x7 or 14x14 layer does not (bench/results/conv2d_bf16_runs_zen5_*.md); each
+// output's sum is the same either way. One image where the layer needs no lowering (col is x
+// itself) and on the float32 and float64 paths, which keep one product an image.
 constexpr std::int64_t kBatchColumns = 512;
 template <typename T>
 std::int64_t images_per_gemm(const Conv2dShape& s, bool lower) {
@@ -356,8 +355,8 @@ void backward_bf16(float* gx, float* gw, const bfloat16* gy, const bfloat16* in,
 
 }  // namespace
 
-bool bf16_gemm_conv_chosen(DType dtype, const Conv2dShape& s) {
-  if (dtype != DType::BFloat16 || s.params.groups != 1 || !bf16_gemm_runs_vdpbf16ps()) {
+bool bf16_gemm_conv_chosen(DType dtype, const Conv2dParams& params) {
+  if (dtype != DType::BFloat16 || params.groups != 1 || !bf16_gemm_runs_vdpbf16ps()) {
     return false;
   }
   // Auto and Im2col: every layer with one group. Measured in whole training steps on

@@ -30,13 +30,13 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
                      const Conv2dShape& shape, GradWrite grad_x_write);
 
 // The bfloat16 GEMM path (kernels/cpu/conv2d.cpp): whether a layer of `dtype` with
-// shape s takes it (bfloat16, G = 1, the bfloat16 GEMM running vdpbf16ps, and the
+// `params` takes it (bfloat16, G = 1, the bfloat16 GEMM running vdpbf16ps, and the
 // algorithm Auto or Im2col: a forced Winograd keeps the float32 algorithms on
 // widened operands), and its passes on bfloat16 x,
 // weight and grad_y: y float32 or bfloat16, grad_x (written as grad_x_write says)
 // and grad_weight (accumulated) float32, either undefined when not needed. The
 // dispatch adds grad_bias.
-bool bf16_gemm_conv_chosen(DType dtype, const Conv2dShape& s);
+bool bf16_gemm_conv_chosen(DType dtype, const Conv2dParams& params);
 void conv2d_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
                          const Conv2dShape& s);
 void conv2d_backward_bf16(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_y,

@@ -537,8 +537,8 @@ void winograd4_forward(Out* y, const float* x, const float* weight, const float*
   if constexpr (std::is_same_v<Out, float16>) {
     // float16 has no four-lane rounding in portable vector arithmetic (bfloat16's is
     // a shift): the float32 sums, then the vector conversions over the whole y, the
-    // same bits. Rounded one value at a time in the output transform, a float16 y
-    // had taken four times the float32 forward's time (bench/results/precision_fp16_zen5_*.md).
+    // same bits. Rounded one value at a time in the output transform, a float16 y was
+    // the slowest part of the layer (bench/results/precision_fp16_zen5_*.md).
     const std::int64_t n = s.N * s.K * s.P * s.Q;
     HostScratch<float> sums(n);  // [N,K,P,Q]
     run(sums.get(), x, u.get(), stride, bias, false, p);
