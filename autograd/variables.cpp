@@ -161,6 +161,21 @@ void VariableStore::round_working(const Stream& stream) {
   if (working_.defined() && working_.numel() > 0) cast(working_, values_, stream);
 }
 
+void VariableStore::share_values(const VariableStore& other) {
+  TL_CHECK(&other.set() == set_, InvalidArgument,
+           "VariableStore::share_values: the stores hold different variable sets");
+  TL_CHECK(other.device_ == device_ && other.values_.dtype() == values_.dtype(), InvalidArgument,
+           "VariableStore::share_values: a store on "
+               << device_.str() << " in " << dtype_name(values_.dtype())
+               << " cannot share the memory of one on " << other.device_.str() << " in "
+               << dtype_name(other.values_.dtype()));
+  values_ = other.values_;
+  if (working_.defined() && other.working_.defined() &&
+      working_.dtype() == other.working_.dtype()) {
+    working_ = other.working_;
+  }
+}
+
 Tensor VariableStore::working(const std::string& name) const {
   const VariableSpec& spec = set_->at(name);
   if (!working_.defined() || !spec.trainable) return Tensor();

@@ -122,6 +122,18 @@ class VariableStore {
   // optimizer read them.
   void set_working_dtype(DType dtype, const Stream& stream);
   void round_working(const Stream& stream);
+
+  // Replicas that share one memory (the Trainer's CPU towers and their host master,
+  // docs/trainer.md): makes this store's trainable values views of `other`'s, and
+  // its working copy `other`'s where both have one of the same dtype, so that
+  // whatever is written into `other`'s is this store's at once, with no copy. The
+  // gradients and the state (moving statistics) stay this store's own. Both stores
+  // hold the same set, on one device, in one dtype (InvalidArgument otherwise).
+  void share_values(const VariableStore& other);
+  // Whether this store's trainable values are `other`'s memory.
+  bool shares_values_with(const VariableStore& other) const {
+    return values_.raw_data() == other.values_.raw_data();
+  }
   bool has_working() const { return working_.defined(); }
   // One variable's rounded value (undefined without a working copy).
   Tensor working(const std::string& name) const;

@@ -149,6 +149,14 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
     streams.push_back(t->stream.get());
     towers_.push_back(std::move(t));
   }
+  // One memory: every replica reads the master's values, and tower 0's working
+  // copy, in place (one_memory_).
+  one_memory_ = !sharded_master && master_device_.is_cpu() && devices_.front().is_cpu();
+  if (one_memory_) {
+    TowerState& first = *towers_.front();
+    first.store->share_values(*master_);
+    for (std::size_t i = 1; i < towers_.size(); ++i) towers_[i]->store->share_values(*first.store);
+  }
   ring_ = std::make_unique<Ring>(streams);
   if (contributions) {
     contribution_ring_ = std::make_unique<Ring>(streams, RingReads::InPlace,
@@ -358,8 +366,9 @@ void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const T
   if (training) t.store->zero_grad(*t.stream);
   if (slice.size() == 0) return;  // sits this step out (its weight is 0)
   // A mixed-precision tower's 16-bit working copy: its replica rounded once, from
-  // the values the last broadcast wrote (parallel/precision.h).
-  t.store->round_working(*t.stream);
+  // the values the last broadcast wrote (parallel/precision.h); in one memory,
+  // broadcast() rounded the one copy every tower reads.
+  if (!one_memory_) t.store->round_working(*t.stream);
 
   auto start = Clock::now();
   std::vector<Tensor> feeds;

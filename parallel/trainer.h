@@ -277,7 +277,10 @@ class Trainer {
   // followed by broadcast(), as always), and are lost at the next step without it.
   VariableStore& master();
   const VariableStore& master() const;
-  // Tower i's copy of the variables (equal to the master's after every step).
+  // Tower i's copy of the variables (equal to the master's after every step). CPU
+  // towers of a master on the host, not sharded, share one memory: their values
+  // are views of the master's (VariableStore::shares_values_with), so a write to
+  // the master's values is theirs at once; the rest of this contract holds as is.
   const VariableStore& replica(std::size_t i) const;
   // The stream the master's initialization, gradient copy, update and broadcast run
   // on. Work a caller submits to it runs before the next update. Sharded: the host
@@ -464,6 +467,12 @@ class Trainer {
   std::int64_t slices_frame_ = 0;
   mutable bool values_gathered_ = true;
   bool slots_gathered_ = true;
+  // CPU towers of a master on the host, not sharded: one memory, so the replicas'
+  // values are the master's and their working copy one, tower 0's, rounded in
+  // broadcast() (VariableStore::share_values): phase 7 copies no values. The
+  // master keeps a gradient of its own: the one its last update applied, which a
+  // skipped step leaves as it was in every placement.
+  bool one_memory_ = false;
 };
 
 // Resolves a requested device: itself when present; with soft placement, the

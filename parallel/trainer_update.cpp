@@ -540,9 +540,14 @@ void Trainer::broadcast() {
     shards_->scatter(master_->flat_values(), optimizer_, *master_stream_);
   }
   for (auto& t : towers_) {
-    transfer(t->store->flat_values(), *t->stream, master_->flat_values(), *master_stream_);
+    if (!one_memory_) {
+      transfer(t->store->flat_values(), *t->stream, master_->flat_values(), *master_stream_);
+    }
     transfer(t->store->flat_state(), *t->stream, master_->flat_state(), *master_stream_);
   }
+  // In one memory the replicas' values are the master's already; their one working
+  // copy is rounded here, once, on every thread of the pool.
+  if (one_memory_) towers_.front()->store->round_working(*master_stream_);
   // The one host wait of a step, and the reason a caller may read or write the
   // master (to_host on any stream, save_checkpoint, load_checkpoint) without
   // knowing master_stream_: the master stream has waited for every replica's copy,

@@ -207,6 +207,40 @@ TEST(Variables, StoreViewsLiveInFlatBuffers) {
   EXPECT_THROW_WITH(store.grad("s"), InvalidArgument, "variable s is not trainable");
 }
 
+// A store that shares another's values reads and writes them: one memory. Its
+// gradients and state stay its own; a store of another set, dtype or device is
+// refused.
+TEST(Variables, AStoreCanShareAnothersValues) {
+  VariableSet set;
+  set.get("a", {2, 3}, Initializer::constant(1.5f));
+  set.get("s", {2}, Initializer::constant(-2.0f), false);
+  VariableStore master(set, cpu());
+  master.initialize(7, cpu());
+  VariableStore replica(set, cpu());
+  replica.set_working_dtype(DType::BFloat16, cpu());
+  EXPECT_FALSE(replica.shares_values_with(master));
+  replica.share_values(master);
+  EXPECT_TRUE(replica.shares_values_with(master));
+  fill(master.value("a"), 4.0, cpu());
+  EXPECT_EQ(replica.flat_values().to_host<float>(), std::vector<float>(6, 4.0f));
+  EXPECT_NE(replica.flat_grads().raw_data(), master.flat_grads().raw_data());
+  EXPECT_NE(replica.flat_state().raw_data(), master.flat_state().raw_data());
+  EXPECT_TRUE(replica.has_working()) << "the master has no working copy to share";
+  VariableStore second(set, cpu());
+  second.set_working_dtype(DType::BFloat16, cpu());
+  second.share_values(replica);
+  EXPECT_TRUE(second.shares_values_with(master));
+  EXPECT_EQ(second.flat_working().raw_data(), replica.flat_working().raw_data());
+
+  VariableSet other;
+  other.get("a", {2, 3}, Initializer::zeros());
+  VariableStore stranger(other, cpu());
+  EXPECT_THROW_WITH(replica.share_values(stranger), InvalidArgument, "different variable sets");
+  VariableStore in_float64(set, cpu(), true, DType::Float64);
+  EXPECT_THROW_WITH(in_float64.share_values(master), InvalidArgument,
+                    "a store on cpu in float64 cannot share the memory of one on cpu in float32");
+}
+
 TEST(Variables, InitializersAreScaledByFanAndIndependentOfOrder) {
   VariableSet one, two;
   one.get("conv/weight", {64, 32, 3, 3}, Initializer::he_normal());

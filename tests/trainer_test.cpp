@@ -233,6 +233,50 @@ TEST_P(TrainerBackendTest, CheckpointFromVirtualTowersPredictsTheSameOnTheCpu) {
   }
 }
 
+// CPU towers of a master on the host share one memory: their replicas' values are
+// the master's, and under bf16 they read one working copy, rounded from the values
+// each update wrote. GPU towers, and a sharded master, keep copies of their own.
+TEST_P(TrainerBackendTest, CpuTowersOfAHostMasterShareItsValues) {
+  BnModel model;
+  TrainerOptions options;
+  options.devices.assign(3, device());
+  options.master = Device::cpu();
+  options.seed = 11;
+  options.precision = Precision::Bf16;
+  Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), options);
+  const bool shared = device().is_cpu();
+  for (int s = 0; s < 2; ++s) {
+    trainer.step(make_batch(7, 60 + s));
+    const Stream& stream = default_stream(device());
+    const auto values = trainer.master().flat_values().to_host<float>();
+    // The working copy after the step is the new values rounded once: the
+    // rounding came after the update, not before it.
+    const Stream& host = trainer.master_stream();
+    const auto rounded =
+        cast(cast(trainer.master().flat_values(), DType::BFloat16, host), DType::Float32, host)
+            .to_host<float>(host);
+    ASSERT_NE(rounded, values) << "the control: bfloat16 rounding changes some values";
+    for (std::size_t i = 0; i < trainer.num_towers(); ++i) {
+      const VariableStore& replica = trainer.replica(i);
+      EXPECT_EQ(replica.shares_values_with(trainer.master()), shared) << "replica " << i;
+      EXPECT_EQ(replica.flat_working().raw_data() == trainer.replica(0).flat_working().raw_data(),
+                shared || i == 0)
+          << "replica " << i << "'s working copy";
+      EXPECT_EQ(replica.flat_values().to_host<float>(stream), values) << "replica " << i;
+      EXPECT_EQ(cast(replica.flat_working(), DType::Float32, stream).to_host<float>(stream),
+                rounded)
+          << "replica " << i << " after step " << s;
+    }
+  }
+  options.master.reset();
+  options.master_placement = MasterPlacement::Sharded;
+  Trainer sharded(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), options);
+  sharded.step(make_batch(7, 60));
+  for (std::size_t i = 0; i < sharded.num_towers(); ++i) {
+    EXPECT_FALSE(sharded.replica(i).shares_values_with(sharded.master())) << "sharded, " << i;
+  }
+}
+
 // Towers on three GPUs (each its own device: peer copies in the ring, a master on
 // another GPU or on the host) take the steps of one CPU device.
 TEST(Trainer, TowersOnThreeGpusMatchOneCpuDeviceWithTheMasterOnAGpuOrTheHost) {
