@@ -9,6 +9,11 @@
 
 namespace towerlab {
 
+struct Tape::VariableGrad {
+  Tensor grad;
+  bool written = false;
+};
+
 struct Var::Node {
   Tensor value;
   Tensor grad;
@@ -19,6 +24,8 @@ struct Var::Node {
   Tensor working;         // a variable's value in the tape's compute dtype, if given
   // A variable's: the index of the first record that reads it (-1: none yet).
   std::ptrdiff_t first_reader = -1;
+  // A variable's under VariableGrads::Unwritten (shared by the Vars of its name).
+  std::shared_ptr<Tape::VariableGrad> variable_grad;
 };
 
 const Tensor& Var::value() const {
@@ -101,6 +108,20 @@ Var Tape::variable(Tensor value, Tensor grad, std::string name, Tensor working) 
                     << device().str());
     node->working = std::move(working);
   }
+  if (variable_grads_ == VariableGrads::Unwritten) {
+    auto& shared = variable_grads_by_name_[node->name];
+    if (shared == nullptr) {
+      shared = std::make_shared<VariableGrad>(VariableGrad{node->grad});
+    } else {
+      TL_CHECK(shared->grad.raw_data() == node->grad.raw_data() &&
+                   shared->grad.shape() == node->grad.shape(),
+               InvalidArgument,
+               label_ << ": variable '" << node->name
+                      << "' made again with another gradient tensor; with VariableGrads::Unwritten "
+                         "every Var of one name writes one gradient");
+    }
+    node->variable_grad = shared;
+  }
   variables_.push_back(node);
   variable_names_.insert(node->name);
   return Var(std::move(node));
@@ -142,6 +163,10 @@ Var Tape::record(Tensor value, std::string name, const std::vector<Var>& inputs,
 const Tensor& Tape::grad_for(const Var& v) {
   TL_CHECK(v.requires_grad(), InvalidArgument,
            label_ << ": " << v.describe() << " does not require a gradient");
+  if (VariableGrad* first = v.node_->variable_grad.get(); first != nullptr && !first->written) {
+    fill(first->grad, 0.0, *stream_);
+    first->written = true;
+  }
   if (!v.node_->grad.defined()) {
     v.node_->grad =
         Tensor::zeros(v.node_->value.shape(), *stream_, grad_dtype(v.node_->value.dtype()));
@@ -153,6 +178,14 @@ Tape::GradTarget Tape::grad_target(const Var& v) {
   TL_CHECK(v.requires_grad(), InvalidArgument,
            label_ << ": " << v.describe() << " does not require a gradient");
   Tensor& grad = v.node_->grad;
+  if (VariableGrad* first = v.node_->variable_grad.get();
+      first != nullptr && !first->written && first_write_ != FirstWrite::Zeroed) {
+    first->written = true;
+    if (first_write_ == FirstWrite::Poisoned) {
+      fill(grad, std::numeric_limits<double>::quiet_NaN(), *stream_);
+    }
+    return {grad, true};
+  }
   if (grad.defined() || first_write_ == FirstWrite::Zeroed) return {grad_for(v), false};
   grad = Tensor::empty(v.node_->value.shape(), *stream_, grad_dtype(v.node_->value.dtype()));
   if (first_write_ == FirstWrite::Poisoned) {
@@ -246,7 +279,10 @@ void Tape::replay() {
   std::vector<std::vector<std::string>> ready;
   if (listener_ != nullptr) {
     ready = ready_after();
-    for (const std::string& name : ready[0]) listener_->gradient_ready(name);
+    for (const std::string& name : ready[0]) {
+      finish_variable_grad(name);
+      listener_->gradient_ready(name);
+    }
   }
   for (std::size_t i = records_.size(); i-- > 0;) {
     Record& r = records_[i];
@@ -255,17 +291,29 @@ void Tape::replay() {
       r.backward(r.output);
     }
     if (listener_ != nullptr) {
-      for (const std::string& name : ready[i + 1]) listener_->gradient_ready(name);
+      for (const std::string& name : ready[i + 1]) {
+        finish_variable_grad(name);
+        listener_->gradient_ready(name);
+      }
     }
   }
+  for (const auto& [name, first] : variable_grads_by_name_) finish_variable_grad(name);
   if (profiler_ != nullptr) profiler_->backward_done();
   records_.clear();
+}
+
+void Tape::finish_variable_grad(const std::string& name) {
+  const auto it = variable_grads_by_name_.find(name);
+  if (it == variable_grads_by_name_.end() || it->second->written) return;
+  fill(it->second->grad, 0.0, *stream_);
+  it->second->written = true;
 }
 
 void Tape::reset() {
   records_.clear();
   variables_.clear();
   variable_names_.clear();
+  variable_grads_by_name_.clear();
   backward_done_ = false;
 }
 

@@ -26,11 +26,22 @@
 // that an op which reads one (accumulates where it should assign) shows up as a NaN
 // gradient; FirstWrite::Zeroed hands out zeroed buffers with assign == false, which
 // makes every op accumulate (the reference the first writes must reproduce).
+//
+// Variables' first writes. A variable's gradient is its owner's tensor, and by
+// default the owner zero-fills it before the backward (VariableStore::zero_grad) and
+// every write adds into it. set_variable_grads(VariableGrads::Unwritten) says the
+// owner did not: the backward's first write to each variable's gradient (through any
+// of the Vars made with its name) is handed out as grad_target's first writes are
+// (assign == true, or NaN-filled under Poisoned, or zero-filled under Zeroed), and
+// grad_for zero-fills it first; backward() zero-fills every variable gradient that
+// nothing wrote before the listener hears of it. The Trainer's towers run so: one
+// pass over the flat gradient less per tower and step.
 #pragma once
 
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -181,6 +192,15 @@ class Tape {
   void set_first_write(FirstWrite mode) { first_write_ = mode; }
   FirstWrite first_write() const { return first_write_; }
 
+  // What a variable's gradient holds when the backward starts (see "Variables'
+  // first writes" above).
+  enum class VariableGrads {
+    Zeroed,     // zero-filled by its owner: every write adds (the default)
+    Unwritten,  // anything: the first write assigns, and an unwritten one is zero-filled
+  };
+  void set_variable_grads(VariableGrads mode) { variable_grads_ = mode; }
+  VariableGrads variable_grads() const { return variable_grads_; }
+
   // Runs the recorded closures in reverse from `loss` (one element), seeding
   // dL/dloss = seed (a tower passes its share of the batch). Throws if backward
   // already ran since the last reset(), or if `loss` is not on this tape.
@@ -225,6 +245,14 @@ class Tape {
     std::function<void(const Var&)> backward;
     int scope;
   };
+  // VariableGrads::Unwritten: the gradient of each variable name made since the
+  // last reset(), and whether this backward has written it yet; every Var of the
+  // name shares it (Var::Node holds it too).
+  struct VariableGrad;
+  friend struct Var::Node;
+  // Zero-fills the gradient of `name` if nothing wrote it (Unwritten only).
+  void finish_variable_grad(const std::string& name);
+  std::unordered_map<std::string, std::shared_ptr<VariableGrad>> variable_grads_by_name_;
   const Stream* stream_;
   std::string label_;
   std::vector<Record> records_;
@@ -235,6 +263,7 @@ class Tape {
   bool grad_enabled_ = true;
   bool backward_done_ = false;
   FirstWrite first_write_ = FirstWrite::Assign;
+  VariableGrads variable_grads_ = VariableGrads::Zeroed;
   DType compute_dtype_ = DType::Float32;
   Float32Math float32_math_ = Float32Math::Ieee;
   TapeProfiler* profiler_ = nullptr;

@@ -143,6 +143,9 @@ Trainer::Trainer(const VariableSet& variables, TowerFn tower_fn, Optimizer optim
     t->tape = std::make_unique<Tape>(*t->stream,
                                      "tower " + std::to_string(i) + " (" + t->device.str() + ")");
     t->store = std::make_unique<VariableStore>(variables_, *t->stream);
+    // The backward's first write to each variable's gradient assigns: no zero-fill
+    // of the flat gradient before it (run_tower).
+    t->tape->set_variable_grads(Tape::VariableGrads::Unwritten);
     t->tape->set_compute_dtype(compute);
     t->tape->set_float32_math(float32_math(options_.precision));
     t->store->set_working_dtype(compute, *t->stream);
@@ -363,8 +366,10 @@ void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const T
   t.outputs.clear();
   t.logs.clear();
   t.tape->reset();
-  if (training) t.store->zero_grad(*t.stream);
-  if (slice.size() == 0) return;  // sits this step out (its weight is 0)
+  if (slice.size() == 0) {  // sits this step out (its weight is 0)
+    if (training) t.store->zero_grad(*t.stream);
+    return;
+  }
   // A mixed-precision tower's 16-bit working copy: its replica rounded once, from
   // the values the last broadcast wrote (parallel/precision.h); in one memory,
   // broadcast() rounded the one copy every tower reads.
@@ -396,6 +401,14 @@ void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const T
   const Tower tower{int(i),       t.device, *t.stream,   *t.tape,       *t.store,     training,
                     slice.size(), sync,     slice.begin, steps_taken(), options_.seed};
   TowerResult r = tower_fn_(tower, feeds);
+  // The backward assigns each variable's gradient at its first write, or zero-fills
+  // it (Tape::VariableGrads::Unwritten); a variable the forward never made on the
+  // tape gets its zeros here.
+  if (training) {
+    for (const VariableSpec& v : variables_.specs()) {
+      if (v.trainable && !t.tape->has_variable(v.name)) fill(t.store->grad(v.name), 0.0, *t.stream);
+    }
+  }
   // Each bucket reported ready as the backward completes it. A stand-in is not
   // watched: its gradient is discarded below, and its buckets complete when it is
   // done.

@@ -1,13 +1,18 @@
 // First gradient writes (autograd/tape.h): an op whose backward writes the whole
 // gradient assigns the first contribution instead of adding it to a zero-filled
-// buffer. The gradients must be the bits the zero-fill-and-accumulate reference
-// gives; a NaN-poisoned unwritten buffer catches an op that reads what it should
-// overwrite; and a steady training step takes no new memory from the system.
+// buffer, and so does the first write to a variable's gradient when its owner did
+// not zero-fill it (VariableGrads::Unwritten, as the Trainer's towers run). The
+// gradients must be the bits the zero-fill-and-accumulate reference gives; a
+// NaN-poisoned unwritten buffer catches an op that reads what it should overwrite;
+// and a steady training step takes no new memory from the system.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "models/fashion_net.h"
+#include "models/mlp.h"
+#include "models/resnet.h"
 #include "models/vit.h"
 #include "test_util.h"
 
@@ -15,16 +20,7 @@ namespace towerlab::testing {
 namespace {
 
 using FirstWrite = Tape::FirstWrite;
-
-// Every trainable gradient of `store`, flat, after one pass of `pass` on a tape in `mode`.
-template <typename Pass>
-std::vector<float> gradients(VariableStore& store, FirstWrite mode, const Pass& pass) {
-  Tape tape(cpu());
-  tape.set_first_write(mode);
-  store.zero_grad(cpu());
-  tape.backward(pass(tape));
-  return store.flat_grads().to_host<float>();
-}
+using VariableGrads = Tape::VariableGrads;
 
 void expect_same_bits(const std::vector<float>& got, const std::vector<float>& want,
                       const char* what) {
@@ -34,6 +30,40 @@ void expect_same_bits(const std::vector<float>& got, const std::vector<float>& w
   EXPECT_EQ(nonfinite, 0u) << what << ": an op read a gradient it should have overwritten";
   EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
       << what << ": gradients differ from the zero-filled reference";
+}
+
+// Every trainable gradient of `store`, flat, after one pass of `pass` on a tape in
+// `mode`. Unwritten variable gradients start as NaN: the backward must never read
+// them (and must zero-fill those it does not write).
+template <typename Pass>
+std::vector<float> gradients(VariableStore& store, FirstWrite mode, const Pass& pass,
+                             VariableGrads variable_grads = VariableGrads::Zeroed) {
+  Tape tape(cpu());
+  tape.set_first_write(mode);
+  tape.set_variable_grads(variable_grads);
+  if (variable_grads == VariableGrads::Zeroed) {
+    store.zero_grad(cpu());
+  } else {
+    fill(store.flat_grads(), std::numeric_limits<double>::quiet_NaN(), cpu());
+  }
+  tape.backward(pass(tape));
+  return store.flat_grads().to_host<float>();
+}
+
+// `pass`'s gradients under Assign and Poisoned, with zero-filled and with unwritten
+// variable gradients (and Zeroed with unwritten ones), against the zero-filled
+// reference's bits.
+template <typename Pass>
+void expect_reference_bits(VariableStore& store, const Pass& pass) {
+  const std::vector<float> reference = gradients(store, FirstWrite::Zeroed, pass);
+  expect_same_bits(gradients(store, FirstWrite::Assign, pass), reference, "assign");
+  expect_same_bits(gradients(store, FirstWrite::Poisoned, pass), reference, "poisoned");
+  for (FirstWrite mode : {FirstWrite::Zeroed, FirstWrite::Assign, FirstWrite::Poisoned}) {
+    expect_same_bits(gradients(store, mode, pass, VariableGrads::Unwritten), reference,
+                     mode == FirstWrite::Zeroed   ? "unwritten variables, zeroed"
+                     : mode == FirstWrite::Assign ? "unwritten variables, assign"
+                                                  : "unwritten variables, poisoned");
+  }
 }
 
 Tensor labels_for(std::int64_t n) {
@@ -54,9 +84,7 @@ void expect_classifier_gradients_match(Sequential& net, VariableStore& store,
     Context ctx{tape, store, true};
     return ag::softmax_cross_entropy(net(ctx, tape.constant(images)), tape.constant(labels));
   };
-  const std::vector<float> reference = gradients(store, FirstWrite::Zeroed, pass);
-  expect_same_bits(gradients(store, FirstWrite::Assign, pass), reference, "assign");
-  expect_same_bits(gradients(store, FirstWrite::Poisoned, pass), reference, "poisoned");
+  expect_reference_bits(store, pass);
 }
 
 TEST(TapeFirstWrite, FashionNetGradientsAreTheZeroFilledReferenceBits) {
@@ -87,9 +115,83 @@ TEST(TapeFirstWrite, ElementwiseOpsAndValuesUsedTwiceGiveTheReferenceBits) {
     Var flat = ag::flatten(ag::add(t, h));
     return ag::sum(ag::mul(flat, flat));
   };
-  const std::vector<float> reference = gradients(store, FirstWrite::Zeroed, pass);
-  expect_same_bits(gradients(store, FirstWrite::Assign, pass), reference, "assign");
-  expect_same_bits(gradients(store, FirstWrite::Poisoned, pass), reference, "poisoned");
+  expect_reference_bits(store, pass);
+}
+
+// The residual network's blocks (convolutions without bias, batch norm, projection
+// shortcuts, the residual add and ReLU, global pooling) and the MLP's dropout.
+TEST(TapeFirstWrite, ResNetAndMlpGradientsAreTheZeroFilledReferenceBits) {
+  VariableSet vars;
+  Sequential net = models::resnet(vars, {.width = 4, .blocks_per_stage = 1});
+  VariableStore store(vars, cpu());
+  store.initialize(9, cpu());
+  expect_classifier_gradients_match(net, store, {6, 1, 12, 12}, 10);
+  VariableSet mlp_vars;
+  Sequential mlp = models::mlp(mlp_vars, {.inputs = 64, .hidden = {16, 8}});
+  VariableStore mlp_store(mlp_vars, cpu());
+  mlp_store.initialize(11, cpu());
+  expect_classifier_gradients_match(mlp, mlp_store, {7, 64}, 12);
+}
+
+// Under VariableGrads::Unwritten a variable's first write assigns through any of
+// its Vars and the next adds (a weight read by a layer and by a regularizer); one
+// that nothing reads, or that only an op outside the loss's path reads, is
+// zero-filled by the backward; the listener hears of each once its zeros are in;
+// and a second Var of the name with another gradient tensor is refused.
+TEST(TapeFirstWrite, UnwrittenVariableGradientsAreAssignedOrZeroFilled) {
+  VariableSet vars;
+  vars.get("w", {3, 4}, Initializer::normal(0.0f, 1.0f));
+  vars.get("unread", {5}, Initializer::ones());
+  vars.get("off_path", {2}, Initializer::ones());
+  VariableStore store(vars, cpu());
+  store.initialize(13, cpu());
+  const Tensor x = Tensor::from_host<float>(random_values(2 * 3, 14), {2, 3}, cpu());
+  auto pass = [&](Tape& tape) {
+    Context ctx{tape, store, true};
+    Var w = ctx.variable("w");
+    ctx.variable("unread");
+    ag::scale(ctx.variable("off_path"), 2.0);  // recorded, but the loss does not use it
+    Var y = ag::matmul(tape.constant(x), w);   // the first write: assigned
+    Var again = ctx.variable("w");             // a second Var of w: adds
+    return ag::add_n({ag::sum(ag::mul(y, y)), ag::sum(ag::mul(again, again))});
+  };
+  expect_reference_bits(store, pass);
+  const auto grads = gradients(store, FirstWrite::Assign, pass, VariableGrads::Unwritten);
+  EXPECT_EQ(std::vector<float>(grads.begin() + 12, grads.end()), std::vector<float>(7, 0.0f))
+      << "unread and off_path: zero-filled";
+  // The control: without the tape's zero-fill they would keep the NaN they started with.
+  {
+    Tape tape(cpu());
+    tape.set_variable_grads(VariableGrads::Unwritten);
+    fill(store.flat_grads(), std::numeric_limits<double>::quiet_NaN(), cpu());
+    pass(tape);  // no backward: nothing written, nothing zero-filled
+    EXPECT_TRUE(std::isnan(store.flat_grads().to_host<float>()[12]));
+  }
+
+  struct Heard : GradientListener {
+    VariableStore* store;
+    std::vector<std::string> names;
+    void gradient_ready(const std::string& name) override {
+      // Its final values are in when the listener hears of it: no NaN left.
+      for (float g : store->grad(name).to_host<float>()) EXPECT_FALSE(std::isnan(g)) << name;
+      names.push_back(name);
+    }
+  } heard;
+  heard.store = &store;
+  Tape tape(cpu());
+  tape.set_variable_grads(VariableGrads::Unwritten);
+  tape.set_gradient_listener(&heard);
+  fill(store.flat_grads(), std::numeric_limits<double>::quiet_NaN(), cpu());
+  tape.backward(pass(tape));
+  // unread before any record runs; w after its first reader, the product; off_path
+  // after the scale that reads it, which is recorded first and so replayed last.
+  EXPECT_EQ(heard.names, (std::vector<std::string>{"unread", "w", "off_path"}));
+
+  Tape strict(cpu());
+  strict.set_variable_grads(VariableGrads::Unwritten);
+  strict.variable(store.value("w"), store.grad("w"), "w");
+  EXPECT_THROW_WITH(strict.variable(store.value("w"), Tensor::zeros({3, 4}, cpu()), "w"),
+                    InvalidArgument, "made again with another gradient tensor");
 }
 
 // The ViT's backward hands gradients on without copies (Tape::pass_grad: its
