@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <barrier>
+#include <functional>
 #include <string>
 
 #include "engine/clock.h"
@@ -91,8 +92,20 @@ void Ring::all_gather_range(const std::vector<Tensor>& buffers, std::int64_t beg
   run(buffers, begin, end, {RingPhase::AllGather}, trace, first_row);
 }
 
+void Ring::reduce(const std::vector<Tensor>& buffers, Trace* trace, int first_row) {
+  TL_CHECK(!buffers.empty(), InvalidArgument,
+           "ring reduce: 0 buffers for " << streams_.size() << " members");
+  const bool into_first = all_host_ && contributions_ == DType::Float32 &&
+                          std::all_of(in_place_.begin(), in_place_.end(), std::identity{});
+  if (!into_first) {
+    allreduce(buffers, trace, first_row);
+    return;
+  }
+  run(buffers, 0, buffers[0].numel(), {RingPhase::ReduceScatter}, trace, first_row, true);
+}
+
 void Ring::run(const std::vector<Tensor>& buffers, std::int64_t begin, std::int64_t end,
-               std::vector<RingPhase> phases, Trace* trace, int first_row) {
+               std::vector<RingPhase> phases, Trace* trace, int first_row, bool into_first) {
   bool scatters = std::ranges::find(phases, RingPhase::ReduceScatter) != phases.end();
   const auto n = static_cast<std::int64_t>(streams_.size());
   TL_CHECK(static_cast<std::int64_t>(buffers.size()) == n, InvalidArgument,
@@ -143,8 +156,16 @@ void Ring::run(const std::vector<Tensor>& buffers, std::int64_t begin, std::int6
     Tensor mine = chunk_of(j, at.receive);
     if (mine.numel() == 0) return;
     const auto start = Clock::now();
+    // reduce(): the last step's complete sum lands in member 0's chunk (member 1's
+    // is the chunk it reads, so it adds in place).
+    const bool lands_in_first =
+        into_first && j != 0 && !gather && at.index == schedule.steps_per_phase() - 1;
     if (gather) {
       copy_tensor(mine, theirs, member(j));
+    } else if (lands_in_first && j == 1) {
+      peer_add(theirs, mine, member(j));
+    } else if (lands_in_first) {
+      add(chunk_of(0, at.receive), theirs, mine, member(j));
     } else {
       accumulate(mine, theirs, in_place_[std::size_t(j)], received[std::size_t(j)], member(j));
     }
@@ -152,8 +173,11 @@ void Ring::run(const std::vector<Tensor>& buffers, std::int64_t begin, std::int6
     if (trace != nullptr) {
       member(j).synchronize();
       trace->span(first_row + int(j),
-                  (gather ? "all-gather " : "reduce-scatter ") + std::to_string(at.index), start,
-                  "ring",
+                  (gather       ? "all-gather "
+                   : into_first ? "reduce "
+                                : "reduce-scatter ") +
+                      std::to_string(at.index),
+                  start, "ring",
                   {{"ring step", at.index},
                    {"chunk", at.receive},
                    {"bytes", mine.numel() * std::int64_t(sizeof(float))}});

@@ -52,6 +52,18 @@
 // and 2n(n-1) launches with their events. RingOnOneGpu::Steps keeps the steps there,
 // for the trace that shows them and for comparison in tests and benchmarks.
 //
+// Reduce to member 0 (Ring::reduce): when only member 0 needs the sum (the trainer's
+// CPU towers, whose master reads tower 0's gradient and nothing reads the others'),
+// members on the host skip the all-gather: the reduce-scatter's last step, in which
+// member j adds its own chunk summed_at(j) to the partial sum its predecessor holds,
+// writes that complete sum into member 0's buffer instead of its own. Nothing else
+// reads member 0's chunk summed_at(j) at that step (only member 1 reads member 0's
+// buffer, chunk 2, which is member 1's own destination: it adds in place), so the
+// steps' ordering holds; each sum is the same two floats added, so member 0 holds
+// the all-reduce's bits, and the other members partial sums. n-1 steps of 3 passes
+// over a chunk where the all-reduce takes 2(n-1) and 5 buffer lengths: with two
+// members, one step and no all-gather. Elsewhere reduce() is the all-reduce.
+//
 // Bfloat16 contributions (a Ring built with DType::BFloat16, TrainerOptions::
 // reduce_dtype): the reduce-scatter above moves partial sums, which bfloat16 would
 // round again at every step. Such a ring's reduce-scatter carries contributions
@@ -133,6 +145,11 @@ class Ring {
   void all_gather_range(const std::vector<Tensor>& buffers, std::int64_t begin, std::int64_t end,
                         Trace* trace = nullptr, int first_row = 0);
 
+  // buffers[0] := sum of all buffers, the all-reduce's bits; the other buffers are
+  // left with partial sums ("Reduce to member 0" above). Members on the host only,
+  // with float32 sums read in place; any other ring runs allreduce().
+  void reduce(const std::vector<Tensor>& buffers, Trace* trace = nullptr, int first_row = 0);
+
   std::size_t size() const { return streams_.size(); }
   // What the reduce-scatter carries between members: Float32 or BFloat16.
   DType contributions() const { return contributions_; }
@@ -147,9 +164,10 @@ class Ring {
   std::int64_t bytes_received() const { return bytes_received_.load(); }
 
  private:
-  // The steps of `phases` (both, or one of the two) over [begin, end) of buffers.
+  // The steps of `phases` (both, or one of the two) over [begin, end) of buffers;
+  // `into_first`: the reduce-scatter's last step writes into member 0 (reduce()).
   void run(const std::vector<Tensor>& buffers, std::int64_t begin, std::int64_t end,
-           std::vector<RingPhase> phases, Trace* trace, int first_row);
+           std::vector<RingPhase> phases, Trace* trace, int first_row, bool into_first = false);
   // The reduce-scatter of bfloat16 contributions (parallel/ring_contributions.cpp).
   void reduce_scatter_contributions(const std::vector<Tensor>& buffers, std::int64_t begin,
                                     std::int64_t end, Trace* trace, int first_row);

@@ -454,9 +454,13 @@ void Trainer::reduce_gradients() {
   Ring& ring = contribution_ring_ != nullptr ? *contribution_ring_ : *ring_;
   switch (options_.reduction) {
     case AllReduce::Ring:
-      // Sharded: each tower needs the sum of its own slice only (phase 7).
+      // Sharded: each tower needs the sum of its own slice only (phase 7). In one
+      // memory only tower 0's whole sum is read (phases 5 to 7): the ring lands it
+      // there and skips the all-gather (Ring::reduce).
       if (sharded()) {
         ring.reduce_scatter_range(grads, 0, grads[0].numel(), trace_, 0);
+      } else if (one_memory_) {
+        ring.reduce(grads, trace_, 0);
       } else {
         ring.allreduce(grads, trace_, 0);
       }

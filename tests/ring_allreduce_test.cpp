@@ -180,6 +180,49 @@ TEST_P(RingTest, ResultIsTheSameBitsEveryRunAndInEveryMember) {
   }
 }
 
+// Ring::reduce leaves member 0 with the all-reduce's bits, on random values whose
+// sums depend on the order they are added in, for every member count and chunk size
+// (on the caller's thread and on the members' threads), every variant. On the host
+// the others keep partial sums: the all-gather did not run (the control: some
+// member other than 0 differs from the sum). On GPUs reduce() is the all-reduce.
+TEST_P(RingTest, ReduceGivesMemberZeroTheAllReducesBits) {
+  for (const RingVariant& variant : kVariants) {
+    for (int members : {1, 2, 3, 4, 5}) {
+      for (std::int64_t length : {1, 3, 7, 1001, 65537, 100003}) {
+        std::vector<std::unique_ptr<Stream>> streams;
+        std::vector<const Stream*> raw;
+        for (int i = 0; i < members; ++i) {
+          streams.push_back(std::make_unique<Stream>(device()));
+          raw.push_back(streams.back().get());
+        }
+        std::vector<Tensor> all, to_first;
+        for (int i = 0; i < members; ++i) {
+          const std::vector<float> v = random_values(std::size_t(length), 300 + unsigned(i));
+          all.push_back(Tensor::from_host<float>(v, {length}, *streams[std::size_t(i)]));
+          to_first.push_back(Tensor::from_host<float>(v, {length}, *streams[std::size_t(i)]));
+        }
+        Ring ring(raw, variant.reads, variant.one_gpu);
+        ring.allreduce(all);
+        ring.reduce(to_first);
+        const auto sum = all[0].to_host<float>(*streams[0]);
+        ASSERT_EQ(to_first[0].to_host<float>(*streams[0]), sum)
+            << variant.name << ", " << members << " members, length " << length;
+        bool partial = false;
+        for (int i = 1; i < members; ++i) {
+          partial =
+              partial || to_first[std::size_t(i)].to_host<float>(*streams[std::size_t(i)]) != sum;
+        }
+        const bool host_reduce = device().is_cpu() && variant.reads == RingReads::InPlace;
+        if (members > 1 && length >= members) {
+          EXPECT_EQ(partial, host_reduce)
+              << variant.name << ", " << members << " members, length " << length
+              << (host_reduce ? ": the others hold partial sums" : ": reduce() is the all-reduce");
+        }
+      }
+    }
+  }
+}
+
 TEST_P(RingTest, ReduceAndBroadcastAgreesWithTheRing) {
   const int members = 3;
   std::vector<std::unique_ptr<Stream>> streams;
