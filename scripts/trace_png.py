@@ -5,9 +5,10 @@ hatched, one colour per layer), a lane for the master's update (with the master
 sharded, each tower's update of its slice sits on the tower's lane) and, in a job of
 several processes, a lane for each rank's all-reduce between processes, with
 dashed lines where each traced step starts; below, a zoom on the first traced
-step's ring (a lane per member: reduce-scatter and all-gather, each labelled with
-its chunk, and a sharded tower's guard check and update between them), too short to
-see beside the layers. A trace of several ranks (mpirun)
+step's ring (a lane per member: reduce-scatter and all-gather, or the reduce into
+tower 0 that CPU towers of a host master take, each step labelled with its chunk, and
+a sharded tower's guard check and update between them), too short to see beside the
+layers. A trace of several ranks (mpirun)
 shows every rank's lanes, labelled with the rank.
 
     python3 scripts/trace_png.py step.json docs/img/trace.png [--title TEXT]
@@ -25,7 +26,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-RING_COLOURS = {"reduce-scatter": "#4c72b0", "all-gather": "#55a868"}
+RING_COLOURS = {"reduce-scatter": "#4c72b0", "all-gather": "#55a868", "reduce": "#64b5cd"}
 MASTER_COLOUR = "#c44e52"
 PROCESSES_COLOUR = "#8172b2"
 BUCKETS_COLOUR = "#937860"
@@ -165,7 +166,9 @@ def render(names, spans, out, title):
     ax.grid(axis="x", linewidth=0.3)
     legend = [Patch(facecolor=c, label=n) for n, c in colours.items()]
     legend += [Patch(facecolor="white", edgecolor="black", hatch="///", label="(backward)")]
-    legend += [Patch(facecolor=c, label=n) for n, c in RING_COLOURS.items()]
+    phases = {s["name"].rsplit(" ", 1)[0] for s in spans if s.get("cat") == "ring"}
+    legend += [Patch(facecolor=c, label="reduce into tower 0" if n == "reduce" else n)
+               for n, c in RING_COLOURS.items() if n in phases]
     if master_rows:
         legend.append(Patch(facecolor=MASTER_COLOUR, label="update + broadcast"))
     elif any(s.get("cat") == "master" for s in spans):
