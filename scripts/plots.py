@@ -12,7 +12,7 @@ caption and the numbers beside it agree with those files. Today:
                             cpu_peers_avx512_486e878.json), the machine, CPU flags, load and
                             commit of each run written below it
   trace.png                 three steps of the sample on two CPU towers, from
-                            scripts/record_trace.py's JSON (trace_1121a16.json)
+                            scripts/record_trace.py's JSON (trace_7991b3c.json)
   trace_sharded.png         the same with the master sharded over the two towers
                             (trace_0b3b2de.json)
   gpu_kernels.png           each kernel's % of its reference on a GPU (SGEMM against cuBLAS,
@@ -471,7 +471,7 @@ def plot_gpu_peers(paths, out, name="gpu_peers.png"):
 # results, change its line here, then its comment and caption in the pages.
 PICTURES = [
     ("cpu_peers.png", ["cpu_peers_avx2_66d322b.json", "cpu_peers_avx512_486e878.json"]),
-    ("trace.png", ["trace_1121a16.json"]),
+    ("trace.png", ["trace_7991b3c.json"]),
     ("trace_sharded.png", ["trace_0b3b2de.json"]),
     ("gpu_kernels.png", ["gpu_h100_86a45f7/matmul_bench.json", "gpu_h100_63c29d0/conv2d_bench.json"]
      + [f"gpu_h100_ea44967/{b}_bench.json" for b in ("batchnorm", "bias", "loss")]
