@@ -281,6 +281,10 @@ class Trainer {
   // towers of a master on the host, not sharded, share one memory: their values
   // are views of the master's (VariableStore::shares_values_with), so a write to
   // the master's values is theirs at once; the rest of this contract holds as is.
+  // A replica's gradient is the trainer's working memory: after a step tower 0's
+  // holds the averaged gradient (the towers' weighted sum) and, where phase 3
+  // reduces to tower 0 (those CPU towers, Ring::reduce), the others partial sums;
+  // gradients() is the master's copy of the average.
   const VariableStore& replica(std::size_t i) const;
   // The stream the master's initialization, gradient copy, update and broadcast run
   // on. Work a caller submits to it runs before the next update. Sharded: the host
