@@ -235,7 +235,9 @@ TEST_P(TrainerBackendTest, CheckpointFromVirtualTowersPredictsTheSameOnTheCpu) {
 
 // CPU towers of a master on the host share one memory: their replicas' values are
 // the master's, and under bf16 they read one working copy, rounded from the values
-// each update wrote. GPU towers, and a sharded master, keep copies of their own.
+// each update wrote, right after it. GPU towers, and a sharded master, keep copies
+// of their own, each rounded at the start of the tower's forward: after a step it
+// holds the values that step began from.
 TEST_P(TrainerBackendTest, CpuTowersOfAHostMasterShareItsValues) {
   BnModel model;
   TrainerOptions options;
@@ -245,17 +247,22 @@ TEST_P(TrainerBackendTest, CpuTowersOfAHostMasterShareItsValues) {
   options.precision = Precision::Bf16;
   Trainer trainer(model.vars, model.tower_fn(), Optimizer::by_name("adam", 1e-2), options);
   const bool shared = device().is_cpu();
+  const Stream& host = trainer.master_stream();
+  const auto rounded_master = [&] {
+    return cast(cast(trainer.master().flat_values(), DType::BFloat16, host), DType::Float32, host)
+        .to_host<float>(host);
+  };
   for (int s = 0; s < 2; ++s) {
+    const auto before = rounded_master();
     trainer.step(make_batch(7, 60 + s));
     const Stream& stream = default_stream(device());
     const auto values = trainer.master().flat_values().to_host<float>();
-    // The working copy after the step is the new values rounded once: the
-    // rounding came after the update, not before it.
-    const Stream& host = trainer.master_stream();
-    const auto rounded =
-        cast(cast(trainer.master().flat_values(), DType::BFloat16, host), DType::Float32, host)
-            .to_host<float>(host);
-    ASSERT_NE(rounded, values) << "the control: bfloat16 rounding changes some values";
+    // One memory: the working copy after the step is the new values rounded once,
+    // after the update. Copies of their own: the values the step's forward read.
+    const auto after = rounded_master();
+    ASSERT_NE(after, values) << "the control: bfloat16 rounding changes some values";
+    ASSERT_NE(after, before) << "the control: the step moved some rounded values";
+    const auto& rounded = shared ? after : before;
     for (std::size_t i = 0; i < trainer.num_towers(); ++i) {
       const VariableStore& replica = trainer.replica(i);
       EXPECT_EQ(replica.shares_values_with(trainer.master()), shared) << "replica " << i;
