@@ -12,6 +12,13 @@ namespace towerlab {
 struct Tape::VariableGrad {
   Tensor grad;
   bool written = false;
+
+  // Zero-fills the gradient if nothing wrote it yet.
+  void zero_if_unwritten(const Stream& stream) {
+    if (written) return;
+    fill(grad, 0.0, stream);
+    written = true;
+  }
 };
 
 struct Var::Node {
@@ -163,10 +170,7 @@ Var Tape::record(Tensor value, std::string name, const std::vector<Var>& inputs,
 const Tensor& Tape::grad_for(const Var& v) {
   TL_CHECK(v.requires_grad(), InvalidArgument,
            label_ << ": " << v.describe() << " does not require a gradient");
-  if (VariableGrad* first = v.node_->variable_grad.get(); first != nullptr && !first->written) {
-    fill(first->grad, 0.0, *stream_);
-    first->written = true;
-  }
+  if (v.node_->variable_grad != nullptr) v.node_->variable_grad->zero_if_unwritten(*stream_);
   if (!v.node_->grad.defined()) {
     v.node_->grad =
         Tensor::zeros(v.node_->value.shape(), *stream_, grad_dtype(v.node_->value.dtype()));
@@ -178,16 +182,18 @@ Tape::GradTarget Tape::grad_target(const Var& v) {
   TL_CHECK(v.requires_grad(), InvalidArgument,
            label_ << ": " << v.describe() << " does not require a gradient");
   Tensor& grad = v.node_->grad;
-  if (VariableGrad* first = v.node_->variable_grad.get();
-      first != nullptr && !first->written && first_write_ != FirstWrite::Zeroed) {
-    first->written = true;
-    if (first_write_ == FirstWrite::Poisoned) {
-      fill(grad, std::numeric_limits<double>::quiet_NaN(), *stream_);
-    }
-    return {grad, true};
+  // A first write: an unwritten variable gradient (VariableGrads::Unwritten), or an
+  // intermediate's, handed out unwritten (below).
+  VariableGrad* variable = v.node_->variable_grad.get();
+  const bool unwritten_variable = variable != nullptr && !variable->written;
+  if (first_write_ == FirstWrite::Zeroed || (grad.defined() && !unwritten_variable)) {
+    return {grad_for(v), false};
   }
-  if (grad.defined() || first_write_ == FirstWrite::Zeroed) return {grad_for(v), false};
-  grad = Tensor::empty(v.node_->value.shape(), *stream_, grad_dtype(v.node_->value.dtype()));
+  if (unwritten_variable) {
+    variable->written = true;
+  } else {
+    grad = Tensor::empty(v.node_->value.shape(), *stream_, grad_dtype(v.node_->value.dtype()));
+  }
   if (first_write_ == FirstWrite::Poisoned) {
     fill(grad, std::numeric_limits<double>::quiet_NaN(), *stream_);
   }
@@ -297,16 +303,16 @@ void Tape::replay() {
       }
     }
   }
-  for (const auto& [name, first] : variable_grads_by_name_) finish_variable_grad(name);
+  for (const auto& [name, variable] : variable_grads_by_name_) {
+    variable->zero_if_unwritten(*stream_);
+  }
   if (profiler_ != nullptr) profiler_->backward_done();
   records_.clear();
 }
 
 void Tape::finish_variable_grad(const std::string& name) {
   const auto it = variable_grads_by_name_.find(name);
-  if (it == variable_grads_by_name_.end() || it->second->written) return;
-  fill(it->second->grad, 0.0, *stream_);
-  it->second->written = true;
+  if (it != variable_grads_by_name_.end()) it->second->zero_if_unwritten(*stream_);
 }
 
 void Tape::reset() {

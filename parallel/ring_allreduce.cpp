@@ -157,13 +157,11 @@ void Ring::run(const std::vector<Tensor>& buffers, std::int64_t begin, std::int6
     if (mine.numel() == 0) return;
     const auto start = Clock::now();
     // reduce(): the last step's complete sum lands in member 0's chunk (member 1's
-    // is the chunk it reads, so it adds in place).
+    // is the chunk it reads: add's out may alias an input).
     const bool lands_in_first =
         into_first && j != 0 && !gather && at.index == schedule.steps_per_phase() - 1;
     if (gather) {
       copy_tensor(mine, theirs, member(j));
-    } else if (lands_in_first && j == 1) {
-      peer_add(theirs, mine, member(j));
     } else if (lands_in_first) {
       add(chunk_of(0, at.receive), theirs, mine, member(j));
     } else {
