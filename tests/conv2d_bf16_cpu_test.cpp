@@ -155,7 +155,10 @@ TEST_F(Conv2dBf16Cpu, OddShapesStridesAndDilation) {
 
 // Layers with few output pixels lower several images into one forward product (as
 // many as fill 512 columns, eleven at 7x7); 37 and 38 images leave shorter last runs,
-// with one and two threads (whose chunks of images end the runs elsewhere).
+// with one and two threads (whose chunks of images end the runs elsewhere). The
+// input gradient of a stride-1 layer with no more channels out than in is such a
+// forward product too, on grad_y (the next test): its runs assigned and
+// added.
 TEST_F(Conv2dBf16Cpu, SeveralImagesInOneProduct) {
   const int saved = num_threads();
   for (int threads : {1, 2}) {
@@ -165,8 +168,29 @@ TEST_F(Conv2dBf16Cpu, SeveralImagesInOneProduct) {
           GradWrite::Accumulate);
     check({"runs_stride2", 38, 8, 14, 13, 16, 3, 3, make_params(2, 2, 1, 1)}, 510,
           GradWrite::Assign);
+    for (GradWrite write : {GradWrite::Assign, GradWrite::Accumulate}) {
+      check({"transposed_runs_7x7", 37, 24, 7, 7, 16, 3, 3, make_params(1, 1, 1, 1)}, 520, write);
+    }
   }
   set_num_threads(saved);
+}
+
+// The input gradient as a forward convolution of grad_y (stride 1, K <= C: the
+// weight flipped and transposed, grad_y padded by dilation*(R-1) - pad): padding
+// below, at and (none: the other path) above dilation*(R-1), unequal dilations and
+// kernel sides, and an output of at least 512 pixels, one image a product, added in
+// place by the GEMM; each assigned and added.
+TEST_F(Conv2dBf16Cpu, TheInputGradientOfAStrideOneLayerAsAConvolution) {
+  const std::vector<ConvCase> cases = {
+      {"transposed_dilated_valid", 3, 9, 13, 12, 7, 3, 2, make_params(1, 1, 0, 1, 2, 1)},
+      {"transposed_5x5_pad1", 2, 12, 11, 9, 12, 5, 5, make_params(1, 1, 1, 1)},
+      {"transposed_wide_24x24", 2, 16, 24, 24, 12, 3, 3, make_params(1, 1, 1, 1)},
+      {"padding_beyond_the_taps", 2, 8, 6, 7, 8, 1, 3, make_params(1, 1, 1, 2)},
+  };
+  unsigned seed = 600;
+  for (const ConvCase& k : cases) {
+    for (GradWrite write : {GradWrite::Assign, GradWrite::Accumulate}) check(k, seed += 10, write);
+  }
 }
 
 // The checks can fail: the reference on the unrounded operands, and the expected

@@ -38,7 +38,13 @@
 // layer's three passes take the same lowering with bfloat16 operands instead
 // (bf16_gemm_conv_chosen): im2col copies bfloat16 patches, and the products of
 // bfloat16 values are summed in float32 by the vdpbf16ps GEMM (gemm_mixed), at twice
-// the float32 FMAs' multiply-adds; nothing is widened.
+// the float32 FMAs' multiply-adds; nothing is widened. Its input gradient, where the
+// stride is 1, is itself a forward convolution (transposed_shape): grad_y, padded by
+// dilation*(R-1) - pad, convolved with the weight flipped in (r,s) and transposed in
+// (k,c), which lowers grad_y with im2col and sums over K*R*S in one product, where
+// weightᵀ · grad_y summed over K alone (a reduction of 16 in ResNet-20's first stage)
+// and col2im scattered nine float32 taps a pixel
+// (bench/results/conv2d_bf16_transposed_zen5_*.md).
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -187,8 +193,11 @@ void lower_images(T* col, const T* x, std::int64_t count, const Conv2dShape& s) 
 // layer's bfloat16 or float16. The sums of a run of several images, or of a 16-bit
 // layer, go through a block of scratch (in cache, the GEMM just wrote it) that is
 // copied or rounded into each image's y before the next run.
+// With `accumulate` (a float32 Out, no bias: the bfloat16 path's input gradient
+// added onto grad_x) the sums are added onto y instead.
 template <typename T, typename Out>
-void forward_by_gemm(Out* out, const T* in, const T* w, const SumOf<T>* b, const Conv2dShape& s) {
+void forward_by_gemm(Out* out, const T* in, const T* w, const SumOf<T>* b, const Conv2dShape& s,
+                     bool accumulate = false) {
   using Sum = SumOf<T>;
   constexpr bool rounded = !std::is_same_v<Sum, Out>;
   const std::int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
@@ -246,7 +255,7 @@ void forward_by_gemm(Out* out, const T* in, const T* w, const SumOf<T>* b, const
           std::fill(y_n + k * cols, y_n + (k + 1) * cols, b[k]);
         }
       }
-      const Sum beta = b != nullptr ? Sum(1) : Sum(0);
+      const Sum beta = b != nullptr || (accumulate && !staged) ? Sum(1) : Sum(0);
       if constexpr (std::is_same_v<T, float>) {
         gemm_packed_a(*packed_w, false, cols, patches, cols, beta, y_n, cols);
       } else if constexpr (std::is_same_v<T, bfloat16>) {
@@ -262,6 +271,8 @@ void forward_by_gemm(Out* out, const T* in, const T* w, const SumOf<T>* b, const
           Out* to = out + ((n + i) * s.K + k) * pq;   // [P*Q]
           if constexpr (rounded) {
             round_to_16bit(to, from, pq);
+          } else if (accumulate) {
+            for (std::int64_t j = 0; j < pq; ++j) to[j] += from[j];
           } else {
             std::copy(from, from + pq, to);
           }
@@ -305,8 +316,46 @@ void forward_float32(Out* out, const float* in, const float* w, const float* b,
   forward_by_gemm(out, in, w, b, s);
 }
 
+// The input gradient of a stride-1 layer as a forward convolution: grad_x [N,C,H,W]
+// is grad_y [N,K,P,Q], padded by dilation*(R-1) - pad on each side, convolved with
+// the weight flipped in (r,s) and transposed in (k,c) (transposed_weight), with the
+// layer's dilation. The shape of that convolution, or nothing where it does not
+// apply: a stride other than 1, or a padding beyond dilation*(R-1), which would
+// crop grad_y; a layer that needs no lowering already multiplies grad_y as it is.
+// Nor where it does not pay: more channels out than in (K > C), where lowering
+// grad_y copies K*R*S bfloat16 rows a pixel against col2im's C*R*S float32 ones
+// and the product has only C rows (FashionNet's 32 -> 64 layer 0.88x, its 1 -> 32
+// layer 0.2x; ResNet-20's 16, 32 and 64 channel layers 1.5x, 1.1x and 1.25x:
+// bench/results/conv2d_bf16_transposed_zen5_*.md).
+std::optional<Conv2dShape> transposed_shape(const Conv2dShape& s) {
+  const Conv2dParams& p = s.params;
+  const std::int64_t pad_h = p.dilation_h * (s.R - 1) - p.pad_h;
+  const std::int64_t pad_w = p.dilation_w * (s.S - 1) - p.pad_w;
+  if (p.stride_h != 1 || p.stride_w != 1 || pad_h < 0 || pad_w < 0 || !needs_lowering(s) ||
+      s.K > s.C) {
+    return std::nullopt;
+  }
+  Conv2dParams t = p;
+  t.pad_h = pad_h;
+  t.pad_w = pad_w;
+  return Conv2dShape{s.N, s.K, s.P, s.Q, s.C, s.R, s.S, s.H, s.W, t};
+}
+
+// w_t [C, K*R*S]: w_t[c, (k,r,s)] = w[k, (c, R-1-r, S-1-s)].
+void transposed_weight(bfloat16* w_t, const bfloat16* w, const Conv2dShape& s) {
+  const std::int64_t rs = s.R * s.S;
+  for (std::int64_t c = 0; c < s.C; ++c) {
+    for (std::int64_t k = 0; k < s.K; ++k) {
+      const bfloat16* from = w + (k * s.C + c) * rs;
+      bfloat16* to = w_t + (c * s.K + k) * rs;
+      for (std::int64_t i = 0; i < rs; ++i) to[i] = from[rs - 1 - i];
+    }
+  }
+}
+
 // The bfloat16 GEMM path's backward, float32 gradients from bfloat16 grad_y, x and
-// weight: grad_col = weightᵀ · grad_y[n] then col2im (grad_x), and the weight
+// weight: grad_x as a forward convolution of grad_y where the stride is 1
+// (transposed_shape), else grad_col = weightᵀ · grad_y[n] then col2im; the weight
 // gradient's partials col · grad_y[n]ᵀ in the float32 path's fixed groups of images.
 // Image by image: several images' columns in one weight-gradient product (as the
 // forward lowers them) gained nothing measurable, their grad_y rows then needing a
@@ -315,6 +364,15 @@ void backward_bf16(float* gx, float* gw, const bfloat16* gy, const bfloat16* in,
                    const Conv2dShape& s, bool assign) {
   const std::int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
   const bool lower = needs_lowering(s);
+  if (gx != nullptr) {
+    if (const std::optional<Conv2dShape> t = transposed_shape(s)) {
+      HostScratch<bfloat16> w_t(crs * s.K);  // [C, K*R*S]
+      transposed_weight(w_t.get(), w, s);
+      forward_by_gemm(gx, gy, w_t.get(), static_cast<const float*>(nullptr), *t, !assign);
+      gx = nullptr;
+    }
+  }
+  if (gx == nullptr && gw == nullptr) return;
   const std::int64_t chunks = std::min(s.N, kWeightGroups);
   HostScratch<float> partials(gw != nullptr ? chunks * crs * s.K : 0);  // [chunks, CRS, K]
   auto per_group = [&](std::int64_t chunk, std::int64_t first, std::int64_t last) {
