@@ -1,7 +1,8 @@
 // The CPU's own conv2d paths, each checked on every ISA the machine has: the
 // direct path for one input channel, col2im's vector path, the implicit weight
 // gradient, the backward's image groups (the same bits for any thread count), stride
-// 2 (against the stride-1 forward and the reference) and the implicit forward.
+// 2 (against the stride-1 forward and the reference), the implicit forward and
+// bfloat16 im2col's vector path.
 // Winograd's own: conv2d_winograd_cpu_test.cpp.
 #include <algorithm>
 #include <cmath>
@@ -15,7 +16,9 @@
 #include "kernels/conv2d.h"
 #include "kernels/cpu/conv2d.h"
 #include "kernels/cpu/conv2d_implicit.h"
+#include "kernels/cpu/conv2d_lowering.h"
 #include "kernels/cpu/matmul.h"
+#include "sixteen_bit.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -182,6 +185,71 @@ TEST(Conv2dCol2im, VectorPathGivesTheTapByTapBits) {
     const std::vector<float> off = grad_x(GemmIsa::Avx2, nudged);
     EXPECT_NE(std::memcmp(off.data(), tap_by_tap.data(), off.size() * sizeof(float)), 0)
         << "control";
+  }
+}
+
+// --- im2col of bfloat16 flat runs on AVX-512 ------------------------------------------
+//
+// With unit strides and Q == W, a bfloat16 image's patch matrix is copied 32 values a
+// vector under masks that zero the padding (kernels/cpu/conv2d_lowering.cpp). It only
+// moves data, so on AVX-512 it must give the bits of a plain loop, as the portable
+// build does: planes whose P*Q is and is not a multiple of 32, a plane smaller than a
+// tap's reach, dilation, kernels wider than tall and taller than wide, the rows ld
+// apart (several images side by side) with the gap between them left as it was, and
+// two shapes in turn (the masks worked out again).
+TEST(Conv2dIm2col, Bf16VectorPathGivesThePlainLoopsBits) {
+  if (!gemm_isa_supported(GemmIsa::Avx512) || !__builtin_cpu_supports("avx512bw")) {
+    GTEST_SKIP() << "this CPU has no AVX-512 BW";
+  }
+  const RestoreGemmIsa restore;
+  const bfloat16 gap(7.0f);
+  for (const ConvCase& k :
+       {ConvCase{"28x28", 1, 3, 28, 28, 1, 3, 3, make_params(1, 1, 1, 1)},
+        ConvCase{"7x7", 1, 4, 7, 7, 1, 3, 3, make_params(1, 1, 1, 1)},
+        ConvCase{"8x8_two_vectors", 1, 2, 8, 8, 1, 3, 3, make_params(1, 1, 1, 1)},
+        ConvCase{"2x2_5x5_kernel", 1, 2, 2, 2, 1, 5, 5, make_params(1, 1, 2, 2)},
+        ConvCase{"dilation2", 1, 2, 13, 13, 1, 3, 3, make_params(1, 1, 2, 2, 2, 2)},
+        ConvCase{"1x3_kernel", 1, 3, 6, 11, 1, 1, 3, make_params(1, 1, 0, 1)},
+        ConvCase{"3x1_kernel", 1, 3, 9, 5, 1, 3, 1, make_params(1, 1, 1, 0)},
+        ConvCase{"28x28_again", 1, 2, 28, 28, 1, 3, 3, make_params(1, 1, 1, 1)}}) {
+    SCOPED_TRACE(k.name);
+    const Shape y = k.y_shape();
+    const Conv2dShape s{k.N, k.C, k.H, k.W, k.K, k.R, k.S, y[2], y[3], k.params};
+    ASSERT_EQ(s.Q, s.W) << "not a flat-run case";
+    const std::int64_t pq = s.P * s.Q, rows = s.C * s.R * s.S, ld = 2 * pq + 5;
+    const std::vector<bfloat16> x =
+        narrow<bfloat16>(random_values(std::size_t(s.C * s.H * s.W), 1401, 0.5f, 2.0f));
+    // The plain loop: col[(c,r,kq), (op,oq)] = x[c, op - pad_h + r dil_h, oq - pad_w + kq dil_w].
+    std::vector<bfloat16> want(std::size_t(rows * ld), gap);
+    const Conv2dParams& p = s.params;
+    for (std::int64_t c = 0; c < s.C; ++c) {
+      for (std::int64_t r = 0; r < s.R; ++r) {
+        for (std::int64_t kq = 0; kq < s.S; ++kq) {
+          for (std::int64_t op = 0; op < s.P; ++op) {
+            for (std::int64_t oq = 0; oq < s.Q; ++oq) {
+              const std::int64_t h = op - p.pad_h + r * p.dilation_h;
+              const std::int64_t w = oq - p.pad_w + kq * p.dilation_w;
+              const bool inside = h >= 0 && h < s.H && w >= 0 && w < s.W;
+              want[std::size_t(((c * s.R + r) * s.S + kq) * ld + pq + op * s.Q + oq)] =
+                  inside ? x[std::size_t((c * s.H + h) * s.W + w)] : bfloat16(0.0f);
+            }
+          }
+        }
+      }
+    }
+    // The image lowered into the second of two slots of each row, as the forward's
+    // runs of images place it.
+    auto lowered = [&](GemmIsa isa) {
+      set_gemm_isa(isa);
+      std::vector<bfloat16> col(std::size_t(rows * ld), gap);
+      cpu::im2col(col.data() + pq, x.data(), s, ld);
+      return col;
+    };
+    for (GemmIsa isa : {GemmIsa::Avx512, GemmIsa::Portable}) {
+      const std::vector<bfloat16> got = lowered(isa);
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(bfloat16)), 0)
+          << (isa == GemmIsa::Avx512 ? "AVX-512" : "portable");
+    }
   }
 }
 

@@ -7,12 +7,15 @@
 // below). On AVX2 and AVX-512, col2im of float32 planes takes vector paths (flat
 // runs over small planes, a gather for ResNet's 3x3 stride-2 layers, and the other
 // layers with stride 2 across), each adding every pixel's taps in the plain loop's
-// order: the same bits.
+// order: the same bits. im2col of bfloat16 flat runs takes an AVX-512 path, a
+// masked load a vector: only data moves, the same values.
 #include "kernels/cpu/conv2d_lowering.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/conv2d.h"
 #include "kernels/cpu/x86.h"
@@ -295,6 +298,74 @@ __attribute__((target("avx2"))) void col2im_plane_avx2(float* plane, std::int64_
     }
   }
 }
+
+// im2col of a bfloat16 image with flat runs on AVX-512 (the bfloat16 GEMM path's
+// lowering, whose CPUs all have it): each row of col is its tap's run of x, 32
+// values a vector, loaded under a mask that zeroes the lanes falling in the padding
+// (output rows outside [first_row, last_row), columns outside [first, last)). One
+// masked load and one store per 32 values, where the generic loop filled the rows
+// in the padding, copied the run and then zeroed the edge columns value by value,
+// down the columns: that loop was about a tenth of ResNet-20's bf16 step
+// (bench/results/conv2d_bf16_transposed_zen5_*.md). Lanes under a zero mask are
+// not read, so a vector may reach before or past the plane. The masks depend on the
+// tap and the vector alone, so they are worked out once for all channels.
+bool im2col_flat_bf16_runs(const Conv2dShape& s) {
+  static const bool has_bw = __builtin_cpu_supports("avx512bw");
+  return flat_runs(s) && avx512_selected() && has_bw;
+}
+
+__attribute__((target("avx512f,avx512bw"))) void im2col_flat_bf16_avx512(bfloat16* col,
+                                                                         const bfloat16* x,
+                                                                         const Conv2dShape& s,
+                                                                         std::int64_t ld) {
+  const std::int64_t pq = s.P * s.Q, taps = s.R * s.S, vectors = (pq + 31) / 32;
+  // The masks of the last shape this thread lowered (a layer's images come one after
+  // another), worked out again when the shape changes.
+  thread_local std::vector<__mmask32> masks;  // [taps][vectors]
+  thread_local std::vector<std::int64_t> shifts;
+  thread_local std::array<std::int64_t, 10> masks_of{};
+  const Conv2dParams& p = s.params;
+  const std::array<std::int64_t, 10> shape{s.H, s.W,     s.P,     s.Q,          s.R,
+                                           s.S, p.pad_h, p.pad_w, p.dilation_h, p.dilation_w};
+  if (shape != masks_of || masks.empty()) {
+    masks.assign(static_cast<std::size_t>(taps * vectors), 0);
+    shifts.resize(static_cast<std::size_t>(taps));
+    for (std::int64_t r = 0; r < s.R; ++r) {
+      for (std::int64_t kq = 0; kq < s.S; ++kq) {
+        const std::int64_t tap = r * s.S + kq;
+        const auto [first, last] = valid_columns(s, kq);
+        const auto [first_row, last_row, shift] = flat_run(s, r, kq);
+        shifts[tap] = shift;
+        for (std::int64_t op = first_row; op < last_row; ++op) {
+          for (std::int64_t j = op * s.Q + first; j < op * s.Q + last; ++j) {
+            masks[tap * vectors + j / 32] |= __mmask32(1) << (j % 32);
+          }
+        }
+      }
+    }
+    masks_of = shape;
+  }
+  const __mmask32 tail = pq % 32 == 0 ? ~__mmask32(0) : (__mmask32(1) << (pq % 32)) - 1;
+  const auto plane_start = reinterpret_cast<std::uintptr_t>(x);
+  for (std::int64_t c = 0; c < s.C; ++c) {
+    for (std::int64_t tap = 0; tap < taps; ++tap) {
+      // x + shift as an address: the masks keep every lane read inside the plane.
+      const std::uintptr_t run =
+          plane_start + static_cast<std::uintptr_t>((c * s.H * s.W + shifts[tap]) * 2);
+      bfloat16* row = col + (c * taps + tap) * ld;
+      const __mmask32* mask = masks.data() + tap * vectors;
+      for (std::int64_t v = 0; v < vectors; ++v) {
+        const __m512i values = _mm512_maskz_loadu_epi16(
+            mask[v], reinterpret_cast<const void*>(run + static_cast<std::uintptr_t>(64 * v)));
+        if (v + 1 < vectors) {
+          _mm512_storeu_si512(row + 32 * v, values);
+        } else {
+          _mm512_mask_storeu_epi16(row + 32 * v, tail, values);
+        }
+      }
+    }
+  }
+}
 #endif
 
 }  // namespace
@@ -303,6 +374,14 @@ __attribute__((target("avx2"))) void col2im_plane_avx2(float* plane, std::int64_
 template <typename T>
 void im2col(T* col, const T* x, const Conv2dShape& s, std::int64_t ld) {
   const Conv2dParams& p = s.params;
+#if TL_CPU_X86
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    if (im2col_flat_bf16_runs(s)) {
+      im2col_flat_bf16_avx512(col, x, s, ld);
+      return;
+    }
+  }
+#endif
   // x: [C,H,W], col: [C*R*S, P*Q]; (r, kq) is the kernel tap, (op, oq) the output pixel.
   for (std::int64_t c = 0; c < s.C; ++c) {
     for (std::int64_t r = 0; r < s.R; ++r) {
