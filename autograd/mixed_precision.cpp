@@ -6,11 +6,13 @@ namespace towerlab::ag {
 
 namespace {
 
-// A dtype conversion on the tape; its backward passes the float32 gradient through.
+// A dtype conversion on the tape; its backward passes the float32 gradient through,
+// handing x the gradient tensor itself where x has none yet (Tape::pass_grad), as a
+// reshape does, instead of a copy of it.
 Var converted(const Var& x, DType dtype, std::string name) {
   Tape& tape = x.tape();
   return tape.record(cast(x.value(), dtype, tape.stream()), std::move(name), {x},
-                     [x](const Var& out) { out.tape().add_to_grad(x, out.grad()); });
+                     [x](const Var& out) { out.tape().pass_grad(x, out.grad()); });
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <numbers>
 
 #include "engine/error.h"
+#include "kernels/cast.h"
 #include "kernels/elementwise.h"
 
 namespace towerlab {
@@ -168,15 +169,22 @@ Optimizer& Optimizer::decay(WeightDecayOn on) {
   return *this;
 }
 
-void Optimizer::step(VariableStore& store, const Tensor& grad, const Stream& stream) {
-  step(store.set(), 0, store.flat_values(), grad, stream);
+void Optimizer::step(VariableStore& store, const Tensor& grad, const Stream& stream,
+                     const Tensor& rounded) {
+  step(store.set(), 0, store.flat_values(), grad, stream, rounded);
 }
 
 void Optimizer::step(const VariableSet& layout, std::int64_t offset, const Tensor& p,
-                     const Tensor& grad, const Stream& stream) {
+                     const Tensor& grad, const Stream& stream, const Tensor& rounded) {
   TL_CHECK(grad.shape() == p.shape(), ShapeError,
            "optimizer " << name() << ": gradient " << grad.describe() << " does not match the "
                         << p.describe() << " of trainable values");
+  TL_CHECK(!rounded.defined() || (rounded.shape() == p.shape() && is_16bit(rounded.dtype()) &&
+                                  p.dtype() == DType::Float32),
+           ShapeError,
+           "optimizer " << name() << ": the rounded copy " << rounded.describe()
+                        << " is not a bfloat16 or float16 copy of the " << p.describe()
+                        << " of trainable values");
   TL_CHECK(p.dim() == 1 && offset >= 0 && offset + p.numel() <= layout.trainable_numel(),
            InvalidArgument,
            "optimizer " << name() << ": " << p.describe() << " at element " << offset
@@ -186,7 +194,7 @@ void Optimizer::step(const VariableSet& layout, std::int64_t offset, const Tenso
   const double lr = lr_.at(steps_);
   const std::int64_t end = offset + p.numel();
   if (decay_on_ == WeightDecayOn::All || kind_ == Kind::Rmsprop) {  // RMSProp has no decay
-    update(p, grad, 0, p.numel(), true, lr, stream);
+    update(p, grad, rounded, 0, p.numel(), true, lr, stream);
   } else {
     // Runs of consecutive variables with the same rule, clipped to [offset, end).
     std::int64_t run_begin = offset;
@@ -196,25 +204,28 @@ void Optimizer::step(const VariableSet& layout, std::int64_t offset, const Tenso
       const bool decayed = spec.shape.size() >= 2;
       const std::int64_t begin = std::max(spec.offset, offset);
       if (decayed != run_decayed && begin > run_begin) {
-        update(p, grad, run_begin - offset, begin - offset, run_decayed, lr, stream);
+        update(p, grad, rounded, run_begin - offset, begin - offset, run_decayed, lr, stream);
         run_begin = begin;
       }
       run_decayed = decayed;
     }
-    if (end > run_begin) update(p, grad, run_begin - offset, end - offset, run_decayed, lr, stream);
+    if (end > run_begin) {
+      update(p, grad, rounded, run_begin - offset, end - offset, run_decayed, lr, stream);
+    }
   }
   ++steps_;
 }
 
-void Optimizer::update(const Tensor& p_all, const Tensor& grad_all, std::int64_t begin,
-                       std::int64_t end, bool decayed, double lr, const Stream& stream) {
+void Optimizer::update(const Tensor& p_all, const Tensor& grad_all, const Tensor& rounded_all,
+                       std::int64_t begin, std::int64_t end, bool decayed, double lr,
+                       const Stream& stream) {
   const Shape shape{end - begin};
   auto part = [&](const Tensor& t) { return t.defined() ? t.view(begin, shape) : Tensor(); };
   auto slot = [&](const char* slot_name) {
     auto it = slots_.find(slot_name);
     return it == slots_.end() ? Tensor() : part(it->second);
   };
-  const Tensor p = part(p_all), grad = part(grad_all);
+  const Tensor p = part(p_all), grad = part(grad_all), rounded = part(rounded_all);
   switch (kind_) {
     case Kind::Sgd: {
       SgdParams params = sgd_;
@@ -236,10 +247,11 @@ void Optimizer::update(const Tensor& p_all, const Tensor& grad_all, std::int64_t
       params.lr = lr;
       if (!decayed) params.weight_decay = 0.0;
       (kind_ == Kind::Adam ? adam_update : adamw_update)(p, grad, slot("m"), slot("v"), steps_ + 1,
-                                                         params, stream);
-      break;
+                                                         params, stream, rounded);
+      return;  // the rounded copy written with the update
     }
   }
+  if (rounded.defined()) cast(rounded, p, stream);
 }
 
 void Optimizer::restore(const std::map<std::string, Tensor>& slots, std::int64_t steps,

@@ -88,16 +88,21 @@ class Optimizer {
   // One update of every trainable variable of `store` from `grad` (a flat gradient
   // laid out like store.flat_values(), e.g. store.flat_grads() or an all-reduced
   // copy), on the store's device. Slots are created (and initialized as each
-  // optimizer's semantics say) on the first call.
-  void step(VariableStore& store, const Tensor& grad, const Stream& stream);
+  // optimizer's semantics say) on the first call. `rounded`, when given, is a
+  // bfloat16 or float16 buffer laid out like the values that receives the updated
+  // values rounded once (a mixed-precision working copy, VariableStore::working):
+  // cast(rounded, values) after the update, in the update's own pass where the
+  // backend fuses it (Adam and AdamW on the CPU, kernels/optimizer.h).
+  void step(VariableStore& store, const Tensor& grad, const Stream& stream,
+            const Tensor& rounded = Tensor());
   // The same on elements [offset, offset + n) of the flat trainable buffer of the
   // variables `layout` declares (their shapes and offsets are read), held in
-  // `values` and `grad` of n elements each: a slice, as a sharded master's
-  // tower updates (parallel/sharded_master.h). The slots are laid out like
+  // `values` and `grad` (and `rounded`) of n elements each: a slice, as a sharded
+  // master's tower updates (parallel/sharded_master.h). The slots are laid out like
   // `values`. The update is element-wise, so a slice is updated to the bits the
   // whole buffer's update gives it.
   void step(const VariableSet& layout, std::int64_t offset, const Tensor& values,
-            const Tensor& grad, const Stream& stream);
+            const Tensor& grad, const Stream& stream, const Tensor& rounded = Tensor());
 
   Kind kind() const { return kind_; }
   const char* name() const;
@@ -126,8 +131,8 @@ class Optimizer {
   Optimizer(Kind kind, LearningRate lr) : kind_(kind), lr_(lr) {}
   void ensure_slots(const Tensor& values, const Stream& stream);
   // One update of `p` (and the slots' elements [begin, end)) with weight decay or without.
-  void update(const Tensor& p, const Tensor& grad, std::int64_t begin, std::int64_t end,
-              bool decayed, double lr, const Stream& stream);
+  void update(const Tensor& p, const Tensor& grad, const Tensor& rounded, std::int64_t begin,
+              std::int64_t end, bool decayed, double lr, const Stream& stream);
   Kind kind_;
   LearningRate lr_;
   WeightDecayOn decay_on_ = WeightDecayOn::All;

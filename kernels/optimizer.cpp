@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "kernels/cast.h"
 #include "kernels/checks.h"
 #include "kernels/cpu/optimizer.h"
 #include "kernels/cuda/optimizer.h"
@@ -59,11 +60,24 @@ void check_adam(const char* op, const Tensor& param, const Tensor& grad, const T
     check_disjoint(op, {{"param", &param}, {"grad", &grad}, {"m", &m}, {"v", &v}});
 }
 
+void check_rounded(const char* op, const Tensor& param, const Tensor& rounded,
+                   const Stream& stream) {
+  if (!rounded.defined()) return;
+  TL_CHECK(param.dtype() == DType::Float32 && is_16bit(rounded.dtype()), InvalidArgument,
+           op << ": a rounded copy is a bfloat16 or float16 copy of float32 values, got "
+              << rounded.describe() << " for param " << param.describe());
+  TL_CHECK(rounded.shape() == param.shape() && rounded.device() == stream.device(), ShapeError,
+           op << ": rounded is " << rounded.describe() << " on " << rounded.device().str()
+              << " where param is " << param.describe() << " on " << stream.device().str());
+}
+
 void adam_dispatch(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                   const AdamStep& step, const Stream& stream) {
+                   const Tensor& rounded, const AdamStep& step, const Stream& stream) {
   if (param.numel() == 0) return;
-  TL_DISPATCH(stream, cpu::adam_update(param, grad, m, v, step),
+  TL_DISPATCH(stream, cpu::adam_update(param, grad, m, v, step, rounded),
               cuda::adam_update(param, grad, m, v, step, stream));
+  // CUDA rounds the copy after its kernel; the CPU did within its pass.
+  if (rounded.defined() && !stream.device().is_cpu()) cast(rounded, param, stream);
 }
 
 AdamStep adam_constants(std::int64_t step, const AdamParams& params) {
@@ -142,21 +156,35 @@ void rmsprop_update(const Tensor& param, const Tensor& grad, const Tensor& mean_
 }
 
 void adam_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                 std::int64_t step, const AdamParams& params, const Stream& stream) {
+                 std::int64_t step, const AdamParams& params, const Stream& stream,
+                 const Tensor& rounded) {
   check_adam("adam_update", param, grad, m, v, step, params, stream);
+  check_rounded("adam_update", param, rounded, stream);
+  if (rounded.defined() && param.numel() > 0) {
+    check_disjoint(
+        "adam_update",
+        {{"param", &param}, {"grad", &grad}, {"m", &m}, {"v", &v}, {"rounded", &rounded}});
+  }
   AdamStep s = adam_constants(step, params);
   s.weight_decay = params.weight_decay;
   s.decay_factor = 1.0;
-  adam_dispatch(param, grad, m, v, s, stream);
+  adam_dispatch(param, grad, m, v, rounded, s, stream);
 }
 
 void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                  std::int64_t step, const AdamParams& params, const Stream& stream) {
+                  std::int64_t step, const AdamParams& params, const Stream& stream,
+                  const Tensor& rounded) {
   check_adam("adamw_update", param, grad, m, v, step, params, stream);
+  check_rounded("adamw_update", param, rounded, stream);
+  if (rounded.defined() && param.numel() > 0) {
+    check_disjoint(
+        "adamw_update",
+        {{"param", &param}, {"grad", &grad}, {"m", &m}, {"v", &v}, {"rounded", &rounded}});
+  }
   AdamStep s = adam_constants(step, params);
   s.weight_decay = 0.0;
   s.decay_factor = 1.0 - params.lr * params.weight_decay;
-  adam_dispatch(param, grad, m, v, s, stream);
+  adam_dispatch(param, grad, m, v, rounded, s, stream);
 }
 
 }  // namespace towerlab

@@ -46,6 +46,11 @@
 //   at 0. epsilon is outside the sqrt, as in the paper and PyTorch. The bias
 //   corrections, 1 - beta and 1 - decay are computed in double on the host (as
 //   PyTorch's Python floats are): 1 - 0.999f in float is off by 1.3e-5 relative.
+//   rounded (optional, both): a bfloat16 or float16 tensor of a float32 param's shape,
+//   disjoint from the others, that receives every updated value rounded once to
+//   nearest even: the bits of cast(rounded, param) after the update, a mixed-precision
+//   working copy (parallel/precision.h). The CPU writes it in the update's own pass,
+//   block by block while the values are in cache; CUDA casts after its kernel.
 #pragma once
 
 #include <cstdint>
@@ -87,8 +92,10 @@ void rmsprop_update(const Tensor& param, const Tensor& grad, const Tensor& mean_
                     const Tensor& moment, const Tensor& mean_grad, const RmspropParams& params,
                     const Stream& stream);
 void adam_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                 std::int64_t step, const AdamParams& params, const Stream& stream);
+                 std::int64_t step, const AdamParams& params, const Stream& stream,
+                 const Tensor& rounded = Tensor());
 void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                  std::int64_t step, const AdamParams& params, const Stream& stream);
+                  std::int64_t step, const AdamParams& params, const Stream& stream,
+                  const Tensor& rounded = Tensor());
 
 }  // namespace towerlab

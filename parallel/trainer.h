@@ -385,6 +385,9 @@ class Trainer {
   // Sharded: each tower's slice updated on its stream, then the ring's all-gather.
   void update_and_broadcast();
   void update_slices_and_gather();
+  // broadcast(), whose rounding of the one working copy (one memory) is left out
+  // when the update wrote it already (`working_rounded`).
+  void broadcast_values(bool working_rounded);
   // 7 begins with the gradient unscaled (fp16: times 1 / the loss scale) and
   // clipped by the global norm (TrainerOptions::clip_grad_norm): returns the
   // averaged gradient's norm, having scaled it when the norm exceeds the limit.
@@ -472,7 +475,8 @@ class Trainer {
   mutable bool values_gathered_ = true;
   bool slots_gathered_ = true;
   // CPU towers of a master on the host, not sharded: one memory, so the replicas'
-  // values are the master's and their working copy one, tower 0's, rounded in
+  // values are the master's and their working copy one, tower 0's, rounded by the
+  // update as it writes the values (Optimizer::step's rounded copy), elsewhere in
   // broadcast() (VariableStore::share_values): phase 7 copies no values. The
   // master keeps a gradient of its own: the one its last update applied, which a
   // skipped step leaves as it was in every placement.

@@ -434,8 +434,11 @@ void Trainer::update_and_broadcast() {
   TowerState& first = *towers_[0];
   transfer(master_->flat_grads(), *master_stream_, first.store->flat_grads(), *first.stream);
   transfer(master_->flat_state(), *master_stream_, first.store->flat_state(), *first.stream);
-  optimizer_.step(*master_, master_->flat_grads(), *master_stream_);
-  broadcast();  // returns with the master stream finished
+  // In one memory the update writes the towers' one working copy too, each value
+  // rounded as it is updated, where a pass of its own read them all again.
+  const Tensor rounded = one_memory_ ? first.store->flat_working() : Tensor();
+  optimizer_.step(*master_, master_->flat_grads(), *master_stream_, rounded);
+  broadcast_values(rounded.defined());  // returns with the master stream finished
   if (trace_ != nullptr) {
     trace_->span(int(towers_.size()), "update + broadcast", start, "master",
                  {{"phase", phase_label(Phase::UpdateAndBroadcast)}});
@@ -533,6 +536,10 @@ void Trainer::gather_on_nccl() {
 }
 
 void Trainer::broadcast() {
+  broadcast_values(false);
+}
+
+void Trainer::broadcast_values(bool working_rounded) {
   if (sharded()) {
     // The host copy, up to date or written by the caller since, into the slices.
     gather_values();
@@ -546,8 +553,8 @@ void Trainer::broadcast() {
     transfer(t->store->flat_state(), *t->stream, master_->flat_state(), *master_stream_);
   }
   // In one memory the replicas' values are the master's already; their one working
-  // copy is rounded here, once, on every thread of the pool.
-  if (one_memory_) towers_.front()->store->round_working(*master_stream_);
+  // copy is rounded here, once, on every thread of the pool, unless the update did.
+  if (one_memory_ && !working_rounded) towers_.front()->store->round_working(*master_stream_);
   // The one host wait of a step, and the reason a caller may read or write the
   // master (to_host on any stream, save_checkpoint, load_checkpoint) without
   // knowing master_stream_: the master stream has waited for every replica's copy,

@@ -1,12 +1,15 @@
 // Two training extras of the Optimizer: a linear learning-rate warmup before the
 // schedule (LearningRate::with_warmup), and weight decay left off the variables of
 // rank < 2 (WeightDecayOn::Matrices), on the whole flat buffer and on slices of it
-// (a sharded master's update), which must give the whole buffer's bits.
+// (a sharded master's update), which must give the whole buffer's bits; and the
+// rounded copy an update can write (a mixed-precision working copy).
 #include <cmath>
 #include <numbers>
+#include <string>
 
 #include "autograd/optimizer.h"
 #include "autograd/variables.h"
+#include "kernels/cast.h"
 #include "test_util.h"
 
 namespace towerlab::testing {
@@ -143,6 +146,43 @@ TEST(WeightDecayOn, SlicesGiveTheWholeBuffersBits) {
         joined.insert(joined.end(), values.begin(), values.end());
       }
       EXPECT_EQ(joined, whole.flat_values().to_host<float>(cpu));
+    }
+  }
+}
+
+// Optimizer::step's rounded copy (a mixed-precision working copy) is the cast of the
+// updated values, bit for bit, for every kind (Adam and AdamW round inside their
+// update, SGD and RMSProp cast after it), over runs of variables with and without
+// decay (WeightDecayOn::Matrices: one update a run, each with its part of the copy),
+// and the values are those of the step without a copy. A float32 copy is refused.
+TEST(OptimizerRoundedCopy, IsTheCastOfTheUpdatedValuesForEveryKind) {
+  const Stream& cpu = default_stream(Device::cpu());
+  const VariableSet set = mixed_ranks();
+  const std::int64_t n = set.trainable_numel();
+  const Tensor grad = Tensor::from_host<float>(random_values(std::size_t(n), 5), {n}, cpu);
+  std::vector<Optimizer> kinds = decaying_optimizers();
+  kinds.push_back(Optimizer::rmsprop({.lr = 0.01}));
+  for (Optimizer& base : kinds) {
+    for (bool matrices : {false, true}) {
+      SCOPED_TRACE(std::string(base.name()) + (matrices ? ", matrices" : ""));
+      if (matrices) base.decay(WeightDecayOn::Matrices);
+      VariableStore with(set, cpu, true), without(set, cpu, true);
+      with.initialize(11, cpu);
+      without.copy_from(with, cpu);
+      Optimizer a = base, b = base;
+      Tensor rounded = Tensor::zeros({n}, cpu, DType::BFloat16);
+      for (int s = 0; s < 3; ++s) {
+        a.step(with, grad, cpu, rounded);
+        b.step(without, grad, cpu);
+      }
+      EXPECT_EQ(with.flat_values().to_host<float>(cpu), without.flat_values().to_host<float>(cpu));
+      std::vector<float> got, want;
+      for (bfloat16 v : rounded.to_host<bfloat16>(cpu)) got.push_back(float(v));
+      for (bfloat16 v : cast(without.flat_values(), DType::BFloat16, cpu).to_host<bfloat16>(cpu)) {
+        want.push_back(float(v));
+      }
+      EXPECT_EQ(got, want);
+      EXPECT_THROW(a.step(with, grad, cpu, Tensor::zeros({n}, cpu)), ShapeError);
     }
   }
 }

@@ -1,12 +1,14 @@
 // Optimizer updates (kernels/optimizer.h) on every backend: steps worked out by
 // hand, several steps against a plain double-precision loop written here from the
 // formulas of PyTorch and TensorFlow, odd sizes and unaligned views (the CUDA
-// kernel's scalar path), and the argument errors.
+// kernel's scalar path), Adam's rounded copy, and the argument errors.
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <string>
 
+#include "cpu_isa.h"
+#include "kernels/cast.h"
 #include "kernels/optimizer.h"
 #include "kernels/reference/optimizer.h"
 #include "test_util.h"
@@ -199,6 +201,59 @@ TEST_P(OptimizerTest, AdamAndAdamWMatchReference) {
   }
 }
 
+// Adam and AdamW with a rounded copy (a mixed-precision working copy): p, m and v
+// as without it, and the copy the cast of the updated p, bit for bit, in bfloat16
+// and float16, on every CPU ISA (the CPU rounds block by block inside the update:
+// lengths around its 1024-value blocks and the threads' split) and on CUDA (a cast
+// after the kernel). Control: a copy that was not written holds its sentinel.
+TEST_P(OptimizerTest, AdamsRoundedCopyIsTheCastOfTheUpdatedValues) {
+  // A 16-bit tensor's bit patterns.
+  auto bits = [&](const Tensor& t) {
+    std::vector<std::uint16_t> out(std::size_t(t.numel()));
+    if (t.dtype() == DType::BFloat16) {
+      const std::vector<bfloat16> v = t.to_host<bfloat16>(stream());
+      std::memcpy(out.data(), v.data(), out.size() * 2);
+    } else {
+      const std::vector<float16> v = t.to_host<float16>(stream());
+      std::memcpy(out.data(), v.data(), out.size() * 2);
+    }
+    return out;
+  };
+  for_each_cpu_isa(device(), [&](const std::string& where) {
+    for (std::int64_t n : {std::int64_t(3), std::int64_t(1024), std::int64_t(40013)}) {
+      for (DType half : {DType::BFloat16, DType::Float16}) {
+        for (bool decoupled : {false, true}) {
+          SCOPED_TRACE(where + ", n = " + std::to_string(n) + ", " + dtype_name(half) +
+                       (decoupled ? ", AdamW" : ", Adam"));
+          const Shape shape{n};
+          const AdamParams h{.lr = 0.01, .weight_decay = 0.1};
+          const std::vector<float> p0 = random_values(std::size_t(n), 61);
+          Tensor p = make(p0, shape), m = Tensor::zeros(shape, stream());
+          Tensor v = Tensor::zeros(shape, stream());
+          Tensor q = make(p0, shape), qm = Tensor::zeros(shape, stream());
+          Tensor qv = Tensor::zeros(shape, stream());
+          Tensor rounded =
+              cast(make(std::vector<float>(std::size_t(n), 7.0f), shape), half, stream());
+          const auto update = decoupled ? adamw_update : adam_update;
+          for (int t = 1; t <= 2; ++t) {
+            const Tensor g = make(random_values(std::size_t(n), 62 + t), shape);
+            update(p, g, m, v, t, h, stream(), rounded);
+            update(q, g, qm, qv, t, h, stream(), Tensor());
+          }
+          EXPECT_EQ(host(p), host(q));
+          EXPECT_EQ(host(m), host(qm));
+          EXPECT_EQ(host(v), host(qv));
+          const Tensor want = cast(q, half, stream());
+          EXPECT_EQ(bits(rounded), bits(want));
+          const Tensor unwritten =
+              cast(make(std::vector<float>(std::size_t(n), 7.0f), shape), half, stream());
+          EXPECT_NE(bits(unwritten), bits(want)) << "control";
+        }
+      }
+    }
+  });
+}
+
 TEST_P(OptimizerTest, EmptyBuffersAreANoOp) {
   Tensor e = Tensor::zeros({0}, stream());
   Tensor e2 = Tensor::zeros({0}, stream()), e3 = Tensor::zeros({0}, stream());
@@ -236,6 +291,12 @@ TEST_P(OptimizerTest, RejectsBadArguments) {
                     "adamw_update: beta2 must be in [0, 1), got 1");
   EXPECT_THROW_WITH(adam_update(p, g, s1, Tensor::zeros({2, 2}, stream()), 1, {}, stream()),
                     ShapeError, "adam_update: v is float32[2,2]");
+  EXPECT_THROW_WITH(adam_update(p, g, s1, s2, 1, {}, stream(), Tensor::zeros({4}, stream())),
+                    InvalidArgument,
+                    "adam_update: a rounded copy is a bfloat16 or float16 copy of float32 values");
+  EXPECT_THROW_WITH(
+      adamw_update(p, g, s1, s2, 1, {}, stream(), Tensor::zeros({3}, stream(), DType::BFloat16)),
+      ShapeError, "adamw_update: rounded is bfloat16[3]");
 }
 
 // float64 on the CPU follows the reference to rounding: the formulas are the same.

@@ -1,7 +1,9 @@
-// sum, mean and first_nonfinite on every backend.
+// sum, mean and first_nonfinite on every backend (first_nonfinite on every CPU ISA).
 #include <limits>
+#include <string>
 #include <vector>
 
+#include "cpu_isa.h"
 #include "kernels/reference/reduce.h"
 #include "test_util.h"
 
@@ -79,22 +81,26 @@ TEST_P(ReduceTest, OutputMustHaveOneElement) {
                     "sum_squares: out must have one element, got float32[0]");
 }
 
+// On the CPU once per ISA: the blocks' vector test is compiled for each.
 TEST_P(ReduceTest, FirstNonFiniteFindsTheSmallestIndex) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
-  const std::int64_t n = 1 << 20;  // many blocks, so several threads find one
-  std::vector<float> x = random_values(std::size_t(n), 23);
-  EXPECT_EQ(first_nonfinite(make(x, {n}), stream()), -1);
-  x[std::size_t(n - 1)] = -inf;
-  EXPECT_EQ(first_nonfinite(make(x, {n}), stream()), n - 1);
-  x[700001] = nan;
-  x[900000] = inf;
-  EXPECT_EQ(first_nonfinite(make(x, {n}), stream()), 700001);
-  x[3] = inf;
-  EXPECT_EQ(first_nonfinite(make(x, {n}), stream()), 3);
-  x[0] = std::numeric_limits<float>::max();  // large is finite
-  EXPECT_EQ(first_nonfinite(make(x, {n}), stream()), 3);
-  EXPECT_EQ(first_nonfinite(Tensor::empty({0}, stream()), stream()), -1);
+  const std::int64_t n = (1 << 20) + 5;  // many blocks, several threads, a short last one
+  for_each_cpu_isa(stream().device(), [&](const std::string& where) {
+    SCOPED_TRACE(where);
+    std::vector<float> x = random_values(std::size_t(n), 23);
+    EXPECT_EQ(first_nonfinite(make(x, {n}), stream()), -1);
+    x[std::size_t(n - 1)] = -inf;
+    EXPECT_EQ(first_nonfinite(make(x, {n}), stream()), n - 1);
+    x[700001] = nan;
+    x[900000] = inf;
+    EXPECT_EQ(first_nonfinite(make(x, {n}), stream()), 700001);
+    x[3] = inf;
+    EXPECT_EQ(first_nonfinite(make(x, {n}), stream()), 3);
+    x[0] = std::numeric_limits<float>::max();  // large is finite
+    EXPECT_EQ(first_nonfinite(make(x, {n}), stream()), 3);
+    EXPECT_EQ(first_nonfinite(Tensor::empty({0}, stream()), stream()), -1);
+  });
 }
 
 }  // namespace

@@ -14,10 +14,12 @@
 // the vector versions turn GCC's contraction off, TL_NO_CONTRACTION in
 // kernels/cpu/x86.h).
 // OptimizerAdam.EveryIsaGivesTheSameBits checks.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cpu/convert16.h"
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/optimizer.h"
 #include "kernels/cpu/parallel.h"
@@ -191,30 +193,46 @@ void rmsprop_update(const Tensor& param, const Tensor& grad, const Tensor& mean_
 }
 
 void adam_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                 const AdamStep& step) {
+                 const AdamStep& step, const Tensor& rounded) {
   with_dtype(param.dtype(), [&]<typename T>() {
     T* __restrict p = param.data<T>();       // [n]
     const T* __restrict g = grad.data<T>();  // [n]
     T* __restrict m1 = m.data<T>();          // [n] first moment
     T* __restrict m2 = v.data<T>();          // [n] second moment
     const AdamScalars<T> a = adam_scalars<T>(step);
+    // The update of [lo, hi) on this ISA's loop.
+    auto update = [=](std::int64_t lo, std::int64_t hi) {
 #if TL_CPU_X86
+      if constexpr (std::is_same_v<T, float>) {
+        if (avx512_selected()) return adam_range_avx512(p, g, m1, m2, lo, hi, a);
+        if (avx2_selected()) return adam_range_avx2(p, g, m1, m2, lo, hi, a);
+      }
+#endif
+      adam_range(p, g, m1, m2, lo, hi, a);
+    };
     if constexpr (std::is_same_v<T, float>) {
-      if (avx2_selected()) {
-        const bool wide = avx512_selected();
-        parallel_rows(param.numel(), 1, [=](std::int64_t lo, std::int64_t hi) {
-          if (wide) {
-            adam_range_avx512(p, g, m1, m2, lo, hi, a);
-          } else {
-            adam_range_avx2(p, g, m1, m2, lo, hi, a);
-          }
-        });
+      if (rounded.defined()) {
+        // The rounded copy block by block, each rounded while the update's stores
+        // are still in L1 (kConvertBlock values: 4 KiB), where a pass of its own
+        // read the whole buffer again (bench/results/trainer_fusions_zen5_*.md).
+        auto fused = [&]<typename Half>(Half* __restrict r) {  // [n]
+          parallel_rows(param.numel(), 1, [=](std::int64_t lo, std::int64_t hi) {
+            for (std::int64_t b = lo; b < hi; b += kConvertBlock) {
+              const std::int64_t end = std::min(hi, b + kConvertBlock);
+              update(b, end);
+              round_to_16bit(r + b, p + b, end - b);
+            }
+          });
+        };
+        if (rounded.dtype() == DType::BFloat16) {
+          fused(rounded.data<bfloat16>());
+        } else {
+          fused(rounded.data<float16>());
+        }
         return;
       }
     }
-#endif
-    parallel_rows(param.numel(), 1,
-                  [=](std::int64_t lo, std::int64_t hi) { adam_range(p, g, m1, m2, lo, hi, a); });
+    parallel_rows(param.numel(), 1, update);
   });
 }
 

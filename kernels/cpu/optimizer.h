@@ -23,8 +23,9 @@ void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& velocity,
                 const SgdParams& params);
 void rmsprop_update(const Tensor& param, const Tensor& grad, const Tensor& mean_square,
                     const Tensor& moment, const Tensor& mean_grad, const RmspropParams& params);
+// rounded: undefined, or the 16-bit copy kernels/optimizer.h describes.
 void adam_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                 const AdamStep& step);
+                 const AdamStep& step, const Tensor& rounded);
 }  // namespace cpu
 
 }  // namespace towerlab

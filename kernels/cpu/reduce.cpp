@@ -10,6 +10,7 @@
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/reduce.h"
+#include "kernels/cpu/x86.h"
 #include "kernels/reference/reduce.h"
 
 namespace towerlab::cpu {
@@ -27,6 +28,30 @@ bool all_finite(const T* x, std::int64_t n) {
   return bad == 0;
 }
 constexpr std::int64_t kFiniteBlock = 256;
+
+#if TL_CPU_X86
+// The same test compiled for AVX2 and AVX-512, whose wider vectors the baseline
+// build's SSE2 loop cannot use: the numeric guard scans a whole flat gradient every
+// step, right after the ring wrote it (bench/results/trainer_fusions_zen5_*.md).
+template <typename T>
+__attribute__((target("avx2"))) bool all_finite_avx2(const T* x, std::int64_t n) {
+  return all_finite(x, n);
+}
+template <typename T>
+__attribute__((target("avx512f"))) bool all_finite_avx512(const T* x, std::int64_t n) {
+  return all_finite(x, n);
+}
+#endif
+
+// all_finite on the widest vectors the selected ISA has (kernels/cpu/x86.h's rule).
+template <typename T>
+bool block_finite(const T* x, std::int64_t n) {
+#if TL_CPU_X86
+  if (avx512_selected()) return all_finite_avx512(x, n);
+  if (avx2_selected()) return all_finite_avx2(x, n);
+#endif
+  return all_finite(x, n);
+}
 
 }  // namespace
 
@@ -51,7 +76,7 @@ std::int64_t first_nonfinite(const Tensor& x) {
     parallel_rows(n, 1, [&](std::int64_t lo, std::int64_t hi) {
       for (std::int64_t block = lo; block < hi; block += kFiniteBlock) {
         const std::int64_t end = std::min(hi, block + kFiniteBlock);
-        if (all_finite(in + block, end - block)) continue;
+        if (block_finite(in + block, end - block)) continue;
         for (std::int64_t i = block; i < end; ++i) {
           if (!std::isfinite(in[i])) {  // this range's first: lower `first` to it
             std::int64_t seen = first.load();
