@@ -60,8 +60,10 @@ void check_adam(const char* op, const Tensor& param, const Tensor& grad, const T
     check_disjoint(op, {{"param", &param}, {"grad", &grad}, {"m", &m}, {"v", &v}});
 }
 
-void check_rounded(const char* op, const Tensor& param, const Tensor& rounded,
-                   const Stream& stream) {
+// Adam's optional rounded copy (kernels/optimizer.h): 16-bit, of a float32 param's
+// shape on the stream's device, apart from the other buffers.
+void check_rounded(const char* op, const Tensor& param, const Tensor& grad, const Tensor& m,
+                   const Tensor& v, const Tensor& rounded, const Stream& stream) {
   if (!rounded.defined()) return;
   TL_CHECK(param.dtype() == DType::Float32 && is_16bit(rounded.dtype()), InvalidArgument,
            op << ": a rounded copy is a bfloat16 or float16 copy of float32 values, got "
@@ -69,6 +71,10 @@ void check_rounded(const char* op, const Tensor& param, const Tensor& rounded,
   TL_CHECK(rounded.shape() == param.shape() && rounded.device() == stream.device(), ShapeError,
            op << ": rounded is " << rounded.describe() << " on " << rounded.device().str()
               << " where param is " << param.describe() << " on " << stream.device().str());
+  if (param.numel() > 0) {
+    check_disjoint(
+        op, {{"param", &param}, {"grad", &grad}, {"m", &m}, {"v", &v}, {"rounded", &rounded}});
+  }
 }
 
 void adam_dispatch(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
@@ -159,12 +165,7 @@ void adam_update(const Tensor& param, const Tensor& grad, const Tensor& m, const
                  std::int64_t step, const AdamParams& params, const Stream& stream,
                  const Tensor& rounded) {
   check_adam("adam_update", param, grad, m, v, step, params, stream);
-  check_rounded("adam_update", param, rounded, stream);
-  if (rounded.defined() && param.numel() > 0) {
-    check_disjoint(
-        "adam_update",
-        {{"param", &param}, {"grad", &grad}, {"m", &m}, {"v", &v}, {"rounded", &rounded}});
-  }
+  check_rounded("adam_update", param, grad, m, v, rounded, stream);
   AdamStep s = adam_constants(step, params);
   s.weight_decay = params.weight_decay;
   s.decay_factor = 1.0;
@@ -175,12 +176,7 @@ void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, cons
                   std::int64_t step, const AdamParams& params, const Stream& stream,
                   const Tensor& rounded) {
   check_adam("adamw_update", param, grad, m, v, step, params, stream);
-  check_rounded("adamw_update", param, rounded, stream);
-  if (rounded.defined() && param.numel() > 0) {
-    check_disjoint(
-        "adamw_update",
-        {{"param", &param}, {"grad", &grad}, {"m", &m}, {"v", &v}, {"rounded", &rounded}});
-  }
+  check_rounded("adamw_update", param, grad, m, v, rounded, stream);
   AdamStep s = adam_constants(step, params);
   s.weight_decay = 0.0;
   s.decay_factor = 1.0 - params.lr * params.weight_decay;

@@ -324,9 +324,9 @@ void forward_float32(Out* out, const float* in, const float* w, const float* b,
 // crop grad_y; a layer that needs no lowering already multiplies grad_y as it is.
 // Nor where it does not pay: more channels out than in (K > C), where lowering
 // grad_y copies K*R*S bfloat16 rows a pixel against col2im's C*R*S float32 ones
-// and the product has only C rows (FashionNet's 32 -> 64 layer 0.88x, its 1 -> 32
-// layer 0.2x; ResNet-20's 16, 32 and 64 channel layers 1.5x, 1.1x and 1.25x:
-// bench/results/conv2d_bf16_transposed_zen5_*.md).
+// and the product has only C rows; measured slower on FashionNet's 1 -> 32 and
+// 32 -> 64 layers, faster on every K <= C layer of ResNet-20
+// (bench/results/conv2d_bf16_transposed_zen5_*.md).
 std::optional<Conv2dShape> transposed_shape(const Conv2dShape& s) {
   const Conv2dParams& p = s.params;
   const std::int64_t pad_h = p.dilation_h * (s.R - 1) - p.pad_h;

@@ -305,7 +305,7 @@ __attribute__((target("avx2"))) void col2im_plane_avx2(float* plane, std::int64_
 // (output rows outside [first_row, last_row), columns outside [first, last)). One
 // masked load and one store per 32 values, where the generic loop filled the rows
 // in the padding, copied the run and then zeroed the edge columns value by value,
-// down the columns: that loop was about a tenth of ResNet-20's bf16 step
+// down the columns, the most costly part at small planes
 // (bench/results/conv2d_bf16_transposed_zen5_*.md). Lanes under a zero mask are
 // not read, so a vector may reach before or past the plane. The masks depend on the
 // tap and the vector alone, so they are worked out once for all channels.
