@@ -49,6 +49,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -422,9 +423,28 @@ double load_average() {
   return getloadavg(load, 1) == 1 ? load[0] : -1.0;
 }
 
+// Whether every argument is one of main's flags followed by its value; else says
+// which is not, on one line.
+bool arguments_known(int argc, char** argv) {
+  static const char* const kFlags[] = {"--model",   "--towers",    "--batch",  "--steps",
+                                       "--threads", "--zero-fill", "--master", "--precision"};
+  for (int i = 1; i < argc; i += 2) {
+    const bool known = std::any_of(std::begin(kFlags), std::end(kFlags), [&](const char* flag) {
+      return std::strcmp(argv[i], flag) == 0;
+    });
+    if (!known || i + 1 >= argc) {
+      std::fprintf(stderr, "step_profile_bench: %s '%s' (usage at the top of the source)\n",
+                   known ? "no value after" : "unknown argument", argv[i]);
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (!arguments_known(argc, argv)) return 2;
   const std::string model = string_arg(argc, argv, "--model", "fashion_net");
   if (model_title(model) == nullptr) {
     std::fprintf(stderr,
