@@ -6,7 +6,7 @@
 //   - each tower rounds its replica's trainable values once per step, at the start of
 //     its forward pass, into a bfloat16 working copy (VariableStore::round_working: one
 //     cast kernel over the flat buffer, on the tower's stream); CPU towers of a master
-//     on the host share its values and one working copy, which broadcast() rounds;
+//     on the host share its values and one working copy, which the update writes;
 //   - the GEMM-class ops (ag::matmul, ag::linear, ag::conv2d: forward, input gradient,
 //     weight gradient) multiply bfloat16 operands (the working copy, the activation
 //     rounded at the op, the output gradient rounded in the backward) with float32

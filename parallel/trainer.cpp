@@ -371,8 +371,9 @@ void Trainer::run_tower(std::size_t i, const std::vector<Tensor>& batch, const T
     return;
   }
   // A mixed-precision tower's 16-bit working copy: its replica rounded once, from
-  // the values the last broadcast wrote (parallel/precision.h); in one memory,
-  // broadcast() rounded the one copy every tower reads.
+  // the values the last broadcast wrote (parallel/precision.h); in one memory, the
+  // update (or broadcast(), after anything else that writes the master) rounded the
+  // one copy every tower reads.
   if (!one_memory_) t.store->round_working(*t.stream);
 
   auto start = Clock::now();

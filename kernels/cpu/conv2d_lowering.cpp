@@ -327,7 +327,7 @@ __attribute__((target("avx512f,avx512bw"))) void im2col_flat_bf16_avx512(bfloat1
   const Conv2dParams& p = s.params;
   const std::array<std::int64_t, 10> shape{s.H, s.W,     s.P,     s.Q,          s.R,
                                            s.S, p.pad_h, p.pad_w, p.dilation_h, p.dilation_w};
-  if (shape != masks_of || masks.empty()) {
+  if (shape != masks_of) {  // a first call's shape differs from the zeros
     masks.assign(static_cast<std::size_t>(taps * vectors), 0);
     shifts.resize(static_cast<std::size_t>(taps));
     for (std::int64_t r = 0; r < s.R; ++r) {

@@ -200,14 +200,17 @@ void adam_update(const Tensor& param, const Tensor& grad, const Tensor& m, const
     T* __restrict m1 = m.data<T>();          // [n] first moment
     T* __restrict m2 = v.data<T>();          // [n] second moment
     const AdamScalars<T> a = adam_scalars<T>(step);
-    // The update of [lo, hi) on this ISA's loop.
+    // The update of [lo, hi) on this ISA's loop, the ISA read once a call.
+    const bool wide = avx512_selected(), vector = avx2_selected();
     auto update = [=](std::int64_t lo, std::int64_t hi) {
 #if TL_CPU_X86
       if constexpr (std::is_same_v<T, float>) {
-        if (avx512_selected()) return adam_range_avx512(p, g, m1, m2, lo, hi, a);
-        if (avx2_selected()) return adam_range_avx2(p, g, m1, m2, lo, hi, a);
+        if (wide) return adam_range_avx512(p, g, m1, m2, lo, hi, a);
+        if (vector) return adam_range_avx2(p, g, m1, m2, lo, hi, a);
       }
 #endif
+      (void)wide;
+      (void)vector;
       adam_range(p, g, m1, m2, lo, hi, a);
     };
     if constexpr (std::is_same_v<T, float>) {

@@ -43,14 +43,15 @@ __attribute__((target("avx512f"))) bool all_finite_avx512(const T* x, std::int64
 }
 #endif
 
-// all_finite on the widest vectors the selected ISA has (kernels/cpu/x86.h's rule).
+// all_finite on the widest vectors the selected ISA has (kernels/cpu/x86.h's rule),
+// chosen once a call, not once a block.
 template <typename T>
-bool block_finite(const T* x, std::int64_t n) {
+auto block_finite() -> bool (*)(const T*, std::int64_t) {
 #if TL_CPU_X86
-  if (avx512_selected()) return all_finite_avx512(x, n);
-  if (avx2_selected()) return all_finite_avx2(x, n);
+  if (avx512_selected()) return all_finite_avx512<T>;
+  if (avx2_selected()) return all_finite_avx2<T>;
 #endif
-  return all_finite(x, n);
+  return all_finite<T>;
 }
 
 }  // namespace
@@ -73,10 +74,11 @@ std::int64_t first_nonfinite(const Tensor& x) {
   std::atomic<std::int64_t> first{n};  // n: none found
   with_dtype(x.dtype(), [&]<typename T>() {
     const T* in = x.data<T>();  // [n]
+    const auto finite = block_finite<T>();
     parallel_rows(n, 1, [&](std::int64_t lo, std::int64_t hi) {
       for (std::int64_t block = lo; block < hi; block += kFiniteBlock) {
         const std::int64_t end = std::min(hi, block + kFiniteBlock);
-        if (block_finite(in + block, end - block)) continue;
+        if (finite(in + block, end - block)) continue;
         for (std::int64_t i = block; i < end; ++i) {
           if (!std::isfinite(in[i])) {  // this range's first: lower `first` to it
             std::int64_t seen = first.load();
