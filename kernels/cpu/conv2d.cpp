@@ -45,6 +45,10 @@
 // weightᵀ · grad_y summed over K alone (a reduction of 16 in ResNet-20's first stage)
 // and col2im scattered nine float32 taps a pixel
 // (bench/results/conv2d_bf16_transposed_zen5_*.md).
+// Under Auto, a stride-1 bfloat16 layer whose shape suits them (bf16_planes_apply)
+// copies no patch at all: its forward, and its input gradient as that forward on
+// grad_y, read the taps straight from zero-padded planes of channel pairs
+// (kernels/cpu/conv2d_planes_bf16.h).
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -56,6 +60,7 @@
 #include "kernels/cpu/conv2d_direct.h"
 #include "kernels/cpu/conv2d_implicit.h"
 #include "kernels/cpu/conv2d_lowering.h"
+#include "kernels/cpu/conv2d_planes_bf16.h"
 #include "kernels/cpu/convert16.h"
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/matmul.h"
@@ -283,6 +288,23 @@ void forward_by_gemm(Out* out, const T* in, const T* w, const SumOf<T>* b, const
   for_image_chunks(s.N, image_chunks(s.N), true, per_chunk);
 }
 
+// The bfloat16 forward from padded planes (kernels/cpu/conv2d_planes_bf16.h): the
+// weight packed once a call, each thread on its own images.
+template <typename Out>
+void forward_by_planes(Out* y, const bfloat16* x, const bfloat16* w, const float* b,
+                       bool accumulate, const Conv2dShape& s) {
+  HostScratch<std::uint32_t> packed(bf16_planes_packed_words(s));
+  bf16_planes_pack(w, packed.get(), s);
+  for_image_chunks(s.N, image_chunks(s.N), true,
+                   [&](std::int64_t, std::int64_t first, std::int64_t last) {
+                     if constexpr (std::is_same_v<Out, float>) {
+                       bf16_planes_forward(y, x, packed.get(), b, accumulate, first, last, s);
+                     } else {
+                       bf16_planes_forward(y, x, packed.get(), b, first, last, s);
+                     }
+                   });
+}
+
 // The float32 forward into y of type Out: float, or a 16-bit layer's bfloat16 or
 // float16, which Winograd's output transform, the direct kernels' stores and the
 // GEMM path round once from the float32 sums (the bits of the float32 y cast).
@@ -321,24 +343,28 @@ void forward_float32(Out* out, const float* in, const float* w, const float* b,
 // the weight flipped in (r,s) and transposed in (k,c) (transposed_weight), with the
 // layer's dilation. The shape of that convolution, or nothing where it does not
 // apply: a stride other than 1, or a padding beyond dilation*(R-1), which would
-// crop grad_y; a layer that needs no lowering already multiplies grad_y as it is.
-// Nor where it does not pay: more channels out than in (K > C), where lowering
-// grad_y copies K*R*S bfloat16 rows a pixel against col2im's C*R*S float32 ones
-// and the product has only C rows; measured slower on FashionNet's 1 -> 32 and
-// 32 -> 64 layers, faster on every K <= C layer of ResNet-20
-// (bench/results/conv2d_bf16_transposed_zen5_*.md).
+// crop grad_y.
 std::optional<Conv2dShape> transposed_shape(const Conv2dShape& s) {
   const Conv2dParams& p = s.params;
   const std::int64_t pad_h = p.dilation_h * (s.R - 1) - p.pad_h;
   const std::int64_t pad_w = p.dilation_w * (s.S - 1) - p.pad_w;
-  if (p.stride_h != 1 || p.stride_w != 1 || pad_h < 0 || pad_w < 0 || !needs_lowering(s) ||
-      s.K > s.C) {
-    return std::nullopt;
-  }
+  if (p.stride_h != 1 || p.stride_w != 1 || pad_h < 0 || pad_w < 0) return std::nullopt;
   Conv2dParams t = p;
   t.pad_h = pad_h;
   t.pad_w = pad_w;
   return Conv2dShape{s.N, s.K, s.P, s.Q, s.C, s.R, s.S, s.H, s.W, t};
+}
+
+// Whether that convolution pays where it runs as a lowering (im2col of grad_y and
+// the GEMM): not for a layer that needs no lowering, which multiplies grad_y as it
+// is, nor with more channels out than in (K > C), where lowering grad_y copies
+// K*R*S bfloat16 rows a pixel against col2im's C*R*S float32 ones and the product
+// has only C rows; measured slower on FashionNet's 1 -> 32 and 32 -> 64 layers,
+// faster on every K <= C layer of ResNet-20
+// (bench/results/conv2d_bf16_transposed_zen5_*.md). From padded planes
+// (bf16_planes_apply) nothing is copied, and it pays wherever those run.
+bool transposed_lowering_pays(const Conv2dShape& s) {
+  return needs_lowering(s) && s.K <= s.C;
 }
 
 // w_t [C, K*R*S]: w_t[c, (k,r,s)] = w[k, (c, R-1-r, S-1-s)].
@@ -365,7 +391,13 @@ void backward_bf16(float* gx, float* gw, const bfloat16* gy, const bfloat16* in,
   const std::int64_t crs = s.C * s.R * s.S, pq = s.P * s.Q, chw = s.C * s.H * s.W;
   const bool lower = needs_lowering(s);
   if (gx != nullptr) {
-    if (const std::optional<Conv2dShape> t = transposed_shape(s)) {
+    const std::optional<Conv2dShape> t = transposed_shape(s);
+    if (t && bf16_planes_apply(*t)) {
+      HostScratch<bfloat16> w_t(crs * s.K);  // [C, K*R*S]
+      transposed_weight(w_t.get(), w, s);
+      forward_by_planes(gx, gy, w_t.get(), nullptr, !assign, *t);
+      gx = nullptr;
+    } else if (t && transposed_lowering_pays(s)) {
       HostScratch<bfloat16> w_t(crs * s.K);  // [C, K*R*S]
       transposed_weight(w_t.get(), w, s);
       forward_by_gemm(gx, gy, w_t.get(), static_cast<const float*>(nullptr), *t, !assign);
@@ -430,6 +462,15 @@ bool bf16_gemm_conv_chosen(DType dtype, const Conv2dParams& params) {
 void conv2d_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
                          const Conv2dShape& s) {
   const float* b = bias.defined() ? bias.data<float>() : nullptr;
+  if (bf16_planes_apply(s)) {
+    if (y.dtype() == DType::BFloat16) {
+      forward_by_planes(y.data<bfloat16>(), x.data<bfloat16>(), weight.data<bfloat16>(), b, false,
+                        s);
+    } else {
+      forward_by_planes(y.data<float>(), x.data<bfloat16>(), weight.data<bfloat16>(), b, false, s);
+    }
+    return;
+  }
   if (y.dtype() == DType::BFloat16) {
     forward_by_gemm(y.data<bfloat16>(), x.data<bfloat16>(), weight.data<bfloat16>(), b, s);
   } else {

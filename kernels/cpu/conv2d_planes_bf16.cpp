@@ -1,0 +1,242 @@
+// The forward of conv2d on bfloat16 operands from zero-padded planes of channel
+// pairs (kernels/cpu/conv2d_planes_bf16.h tells the design; the weight gradient is
+// in conv2d_planes_bf16_weight_grad.cpp).
+#include "kernels/cpu/conv2d_planes_bf16.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/cpu/conv2d_lowering.h"
+#include "kernels/cpu/convert16.h"
+#include "kernels/cpu/gemm_bf16.h"
+#include "kernels/cpu/x86.h"
+
+namespace towerlab::cpu {
+
+namespace {
+
+// The tile: kFilters filters by kVecs vectors of sixteen grid positions, 24 of the
+// 32 zmm registers as accumulators, as the vdpbf16ps GEMM's 12 x 32 tile; 8 rows
+// rather than 12 because the layers this path is for have K = 16, 32 or 64 (12
+// would leave a 4-row tile a block), and three vectors of B a step to 8 broadcasts
+// keep the loads below the products.
+constexpr int kFilters = 8, kVecs = 3, kTile = 16 * kVecs;
+
+// The padded grid of one image: its rows Wp apart, the positions computed
+// (o < outputs), the tiles covering them, and the words each channel pair's plane
+// takes, enough that the last tile's farthest tap reads inside it.
+struct Grid {
+  std::int64_t wp, hp, outputs, tiles, plane_words;
+};
+
+Grid grid_of(const Conv2dShape& s) {
+  const Conv2dParams& p = s.params;
+  Grid g{};
+  g.wp = s.W + 2 * p.pad_w;
+  g.hp = s.H + 2 * p.pad_h;
+  g.outputs = (s.P - 1) * g.wp + s.Q;
+  g.tiles = (g.outputs + kTile - 1) / kTile;
+  const std::int64_t farthest = (s.R - 1) * p.dilation_h * g.wp + (s.S - 1) * p.dilation_w;
+  const std::int64_t words = std::max(g.hp * g.wp, g.tiles * kTile + farthest);
+  g.plane_words = (words + 15) / 16 * 16;
+  return g;
+}
+
+std::int64_t channel_pairs(const Conv2dShape& s) {
+  return (s.C + 1) / 2;
+}
+
+#if TL_CPU_X86
+
+// planes [ceil(C/2), plane_words] <- image x [C, H, W]: word (hp, wp) of plane c'
+// holds x[2c', h, w] in its low half and x[2c' + 1, h, w] (zero past C) in its
+// high half, h = hp - pad_h, w = wp - pad_w. Only the image's own pixels are
+// written: the padding was zeroed with the scratch and stays zero.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void fill_planes(std::uint32_t* planes,
+                                                                      const bfloat16* x,
+                                                                      const Conv2dShape& s,
+                                                                      const Grid& g) {
+  const std::int64_t hw = s.H * s.W;
+  for (std::int64_t cp = 0; cp < channel_pairs(s); ++cp) {
+    const bfloat16* even = x + 2 * cp * hw;
+    const bfloat16* odd = 2 * cp + 1 < s.C ? even + hw : nullptr;
+    std::uint32_t* plane = planes + cp * g.plane_words + s.params.pad_h * g.wp + s.params.pad_w;
+    for (std::int64_t h = 0; h < s.H; ++h) {
+      for (std::int64_t w = 0; w < s.W; w += 16) {
+        const __mmask16 lanes = first_lanes(s.W - w);
+        const __m512i lo =
+            _mm512_maskz_cvtepu16_epi32(lanes, _mm256_maskz_loadu_epi16(lanes, even + h * s.W + w));
+        __m512i word = lo;
+        if (odd != nullptr) {
+          const __m512i hi = _mm512_maskz_cvtepu16_epi32(
+              lanes, _mm256_maskz_loadu_epi16(lanes, odd + h * s.W + w));
+          word = _mm512_or_si512(lo, _mm512_maskz_slli_epi32(lanes, hi, 16));
+        }
+        _mm512_mask_storeu_epi32(plane + h * g.wp + w, lanes, word);
+      }
+    }
+  }
+}
+
+// The sums of one tile into the grid: sums[i, o0 + j] = Σ over channel pairs c'
+// and taps t of packed[c', t, i] · plane_c'[o0 + j + offset[t]], the products of
+// each word's pair exact and added in float32 by vdpbf16ps. `planes` points at o0
+// in plane 0, `w` at the tile's filter block, `sums` at (its first filter, o0),
+// rows `ld` apart: whole vectors, the thrown-away positions with the rest.
+__attribute__((target("avx512f,avx512bf16"))) void tile_sums(
+    const std::uint32_t* planes, std::int64_t plane_words, std::int64_t pairs,
+    const std::uint32_t* w, const std::int64_t* offsets, std::int64_t taps, float* sums,
+    std::int64_t ld) {
+  __m512 acc[kFilters][kVecs];
+  for (int i = 0; i < kFilters; ++i) {
+    for (int v = 0; v < kVecs; ++v) acc[i][v] = _mm512_setzero_ps();
+  }
+  for (std::int64_t cp = 0; cp < pairs; ++cp) {
+    const std::uint32_t* plane = planes + cp * plane_words;
+    for (std::int64_t t = 0; t < taps; ++t) {
+      const std::uint32_t* at = plane + offsets[t];
+      __m512bh b[kVecs];
+      for (int v = 0; v < kVecs; ++v) b[v] = (__m512bh)_mm512_loadu_si512(at + 16 * v);
+#pragma GCC unroll 8
+      for (int i = 0; i < kFilters; ++i) {
+        const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(w[i]));
+        for (int v = 0; v < kVecs; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], a, b[v]);
+      }
+      w += kFilters;
+    }
+  }
+  for (int i = 0; i < kFilters; ++i) {
+    for (int v = 0; v < kVecs; ++v) _mm512_storeu_ps(sums + i * ld + 16 * v, acc[i][v]);
+  }
+}
+
+// One output row from the grid: y[j] = bias + sums[j] (a bfloat16 y rounded once
+// from it, as round_to_16bit rounds), or y[j] += sums[j], j < q.
+template <typename Out>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void store_row(Out* y, const float* sums,
+                                                                    std::int64_t q, float bias,
+                                                                    bool accumulate) {
+  const __m512 base = _mm512_set1_ps(bias);
+  for (std::int64_t j = 0; j < q; j += 16) {
+    const __mmask16 lanes = first_lanes(q - j);
+    const __m512 sum = _mm512_maskz_loadu_ps(lanes, sums + j);
+    if constexpr (std::is_same_v<Out, float>) {
+      const __m512 onto = accumulate ? _mm512_maskz_loadu_ps(lanes, y + j) : base;
+      _mm512_mask_storeu_ps(y + j, lanes, _mm512_add_ps(onto, sum));
+    } else {
+      const __m512i bits = float_to_bfloat16_16(_mm512_add_ps(base, sum));
+      _mm256_mask_storeu_epi16(y + j, lanes, _mm512_maskz_cvtepi32_epi16(lanes, bits));
+    }
+  }
+}
+
+// The images [first, last): each image's tiles into the grid `sums` [K, tiles *
+// kTile], then its real outputs, row by row, into y: float32 (bias +, or +=), or a
+// 16-bit y rounded once from bias + the sums.
+template <typename Out>
+void forward_images(Out* y, const bfloat16* x, const std::uint32_t* packed, const float* bias,
+                    bool accumulate, std::int64_t first, std::int64_t last, const Conv2dShape& s) {
+  const Grid g = grid_of(s);
+  const std::int64_t pairs = channel_pairs(s), taps = s.R * s.S, pq = s.P * s.Q;
+  const std::int64_t ld = g.tiles * kTile, blocks = (s.K + kFilters - 1) / kFilters;
+  HostScratch<std::int64_t> offsets(taps);
+  for (std::int64_t r = 0; r < s.R; ++r) {
+    for (std::int64_t c = 0; c < s.S; ++c) {
+      offsets.get()[r * s.S + c] = r * s.params.dilation_h * g.wp + c * s.params.dilation_w;
+    }
+  }
+  HostScratch<std::uint32_t> planes(pairs * g.plane_words);
+  std::memset(planes.get(), 0,
+              static_cast<std::size_t>(pairs * g.plane_words) * sizeof(std::uint32_t));
+  HostScratch<float> sums(blocks * kFilters * ld);
+  for (std::int64_t n = first; n < last; ++n) {
+    fill_planes(planes.get(), x + n * s.C * s.H * s.W, s, g);
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::uint32_t* w = packed + b * pairs * taps * kFilters;
+      for (std::int64_t t = 0; t < g.tiles; ++t) {
+        tile_sums(planes.get() + t * kTile, g.plane_words, pairs, w, offsets.get(), taps,
+                  sums.get() + b * kFilters * ld + t * kTile, ld);
+      }
+    }
+    for (std::int64_t k = 0; k < s.K; ++k) {
+      const float b = bias != nullptr ? bias[k] : 0.0f;
+      for (std::int64_t p = 0; p < s.P; ++p) {
+        const float* from = sums.get() + k * ld + p * g.wp;
+        Out* to = y + (n * s.K + k) * pq + p * s.Q;
+        store_row(to, from, s.Q, b, accumulate);
+      }
+    }
+  }
+}
+
+#endif  // TL_CPU_X86
+
+}  // namespace
+
+bool bf16_planes_apply(const Conv2dShape& s) {
+  const Conv2dParams& p = s.params;
+  if (p.stride_h != 1 || p.stride_w != 1 || p.groups != 1 || !cpu_has_avx512_bf16() ||
+      conv2d_algorithm() != Conv2dAlgorithm::Auto || !needs_lowering(s)) {
+    return false;  // a layer that needs no lowering multiplies x as it is
+  }
+  // Each tile's stores and each image's planes are paid for by its sums: a
+  // reduction of fewer than 32 pair steps (FashionNet's first layer, one channel
+  // of 3x3 taps: 9) or a block of eight filters mostly empty (that layer's input
+  // gradient, one filter) ran slower than the lowering; so did a grid mostly thrown
+  // away (ResNet-20's 7x7 layers, rows of 9: 60 % real), against a quarter or less
+  // thrown away on its 14x14 and 28x28 layers (bench/results/conv2d_bf16_planes_*.md).
+  const Grid g = grid_of(s);
+  return s.K >= kFilters && channel_pairs(s) * s.R * s.S >= 32 &&
+         4 * s.P * s.Q >= 3 * g.tiles * kTile;
+}
+
+std::int64_t bf16_planes_packed_words(const Conv2dShape& s) {
+  return (s.K + kFilters - 1) / kFilters * channel_pairs(s) * s.R * s.S * kFilters;
+}
+
+void bf16_planes_pack(const bfloat16* weight, std::uint32_t* packed, const Conv2dShape& s) {
+  const std::int64_t pairs = channel_pairs(s), taps = s.R * s.S;
+  const std::int64_t blocks = (s.K + kFilters - 1) / kFilters;
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    for (std::int64_t cp = 0; cp < pairs; ++cp) {
+      for (std::int64_t t = 0; t < taps; ++t) {
+        for (std::int64_t i = 0; i < kFilters; ++i) {
+          const std::int64_t k = b * kFilters + i;
+          std::uint32_t word = 0;
+          if (k < s.K) {
+            const bfloat16* w = weight + (k * s.C + 2 * cp) * taps + t;
+            word = w[0].bits;
+            if (2 * cp + 1 < s.C) word |= std::uint32_t(w[taps].bits) << 16;
+          }
+          packed[((b * pairs + cp) * taps + t) * kFilters + i] = word;
+        }
+      }
+    }
+  }
+}
+
+void bf16_planes_forward(float* y, const bfloat16* x, const std::uint32_t* packed,
+                         const float* bias, bool accumulate, std::int64_t first, std::int64_t last,
+                         const Conv2dShape& s) {
+#if TL_CPU_X86
+  forward_images(y, x, packed, bias, accumulate, first, last, s);
+#else
+  (void)y, (void)x, (void)packed, (void)bias, (void)accumulate, (void)first, (void)last, (void)s;
+  std::abort();  // bf16_planes_apply is false off x86: never called
+#endif
+}
+
+void bf16_planes_forward(bfloat16* y, const bfloat16* x, const std::uint32_t* packed,
+                         const float* bias, std::int64_t first, std::int64_t last,
+                         const Conv2dShape& s) {
+#if TL_CPU_X86
+  forward_images(y, x, packed, bias, false, first, last, s);
+#else
+  (void)y, (void)x, (void)packed, (void)bias, (void)first, (void)last, (void)s;
+  std::abort();  // bf16_planes_apply is false off x86: never called
+#endif
+}
+
+}  // namespace towerlab::cpu

@@ -1,0 +1,129 @@
+// conv2d's bfloat16 passes from zero-padded planes (kernels/cpu/conv2d_planes_bf16.h),
+// which Auto takes at stride 1 where the bfloat16 GEMM runs vdpbf16ps: the forward,
+// and the input gradient as a forward convolution of grad_y, each held to the bound
+// of tests/conv2d_bf16_fixture.h around the plain reference in double on the
+// bfloat16 values; the bfloat16 y the float32 y rounded once, bit for bit. They skip
+// on a CPU without avx512_bf16.
+//
+// Cases: ResNet-20's 16- and 32-channel layers and FashionNet's conv2 (whose input
+// gradient, 64 channels back to 32, the lowering leaves to col2im), rows longer than
+// a tile, odd channel counts (a pair's high half zero), filters that fill no block of
+// eight, a 3x2 and a 5x5 kernel, dilation down and across, padding below and above the taps, images
+// of other heights than widths; grad_x assigned over NaN and added onto a sentinel;
+// one, two and three threads. Controls: the lowering gives other bits (so the checks
+// see which ran), and which layers take the planes.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "conv2d_bf16_fixture.h"
+#include "conv2d_case.h"
+#include "engine/settings.h"
+#include "kernels/conv2d.h"
+#include "kernels/cpu/conv2d.h"
+#include "kernels/cpu/conv2d_planes_bf16.h"
+#include "test_util.h"
+
+namespace towerlab::testing {
+namespace {
+
+class Conv2dBf16Planes : public Conv2dBf16Fixture<Conv2dAlgorithm::Auto> {
+ protected:
+  static Conv2dShape shape_of(const ConvCase& k) {
+    const Shape y = k.y_shape();
+    return Conv2dShape{k.N, k.C, k.H, k.W, k.K, k.R, k.S, y[2], y[3], k.params};
+  }
+  // The case's forward takes the planes (and so, at stride 1, does its input gradient
+  // where transposing applies), then its checks.
+  void check_planes(const ConvCase& k, unsigned seed, GradWrite write) {
+    ASSERT_TRUE(cpu::bf16_planes_apply(shape_of(k))) << k.name << " does not take the planes";
+    check(k, seed, write);
+  }
+};
+
+TEST_F(Conv2dBf16Planes, ResNet20AndFashionNetLayers) {
+  const std::vector<ConvCase> cases = {
+      {"resnet_16_28x28", 2, 16, 28, 28, 16, 3, 3, make_params(1, 1, 1, 1)},
+      {"resnet_32_14x14", 3, 32, 14, 14, 32, 3, 3, make_params(1, 1, 1, 1)},
+      {"fashion_conv2", 3, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)},
+  };
+  unsigned seed = 700;
+  for (const ConvCase& k : cases) {
+    for (GradWrite write : {GradWrite::Assign, GradWrite::Accumulate}) {
+      check_planes(k, seed += 10, write);
+    }
+  }
+}
+
+TEST_F(Conv2dBf16Planes, OddShapes) {
+  const std::vector<ConvCase> cases = {
+      {"rows_longer_than_a_tile", 2, 8, 5, 61, 8, 3, 3, make_params(1, 1, 1, 1)},
+      {"odd_channels_odd_filters", 2, 7, 20, 19, 13, 3, 3, make_params(1, 1, 1, 1)},
+      {"kernel_3x2_dilated", 2, 11, 16, 15, 9, 3, 2, make_params(1, 1, 2, 1, 2, 1)},
+      {"dilated_across", 2, 8, 14, 16, 10, 3, 3, make_params(1, 1, 1, 2, 1, 2)},
+      {"kernel_5x5_pad1", 2, 6, 24, 22, 10, 5, 5, make_params(1, 1, 1, 1)},
+      {"padding_beyond_the_taps", 2, 8, 12, 10, 9, 3, 3, make_params(1, 1, 3, 2)},
+      {"valid_no_padding", 2, 9, 18, 17, 17, 3, 3, make_params(1, 1, 0, 0)},
+  };
+  unsigned seed = 800;
+  for (const ConvCase& k : cases) {
+    for (GradWrite write : {GradWrite::Assign, GradWrite::Accumulate}) {
+      check_planes(k, seed += 10, write);
+    }
+  }
+  ConvCase no_bias{"no_bias", 3, 8, 14, 14, 16, 3, 3, make_params(1, 1, 1, 1)};
+  no_bias.bias = false;
+  check_planes(no_bias, 900, GradWrite::Assign);
+}
+
+// Each image's sums are the same whatever thread computes it.
+TEST_F(Conv2dBf16Planes, SameBitsForAnyThreadCount) {
+  const ConvCase k{"resnet_16", 7, 16, 14, 14, 16, 3, 3, make_params(1, 1, 1, 1)};
+  const ConvOperands v = operands(k, 910);
+  const int saved = num_threads();
+  set_num_threads(1);
+  const ConvResults one = run(k, v, GradWrite::Assign);
+  for (int threads : {2, 3}) {
+    set_num_threads(threads);
+    const ConvResults many = run(k, v, GradWrite::Assign);
+    EXPECT_EQ(many.y, one.y) << threads << " threads";
+    EXPECT_EQ(many.grad_x, one.grad_x) << threads << " threads";
+    EXPECT_EQ(many.grad_w, one.grad_w) << threads << " threads";
+  }
+  set_num_threads(saved);
+}
+
+// The planes sum in another order than the lowering: other bits, both in the bound.
+TEST_F(Conv2dBf16Planes, OtherBitsThanTheLowering) {
+  const ConvCase k{"resnet_16", 2, 16, 12, 12, 16, 3, 3, make_params(1, 1, 1, 1)};
+  const ConvOperands v = operands(k, 920);
+  const ConvResults planes = run(k, v, GradWrite::Assign);
+  cpu::ScopedConv2dAlgorithm lowering(Conv2dAlgorithm::Im2col);
+  const ConvResults lowered = run(k, v, GradWrite::Assign);
+  EXPECT_NE(planes.y, lowered.y);
+  EXPECT_NE(planes.grad_x, lowered.grad_x);
+}
+
+// Which layers take the planes: stride 1 with some lowering to save, under Auto; not
+// a stride of 2, a 1x1 layer without padding (x is already its patch matrix), a grid
+// mostly thrown away (7x7 outputs in rows of 9), a single channel's nine taps, a
+// single filter, grouped layers, or a forced Im2col.
+TEST_F(Conv2dBf16Planes, WhichLayersTakeThem) {
+  const auto takes = [](const ConvCase& k) { return cpu::bf16_planes_apply(shape_of(k)); };
+  EXPECT_TRUE(takes({"resnet_16", 64, 16, 28, 28, 16, 3, 3, make_params(1, 1, 1, 1)}));
+  EXPECT_TRUE(takes({"resnet_32", 64, 32, 14, 14, 32, 3, 3, make_params(1, 1, 1, 1)}));
+  EXPECT_FALSE(takes({"stride_2", 64, 16, 28, 28, 32, 3, 3, make_params(2, 2, 1, 1)}));
+  EXPECT_FALSE(takes({"pointwise", 64, 16, 28, 28, 32, 1, 1, make_params(1, 1, 0, 0)}));
+  EXPECT_FALSE(takes({"resnet_64_7x7", 64, 64, 7, 7, 64, 3, 3, make_params(1, 1, 1, 1)}));
+  EXPECT_FALSE(takes({"one_channel", 64, 1, 28, 28, 32, 3, 3, make_params(1, 1, 1, 1)}))
+      << "9 taps: too short a sum";
+  EXPECT_FALSE(takes({"one_filter", 64, 32, 28, 28, 1, 3, 3, make_params(1, 1, 1, 1)}))
+      << "one filter of a block of eight";
+  EXPECT_FALSE(takes({"grouped", 64, 16, 28, 28, 16, 3, 3, make_params(1, 1, 1, 1, 1, 1, 2)}));
+  cpu::ScopedConv2dAlgorithm lowering(Conv2dAlgorithm::Im2col);
+  EXPECT_FALSE(takes({"resnet_16", 64, 16, 28, 28, 16, 3, 3, make_params(1, 1, 1, 1)}));
+}
+
+}  // namespace
+}  // namespace towerlab::testing
