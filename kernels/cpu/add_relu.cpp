@@ -1,5 +1,6 @@
 // CPU residual add + ReLU: the plain reference (kernels/reference/add_relu.h) on each
-// thread's range in float32 and float64. In bfloat16 and float16 blocks of the
+// thread's range in float32 and float64, the backward in vectorizable loops of the
+// same arithmetic. In bfloat16 and float16 blocks of the
 // operands are widened to float32 (kernels/cpu/convert16.h), added and clamped (or
 // masked and added) there, and rounded once: the reference's bits. Elementwise, so
 // the loops split over the thread pool at any boundary (kernels/cpu/parallel.h); the
@@ -63,6 +64,31 @@ void add_relu_backward_16bit(T* grad_a, GradWrite grad_a_write, T* grad_b, GradW
   });
 }
 
+// float32 and float64: grad (=, or +=) relu_mask(grad_y, y), one loop a write mode
+// with no branch in it, which the compiler vectorizes (the reference's loop tests
+// both gradients' modes at every element, and stays scalar).
+template <typename T>
+void add_masked(T* grad, GradWrite write, const T* grad_y, const T* y, std::int64_t n) {
+  if (write == GradWrite::Assign) {
+    for (std::int64_t i = 0; i < n; ++i) grad[i] = reference::relu_mask(grad_y[i], y[i]);
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) grad[i] += reference::relu_mask(grad_y[i], y[i]);
+  }
+}
+
+// grad_a's block first, then grad_b's: with grad_a == grad_b, each element of b's
+// add reads a's write, as in the reference.
+template <typename T>
+void add_relu_backward_wide(T* grad_a, GradWrite grad_a_write, T* grad_b, GradWrite grad_b_write,
+                            const T* grad_y, const T* y, std::int64_t n) {
+  for_each_block(n, [&](std::int64_t first, std::int64_t count) {
+    if (grad_a != nullptr)
+      add_masked(grad_a + first, grad_a_write, grad_y + first, y + first, count);
+    if (grad_b != nullptr)
+      add_masked(grad_b + first, grad_b_write, grad_y + first, y + first, count);
+  });
+}
+
 }  // namespace
 
 void add_relu_forward(const Tensor& y, const Tensor& a, const Tensor& b) {
@@ -93,8 +119,8 @@ void add_relu_backward(const AddReluBackward& args) {
         add_relu_backward_16bit(a, args.grad_a_write, b, args.grad_b_write, gy + lo, out + lo,
                                 hi - lo);
       } else {
-        reference::add_relu_backward(a, args.grad_a_write, b, args.grad_b_write, gy + lo, out + lo,
-                                     hi - lo);
+        add_relu_backward_wide(a, args.grad_a_write, b, args.grad_b_write, gy + lo, out + lo,
+                               hi - lo);
       }
     });
   });
