@@ -47,8 +47,9 @@
 // (bench/results/conv2d_bf16_transposed_zen5_*.md).
 // Under Auto, a stride-1 bfloat16 layer whose shape suits them (bf16_planes_apply)
 // copies no patch at all: its forward, and its input gradient as that forward on
-// grad_y, read the taps straight from zero-padded planes of channel pairs
-// (kernels/cpu/conv2d_planes_bf16.h).
+// grad_y, read the taps straight from zero-padded planes of channel pairs, and with
+// 32 filters or fewer its weight gradient multiplies grad_y laid on the padded grid
+// by the planes (kernels/cpu/conv2d_planes_bf16.h).
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -379,6 +380,22 @@ void transposed_weight(bfloat16* w_t, const bfloat16* w, const Conv2dShape& s) {
   }
 }
 
+// grad_weight [K, C*R*S] += the weight gradient from padded planes
+// (kernels/cpu/conv2d_planes_bf16.h), one partial a fixed group of images, added in
+// group order.
+void weight_grad_by_planes(float* gw, const bfloat16* gy, const bfloat16* x, const Conv2dShape& s) {
+  const std::int64_t chunks = std::min(s.N, kWeightGroups), size = s.K * s.C * s.R * s.S;
+  HostScratch<float> partials(chunks * size);  // [chunks, K, C*R*S]
+  for_image_chunks(s.N, chunks, chunks >= thread_share(),
+                   [&](std::int64_t chunk, std::int64_t first, std::int64_t last) {
+                     bf16_planes_weight_grad(partials.get() + chunk * size, x, gy, first, last, s);
+                   });
+  for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const float* partial = partials.get() + chunk * size;
+    for (std::int64_t i = 0; i < size; ++i) gw[i] += partial[i];
+  }
+}
+
 // The bfloat16 GEMM path's backward, float32 gradients from bfloat16 grad_y, x and
 // weight: grad_x as a forward convolution of grad_y where the stride is 1
 // (transposed_shape), else grad_col = weightᵀ · grad_y[n] then col2im; the weight
@@ -403,6 +420,10 @@ void backward_bf16(float* gx, float* gw, const bfloat16* gy, const bfloat16* in,
       forward_by_gemm(gx, gy, w_t.get(), static_cast<const float*>(nullptr), *t, !assign);
       gx = nullptr;
     }
+  }
+  if (gw != nullptr && bf16_planes_weight_grad_applies(s)) {
+    weight_grad_by_planes(gw, gy, in, s);
+    gw = nullptr;
   }
   if (gx == nullptr && gw == nullptr) return;
   const std::int64_t chunks = std::min(s.N, kWeightGroups);

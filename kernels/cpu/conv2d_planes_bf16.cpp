@@ -192,6 +192,10 @@ bool bf16_planes_apply(const Conv2dShape& s) {
          4 * s.P * s.Q >= 3 * g.tiles * kTile;
 }
 
+bool bf16_planes_weight_grad_applies(const Conv2dShape& s) {
+  return s.K <= 32 && bf16_planes_apply(s);
+}
+
 std::int64_t bf16_planes_packed_words(const Conv2dShape& s) {
   return (s.K + kFilters - 1) / kFilters * channel_pairs(s) * s.R * s.S * kFilters;
 }

@@ -68,6 +68,12 @@ void bf16_planes_forward(bfloat16* y, const bfloat16* x, const std::uint32_t* pa
                          const float* bias, std::int64_t first, std::int64_t last,
                          const Conv2dShape& s);
 
+// Whether the weight gradient of this problem runs from the planes: where the forward
+// does (bf16_planes_apply) and K <= 32. The lowering's weight-gradient product has K
+// columns in tiles of 32, part empty below 32; from 32 up the two run level
+// (bench/results/conv2d_bf16_planes_*.md).
+bool bf16_planes_weight_grad_applies(const Conv2dShape& s);
+
 // partial [K, C*R*S] = Σ over images [first, last) of the weight gradient of
 // x [N, C, H, W] against grad_y [N, K, P*Q] (pointers to image 0): ASSIGNED. One
 // thread; the caller runs groups of images side by side and adds their partials
