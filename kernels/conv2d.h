@@ -50,9 +50,11 @@
 //   |result - reference| <= 2 (n + 2) 2^-24 (S + |the value accumulated onto|)
 // (tests/conv2d_tc_test.cpp). On the CPU with G = 1, bfloat16 operands, where the
 // bfloat16 GEMM runs vdpbf16ps (engine/settings.h: set_bf16_gemm_kernel), the three
-// passes lower to that GEMM with bfloat16 patches (im2col, kernels/cpu/conv2d.cpp):
-// products exact, summed in float32 (a pair of k at a time), within the same
-// tolerance (tests/conv2d_bf16_cpu_test.cpp): every such layer under Auto and a
+// passes lower to that GEMM with bfloat16 patches (im2col, kernels/cpu/conv2d_bf16.cpp),
+// or at stride 1 read the same products from padded planes under Auto
+// (kernels/cpu/conv2d_planes_bf16.h): products exact, summed in float32 (a pair of k
+// at a time), within the same tolerance (tests/conv2d_bf16_cpu_test.cpp,
+// tests/conv2d_planes_bf16_test.cpp): every such layer under Auto and a
 // forced Im2col, none under a forced Winograd (kernels/cpu/conv2d.h). Everywhere else
 // (the CPU otherwise, and G > 1 on CUDA) the 16-bit operands are widened exactly into
 // float32 scratch on the stream

@@ -1,4 +1,4 @@
-// conv2d's bfloat16 GEMM path on the CPU (kernels/cpu/conv2d.cpp, chosen where the
+// conv2d's bfloat16 GEMM path on the CPU (kernels/cpu/conv2d_bf16.cpp, chosen where the
 // bfloat16 GEMM runs vdpbf16ps): bfloat16 patches lowered by im2col and multiplied by
 // the vdpbf16ps GEMM, the products exact and summed in float32, for the forward, the
 // input gradient and the weight gradient, each held to the bound of

@@ -263,7 +263,7 @@ TEST_F(ThreadPoolKernelsTest, OptimizerUpdates) {
   });
 }
 
-// The weight gradient sums over images in fixed groups (kernels/cpu/conv2d.cpp):
+// The weight gradient sums over images in fixed groups (kernels/cpu/conv2d_parts.h):
 // batches above and below the group count, and a 1x1 convolution (no lowering).
 TEST_F(ThreadPoolKernelsTest, Conv2dForwardAndBackward) {
   for (std::int64_t n : {3, 21}) {

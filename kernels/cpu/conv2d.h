@@ -29,7 +29,7 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
                      const Tensor& grad_y, const Tensor& x, const Tensor& weight,
                      const Conv2dShape& shape, GradWrite grad_x_write);
 
-// The bfloat16 GEMM path (kernels/cpu/conv2d.cpp): whether a layer of `dtype` with
+// The bfloat16 GEMM path (kernels/cpu/conv2d_bf16.cpp): whether a layer of `dtype` with
 // `params` takes it (bfloat16, G = 1, the bfloat16 GEMM running vdpbf16ps, and the
 // algorithm Auto or Im2col: a forced Winograd keeps the float32 algorithms on
 // widened operands), and its passes on bfloat16 x,

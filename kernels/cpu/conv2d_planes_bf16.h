@@ -1,5 +1,5 @@
 // conv2d on bfloat16 operands straight from zero-padded planes, on vdpbf16ps
-// (internal: kernels/cpu/conv2d.cpp's bfloat16 path calls it where the layer's stride
+// (internal: kernels/cpu/conv2d_bf16.cpp's bfloat16 path calls it where the layer's stride
 // is 1; contracts in kernels/conv2d.h, the pairs vdpbf16ps multiplies in
 // kernels/cpu/gemm_bf16.h).
 //
@@ -21,7 +21,7 @@
 // last high half zero), so one unaligned load is sixteen consecutive o, each lane the
 // pair vdpbf16ps multiplies by the weight's pair (w[k, 2c', r, s], w[k, 2c'+1, r, s])
 // broadcast. A tile is 8 filters by 48 o (24 accumulators). The input gradient of a
-// stride-1 layer is this forward on grad_y (conv2d.cpp's transposed_shape).
+// stride-1 layer is this forward on grad_y (conv2d_bf16.cpp's transposed_shape).
 //
 // Weight gradient (bf16_planes_weight_grad): the same padded grid, pairs along o
 // instead. grad_y is copied onto the grid (zeros at q >= Q, so the thrown-away
