@@ -133,19 +133,8 @@ TEST_F(Conv2dBf16Cpu, ControlsUnroundedOperandsSentinelsAndTheWideningPath) {
 // The same bits whatever the threads: each image's products, and the weight
 // gradient's fixed groups of images, do not depend on who runs them.
 TEST_F(Conv2dBf16Cpu, SameBitsForAnyThreadCount) {
-  const ConvCase k{"fashion_conv2", 20, 32, 7, 7, 64, 3, 3, make_params(1, 1, 1, 1)};
-  const ConvOperands v = operands(k, 400);
-  const int saved = num_threads();
-  set_num_threads(1);
-  const ConvResults one = run(k, v, GradWrite::Assign);
-  for (int threads : {2, 3}) {
-    set_num_threads(threads);
-    const ConvResults many = run(k, v, GradWrite::Assign);
-    EXPECT_EQ(many.y, one.y) << threads << " threads";
-    EXPECT_EQ(many.grad_x, one.grad_x) << threads << " threads";
-    EXPECT_EQ(many.grad_w, one.grad_w) << threads << " threads";
-  }
-  set_num_threads(saved);
+  expect_same_bits_for_any_thread_count(
+      {"fashion_conv2", 20, 32, 7, 7, 64, 3, 3, make_params(1, 1, 1, 1)}, 400);
 }
 
 // Which layers take the path: bfloat16 with one group, every one of them under Auto

@@ -113,6 +113,23 @@ class Conv2dBf16Fixture : public ::testing::Test {
     }
   }
 
+  // The same bits whatever the threads (1, 2 and 3): each image's products, and the
+  // weight gradient's fixed groups of images, do not depend on who runs them.
+  void expect_same_bits_for_any_thread_count(const ConvCase& k, unsigned seed) {
+    const ConvOperands v = operands(k, seed);
+    const int saved = num_threads();
+    set_num_threads(1);
+    const ConvResults one = run(k, v, GradWrite::Assign);
+    for (int threads : {2, 3}) {
+      set_num_threads(threads);
+      const ConvResults many = run(k, v, GradWrite::Assign);
+      EXPECT_EQ(many.y, one.y) << threads << " threads";
+      EXPECT_EQ(many.grad_x, one.grad_x) << threads << " threads";
+      EXPECT_EQ(many.grad_w, one.grad_w) << threads << " threads";
+    }
+    set_num_threads(saved);
+  }
+
   Stream stream_{Device::cpu()};
   Bf16GemmKernel saved_ = bf16_gemm_kernel();
 };

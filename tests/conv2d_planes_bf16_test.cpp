@@ -40,6 +40,14 @@ class Conv2dBf16Planes : public Conv2dBf16Fixture<Conv2dAlgorithm::Auto> {
     ASSERT_TRUE(cpu::bf16_planes_apply(shape_of(k))) << k.name << " does not take the planes";
     check(k, seed, write);
   }
+  // Each case with grad_x assigned, then added, seeds from `seed` on.
+  void check_each(const std::vector<ConvCase>& cases, unsigned seed) {
+    for (const ConvCase& k : cases) {
+      for (GradWrite write : {GradWrite::Assign, GradWrite::Accumulate}) {
+        check_planes(k, seed += 10, write);
+      }
+    }
+  }
 };
 
 TEST_F(Conv2dBf16Planes, ResNet20AndFashionNetLayers) {
@@ -48,12 +56,7 @@ TEST_F(Conv2dBf16Planes, ResNet20AndFashionNetLayers) {
       {"resnet_32_14x14", 3, 32, 14, 14, 32, 3, 3, make_params(1, 1, 1, 1)},
       {"fashion_conv2", 3, 32, 14, 14, 64, 3, 3, make_params(1, 1, 1, 1)},
   };
-  unsigned seed = 700;
-  for (const ConvCase& k : cases) {
-    for (GradWrite write : {GradWrite::Assign, GradWrite::Accumulate}) {
-      check_planes(k, seed += 10, write);
-    }
-  }
+  check_each(cases, 700);
 }
 
 TEST_F(Conv2dBf16Planes, OddShapes) {
@@ -66,32 +69,15 @@ TEST_F(Conv2dBf16Planes, OddShapes) {
       {"padding_beyond_the_taps", 2, 8, 12, 10, 9, 3, 3, make_params(1, 1, 3, 2)},
       {"valid_no_padding", 2, 9, 18, 17, 17, 3, 3, make_params(1, 1, 0, 0)},
   };
-  unsigned seed = 800;
-  for (const ConvCase& k : cases) {
-    for (GradWrite write : {GradWrite::Assign, GradWrite::Accumulate}) {
-      check_planes(k, seed += 10, write);
-    }
-  }
+  check_each(cases, 800);
   ConvCase no_bias{"no_bias", 3, 8, 14, 14, 16, 3, 3, make_params(1, 1, 1, 1)};
   no_bias.bias = false;
   check_planes(no_bias, 900, GradWrite::Assign);
 }
 
-// Each image's sums are the same whatever thread computes it.
 TEST_F(Conv2dBf16Planes, SameBitsForAnyThreadCount) {
-  const ConvCase k{"resnet_16", 7, 16, 14, 14, 16, 3, 3, make_params(1, 1, 1, 1)};
-  const ConvOperands v = operands(k, 910);
-  const int saved = num_threads();
-  set_num_threads(1);
-  const ConvResults one = run(k, v, GradWrite::Assign);
-  for (int threads : {2, 3}) {
-    set_num_threads(threads);
-    const ConvResults many = run(k, v, GradWrite::Assign);
-    EXPECT_EQ(many.y, one.y) << threads << " threads";
-    EXPECT_EQ(many.grad_x, one.grad_x) << threads << " threads";
-    EXPECT_EQ(many.grad_w, one.grad_w) << threads << " threads";
-  }
-  set_num_threads(saved);
+  expect_same_bits_for_any_thread_count(
+      {"resnet_16", 7, 16, 14, 14, 16, 3, 3, make_params(1, 1, 1, 1)}, 910);
 }
 
 // The planes sum in another order than the lowering: other bits, both in the bound.
