@@ -8,12 +8,15 @@
 // Cases: ResNet-20's 16- and 32-channel layers and FashionNet's conv2 (whose input
 // gradient, 64 channels back to 32, the lowering leaves to col2im), rows longer than
 // a tile, odd channel counts (a pair's high half zero), filters that fill no block of
-// eight, a 3x2 and a 5x5 kernel, dilation down and across, padding below and above the taps, images
-// of other heights than widths; grad_x assigned over NaN and added onto a sentinel;
-// one, two and three threads. Controls: the lowering gives other bits (so the checks
-// see which ran), and which layers take the planes.
+// eight, a 3x2 and a 5x5 kernel, dilation down and across, padding below and above
+// the taps, images of other heights than widths; grad_x assigned over NaN and added
+// onto a sentinel; one, two and three threads. Controls: the lowering gives other bits
+// (so the checks see which ran), one image on two threads lowers, and which layers
+// take the planes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -36,9 +39,14 @@ class Conv2dBf16Planes : public Conv2dBf16Fixture<Conv2dAlgorithm::Auto> {
   }
   // The case's forward takes the planes (and so, at stride 1, does its input gradient
   // where transposing applies), then its checks.
+  // With fewer images than threads the forward lowers instead (its GEMMs spread over
+  // the threads; FewerImagesThanThreadsLower): at most a thread an image here.
   void check_planes(const ConvCase& k, unsigned seed, GradWrite write) {
     ASSERT_TRUE(cpu::bf16_planes_apply(shape_of(k))) << k.name << " does not take the planes";
+    const int saved = num_threads();
+    set_num_threads(static_cast<int>(std::min<std::int64_t>(saved, k.N)));
     check(k, seed, write);
+    set_num_threads(saved);
   }
   // Each case with grad_x assigned, then added, seeds from `seed` on.
   void check_each(const std::vector<ConvCase>& cases, unsigned seed) {
@@ -89,6 +97,28 @@ TEST_F(Conv2dBf16Planes, OtherBitsThanTheLowering) {
   const ConvResults lowered = run(k, v, GradWrite::Assign);
   EXPECT_NE(planes.y, lowered.y);
   EXPECT_NE(planes.grad_x, lowered.grad_x);
+}
+
+// One image on two threads lowers (each image is one thread's on the planes, where
+// the lowering's GEMMs spread over the threads): the bits of the lowering forced;
+// on one thread the planes' own.
+TEST_F(Conv2dBf16Planes, FewerImagesThanThreadsLower) {
+  const ConvCase k{"resnet_16", 1, 16, 12, 12, 16, 3, 3, make_params(1, 1, 1, 1)};
+  const ConvOperands v = operands(k, 930);
+  const int saved = num_threads();
+  set_num_threads(1);
+  const ConvResults planes = run(k, v, GradWrite::Assign);
+  set_num_threads(2);
+  const ConvResults two_threads = run(k, v, GradWrite::Assign);
+  ConvResults lowered;
+  {
+    cpu::ScopedConv2dAlgorithm lowering(Conv2dAlgorithm::Im2col);
+    lowered = run(k, v, GradWrite::Assign);
+  }
+  set_num_threads(saved);
+  EXPECT_EQ(two_threads.y, lowered.y);
+  EXPECT_EQ(two_threads.grad_x, lowered.grad_x);
+  EXPECT_NE(planes.y, lowered.y);
 }
 
 // Which layers take the planes: stride 1 with some lowering to save, under Auto; not

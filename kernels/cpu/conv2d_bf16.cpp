@@ -35,6 +35,14 @@ namespace towerlab::cpu {
 
 namespace {
 
+// Whether a forward (or an input gradient) runs from padded planes: where the shape
+// suits them (bf16_planes_apply) and every thread has images of its own. Each image
+// is one thread's there; with fewer images than threads the lowering's GEMMs spread
+// over them instead (as conv2d.cpp's implicit forward leaves them).
+bool planes_forward_chosen(const Conv2dShape& s) {
+  return bf16_planes_apply(s) && image_chunks(s.N) == thread_share();
+}
+
 // The bfloat16 forward from padded planes (kernels/cpu/conv2d_planes_bf16.h): the
 // weight packed once a call, each thread on its own images.
 template <typename Out>
@@ -122,7 +130,7 @@ void backward_bf16(float* gx, float* gw, const bfloat16* gy, const bfloat16* in,
   const bool lower = needs_lowering(s);
   if (gx != nullptr) {
     const std::optional<Conv2dShape> t = transposed_shape(s);
-    if (t && bf16_planes_apply(*t)) {
+    if (t && planes_forward_chosen(*t)) {
       HostScratch<bfloat16> w_t(crs * s.K);  // [C, K*R*S]
       transposed_weight(w_t.get(), w, s);
       forward_by_planes(gx, gy, w_t.get(), nullptr, !assign, *t);
@@ -196,7 +204,7 @@ bool bf16_gemm_conv_chosen(DType dtype, const Conv2dParams& params) {
 void conv2d_forward_bf16(const Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
                          const Conv2dShape& s) {
   const float* b = bias.defined() ? bias.data<float>() : nullptr;
-  if (bf16_planes_apply(s)) {
+  if (planes_forward_chosen(s)) {
     if (y.dtype() == DType::BFloat16) {
       forward_by_planes(y.data<bfloat16>(), x.data<bfloat16>(), weight.data<bfloat16>(), b, false,
                         s);
