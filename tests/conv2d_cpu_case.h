@@ -1,5 +1,6 @@
 // What the tests of the CPU's own conv2d paths share (conv2d_cpu_paths_test.cpp,
-// conv2d_winograd_cpu_test.cpp): a case run forward and backward on the CPU under
+// conv2d_winograd_cpu_test.cpp, the bfloat16 planes' tests): the kernels' problem
+// description of a case, and a case run forward and backward on the CPU under
 // one algorithm, beside the reference's results and their terms' magnitudes.
 #pragma once
 
@@ -10,6 +11,12 @@
 #include "kernels/cpu/conv2d.h"
 
 namespace towerlab::testing {
+
+// The problem description the CPU's kernels receive for a case.
+inline Conv2dShape shape_of(const ConvCase& k) {
+  const Shape y = k.y_shape();
+  return {k.N, k.C, k.H, k.W, k.K, k.R, k.S, y[2], y[3], k.params};
+}
 
 // y from the forward, then grad_x and grad_weight from one backward (added to the
 // sentinels) on the CPU, under `algorithm`.

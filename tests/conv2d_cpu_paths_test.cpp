@@ -213,8 +213,7 @@ TEST(Conv2dIm2col, Bf16VectorPathGivesThePlainLoopsBits) {
         ConvCase{"3x1_kernel", 1, 3, 9, 5, 1, 3, 1, make_params(1, 1, 1, 0)},
         ConvCase{"28x28_again", 1, 2, 28, 28, 1, 3, 3, make_params(1, 1, 1, 1)}}) {
     SCOPED_TRACE(k.name);
-    const Shape y = k.y_shape();
-    const Conv2dShape s{k.N, k.C, k.H, k.W, k.K, k.R, k.S, y[2], y[3], k.params};
+    const Conv2dShape s = shape_of(k);
     ASSERT_EQ(s.Q, s.W) << "not a flat-run case";
     const std::int64_t pq = s.P * s.Q, rows = s.C * s.R * s.S, ld = 2 * pq + 5;
     const std::vector<bfloat16> x =

@@ -22,6 +22,7 @@
 
 #include "conv2d_bf16_fixture.h"
 #include "conv2d_case.h"
+#include "conv2d_cpu_case.h"
 #include "engine/settings.h"
 #include "kernels/conv2d.h"
 #include "kernels/cpu/conv2d.h"
@@ -33,10 +34,6 @@ namespace {
 
 class Conv2dBf16Planes : public Conv2dBf16Fixture<Conv2dAlgorithm::Auto> {
  protected:
-  static Conv2dShape shape_of(const ConvCase& k) {
-    const Shape y = k.y_shape();
-    return Conv2dShape{k.N, k.C, k.H, k.W, k.K, k.R, k.S, y[2], y[3], k.params};
-  }
   // The case's forward takes the planes (and so, at stride 1, does its input gradient
   // where transposing applies), then its checks.
   // With fewer images than threads the forward lowers instead (its GEMMs spread over

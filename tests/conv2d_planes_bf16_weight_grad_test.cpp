@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "conv2d_case.h"
+#include "conv2d_cpu_case.h"
 #include "conv2d_gemm_bound.h"
 #include "engine/half.h"
 #include "kernels/cpu/conv2d.h"
@@ -36,11 +37,6 @@
 
 namespace towerlab::testing {
 namespace {
-
-Conv2dShape shape_of(const ConvCase& k) {
-  const Shape y = k.y_shape();
-  return {k.N, k.C, k.H, k.W, k.K, k.R, k.S, y[2], y[3], k.params};
-}
 
 // A case's operands for all N images: x [N, C, H, W] and grad_y [N, K, P, Q] as
 // uniform float32 values (seeds seed and seed + 1) and rounded to bfloat16.

@@ -130,15 +130,15 @@ void backward_bf16(float* gx, float* gw, const bfloat16* gy, const bfloat16* in,
   const bool lower = needs_lowering(s);
   if (gx != nullptr) {
     const std::optional<Conv2dShape> t = transposed_shape(s);
-    if (t && planes_forward_chosen(*t)) {
+    const bool planes = t && planes_forward_chosen(*t);
+    if (planes || (t && transposed_lowering_pays(s))) {
       HostScratch<bfloat16> w_t(crs * s.K);  // [C, K*R*S]
       transposed_weight(w_t.get(), w, s);
-      forward_by_planes(gx, gy, w_t.get(), nullptr, !assign, *t);
-      gx = nullptr;
-    } else if (t && transposed_lowering_pays(s)) {
-      HostScratch<bfloat16> w_t(crs * s.K);  // [C, K*R*S]
-      transposed_weight(w_t.get(), w, s);
-      bf16_forward_by_gemm(gx, gy, w_t.get(), nullptr, *t, !assign);
+      if (planes) {
+        forward_by_planes(gx, gy, w_t.get(), nullptr, !assign, *t);
+      } else {
+        bf16_forward_by_gemm(gx, gy, w_t.get(), nullptr, *t, !assign);
+      }
       gx = nullptr;
     }
   }

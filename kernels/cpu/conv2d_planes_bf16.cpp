@@ -24,22 +24,17 @@ namespace {
 // keep the loads below the products.
 constexpr int kFilters = 8, kVecs = 3, kTile = 16 * kVecs;
 
-// The padded grid of one image: its rows Wp apart, the positions computed
-// (o < outputs), the tiles covering them, and the words each channel pair's plane
-// takes, enough that the last tile's farthest tap reads inside it.
-struct Grid {
-  std::int64_t wp, hp, outputs, tiles, plane_words;
+// The padded grid of one image (planes_grid), the tiles covering its positions, and
+// the words each channel pair's plane takes, enough that the last tile's farthest
+// tap reads inside it.
+struct Grid : PlanesGrid {
+  std::int64_t tiles, plane_words;
 };
 
 Grid grid_of(const Conv2dShape& s) {
-  const Conv2dParams& p = s.params;
-  Grid g{};
-  g.wp = s.W + 2 * p.pad_w;
-  g.hp = s.H + 2 * p.pad_h;
-  g.outputs = (s.P - 1) * g.wp + s.Q;
+  Grid g{planes_grid(s), 0, 0};
   g.tiles = (g.outputs + kTile - 1) / kTile;
-  const std::int64_t farthest = (s.R - 1) * p.dilation_h * g.wp + (s.S - 1) * p.dilation_w;
-  const std::int64_t words = std::max(g.hp * g.wp, g.tiles * kTile + farthest);
+  const std::int64_t words = std::max(g.hp * g.wp, g.tiles * kTile + g.farthest);
   g.plane_words = (words + 15) / 16 * 16;
   return g;
 }
@@ -144,7 +139,7 @@ void forward_images(Out* y, const bfloat16* x, const std::uint32_t* packed, cons
   HostScratch<std::int64_t> offsets(taps);
   for (std::int64_t r = 0; r < s.R; ++r) {
     for (std::int64_t c = 0; c < s.S; ++c) {
-      offsets.get()[r * s.S + c] = r * s.params.dilation_h * g.wp + c * s.params.dilation_w;
+      offsets.get()[r * s.S + c] = planes_tap_offset(s, g, r, c);
     }
   }
   HostScratch<std::uint32_t> planes(pairs * g.plane_words);

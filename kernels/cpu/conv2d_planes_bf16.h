@@ -45,6 +45,25 @@
 
 namespace towerlab::cpu {
 
+// The padded grid both passes compute on (above): rows `wp` apart, `hp` rows in the
+// padded plane, the positions o < `outputs` computed, and `farthest`, the offset of
+// the last tap, which a plane must hold past the last position a pass reads.
+struct PlanesGrid {
+  std::int64_t wp, hp, outputs, farthest;
+};
+
+inline PlanesGrid planes_grid(const Conv2dShape& s) {
+  const Conv2dParams& p = s.params;
+  const std::int64_t wp = s.W + 2 * p.pad_w, hp = s.H + 2 * p.pad_h;
+  return {wp, hp, (s.P - 1) * wp + s.Q, (s.R - 1) * p.dilation_h * wp + (s.S - 1) * p.dilation_w};
+}
+
+// off(r, c): where tap (r, c) reads, from the output's own position on the grid.
+inline std::int64_t planes_tap_offset(const Conv2dShape& s, const PlanesGrid& g, std::int64_t r,
+                                      std::int64_t c) {
+  return r * s.params.dilation_h * g.wp + c * s.params.dilation_w;
+}
+
 // Whether the planes path runs for this bfloat16 problem: stride 1, one group, this
 // CPU runs vdpbf16ps, the conv2d algorithm Auto (Im2col forces the lowering), a layer
 // that needs lowering (a 1x1 one without padding multiplies x as it is), and enough
@@ -74,6 +93,8 @@ void bf16_planes_forward(bfloat16* y, const bfloat16* x, const std::uint32_t* pa
 // (bench/results/conv2d_bf16_planes_*.md).
 bool bf16_planes_weight_grad_applies(const Conv2dShape& s);
 
+// The passes below run only where bf16_planes_apply holds (this CPU runs vdpbf16ps).
+//
 // partial [K, C*R*S] = Σ over images [first, last) of the weight gradient of
 // x [N, C, H, W] against grad_y [N, K, P*Q] (pointers to image 0): ASSIGNED. One
 // thread; the caller runs groups of images side by side and adds their partials

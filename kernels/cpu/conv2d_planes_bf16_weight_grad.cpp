@@ -28,47 +28,16 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 #include <utility>
 
 #include "kernels/cpu/conv2d_planes_bf16.h"
-#include "kernels/cpu/gemm_bf16.h"
 #include "kernels/cpu/x86.h"
 
 namespace towerlab::cpu {
 
 namespace {
-
-// The definition, in plain loops: exact products of the bfloat16 values summed in
-// float32, image by image. It runs where vdpbf16ps does not (never, as the caller
-// checks: bf16_planes_apply), so that the function keeps its contract everywhere.
-void weight_grad_plain(float* partial, const bfloat16* x, const bfloat16* grad_y,
-                       std::int64_t first, std::int64_t last, const Conv2dShape& s) {
-  const Conv2dParams& p = s.params;
-  for (std::int64_t k = 0; k < s.K; ++k) {
-    for (std::int64_t c = 0; c < s.C; ++c) {
-      for (std::int64_t r = 0; r < s.R; ++r) {
-        for (std::int64_t t = 0; t < s.S; ++t) {
-          float sum = 0.0f;
-          for (std::int64_t n = first; n < last; ++n) {
-            const bfloat16* g = grad_y + (n * s.K + k) * s.P * s.Q;  // [P, Q]
-            const bfloat16* plane = x + (n * s.C + c) * s.H * s.W;   // [H, W]
-            for (std::int64_t i = 0; i < s.P; ++i) {
-              const std::int64_t h = i + r * p.dilation_h - p.pad_h;
-              if (h < 0 || h >= s.H) continue;
-              for (std::int64_t j = 0; j < s.Q; ++j) {
-                const std::int64_t w = j + t * p.dilation_w - p.pad_w;
-                if (w < 0 || w >= s.W) continue;
-                sum += static_cast<float>(g[i * s.Q + j]) * static_cast<float>(plane[h * s.W + w]);
-              }
-            }
-          }
-          partial[(k * s.C + c) * s.R * s.S + r * s.S + t] = sum;
-        }
-      }
-    }
-  }
-}
 
 #if TL_CPU_X86
 
@@ -89,14 +58,13 @@ struct Layout {
 };
 
 Layout layout_of(const Conv2dShape& s, std::int64_t count) {
-  const Conv2dParams& p = s.params;
+  const PlanesGrid g = planes_grid(s);
   Layout l{};
-  l.wp = s.W + 2 * p.pad_w;
-  l.hp = s.H + 2 * p.pad_h;
+  l.wp = g.wp;
+  l.hp = g.hp;
   const auto whole_steps = [](std::int64_t v) { return (v + kStep - 1) / kStep * kStep; };
-  l.grid = whole_steps((s.P - 1) * l.wp + s.Q);
-  const std::int64_t farthest = (s.R - 1) * p.dilation_h * l.wp + (s.S - 1) * p.dilation_w;
-  l.plane = whole_steps(std::max(l.hp * l.wp, l.grid + farthest));
+  l.grid = whole_steps(g.outputs);
+  l.plane = whole_steps(std::max(l.hp * l.wp, l.grid + g.farthest));
   const std::int64_t image_bytes = 2 * (s.K * l.grid + s.C * l.plane);
   const std::int64_t most = std::clamp<std::int64_t>(kBlockBytes / image_bytes, 1, count);
   const std::int64_t blocks = (count + most - 1) / most;
@@ -302,7 +270,7 @@ TileSums tile_for(std::int64_t filters, std::int64_t taps) {
 void weight_grad_planes(float* partial, const bfloat16* x, const bfloat16* grad_y,
                         std::int64_t first, std::int64_t last, const Conv2dShape& s) {
   const Layout l = layout_of(s, last - first);
-  const Conv2dParams& p = s.params;
+  const PlanesGrid g = planes_grid(s);
   const std::int64_t taps = s.C * s.R * s.S;
   HostScratch<std::uint16_t> grids(s.K * l.images * l.grid);
   HostScratch<std::uint16_t> planes(s.C * l.images * l.plane);
@@ -314,8 +282,7 @@ void weight_grad_planes(float* partial, const bfloat16* x, const bfloat16* grad_
   for (std::int64_t c = 0; c < s.C; ++c) {
     for (std::int64_t r = 0; r < s.R; ++r) {
       for (std::int64_t j = 0; j < s.S; ++j) {
-        *next++ =
-            planes.get() + c * l.images * l.plane + r * p.dilation_h * l.wp + j * p.dilation_w;
+        *next++ = planes.get() + c * l.images * l.plane + planes_tap_offset(s, g, r, j);
       }
     }
   }
@@ -348,12 +315,11 @@ void bf16_planes_weight_grad(float* partial, const bfloat16* x, const bfloat16* 
     return;
   }
 #if TL_CPU_X86
-  if (cpu_has_avx512_bf16()) {
-    weight_grad_planes(partial, x, grad_y, first, last, s);
-    return;
-  }
+  weight_grad_planes(partial, x, grad_y, first, last, s);
+#else
+  (void)x, (void)grad_y;
+  std::abort();  // bf16_planes_apply is false off x86: never called
 #endif
-  weight_grad_plain(partial, x, grad_y, first, last, s);
 }
 
 }  // namespace towerlab::cpu
