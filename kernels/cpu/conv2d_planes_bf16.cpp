@@ -179,9 +179,10 @@ bool bf16_planes_apply(const Conv2dShape& s) {
   // Each tile's stores and each image's planes are paid for by its sums: a
   // reduction of fewer than 32 pair steps (FashionNet's first layer, one channel
   // of 3x3 taps: 9) or a block of eight filters mostly empty (that layer's input
-  // gradient, one filter) ran slower than the lowering; so did a grid mostly thrown
-  // away (ResNet-20's 7x7 layers, rows of 9: 60 % real), against a quarter or less
-  // thrown away on its 14x14 and 28x28 layers (bench/results/conv2d_bf16_planes_*.md).
+  // gradient, one filter) ran slower than the lowering. A grid mostly thrown away
+  // (ResNet-20's 7x7 layers, rows of 9 and a last tile past the grid: 60 % real)
+  // would spend the products it saves on positions nobody reads, where its 14x14
+  // and 28x28 layers throw a quarter or less away (bench/results/conv2d_bf16_planes_*.md).
   const Grid g = grid_of(s);
   return s.K >= kFilters && channel_pairs(s) * s.R * s.S >= 32 &&
          4 * s.P * s.Q >= 3 * g.tiles * kTile;
