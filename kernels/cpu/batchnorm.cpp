@@ -40,6 +40,15 @@
 // written where they lie: their code is what it was. The backwards also take a
 // 16-bit x beside float32 grad_y and grad_x (with_backward_dtypes): x's rows
 // widened as they are read, the gradients' rows where they lie.
+//
+// Where AVX-512 runs, x's 16-bit rows skip the copies in the statistics, the
+// forward and the backward's sums: they read the rows as they lie, widened in
+// registers as they are loaded (load16, kernels/cpu/convert16.h), and the forward
+// without a pool rounds y in registers as it stores it (store16). The same
+// operations on the same float32 values, so the same bits. The backward's apply
+// keeps the copy: its sixteen-lane form ran slower in the training step, as the
+// float32 one does (apply_row_avx2). Measured in bfloat16 ResNet-20 and FashionNet
+// steps: batch norm's own time 3 to 8 % less (docs/kernels.md, "Measured choices").
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -171,9 +180,10 @@ Affine<T> affine_of(const BatchNormArgs& a, std::int64_t c) {
 
 #if TL_CPU_X86
 // activate with AVX-512, sixteen values a vector: the same operations, lane by
-// lane, so the same bits.
-template <bool Relu>
-__attribute__((target("avx512f"))) void activate_avx512(float* out, const float* x, std::int64_t S,
+// lane, so the same bits. x and out are float32 or 16-bit: a 16-bit x widened as it
+// is loaded, a 16-bit out rounded once as it is stored.
+template <bool Relu, typename In, typename Out>
+__attribute__((target("avx512f"))) void activate_avx512(Out* out, const In* x, std::int64_t S,
                                                         const Affine<float>& k) {
   const __m512 center = _mm512_set1_ps(k.center), scale = _mm512_set1_ps(k.scale),
                shift = _mm512_set1_ps(k.shift), zero = _mm512_setzero_ps();
@@ -185,11 +195,8 @@ __attribute__((target("avx512f"))) void activate_avx512(float* out, const float*
     return v;
   };
   std::int64_t s = 0;
-  for (; s + 16 <= S; s += 16) _mm512_storeu_ps(out + s, activate16(_mm512_loadu_ps(x + s)));
-  if (s < S) {
-    const __mmask16 keep = first_lanes(S - s);
-    _mm512_mask_storeu_ps(out + s, keep, activate16(_mm512_maskz_loadu_ps(keep, x + s)));
-  }
+  for (; s + 16 <= S; s += 16) store16(out + s, activate16(load16(x + s)));
+  if (s < S) store_first16(out + s, activate16(load_first16(x + s, S - s)), S - s);
 }
 #endif
 
@@ -238,14 +245,21 @@ class PoolScratch {
   // y and where [Ho,Wo]: the max pool of the activation of x's plane [H*W] and its
   // argmax, -1 where the ReLU zeroes the window (its maximum is not > 0, so
   // relu_mask stops its gradient).
-  template <bool Relu>
-  void forward(T* y, T* where, const T* x, const Affine<T>& k, bool avx512, bool avx2) {
+  // x is T, or 16-bit where AVX-512 runs (activate_avx512 widens it as it reads).
+  template <bool Relu, typename In>
+  void forward(T* y, T* where, const In* x, const Affine<T>& k, bool avx512, bool avx2) {
     bool pooled = false;
-    if constexpr (std::is_same_v<T, float>) {
+    if constexpr (std::is_same_v<In, float>) {
       pooled = max_pool_affine_plane(x, y, where, z_, pool_, {k.center, k.scale, k.shift, Relu});
     }
     if (!pooled) {
-      activate<Relu>(plane_.data(), x, z_.H * z_.W, k, avx512, avx2);
+      if constexpr (std::is_same_v<In, T>) {
+        activate<Relu>(plane_.data(), x, z_.H * z_.W, k, avx512, avx2);
+      } else {
+#if TL_CPU_X86
+        activate_avx512<Relu>(plane_.data(), x, z_.H * z_.W, k);
+#endif
+      }
       max_pool_plane(plane_.data(), y, where, z_, pool_);
     }
     if constexpr (Relu) {
@@ -299,8 +313,10 @@ struct RowMoments {
 };
 
 #if TL_CPU_X86
-// row_moments of a float32 row with AVX-512: the same sums, so the same bits.
-__attribute__((target("avx512f"))) RowMoments row_moments_avx512(const float* row, std::int64_t S) {
+// row_moments of a float32 or 16-bit row with AVX-512 (a 16-bit row widened as it
+// is loaded): the same sums, so the same bits.
+template <typename R>
+__attribute__((target("avx512f"))) RowMoments row_moments_avx512(const R* row, std::int64_t S) {
   const auto [sum] = float_lane_sums_avx512<1>(
       S, [](__m512 v) __attribute__((target("avx512f"))) { return Zmm<1>{{v}}; }, row);
   const double mean = sum / static_cast<double>(S);
@@ -362,6 +378,18 @@ RowMoments row_moments(const T* row, std::int64_t S, bool avx512, bool avx2) {
   }
 }
 
+// row_moments of a row of x: a 16-bit row as it lies where AVX-512 runs, else as
+// `math` gives it (the row itself, or its float32 copy).
+template <typename T>
+RowMoments moments_of(const T* row, std::int64_t S, MathRows<T>& math, bool avx512, bool avx2) {
+#if TL_CPU_X86
+  if constexpr (kIs16Bit<T>) {
+    if (avx512) return row_moments_avx512(row, S);
+  }
+#endif
+  return row_moments(math.read(row, S, 0), S, avx512, avx2);
+}
+
 }  // namespace
 
 // Each channel's rows in order n = 0, 1, ..., each row's moments merged into the
@@ -385,8 +413,7 @@ void batchnorm_stats(const BatchNormArgs& a) {
         const double rows = static_cast<double>(n);
         for (std::int64_t c = first; c < last; ++c) {
           prefetch_plane(in + (n * C + c) * S, S);
-          const RowMoments row =
-              row_moments(math.read(in + (n * C + c) * S, S, 0), S, avx512, avx2);
+          const RowMoments row = moments_of(in + (n * C + c) * S, S, math, avx512, avx2);
           auto& [mean, m2] = channels[c - first];
           const double delta = row.mean - mean;
           mean += delta / (rows + 1.0);
@@ -441,15 +468,31 @@ void normalize(const BatchNormArgs& a, const std::vector<math_t<T>>& center,
       for (std::int64_t n = first; n < last; ++n) {
         for (std::int64_t c = 0; c < C; ++c) {
           const Affine<M> k{center[c], scale[c], shift[c]};
+          const T* x_row = x + (n * C + c) * S;
+          T* out_row = y + (n * C + c) * y_plane;
+          M* where_row = a.max_pool ? where + (n * C + c) * y_plane : nullptr;
           // Not where AVX-512 runs: its activation reads the plane from start to end
           // into the pool's scratch, which the hardware prefetcher follows, and asking
           // as well made bn1's forward slower (docs/kernels.md, "Measured choices").
-          if (!avx512) prefetch_plane(x + (n * C + c) * S, S);
-          const M* in = math.read(x + (n * C + c) * S, S, 0);
-          T* out_row = y + (n * C + c) * y_plane;
+          if (!avx512) prefetch_plane(x_row, S);
+#if TL_CPU_X86
+          if constexpr (kIs16Bit<T>) {
+            if (avx512) {  // x's row read, and y's (without a pool) written, as they lie
+              if (a.max_pool) {
+                M* out = math.write(out_row, y_plane, 1, false);
+                pool.template forward<Relu>(out, where_row, x_row, k, avx512, avx2);
+                math.store(out_row, y_plane, 1);
+              } else {
+                activate_avx512<Relu>(out_row, x_row, S, k);
+              }
+              continue;
+            }
+          }
+#endif
+          const M* in = math.read(x_row, S, 0);
           M* out = math.write(out_row, y_plane, 1, false);
           if (a.max_pool) {
-            pool.template forward<Relu>(out, where + (n * C + c) * y_plane, in, k, avx512, avx2);
+            pool.template forward<Relu>(out, where_row, in, k, avx512, avx2);
           } else {
             activate<Relu>(out, in, S, k, avx512, avx2);
           }
@@ -510,10 +553,11 @@ void batchnorm_forward_inference(const BatchNormArgs& a) {
 namespace {
 
 #if TL_CPU_X86
-// row_sums of float32 rows with AVX-512: the same sums, so the same bits.
-template <bool Relu>
+// row_sums of float32 rows with AVX-512, x's row float32 or 16-bit (widened as it
+// is loaded): the same sums, so the same bits.
+template <bool Relu, typename X>
 __attribute__((target("avx512f"))) std::pair<double, double> row_sums_avx512(
-    const float* gy, const float* x, std::int64_t S, const Affine<float>& k, float m) {
+    const float* gy, const X* x, std::int64_t S, const Affine<float>& k, float m) {
   const __m512 mean = _mm512_set1_ps(m), center = _mm512_set1_ps(k.center),
                scale = _mm512_set1_ps(k.scale), shift = _mm512_set1_ps(k.shift);
   const auto [sum_g, sum_g_dev] = float_lane_sums_avx512<2>(
@@ -583,6 +627,19 @@ std::pair<double, double> row_sums(const T* gy, const T* x, std::int64_t S, cons
   }
 }
 
+// row_sums of a row of g (math type M) beside a row of x (X): a 16-bit x as it lies
+// where AVX-512 runs, else as `x_rows` gives it.
+template <bool Relu, typename M, typename X>
+std::pair<double, double> sums_of(const M* g, const X* x, std::int64_t S, const Affine<M>& k, M m,
+                                  MathRows<X>& x_rows, bool avx512, bool avx2) {
+#if TL_CPU_X86
+  if constexpr (kIs16Bit<X>) {
+    if (avx512) return row_sums_avx512<Relu>(g, x, S, k, m);
+  }
+#endif
+  return row_sums<Relu>(g, x_rows.read(x, S, 0), S, k, m, avx512, avx2);
+}
+
 }  // namespace
 
 void batchnorm_backward_reduce(const BatchNormArgs& a) {
@@ -614,8 +671,8 @@ void batchnorm_backward_reduce(const BatchNormArgs& a) {
             const M* g = math.read(gy + (n * C + c) * gy_plane, gy_plane, 1);
             prefetch_plane(in + base, S);
             if (a.max_pool) g = pool.gradient(g, where + (n * C + c) * gy_plane);
-            const auto [row_gy, row_gy_xhat] = row_sums<Relu>(g, x_rows.read(in + base, S, 0), S,
-                                                              ks[c - first], mu[c], avx512, avx2);
+            const auto [row_gy, row_gy_xhat] =
+                sums_of<Relu>(g, in + base, S, ks[c - first], mu[c], x_rows, avx512, avx2);
             sums[c - first].first += row_gy;
             sums[c - first].second += row_gy_xhat;
           }

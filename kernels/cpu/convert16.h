@@ -22,7 +22,8 @@
 // load_widen16 / round_store16 (sixteen lanes,
 // AVX-512 F) and load_widen8 / round_store8 (eight lanes, AVX2 with F16C), and
 // store8 / store16 for kernels whose output is float32 or 16-bit (conv2d's forward
-// stores, which round the float32 sums where they are written). On
+// stores, which round the float32 sums where they are written), and load16 for
+// kernels whose input is (batch norm's rows, widened as they are read). On
 // arrays, whichever ISA runs (kernels/cpu/x86.h's rule: TOWERLAB_GEMM_ISA=avx2 or
 // set_gemm_isa pins the eight-lane code, Portable the reference's scalar code):
 // widen_16bit and round_to_16bit, which the element-wise kernels apply to blocks of
@@ -269,9 +270,12 @@ __attribute__((target("avx2,f16c"))) inline void store_first8(T* p, __m256 v, st
   for (std::int64_t l = 0; l < count; ++l) p[l] = lanes[l];
 }
 
+// (The same warning as above; load_first16's vector of a stack array draws it as
+// -Wuninitialized.)
 #if !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 __attribute__((target("avx512f"))) inline void store16(float* p, __m512 v) {
@@ -293,6 +297,30 @@ __attribute__((target("avx512f"))) inline void store_first16(T* p, __m512 v, std
   T lanes[16];
   round_store16(lanes, v);
   for (std::int64_t l = 0; l < count && l < 16; ++l) p[l] = lanes[l];
+}
+
+// The loads of a kernel templated on its input type In, store16's counterparts:
+// sixteen float32 lanes as they are, or sixteen 16-bit values widened exactly
+// (load_widen16), so a 16-bit row is read as its float32 copy would be.
+// load_first16 reads the first `count` (none for count <= 0, sixteen from 16) and
+// gives zeros past them, reading nothing past them.
+__attribute__((target("avx512f"))) inline __m512 load16(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+template <typename T>
+__attribute__((target("avx512f"))) inline __m512 load16(const T* p) {
+  return load_widen16(p);
+}
+__attribute__((target("avx512f"))) inline __m512 load_first16(const float* p, std::int64_t count) {
+  return _mm512_maskz_loadu_ps(first_lanes(count), p);
+}
+template <typename T>
+__attribute__((target("avx512f"))) inline __m512 load_first16(const T* p, std::int64_t count) {
+  if (count >= 16) return load_widen16(p);
+  if (count <= 0) return _mm512_setzero_ps();
+  T lanes[16] = {};  // AVX-512 F has no 16-bit masked load: a part goes through the stack
+  std::memcpy(lanes, p, static_cast<std::size_t>(count) * sizeof(T));
+  return load_widen16(lanes);
 }
 
 #if !defined(__clang__)

@@ -1,13 +1,15 @@
 // The float32 row sums of the CPU batch norm (kernels/cpu/batchnorm.cpp): 32 float
 // lanes folded in one fixed tree, the same bits on every ISA, with the AVX-512 and
-// AVX2 forms the batch norm picks at run time (kernels/cpu/x86.h). Internal: not
-// installed, not included by towerlab.h.
+// AVX2 forms the batch norm picks at run time (kernels/cpu/x86.h); the AVX-512 form
+// also reads 16-bit rows, widened in registers (the bits of their float32 copies).
+// Internal: not installed, not included by towerlab.h.
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
 
+#include "kernels/cpu/convert16.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/x86.h"
 
@@ -82,7 +84,9 @@ std::array<double, Sums> float_lane_sums(std::int64_t S, const F& f, const Rows*
 
 // The AVX-512 form of float_lane_sums: lanes 0-15 and 16-31 of each sum in two
 // vectors; f maps 16-lane vectors. The last block's lanes past the row keep their
-// sums (a masked add), as the portable code adds +0 to them: the same bits.
+// sums (a masked add), as the portable code adds +0 to them: the same bits. A row
+// may be float32 or 16-bit (load16: widened exactly as it is loaded), so a 16-bit
+// row gives its float32 copy's sums without the copy.
 template <int Sums>
 struct Zmm {
   __m512 v[Sums];
@@ -95,8 +99,8 @@ __attribute__((target("avx512f"))) std::array<double, Sums> float_lane_sums_avx5
   for (int i = 0; i < Sums; ++i) lo.v[i] = hi.v[i] = _mm512_setzero_ps();
   std::int64_t s = 0;
   for (; s + 32 <= S; s += 32) {
-    const Zmm<Sums> t0 = f(_mm512_loadu_ps(rows + s)...);
-    const Zmm<Sums> t1 = f(_mm512_loadu_ps(rows + s + 16)...);
+    const Zmm<Sums> t0 = f(load16(rows + s)...);
+    const Zmm<Sums> t1 = f(load16(rows + s + 16)...);
     for (int i = 0; i < Sums; ++i) {
       lo.v[i] = _mm512_add_ps(lo.v[i], t0.v[i]);
       hi.v[i] = _mm512_add_ps(hi.v[i], t1.v[i]);
@@ -104,8 +108,8 @@ __attribute__((target("avx512f"))) std::array<double, Sums> float_lane_sums_avx5
   }
   if (s < S) {
     const __mmask16 m0 = first_lanes(S - s), m1 = first_lanes(S - s - 16);
-    const Zmm<Sums> t0 = f(_mm512_maskz_loadu_ps(m0, rows + s)...);
-    const Zmm<Sums> t1 = f(_mm512_maskz_loadu_ps(m1, rows + s + 16)...);
+    const Zmm<Sums> t0 = f(load_first16(rows + s, S - s)...);
+    const Zmm<Sums> t1 = f(load_first16(rows + s + 16, S - s - 16)...);
     for (int i = 0; i < Sums; ++i) {
       lo.v[i] = _mm512_mask_add_ps(lo.v[i], m0, lo.v[i], t0.v[i]);
       hi.v[i] = _mm512_mask_add_ps(hi.v[i], m1, hi.v[i], t1.v[i]);
