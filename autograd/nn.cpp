@@ -65,9 +65,12 @@ Tensor gemm_output(const Tensor& sums, DType operand_dtype, const Stream& stream
 }
 
 // The output gradient a 16-bit GEMM's backward multiplies: rounded to the operands'
-// dtype, as autocast's bfloat16 matmul receives it; float32 operands take it as it is.
+// dtype, as autocast's bfloat16 matmul receives it (or already so, where its reader
+// wrote it rounded: Tape::grad_target_rounded); float32 operands take it as it is.
 Tensor gemm_grad_output(const Tensor& grad, DType operand_dtype, const Stream& stream) {
-  return is_16bit(operand_dtype) ? cast(grad, operand_dtype, stream) : grad;
+  return is_16bit(operand_dtype) && grad.dtype() != operand_dtype
+             ? cast(grad, operand_dtype, stream)
+             : grad;
 }
 
 // The saved x as a batch-norm backward reads it beside the float32 gradients: a
@@ -77,6 +80,17 @@ Tensor gemm_grad_output(const Tensor& grad, DType operand_dtype, const Stream& s
 // bench/results/precision_step_cpu_avx2_72bb2e1.md).
 Tensor batchnorm_backward_x(const Tensor& x, const Stream& stream) {
   return stream.device().is_cpu() && x.dtype() == DType::BFloat16 ? x : widened(x, stream);
+}
+
+// The gradient target of a batch norm's x: on the CPU, where x is bfloat16 (which its
+// backward reads as it is: batchnorm_backward_x above), the kernel can write grad_x
+// rounded once to bfloat16 (kernels/batchnorm.h), so a convolution's output, whose
+// backward reads its gradient only rounded, gets it so (Tape::grad_target_rounded);
+// elsewhere grad_target's float32.
+Tape::GradTarget batchnorm_grad_x_target(Tape& tape, const Var& x) {
+  if (!x.requires_grad()) return {Tensor(), false};
+  const bool rounded = tape.stream().device().is_cpu() && x.value().dtype() == DType::BFloat16;
+  return rounded ? tape.grad_target_rounded(x) : tape.grad_target(x);
 }
 
 }  // namespace
@@ -249,7 +263,7 @@ Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams&
                     is_16bit(xv.dtype()) ? xv.dtype() : Tape::grad_dtype(x.value().dtype()));
   conv2d_forward(y, xv, wv, bias.defined() ? bias.value() : Tensor(), params, tape.stream(),
                  tape.float32_math());
-  return tape.record(y, "conv2d", inputs, [x, weight, bias, xv, wv, params](const Var& out) {
+  Var out = tape.record(y, "conv2d", inputs, [x, weight, bias, xv, wv, params](const Var& out) {
     Tape& t = out.tape();
     const Tape::GradTarget gx = written_whole(t, x);
     const Tensor grad_bias = bias.defined() ? grad_if_needed(t, bias) : Tensor();
@@ -268,7 +282,9 @@ Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams&
       // (x read for grad_weight only, weight for grad_x only): the same values and
       // sums, one pass over the output gradient and one copy of it fewer.
       const Stream& s = t.stream();
-      conv2d_backward(gx.grad, grad_weight, Tensor(), round_through(out.grad(), xv.dtype(), s),
+      const Tensor& g = out.grad();  // float32, or already rounded (grad_target_rounded)
+      conv2d_backward(gx.grad, grad_weight, Tensor(),
+                      g.dtype() == DType::Float32 ? round_through(g, xv.dtype(), s) : widened(g, s),
                       grad_weight.defined() ? widened(xv, s) : Tensor::empty(xv.shape(), s),
                       gx.grad.defined() ? widened(wv, s) : Tensor::empty(wv.shape(), s), params, s,
                       write_of(gx), t.float32_math());
@@ -279,6 +295,12 @@ Var conv2d(const Var& x, const Var& weight, const Var& bias, const Conv2dParams&
     }
     if (grad_bias.defined()) bias_add_backward(grad_bias, out.grad(), t.stream());
   });
+  // Without a bias (whose gradient sums the float32 output gradient) a 16-bit
+  // convolution's backward reads its output gradient only rounded to xv's dtype.
+  if (out.requires_grad() && is_16bit(xv.dtype()) && !bias.defined()) {
+    tape.set_grad_read_rounded(out, xv.dtype());
+  }
+  return out;
 }
 
 Var max_pool2d(const Var& x, const Pool2dParams& params) {
@@ -376,7 +398,7 @@ Var batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor& mov
   return tape.record(y, relu ? "batchnorm_relu" : "batchnorm", {x, gamma, beta},
                      [x, gamma, beta, save_mean, save_inv_std, activation](const Var& out) {
                        Tape& t = out.tape();
-                       const Tape::GradTarget gx = written_whole(t, x);
+                       const Tape::GradTarget gx = batchnorm_grad_x_target(t, x);
                        batchnorm_backward({.grad_x = gx.grad,
                                            .grad_gamma = grad_if_needed(t, gamma),
                                            .grad_beta = grad_if_needed(t, beta),
@@ -433,7 +455,7 @@ Var batchnorm_max_pool2d(const Var& x, const Var& gamma, const Var& beta, const 
   return tape.record(y, relu ? "batchnorm_relu_max_pool2d" : op, {x, gamma, beta},
                      [x, gamma, beta, argmax, save_mean, save_inv_std, pool](const Var& out) {
                        Tape& t = out.tape();
-                       const Tape::GradTarget gx = written_whole(t, x);
+                       const Tape::GradTarget gx = batchnorm_grad_x_target(t, x);
                        batchnorm_max_pool_backward(
                            {.grad_x = gx.grad,
                             .grad_gamma = grad_if_needed(t, gamma),
@@ -510,7 +532,7 @@ Var sync_batchnorm(const Var& x, const Var& gamma, const Var& beta, const Tensor
         // dL/dx depends on every tower's samples through the shared statistics.
         sync.sum(tower, sum_grad_y, sum_grad_y_xhat, s);
         if (x.requires_grad()) {
-          const Tape::GradTarget gx = t.grad_target(x);  // every element is written
+          const Tape::GradTarget gx = batchnorm_grad_x_target(t, x);  // every element written
           batchnorm_backward_apply({.grad_x = gx.grad,
                                     .grad_y = out.grad(),
                                     .x = xw,

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "engine/error.h"
+#include "kernels/cast.h"
 #include "kernels/elementwise.h"
 
 namespace towerlab {
@@ -33,6 +34,10 @@ struct Var::Node {
   std::ptrdiff_t first_reader = -1;
   // A variable's under VariableGrads::Unwritten (shared by the Vars of its name).
   std::shared_ptr<Tape::VariableGrad> variable_grad;
+  // The records that list it as an input, and the 16-bit dtype its creator reads its
+  // gradient rounded to (Float32: as it is), for grad_target_rounded.
+  int readers = 0;
+  DType grad_read_rounded = DType::Float32;
 };
 
 const Tensor& Var::value() const {
@@ -158,7 +163,9 @@ Var Tape::record(Tensor value, std::string name, const std::vector<Var>& inputs,
              label_ << ": recording '" << out.name()
                     << "' after backward(); call reset() before the next forward pass");
     for (const Var& v : inputs) {
-      if (v.defined() && v.node_->variable && v.node_->first_reader < 0) {
+      if (!v.defined()) continue;
+      ++v.node_->readers;
+      if (v.node_->variable && v.node_->first_reader < 0) {
         v.node_->first_reader = std::ptrdiff_t(records_.size());
       }
     }
@@ -198,6 +205,33 @@ Tape::GradTarget Tape::grad_target(const Var& v) {
     fill(grad, std::numeric_limits<double>::quiet_NaN(), *stream_);
   }
   return {grad, true};
+}
+
+void Tape::set_grad_read_rounded(const Var& output, DType dtype) {
+  TL_CHECK(output.requires_grad() && output.node_->tape == this, InvalidArgument,
+           label_ << ": set_grad_read_rounded on " << output.describe()
+                  << ", which is not an output of this tape that requires a gradient");
+  TL_CHECK(is_16bit(dtype), InvalidArgument,
+           label_ << ": set_grad_read_rounded to " << dtype_name(dtype)
+                  << " (bfloat16 or float16: the dtype the backward multiplies in)");
+  output.node_->grad_read_rounded = dtype;
+}
+
+Tape::GradTarget Tape::grad_target_rounded(const Var& v) {
+  TL_CHECK(v.requires_grad(), InvalidArgument,
+           label_ << ": " << v.describe() << " does not require a gradient");
+  Var::Node& node = *v.node_;
+  const bool rounded = is_16bit(node.grad_read_rounded) && node.readers == 1 && !node.variable &&
+                       !node.grad.defined() && first_write_ != FirstWrite::Zeroed;
+  if (!rounded) return grad_target(v);
+  if (first_write_ == FirstWrite::Poisoned) {  // NaN, rounded (fill takes no 16-bit dtype)
+    Tensor nan = Tensor::empty(node.value.shape(), *stream_, DType::Float32);
+    fill(nan, std::numeric_limits<double>::quiet_NaN(), *stream_);
+    node.grad = cast(nan, node.grad_read_rounded, *stream_);
+  } else {
+    node.grad = Tensor::empty(node.value.shape(), *stream_, node.grad_read_rounded);
+  }
+  return {node.grad, true};
 }
 
 void Tape::add_to_grad(const Var& v, const Tensor& g, double alpha) {

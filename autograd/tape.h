@@ -22,6 +22,14 @@
 //                   out an unwritten buffer with assign == true, and the op must
 //                   overwrite it (g = ..., not g += ...) without reading it; later
 //                   calls, and a variable's gradient, say assign == false.
+// A third way in, for 16-bit tapes: grad_target_rounded(v) is grad_target(v), except
+// that where v's creator reads v's gradient only rounded to a 16-bit dtype (a
+// GEMM-class op's output, set_grad_read_rounded), this op is v's only reader and the
+// write is a first, it hands the gradient out in that dtype: the op rounds each
+// element once as it stores it, the bits the creator's own rounding would give, and
+// the float32 tensor and the pass that rounds it are never made. (A convolution's
+// output is read only by the batch norm after it, whose CPU kernel writes its 16-bit
+// grad_x so: kernels/batchnorm.h.)
 // set_first_write(FirstWrite::Poisoned) fills those unwritten buffers with NaN, so
 // that an op which reads one (accumulates where it should assign) shows up as a NaN
 // gradient; FirstWrite::Zeroed hands out zeroed buffers with assign == false, which
@@ -155,6 +163,7 @@ class Tape {
   // The dtype of the gradient of a value of `value` dtype: float32 for a 16-bit
   // value (gradients between ops stay float32 under every precision policy, so
   // they accumulate without 16-bit roundings; docs/precision.md), else the value's.
+  // The one exception, grad_target_rounded's, holds only what would be rounded anyway.
   static DType grad_dtype(DType value) { return is_16bit(value) ? DType::Float32 : value; }
 
   // The gradient tensor of `v` to accumulate into, allocated as zeros on first use
@@ -168,6 +177,18 @@ class Tape {
     bool assign;  // overwrite every element; otherwise accumulate
   };
   GradTarget grad_target(const Var& v);
+
+  // Says that the backward of `output`'s op reads output's gradient only rounded
+  // to `dtype` (16-bit: a GEMM-class op multiplying it in its operands' dtype), so
+  // grad_target_rounded may hand that gradient out in `dtype` (see "First writes").
+  // Called by the op right after record(), on an output that requires a gradient.
+  void set_grad_read_rounded(const Var& output, DType dtype);
+
+  // grad_target(v) for a backward that can write a 16-bit gradient, rounding each
+  // element once as it stores it: in the dtype of set_grad_read_rounded where v's
+  // creator said so, this op is v's only reader, and the write is a first (not
+  // under FirstWrite::Zeroed, not a variable's); otherwise grad_target(v) itself.
+  GradTarget grad_target_rounded(const Var& v);
 
   // Adds alpha * g to v's gradient (g has v's shape), through grad_target(): the
   // first contribution is a scaled copy instead of a zero-fill and an add.

@@ -87,11 +87,17 @@ void check_gradient(const char* op, const Tensor& x, const char* name, const Ten
   }
 }
 
-// grad_x, where given, is of grad_y's dtype (both x's, or both float32).
-void check_gradients_agree(const char* op, const Tensor& grad_y, const Tensor& grad_x) {
-  TL_CHECK(!grad_x.defined() || !grad_y.defined() || grad_x.dtype() == grad_y.dtype(), ShapeError,
+// grad_x, where given, is of grad_y's dtype (both x's, or both float32), or x's
+// 16-bit dtype beside float32 grad_y (rounded as it is stored; check_gradient has
+// placed the float32 grad_y on the CPU).
+void check_gradients_agree(const char* op, const Tensor& x, const Tensor& grad_y,
+                           const Tensor& grad_x) {
+  TL_CHECK(!grad_x.defined() || !grad_y.defined() || grad_x.dtype() == grad_y.dtype() ||
+               (grad_y.dtype() == DType::Float32 && grad_x.dtype() == x.dtype()),
+           ShapeError,
            op << ": grad_x is " << grad_x.describe() << " but grad_y is " << grad_y.describe()
-              << " (the gradients share one dtype: x's, or float32 beside a 16-bit x)");
+              << " (the gradients share one dtype: x's, or float32 beside a 16-bit x, whose"
+                 " grad_x may also be x's dtype)");
 }
 
 // Per-channel tensors that may be undefined (not computed): checked where given.
@@ -175,7 +181,7 @@ void set_backward(const char* op, BatchNormArgs& a, const Args& args, const Stre
                     {{"gamma", &args.gamma},
                      {"save_mean", &args.save_mean},
                      {"save_inv_std", &args.save_inv_std}});
-  check_gradients_agree(op, args.grad_y, args.grad_x);
+  check_gradients_agree(op, args.x, args.grad_y, args.grad_x);
   if (args.grad_x.defined()) check_gradient(op, args.x, "grad_x", args.grad_x, stream);
   check_optional_per_channel(op, a, stream,
                              {{"grad_gamma", &args.grad_gamma}, {"grad_beta", &args.grad_beta}});
@@ -341,7 +347,7 @@ void batchnorm_backward_apply(const BatchNormBackwardApply& args, const Stream& 
   const char* op = "batchnorm_backward_apply";
   BatchNormArgs d = args_of(op, args.x, stream);
   set_relu(op, d, args.activation, args.gamma, args.beta, stream);
-  check_gradients_agree(op, args.grad_y, args.grad_x);
+  check_gradients_agree(op, args.x, args.grad_y, args.grad_x);
   check_gradient(op, args.x, "grad_x", args.grad_x, stream);
   check_gradient(op, args.x, "grad_y", args.grad_y, stream);
   check_per_channel(op, d, stream,
@@ -397,7 +403,7 @@ void batchnorm_backward(const BatchNormBackward& args, const Stream& stream) {
   const char* op = "batchnorm_backward";
   BatchNormArgs d = args_of(op, args.x, stream);
   set_relu(op, d, args.activation, args.gamma, args.beta, stream);
-  check_gradients_agree(op, args.grad_y, args.grad_x);
+  check_gradients_agree(op, args.x, args.grad_y, args.grad_x);
   check_gradient(op, args.x, "grad_y", args.grad_y, stream);
   set_backward(op, d, args, stream);
   if (d.C == 0 || !wants_gradients(args)) return;

@@ -66,8 +66,12 @@
 // docs/precision.md): on the CPU the backwards (batchnorm_backward,
 // batchnorm_max_pool_backward, batchnorm_backward_reduce and _apply) also take a
 // 16-bit x with grad_y and grad_x both float32, and give the bits of the float32
-// call on x widened (each row of x widened as it is read, never the whole x). On
-// CUDA that is NotSupported: widen x first.
+// call on x widened (each row of x widened as it is read, never the whole x). Beside
+// float32 grad_y, grad_x may also be x's 16-bit dtype: the float32 grad_x rounded
+// once as it is stored (added to in float32 first when accumulating), the bits of
+// casting the float32 call's grad_x (how a 16-bit tape's batch norm hands a
+// convolution the rounded gradient it multiplies: Tape::grad_target_rounded). On
+// CUDA both are NotSupported: widen x first.
 // What is exact: on one backend, every result of a 16-bit call (the float32
 // statistics, sums and parameter gradients included) is the bits of the float32
 // call on the widened tensors, and each 16-bit output is that call's float32 output

@@ -103,10 +103,13 @@ TEST(BatchNormMaxPoolTest, SixteenBitXTakesAFloat32ArgmaxAndItsOwnDtype) {
                     "batchnorm_max_pool_backward: grad_y is float16[2,3,2,2] on cpu but x is "
                     "bfloat16[2,3,4,4] on cpu");
   // Float32 gradients beside the 16-bit x are the policy's backward (the test
-  // below), both of them: a float32 grad_y with a 16-bit grad_x is not.
+  // below), and so is a float32 grad_y with a grad_x of x's dtype (rounded as it is
+  // stored: SixteenBitGradXBesideFloat32GradYIsTheFloat32GradXRoundedOnce); a grad_x
+  // of the other 16-bit dtype is not.
   backward.grad_y = cast(q.grad_y, DType::Float32, cpu());
+  backward.grad_x = Tensor::zeros(q.x_shape, cpu(), DType::Float16);
   EXPECT_THROW_WITH(batchnorm_max_pool_backward(backward, cpu()), ShapeError,
-                    "batchnorm_max_pool_backward: grad_x is bfloat16[2,3,4,4] on cpu but grad_y "
+                    "batchnorm_max_pool_backward: grad_x is float16[2,3,4,4] on cpu but grad_y "
                     "is float32[2,3,2,2] on cpu");
 }
 
@@ -153,6 +156,55 @@ TEST(BatchNormMaxPoolTest, SixteenBitXBesideFloat32GradientsIsTheBackwardOnTheWi
             EXPECT_FALSE(identical(actual.grad_x, backward(p.x, write).grad_x))
                 << "control; " << where;
           }
+        }
+      }
+    }
+  }
+  EXPECT_GE(runs, 2 * int(cases().size()) * 2 * 2);
+}
+
+// A grad_x of the 16-bit x's dtype beside float32 grad_y (kernels/batchnorm.h: how a
+// 16-bit tape's batch norm hands a convolution its rounded gradient): the fused
+// backward's float32 grad_x rounded once as it is stored, assigned or added to in
+// float32 (from the sentinel's values), on every ISA this CPU runs. Control: the
+// added and the assigned grad_x differ.
+TEST(BatchNormMaxPoolTest, SixteenBitGradXBesideFloat32GradYIsTheFloat32GradXRoundedOnce) {
+  const RestoreGemmIsa restore;
+  int runs = 0;
+  for (const DType dtype : {DType::BFloat16, DType::Float16}) {
+    for (const Case& c : cases()) {
+      for (Activation activation : {Activation::None, Activation::ReLU}) {
+        const Problem q = rounded(make_problem(c.x, c.pool, activation, DType::Float32), dtype);
+        const Problem w = widened(q);
+        Results r = fresh_outputs(q);
+        const BatchNormMaxPoolForwardTraining forward = fused_forward_args(q, r);
+        batchnorm_max_pool_forward_training(forward, cpu());
+        // The backward of the 16-bit forward from w's float32 grad_y into grad_x from
+        // w's sentinel, as it is (float32) or rounded (16-bit: held exactly).
+        auto backward = [&](DType grad_x_dtype, GradWrite write) {
+          const Results g = fresh_outputs(w);
+          BatchNormMaxPoolBackward args = fused_backward_args(w, forward, g);
+          args.x = q.x;
+          args.grad_x = cast(g.grad_x, grad_x_dtype, cpu());
+          args.grad_x_write = write;
+          batchnorm_max_pool_backward(args, cpu());
+          return args.grad_x;
+        };
+        for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
+          if (!gemm_isa_supported(isa)) continue;
+          set_gemm_isa(isa);
+          Tensor results[2];
+          for (GradWrite write : {GradWrite::Accumulate, GradWrite::Assign}) {
+            ++runs;
+            const std::string where = "ISA " + std::to_string(int(isa)) + "; " + describe(q) +
+                                      (write == GradWrite::Assign ? ", assigned" : ", added");
+            const Tensor actual = backward(dtype, write);
+            ASSERT_EQ(actual.dtype(), dtype) << where;
+            EXPECT_TRUE(identical(actual, cast(backward(DType::Float32, write), dtype, cpu())))
+                << where;
+            results[write == GradWrite::Assign ? 1 : 0] = actual;
+          }
+          EXPECT_FALSE(identical(results[0], results[1])) << "control; " << describe(q);
         }
       }
     }

@@ -206,6 +206,59 @@ TEST_P(BatchNormSixteenBitTest, Float32GradientsBesideA16BitXAreTheBackwardOnThe
   });
 }
 
+// Float32 grad_y with a grad_x of the 16-bit x's dtype (kernels/batchnorm.h: how a
+// 16-bit tape's batch norm hands a convolution its rounded gradient), on the CPU:
+// batchnorm_backward and the split API's apply give the float32 grad_x of the same
+// call, rounded once, assigned or added to in float32 (the grad_x's old values
+// random, so adding them before or after rounding differs), on every ISA. Control:
+// the added and the assigned grad_x differ. On CUDA float32 gradients are
+// NotSupported beside a 16-bit x (RejectsMixedDtypes).
+TEST_P(BatchNormSixteenBitTest, Float32GradYWritesA16BitGradXRoundedOnce) {
+  if (device().is_cuda()) GTEST_SKIP() << "float32 gradients beside a 16-bit x: CPU only";
+  for_each_cpu_isa([&](const std::string& isa) {
+    for (const Shape& shape : kSixteenBitShapes) {
+      const std::int64_t C = shape[1];
+      const auto n = static_cast<std::size_t>(numel_of(shape));
+      const auto [x16, x32] = pair(random_values(n, 95, -2.0f, 3.0f), shape);
+      const Tensor grad_y = make32(random_values(n, 96), shape);
+      const auto [old16, old32] = pair(random_values(n, 97), shape);
+      const Tensor gamma = make32(random_values(C, 98, 0.5f, 1.5f), {C});
+      const Tensor beta = make32(random_values(C, 99), {C});
+      for (const Activation activation : {Activation::None, Activation::ReLU}) {
+        BatchNormForwardTraining f = training_forward(x16, gamma, beta, stream());
+        f.activation = activation;
+        batchnorm_forward_training(f, stream());
+        std::vector<float> results[2];  // the rounded grad_x, added to and assigned
+        for (const GradWrite write : {GradWrite::Accumulate, GradWrite::Assign}) {
+          const std::string where = isa + ", " + to_string(shape) +
+                                    (activation == Activation::ReLU ? " relu" : "") +
+                                    (write == GradWrite::Assign ? ", assigned" : ", added");
+          // grad_x from `old` by the backward, and by the split API's reduce and apply.
+          auto run = [&](const Tensor& old) {
+            Tensor whole = cast(old, old.dtype(), stream()),
+                   split = cast(old, old.dtype(), stream());
+            BatchNormBackward b = backward_of(f, grad_y, whole);
+            b.grad_x_write = write;
+            batchnorm_backward(b, stream());
+            BatchNormBackwardReduce reduce =
+                reduce_of(f, grad_y, Tensor::empty({C}, stream()), Tensor::empty({C}, stream()));
+            batchnorm_backward_reduce(reduce, stream());
+            batchnorm_backward_apply(apply_of(reduce, split, numel_of(shape) / C, write), stream());
+            return std::pair{whole, split};
+          };
+          const auto [whole16, split16] = run(old16);
+          const auto [whole32, split32] = run(old32);
+          ASSERT_EQ(whole16.dtype(), dtype()) << where;
+          EXPECT_EQ(bits(host(whole16)), bits(rounded(whole32))) << where;
+          EXPECT_EQ(bits(host(split16)), bits(rounded(split32))) << where;
+          results[write == GradWrite::Assign ? 1 : 0] = host(whole16);
+        }
+        EXPECT_NE(bits(results[0]), bits(results[1])) << "control, " << isa;
+      }
+    }
+  });
+}
+
 // The split API (synchronized batch norm) on 16-bit towers, views into one batch:
 // the float32 recipe's bits on the widened values, 16-bit y and grad_x rounded once.
 TEST_P(BatchNormSixteenBitTest, SplitApiIsTheFloat32RecipeRoundedOnce) {
@@ -311,14 +364,24 @@ TEST_P(BatchNormSixteenBitTest, RejectsMixedDtypes) {
                     "batchnorm_backward: grad_x is float32[2,3,4,4]");
   // Float32 gradients beside a 16-bit x: the policy's backward on the CPU
   // (Float32GradientsBesideA16BitXAreTheBackwardOnTheWidenedX), not on CUDA.
+  // So is a float32 grad_y with a grad_x of x's dtype, rounded as it is stored
+  // (Float32GradYWritesA16BitGradXRoundedOnce); a grad_x of the other 16-bit dtype
+  // is not.
+  const Tensor x16 = make(std::vector<float>(96, 0.0f), shape);
+  const Tensor other16 =
+      Tensor::zeros(shape, stream(), dtype() == DType::BFloat16 ? DType::Float16 : DType::BFloat16);
   if (device().is_cuda()) {
     EXPECT_THROW_WITH(batchnorm_backward(backward_of(forward, y32, Tensor(), c3), stream()),
                       NotSupported, "batchnorm_backward: grad_y is float32[2,3,4,4]");
+    EXPECT_THROW_WITH(batchnorm_backward(backward_of(forward, y32, x16, c3), stream()),
+                      NotSupported, "batchnorm_backward: grad_y is float32[2,3,4,4]");
   } else {
     batchnorm_backward(backward_of(forward, y32, Tensor(), c3), stream());  // valid
+    batchnorm_backward(backward_of(forward, y32, x16, c3), stream());       // valid
   }
-  EXPECT_THROW_WITH(batchnorm_backward(backward_of(forward, y32, x, c3), stream()), ShapeError,
-                    "batchnorm_backward: grad_x is " + d + "[2,3,4,4]");
+  EXPECT_THROW_WITH(batchnorm_backward(backward_of(forward, y32, other16, c3), stream()),
+                    ShapeError,
+                    std::string("batchnorm_backward: grad_x is ") + dtype_name(other16.dtype()));
   EXPECT_THROW_WITH((batchnorm_stats({.mean = c3_16, .m2 = c3, .x = x}, stream())), ShapeError,
                     "batchnorm_stats: mean is " + d + "[3]");
   // Statistics are never 16-bit: the merge does not take them.

@@ -33,12 +33,14 @@ void expect_same_bits(const std::vector<float>& got, const std::vector<float>& w
 }
 
 // Every trainable gradient of `store`, flat, after one pass of `pass` on a tape in
-// `mode`. Unwritten variable gradients start as NaN: the backward must never read
-// them (and must zero-fill those it does not write).
+// `mode` computing in `compute`. Unwritten variable gradients start as NaN: the
+// backward must never read them (and must zero-fill those it does not write).
 template <typename Pass>
 std::vector<float> gradients(VariableStore& store, FirstWrite mode, const Pass& pass,
-                             VariableGrads variable_grads = VariableGrads::Zeroed) {
+                             VariableGrads variable_grads = VariableGrads::Zeroed,
+                             DType compute = DType::Float32) {
   Tape tape(cpu());
+  tape.set_compute_dtype(compute);
   tape.set_first_write(mode);
   tape.set_variable_grads(variable_grads);
   if (variable_grads == VariableGrads::Zeroed) {
@@ -52,14 +54,19 @@ std::vector<float> gradients(VariableStore& store, FirstWrite mode, const Pass& 
 
 // `pass`'s gradients under Assign and Poisoned, with zero-filled and with unwritten
 // variable gradients (and Zeroed with unwritten ones), against the zero-filled
-// reference's bits.
+// reference's bits, on a tape computing in `compute`. (On a 16-bit tape Zeroed also
+// hands out no rounded gradient, Tape::grad_target_rounded: the reference rounds
+// every one where its reader reads it.)
 template <typename Pass>
-void expect_reference_bits(VariableStore& store, const Pass& pass) {
-  const std::vector<float> reference = gradients(store, FirstWrite::Zeroed, pass);
-  expect_same_bits(gradients(store, FirstWrite::Assign, pass), reference, "assign");
-  expect_same_bits(gradients(store, FirstWrite::Poisoned, pass), reference, "poisoned");
+void expect_reference_bits(VariableStore& store, const Pass& pass, DType compute = DType::Float32) {
+  const VariableGrads zeroed = VariableGrads::Zeroed;
+  const std::vector<float> reference = gradients(store, FirstWrite::Zeroed, pass, zeroed, compute);
+  expect_same_bits(gradients(store, FirstWrite::Assign, pass, zeroed, compute), reference,
+                   "assign");
+  expect_same_bits(gradients(store, FirstWrite::Poisoned, pass, zeroed, compute), reference,
+                   "poisoned");
   for (FirstWrite mode : {FirstWrite::Zeroed, FirstWrite::Assign, FirstWrite::Poisoned}) {
-    expect_same_bits(gradients(store, mode, pass, VariableGrads::Unwritten), reference,
+    expect_same_bits(gradients(store, mode, pass, VariableGrads::Unwritten, compute), reference,
                      mode == FirstWrite::Zeroed   ? "unwritten variables, zeroed"
                      : mode == FirstWrite::Assign ? "unwritten variables, assign"
                                                   : "unwritten variables, poisoned");
@@ -76,7 +83,8 @@ Tensor labels_for(std::int64_t n) {
 // `images_shape`, labels 0-9 in turn) under Assign and Poisoned against the
 // zero-filled reference's bits.
 void expect_classifier_gradients_match(Sequential& net, VariableStore& store,
-                                       const Shape& images_shape, std::uint64_t images_seed) {
+                                       const Shape& images_shape, std::uint64_t images_seed,
+                                       DType compute = DType::Float32) {
   Tensor images = Tensor::empty(images_shape, cpu());
   random_normal(images, images_seed, 0, 0.0f, 1.0f, cpu());
   const Tensor labels = labels_for(images_shape[0]);
@@ -84,7 +92,7 @@ void expect_classifier_gradients_match(Sequential& net, VariableStore& store,
     Context ctx{tape, store, true};
     return ag::softmax_cross_entropy(net(ctx, tape.constant(images)), tape.constant(labels));
   };
-  expect_reference_bits(store, pass);
+  expect_reference_bits(store, pass, compute);
 }
 
 TEST(TapeFirstWrite, FashionNetGradientsAreTheZeroFilledReferenceBits) {
@@ -93,6 +101,77 @@ TEST(TapeFirstWrite, FashionNetGradientsAreTheZeroFilledReferenceBits) {
   VariableStore store(vars, cpu());
   store.initialize(3, cpu());
   expect_classifier_gradients_match(net, store, {12, 1, 28, 28}, 4);
+}
+
+// On a bfloat16 tape, where each convolution's output gradient is handed to the batch
+// norm after it in bfloat16 (Tape::grad_target_rounded), written rounded there
+// instead of rounded by the convolution: the same bits.
+TEST(TapeFirstWrite, Bf16FashionNetAndResNetGradientsAreTheZeroFilledReferenceBits) {
+  VariableSet vars;
+  Sequential net = models::fashion_net(vars);
+  VariableStore store(vars, cpu());
+  store.initialize(3, cpu());
+  expect_classifier_gradients_match(net, store, {12, 1, 28, 28}, 4, DType::BFloat16);
+  VariableSet resnet_vars;
+  Sequential resnet = models::resnet(resnet_vars, {.width = 8, .blocks_per_stage = 1});
+  VariableStore resnet_store(resnet_vars, cpu());
+  resnet_store.initialize(9, cpu());
+  expect_classifier_gradients_match(resnet, resnet_store, {6, 1, 12, 12}, 10, DType::BFloat16);
+}
+
+// Tape::grad_target_rounded: on a bfloat16 CPU tape a convolution's output whose one
+// reader is a batch norm gets its gradient in bfloat16 under Assign and Poisoned,
+// the variables' gradients the bits of Zeroed's, which hands out float32; a second
+// reader of the output, a convolution with a bias (whose gradient sums the float32
+// output gradient) or a float32 tape keep it float32.
+TEST(TapeFirstWrite, ARoundedGradientGoesOnlyWhereItsOneReaderRoundsIt) {
+  VariableSet vars;
+  vars.get("w", {4, 3, 3, 3}, Initializer::normal(0.0f, 0.5f));
+  vars.get("b", {4}, Initializer::normal(0.0f, 0.5f));
+  vars.get("gamma", {4}, Initializer::normal(1.0f, 0.1f));
+  vars.get("beta", {4}, Initializer::normal(0.0f, 0.1f));
+  VariableStore store(vars, cpu());
+  store.initialize(7, cpu());
+  Tensor images = Tensor::empty({2, 3, 6, 6}, cpu());
+  random_normal(images, 8, 0, 0.0f, 1.0f, cpu());
+  struct Run {
+    std::vector<float> grads;
+    DType y_grad;
+  };
+  auto run = [&](FirstWrite mode, DType compute, bool bias, bool second_reader) {
+    Tape tape(cpu());
+    tape.set_compute_dtype(compute);
+    tape.set_first_write(mode);
+    store.zero_grad(cpu());
+    Context ctx{tape, store, true};
+    const Var y = ag::conv2d(tape.constant(images), ctx.variable("w"),
+                             bias ? ctx.variable("b") : Var(), {.pad_h = 1, .pad_w = 1});
+    // The second reader is recorded first, so that the batch norm's backward, which
+    // runs before its, makes the first write to y's gradient.
+    const Var other = second_reader ? ag::sum(y) : Var();
+    const Var z = ag::batchnorm(y, ctx.variable("gamma"), ctx.variable("beta"), Tensor(), Tensor(),
+                                true, 0.9, 1e-5, Activation::ReLU);
+    Var loss = ag::sum(ag::mul(z, z));
+    if (second_reader) loss = ag::add(loss, other);
+    tape.backward(loss);
+    return Run{store.flat_grads().to_host<float>(), y.grad().dtype()};
+  };
+  for (const bool bias : {false, true}) {
+    for (const bool second_reader : {false, true}) {
+      const std::string where = std::string(bias ? "bias" : "no bias") +
+                                (second_reader ? ", two readers" : ", one reader");
+      const Run reference = run(FirstWrite::Zeroed, DType::BFloat16, bias, second_reader);
+      EXPECT_EQ(reference.y_grad, DType::Float32) << where;
+      const DType handed = bias || second_reader ? DType::Float32 : DType::BFloat16;
+      for (const FirstWrite mode : {FirstWrite::Assign, FirstWrite::Poisoned}) {
+        const Run got = run(mode, DType::BFloat16, bias, second_reader);
+        EXPECT_EQ(got.y_grad, handed) << where;
+        expect_same_bits(got.grads, reference.grads, where.c_str());
+      }
+      EXPECT_EQ(run(FirstWrite::Assign, DType::Float32, bias, second_reader).y_grad, DType::Float32)
+          << where;
+    }
+  }
 }
 
 TEST(TapeFirstWrite, ElementwiseOpsAndValuesUsedTwiceGiveTheReferenceBits) {

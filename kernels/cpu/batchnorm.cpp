@@ -725,57 +725,68 @@ __attribute__((target("avx2"))) void apply_row_avx2(float* gx, const float* gy, 
 
 #endif  // TL_CPU_X86
 
+// batchnorm_backward_apply with grad_y of T, grad_x of GX (T, or a 16-bit x's dtype
+// beside float32 grad_y: the float32 row rounded once as it is stored) and x of X.
+template <typename T, typename GX, typename X>
+void apply_backward(const BatchNormArgs& a) {
+  using M = math_t<T>;
+  static_assert(std::is_same_v<M, math_t<X>> && std::is_same_v<M, math_t<GX>>);
+  const std::int64_t N = a.N, C = a.C, S = a.S;
+  GX* gx = a.grad_x.data<GX>();                                // [N,C,S]
+  const T* gy = a.grad_y.data<T>();                            // [N,C,S] or [N,C,Ho*Wo]
+  const M* where = a.max_pool ? a.argmax.data<M>() : nullptr;  // [N,C,Ho*Wo]
+  const X* in = a.x.data<X>();                                 // [N,C,S]
+  const M* g = a.gamma.data<M>();                              // [C]
+  const M* mu = a.mean.data<M>();                              // [C]
+  const M* istd = a.inv_std.data<M>();                         // [C]
+  const M* sa = a.sum_grad_y.data<M>();                        // [C]
+  const M* sb = a.sum_grad_y_xhat.data<M>();                   // [C]
+  const M inv_count = static_cast<M>(1.0 / static_cast<double>(a.count));
+  const bool assign = a.grad_x_write == GradWrite::Assign;
+  const std::int64_t gy_plane = a.max_pool ? a.Ho * a.Wo : S;
+  const bool avx2 = avx2_selected();
+  with_activation(a.activation, [&]<bool Relu>() {
+    parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
+      PoolScratch<M> pool(a);
+      MathRows<T> gy_rows;
+      MathRows<GX> gx_rows;
+      MathRows<X> x_rows;
+      for (std::int64_t n = first; n < last; ++n) {
+        for (std::int64_t c = 0; c < C; ++c) {
+          const std::int64_t base = (n * C + c) * S, y_base = (n * C + c) * gy_plane;
+          const ApplyCoefficients<M> k{g[c] * istd[c], sa[c] * inv_count, sb[c] * inv_count,
+                                       mu[c],          istd[c],           affine_of<M>(a, c)};
+          const M* gy_row = gy_rows.read(gy + y_base, gy_plane, 1);
+          prefetch_plane(in + base, S);
+          if (a.max_pool) gy_row = pool.gradient(gy_row, where + y_base);
+          const M* x_row = x_rows.read(in + base, S, 0);
+          // A 16-bit grad_x is added to in float32 and rounded once.
+          M* gx_row = gx_rows.write(gx + base, S, 2, !assign);
+#if TL_CPU_X86
+          if constexpr (std::is_same_v<M, float>) {
+            if (avx2) {  // also where AVX-512 runs: see apply_row_avx2
+              apply_row_avx2<Relu>(gx_row, gy_row, x_row, S, k, assign);
+              gx_rows.store(gx + base, S, 2);
+              continue;
+            }
+          }
+#endif
+          apply_row<Relu>(gx_row, gy_row, x_row, S, k, assign);
+          gx_rows.store(gx + base, S, 2);
+        }
+      }
+    });
+  });
+}
+
 }  // namespace
 
 void batchnorm_backward_apply(const BatchNormArgs& a) {
-  const std::int64_t N = a.N, C = a.C, S = a.S;
   with_backward_dtypes(a, [&]<typename T, typename X>() {
-    using M = math_t<T>;
-    static_assert(std::is_same_v<M, math_t<X>>);
-    T* gx = a.grad_x.data<T>();                                  // [N,C,S]
-    const T* gy = a.grad_y.data<T>();                            // [N,C,S] or [N,C,Ho*Wo]
-    const M* where = a.max_pool ? a.argmax.data<M>() : nullptr;  // [N,C,Ho*Wo]
-    const X* in = a.x.data<X>();                                 // [N,C,S]
-    const M* g = a.gamma.data<M>();                              // [C]
-    const M* mu = a.mean.data<M>();                              // [C]
-    const M* istd = a.inv_std.data<M>();                         // [C]
-    const M* sa = a.sum_grad_y.data<M>();                        // [C]
-    const M* sb = a.sum_grad_y_xhat.data<M>();                   // [C]
-    const M inv_count = static_cast<M>(1.0 / static_cast<double>(a.count));
-    const bool assign = a.grad_x_write == GradWrite::Assign;
-    const std::int64_t gy_plane = a.max_pool ? a.Ho * a.Wo : S;
-    const bool avx2 = avx2_selected();
-    with_activation(a.activation, [&]<bool Relu>() {
-      parallel_rows(N, C * S, [&](std::int64_t first, std::int64_t last) {
-        PoolScratch<M> pool(a);
-        MathRows<T> math;
-        MathRows<X> x_rows;
-        for (std::int64_t n = first; n < last; ++n) {
-          for (std::int64_t c = 0; c < C; ++c) {
-            const std::int64_t base = (n * C + c) * S, y_base = (n * C + c) * gy_plane;
-            const ApplyCoefficients<M> k{g[c] * istd[c], sa[c] * inv_count, sb[c] * inv_count,
-                                         mu[c],          istd[c],           affine_of<M>(a, c)};
-            const M* gy_row = math.read(gy + y_base, gy_plane, 1);
-            prefetch_plane(in + base, S);
-            if (a.max_pool) gy_row = pool.gradient(gy_row, where + y_base);
-            const M* x_row = x_rows.read(in + base, S, 0);
-            // A 16-bit grad_x is added to in float32 and rounded once.
-            M* gx_row = math.write(gx + base, S, 2, !assign);
-#if TL_CPU_X86
-            if constexpr (std::is_same_v<M, float>) {
-              if (avx2) {  // also where AVX-512 runs: see apply_row_avx2
-                apply_row_avx2<Relu>(gx_row, gy_row, x_row, S, k, assign);
-                math.store(gx + base, S, 2);
-                continue;
-              }
-            }
-#endif
-            apply_row<Relu>(gx_row, gy_row, x_row, S, k, assign);
-            math.store(gx + base, S, 2);
-          }
-        }
-      });
-    });
+    if constexpr (kIs16Bit<X> && !kIs16Bit<T>) {
+      if (a.grad_x.dtype() == a.x.dtype()) return apply_backward<T, X, X>(a);
+    }
+    apply_backward<T, T, X>(a);
   });
 }
 
