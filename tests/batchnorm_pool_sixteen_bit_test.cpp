@@ -35,6 +35,19 @@ Problem widened(const Problem& q) {
   return p;
 }
 
+// fn(q, dtype) for each 16-bit dtype, case and activation: q the case's problem
+// rounded to dtype.
+template <typename Fn>
+void for_each_rounded_problem(const Fn& fn) {
+  for (const DType dtype : {DType::BFloat16, DType::Float16}) {
+    for (const Case& c : cases()) {
+      for (Activation activation : {Activation::None, Activation::ReLU}) {
+        fn(rounded(make_problem(c.x, c.pool, activation, DType::Float32), dtype), dtype);
+      }
+    }
+  }
+}
+
 // A bfloat16 or float16 x, y, grad_y and grad_x (argmax and the per-channel tensors
 // float32): the float32 fused op's results on the widened tensors, y and the
 // accumulated grad_x rounded once, everything else those float32 bits, on every
@@ -43,40 +56,34 @@ Problem widened(const Problem& q) {
 TEST(BatchNormMaxPoolTest, SixteenBitIsTheFloat32OpOnTheWidenedTensors) {
   const RestoreGemmIsa restore;
   int runs = 0;
-  for (const DType dtype : {DType::BFloat16, DType::Float16}) {
-    for (const Case& c : cases()) {
-      for (Activation activation : {Activation::None, Activation::ReLU}) {
-        const Problem q = rounded(make_problem(c.x, c.pool, activation, DType::Float32), dtype);
-        set_gemm_isa(GemmIsa::Portable);
-        const Results expected = fused(widened(q));
-        for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
-          if (!gemm_isa_supported(isa)) continue;
-          set_gemm_isa(isa);
-          ++runs;
-          const std::string where = "ISA " + std::to_string(int(isa)) + "; " + describe(q);
-          const Results actual = fused(q);
-          ASSERT_EQ(actual.y.dtype(), dtype) << where;
-          EXPECT_TRUE(identical(actual.y, cast(expected.y, dtype, cpu()))) << "y; " << where;
-          EXPECT_TRUE(identical(actual.grad_x, cast(expected.grad_x, dtype, cpu())))
-              << "grad_x; " << where;
-          for (const auto& [name, a, e] :
-               {std::tuple{"save_mean", actual.save_mean, expected.save_mean},
-                {"save_inv_std", actual.save_inv_std, expected.save_inv_std},
-                {"moving_mean", actual.moving_mean, expected.moving_mean},
-                {"moving_var", actual.moving_var, expected.moving_var},
-                {"grad_gamma", actual.grad_gamma, expected.grad_gamma},
-                {"grad_beta", actual.grad_beta, expected.grad_beta},
-                {"argmax", actual.argmax, expected.argmax}}) {
-            EXPECT_TRUE(identical(a, e)) << name << "; " << where;
-          }
-          // Control: the 16-bit outputs were rounded (the float32 values are not all
-          // 16-bit ones), so comparing them unrounded would fail.
-          EXPECT_FALSE(identical(cast(actual.grad_x, DType::Float32, cpu()), expected.grad_x))
-              << where;
-        }
+  for_each_rounded_problem([&](const Problem& q, DType dtype) {
+    set_gemm_isa(GemmIsa::Portable);
+    const Results expected = fused(widened(q));
+    for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
+      if (!gemm_isa_supported(isa)) continue;
+      set_gemm_isa(isa);
+      ++runs;
+      const std::string where = "ISA " + std::to_string(int(isa)) + "; " + describe(q);
+      const Results actual = fused(q);
+      ASSERT_EQ(actual.y.dtype(), dtype) << where;
+      EXPECT_TRUE(identical(actual.y, cast(expected.y, dtype, cpu()))) << "y; " << where;
+      EXPECT_TRUE(identical(actual.grad_x, cast(expected.grad_x, dtype, cpu())))
+          << "grad_x; " << where;
+      for (const auto& [name, a, e] :
+           {std::tuple{"save_mean", actual.save_mean, expected.save_mean},
+            {"save_inv_std", actual.save_inv_std, expected.save_inv_std},
+            {"moving_mean", actual.moving_mean, expected.moving_mean},
+            {"moving_var", actual.moving_var, expected.moving_var},
+            {"grad_gamma", actual.grad_gamma, expected.grad_gamma},
+            {"grad_beta", actual.grad_beta, expected.grad_beta},
+            {"argmax", actual.argmax, expected.argmax}}) {
+        EXPECT_TRUE(identical(a, e)) << name << "; " << where;
       }
+      // Control: the 16-bit outputs were rounded (the float32 values are not all
+      // 16-bit ones), so comparing them unrounded would fail.
+      EXPECT_FALSE(identical(cast(actual.grad_x, DType::Float32, cpu()), expected.grad_x)) << where;
     }
-  }
+  });
   EXPECT_GE(runs, 2 * int(cases().size()) * 2);
 }
 
@@ -171,44 +178,39 @@ TEST(BatchNormMaxPoolTest, SixteenBitXBesideFloat32GradientsIsTheBackwardOnTheWi
 TEST(BatchNormMaxPoolTest, SixteenBitGradXBesideFloat32GradYIsTheFloat32GradXRoundedOnce) {
   const RestoreGemmIsa restore;
   int runs = 0;
-  for (const DType dtype : {DType::BFloat16, DType::Float16}) {
-    for (const Case& c : cases()) {
-      for (Activation activation : {Activation::None, Activation::ReLU}) {
-        const Problem q = rounded(make_problem(c.x, c.pool, activation, DType::Float32), dtype);
-        const Problem w = widened(q);
-        Results r = fresh_outputs(q);
-        const BatchNormMaxPoolForwardTraining forward = fused_forward_args(q, r);
-        batchnorm_max_pool_forward_training(forward, cpu());
-        // The backward of the 16-bit forward from w's float32 grad_y into grad_x from
-        // w's sentinel, as it is (float32) or rounded (16-bit: held exactly).
-        auto backward = [&](DType grad_x_dtype, GradWrite write) {
-          const Results g = fresh_outputs(w);
-          BatchNormMaxPoolBackward args = fused_backward_args(w, forward, g);
-          args.x = q.x;
-          args.grad_x = cast(g.grad_x, grad_x_dtype, cpu());
-          args.grad_x_write = write;
-          batchnorm_max_pool_backward(args, cpu());
-          return args.grad_x;
-        };
-        for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
-          if (!gemm_isa_supported(isa)) continue;
-          set_gemm_isa(isa);
-          Tensor results[2];
-          for (GradWrite write : {GradWrite::Accumulate, GradWrite::Assign}) {
-            ++runs;
-            const std::string where = "ISA " + std::to_string(int(isa)) + "; " + describe(q) +
-                                      (write == GradWrite::Assign ? ", assigned" : ", added");
-            const Tensor actual = backward(dtype, write);
-            ASSERT_EQ(actual.dtype(), dtype) << where;
-            EXPECT_TRUE(identical(actual, cast(backward(DType::Float32, write), dtype, cpu())))
-                << where;
-            results[write == GradWrite::Assign ? 1 : 0] = actual;
-          }
-          EXPECT_FALSE(identical(results[0], results[1])) << "control; " << describe(q);
-        }
+  for_each_rounded_problem([&](const Problem& q, DType dtype) {
+    const Problem w = widened(q);
+    Results r = fresh_outputs(q);
+    const BatchNormMaxPoolForwardTraining forward = fused_forward_args(q, r);
+    batchnorm_max_pool_forward_training(forward, cpu());
+    // The backward of the 16-bit forward from w's float32 grad_y into grad_x from
+    // w's sentinel, as it is (float32) or rounded (16-bit: held exactly).
+    auto backward = [&](DType grad_x_dtype, GradWrite write) {
+      const Results g = fresh_outputs(w);
+      BatchNormMaxPoolBackward args = fused_backward_args(w, forward, g);
+      args.x = q.x;
+      args.grad_x = cast(g.grad_x, grad_x_dtype, cpu());
+      args.grad_x_write = write;
+      batchnorm_max_pool_backward(args, cpu());
+      return args.grad_x;
+    };
+    for (GemmIsa isa : {GemmIsa::Portable, GemmIsa::Avx2, GemmIsa::Avx512}) {
+      if (!gemm_isa_supported(isa)) continue;
+      set_gemm_isa(isa);
+      Tensor results[2];
+      for (GradWrite write : {GradWrite::Accumulate, GradWrite::Assign}) {
+        ++runs;
+        const std::string where = "ISA " + std::to_string(int(isa)) + "; " + describe(q) +
+                                  (write == GradWrite::Assign ? ", assigned" : ", added");
+        const Tensor actual = backward(dtype, write);
+        ASSERT_EQ(actual.dtype(), dtype) << where;
+        EXPECT_TRUE(identical(actual, cast(backward(DType::Float32, write), dtype, cpu())))
+            << where;
+        results[write == GradWrite::Assign ? 1 : 0] = actual;
       }
+      EXPECT_FALSE(identical(results[0], results[1])) << "control; " << describe(q);
     }
-  }
+  });
   EXPECT_GE(runs, 2 * int(cases().size()) * 2 * 2);
 }
 
