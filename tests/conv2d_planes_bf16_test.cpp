@@ -1,6 +1,7 @@
 // conv2d's bfloat16 passes from zero-padded planes (kernels/cpu/conv2d_planes_bf16.h),
 // which Auto takes at stride 1 where the bfloat16 GEMM runs vdpbf16ps: the forward,
-// and the input gradient as a forward convolution of grad_y, each held to the bound
+// and the input gradient as a forward convolution of grad_y (at a stride of 2 the
+// forward alone, from the planes' phases), each held to the bound
 // of tests/conv2d_bf16_fixture.h around the plain reference in double on the
 // bfloat16 values; the bfloat16 y the float32 y rounded once, bit for bit. They skip
 // on a CPU without avx512_bf16.
@@ -9,7 +10,9 @@
 // gradient, 64 channels back to 32, the lowering leaves to col2im), rows longer than
 // a tile, odd channel counts (a pair's high half zero), filters that fill no block of
 // eight, a 3x2 and a 5x5 kernel, dilation down and across, padding below and above
-// the taps, images of other heights than widths; grad_x assigned over NaN and added
+// the taps, images of other heights than widths; at a stride of 2 ResNet-20's
+// downsampling layer, odd images, no padding, a 5x5 kernel, dilation, and a stride of
+// 2 down or across only; grad_x assigned over NaN and added
 // onto a sentinel; one, two and three threads. Controls: the lowering gives other bits
 // (so the checks see which ran), one image on two threads lowers, and which layers
 // take the planes.
@@ -80,20 +83,43 @@ TEST_F(Conv2dBf16Planes, OddShapes) {
   check_planes(no_bias, 900, GradWrite::Assign);
 }
 
+// The forward at a stride of 2, from the padded planes split into phases (its input
+// and weight gradients lower).
+TEST_F(Conv2dBf16Planes, StrideTwoForwards) {
+  const std::vector<ConvCase> cases = {
+      {"resnet_16to32_s2", 2, 16, 28, 28, 32, 3, 3, make_params(2, 2, 1, 1)},
+      {"odd_image", 2, 9, 27, 25, 10, 3, 3, make_params(2, 2, 1, 1)},
+      {"no_padding", 2, 8, 40, 41, 8, 3, 3, make_params(2, 2, 0, 0)},
+      {"kernel_5x5_pad2", 2, 6, 30, 31, 9, 5, 5, make_params(2, 2, 2, 2)},
+      {"dilated", 2, 8, 29, 28, 8, 3, 3, make_params(2, 2, 2, 2, 2, 2)},
+      {"down_only", 2, 8, 20, 16, 8, 3, 3, make_params(2, 1, 1, 1)},
+      {"across_only", 2, 8, 16, 20, 8, 3, 3, make_params(1, 2, 1, 1)},
+  };
+  check_each(cases, 1000);
+}
+
 TEST_F(Conv2dBf16Planes, SameBitsForAnyThreadCount) {
   expect_same_bits_for_any_thread_count(
       {"resnet_16", 7, 16, 14, 14, 16, 3, 3, make_params(1, 1, 1, 1)}, 910);
+  expect_same_bits_for_any_thread_count(
+      {"resnet_16to32_s2", 5, 16, 28, 28, 32, 3, 3, make_params(2, 2, 1, 1)}, 915);
 }
 
 // The planes sum in another order than the lowering: other bits, both in the bound.
 TEST_F(Conv2dBf16Planes, OtherBitsThanTheLowering) {
   const ConvCase k{"resnet_16", 2, 16, 12, 12, 16, 3, 3, make_params(1, 1, 1, 1)};
-  const ConvOperands v = operands(k, 920);
-  const ConvResults planes = run(k, v, GradWrite::Assign);
+  const ConvCase s2{"resnet_16to32_s2", 2, 16, 28, 28, 32, 3, 3, make_params(2, 2, 1, 1)};
+  const ConvOperands v = operands(k, 920), v2 = operands(s2, 925);
+  const ConvResults planes = run(k, v, GradWrite::Assign), planes2 = run(s2, v2, GradWrite::Assign);
   cpu::ScopedConv2dAlgorithm lowering(Conv2dAlgorithm::Im2col);
   const ConvResults lowered = run(k, v, GradWrite::Assign);
   EXPECT_NE(planes.y, lowered.y);
   EXPECT_NE(planes.grad_x, lowered.grad_x);
+  // At a stride of 2 only the forward reads the planes.
+  const ConvResults lowered2 = run(s2, v2, GradWrite::Assign);
+  EXPECT_NE(planes2.y, lowered2.y);
+  EXPECT_EQ(planes2.grad_x, lowered2.grad_x);
+  EXPECT_EQ(planes2.grad_w, lowered2.grad_w);
 }
 
 // One image on two threads lowers (each image is one thread's on the planes, where
@@ -118,15 +144,21 @@ TEST_F(Conv2dBf16Planes, FewerImagesThanThreadsLower) {
   EXPECT_NE(planes.y, lowered.y);
 }
 
-// Which layers take the planes: stride 1 with some lowering to save, under Auto; not
-// a stride of 2, a 1x1 layer without padding (x is already its patch matrix), a grid
-// mostly thrown away (7x7 outputs in rows of 9), a single channel's nine taps, a
-// single filter, grouped layers, or a forced Im2col.
+// Which layers take the planes: a stride of 1 or 2 with some lowering to save, under
+// Auto (at a stride of 2 not the weight gradient); not a stride of 3, a 1x1 layer
+// without padding (x is already its patch matrix), a grid mostly thrown away (7x7
+// outputs in rows of 9, or of 8 on phases), a single channel's nine taps, a single
+// filter, grouped layers, or a forced Im2col.
 TEST_F(Conv2dBf16Planes, WhichLayersTakeThem) {
   const auto takes = [](const ConvCase& k) { return cpu::bf16_planes_apply(shape_of(k)); };
   EXPECT_TRUE(takes({"resnet_16", 64, 16, 28, 28, 16, 3, 3, make_params(1, 1, 1, 1)}));
   EXPECT_TRUE(takes({"resnet_32", 64, 32, 14, 14, 32, 3, 3, make_params(1, 1, 1, 1)}));
-  EXPECT_FALSE(takes({"stride_2", 64, 16, 28, 28, 32, 3, 3, make_params(2, 2, 1, 1)}));
+  const ConvCase s2{"resnet_16to32_s2", 64, 16, 28, 28, 32, 3, 3, make_params(2, 2, 1, 1)};
+  EXPECT_TRUE(takes(s2));
+  EXPECT_FALSE(cpu::bf16_planes_weight_grad_applies(shape_of(s2)));
+  EXPECT_FALSE(takes({"resnet_32to64_s2", 64, 32, 14, 14, 64, 3, 3, make_params(2, 2, 1, 1)}))
+      << "7x7 outputs in rows of 8";
+  EXPECT_FALSE(takes({"stride_3", 64, 16, 28, 28, 32, 3, 3, make_params(3, 3, 1, 1)}));
   EXPECT_FALSE(takes({"pointwise", 64, 16, 28, 28, 32, 1, 1, make_params(1, 1, 0, 0)}));
   EXPECT_FALSE(takes({"resnet_64_7x7", 64, 64, 7, 7, 64, 3, 3, make_params(1, 1, 1, 1)}));
   EXPECT_FALSE(takes({"one_channel", 64, 1, 28, 28, 32, 3, 3, make_params(1, 1, 1, 1)}))

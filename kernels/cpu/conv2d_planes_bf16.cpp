@@ -1,6 +1,6 @@
 // The forward of conv2d on bfloat16 operands from zero-padded planes of channel
-// pairs (kernels/cpu/conv2d_planes_bf16.h tells the design; the weight gradient is
-// in conv2d_planes_bf16_weight_grad.cpp).
+// pairs, split into phases at a stride of 2 (kernels/cpu/conv2d_planes_bf16.h tells
+// the design; the weight gradient is in conv2d_planes_bf16_weight_grad.cpp).
 #include "kernels/cpu/conv2d_planes_bf16.h"
 
 #include <algorithm>
@@ -24,18 +24,19 @@ namespace {
 // keep the loads below the products.
 constexpr int kFilters = 8, kVecs = 3, kTile = 16 * kVecs;
 
-// The padded grid of one image (planes_grid), the tiles covering its positions, and
-// the words each channel pair's plane takes, enough that the last tile's farthest
-// tap reads inside it.
+// The padded grid of one image (planes_grid), the tiles covering its positions, the
+// words each phase takes, enough that the last tile's farthest tap reads inside it,
+// and a channel pair's, its sh x sw phases one after another.
 struct Grid : PlanesGrid {
-  std::int64_t tiles, plane_words;
+  std::int64_t tiles, phase_words, plane_words;
 };
 
 Grid grid_of(const Conv2dShape& s) {
-  Grid g{planes_grid(s), 0, 0};
+  Grid g{planes_grid(s), 0, 0, 0};
   g.tiles = (g.outputs + kTile - 1) / kTile;
   const std::int64_t words = std::max(g.hp * g.wp, g.tiles * kTile + g.farthest);
-  g.plane_words = (words + 15) / 16 * 16;
+  g.phase_words = (words + 15) / 16 * 16;
+  g.plane_words = g.sh * g.sw * g.phase_words;
   return g;
 }
 
@@ -45,22 +46,31 @@ std::int64_t channel_pairs(const Conv2dShape& s) {
 
 #if TL_CPU_X86
 
-// planes [ceil(C/2), plane_words] <- image x [C, H, W]: word (hp, wp) of plane c'
-// holds x[2c', h, w] in its low half and x[2c' + 1, h, w] (zero past C) in its
-// high half, h = hp - pad_h, w = wp - pad_w. Only the image's own pixels are
-// written: the padding was zeroed with the scratch and stays zero.
+// planes [ceil(C/2), plane_words] <- image x [C, H, W]: pair c' holds, at padded
+// pixel (h + pad_h, w + pad_w) of its phases (planes_grid), x[2c', h, w] in the
+// word's low half and x[2c' + 1, h, w] (zero past C) in its high half. Only the
+// image's own pixels are written: the padding was zeroed with the scratch and stays
+// zero. Across a stride of 2 the sixteen words of a load go to two phases, the even
+// and the odd padded columns, eight and eight, by one permute.
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void fill_planes(std::uint32_t* planes,
                                                                       const bfloat16* x,
                                                                       const Conv2dShape& s,
                                                                       const Grid& g) {
-  const std::int64_t hw = s.H * s.W;
+  const std::int64_t hw = s.H * s.W, pad_h = s.params.pad_h, pad_w = s.params.pad_w;
+  // Lanes 0-7 the even lanes of a load, 8-15 the odd ones.
+  const __m512i evens_then_odds =
+      _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   for (std::int64_t cp = 0; cp < channel_pairs(s); ++cp) {
     const bfloat16* even = x + 2 * cp * hw;
     const bfloat16* odd = 2 * cp + 1 < s.C ? even + hw : nullptr;
-    std::uint32_t* plane = planes + cp * g.plane_words + s.params.pad_h * g.wp + s.params.pad_w;
+    std::uint32_t* pair = planes + cp * g.plane_words;
     for (std::int64_t h = 0; h < s.H; ++h) {
+      // Padded row h + pad_h: row (h + pad_h) / sh of phase row (h + pad_h) % sh.
+      std::uint32_t* row =
+          pair + (h + pad_h) % g.sh * g.sw * g.phase_words + (h + pad_h) / g.sh * g.wp;
       for (std::int64_t w = 0; w < s.W; w += 16) {
-        const __mmask16 lanes = first_lanes(s.W - w);
+        const std::int64_t n = std::min<std::int64_t>(16, s.W - w);
+        const __mmask16 lanes = first_lanes(n);
         const __m512i lo =
             _mm512_maskz_cvtepu16_epi32(lanes, _mm256_maskz_loadu_epi16(lanes, even + h * s.W + w));
         __m512i word = lo;
@@ -69,7 +79,22 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void fill_planes(std::uint3
               lanes, _mm256_maskz_loadu_epi16(lanes, odd + h * s.W + w));
           word = _mm512_or_si512(lo, _mm512_maskz_slli_epi32(lanes, hi, 16));
         }
-        _mm512_mask_storeu_epi32(plane + h * g.wp + w, lanes, word);
+        const std::int64_t column = w + pad_w;  // the load's first padded column
+        if (g.sw == 1) {
+          _mm512_mask_storeu_epi32(row + column, lanes, word);
+          continue;
+        }
+        // Lane l is padded column column + l: phase (column + l) % 2, at (column + l) / 2.
+        // The even lanes (ceil(n / 2) of them) start phase column % 2 at column / 2,
+        // the odd ones (n / 2) the other phase at (column + 1) / 2.
+        // (Zero-masking forms keeping every lane: GCC 12's unmasked ones warn of an
+        // uninitialized operand.)
+        const __m512i split = _mm512_maskz_permutexvar_epi32(0xFFFF, evens_then_odds, word);
+        std::uint32_t* first = row + column % 2 * g.phase_words + column / 2;
+        std::uint32_t* second = row + (column + 1) % 2 * g.phase_words + (column + 1) / 2;
+        _mm512_mask_storeu_epi32(first, first_lanes((n + 1) / 2), split);
+        _mm256_mask_storeu_epi32(second, static_cast<__mmask8>(first_lanes(n / 2)),
+                                 _mm512_maskz_extracti64x4_epi64(0xFF, split, 1));
       }
     }
   }
@@ -136,10 +161,11 @@ void forward_images(Out* y, const bfloat16* x, const std::uint32_t* packed, cons
   const Grid g = grid_of(s);
   const std::int64_t pairs = channel_pairs(s), taps = s.R * s.S, pq = s.P * s.Q;
   const std::int64_t ld = g.tiles * kTile, blocks = (s.K + kFilters - 1) / kFilters;
-  HostScratch<std::int64_t> offsets(taps);
+  HostScratch<std::int64_t> offsets(taps);  // from a pair's first phase
   for (std::int64_t r = 0; r < s.R; ++r) {
     for (std::int64_t c = 0; c < s.S; ++c) {
-      offsets.get()[r * s.S + c] = planes_tap_offset(s, g, r, c);
+      offsets.get()[r * s.S + c] =
+          planes_tap_phase(s, g, r, c) * g.phase_words + planes_tap_offset(s, g, r, c);
     }
   }
   HostScratch<std::uint32_t> planes(pairs * g.plane_words);
@@ -172,8 +198,9 @@ void forward_images(Out* y, const bfloat16* x, const std::uint32_t* packed, cons
 
 bool bf16_planes_apply(const Conv2dShape& s) {
   const Conv2dParams& p = s.params;
-  if (p.stride_h != 1 || p.stride_w != 1 || p.groups != 1 || !cpu_has_avx512_bf16() ||
-      conv2d_algorithm() != Conv2dAlgorithm::Auto || !needs_lowering(s)) {
+  const auto one_or_two = [](std::int64_t stride) { return stride == 1 || stride == 2; };
+  if (!one_or_two(p.stride_h) || !one_or_two(p.stride_w) || p.groups != 1 ||
+      !cpu_has_avx512_bf16() || conv2d_algorithm() != Conv2dAlgorithm::Auto || !needs_lowering(s)) {
     return false;  // a layer that needs no lowering multiplies x as it is
   }
   // Each tile's stores and each image's planes are paid for by its sums: a
@@ -183,13 +210,16 @@ bool bf16_planes_apply(const Conv2dShape& s) {
   // (ResNet-20's 7x7 layers, rows of 9 and a last tile past the grid: 60 % real)
   // would spend the products it saves on positions nobody reads, where its 14x14
   // and 28x28 layers throw a quarter or less away (bench/results/conv2d_bf16_planes_*.md).
+  // The same holds on the phases of a stride of 2: its first stage's downsampling
+  // layer (14x14 outputs in rows of 15) takes them, the second's (7x7 in rows of 8)
+  // does not.
   const Grid g = grid_of(s);
   return s.K >= kFilters && channel_pairs(s) * s.R * s.S >= 32 &&
          4 * s.P * s.Q >= 3 * g.tiles * kTile;
 }
 
 bool bf16_planes_weight_grad_applies(const Conv2dShape& s) {
-  return s.K <= 32 && bf16_planes_apply(s);
+  return s.params.stride_h == 1 && s.params.stride_w == 1 && s.K <= 32 && bf16_planes_apply(s);
 }
 
 std::int64_t bf16_planes_packed_words(const Conv2dShape& s) {

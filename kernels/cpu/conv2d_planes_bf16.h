@@ -16,7 +16,16 @@
 // the Wp - Q positions at the end of each row (q >= Q) are computed and thrown
 // away, the price of never copying a patch.
 //
-// Forward (bf16_planes_forward): the plane holds channel pairs, one 32-bit word per
+// Stride 2 (the forward only): the padded plane is split into phases, phase (a, b)
+// of a stride (sh, sw) holding the padded pixels (i sh + a, j sw + b) at i Wq + j,
+// rows Wq = ceil(Wp / sw) apart. Output (p, q) reads tap (r, s), the padded pixel
+// (p sh + r dilation_h, q sw + s dilation_w), in phase (r dilation_h mod sh,
+// s dilation_w mod sw) at
+//   o + (r dilation_h div sh) Wq + s dilation_w div sw,    o = p Wq + q:
+// again one run of a plane shifted, so the same tiles run on the phases, the grid's
+// rows Wq apart. (At stride 1 there is one phase, the padded plane.)
+//
+// Forward (bf16_planes_forward): the planes hold channel pairs, one 32-bit word per
 // pixel with channel 2c' in its low half and 2c' + 1 in its high half (an odd C's
 // last high half zero), so one unaligned load is sixteen consecutive o, each lane the
 // pair vdpbf16ps multiplies by the weight's pair (w[k, 2c', r, s], w[k, 2c'+1, r, s])
@@ -45,26 +54,42 @@
 
 namespace towerlab::cpu {
 
-// The padded grid both passes compute on (above): rows `wp` apart, `hp` rows in the
-// padded plane, the positions o < `outputs` computed, and `farthest`, the offset of
-// the last tap, which a plane must hold past the last position a pass reads.
+// The padded grid both passes compute on (above): `sh` x `sw` phases (the strides;
+// one at stride 1), each `hp` rows `wp` apart (at stride 1 the padded plane's), the
+// positions o < `outputs` computed, and `farthest`, the offset of the last tap within
+// its phase, which a phase must hold past the last position a pass reads.
 struct PlanesGrid {
-  std::int64_t wp, hp, outputs, farthest;
+  std::int64_t sh, sw, wp, hp, outputs, farthest;
 };
 
 inline PlanesGrid planes_grid(const Conv2dShape& s) {
   const Conv2dParams& p = s.params;
-  const std::int64_t wp = s.W + 2 * p.pad_w, hp = s.H + 2 * p.pad_h;
-  return {wp, hp, (s.P - 1) * wp + s.Q, (s.R - 1) * p.dilation_h * wp + (s.S - 1) * p.dilation_w};
+  const std::int64_t sh = p.stride_h, sw = p.stride_w;
+  const std::int64_t wp = (s.W + 2 * p.pad_w + sw - 1) / sw, hp = (s.H + 2 * p.pad_h + sh - 1) / sh;
+  return {sh,
+          sw,
+          wp,
+          hp,
+          (s.P - 1) * wp + s.Q,
+          (s.R - 1) * p.dilation_h / sh * wp + (s.S - 1) * p.dilation_w / sw};
 }
 
-// off(r, c): where tap (r, c) reads, from the output's own position on the grid.
+// The phase tap (r, c) reads, phases numbered a sw + b.
+inline std::int64_t planes_tap_phase(const Conv2dShape& s, const PlanesGrid& g, std::int64_t r,
+                                     std::int64_t c) {
+  return r * s.params.dilation_h % g.sh * g.sw + c * s.params.dilation_w % g.sw;
+}
+
+// off(r, c): where tap (r, c) reads in its phase, from the output's own position on
+// the grid.
 inline std::int64_t planes_tap_offset(const Conv2dShape& s, const PlanesGrid& g, std::int64_t r,
                                       std::int64_t c) {
-  return r * s.params.dilation_h * g.wp + c * s.params.dilation_w;
+  return r * s.params.dilation_h / g.sh * g.wp + c * s.params.dilation_w / g.sw;
 }
 
-// Whether the planes path runs for this bfloat16 problem: stride 1, one group, this
+// Whether the planes path runs for this bfloat16 problem: a stride of 1 or 2 down
+// and across (a stride-2 layer's forward only: its input gradient is no forward
+// convolution, and the weight gradient runs at stride 1), one group, this
 // CPU runs vdpbf16ps, the conv2d algorithm Auto (Im2col forces the lowering), a layer
 // that needs lowering (a 1x1 one without padding multiplies x as it is), and enough
 // of the padded grid real output for the thrown-away positions not to cost more than
@@ -88,7 +113,7 @@ void bf16_planes_forward(bfloat16* y, const bfloat16* x, const std::uint32_t* pa
                          const Conv2dShape& s);
 
 // Whether the weight gradient of this problem runs from the planes: where the forward
-// does (bf16_planes_apply) and K <= 32. The lowering's weight-gradient product has K
+// does (bf16_planes_apply) at stride 1, and K <= 32. The lowering's weight-gradient product has K
 // columns in tiles of 32, part empty below 32; from 32 up the two run level
 // (bench/results/conv2d_bf16_planes_*.md).
 bool bf16_planes_weight_grad_applies(const Conv2dShape& s);
