@@ -1,7 +1,8 @@
-// The float32 row sums of the CPU batch norm (kernels/cpu/batchnorm.cpp): 32 float
-// lanes folded in one fixed tree, the same bits on every ISA, with the AVX-512 and
-// AVX2 forms the batch norm picks at run time (kernels/cpu/x86.h); the AVX-512 form
-// also reads 16-bit rows, widened in registers (the bits of their float32 copies).
+// The float32 row sums of the CPU batch norm (kernels/cpu/batchnorm.cpp and
+// batchnorm_backward.cpp): 32 float lanes folded in one fixed tree, the same bits on
+// every ISA, with the AVX-512 and AVX2 forms the batch norm picks at run time
+// (kernels/cpu/x86.h); the AVX-512 form also reads 16-bit rows, widened in registers
+// (the bits of their float32 copies).
 // Internal: not installed, not included by towerlab.h.
 #pragma once
 
