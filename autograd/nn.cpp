@@ -88,9 +88,8 @@ Tensor batchnorm_backward_x(const Tensor& x, const Stream& stream) {
 // backward reads its gradient only rounded, gets it so (Tape::grad_target_rounded);
 // elsewhere grad_target's float32.
 Tape::GradTarget batchnorm_grad_x_target(Tape& tape, const Var& x) {
-  if (!x.requires_grad()) return {Tensor(), false};
   const bool rounded = tape.stream().device().is_cpu() && x.value().dtype() == DType::BFloat16;
-  return rounded ? tape.grad_target_rounded(x) : tape.grad_target(x);
+  return rounded && x.requires_grad() ? tape.grad_target_rounded(x) : written_whole(tape, x);
 }
 
 }  // namespace

@@ -246,8 +246,7 @@ TEST_P(BatchNormSixteenBitTest, Float32GradYWritesA16BitGradXRoundedOnce) {
                                     (write == GradWrite::Assign ? ", assigned" : ", added");
           // grad_x from `old` by the backward, and by the split API's reduce and apply.
           auto run = [&](const Tensor& old) {
-            Tensor whole = cast(old, old.dtype(), stream()),
-                   split = cast(old, old.dtype(), stream());
+            Tensor whole = old.clone(stream()), split = old.clone(stream());
             BatchNormBackward b = backward_of(f, grad_y, whole);
             b.grad_x_write = write;
             batchnorm_backward(b, stream());

@@ -48,9 +48,8 @@
 // without a pool rounds y in registers as it stores it (store16). The same
 // operations on the same float32 values, so the same bits. The backward's apply
 // keeps the copy: its sixteen-lane form ran slower in the training step, as the
-// float32 one does (apply_row_avx2, in batchnorm_backward.cpp). Measured in bfloat16
-// ResNet-20 and FashionNet steps: batch norm's own time 3 to 8 % less
-// (docs/kernels.md, "Measured choices").
+// float32 one does (apply_row_avx2, in batchnorm_backward.cpp); what each choice
+// measured is in docs/kernels.md, "Measured choices".
 #include <algorithm>
 #include <array>
 #include <cmath>
