@@ -166,8 +166,10 @@ Var add_relu(const Var& a, const Var& b) {
     Tape& t = out.tape();
     AddReluBackward args;
     args.grad_y = out.grad();
-    args.y = widened(out.value(), t.stream());  // the float32 kernel, as relu's backward
-    if (a.requires_grad()) {                    // a first: the order of add's two contributions
+    // The float32 kernel, as relu's backward: on the CPU it reads the 16-bit y as it is
+    // (kernels/add_relu.h), elsewhere its widening.
+    args.y = t.stream().device().is_cpu() ? out.value() : widened(out.value(), t.stream());
+    if (a.requires_grad()) {  // a first: the order of add's two contributions
       const Tape::GradTarget ga = t.grad_target(a);
       args.grad_a = ga.grad;
       args.grad_a_write = ga.assign ? GradWrite::Assign : GradWrite::Accumulate;

@@ -16,7 +16,18 @@ void add_relu_forward(const Tensor& y, const Tensor& a, const Tensor& b, const S
 
 void add_relu_backward(const AddReluBackward& args, const Stream& stream) {
   const char* op = "add_relu_backward";
-  kernels::check_same_shape_any_dtype(op, stream, {{"grad_y", &args.grad_y}, {"y", &args.y}});
+  if (is_16bit(args.y.dtype()) && args.grad_y.dtype() == DType::Float32) {
+    TL_CHECK(stream.device().is_cpu(), NotSupported,
+             op << ": grad_y is " << args.grad_y.describe() << " beside y " << args.y.describe()
+                << ": float32 gradients beside a 16-bit y run on the CPU; on "
+                << stream.device().str() << " widen y to float32 first");
+    kernels::check_placed(op, stream, {{"grad_y", &args.grad_y}});
+    kernels::check_placed(op, stream, {{"y", &args.y}});
+    TL_CHECK(args.grad_y.shape() == args.y.shape(), ShapeError,
+             op << ": grad_y is " << args.grad_y.describe() << " but y is " << args.y.describe());
+  } else {
+    kernels::check_same_shape_any_dtype(op, stream, {{"grad_y", &args.grad_y}, {"y", &args.y}});
+  }
   if (args.grad_a.defined()) {
     kernels::check_same_shape_any_dtype(op, stream,
                                         {{"grad_y", &args.grad_y}, {"grad_a", &args.grad_a}});

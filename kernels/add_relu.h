@@ -19,9 +19,12 @@
 // float64 on the CPU. As ReLU's (kernels/relu.h), a 16-bit tensor is read as its
 // exact float32 widening and every value written is rounded once to nearest even:
 // a 16-bit y is the float32 sum's ReLU rounded once (the float32 op's y cast), an
-// accumulated 16-bit gradient grad + g in float32 rounded once. (ag::add_relu on
-// 16-bit a and b writes a 16-bit y and runs the float32 backward on the widened y,
-// the precision policy's gradients being float32.) grad_a or grad_b may be
+// accumulated 16-bit gradient grad + g in float32 rounded once. A 16-bit y beside
+// float32 grad_y, grad_a and grad_b runs on the CPU (NotSupported on cuda): y is read
+// as its exact widening, the float32 call's bits on the widened y without its copy.
+// (ag::add_relu on 16-bit a and b writes a 16-bit y and runs that float32 backward,
+// the precision policy's gradients being float32: on the CPU beside the 16-bit y, on
+// cuda on the widened y.) grad_a or grad_b may be
 // undefined (that operand needs no gradient). grad_a and grad_b may be one tensor
 // (a and b one value, ag::add_relu(x, x)): grad_a is written first, then grad_b
 // added, element by element, as the tape's two contributions would be. Neither

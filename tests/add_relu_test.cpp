@@ -248,6 +248,68 @@ TEST_P(AddReluSixteenBitTest, BackwardAccumulatesOrAssignsAsTheReference) {
   });
 }
 
+// Float32 gradients beside a 16-bit y (the precision policy's backward on the CPU):
+// the float32 call's bits on the widened y, accumulated, assigned and shared; on
+// cuda NotSupported, and a grad_a or shape that disagrees a typed error. The
+// control: a y whose negatives were not masked (widened with its sign dropped)
+// gives other bits.
+TEST_P(AddReluSixteenBitTest, Float32GradientsBesideA16BitYAreTheWidenedYsCall) {
+  const Tensor y16 = make(values_with_specials(12, 31), {3, 4});
+  const Tensor grad_y = make32(random_values(12, 32), {3, 4});
+  if (device().is_cuda()) {
+    EXPECT_THROW_WITH(
+        add_relu_backward(
+            {.grad_a = make32(std::vector<float>(12, 0.0f), {3, 4}), .grad_y = grad_y, .y = y16},
+            stream()),
+        NotSupported, "add_relu_backward: grad_y is float32[3,4] beside y");
+    return;
+  }
+  EXPECT_THROW_WITH(add_relu_backward({.grad_a = make32(std::vector<float>(12, 0.0f), {3, 4}),
+                                       .grad_y = make32(random_values(12, 32), {4, 3}),
+                                       .y = y16},
+                                      stream()),
+                    ShapeError, "add_relu_backward: grad_y is float32[4,3] on cpu but y is");
+  EXPECT_THROW_WITH(
+      add_relu_backward(
+          {.grad_a = make(std::vector<float>(12, 0.0f), {3, 4}), .grad_y = grad_y, .y = y16},
+          stream()),
+      ShapeError, "add_relu_backward: grad_a is");
+  for_each_cpu_isa([&](const std::string& isa) {
+    for (std::int64_t n : {1, 9, 1031, 3000}) {
+      const auto yv = values_with_specials(static_cast<std::size_t>(n), 23);
+      const auto sentinel = random_values(static_cast<std::size_t>(n), 25, -100.0f, 100.0f);
+      const std::vector<float> poison(sentinel.size(), std::nanf(""));
+      const Tensor y = make(yv, {n}), gy = make32(random_values(yv.size(), 24, -3.0f, 3.0f), {n});
+      const Tensor wide = cast(y, DType::Float32, stream());
+      const std::string where = isa + ", n = " + std::to_string(n);
+      for (GradWrite write : {GradWrite::Accumulate, GradWrite::Assign}) {
+        const std::vector<float>& start = write == GradWrite::Assign ? poison : sentinel;
+        // (grad_a, grad_b) from the 16-bit y and from its widening; then one shared.
+        auto run = [&](const Tensor& out, bool shared) {
+          Tensor a = make32(start, {n}), b = shared ? a : make32(sentinel, {n});
+          add_relu_backward(
+              {.grad_a = a, .grad_b = b, .grad_y = gy, .y = out, .grad_a_write = write}, stream());
+          return std::pair{host(a), host(b)};
+        };
+        for (const bool shared : {false, true}) {
+          const auto [a16, b16] = run(y, shared);
+          const auto [a32, b32] = run(wide, shared);
+          EXPECT_EQ(bits(a16), bits(a32)) << where << (shared ? ", shared" : "");
+          EXPECT_EQ(bits(b16), bits(b32)) << where << (shared ? ", shared" : "");
+        }
+      }
+      if (n > 1) {
+        const Tensor unmasked =
+            cast(make(std::vector<float>(yv.size(), 1.0f), {n}), DType::Float32, stream());
+        Tensor a = make32(sentinel, {n}), control = make32(sentinel, {n});
+        add_relu_backward({.grad_a = a, .grad_y = gy, .y = y}, stream());
+        add_relu_backward({.grad_a = control, .grad_y = gy, .y = unmasked}, stream());
+        EXPECT_NE(bits(host(a)), bits(host(control))) << "control, " << where;
+      }
+    }
+  });
+}
+
 // --- float64 on the CPU --------------------------------------------------------
 
 // Keeps a + b away from ReLU's kink at 0, where the derivative is undefined.
