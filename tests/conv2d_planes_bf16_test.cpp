@@ -1,7 +1,8 @@
 // conv2d's bfloat16 passes from zero-padded planes (kernels/cpu/conv2d_planes_bf16.h),
 // which Auto takes at stride 1 where the bfloat16 GEMM runs vdpbf16ps: the forward,
-// and the input gradient as a forward convolution of grad_y (at a stride of 2 the
-// forward alone, from the planes' phases), each held to the bound
+// the input gradient as a forward convolution of grad_y and, with 32 filters or
+// fewer, the weight gradient (at a stride of 2 the forward and the weight gradient,
+// from the planes' phases), each held to the bound
 // of tests/conv2d_bf16_fixture.h around the plain reference in double on the
 // bfloat16 values; the bfloat16 y the float32 y rounded once, bit for bit. They skip
 // on a CPU without avx512_bf16.
@@ -83,9 +84,9 @@ TEST_F(Conv2dBf16Planes, OddShapes) {
   check_planes(no_bias, 900, GradWrite::Assign);
 }
 
-// The forward at a stride of 2, from the padded planes split into phases (its input
-// and weight gradients lower).
-TEST_F(Conv2dBf16Planes, StrideTwoForwards) {
+// The forward and the weight gradient at a stride of 2, from the padded planes split
+// into phases (the input gradient lowers).
+TEST_F(Conv2dBf16Planes, StrideTwoForwardsAndWeightGradients) {
   const std::vector<ConvCase> cases = {
       {"resnet_16to32_s2", 2, 16, 28, 28, 32, 3, 3, make_params(2, 2, 1, 1)},
       {"odd_image", 2, 9, 27, 25, 10, 3, 3, make_params(2, 2, 1, 1)},
@@ -115,11 +116,12 @@ TEST_F(Conv2dBf16Planes, OtherBitsThanTheLowering) {
   const ConvResults lowered = run(k, v, GradWrite::Assign);
   EXPECT_NE(planes.y, lowered.y);
   EXPECT_NE(planes.grad_x, lowered.grad_x);
-  // At a stride of 2 only the forward reads the planes.
+  EXPECT_NE(planes.grad_w, lowered.grad_w);
+  // At a stride of 2 the forward and the weight gradient read the planes.
   const ConvResults lowered2 = run(s2, v2, GradWrite::Assign);
   EXPECT_NE(planes2.y, lowered2.y);
   EXPECT_EQ(planes2.grad_x, lowered2.grad_x);
-  EXPECT_EQ(planes2.grad_w, lowered2.grad_w);
+  EXPECT_NE(planes2.grad_w, lowered2.grad_w);
 }
 
 // One image on two threads lowers (each image is one thread's on the planes, where
@@ -145,7 +147,7 @@ TEST_F(Conv2dBf16Planes, FewerImagesThanThreadsLower) {
 }
 
 // Which layers take the planes: a stride of 1 or 2 with some lowering to save, under
-// Auto (at a stride of 2 not the weight gradient); not a stride of 3, a 1x1 layer
+// Auto (at a stride of 2 not the input gradient); not a stride of 3, a 1x1 layer
 // without padding (x is already its patch matrix), a grid mostly thrown away (7x7
 // outputs in rows of 9, or of 8 on phases), a single channel's nine taps, a single
 // filter, grouped layers, or a forced Im2col.
@@ -155,7 +157,10 @@ TEST_F(Conv2dBf16Planes, WhichLayersTakeThem) {
   EXPECT_TRUE(takes({"resnet_32", 64, 32, 14, 14, 32, 3, 3, make_params(1, 1, 1, 1)}));
   const ConvCase s2{"resnet_16to32_s2", 64, 16, 28, 28, 32, 3, 3, make_params(2, 2, 1, 1)};
   EXPECT_TRUE(takes(s2));
-  EXPECT_FALSE(cpu::bf16_planes_weight_grad_applies(shape_of(s2)));
+  EXPECT_TRUE(cpu::bf16_planes_weight_grad_applies(shape_of(s2)));
+  EXPECT_FALSE(cpu::bf16_planes_weight_grad_applies(
+      shape_of({"s2_64_filters", 64, 16, 28, 28, 64, 3, 3, make_params(2, 2, 1, 1)})))
+      << "from 32 filters up the lowering's product runs level";
   EXPECT_FALSE(takes({"resnet_32to64_s2", 64, 32, 14, 14, 64, 3, 3, make_params(2, 2, 1, 1)}))
       << "7x7 outputs in rows of 8";
   EXPECT_FALSE(takes({"stride_3", 64, 16, 28, 28, 32, 3, 3, make_params(3, 3, 1, 1)}));

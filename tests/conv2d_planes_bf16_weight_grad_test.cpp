@@ -1,7 +1,8 @@
 // bf16_planes_weight_grad (kernels/cpu/conv2d_planes_bf16.h): the weight gradient of a
-// stride-1 conv2d on bfloat16 operands over the images [first, last), from padded
-// planes on vdpbf16ps, ASSIGNED into a float32 partial. Each result is held to the
-// bound kernels/conv2d.h states for exact products summed in float32,
+// conv2d of stride 1 or 2 on bfloat16 operands over the images [first, last), from
+// padded planes (split into phases at a stride of 2) on vdpbf16ps, ASSIGNED into a
+// float32 partial. Each result is held to the bound kernels/conv2d.h states for exact
+// products summed in float32,
 //   |got - want| <= 2 (n + 2) 2^-24 (sum of |terms|),   n = (last - first) P Q,
 // around the plain reference in double on the bfloat16 values of those images alone
 // (tests/conv2d_gemm_bound.h). The partial starts as NaN, so an element the function
@@ -11,8 +12,11 @@
 // Cases: ResNet-20's three 3x3 layers and FashionNet's conv2; odd shapes (one and three
 // channels, K = 1 and 5, tap counts that fill no tile, a 3x2 and a 1x1 kernel, no
 // padding, padding of 2 and beyond the taps, dilation, rows wider than a vector, a
-// one-pixel-wide image); sub-ranges of the images; long sums (a batch of 64 images, a
-// call too large for one block of the scratch) on integer operands, whose sums are
+// one-pixel-wide image); at a stride of 2 ResNet-20's downsampling layer, odd and even
+// image sizes and paddings (phases of unequal sizes), rows wider than a vector, a 5x5
+// kernel, dilation, and a stride down or across only; sub-ranges of the images; long
+// sums (a batch of 64 images, a call too large for one block of the scratch, a batch
+// of the downsampling layer) on integer operands, whose sums are
 // exact in any order and must equal the reference's. Bits: the same call twice, and
 // the same images at other indices, give the same bits. Controls: the reference on
 // the unrounded operands, and on a range off by one image, lie outside the bound.
@@ -153,6 +157,27 @@ TEST_F(Conv2dPlanesBf16WeightGrad, OddShapes) {
   };
   unsigned seed = 100;
   for (const ConvCase& k : cases) check(k, seed += 10);
+}
+
+// Stride 2: the planes split into four phases (two down or across only), each tap
+// reading its own; odd sizes and paddings leave the phases of unequal sizes, and a
+// row of 45 or 70 values splits over more than one load.
+TEST_F(Conv2dPlanesBf16WeightGrad, StrideTwo) {
+  const std::vector<ConvCase> cases = {
+      {"resnet_16to32_s2", 2, 16, 28, 28, 32, 3, 3, make_params(2, 2, 1, 1)},
+      {"odd_image", 2, 9, 27, 25, 10, 3, 3, make_params(2, 2, 1, 1)},
+      {"no_padding", 2, 8, 11, 13, 8, 3, 3, make_params(2, 2, 0, 0)},
+      {"rows_of_70", 1, 3, 6, 70, 5, 3, 3, make_params(2, 2, 1, 1)},
+      {"rows_of_45_odd_pad", 2, 4, 7, 45, 6, 3, 3, make_params(2, 2, 1, 2)},
+      {"kernel_5x5_pad2", 2, 6, 15, 16, 9, 5, 5, make_params(2, 2, 2, 2)},
+      {"dilated", 2, 5, 14, 13, 7, 3, 3, make_params(2, 2, 2, 2, 2, 2)},
+      {"down_only", 2, 8, 12, 10, 8, 3, 3, make_params(2, 1, 1, 1)},
+      {"across_only", 2, 8, 10, 12, 8, 3, 3, make_params(1, 2, 1, 1)},
+  };
+  unsigned seed = 150;
+  for (const ConvCase& k : cases) check(k, seed += 10);
+  check_exact({"resnet_16to32_s2_batch_64", 64, 16, 28, 28, 32, 3, 3, make_params(2, 2, 1, 1)},
+              320);
 }
 
 // The caller hands each thread a group of images: any [first, last) of the N.

@@ -19,7 +19,7 @@
 // grad_y, read the taps straight from zero-padded planes of channel pairs, and with
 // 32 filters or fewer its weight gradient multiplies grad_y laid on the padded grid
 // by the planes (kernels/cpu/conv2d_planes_bf16.h). At a stride of 2 the forward
-// alone reads them, split into phases.
+// and the weight gradient read them, split into phases.
 #include <algorithm>
 #include <cstdint>
 #include <optional>

@@ -219,7 +219,7 @@ bool bf16_planes_apply(const Conv2dShape& s) {
 }
 
 bool bf16_planes_weight_grad_applies(const Conv2dShape& s) {
-  return s.params.stride_h == 1 && s.params.stride_w == 1 && s.K <= 32 && bf16_planes_apply(s);
+  return s.K <= 32 && bf16_planes_apply(s);
 }
 
 std::int64_t bf16_planes_packed_words(const Conv2dShape& s) {

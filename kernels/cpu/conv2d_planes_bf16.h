@@ -16,11 +16,11 @@
 // the Wp - Q positions at the end of each row (q >= Q) are computed and thrown
 // away, the price of never copying a patch.
 //
-// Stride 2 (the forward only): the padded plane is split into phases, phase (a, b)
-// of a stride (sh, sw) holding the padded pixels (i sh + a, j sw + b) at i Wq + j,
-// rows Wq = ceil(Wp / sw) apart. Output (p, q) reads tap (r, s), the padded pixel
-// (p sh + r dilation_h, q sw + s dilation_w), in phase (r dilation_h mod sh,
-// s dilation_w mod sw) at
+// Stride 2 (the forward and the weight gradient): the padded plane is split into
+// phases, phase (a, b) of a stride (sh, sw) holding the padded pixels
+// (i sh + a, j sw + b) at i Wq + j, rows Wq = ceil(Wp / sw) apart. Output (p, q)
+// reads tap (r, s), the padded pixel (p sh + r dilation_h, q sw + s dilation_w), in
+// phase (r dilation_h mod sh, s dilation_w mod sw) at
 //   o + (r dilation_h div sh) Wq + s dilation_w div sw,    o = p Wq + q:
 // again one run of a plane shifted, so the same tiles run on the phases, the grid's
 // rows Wq apart. (At stride 1 there is one phase, the padded plane.)
@@ -34,7 +34,8 @@
 //
 // Weight gradient (bf16_planes_weight_grad): the same padded grid, pairs along o
 // instead. grad_y is copied onto the grid (zeros at q >= Q, so the thrown-away
-// positions add nothing) and x into plain padded planes, one a channel; then
+// positions add nothing) and x into plain padded planes, one a channel (split into
+// its phases at a stride of 2); then
 //   grad_weight[k, (c, r, s)] = Σ_o grad_y_grid[k, o] · plane_c[o + off(r, s)],
 // two consecutive o a word of each operand, sixteen words a vector, the lanes
 // summed once at the end of a group of images.
@@ -88,8 +89,8 @@ inline std::int64_t planes_tap_offset(const Conv2dShape& s, const PlanesGrid& g,
 }
 
 // Whether the planes path runs for this bfloat16 problem: a stride of 1 or 2 down
-// and across (a stride-2 layer's forward only: its input gradient is no forward
-// convolution, and the weight gradient runs at stride 1), one group, this
+// and across (at 2 the forward and the weight gradient: the input gradient of a
+// stride-2 layer is no forward convolution), one group, this
 // CPU runs vdpbf16ps, the conv2d algorithm Auto (Im2col forces the lowering), a layer
 // that needs lowering (a 1x1 one without padding multiplies x as it is), and enough
 // of the padded grid real output for the thrown-away positions not to cost more than
@@ -113,7 +114,7 @@ void bf16_planes_forward(bfloat16* y, const bfloat16* x, const std::uint32_t* pa
                          const Conv2dShape& s);
 
 // Whether the weight gradient of this problem runs from the planes: where the forward
-// does (bf16_planes_apply) at stride 1, and K <= 32. The lowering's weight-gradient product has K
+// does (bf16_planes_apply), and K <= 32. The lowering's weight-gradient product has K
 // columns in tiles of 32, part empty below 32; from 32 up the two run level
 // (bench/results/conv2d_bf16_planes_*.md).
 bool bf16_planes_weight_grad_applies(const Conv2dShape& s);

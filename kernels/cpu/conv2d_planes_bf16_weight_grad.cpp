@@ -1,6 +1,6 @@
-// The weight gradient of a stride-1 conv2d on bfloat16 operands from zero-padded
-// planes (kernels/cpu/conv2d_planes_bf16.h tells the design and the contract; the
-// forward is in conv2d_planes_bf16.cpp).
+// The weight gradient of a conv2d of stride 1 or 2 on bfloat16 operands from
+// zero-padded planes (kernels/cpu/conv2d_planes_bf16.h tells the design and the
+// contract; the forward is in conv2d_planes_bf16.cpp).
 //
 // For each image, grad_y[k] is copied onto the padded grid (rows Wp apart, zeros at
 // the thrown-away positions q >= Q and up to a whole vector past the last row) and
@@ -8,9 +8,12 @@
 //   partial[k, (c, r, s)] = Σ_n Σ_o grid_k[o] · plane_c[o + r dilation_h Wp + s dilation_w],
 // thirty-two o a step: one aligned load of the grid and one unaligned load of the
 // plane (an odd offset is a two-byte shift, nothing more) are sixteen matching
-// pairs for vdpbf16ps. A tile is kFilters filters by kTaps taps (c, r, s), each
-// accumulator a vector of sixteen lane sums that runs over every step of every
-// image of the call, in order, before its lanes are added up in one fixed tree.
+// pairs for vdpbf16ps. At a stride of 2 the plane is split into its four phases, as
+// the forward splits it (planes_grid: rows Wq apart, the grid's too), and tap (r, s)
+// reads its phase at o + planes_tap_offset: the same sums over the same grid. A tile
+// is kFilters filters by kTaps taps (c, r, s), each accumulator a vector of sixteen
+// lane sums that runs over every step of every image of the call, in order, before
+// its lanes are added up in one fixed tree.
 //
 // All the images of a call are prepared first, then every tile runs over all of them:
 // the products outnumber the copies by K or C times R S, and a tile reads its grids
@@ -51,20 +54,24 @@ constexpr std::int64_t kBlockBytes = 4096 * 1024;
 
 // One image's padded grid and planes, in bfloat16 values, and the images of a block.
 struct Layout {
-  std::int64_t wp, hp;
-  std::int64_t grid;    // values of a grid: (P-1) Wp + Q, rounded up to whole steps
-  std::int64_t plane;   // values of a plane: Hp Wp, or what the farthest tap reads
-  std::int64_t images;  // images a block
+  std::int64_t sh, sw, wp, hp;  // planes_grid's: the phases, each hp rows wp apart
+  std::int64_t grid;            // values of a grid: (P-1) Wp + Q, rounded up to whole steps
+  std::int64_t phase;           // values of a phase: Hp Wp, or what the farthest tap reads
+  std::int64_t plane;           // values of a plane: its sh x sw phases one after another
+  std::int64_t images;          // images a block
 };
 
 Layout layout_of(const Conv2dShape& s, std::int64_t count) {
   const PlanesGrid g = planes_grid(s);
   Layout l{};
+  l.sh = g.sh;
+  l.sw = g.sw;
   l.wp = g.wp;
   l.hp = g.hp;
   const auto whole_steps = [](std::int64_t v) { return (v + kStep - 1) / kStep * kStep; };
   l.grid = whole_steps(g.outputs);
-  l.plane = whole_steps(std::max(l.hp * l.wp, l.grid + g.farthest));
+  l.phase = whole_steps(std::max(l.hp * l.wp, l.grid + g.farthest));
+  l.plane = l.sh * l.sw * l.phase;
   const std::int64_t image_bytes = 2 * (s.K * l.grid + s.C * l.plane);
   const std::int64_t most = std::clamp<std::int64_t>(kBlockBytes / image_bytes, 1, count);
   const std::int64_t blocks = (count + most - 1) / most;
@@ -112,21 +119,54 @@ __attribute__((target("avx512f,avx512bw"))) void fill_grids(std::uint16_t* grids
   }
 }
 
-// planes [C][images][plane] <- x [images, C, H, W]: pixel (h, w) at
-// (h + pad_h) Wp + pad_w + w, zeros around it.
-__attribute__((target("avx512f,avx512bw"))) void fill_planes(std::uint16_t* planes,
-                                                             const bfloat16* x, std::int64_t images,
-                                                             const Conv2dShape& s,
-                                                             const Layout& l) {
+// A padded row across a stride of 2: from[j], j < count, is padded column column + j,
+// which lies in phase (column + j) % 2 at (column + j) / 2; `row` points at the row in
+// the plane's first phase, the second `phase` values after it. One permute a load
+// puts its even values in its low half and its odd ones in its high half, each half
+// a run of one phase.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline void copy_row_phases(
+    std::uint16_t* row, std::int64_t phase, const std::uint16_t* from, std::int64_t count,
+    std::int64_t column) {
+  alignas(64) static constexpr std::uint16_t kEvensThenOdds[kStep] = {
+      0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30,
+      1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+  const __m512i order = _mm512_load_si512(kEvensThenOdds);
+  for (std::int64_t j = 0; j < count; j += kStep, column += kStep) {
+    const std::int64_t n = std::min(kStep, count - j);
+    // (Zero-masking forms keeping every lane: GCC 12's unmasked ones warn of an
+    // uninitialized operand.)
+    const __m512i split = _mm512_maskz_permutexvar_epi16(
+        ~__mmask32{0}, order, _mm512_maskz_loadu_epi16(first_values(n), from + j));
+    _mm256_mask_storeu_epi16(row + column % 2 * phase + column / 2, first_lanes((n + 1) / 2),
+                             _mm512_maskz_extracti64x4_epi64(0xFF, split, 0));
+    _mm256_mask_storeu_epi16(row + (column + 1) % 2 * phase + (column + 1) / 2, first_lanes(n / 2),
+                             _mm512_maskz_extracti64x4_epi64(0xFF, split, 1));
+  }
+}
+
+// planes [C][images][plane] <- x [images, C, H, W]: pixel (h, w) at padded row
+// h + pad_h and column w + pad_w, in its phase (planes_grid), zeros around it.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void fill_planes(std::uint16_t* planes,
+                                                                      const bfloat16* x,
+                                                                      std::int64_t images,
+                                                                      const Conv2dShape& s,
+                                                                      const Layout& l) {
   const auto* pixels = reinterpret_cast<const std::uint16_t*>(x);
-  const std::int64_t first_pixel = s.params.pad_h * l.wp + s.params.pad_w;
+  const std::int64_t pad_h = s.params.pad_h, pad_w = s.params.pad_w;
   for (std::int64_t c = 0; c < s.C; ++c) {
     for (std::int64_t n = 0; n < images; ++n) {
       std::uint16_t* plane = planes + (c * l.images + n) * l.plane;
       const std::uint16_t* rows = pixels + (n * s.C + c) * s.H * s.W;
       zero_steps(plane, l.plane);
       for (std::int64_t h = 0; h < s.H; ++h) {
-        copy_row(plane + first_pixel + h * l.wp, rows + h * s.W, s.W);
+        // Padded row h + pad_h: row (h + pad_h) / sh of the phases (h + pad_h) % sh.
+        std::uint16_t* row =
+            plane + (h + pad_h) % l.sh * l.sw * l.phase + (h + pad_h) / l.sh * l.wp;
+        if (l.sw == 1) {
+          copy_row(row + pad_w, rows + h * s.W, s.W);
+        } else {
+          copy_row_phases(row, l.phase, rows + h * s.W, s.W, pad_w);
+        }
       }
     }
   }
@@ -282,7 +322,8 @@ void weight_grad_planes(float* partial, const bfloat16* x, const bfloat16* grad_
   for (std::int64_t c = 0; c < s.C; ++c) {
     for (std::int64_t r = 0; r < s.R; ++r) {
       for (std::int64_t j = 0; j < s.S; ++j) {
-        *next++ = planes.get() + c * l.images * l.plane + planes_tap_offset(s, g, r, j);
+        *next++ = planes.get() + c * l.images * l.plane + planes_tap_phase(s, g, r, j) * l.phase +
+                  planes_tap_offset(s, g, r, j);
       }
     }
   }
