@@ -15,6 +15,7 @@
 #include "kernels/cpu/convert16.h"
 #include "kernels/cpu/lane_sums.h"
 #include "kernels/cpu/pool2d.h"
+#include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/x86.h"
 #include "kernels/reference/math_type.h"
 
@@ -210,8 +211,7 @@ void with_activation(Activation activation, const Fn& fn) {
 // time (docs/kernels.md, "Measured choices").
 template <typename T>
 void prefetch_plane(const T* plane, std::int64_t S) {
-  const char* ahead = reinterpret_cast<const char*>(plane + 2 * S);
-  for (std::int64_t b = 0; b < S * std::int64_t{sizeof(T)}; b += 64) __builtin_prefetch(ahead + b);
+  prefetch_bytes(plane + 2 * S, S * std::int64_t{sizeof(T)});
 }
 
 }  // namespace towerlab::cpu::batchnorm_rows

@@ -11,6 +11,7 @@
 #include "kernels/cpu/conv2d_lowering.h"
 #include "kernels/cpu/convert16.h"
 #include "kernels/cpu/gemm_bf16.h"
+#include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/x86.h"
 
 namespace towerlab::cpu {
@@ -132,34 +133,6 @@ __attribute__((target("avx512f,avx512bf16"))) void tile_sums(
   }
 }
 
-// Asks for the cache lines of [begin, begin + bytes) a share at a time, one share at
-// each call of load() or store() over `calls` calls: to load them (prefetcht0), or to
-// store into them (prefetchw, which brings a line in the state a store needs). The
-// tiles compute from cache while the lines come: in a training step an image's x
-// (written by the layer before, long evicted) and its y were not in cache when its
-// fill and its row stores reached them, and neither pass gave the hardware prefetcher
-// a stream it followed in time (bench/results/conv2d_bf16_planes_prefetch_zen5_*.md).
-class SpreadPrefetch {
- public:
-  SpreadPrefetch(const void* begin, std::int64_t bytes, std::int64_t calls)
-      : at_(static_cast<const char*>(begin)),
-        end_(at_ + bytes),
-        share_((bytes / 64 + calls) / calls) {}
-  void load() {
-    for (std::int64_t i = 0; i < share_ && at_ < end_; ++i, at_ += 64) __builtin_prefetch(at_);
-  }
-  __attribute__((target("prfchw"))) void store() {
-    for (std::int64_t i = 0; i < share_ && at_ < end_; ++i, at_ += 64) {
-      _m_prefetchw(const_cast<char*>(at_));
-    }
-  }
-
- private:
-  const char* at_;
-  const char* end_;
-  std::int64_t share_;  // lines a call
-};
-
 // One output row from the grid: y[j] = bias + sums[j] (a bfloat16 y rounded once
 // from it, as round_to_16bit rounds), or y[j] += sums[j], j < q.
 template <typename Out>
@@ -203,7 +176,10 @@ void forward_images(Out* y, const bfloat16* x, const std::uint32_t* packed, cons
   const std::int64_t chw = s.C * s.H * s.W, kpq = s.K * pq;
   for (std::int64_t n = first; n < last; ++n) {
     fill_planes(planes.get(), x + n * chw, s, g);
-    // While image n's tiles run: the next image's x, and image n's y, into cache.
+    // While image n's tiles run, the next image's x and image n's y come into cache
+    // (kernels/cpu/prefetch.h): in a training step neither was there when the fill and
+    // the row stores reached it, neither pass a stream the hardware prefetcher
+    // followed in time (bench/results/conv2d_bf16_planes_prefetch_zen5_5b227cb.md).
     SpreadPrefetch next_x(x + (n + 1) * chw,
                           n + 1 < last ? chw * std::int64_t{sizeof(bfloat16)} : 0,
                           blocks * g.tiles);

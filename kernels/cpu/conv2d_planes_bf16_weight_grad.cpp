@@ -36,6 +36,7 @@
 #include <utility>
 
 #include "kernels/cpu/conv2d_planes_bf16.h"
+#include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/x86.h"
 
 namespace towerlab::cpu {
@@ -102,16 +103,6 @@ __attribute__((target("avx512f"))) inline void zero_steps(std::uint16_t* to, std
     _mm512_store_si512(to + j, _mm512_setzero_si512());
 }
 
-// Asks for the cache lines of [from, from + bytes): the fills below copy plane by
-// plane in another order than the planes lie in memory (filter or channel outer,
-// image inner), short runs the hardware prefetcher does not follow in time, so each
-// asks for the plane it copies two after the current one, as batch norm does
-// (bench/results/conv2d_bf16_planes_prefetch_zen5_*.md).
-inline void prefetch_bytes(const void* from, std::int64_t bytes) {
-  const char* at = static_cast<const char*>(from);
-  for (std::int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(at + b);
-}
-
 // grids [K][images][grid] <- grad_y [images, K, P, Q]: row p at p Wp, zeros at
 // q >= Q and after the last row.
 __attribute__((target("avx512f,avx512bw"))) void fill_grids(std::uint16_t* grids,
@@ -124,7 +115,10 @@ __attribute__((target("avx512f,avx512bw"))) void fill_grids(std::uint16_t* grids
     for (std::int64_t n = 0; n < images; ++n) {
       std::uint16_t* grid = grids + (k * l.images + n) * l.grid;
       const std::uint16_t* rows = g + (n * s.K + k) * pq;
-      // Two planes on, in this loop's order: image n + 2, or the next filter's first.
+      // Two planes on in this loop's order (image n + 2, or the next filter's first),
+      // into cache: filter outer, image inner, the planes are short runs far apart,
+      // which the hardware prefetcher did not follow in time
+      // (bench/results/conv2d_bf16_planes_prefetch_zen5_5b227cb.md).
       const std::int64_t ahead = k * images + n + 2;
       if (ahead < s.K * images) {
         prefetch_bytes(g + (ahead % images * s.K + ahead / images) * pq, 2 * pq);
