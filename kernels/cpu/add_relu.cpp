@@ -1,11 +1,12 @@
 // CPU residual add + ReLU: the plain reference (kernels/reference/add_relu.h) on each
 // thread's range in float32 and float64, the backward in vectorizable loops of the
-// same arithmetic. In bfloat16 and float16 blocks of the
-// operands are widened to float32 (kernels/cpu/convert16.h), added and clamped (or
-// masked and added) there, and rounded once: the reference's bits. Elementwise, so
-// the loops split over the thread pool at any boundary (kernels/cpu/parallel.h); the
-// fusion saves a pass over memory each way and the backward's gradient of the sum,
-// not arithmetic.
+// same arithmetic. In bfloat16 and float16 blocks of the operands are widened to
+// float32 (kernels/cpu/convert16.h), added and clamped (or masked and added) there,
+// and rounded once: the reference's bits; a 16-bit y beside float32 gradients (the
+// precision policy's backward) has its blocks widened for the float32 loops.
+// Elementwise, so the loops split over the thread pool at any boundary
+// (kernels/cpu/parallel.h); the fusion saves a pass over memory each way and the
+// backward's gradient of the sum, not arithmetic.
 #include "kernels/cpu/add_relu.h"
 
 #include <cstdint>

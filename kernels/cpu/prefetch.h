@@ -22,9 +22,9 @@ inline void prefetch_bytes(const void* from, std::int64_t bytes) {
 }
 
 // Asks for the cache lines of [begin, begin + bytes) a share at a time, one share at
-// each call of load() or store() over `calls` calls: to load them, or to store into
-// them (on x86 prefetchw, which brings a line in the state a store needs). Past the
-// range a call asks for nothing.
+// each call of load() or store() over `calls` (at least 1) calls: to load them, or to
+// store into them (on x86 prefetchw, which brings a line in the state a store needs).
+// Past the range a call asks for nothing.
 class SpreadPrefetch {
  public:
   SpreadPrefetch(const void* begin, std::int64_t bytes, std::int64_t calls)
