@@ -261,7 +261,7 @@ TEST_P(AddReluSixteenBitTest, Float32GradientsBesideA16BitYAreTheWidenedYsCall) 
         add_relu_backward(
             {.grad_a = make32(std::vector<float>(12, 0.0f), {3, 4}), .grad_y = grad_y, .y = y16},
             stream()),
-        NotSupported, "add_relu_backward: grad_y is float32[3,4] beside y");
+        NotSupported, "add_relu_backward: grad_y is float32[3,4] on cuda:0 beside y");
     return;
   }
   EXPECT_THROW_WITH(add_relu_backward({.grad_a = make32(std::vector<float>(12, 0.0f), {3, 4}),
