@@ -9,10 +9,6 @@
 
 #include <cstdint>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 namespace towerlab::cpu {
 
 // Asks for the cache lines of [from, from + bytes), to be loaded.
@@ -37,10 +33,9 @@ class SpreadPrefetch {
   }
 
 #if defined(__x86_64__)
+  // The target makes the write form of __builtin_prefetch the prefetchw instruction.
   __attribute__((target("prfchw"))) void store() {
-    for (std::int64_t i = 0; i < share_ && at_ < end_; ++i, at_ += 64) {
-      _m_prefetchw(const_cast<char*>(at_));
-    }
+    for (std::int64_t i = 0; i < share_ && at_ < end_; ++i, at_ += 64) __builtin_prefetch(at_, 1);
   }
 #else
   void store() {
