@@ -189,6 +189,23 @@ TEST_P(AddReluSixteenBitTest, ForwardIsTheReferenceBitForBit) {
       add_relu_forward(a, a, b, stream());  // y aliases a
       EXPECT_EQ(bits(host(a)), bits(host(y))) << "in place, n = " << n;
     }
+    // Signed zeros: -0 + -0 is -0, which is not below 0 and stays -0; the other sums
+    // of zeros are +0. Twenty values: a whole vector and a part of one.
+    std::vector<float> av, bv;
+    for (int i = 0; i < 5; ++i) {
+      av.insert(av.end(), {-0.0f, -0.0f, 0.0f, -1.0f});
+      bv.insert(bv.end(), {-0.0f, 0.0f, -0.0f, 1.0f});
+    }
+    const std::int64_t n = std::int64_t(av.size());
+    Tensor y = make(std::vector<float>(av.size(), 5.0f), {n});
+    add_relu_forward(y, make(av, {n}), make(bv, {n}), stream());
+    typed([&]<typename T>() {
+      const std::vector<T> a16 = narrow<T>(av), b16 = narrow<T>(bv);
+      std::vector<T> expected(a16.size());
+      reference::add_relu_forward(expected.data(), a16.data(), b16.data(), n);
+      EXPECT_EQ(bits(host(y)), bits(widen(expected))) << "signed zeros";
+      EXPECT_TRUE(std::signbit(host(y)[0]) && std::signbit(host(y)[16])) << "-0 + -0 stays -0";
+    });
   });
 }
 

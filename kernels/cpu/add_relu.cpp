@@ -2,7 +2,8 @@
 // thread's range in float32 and float64, the backward in vectorizable loops of the
 // same arithmetic. In bfloat16 and float16 blocks of the operands are widened to
 // float32 (kernels/cpu/convert16.h), added and clamped (or masked and added) there,
-// and rounded once: the reference's bits; a 16-bit y beside float32 gradients (the
+// and rounded once (the forward in registers where AVX-512 runs, without the
+// blocks): the reference's bits; a 16-bit y beside float32 gradients (the
 // precision policy's backward) has its blocks widened for the float32 loops.
 // Elementwise, so the loops split over the thread pool at any boundary
 // (kernels/cpu/parallel.h); the fusion saves a pass over memory each way and the
@@ -14,6 +15,7 @@
 #include "kernels/cpu/convert16.h"
 #include "kernels/cpu/dtype_dispatch.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/x86.h"
 #include "kernels/reference/add_relu.h"
 #include "kernels/reference/relu.h"
 
@@ -22,10 +24,39 @@ namespace {
 
 using reference::kIs16Bit;
 
+#if TL_CPU_X86
+// The forward below where AVX-512 runs, in registers: sixteen values of a and b
+// widened as they are loaded, added, clamped and rounded as they are stored, the
+// same float32 operations as the blocks' without their scratch passes (y may alias a
+// or b: each vector is read before it is written).
+template <typename T>
+__attribute__((target("avx512f"))) void add_relu_forward_avx512(T* y, const T* a, const T* b,
+                                                                std::int64_t n) {
+  const __m512 zero = _mm512_setzero_ps();
+  // sum < 0 ? 0 : sum: a NaN fails the test and stays.
+  const auto relu = [zero](__m512 sum) __attribute__((target("avx512f"))) {
+    return _mm512_mask_mov_ps(sum, _mm512_cmp_ps_mask(sum, zero, _CMP_LT_OQ), zero);
+  };
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16) store16(y + i, relu(_mm512_add_ps(load16(a + i), load16(b + i))));
+  if (i < n) {
+    const __m512 sum = _mm512_add_ps(load_first16(a + i, n - i), load_first16(b + i, n - i));
+    store_first16(y + i, relu(sum), n - i);
+  }
+}
+#endif
+
 // y = round(max(a + b, 0)) with the sum in float32, block by block (y may alias a or
-// b: each block is read whole before it is written).
+// b: each block is read whole before it is written), or in registers where AVX-512
+// runs.
 template <typename T>
 void add_relu_forward_16bit(T* y, const T* a, const T* b, std::int64_t n) {
+#if TL_CPU_X86
+  if (avx512_selected()) {
+    add_relu_forward_avx512(y, a, b, n);
+    return;
+  }
+#endif
   for_each_block(n, [&](std::int64_t first, std::int64_t count) {
     float lhs[kConvertBlock], rhs[kConvertBlock];
     widen_16bit(lhs, a + first, count);
