@@ -11,6 +11,7 @@
 #include "kernels/cpu/add_relu.h"
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cpu/convert16.h"
 #include "kernels/cpu/dtype_dispatch.h"
@@ -109,27 +110,21 @@ void add_masked(T* grad, GradWrite write, const T* grad_y, const T* y, std::int6
 }
 
 // grad_a's block first, then grad_b's: with grad_a == grad_b, each element of b's
-// add reads a's write, as in the reference.
-template <typename T>
+// add reads a's write, as in the reference. y of the gradients' type, or a 16-bit y
+// beside float32 gradients, whose block is widened exactly first: the bits of the
+// float32 call on the widened y without its copy.
+template <typename T, typename Y>
 void add_relu_backward_wide(T* grad_a, GradWrite grad_a_write, T* grad_b, GradWrite grad_b_write,
-                            const T* grad_y, const T* y, std::int64_t n) {
+                            const T* grad_y, const Y* y, std::int64_t n) {
   for_each_block(n, [&](std::int64_t first, std::int64_t count) {
-    if (grad_a != nullptr)
-      add_masked(grad_a + first, grad_a_write, grad_y + first, y + first, count);
-    if (grad_b != nullptr)
-      add_masked(grad_b + first, grad_b_write, grad_y + first, y + first, count);
-  });
-}
-
-// float32 gradients beside a 16-bit y: y's block widened exactly, then the float32
-// loops, the bits of the float32 call on the widened y without its copy.
-template <typename Y>
-void add_relu_backward_16bit_y(float* grad_a, GradWrite grad_a_write, float* grad_b,
-                               GradWrite grad_b_write, const float* grad_y, const Y* y,
-                               std::int64_t n) {
-  for_each_block(n, [&](std::int64_t first, std::int64_t count) {
-    float out[kConvertBlock];
-    widen_16bit(out, y + first, count);
+    const T* out = nullptr;  // [count]: y's block
+    T widened[kIs16Bit<Y> ? kConvertBlock : 1];
+    if constexpr (kIs16Bit<Y>) {
+      widen_16bit(widened, y + first, count);
+      out = widened;
+    } else {
+      out = y + first;
+    }
     if (grad_a != nullptr) add_masked(grad_a + first, grad_a_write, grad_y + first, out, count);
     if (grad_b != nullptr) add_masked(grad_b + first, grad_b_write, grad_y + first, out, count);
   });
@@ -153,36 +148,25 @@ void add_relu_forward(const Tensor& y, const Tensor& a, const Tensor& b) {
 }
 
 void add_relu_backward(const AddReluBackward& args) {
-  if (args.y.dtype() != args.grad_y.dtype()) {  // a 16-bit y beside float32 gradients
-    with_any_dtype(args.y.dtype(), [&]<typename Y>() {
-      if constexpr (kIs16Bit<Y>) {
-        float* ga = args.grad_a.defined() ? args.grad_a.data<float>() : nullptr;  // [n] or none
-        float* gb = args.grad_b.defined() ? args.grad_b.data<float>() : nullptr;  // [n] or none
-        const float* gy = args.grad_y.data<float>();                              // [n]
-        const Y* out = args.y.data<Y>();                                          // [n]
-        parallel_rows(args.grad_y.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
-          add_relu_backward_16bit_y(ga ? ga + lo : nullptr, args.grad_a_write,
-                                    gb ? gb + lo : nullptr, args.grad_b_write, gy + lo, out + lo,
-                                    hi - lo);
-        });
-      }
-    });
-    return;
-  }
   with_any_dtype(args.grad_y.dtype(), [&]<typename T>() {
     T* ga = args.grad_a.defined() ? args.grad_a.data<T>() : nullptr;  // [n] or none
     T* gb = args.grad_b.defined() ? args.grad_b.data<T>() : nullptr;  // [n] or none
     const T* gy = args.grad_y.data<T>();                              // [n]
-    const T* out = args.y.data<T>();                                  // [n]
-    parallel_rows(args.grad_y.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
-      T* a = ga ? ga + lo : nullptr;
-      T* b = gb ? gb + lo : nullptr;
-      if constexpr (kIs16Bit<T>) {
-        add_relu_backward_16bit(a, args.grad_a_write, b, args.grad_b_write, gy + lo, out + lo,
-                                hi - lo);
-      } else {
-        add_relu_backward_wide(a, args.grad_a_write, b, args.grad_b_write, gy + lo, out + lo,
-                               hi - lo);
+    // y is of T, or 16-bit beside float32 gradients (kernels/add_relu.h).
+    with_any_dtype(args.y.dtype(), [&]<typename Y>() {
+      if constexpr (std::is_same_v<Y, T> || (kIs16Bit<Y> && std::is_same_v<T, float>)) {
+        const Y* out = args.y.data<Y>();  // [n]
+        parallel_rows(args.grad_y.numel(), 1, [&](std::int64_t lo, std::int64_t hi) {
+          T* a = ga ? ga + lo : nullptr;
+          T* b = gb ? gb + lo : nullptr;
+          if constexpr (kIs16Bit<T>) {
+            add_relu_backward_16bit(a, args.grad_a_write, b, args.grad_b_write, gy + lo, out + lo,
+                                    hi - lo);
+          } else {
+            add_relu_backward_wide(a, args.grad_a_write, b, args.grad_b_write, gy + lo, out + lo,
+                                   hi - lo);
+          }
+        });
       }
     });
   });

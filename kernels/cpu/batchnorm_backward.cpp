@@ -64,10 +64,6 @@ Affine<T> affine_of(const BatchNormArgs& a, std::int64_t c) {
   return {a.mean.data<T>()[c], a.gamma.data<T>()[c] * istd, a.beta.data<T>()[c]};
 }
 
-}  // namespace
-
-namespace {
-
 #if TL_CPU_X86
 // row_sums of float32 rows with AVX-512, x's row float32 or 16-bit (widened as it
 // is loaded): the same sums, so the same bits.
@@ -88,9 +84,7 @@ __attribute__((target("avx512f"))) std::pair<double, double> row_sums_avx512(
       gy, x);
   return {sum_g, sum_g_dev};
 }
-#endif
 
-#if TL_CPU_X86
 // row_sums of float32 rows with AVX2: the same sums, so the same bits.
 template <bool Relu>
 __attribute__((target("avx2"))) std::pair<double, double> row_sums_avx2(

@@ -103,6 +103,19 @@ __attribute__((target("avx512f"))) inline void zero_steps(std::uint16_t* to, std
     _mm512_store_si512(to + j, _mm512_setzero_si512());
 }
 
+// The fills below copy an array [images, outers, count] plane by plane in another
+// order, outer index outer, image inner: short runs far apart, which the hardware
+// prefetcher did not follow in time. Each copy of (outer, n) asks for the plane two
+// on in that order, image n + 2 or the next outer index's first, if there is one
+// (bench/results/conv2d_bf16_planes_prefetch_zen5_5b227cb.md).
+inline void prefetch_two_on(const std::uint16_t* array, std::int64_t outer, std::int64_t n,
+                            std::int64_t outers, std::int64_t images, std::int64_t count) {
+  const std::int64_t ahead = outer * images + n + 2;
+  if (ahead < outers * images) {
+    prefetch_bytes(array + (ahead % images * outers + ahead / images) * count, 2 * count);
+  }
+}
+
 // grids [K][images][grid] <- grad_y [images, K, P, Q]: row p at p Wp, zeros at
 // q >= Q and after the last row.
 __attribute__((target("avx512f,avx512bw"))) void fill_grids(std::uint16_t* grids,
@@ -115,14 +128,7 @@ __attribute__((target("avx512f,avx512bw"))) void fill_grids(std::uint16_t* grids
     for (std::int64_t n = 0; n < images; ++n) {
       std::uint16_t* grid = grids + (k * l.images + n) * l.grid;
       const std::uint16_t* rows = g + (n * s.K + k) * pq;
-      // Two planes on in this loop's order (image n + 2, or the next filter's first),
-      // into cache: filter outer, image inner, the planes are short runs far apart,
-      // which the hardware prefetcher did not follow in time
-      // (bench/results/conv2d_bf16_planes_prefetch_zen5_5b227cb.md).
-      const std::int64_t ahead = k * images + n + 2;
-      if (ahead < s.K * images) {
-        prefetch_bytes(g + (ahead % images * s.K + ahead / images) * pq, 2 * pq);
-      }
+      prefetch_two_on(g, k, n, s.K, images, pq);
       zero_steps(grid, l.grid);
       for (std::int64_t p = 0; p < s.P; ++p) copy_row(grid + p * l.wp, rows + p * s.Q, s.Q);
     }
@@ -167,10 +173,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void fill_planes(std::uint1
     for (std::int64_t n = 0; n < images; ++n) {
       std::uint16_t* plane = planes + (c * l.images + n) * l.plane;
       const std::uint16_t* rows = pixels + (n * s.C + c) * s.H * s.W;
-      const std::int64_t ahead = c * images + n + 2;  // as fill_grids
-      if (ahead < s.C * images) {
-        prefetch_bytes(pixels + (ahead % images * s.C + ahead / images) * s.H * s.W, 2 * s.H * s.W);
-      }
+      prefetch_two_on(pixels, c, n, s.C, images, s.H * s.W);
       zero_steps(plane, l.plane);
       for (std::int64_t h = 0; h < s.H; ++h) {
         // Padded row h + pad_h: row (h + pad_h) / sh of the phases (h + pad_h) % sh.
