@@ -101,15 +101,52 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void fill_planes(std::uint3
   }
 }
 
-// The sums of one tile into the grid: sums[i, o0 + j] = Σ over channel pairs c'
-// and taps t of packed[c', t, i] · plane_c'[o0 + j + offset[t]], the products of
-// each word's pair exact and added in float32 by vdpbf16ps. `planes` points at o0
-// in plane 0, `w` at the tile's filter block, `sums` at (its first filter, o0),
-// rows `ld` apart: whole vectors, the thrown-away positions with the rest.
-__attribute__((target("avx512f,avx512bf16"))) void tile_sums(
+// Where one vector of sixteen grid positions lands in a plane of y: its real lanes
+// (o < outputs, q < Q) and how many real positions come before its first lane. The
+// real positions in grid order are y's, one after another, so a vector's real lanes
+// compressed to the front of the register go to y + start as one run.
+struct VectorPlace {
+  std::int64_t start;
+  __mmask16 real;
+};
+
+// The places of the grid's tiles * kVecs vectors.
+void place_vectors(VectorPlace* places, const Conv2dShape& s, const Grid& g) {
+  for (std::int64_t u = 0; u < g.tiles * kVecs; ++u) {
+    const std::int64_t o0 = 16 * u;
+    places[u].start = o0 / g.wp * s.Q + std::min(o0 % g.wp, s.Q);
+    places[u].real = 0;
+    for (std::int64_t j = 0; j < 16; ++j) {
+      const std::int64_t o = o0 + j;
+      if (o < g.outputs && o % g.wp < s.Q) places[u].real |= __mmask16(1u << j);
+    }
+  }
+}
+
+// Where one tile's outputs go: `filters` (at most kFilters) planes of one image's y,
+// `pq` apart from y (the tile block's first filter's), each with its bias (null: 0),
+// or added onto (`accumulate`, float32 y only, bias null).
+template <typename Out>
+struct TileOut {
+  Out* y;
+  std::int64_t pq;
+  int filters;
+  const float* bias;
+  bool accumulate;
+};
+
+// One tile: sums[i, o0 + j] = Σ over channel pairs c' and taps t of
+// packed[c', t, i] · plane_c'[o0 + j + offset[t]], the products of each word's pair
+// exact and added in float32 by vdpbf16ps, then each vector's real lanes compressed
+// (vcompressps, in registers: the memory form is microcoded on AMD) and stored as
+// bias + sums, y + sums, or a bfloat16 y rounded once from bias + sums. `planes`
+// points at o0 in plane 0, `w` at the tile's filter block, `places` at its first
+// vector's place.
+template <typename Out>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void tile(
     const std::uint32_t* planes, std::int64_t plane_words, std::int64_t pairs,
-    const std::uint32_t* w, const std::int64_t* offsets, std::int64_t taps, float* sums,
-    std::int64_t ld) {
+    const std::uint32_t* w, const std::int64_t* offsets, std::int64_t taps,
+    const VectorPlace* places, const TileOut<Out>& out) {
   __m512 acc[kFilters][kVecs];
   for (int i = 0; i < kFilters; ++i) {
     for (int v = 0; v < kVecs; ++v) acc[i][v] = _mm512_setzero_ps();
@@ -128,40 +165,35 @@ __attribute__((target("avx512f,avx512bf16"))) void tile_sums(
       w += kFilters;
     }
   }
-  for (int i = 0; i < kFilters; ++i) {
-    for (int v = 0; v < kVecs; ++v) _mm512_storeu_ps(sums + i * ld + 16 * v, acc[i][v]);
-  }
-}
-
-// One output row from the grid: y[j] = bias + sums[j] (a bfloat16 y rounded once
-// from it, as round_to_16bit rounds), or y[j] += sums[j], j < q.
-template <typename Out>
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void store_row(Out* y, const float* sums,
-                                                                    std::int64_t q, float bias,
-                                                                    bool accumulate) {
-  const __m512 base = _mm512_set1_ps(bias);
-  for (std::int64_t j = 0; j < q; j += 16) {
-    const __mmask16 lanes = first_lanes(q - j);
-    const __m512 sum = _mm512_maskz_loadu_ps(lanes, sums + j);
-    if constexpr (std::is_same_v<Out, float>) {
-      const __m512 onto = accumulate ? _mm512_maskz_loadu_ps(lanes, y + j) : base;
-      _mm512_mask_storeu_ps(y + j, lanes, _mm512_add_ps(onto, sum));
-    } else {
-      const __m512i bits = float_to_bfloat16_16(_mm512_add_ps(base, sum));
-      _mm256_mask_storeu_epi16(y + j, lanes, _mm512_maskz_cvtepi32_epi16(lanes, bits));
+  for (int v = 0; v < kVecs; ++v) {
+    const __mmask16 real = places[v].real;
+    if (real == 0) continue;  // past the grid's last output
+    const __mmask16 run = first_lanes(__builtin_popcount(real));
+#pragma GCC unroll 8
+    for (int i = 0; i < kFilters; ++i) {
+      if (i == out.filters) break;
+      Out* to = out.y + i * out.pq + places[v].start;
+      const __m512 sum = _mm512_maskz_compress_ps(real, acc[i][v]);
+      const __m512 base = _mm512_set1_ps(out.bias != nullptr ? out.bias[i] : 0.0f);
+      if constexpr (std::is_same_v<Out, float>) {
+        const __m512 onto = out.accumulate ? _mm512_maskz_loadu_ps(run, to) : base;
+        _mm512_mask_storeu_ps(to, run, _mm512_add_ps(onto, sum));
+      } else {
+        const __m512i bits = float_to_bfloat16_16(_mm512_add_ps(base, sum));
+        _mm256_mask_storeu_epi16(to, run, _mm512_maskz_cvtepi32_epi16(run, bits));
+      }
     }
   }
 }
 
-// The images [first, last): each image's tiles into the grid `sums` [K, tiles *
-// kTile], then its real outputs, row by row, into y: float32 (bias +, or +=), or a
-// 16-bit y rounded once from bias + the sums.
+// The images [first, last), each image's tiles straight into its y: float32 (bias +,
+// or +=), or a 16-bit y rounded once from bias + the sums.
 template <typename Out>
 void forward_images(Out* y, const bfloat16* x, const std::uint32_t* packed, const float* bias,
                     bool accumulate, std::int64_t first, std::int64_t last, const Conv2dShape& s) {
   const Grid g = grid_of(s);
   const std::int64_t pairs = channel_pairs(s), taps = s.R * s.S, pq = s.P * s.Q;
-  const std::int64_t ld = g.tiles * kTile, blocks = (s.K + kFilters - 1) / kFilters;
+  const std::int64_t blocks = (s.K + kFilters - 1) / kFilters;
   HostScratch<std::int64_t> offsets(taps);  // from a pair's first phase
   for (std::int64_t r = 0; r < s.R; ++r) {
     for (std::int64_t c = 0; c < s.S; ++c) {
@@ -169,16 +201,17 @@ void forward_images(Out* y, const bfloat16* x, const std::uint32_t* packed, cons
           planes_tap_phase(s, g, r, c) * g.phase_words + planes_tap_offset(s, g, r, c);
     }
   }
+  HostScratch<VectorPlace> places(g.tiles * kVecs);
+  place_vectors(places.get(), s, g);
   HostScratch<std::uint32_t> planes(pairs * g.plane_words);
   std::memset(planes.get(), 0,
               static_cast<std::size_t>(pairs * g.plane_words) * sizeof(std::uint32_t));
-  HostScratch<float> sums(blocks * kFilters * ld);
   const std::int64_t chw = s.C * s.H * s.W, kpq = s.K * pq;
   for (std::int64_t n = first; n < last; ++n) {
     fill_planes(planes.get(), x + n * chw, s, g);
     // While image n's tiles run, the next image's x and image n's y come into cache
     // (kernels/cpu/prefetch.h): in a training step neither was there when the fill and
-    // the row stores reached it, neither pass a stream the hardware prefetcher
+    // the tiles' stores reached it, neither pass a stream the hardware prefetcher
     // followed in time (bench/results/conv2d_bf16_planes_prefetch_zen5_5b227cb.md).
     SpreadPrefetch next_x(x + (n + 1) * chw,
                           n + 1 < last ? chw * std::int64_t{sizeof(bfloat16)} : 0,
@@ -186,19 +219,14 @@ void forward_images(Out* y, const bfloat16* x, const std::uint32_t* packed, cons
     SpreadPrefetch this_y(y + n * kpq, kpq * std::int64_t{sizeof(Out)}, blocks * g.tiles);
     for (std::int64_t b = 0; b < blocks; ++b) {
       const std::uint32_t* w = packed + b * pairs * taps * kFilters;
+      const TileOut<Out> out{y + n * kpq + b * kFilters * pq, pq,
+                             static_cast<int>(std::min<std::int64_t>(kFilters, s.K - b * kFilters)),
+                             bias != nullptr ? bias + b * kFilters : nullptr, accumulate};
       for (std::int64_t t = 0; t < g.tiles; ++t) {
         next_x.load();
         this_y.store();
-        tile_sums(planes.get() + t * kTile, g.plane_words, pairs, w, offsets.get(), taps,
-                  sums.get() + b * kFilters * ld + t * kTile, ld);
-      }
-    }
-    for (std::int64_t k = 0; k < s.K; ++k) {
-      const float b = bias != nullptr ? bias[k] : 0.0f;
-      for (std::int64_t p = 0; p < s.P; ++p) {
-        const float* from = sums.get() + k * ld + p * g.wp;
-        Out* to = y + (n * s.K + k) * pq + p * s.Q;
-        store_row(to, from, s.Q, b, accumulate);
+        tile(planes.get() + t * kTile, g.plane_words, pairs, w, offsets.get(), taps,
+             places.get() + t * kVecs, out);
       }
     }
   }

@@ -29,7 +29,9 @@
 // pixel with channel 2c' in its low half and 2c' + 1 in its high half (an odd C's
 // last high half zero), so one unaligned load is sixteen consecutive o, each lane the
 // pair vdpbf16ps multiplies by the weight's pair (w[k, 2c', r, s], w[k, 2c'+1, r, s])
-// broadcast. A tile is 8 filters by 48 o (24 accumulators). The input gradient of a
+// broadcast. A tile is 8 filters by 48 o (24 accumulators), stored straight into y:
+// the real outputs in grid order are y's in order, so each vector's real lanes,
+// compressed to the front of the register, are one run of y. The input gradient of a
 // stride-1 layer is this forward on grad_y (conv2d_bf16.cpp's transposed_shape).
 //
 // Weight gradient (bf16_planes_weight_grad): the same padded grid, pairs along o
