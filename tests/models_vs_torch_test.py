@@ -7,10 +7,12 @@ PyTorch draws otherwise) and writes the initial variables, the batches, its loss
 final variables; this script loads the initial variables into the PyTorch twin
 (tools/mlp_torch.py, tools/resnet_torch.py, tools/vit_torch.py) through tools/torch_convert.py's name
 table, takes the same 20 steps with torch.optim.SGD in float64 and float32, and
-compares towerlab's losses (1e-5 relative) on the steps where PyTorch's float32 run
-still matches its float64 run, at least 3; where all 20 do, the final weights too
-(compare() says why). A control takes PyTorch's steps at lr 0.0101 (1 % more) and
-must miss. Exits 77 (ctest's skip) without PyTorch.
+compares towerlab's losses with the float64 ones: 1e-5 relative, or ten times what
+float32's rounding moves a step by where that is more (PyTorch's float32 run and float64
+runs from initial weights perturbed at float32's unit roundoff measure it); where no
+step's tolerance widens, the final weights too (compare() says why). A control, PyTorch's
+steps at lr 0.0101 (1 % more), must fail the same check. Exits 77 (ctest's skip)
+without PyTorch.
 
 usage: models_vs_torch_test.py path/to/towerlab_tests"""
 
@@ -40,20 +42,29 @@ LR, MOMENTUM = 0.01, 0.9
 # A loss matches when within 1e-5 of itself (plus 1e-7 for losses near 0).
 LOSS_RTOL, LOSS_ATOL = 1e-5, 1e-7
 WEIGHT_ATOL, WEIGHT_RTOL = 1e-5, 1e-4
-# The prefix of steps that must match: at least this many (ResNet-20's float32 steps
-# leave the float64 ones after 4 to 5 steps, PyTorch's as towerlab's).
-MIN_STEPS = 3
+# Float64 runs from initial weights each scaled by 1 + u 2^-24, u uniform in [-1, 1]
+# (float32's unit roundoff), one a seed: how far rounding at float32's scale carries.
+# On a step where the farthest of them (or PyTorch's float32 run) misses the float64
+# run's loss, towerlab's must be within SPREAD_FACTOR times that distance.
+PERTURBED_SEEDS = (1, 2, 3)
+SPREAD_FACTOR = 10.0
 MODELS = {"mlp": (lambda: Mlp(dropout=0.0), torch_convert.mlp()),
           "resnet": (ResNet, torch_convert.resnet()),
           "vit": (lambda: ViT(dropout=0.0), torch_convert.vit())}
 
 
-def torch_steps(name, tensors, lr, dtype=torch.float32, steps=STEPS):
+def torch_steps(name, tensors, lr, dtype=torch.float32, steps=STEPS, perturb=None):
     """PyTorch's losses and final state_dict after `steps` steps from towerlab's
-    initial variables."""
+    initial variables, each value scaled by 1 + u 2^-24 (u uniform in [-1, 1], drawn
+    from seed `perturb`) where perturb is given."""
     make, table = MODELS[name]
     initial = {n[len("initial/"):]: t for n, t in tensors.items() if n.startswith("initial/")}
     state, _ = torch_convert.to_torch(name, initial, {"step": "0"}, table)
+    if perturb is not None:
+        rng = np.random.default_rng(perturb)
+        state = {k: (np.asarray(v, dtype=np.float64) *
+                     (1.0 + rng.uniform(-1.0, 1.0, np.shape(v)) * 2.0**-24)
+                     if np.asarray(v).dtype.kind == "f" else v) for k, v in state.items()}
     model = make().to(dtype)
     model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()},
                           strict=True)
@@ -71,10 +82,6 @@ def torch_steps(name, tensors, lr, dtype=torch.float32, steps=STEPS):
     return np.array(losses), model.state_dict()
 
 
-def matches(a, b):
-    return np.abs(a - b) <= LOSS_ATOL + LOSS_RTOL * np.abs(b)
-
-
 def weights_close(name, tensors, state):
     _, table = MODELS[name]
     close = True
@@ -88,33 +95,48 @@ def weights_close(name, tensors, state):
 
 
 def compare(name, tensors):
-    """Towerlab's losses against PyTorch's in float64 on the steps where PyTorch's own
-    float32 run still matches its float64 run: past them, float rounding has grown
-    beyond the tolerance in any float32 framework (training a ResNet amplifies it step
-    by step), and the steps can only be reported."""
+    """Towerlab's losses against PyTorch's in float64, each step within 1e-5 relative
+    (plus 1e-7), or, on the steps that float32's rounding itself moves past that,
+    within SPREAD_FACTOR times the farthest from the float64 run of PyTorch's float32
+    run and of float64 runs from initial weights perturbed at float32's unit roundoff.
+    Training a ResNet amplifies such a difference step by step, and from which step
+    depends on the rounding: on a Zen 4 EPYC, PyTorch's float32 run left the float64 run
+    at step 6, a perturbed run at step 3, towerlab's at step 5 (where a check of the
+    steps before PyTorch's float32 run left failed). Where float32's rounding stays
+    within the tolerance on every step, the final weights are compared too."""
     ours = tensors["losses"]
     theirs32, _ = torch_steps(name, tensors, LR)
     theirs, state = torch_steps(name, tensors, LR, torch.float64)
-    stable = matches(theirs32, theirs)
-    prefix = STEPS if stable.all() else int(np.argmin(stable))
-    ok = prefix >= MIN_STEPS and bool(matches(ours, theirs)[:prefix].all())
-    if prefix == STEPS:
+
+    def difference(losses):
+        return np.abs(losses - theirs)
+
+    spread = difference(theirs32)
+    for seed in PERTURBED_SEEDS:
+        spread = np.maximum(spread, difference(torch_steps(name, tensors, LR, torch.float64,
+                                                           perturb=seed)[0]))
+    tolerance = LOSS_ATOL + LOSS_RTOL * np.abs(theirs)
+    widened = spread > tolerance  # the steps float32's rounding moves past the tolerance
+    allowed = np.where(widened, SPREAD_FACTOR * spread, tolerance)
+
+    def passes(losses):
+        return bool(np.all(difference(losses) <= allowed))
+
+    ok = passes(ours)
+    if not widened.any():
         ok &= weights_close(name, tensors, state)
-    relative = np.abs(ours - theirs) / np.abs(theirs)
-    relative32 = np.abs(theirs32 - theirs) / np.abs(theirs)
-    print(f"{'ok  ' if ok else 'FAIL'} {name}: losses {ours[0]:.4f} .. {ours[-1]:.4g}; the first "
-          f"{prefix} steps match PyTorch float64 (largest relative difference "
-          f"{relative[:prefix].max():.2g}; PyTorch float32 {relative32[:prefix].max():.2g})"
-          f"{', and the final weights' if prefix == STEPS else ''}")
-    if prefix < STEPS:
-        print(f"     steps {prefix + 1}-{STEPS}: towerlab {relative[prefix:].max():.2g}, PyTorch "
-              f"float32 {relative32[prefix:].max():.2g} relative to PyTorch float64")
-    # The control needs only the steps the comparison used.
-    checked = max(prefix, 1)
-    control, _ = torch_steps(name, tensors, LR * 1.01, torch.float64, checked)
-    caught = not matches(ours[:checked], control).all()
-    print(f"{'ok  ' if caught else 'FAIL'} {name} control: PyTorch at lr 1% higher misses "
-          f"towerlab's steps")
+    relative = difference(ours) / np.abs(theirs)
+    print(f"{'ok  ' if ok else 'FAIL'} {name}: losses {ours[0]:.4f} .. {ours[-1]:.4g}; "
+          f"{STEPS} steps against PyTorch float64, largest relative difference "
+          f"{relative.max():.2g} (PyTorch float32 {(difference(theirs32) / np.abs(theirs)).max():.2g}), "
+          f"at most {np.max(difference(ours) / allowed):.2g} of the tolerance"
+          + (f" ({np.count_nonzero(widened)} steps' tolerance widened to float32's spread, from "
+             f"step {int(np.argmax(widened)) + 1})" if widened.any() else ", and the final weights"))
+    # The same check must reject PyTorch's steps at a learning rate 1 % higher.
+    control, _ = torch_steps(name, tensors, LR * 1.01, torch.float64)
+    caught = not passes(control)
+    print(f"{'ok  ' if caught else 'FAIL'} {name} control: PyTorch at lr 1% higher fails the "
+          f"same check")
     return ok and caught
 
 

@@ -138,8 +138,8 @@ struct TileOut {
 // One tile: sums[i, o0 + j] = Σ over channel pairs c' and taps t of
 // packed[c', t, i] · plane_c'[o0 + j + offset[t]], the products of each word's pair
 // exact and added in float32 by vdpbf16ps, then each vector's real lanes compressed
-// (vcompressps, in registers: the memory form is microcoded on AMD) and stored as
-// bias + sums, y + sums, or a bfloat16 y rounded once from bias + sums. `planes`
+// to the front of a register (vcompressps) and stored under the mask of its first
+// lanes as bias + sums, y + sums, or a bfloat16 y rounded once from bias + sums. `planes`
 // points at o0 in plane 0, `w` at the tile's filter block, `places` at its first
 // vector's place.
 template <typename Out>
