@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <sstream>
+#include <utility>
 
 #include "engine/error.h"
 #include "kernels/cast.h"
@@ -174,6 +175,20 @@ void VariableStore::share_values(const VariableStore& other) {
       working_.dtype() == other.working_.dtype()) {
     working_ = other.working_;
   }
+}
+
+void VariableStore::swap_grads(VariableStore& other) {
+  TL_CHECK(&other.set() == set_, InvalidArgument,
+           "VariableStore::swap_grads: the stores hold different variable sets");
+  TL_CHECK(grads_.defined() && other.grads_.defined(), InvalidArgument,
+           "VariableStore::swap_grads: " << (grads_.defined() ? "the other store" : "this store")
+                                         << " holds no gradients");
+  TL_CHECK(other.device_ == device_ && other.grads_.dtype() == grads_.dtype(), InvalidArgument,
+           "VariableStore::swap_grads: gradients on "
+               << device_.str() << " in " << dtype_name(grads_.dtype())
+               << " cannot trade buffers with gradients on " << other.device_.str() << " in "
+               << dtype_name(other.grads_.dtype()));
+  std::swap(grads_, other.grads_);
 }
 
 Tensor VariableStore::working(const std::string& name) const {

@@ -130,6 +130,12 @@ class VariableStore {
   // gradients and the state (moving statistics) stay this store's own. Both stores
   // hold the same set, on one device, in one dtype (InvalidArgument otherwise).
   void share_values(const VariableStore& other);
+  // Exchanges this store's flat gradient with `other`'s, buffer for buffer: O(1),
+  // nothing copied. The Trainer's host master takes its CPU towers' averaged
+  // gradient so in one memory, where tower 0's backward overwrites whatever buffer it
+  // holds. Both stores hold gradients of the same set, on one device, in one dtype
+  // (InvalidArgument otherwise).
+  void swap_grads(VariableStore& other);
   // Whether this store's trainable values are `other`'s memory.
   bool shares_values_with(const VariableStore& other) const {
     return values_.raw_data() == other.values_.raw_data();

@@ -284,7 +284,9 @@ class Trainer {
   // A replica's gradient is the trainer's working memory: after a step tower 0's
   // holds the averaged gradient (the towers' weighted sum) and, where phase 3
   // reduces to tower 0 (those CPU towers, Ring::reduce), the others partial sums;
-  // gradients() is the master's copy of the average.
+  // gradients() is the master's copy of the average. In one memory the update
+  // takes the average from tower 0 by trading buffers (VariableStore::swap_grads),
+  // so after a step that updated, tower 0's holds the master's previous one.
   const VariableStore& replica(std::size_t i) const;
   // The stream the master's initialization, gradient copy, update and broadcast run
   // on. Work a caller submits to it runs before the next update. Sharded: the host

@@ -432,7 +432,13 @@ void Trainer::update_and_broadcast() {
   }
   const auto start = Clock::now();
   TowerState& first = *towers_[0];
-  transfer(master_->flat_grads(), *master_stream_, first.store->flat_grads(), *first.stream);
+  if (one_memory_) {
+    // The averaged gradient becomes the master's by trading the two buffers, not by a
+    // copy: tower 0's backward assigns every value of the buffer it gets (run_tower).
+    master_->swap_grads(*first.store);
+  } else {
+    transfer(master_->flat_grads(), *master_stream_, first.store->flat_grads(), *first.stream);
+  }
   transfer(master_->flat_state(), *master_stream_, first.store->flat_state(), *first.stream);
   // In one memory the update writes the towers' one working copy too, each value
   // rounded as it is updated, where a pass of its own read them all again.

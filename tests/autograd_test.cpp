@@ -241,6 +241,42 @@ TEST(Variables, AStoreCanShareAnothersValues) {
                     "a store on cpu in float64 cannot share the memory of one on cpu in float32");
 }
 
+// Two stores trade their gradient buffers whole (the Trainer's host master takes its
+// CPU towers' averaged gradient so): each then holds the other's values, in the
+// other's memory; values and state stay where they were. A store of another set,
+// dtype or device, or without gradients, is refused.
+TEST(Variables, TwoStoresTradeTheirGradientBuffers) {
+  VariableSet set;
+  set.get("a", {2, 3}, Initializer::constant(1.5f));
+  set.get("s", {2}, Initializer::constant(-2.0f), false);
+  VariableStore master(set, cpu()), tower(set, cpu());
+  fill(master.grad("a"), 1.0, cpu());
+  fill(tower.grad("a"), 2.0, cpu());
+  const void* master_memory = master.flat_grads().raw_data();
+  const void* tower_memory = tower.flat_grads().raw_data();
+  const void* values = master.flat_values().raw_data();
+  master.swap_grads(tower);
+  EXPECT_EQ(master.flat_grads().raw_data(), tower_memory);
+  EXPECT_EQ(tower.flat_grads().raw_data(), master_memory);
+  EXPECT_EQ(master.grad("a").to_host<float>(), std::vector<float>(6, 2.0f));
+  EXPECT_EQ(tower.grad("a").to_host<float>(), std::vector<float>(6, 1.0f));
+  EXPECT_EQ(master.flat_values().raw_data(), values);
+
+  VariableSet other;
+  other.get("a", {2, 3}, Initializer::zeros());
+  VariableStore stranger(other, cpu());
+  EXPECT_THROW_WITH(master.swap_grads(stranger), InvalidArgument, "different variable sets");
+  VariableStore in_float64(set, cpu(), true, DType::Float64);
+  EXPECT_THROW_WITH(in_float64.swap_grads(master), InvalidArgument,
+                    "gradients on cpu in float64 cannot trade buffers with gradients on cpu in "
+                    "float32");
+  VariableStore without(set, cpu(), false);
+  EXPECT_THROW_WITH(without.swap_grads(master), InvalidArgument,
+                    "swap_grads: this store holds no gradients");
+  EXPECT_THROW_WITH(master.swap_grads(without), InvalidArgument,
+                    "swap_grads: the other store holds no gradients");
+}
+
 TEST(Variables, InitializersAreScaledByFanAndIndependentOfOrder) {
   VariableSet one, two;
   one.get("conv/weight", {64, 32, 3, 3}, Initializer::he_normal());
