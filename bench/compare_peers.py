@@ -135,6 +135,12 @@ def machine():
         flags = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
         if model:
             info["cpu_model"] = model.group(1).strip()
+        # The family and model numbers tell the kinds a model name leaves alike (an
+        # "AMD EPYC" is a Zen 3 at family 25 model 1, a Zen 4 at 25/17, a Zen 5 at 26/2).
+        family = re.search(r"^cpu family\s*:\s*(\d+)$", text, re.M)
+        number = re.search(r"^model\s*:\s*(\d+)$", text, re.M)
+        if family and number:
+            info["cpu_family"], info["cpu_model_number"] = int(family.group(1)), int(number.group(1))
         if flags:
             have = set(flags.group(1).split())
             info["flags"] = [f for f in ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni",
@@ -313,7 +319,9 @@ def markdown(doc, json_path):
     ]
     notes = [
         f"- Command: `{doc.get('command', 'bench/compare_peers.py')}`.",
-        f"- CPU: {m['cpu_model']}, {m['cpus']} CPUs, flags {' '.join(m['flags'])}; Linux {m['kernel']}.",
+        f"- CPU: {m['cpu_model']}"
+        + (f" (family {m['cpu_family']} model {m['cpu_model_number']})" if "cpu_family" in m else "")
+        + f", {m['cpus']} CPUs, flags {' '.join(m['flags'])}; Linux {m['kernel']}.",
         *isa_note(doc.get("isa", "native")),
         f"- Load average (1 minute) before each run: {min(loads):.1f} to {max(loads):.1f} "
         f"(median {statistics.median(loads):.1f}).",
