@@ -104,10 +104,11 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void fill_planes(std::uint3
 // Where one vector of sixteen grid positions lands in a plane of y: its real lanes
 // (o < outputs, q < Q) and how many real positions come before its first lane. The
 // real positions in grid order are y's, one after another, so a vector's real lanes
-// compressed to the front of the register go to y + start as one run.
+// compressed to the front of the register go to y + start as one run, the first
+// popcount(real) lanes (`run`).
 struct VectorPlace {
   std::int64_t start;
-  __mmask16 real;
+  __mmask16 real, run;
 };
 
 // The places of the grid's tiles * kVecs vectors.
@@ -120,6 +121,7 @@ void place_vectors(VectorPlace* places, const Conv2dShape& s, const Grid& g) {
       const std::int64_t o = o0 + j;
       if (o < g.outputs && o % g.wp < s.Q) places[u].real |= __mmask16(1u << j);
     }
+    places[u].run = __mmask16((1u << __builtin_popcount(places[u].real)) - 1);
   }
 }
 
@@ -166,9 +168,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void tile(
     }
   }
   for (int v = 0; v < kVecs; ++v) {
-    const __mmask16 real = places[v].real;
+    const __mmask16 real = places[v].real, run = places[v].run;
     if (real == 0) continue;  // past the grid's last output
-    const __mmask16 run = first_lanes(__builtin_popcount(real));
 #pragma GCC unroll 8
     for (int i = 0; i < kFilters; ++i) {
       if (i == out.filters) break;
